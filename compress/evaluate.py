@@ -1,0 +1,42 @@
+"""Measured quality of a compressed model against the original on held-out data."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .data import Dataset
+
+__all__ = ["predict", "compare_outputs"]
+
+
+@torch.no_grad()
+def predict(model: nn.Module, data: Dataset, batch_size: int = 256) -> torch.Tensor:
+    """Concatenated model outputs over ``data`` in eval mode."""
+    was = model.training
+    model.eval()
+    try:
+        return torch.cat([model(xb) for xb in data.inputs(batch_size)])
+    finally:
+        model.train(was)
+
+
+def compare_outputs(original: nn.Module, compressed: nn.Module, data: Dataset,
+                    batch_size: int = 256) -> dict[str, float]:
+    """Relative output error, max abs diff, top-1 agreement and (with labels) both accuracies / MSEs."""
+    ref, out = predict(original, data, batch_size).double(), predict(compressed, data, batch_size).double()
+    res = {
+        "relative_output_error": float((out - ref).norm() / ref.norm().clamp_min(1e-30)),
+        "max_abs_diff": float((out - ref).abs().max()),
+    }
+    if ref.dim() == 2 and ref.shape[1] > 1:
+        res["top1_agreement"] = float((out.argmax(1) == ref.argmax(1)).double().mean())
+    if data.y is not None:
+        if data.y.dtype in (torch.int64, torch.int32) and ref.dim() == 2:
+            res["accuracy_original"] = float((ref.argmax(1) == data.y).double().mean())
+            res["accuracy_compressed"] = float((out.argmax(1) == data.y).double().mean())
+        else:
+            y = data.y.double().reshape(ref.shape)
+            res["mse_original"] = float(((ref - y) ** 2).mean())
+            res["mse_compressed"] = float(((out - y) ** 2).mean())
+    return res

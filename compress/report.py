@@ -1,0 +1,51 @@
+"""Typed results of a compression run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LayerReport", "CompressionReport"]
+
+
+@dataclass
+class LayerReport:
+    """What happened to one layer (or state point) of the model."""
+
+    name: str
+    kind: str
+    action: str  # e.g. "factorized", "kept", "skipped", "merged", "reduced", "resized"
+    reason: str = ""
+    params_before: int = 0
+    params_after: int = 0
+    macs_before: int = 0
+    macs_after: int = 0
+    rank: int | None = None
+    full_rank: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CompressionReport:
+    """Result of one method on one model: costs before/after, per-layer actions, predicted vs measured."""
+
+    method: str
+    config: dict[str, Any]
+    params_before: int = 0
+    params_after: int = 0
+    macs_before: int = 0
+    macs_after: int = 0
+    layers: list[LayerReport] = field(default_factory=list)
+    predicted: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, Any] = field(default_factory=dict)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    not_counted: list[str] = field(default_factory=list)
+
+    @property
+    def param_ratio(self) -> float:
+        return self.params_after / max(self.params_before, 1)
+
+    @property
+    def mac_ratio(self) -> float:
+        return self.macs_after / max(self.macs_before, 1)

@@ -1,0 +1,42 @@
+"""Module surgery: find and replace submodules by qualified name, on a copy unless asked otherwise."""
+
+from __future__ import annotations
+
+import copy
+from typing import Mapping
+
+from torch import nn
+
+__all__ = ["get_module", "replace_modules", "parent_weight_readers"]
+
+
+def get_module(model: nn.Module, name: str) -> nn.Module:
+    """The submodule at qualified ``name`` (``""`` is the model itself)."""
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        raise ValueError(f"model has no submodule named {name!r}") from None
+
+
+def replace_modules(model: nn.Module, replacements: Mapping[str, nn.Module], inplace: bool = False) -> nn.Module:
+    """Return ``model`` (a deep copy unless ``inplace``) with each named submodule replaced."""
+    target = model if inplace else copy.deepcopy(model)
+    for name, new in replacements.items():
+        get_module(target, name)  # validates the name
+        parent_name, _, child = name.rpartition(".")
+        parent = get_module(target, parent_name)
+        setattr(parent, child, new)
+    return target
+
+
+def parent_weight_readers(model: nn.Module) -> dict[str, str]:
+    """Layers whose weights a parent reads directly (not through ``forward``), mapped to the reason.
+
+    ``nn.MultiheadAttention`` reads ``out_proj.weight`` itself, so replacing ``out_proj`` would break it.
+    """
+    found: dict[str, str] = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.MultiheadAttention):
+            prefix = f"{name}." if name else ""
+            found[f"{prefix}out_proj"] = f"weight read directly by parent {type(mod).__name__} {name!r}"
+    return found

@@ -1,0 +1,117 @@
+"""Training and distillation loop shared by the methods that train (seeded, early stopping, progress)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .data import Dataset
+
+__all__ = ["TrainConfig", "TrainResult", "train", "task_loss", "ProgressFn"]
+
+log = logging.getLogger(__name__)
+ProgressFn = Callable[[int, int, dict], None]  # (epoch, total epochs, metrics)
+
+
+@dataclass
+class TrainConfig:
+    """Optimiser schedule; ``alpha``/``temperature`` apply only when a teacher is given."""
+
+    epochs: int = 30
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    patience: int = 8
+    alpha: float = 0.7
+    temperature: float = 4.0
+    seed: int = 0
+
+
+@dataclass
+class TrainResult:
+    """Best validation loss/metric and the per-epoch history."""
+
+    best_epoch: int
+    best_val_loss: float
+    history: list[dict] = field(default_factory=list)
+
+
+def task_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy for integer labels, mean squared error otherwise."""
+    if y.dtype in (torch.int64, torch.int32):
+        return F.cross_entropy(out, y)
+    return F.mse_loss(out, y.reshape(out.shape).to(out.dtype))
+
+
+def _distill_loss(out: torch.Tensor, teacher_out: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """Hinton et al. (2015) eq. 1-2: α·T²·KL(p_T ‖ q_T) + (1 − α)·task loss (MSE to teacher for regression)."""
+    if y.dtype not in (torch.int64, torch.int32):
+        return cfg.alpha * F.mse_loss(out, teacher_out) + (1 - cfg.alpha) * task_loss(out, y)
+    t = cfg.temperature
+    kl = F.kl_div(F.log_softmax(out / t, 1), F.log_softmax(teacher_out / t, 1), log_target=True,
+                  reduction="batchmean")
+    return cfg.alpha * t * t * kl + (1 - cfg.alpha) * F.cross_entropy(out, y)
+
+
+@torch.no_grad()
+def _val_loss(model: nn.Module, val: Dataset, batch_size: int) -> float:
+    model.eval()
+    total, n = 0.0, 0
+    for xb, yb in val.batches(batch_size):
+        total += float(task_loss(model(xb), yb)) * len(xb)
+        n += len(xb)
+    return total / max(n, 1)
+
+
+def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig,
+          teacher: nn.Module | None = None, extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+          progress: ProgressFn | None = None) -> TrainResult:
+    """Train ``model`` in place with Adam; keep the weights of the best validation epoch (early stopping).
+
+    ``extra_loss(model)`` (e.g. a regulariser) is added to every step's loss.
+    """
+    if data.y is None:
+        raise ValueError("training needs labelled data (targets y)")
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(cfg.epochs, 1))
+    if teacher is not None:
+        teacher.eval()
+    best = TrainResult(-1, float("inf"))
+    best_state = copy.deepcopy(model.state_dict())
+    for epoch in range(cfg.epochs):
+        model.train()
+        for xb, yb in data.batches(cfg.batch_size, shuffle=True, generator=gen):
+            out = model(xb)
+            if teacher is None:
+                loss = task_loss(out, yb)
+            else:
+                with torch.no_grad():
+                    t_out = teacher(xb)
+                loss = _distill_loss(out, t_out, yb, cfg)
+            if extra_loss is not None:
+                loss = loss + extra_loss(model)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        sched.step()
+        vl = _val_loss(model, val if val is not None else data, cfg.batch_size)
+        best.history.append({"epoch": epoch, "val_loss": vl})
+        if progress is not None:
+            progress(epoch + 1, cfg.epochs, {"val_loss": vl})
+        if vl < best.best_val_loss:
+            best.best_epoch, best.best_val_loss = epoch, vl
+            best_state = copy.deepcopy(model.state_dict())
+        elif epoch - best.best_epoch >= cfg.patience:
+            log.info("early stop at epoch %d (best %d)", epoch, best.best_epoch)
+            break
+    model.load_state_dict(best_state)
+    model.eval()
+    return best
