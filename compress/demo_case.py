@@ -1,0 +1,38 @@
+"""What the embedded demo needs from a method: a trained original model, its data, and configs to run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from .data import Dataset
+
+__all__ = ["DemoCase", "DemoRun"]
+
+
+@dataclass
+class DemoRun:
+    """One compressed variant in the demo: a label, a registered method name and its config."""
+
+    label: str
+    method: str
+    config: Any
+
+
+@dataclass
+class DemoCase:
+    """A trained model on offline data with the compressed variants the demo shows for it.
+
+    ``dynamic_dims`` names input axes beyond the batch that the ONNX export keeps dynamic
+    (e.g. ``{1: "seq"}`` for sequence models).
+    """
+
+    name: str
+    model: nn.Module
+    train: Dataset
+    test: Dataset
+    runs: list[DemoRun]
+    dynamic_dims: dict[int, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
