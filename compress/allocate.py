@@ -150,9 +150,17 @@ ALLOCATORS: dict[str, Callable[[list[RankOptions], float], dict[str, int]]] = {
 
 
 def allocate(options: list[RankOptions], budget: float, allocator: str = "lagrangian") -> dict[str, int]:
-    """Allocate ranks with a named allocator; ``budget`` is an absolute cost."""
+    """Allocate ranks with a named allocator; ``budget`` is an absolute cost.
+
+    Raises ValueError when even the cheapest option of every layer exceeds the budget.
+    """
     try:
         fn = ALLOCATORS[allocator]
     except KeyError:
         raise ValueError(f"unknown allocator {allocator!r}; choose one of {sorted(ALLOCATORS)}") from None
+    floor = sum(min(o.keep_cost, float(o.costs.min(initial=np.inf))) for o in options)
+    if floor > budget:
+        full = sum(o.keep_cost for o in options)
+        raise ValueError(f"budget {budget / full:.3g} of the factorisable cost is below the smallest reachable "
+                         f"{floor / full:.3g} (rank 1 everywhere); raise the budget")
     return fn(options, budget)

@@ -64,10 +64,14 @@ def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ..
     readers = parent_weight_readers(model)
     targets, skipped = [], []
     for name, mod in model.named_modules():
+        if name in readers:
+            own = sum(p.numel() for p in mod.parameters(recurse=False))
+            skipped.append(LayerReport(name, type(mod).__name__, "skipped", readers[name], own, own))
+            continue
         if not isinstance(mod, FACTORIZABLE) or name not in table.layers:
             continue
         cost = table.layers[name]
-        reason = readers.get(name) or ("excluded by option" if name in exclude else "")
+        reason = "excluded by option" if name in exclude else ""
         if not reason and matrix_view(mod).max_rank <= 1:
             reason = "depthwise/rank-1 layer: factorising cannot reduce its cost"
         if reason:
