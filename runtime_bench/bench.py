@@ -1,0 +1,201 @@
+"""Benchmark driver: fresh worker processes per (provider, batch size), then metrics and report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .config import BenchConfig, ModelEntry
+from .environment import collect_environment
+from .errors import BenchInputError, WorkerError
+from .inputs import check_batch, input_specs, timing_inputs
+from .metrics import ModelMetrics, evaluate_models
+from .model_info import model_info
+from .providers import provider_name, unavailable_reason
+from .report import SCHEMA_VERSION, BenchReport, LatencyResult, RatioResult, UnavailableProvider
+from .timing import latency_stats, ratio_summary
+from .worker import WorkerJob, WorkerResult
+
+__all__ = ["run_benchmark", "Progress"]
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+Cell = tuple[str, int]
+
+
+def run_benchmark(
+    models: Sequence[ModelEntry],
+    config: BenchConfig,
+    x: np.ndarray | None = None,
+    y: np.ndarray | None = None,
+    progress: Progress | None = None,
+) -> BenchReport:
+    """Time ``models`` interleaved on every (provider, batch size) and measure their agreement.
+
+    Each (provider, batch size) runs in ``config.repeats`` fresh worker processes; ratios are vs
+    ``models[0]``. Providers that cannot run here are reported in ``unavailable``, never replaced.
+    Accuracy (with ``y``) and agreement are computed here on CPU on ``x`` (or seeded random inputs).
+
+    Args:
+        models: Models to compare; the first is the reference.
+        config: Timing protocol, providers and batch sizes.
+        x: Evaluation inputs (rows along axis 0), also used as timing inputs.
+        y: Labels (integers: accuracy) or targets (floats: MSE) for ``x``.
+        progress: Called with one-line progress messages (default: ``logging.info``).
+    """
+    notify = progress or logger.info
+    _check_models(models)
+    infos = tuple(model_info(m.name, m.path) for m in models)
+    _check_inputs(models, config, x, y)
+    threads = config.threads()
+    unavailable = {p: r for p in config.providers if (r := unavailable_reason(p)) is not None}
+    with tempfile.TemporaryDirectory(prefix="minreal-bench-") as tmp:
+        data_path = _save_data(x, Path(tmp))
+        runs = _run_workers(models, config, threads, data_path, unavailable, Path(tmp), notify)
+    latency, ratios = _summarise(runs, [m.name for m in models])
+    notify("computing accuracy and agreement")
+    metrics, metrics_data = _metrics(models, config, threads, x, y)
+    return BenchReport(
+        schema_version=SCHEMA_VERSION,
+        created_utc=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
+        environment=collect_environment(threads),
+        config=config,
+        models=infos,
+        latency=latency,
+        ratios=ratios,
+        metrics=metrics,
+        metrics_data=metrics_data,
+        unavailable=tuple(UnavailableProvider(p, provider_name(p), r) for p, r in unavailable.items()),
+    )
+
+
+def _check_models(models: Sequence[ModelEntry]) -> None:
+    if not models:
+        raise BenchInputError("run_benchmark needs at least one model")
+    names = [m.name for m in models]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise BenchInputError(f"duplicate model names: {', '.join(duplicates)}")
+
+
+def _check_inputs(models: Sequence[ModelEntry], config: BenchConfig, x: np.ndarray | None, y: np.ndarray | None) -> None:
+    """Fail in the parent, before any worker starts, on inputs a worker could not build."""
+    if x is not None and (x.ndim < 1 or len(x) == 0):
+        raise BenchInputError(f"x must have at least one row, got shape {x.shape}")
+    if y is not None and (x is None or len(y) != len(x)):
+        raise BenchInputError(f"y needs x with the same number of rows (y has {len(y)})")
+    for model in models:
+        specs = input_specs(model.path)
+        for batch in config.batch_sizes:
+            check_batch(specs, batch, model.name)
+        timing_inputs(specs, config.batch_sizes[0], None if x is None else x[:1], config.seed, model.name)
+
+
+def _save_data(x: np.ndarray | None, workdir: Path) -> str | None:
+    if x is None:
+        return None
+    path = workdir / "x.npy"
+    np.save(path, x)
+    return str(path)
+
+
+def _run_workers(
+    models: Sequence[ModelEntry],
+    config: BenchConfig,
+    threads: int,
+    data_path: str | None,
+    unavailable: dict[str, str],
+    workdir: Path,
+    notify: Progress,
+) -> dict[Cell, list[WorkerResult]]:
+    """Repeat-major loop over cells; model order rotates per repeat so no model is always first."""
+    runs: dict[Cell, list[WorkerResult]] = defaultdict(list)
+    for repeat in range(config.repeats):
+        order = [models[(i + repeat) % len(models)] for i in range(len(models))]
+        for provider in config.providers:
+            for batch in config.batch_sizes:
+                if provider in unavailable:
+                    break
+                job = WorkerJob(
+                    names=[m.name for m in order], paths=[str(m.path) for m in order],
+                    provider=provider_name(provider), batch_size=batch, threads=threads,
+                    warmup=config.warmup, min_runs=config.min_runs, min_seconds=config.min_seconds,
+                    seed=config.seed, data_path=data_path,
+                )
+                notify(f"timing {provider} batch {batch} (process {repeat + 1}/{config.repeats})")
+                result = _spawn(job, workdir / f"{provider}-b{batch}-r{repeat}", config.worker_timeout_s)
+                if result.status != "ok":
+                    unavailable[provider] = result.reason or "provider did not run"
+                    continue
+                runs[(provider, batch)].append(result)
+    return {cell: results for cell, results in runs.items() if cell[0] not in unavailable}
+
+
+def _spawn(job: WorkerJob, stem: Path, timeout_s: float) -> WorkerResult:
+    """Run one job in a fresh ``python -m runtime_bench.worker`` process."""
+    job_path, result_path = stem.with_suffix(".job.json"), stem.with_suffix(".result.json")
+    job_path.write_text(json.dumps(asdict(job)))
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    command = [sys.executable, "-m", "runtime_bench.worker", str(job_path), str(result_path)]
+    where = f"{job.provider} batch {job.batch_size}"
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise WorkerError(f"worker for {where} exceeded {timeout_s} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no stderr"])[-1]
+        raise WorkerError(f"worker for {where} failed with exit code {done.returncode}: {last}")
+    return WorkerResult(**json.loads(result_path.read_text()))
+
+
+def _summarise(
+    runs: dict[Cell, list[WorkerResult]], names: list[str]
+) -> tuple[tuple[LatencyResult, ...], tuple[RatioResult, ...]]:
+    """Pool latencies over processes per model and pair per-process medians into ratios."""
+    latency, ratios = [], []
+    for (provider, batch), results in runs.items():
+        p50 = {n: [float(np.median(r.latencies_ms[n])) for r in results] for n in names}
+        for name in names:
+            pooled = [v for r in results for v in r.latencies_ms[name]]
+            latency.append(LatencyResult(
+                model=name, provider=provider, batch_size=batch, stats=latency_stats(pooled, batch),
+                process_p50_ms=tuple(p50[name]), worker_pids=tuple(r.pid for r in results),
+                actual_providers=tuple(results[0].actual_providers),
+            ))
+        for name in names[1:]:
+            s = ratio_summary(p50[name], p50[names[0]])
+            ratios.append(RatioResult(name, names[0], provider, batch, "p50_ms", s.median, s.min, s.max, s.per_process))
+    return tuple(latency), tuple(ratios)
+
+
+def _metrics(
+    models: Sequence[ModelEntry], config: BenchConfig, threads: int, x: np.ndarray | None, y: np.ndarray | None
+) -> tuple[tuple[ModelMetrics, ...], str]:
+    """Accuracy/agreement on ``x``; without data, agreement on seeded random single-input rows.
+
+    Returns:
+        The metrics and a description of the data they were computed on.
+    """
+    names, paths = [m.name for m in models], [m.path for m in models]
+    if x is not None:
+        described = f"the evaluation data ({len(x)} rows{', labelled' if y is not None else ''})"
+        return tuple(evaluate_models(names, paths, x, y, config.eval_batch_size, threads)), described
+    specs = input_specs(models[0].path)
+    if len(specs) != 1:
+        return (), f"nothing: no data and {len(specs)} model inputs"
+    rows = specs[0].fixed_batch() or config.eval_batch_size
+    x = timing_inputs(specs, rows, None, config.seed, models[0].name)[specs[0].name]
+    described = f"{rows} random standard-normal rows (seed {config.seed}), no labels"
+    return tuple(evaluate_models(names, paths, x, None, config.eval_batch_size, threads)), described

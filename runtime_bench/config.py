@@ -1,0 +1,87 @@
+"""Benchmark configuration and model entries."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from .errors import BenchInputError
+from .providers import provider_name
+
+__all__ = ["ModelEntry", "BenchConfig", "default_threads"]
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One ONNX model to benchmark; the first entry of a run is the reference for ratios."""
+
+    name: str
+    path: Path
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise BenchInputError(f"model entry for {self.path} has an empty name")
+        object.__setattr__(self, "path", Path(self.path))
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to time and how.
+
+    Attributes:
+        providers: Provider short names (see :data:`runtime_bench.providers.PROVIDERS`).
+        batch_sizes: Batch sizes; each (provider, batch size) is timed in fresh processes.
+        warmup: Runs per model discarded before measuring.
+        min_runs: Minimum measured runs per model.
+        min_seconds: Minimum wall time of the measurement window (runs continue until both
+            ``min_runs`` and ``min_seconds`` are met).
+        repeats: Fresh worker processes per (provider, batch size); ratios report median and spread.
+        intra_op_threads: onnxruntime intra-op threads; None means the physical core count.
+        eval_batch_size: Batch size for the accuracy/agreement pass.
+        seed: Seed for random timing inputs when no data is given.
+        worker_timeout_s: Wall-clock limit of one worker process.
+    """
+
+    providers: tuple[str, ...] = ("cpu",)
+    batch_sizes: tuple[int, ...] = (1,)
+    warmup: int = 10
+    min_runs: int = 50
+    min_seconds: float = 2.0
+    repeats: int = 3
+    intra_op_threads: int | None = None
+    eval_batch_size: int = 64
+    seed: int = 0
+    worker_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "providers", tuple(self.providers))
+        object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
+        for short in self.providers:
+            provider_name(short)
+        _require(bool(self.providers), "providers must not be empty")
+        _require(bool(self.batch_sizes), "batch_sizes must not be empty")
+        _require(all(b >= 1 for b in self.batch_sizes), f"batch_sizes must be >= 1, got {self.batch_sizes}")
+        _require(self.warmup >= 0, f"warmup must be >= 0, got {self.warmup}")
+        _require(self.min_runs >= 1, f"min_runs must be >= 1, got {self.min_runs}")
+        _require(self.min_seconds >= 0, f"min_seconds must be >= 0, got {self.min_seconds}")
+        _require(self.repeats >= 1, f"repeats must be >= 1, got {self.repeats}")
+        _require(self.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+        threads = self.intra_op_threads
+        _require(threads is None or threads >= 1, f"intra_op_threads must be >= 1, got {threads}")
+
+    def threads(self) -> int:
+        """The intra-op thread count this run uses (explicit, or the physical core count)."""
+        return self.intra_op_threads if self.intra_op_threads is not None else default_threads()
+
+
+def default_threads() -> int:
+    """Physical core count (falls back to logical cores, then 1)."""
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise BenchInputError(message)

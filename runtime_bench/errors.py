@@ -1,0 +1,41 @@
+"""Errors raised by :mod:`runtime_bench`; each message is one line naming the culprit."""
+
+from __future__ import annotations
+
+__all__ = [
+    "BenchInputError",
+    "ModelFileError",
+    "UnknownProviderError",
+    "WorkerError",
+    "ProviderUnavailableError",
+    "ReportSchemaError",
+    "CheckError",
+]
+
+
+class BenchInputError(ValueError):
+    """Bad benchmark input: data, shapes, dtypes or configuration values."""
+
+
+class ModelFileError(BenchInputError):
+    """A model file is missing or is not a readable ONNX model."""
+
+
+class UnknownProviderError(BenchInputError):
+    """A provider short name is not in the provider table."""
+
+
+class WorkerError(RuntimeError):
+    """A benchmark worker process failed or returned an unreadable result."""
+
+
+class ProviderUnavailableError(RuntimeError):
+    """A provider cannot run here (not built in, or onnxruntime fell back to another one)."""
+
+
+class ReportSchemaError(ValueError):
+    """A report file is missing, unreadable or has an unsupported schema version."""
+
+
+class CheckError(ValueError):
+    """A release-gate threshold cannot be evaluated against the given report."""

@@ -1,0 +1,148 @@
+"""Accuracy and agreement metrics, accumulated batch by batch, separate from timing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import BenchInputError
+from .inputs import batch_inputs, check_batch, input_specs
+from .providers import provider_name
+from .sessions import create_session
+
+__all__ = [
+    "ModelMetrics",
+    "is_classification",
+    "correct_count",
+    "squared_error_sum",
+    "agreement_count",
+    "max_abs_diff",
+    "evaluate_models",
+]
+
+
+@dataclass(frozen=True)
+class ModelMetrics:
+    """Quality of one model on the evaluation data, and its agreement with the first model.
+
+    ``accuracy`` (fraction) is set for integer labels, ``mse`` for float targets; both None without
+    labels. ``top1_agreement`` is None when outputs have fewer than two classes.
+    ``max_abs_diff`` compares the first output with the first model's first output.
+    """
+
+    model: str
+    samples: int
+    accuracy: float | None
+    mse: float | None
+    top1_agreement: float | None
+    max_abs_diff: float
+
+
+def is_classification(y: np.ndarray) -> bool:
+    """Integer or boolean labels mean classification (argmax accuracy); floats mean regression (MSE)."""
+    return np.asarray(y).dtype.kind in "iub"
+
+
+def correct_count(outputs: np.ndarray, labels: np.ndarray) -> int:
+    """Rows whose argmax over the last axis equals the integer label."""
+    if outputs.ndim < 2:
+        raise BenchInputError(f"classification needs (batch, classes) outputs, got shape {outputs.shape}")
+    return int(np.sum(np.argmax(outputs, axis=-1) == labels.reshape(-1)))
+
+
+def squared_error_sum(outputs: np.ndarray, targets: np.ndarray) -> tuple[float, int]:
+    """Sum of squared errors in float64 and the element count (MSE = sum / count)."""
+    if outputs.size != targets.size:
+        raise BenchInputError(f"targets of shape {targets.shape} do not match outputs {outputs.shape}")
+    diff = outputs.astype(np.float64).reshape(-1) - targets.astype(np.float64).reshape(-1)
+    return float(diff @ diff), int(diff.size)
+
+
+def agreement_count(outputs: np.ndarray, reference: np.ndarray) -> int | None:
+    """Rows whose argmax equals the reference's argmax; None if there are fewer than two classes."""
+    if outputs.ndim < 2 or outputs.shape[-1] < 2:
+        return None
+    return int(np.sum(np.argmax(outputs, axis=-1) == np.argmax(reference, axis=-1)))
+
+
+def max_abs_diff(outputs: np.ndarray, reference: np.ndarray) -> float:
+    """Largest absolute elementwise difference (float64)."""
+    if outputs.shape != reference.shape:
+        raise BenchInputError(f"output shape {outputs.shape} differs from the first model's {reference.shape}")
+    return float(np.max(np.abs(outputs.astype(np.float64) - reference.astype(np.float64)), initial=0.0))
+
+
+@dataclass
+class _Running:
+    """Running sums of one model's metrics over batches."""
+
+    samples: int = 0
+    correct: int = 0
+    sq_error: float = 0.0
+    elements: int = 0
+    agree: int | None = 0
+    max_diff: float = 0.0
+
+    def update(self, out: np.ndarray, ref: np.ndarray, y: np.ndarray | None) -> None:
+        self.samples += len(out)
+        if y is not None and is_classification(y):
+            self.correct += correct_count(out, y)
+        elif y is not None:
+            sq, n = squared_error_sum(out, y)
+            self.sq_error += sq
+            self.elements += n
+        agree = agreement_count(out, ref)
+        self.agree = None if agree is None or self.agree is None else self.agree + agree
+        self.max_diff = max(self.max_diff, max_abs_diff(out, ref))
+
+    def result(self, model: str, y: np.ndarray | None) -> ModelMetrics:
+        classify = y is not None and is_classification(y)
+        return ModelMetrics(
+            model=model,
+            samples=self.samples,
+            accuracy=self.correct / self.samples if classify else None,
+            mse=self.sq_error / self.elements if y is not None and not classify else None,
+            top1_agreement=None if self.agree is None else self.agree / self.samples,
+            max_abs_diff=self.max_diff,
+        )
+
+
+def evaluate_models(
+    names: Sequence[str],
+    paths: Sequence[Path],
+    x: np.ndarray,
+    y: np.ndarray | None,
+    batch_size: int,
+    threads: int,
+) -> list[ModelMetrics]:
+    """Run every model on ``x`` batch by batch on CPU and accumulate metrics against ``y``.
+
+    The first model is the reference for agreement. Models with a fixed batch dimension use it.
+    """
+    if y is not None and len(y) != len(x):
+        raise BenchInputError(f"x has {len(x)} rows but y has {len(y)}")
+    specs = [input_specs(Path(p)) for p in paths]
+    fixed = {s.fixed_batch() for spec in specs for s in spec} - {None}
+    step = fixed.pop() if len(fixed) == 1 else batch_size
+    for name, spec in zip(names, specs):
+        check_batch(spec, step, name)
+    sessions = [create_session(Path(p), provider_name("cpu"), threads) for p in paths]
+    running = [_Running() for _ in names]
+    for start in range(0, len(x), step):
+        rows = x[start : start + step]
+        outs = [_run_padded(s, spec, rows, step, n) for s, spec, n in zip(sessions, specs, names)]
+        labels = None if y is None else y[start : start + step]
+        for acc, out in zip(running, outs):
+            acc.update(out, outs[0], labels)
+    return [acc.result(name, y) for acc, name in zip(running, names)]
+
+
+def _run_padded(session, specs, rows: np.ndarray, step: int, name: str) -> np.ndarray:
+    """First output for ``rows``; a short last batch is padded for fixed-batch models, then cut."""
+    n = len(rows)
+    if n < step and specs[0].fixed_batch() is not None:
+        rows = np.concatenate([rows, np.repeat(rows[-1:], step - n, axis=0)])
+    return session.run(None, batch_inputs(specs, rows, name))[0][:n]

@@ -1,0 +1,97 @@
+"""Static facts about ONNX files: size, node count, and op types of the optimised graph."""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from .inputs import load_model_proto
+from .errors import ProviderUnavailableError
+from .providers import provider_mismatch, provider_name
+from .sessions import create_session
+
+__all__ = ["ModelInfo", "model_info", "count_nodes", "op_counts", "optimized_graph_ops", "INTEGER_OP_TYPES"]
+
+#: Op types that execute integer kernels (ONNX and com.microsoft contrib ops).
+INTEGER_OP_TYPES: frozenset[str] = frozenset(
+    {
+        "QLinearConv",
+        "QLinearMatMul",
+        "MatMulInteger",
+        "ConvInteger",
+        "QGemm",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "QLinearAdd",
+        "QLinearMul",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about one model file."""
+
+    name: str
+    path: str
+    file_size_bytes: int
+    node_count: int
+    opset: int | None
+
+
+def model_info(name: str, path: Path) -> ModelInfo:
+    """Read size, node count and default-domain opset of the model at ``path``."""
+    path = Path(path)
+    model = load_model_proto(path)
+    opsets = {o.domain: o.version for o in model.opset_import}
+    return ModelInfo(
+        name=name,
+        path=str(path),
+        file_size_bytes=path.stat().st_size,
+        node_count=sum(op_counts(model.graph).values()),
+        opset=opsets.get("", opsets.get("ai.onnx")),
+    )
+
+
+def count_nodes(path: Path) -> int:
+    """Number of nodes in the model at ``path``, including nodes of nested subgraphs."""
+    return sum(op_counts(load_model_proto(path).graph).values())
+
+
+def op_counts(graph: onnx.GraphProto) -> Counter[str]:
+    """Count nodes by op type, recursing into subgraphs (If/Loop/Scan bodies)."""
+    counts: Counter[str] = Counter()
+    for node in graph.node:
+        counts[node.op_type] += 1
+        for attr in node.attribute:
+            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                counts.update(op_counts(sub))
+    return counts
+
+
+def optimized_graph_ops(path: Path, provider: str = "cpu", threads: int = 1) -> dict[str, int]:
+    """Op-type counts of the graph onnxruntime actually runs after its optimisations.
+
+    A session is created with ``optimized_model_filepath`` set; the written graph is counted. Count
+    integer kernels with ``sum(n for op, n in ops.items() if op in INTEGER_OP_TYPES)``.
+
+    Raises:
+        ProviderUnavailableError: the session does not run on ``provider``.
+
+    Args:
+        path: ONNX model file.
+        provider: Provider short name (``"cpu"``, ``"cuda"``, ...).
+        threads: Intra-op threads for the temporary session.
+    """
+    with tempfile.TemporaryDirectory(prefix="minreal-opt-") as tmp:
+        optimized = Path(tmp) / "optimized.onnx"
+        full = provider_name(provider)
+        session = create_session(Path(path), full, threads, optimized_model_path=optimized)
+        mismatch = provider_mismatch(full, session.get_providers())
+        if mismatch is not None:
+            raise ProviderUnavailableError(f"{path}: {mismatch}")
+        return dict(op_counts(load_model_proto(optimized).graph))

@@ -1,0 +1,70 @@
+"""Execution-provider names: the short-name table and what this onnxruntime build offers."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping
+
+import onnxruntime as ort
+
+from .errors import UnknownProviderError
+
+__all__ = [
+    "PROVIDERS",
+    "provider_name",
+    "available_providers",
+    "unavailable_reason",
+    "provider_mismatch",
+]
+
+#: Short name (CLI / config) -> onnxruntime execution-provider name.
+PROVIDERS: Mapping[str, str] = MappingProxyType(
+    {
+        "cpu": "CPUExecutionProvider",
+        "cuda": "CUDAExecutionProvider",
+        "tensorrt": "TensorrtExecutionProvider",
+    }
+)
+
+
+def provider_name(short: str) -> str:
+    """Return the onnxruntime provider name for a short name such as ``"cuda"``.
+
+    Raises:
+        UnknownProviderError: ``short`` is not in :data:`PROVIDERS`.
+    """
+    try:
+        return PROVIDERS[short]
+    except KeyError:
+        known = ", ".join(PROVIDERS)
+        raise UnknownProviderError(f"unknown provider {short!r}; choose one of: {known}") from None
+
+
+def available_providers() -> tuple[str, ...]:
+    """Short names of the table's providers that this onnxruntime build contains."""
+    built = set(ort.get_available_providers())
+    return tuple(short for short, full in PROVIDERS.items() if full in built)
+
+
+def unavailable_reason(short: str) -> str | None:
+    """Why provider ``short`` cannot run with this onnxruntime build, or None if it is built in."""
+    full = provider_name(short)
+    built = ort.get_available_providers()
+    if full in built:
+        return None
+    return (
+        f"{full} is not in this onnxruntime {ort.__version__} build "
+        f"(built: {', '.join(built)}); install a build that has it (e.g. onnxruntime-gpu)"
+    )
+
+
+def provider_mismatch(requested: str, actual: list[str]) -> str | None:
+    """Compare a requested provider with ``session.get_providers()``.
+
+    Returns:
+        None when ``requested`` is the session's primary provider, else a one-line reason
+        (onnxruntime silently falls back to CPU when a provider fails to initialise).
+    """
+    if actual and actual[0] == requested:
+        return None
+    return f"requested {requested} but the session runs on {actual} (onnxruntime fell back)"

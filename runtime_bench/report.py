@@ -1,0 +1,220 @@
+"""The benchmark report: dataclasses, JSON/Markdown writers, console table and loader."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .config import BenchConfig
+from .environment import Environment
+from .errors import ReportSchemaError
+from .metrics import ModelMetrics
+from .model_info import ModelInfo
+from .timing import LatencyStats
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "LatencyResult",
+    "RatioResult",
+    "UnavailableProvider",
+    "BenchReport",
+    "write_json",
+    "write_markdown",
+    "format_table",
+    "load_report",
+    "validate_report",
+]
+
+#: Version of the JSON schema written by :func:`write_json`; bump on incompatible changes.
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    """Latency of one model on one provider at one batch size, pooled over worker processes."""
+
+    model: str
+    provider: str
+    batch_size: int
+    stats: LatencyStats
+    process_p50_ms: tuple[float, ...]
+    worker_pids: tuple[int, ...]
+    actual_providers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RatioResult:
+    """``model`` latency / ``reference`` latency (median latencies, paired per process)."""
+
+    model: str
+    reference: str
+    provider: str
+    batch_size: int
+    statistic: str
+    median: float
+    min: float
+    max: float
+    per_process: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class UnavailableProvider:
+    """A requested provider that could not run, and why; no numbers are reported for it."""
+
+    provider: str
+    requested: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """Everything one benchmark run measured (``asdict`` gives the JSON document)."""
+
+    schema_version: int
+    created_utc: str
+    environment: Environment
+    config: BenchConfig
+    models: tuple[ModelInfo, ...]
+    latency: tuple[LatencyResult, ...]
+    ratios: tuple[RatioResult, ...]
+    metrics: tuple[ModelMetrics, ...]
+    metrics_data: str
+    unavailable: tuple[UnavailableProvider, ...]
+
+
+def write_json(report: BenchReport, path: Path) -> Path:
+    """Write ``report`` as indented JSON atomically; returns the path."""
+    return _atomic_write(Path(path), json.dumps(asdict(report), indent=2) + "\n")
+
+
+def write_markdown(report: BenchReport, path: Path) -> Path:
+    """Write ``report`` as Markdown atomically; returns the path."""
+    return _atomic_write(Path(path), _markdown(report))
+
+
+def format_table(report: BenchReport) -> str:
+    """Plain-text tables (latency, metrics, unavailable providers) for the console."""
+    parts = [_text_table(*_latency_rows(report))]
+    if report.metrics:
+        parts.append(_text_table(*_metrics_rows(report)))
+    parts.extend(f"unavailable: {u.provider} ({u.requested}): {u.reason}" for u in report.unavailable)
+    return "\n\n".join(parts)
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    """Read a report JSON file and check its schema version.
+
+    Raises:
+        ReportSchemaError: missing file, invalid JSON, or a schema version this code does not read.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ReportSchemaError(f"report file not found: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReportSchemaError(f"report {path} is not valid JSON: {exc}") from None
+    return validate_report(data, str(path))
+
+
+def validate_report(data: Any, source: str) -> dict[str, Any]:
+    """Check that ``data`` is a report dict of :data:`SCHEMA_VERSION`; returns it."""
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise ReportSchemaError(f"{source} is not a minreal benchmark report (no schema_version)")
+    version = data["schema_version"]
+    if version != SCHEMA_VERSION:
+        raise ReportSchemaError(f"{source} has schema_version {version!r}; this minreal reads {SCHEMA_VERSION}")
+    return data
+
+
+def _atomic_write(path: Path, text: str) -> Path:
+    """Write to a temporary file in the same directory, then ``os.replace`` it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+Rows = tuple[list[str], list[list[str]]]
+
+
+def _latency_rows(report: BenchReport) -> Rows:
+    ratios = {(r.model, r.provider, r.batch_size): r for r in report.ratios}
+    headers = ["model", "provider", "batch", "mean ms", "std ms", "p50 ms", "p90 ms", "p99 ms", "samples/s", "runs", "ratio (min-max)"]
+    rows = []
+    for res in report.latency:
+        s = res.stats
+        ratio = ratios.get((res.model, res.provider, res.batch_size))
+        shown = "1 (reference)" if ratio is None else f"{ratio.median:.3f} ({ratio.min:.3f}-{ratio.max:.3f})"
+        rows.append([res.model, res.provider, str(res.batch_size), f"{s.mean_ms:.3f}", f"{s.std_ms:.3f}",
+                     f"{s.p50_ms:.3f}", f"{s.p90_ms:.3f}", f"{s.p99_ms:.3f}", f"{s.throughput_sps:.1f}", str(s.runs), shown])
+    return headers, rows
+
+
+def _metrics_rows(report: BenchReport) -> Rows:
+    headers = ["model", "samples", "accuracy", "mse", "top-1 agreement", "max abs diff"]
+    rows = [[m.model, str(m.samples), _opt(m.accuracy, "{:.4f}"), _opt(m.mse, "{:.4g}"),
+             _opt(m.top1_agreement, "{:.4f}"), f"{m.max_abs_diff:.3g}"] for m in report.metrics]
+    return headers, rows
+
+
+def _model_rows(report: BenchReport) -> Rows:
+    headers = ["model", "path", "size bytes", "nodes", "opset"]
+    rows = [[m.name, m.path, str(m.file_size_bytes), str(m.node_count), str(m.opset)] for m in report.models]
+    return headers, rows
+
+
+def _plain(value: Any) -> str:
+    return ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def _opt(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def _markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _markdown(report: BenchReport) -> str:
+    env = asdict(report.environment)
+    cfg = report.config
+    parts = [
+        "# ONNX Runtime benchmark",
+        f"Schema {report.schema_version}, created {report.created_utc} UTC.",
+        "## Environment",
+        "\n".join(f"- {key}: {_plain(value)}" for key, value in env.items()),
+        "## Protocol",
+        f"Warm-up {cfg.warmup} runs discarded; at least {cfg.min_runs} runs and {cfg.min_seconds} s measured per "
+        f"process; models interleaved; {cfg.repeats} fresh processes per (provider, batch size). "
+        "Ratios are median latencies vs the first model, paired per process: median (min-max).",
+        "## Models",
+        _markdown_table(*_model_rows(report)),
+        "## Latency",
+        _markdown_table(*_latency_rows(report)),
+    ]
+    if report.metrics:
+        parts += ["## Accuracy and agreement with the first model", f"Computed on {report.metrics_data}.",
+                  _markdown_table(*_metrics_rows(report))]
+    if report.unavailable:
+        parts += ["## Unavailable providers", "\n".join(f"- {u.provider} ({u.requested}): {u.reason}" for u in report.unavailable)]
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,53 @@
+"""onnxruntime sessions configured for fair, interleaved timing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnxruntime as ort
+
+from .errors import ModelFileError
+
+__all__ = ["SPINNING_ENTRIES", "session_options", "create_session"]
+
+#: Session config entries that stop idle thread pools from spinning. With one pool per session,
+#: spinning threads of idle sessions steal cores from the timed one when models are interleaved.
+SPINNING_ENTRIES: tuple[tuple[str, str], ...] = (
+    ("session.intra_op.allow_spinning", "0"),
+    ("session.inter_op.allow_spinning", "0"),
+)
+
+
+def session_options(threads: int, optimized_model_path: Path | None = None) -> ort.SessionOptions:
+    """Session options: explicit intra-op threads, one inter-op thread, sequential, no spinning.
+
+    Args:
+        threads: Intra-op thread count.
+        optimized_model_path: If given, onnxruntime writes the optimised graph there.
+    """
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    for key, value in SPINNING_ENTRIES:
+        options.add_session_config_entry(key, value)
+    if optimized_model_path is not None:
+        options.optimized_model_filepath = str(optimized_model_path)
+    return options
+
+
+def create_session(
+    path: Path, provider: str, threads: int, optimized_model_path: Path | None = None
+) -> ort.InferenceSession:
+    """Create an inference session on ``provider`` (full onnxruntime name).
+
+    The caller must compare ``session.get_providers()`` with the request
+    (:func:`runtime_bench.providers.provider_mismatch`): onnxruntime may fall back to CPU.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"model file not found: {path}")
+    options = session_options(threads, optimized_model_path)
+    return ort.InferenceSession(str(path), sess_options=options, providers=[provider])

@@ -1,0 +1,95 @@
+"""Tiny seeded ONNX models (built with onnx.helper, no torch) and data for runtime_bench tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+FEATURES, CLASSES = 8, 4
+
+
+def linear_model(
+    path: Path, weight: np.ndarray, bias: np.ndarray, batch: int | str = "N", rest: int | str = FEATURES
+) -> Path:
+    """Save a one-Gemm model ``y = x @ weight + bias`` with input shape ``(batch, rest)``."""
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, rest])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [batch, weight.shape[1]])],
+        [numpy_helper.from_array(weight.astype(np.float32), "w"), numpy_helper.from_array(bias.astype(np.float32), "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def make_linear():
+    """The :func:`linear_model` builder, for tests that need a variant (fixed batch, symbolic dims)."""
+    return linear_model
+
+
+@pytest.fixture(scope="session")
+def features() -> int:
+    return FEATURES
+
+
+@pytest.fixture(scope="session")
+def weights() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((FEATURES, CLASSES)), rng.standard_normal(CLASSES)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def reference_model(model_dir: Path, weights) -> Path:
+    return linear_model(model_dir / "reference.onnx", *weights)
+
+
+@pytest.fixture(scope="session")
+def perturbed_model(model_dir: Path, weights) -> Path:
+    w, b = weights
+    noise = np.random.default_rng(1).standard_normal(w.shape)
+    return linear_model(model_dir / "perturbed.onnx", w + 0.5 * noise, b)
+
+
+@pytest.fixture(scope="session")
+def data(reference_model: Path) -> tuple[np.ndarray, np.ndarray]:
+    """100 inputs and the labels the reference model predicts (so its accuracy is exactly 1)."""
+    x = np.random.default_rng(2).standard_normal((100, FEATURES)).astype(np.float32)
+    session = ort.InferenceSession(str(reference_model), providers=["CPUExecutionProvider"])
+    y = np.argmax(session.run(None, {"x": x})[0], axis=1).astype(np.int64)
+    return x, y
+
+
+@pytest.fixture(scope="session")
+def bench_config():
+    from runtime_bench import BenchConfig
+
+    return BenchConfig(
+        providers=("cpu", "cuda", "tensorrt"), batch_sizes=(1, 4), warmup=2, min_runs=20, min_seconds=0.0,
+        repeats=3, intra_op_threads=1,
+    )
+
+
+@pytest.fixture(scope="session")
+def bench_report(reference_model: Path, perturbed_model: Path, data, bench_config):
+    """One real benchmark run (6 worker processes), shared by the tests that inspect its report."""
+    from runtime_bench import ModelEntry, run_benchmark
+
+    messages: list[str] = []
+    models = [ModelEntry("reference", reference_model), ModelEntry("perturbed", perturbed_model)]
+    report = run_benchmark(models, bench_config, *data, progress=messages.append)
+    return report, messages

@@ -1,0 +1,72 @@
+"""Accuracy / MSE / agreement, accumulated batch by batch, against whole-array numpy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from runtime_bench.errors import BenchInputError
+from runtime_bench.metrics import agreement_count, correct_count, evaluate_models, max_abs_diff, squared_error_sum
+
+
+def _outputs(path: Path, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def test_streamed_metrics_equal_whole_array(reference_model: Path, perturbed_model: Path, data) -> None:
+    x, y = data
+    ref, pert = _outputs(reference_model, x), _outputs(perturbed_model, x)
+    # batch 7 does not divide 100 rows: the short last batch must count correctly
+    metrics = evaluate_models(["ref", "pert"], [reference_model, perturbed_model], x, y, batch_size=7, threads=1)
+    assert [m.samples for m in metrics] == [100, 100]
+    assert metrics[0].accuracy == 1.0 and metrics[0].top1_agreement == 1.0 and metrics[0].max_abs_diff == 0.0
+    assert metrics[1].accuracy == pytest.approx(np.mean(pert.argmax(1) == y))
+    assert metrics[1].top1_agreement == pytest.approx(np.mean(pert.argmax(1) == ref.argmax(1)))
+    assert metrics[1].max_abs_diff == pytest.approx(np.abs(pert - ref).max(), rel=1e-6)
+    assert 0.0 < metrics[1].top1_agreement < 1.0
+    assert metrics[1].mse is None
+
+
+def test_float_targets_give_mse(reference_model: Path, perturbed_model: Path, data) -> None:
+    x, _ = data
+    targets = _outputs(reference_model, x) + 0.25
+    metrics = evaluate_models(["ref", "pert"], [reference_model, perturbed_model], x, targets, batch_size=32, threads=1)
+    assert metrics[0].accuracy is None
+    assert metrics[0].mse == pytest.approx(0.0625, rel=1e-5)
+    expected = np.mean((_outputs(perturbed_model, x).astype(np.float64) - targets) ** 2)
+    assert metrics[1].mse == pytest.approx(expected, rel=1e-6)
+
+
+def test_fixed_batch_model_is_padded(tmp_path: Path, weights, reference_model: Path, data, make_linear) -> None:
+    x, y = data
+    fixed = make_linear(tmp_path / "fixed.onnx", *weights, batch=8)
+    metrics = evaluate_models(["ref", "fixed"], [reference_model, fixed], x, y, batch_size=64, threads=1)
+    assert metrics[1].samples == 100
+    assert metrics[1].accuracy == 1.0 and metrics[1].max_abs_diff == pytest.approx(0.0, abs=1e-6)
+
+
+def test_single_output_has_no_top1_agreement() -> None:
+    out = np.ones((5, 1))
+    assert agreement_count(out, out) is None
+    assert agreement_count(np.eye(3), np.eye(3)[[0, 2, 1]]) == 1
+
+
+def test_batch_functions() -> None:
+    out = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]])
+    assert correct_count(out, np.array([1, 0, 0])) == 2
+    assert squared_error_sum(np.array([[1.0], [2.0]]), np.array([0.0, 0.0])) == (5.0, 2)
+    assert max_abs_diff(out, out + 0.5) == pytest.approx(0.5)
+    with pytest.raises(BenchInputError, match="differs from the first model"):
+        max_abs_diff(out, out[:2])
+    with pytest.raises(BenchInputError, match=r"\(batch, classes\)"):
+        correct_count(np.ones(3), np.ones(3, dtype=int))
+
+
+def test_label_count_must_match(reference_model: Path, data) -> None:
+    x, y = data
+    with pytest.raises(BenchInputError, match="x has 100 rows but y has 99"):
+        evaluate_models(["ref"], [reference_model], x, y[:99], batch_size=10, threads=1)
