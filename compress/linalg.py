@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["truncated_svd_factors", "energy_rank", "psd_sqrt"]
+__all__ = ["truncated_svd_factors", "energy_rank", "psd_sqrt", "sym_eig_desc", "balanced_gramian",
+           "balanced_basis"]
 
 
 def truncated_svd_factors(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -32,3 +33,26 @@ def psd_sqrt(a: torch.Tensor) -> torch.Tensor:
     a = 0.5 * (a.double() + a.double().T)
     lam, q = torch.linalg.eigh(a)
     return (q * lam.clamp_min(0).sqrt()) @ q.T
+
+
+def sym_eig_desc(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigen-decomposition of a symmetric matrix in float64, eigenvalues descending (clipped at zero)."""
+    a = 0.5 * (a.double() + a.double().T)
+    lam, q = torch.linalg.eigh(a)
+    return lam.flip(0).clamp_min(0), q.flip(1)
+
+
+def balanced_gramian(gc: torch.Tensor, go: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """C-balanced test matrix B = Gc^½ Go Gc^½ (eigenvalues = squared Hankel singular values, Moore 1981).
+
+    Returns ``(B, Gc^½)`` in float64.
+    """
+    root = psd_sqrt(gc)
+    b = root @ go.double() @ root
+    return 0.5 * (b + b.T), root
+
+
+def balanced_basis(gc_root: torch.Tensor, vb: torch.Tensor, rank: int) -> torch.Tensor:
+    """Orthonormal basis U = orth(Gc^½ V_b[:, :r]) of the r dominant balanced directions (d × r, float64)."""
+    u, s, _ = torch.linalg.svd(gc_root.double() @ vb[:, :rank].double(), full_matrices=False)
+    return u[:, :rank]

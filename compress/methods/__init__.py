@@ -1,3 +1,4 @@
 """Compression methods; importing this package registers each of them."""
 
 from . import svd  # noqa: F401
+from . import cbalanced  # noqa: F401

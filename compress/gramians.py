@@ -1,0 +1,198 @@
+"""Reachability (Gc) and observability (Go) Gramians of a network read as a depth-indexed state-space system.
+
+A state point is a module whose output is the state h_l (hidden activation of an MLP; for CNNs the
+stage output, reduced to channels by global average pooling). Statistics are collected through forward
+hooks and accumulated batch by batch in float64.
+
+- Gc = centred sample covariance of h_l (unbiased, 1/(N−1)).
+- Go = (1/N) Σ_n J_nᵀ J_n with J_n = ∂z/∂h_l at sample n (z = logits). For a feature map the state
+  direction c is a channel-uniform shift, so the Jacobian column is the spatial sum of ∂z/∂h[c, ·].
+  Exact (one backward per output) when there are few outputs; otherwise the unbiased random-projection
+  estimate (1/(N k)) Σ_n Σ_j (J_nᵀ v_j)(J_nᵀ v_j)ᵀ with Rademacher probes v_j (E[v vᵀ] = I).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from .data import Dataset
+from .errors import CompressionError
+from .models import ACTIVATIONS
+
+__all__ = ["StateGramians", "default_state_points", "collect_states", "reachability_gramians",
+           "observability_gramians", "collect_gramians"]
+
+_ACT_TYPES = tuple(ACTIVATIONS.values()) + (nn.ReLU6, nn.ELU, nn.Hardswish, nn.Mish)
+_RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
+
+
+@dataclass
+class StateGramians:
+    """Statistics of one state point: mean, Gc, Go (all float64) and how Go was obtained."""
+
+    name: str
+    mean: torch.Tensor
+    gc: torch.Tensor
+    go: torch.Tensor
+    samples_gc: int
+    samples_go: int
+    go_method: str  # "exact" or "probes:k"
+
+    @property
+    def dim(self) -> int:
+        return int(self.mean.numel())
+
+
+def default_state_points(model: nn.Module) -> list[str]:
+    """Hidden-activation outputs (MLPs, conv-BN-act stages) or ``layer1…layer4`` of torchvision ResNets."""
+    names = dict(model.named_children())
+    if all(s in names for s in _RESNET_STAGES):
+        return list(_RESNET_STAGES)
+    points = [n for n, m in model.named_modules() if n and isinstance(m, _ACT_TYPES) and not isinstance(m, nn.Identity)]
+    if not points:  # a linear network written with nn.Identity activations
+        points = [n for n, m in model.named_modules() if n and isinstance(m, nn.Identity)]
+    if not points:
+        raise CompressionError("found no hidden activations to use as state points; name them with state_points")
+    return points
+
+
+def _as_state(t: torch.Tensor) -> torch.Tensor:
+    """(N, d) state of a hooked output: feature maps are averaged over their spatial axes."""
+    if t.dim() == 2:
+        return t
+    if t.dim() > 2:
+        return t.flatten(2).mean(2)
+    raise CompressionError(f"state point output has shape {tuple(t.shape)}; expected (N, d) or (N, C, ...)")
+
+
+def _grad_state(g: torch.Tensor) -> torch.Tensor:
+    """Jacobian rows for the state: spatial sum of the gradient (channel-uniform perturbation)."""
+    return g if g.dim() == 2 else g.flatten(2).sum(2)
+
+
+class _Capture:
+    """Forward hooks storing the raw outputs of the named modules during one forward pass."""
+
+    def __init__(self, model: nn.Module, points: Sequence[str]) -> None:
+        self.out: dict[str, torch.Tensor] = {}
+        mods = dict(model.named_modules())
+        missing = [p for p in points if p not in mods]
+        if missing:
+            raise CompressionError(f"state points not found in the model: {missing}")
+        self.handles = [mods[p].register_forward_hook(self._hook(p)) for p in points]
+
+    def _hook(self, name: str):
+        def hook(_m: nn.Module, _i, out: torch.Tensor) -> None:
+            self.out[name] = out
+        return hook
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _eval_batches(model: nn.Module, data: Dataset, batch_size: int) -> Iterator[torch.Tensor]:
+    was = model.training
+    model.eval()
+    try:
+        yield from data.inputs(batch_size)
+    finally:
+        model.train(was)
+
+
+@torch.no_grad()
+def collect_states(model: nn.Module, data: Dataset, points: Sequence[str], batch_size: int = 256
+                   ) -> dict[str, torch.Tensor]:
+    """The (N, d) states at each point over ``data`` (eval mode), in the model's dtype."""
+    cap = _Capture(model, points)
+    acc: dict[str, list[torch.Tensor]] = {p: [] for p in points}
+    try:
+        for xb in _eval_batches(model, data, batch_size):
+            model(xb)
+            for p in points:
+                acc[p].append(_as_state(cap.out[p]))
+    finally:
+        cap.close()
+    return {p: torch.cat(v) for p, v in acc.items()}
+
+
+@torch.no_grad()
+def reachability_gramians(model: nn.Module, data: Dataset, points: Sequence[str], batch_size: int = 256
+                          ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per point ``(mean, Gc)``: streaming centred covariance (1/(N−1)) in float64, shifted by batch 1's mean."""
+    if len(data) < 2:
+        raise CompressionError("the reachability Gramian needs at least 2 calibration samples")
+    cap = _Capture(model, points)
+    shift: dict[str, torch.Tensor] = {}
+    s1: dict[str, torch.Tensor] = {}
+    s2: dict[str, torch.Tensor] = {}
+    try:
+        for xb in _eval_batches(model, data, batch_size):
+            model(xb)
+            for p in points:
+                h = _as_state(cap.out[p]).double()
+                if p not in shift:
+                    shift[p] = h.mean(0)
+                    s1[p], s2[p] = torch.zeros_like(shift[p]), h.new_zeros(h.shape[1], h.shape[1])
+                c = h - shift[p]
+                s1[p] += c.sum(0)
+                s2[p] += c.T @ c
+    finally:
+        cap.close()
+    n = len(data)
+    out = {}
+    for p in points:
+        m = s1[p] / n
+        out[p] = (shift[p] + m, (s2[p] - n * torch.outer(m, m)) / (n - 1))
+    return out
+
+
+def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str], max_exact_outputs: int = 64,
+                           probes: int = 16, batch_size: int = 256, seed: int = 0
+                           ) -> tuple[dict[str, torch.Tensor], str]:
+    """Per point Go = mean_n J_nᵀ J_n (float64) and the method used (``"exact"`` or ``"probes:k"``).
+
+    Exact when the model has at most ``max_exact_outputs`` outputs, else ``probes`` Rademacher probes.
+    Assumes samples are independent in eval mode (no batch-coupled layers).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    cap = _Capture(model, points)
+    acc: dict[str, torch.Tensor] = {}
+    method = "exact"
+    try:
+        for xb in _eval_batches(model, data, batch_size):
+            xb = xb.detach().clone().requires_grad_(True)
+            z = model(xb).reshape(len(xb), -1)
+            hs = [cap.out[p] for p in points]
+            exact = z.shape[1] <= max_exact_outputs
+            method = "exact" if exact else f"probes:{probes}"
+            directions = range(z.shape[1]) if exact else range(probes)
+            for j in directions:
+                if exact:
+                    v = torch.zeros_like(z)
+                    v[:, j] = 1.0
+                else:
+                    v = (torch.randint(0, 2, z.shape, generator=gen) * 2 - 1).to(z.dtype)
+                grads = torch.autograd.grad(z, hs, grad_outputs=v, retain_graph=True, allow_unused=True)
+                for p, g, h in zip(points, grads, hs):
+                    g = _grad_state(torch.zeros_like(h) if g is None else g).double()
+                    g = g if exact else g / probes ** 0.5
+                    acc[p] = acc.get(p, 0) + g.T @ g
+    finally:
+        cap.close()
+    return {p: acc[p] / len(data) for p in points}, method
+
+
+def collect_gramians(model: nn.Module, data: Dataset, points: Sequence[str] | None = None,
+                     max_exact_outputs: int = 64, probes: int = 16, go_samples: int | None = None,
+                     batch_size: int = 256, seed: int = 0) -> dict[str, StateGramians]:
+    """Gc on all of ``data`` and Go on its first ``go_samples`` samples, for every state point."""
+    points = list(points) if points else default_state_points(model)
+    gc = reachability_gramians(model, data, points, batch_size)
+    go_data = data if go_samples is None else data.take(min(go_samples, len(data)))
+    go, method = observability_gramians(model, go_data, points, max_exact_outputs, probes, batch_size, seed)
+    return {p: StateGramians(p, gc[p][0], gc[p][1], go[p], len(data), len(go_data), method) for p in points}
