@@ -90,7 +90,9 @@ def _check_models(models: Sequence[ModelEntry]) -> None:
         raise BenchInputError(f"duplicate model names: {', '.join(duplicates)}")
 
 
-def _check_inputs(models: Sequence[ModelEntry], config: BenchConfig, x: np.ndarray | None, y: np.ndarray | None) -> None:
+def _check_inputs(
+    models: Sequence[ModelEntry], config: BenchConfig, x: np.ndarray | None, y: np.ndarray | None
+) -> None:
     """Fail in the parent, before any worker starts, on inputs a worker could not build."""
     if x is not None and (x.ndim < 1 or len(x) == 0):
         raise BenchInputError(f"x must have at least one row, got shape {x.shape}")

@@ -77,7 +77,7 @@ def format_check(result: CheckResult) -> str:
     """One line per criterion (PASS/FAIL, name, subject, measured vs allowed) and a verdict."""
     lines = []
     for c in result.criteria:
-        where = c.model + "".join(f" {p}" for p in (c.provider,) if p) + (f" batch {c.batch_size}" if c.batch_size else "")
+        where = " ".join([c.model, c.provider or "", f"batch {c.batch_size}" if c.batch_size else ""]).strip()
         lines.append(f"{'PASS' if c.passed else 'FAIL'}  {c.name}  {where}: {c.measured:.4g} (allowed {c.allowed:.4g})")
     lines.append("release gate " + ("passed" if result.passed else "FAILED"))
     return "\n".join(lines)
@@ -108,14 +108,15 @@ def _accuracy_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
 def _agreement(data: dict[str, Any], allowed: float) -> list[Criterion]:
     rows = [m for m in data["metrics"][1:] if m["top1_agreement"] is not None]
     if not rows:
-        raise CheckError("min_agreement given but the report has no top-1 agreement (needs 2+ models with class outputs)")
+        raise CheckError("min_agreement given but the report has no top-1 agreement (needs 2+ models, class outputs)")
     return [Criterion("top1_agreement", m["model"], None, None, m["top1_agreement"], allowed,
                       m["top1_agreement"] >= allowed) for m in rows]
 
 
 def _regression(data: dict[str, Any], baseline: dict[str, Any], allowed: float) -> list[Criterion]:
-    if data["environment"]["cpu_model"] != baseline["environment"]["cpu_model"]:
-        logger.warning("baseline ran on %r, report on %r", baseline["environment"]["cpu_model"], data["environment"]["cpu_model"])
+    cpus = (baseline["environment"]["cpu_model"], data["environment"]["cpu_model"])
+    if cpus[0] != cpus[1]:
+        logger.warning("baseline ran on %r, report on %r: latency regression compares different CPUs", *cpus)
     before = {(r["model"], r["provider"], r["batch_size"]): r["stats"]["p50_ms"] for r in baseline["latency"]}
     criteria = []
     for row in data["latency"]:

@@ -150,14 +150,16 @@ Rows = tuple[list[str], list[list[str]]]
 
 def _latency_rows(report: BenchReport) -> Rows:
     ratios = {(r.model, r.provider, r.batch_size): r for r in report.ratios}
-    headers = ["model", "provider", "batch", "mean ms", "std ms", "p50 ms", "p90 ms", "p99 ms", "samples/s", "runs", "ratio (min-max)"]
+    headers = ["model", "provider", "batch", "mean ms", "std ms", "p50 ms", "p90 ms", "p99 ms", "samples/s", "runs",
+               "ratio (min-max)"]
     rows = []
     for res in report.latency:
         s = res.stats
         ratio = ratios.get((res.model, res.provider, res.batch_size))
         shown = "1 (reference)" if ratio is None else f"{ratio.median:.3f} ({ratio.min:.3f}-{ratio.max:.3f})"
-        rows.append([res.model, res.provider, str(res.batch_size), f"{s.mean_ms:.3f}", f"{s.std_ms:.3f}",
-                     f"{s.p50_ms:.3f}", f"{s.p90_ms:.3f}", f"{s.p99_ms:.3f}", f"{s.throughput_sps:.1f}", str(s.runs), shown])
+        times = [f"{t:.3f}" for t in (s.mean_ms, s.std_ms, s.p50_ms, s.p90_ms, s.p99_ms)]
+        cell = [res.model, res.provider, str(res.batch_size)]
+        rows.append([*cell, *times, f"{s.throughput_sps:.1f}", str(s.runs), shown])
     return headers, rows
 
 
@@ -216,5 +218,6 @@ def _markdown(report: BenchReport) -> str:
         parts += ["## Accuracy and agreement with the first model", f"Computed on {report.metrics_data}.",
                   _markdown_table(*_metrics_rows(report))]
     if report.unavailable:
-        parts += ["## Unavailable providers", "\n".join(f"- {u.provider} ({u.requested}): {u.reason}" for u in report.unavailable)]
+        lines = [f"- {u.provider} ({u.requested}): {u.reason}" for u in report.unavailable]
+        parts += ["## Unavailable providers", "\n".join(lines)]
     return "\n\n".join(parts) + "\n"

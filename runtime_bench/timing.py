@@ -104,7 +104,7 @@ def ratio_summary(model_p50_ms: Sequence[float], reference_p50_ms: Sequence[floa
     model = np.asarray(model_p50_ms, dtype=np.float64)
     reference = np.asarray(reference_p50_ms, dtype=np.float64)
     if model.shape != reference.shape or model.size == 0:
-        raise ValueError(f"ratio_summary needs equal, non-empty per-process lists, got {model.size} and {reference.size}")
+        raise ValueError(f"ratio_summary needs equal, non-empty per-process lists, got {model.size}, {reference.size}")
     ratios = model / reference
     return RatioSummary(
         median=float(np.median(ratios)),

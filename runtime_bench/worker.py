@@ -59,7 +59,7 @@ def run_job(job: WorkerJob) -> WorkerResult:
     for session in sessions:
         reason = provider_mismatch(job.provider, session.get_providers())
         if reason is not None:
-            return WorkerResult(pid=os.getpid(), status="unavailable", actual_providers=session.get_providers(), reason=reason)
+            return WorkerResult(os.getpid(), "unavailable", session.get_providers(), reason=reason)
     x = np.load(job.data_path) if job.data_path else None
     run_fns = []
     for name, path, session in zip(job.names, job.paths, sessions):

@@ -22,7 +22,10 @@ def linear_model(
         "linear",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, rest])],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, [batch, weight.shape[1]])],
-        [numpy_helper.from_array(weight.astype(np.float32), "w"), numpy_helper.from_array(bias.astype(np.float32), "b")],
+        [
+            numpy_helper.from_array(weight.astype(np.float32), "w"),
+            numpy_helper.from_array(bias.astype(np.float32), "b"),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9

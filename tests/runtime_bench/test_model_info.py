@@ -58,6 +58,7 @@ def test_dynamic_int8_model_runs_integer_kernels(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif("cuda" in available_providers(), reason="CUDA is built into this onnxruntime")
+@pytest.mark.filterwarnings("ignore:Specified provider")
 def test_optimized_graph_ops_refuses_fallback(reference_model: Path) -> None:
     with pytest.raises(ProviderUnavailableError, match="fell back"):
         optimized_graph_ops(reference_model, provider="cuda")

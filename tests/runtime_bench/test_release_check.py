@@ -1,0 +1,105 @@
+"""Release gate: every criterion passing and failing, named subjects, baseline regression."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runtime_bench import SCHEMA_VERSION, check_report, format_check
+from runtime_bench.errors import CheckError, ReportSchemaError
+
+
+def _report(p50: dict[tuple[str, str, int], float], accuracy=(0.90, 0.88), agreement=(1.0, 0.97)) -> dict[str, Any]:
+    """A minimal report dict: models 'orig' (reference) and 'small'."""
+    latency = [{"model": m, "provider": p, "batch_size": b, "stats": {"p50_ms": v}} for (m, p, b), v in p50.items()]
+    ratios = [
+        {"model": m, "provider": p, "batch_size": b, "median": v / p50[("orig", p, b)]}
+        for (m, p, b), v in p50.items() if m != "orig"
+    ]
+    metrics = [
+        {"model": m, "accuracy": a, "top1_agreement": g} for m, a, g in zip(("orig", "small"), accuracy, agreement)
+    ]
+    return {
+        "schema_version": SCHEMA_VERSION, "environment": {"cpu_model": "test cpu"},
+        "models": [{"name": "orig"}, {"name": "small"}], "latency": latency, "ratios": ratios, "metrics": metrics,
+    }
+
+
+P50 = {("orig", "cpu", 1): 2.0, ("small", "cpu", 1): 1.0, ("orig", "cpu", 32): 10.0, ("small", "cpu", 32): 8.0}
+
+
+def test_no_thresholds_passes_with_no_criteria() -> None:
+    result = check_report(_report(P50))
+    assert result.passed and result.criteria == ()
+
+
+def test_latency_ratio_per_cell() -> None:
+    result = check_report(_report(P50), max_latency_ratio=0.6)
+    assert [(c.name, c.model, c.provider, c.batch_size) for c in result.criteria] == [
+        ("latency_ratio", "small", "cpu", 1), ("latency_ratio", "small", "cpu", 32)
+    ]
+    assert [c.measured for c in result.criteria] == pytest.approx([0.5, 0.8])
+    assert [c.passed for c in result.criteria] == [True, False]
+    assert not result.passed
+    assert check_report(_report(P50), max_latency_ratio=0.8).passed
+
+
+def test_accuracy_drop_in_percentage_points() -> None:
+    (crit,) = check_report(_report(P50), max_accuracy_drop=2.5).criteria
+    assert (crit.name, crit.model, crit.provider) == ("accuracy_drop_pp", "small", None)
+    assert crit.measured == pytest.approx(2.0) and crit.allowed == 2.5 and crit.passed
+    assert not check_report(_report(P50), max_accuracy_drop=1.0).passed
+
+
+def test_min_agreement() -> None:
+    assert check_report(_report(P50), min_agreement=0.95).passed
+    failed = check_report(_report(P50), min_agreement=0.99)
+    assert not failed.passed and failed.criteria[0].measured == pytest.approx(0.97)
+
+
+def test_baseline_regression_percent() -> None:
+    baseline = _report(P50)
+    slower = _report({**P50, ("small", "cpu", 32): 9.0})
+    result = check_report(slower, baseline=baseline, max_regression=10.0)
+    by_key = {(c.model, c.batch_size): c for c in result.criteria}
+    assert len(by_key) == 4 and {c.name for c in result.criteria} == {"latency_regression_pct"}
+    assert by_key[("small", 32)].measured == pytest.approx(12.5)
+    assert not by_key[("small", 32)].passed and by_key[("orig", 1)].passed
+    assert not result.passed
+    assert check_report(slower, baseline=baseline, max_regression=15.0).passed
+
+
+def test_format_check_names_failures() -> None:
+    text = format_check(check_report(_report(P50), max_latency_ratio=0.6))
+    assert "PASS  latency_ratio  small cpu batch 1: 0.5 (allowed 0.6)" in text
+    assert "FAIL  latency_ratio  small cpu batch 32" in text
+    assert text.endswith("release gate FAILED")
+
+
+def test_thresholds_with_nothing_to_check_are_errors() -> None:
+    no_labels = _report(P50, accuracy=(None, None), agreement=(1.0, None))
+    with pytest.raises(CheckError, match="no accuracy"):
+        check_report(no_labels, max_accuracy_drop=1.0)
+    with pytest.raises(CheckError, match="no top-1 agreement"):
+        check_report(no_labels, min_agreement=0.9)
+    single = {**_report(P50), "ratios": []}
+    with pytest.raises(CheckError, match="no latency ratios"):
+        check_report(single, max_latency_ratio=1.0)
+    with pytest.raises(CheckError, match="given together"):
+        check_report(_report(P50), baseline=_report(P50))
+    other = _report({("orig", "cuda", 1): 1.0})
+    with pytest.raises(CheckError, match="shares no"):
+        check_report(_report(P50), baseline=other, max_regression=5.0)
+
+
+def test_baseline_schema_is_checked() -> None:
+    with pytest.raises(ReportSchemaError, match="baseline has schema_version 0"):
+        check_report(_report(P50), baseline={"schema_version": 0}, max_regression=5.0)
+
+
+def test_accepts_a_bench_report_object(bench_report) -> None:
+    report, _ = bench_report
+    result = check_report(report, max_latency_ratio=100.0, min_agreement=0.0, max_accuracy_drop=100.0)
+    assert result.passed
+    assert {c.name for c in result.criteria} == {"latency_ratio", "top1_agreement", "accuracy_drop_pp"}
