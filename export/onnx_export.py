@@ -27,7 +27,7 @@ from torch import nn
 from export.atomic import atomic_path
 from export.errors import ExportError
 
-__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "ExportResult", "flatten_outputs", "to_onnx"]
+__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "ExportResult", "eval_mode", "flatten_outputs", "to_onnx"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def flatten_outputs(outputs: object) -> list[torch.Tensor]:
 
 
 @contextlib.contextmanager
-def _eval_mode(module: nn.Module) -> Iterator[nn.Module]:
+def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
     """Put ``module`` in eval mode for the block, then restore every submodule's training flag."""
     flags = {m: m.training for m in module.modules()}
     module.eval()
@@ -245,7 +245,7 @@ def to_onnx(
         raise ValueError(f"opset {opset} is below the supported minimum {MIN_OPSET}")
     axes = _dynamic_axes(example_input.dim(), dynamic_batch, dynamic_dims)
     errors: list[BaseException] = []
-    with _eval_mode(module):
+    with eval_mode(module):
         names = (input_name, _output_names(module, example_input, output_names))
         for exporter, run in (("dynamo", _export_dynamo), ("torchscript", _export_torchscript)):
             try:

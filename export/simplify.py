@@ -1,0 +1,142 @@
+"""Graph simplification with onnxsim, kept only if ONNX Runtime outputs are unchanged.
+
+The simplified graph is run next to the original on the caller's inputs; if onnxsim fails, or any
+output moves beyond ``atol + rtol * |original|``, the unsimplified graph is written instead and the
+result says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from export.atomic import atomic_path, ensure_distinct
+from export.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare_output, ort_session, run_ort
+
+__all__ = ["SimplifyResult", "simplify"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SimplifyResult:
+    """What :func:`simplify` wrote.
+
+    Attributes:
+        path_in: the input graph (never modified).
+        path_out: the written graph.
+        simplified: ``True`` if ``path_out`` holds the onnxsim graph, ``False`` if the original was kept.
+        reason: one line: why the original was kept (``None`` when simplified).
+        nodes_before: nodes in the input's main graph.
+        nodes_after: nodes in the written graph.
+        size_before_bytes: size of the input file.
+        size_after_bytes: size of the written file.
+        max_abs_diff: largest ``|simplified - original|`` over the check inputs (``None`` if not run).
+    """
+
+    path_in: str
+    path_out: str
+    simplified: bool
+    reason: str | None
+    nodes_before: int
+    nodes_after: int
+    size_before_bytes: int
+    size_after_bytes: int
+    max_abs_diff: float | None
+
+
+def _run_onnxsim(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Simplify with onnxsim (its own random-input check off: we check on the caller's inputs)."""
+    try:
+        import onnxsim
+    except ImportError as exc:
+        raise RuntimeError("onnxsim is not installed; `pip install onnxsim` to simplify graphs") from exc
+    simplified, ok = onnxsim.simplify(model, check_n=0)
+    if not ok:
+        raise RuntimeError("onnxsim reported that the simplified model is invalid")
+    onnx.checker.check_model(simplified)
+    return simplified
+
+
+def _compare(
+    candidate: bytes, check_inputs: Sequence[np.ndarray], reference: list[list[np.ndarray]], rtol: float, atol: float
+) -> tuple[float, str | None]:
+    """Run the candidate on every input; return the max abs difference and the first violation, if any."""
+    session = ort_session(candidate)
+    names = [o.name for o in session.get_outputs()]
+    worst, problem = 0.0, None
+    for x, expected in zip(check_inputs, reference):
+        for name, ref, new in zip(names, expected, run_ort(session, x), strict=True):
+            if ref.shape != new.shape:
+                return float("inf"), f"output {name!r} changed shape {ref.shape} -> {new.shape} at batch {len(x)}"
+            check = compare_output(name, len(x), new, ref, rtol, atol)
+            worst = max(worst, check.max_abs_err)
+            if not check.passed and problem is None:
+                problem = (
+                    f"output {name!r} at batch {len(x)} moved by {check.worst_measured:.3g} "
+                    f"> allowed {check.worst_allowed:.3g}"
+                )
+    return worst, problem
+
+
+def _simplified_or_reason(
+    model: onnx.ModelProto, check_inputs: Sequence[np.ndarray], reference: list[list[np.ndarray]], rtol: float, atol: float
+) -> tuple[bytes | None, str | None, float | None]:
+    """Return (simplified bytes or None, reason it was rejected, max abs diff)."""
+    try:
+        candidate = _run_onnxsim(model).SerializeToString()
+        diff, problem = _compare(candidate, check_inputs, reference, rtol, atol)
+    except Exception as exc:  # noqa: BLE001 - any onnxsim/ORT failure means: keep the original
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        return None, f"onnxsim failed: {type(exc).__name__}: {first_line}", None
+    if problem:
+        return None, f"simplification changed outputs beyond rtol={rtol:g}, atol={atol:g}: {problem}", diff
+    return candidate, None, diff
+
+
+def simplify(
+    path_in: str | Path,
+    path_out: str | Path,
+    check_inputs: Sequence[np.ndarray],
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+) -> SimplifyResult:
+    """Simplify an ONNX graph with onnxsim, keeping the original if that fails or changes outputs.
+
+    Args:
+        path_in: input ``.onnx`` file with one graph input (not modified).
+        path_out: destination; must differ from ``path_in``; written atomically.
+        check_inputs: arrays fed to the graph input (e.g. two batch sizes) to compare ORT outputs.
+        rtol: relative tolerance of the before/after comparison (default ``1e-4``).
+        atol: absolute tolerance of the before/after comparison (default ``1e-5``).
+
+    Returns:
+        A :class:`SimplifyResult` with node counts and file sizes before and after.
+    """
+    ensure_distinct(path_in, path_out)
+    if not check_inputs:
+        raise ValueError("simplify needs at least one check input to compare outputs before and after")
+    path_in, path_out = Path(path_in), Path(path_out)
+    model = onnx.load(str(path_in))
+    original = ort_session(path_in)
+    reference = [run_ort(original, x) for x in check_inputs]
+    candidate, reason, diff = _simplified_or_reason(model, check_inputs, reference, rtol, atol)
+    with atomic_path(path_out) as tmp:
+        if candidate is None:
+            shutil.copyfile(path_in, tmp)
+        else:
+            tmp.write_bytes(candidate)
+    if reason:
+        logger.warning("kept the unsimplified graph for %s: %s", path_in.name, reason)
+    nodes_after = len(onnx.load(str(path_out), load_external_data=False).graph.node)
+    return SimplifyResult(
+        path_in=str(path_in), path_out=str(path_out), simplified=candidate is not None, reason=reason,
+        nodes_before=len(model.graph.node), nodes_after=nodes_after, size_before_bytes=path_in.stat().st_size,
+        size_after_bytes=path_out.stat().st_size, max_abs_diff=diff,
+    )  # fmt: skip

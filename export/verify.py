@@ -1,0 +1,202 @@
+"""Parity between a torch module and its ONNX file, measured with ONNX Runtime.
+
+An element passes when ``|onnx - torch| <= atol + rtol * |torch|`` (``numpy.allclose``'s rule).
+Defaults ``rtol=1e-4, atol=1e-5`` suit float32 graphs whose ops were fused or reordered by the
+exporter and ORT; failing parity raises :class:`ParityError`, never warns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from torch import nn
+
+from export.errors import ParityError
+from export.onnx_export import eval_mode, flatten_outputs
+
+__all__ = [
+    "DEFAULT_ATOL",
+    "DEFAULT_RTOL",
+    "OutputParity",
+    "ParityResult",
+    "compare_output",
+    "ort_session",
+    "run_ort",
+    "verify_parity",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RTOL = 1e-4
+DEFAULT_ATOL = 1e-5
+
+
+@dataclass(frozen=True)
+class OutputParity:
+    """One output at one batch size.
+
+    Attributes:
+        output: graph output name.
+        batch_size: batch size of the input.
+        max_abs_err: max ``|onnx - torch|``.
+        max_rel_err: max ``|onnx - torch| / max(|torch|, atol)`` (the floor keeps zeros finite).
+        worst_measured: ``|onnx - torch|`` at the element that breaks the tolerance most.
+        worst_allowed: ``atol + rtol * |torch|`` at that element.
+        top1_agreement: share of rows whose argmax over the last axis agrees (``None`` for <2-d outputs).
+        passed: every element within tolerance and shapes equal.
+    """
+
+    output: str
+    batch_size: int
+    max_abs_err: float
+    max_rel_err: float
+    worst_measured: float
+    worst_allowed: float
+    top1_agreement: float | None
+    passed: bool
+
+
+@dataclass(frozen=True)
+class ParityResult:
+    """Parity of an ONNX file against its module over several batch sizes.
+
+    Attributes:
+        onnx_path: the file checked.
+        rtol, atol: tolerances used.
+        batch_sizes: batch sizes checked, in input order.
+        checks: one :class:`OutputParity` per output and batch size.
+        max_abs_err, max_rel_err: worst values over all checks.
+        top1_agreement: batch size → top-1 agreement of the first output (``None`` if not 2-d+).
+        passed: all checks passed.
+    """
+
+    onnx_path: str
+    rtol: float
+    atol: float
+    batch_sizes: list[int]
+    checks: list[OutputParity] = field(default_factory=list)
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    top1_agreement: dict[int, float | None] = field(default_factory=dict)
+    passed: bool = True
+
+
+def ort_session(
+    model: str | Path | bytes, providers: Sequence[str] = ("CPUExecutionProvider",)
+) -> ort.InferenceSession:
+    """Open an ONNX Runtime session on a file path or serialized model, with quiet logging."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, options, providers=list(providers))
+
+
+def run_ort(session: ort.InferenceSession, x: np.ndarray) -> list[np.ndarray]:
+    """Run a one-input session on ``x`` and return all outputs in graph order."""
+    inputs = session.get_inputs()
+    if len(inputs) != 1:
+        raise ValueError(f"expected a graph with one input, got {[i.name for i in inputs]}")
+    return session.run(None, {inputs[0].name: x})
+
+
+def _top1(onnx_out: np.ndarray, torch_out: np.ndarray) -> float | None:
+    """Share of rows whose argmax over the last axis agrees; ``None`` for outputs under 2-d."""
+    if torch_out.ndim < 2:
+        return None
+    return float(np.mean(onnx_out.argmax(-1) == torch_out.argmax(-1)))
+
+
+def compare_output(
+    name: str, batch: int, onnx_out: np.ndarray, torch_out: np.ndarray, rtol: float, atol: float
+) -> OutputParity:
+    """Measure one output against its reference (same shape) with ``numpy.allclose``'s rule."""
+    ref = torch_out.astype(np.float64)
+    diff = np.abs(onnx_out.astype(np.float64) - ref)
+    allowed = atol + rtol * np.abs(ref)
+    if diff.size == 0:
+        return OutputParity(name, batch, 0.0, 0.0, 0.0, atol, _top1(onnx_out, torch_out), True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(diff == 0, 0.0, diff / allowed)
+    worst = int(np.argmax(np.nan_to_num(ratio, nan=np.inf)))
+    rel = diff / np.maximum(np.abs(ref), max(atol, np.finfo(np.float32).tiny))
+    passed = bool(np.all(diff <= allowed))
+    return OutputParity(
+        name, batch, float(diff.max()), float(rel.max()), float(diff.flat[worst]), float(allowed.flat[worst]),
+        _top1(onnx_out, torch_out), passed,
+    )  # fmt: skip
+
+
+def _summarise(path: str, rtol: float, atol: float, batches: list[int], checks: list[OutputParity]) -> ParityResult:
+    """Fold per-output checks into a :class:`ParityResult`."""
+    first = {c.batch_size: c.top1_agreement for c in reversed(checks)}
+    return ParityResult(
+        onnx_path=path, rtol=rtol, atol=atol, batch_sizes=batches, checks=checks,
+        max_abs_err=max(c.max_abs_err for c in checks), max_rel_err=max(c.max_rel_err for c in checks),
+        top1_agreement={b: first[b] for b in batches}, passed=all(c.passed for c in checks),
+    )  # fmt: skip
+
+
+def _raise_worst(result: ParityResult) -> None:
+    """Raise :class:`ParityError` naming the worst failing output, batch size, measured and allowed."""
+    failing = [c for c in result.checks if not c.passed]
+    worst = max(failing, key=lambda c: c.worst_measured / c.worst_allowed if c.worst_allowed else float("inf"))
+    raise ParityError(
+        f"ONNX output {worst.output!r} at batch size {worst.batch_size} differs from torch in "
+        f"{Path(result.onnx_path).name}: |diff| {worst.worst_measured:.3g} > allowed {worst.worst_allowed:.3g} "
+        f"(rtol={result.rtol:g}, atol={result.atol:g}; {len(failing)} of {len(result.checks)} checks failed)",
+        result,
+    )
+
+
+def verify_parity(
+    module: nn.Module,
+    onnx_path: str | Path,
+    inputs: Sequence[torch.Tensor],
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+) -> ParityResult:
+    """Check that ONNX Runtime reproduces ``module`` on inputs of at least two batch sizes.
+
+    Args:
+        module: the torch module (run in eval mode under ``no_grad``; flags restored after).
+        onnx_path: its exported ONNX file (one input; outputs in the module's flattened order).
+        inputs: one tensor per batch size; at least two distinct batch sizes.
+        rtol: relative tolerance (default ``1e-4``).
+        atol: absolute tolerance (default ``1e-5``).
+        providers: ONNX Runtime execution providers.
+
+    Returns:
+        A :class:`ParityResult` with max abs/rel error and top-1 agreement per batch size.
+
+    Raises:
+        ValueError: fewer than two distinct batch sizes.
+        ParityError: an output (or the output count/shape) differs beyond tolerance.
+    """
+    batches = [int(x.shape[0]) for x in inputs]
+    if len(set(batches)) < 2:
+        raise ValueError(f"parity needs inputs at two or more batch sizes, got batch sizes {batches}")
+    session = ort_session(onnx_path, providers)
+    names = [o.name for o in session.get_outputs()]
+    checks: list[OutputParity] = []
+    with eval_mode(module), torch.no_grad():
+        for x, batch in zip(inputs, batches):
+            expected = [t.detach().cpu().numpy() for t in flatten_outputs(module(x))]
+            got = run_ort(session, x.detach().cpu().numpy())
+            if len(got) != len(expected):
+                raise ParityError(f"{Path(onnx_path).name} has {len(got)} outputs but the module returns {len(expected)}")
+            for name, g, e in zip(names, got, expected):
+                if g.shape != e.shape:
+                    raise ParityError(f"ONNX output {name!r} at batch size {batch} has shape {g.shape}, torch {e.shape}")
+                checks.append(compare_output(name, batch, g, e, rtol, atol))
+    result = _summarise(str(onnx_path), rtol, atol, batches, checks)
+    if not result.passed:
+        _raise_worst(result)
+    logger.info("parity ok for %s at batch sizes %s (max abs err %.3g)", onnx_path, batches, result.max_abs_err)
+    return result
