@@ -77,6 +77,14 @@ def _pick(cost: np.ndarray, val: np.ndarray, lam: float) -> np.ndarray:
     return tied_cost.argmin(axis=1)
 
 
+def _min_cost_gap(cost: np.ndarray) -> float:
+    """Smallest positive difference between two finite option costs of the same layer (1 if none)."""
+    srt = np.sort(np.where(np.isfinite(cost), cost, np.nan), axis=1)
+    gaps = np.diff(srt, axis=1)
+    gaps = gaps[np.isfinite(gaps) & (gaps > 0)]
+    return float(gaps.min()) if gaps.size else 1.0
+
+
 def lagrangian(options: list[RankOptions], budget: float, iterations: int = 300) -> dict[str, int]:
     """Lagrangian relaxation of the multiple-choice knapsack, bisection on λ (largest value within budget)."""
     cost, val, rank = _padded(options)
@@ -86,8 +94,7 @@ def lagrangian(options: list[RankOptions], budget: float, iterations: int = 300)
         idx = _pick(cost, val, lam)
         return float(cost[rows, idx].sum()), idx
 
-    finite = cost[np.isfinite(cost)]
-    lo, hi = 0.0, 1.0 / max(float(finite[finite > 0].min(initial=1.0)), 1e-300) * 2.0
+    lo, hi = 0.0, 2.0 / _min_cost_gap(cost)  # at hi every layer takes its cheapest option (values lie in [0, 1])
     c_lo, idx_lo = spend(lo)
     if c_lo <= budget:
         return {o.name: int(rank[i, idx_lo[i]]) for i, o in enumerate(options)}

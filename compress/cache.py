@@ -1,0 +1,74 @@
+"""On-disk cache of per-layer statistics and decompositions, keyed by model, data and layer.
+
+Entries are dicts of tensors written with ``torch.save`` and read with ``torch.load(weights_only=True)``
+(no pickled objects). A key hashes everything the entry depends on, so a stale entry is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["model_key", "data_key", "entry_key", "load_entry", "save_entry"]
+
+log = logging.getLogger(__name__)
+
+
+def _hash_tensor(h: "hashlib._Hash", t: torch.Tensor) -> None:
+    t = t.detach().cpu().contiguous()
+    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def model_key(model: nn.Module) -> str:
+    """Hash of the architecture (its repr) and every parameter and buffer."""
+    h = hashlib.sha256(repr(model).encode())
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        _hash_tensor(h, t)
+    return h.hexdigest()[:24]
+
+
+def data_key(x: torch.Tensor) -> str:
+    """Hash of the calibration inputs."""
+    h = hashlib.sha256()
+    _hash_tensor(h, x)
+    return h.hexdigest()[:24]
+
+
+def entry_key(*parts: object) -> str:
+    """Hash of the parts that define one cache entry (model key, data key, layer name, options)."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+def _path(cache_dir: str | Path, key: str) -> Path:
+    return Path(cache_dir) / f"{key}.pt"
+
+
+def load_entry(cache_dir: str | Path | None, key: str) -> dict[str, torch.Tensor] | None:
+    """The cached dict of tensors, or None when absent or unreadable."""
+    if cache_dir is None:
+        return None
+    path = _path(cache_dir, key)
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, weights_only=True)
+    except (RuntimeError, OSError, EOFError) as exc:  # a torn write: recompute
+        log.warning("ignoring unreadable cache entry %s: %s", path, exc)
+        return None
+
+
+def save_entry(cache_dir: str | Path | None, key: str, entry: dict[str, torch.Tensor]) -> None:
+    """Write an entry atomically (temporary file, then rename)."""
+    if cache_dir is None:
+        return
+    path = _path(cache_dir, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(entry, tmp)
+    tmp.replace(path)

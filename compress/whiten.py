@@ -1,0 +1,92 @@
+"""Activation-aware (whitened) low-rank maths: the output basis that minimises E‖(W − Ŵ)x‖² and its factors.
+
+Pure linear algebra in float64: tensors in, tensors out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["WhitenedBasis", "whitened_output_basis", "projected_factors", "activation_distortion"]
+
+
+@dataclass(frozen=True)
+class WhitenedBasis:
+    """Output basis U (o × q, orthonormal columns), squared whitened singular values, route and fallback."""
+
+    basis: torch.Tensor
+    sq_values: torch.Tensor
+    route: str
+    eigh_fell_back: bool
+
+
+def _eigh_desc(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """eigh of a symmetric matrix, eigenvalues descending; falls back to SVD (flag True) if eigh fails."""
+    a = 0.5 * (a + a.T)
+    try:
+        lam, q = torch.linalg.eigh(a)
+        return lam.flip(0), q.flip(1), False
+    except RuntimeError:  # torch.linalg.LinAlgError subclasses RuntimeError
+        u, s, _ = torch.linalg.svd(a)
+        return s, u, True
+
+
+def whitened_output_basis(w: torch.Tensor, moment: torch.Tensor, rel_threshold: float = 1e-10
+                          ) -> WhitenedBasis:
+    """Activation-aware low-rank basis of one weight matrix (SVD-LLM, Wang et al. 2024, eq. 3–5, with a
+    pseudo-inverse square root instead of a Cholesky factor).
+
+    Minimising E‖(W − Ŵ)x‖² = ‖(W − Ŵ)S‖²_F over rank-r Ŵ, with M = E[xxᵀ] = SSᵀ, is Eckart–Young on
+    A = WS = UΣVᵀ: the optimum is Ŵ = U_r U_rᵀ W (no inverse needed) and the distortion is Σ_{i>r} σ_i².
+    ``A`` is formed from whichever side is smaller: o < d uses AAᵀ = WMWᵀ (o×o eigh), otherwise
+    S = Q_k Λ_k^{1/2} from ``eigh(M)`` keeping eigenvalues above ``rel_threshold``·λ_max (exact for
+    rank-deficient M, no diagonal shift) and an SVD of the o×k matrix WS.
+
+    Args:
+        w: (o, d) weight. moment: (d, d) uncentered second moment of the layer's input rows.
+    Returns:
+        basis (o, min(o, d)) with orthonormal columns, squared singular values (min(o, d),) descending, and
+        which route ran and whether an eigh fell back to SVD.
+    """
+    w, m = w.double(), moment.double()
+    o, d = w.shape
+    if o < d:
+        lam, u, fell_back = _eigh_desc(w @ m @ w.T)
+        sq = torch.where(lam > rel_threshold * lam[0].clamp_min(0), lam, torch.zeros_like(lam))
+        return WhitenedBasis(u, sq, "output", fell_back)
+    lam, q, fell_back = _eigh_desc(m)
+    keep = lam > rel_threshold * lam[0].clamp_min(0)
+    s = q[:, keep] * lam[keep].sqrt()
+    u, sig, _ = torch.linalg.svd(w @ s, full_matrices=False)
+    sq = torch.zeros(d, dtype=w.dtype)
+    sq[: sig.numel()] = sig ** 2
+    return WhitenedBasis(_complete(u, w, d), sq, "whiten", fell_back)
+
+
+def _complete(u: torch.Tensor, w: torch.Tensor, width: int) -> torch.Tensor:
+    """Extend orthonormal ``u`` to ``width`` columns with W's own column space first, so that at full rank
+    U Uᵀ W = W even where M is singular (directions calibration never excited are kept, not dropped)."""
+    if u.shape[1] >= width:
+        return u[:, :width]
+    rest = w - u @ (u.T @ w)
+    extra, _, _ = torch.linalg.svd(rest, full_matrices=False)
+    q, _ = torch.linalg.qr(torch.cat([u, extra[:, : width - u.shape[1]]], 1))
+    return q
+
+
+def projected_factors(w: torch.Tensor, basis: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors of Ŵ = U_r U_rᵀ W: (first = U_rᵀ W of shape (r, d), second = U_r of shape (o, r)).
+
+    The split puts the orthonormal basis second, so no singular value is ever divided by; W's component on
+    inputs never seen in calibration is kept rather than zeroed.
+    """
+    u = basis[:, :rank].double()
+    return u.T @ w.double(), u
+
+
+def activation_distortion(w: torch.Tensor, w_hat: torch.Tensor, moment: torch.Tensor) -> float:
+    """E‖(W − Ŵ)x‖² = tr((W − Ŵ) M (W − Ŵ)ᵀ) for M = E[xxᵀ]."""
+    e = w.double() - w_hat.double()
+    return float(torch.einsum("od,de,oe->", e, moment.double(), e))

@@ -1,0 +1,70 @@
+"""Second-moment collection: im2col matches the convolution, chunking under a memory cap changes nothing."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compress.data import Dataset
+from compress.stats import collect_moments, conv_patches, layer_rows
+
+CONVS = [
+    nn.Conv1d(4, 6, 3, stride=2, padding=1),
+    nn.Conv1d(4, 6, 3, padding="same", dilation=2, padding_mode="reflect"),
+    nn.Conv2d(4, 6, 3, stride=2, padding=1, dilation=1),
+    nn.Conv2d(4, 8, (3, 2), stride=(1, 2), padding=(2, 1), dilation=(2, 1), groups=2),
+    nn.Conv2d(4, 6, 3, padding=1, padding_mode="circular"),
+    nn.Conv3d(4, 6, 3, stride=(1, 2, 2), padding=1, groups=2),
+]
+
+
+@pytest.mark.parametrize("conv", CONVS, ids=lambda c: f"{type(c).__name__}-g{c.groups}-{c.padding_mode}")
+def test_patches_reproduce_the_convolution(conv: nn.Module) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, *([9] * (conv.weight.dim() - 2)), dtype=torch.float64)
+    conv = conv.double()
+    y = conv(x)
+    rows = conv_patches(conv, x)  # (B·positions, C·k)
+    g = conv.groups
+    w = conv.weight.reshape(g, conv.out_channels // g, -1)
+    per_group = torch.einsum("ngd,god->ngo", rows.reshape(rows.shape[0], g, -1), w).reshape(rows.shape[0], -1)
+    expect = y.movedim(1, -1).reshape(-1, conv.out_channels) - conv.bias
+    torch.testing.assert_close(per_group, expect, atol=1e-10, rtol=1e-10)
+
+
+def test_patches_match_unfold_for_conv2d() -> None:
+    conv = nn.Conv2d(3, 5, 3, stride=2, padding=1, dilation=2)
+    x = torch.randn(2, 3, 11, 11)
+    ref = F.unfold(x, 3, dilation=2, padding=1, stride=2).transpose(1, 2).reshape(-1, 27)
+    torch.testing.assert_close(conv_patches(conv, x), ref)
+
+
+def test_linear_rows_are_all_leading_positions() -> None:
+    lin = nn.Linear(5, 3)
+    x = torch.randn(2, 7, 4, 5)
+    assert layer_rows(lin, x).shape == (56, 5)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_chunked_moments_equal_direct_moments(dtype: str) -> None:
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1, groups=1), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1, groups=4), nn.Flatten(), nn.Linear(8 * 25, 4)).double()
+    data = Dataset(torch.randn(10, 3, 10, 10, dtype=torch.float64))
+    layers = {"0": model[0], "2": model[2], "4": model[4]}
+    big = collect_moments(model, layers, data, batch_size=4, memory_cap_bytes=1 << 30, dtype=dtype)
+    tiny = collect_moments(model, layers, data, batch_size=4, memory_cap_bytes=1, dtype=dtype)
+    inp = data.x
+    h1 = model[1](model[0](inp))
+    direct = {"0": conv_patches(model[0], inp), "2": conv_patches(model[2], h1),
+              "4": model[3](model[2](h1))}
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    for name, rows in direct.items():
+        s = big[name]
+        grouped = rows.reshape(rows.shape[0], s.groups, s.fan_in).transpose(0, 1)
+        expect = grouped.transpose(1, 2) @ grouped / rows.shape[0]
+        assert s.rows == tiny[name].rows == rows.shape[0]
+        assert tiny[name].chunks == 10 and big[name].chunks == 3  # one sample per chunk under the 1-byte cap
+        assert tiny[name].over_cap
+        torch.testing.assert_close(s.moment, expect, rtol=tol, atol=tol)
+        torch.testing.assert_close(tiny[name].moment, expect, rtol=tol, atol=tol)
