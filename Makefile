@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 demo: install
-	$(BIN)/minreal demo
+	$(BIN)/minreal demo --overwrite
 
 test: install
 	$(BIN)/python -m pytest -q tests

@@ -1,0 +1,87 @@
+"""Method options for the CLI, derived from the registered config dataclasses (no per-method code).
+
+Every config field ``foo_bar`` becomes ``--foo-bar``; a field that several methods share must have one
+type. Only options the user gave are passed on, and an option the chosen method does not have is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from compress import get_method, method_names
+
+__all__ = ["OptionSpec", "method_option_specs", "build_config", "MethodOptionError"]
+
+
+class MethodOptionError(ValueError):
+    """An option that does not apply to the chosen method, or a value of the wrong kind."""
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One CLI option: field name, Python scalar type, whether it repeats, and which methods have it."""
+
+    field: str
+    kind: type
+    multiple: bool
+    methods: tuple[str, ...]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+
+def _scalar(tp: Any) -> tuple[type, bool]:
+    """(scalar type, repeats) of an annotation such as ``float | None`` or ``tuple[str, ...]``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _scalar(args[0])
+    if origin in (tuple, list):
+        return _scalar(typing.get_args(tp)[0])[0], True
+    if typing.get_origin(tp) is typing.Literal:
+        return type(typing.get_args(tp)[0]), False
+    return (tp if isinstance(tp, type) else str), False
+
+
+def method_option_specs() -> list[OptionSpec]:
+    """All options of all registered methods, merged by field name."""
+    merged: dict[str, tuple[type, bool, list[str]]] = {}
+    for name in method_names():
+        cls = get_method(name).config_cls
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind, multiple = _scalar(hints[f.name])
+            if kind not in (int, float, bool, str):
+                continue
+            prev = merged.setdefault(f.name, (kind, multiple, []))
+            if (prev[0], prev[1]) != (kind, multiple):
+                kind = float if {prev[0], kind} == {int, float} else str
+                merged[f.name] = (kind, multiple, prev[2])
+            merged[f.name][2].append(name)
+    return [OptionSpec(k, v[0], v[1], tuple(v[2])) for k, v in sorted(merged.items())]
+
+
+def build_config(method: str, given: dict[str, Any]) -> Any:
+    """The method's config from the options the user gave (None / empty = not given)."""
+    cls = get_method(method).config_cls
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in given.items():
+        if value is None or value == ():
+            continue
+        if key not in fields:
+            flag = "--" + key.replace("_", "-")
+            own = ", ".join("--" + f.replace("_", "-") for f in fields) or "none"
+            raise MethodOptionError(f"option {flag} does not apply to method {method!r} (its options: {own})")
+        kind, multiple = _scalar(hints[key])
+        kwargs[key] = tuple(kind(v) for v in value) if multiple else kind(value)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise MethodOptionError(f"invalid options for method {method!r}: {exc}") from None

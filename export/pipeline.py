@@ -1,0 +1,234 @@
+"""End-to-end pipeline: compress → export → simplify → verify → INT8 → benchmark → run directory.
+
+Each stage is a plain function with a dataclass result; the CLI and the demo are thin shells over
+:func:`run_pipeline`. The whole run directory is written into a staging folder next to the target and
+renamed into place at the end, so a failed run leaves no half-written output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, is_dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+import runtime_bench as rb
+from compress import compress, count_costs
+from compress.demo_case import DemoCase
+from export.atomic import atomic_path
+from export.onnx_export import to_onnx
+from export.quantize import QuantConfig, quantize_int8
+from export.simplify import simplify
+from export.verify import verify_parity
+
+__all__ = ["PipelineConfig", "VariantRecord", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION",
+           "run_pipeline", "run_case", "prepare_run_dir", "RunDirError"]
+
+log = logging.getLogger(__name__)
+RUN_SCHEMA_VERSION = 1
+Progress = Callable[[str], None]
+
+
+class RunDirError(ValueError):
+    """The output directory cannot be used as asked."""
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Export, quantisation and benchmark settings shared by every case of a run."""
+
+    batch_sizes: tuple[int, ...] = (1, 32)
+    providers: tuple[str, ...] = ("cpu",)
+    int8: bool = True
+    quant_target: str = "cpu"
+    quant_mode: str = "static"
+    calib_samples: int = 256
+    rtol: float = 1e-3
+    atol: float = 1e-4
+    opset: int = 18
+    warmup: int = 10
+    min_runs: int = 50
+    min_seconds: float = 2.0
+    repeats: int = 3
+
+    def bench_config(self) -> rb.BenchConfig:
+        return rb.BenchConfig(providers=self.providers, batch_sizes=self.batch_sizes, warmup=self.warmup,
+                              min_runs=self.min_runs, min_seconds=self.min_seconds, repeats=self.repeats)
+
+
+@dataclass
+class VariantRecord:
+    """One model of a case (original, compressed, INT8) with its costs and export results."""
+
+    label: str
+    method: str
+    params: int
+    macs: int
+    onnx: str
+    onnx_bytes: int
+    export: dict[str, Any] = field(default_factory=dict)
+    simplify: dict[str, Any] = field(default_factory=dict)
+    parity: dict[str, Any] = field(default_factory=dict)
+    quantization: dict[str, Any] = field(default_factory=dict)
+    compression: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CaseResult:
+    """Everything measured for one model and its compressed variants."""
+
+    name: str
+    variants: list[VariantRecord]
+    bench: dict[str, Any]
+    stage_seconds: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunReport:
+    """The versioned ``report.json`` of a run directory."""
+
+    schema_version: int
+    created_utc: str
+    config: dict[str, Any]
+    cases: list[CaseResult]
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-safe copy of dataclasses, paths, tuples and numpy scalars."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return _plain(asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    return obj
+
+
+def prepare_run_dir(out_dir: Path, overwrite: bool) -> Path:
+    """Check that ``out_dir`` may be written and return a fresh staging folder beside it."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise RunDirError(f"output directory {out_dir} already exists; pass --overwrite to replace it")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunDirError(f"output path {out_dir} exists and is not a directory")
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    except OSError as exc:
+        raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
+
+
+def _commit_run_dir(staging: Path, out_dir: Path) -> None:
+    """Move the finished staging folder onto ``out_dir`` (replacing an old run only now)."""
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{int(time.time())}")
+        out_dir.rename(old)
+        staging.rename(out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(out_dir)
+
+
+def export_model(module: nn.Module, label: str, method: str, case: DemoCase, case_dir: Path,
+                 cfg: PipelineConfig) -> VariantRecord:
+    """Export, simplify and verify one torch module; the record has its costs and results."""
+    module = module.eval()
+    example = case.test.x[:2]
+    raw = case_dir / f"{label}.raw.onnx"
+    final = case_dir / f"{label}.onnx"
+    exp = to_onnx(module, example, raw, opset=cfg.opset, dynamic_dims=case.dynamic_dims or None)
+    simp = simplify(raw, final, check_inputs=[case.test.x[:3].numpy()], rtol=cfg.rtol, atol=cfg.atol)
+    raw.unlink(missing_ok=True)
+    parity = verify_parity(module, final, [case.test.x[:1], case.test.x[:16]], rtol=cfg.rtol, atol=cfg.atol)
+    costs = count_costs(module, example)
+    return VariantRecord(label, method, costs.total_params, costs.macs, final.name, final.stat().st_size,
+                         _plain(exp), _plain(simp), _plain(parity))
+
+
+def quantize_model(record: VariantRecord, case: DemoCase, case_dir: Path, cfg: PipelineConfig) -> VariantRecord:
+    """INT8 copy of an exported variant, calibrated on the case's training inputs."""
+    label = f"{record.label}.int8"
+    out = case_dir / f"{label}.onnx"
+    calib = case.train.x[: cfg.calib_samples].numpy()
+    q = quantize_int8(case_dir / record.onnx, out, calib, QuantConfig(target=cfg.quant_target, mode=cfg.quant_mode))
+    return VariantRecord(label, f"{record.method}+int8", record.params, record.macs, out.name, out.stat().st_size,
+                         quantization=_plain(q))
+
+
+def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Progress) -> CaseResult:
+    """Compress each variant of ``case``, export everything, quantise, benchmark side by side."""
+    case_dir.mkdir(parents=True, exist_ok=True)
+    stages: dict[str, float] = {}
+    t = time.perf_counter()
+    progress(f"[{case.name}] exporting original")
+    records = [export_model(case.model, "original", "none", case, case_dir, cfg)]
+    stages["export_original"] = time.perf_counter() - t
+    for run in case.runs:
+        t = time.perf_counter()
+        progress(f"[{case.name}] compressing with {run.method} ({run.label})")
+        small, report = compress(case.model, case.train, run.method, run.config)
+        stages[f"compress:{run.label}"] = time.perf_counter() - t
+        t = time.perf_counter()
+        rec = export_model(small, run.label, run.method, case, case_dir, cfg)
+        rec.compression = _plain(report)
+        records.append(rec)
+        torch.save({"state_dict": small.state_dict(), "method": run.method}, case_dir / f"{run.label}.pt")
+        stages[f"export:{run.label}"] = time.perf_counter() - t
+    if cfg.int8:
+        t = time.perf_counter()
+        progress(f"[{case.name}] quantising to INT8 ({cfg.quant_target}, {cfg.quant_mode})")
+        records += [quantize_model(r, case, case_dir, cfg) for r in list(records[1:])]
+        stages["int8"] = time.perf_counter() - t
+    t = time.perf_counter()
+    progress(f"[{case.name}] benchmarking {len(records)} models")
+    entries = [rb.ModelEntry(r.label, case_dir / r.onnx) for r in records]
+    y = None if case.test.y is None else case.test.y.numpy()
+    bench = rb.run_benchmark(entries, cfg.bench_config(), case.test.x.numpy(), y, progress=progress)
+    rb.write_json(bench, case_dir / "bench.json")
+    stages["benchmark"] = time.perf_counter() - t
+    return CaseResult(case.name, records, _plain(bench), stages, list(case.notes))
+
+
+def write_json(obj: Any, path: Path) -> None:
+    """Atomic JSON write."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(_plain(obj), indent=2))
+
+
+def run_pipeline(cases: list[DemoCase], out_dir: Path, cfg: PipelineConfig, overwrite: bool = False,
+                 progress: Progress | None = None) -> RunReport:
+    """Run every case into ``out_dir`` (report.json, report.md, plot.png, ONNX files per case)."""
+    from export.report import plot_accuracy_latency, render_markdown
+
+    notify = progress or log.info
+    out_dir = Path(out_dir)
+    staging = prepare_run_dir(out_dir, overwrite)
+    try:
+        results = [run_case(c, staging / c.name, cfg, notify) for c in cases]
+        report = RunReport(RUN_SCHEMA_VERSION, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
+                           _plain(cfg), results)
+        write_json(report, staging / "report.json")
+        with atomic_path(staging / "report.md") as tmp:
+            tmp.write_text(render_markdown(report))
+        plot_accuracy_latency(report, staging / "plot.png")
+        _commit_run_dir(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return report

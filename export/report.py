@@ -1,0 +1,109 @@
+"""Human-readable views of a run: the summary table (console and Markdown) and the accuracy/latency plot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["summary_rows", "format_summary", "render_markdown", "plot_accuracy_latency", "SUMMARY_HEADERS"]
+
+SUMMARY_HEADERS = ("case", "model", "params", "MACs", "file KB", "provider", "batch", "p50 ms", "p90 ms",
+                   "p99 ms", "samples/s", "lat. ratio", "accuracy", "MSE", "agreement")
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj[key] if isinstance(obj, dict) else getattr(obj, key)
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def summary_rows(report: Any) -> list[tuple[str, ...]]:
+    """One row per (case, model, provider, batch size) with costs, latency, quality and agreement."""
+    rows = []
+    for case in _get(report, "cases"):
+        bench = _get(case, "bench")
+        metrics = {m["model"]: m for m in bench["metrics"]}
+        ratios = {(r["model"], r["provider"], r["batch_size"]): r for r in bench["ratios"]
+                  if r.get("statistic", "p50") in ("p50", "median", "p50_ms")}
+        variants = {_get(v, "label"): v for v in _get(case, "variants")}
+        for lat in bench["latency"]:
+            v, m, s = variants[lat["model"]], metrics.get(lat["model"], {}), lat["stats"]
+            ratio = ratios.get((lat["model"], lat["provider"], lat["batch_size"]))
+            acc = m.get("accuracy")
+            rows.append((_get(case, "name"), lat["model"], str(_get(v, "params")), str(_get(v, "macs")),
+                         f"{_get(v, 'onnx_bytes') / 1024:.1f}", lat["provider"], str(lat["batch_size"]),
+                         f"{s['p50_ms']:.3f}", f"{s['p90_ms']:.3f}", f"{s['p99_ms']:.3f}",
+                         f"{s['throughput_sps']:.0f}", _fmt(ratio and ratio["median"], ".3f"),
+                         _fmt(None if acc is None else 100 * acc, ".2f"), _fmt(m.get("mse"), ".4g"),
+                         _fmt(m.get("top1_agreement"), ".4f")))
+    return rows
+
+
+def format_summary(report: Any) -> str:
+    """Fixed-width console table."""
+    rows = [SUMMARY_HEADERS, *summary_rows(report)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(SUMMARY_HEADERS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_markdown(report: Any) -> str:
+    """``report.md``: summary table, per-case notes, unavailable providers, INT8 kernel counts."""
+    out = ["# minreal run report", "", f"Created {_get(report, 'created_utc')} UTC.", "",
+           "| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "---|" * len(SUMMARY_HEADERS)]
+    out += ["| " + " | ".join(r) + " |" for r in summary_rows(report)]
+    for case in _get(report, "cases"):
+        out += ["", f"## {_get(case, 'name')}", ""]
+        for v in _get(case, "variants"):
+            comp = _get(v, "compression")
+            if comp:
+                pred = ", ".join(f"{k}={val:.4g}" for k, val in comp.get("predicted", {}).items()
+                                 if isinstance(val, (int, float)))
+                meas = ", ".join(f"{k}={val:.4g}" for k, val in comp.get("measured", {}).items()
+                                 if isinstance(val, (int, float)))
+                out.append(f"- **{_get(v, 'label')}** ({_get(v, 'method')}): predicted {pred or '-'}; "
+                           f"measured {meas or '-'}")
+            q = _get(v, "quantization")
+            if q:
+                out.append(f"- **{_get(v, 'label')}**: INT8 {q.get('mode', '')} for {q.get('target', '')}, "
+                           f"integer kernels {q.get('integer_kernels', '-')}, float kernels left "
+                           f"{q.get('float_kernels', '-')}")
+        for u in _get(case, "bench").get("unavailable", []):
+            out.append(f"- provider **{u['provider']}** unavailable: {u['reason']}")
+        out += [f"- note: {n}" for n in _get(case, "notes")]
+    return "\n".join(out) + "\n"
+
+
+def plot_accuracy_latency(report: Any, path: Any) -> None:
+    """PNG: accuracy (or MSE) vs p50 latency at the smallest batch on the first provider, per case."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from export.atomic import atomic_path
+
+    cases = list(_get(report, "cases"))
+    fig, axes = plt.subplots(1, max(len(cases), 1), figsize=(4.5 * max(len(cases), 1), 3.8), squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        bench = _get(case, "bench")
+        metrics = {m["model"]: m for m in bench["metrics"]}
+        lat = [l for l in bench["latency"] if l["batch_size"] == min(bench["config"]["batch_sizes"])]
+        for l in lat:
+            m = metrics.get(l["model"], {})
+            score = m.get("accuracy") if m.get("accuracy") is not None else m.get("mse")
+            if score is None:
+                continue
+            style = "s" if l["model"] == "original" else ("^" if l["model"].endswith("int8") else "o")
+            ax.scatter(l["stats"]["p50_ms"], score, marker=style)
+            ax.annotate(l["model"], (l["stats"]["p50_ms"], score), fontsize=7)
+        ax.set_title(_get(case, "name"))
+        ax.set_xlabel("p50 latency (ms), smallest batch")
+        ax.set_ylabel("accuracy" if any(m.get("accuracy") is not None for m in metrics.values()) else "MSE")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)

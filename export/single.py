@@ -1,0 +1,73 @@
+"""``minreal export``: one model → ONNX → simplified → verified → optional INT8, written atomically."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from export.pipeline import VariantRecord, _plain
+from export.onnx_export import to_onnx
+from export.quantize import QuantConfig, quantize_int8
+from export.simplify import simplify
+from export.verify import verify_parity
+
+__all__ = ["ExportOptions", "export_single"]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Export settings of the ``export`` subcommand."""
+
+    opset: int = 18
+    rtol: float = 1e-3
+    atol: float = 1e-4
+    int8: bool = False
+    quant_target: str = "cpu"
+    quant_mode: str = "static"
+    allow_random_calibration: bool = False
+
+
+def export_single(model_spec: str, out: Path, data_spec: str | None, weights: str | None, trust_pickle: bool,
+                  opts: ExportOptions, progress: Callable[[str], None]) -> VariantRecord:
+    """Load, export, simplify, verify (two batch sizes) and optionally quantise one model."""
+    from export import specs
+
+    module = specs.load_model(model_spec, weights=weights, trust_pickle=trust_pickle)
+    calib = None
+    if data_spec:
+        calib, _ = specs.load_data(data_spec)
+        x = calib.x
+        specs.check_input_shape(module, x, model_spec)
+    elif opts.int8 and opts.quant_mode == "static" and not opts.allow_random_calibration:
+        raise specs.SpecError("--int8 needs calibration data: pass --data SPEC (or --allow-random-calibration)")
+    else:
+        x = specs.example_input(module, model_spec)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    raw = out.with_name(out.stem + ".raw.onnx")
+    progress(f"exporting {model_spec}")
+    try:
+        exp = to_onnx(module, x[:2], raw, opset=opts.opset)
+        simp = simplify(raw, out, check_inputs=[x[:3].numpy()], rtol=opts.rtol, atol=opts.atol)
+    finally:
+        raw.unlink(missing_ok=True)
+    progress("verifying parity with ONNX Runtime at batch sizes 1 and 8")
+    xs = [x[:1], torch.cat([x] * (8 // len(x) + 1))[:8]]
+    try:
+        parity = verify_parity(module, out, xs, rtol=opts.rtol, atol=opts.atol)
+    except Exception:
+        out.unlink(missing_ok=True)  # never leave an unverified file behind
+        raise
+    record = VariantRecord(out.stem, "none", sum(p.numel() for p in module.parameters()), 0, str(out),
+                           out.stat().st_size, _plain(exp), _plain(simp), _plain(parity))
+    if opts.int8:
+        progress(f"quantising to INT8 ({opts.quant_mode}, {opts.quant_target})")
+        q_out = out.with_name(out.stem + ".int8.onnx")
+        cal = None if calib is None else calib.x[:256].numpy().astype(np.float32)
+        q = quantize_int8(out, q_out, cal, QuantConfig(target=opts.quant_target, mode=opts.quant_mode,
+                                                       allow_random_calibration=opts.allow_random_calibration))
+        record.quantization = _plain(q)
+    return record
