@@ -12,6 +12,7 @@ from .errors import (
     ModelFileError,
     ProviderUnavailableError,
     ReportSchemaError,
+    SessionError,
     UnknownProviderError,
     WorkerError,
 )
@@ -51,5 +52,6 @@ __all__ = [
     "ProviderUnavailableError",
     "WorkerError",
     "ReportSchemaError",
+    "SessionError",
     "CheckError",
 ]

@@ -46,7 +46,8 @@ def run_benchmark(
 
     Each (provider, batch size) runs in ``config.repeats`` fresh worker processes; ratios are vs
     ``models[0]``. Providers that cannot run here are reported in ``unavailable``, never replaced.
-    Accuracy (with ``y``) and agreement are computed here on CPU on ``x`` (or seeded random inputs).
+    Accuracy (with ``y``) and agreement are computed first, here on CPU, on ``x`` (or seeded random
+    inputs), so incompatible models fail before any timing.
 
     Args:
         models: Models to compare; the first is the reference.
@@ -60,13 +61,13 @@ def run_benchmark(
     infos = tuple(model_info(m.name, m.path) for m in models)
     _check_inputs(models, config, x, y)
     threads = config.threads()
+    notify("computing accuracy and agreement")
+    metrics, metrics_data = _metrics(models, config, threads, x, y)
     unavailable = {p: r for p in config.providers if (r := unavailable_reason(p)) is not None}
     with tempfile.TemporaryDirectory(prefix="minreal-bench-") as tmp:
         data_path = _save_data(x, Path(tmp))
         runs = _run_workers(models, config, threads, data_path, unavailable, Path(tmp), notify)
     latency, ratios = _summarise(runs, [m.name for m in models])
-    notify("computing accuracy and agreement")
-    metrics, metrics_data = _metrics(models, config, threads, x, y)
     return BenchReport(
         schema_version=SCHEMA_VERSION,
         created_utc=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),

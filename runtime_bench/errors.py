@@ -8,6 +8,7 @@ __all__ = [
     "UnknownProviderError",
     "WorkerError",
     "ProviderUnavailableError",
+    "SessionError",
     "ReportSchemaError",
     "CheckError",
 ]
@@ -31,6 +32,10 @@ class WorkerError(RuntimeError):
 
 class ProviderUnavailableError(RuntimeError):
     """A provider cannot run here (not built in, or onnxruntime fell back to another one)."""
+
+
+class SessionError(RuntimeError):
+    """onnxruntime could not create a session for a model (invalid graph, unsupported op, ...)."""
 
 
 class ReportSchemaError(ValueError):

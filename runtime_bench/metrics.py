@@ -135,7 +135,10 @@ def evaluate_models(
         rows = x[start : start + step]
         outs = [_run_padded(s, spec, rows, step, n) for s, spec, n in zip(sessions, specs, names)]
         labels = None if y is None else y[start : start + step]
-        for acc, out in zip(running, outs):
+        for acc, out, name in zip(running, outs, names):
+            if out.shape != outs[0].shape:
+                shapes = f"{out.shape} differs from {names[0]!r} {outs[0].shape}"
+                raise BenchInputError(f"model {name!r} output shape {shapes}")
             acc.update(out, outs[0], labels)
     return [acc.result(name, y) for acc, name in zip(running, names)]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from .errors import ModelFileError
+from .errors import ModelFileError, SessionError
 
 __all__ = ["SPINNING_ENTRIES", "session_options", "create_session"]
 
@@ -45,9 +45,17 @@ def create_session(
 
     The caller must compare ``session.get_providers()`` with the request
     (:func:`runtime_bench.providers.provider_mismatch`): onnxruntime may fall back to CPU.
+
+    Raises:
+        ModelFileError: the file does not exist.
+        SessionError: onnxruntime rejects the model.
     """
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"model file not found: {path}")
     options = session_options(threads, optimized_model_path)
-    return ort.InferenceSession(str(path), sess_options=options, providers=[provider])
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=[provider])
+    except Exception as exc:  # onnxruntime raises its own pybind exception types
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SessionError(f"onnxruntime cannot create a session for {path} on {provider}: {first}") from None

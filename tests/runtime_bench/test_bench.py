@@ -6,11 +6,14 @@ import os
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from runtime_bench import BenchConfig, ModelEntry, run_benchmark
-from runtime_bench.errors import BenchInputError, ModelFileError, UnknownProviderError, WorkerError
+from runtime_bench.bench import _spawn
+from runtime_bench.errors import BenchInputError, ModelFileError, SessionError, UnknownProviderError, WorkerError
 from runtime_bench.providers import available_providers
+from runtime_bench.worker import WorkerJob
 
 FAST = dict(warmup=1, min_runs=3, min_seconds=0.0, repeats=1, intra_op_threads=1)
 
@@ -117,12 +120,28 @@ def test_inputs_checked_before_any_worker(
         run_benchmark([fixed], BenchConfig(batch_sizes=(1, 8), **FAST))
 
 
-def test_worker_failure_is_a_worker_error(tmp_path: Path, reference_model: Path) -> None:
-    import onnx
-
+def test_model_rejected_by_onnxruntime_names_file(tmp_path: Path, reference_model: Path) -> None:
     broken = onnx.load(str(reference_model))
     broken.graph.node[1].op_type = "NoSuchOp"
     path = tmp_path / "broken.onnx"
     onnx.save(broken, str(path))
-    with pytest.raises(WorkerError, match="worker for CPUExecutionProvider batch 1 failed with exit code 1"):
+    with pytest.raises(SessionError, match=f"cannot create a session for {path} on CPUExecutionProvider") as info:
         run_benchmark([ModelEntry("broken", path)], BenchConfig(**FAST))
+    assert "\n" not in str(info.value)
+
+
+def test_failing_worker_raises_worker_error(tmp_path: Path) -> None:
+    job = WorkerJob(names=["gone"], paths=[str(tmp_path / "gone.onnx")], provider="CPUExecutionProvider",
+                    batch_size=2, threads=1, warmup=0, min_runs=1, min_seconds=0.0, seed=0)
+    expected = "worker for CPUExecutionProvider batch 2 failed with exit code 1: .*gone.onnx"
+    with pytest.raises(WorkerError, match=expected):
+        _spawn(job, tmp_path / "job", timeout_s=60)
+
+
+def test_incompatible_outputs_fail_before_timing(tmp_path: Path, reference_model: Path, make_linear) -> None:
+    wide = make_linear(tmp_path / "wide.onnx", np.ones((8, 6)), np.zeros(6))
+    messages: list[str] = []
+    with pytest.raises(BenchInputError, match=r"model 'wide' output shape \(64, 6\) differs from 'a' \(64, 4\)"):
+        run_benchmark([ModelEntry("a", reference_model), ModelEntry("wide", wide)], BenchConfig(**FAST),
+                      progress=messages.append)
+    assert not any(m.startswith("timing") for m in messages)
