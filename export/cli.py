@@ -113,9 +113,9 @@ def _load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str,
     from export import specs
 
     net = specs.load_model(model, weights=weights, trust_pickle=trust_pickle)
-    calib, held = specs.load_data(data, eval_spec=eval_data)
-    specs.check_input_shape(net, calib.x, model)
-    return net, calib, held
+    loaded = specs.load_data(data, eval_spec=eval_data)
+    specs.check_input_shape(net, loaded.calib.x, model)
+    return net, loaded.calib, loaded.evaluation
 
 
 @cli.command("compress")
@@ -202,7 +202,7 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
     if data:
         from export import specs
 
-        held, _ = specs.load_data(data)
+        held = specs.load_data(data).evaluation
         x = held.x.numpy()
         y = None if held.y is None else held.y.numpy()
     cfg = rb.BenchConfig(providers=_split_names(providers), batch_sizes=_split_ints(batch, "--batch"),

@@ -39,7 +39,7 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
     module = specs.load_model(model_spec, weights=weights, trust_pickle=trust_pickle)
     calib = None
     if data_spec:
-        calib, _ = specs.load_data(data_spec)
+        calib = specs.load_data(data_spec).calib
         x = calib.x
         specs.check_input_shape(module, x, model_spec)
     elif opts.int8 and opts.quant_mode == "static" and not opts.allow_random_calibration:
