@@ -1,0 +1,343 @@
+"""Model and data specs: every accepted kind loads, every bad input fails with the culprit named."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from compress.datasets import digits
+from export.specs import SpecError, check_input_shape, load_data, load_dataset, load_model
+
+FACTORY_SOURCE = '''
+from torch import nn
+
+
+def make(num_classes: int = 3) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, num_classes))
+
+
+def not_a_model():
+    return "hello"
+
+
+def data():
+    import numpy as np
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(10, 4)).astype("float32"), np.arange(10) % 3
+
+
+def batches():
+    import torch
+    for i in range(3):
+        yield torch.full((4, 2), float(i)), torch.full((4,), i)
+
+
+def ragged():
+    import torch
+    return [torch.zeros(2, 3), torch.zeros(2, 4)]
+
+
+def text():
+    return "not data"
+'''
+
+
+@pytest.fixture
+def factory_file(tmp_path: Path) -> Path:
+    path = tmp_path / "factory.py"
+    path.write_text(FACTORY_SOURCE)
+    return path
+
+
+def _tiny() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+def test_file_factory_loads_in_eval_mode(factory_file: Path) -> None:
+    model = load_model(f"{factory_file}:make")
+    assert isinstance(model, nn.Sequential) and not model.training
+    assert model(torch.randn(2, 4)).shape == (2, 3)
+
+
+def test_module_factory_gets_num_classes() -> None:
+    model = load_model("compress.models:small_cnn", num_classes=7)
+    assert model[-1].out_features == 7 and not model.training
+
+
+def test_factory_with_state_dict(factory_file: Path, tmp_path: Path) -> None:
+    source = _tiny()
+    torch.save(source.state_dict(), tmp_path / "w.pt")
+    model = load_model(f"{factory_file}:make", weights=tmp_path / "w.pt")
+    x = torch.randn(5, 4)
+    assert torch.equal(model(x), source(x))
+
+
+def test_checkpoint_wrapper_and_dataparallel_prefix_are_unwrapped(factory_file: Path, tmp_path: Path) -> None:
+    source = _tiny()
+    state = {f"module.{k}": v for k, v in source.state_dict().items()}
+    torch.save({"state_dict": state, "epoch": 3}, tmp_path / "ckpt.pt")
+    model = load_model(f"{factory_file}:make", weights=str(tmp_path / "ckpt.pt"))
+    assert torch.equal(model[1].weight, source[1].weight)
+
+
+def test_torchvision_name_with_local_weights(tmp_path: Path) -> None:
+    source = load_model("squeezenet1_1", num_classes=3)
+    torch.save(source.state_dict(), tmp_path / "sq.pth")
+    model = load_model("squeezenet1_1", weights=tmp_path / "sq.pth", num_classes=3)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values()))
+    assert not model.training
+
+
+def test_torchvision_without_weights_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="export.specs"):
+        model = load_model("squeezenet1_1", num_classes=2)
+    assert isinstance(model, nn.Module)
+    assert "random weights" in caplog.text and "squeezenet1_1" in caplog.text
+
+
+def test_torchvision_weights_with_wrong_classifier_names_key(tmp_path: Path) -> None:
+    torch.save(load_model("squeezenet1_1", num_classes=3).state_dict(), tmp_path / "sq.pth")
+    with pytest.raises(SpecError, match=r"sq\.pth.*shape mismatch at 'classifier\.1\.weight'.*num_classes"):
+        load_model("squeezenet1_1", weights=tmp_path / "sq.pth", num_classes=5)
+
+
+def test_unknown_torchvision_name_suggests_close_matches() -> None:
+    with pytest.raises(SpecError, match=r"'resnet181'.*did you mean .*resnet18"):
+        load_model("resnet181")
+
+
+def test_exported_program_loads(tmp_path: Path) -> None:
+    source = _tiny().eval()
+    x = torch.randn(2, 4)
+    torch.export.save(torch.export.export(source, (x,)), tmp_path / "m.pt2")
+    model = load_model(str(tmp_path / "m.pt2"))
+    model.eval()  # callers may switch the flag; the traced graph is unchanged
+    assert torch.allclose(model(x), source(x))
+
+
+def test_exported_program_refuses_weights(tmp_path: Path) -> None:
+    (tmp_path / "m.pt2").write_bytes(b"whatever")
+    with pytest.raises(SpecError, match=r"m\.pt2 already fixes"):
+        load_model(str(tmp_path / "m.pt2"), weights=tmp_path / "w.pt")
+
+
+def test_corrupt_exported_program(tmp_path: Path) -> None:
+    (tmp_path / "bad.pt2").write_bytes(b"not a zip archive")
+    with pytest.raises(SpecError, match=r"could not load torch\.export program .*bad\.pt2"):
+        load_model(str(tmp_path / "bad.pt2"))
+
+
+def test_pickled_module_refused_unless_trusted(tmp_path: Path) -> None:
+    source = _tiny()
+    torch.save(source, tmp_path / "whole.pt")
+    with pytest.raises(SpecError, match=r"whole\.pt holds pickled .*trust_pickle=True"):
+        load_model(str(tmp_path / "whole.pt"))
+    model = load_model(str(tmp_path / "whole.pt"), trust_pickle=True)
+    x = torch.randn(3, 4)
+    assert torch.equal(model(x), source(x)) and not model.training
+
+
+def test_state_dict_alone_is_not_a_model(tmp_path: Path) -> None:
+    torch.save(_tiny().state_dict(), tmp_path / "sd.pt")
+    with pytest.raises(SpecError, match=r"sd\.pt holds a state dict.*factory.*weights"):
+        load_model(str(tmp_path / "sd.pt"))
+
+
+@pytest.mark.parametrize("spec, pattern", [
+    ("{tmp}/missing.pt2", r"model file .*missing\.pt2 not found"),
+    ("{tmp}/missing.py:make", r"model file .*missing\.py not found"),
+    ("{tmp}/model.onnx", r"model\.onnx not found"),
+    ("{tmp}/factory.py", r"factory\.py is a Python file; name the factory"),
+    ("{tmp}/factory.py:mkae", r"'mkae' not found in .*factory\.py.*did you mean make"),
+    ("{tmp}/factory.py:not_a_model", r"factory .*not_a_model returned a str, not a torch\.nn\.Module"),
+    ("no_such_package_xyz.models:make", r"cannot import module 'no_such_package_xyz\.models'"),
+])
+def test_bad_model_specs_name_the_culprit(factory_file: Path, spec: str, pattern: str) -> None:
+    with pytest.raises(SpecError, match=pattern):
+        load_model(spec.format(tmp=factory_file.parent))
+
+
+def test_factory_file_that_fails_to_import(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text("def make(:\n")
+    with pytest.raises(SpecError, match=r"importing .*broken\.py failed \(SyntaxError"):
+        load_model(f"{tmp_path / 'broken.py'}:make")
+
+
+def test_factory_that_rejects_num_classes(tmp_path: Path) -> None:
+    (tmp_path / "fixed.py").write_text("from torch import nn\ndef make():\n    return nn.Linear(2, 2)\n")
+    with pytest.raises(SpecError, match=r"fixed\.py:make raised TypeError.*num_classes=4"):
+        load_model(f"{tmp_path / 'fixed.py'}:make", num_classes=4)
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda sd: sd.pop("3.bias"), r"missing key '3\.bias'"),
+    (lambda sd: sd.update(extra=torch.zeros(1)), r"unexpected key 'extra'"),
+    (lambda sd: sd.update({"1.weight": torch.zeros(5, 4)}), r"shape mismatch at '1\.weight': file has \(5, 4\), "
+                                                           r"model has \(6, 4\)"),
+])
+def test_weights_that_do_not_fit(factory_file: Path, tmp_path: Path, edit, pattern: str) -> None:
+    state = _tiny().state_dict()
+    edit(state)
+    torch.save(state, tmp_path / "w.pt")
+    with pytest.raises(SpecError, match=rf"weights .*w\.pt do not fit model .*factory\.py:make: {pattern}"):
+        load_model(f"{factory_file}:make", weights=tmp_path / "w.pt")
+
+
+@pytest.mark.parametrize("content, pattern", [
+    ({"epoch": 3, "lr": 0.1}, r"holds a dict with keys 'epoch', 'lr', not a state dict"),
+    ([torch.zeros(2)], r"holds a list, not a state dict"),
+])
+def test_weights_file_that_is_not_a_state_dict(factory_file: Path, tmp_path: Path, content, pattern: str) -> None:
+    torch.save(content, tmp_path / "w.pt")
+    with pytest.raises(SpecError, match=rf"weights file .*w\.pt {pattern}"):
+        load_model(f"{factory_file}:make", weights=tmp_path / "w.pt")
+
+
+def test_weights_file_with_pickled_module_is_refused(factory_file: Path, tmp_path: Path) -> None:
+    torch.save(_tiny(), tmp_path / "whole.pt")
+    with pytest.raises(SpecError, match=r"weights file .*whole\.pt holds pickled objects"):
+        load_model(f"{factory_file}:make", weights=tmp_path / "whole.pt")
+
+
+def test_missing_weights_file(factory_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"weights file .*nope\.pt not found"):
+        load_model(f"{factory_file}:make", weights=tmp_path / "nope.pt")
+
+
+def test_check_input_shape() -> None:
+    model = _tiny().eval()
+    assert check_input_shape(model, torch.randn(10, 4)).shape == (2, 3)
+    with pytest.raises(SpecError, match=r"^tiny: model forward failed on input of shape \(2, 1, 8, 8\): RuntimeError"):
+        check_input_shape(model, torch.randn(10, 1, 8, 8), model_spec="tiny")
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+@pytest.mark.parametrize("spec, sample_shape", [
+    ("digits", (1, 8, 8)), ("digits-flat", (64,)), ("digits-seq", (64, 1)),
+])
+def test_builtin_digits_split_like_compress_datasets(spec: str, sample_shape: tuple[int, ...]) -> None:
+    data = load_data(spec, seed=3)
+    assert data.calib.x.shape[1:] == sample_shape and data.evaluation.x.shape[1:] == sample_shape
+    assert len(data.calib) + len(data.evaluation) == 1797
+    _, reference = digits(seed=3)
+    assert torch.equal(data.evaluation.y, reference.y) and "digits" in data.source
+
+
+def test_builtin_full_dataset_and_reshape() -> None:
+    data = load_dataset("digits-flat", input_shape=(1, 8, 8))
+    assert data.x.shape == (1797, 1, 8, 8) and data.y is not None
+
+
+@pytest.mark.parametrize("x_key, y_key", [("x", "y"), ("X", "y"), ("inputs", "labels")])
+def test_npz_key_conventions(tmp_path: Path, x_key: str, y_key: str) -> None:
+    x = np.random.default_rng(0).normal(size=(20, 3)).astype(np.float64)
+    np.savez(tmp_path / "d.npz", **{x_key: x, y_key: np.arange(20) % 2})
+    data = load_data(str(tmp_path / "d.npz"), eval_fraction=0.25, seed=1)
+    assert len(data.calib) == 15 and len(data.evaluation) == 5
+    assert data.calib.x.dtype == torch.float32 and data.calib.y.dtype == torch.int64
+
+
+def test_npy_inputs_only(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.ones((8, 2, 3), dtype=np.float32))
+    data = load_dataset(str(tmp_path / "x.npy"))
+    assert data.x.shape == (8, 2, 3) and data.y is None
+
+
+def test_separate_eval_data(tmp_path: Path) -> None:
+    np.savez(tmp_path / "a.npz", x=np.zeros((6, 4)), y=np.zeros(6))
+    np.savez(tmp_path / "b.npz", x=np.ones((3, 4)), y=np.ones(3))
+    data = load_data(str(tmp_path / "a.npz"), eval_spec=str(tmp_path / "b.npz"))
+    assert len(data.calib) == 6 and len(data.evaluation) == 3
+    assert torch.all(data.evaluation.x == 1) and "b.npz" in data.source
+
+
+def test_image_folder(tmp_path: Path) -> None:
+    from PIL import Image
+
+    for label, colour in enumerate(["black", "white"]):
+        (tmp_path / "imgs" / f"class_{label}").mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (12, 10), colour).save(tmp_path / "imgs" / f"class_{label}" / f"{i}.png")
+    data = load_dataset(str(tmp_path / "imgs"), image_size=8)
+    assert data.x.shape == (6, 3, 8, 8) and data.y.tolist() == [0, 0, 0, 1, 1, 1]
+    white = (1.0 - torch.tensor([0.485, 0.456, 0.406])) / torch.tensor([0.229, 0.224, 0.225])
+    assert torch.allclose(data.x[-1, :, 0, 0], white, atol=1e-5)
+    assert len(load_dataset(str(tmp_path / "imgs"), image_size=8, max_samples=4)) == 4
+
+
+def test_callables_returning_arrays_batches_and_datasets(factory_file: Path) -> None:
+    arrays = load_dataset(f"{factory_file}:data")
+    assert arrays.x.shape == (10, 4) and arrays.y.tolist()[:4] == [0, 1, 2, 0]
+    batched = load_dataset(f"{factory_file}:batches", max_samples=6)
+    assert batched.x.shape == (6, 2) and batched.y.tolist() == [0, 0, 0, 0, 1, 1]
+    pair_of_datasets = load_dataset("compress.datasets:digits")
+    assert pair_of_datasets.x.shape == (1797, 1, 8, 8)
+
+
+def test_image_folder_without_classes(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecError, match=r"image folder .*empty cannot be read.*one sub-folder per class"):
+        load_dataset(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("arrays, pattern", [
+    ({"a": np.zeros((3, 2)), "b": np.zeros(3)}, r"d\.npz has no input array: found keys \['a', 'b'\]"),
+    ({"x": np.array([1, "a"], dtype=object)}, r"array 'x' in .*d\.npz holds pickled objects"),
+    ({"x": np.array([[0.0], [np.nan], [np.inf]])}, r"'x' in .*d\.npz has 2 NaN/inf values \(first in sample 1\)"),
+    ({"X": np.zeros((4, 2)), "labels": np.zeros(3)}, r"d\.npz: 4 inputs in 'X' but labels 'labels' have shape \(3,\)"),
+    ({"x": np.zeros((0, 5))}, r"'x' in .*d\.npz holds no samples"),
+    ({"x": np.array(["a", "b"])}, r"'x' in .*d\.npz has dtype <U1"),
+    ({"x": np.zeros(2), "X": np.zeros(2)}, r"d\.npz has several input arrays \(x, X\)"),
+])
+def test_bad_npz_names_file_and_key(tmp_path: Path, arrays: dict, pattern: str) -> None:
+    np.savez(tmp_path / "d.npz", **arrays)
+    with pytest.raises(SpecError, match=pattern):
+        load_data(str(tmp_path / "d.npz"))
+
+
+def test_npy_object_array_is_not_unpickled(tmp_path: Path) -> None:
+    np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(SpecError, match=r"o\.npy holds pickled objects"):
+        load_dataset(str(tmp_path / "o.npy"))
+
+
+@pytest.mark.parametrize("spec, pattern", [
+    ("digitz", r"unknown data spec 'digitz'; did you mean digits"),
+    ("{tmp}/nope.npz", r"data file .*nope\.npz not found"),
+    ("{tmp}/factory.py:text", r"data callable .*factory\.py:text returned a str"),
+    ("{tmp}/factory.py:ragged", r"batches from .*ragged have different sample shapes \(3,\), \(4,\)"),
+    ("{tmp}/factory.py:nothing", r"data factory 'nothing' not found in .*factory\.py"),
+])
+def test_bad_data_specs_name_the_culprit(factory_file: Path, spec: str, pattern: str) -> None:
+    with pytest.raises(SpecError, match=pattern):
+        load_dataset(spec.format(tmp=factory_file.parent))
+
+
+def test_unsupported_data_file(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_text("1,2\n")
+    with pytest.raises(SpecError, match=r"d\.csv has unsupported suffix '\.csv'"):
+        load_dataset(str(tmp_path / "d.csv"))
+
+
+def test_too_few_samples_to_split_and_bad_reshape(tmp_path: Path) -> None:
+    np.save(tmp_path / "one.npy", np.zeros((1, 4), dtype=np.float32))
+    with pytest.raises(SpecError, match=r"one\.npy has 1 sample\(s\), too few"):
+        load_data(str(tmp_path / "one.npy"))
+    with pytest.raises(SpecError, match=r"cannot reshape inputs from .*one\.npy of shape \(1, 4\) to \(N, 3\)"):
+        load_dataset(str(tmp_path / "one.npy"), input_shape=(3,))
+
+
+def test_mismatched_calib_and_eval_shapes(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.zeros((4, 4), dtype=np.float32))
+    np.save(tmp_path / "b.npy", np.zeros((4, 5), dtype=np.float32))
+    with pytest.raises(SpecError, match=r"a\.npy has samples of shape \(4,\) but evaluation data .*b\.npy has \(5,\)"):
+        load_data(str(tmp_path / "a.npy"), eval_spec=str(tmp_path / "b.npy"))
