@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from compress.data import Dataset
-from compress.datasets import digits, sequential_digits
+from compress.datasets import digits
 
 __all__ = [
     "BUILTIN_DATA",
@@ -418,10 +418,19 @@ class LoadedData:
     source: str
 
 
+def _digits_seq(seed: int = 0, test_fraction: float = 0.25) -> tuple[Dataset, Dataset]:
+    """Digits read pixel by pixel: sequences (N, 64, 1), same split as ``digits``.
+
+    Replace with ``compress.datasets.sequential_digits`` once that is committed.
+    """
+    train, test = digits(seed, test_fraction, as_images=False)
+    return Dataset(train.x.unsqueeze(-1), train.y), Dataset(test.x.unsqueeze(-1), test.y)
+
+
 BUILTIN_DATA: dict[str, Callable[[int, float], tuple[Dataset, Dataset]]] = {
     "digits": partial(digits, as_images=True),
     "digits-flat": partial(digits, as_images=False),
-    "digits-seq": sequential_digits,
+    "digits-seq": _digits_seq,
 }
 """Built-in data by name: ``(seed, eval_fraction) -> (calib, evaluation)``; shapes (N,1,8,8), (N,64), (N,64,1)."""
 
