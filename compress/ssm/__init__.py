@@ -1,0 +1,16 @@
+"""State-space (SSM) layers, their Gramians and Hankel singular values, balanced truncation, modal forms."""
+
+from .balance import (BalancedResult, balanced_truncation, order_from_energy, order_from_trunc,
+                      orders_from_budget, truncation_bound)
+from .gramians import dense_gramians, hankel_nuclear_norm, hankel_singular_values, rotation_gramians
+from .layers import SSM_LAYERS, DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
+from .modal import ModalForm, real_modal_form, real_schur_form
+from .models import SSMBlock, SSMClassifier, hankel_regulariser
+from .system import StateSpace, change_basis, impulse_response, random_stable_system, simulate
+
+__all__ = ["BalancedResult", "balanced_truncation", "order_from_energy", "order_from_trunc",
+           "orders_from_budget", "truncation_bound", "dense_gramians", "hankel_nuclear_norm",
+           "hankel_singular_values", "rotation_gramians", "SSM_LAYERS", "DenseSSM", "DiagonalSSM", "ModalSSM",
+           "RotationSSM", "SchurSSM", "ModalForm", "real_modal_form", "real_schur_form", "SSMBlock",
+           "SSMClassifier", "hankel_regulariser", "StateSpace", "change_basis", "impulse_response",
+           "random_stable_system", "simulate"]
