@@ -7,7 +7,7 @@ import torch
 
 from .data import Dataset
 
-__all__ = ["digits"]
+__all__ = ["digits", "sequential_digits", "synthetic_sequences"]
 
 
 def digits(seed: int = 0, test_fraction: float = 0.25, as_images: bool = True) -> tuple[Dataset, Dataset]:
@@ -19,4 +19,33 @@ def digits(seed: int = 0, test_fraction: float = 0.25, as_images: bool = True) -
     if as_images:
         x = x.reshape(-1, 1, 8, 8)
     full = Dataset(torch.from_numpy(x), torch.from_numpy(d.target.astype(np.int64)))
+    return full.split(test_fraction, seed)
+
+
+def sequential_digits(seed: int = 0, test_fraction: float = 0.25) -> tuple[Dataset, Dataset]:
+    """The 8×8 digits read pixel by pixel (row-major): (train, test) sequences (N, 64, 1) float32."""
+    train, test = digits(seed, test_fraction, as_images=False)
+    seq = lambda d: Dataset(d.x.reshape(len(d), 64, 1), d.y)  # noqa: E731
+    return seq(train), seq(test)
+
+
+def synthetic_sequences(n: int = 2000, length: int = 512, classes: int = 4, noise: float = 1.0,
+                        seed: int = 0, test_fraction: float = 0.25) -> tuple[Dataset, Dataset]:
+    """A longer sequence task generated in code: (train, test) of (n, length, 1) float32.
+
+    Each sequence is Gaussian noise plus one short windowed sine burst (32 steps) at a random position;
+    the class is the burst's frequency (one of ``classes`` on a grid in (0, π/2)). The burst's position is
+    uniform, so the model must carry the evidence to its time-average read-out.
+    """
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, classes, (n,), generator=g)
+    freq = 0.25 + (1.3 * y.double() / max(classes - 1, 1))
+    start = torch.randint(0, length - 32, (n,), generator=g)
+    t = torch.arange(length, dtype=torch.float64)[None]
+    phase = 2 * torch.pi * torch.rand(n, 1, generator=g, dtype=torch.float64)
+    local = t - start[:, None]
+    window = ((local >= 0) & (local < 32)).double() * torch.sin(torch.pi * local.clamp(0, 31) / 31) ** 2
+    x = 2.0 * window * torch.sin(freq[:, None] * local + phase) + noise * torch.randn(n, length, generator=g,
+                                                                                       dtype=torch.float64)
+    full = Dataset(x.float()[..., None], y)
     return full.split(test_fraction, seed)
