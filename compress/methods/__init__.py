@@ -3,3 +3,4 @@
 from . import svd  # noqa: F401
 from . import cbalanced  # noqa: F401
 from . import factorize  # noqa: F401
+from . import ssm  # noqa: F401
