@@ -154,6 +154,7 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
 @click.argument("model")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Destination .onnx file.")
 @click.option("--data", help="Data for the example input, parity check and INT8 calibration.")
+@click.option("--input-shape", help="Per-sample input shape, e.g. 3,224,224 (random example; no --data).")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
 @click.option("--opset", type=int, default=18, show_default=True, help="ONNX opset (>= 17).")
@@ -165,7 +166,7 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
 @click.option("--quant-mode", type=click.Choice(["static", "dynamic"]), default="static", show_default=True)
 @click.option("--allow-random-calibration", is_flag=True, help="Calibrate INT8 on random data (not advised).")
 @common
-def export_cmd(model: str, out: str, data: str | None, weights: str | None, trust_pickle: bool, opset: int,
+def export_cmd(model: str, out: str, data: str | None, input_shape: str | None, weights: str | None, trust_pickle: bool, opset: int,
                rtol: float, atol: float, int8: bool, quant_target: str, quant_mode: str,
                allow_random_calibration: bool, quiet: bool, as_json: bool) -> None:
     """Export MODEL to ONNX (dynamic batch), simplify, verify parity, optionally quantise to INT8."""
@@ -173,7 +174,8 @@ def export_cmd(model: str, out: str, data: str | None, weights: str | None, trus
 
     con = Console(quiet, as_json)
     opts = ExportOptions(opset, rtol, atol, int8, quant_target, quant_mode, allow_random_calibration)
-    result = export_single(model, Path(out), data, weights, trust_pickle, opts, con.progress)
+    shape = _split_ints(input_shape, "--input-shape") if input_shape else None
+    result = export_single(model, Path(out), data, weights, trust_pickle, opts, con.progress, shape)
     con.table(f"wrote {out} ({result.onnx_bytes} bytes, exporter {result.export['exporter']}); parity ok")
     con.result(result)
 

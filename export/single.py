@@ -32,7 +32,8 @@ class ExportOptions:
 
 
 def export_single(model_spec: str, out: Path, data_spec: str | None, weights: str | None, trust_pickle: bool,
-                  opts: ExportOptions, progress: Callable[[str], None]) -> VariantRecord:
+                  opts: ExportOptions, progress: Callable[[str], None],
+                  input_shape: tuple[int, ...] | None = None) -> VariantRecord:
     """Load, export, simplify, verify (two batch sizes) and optionally quantise one model."""
     from export import specs
 
@@ -44,8 +45,11 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
         specs.check_input_shape(module, x, model_spec)
     elif opts.int8 and opts.quant_mode == "static" and not opts.allow_random_calibration:
         raise specs.SpecError("--int8 needs calibration data: pass --data SPEC (or --allow-random-calibration)")
+    elif input_shape:
+        x = torch.randn(2, *input_shape, generator=torch.Generator().manual_seed(0))
+        specs.check_input_shape(module, x, model_spec)
     else:
-        x = specs.example_input(module, model_spec)
+        raise specs.SpecError("export needs an example input: pass --data SPEC or --input-shape C,H,W")
     out.parent.mkdir(parents=True, exist_ok=True)
     raw = out.with_name(out.stem + ".raw.onnx")
     progress(f"exporting {model_spec}")

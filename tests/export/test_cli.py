@@ -1,0 +1,163 @@
+"""The minreal CLI through click's CliRunner: every subcommand, JSON output, exit codes, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from export.cli import cli, main
+
+FACTORY = """
+import torch
+from torch import nn
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
+
+def broken():
+    return nn.Sequential(nn.Linear(3, 2))
+"""
+QUICK_BENCH = ["--min-seconds", "0.05", "--repeats", "1"]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "net.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    """Run the console entry point (with its error handling) and return (exit code, stdout, stderr)."""
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_help_lists_every_subcommand() -> None:
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    for name in ("compress", "export", "bench", "check", "run", "demo", "methods"):
+        assert name in result.output
+
+
+def test_each_subcommand_has_help() -> None:
+    for name in ("compress", "export", "bench", "check", "run", "demo", "methods"):
+        result = CliRunner().invoke(cli, [name, "--help"])
+        assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_method_choice_is_the_registry() -> None:
+    from compress import method_names
+
+    result = CliRunner().invoke(cli, ["compress", "--help"])
+    for name in method_names():
+        assert name in result.output
+
+
+def test_methods_json(workdir: Path) -> None:
+    result = CliRunner().invoke(cli, ["methods", "--json"])
+    data = json.loads(result.output)
+    assert "--flops" in data["svd"]["options"]
+
+
+def test_compress_writes_program_and_report(workdir: Path) -> None:
+    import torch
+
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--flops", "0.5", "--calib",
+                                      "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(Path("r.json").read_text())
+    assert report["method"] == "svd" and report["macs_after"] <= 0.5 * report["macs_before"] + 1
+    program = torch.export.load("small.pt2")
+    out = program.module()(torch.rand(3, 64))
+    assert out.shape == (3, 10)
+
+
+def test_option_not_of_method_is_usage_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat", "--eps",
+                             "0.1"], capsys)
+    assert code == 2
+    assert "--eps does not apply to method 'svd'" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["compress", "missing.py:make", "--method", "svd", "--calib", "digits-flat"], "missing.py"),
+    (["compress", "net.py:nothere", "--method", "svd", "--calib", "digits-flat"], "nothere"),
+    (["compress", "net.py:make", "--method", "svd", "--calib", "nofile.npz"], "nofile.npz"),
+    (["compress", "net.py:broken", "--method", "svd", "--calib", "digits-flat"], "net.py:broken"),
+    (["compress", "net.py:make", "--method", "nosuch", "--calib", "digits-flat"], "nosuch"),
+    (["bench", "absent.onnx"], "absent.onnx"),
+    (["check", "absent.json", "--min-agreement", "0.9"], "absent.json"),
+])
+def test_bad_input_is_one_line_error(workdir: Path, capsys: pytest.CaptureFixture, args: list[str],
+                                     culprit: str) -> None:
+    code, _, err = run_main(args, capsys)
+    assert code != 0
+    assert culprit in err
+    assert "Traceback" not in err
+    assert len([line for line in err.strip().splitlines() if "error" in line.lower()]) == 1
+
+
+def test_data_of_wrong_shape(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    np.savez(workdir / "bad.npz", x=np.zeros((10, 5), np.float32))
+    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "bad.npz"], capsys)
+    assert code == 2 and "forward failed" in err and "(2, 5)" in err
+
+
+def test_export_bench_check_roundtrip(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--int8", "-q"],
+                            capsys)
+    assert code == 0, err
+    assert Path("m.onnx").exists() and Path("m.int8.onnx").exists()
+    assert not list(workdir.glob(".*tmp*"))  # no temp files left behind
+    code, out, err = run_main(["bench", "m.onnx", "m.int8.onnx", "--data", "digits-flat", "--batch", "1,4",
+                               "--out", "b.json", "--json", "-q", *QUICK_BENCH], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert {r["batch_size"] for r in report["latency"]} == {1, 4}
+    assert Path("b.json").exists() and Path("b.md").exists()
+    code, _, _ = run_main(["check", "b.json", "--min-agreement", "0.5", "-q"], capsys)
+    assert code == 0
+    code, out, err = run_main(["check", "b.json", "--max-latency-ratio", "1e-6"], capsys)
+    assert code == 1
+    assert "FAIL" in out and "latency_ratio" in err and "allowed 1e-06" in err
+
+
+def test_export_without_calibration_refuses_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["export", "net.py:make", "--out", "m.onnx", "--input-shape", "64", "--int8"], capsys)
+    assert code == 2 and "calibration" in err
+    assert not Path("m.onnx").exists()
+
+
+def test_run_pipeline_and_overwrite_guard(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["run", "net.py:make", "--method", "svd", "--flops", "0.5", "--data", "digits-flat", "--out", "runs/a",
+            "--batch", "1", "-q", *QUICK_BENCH]
+    code, _, err = run_main(args, capsys)
+    assert code == 0, err
+    report = json.loads(Path("runs/a/report.json").read_text())
+    assert report["schema_version"] == 1
+    labels = [v["label"] for v in report["cases"][0]["variants"]]
+    assert labels == ["original", "svd", "svd.int8"]
+    assert Path("runs/a/report.md").exists() and Path("runs/a/plot.png").exists()
+    code, _, err = run_main(args, capsys)
+    assert code == 2 and "--overwrite" in err
+    code, _, _ = run_main(["check", "runs/a/report.json", "--min-agreement", "0.0", "-q"], capsys)
+    assert code == 0
+
+
+def test_unwritable_output_directory(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    Path("blocker").write_text("a file, not a directory")
+    code, _, err = run_main(["run", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
+                             "blocker/run"], capsys)
+    assert code == 2 and "blocker" in err
