@@ -1,0 +1,239 @@
+"""ε-forward-differential-equivalence (ε-FDE) of neurons and partition refinement over a :class:`Chain`.
+
+Reading the network as a (degenerate) polynomial ODE system, a block of neurons can be lumped into one when
+its members' dynamics agree (Cardelli et al. 2017, "Maximal aggregation of polynomial dynamical systems",
+Def. 3 (FDE); ε-relaxation as in Cardelli et al. 2021, "Approximate reductions of rational dynamical systems").
+For fully connected layers the criteria are, with ``v_i = (W_l[i, :], b_l[i])`` the incoming coefficients and
+``c_i = W_{l+1}[:, i]`` the outgoing ones:
+
+* **value** (any activation): ``‖v_i − v_r‖_∞ ≤ ε·s_l`` with ``s_l = max |[W_l | b_l]|``; the block keeps
+  ``v_r`` and gets the outgoing column ``Σ_i c_i`` (exact at ε = 0).
+* **scaled** (ReLU, LeakyReLU, identity: σ(ρz) = ρσ(z), ρ > 0; any sign for identity): the directions
+  ``u_i = v_i/‖v_i‖_∞`` agree within ε, ``ρ_i = ‖v_i‖_∞/‖v_r‖_∞``; outgoing column ``Σ_i ρ_i c_i``. Then
+  ``‖v_i − ρ_i v_r‖_∞ ≤ ε‖v_i‖_∞ ≤ ε·s_l``, the same scale-aware tolerance.
+* **sum** (identity activation, linear dynamics): outgoing directions ``c_i/‖c_i‖_∞`` agree within ε,
+  ``c_i ≈ ρ_i c_r``; the block becomes one neuron with incoming ``Σ_i ρ_i v_i`` and outgoing ``c_r``.
+
+Each block has a reference ``r`` (its leader) and every member is within the tolerance of the reference,
+never of another member (no chaining). ``ε = 0`` means equal up to the rounding of the model's dtype
+(``4·u`` in the unit-scale coordinates above). Merging in layer ``l`` sums columns of ``W_{l+1}`` and can
+make rows of layer ``l+1`` equal; sum-merging changes rows too: :func:`refine` sweeps until no block changes
+(the coarsest partition the greedy criteria reach; for ε = 0 the value blocks are exact equivalence classes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .bound import Perturbation, step_bound
+from .chain import Chain, chain_forward
+
+__all__ = ["leader_clusters", "rounding_tolerance", "value_merge", "sum_merge", "remove_constant",
+           "remove_all_constant", "box_samples", "MergeStep", "RefineResult", "refine"]
+
+
+@dataclass
+class MergeStep:
+    """One layer's merge (or removal) in one sweep and its contribution to the output bound."""
+
+    kind: str  # "value" | "scaled" | "sum" | "constant"
+    layer: int
+    width_before: int
+    width_after: int
+    bound: float | None = None
+
+
+@dataclass
+class RefineResult:
+    """The lumped chain, the steps taken, sweeps to the fixpoint and the summed output bound (per output)."""
+
+    chain: Chain
+    steps: list[MergeStep] = field(default_factory=list)
+    sweeps: int = 0
+    bound: torch.Tensor | None = None
+
+
+def rounding_tolerance(dtype: torch.dtype) -> float:
+    """Relative tolerance standing for "equal" at ε = 0: four units of roundoff of ``dtype``."""
+    return 4.0 * float(torch.finfo(dtype).eps)
+
+
+def leader_clusters(x: np.ndarray, tol: float, probes: int = 16) -> np.ndarray:
+    """Greedy leader clustering in the ∞-norm: ``leader[i]`` is a row with ``‖x_i − x_leader‖_∞ ≤ tol``.
+
+    ``‖x_i − x_j‖_∞ ≤ tol`` needs ``|x_ik − x_jk| ≤ tol`` in every coordinate ``k``: rows are sorted by the
+    coordinate of largest spread, each leader scans only the rows within ``tol`` of it there, drops those
+    farther than ``tol`` in the next ``probes − 1`` widest coordinates, and checks the rest in full. Cost
+    ``O(n log n + n·w·probes + survivors·d)`` for window ``w``: near-linear when rows are spread, instead of
+    all pairs.
+    """
+    n = len(x)
+    p = x[:, np.argsort(-x.std(0), kind="stable")[:probes]] if n else x
+    order = np.argsort(p[:, 0], kind="stable")
+    ps = p[order, 0]
+    ends = np.searchsorted(ps, ps + tol, side="right")
+    leader = np.full(n, -1)
+    for k in range(n):
+        i = order[k]
+        if leader[i] >= 0:
+            continue
+        leader[i] = i
+        cand = order[k + 1:ends[k]]
+        cand = cand[leader[cand] < 0]
+        cand = cand[np.abs(p[cand, 1:] - p[i, 1:]).max(1, initial=0.0) <= tol]
+        if len(cand):
+            leader[cand[np.abs(x[cand] - x[i]).max(1) <= tol]] = i
+    return leader
+
+
+def _directions(v: torch.Tensor, any_sign: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows scaled to unit ∞-norm (sign-canonical if ``any_sign``) and the signed scales."""
+    norms = v.abs().amax(1).clamp_min(1e-300)
+    sign = torch.ones_like(norms)
+    if any_sign:
+        sign = torch.sign(v[torch.arange(len(v)), v.abs().argmax(1)])
+    scale = norms * sign
+    return v / scale[:, None], scale
+
+
+def _blocks(coeff: torch.Tensor, tol: float, scaled: bool, any_sign: bool) -> tuple[np.ndarray, torch.Tensor]:
+    """Leader per row and ρ with ``coeff_i ≈ ρ_i coeff_leader``; zero rows stay singletons."""
+    if not scaled:
+        leader = leader_clusters(coeff.numpy(), tol * float(coeff.abs().max().clamp_min(1e-300)))
+        return leader, torch.ones(len(coeff), dtype=coeff.dtype)
+    u, scale = _directions(coeff, any_sign)
+    live = (coeff.abs().amax(1) > 0).numpy()
+    leader = np.arange(len(coeff))
+    idx = np.flatnonzero(live)
+    leader[idx] = idx[leader_clusters(u[idx].numpy(), tol)]
+    return leader, scale / scale[torch.from_numpy(leader)]
+
+
+def _regroup(groups: list[list[int]], leader: np.ndarray, keep: np.ndarray) -> list[list[int]]:
+    merged = {int(k): [] for k in keep}
+    for i, r in enumerate(leader):
+        merged[int(r)].extend(groups[i])
+    return [sorted(merged[int(k)]) for k in keep]
+
+
+def value_merge(chain: Chain, l: int, eps: float, scaling: bool = True) -> tuple[Chain, Perturbation | None, str]:
+    """Lump hidden layer ``l`` by value (or scaled-value) equivalence of incoming coefficients."""
+    act = chain.acts[l]
+    v = torch.cat([chain.weights[l], chain.biases[l][:, None]], 1)
+    tol = max(eps, rounding_tolerance(chain.dtype))
+    scaled = scaling and act.homogeneous
+    leader, rho = _blocks(v, tol, scaled, act.linear)
+    keep = np.unique(leader)
+    if len(keep) == len(leader):
+        return chain, None, ""
+    pos = torch.from_numpy(np.searchsorted(keep, leader))
+    lead = torch.from_numpy(leader)
+    ref = rho[:, None] * v[lead]
+    new = chain.copy()
+    new.weights[l], new.biases[l] = chain.weights[l][keep], chain.biases[l][keep]
+    cols = torch.zeros(chain.weights[l + 1].shape[0], len(keep), dtype=torch.float64)
+    new.weights[l + 1] = cols.index_add_(1, pos, chain.weights[l + 1] * rho[None, :])
+    new.groups[l] = _regroup(chain.groups[l], leader, keep)
+    pert = Perturbation(l, (v - ref)[:, :-1], (v - ref)[:, -1])
+    return new, pert, "scaled" if scaled else "value"
+
+
+def sum_merge(chain: Chain, l: int, eps: float) -> tuple[Chain, Perturbation | None, str]:
+    """Lump identity-activation layer ``l`` by sum (forward) equivalence of outgoing coefficients."""
+    if not chain.acts[l].linear:
+        raise ValueError(f"sum equivalence needs linear dynamics; layer {l} has {chain.acts[l].kind}")
+    c = chain.weights[l + 1].T.contiguous()
+    leader, rho = _blocks(c, max(eps, rounding_tolerance(chain.dtype)), True, True)
+    keep = np.unique(leader)
+    if len(keep) == len(leader):
+        return chain, None, ""
+    pos = torch.from_numpy(np.searchsorted(keep, leader))
+    new = chain.copy()
+    w, b = chain.weights[l], chain.biases[l]
+    new.weights[l] = torch.zeros(len(keep), w.shape[1], dtype=torch.float64).index_add_(0, pos, w * rho[:, None])
+    new.biases[l] = torch.zeros(len(keep), dtype=torch.float64).index_add_(0, pos, b * rho)
+    new.weights[l + 1] = chain.weights[l + 1][:, keep]
+    new.groups[l] = _regroup(chain.groups[l], leader, keep)
+    ref = rho[:, None] * c[torch.from_numpy(leader)]
+    return new, Perturbation(l + 1, (c - ref).T, torch.zeros(c.shape[1], dtype=torch.float64)), "sum"
+
+
+def remove_constant(chain: Chain, l: int, x: torch.Tensor, tol: float = 0.0) -> tuple[Chain, Perturbation | None]:
+    """Drop neurons of hidden layer ``l`` constant on the data ``x`` (dead ReLUs: always 0), folding their
+    value into the next bias. Exact on ``x``; over a box the removed term ``Σ c_i (h_i − μ_i)`` is bounded."""
+    h = chain_forward(chain, x, hidden=True)[l]
+    mu = h.mean(0)
+    const = (h.amax(0) - h.amin(0)) <= tol * float(h.abs().max().clamp_min(1e-300))
+    const[0] &= not bool(const.all())  # keep one neuron so the layer stays a Linear
+    if not bool(const.any()):
+        return chain, None
+    keep = torch.flatnonzero(~const)
+    c = chain.weights[l + 1]
+    new = chain.copy()
+    new.weights[l], new.biases[l] = chain.weights[l][keep], chain.biases[l][keep]
+    new.weights[l + 1] = c[:, keep]
+    new.biases[l + 1] = chain.biases[l + 1] + c[:, const] @ mu[const]
+    new.groups[l] = [chain.groups[l][int(k)] for k in keep]
+    centre = torch.where(const, mu, torch.zeros_like(mu))
+    return new, Perturbation(l + 1, c * const.double()[None, :], torch.zeros(c.shape[0], dtype=torch.float64), centre)
+
+
+def _record(result: RefineResult, before: Chain, after: Chain, pert: Perturbation, kind: str, l: int,
+            box: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+    step = MergeStep(kind, l, before.widths[l], after.widths[l])
+    if box is not None:
+        d = step_bound(before, pert, *box)
+        step.bound = float(d.max())
+        result.bound = d if result.bound is None else result.bound + d
+    result.steps.append(step)
+
+
+def refine(chain: Chain, eps: float, *, scaling: bool = True, sums: bool = True, max_sweeps: int = 50,
+           box: tuple[torch.Tensor, torch.Tensor] | None = None) -> RefineResult:
+    """Sweep value merges forward and sum merges backward until a full sweep changes nothing.
+
+    With ``box = (lo, hi)`` every step's output-deviation bound over the input box is added up.
+    """
+    result = RefineResult(chain)
+    for sweep in range(max_sweeps):
+        changed = False
+        for l in range(len(chain.acts)):
+            new, pert, kind = value_merge(chain, l, eps, scaling)
+            if pert is not None:
+                _record(result, chain, new, pert, kind, l, box)
+                chain, changed = new, True
+        for l in reversed(range(len(chain.acts)) if sums else ()):
+            if chain.acts[l].linear:
+                new, pert, kind = sum_merge(chain, l, eps)
+                if pert is not None:
+                    _record(result, chain, new, pert, kind, l, box)
+                    chain, changed = new, True
+        result.sweeps = sweep + 1
+        if not changed:
+            break
+    result.chain = chain
+    return result
+
+
+def remove_all_constant(chain: Chain, x: torch.Tensor, tol: float = 0.0,
+                        box: tuple[torch.Tensor, torch.Tensor] | None = None) -> RefineResult:
+    """Apply :func:`remove_constant` to every hidden layer in order, recording bounds like :func:`refine`."""
+    result = RefineResult(chain)
+    for l in range(len(chain.acts)):
+        new, pert = remove_constant(chain, l, x, tol)
+        if pert is not None:
+            _record(result, chain, new, pert, "constant", l, box)
+            chain = new
+    result.chain = chain
+    return result
+
+
+def box_samples(lo: torch.Tensor, hi: torch.Tensor, n: int, seed: int = 0) -> torch.Tensor:
+    """``n`` uniform points in the box plus its two extreme corners (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, len(lo), generator=g, dtype=torch.float64)
+    return torch.cat([lo + u * (hi - lo), lo[None], hi[None]])
+
