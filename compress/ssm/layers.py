@@ -181,15 +181,16 @@ class DiagonalSSM(nn.Module):
     def __init__(self, lam: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor,
                  output_scale: float = 2.0) -> None:
         super().__init__()
+        dtype = lam.real.dtype if lam.is_complex() else lam.dtype  # keep the caller's precision
         lam, b, c = lam.to(torch.complex128), b.to(torch.complex128), c.to(torch.complex128)
         if (lam.abs() >= 1).any():
             raise ValueError("DiagonalSSM needs a discretised stable spectrum |λ| < 1 (apply ZOH first)")
         rb = torch.stack([b.real, b.imag], 1).reshape(-1, b.shape[1])
         rc = output_scale * torch.stack([c.real, -c.imag], 2).reshape(c.shape[0], -1)
-        self.rho = nn.Parameter(lam.abs().float())
-        self.alpha = nn.Parameter(lam.angle().float())
-        self.b, self.c = nn.Parameter(rb.float()), nn.Parameter(rc.float())
-        self.d = nn.Parameter(d.float())
+        self.rho = nn.Parameter(lam.abs().to(dtype))
+        self.alpha = nn.Parameter(lam.angle().to(dtype))
+        self.b, self.c = nn.Parameter(rb.to(dtype)), nn.Parameter(rc.to(dtype))
+        self.d = nn.Parameter(d.to(dtype))
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         no_real = self.rho.new_zeros(0)
@@ -204,7 +205,7 @@ class DenseSSM(nn.Module):
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> None:
         super().__init__()
-        self.a, self.b, self.c, self.d = (nn.Parameter(t.detach().float().clone()) for t in (a, b, c, d))
+        self.a, self.b, self.c, self.d = (nn.Parameter(t.detach().clone()) for t in (a, b, c, d))
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         from .system import simulate
