@@ -1,0 +1,84 @@
+"""ONNX export of the reduced SSM layer and model: dynamic sequence length, graph size independent of it,
+parity with the step-by-step recurrence in torch and ONNX Runtime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from compress import compress
+from compress.data import Dataset
+from compress.methods.ssm import SSMConfig
+from compress.ssm import ModalSSM, SSMClassifier, random_stable_system, real_modal_form, simulate
+from export.onnx_export import to_onnx
+
+FORBIDDEN_OPS = {"Loop", "Scan", "If", "DFT", "STFT"}
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _check_graph(path: Path) -> onnx.ModelProto:
+    model = onnx.load(str(path))
+    ops = {n.op_type for n in model.graph.node}
+    assert not ops & FORBIDDEN_OPS, ops & FORBIDDEN_OPS
+    complex_types = {onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128}
+    assert all(t.data_type not in complex_types for t in model.graph.initializer)
+    assert all(v.type.tensor_type.elem_type not in complex_types for v in model.graph.value_info)
+    return model
+
+
+@pytest.fixture(scope="module")
+def modal_layer() -> ModalSSM:
+    """A reduced-order modal layer with rotation pairs and real modes (float32, h = 3, r = 9)."""
+    sys = random_stable_system(9, 3, 3, radius=0.97, generator=torch.Generator().manual_seed(0))
+    form = real_modal_form(sys)
+    assert form.lam.numel() > 0 and form.rho.numel() > 0
+    return ModalSSM(*(t.float() for t in (form.rho, form.alpha, form.lam, form.b, form.c, torch.diag(sys.d))))
+
+
+def test_modal_layer_exports_with_dynamic_length_and_matches_recurrence(modal_layer: ModalSSM,
+                                                                      tmp_path: Path) -> None:
+    short = to_onnx(modal_layer, torch.randn(2, 5, 3), tmp_path / "short.onnx", dynamic_dims={1: "seq"})
+    long = to_onnx(modal_layer, torch.randn(2, 40, 3), tmp_path / "long.onnx", dynamic_dims={1: "seq"})
+    assert short.num_nodes == long.num_nodes  # no per-step unrolling
+    _check_graph(tmp_path / "short.onnx")
+    sess = _session(tmp_path / "short.onnx")
+    ref_sys = modal_layer.state_space()
+    g = torch.Generator().manual_seed(1)
+    for length in (1, 17, 784):
+        u = torch.randn(2, length, 3, generator=g)
+        ref = simulate(ref_sys, u.double()).numpy()
+        scale = np.abs(ref).max()
+        got_torch = modal_layer(u).detach().numpy()
+        got_ort = sess.run(None, {sess.get_inputs()[0].name: u.numpy()})[0]
+        assert got_ort.shape == ref.shape
+        np.testing.assert_allclose(got_torch, ref, rtol=0, atol=1e-5 * scale)
+        np.testing.assert_allclose(got_ort, ref, rtol=0, atol=1e-5 * scale)
+
+
+def test_reduced_classifier_exports_and_matches_ort(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = SSMClassifier(1, 8, 16, 2, 4).eval()
+    data = Dataset(torch.randn(16, 64, 1), torch.randint(0, 4, (16,)))
+    reduced, report = compress(model, data, "ssm", SSMConfig(trunc=0.5))
+    assert all(layer.rank == 8 for layer in report.layers)
+    for name, net in (("original", model), ("reduced", reduced)):
+        res = to_onnx(net, data.x[:2], tmp_path / f"{name}.onnx", dynamic_dims={1: "seq"})
+        assert res.exporter == "dynamo"
+        _check_graph(tmp_path / f"{name}.onnx")
+        sess = _session(tmp_path / f"{name}.onnx")
+        for batch, length in ((1, 17), (5, 64), (3, 784)):
+            x = torch.randn(batch, length, 1)
+            with torch.no_grad():
+                ref = net(x).numpy()
+            got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
