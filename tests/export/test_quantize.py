@@ -1,0 +1,142 @@
+"""Tests for export.quantize: calibration rules, QDQ per target, integer kernels, accuracy, dynamic mode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+
+from export.errors import CalibrationError, SameFileError
+from export.onnx_export import ExportResult
+from export.quantize import ArrayCalibrationReader, QuantConfig, optimized_op_counts, quantize_int8
+
+
+def _run(path: str | Path, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def _input_zero_point(path: str | Path) -> np.ndarray:
+    """Zero point of the QuantizeLinear that quantises the graph input."""
+    model = onnx.load(str(path))
+    initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    graph_input = model.graph.input[0].name
+    (node,) = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == graph_input]
+    return initializers[node.input[2]]
+
+
+@pytest.fixture(scope="module")
+def cpu_int8(convnet_onnx: ExportResult, calib_images: np.ndarray, tmp_path_factory: pytest.TempPathFactory):
+    return quantize_int8(convnet_onnx.path, tmp_path_factory.mktemp("q") / "cpu.int8.onnx", calib_images)
+
+
+def test_refuses_without_calibration_data(convnet_onnx: ExportResult, tmp_path: Path) -> None:
+    with pytest.raises(CalibrationError, match=r"needs calibration data.*allow_random_calibration=True"):
+        quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_random_calibration_only_when_allowed(convnet_onnx: ExportResult, tmp_path: Path) -> None:
+    config = QuantConfig(allow_random_calibration=True, random_samples=8)
+    result = quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", None, config)
+    assert result.random_calibration and result.calibration_samples == 8
+
+
+def test_cpu_target_is_qdq_with_uint8_activations_and_integer_kernels(cpu_int8, convnet_onnx: ExportResult) -> None:
+    assert (cpu_int8.mode, cpu_int8.quant_format, cpu_int8.target) == ("static", "QDQ", "cpu")
+    assert cpu_int8.node_counts["QuantizeLinear"] > 0 and cpu_int8.node_counts["DequantizeLinear"] > 0
+    assert cpu_int8.node_counts["Conv"] == 2  # QDQ keeps float ops between Q/DQ pairs
+    assert (cpu_int8.activation_type, cpu_int8.activation_symmetric) == ("uint8", False)
+    assert _input_zero_point(cpu_int8.out_path).dtype == np.uint8
+    assert cpu_int8.calibration_samples == 64 and not cpu_int8.random_calibration
+    # Both convolutions and the classifier run as integer kernels in ORT's CPU graph.
+    assert cpu_int8.integer_kernels == 3 and cpu_int8.float_kernels == 0
+    assert cpu_int8.optimized_ops.get("com.microsoft:QLinearConv", 0) + cpu_int8.optimized_ops.get("QLinearConv", 0) == 2
+    assert cpu_int8.size_fp32_bytes == Path(convnet_onnx.path).stat().st_size
+
+
+def test_tensorrt_target_uses_symmetric_int8_and_float_bias(
+    convnet_onnx: ExportResult, calib_images: np.ndarray, tmp_path: Path
+) -> None:
+    result = quantize_int8(convnet_onnx.path, tmp_path / "trt.onnx", calib_images, QuantConfig(target="tensorrt"))
+    assert (result.activation_type, result.activation_symmetric, result.quantized_bias) == ("int8", True, False)
+    zero_point = _input_zero_point(result.out_path)
+    assert zero_point.dtype == np.int8 and np.all(zero_point == 0)
+    initializers = onnx.load(result.out_path).graph.initializer
+    assert not [t.name for t in initializers if t.data_type == onnx.TensorProto.INT32]
+
+
+def test_activation_type_can_be_overridden(convnet_onnx: ExportResult, calib_images: np.ndarray, tmp_path: Path) -> None:
+    config = QuantConfig(target="cpu", activation_type="int8", activation_symmetric=True)
+    result = quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", calib_images, config)
+    assert result.activation_type == "int8" and _input_zero_point(result.out_path).dtype == np.int8
+
+
+def test_int8_agrees_with_fp32(
+    cpu_int8, convnet_onnx: ExportResult, make_images: Callable[[int, int], torch.Tensor]
+) -> None:
+    held_out = make_images(128, 99).numpy()
+    fp32, int8 = _run(convnet_onnx.path, held_out), _run(cpu_int8.out_path, held_out)
+    agreement = np.mean(fp32.argmax(1) == int8.argmax(1))
+    relative_error = np.linalg.norm(int8 - fp32) / np.linalg.norm(fp32)
+    assert agreement >= 0.85, agreement
+    assert relative_error < 0.1, relative_error
+
+
+def test_dynamic_mode(convnet_onnx: ExportResult, make_images: Callable[[int, int], torch.Tensor], tmp_path: Path) -> None:
+    result = quantize_int8(convnet_onnx.path, tmp_path / "dyn.onnx", None, QuantConfig(mode="dynamic"))
+    assert (result.quant_format, result.calibration_samples) == ("QOperator", 0)
+    assert result.node_counts.get("ConvInteger") == 2 and "DynamicQuantizeLinear" in result.node_counts
+    assert result.integer_kernels == 3 and result.float_kernels == 0
+    x = make_images(3, 7).numpy()
+    fp32, int8 = _run(convnet_onnx.path, x), _run(result.out_path, x)
+    assert int8.shape == (3, 5)
+    assert np.linalg.norm(int8 - fp32) / np.linalg.norm(fp32) < 0.1
+
+
+def test_fp32_graph_counts_only_float_kernels(convnet_onnx: ExportResult) -> None:
+    counts = optimized_op_counts(convnet_onnx.path)
+    assert sum(n for op, n in counts.items() if op.rsplit(":", 1)[-1] in ("Conv", "Gemm", "FusedConv")) == 3
+    assert not any("QLinear" in op or "Integer" in op for op in counts)
+
+
+def test_calibration_shape_must_fit(convnet_onnx: ExportResult, tmp_path: Path) -> None:
+    with pytest.raises(CalibrationError, match=r"shape \(4, 3, 8, 8\) does not fit input 'input'"):
+        quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", np.zeros((4, 3, 8, 8), np.float32))
+
+
+def test_refuses_to_overwrite_input(convnet_onnx: ExportResult, calib_images: np.ndarray) -> None:
+    with pytest.raises(SameFileError):
+        quantize_int8(convnet_onnx.path, convnet_onnx.path, calib_images)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "qat"}, "mode='qat'"),
+        ({"target": "npu"}, "target='npu'"),
+        ({"activation_type": "int4"}, "activation_type='int4'"),
+        ({"mode": "dynamic", "target": "tensorrt"}, "use mode='static' for tensorrt"),
+        ({"batch_size": 0}, "must be positive"),
+    ],
+)
+def test_config_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        QuantConfig(**kwargs)
+
+
+def test_calibration_reader_batches_and_rewinds() -> None:
+    data = np.arange(10, dtype=np.float32).reshape(10, 1)
+    reader = ArrayCalibrationReader("x", data, batch_size=4)
+    sizes = [len(batch["x"]) for batch in iter(reader.get_next, None)]
+    assert sizes == [4, 4, 2]
+    reader.rewind()
+    assert reader.get_next()["x"][0, 0] == 0.0
+    fixed = ArrayCalibrationReader("x", data, batch_size=4, drop_last=True)
+    assert [len(b["x"]) for b in iter(fixed.get_next, None)] == [4, 4]

@@ -1,0 +1,97 @@
+"""Tests for export.simplify: node counts and sizes, keeping the original when onnxsim misbehaves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxsim
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from export.errors import SameFileError
+from export.simplify import simplify
+
+CHECK_INPUTS = [np.ones((1, 4), np.float32), np.arange(12, dtype=np.float32).reshape(3, 4)]
+
+
+@pytest.fixture
+def redundant_graph(tmp_path: Path) -> Path:
+    """y = Identity(x * (a + b)) with constant a, b: onnxsim folds it to a single Mul."""
+    a = numpy_helper.from_array(np.full(4, 0.5, np.float32), "a")
+    b = numpy_helper.from_array(np.arange(4, dtype=np.float32), "b")
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["c"]),
+        helper.make_node("Mul", ["x", "c"], ["m"]),
+        helper.make_node("Identity", ["m"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "redundant",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[a, b],
+    )  # fmt: skip
+    path = tmp_path / "redundant.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+def test_simplify_folds_and_reports_counts_and_sizes(redundant_graph: Path, tmp_path: Path) -> None:
+    before = redundant_graph.read_bytes()
+    result = simplify(redundant_graph, tmp_path / "simple.onnx", CHECK_INPUTS)
+    assert result.simplified and result.reason is None
+    assert (result.nodes_before, result.nodes_after) == (3, 1)
+    assert result.nodes_after == len(onnx.load(result.path_out).graph.node)
+    assert result.size_before_bytes == len(before)
+    assert result.size_after_bytes == Path(result.path_out).stat().st_size
+    assert result.max_abs_diff == 0.0
+    assert redundant_graph.read_bytes() == before
+
+
+def test_simplify_keeps_exported_cnn_outputs(convnet_onnx, tmp_path: Path, make_images) -> None:
+    checks = [make_images(1, 5).numpy(), make_images(6, 6).numpy()]
+    result = simplify(convnet_onnx.path, tmp_path / "cnn.sim.onnx", checks)
+    assert result.simplified
+    assert 0 < result.nodes_after <= result.nodes_before
+    assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-5
+
+
+def test_onnxsim_failure_keeps_original(redundant_graph: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("simplifier crashed\nwith a traceback")
+
+    monkeypatch.setattr(onnxsim, "simplify", broken)
+    result = simplify(redundant_graph, tmp_path / "out.onnx", CHECK_INPUTS)
+    assert not result.simplified
+    assert result.reason == "onnxsim failed: RuntimeError: simplifier crashed"
+    assert (tmp_path / "out.onnx").read_bytes() == redundant_graph.read_bytes()
+    assert result.nodes_before == result.nodes_after == 3 and result.max_abs_diff is None
+
+
+def test_changed_outputs_keep_original(redundant_graph: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def wrong(model: onnx.ModelProto, **kwargs: object) -> tuple[onnx.ModelProto, bool]:
+        bad = onnx.ModelProto()
+        bad.CopyFrom(model)
+        bad.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.full(4, 0.6, np.float32), "a"))
+        return bad, True
+
+    monkeypatch.setattr(onnxsim, "simplify", wrong)
+    result = simplify(redundant_graph, tmp_path / "out.onnx", CHECK_INPUTS, rtol=1e-4, atol=1e-5)
+    assert not result.simplified
+    assert result.reason is not None and "changed outputs beyond rtol=0.0001, atol=1e-05" in result.reason
+    assert "output 'y' at batch 1" in result.reason
+    assert result.max_abs_diff == pytest.approx(0.1 * CHECK_INPUTS[1].max(), rel=1e-5)
+    assert (tmp_path / "out.onnx").read_bytes() == redundant_graph.read_bytes()
+
+
+def test_refuses_to_overwrite_input(redundant_graph: Path) -> None:
+    before = redundant_graph.read_bytes()
+    with pytest.raises(SameFileError):
+        simplify(redundant_graph, redundant_graph, CHECK_INPUTS)
+    assert redundant_graph.read_bytes() == before
+
+
+def test_needs_check_inputs(redundant_graph: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least one check input"):
+        simplify(redundant_graph, tmp_path / "out.onnx", [])

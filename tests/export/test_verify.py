@@ -1,0 +1,74 @@
+"""Tests for export.verify: parity on two batch sizes, loud failures, measured numbers."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from export.errors import ParityError
+from export.onnx_export import ExportResult
+from export.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare_output, verify_parity
+
+
+def test_parity_passes_on_two_batch_sizes(
+    convnet: nn.Module, convnet_onnx: ExportResult, make_images: Callable[[int, int], torch.Tensor]
+) -> None:
+    result = verify_parity(convnet, convnet_onnx.path, [make_images(1, 3), make_images(7, 4)])
+    assert (result.rtol, result.atol) == (DEFAULT_RTOL, DEFAULT_ATOL) == (1e-4, 1e-5)
+    assert result.passed and result.batch_sizes == [1, 7]
+    assert [(c.output, c.batch_size) for c in result.checks] == [("output", 1), ("output", 7)]
+    assert result.top1_agreement == {1: 1.0, 7: 1.0}
+    assert 0.0 <= result.max_abs_err <= DEFAULT_ATOL
+    assert all(c.worst_measured <= c.worst_allowed for c in result.checks)
+
+
+def test_parity_covers_every_output(two_heads: nn.Module, two_heads_onnx: ExportResult) -> None:
+    result = verify_parity(two_heads, two_heads_onnx.path, [torch.randn(2, 10), torch.randn(5, 10)])
+    assert [(c.output, c.batch_size) for c in result.checks] == [
+        ("output_0", 2), ("output_1", 2), ("output_0", 5), ("output_1", 5),
+    ]  # fmt: skip
+    assert all(c.top1_agreement == 1.0 for c in result.checks)
+
+
+def test_perturbed_weights_raise_naming_output_and_batch(two_heads: nn.Module, two_heads_onnx: ExportResult) -> None:
+    changed = copy.deepcopy(two_heads)
+    with torch.no_grad():
+        changed.embed.weight.add_(0.05)  # only the second output moves
+    with pytest.raises(ParityError, match=r"output 'output_1' at batch size (2|5) .*> allowed") as info:
+        verify_parity(changed, two_heads_onnx.path, [torch.randn(2, 10), torch.randn(5, 10)])
+    message = str(info.value)
+    assert "\n" not in message and "2 of 4 checks failed" in message
+    result = info.value.result
+    assert not result.passed
+    assert {c.output for c in result.checks if not c.passed} == {"output_1"}
+    assert result.max_abs_err > 1e-3
+
+
+def test_needs_two_batch_sizes(convnet: nn.Module, convnet_onnx: ExportResult) -> None:
+    with pytest.raises(ValueError, match="two or more batch sizes"):
+        verify_parity(convnet, convnet_onnx.path, [torch.randn(3, 3, 12, 12), torch.randn(3, 3, 12, 12)])
+
+
+def test_output_count_mismatch_raises(two_heads_onnx: ExportResult) -> None:
+    one_output = nn.Linear(10, 4).eval()
+    with pytest.raises(ParityError, match="has 2 outputs but the module returns 1"):
+        verify_parity(one_output, two_heads_onnx.path, [torch.randn(1, 10), torch.randn(2, 10)])
+
+
+def test_compare_output_measures_with_allclose_rule() -> None:
+    reference = np.array([[1.0, 0.0], [0.0, 2.0]], dtype=np.float32)
+    candidate = reference + np.array([[1e-3, 0.0], [0.0, 1e-4]], dtype=np.float32)
+    check = compare_output("y", 2, candidate, reference, rtol=1e-4, atol=1e-5)
+    assert not check.passed
+    assert check.max_abs_err == pytest.approx(1e-3, rel=1e-3)
+    assert check.worst_measured == pytest.approx(1e-3, rel=1e-3)
+    assert check.worst_allowed == pytest.approx(1e-5 + 1e-4 * 1.0)
+    assert check.max_rel_err == pytest.approx(1e-3, rel=1e-3)
+    assert check.top1_agreement == 1.0
+    assert compare_output("y", 2, reference, reference, 1e-4, 1e-5).passed
