@@ -96,8 +96,8 @@ def _fold_bn_after(w: torch.Tensor, b: torch.Tensor, bn: nn.BatchNorm1d) -> tupl
 def _bn_affine(bn: nn.BatchNorm1d) -> tuple[torch.Tensor, torch.Tensor]:
     if bn.running_mean is None:
         raise CompressionError("BatchNorm1d without running statistics cannot be folded; use track_running_stats")
-    s = (bn.weight.double() if bn.affine else 1.0) / torch.sqrt(bn.running_var.double() + bn.eps)
-    t = (bn.bias.double() if bn.affine else 0.0) - s * bn.running_mean.double()
+    s = (bn.weight.detach().double() if bn.affine else 1.0) / torch.sqrt(bn.running_var.double() + bn.eps)
+    t = (bn.bias.detach().double() if bn.affine else 0.0) - s * bn.running_mean.double()
     return s, t
 
 

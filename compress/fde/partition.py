@@ -170,7 +170,7 @@ def remove_constant(chain: Chain, l: int, x: torch.Tensor, tol: float = 0.0) -> 
     const[0] &= not bool(const.all())  # keep one neuron so the layer stays a Linear
     if not bool(const.any()):
         return chain, None
-    keep = torch.flatnonzero(~const)
+    keep = torch.nonzero(~const).flatten()
     c = chain.weights[l + 1]
     new = chain.copy()
     new.weights[l], new.biases[l] = chain.weights[l][keep], chain.biases[l][keep]

@@ -1,0 +1,72 @@
+"""Structured magnitude/Wanda pruning: scores, parameter targets, exact widths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from compress import compress
+from compress.data import Dataset
+from compress.fde import chain_forward, extract_chain
+from compress.methods.pruning import MagnitudeConfig, WandaConfig
+from compress.models import mlp
+from compress.pruning import chain_params, magnitude_scores, prune_chain, wanda_scores, widths_for_params
+
+
+@pytest.fixture
+def model() -> nn.Sequential:
+    torch.manual_seed(31)
+    return mlp(8, [40, 30], 3).eval()
+
+
+@pytest.fixture
+def data() -> Dataset:
+    g = torch.Generator().manual_seed(32)
+    x = torch.randn(200, 8, generator=g)
+    return Dataset(x, torch.randn(200, 3, generator=g))
+
+
+@pytest.mark.parametrize("ratio", [0.2, 0.37, 0.5, 0.8])
+@pytest.mark.parametrize("method", ["magnitude", "wanda"])
+def test_parameter_target_met(method: str, ratio: float, model: nn.Sequential, data: Dataset) -> None:
+    cfg = MagnitudeConfig(params=ratio) if method == "magnitude" else WandaConfig(params=ratio)
+    new, rep = compress(model, data, method, cfg)
+    real = sum(p.numel() for p in new.parameters())
+    assert rep.params_after == real <= ratio * rep.params_before
+    widest_neuron = (8 + 1) + (40 + 1) + 3  # a neuron's incoming row, bias and outgoing column, either layer
+    assert real >= ratio * rep.params_before - 2 * widest_neuron
+
+
+def test_widths_for_params_is_largest_uniform_fit() -> None:
+    widths = widths_for_params(10, [100, 50], 4, 0.4)
+    assert chain_params(10, widths, 4) <= 0.4 * chain_params(10, [100, 50], 4)
+    bigger = [w + 1 for w in widths]
+    assert chain_params(10, bigger, 4) > 0.4 * chain_params(10, [100, 50], 4)
+
+
+def test_magnitude_keeps_largest_l1_rows(model: nn.Sequential, data: Dataset) -> None:
+    new, _ = compress(model, data, "magnitude", MagnitudeConfig(widths=(10, 5)))
+    w1 = model[1].weight.detach()
+    expected = torch.sort(torch.topk(w1.abs().sum(1), 10).indices).values
+    assert torch.equal(new[1].weight.detach(), w1[expected])
+    assert [m.out_features for m in new if isinstance(m, nn.Linear)] == [10, 5, 3]
+
+
+def test_wanda_score_is_activation_norm_times_outgoing_weights(model: nn.Sequential, data: Dataset) -> None:
+    chain = extract_chain(model)
+    with torch.no_grad():
+        h1 = torch.relu(model[1](data.x)).double()
+    expected = h1.norm(dim=0) * model[3].weight.detach().double().abs().sum(0)
+    assert torch.allclose(wanda_scores(chain, data.x)[0], expected, rtol=1e-6)
+
+
+def test_wanda_prunes_dead_neurons_first_and_keeps_outputs_exact(model: nn.Sequential, data: Dataset) -> None:
+    with torch.no_grad():
+        model[1].bias[:12] = -100.0  # 12 dead neurons in layer 1
+    chain = extract_chain(model)
+    pruned = prune_chain(chain, wanda_scores(chain, data.x), [28, 30])
+    assert all(g[0] >= 12 for g in pruned.groups[0])
+    assert torch.allclose(chain_forward(pruned, data.x), chain_forward(chain, data.x), atol=1e-12)
+    by_mag = prune_chain(chain, magnitude_scores(chain), [28, 30])
+    assert any(g[0] < 12 for g in by_mag.groups[0])  # magnitude does not see that they are dead
