@@ -25,7 +25,8 @@ def energy_rank(eigenvalues: torch.Tensor, eps: float) -> int:
     if total <= 0:
         return 0
     kept = torch.cumsum(lam, 0) / total
-    return int(torch.searchsorted(kept, torch.tensor(1.0 - eps, dtype=kept.dtype)).item()) + 1
+    r = int(torch.searchsorted(kept, torch.tensor(1.0 - eps, dtype=kept.dtype)).item()) + 1
+    return min(r, len(lam))  # round-off can leave the cumulative sum just below 1
 
 
 def psd_sqrt(a: torch.Tensor) -> torch.Tensor:

@@ -182,11 +182,14 @@ def refit_linear_chain(original: nn.Sequential, realised: nn.Sequential, x: torc
 
 
 def _ridge_fit(a: torch.Tensor, target: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """min ‖[A, 1] θ − T‖² + λ‖θ‖², θ = [Wᵀ; b]; returns (W, b)."""
+    """min ‖[A, 1] θ − T‖² + λ‖θ‖², θ = [Wᵀ; b], λ = ridge·tr(AᵀA)/cols; minimum norm when rank-deficient
+    (dead neurons). Solved as a stacked least-squares problem with an SVD-based driver; returns (W, b)."""
     a1 = torch.cat([a, torch.ones(len(a), 1, dtype=a.dtype)], 1)
-    gram = a1.T @ a1
-    lam = ridge * torch.trace(gram) / gram.shape[0]
-    theta = torch.linalg.solve(gram + lam * torch.eye(gram.shape[0], dtype=a.dtype), a1.T @ target)
+    lam = ridge * float(a1.pow(2).sum()) / a1.shape[1]
+    if lam > 0:
+        a1 = torch.cat([a1, lam ** 0.5 * torch.eye(a1.shape[1], dtype=a.dtype)])
+        target = torch.cat([target, target.new_zeros(a1.shape[1], target.shape[1])])
+    theta = torch.linalg.lstsq(a1, target, driver="gelsd").solution
     return theta[:-1].T, theta[-1]
 
 

@@ -1,0 +1,178 @@
+"""C-balanced method: ranks of the three tests, realised networks, exact limits, ONNX parity."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from compress.data import Dataset
+from compress.errors import CompressionError
+from compress.gramians import collect_gramians, default_state_points
+from compress.linalg import balanced_gramian, energy_rank, sym_eig_desc
+from compress.methods.cbalanced import CBalancedConfig, analyse_states, budget_ranks, realise
+from compress.models import mlp
+from compress.realise import (insert_projections, mlp_params, refit_linear_chain, resize_sequential,
+                              sequential_params, stage_producers, uniform_width)
+from compress.registry import compress, get_method
+from export.onnx_export import to_onnx
+from export.verify import verify_parity
+
+FAST = dict(epochs=2, controls=False, val_fraction=0.2)
+
+
+def _analyses(model: nn.Module, data: Dataset, eps: float, budget: int | None = None):
+    return analyse_states(collect_gramians(model, data), eps, budget)
+
+
+def test_registered_with_cli_fields() -> None:
+    m = get_method("cbalanced")
+    names = {f.name for f in fields(m.config_cls)}
+    assert {"eps", "distill", "state_budget", "init", "epochs"} <= names
+
+
+def test_subspace_data_gives_ra_equal_to_its_dimension() -> None:
+    """Inputs x = Q a with Q of rank 3: every state of a linear network lies in a 3-dim affine subspace."""
+    torch.manual_seed(0)
+    net = mlp(10, [8, 6], 4, activation="identity").double().eval()
+    q = torch.linalg.qr(torch.randn(10, 3, dtype=torch.float64)).Q
+    data = Dataset(torch.randn(200, 3, dtype=torch.float64) @ q.T)
+    for a in _analyses(net, data, eps=1e-12).values():
+        assert a.rank_a == 3
+        assert a.rank_c <= 3
+
+
+def test_eps_zero_gives_full_rank(mlp_data) -> None:
+    """Equal widths and smooth activations: every state is reachable and observable, so ε = 0 keeps all."""
+    torch.manual_seed(0)
+    net = mlp(12, [6, 6], 8, activation="tanh").eval()
+    analyses = _analyses(net, mlp_data, eps=0.0)
+    assert [(a.rank_a, a.rank_b, a.rank_c) for a in analyses.values()] == [(6, 6, 6)] * 2
+    coarse = _analyses(net, mlp_data, eps=1e-2)
+    assert all(coarse[p].rank_c < 6 for p in analyses)
+
+
+def test_c_spectrum_is_the_product_gramian_spectrum(tiny_mlp, mlp_data) -> None:
+    """eig(Gc^½ Go Gc^½) = eig(Gc Go) (similar matrices): the squared Hankel singular values."""
+    grams = collect_gramians(tiny_mlp, mlp_data)
+    for p, a in analyse_states(grams, 1e-4).items():
+        direct = np.sort(np.linalg.eigvals((grams[p].gc @ grams[p].go).numpy()).real)[::-1]
+        np.testing.assert_allclose(a.spectra["C"], np.clip(direct, 0, None), rtol=1e-6, atol=1e-9 * direct[0])
+
+
+def test_budget_ranks_fit_the_budget_with_equal_energy() -> None:
+    spectra = {"a": 0.5 ** np.arange(20), "b": 0.8 ** np.arange(30)}
+    ranks = budget_ranks(spectra, 15)
+    assert sum(ranks.values()) <= 15
+    assert sum(budget_ranks(spectra, 16).values()) >= sum(ranks.values())
+    energy = {n: spectra[n][: r].sum() / spectra[n].sum() for n, r in ranks.items()}
+    minus_one = {n: spectra[n][: r - 1].sum() / spectra[n].sum() for n, r in ranks.items()}
+    assert max(minus_one.values()) < min(energy.values()) + 1e-12  # one common energy threshold
+    with pytest.raises(CompressionError, match="below one state"):
+        budget_ranks(spectra, 1)
+
+
+def test_realised_mlp_has_reported_widths_and_closed_form_params(tiny_mlp, mlp_data) -> None:
+    new, rep = compress(tiny_mlp, mlp_data, "cbalanced", CBalancedConfig(eps=1e-2, **FAST))
+    widths = [m.out_features for m in new if isinstance(m, nn.Linear)][:-1]
+    assert widths == rep.predicted["ranks_c"] == [layer.rank for layer in rep.layers]
+    assert rep.params_after == sum(p.numel() for p in new.parameters()) == mlp_params(12, widths, 5)
+    assert rep.predicted["state_order"] == sum(widths)
+    assert rep.predicted["state_compression"] == pytest.approx(1 - sum(widths) / 56)
+    assert np.isfinite(rep.measured["relative_output_error"])
+
+
+def test_state_budget_sets_total_order(tiny_mlp, mlp_data) -> None:
+    _, rep = compress(tiny_mlp, mlp_data, "cbalanced", CBalancedConfig(state_budget=20, **FAST))
+    assert sum(rep.predicted["ranks_c"]) <= 20
+
+
+def test_full_width_warm_start_with_refit_reproduces_the_original(tiny_mlp, mlp_data) -> None:
+    analyses = _analyses(tiny_mlp, mlp_data, eps=0.0)
+    full = {p: a.dim for p, a in analyses.items()}
+    new = realise(tiny_mlp, analyses, full, "warm", mlp_data, ridge=0.0)
+    torch.testing.assert_close(new(mlp_data.x), tiny_mlp(mlp_data.x), rtol=1e-4, atol=1e-4)
+
+
+def test_least_squares_refit_beats_copying_the_kept_neurons() -> None:
+    """One hidden layer: the refitted output layer is the least-squares optimum on the calibration set."""
+    torch.manual_seed(0)
+    net = mlp(12, [40], 5, activation="tanh").eval()
+    data = Dataset(torch.randn(300, 12))
+    keep = {1: torch.arange(0, 40, 3)}
+    copied = resize_sequential(net, {1: len(keep[1])}, keep)
+    refitted = resize_sequential(net, {1: len(keep[1])}, keep)
+    refit_linear_chain(net, refitted, data.x, [1], keep, ridge=0.0)
+    ref = net(data.x)
+    err = lambda m: float((m(data.x) - ref).detach().norm())  # noqa: E731
+    assert err(refitted) < 0.9 * err(copied)
+
+
+def test_projection_at_full_rank_is_the_identity(tiny_mlp, mlp_data) -> None:
+    analyses = _analyses(tiny_mlp, mlp_data, eps=0.0)
+    proj = insert_projections(tiny_mlp, {p: (a.basis(a.dim), a.mean) for p, a in analyses.items()})
+    torch.testing.assert_close(proj(mlp_data.x), tiny_mlp(mlp_data.x), rtol=1e-4, atol=1e-4)
+    assert sum(p.numel() for p in proj.parameters()) > sum(p.numel() for p in tiny_mlp.parameters())
+
+
+def test_uniform_width_is_the_closest_parameter_match(tiny_mlp) -> None:
+    prods = list(stage_producers(tiny_mlp, ["2", "4"]).values())
+    target = sequential_params(tiny_mlp, {1: 9, 3: 4})
+    w = uniform_width(tiny_mlp, prods, target)
+    gap = lambda v: abs(mlp_params(12, [v, v], 5) - target)  # noqa: E731
+    assert gap(w) <= min(gap(w - 1), gap(w + 1))
+
+
+def test_warm_distilled_report_lists_controls(tiny_mlp, mlp_data) -> None:
+    cfg = CBalancedConfig(eps=1e-2, epochs=2, controls=True, val_fraction=0.2)
+    _, rep = compress(tiny_mlp, mlp_data, "cbalanced", cfg)
+    variants = rep.measured["variants"]
+    assert {"scratch", "scratch_distill", "warm", "warm_distill", "warm_untrained", "uniform"} <= set(variants)
+    target = rep.params_after
+    assert abs(variants["uniform"]["params"] - target) <= 2 * (12 + 5 + 2) + target // 10
+    assert rep.measured["projected"]["params"] > rep.params_before
+
+
+def test_realised_cnn_has_reported_channel_widths(tiny_cnn, image_data) -> None:
+    new, rep = compress(tiny_cnn, image_data, "cbalanced", CBalancedConfig(eps=1e-2, init="scratch", **FAST))
+    convs = [m.out_channels for m in new if isinstance(m, nn.Conv2d)]
+    bns = [m.num_features for m in new if isinstance(m, nn.BatchNorm2d)]
+    assert convs == bns == rep.predicted["ranks_c"]
+    assert new[-1].in_features == convs[-1]
+    assert rep.params_after == sequential_params(tiny_cnn, dict(zip((0, 3, 6), convs)))
+
+
+def test_non_sequential_model_is_refused(mlp_data) -> None:
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = mlp(12, [8], 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
+    with pytest.raises(CompressionError, match="Sequential"):
+        compress(Wrapped(), mlp_data, "cbalanced", CBalancedConfig(state_points=("body.2",), **FAST))
+
+
+@pytest.mark.parametrize("case", ["mlp", "cnn"])
+def test_realised_models_export_with_parity(case, tiny_mlp, mlp_data, tiny_cnn, image_data, tmp_path) -> None:
+    model, data = (tiny_mlp, mlp_data) if case == "mlp" else (tiny_cnn, image_data)
+    new, _ = compress(model, data, "cbalanced", CBalancedConfig(eps=1e-2, **FAST))
+    path = tmp_path / "realised.onnx"
+    to_onnx(new, data.x[:2], path)
+    result = verify_parity(new, path, [data.x[:1], data.x[:7]], rtol=1e-4, atol=1e-5)
+    assert result.passed
+
+
+def test_demo_case_is_a_trained_mlp_with_a_cbalanced_run() -> None:
+    from compress.evaluate import predict
+    from compress.methods.cbalanced import demo_case
+
+    case = demo_case(quick=True)
+    assert [r.method for r in case.runs] == ["cbalanced"]
+    acc = float((predict(case.model, case.test).argmax(1) == case.test.y).double().mean())
+    assert acc > 0.9
