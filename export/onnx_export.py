@@ -243,6 +243,8 @@ def to_onnx(
     """
     if opset < MIN_OPSET:
         raise ValueError(f"opset {opset} is below the supported minimum {MIN_OPSET}")
+    if not Path(path).parent.is_dir():
+        raise ValueError(f"output folder {Path(path).parent} does not exist; create it first")
     axes = _dynamic_axes(example_input.dim(), dynamic_batch, dynamic_dims)
     errors: list[BaseException] = []
     with eval_mode(module):

@@ -216,11 +216,13 @@ def _random_calibration(name: str, shape: list[int | None], config: QuantConfig)
     """Standard-normal calibration data for an input whose only symbolic dim is the batch."""
     if any(d is None for d in shape[1:]):
         raise CalibrationError(f"input {name!r} has symbolic dims {shape}; random calibration needs static ones")
-    batch = shape[0] or config.random_samples
-    return np.random.default_rng(config.seed).standard_normal((batch, *shape[1:]))
+    samples = max(config.random_samples, shape[0] or 0)
+    return np.random.default_rng(config.seed).standard_normal((samples, *shape[1:]))
 
 
-def _calibration_array(calib: np.ndarray | None, model: onnx.ModelProto, config: QuantConfig) -> tuple[np.ndarray, bool]:
+def _calibration_array(
+    calib: np.ndarray | None, model: onnx.ModelProto, config: QuantConfig
+) -> tuple[np.ndarray, bool]:
     """Check (or, if allowed, generate) calibration data; return it cast to the input dtype and a random flag."""
     name, shape, dtype = _input_spec(model)
     if calib is None:
@@ -256,7 +258,7 @@ def _reader(model: onnx.ModelProto, data: np.ndarray, config: QuantConfig) -> Ar
     """Calibration reader; a static batch axis fixes the batch size (and drops a short last batch)."""
     name, shape, _ = _input_spec(model)
     if shape[0] is not None and len(data) < shape[0]:
-        raise CalibrationError(f"{len(data)} calibration samples are fewer than the static batch {shape[0]} of {name!r}")
+        raise CalibrationError(f"{len(data)} calibration samples < static batch {shape[0]} of input {name!r}")
     return ArrayCalibrationReader(name, data, shape[0] or config.batch_size, drop_last=shape[0] is not None)
 
 
@@ -329,7 +331,7 @@ def quantize_int8(
     ensure_distinct(fp32_path, out_path)
     fp32_path, out_path = Path(fp32_path), Path(out_path)
     model = onnx.load(str(fp32_path))
-    data, random = _calibration_array(calib, model, config) if config.mode == "static" else (None, False)
+    data, is_random = _calibration_array(calib, model, config) if config.mode == "static" else (None, False)
     reader = _reader(model, data, config) if data is not None else None
     if calib is not None and reader is None:
         logger.info("dynamic quantisation ignores the calibration data")
@@ -343,11 +345,11 @@ def quantize_int8(
         except Exception as exc:
             first_line = (str(exc).strip().splitlines() or [""])[0]
             raise QuantizationError(f"{config.mode} quantisation of {fp32_path.name} failed: {first_line}") from exc
-    return _result(fp32_path, out_path, config, 0 if data is None else len(data), random, note)
+    return _result(fp32_path, out_path, config, 0 if data is None else len(data), is_random, note)
 
 
 def _result(
-    fp32_path: Path, out_path: Path, config: QuantConfig, samples: int, random: bool, note: str | None
+    fp32_path: Path, out_path: Path, config: QuantConfig, samples: int, is_random: bool, note: str | None
 ) -> QuantResult:
     """Assemble the :class:`QuantResult`, counting ops in the written and the ORT-optimised graphs."""
     static = config.mode == "static"
@@ -360,7 +362,8 @@ def _result(
         fp32_path=str(fp32_path), out_path=str(out_path), mode=config.mode, target=config.target,
         quant_format="QDQ" if static else "QOperator", activation_type=act_type, activation_symmetric=symmetric,
         weight_type="int8", per_channel=config.per_channel,
-        quantized_bias=static and _TARGETS[config.target].quantize_bias, calibration_samples=samples, random_calibration=random,
+        quantized_bias=static and _TARGETS[config.target].quantize_bias, calibration_samples=samples,
+        random_calibration=is_random,
         preprocess_note=note, node_counts=dict(collections.Counter(n.op_type for n in written.graph.node)),
         optimized_ops=optimized, integer_kernels=integer, float_kernels=floating,
         size_fp32_bytes=fp32_path.stat().st_size, size_int8_bytes=out_path.stat().st_size,

@@ -86,7 +86,11 @@ def _compare(
 
 
 def _simplified_or_reason(
-    model: onnx.ModelProto, check_inputs: Sequence[np.ndarray], reference: list[list[np.ndarray]], rtol: float, atol: float
+    model: onnx.ModelProto,
+    check_inputs: Sequence[np.ndarray],
+    reference: list[list[np.ndarray]],
+    rtol: float,
+    atol: float,
 ) -> tuple[bytes | None, str | None, float | None]:
     """Return (simplified bytes or None, reason it was rejected, max abs diff)."""
     try:

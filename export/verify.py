@@ -132,6 +132,22 @@ def compare_output(
     )  # fmt: skip
 
 
+def _check_batch(
+    module: nn.Module, session: ort.InferenceSession, x: torch.Tensor, rtol: float, atol: float
+) -> list[OutputParity]:
+    """Compare every output of ``module(x)`` with ONNX Runtime's; raise on a count or shape mismatch."""
+    expected = [t.detach().cpu().numpy() for t in flatten_outputs(module(x))]
+    got = run_ort(session, x.detach().cpu().numpy())
+    names = [o.name for o in session.get_outputs()]
+    if len(got) != len(expected):
+        raise ParityError(f"the ONNX graph has {len(got)} outputs but the module returns {len(expected)}")
+    batch = int(x.shape[0])
+    for name, g, e in zip(names, got, expected):
+        if g.shape != e.shape:
+            raise ParityError(f"ONNX output {name!r} at batch size {batch} has shape {g.shape}, torch {e.shape}")
+    return [compare_output(name, batch, g, e, rtol, atol) for name, g, e in zip(names, got, expected)]
+
+
 def _summarise(path: str, rtol: float, atol: float, batches: list[int], checks: list[OutputParity]) -> ParityResult:
     """Fold per-output checks into a :class:`ParityResult`."""
     first = {c.batch_size: c.top1_agreement for c in reversed(checks)}
@@ -183,18 +199,8 @@ def verify_parity(
     if len(set(batches)) < 2:
         raise ValueError(f"parity needs inputs at two or more batch sizes, got batch sizes {batches}")
     session = ort_session(onnx_path, providers)
-    names = [o.name for o in session.get_outputs()]
-    checks: list[OutputParity] = []
     with eval_mode(module), torch.no_grad():
-        for x, batch in zip(inputs, batches):
-            expected = [t.detach().cpu().numpy() for t in flatten_outputs(module(x))]
-            got = run_ort(session, x.detach().cpu().numpy())
-            if len(got) != len(expected):
-                raise ParityError(f"{Path(onnx_path).name} has {len(got)} outputs but the module returns {len(expected)}")
-            for name, g, e in zip(names, got, expected):
-                if g.shape != e.shape:
-                    raise ParityError(f"ONNX output {name!r} at batch size {batch} has shape {g.shape}, torch {e.shape}")
-                checks.append(compare_output(name, batch, g, e, rtol, atol))
+        checks = [c for x in inputs for c in _check_batch(module, session, x, rtol, atol)]
     result = _summarise(str(onnx_path), rtol, atol, batches, checks)
     if not result.passed:
         _raise_worst(result)

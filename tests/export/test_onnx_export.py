@@ -157,6 +157,11 @@ def test_static_batch_when_dynamic_batch_off(tmp_path: Path) -> None:
     assert onnx.load(result.path).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 3
 
 
+def test_missing_output_folder_is_a_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        to_onnx(nn.Linear(4, 2), torch.randn(2, 4), tmp_path / "nowhere" / "x.onnx")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -57,7 +57,8 @@ def test_cpu_target_is_qdq_with_uint8_activations_and_integer_kernels(cpu_int8, 
     assert cpu_int8.calibration_samples == 64 and not cpu_int8.random_calibration
     # Both convolutions and the classifier run as integer kernels in ORT's CPU graph.
     assert cpu_int8.integer_kernels == 3 and cpu_int8.float_kernels == 0
-    assert cpu_int8.optimized_ops.get("com.microsoft:QLinearConv", 0) + cpu_int8.optimized_ops.get("QLinearConv", 0) == 2
+    ops = cpu_int8.optimized_ops
+    assert ops.get("com.microsoft:QLinearConv", 0) + ops.get("QLinearConv", 0) == 2
     assert cpu_int8.size_fp32_bytes == Path(convnet_onnx.path).stat().st_size
 
 
@@ -72,7 +73,9 @@ def test_tensorrt_target_uses_symmetric_int8_and_float_bias(
     assert not [t.name for t in initializers if t.data_type == onnx.TensorProto.INT32]
 
 
-def test_activation_type_can_be_overridden(convnet_onnx: ExportResult, calib_images: np.ndarray, tmp_path: Path) -> None:
+def test_activation_type_can_be_overridden(
+    convnet_onnx: ExportResult, calib_images: np.ndarray, tmp_path: Path
+) -> None:
     config = QuantConfig(target="cpu", activation_type="int8", activation_symmetric=True)
     result = quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", calib_images, config)
     assert result.activation_type == "int8" and _input_zero_point(result.out_path).dtype == np.int8
@@ -89,7 +92,9 @@ def test_int8_agrees_with_fp32(
     assert relative_error < 0.1, relative_error
 
 
-def test_dynamic_mode(convnet_onnx: ExportResult, make_images: Callable[[int, int], torch.Tensor], tmp_path: Path) -> None:
+def test_dynamic_mode(
+    convnet_onnx: ExportResult, make_images: Callable[[int, int], torch.Tensor], tmp_path: Path
+) -> None:
     result = quantize_int8(convnet_onnx.path, tmp_path / "dyn.onnx", None, QuantConfig(mode="dynamic"))
     assert (result.quant_format, result.calibration_samples) == ("QOperator", 0)
     assert result.node_counts.get("ConvInteger") == 2 and "DynamicQuantizeLinear" in result.node_counts
@@ -140,3 +145,25 @@ def test_calibration_reader_batches_and_rewinds() -> None:
     assert reader.get_next()["x"][0, 0] == 0.0
     fixed = ArrayCalibrationReader("x", data, batch_size=4, drop_last=True)
     assert [len(b["x"]) for b in iter(fixed.get_next, None)] == [4, 4]
+
+
+def _static_batch_matmul(path: Path) -> Path:
+    """y = x @ W with a static batch of 2 in the input's shape."""
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32), "w")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["y"])], "static",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])],
+        initializer=[weight],
+    )  # fmt: skip
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]), path)
+    return path
+
+
+def test_static_batch_axis_sets_calibration_batches(tmp_path: Path) -> None:
+    source = _static_batch_matmul(tmp_path / "static.onnx")
+    calib = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+    result = quantize_int8(source, tmp_path / "static.int8.onnx", calib)
+    assert result.calibration_samples == 5 and result.integer_kernels == 1
+    with pytest.raises(CalibrationError, match="1 calibration samples < static batch 2 of input 'x'"):
+        quantize_int8(source, tmp_path / "other.onnx", calib[:1])
