@@ -70,7 +70,6 @@ def build_pair(layer: nn.Module, first: torch.Tensor, second: torch.Tensor) -> n
         first: (groups, rank, fan_in) factor applied first (the k×k conv / first Linear).
         second: (groups, out/groups, rank) factor applied second (the 1×1 conv / second Linear).
     """
-    v = matrix_view(layer)
     g, r = first.shape[0], first.shape[1]
     dtype, device = layer.weight.dtype, layer.weight.device
     has_bias = layer.bias is not None

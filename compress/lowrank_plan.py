@@ -16,7 +16,7 @@ from .costs import CostTable, count_costs
 from .errors import CompressionError
 from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_macs, pair_params
 from .report import CompressionReport, LayerReport
-from .surgery import get_module, parent_weight_readers, replace_modules
+from .surgery import parent_weight_readers, replace_modules
 
 __all__ = ["Budget", "Target", "find_targets", "plan_ranks", "apply_factors", "fill_report"]
 

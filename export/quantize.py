@@ -24,7 +24,6 @@ from typing import NamedTuple
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -36,6 +35,7 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from export.atomic import atomic_path, ensure_distinct
+from runtime_bench import optimized_graph_ops
 from export.errors import CalibrationError, QuantizationError
 
 __all__ = [
@@ -281,21 +281,12 @@ def _run_dynamic(source: Path, dest: Path, config: QuantConfig) -> None:
     quantize_dynamic(str(source), str(dest), per_channel=config.per_channel, weight_type=QuantType.QInt8)
 
 
-def optimized_op_counts(path: str | Path, provider: str = "CPUExecutionProvider") -> dict[str, int]:
+def optimized_op_counts(path: str | Path, provider: str = "cpu") -> dict[str, int]:
     """Op counts of the graph ONNX Runtime actually runs for ``provider`` (all optimisations on).
 
-    Keys are op types, prefixed with ``domain:`` outside the default ONNX domain
-    (e.g. ``com.microsoft:QLinearConv``).
+    Delegates to :func:`runtime_bench.optimized_graph_ops` so the project counts kernels one way.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-        ort.InferenceSession(str(path), options, providers=[provider])
-        model = onnx.load(options.optimized_model_filepath)
-    keys = (f"{n.domain}:{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type for n in model.graph.node)
-    return dict(collections.Counter(keys))
+    return optimized_graph_ops(Path(path), provider)
 
 
 def _kernel_counts(op_counts: dict[str, int]) -> tuple[int, int]:
