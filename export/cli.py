@@ -282,6 +282,9 @@ def _finish_run(con: Console, report: Any, out: str) -> None:
     from export.report import format_summary
 
     con.table(format_summary(report))
+    for case in report.cases:
+        for w in case.warnings:
+            click.echo(f"WARNING [{case.name}] {w}", err=True)
     con.table(f"\nrun directory: {out} (report.json, report.md, plot.png, ONNX files per case)")
     con.result(report)
 

@@ -91,6 +91,7 @@ class CaseResult:
     bench: dict[str, Any]
     stage_seconds: dict[str, float]
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -202,7 +203,29 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     bench = rb.run_benchmark(entries, cfg.bench_config(), case.test.x.numpy(), y, progress=progress)
     rb.write_json(bench, case_dir / "bench.json")
     stages["benchmark"] = time.perf_counter() - t
-    return CaseResult(case.name, records, _plain(bench), stages, list(case.notes))
+    result = CaseResult(case.name, records, _plain(bench), stages, list(case.notes))
+    result.warnings = slowdown_warnings(result)
+    for w in result.warnings:
+        progress(f"[{case.name}] WARNING: {w}")
+    return result
+
+
+def slowdown_warnings(case: CaseResult) -> list[str]:
+    """A line for every compressed model not faster than the original, and every INT8 model slower than
+    its fp32 source, per (provider, batch size), from the median p50 latencies of the benchmark."""
+    p50 = {(lat["model"], lat["provider"], lat["batch_size"]): lat["stats"]["p50_ms"]
+           for lat in case.bench["latency"]}
+    out = []
+    for (model, provider, batch), ms in sorted(p50.items()):
+        if model == "original":
+            continue
+        source = model[: -len(".int8")] if model.endswith(".int8") else "original"
+        ref = p50.get((source, provider, batch))
+        if ref is not None and ms >= ref:
+            kind = "INT8 model slower than its fp32 source" if source != "original" else \
+                "compressed model not faster than the original"
+            out.append(f"{kind}: {model} {ms:.4g} ms vs {source} {ref:.4g} ms ({provider}, batch {batch})")
+    return out
 
 
 def write_json(obj: Any, path: Path) -> None:

@@ -73,6 +73,7 @@ def render_markdown(report: Any) -> str:
         for u in _get(case, "bench").get("unavailable", []):
             out.append(f"- provider **{u['provider']}** unavailable: {u['reason']}")
         out += [f"- note: {n}" for n in _get(case, "notes")]
+        out += [f"- **WARNING**: {w}" for w in _get(case, "warnings")]
     return "\n".join(out) + "\n"
 
 

@@ -161,3 +161,15 @@ def test_unwritable_output_directory(workdir: Path, capsys: pytest.CaptureFixtur
     code, _, err = run_main(["run", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
                              "blocker/run"], capsys)
     assert code == 2 and "blocker" in err
+
+
+def test_slowdown_warnings_flag_int8_and_compressed() -> None:
+    from export.pipeline import CaseResult, slowdown_warnings
+
+    lat = lambda m, ms: {"model": m, "provider": "cpu", "batch_size": 1, "stats": {"p50_ms": ms}}  # noqa: E731
+    bench = {"latency": [lat("original", 1.0), lat("svd", 1.2), lat("svd.int8", 1.5), lat("fz", 0.5),
+                         lat("fz.int8", 0.4)]}
+    warnings = slowdown_warnings(CaseResult("c", [], bench, {}))
+    assert len(warnings) == 2
+    assert any(w.startswith("compressed model not faster") and "svd 1.2" in w for w in warnings)
+    assert any(w.startswith("INT8 model slower") and "svd.int8 1.5" in w for w in warnings)
