@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -210,11 +211,13 @@ def _variants(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict
         results[key] = {**_quality(net, val), **info, "train_s": time.perf_counter() - t0}
         chosen = net if chosen is None else chosen
     if cfg.controls:
-        results.update(_uniform_control(model, analyses, widths, train_set, val, calib, cfg, build))
+        results.update(_uniform_control(model, widths, train_set, val, cfg, build))
     return chosen, results
 
 
-def _uniform_control(model, analyses, widths, train_set, val, calib, cfg, build) -> dict[str, dict]:
+def _uniform_control(model: nn.Module, widths: dict[str, int], train_set: Dataset, val: Dataset,
+                     cfg: CBalancedConfig, build: Callable[[dict[str, int], str], nn.Module]) -> dict[str, dict]:
+    """The same family with one width everywhere at the realised parameter count, trained the same way."""
     producers = stage_producers(model, list(widths))
     target = sequential_params(model, {producers[p]: w for p, w in widths.items()})
     w = uniform_width(model, list(producers.values()), target)
@@ -240,7 +243,7 @@ def _layer_reports(model: nn.Module, new: nn.Module, analyses: dict[str, StateAn
         i = producers[p]
         old_layer, new_layer = model[i], new[i]
         rows.append(LayerReport(
-            p, type(old_layer).__name__, "resized", f"C rank at eps energy", sum(t.numel() for t in old_layer.parameters()),
+            p, type(old_layer).__name__, "resized", "width = C rank", sum(t.numel() for t in old_layer.parameters()),
             sum(t.numel() for t in new_layer.parameters()), rank=widths[p], full_rank=a.dim,
             details={"rank_a": a.rank_a, "rank_b": a.rank_b, "rank_c": a.rank_c, "producer": i,
                      "energy_kept_c": a.energy_kept("C", widths[p]),
