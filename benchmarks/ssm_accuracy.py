@@ -80,10 +80,10 @@ def main() -> None:
     ap.add_argument("--plot", default="benchmarks/ssm_hsv_decay.png")
     args = ap.parse_args()
     torch.set_num_threads(min(4, os.cpu_count() or 1))
-    digits_spec = SSMTrainSpec(features=24, state=32, depth=2, reg_weight=1e-2, epochs=12, lr=5e-3)
-    synth_spec = SSMTrainSpec(features=16, state=32, depth=2, reg_weight=1e-2, epochs=6, lr=5e-3)
+    digits_spec = SSMTrainSpec(features=24, state=32, depth=2, reg_weight=3e-3, epochs=12, lr=5e-3)
+    synth_spec = SSMTrainSpec(features=16, state=32, depth=2, reg_weight=3e-3, epochs=8, lr=5e-3)
     tasks = {"sequential_digits": (sequential_digits(seed=0), digits_spec),
-             "synthetic_len512": (synthetic_sequences(n=1200, length=512, seed=0), synth_spec)}
+             "synthetic_len512": (synthetic_sequences(n=1200, length=512, noise=0.5, seed=0), synth_spec)}
     results = {name: run_task(name, *data, spec) for name, (data, spec) in tasks.items()}
     meta = {"schedules": {k: asdict(v[1]) for k, v in tasks.items()}, "truncs": TRUNCS,
             "threads": torch.get_num_threads(),
