@@ -42,7 +42,8 @@ def whitened_output_basis(w: torch.Tensor, moment: torch.Tensor, rel_threshold: 
     A = WS = UΣVᵀ: the optimum is Ŵ = U_r U_rᵀ W (no inverse needed) and the distortion is Σ_{i>r} σ_i².
     ``A`` is formed from whichever side is smaller: o < d uses AAᵀ = WMWᵀ (o×o eigh), otherwise
     S = Q_k Λ_k^{1/2} from ``eigh(M)`` keeping eigenvalues above ``rel_threshold``·λ_max (exact for
-    rank-deficient M, no diagonal shift) and an SVD of the o×k matrix WS.
+    rank-deficient M, no diagonal shift), W = Q_w R_w and a full SVD of the d×k matrix R_w S, so that the
+    basis Q_w U' spans W's column space and full rank reproduces W even where M is singular.
 
     Args:
         w: (o, d) weight. moment: (d, d) uncentered second moment of the layer's input rows.
@@ -58,22 +59,11 @@ def whitened_output_basis(w: torch.Tensor, moment: torch.Tensor, rel_threshold: 
         return WhitenedBasis(u, sq, "output", fell_back)
     lam, q, fell_back = _eigh_desc(m)
     keep = lam > rel_threshold * lam[0].clamp_min(0)
-    s = q[:, keep] * lam[keep].sqrt()
-    u, sig, _ = torch.linalg.svd(w @ s, full_matrices=False)
+    q_w, r_w = torch.linalg.qr(w)  # WS = Q_w (R_w S): only a d×k SVD, and U stays inside W's column space
+    u, sig, _ = torch.linalg.svd(r_w @ (q[:, keep] * lam[keep].sqrt()), full_matrices=True)
     sq = torch.zeros(d, dtype=w.dtype)
     sq[: sig.numel()] = sig ** 2
-    return WhitenedBasis(_complete(u, w, d), sq, "whiten", fell_back)
-
-
-def _complete(u: torch.Tensor, w: torch.Tensor, width: int) -> torch.Tensor:
-    """Extend orthonormal ``u`` to ``width`` columns with W's own column space first, so that at full rank
-    U Uᵀ W = W even where M is singular (directions calibration never excited are kept, not dropped)."""
-    if u.shape[1] >= width:
-        return u[:, :width]
-    rest = w - u @ (u.T @ w)
-    extra, _, _ = torch.linalg.svd(rest, full_matrices=False)
-    q, _ = torch.linalg.qr(torch.cat([u, extra[:, : width - u.shape[1]]], 1))
-    return q
+    return WhitenedBasis(q_w @ u, sq, "whiten", fell_back)
 
 
 def projected_factors(w: torch.Tensor, basis: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,192 @@
+"""factorize: layer reproduction at full rank, predicted = measured distortion, beats SVD, caching, ONNX parity."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from compress import compress, method_names
+from compress.data import Dataset
+from compress.datasets import digits
+from compress.lowrank import matrix_view
+from compress.lowrank_plan import apply_factors, find_targets
+from compress.methods.factorize import FactorizeConfig, _factors, layer_bases
+from compress.methods.svd import SVDConfig
+from compress.models import mlp, small_cnn
+from compress.report import CompressionReport
+from compress.train import TrainConfig, train
+
+
+def _conv_net() -> nn.Module:
+    torch.manual_seed(7)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1, groups=4), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Conv2d(32, 24, (3, 1), stride=(1, 2), padding=(2, 0), dilation=(2, 1)), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(24, 40), nn.ReLU(), nn.Linear(40, 4),
+    ).eval()
+
+
+def _seq_net() -> nn.Module:
+    torch.manual_seed(8)
+    return nn.Sequential(nn.Conv1d(3, 12, 5, stride=2, padding=2, groups=3), nn.ReLU(),
+                         nn.Conv1d(12, 16, 3, padding=1), nn.Flatten(), nn.Linear(16 * 8, 6)).eval()
+
+
+def _inputs(model: nn.Module, n: int = 24) -> Dataset:
+    shape = (3, 16) if isinstance(model[0], nn.Conv1d) else (3, 10, 10)
+    return Dataset(torch.randn(n, *shape, generator=torch.Generator().manual_seed(9)))
+
+
+def _layer_io(model: nn.Module, name: str, data: Dataset) -> torch.Tensor:
+    seen = []
+    h = model.get_submodule(name).register_forward_pre_hook(lambda _m, a: seen.append(a[0]))
+    with torch.no_grad():
+        model(data.x)
+    h.remove()
+    return seen[0]
+
+
+def test_registered() -> None:
+    assert "factorize" in method_names()
+
+
+@pytest.mark.parametrize("make", [_conv_net, _seq_net])
+def test_full_rank_reproduces_every_layer(make) -> None:
+    model = make().double()
+    data = Dataset(_inputs(model).x.double())
+    targets, _, _ = find_targets(model, data.x[:4])
+    cfg = FactorizeConfig()
+    bases = layer_bases(model, data, targets, cfg, CompressionReport("factorize", {}))
+    full = {t.name: matrix_view(t.layer).max_rank for t in targets}
+    new = apply_factors(model, targets, _factors(targets, bases, full))
+    with torch.no_grad():
+        for t in targets:
+            x = _layer_io(model, t.name, data)
+            torch.testing.assert_close(new.get_submodule(t.name)(x), t.layer(x), atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(new(data.x), model(data.x), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("make,kinds", [(_conv_net, {"Linear", "Conv2d", "grouped"}), (_seq_net, {"Conv1d"})])
+def test_predicted_distortion_equals_measured_on_calibration_data(make, kinds: set[str]) -> None:
+    model = make().double()
+    data = Dataset(_inputs(model).x.double())
+    new, report = compress(model, data, "factorize", FactorizeConfig(flops=0.45))
+    factorised = [lr for lr in report.layers if lr.action == "factorized"]
+    grouped = {"grouped"} if any(getattr(model.get_submodule(lr.name), "groups", 1) > 1 for lr in factorised) else set()
+    assert kinds <= {lr.kind for lr in factorised} | grouped
+    with torch.no_grad():
+        for lr in factorised:
+            x = _layer_io(model, lr.name, data)
+            y, y_hat = model.get_submodule(lr.name)(x), new.get_submodule(lr.name)(x)
+            rows = y.numel() // (y.shape[1] if y.dim() > 2 else y.shape[-1])
+            measured = float(((y - y_hat) ** 2).sum()) / rows
+            assert measured == pytest.approx(lr.details["predicted_distortion"], rel=1e-8, abs=1e-12)
+            assert lr.details["predicted_distortion"] > 0
+
+
+def test_duplicated_input_channels_stay_finite_and_exact() -> None:
+    torch.manual_seed(11)
+    model = nn.Sequential(nn.Conv2d(6, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 36, 5)).double()
+    x = torch.randn(20, 3, 6, 6, dtype=torch.float64)
+    data = Dataset(torch.cat([x, x], 1))  # channels 3..5 duplicate 0..2: singular second moment
+    new, report = compress(model, data, "factorize", FactorizeConfig(rank_fraction=0.6))
+    out = new(data.x)
+    assert torch.isfinite(out).all()
+    conv = [lr for lr in report.layers if lr.name == "0"][0]
+    assert conv.action == "factorized"
+    xin = _layer_io(model, "0", data)
+    with torch.no_grad():
+        measured = float(((model[0](xin) - new[0](xin)) ** 2).sum()) / (20 * 36)
+    assert measured == pytest.approx(conv.details["predicted_distortion"], rel=1e-8, abs=1e-12)
+
+
+def test_report_lists_skips_and_predicted_next_to_measured(grouped_cnn, image_data) -> None:
+    new, report = compress(grouped_cnn, image_data, "factorize", FactorizeConfig(flops=0.6))
+    skipped = {lr.name: lr.reason for lr in report.layers if lr.action == "skipped"}
+    assert "depthwise" in skipped["5"]
+    assert report.predicted["factorizable_mac_ratio"] <= 0.6 + 1e-9
+    assert {"statistics", "decompose"} <= set(report.timings_s)
+    assert 0 <= report.measured["relative_output_error"] < 1
+    assert new(image_data.x).shape == grouped_cnn(image_data.x).shape
+
+
+def test_cache_hit_gives_the_same_model_without_statistics(tmp_path, tiny_cnn, image_data) -> None:
+    cfg = FactorizeConfig(flops=0.5, cache_dir=str(tmp_path))
+    first, r1 = compress(tiny_cnn, image_data, "factorize", cfg)
+    again, r2 = compress(tiny_cnn, image_data, "factorize", replace(cfg, flops=0.7))
+    assert r1.predicted["cache_hits"] == 0 and r2.predicted["cache_hits"] == 4
+    same, r3 = compress(tiny_cnn, image_data, "factorize", cfg)
+    with torch.no_grad():
+        torch.testing.assert_close(same(image_data.x), first(image_data.x), atol=0, rtol=0)
+    other = Dataset(image_data.x + 1.0)
+    _, r4 = compress(tiny_cnn, other, "factorize", cfg)
+    assert r4.predicted["cache_hits"] == 0  # different data, different key
+    assert r2.predicted["factorizable_mac_ratio"] > r1.predicted["factorizable_mac_ratio"]
+
+
+@pytest.fixture(scope="module")
+def trained_digits():
+    train_set, test_set = digits()
+    torch.manual_seed(0)
+    cnn, net = small_cnn(), mlp(64, [128, 64], 10)
+    for m in (cnn, net):
+        train(m, train_set, test_set, TrainConfig(epochs=5))
+    return {"cnn": cnn, "mlp": net}, train_set, test_set
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp"])
+@pytest.mark.parametrize("flops", [0.7, 0.5])
+def test_beats_plain_svd_at_the_same_budget(trained_digits, name: str, flops: float) -> None:
+    models, train_set, test_set = trained_digits
+    fac, rf = compress(models[name], train_set, "factorize", FactorizeConfig(flops=flops))
+    _, rs = compress(models[name], train_set, "svd", SVDConfig(flops=flops))
+    assert rf.predicted["factorizable_mac_ratio"] <= flops + 1e-9
+    assert rs.predicted["factorizable_mac_ratio"] <= flops + 1e-9
+    assert rf.measured["relative_output_error"] < rs.measured["relative_output_error"]
+
+
+TORCHVISION = [
+    pytest.param("resnet18", 64, 8, id="resnet18"),
+    pytest.param("mobilenet_v2", 64, 8, id="mobilenet_v2"),
+    pytest.param("resnext50_32x4d", 64, 4, id="resnext50_32x4d", marks=pytest.mark.slow),
+    pytest.param("vit_b_16", 224, 2, id="vit_b_16", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("arch,size,calib", TORCHVISION)
+def test_torchvision_models_export_and_pass_ort_parity(tmp_path, arch: str, size: int, calib: int) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, arch)(weights=None).eval()
+    data = Dataset(torch.randn(calib, 3, size, size))  # random weights and inputs: parity, not accuracy
+    new, report = compress(model, data, "factorize", FactorizeConfig(flops=0.5, stats_dtype="float32"))
+    assert report.predicted["factorizable_mac_ratio"] <= 0.5 + 1e-9
+    assert any(lr.action == "factorized" for lr in report.layers)
+    skipped = {lr.name: lr.reason for lr in report.layers if lr.action == "skipped"}
+    if arch == "vit_b_16":
+        assert all("read directly by parent" in skipped[f"encoder.layers.encoder_layer_{i}.self_attention.out_proj"]
+                   for i in range(12))
+    if arch == "mobilenet_v2":
+        assert any("depthwise" in r for r in skipped.values())
+    assert all(type(m).__module__.startswith(("torch.nn", "torchvision")) for m in new.modules())
+    path = tmp_path / f"{arch}.onnx"
+    _export_torchscript(new, data.x[:2], path)
+    _assert_ort_parity(new, path, [data.x[:1], data.x[:3]], rtol=1e-3, atol=1e-4)
+
+
+def _export_torchscript(model: nn.Module, example: torch.Tensor, path) -> None:
+    # The TorchScript exporter: export.to_onnx tries dynamo first, which takes ~30 s per model here.
+    torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=17, input_names=["input"],
+                      output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+
+
+def _assert_ort_parity(model: nn.Module, path, inputs: list[torch.Tensor], rtol: float, atol: float) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        for x in inputs:
+            got = sess.run(None, {"input": x.numpy()})[0]
+            np.testing.assert_allclose(got, model(x).numpy(), rtol=rtol, atol=atol)
