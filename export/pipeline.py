@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 import time
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 from torch import nn
 
 import runtime_bench as rb
@@ -27,6 +27,7 @@ from compress.demo_case import DemoCase
 from export.atomic import atomic_path
 from export.onnx_export import to_onnx
 from export.quantize import QuantConfig, quantize_int8
+from export.serialize import save_program
 from export.simplify import simplify
 from export.verify import verify_parity
 
@@ -146,13 +147,19 @@ def _commit_run_dir(staging: Path, out_dir: Path) -> None:
         staging.rename(out_dir)
 
 
+def file_stem(label: str) -> str:
+    """A file-name-safe stem for a variant label (letters, digits, '.', '_', '-')."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_.")
+    return stem or "model"
+
+
 def export_model(module: nn.Module, label: str, method: str, case: DemoCase, case_dir: Path,
                  cfg: PipelineConfig) -> VariantRecord:
     """Export, simplify and verify one torch module; the record has its costs and results."""
     module = module.eval()
     example = case.test.x[:2]
-    raw = case_dir / f"{label}.raw.onnx"
-    final = case_dir / f"{label}.onnx"
+    raw = case_dir / f"{file_stem(label)}.raw.onnx"
+    final = case_dir / f"{file_stem(label)}.onnx"
     exp = to_onnx(module, example, raw, opset=cfg.opset, dynamic_dims=case.dynamic_dims or None)
     simp = simplify(raw, final, check_inputs=[case.test.x[:3].numpy()], rtol=cfg.rtol, atol=cfg.atol)
     raw.unlink(missing_ok=True)
@@ -165,7 +172,7 @@ def export_model(module: nn.Module, label: str, method: str, case: DemoCase, cas
 def quantize_model(record: VariantRecord, case: DemoCase, case_dir: Path, cfg: PipelineConfig) -> VariantRecord:
     """INT8 copy of an exported variant, calibrated on the case's training inputs."""
     label = f"{record.label}.int8"
-    out = case_dir / f"{label}.onnx"
+    out = case_dir / f"{file_stem(record.label)}.int8.onnx"
     calib = case.train.x[: cfg.calib_samples].numpy()
     q = quantize_int8(case_dir / record.onnx, out, calib, QuantConfig(target=cfg.quant_target, mode=cfg.quant_mode))
     return VariantRecord(label, f"{record.method}+int8", record.params, record.macs, out.name, out.stat().st_size,
@@ -189,7 +196,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         rec = export_model(small, run.label, run.method, case, case_dir, cfg)
         rec.compression = _plain(report)
         records.append(rec)
-        torch.save({"state_dict": small.state_dict(), "method": run.method}, case_dir / f"{run.label}.pt")
+        save_program(small, case.test.x[:2], case_dir / f"{file_stem(run.label)}.pt2", case.dynamic_dims)
         stages[f"export:{run.label}"] = time.perf_counter() - t
     if cfg.int8:
         t = time.perf_counter()

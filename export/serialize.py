@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 import torch
 from torch import nn
@@ -12,11 +13,13 @@ from export.atomic import atomic_path
 __all__ = ["save_program"]
 
 
-def save_program(module: nn.Module, example: torch.Tensor, path: Path) -> Path:
-    """``torch.export`` ``module`` with a dynamic batch and save it atomically as ``.pt2``."""
+def save_program(module: nn.Module, example: torch.Tensor, path: Path,
+                 dynamic_dims: Mapping[int, str] | None = None) -> Path:
+    """``torch.export`` ``module`` with a dynamic batch (and ``dynamic_dims``), saved atomically as ``.pt2``."""
     module = module.eval()
-    batch = torch.export.Dim("batch", min=1)
-    shapes = ({0: batch},)
+    dims = {0: torch.export.Dim("batch", min=1)}
+    dims.update({axis: torch.export.Dim(name, min=1) for axis, name in (dynamic_dims or {}).items()})
+    shapes = (dims,)
     example = torch.cat([example, example]) if example.shape[0] == 1 else example
     program = torch.export.export(module, (example,), dynamic_shapes=shapes)
     with atomic_path(path) as tmp:
