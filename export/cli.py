@@ -259,7 +259,10 @@ def _pipeline_options(fn: Callable) -> Callable:
         click.option("--batch", default="1,32", show_default=True, help="Comma-separated batch sizes."),
         click.option("--providers", default="cpu", show_default=True, help="Comma-separated providers."),
         click.option("--no-int8", is_flag=True, help="Skip INT8 quantisation."),
-        click.option("--quant-target", type=click.Choice(["cpu", "tensorrt"]), default="cpu", show_default=True),
+        click.option("--quant-target", type=click.Choice(["cpu", "tensorrt"]), default="cpu", show_default=True,
+                     help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8."),
+        click.option("--quant-mode", type=click.Choice(["static", "dynamic"]), default="static", show_default=True,
+                     help="static: calibrated QDQ; dynamic: weights only, activations quantised at run time."),
         click.option("--min-seconds", type=float, help="Minimum measuring time per model (default 2 s)."),
         click.option("--repeats", type=int, help="Fresh processes per provider/batch (default 3)."),
     ]):
@@ -267,12 +270,12 @@ def _pipeline_options(fn: Callable) -> Callable:
     return fn
 
 
-def _pipeline_config(base: Any, batch: str, providers: str, no_int8: bool, quant_target: str,
+def _pipeline_config(base: Any, batch: str, providers: str, no_int8: bool, quant_target: str, quant_mode: str,
                      min_seconds: float | None, repeats: int | None) -> Any:
     from dataclasses import replace
 
     cfg = replace(base, batch_sizes=_split_ints(batch, "--batch"), providers=_split_names(providers),
-                  int8=not no_int8, quant_target=quant_target)
+                  int8=not no_int8, quant_target=quant_target, quant_mode=quant_mode)
     if min_seconds is not None:
         cfg = replace(cfg, min_seconds=min_seconds)
     return replace(cfg, repeats=repeats) if repeats is not None else cfg
@@ -302,7 +305,8 @@ def _finish_run(con: Console, report: Any, out: str) -> None:
 @common
 def run_cmd(model: str, method: tuple[str, ...], data: str, eval_data: str | None, weights: str | None,
             trust_pickle: bool, out: str, overwrite: bool, batch: str, providers: str, no_int8: bool,
-            quant_target: str, min_seconds: float | None, repeats: int | None, quiet: bool, as_json: bool,
+            quant_target: str, quant_mode: str, min_seconds: float | None, repeats: int | None, quiet: bool,
+            as_json: bool,
             **opts: Any) -> None:
     """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 → benchmark."""
     from compress.demo_case import DemoCase, DemoRun
@@ -311,7 +315,8 @@ def run_cmd(model: str, method: tuple[str, ...], data: str, eval_data: str | Non
 
     con = Console(quiet, as_json)
     runs = [DemoRun(m, m, build_config(m, opts)) for m in method]
-    cfg = _pipeline_config(PipelineConfig(), batch, providers, no_int8, quant_target, min_seconds, repeats)
+    cfg = _pipeline_config(PipelineConfig(), batch, providers, no_int8, quant_target, quant_mode, min_seconds,
+                           repeats)
     prepare_run_dir(Path(out), overwrite).rmdir()  # fail fast before any long work
     net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
     case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs)

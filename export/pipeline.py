@@ -27,6 +27,7 @@ from compress.demo_case import DemoCase
 from export.atomic import atomic_path
 from export.onnx_export import to_onnx
 from export.quantize import QuantConfig, quantize_int8
+from export.readiness import tensorrt_readiness
 from export.serialize import save_program
 from export.simplify import simplify
 from export.verify import verify_parity
@@ -81,6 +82,7 @@ class VariantRecord:
     parity: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] = field(default_factory=dict)
     compression: dict[str, Any] = field(default_factory=dict)
+    tensorrt_readiness: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -166,7 +168,8 @@ def export_model(module: nn.Module, label: str, method: str, case: DemoCase, cas
     parity = verify_parity(module, final, [case.test.x[:1], case.test.x[:16]], rtol=cfg.rtol, atol=cfg.atol)
     costs = count_costs(module, example)
     return VariantRecord(label, method, costs.total_params, costs.macs, final.name, final.stat().st_size,
-                         _plain(exp), _plain(simp), _plain(parity))
+                         _plain(exp), _plain(simp), _plain(parity),
+                         tensorrt_readiness=_plain(tensorrt_readiness(final, cfg.opset)))
 
 
 def quantize_model(record: VariantRecord, case: DemoCase, case_dir: Path, cfg: PipelineConfig) -> VariantRecord:
@@ -176,7 +179,7 @@ def quantize_model(record: VariantRecord, case: DemoCase, case_dir: Path, cfg: P
     calib = case.train.x[: cfg.calib_samples].numpy()
     q = quantize_int8(case_dir / record.onnx, out, calib, QuantConfig(target=cfg.quant_target, mode=cfg.quant_mode))
     return VariantRecord(label, f"{record.method}+int8", record.params, record.macs, out.name, out.stat().st_size,
-                         quantization=_plain(q))
+                         quantization=_plain(q), tensorrt_readiness=_plain(tensorrt_readiness(out, cfg.opset)))
 
 
 def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Progress) -> CaseResult:

@@ -70,6 +70,10 @@ def render_markdown(report: Any) -> str:
                 out.append(f"- **{_get(v, 'label')}**: INT8 {q.get('mode', '')} for {q.get('target', '')}, "
                            f"integer kernels {q.get('integer_kernels', '-')}, float kernels left "
                            f"{q.get('float_kernels', '-')}")
+        for v in _get(case, "variants"):
+            ready = _get(v, "tensorrt_readiness")
+            if ready and not ready.get("ready", True):
+                out.append(f"- **{_get(v, 'label')}** not TensorRT-ready: {'; '.join(ready.get('issues', []))}")
         for u in _get(case, "bench").get("unavailable", []):
             out.append(f"- provider **{u['provider']}** unavailable: {u['reason']}")
         out += [f"- note: {n}" for n in _get(case, "notes")]

@@ -173,3 +173,14 @@ def test_slowdown_warnings_flag_int8_and_compressed() -> None:
     assert len(warnings) == 2
     assert any(w.startswith("compressed model not faster") and "svd 1.2" in w for w in warnings)
     assert any(w.startswith("INT8 model slower") and "svd.int8 1.5" in w for w in warnings)
+
+
+def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["run", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/d", "--batch", "2",
+            "--quant-mode", "dynamic", "-q", *QUICK_BENCH]
+    code, _, err = run_main(args, capsys)
+    assert code == 0, err
+    variants = json.loads(Path("runs/d/report.json").read_text())["cases"][0]["variants"]
+    assert variants[0]["tensorrt_readiness"]["ready"] is True  # fp32 graph: standard ops only
+    assert variants[2]["quantization"]["mode"] == "dynamic"
+    assert variants[2]["quantization"]["integer_kernels"] > 0
