@@ -202,14 +202,14 @@ def _fill_report(report: CompressionReport, model: nn.Module, new: nn.Module, ca
 def demo_case(quick: bool = True) -> DemoCase:
     """Seeded SSM classifier on sequential digits, trained with the HSV regulariser (short CPU schedule).
 
-    Runs: balanced truncation at 50% and 80% of the states. Input (batch, 64, 1); the sequence axis is dynamic.
+    Runs: balanced truncation at 50% and 70% of the states. Input (batch, 64, 1); the sequence axis is dynamic.
     """
     from ..datasets import sequential_digits
 
     train, test = sequential_digits(seed=0)
-    spec = SSMTrainSpec(epochs=8 if quick else 30)
+    spec = SSMTrainSpec(epochs=12 if quick else 30)
     model, _ = train_ssm_classifier(train, test, spec)
-    runs = [DemoRun(f"ssm trunc {t:.0%}", "ssm", SSMConfig(trunc=t)) for t in (0.5, 0.8)]
+    runs = [DemoRun(f"ssm trunc {t:.0%}", "ssm", SSMConfig(trunc=t)) for t in (0.5, 0.7)]
     notes = [f"SSMClassifier(features={spec.features}, state={spec.state}, depth={spec.depth}) trained "
              f"{spec.epochs} epochs with Hankel nuclear-norm weight {spec.reg_weight} (seed {spec.seed})"]
     return DemoCase("ssm-sequential-digits", model, train, test, runs, dynamic_dims={1: "seq"}, notes=notes)

@@ -2,8 +2,9 @@
 
 Controllability P = A P Aᵀ + B Bᵀ and observability Q = Aᵀ Q A + Cᵀ C (discrete Lyapunov equations).
 Two routes: the O(n²) block route for A = diag(ρ_i R(α_i)) (Schwerdtner et al., "Hankel singular value
-regularization for highly compressible state space models", the 2×2 Stein solves of their Sec. 3),
-batched and differentiable in torch; and a general route (scipy's Bartels–Stewart based solver) for dense A.
+regularization for highly compressible state space models", the q² independent 2×2 Stein equations),
+batched and differentiable in torch; and a general route for dense A (scipy's solve_discrete_lyapunov,
+bilinear transform to a continuous equation solved by Bartels–Stewart).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class SSMTrainSpec:
     features: int = 24
     state: int = 32
     depth: int = 2
-    reg_weight: float = 1e-2
+    reg_weight: float = 3e-3
     epochs: int = 8
     batch_size: int = 64
     lr: float = 5e-3
