@@ -102,7 +102,9 @@ def _keys(model: nn.Module, data: Dataset, targets: list[Target], cfg: Factorize
 def layer_bases(model: nn.Module, data: Dataset, targets: list[Target], cfg: FactorizeConfig,
                 report: CompressionReport) -> dict[str, LayerBasis]:
     """Whitened bases of every target, from the cache where possible; timings and cache use go to ``report``."""
+    t0 = time.perf_counter()
     stats_keys, basis_keys = _keys(model, data, targets, cfg) if cfg.cache_dir else ({}, {})
+    report.timings_s["cache_keys"] = time.perf_counter() - t0
     out: dict[str, LayerBasis] = {}
     for t in targets:
         hit = load_entry(cfg.cache_dir, basis_keys[t.name]) if cfg.cache_dir else None
@@ -198,6 +200,8 @@ def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
     report.timings_s["allocate_and_build"] = time.perf_counter() - t0
     fill_report(report, model, new, example, targets, skipped, ranks, spectra)
     _annotate(report, bases, ranks, config)
-    report.measured.update(compare_outputs(model, new, data))
+    t0 = time.perf_counter()
+    report.measured.update(compare_outputs(model, new, data, config.batch_size))
+    report.timings_s["measure"] = time.perf_counter() - t0
     return new, report
 
