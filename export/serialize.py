@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Mapping
 
@@ -22,6 +23,8 @@ def save_program(module: nn.Module, example: torch.Tensor, path: Path,
     shapes = (dims,)
     example = torch.cat([example, example]) if example.shape[0] == 1 else example
     program = torch.export.export(module, (example,), dynamic_shapes=shapes)
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp, warnings.catch_warnings():
+        # torch warns about tied tensors ("No complete tensor found in the group") on CPU-only weights.
+        warnings.filterwarnings("ignore", message="No complete tensor found")
         torch.export.save(program, tmp)
     return path
