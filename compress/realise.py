@@ -3,13 +3,15 @@
 A *stage* of an ``nn.Sequential`` is the run of modules from a Linear/Conv (the producer) up to and
 including the state point (its activation); its width is the producer's output features/channels.
 Supported: MLPs (``[Flatten], (Linear, act)*, Linear``) and plain CNNs (``(Conv, [BN], act)*, pool, Flatten,
-Linear``). Resizing either initialises fresh layers (from scratch) or copies a kept subset of neurons
+Linear``), and torchvision-style ResNets of basic blocks, resized per stage (``layer1…layer4``).
+Resizing either initialises fresh layers (from scratch) or copies a kept subset of neurons
 (warm start), optionally refitting each following Linear layer by least squares on calibration activations.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import torch
@@ -18,16 +20,20 @@ from torch import nn
 from .errors import CompressionError
 
 __all__ = ["stage_producers", "resize_sequential", "sequential_params", "uniform_width", "mlp_params",
-           "refit_linear_chain", "top_indices", "insert_projections"]
+           "refit_linear_chain", "top_indices", "insert_projections", "RESNET_STAGES", "is_basic_resnet",
+           "resnet_stage_width", "resize_resnet", "resnet_params"]
 
 _PRODUCERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
+_BASIC_PARTS = ("conv1", "bn1", "conv2", "bn2", "downsample")
 
 
 def _sequential(model: nn.Module) -> nn.Sequential:
     if not isinstance(model, nn.Sequential):
         raise CompressionError(f"realisation supports nn.Sequential MLPs and plain CNNs, got {type(model).__name__};"
-                               " ResNets and other graphs are not realised yet (use the Gramian analysis only)")
+                               " ResNets of basic blocks are realised too; other graphs are not yet"
+                               " (use the Gramian analysis only)")
     return model
 
 
@@ -212,3 +218,107 @@ def insert_projections(model: nn.Module, bases: Mapping[str, tuple[torch.Tensor,
             up.bias.copy_(mu.to(dtype))
         repl[p] = nn.Sequential(copy.deepcopy(get_module(model, p)), down, up)
     return replace_modules(model, repl)
+
+
+def is_basic_resnet(model: nn.Module) -> bool:
+    """Whether ``model`` is laid out like torchvision's ResNet with ``BasicBlock`` (stem, layer1…4, fc)."""
+    kids = dict(model.named_children())
+    if not all(k in kids for k in ("conv1", "bn1", "fc", *RESNET_STAGES)):
+        return False
+    blocks = [b for s in RESNET_STAGES for b in kids[s].children()]
+    return bool(blocks) and all(all(hasattr(b, a) for a in _BASIC_PARTS) and not hasattr(b, "conv3") for b in blocks)
+
+
+def _basic_resnet(model: nn.Module) -> nn.Module:
+    if not is_basic_resnet(model):
+        raise CompressionError(f"{type(model).__name__} is not a ResNet of basic blocks (stem, layer1…layer4, fc)")
+    return model
+
+
+def resnet_stage_width(model: nn.Module, stage: str) -> int:
+    """Output channels of a ResNet stage (its last block's second BatchNorm)."""
+    return list(model.get_submodule(stage).children())[-1].bn2.num_features
+
+
+@dataclass(frozen=True)
+class _Resize:
+    """One parameterised module of a resized ResNet: new sizes and the keep keys of its output/input channels."""
+
+    path: str
+    old: nn.Module
+    cin: int
+    cout: int
+    rows: str | None
+    cols: str | None
+
+
+def _resnet_plan(model: nn.Module, widths: Mapping[str, int]) -> list[_Resize]:
+    """Every Conv/BN/Linear of the resized ResNet. A stage's width is shared by all its blocks (inner conv1
+    width included), their projections and the residual stream; an identity-shortcut first block of layer1
+    ties the stem to that width. Keep keys: stage name (stream channels), block path (inner channels)."""
+    width = {s: widths.get(s, resnet_stage_width(model, s)) for s in RESNET_STAGES}
+    tied = model.layer1[0].downsample is None
+    stem_w, key = (width["layer1"], "layer1") if tied else (model.conv1.out_channels, None)
+    plan = [_Resize("conv1", model.conv1, model.conv1.in_channels, stem_w, key, None),
+            _Resize("bn1", model.bn1, stem_w, stem_w, key, None)]
+    c = stem_w
+    for s in RESNET_STAGES:
+        w = width[s]
+        for j, blk in enumerate(model.get_submodule(s).children()):
+            p = f"{s}.{j}"
+            if blk.downsample is None and c != w:
+                raise CompressionError(f"block {p} has an identity shortcut from {c} to {w} channels; "
+                                       "give its stage the width of the stream entering it")
+            plan += [_Resize(f"{p}.conv1", blk.conv1, c, w, p, key), _Resize(f"{p}.bn1", blk.bn1, w, w, p, None),
+                     _Resize(f"{p}.conv2", blk.conv2, w, w, s, p), _Resize(f"{p}.bn2", blk.bn2, w, w, s, None)]
+            if blk.downsample is not None:
+                conv, norm = blk.downsample[0], blk.downsample[1]
+                plan += [_Resize(f"{p}.downsample.0", conv, c, w, s, key),
+                         _Resize(f"{p}.downsample.1", norm, w, w, s, None)]
+            c, key = w, s
+    return plan + [_Resize("fc", model.fc, c, model.fc.out_features, None, key)]
+
+
+def _fresh(m: nn.Module, cin: int, cout: int) -> nn.Module:
+    if isinstance(m, _NORMS):
+        return type(m)(cout, m.eps, m.momentum, m.affine, m.track_running_stats)
+    return _new_producer(m, cin, cout)
+
+
+def _count(m: nn.Module, cin: int, cout: int) -> int:
+    if isinstance(m, _NORMS):
+        return 2 * cout if m.affine else 0
+    k = 1 if isinstance(m, nn.Linear) else int(torch.tensor(m.kernel_size).prod())
+    return cin * cout * k + (cout if m.bias is not None else 0)
+
+
+def _copy_into(new: nn.Module, old: nn.Module, rows: torch.Tensor | None, cols: torch.Tensor | None) -> None:
+    if isinstance(old, _NORMS):
+        state = old.state_dict()
+        new.load_state_dict({k: (v[rows] if v.dim() and rows is not None else v) for k, v in state.items()})
+    else:
+        _copy_slice(new, old, torch.arange(_out_width(old)) if rows is None else rows, cols)
+
+
+def resize_resnet(model: nn.Module, widths: Mapping[str, int],
+                  keep: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
+    """A copy of a basic-block ResNet with stage ``s`` (``layer1``…) ``widths[s]`` channels wide.
+
+    Without ``keep`` every Conv/BN/Linear is freshly initialised; with ``keep`` (stage name → kept stream
+    channels, block path such as ``"layer2.0"`` → kept inner channels; a missing key keeps all) each copies
+    the kept rows/columns of the original, so keeping every channel reproduces the original function.
+    """
+    plan = _resnet_plan(_basic_resnet(model), widths)
+    new = copy.deepcopy(model)
+    for r in plan:
+        m = _fresh(r.old, r.cin, r.cout)
+        if keep is not None:
+            _copy_into(m, r.old, keep.get(r.rows) if r.rows else None, keep.get(r.cols) if r.cols else None)
+        parent, _, name = r.path.rpartition(".")
+        setattr(new.get_submodule(parent), name, m)
+    return new
+
+
+def resnet_params(model: nn.Module, widths: Mapping[str, int]) -> int:
+    """Parameter count of ``resize_resnet(model, widths)`` without building it."""
+    return sum(_count(r.old, r.cin, r.cout) for r in _resnet_plan(_basic_resnet(model), widths))

@@ -29,8 +29,8 @@ from ..errors import CompressionError
 from ..evaluate import compare_outputs, predict
 from ..gramians import StateGramians, collect_gramians, default_state_points
 from ..linalg import balanced_basis, balanced_gramian, energy_rank, sym_eig_desc
-from ..realise import (insert_projections, refit_linear_chain, resize_sequential, sequential_params,
-                       stage_producers, top_indices, uniform_width)
+from ..realise import (insert_projections, is_basic_resnet, refit_linear_chain, resize_resnet, resize_sequential,
+                       resnet_params, sequential_params, stage_producers, top_indices)
 from ..registry import register_method
 from ..report import CompressionReport, LayerReport
 from ..train import TrainConfig, train
@@ -150,10 +150,8 @@ def _scores(model: nn.Sequential, analysis: StateAnalysis, producer: int, width:
     return model[producer].weight.detach().abs().flatten(1).sum(1).double()
 
 
-def realise(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[str, int], init: str,
-            calib: Dataset | None = None, selection: str = "leverage", refit: bool = True,
-            ridge: float = 1e-6, seed: int = 0) -> nn.Sequential:
-    """The same family with width ``widths[p]`` at each state point, freshly initialised or warm-started."""
+def _realise_sequential(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[str, int], init: str,
+                        calib: Dataset | None, selection: str, refit: bool, ridge: float, seed: int) -> nn.Module:
     producers = stage_producers(model, list(widths))
     by_index = {producers[p]: w for p, w in widths.items()}
     if init == "scratch":
@@ -170,6 +168,66 @@ def realise(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[s
         else:
             log.info("least-squares refit skipped: only Linear stacks are refitted")
     return new
+
+
+def _resnet_scores(model: nn.Module, analysis: StateAnalysis, stage: str, width: int, selection: str) -> torch.Tensor:
+    """Per-channel keep score of a stage: balanced leverage, or the summed L1 norms of its blocks' conv2 rows."""
+    if selection == "leverage":
+        return analysis.basis(width).pow(2).sum(1)
+    return sum(b.conv2.weight.detach().abs().flatten(1).sum(1) for b in model.get_submodule(stage).children()).double()
+
+
+def _realise_resnet(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[str, int], init: str,
+                    calib: Dataset | None, selection: str, refit: bool, ridge: float, seed: int) -> nn.Module:
+    """Stage widths of a basic-block ResNet; warm start keeps stream channels by ``selection`` and each block's
+    inner channels by |BN1 weight| (no least-squares refit)."""
+    if init == "scratch":
+        torch.manual_seed(seed)
+        return resize_resnet(model, widths).eval()
+    keep = {p: top_indices(_resnet_scores(model, analyses[p], p, w, selection), w) for p, w in widths.items()}
+    keep.update({f"{p}.{j}": top_indices(b.bn1.weight.detach().abs(), w)
+                 for p, w in widths.items() for j, b in enumerate(model.get_submodule(p).children())})
+    if refit:
+        log.info("least-squares refit skipped: only Linear stacks are refitted")
+    return resize_resnet(model, widths, keep).eval()
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How one model family is realised: ``matches`` picks it; ``params`` counts a realisation without
+    building it; ``stage`` gives the module reported for a state point and its producer label."""
+
+    matches: Callable[[nn.Module], bool]
+    realise: Callable[..., nn.Module]
+    params: Callable[[nn.Module, dict[str, int]], int]
+    stage: Callable[[nn.Module, str], tuple[nn.Module, int | str]]
+
+
+def _sequential_params(model: nn.Module, widths: dict[str, int]) -> int:
+    producers = stage_producers(model, list(widths))
+    return sequential_params(model, {producers[p]: w for p, w in widths.items()})
+
+
+def _sequential_stage(model: nn.Module, point: str) -> tuple[nn.Module, int]:
+    i = stage_producers(model, [point])[point]
+    return model[i], i
+
+
+_FAMILIES = (
+    _Family(is_basic_resnet, _realise_resnet, resnet_params, lambda m, p: (m.get_submodule(p), p)),
+    _Family(lambda m: True, _realise_sequential, _sequential_params, _sequential_stage),  # refuses non-Sequential
+)
+
+
+def _family(model: nn.Module) -> _Family:
+    return next(f for f in _FAMILIES if f.matches(model))
+
+
+def realise(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[str, int], init: str,
+            calib: Dataset | None = None, selection: str = "leverage", refit: bool = True,
+            ridge: float = 1e-6, seed: int = 0) -> nn.Module:
+    """The same family with width ``widths[p]`` at each state point, freshly initialised or warm-started."""
+    return _family(model).realise(model, analyses, widths, init, calib, selection, refit, ridge, seed)
 
 
 @torch.no_grad()
@@ -211,16 +269,19 @@ def _variants(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict
         results[key] = {**_quality(net, val), **info, "train_s": time.perf_counter() - t0}
         chosen = net if chosen is None else chosen
     if cfg.controls:
-        results.update(_uniform_control(model, widths, train_set, val, cfg, build))
+        dims = {p: a.dim for p, a in analyses.items()}
+        results.update(_uniform_control(model, widths, dims, train_set, val, cfg, build))
     return chosen, results
 
 
-def _uniform_control(model: nn.Module, widths: dict[str, int], train_set: Dataset, val: Dataset,
-                     cfg: CBalancedConfig, build: Callable[[dict[str, int], str], nn.Module]) -> dict[str, dict]:
+def _uniform_control(model: nn.Module, widths: dict[str, int], dims: dict[str, int], train_set: Dataset,
+                     val: Dataset, cfg: CBalancedConfig, build: Callable[[dict[str, int], str], nn.Module]
+                     ) -> dict[str, dict]:
     """The same family with one width everywhere at the realised parameter count, trained the same way."""
-    producers = stage_producers(model, list(widths))
-    target = sequential_params(model, {producers[p]: w for p, w in widths.items()})
-    w = uniform_width(model, list(producers.values()), target)
+    params = _family(model).params
+    target = params(model, widths)
+    hi = 4 * max(dims[p] for p in widths) + 1
+    w = min(range(1, hi + 1), key=lambda v: abs(params(model, {p: v for p in widths}) - target))
     net, info = _trained(build({p: w for p in widths}, cfg.init), model, train_set, val, cfg, cfg.distill)
     return {"uniform": {**_quality(net, val), **info, "width": w, "init": cfg.init, "distill": cfg.distill}}
 
@@ -237,11 +298,10 @@ def _projected(model: nn.Module, analyses: dict[str, StateAnalysis], val: Datase
 
 def _layer_reports(model: nn.Module, new: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[str, int]
                    ) -> list[LayerReport]:
-    producers = stage_producers(model, list(widths))
+    family = _family(model)
     rows = []
     for p, a in analyses.items():
-        i = producers[p]
-        old_layer, new_layer = model[i], new[i]
+        (old_layer, i), (new_layer, _) = family.stage(model, p), family.stage(new, p)
         rows.append(LayerReport(
             p, type(old_layer).__name__, "resized", "width = C rank", sum(t.numel() for t in old_layer.parameters()),
             sum(t.numel() for t in new_layer.parameters()), rank=widths[p], full_rank=a.dim,

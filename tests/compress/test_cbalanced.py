@@ -15,7 +15,7 @@ from compress.gramians import collect_gramians, default_state_points
 from compress.linalg import balanced_gramian, energy_rank, sym_eig_desc
 from compress.methods.cbalanced import CBalancedConfig, analyse_states, budget_ranks, realise
 from compress.models import mlp
-from compress.realise import (insert_projections, mlp_params, refit_linear_chain, resize_sequential,
+from compress.realise import (insert_projections, mlp_params, refit_linear_chain, resize_sequential, resnet_params,
                               sequential_params, stage_producers, uniform_width)
 from compress.registry import compress, get_method
 from export.onnx_export import to_onnx
@@ -176,3 +176,79 @@ def test_demo_case_is_a_trained_mlp_with_a_cbalanced_run() -> None:
     assert [r.method for r in case.runs] == ["cbalanced"]
     acc = float((predict(case.model, case.test).argmax(1) == case.test.y).double().mean())
     assert acc > 0.9
+
+
+@pytest.fixture
+def tiny_resnet() -> nn.Module:
+    from torchvision.models.resnet import BasicBlock, ResNet
+
+    torch.manual_seed(7)
+    model = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=4)
+    with torch.no_grad():  # non-trivial BatchNorm statistics and affine maps, so copying must get them right
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0, 0.1)
+    return model.eval()
+
+
+@pytest.fixture
+def resnet_data() -> Dataset:
+    g = torch.Generator().manual_seed(11)
+    return Dataset(torch.randn(32, 3, 16, 16, generator=g), torch.randint(0, 4, (32,), generator=g))
+
+
+def _resnet_closed_form(w: list[int], classes: int = 4) -> int:
+    """[1,1,1,1] basic blocks, 3-channel 7×7 stem tied to layer1 (identity shortcut), no conv biases:
+    stem 147·w₁ + 2w₁; layer1 2(9w₁² + 2w₁); stage i > 1: 10·w_{i−1}·w_i + 9w_i² + 6w_i;
+    fc (w₄ + 1)·classes."""
+    total = 147 * w[0] + 2 * w[0] + 2 * (9 * w[0] ** 2 + 2 * w[0])
+    total += sum(10 * a * b + 9 * b * b + 6 * b for a, b in zip(w[:-1], w[1:]))
+    return total + (w[-1] + 1) * classes
+
+
+def test_resnet_closed_form_matches_the_original(tiny_resnet) -> None:
+    assert _resnet_closed_form([64, 128, 256, 512]) == sum(p.numel() for p in tiny_resnet.parameters())
+
+
+@pytest.mark.parametrize("init", ["scratch", "warm"])
+def test_realised_resnet_has_stage_widths_and_closed_form_params(init, tiny_resnet, resnet_data) -> None:
+    analyses = _analyses(tiny_resnet, resnet_data, eps=1e-2)
+    assert list(analyses) == ["layer1", "layer2", "layer3", "layer4"]
+    widths = {p: a.rank_c for p, a in analyses.items()}
+    new = realise(tiny_resnet, analyses, widths, init)
+    w = list(widths.values())
+    assert all(0 < r < a.dim for r, a in zip(w, analyses.values()))
+    for s, width in widths.items():
+        for blk in getattr(new, s):
+            assert blk.conv1.out_channels == blk.bn1.num_features == blk.conv2.out_channels == width
+            assert blk.bn2.num_features == width
+            assert blk.downsample is None or blk.downsample[0].out_channels == width
+    assert new.conv1.out_channels == w[0] and new.fc.in_features == w[-1]
+    assert sum(p.numel() for p in new.parameters()) == _resnet_closed_form(w)
+    assert resnet_params(tiny_resnet, widths) == _resnet_closed_form(w)
+    out = new(resnet_data.x[:5])
+    assert out.shape == (5, 4) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("selection", ["leverage", "magnitude"])
+def test_full_width_resnet_warm_start_reproduces_the_original(selection, tiny_resnet, resnet_data) -> None:
+    analyses = _analyses(tiny_resnet, resnet_data, eps=0.0)
+    full = {p: a.dim for p, a in analyses.items()}
+    new = realise(tiny_resnet, analyses, full, "warm", selection=selection)
+    with torch.no_grad():
+        torch.testing.assert_close(new(resnet_data.x), tiny_resnet(resnet_data.x), rtol=1e-5, atol=1e-5)
+
+
+def test_realised_resnet_exports_with_parity(tiny_resnet, resnet_data, tmp_path) -> None:
+    new, rep = compress(tiny_resnet, resnet_data, "cbalanced", CBalancedConfig(eps=1e-2, epochs=1, controls=False,
+                                                                               val_fraction=0.25))
+    assert [getattr(new, s)[0].bn2.num_features for s in ("layer1", "layer2", "layer3", "layer4")] \
+        == rep.predicted["ranks_c"]
+    assert rep.params_after == _resnet_closed_form(rep.predicted["ranks_c"])
+    path = tmp_path / "resnet.onnx"
+    to_onnx(new, resnet_data.x[:2], path)
+    result = verify_parity(new, path, [resnet_data.x[:1], resnet_data.x[:6]], rtol=1e-4, atol=1e-5)
+    assert result.passed
