@@ -247,7 +247,7 @@ def write_json(obj: Any, path: Path) -> None:
 def run_pipeline(cases: list[DemoCase], out_dir: Path, cfg: PipelineConfig, overwrite: bool = False,
                  progress: Progress | None = None) -> RunReport:
     """Run every case into ``out_dir`` (report.json, report.md, plot.png, ONNX files per case)."""
-    from export.report import plot_accuracy_latency, render_markdown
+    from export.report import plot_accuracy_latency, plot_spectra, render_markdown
 
     notify = progress or log.info
     out_dir = Path(out_dir)
@@ -260,6 +260,7 @@ def run_pipeline(cases: list[DemoCase], out_dir: Path, cfg: PipelineConfig, over
         with atomic_path(staging / "report.md") as tmp:
             tmp.write_text(render_markdown(report))
         plot_accuracy_latency(report, staging / "plot.png")
+        plot_spectra(report, staging / "spectra.png")
         _commit_run_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

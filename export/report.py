@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["summary_rows", "format_summary", "render_markdown", "plot_accuracy_latency", "SUMMARY_HEADERS"]
+__all__ = ["summary_rows", "format_summary", "render_markdown", "plot_accuracy_latency", "plot_spectra",
+           "spectra_layers", "SUMMARY_HEADERS"]
 
 SUMMARY_HEADERS = ("case", "model", "params", "MACs", "file KB", "provider", "batch", "p50 ms", "p90 ms",
                    "p99 ms", "samples/s", "lat. ratio", "accuracy", "MSE", "agreement")
@@ -112,3 +113,45 @@ def plot_accuracy_latency(report: Any, path: Any) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
+
+
+def spectra_layers(report: Any) -> list[tuple[str, str, dict[str, list[float]]]]:
+    """(case, layer, {test: eigenvalues}) for every layer whose compression report carries spectra."""
+    out = []
+    for case in _get(report, "cases"):
+        for v in _get(case, "variants"):
+            for layer in (_get(v, "compression") or {}).get("layers", []):
+                spectra = layer.get("details", {}).get("spectra")
+                if spectra:
+                    out.append((_get(case, "name"), f"{_get(v, 'label')}: {layer['name']}", spectra))
+    return out
+
+
+def plot_spectra(report: Any, path: Any) -> bool:
+    """PNG of the per-layer spectra (e.g. C-balanced tests A, B, C), one panel per layer; False if none."""
+    layers = spectra_layers(report)
+    if not layers:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from export.atomic import atomic_path
+
+    fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.2), squeeze=False)
+    for ax, (case, name, spectra) in zip(axes[0], layers):
+        for test, values in spectra.items():
+            lam = np.clip(np.asarray(values, dtype=float), 1e-30, None)
+            ax.semilogy(lam / lam.max(), label=test)
+        ax.set_title(f"{case}\n{name}", fontsize=8)
+        ax.set_xlabel("index")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("eigenvalue / largest")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return True

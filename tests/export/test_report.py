@@ -1,0 +1,23 @@
+"""Run-report views: spectra plot written only when a method reports spectra."""
+
+from pathlib import Path
+
+from export.report import plot_spectra, spectra_layers
+
+
+def _report(spectra: dict | None) -> dict:
+    details = {"spectra": spectra} if spectra else {}
+    variant = {"label": "cb", "compression": {"layers": [{"name": "2", "details": details}]}}
+    return {"cases": [{"name": "c", "variants": [variant]}]}
+
+
+def test_spectra_plot_written_when_present(tmp_path: Path) -> None:
+    rep = _report({"A": [4.0, 2.0, 1.0], "B": [1.0, 0.5, 0.0], "C": [2.0, 0.1, 0.0]})
+    assert [name for _, name, _ in spectra_layers(rep)] == ["cb: 2"]
+    assert plot_spectra(rep, tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_spectra_no_plot(tmp_path: Path) -> None:
+    assert not plot_spectra(_report(None), tmp_path / "s.png")
+    assert not (tmp_path / "s.png").exists()
