@@ -13,6 +13,7 @@ hooks and accumulated batch by batch in float64.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -22,9 +23,12 @@ from torch import nn
 from .data import Dataset
 from .errors import CompressionError
 from .models import ACTIVATIONS
+from .progress import tracked
 
 __all__ = ["StateGramians", "default_state_points", "collect_states", "reachability_gramians",
            "observability_gramians", "collect_gramians"]
+
+log = logging.getLogger(__name__)
 
 _ACT_TYPES = tuple(ACTIVATIONS.values()) + (nn.ReLU6, nn.ELU, nn.Hardswish, nn.Mish)
 _RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
@@ -99,7 +103,8 @@ def _eval_batches(model: nn.Module, data: Dataset, batch_size: int) -> Iterator[
     was = model.training
     model.eval()
     try:
-        yield from data.inputs(batch_size)
+        batches = -(-len(data) // batch_size)
+        yield from tracked(data.inputs(batch_size), batches, "Gramian statistics (batches)", log)
     finally:
         model.train(was)
 

@@ -7,6 +7,7 @@ memory stays under a cap, and accumulated in float64 on the CPU.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -16,8 +17,11 @@ from torch import nn
 
 from .data import Dataset
 from .lowrank import matrix_view
+from .progress import tracked
 
 __all__ = ["MomentStats", "conv_patches", "layer_rows", "collect_moments", "STATS_DTYPES"]
+
+log = logging.getLogger(__name__)
 
 STATS_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -139,7 +143,8 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
     was_training = model.training
     try:
         model.eval()
-        for xb in data.inputs(batch_size):
+        total = -(-len(data) // batch_size)
+        for xb in tracked(data.inputs(batch_size), total, "input statistics (batches)", log):
             model(xb)
     finally:
         for h in hooks:

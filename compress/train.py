@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import Dataset
+from .progress import log_progress
 
 __all__ = ["TrainConfig", "TrainResult", "train", "task_loss", "ProgressFn"]
 
@@ -104,6 +105,7 @@ def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig
         sched.step()
         vl = _val_loss(model, val if val is not None else data, cfg.batch_size)
         best.history.append({"epoch": epoch, "val_loss": vl})
+        log_progress(log, "training (epochs)", epoch + 1, cfg.epochs)
         if progress is not None:
             progress(epoch + 1, cfg.epochs, {"val_loss": vl})
         if vl < best.best_val_loss:
@@ -111,6 +113,7 @@ def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig
             best_state = copy.deepcopy(model.state_dict())
         elif epoch - best.best_epoch >= cfg.patience:
             log.info("early stop at epoch %d (best %d)", epoch, best.best_epoch)
+            log_progress(log, "training (epochs)", cfg.epochs, cfg.epochs)
             break
     model.load_state_dict(best_state)
     model.eval()

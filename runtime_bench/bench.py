@@ -32,6 +32,8 @@ __all__ = ["run_benchmark", "Progress"]
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
+#: Log records with this ``extra`` key carry (task, done, total); the CLI draws them as progress bars.
+PROGRESS_KEY = "minreal_progress"
 Cell = tuple[str, int]
 
 
@@ -125,6 +127,7 @@ def _run_workers(
 ) -> dict[Cell, list[WorkerResult]]:
     """Repeat-major loop over cells; model order rotates per repeat so no model is always first."""
     runs: dict[Cell, list[WorkerResult]] = defaultdict(list)
+    done, total = 0, config.repeats * len(config.providers) * len(config.batch_sizes)
     for repeat in range(config.repeats):
         order = [models[(i + repeat) % len(models)] for i in range(len(models))]
         for provider in config.providers:
@@ -139,6 +142,9 @@ def _run_workers(
                 )
                 notify(f"timing {provider} batch {batch} (process {repeat + 1}/{config.repeats})")
                 result = _spawn(job, workdir / f"{provider}-b{batch}-r{repeat}", config.worker_timeout_s)
+                done += 1
+                logger.info("timing processes: %d/%d", done, total,
+                            extra={PROGRESS_KEY: ("timing processes", done, total)})
                 if result.status != "ok":
                     unavailable[provider] = result.reason or "provider did not run"
                     continue
