@@ -5,7 +5,10 @@ Scoring (the spectra) belongs to each method; this module turns spectra into ran
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
@@ -18,23 +21,28 @@ from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_mac
 from .report import CompressionReport, LayerReport
 from .surgery import parent_weight_readers, replace_modules
 
-__all__ = ["Budget", "Target", "find_targets", "plan_ranks", "apply_factors", "fill_report"]
+__all__ = ["Budget", "Target", "find_targets", "plan_ranks", "apply_factors", "fill_report", "load_latency_table"]
+
+CostFn = Callable[[int], float]
 
 
 @dataclass(frozen=True)
 class Budget:
-    """How ranks are chosen: a cost target (``flops`` or ``params`` ratio) or a plain rank fraction."""
+    """How ranks are chosen: a cost target (``flops``, ``params`` or measured ``latency`` ratio) or a plain
+    rank fraction."""
 
     flops: float | None = None
     params: float | None = None
     rank_fraction: float | None = None
     allocator: str = "lagrangian"
     rank_multiple: int = 1
+    latency: float | None = None
 
     def validate(self) -> "Budget":
-        given = [k for k in ("flops", "params", "rank_fraction") if getattr(self, k) is not None]
+        given = [k for k in ("flops", "params", "latency", "rank_fraction") if getattr(self, k) is not None]
         if len(given) > 1:
-            raise CompressionError(f"give only one of --flops/--params/--rank-fraction, got {', '.join(given)}")
+            raise CompressionError("give only one of --flops/--params/--latency/--rank-fraction, "
+                                   f"got {', '.join(given)}")
         for k in given:
             v = getattr(self, k)
             if not 0.0 < v <= 1.0:
@@ -45,7 +53,14 @@ class Budget:
 
     @property
     def cost_kind(self) -> str:
+        if self.latency is not None:
+            return "latency"
         return "params" if self.params is not None else "macs"
+
+    @property
+    def ratio(self) -> float | None:
+        """The cost ratio asked for (None for a rank-fraction budget)."""
+        return next((v for v in (self.flops, self.params, self.latency) if v is not None), None)
 
 
 @dataclass
@@ -96,17 +111,56 @@ def _keep_cost(t: Target, kind: str) -> float:
     return float(layer_macs(t.layer, t.positions))
 
 
-def plan_ranks(targets: list[Target], sq_spectra: dict[str, np.ndarray], budget: Budget
+def _layer_costs(targets: list[Target], kind: str, cost_tables: Mapping[str, CostFn] | None,
+                 keep_costs: Mapping[str, float] | None) -> tuple[dict[str, CostFn], dict[str, float]]:
+    """Cost function and keep cost per target: measured tables when given, else counted MACs/params."""
+    if cost_tables is None:
+        if kind == "latency":
+            raise CompressionError("a latency budget needs measured per-layer cost tables")
+        return {t.name: _cost_fn(t, kind) for t in targets}, {t.name: _keep_cost(t, kind) for t in targets}
+    if keep_costs is None:
+        raise CompressionError("cost_tables need keep_costs (the measured cost of each original layer)")
+    missing = [t.name for t in targets if t.name not in cost_tables or t.name not in keep_costs]
+    if missing:
+        raise CompressionError(f"the cost table has no entry for layer(s) {', '.join(missing)}; "
+                               "rebuild it for this model with `minreal latency-table`")
+    return ({t.name: cost_tables[t.name] for t in targets},
+            {t.name: float(keep_costs[t.name]) for t in targets})
+
+
+def plan_ranks(targets: list[Target], sq_spectra: dict[str, np.ndarray], budget: Budget,
+               cost_tables: Mapping[str, CostFn] | None = None, keep_costs: Mapping[str, float] | None = None
                ) -> tuple[dict[str, int], list[RankOptions]]:
-    """Ranks per layer (``KEEP`` = leave the layer) from squared singular values summed over groups."""
-    kind = budget.cost_kind
-    options = [options_from_spectrum(t.name, sq_spectra[t.name], _cost_fn(t, kind), _keep_cost(t, kind),
+    """Ranks per layer (``KEEP`` = leave the layer) from squared singular values summed over groups.
+
+    ``cost_tables`` (rank -> cost) and ``keep_costs`` (cost of the original layer), e.g. measured
+    latencies, replace the counted MAC/param costs when given.
+    """
+    fns, keeps = _layer_costs(targets, budget.cost_kind, cost_tables, keep_costs)
+    options = [options_from_spectrum(t.name, sq_spectra[t.name], fns[t.name], keeps[t.name],
                                      budget.rank_multiple) for t in targets]
     if budget.rank_fraction is not None:
         return {o.name: rank_at_fraction(o, budget.rank_fraction) for o in options}, options
-    ratio = budget.flops if budget.flops is not None else budget.params
     total = sum(o.keep_cost for o in options)
-    return allocate(options, ratio * total, budget.allocator), options
+    return allocate(options, budget.ratio * total, budget.allocator), options
+
+
+def _interpolated(ranks: list[float], ms: list[float]) -> CostFn:
+    grid, times = np.asarray(ranks, dtype=np.float64), np.asarray(ms, dtype=np.float64)
+    return lambda r: float(np.interp(r, grid, times))  # clipped to the end values outside the grid
+
+
+def load_latency_table(path: str | Path) -> tuple[dict[str, CostFn], dict[str, float]]:
+    """Per-layer latency cost functions (linear interpolation over the measured rank grid, clipped) and
+    keep latencies from a JSON table ``{"provider", "layers": {name: {"keep_ms", "ranks", "ms"}}}``."""
+    try:
+        layers = json.loads(Path(path).read_text())["layers"]
+        tables = {n: _interpolated(e["ranks"], e["ms"]) for n, e in layers.items()}
+        keeps = {n: float(e["keep_ms"]) for n, e in layers.items()}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CompressionError(f"cannot read latency table {path}: {exc}; build one with "
+                               "`minreal latency-table`") from None
+    return tables, keeps
 
 
 def apply_factors(model: nn.Module, targets: list[Target], factors: dict[str, tuple[torch.Tensor, torch.Tensor]]

@@ -348,6 +348,39 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
     _finish_run(con, report, out)
 
 
+@cli.command("latency-table")
+@click.argument("model")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Destination JSON table.")
+@click.option("--data", help="Data for the example input.")
+@click.option("--input-shape", help="Per-sample input shape, e.g. 3,224,224 (random example; no --data).")
+@click.option("--batch", type=int, default=1, show_default=True, help="Batch size the latencies are measured at.")
+@click.option("--provider", default="cpu", show_default=True, help="Provider to measure on: cpu, cuda, tensorrt.")
+@click.option("--ranks-per-layer", type=int, default=6, show_default=True, help="Ranks measured per layer.")
+@click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
+@common
+def latency_table_cmd(model: str, out: str, data: str | None, input_shape: str | None, batch: int, provider: str,
+                      ranks_per_layer: int, weights: str | None, quiet: bool, as_json: bool) -> None:
+    """Measure per-layer latencies of MODEL's factorisable layers for `compress -m factorize --latency`."""
+    import torch
+
+    from export import specs
+    from export.latency_table import build_latency_table
+
+    con = Console(quiet, as_json)
+    net = specs.load_model(model, weights=weights)
+    if data:
+        x = specs.load_data(data).calib.x[:batch]
+    elif input_shape:
+        x = torch.randn(batch, *_split_ints(input_shape, "--input-shape"))
+    else:
+        raise specs.SpecError("latency-table needs an example input: pass --data SPEC or --input-shape C,H,W")
+    specs.check_input_shape(net, x, model)
+    con.progress(f"timing the factorisable layers of {model} on {provider}")
+    table = build_latency_table(net, x, provider, ranks_per_layer, out_path=Path(out))
+    con.table(f"wrote {out} ({len(table['layers'])} layers on {provider})")
+    con.result(table)
+
+
 def _usage_errors() -> tuple[type[BaseException], ...]:
     from compress import CompressionError, UnknownMethodError
     from export.method_options import MethodOptionError

@@ -18,13 +18,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..allocate import KEEP
+from ..allocate import KEEP, total_cost
 from ..cache import data_key, entry_key, load_entry, model_key, save_entry
 from ..data import Dataset
 from ..errors import CompressionError
 from ..evaluate import compare_outputs
 from ..lowrank import grouped_weight
-from ..lowrank_plan import Budget, Target, apply_factors, fill_report, find_targets, plan_ranks
+from ..lowrank_plan import (Budget, Target, apply_factors, fill_report, find_targets, load_latency_table,
+                            plan_ranks)
 from ..registry import register_method
 from ..report import CompressionReport
 from ..stats import STATS_DTYPES, collect_moments
@@ -37,8 +38,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class FactorizeConfig:
-    """Options of ``factorize``. Give one of ``flops``/``params`` (cost ratio of the factorisable layers) or
-    ``rank_fraction``; with none, ``flops=0.5``.
+    """Options of ``factorize``. Give one of ``flops``/``params``/``latency`` (cost ratio of the factorisable
+    layers) or ``rank_fraction``; with none, ``flops=0.5``. ``latency`` ranks by measured per-layer latency
+    and needs ``latency_table`` (a JSON table written by ``minreal latency-table``).
 
     ``eig_threshold`` zeroes eigenvalues below that fraction of the largest (pseudo-inverse square root);
     ``stats_dtype`` is the precision of the per-chunk XᵀX products (accumulation is always float64);
@@ -56,9 +58,12 @@ class FactorizeConfig:
     batch_size: int = 32
     stats_dtype: str = "float64"
     cache_dir: str | None = None
+    latency: float | None = None
+    latency_table: str | None = None
 
     def budget(self) -> Budget:
-        return Budget(self.flops, self.params, self.rank_fraction, self.allocator, self.rank_multiple).validate()
+        return Budget(self.flops, self.params, self.rank_fraction, self.allocator, self.rank_multiple,
+                      self.latency).validate()
 
     def validate(self) -> None:
         if not 0.0 <= self.eig_threshold < 1.0:
@@ -67,6 +72,9 @@ class FactorizeConfig:
             raise CompressionError(f"--memory-cap-bytes must be at least 1 MiB, got {self.memory_cap_bytes}")
         if self.stats_dtype not in STATS_DTYPES:
             raise CompressionError(f"--stats-dtype must be one of {sorted(STATS_DTYPES)}, got {self.stats_dtype!r}")
+        if self.latency is not None and not self.latency_table:
+            raise CompressionError("--latency needs --latency-table (per-layer latencies measured on the target "
+                                   "provider); build one with `minreal latency-table MODEL --out table.json`")
 
 
 @dataclass
@@ -189,17 +197,21 @@ def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
     """Factorise every Linear/Conv layer on its calibration-whitened spectrum under the configured budget."""
     budget = config.budget()
     config.validate()
+    tables, keeps = load_latency_table(config.latency_table) if config.latency_table else (None, None)
     report = CompressionReport("factorize", asdict(config))
     example = data.x[: min(len(data), 8)]
     targets, skipped, _ = find_targets(model, example, config.exclude)
     bases = layer_bases(model, data, targets, config, report)
     spectra = {n: b.spectrum for n, b in bases.items()}
     t0 = time.perf_counter()
-    ranks, _ = plan_ranks(targets, spectra, budget)
+    ranks, options = plan_ranks(targets, spectra, budget, tables, keeps)
     new = apply_factors(model, targets, _factors(targets, bases, ranks)).eval()
     report.timings_s["allocate_and_build"] = time.perf_counter() - t0
     fill_report(report, model, new, example, targets, skipped, ranks, spectra)
     _annotate(report, bases, ranks, config)
+    if tables is not None:
+        report.predicted["factorizable_table_latency_ratio"] = (total_cost(options, ranks)
+                                                                / max(sum(o.keep_cost for o in options), 1e-300))
     t0 = time.perf_counter()
     report.measured.update(compare_outputs(model, new, data, config.batch_size))
     report.timings_s["measure"] = time.perf_counter() - t0
