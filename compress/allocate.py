@@ -11,7 +11,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-__all__ = ["KEEP", "RankOptions", "options_from_spectrum", "allocate", "ALLOCATORS",
+__all__ = ["KEEP", "RankOptions", "options_from_spectrum", "layer_multiple", "allocate", "ALLOCATORS",
            "lagrangian", "energy_threshold", "uniform_fraction", "total_cost", "rank_at_fraction",
            "rank_at_energy"]
 
@@ -38,17 +38,27 @@ def options_from_spectrum(name: str, sq_values: np.ndarray, cost_fn: Callable[[i
     """Options for one layer from its squared singular values (summed over groups), descending.
 
     Ranks whose factorised cost is not below ``keep_cost`` are dropped (keeping the layer dominates them);
-    with ``rank_multiple`` N only multiples of N are offered.
+    with ``rank_multiple`` N only multiples of :func:`layer_multiple` are offered.
     """
     sq = np.clip(np.asarray(sq_values, dtype=np.float64), 0.0, None)
     total = sq.sum()
     energy = np.cumsum(sq) / total if total > 0 else np.ones_like(sq)
     ranks = np.arange(1, len(sq) + 1)
-    if rank_multiple > 1:
-        ranks = ranks[ranks % rank_multiple == 0]
+    step = layer_multiple(rank_multiple, len(sq))
+    if step > 1:
+        ranks = ranks[ranks % step == 0]
     costs = np.array([cost_fn(int(r)) for r in ranks], dtype=np.float64)
     cheaper = costs < keep_cost
     return RankOptions(name, ranks[cheaper], costs[cheaper], energy[ranks[cheaper] - 1], float(keep_cost), len(sq))
+
+
+def layer_multiple(rank_multiple: int, max_rank: int) -> int:
+    """The rank granularity used for a layer: ``rank_multiple``, halved (powers of two) until the layer
+    offers at least four multiples, so small layers keep a usable choice of ranks."""
+    step = rank_multiple
+    while step > 1 and max_rank < 4 * step:
+        step = max(1, step // 2)
+    return step
 
 
 def total_cost(options: list[RankOptions], ranks: Mapping[str, int]) -> float:

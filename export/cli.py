@@ -17,11 +17,53 @@ __all__ = ["cli", "main"]
 USAGE_EXIT, FAIL_EXIT = 2, 1
 
 
+PROGRESS_KEY = "minreal_progress"  # the extra key of progress log records (compress.progress, runtime_bench)
+LIBRARY_LOGGERS = ("compress", "runtime_bench", "export")
+
+
+class ProgressBars(logging.Handler):
+    """Draws the library's progress log records as tqdm bars on stderr (one bar per task)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.bars: dict[str, Any] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        info = getattr(record, PROGRESS_KEY, None)
+        if info is None:
+            return
+        from tqdm import tqdm
+
+        task, done, total = info
+        bar = self.bars.get(task)
+        if bar is None or done <= bar.n:
+            if bar is not None:
+                bar.close()
+            bar = self.bars[task] = tqdm(total=total, desc=task, leave=False, file=sys.stderr, disable=None)
+        bar.update(done - bar.n)
+        if done >= total:
+            self.bars.pop(task).close()
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+        self.bars.clear()
+        super().close()
+
+
 class Console:
     """Where the CLI talks: progress and tables on stderr/stdout, or one JSON document with ``--json``."""
 
     def __init__(self, quiet: bool, as_json: bool) -> None:
         self.quiet, self.as_json = quiet, as_json
+        root = logging.getLogger()
+        for old in [h for h in root.handlers if isinstance(h, ProgressBars)]:
+            root.removeHandler(old)
+            old.close()
+        if not quiet:
+            root.addHandler(ProgressBars())
+            for name in LIBRARY_LOGGERS:
+                logging.getLogger(name).setLevel(logging.INFO)
 
     def progress(self, msg: str) -> None:
         if not self.quiet:
@@ -127,18 +169,20 @@ def _load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str,
 @click.option("--out", "out", type=click.Path(dir_okay=False), default="compressed.pt2", show_default=True,
               help="Compressed model as a torch.export program (.pt2).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
+@click.option("--target-provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu",
+              show_default=True, help="Provider the model is for; sets --rank-multiple's default (cpu 16, GPU 8).")
 @method_options
 @common
 def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
-                 report_path: str | None, quiet: bool, as_json: bool, **opts: Any) -> None:
+                 report_path: str | None, target_provider: str, quiet: bool, as_json: bool, **opts: Any) -> None:
     """Compress MODEL with one method and save it as a torch.export program."""
     from compress import compress
-    from export.method_options import build_config
+    from export.method_options import build_config, provider_defaults
     from export.pipeline import write_json
     from export.serialize import save_program
 
     con = Console(quiet, as_json)
-    config = build_config(method, opts)
+    config = build_config(method, opts, provider_defaults((target_provider,)))
     net, calib, _ = _load_inputs(model, weights, trust_pickle, data, None)
     con.progress(f"compressing {model} with {method}")
     small, report = compress(net, calib, method, config)
@@ -310,13 +354,13 @@ def run_cmd(model: str, method: tuple[str, ...], data: str, eval_data: str | Non
             **opts: Any) -> None:
     """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 → benchmark."""
     from compress.demo_case import DemoCase, DemoRun
-    from export.method_options import build_config
+    from export.method_options import build_config, provider_defaults
     from export.pipeline import PipelineConfig, run_pipeline, prepare_run_dir
 
     con = Console(quiet, as_json)
-    runs = [DemoRun(m, m, build_config(m, opts)) for m in method]
     cfg = _pipeline_config(PipelineConfig(), batch, providers, no_int8, quant_target, quant_mode, min_seconds,
                            repeats)
+    runs = [DemoRun(m, m, build_config(m, opts, provider_defaults(cfg.providers))) for m in method]
     prepare_run_dir(Path(out), overwrite).rmdir()  # fail fast before any long work
     net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
     case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs)
@@ -396,6 +440,9 @@ def main(argv: list[str] | None = None) -> None:
     Set ``MINREAL_DEBUG=1`` to see the traceback of an unexpected error.
     """
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, ProgressBars):
+            handler.setLevel(logging.WARNING)  # library INFO records reach only the progress bars
     try:
         cli.main(args=argv, prog_name="minreal", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -77,3 +77,14 @@ def test_lagrangian_is_fast_for_resnet50_sized_problem() -> None:
     t = time.perf_counter()
     allocate(opts, 0.5 * sum(o.keep_cost for o in opts), "lagrangian")
     assert time.perf_counter() - t < 5.0  # generous bound for shared CI cores; the benchmark records the real time
+
+
+def test_small_layers_use_a_finer_multiple() -> None:
+    from compress.allocate import layer_multiple
+
+    assert layer_multiple(16, 512) == 16
+    assert layer_multiple(16, 48) == 8   # 48 // 8 = 6 choices >= 4
+    assert layer_multiple(16, 10) == 2
+    assert layer_multiple(16, 3) == 1
+    opt = options_from_spectrum("l", np.linspace(10, 1, 48), lambda r: float(r), keep_cost=1e9, rank_multiple=16)
+    assert set(opt.ranks) == {8, 16, 24, 32, 40, 48}
