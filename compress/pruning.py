@@ -15,9 +15,10 @@ from torch import nn
 from .data import Dataset
 from .errors import CompressionError
 from .fde.chain import Chain, chain_forward
+from .realise import mlp_params
 from .train import TrainConfig, TrainResult, train
 
-__all__ = ["Scorer", "magnitude_scores", "wanda_scores", "chain_params", "widths_for_params", "prune_chain",
+__all__ = ["Scorer", "magnitude_scores", "wanda_scores", "widths_for_params", "prune_chain",
            "finetune"]
 
 Scorer = Callable[[Chain, torch.Tensor], list[torch.Tensor]]
@@ -36,23 +37,17 @@ def wanda_scores(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
     return [h.norm(dim=0) * w.abs().sum(0) for h, w in zip(hidden, chain.weights[1:])]
 
 
-def chain_params(in_features: int, widths: list[int], out_features: int) -> int:
-    """Weights and biases of ``in → widths → out`` Linear layers."""
-    dims = [in_features, *widths, out_features]
-    return sum((a + 1) * b for a, b in zip(dims[:-1], dims[1:]))
-
-
 def widths_for_params(in_features: int, widths: list[int], out_features: int, ratio: float) -> list[int]:
     """Largest uniform keep-fraction widths (≥ 1 each) whose parameter count is at most ``ratio`` of the full
     one, found by bisection on the fraction."""
     if not 0.0 < ratio <= 1.0:
         raise CompressionError(f"--params must lie in (0, 1], got {ratio}")
-    target = ratio * chain_params(in_features, widths, out_features)
+    target = ratio * mlp_params(in_features, widths, out_features)
     at = lambda f: [max(1, int(f * w)) for w in widths]  # noqa: E731
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if chain_params(in_features, at(mid), out_features) <= target else (lo, mid)
+        lo, hi = (mid, hi) if mlp_params(in_features, at(mid), out_features) <= target else (lo, mid)
     return at(1.0) if ratio >= 1.0 else at(lo)
 
 

@@ -11,7 +11,8 @@ from ..costs import count_costs
 from ..data import Dataset
 from ..evaluate import compare_outputs
 from ..fde.chain import build_sequential, chain_layer_reports, extract_chain
-from ..pruning import Scorer, chain_params, finetune, magnitude_scores, prune_chain, wanda_scores, widths_for_params
+from ..pruning import Scorer, finetune, magnitude_scores, prune_chain, wanda_scores, widths_for_params
+from ..realise import mlp_params
 from ..registry import register_method
 from ..report import CompressionReport
 
@@ -50,7 +51,7 @@ def _prune(name: str, scorer: Scorer, model: nn.Module, data: Dataset, cfg: Magn
     report.timings_s["prune"] = time.perf_counter() - t0
     new = build_sequential(pruned)
     example = data.x[:8]
-    report.params_before, report.params_after = count_costs(model, example).total_params, chain_params(
+    report.params_before, report.params_after = count_costs(model, example).total_params, mlp_params(
         n_in, widths, n_out)
     report.macs_before, report.macs_after = count_costs(model, example).macs, count_costs(new, example).macs
     report.layers = chain_layer_reports(chain, pruned, "pruned", [])

@@ -11,7 +11,8 @@ from compress.data import Dataset
 from compress.fde import chain_forward, extract_chain
 from compress.methods.pruning import MagnitudeConfig, WandaConfig
 from compress.models import mlp
-from compress.pruning import chain_params, magnitude_scores, prune_chain, wanda_scores, widths_for_params
+from compress.pruning import magnitude_scores, prune_chain, wanda_scores, widths_for_params
+from compress.realise import mlp_params
 
 
 @pytest.fixture
@@ -40,9 +41,9 @@ def test_parameter_target_met(method: str, ratio: float, model: nn.Sequential, d
 
 def test_widths_for_params_is_largest_uniform_fit() -> None:
     widths = widths_for_params(10, [100, 50], 4, 0.4)
-    assert chain_params(10, widths, 4) <= 0.4 * chain_params(10, [100, 50], 4)
+    assert mlp_params(10, widths, 4) <= 0.4 * mlp_params(10, [100, 50], 4)
     bigger = [w + 1 for w in widths]
-    assert chain_params(10, bigger, 4) > 0.4 * chain_params(10, [100, 50], 4)
+    assert mlp_params(10, bigger, 4) > 0.4 * mlp_params(10, [100, 50], 4)
 
 
 def test_magnitude_keeps_largest_l1_rows(model: nn.Sequential, data: Dataset) -> None:
