@@ -8,6 +8,7 @@ from typing import Callable
 from torch import nn
 
 from compress import get_method, method_names
+from export.method_options import build_config, provider_defaults
 from compress.datasets import digits
 from compress.demo_case import DemoCase, DemoRun
 from compress.models import mlp, small_cnn
@@ -29,13 +30,10 @@ def _trained(model: nn.Module, name: str, flat: bool, epochs: int) -> DemoCase:
 
 
 def _lowrank_runs() -> list[DemoRun]:
-    """SVD baseline, and every other registered low-rank method, at the same 0.5 MAC budget."""
-    runs = []
-    for name in ("svd", "factorize"):
-        if name in method_names():
-            cfg_cls = get_method(name).config_cls
-            runs.append(DemoRun(f"{name}-0.5", name, cfg_cls(flops=0.5)))
-    return runs
+    """SVD baseline and whitened factorisation at the same 0.5 MAC budget, ranks rounded for the CPU provider."""
+    defaults = provider_defaults(DEMO_PIPELINE.providers)
+    return [DemoRun(f"{name}-0.5", name, build_config(name, {"flops": 0.5}, defaults))
+            for name in ("svd", "factorize")]
 
 
 def digits_cases(quick: bool = True) -> list[DemoCase]:
