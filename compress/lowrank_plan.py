@@ -21,7 +21,8 @@ from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_mac
 from .report import CompressionReport, LayerReport
 from .surgery import parent_weight_readers, replace_modules
 
-__all__ = ["Budget", "Target", "find_targets", "plan_ranks", "apply_factors", "fill_report", "load_latency_table"]
+__all__ = ["Budget", "BudgetOptions", "Target", "find_targets", "plan_ranks", "apply_factors", "fill_report",
+           "load_latency_table"]
 
 CostFn = Callable[[int], float]
 
@@ -61,6 +62,23 @@ class Budget:
     def ratio(self) -> float | None:
         """The cost ratio asked for (None for a rank-fraction budget)."""
         return next((v for v in (self.flops, self.params, self.latency) if v is not None), None)
+
+
+@dataclass
+class BudgetOptions:
+    """Config fields shared by the low-rank methods: the budget (see :class:`Budget`) and excluded layers."""
+
+    flops: float | None = None
+    params: float | None = None
+    rank_fraction: float | None = None
+    allocator: str = "lagrangian"
+    rank_multiple: int = 1
+    exclude: tuple[str, ...] = ()
+
+    def budget(self, latency: float | None = None) -> Budget:
+        """The validated :class:`Budget` of these options; ``latency`` from configs that offer that target."""
+        return Budget(self.flops, self.params, self.rank_fraction, self.allocator, self.rank_multiple,
+                      latency).validate()
 
 
 @dataclass

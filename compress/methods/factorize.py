@@ -24,8 +24,8 @@ from ..data import Dataset
 from ..errors import CompressionError
 from ..evaluate import compare_outputs
 from ..lowrank import grouped_weight
-from ..lowrank_plan import (Budget, Target, apply_factors, fill_report, find_targets, load_latency_table,
-                            plan_ranks)
+from ..lowrank_plan import (Budget, BudgetOptions, Target, apply_factors, fill_report, find_targets,
+                            load_latency_table, plan_ranks)
 from ..registry import register_method
 from ..report import CompressionReport
 from ..stats import STATS_DTYPES, collect_moments
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class FactorizeConfig:
+class FactorizeConfig(BudgetOptions):
     """Options of ``factorize``. Give one of ``flops``/``params``/``latency`` (cost ratio of the factorisable
     layers) or ``rank_fraction``; with none, ``flops=0.5``. ``latency`` ranks by measured per-layer latency
     and needs ``latency_table`` (a JSON table written by ``minreal latency-table``).
@@ -47,12 +47,6 @@ class FactorizeConfig:
     ``cache_dir`` caches moments and bases per layer, keyed by model, data and layer.
     """
 
-    flops: float | None = None
-    params: float | None = None
-    rank_fraction: float | None = None
-    allocator: str = "lagrangian"
-    rank_multiple: int = 1
-    exclude: tuple[str, ...] = ()
     eig_threshold: float = 1e-10
     memory_cap_bytes: int = 1 << 30
     batch_size: int = 32
@@ -61,9 +55,9 @@ class FactorizeConfig:
     latency: float | None = None
     latency_table: str | None = None
 
-    def budget(self) -> Budget:
-        return Budget(self.flops, self.params, self.rank_fraction, self.allocator, self.rank_multiple,
-                      self.latency).validate()
+    def budget(self, latency: float | None = None) -> Budget:
+        """The validated :class:`Budget`, with the configured ``latency`` target unless one is given."""
+        return super().budget(self.latency if latency is None else latency)
 
     def validate(self) -> None:
         if not 0.0 <= self.eig_threshold < 1.0:

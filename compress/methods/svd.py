@@ -16,7 +16,7 @@ from ..data import Dataset
 from ..evaluate import compare_outputs
 from ..linalg import truncated_svd_factors
 from ..lowrank import grouped_weight
-from ..lowrank_plan import Budget, apply_factors, fill_report, find_targets, plan_ranks
+from ..lowrank_plan import BudgetOptions, apply_factors, fill_report, find_targets, plan_ranks
 from ..allocate import KEEP
 from ..registry import register_method
 from ..report import CompressionReport
@@ -25,19 +25,9 @@ __all__ = ["SVDConfig", "svd_compress", "svd_spectra"]
 
 
 @dataclass
-class SVDConfig:
+class SVDConfig(BudgetOptions):
     """Options of the plain-SVD baseline. Give one of ``flops``/``params`` (cost ratio of the factorisable
     layers) or ``rank_fraction``; with none, ``flops=0.5``."""
-
-    flops: float | None = None
-    params: float | None = None
-    rank_fraction: float | None = None
-    allocator: str = "lagrangian"
-    rank_multiple: int = 1
-    exclude: tuple[str, ...] = ()
-
-    def budget(self) -> Budget:
-        return Budget(self.flops, self.params, self.rank_fraction, self.allocator, self.rank_multiple).validate()
 
 
 def svd_spectra(layers: dict[str, nn.Module]) -> dict[str, np.ndarray]:
