@@ -1,10 +1,14 @@
-"""ε-FDE neuron merging: lump neurons whose dynamics agree within ε (maths in ``partition``/``bound``)."""
+"""ε-FDE merging: lump neurons (conv channels) whose dynamics agree within ε (maths in ``partition``/``bound``)."""
 
 from .bound import Perturbation, interval_bounds, step_bound
 from .chain import ActSpec, Chain, build_sequential, chain_forward, extract_chain
+from .conv import (ConvChain, build_conv_sequential, conv_chain_forward, extract_conv_chain, is_conv_chain,
+                   remove_zero_channels)
 from .partition import (MergeStep, RefineResult, box_samples, leader_clusters, refine, remove_all_constant,
                         remove_constant, sum_merge, value_merge)
 
-__all__ = ["ActSpec", "Chain", "MergeStep", "Perturbation", "RefineResult", "box_samples", "build_sequential",
-           "chain_forward", "extract_chain", "interval_bounds", "leader_clusters", "refine",
-           "remove_all_constant", "remove_constant", "step_bound", "sum_merge", "value_merge"]
+__all__ = ["ActSpec", "Chain", "ConvChain", "MergeStep", "Perturbation", "RefineResult", "box_samples",
+           "build_conv_sequential", "build_sequential", "chain_forward", "conv_chain_forward", "extract_chain",
+           "extract_conv_chain", "interval_bounds", "is_conv_chain", "leader_clusters", "refine",
+           "remove_all_constant", "remove_constant", "remove_zero_channels", "step_bound", "sum_merge",
+           "value_merge"]

@@ -16,7 +16,7 @@ from ..errors import CompressionError
 from ..report import LayerReport
 
 __all__ = ["ActSpec", "Chain", "extract_chain", "build_sequential", "chain_forward", "chain_layer_reports",
-           "ACT_KINDS"]
+           "fold_bn_after", "ACT_KINDS"]
 
 ACT_KINDS: dict[type[nn.Module], str] = {
     nn.ReLU: "relu", nn.LeakyReLU: "leaky_relu", nn.SiLU: "silu", nn.Tanh: "tanh",
@@ -76,6 +76,10 @@ class Chain:
     def params(self) -> int:
         return sum(w.numel() + b.numel() for w, b in zip(self.weights, self.biases))
 
+    def merge_modes(self, l: int) -> tuple[bool, bool]:
+        """(positively homogeneous, homogeneous for any sign) for the map after hidden layer ``l``."""
+        return self.acts[l].homogeneous, self.acts[l].linear
+
     def copy(self) -> "Chain":
         return Chain([w.clone() for w in self.weights], [b.clone() for b in self.biases], list(self.acts),
                      [[list(g) for g in layer] for layer in self.groups], self.dtype)
@@ -87,15 +91,17 @@ def _flat_modules(model: nn.Module) -> list[nn.Module]:
     return [model]
 
 
-def _fold_bn_after(w: torch.Tensor, b: torch.Tensor, bn: nn.BatchNorm1d) -> tuple[torch.Tensor, torch.Tensor]:
-    """BN(Wx + b) = diag(s)(Wx + b) + t with s = γ/√(var+eps), t = β − s·mean."""
+def fold_bn_after(w: torch.Tensor, b: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """BN(Wx + b) = diag(s)(Wx + b) + t with s = γ/√(var+eps), t = β − s·mean (Linear or conv weight ``w``)."""
     s, t = _bn_affine(bn)
-    return w * s[:, None], b * s + t
+    return w * s.reshape(-1, *[1] * (w.dim() - 1)), b * s + t
 
 
-def _bn_affine(bn: nn.BatchNorm1d) -> tuple[torch.Tensor, torch.Tensor]:
+def _bn_affine(bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
     if bn.running_mean is None:
-        raise CompressionError("BatchNorm1d without running statistics cannot be folded; use track_running_stats")
+        raise CompressionError(f"{type(bn).__name__} without running statistics cannot be folded; "
+                               "use track_running_stats")
     s = (bn.weight.detach().double() if bn.affine else 1.0) / torch.sqrt(bn.running_var.double() + bn.eps)
     t = (bn.bias.detach().double() if bn.affine else 0.0) - s * bn.running_mean.double()
     return s, t
@@ -122,7 +128,7 @@ def extract_chain(model: nn.Module) -> Chain:
             ws.append(w.clone()); bs.append(b.clone())
             pending_act, pending_bn = None, None
         elif isinstance(m, nn.BatchNorm1d) and ws and pending_act is None and pending_bn is None:
-            ws[-1], bs[-1] = _fold_bn_after(ws[-1], bs[-1], m)
+            ws[-1], bs[-1] = fold_bn_after(ws[-1], bs[-1], m)
         elif isinstance(m, nn.BatchNorm1d) and pending_act is not None:
             pending_bn = _bn_affine(m)
         elif type(m) in ACT_KINDS and ws and pending_act is None:

@@ -31,8 +31,8 @@ import torch
 from .bound import Perturbation, step_bound
 from .chain import Chain, chain_forward
 
-__all__ = ["leader_clusters", "rounding_tolerance", "value_merge", "sum_merge", "remove_constant",
-           "remove_all_constant", "box_samples", "MergeStep", "RefineResult", "refine"]
+__all__ = ["leader_clusters", "rounding_tolerance", "input_blocks", "from_input_blocks", "value_merge", "sum_merge",
+           "remove_constant", "remove_all_constant", "box_samples", "MergeStep", "RefineResult", "refine"]
 
 
 @dataclass
@@ -89,6 +89,17 @@ def leader_clusters(x: np.ndarray, tol: float, probes: int = 16) -> np.ndarray:
     return leader
 
 
+def input_blocks(w: torch.Tensor, n: int) -> torch.Tensor:
+    """The next layer's weight as ``(out, n, block)``: the block of input ``i`` is a Linear column, the ``H·W``
+    columns a Linear after Flatten reads from channel ``i``, or a conv's input-channel slice ``[:, i]``."""
+    return w.reshape(w.shape[0], n, -1)
+
+
+def from_input_blocks(c: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`input_blocks` for ``c`` of shape ``(out, n', block)``, in the layout of ``like``."""
+    return c.reshape(len(c), -1) if like.dim() == 2 else c.reshape(len(c), c.shape[1], *like.shape[2:])
+
+
 def _directions(v: torch.Tensor, any_sign: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows scaled to unit ∞-norm (sign-canonical if ``any_sign``) and the signed scales."""
     norms = v.abs().amax(1).clamp_min(1e-300)
@@ -120,12 +131,14 @@ def _regroup(groups: list[list[int]], leader: np.ndarray, keep: np.ndarray) -> l
 
 
 def value_merge(chain: Chain, l: int, eps: float, scaling: bool = True) -> tuple[Chain, Perturbation | None, str]:
-    """Lump hidden layer ``l`` by value (or scaled-value) equivalence of incoming coefficients."""
-    act = chain.acts[l]
-    v = torch.cat([chain.weights[l], chain.biases[l][:, None]], 1)
+    """Lump hidden layer ``l`` (neurons, or conv channels by whole filter) by value (or scaled-value)
+    equivalence of incoming coefficients; the next layer's input blocks of each block are summed."""
+    w = chain.weights[l]
+    v = torch.cat([w.reshape(len(w), -1), chain.biases[l][:, None]], 1)
     tol = max(eps, rounding_tolerance(chain.dtype))
-    scaled = scaling and act.homogeneous
-    leader, rho = _blocks(v, tol, scaled, act.linear)
+    homogeneous, any_sign = chain.merge_modes(l)
+    scaled = scaling and homogeneous
+    leader, rho = _blocks(v, tol, scaled, any_sign)
     keep = np.unique(leader)
     if len(keep) == len(leader):
         return chain, None, ""
@@ -133,9 +146,10 @@ def value_merge(chain: Chain, l: int, eps: float, scaling: bool = True) -> tuple
     lead = torch.from_numpy(leader)
     ref = rho[:, None] * v[lead]
     new = chain.copy()
-    new.weights[l], new.biases[l] = chain.weights[l][keep], chain.biases[l][keep]
-    cols = torch.zeros(chain.weights[l + 1].shape[0], len(keep), dtype=torch.float64)
-    new.weights[l + 1] = cols.index_add_(1, pos, chain.weights[l + 1] * rho[None, :])
+    new.weights[l], new.biases[l] = w[keep], chain.biases[l][keep]
+    c = input_blocks(chain.weights[l + 1], len(w))
+    cols = torch.zeros(len(c), len(keep), c.shape[2], dtype=torch.float64)
+    new.weights[l + 1] = from_input_blocks(cols.index_add_(1, pos, c * rho[None, :, None]), chain.weights[l + 1])
     new.groups[l] = _regroup(chain.groups[l], leader, keep)
     pert = Perturbation(l, (v - ref)[:, :-1], (v - ref)[:, -1])
     return new, pert, "scaled" if scaled else "value"

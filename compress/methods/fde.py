@@ -1,5 +1,8 @@
 """``fde``: ε-forward-differential-equivalence neuron merging of MLPs (maths in :mod:`compress.fde`).
 
+Plain sequential CNNs take the channel path (:mod:`compress.fde.conv`): BatchNorm folded, channels exactly 0
+on the calibration data dropped, conv channels merged by whole filters, no sum merges and no bound.
+
 Pipeline: fold BatchNorm → remove neurons constant on the calibration data (dead ReLUs; a separate, reported
 step, exact on that data) → partition refinement to a fixpoint → plain Linear stack → optional fine-tuning.
 The report predicts a bound on ``max |N(x) − N'(x)|`` over the calibration input box (widened by
@@ -21,6 +24,8 @@ from ..errors import CompressionError
 from ..evaluate import compare_outputs
 from ..fde import box_samples, build_sequential, chain_forward, extract_chain, refine, remove_all_constant
 from ..fde.chain import Chain, chain_layer_reports
+from ..fde.conv import (ConvChain, build_conv_sequential, conv_chain_forward, conv_layer_reports, extract_conv_chain,
+                        is_conv_chain, remove_zero_channels)
 from ..fde.partition import RefineResult
 from ..pruning import finetune
 from ..registry import register_method
@@ -66,7 +71,7 @@ def input_box(x: torch.Tensor, margin: float = 0.0) -> tuple[torch.Tensor, torch
     return lo - pad, hi + pad
 
 
-def _layer_details(dead: RefineResult, merged: RefineResult, before: Chain) -> list[dict]:
+def _layer_details(dead: RefineResult, merged: RefineResult, before: Chain | ConvChain) -> list[dict]:
     details = []
     for l, width in enumerate(before.widths):
         kinds = {}
@@ -86,11 +91,33 @@ def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, example: 
     report.macs_before, report.macs_after = before.macs, after.macs
 
 
-@register_method("fde", FDEConfig, "ε-FDE neuron merging of MLPs (lump equivalent neurons; error bound)")
-def fde_compress(model: nn.Module, data: Dataset, config: FDEConfig) -> tuple[nn.Module, CompressionReport]:
-    """Merge neurons whose incoming (or, for linear layers, outgoing) coefficients agree within ``eps``."""
-    cfg = config.validate()
-    report = CompressionReport("fde", asdict(cfg))
+def _fde_cnn(model: nn.Module, data: Dataset, cfg: FDEConfig, report: CompressionReport) -> nn.Module:
+    """The channel path: merge conv channels (whole filters) and head neurons by value/scaled equivalence."""
+    original = extract_conv_chain(model)
+    t0 = time.perf_counter()
+    dead = remove_zero_channels(original, data.x) if cfg.remove_dead else RefineResult(original)
+    report.timings_s["dead"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    merged = refine(dead.chain, cfg.eps, scaling=cfg.scaling, sums=False, max_sweeps=cfg.max_sweeps)
+    report.timings_s["partition"] = time.perf_counter() - t0
+    new = build_conv_sequential(merged.chain)
+    _fill(report, model, new, data.x[:8])
+    report.layers = conv_layer_reports(original, merged.chain, _layer_details(dead, merged, original))
+    report.predicted.update({
+        "output_deviation_bound": None, "hidden_widths": merged.chain.widths,
+        "hidden_widths_before": original.widths, "dead_removed": sum(original.widths) - sum(dead.chain.widths),
+        "sweeps": merged.sweeps,
+    })
+    report.measured["max_output_deviation_data_float64"] = float(
+        (conv_chain_forward(original, data.x) - conv_chain_forward(merged.chain, data.x)).abs().max())
+    report.notes += ["CNN: the output-deviation bound is MLP-only; channels merged by whole filters (BN folded)",
+                     "CNN: dead = exactly 0 on the calibration data; no sum (forward) merges",
+                     f"{len(merged.steps)} merge steps in {merged.sweeps} sweeps"]
+    return new
+
+
+def _fde_mlp(model: nn.Module, data: Dataset, cfg: FDEConfig, report: CompressionReport) -> nn.Module:
+    """The MLP path: dead neurons, value/scaled/sum merges, and the output-deviation bound over the input box."""
     original = extract_chain(model)
     box = input_box(data.x, cfg.box_margin)
     t0 = time.perf_counter()
@@ -117,14 +144,24 @@ def fde_compress(model: nn.Module, data: Dataset, config: FDEConfig) -> tuple[nn
     report.measured["max_output_deviation_box_float64"] = float((y0 - y1).abs().max())
     report.measured["max_output_deviation_data_float64"] = float(
         (chain_forward(original, data.x) - chain_forward(merged.chain, data.x)).abs().max())
+    report.notes.append(f"{len(merged.steps)} merge steps in {merged.sweeps} sweeps; bound over the input box")
+    return new
+
+
+@register_method("fde", FDEConfig, "ε-FDE merging of MLP neurons and conv channels (lump equivalent ones)")
+def fde_compress(model: nn.Module, data: Dataset, config: FDEConfig) -> tuple[nn.Module, CompressionReport]:
+    """Merge neurons (conv channels) whose incoming (or, for linear MLP layers, outgoing) coefficients agree
+    within ``eps``."""
+    cfg = config.validate()
+    report = CompressionReport("fde", asdict(cfg))
+    new = (_fde_cnn if is_conv_chain(model) else _fde_mlp)(model, data, cfg, report)
     report.measured.update(compare_outputs(model, new, data))
     if cfg.finetune_epochs > 0:
         t0 = time.perf_counter()
         finetune(new, data, cfg.finetune_epochs, cfg.finetune_lr, cfg.seed)
         report.timings_s["finetune"] = time.perf_counter() - t0
         report.measured.update({f"finetuned_{k}": v for k, v in compare_outputs(model, new, data).items()})
-        report.notes.append("the bound describes the merged network before fine-tuning")
-    report.notes.append(f"{len(merged.steps)} merge steps in {merged.sweeps} sweeps; bound over the input box")
+        report.notes.append("the bound and deviations describe the merged network before fine-tuning")
     return new, report
 
 

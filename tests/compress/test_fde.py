@@ -9,9 +9,10 @@ from torch import nn
 
 from compress import compress
 from compress.data import Dataset
-from compress.fde import box_samples, build_sequential, chain_forward, extract_chain, leader_clusters, refine
+from compress.fde import (box_samples, build_sequential, chain_forward, extract_chain, extract_conv_chain,
+                          leader_clusters, refine)
 from compress.methods.fde import FDEConfig, input_box
-from compress.models import ACTIVATIONS, mlp
+from compress.models import ACTIVATIONS, mlp, small_cnn
 
 
 def _planted_relu() -> nn.Sequential:
@@ -171,3 +172,117 @@ def test_finetune_after_merging_lowers_mse() -> None:
     model = mlp(3, [64], 1).eval()
     _, rep = compress(model, data, "fde", FDEConfig(eps=0.5, finetune_epochs=10, finetune_lr=3e-3))
     assert rep.measured["finetuned_mse_compressed"] < rep.measured["mse_compressed"]
+
+
+def _randomise_bn(model: nn.Module) -> None:
+    with torch.no_grad():
+        for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm2d)):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.2, 0.5)
+
+
+def _cnn() -> nn.Sequential:
+    """3×8×8 → conv 8 (BN, ReLU, MaxPool) → conv 10 (BN, ReLU, AvgPool) → Flatten(10·2·2) → 16 → ReLU → 4."""
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 10, 3, padding=1, bias=False), nn.BatchNorm2d(10), nn.ReLU(), nn.AvgPool2d(2),
+                         nn.Flatten(), nn.Linear(40, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _planted_cnn() -> nn.Sequential:
+    """Conv 1: channel 4 ≡ channel 1, channel 6 = 2.5·channel 2 after BN folding; conv 2: channel 7 ≡ channel 0."""
+    torch.manual_seed(31)
+    m = _cnn().eval()
+    _randomise_bn(m)
+    with torch.no_grad():
+        c1, bn1, c2, bn2 = m[0], m[1], m[4], m[5]
+        c1.weight[4], c1.bias[4] = c1.weight[1], c1.bias[1]
+        c1.weight[6], c1.bias[6] = c1.weight[2], c1.bias[2]
+        for p in (bn1.running_mean, bn1.running_var, bn1.weight, bn1.bias):
+            p[4], p[6] = p[1], p[2]
+        bn1.weight[6], bn1.bias[6] = 2.5 * bn1.weight[2], 2.5 * bn1.bias[2]  # s₆ = 2.5 s₂, t₆ = 2.5 t₂
+        c2.weight[7] = c2.weight[0]
+        for p in (bn2.running_mean, bn2.running_var, bn2.weight, bn2.bias):
+            p[7] = p[0]
+    return m
+
+
+@pytest.fixture
+def images() -> Dataset:
+    g = torch.Generator().manual_seed(37)
+    return Dataset(torch.randn(64, 3, 8, 8, generator=g))
+
+
+def test_cnn_eps0_merges_exactly_the_planted_channels(images: Dataset) -> None:
+    model = _planted_cnn()
+    new, rep = compress(model, images, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    assert rep.predicted["hidden_widths_before"] == [8, 10, 16]
+    assert rep.predicted["hidden_widths"] == [6, 9, 16]
+    merged = refine(extract_conv_chain(model), 0.0, sums=False).chain
+    assert [g for g in merged.groups[0] if len(g) > 1] == [[1, 4], [2, 6]]
+    assert [g for g in merged.groups[1] if len(g) > 1] == [[0, 7]]
+    assert rep.predicted["output_deviation_bound"] is None and any("MLP-only" in n for n in rep.notes)
+    x = torch.randn(100, 3, 8, 8)
+    with torch.no_grad():
+        ref, out = model(x), new(x)
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
+    # the scaled pair is equal only up to float32 rounding of 2.5·γ (ε = 0 means 4 units of roundoff)
+    assert rep.measured["max_output_deviation_data_float64"] <= 1e-6
+    assert rep.params_after == sum(p.numel() for p in new.parameters()) < rep.params_before
+
+
+def test_cnn_no_duplicates_nothing_merged(images: Dataset) -> None:
+    torch.manual_seed(41)
+    model = small_cnn(3, (8, 12, 16), 5).eval()
+    _randomise_bn(model)
+    new, rep = compress(model, images, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    assert rep.predicted["hidden_widths"] == [8, 12, 16]
+    assert all(lr.action == "kept" for lr in rep.layers)
+    with torch.no_grad():
+        assert torch.allclose(new(images.x), model(images.x), rtol=1e-5, atol=1e-5)
+
+
+def test_cnn_global_pool_head_sums_columns(images: Dataset) -> None:
+    """After AdaptiveAvgPool2d(1) + Flatten the head's columns of a duplicate channel are summed."""
+    torch.manual_seed(43)
+    model = small_cnn(3, (8, 12, 16), 5).eval()
+    _randomise_bn(model)
+    with torch.no_grad():
+        conv, bn = model[6], model[7]
+        conv.weight[9] = conv.weight[3]
+        for p in (bn.running_mean, bn.running_var, bn.weight, bn.bias):
+            p[9] = p[3]
+    new, rep = compress(model, images, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    assert rep.predicted["hidden_widths"] == [8, 12, 15]
+    assert new[-1].in_features == 15
+    with torch.no_grad():
+        assert torch.allclose(new(images.x), model(images.x), rtol=1e-5, atol=1e-5)
+
+
+def test_cnn_dead_channels_removed_exactly(images: Dataset) -> None:
+    torch.manual_seed(47)
+    model = _cnn().eval()
+    _randomise_bn(model)
+    with torch.no_grad():
+        model[1].bias[[0, 5]] = -100.0  # BN shift: never active after the ReLU
+    new, rep = compress(model, images, "fde", FDEConfig(eps=0.0))
+    assert rep.layers[0].details["dead_removed"] == 2
+    assert rep.predicted["hidden_widths"][0] == 6
+    assert rep.measured["max_output_deviation_data_float64"] <= 1e-12
+
+
+def test_merged_cnn_is_plain_and_exports(tmp_path, images: Dataset) -> None:
+    from export.onnx_export import to_onnx
+    from export.verify import verify_parity
+
+    new, rep = compress(_planted_cnn(), images, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    kinds = {type(m) for m in new.modules()} - {nn.Sequential}
+    assert kinds == {nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.AvgPool2d, nn.Flatten, nn.Linear}
+    layers = [m for m in new.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    widths = [m.out_channels if isinstance(m, nn.Conv2d) else m.out_features for m in layers[:-1]]
+    assert widths == rep.predicted["hidden_widths"] == [lr.rank for lr in rep.layers[:-1]]
+    path = tmp_path / "fde_cnn.onnx"
+    to_onnx(new, images.x[:2], path)
+    res = verify_parity(new, path, [images.x[:1], images.x[:37]], rtol=1e-4, atol=1e-5)
+    assert res.passed and res.max_abs_err <= 1e-5
