@@ -39,6 +39,7 @@ from compress.train import TrainConfig, train
 from export.onnx_export import to_onnx
 from runtime_bench.sessions import create_session
 from runtime_bench.timing import latency_stats, time_interleaved
+from _common import pyplot, save_figure, write_json
 
 PAPER = {"mnist": {"states": [1024, 277], "ranks_c": [114, 90, 63, 10], "params": [400906, 106323],
                    "accuracy": [0.9660, 0.9545]},
@@ -166,10 +167,7 @@ def gramian_timing() -> list[dict]:
 
 
 def plot(result: dict, out: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     layers = result["cbalanced"]["layers"]
     fig, axes = plt.subplots(1, len(layers), figsize=(4 * len(layers), 3.2), squeeze=False)
     for ax, layer in zip(axes[0], layers):
@@ -181,8 +179,7 @@ def plot(result: dict, out: Path) -> None:
         ax.set_ylim(1e-12, 2)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("eigenvalue / largest")
-    fig.tight_layout()
-    fig.savefig(out / "cbalanced_digits_spectra.png", dpi=110)
+    save_figure(fig, out / "cbalanced_digits_spectra.png", dpi=110)
     rows = result["table"]
     fig, ax = plt.subplots(figsize=(8, 4))
     for r in rows:
@@ -191,8 +188,7 @@ def plot(result: dict, out: Path) -> None:
     ax.set_xlabel("parameters")
     ax.set_ylabel("test accuracy")
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out / "cbalanced_digits_table.png", dpi=110)
+    save_figure(fig, out / "cbalanced_digits_table.png", dpi=110)
 
 
 def main() -> None:
@@ -212,7 +208,7 @@ def main() -> None:
               "cbalanced": rep, "table": table, "gramian_timing": gramian_timing(),
               "total_s": time.perf_counter() - t0, "torch": torch.__version__, "onnxruntime": ort.__version__}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cbalanced_digits.json").write_text(json.dumps(result, indent=1))
+    write_json(args.out / "cbalanced_digits.json", result)
     plot(result, args.out)
     for r in table:
         print(f"{r['model']:<36} acc {r['accuracy']:.4f} ce {r['cross_entropy']:.3f} states {r['state_order']:>5} "

@@ -8,7 +8,6 @@ Run: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/factorize_accuracy.py
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from compress.methods.factorize import FactorizeConfig
 from compress.methods.svd import SVDConfig
 from compress.models import small_cnn
 from compress.train import TrainConfig, train
+from _common import pyplot, save_figure, write_json
 
 OUT = Path(__file__).with_suffix(".json")
 RATIOS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
@@ -83,16 +83,12 @@ def main() -> None:
                             "seconds": time.perf_counter() - t0})
         results["models"][name] = entry
         print(name, entry["accuracy_original"], flush=True)
-    OUT.write_text(json.dumps(results, indent=1))
+    write_json(OUT, results)
     _plot(results)
 
 
 def _plot(results: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(results["models"]), figsize=(11, 4))
     for ax, (name, entry) in zip(axes, results["models"].items()):
         for method, style in (("factorize", "-"), ("svd", "--")):
@@ -104,8 +100,7 @@ def _plot(results: dict) -> None:
         ax.set(title=f"{name} on digits (no fine-tuning)", xlabel="factorisable MAC ratio", ylabel="test accuracy")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(OUT.with_suffix(".png"), dpi=110)
+    save_figure(fig, OUT.with_suffix(".png"), dpi=110)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ Run: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/factorize_latency.py
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -23,6 +22,7 @@ from compress.data import Dataset
 from compress.methods.factorize import FactorizeConfig
 from runtime_bench.sessions import create_session
 from runtime_bench.timing import time_interleaved
+from _common import write_json
 
 OUT = Path(__file__).with_suffix(".json")
 THREADS = 2
@@ -67,10 +67,9 @@ def main() -> None:
                              "latency_ms": ms, "original_ms": p50[0], "latency_ratio": ms / p50[0],
                              "latency_over_mac_ratio": (ms / p50[0]) / rep.mac_ratio})
                 print(rows[-1], flush=True)
-    OUT.write_text(json.dumps({"model": "torchvision resnet18 (random weights), 224x224, calib 64 images",
-                               "provider": "CPUExecutionProvider", "intra_op_threads": THREADS,
-                               "cpu_count": os.cpu_count(), "load_avg_1min": os.getloadavg()[0], "rows": rows},
-                              indent=1))
+    write_json(OUT, {"model": "torchvision resnet18 (random weights), 224x224, calib 64 images",
+                     "provider": "CPUExecutionProvider", "intra_op_threads": THREADS,
+                     "cpu_count": os.cpu_count(), "load_avg_1min": os.getloadavg()[0], "rows": rows})
 
 
 if __name__ == "__main__":

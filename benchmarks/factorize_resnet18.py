@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import write_json
+
 OUT = Path(__file__).with_suffix(".json")
 
 
@@ -66,9 +68,8 @@ def main() -> None:
             res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=dict(os.environ))
             runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
             print(runs[-1], flush=True)
-    OUT.write_text(json.dumps({"model": "torchvision resnet18 (random weights)", "input": [3, 224, 224],
-                               "cpu_count": os.cpu_count(), "load_avg_1min": os.getloadavg()[0], "runs": runs},
-                              indent=1))
+    write_json(OUT, {"model": "torchvision resnet18 (random weights)", "input": [3, 224, 224],
+                     "cpu_count": os.cpu_count(), "load_avg_1min": os.getloadavg()[0], "runs": runs})
 
 
 if __name__ == "__main__":

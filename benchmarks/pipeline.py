@@ -16,6 +16,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from export.demo import digits_cases  # noqa: E402
 from export.pipeline import PipelineConfig, run_pipeline  # noqa: E402
+from _common import write_json  # noqa: E402
 
 
 def main() -> None:
@@ -36,7 +37,7 @@ def main() -> None:
                   for r in case.bench["ratios"]}
         out["cases"][case.name] = {"stage_seconds": case.stage_seconds, "latency_ratio_vs_original": ratios,
                                    "mac_ratio": {v.label: v.macs / case.variants[0].macs for v in case.variants}}
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    write_json(args.out, out, indent=2)
     print(json.dumps(out, indent=2))
 
 

@@ -10,7 +10,6 @@ Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/ssm_accuracy.py
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from dataclasses import asdict
@@ -18,16 +17,13 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from compress import compress  # noqa: E402
 from compress.datasets import sequential_digits, synthetic_sequences  # noqa: E402
 from compress.methods.ssm import SSMConfig  # noqa: E402
 from compress.ssm.training import SSMTrainSpec, train_ssm_classifier  # noqa: E402
+from _common import pyplot, save_figure, write_json  # noqa: E402
 
 TRUNCS = (0.5, 0.6, 0.7, 0.8, 0.9)
 PAPER_SMNIST = {"with_reg": {0.6: 99.45, 0.7: 99.22, 0.8: 98.90, 0.9: 86.95},
@@ -62,6 +58,7 @@ def run_task(name: str, train, test, spec: SSMTrainSpec) -> dict:
 
 
 def plot_hsv(results: dict, path: Path) -> None:
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6))
     for ax, (task, res) in zip(axes, results.items()):
         for label, style in (("with_reg", "-"), ("without_reg", "--")):
@@ -70,8 +67,7 @@ def plot_hsv(results: dict, path: Path) -> None:
                 ax.semilogy(range(1, len(h) + 1), (h / h[0]).numpy(), style, label=f"{label} {layer}")
         ax.set(title=f"{task}: HSV decay", xlabel="index i", ylabel="σ_i / σ_1")
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main() -> None:
@@ -89,7 +85,7 @@ def main() -> None:
             "threads": torch.get_num_threads(),
             "paper_smnist_accuracy_percent": PAPER_SMNIST,
             "note": "paper: sMNIST (length 784), long GPU schedules; here: short CPU schedules, 8×8 digits"}
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    write_json(args.out, {"meta": meta, "results": results})
     plot_hsv(results, Path(args.plot))
 
 

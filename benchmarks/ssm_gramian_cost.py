@@ -11,22 +11,17 @@ Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/ssm_gramian_cost.py
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from compress.ssm import (RotationSSM, dense_gramians, hankel_nuclear_norm, hankel_singular_values,  # noqa: E402
                           rotation_gramians)
 from runtime_bench.timing import time_interleaved  # noqa: E402
+from _common import pyplot, save_figure, write_json  # noqa: E402
 
 SIZES = (64, 128, 256, 512)
 
@@ -71,14 +66,13 @@ def main() -> None:
         print(n, {k: round(v, 2) for k, v in results[str(n)].items()}, flush=True)
     meta = {"features": args.features, "threads": 1, "unit": "median ms per call", "dtype": "float64",
             "hsv_route": "eigvalsh(Lᵀ Q L), P = L Lᵀ by eigh (O(n³) in both routes)"}
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+    write_json(args.out, {"meta": meta, "results": results})
+    fig, ax = pyplot().subplots(figsize=(5, 3.6))
     for key in next(iter(results.values())):
         ax.loglog(SIZES, [results[str(n)][key] for n in SIZES], "o-", label=key)
     ax.set(xlabel="state size n", ylabel="median ms", title="Gramian + HSV cost")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(args.plot, dpi=120)
+    save_figure(fig, args.plot)
 
 
 if __name__ == "__main__":

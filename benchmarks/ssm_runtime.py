@@ -11,17 +11,12 @@ Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/ssm_runtime.py
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
@@ -32,6 +27,7 @@ from compress.methods.ssm import SSMConfig  # noqa: E402
 from compress.ssm import SSMClassifier  # noqa: E402
 from export.onnx_export import to_onnx  # noqa: E402
 from runtime_bench.timing import time_interleaved  # noqa: E402
+from _common import pyplot, save_figure, write_json  # noqa: E402
 
 TRUNCS = (0.5, 0.6, 0.7, 0.8, 0.9)
 LENGTHS = (64, 1024)
@@ -86,16 +82,15 @@ def main() -> None:
     meta = {"model": spec, "batch": args.batch, "intra_op_threads": args.threads, "ort": ort.__version__,
             "paper_gpu_ratio": PAPER_GPU_RATIO,
             "form": "causal grouped conv1d with in-graph modal kernel (O(L²·r) per layer)"}
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+    write_json(args.out, {"meta": meta, "results": results})
+    fig, ax = pyplot().subplots(figsize=(5, 3.6))
     for length, res in results.items():
         r = res["ratio_reduced_over_original"]
         ax.plot([float(k) for k in r], list(r.values()), "o-", label=f"ORT CPU, L={length}")
     ax.plot(list(PAPER_GPU_RATIO), list(PAPER_GPU_RATIO.values()), "k--", label="paper (GPU)")
     ax.set(xlabel="truncation ratio", ylabel="latency reduced / original", title="SSM runtime ratio")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(args.plot, dpi=120)
+    save_figure(fig, args.plot)
 
 
 if __name__ == "__main__":
