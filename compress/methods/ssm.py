@@ -31,7 +31,7 @@ from ..ssm.system import StateSpace
 from ..ssm.training import SSMTrainSpec, train_ssm_classifier
 from ..surgery import replace_modules
 
-__all__ = ["SSMConfig", "ssm_compress", "layer_gramians", "find_ssm_layers", "demo_case", "train_demo_model"]
+__all__ = ["SSMConfig", "ssm_compress", "layer_gramians", "find_ssm_layers", "demo_case"]
 
 log = logging.getLogger(__name__)
 Gramians = tuple[torch.Tensor, torch.Tensor]
