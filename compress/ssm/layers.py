@@ -109,7 +109,18 @@ def modal_state_space(rho: torch.Tensor, alpha: torch.Tensor, lam: torch.Tensor,
     return StateSpace(block_diagonal(f(rho), f(alpha), f(lam)), f(b), f(c), f(d))
 
 
-class RotationSSM(nn.Module):
+class _RotationPairs(nn.Module):
+    """Rotation pairs ρR(α) only, no real modes; subclasses hold ``rho``, ``alpha``, ``b``, ``c``, ``d``."""
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        no_real = self.rho.new_zeros(0)
+        return _run_modal(u, self.rho, self.alpha, no_real, self.b, self.c, self.d, use_fft=not _exporting())
+
+    def state_space(self) -> StateSpace:
+        return modal_state_space(self.rho, self.alpha, self.rho.new_zeros(0), self.b, self.c, self.d)
+
+
+class RotationSSM(_RotationPairs):
     """The paper's stable layer: A = diag(ρ_i R(α_i)), ρ = (1 + tanh a)/2 ∈ (0,1), α = π(1 + tanh b)/2 ∈ (0,π).
 
     B (n × h_in) and C (h_out × n) are dense, D is diagonal (h_in = h_out). ``n`` must be even.
@@ -138,13 +149,6 @@ class RotationSSM(nn.Module):
     def alpha(self) -> torch.Tensor:
         return 0.5 * math.pi * (1 + torch.tanh(self.alpha_raw))
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        no_real = self.rho.new_zeros(0)
-        return _run_modal(u, self.rho, self.alpha, no_real, self.b, self.c, self.d, use_fft=not _exporting())
-
-    def state_space(self) -> StateSpace:
-        return modal_state_space(self.rho, self.alpha, self.rho.new_zeros(0), self.b, self.c, self.d)
-
 
 class ModalSSM(nn.Module):
     """Real modal layer emitted by the reduction: q rotation pairs ρR(α) then p real modes λ.
@@ -171,7 +175,7 @@ class ModalSSM(nn.Module):
         return modal_state_space(self.rho, self.alpha, self.lam, self.b, self.c, self.d)
 
 
-class DiagonalSSM(nn.Module):
+class DiagonalSSM(_RotationPairs):
     """Adapter for S5/S4D-style diagonal complex layers (already discretised): x̃' = Λx̃ + B̃u, y = s·Re(C̃x̃) + Du.
 
     ``s`` = 2 for S5's conjugate-symmetric half spectrum, 1 for a plain real part. Held as the equivalent
@@ -191,13 +195,6 @@ class DiagonalSSM(nn.Module):
         self.alpha = nn.Parameter(lam.angle().to(dtype))
         self.b, self.c = nn.Parameter(rb.to(dtype)), nn.Parameter(rc.to(dtype))
         self.d = nn.Parameter(d.to(dtype))
-
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        no_real = self.rho.new_zeros(0)
-        return _run_modal(u, self.rho, self.alpha, no_real, self.b, self.c, self.d, use_fft=not _exporting())
-
-    def state_space(self) -> StateSpace:
-        return modal_state_space(self.rho, self.alpha, self.rho.new_zeros(0), self.b, self.c, self.d)
 
 
 class DenseSSM(nn.Module):
