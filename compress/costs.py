@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .evaluate import eval_mode
+
 __all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "COUNTED_TYPES"]
 
 
@@ -91,13 +93,10 @@ def count_costs(model: nn.Module, example_input: torch.Tensor) -> CostTable:
             hooks.append(mod.register_forward_hook(make_hook(name, rule)))
         elif _own_params(mod) > 0:
             table.not_counted.append(name or type(mod).__name__)
-    was_training = model.training
     try:
-        model.eval()
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             model(example_input)
     finally:
         for h in hooks:
             h.remove()
-        model.train(was_training)
     return table

@@ -2,23 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 from torch import nn
 
 from .data import Dataset
 
-__all__ = ["predict", "compare_outputs"]
+__all__ = ["eval_mode", "predict", "compare_outputs"]
+
+
+@contextlib.contextmanager
+def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
+    """Put ``module`` in eval mode for the block, then restore every submodule's training flag."""
+    flags = {m: m.training for m in module.modules()}
+    module.eval()
+    try:
+        yield module
+    finally:
+        for m, flag in flags.items():
+            m.training = flag
 
 
 @torch.no_grad()
 def predict(model: nn.Module, data: Dataset, batch_size: int = 256) -> torch.Tensor:
     """Concatenated model outputs over ``data`` in eval mode."""
-    was = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         return torch.cat([model(xb) for xb in data.inputs(batch_size)])
-    finally:
-        model.train(was)
 
 
 def compare_outputs(original: nn.Module, compressed: nn.Module, data: Dataset,

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .data import Dataset
+from .evaluate import eval_mode
 from .errors import CompressionError
 from .models import ACTIVATIONS
 from .progress import tracked
@@ -100,13 +101,9 @@ class _Capture:
 
 
 def _eval_batches(model: nn.Module, data: Dataset, batch_size: int) -> Iterator[torch.Tensor]:
-    was = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         batches = -(-len(data) // batch_size)
         yield from tracked(data.inputs(batch_size), batches, "Gramian statistics (batches)", log)
-    finally:
-        model.train(was)
 
 
 @torch.no_grad()

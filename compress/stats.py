@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import Dataset
+from .evaluate import eval_mode
 from .lowrank import matrix_view
 from .progress import tracked
 
@@ -140,14 +141,12 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
         v = matrix_view(layer)
         col.stats[name] = MomentStats(v.groups, v.fan_in)
     hooks = [layer.register_forward_pre_hook(col.hook(name)) for name, layer in layers.items()]
-    was_training = model.training
     try:
-        model.eval()
-        total = -(-len(data) // batch_size)
-        for xb in tracked(data.inputs(batch_size), total, "input statistics (batches)", log):
-            model(xb)
+        with eval_mode(model):
+            total = -(-len(data) // batch_size)
+            for xb in tracked(data.inputs(batch_size), total, "input statistics (batches)", log):
+                model(xb)
     finally:
         for h in hooks:
             h.remove()
-        model.train(was_training)
     return col.stats

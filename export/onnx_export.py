@@ -12,11 +12,10 @@ TorchScript exporter traces one branch. Hence ``DEFAULT_OPSET = 18``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import onnx
 import torch
 from torch import nn
 
+from compress.evaluate import eval_mode
 from export.atomic import atomic_path
 from export.errors import ExportError
 
@@ -85,18 +85,6 @@ def flatten_outputs(outputs: object) -> list[torch.Tensor]:
     if isinstance(outputs, (tuple, list)):
         return [t for item in outputs for t in flatten_outputs(item)]
     raise TypeError(f"module output of type {type(outputs).__name__} is not a tensor or a tuple/list/dict of tensors")
-
-
-@contextlib.contextmanager
-def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
-    """Put ``module`` in eval mode for the block, then restore every submodule's training flag."""
-    flags = {m: m.training for m in module.modules()}
-    module.eval()
-    try:
-        yield module
-    finally:
-        for m, flag in flags.items():
-            m.training = flag
 
 
 def _dynamic_axes(ndim: int, dynamic_batch: bool, dynamic_dims: Mapping[int, str] | None) -> dict[int, str]:
