@@ -118,7 +118,26 @@ def lagrangian(options: list[RankOptions], budget: float, iterations: int = 300)
             lo = mid
         if hi - lo <= 1e-12 * hi:
             break
-    return {o.name: int(rank[i, idx_hi[i]]) for i, o in enumerate(options)}
+    idx = _fill_slack(cost, val, idx_hi, budget)
+    return {o.name: int(rank[i, idx[i]]) for i, o in enumerate(options)}
+
+
+def _fill_slack(cost: np.ndarray, val: np.ndarray, idx: np.ndarray, budget: float) -> np.ndarray:
+    """Spend what the Lagrangian left unused: repeatedly take the upgrade with the best value per extra cost
+    that still fits (Lagrangian solutions sit on hull vertices and can leave much of the budget unused)."""
+    rows = np.arange(len(idx))
+    idx = idx.copy()
+    spent = float(cost[rows, idx].sum())
+    while True:
+        gain = val - val[rows, idx][:, None]
+        extra = cost - cost[rows, idx][:, None]
+        ok = np.isfinite(cost) & (gain > 1e-15) & (extra > 0) & (extra <= budget - spent)
+        if not ok.any():
+            return idx
+        score = np.where(ok, gain / np.where(ok, extra, 1.0), -np.inf)
+        i, j = np.unravel_index(int(score.argmax()), score.shape)
+        spent += float(extra[i, j])
+        idx[i] = j
 
 
 def _by_parameter(options: list[RankOptions], budget: float, choose: Callable[[RankOptions, float], int],

@@ -88,3 +88,17 @@ def test_small_layers_use_a_finer_multiple() -> None:
     assert layer_multiple(16, 3) == 1
     opt = options_from_spectrum("l", np.linspace(10, 1, 48), lambda r: float(r), keep_cost=1e9, rank_multiple=16)
     assert set(opt.ranks) == {8, 16, 24, 32, 40, 48}
+
+
+def test_lagrangian_leaves_no_affordable_upgrade() -> None:
+    for seed in range(5):
+        opts = _options(seed=seed)
+        budget = 0.45 * sum(o.keep_cost for o in opts)
+        ranks = allocate(opts, budget, "lagrangian")
+        slack = budget - total_cost(opts, ranks)
+        for o in opts:
+            current = 1.0 if ranks[o.name] == KEEP else o.energies[list(o.ranks).index(ranks[o.name])]
+            now = o.cost_of(ranks[o.name])
+            better = [c - now for c, e in zip(list(o.costs) + [o.keep_cost], list(o.energies) + [1.0])
+                      if e > current + 1e-15 and c > now]
+            assert all(extra > slack for extra in better)
