@@ -262,9 +262,27 @@ def _reader(model: onnx.ModelProto, data: np.ndarray, config: QuantConfig) -> Ar
     return ArrayCalibrationReader(name, data, shape[0] or config.batch_size, drop_last=shape[0] is not None)
 
 
+class _PerChannelAxisNoise(logging.Filter):
+    """Drops onnxruntime's root-logger warning that a 1-D weight (e.g. a norm scale) has no per-channel axis 1;
+    such weights are quantised per tensor, which is what we want."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is out-of-range for weight" not in record.getMessage()
+
+
 def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig) -> None:
     """Static QDQ quantisation calibrated through ``reader``."""
     act_type, symmetric = config.activation()
+    noise = _PerChannelAxisNoise()
+    logging.getLogger().addFilter(noise)
+    try:
+        _quantize_static(source, dest, reader, config, act_type, symmetric)
+    finally:
+        logging.getLogger().removeFilter(noise)
+
+
+def _quantize_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
+                     act_type: str, symmetric: bool) -> None:
     quantize_static(
         str(source), str(dest), reader,
         quant_format=QuantFormat.QDQ, per_channel=config.per_channel, activation_type=_QUANT_TYPES[act_type],
