@@ -151,6 +151,15 @@ def methods_cmd(quiet: bool, as_json: bool) -> None:
     con.result(rows)
 
 
+def _guard_inputs(out: str, *inputs: str | None) -> None:
+    """Refuse an output path that is one of the input files (model file, weights, data)."""
+    from export.atomic import ensure_distinct
+
+    for spec in filter(None, inputs):
+        for path in {spec, spec.rsplit(":", 1)[0]}:  # a file, or the file of a file.py:factory spec
+            ensure_distinct(path, out)
+
+
 def _load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None):
     from export import specs
 
@@ -182,6 +191,7 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
     from export.serialize import save_program
 
     con = Console(quiet, as_json)
+    _guard_inputs(out, model, weights, data, report_path)
     config = build_config(method, opts, provider_defaults((target_provider,)))
     net, calib, _ = _load_inputs(model, weights, trust_pickle, data, None)
     con.progress(f"compressing {model} with {method}")
@@ -219,6 +229,7 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: str | None, 
     con = Console(quiet, as_json)
     opts = ExportOptions(opset, rtol, atol, int8, quant_target, quant_mode, allow_random_calibration)
     shape = _split_ints(input_shape, "--input-shape") if input_shape else None
+    _guard_inputs(out, model, weights, data)
     result = export_single(model, Path(out), data, weights, trust_pickle, opts, con.progress, shape)
     con.table(f"wrote {out} ({result.onnx_bytes} bytes, exporter {result.export['exporter']}); parity ok")
     con.result(result)
@@ -428,10 +439,11 @@ def latency_table_cmd(model: str, out: str, data: str | None, input_shape: str |
 def _usage_errors() -> tuple[type[BaseException], ...]:
     from compress import CompressionError, UnknownMethodError
     from export.method_options import MethodOptionError
+    from export.errors import SameFileError
     from export.pipeline import RunDirError
     from export.specs import SpecError
 
-    return (MethodOptionError, RunDirError, SpecError, UnknownMethodError, CompressionError)
+    return (MethodOptionError, RunDirError, SpecError, UnknownMethodError, CompressionError, SameFileError)
 
 
 def main(argv: list[str] | None = None) -> None:

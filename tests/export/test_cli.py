@@ -184,3 +184,11 @@ def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, capsys: 
     assert variants[0]["tensorrt_readiness"]["ready"] is True  # fp32 graph: standard ops only
     assert variants[2]["quantization"]["mode"] == "dynamic"
     assert variants[2]["quantization"]["integer_kernels"] > 0
+
+
+def test_output_never_overwrites_an_input(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    before = Path("net.py").read_text()
+    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat", "--out",
+                             "net.py"], capsys)
+    assert code == 2 and "is the input file" in err
+    assert Path("net.py").read_text() == before
