@@ -16,6 +16,7 @@ against those left in float. Whether INT8 is actually faster is for the benchmar
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import tempfile
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ __all__ = [
     "QuantConfig",
     "QuantResult",
     "optimized_op_counts",
+    "dynamic_weight_nodes",
     "quantize_int8",
 ]
 
@@ -153,6 +155,8 @@ class QuantResult:
         float_kernels: Conv/MatMul/Gemm nodes still in floating point in that graph.
         size_fp32_bytes: size of the float file.
         size_int8_bytes: size of the quantised file.
+        excluded_nodes: Conv/Gemm nodes left in float because their weights are computed in the graph
+            (e.g. an SSM's generated convolution kernel): quantising them only adds Q/DQ work.
     """
 
     fp32_path: str
@@ -174,6 +178,7 @@ class QuantResult:
     float_kernels: int = 0
     size_fp32_bytes: int = 0
     size_int8_bytes: int = 0
+    excluded_nodes: list[str] = field(default_factory=list)
 
 
 class ArrayCalibrationReader(CalibrationDataReader):
@@ -270,21 +275,48 @@ class _PerChannelAxisNoise(logging.Filter):
         return "is out-of-range for weight" not in record.getMessage()
 
 
-def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig) -> None:
-    """Static QDQ quantisation calibrated through ``reader``."""
+def _value_dependent(model: onnx.ModelProto) -> set[str]:
+    """Tensors whose values depend on the graph inputs' values (Shape/Size outputs depend only on shapes)."""
+    live = {i.name for i in model.graph.input}
+    for node in model.graph.node:  # ONNX nodes are stored in topological order
+        if node.op_type not in ("Shape", "Size") and any(i in live for i in node.input):
+            live.update(node.output)
+    return live
+
+
+def dynamic_weight_nodes(model: onnx.ModelProto) -> list[str]:
+    """Nodes that static quantisation should leave in float: weight-generating nodes (no input depends on the
+    data, e.g. an SSM kernel built from its parameters and the sequence length) and Conv/ConvTranspose/Gemm
+    nodes whose weight is computed in the graph rather than stored."""
+    live = _value_dependent(model)
+    constants = {i.name for i in model.graph.initializer}
+    excluded = []
+    for n in model.graph.node:
+        generates = not any(i in live for i in n.input)
+        computed_weight = (n.op_type in ("Conv", "ConvTranspose", "Gemm") and len(n.input) > 1
+                           and n.input[1] not in constants)
+        if n.name and (generates or computed_weight):
+            excluded.append(n.name)
+    return excluded
+
+
+def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig) -> list[str]:
+    """Static QDQ quantisation calibrated through ``reader``; returns the nodes it left in float."""
     act_type, symmetric = config.activation()
+    excluded = dynamic_weight_nodes(onnx.load(str(source), load_external_data=False))
     noise = _PerChannelAxisNoise()
     logging.getLogger().addFilter(noise)
     try:
-        _quantize_static(source, dest, reader, config, act_type, symmetric)
+        _quantize_static(source, dest, reader, config, act_type, symmetric, excluded)
     finally:
         logging.getLogger().removeFilter(noise)
+    return excluded
 
 
 def _quantize_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
-                     act_type: str, symmetric: bool) -> None:
+                     act_type: str, symmetric: bool, excluded: list[str]) -> None:
     quantize_static(
-        str(source), str(dest), reader,
+        str(source), str(dest), reader, nodes_to_exclude=excluded,
         quant_format=QuantFormat.QDQ, per_channel=config.per_channel, activation_type=_QUANT_TYPES[act_type],
         weight_type=QuantType.QInt8, calibrate_method=_CALIBRATION_METHODS[config.calibration_method],
         extra_options={
@@ -347,14 +379,16 @@ def quantize_int8(
     with tempfile.TemporaryDirectory() as workdir, atomic_path(out_path) as tmp:
         source, note = _preprocess(fp32_path, Path(workdir) / "preprocessed.onnx")
         try:
+            excluded: list[str] = []
             if reader is not None:
-                _run_static(source, tmp, reader, config)
+                excluded = _run_static(source, tmp, reader, config)
             else:
                 _run_dynamic(source, tmp, config)
         except Exception as exc:
             first_line = (str(exc).strip().splitlines() or [""])[0]
             raise QuantizationError(f"{config.mode} quantisation of {fp32_path.name} failed: {first_line}") from exc
-    return _result(fp32_path, out_path, config, 0 if data is None else len(data), is_random, note)
+    return dataclasses.replace(_result(fp32_path, out_path, config, 0 if data is None else len(data), is_random,
+                                       note), excluded_nodes=excluded)
 
 
 def _result(

@@ -167,3 +167,42 @@ def test_static_batch_axis_sets_calibration_batches(tmp_path: Path) -> None:
     assert result.calibration_samples == 5 and result.integer_kernels == 1
     with pytest.raises(CalibrationError, match="1 calibration samples < static batch 2 of input 'x'"):
         quantize_int8(source, tmp_path / "other.onnx", calib[:1])
+
+
+def test_convolution_with_generated_weights_stays_float(tmp_path: Path) -> None:
+    """A Conv whose kernel is computed in the graph (as in the SSM modal layer) is left in float."""
+    import torch
+    from torch import nn
+
+    from export.onnx_export import to_onnx
+    from export.quantize import dynamic_weight_nodes
+
+    class GeneratedKernel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rate = nn.Parameter(torch.tensor([0.5, 0.8]))
+            self.head = nn.Linear(2, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            length = x.shape[-1]
+            steps = torch.arange(length, dtype=x.dtype).flip(0)
+            kernel = (self.rate[:, None] ** steps[None, :]).unsqueeze(1)  # (2, 1, L): depends on the input length
+            y = nn.functional.conv1d(nn.functional.pad(x, (length - 1, 0)), kernel, groups=2)
+            return self.head(y.mean(-1))
+
+    model = GeneratedKernel().eval()
+    x = torch.randn(16, 2, 6)
+    to_onnx(model, x[:2], tmp_path / "g.onnx", dynamic_dims={2: "seq"})
+    fp32 = onnx.load(str(tmp_path / "g.onnx"))
+    conv = [n.name for n in fp32.graph.node if n.op_type == "Conv"]
+    gemm = [n.name for n in fp32.graph.node if n.op_type in ("Gemm", "MatMul")]
+    excluded = dynamic_weight_nodes(fp32)
+    assert conv and set(conv) <= set(excluded)  # computed kernel → the Conv stays float
+    assert not set(gemm) & set(excluded)  # the head's stored weights are quantised
+    assert any(n.op_type == "Pow" and n.name in excluded for n in fp32.graph.node)  # kernel generation stays float
+    result = quantize_int8(tmp_path / "g.onnx", tmp_path / "g.int8.onnx", x.numpy(), QuantConfig())
+    assert set(conv) <= set(result.excluded_nodes)
+    assert result.integer_kernels >= 1  # the Linear head is still quantised
+    q = _run(result.out_path, x.numpy())
+    ref = model(x).detach().numpy()
+    assert np.linalg.norm(q - ref) / np.linalg.norm(ref) < 0.05
