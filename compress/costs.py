@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
 
 from .evaluate import eval_mode
 
-__all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "COUNTED_TYPES"]
+__all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule"]
 
 
 @dataclass
@@ -54,13 +55,21 @@ def conv_macs(layer: nn.modules.conv._ConvNd, out: torch.Tensor) -> int:
     return positions * layer.out_channels * (layer.in_channels // layer.groups) * k
 
 
-_MAC_RULES = {
+MacRule = Callable[[nn.Module, torch.Tensor], int]  # (layer, its output) -> MACs per sample
+
+_MAC_RULES: dict[type, MacRule] = {
     nn.Linear: linear_macs,
     nn.Conv1d: conv_macs,
     nn.Conv2d: conv_macs,
     nn.Conv3d: conv_macs,
 }
-COUNTED_TYPES = tuple(_MAC_RULES)
+
+
+def register_mac_rule(module_type: type, rule: MacRule) -> None:
+    """Count MACs of ``module_type`` layers with ``rule`` (per sample); a second rule for a type is an error."""
+    if module_type in _MAC_RULES:
+        raise ValueError(f"a MAC rule for {module_type.__name__} is already registered")
+    _MAC_RULES[module_type] = rule
 
 
 def _own_params(module: nn.Module) -> int:
@@ -68,10 +77,11 @@ def _own_params(module: nn.Module) -> int:
 
 
 def count_costs(model: nn.Module, example_input: torch.Tensor) -> CostTable:
-    """Count params and per-sample MACs of every Linear/Conv layer by running ``example_input`` once.
+    """Count params and per-sample MACs of every layer with a MAC rule by running ``example_input`` once.
 
-    MACs are divided by the batch size of ``example_input``. Modules with their own parameters that
-    are not Linear/Conv (BatchNorm, SSM kernels, ...) are listed in ``not_counted``.
+    Linear/Conv have rules here; other packages add theirs with :func:`register_mac_rule` (SSM layers).
+    MACs are divided by the batch size of ``example_input``. Modules with their own parameters and no
+    rule (BatchNorm, ...) are listed in ``not_counted``.
     """
     table = CostTable(total_params=sum(p.numel() for p in model.parameters()))
     batch = example_input.shape[0]

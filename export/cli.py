@@ -337,13 +337,13 @@ def _pipeline_config(base: Any, batch: str, providers: str, no_int8: bool, quant
 
 
 def _finish_run(con: Console, report: Any, out: str) -> None:
-    from export.report import format_summary
+    from export.report import format_compact
 
-    con.table(format_summary(report))
+    con.table(format_compact(report))
     for case in report.cases:
         for w in case.warnings:
             click.echo(f"WARNING [{case.name}] {w}", err=True)
-    con.table(f"\nrun directory: {out} (report.json, report.md, plot.png, ONNX files per case)")
+    con.table(f"\nrun directory: {out} (full table in report.md; report.json, plot.png, ONNX files per case)")
     con.result(report)
 
 

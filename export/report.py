@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["summary_rows", "format_summary", "render_markdown", "plot_accuracy_latency", "plot_spectra",
+__all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency", "plot_spectra",
            "spectra_layers", "SUMMARY_HEADERS"]
 
 SUMMARY_HEADERS = ("case", "model", "params", "MACs", "MAC ratio", "file KB", "provider", "batch", "p50 ms",
@@ -37,7 +37,8 @@ def summary_rows(report: Any) -> list[tuple[str, ...]]:
             ratio = ratios.get((lat["model"], lat["provider"], lat["batch_size"]))
             acc = m.get("accuracy")
             rows.append((_get(case, "name"), lat["model"], str(_get(v, "params")), str(_get(v, "macs")),
-                         f"{_get(v, 'macs') / base_macs:.3f}", f"{_get(v, 'onnx_bytes') / 1024:.1f}", lat["provider"], str(lat["batch_size"]),
+                         f"{_get(v, 'macs') / base_macs:.3f}", f"{_get(v, 'onnx_bytes') / 1024:.1f}",
+                         lat["provider"], str(lat["batch_size"]),
                          f"{s['p50_ms']:.3f}", f"{s['p90_ms']:.3f}", f"{s['p99_ms']:.3f}",
                          f"{s['throughput_sps']:.0f}", _fmt(ratio and ratio["median"], ".3f"),
                          _fmt(None if acc is None else 100 * acc, ".2f"), _fmt(m.get("mse"), ".4g"),
@@ -45,13 +46,37 @@ def summary_rows(report: Any) -> list[tuple[str, ...]]:
     return rows
 
 
-def format_summary(report: Any) -> str:
-    """Fixed-width console table."""
-    rows = [SUMMARY_HEADERS, *summary_rows(report)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(SUMMARY_HEADERS))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+def _text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    table = [headers, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def format_summary(report: Any) -> str:
+    """Fixed-width console table with every (case, model, provider, batch) row."""
+    return _text_table(SUMMARY_HEADERS, summary_rows(report))
+
+
+def format_compact(report: Any) -> str:
+    """One line per (case, model): params, MAC ratio, file size, p50 latency and its ratio per batch size on
+    the first provider, accuracy or MSE, agreement. The full table is in report.md."""
+    full = summary_rows(report)
+    first_provider = full[0][6] if full else "cpu"
+    batches = sorted({int(r[7]) for r in full if r[6] == first_provider})
+    headers = ("case", "model", "params", "MAC ratio", "KB",
+               *(h for b in batches for h in (f"p50 ms b{b}", f"ratio b{b}")), "accuracy", "MSE", "agreement")
+    grouped: dict[tuple[str, str], dict[int, tuple[str, ...]]] = {}
+    for r in full:
+        if r[6] == first_provider:
+            grouped.setdefault((r[0], r[1]), {})[int(r[7])] = r
+    rows = []
+    for (case, model), by_batch in grouped.items():
+        any_row = next(iter(by_batch.values()))
+        cells = [c for b in batches for c in ((by_batch[b][8], by_batch[b][12]) if b in by_batch else ("-", "-"))]
+        rows.append((case, model, any_row[2], any_row[4], any_row[5], *cells, *any_row[13:16]))
+    return f"provider {first_provider}\n" + _text_table(headers, rows)
 
 
 def render_markdown(report: Any) -> str:

@@ -1,5 +1,6 @@
 """State-space (SSM) layers, their Gramians and Hankel singular values, balanced truncation, modal forms."""
 
+from . import costs as _costs  # noqa: F401  (registers the SSM MAC rules)
 from .balance import (BalancedResult, balanced_truncation, order_from_energy, order_from_trunc,
                       orders_from_budget, truncation_bound)
 from .gramians import dense_gramians, hankel_nuclear_norm, hankel_singular_values, rotation_gramians

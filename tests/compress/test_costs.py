@@ -28,3 +28,25 @@ def test_replace_modules_works_on_a_copy() -> None:
     model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
     new = replace_modules(model, {"1": nn.Tanh()})
     assert isinstance(model[1], nn.ReLU) and isinstance(new[1], nn.Tanh)
+
+
+def test_ssm_layers_counted_by_their_registered_rule() -> None:
+    from compress.ssm import DenseSSM, RotationSSM
+
+    n, h, length = 8, 5, 13
+    rot = RotationSSM(h, n)
+    table = count_costs(nn.Sequential(rot), torch.randn(3, length, h))
+    assert table.layers["0"].macs == length * (n * h + 2 * n + n * h + h)  # 2×2 rotation blocks: 2 per state
+    dense = DenseSSM(torch.eye(4) * 0.5, torch.randn(4, h), torch.randn(h, 4), torch.zeros(h, h))
+    table = count_costs(nn.Sequential(dense), torch.randn(2, length, h))
+    assert table.layers["0"].macs == length * (4 * h + 16 + 4 * h + h)
+    assert "0" not in table.not_counted
+
+
+def test_duplicate_mac_rule_is_an_error() -> None:
+    import pytest
+
+    from compress.costs import register_mac_rule
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_mac_rule(nn.Linear, lambda m, out: 0)
