@@ -11,7 +11,7 @@ from pathlib import Path
 import runtime_bench as rb
 from compress import compress
 from compress.datasets import digits
-from compress.methods.svd import SVDConfig
+from compress.methods.factorize import FactorizeConfig
 from compress.models import small_cnn
 from compress.train import TrainConfig, train
 from export.onnx_export import to_onnx
@@ -26,7 +26,7 @@ def main() -> None:
     model = small_cnn(1, (32, 64, 64), 10)
     train(model, fit, val, TrainConfig(epochs=10))
 
-    small, report = compress(model, train_set, "svd", SVDConfig(flops=0.5))
+    small, report = compress(model, train_set, "factorize", FactorizeConfig(flops=0.5, rank_multiple=16))
     print(f"MACs {report.macs_before} -> {report.macs_after}, measured {report.measured}")
 
     out = Path(tempfile.mkdtemp(prefix="minreal-example-"))
