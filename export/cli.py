@@ -382,7 +382,8 @@ def run_cmd(model: str, method: tuple[str, ...], data: str, eval_data: str | Non
 @cli.command("demo")
 @click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
 @click.option("--overwrite", is_flag=True, help="Replace an existing run directory.")
-@click.option("--only", help="Comma-separated case names (digits-mlp, digits-cnn, and each method's case).")
+@click.option("--only", help="Comma-separated demo cases: digits-mlp, digits-cnn, or a method name "
+              "(cbalanced, fde, ssm) for that method's own case.")
 @click.option("--full", is_flag=True, help="Longer training and the full 2 s timing protocol.")
 @common
 def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: bool, as_json: bool) -> None:
@@ -395,9 +396,10 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
     con = Console(quiet, as_json)
     prepare_run_dir(Path(out), overwrite).rmdir()
     con.progress("training demo models (seeded)")
-    cases = demo_cases(quick=not full, only=_split_names(only or ""))
-    if not cases:
-        raise click.BadParameter(f"no demo case named {only!r}", param_hint="--only")
+    try:
+        cases = demo_cases(quick=not full, only=_split_names(only or ""))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--only") from None
     cfg = PipelineConfig() if full else DEMO_PIPELINE
     report = run_pipeline(cases, Path(out), replace(cfg), overwrite, con.progress)
     _finish_run(con, report, out)

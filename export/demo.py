@@ -15,7 +15,7 @@ from compress.models import mlp, small_cnn
 from compress.train import TrainConfig, train
 from export.pipeline import PipelineConfig
 
-__all__ = ["demo_cases", "DEMO_PIPELINE", "digits_cases"]
+__all__ = ["demo_cases", "demo_factories", "DEMO_PIPELINE", "digits_cases"]
 
 # A shorter timing protocol than the default keeps the demo under 3 minutes on 2 cores; it is recorded
 # in report.json (config) so nobody mistakes it for a release measurement.
@@ -36,29 +36,41 @@ def _lowrank_runs() -> list[DemoRun]:
             for name in ("svd", "factorize")]
 
 
+def _digits_mlp(quick: bool = True) -> DemoCase:
+    case = _trained(mlp(64, [128, 128], 10), "digits-mlp", flat=True, epochs=12 if quick else 40)
+    case.runs = _lowrank_runs()
+    return case
+
+
+def _digits_cnn(quick: bool = True) -> DemoCase:
+    case = _trained(small_cnn(1, (32, 64, 64), 10), "digits-cnn", flat=False, epochs=12 if quick else 40)
+    case.runs = _lowrank_runs()
+    return case
+
+
 def digits_cases(quick: bool = True) -> list[DemoCase]:
     """The MLP and CNN trained on scikit-learn's digits (seeded, held-out test split)."""
-    epochs = 12 if quick else 40
-    cases = [_trained(mlp(64, [128, 128], 10), "digits-mlp", flat=True, epochs=epochs),
-             _trained(small_cnn(1, (32, 64, 64), 10), "digits-cnn", flat=False, epochs=epochs)]
-    for c in cases:
-        c.runs = _lowrank_runs()
-    return cases
+    return [_digits_mlp(quick), _digits_cnn(quick)]
 
 
-def _method_demo_factories() -> list[Callable[[bool], DemoCase]]:
-    """``demo_case`` of each registered method's module, once per module, in registration-name order."""
-    seen, out = set(), []
+def demo_factories() -> dict[str, Callable[[bool], DemoCase]]:
+    """Demo cases by key: the two digits models, then each registered method module's ``demo_case``
+    (keyed by the first method name registered from that module)."""
+    factories: dict[str, Callable[[bool], DemoCase]] = {"digits-mlp": _digits_mlp, "digits-cnn": _digits_cnn}
+    seen = set()
     for name in method_names():
         module = importlib.import_module(get_method(name).fn.__module__)
         factory = getattr(module, "demo_case", None)
         if factory is not None and module.__name__ not in seen:
             seen.add(module.__name__)
-            out.append(factory)
-    return out
+            factories[name] = factory
+    return factories
 
 
 def demo_cases(quick: bool = True, only: tuple[str, ...] = ()) -> list[DemoCase]:
-    """All demo cases (optionally only those whose name is in ``only``)."""
-    cases = digits_cases(quick) + [f(quick) for f in _method_demo_factories()]
-    return [c for c in cases if not only or c.name in only]
+    """Build the demo cases (all, or only the keys in ``only``; see :func:`demo_factories`)."""
+    factories = demo_factories()
+    unknown = sorted(set(only) - set(factories))
+    if unknown:
+        raise ValueError(f"unknown demo case {', '.join(unknown)}; choose from {', '.join(factories)}")
+    return [f(quick) for key, f in factories.items() if not only or key in only]

@@ -192,3 +192,22 @@ def test_output_never_overwrites_an_input(workdir: Path, capsys: pytest.CaptureF
                              "net.py"], capsys)
     assert code == 2 and "is the input file" in err
     assert Path("net.py").read_text() == before
+
+
+def test_demo_single_case_end_to_end(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run_main(["demo", "--only", "digits-mlp", "--out", "runs/demo"], capsys)
+    assert code == 0, err
+    report = json.loads(Path("runs/demo/report.json").read_text())
+    assert [c["name"] for c in report["cases"]] == ["digits-mlp"]
+    labels = [v["label"] for v in report["cases"][0]["variants"]]
+    assert labels == ["original", "svd-0.5", "factorize-0.5", "svd-0.5.int8", "factorize-0.5.int8"]
+    metrics = {m["model"]: m for m in report["cases"][0]["bench"]["metrics"]}
+    assert metrics["original"]["accuracy"] > 0.9  # trained on digits, held-out accuracy
+    assert "factorize-0.5" in out and "p50 ms b1" in out  # the compact table
+    assert Path("runs/demo/plot.png").exists() and Path("runs/demo/report.md").exists()
+
+
+def test_demo_unknown_case_is_usage_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["demo", "--only", "nosuch", "--out", "runs/x"], capsys)
+    assert code == 2 and "nosuch" in err and "digits-mlp" in err
+    assert not Path("runs/x").exists()
