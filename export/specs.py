@@ -6,7 +6,8 @@ Model specs (``load_model``):
   state dict (nothing is ever downloaded);
 - ``path/to/file.py:factory`` — a callable in a file, imported by path (``sys.path`` is left alone);
 - ``package.module:factory`` — a callable in an importable module;
-- ``model.pt2`` — a program written by ``torch.export.save``;
+- ``model.pt2`` — a program written by ``torch.export.save`` (a zip archive; its tensor members are checked
+  with ``torch.load(..., weights_only=True)`` and any that need full unpickling are refused unless trusted);
 - ``model.pt`` / ``model.pth`` — a whole pickled ``nn.Module``, loaded only with ``trust_pickle=True``.
 
 A state dict is never a model on its own: it goes in ``weights`` next to a factory or torchvision name.
@@ -29,12 +30,17 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import io
+import json
 import logging
 import math
 import pickle
 import re
 import sys
+import warnings
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -203,13 +209,103 @@ def _build_torchvision(name: str, num_classes: int | None) -> nn.Module:
         raise SpecError(f"building torchvision model {name!r} failed ({_cause(exc)}); check num_classes") from exc
 
 
+_PT2_PICKLE_PREFIXES = ("custom_obj_", "opaque_obj_")  # torchbind / opaque constants: always unpickled
+_PT2_LEGACY_PICKLES = ("serialized_state_dict.json", "serialized_constants.json")  # torch.save blobs (<= 2.7)
+_PT2_BLOB_MAGIC = (b"PK\x03\x04", b"\x80")  # torch.save zip container, raw pickle (protocol >= 2)
+# Loggers torch.export.load writes to while deserializing; their records (one of which has a broken format
+# string in torch 2.14 and prints "--- Logging error ---" with a traceback) are kept off stderr.
+_PT2_NOISY_LOGGERS = ("torch._export.serde.serialize", "torch.export", "torch.export.pt2_archive._package")
+
+
+def _pt2_raw_payloads(zf: zipfile.ZipFile) -> set[str]:
+    """Members that a weights/constants config declares as raw tensor bytes (``use_pickle: false``)."""
+    raw: set[str] = set()
+    for name in zf.namelist():
+        if not name.endswith(("_weights_config.json", "_constants_config.json")):
+            continue
+        try:
+            config = json.loads(zf.read(name)).get("config", {})
+            folder = name.rsplit("/", 1)[0] + "/" if "/" in name else ""
+            raw.update(folder + str(meta["path_name"]) for meta in config.values()
+                       if isinstance(meta, dict) and meta.get("use_pickle") is False and "path_name" in meta)
+        except Exception:  # a malformed config declares nothing raw; every blob in the archive gets checked
+            continue
+    return raw
+
+
+def _pt2_needs_check(name: str, data: bytes, raw: set[str]) -> bool:
+    base = name.rsplit("/", 1)[-1]
+    if name.endswith(".pt") or base in _PT2_LEGACY_PICKLES or base.startswith(_PT2_PICKLE_PREFIXES):
+        return True
+    return name not in raw and data.startswith(_PT2_BLOB_MAGIC)
+
+
+def _check_pt2_members(path: Path) -> None:
+    """Refuse a .pt2 whose torch-serialized members cannot be read with ``weights_only=True``.
+
+    ``torch.export.load`` silently retries a failed ``weights_only=True`` load with ``weights_only=False``
+    (and unpickles some constants outright), so an untrusted archive is vetted member by member first.
+    Members that are not zip archives are left to ``torch.export.load`` to report.
+    """
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError):
+        return
+    with zf:
+        raw = _pt2_raw_payloads(zf)
+        for info in zf.infolist():
+            if info.is_dir():
+                continue
+            try:
+                data = zf.read(info)
+            except Exception as exc:
+                raise SpecError(f"could not read member {info.filename} of torch.export program {path} "
+                                f"({_cause(exc)}); re-save it with torch.export.save") from exc
+            if not _pt2_needs_check(info.filename, data, raw):
+                continue
+            try:
+                with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the verdict below says it all
+                    warnings.simplefilter("ignore")
+                    torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            except Exception as exc:
+                raise SpecError(f"{path}: archive member {info.filename} holds objects that need unpickling, "
+                                "and loading them can run arbitrary code; pass trust_pickle=True "
+                                "(--trust-pickle) only if you trust the file") from exc
+
+
+class _DropRecords(logging.Filter):
+    """Keeps torch's deserialization log records off stderr; their gist goes to this module's debug log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        logger.debug("torch.export.load (%s): %s", record.name, record.msg)
+        return False
+
+
+@contextmanager
+def _quiet_torch_export_logs() -> Iterator[None]:
+    drop = _DropRecords()
+    loggers = [logging.getLogger(name) for name in _PT2_NOISY_LOGGERS]
+    for log in loggers:
+        log.addFilter(drop)
+    try:
+        yield
+    finally:
+        for log in loggers:
+            log.removeFilter(drop)
+
+
 def _load_exported(path: Path, trust_pickle: bool = False) -> nn.Module:
     """``torch.export.load(path).module()``; the graph keeps the train/eval mode it was exported in.
 
-    ``trust_pickle`` is accepted for a uniform loader signature; a .pt2 archive holds no pickles.
+    A .pt2 archive can hold pickles (sample inputs, pickled tensors, custom objects) that
+    ``torch.export.load`` would unpickle in full; unless ``trust_pickle`` is set, every such member must
+    load with ``torch.load(..., weights_only=True)`` or the file is refused before torch reads it.
     """
+    if not trust_pickle:
+        _check_pt2_members(path)
     try:
-        module = torch.export.load(path).module()
+        with _quiet_torch_export_logs():
+            module = torch.export.load(path).module()
     except Exception as exc:
         raise SpecError(f"could not load torch.export program {path} ({_cause(exc)}); re-save it with "
                         f"torch.export.save under torch {torch.__version__}") from exc

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import pathlib
+import pickle
+import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -133,6 +137,60 @@ def test_corrupt_exported_program(tmp_path: Path) -> None:
     (tmp_path / "bad.pt2").write_bytes(b"not a zip archive")
     with pytest.raises(SpecError, match=r"could not load torch\.export program .*bad\.pt2"):
         load_model(str(tmp_path / "bad.pt2"))
+
+
+class _TouchOnUnpickle:
+    """Unpickling this creates ``target``: stands in for an ``os.system`` payload."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.target,))
+
+
+def _crafted_pt2(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A legit .pt2 of a tiny MLP with its sample-inputs ``.pt`` member replaced by a malicious pickle."""
+    good = tmp_path / "good.pt2"
+    torch.export.save(torch.export.export(_tiny().eval(), (torch.randn(2, 4),)), good)
+    marker = tmp_path / "PWNED"
+    evil = tmp_path / "evil.pt2"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(evil, "w") as dst:
+        members = [info.filename for info in src.infolist()]
+        target = next(name for name in members if name.endswith(".pt"))
+        for info in src.infolist():
+            data = pickle.dumps(_TouchOnUnpickle(marker)) if info.filename == target else src.read(info)
+            dst.writestr(info, data)
+    return evil, marker, target
+
+
+def test_exported_program_with_pickle_member_is_refused(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    evil, marker, member = _crafted_pt2(tmp_path)
+    with pytest.raises(SpecError, match=rf"evil\.pt2: archive member {re.escape(member)} holds objects that need "
+                                        r"unpickling.*--trust-pickle"):
+        load_model(str(evil))
+    assert not marker.exists()
+    assert "Logging error" not in capfd.readouterr().err
+
+
+def test_exported_program_with_pickle_member_loads_when_trusted(tmp_path: Path,
+                                                                 capfd: pytest.CaptureFixture) -> None:
+    evil, _, _ = _crafted_pt2(tmp_path)
+    try:
+        load_model(str(evil), trust_pickle=True)  # the payload may run and break the program: that is allowed
+    except SpecError as exc:
+        assert "need unpickling" not in str(exc)
+    err = capfd.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err
+
+
+def test_legit_exported_program_passes_the_pickle_check(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    source = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    x = torch.randn(2, 4)
+    torch.export.save(torch.export.export(source, (x,)), tmp_path / "mlp.pt2")
+    model = load_model(str(tmp_path / "mlp.pt2"))  # trust_pickle defaults to False
+    assert torch.allclose(model(x), source(x))
+    assert capfd.readouterr().err == ""
 
 
 def test_pickled_module_refused_unless_trusted(tmp_path: Path) -> None:
