@@ -8,6 +8,11 @@ Measured here (torch 2.14.1, onnxscript 0.7.2, offline): the dynamo exporter han
 CNNs with a dynamic batch (example batch 1 included) at opsets 18-23; asked for opset 17 it still
 writes opset 18, its minimum. It fails on data-dependent control flow (``if x.sum() > 0``), where the
 TorchScript exporter traces one branch. Hence ``DEFAULT_OPSET = 18``.
+
+Both exporters print to stdout/stderr (progress lines, graph dumps, C++ "Torch IR graph at
+exception" logs). Each exporter call runs inside :func:`export.quiet.captured_output`, which
+captures Python and file-descriptor output, so ``--json`` output stays clean and ``-q`` is quiet;
+the captured text goes to the debug log.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from torch import nn
 from compress.evaluate import eval_mode
 from export.atomic import atomic_path
 from export.errors import ExportError
+from export.quiet import Captured, captured_output, first_line
 
 __all__ = ["DEFAULT_OPSET", "MIN_OPSET", "ExportResult", "eval_mode", "flatten_outputs", "to_onnx"]
 
@@ -101,9 +107,12 @@ def _dynamic_axes(ndim: int, dynamic_batch: bool, dynamic_dims: Mapping[int, str
     return dict(sorted(axes.items()))
 
 
-def _one_line(exc: BaseException) -> str:
-    """Condense an exporter error to one line, preferring its 'Exception summary' section."""
-    text = _ANSI.sub("", str(exc))
+def _one_line(exc: BaseException, output: str = "") -> str:
+    """Condense an exporter error to one line, preferring its 'Exception summary' section.
+
+    If the exception carries no message, the first line the exporter printed (``output``) is used.
+    """
+    text = _ANSI.sub("", str(exc)) or _ANSI.sub("", first_line(output))
     if "## Exception summary" in text:
         text = text.split("## Exception summary", 1)[1]
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and ln.strip() != "⬆️"]
@@ -126,7 +135,8 @@ def _unsupported_op(*messages: str) -> str | None:
 def _locate_op(module: nn.Module, example: torch.Tensor, op: str) -> str | None:
     """Return the qualified name of the submodule that calls ``op`` (best effort, via torch.export)."""
     try:
-        program = torch.export.export(module, (example,), strict=False)
+        with captured_output():
+            program = torch.export.export(module, (example,), strict=False)
     except Exception:  # noqa: BLE001 - locating is a courtesy; the export error is raised anyway
         return None
     for node in program.graph.nodes:
@@ -160,7 +170,7 @@ def _export_torchscript(
         warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, torch.jit.TracerWarning))
         torch.onnx.export(
             module, (example,), str(path), dynamo=False, opset_version=opset, input_names=[names[0]],
-            output_names=names[1], dynamic_axes=dynamic_axes or None, do_constant_folding=True,
+            output_names=names[1], dynamic_axes=dynamic_axes or None, do_constant_folding=True, verbose=False,
         )  # fmt: skip
 
 
@@ -185,12 +195,16 @@ def _output_names(module: nn.Module, example: torch.Tensor, output_names: Sequen
     return list(output_names)
 
 
-def _export_error(module: nn.Module, example: torch.Tensor, opset: int, errors: list[BaseException]) -> ExportError:
-    """Build the one-line error raised when both exporters failed."""
+def _export_error(
+    module: nn.Module, example: torch.Tensor, opset: int, errors: list[BaseException], outputs: list[str]
+) -> ExportError:
+    """Build the one-line error raised when both exporters failed (``outputs``: what each printed)."""
     op = _unsupported_op(*(_ANSI.sub("", str(e)) for e in reversed(errors)))
     where = _locate_op(module, example, op) if op else None
     culprit = f"op {op}" + (f" in submodule '{where}'" if where else "") if op else "the module"
-    reasons = "; ".join(f"{name}: {_one_line(e)}" for name, e in zip(("dynamo", "torchscript"), errors))
+    reasons = "; ".join(
+        f"{name}: {_one_line(e, out)}" for name, e, out in zip(("dynamo", "torchscript"), errors, outputs)
+    )
     return ExportError(
         f"cannot export {type(module).__name__} to ONNX opset {opset}: {culprit} is not supported ({reasons})"
     )
@@ -235,20 +249,33 @@ def to_onnx(
         raise ValueError(f"output folder {Path(path).parent} does not exist; create it first")
     axes = _dynamic_axes(example_input.dim(), dynamic_batch, dynamic_dims)
     errors: list[BaseException] = []
+    outputs: list[str] = []
     with eval_mode(module):
         names = (input_name, _output_names(module, example_input, output_names))
         for exporter, run in (("dynamo", _export_dynamo), ("torchscript", _export_torchscript)):
+            printed = Captured()
             try:
                 with atomic_path(path) as tmp:
-                    run(module, example_input, tmp, opset, axes, names)
+                    with captured_output() as printed:
+                        run(module, example_input, tmp, opset, axes, names)
                     model = _check_embedded(tmp)
                 break
             except Exception as exc:  # noqa: BLE001 - any exporter failure triggers the fallback
-                logger.info("%s exporter failed for %s: %s", exporter, type(module).__name__, _one_line(exc))
+                reason = _one_line(exc, printed.text)
+                logger.info("%s exporter failed for %s: %s", exporter, type(module).__name__, reason)
                 errors.append(exc)
+                outputs.append(printed.text)
+            finally:
+                _log_printed(exporter, printed.text)
         else:
-            raise _export_error(module, example_input, opset, errors) from errors[-1]
-    return _result(Path(path), exporter, model, opset, names, axes, errors)
+            raise _export_error(module, example_input, opset, errors, outputs) from errors[-1]
+    return _result(Path(path), exporter, model, opset, names, axes, errors, outputs)
+
+
+def _log_printed(exporter: str, text: str) -> None:
+    """Send what an exporter printed to the debug log (it never reaches stdout/stderr)."""
+    if text.strip():
+        logger.debug("%s exporter printed:\n%s", exporter, text.rstrip())
 
 
 def _result(
@@ -259,10 +286,11 @@ def _result(
     names: tuple[str, list[str]],
     axes: dict[int, str],
     errors: list[BaseException],
+    outputs: list[str],
 ) -> ExportResult:
     """Assemble the :class:`ExportResult` for a written file."""
     written = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    reason = _one_line(errors[0]) if errors else None
+    reason = _one_line(errors[0], outputs[0]) if errors else None
     if reason:
         logger.warning("exported %s with the TorchScript exporter; dynamo failed: %s", path.name, reason)
     return ExportResult(

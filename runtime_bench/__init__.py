@@ -3,6 +3,7 @@
 This package never imports torch.
 """
 
+from .atomic import atomic_path, atomic_write_bytes, atomic_write_text
 from .bench import Progress, run_benchmark
 from .check import CheckResult, Criterion, check_report, format_check
 from .config import BenchConfig, ModelEntry
@@ -32,6 +33,9 @@ __all__ = [
     "write_markdown",
     "format_table",
     "load_report",
+    "atomic_path",
+    "atomic_write_bytes",
+    "atomic_write_text",
     "check_report",
     "format_check",
     "CheckResult",

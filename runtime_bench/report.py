@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from .atomic import atomic_write_text
 from .config import BenchConfig
 from .environment import Environment
 from .errors import ReportSchemaError
@@ -88,12 +87,12 @@ class BenchReport:
 
 def write_json(report: BenchReport, path: Path) -> Path:
     """Write ``report`` as indented JSON atomically; returns the path."""
-    return _atomic_write(Path(path), json.dumps(asdict(report), indent=2) + "\n")
+    return _write_text(Path(path), json.dumps(asdict(report), indent=2) + "\n")
 
 
 def write_markdown(report: BenchReport, path: Path) -> Path:
     """Write ``report`` as Markdown atomically; returns the path."""
-    return _atomic_write(Path(path), _markdown(report))
+    return _write_text(Path(path), _markdown(report))
 
 
 def format_table(report: BenchReport) -> str:
@@ -131,18 +130,10 @@ def validate_report(data: Any, source: str) -> dict[str, Any]:
     return data
 
 
-def _atomic_write(path: Path, text: str) -> Path:
-    """Write to a temporary file in the same directory, then ``os.replace`` it into place."""
+def _write_text(path: Path, text: str) -> Path:
+    """Create the parent folder if needed, then write ``text`` atomically (umask permissions)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_text(path, text)
 
 
 Rows = tuple[list[str], list[list[str]]]

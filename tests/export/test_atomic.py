@@ -53,3 +53,13 @@ def test_ensure_distinct_refuses_to_overwrite_input(tmp_path: Path) -> None:
     with pytest.raises(SameFileError, match="is the input file"):
         ensure_distinct(source, tmp_path / "." / "in.onnx")
     ensure_distinct(source, tmp_path / "out.onnx")
+
+
+def test_export_atomic_reexports_the_runtime_bench_writers() -> None:
+    import runtime_bench.atomic as shared
+
+    from export import atomic
+
+    assert atomic.atomic_path is shared.atomic_path
+    assert atomic.atomic_write_bytes is shared.atomic_write_bytes
+    assert atomic.atomic_write_text is shared.atomic_write_text

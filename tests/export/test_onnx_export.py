@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +19,7 @@ from torch import nn
 import export.onnx_export as onnx_export
 from export.errors import ExportError
 from export.onnx_export import ExportResult, to_onnx
+from export.quiet import captured_output, first_line
 
 
 def _run(path: str | Path, x: torch.Tensor) -> list[np.ndarray]:
@@ -51,6 +56,18 @@ class Unexportable(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.block(self.lin(x))
+
+
+class Eigh(nn.Module):
+    """Calls torch.linalg.eigh: both exporters fail, and the TorchScript one dumps its graph to fd 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return torch.linalg.eigh(y.transpose(-1, -2) @ y)[0]
 
 
 def test_dynamo_export_runs_at_batch_1_and_7(
@@ -176,3 +193,43 @@ def test_bad_arguments_are_value_errors(tmp_path: Path, kwargs: dict, message: s
     with pytest.raises(ValueError, match=message):
         to_onnx(nn.Linear(4, 2), torch.randn(2, 4), tmp_path / "x.onnx", **kwargs)
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_captured_output_catches_python_and_fd_level_output(capfd: pytest.CaptureFixture[str]) -> None:
+    libc = ctypes.CDLL(None)
+    with pytest.raises(RuntimeError, match="boom"), captured_output() as out:
+        print("python stdout")
+        print("python stderr", file=sys.stderr)
+        os.write(1, b"fd one\n")
+        os.write(2, b"fd two\n")
+        libc.printf(b"C stdio %d\n", 7)  # buffered by libc, flushed into the capture on exit
+        raise RuntimeError("boom")
+    for line in ("python stdout", "python stderr", "fd one", "fd two", "C stdio 7"):
+        assert line in out.text
+    assert first_line(out.text) == "python stdout"
+    print("after")  # the streams are restored
+    assert capfd.readouterr() == ("after\n", "")
+
+
+def test_export_failing_in_both_exporters_prints_nothing(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    capfd.readouterr()
+    with caplog.at_level(logging.DEBUG, logger="export.onnx_export"), pytest.raises(
+        ExportError, match=r"op aten::linalg_eigh"
+    ) as info:
+        to_onnx(Eigh(), torch.randn(2, 4), tmp_path / "eigh.onnx")
+    assert "\n" not in str(info.value)
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "Torch IR graph" not in err and "GraphModule" not in err
+    assert "Torch IR graph at exception" in caplog.text  # kept for debugging, at DEBUG level
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_successful_dynamo_export_prints_nothing(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    capfd.readouterr()
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    result = to_onnx(model, torch.randn(2, 4), tmp_path / "mlp.onnx")
+    assert result.exporter == "dynamo"
+    assert capfd.readouterr() == ("", "")

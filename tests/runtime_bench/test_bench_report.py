@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -69,3 +70,15 @@ def test_bad_report_files(tmp_path: Path, content: str, match: str) -> None:
 def test_missing_report_names_file(tmp_path: Path) -> None:
     with pytest.raises(ReportSchemaError, match="report file not found: .*nothing.json"):
         load_report(tmp_path / "nothing.json")
+
+
+def test_reports_get_umask_permissions_not_0600(tmp_path: Path, bench_report) -> None:
+    report, _ = bench_report
+    old = os.umask(0o022)
+    try:
+        json_path = write_json(report, tmp_path / "report.json")
+        md_path = write_markdown(report, tmp_path / "report.md")
+    finally:
+        os.umask(old)
+    assert json_path.stat().st_mode & 0o777 == 0o666 & ~0o022 == 0o644
+    assert md_path.stat().st_mode & 0o777 == 0o644
