@@ -3,7 +3,8 @@
 All layers map ``u`` (batch, length, h_in) to ``y`` (batch, length, h_out) with
 x_{k+1} = A x_k + B u_k, y_k = C x_k + D u_k from zero state. The rotation-block and modal layers run
 the recurrence as a causal convolution of ``B u`` with the modal kernel ρ^k R(kα), computed in-graph
-from (ρ, α): no per-step unrolling, any sequence length, real dtypes only.
+from (ρ, α): no per-step unrolling, any sequence length, real dtypes only. Without the FFT (export, the
+modal layer) the convolution is two-level: within chunks of T steps, then over chunks (sub-quadratic in L).
 """
 
 from __future__ import annotations
@@ -43,30 +44,75 @@ def _powers(rho: torch.Tensor, alpha: torch.Tensor, k: torch.Tensor) -> tuple[to
     return mag * torch.cos(ang), mag * torch.sin(ang)
 
 
+def _block_powers(rho: torch.Tensor, alpha: torch.Tensor, k: torch.Tensor, m: int) -> torch.Tensor:
+    """A_g^k for every mode block g and power k (any shape): (G, m, m, *k.shape).
+
+    m = 2: the rotation block ρ^k R(kα); m = 1: the real mode ρ^k cos(kα) (α ∈ {0, π} encodes the sign).
+    """
+    kc, ks = _powers(rho, alpha, k.reshape(-1))
+    shape = (rho.shape[0], m, m, *k.shape)
+    if m == 1:
+        return kc.reshape(shape)
+    return torch.stack([torch.stack([kc, -ks], 1), torch.stack([ks, kc], 1)], 1).reshape(shape)
+
+
+def _direct_states(v: torch.Tensor, rho: torch.Tensor, alpha: torch.Tensor, m: int,
+                   step: int = 1) -> torch.Tensor:
+    """x_t = Σ_{j≥0} (A^step)^j v_{t−1−j} for one kind of block, ``v`` (batch, G·m, L): a causal grouped
+    conv1d whose full-length kernel is built in-graph (O(L²) per channel)."""
+    length = v.shape[-1]
+    # Kernel laid out reversed (k = L−1 … 0) so conv1d's cross-correlation is the causal convolution.
+    k = step * ((length - 1) - torch.arange(length, device=v.device, dtype=v.dtype))
+    w = _block_powers(rho, alpha, k, m).reshape(rho.shape[0] * m, m, length)
+    # Output t of the valid conv sees v_{t−1}, …, v_{t−L}.
+    return F.conv1d(F.pad(v, (length, 0)), w, groups=rho.shape[0])[..., :length]
+
+
+def _chunked_states(v: torch.Tensor, rho: torch.Tensor, alpha: torch.Tensor, m: int, chunk: int) -> torch.Tensor:
+    """:func:`_direct_states` by a two-level (chunked) convolution over chunks of T = ``chunk`` steps.
+
+    With t = jT + k: x_t = Σ_{jT≤s<t} A^{t−1−s} v_s + A^k e_j, where e_j = x_{jT} obeys e_{j+1} = A^T e_j + s_j
+    and s_j = Σ_{k<T} A^{T−1−k} v_{jT+k}. The within-chunk states and s_j are one stride-T conv (a
+    block-Toeplitz product per chunk), e_j is the direct convolution over chunks with (ρ^T, Tα), and A^k e_j a
+    stride-T transposed conv: O(L·T + L²/T²) per state instead of O(L²). Returns N·T ≥ L steps, N ≥ 2 chunks.
+    """
+    g, t, b = rho.shape[0], chunk, v.shape[0]
+    steps = torch.arange(t + 1, device=v.device, dtype=v.dtype)
+    lag = steps[:, None] - 1 - steps[None, :t]  # (T+1, T): state k (k = T: the chunk end) from input s
+    toeplitz = _block_powers(rho, alpha, lag.clamp_min(0), m) * (lag >= 0)  # (G, m, m, T+1, T)
+    w_in = toeplitz.transpose(2, 3).reshape(g * m * (t + 1), m, t)
+    w_out = _block_powers(rho, alpha, steps[:t], m).transpose(1, 2).reshape(g * m, m, t)  # A^k
+    # Static padding by 2T−1 zeros: N = ⌈L/T⌉ + 1 ≥ 2 chunks, with no length-dependent pad for export to trace.
+    z = F.conv1d(F.pad(v, (0, 2 * t - 1)), w_in, stride=t, groups=g)
+    z = z.reshape(b, g, m, t + 1, z.shape[-1])  # (B, G, m, T+1, N)
+    entry = _direct_states(z[:, :, :, t].reshape(b, g * m, -1), rho, alpha, m, step=t)  # e_j: (B, G·m, N)
+    within = z[:, :, :, :t].transpose(3, 4).reshape(b, g * m, -1)
+    return within + F.conv_transpose1d(entry, w_out, stride=t, groups=g)
+
+
 def modal_states(v: torch.Tensor, rho: torch.Tensor, alpha: torch.Tensor, lam: torch.Tensor,
-                 use_fft: bool) -> torch.Tensor:
+                 use_fft: bool, chunk: int | None = 32) -> torch.Tensor:
     """States x_t = Σ_{j≥0} A^j v_{t−1−j} of the real modal A for inputs ``v`` (batch, n, length).
 
-    ``use_fft`` picks an FFT convolution (training speed); otherwise a causal grouped ``conv1d`` whose
-    kernel ρ^k R(kα) (and |λ|^k cos(kπ[λ<0]) for real modes) is built in-graph for the dynamic length.
+    ``use_fft`` picks an FFT convolution (training speed). Otherwise the kernel ρ^k R(kα) (and
+    |λ|^k cos(kπ[λ<0]) for real modes) is built in-graph for the dynamic length: with ``chunk`` = T a
+    two-level convolution over chunks of T steps (O(L·T + L²/T²) per state), with ``chunk=None`` one
+    causal grouped ``conv1d`` with a full-length kernel (O(L²)).
     """
     q, length = rho.shape[0], v.shape[-1]
     lam_rho = lam.abs()
     lam_alpha = torch.where(lam < 0, torch.full_like(lam, math.pi), torch.zeros_like(lam))
     if use_fft:
         return _states_fft(v, rho, alpha, lam_rho, lam_alpha)
-    # Kernel laid out reversed (k = L−1 … 0) so conv1d's cross-correlation is the causal convolution.
-    k = (length - 1) - torch.arange(length, device=v.device, dtype=v.dtype)
-    vp = F.pad(v, (length, 0))  # output t of the valid conv sees v_{t−1}, …, v_{t−L}
-    parts = []
-    if q:
-        kc, ks = _powers(rho, alpha, k)
-        w = torch.stack([torch.stack([kc, -ks], 1), torch.stack([ks, kc], 1)], 1).reshape(2 * q, 2, length)
-        parts.append(F.conv1d(vp[:, : 2 * q], w, groups=q)[..., :length])
-    if lam.shape[0]:
-        kr, _ = _powers(lam_rho, lam_alpha, k)
-        parts.append(F.conv1d(vp[:, 2 * q:], kr[:, None, :], groups=lam.shape[0])[..., :length])
-    return torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+    kinds = [(v[:, : 2 * q], rho, alpha, 2), (v[:, 2 * q:], lam_rho, lam_alpha, 1)]
+    parts = [_chunked_states(*kind, chunk) if chunk else _direct_states(*kind)
+             for kind in kinds if kind[1].shape[0]]
+    x = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+    if not chunk:
+        return x
+    # The first L steps, by index (a slice would make export guard on N·T versus L and fix the length),
+    # gathered as rows of the time-major layout, which callers transpose back (adjacent transposes cancel).
+    return x.transpose(1, 2).index_select(1, torch.arange(length, device=v.device)).transpose(1, 2)
 
 
 def _states_fft(v: torch.Tensor, rho: torch.Tensor, alpha: torch.Tensor, lam_rho: torch.Tensor,
@@ -91,10 +137,11 @@ def _states_fft(v: torch.Tensor, rho: torch.Tensor, alpha: torch.Tensor, lam_rho
 
 
 def _run_modal(u: torch.Tensor, rho: torch.Tensor, alpha: torch.Tensor, lam: torch.Tensor,
-               b: torch.Tensor, c: torch.Tensor, d: torch.Tensor, use_fft: bool) -> torch.Tensor:
-    """y = C x + D u for the modal system, ``u`` (batch, length, h_in)."""
+               b: torch.Tensor, c: torch.Tensor, d: torch.Tensor, use_fft: bool,
+               chunk: int | None = 32) -> torch.Tensor:
+    """y = C x + D u for the modal system, ``u`` (batch, length, h_in); ``chunk`` as in :func:`modal_states`."""
     v = (u @ b.T).transpose(1, 2)
-    x = modal_states(v, rho, alpha, lam, use_fft).transpose(1, 2)
+    x = modal_states(v, rho, alpha, lam, use_fft, chunk).transpose(1, 2)
     return x @ c.T + (u * d if d.dim() == 1 else u @ d.T)
 
 
@@ -153,12 +200,15 @@ class RotationSSM(_RotationPairs):
 class ModalSSM(nn.Module):
     """Real modal layer emitted by the reduction: q rotation pairs ρR(α) then p real modes λ.
 
-    Only real parameters and plain ops (exp, cos, sin, grouped conv1d); cost scales with r = 2q + p.
+    Only real parameters and plain ops (exp, cos, sin, grouped (transposed) conv1d); cost scales with r = 2q + p. The
+    states are a two-level convolution over chunks of ``chunk`` steps (O(L·T + L²/T²) per state, see
+    :func:`modal_states`); ``chunk=None`` uses one full-length causal conv (O(L²)).
     """
 
     def __init__(self, rho: torch.Tensor, alpha: torch.Tensor, lam: torch.Tensor, b: torch.Tensor,
-                 c: torch.Tensor, d: torch.Tensor) -> None:
+                 c: torch.Tensor, d: torch.Tensor, chunk: int | None = 32) -> None:
         super().__init__()
+        self.chunk = chunk
         if b.shape[0] != 2 * rho.shape[0] + lam.shape[0]:
             raise ValueError(f"B has {b.shape[0]} rows for {rho.shape[0]} pairs and {lam.shape[0]} real modes")
         self.rho, self.alpha, self.lam = nn.Parameter(rho), nn.Parameter(alpha), nn.Parameter(lam)
@@ -169,7 +219,8 @@ class ModalSSM(nn.Module):
         return self.b.shape[0]
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        return _run_modal(u, self.rho, self.alpha, self.lam, self.b, self.c, self.d, use_fft=False)
+        return _run_modal(u, self.rho, self.alpha, self.lam, self.b, self.c, self.d, use_fft=False,
+                          chunk=self.chunk)
 
     def state_space(self) -> StateSpace:
         return modal_state_space(self.rho, self.alpha, self.lam, self.b, self.c, self.d)

@@ -3,6 +3,7 @@ parity with the step-by-step recurrence in torch and ONNX Runtime."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +46,31 @@ def modal_layer() -> ModalSSM:
     return ModalSSM(*(t.float() for t in (form.rho, form.alpha, form.lam, form.b, form.c, torch.diag(sys.d))))
 
 
-def test_modal_layer_exports_with_dynamic_length_and_matches_recurrence(modal_layer: ModalSSM,
+@pytest.mark.parametrize("length", [1, 17, 64, 65, 784])
+@pytest.mark.parametrize("chunk", [32, 64, 7])
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-9), (torch.float32, 1e-4)])
+def test_two_level_convolution_matches_recurrence(modal_layer: ModalSSM, length: int, chunk: int,
+                                                  dtype: torch.dtype, tol: float) -> None:
+    layer = copy.deepcopy(modal_layer).to(dtype)
+    layer.chunk = chunk
+    u = torch.randn(2, length, 3, generator=torch.Generator().manual_seed(length), dtype=torch.float64)
+    ref = simulate(layer.state_space(), u)
+    with torch.no_grad():
+        got = layer(u.to(dtype)).double()
+    assert got.shape == ref.shape
+    torch.testing.assert_close(got, ref, rtol=0, atol=tol * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("chunk", [32, 7, None])
+def test_modal_layer_exports_with_dynamic_length_and_matches_recurrence(modal_layer: ModalSSM, chunk: int | None,
                                                                       tmp_path: Path) -> None:
+    modal_layer = copy.deepcopy(modal_layer)
+    modal_layer.chunk = chunk
     short = to_onnx(modal_layer, torch.randn(2, 5, 3), tmp_path / "short.onnx", dynamic_dims={1: "seq"})
     long = to_onnx(modal_layer, torch.randn(2, 40, 3), tmp_path / "long.onnx", dynamic_dims={1: "seq"})
     assert short.num_nodes == long.num_nodes  # no per-step unrolling
-    _check_graph(tmp_path / "short.onnx")
+    ops = {n.op_type for n in _check_graph(tmp_path / "short.onnx").graph.node}
+    assert ("ConvTranspose" in ops) == (chunk is not None)  # the two-level form puts chunk states back in time
     sess = _session(tmp_path / "short.onnx")
     ref_sys = modal_layer.state_space()
     g = torch.Generator().manual_seed(1)
