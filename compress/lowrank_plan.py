@@ -6,7 +6,7 @@ Scoring (the spectra) belongs to each method; this module turns spectra into ran
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .allocate import KEEP, RankOptions, allocate, options_from_spectrum, rank_at_fraction
+from .allocate import ALLOCATORS, KEEP, RankOptions, allocate, options_from_spectrum, rank_at_fraction
 from .costs import CostTable, count_costs
 from .errors import CompressionError
 from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_macs, pair_params
@@ -68,12 +68,27 @@ class Budget:
 class BudgetOptions:
     """Config fields shared by the low-rank methods: the budget (see :class:`Budget`) and excluded layers."""
 
-    flops: float | None = None
-    params: float | None = None
-    rank_fraction: float | None = None
-    allocator: str = "lagrangian"
-    rank_multiple: int = 1
-    exclude: tuple[str, ...] = ()
+    flops: float | None = field(
+        default=None,
+        metadata={"help": "Target ratio of the factorisable layers' MACs, in (0, 1]; default 0.5 when no budget is "
+                          "given."})
+    params: float | None = field(
+        default=None,
+        metadata={"help": "Target ratio of the factorisable layers' parameters, in (0, 1]; alternative to --flops."})
+    rank_fraction: float | None = field(
+        default=None,
+        metadata={"help": "Fraction of each layer's full rank kept, in (0, 1]; alternative to a cost target."})
+    allocator: str = field(
+        default="lagrangian",
+        metadata={"help": "Rank allocator that shares the budget among the layers; default lagrangian.",
+                  "choices": tuple(ALLOCATORS)})
+    rank_multiple: int = field(
+        default=1,
+        metadata={"help": "Round every rank to a multiple of this, >= 1; default 1, or the providers' fast-path "
+                          "multiple (16 CPU, 8 CUDA/TensorRT)."})
+    exclude: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "Qualified name of a layer to leave unchanged (e.g. fc or blocks.0.ssm); default none."})
 
     def budget(self, latency: float | None = None) -> Budget:
         """The validated :class:`Budget` of these options; ``latency`` from configs that offer that target."""

@@ -55,27 +55,75 @@ class CBalancedConfig:
     that many outputs, else a random-projection estimate.
     """
 
-    eps: float = 1e-4
-    state_budget: int | None = None
-    state_points: tuple[str, ...] = ()
-    init: str = "warm"
-    distill: bool = True
-    selection: str = "leverage"
-    refit: bool = True
-    ridge: float = 1e-6
-    controls: bool = True
-    calib_samples: int = 4000
-    go_samples: int = 2000
-    max_exact_outputs: int = 64
-    probes: int = 16
-    epochs: int = 30
-    batch_size: int = 64
-    lr: float = 3e-3
-    patience: int = 8
-    alpha: float = 0.7
-    temperature: float = 4.0
-    val_fraction: float = 0.15
-    seed: int = 0
+    eps: float = field(
+        default=1e-4,
+        metadata={"help": "Energy left out by each test's rank, in [0, 1); default 1e-4; ignored with --state-budget."})
+    state_budget: int | None = field(
+        default=None,
+        metadata={"help": "Total state order (neurons) across the state points instead of --eps, >= 1; default none."})
+    state_points: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "Qualified module name whose output is a state point; default the hidden activations "
+                          "(layer1..layer4 of a ResNet)."})
+    init: str = field(
+        default="warm",
+        metadata={"help": "Start of the realised network: warm (kept neurons copied) or scratch; default warm.",
+                  "choices": INITS})
+    distill: bool = field(
+        default=True,
+        metadata={"help": "Train against the original's outputs (--alpha, --temperature) instead of labels alone; "
+                          "default on."})
+    selection: str = field(
+        default="leverage",
+        metadata={"help": "Which neurons a warm start keeps: by balanced leverage or by weight magnitude; default "
+                          "leverage.",
+                  "choices": SELECTIONS})
+    refit: bool = field(
+        default=True,
+        metadata={"help": "Least-squares refit after copying the kept neurons of a warm start; default on."})
+    ridge: float = field(
+        default=1e-6,
+        metadata={"help": "Ridge regularisation of the least-squares refit, >= 0; default 1e-6."})
+    controls: bool = field(
+        default=True,
+        metadata={"help": "Also train the other inits, the uniform-width control and the projected diagnostic; "
+                          "default on."})
+    calib_samples: int = field(
+        default=4000,
+        metadata={"help": "Training samples that estimate the Gramians, >= 1; default 4000."})
+    go_samples: int = field(
+        default=2000,
+        metadata={"help": "Samples of the observability-Gramian subsample, >= 1; default 2000."})
+    max_exact_outputs: int = field(
+        default=64,
+        metadata={"help": "Exact output Jacobians up to this many outputs, else a random-projection estimate; default "
+                          "64."})
+    probes: int = field(
+        default=16,
+        metadata={"help": "Random projections of that estimate when the outputs exceed --max-exact-outputs; default "
+                          "16."})
+    epochs: int = field(
+        default=30,
+        metadata={"help": "Maximum training epochs of the realised network, >= 0; default 30."})
+    batch_size: int = field(default=64, metadata={"help": "Training batch size, >= 1; default 64."})
+    lr: float = field(
+        default=3e-3,
+        metadata={"help": "Training learning rate (Adam, cosine schedule), > 0; default 3e-3."})
+    patience: int = field(
+        default=8,
+        metadata={"help": "Stop training after this many epochs without validation improvement; default 8."})
+    alpha: float = field(
+        default=0.7,
+        metadata={"help": "Weight of the distillation loss against the label loss, in [0, 1]; default 0.7."})
+    temperature: float = field(
+        default=4.0,
+        metadata={"help": "Softmax temperature of the distillation loss, > 0; default 4."})
+    val_fraction: float = field(
+        default=0.15,
+        metadata={"help": "Fraction of the data held out (seeded) for validation, in (0, 1); default 0.15."})
+    seed: int = field(
+        default=0,
+        metadata={"help": "Random seed (sampling, data split, initialisation, training); default 0."})
 
     def validate(self) -> "CBalancedConfig":
         if self.init not in INITS:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -47,13 +47,31 @@ class FactorizeConfig(BudgetOptions):
     ``cache_dir`` caches moments and bases per layer, keyed by model, data and layer.
     """
 
-    eig_threshold: float = 1e-10
-    memory_cap_bytes: int = 1 << 30
-    batch_size: int = 32
-    stats_dtype: str = "float64"
-    cache_dir: str | None = None
-    latency: float | None = None
-    latency_table: str | None = None
+    eig_threshold: float = field(
+        default=1e-10,
+        metadata={"help": "Drop eigenvalues of the input moments below this fraction of the largest, in [0, 1); "
+                          "default 1e-10."})
+    memory_cap_bytes: int = field(
+        default=1 << 30,
+        metadata={"help": "Bound in bytes on the activation rows held at once per layer, >= 1 MiB; default 1 GiB."})
+    batch_size: int = field(
+        default=32,
+        metadata={"help": "Calibration samples per forward pass while collecting statistics, >= 1; default 32."})
+    stats_dtype: str = field(
+        default="float64",
+        metadata={"help": "Precision of the per-chunk XᵀX products, accumulated in float64; default float64.",
+                  "choices": tuple(STATS_DTYPES)})
+    cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Directory caching moments and bases per layer, keyed by model, data and layer; default no "
+                          "cache."})
+    latency: float | None = field(
+        default=None,
+        metadata={"help": "Target ratio of the factorisable layers' measured latency, in (0, 1]; needs "
+                          "--latency-table."})
+    latency_table: str | None = field(
+        default=None,
+        metadata={"help": "JSON per-layer latency table written by `minreal latency-table`; needed by --latency."})
 
     def budget(self, latency: float | None = None) -> Budget:
         """The validated :class:`Budget`, with the configured ``latency`` target unless one is given."""

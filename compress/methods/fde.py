@@ -12,7 +12,7 @@ The report predicts a bound on ``max |N(x) − N'(x)|`` over the calibration inp
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
@@ -46,16 +46,39 @@ class FDEConfig:
     ``finetune_epochs``/``finetune_lr``: fine-tune the merged network on the (labelled) data.
     """
 
-    eps: float = 0.0
-    remove_dead: bool = True
-    scaling: bool = True
-    sum_merges: bool = True
-    max_sweeps: int = 50
-    box_margin: float = 0.0
-    bound_samples: int = 4096
-    finetune_epochs: int = 0
-    finetune_lr: float = 1e-3
-    seed: int = 0
+    eps: float = field(
+        default=0.0,
+        metadata={"help": "Merge tolerance relative to each layer's largest coefficient, >= 0; default 0 (exact up to "
+                          "rounding)."})
+    remove_dead: bool = field(
+        default=True,
+        metadata={"help": "First drop neurons that are constant on the calibration data; default on."})
+    scaling: bool = field(
+        default=True,
+        metadata={"help": "Merge neurons that are positive multiples (ReLU/LeakyReLU/identity); default on."})
+    sum_merges: bool = field(
+        default=True,
+        metadata={"help": "Forward (sum) equivalence merges on identity layers; default on."})
+    max_sweeps: int = field(
+        default=50,
+        metadata={"help": "Maximum partition-refinement sweeps per layer, >= 1; default 50."})
+    box_margin: float = field(
+        default=0.0,
+        metadata={"help": "Widen the calibration input box by this fraction of its range for the bound, >= 0; default "
+                          "0."})
+    bound_samples: int = field(
+        default=4096,
+        metadata={"help": "Points sampled in the input box to measure the error bound, >= 1; default 4096."})
+    finetune_epochs: int = field(
+        default=0,
+        metadata={"help": "Fine-tuning epochs on the (labelled) data after compression, >= 0; default 0 (no "
+                          "fine-tuning)."})
+    finetune_lr: float = field(
+        default=1e-3,
+        metadata={"help": "Learning rate (Adam) of the fine-tuning, > 0; default 1e-3."})
+    seed: int = field(
+        default=0,
+        metadata={"help": "Random seed (sampling, data split, initialisation, training); default 0."})
 
     def validate(self) -> "FDEConfig":
         if self.eps < 0 or self.box_margin < 0 or self.finetune_epochs < 0 or self.max_sweeps < 1:

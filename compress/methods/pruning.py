@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from torch import nn
 
@@ -25,18 +25,32 @@ class MagnitudeConfig:
     exact hidden widths instead (e.g. those another method reached); ``finetune_epochs``/``finetune_lr``:
     fine-tune the pruned network on the (labelled) data."""
 
-    params: float = 0.5
-    widths: tuple[int, ...] = ()
-    finetune_epochs: int = 0
-    finetune_lr: float = 1e-3
-    seed: int = 0
+    params: float = field(
+        default=0.5,
+        metadata={"help": "Target ratio of parameters kept, in (0, 1] (uniform keep-fraction per hidden layer); "
+                          "default 0.5."})
+    widths: tuple[int, ...] = field(
+        default=(),
+        metadata={"help": "Exact hidden width per hidden layer, instead of --params; default none."})
+    finetune_epochs: int = field(
+        default=0,
+        metadata={"help": "Fine-tuning epochs on the (labelled) data after compression, >= 0; default 0 (no "
+                          "fine-tuning)."})
+    finetune_lr: float = field(
+        default=1e-3,
+        metadata={"help": "Learning rate (Adam) of the fine-tuning, > 0; default 1e-3."})
+    seed: int = field(
+        default=0,
+        metadata={"help": "Random seed (sampling, data split, initialisation, training); default 0."})
 
 
 @dataclass
 class WandaConfig(MagnitudeConfig):
     """As :class:`MagnitudeConfig`; ``calibration_samples`` inputs give the activation norms ‖X_j‖."""
 
-    calibration_samples: int = 2048
+    calibration_samples: int = field(
+        default=2048,
+        metadata={"help": "Calibration inputs that give the activation norms ‖X_j‖, >= 1; default 2048."})
 
 
 def _prune(name: str, scorer: Scorer, model: nn.Module, data: Dataset, cfg: MagnitudeConfig

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
@@ -44,13 +44,29 @@ class SSMConfig:
     shared at equal energy); with none, ``trunc=0.5``. ``max_cond`` bounds the condition number of the
     modal basis before the real Schur fallback; ``calib_samples`` sequences measure per-layer errors."""
 
-    trunc: float | None = None
-    energy: float | None = None
-    state_budget: int | None = None
-    max_cond: float = 1e6
-    max_len: int = 4096
-    calib_samples: int = 128
-    exclude: tuple[str, ...] = ()
+    trunc: float | None = field(
+        default=None,
+        metadata={"help": "Fraction of states removed per layer, in [0, 1); default 0.5 when no "
+                          "--energy/--state-budget."})
+    energy: float | None = field(
+        default=None,
+        metadata={"help": "Fraction of each layer's Hankel-singular-value sum kept, in (0, 1]; alternative to "
+                          "--trunc."})
+    state_budget: int | None = field(
+        default=None,
+        metadata={"help": "Total states kept across the layers, shared at equal energy, >= 1; alternative to --trunc."})
+    max_cond: float = field(
+        default=1e6,
+        metadata={"help": "Largest condition number of the modal basis before the real Schur fallback; default 1e6."})
+    max_len: int = field(
+        default=4096,
+        metadata={"help": "Kernel length (memory in steps) of a Schur-fallback layer, >= 1; default 4096."})
+    calib_samples: int = field(
+        default=128,
+        metadata={"help": "Sequences that measure the per-layer output errors, >= 1; default 128."})
+    exclude: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "Qualified name of a layer to leave unchanged (e.g. fc or blocks.0.ssm); default none."})
 
     def validate(self) -> "SSMConfig":
         given = [k for k in ("trunc", "energy", "state_budget") if getattr(self, k) is not None]
