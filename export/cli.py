@@ -17,7 +17,7 @@ __all__ = ["cli", "main"]
 USAGE_EXIT, FAIL_EXIT = 2, 1
 
 
-PROGRESS_KEY = "minreal_progress"  # the extra key of progress log records (compress.progress, runtime_bench)
+from compress.progress import PROGRESS_KEY  # noqa: E402  (runtime_bench logs with the same key)
 LIBRARY_LOGGERS = ("compress", "runtime_bench", "export")
 
 
@@ -70,7 +70,7 @@ class Console:
             click.echo(f"· {msg}", err=True)
 
     def table(self, text: str) -> None:
-        if not self.as_json and not self.quiet:
+        if not self.as_json:  # --quiet silences progress only; results are still shown
             click.echo(text)
 
     def result(self, obj: Any) -> None:
@@ -79,9 +79,9 @@ class Console:
 
 
 def _plain(obj: Any) -> Any:
-    from export.pipeline import _plain as plain  # one JSON conversion for the whole tool
+    from export.pipeline import to_jsonable  # one JSON conversion for the whole tool
 
-    return plain(asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj)
+    return to_jsonable(asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj)
 
 
 def common(fn: Callable) -> Callable:
@@ -95,11 +95,12 @@ def method_options(fn: Callable) -> Callable:
     from export.method_options import method_option_specs
 
     for spec in reversed(method_option_specs()):
-        helptext = f"Option of method(s): {', '.join(spec.methods)}."
+        helptext = f"{spec.help} [method(s): {', '.join(spec.methods)}]"
         if spec.kind is bool:
             opt = click.option(f"{spec.flag}/--no-{spec.flag[2:]}", spec.field, default=None, help=helptext)
         else:
-            opt = click.option(spec.flag, spec.field, type=spec.kind, default=None, multiple=spec.multiple,
+            kind = click.Choice(spec.choices) if spec.choices else spec.kind
+            opt = click.option(spec.flag, spec.field, type=kind, default=None, multiple=spec.multiple,
                                help=helptext + (" Repeat for several values." if spec.multiple else ""))
         fn = opt(fn)
     return fn
@@ -151,13 +152,26 @@ def methods_cmd(quiet: bool, as_json: bool) -> None:
     con.result(rows)
 
 
-def _guard_inputs(out: str, *inputs: str | None) -> None:
-    """Refuse an output path that is one of the input files (model file, weights, data)."""
-    from export.atomic import ensure_distinct
+def _input_files(*specs: str | None) -> list[Path]:
+    """Files named by input specs (a path, or the file of a ``file.py:factory`` spec)."""
+    return [Path(p) for spec in filter(None, specs) for p in {spec, spec.rsplit(":", 1)[0]}]
 
-    for spec in filter(None, inputs):
-        for path in {spec, spec.rsplit(":", 1)[0]}:  # a file, or the file of a file.py:factory spec
+
+def _prepare_outputs(outputs: list[str | Path | None], *inputs: str | None) -> None:
+    """Refuse an output that is one of the inputs; create each output's folder or say why it cannot be."""
+    from export.atomic import ensure_distinct
+    from export.specs import SpecError
+
+    for out in filter(None, outputs):
+        for path in _input_files(*inputs):
             ensure_distinct(path, out)
+        parent = Path(out).parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpecError(f"cannot create the folder of output {out}: {exc.strerror or exc}") from None
+        if not os.access(parent, os.W_OK):
+            raise SpecError(f"output {out}: folder {parent} is not writable")
 
 
 def _load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None):
@@ -191,7 +205,7 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
     from export.serialize import save_program
 
     con = Console(quiet, as_json)
-    _guard_inputs(out, model, weights, data, report_path)
+    _prepare_outputs([out, report_path], model, weights, data)
     config = build_config(method, opts, provider_defaults((target_provider,)))
     net, calib, _ = _load_inputs(model, weights, trust_pickle, data, None)
     con.progress(f"compressing {model} with {method}")
@@ -229,7 +243,8 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: str | None, 
     con = Console(quiet, as_json)
     opts = ExportOptions(opset, rtol, atol, int8, quant_target, quant_mode, allow_random_calibration)
     shape = _split_ints(input_shape, "--input-shape") if input_shape else None
-    _guard_inputs(out, model, weights, data)
+    _prepare_outputs([out, Path(out).with_name(Path(out).stem + ".int8.onnx") if int8 else None],
+                     model, weights, data)
     result = export_single(model, Path(out), data, weights, trust_pickle, opts, con.progress, shape)
     con.table(f"wrote {out} ({result.onnx_bytes} bytes, exporter {result.export['exporter']}); parity ok")
     con.result(result)
@@ -255,11 +270,12 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
     import runtime_bench as rb
 
     con = Console(quiet, as_json)
+    _prepare_outputs([out, Path(out).with_suffix(".md")], *models, data)
     x = y = None
     if data:
         from export import specs
 
-        held = specs.load_data(data).evaluation
+        held = specs.load_dataset(data)  # the user's evaluation data, all of it
         x = held.x.numpy()
         y = None if held.y is None else held.y.numpy()
     cfg = rb.BenchConfig(providers=_split_names(providers), batch_sizes=_split_ints(batch, "--batch"),
@@ -291,6 +307,9 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
     from export.gate import check_reports
 
     con = Console(quiet, as_json)
+    if all(v is None for v in (max_latency_ratio, max_accuracy_drop, min_agreement, max_regression)):
+        raise click.UsageError("give at least one criterion (--max-latency-ratio, --max-accuracy-drop, "
+                               "--min-agreement, --max-regression); a gate with none would always pass")
     results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
                             max_accuracy_drop, min_agreement, max_regression)
     passed = all(r.passed for _, r in results)
@@ -372,10 +391,11 @@ def run_cmd(model: str, method: tuple[str, ...], data: str, eval_data: str | Non
     cfg = _pipeline_config(PipelineConfig(), batch, providers, no_int8, quant_target, quant_mode, min_seconds,
                            repeats)
     runs = [DemoRun(m, m, build_config(m, opts, provider_defaults(cfg.providers))) for m in method]
-    prepare_run_dir(Path(out), overwrite).rmdir()  # fail fast before any long work
+    prepare_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data)).rmdir()  # fail fast
     net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
     case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs)
-    report = run_pipeline([case], Path(out), cfg, overwrite, con.progress)
+    report = run_pipeline([case], Path(out), cfg, overwrite, con.progress,
+                          inputs=_input_files(model, weights, data, eval_data))
     _finish_run(con, report, out)
 
 
@@ -424,6 +444,7 @@ def latency_table_cmd(model: str, out: str, data: str | None, input_shape: str |
     from export.latency_table import build_latency_table
 
     con = Console(quiet, as_json)
+    _prepare_outputs([out], model, weights, data)
     net = specs.load_model(model, weights=weights)
     if data:
         x = specs.load_data(data).calib.x[:batch]
@@ -444,8 +465,11 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
     from export.errors import SameFileError
     from export.pipeline import RunDirError
     from export.specs import SpecError
+    from runtime_bench import (BenchInputError, CheckError, ModelFileError, ReportSchemaError,
+                               UnknownProviderError)
 
-    return (MethodOptionError, RunDirError, SpecError, UnknownMethodError, CompressionError, SameFileError)
+    return (MethodOptionError, RunDirError, SpecError, UnknownMethodError, CompressionError, SameFileError,
+            BenchInputError, CheckError, ModelFileError, ReportSchemaError, UnknownProviderError)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -16,13 +17,14 @@ import time
 from dataclasses import asdict, dataclass, field, is_dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from torch import nn
 
 import runtime_bench as rb
 from compress import compress, count_costs
+from compress.evaluate import compare_outputs
 from compress.demo_case import DemoCase
 from export.atomic import atomic_path
 from export.onnx_export import to_onnx
@@ -107,14 +109,14 @@ class RunReport:
     cases: list[CaseResult]
 
 
-def _plain(obj: Any) -> Any:
+def to_jsonable(obj: Any) -> Any:
     """JSON-safe copy of dataclasses, paths, tuples and numpy scalars."""
     if is_dataclass(obj) and not isinstance(obj, type):
-        return _plain(asdict(obj))
+        return to_jsonable(asdict(obj))
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        return [to_jsonable(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
     if isinstance(obj, np.generic):
@@ -124,18 +126,57 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-def prepare_run_dir(out_dir: Path, overwrite: bool) -> Path:
-    """Check that ``out_dir`` may be written and return a fresh staging folder beside it."""
+def _is_run_dir(path: Path) -> bool:
+    """A directory minreal wrote: its report.json has this tool's run schema (or it is empty)."""
+    if not any(path.iterdir()):
+        return True
+    try:
+        data = json.loads((path / "report.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "schema_version" in data and "cases" in data
+
+
+def relative_to(obj: Any, root: Path) -> Any:
+    """``obj`` (JSON-safe) with every path string under ``root`` made relative to it: reports name files in
+    the run directory, not in the staging folder it was built in."""
+    prefix = str(root) + os.sep
+    if isinstance(obj, dict):
+        return {k: relative_to(v, root) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [relative_to(v, root) for v in obj]
+    if isinstance(obj, str) and obj.startswith(prefix):
+        return obj[len(prefix):]
+    return obj
+
+
+def prepare_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Path:
+    """Check that ``out_dir`` may be written and return a fresh staging folder beside it.
+
+    ``--overwrite`` replaces only an earlier run directory (never a folder of other files), and the run
+    directory may not contain any of ``inputs``.
+    """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise RunDirError(f"output directory {out_dir} already exists; pass --overwrite to replace it")
+    resolved = out_dir.resolve()
+    for path in inputs:
+        if resolved == Path(path).resolve() or resolved in Path(path).resolve().parents:
+            raise RunDirError(f"output directory {out_dir} contains the input {path}; choose another --out")
     if out_dir.exists() and not out_dir.is_dir():
         raise RunDirError(f"output path {out_dir} exists and is not a directory")
+    if out_dir.exists() and not overwrite:
+        raise RunDirError(f"output directory {out_dir} already exists; pass --overwrite to replace it")
+    if out_dir.exists() and not _is_run_dir(out_dir):
+        raise RunDirError(f"{out_dir} is not a minreal run directory (no run report.json); --overwrite replaces "
+                          "only earlier runs, choose another --out")
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     except OSError as exc:
         raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
+    mask = os.umask(0)
+    os.umask(mask)
+    staging.chmod(0o777 & ~mask)  # mkdtemp makes it private; a run directory follows the user's umask
+    return staging
 
 
 def _commit_run_dir(staging: Path, out_dir: Path) -> None:
@@ -168,8 +209,8 @@ def export_model(module: nn.Module, label: str, method: str, case: DemoCase, cas
     parity = verify_parity(module, final, [case.test.x[:1], case.test.x[:16]], rtol=cfg.rtol, atol=cfg.atol)
     costs = count_costs(module, example)
     return VariantRecord(label, method, costs.total_params, costs.macs, final.name, final.stat().st_size,
-                         _plain(exp), _plain(simp), _plain(parity),
-                         tensorrt_readiness=_plain(tensorrt_readiness(final, cfg.opset)))
+                         *relative_to(to_jsonable([exp, simp, parity]), case_dir),
+                         tensorrt_readiness=relative_to(to_jsonable(tensorrt_readiness(final, cfg.opset)), case_dir))
 
 
 def quantize_model(record: VariantRecord, case: DemoCase, case_dir: Path, cfg: PipelineConfig) -> VariantRecord:
@@ -179,7 +220,8 @@ def quantize_model(record: VariantRecord, case: DemoCase, case_dir: Path, cfg: P
     calib = case.train.x[: cfg.calib_samples].numpy()
     q = quantize_int8(case_dir / record.onnx, out, calib, QuantConfig(target=cfg.quant_target, mode=cfg.quant_mode))
     return VariantRecord(label, f"{record.method}+int8", record.params, record.macs, out.name, out.stat().st_size,
-                         quantization=_plain(q), tensorrt_readiness=_plain(tensorrt_readiness(out, cfg.opset)))
+                         quantization=relative_to(to_jsonable(q), case_dir),
+                         tensorrt_readiness=relative_to(to_jsonable(tensorrt_readiness(out, cfg.opset)), case_dir))
 
 
 def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Progress) -> CaseResult:
@@ -197,7 +239,9 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         stages[f"compress:{run.label}"] = time.perf_counter() - t
         t = time.perf_counter()
         rec = export_model(small, run.label, run.method, case, case_dir, cfg)
-        rec.compression = _plain(report)
+        # Methods measure on the data they were given (calibration); the run also measures on held-out data.
+        report.measured["held_out"] = compare_outputs(case.model, small, case.test)
+        rec.compression = to_jsonable(report)
         records.append(rec)
         save_program(small, case.test.x[:2], case_dir / f"{file_stem(run.label)}.pt2", case.dynamic_dims)
         stages[f"export:{run.label}"] = time.perf_counter() - t
@@ -211,9 +255,9 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     entries = [rb.ModelEntry(r.label, case_dir / r.onnx) for r in records]
     y = None if case.test.y is None else case.test.y.numpy()
     bench = rb.run_benchmark(entries, cfg.bench_config(), case.test.x.numpy(), y, progress=progress)
-    rb.write_json(bench, case_dir / "bench.json")
     stages["benchmark"] = time.perf_counter() - t
-    result = CaseResult(case.name, records, _plain(bench), stages, list(case.notes))
+    result = CaseResult(case.name, records, relative_to(to_jsonable(bench), case_dir), stages, list(case.notes))
+    write_json(result.bench, case_dir / "bench.json")  # a `minreal bench` report, paths relative to the case
     result.warnings = slowdown_warnings(result)
     for w in result.warnings:
         progress(f"[{case.name}] WARNING: {w}")
@@ -241,21 +285,21 @@ def slowdown_warnings(case: CaseResult) -> list[str]:
 def write_json(obj: Any, path: Path) -> None:
     """Atomic JSON write."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(_plain(obj), indent=2))
+        tmp.write_text(json.dumps(to_jsonable(obj), indent=2))
 
 
 def run_pipeline(cases: list[DemoCase], out_dir: Path, cfg: PipelineConfig, overwrite: bool = False,
-                 progress: Progress | None = None) -> RunReport:
+                 progress: Progress | None = None, inputs: Sequence[Path] = ()) -> RunReport:
     """Run every case into ``out_dir`` (report.json, report.md, plot.png, ONNX files per case)."""
     from export.report import plot_accuracy_latency, plot_spectra, render_markdown
 
     notify = progress or log.info
     out_dir = Path(out_dir)
-    staging = prepare_run_dir(out_dir, overwrite)
+    staging = prepare_run_dir(out_dir, overwrite, inputs)
     try:
         results = [run_case(c, staging / c.name, cfg, notify) for c in cases]
         report = RunReport(RUN_SCHEMA_VERSION, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
-                           _plain(cfg), results)
+                           to_jsonable(cfg), results)
         write_json(report, staging / "report.json")
         with atomic_path(staging / "report.md") as tmp:
             tmp.write_text(render_markdown(report))

@@ -93,8 +93,9 @@ def render_markdown(report: Any) -> str:
                                  if isinstance(val, (int, float)))
                 meas = ", ".join(f"{k}={val:.4g}" for k, val in comp.get("measured", {}).items()
                                  if isinstance(val, (int, float)))
+                held = ", ".join(f"{k}={val:.4g}" for k, val in comp.get("measured", {}).get("held_out", {}).items())
                 out.append(f"- **{_get(v, 'label')}** ({_get(v, 'method')}): predicted {pred or '-'}; "
-                           f"measured {meas or '-'}")
+                           f"measured on calibration data {meas or '-'}; on held-out data {held or '-'}")
             q = _get(v, "quantization")
             if q:
                 out.append(f"- **{_get(v, 'label')}**: INT8 {q.get('mode', '')} for {q.get('target', '')}, "

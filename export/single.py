@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -9,7 +11,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from export.pipeline import VariantRecord, _plain
+from compress import count_costs
+from export.pipeline import VariantRecord, relative_to, to_jsonable
+from export.readiness import tensorrt_readiness
 from export.onnx_export import to_onnx
 from export.quantize import QuantConfig, quantize_int8
 from export.simplify import simplify
@@ -50,28 +54,24 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
         specs.check_input_shape(module, x, model_spec)
     else:
         raise specs.SpecError("export needs an example input: pass --data SPEC or --input-shape C,H,W")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    raw = out.with_name(out.stem + ".raw.onnx")
     progress(f"exporting {model_spec}")
-    try:
+    with tempfile.TemporaryDirectory(prefix=".minreal-export-", dir=out.parent) as tmp:
+        raw, checked = Path(tmp) / "raw.onnx", Path(tmp) / out.name
         exp = to_onnx(module, x[:2], raw, opset=opts.opset)
-        simp = simplify(raw, out, check_inputs=[x[:3].numpy()], rtol=opts.rtol, atol=opts.atol)
-    finally:
-        raw.unlink(missing_ok=True)
-    progress("verifying parity with ONNX Runtime at batch sizes 1 and 8")
-    xs = [x[:1], torch.cat([x] * (8 // len(x) + 1))[:8]]
-    try:
-        parity = verify_parity(module, out, xs, rtol=opts.rtol, atol=opts.atol)
-    except Exception:
-        out.unlink(missing_ok=True)  # never leave an unverified file behind
-        raise
-    record = VariantRecord(out.stem, "none", sum(p.numel() for p in module.parameters()), 0, str(out),
-                           out.stat().st_size, _plain(exp), _plain(simp), _plain(parity))
+        simp = simplify(raw, checked, check_inputs=[x[:3].numpy()], rtol=opts.rtol, atol=opts.atol)
+        progress("verifying parity with ONNX Runtime at batch sizes 1 and 8")
+        xs = [x[:1], torch.cat([x] * (8 // len(x) + 1))[:8]]
+        parity = verify_parity(module, checked, xs, rtol=opts.rtol, atol=opts.atol)
+        os.replace(checked, out)  # only a verified graph reaches the output path
+        records = relative_to(to_jsonable([exp, simp, parity]), Path(tmp))
+    costs = count_costs(module, x[:2])
+    record = VariantRecord(out.stem, "none", costs.total_params, costs.macs, str(out), out.stat().st_size,
+                           *records, tensorrt_readiness=to_jsonable(tensorrt_readiness(out, opts.opset)))
     if opts.int8:
         progress(f"quantising to INT8 ({opts.quant_mode}, {opts.quant_target})")
         q_out = out.with_name(out.stem + ".int8.onnx")
         cal = None if calib is None else calib.x[:256].numpy().astype(np.float32)
         q = quantize_int8(out, q_out, cal, QuantConfig(target=opts.quant_target, mode=opts.quant_mode,
                                                        allow_random_calibration=opts.allow_random_calibration))
-        record.quantization = _plain(q)
+        record.quantization = to_jsonable(q)
     return record

@@ -98,12 +98,13 @@ def test_option_not_of_method_is_usage_error(workdir: Path, capsys: pytest.Captu
     (["compress", "net.py:broken", "--method", "svd", "--calib", "digits-flat"], "net.py:broken"),
     (["compress", "net.py:make", "--method", "nosuch", "--calib", "digits-flat"], "nosuch"),
     (["bench", "absent.onnx"], "absent.onnx"),
+    (["bench", "net.py", "--providers", "warp"], "warp"),
     (["check", "absent.json", "--min-agreement", "0.9"], "absent.json"),
 ])
 def test_bad_input_is_one_line_error(workdir: Path, capsys: pytest.CaptureFixture, args: list[str],
                                      culprit: str) -> None:
     code, _, err = run_main(args, capsys)
-    assert code != 0
+    assert code == 2
     assert culprit in err
     assert "Traceback" not in err
     assert len([line for line in err.strip().splitlines() if "error" in line.lower()]) == 1
@@ -116,9 +117,11 @@ def test_data_of_wrong_shape(workdir: Path, capsys: pytest.CaptureFixture) -> No
 
 
 def test_export_bench_check_roundtrip(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--int8", "-q"],
-                            capsys)
+    code, out, err = run_main(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--int8", "-q",
+                               "--json"], capsys)
     assert code == 0, err
+    record = json.loads(out)  # --json: stdout holds exactly one JSON document
+    assert record["macs"] == 64 * 48 + 48 * 10 and record["tensorrt_readiness"]["ready"]
     assert Path("m.onnx").exists() and Path("m.int8.onnx").exists()
     assert not list(workdir.glob(".*tmp*"))  # no temp files left behind
     code, out, err = run_main(["bench", "m.onnx", "m.int8.onnx", "--data", "digits-flat", "--batch", "1,4",
@@ -145,7 +148,9 @@ def test_run_pipeline_and_overwrite_guard(workdir: Path, capsys: pytest.CaptureF
             "--batch", "1", "-q", *QUICK_BENCH]
     code, _, err = run_main(args, capsys)
     assert code == 0, err
-    report = json.loads(Path("runs/a/report.json").read_text())
+    text = Path("runs/a/report.json").read_text()
+    assert "staging" not in text and str(workdir) not in text  # paths are relative to the run directory
+    report = json.loads(text)
     assert report["schema_version"] == 1
     labels = [v["label"] for v in report["cases"][0]["variants"]]
     assert labels == ["original", "svd", "svd.int8"]
@@ -211,3 +216,36 @@ def test_demo_unknown_case_is_usage_error(workdir: Path, capsys: pytest.CaptureF
     code, _, err = run_main(["demo", "--only", "nosuch", "--out", "runs/x"], capsys)
     assert code == 2 and "nosuch" in err and "digits-mlp" in err
     assert not Path("runs/x").exists()
+
+
+def test_check_without_criteria_is_usage_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    Path("r.json").write_text("{}")
+    code, _, err = run_main(["check", "r.json"], capsys)
+    assert code == 2 and "at least one criterion" in err
+
+
+def test_overwrite_replaces_only_run_directories(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    project = workdir / "proj"
+    project.mkdir()
+    (project / "notes.txt").write_text("keep me")
+    code, _, err = run_main(["run", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "proj",
+                             "--overwrite"], capsys)
+    assert code == 2 and "not a minreal run directory" in err
+    assert (project / "notes.txt").read_text() == "keep me"
+
+
+def test_run_directory_may_not_contain_inputs(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["run", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "."],
+                            capsys)
+    assert code == 2 and "contains the input" in err
+    assert Path("net.py").exists()
+
+
+def test_bench_and_report_outputs_never_overwrite_inputs(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    np.savez("d.npz", x=np.random.rand(8, 64).astype(np.float32))
+    before = Path("d.npz").read_bytes()
+    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "d.npz", "--report", "d.npz"],
+                            capsys)
+    assert code == 2 and "is the input file" in err and Path("d.npz").read_bytes() == before
+    code, _, err = run_main(["bench", "net.py", "--out", "net.py"], capsys)
+    assert code == 2 and "is the input file" in err
