@@ -9,12 +9,14 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from runtime_bench import atomic_write_text
+
 __all__ = ["pyplot", "save_figure", "write_json"]
 
 
 def write_json(path: str | Path, document: Any, indent: int = 1) -> None:
-    """Write ``document`` to ``path`` as indented JSON."""
-    Path(path).write_text(json.dumps(document, indent=indent))
+    """Write ``document`` to ``path`` as indented JSON, atomically."""
+    atomic_write_text(Path(path), json.dumps(document, indent=indent))
 
 
 def pyplot() -> ModuleType:
