@@ -7,6 +7,8 @@ neuron deletes a row of ``W_l``/``b_l`` and a column of ``W_{l+1}``, so paramete
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from typing import Callable
 
 import torch
@@ -18,7 +20,7 @@ from .fde.chain import Chain, chain_forward
 from .realise import mlp_params
 from .train import TrainConfig, TrainResult, train
 
-__all__ = ["Scorer", "magnitude_scores", "wanda_scores", "widths_for_params", "prune_chain",
+__all__ = ["FinetuneOptions", "Scorer", "magnitude_scores", "wanda_scores", "widths_for_params", "prune_chain",
            "finetune"]
 
 Scorer = Callable[[Chain, torch.Tensor], list[torch.Tensor]]
@@ -62,6 +64,22 @@ def prune_chain(chain: Chain, scores: list[torch.Tensor], widths: list[int]) -> 
         new.weights[l + 1] = new.weights[l + 1][:, keep]
         new.groups[l] = [new.groups[l][int(i)] for i in keep]
     return new
+
+
+@dataclass
+class FinetuneOptions:
+    """Options shared by methods that can fine-tune their result (fields become CLI options)."""
+
+    finetune_epochs: int = field(
+        default=0,
+        metadata={"help": "Fine-tuning epochs on the (labelled) data after compression, >= 0; default 0 (no "
+                          "fine-tuning)."})
+    finetune_lr: float = field(
+        default=1e-3,
+        metadata={"help": "Learning rate (Adam) of the fine-tuning, > 0; default 1e-3."})
+    seed: int = field(
+        default=0,
+        metadata={"help": "Random seed (sampling, data split, initialisation, training); default 0."})
 
 
 def finetune(model: nn.Module, data: Dataset, epochs: int, lr: float, seed: int = 0) -> TrainResult:

@@ -27,7 +27,7 @@ from ..fde.chain import Chain, chain_layer_reports
 from ..fde.conv import (ConvChain, build_conv_sequential, conv_chain_forward, conv_layer_reports, extract_conv_chain,
                         is_conv_chain, remove_zero_channels)
 from ..fde.partition import RefineResult
-from ..pruning import finetune
+from ..pruning import FinetuneOptions, finetune
 from ..registry import register_method
 from ..report import CompressionReport
 from .pruning import MagnitudeConfig
@@ -36,7 +36,7 @@ __all__ = ["FDEConfig", "fde_compress", "input_box", "demo_case"]
 
 
 @dataclass
-class FDEConfig:
+class FDEConfig(FinetuneOptions):
     """Options of ``fde``.
 
     ``eps``: tolerance relative to each layer's largest coefficient (0: exact, up to dtype rounding);
@@ -69,16 +69,6 @@ class FDEConfig:
     bound_samples: int = field(
         default=4096,
         metadata={"help": "Points sampled in the input box to measure the error bound, >= 1; default 4096."})
-    finetune_epochs: int = field(
-        default=0,
-        metadata={"help": "Fine-tuning epochs on the (labelled) data after compression, >= 0; default 0 (no "
-                          "fine-tuning)."})
-    finetune_lr: float = field(
-        default=1e-3,
-        metadata={"help": "Learning rate (Adam) of the fine-tuning, > 0; default 1e-3."})
-    seed: int = field(
-        default=0,
-        metadata={"help": "Random seed (sampling, data split, initialisation, training); default 0."})
 
     def validate(self) -> "FDEConfig":
         if self.eps < 0 or self.box_margin < 0 or self.finetune_epochs < 0 or self.max_sweeps < 1:

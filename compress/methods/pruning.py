@@ -11,7 +11,8 @@ from ..costs import count_costs
 from ..data import Dataset
 from ..evaluate import compare_outputs
 from ..fde.chain import build_sequential, chain_layer_reports, extract_chain
-from ..pruning import Scorer, finetune, magnitude_scores, prune_chain, wanda_scores, widths_for_params
+from ..pruning import (FinetuneOptions, Scorer, finetune, magnitude_scores, prune_chain, wanda_scores,
+                       widths_for_params)
 from ..realise import mlp_params
 from ..registry import register_method
 from ..report import CompressionReport
@@ -20,7 +21,7 @@ __all__ = ["MagnitudeConfig", "WandaConfig", "magnitude_prune", "wanda_prune"]
 
 
 @dataclass
-class MagnitudeConfig:
+class MagnitudeConfig(FinetuneOptions):
     """``params``: target ratio of parameters kept (uniform keep-fraction per hidden layer); ``widths``:
     exact hidden widths instead (e.g. those another method reached); ``finetune_epochs``/``finetune_lr``:
     fine-tune the pruned network on the (labelled) data."""
@@ -32,16 +33,6 @@ class MagnitudeConfig:
     widths: tuple[int, ...] = field(
         default=(),
         metadata={"help": "Exact hidden width per hidden layer, instead of --params; default none."})
-    finetune_epochs: int = field(
-        default=0,
-        metadata={"help": "Fine-tuning epochs on the (labelled) data after compression, >= 0; default 0 (no "
-                          "fine-tuning)."})
-    finetune_lr: float = field(
-        default=1e-3,
-        metadata={"help": "Learning rate (Adam) of the fine-tuning, > 0; default 1e-3."})
-    seed: int = field(
-        default=0,
-        metadata={"help": "Random seed (sampling, data split, initialisation, training); default 0."})
 
 
 @dataclass
