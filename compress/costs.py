@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .evaluate import eval_mode
+from .evaluate import eval_mode, hooks_removed
 
 __all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule"]
 
@@ -103,10 +103,6 @@ def count_costs(model: nn.Module, example_input: torch.Tensor) -> CostTable:
             hooks.append(mod.register_forward_hook(make_hook(name, rule)))
         elif _own_params(mod) > 0:
             table.not_counted.append(name or type(mod).__name__)
-    try:
-        with eval_mode(model), torch.no_grad():
-            model(example_input)
-    finally:
-        for h in hooks:
-            h.remove()
+    with hooks_removed(hooks), eval_mode(model), torch.no_grad():
+        model(example_input)
     return table

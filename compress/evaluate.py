@@ -10,7 +10,7 @@ from torch import nn
 
 from .data import Dataset
 
-__all__ = ["eval_mode", "predict", "compare_outputs"]
+__all__ = ["eval_mode", "hooks_removed", "predict", "compare_outputs"]
 
 
 @contextlib.contextmanager
@@ -23,6 +23,16 @@ def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
     finally:
         for m, flag in flags.items():
             m.training = flag
+
+
+@contextlib.contextmanager
+def hooks_removed(handles: list[torch.utils.hooks.RemovableHandle]) -> Iterator[None]:
+    """Remove the given hook handles when the block ends, however it ends."""
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 @torch.no_grad()

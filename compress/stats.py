@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import Dataset
-from .evaluate import eval_mode
+from .evaluate import eval_mode, hooks_removed
 from .lowrank import matrix_view
 from .progress import tracked
 
@@ -141,12 +141,8 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
         v = matrix_view(layer)
         col.stats[name] = MomentStats(v.groups, v.fan_in)
     hooks = [layer.register_forward_pre_hook(col.hook(name)) for name, layer in layers.items()]
-    try:
-        with eval_mode(model):
-            total = -(-len(data) // batch_size)
-            for xb in tracked(data.inputs(batch_size), total, "input statistics (batches)", log):
-                model(xb)
-    finally:
-        for h in hooks:
-            h.remove()
+    with hooks_removed(hooks), eval_mode(model):
+        total = -(-len(data) // batch_size)
+        for xb in tracked(data.inputs(batch_size), total, "input statistics (batches)", log):
+            model(xb)
     return col.stats

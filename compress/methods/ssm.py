@@ -19,7 +19,7 @@ from ..costs import count_costs
 from ..data import Dataset
 from ..demo_case import DemoCase, DemoRun
 from ..errors import CompressionError
-from ..evaluate import compare_outputs, eval_mode
+from ..evaluate import compare_outputs, eval_mode, hooks_removed
 from ..registry import register_method
 from ..report import CompressionReport, LayerReport
 from ..ssm.balance import (balanced_truncation, order_from_energy, order_from_trunc, orders_from_budget,
@@ -132,12 +132,8 @@ def _layer_inputs(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[s
     seen: dict[str, torch.Tensor] = {}
     hooks = [model.get_submodule(n).register_forward_hook(
         lambda _m, inp, _out, n=n: seen.__setitem__(n, inp[0].detach())) for n in names]
-    try:
-        with eval_mode(model), torch.no_grad():
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
+    with hooks_removed(hooks), eval_mode(model), torch.no_grad():
+        model(x)
     return seen
 
 
