@@ -25,11 +25,14 @@ def test_default_state_points_are_hidden_activations(tiny_mlp, tiny_cnn) -> None
 
 
 def test_gc_equals_sample_covariance(tiny_mlp, mlp_data) -> None:
-    points = default_state_points(tiny_mlp)
-    states = collect_states(tiny_mlp, mlp_data, points)
-    gram = reachability_gramians(tiny_mlp, mlp_data, points, batch_size=17)  # streaming over uneven batches
+    # float64 model and data: the states come from batches of 17 here and one batch of 96 in collect_states;
+    # float32 kernels round differently per batch shape (~1e-7 relative), float64 ones ~1e-16, far below rtol.
+    model, data = tiny_mlp.double(), Dataset(mlp_data.x.double())
+    points = default_state_points(model)
+    states = collect_states(model, data, points)
+    gram = reachability_gramians(model, data, points, batch_size=17)  # streaming over uneven batches
     for p in points:
-        h = states[p].double().numpy()
+        h = states[p].numpy()
         mean, gc = gram[p]
         np.testing.assert_allclose(gc.numpy(), np.cov(h, rowvar=False), rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(mean.numpy(), h.mean(0), rtol=1e-9, atol=1e-12)

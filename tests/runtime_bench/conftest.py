@@ -11,6 +11,29 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 FEATURES, CLASSES = 8, 4
+UNIT_ROUNDOFF = float(np.finfo(np.float32).eps) / 2  # u = 2^-24
+
+
+def exact_and_bound(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pre-activations of ``linear_model`` in float64 and a bound on |float32 output − exact| per element.
+
+    Any float32 evaluation of ``Relu(x @ W + b)`` (any batch shape, summation order, FMA use, thread count or
+    CPU) is within γ_{K+1}·(|x| @ |W| + |b|) of the exact value, γ_n = n·u/(1 − n·u) (Higham, Accuracy and
+    Stability of Numerical Algorithms, 2nd ed., §3.1; ReLU is 1-Lipschitz). Two runs differ by at most twice it.
+    """
+    x64 = x.astype(np.float64)
+    w, b = (a.astype(np.float32).astype(np.float64) for a in (weight, bias))  # the values the model stores
+    k = x.shape[1] + 1
+    gamma = k * UNIT_ROUNDOFF / (1 - k * UNIT_ROUNDOFF)
+    return x64 @ w + b, gamma * (np.abs(x64) @ np.abs(w) + np.abs(b))
+
+
+def clear_decisions(pre: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """Rows whose argmax no float32 run can change: the top ReLU output leads the runner-up by more than twice
+    the bound, or every pre-activation is below −bound (all outputs exactly 0, argmax 0)."""
+    top2 = np.sort(np.maximum(pre, 0.0), axis=1)[:, -2:]
+    reach = bound.max(axis=1)
+    return (top2[:, 1] - top2[:, 0] > 2 * reach) | (pre.max(axis=1) < -reach)
 
 
 def linear_model(
@@ -62,19 +85,39 @@ def reference_model(model_dir: Path, weights) -> Path:
 
 
 @pytest.fixture(scope="session")
-def perturbed_model(model_dir: Path, weights) -> Path:
+def perturbed_weights(weights) -> tuple[np.ndarray, np.ndarray]:
     w, b = weights
     noise = np.random.default_rng(1).standard_normal(w.shape)
-    return linear_model(model_dir / "perturbed.onnx", w + 0.5 * noise, b)
+    return w + 0.5 * noise, b
 
 
 @pytest.fixture(scope="session")
-def data(reference_model: Path) -> tuple[np.ndarray, np.ndarray]:
-    """100 inputs and the labels the reference model predicts (so its accuracy is exactly 1)."""
+def perturbed_model(model_dir: Path, perturbed_weights) -> Path:
+    return linear_model(model_dir / "perturbed.onnx", *perturbed_weights)
+
+
+@pytest.fixture(scope="session")
+def data(reference_model: Path, weights, perturbed_weights) -> tuple[np.ndarray, np.ndarray]:
+    """100 inputs and the labels the reference model predicts (so its accuracy is exactly 1).
+
+    Exact label and agreement counts across batch shapes and CPUs need every argmax to be clear of float32
+    rounding (see :func:`clear_decisions`); checked here for both models, so a near-tie fails loudly.
+    """
     x = np.random.default_rng(2).standard_normal((100, FEATURES)).astype(np.float32)
+    for w, b in (weights, perturbed_weights):
+        assert clear_decisions(*exact_and_bound(x, w, b)).all()
     session = ort.InferenceSession(str(reference_model), providers=["CPUExecutionProvider"])
     y = np.argmax(session.run(None, {"x": x})[0], axis=1).astype(np.int64)
+    assert np.array_equal(y, np.argmax(np.maximum(exact_and_bound(x, *weights)[0], 0.0), axis=1))
     return x, y
+
+
+@pytest.fixture(scope="session")
+def float32_spread(data, weights, perturbed_weights) -> dict[str, np.ndarray]:
+    """Per model, the most two float32 runs on ``data`` x may differ by, element by element (2× the bound)."""
+    x, _ = data
+    return {name: 2 * exact_and_bound(x, *wb)[1]
+            for name, wb in (("reference", weights), ("perturbed", perturbed_weights))}
 
 
 @pytest.fixture(scope="session")
