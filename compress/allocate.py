@@ -198,5 +198,18 @@ def allocate(options: list[RankOptions], budget: float, allocator: str = "lagran
     if floor > budget:
         full = sum(o.keep_cost for o in options)
         raise ValueError(f"budget {budget / full:.3g} of the factorisable cost is below the smallest reachable "
-                         f"{floor / full:.3g} (rank 1 everywhere); raise the budget")
+                         f"{floor / full:.3g} ({_smallest_ranks(options)}); raise the budget or lower the rank "
+                         "multiple")
     return fn(options, budget)
+
+
+def _smallest_ranks(options: list[RankOptions]) -> str:
+    """How the cheapest allocation looks: each layer at its smallest offered rank, e.g. "rank 16 everywhere"."""
+    smallest = sorted({int(o.ranks[0]) for o in options if len(o.ranks)})
+    kept = sum(1 for o in options if not len(o.ranks))
+    if len(smallest) == 1:
+        ranks = f"rank {smallest[0]} everywhere"
+    else:
+        ranks = f"smallest offered rank per layer: {', '.join(map(str, smallest))}" if smallest else ""
+    kept_text = f"{kept} layer(s) kept whole, no smaller rank is cheaper" if kept else ""
+    return "; ".join(t for t in (ranks, kept_text) if t)

@@ -22,7 +22,7 @@ from torch import nn
 
 from .data import Dataset
 from .evaluate import eval_mode
-from .errors import CompressionError
+from .errors import CompressionError, require_finite
 from .models import ACTIVATIONS
 from .progress import tracked
 
@@ -92,6 +92,8 @@ class _Capture:
 
     def _hook(self, name: str):
         def hook(_m: nn.Module, _i, out: torch.Tensor) -> None:
+            if isinstance(out, torch.Tensor):
+                require_finite(out.detach(), name, "output activations")
             self.out[name] = out
         return hook
 
@@ -186,6 +188,8 @@ def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str
                     acc[p] = acc.get(p, 0) + g.T @ g
     finally:
         cap.close()
+    for p in points:
+        require_finite(acc[p], p, "output-gradient products (observability Gramian)")
     return {p: acc[p] / len(data) for p in points}, method
 
 

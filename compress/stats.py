@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import Dataset
+from .errors import require_finite
 from .evaluate import eval_mode, hooks_removed
 from .lowrank import matrix_view
 from .progress import tracked
@@ -118,6 +119,7 @@ class _Collector:
         layer = self.layers[name]
 
         def pre_hook(_mod: nn.Module, args: tuple) -> None:
+            require_finite(args[0], name, "input activations")
             _accumulate(self.stats[name], layer, args[0], self.cap, self.dtype)
         return pre_hook
 
@@ -145,4 +147,6 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
         total = -(-len(data) // batch_size)
         for xb in tracked(data.inputs(batch_size), total, "input statistics (batches)", log):
             model(xb)
+    for name, st in col.stats.items():
+        require_finite(st.total, name, f"input second moments ({dtype} products)")
     return col.stats

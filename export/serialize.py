@@ -11,18 +11,34 @@ from torch import nn
 
 from export.atomic import atomic_path
 
-__all__ = ["save_program"]
+__all__ = ["save_program", "synthetic_example"]
+
+
+def synthetic_example(example: torch.Tensor, rows: int = 2, seed: int = 0) -> torch.Tensor:
+    """A fresh tensor shaped like ``rows`` samples of ``example``, holding none of its values.
+
+    A program saved by ``torch.export.save`` stores its example inputs. Saving a slice of the calibration
+    data would ship that data (a view keeps the whole storage), so the example is seeded random normal data
+    for floating inputs and zeros for integer inputs (always a valid index), in ``example``'s dtype.
+    """
+    shape = (rows, *example.shape[1:])
+    if example.is_floating_point():
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randn(shape, generator=gen, dtype=torch.float64).to(example.dtype)
+    return torch.zeros(shape, dtype=example.dtype)
 
 
 def save_program(module: nn.Module, example: torch.Tensor, path: Path,
                  dynamic_dims: Mapping[int, str] | None = None) -> Path:
-    """``torch.export`` ``module`` with a dynamic batch (and ``dynamic_dims``), saved atomically as ``.pt2``."""
+    """``torch.export`` ``module`` with a dynamic batch (and ``dynamic_dims``), saved atomically as ``.pt2``.
+
+    ``example`` only gives the per-sample shape and dtype: the program stores a synthetic two-row example
+    (:func:`synthetic_example`), never the caller's data.
+    """
     module = module.eval()
     dims = {0: torch.export.Dim("batch", min=1)}
     dims.update({axis: torch.export.Dim(name, min=1) for axis, name in (dynamic_dims or {}).items()})
-    shapes = (dims,)
-    example = torch.cat([example, example]) if example.shape[0] == 1 else example
-    program = torch.export.export(module, (example,), dynamic_shapes=shapes)
+    program = torch.export.export(module, (synthetic_example(example),), dynamic_shapes=(dims,))
     with atomic_path(path) as tmp, warnings.catch_warnings():
         # torch warns about tied tensors ("No complete tensor found in the group") on CPU-only weights.
         warnings.filterwarnings("ignore", message="No complete tensor found")

@@ -44,9 +44,11 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
     module = specs.load_model(model_spec, weights=weights, trust_pickle=trust_pickle)
     calib = None
     if data_spec:
-        calib = specs.load_data(data_spec).calib
+        # Nothing is measured on held-out data here, so all of --data serves (nothing is held out).
+        calib = specs.load_dataset(data_spec)
         x = calib.x
         specs.check_input_shape(module, x, model_spec)
+        progress(f"using all {len(calib)} samples of --data for the example input, parity and INT8 calibration")
     elif opts.int8 and opts.quant_mode == "static" and not opts.allow_random_calibration:
         raise specs.SpecError("--int8 needs calibration data: pass --data SPEC (or --allow-random-calibration)")
     elif input_shape:

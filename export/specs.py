@@ -6,8 +6,8 @@ Model specs (``load_model``):
   state dict (nothing is ever downloaded);
 - ``path/to/file.py:factory`` — a callable in a file, imported by path (``sys.path`` is left alone);
 - ``package.module:factory`` — a callable in an importable module;
-- ``model.pt2`` — a program written by ``torch.export.save`` (a zip archive; its tensor members are checked
-  with ``torch.load(..., weights_only=True)`` and any that need full unpickling are refused unless trusted);
+- ``model.pt2`` — a program written by ``torch.export.save``, loaded under a guard that lets only torch's
+  weights-only unpickler run (see :mod:`export.pickle_guard`), unless trusted;
 - ``model.pt`` / ``model.pth`` — a whole pickled ``nn.Module``, loaded only with ``trust_pickle=True``.
 
 A state dict is never a model on its own: it goes in ``weights`` next to a factory or torchvision name.
@@ -30,8 +30,6 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
-import io
-import json
 import logging
 import math
 import pickle
@@ -39,6 +37,7 @@ import re
 import sys
 import warnings
 import zipfile
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,6 +58,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "LoadedData",
+    "MIN_EVAL_SAMPLES",
     "SpecError",
     "check_input_shape",
     "load_data",
@@ -76,6 +76,7 @@ PICKLE_SUFFIXES = (".pt", ".pth")
 CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+MIN_EVAL_SAMPLES = 2  # parity is verified at two batch sizes
 
 
 class SpecError(ValueError):
@@ -209,68 +210,37 @@ def _build_torchvision(name: str, num_classes: int | None) -> nn.Module:
         raise SpecError(f"building torchvision model {name!r} failed ({_cause(exc)}); check num_classes") from exc
 
 
-_PT2_PICKLE_PREFIXES = ("custom_obj_", "opaque_obj_")  # torchbind / opaque constants: always unpickled
-_PT2_LEGACY_PICKLES = ("serialized_state_dict.json", "serialized_constants.json")  # torch.save blobs (<= 2.7)
-_PT2_BLOB_MAGIC = (b"PK\x03\x04", b"\x80")  # torch.save zip container, raw pickle (protocol >= 2)
+_PT2_PROGRAM_MEMBER = r"(^|/)(models/[^/]+\.json|serialized_exported_program\.json)$"  # 2.8+ / 2.7 layout
+_PT2_OBJECT_PREFIXES = ("custom_obj_", "opaque_obj_")  # torchbind / opaque constants: always unpickled
 # Loggers torch.export.load writes to while deserializing; their records (one of which has a broken format
 # string in torch 2.14 and prints "--- Logging error ---" with a traceback) are kept off stderr.
 _PT2_NOISY_LOGGERS = ("torch._export.serde.serialize", "torch.export", "torch.export.pt2_archive._package")
+_TRUST_HINT = ("pass trust_pickle=True (--trust-pickle) only if you trust the file: it lets torch unpickle "
+               "arbitrary Python objects from it, which can run code")
 
 
-def _pt2_raw_payloads(zf: zipfile.ZipFile) -> set[str]:
-    """Members that a weights/constants config declares as raw tensor bytes (``use_pickle: false``)."""
-    raw: set[str] = set()
-    for name in zf.namelist():
-        if not name.endswith(("_weights_config.json", "_constants_config.json")):
-            continue
-        try:
-            config = json.loads(zf.read(name)).get("config", {})
-            folder = name.rsplit("/", 1)[0] + "/" if "/" in name else ""
-            raw.update(folder + str(meta["path_name"]) for meta in config.values()
-                       if isinstance(meta, dict) and meta.get("use_pickle") is False and "path_name" in meta)
-        except Exception:  # a malformed config declares nothing raw; every blob in the archive gets checked
-            continue
-    return raw
+def _check_pt2_archive(path: Path, trust_pickle: bool) -> None:
+    """A complete zip archive (CRC-checked), and without pickled custom objects unless trusted.
 
-
-def _pt2_needs_check(name: str, data: bytes, raw: set[str]) -> bool:
-    base = name.rsplit("/", 1)[-1]
-    if name.endswith(".pt") or base in _PT2_LEGACY_PICKLES or base.startswith(_PT2_PICKLE_PREFIXES):
-        return True
-    return name not in raw and data.startswith(_PT2_BLOB_MAGIC)
-
-
-def _check_pt2_members(path: Path) -> None:
-    """Refuse a .pt2 whose torch-serialized members cannot be read with ``weights_only=True``.
-
-    ``torch.export.load`` silently retries a failed ``weights_only=True`` load with ``weights_only=False``
-    (and unpickles some constants outright), so an untrusted archive is vetted member by member first.
-    Members that are not zip archives are left to ``torch.export.load`` to report.
+    This is only for clear messages; safety comes from loading under :func:`no_unpickling`.
     """
     try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError):
-        return
-    with zf:
-        raw = _pt2_raw_payloads(zf)
-        for info in zf.infolist():
-            if info.is_dir():
-                continue
-            try:
-                data = zf.read(info)
-            except Exception as exc:
-                raise SpecError(f"could not read member {info.filename} of torch.export program {path} "
-                                f"({_cause(exc)}); re-save it with torch.export.save") from exc
-            if not _pt2_needs_check(info.filename, data, raw):
-                continue
-            try:
-                with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the verdict below says it all
-                    warnings.simplefilter("ignore")
-                    torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-            except Exception as exc:
-                raise SpecError(f"{path}: archive member {info.filename} holds objects that need unpickling, "
-                                "and loading them can run arbitrary code; pass trust_pickle=True "
-                                "(--trust-pickle) only if you trust the file") from exc
+        with zipfile.ZipFile(path) as zf:
+            bad = zf.testzip()
+            names = zf.namelist()
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+        raise SpecError(f"{path} is not a complete .pt2 archive (truncated or corrupt: {_cause(exc)}); "
+                        "re-save it with torch.export.save") from exc
+    if bad is not None:
+        raise SpecError(f"{path} is corrupt: archive member {bad} fails its CRC check (truncated or damaged "
+                        "file); re-save it with torch.export.save")
+    if not any(re.search(_PT2_PROGRAM_MEMBER, n) for n in names):
+        # zipfile also finds the directory of a zip *nested* in a cut-off archive (torch.save members are zips)
+        raise SpecError(f"{path} is not a complete .pt2 archive (truncated or corrupt: it holds no exported "
+                        "program); re-save it with torch.export.save")
+    objects = [n for n in names if n.rsplit("/", 1)[-1].startswith(_PT2_OBJECT_PREFIXES)]
+    if objects and not trust_pickle:
+        raise SpecError(f"{path} holds pickled custom objects ({_first_and_more(objects)}); {_TRUST_HINT}")
 
 
 class _DropRecords(logging.Filter):
@@ -294,21 +264,39 @@ def _quiet_torch_export_logs() -> Iterator[None]:
             log.removeFilter(drop)
 
 
+@contextmanager
+def _guard(trust_pickle: bool) -> Iterator[list[str]]:
+    """:func:`export.pickle_guard.no_unpickling`, or nothing (an always-empty refusal list) when trusted."""
+    from export.pickle_guard import no_unpickling
+
+    if trust_pickle:
+        yield []
+        return
+    with no_unpickling() as refusals:
+        yield refusals
+
+
 def _load_exported(path: Path, trust_pickle: bool = False) -> nn.Module:
     """``torch.export.load(path).module()``; the graph keeps the train/eval mode it was exported in.
 
     A .pt2 archive can hold pickles (sample inputs, pickled tensors, custom objects) that
-    ``torch.export.load`` would unpickle in full; unless ``trust_pickle`` is set, every such member must
-    load with ``torch.load(..., weights_only=True)`` or the file is refused before torch reads it.
+    ``torch.export.load`` would unpickle in full. Unless ``trust_pickle`` is set, the load runs under
+    :func:`export.pickle_guard.no_unpickling`, so only torch's weights-only unpickler can run.
     """
-    if not trust_pickle:
-        _check_pt2_members(path)
+    _check_pt2_archive(path, trust_pickle)
+    refusals: list[str] = []
     try:
-        with _quiet_torch_export_logs():
+        with _quiet_torch_export_logs(), _guard(trust_pickle) as refusals, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the verdict below says it all
             module = torch.export.load(path).module()
     except Exception as exc:
+        if refusals:
+            raise SpecError(f"{path} holds objects that need full unpickling ({refusals[0]}); "
+                            f"{_TRUST_HINT}") from exc
         raise SpecError(f"could not load torch.export program {path} ({_cause(exc)}); re-save it with "
                         f"torch.export.save under torch {torch.__version__}") from exc
+    if refusals:  # torch caught a refusal and carried on: the file still asked for unpickling
+        raise SpecError(f"{path} holds objects that need full unpickling ({refusals[0]}); {_TRUST_HINT}")
     # ExportedProgram.module() replaces train()/eval() with methods that raise; the flag cannot change the
     # traced graph, so restore nn.Module's own methods and let callers switch the flag harmlessly.
     for method in ("train", "eval"):
@@ -380,7 +368,19 @@ def _describe(obj: Any) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+def _with_metadata(items: Iterable[tuple[str, torch.Tensor]], metadata: Any) -> OrderedDict[str, torch.Tensor]:
+    """A state dict of ``items`` carrying torch's per-module ``_metadata`` (module versions), if there is one.
+
+    ``load_state_dict`` reads the versions to upgrade old checkpoints (e.g. BatchNorm fills a missing
+    ``num_batches_tracked`` in state dicts from before torch 0.4.1), so copies must keep them.
+    """
+    out: OrderedDict[str, torch.Tensor] = OrderedDict(items)
+    if metadata is not None:
+        out._metadata = metadata  # type: ignore[attr-defined]
+    return out
+
+
+def _read_state_dict(path: Path) -> OrderedDict[str, torch.Tensor]:
     """Load a state dict with ``weights_only=True``; unwrap ``{"state_dict": ...}``-style checkpoints."""
     if not path.is_file():
         raise SpecError(f"weights file {path} not found; check the path")
@@ -399,15 +399,21 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if not _is_state_dict(obj):
         raise SpecError(f"weights file {path} holds {_describe(obj)}, not a state dict (names → tensors); "
                         "save it with torch.save(model.state_dict(), path)")
-    return dict(obj)
+    return _with_metadata(obj.items(), getattr(obj, "_metadata", None))
 
 
-def _strip_wrapper_prefix(state: dict[str, torch.Tensor], expected: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+def _strip_wrapper_prefix(state: OrderedDict[str, torch.Tensor], expected: Mapping[str, Any]
+                          ) -> OrderedDict[str, torch.Tensor]:
     """Drop a DataParallel/``torch.compile`` prefix that every key carries and the model's keys lack."""
     for prefix in WRAPPER_PREFIXES:
         if state and all(k.startswith(prefix) for k in state) and not any(k.startswith(prefix) for k in expected):
             logger.info("stripping prefix %r from every weight name", prefix)
-            return {k[len(prefix):]: v for k, v in state.items()}
+            meta = getattr(state, "_metadata", None)
+            if meta is not None:
+                root = prefix[:-1]
+                meta = {("" if k == root else k[len(prefix):]): v for k, v in meta.items()
+                        if k == root or k.startswith(prefix)}
+            return _with_metadata(((k[len(prefix):], v) for k, v in state.items()), meta)
     return state
 
 
@@ -415,11 +421,10 @@ def _first_and_more(keys: list[str]) -> str:
     return f"{keys[0]!r}" + (f" (and {len(keys) - 1} more)" if len(keys) > 1 else "")
 
 
-def _check_fit(state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], where: str) -> None:
-    """Name the first missing key, unexpected key or shape mismatch between weights and model."""
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    mismatched = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+def _check_fit(missing: list[str], unexpected: list[str], mismatched: list[str],
+               state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], where: str) -> None:
+    """Name the first missing key, unexpected key or shape mismatch (keys as torch's ``load_state_dict`` reports
+    them, so whatever torch accepts, such as BatchNorm's ``num_batches_tracked`` in old checkpoints, passes)."""
     hint = "check that the weights belong to this architecture"
     if missing:
         raise SpecError(f"{where}: missing key {_first_and_more(missing)}; {hint}")
@@ -432,14 +437,23 @@ def _check_fit(state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.T
 
 
 def _load_weights(model: nn.Module, weights: Path, spec: str) -> None:
+    """Load a state dict exactly as ``model.load_state_dict(state, strict=True)`` would accept it.
+
+    Keys with a shape mismatch are held back (torch would raise a multi-line error on them); torch itself
+    then reports missing and unexpected keys, and any of the three makes a one-line :class:`SpecError`.
+    """
     where = f"weights {weights} do not fit model {spec}"
     expected = model.state_dict()
     state = _strip_wrapper_prefix(_read_state_dict(weights), expected)
-    _check_fit(state, expected, where)
+    mismatched = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    fitting = _with_metadata(((k, v) for k, v in state.items() if k not in mismatched),
+                             getattr(state, "_metadata", None))
     try:
-        model.load_state_dict(state, strict=True)
+        result = model.load_state_dict(fitting, strict=False)
     except Exception as exc:
         raise SpecError(f"{where} ({_cause(exc)})") from exc
+    missing = [k for k in result.missing_keys if k not in mismatched]
+    _check_fit(missing, list(result.unexpected_keys), mismatched, state, expected, where)
 
 
 def load_model(spec: str, weights: str | Path | None = None, trust_pickle: bool = False,
@@ -505,12 +519,13 @@ class LoadedData:
 
     Attributes:
         calib: samples handed to compression methods.
-        evaluation: held-out samples used to measure what compression changed.
+        evaluation: held-out samples used to measure what compression changed (None when nothing is
+            held out).
         source: where both came from (for reports), e.g. ``"digits (seed 0, 25% held out)"``.
     """
 
     calib: Dataset
-    evaluation: Dataset
+    evaluation: Dataset | None
     source: str
 
 
@@ -788,13 +803,18 @@ def load_dataset(spec: str, *, seed: int = 0, input_shape: tuple[int, ...] | Non
 
 
 def _split(data: Dataset, fraction: float, seed: int, spec: str) -> tuple[Dataset, Dataset]:
-    if not 0.0 < fraction < 1.0:
-        raise SpecError(f"eval_fraction must lie strictly between 0 and 1, got {fraction}; or give eval data")
     calib, held_out = data.split(fraction, seed)
     if len(calib) == 0:
         raise SpecError(f"data {spec} has {len(data)} sample(s), too few to hold {fraction:.0%} out; give more "
                         "data, a smaller eval_fraction, or separate eval data")
     return calib, held_out
+
+
+def _check_evaluation(evaluation: Dataset, what: str) -> None:
+    """Held-out data must be large enough for a parity check at two batch sizes."""
+    if len(evaluation) < MIN_EVAL_SAMPLES:
+        raise SpecError(f"{what} has {len(evaluation)} sample(s); evaluation needs at least {MIN_EVAL_SAMPLES} "
+                        "(parity is checked at two batch sizes) — give more samples")
 
 
 def load_data(spec: str, *, eval_spec: str | None = None, eval_fraction: float = 0.25, seed: int = 0,
@@ -806,7 +826,8 @@ def load_data(spec: str, *, eval_spec: str | None = None, eval_fraction: float =
         spec: the calibration data (see :func:`load_dataset`); without ``eval_spec`` a seeded
             ``eval_fraction`` of it is held out (the built-in digits use ``compress.datasets.digits``'s split).
         eval_spec: separate evaluation data; then all of ``spec`` is calibration data.
-        eval_fraction: share held out when ``eval_spec`` is None, in (0, 1).
+        eval_fraction: share held out when ``eval_spec`` is None, in [0, 1); 0 holds nothing out (all of
+            ``spec`` is calibration data and ``evaluation`` is None).
         seed: seed of the split (and of capped subsets).
         input_shape, image_size, max_samples: as in :func:`load_dataset`, applied to both parts.
 
@@ -814,22 +835,29 @@ def load_data(spec: str, *, eval_spec: str | None = None, eval_fraction: float =
         :class:`LoadedData` with ``calib``, ``evaluation`` and a ``source`` line.
 
     Raises:
-        SpecError: as :func:`load_dataset`, or when the two parts disagree in per-sample shape.
+        SpecError: as :func:`load_dataset`, when the two parts disagree in per-sample shape, or when the
+            evaluation data has fewer than :data:`MIN_EVAL_SAMPLES` samples.
     """
     options = {"seed": seed, "image_size": image_size, "max_samples": max_samples}
+    if eval_spec is None and not 0.0 <= eval_fraction < 1.0:
+        raise SpecError(f"eval_fraction (--calib-holdout) must lie in [0, 1), got {eval_fraction}")
+    evaluation: Dataset | None
     if eval_spec is not None:
         calib, evaluation = load_dataset(spec, **options), load_dataset(eval_spec, **options)
         source = f"{spec} (calibration) + {eval_spec} (evaluation)"
+        _check_evaluation(evaluation, f"evaluation data {eval_spec} (--eval-data)")
         if calib.x.shape[1:] != evaluation.x.shape[1:]:
             raise SpecError(f"calibration data {spec} has samples of shape {_shape(calib.x[0])} but evaluation "
                             f"data {eval_spec} has {_shape(evaluation.x[0])}; give matching data")
-    elif spec in BUILTIN_DATA:
-        if not 0.0 < eval_fraction < 1.0:
-            raise SpecError(f"eval_fraction must lie strictly between 0 and 1, got {eval_fraction}")
-        calib, evaluation = BUILTIN_DATA[spec](seed, eval_fraction)
-        source = f"{spec} (seed {seed}, {eval_fraction:.0%} held out)"
+    elif eval_fraction == 0.0:
+        calib, evaluation = load_dataset(spec, **options), None
+        source = f"{spec} (all of it; nothing held out)"
     else:
-        calib, evaluation = _split(load_dataset(spec, **options), eval_fraction, seed, spec)
+        if spec in BUILTIN_DATA:
+            calib, evaluation = BUILTIN_DATA[spec](seed, eval_fraction)
+        else:
+            calib, evaluation = _split(load_dataset(spec, **options), eval_fraction, seed, spec)
         source = f"{spec} (seed {seed}, {eval_fraction:.0%} held out)"
-    return LoadedData(_reshape(calib, input_shape, spec), _reshape(evaluation, input_shape, eval_spec or spec),
-                      source)
+        _check_evaluation(evaluation, f"the {eval_fraction:.0%} held out of {spec}")
+    return LoadedData(_reshape(calib, input_shape, spec),
+                      None if evaluation is None else _reshape(evaluation, input_shape, eval_spec or spec), source)

@@ -8,13 +8,14 @@ This module imports only the standard library; :mod:`export.atomic` re-exports i
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text"]
+__all__ = ["OutputWriteError", "atomic_path", "atomic_write_bytes", "atomic_write_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,29 @@ def _remove_quietly(path: Path) -> None:
             leftover.unlink()
 
 
+#: errno → what the user can do about a failed write.
+_WRITE_HINTS = {
+    errno.EACCES: "check the folder's permissions or choose another output path",
+    errno.EPERM: "check the folder's permissions or choose another output path",
+    errno.EROFS: "the file system is read-only; choose another output path",
+    errno.ENOSPC: "free disk space or choose another output path",
+    errno.EDQUOT: "the disk quota is exceeded; free space or choose another output path",
+    errno.EFBIG: "the file is too large for this file system; choose another output path",
+}
+
+
+class OutputWriteError(OSError):
+    """An output file could not be written; the one-line message names the file, the cause and what to do."""
+
+    def __str__(self) -> str:  # OSError would prefix "[Errno N]" and append the file name again
+        return str(self.strerror)
+
+
+def _write_error(final: Path, exc: OSError) -> OutputWriteError:
+    hint = _WRITE_HINTS.get(exc.errno or 0, "choose another output path")
+    return OutputWriteError(exc.errno, f"cannot write {final}: {exc.strerror or exc}; {hint}", str(final))
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; move it onto ``path`` when the block succeeds.
@@ -47,18 +71,30 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     Yields:
         The temporary path to write to (it exists, empty, when the block starts).
 
+    Raises:
+        OutputWriteError: creating, filling or moving the file failed for lack of permission, space or a
+            writable file system (errno EACCES, EPERM, EROFS, ENOSPC, EDQUOT, EFBIG); the message names ``path``.
+
     Example:
         >>> with atomic_path("model.onnx") as tmp:  # doctest: +SKIP
         ...     onnx.save(model, tmp)
     """
     final = Path(path)
-    fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{final.suffix}", dir=final.parent)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{final.suffix}", dir=final.parent)
+    except OSError as exc:
+        raise _write_error(final, exc) from exc
     os.close(fd)
     tmp = Path(name)
     try:
         yield tmp
         os.chmod(tmp, 0o666 & ~_current_umask())
         os.replace(tmp, final)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        if exc.errno in _WRITE_HINTS and not isinstance(exc, OutputWriteError):
+            raise _write_error(final, exc) from exc
+        raise
     except BaseException:
         _remove_quietly(tmp)
         raise
@@ -67,8 +103,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically and return the path."""
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
     return Path(path)
 
 

@@ -31,6 +31,8 @@ class ModelEntry:
 class BenchConfig:
     """What to time and how.
 
+    Validation messages name each field with the CLI flag that sets it, e.g. ``repeats (--repeats)``.
+
     Attributes:
         providers: Provider short names (see :data:`runtime_bench.providers.PROVIDERS`).
         batch_sizes: Batch sizes; each (provider, batch size) is timed in fresh processes.
@@ -61,16 +63,16 @@ class BenchConfig:
         object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
         for short in self.providers:
             provider_name(short)
-        _require(bool(self.providers), "providers must not be empty")
-        _require(bool(self.batch_sizes), "batch_sizes must not be empty")
-        _require(all(b >= 1 for b in self.batch_sizes), f"batch_sizes must be >= 1, got {self.batch_sizes}")
-        _require(self.warmup >= 0, f"warmup must be >= 0, got {self.warmup}")
-        _require(self.min_runs >= 1, f"min_runs must be >= 1, got {self.min_runs}")
-        _require(self.min_seconds >= 0, f"min_seconds must be >= 0, got {self.min_seconds}")
-        _require(self.repeats >= 1, f"repeats must be >= 1, got {self.repeats}")
+        _require(bool(self.providers), "providers (--providers) must not be empty")
+        _require(bool(self.batch_sizes), "batch_sizes (--batch) must not be empty")
+        _require(all(b >= 1 for b in self.batch_sizes), f"batch_sizes (--batch) must be >= 1, got {self.batch_sizes}")
+        _require(self.warmup >= 0, f"warmup (--warmup) must be >= 0, got {self.warmup}")
+        _require(self.min_runs >= 1, f"min_runs (--min-runs) must be >= 1, got {self.min_runs}")
+        _require(self.min_seconds >= 0, f"min_seconds (--min-seconds) must be >= 0, got {self.min_seconds}")
+        _require(self.repeats >= 1, f"repeats (--repeats) must be >= 1, got {self.repeats}")
         _require(self.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
         threads = self.intra_op_threads
-        _require(threads is None or threads >= 1, f"intra_op_threads must be >= 1, got {threads}")
+        _require(threads is None or threads >= 1, f"intra_op_threads (--threads) must be >= 1, got {threads}")
 
     def threads(self) -> int:
         """The intra-op thread count this run uses (explicit, or the physical core count)."""

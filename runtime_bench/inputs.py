@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import onnx
 
 from .errors import BenchInputError, ModelFileError
 
-__all__ = ["InputSpec", "input_specs", "timing_inputs", "batch_inputs", "load_model_proto"]
+__all__ = ["InputSpec", "input_specs", "timing_inputs", "batch_inputs", "load_model_proto",
+           "check_external_data"]
 
 Dim = int | str | None
 
@@ -35,9 +37,51 @@ def load_model_proto(path: Path, load_external_data: bool = False) -> onnx.Model
     if not path.is_file():
         raise ModelFileError(f"model file not found: {path}")
     try:
-        return onnx.load(str(path), load_external_data=load_external_data)
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises several unrelated types for corrupt files
-        raise ModelFileError(f"cannot read ONNX model {path}: {type(exc).__name__}: {exc}") from None
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ModelFileError(f"cannot read ONNX model {path}: {type(exc).__name__}: {first}; is it an ONNX "
+                             "file (written completely)?") from None
+    check_external_data(model, path)
+    if load_external_data:
+        try:
+            onnx.load_external_data_for_model(model, str(path.parent))
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise ModelFileError(f"cannot read the external data of ONNX model {path}: {type(exc).__name__}: "
+                                 f"{first}") from None
+    return model
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Initializers and tensor attributes of ``graph`` and of its subgraphs (If/Loop/Scan bodies)."""
+    yield from graph.initializer
+    yield from (sparse.values for sparse in graph.sparse_initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            yield from ([attr.t] if attr.HasField("t") else [])
+            yield from attr.tensors
+            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                yield from _tensors(sub)
+
+
+def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """Tensors (subgraphs included) whose data lives in another file."""
+    return [t for t in _tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL]
+
+
+def check_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse external-data locations that are absolute or leave the model's folder (e.g. ``../../etc/x``).
+
+    Nothing is read: the locations are only resolved (symlinks included) and compared with the folder.
+    """
+    folder = Path(path).parent.resolve()
+    for tensor in _external_tensors(model):
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        target = (folder / location).resolve()
+        if not location or Path(location).is_absolute() or folder not in target.parents:
+            raise ModelFileError(f"ONNX model {path}: tensor {tensor.name!r} keeps its data at {location!r}, outside "
+                                 "the model's folder; refusing to read it — keep external data files next to the model")
 
 
 def input_specs(path: Path) -> list[InputSpec]:

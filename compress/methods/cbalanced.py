@@ -127,13 +127,13 @@ class CBalancedConfig:
 
     def validate(self) -> "CBalancedConfig":
         if self.init not in INITS:
-            raise CompressionError(f"init must be one of {INITS}, got {self.init!r}")
+            raise CompressionError(f"--init must be one of {INITS}, got {self.init!r}")
         if self.selection not in SELECTIONS:
-            raise CompressionError(f"selection must be one of {SELECTIONS}, got {self.selection!r}")
+            raise CompressionError(f"--selection must be one of {SELECTIONS}, got {self.selection!r}")
         if not 0.0 <= self.eps < 1.0:
-            raise CompressionError(f"eps must lie in [0, 1), got {self.eps}")
+            raise CompressionError(f"--eps must lie in [0, 1), got {self.eps}")
         if self.state_budget is not None and self.state_budget < 1:
-            raise CompressionError(f"state_budget must be a positive state count, got {self.state_budget}")
+            raise CompressionError(f"--state-budget must be a positive state count, got {self.state_budget}")
         return self
 
     def train_config(self) -> TrainConfig:

@@ -18,7 +18,7 @@ from torch import nn
 from ..costs import count_costs
 from ..data import Dataset
 from ..demo_case import DemoCase, DemoRun
-from ..errors import CompressionError
+from ..errors import CompressionError, require_finite
 from ..evaluate import compare_outputs, eval_mode, hooks_removed
 from ..registry import register_method
 from ..report import CompressionReport, LayerReport
@@ -71,7 +71,8 @@ class SSMConfig:
     def validate(self) -> "SSMConfig":
         given = [k for k in ("trunc", "energy", "state_budget") if getattr(self, k) is not None]
         if len(given) > 1:
-            raise CompressionError(f"give only one of trunc / energy / state_budget, got {', '.join(given)}")
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise CompressionError(f"give only one of --trunc / --energy / --state-budget, got {flags}")
         return self
 
 
@@ -134,6 +135,8 @@ def _layer_inputs(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[s
         lambda _m, inp, _out, n=n: seen.__setitem__(n, inp[0].detach())) for n in names]
     with hooks_removed(hooks), eval_mode(model), torch.no_grad():
         model(x)
+    for name, t in seen.items():
+        require_finite(t, name, "input activations")
     return seen
 
 

@@ -135,7 +135,7 @@ def test_exported_program_refuses_weights(tmp_path: Path) -> None:
 
 def test_corrupt_exported_program(tmp_path: Path) -> None:
     (tmp_path / "bad.pt2").write_bytes(b"not a zip archive")
-    with pytest.raises(SpecError, match=r"could not load torch\.export program .*bad\.pt2"):
+    with pytest.raises(SpecError, match=r"bad\.pt2 is not a complete \.pt2 archive"):
         load_model(str(tmp_path / "bad.pt2"))
 
 
@@ -165,9 +165,8 @@ def _crafted_pt2(tmp_path: Path) -> tuple[Path, Path, str]:
 
 
 def test_exported_program_with_pickle_member_is_refused(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    evil, marker, member = _crafted_pt2(tmp_path)
-    with pytest.raises(SpecError, match=rf"evil\.pt2: archive member {re.escape(member)} holds objects that need "
-                                        r"unpickling.*--trust-pickle"):
+    evil, marker, _ = _crafted_pt2(tmp_path)
+    with pytest.raises(SpecError, match=r"evil\.pt2 holds objects that need full unpickling.*--trust-pickle"):
         load_model(str(evil))
     assert not marker.exists()
     assert "Logging error" not in capfd.readouterr().err

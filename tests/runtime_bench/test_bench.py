@@ -87,10 +87,10 @@ def test_missing_model_file_is_one_line_naming_it(tmp_path: Path, reference_mode
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(warmup=-1), "warmup must be >= 0"),
-        (dict(repeats=0), "repeats must be >= 1"),
-        (dict(batch_sizes=(0,)), "batch_sizes must be >= 1"),
-        (dict(min_seconds=-1.0), "min_seconds must be >= 0"),
+        (dict(warmup=-1), r"warmup \(--warmup\) must be >= 0"),
+        (dict(repeats=0), r"repeats \(--repeats\) must be >= 1"),
+        (dict(batch_sizes=(0,)), r"batch_sizes \(--batch\) must be >= 1"),
+        (dict(min_seconds=-1.0), r"min_seconds \(--min-seconds\) must be >= 0"),
     ],
 )
 def test_config_rejects_bad_values(kwargs: dict, match: str) -> None:

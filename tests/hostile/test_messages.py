@@ -1,0 +1,108 @@
+"""Error messages that reach the CLI: one line, naming the flag, layer or file at fault, and what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from compress import CompressionError
+from compress.allocate import allocate, options_from_spectrum
+from compress.data import Dataset
+from compress.gramians import reachability_gramians
+from compress.methods.cbalanced import CBalancedConfig
+from compress.methods.ssm import SSMConfig
+from compress.stats import collect_moments
+from export.cli import main
+
+FACTORY = """
+import torch
+from torch import nn
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
+"""
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
+def one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("flag, value", [("--repeats", "0"), ("--min-runs", "0"), ("--warmup", "-1"),
+                                         ("--min-seconds", "-1"), ("--threads", "0")])
+def test_bench_option_errors_name_the_flag(flag: str, value: str, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, err = run_main(["bench", "m.onnx", flag, value, "-q"], capsys)
+    assert code == 2
+    assert f"({flag})" in one_error_line(err)
+
+
+@pytest.mark.parametrize("config, flag", [
+    (CBalancedConfig(eps=1.5), "--eps"),
+    (CBalancedConfig(state_budget=0), "--state-budget"),
+    (SSMConfig(trunc=0.5, energy=0.9), "--trunc"),
+])
+def test_method_option_errors_name_the_flag(config, flag: str) -> None:
+    with pytest.raises(CompressionError, match=flag):
+        config.validate()
+
+
+def test_infeasible_budget_names_the_real_smallest_rank() -> None:
+    """With rank multiple 16 the cheapest plan is rank 16 in every layer, not rank 1."""
+    sq = np.linspace(2.0, 1.0, 128) ** 2
+    opts = [options_from_spectrum(f"l{i}", sq, lambda r: 256.0 * r, 128 * 128, rank_multiple=16) for i in range(2)]
+    with pytest.raises(ValueError, match=r"\(rank 16 everywhere\); raise the budget") as info:
+        allocate(opts, 1.0)
+    assert "rank 1 " not in str(info.value)
+
+
+def _overflowing_mlp() -> nn.Module:
+    """Finite inputs near 3e38 overflow to inf in the first layer (its weights sum to 8 per neuron)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)
+    return model
+
+
+def test_overflowing_activations_name_the_layer_in_moments() -> None:
+    data = Dataset(torch.full((6, 8), 3e38))
+    model = _overflowing_mlp()
+    with pytest.raises(CompressionError, match=r"layer '2': input activations contain NaN/inf .* data scale"):
+        collect_moments(model, {"0": model[0], "2": model[2]}, data)
+
+
+def test_overflowing_activations_name_the_layer_in_gramians() -> None:
+    data = Dataset(torch.full((6, 8), 3e38))
+    with pytest.raises(CompressionError, match=r"layer '1': output activations contain NaN/inf .* data scale"):
+        reachability_gramians(_overflowing_mlp(), data, ["1"])
+
+
+@pytest.mark.parametrize("method", ["factorize", "cbalanced"])
+def test_cli_refuses_overflowing_data_in_one_line(method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.py").write_text(FACTORY)
+    np.savez(tmp_path / "huge.npz", x=np.full((40, 64), 3e38, np.float32), y=np.zeros(40, np.int64))
+    code, err = run_main(["compress", "net.py:make", "-m", method, "--calib", "huge.npz", "--out", "o.pt2", "-q"],
+                         capsys)
+    line = one_error_line(err)
+    assert code == 2
+    assert "layer '" in line and "NaN/inf" in line and "data scale" in line and "linalg" not in line
+    assert not (tmp_path / "o.pt2").exists()
