@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -15,6 +17,15 @@ import click
 __all__ = ["cli", "main"]
 
 USAGE_EXIT, FAIL_EXIT = 2, 1
+TERM_EXIT = 128 + int(signal.SIGTERM)  # 143: what a shell reports for a process ended by SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so the same cleanup runs as for Ctrl-C (KeyboardInterrupt)."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
 
 
 from compress.progress import PROGRESS_KEY  # noqa: E402  (runtime_bench logs with the same key)
@@ -158,29 +169,69 @@ def _input_files(*specs: str | None) -> list[Path]:
 
 
 def _prepare_outputs(outputs: list[str | Path | None], *inputs: str | None) -> None:
-    """Refuse an output that is one of the inputs; create each output's folder or say why it cannot be."""
+    """Refuse an output that is one of the inputs or another output; create each output's folder or say why
+    it cannot be. Folders created here and still empty when the command ends (it failed) are removed."""
     from export.atomic import ensure_distinct
+    from export.pipeline import make_dirs, remove_empty_dirs
     from export.specs import SpecError
 
-    for out in filter(None, outputs):
+    outs = [Path(out) for out in filter(None, outputs)]
+    _ensure_distinct_outputs(outs)
+    created: list[Path] = []
+    click.get_current_context().call_on_close(lambda: remove_empty_dirs(created))
+    for out in outs:
         for path in _input_files(*inputs):
             ensure_distinct(path, out)
-        parent = Path(out).parent
         try:
-            parent.mkdir(parents=True, exist_ok=True)
+            created += make_dirs(out.parent)
         except OSError as exc:
             raise SpecError(f"cannot create the folder of output {out}: {exc.strerror or exc}") from None
-        if not os.access(parent, os.W_OK):
-            raise SpecError(f"output {out}: folder {parent} is not writable")
+        if not os.access(out.parent, os.W_OK):
+            raise SpecError(f"output {out}: folder {out.parent} is not writable")
 
 
-def _load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None):
+def _ensure_distinct_outputs(outs: list[Path]) -> None:
+    """Two outputs of one command may not be the same file (the second would silently replace the first)."""
+    from export.errors import SameFileError
+
+    seen: dict[Path, Path] = {}
+    for out in outs:
+        first = seen.setdefault(out.resolve(), out)
+        if first is not out:
+            raise SameFileError(f"outputs {first} and {out} are the same file; give each output its own path")
+
+
+def _load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None,
+                 holdout: float = 0.25):
     from export import specs
 
     net = specs.load_model(model, weights=weights, trust_pickle=trust_pickle)
-    loaded = specs.load_data(data, eval_spec=eval_data)
+    loaded = specs.load_data(data, eval_spec=eval_data, eval_fraction=holdout)
     specs.check_input_shape(net, loaded.calib.x, model)
     return net, loaded.calib, loaded.evaluation
+
+
+def _calib_line(calib_samples: int, held: Any, holdout: float) -> str:
+    """Progress line saying how --calib was used (nothing is held out silently)."""
+    if held is None:
+        return f"calibrating on all {calib_samples} samples of --calib (--calib-holdout 0: no held-out measurement)"
+    return (f"calibrating on {calib_samples} samples of --calib; {len(held)} ({holdout:.0%}, --calib-holdout) "
+            "held out to measure the compressed model")
+
+
+def _record_held_out(report: Any, net: Any, small: Any, calib: Any, held: Any, holdout: float) -> None:
+    """``report.measured["held_out"]``: the compressed model against the original on the held-out samples,
+    or None (with a note) when ``--calib-holdout 0`` held nothing out."""
+    from compress.evaluate import compare_outputs
+
+    if held is None:
+        report.measured["held_out"] = None
+        report.notes.append(f"no held-out measurement: --calib-holdout 0, all {len(calib)} samples of --calib "
+                            "were calibration data")
+        return
+    report.measured["held_out"] = {"samples": len(held), **compare_outputs(net, small, held)}
+    report.notes.append(f"{len(held)} samples ({holdout:.0%} of --calib, seeded) held out for measured.held_out; "
+                        f"calibrated on the other {len(calib)}")
 
 
 @cli.command("compress")
@@ -194,10 +245,15 @@ def _load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str,
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
 @click.option("--target-provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu",
               show_default=True, help="Provider the model is for; sets --rank-multiple's default (cpu 16, GPU 8).")
+@click.option("--calib-holdout", "holdout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.25,
+              show_default=True, metavar="FRACTION",
+              help="Share of --calib held out (seeded) to measure the compressed model on (report: "
+                   "measured.held_out); 0 calibrates on all of --calib and makes no held-out measurement.")
 @method_options
 @common
 def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
-                 report_path: str | None, target_provider: str, quiet: bool, as_json: bool, **opts: Any) -> None:
+                 report_path: str | None, target_provider: str, holdout: float, quiet: bool, as_json: bool,
+                 **opts: Any) -> None:
     """Compress MODEL with one method and save it as a torch.export program."""
     from compress import compress
     from export.method_options import build_config, provider_defaults
@@ -207,9 +263,11 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
     con = Console(quiet, as_json)
     _prepare_outputs([out, report_path], model, weights, data)
     config = build_config(method, opts, provider_defaults((target_provider,)))
-    net, calib, _ = _load_inputs(model, weights, trust_pickle, data, None)
+    net, calib, held = _load_inputs(model, weights, trust_pickle, data, None, holdout)
+    con.progress(_calib_line(len(calib), held, holdout))
     con.progress(f"compressing {model} with {method}")
     small, report = compress(net, calib, method, config)
+    _record_held_out(report, net, small, calib, held, holdout)
     save_program(small, calib.x[:2], Path(out))
     if report_path:
         write_json(report, Path(report_path))
@@ -250,6 +308,27 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: str | None, 
     con.result(result)
 
 
+def _skip_unavailable_option(fn: Callable) -> Callable:
+    return click.option("--skip-unavailable-providers", is_flag=True,
+                        help="Benchmark the providers that can run and record the others as unavailable "
+                             "(default: a requested provider that cannot run is an error).")(fn)
+
+
+def _require_providers(names: tuple[str, ...], skip_unavailable: bool) -> None:
+    """Exit 1 (before any work) naming each requested provider this onnxruntime cannot run, unless skipped."""
+    from runtime_bench import ProviderUnavailableError
+    from runtime_bench.providers import require_available, unavailable_reason
+
+    if skip_unavailable:
+        for name in names:
+            unavailable_reason(name)  # an unknown name is still a usage error
+        return
+    try:
+        require_available(names)
+    except ProviderUnavailableError as exc:
+        raise ProviderUnavailableError(f"{exc}; or pass --skip-unavailable-providers to run without it") from None
+
+
 @cli.command("bench")
 @click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--providers", default="cpu", show_default=True, help="Comma-separated: cpu, cuda, tensorrt.")
@@ -262,14 +341,16 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: str | None, 
 @click.option("--threads", type=int, help="Intra-op threads (default: physical cores).")
 @click.option("--out", type=click.Path(dir_okay=False), default="bench.json", show_default=True,
               help="Report JSON; a Markdown copy is written next to it.")
+@_skip_unavailable_option
 @common
 def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | None, warmup: int,
-              min_runs: int, min_seconds: float, repeats: int, threads: int | None, out: str, quiet: bool,
-              as_json: bool) -> None:
+              min_runs: int, min_seconds: float, repeats: int, threads: int | None, out: str,
+              skip_unavailable_providers: bool, quiet: bool, as_json: bool) -> None:
     """Benchmark ONNX MODELS side by side (ratios vs the first) with ONNX Runtime."""
     import runtime_bench as rb
 
     con = Console(quiet, as_json)
+    _require_providers(_split_names(providers), skip_unavailable_providers)  # fail fast, before any loading
     _prepare_outputs([out, Path(out).with_suffix(".md")], *models, data)
     x = y = None
     if data:
@@ -282,7 +363,8 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
                          warmup=warmup, min_runs=min_runs, min_seconds=min_seconds, repeats=repeats,
                          intra_op_threads=threads)
     entries = [rb.ModelEntry(Path(m).stem, Path(m)) for m in models]
-    report = rb.run_benchmark(entries, cfg, x, y, progress=con.progress)
+    report = rb.run_benchmark(entries, cfg, x, y, progress=con.progress,
+                              fail_on_unavailable=not skip_unavailable_providers)
     rb.write_json(report, Path(out))
     rb.write_markdown(report, Path(out).with_suffix(".md"))
     con.table(rb.format_table(report))
@@ -295,11 +377,15 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
 @click.option("--max-accuracy-drop", type=float, help="Highest allowed accuracy drop, percentage points.")
 @click.option("--min-agreement", type=float, help="Lowest allowed top-1 agreement with the first model (0-1).")
 @click.option("--baseline", type=click.Path(dir_okay=False), help="Earlier report to compare latencies with.")
-@click.option("--max-regression", type=float, help="Highest allowed latency regression vs --baseline, percent.")
+@click.option("--max-regression", type=float,
+              help="Highest allowed latency regression vs --baseline, percent; a cell fails only when it is also "
+                   "beyond the measured noise (the two runs' per-process p50 ranges do not overlap).")
+@click.option("--allow-new-models", is_flag=True,
+              help="Let (model, provider, batch) cells absent from --baseline pass (they fail otherwise).")
 @common
 def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: float | None,
-              min_agreement: float | None, baseline: str | None, max_regression: float | None, quiet: bool,
-              as_json: bool) -> None:
+              min_agreement: float | None, baseline: str | None, max_regression: float | None,
+              allow_new_models: bool, quiet: bool, as_json: bool) -> None:
     """Release gate: exit 0 when every criterion holds for REPORT, 1 otherwise.
 
     REPORT is a `minreal bench` JSON or a run directory's report.json (every case is checked).
@@ -311,7 +397,7 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
         raise click.UsageError("give at least one criterion (--max-latency-ratio, --max-accuracy-drop, "
                                "--min-agreement, --max-regression); a gate with none would always pass")
     results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
-                            max_accuracy_drop, min_agreement, max_regression)
+                            max_accuracy_drop, min_agreement, max_regression, allow_new_models)
     passed = all(r.passed for _, r in results)
     import runtime_bench as rb
 
@@ -319,8 +405,9 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
         con.table(f"[{name}]\n{rb.format_check(res)}")
     con.result({"passed": passed, "reports": {n: r for n, r in results}})
     if not passed:
-        failed = [f"{n}: {c.name} {c.model} measured {c.measured:.4g} allowed {c.allowed:.4g}"
-                  for n, r in results for c in r.criteria if not c.passed]
+        from runtime_bench.check import describe_criterion
+
+        failed = [f"{n}: {describe_criterion(c)}" for n, r in results for c in r.criteria if not c.passed]
         click.echo("FAILED " + "; ".join(failed), err=True)
         sys.exit(FAIL_EXIT)
 
@@ -375,27 +462,29 @@ def _finish_run(con: Console, report: Any, out: str) -> None:
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
 @_pipeline_options
+@_skip_unavailable_option
 @method_options
 @common
 def run_cmd(model: str, method: tuple[str, ...], data: str, eval_data: str | None, weights: str | None,
             trust_pickle: bool, out: str, overwrite: bool, batch: str, providers: str, no_int8: bool,
-            quant_target: str, quant_mode: str, min_seconds: float | None, repeats: int | None, quiet: bool,
-            as_json: bool,
+            quant_target: str, quant_mode: str, min_seconds: float | None, repeats: int | None,
+            skip_unavailable_providers: bool, quiet: bool, as_json: bool,
             **opts: Any) -> None:
     """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 → benchmark."""
     from compress.demo_case import DemoCase, DemoRun
     from export.method_options import build_config, provider_defaults
-    from export.pipeline import PipelineConfig, run_pipeline, prepare_run_dir
+    from export.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
 
     con = Console(quiet, as_json)
-    cfg = _pipeline_config(PipelineConfig(), batch, providers, no_int8, quant_target, quant_mode, min_seconds,
-                           repeats)
+    cfg = _pipeline_config(PipelineConfig(skip_unavailable_providers=skip_unavailable_providers), batch,
+                           providers, no_int8, quant_target, quant_mode, min_seconds, repeats)
+    _require_providers(cfg.providers, skip_unavailable_providers)  # fail fast, before any loading
     runs = [DemoRun(m, m, build_config(m, opts, provider_defaults(cfg.providers))) for m in method]
-    prepare_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data)).rmdir()  # fail fast
-    net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
-    case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs)
-    report = run_pipeline([case], Path(out), cfg, overwrite, con.progress,
-                          inputs=_input_files(model, weights, data, eval_data))
+    # --out is locked from its existence check to the commit: a concurrent run to it exits 1
+    with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data)) as claim:
+        net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
+        case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs)
+        report = fill_run_dir([case], claim, cfg, con.progress)
     _finish_run(con, report, out)
 
 
@@ -411,17 +500,17 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
     from dataclasses import replace
 
     from export.demo import DEMO_PIPELINE, demo_cases
-    from export.pipeline import PipelineConfig, prepare_run_dir, run_pipeline
+    from export.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
 
     con = Console(quiet, as_json)
-    prepare_run_dir(Path(out), overwrite).rmdir()
-    con.progress("training demo models (seeded)")
-    try:
-        cases = demo_cases(quick=not full, only=_split_names(only or ""))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--only") from None
-    cfg = PipelineConfig() if full else DEMO_PIPELINE
-    report = run_pipeline(cases, Path(out), replace(cfg), overwrite, con.progress)
+    with claim_run_dir(Path(out), overwrite) as claim:  # locked until the run directory is committed
+        con.progress("training demo models (seeded)")
+        try:
+            cases = demo_cases(quick=not full, only=_split_names(only or ""))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--only") from None
+        cfg = PipelineConfig() if full else DEMO_PIPELINE
+        report = fill_run_dir(cases, claim, replace(cfg), con.progress)
     _finish_run(con, report, out)
 
 
@@ -447,7 +536,7 @@ def latency_table_cmd(model: str, out: str, data: str | None, input_shape: str |
     _prepare_outputs([out], model, weights, data)
     net = specs.load_model(model, weights=weights)
     if data:
-        x = specs.load_data(data).calib.x[:batch]
+        x = specs.load_dataset(data).x[:batch]
     elif input_shape:
         x = torch.randn(batch, *_split_ints(input_shape, "--input-shape"))
     else:
@@ -475,12 +564,24 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, exit 2 for usage errors and 1 for failures, no tracebacks.
 
+    Ctrl-C (SIGINT) exits 1 and SIGTERM exits 143 (128 + 15), each with one line on stderr, after removing
+    what the command had started to write (staging folder, lock file, temporary files, folders it created).
     Set ``MINREAL_DEBUG=1`` to see the traceback of an unexpected error.
     """
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         if not isinstance(handler, ProgressBars):
             handler.setLevel(logging.WARNING)  # library INFO records reach only the progress bars
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         cli.main(args=argv, prog_name="minreal", standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -491,6 +592,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(USAGE_EXIT if isinstance(exc, click.UsageError) else exc.exit_code)
+    except Terminated:
+        click.echo("minreal: terminated (SIGTERM); partial output removed", err=True)
+        sys.exit(TERM_EXIT)
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - the CLI's single place that turns errors into one line
@@ -499,3 +603,7 @@ def main(argv: list[str] | None = None) -> None:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         click.echo(f"minreal: error: {first}", err=True)
         sys.exit(USAGE_EXIT if isinstance(exc, _usage_errors()) else FAIL_EXIT)
+
+
+if __name__ == "__main__":  # python -m export.cli
+    main()

@@ -26,16 +26,26 @@ def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
 
 def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | None,
                   max_accuracy_drop: float | None, min_agreement: float | None,
-                  max_regression: float | None) -> list[tuple[str, rb.CheckResult]]:
-    """Apply the thresholds to every bench report in ``path`` (baseline matched by case name)."""
+                  max_regression: float | None, allow_new_models: bool = False) -> list[tuple[str, rb.CheckResult]]:
+    """Apply the thresholds to every bench report in ``path`` (baseline matched by case name).
+
+    A case (or a model of a case) absent from ``baseline`` fails unless ``allow_new_models``.
+    """
     reports = bench_reports(path)
     base = bench_reports(baseline) if baseline else {}
     if baseline and len(base) == 1 and len(reports) == 1:
         base = {next(iter(reports)): next(iter(base.values()))}
     results = []
     for name, rep in reports.items():
-        if baseline and name not in base:
-            raise rb.CheckError(f"baseline {baseline} has no case named {name!r}")
+        if baseline and name not in base and not allow_new_models:
+            raise rb.CheckError(f"baseline {baseline} has no case named {name!r}; pass --allow-new-models "
+                                "to accept new cases")
         results.append((name, rb.check_report(rep, max_latency_ratio, max_accuracy_drop, min_agreement,
-                                              base.get(name), max_regression)))
+                                              base.get(name, _without_latency(rep)) if baseline else None,
+                                              max_regression, allow_new_models)))
     return results
+
+
+def _without_latency(report: dict[str, Any]) -> dict[str, Any]:
+    """A baseline for a case the real baseline lacks: no latencies, so every cell counts as new."""
+    return {**report, "latency": [], "ratios": []}

@@ -2,18 +2,27 @@
 
 Each stage is a plain function with a dataclass result; the CLI and the demo are thin shells over
 :func:`run_pipeline`. The whole run directory is written into a staging folder next to the target and
-renamed into place at the end, so a failed run leaves no half-written output.
+renamed into place at the end, so a failed run leaves no half-written output. The run directory is
+claimed with an exclusive lock on a sibling ``.NAME.lock`` file from the existence check to the commit,
+so two runs never write the same directory.
+
+Test hook: ``MINREAL_FAULT_INJECT=STAGE:SIGNAL`` makes the process send itself SIGNAL (``SIGINT``,
+``SIGTERM``) when STAGE starts (``export_original``, ``compress``, ``int8``, ``benchmark``, ``commit``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, is_dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,16 +43,39 @@ from export.serialize import save_program
 from export.simplify import simplify
 from export.verify import verify_parity
 
-__all__ = ["PipelineConfig", "VariantRecord", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION",
-           "run_pipeline", "run_case", "prepare_run_dir", "RunDirError"]
+__all__ = ["PipelineConfig", "VariantRecord", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
+           "run_pipeline", "fill_run_dir", "run_case", "claim_run_dir", "RunDirClaim", "prepare_run_dir",
+           "RunDirError", "RunDirBusyError", "make_dirs", "remove_empty_dirs"]
 
 log = logging.getLogger(__name__)
 RUN_SCHEMA_VERSION = 1
+FAULT_ENV = "MINREAL_FAULT_INJECT"
 Progress = Callable[[str], None]
 
 
 class RunDirError(ValueError):
     """The output directory cannot be used as asked."""
+
+
+class RunDirBusyError(RuntimeError):
+    """Another process holds the lock of the output directory (it is writing the same run)."""
+
+
+@dataclass(frozen=True)
+class RunDirClaim:
+    """A run directory this process holds the lock of, and the staging folder the run is written into."""
+
+    out_dir: Path
+    staging: Path
+    overwrite: bool
+
+
+def _fault_point(stage: str) -> None:
+    """Test hook: send this process the signal named by ``MINREAL_FAULT_INJECT=STAGE:SIGNAL`` at ``stage``."""
+    where, _, name = os.environ.get(FAULT_ENV, "").partition(":")
+    name = name.upper()
+    if where == stage and name:
+        os.kill(os.getpid(), signal.Signals[name if name.startswith("SIG") else f"SIG{name}"])
 
 
 @dataclass(frozen=True)
@@ -63,6 +95,7 @@ class PipelineConfig:
     min_runs: int = 50
     min_seconds: float = 2.0
     repeats: int = 3
+    skip_unavailable_providers: bool = False
 
     def bench_config(self) -> rb.BenchConfig:
         return rb.BenchConfig(providers=self.providers, batch_sizes=self.batch_sizes, warmup=self.warmup,
@@ -150,17 +183,106 @@ def relative_to(obj: Any, root: Path) -> Any:
     return obj
 
 
-def prepare_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Path:
-    """Check that ``out_dir`` may be written and return a fresh staging folder beside it.
+def make_dirs(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return the folders this call created, outermost first."""
+    created = []
+    for path in [*reversed(Path(folder).parents), Path(folder)]:
+        if path.is_dir():
+            continue
+        try:
+            path.mkdir()
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            continue
+        created.append(path)
+    return created
 
-    ``--overwrite`` replaces only an earlier run directory (never a folder of other files), and the run
-    directory may not contain any of ``inputs``.
+
+def remove_empty_dirs(created: Sequence[Path]) -> None:
+    """Remove the folders of ``created`` (outermost first, as :func:`make_dirs` returns) that are empty."""
+    for path in reversed(created):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+@contextlib.contextmanager
+def claim_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Iterator[RunDirClaim]:
+    """Hold ``out_dir`` for this process until the block ends, with a staging folder to write the run into.
+
+    Creates the parent folder, takes a non-blocking exclusive lock on ``.NAME.lock`` beside ``out_dir``
+    (:class:`RunDirBusyError` if another process holds it), then checks ``out_dir`` may be written
+    (:func:`prepare_run_dir`). The lock spans that check and the commit (:func:`fill_run_dir`). On leaving,
+    the lock file is removed, and so are an uncommitted staging folder and the parent folders this call
+    created that are still empty.
     """
     out_dir = Path(out_dir)
+    _check_not_input(out_dir, inputs)
+    try:
+        created = make_dirs(out_dir.resolve().parent)
+    except OSError as exc:
+        raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
+    try:
+        with _locked(out_dir):
+            staging = prepare_run_dir(out_dir, overwrite, inputs)
+            try:
+                yield RunDirClaim(out_dir, staging, overwrite)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)  # gone already once committed
+    finally:
+        remove_empty_dirs(created)
+
+
+@contextlib.contextmanager
+def _locked(out_dir: Path) -> Iterator[None]:
+    """Hold the lock file of ``out_dir`` for the block, then remove it."""
+    lock = out_dir.resolve().with_name(f".{out_dir.resolve().name}.lock")
+    fd = _acquire(lock, out_dir)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+        os.close(fd)
+
+
+def _acquire(lock: Path, out_dir: Path) -> int:
+    """Open and lock ``lock`` without waiting; retry if a finishing holder removed the file meanwhile."""
+    busy = RunDirBusyError(f"output directory {out_dir} is being written by another minreal run (lock file {lock} "
+                           "is held); wait for it to finish or choose another --out")
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise busy from None
+        if _same_file(fd, lock):
+            return fd
+        os.close(fd)
+    raise busy
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st, here = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+def _check_not_input(out_dir: Path, inputs: Sequence[Path]) -> None:
     resolved = out_dir.resolve()
     for path in inputs:
         if resolved == Path(path).resolve() or resolved in Path(path).resolve().parents:
             raise RunDirError(f"output directory {out_dir} contains the input {path}; choose another --out")
+
+
+def _check_target(out_dir: Path, overwrite: bool) -> None:
+    """``out_dir`` is absent, or (with ``overwrite``) an earlier run directory."""
     if out_dir.exists() and not out_dir.is_dir():
         raise RunDirError(f"output path {out_dir} exists and is not a directory")
     if out_dir.exists() and not overwrite:
@@ -168,8 +290,19 @@ def prepare_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ())
     if out_dir.exists() and not _is_run_dir(out_dir):
         raise RunDirError(f"{out_dir} is not a minreal run directory (no run report.json); --overwrite replaces "
                           "only earlier runs, choose another --out")
+
+
+def prepare_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Path:
+    """Check that ``out_dir`` may be written and return a fresh staging folder beside it.
+
+    ``--overwrite`` replaces only an earlier run directory (never a folder of other files), and the run
+    directory may not contain any of ``inputs``. Call it under :func:`claim_run_dir` (which does), so the
+    answer still holds at the commit.
+    """
+    out_dir = Path(out_dir)
+    _check_not_input(out_dir, inputs)
+    _check_target(out_dir, overwrite)
     try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     except OSError as exc:
         raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
@@ -179,15 +312,21 @@ def prepare_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ())
     return staging
 
 
-def _commit_run_dir(staging: Path, out_dir: Path) -> None:
-    """Move the finished staging folder onto ``out_dir`` (replacing an old run only now)."""
+def _commit_run_dir(claim: RunDirClaim) -> None:
+    """Move the finished staging folder onto the run directory (replacing an old run only now).
+
+    ``rename`` silently replaces an empty directory, so the target is checked again first: something
+    that is not this tool (which respects the lock) may have created it meanwhile.
+    """
+    out_dir = claim.out_dir
+    _check_target(out_dir, claim.overwrite)
     if out_dir.exists():
         old = out_dir.with_name(f".{out_dir.name}.old-{int(time.time())}")
         out_dir.rename(old)
-        staging.rename(out_dir)
+        claim.staging.rename(out_dir)
         shutil.rmtree(old, ignore_errors=True)
     else:
-        staging.rename(out_dir)
+        claim.staging.rename(out_dir)
 
 
 def file_stem(label: str) -> str:
@@ -229,11 +368,13 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     case_dir.mkdir(parents=True, exist_ok=True)
     stages: dict[str, float] = {}
     t = time.perf_counter()
+    _fault_point("export_original")
     progress(f"[{case.name}] exporting original")
     records = [export_model(case.model, "original", "none", case, case_dir, cfg)]
     stages["export_original"] = time.perf_counter() - t
     for run in case.runs:
         t = time.perf_counter()
+        _fault_point("compress")
         progress(f"[{case.name}] compressing with {run.method} ({run.label})")
         small, report = compress(case.model, case.train, run.method, run.config)
         stages[f"compress:{run.label}"] = time.perf_counter() - t
@@ -247,14 +388,17 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         stages[f"export:{run.label}"] = time.perf_counter() - t
     if cfg.int8:
         t = time.perf_counter()
+        _fault_point("int8")
         progress(f"[{case.name}] quantising to INT8 ({cfg.quant_target}, {cfg.quant_mode})")
         records += [quantize_model(r, case, case_dir, cfg) for r in list(records[1:])]
         stages["int8"] = time.perf_counter() - t
     t = time.perf_counter()
+    _fault_point("benchmark")
     progress(f"[{case.name}] benchmarking {len(records)} models")
     entries = [rb.ModelEntry(r.label, case_dir / r.onnx) for r in records]
     y = None if case.test.y is None else case.test.y.numpy()
-    bench = rb.run_benchmark(entries, cfg.bench_config(), case.test.x.numpy(), y, progress=progress)
+    bench = rb.run_benchmark(entries, cfg.bench_config(), case.test.x.numpy(), y, progress=progress,
+                             fail_on_unavailable=not cfg.skip_unavailable_providers)
     stages["benchmark"] = time.perf_counter() - t
     result = CaseResult(case.name, records, relative_to(to_jsonable(bench), case_dir), stages, list(case.notes))
     write_json(result.bench, case_dir / "bench.json")  # a `minreal bench` report, paths relative to the case
@@ -291,22 +435,24 @@ def write_json(obj: Any, path: Path) -> None:
 def run_pipeline(cases: list[DemoCase], out_dir: Path, cfg: PipelineConfig, overwrite: bool = False,
                  progress: Progress | None = None, inputs: Sequence[Path] = ()) -> RunReport:
     """Run every case into ``out_dir`` (report.json, report.md, plot.png, ONNX files per case)."""
+    with claim_run_dir(Path(out_dir), overwrite, inputs) as claim:
+        return fill_run_dir(cases, claim, cfg, progress)
+
+
+def fill_run_dir(cases: list[DemoCase], claim: RunDirClaim, cfg: PipelineConfig,
+                 progress: Progress | None = None) -> RunReport:
+    """Run every case into the staging folder of ``claim`` and commit it as the run directory."""
     from export.report import plot_accuracy_latency, plot_spectra, render_markdown
 
-    notify = progress or log.info
-    out_dir = Path(out_dir)
-    staging = prepare_run_dir(out_dir, overwrite, inputs)
-    try:
-        results = [run_case(c, staging / c.name, cfg, notify) for c in cases]
-        report = RunReport(RUN_SCHEMA_VERSION, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
-                           to_jsonable(cfg), results)
-        write_json(report, staging / "report.json")
-        with atomic_path(staging / "report.md") as tmp:
-            tmp.write_text(render_markdown(report))
-        plot_accuracy_latency(report, staging / "plot.png")
-        plot_spectra(report, staging / "spectra.png")
-        _commit_run_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    notify, staging = progress or log.info, claim.staging
+    results = [run_case(c, staging / c.name, cfg, notify) for c in cases]
+    report = RunReport(RUN_SCHEMA_VERSION, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
+                       to_jsonable(cfg), results)
+    write_json(report, staging / "report.json")
+    with atomic_path(staging / "report.md") as tmp:
+        tmp.write_text(render_markdown(report))
+    plot_accuracy_latency(report, staging / "plot.png")
+    plot_spectra(report, staging / "spectra.png")
+    _fault_point("commit")
+    _commit_run_dir(claim)
     return report

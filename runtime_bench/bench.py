@@ -18,11 +18,11 @@ import numpy as np
 
 from .config import BenchConfig, ModelEntry
 from .environment import collect_environment
-from .errors import BenchInputError, WorkerError
+from .errors import BenchInputError, ProviderUnavailableError, WorkerError
 from .inputs import check_batch, input_specs, timing_inputs
 from .metrics import ModelMetrics, evaluate_models
 from .model_info import model_info
-from .providers import provider_name, unavailable_reason
+from .providers import provider_name, require_available, unavailable_reason
 from .report import SCHEMA_VERSION, BenchReport, LatencyResult, RatioResult, UnavailableProvider
 from .timing import latency_stats, ratio_summary
 from .worker import WorkerJob, WorkerResult
@@ -43,11 +43,14 @@ def run_benchmark(
     x: np.ndarray | None = None,
     y: np.ndarray | None = None,
     progress: Progress | None = None,
+    fail_on_unavailable: bool = False,
 ) -> BenchReport:
     """Time ``models`` interleaved on every (provider, batch size) and measure their agreement.
 
     Each (provider, batch size) runs in ``config.repeats`` fresh worker processes; ratios are vs
-    ``models[0]``. Providers that cannot run here are reported in ``unavailable``, never replaced.
+    ``models[0]``. Providers that cannot run here are reported in ``unavailable``, never replaced;
+    with ``fail_on_unavailable`` they are an error instead (checked before any work, and again when a
+    worker finds that onnxruntime fell back to another provider).
     Accuracy (with ``y``) and agreement are computed first, here on CPU, on ``x`` (or seeded random
     inputs), so incompatible models fail before any timing.
 
@@ -57,9 +60,13 @@ def run_benchmark(
         x: Evaluation inputs (rows along axis 0), also used as timing inputs.
         y: Labels (integers: accuracy) or targets (floats: MSE) for ``x``.
         progress: Called with one-line progress messages (default: ``logging.info``).
+        fail_on_unavailable: Raise :class:`ProviderUnavailableError` instead of reporting a provider
+            that cannot run.
     """
     notify = progress or logger.info
     _check_models(models)
+    if fail_on_unavailable:
+        require_available(config.providers)
     infos = tuple(model_info(m.name, m.path) for m in models)
     _check_inputs(models, config, x, y)
     threads = config.threads()
@@ -68,7 +75,8 @@ def run_benchmark(
     unavailable = {p: r for p in config.providers if (r := unavailable_reason(p)) is not None}
     with tempfile.TemporaryDirectory(prefix="minreal-bench-") as tmp:
         data_path = _save_data(x, Path(tmp))
-        runs = _run_workers(models, config, threads, data_path, unavailable, Path(tmp), notify)
+        runs = _run_workers(models, config, threads, data_path, unavailable, Path(tmp), notify,
+                            fail_on_unavailable)
     latency, ratios = _summarise(runs, [m.name for m in models])
     return BenchReport(
         schema_version=SCHEMA_VERSION,
@@ -124,6 +132,7 @@ def _run_workers(
     unavailable: dict[str, str],
     workdir: Path,
     notify: Progress,
+    fail_on_unavailable: bool = False,
 ) -> dict[Cell, list[WorkerResult]]:
     """Repeat-major loop over cells; model order rotates per repeat so no model is always first."""
     runs: dict[Cell, list[WorkerResult]] = defaultdict(list)
@@ -147,6 +156,8 @@ def _run_workers(
                             extra={PROGRESS_KEY: ("timing processes", done, total)})
                 if result.status != "ok":
                     unavailable[provider] = result.reason or "provider did not run"
+                    if fail_on_unavailable:
+                        raise ProviderUnavailableError(f"provider {provider} did not run: {unavailable[provider]}")
                     continue
                 runs[(provider, batch)].append(result)
     return {cell: results for cell, results in runs.items() if cell[0] not in unavailable}

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .errors import CheckError
 from .report import BenchReport, validate_report
 
-__all__ = ["Criterion", "CheckResult", "check_report", "format_check"]
+__all__ = ["Criterion", "CheckResult", "check_report", "format_check", "describe_criterion"]
 
 logger = logging.getLogger(__name__)
 
 ReportLike = Mapping[str, Any] | BenchReport
+Cell = tuple[str, str, int]
+REGRESSION = "latency_regression_pct"
 
 
 @dataclass(frozen=True)
 class Criterion:
-    """One threshold applied to one model (and provider / batch size where latency is concerned)."""
+    """One threshold applied to one model (and provider / batch size where latency is concerned).
+
+    ``measured`` is NaN when the report has no value for the subject (a missing latency); ``note``
+    says what decided the verdict when the value alone does not (missing cells, measurement noise).
+    """
 
     name: str
     model: str
@@ -27,6 +34,7 @@ class Criterion:
     measured: float
     allowed: float
     passed: bool
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,7 @@ def check_report(
     min_agreement: float | None = None,
     baseline: ReportLike | None = None,
     max_regression: float | None = None,
+    allow_new_models: bool = False,
 ) -> CheckResult:
     """Apply release thresholds to a report (a :func:`load_report` dict or a :class:`BenchReport`).
 
@@ -53,7 +62,13 @@ def check_report(
         max_accuracy_drop: Highest allowed accuracy drop vs the first model, in percentage points.
         min_agreement: Lowest allowed top-1 agreement with the first model (fraction 0..1).
         baseline: An earlier report; cells are matched by (model, provider, batch size).
-        max_regression: Highest allowed p50 latency increase vs ``baseline``, in percent.
+        max_regression: Highest allowed p50 latency increase vs ``baseline``, in percent. A cell fails
+            only when its increase exceeds this and the per-process p50 ranges of the two runs do not
+            overlap (an increase inside the measured noise passes, with a note saying so).
+        allow_new_models: Cells of ``report`` absent from ``baseline`` pass (they fail otherwise).
+
+    Every latency criterion also fails, with a note, for each requested (model, provider, batch size)
+    the report has no latency for (a provider recorded as unavailable, a cell that did not run).
 
     Raises:
         CheckError: a threshold was given but the report holds nothing it could apply to.
@@ -69,18 +84,26 @@ def check_report(
     if (baseline is None) != (max_regression is None):
         raise CheckError("baseline and max_regression must be given together")
     if baseline is not None and max_regression is not None:
-        criteria += _regression(data, _as_dict(baseline, "baseline"), max_regression)
+        criteria += _regression(data, _as_dict(baseline, "baseline"), max_regression, allow_new_models)
     return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria))
 
 
 def format_check(result: CheckResult) -> str:
     """One line per criterion (PASS/FAIL, name, subject, measured vs allowed) and a verdict."""
-    lines = []
-    for c in result.criteria:
-        where = " ".join([c.model, c.provider or "", f"batch {c.batch_size}" if c.batch_size else ""]).strip()
-        lines.append(f"{'PASS' if c.passed else 'FAIL'}  {c.name}  {where}: {c.measured:.4g} (allowed {c.allowed:.4g})")
+    lines = [f"{'PASS' if c.passed else 'FAIL'}  {c.name}  {_verdict(c)}" for c in result.criteria]
     lines.append("release gate " + ("passed" if result.passed else "FAILED"))
     return "\n".join(lines)
+
+
+def describe_criterion(c: Criterion) -> str:
+    """``name model provider batch N: measured (allowed x) - note`` on one line."""
+    return f"{c.name} {_verdict(c)}"
+
+
+def _verdict(c: Criterion) -> str:
+    where = " ".join([c.model, c.provider or "", f"batch {c.batch_size}" if c.batch_size else ""]).strip()
+    value = "missing" if math.isnan(c.measured) else f"{c.measured:.4g}"
+    return f"{where}: {value} (allowed {c.allowed:.4g})" + (f" - {c.note}" if c.note else "")
 
 
 def _as_dict(report: ReportLike, label: str) -> dict[str, Any]:
@@ -90,10 +113,40 @@ def _as_dict(report: ReportLike, label: str) -> dict[str, Any]:
 
 def _latency_ratio(data: dict[str, Any], allowed: float) -> list[Criterion]:
     ratios = data["ratios"]
-    if not ratios:
+    reference = _model_names(data)[:1]
+    expected = [c for c in _expected_cells(data) if [c[0]] != reference]
+    if not expected or not (ratios or data.get("unavailable")):
         raise CheckError("max_latency_ratio given but the report has no latency ratios (one model or no provider ran)")
-    return [Criterion("latency_ratio", r["model"], r["provider"], r["batch_size"], r["median"], allowed,
-                      r["median"] <= allowed) for r in ratios]
+    criteria = [Criterion("latency_ratio", r["model"], r["provider"], r["batch_size"], r["median"], allowed,
+                          r["median"] <= allowed) for r in ratios]
+    have = {(r["model"], r["provider"], r["batch_size"]) for r in ratios}
+    return criteria + _missing("latency_ratio", data, [c for c in expected if c not in have], allowed)
+
+
+def _model_names(data: dict[str, Any]) -> list[str]:
+    names = [m["name"] for m in data.get("models", [])]
+    return names or list(dict.fromkeys(r["model"] for r in data["latency"]))
+
+
+def _expected_cells(data: dict[str, Any]) -> list[Cell]:
+    """Every (model, provider, batch size) the report was asked to time (its config, else what it holds)."""
+    config, rows = data.get("config") or {}, data["latency"]
+    providers = list(config.get("providers") or dict.fromkeys(r["provider"] for r in rows))
+    providers += [u["provider"] for u in data.get("unavailable", []) if u["provider"] not in providers]
+    batches = list(config.get("batch_sizes") or dict.fromkeys(r["batch_size"] for r in rows))
+    return [(m, p, b) for m in _model_names(data) for p in providers for b in batches]
+
+
+def _missing(name: str, data: dict[str, Any], cells: Sequence[Cell], allowed: float) -> list[Criterion]:
+    """A failing criterion per gated cell without a latency, saying why it is missing."""
+    reasons = {u["provider"]: u["reason"] for u in data.get("unavailable", [])}
+
+    def why(provider: str) -> str:
+        if provider in reasons:
+            return f"no latency: provider {provider} was unavailable ({reasons[provider]})"
+        return "no latency recorded for this cell"
+
+    return [Criterion(name, *cell, math.nan, allowed, False, why(cell[1])) for cell in cells]
 
 
 def _accuracy_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
@@ -113,17 +166,37 @@ def _agreement(data: dict[str, Any], allowed: float) -> list[Criterion]:
                       m["top1_agreement"] >= allowed) for m in rows]
 
 
-def _regression(data: dict[str, Any], baseline: dict[str, Any], allowed: float) -> list[Criterion]:
+def _regression(data: dict[str, Any], baseline: dict[str, Any], allowed: float,
+                allow_new: bool) -> list[Criterion]:
     cpus = (baseline["environment"]["cpu_model"], data["environment"]["cpu_model"])
     if cpus[0] != cpus[1]:
         logger.warning("baseline ran on %r, report on %r: latency regression compares different CPUs", *cpus)
-    before = {(r["model"], r["provider"], r["batch_size"]): r["stats"]["p50_ms"] for r in baseline["latency"]}
-    criteria = []
-    for row in data["latency"]:
-        key = (row["model"], row["provider"], row["batch_size"])
-        if key in before:
-            pct = 100.0 * (row["stats"]["p50_ms"] / before[key] - 1.0)
-            criteria.append(Criterion("latency_regression_pct", *key, pct, allowed, pct <= allowed))
-    if not criteria:
+    before, now = _rows_by_cell(baseline), _rows_by_cell(data)
+    if not set(before) & set(now) and not allow_new:
         raise CheckError("baseline shares no (model, provider, batch size) with the report")
-    return criteria
+    criteria = [_regression_criterion(key, row, before[key], allowed) for key, row in now.items() if key in before]
+    note = "not in the baseline" + (" (new models allowed)" if allow_new else "; pass allow_new_models to accept it")
+    criteria += [Criterion(REGRESSION, *key, math.nan, allowed, allow_new, note) for key in now if key not in before]
+    return criteria + _missing(REGRESSION, data, [c for c in _expected_cells(data) if c not in now], allowed)
+
+
+def _rows_by_cell(data: dict[str, Any]) -> dict[Cell, dict[str, Any]]:
+    return {(r["model"], r["provider"], r["batch_size"]): r for r in data["latency"]}
+
+
+def _regression_criterion(key: Cell, row: dict[str, Any], base: dict[str, Any], allowed: float) -> Criterion:
+    """Fail only when the p50 increase exceeds ``allowed`` percent AND the runs' per-process p50 ranges are
+    disjoint; the note names the criterion that decided."""
+    pct = 100.0 * (row["stats"]["p50_ms"] / base["stats"]["p50_ms"] - 1.0)
+    over = f"regression {pct:.3g}% > {allowed:.3g}%"
+    if pct <= allowed:
+        return Criterion(REGRESSION, *key, pct, allowed, True, f"{pct:.3g}% within the threshold")
+    now, then = row.get("process_p50_ms") or (), base.get("process_p50_ms") or ()
+    if not now or not then:
+        return Criterion(REGRESSION, *key, pct, allowed, False, f"{over}; no per-process spread recorded")
+    spread = f"(report {min(now):.4g}-{max(now):.4g} ms, baseline {min(then):.4g}-{max(then):.4g} ms)"
+    if min(now) <= max(then) and min(then) <= max(now):
+        return Criterion(REGRESSION, *key, pct, allowed, True,
+                         f"{over} but within noise: per-process p50 ranges overlap {spread}")
+    return Criterion(REGRESSION, *key, pct, allowed, False,
+                     f"{over} and beyond noise: per-process p50 ranges do not overlap {spread}")

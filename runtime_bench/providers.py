@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import onnxruntime as ort
 
-from .errors import UnknownProviderError
+from .errors import ProviderUnavailableError, UnknownProviderError
 
 __all__ = [
     "PROVIDERS",
+    "INSTALL_HINTS",
     "provider_name",
     "available_providers",
     "unavailable_reason",
+    "require_available",
     "provider_mismatch",
 ]
 
@@ -23,6 +25,15 @@ PROVIDERS: Mapping[str, str] = MappingProxyType(
         "cpu": "CPUExecutionProvider",
         "cuda": "CUDAExecutionProvider",
         "tensorrt": "TensorrtExecutionProvider",
+    }
+)
+
+#: Short name -> what installs an onnxruntime build that has the provider.
+INSTALL_HINTS: Mapping[str, str] = MappingProxyType(
+    {
+        "cpu": "pip install onnxruntime",
+        "cuda": "pip install onnxruntime-gpu (needs the CUDA and cuDNN libraries)",
+        "tensorrt": "pip install onnxruntime-gpu (needs the TensorRT libraries)",
     }
 )
 
@@ -54,8 +65,20 @@ def unavailable_reason(short: str) -> str | None:
         return None
     return (
         f"{full} is not in this onnxruntime {ort.__version__} build "
-        f"(built: {', '.join(built)}); install a build that has it (e.g. onnxruntime-gpu)"
+        f"(built: {', '.join(built)}); install a build that has it: {INSTALL_HINTS[short]}"
     )
+
+
+def require_available(shorts: Sequence[str]) -> None:
+    """Fail before any work when a requested provider cannot run with this onnxruntime build.
+
+    Raises:
+        UnknownProviderError: a name is not in :data:`PROVIDERS`.
+        ProviderUnavailableError: one line naming each unavailable provider, why, and what installs it.
+    """
+    reasons = [f"provider {s} is unavailable: {r}" for s in shorts if (r := unavailable_reason(s)) is not None]
+    if reasons:
+        raise ProviderUnavailableError("; ".join(reasons))
 
 
 def provider_mismatch(requested: str, actual: list[str]) -> str | None:

@@ -101,5 +101,10 @@ def test_baseline_schema_is_checked() -> None:
 def test_accepts_a_bench_report_object(bench_report) -> None:
     report, _ = bench_report
     result = check_report(report, max_latency_ratio=100.0, min_agreement=0.0, max_accuracy_drop=100.0)
-    assert result.passed
     assert {c.name for c in result.criteria} == {"latency_ratio", "top1_agreement", "accuracy_drop_pp"}
+    # The fixture asks for cuda and tensorrt too: a gated latency of a provider that did not run fails.
+    unavailable = {u.provider for u in report.unavailable}
+    failed = [c for c in result.criteria if not c.passed]
+    assert {c.provider for c in failed} == unavailable
+    assert all(f"provider {c.provider} was unavailable" in c.note for c in failed)
+    assert result.passed == (not unavailable)
