@@ -12,10 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from export.cli import main
+from export.app.cli import main
 from export.pickle_guard import UnpicklingRefused, no_unpickling
 from export.serialize import save_program
-from export.specs import SpecError, load_model
+from export.app.callables import SpecError
+from export.app.models import load_model
 
 WEIGHTS_CONFIG = "m/data/weights/model_weights_config.json"
 CONSTANTS_CONFIG = "m/data/constants/model_constants_config.json"
@@ -192,3 +193,79 @@ def test_guard_blocks_every_unpickling_entry_point(tmp_path: Path) -> None:
     assert len(refusals) == len(attempts)
     assert not marker.exists()
     assert pickle.loads(pickle.dumps([1, 2])) == [1, 2]  # restored after the block
+
+
+def _dynamic_program(tmp_path: Path) -> Path:
+    """A .pt2 with a dynamic batch, as minreal writes it: its model.json holds symbolic-shape expressions."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval()
+    (tmp_path / "dyn").mkdir()
+    return save_program(model, torch.randn(5, 4), tmp_path / "dyn" / "m.pt2")
+
+
+def _edit_program_json(src: Path, dst: Path, edit: Callable[[str], str]) -> Path:
+    def member(name: str, data: bytes) -> bytes:
+        if not name.endswith("models/model.json"):
+            return data
+        text = edit(data.decode())
+        assert text != data.decode(), "the forgery must change the program"
+        return text.encode()
+
+    return _rewrite(src, dst, member)
+
+
+def test_symbolic_shape_expression_cannot_run_code(tmp_path: Path) -> None:
+    """torch.export.load sympifies (evals) the program's ``expr_str``; a forged one must not run."""
+    import re
+
+    marker = tmp_path / "pwned"
+    payload = f"__import__('pathlib').Path({str(marker)!r}).touch() + Symbol('s9', positive=True, integer=True)"
+    evil = _edit_program_json(_dynamic_program(tmp_path), tmp_path / "evil.pt2",
+                              lambda t: re.sub(r'"expr_str": "[^"]*"', lambda _: '"expr_str": ' + json.dumps(payload),
+                                               t, count=1))
+    with pytest.raises(SpecError, match=r"evil\.pt2 .*--trust-pickle"):
+        load_model(str(evil))
+    assert not marker.exists()
+
+
+def test_program_naming_a_module_to_import_is_refused(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """Pytree specs name enum classes by module (torch imports it); an untrusted file may not make minreal
+    import anything. The stand-in for a hostile module is the standard library's ``this``, whose import
+    prints the Zen of Python."""
+    import sys
+
+    assert "this" not in sys.modules, "the check needs 'this' not yet imported"
+    enum_key = json.dumps([{"__enum__": True, "fqn": "this:s", "name": "A"}])
+
+    def forge(text: str) -> str:
+        program = json.loads(text)
+        signature = program["graph_module"]["module_call_graph"][0]["signature"]
+        signature["in_spec"] = signature["in_spec"].replace('"context": "[]"', '"context": ' + json.dumps(enum_key))
+        return json.dumps(program)
+
+    evil = _edit_program_json(_dynamic_program(tmp_path), tmp_path / "evil.pt2", forge)
+    with pytest.raises(SpecError, match=r"evil\.pt2 .*importing module 'this'.*--trust-pickle"):
+        load_model(str(evil))
+    assert "this" not in sys.modules
+    assert "Beautiful is better" not in capfd.readouterr().out
+
+
+def test_genuine_dynamic_program_passes_the_expression_guard(tmp_path: Path) -> None:
+    path = _dynamic_program(tmp_path)
+    loaded = load_model(str(path))
+    assert loaded(torch.randn(7, 4)).shape == (7, 2)
+
+
+@pytest.mark.parametrize("text, allowed", [
+    ("Symbol('s31', positive=True, integer=True)", True),
+    ("2*s31 + FloorDiv(s31, 4) - Max(1, s12)", True),
+    ("__import__('os').system('true')", False),
+    ("s31.__class__", False),
+    ("(lambda: 1)()", False),
+    ("Symbol('s1')[0]", False),
+    ("Symbol('a b')", False),
+])
+def test_expression_allow_list(text: str, allowed: bool) -> None:
+    from export.pickle_guard import _is_plain_arithmetic, _sympy_names
+
+    assert _is_plain_arithmetic(text, _sympy_names()) is allowed
