@@ -73,6 +73,10 @@ def run_benchmark(
     notify("computing accuracy and agreement")
     metrics, metrics_data = _metrics(models, config, threads, x, y)
     unavailable = {p: r for p in config.providers if (r := unavailable_reason(p)) is not None}
+    if len(unavailable) == len(config.providers):
+        raise ProviderUnavailableError("none of the requested providers can run here ("
+                                       + "; ".join(f"{p}: {r}" for p, r in unavailable.items())
+                                       + "), so nothing would be timed; request one that can (e.g. cpu)")
     with tempfile.TemporaryDirectory(prefix="minreal-bench-") as tmp:
         data_path = _save_data(x, Path(tmp))
         runs = _run_workers(models, config, threads, data_path, unavailable, Path(tmp), notify,

@@ -82,7 +82,7 @@ def check_report(
     if min_agreement is not None:
         criteria += _agreement(data, min_agreement)
     if (baseline is None) != (max_regression is None):
-        raise CheckError("baseline and max_regression must be given together")
+        raise CheckError("baseline (--baseline) and max_regression (--max-regression) must be given together")
     if baseline is not None and max_regression is not None:
         criteria += _regression(data, _as_dict(baseline, "baseline"), max_regression, allow_new_models)
     return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria))
@@ -116,7 +116,7 @@ def _latency_ratio(data: dict[str, Any], allowed: float) -> list[Criterion]:
     reference = _model_names(data)[:1]
     expected = [c for c in _expected_cells(data) if [c[0]] != reference]
     if not expected or not (ratios or data.get("unavailable")):
-        raise CheckError("max_latency_ratio given but the report has no latency ratios (one model or no provider ran)")
+        raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has no latency ratios (one model or no provider ran)")
     criteria = [Criterion("latency_ratio", r["model"], r["provider"], r["batch_size"], r["median"], allowed,
                           r["median"] <= allowed) for r in ratios]
     have = {(r["model"], r["provider"], r["batch_size"]) for r in ratios}
@@ -152,7 +152,7 @@ def _missing(name: str, data: dict[str, Any], cells: Sequence[Cell], allowed: fl
 def _accuracy_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
     metrics = data["metrics"]
     if not metrics or metrics[0]["accuracy"] is None:
-        raise CheckError("max_accuracy_drop given but the report has no accuracy (benchmark with integer labels y)")
+        raise CheckError("max_accuracy_drop (--max-accuracy-drop) given but the report has no accuracy (benchmark with integer labels y)")
     ref = metrics[0]["accuracy"]
     drops = [(m["model"], 100.0 * (ref - m["accuracy"])) for m in metrics[1:]]
     return [Criterion("accuracy_drop_pp", model, None, None, drop, allowed, drop <= allowed) for model, drop in drops]
@@ -161,7 +161,7 @@ def _accuracy_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
 def _agreement(data: dict[str, Any], allowed: float) -> list[Criterion]:
     rows = [m for m in data["metrics"][1:] if m["top1_agreement"] is not None]
     if not rows:
-        raise CheckError("min_agreement given but the report has no top-1 agreement (needs 2+ models, class outputs)")
+        raise CheckError("min_agreement (--min-agreement) given but the report has no top-1 agreement (needs 2+ models, class outputs)")
     return [Criterion("top1_agreement", m["model"], None, None, m["top1_agreement"], allowed,
                       m["top1_agreement"] >= allowed) for m in rows]
 
@@ -172,11 +172,17 @@ def _regression(data: dict[str, Any], baseline: dict[str, Any], allowed: float,
     if cpus[0] != cpus[1]:
         logger.warning("baseline ran on %r, report on %r: latency regression compares different CPUs", *cpus)
     before, now = _rows_by_cell(baseline), _rows_by_cell(data)
-    if not set(before) & set(now) and not allow_new:
-        raise CheckError("baseline shares no (model, provider, batch size) with the report")
+    # Even with new models allowed, a baseline that shares no cell compares nothing (a new case, whose
+    # baseline is empty, is the exception).
+    if not set(before) & set(now) and (before or not allow_new):
+        raise CheckError("baseline shares no (model, provider, batch size) with the report; nothing to compare")
     criteria = [_regression_criterion(key, row, before[key], allowed) for key, row in now.items() if key in before]
-    note = "not in the baseline" + (" (new models allowed)" if allow_new else "; pass allow_new_models to accept it")
+    note = "not in the baseline" + (" (new models allowed)" if allow_new
+                                    else "; pass allow_new_models (--allow-new-models) to accept it")
     criteria += [Criterion(REGRESSION, *key, math.nan, allowed, allow_new, note) for key in now if key not in before]
+    criteria += [Criterion(REGRESSION, *key, math.nan, allowed, False, "in the baseline but not in the report; "
+                           "update the baseline if it was dropped on purpose") for key in before if key not in now
+                 and key not in _expected_cells(data)]
     return criteria + _missing(REGRESSION, data, [c for c in _expected_cells(data) if c not in now], allowed)
 
 
@@ -189,6 +195,8 @@ def _regression_criterion(key: Cell, row: dict[str, Any], base: dict[str, Any], 
     disjoint; the note names the criterion that decided."""
     pct = 100.0 * (row["stats"]["p50_ms"] / base["stats"]["p50_ms"] - 1.0)
     over = f"regression {pct:.3g}% > {allowed:.3g}%"
+    if not math.isfinite(pct):
+        return Criterion(REGRESSION, *key, pct, allowed, False, "latency is not a finite number")
     if pct <= allowed:
         return Criterion(REGRESSION, *key, pct, allowed, True, f"{pct:.3g}% within the threshold")
     now, then = row.get("process_p50_ms") or (), base.get("process_p50_ms") or ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -127,7 +128,28 @@ def validate_report(data: Any, source: str) -> dict[str, Any]:
     version = data["schema_version"]
     if version != SCHEMA_VERSION:
         raise ReportSchemaError(f"{source} has schema_version {version!r}; this minreal reads {SCHEMA_VERSION}")
+    for row in data.get("latency") or []:
+        _check_latency_row(row, source)
     return data
+
+
+def _positive_finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _check_latency_row(row: Any, source: str) -> None:
+    """A latency row names its cell and holds a finite, positive p50 (and per-process p50s, if any)."""
+    if not isinstance(row, dict):
+        raise ReportSchemaError(f"{source}: a latency entry is a {type(row).__name__}, not an object; "
+                                "regenerate the report")
+    where = f"{source}: latency of {row.get('model')} {row.get('provider')} batch {row.get('batch_size')}"
+    stats = row.get("stats")
+    if not isinstance(stats, dict) or not _positive_finite(stats.get("p50_ms")):
+        raise ReportSchemaError(f"{where} has no finite, positive stats.p50_ms; regenerate the report")
+    spread = row.get("process_p50_ms") or []
+    if not isinstance(spread, (list, tuple)) or not all(_positive_finite(v) for v in spread):
+        raise ReportSchemaError(f"{where} has a process_p50_ms that is not a list of positive numbers; "
+                                "regenerate the report")
 
 
 def _write_text(path: Path, text: str) -> Path:
