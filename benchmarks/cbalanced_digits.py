@@ -29,8 +29,8 @@ from torch.nn.utils import prune
 
 from compress.data import Dataset
 from compress.datasets import digits
-from compress.errors import CompressionError
-from compress.gramians import collect_gramians, collect_states, default_state_points
+from compress.core.errors import CompressionError
+from compress.methods.cbalanced.empirical_gramians import collect_gramians, collect_states, default_state_points
 from compress.methods.cbalanced import CBalancedConfig, analyse_states, realise
 from compress.methods.svd import SVDConfig
 from compress.models import mlp

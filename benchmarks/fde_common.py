@@ -9,7 +9,7 @@ from torch import nn
 
 from compress.data import Dataset
 from compress.evaluate import predict
-from compress.fde import build_sequential, extract_chain
+from compress.methods.fde import build_sequential, extract_chain
 from compress.models import mlp
 from compress.train import TrainConfig, train
 

@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from compress.fde import extract_chain, refine  # noqa: E402
+from compress.methods.fde import extract_chain, refine  # noqa: E402
 from compress.models import mlp  # noqa: E402
 from fde_common import grow_by_duplication  # noqa: E402
 

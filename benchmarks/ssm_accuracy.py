@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from compress import compress  # noqa: E402
 from compress.datasets import sequential_digits, synthetic_sequences  # noqa: E402
 from compress.methods.ssm import SSMConfig  # noqa: E402
-from compress.ssm.training import SSMTrainSpec, train_ssm_classifier  # noqa: E402
+from compress.methods.ssm.training import SSMTrainSpec, train_ssm_classifier  # noqa: E402
 from _common import pyplot, save_figure, write_json  # noqa: E402
 
 TRUNCS = (0.5, 0.6, 0.7, 0.8, 0.9)

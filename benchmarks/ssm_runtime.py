@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from compress import compress  # noqa: E402
 from compress.data import Dataset  # noqa: E402
 from compress.methods.ssm import SSMConfig  # noqa: E402
-from compress.ssm import SSMClassifier  # noqa: E402
+from compress.methods.ssm import SSMClassifier  # noqa: E402
 from export.onnx_export import to_onnx  # noqa: E402
 from runtime_bench.timing import time_interleaved  # noqa: E402
 from _common import pyplot, save_figure, write_json  # noqa: E402

@@ -1,11 +1,16 @@
-"""minreal.compress: structural compression of PyTorch models (pure PyTorch, no ONNX)."""
+"""minreal.compress: structural compression of PyTorch models (pure PyTorch, no ONNX).
 
-from . import methods  # noqa: F401  (registers the methods)
-from .costs import CostTable, count_costs
-from .data import Dataset
-from .errors import CompressionError, UnknownMethodError
-from .registry import Method, compress, get_method, method_names, register_method
-from .report import CompressionReport, LayerReport
+Methods live one per package under :mod:`compress.methods` (each exporting a ``SPEC``); what they share lives
+in :mod:`compress.core`. Third-party methods register through the entry-point group ``minreal.methods``.
+"""
+
+from .core.costs import CostTable, count_costs
+from .core.data import Dataset
+from .core.errors import CompressionError, UnknownMethodError
+from .core.report import CompressionReport, LayerReport
+from .core.spec import MethodSpec
+from .registry import Method, compress, get_method, method_names, register, register_method
 
 __all__ = ["CompressionError", "UnknownMethodError", "CompressionReport", "LayerReport", "CostTable",
-           "Dataset", "Method", "compress", "count_costs", "get_method", "method_names", "register_method"]
+           "Dataset", "Method", "MethodSpec", "compress", "count_costs", "get_method", "method_names", "register",
+           "register_method"]

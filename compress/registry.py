@@ -1,50 +1,114 @@
-"""Registry of compression methods: each registers under a unique name with its config dataclass."""
+"""Registry of compression methods: built-ins found by iterating :mod:`compress.methods`, third-party ones through
+the entry-point group ``minreal.methods``; :func:`compress` runs one and fills what every method reports."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import importlib
+import logging
+import pkgutil
+import time
+from importlib.metadata import entry_points
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
-from .data import Dataset
-from .errors import UnknownMethodError
-from .report import CompressionReport
+from .core.costs import count_costs
+from .core.data import Dataset
+from .core.errors import UnknownMethodError
+from .core.evaluate import compare_outputs
+from .core.report import CompressionReport
+from .core.spec import MethodFn, MethodSpec
 
-__all__ = ["Method", "MethodFn", "register_method", "get_method", "method_names", "compress"]
+__all__ = ["Method", "MethodFn", "MethodSpec", "MethodRegistry", "ENTRY_POINT_GROUP", "register",
+           "register_method", "get_method", "method_names", "compress", "fill_costs"]
 
-MethodFn = Callable[[nn.Module, Dataset, Any], "tuple[nn.Module, CompressionReport]"]
-
-
-@dataclass(frozen=True)
-class Method:
-    """A registered method: ``fn(model, data, config) -> (compressed module, report)``."""
-
-    name: str
-    fn: MethodFn
-    config_cls: type
-    summary: str
+log = logging.getLogger(__name__)
+ENTRY_POINT_GROUP = "minreal.methods"
+BUILTIN_PACKAGE = "compress.methods"
+Method = MethodSpec  # the name export/ and older code use
 
 
-_REGISTRY: dict[str, Method] = {}
+class MethodRegistry:
+    """Method specs by name, loaded on first use; a duplicate name is an error."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, MethodSpec] | None = None
+
+    def specs(self) -> dict[str, MethodSpec]:
+        if self._specs is None:
+            self._specs = {}
+            for spec in _builtin_specs():
+                self._add(spec)
+            for spec in _entry_point_specs():
+                self._add(spec)
+        return self._specs
+
+    def add(self, spec: MethodSpec) -> None:
+        self.specs()
+        self._add(spec)
+
+    def _add(self, spec: MethodSpec) -> None:
+        if not isinstance(spec, MethodSpec):
+            raise TypeError(f"a method registers a MethodSpec, got {type(spec).__name__}")
+        if spec.name in self._specs:
+            raise ValueError(f"compression method {spec.name!r} is already registered")
+        self._specs[spec.name] = spec
+
+
+def _builtin_specs() -> list[MethodSpec]:
+    """The ``SPEC`` of every package under :mod:`compress.methods` (a package without one is an error)."""
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    specs = []
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        module = importlib.import_module(f"{BUILTIN_PACKAGE}.{info.name}")
+        if not hasattr(module, "SPEC"):
+            raise ImportError(f"method package {module.__name__} exports no SPEC (a MethodSpec)")
+        specs.append(module.SPEC)
+    return specs
+
+
+def _entry_point_specs() -> list[MethodSpec]:
+    """Specs of the ``minreal.methods`` entry points; a broken one is skipped with a one-line warning."""
+    specs = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            spec = ep.load()
+            spec = getattr(spec, "SPEC", spec)  # a module exporting SPEC, or the MethodSpec itself
+            if not isinstance(spec, MethodSpec):
+                raise TypeError(f"it loads a {type(spec).__name__}, not a MethodSpec")
+        except Exception as exc:  # noqa: BLE001  (third-party code: any failure is reported, never fatal)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            log.warning("skipping method entry point %r (%s): %s", ep.name, ep.value, first)
+            continue
+        specs.append(spec)
+    return specs
+
+
+_REGISTRY = MethodRegistry()
+
+
+def register(spec: MethodSpec) -> MethodSpec:
+    """Register ``spec`` at run time (packages and entry points need no call); a duplicate name is an error."""
+    _REGISTRY.add(spec)
+    return spec
 
 
 def register_method(name: str, config_cls: type, summary: str) -> Callable[[MethodFn], MethodFn]:
-    """Decorator registering ``fn`` as method ``name``; a duplicate name is an error."""
+    """Decorator form of :func:`register` for a plain function (no demo case, no provider defaults)."""
 
     def deco(fn: MethodFn) -> MethodFn:
-        if name in _REGISTRY:
-            raise ValueError(f"compression method {name!r} is already registered")
-        _REGISTRY[name] = Method(name, fn, config_cls, summary)
+        register(MethodSpec(name, summary, config_cls, fn))
         return fn
 
     return deco
 
 
-def get_method(name: str) -> Method:
+def get_method(name: str) -> MethodSpec:
     """Look up a method by name."""
     try:
-        return _REGISTRY[name]
+        return _REGISTRY.specs()[name]
     except KeyError:
         raise UnknownMethodError(
             f"unknown compression method {name!r}; choose one of: {', '.join(method_names())}") from None
@@ -52,13 +116,36 @@ def get_method(name: str) -> Method:
 
 def method_names() -> list[str]:
     """Registered method names, sorted."""
-    return sorted(_REGISTRY)
+    return sorted(_REGISTRY.specs())
+
+
+def fill_costs(report: CompressionReport, model: nn.Module, new: nn.Module, example: torch.Tensor) -> None:
+    """Whole-model parameters and MACs before/after (and what the MAC rules do not count) into ``report``."""
+    before, after = count_costs(model, example), count_costs(new, example)
+    report.params_before, report.params_after = before.total_params, after.total_params
+    report.macs_before, report.macs_after = before.macs, after.macs
+    report.not_counted = after.not_counted
+    report.predicted["whole_model_mac_ratio"] = report.mac_ratio
+    report.predicted["whole_model_param_ratio"] = report.param_ratio
 
 
 def compress(model: nn.Module, data: Dataset, method: str, config: Any = None) -> tuple[nn.Module, CompressionReport]:
-    """Run a registered method; ``config`` defaults to the method's config dataclass defaults."""
-    m = get_method(method)
-    cfg = m.config_cls() if config is None else config
-    if not isinstance(cfg, m.config_cls):
-        raise TypeError(f"method {method!r} expects a {m.config_cls.__name__}, got {type(cfg).__name__}")
-    return m.fn(model, data, cfg)
+    """Run a registered method, then fill the shared cost fields and the output comparison on ``data``.
+
+    ``config`` defaults to the method's config defaults; a given config is validated again (its
+    ``__post_init__``), so fields changed after construction are checked too. A method that measured the
+    comparison itself (on a held-out split, or before fine-tuning) keeps its own numbers.
+    """
+    spec = get_method(method)
+    cfg = spec.config_cls() if config is None else config
+    if not isinstance(cfg, spec.config_cls):
+        raise TypeError(f"method {method!r} expects a {spec.config_cls.__name__}, got {type(cfg).__name__}")
+    if dataclasses.is_dataclass(cfg):
+        cfg = dataclasses.replace(cfg)
+    new, report = spec.run(model, data, cfg)
+    fill_costs(report, model, new, data.x[: min(len(data), 8)])
+    if "relative_output_error" not in report.measured:
+        t0 = time.perf_counter()
+        report.measured.update(compare_outputs(model, new, data))
+        report.timings_s["measure"] = time.perf_counter() - t0
+    return new, report

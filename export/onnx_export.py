@@ -31,7 +31,8 @@ from torch import nn
 from compress.evaluate import eval_mode
 from export.atomic import atomic_path
 from export.errors import ExportError
-from export.quiet import Captured, captured_output, first_line
+from export.quiet import Captured, captured_output
+from runtime_bench.facts import ANSI_ESCAPE, first_line
 
 __all__ = ["DEFAULT_OPSET", "MIN_OPSET", "ExportResult", "eval_mode", "flatten_outputs", "to_onnx"]
 
@@ -44,7 +45,6 @@ MIN_OPSET = 17
 """Lowest opset accepted (LayerNormalization is standard from 17)."""
 
 _MAX_REASON = 240
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _CLASS_REPR = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")
 _OP_PATTERNS = (
     re.compile(r"operator '([\w:.]+)'"),
@@ -112,7 +112,7 @@ def _one_line(exc: BaseException, output: str = "") -> str:
 
     If the exception carries no message, the first line the exporter printed (``output``) is used.
     """
-    text = _ANSI.sub("", str(exc)) or _ANSI.sub("", first_line(output))
+    text = ANSI_ESCAPE.sub("", str(exc)) or first_line(output)
     if "## Exception summary" in text:
         text = text.split("## Exception summary", 1)[1]
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and ln.strip() != "⬆️"]
@@ -199,7 +199,7 @@ def _export_error(
     module: nn.Module, example: torch.Tensor, opset: int, errors: list[BaseException], outputs: list[str]
 ) -> ExportError:
     """Build the one-line error raised when both exporters failed (``outputs``: what each printed)."""
-    op = _unsupported_op(*(_ANSI.sub("", str(e)) for e in reversed(errors)))
+    op = _unsupported_op(*(ANSI_ESCAPE.sub("", str(e)) for e in reversed(errors)))
     where = _locate_op(module, example, op) if op else None
     culprit = f"op {op}" + (f" in submodule '{where}'" if where else "") if op else "the module"
     reasons = "; ".join(

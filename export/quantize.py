@@ -37,11 +37,12 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from export.atomic import atomic_path, ensure_distinct
 from runtime_bench import optimized_graph_ops
+from runtime_bench.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS, error_line
 from export.errors import CalibrationError, QuantizationError
 
 __all__ = [
-    "FLOAT_KERNELS",
-    "INTEGER_KERNELS",
+    "QUANT_MODES",
+    "QUANT_TARGETS",
     "ArrayCalibrationReader",
     "QuantConfig",
     "QuantResult",
@@ -52,16 +53,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-INTEGER_KERNELS = frozenset(
-    {
-        "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "NhwcQLinearConv",
-        "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM",
-    }
-)  # fmt: skip
-"""Op types (any domain) that compute Conv/MatMul/Gemm in integer arithmetic."""
-
-FLOAT_KERNELS = frozenset({"Conv", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm", "NhwcConv"})
-"""Op types (any domain, NCHWc included) that compute Conv/MatMul/Gemm in floating point."""
 
 class _Target(NamedTuple):
     """Per-target defaults: activation type, symmetric activations, int32-quantised biases."""
@@ -72,13 +63,16 @@ class _Target(NamedTuple):
 
 
 _TARGETS = {"cpu": _Target("uint8", False, True), "tensorrt": _Target("int8", True, False)}
+QUANT_TARGETS: tuple[str, ...] = tuple(_TARGETS)
+"""Providers with an INT8 format here (``--quant-target``): each picks an activation type and symmetry."""
+QUANT_MODES: tuple[str, ...] = ("static", "dynamic")
+"""``--quant-mode``: calibrated QDQ, or weights only with activations quantised at run time."""
 _QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
 _CALIBRATION_METHODS = {
     "minmax": CalibrationMethod.MinMax,
     "entropy": CalibrationMethod.Entropy,
     "percentile": CalibrationMethod.Percentile,
 }
-_MODES = ("static", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -111,7 +105,7 @@ class QuantConfig:
 
     def __post_init__(self) -> None:
         choices = {
-            "mode": (self.mode, _MODES),
+            "mode": (self.mode, QUANT_MODES),
             "target": (self.target, tuple(_TARGETS)),
             "calibration_method": (self.calibration_method, tuple(_CALIBRATION_METHODS)),
             "activation_type": (self.activation_type, (None, *_QUANT_TYPES)),
@@ -253,8 +247,7 @@ def _preprocess(fp32_path: Path, out: Path) -> tuple[Path, str | None]:
             quant_pre_process(str(fp32_path), str(out), **options)
             return out, note
         except Exception as exc:  # noqa: BLE001 - pre-processing is an optimisation; fall back
-            first_line = (str(exc).strip().splitlines() or [""])[0]
-            note = f"quant_pre_process{' without symbolic shapes' if options else ''} failed: {first_line}"
+            note = f"quant_pre_process{' without symbolic shapes' if options else ''} failed: {error_line(exc)}"
             logger.warning("%s", note)
     return fp32_path, note
 
@@ -341,8 +334,8 @@ def optimized_op_counts(path: str | Path, provider: str = "cpu") -> dict[str, in
 
 def _kernel_counts(op_counts: dict[str, int]) -> tuple[int, int]:
     """Return (integer, float) Conv/MatMul/Gemm kernel counts from domain-prefixed op counts."""
-    integer = sum(n for op, n in op_counts.items() if op.rsplit(":", 1)[-1] in INTEGER_KERNELS)
-    floating = sum(n for op, n in op_counts.items() if op.rsplit(":", 1)[-1] in FLOAT_KERNELS)
+    integer = sum(n for op, n in op_counts.items() if op.rsplit(":", 1)[-1] in INTEGER_KERNEL_OPS)
+    floating = sum(n for op, n in op_counts.items() if op.rsplit(":", 1)[-1] in FLOAT_KERNEL_OPS)
     return integer, floating
 
 
@@ -385,8 +378,7 @@ def quantize_int8(
             else:
                 _run_dynamic(source, tmp, config)
         except Exception as exc:
-            first_line = (str(exc).strip().splitlines() or [""])[0]
-            raise QuantizationError(f"{config.mode} quantisation of {fp32_path.name} failed: {first_line}") from exc
+            raise QuantizationError(f"{config.mode} quantisation of {fp32_path.name} failed: {error_line(exc)}") from exc
     return dataclasses.replace(_result(fp32_path, out_path, config, 0 if data is None else len(data), is_random,
                                        note), excluded_nodes=excluded)
 

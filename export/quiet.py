@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Captured", "captured_output", "first_line"]
+__all__ = ["Captured", "captured_output"]
 
 
 @dataclass
@@ -85,8 +85,3 @@ def captured_output() -> Iterator[Captured]:
             sink.seek(0)
             raw = sink.read().decode("utf-8", errors="replace")
             captured.text = buffer.getvalue() + raw
-
-
-def first_line(text: str) -> str:
-    """Return the first non-blank line of ``text``, stripped (``""`` if there is none)."""
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")

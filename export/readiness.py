@@ -18,18 +18,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from runtime_bench.facts import INTEGER_OPS
+
 __all__ = ["ReadinessReport", "tensorrt_readiness"]
 
 _STANDARD_DOMAINS = ("", "ai.onnx")
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
-_INTEGER_OPS = frozenset(
-    {
-        "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool",
-        "QLinearConcat", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearAveragePool", "QLinearSoftmax",
-        "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "QGemm", "MatMulIntegerToFloat",
-        "DynamicQuantizeMatMul", "QAttention",
-    }
-)  # fmt: skip
 
 
 class ReadinessReport(TypedDict):
@@ -91,7 +85,7 @@ def _zero_point_issue(node: onnx.NodeProto, initializers: dict[str, onnx.TensorP
 
 def _int8_issues(nodes: list[onnx.NodeProto], model: onnx.ModelProto) -> list[tuple[str, str]]:
     """(op, issue) pairs that keep an INT8 graph from being explicit, symmetric QDQ."""
-    integer = [n for n in nodes if n.op_type in _INTEGER_OPS]
+    integer = [n for n in nodes if n.op_type in INTEGER_OPS]
     issues = [(_op_name(n), f"{_op_name(n)} (node {n.name!r}) is an integer operator, not QDQ") for n in integer]
     qdq = [n for n in nodes if n.op_type in _QDQ_OPS]
     present = {n.op_type for n in qdq}
@@ -116,12 +110,12 @@ def tensorrt_readiness(path: str | Path, opset: int | None = None) -> ReadinessR
     model = onnx.load(str(path), load_external_data=False)
     file_opset = next((o.version for o in model.opset_import if o.domain in _STANDARD_DOMAINS), 0)
     nodes = list(_iter_nodes(model.graph))
-    is_int8 = any(n.op_type in _QDQ_OPS | _INTEGER_OPS for n in nodes)
+    is_int8 = any(n.op_type in _QDQ_OPS | INTEGER_OPS for n in nodes)
     found: list[tuple[str, str]] = []
     if opset is not None and file_opset > opset:
         found.append(("", f"graph uses opset {file_opset}, above the stated opset {opset}"))
     for node in nodes:
-        if node.op_type in _INTEGER_OPS:
+        if node.op_type in INTEGER_OPS:
             continue  # reported once by _int8_issues, as not QDQ
         if issue := _schema_issue(node, file_opset):
             found.append((_op_name(node), issue))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Mapping
@@ -39,8 +41,11 @@ def save_program(module: nn.Module, example: torch.Tensor, path: Path,
     dims = {0: torch.export.Dim("batch", min=1)}
     dims.update({axis: torch.export.Dim(name, min=1) for axis, name in (dynamic_dims or {}).items()})
     program = torch.export.export(module, (synthetic_example(example),), dynamic_shapes=(dims,))
-    with atomic_path(path) as tmp, warnings.catch_warnings():
+    with atomic_path(path) as tmp, tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as work, \
+            warnings.catch_warnings():
         # torch warns about tied tensors ("No complete tensor found in the group") on CPU-only weights.
         warnings.filterwarnings("ignore", message="No complete tensor found")
-        torch.export.save(program, tmp)
+        staged = Path(work) / path.name  # torch names the archive's top folder after the file: keep the real name
+        torch.export.save(program, staged)
+        os.replace(staged, tmp)
     return path

@@ -17,7 +17,9 @@ import numpy as np
 import onnx
 
 from export.atomic import atomic_path, ensure_distinct
-from export.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare_output, ort_session, run_ort
+from export.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare_output, run_ort
+from runtime_bench.facts import error_line
+from runtime_bench.sessions import create_session
 
 __all__ = ["SimplifyResult", "simplify"]
 
@@ -68,7 +70,7 @@ def _compare(
     candidate: bytes, check_inputs: Sequence[np.ndarray], reference: list[list[np.ndarray]], rtol: float, atol: float
 ) -> tuple[float, str | None]:
     """Run the candidate on every input; return the max abs difference and the first violation, if any."""
-    session = ort_session(candidate)
+    session = create_session(candidate)
     names = [o.name for o in session.get_outputs()]
     worst, problem = 0.0, None
     for x, expected in zip(check_inputs, reference):
@@ -97,8 +99,7 @@ def _simplified_or_reason(
         candidate = _run_onnxsim(model).SerializeToString()
         diff, problem = _compare(candidate, check_inputs, reference, rtol, atol)
     except Exception as exc:  # noqa: BLE001 - any onnxsim/ORT failure means: keep the original
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        return None, f"onnxsim failed: {type(exc).__name__}: {first_line}", None
+        return None, f"onnxsim failed: {error_line(exc, with_type=True)}", None
     if problem:
         return None, f"simplification changed outputs beyond rtol={rtol:g}, atol={atol:g}: {problem}", diff
     return candidate, None, diff
@@ -128,7 +129,7 @@ def simplify(
         raise ValueError("simplify needs at least one check input to compare outputs before and after")
     path_in, path_out = Path(path_in), Path(path_out)
     model = onnx.load(str(path_in))
-    original = ort_session(path_in)
+    original = create_session(path_in)
     reference = [run_ort(original, x) for x in check_inputs]
     candidate, reason, diff = _simplified_or_reason(model, check_inputs, reference, rtol, atol)
     with atomic_path(path_out) as tmp:

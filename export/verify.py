@@ -19,6 +19,8 @@ from torch import nn
 
 from export.errors import ParityError
 from export.onnx_export import eval_mode, flatten_outputs
+from runtime_bench.facts import PROVIDERS
+from runtime_bench.sessions import create_session
 
 __all__ = [
     "DEFAULT_ATOL",
@@ -26,7 +28,6 @@ __all__ = [
     "OutputParity",
     "ParityResult",
     "compare_output",
-    "ort_session",
     "run_ort",
     "verify_parity",
 ]
@@ -85,16 +86,6 @@ class ParityResult:
     max_rel_err: float = 0.0
     top1_agreement: dict[int, float | None] = field(default_factory=dict)
     passed: bool = True
-
-
-def ort_session(
-    model: str | Path | bytes, providers: Sequence[str] = ("CPUExecutionProvider",)
-) -> ort.InferenceSession:
-    """Open an ONNX Runtime session on a file path or serialized model, with quiet logging."""
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    source = model if isinstance(model, bytes) else str(model)
-    return ort.InferenceSession(source, options, providers=list(providers))
 
 
 def run_ort(session: ort.InferenceSession, x: np.ndarray) -> list[np.ndarray]:
@@ -176,7 +167,7 @@ def verify_parity(
     inputs: Sequence[torch.Tensor],
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
-    providers: Sequence[str] = ("CPUExecutionProvider",),
+    provider: str = PROVIDERS["cpu"],
 ) -> ParityResult:
     """Check that ONNX Runtime reproduces ``module`` on inputs of at least two batch sizes.
 
@@ -186,7 +177,8 @@ def verify_parity(
         inputs: one tensor per batch size; at least two distinct batch sizes.
         rtol: relative tolerance (default ``1e-4``).
         atol: absolute tolerance (default ``1e-5``).
-        providers: ONNX Runtime execution providers.
+        provider: ONNX Runtime execution provider (full name); the session opens in
+            :func:`runtime_bench.sessions.create_session`.
 
     Returns:
         A :class:`ParityResult` with max abs/rel error and top-1 agreement per batch size.
@@ -198,7 +190,7 @@ def verify_parity(
     batches = [int(x.shape[0]) for x in inputs]
     if len(set(batches)) < 2:
         raise ValueError(f"parity needs inputs at two or more batch sizes, got batch sizes {batches}")
-    session = ort_session(onnx_path, providers)
+    session = create_session(Path(onnx_path), provider)
     with eval_mode(module), torch.no_grad():
         checks = [c for x in inputs for c in _check_batch(module, session, x, rtol, atol)]
     result = _summarise(str(onnx_path), rtol, atol, batches, checks)

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 
 from .errors import BenchInputError, ModelFileError
+from .facts import error_line
 
 __all__ = ["InputSpec", "input_specs", "timing_inputs", "batch_inputs", "load_model_proto",
            "check_external_data"]
@@ -39,17 +40,15 @@ def load_model_proto(path: Path, load_external_data: bool = False) -> onnx.Model
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises several unrelated types for corrupt files
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ModelFileError(f"cannot read ONNX model {path}: {type(exc).__name__}: {first}; is it an ONNX "
+        raise ModelFileError(f"cannot read ONNX model {path}: {error_line(exc, with_type=True)}; is it an ONNX "
                              "file (written completely)?") from None
     check_external_data(model, path)
     if load_external_data:
         try:
             onnx.load_external_data_for_model(model, str(path.parent))
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0]
-            raise ModelFileError(f"cannot read the external data of ONNX model {path}: {type(exc).__name__}: "
-                                 f"{first}") from None
+            raise ModelFileError(f"cannot read the external data of ONNX model {path}: "
+                                 f"{error_line(exc, with_type=True)}") from None
     return model
 
 

@@ -11,25 +11,14 @@ import onnx
 
 from .inputs import load_model_proto
 from .errors import ProviderUnavailableError
+from .facts import INTEGER_OPS
 from .providers import provider_mismatch, provider_name
 from .sessions import create_session
 
 __all__ = ["ModelInfo", "model_info", "count_nodes", "op_counts", "optimized_graph_ops", "INTEGER_OP_TYPES"]
 
-#: Op types that execute integer kernels (ONNX and com.microsoft contrib ops).
-INTEGER_OP_TYPES: frozenset[str] = frozenset(
-    {
-        "QLinearConv",
-        "QLinearMatMul",
-        "MatMulInteger",
-        "ConvInteger",
-        "QGemm",
-        "DynamicQuantizeMatMul",
-        "MatMulIntegerToFloat",
-        "QLinearAdd",
-        "QLinearMul",
-    }
-)
+#: Op types that execute integer kernels (ONNX and com.microsoft contrib ops); one set project-wide.
+INTEGER_OP_TYPES: frozenset[str] = INTEGER_OPS
 
 
 @dataclass(frozen=True)

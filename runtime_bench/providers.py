@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import onnxruntime as ort
 
 from .errors import ProviderUnavailableError, UnknownProviderError
+from .facts import INSTALL_HINTS, PROVIDERS
 
 __all__ = [
     "PROVIDERS",
@@ -18,24 +18,6 @@ __all__ = [
     "require_available",
     "provider_mismatch",
 ]
-
-#: Short name (CLI / config) -> onnxruntime execution-provider name.
-PROVIDERS: Mapping[str, str] = MappingProxyType(
-    {
-        "cpu": "CPUExecutionProvider",
-        "cuda": "CUDAExecutionProvider",
-        "tensorrt": "TensorrtExecutionProvider",
-    }
-)
-
-#: Short name -> what installs an onnxruntime build that has the provider.
-INSTALL_HINTS: Mapping[str, str] = MappingProxyType(
-    {
-        "cpu": "pip install onnxruntime",
-        "cuda": "pip install onnxruntime-gpu (needs the CUDA and cuDNN libraries)",
-        "tensorrt": "pip install onnxruntime-gpu (needs the TensorRT libraries)",
-    }
-)
 
 
 def provider_name(short: str) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from .errors import ModelFileError, SessionError
+from .facts import PROVIDERS, error_line
 
 __all__ = ["SPINNING_ENTRIES", "session_options", "create_session"]
 
@@ -18,15 +19,15 @@ SPINNING_ENTRIES: tuple[tuple[str, str], ...] = (
 )
 
 
-def session_options(threads: int, optimized_model_path: Path | None = None) -> ort.SessionOptions:
+def session_options(threads: int | None, optimized_model_path: Path | None = None) -> ort.SessionOptions:
     """Session options: explicit intra-op threads, one inter-op thread, sequential, no spinning.
 
     Args:
-        threads: Intra-op thread count.
+        threads: Intra-op thread count; None leaves onnxruntime's default (the physical cores).
         optimized_model_path: If given, onnxruntime writes the optimised graph there.
     """
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
+    options.intra_op_num_threads = threads or 0
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -39,23 +40,37 @@ def session_options(threads: int, optimized_model_path: Path | None = None) -> o
 
 
 def create_session(
-    path: Path, provider: str, threads: int, optimized_model_path: Path | None = None
+    model: Path | bytes,
+    provider: str = PROVIDERS["cpu"],
+    threads: int | None = None,
+    optimized_model_path: Path | None = None,
 ) -> ort.InferenceSession:
-    """Create an inference session on ``provider`` (full onnxruntime name).
+    """Create an inference session on ``provider`` (full onnxruntime name): the project's one session factory.
 
+    The benchmark, the parity check and the simplifier's before/after comparison all open sessions here.
     The caller must compare ``session.get_providers()`` with the request
     (:func:`runtime_bench.providers.provider_mismatch`): onnxruntime may fall back to CPU.
+
+    Args:
+        model: An ONNX file, or a serialized model.
+        provider: Full execution-provider name (``"CPUExecutionProvider"``, ...).
+        threads: Intra-op threads; None leaves onnxruntime's default.
+        optimized_model_path: If given, onnxruntime writes the optimised graph there.
 
     Raises:
         ModelFileError: the file does not exist.
         SessionError: onnxruntime rejects the model.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ModelFileError(f"model file not found: {path}")
+    if isinstance(model, bytes):
+        source, where = model, "an in-memory model"
+    else:
+        path = Path(model)
+        if not path.is_file():
+            raise ModelFileError(f"model file not found: {path}")
+        source, where = str(path), str(path)
     options = session_options(threads, optimized_model_path)
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=[provider])
+        return ort.InferenceSession(source, sess_options=options, providers=[provider])
     except Exception as exc:  # onnxruntime raises its own pybind exception types
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise SessionError(f"onnxruntime cannot create a session for {path} on {provider}: {first}") from None
+        raise SessionError(f"onnxruntime cannot create a session for {where} on {provider}: "
+                           f"{error_line(exc)}") from None

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from ..errors import CompressionError
-from ..report import LayerReport
+from .errors import CompressionError
+from .report import LayerReport
 
 __all__ = ["ActSpec", "Chain", "extract_chain", "build_sequential", "chain_forward", "chain_layer_reports",
-           "fold_bn_after", "ACT_KINDS"]
+           "fold_bn_after", "ACT_KINDS", "mlp_params"]
 
 ACT_KINDS: dict[type[nn.Module], str] = {
     nn.ReLU: "relu", nn.LeakyReLU: "leaky_relu", nn.SiLU: "silu", nn.Tanh: "tanh",
@@ -177,3 +178,9 @@ def chain_layer_reports(before: Chain, after: Chain, action: str, details: list[
         reports.append(LayerReport(f"{2 * l + 1}", "Linear", action if changed else "kept", "", pb, pa, wb.numel(),
                                    wa.numel(), wa.shape[0], wb.shape[0], details[l] if l < len(details) else {}))
     return reports
+
+
+def mlp_params(in_features: int, widths: Sequence[int], out_features: int) -> int:
+    """Closed form for a biased Linear stack: Σ (w_{l−1} + 1)·w_l over in → widths → out."""
+    dims = [in_features, *widths, out_features]
+    return sum((a + 1) * b for a, b in zip(dims[:-1], dims[1:]))

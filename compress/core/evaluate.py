@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .data import Dataset
+from .errors import CompressionError
 
 __all__ = ["eval_mode", "hooks_removed", "predict", "compare_outputs"]
 
@@ -42,10 +43,21 @@ def predict(model: nn.Module, data: Dataset, batch_size: int = 256) -> torch.Ten
         return torch.cat([model(xb) for xb in data.inputs(batch_size)])
 
 
+def _require_finite_outputs(ref: torch.Tensor, out: torch.Tensor) -> None:
+    """Errors over NaN/inf outputs would be meaningless (and reported as null): say why instead."""
+    for who, t in (("original", ref), ("compressed", out)):
+        bad = ~torch.isfinite(t.reshape(len(t), -1)).all(dim=1)
+        if bad.any():
+            raise CompressionError(f"the {who} model's outputs are NaN/inf on {int(bad.sum())} of {len(t)} samples "
+                                   f"(first: sample {int(bad.nonzero()[0])}); values overflow inside the model, so "
+                                   "check the data scale, e.g. normalise the inputs")
+
+
 def compare_outputs(original: nn.Module, compressed: nn.Module, data: Dataset,
                     batch_size: int = 256) -> dict[str, float]:
     """Relative output error, max abs diff, top-1 agreement and (with labels) both accuracies / MSEs."""
     ref, out = predict(original, data, batch_size).double(), predict(compressed, data, batch_size).double()
+    _require_finite_outputs(ref, out)
     res = {
         "relative_output_error": float((out - ref).norm() / ref.norm().clamp_min(1e-30)),
         "max_abs_diff": float((out - ref).abs().max()),

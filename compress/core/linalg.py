@@ -4,14 +4,30 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["truncated_svd_factors", "energy_rank", "psd_sqrt", "sym_eig_desc", "balanced_gramian",
+__all__ = ["truncated_svd_factors", "energy_rank", "psd_sqrt", "sym_eig_desc", "eigh_desc", "balanced_gramian",
            "balanced_basis"]
 
 
 def truncated_svd_factors(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Eckart–Young: W ≈ (U_r √S_r)(√S_r V_rᵀ). Returns (first = √S_r V_rᵀ, second = U_r √S_r, S).
+    """Best rank-``rank`` factors of a matrix (Eckart–Young 1936), split as W ≈ (U_r √S_r)(√S_r V_rᵀ).
 
-    The balanced √S split keeps both factors at the same scale. Computed in float64.
+    The balanced √S split keeps both factors at the same scale.
+
+    Parameters
+    ----------
+    w : torch.Tensor
+        Matrix of shape (o, d), any float dtype; computed in float64.
+    rank : int
+        Number of singular triplets kept, ``0 <= rank <= min(o, d)``.
+
+    Returns
+    -------
+    first : torch.Tensor
+        √S_r V_rᵀ, shape (rank, d), float64.
+    second : torch.Tensor
+        U_r √S_r, shape (o, rank), float64.
+    s : torch.Tensor
+        All singular values of ``w``, descending; ‖W − second·first‖_F² = Σ_{i>r} s_i².
     """
     u, s, vh = torch.linalg.svd(w.double(), full_matrices=False)
     root = s[:rank].sqrt()
@@ -19,7 +35,20 @@ def truncated_svd_factors(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, tor
 
 
 def energy_rank(eigenvalues: torch.Tensor, eps: float) -> int:
-    """Smallest r whose top-r eigenvalues keep at least 1 − eps of the (clipped, non-negative) total."""
+    """Smallest rank whose top eigenvalues keep at least ``1 − eps`` of the total (clipped at zero).
+
+    Parameters
+    ----------
+    eigenvalues : torch.Tensor
+        Eigenvalues (or squared singular values), any order; negatives are round-off and clipped to zero.
+    eps : float
+        Fraction of the total energy that may be left out, in [0, 1).
+
+    Returns
+    -------
+    int
+        r in [0, n]: 0 when the total is zero, else the smallest r with Σ_{i≤r} λ_i ≥ (1 − eps) Σ λ_i.
+    """
     lam = eigenvalues.double().clamp_min(0).sort(descending=True).values
     total = lam.sum()
     if total <= 0:
@@ -30,23 +59,86 @@ def energy_rank(eigenvalues: torch.Tensor, eps: float) -> int:
 
 
 def psd_sqrt(a: torch.Tensor) -> torch.Tensor:
-    """Symmetric PSD square root via eigh, negative round-off eigenvalues clipped to zero."""
+    """Symmetric square root of a positive semi-definite matrix, A^½ = Q Λ^½ Qᵀ.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        Square matrix (n, n), symmetric up to round-off (it is symmetrised first).
+
+    Returns
+    -------
+    torch.Tensor
+        A^½ (n, n) in float64, negative round-off eigenvalues clipped to zero.
+    """
     a = 0.5 * (a.double() + a.double().T)
     lam, q = torch.linalg.eigh(a)
     return (q * lam.clamp_min(0).sqrt()) @ q.T
 
 
 def sym_eig_desc(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eigen-decomposition of a symmetric matrix in float64, eigenvalues descending (clipped at zero)."""
+    """Eigen-decomposition of a symmetric PSD matrix, eigenvalues descending.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        Square matrix (n, n), symmetric up to round-off (it is symmetrised first).
+
+    Returns
+    -------
+    lam : torch.Tensor
+        Eigenvalues (n,) in float64, descending, clipped at zero.
+    q : torch.Tensor
+        Orthonormal eigenvectors as columns (n, n), in the order of ``lam``.
+    """
     a = 0.5 * (a.double() + a.double().T)
     lam, q = torch.linalg.eigh(a)
     return lam.flip(0).clamp_min(0), q.flip(1)
 
 
-def balanced_gramian(gc: torch.Tensor, go: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """C-balanced test matrix B = Gc^½ Go Gc^½ (eigenvalues = squared Hankel singular values, Moore 1981).
+def eigh_desc(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Eigen-decomposition of a symmetric matrix, eigenvalues descending, falling back to an SVD if eigh fails.
 
-    Returns ``(B, Gc^½)`` in float64.
+    Parameters
+    ----------
+    a : torch.Tensor
+        Square matrix (n, n), symmetric up to round-off (it is symmetrised first); computed in its own dtype.
+
+    Returns
+    -------
+    lam : torch.Tensor
+        Eigenvalues (n,), descending, not clipped (the SVD route returns singular values, i.e. |λ|).
+    q : torch.Tensor
+        Orthonormal eigenvectors as columns (n, n).
+    fell_back : bool
+        True when ``torch.linalg.eigh`` failed to converge and the SVD route was used.
+    """
+    a = 0.5 * (a + a.T)
+    try:
+        lam, q = torch.linalg.eigh(a)
+        return lam.flip(0), q.flip(1), False
+    except RuntimeError:  # torch.linalg.LinAlgError subclasses RuntimeError
+        u, s, _ = torch.linalg.svd(a)
+        return s, u, True
+
+
+def balanced_gramian(gc: torch.Tensor, go: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """C-balanced test matrix B = Gc^½ Go Gc^½, whose eigenvalues are the squared Hankel singular values
+    (Moore 1981, "Principal component analysis in linear systems", eq. 3.6–3.8).
+
+    Parameters
+    ----------
+    gc : torch.Tensor
+        Reachability (controllability) Gramian (d, d), symmetric PSD.
+    go : torch.Tensor
+        Observability Gramian (d, d), symmetric PSD.
+
+    Returns
+    -------
+    b : torch.Tensor
+        B (d, d) in float64, symmetrised.
+    gc_root : torch.Tensor
+        Gc^½ (d, d) in float64 (see :func:`psd_sqrt`), needed by :func:`balanced_basis`.
     """
     root = psd_sqrt(gc)
     b = root @ go.double() @ root
@@ -54,6 +146,21 @@ def balanced_gramian(gc: torch.Tensor, go: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def balanced_basis(gc_root: torch.Tensor, vb: torch.Tensor, rank: int) -> torch.Tensor:
-    """Orthonormal basis U = orth(Gc^½ V_b[:, :r]) of the r dominant balanced directions (d × r, float64)."""
+    """Orthonormal basis U = orth(Gc^½ V_b[:, :r]) of the r dominant balanced directions (Moore 1981).
+
+    Parameters
+    ----------
+    gc_root : torch.Tensor
+        Gc^½ (d, d) from :func:`balanced_gramian`.
+    vb : torch.Tensor
+        Eigenvectors of B = Gc^½ Go Gc^½ (d, d), columns in descending eigenvalue order.
+    rank : int
+        Number of directions r, ``1 <= r <= d``.
+
+    Returns
+    -------
+    torch.Tensor
+        U (d, r) in float64 with orthonormal columns.
+    """
     u, s, _ = torch.linalg.svd(gc_root.double() @ vb[:, :rank].double(), full_matrices=False)
     return u[:, :rank]

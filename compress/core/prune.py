@@ -1,42 +1,51 @@
-"""Structured (whole-neuron) pruning baselines for MLPs: magnitude and Wanda scores, matched parameter counts.
+"""Structured (whole-neuron) pruning of MLP chains: matched parameter counts, keep sets, and the shared driver.
 
-Scoring is apart from surgery: a scorer maps a :class:`~compress.fde.chain.Chain` (and calibration inputs) to
-one score per hidden neuron; :func:`prune_chain` keeps the top-scoring neurons of each layer. Removing a
-neuron deletes a row of ``W_l``/``b_l`` and a column of ``W_{l+1}``, so parameters really drop.
+Scoring is apart from surgery: a :data:`Scorer` (owned by each pruning method) maps a
+:class:`~compress.core.chain.Chain` and calibration inputs to one score per hidden neuron; :func:`prune_chain`
+keeps the top-scoring neurons of each layer. Removing a neuron deletes a row of ``W_l``/``b_l`` and a column of
+``W_{l+1}``, so parameters really drop.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import time
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 from torch import nn
 
+from .chain import Chain, build_sequential, chain_layer_reports, extract_chain, mlp_params
 from .data import Dataset
 from .errors import CompressionError
-from .fde.chain import Chain, chain_forward
-from .realise import mlp_params
-from .train import TrainConfig, TrainResult, train
+from .evaluate import compare_outputs
+from .report import CompressionReport
+from .train import FinetuneOptions, finetune
 
-__all__ = ["FinetuneOptions", "Scorer", "magnitude_scores", "wanda_scores", "widths_for_params", "prune_chain",
-           "finetune"]
+__all__ = ["PruneOptions", "Scorer", "widths_for_params", "prune_chain", "prune_mlp"]
 
 Scorer = Callable[[Chain, torch.Tensor], list[torch.Tensor]]
 
 
-def magnitude_scores(chain: Chain, x: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """L1 norm of each hidden neuron's incoming weights (Li et al. 2017, "Pruning filters for efficient
-    ConvNets", §3.1, applied to neurons). ``x`` is unused."""
-    return [w.abs().sum(1) for w in chain.weights[:-1]]
+@dataclass
+class PruneOptions(FinetuneOptions):
+    """Options of the neuron-pruning baselines: ``params`` (ratio of parameters kept, uniform keep-fraction
+    per hidden layer) or exact hidden ``widths``; optional fine-tuning on the (labelled) data."""
 
+    params: float = field(
+        default=0.5,
+        metadata={"help": "Target ratio of parameters kept, in (0, 1] (uniform keep-fraction per hidden layer); "
+                          "default 0.5."})
+    widths: tuple[int, ...] = field(
+        default=(),
+        metadata={"help": "Exact hidden width per hidden layer, instead of --params; default none."})
 
-def wanda_scores(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
-    """Wanda (Sun et al. 2023, eq. 1: ``S_ij = |W_ij|·‖X_j‖_2``) summed over each hidden neuron's outgoing
-    column: ``S_j = ‖h_j‖_2 · Σ_i |W_{l+1}[i, j]|`` with ``h_j`` its activations on the calibration inputs."""
-    hidden = chain_forward(chain, x, hidden=True)[:-1]
-    return [h.norm(dim=0) * w.abs().sum(0) for h, w in zip(hidden, chain.weights[1:])]
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 < self.params <= 1.0:
+            raise CompressionError(f"--params must lie in (0, 1], got {self.params}")
+        if any(w < 1 for w in self.widths):
+            raise CompressionError(f"--widths must be positive neuron counts, got {self.widths}")
 
 
 def widths_for_params(in_features: int, widths: list[int], out_features: int, ratio: float) -> list[int]:
@@ -66,27 +75,24 @@ def prune_chain(chain: Chain, scores: list[torch.Tensor], widths: list[int]) -> 
     return new
 
 
-@dataclass
-class FinetuneOptions:
-    """Options shared by methods that can fine-tune their result (fields become CLI options)."""
+def prune_mlp(name: str, scorer: Scorer, model: nn.Module, data: Dataset, cfg: PruneOptions,
+              calibration: torch.Tensor) -> tuple[nn.Module, CompressionReport]:
+    """Prune ``model``'s hidden neurons by ``scorer`` on ``calibration`` to ``cfg``'s widths, then fine-tune.
 
-    finetune_epochs: int = field(
-        default=0,
-        metadata={"help": "Fine-tuning epochs on the (labelled) data after compression, >= 0; default 0 (no "
-                          "fine-tuning)."})
-    finetune_lr: float = field(
-        default=1e-3,
-        metadata={"help": "Learning rate (Adam) of the fine-tuning, > 0; default 1e-3."})
-    seed: int = field(
-        default=0,
-        metadata={"help": "Random seed (sampling, data split, initialisation, training); default 0."})
-
-
-def finetune(model: nn.Module, data: Dataset, epochs: int, lr: float, seed: int = 0) -> TrainResult:
-    """Fine-tune ``model`` in place on labelled ``data`` with :func:`compress.train.train` (MSE for floats)."""
-    if data.y is None:
-        raise CompressionError("fine-tuning needs targets: give calibration data with labels, or finetune_epochs=0")
-    val = None
-    if len(data) >= 20:
-        data, val = data.split(0.2, seed)
-    return train(model, data, val, TrainConfig(epochs=epochs, lr=lr, seed=seed, patience=max(epochs, 1)))
+    ``report.measured`` describes the pruned network before fine-tuning; ``finetuned_*`` keys the result.
+    """
+    report = CompressionReport(name, asdict(cfg))
+    chain = extract_chain(model)
+    n_in, n_out = chain.weights[0].shape[1], chain.weights[-1].shape[0]
+    widths = list(cfg.widths) or widths_for_params(n_in, chain.widths, n_out, cfg.params)
+    t0 = time.perf_counter()
+    pruned = prune_chain(chain, scorer(chain, calibration), widths)
+    report.timings_s["prune"] = time.perf_counter() - t0
+    new = build_sequential(pruned)
+    report.layers = chain_layer_reports(chain, pruned, "pruned", [])
+    report.predicted["hidden_widths"] = widths
+    if cfg.finetune_epochs > 0:
+        report.measured.update(compare_outputs(model, new, data))
+        finetune(new, data, cfg.finetune_epochs, cfg.finetune_lr, cfg.seed)
+        report.measured.update({f"finetuned_{k}": v for k, v in compare_outputs(model, new, data).items()})
+    return new, report

@@ -41,6 +41,10 @@ class CompressionReport:
     timings_s: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     not_counted: list[str] = field(default_factory=list)
+    spectra: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    """Per layer (or state point): named spectra, descending (e.g. cbalanced's Gramian tests A, B, C)."""
+    bounds: dict[str, float] = field(default_factory=dict)
+    """Predicted error bounds by name: a layer name, or ``"output"`` for a whole-model bound."""
 
     @property
     def param_ratio(self) -> float:

@@ -12,9 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import Dataset
+from .errors import CompressionError
 from .progress import log_progress
 
-__all__ = ["TrainConfig", "TrainResult", "train", "task_loss", "ProgressFn"]
+__all__ = ["TrainConfig", "TrainResult", "train", "task_loss", "ProgressFn", "FinetuneOptions", "finetune"]
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int, dict], None]  # (epoch, total epochs, metrics)
@@ -118,3 +119,35 @@ def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig
     model.load_state_dict(best_state)
     model.eval()
     return best
+
+
+@dataclass
+class FinetuneOptions:
+    """Options shared by methods that can fine-tune their result (fields become CLI options)."""
+
+    finetune_epochs: int = field(
+        default=0,
+        metadata={"help": "Fine-tuning epochs on the (labelled) data after compression, >= 0; default 0 (no "
+                          "fine-tuning)."})
+    finetune_lr: float = field(
+        default=1e-3,
+        metadata={"help": "Learning rate (Adam) of the fine-tuning, > 0; default 1e-3."})
+    seed: int = field(
+        default=0,
+        metadata={"help": "Random seed (sampling, data split, initialisation, training); default 0."})
+
+    def __post_init__(self) -> None:
+        if self.finetune_epochs < 0:
+            raise CompressionError(f"--finetune-epochs must be >= 0, got {self.finetune_epochs}")
+        if not self.finetune_lr > 0:
+            raise CompressionError(f"--finetune-lr must be > 0, got {self.finetune_lr}")
+
+
+def finetune(model: nn.Module, data: Dataset, epochs: int, lr: float, seed: int = 0) -> TrainResult:
+    """Fine-tune ``model`` in place on labelled ``data`` with :func:`train` (MSE for float targets)."""
+    if data.y is None:
+        raise CompressionError("fine-tuning needs targets: give calibration data with labels, or finetune_epochs=0")
+    val = None
+    if len(data) >= 20:
+        data, val = data.split(0.2, seed)
+    return train(model, data, val, TrainConfig(epochs=epochs, lr=lr, seed=seed, patience=max(epochs, 1)))

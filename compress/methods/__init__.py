@@ -1,7 +1,3 @@
-"""Compression methods; importing this package registers each of them."""
-
-from . import svd  # noqa: F401
-from . import ssm  # noqa: F401
-from . import cbalanced  # noqa: F401
-from . import factorize  # noqa: F401
-from . import fde, pruning  # noqa: F401
+"""Built-in compression methods: one package per method, each exporting one ``SPEC`` (a
+:class:`~compress.core.spec.MethodSpec`). The registry finds them by iterating this package; nothing here
+lists them."""

@@ -14,6 +14,12 @@ from typing import Any, Callable
 
 import click
 
+from export.app.pipeline import PipelineConfig
+from export.quantize import QUANT_MODES, QUANT_TARGETS
+from export.variant import VariantConfig
+from runtime_bench.config import BenchConfig
+from runtime_bench.facts import PROVIDERS
+
 __all__ = ["cli", "main"]
 
 USAGE_EXIT, FAIL_EXIT = 2, 1
@@ -90,7 +96,7 @@ class Console:
 
 
 def _plain(obj: Any) -> Any:
-    from export.pipeline import to_jsonable  # one JSON conversion for the whole tool
+    from export.variant import to_jsonable  # one JSON conversion for the whole tool
 
     return to_jsonable(asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj)
 
@@ -102,8 +108,8 @@ def common(fn: Callable) -> Callable:
 
 
 def method_options(fn: Callable) -> Callable:
-    """One option per config field of the registered methods (see export.method_options)."""
-    from export.method_options import method_option_specs
+    """One option per config field of the registered methods (see export.app.method_options)."""
+    from export.app.method_options import method_option_specs
 
     for spec in reversed(method_option_specs()):
         helptext = f"{spec.help} [method(s): {', '.join(spec.methods)}]"
@@ -153,7 +159,7 @@ def cli() -> None:
 def methods_cmd(quiet: bool, as_json: bool) -> None:
     """List the registered compression methods and their options."""
     from compress import get_method, method_names
-    from export.method_options import method_option_specs
+    from export.app.method_options import method_option_specs
 
     con = Console(quiet, as_json)
     specs = method_option_specs()
@@ -172,8 +178,8 @@ def _prepare_outputs(outputs: list[str | Path | None], *inputs: str | None) -> N
     """Refuse an output that is one of the inputs or another output; create each output's folder or say why
     it cannot be. Folders created here and still empty when the command ends (it failed) are removed."""
     from export.atomic import ensure_distinct
-    from export.pipeline import make_dirs, remove_empty_dirs
-    from export.specs import SpecError
+    from export.app.callables import SpecError
+    from export.app.pipeline import make_dirs, remove_empty_dirs
 
     outs = [Path(out) for out in filter(None, outputs)]
     _ensure_distinct_outputs(outs)
@@ -202,12 +208,15 @@ def _ensure_distinct_outputs(outs: list[Path]) -> None:
 
 
 def _load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None,
-                 holdout: float = 0.25):
-    from export import specs
+                 holdout: float = 0.25) -> tuple[Any, Any, Any]:
+    from export.app.data import load_data
+    from export.app.models import check_input_shape, load_model
 
-    net = specs.load_model(model, weights=weights, trust_pickle=trust_pickle)
-    loaded = specs.load_data(data, eval_spec=eval_data, eval_fraction=holdout)
-    specs.check_input_shape(net, loaded.calib.x, model)
+    net = load_model(model, weights=weights, trust_pickle=trust_pickle)
+    loaded = load_data(data, eval_spec=eval_data, eval_fraction=holdout)
+    check_input_shape(net, loaded.calib.x, model, data)
+    if loaded.evaluation is not None:
+        check_input_shape(net, loaded.evaluation.x, model, eval_data or data)
     return net, loaded.calib, loaded.evaluation
 
 
@@ -243,7 +252,7 @@ def _record_held_out(report: Any, net: Any, small: Any, calib: Any, held: Any, h
 @click.option("--out", "out", type=click.Path(dir_okay=False), default="compressed.pt2", show_default=True,
               help="Compressed model as a torch.export program (.pt2).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
-@click.option("--target-provider", type=click.Choice(["cpu", "cuda", "tensorrt"]), default="cpu",
+@click.option("--target-provider", type=click.Choice(list(PROVIDERS)), default=BenchConfig.providers[0],
               show_default=True, help="Provider the model is for; sets --rank-multiple's default (cpu 16, GPU 8).")
 @click.option("--calib-holdout", "holdout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.25,
               show_default=True, metavar="FRACTION",
@@ -256,8 +265,8 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
                  **opts: Any) -> None:
     """Compress MODEL with one method and save it as a torch.export program."""
     from compress import compress
-    from export.method_options import build_config, provider_defaults
-    from export.pipeline import write_json
+    from export.app.method_options import build_config, provider_defaults
+    from export.app.pipeline import write_json
     from export.serialize import save_program
 
     con = Console(quiet, as_json)
@@ -283,23 +292,25 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
 @click.option("--input-shape", help="Per-sample input shape, e.g. 3,224,224 (random example; no --data).")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
-@click.option("--opset", type=int, default=18, show_default=True, help="ONNX opset (>= 17).")
-@click.option("--rtol", type=float, default=1e-3, show_default=True, help="Parity relative tolerance.")
-@click.option("--atol", type=float, default=1e-4, show_default=True, help="Parity absolute tolerance.")
+@click.option("--opset", type=int, default=VariantConfig.opset, show_default=True, help="ONNX opset (>= 17).")
+@click.option("--rtol", type=float, default=VariantConfig.rtol, show_default=True, help="Parity relative tolerance.")
+@click.option("--atol", type=float, default=VariantConfig.atol, show_default=True, help="Parity absolute tolerance.")
 @click.option("--int8", is_flag=True, help="Also write OUT with suffix .int8.onnx (static QDQ by default).")
-@click.option("--quant-target", type=click.Choice(["cpu", "tensorrt"]), default="cpu", show_default=True,
-              help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8.")
-@click.option("--quant-mode", type=click.Choice(["static", "dynamic"]), default="static", show_default=True)
+@click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=VariantConfig.quant_target,
+              show_default=True, help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8.")
+@click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=VariantConfig.quant_mode, show_default=True)
 @click.option("--allow-random-calibration", is_flag=True, help="Calibrate INT8 on random data (not advised).")
 @common
 def export_cmd(model: str, out: str, data: str | None, input_shape: str | None, weights: str | None, trust_pickle: bool, opset: int,
                rtol: float, atol: float, int8: bool, quant_target: str, quant_mode: str,
                allow_random_calibration: bool, quiet: bool, as_json: bool) -> None:
     """Export MODEL to ONNX (dynamic batch), simplify, verify parity, optionally quantise to INT8."""
-    from export.single import ExportOptions, export_single
+    from export.app.single import ExportOptions, export_single
 
     con = Console(quiet, as_json)
-    opts = ExportOptions(opset, rtol, atol, int8, quant_target, quant_mode, allow_random_calibration)
+    opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol, quant_target=quant_target,
+                                       quant_mode=quant_mode, allow_random_calibration=allow_random_calibration),
+                         int8=int8)
     shape = _split_ints(input_shape, "--input-shape") if input_shape else None
     _prepare_outputs([out, Path(out).with_name(Path(out).stem + ".int8.onnx") if int8 else None],
                      model, weights, data)
@@ -331,13 +342,18 @@ def _require_providers(names: tuple[str, ...], skip_unavailable: bool) -> None:
 
 @cli.command("bench")
 @click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--providers", default="cpu", show_default=True, help="Comma-separated: cpu, cuda, tensorrt.")
-@click.option("--batch", "batch", default="1,32", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True,
+              help=f"Comma-separated: {', '.join(PROVIDERS)}.")
+@click.option("--batch", "batch", default=",".join(map(str, PipelineConfig.batch_sizes)), show_default=True,
+              help="Comma-separated batch sizes.")
 @click.option("--data", help="Evaluation data (labels give accuracy); random inputs without it.")
-@click.option("--warmup", type=int, default=10, show_default=True, help="Discarded warm-up runs per model.")
-@click.option("--min-runs", type=int, default=50, show_default=True, help="Minimum measured runs.")
-@click.option("--min-seconds", type=float, default=2.0, show_default=True, help="Minimum measuring time.")
-@click.option("--repeats", type=int, default=3, show_default=True, help="Fresh processes per provider/batch.")
+@click.option("--warmup", type=int, default=BenchConfig.warmup, show_default=True,
+              help="Discarded warm-up runs per model.")
+@click.option("--min-runs", type=int, default=BenchConfig.min_runs, show_default=True, help="Minimum measured runs.")
+@click.option("--min-seconds", type=float, default=BenchConfig.min_seconds, show_default=True,
+              help="Minimum measuring time.")
+@click.option("--repeats", type=int, default=BenchConfig.repeats, show_default=True,
+              help="Fresh processes per provider/batch.")
 @click.option("--threads", type=int, help="Intra-op threads (default: physical cores).")
 @click.option("--out", type=click.Path(dir_okay=False), default="bench.json", show_default=True,
               help="Report JSON; a Markdown copy is written next to it.")
@@ -354,9 +370,9 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
     _prepare_outputs([out, Path(out).with_suffix(".md")], *models, data)
     x = y = None
     if data:
-        from export import specs
+        from export.app.data import load_dataset
 
-        held = specs.load_dataset(data)  # the user's evaluation data, all of it
+        held = load_dataset(data)  # the user's evaluation data, all of it
         x = held.x.numpy()
         y = None if held.y is None else held.y.numpy()
     cfg = rb.BenchConfig(providers=_split_names(providers), batch_sizes=_split_ints(batch, "--batch"),
@@ -390,7 +406,7 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
 
     REPORT is a `minreal bench` JSON or a run directory's report.json (every case is checked).
     """
-    from export.gate import check_reports
+    from export.app.gate import check_reports
 
     con = Console(quiet, as_json)
     if all(v is None for v in (max_latency_ratio, max_accuracy_drop, min_agreement, max_regression)):
@@ -417,15 +433,21 @@ def _pipeline_options(fn: Callable) -> Callable:
         click.option("--out", default="runs/latest", show_default=True, type=click.Path(file_okay=False),
                      help="Run directory (must not exist unless --overwrite)."),
         click.option("--overwrite", is_flag=True, help="Replace an existing run directory."),
-        click.option("--batch", default="1,32", show_default=True, help="Comma-separated batch sizes."),
-        click.option("--providers", default="cpu", show_default=True, help="Comma-separated providers."),
+        click.option("--batch", default=",".join(map(str, PipelineConfig.batch_sizes)), show_default=True,
+                     help="Comma-separated batch sizes."),
+        click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True,
+                     help=f"Comma-separated: {', '.join(PROVIDERS)}."),
         click.option("--no-int8", is_flag=True, help="Skip INT8 quantisation."),
-        click.option("--quant-target", type=click.Choice(["cpu", "tensorrt"]), default="cpu", show_default=True,
+        click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=PipelineConfig.quant_target,
+                     show_default=True,
                      help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8."),
-        click.option("--quant-mode", type=click.Choice(["static", "dynamic"]), default="static", show_default=True,
+        click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=PipelineConfig.quant_mode,
+                     show_default=True,
                      help="static: calibrated QDQ; dynamic: weights only, activations quantised at run time."),
-        click.option("--min-seconds", type=float, help="Minimum measuring time per model (default 2 s)."),
-        click.option("--repeats", type=int, help="Fresh processes per provider/batch (default 3)."),
+        click.option("--min-seconds", type=float,
+                     help=f"Minimum measuring time per model (default {PipelineConfig.min_seconds:g} s)."),
+        click.option("--repeats", type=int,
+                     help=f"Fresh processes per provider/batch (default {PipelineConfig.repeats})."),
     ]):
         fn = opt(fn)
     return fn
@@ -443,7 +465,7 @@ def _pipeline_config(base: Any, batch: str, providers: str, no_int8: bool, quant
 
 
 def _finish_run(con: Console, report: Any, out: str) -> None:
-    from export.report import format_compact
+    from export.app.report import format_compact
 
     con.table(format_compact(report))
     for case in report.cases:
@@ -472,8 +494,8 @@ def run_cmd(model: str, method: tuple[str, ...], data: str, eval_data: str | Non
             **opts: Any) -> None:
     """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 → benchmark."""
     from compress.demo_case import DemoCase, DemoRun
-    from export.method_options import build_config, provider_defaults
-    from export.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
+    from export.app.method_options import build_config, provider_defaults
+    from export.app.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
 
     con = Console(quiet, as_json)
     cfg = _pipeline_config(PipelineConfig(skip_unavailable_providers=skip_unavailable_providers), batch,
@@ -499,8 +521,8 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
     """Embedded demo on scikit-learn's digits: train, compress, export, quantise, benchmark."""
     from dataclasses import replace
 
-    from export.demo import DEMO_PIPELINE, demo_cases
-    from export.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
+    from export.app.demo import DEMO_PIPELINE, demo_cases
+    from export.app.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
 
     con = Console(quiet, as_json)
     with claim_run_dir(Path(out), overwrite) as claim:  # locked until the run directory is committed
@@ -520,7 +542,8 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
 @click.option("--data", help="Data for the example input.")
 @click.option("--input-shape", help="Per-sample input shape, e.g. 3,224,224 (random example; no --data).")
 @click.option("--batch", type=int, default=1, show_default=True, help="Batch size the latencies are measured at.")
-@click.option("--provider", default="cpu", show_default=True, help="Provider to measure on: cpu, cuda, tensorrt.")
+@click.option("--provider", default=BenchConfig.providers[0], show_default=True,
+              help=f"Provider to measure on: {', '.join(PROVIDERS)}.")
 @click.option("--ranks-per-layer", type=int, default=6, show_default=True, help="Ranks measured per layer.")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @common
@@ -529,19 +552,21 @@ def latency_table_cmd(model: str, out: str, data: str | None, input_shape: str |
     """Measure per-layer latencies of MODEL's factorisable layers for `compress -m factorize --latency`."""
     import torch
 
-    from export import specs
+    from export.app.callables import SpecError
+    from export.app.data import load_dataset
+    from export.app.models import check_input_shape, load_model
     from export.latency_table import build_latency_table
 
     con = Console(quiet, as_json)
     _prepare_outputs([out], model, weights, data)
-    net = specs.load_model(model, weights=weights)
+    net = load_model(model, weights=weights)
     if data:
-        x = specs.load_dataset(data).x[:batch]
+        x = load_dataset(data).x[:batch]
     elif input_shape:
         x = torch.randn(batch, *_split_ints(input_shape, "--input-shape"))
     else:
-        raise specs.SpecError("latency-table needs an example input: pass --data SPEC or --input-shape C,H,W")
-    specs.check_input_shape(net, x, model)
+        raise SpecError("latency-table needs an example input: pass --data SPEC or --input-shape C,H,W")
+    check_input_shape(net, x, model)
     con.progress(f"timing the factorisable layers of {model} on {provider}")
     table = build_latency_table(net, x, provider, ranks_per_layer, out_path=Path(out))
     con.table(f"wrote {out} ({len(table['layers'])} layers on {provider})")
@@ -550,10 +575,10 @@ def latency_table_cmd(model: str, out: str, data: str | None, input_shape: str |
 
 def _usage_errors() -> tuple[type[BaseException], ...]:
     from compress import CompressionError, UnknownMethodError
-    from export.method_options import MethodOptionError
+    from export.app.method_options import MethodOptionError
     from export.errors import SameFileError
-    from export.pipeline import RunDirError
-    from export.specs import SpecError
+    from export.app.callables import SpecError
+    from export.app.pipeline import RunDirError
     from runtime_bench import (BenchInputError, CheckError, ModelFileError, ReportSchemaError,
                                UnknownProviderError)
 
@@ -600,10 +625,11 @@ def _main(argv: list[str] | None) -> None:
     except BaseException as exc:  # noqa: BLE001 - the CLI's single place that turns errors into one line
         if os.environ.get("MINREAL_DEBUG"):
             raise
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        click.echo(f"minreal: error: {first}", err=True)
+        from runtime_bench.facts import error_line
+
+        click.echo(f"minreal: error: {error_line(exc)}", err=True)
         sys.exit(USAGE_EXIT if isinstance(exc, _usage_errors()) else FAIL_EXIT)
 
 
-if __name__ == "__main__":  # python -m export.cli
+if __name__ == "__main__":  # python -m export.app.cli (or python -m export.cli)
     main()

@@ -8,12 +8,12 @@ from typing import Callable
 from torch import nn
 
 from compress import get_method, method_names
-from export.method_options import build_config, provider_defaults
+from export.app.method_options import build_config, provider_defaults
 from compress.datasets import digits
 from compress.demo_case import DemoCase, DemoRun
 from compress.models import mlp, small_cnn
 from compress.train import TrainConfig, train
-from export.pipeline import PipelineConfig
+from export.app.pipeline import PipelineConfig
 
 __all__ = ["demo_cases", "demo_factories", "DEMO_PIPELINE", "digits_cases"]
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compress import get_method, method_names
+from runtime_bench.facts import PROVIDERS
 
 __all__ = ["OptionSpec", "method_option_specs", "config_option_specs", "field_docs", "build_config",
            "MethodOptionError", "provider_defaults", "RANK_MULTIPLE_BY_PROVIDER"]
@@ -23,7 +24,7 @@ __all__ = ["OptionSpec", "method_option_specs", "config_option_specs", "field_do
 #: Rank granularity that keeps factorised layers on the provider's fast paths: measured on resnet18 with the
 #: CPU provider, multiples of 16 turned a 1.31x latency/MAC gap into 1.03x (benchmarks/factorize_latency.json);
 #: GPU tensor cores want multiples of 8.
-RANK_MULTIPLE_BY_PROVIDER: dict[str, int] = {"cpu": 16, "cuda": 8, "tensorrt": 8}
+RANK_MULTIPLE_BY_PROVIDER: dict[str, int] = {short: 16 if short == "cpu" else 8 for short in PROVIDERS}
 
 
 class MethodOptionError(ValueError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import logging
 import os
@@ -23,27 +24,23 @@ import signal
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 from torch import nn
 
 import runtime_bench as rb
-from compress import compress, count_costs
+from compress import compress
 from compress.evaluate import compare_outputs
 from compress.demo_case import DemoCase
 from export.atomic import atomic_path
-from export.onnx_export import to_onnx
-from export.quantize import QuantConfig, quantize_int8
-from export.readiness import tensorrt_readiness
 from export.serialize import save_program
-from export.simplify import simplify
-from export.verify import verify_parity
+from export.variant import (VariantConfig, VariantRecord, export_variant, file_stem, quantize_variant, relative_to,
+                            to_jsonable)
 
-__all__ = ["PipelineConfig", "VariantRecord", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
+__all__ = ["PipelineConfig", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
            "run_pipeline", "fill_run_dir", "run_case", "claim_run_dir", "RunDirClaim", "prepare_run_dir",
            "RunDirError", "RunDirBusyError", "make_dirs", "remove_empty_dirs"]
 
@@ -78,46 +75,41 @@ def _fault_point(stage: str) -> None:
         os.kill(os.getpid(), signal.Signals[name if name.startswith("SIG") else f"SIG{name}"])
 
 
+_VARIANT, _BENCH = VariantConfig(), rb.BenchConfig()  # the defaults below come from these two
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
-    """Export, quantisation and benchmark settings shared by every case of a run."""
+    """Export, quantisation and benchmark settings shared by every case of a run (``report.json``'s config).
+
+    Export/INT8 defaults are :class:`export.variant.VariantConfig`'s, timing defaults
+    :class:`runtime_bench.BenchConfig`'s; only the batch sizes differ (a run also times a large batch).
+    """
 
     batch_sizes: tuple[int, ...] = (1, 32)
-    providers: tuple[str, ...] = ("cpu",)
+    providers: tuple[str, ...] = _BENCH.providers
     int8: bool = True
-    quant_target: str = "cpu"
-    quant_mode: str = "static"
-    calib_samples: int = 256
-    rtol: float = 1e-3
-    atol: float = 1e-4
-    opset: int = 18
-    warmup: int = 10
-    min_runs: int = 50
-    min_seconds: float = 2.0
-    repeats: int = 3
+    quant_target: str = _VARIANT.quant_target
+    quant_mode: str = _VARIANT.quant_mode
+    calib_samples: int = _VARIANT.calib_samples
+    rtol: float = _VARIANT.rtol
+    atol: float = _VARIANT.atol
+    opset: int = _VARIANT.opset
+    warmup: int = _BENCH.warmup
+    min_runs: int = _BENCH.min_runs
+    min_seconds: float = _BENCH.min_seconds
+    repeats: int = _BENCH.repeats
     skip_unavailable_providers: bool = False
 
     def bench_config(self) -> rb.BenchConfig:
+        """Timing settings for :func:`runtime_bench.run_benchmark`."""
         return rb.BenchConfig(providers=self.providers, batch_sizes=self.batch_sizes, warmup=self.warmup,
                               min_runs=self.min_runs, min_seconds=self.min_seconds, repeats=self.repeats)
 
-
-@dataclass
-class VariantRecord:
-    """One model of a case (original, compressed, INT8) with its costs and export results."""
-
-    label: str
-    method: str
-    params: int
-    macs: int
-    onnx: str
-    onnx_bytes: int
-    export: dict[str, Any] = field(default_factory=dict)
-    simplify: dict[str, Any] = field(default_factory=dict)
-    parity: dict[str, Any] = field(default_factory=dict)
-    quantization: dict[str, Any] = field(default_factory=dict)
-    compression: dict[str, Any] = field(default_factory=dict)
-    tensorrt_readiness: dict[str, Any] = field(default_factory=dict)
+    def variant_config(self) -> VariantConfig:
+        """Export, parity and INT8 settings for :func:`export.variant.export_variant`."""
+        return VariantConfig(opset=self.opset, rtol=self.rtol, atol=self.atol, quant_target=self.quant_target,
+                             quant_mode=self.quant_mode, calib_samples=self.calib_samples)
 
 
 @dataclass
@@ -142,23 +134,6 @@ class RunReport:
     cases: list[CaseResult]
 
 
-def to_jsonable(obj: Any) -> Any:
-    """JSON-safe copy of dataclasses, paths, tuples and numpy scalars."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return to_jsonable(asdict(obj))
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    return obj
-
-
 def _is_run_dir(path: Path) -> bool:
     """A directory minreal wrote: its report.json has this tool's run schema (or it is empty)."""
     if not any(path.iterdir()):
@@ -168,19 +143,6 @@ def _is_run_dir(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and "schema_version" in data and "cases" in data
-
-
-def relative_to(obj: Any, root: Path) -> Any:
-    """``obj`` (JSON-safe) with every path string under ``root`` made relative to it: reports name files in
-    the run directory, not in the staging folder it was built in."""
-    prefix = str(root) + os.sep
-    if isinstance(obj, dict):
-        return {k: relative_to(v, root) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [relative_to(v, root) for v in obj]
-    if isinstance(obj, str) and obj.startswith(prefix):
-        return obj[len(prefix):]
-    return obj
 
 
 def make_dirs(folder: Path) -> list[Path]:
@@ -224,6 +186,7 @@ def claim_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ()) -
         raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
     try:
         with _locked(out_dir):
+            _remove_stale_staging(out_dir)
             staging = prepare_run_dir(out_dir, overwrite, inputs)
             try:
                 yield RunDirClaim(out_dir, staging, overwrite)
@@ -231,6 +194,14 @@ def claim_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ()) -
                 shutil.rmtree(staging, ignore_errors=True)  # gone already once committed
     finally:
         remove_empty_dirs(created)
+
+
+def _remove_stale_staging(out_dir: Path) -> None:
+    """Staging folders of ``out_dir`` left by a killed run (SIGKILL, power loss): safe to delete once we hold
+    the lock, since any run writing into one would hold it."""
+    for stale in out_dir.resolve().parent.glob(f".{glob.escape(out_dir.resolve().name)}.staging-*"):
+        log.info("removing %s, left by an interrupted run", stale)
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -329,38 +300,11 @@ def _commit_run_dir(claim: RunDirClaim) -> None:
         claim.staging.rename(out_dir)
 
 
-def file_stem(label: str) -> str:
-    """A file-name-safe stem for a variant label (letters, digits, '.', '_', '-')."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_.")
-    return stem or "model"
-
-
-def export_model(module: nn.Module, label: str, method: str, case: DemoCase, case_dir: Path,
-                 cfg: PipelineConfig) -> VariantRecord:
-    """Export, simplify and verify one torch module; the record has its costs and results."""
-    module = module.eval()
-    example = case.test.x[:2]
-    raw = case_dir / f"{file_stem(label)}.raw.onnx"
-    final = case_dir / f"{file_stem(label)}.onnx"
-    exp = to_onnx(module, example, raw, opset=cfg.opset, dynamic_dims=case.dynamic_dims or None)
-    simp = simplify(raw, final, check_inputs=[case.test.x[:3].numpy()], rtol=cfg.rtol, atol=cfg.atol)
-    raw.unlink(missing_ok=True)
-    parity = verify_parity(module, final, [case.test.x[:1], case.test.x[:16]], rtol=cfg.rtol, atol=cfg.atol)
-    costs = count_costs(module, example)
-    return VariantRecord(label, method, costs.total_params, costs.macs, final.name, final.stat().st_size,
-                         *relative_to(to_jsonable([exp, simp, parity]), case_dir),
-                         tensorrt_readiness=relative_to(to_jsonable(tensorrt_readiness(final, cfg.opset)), case_dir))
-
-
-def quantize_model(record: VariantRecord, case: DemoCase, case_dir: Path, cfg: PipelineConfig) -> VariantRecord:
-    """INT8 copy of an exported variant, calibrated on the case's training inputs."""
-    label = f"{record.label}.int8"
-    out = case_dir / f"{file_stem(record.label)}.int8.onnx"
-    calib = case.train.x[: cfg.calib_samples].numpy()
-    q = quantize_int8(case_dir / record.onnx, out, calib, QuantConfig(target=cfg.quant_target, mode=cfg.quant_mode))
-    return VariantRecord(label, f"{record.method}+int8", record.params, record.macs, out.name, out.stat().st_size,
-                         quantization=relative_to(to_jsonable(q), case_dir),
-                         tensorrt_readiness=relative_to(to_jsonable(tensorrt_readiness(out, cfg.opset)), case_dir))
+def _export(module: nn.Module, label: str, method: str, case: DemoCase, case_dir: Path,
+            cfg: PipelineConfig) -> VariantRecord:
+    """One variant of ``case`` exported into ``case_dir``, checked on the case's held-out inputs."""
+    return export_variant(module, case.test.x, case_dir / f"{file_stem(label)}.onnx", cfg.variant_config(),
+                          label, method, case.dynamic_dims)
 
 
 def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Progress) -> CaseResult:
@@ -370,7 +314,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     t = time.perf_counter()
     _fault_point("export_original")
     progress(f"[{case.name}] exporting original")
-    records = [export_model(case.model, "original", "none", case, case_dir, cfg)]
+    records = [_export(case.model, "original", "none", case, case_dir, cfg)]
     stages["export_original"] = time.perf_counter() - t
     for run in case.runs:
         t = time.perf_counter()
@@ -379,7 +323,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         small, report = compress(case.model, case.train, run.method, run.config)
         stages[f"compress:{run.label}"] = time.perf_counter() - t
         t = time.perf_counter()
-        rec = export_model(small, run.label, run.method, case, case_dir, cfg)
+        rec = _export(small, run.label, run.method, case, case_dir, cfg)
         # Methods measure on the data they were given (calibration); the run also measures on held-out data.
         report.measured["held_out"] = compare_outputs(case.model, small, case.test)
         rec.compression = to_jsonable(report)
@@ -390,7 +334,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         t = time.perf_counter()
         _fault_point("int8")
         progress(f"[{case.name}] quantising to INT8 ({cfg.quant_target}, {cfg.quant_mode})")
-        records += [quantize_model(r, case, case_dir, cfg) for r in list(records[1:])]
+        records += [quantize_variant(r, case_dir, case.train.x, cfg.variant_config()) for r in list(records[1:])]
         stages["int8"] = time.perf_counter() - t
     t = time.perf_counter()
     _fault_point("benchmark")
@@ -442,7 +386,7 @@ def run_pipeline(cases: list[DemoCase], out_dir: Path, cfg: PipelineConfig, over
 def fill_run_dir(cases: list[DemoCase], claim: RunDirClaim, cfg: PipelineConfig,
                  progress: Progress | None = None) -> RunReport:
     """Run every case into the staging folder of ``claim`` and commit it as the run directory."""
-    from export.report import plot_accuracy_latency, plot_spectra, render_markdown
+    from export.app.report import plot_accuracy_latency, plot_spectra, render_markdown
 
     notify, staging = progress or log.info, claim.staging
     results = [run_case(c, staging / c.name, cfg, notify) for c in cases]

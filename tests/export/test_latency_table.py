@@ -16,7 +16,7 @@ from compress.data import Dataset
 from compress.lowrank import matrix_view
 from compress.lowrank_plan import find_targets
 from compress.methods.factorize import FactorizeConfig
-from export.cli import cli
+from export.app.cli import cli
 from export.latency_table import build_latency_table, rank_grid
 
 FACTORY = """

@@ -19,7 +19,8 @@ from torch import nn
 import export.onnx_export as onnx_export
 from export.errors import ExportError
 from export.onnx_export import ExportResult, to_onnx
-from export.quiet import captured_output, first_line
+from export.quiet import captured_output
+from runtime_bench.facts import first_line
 
 
 def _run(path: str | Path, x: torch.Tensor) -> list[np.ndarray]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from export.cli import main
+from export.app.cli import main
 from export.serialize import save_program
 
 CANARY = 7919.3125  # exactly representable in float32 and float64; no weight of an untrained net comes near
@@ -95,3 +95,13 @@ def test_canary_in_every_row_reaches_no_file_a_run_writes(tmp_path: Path, monkey
     assert {"report.json", "report.md"} <= written and any(n.endswith(".int8.onnx") for n in written)
     assert any(n.endswith(".pt2") for n in written)
     assert _leaks(tmp_path, {calib, held}) == []
+
+
+def test_saved_program_names_its_archive_after_the_file_not_a_temp_file(tmp_path: Path) -> None:
+    import zipfile
+
+    path = save_program(nn.Linear(3, 2).eval(), torch.randn(4, 3), tmp_path / "small.pt2")
+    with zipfile.ZipFile(path) as zf:
+        roots = {name.split("/", 1)[0] for name in zf.namelist()}
+    assert roots == {"small"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.pt2"]

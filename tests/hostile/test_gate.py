@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from export.cli import main
-from export.gate import check_reports
+from export.app.cli import main
+from export.app.gate import check_reports
 from runtime_bench import SCHEMA_VERSION, check_report, format_check
 
 Cell = tuple[str, str, int]
@@ -151,3 +151,33 @@ def test_cli_failed_line_names_provider_and_batch(tmp_path: Path, capsys: pytest
     failed = [line for line in err.splitlines() if line.startswith("FAILED")]
     assert len(failed) == 1 and "latency_ratio small cpu batch 32: 0.79" in failed[0]
     assert "batch 1:" not in failed[0]  # the passing cell is not listed
+
+
+# --- malformed or shrinking baselines (review findings) ---------------------------------------------------------
+
+def test_nan_latency_in_the_baseline_is_a_schema_error_naming_the_cell(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    bad = report(BASE)
+    bad["latency"][0]["stats"]["p50_ms"] = float("nan")
+    (tmp_path / "now.json").write_text(json.dumps(report(BASE)))
+    (tmp_path / "base.json").write_text(json.dumps(bad))
+    code, _, err = run_main(["check", str(tmp_path / "now.json"), "--baseline", str(tmp_path / "base.json"),
+                             "--max-regression", "10"], capsys)
+    assert code == 2 and "base.json" in err and "orig cpu batch 1" in err and "p50_ms" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_model_dropped_from_the_report_fails_the_regression_gate() -> None:
+    now = report({k: v for k, v in BASE.items() if k[0] == "orig"})
+    result = check_report(now, baseline=report(BASE), max_regression=10.0, allow_new_models=True)
+    failed = sorted((c.model, c.batch_size) for c in result.criteria if not c.passed)
+    assert failed == [("small", 1), ("small", 32)]
+    assert all("in the baseline but not in the report" in c.note for c in result.criteria if not c.passed)
+
+
+def test_baseline_sharing_no_cell_is_refused_even_with_new_models_allowed() -> None:
+    from runtime_bench import CheckError
+
+    other = report({("x", "cpu", 1): (1.0,), ("y", "cpu", 1): (1.0,)}, batches=(1,))
+    with pytest.raises(CheckError, match="shares no"):
+        check_report(report(BASE), baseline=other, max_regression=10.0, allow_new_models=True)

@@ -13,8 +13,9 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from export.cli import main
-from export.specs import SpecError, load_model
+from export.app.cli import main
+from export.app.callables import SpecError
+from export.app.models import load_model
 
 FACTORY = """
 import torch

@@ -12,11 +12,11 @@ from torch import nn
 from compress import CompressionError
 from compress.allocate import allocate, options_from_spectrum
 from compress.data import Dataset
-from compress.gramians import reachability_gramians
+from compress.methods.cbalanced.empirical_gramians import reachability_gramians
 from compress.methods.cbalanced import CBalancedConfig
 from compress.methods.ssm import SSMConfig
-from compress.stats import collect_moments
-from export.cli import main
+from compress.core.stats import collect_moments
+from export.app.cli import main
 
 FACTORY = """
 import torch
@@ -53,14 +53,15 @@ def test_bench_option_errors_name_the_flag(flag: str, value: str, tmp_path: Path
     assert f"({flag})" in one_error_line(err)
 
 
-@pytest.mark.parametrize("config, flag", [
-    (CBalancedConfig(eps=1.5), "--eps"),
-    (CBalancedConfig(state_budget=0), "--state-budget"),
-    (SSMConfig(trunc=0.5, energy=0.9), "--trunc"),
+@pytest.mark.parametrize("config_cls, options, flag", [
+    (CBalancedConfig, {"eps": 1.5}, "--eps"),
+    (CBalancedConfig, {"state_budget": 0}, "--state-budget"),
+    (SSMConfig, {"trunc": 0.5, "energy": 0.9}, "--trunc"),
 ])
-def test_method_option_errors_name_the_flag(config, flag: str) -> None:
+def test_method_option_errors_name_the_flag(config_cls: type, options: dict, flag: str) -> None:
+    """Configs validate themselves on construction."""
     with pytest.raises(CompressionError, match=flag):
-        config.validate()
+        config_cls(**options)
 
 
 def test_infeasible_budget_names_the_real_smallest_rank() -> None:
@@ -106,3 +107,55 @@ def test_cli_refuses_overflowing_data_in_one_line(method: str, tmp_path: Path, m
     assert code == 2
     assert "layer '" in line and "NaN/inf" in line and "data scale" in line and "linalg" not in line
     assert not (tmp_path / "o.pt2").exists()
+
+
+def test_data_that_overflows_the_model_is_refused_before_compressing(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    """3e38 inputs overflow to inf in the first Linear: every command refuses them in one line instead of
+    reporting None errors or blaming ONNX parity (review finding)."""
+    import numpy as np
+
+    from export.app.cli import main
+
+    (tmp_path / "net.py").write_text("import torch\nfrom torch import nn\n\ndef make():\n"
+                                     "    net = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3))\n"
+                                     "    torch.nn.init.ones_(net[0].weight)  # 8 x 3e38 > float32 max\n"
+                                     "    return net\n")
+    np.savez(tmp_path / "big.npz", x=np.full((40, 8), 3e38, dtype=np.float32))
+    factory, data = f"{tmp_path / 'net.py'}:make", str(tmp_path / "big.npz")
+    for args in (["compress", factory, "-m", "svd", "--calib", data, "--out", str(tmp_path / "o.pt2")],
+                 ["export", factory, "--data", data, "--out", str(tmp_path / "o.onnx")]):
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        err = capsys.readouterr().err.strip()
+        assert info.value.code == 2 and "big.npz" in err and "NaN/inf" in err and "overflow" in err, err
+        assert len(err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.npz", "net.py"]
+
+
+def test_integer_data_for_a_float_model_names_the_data(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import numpy as np
+
+    from export.app.cli import main
+
+    (tmp_path / "net.py").write_text("from torch import nn\n\ndef make():\n    return nn.Linear(8, 3)\n")
+    np.savez(tmp_path / "ints.npz", x=np.arange(80, dtype=np.int64).reshape(10, 8))
+    with pytest.raises(SystemExit) as info:
+        main(["compress", f"{tmp_path / 'net.py'}:make", "-m", "svd", "--calib", str(tmp_path / "ints.npz"),
+              "--out", str(tmp_path / "o.pt2")])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and "ints.npz holds integers" in err and len(err.splitlines()) == 1
+
+
+def test_comparison_refuses_non_finite_outputs_instead_of_reporting_null() -> None:
+    """A compressed model that overflows where the original does not gets a message, not null errors."""
+    from compress.core.evaluate import compare_outputs
+
+    class Overflows(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * torch.tensor([1.0, float("inf")])
+
+    data = Dataset(torch.randn(6, 2))
+    with pytest.raises(CompressionError, match=r"compressed model's outputs are NaN/inf on 6 of 6 samples"):
+        compare_outputs(nn.Identity(), Overflows(), data)
+    assert compare_outputs(nn.Identity(), nn.Identity(), data)["max_abs_diff"] == 0.0

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.cli import main
+from export.app.cli import main
 from runtime_bench import BenchConfig, ModelEntry, ProviderUnavailableError, run_benchmark
 from runtime_bench.worker import WorkerResult
 
@@ -152,6 +152,16 @@ def test_bench_skip_unavailable_providers_is_explicit(workdir: Path, capsys: pyt
     assert code == 1 and "latency_ratio b cuda batch 1: missing" in err and "unavailable" in err
 
 
+
+def test_bench_with_every_provider_skipped_is_a_failure(workdir: Path, capsys: pytest.CaptureFixture,
+                                                       cpu_only: None) -> None:
+    """Skipping unavailable providers may not turn "nothing was timed" into success."""
+    linear_onnx(workdir / "a.onnx", 0)
+    code, _, err = run_main(["bench", "a.onnx", "--providers", "cuda", "--out", "b.json", "-q",
+                             "--skip-unavailable-providers", *QUICK_BENCH], capsys)
+    assert code == 1 and "none of the requested providers can run" in err and "cuda" in err
+    assert len(err.strip().splitlines()) == 1 and not Path("b.json").exists()
+
 def test_provider_fallback_in_a_worker_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import runtime_bench.bench as bench
 
@@ -196,9 +206,22 @@ def test_second_run_to_a_locked_out_exits_1(workdir: Path, capsys: pytest.Captur
         assert json.loads(Path("runs/a/report.json").read_text()) == {"schema_version": 1, "cases": []}
 
 
+
+def test_staging_left_by_a_killed_run_is_removed_by_the_next(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    """SIGKILL cannot be handled; the next run to the same --out cleans up once it holds the lock."""
+    stale = Path("runs/.a.staging-killed")
+    (stale / "case").mkdir(parents=True)
+    (stale / "case" / "half.onnx").write_bytes(b"partial")
+    other = Path("runs/.b.staging-x")
+    other.mkdir()
+    code, _, err = run_main(["run", "missing.py:make", "--method", "svd", "--data", "digits-flat",
+                             "--out", "runs/a"], capsys)
+    assert code == 2 and "missing.py" in err  # failed later, but after claiming the lock
+    assert not stale.exists() and other.exists()  # another --out's staging folder is not ours to delete
+
 def test_run_lock_is_held_until_commit_and_removed(workdir: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture) -> None:
-    import export.pipeline as pipeline
+    import export.app.pipeline as pipeline
 
     seen: list[bool] = []
     commit = pipeline._commit_run_dir

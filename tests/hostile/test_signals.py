@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from export.pipeline import FAULT_ENV
+from export.app.pipeline import FAULT_ENV
 
 FACTORY = """
 import torch

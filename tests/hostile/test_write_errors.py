@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.cli import main
+from export.app.cli import main
 from runtime_bench import atomic
 
 QUICK_BENCH = ["--batch", "1", "--warmup", "0", "--min-runs", "1", "--min-seconds", "0", "--repeats", "1", "-q"]

@@ -20,11 +20,11 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
-from .data import Dataset
-from .evaluate import eval_mode
-from .errors import CompressionError, require_finite
-from .models import ACTIVATIONS
-from .progress import tracked
+from ...core.data import Dataset
+from ...core.errors import CompressionError, require_finite
+from ...core.evaluate import eval_mode
+from ...core.progress import tracked
+from ...models import ACTIVATIONS
 
 __all__ = ["StateGramians", "default_state_points", "collect_states", "reachability_gramians",
            "observability_gramians", "collect_gramians"]

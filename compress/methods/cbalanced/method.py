@@ -21,22 +21,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..allocate import KEEP, allocate, options_from_spectrum
-from ..costs import count_costs
-from ..data import Dataset
-from ..demo_case import DemoCase, DemoRun
-from ..errors import CompressionError
-from ..evaluate import compare_outputs, predict
-from ..gramians import StateGramians, collect_gramians, default_state_points
-from ..linalg import balanced_basis, balanced_gramian, energy_rank, sym_eig_desc
-from ..realise import (insert_projections, is_basic_resnet, refit_linear_chain, resize_resnet, resize_sequential,
-                       resnet_params, sequential_params, stage_producers, top_indices)
-from ..registry import register_method
-from ..report import CompressionReport, LayerReport
-from ..train import TrainConfig, train
+from ...core.allocate import KEEP, allocate, options_from_spectrum
+from ...core.data import Dataset
+from ...core.demo_case import DemoCase, DemoRun
+from ...core.errors import CompressionError
+from ...core.evaluate import compare_outputs, predict
+from ...core.linalg import balanced_basis, balanced_gramian, energy_rank, sym_eig_desc
+from ...core.report import CompressionReport, LayerReport
+from ...core.spec import MethodSpec
+from ...core.train import TrainConfig, train
+from .empirical_gramians import StateGramians, collect_gramians, default_state_points
+from .realise import (insert_projections, is_basic_resnet, refit_linear_chain, resize_resnet, resize_sequential,
+                      resnet_params, sequential_params, stage_producers, top_indices)
 
 __all__ = ["CBalancedConfig", "StateAnalysis", "analyse_states", "budget_ranks", "cbalanced_compress",
-           "realise", "demo_case", "INITS", "SELECTIONS"]
+           "realise", "demo_case", "INITS", "SELECTIONS", "SPEC"]
 
 log = logging.getLogger(__name__)
 INITS = ("scratch", "warm")
@@ -125,7 +124,7 @@ class CBalancedConfig:
         default=0,
         metadata={"help": "Random seed (sampling, data split, initialisation, training); default 0."})
 
-    def validate(self) -> "CBalancedConfig":
+    def __post_init__(self) -> None:
         if self.init not in INITS:
             raise CompressionError(f"--init must be one of {INITS}, got {self.init!r}")
         if self.selection not in SELECTIONS:
@@ -134,7 +133,14 @@ class CBalancedConfig:
             raise CompressionError(f"--eps must lie in [0, 1), got {self.eps}")
         if self.state_budget is not None and self.state_budget < 1:
             raise CompressionError(f"--state-budget must be a positive state count, got {self.state_budget}")
-        return self
+        if not 0.0 < self.val_fraction < 1.0:
+            raise CompressionError(f"--val-fraction must lie in (0, 1), got {self.val_fraction}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise CompressionError(f"--alpha must lie in [0, 1], got {self.alpha}")
+        for flag, value in (("--calib-samples", self.calib_samples), ("--go-samples", self.go_samples),
+                            ("--batch-size", self.batch_size), ("--probes", self.probes)):
+            if value < 1:
+                raise CompressionError(f"{flag} must be >= 1, got {value}")
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(self.epochs, self.batch_size, self.lr, 0.0, self.patience, self.alpha,
@@ -355,14 +361,13 @@ def _layer_reports(model: nn.Module, new: nn.Module, analyses: dict[str, StateAn
             sum(t.numel() for t in new_layer.parameters()), rank=widths[p], full_rank=a.dim,
             details={"rank_a": a.rank_a, "rank_b": a.rank_b, "rank_c": a.rank_c, "producer": i,
                      "energy_kept_c": a.energy_kept("C", widths[p]),
-                     "spectra": {k: v.tolist() for k, v in a.spectra.items()}}))
+                     "spectra": {k: v.tolist() for k, v in a.spectra.items()}}))  # until export reads .spectra
     return rows
 
 
-@register_method("cbalanced", CBalancedConfig, "C-balanced realisation: Gramian ranks become the widths of a new network")
 def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig) -> tuple[nn.Module, CompressionReport]:
     """Rank every state point by the A/B/C Gramian tests and realise + train a network with the C widths."""
-    cfg = config.validate()
+    cfg = config
     if data.y is None:
         raise CompressionError("cbalanced trains the realised network: give labelled data (targets y)")
     report = CompressionReport("cbalanced", asdict(cfg))
@@ -378,7 +383,7 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig)
     t0 = time.perf_counter()
     new, variants = _variants(model, analyses, widths, train_set, val, calib, cfg)
     report.timings_s["realise_and_train"] = time.perf_counter() - t0
-    _fill(report, model, new, analyses, widths, data.x[:8], next(iter(grams.values())).go_method)
+    _fill(report, model, new, analyses, widths, next(iter(grams.values())).go_method)
     report.measured.update(compare_outputs(model, new, val))
     report.measured["original"] = _quality(model, val)
     report.measured["variants"] = variants
@@ -389,24 +394,22 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig)
 
 
 def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, analyses: dict[str, StateAnalysis],
-          widths: dict[str, int], example: torch.Tensor, go_method: str) -> None:
-    before, after = count_costs(model, example), count_costs(new, example)
-    report.params_before, report.params_after = before.total_params, after.total_params
-    report.macs_before, report.macs_after = before.macs, after.macs
+          widths: dict[str, int], go_method: str) -> None:
     report.layers = _layer_reports(model, new, analyses, widths)
+    report.spectra = {p: {k: v.tolist() for k, v in a.spectra.items()} for p, a in analyses.items()}
     full, order = sum(a.dim for a in analyses.values()), sum(widths.values())
     report.predicted.update({
         "ranks_a": [a.rank_a for a in analyses.values()], "ranks_b": [a.rank_b for a in analyses.values()],
         "ranks_c": [a.rank_c for a in analyses.values()], "state_order": order, "state_order_full": full,
         "state_compression": 1.0 - order / full, "go_method": go_method,
         "energy_kept_c": {p: a.energy_kept("C", widths[p]) for p, a in analyses.items()}})
-    report.not_counted = after.not_counted
 
 
 def demo_case(quick: bool = True) -> DemoCase:
-    """The paper's MNIST setting on digits: a seeded 4×256 SiLU MLP, cut to its C-balanced widths."""
-    from ..datasets import digits
-    from ..models import mlp
+    """The MNIST setting of the C-balanced experiments (4×256 SiLU MLP), on digits: a seeded MLP cut to its
+    C-balanced widths."""
+    from ...datasets import digits
+    from ...models import mlp
 
     train_set, test = digits(as_images=False)
     torch.manual_seed(0)
@@ -417,3 +420,7 @@ def demo_case(quick: bool = True) -> DemoCase:
                     [DemoRun("C-balanced (warm start + distilled)", "cbalanced", cfg)],
                     notes=["widths = C ranks at eps=1e-4; warm start keeps neurons by balanced leverage and "
                            "refits the next layer by least squares"])
+
+
+SPEC = MethodSpec("cbalanced", "C-balanced realisation: Gramian ranks become the widths of a new network",
+                  CBalancedConfig, cbalanced_compress, demo_case=demo_case, report_fields=("spectra",))

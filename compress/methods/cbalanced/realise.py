@@ -17,9 +17,9 @@ from typing import Mapping, Sequence
 import torch
 from torch import nn
 
-from .errors import CompressionError
+from ...core.errors import CompressionError
 
-__all__ = ["stage_producers", "resize_sequential", "sequential_params", "uniform_width", "mlp_params",
+__all__ = ["stage_producers", "resize_sequential", "sequential_params", "uniform_width",
            "refit_linear_chain", "top_indices", "insert_projections", "RESNET_STAGES", "is_basic_resnet",
            "resnet_stage_width", "resize_resnet", "resnet_params"]
 
@@ -144,12 +144,6 @@ def sequential_params(model: nn.Module, widths: Mapping[int, int]) -> int:
     return total
 
 
-def mlp_params(in_features: int, widths: Sequence[int], out_features: int) -> int:
-    """Closed form for a biased Linear stack: Σ (w_{l−1} + 1)·w_l over in → widths → out."""
-    dims = [in_features, *widths, out_features]
-    return sum((a + 1) * b for a, b in zip(dims[:-1], dims[1:]))
-
-
 def uniform_width(model: nn.Module, producers: Sequence[int], target_params: int) -> int:
     """The single width for all ``producers`` whose parameter count is closest to ``target_params``."""
     hi = 4 * max(_out_width(_sequential(model)[i]) for i in producers) + 1
@@ -204,7 +198,7 @@ def insert_projections(model: nn.Module, bases: Mapping[str, tuple[torch.Tensor,
 
     Only for (N, d) states. Stored as two Linears per point, so it is *larger* than the original.
     """
-    from .surgery import get_module, replace_modules
+    from ...core.surgery import get_module, replace_modules
 
     repl = {}
     for p, (u, mu) in bases.items():

@@ -2,7 +2,7 @@
 
 Each target layer is a batched matrix product per group, y_g = W_g x_g over its input rows (tokens, or
 im2col patches). With M_g = E[x_g x_gᵀ] from calibration data, the rank-r Ŵ_g minimising the output
-distortion E‖(W_g − Ŵ_g)x_g‖² is U_r U_rᵀ W_g, U from the SVD of W_g M_g^½ (see ``compress.whiten``).
+distortion E‖(W_g − Ŵ_g)x_g‖² is U_r U_rᵀ W_g, U from the SVD of W_g M_g^½ (see :mod:`.whiten`).
 The split emitted is first = U_rᵀ W_g (the k×k conv / first Linear), second = U_r (the 1×1 conv / second
 Linear, carrying the original bias). One rank is shared by all groups; ranks come from the same allocators
 as the plain-SVD baseline, fed with the whitened spectra. No training step.
@@ -18,20 +18,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..allocate import KEEP, total_cost
-from ..cache import data_key, entry_key, load_entry, model_key, save_entry
-from ..data import Dataset
-from ..errors import CompressionError
-from ..evaluate import compare_outputs
-from ..lowrank import grouped_weight
-from ..lowrank_plan import (Budget, BudgetOptions, Target, apply_factors, fill_report, find_targets,
-                            load_latency_table, plan_ranks)
-from ..registry import register_method
-from ..report import CompressionReport
-from ..stats import STATS_DTYPES, collect_moments
-from ..whiten import projected_factors, whitened_output_basis
+from ...core.allocate import KEEP, total_cost
+from ...core.cache import data_key, entry_key, load_entry, model_key, save_entry
+from ...core.data import Dataset
+from ...core.errors import CompressionError
+from ...core.lowrank import grouped_weight
+from ...core.lowrank_plan import (Budget, BudgetOptions, Target, apply_factors, fill_report, find_targets,
+                                  load_latency_table, plan_ranks, rank_multiple_defaults)
+from ...core.report import CompressionReport
+from ...core.spec import MethodSpec
+from ...core.stats import STATS_DTYPES, collect_moments
+from .whiten import projected_factors, whitened_output_basis
 
-__all__ = ["FactorizeConfig", "LayerBasis", "factorize_compress", "layer_bases"]
+__all__ = ["FactorizeConfig", "LayerBasis", "factorize_compress", "layer_bases", "SPEC"]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,10 @@ class FactorizeConfig(BudgetOptions):
         """The validated :class:`Budget`, with the configured ``latency`` target unless one is given."""
         return super().budget(self.latency if latency is None else latency)
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_size < 1:
+            raise CompressionError(f"--batch-size must be >= 1, got {self.batch_size}")
         if not 0.0 <= self.eig_threshold < 1.0:
             raise CompressionError(f"--eig-threshold must lie in [0, 1), got {self.eig_threshold}")
         if self.memory_cap_bytes < 1 << 20:
@@ -202,30 +204,29 @@ def _annotate(report: CompressionReport, bases: dict[str, LayerBasis], ranks: di
                         "factors: first = U_r^T W, second = U_r (orthonormal)")
 
 
-@register_method("factorize", FactorizeConfig,
-                 "activation-aware (whitened) factorisation into layer pairs with a budgeted rank allocator")
 def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
                        ) -> tuple[nn.Module, CompressionReport]:
     """Factorise every Linear/Conv layer on its calibration-whitened spectrum under the configured budget."""
     budget = config.budget()
-    config.validate()
     tables, keeps = load_latency_table(config.latency_table) if config.latency_table else (None, None)
     report = CompressionReport("factorize", asdict(config))
     example = data.x[: min(len(data), 8)]
-    targets, skipped, _ = find_targets(model, example, config.exclude)
+    targets, skipped, table = find_targets(model, example, config.exclude)
     bases = layer_bases(model, data, targets, config, report)
     spectra = {n: b.spectrum for n, b in bases.items()}
     t0 = time.perf_counter()
     ranks, options = plan_ranks(targets, spectra, budget, tables, keeps)
     new = apply_factors(model, targets, _factors(targets, bases, ranks)).eval()
     report.timings_s["allocate_and_build"] = time.perf_counter() - t0
-    fill_report(report, model, new, example, targets, skipped, ranks, spectra)
+    fill_report(report, table, targets, skipped, ranks, spectra)
     _annotate(report, bases, ranks, config)
     if tables is not None:
         report.predicted["factorizable_table_latency_ratio"] = (total_cost(options, ranks)
                                                                 / max(sum(o.keep_cost for o in options), 1e-300))
-    t0 = time.perf_counter()
-    report.measured.update(compare_outputs(model, new, data, config.batch_size))
-    report.timings_s["measure"] = time.perf_counter() - t0
     return new, report
+
+
+SPEC = MethodSpec("factorize",
+                  "activation-aware (whitened) factorisation into layer pairs with a budgeted rank allocator",
+                  FactorizeConfig, factorize_compress, provider_defaults=rank_multiple_defaults)
 

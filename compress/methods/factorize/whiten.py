@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...core.linalg import eigh_desc
+
 __all__ = ["WhitenedBasis", "whitened_output_basis", "projected_factors", "activation_distortion"]
 
 
@@ -20,17 +22,6 @@ class WhitenedBasis:
     sq_values: torch.Tensor
     route: str
     eigh_fell_back: bool
-
-
-def _eigh_desc(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """eigh of a symmetric matrix, eigenvalues descending; falls back to SVD (flag True) if eigh fails."""
-    a = 0.5 * (a + a.T)
-    try:
-        lam, q = torch.linalg.eigh(a)
-        return lam.flip(0), q.flip(1), False
-    except RuntimeError:  # torch.linalg.LinAlgError subclasses RuntimeError
-        u, s, _ = torch.linalg.svd(a)
-        return s, u, True
 
 
 def whitened_output_basis(w: torch.Tensor, moment: torch.Tensor, rel_threshold: float = 1e-10
@@ -45,19 +36,29 @@ def whitened_output_basis(w: torch.Tensor, moment: torch.Tensor, rel_threshold: 
     rank-deficient M, no diagonal shift), W = Q_w R_w and a full SVD of the d×k matrix R_w S, so that the
     basis Q_w U' spans W's column space and full rank reproduces W even where M is singular.
 
-    Args:
-        w: (o, d) weight. moment: (d, d) uncentered second moment of the layer's input rows.
-    Returns:
-        basis (o, min(o, d)) with orthonormal columns, squared singular values (min(o, d),) descending, and
-        which route ran and whether an eigh fell back to SVD.
+    Parameters
+    ----------
+    w : torch.Tensor
+        Weight (o, d) of one group of the layer.
+    moment : torch.Tensor
+        Uncentred second moment M = E[xxᵀ] (d, d) of the layer's input rows.
+    rel_threshold : float, optional
+        Eigenvalues of M (or of WMWᵀ) below this fraction of the largest are treated as zero.
+
+    Returns
+    -------
+    WhitenedBasis
+        ``basis`` (o, min(o, d)) with orthonormal columns, ``sq_values`` (min(o, d),) the squared whitened
+        singular values descending (the distortion of rank r is their tail sum), ``route`` (``"output"`` or
+        ``"whiten"``) and ``eigh_fell_back``.
     """
     w, m = w.double(), moment.double()
     o, d = w.shape
     if o < d:
-        lam, u, fell_back = _eigh_desc(w @ m @ w.T)
+        lam, u, fell_back = eigh_desc(w @ m @ w.T)
         sq = torch.where(lam > rel_threshold * lam[0].clamp_min(0), lam, torch.zeros_like(lam))
         return WhitenedBasis(u, sq, "output", fell_back)
-    lam, q, fell_back = _eigh_desc(m)
+    lam, q, fell_back = eigh_desc(m)
     keep = lam > rel_threshold * lam[0].clamp_min(0)
     q_w, r_w = torch.linalg.qr(w)  # WS = Q_w (R_w S): only a d×k SVD, and U stays inside W's column space
     u, sig, _ = torch.linalg.svd(r_w @ (q[:, keep] * lam[keep].sqrt()), full_matrices=True)
@@ -67,16 +68,45 @@ def whitened_output_basis(w: torch.Tensor, moment: torch.Tensor, rel_threshold: 
 
 
 def projected_factors(w: torch.Tensor, basis: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Factors of Ŵ = U_r U_rᵀ W: (first = U_rᵀ W of shape (r, d), second = U_r of shape (o, r)).
+    """Factors of Ŵ = U_r U_rᵀ W, the projection onto the whitened output basis (SVD-LLM, Wang et al. 2024).
 
     The split puts the orthonormal basis second, so no singular value is ever divided by; W's component on
     inputs never seen in calibration is kept rather than zeroed.
+
+    Parameters
+    ----------
+    w : torch.Tensor
+        Weight (o, d).
+    basis : torch.Tensor
+        Output basis U (o, q) with orthonormal columns, from :func:`whitened_output_basis`.
+    rank : int
+        Rank r kept, ``r <= q``.
+
+    Returns
+    -------
+    first : torch.Tensor
+        U_rᵀ W, shape (r, d), float64.
+    second : torch.Tensor
+        U_r, shape (o, r), float64.
     """
     u = basis[:, :rank].double()
     return u.T @ w.double(), u
 
 
 def activation_distortion(w: torch.Tensor, w_hat: torch.Tensor, moment: torch.Tensor) -> float:
-    """E‖(W − Ŵ)x‖² = tr((W − Ŵ) M (W − Ŵ)ᵀ) for M = E[xxᵀ]."""
+    """Expected output distortion E‖(W − Ŵ)x‖² = tr((W − Ŵ) M (W − Ŵ)ᵀ) for M = E[xxᵀ].
+
+    Parameters
+    ----------
+    w, w_hat : torch.Tensor
+        Original and approximated weights (o, d).
+    moment : torch.Tensor
+        Uncentred second moment M (d, d) of the inputs.
+
+    Returns
+    -------
+    float
+        The distortion, computed in float64.
+    """
     e = w.double() - w_hat.double()
     return float(torch.einsum("od,de,oe->", e, moment.double(), e))

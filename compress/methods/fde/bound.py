@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .chain import ActSpec, Chain
+from ...core.chain import ActSpec, Chain
 
 __all__ = ["Perturbation", "GLOBAL_LIPSCHITZ", "act_interval", "local_lipschitz", "interval_bounds",
            "step_bound"]

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import CompressionError
-from ..report import LayerReport
-from .chain import ACT_KINDS, ActSpec, _flat_modules, fold_bn_after
+from ...core.chain import ACT_KINDS, ActSpec, _flat_modules, fold_bn_after
+from ...core.errors import CompressionError
+from ...core.report import LayerReport
 from .partition import MergeStep, RefineResult, from_input_blocks, input_blocks
 
 __all__ = ["ConvGeometry", "ConvChain", "is_conv_chain", "extract_conv_chain", "conv_chain_forward",

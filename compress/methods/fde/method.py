@@ -1,6 +1,6 @@
-"""``fde``: ε-forward-differential-equivalence neuron merging of MLPs (maths in :mod:`compress.fde`).
+"""``fde``: ε-forward-differential-equivalence neuron merging of MLPs (maths in :mod:`.partition` and :mod:`.bound`).
 
-Plain sequential CNNs take the channel path (:mod:`compress.fde.conv`): BatchNorm folded, channels exactly 0
+Plain sequential CNNs take the channel path (:mod:`.conv`): BatchNorm folded, channels exactly 0
 on the calibration data dropped, conv channels merged by whole filters, no sum merges and no bound.
 
 Pipeline: fold BatchNorm → remove neurons constant on the calibration data (dead ReLUs; a separate, reported
@@ -17,22 +17,19 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from ..costs import count_costs
-from ..data import Dataset
-from ..demo_case import DemoCase, DemoRun
-from ..errors import CompressionError
-from ..evaluate import compare_outputs
-from ..fde import box_samples, build_sequential, chain_forward, extract_chain, refine, remove_all_constant
-from ..fde.chain import Chain, chain_layer_reports
-from ..fde.conv import (ConvChain, build_conv_sequential, conv_chain_forward, conv_layer_reports, extract_conv_chain,
-                        is_conv_chain, remove_zero_channels)
-from ..fde.partition import RefineResult
-from ..pruning import FinetuneOptions, finetune
-from ..registry import register_method
-from ..report import CompressionReport
-from .pruning import MagnitudeConfig
+from ...core.chain import Chain, build_sequential, chain_forward, chain_layer_reports, extract_chain
+from ...core.data import Dataset
+from ...core.demo_case import DemoCase, DemoRun
+from ...core.errors import CompressionError
+from ...core.evaluate import compare_outputs
+from ...core.report import CompressionReport
+from ...core.spec import MethodSpec
+from ...core.train import FinetuneOptions, finetune
+from .conv import (ConvChain, build_conv_sequential, conv_chain_forward, conv_layer_reports, extract_conv_chain,
+                   is_conv_chain, remove_zero_channels)
+from .partition import RefineResult, box_samples, refine, remove_all_constant
 
-__all__ = ["FDEConfig", "fde_compress", "input_box", "demo_case"]
+__all__ = ["FDEConfig", "fde_compress", "input_box", "demo_case", "SPEC"]
 
 
 @dataclass
@@ -70,10 +67,14 @@ class FDEConfig(FinetuneOptions):
         default=4096,
         metadata={"help": "Points sampled in the input box to measure the error bound, >= 1; default 4096."})
 
-    def validate(self) -> "FDEConfig":
-        if self.eps < 0 or self.box_margin < 0 or self.finetune_epochs < 0 or self.max_sweeps < 1:
-            raise CompressionError("--eps, --box-margin and --finetune-epochs must be >= 0, --max-sweeps >= 1")
-        return self
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for flag, value in (("--eps", self.eps), ("--box-margin", self.box_margin)):
+            if value < 0:
+                raise CompressionError(f"{flag} must be >= 0, got {value}")
+        for flag, value in (("--max-sweeps", self.max_sweeps), ("--bound-samples", self.bound_samples)):
+            if value < 1:
+                raise CompressionError(f"{flag} must be >= 1, got {value}")
 
 
 def input_box(x: torch.Tensor, margin: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,12 +99,6 @@ def _layer_details(dead: RefineResult, merged: RefineResult, before: Chain | Con
     return details
 
 
-def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, example: torch.Tensor) -> None:
-    before, after = count_costs(model, example), count_costs(new, example)
-    report.params_before, report.params_after = before.total_params, after.total_params
-    report.macs_before, report.macs_after = before.macs, after.macs
-
-
 def _fde_cnn(model: nn.Module, data: Dataset, cfg: FDEConfig, report: CompressionReport) -> nn.Module:
     """The channel path: merge conv channels (whole filters) and head neurons by value/scaled equivalence."""
     original = extract_conv_chain(model)
@@ -114,7 +109,6 @@ def _fde_cnn(model: nn.Module, data: Dataset, cfg: FDEConfig, report: Compressio
     merged = refine(dead.chain, cfg.eps, scaling=cfg.scaling, sums=False, max_sweeps=cfg.max_sweeps)
     report.timings_s["partition"] = time.perf_counter() - t0
     new = build_conv_sequential(merged.chain)
-    _fill(report, model, new, data.x[:8])
     report.layers = conv_layer_reports(original, merged.chain, _layer_details(dead, merged, original))
     report.predicted.update({
         "output_deviation_bound": None, "hidden_widths": merged.chain.widths,
@@ -141,7 +135,6 @@ def _fde_mlp(model: nn.Module, data: Dataset, cfg: FDEConfig, report: Compressio
                     box=box)
     report.timings_s["partition"] = time.perf_counter() - t0
     new = build_sequential(merged.chain)
-    _fill(report, model, new, data.x[:8])
     report.layers = chain_layer_reports(original, merged.chain, "merged", _layer_details(dead, merged, original))
     bound = sum(b for b in (dead.bound, merged.bound) if b is not None)
     probe = box_samples(*box, cfg.bound_samples, cfg.seed)
@@ -154,6 +147,7 @@ def _fde_mlp(model: nn.Module, data: Dataset, cfg: FDEConfig, report: Compressio
         "dead_removed": sum(original.widths) - sum(dead.chain.widths),
         "sweeps": merged.sweeps,
     })
+    report.bounds["output"] = report.predicted["output_deviation_bound"]
     report.measured["max_output_deviation_box_float64"] = float((y0 - y1).abs().max())
     report.measured["max_output_deviation_data_float64"] = float(
         (chain_forward(original, data.x) - chain_forward(merged.chain, data.x)).abs().max())
@@ -161,15 +155,14 @@ def _fde_mlp(model: nn.Module, data: Dataset, cfg: FDEConfig, report: Compressio
     return new
 
 
-@register_method("fde", FDEConfig, "ε-FDE merging of MLP neurons and conv channels (lump equivalent ones)")
 def fde_compress(model: nn.Module, data: Dataset, config: FDEConfig) -> tuple[nn.Module, CompressionReport]:
     """Merge neurons (conv channels) whose incoming (or, for linear MLP layers, outgoing) coefficients agree
     within ``eps``."""
-    cfg = config.validate()
+    cfg = config
     report = CompressionReport("fde", asdict(cfg))
     new = (_fde_cnn if is_conv_chain(model) else _fde_mlp)(model, data, cfg, report)
-    report.measured.update(compare_outputs(model, new, data))
     if cfg.finetune_epochs > 0:
+        report.measured.update(compare_outputs(model, new, data))
         t0 = time.perf_counter()
         finetune(new, data, cfg.finetune_epochs, cfg.finetune_lr, cfg.seed)
         report.timings_s["finetune"] = time.perf_counter() - t0
@@ -182,9 +175,10 @@ def demo_case(quick: bool = True) -> DemoCase:
     """An over-parameterised ReLU MLP (4 → 256 → 256 → 4, seeded) trained on the reaction-network flow map,
     with ``fde`` (ε = 0.3), the same merge fine-tuned, and magnitude pruning to the same hidden widths (so all
     three compressed variants have matched parameter counts)."""
-    from ..dynamics import flow_map
-    from ..models import mlp
-    from ..train import TrainConfig, train
+    from ...core.train import TrainConfig, train
+    from ...dynamics import flow_map
+    from ...models import mlp
+    from ...registry import get_method
 
     tr, te = flow_map("reaction", n=2000 if quick else 4000, seed=0)
     torch.manual_seed(0)
@@ -196,6 +190,10 @@ def demo_case(quick: bool = True) -> DemoCase:
     tuned = FDEConfig(eps=cfg.eps, finetune_epochs=5 if quick else 15, finetune_lr=1e-3)
     runs = [DemoRun("fde ε=0.3", "fde", cfg),
             DemoRun("fde ε=0.3 + fine-tune", "fde", tuned),
-            DemoRun("magnitude (same widths)", "magnitude", MagnitudeConfig(widths=widths))]
+            DemoRun("magnitude (same widths)", "magnitude", get_method("magnitude").config_cls(widths=widths))]
     return DemoCase("reaction-mlp", model.eval(), tr, te, runs,
                     notes=[f"ReLU MLP 4→256→256→4 on the A+B⇌C→D+B flow map (Δt = 0.1); fde keeps widths {widths}"])
+
+
+SPEC = MethodSpec("fde", "ε-FDE merging of MLP neurons and conv channels (lump equivalent ones)", FDEConfig,
+                  fde_compress, demo_case=demo_case, report_fields=("bounds",))

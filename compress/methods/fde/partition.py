@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .bound import Perturbation, step_bound
-from .chain import Chain, chain_forward
+from ...core.chain import Chain, chain_forward
 
 __all__ = ["leader_clusters", "rounding_tolerance", "input_blocks", "from_input_blocks", "value_merge", "sum_merge",
            "remove_constant", "remove_all_constant", "box_samples", "MergeStep", "RefineResult", "refine"]
@@ -207,9 +207,30 @@ def _record(result: RefineResult, before: Chain, after: Chain, pert: Perturbatio
 
 def refine(chain: Chain, eps: float, *, scaling: bool = True, sums: bool = True, max_sweeps: int = 50,
            box: tuple[torch.Tensor, torch.Tensor] | None = None) -> RefineResult:
-    """Sweep value merges forward and sum merges backward until a full sweep changes nothing.
+    """Partition refinement to a fixpoint: sweep value merges forward and sum merges backward until a full
+    sweep changes nothing (forward differential equivalence of Cardelli, Tribastone, Tschaikowski & Vandin, "Symbolic
+    computation of differential equivalences", POPL 2016, relaxed by ε and applied layer by layer to a
+    network read as a dynamical system).
 
-    With ``box = (lo, hi)`` every step's output-deviation bound over the input box is added up.
+    Parameters
+    ----------
+    chain : Chain
+        The MLP as a chain of Linear layers and activations.
+    eps : float
+        Merge tolerance relative to each layer's largest coefficient, >= 0 (0: exact up to rounding).
+    scaling : bool, optional
+        Also merge neurons whose coefficients are positive multiples (ReLU/LeakyReLU/identity).
+    sums : bool, optional
+        Also merge by forward (sum) equivalence on identity layers.
+    max_sweeps : int, optional
+        Upper bound on the number of sweeps.
+    box : tuple of torch.Tensor, optional
+        Input box ``(lo, hi)``; when given, every step's output-deviation bound over it is added up.
+
+    Returns
+    -------
+    RefineResult
+        The merged chain, the merge steps, the number of sweeps and the accumulated bound (with ``box``).
     """
     result = RefineResult(chain)
     for sweep in range(max_sweeps):

@@ -1,15 +1,18 @@
-"""State-space (SSM) layers, their Gramians and Hankel singular values, balanced truncation, modal forms."""
+"""``ssm``: balanced truncation of state-space (SSM) layers — the layers, their Gramians and Hankel singular values,
+balanced truncation, modal forms, and the method."""
 
-from . import costs as _costs  # noqa: F401  (registers the SSM MAC rules)
+from . import mac_rules as _mac_rules  # noqa: F401  (registers the SSM MAC rules)
 from .balance import (BalancedResult, balanced_truncation, order_from_energy, order_from_trunc,
                       orders_from_budget, truncation_bound)
 from .gramians import dense_gramians, hankel_nuclear_norm, hankel_singular_values, rotation_gramians
 from .layers import SSM_LAYERS, DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
 from .modal import ModalForm, real_modal_form, real_schur_form
-from .models import SSMBlock, SSMClassifier, hankel_regulariser
+from .classifier import SSMBlock, SSMClassifier, hankel_regulariser
+from .method import SPEC, SSMConfig, demo_case, find_ssm_layers, layer_gramians, ssm_compress
 from .system import StateSpace, change_basis, impulse_response, random_stable_system, simulate
 
-__all__ = ["BalancedResult", "balanced_truncation", "order_from_energy", "order_from_trunc",
+__all__ = ["SPEC", "SSMConfig", "demo_case", "find_ssm_layers", "layer_gramians", "ssm_compress",
+           "BalancedResult", "balanced_truncation", "order_from_energy", "order_from_trunc",
            "orders_from_budget", "truncation_bound", "dense_gramians", "hankel_nuclear_norm",
            "hankel_singular_values", "rotation_gramians", "SSM_LAYERS", "DenseSSM", "DiagonalSSM", "ModalSSM",
            "RotationSSM", "SchurSSM", "ModalForm", "real_modal_form", "real_schur_form", "SSMBlock",

@@ -13,7 +13,7 @@ import numpy as np
 import scipy.linalg
 import torch
 
-from ..linalg import psd_sqrt
+from ...core.linalg import psd_sqrt
 from .system import StateSpace
 
 __all__ = ["rotation_gramians", "dense_gramians", "hankel_singular_values", "hankel_nuclear_norm"]
@@ -37,16 +37,50 @@ def _rotation_gramian(rho: torch.Tensor, alpha: torch.Tensor, b: torch.Tensor) -
 
 def rotation_gramians(rho: torch.Tensor, alpha: torch.Tensor, b: torch.Tensor,
                       c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(P, Q) for A = diag(ρ_i R(α_i)) in O(n²) work: the q² independent 2×2 Stein equations solved in
-    closed form (differentiable). Q uses Aᵀ = diag(ρ_i R(−α_i)) and Cᵀ in place of B.
+    """Reachability and observability Gramians of the rotation-block system A = diag(ρ_i R(α_i)) in O(n²) work.
 
-    Leading batch dimensions of all arguments are allowed (e.g. several equal-size layers at once).
+    The q² independent 2×2 Stein equations A_i X A_jᵀ − X = −B_i B_jᵀ are solved in closed form
+    (differentiable). Q uses Aᵀ = diag(ρ_i R(−α_i)) and Cᵀ in place of B. Leading batch dimensions of all
+    arguments are allowed (e.g. several equal-size layers at once).
+
+    Parameters
+    ----------
+    rho : torch.Tensor
+        Block radii (..., q), in (0, 1).
+    alpha : torch.Tensor
+        Block angles (..., q).
+    b : torch.Tensor
+        Input matrix (..., 2q, m).
+    c : torch.Tensor
+        Output matrix (..., p, 2q).
+
+    Returns
+    -------
+    P, Q : torch.Tensor
+        Gramians (..., 2q, 2q): P = Σ_k A^k B Bᵀ (Aᵀ)^k and Q = Σ_k (Aᵀ)^k Cᵀ C A^k.
     """
     return _rotation_gramian(rho, alpha, b), _rotation_gramian(rho, -alpha, c.transpose(-1, -2))
 
 
 def dense_gramians(sys: StateSpace) -> tuple[torch.Tensor, torch.Tensor]:
-    """(P, Q) of a dense stable system by scipy's ``solve_discrete_lyapunov`` (float64, not differentiable)."""
+    """Gramians of a dense stable discrete-time system from the Stein (discrete Lyapunov) equations
+    A P Aᵀ − P + B Bᵀ = 0 and Aᵀ Q A − Q + Cᵀ C = 0, by scipy's ``solve_discrete_lyapunov`` (bilinear).
+
+    Parameters
+    ----------
+    sys : StateSpace
+        System (A, B, C, D) with all |eig(A)| < 1.
+
+    Returns
+    -------
+    P, Q : torch.Tensor
+        Reachability and observability Gramians (n, n), float64, symmetrised; not differentiable.
+
+    Raises
+    ------
+    ValueError
+        If A is not stable.
+    """
     a, b, c = (t.detach().double().cpu().numpy() for t in (sys.a, sys.b, sys.c))
     if np.abs(np.linalg.eigvals(a)).max(initial=0.0) >= 1:
         raise ValueError("Gramians need a stable A (all |eig| < 1); this layer is unstable")
@@ -57,9 +91,18 @@ def dense_gramians(sys: StateSpace) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def hankel_singular_values(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """σ_i = sqrt(eig(PQ)) by the symmetric route σ² = eigvalsh(Lᵀ Q L), P = L Lᵀ (eigh square root).
+    """Hankel singular values σ_i = sqrt(eig(PQ)) (Glover 1984), by the symmetric route
+    σ² = eigvalsh(Lᵀ Q L) with P = L Lᵀ (eigh square root), stable when P or Q is only semidefinite.
 
-    Float64, descending, clipped at zero; stable when P or Q is only semidefinite.
+    Parameters
+    ----------
+    p, q : torch.Tensor
+        Reachability and observability Gramians (n, n), symmetric PSD.
+
+    Returns
+    -------
+    torch.Tensor
+        σ (n,), float64, descending, clipped at zero.
     """
     lp = psd_sqrt(p)
     m = lp.T @ q.double() @ lp
@@ -68,9 +111,21 @@ def hankel_singular_values(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def hankel_nuclear_norm(p: torch.Tensor, q: torch.Tensor, jitter: float = 1e-9) -> torch.Tensor:
-    """Σ_i σ_i = ‖L_Qᵀ L_P‖_* with Cholesky factors of P + εI, Q + εI (differentiable; batched).
+    """Hankel nuclear norm Σ_i σ_i = ‖L_Qᵀ L_P‖_*, the training regulariser of Schwerdtner et al., "Hankel singular value regularization for highly compressible state space models".
 
-    The paper's regulariser (its Eq. for the Hankel nuclear norm). ε is relative to the mean diagonal.
+    Cholesky factors of P + εI and Q + εI make it differentiable; ε is ``jitter`` times the mean diagonal.
+
+    Parameters
+    ----------
+    p, q : torch.Tensor
+        Gramians (..., n, n), symmetric PSD; leading batch dimensions allowed.
+    jitter : float, optional
+        Relative diagonal shift ε before the Cholesky factorisations.
+
+    Returns
+    -------
+    torch.Tensor
+        Σ σ_i (...,), differentiable with respect to ``p`` and ``q``.
     """
     eye = torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
     eps_p = jitter * p.diagonal(0, -2, -1).mean(-1)[..., None, None].detach()

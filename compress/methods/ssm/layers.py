@@ -1,4 +1,5 @@
-"""SSM layers: the paper's stable rotation-block layer, adapters (dense, S5/S4D diagonal), the modal layer.
+"""SSM layers: the stable rotation-block layer of Schwerdtner et al., "Hankel singular value regularization for
+highly compressible state space models", adapters (dense, S5/S4D diagonal), the modal layer.
 
 All layers map ``u`` (batch, length, h_in) to ``y`` (batch, length, h_out) with
 x_{k+1} = A x_k + B u_k, y_k = C x_k + D u_k from zero state. The rotation-block and modal layers run
@@ -168,7 +169,7 @@ class _RotationPairs(nn.Module):
 
 
 class RotationSSM(_RotationPairs):
-    """The paper's stable layer: A = diag(ρ_i R(α_i)), ρ = (1 + tanh a)/2 ∈ (0,1), α = π(1 + tanh b)/2 ∈ (0,π).
+    """The stable layer of Schwerdtner et al. (Hankel singular value regularisation): A = diag(ρ_i R(α_i)), ρ = (1 + tanh a)/2 ∈ (0,1), α = π(1 + tanh b)/2 ∈ (0,π).
 
     B (n × h_in) and C (h_out × n) are dense, D is diagonal (h_in = h_out). ``n`` must be even.
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..costs import register_mac_rule
+from ...core.costs import register_mac_rule
 from .layers import DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
 
 __all__ = ["ssm_macs"]

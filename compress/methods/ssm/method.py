@@ -15,23 +15,23 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..costs import count_costs
-from ..data import Dataset
-from ..demo_case import DemoCase, DemoRun
-from ..errors import CompressionError, require_finite
-from ..evaluate import compare_outputs, eval_mode, hooks_removed
-from ..registry import register_method
-from ..report import CompressionReport, LayerReport
-from ..ssm.balance import (balanced_truncation, order_from_energy, order_from_trunc, orders_from_budget,
-                           truncation_bound)
-from ..ssm.gramians import dense_gramians, hankel_singular_values, rotation_gramians
-from ..ssm.layers import SSM_LAYERS, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
-from ..ssm.modal import real_modal_form, real_schur_form
-from ..ssm.system import StateSpace
-from ..ssm.training import SSMTrainSpec, train_ssm_classifier
-from ..surgery import replace_modules
+from ...core.costs import count_costs
+from ...core.data import Dataset
+from ...core.demo_case import DemoCase, DemoRun
+from ...core.errors import CompressionError, require_finite
+from ...core.evaluate import eval_mode, hooks_removed
+from ...core.report import CompressionReport, LayerReport
+from ...core.spec import MethodSpec
+from ...core.surgery import replace_modules
+from . import mac_rules  # noqa: F401  (registers the SSM MAC rules)
+from .balance import balanced_truncation, order_from_energy, order_from_trunc, orders_from_budget, truncation_bound
+from .gramians import dense_gramians, hankel_singular_values, rotation_gramians
+from .layers import SSM_LAYERS, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
+from .modal import real_modal_form, real_schur_form
+from .system import StateSpace
+from .training import SSMTrainSpec, train_ssm_classifier
 
-__all__ = ["SSMConfig", "ssm_compress", "layer_gramians", "find_ssm_layers", "demo_case"]
+__all__ = ["SSMConfig", "ssm_compress", "layer_gramians", "find_ssm_layers", "demo_case", "SPEC"]
 
 log = logging.getLogger(__name__)
 Gramians = tuple[torch.Tensor, torch.Tensor]
@@ -68,12 +68,19 @@ class SSMConfig:
         default=(),
         metadata={"help": "Qualified name of a layer to leave unchanged (e.g. fc or blocks.0.ssm); default none."})
 
-    def validate(self) -> "SSMConfig":
+    def __post_init__(self) -> None:
         given = [k for k in ("trunc", "energy", "state_budget") if getattr(self, k) is not None]
         if len(given) > 1:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
             raise CompressionError(f"give only one of --trunc / --energy / --state-budget, got {flags}")
-        return self
+        if self.trunc is not None and not 0.0 <= self.trunc < 1.0:
+            raise CompressionError(f"--trunc must lie in [0, 1), got {self.trunc}")
+        if self.energy is not None and not 0.0 < self.energy <= 1.0:
+            raise CompressionError(f"--energy must lie in (0, 1], got {self.energy}")
+        for flag, value in (("--state-budget", self.state_budget), ("--max-len", self.max_len),
+                            ("--calib-samples", self.calib_samples)):
+            if value is not None and value < 1:
+                raise CompressionError(f"{flag} must be >= 1, got {value}")
 
 
 def _modal_gramians(layer: nn.Module) -> Gramians:
@@ -99,7 +106,7 @@ def find_ssm_layers(model: nn.Module, exclude: tuple[str, ...] = ()) -> dict[str
     found = {n: m for n, m in model.named_modules() if isinstance(m, SSM_LAYERS) and n not in exclude}
     if not found:
         raise CompressionError("the model has no SSM layer to reduce (RotationSSM, DiagonalSSM, DenseSSM, "
-                               "ModalSSM); wrap your layer with an adapter from compress.ssm.layers")
+                               "ModalSSM); wrap your layer with an adapter from compress.methods.ssm.layers")
     return found
 
 
@@ -147,10 +154,9 @@ def _gain_error(old: nn.Module, new: nn.Module, u: torch.Tensor) -> float:
     return float((err / u.double().flatten(1).norm(dim=1).clamp_min(1e-30)).max())
 
 
-@register_method("ssm", SSMConfig, "balanced truncation + real modal form of SSM layers (HSV-regularised)")
 def ssm_compress(model: nn.Module, data: Dataset, config: SSMConfig) -> tuple[nn.Module, CompressionReport]:
     """Reduce every SSM layer by square-root balanced truncation and emit a real modal ModalSSM."""
-    cfg = config.validate()
+    cfg = config
     report = CompressionReport("ssm", asdict(cfg))
     layers = find_ssm_layers(model, cfg.exclude)
     t0 = time.perf_counter()
@@ -168,14 +174,13 @@ def ssm_compress(model: nn.Module, data: Dataset, config: SSMConfig) -> tuple[nn
     new = replace_modules(model, new_layers).eval()
     report.timings_s["reduce"] = time.perf_counter() - t0
     _fill_report(report, model, new, data.take(cfg.calib_samples), layers, new_layers, hsvs, infos)
-    report.measured.update(compare_outputs(model, new, data))
     return new, report
 
 
 def _fill_report(report: CompressionReport, model: nn.Module, new: nn.Module, calib: Dataset,
                  layers: dict[str, nn.Module], new_layers: dict[str, nn.Module],
                  hsvs: dict[str, torch.Tensor], infos: dict[str, dict]) -> None:
-    """Per-layer orders, HSVs, bound vs measured gain error; whole-model params and MACs."""
+    """Per-layer orders, HSVs, bound vs measured gain error, per-layer params and MACs."""
     inputs = _layer_inputs(model, list(layers), calib.x)
     example = calib.x[: min(len(calib), 8)]
     before, after = count_costs(model, example), count_costs(new, example)
@@ -191,15 +196,12 @@ def _fill_report(report: CompressionReport, model: nn.Module, new: nn.Module, ca
             name, type(layer).__name__, "reduced", params_before=sum(p.numel() for p in layer.parameters()),
             params_after=sum(p.numel() for p in new_layer.parameters()), macs_before=mb, macs_after=ma,
             rank=r, full_rank=n, details=details))
-        report.predicted[f"{name}.bound"] = truncation_bound(hsv, r)
+        report.bounds[name] = report.predicted[f"{name}.bound"] = truncation_bound(hsv, r)
         report.measured[f"{name}.gain_error"] = measured
-    report.params_before, report.params_after = before.total_params, after.total_params
-    report.macs_before, report.macs_after = before.macs, after.macs
-    report.not_counted = after.not_counted
     report.notes.append("bound: ‖y − ŷ‖₂ ≤ 2‖u‖₂ Σ_{i>r} σ_i per layer (zero initial state); "
                         "measured: max over calibration sequences of ‖y − ŷ‖₂/‖u‖₂ at the layer's own input")
     report.notes.append(f"SSM MACs: the recurrence's cost per time step × sequence length {calib.x.shape[1]} "
-                        "(compress.ssm.costs)")
+                        "(compress.methods.ssm.mac_rules)")
 
 
 def demo_case(quick: bool = True) -> DemoCase:
@@ -207,7 +209,7 @@ def demo_case(quick: bool = True) -> DemoCase:
 
     Runs: balanced truncation at 50% and 70% of the states. Input (batch, 64, 1); the sequence axis is dynamic.
     """
-    from ..datasets import sequential_digits
+    from ...datasets import sequential_digits
 
     train, test = sequential_digits(seed=0)
     spec = SSMTrainSpec(epochs=12 if quick else 30)
@@ -216,3 +218,7 @@ def demo_case(quick: bool = True) -> DemoCase:
     notes = [f"SSMClassifier(features={spec.features}, state={spec.state}, depth={spec.depth}) trained "
              f"{spec.epochs} epochs with Hankel nuclear-norm weight {spec.reg_weight} (seed {spec.seed})"]
     return DemoCase("ssm-sequential-digits", model, train, test, runs, dynamic_dims={1: "seq"}, notes=notes)
+
+
+SPEC = MethodSpec("ssm", "balanced truncation + real modal form of SSM layers (HSV-regularised)", SSMConfig,
+                  ssm_compress, demo_case=demo_case, report_fields=("bounds",))

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..data import Dataset
-from ..train import ProgressFn, TrainConfig, TrainResult, train
-from .models import SSMClassifier, hankel_regulariser
+from ...core.data import Dataset
+from ...core.train import ProgressFn, TrainConfig, TrainResult, train
+from .classifier import SSMClassifier, hankel_regulariser
 
 __all__ = ["SSMTrainSpec", "train_ssm_classifier"]
 

@@ -12,16 +12,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data import Dataset
-from ..evaluate import compare_outputs
-from ..linalg import truncated_svd_factors
-from ..lowrank import grouped_weight
-from ..lowrank_plan import BudgetOptions, apply_factors, fill_report, find_targets, plan_ranks
-from ..allocate import KEEP
-from ..registry import register_method
-from ..report import CompressionReport
+from ...core.allocate import KEEP
+from ...core.data import Dataset
+from ...core.linalg import truncated_svd_factors
+from ...core.lowrank import grouped_weight
+from ...core.lowrank_plan import (BudgetOptions, apply_factors, fill_report, find_targets, plan_ranks,
+                                  rank_multiple_defaults)
+from ...core.report import CompressionReport
+from ...core.spec import MethodSpec
 
-__all__ = ["SVDConfig", "svd_compress", "svd_spectra"]
+__all__ = ["SVDConfig", "svd_compress", "svd_spectra", "SPEC"]
 
 
 @dataclass
@@ -39,14 +39,13 @@ def svd_spectra(layers: dict[str, nn.Module]) -> dict[str, np.ndarray]:
     return out
 
 
-@register_method("svd", SVDConfig, "plain truncated SVD into two layers (baseline)")
 def svd_compress(model: nn.Module, data: Dataset, config: SVDConfig) -> tuple[nn.Module, CompressionReport]:
     """Factorise every Linear/Conv layer by truncated SVD under the configured budget."""
     budget = config.budget()
     report = CompressionReport("svd", asdict(config))
     example = data.x[: min(len(data), 8)]
     t0 = time.perf_counter()
-    targets, skipped, _ = find_targets(model, example, config.exclude)
+    targets, skipped, table = find_targets(model, example, config.exclude)
     spectra = svd_spectra({t.name: t.layer for t in targets})
     ranks, _ = plan_ranks(targets, spectra, budget)
     factors = {}
@@ -58,6 +57,9 @@ def svd_compress(model: nn.Module, data: Dataset, config: SVDConfig) -> tuple[nn
         factors[t.name] = (torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs]))
     new = apply_factors(model, targets, factors).eval()
     report.timings_s["decompose"] = time.perf_counter() - t0
-    fill_report(report, model, new, example, targets, skipped, ranks, spectra)
-    report.measured.update(compare_outputs(model, new, data))
+    fill_report(report, table, targets, skipped, ranks, spectra)
     return new, report
+
+
+SPEC = MethodSpec("svd", "plain truncated SVD into two layers (baseline)", SVDConfig, svd_compress,
+                  provider_defaults=rank_multiple_defaults)

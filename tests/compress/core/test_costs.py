@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from compress import count_costs
-from compress.surgery import replace_modules
+from compress.core.surgery import replace_modules
 
 
 def test_closed_form_counts() -> None:
@@ -31,7 +31,7 @@ def test_replace_modules_works_on_a_copy() -> None:
 
 
 def test_ssm_layers_counted_by_their_registered_rule() -> None:
-    from compress.ssm import DenseSSM, RotationSSM
+    from compress.methods.ssm import DenseSSM, RotationSSM
 
     n, h, length = 8, 5, 13
     rot = RotationSSM(h, n)
@@ -46,7 +46,7 @@ def test_ssm_layers_counted_by_their_registered_rule() -> None:
 def test_duplicate_mac_rule_is_an_error() -> None:
     import pytest
 
-    from compress.costs import register_mac_rule
+    from compress.core.costs import register_mac_rule
 
     with pytest.raises(ValueError, match="already registered"):
         register_mac_rule(nn.Linear, lambda m, out: 0)

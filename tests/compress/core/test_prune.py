@@ -7,12 +7,15 @@ import torch
 from torch import nn
 
 from compress import compress
-from compress.data import Dataset
-from compress.fde import chain_forward, extract_chain
-from compress.methods.pruning import MagnitudeConfig, WandaConfig
+from compress.core.data import Dataset
+from compress.methods.fde import chain_forward, extract_chain
+from compress.methods.magnitude import MagnitudeConfig
+from compress.methods.wanda import WandaConfig
 from compress.models import mlp
-from compress.pruning import magnitude_scores, prune_chain, wanda_scores, widths_for_params
-from compress.realise import mlp_params
+from compress.core.prune import prune_chain, widths_for_params
+from compress.methods.magnitude import magnitude_scores
+from compress.methods.wanda import wanda_scores
+from compress.core.chain import mlp_params
 
 
 @pytest.fixture

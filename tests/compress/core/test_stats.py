@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.data import Dataset
-from compress.stats import collect_moments, conv_patches, layer_rows
+from compress.core.data import Dataset
+from compress.core.stats import collect_moments, conv_patches, layer_rows
 
 CONVS = [
     nn.Conv1d(4, 6, 3, stride=2, padding=1),

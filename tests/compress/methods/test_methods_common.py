@@ -16,18 +16,19 @@ import torch
 from torch import nn
 
 from compress import compress, method_names
-from compress.data import Dataset
+from compress.core.data import Dataset
 from compress.datasets import digits
 from compress.methods.cbalanced import CBalancedConfig
 from compress.methods.factorize import FactorizeConfig
 from compress.methods.fde import FDEConfig
-from compress.methods.pruning import MagnitudeConfig, WandaConfig
+from compress.methods.magnitude import MagnitudeConfig
+from compress.methods.wanda import WandaConfig
 from compress.methods.ssm import SSMConfig
 from compress.methods.svd import SVDConfig
 from compress.models import mlp
-from compress.ssm import SSMClassifier
-from compress.ssm.layers import DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
-from compress.ssm.models import SSMBlock
+from compress.methods.ssm import SSMClassifier
+from compress.methods.ssm.layers import DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
+from compress.methods.ssm.classifier import SSMBlock
 from export.onnx_export import to_onnx
 from export.verify import verify_parity
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from export.cli import cli, main
+from export.app.cli import cli, main
 
 FACTORY = """
 import torch
@@ -169,7 +169,7 @@ def test_unwritable_output_directory(workdir: Path, capsys: pytest.CaptureFixtur
 
 
 def test_slowdown_warnings_flag_int8_and_compressed() -> None:
-    from export.pipeline import CaseResult, slowdown_warnings
+    from export.app.pipeline import CaseResult, slowdown_warnings
 
     lat = lambda m, ms: {"model": m, "provider": "cpu", "batch_size": 1, "stats": {"p50_ms": ms}}  # noqa: E731
     bench = {"latency": [lat("original", 1.0), lat("svd", 1.2), lat("svd.int8", 1.5), lat("fz", 0.5),

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from compress import get_method, method_names
 from compress.allocate import ALLOCATORS
-from export.cli import cli
-from export.method_options import config_option_specs, field_docs, method_option_specs
+from export.app.cli import cli
+from export.app.method_options import config_option_specs, field_docs, method_option_specs
 
 
 def _wide_help() -> list[str]:

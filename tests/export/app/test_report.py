@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from export.report import plot_spectra, spectra_layers
+from export.app.report import plot_spectra, spectra_layers
 
 
 def _report(spectra: dict | None) -> dict:

@@ -9,13 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from compress.data import Dataset
-from compress.errors import CompressionError
-from compress.gramians import collect_gramians, default_state_points
-from compress.linalg import balanced_gramian, energy_rank, sym_eig_desc
+from compress.core.data import Dataset
+from compress.core.errors import CompressionError
+from compress.methods.cbalanced.empirical_gramians import collect_gramians, default_state_points
+from compress.core.linalg import balanced_gramian, energy_rank, sym_eig_desc
 from compress.methods.cbalanced import CBalancedConfig, analyse_states, budget_ranks, realise
 from compress.models import mlp
-from compress.realise import (insert_projections, mlp_params, refit_linear_chain, resize_sequential, resnet_params,
+from compress.core.chain import mlp_params
+from compress.methods.cbalanced.realise import (insert_projections, refit_linear_chain, resize_sequential, resnet_params,
                               sequential_params, stage_producers, uniform_width)
 from compress.registry import compress, get_method
 from export.onnx_export import to_onnx
@@ -169,7 +170,7 @@ def test_realised_models_export_with_parity(case, tiny_mlp, mlp_data, tiny_cnn, 
 
 
 def test_demo_case_is_a_trained_mlp_with_a_cbalanced_run() -> None:
-    from compress.evaluate import predict
+    from compress.core.evaluate import predict
     from compress.methods.cbalanced import demo_case
 
     case = demo_case(quick=True)

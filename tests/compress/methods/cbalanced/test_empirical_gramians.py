@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from compress.data import Dataset
-from compress.gramians import (collect_gramians, collect_states, default_state_points, observability_gramians,
+from compress.core.data import Dataset
+from compress.methods.cbalanced.empirical_gramians import (collect_gramians, collect_states, default_state_points, observability_gramians,
                                reachability_gramians)
 from compress.models import mlp
 

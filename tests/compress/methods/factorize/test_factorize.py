@@ -8,15 +8,16 @@ import torch
 from torch import nn
 
 from compress import compress, method_names
-from compress.data import Dataset
+from compress.core.data import Dataset
 from compress.datasets import digits
-from compress.lowrank import matrix_view
-from compress.lowrank_plan import apply_factors, find_targets
-from compress.methods.factorize import FactorizeConfig, _factors, layer_bases
+from compress.core.lowrank import matrix_view
+from compress.core.lowrank_plan import apply_factors, find_targets
+from compress.methods.factorize import FactorizeConfig, layer_bases
+from compress.methods.factorize.method import _factors
 from compress.methods.svd import SVDConfig
 from compress.models import mlp, small_cnn
-from compress.report import CompressionReport
-from compress.train import TrainConfig, train
+from compress.core.report import CompressionReport
+from compress.core.train import TrainConfig, train
 
 
 def _conv_net() -> nn.Module:

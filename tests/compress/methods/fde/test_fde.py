@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from compress import compress
-from compress.data import Dataset
-from compress.fde import (box_samples, build_sequential, chain_forward, extract_chain, extract_conv_chain,
+from compress.core.data import Dataset
+from compress.methods.fde import (box_samples, build_sequential, chain_forward, extract_chain, extract_conv_chain,
                           leader_clusters, refine)
 from compress.methods.fde import FDEConfig, input_box
 from compress.models import ACTIVATIONS, mlp, small_cnn

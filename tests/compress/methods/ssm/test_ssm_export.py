@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from compress import compress
-from compress.data import Dataset
+from compress.core.data import Dataset
 from compress.methods.ssm import SSMConfig
-from compress.ssm import ModalSSM, SSMClassifier, random_stable_system, real_modal_form, simulate
+from compress.methods.ssm import ModalSSM, SSMClassifier, random_stable_system, real_modal_form, simulate
 from export.onnx_export import to_onnx
 
 FORBIDDEN_OPS = {"Loop", "Scan", "If", "DFT", "STFT"}

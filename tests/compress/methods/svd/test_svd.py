@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from compress import compress, count_costs, method_names
-from compress.data import Dataset
-from compress.linalg import truncated_svd_factors
-from compress.lowrank import build_pair, grouped_weight, matrix_view
+from compress.core.data import Dataset
+from compress.core.linalg import truncated_svd_factors
+from compress.core.lowrank import build_pair, grouped_weight, matrix_view
 from compress.methods.svd import SVDConfig
 
 

@@ -1,0 +1,72 @@
+"""What a compression method is: one :class:`MethodSpec` carrying everything the registry, CLI, demo and
+report need (torchvision's ``Weights`` entries and timm's registry entries are the models)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from torch import nn
+
+from .data import Dataset
+from .demo_case import DemoCase
+from .report import CompressionReport
+
+__all__ = ["MethodSpec", "MethodFn", "ProviderDefaults", "no_provider_defaults", "REPORT_FIELDS"]
+
+MethodFn = Callable[[nn.Module, Dataset, Any], "tuple[nn.Module, CompressionReport]"]
+ProviderDefaults = Callable[[Sequence[str]], dict[str, Any]]
+
+#: Typed :class:`~compress.core.report.CompressionReport` fields a method may declare that it fills.
+REPORT_FIELDS = ("spectra", "bounds")
+
+
+def no_provider_defaults(providers: Sequence[str]) -> dict[str, Any]:
+    """No option of the method depends on the target providers."""
+    return {}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A compression method, as registered.
+
+    Attributes
+    ----------
+    name : str
+        Unique registered name (``minreal compress --method NAME``).
+    summary : str
+        One line for ``minreal methods``.
+    config_cls : type
+        Dataclass of the method's options; it validates itself in ``__post_init__`` and each field
+        ``foo_bar`` is the CLI option ``--foo-bar`` (``metadata["help"]`` required).
+    run : callable
+        ``run(model, data, config) -> (compressed module, report)``. The registry's :func:`compress` fills the
+        shared cost fields and the output comparison afterwards; ``run`` records what is its own.
+    demo_case : callable or None
+        ``demo_case(quick) -> DemoCase``: a trained model with the variants the embedded demo shows.
+    provider_defaults : callable
+        ``provider_defaults(provider_names) -> {field: value}``: option defaults that depend on the target
+        execution providers (e.g. the rank multiple of the fast kernels).
+    report_fields : tuple of str
+        The typed report fields (see :data:`REPORT_FIELDS`) the method fills.
+    """
+
+    name: str
+    summary: str
+    config_cls: type
+    run: MethodFn
+    demo_case: Callable[[bool], DemoCase] | None = None
+    provider_defaults: ProviderDefaults = no_provider_defaults
+    report_fields: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("-", "_").isidentifier():
+            raise ValueError(f"method name {self.name!r} must be a non-empty identifier (dashes allowed)")
+        unknown = sorted(set(self.report_fields) - set(REPORT_FIELDS))
+        if unknown:
+            raise ValueError(f"method {self.name!r}: unknown report fields {unknown}; known: {list(REPORT_FIELDS)}")
+
+    @property
+    def fn(self) -> MethodFn:
+        """The run function (the name the first registry used)."""
+        return self.run

@@ -1,0 +1,47 @@
+"""``wanda``: structured Wanda pruning (|W|·‖X‖) of MLP neurons at a parameter-count target (baseline)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ...core.chain import Chain, chain_forward
+from ...core.data import Dataset
+from ...core.errors import CompressionError
+from ...core.prune import PruneOptions, prune_mlp
+from ...core.report import CompressionReport
+from ...core.spec import MethodSpec
+
+__all__ = ["WandaConfig", "wanda_scores", "wanda_prune", "SPEC"]
+
+
+@dataclass
+class WandaConfig(PruneOptions):
+    """As the ``magnitude`` options; ``calibration_samples`` inputs give the activation norms ‖X_j‖."""
+
+    calibration_samples: int = field(
+        default=2048,
+        metadata={"help": "Calibration inputs that give the activation norms ‖X_j‖, >= 1; default 2048."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.calibration_samples < 1:
+            raise CompressionError(f"--calibration-samples must be >= 1, got {self.calibration_samples}")
+
+
+def wanda_scores(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
+    """Wanda (Sun et al. 2023, "A simple and effective pruning approach for large language models", eq. 1:
+    ``S_ij = |W_ij|·‖X_j‖_2``) summed over each hidden neuron's outgoing column:
+    ``S_j = ‖h_j‖_2 · Σ_i |W_{l+1}[i, j]|`` with ``h_j`` its activations on the calibration inputs."""
+    hidden = chain_forward(chain, x, hidden=True)[:-1]
+    return [h.norm(dim=0) * w.abs().sum(0) for h, w in zip(hidden, chain.weights[1:])]
+
+
+def wanda_prune(model: nn.Module, data: Dataset, config: WandaConfig) -> tuple[nn.Module, CompressionReport]:
+    """Remove the MLP neurons with the smallest Wanda score on the calibration inputs."""
+    return prune_mlp("wanda", wanda_scores, model, data, config, data.x[: config.calibration_samples])
+
+
+SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons (baseline)", WandaConfig, wanda_prune)

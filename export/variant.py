@@ -1,0 +1,186 @@
+"""One model variant from torch to checked ONNX files: export → simplify → verify parity → optional INT8.
+
+``minreal export``, ``minreal run`` and the demo all go through :func:`export_variant` and
+:func:`quantize_variant`, so the parity protocol (:data:`PARITY_BATCH_SIZES`) and the calibration sample
+count (:data:`CALIB_SAMPLES`) are the same everywhere. Only a graph that passed the parity check reaches
+its output path; paths in the returned record are relative to the folder of that path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from compress import count_costs
+from export.onnx_export import to_onnx
+from export.quantize import QuantConfig, quantize_int8
+from export.readiness import tensorrt_readiness
+from export.simplify import simplify
+from export.verify import verify_parity
+
+__all__ = ["PARITY_BATCH_SIZES", "CALIB_SAMPLES", "VariantConfig", "VariantRecord", "export_variant",
+           "quantize_variant", "parity_inputs", "to_jsonable", "relative_to", "file_stem"]
+
+PARITY_BATCH_SIZES: tuple[int, ...] = (1, 16)
+"""Batch sizes ONNX Runtime is compared with torch at (data smaller than a batch is repeated to fill it)."""
+
+CALIB_SAMPLES = 256
+"""Samples INT8 calibration uses (the first ones of the calibration data)."""
+
+
+@dataclass(frozen=True)
+class VariantConfig:
+    """Export, parity and INT8 settings of a variant.
+
+    Attributes:
+        opset: ONNX opset (>= 17).
+        rtol, atol: parity (and simplification) tolerances, ``|onnx - torch| <= atol + rtol * |torch|``.
+        quant_target: provider whose INT8 format is written (``--quant-target``).
+        quant_mode: ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``--quant-mode``).
+        calib_samples: samples of the calibration data used for static INT8.
+        allow_random_calibration: calibrate on random data when there is none (not advised).
+    """
+
+    opset: int = 18
+    rtol: float = 1e-3
+    atol: float = 1e-4
+    quant_target: str = QuantConfig.target
+    quant_mode: str = QuantConfig.mode
+    calib_samples: int = CALIB_SAMPLES
+    allow_random_calibration: bool = False
+
+    def quant_config(self) -> QuantConfig:
+        """The :class:`QuantConfig` these settings ask for."""
+        return QuantConfig(target=self.quant_target, mode=self.quant_mode,
+                           allow_random_calibration=self.allow_random_calibration)
+
+
+@dataclass
+class VariantRecord:
+    """One model of a case (original, compressed, INT8) with its costs and export results."""
+
+    label: str
+    method: str
+    params: int
+    macs: int
+    onnx: str
+    onnx_bytes: int
+    export: dict[str, Any] = field(default_factory=dict)
+    simplify: dict[str, Any] = field(default_factory=dict)
+    parity: dict[str, Any] = field(default_factory=dict)
+    quantization: dict[str, Any] = field(default_factory=dict)
+    compression: dict[str, Any] = field(default_factory=dict)
+    tensorrt_readiness: dict[str, Any] = field(default_factory=dict)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """JSON-safe copy of dataclasses, paths, tuples and numpy scalars."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return to_jsonable(asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    return obj
+
+
+def relative_to(obj: Any, root: Path) -> Any:
+    """``obj`` (JSON-safe) with every path string under ``root`` made relative to it: reports name files in
+    the output folder, not in the temporary folder they were built in."""
+    prefix = str(root) + os.sep
+    if isinstance(obj, dict):
+        return {k: relative_to(v, root) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [relative_to(v, root) for v in obj]
+    if isinstance(obj, str) and obj.startswith(prefix):
+        return obj[len(prefix):]
+    return obj
+
+
+def file_stem(label: str) -> str:
+    """A file-name-safe stem for a variant label (letters, digits, '.', '_', '-')."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_.")
+    return stem or "model"
+
+
+def parity_inputs(x: torch.Tensor) -> list[torch.Tensor]:
+    """Inputs at :data:`PARITY_BATCH_SIZES`: the first rows of ``x``, repeated when ``x`` has fewer."""
+    return [torch.cat([x] * math.ceil(batch / len(x)))[:batch] for batch in PARITY_BATCH_SIZES]
+
+
+def _readiness(path: Path, opset: int) -> dict[str, Any]:
+    return relative_to(to_jsonable(tensorrt_readiness(path, opset)), path.parent)
+
+
+def export_variant(module: nn.Module, x: torch.Tensor, out: Path, cfg: VariantConfig, label: str | None = None,
+                   method: str = "none", dynamic_dims: dict[int, str] | None = None) -> VariantRecord:
+    """Export ``module`` to ``out``: ONNX (dynamic batch), simplified, verified against torch.
+
+    Args:
+        module: the torch module (put in eval mode).
+        x: example data, batch first: two rows are exported, three check the simplification, and parity
+            is verified at :data:`PARITY_BATCH_SIZES`.
+        out: destination ``.onnx``; written only once parity passed.
+        cfg: opset and tolerances.
+        label: the record's label (default ``out``'s stem).
+        method: the compression method that made ``module`` (``"none"`` for an original).
+        dynamic_dims: extra dynamic input axes (axis → name) besides the batch.
+
+    Returns:
+        A :class:`VariantRecord` with costs and the export, simplification, parity and TensorRT-readiness
+        results; paths relative to ``out``'s folder.
+
+    Raises:
+        ExportError: no exporter produced a graph.
+        ParityError: ONNX Runtime's outputs differ from torch's beyond ``cfg.rtol``/``cfg.atol``.
+    """
+    out = Path(out)
+    module = module.eval()
+    with tempfile.TemporaryDirectory(prefix=".minreal-export-", dir=out.parent) as tmp:
+        raw, checked = Path(tmp) / f"{out.stem}.raw.onnx", Path(tmp) / out.name
+        exp = to_onnx(module, x[:2], raw, opset=cfg.opset, dynamic_dims=dynamic_dims or None)
+        simp = simplify(raw, checked, check_inputs=[x[:3].numpy()], rtol=cfg.rtol, atol=cfg.atol)
+        parity = verify_parity(module, checked, parity_inputs(x), rtol=cfg.rtol, atol=cfg.atol)
+        os.replace(checked, out)  # only a verified graph reaches the output path
+        results = relative_to(to_jsonable([exp, simp, parity]), Path(tmp))
+    costs = count_costs(module, x[:2])
+    return VariantRecord(label or out.stem, method, costs.total_params, costs.macs, out.name, out.stat().st_size,
+                         *results, tensorrt_readiness=_readiness(out, cfg.opset))
+
+
+def quantize_variant(record: VariantRecord, folder: Path, calib: torch.Tensor | None,
+                     cfg: VariantConfig) -> VariantRecord:
+    """INT8 copy ``NAME.int8.onnx`` of an exported variant, calibrated on the first ``cfg.calib_samples`` rows.
+
+    Args:
+        record: the fp32 variant (from :func:`export_variant`); its file lies in ``folder``.
+        folder: where the variant's file lies and the INT8 file is written.
+        calib: calibration inputs, batch first (``None``: only with ``cfg.allow_random_calibration`` or
+            dynamic mode).
+        cfg: INT8 target, mode and sample count.
+
+    Returns:
+        The INT8 variant's record (label ``LABEL.int8``, method ``METHOD+int8``), paths relative to ``folder``.
+    """
+    folder = Path(folder)
+    out = folder / f"{Path(record.onnx).stem}.int8.onnx"
+    data = None if calib is None else calib[: cfg.calib_samples].numpy()
+    q = quantize_int8(folder / record.onnx, out, data, cfg.quant_config())
+    return VariantRecord(f"{record.label}.int8", f"{record.method}+int8", record.params, record.macs, out.name,
+                         out.stat().st_size, quantization=relative_to(to_jsonable(q), folder),
+                         tensorrt_readiness=_readiness(out, cfg.opset))

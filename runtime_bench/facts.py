@@ -1,0 +1,91 @@
+"""Facts that ``export`` and ``runtime_bench`` share, each written once.
+
+Provider names, the ONNX op sets that run in integer arithmetic, and the one-line form of an error.
+This module imports neither torch nor onnxruntime, so either side may import it cheaply
+(``compress`` never imports it: it never imports ``runtime_bench``). ``tests/test_layering.py`` checks
+that these literals are defined nowhere else.
+"""
+
+from __future__ import annotations
+
+import re
+from types import MappingProxyType
+from typing import Mapping
+
+__all__ = [
+    "PROVIDERS",
+    "INSTALL_HINTS",
+    "INTEGER_KERNEL_OPS",
+    "FLOAT_KERNEL_OPS",
+    "INTEGER_OPS",
+    "ANSI_ESCAPE",
+    "first_line",
+    "error_line",
+]
+
+#: Short name (CLI / config) -> onnxruntime execution-provider name.
+PROVIDERS: Mapping[str, str] = MappingProxyType(
+    {
+        "cpu": "CPUExecutionProvider",
+        "cuda": "CUDAExecutionProvider",
+        "tensorrt": "TensorrtExecutionProvider",
+    }
+)
+
+#: Short name -> what installs an onnxruntime build that has the provider.
+INSTALL_HINTS: Mapping[str, str] = MappingProxyType(
+    {
+        "cpu": "pip install onnxruntime",
+        "cuda": "pip install onnxruntime-gpu (needs the CUDA and cuDNN libraries)",
+        "tensorrt": "pip install onnxruntime-gpu (needs the TensorRT libraries)",
+    }
+)
+
+INTEGER_KERNEL_OPS: frozenset[str] = frozenset(
+    {
+        "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "NhwcQLinearConv",
+        "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM",
+    }
+)  # fmt: skip
+"""Op types (any domain) that compute Conv/MatMul/Gemm (and attention, LSTM) in integer arithmetic."""
+
+FLOAT_KERNEL_OPS: frozenset[str] = frozenset(
+    {"Conv", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm", "NhwcConv"}
+)
+"""Op types (any domain, NCHWc included) that compute Conv/MatMul/Gemm in floating point."""
+
+INTEGER_OPS: frozenset[str] = INTEGER_KERNEL_OPS | frozenset(
+    {
+        "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearConcat", "QLinearSigmoid",
+        "QLinearLeakyRelu", "QLinearAveragePool", "QLinearSoftmax", "DynamicQuantizeLinear",
+    }
+)  # fmt: skip
+"""Every op type (ONNX and com.microsoft) that executes an integer kernel: the integer Conv/MatMul/Gemm
+kernels plus element-wise, pooling and activation QLinear ops and run-time activation quantisation.
+TensorRT reads none of them (it wants explicit QuantizeLinear/DequantizeLinear around float ops)."""
+
+#: Terminal colour codes (some libraries colour their exception messages).
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def first_line(text: str) -> str:
+    """Return the first non-blank line of ``text``, stripped and without colour codes (``""`` if none)."""
+    return next((line.strip() for line in ANSI_ESCAPE.sub("", text).splitlines() if line.strip()), "")
+
+
+def error_line(exc: BaseException, *, with_type: bool = False, max_chars: int | None = None) -> str:
+    """One line saying what ``exc`` is about: the first line of its message.
+
+    Args:
+        exc: the exception.
+        with_type: prefix the exception's type name (``"ValueError: bad shape"``).
+        max_chars: cut longer lines to this many characters (ending in ``"..."``).
+
+    Returns:
+        The line; the type name alone when the message is empty.
+    """
+    line, name = first_line(str(exc)), type(exc).__name__
+    text = f"{name}: {line}" if with_type and line else (line or name)
+    if max_chars is not None and len(text) > max_chars:
+        return text[: max_chars - 3] + "..."
+    return text

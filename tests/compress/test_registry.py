@@ -1,0 +1,165 @@
+"""The registry: built-ins found by package, third-party methods through the ``minreal.methods`` entry points,
+duplicate names refused, and ``compress()`` filling the shared cost fields for any method."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import compress.registry as registry
+from compress import MethodSpec, compress, get_method, method_names, register
+from compress.data import Dataset
+from compress.models import mlp
+
+THROWAWAY = '''
+from dataclasses import dataclass, field
+
+from compress.core.errors import CompressionError
+from compress.core.report import CompressionReport
+from compress.core.spec import MethodSpec
+
+
+@dataclass
+class ThrowawayConfig:
+    scale: float = field(default=1.0, metadata={"help": "Output scale, > 0; default 1."})
+
+    def __post_init__(self) -> None:
+        if not self.scale > 0:
+            raise CompressionError(f"--scale must be > 0, got {self.scale}")
+
+
+def run(model, data, config):
+    import copy
+    new = copy.deepcopy(model)
+    return new, CompressionReport("throwaway", {"scale": config.scale})
+
+
+SPEC = MethodSpec("throwaway", "does nothing (registry test)", ThrowawayConfig, run)
+'''
+
+
+class _EntryPoint:
+    """The part of importlib.metadata.EntryPoint the registry uses."""
+
+    def __init__(self, name: str, value: str, target: object = None, error: Exception | None = None) -> None:
+        self.name, self.value, self._target, self._error = name, value, target, error
+
+    def load(self) -> object:
+        if self._error is not None:
+            raise self._error
+        return self._target
+
+
+@pytest.fixture
+def throwaway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A method package outside the repository, importable as ``minreal_throwaway`` for this test only."""
+    pkg = tmp_path / "minreal_throwaway"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(THROWAWAY)
+    spec = importlib.util.spec_from_file_location("minreal_throwaway", pkg / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "minreal_throwaway", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fresh_registry(monkeypatch: pytest.MonkeyPatch, eps: list[_EntryPoint]) -> None:
+    def fake_entry_points(*, group: str) -> list[_EntryPoint]:
+        assert group == registry.ENTRY_POINT_GROUP
+        return eps
+
+    monkeypatch.setattr(registry, "entry_points", fake_entry_points)
+    monkeypatch.setattr(registry, "_REGISTRY", registry.MethodRegistry())
+
+
+def _data() -> Dataset:
+    g = torch.Generator().manual_seed(0)
+    return Dataset(torch.randn(32, 6, generator=g))
+
+
+def test_builtins_each_export_one_spec() -> None:
+    names = method_names()
+    assert {"svd", "factorize", "cbalanced", "ssm", "fde", "magnitude", "wanda"} <= set(names)
+    for name in names:
+        spec = get_method(name)
+        assert isinstance(spec, MethodSpec) and spec.name == name and spec.fn is spec.run
+
+
+def test_entry_point_method_is_registered_and_runs(throwaway, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fresh_registry(monkeypatch, [_EntryPoint("throwaway", "minreal_throwaway:SPEC", throwaway.SPEC)])
+    assert "throwaway" in method_names() and "svd" in method_names()
+    torch.manual_seed(0)
+    model = mlp(6, [8], 3).eval()
+    new, report = compress(model, _data(), "throwaway")
+    assert report.method == "throwaway"
+    assert report.params_before == report.params_after == sum(p.numel() for p in model.parameters())
+    assert report.macs_before == report.macs_after > 0
+    assert report.measured["relative_output_error"] == 0.0
+
+
+def test_broken_entry_point_warns_in_one_line(throwaway, monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    _fresh_registry(monkeypatch, [_EntryPoint("broken", "nowhere:SPEC", error=ImportError("no module nowhere")),
+                                  _EntryPoint("not-a-spec", "minreal_throwaway:run", throwaway.run),
+                                  _EntryPoint("throwaway", "minreal_throwaway", throwaway)])
+    with caplog.at_level(logging.WARNING, logger="compress.registry"):
+        names = method_names()
+    assert "throwaway" in names and "broken" not in names
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all("\n" not in line for line in lines)
+    assert "'broken'" in lines[0] and "no module nowhere" in lines[0]
+    assert "'not-a-spec'" in lines[1] and "not a MethodSpec" in lines[1]
+
+
+def test_duplicate_name_raises(throwaway, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fresh_registry(monkeypatch, [_EntryPoint("throwaway", "minreal_throwaway:SPEC", throwaway.SPEC)])
+    with pytest.raises(ValueError, match="'svd' is already registered"):
+        register(MethodSpec("svd", "a second svd", throwaway.ThrowawayConfig, throwaway.run))
+    _fresh_registry(monkeypatch, [_EntryPoint("a", "minreal_throwaway:SPEC", throwaway.SPEC),
+                                  _EntryPoint("b", "minreal_throwaway:SPEC", throwaway.SPEC)])
+    with pytest.raises(ValueError, match="'throwaway' is already registered"):
+        method_names()
+
+
+def test_config_validates_itself_and_compress_revalidates(throwaway, monkeypatch: pytest.MonkeyPatch) -> None:
+    from compress.core.errors import CompressionError
+
+    _fresh_registry(monkeypatch, [_EntryPoint("throwaway", "minreal_throwaway:SPEC", throwaway.SPEC)])
+    with pytest.raises(CompressionError, match="--scale"):
+        throwaway.ThrowawayConfig(scale=0.0)
+    cfg = throwaway.ThrowawayConfig()
+    cfg.scale = -1.0
+    with pytest.raises(CompressionError, match="--scale"):
+        compress(nn.Linear(6, 3), _data(), "throwaway", cfg)
+
+
+def test_low_rank_methods_carry_provider_defaults() -> None:
+    for name in ("svd", "factorize"):
+        defaults = get_method(name).provider_defaults
+        assert defaults(("cpu",)) == {"rank_multiple": 16}
+        assert defaults(("cuda",)) == {"rank_multiple": 8}
+        assert defaults(("cpu", "cuda")) == {"rank_multiple": 16}
+        assert defaults(("rocm",)) == {}
+    assert get_method("fde").provider_defaults(("cpu",)) == {}
+
+
+def test_no_method_imports_another() -> None:
+    import ast
+
+    root = Path(registry.__file__).parent / "methods"
+    packages = {p.name for p in root.iterdir() if (p / "__init__.py").exists()}
+    for path in root.rglob("*.py"):
+        own = path.relative_to(root).parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                target = (node.module or "").split(".")
+                if node.level == 2 and target[0] in packages - {own}:
+                    raise AssertionError(f"{path}: imports method {target[0]}")
+                if node.module and node.module.startswith("compress.methods."):
+                    assert node.module.split(".")[2] == own, f"{path}: imports {node.module}"
