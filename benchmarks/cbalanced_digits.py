@@ -27,7 +27,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import nn
 from torch.nn.utils import prune
 
-from compress.data import Dataset
+from compress.core.data import Dataset
 from compress.datasets import digits
 from compress.core.errors import CompressionError
 from compress.methods.cbalanced.empirical_gramians import collect_gramians, collect_states, default_state_points
@@ -105,7 +105,7 @@ def _models(model: nn.Module, train_set: Dataset, val: Dataset) -> tuple[dict[st
     """All compared torch models and the cbalanced report (as a dict)."""
     cfg = CBalancedConfig(epochs=EPOCHS, patience=12, lr=2e-3, controls=True)
     realised, rep = compress(model, train_set, "cbalanced", cfg)
-    analyses = analyse_states(collect_gramians(model, train_set.take(cfg.calib_samples)), cfg.eps)
+    analyses = analyse_states(collect_gramians(model, train_set.take(cfg.gramian_samples)), cfg.energy_eps)
     widths = {layer.name: layer.rank for layer in rep.layers}
     structured = realise(model, analyses, widths, "warm", selection="magnitude", refit=False)
     svd, _ = compress(model, train_set, "svd", SVDConfig(rank_fraction=0.5))

@@ -70,8 +70,8 @@ def main() -> None:
             for method in ("factorize", "svd"):
                 for alloc in ALLOCATORS:
                     for ratio in RATIOS:
-                        cfg = (FactorizeConfig(flops=ratio, allocator=alloc, cache_dir=cache) if method == "factorize"
-                               else SVDConfig(flops=ratio, allocator=alloc))
+                        cfg = (FactorizeConfig(layer_mac_ratio=ratio, allocator=alloc, cache_dir=cache) if method == "factorize"
+                               else SVDConfig(layer_mac_ratio=ratio, allocator=alloc))
                         t0 = time.perf_counter()
                         new, rep = compress(model, train_set, method, cfg)
                         entry["runs"].append({

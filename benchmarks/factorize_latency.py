@@ -18,7 +18,7 @@ import torch
 import torchvision
 
 from compress import compress
-from compress.data import Dataset
+from compress.core.data import Dataset
 from compress.methods.factorize import FactorizeConfig
 from runtime_bench.sessions import create_session
 from runtime_bench.timing import time_interleaved
@@ -54,7 +54,7 @@ def main() -> None:
         for flops in (0.7, 0.5):
             for multiple in (1, 16):
                 new, rep = compress(model, calib, "factorize", FactorizeConfig(
-                    flops=flops, rank_multiple=multiple, cache_dir=str(tmp / "cache"), stats_dtype="float32"))
+                    layer_mac_ratio=flops, rank_multiple=multiple, cache_dir=str(tmp / "cache"), stats_dtype="float32"))
                 path = tmp / f"f{flops}_m{multiple}.onnx"
                 _export(new, path)
                 variants.append((flops, multiple, rep, path))

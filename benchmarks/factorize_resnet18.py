@@ -26,7 +26,7 @@ OUT = Path(__file__).with_suffix(".json")
 def calibration(images: int):
     import torch
 
-    from compress.data import Dataset
+    from compress.core.data import Dataset
 
     return Dataset(torch.randn(images, 3, 224, 224, generator=torch.Generator().manual_seed(0)))
 
@@ -42,7 +42,7 @@ def one_run(images: int, flops: float, cache: str, stats_dtype: str) -> dict:
     model = torchvision.models.resnet18(weights=None).eval()
     data = calibration(images)
     t0 = time.perf_counter()
-    _, rep = compress(model, data, "factorize", FactorizeConfig(flops=flops, cache_dir=cache, stats_dtype=stats_dtype,
+    _, rep = compress(model, data, "factorize", FactorizeConfig(layer_mac_ratio=flops, cache_dir=cache, stats_dtype=stats_dtype,
                                                                batch_size=32))
     return {"flops": flops, "images": images, "stats_dtype": stats_dtype, "threads": torch.get_num_threads(),
             "wall_s": time.perf_counter() - t0,

@@ -7,8 +7,8 @@ import torch
 from scipy import stats
 from torch import nn
 
-from compress.data import Dataset
-from compress.evaluate import predict
+from compress.core.data import Dataset
+from compress.core.evaluate import predict
 from compress.methods.fde import build_sequential, extract_chain
 from compress.models import mlp
 from compress.train import TrainConfig, train

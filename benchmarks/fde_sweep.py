@@ -30,7 +30,7 @@ METHODS = ("fde", "fde_ft", "magnitude", "wanda")
 
 
 def _point(model, train_set, test_set, eps: float, finetune: bool) -> dict:
-    new, rep = compress(model, train_set, "fde", FDEConfig(eps=eps))
+    new, rep = compress(model, train_set, "fde", FDEConfig(merge_eps=eps))
     widths = tuple(rep.predicted["hidden_widths"])
     row = {"eps": eps, "param_ratio": rep.param_ratio, "widths": list(widths), "fde": mse(new, test_set),
            "bound": rep.predicted["output_deviation_bound"], "dead_removed": rep.predicted["dead_removed"],
@@ -39,7 +39,7 @@ def _point(model, train_set, test_set, eps: float, finetune: bool) -> dict:
     for name, cfg in (("magnitude", MagnitudeConfig(widths=widths)), ("wanda", WandaConfig(widths=widths))):
         row[name] = mse(compress(model, train_set, name, cfg)[0], test_set)
     if finetune:
-        ft, _ = compress(model, train_set, "fde", FDEConfig(eps=eps, finetune_epochs=10, finetune_lr=1e-3))
+        ft, _ = compress(model, train_set, "fde", FDEConfig(merge_eps=eps, finetune_epochs=10, finetune_lr=1e-3))
         row["fde_ft"] = mse(ft, test_set)
     return row
 

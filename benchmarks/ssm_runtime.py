@@ -22,7 +22,7 @@ import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
 
 from compress import compress  # noqa: E402
-from compress.data import Dataset  # noqa: E402
+from compress.core.data import Dataset  # noqa: E402
 from compress.methods.ssm import SSMConfig  # noqa: E402
 from compress.methods.ssm import SSMClassifier  # noqa: E402
 from export.onnx_export import to_onnx  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .data import Dataset
+from .core.data import Dataset
 
 __all__ = ["digits", "sequential_digits", "synthetic_sequences"]
 

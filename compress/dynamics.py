@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from scipy.integrate import solve_ivp
 
-from .data import Dataset
+from .core.data import Dataset
 
 __all__ = ["System", "SYSTEMS", "REGRESSION_DATASETS", "flow_map", "diabetes", "regression_dataset"]
 

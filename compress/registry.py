@@ -14,9 +14,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .core.costs import count_costs
+from .core.costs import count_costs, count_macs_torch, uncovered_modules, whole_model_macs
 from .core.data import Dataset
-from .core.errors import UnknownMethodError
+from .core.errors import CompressionError, UnknownMethodError
+from .core.options import BUDGET_FIELDS, flag_of
 from .core.evaluate import compare_outputs
 from .core.report import CompressionReport
 from .core.spec import MethodFn, MethodSpec
@@ -120,13 +121,32 @@ def method_names() -> list[str]:
 
 
 def fill_costs(report: CompressionReport, model: nn.Module, new: nn.Module, example: torch.Tensor) -> None:
-    """Whole-model parameters and MACs before/after (and what the MAC rules do not count) into ``report``."""
+    """Whole-model parameters and MACs before/after into ``report``: MACs counted by torch (FlopCounterMode),
+    the per-layer rules' sums beside them, and what each of the two does not count."""
     before, after = count_costs(model, example), count_costs(new, example)
+    torch_before, torch_after = count_macs_torch(model, example), count_macs_torch(new, example)
     report.params_before, report.params_after = before.total_params, after.total_params
-    report.macs_before, report.macs_after = before.macs, after.macs
+    report.macs_before = whole_model_macs(torch_before, before)
+    report.macs_after = whole_model_macs(torch_after, after)
+    report.rule_macs_before, report.rule_macs_after = before.macs, after.macs
     report.not_counted = after.not_counted
+    report.not_covered_by_rules = sorted(set(uncovered_modules(model, torch_before))
+                                         | set(uncovered_modules(new, torch_after)))
+    report.not_counted_by_torch = sorted(set(torch_before.uncounted_ops) | set(torch_after.uncounted_ops))
     report.predicted["whole_model_mac_ratio"] = report.mac_ratio
     report.predicted["whole_model_param_ratio"] = report.param_ratio
+
+
+def _requested_budget(spec: MethodSpec, cfg: Any) -> tuple[str, float] | None:
+    """The whole-model budget ``cfg`` asks for (field, ratio), or None; CompressionError naming the flag when
+    the method cannot meet that kind of budget."""
+    given = [k for k in BUDGET_FIELDS if getattr(cfg, k, None) is not None]
+    if not given:
+        return None
+    if given[0] not in spec.budgets:
+        can = ", ".join(flag_of(k) for k in spec.budgets) or "none; use its own options (minreal methods)"
+        raise CompressionError(f"method {spec.name!r} does not support {flag_of(given[0])} (its budgets: {can})")
+    return given[0], getattr(cfg, given[0])
 
 
 def compress(model: nn.Module, data: Dataset, method: str, config: Any = None) -> tuple[nn.Module, CompressionReport]:
@@ -142,8 +162,12 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None) -
         raise TypeError(f"method {method!r} expects a {spec.config_cls.__name__}, got {type(cfg).__name__}")
     if dataclasses.is_dataclass(cfg):
         cfg = dataclasses.replace(cfg)
+    budget = _requested_budget(spec, cfg)
     new, report = spec.run(model, data, cfg)
     fill_costs(report, model, new, data.x[: min(len(data), 8)])
+    if budget is not None:
+        achieved = {"mac_ratio": report.mac_ratio, "param_ratio": report.param_ratio}.get(budget[0])
+        report.predicted["budget"] = {"kind": budget[0], "requested": budget[1], "achieved": achieved}
     if "relative_output_error" not in report.measured:
         t0 = time.perf_counter()
         report.measured.update(compare_outputs(model, new, data))

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compress.data import Dataset
+from compress.core.data import Dataset
 from compress.methods.cbalanced import CBalancedConfig
 from compress.models import mlp
 from compress.registry import compress
@@ -85,8 +85,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = mlp(d_in, widths, 10, "silu")
     train(model, rest, val, TrainConfig(epochs=args.epochs, batch_size=128, lr=1e-3, seed=0))
-    cfg = CBalancedConfig(eps=args.eps, epochs=args.epochs, batch_size=128, lr=1e-3, calib_samples=4000,
-                          go_samples=2000, controls=True)
+    cfg = CBalancedConfig(energy_eps=args.eps, epochs=args.epochs, train_batch_size=128, lr=1e-3,
+                          gramian_samples=4000, go_samples=2000, controls=True)
     realised, report = compress(model.eval(), train_set, "cbalanced", cfg)
     summary = {"ranks_c": report.predicted["ranks_c"], "state_order": report.predicted["state_order"],
                "params": [report.params_before, report.params_after],

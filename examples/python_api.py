@@ -26,7 +26,7 @@ def main() -> None:
     model = small_cnn(1, (32, 64, 64), 10)
     train(model, fit, val, TrainConfig(epochs=10))
 
-    small, report = compress(model, train_set, "factorize", FactorizeConfig(flops=0.5, rank_multiple=16))
+    small, report = compress(model, train_set, "factorize", FactorizeConfig(layer_mac_ratio=0.5, rank_multiple=16))
     print(f"MACs {report.macs_before} -> {report.macs_after}, measured {report.measured}")
 
     out = Path(tempfile.mkdtemp(prefix="minreal-example-"))

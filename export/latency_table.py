@@ -1,7 +1,8 @@
 """Per-layer latency tables for ``factorize --latency``: each factorisable layer and its factorised pair at a
 geometric grid of ranks, exported alone to ONNX and timed in isolation on the target provider.
 
-The table is JSON, ``{"provider", "model_hash", "input_shape", "layers": {name: {"keep_ms", "ranks", "ms"}}}``
+The table is JSON, ``{"provider", "model_hash", "input_shape", "model_ms", "layers": {name: {"keep_ms", "ranks",
+"ms"}}}``
 (median latencies in milliseconds), and is reused when it already exists for the same model and settings.
 """
 
@@ -18,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from compress.cache import model_key
-from compress.lowrank import build_pair, matrix_view
-from compress.lowrank_plan import find_targets
+from compress.core.cache import model_key
+from compress.core.lowrank import build_pair, matrix_view
+from compress.core.lowrank_plan import find_targets
 from export.atomic import atomic_path
 from runtime_bench.config import default_threads
 from runtime_bench.providers import provider_name, unavailable_reason
@@ -93,7 +94,8 @@ def _cached(out_path: Path, header: dict[str, Any]) -> dict[str, Any] | None:
         table = json.loads(out_path.read_text())
     except (OSError, ValueError):
         return None
-    return table if all(table.get(k) == v for k, v in header.items()) else None
+    same = all(table.get(k) == v for k, v in header.items()) and "model_ms" in table  # older tables: rebuild
+    return table if same else None
 
 
 def build_latency_table(model: nn.Module, example_input: torch.Tensor, provider: str = "cpu",
@@ -130,7 +132,9 @@ def build_latency_table(model: nn.Module, example_input: torch.Tensor, provider:
             keep, ms = _time_layer(t.layer, shapes[t.name], ranks, provider_name(provider),
                                    threads or default_threads(), Path(tmp))
             layers[t.name] = {"keep_ms": keep, "ranks": ranks, "ms": ms}
-    table = {**header, "layers": layers}
+        model_ms, _ = _time_layer(model, tuple(example_input.shape), [], provider_name(provider),
+                                  threads or default_threads(), Path(tmp))  # for whole-model --latency-ratio
+    table = {**header, "model_ms": model_ms, "layers": layers}
     with atomic_path(out_path) as tmp_file:
         tmp_file.write_text(json.dumps(table, indent=1))
     return table

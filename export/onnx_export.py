@@ -28,7 +28,7 @@ import onnx
 import torch
 from torch import nn
 
-from compress.evaluate import eval_mode
+from compress.core.evaluate import eval_mode
 from export.atomic import atomic_path
 from export.errors import ExportError
 from export.quiet import Captured, captured_output

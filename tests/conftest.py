@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from compress.data import Dataset
+from compress.core.data import Dataset
 from compress.models import mlp, small_cnn
 
 

@@ -1,17 +1,29 @@
-"""Parameter and multiply-accumulate (MAC) counts per layer, measured with forward hooks."""
+"""Multiply-accumulate (MAC) counts: per layer by rules run from forward hooks (what the allocators use), and
+for the whole model by torch's own :class:`torch.utils.flop_counter.FlopCounterMode` (what reports state).
+
+The two agree exactly on models made only of layers with a rule (Linear, Conv1d/2d/3d incl. grouped, and
+factorised pairs of them): torch counts 2·MACs FLOPs per matmul/convolution and ignores bias adds, as the rules
+do. They differ where the rules see no layer (a module calling ``torch.matmul``, attention) and inside SSM
+layers, whose rule counts the recurrence x⁺ = Ax + Bu, y = Cx + Du while torch counts the matmuls the PyTorch
+implementation runs (the projections B·u and C·x, the chunked kernel convolution); torch has no formula for FFTs
+or CPU fused attention, which :class:`TorchCount` lists in ``uncounted_ops``.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from .evaluate import eval_mode, hooks_removed
 
-__all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule"]
+__all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule",
+           "TorchCount", "count_macs_torch", "uncovered_modules", "whole_model_macs"]
 
 
 @dataclass
@@ -106,3 +118,107 @@ def count_costs(model: nn.Module, example_input: torch.Tensor) -> CostTable:
     with hooks_removed(hooks), eval_mode(model), torch.no_grad():
         model(example_input)
     return table
+
+
+#: Substrings of aten op names that do heavy arithmetic but may have no FlopCounterMode formula (FFTs, CPU fused
+#: attention); such ops seen during a count are listed in :attr:`TorchCount.uncounted_ops`.
+_HEAVY_OPS = ("fft", "attention", "transformer")
+
+
+@dataclass
+class TorchCount:
+    """Whole-model MACs of one forward pass on one sample, as :class:`FlopCounterMode` counts them (FLOPs / 2).
+
+    Attributes
+    ----------
+    macs : int
+        Total MACs.
+    by_op : dict of str to int
+        MACs per aten op (``"aten.addmm"``, ``"aten.convolution"``, ...).
+    own_macs : dict of str to int
+        MACs per module name (``""`` is the root) not inside any of its submodules' calls; only non-zero entries.
+    uncounted_ops : list of str
+        Heavy ops torch ran but has no formula for (e.g. ``aten._fft_r2c``); their cost is missing from ``macs``.
+    module_macs : dict of str to int
+        MACs per module name including its submodules (``""`` is the root).
+    """
+
+    macs: int
+    by_op: dict[str, int] = field(default_factory=dict)
+    own_macs: dict[str, int] = field(default_factory=dict)
+    uncounted_ops: list[str] = field(default_factory=list)
+    module_macs: dict[str, int] = field(default_factory=dict)
+
+
+class _UncountedOps(TorchDispatchMode):
+    """Records the heavy ops that have no flop formula (run inside a FlopCounterMode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        name = str(func.overloadpacket)
+        if func.overloadpacket not in flop_registry and any(h in name for h in _HEAVY_OPS):
+            self.seen.add(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _module_totals(counts: dict[str, dict[Any, int]], root: str) -> dict[str, int]:
+    """FlopCounterMode's per-module FLOPs (keys ``Root.child.sub``) as MACs by module name (``""`` = root)."""
+    out = {}
+    for key, ops in counts.items():
+        if key == root or key.startswith(root + "."):
+            out[key[len(root) + 1:]] = sum(ops.values()) // 2
+    return out
+
+
+def _own_totals(totals: dict[str, int]) -> dict[str, int]:
+    """Inclusive per-module totals minus those of the nearest counted submodules (a module's own work)."""
+    own = dict(totals)
+    for name, total in totals.items():
+        if name:
+            prefixes = [name.rsplit(".", k)[0] for k in range(1, name.count(".") + 1)] + [""]
+            parent = next(p for p in prefixes if p in totals)
+            own[parent] -= total
+    return own
+
+
+def count_macs_torch(model: nn.Module, example_input: torch.Tensor) -> TorchCount:
+    """Count whole-model MACs with torch's FlopCounterMode on the first sample of ``example_input``.
+
+    Runs in eval mode with autograd enabled, so modules with an inference fast path (``nn.MultiheadAttention``)
+    take the composite path that export traces and torch can count; nothing is trained or kept.
+    """
+    counter, uncounted = FlopCounterMode(display=False), _UncountedOps()
+    with eval_mode(model), torch.enable_grad(), counter, uncounted:
+        model(example_input[:1])
+    totals = _module_totals(counter.get_flop_counts(), type(model).__name__)
+    own = _own_totals(totals)
+    by_op = {str(op): n // 2 for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    return TorchCount(counter.get_total_flops() // 2, by_op, {k: v for k, v in own.items() if v > 0},
+                      sorted(uncounted.seen), totals)
+
+
+def whole_model_macs(count: TorchCount, rules: CostTable) -> int:
+    """torch's count, with each ruled layer that torch under-counted (it ran ops torch has no formula for,
+    e.g. an SSM layer's FFT convolution) counted by its rule instead.
+
+    Without this, an FFT-based layer would count as nearly free and its compressed, FFT-free form as dearer.
+    Rules of nested layers are consistent (a parent's rule covers its children's), so adding each layer's
+    shortfall ``rule - torch`` once is exact for the parent and adds nothing for fully counted children.
+    """
+    if not count.uncounted_ops:
+        return count.macs
+    shortfall = (layer.macs - count.module_macs.get(name, 0) for name, layer in rules.layers.items())
+    return count.macs + sum(max(0, gap) for gap in shortfall)
+
+
+def uncovered_modules(model: nn.Module, count: TorchCount) -> list[str]:
+    """Modules in which torch counted MACs that no per-layer rule covers (their own work, not a ruled child's).
+
+    A module with a rule (and everything inside it) is covered; ``""`` names work done by the root itself.
+    """
+    ruled = [name for name, mod in model.named_modules() if type(mod) in _MAC_RULES]
+    inside = lambda name: any(name == r or name.startswith(r + ".") or not r for r in ruled)  # noqa: E731
+    return sorted(name or type(model).__name__ for name in count.own_macs if not inside(name))

@@ -14,11 +14,14 @@ __all__ = ["DemoCase", "DemoRun"]
 
 @dataclass
 class DemoRun:
-    """One compressed variant in the demo: a label, a registered method name and its config."""
+    """One compressed variant in the demo: a label, a registered method name and its config; or, for a chain
+    of methods run in sequence, ``steps`` ((method, config) pairs; ``method`` is then the chain's label and
+    ``config`` None)."""
 
     label: str
     method: str
     config: Any
+    steps: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass

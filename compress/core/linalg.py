@@ -124,7 +124,8 @@ def eigh_desc(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
 
 def balanced_gramian(gc: torch.Tensor, go: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """C-balanced test matrix B = Gc^½ Go Gc^½, whose eigenvalues are the squared Hankel singular values
-    (Moore 1981, "Principal component analysis in linear systems", eq. 3.6–3.8).
+    (Moore 1981, "Principal component analysis in linear systems: controllability, observability, and model
+    reduction", IEEE Trans. Automatic Control 26(1)).
 
     Parameters
     ----------

@@ -8,21 +8,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from .allocate import ALLOCATORS, KEEP, RankOptions, allocate, options_from_spectrum, rank_at_fraction
-from .costs import CostTable, count_costs
+from .costs import CostTable, count_costs, count_macs_torch
 from .errors import CompressionError
+from .options import CostBudget, ExcludeOption, flag_of
 from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_macs, pair_params
 from .report import CompressionReport, LayerReport
 from .surgery import parent_weight_readers, replace_modules
 
 __all__ = ["Budget", "BudgetOptions", "Target", "find_targets", "plan_ranks", "apply_factors", "fill_report",
-           "load_latency_table", "RANK_MULTIPLE_BY_PROVIDER", "rank_multiple_defaults"]
+           "load_latency_table", "whole_model_total", "layer_target", "RANK_MULTIPLE_BY_PROVIDER", "rank_multiple_defaults"]
 
 CostFn = Callable[[int], float]
 
@@ -32,10 +33,19 @@ CostFn = Callable[[int], float]
 RANK_MULTIPLE_BY_PROVIDER: dict[str, int] = {"cpu": 16, "cuda": 8, "tensorrt": 8}
 
 
+#: CLI flag of each :class:`Budget` target, by scope (``layers``: the factorisable layers' cost; ``model``:
+#: the whole model's).
+_FLAGS = {"layers": {"flops": "--layer-mac-ratio", "params": "--layer-param-ratio",
+                     "latency": "--layer-latency-ratio", "rank_fraction": "--rank-fraction"},
+          "model": {"flops": "--mac-ratio", "params": "--param-ratio", "latency": "--latency-ratio",
+                    "rank_fraction": "--rank-fraction"}}
+
+
 @dataclass(frozen=True)
 class Budget:
     """How ranks are chosen: a cost target (``flops``, ``params`` or measured ``latency`` ratio) or a plain
-    rank fraction."""
+    rank fraction. ``scope`` says whose cost the ratio is of: the factorisable layers' (``layers``) or the
+    whole model's (``model``; :func:`plan_ranks` then needs the whole-model cost)."""
 
     flops: float | None = None
     params: float | None = None
@@ -43,20 +53,24 @@ class Budget:
     allocator: str = "lagrangian"
     rank_multiple: int = 1
     latency: float | None = None
+    scope: str = "layers"
 
     def __post_init__(self) -> None:
         given = self.given
         if len(given) > 1:
-            raise CompressionError("give only one of --flops/--params/--latency/--rank-fraction, "
-                                   f"got {', '.join(given)}")
+            raise CompressionError("give only one of " + ", ".join(self.flag(k) for k in given))
         for k in given:
             v = getattr(self, k)
             if not 0.0 < v <= 1.0:
-                raise CompressionError(f"--{k.replace('_', '-')} must lie in (0, 1], got {v}")
+                raise CompressionError(f"{self.flag(k)} must lie in (0, 1], got {v}")
         if self.rank_multiple < 1:
             raise CompressionError(f"--rank-multiple must be >= 1, got {self.rank_multiple}")
         if self.allocator not in ALLOCATORS:
             raise CompressionError(f"--allocator must be one of {sorted(ALLOCATORS)}, got {self.allocator!r}")
+
+    def flag(self, key: str) -> str:
+        """The CLI flag of target ``key`` in this budget's scope."""
+        return _FLAGS[self.scope][key]
 
     @property
     def given(self) -> list[str]:
@@ -76,16 +90,21 @@ class Budget:
 
 
 @dataclass
-class BudgetOptions:
-    """Config fields shared by the low-rank methods: the budget (see :class:`Budget`) and excluded layers."""
+class BudgetOptions(CostBudget, ExcludeOption):
+    """Config fields shared by the low-rank methods: the whole-model budget (:class:`CostBudget`), the
+    factorisable-layer budget the allocator works in (see :class:`Budget`) and excluded layers.
+    ``--flops``/``--params`` (deprecated) keep their old meaning, the factorisable layers' ratio."""
 
-    flops: float | None = field(
+    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"flops": "layer_mac_ratio", "params": "layer_param_ratio"}
+
+    layer_mac_ratio: float | None = field(
         default=None,
-        metadata={"help": "Target ratio of the factorisable layers' MACs, in (0, 1]; default 0.5 when no budget is "
-                          "given."})
-    params: float | None = field(
+        metadata={"help": "Target ratio of the factorisable layers' MACs (not the whole model's: see --mac-ratio), in "
+                          "(0, 1]; default 0.5 when no budget is given. Deprecated alias: --flops."})
+    layer_param_ratio: float | None = field(
         default=None,
-        metadata={"help": "Target ratio of the factorisable layers' parameters, in (0, 1]; alternative to --flops."})
+        metadata={"help": "Target ratio of the factorisable layers' parameters (not the whole model's: see "
+                          "--param-ratio), in (0, 1]. Deprecated alias: --params."})
     rank_fraction: float | None = field(
         default=None,
         metadata={"help": "Fraction of each layer's full rank kept, in (0, 1]; alternative to a cost target."})
@@ -97,19 +116,27 @@ class BudgetOptions:
         default=1,
         metadata={"help": "Round every rank to a multiple of this, >= 1; default 1, or the providers' fast-path "
                           "multiple (16 CPU, 8 CUDA/TensorRT)."})
-    exclude: tuple[str, ...] = field(
-        default=(),
-        metadata={"help": "Qualified name of a layer to leave unchanged (e.g. fc or blocks.0.ssm); default none."})
 
     def __post_init__(self) -> None:
+        CostBudget.__post_init__(self)
+        layer = [k for k in self._layer_targets() if getattr(self, k) is not None]
+        if self.budget_given and layer:
+            raise CompressionError(f"give only one of {flag_of(self.budget_given[0])} and "
+                                   f"{flag_of(layer[0])}")
         self.budget()  # validates the budget fields, naming the flags
 
+    def _layer_targets(self) -> tuple[str, ...]:
+        return ("layer_mac_ratio", "layer_param_ratio", "rank_fraction")
+
     def budget(self, latency: float | None = None) -> Budget:
-        """The validated :class:`Budget` of these options (``flops=0.5`` when no target is given);
-        ``latency`` from configs that offer that target."""
-        budget = Budget(self.flops, self.params, self.rank_fraction, self.allocator, self.rank_multiple, latency)
-        return budget if budget.given else Budget(flops=0.5, allocator=self.allocator,
-                                                  rank_multiple=self.rank_multiple)
+        """The validated :class:`Budget` of these options: the whole-model budget when one is given, else the
+        factorisable-layer one (``layer_mac_ratio=0.5`` when no target is given); ``latency`` from configs
+        that offer a factorisable-layer latency target."""
+        common = {"allocator": self.allocator, "rank_multiple": self.rank_multiple}
+        if self.budget_given:
+            return Budget(self.mac_ratio, self.param_ratio, latency=self.latency_ratio, scope="model", **common)
+        budget = Budget(self.layer_mac_ratio, self.layer_param_ratio, self.rank_fraction, latency=latency, **common)
+        return budget if budget.given else Budget(flops=0.5, **common)
 
 
 def rank_multiple_defaults(providers: Sequence[str]) -> dict[str, Any]:
@@ -184,20 +211,56 @@ def _layer_costs(targets: list[Target], kind: str, cost_tables: Mapping[str, Cos
 
 
 def plan_ranks(targets: list[Target], sq_spectra: dict[str, np.ndarray], budget: Budget,
-               cost_tables: Mapping[str, CostFn] | None = None, keep_costs: Mapping[str, float] | None = None
-               ) -> tuple[dict[str, int], list[RankOptions]]:
+               cost_tables: Mapping[str, CostFn] | None = None, keep_costs: Mapping[str, float] | None = None,
+               whole_total: float | None = None) -> tuple[dict[str, int], list[RankOptions]]:
     """Ranks per layer (``KEEP`` = leave the layer) from squared singular values summed over groups.
 
     ``cost_tables`` (rank -> cost) and ``keep_costs`` (cost of the original layer), e.g. measured
-    latencies, replace the counted MAC/param costs when given.
+    latencies, replace the counted MAC/param costs when given. A whole-model budget (``scope="model"``)
+    needs ``whole_total``, the whole model's cost of the budget's kind (see :func:`whole_model_total`).
     """
     fns, keeps = _layer_costs(targets, budget.cost_kind, cost_tables, keep_costs)
     options = [options_from_spectrum(t.name, sq_spectra[t.name], fns[t.name], keeps[t.name],
                                      budget.rank_multiple) for t in targets]
     if budget.rank_fraction is not None:
         return {o.name: rank_at_fraction(o, budget.rank_fraction) for o in options}, options
-    total = sum(o.keep_cost for o in options)
-    return allocate(options, budget.ratio * total, budget.allocator), options
+    if budget.scope == "model":
+        if whole_total is None:
+            raise CompressionError("a whole-model budget needs the whole model's cost (whole_total)")
+        target = layer_target(options, whole_total, budget.ratio, budget.flag(budget.given[0]))
+    else:
+        target = budget.ratio * sum(o.keep_cost for o in options)
+    return allocate(options, target, budget.allocator), options
+
+
+def layer_target(options: list[RankOptions], whole_total: float, ratio: float, flag: str) -> float:
+    """The factorisable layers' cost that meets a whole-model ``ratio``: ``ratio·total − (total − Σ keep)``.
+
+    Raises CompressionError naming ``flag`` and the smallest whole-model ratio the layers can reach (every
+    layer at its cheapest rank, the rest of the model unchanged) when ``ratio`` is below it.
+    """
+    layers = sum(o.keep_cost for o in options)
+    rest = max(whole_total - layers, 0.0)
+    least = rest + sum(min([o.keep_cost, *o.costs.tolist()]) for o in options)
+    smallest = least / max(whole_total, 1e-300)
+    if ratio < smallest - 1e-12:
+        raise CompressionError(f"{flag} {ratio:g} cannot be reached: the smallest whole-model ratio this method can "
+                               f"reach is {smallest:.4f} (every factorisable layer at its lowest rank; "
+                               f"{rest / max(whole_total, 1e-300):.4f} of the cost is in layers it does not factorise)")
+    return ratio * whole_total - rest
+
+
+def whole_model_total(budget: Budget, model: nn.Module, example: torch.Tensor, table: CostTable,
+                      latency_table: str | Path | None) -> float | None:
+    """The whole model's cost of ``budget``'s kind (None for a factorisable-layer budget): MACs counted by
+    torch (as the report counts them), parameters, or the measured whole-model latency of ``latency_table``."""
+    if budget.scope != "model":
+        return None
+    if budget.cost_kind == "latency":
+        return load_model_latency(latency_table)
+    if budget.cost_kind == "params":
+        return float(table.total_params)
+    return float(count_macs_torch(model, example).macs)
 
 
 def _interpolated(ranks: list[float], ms: list[float]) -> CostFn:
@@ -216,6 +279,16 @@ def load_latency_table(path: str | Path) -> tuple[dict[str, CostFn], dict[str, f
         raise CompressionError(f"cannot read latency table {path}: {exc}; build one with "
                                "`minreal latency-table`") from None
     return tables, keeps
+
+
+def load_model_latency(path: str | Path | None) -> float:
+    """The whole-model latency (``model_ms``) of a latency table; tables built before it was recorded say
+    to rebuild."""
+    try:
+        return float(json.loads(Path(str(path)).read_text())["model_ms"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CompressionError(f"latency table {path} has no whole-model latency ({exc}), which --latency-ratio "
+                               "needs; rebuild it with `minreal latency-table`") from None
 
 
 def apply_factors(model: nn.Module, targets: list[Target], factors: dict[str, tuple[torch.Tensor, torch.Tensor]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar, Sequence
 
 import torch
 from torch import nn
@@ -19,46 +19,76 @@ from .chain import Chain, build_sequential, chain_layer_reports, extract_chain, 
 from .data import Dataset
 from .errors import CompressionError
 from .evaluate import compare_outputs
+from .options import CostBudget, flag_of
 from .report import CompressionReport
 from .train import FinetuneOptions, finetune
 
-__all__ = ["PruneOptions", "Scorer", "widths_for_params", "prune_chain", "prune_mlp"]
+__all__ = ["PruneOptions", "Scorer", "widths_for_params", "mlp_macs", "CHAIN_COSTS", "prune_chain", "prune_mlp"]
 
 Scorer = Callable[[Chain, torch.Tensor], list[torch.Tensor]]
 
 
 @dataclass
-class PruneOptions(FinetuneOptions):
-    """Options of the neuron-pruning baselines: ``params`` (ratio of parameters kept, uniform keep-fraction
-    per hidden layer) or exact hidden ``widths``; optional fine-tuning on the (labelled) data."""
+class PruneOptions(FinetuneOptions, CostBudget):
+    """Options of the neuron-pruning baselines: a whole-model budget (``param_ratio``, default 0.5, or
+    ``mac_ratio``; uniform keep-fraction per hidden layer) or exact hidden ``widths``; optional fine-tuning on
+    the (labelled) data. The pruned MLP chain is the whole model, so its ratios are the whole model's
+    (the deprecated ``--params`` meant the same ratio)."""
 
-    params: float = field(
-        default=0.5,
-        metadata={"help": "Target ratio of parameters kept, in (0, 1] (uniform keep-fraction per hidden layer); "
-                          "default 0.5."})
+    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"params": "param_ratio"}
+
     widths: tuple[int, ...] = field(
         default=(),
-        metadata={"help": "Exact hidden width per hidden layer, instead of --params; default none."})
+        metadata={"help": "Exact hidden width per hidden layer, instead of a budget; default none."})
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0.0 < self.params <= 1.0:
-            raise CompressionError(f"--params must lie in (0, 1], got {self.params}")
+        FinetuneOptions.__post_init__(self)
+        CostBudget.__post_init__(self)
         if any(w < 1 for w in self.widths):
             raise CompressionError(f"--widths must be positive neuron counts, got {self.widths}")
+        if self.widths and self.budget_given:
+            raise CompressionError(f"give --widths or {flag_of(self.budget_given[0])}, not both")
+
+    def target(self) -> tuple[str, float]:
+        """(budget field, ratio): the configured whole-model budget, ``param_ratio`` 0.5 when none is given."""
+        given = self.budget_given
+        return (given[0], getattr(self, given[0])) if given else ("param_ratio", 0.5)
 
 
-def widths_for_params(in_features: int, widths: list[int], out_features: int, ratio: float) -> list[int]:
-    """Largest uniform keep-fraction widths (≥ 1 each) whose parameter count is at most ``ratio`` of the full
-    one, found by bisection on the fraction."""
+def mlp_macs(in_features: int, widths: Sequence[int], out_features: int) -> int:
+    """Multiply-accumulates per sample of a Linear stack: Σ w_{l−1}·w_l over in → widths → out."""
+    dims = [in_features, *widths, out_features]
+    return sum(a * b for a, b in zip(dims[:-1], dims[1:]))
+
+
+#: Whole-model cost of an MLP chain, by budget field.
+CHAIN_COSTS: dict[str, Callable[[int, Sequence[int], int], int]] = {"param_ratio": mlp_params, "mac_ratio": mlp_macs}
+
+
+def widths_for_params(in_features: int, widths: list[int], out_features: int, ratio: float,
+                      budget: str = "param_ratio") -> list[int]:
+    """Largest uniform keep-fraction widths (≥ 1 each) whose cost (``budget``: parameters or MACs) is at most
+    ``ratio`` of the full one, found by bisection on the fraction.
+
+    Raises CompressionError naming the flag and the smallest reachable ratio (one neuron per hidden layer)
+    when ``ratio`` is below it.
+    """
+    if budget not in CHAIN_COSTS:
+        raise CompressionError(f"pruning does not support {flag_of(budget)}; use --param-ratio or --mac-ratio")
+    cost = CHAIN_COSTS[budget]
     if not 0.0 < ratio <= 1.0:
-        raise CompressionError(f"--params must lie in (0, 1], got {ratio}")
-    target = ratio * mlp_params(in_features, widths, out_features)
+        raise CompressionError(f"{flag_of(budget)} must lie in (0, 1], got {ratio}")
+    full = cost(in_features, widths, out_features)
+    smallest = cost(in_features, [1] * len(widths), out_features) / full
+    if ratio < smallest - 1e-12:
+        raise CompressionError(f"{flag_of(budget)} {ratio:g} cannot be reached: the smallest whole-model ratio "
+                               f"pruning can reach is {smallest:.4f} (one neuron per hidden layer)")
+    target = ratio * full
     at = lambda f: [max(1, int(f * w)) for w in widths]  # noqa: E731
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mlp_params(in_features, at(mid), out_features) <= target else (lo, mid)
+        lo, hi = (mid, hi) if cost(in_features, at(mid), out_features) <= target else (lo, mid)
     return at(1.0) if ratio >= 1.0 else at(lo)
 
 
@@ -84,7 +114,7 @@ def prune_mlp(name: str, scorer: Scorer, model: nn.Module, data: Dataset, cfg: P
     report = CompressionReport(name, asdict(cfg))
     chain = extract_chain(model)
     n_in, n_out = chain.weights[0].shape[1], chain.weights[-1].shape[0]
-    widths = list(cfg.widths) or widths_for_params(n_in, chain.widths, n_out, cfg.params)
+    widths = list(cfg.widths) or widths_for_params(n_in, chain.widths, n_out, cfg.target()[1], cfg.target()[0])
     t0 = time.perf_counter()
     pruned = prune_chain(chain, scorer(chain, calibration), widths)
     report.timings_s["prune"] = time.perf_counter() - t0

@@ -34,13 +34,24 @@ class CompressionReport:
     params_before: int = 0
     params_after: int = 0
     macs_before: int = 0
+    """Whole-model MACs of one sample as torch's FlopCounterMode counts them; a ruled layer in which torch met ops
+    it has no formula for (``not_counted_by_torch``, e.g. an FFT) counts by its rule instead
+    (:func:`~compress.core.costs.whole_model_macs`)."""
     macs_after: int = 0
+    rule_macs_before: int = 0
+    """Sum of the per-layer MAC rules (:func:`~compress.core.costs.count_costs`), the cost allocators budget."""
+    rule_macs_after: int = 0
     layers: list[LayerReport] = field(default_factory=list)
     predicted: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, Any] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     not_counted: list[str] = field(default_factory=list)
+    """Modules with parameters but no per-layer MAC rule (BatchNorm, ...), in the compressed model."""
+    not_covered_by_rules: list[str] = field(default_factory=list)
+    """Modules (before or after) whose own torch-counted MACs no per-layer rule covers (attention, matmuls)."""
+    not_counted_by_torch: list[str] = field(default_factory=list)
+    """Heavy ops torch ran without a MAC formula (FFTs, CPU fused attention): missing from ``macs_*``."""
     spectra: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     """Per layer (or state point): named spectra, descending (e.g. cbalanced's Gramian tests A, B, C)."""
     bounds: dict[str, float] = field(default_factory=dict)

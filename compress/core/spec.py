@@ -9,8 +9,10 @@ from typing import Any, Callable, Sequence
 from torch import nn
 
 from .data import Dataset
+from .options import BUDGET_FIELDS
 from .demo_case import DemoCase
 from .report import CompressionReport
+from .smoke import SmokeCase
 
 __all__ = ["MethodSpec", "MethodFn", "ProviderDefaults", "no_provider_defaults", "REPORT_FIELDS"]
 
@@ -49,6 +51,12 @@ class MethodSpec:
         execution providers (e.g. the rank multiple of the fast kernels).
     report_fields : tuple of str
         The typed report fields (see :data:`REPORT_FIELDS`) the method fills.
+    smoke_case : callable or None
+        ``smoke_case() -> SmokeCase``: a tiny seeded model, data and small config on which the checks every
+        registered method must pass run (``tests/compress/methods/test_methods_common.py``); required there.
+    budgets : tuple of str
+        The whole-model budgets (:data:`~compress.core.options.BUDGET_FIELDS`: ``mac_ratio``, ``param_ratio``,
+        ``latency_ratio``) the method can meet; :func:`~compress.registry.compress` refuses the others.
     """
 
     name: str
@@ -58,6 +66,8 @@ class MethodSpec:
     demo_case: Callable[[bool], DemoCase] | None = None
     provider_defaults: ProviderDefaults = no_provider_defaults
     report_fields: tuple[str, ...] = ()
+    smoke_case: Callable[[], SmokeCase] | None = None
+    budgets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "_").isidentifier():
@@ -65,6 +75,9 @@ class MethodSpec:
         unknown = sorted(set(self.report_fields) - set(REPORT_FIELDS))
         if unknown:
             raise ValueError(f"method {self.name!r}: unknown report fields {unknown}; known: {list(REPORT_FIELDS)}")
+        unknown = sorted(set(self.budgets) - set(BUDGET_FIELDS))
+        if unknown:
+            raise ValueError(f"method {self.name!r}: unknown budgets {unknown}; known: {list(BUDGET_FIELDS)}")
 
     @property
     def fn(self) -> MethodFn:

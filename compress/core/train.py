@@ -13,6 +13,7 @@ from torch import nn
 
 from .data import Dataset
 from .errors import CompressionError
+from .options import SeedOption
 from .progress import log_progress
 
 __all__ = ["TrainConfig", "TrainResult", "train", "task_loss", "ProgressFn", "FinetuneOptions", "finetune"]
@@ -122,7 +123,7 @@ def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig
 
 
 @dataclass
-class FinetuneOptions:
+class FinetuneOptions(SeedOption):
     """Options shared by methods that can fine-tune their result (fields become CLI options)."""
 
     finetune_epochs: int = field(
@@ -132,9 +133,6 @@ class FinetuneOptions:
     finetune_lr: float = field(
         default=1e-3,
         metadata={"help": "Learning rate (Adam) of the fine-tuning, > 0; default 1e-3."})
-    seed: int = field(
-        default=0,
-        metadata={"help": "Random seed (sampling, data split, initialisation, training); default 0."})
 
     def __post_init__(self) -> None:
         if self.finetune_epochs < 0:

@@ -34,7 +34,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
-from compress.progress import PROGRESS_KEY  # noqa: E402  (runtime_bench logs with the same key)
+from compress.core.progress import PROGRESS_KEY  # noqa: E402  (runtime_bench logs with the same key)
 LIBRARY_LOGGERS = ("compress", "runtime_bench", "export")
 
 
@@ -107,20 +107,62 @@ def common(fn: Callable) -> Callable:
     return click.option("--quiet", "-q", is_flag=True, help="No progress messages.")(fn)
 
 
-def method_options(fn: Callable) -> Callable:
-    """One option per config field of the registered methods (see export.app.method_options)."""
-    from export.app.method_options import method_option_specs
+class GroupedOption(click.Option):
+    """A click option that names the ``--help`` section it belongs to."""
 
-    for spec in reversed(method_option_specs()):
-        helptext = f"{spec.help} [method(s): {', '.join(spec.methods)}]"
+    def __init__(self, *args: Any, group: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+
+class MethodCommand(click.Command):
+    """A command whose ``--help`` lists its own options first, then each method's options in a section of
+    their own ("Options for factorize:"), the options every method shares first."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                sections.setdefault(getattr(param, "group", "") or "Options", []).append(record)
+        own = sections.pop("Options", [])
+        ordered = sorted(sections, key=lambda t: (not t.startswith("Budget"), t))
+        for title, rows in [("Options", own)] + [(t, sections[t]) for t in ordered]:
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+
+def method_options(fn: Callable) -> Callable:
+    """One option per config field of the registered methods (see export.app.method_options), grouped by
+    method in ``--help``, plus a hidden option per deprecated spelling (warned about once when used)."""
+    from export.app.method_options import deprecated_aliases, method_option_specs
+
+    specs = method_option_specs()
+    fields = {spec.field: spec for spec in specs}
+    for old, targets in sorted(deprecated_aliases().items(), reverse=True):
+        if old not in fields:
+            kind = fields[next(iter(targets.values()))].kind
+            fn = click.option("--" + old.replace("_", "-"), old, type=kind, default=None, hidden=True)(fn)
+    for spec in reversed(specs):
+        helptext = spec.help
         if spec.kind is bool:
-            opt = click.option(f"{spec.flag}/--no-{spec.flag[2:]}", spec.field, default=None, help=helptext)
+            opt = click.option(f"{spec.flag}/--no-{spec.flag[2:]}", spec.field, default=None, help=helptext,
+                               cls=GroupedOption, group=spec.group)
         else:
             kind = click.Choice(spec.choices) if spec.choices else spec.kind
             opt = click.option(spec.flag, spec.field, type=kind, default=None, multiple=spec.multiple,
-                               help=helptext + (" Repeat for several values." if spec.multiple else ""))
+                               help=helptext + (" Repeat for several values." if spec.multiple else ""),
+                               cls=GroupedOption, group=spec.group)
         fn = opt(fn)
     return fn
+
+
+def _warn_aliases(used: set[str]) -> None:
+    """One line on stderr per deprecated spelling the command used."""
+    from export.app.method_options import alias_warning
+
+    for old in sorted(used):
+        click.echo(f"warning: {alias_warning(old)}", err=True)
 
 
 def _method_choice() -> click.Choice:
@@ -231,7 +273,7 @@ def _calib_line(calib_samples: int, held: Any, holdout: float) -> str:
 def _record_held_out(report: Any, net: Any, small: Any, calib: Any, held: Any, holdout: float) -> None:
     """``report.measured["held_out"]``: the compressed model against the original on the held-out samples,
     or None (with a note) when ``--calib-holdout 0`` held nothing out."""
-    from compress.evaluate import compare_outputs
+    from compress.core.evaluate import compare_outputs
 
     if held is None:
         report.measured["held_out"] = None
@@ -243,7 +285,7 @@ def _record_held_out(report: Any, net: Any, small: Any, calib: Any, held: Any, h
                         f"calibrated on the other {len(calib)}")
 
 
-@cli.command("compress")
+@cli.command("compress", cls=MethodCommand)
 @click.argument("model")
 @click.option("--method", "-m", type=_method_choice(), required=True, help="Registered compression method.")
 @click.option("--calib", "data", required=True, help="Calibration (and, for methods that train, training) data.")
@@ -271,7 +313,9 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
 
     con = Console(quiet, as_json)
     _prepare_outputs([out, report_path], model, weights, data)
-    config = build_config(method, opts, provider_defaults((target_provider,)))
+    used: set[str] = set()
+    config = build_config(method, opts, provider_defaults((target_provider,)), used)
+    _warn_aliases(used)
     net, calib, held = _load_inputs(model, weights, trust_pickle, data, None, holdout)
     con.progress(_calib_line(len(calib), held, holdout))
     con.progress(f"compressing {model} with {method}")
@@ -475,10 +519,13 @@ def _finish_run(con: Console, report: Any, out: str) -> None:
     con.result(report)
 
 
-@cli.command("run")
+@cli.command("run", cls=MethodCommand)
 @click.argument("model")
-@click.option("--method", "-m", "method", type=_method_choice(), multiple=True, required=True,
-              help="Method(s) to compare; repeat for several.")
+@click.option("--method", "-m", "method", type=_method_choice(), multiple=True,
+              help="Method(s) to compare, each with the method options given here; repeat for several.")
+@click.option("--plan", "plan", type=click.Path(dir_okay=False),
+              help="TOML plan file: [[variant]] tables, each a method or a chain (method = [\"fde\", \"factorize\"]) "
+                   "with its own options; combines with -m.")
 @click.option("--data", required=True, help="Calibration/training data.")
 @click.option("--eval-data", help="Held-out evaluation data (default: a split of --data).")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
@@ -487,34 +534,51 @@ def _finish_run(con: Console, report: Any, out: str) -> None:
 @_skip_unavailable_option
 @method_options
 @common
-def run_cmd(model: str, method: tuple[str, ...], data: str, eval_data: str | None, weights: str | None,
-            trust_pickle: bool, out: str, overwrite: bool, batch: str, providers: str, no_int8: bool,
-            quant_target: str, quant_mode: str, min_seconds: float | None, repeats: int | None,
+def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, eval_data: str | None,
+            weights: str | None, trust_pickle: bool, out: str, overwrite: bool, batch: str, providers: str,
+            no_int8: bool, quant_target: str, quant_mode: str, min_seconds: float | None, repeats: int | None,
             skip_unavailable_providers: bool, quiet: bool, as_json: bool,
             **opts: Any) -> None:
     """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 → benchmark."""
-    from compress.demo_case import DemoCase, DemoRun
+    from compress.core.demo_case import DemoCase, DemoRun
     from export.app.method_options import build_config, provider_defaults
     from export.app.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
+    from export.app.plan import load_plan
 
     con = Console(quiet, as_json)
+    if not method and not plan:
+        raise click.UsageError("give --method/-m (repeat for several) or --plan FILE")
+    if plan and not method and any(v not in (None, ()) for v in opts.values()):
+        raise click.UsageError("method options on the command line apply to -m variants; put the options of "
+                               "--plan variants in the plan file")
     cfg = _pipeline_config(PipelineConfig(skip_unavailable_providers=skip_unavailable_providers), batch,
                            providers, no_int8, quant_target, quant_mode, min_seconds, repeats)
     _require_providers(cfg.providers, skip_unavailable_providers)  # fail fast, before any loading
-    runs = [DemoRun(m, m, build_config(m, opts, provider_defaults(cfg.providers))) for m in method]
+    defaults, used = provider_defaults(cfg.providers), set()
+    runs = [DemoRun(m, m, build_config(m, opts, defaults, used)) for m in method]
+    _warn_aliases(used)
+    runs += load_plan(plan, defaults) if plan else []
     # --out is locked from its existence check to the commit: a concurrent run to it exits 1
-    with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data)) as claim:
+    with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data, plan)) as claim:
         net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
         case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs)
         report = fill_run_dir([case], claim, cfg, con.progress)
     _finish_run(con, report, out)
 
 
+def _demo_keys_help() -> str:
+    """``--only`` help: the digits models and the registered methods that ship a demo case."""
+    from compress import get_method, method_names
+
+    own = [n for n in method_names() if get_method(n).demo_case is not None]
+    return (f"Comma-separated demo cases: digits-mlp, digits-cnn, or a method name ({', '.join(own)}) for that "
+            "method's own case.")
+
+
 @cli.command("demo")
 @click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
 @click.option("--overwrite", is_flag=True, help="Replace an existing run directory.")
-@click.option("--only", help="Comma-separated demo cases: digits-mlp, digits-cnn, or a method name "
-              "(cbalanced, fde, ssm) for that method's own case.")
+@click.option("--only", help=_demo_keys_help())
 @click.option("--full", is_flag=True, help="Longer training and the full 2 s timing protocol.")
 @common
 def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: bool, as_json: bool) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from compress.data import Dataset
+from compress.core.data import Dataset
 from compress.datasets import digits
 from export.app.callables import (SpecError, _CallableSpec, _cause, _describe, _looks_like_path, _parse_callable,
                                   _resolve_callable, _shape)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable
 
 from torch import nn
@@ -10,7 +9,7 @@ from torch import nn
 from compress import get_method, method_names
 from export.app.method_options import build_config, provider_defaults
 from compress.datasets import digits
-from compress.demo_case import DemoCase, DemoRun
+from compress.core.demo_case import DemoCase, DemoRun
 from compress.models import mlp, small_cnn
 from compress.train import TrainConfig, train
 from export.app.pipeline import PipelineConfig
@@ -32,7 +31,7 @@ def _trained(model: nn.Module, name: str, flat: bool, epochs: int) -> DemoCase:
 def _lowrank_runs() -> list[DemoRun]:
     """SVD baseline and whitened factorisation at the same 0.5 MAC budget, ranks rounded for the CPU provider."""
     defaults = provider_defaults(DEMO_PIPELINE.providers)
-    return [DemoRun(f"{name}-0.5", name, build_config(name, {"flops": 0.5}, defaults))
+    return [DemoRun(f"{name}-0.5", name, build_config(name, {"layer_mac_ratio": 0.5}, defaults))
             for name in ("svd", "factorize")]
 
 
@@ -54,15 +53,12 @@ def digits_cases(quick: bool = True) -> list[DemoCase]:
 
 
 def demo_factories() -> dict[str, Callable[[bool], DemoCase]]:
-    """Demo cases by key: the two digits models, then each registered method module's ``demo_case``
-    (keyed by the first method name registered from that module)."""
+    """Demo cases by key: the two digits models, then each registered method's ``spec.demo_case`` (keyed by
+    the method name)."""
     factories: dict[str, Callable[[bool], DemoCase]] = {"digits-mlp": _digits_mlp, "digits-cnn": _digits_cnn}
-    seen = set()
     for name in method_names():
-        module = importlib.import_module(get_method(name).fn.__module__)
-        factory = getattr(module, "demo_case", None)
-        if factory is not None and module.__name__ not in seen:
-            seen.add(module.__name__)
+        factory = get_method(name).demo_case
+        if factory is not None:
             factories[name] = factory
     return factories
 

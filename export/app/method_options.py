@@ -1,7 +1,9 @@
 """Method options for the CLI, derived from the registered config dataclasses (no per-method code).
 
-Every config field ``foo_bar`` becomes ``--foo-bar``; a field that several methods share must have one
-type. Each field documents itself in its metadata: ``field(default=..., metadata={"help": "...", "choices": (...)})``
+Every config field ``foo_bar`` becomes ``--foo-bar``; a field that several methods share must be declared once, in a
+shared base dataclass (``compress.core.options``), so that one flag has one type and one meaning -- two methods
+declaring the same name apart is an error. A config's ``DEPRECATED_ALIASES`` (``{old name: field}``) keeps old
+spellings working for one release. Each field documents itself in its metadata: ``field(default=..., metadata={"help": "...", "choices": (...)})``
 -- the help text is required (a field without one is a build-time error), the choices are optional (the fixed set of
 strings the field accepts). Only options the user gave are passed on, and an option the chosen method does not have
 is an error.
@@ -16,15 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from compress import get_method, method_names
-from runtime_bench.facts import PROVIDERS
 
 __all__ = ["OptionSpec", "method_option_specs", "config_option_specs", "field_docs", "build_config",
-           "MethodOptionError", "provider_defaults", "RANK_MULTIPLE_BY_PROVIDER"]
-
-#: Rank granularity that keeps factorised layers on the provider's fast paths: measured on resnet18 with the
-#: CPU provider, multiples of 16 turned a 1.31x latency/MAC gap into 1.03x (benchmarks/factorize_latency.json);
-#: GPU tensor cores want multiples of 8.
-RANK_MULTIPLE_BY_PROVIDER: dict[str, int] = {short: 16 if short == "cpu" else 8 for short in PROVIDERS}
+           "MethodOptionError", "provider_defaults", "deprecated_aliases", "alias_warning", "option_group"]
 
 
 class MethodOptionError(ValueError):
@@ -46,6 +42,18 @@ class OptionSpec:
     @property
     def flag(self) -> str:
         return "--" + self.field.replace("_", "-")
+
+    @property
+    def group(self) -> str:
+        """The ``--help`` section of this option (see :func:`option_group`)."""
+        return option_group(self.methods)
+
+
+def option_group(methods: tuple[str, ...]) -> str:
+    """``--help`` section title of an option the given methods have: every method's, or "Options for ..."."""
+    if set(methods) >= set(method_names()):
+        return "Budget and options of every method"
+    return f"Options for {', '.join(methods)}"
 
 
 def _scalar(tp: Any) -> tuple[type, bool]:
@@ -102,18 +110,20 @@ def config_option_specs(configs: dict[str, type]) -> list[OptionSpec]:
     merged: dict[str, tuple[type, bool, list[str]]] = {}
     helps: dict[str, dict[str, list[str]]] = {}
     choices: dict[str, list[tuple[str, ...] | None]] = {}
+    declared: dict[str, tuple[dataclasses.Field, str]] = {}
     for name, cls in configs.items():
         hints = typing.get_type_hints(cls)
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
+            first = declared.setdefault(f.name, (f, name))
+            if first[0] is not f:
+                raise ValueError(f"config field {f.name!r} (--{f.name.replace('_', '-')}) is declared apart by methods "
+                                 f"{first[1]!r} and {name!r}: give each method's knob its own name, or declare the "
+                                 "shared field once in a base dataclass (compress.core.options)")
             kind, multiple = _scalar(hints[f.name])
             if kind not in (int, float, bool, str):
                 continue
-            prev = merged.setdefault(f.name, (kind, multiple, []))
-            if (prev[0], prev[1]) != (kind, multiple):
-                kind = float if {prev[0], kind} == {int, float} else str
-                merged[f.name] = (kind, multiple, prev[2])
-            merged[f.name][2].append(name)
+            merged.setdefault(f.name, (kind, multiple, []))[2].append(name)
             helps.setdefault(f.name, {}).setdefault(docs[f.name][0], []).append(name)
             choices.setdefault(f.name, []).append(docs[f.name][1])
     return [OptionSpec(k, v[0], v[1], tuple(v[2]), _merged_help(helps[k]), _merged_choices(choices[k]))
@@ -130,17 +140,59 @@ def method_option_specs() -> list[OptionSpec]:
 
 
 def provider_defaults(providers: tuple[str, ...]) -> dict[str, Any]:
-    """Option defaults that depend on the target providers (the coarsest rank multiple they ask for)."""
-    multiples = [RANK_MULTIPLE_BY_PROVIDER[p] for p in providers if p in RANK_MULTIPLE_BY_PROVIDER]
-    return {"rank_multiple": max(multiples)} if multiples else {}
+    """Option defaults that depend on the target providers: each method spec's ``provider_defaults``, merged
+    (:func:`build_config` applies only the fields a method has)."""
+    out: dict[str, Any] = {}
+    for name in method_names():
+        out.update(get_method(name).provider_defaults(tuple(providers)))
+    return out
 
 
-def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | None = None) -> Any:
+def deprecated_aliases() -> dict[str, dict[str, str]]:
+    """``{old name: {method: new field}}`` over the registered methods' ``DEPRECATED_ALIASES``."""
+    out: dict[str, dict[str, str]] = {}
+    for name in method_names():
+        for old, new in getattr(get_method(name).config_cls, "DEPRECATED_ALIASES", {}).items():
+            out.setdefault(old, {})[name] = new
+    return out
+
+
+def alias_warning(old: str) -> str:
+    """The one warning line for a deprecated spelling, naming its replacement(s) by method."""
+    targets: dict[str, list[str]] = {}
+    for method, new in deprecated_aliases()[old].items():
+        targets.setdefault(new, []).append(method)
+    uses = " or ".join(f"--{new.replace('_', '-')} ({', '.join(ms)})" for new, ms in targets.items())
+    note = ("; same meaning as before (for svd/factorize the factorisable layers' ratio; --mac-ratio/--param-ratio "
+            "budget the whole model)" if old in ("flops", "params") else "; same meaning")
+    return f"--{old.replace('_', '-')} is deprecated; use {uses}{note}. It will be removed in the next release."
+
+
+def _resolve_aliases(cls: type, given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` with the config's deprecated spellings renamed to their fields (both given is an error)."""
+    aliases = getattr(cls, "DEPRECATED_ALIASES", {})
+    out = {k: v for k, v in given.items() if k not in aliases}
+    for old, new in aliases.items():
+        if given.get(old) in (None, ()):
+            continue
+        if out.get(new) not in (None, ()):
+            raise MethodOptionError(f"give --{new.replace('_', '-')} or its deprecated alias "
+                                    f"--{old.replace('_', '-')}, not both")
+        out[new] = given[old]
+    return out
+
+
+def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | None = None,
+                 aliases_used: set[str] | None = None) -> Any:
     """The method's config from the options the user gave (None / empty = not given).
 
-    ``defaults`` fill fields the user did not give, where the method has such a field.
+    ``defaults`` fill fields the user did not give, where the method has such a field. Deprecated spellings
+    the method resolved are added to ``aliases_used`` (the CLI warns once per spelling).
     """
     cls = get_method(method).config_cls
+    if aliases_used is not None:
+        aliases_used.update(k for k in getattr(cls, "DEPRECATED_ALIASES", {}) if given.get(k) not in (None, ()))
+    given = _resolve_aliases(cls, given)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     kwargs = {k: v for k, v in (defaults or {}).items() if k in fields and given.get(k) in (None, ())}

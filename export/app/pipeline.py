@@ -32,9 +32,9 @@ from typing import Any, Callable, Sequence
 from torch import nn
 
 import runtime_bench as rb
-from compress import compress
-from compress.evaluate import compare_outputs
-from compress.demo_case import DemoCase
+from compress.core.demo_case import DemoCase
+from compress.core.evaluate import compare_outputs
+from export.app.plan import run_variant
 from export.atomic import atomic_path
 from export.serialize import save_program
 from export.variant import (VariantConfig, VariantRecord, export_variant, file_stem, quantize_variant, relative_to,
@@ -320,7 +320,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         t = time.perf_counter()
         _fault_point("compress")
         progress(f"[{case.name}] compressing with {run.method} ({run.label})")
-        small, report = compress(case.model, case.train, run.method, run.config)
+        small, report = run_variant(case.model, case.train, run)
         stages[f"compress:{run.label}"] = time.perf_counter() - t
         t = time.perf_counter()
         rec = _export(small, run.label, run.method, case, case_dir, cfg)

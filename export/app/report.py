@@ -96,6 +96,7 @@ def render_markdown(report: Any) -> str:
                 held = ", ".join(f"{k}={val:.4g}" for k, val in comp.get("measured", {}).get("held_out", {}).items())
                 out.append(f"- **{_get(v, 'label')}** ({_get(v, 'method')}): predicted {pred or '-'}; "
                            f"measured on calibration data {meas or '-'}; on held-out data {held or '-'}")
+                out += _budget_and_bounds(_get(v, "label"), comp)
             q = _get(v, "quantization")
             if q:
                 out.append(f"- **{_get(v, 'label')}**: INT8 {q.get('mode', '')} for {q.get('target', '')}, "
@@ -110,6 +111,20 @@ def render_markdown(report: Any) -> str:
         out += [f"- note: {n}" for n in _get(case, "notes")]
         out += [f"- **WARNING**: {w}" for w in _get(case, "warnings")]
     return "\n".join(out) + "\n"
+
+
+def _budget_and_bounds(label: str, comp: dict[str, Any]) -> list[str]:
+    """Report lines: the whole-model budget asked for and reached, and the typed error bounds."""
+    out = []
+    budget = comp.get("predicted", {}).get("budget")
+    if budget:
+        flag = "--" + budget["kind"].replace("_", "-")
+        out.append(f"- **{label}** budget {flag} {budget['requested']:g}: whole-model ratio reached "
+                   f"{_fmt(budget.get('achieved'), '.4f')}")
+    bounds = comp.get("bounds") or {}
+    if bounds:
+        out.append(f"- **{label}** error bounds: " + ", ".join(f"{k}={v:.4g}" for k, v in bounds.items()))
+    return out
 
 
 def plot_accuracy_latency(report: Any, path: Any) -> None:
@@ -146,14 +161,13 @@ def plot_accuracy_latency(report: Any, path: Any) -> None:
 
 
 def spectra_layers(report: Any) -> list[tuple[str, str, dict[str, list[float]]]]:
-    """(case, layer, {test: eigenvalues}) for every layer whose compression report carries spectra."""
+    """(case, layer, {test: eigenvalues}) for every layer in a compression report's typed ``spectra`` field."""
     out = []
     for case in _get(report, "cases"):
         for v in _get(case, "variants"):
-            for layer in (_get(v, "compression") or {}).get("layers", []):
-                spectra = layer.get("details", {}).get("spectra")
+            for layer, spectra in ((_get(v, "compression") or {}).get("spectra") or {}).items():
                 if spectra:
-                    out.append((_get(case, "name"), f"{_get(v, 'label')}: {layer['name']}", spectra))
+                    out.append((_get(case, "name"), f"{_get(v, 'label')}: {layer}", spectra))
     return out
 
 

@@ -14,7 +14,7 @@ from torch import nn
 
 import compress.registry as registry
 from compress import MethodSpec, compress, get_method, method_names, register
-from compress.data import Dataset
+from compress.core.data import Dataset
 from compress.models import mlp
 
 THROWAWAY = '''

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from torch import nn
 
 from compress import CompressionError, compress
-from compress.data import Dataset
-from compress.lowrank import matrix_view
-from compress.lowrank_plan import find_targets
+from compress.core.data import Dataset
+from compress.core.lowrank import matrix_view
+from compress.core.lowrank_plan import find_targets
 from compress.methods.factorize import FactorizeConfig
 from export.app.cli import cli
 from export.latency_table import build_latency_table, rank_grid
@@ -84,7 +84,7 @@ def _table_ms(entry: dict, rank: int | None) -> float:
 def test_factorize_meets_latency_budget_of_table(tiny_cnn: nn.Module, image_data: Dataset, tmp_path: Path) -> None:
     path = tmp_path / "table.json"
     table = _synthetic_table(tiny_cnn, image_data.x, path)
-    new, report = compress(tiny_cnn, image_data, "factorize", FactorizeConfig(latency=0.6, latency_table=str(path)))
+    new, report = compress(tiny_cnn, image_data, "factorize", FactorizeConfig(layer_latency_ratio=0.6, latency_table=str(path)))
     rows = {lr.name: lr for lr in report.layers if lr.name in table["layers"]}
     assert set(rows) == set(table["layers"])
     assert any(lr.action == "factorized" for lr in rows.values())
@@ -98,14 +98,14 @@ def test_factorize_meets_latency_budget_of_table(tiny_cnn: nn.Module, image_data
 
 def test_latency_without_table_names_the_option(tiny_mlp: nn.Module, mlp_data: Dataset) -> None:
     with pytest.raises(CompressionError, match="--latency-table"):
-        compress(tiny_mlp, mlp_data, "factorize", FactorizeConfig(latency=0.5))
+        compress(tiny_mlp, mlp_data, "factorize", FactorizeConfig(layer_latency_ratio=0.5))
 
 
 def test_latency_and_flops_together_rejected(tiny_mlp: nn.Module, mlp_data: Dataset, tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     _synthetic_table(tiny_mlp, mlp_data.x, path)
     with pytest.raises(CompressionError, match="only one of"):
-        compress(tiny_mlp, mlp_data, "factorize", FactorizeConfig(latency=0.5, flops=0.5, latency_table=str(path)))
+        compress(tiny_mlp, mlp_data, "factorize", FactorizeConfig(layer_latency_ratio=0.5, layer_mac_ratio=0.5, latency_table=str(path)))
 
 
 def test_table_missing_a_layer_is_an_error(tiny_mlp: nn.Module, mlp_data: Dataset, tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_table_missing_a_layer_is_an_error(tiny_mlp: nn.Module, mlp_data: Datase
     table["layers"].pop(next(iter(table["layers"])))
     path.write_text(json.dumps(table))
     with pytest.raises(CompressionError, match="latency-table"):
-        compress(tiny_mlp, mlp_data, "factorize", FactorizeConfig(latency=0.5, latency_table=str(path)))
+        compress(tiny_mlp, mlp_data, "factorize", FactorizeConfig(layer_latency_ratio=0.5, latency_table=str(path)))
 
 
 def test_cli_latency_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

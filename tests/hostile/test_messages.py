@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from compress import CompressionError
-from compress.allocate import allocate, options_from_spectrum
-from compress.data import Dataset
+from compress.core.allocate import allocate, options_from_spectrum
+from compress.core.data import Dataset
 from compress.methods.cbalanced.empirical_gramians import reachability_gramians
 from compress.methods.cbalanced import CBalancedConfig
 from compress.methods.ssm import SSMConfig
@@ -54,7 +54,7 @@ def test_bench_option_errors_name_the_flag(flag: str, value: str, tmp_path: Path
 
 
 @pytest.mark.parametrize("config_cls, options, flag", [
-    (CBalancedConfig, {"eps": 1.5}, "--eps"),
+    (CBalancedConfig, {"energy_eps": 1.5}, "--energy-eps"),
     (CBalancedConfig, {"state_budget": 0}, "--state-budget"),
     (SSMConfig, {"trunc": 0.5, "energy": 0.9}, "--trunc"),
 ])

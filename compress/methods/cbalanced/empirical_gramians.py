@@ -53,7 +53,18 @@ class StateGramians:
 
 
 def default_state_points(model: nn.Module) -> list[str]:
-    """Hidden-activation outputs (MLPs, conv-BN-act stages) or ``layer1…layer4`` of torchvision ResNets."""
+    """Hidden-activation outputs (MLPs, conv-BN-act stages) or ``layer1…layer4`` of torchvision ResNets.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The network.
+
+    Returns
+    -------
+    list of str
+        Qualified module names whose outputs are the state points.
+    """
     names = dict(model.named_children())
     if all(s in names for s in _RESNET_STAGES):
         return list(_RESNET_STAGES)
@@ -111,7 +122,24 @@ def _eval_batches(model: nn.Module, data: Dataset, batch_size: int) -> Iterator[
 @torch.no_grad()
 def collect_states(model: nn.Module, data: Dataset, points: Sequence[str], batch_size: int = 256
                    ) -> dict[str, torch.Tensor]:
-    """The (N, d) states at each point over ``data`` (eval mode), in the model's dtype."""
+    """The (N, d) states at each point over ``data`` (eval mode), in the model's dtype.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The network (run in eval mode).
+    data : Dataset
+        Calibration inputs.
+    points : sequence of str
+        Qualified names of the modules whose outputs are the states.
+    batch_size : int
+        Inputs per forward pass.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        The (N, d) states of each point.
+    """
     cap = _Capture(model, points)
     acc: dict[str, list[torch.Tensor]] = {p: [] for p in points}
     try:
@@ -127,7 +155,26 @@ def collect_states(model: nn.Module, data: Dataset, points: Sequence[str], batch
 @torch.no_grad()
 def reachability_gramians(model: nn.Module, data: Dataset, points: Sequence[str], batch_size: int = 256
                           ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Per point ``(mean, Gc)``: streaming centred covariance (1/(N−1)) in float64, shifted by batch 1's mean."""
+    """Per point ``(mean, Gc)``: streaming centred covariance (1/(N−1)) in float64, shifted by batch 1's mean.
+
+    The empirical reachability Gramian of a state point is the covariance of its states over the data.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The network (run in eval mode).
+    data : Dataset
+        Calibration inputs.
+    points : sequence of str
+        Qualified names of the modules whose outputs are the states.
+    batch_size : int
+        Inputs per forward pass.
+
+    Returns
+    -------
+    dict of str to (torch.Tensor, torch.Tensor)
+        Per point: the state mean (d,) and Gc (d, d), float64.
+    """
     if len(data) < 2:
         raise CompressionError("the reachability Gramian needs at least 2 calibration samples")
     cap = _Capture(model, points)
@@ -161,7 +208,32 @@ def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str
     """Per point Go = mean_n J_nᵀ J_n (float64) and the method used (``"exact"`` or ``"probes:k"``).
 
     Exact when the model has at most ``max_exact_outputs`` outputs, else ``probes`` Rademacher probes.
-    Assumes samples are independent in eval mode (no batch-coupled layers).
+    Assumes samples are independent in eval mode (no batch-coupled layers). J_n is the Jacobian of the model's
+    output with respect to the state at the point, for sample n.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The network (run in eval mode).
+    data : Dataset
+        Calibration inputs.
+    points : sequence of str
+        Qualified names of the modules whose outputs are the states.
+    max_exact_outputs : int
+        Largest output size for exact Jacobians.
+    probes : int
+        Rademacher probes per sample beyond that.
+    batch_size : int
+        Inputs per forward pass.
+    seed : int
+        Seed of the probes.
+
+    Returns
+    -------
+    gramians : dict of str to torch.Tensor
+        Go (d, d) of each point, float64.
+    method : str
+        ``"exact"`` or ``"probes:k"``.
     """
     gen = torch.Generator().manual_seed(seed)
     cap = _Capture(model, points)
@@ -196,7 +268,30 @@ def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str
 def collect_gramians(model: nn.Module, data: Dataset, points: Sequence[str] | None = None,
                      max_exact_outputs: int = 64, probes: int = 16, go_samples: int | None = None,
                      batch_size: int = 256, seed: int = 0) -> dict[str, StateGramians]:
-    """Gc on all of ``data`` and Go on its first ``go_samples`` samples, for every state point."""
+    """Gc on all of ``data`` and Go on its first ``go_samples`` samples, for every state point.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The network (run in eval mode).
+    data : Dataset
+        Calibration inputs.
+    points : sequence of str, optional
+        State points; default :func:`default_state_points`.
+    max_exact_outputs, probes : int
+        As in :func:`observability_gramians`.
+    go_samples : int, optional
+        Samples for Go (the costlier Gramian); default all.
+    batch_size : int
+        Inputs per forward pass.
+    seed : int
+        Seed of the probes.
+
+    Returns
+    -------
+    dict of str to StateGramians
+        Both Gramians, the mean and the sample counts of each point.
+    """
     points = list(points) if points else default_state_points(model)
     gc = reachability_gramians(model, data, points, batch_size)
     go_data = data if go_samples is None else data.take(min(go_samples, len(data)))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
@@ -26,9 +26,11 @@ from ...core.data import Dataset
 from ...core.demo_case import DemoCase, DemoRun
 from ...core.errors import CompressionError
 from ...core.evaluate import compare_outputs, predict
+from ...core.options import CostBudget, SeedOption, StateBudgetOption
 from ...core.linalg import balanced_basis, balanced_gramian, energy_rank, sym_eig_desc
 from ...core.report import CompressionReport, LayerReport
 from ...core.spec import MethodSpec
+from .smoke import smoke_case
 from ...core.train import TrainConfig, train
 from .empirical_gramians import StateGramians, collect_gramians, default_state_points
 from .realise import (insert_projections, is_basic_resnet, refit_linear_chain, resize_resnet, resize_sequential,
@@ -43,10 +45,10 @@ SELECTIONS = ("leverage", "magnitude")
 
 
 @dataclass
-class CBalancedConfig:
-    """Options of the C-balanced method.
+class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption):
+    """Options of the C-balanced method (no cost budget: the energy tolerance or the state budget sets the widths).
 
-    ``eps``: energy left out by each test's rank (ignored when ``state_budget`` gives the total state order).
+    ``energy_eps``: energy left out by each test's rank (ignored when ``state_budget`` gives the total state order).
     ``init``: ``"scratch"`` or ``"warm"`` (kept neurons copied, then least-squares refit when ``refit``).
     ``distill``: train against the original (``alpha``, ``temperature``) instead of labels alone.
     ``controls``: also train the other inits, the uniform-width control and the projected diagnostic.
@@ -54,12 +56,13 @@ class CBalancedConfig:
     that many outputs, else a random-projection estimate.
     """
 
-    eps: float = field(
+    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"eps": "energy_eps", "batch_size": "train_batch_size",
+                                                    "calib_samples": "gramian_samples"}
+
+    energy_eps: float = field(
         default=1e-4,
-        metadata={"help": "Energy left out by each test's rank, in [0, 1); default 1e-4; ignored with --state-budget."})
-    state_budget: int | None = field(
-        default=None,
-        metadata={"help": "Total state order (neurons) across the state points instead of --eps, >= 1; default none."})
+        metadata={"help": "Energy left out by each test's rank, in [0, 1); default 1e-4; ignored with --state-budget. "
+                          "Deprecated alias: --eps."})
     state_points: tuple[str, ...] = field(
         default=(),
         metadata={"help": "Qualified module name whose output is a state point; default the hidden activations "
@@ -87,9 +90,10 @@ class CBalancedConfig:
         default=True,
         metadata={"help": "Also train the other inits, the uniform-width control and the projected diagnostic; "
                           "default on."})
-    calib_samples: int = field(
+    gramian_samples: int = field(
         default=4000,
-        metadata={"help": "Training samples that estimate the Gramians, >= 1; default 4000."})
+        metadata={"help": "Training samples that estimate the Gramians, >= 1; default 4000. Deprecated alias: "
+                          "--calib-samples."})
     go_samples: int = field(
         default=2000,
         metadata={"help": "Samples of the observability-Gramian subsample, >= 1; default 2000."})
@@ -104,7 +108,8 @@ class CBalancedConfig:
     epochs: int = field(
         default=30,
         metadata={"help": "Maximum training epochs of the realised network, >= 0; default 30."})
-    batch_size: int = field(default=64, metadata={"help": "Training batch size, >= 1; default 64."})
+    train_batch_size: int = field(
+        default=64, metadata={"help": "Training batch size, >= 1; default 64. Deprecated alias: --batch-size."})
     lr: float = field(
         default=3e-3,
         metadata={"help": "Training learning rate (Adam, cosine schedule), > 0; default 3e-3."})
@@ -120,30 +125,27 @@ class CBalancedConfig:
     val_fraction: float = field(
         default=0.15,
         metadata={"help": "Fraction of the data held out (seeded) for validation, in (0, 1); default 0.15."})
-    seed: int = field(
-        default=0,
-        metadata={"help": "Random seed (sampling, data split, initialisation, training); default 0."})
 
     def __post_init__(self) -> None:
+        CostBudget.__post_init__(self)
+        StateBudgetOption.__post_init__(self)
         if self.init not in INITS:
             raise CompressionError(f"--init must be one of {INITS}, got {self.init!r}")
         if self.selection not in SELECTIONS:
             raise CompressionError(f"--selection must be one of {SELECTIONS}, got {self.selection!r}")
-        if not 0.0 <= self.eps < 1.0:
-            raise CompressionError(f"--eps must lie in [0, 1), got {self.eps}")
-        if self.state_budget is not None and self.state_budget < 1:
-            raise CompressionError(f"--state-budget must be a positive state count, got {self.state_budget}")
+        if not 0.0 <= self.energy_eps < 1.0:
+            raise CompressionError(f"--energy-eps must lie in [0, 1), got {self.energy_eps}")
         if not 0.0 < self.val_fraction < 1.0:
             raise CompressionError(f"--val-fraction must lie in (0, 1), got {self.val_fraction}")
         if not 0.0 <= self.alpha <= 1.0:
             raise CompressionError(f"--alpha must lie in [0, 1], got {self.alpha}")
-        for flag, value in (("--calib-samples", self.calib_samples), ("--go-samples", self.go_samples),
-                            ("--batch-size", self.batch_size), ("--probes", self.probes)):
+        for flag, value in (("--gramian-samples", self.gramian_samples), ("--go-samples", self.go_samples),
+                            ("--train-batch-size", self.train_batch_size), ("--probes", self.probes)):
             if value < 1:
                 raise CompressionError(f"{flag} must be >= 1, got {value}")
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(self.epochs, self.batch_size, self.lr, 0.0, self.patience, self.alpha,
+        return TrainConfig(self.epochs, self.train_batch_size, self.lr, 0.0, self.patience, self.alpha,
                            self.temperature, self.seed)
 
 
@@ -360,8 +362,7 @@ def _layer_reports(model: nn.Module, new: nn.Module, analyses: dict[str, StateAn
             p, type(old_layer).__name__, "resized", "width = C rank", sum(t.numel() for t in old_layer.parameters()),
             sum(t.numel() for t in new_layer.parameters()), rank=widths[p], full_rank=a.dim,
             details={"rank_a": a.rank_a, "rank_b": a.rank_b, "rank_c": a.rank_c, "producer": i,
-                     "energy_kept_c": a.energy_kept("C", widths[p]),
-                     "spectra": {k: v.tolist() for k, v in a.spectra.items()}}))  # until export reads .spectra
+                     "energy_kept_c": a.energy_kept("C", widths[p])}))
     return rows
 
 
@@ -373,12 +374,12 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig)
     report = CompressionReport("cbalanced", asdict(cfg))
     model.eval()
     train_set, val = data.split(cfg.val_fraction, cfg.seed)
-    calib = train_set.take(cfg.calib_samples)
+    calib = train_set.take(cfg.gramian_samples)
     points = list(cfg.state_points) or default_state_points(model)
     t0 = time.perf_counter()
     grams = collect_gramians(model, calib, points, cfg.max_exact_outputs, cfg.probes, cfg.go_samples, seed=cfg.seed)
     report.timings_s["gramians"] = time.perf_counter() - t0
-    analyses = analyse_states(grams, cfg.eps, cfg.state_budget)
+    analyses = analyse_states(grams, cfg.energy_eps, cfg.state_budget)
     widths = {p: a.rank_c for p, a in analyses.items()}
     t0 = time.perf_counter()
     new, variants = _variants(model, analyses, widths, train_set, val, calib, cfg)
@@ -423,4 +424,5 @@ def demo_case(quick: bool = True) -> DemoCase:
 
 
 SPEC = MethodSpec("cbalanced", "C-balanced realisation: Gramian ranks become the widths of a new network",
-                  CBalancedConfig, cbalanced_compress, demo_case=demo_case, report_fields=("spectra",))
+                  CBalancedConfig, cbalanced_compress, demo_case=demo_case, report_fields=("spectra",),
+                  smoke_case=smoke_case)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -24,9 +25,10 @@ from ...core.data import Dataset
 from ...core.errors import CompressionError
 from ...core.lowrank import grouped_weight
 from ...core.lowrank_plan import (Budget, BudgetOptions, Target, apply_factors, fill_report, find_targets,
-                                  load_latency_table, plan_ranks, rank_multiple_defaults)
+                                  load_latency_table, plan_ranks, rank_multiple_defaults, whole_model_total)
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
+from .smoke import smoke_case
 from ...core.stats import STATS_DTYPES, collect_moments
 from .whiten import projected_factors, whitened_output_basis
 
@@ -37,14 +39,18 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class FactorizeConfig(BudgetOptions):
-    """Options of ``factorize``. Give one of ``flops``/``params``/``latency`` (cost ratio of the factorisable
-    layers) or ``rank_fraction``; with none, ``flops=0.5``. ``latency`` ranks by measured per-layer latency
-    and needs ``latency_table`` (a JSON table written by ``minreal latency-table``).
+    """Options of ``factorize``. Give one whole-model budget (``mac_ratio``/``param_ratio``/``latency_ratio``), or
+    one of ``layer_mac_ratio``/``layer_param_ratio``/``layer_latency_ratio`` (cost ratio of the factorisable
+    layers) or ``rank_fraction``; with none, ``layer_mac_ratio=0.5``. Latency budgets rank by measured
+    per-layer latency and need ``latency_table`` (a JSON table written by ``minreal latency-table``).
 
     ``eig_threshold`` zeroes eigenvalues below that fraction of the largest (pseudo-inverse square root);
     ``stats_dtype`` is the precision of the per-chunk XᵀX products (accumulation is always float64);
     ``cache_dir`` caches moments and bases per layer, keyed by model, data and layer.
     """
+
+    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {**BudgetOptions.DEPRECATED_ALIASES, "latency": "layer_latency_ratio",
+                                                    "batch_size": "calib_batch_size"}
 
     eig_threshold: float = field(
         default=1e-10,
@@ -53,9 +59,10 @@ class FactorizeConfig(BudgetOptions):
     memory_cap_bytes: int = field(
         default=1 << 30,
         metadata={"help": "Bound in bytes on the activation rows held at once per layer, >= 1 MiB; default 1 GiB."})
-    batch_size: int = field(
+    calib_batch_size: int = field(
         default=32,
-        metadata={"help": "Calibration samples per forward pass while collecting statistics, >= 1; default 32."})
+        metadata={"help": "Calibration samples per forward pass while collecting statistics, >= 1; default 32. "
+                          "Deprecated alias: --batch-size.",})
     stats_dtype: str = field(
         default="float64",
         metadata={"help": "Precision of the per-chunk XᵀX products, accumulated in float64; default float64.",
@@ -64,30 +71,30 @@ class FactorizeConfig(BudgetOptions):
         default=None,
         metadata={"help": "Directory caching moments and bases per layer, keyed by model, data and layer; default no "
                           "cache."})
-    latency: float | None = field(
+    layer_latency_ratio: float | None = field(
         default=None,
-        metadata={"help": "Target ratio of the factorisable layers' measured latency, in (0, 1]; needs "
-                          "--latency-table."})
-    latency_table: str | None = field(
-        default=None,
-        metadata={"help": "JSON per-layer latency table written by `minreal latency-table`; needed by --latency."})
+        metadata={"help": "Target ratio of the factorisable layers' measured latency (not the whole model's: see "
+                          "--latency-ratio), in (0, 1]; needs --latency-table. Deprecated alias: --latency."})
+
+    def _layer_targets(self) -> tuple[str, ...]:
+        return (*super()._layer_targets(), "layer_latency_ratio")
 
     def budget(self, latency: float | None = None) -> Budget:
-        """The validated :class:`Budget`, with the configured ``latency`` target unless one is given."""
-        return super().budget(self.latency if latency is None else latency)
+        """The validated :class:`Budget`, with the configured ``layer_latency_ratio`` unless one is given."""
+        return super().budget(self.layer_latency_ratio if latency is None else latency)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.batch_size < 1:
-            raise CompressionError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.calib_batch_size < 1:
+            raise CompressionError(f"--calib-batch-size must be >= 1, got {self.calib_batch_size}")
         if not 0.0 <= self.eig_threshold < 1.0:
             raise CompressionError(f"--eig-threshold must lie in [0, 1), got {self.eig_threshold}")
         if self.memory_cap_bytes < 1 << 20:
             raise CompressionError(f"--memory-cap-bytes must be at least 1 MiB, got {self.memory_cap_bytes}")
         if self.stats_dtype not in STATS_DTYPES:
             raise CompressionError(f"--stats-dtype must be one of {sorted(STATS_DTYPES)}, got {self.stats_dtype!r}")
-        if self.latency is not None and not self.latency_table:
-            raise CompressionError("--latency needs --latency-table (per-layer latencies measured on the target "
+        if self.layer_latency_ratio is not None and not self.latency_table:
+            raise CompressionError("--layer-latency-ratio needs --latency-table (per-layer latencies measured on the target "
                                    "provider); build one with `minreal latency-table MODEL --out table.json`")
 
 
@@ -156,7 +163,7 @@ def _moments(model: nn.Module, data: Dataset, targets: list[Target], cfg: Factor
             found[t.name] = hit["moment"]
     todo = {t.name: t.layer for t in targets if t.name not in found}
     if todo:
-        stats = collect_moments(model, todo, data, cfg.batch_size, cfg.memory_cap_bytes, cfg.stats_dtype)
+        stats = collect_moments(model, todo, data, cfg.calib_batch_size, cfg.memory_cap_bytes, cfg.stats_dtype)
         over = sorted(n for n, s in stats.items() if s.over_cap)
         if over:
             report.notes.append(f"one sample's unfolded rows exceeded the memory cap in: {', '.join(over)}")
@@ -208,14 +215,16 @@ def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
                        ) -> tuple[nn.Module, CompressionReport]:
     """Factorise every Linear/Conv layer on its calibration-whitened spectrum under the configured budget."""
     budget = config.budget()
-    tables, keeps = load_latency_table(config.latency_table) if config.latency_table else (None, None)
+    latency = budget.cost_kind == "latency"
+    tables, keeps = load_latency_table(config.latency_table) if latency else (None, None)
     report = CompressionReport("factorize", asdict(config))
     example = data.x[: min(len(data), 8)]
     targets, skipped, table = find_targets(model, example, config.exclude)
     bases = layer_bases(model, data, targets, config, report)
     spectra = {n: b.spectrum for n, b in bases.items()}
     t0 = time.perf_counter()
-    ranks, options = plan_ranks(targets, spectra, budget, tables, keeps)
+    whole = whole_model_total(budget, model, example, table, config.latency_table)
+    ranks, options = plan_ranks(targets, spectra, budget, tables, keeps, whole)
     new = apply_factors(model, targets, _factors(targets, bases, ranks)).eval()
     report.timings_s["allocate_and_build"] = time.perf_counter() - t0
     fill_report(report, table, targets, skipped, ranks, spectra)
@@ -228,5 +237,6 @@ def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
 
 SPEC = MethodSpec("factorize",
                   "activation-aware (whitened) factorisation into layer pairs with a budgeted rank allocator",
-                  FactorizeConfig, factorize_compress, provider_defaults=rank_multiple_defaults)
+                  FactorizeConfig, factorize_compress, provider_defaults=rank_multiple_defaults,
+                  smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio", "latency_ratio"))
 

@@ -35,7 +35,20 @@ class Perturbation:
 
 
 def act_interval(act: ActSpec, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Range of ``act`` over ``[lo, hi]`` elementwise (monotone, or unimodal with a known valley)."""
+    """Range of ``act`` over ``[lo, hi]`` elementwise (monotone, or unimodal with a known valley).
+
+    Parameters
+    ----------
+    act : ActSpec
+        The activation.
+    lo, hi : torch.Tensor
+        Elementwise lower and upper ends of the input interval (same shape).
+
+    Returns
+    -------
+    low, high : torch.Tensor
+        Elementwise minimum and maximum of ``act`` over the interval.
+    """
     a, b = act(lo), act(hi)
     if act.kind not in _VALLEY:
         return a, b
@@ -46,7 +59,20 @@ def act_interval(act: ActSpec, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torc
 
 
 def local_lipschitz(act: ActSpec, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    """An upper bound on ``|act'|`` over ``[lo, hi]`` elementwise."""
+    """An upper bound on ``|act'|`` over ``[lo, hi]`` elementwise.
+
+    Parameters
+    ----------
+    act : ActSpec
+        The activation.
+    lo, hi : torch.Tensor
+        Elementwise ends of the pre-activation interval.
+
+    Returns
+    -------
+    torch.Tensor
+        Elementwise local Lipschitz constant (float64 for ReLU/LeakyReLU).
+    """
     if act.kind == "relu":
         return (hi > 0).double()
     if act.kind == "leaky_relu":
@@ -61,7 +87,20 @@ def local_lipschitz(act: ActSpec, lo: torch.Tensor, hi: torch.Tensor) -> torch.T
 
 def interval_bounds(chain: Chain, lo: torch.Tensor, hi: torch.Tensor
                     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per layer: (input lo, input hi, pre-activation lo, pre-activation hi) for inputs in the box."""
+    """Interval bound propagation of the box ``[lo, hi]`` through ``chain`` (centre–radius form).
+
+    Parameters
+    ----------
+    chain : Chain
+        The MLP as weights, biases and activations.
+    lo, hi : torch.Tensor
+        Ends of the input box, shape (n_0,).
+
+    Returns
+    -------
+    list of tuple of torch.Tensor
+        Per layer: (input lo, input hi, pre-activation lo, pre-activation hi), float64.
+    """
     out, hl, hh = [], lo.double(), hi.double()
     for l, (w, b) in enumerate(zip(chain.weights, chain.biases)):
         c, r = (hl + hh) / 2, (hh - hl) / 2
@@ -73,7 +112,25 @@ def interval_bounds(chain: Chain, lo: torch.Tensor, hi: torch.Tensor
 
 
 def step_bound(chain: Chain, pert: Perturbation, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    """Elementwise bound on ``|N(x) − N'(x)|`` over the box, ``N`` = ``chain`` and ``N'`` = it perturbed."""
+    """Elementwise bound on ``|N(x) − N'(x)|`` over the box, ``N`` = ``chain`` and ``N'`` = it perturbed.
+
+    The weight change of one layer is bounded on that layer's input interval, then carried to the output by
+    ``|W|`` and the activations' local Lipschitz constants on the widened pre-activation intervals.
+
+    Parameters
+    ----------
+    chain : Chain
+        The unperturbed MLP.
+    pert : Perturbation
+        The change of one layer's weights and bias (and the centre its inputs are measured from).
+    lo, hi : torch.Tensor
+        Ends of the input box.
+
+    Returns
+    -------
+    torch.Tensor
+        Bound on each output's absolute change, shape (n_out,).
+    """
     iv = interval_bounds(chain, lo, hi)
     hl, hh, _, _ = iv[pert.layer]
     c = torch.zeros_like(hl) if pert.centre is None else pert.centre

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -22,8 +23,10 @@ from ...core.data import Dataset
 from ...core.demo_case import DemoCase, DemoRun
 from ...core.errors import CompressionError
 from ...core.evaluate import compare_outputs
+from ...core.options import CostBudget
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
+from .smoke import smoke_case
 from ...core.train import FinetuneOptions, finetune
 from .conv import (ConvChain, build_conv_sequential, conv_chain_forward, conv_layer_reports, extract_conv_chain,
                    is_conv_chain, remove_zero_channels)
@@ -33,20 +36,22 @@ __all__ = ["FDEConfig", "fde_compress", "input_box", "demo_case", "SPEC"]
 
 
 @dataclass
-class FDEConfig(FinetuneOptions):
-    """Options of ``fde``.
+class FDEConfig(FinetuneOptions, CostBudget):
+    """Options of ``fde`` (no cost budget: the merge tolerance sets the reduction).
 
-    ``eps``: tolerance relative to each layer's largest coefficient (0: exact, up to dtype rounding);
+    ``merge_eps``: tolerance relative to each layer's largest coefficient (0: exact, up to dtype rounding);
     ``remove_dead``: first drop neurons constant on the calibration data; ``scaling``: merge positive
     multiples for ReLU/LeakyReLU/identity; ``sum_merges``: forward (sum) equivalence on identity layers;
     ``box_margin``: widen the calibration input box by this fraction of its range for the bound;
     ``finetune_epochs``/``finetune_lr``: fine-tune the merged network on the (labelled) data.
     """
 
-    eps: float = field(
+    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"eps": "merge_eps"}
+
+    merge_eps: float = field(
         default=0.0,
         metadata={"help": "Merge tolerance relative to each layer's largest coefficient, >= 0; default 0 (exact up to "
-                          "rounding)."})
+                          "rounding). Deprecated alias: --eps."})
     remove_dead: bool = field(
         default=True,
         metadata={"help": "First drop neurons that are constant on the calibration data; default on."})
@@ -68,8 +73,9 @@ class FDEConfig(FinetuneOptions):
         metadata={"help": "Points sampled in the input box to measure the error bound, >= 1; default 4096."})
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        for flag, value in (("--eps", self.eps), ("--box-margin", self.box_margin)):
+        FinetuneOptions.__post_init__(self)
+        CostBudget.__post_init__(self)
+        for flag, value in (("--merge-eps", self.merge_eps), ("--box-margin", self.box_margin)):
             if value < 0:
                 raise CompressionError(f"{flag} must be >= 0, got {value}")
         for flag, value in (("--max-sweeps", self.max_sweeps), ("--bound-samples", self.bound_samples)):
@@ -106,7 +112,7 @@ def _fde_cnn(model: nn.Module, data: Dataset, cfg: FDEConfig, report: Compressio
     dead = remove_zero_channels(original, data.x) if cfg.remove_dead else RefineResult(original)
     report.timings_s["dead"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    merged = refine(dead.chain, cfg.eps, scaling=cfg.scaling, sums=False, max_sweeps=cfg.max_sweeps)
+    merged = refine(dead.chain, cfg.merge_eps, scaling=cfg.scaling, sums=False, max_sweeps=cfg.max_sweeps)
     report.timings_s["partition"] = time.perf_counter() - t0
     new = build_conv_sequential(merged.chain)
     report.layers = conv_layer_reports(original, merged.chain, _layer_details(dead, merged, original))
@@ -131,7 +137,7 @@ def _fde_mlp(model: nn.Module, data: Dataset, cfg: FDEConfig, report: Compressio
     dead = remove_all_constant(original, data.x, box=box) if cfg.remove_dead else RefineResult(original)
     report.timings_s["dead"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    merged = refine(dead.chain, cfg.eps, scaling=cfg.scaling, sums=cfg.sum_merges, max_sweeps=cfg.max_sweeps,
+    merged = refine(dead.chain, cfg.merge_eps, scaling=cfg.scaling, sums=cfg.sum_merges, max_sweeps=cfg.max_sweeps,
                     box=box)
     report.timings_s["partition"] = time.perf_counter() - t0
     new = build_sequential(merged.chain)
@@ -184,10 +190,10 @@ def demo_case(quick: bool = True) -> DemoCase:
     torch.manual_seed(0)
     model = mlp(4, [256, 256], 4)
     train(model, tr, te, TrainConfig(epochs=15 if quick else 40, batch_size=128, lr=3e-3, patience=100))
-    cfg = FDEConfig(eps=0.3)
+    cfg = FDEConfig(merge_eps=0.3)
     _, rep = fde_compress(model, tr, cfg)
     widths = tuple(rep.predicted["hidden_widths"])
-    tuned = FDEConfig(eps=cfg.eps, finetune_epochs=5 if quick else 15, finetune_lr=1e-3)
+    tuned = FDEConfig(merge_eps=cfg.merge_eps, finetune_epochs=5 if quick else 15, finetune_lr=1e-3)
     runs = [DemoRun("fde ε=0.3", "fde", cfg),
             DemoRun("fde ε=0.3 + fine-tune", "fde", tuned),
             DemoRun("magnitude (same widths)", "magnitude", get_method("magnitude").config_cls(widths=widths))]
@@ -196,4 +202,4 @@ def demo_case(quick: bool = True) -> DemoCase:
 
 
 SPEC = MethodSpec("fde", "ε-FDE merging of MLP neurons and conv channels (lump equivalent ones)", FDEConfig,
-                  fde_compress, demo_case=demo_case, report_fields=("bounds",))
+                  fde_compress, demo_case=demo_case, report_fields=("bounds",), smoke_case=smoke_case)

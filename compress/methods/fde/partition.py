@@ -69,6 +69,20 @@ def leader_clusters(x: np.ndarray, tol: float, probes: int = 16) -> np.ndarray:
     farther than ``tol`` in the next ``probes − 1`` widest coordinates, and checks the rest in full. Cost
     ``O(n log n + n·w·probes + survivors·d)`` for window ``w``: near-linear when rows are spread, instead of
     all pairs.
+
+    Parameters
+    ----------
+    x : np.ndarray
+        Rows to cluster, shape (n, d).
+    tol : float
+        ∞-norm radius of a cluster around its leader.
+    probes : int
+        Widest coordinates checked before the full row.
+
+    Returns
+    -------
+    np.ndarray
+        ``leader[i]``, the index of row i's leader (a leader is its own).
     """
     n = len(x)
     p = x[:, np.argsort(-x.std(0), kind="stable")[:probes]] if n else x
@@ -132,7 +146,28 @@ def _regroup(groups: list[list[int]], leader: np.ndarray, keep: np.ndarray) -> l
 
 def value_merge(chain: Chain, l: int, eps: float, scaling: bool = True) -> tuple[Chain, Perturbation | None, str]:
     """Lump hidden layer ``l`` (neurons, or conv channels by whole filter) by value (or scaled-value)
-    equivalence of incoming coefficients; the next layer's input blocks of each block are summed."""
+    equivalence of incoming coefficients; the next layer's input blocks of each block are summed.
+
+    Parameters
+    ----------
+    chain : Chain
+        The MLP (or conv chain).
+    l : int
+        Hidden layer to lump.
+    eps : float
+        Tolerance relative to the layer's largest coefficient (0: exact up to rounding).
+    scaling : bool
+        Also merge positive multiples (ReLU, LeakyReLU, identity).
+
+    Returns
+    -------
+    chain : Chain
+        The chain with layer ``l`` lumped (the input chain when nothing merges).
+    perturbation : Perturbation or None
+        The change of the lumped layer's coefficients, for :func:`~compress.methods.fde.bound.step_bound`.
+    summary : str
+        One line on what merged.
+    """
     w = chain.weights[l]
     v = torch.cat([w.reshape(len(w), -1), chain.biases[l][:, None]], 1)
     tol = max(eps, rounding_tolerance(chain.dtype))
@@ -156,7 +191,26 @@ def value_merge(chain: Chain, l: int, eps: float, scaling: bool = True) -> tuple
 
 
 def sum_merge(chain: Chain, l: int, eps: float) -> tuple[Chain, Perturbation | None, str]:
-    """Lump identity-activation layer ``l`` by sum (forward) equivalence of outgoing coefficients."""
+    """Lump identity-activation layer ``l`` by sum (forward) equivalence of outgoing coefficients.
+
+    Parameters
+    ----------
+    chain : Chain
+        The MLP; layer ``l`` must have a linear activation.
+    l : int
+        Hidden layer to lump.
+    eps : float
+        Tolerance relative to the largest outgoing coefficient.
+
+    Returns
+    -------
+    chain : Chain
+        The chain with layer ``l`` lumped (the input chain when nothing merges).
+    perturbation : Perturbation or None
+        The change of the lumped layer's coefficients, for :func:`~compress.methods.fde.bound.step_bound`.
+    summary : str
+        One line on what merged.
+    """
     if not chain.acts[l].linear:
         raise ValueError(f"sum equivalence needs linear dynamics; layer {l} has {chain.acts[l].kind}")
     c = chain.weights[l + 1].T.contiguous()
@@ -177,7 +231,26 @@ def sum_merge(chain: Chain, l: int, eps: float) -> tuple[Chain, Perturbation | N
 
 def remove_constant(chain: Chain, l: int, x: torch.Tensor, tol: float = 0.0) -> tuple[Chain, Perturbation | None]:
     """Drop neurons of hidden layer ``l`` constant on the data ``x`` (dead ReLUs: always 0), folding their
-    value into the next bias. Exact on ``x``; over a box the removed term ``Σ c_i (h_i − μ_i)`` is bounded."""
+    value into the next bias. Exact on ``x``; over a box the removed term ``Σ c_i (h_i − μ_i)`` is bounded.
+
+    Parameters
+    ----------
+    chain : Chain
+        The MLP.
+    l : int
+        Hidden layer.
+    x : torch.Tensor
+        Calibration inputs.
+    tol : float
+        Largest spread over ``x`` that still counts as constant.
+
+    Returns
+    -------
+    chain : Chain
+        The chain without the constant neurons.
+    perturbation : Perturbation or None
+        The removed term, or None when no neuron is constant.
+    """
     h = chain_forward(chain, x, hidden=True)[l]
     mu = h.mean(0)
     const = (h.amax(0) - h.amin(0)) <= tol * float(h.abs().max().clamp_min(1e-300))
@@ -255,7 +328,24 @@ def refine(chain: Chain, eps: float, *, scaling: bool = True, sums: bool = True,
 
 def remove_all_constant(chain: Chain, x: torch.Tensor, tol: float = 0.0,
                         box: tuple[torch.Tensor, torch.Tensor] | None = None) -> RefineResult:
-    """Apply :func:`remove_constant` to every hidden layer in order, recording bounds like :func:`refine`."""
+    """Apply :func:`remove_constant` to every hidden layer in order, recording bounds like :func:`refine`.
+
+    Parameters
+    ----------
+    chain : Chain
+        The MLP.
+    x : torch.Tensor
+        Calibration inputs.
+    tol : float
+        As in :func:`remove_constant`.
+    box : (torch.Tensor, torch.Tensor), optional
+        Input box over which each step's output change is bounded.
+
+    Returns
+    -------
+    RefineResult
+        The reduced chain and the step records.
+    """
     result = RefineResult(chain)
     for l in range(len(chain.acts)):
         new, pert = remove_constant(chain, l, x, tol)
@@ -267,7 +357,22 @@ def remove_all_constant(chain: Chain, x: torch.Tensor, tol: float = 0.0,
 
 
 def box_samples(lo: torch.Tensor, hi: torch.Tensor, n: int, seed: int = 0) -> torch.Tensor:
-    """``n`` uniform points in the box plus its two extreme corners (float64)."""
+    """``n`` uniform points in the box plus its two extreme corners (float64).
+
+    Parameters
+    ----------
+    lo, hi : torch.Tensor
+        Ends of the box, shape (d,).
+    n : int
+        Uniform samples.
+    seed : int
+        Seed of the samples.
+
+    Returns
+    -------
+    torch.Tensor
+        Points, shape (n + 2, d).
+    """
     g = torch.Generator().manual_seed(seed)
     u = torch.rand(n, len(lo), generator=g, dtype=torch.float64)
     return torch.cat([lo + u * (hi - lo), lo[None], hi[None]])

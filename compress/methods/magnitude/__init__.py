@@ -12,13 +12,14 @@ from ...core.data import Dataset
 from ...core.prune import PruneOptions, prune_mlp
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
+from .smoke import smoke_case
 
 __all__ = ["MagnitudeConfig", "magnitude_scores", "magnitude_prune", "SPEC"]
 
 
 @dataclass
 class MagnitudeConfig(PruneOptions):
-    """``params``: target ratio of parameters kept (uniform keep-fraction per hidden layer); ``widths``:
+    """``param_ratio``/``mac_ratio``: whole-model budget (uniform keep-fraction per hidden layer); ``widths``:
     exact hidden widths instead (e.g. those another method reached); ``finetune_epochs``/``finetune_lr``:
     fine-tune the pruned network on the (labelled) data."""
 
@@ -35,4 +36,4 @@ def magnitude_prune(model: nn.Module, data: Dataset, config: MagnitudeConfig) ->
 
 
 SPEC = MethodSpec("magnitude", "structured magnitude pruning of MLP neurons (baseline)", MagnitudeConfig,
-                  magnitude_prune)
+                  magnitude_prune, smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio"))

@@ -83,14 +83,40 @@ def balanced_truncation(sys: StateSpace, p: torch.Tensor, q: torch.Tensor, r: in
 
 
 def order_from_trunc(n: int, trunc: float) -> int:
-    """Order after removing the fraction ``trunc`` of the n states (at least 1)."""
+    """Order after removing the fraction ``trunc`` of the n states (at least 1).
+
+    Parameters
+    ----------
+    n : int
+        Current order.
+    trunc : float
+        Fraction of the states removed, in [0, 1).
+
+    Returns
+    -------
+    int
+        ``max(1, round((1 − trunc)·n))``.
+    """
     if not 0.0 <= trunc < 1.0:
         raise ValueError(f"trunc is the fraction of states removed and must lie in [0, 1), got {trunc}")
     return max(1, round((1.0 - trunc) * n))
 
 
 def order_from_energy(hsv: torch.Tensor, energy: float) -> int:
-    """Smallest r whose σ_1..σ_r keep at least ``energy`` of Σσ (at least 1)."""
+    """Smallest r whose σ_1..σ_r keep at least ``energy`` of Σσ (at least 1).
+
+    Parameters
+    ----------
+    hsv : torch.Tensor
+        Hankel singular values, descending.
+    energy : float
+        Kept fraction of Σσ, in (0, 1].
+
+    Returns
+    -------
+    int
+        The reduced order r.
+    """
     if not 0.0 < energy <= 1.0:
         raise ValueError(f"energy is the kept fraction of the HSV sum and must lie in (0, 1], got {energy}")
     return max(1, energy_rank(hsv, 1.0 - energy))
@@ -100,6 +126,20 @@ def orders_from_budget(hsvs: dict[str, torch.Tensor], budget: int, iters: int = 
     """Per-layer orders with Σ r ≤ ``budget`` and every layer keeping the same HSV energy (bisection).
 
     The largest common energy level whose orders fit the budget is found by bisection.
+
+    Parameters
+    ----------
+    hsvs : dict of str to torch.Tensor
+        Hankel singular values of each layer, descending.
+    budget : int
+        Total order across the layers, at least one per layer.
+    iters : int
+        Bisection steps on the energy level.
+
+    Returns
+    -------
+    dict of str to int
+        Order of each layer.
     """
     if budget < len(hsvs):
         raise ValueError(f"state budget {budget} is below one state per layer ({len(hsvs)} layers)")

@@ -21,7 +21,9 @@ from ...core.demo_case import DemoCase, DemoRun
 from ...core.errors import CompressionError, require_finite
 from ...core.evaluate import eval_mode, hooks_removed
 from ...core.report import CompressionReport, LayerReport
+from ...core.options import CostBudget, ExcludeOption, StateBudgetOption
 from ...core.spec import MethodSpec
+from .smoke import smoke_case
 from ...core.surgery import replace_modules
 from . import mac_rules  # noqa: F401  (registers the SSM MAC rules)
 from .balance import balanced_truncation, order_from_energy, order_from_trunc, orders_from_budget, truncation_bound
@@ -38,7 +40,7 @@ Gramians = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
-class SSMConfig:
+class SSMConfig(CostBudget, StateBudgetOption, ExcludeOption):
     """Options of the ``ssm`` method. Give one of ``trunc`` (fraction of states removed per layer),
     ``energy`` (fraction of each layer's HSV sum kept) or ``state_budget`` (total states across layers,
     shared at equal energy); with none, ``trunc=0.5``. ``max_cond`` bounds the condition number of the
@@ -52,9 +54,6 @@ class SSMConfig:
         default=None,
         metadata={"help": "Fraction of each layer's Hankel-singular-value sum kept, in (0, 1]; alternative to "
                           "--trunc."})
-    state_budget: int | None = field(
-        default=None,
-        metadata={"help": "Total states kept across the layers, shared at equal energy, >= 1; alternative to --trunc."})
     max_cond: float = field(
         default=1e6,
         metadata={"help": "Largest condition number of the modal basis before the real Schur fallback; default 1e6."})
@@ -64,11 +63,9 @@ class SSMConfig:
     calib_samples: int = field(
         default=128,
         metadata={"help": "Sequences that measure the per-layer output errors, >= 1; default 128."})
-    exclude: tuple[str, ...] = field(
-        default=(),
-        metadata={"help": "Qualified name of a layer to leave unchanged (e.g. fc or blocks.0.ssm); default none."})
 
     def __post_init__(self) -> None:
+        CostBudget.__post_init__(self)
         given = [k for k in ("trunc", "energy", "state_budget") if getattr(self, k) is not None]
         if len(given) > 1:
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
@@ -221,4 +218,4 @@ def demo_case(quick: bool = True) -> DemoCase:
 
 
 SPEC = MethodSpec("ssm", "balanced truncation + real modal form of SSM layers (HSV-regularised)", SSMConfig,
-                  ssm_compress, demo_case=demo_case, report_fields=("bounds",))
+                  ssm_compress, demo_case=demo_case, report_fields=("bounds",), smoke_case=smoke_case)

@@ -16,18 +16,21 @@ from ...core.allocate import KEEP
 from ...core.data import Dataset
 from ...core.linalg import truncated_svd_factors
 from ...core.lowrank import grouped_weight
-from ...core.lowrank_plan import (BudgetOptions, apply_factors, fill_report, find_targets, plan_ranks,
+from ...core.lowrank_plan import (BudgetOptions, apply_factors, fill_report, find_targets, load_latency_table,
+                                  plan_ranks, whole_model_total,
                                   rank_multiple_defaults)
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
+from .smoke import smoke_case
 
 __all__ = ["SVDConfig", "svd_compress", "svd_spectra", "SPEC"]
 
 
 @dataclass
 class SVDConfig(BudgetOptions):
-    """Options of the plain-SVD baseline. Give one of ``flops``/``params`` (cost ratio of the factorisable
-    layers) or ``rank_fraction``; with none, ``flops=0.5``."""
+    """Options of the plain-SVD baseline. Give one whole-model budget (``mac_ratio``/``param_ratio``/
+    ``latency_ratio``), one of ``layer_mac_ratio``/``layer_param_ratio`` (cost ratio of the factorisable layers) or
+    ``rank_fraction``; with none, ``layer_mac_ratio=0.5``."""
 
 
 def svd_spectra(layers: dict[str, nn.Module]) -> dict[str, np.ndarray]:
@@ -47,7 +50,9 @@ def svd_compress(model: nn.Module, data: Dataset, config: SVDConfig) -> tuple[nn
     t0 = time.perf_counter()
     targets, skipped, table = find_targets(model, example, config.exclude)
     spectra = svd_spectra({t.name: t.layer for t in targets})
-    ranks, _ = plan_ranks(targets, spectra, budget)
+    tables, keeps = load_latency_table(config.latency_table) if budget.cost_kind == "latency" else (None, None)
+    ranks, _ = plan_ranks(targets, spectra, budget, tables, keeps, whole_model_total(budget, model, example, table,
+                                                                                      config.latency_table))
     factors = {}
     for t in targets:
         if ranks[t.name] == KEEP:
@@ -62,4 +67,5 @@ def svd_compress(model: nn.Module, data: Dataset, config: SVDConfig) -> tuple[nn
 
 
 SPEC = MethodSpec("svd", "plain truncated SVD into two layers (baseline)", SVDConfig, svd_compress,
-                  provider_defaults=rank_multiple_defaults)
+                  provider_defaults=rank_multiple_defaults, smoke_case=smoke_case,
+                  budgets=("mac_ratio", "param_ratio", "latency_ratio"))

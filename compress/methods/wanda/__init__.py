@@ -13,6 +13,7 @@ from ...core.errors import CompressionError
 from ...core.prune import PruneOptions, prune_mlp
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
+from .smoke import smoke_case
 
 __all__ = ["WandaConfig", "wanda_scores", "wanda_prune", "SPEC"]
 
@@ -44,4 +45,5 @@ def wanda_prune(model: nn.Module, data: Dataset, config: WandaConfig) -> tuple[n
     return prune_mlp("wanda", wanda_scores, model, data, config, data.x[: config.calibration_samples])
 
 
-SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons (baseline)", WandaConfig, wanda_prune)
+SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons (baseline)", WandaConfig, wanda_prune,
+                  smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio"))

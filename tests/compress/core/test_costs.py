@@ -50,3 +50,89 @@ def test_duplicate_mac_rule_is_an_error() -> None:
 
     with pytest.raises(ValueError, match="already registered"):
         register_mac_rule(nn.Linear, lambda m, out: 0)
+
+
+# --- whole-model MACs counted by torch (FlopCounterMode) against the per-layer rules -------------------------
+
+
+def _factorised_pair() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 12, bias=False), nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def test_torch_count_equals_the_rules_where_the_rules_cover_every_layer(tiny_mlp, tiny_cnn, grouped_cnn) -> None:
+    """Identity: for models built only of Linear/Conv layers (grouped or not, factorised pairs), torch's count of
+    one sample, FLOPs/2 (2 per multiply-add, bias adds not counted), equals the sum of the per-layer rules."""
+    from compress.core.costs import count_macs_torch, uncovered_modules
+
+    cases = [(tiny_mlp, torch.randn(3, 12)), (tiny_cnn, torch.randn(3, 3, 12, 12)),
+             (grouped_cnn, torch.randn(3, 3, 12, 12)), (_factorised_pair(), torch.randn(3, 1, 8, 8))]
+    for model, x in cases:
+        count = count_macs_torch(model, x)
+        assert count.macs == count_costs(model, x[:1]).macs > 0
+        assert uncovered_modules(model, count) == [] and count.uncounted_ops == []
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1, groups=2), nn.Flatten(), nn.Linear(8 * 5 * 5, 10))
+    count = count_macs_torch(model, torch.randn(4, 3, 10, 10))
+    assert count.macs == 5 * 5 * 8 * 3 * 9 + 5 * 5 * 8 * 4 * 9 + 200 * 10 == 14_600  # as test_closed_form_counts
+    assert count.by_op == {"aten.convolution": 12_600, "aten.addmm": 2_000}
+
+
+class _Attention(nn.Module):
+    """Multi-head self-attention, a Linear head, and a functional matmul the rules cannot see."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 8)
+        self.register_buffer("mix", torch.ones(8, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.attn(x, x, x)[0]) @ self.mix
+
+
+def test_torch_counts_attention_and_matmuls_the_rules_miss() -> None:
+    from compress.core.costs import count_macs_torch, uncovered_modules
+
+    model, (length, e) = _Attention(), (5, 8)
+    count = count_macs_torch(model, torch.randn(2, length, e))
+    attention = 3 * length * e * e + 2 * length * length * e + length * e * e  # in-proj, QKᵀ and ·V, out-proj
+    assert count.own_macs == {"attn": attention, "head": length * e * e, "": length * e * 3}
+    assert count.macs == 1680 + 320 + 120
+    assert count_costs(model, torch.randn(1, length, e)).macs == 320  # the rules see only the Linear head
+    assert uncovered_modules(model, count) == ["_Attention", "attn"]
+
+
+def test_torch_count_of_ssm_layers_is_the_projections_only() -> None:
+    """Honest difference: the SSM rule counts the recurrence x⁺ = Ax + Bu, y = Cx + Du; torch counts the matmuls
+    the layer runs: B·u and C·x. The rotation layer's state convolution is an FFT (no torch formula, listed as
+    uncounted) and its diagonal D an elementwise product (not counted), so torch = rule − L·(2n + h)."""
+    from compress.core.costs import count_macs_torch, uncovered_modules, whole_model_macs
+    from compress.methods.ssm import RotationSSM
+
+    n, h, length = 8, 5, 13
+    model = nn.Sequential(RotationSSM(h, n))
+    count = count_macs_torch(model, torch.randn(3, length, h))
+    rule = count_costs(model, torch.randn(1, length, h)).macs
+    assert count.macs == length * (n * h + n * h) == 1040
+    assert rule == length * (n * h + 2 * n + n * h + h) == 1313
+    assert rule - count.macs == length * (2 * n + h)
+    assert {"aten._fft_r2c", "aten._fft_c2r"} <= set(count.uncounted_ops)
+    assert uncovered_modules(model, count) == []  # the layer has a rule: torch's count inside it is covered
+    table = count_costs(model, torch.randn(3, length, h))
+    assert whole_model_macs(count, table) == rule  # the under-counted layer counts by its rule
+    head = nn.Sequential(RotationSSM(h, n), nn.Linear(h, 3))
+    both = count_macs_torch(head, torch.randn(3, length, h))
+    assert whole_model_macs(both, count_costs(head, torch.randn(3, length, h))) == rule + length * h * 3
+
+
+def test_report_states_torch_totals_rule_totals_and_what_each_misses() -> None:
+    from compress import compress
+    from compress.core.data import Dataset
+
+    g = torch.Generator().manual_seed(0)
+    data = Dataset(torch.randn(16, 5, 8, generator=g))
+    model = _Attention().eval()
+    new, report = compress(model, data, "svd")
+    assert report.macs_before == 2120 and report.rule_macs_before == 320
+    assert report.macs_after - report.rule_macs_after == 2120 - 320  # svd factorises only ruled layers here
+    assert report.not_covered_by_rules == ["_Attention", "attn"] and report.not_counted_by_torch == []

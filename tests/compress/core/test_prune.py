@@ -34,7 +34,7 @@ def data() -> Dataset:
 @pytest.mark.parametrize("ratio", [0.2, 0.37, 0.5, 0.8])
 @pytest.mark.parametrize("method", ["magnitude", "wanda"])
 def test_parameter_target_met(method: str, ratio: float, model: nn.Sequential, data: Dataset) -> None:
-    cfg = MagnitudeConfig(params=ratio) if method == "magnitude" else WandaConfig(params=ratio)
+    cfg = MagnitudeConfig(param_ratio=ratio) if method == "magnitude" else WandaConfig(param_ratio=ratio)
     new, rep = compress(model, data, method, cfg)
     real = sum(p.numel() for p in new.parameters())
     assert rep.params_after == real <= ratio * rep.params_before

@@ -1,34 +1,29 @@
 """Checks every registered compression method must pass: output shape preserved, fewer parameters, finite
 outputs, only plain module kinds in the result, and ONNX export with ORT parity at two batch sizes.
 
-Parametrised over ``compress.method_names()``: a newly registered method is covered automatically, and one
-without an entry in :data:`CASES` fails (add a tiny seeded model, data and a small config there).
+Parametrised over ``compress.method_names()``; each method's case (a tiny seeded model, data suited to it and a
+small config) is its spec's ``smoke_case``, so a newly registered method is covered with no edit here, and one
+without a ``smoke_case`` fails.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import importlib.util
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 import torch
 from torch import nn
 
-from compress import compress, method_names
+import compress.registry as registry
+from compress import MethodSpec, compress, get_method, method_names
 from compress.core.data import Dataset
-from compress.datasets import digits
-from compress.methods.cbalanced import CBalancedConfig
-from compress.methods.factorize import FactorizeConfig
-from compress.methods.fde import FDEConfig
-from compress.methods.magnitude import MagnitudeConfig
-from compress.methods.wanda import WandaConfig
-from compress.methods.ssm import SSMConfig
-from compress.methods.svd import SVDConfig
-from compress.models import mlp
+from compress.core.smoke import SmokeCase
 from compress.methods.ssm import SSMClassifier
-from compress.methods.ssm.layers import DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
 from compress.methods.ssm.classifier import SSMBlock
+from compress.methods.ssm.layers import DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
 from export.onnx_export import to_onnx
 from export.verify import verify_parity
 
@@ -46,65 +41,6 @@ PLAIN_MODULES: tuple[type[nn.Module], ...] = (
 project's own small SSM layers and models."""
 
 
-def _digits_subset(n: int = 240) -> Dataset:
-    train, _ = digits(seed=0, as_images=False)
-    return train.take(n)
-
-
-def _digits_mlp() -> nn.Module:
-    torch.manual_seed(10)
-    return mlp(64, [48, 32], 10).eval()
-
-
-def _duplicated_mlp() -> nn.Module:
-    """64 → 48 → 10 ReLU MLP whose hidden layer is a 24-neuron layer with every neuron doubled (second copy
-    perturbed by 1e-3, outgoing weights split), so ε-merging halves it with a tiny output change."""
-    torch.manual_seed(11)
-    base = mlp(64, [24], 10).eval()
-    model = mlp(64, [48], 10).eval()
-    g = torch.Generator().manual_seed(12)
-    with torch.no_grad():
-        w, b = base[1].weight, base[1].bias
-        model[1].weight.copy_(torch.cat([w, w + 1e-3 * torch.randn(w.shape, generator=g)]))
-        model[1].bias.copy_(torch.cat([b, b]))
-        model[3].weight.copy_(torch.cat([base[3].weight, base[3].weight], 1) / 2)
-        model[3].bias.copy_(base[3].bias)
-    return model
-
-
-def _ssm_model() -> nn.Module:
-    torch.manual_seed(13)
-    return SSMClassifier(2, 6, 8, 1, 3).eval()
-
-
-def _ssm_data() -> Dataset:
-    g = torch.Generator().manual_seed(14)
-    return Dataset(torch.randn(24, 16, 2, generator=g), torch.randint(0, 3, (24,), generator=g))
-
-
-@dataclass(frozen=True)
-class Case:
-    """A tiny seeded model, data suited to the method, a small config, and extra dynamic ONNX input axes."""
-
-    model: Callable[[], nn.Module]
-    data: Callable[[], Dataset]
-    config: Any
-    dynamic_dims: dict[int, str] = field(default_factory=dict)
-
-
-CASES: dict[str, Case] = {
-    "svd": Case(_digits_mlp, _digits_subset, SVDConfig(params=0.5)),
-    "factorize": Case(_digits_mlp, _digits_subset, FactorizeConfig(params=0.5)),
-    "magnitude": Case(_digits_mlp, _digits_subset, MagnitudeConfig(params=0.5)),
-    "wanda": Case(_digits_mlp, _digits_subset, WandaConfig(params=0.5)),
-    "fde": Case(_duplicated_mlp, _digits_subset, FDEConfig(eps=0.05)),
-    "cbalanced": Case(_digits_mlp, _digits_subset,
-                      CBalancedConfig(eps=1e-2, epochs=2, controls=False, val_fraction=0.2, calib_samples=200,
-                                      go_samples=100)),
-    "ssm": Case(_ssm_model, _ssm_data, SSMConfig(trunc=0.5, calib_samples=16), {1: "seq"}),
-}
-
-
 @dataclass
 class Compressed:
     """The original model, its data and the method's result."""
@@ -112,7 +48,7 @@ class Compressed:
     original: nn.Module
     data: Dataset
     new: nn.Module
-    case: Case
+    case: SmokeCase
 
 
 @pytest.fixture(scope="module")
@@ -121,15 +57,19 @@ def results() -> dict[str, Compressed]:
     return {}
 
 
+def _compress_case(spec: MethodSpec) -> Compressed:
+    if spec.smoke_case is None:
+        pytest.fail(f"registered method {spec.name!r} has no smoke_case in its MethodSpec; give it one (a tiny "
+                    "seeded model, data suited to it and a small config: compress.core.smoke.SmokeCase)",
+                    pytrace=False)
+    case = spec.smoke_case()
+    new, _ = compress(case.model, case.data, spec.name, case.config)
+    return Compressed(case.model, case.data, new.eval(), case)
+
+
 def _compressed(method: str, results: dict[str, Compressed]) -> Compressed:
-    if method not in CASES:
-        pytest.fail(f"registered method {method!r} has no entry in CASES of tests/compress/test_methods_common.py; "
-                    "add one (a tiny seeded model, data suited to it and a small config)", pytrace=False)
     if method not in results:
-        case = CASES[method]
-        original, data = case.model(), case.data()
-        new, _ = compress(original, data, method, case.config)
-        results[method] = Compressed(original, data, new.eval(), case)
+        results[method] = _compress_case(get_method(method))
     return results[method]
 
 
@@ -140,14 +80,12 @@ def _numel(model: nn.Module) -> int:
 METHODS = method_names()
 
 
-def test_every_case_names_a_registered_method() -> None:
-    stale = sorted(set(CASES) - set(METHODS))
-    assert not stale, f"CASES has entries for unregistered methods {stale}; remove them"
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_output_shape_preserved_and_finite(method: str, results: dict[str, Compressed]) -> None:
-    c = _compressed(method, results)
+    _check_shape_and_finite(_compressed(method, results))
+
+
+def _check_shape_and_finite(c: Compressed) -> None:
     with torch.no_grad():
         ref, out = c.original(c.data.x), c.new(c.data.x)
     assert out.shape == ref.shape
@@ -156,22 +94,97 @@ def test_output_shape_preserved_and_finite(method: str, results: dict[str, Compr
 
 @pytest.mark.parametrize("method", METHODS)
 def test_fewer_parameters(method: str, results: dict[str, Compressed]) -> None:
-    c = _compressed(method, results)
+    _check_fewer_parameters(_compressed(method, results))
+
+
+def _check_fewer_parameters(c: Compressed) -> None:
     assert _numel(c.new) < _numel(c.original)
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_only_plain_modules(method: str, results: dict[str, Compressed]) -> None:
-    c = _compressed(method, results)
+    _check_only_plain_modules(_compressed(method, results))
+
+
+def _check_only_plain_modules(c: Compressed) -> None:
     odd = sorted({type(m).__name__ for m in c.new.modules() if type(m) not in PLAIN_MODULES})
-    assert not odd, f"{method} left non-plain modules {odd}"
+    assert not odd, f"left non-plain modules {odd}"
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_exports_with_ort_parity(method: str, results: dict[str, Compressed], tmp_path: Path) -> None:
-    c = _compressed(method, results)
-    path = tmp_path / f"{method}.onnx"
+    _check_export_parity(_compressed(method, results), tmp_path / f"{method}.onnx")
+
+
+def _check_export_parity(c: Compressed, path: Path) -> None:
     to_onnx(c.new, c.data.x[:2], path, dynamic_batch=True, dynamic_dims=c.case.dynamic_dims or None)
     inputs = [c.data.x[:n] for n in PARITY_BATCHES]
     parity = verify_parity(c.new, path, inputs, rtol=RTOL, atol=ATOL)
     assert parity.passed and parity.batch_sizes == list(PARITY_BATCHES)
+
+
+THROWAWAY = '''
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from compress.core.report import CompressionReport
+from compress.core.smoke import SmokeCase, digits_mlp, digits_subset
+from compress.core.spec import MethodSpec
+
+
+@dataclass
+class Config:
+    pass
+
+
+def run(model, data, config):
+    """Replace the model by the least-squares linear map from its inputs to its outputs."""
+    x = data.x.flatten(1)
+    with torch.no_grad():
+        y = model(data.x)
+    sol = torch.linalg.lstsq(torch.cat([x, torch.ones(len(x), 1)], 1), y).solution
+    new = nn.Sequential(nn.Flatten(), nn.Linear(x.shape[1], y.shape[1]))
+    with torch.no_grad():
+        new[1].weight.copy_(sol[:-1].T)
+        new[1].bias.copy_(sol[-1])
+    return new, CompressionReport("throwaway", {})
+
+
+def smoke_case():
+    return SmokeCase(digits_mlp(), digits_subset(), Config())
+
+
+SPEC = MethodSpec("throwaway", "linear least-squares surrogate (test)", Config, run, smoke_case=smoke_case)
+'''
+
+
+class _EntryPoint:
+    name, value = "throwaway", "minreal_throwaway_common:SPEC"
+
+    def __init__(self, spec: MethodSpec) -> None:
+        self.spec = spec
+
+    def load(self) -> MethodSpec:
+        return self.spec
+
+
+def test_a_new_method_package_gets_every_shared_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A method package written outside the repository, registered through an entry point, runs every check
+    above from its own ``smoke_case``: nothing in this file names it."""
+    pkg = tmp_path / "minreal_throwaway_common"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(THROWAWAY)
+    spec = importlib.util.spec_from_file_location(pkg.name, pkg / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, pkg.name, module)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(registry, "entry_points", lambda *, group: [_EntryPoint(module.SPEC)])
+    monkeypatch.setattr(registry, "_REGISTRY", registry.MethodRegistry())
+    assert "throwaway" in method_names() and set(METHODS) < set(method_names())
+    c = _compress_case(get_method("throwaway"))
+    _check_shape_and_finite(c)
+    _check_fewer_parameters(c)
+    _check_only_plain_modules(c)
+    _check_export_parity(c, tmp_path / "throwaway.onnx")

@@ -67,7 +67,7 @@ def test_method_choice_is_the_registry() -> None:
 def test_methods_json(workdir: Path) -> None:
     result = CliRunner().invoke(cli, ["methods", "--json"])
     data = json.loads(result.output)
-    assert "--flops" in data["svd"]["options"]
+    assert "--layer-mac-ratio" in data["svd"]["options"] and "--mac-ratio" in data["svd"]["options"]
 
 
 def test_compress_writes_program_and_report(workdir: Path) -> None:

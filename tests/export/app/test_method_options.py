@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from compress import get_method, method_names
-from compress.allocate import ALLOCATORS
+from compress.core.allocate import ALLOCATORS
 from export.app.cli import cli
 from export.app.method_options import config_option_specs, field_docs, method_option_specs
 
@@ -33,6 +33,25 @@ def _option_line(lines: list[str], flag: str) -> str:
     return " ".join(" ".join(entry).split())
 
 
+def _section_of(lines: list[str], flag: str) -> str:
+    """The ``--help`` section title (an unindented line ending in ':') above the option's entry."""
+    at = next(i for i, ln in enumerate(lines) if ln.strip() == flag or ln.strip().startswith((flag + " ", flag + "/")))
+    return next(ln.strip() for ln in reversed(lines[:at]) if ln and not ln[0].isspace() and ln.endswith(":"))
+
+
+def test_help_groups_options_by_method_shared_first() -> None:
+    lines = _wide_help()
+    titles = [ln for ln in lines if ln and not ln[0].isspace() and ln.endswith(":")]
+    assert titles[:2] == ["Options:", "Budget and options of every method:"]
+    for name in ("factorize", "fde", "cbalanced", "ssm"):
+        assert f"Options for {name}:" in titles
+    assert _section_of(lines, "--mac-ratio") == "Budget and options of every method:"
+    assert _section_of(lines, "--energy-eps") == "Options for cbalanced:"
+    assert _section_of(lines, "--merge-eps") == "Options for fde:"
+    assert _section_of(lines, "--calib-holdout") == "Options:"
+    assert not any(ln.strip().startswith(("--flops", "--eps ", "--params")) for ln in lines)  # aliases are hidden
+
+
 def test_every_config_field_has_help() -> None:
     for name in method_names():
         cls = get_method(name).config_cls
@@ -52,7 +71,7 @@ def test_every_method_option_is_explained_in_compress_help() -> None:
             line = _option_line(lines, spec.flag)
             text = line.strip()[len(spec.flag):].strip()
             assert spec.help and spec.help in line, line
-            assert name in spec.methods and f"[method(s): {', '.join(spec.methods)}]" in line
+            assert name in spec.methods and _section_of(lines, spec.flag) == spec.group + ":"
             assert "Option of method(s)" not in text
             own = field_docs(get_method(name).config_cls)[f.name][0]
             assert own in line, f"{name}.{f.name}: its own help text is missing from {line!r}"
@@ -97,28 +116,51 @@ def test_bad_choices_metadata_is_an_error() -> None:
         field_docs(BadChoices)
 
 
-def test_shared_fields_merge_help_and_choices() -> None:
+def test_a_field_declared_apart_by_two_methods_is_an_error() -> None:
     @dataclass
     class One:
         shared: int = field(default=1, metadata={"help": "Same text."})
-        mode: str = field(default="a", metadata={"help": "Mode of one.", "choices": ("a", "b")})
 
     @dataclass
     class Two:
-        shared: int = field(default=2, metadata={"help": "Same text."})
-        mode: str = field(default="c", metadata={"help": "Mode of two.", "choices": ("b", "c")})
+        shared: float = field(default=2.0, metadata={"help": "Another meaning."})
+
+    with pytest.raises(ValueError, match=r"'shared' \(--shared\) is declared apart by methods 'one' and 'two'"):
+        config_option_specs({"one": One, "two": Two})
+
+
+def test_a_field_shared_through_one_base_is_one_option() -> None:
+    @dataclass
+    class Base:
+        shared: int = field(default=1, metadata={"help": "Same text."})
+
+    @dataclass
+    class One(Base):
+        mode: str = field(default="a", metadata={"help": "Mode of one.", "choices": ("a", "b")})
+
+    @dataclass
+    class Two(Base):
+        other: str = field(default="c", metadata={"help": "Mode of two.", "choices": ("b", "c")})
 
     specs = {s.field: s for s in config_option_specs({"one": One, "two": Two})}
     assert specs["shared"].help == "Same text." and specs["shared"].methods == ("one", "two")
-    assert specs["mode"].help == "one: Mode of one. | two: Mode of two."
-    assert specs["mode"].choices == ("a", "b", "c")
+    assert specs["mode"].choices == ("a", "b") and specs["other"].methods == ("two",)
 
 
-def test_config_defaults_and_field_order_unchanged() -> None:
-    from compress.lowrank_plan import BudgetOptions
+def test_registered_methods_share_no_name_apart() -> None:
+    specs = method_option_specs()  # raises on a clash
+    flags = {s.flag for s in specs}
+    assert {"--mac-ratio", "--param-ratio", "--latency-ratio", "--energy-eps", "--merge-eps",
+            "--calib-batch-size", "--train-batch-size"} <= flags
+    assert not {"--eps", "--flops", "--params", "--batch-size"} & flags
+
+
+def test_config_defaults_and_field_order() -> None:
+    from compress.core.lowrank_plan import BudgetOptions
 
     assert [(f.name, f.default) for f in dataclasses.fields(BudgetOptions)] == [
-        ("flops", None), ("params", None), ("rank_fraction", None), ("allocator", "lagrangian"),
-        ("rank_multiple", 1), ("exclude", ())]
-    assert dataclasses.asdict(BudgetOptions(0.3)) == {"flops": 0.3, "params": None, "rank_fraction": None,
-                                                      "allocator": "lagrangian", "rank_multiple": 1, "exclude": ()}
+        ("exclude", ()), ("mac_ratio", None), ("param_ratio", None), ("latency_ratio", None),
+        ("latency_table", None), ("layer_mac_ratio", None), ("layer_param_ratio", None), ("rank_fraction", None),
+        ("allocator", "lagrangian"), ("rank_multiple", 1)]
+
+

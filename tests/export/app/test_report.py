@@ -6,8 +6,9 @@ from export.app.report import plot_spectra, spectra_layers
 
 
 def _report(spectra: dict | None) -> dict:
-    details = {"spectra": spectra} if spectra else {}
-    variant = {"label": "cb", "compression": {"layers": [{"name": "2", "details": details}]}}
+    """A run report whose variant carries ``spectra`` in the typed CompressionReport field (not in details)."""
+    variant = {"label": "cb", "compression": {"layers": [{"name": "2", "details": {}}],
+                                              "spectra": {"2": spectra} if spectra else {}}}
     return {"cases": [{"name": "c", "variants": [variant]}]}
 
 

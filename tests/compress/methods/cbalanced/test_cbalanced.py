@@ -32,7 +32,7 @@ def _analyses(model: nn.Module, data: Dataset, eps: float, budget: int | None = 
 def test_registered_with_cli_fields() -> None:
     m = get_method("cbalanced")
     names = {f.name for f in fields(m.config_cls)}
-    assert {"eps", "distill", "state_budget", "init", "epochs"} <= names
+    assert {"energy_eps", "distill", "state_budget", "init", "epochs", "train_batch_size"} <= names
 
 
 def test_subspace_data_gives_ra_equal_to_its_dimension() -> None:
@@ -77,7 +77,7 @@ def test_budget_ranks_fit_the_budget_with_equal_energy() -> None:
 
 
 def test_realised_mlp_has_reported_widths_and_closed_form_params(tiny_mlp, mlp_data) -> None:
-    new, rep = compress(tiny_mlp, mlp_data, "cbalanced", CBalancedConfig(eps=1e-2, **FAST))
+    new, rep = compress(tiny_mlp, mlp_data, "cbalanced", CBalancedConfig(energy_eps=1e-2, **FAST))
     widths = [m.out_features for m in new if isinstance(m, nn.Linear)][:-1]
     assert widths == rep.predicted["ranks_c"] == [layer.rank for layer in rep.layers]
     assert rep.params_after == sum(p.numel() for p in new.parameters()) == mlp_params(12, widths, 5)
@@ -128,7 +128,7 @@ def test_uniform_width_is_the_closest_parameter_match(tiny_mlp) -> None:
 
 
 def test_warm_distilled_report_lists_controls(tiny_mlp, mlp_data) -> None:
-    cfg = CBalancedConfig(eps=1e-2, epochs=2, controls=True, val_fraction=0.2)
+    cfg = CBalancedConfig(energy_eps=1e-2, epochs=2, controls=True, val_fraction=0.2)
     _, rep = compress(tiny_mlp, mlp_data, "cbalanced", cfg)
     variants = rep.measured["variants"]
     assert {"scratch", "scratch_distill", "warm", "warm_distill", "warm_untrained", "uniform"} <= set(variants)
@@ -138,7 +138,7 @@ def test_warm_distilled_report_lists_controls(tiny_mlp, mlp_data) -> None:
 
 
 def test_realised_cnn_has_reported_channel_widths(tiny_cnn, image_data) -> None:
-    new, rep = compress(tiny_cnn, image_data, "cbalanced", CBalancedConfig(eps=1e-2, init="scratch", **FAST))
+    new, rep = compress(tiny_cnn, image_data, "cbalanced", CBalancedConfig(energy_eps=1e-2, init="scratch", **FAST))
     convs = [m.out_channels for m in new if isinstance(m, nn.Conv2d)]
     bns = [m.num_features for m in new if isinstance(m, nn.BatchNorm2d)]
     assert convs == bns == rep.predicted["ranks_c"]
@@ -162,7 +162,7 @@ def test_non_sequential_model_is_refused(mlp_data) -> None:
 @pytest.mark.parametrize("case", ["mlp", "cnn"])
 def test_realised_models_export_with_parity(case, tiny_mlp, mlp_data, tiny_cnn, image_data, tmp_path) -> None:
     model, data = (tiny_mlp, mlp_data) if case == "mlp" else (tiny_cnn, image_data)
-    new, _ = compress(model, data, "cbalanced", CBalancedConfig(eps=1e-2, **FAST))
+    new, _ = compress(model, data, "cbalanced", CBalancedConfig(energy_eps=1e-2, **FAST))
     path = tmp_path / "realised.onnx"
     to_onnx(new, data.x[:2], path)
     result = verify_parity(new, path, [data.x[:1], data.x[:7]], rtol=1e-4, atol=1e-5)
@@ -244,7 +244,7 @@ def test_full_width_resnet_warm_start_reproduces_the_original(selection, tiny_re
 
 
 def test_realised_resnet_exports_with_parity(tiny_resnet, resnet_data, tmp_path) -> None:
-    new, rep = compress(tiny_resnet, resnet_data, "cbalanced", CBalancedConfig(eps=1e-2, epochs=1, controls=False,
+    new, rep = compress(tiny_resnet, resnet_data, "cbalanced", CBalancedConfig(energy_eps=1e-2, epochs=1, controls=False,
                                                                                val_fraction=0.25))
     assert [getattr(new, s)[0].bn2.num_features for s in ("layer1", "layer2", "layer3", "layer4")] \
         == rep.predicted["ranks_c"]

@@ -74,7 +74,7 @@ def test_full_rank_reproduces_every_layer(make) -> None:
 def test_predicted_distortion_equals_measured_on_calibration_data(make, kinds: set[str]) -> None:
     model = make().double()
     data = Dataset(_inputs(model).x.double())
-    new, report = compress(model, data, "factorize", FactorizeConfig(flops=0.45))
+    new, report = compress(model, data, "factorize", FactorizeConfig(layer_mac_ratio=0.45))
     factorised = [lr for lr in report.layers if lr.action == "factorized"]
     grouped = {"grouped"} if any(getattr(model.get_submodule(lr.name), "groups", 1) > 1 for lr in factorised) else set()
     assert kinds <= {lr.kind for lr in factorised} | grouped
@@ -105,7 +105,7 @@ def test_duplicated_input_channels_stay_finite_and_exact() -> None:
 
 
 def test_report_lists_skips_and_predicted_next_to_measured(grouped_cnn, image_data) -> None:
-    new, report = compress(grouped_cnn, image_data, "factorize", FactorizeConfig(flops=0.6))
+    new, report = compress(grouped_cnn, image_data, "factorize", FactorizeConfig(layer_mac_ratio=0.6))
     skipped = {lr.name: lr.reason for lr in report.layers if lr.action == "skipped"}
     assert "depthwise" in skipped["5"]
     assert report.predicted["factorizable_mac_ratio"] <= 0.6 + 1e-9
@@ -115,9 +115,9 @@ def test_report_lists_skips_and_predicted_next_to_measured(grouped_cnn, image_da
 
 
 def test_cache_hit_gives_the_same_model_without_statistics(tmp_path, tiny_cnn, image_data) -> None:
-    cfg = FactorizeConfig(flops=0.5, cache_dir=str(tmp_path))
+    cfg = FactorizeConfig(layer_mac_ratio=0.5, cache_dir=str(tmp_path))
     first, r1 = compress(tiny_cnn, image_data, "factorize", cfg)
-    again, r2 = compress(tiny_cnn, image_data, "factorize", replace(cfg, flops=0.7))
+    again, r2 = compress(tiny_cnn, image_data, "factorize", replace(cfg, layer_mac_ratio=0.7))
     assert r1.predicted["cache_hits"] == 0 and r2.predicted["cache_hits"] == 4
     same, r3 = compress(tiny_cnn, image_data, "factorize", cfg)
     with torch.no_grad():
@@ -142,8 +142,8 @@ def trained_digits():
 @pytest.mark.parametrize("flops", [0.7, 0.5])
 def test_beats_plain_svd_at_the_same_budget(trained_digits, name: str, flops: float) -> None:
     models, train_set, test_set = trained_digits
-    fac, rf = compress(models[name], train_set, "factorize", FactorizeConfig(flops=flops))
-    _, rs = compress(models[name], train_set, "svd", SVDConfig(flops=flops))
+    fac, rf = compress(models[name], train_set, "factorize", FactorizeConfig(layer_mac_ratio=flops))
+    _, rs = compress(models[name], train_set, "svd", SVDConfig(layer_mac_ratio=flops))
     assert rf.predicted["factorizable_mac_ratio"] <= flops + 1e-9
     assert rs.predicted["factorizable_mac_ratio"] <= flops + 1e-9
     assert rf.measured["relative_output_error"] < rs.measured["relative_output_error"]
@@ -163,7 +163,7 @@ def test_torchvision_models_export_and_pass_ort_parity(tmp_path, arch: str, size
     torch.manual_seed(0)
     model = getattr(torchvision.models, arch)(weights=None).eval()
     data = Dataset(torch.randn(calib, 3, size, size))  # random weights and inputs: parity, not accuracy
-    new, report = compress(model, data, "factorize", FactorizeConfig(flops=0.5, stats_dtype="float32"))
+    new, report = compress(model, data, "factorize", FactorizeConfig(layer_mac_ratio=0.5, stats_dtype="float32"))
     assert report.predicted["factorizable_mac_ratio"] <= 0.5 + 1e-9
     assert any(lr.action == "factorized" for lr in report.layers)
     skipped = {lr.name: lr.reason for lr in report.layers if lr.action == "skipped"}

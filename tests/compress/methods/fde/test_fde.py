@@ -37,7 +37,7 @@ def calib() -> Dataset:
 
 def test_eps0_merges_exactly_the_planted_neurons(calib: Dataset) -> None:
     model = _planted_relu()
-    new, rep = compress(model, calib, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    new, rep = compress(model, calib, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     assert rep.predicted["hidden_widths"] == [18, 15]
     chain = extract_chain(model)
     merged = refine(chain, 0.0).chain
@@ -54,7 +54,7 @@ def test_eps0_merges_exactly_the_planted_neurons(calib: Dataset) -> None:
 def test_no_duplicates_nothing_merged(activation: str, calib: Dataset) -> None:
     torch.manual_seed(5)
     model = mlp(6, [24, 24], 3, activation).eval()
-    _, rep = compress(model, calib, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    _, rep = compress(model, calib, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     assert rep.predicted["hidden_widths"] == [24, 24]
     assert rep.predicted["output_deviation_bound"] == 0.0
     assert rep.params_after == rep.params_before
@@ -81,13 +81,13 @@ def test_measured_deviation_within_bound(activation: str) -> None:
     with torch.no_grad():
         model[1].bias[:8] = -5.0  # dead for ReLU on the box: removed by the constant-neuron step
     calib = Dataset(torch.rand(400, 3) * 2 - 1)
-    _, rep = compress(model, calib, "fde", FDEConfig(eps=0.35))
+    _, rep = compress(model, calib, "fde", FDEConfig(merge_eps=0.35))
     assert sum(rep.predicted["hidden_widths"]) < 80, "the test needs some merging"
     chain0 = extract_chain(model)
     lo, hi = input_box(calib.x)
     x = box_samples(lo, hi, 3000, seed=99)
     bound = rep.predicted["output_deviation_bound"]
-    new_chain = extract_chain(compress(model, calib, "fde", FDEConfig(eps=0.35))[0])
+    new_chain = extract_chain(compress(model, calib, "fde", FDEConfig(merge_eps=0.35))[0])
     measured = float((chain_forward(chain0, x) - chain_forward(new_chain, x)).abs().max())
     assert 0.0 < measured <= bound + 1e-6 * max(bound, 1.0)
     assert rep.measured["max_output_deviation_box_float64"] <= bound + 1e-6 * max(bound, 1.0)
@@ -121,7 +121,7 @@ def test_batchnorm_folded_before_merging(calib: Dataset) -> None:
     with torch.no_grad():
         ref = model(x).double()
     assert torch.allclose(chain_forward(extract_chain(model), x), ref, atol=1e-5)
-    new, _ = compress(model, calib, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    new, _ = compress(model, calib, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     assert not any(isinstance(m, nn.BatchNorm1d) for m in new.modules())
     with torch.no_grad():
         assert torch.allclose(new(x).double(), ref, atol=1e-5)
@@ -131,7 +131,7 @@ def test_merged_network_is_plain_linear_stack_and_exports(tmp_path, calib: Datas
     from export.onnx_export import to_onnx
     from export.verify import verify_parity
 
-    new, rep = compress(_planted_relu(), calib, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    new, rep = compress(_planted_relu(), calib, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     kinds = {type(m) for m in new.modules()} - {nn.Sequential}
     assert kinds == {nn.Flatten, nn.Linear, nn.ReLU}
     linears = [m for m in new.modules() if isinstance(m, nn.Linear)]
@@ -148,7 +148,7 @@ def test_dead_neurons_removed_exactly_on_calibration_data(calib: Dataset) -> Non
     model = mlp(6, [32, 16], 3).eval()
     with torch.no_grad():
         model[1].bias[:10] = -100.0  # never active on the data
-    new, rep = compress(model, calib, "fde", FDEConfig(eps=0.0))
+    new, rep = compress(model, calib, "fde", FDEConfig(merge_eps=0.0))
     assert rep.layers[0].details["dead_removed"] == 10
     assert rep.predicted["hidden_widths"][0] == 22
     assert rep.predicted["dead_removed"] == sum(lr.details["dead_removed"] for lr in rep.layers[:-1])
@@ -170,7 +170,7 @@ def test_finetune_after_merging_lowers_mse() -> None:
     x = torch.rand(300, 3, generator=g)
     data = Dataset(x, torch.sin(3 * x).sum(1, keepdim=True))
     model = mlp(3, [64], 1).eval()
-    _, rep = compress(model, data, "fde", FDEConfig(eps=0.5, finetune_epochs=10, finetune_lr=3e-3))
+    _, rep = compress(model, data, "fde", FDEConfig(merge_eps=0.5, finetune_epochs=10, finetune_lr=3e-3))
     assert rep.measured["finetuned_mse_compressed"] < rep.measured["mse_compressed"]
 
 
@@ -216,7 +216,7 @@ def images() -> Dataset:
 
 def test_cnn_eps0_merges_exactly_the_planted_channels(images: Dataset) -> None:
     model = _planted_cnn()
-    new, rep = compress(model, images, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    new, rep = compress(model, images, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     assert rep.predicted["hidden_widths_before"] == [8, 10, 16]
     assert rep.predicted["hidden_widths"] == [6, 9, 16]
     merged = refine(extract_conv_chain(model), 0.0, sums=False).chain
@@ -236,7 +236,7 @@ def test_cnn_no_duplicates_nothing_merged(images: Dataset) -> None:
     torch.manual_seed(41)
     model = small_cnn(3, (8, 12, 16), 5).eval()
     _randomise_bn(model)
-    new, rep = compress(model, images, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    new, rep = compress(model, images, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     assert rep.predicted["hidden_widths"] == [8, 12, 16]
     assert all(lr.action == "kept" for lr in rep.layers)
     with torch.no_grad():
@@ -253,7 +253,7 @@ def test_cnn_global_pool_head_sums_columns(images: Dataset) -> None:
         conv.weight[9] = conv.weight[3]
         for p in (bn.running_mean, bn.running_var, bn.weight, bn.bias):
             p[9] = p[3]
-    new, rep = compress(model, images, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    new, rep = compress(model, images, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     assert rep.predicted["hidden_widths"] == [8, 12, 15]
     assert new[-1].in_features == 15
     with torch.no_grad():
@@ -266,7 +266,7 @@ def test_cnn_dead_channels_removed_exactly(images: Dataset) -> None:
     _randomise_bn(model)
     with torch.no_grad():
         model[1].bias[[0, 5]] = -100.0  # BN shift: never active after the ReLU
-    new, rep = compress(model, images, "fde", FDEConfig(eps=0.0))
+    new, rep = compress(model, images, "fde", FDEConfig(merge_eps=0.0))
     assert rep.layers[0].details["dead_removed"] == 2
     assert rep.predicted["hidden_widths"][0] == 6
     assert rep.measured["max_output_deviation_data_float64"] <= 1e-12
@@ -276,7 +276,7 @@ def test_merged_cnn_is_plain_and_exports(tmp_path, images: Dataset) -> None:
     from export.onnx_export import to_onnx
     from export.verify import verify_parity
 
-    new, rep = compress(_planted_cnn(), images, "fde", FDEConfig(eps=0.0, remove_dead=False))
+    new, rep = compress(_planted_cnn(), images, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     kinds = {type(m) for m in new.modules()} - {nn.Sequential}
     assert kinds == {nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.AvgPool2d, nn.Flatten, nn.Linear}
     layers = [m for m in new.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]

@@ -48,7 +48,7 @@ def test_svd_registered() -> None:
 
 
 def test_svd_meets_flop_budget_and_reports(tiny_cnn: nn.Module, image_data: Dataset) -> None:
-    model, report = compress(tiny_cnn, image_data, "svd", SVDConfig(flops=0.5))
+    model, report = compress(tiny_cnn, image_data, "svd", SVDConfig(layer_mac_ratio=0.5))
     assert report.predicted["factorizable_mac_ratio"] <= 0.5 + 1e-9
     costs = count_costs(model, image_data.x[:4])
     assert costs.macs == report.macs_after
@@ -60,7 +60,7 @@ def test_svd_meets_flop_budget_and_reports(tiny_cnn: nn.Module, image_data: Data
 
 
 def test_params_budget(tiny_mlp: nn.Module, mlp_data: Dataset) -> None:
-    model, report = compress(tiny_mlp, mlp_data, "svd", SVDConfig(params=0.6))
+    model, report = compress(tiny_mlp, mlp_data, "svd", SVDConfig(layer_param_ratio=0.6))
     assert report.predicted["factorizable_param_ratio"] <= 0.6 + 1e-9
     assert sum(p.numel() for p in model.parameters()) == report.params_after
 
@@ -72,7 +72,7 @@ def test_full_fraction_keeps_every_layer(tiny_cnn: nn.Module, image_data: Datase
 
 
 def test_depthwise_skipped_with_reason(grouped_cnn: nn.Module, image_data: Dataset) -> None:
-    _, report = compress(grouped_cnn, image_data, "svd", SVDConfig(flops=0.7))
+    _, report = compress(grouped_cnn, image_data, "svd", SVDConfig(layer_mac_ratio=0.7))
     depthwise = next(lr for lr in report.layers if lr.name == "5")
     assert depthwise.action == "skipped" and "depthwise" in depthwise.reason
 
@@ -85,9 +85,9 @@ def test_layer_kept_when_factorising_does_not_pay() -> None:
 
 def test_conflicting_budgets_rejected(tiny_mlp: nn.Module, mlp_data: Dataset) -> None:
     with pytest.raises(ValueError, match="only one of"):
-        compress(tiny_mlp, mlp_data, "svd", SVDConfig(flops=0.5, params=0.5))
-    with pytest.raises(ValueError, match="--flops"):
-        compress(tiny_mlp, mlp_data, "svd", SVDConfig(flops=1.5))
+        compress(tiny_mlp, mlp_data, "svd", SVDConfig(layer_mac_ratio=0.5, layer_param_ratio=0.5))
+    with pytest.raises(ValueError, match="--layer-mac-ratio"):
+        compress(tiny_mlp, mlp_data, "svd", SVDConfig(layer_mac_ratio=1.5))
 
 
 def test_multihead_out_proj_skipped() -> None:
@@ -100,6 +100,6 @@ def test_multihead_out_proj_skipped() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.head(self.mha(x, x, x, need_weights=False)[0]).mean(1)
 
-    _, report = compress(Attn().eval(), Dataset(torch.randn(4, 5, 16)), "svd", SVDConfig(flops=0.5))
+    _, report = compress(Attn().eval(), Dataset(torch.randn(4, 5, 16)), "svd", SVDConfig(layer_mac_ratio=0.5))
     skipped = {lr.name: lr.reason for lr in report.layers if lr.action == "skipped"}
     assert "mha.out_proj" in skipped and "MultiheadAttention" in skipped["mha.out_proj"]

@@ -1,0 +1,14 @@
+"""The tiny case the checks shared by every method run cbalanced on."""
+
+from __future__ import annotations
+
+from ...core.smoke import SmokeCase, digits_mlp, digits_subset
+
+
+def smoke_case() -> SmokeCase:
+    """Seeded digits MLP on 240 digits; 1% energy left out, two training epochs, no controls."""
+    from .method import CBalancedConfig
+
+    config = CBalancedConfig(energy_eps=1e-2, epochs=2, controls=False, val_fraction=0.2, gramian_samples=200,
+                             go_samples=100)
+    return SmokeCase(digits_mlp(), digits_subset(), config)
