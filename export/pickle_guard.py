@@ -11,8 +11,9 @@ number; config files inside an archive can be forged). Instead, untrusted files 
 - ``sympy``'s string parser (``parse_expr``, behind ``sympify``, which ``eval``s its input) accepts only
   arithmetic over symbols, numbers and an allow-list of sympy/torch function names: no attribute access,
   no subscripts, no other names. ``torch.export.load`` parses the program's symbolic shapes this way.
-- ``importlib.import_module`` returns only torch's own modules and ``builtins``/``collections``/``enum``
-  (a program's pytree specs name classes by module; an untrusted file must not make us import anything).
+- pytree deserialisation (``torch.utils._pytree``, which imports the modules a program's tree specs name)
+  may import only torch's own modules and ``builtins``/``collections``/``enum``: an untrusted file must not
+  make us import anything. Imports torch makes for itself while loading are not limited.
 
 Each refusal raises :class:`UnpicklingRefused` and is recorded, so a caller that swallows the error is
 still found out.
@@ -143,6 +144,17 @@ def _known_modules_only(import_module: Callable[..., Any], refusals: list[str]) 
     return guarded
 
 
+class _ImportlibView:
+    """``importlib`` as one module sees it, with a guarded ``import_module``: only the deserialiser's own lookups
+    of names read from the file are limited, not the imports torch itself makes while loading."""
+
+    def __init__(self, import_module: Callable[..., Any]) -> None:
+        self.import_module = import_module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(importlib, name)
+
+
 @contextmanager
 def no_unpickling() -> Iterator[list[str]]:
     """Within the block, only torch's weights-only unpickler may run; any other unpickling raises.
@@ -163,8 +175,10 @@ def no_unpickling() -> Iterator[list[str]]:
     ]
     import sympy.parsing.sympy_parser as sympy_parser
 
+    import torch.utils._pytree as pytree
+
     patches += [(sympy_parser, "parse_expr", _arithmetic_only(sympy_parser.parse_expr, refusals)),
-                (importlib, "import_module", _known_modules_only(importlib.import_module, refusals))]
+                (pytree, "importlib", _ImportlibView(_known_modules_only(importlib.import_module, refusals)))]
     for module in (pickle, _pickle):
         patches += [(module, "load", _refuse(f"{module.__name__}.load", refusals)),
                     (module, "loads", _refuse(f"{module.__name__}.loads", refusals)),

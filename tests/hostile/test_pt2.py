@@ -269,3 +269,21 @@ def test_expression_allow_list(text: str, allowed: bool) -> None:
     from export.pickle_guard import _is_plain_arithmetic, _sympy_names
 
     assert _is_plain_arithmetic(text, _sympy_names()) is allowed
+
+
+def test_program_written_by_compress_loads_in_a_fresh_process(tmp_path: Path) -> None:
+    """The guard must not depend on what a process happens to have imported: compress, then export the result
+    in a new interpreter (torch imports modules of its own while loading, which the guard leaves alone)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "net.py").write_text("import torch\nfrom torch import nn\n\ndef make():\n    torch.manual_seed(0)\n"
+                                     "    return nn.Sequential(nn.Linear(64, 24), nn.ReLU(), nn.Linear(24, 10))\n")
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    for args in (["compress", "net.py:make", "-m", "svd", "--calib", "digits-flat", "--out", "c.pt2", "-q"],
+                 ["export", "c.pt2", "--data", "digits-flat", "--out", "c.onnx", "-q"]):
+        done = subprocess.run([sys.executable, "-m", "export.cli", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    assert (tmp_path / "c.onnx").stat().st_size > 0
