@@ -17,7 +17,7 @@ from torch import nn
 from .core.costs import count_costs, count_macs_torch, uncovered_modules, whole_model_macs
 from .core.data import Dataset
 from .core.errors import CompressionError, UnknownMethodError
-from .core.options import BUDGET_FIELDS, flag_of
+from .core.options import BUDGET_FIELDS, field_clash, flag_of
 from .core.evaluate import compare_outputs
 from .core.report import CompressionReport
 from .core.spec import MethodFn, MethodSpec
@@ -32,30 +32,45 @@ Method = MethodSpec  # the name export/ and older code use
 
 
 class MethodRegistry:
-    """Method specs by name, loaded on first use; a duplicate name is an error."""
+    """Method specs by name, loaded on first use. A built-in or run-time registration that duplicates a name, or
+    declares apart a config field another method has, is an error (ValueError); such a third-party entry point is
+    skipped with a one-line warning, so that it never breaks the built-ins."""
 
     def __init__(self) -> None:
         self._specs: dict[str, MethodSpec] | None = None
 
     def specs(self) -> dict[str, MethodSpec]:
         if self._specs is None:
-            self._specs = {}
+            specs: dict[str, MethodSpec] = {}  # assigned only once complete: an error leaves nothing half-loaded
             for spec in _builtin_specs():
-                self._add(spec)
-            for spec in _entry_point_specs():
-                self._add(spec)
+                _add(specs, spec)
+            for ep, spec in _entry_point_specs():
+                problem = _conflict(specs, spec)
+                if problem is not None:
+                    log.warning("skipping method entry point %r (%s): %s", ep.name, ep.value, problem)
+                    continue
+                specs[spec.name] = spec
+            self._specs = specs
         return self._specs
 
     def add(self, spec: MethodSpec) -> None:
-        self.specs()
-        self._add(spec)
+        _add(self.specs(), spec)
 
-    def _add(self, spec: MethodSpec) -> None:
-        if not isinstance(spec, MethodSpec):
-            raise TypeError(f"a method registers a MethodSpec, got {type(spec).__name__}")
-        if spec.name in self._specs:
-            raise ValueError(f"compression method {spec.name!r} is already registered")
-        self._specs[spec.name] = spec
+
+def _conflict(specs: dict[str, MethodSpec], spec: MethodSpec) -> str | None:
+    """Why ``spec`` cannot join ``specs`` (a taken name, a config field declared apart), or None."""
+    if spec.name in specs:
+        return f"compression method {spec.name!r} is already registered"
+    return field_clash({n: s.config_cls for n, s in specs.items()}, spec.name, spec.config_cls)
+
+
+def _add(specs: dict[str, MethodSpec], spec: MethodSpec) -> None:
+    if not isinstance(spec, MethodSpec):
+        raise TypeError(f"a method registers a MethodSpec, got {type(spec).__name__}")
+    problem = _conflict(specs, spec)
+    if problem is not None:
+        raise ValueError(problem)
+    specs[spec.name] = spec
 
 
 def _builtin_specs() -> list[MethodSpec]:
@@ -70,8 +85,9 @@ def _builtin_specs() -> list[MethodSpec]:
     return specs
 
 
-def _entry_point_specs() -> list[MethodSpec]:
-    """Specs of the ``minreal.methods`` entry points; a broken one is skipped with a one-line warning."""
+def _entry_point_specs() -> list[tuple[Any, MethodSpec]]:
+    """(entry point, spec) of the ``minreal.methods`` entry points; a broken one is skipped with a one-line
+    warning."""
     specs = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
@@ -83,7 +99,7 @@ def _entry_point_specs() -> list[MethodSpec]:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             log.warning("skipping method entry point %r (%s): %s", ep.name, ep.value, first)
             continue
-        specs.append(spec)
+        specs.append((ep, spec))
     return specs
 
 
@@ -166,7 +182,8 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None) -
     new, report = spec.run(model, data, cfg)
     fill_costs(report, model, new, data.x[: min(len(data), 8)])
     if budget is not None:
-        achieved = {"mac_ratio": report.mac_ratio, "param_ratio": report.param_ratio}.get(budget[0])
+        achieved = {"mac_ratio": report.mac_ratio, "param_ratio": report.param_ratio,
+                    "latency_ratio": report.predicted.get("whole_model_latency_ratio")}.get(budget[0])
         report.predicted["budget"] = {"kind": budget[0], "requested": budget[1], "achieved": achieved}
     if "relative_output_error" not in report.measured:
         t0 = time.perf_counter()

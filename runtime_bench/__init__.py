@@ -1,26 +1,44 @@
 """ONNX Runtime benchmark: interleaved timing in fresh processes, metrics, reports, release gate.
 
-This package never imports torch.
+This package never imports torch. Its public names load lazily (PEP 562), so importing
+:mod:`runtime_bench.facts` (stdlib only) does not import onnxruntime: that is the one module ``compress``
+may import from here (``tests/test_layering.py``).
 """
 
-from .atomic import atomic_path, atomic_write_bytes, atomic_write_text
-from .bench import Progress, run_benchmark
-from .check import CheckResult, Criterion, check_report, format_check
-from .config import BenchConfig, ModelEntry
-from .errors import (
-    BenchInputError,
-    CheckError,
-    ModelFileError,
-    ProviderUnavailableError,
-    ReportSchemaError,
-    SessionError,
-    UnknownProviderError,
-    WorkerError,
-)
-from .model_info import INTEGER_OP_TYPES, ModelInfo, count_nodes, model_info, optimized_graph_ops
-from .providers import PROVIDERS, available_providers
-from .report import SCHEMA_VERSION, BenchReport, format_table, load_report, write_json, write_markdown
-from .timing import LatencyStats, latency_stats, time_interleaved
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> submodule that defines it.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("atomic_path", "atomic_write_bytes", "atomic_write_text"), "atomic"),
+    **dict.fromkeys(("Progress", "run_benchmark"), "bench"),
+    **dict.fromkeys(("CheckResult", "Criterion", "check_report", "format_check"), "check"),
+    **dict.fromkeys(("BenchConfig", "ModelEntry"), "config"),
+    **dict.fromkeys(("BenchInputError", "CheckError", "ModelFileError", "ProviderUnavailableError",
+                     "ReportSchemaError", "SessionError", "UnknownProviderError", "WorkerError"), "errors"),
+    **dict.fromkeys(("INTEGER_OP_TYPES", "ModelInfo", "count_nodes", "model_info", "optimized_graph_ops"),
+                    "model_info"),
+    **dict.fromkeys(("PROVIDERS", "available_providers"), "providers"),
+    **dict.fromkeys(("SCHEMA_VERSION", "BenchReport", "format_table", "load_report", "write_json",
+                     "write_markdown"), "report"),
+    **dict.fromkeys(("LatencyStats", "latency_stats", "time_interleaved"), "timing"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runtime_bench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "BenchConfig",

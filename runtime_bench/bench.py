@@ -19,6 +19,7 @@ import numpy as np
 from .config import BenchConfig, ModelEntry
 from .environment import collect_environment
 from .errors import BenchInputError, ProviderUnavailableError, WorkerError
+from .facts import PROGRESS_KEY
 from .inputs import check_batch, input_specs, timing_inputs
 from .metrics import ModelMetrics, evaluate_models
 from .model_info import model_info
@@ -33,7 +34,6 @@ logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 #: Log records with this ``extra`` key carry (task, done, total); the CLI draws them as progress bars.
-PROGRESS_KEY = "minreal_progress"
 Cell = tuple[str, int]
 
 

@@ -1,9 +1,10 @@
-"""Facts that ``export`` and ``runtime_bench`` share, each written once.
+"""Facts that ``compress``, ``export`` and ``runtime_bench`` share, each written once.
 
-Provider names, the ONNX op sets that run in integer arithmetic, and the one-line form of an error.
-This module imports neither torch nor onnxruntime, so either side may import it cheaply
-(``compress`` never imports it: it never imports ``runtime_bench``). ``tests/test_layering.py`` checks
-that these literals are defined nowhere else.
+Provider names, the ONNX op sets that run in integer arithmetic, the progress-record key and the one-line
+form of an error. This module imports only the standard library (and ``runtime_bench/__init__`` loads its
+names lazily), so every side may import it cheaply: it is the one module of ``runtime_bench`` that
+``compress`` may import. ``tests/test_layering.py`` checks both, and that these literals are defined
+nowhere else.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 __all__ = [
+    "PROGRESS_KEY",
     "PROVIDERS",
     "INSTALL_HINTS",
     "INTEGER_KERNEL_OPS",
@@ -22,6 +24,9 @@ __all__ = [
     "first_line",
     "error_line",
 ]
+
+#: ``logging`` extra key of progress records ``(task, done, total)``: library code logs them, the CLI draws bars.
+PROGRESS_KEY = "minreal_progress"
 
 #: Short name (CLI / config) -> onnxruntime execution-provider name.
 PROVIDERS: Mapping[str, str] = MappingProxyType(

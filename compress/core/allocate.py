@@ -11,8 +11,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-__all__ = ["KEEP", "RankOptions", "options_from_spectrum", "layer_multiple", "allocate", "ALLOCATORS",
-           "lagrangian", "energy_threshold", "uniform_fraction", "total_cost", "rank_at_fraction",
+__all__ = ["KEEP", "RankOptions", "options_from_spectrum", "layer_multiple", "allocate", "ALLOCATORS", "cheapest_cost",
+           "smallest_ranks", "lagrangian", "energy_threshold", "uniform_fraction", "total_cost", "rank_at_fraction",
            "rank_at_energy"]
 
 KEEP = -1  # rank value meaning "keep the original layer"
@@ -188,22 +188,27 @@ ALLOCATORS: dict[str, Callable[[list[RankOptions], float], dict[str, int]]] = {
 def allocate(options: list[RankOptions], budget: float, allocator: str = "lagrangian") -> dict[str, int]:
     """Allocate ranks with a named allocator; ``budget`` is an absolute cost.
 
-    Raises ValueError when even the cheapest option of every layer exceeds the budget.
+    Raises ValueError when even the cheapest option of every layer exceeds the budget (callers that know the
+    option the budget came from check :func:`cheapest_cost` first and name it).
     """
     try:
         fn = ALLOCATORS[allocator]
     except KeyError:
         raise ValueError(f"unknown allocator {allocator!r}; choose one of {sorted(ALLOCATORS)}") from None
-    floor = sum(min(o.keep_cost, float(o.costs.min(initial=np.inf))) for o in options)
+    floor = cheapest_cost(options)
     if floor > budget:
         full = sum(o.keep_cost for o in options)
         raise ValueError(f"budget {budget / full:.3g} of the factorisable cost is below the smallest reachable "
-                         f"{floor / full:.3g} ({_smallest_ranks(options)}); raise the budget or lower the rank "
-                         "multiple")
+                         f"{floor / full:.3g} ({smallest_ranks(options)}); raise the budget")
     return fn(options, budget)
 
 
-def _smallest_ranks(options: list[RankOptions]) -> str:
+def cheapest_cost(options: list[RankOptions]) -> float:
+    """The least total cost any allocation reaches: each layer at its cheapest option (a rank, or kept whole)."""
+    return sum(min(o.keep_cost, float(o.costs.min(initial=np.inf))) for o in options)
+
+
+def smallest_ranks(options: list[RankOptions]) -> str:
     """How the cheapest allocation looks: each layer at its smallest offered rank, e.g. "rank 16 everywhere"."""
     smallest = sorted({int(o.ranks[0]) for o in options if len(o.ranks)})
     kept = sum(1 for o in options if not len(o.ranks))

@@ -6,31 +6,38 @@ Scoring (the spectra) belongs to each method; this module turns spectra into ran
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from .allocate import ALLOCATORS, KEEP, RankOptions, allocate, options_from_spectrum, rank_at_fraction
+from runtime_bench.facts import PROVIDERS
+
+from .allocate import (ALLOCATORS, KEEP, RankOptions, allocate, cheapest_cost, options_from_spectrum,
+                       rank_at_fraction, smallest_ranks, total_cost)
 from .costs import CostTable, count_costs, count_macs_torch
 from .errors import CompressionError
-from .options import CostBudget, ExcludeOption, flag_of
+from .options import Alias, CostBudget, ExcludeOption, flag_of
 from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_macs, pair_params
 from .report import CompressionReport, LayerReport
 from .surgery import parent_weight_readers, replace_modules
 
 __all__ = ["Budget", "BudgetOptions", "Target", "find_targets", "plan_ranks", "apply_factors", "fill_report",
-           "load_latency_table", "whole_model_total", "layer_target", "RANK_MULTIPLE_BY_PROVIDER", "rank_multiple_defaults"]
+           "load_latency_table", "whole_model_total", "layer_target", "predicted_latency_ratio", "RANK_MULTIPLE_BY_PROVIDER", "rank_multiple_defaults"]
 
 CostFn = Callable[[int], float]
+log = logging.getLogger(__name__)
 
 #: Rank granularity that keeps factorised layers on the provider's fast paths: measured on resnet18 with the
 #: CPU provider, multiples of 16 turned a 1.31x latency/MAC gap into 1.03x (benchmarks/factorize_latency.json);
 #: GPU tensor cores want multiples of 8.
-RANK_MULTIPLE_BY_PROVIDER: dict[str, int] = {"cpu": 16, "cuda": 8, "tensorrt": 8}
+RANK_MULTIPLE_BY_PROVIDER: Mapping[str, int] = MappingProxyType(
+    {name: 16 if name == "cpu" else 8 for name in PROVIDERS})
 
 
 #: CLI flag of each :class:`Budget` target, by scope (``layers``: the factorisable layers' cost; ``model``:
@@ -95,7 +102,11 @@ class BudgetOptions(CostBudget, ExcludeOption):
     factorisable-layer budget the allocator works in (see :class:`Budget`) and excluded layers.
     ``--flops``/``--params`` (deprecated) keep their old meaning, the factorisable layers' ratio."""
 
-    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"flops": "layer_mac_ratio", "params": "layer_param_ratio"}
+    DEPRECATED_ALIASES: ClassVar[dict[str, str | Alias]] = {
+        "flops": Alias("layer_mac_ratio", "same meaning, the factorisable layers' MAC ratio (--mac-ratio budgets the "
+                                          "whole model)"),
+        "params": Alias("layer_param_ratio", "same meaning, the factorisable layers' parameter ratio (--param-ratio "
+                                             "budgets the whole model)")}
 
     layer_mac_ratio: float | None = field(
         default=None,
@@ -227,26 +238,60 @@ def plan_ranks(targets: list[Target], sq_spectra: dict[str, np.ndarray], budget:
     if budget.scope == "model":
         if whole_total is None:
             raise CompressionError("a whole-model budget needs the whole model's cost (whole_total)")
-        target = layer_target(options, whole_total, budget.ratio, budget.flag(budget.given[0]))
+        target = layer_target(options, whole_total, budget.ratio, budget.flag(budget.given[0]), budget.rank_multiple)
     else:
         target = budget.ratio * sum(o.keep_cost for o in options)
+        _check_layer_target(options, target, budget)
     return allocate(options, target, budget.allocator), options
 
 
-def layer_target(options: list[RankOptions], whole_total: float, ratio: float, flag: str) -> float:
+def _multiple_hint(rank_multiple: int) -> str:
+    """What a rank multiple above 1 adds to an unreachable-budget message (nothing for 1)."""
+    if rank_multiple <= 1:
+        return ""
+    return (f"; ranks are multiples of --rank-multiple {rank_multiple} (from --target-provider unless given), "
+            "a smaller multiple reaches lower")
+
+
+def _check_layer_target(options: list[RankOptions], target: float, budget: Budget) -> None:
+    """CompressionError naming the ``--layer-*`` flag when a factorisable-layer budget is below every allocation."""
+    floor, full = cheapest_cost(options), sum(o.keep_cost for o in options)
+    if floor > target:
+        raise CompressionError(
+            f"{budget.flag(budget.given[0])} {budget.ratio:g} cannot be reached: the smallest ratio of the "
+            f"factorisable layers' cost is {floor / max(full, 1e-300):.4f} ({smallest_ranks(options)}); raise the "
+            f"ratio{_multiple_hint(budget.rank_multiple)}")
+
+
+def predicted_latency_ratio(options: list[RankOptions], ranks: dict[str, int], whole_total: float) -> float:
+    """The whole-model latency ratio a latency table predicts for ``ranks``: the unfactorised rest unchanged,
+    each factorisable layer at its table latency (the sum taken as the whole when it exceeds the whole-model
+    latency, as :func:`layer_target` does)."""
+    layers = sum(o.keep_cost for o in options)
+    total = max(whole_total, layers)
+    return (total - layers + total_cost(options, ranks)) / max(total, 1e-300)
+
+
+def layer_target(options: list[RankOptions], whole_total: float, ratio: float, flag: str, multiple: int = 1) -> float:
     """The factorisable layers' cost that meets a whole-model ``ratio``: ``ratio·total − (total − Σ keep)``.
 
     Raises CompressionError naming ``flag`` and the smallest whole-model ratio the layers can reach (every
-    layer at its cheapest rank, the rest of the model unchanged) when ``ratio`` is below it.
+    layer at its cheapest rank, the rest of the model unchanged) when ``ratio`` is below it; ``multiple`` (the
+    rank multiple) is mentioned there when above 1. When the layers' costs sum to more than ``whole_total`` (per-layer latencies measured one layer at a time
+    can), their sum is taken as the whole, with a warning, so the smallest ratio is never above 1.
     """
     layers = sum(o.keep_cost for o in options)
-    rest = max(whole_total - layers, 0.0)
-    least = rest + sum(min([o.keep_cost, *o.costs.tolist()]) for o in options)
-    smallest = least / max(whole_total, 1e-300)
+    if layers > whole_total:
+        log.warning("the factorisable layers' costs sum to %.4g, more than the whole model's %.4g (layers measured "
+                    "one at a time); %s is taken of their sum", layers, whole_total, flag)
+        whole_total = layers
+    rest = whole_total - layers
+    smallest = (rest + cheapest_cost(options)) / max(whole_total, 1e-300)
     if ratio < smallest - 1e-12:
         raise CompressionError(f"{flag} {ratio:g} cannot be reached: the smallest whole-model ratio this method can "
                                f"reach is {smallest:.4f} (every factorisable layer at its lowest rank; "
-                               f"{rest / max(whole_total, 1e-300):.4f} of the cost is in layers it does not factorise)")
+                               f"{rest / max(whole_total, 1e-300):.4f} of the cost is in layers it does not "
+                               f"factorise{_multiple_hint(multiple)})")
     return ratio * whole_total - rest
 
 

@@ -8,19 +8,55 @@ kinds a method can meet (``compress()`` refuses the others, naming the flag).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 from .errors import CompressionError
 
-__all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateBudgetOption", "flag_of"]
+__all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateBudgetOption", "flag_of",
+           "Alias", "aliases_of", "field_clash", "BUDGET_HELPERS"]
 
 #: The whole-model budget fields of :class:`CostBudget`, in the order the CLI shows them.
 BUDGET_FIELDS = ("mac_ratio", "param_ratio", "latency_ratio")
+#: Fields of :class:`CostBudget` that serve one budget only (not offered for a method without that budget).
+BUDGET_HELPERS = MappingProxyType({"latency_ratio": ("latency_table",)})
 
 
 def flag_of(field_name: str) -> str:
     """The CLI flag of a config field (``mac_ratio`` -> ``--mac-ratio``)."""
     return "--" + field_name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A deprecated option name in a config's ``DEPRECATED_ALIASES`` (``{old name: Alias(field, note)}``): the field
+    it now sets and what the one warning line says about the meaning (a plain field name means "same meaning")."""
+
+    field: str
+    note: str = "same meaning"
+
+
+def aliases_of(cls: type) -> dict[str, Alias]:
+    """``{old name: Alias}`` of a config class, plain field names normalised to :class:`Alias`."""
+    declared = getattr(cls, "DEPRECATED_ALIASES", {})
+    return {old: a if isinstance(a, Alias) else Alias(a) for old, a in declared.items()}
+
+
+def field_clash(configs: Mapping[str, type], name: str, cls: type) -> str | None:
+    """Why method ``name`` (config ``cls``) clashes with the methods in ``configs``, or None: a config field whose
+    name another method declares apart (not inherited from the same base here) would give one flag two meanings."""
+    if not dataclasses.is_dataclass(cls):
+        return f"the config of method {name!r} ({cls!r}) is not a dataclass"
+    own = {f.name: f for f in dataclasses.fields(cls)}
+    for other, other_cls in configs.items():
+        for f in dataclasses.fields(other_cls):
+            if f.name in own and own[f.name] is not f:
+                return (f"config field {f.name!r} ({flag_of(f.name)}) of method {name!r} is declared apart by method "
+                        f"{other!r}: give the knob its own name, or inherit the shared field from a base in "
+                        "compress.core.options")
+    return None
 
 
 @dataclass

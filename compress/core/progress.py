@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Iterator, TypeVar
 
+from runtime_bench.facts import PROGRESS_KEY
+
 __all__ = ["PROGRESS_KEY", "log_progress", "tracked"]
 
-PROGRESS_KEY = "minreal_progress"
 T = TypeVar("T")
 
 

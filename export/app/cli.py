@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import click
 
+from export.app.data import HOLDOUT_FRACTION
 from export.app.pipeline import PipelineConfig
 from export.quantize import QUANT_MODES, QUANT_TARGETS
 from export.variant import VariantConfig
@@ -34,7 +35,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
-from compress.core.progress import PROGRESS_KEY  # noqa: E402  (runtime_bench logs with the same key)
+from runtime_bench.facts import PROGRESS_KEY  # noqa: E402  (compress and runtime_bench log with this key)
 LIBRARY_LOGGERS = ("compress", "runtime_bench", "export")
 
 
@@ -157,12 +158,13 @@ def method_options(fn: Callable) -> Callable:
     return fn
 
 
-def _warn_aliases(used: set[str]) -> None:
-    """One line on stderr per deprecated spelling the command used."""
+def _warn_aliases(used: set[tuple[str, str]]) -> None:
+    """One line on stderr per deprecated spelling the command used (``(old name, method)`` pairs), naming the
+    replacement for the methods that used it."""
     from export.app.method_options import alias_warning
 
-    for old in sorted(used):
-        click.echo(f"warning: {alias_warning(old)}", err=True)
+    for old in sorted({o for o, _ in used}):
+        click.echo(f"warning: {alias_warning(old, [m for o, m in used if o == old])}", err=True)
 
 
 def _method_choice() -> click.Choice:
@@ -250,12 +252,12 @@ def _ensure_distinct_outputs(outs: list[Path]) -> None:
 
 
 def _load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None,
-                 holdout: float = 0.25) -> tuple[Any, Any, Any]:
+                 holdout: float | None = None) -> tuple[Any, Any, Any]:
     from export.app.data import load_data
     from export.app.models import check_input_shape, load_model
 
     net = load_model(model, weights=weights, trust_pickle=trust_pickle)
-    loaded = load_data(data, eval_spec=eval_data, eval_fraction=holdout)
+    loaded = load_data(data, eval_spec=eval_data, **({} if holdout is None else {"eval_fraction": holdout}))
     check_input_shape(net, loaded.calib.x, model, data)
     if loaded.evaluation is not None:
         check_input_shape(net, loaded.evaluation.x, model, eval_data or data)
@@ -296,7 +298,7 @@ def _record_held_out(report: Any, net: Any, small: Any, calib: Any, held: Any, h
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
 @click.option("--target-provider", type=click.Choice(list(PROVIDERS)), default=BenchConfig.providers[0],
               show_default=True, help="Provider the model is for; sets --rank-multiple's default (cpu 16, GPU 8).")
-@click.option("--calib-holdout", "holdout", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.25,
+@click.option("--calib-holdout", "holdout", type=click.FloatRange(0.0, 1.0, max_open=True), default=HOLDOUT_FRACTION,
               show_default=True, metavar="FRACTION",
               help="Share of --calib held out (seeded) to measure the compressed model on (report: "
                    "measured.held_out); 0 calibrates on all of --calib and makes no held-out measurement.")
@@ -556,8 +558,8 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     _require_providers(cfg.providers, skip_unavailable_providers)  # fail fast, before any loading
     defaults, used = provider_defaults(cfg.providers), set()
     runs = [DemoRun(m, m, build_config(m, opts, defaults, used)) for m in method]
+    runs += load_plan(plan, defaults, used) if plan else []
     _warn_aliases(used)
-    runs += load_plan(plan, defaults) if plan else []
     # --out is locked from its existence check to the commit: a concurrent run to it exits 1
     with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data, plan)) as claim:
         net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)

@@ -25,12 +25,13 @@ import numpy as np
 import torch
 
 from compress.core.data import Dataset
-from compress.datasets import digits
+from compress.datasets import digits, sequential_digits
 from export.app.callables import (SpecError, _CallableSpec, _cause, _describe, _looks_like_path, _parse_callable,
                                   _resolve_callable, _shape)
 
 __all__ = [
     "BUILTIN_DATA",
+    "HOLDOUT_FRACTION",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "LoadedData",
@@ -65,19 +66,14 @@ class LoadedData:
     source: str
 
 
-def _digits_seq(seed: int = 0, test_fraction: float = 0.25) -> tuple[Dataset, Dataset]:
-    """Digits read pixel by pixel: sequences (N, 64, 1), same split as ``digits``.
-
-    Replace with ``compress.datasets.sequential_digits`` once that is committed.
-    """
-    train, test = digits(seed, test_fraction, as_images=False)
-    return Dataset(train.x.unsqueeze(-1), train.y), Dataset(test.x.unsqueeze(-1), test.y)
+#: Share of the data held out for measurement unless the user says otherwise (--calib-holdout, digits splits).
+HOLDOUT_FRACTION = 0.25
 
 
 BUILTIN_DATA: dict[str, Callable[[int, float], tuple[Dataset, Dataset]]] = {
     "digits": partial(digits, as_images=True),
     "digits-flat": partial(digits, as_images=False),
-    "digits-seq": _digits_seq,
+    "digits-seq": sequential_digits,
 }
 """Built-in data by name: ``(seed, eval_fraction) -> (calib, evaluation)``; shapes (N,1,8,8), (N,64), (N,64,1)."""
 
@@ -327,7 +323,7 @@ def load_dataset(spec: str, *, seed: int = 0, input_shape: tuple[int, ...] | Non
     """
     target = _parse_callable(spec)
     if spec in BUILTIN_DATA:
-        calib, held_out = BUILTIN_DATA[spec](seed, 0.25)
+        calib, held_out = BUILTIN_DATA[spec](seed, HOLDOUT_FRACTION)
         data = Dataset(torch.cat([calib.x, held_out.x]), torch.cat([calib.y, held_out.y]))
     elif target is not None:
         data = _data_from_callable(spec, target, max_samples)
@@ -353,7 +349,7 @@ def _check_evaluation(evaluation: Dataset, what: str) -> None:
                         "(parity is checked at two batch sizes) — give more samples")
 
 
-def load_data(spec: str, *, eval_spec: str | None = None, eval_fraction: float = 0.25, seed: int = 0,
+def load_data(spec: str, *, eval_spec: str | None = None, eval_fraction: float = HOLDOUT_FRACTION, seed: int = 0,
               input_shape: tuple[int, ...] | None = None, image_size: int = 224,
               max_samples: int = 2048) -> LoadedData:
     """Calibration and evaluation data from one spec (seeded split) or two specs.

@@ -11,7 +11,7 @@ from export.app.method_options import build_config, provider_defaults
 from compress.datasets import digits
 from compress.core.demo_case import DemoCase, DemoRun
 from compress.models import mlp, small_cnn
-from compress.train import TrainConfig, train
+from compress.core.train import TrainConfig, train
 from export.app.pipeline import PipelineConfig
 
 __all__ = ["demo_cases", "demo_factories", "DEMO_PIPELINE", "digits_cases"]

@@ -2,8 +2,8 @@
 
 Every config field ``foo_bar`` becomes ``--foo-bar``; a field that several methods share must be declared once, in a
 shared base dataclass (``compress.core.options``), so that one flag has one type and one meaning -- two methods
-declaring the same name apart is an error. A config's ``DEPRECATED_ALIASES`` (``{old name: field}``) keeps old
-spellings working for one release. Each field documents itself in its metadata: ``field(default=..., metadata={"help": "...", "choices": (...)})``
+declaring the same name apart cannot register (``compress.registry``). A config's ``DEPRECATED_ALIASES``
+(``{old name: field or compress.core.options.Alias(field, note)}``) keeps old spellings working for one release. Each field documents itself in its metadata: ``field(default=..., metadata={"help": "...", "choices": (...)})``
 -- the help text is required (a field without one is a build-time error), the choices are optional (the fixed set of
 strings the field accepts). Only options the user gave are passed on, and an option the chosen method does not have
 is an error.
@@ -15,9 +15,11 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from compress import get_method, method_names
+from compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS, aliases_of, field_clash
 
 __all__ = ["OptionSpec", "method_option_specs", "config_option_specs", "field_docs", "build_config",
            "MethodOptionError", "provider_defaults", "deprecated_aliases", "alias_warning", "option_group"]
@@ -105,23 +107,32 @@ def _merged_choices(choices: list[tuple[str, ...] | None]) -> tuple[str, ...] | 
     return tuple(dict.fromkeys(c for cs in choices for c in cs))
 
 
-def config_option_specs(configs: dict[str, type]) -> list[OptionSpec]:
-    """Options of the given ``{method: config dataclass}``, merged by field name (see :func:`method_option_specs`)."""
+def _hidden_fields(budgets: tuple[str, ...] | None) -> set[str]:
+    """Budget fields (and their helpers, e.g. ``latency_table``) a method whose ``SPEC.budgets`` is ``budgets``
+    cannot meet, so does not offer; None offers every field."""
+    if budgets is None:
+        return set()
+    hidden = set(BUDGET_FIELDS) - set(budgets)
+    return hidden | {h for b in hidden for h in BUDGET_HELPERS.get(b, ())}
+
+
+def config_option_specs(configs: dict[str, type], budgets: dict[str, tuple[str, ...]] | None = None
+                        ) -> list[OptionSpec]:
+    """Options of the given ``{method: config dataclass}``, merged by field name (see :func:`method_option_specs`);
+    ``budgets`` (``{method: SPEC.budgets}``) leaves out the budget options a method cannot meet."""
     merged: dict[str, tuple[type, bool, list[str]]] = {}
     helps: dict[str, dict[str, list[str]]] = {}
     choices: dict[str, list[tuple[str, ...] | None]] = {}
-    declared: dict[str, tuple[dataclasses.Field, str]] = {}
-    for name, cls in configs.items():
+    for i, (name, cls) in enumerate(configs.items()):
+        clash = field_clash(dict(list(configs.items())[:i]), name, cls)
+        if clash is not None:
+            raise ValueError(clash)
         hints = typing.get_type_hints(cls)
         docs = field_docs(cls)
+        hidden = _hidden_fields(None if budgets is None else budgets.get(name))
         for f in dataclasses.fields(cls):
-            first = declared.setdefault(f.name, (f, name))
-            if first[0] is not f:
-                raise ValueError(f"config field {f.name!r} (--{f.name.replace('_', '-')}) is declared apart by methods "
-                                 f"{first[1]!r} and {name!r}: give each method's knob its own name, or declare the "
-                                 "shared field once in a base dataclass (compress.core.options)")
             kind, multiple = _scalar(hints[f.name])
-            if kind not in (int, float, bool, str):
+            if kind not in (int, float, bool, str) or f.name in hidden:
                 continue
             merged.setdefault(f.name, (kind, multiple, []))[2].append(name)
             helps.setdefault(f.name, {}).setdefault(docs[f.name][0], []).append(name)
@@ -131,12 +142,14 @@ def config_option_specs(configs: dict[str, type]) -> list[OptionSpec]:
 
 
 def method_option_specs() -> list[OptionSpec]:
-    """All options of all registered methods, merged by field name.
+    """All options of all registered methods, merged by field name; a budget option is listed only for the methods
+    whose ``SPEC.budgets`` include it.
 
     A field shared by several methods gets their common help text, or each distinct text with its methods;
     its choices are the union of theirs. Raises ValueError when a config field has no help text.
     """
-    return config_option_specs({name: get_method(name).config_cls for name in method_names()})
+    specs = {name: get_method(name) for name in method_names()}
+    return config_option_specs({n: s.config_cls for n, s in specs.items()}, {n: s.budgets for n, s in specs.items()})
 
 
 def provider_defaults(providers: tuple[str, ...]) -> dict[str, Any]:
@@ -152,27 +165,30 @@ def deprecated_aliases() -> dict[str, dict[str, str]]:
     """``{old name: {method: new field}}`` over the registered methods' ``DEPRECATED_ALIASES``."""
     out: dict[str, dict[str, str]] = {}
     for name in method_names():
-        for old, new in getattr(get_method(name).config_cls, "DEPRECATED_ALIASES", {}).items():
-            out.setdefault(old, {})[name] = new
+        for old, alias in aliases_of(get_method(name).config_cls).items():
+            out.setdefault(old, {})[name] = alias.field
     return out
 
 
-def alias_warning(old: str) -> str:
-    """The one warning line for a deprecated spelling, naming its replacement(s) by method."""
-    targets: dict[str, list[str]] = {}
-    for method, new in deprecated_aliases()[old].items():
-        targets.setdefault(new, []).append(method)
-    uses = " or ".join(f"--{new.replace('_', '-')} ({', '.join(ms)})" for new, ms in targets.items())
-    note = ("; same meaning as before (for svd/factorize the factorisable layers' ratio; --mac-ratio/--param-ratio "
-            "budget the whole model)" if old in ("flops", "params") else "; same meaning")
-    return f"--{old.replace('_', '-')} is deprecated; use {uses}{note}. It will be removed in the next release."
+def alias_warning(old: str, methods: typing.Iterable[str] | None = None) -> str:
+    """The one warning line for a deprecated spelling: its replacement and note (from each config's alias
+    declaration) for ``methods`` (default: every method that has the alias)."""
+    chosen = set(deprecated_aliases()[old]) if methods is None else set(methods)
+    targets: dict[tuple[str, str], list[str]] = {}
+    for method in method_names():
+        alias = aliases_of(get_method(method).config_cls).get(old)
+        if method in chosen and alias is not None:
+            targets.setdefault((alias.field, alias.note), []).append(method)
+    uses = "; or ".join(f"--{new.replace('_', '-')} ({', '.join(ms)}): {note}" for (new, note), ms in targets.items())
+    return f"--{old.replace('_', '-')} is deprecated; use {uses}. It will be removed in the next release."
 
 
 def _resolve_aliases(cls: type, given: dict[str, Any]) -> dict[str, Any]:
     """``given`` with the config's deprecated spellings renamed to their fields (both given is an error)."""
-    aliases = getattr(cls, "DEPRECATED_ALIASES", {})
+    aliases = aliases_of(cls)
     out = {k: v for k, v in given.items() if k not in aliases}
-    for old, new in aliases.items():
+    for old, alias in aliases.items():
+        new = alias.field
         if given.get(old) in (None, ()):
             continue
         if out.get(new) not in (None, ()):
@@ -182,16 +198,46 @@ def _resolve_aliases(cls: type, given: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_KIND_WORDS = MappingProxyType({int: ("a whole number", "whole numbers"), float: ("a number", "numbers"),
+                                bool: ("true or false", "true/false values"), str: ("a string", "strings")})
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    """Whether ``value`` (from the command line or a TOML plan file) is of the field's scalar kind, exactly:
+    no bool for a number, no number for a bool, no float cut to an int."""
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+
+
+def _convert(key: str, value: Any, kind: type, multiple: bool) -> Any:
+    """``value`` as the field's type, or MethodOptionError naming the key: a repeated field takes a list of its
+    kind (or one string, for a field of strings), a scalar field one value of its kind."""
+    what = f"{key} (--{key.replace('_', '-')})"
+    if multiple:
+        if isinstance(value, str) and kind is str:
+            return (value,)
+        if not isinstance(value, (list, tuple)) or not all(_is_kind(v, kind) for v in value):
+            raise MethodOptionError(f"{what} takes a list of {_KIND_WORDS[kind][1]}, got {value!r}")
+        return tuple(kind(v) for v in value)
+    if not _is_kind(value, kind):
+        raise MethodOptionError(f"{what} takes {_KIND_WORDS[kind][0]}, got {value!r}")
+    return kind(value)
+
+
 def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | None = None,
-                 aliases_used: set[str] | None = None) -> Any:
+                 aliases_used: set[tuple[str, str]] | None = None) -> Any:
     """The method's config from the options the user gave (None / empty = not given).
 
-    ``defaults`` fill fields the user did not give, where the method has such a field. Deprecated spellings
-    the method resolved are added to ``aliases_used`` (the CLI warns once per spelling).
+    ``defaults`` fill fields the user did not give, where the method has such a field. Each value must be of its
+    field's kind (see :func:`_convert`; a TOML plan file is not converted loosely). The deprecated spellings
+    the method resolved are added to ``aliases_used`` as ``(old name, method)`` (the CLI warns once per spelling).
     """
     cls = get_method(method).config_cls
     if aliases_used is not None:
-        aliases_used.update(k for k in getattr(cls, "DEPRECATED_ALIASES", {}) if given.get(k) not in (None, ()))
+        aliases_used.update((k, method) for k in aliases_of(cls) if given.get(k) not in (None, ()))
     given = _resolve_aliases(cls, given)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
@@ -203,8 +249,7 @@ def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | 
             flag = "--" + key.replace("_", "-")
             own = ", ".join("--" + f.replace("_", "-") for f in fields) or "none"
             raise MethodOptionError(f"option {flag} does not apply to method {method!r} (its options: {own})")
-        kind, multiple = _scalar(hints[key])
-        kwargs[key] = tuple(kind(v) for v in value) if multiple else kind(value)
+        kwargs[key] = _convert(key, value, *_scalar(hints[key]))
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:

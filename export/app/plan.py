@@ -12,8 +12,11 @@ sequence (options of each step in a table named after the method)::
     fde = { merge_eps = 0.01 }
     factorize = { mac_ratio = 0.5 }
 
-``label`` (optional) names a variant; it defaults to the method names joined by ``+``. Every error is one line
-naming the file and the variant (and key) at fault.
+``label`` (optional) names a variant; it defaults to the method names joined by ``+``. In a chain each step's budget
+applies to the model that step receives (the previous step's result), not to the original: above, factorize
+halves the MACs of fde's output. Values must have the option's type (``0.5`` for a ratio, ``["fc"]`` or ``"fc"``
+for a repeated option, ``true``/``false`` for a switch). Every error is one line naming the file and the variant
+(and key) at fault.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def _step_options(entry: dict[str, Any], methods: list[str], where: str) -> dict
     return {m: dict(rest.get(m, {})) for m in methods}
 
 
-def _variant(entry: Any, index: int, path: Path, defaults: dict[str, Any]) -> DemoRun:
+def _variant(entry: Any, index: int, path: Path, defaults: dict[str, Any], used: set[tuple[str, str]]) -> DemoRun:
     where = f"{path}: variant {index}"
     if not isinstance(entry, dict):
         raise PlanError(f"{where}: expected a table ([[variant]]), got {type(entry).__name__}")
@@ -88,7 +91,7 @@ def _variant(entry: Any, index: int, path: Path, defaults: dict[str, Any]) -> De
     steps = []
     for m, opts in _step_options(entry, methods, where).items():
         try:
-            steps.append((m, build_config(m, opts, defaults)))
+            steps.append((m, build_config(m, opts, defaults, used)))
         except MethodOptionError as exc:
             raise PlanError(f"{where}: {exc}") from None
     if len(steps) == 1:
@@ -96,8 +99,10 @@ def _variant(entry: Any, index: int, path: Path, defaults: dict[str, Any]) -> De
     return DemoRun(label, chain_label(methods), None, tuple(steps))
 
 
-def load_plan(path: str | Path, defaults: dict[str, Any] | None = None) -> list[DemoRun]:
-    """The variants of a plan file, each validated (``defaults``: provider-dependent option defaults)."""
+def load_plan(path: str | Path, defaults: dict[str, Any] | None = None,
+              aliases_used: set[tuple[str, str]] | None = None) -> list[DemoRun]:
+    """The variants of a plan file, each validated (``defaults``: provider-dependent option defaults); the
+    deprecated spellings it uses are added to ``aliases_used`` as for the command line (see ``build_config``)."""
     path = Path(path)
     try:
         doc = tomllib.loads(path.read_text())
@@ -111,7 +116,8 @@ def load_plan(path: str | Path, defaults: dict[str, Any] | None = None) -> list[
     variants = doc.get("variant")
     if not isinstance(variants, list) or not variants:
         raise PlanError(f"{path}: no variants; add at least one [[variant]] table with a 'method'")
-    runs = [_variant(v, i, path, defaults or {}) for i, v in enumerate(variants, 1)]
+    used = set() if aliases_used is None else aliases_used
+    runs = [_variant(v, i, path, defaults or {}, used) for i, v in enumerate(variants, 1)]
     labels = [r.label for r in runs]
     dup = next((lb for lb in labels if labels.count(lb) > 1), None)
     if dup is not None:
@@ -124,19 +130,24 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
     """Run registered methods in sequence through :func:`compress.compress`, each on the previous result.
 
     The report is the last step's layers, with the whole-model costs and the output comparison against the
-    original ``model``; ``predicted["steps"]`` keeps each step's method, config and cost ratios.
+    original ``model``; ``predicted["steps"]`` keeps each step's method, config, cost ratios and budget (each
+    step's budget is relative to the model it received), and ``predicted["budget"]`` is the last budgeted step's,
+    with that step's method under ``"step"``.
     """
     current, summaries, reports = model, [], []
     for method, config in steps:
         current, rep = compress(current, data, method, config)
         reports.append(rep)
         summaries.append({"method": method, "config": rep.config, "mac_ratio": rep.mac_ratio,
-                          "param_ratio": rep.param_ratio})
+                          "param_ratio": rep.param_ratio, "budget": rep.predicted.get("budget")})
     last = reports[-1]
+    budgets = [{**s["budget"], "step": s["method"]} for s in summaries if s["budget"] is not None]
+    predicted = {**{k: v for k, v in last.predicted.items() if k != "budget"}, "steps": summaries}
+    if budgets:
+        predicted["budget"] = budgets[-1]
     report = dataclasses.replace(last, method=chain_label([m for m, _ in steps]),
                                  config={m: r.config for (m, _), r in zip(steps, reports)},
-                                 predicted={**{k: v for k, v in last.predicted.items() if k != "budget"},
-                                            "steps": summaries},
+                                 predicted=predicted,
                                  notes=[f"{m}: {n}" for (m, _), r in zip(steps, reports) for n in r.notes],
                                  spectra={k: v for r in reports for k, v in r.spectra.items()},
                                  bounds={f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.bounds.items()},

@@ -117,14 +117,60 @@ def test_broken_entry_point_warns_in_one_line(throwaway, monkeypatch: pytest.Mon
     assert "'not-a-spec'" in lines[1] and "not a MethodSpec" in lines[1]
 
 
-def test_duplicate_name_raises(throwaway, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_duplicate_name_raises_for_a_run_time_registration(throwaway, monkeypatch: pytest.MonkeyPatch) -> None:
     _fresh_registry(monkeypatch, [_EntryPoint("throwaway", "minreal_throwaway:SPEC", throwaway.SPEC)])
     with pytest.raises(ValueError, match="'svd' is already registered"):
         register(MethodSpec("svd", "a second svd", throwaway.ThrowawayConfig, throwaway.run))
-    _fresh_registry(monkeypatch, [_EntryPoint("a", "minreal_throwaway:SPEC", throwaway.SPEC),
+
+
+def test_duplicate_builtin_raises_and_leaves_no_partial_registry(throwaway, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fresh_registry(monkeypatch, [])
+    builtins = registry._builtin_specs()
+    monkeypatch.setattr(registry, "_builtin_specs", lambda: builtins + [builtins[0]])
+    for _ in range(2):  # the second call fails the same way instead of returning a partial registry
+        with pytest.raises(ValueError, match=f"{builtins[0].name!r} is already registered"):
+            method_names()
+
+
+def test_duplicate_entry_points_are_skipped_with_one_warning_line(throwaway, monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    svd_again = MethodSpec("svd", "a second svd", throwaway.ThrowawayConfig, throwaway.run)
+    _fresh_registry(monkeypatch, [_EntryPoint("my-svd", "minreal_throwaway:SVD", svd_again),
+                                  _EntryPoint("a", "minreal_throwaway:SPEC", throwaway.SPEC),
                                   _EntryPoint("b", "minreal_throwaway:SPEC", throwaway.SPEC)])
-    with pytest.raises(ValueError, match="'throwaway' is already registered"):
-        method_names()
+    with caplog.at_level(logging.WARNING, logger="compress.registry"):
+        names = method_names()
+    assert "throwaway" in names and get_method("svd") is not svd_again
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all("\n" not in line for line in lines)
+    assert "'my-svd'" in lines[0] and "'svd' is already registered" in lines[0]
+    assert "'b'" in lines[1] and "'throwaway' is already registered" in lines[1]
+
+
+def test_entry_point_declaring_a_shared_field_apart_is_skipped(throwaway, monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    from dataclasses import field, make_dataclass
+
+    clashing = make_dataclass("ClashConfig", [("seed", int, field(default=1, metadata={"help": "Seed."}))])
+    spec = MethodSpec("clash", "declares --seed apart (not from SeedOption)", clashing, throwaway.run)
+    _fresh_registry(monkeypatch, [_EntryPoint("clash", "minreal_throwaway:CLASH", spec)])
+    with caplog.at_level(logging.WARNING, logger="compress.registry"):
+        names = method_names()
+    assert "clash" not in names and "svd" in names
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "'clash'" in line and "'seed' (--seed)" in line and "\n" not in line
+    with pytest.raises(ValueError, match="'seed'"):
+        register(spec)
+
+
+def test_no_two_builtin_methods_declare_a_field_apart() -> None:
+    from compress.core.options import field_clash
+
+    configs = {spec.name: spec.config_cls for spec in registry._builtin_specs()}
+    assert len(configs) >= 7
+    for name, cls in configs.items():
+        others = {n: c for n, c in configs.items() if n != name}
+        assert field_clash(others, name, cls) is None
 
 
 def test_config_validates_itself_and_compress_revalidates(throwaway, monkeypatch: pytest.MonkeyPatch) -> None:

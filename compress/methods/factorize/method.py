@@ -24,8 +24,10 @@ from ...core.cache import data_key, entry_key, load_entry, model_key, save_entry
 from ...core.data import Dataset
 from ...core.errors import CompressionError
 from ...core.lowrank import grouped_weight
+from ...core.options import Alias
 from ...core.lowrank_plan import (Budget, BudgetOptions, Target, apply_factors, fill_report, find_targets,
-                                  load_latency_table, plan_ranks, rank_multiple_defaults, whole_model_total)
+                                  load_latency_table, plan_ranks, predicted_latency_ratio, rank_multiple_defaults,
+                                  whole_model_total)
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
 from .smoke import smoke_case
@@ -49,7 +51,7 @@ class FactorizeConfig(BudgetOptions):
     ``cache_dir`` caches moments and bases per layer, keyed by model, data and layer.
     """
 
-    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {**BudgetOptions.DEPRECATED_ALIASES, "latency": "layer_latency_ratio",
+    DEPRECATED_ALIASES: ClassVar[dict[str, str | Alias]] = {**BudgetOptions.DEPRECATED_ALIASES, "latency": "layer_latency_ratio",
                                                     "batch_size": "calib_batch_size"}
 
     eig_threshold: float = field(
@@ -232,6 +234,8 @@ def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
     if tables is not None:
         report.predicted["factorizable_table_latency_ratio"] = (total_cost(options, ranks)
                                                                 / max(sum(o.keep_cost for o in options), 1e-300))
+    if latency and whole is not None:
+        report.predicted["whole_model_latency_ratio"] = predicted_latency_ratio(options, ranks, whole)
     return new, report
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 from torch import nn
@@ -44,7 +44,9 @@ class SSMConfig(CostBudget, StateBudgetOption, ExcludeOption):
     """Options of the ``ssm`` method. Give one of ``trunc`` (fraction of states removed per layer),
     ``energy`` (fraction of each layer's HSV sum kept) or ``state_budget`` (total states across layers,
     shared at equal energy); with none, ``trunc=0.5``. ``max_cond`` bounds the condition number of the
-    modal basis before the real Schur fallback; ``calib_samples`` sequences measure per-layer errors."""
+    modal basis before the real Schur fallback; ``error_samples`` sequences measure per-layer errors."""
+
+    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"calib_samples": "error_samples"}
 
     trunc: float | None = field(
         default=None,
@@ -60,9 +62,10 @@ class SSMConfig(CostBudget, StateBudgetOption, ExcludeOption):
     max_len: int = field(
         default=4096,
         metadata={"help": "Kernel length (memory in steps) of a Schur-fallback layer, >= 1; default 4096."})
-    calib_samples: int = field(
+    error_samples: int = field(
         default=128,
-        metadata={"help": "Sequences that measure the per-layer output errors, >= 1; default 128."})
+        metadata={"help": "Sequences that measure the per-layer output errors, >= 1; default 128. Deprecated "
+                          "alias: --calib-samples."})
 
     def __post_init__(self) -> None:
         CostBudget.__post_init__(self)
@@ -75,7 +78,7 @@ class SSMConfig(CostBudget, StateBudgetOption, ExcludeOption):
         if self.energy is not None and not 0.0 < self.energy <= 1.0:
             raise CompressionError(f"--energy must lie in (0, 1], got {self.energy}")
         for flag, value in (("--state-budget", self.state_budget), ("--max-len", self.max_len),
-                            ("--calib-samples", self.calib_samples)):
+                            ("--error-samples", self.error_samples)):
             if value is not None and value < 1:
                 raise CompressionError(f"{flag} must be >= 1, got {value}")
 
@@ -170,7 +173,7 @@ def ssm_compress(model: nn.Module, data: Dataset, config: SSMConfig) -> tuple[nn
         infos[name].update(order=res.reduced.order, bound=res.bound)
     new = replace_modules(model, new_layers).eval()
     report.timings_s["reduce"] = time.perf_counter() - t0
-    _fill_report(report, model, new, data.take(cfg.calib_samples), layers, new_layers, hsvs, infos)
+    _fill_report(report, model, new, data.take(cfg.error_samples), layers, new_layers, hsvs, infos)
     return new, report
 
 

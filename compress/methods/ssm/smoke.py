@@ -18,4 +18,4 @@ def smoke_case() -> SmokeCase:
     model = SSMClassifier(2, 6, 8, 1, 3).eval()
     g = torch.Generator().manual_seed(14)
     data = Dataset(torch.randn(24, 16, 2, generator=g), torch.randint(0, 3, (24,), generator=g))
-    return SmokeCase(model, data, SSMConfig(trunc=0.5, calib_samples=16), {1: "seq"})
+    return SmokeCase(model, data, SSMConfig(trunc=0.5, error_samples=16), {1: "seq"})

@@ -17,7 +17,7 @@ from ...core.data import Dataset
 from ...core.linalg import truncated_svd_factors
 from ...core.lowrank import grouped_weight
 from ...core.lowrank_plan import (BudgetOptions, apply_factors, fill_report, find_targets, load_latency_table,
-                                  plan_ranks, whole_model_total,
+                                  plan_ranks, predicted_latency_ratio, whole_model_total,
                                   rank_multiple_defaults)
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
@@ -51,8 +51,8 @@ def svd_compress(model: nn.Module, data: Dataset, config: SVDConfig) -> tuple[nn
     targets, skipped, table = find_targets(model, example, config.exclude)
     spectra = svd_spectra({t.name: t.layer for t in targets})
     tables, keeps = load_latency_table(config.latency_table) if budget.cost_kind == "latency" else (None, None)
-    ranks, _ = plan_ranks(targets, spectra, budget, tables, keeps, whole_model_total(budget, model, example, table,
-                                                                                      config.latency_table))
+    whole = whole_model_total(budget, model, example, table, config.latency_table)
+    ranks, options = plan_ranks(targets, spectra, budget, tables, keeps, whole)
     factors = {}
     for t in targets:
         if ranks[t.name] == KEEP:
@@ -63,6 +63,8 @@ def svd_compress(model: nn.Module, data: Dataset, config: SVDConfig) -> tuple[nn
     new = apply_factors(model, targets, factors).eval()
     report.timings_s["decompose"] = time.perf_counter() - t0
     fill_report(report, table, targets, skipped, ranks, spectra)
+    if budget.cost_kind == "latency" and whole is not None:
+        report.predicted["whole_model_latency_ratio"] = predicted_latency_ratio(options, ranks, whole)
     return new, report
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -20,16 +21,20 @@ __all__ = ["WandaConfig", "wanda_scores", "wanda_prune", "SPEC"]
 
 @dataclass
 class WandaConfig(PruneOptions):
-    """As the ``magnitude`` options; ``calibration_samples`` inputs give the activation norms ‖X_j‖."""
+    """As the ``magnitude`` options; ``norm_samples`` inputs of ``--calib`` give the activation norms ‖X_j‖."""
 
-    calibration_samples: int = field(
+    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {**PruneOptions.DEPRECATED_ALIASES,
+                                                    "calibration_samples": "norm_samples"}
+
+    norm_samples: int = field(
         default=2048,
-        metadata={"help": "Calibration inputs that give the activation norms ‖X_j‖, >= 1; default 2048."})
+        metadata={"help": "Inputs of --calib that give the activation norms ‖X_j‖, >= 1; default 2048. Deprecated "
+                          "alias: --calibration-samples."})
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.calibration_samples < 1:
-            raise CompressionError(f"--calibration-samples must be >= 1, got {self.calibration_samples}")
+        if self.norm_samples < 1:
+            raise CompressionError(f"--norm-samples must be >= 1, got {self.norm_samples}")
 
 
 def wanda_scores(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
@@ -42,7 +47,7 @@ def wanda_scores(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
 
 def wanda_prune(model: nn.Module, data: Dataset, config: WandaConfig) -> tuple[nn.Module, CompressionReport]:
     """Remove the MLP neurons with the smallest Wanda score on the calibration inputs."""
-    return prune_mlp("wanda", wanda_scores, model, data, config, data.x[: config.calibration_samples])
+    return prune_mlp("wanda", wanda_scores, model, data, config, data.x[: config.norm_samples])
 
 
 SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons (baseline)", WandaConfig, wanda_prune,

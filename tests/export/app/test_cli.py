@@ -153,7 +153,7 @@ def test_run_pipeline_and_overwrite_guard(workdir: Path, capsys: pytest.CaptureF
     report = json.loads(text)
     assert report["schema_version"] == 1
     labels = [v["label"] for v in report["cases"][0]["variants"]]
-    assert labels == ["original", "svd", "svd.int8"]
+    assert labels == ["original", "svd", "original.int8", "svd.int8"]  # INT8 of the original: the baseline
     assert Path("runs/a/report.md").exists() and Path("runs/a/plot.png").exists()
     code, _, err = run_main(args, capsys)
     assert code == 2 and "--overwrite" in err
@@ -178,6 +178,10 @@ def test_slowdown_warnings_flag_int8_and_compressed() -> None:
     assert len(warnings) == 2
     assert any(w.startswith("compressed model not faster") and "svd 1.2" in w for w in warnings)
     assert any(w.startswith("INT8 model slower") and "svd.int8 1.5" in w for w in warnings)
+    # with the original in INT8 as the baseline to beat: fz (0.5) and svd.int8 lose to it, fz.int8 (0.4) wins
+    bench["latency"].append(lat("original.int8", 0.45))
+    against_int8 = [w for w in slowdown_warnings(CaseResult("c", [], bench, {})) if "simply quantising" in w]
+    assert sorted(w.split(": ")[1].split(" ")[0] for w in against_int8) == ["fz", "svd", "svd.int8"]
 
 
 def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
@@ -187,8 +191,9 @@ def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, capsys: 
     assert code == 0, err
     variants = json.loads(Path("runs/d/report.json").read_text())["cases"][0]["variants"]
     assert variants[0]["tensorrt_readiness"]["ready"] is True  # fp32 graph: standard ops only
-    assert variants[2]["quantization"]["mode"] == "dynamic"
-    assert variants[2]["quantization"]["integer_kernels"] > 0
+    assert [v["label"] for v in variants] == ["original", "svd", "original.int8", "svd.int8"]
+    assert variants[3]["quantization"]["mode"] == "dynamic"
+    assert variants[3]["quantization"]["integer_kernels"] > 0
 
 
 def test_output_never_overwrites_an_input(workdir: Path, capsys: pytest.CaptureFixture) -> None:
@@ -205,7 +210,7 @@ def test_demo_single_case_end_to_end(workdir: Path, capsys: pytest.CaptureFixtur
     report = json.loads(Path("runs/demo/report.json").read_text())
     assert [c["name"] for c in report["cases"]] == ["digits-mlp"]
     labels = [v["label"] for v in report["cases"][0]["variants"]]
-    assert labels == ["original", "svd-0.5", "factorize-0.5", "svd-0.5.int8", "factorize-0.5.int8"]
+    assert labels == ["original", "svd-0.5", "factorize-0.5", "original.int8", "svd-0.5.int8", "factorize-0.5.int8"]
     metrics = {m["model"]: m for m in report["cases"][0]["bench"]["metrics"]}
     assert metrics["original"]["accuracy"] > 0.9  # trained on digits, held-out accuracy
     assert "factorize-0.5" in out and "p50 ms b1" in out  # the compact table

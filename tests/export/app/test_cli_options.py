@@ -57,8 +57,8 @@ def test_alias_gives_the_same_config_as_the_new_name(method: str, old: str, new:
     used: set[str] = set()
     via_alias = build_config(method, {old: value, **extra}, aliases_used=used)
     assert via_alias == build_config(method, {new: value, **extra})
-    assert used == {old}
-    line = alias_warning(old)
+    assert used == {(old, method)}
+    line = alias_warning(old, [method])
     assert line.startswith(f"--{old.replace('_', '-')} is deprecated; use ") and "\n" not in line
     assert f"--{new.replace('_', '-')} (" in line and method in line
 
@@ -73,8 +73,9 @@ def test_cli_alias_warns_exactly_once(workdir: Path, capsys: pytest.CaptureFixtu
                              "--out", "a.pt2", "--report", "a.json", "-q"], capsys)
     assert code == 0, err
     warnings = [ln for ln in err.splitlines() if "deprecated" in ln]
-    assert warnings == [f"warning: {alias_warning('flops')}"]
-    assert "--layer-mac-ratio" in warnings[0] and "--mac-ratio" in warnings[0]
+    assert warnings == [f"warning: {alias_warning('flops', ['svd'])}"]
+    assert "--layer-mac-ratio (svd)" in warnings[0] and "--mac-ratio" in warnings[0]
+    assert "factorize" not in warnings[0]  # only the chosen method's replacement
     code, _, err = run_main(["compress", "net.py:make", "-m", "svd", "--layer-mac-ratio", "0.5", "--calib",
                              "digits-flat", "--out", "b.pt2", "--report", "b.json", "-q"], capsys)
     assert code == 0 and "deprecated" not in err
@@ -143,3 +144,69 @@ def test_plan_errors_name_the_file_and_variant(tmp_path: Path, text: str, culpri
         load_plan(path)
     msg = str(err.value)
     assert msg.startswith(str(path)) and culprit in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("method, line, culprit", [
+    ("svd", "mac_ratio = 'abc'", "mac_ratio (--mac-ratio) takes a number, got 'abc'"),
+    ("svd", "mac_ratio = true", "mac_ratio (--mac-ratio) takes a number, got True"),
+    ("fde", "scaling = 'no'", "scaling (--scaling) takes true or false, got 'no'"),
+    ("magnitude", "finetune_epochs = 1.9", "finetune_epochs (--finetune-epochs) takes a whole number, got 1.9"),
+    ("svd", "exclude = 13", "exclude (--exclude) takes a list of strings, got 13"),
+    ("magnitude", "widths = [8, '4']", "widths (--widths) takes a list of whole numbers"),
+])
+def test_plan_values_of_the_wrong_type_name_file_variant_and_key(tmp_path: Path, method: str, line: str,
+                                                                 culprit: str) -> None:
+    path = tmp_path / "plan.toml"
+    path.write_text(f"[[variant]]\nmethod = '{method}'\n{line}\n")
+    with pytest.raises(PlanError) as err:
+        load_plan(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: variant 1 ({method}): ") and culprit in msg and "\n" not in msg
+
+
+def test_plan_values_of_the_right_type_are_kept_exactly(tmp_path: Path) -> None:
+    path = tmp_path / "plan.toml"
+    path.write_text("[[variant]]\nmethod = 'svd'\nexclude = '13'\nmac_ratio = 1\n"
+                    "[[variant]]\nmethod = 'ssm'\nexclude = ['a', 'b']\n[[variant]]\nmethod = 'fde'\nscaling = false\n")
+    svd, ssm, fde = load_plan(path)
+    assert svd.config.exclude == ("13",) and svd.config.mac_ratio == 1.0
+    assert ssm.config.exclude == ("a", "b") and fde.config.scaling is False
+
+
+def test_bad_plan_value_exits_2_naming_the_key(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    Path("plan.toml").write_text("[[variant]]\nmethod = 'svd'\nmac_ratio = 'abc'\n")
+    code, _, err = run_main(["run", "net.py:make", "--plan", "plan.toml", "--data", "digits-flat", "--out", "runs/p",
+                             "--no-int8", "-q"], capsys)
+    assert code == 2 and "plan.toml: variant 1 (svd): mac_ratio (--mac-ratio)" in err and "Traceback" not in err
+
+
+def test_plan_aliases_are_recorded_for_the_warning(tmp_path: Path) -> None:
+    path = tmp_path / "plan.toml"
+    path.write_text("[[variant]]\nmethod = 'fde'\neps = 0.05\n")
+    used: set[tuple[str, str]] = set()
+    [run] = load_plan(path, aliases_used=used)
+    assert run.config.merge_eps == 0.05 and used == {("eps", "fde")}
+    line = alias_warning("eps", [m for _, m in used])
+    assert "--merge-eps (fde)" in line and "cbalanced" not in line
+
+
+def test_chain_report_keeps_each_steps_budget(tiny_mlp, mlp_data) -> None:
+    from compress.methods.fde import FDEConfig
+    from compress.methods.svd import SVDConfig
+    from export.app.plan import compress_chain
+
+    _, report = compress_chain(tiny_mlp, mlp_data, [("fde", FDEConfig(merge_eps=0.01)),
+                                                    ("svd", SVDConfig(param_ratio=0.8))])
+    steps = report.predicted["steps"]
+    assert steps[0]["budget"] is None and steps[1]["budget"]["kind"] == "param_ratio"
+    assert report.predicted["budget"] == {**steps[1]["budget"], "step": "svd"}
+
+
+def test_no_flag_means_two_things() -> None:
+    from export.app.method_options import method_option_specs
+
+    fields = {s.field for s in method_option_specs()}
+    for old, targets in deprecated_aliases().items():
+        assert old not in fields, f"--{old} is both an option and a deprecated alias"
+    assert deprecated_aliases()["calib_samples"] == {"cbalanced": "gramian_samples", "ssm": "error_samples"}
+    assert "calibration_samples" not in fields and "norm_samples" in fields

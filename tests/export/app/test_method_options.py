@@ -42,14 +42,30 @@ def _section_of(lines: list[str], flag: str) -> str:
 def test_help_groups_options_by_method_shared_first() -> None:
     lines = _wide_help()
     titles = [ln for ln in lines if ln and not ln[0].isspace() and ln.endswith(":")]
-    assert titles[:2] == ["Options:", "Budget and options of every method:"]
+    assert titles[0] == "Options:"
     for name in ("factorize", "fde", "cbalanced", "ssm"):
         assert f"Options for {name}:" in titles
-    assert _section_of(lines, "--mac-ratio") == "Budget and options of every method:"
+    assert _section_of(lines, "--mac-ratio") == "Options for factorize, magnitude, svd, wanda:"
+    assert _section_of(lines, "--latency-ratio") == "Options for factorize, svd:"
+    assert _section_of(lines, "--latency-table") == "Options for factorize, svd:"
     assert _section_of(lines, "--energy-eps") == "Options for cbalanced:"
     assert _section_of(lines, "--merge-eps") == "Options for fde:"
     assert _section_of(lines, "--calib-holdout") == "Options:"
     assert not any(ln.strip().startswith(("--flops", "--eps ", "--params")) for ln in lines)  # aliases are hidden
+
+
+def test_budget_options_are_offered_only_by_methods_that_meet_them() -> None:
+    specs = {s.field: s for s in method_option_specs()}
+    for name in method_names():
+        budgets = get_method(name).budgets
+        for budget in ("mac_ratio", "param_ratio", "latency_ratio"):
+            assert (name in specs[budget].methods) == (budget in budgets), (name, budget)
+        assert (name in specs["latency_table"].methods) == ("latency_ratio" in budgets)
+    result = CliRunner().invoke(cli, ["methods"])
+    assert result.exit_code == 0, result.output
+    rows = result.output.split("\n")
+    magnitude = rows[rows.index(next(r for r in rows if r.startswith("magnitude "))) + 1]
+    assert "--param-ratio" in magnitude and "--latency-ratio" not in magnitude and "--latency-table" not in magnitude
 
 
 def test_every_config_field_has_help() -> None:
@@ -68,6 +84,8 @@ def test_every_method_option_is_explained_in_compress_help() -> None:
             spec = specs.get(f.name)
             if spec is None:  # not a scalar field: no CLI option
                 continue
+            if f.name in ("mac_ratio", "param_ratio", "latency_ratio", "latency_table") and name not in spec.methods:
+                continue  # a budget the method cannot meet (see the test above)
             line = _option_line(lines, spec.flag)
             text = line.strip()[len(spec.flag):].strip()
             assert spec.help and spec.help in line, line
@@ -125,7 +143,7 @@ def test_a_field_declared_apart_by_two_methods_is_an_error() -> None:
     class Two:
         shared: float = field(default=2.0, metadata={"help": "Another meaning."})
 
-    with pytest.raises(ValueError, match=r"'shared' \(--shared\) is declared apart by methods 'one' and 'two'"):
+    with pytest.raises(ValueError, match=r"'shared' \(--shared\) of method 'two' is declared apart by method 'one'"):
         config_option_specs({"one": One, "two": Two})
 
 
