@@ -14,6 +14,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from runtime_bench.facts import error_line
+
 from .core.costs import count_costs, count_macs_torch, uncovered_modules, whole_model_macs
 from .core.data import Dataset
 from .core.errors import CompressionError, UnknownMethodError
@@ -96,7 +98,7 @@ def _entry_point_specs() -> list[tuple[Any, MethodSpec]]:
             if not isinstance(spec, MethodSpec):
                 raise TypeError(f"it loads a {type(spec).__name__}, not a MethodSpec")
         except Exception as exc:  # noqa: BLE001  (third-party code: any failure is reported, never fatal)
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = error_line(exc)
             log.warning("skipping method entry point %r (%s): %s", ep.name, ep.value, first)
             continue
         specs.append((ep, spec))

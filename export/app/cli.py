@@ -21,7 +21,7 @@ from export.variant import VariantConfig
 from runtime_bench.config import BenchConfig
 from runtime_bench.facts import PROVIDERS
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "run"]
 
 USAGE_EXIT, FAIL_EXIT = 2, 1
 TERM_EXIT = 128 + int(signal.SIGTERM)  # 143: what a shell reports for a process ended by SIGTERM
@@ -650,6 +650,16 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
 
     return (MethodOptionError, RunDirError, SpecError, UnknownMethodError, CompressionError, SameFileError,
             BenchInputError, CheckError, ModelFileError, ReportSchemaError, UnknownProviderError)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run ``minreal`` with ``argv`` exactly as the console script does, and return its exit code instead of
+    exiting (for embedding the CLI, e.g. in a release job written in Python, and for tests)."""
+    try:
+        main(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else FAIL_EXIT)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> None:

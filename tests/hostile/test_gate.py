@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from export.app.cli import main
+from export.app.cli import run
 from export.app.gate import check_reports
 from runtime_bench import SCHEMA_VERSION, check_report, format_check
 
@@ -38,12 +38,8 @@ BASE = {("orig", "cpu", 1): (2.0, 2.1, 2.2), ("small", "cpu", 1): (1.0, 1.05, 1.
 
 
 def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
+    """Exit code, stdout and stderr of the CLI run in this process."""
+    code, out = run(args), capsys.readouterr()
     return code, out.out, out.err
 
 

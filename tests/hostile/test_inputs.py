@@ -13,7 +13,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from export.app.cli import main
+from export.app.cli import run
 from export.app.callables import SpecError
 from export.app.models import load_model
 
@@ -39,12 +39,8 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
+    """Exit code, stdout and stderr of the CLI run in this process."""
+    code, out = run(args), capsys.readouterr()
     return code, out.out, out.err
 
 

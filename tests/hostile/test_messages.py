@@ -16,7 +16,7 @@ from compress.methods.cbalanced.empirical_gramians import reachability_gramians
 from compress.methods.cbalanced import CBalancedConfig
 from compress.methods.ssm import SSMConfig
 from compress.core.stats import collect_moments
-from export.app.cli import main
+from export.app.cli import run
 
 FACTORY = """
 import torch
@@ -29,12 +29,7 @@ def make():
 
 
 def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
+    return run(args), capsys.readouterr().err
 
 
 def one_error_line(err: str) -> str:

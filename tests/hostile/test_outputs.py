@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.app.cli import main
+from export.app.cli import run
 from runtime_bench import BenchConfig, ModelEntry, ProviderUnavailableError, run_benchmark
 from runtime_bench.worker import WorkerResult
 
@@ -45,12 +45,8 @@ def cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
+    """Exit code, stdout and stderr of the CLI run in this process."""
+    code, out = run(args), capsys.readouterr()
     return code, out.out, out.err
 
 

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.app.cli import main
+from export.app.cli import run
 from runtime_bench import atomic
 
 QUICK_BENCH = ["--batch", "1", "--warmup", "0", "--min-runs", "1", "--min-seconds", "0", "--repeats", "1", "-q"]
@@ -31,12 +31,7 @@ def _matmul_model(path: Path) -> Path:
 
 
 def _run(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
+    return run(args), capsys.readouterr().err
 
 
 def _fail_for(target: Path, real, err: int, match):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from export.app.cli import cli, main
+from export.app.cli import cli, run
 
 FACTORY = """
 import torch
@@ -33,13 +33,8 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    """Run the console entry point (with its error handling) and return (exit code, stdout, stderr)."""
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
+    """Exit code, stdout and stderr of the CLI run in this process."""
+    code, out = run(args), capsys.readouterr()
     return code, out.out, out.err
 
 

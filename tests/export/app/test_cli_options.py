@@ -11,7 +11,7 @@ from compress import compress
 from compress.core.errors import CompressionError
 from compress.methods.factorize import FactorizeConfig
 from compress.methods.magnitude import MagnitudeConfig
-from export.app.cli import main
+from export.app.cli import run
 from export.app.method_options import alias_warning, build_config, deprecated_aliases
 from export.app.plan import PlanError, load_plan
 
@@ -37,12 +37,8 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
+    """Exit code, stdout and stderr of the CLI run in this process."""
+    code, out = run(args), capsys.readouterr()
     return code, out.out, out.err
 
 
