@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["truncated_svd_factors", "energy_rank", "psd_sqrt", "sym_eig_desc", "eigh_desc", "balanced_gramian",
-           "balanced_basis"]
+           "balanced_basis", "ridge_lstsq"]
 
 
 def truncated_svd_factors(w: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -165,3 +165,30 @@ def balanced_basis(gc_root: torch.Tensor, vb: torch.Tensor, rank: int) -> torch.
     """
     u, s, _ = torch.linalg.svd(gc_root.double() @ vb[:, :rank].double(), full_matrices=False)
     return u[:, :rank]
+
+
+def ridge_lstsq(a: torch.Tensor, target: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Affine ridge least squares (Hoerl & Kennard 1970, eq. 2.2): ``min ‖[A, 1] θ − T‖² + λ‖θ‖²`` with
+    ``θ = [Wᵀ; b]`` and ``λ = ridge·tr([A, 1]ᵀ[A, 1])/cols``; minimum norm when rank-deficient (dead neurons).
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        Inputs, shape (n, d), float64.
+    target : torch.Tensor
+        Targets, shape (n, o), float64.
+    ridge : float
+        Relative ridge, >= 0 (0: plain least squares, the exact minimiser of the residual).
+
+    Returns
+    -------
+    w, b : torch.Tensor
+        Weight (o, d) and bias (o,) of the fitted affine map ``x ↦ W x + b``.
+    """
+    a1 = torch.cat([a, torch.ones(len(a), 1, dtype=a.dtype)], 1)
+    lam = ridge * float(a1.pow(2).sum()) / a1.shape[1]
+    if lam > 0:
+        a1 = torch.cat([a1, lam ** 0.5 * torch.eye(a1.shape[1], dtype=a.dtype)])
+        target = torch.cat([target, target.new_zeros(a1.shape[1], target.shape[1])])
+    theta = torch.linalg.lstsq(a1, target, driver="gelsd").solution
+    return theta[:-1].T, theta[-1]

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ...core.errors import CompressionError
+from ...core.linalg import ridge_lstsq
 
 __all__ = ["stage_producers", "resize_sequential", "sequential_params", "uniform_width",
            "refit_linear_chain", "top_indices", "insert_projections", "RESNET_STAGES", "is_basic_resnet",
@@ -174,23 +175,11 @@ def refit_linear_chain(original: nn.Sequential, realised: nn.Sequential, x: torc
         if i != linears[0]:
             target = original[i](h_orig_in)
             target = target[:, keep[i]] if i in keep else target
-            w, b = _ridge_fit(h_new_in.double(), target.double(), ridge)
+            w, b = ridge_lstsq(h_new_in.double(), target.double(), ridge)
             realised[i].weight.copy_(w.to(realised[i].weight.dtype))
             realised[i].bias.copy_(b.to(realised[i].bias.dtype))
         h_orig, h_new = original[i](h_orig_in), realised[i](h_new_in)
         start = i + 1
-
-
-def _ridge_fit(a: torch.Tensor, target: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """min ‖[A, 1] θ − T‖² + λ‖θ‖², θ = [Wᵀ; b], λ = ridge·tr(AᵀA)/cols; minimum norm when rank-deficient
-    (dead neurons). Solved as a stacked least-squares problem with an SVD-based driver; returns (W, b)."""
-    a1 = torch.cat([a, torch.ones(len(a), 1, dtype=a.dtype)], 1)
-    lam = ridge * float(a1.pow(2).sum()) / a1.shape[1]
-    if lam > 0:
-        a1 = torch.cat([a1, lam ** 0.5 * torch.eye(a1.shape[1], dtype=a.dtype)])
-        target = torch.cat([target, target.new_zeros(a1.shape[1], target.shape[1])])
-    theta = torch.linalg.lstsq(a1, target, driver="gelsd").solution
-    return theta[:-1].T, theta[-1]
 
 
 def insert_projections(model: nn.Module, bases: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> nn.Module:

@@ -23,23 +23,28 @@ from ...core.data import Dataset
 from ...core.demo_case import DemoCase, DemoRun
 from ...core.errors import CompressionError
 from ...core.evaluate import compare_outputs
-from ...core.options import CostBudget
+from ...core.options import CostBudget, flag_of
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
 from .smoke import smoke_case
 from ...core.train import FinetuneOptions, finetune
 from .conv import (ConvChain, build_conv_sequential, conv_chain_forward, conv_layer_reports, extract_conv_chain,
                    is_conv_chain, remove_zero_channels)
-from .partition import RefineResult, box_samples, refine, remove_all_constant
+from .compensate import compensate, refit_bound
+from .partition import REPRESENTATIVES, RefineResult, box_samples, merge_to_widths, refine, remove_all_constant
+from ...core.prune import CHAIN_COSTS, widths_for_params
 
 __all__ = ["FDEConfig", "fde_compress", "input_box", "demo_case", "SPEC"]
 
 
 @dataclass
 class FDEConfig(FinetuneOptions, CostBudget):
-    """Options of ``fde`` (no cost budget: the merge tolerance sets the reduction).
+    """Options of ``fde``: the merge tolerance, or a whole-model ``param_ratio``/``mac_ratio`` budget (MLPs),
+    sets the reduction.
 
     ``merge_eps``: tolerance relative to each layer's largest coefficient (0: exact, up to dtype rounding);
+    ``representative``: incoming row a lossy block keeps (leader, block mean, data-weighted least squares);
+    ``compensation``: least-squares refit of the consumers, kept only when it helps on a held-out split;
     ``remove_dead``: first drop neurons constant on the calibration data; ``scaling``: merge positive
     multiples for ReLU/LeakyReLU/identity; ``sum_merges``: forward (sum) equivalence on identity layers;
     ``box_margin``: widen the calibration input box by this fraction of its range for the bound;
@@ -71,6 +76,23 @@ class FDEConfig(FinetuneOptions, CostBudget):
     bound_samples: int = field(
         default=4096,
         metadata={"help": "Points sampled in the input box to measure the error bound, >= 1; default 4096."})
+    representative: str = field(
+        default="leader",
+        metadata={"help": "Incoming weights a merged block keeps: its leader (classic ε-FDE), the block mean, or "
+                          "lstsq (least squares of the members' pre-activations on the calibration data, weighted "
+                          "by their outgoing weights); MLPs only; default leader.",
+                  "choices": REPRESENTATIVES})
+    compensation: bool = field(
+        default=False,
+        metadata={"help": "Refit the Linear layers after the first by least squares on calibration activations, "
+                          "kept only if it lowers the output error on a held-out split; MLPs only; default off."})
+    compensation_ridge: float = field(
+        default=1e-3,
+        metadata={"help": "Relative ridge of the compensation refit, >= 0; default 1e-3."})
+    compensation_holdout: float = field(
+        default=0.2,
+        metadata={"help": "Share of the calibration data held out to check the compensation, in (0, 1); default "
+                          "0.2."})
 
     def __post_init__(self) -> None:
         FinetuneOptions.__post_init__(self)
@@ -81,6 +103,15 @@ class FDEConfig(FinetuneOptions, CostBudget):
         for flag, value in (("--max-sweeps", self.max_sweeps), ("--bound-samples", self.bound_samples)):
             if value < 1:
                 raise CompressionError(f"{flag} must be >= 1, got {value}")
+        if self.representative not in REPRESENTATIVES:
+            raise CompressionError(f"--representative must be one of {REPRESENTATIVES}, got {self.representative!r}")
+        if self.compensation_ridge < 0:
+            raise CompressionError(f"--compensation-ridge must be >= 0, got {self.compensation_ridge}")
+        if not 0.0 < self.compensation_holdout < 1.0:
+            raise CompressionError(f"--compensation-holdout must lie in (0, 1), got {self.compensation_holdout}")
+        if self.budget_given and self.merge_eps > 0:
+            raise CompressionError(f"give --merge-eps or {flag_of(self.budget_given[0])}, not both (the budget "
+                                   "sets each layer's tolerance)")
 
 
 def input_box(x: torch.Tensor, margin: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,6 +138,9 @@ def _layer_details(dead: RefineResult, merged: RefineResult, before: Chain | Con
 
 def _fde_cnn(model: nn.Module, data: Dataset, cfg: FDEConfig, report: CompressionReport) -> nn.Module:
     """The channel path: merge conv channels (whole filters) and head neurons by value/scaled equivalence."""
+    if cfg.budget_given or cfg.representative != "leader" or cfg.compensation:
+        raise CompressionError("fde on CNNs merges by --merge-eps with the leader representative only; "
+                               "--param-ratio/--mac-ratio, --representative and --compensation are for MLPs")
     original = extract_conv_chain(model)
     t0 = time.perf_counter()
     dead = remove_zero_channels(original, data.x) if cfg.remove_dead else RefineResult(original)
@@ -129,35 +163,82 @@ def _fde_cnn(model: nn.Module, data: Dataset, cfg: FDEConfig, report: Compressio
     return new
 
 
+def _merge(chain: Chain, original: Chain, data: Dataset, cfg: FDEConfig, box: tuple[torch.Tensor, torch.Tensor],
+           report: CompressionReport) -> RefineResult:
+    """Refinement at ``merge_eps``, or, with a budget, one forward pass to the budget's uniform-fraction widths
+    (per-layer tolerances: widths are not monotone in a global ε, so the count is bisected per layer)."""
+    if not cfg.budget_given:
+        return refine(chain, cfg.merge_eps, scaling=cfg.scaling, sums=cfg.sum_merges, max_sweeps=cfg.max_sweeps,
+                      box=box, representative=cfg.representative, x=data.x)
+    kind = cfg.budget_given[0]
+    n_in, n_out = original.weights[0].shape[1], original.weights[-1].shape[0]
+    widths = widths_for_params(n_in, original.widths, n_out, getattr(cfg, kind), kind)
+    merged = merge_to_widths(chain, widths, scaling=cfg.scaling, representative=cfg.representative, x=data.x,
+                             box=box)
+    report.predicted.update({"budget_widths": widths, "merge_eps_per_layer": merged.tolerances,
+                             "budget_cost_ratio": CHAIN_COSTS[kind](n_in, merged.chain.widths, n_out)
+                             / CHAIN_COSTS[kind](n_in, original.widths, n_out)})
+    report.notes.append(f"{flag_of(kind)} {getattr(cfg, kind):g}: widths {merged.chain.widths}, each layer cut at "
+                        f"its own ε {[round(t, 4) for t in merged.tolerances]} (bisected on the count per layer; "
+                        "greedy leader blocks are not monotone in ε)")
+    return merged
+
+
+def _compensate(original: Chain, merged: Chain, data: Dataset, cfg: FDEConfig,
+                box: tuple[torch.Tensor, torch.Tensor], report: CompressionReport) -> tuple[Chain, torch.Tensor | None]:
+    """The held-out-checked refit; returns the chain kept and the bound of its change (None when not kept)."""
+    comp = compensate(original, merged, data.x, cfg.compensation_ridge, cfg.compensation_holdout, cfg.seed)
+    report.predicted["compensation"] = {
+        "accepted": comp.accepted, "heldout_mse_merged": comp.heldout_mse_merged,
+        "heldout_mse_refit": comp.heldout_mse_refit, "fit_samples": comp.fit_samples,
+        "heldout_samples": comp.heldout_samples}
+    if not comp.accepted:
+        report.notes.append(f"compensation rejected: the refit did not lower the held-out output MSE "
+                            f"({comp.heldout_mse_refit:.3g} vs {comp.heldout_mse_merged:.3g}); uncompensated weights "
+                            "kept")
+        return merged, None
+    report.notes.append(f"compensation kept: held-out output MSE {comp.heldout_mse_merged:.3g} -> "
+                        f"{comp.heldout_mse_refit:.3g}")
+    return comp.chain, refit_bound(merged, comp.chain, *box)
+
+
 def _fde_mlp(model: nn.Module, data: Dataset, cfg: FDEConfig, report: CompressionReport) -> nn.Module:
-    """The MLP path: dead neurons, value/scaled/sum merges, and the output-deviation bound over the input box."""
+    """The MLP path: dead neurons, value/scaled/sum merges (or a budget), optional compensation, and the
+    output-deviation bound over the input box for the network actually built."""
     original = extract_chain(model)
     box = input_box(data.x, cfg.box_margin)
     t0 = time.perf_counter()
     dead = remove_all_constant(original, data.x, box=box) if cfg.remove_dead else RefineResult(original)
     report.timings_s["dead"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    merged = refine(dead.chain, cfg.merge_eps, scaling=cfg.scaling, sums=cfg.sum_merges, max_sweeps=cfg.max_sweeps,
-                    box=box)
+    merged = _merge(dead.chain, original, data, cfg, box, report)
     report.timings_s["partition"] = time.perf_counter() - t0
-    new = build_sequential(merged.chain)
-    report.layers = chain_layer_reports(original, merged.chain, "merged", _layer_details(dead, merged, original))
-    bound = sum(b for b in (dead.bound, merged.bound) if b is not None)
+    final, extra = merged.chain, None
+    if cfg.compensation:
+        t0 = time.perf_counter()
+        final, extra = _compensate(original, merged.chain, data, cfg, box, report)
+        report.timings_s["compensation"] = time.perf_counter() - t0
+    new = build_sequential(final)
+    report.layers = chain_layer_reports(original, final, "merged", _layer_details(dead, merged, original))
+    bound = sum(b for b in (dead.bound, merged.bound, extra) if b is not None)
     probe = box_samples(*box, cfg.bound_samples, cfg.seed)
-    y0, y1 = chain_forward(original, probe), chain_forward(merged.chain, probe)
+    y0, y1 = chain_forward(original, probe), chain_forward(final, probe)
     report.predicted.update({
         "output_deviation_bound": float(bound.max()) if torch.is_tensor(bound) else 0.0,
         "bound_dead_step": float(dead.bound.max()) if dead.bound is not None else 0.0,
+        "bound_compensation_step": float(extra.max()) if extra is not None else 0.0,
         "input_box": {"low": box[0].tolist(), "high": box[1].tolist()},
-        "hidden_widths": merged.chain.widths, "hidden_widths_before": original.widths,
+        "hidden_widths": final.widths, "hidden_widths_before": original.widths,
         "dead_removed": sum(original.widths) - sum(dead.chain.widths),
-        "sweeps": merged.sweeps,
+        "sweeps": merged.sweeps, "representative": cfg.representative,
     })
     report.bounds["output"] = report.predicted["output_deviation_bound"]
     report.measured["max_output_deviation_box_float64"] = float((y0 - y1).abs().max())
     report.measured["max_output_deviation_data_float64"] = float(
-        (chain_forward(original, data.x) - chain_forward(merged.chain, data.x)).abs().max())
-    report.notes.append(f"{len(merged.steps)} merge steps in {merged.sweeps} sweeps; bound over the input box")
+        (chain_forward(original, data.x) - chain_forward(final, data.x)).abs().max())
+    report.notes.append(f"{len(merged.steps)} merge steps in {merged.sweeps} sweeps; bound over the input box "
+                        f"(representative {cfg.representative}"
+                        + (", plus the compensation refit's own step bounds)" if extra is not None else ")"))
     return new
 
 
@@ -173,7 +254,11 @@ def fde_compress(model: nn.Module, data: Dataset, config: FDEConfig) -> tuple[nn
         finetune(new, data, cfg.finetune_epochs, cfg.finetune_lr, cfg.seed)
         report.timings_s["finetune"] = time.perf_counter() - t0
         report.measured.update({f"finetuned_{k}": v for k, v in compare_outputs(model, new, data).items()})
-        report.notes.append("the bound and deviations describe the merged network before fine-tuning")
+        report.predicted["output_deviation_bound_before_finetune"] = report.predicted.get("output_deviation_bound")
+        report.predicted["output_deviation_bound"] = report.bounds["output"] = None
+        report.notes.append("no bound: fine-tuning moves the weights by data-driven steps the interval bound does "
+                            "not cover; output_deviation_bound_before_finetune and the deviations describe the "
+                            "merged network before fine-tuning")
     return new, report
 
 
@@ -202,4 +287,5 @@ def demo_case(quick: bool = True) -> DemoCase:
 
 
 SPEC = MethodSpec("fde", "ε-FDE merging of MLP neurons and conv channels (lump equivalent ones)", FDEConfig,
-                  fde_compress, demo_case=demo_case, report_fields=("bounds",), smoke_case=smoke_case)
+                  fde_compress, demo_case=demo_case, report_fields=("bounds",), smoke_case=smoke_case,
+                  budgets=("mac_ratio", "param_ratio"))

@@ -30,9 +30,16 @@ import torch
 
 from .bound import Perturbation, step_bound
 from ...core.chain import Chain, chain_forward
+from ...core.linalg import ridge_lstsq
 
-__all__ = ["leader_clusters", "rounding_tolerance", "input_blocks", "from_input_blocks", "value_merge", "sum_merge",
+__all__ = ["REPRESENTATIVES", "leader_clusters", "rounding_tolerance", "input_blocks", "from_input_blocks",
+           "value_merge", "lump", "layer_io", "outgoing_weights", "block_representatives", "block_error",
+           "block_positions", "blocks_to_count", "merge_to_widths", "sum_merge",
            "remove_constant", "remove_all_constant", "box_samples", "MergeStep", "RefineResult", "refine"]
+
+
+#: Incoming row a lossy block keeps (see :func:`block_representatives`).
+REPRESENTATIVES = ("leader", "mean", "lstsq")
 
 
 @dataclass
@@ -54,6 +61,7 @@ class RefineResult:
     steps: list[MergeStep] = field(default_factory=list)
     sweeps: int = 0
     bound: torch.Tensor | None = None
+    tolerances: list[float] = field(default_factory=list)
 
 
 def rounding_tolerance(dtype: torch.dtype) -> float:
@@ -144,7 +152,8 @@ def _regroup(groups: list[list[int]], leader: np.ndarray, keep: np.ndarray) -> l
     return [sorted(merged[int(k)]) for k in keep]
 
 
-def value_merge(chain: Chain, l: int, eps: float, scaling: bool = True) -> tuple[Chain, Perturbation | None, str]:
+def value_merge(chain: Chain, l: int, eps: float, scaling: bool = True, representative: str = "leader",
+                x: torch.Tensor | None = None) -> tuple[Chain, Perturbation | None, str]:
     """Lump hidden layer ``l`` (neurons, or conv channels by whole filter) by value (or scaled-value)
     equivalence of incoming coefficients; the next layer's input blocks of each block are summed.
 
@@ -158,6 +167,10 @@ def value_merge(chain: Chain, l: int, eps: float, scaling: bool = True) -> tuple
         Tolerance relative to the layer's largest coefficient (0: exact up to rounding).
     scaling : bool
         Also merge positive multiples (ReLU, LeakyReLU, identity).
+    representative : str
+        Incoming row a block keeps (:data:`REPRESENTATIVES`; ``lstsq`` needs ``x``).
+    x : torch.Tensor, optional
+        Calibration inputs (MLP chains only) for the ``lstsq`` representative.
 
     Returns
     -------
@@ -168,26 +181,115 @@ def value_merge(chain: Chain, l: int, eps: float, scaling: bool = True) -> tuple
     summary : str
         One line on what merged.
     """
+    v, scaled, any_sign = _incoming(chain, l, scaling)
+    leader, rho = _blocks(v, max(eps, rounding_tolerance(chain.dtype)), scaled, any_sign)
+    return lump(chain, l, leader, rho, representative, x, "scaled" if scaled else "value")
+
+
+def _incoming(chain: Chain, l: int, scaling: bool) -> tuple[torch.Tensor, bool, bool]:
+    """Rows ``[W_l | b_l]`` of layer ``l``, and whether scaled (and any-sign) merges apply."""
     w = chain.weights[l]
-    v = torch.cat([w.reshape(len(w), -1), chain.biases[l][:, None]], 1)
-    tol = max(eps, rounding_tolerance(chain.dtype))
     homogeneous, any_sign = chain.merge_modes(l)
-    scaled = scaling and homogeneous
-    leader, rho = _blocks(v, tol, scaled, any_sign)
-    keep = np.unique(leader)
+    return torch.cat([w.reshape(len(w), -1), chain.biases[l][:, None]], 1), scaling and homogeneous, any_sign
+
+
+def lump(chain: Chain, l: int, leader: np.ndarray, rho: torch.Tensor, representative: str = "leader",
+         x: torch.Tensor | None = None, kind: str = "value") -> tuple[Chain, Perturbation | None, str]:
+    """Lump hidden layer ``l`` by the partition ``leader`` (member ``i`` ≈ ``rho[i]`` × its block's
+    representative): the block keeps one incoming row (:func:`block_representatives`) and the sum of its
+    members' outgoing blocks scaled by ``rho``. The perturbation ``v_i − ρ_i r`` describes the change exactly,
+    whatever the representative ``r``, so the output bound holds for every representative."""
+    keep, pos = block_positions(leader)
     if len(keep) == len(leader):
         return chain, None, ""
-    pos = torch.from_numpy(np.searchsorted(keep, leader))
-    lead = torch.from_numpy(leader)
-    ref = rho[:, None] * v[lead]
+    v, _, _ = _incoming(chain, l, False)
+    w, c = chain.weights[l], input_blocks(chain.weights[l + 1], len(leader))
+    h_in = z = None
+    if representative == "lstsq":
+        if x is None:
+            raise ValueError("the lstsq representative needs calibration inputs x")
+        h_in, z = layer_io(chain, l, x)
+    rep = block_representatives(v, leader, rho, representative, h_in, z, outgoing_weights(c))
     new = chain.copy()
-    new.weights[l], new.biases[l] = w[keep], chain.biases[l][keep]
-    c = input_blocks(chain.weights[l + 1], len(w))
+    new.weights[l], new.biases[l] = rep[:, :-1].reshape(len(keep), *w.shape[1:]), rep[:, -1].clone()
     cols = torch.zeros(len(c), len(keep), c.shape[2], dtype=torch.float64)
     new.weights[l + 1] = from_input_blocks(cols.index_add_(1, pos, c * rho[None, :, None]), chain.weights[l + 1])
     new.groups[l] = _regroup(chain.groups[l], leader, keep)
-    pert = Perturbation(l, (v - ref)[:, :-1], (v - ref)[:, -1])
-    return new, pert, "scaled" if scaled else "value"
+    delta = v - rho[:, None] * rep[pos]
+    return new, Perturbation(l, delta[:, :-1], delta[:, -1]), kind
+
+
+def layer_io(chain: Chain, l: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input ``h_{l−1}`` (n, d) and pre-activation ``z_l`` (n, width) of hidden layer ``l`` on ``x`` (float64)."""
+    h = x.reshape(len(x), -1).double() if l == 0 else chain_forward(chain, x, hidden=True)[l - 1]
+    return h, h @ chain.weights[l].T + chain.biases[l]
+
+
+def outgoing_weights(c: torch.Tensor) -> torch.Tensor:
+    """Weight of each neuron in the block error: ``‖c_i‖²`` of its outgoing block ``c`` (out, n, block), plus
+    ``1e-12`` of the largest so that a block of silent neurons still has a defined weighted mean."""
+    w = c.pow(2).sum((0, 2))
+    return w + 1e-12 * float(w.max().clamp_min(1e-300))
+
+
+def block_positions(leader: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+    """The leaders in index order and each member's block position among them."""
+    keep = np.unique(leader)
+    return keep, torch.from_numpy(np.searchsorted(keep, leader))
+
+
+def block_representatives(v: torch.Tensor, leader: np.ndarray, rho: torch.Tensor, kind: str,
+                          h_in: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                          weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The incoming row ``[w | b]`` each block keeps.
+
+    * ``leader``: the row of the block's leader (the member with ``ρ = 1``; ε-FDE as in Cardelli et al.).
+    * ``mean``: ``mean_i v_i/ρ_i``, which minimises ``Σ_i ‖[H, 1](ρ_i r − v_i)‖²/ρ_i²`` for any inputs ``H``.
+    * ``lstsq``: the exact minimiser of the data-weighted block error :func:`block_error`,
+      ``r = argmin ‖[H, 1] r − t‖²`` with ``t = Σ_i w_i ρ_i z_i / Σ_i w_i ρ_i²`` (normal equations of
+      ``Σ_i w_i ‖ρ_i [H, 1] r − z_i‖²``; minimum-norm solution, no ridge, so no row does better).
+
+    Parameters
+    ----------
+    v : torch.Tensor
+        Member rows ``[W_l | b_l]``, shape (n, d + 1).
+    leader : np.ndarray
+        Leader of each member, shape (n,).
+    rho : torch.Tensor
+        Member scale relative to its block's leader, shape (n,).
+    kind : str
+        One of :data:`REPRESENTATIVES`.
+    h_in, z, weights : torch.Tensor, optional
+        For ``lstsq``: layer inputs (N, d), member pre-activations (N, n) and member weights (n,).
+
+    Returns
+    -------
+    torch.Tensor
+        Representative rows, one per block in leader order, shape (blocks, d + 1).
+    """
+    keep, pos = block_positions(leader)
+    blocks = len(keep)
+    if kind == "leader":
+        return v[torch.from_numpy(keep)].clone()
+    count = torch.zeros(blocks, dtype=torch.float64).index_add_(0, pos, torch.ones(len(pos), dtype=torch.float64))
+    if kind == "mean":
+        return torch.zeros(blocks, v.shape[1], dtype=torch.float64).index_add_(0, pos, v / rho[:, None]) / count[:, None]
+    if kind != "lstsq":
+        raise ValueError(f"representative must be one of {REPRESENTATIVES}, got {kind!r}")
+    num = torch.zeros(len(z), blocks, dtype=torch.float64).index_add_(1, pos, z * (weights * rho)[None, :])
+    den = torch.zeros(blocks, dtype=torch.float64).index_add_(0, pos, weights * rho * rho)
+    w, b = ridge_lstsq(h_in, num / den[None, :], 0.0)
+    return torch.cat([w, b[:, None]], 1)
+
+
+def block_error(h_in: torch.Tensor, z: torch.Tensor, leader: np.ndarray, rho: torch.Tensor, weights: torch.Tensor,
+                rows: torch.Tensor) -> float:
+    """Data-weighted block error ``Σ_i w_i ‖ρ_i [H, 1] r_{block(i)} − z_i‖²`` of representative ``rows``: each
+    member's pre-activation against its stand-in's, weighted by its outgoing ``‖c_i‖²`` (for 1-Lipschitz
+    activations ``|σ(a) − σ(b)| ≤ |a − b|``, so this controls the block's output error)."""
+    _, pos = block_positions(leader)
+    zr = h_in @ rows[:, :-1].T + rows[:, -1]
+    return float((weights * (rho[None, :] * zr[:, pos] - z).pow(2).sum(0)).sum())
 
 
 def sum_merge(chain: Chain, l: int, eps: float) -> tuple[Chain, Perturbation | None, str]:
@@ -279,7 +381,8 @@ def _record(result: RefineResult, before: Chain, after: Chain, pert: Perturbatio
 
 
 def refine(chain: Chain, eps: float, *, scaling: bool = True, sums: bool = True, max_sweeps: int = 50,
-           box: tuple[torch.Tensor, torch.Tensor] | None = None) -> RefineResult:
+           box: tuple[torch.Tensor, torch.Tensor] | None = None, representative: str = "leader",
+           x: torch.Tensor | None = None) -> RefineResult:
     """Partition refinement to a fixpoint: sweep value merges forward and sum merges backward until a full
     sweep changes nothing (forward differential equivalence of Cardelli, Tribastone, Tschaikowski & Vandin, "Symbolic
     computation of differential equivalences", POPL 2016, relaxed by ε and applied layer by layer to a
@@ -299,6 +402,10 @@ def refine(chain: Chain, eps: float, *, scaling: bool = True, sums: bool = True,
         Upper bound on the number of sweeps.
     box : tuple of torch.Tensor, optional
         Input box ``(lo, hi)``; when given, every step's output-deviation bound over it is added up.
+    representative : str, optional
+        Incoming row of a value block (:data:`REPRESENTATIVES`); ``lstsq`` needs ``x``.
+    x : torch.Tensor, optional
+        Calibration inputs for the ``lstsq`` representative.
 
     Returns
     -------
@@ -309,7 +416,7 @@ def refine(chain: Chain, eps: float, *, scaling: bool = True, sums: bool = True,
     for sweep in range(max_sweeps):
         changed = False
         for l in range(len(chain.acts)):
-            new, pert, kind = value_merge(chain, l, eps, scaling)
+            new, pert, kind = value_merge(chain, l, eps, scaling, representative, x)
             if pert is not None:
                 _record(result, chain, new, pert, kind, l, box)
                 chain, changed = new, True
@@ -322,6 +429,92 @@ def refine(chain: Chain, eps: float, *, scaling: bool = True, sums: bool = True,
         result.sweeps = sweep + 1
         if not changed:
             break
+    result.chain = chain
+    return result
+
+
+def blocks_to_count(v: torch.Tensor, k: int, scaled: bool, any_sign: bool, iters: int = 40
+                    ) -> tuple[np.ndarray, torch.Tensor, float]:
+    """A partition of the rows ``v`` into exactly ``k`` blocks (fewer only when zero rows, always singletons in
+    scaled mode, leave no choice), every member within the returned tolerance of its leader.
+
+    Greedy leader clustering is not monotone in the tolerance (a larger one can pick other leaders) and its
+    block count jumps, so the tolerance is bisected to the smallest one found with at most ``k`` blocks, then
+    the members farthest from their leaders (``‖v_i − ρ_i v_r‖_∞``) become leaders of their own until there
+    are ``k``.
+
+    Parameters
+    ----------
+    v : torch.Tensor
+        Rows, shape (n, d).
+    k : int
+        Blocks wanted, ``1 <= k``; ``k >= n`` keeps every row.
+    scaled, any_sign : bool
+        As in :func:`value_merge` (merge positive, or any-sign, multiples).
+    iters : int
+        Bisection steps.
+
+    Returns
+    -------
+    leader : np.ndarray
+        Leader of each row.
+    rho : torch.Tensor
+        Scale of each row relative to its leader.
+    tol : float
+        The relative tolerance (ε) the partition was cut at.
+    """
+    n = len(v)
+    if k >= n:
+        return np.arange(n), torch.ones(n, dtype=torch.float64), 0.0
+    lo, hi = 0.0, 2.0  # rows differ by at most 2 in the (relative or unit-direction) ∞-norm
+    best = _blocks(v, hi, scaled, any_sign)
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        leader, rho = _blocks(v, mid, scaled, any_sign)
+        if len(np.unique(leader)) <= k:
+            hi, best = mid, (leader, rho)
+        else:
+            lo = mid
+    leader, rho = best[0].copy(), best[1].clone()
+    spare = k - len(np.unique(leader))
+    if spare > 0:
+        dist = (v - rho[:, None] * v[torch.from_numpy(leader)]).abs().amax(1).numpy()
+        dist[leader == np.arange(n)] = -1.0
+        out = np.argsort(-dist, kind="stable")[:spare]
+        leader[out], rho[torch.from_numpy(out)] = out, 1.0
+    return leader, rho, hi
+
+
+def merge_to_widths(chain: Chain, widths: list[int], *, scaling: bool = True, representative: str = "leader",
+                    x: torch.Tensor | None = None, box: tuple[torch.Tensor, torch.Tensor] | None = None
+                    ) -> RefineResult:
+    """Value/scaled merges layer by layer (forward, one pass) to the given hidden widths: each layer is cut at
+    its own tolerance by :func:`blocks_to_count` (recorded in ``tolerances``), bounds recorded like
+    :func:`refine`. Layers already at most their target width are left as they are.
+
+    Parameters
+    ----------
+    chain : Chain
+        The MLP.
+    widths : list of int
+        Target hidden widths.
+    scaling, representative, x, box
+        As in :func:`refine`.
+
+    Returns
+    -------
+    RefineResult
+        The merged chain, its steps, per-layer tolerances and the accumulated bound (with ``box``).
+    """
+    result = RefineResult(chain, sweeps=1)
+    for l, k in enumerate(widths):
+        v, scaled, any_sign = _incoming(chain, l, scaling)
+        leader, rho, tol = blocks_to_count(v, k, scaled, any_sign)
+        new, pert, kind = lump(chain, l, leader, rho, representative, x, "scaled" if scaled else "value")
+        result.tolerances.append(tol)
+        if pert is not None:
+            _record(result, chain, new, pert, kind, l, box)
+            chain = new
     result.chain = chain
     return result
 

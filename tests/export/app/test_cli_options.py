@@ -96,8 +96,8 @@ def test_unreachable_budget_names_the_smallest_ratio(tiny_mlp, mlp_data) -> None
 def test_method_without_a_budget_kind_says_so(tiny_mlp, mlp_data) -> None:
     from compress.methods.fde import FDEConfig
 
-    with pytest.raises(CompressionError, match=r"method 'fde' does not support --mac-ratio"):
-        compress(tiny_mlp, mlp_data, "fde", FDEConfig(mac_ratio=0.5))
+    with pytest.raises(CompressionError, match=r"method 'fde' does not support --latency-ratio"):
+        compress(tiny_mlp, mlp_data, "fde", FDEConfig(latency_ratio=0.5, latency_table="table.json"))
 
 
 PLAN = """
