@@ -1,35 +1,41 @@
 """fde (each representative × compensation on/off) against magnitude and Wanda pruning (Wanda also compensated)
 at matched hidden widths and no fine-tuning, over whole-model parameter budgets from 90 % to 10 %, on held-out
 data: a 10-128-128-1 ReLU MLP on scikit-learn's diabetes (standardised target, early stopping; test MSE) and a
-64-128-128-10 ReLU MLP on the digits (test accuracy). Writes ``benchmarks/fde_vs_pruning.json``.
+64-128-128-10 ReLU MLP on the digits (test accuracy).
 
-    OMP_WAIT_POLICY=PASSIVE python -m benchmarks.fde_vs_pruning
+Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/fde_vs_pruning.py --out benchmarks/fde_vs_pruning.json
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import time
-from pathlib import Path
+from collections.abc import Callable
 
-import numpy as np
-import torch
-from torch import nn
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from benchmarks._common import write_json
-from compress import compress
-from compress.core.chain import build_sequential, extract_chain
-from compress.core.data import Dataset
-from compress.core.evaluate import predict
-from compress.datasets import digits
-from compress.methods.fde import FDEConfig
-from compress.methods.fde.compensate import compensate
-from compress.models import mlp
-from compress.registry import get_method
-from compress.train import TrainConfig, train
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
-OUT = Path(__file__).with_suffix(".json")
+from compress import compress  # noqa: E402
+from compress.core.chain import build_sequential, extract_chain  # noqa: E402
+from compress.core.data import Dataset  # noqa: E402
+from compress.core.evaluate import predict  # noqa: E402
+from compress.core.prune import prune_chain  # noqa: E402
+from compress.datasets import digits  # noqa: E402
+from compress.methods.fde import FDEConfig  # noqa: E402
+from compress.methods.fde.compensate import compensate  # noqa: E402
+from compress.methods.fde.partition import REPRESENTATIVES  # noqa: E402
+from compress.methods.wanda import WandaConfig, wanda_scores  # noqa: E402
+from compress.models import mlp  # noqa: E402
+from compress.registry import get_method  # noqa: E402
+from compress.train import TrainConfig, train  # noqa: E402
+from _common import write_json  # noqa: E402
+
+Case = Callable[[], tuple[nn.Module, Dataset, Dataset, str]]
 RATIOS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
-REPRESENTATIVES = ("leader", "mean", "lstsq")
 RIDGE, HOLDOUT, SEED = 1e-3, 0.2, 0
 
 
@@ -66,9 +72,12 @@ def metric(model: nn.Module, data: Dataset, kind: str) -> float:
     return float(((out - data.y) ** 2).mean())
 
 
-def compensated(model: nn.Module, pruned: nn.Module, calib: Dataset) -> tuple[nn.Module, bool]:
-    """The same held-out-checked least-squares refit fde uses, applied to a pruned network."""
-    comp = compensate(extract_chain(model), extract_chain(pruned), calib.x, RIDGE, HOLDOUT, SEED)
+def wanda_compensated(model: nn.Module, calib: Dataset, widths: list[int]) -> tuple[nn.Module, bool]:
+    """Wanda's pruning redone on the chain (so each kept neuron's group names its original index) and refitted
+    by the same held-out-checked least squares fde uses."""
+    chain = extract_chain(model)
+    pruned = prune_chain(chain, wanda_scores(chain, calib.x[:WandaConfig().norm_samples]), widths)
+    comp = compensate(chain, pruned, calib.x, RIDGE, HOLDOUT, SEED)
     return build_sequential(comp.chain), comp.accepted
 
 
@@ -89,13 +98,13 @@ def run_budget(model: nn.Module, calib: Dataset, test: Dataset, kind: str, ratio
         rows.append({"method": name, "metric": metric(new, test, kind), "params": r.params_after,
                      "widths": r.predicted["hidden_widths"]})
         if name == "wanda":
-            refit, ok = compensated(model, new, calib)
+            refit, ok = wanda_compensated(model, calib, r.predicted["hidden_widths"])
             rows.append({"method": "wanda+comp", "metric": metric(refit, test, kind), "params": r.params_after,
                          "widths": r.predicted["hidden_widths"], "compensation_accepted": ok})
     return rows
 
 
-def run_case(name: str, case) -> dict:
+def run_case(case: Case) -> dict:
     t0 = time.perf_counter()
     model, calib, test, kind = case()
     full = sum(p.numel() for p in model.parameters())
@@ -108,11 +117,14 @@ def run_case(name: str, case) -> dict:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="benchmarks/fde_vs_pruning.json")
+    args = ap.parse_args()
     torch.set_num_threads(2)
     doc = {"settings": {"ratios": RATIOS, "compensation_ridge": RIDGE, "compensation_holdout": HOLDOUT,
                         "seed": SEED, "fine_tuning": "none", "widths": "matched (uniform keep fraction, as pruning)"},
-           "diabetes": run_case("diabetes", diabetes_case), "digits": run_case("digits", digits_case)}
-    write_json(OUT, doc)
+           "diabetes": run_case(diabetes_case), "digits": run_case(digits_case)}
+    write_json(args.out, doc)
 
 
 if __name__ == "__main__":

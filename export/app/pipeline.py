@@ -365,7 +365,7 @@ def slowdown_warnings(case: CaseResult) -> list[str]:
         source = model[: -len(".int8")] if model.endswith(".int8") else "original"
         ref = p50.get((source, provider, batch))
         if ref is not None and ms >= ref:
-            kind = "INT8 model slower than its fp32 source" if source != "original" else \
+            kind = "INT8 model slower than its fp32 source" if model.endswith(".int8") else \
                 "compressed model not faster than the original"
             out.append(f"{kind}: {model} {ms:.4g} ms vs {source} {ref:.4g} ms ({provider}, batch {batch})")
         baseline = p50.get(("original.int8", provider, batch))

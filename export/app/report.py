@@ -123,7 +123,9 @@ def _budget_and_bounds(label: str, comp: dict[str, Any]) -> list[str]:
                    f"{_fmt(budget.get('achieved'), '.4f')}")
     bounds = comp.get("bounds") or {}
     if bounds:
-        out.append(f"- **{label}** error bounds: " + ", ".join(f"{k}={v:.4g}" for k, v in bounds.items()))
+        shown = (f"{k}={v:.4g}" if v is not None else f"{k}=none (no bound holds for this variant)"
+                 for k, v in bounds.items())
+        out.append(f"- **{label}** error bounds: " + ", ".join(shown))
     return out
 
 

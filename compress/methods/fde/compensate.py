@@ -5,7 +5,8 @@ Layer by layer (as cbalanced's warm-start refit), ``A = [h̃_{l−1}, 1]`` from 
 is what layer ``l`` stood for in the original network: the original outputs for the last layer; for a merged
 hidden neuron ``k`` with members ``G_k``, ``t_k = Σ_i ρ_i z_i / Σ_i ρ_i²`` — the least-squares fit of its
 members' original pre-activations ``z_i`` at their data-fitted scales ``ρ_i = ⟨z_i, z̃_k⟩/‖z̃_k‖²`` (``z̃_k``
-the merged neuron's own pre-activation; the next layer reads member ``i`` as ``ρ_i h̃_k``).
+the merged neuron's own pre-activation; the next layer reads member ``i`` as ``ρ_i h̃_k``), clamped to ``ρ_i >= 0``
+and ignored when all are below a floor (:func:`member_targets`).
 """
 
 from __future__ import annotations
@@ -32,9 +33,15 @@ def pre_activations(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
-def member_targets(z_orig: torch.Tensor, z_merged: torch.Tensor, groups: list[list[int]]) -> torch.Tensor:
+def member_targets(z_orig: torch.Tensor, z_merged: torch.Tensor, groups: list[list[int]],
+                   rho_floor: float = 0.1) -> torch.Tensor:
     """Target pre-activation of each merged neuron: ``t_k = Σ_i ρ_i z_i / Σ_i ρ_i²`` over its members ``G_k``,
-    ``ρ_i = ⟨z_i, z̃_k⟩/‖z̃_k‖²`` (``z̃_k`` itself where all ``ρ_i`` vanish).
+    ``ρ_i = max(⟨z_i, z̃_k⟩/‖z̃_k‖², 0)``.
+
+    ``ρ`` is a data correlation, not the lump's scale: a negative one is clamped to 0 (``σ(−z)`` is no
+    rescaling of ``σ(z)``, so that member cannot be stood for), and where every ``ρ_i < rho_floor`` the
+    members are not rescalings of ``z̃_k`` on the data and ``t_k = z̃_k`` (no target change) instead of the
+    unbounded ``z_i/ρ_i``.
 
     Parameters
     ----------
@@ -44,6 +51,8 @@ def member_targets(z_orig: torch.Tensor, z_merged: torch.Tensor, groups: list[li
         The merged layer's pre-activations, shape (n, width after).
     groups : list of list of int
         Original members of each merged neuron.
+    rho_floor : float
+        Smallest largest-member ``ρ`` for which the members define the target, > 0.
 
     Returns
     -------
@@ -53,10 +62,9 @@ def member_targets(z_orig: torch.Tensor, z_merged: torch.Tensor, groups: list[li
     out = z_merged.clone()
     for k, g in enumerate(groups):
         zk, zi = z_merged[:, k], z_orig[:, g]
-        rho = (zi * zk[:, None]).sum(0) / float(zk.pow(2).sum().clamp_min(1e-300))
-        den = float(rho.pow(2).sum())
-        if den > 0:
-            out[:, k] = zi @ rho / den
+        rho = ((zi * zk[:, None]).sum(0) / float(zk.pow(2).sum().clamp_min(1e-300))).clamp_min(0.0)
+        if float(rho.max()) >= rho_floor:
+            out[:, k] = zi @ rho / float(rho.pow(2).sum())
     return out
 
 

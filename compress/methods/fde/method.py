@@ -175,9 +175,14 @@ def _merge(chain: Chain, original: Chain, data: Dataset, cfg: FDEConfig, box: tu
     widths = widths_for_params(n_in, original.widths, n_out, getattr(cfg, kind), kind)
     merged = merge_to_widths(chain, widths, scaling=cfg.scaling, representative=cfg.representative, x=data.x,
                              box=box)
+    cost, full = CHAIN_COSTS[kind], CHAIN_COSTS[kind](n_in, original.widths, n_out)
+    reached = cost(n_in, merged.chain.widths, n_out) / full
+    if reached > cost(n_in, [w + 1 for w in widths], n_out) / full:
+        raise CompressionError(f"{flag_of(kind)} {getattr(cfg, kind):g} not met: the merge reached a cost ratio of "
+                               f"{reached:.3g} (hidden widths {merged.chain.widths}, target {widths}); give a "
+                               f"larger {flag_of(kind)} or use --merge-eps")
     report.predicted.update({"budget_widths": widths, "merge_eps_per_layer": merged.tolerances,
-                             "budget_cost_ratio": CHAIN_COSTS[kind](n_in, merged.chain.widths, n_out)
-                             / CHAIN_COSTS[kind](n_in, original.widths, n_out)})
+                             "budget_cost_ratio": reached})
     report.notes.append(f"{flag_of(kind)} {getattr(cfg, kind):g}: widths {merged.chain.widths}, each layer cut at "
                         f"its own ε {[round(t, 4) for t in merged.tolerances]} (bisected on the count per layer; "
                         "greedy leader blocks are not monotone in ε)")

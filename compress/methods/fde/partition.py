@@ -133,15 +133,18 @@ def _directions(v: torch.Tensor, any_sign: bool) -> tuple[torch.Tensor, torch.Te
 
 
 def _blocks(coeff: torch.Tensor, tol: float, scaled: bool, any_sign: bool) -> tuple[np.ndarray, torch.Tensor]:
-    """Leader per row and ρ with ``coeff_i ≈ ρ_i coeff_leader``; zero rows stay singletons."""
+    """Leader per row and ρ with ``coeff_i ≈ ρ_i coeff_leader``. In scaled mode the zero rows (no direction)
+    form one block of their own with ρ = 1: equal rows, so merging them is exact at any tolerance."""
     if not scaled:
         leader = leader_clusters(coeff.numpy(), tol * float(coeff.abs().max().clamp_min(1e-300)))
         return leader, torch.ones(len(coeff), dtype=coeff.dtype)
     u, scale = _directions(coeff, any_sign)
     live = (coeff.abs().amax(1) > 0).numpy()
     leader = np.arange(len(coeff))
-    idx = np.flatnonzero(live)
+    idx, zero = np.flatnonzero(live), np.flatnonzero(~live)
     leader[idx] = idx[leader_clusters(u[idx].numpy(), tol)]
+    leader[zero] = zero[:1]
+    scale[torch.from_numpy(zero)] = 1.0
     return leader, scale / scale[torch.from_numpy(leader)]
 
 
@@ -209,7 +212,8 @@ def lump(chain: Chain, l: int, leader: np.ndarray, rho: torch.Tensor, representa
         if x is None:
             raise ValueError("the lstsq representative needs calibration inputs x")
         h_in, z = layer_io(chain, l, x)
-    rep = block_representatives(v, leader, rho, representative, h_in, z, outgoing_weights(c))
+    rep = block_representatives(v, leader, rho, representative, h_in, z, outgoing_weights(c),
+                                rounding_tolerance(chain.dtype))
     new = chain.copy()
     new.weights[l], new.biases[l] = rep[:, :-1].reshape(len(keep), *w.shape[1:]), rep[:, -1].clone()
     cols = torch.zeros(len(c), len(keep), c.shape[2], dtype=torch.float64)
@@ -240,14 +244,17 @@ def block_positions(leader: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
 
 def block_representatives(v: torch.Tensor, leader: np.ndarray, rho: torch.Tensor, kind: str,
                           h_in: torch.Tensor | None = None, z: torch.Tensor | None = None,
-                          weights: torch.Tensor | None = None) -> torch.Tensor:
+                          weights: torch.Tensor | None = None, exact_tol: float = 0.0) -> torch.Tensor:
     """The incoming row ``[w | b]`` each block keeps.
 
     * ``leader``: the row of the block's leader (the member with ``ρ = 1``; ε-FDE as in Cardelli et al.).
     * ``mean``: ``mean_i v_i/ρ_i``, which minimises ``Σ_i ‖[H, 1](ρ_i r − v_i)‖²/ρ_i²`` for any inputs ``H``.
-    * ``lstsq``: the exact minimiser of the data-weighted block error :func:`block_error`,
-      ``r = argmin ‖[H, 1] r − t‖²`` with ``t = Σ_i w_i ρ_i z_i / Σ_i w_i ρ_i²`` (normal equations of
-      ``Σ_i w_i ‖ρ_i [H, 1] r − z_i‖²``; minimum-norm solution, no ridge, so no row does better).
+    * ``lstsq``: a minimiser of the data-weighted block error :func:`block_error`, i.e. of ``‖A r − t‖²`` with
+      ``A = [H, 1]`` and ``t = Σ_i w_i ρ_i z_i / Σ_i w_i ρ_i²`` (normal equations of ``Σ_i w_i ‖ρ_i A r − z_i‖²``),
+      taken relative to the leader: ``r = v_lead + A⁺(t − A v_lead)``. ``A⁺`` changes ``v_lead`` only inside
+      the row space of ``A``, so directions the calibration data does not see (fewer samples than inputs) keep
+      the leader's weights instead of being zeroed. Singleton blocks and blocks whose members agree with the
+      leader within ``exact_tol`` (relative to the largest ``|v|``) keep the leader row: merging them is exact.
 
     Parameters
     ----------
@@ -261,6 +268,8 @@ def block_representatives(v: torch.Tensor, leader: np.ndarray, rho: torch.Tensor
         One of :data:`REPRESENTATIVES`.
     h_in, z, weights : torch.Tensor, optional
         For ``lstsq``: layer inputs (N, d), member pre-activations (N, n) and member weights (n,).
+    exact_tol : float
+        For ``lstsq``: relative spread within which a block counts as exact (the dtype's rounding).
 
     Returns
     -------
@@ -269,8 +278,9 @@ def block_representatives(v: torch.Tensor, leader: np.ndarray, rho: torch.Tensor
     """
     keep, pos = block_positions(leader)
     blocks = len(keep)
+    lead = v[torch.from_numpy(keep)].clone()
     if kind == "leader":
-        return v[torch.from_numpy(keep)].clone()
+        return lead
     count = torch.zeros(blocks, dtype=torch.float64).index_add_(0, pos, torch.ones(len(pos), dtype=torch.float64))
     if kind == "mean":
         return torch.zeros(blocks, v.shape[1], dtype=torch.float64).index_add_(0, pos, v / rho[:, None]) / count[:, None]
@@ -278,8 +288,11 @@ def block_representatives(v: torch.Tensor, leader: np.ndarray, rho: torch.Tensor
         raise ValueError(f"representative must be one of {REPRESENTATIVES}, got {kind!r}")
     num = torch.zeros(len(z), blocks, dtype=torch.float64).index_add_(1, pos, z * (weights * rho)[None, :])
     den = torch.zeros(blocks, dtype=torch.float64).index_add_(0, pos, weights * rho * rho)
-    w, b = ridge_lstsq(h_in, num / den[None, :], 0.0)
-    return torch.cat([w, b[:, None]], 1)
+    dw, db = ridge_lstsq(h_in, num / den[None, :] - (h_in @ lead[:, :-1].T + lead[:, -1]), 0.0)
+    spread = (v - rho[:, None] * lead[pos]).abs().amax(1)
+    worst = torch.zeros(blocks, dtype=torch.float64).scatter_reduce_(0, pos, spread, "amax")
+    lossy = (count > 1) & (worst > exact_tol * float(v.abs().max()))
+    return lead + lossy.double()[:, None] * torch.cat([dw, db[:, None]], 1)
 
 
 def block_error(h_in: torch.Tensor, z: torch.Tensor, leader: np.ndarray, rho: torch.Tensor, weights: torch.Tensor,
@@ -435,8 +448,9 @@ def refine(chain: Chain, eps: float, *, scaling: bool = True, sums: bool = True,
 
 def blocks_to_count(v: torch.Tensor, k: int, scaled: bool, any_sign: bool, iters: int = 40
                     ) -> tuple[np.ndarray, torch.Tensor, float]:
-    """A partition of the rows ``v`` into exactly ``k`` blocks (fewer only when zero rows, always singletons in
-    scaled mode, leave no choice), every member within the returned tolerance of its leader.
+    """A partition of the rows ``v`` into exactly ``k`` blocks (two for ``k = 1`` in scaled mode when there are
+    zero and nonzero rows: the zero rows form a block of their own), every member within the returned tolerance
+    of its leader.
 
     Greedy leader clustering is not monotone in the tolerance (a larger one can pick other leaders) and its
     block count jumps, so the tolerance is bisected to the smallest one found with at most ``k`` blocks, then

@@ -177,6 +177,10 @@ def test_slowdown_warnings_flag_int8_and_compressed() -> None:
     bench["latency"].append(lat("original.int8", 0.45))
     against_int8 = [w for w in slowdown_warnings(CaseResult("c", [], bench, {})) if "simply quantising" in w]
     assert sorted(w.split(": ")[1].split(" ")[0] for w in against_int8) == ["fz", "svd", "svd.int8"]
+    bench["latency"].append(lat("original.int8", 1.1))  # slower than the fp32 original: an INT8 warning
+    (line,) = [w for w in slowdown_warnings(CaseResult("c", [], {"latency": bench["latency"][-1:] + [
+        lat("original", 1.0)]}, {}))]
+    assert line.startswith("INT8 model slower than its fp32 source: original.int8")
 
 
 def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:

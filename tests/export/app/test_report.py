@@ -22,3 +22,11 @@ def test_spectra_plot_written_when_present(tmp_path: Path) -> None:
 def test_no_spectra_no_plot(tmp_path: Path) -> None:
     assert not plot_spectra(_report(None), tmp_path / "s.png")
     assert not (tmp_path / "s.png").exists()
+
+
+def test_a_variant_without_a_bound_is_rendered_as_such() -> None:
+    """fde after fine-tuning has ``bounds = {"output": None}``: the report says so instead of crashing."""
+    from export.app.report import _budget_and_bounds
+
+    lines = _budget_and_bounds("fde-ft", {"bounds": {"output": None, "blocks.0": 0.25}})
+    assert lines == ["- **fde-ft** error bounds: output=none (no bound holds for this variant), blocks.0=0.25"]

@@ -103,3 +103,45 @@ def test_budget_and_eps_together_refused() -> None:
 
     with pytest.raises(CompressionError, match="not both"):
         FDEConfig(merge_eps=0.1, param_ratio=0.5)
+
+
+def test_eps0_lstsq_exact_on_the_box_with_fewer_samples_than_inputs() -> None:
+    # neurons 10–19 copy 0–9; 16 calibration samples of 32 inputs: the data does not span the input space,
+    # so exactness must hold on the whole box (not only on the data) and the bound must be 0
+    torch.manual_seed(8)
+    model = mlp(32, [20], 2).eval()
+    with torch.no_grad():
+        model[1].weight[10:], model[1].bias[10:] = model[1].weight[:10], model[1].bias[:10]
+    data = Dataset(torch.randn(16, 32, generator=torch.Generator().manual_seed(9)))
+    new, rep = compress(model, data, "fde", FDEConfig(representative="lstsq", remove_dead=False))
+    assert rep.predicted["hidden_widths"] == [10]
+    assert rep.bounds["output"] == 0.0
+    lo, hi = (torch.tensor(rep.predicted["input_box"][k], dtype=torch.float64) for k in ("low", "high"))
+    probe = box_samples(lo, hi, 500, 3)
+    dev = (chain_forward(extract_chain(model), probe) - chain_forward(extract_chain(new), probe)).abs().max()
+    assert float(dev) < 1e-5
+
+
+def test_budget_met_with_zero_rows() -> None:
+    # 40 all-zero rows in the first layer: in scaled mode they form one block, so the budget is still met
+    torch.manual_seed(1)
+    model = mlp(6, [60, 30], 3).eval()
+    with torch.no_grad():
+        model[1].weight[:40], model[1].bias[:40] = 0.0, 0.0
+    data = Dataset(torch.randn(120, 6, generator=torch.Generator().manual_seed(2)))
+    _, rep = compress(model, data, "fde", FDEConfig(param_ratio=0.1, remove_dead=False))
+    widths = rep.predicted["hidden_widths"]
+    assert widths == rep.predicted["budget_widths"]
+    assert rep.predicted["budget_cost_ratio"] <= 0.1
+
+
+def test_missed_budget_is_an_error(case, monkeypatch: pytest.MonkeyPatch) -> None:
+    from compress.core.errors import CompressionError
+    from compress.methods.fde import partition
+
+    model, data = case
+    monkeypatch.setattr(partition, "blocks_to_count",
+                        lambda v, k, scaled, any_sign: (np.arange(len(v)), torch.ones(len(v), dtype=torch.float64),
+                                                        0.0))
+    with pytest.raises(CompressionError, match=r"--param-ratio 0.3 not met: the merge reached a cost ratio of 1"):
+        compress(model, data, "fde", FDEConfig(param_ratio=0.3, remove_dead=False))

@@ -58,3 +58,40 @@ def test_blocks_to_count_gives_exactly_k_blocks_within_tolerance(k: int, scaled:
     scale = 1.0 if scaled else float(v.abs().max())
     ref = v / v.abs().amax(1, keepdim=True) if scaled else v
     assert float((ref - ref[torch.from_numpy(leader)]).abs().amax()) <= tol * scale + 1e-12
+
+
+def test_lstsq_keeps_singletons_and_unseen_directions() -> None:
+    # 8 calibration samples of 12 inputs: the data sees only part of the row space. Singletons keep their row
+    # exactly, and the lossy block's representative differs from its leader only inside the row space of [H, 1].
+    g = torch.Generator().manual_seed(11)
+    v = torch.randn(6, 13, generator=g, dtype=torch.float64)
+    h = torch.randn(8, 12, generator=g, dtype=torch.float64)
+    z = h @ v[:, :-1].T + v[:, -1]
+    leader, rho = np.array([0, 0, 0, 3, 4, 5]), torch.ones(6, dtype=torch.float64)
+    rep = block_representatives(v, leader, rho, "lstsq", h, z, torch.ones(6, dtype=torch.float64))
+    assert torch.equal(rep[1:], v[3:])
+    a1 = torch.cat([h, torch.ones(8, 1, dtype=torch.float64)], 1)
+    null = torch.linalg.svd(a1, full_matrices=True).Vh[9:]  # rank 9: the directions the data does not see
+    assert torch.allclose(null @ rep[0], null @ v[0], atol=1e-10)
+
+
+def test_lstsq_keeps_blocks_equal_within_rounding() -> None:
+    g = torch.Generator().manual_seed(12)
+    v = torch.randn(4, 9, generator=g, dtype=torch.float64)
+    v = torch.cat([v, v * (1 + 1e-9)])
+    h = torch.randn(5, 8, generator=g, dtype=torch.float64)
+    z = h @ v[:, :-1].T + v[:, -1]
+    leader, rho = np.array([0, 1, 2, 3, 0, 1, 2, 3]), torch.ones(8, dtype=torch.float64)
+    rep = block_representatives(v, leader, rho, "lstsq", h, z, torch.ones(8, dtype=torch.float64), exact_tol=1e-6)
+    assert torch.equal(rep, v[:4])
+
+
+def test_blocks_to_count_merges_zero_rows_to_meet_k() -> None:
+    v = torch.randn(20, 6, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    v[::5] = 0.0
+    v[1::5] = 0.0
+    leader, rho, _ = blocks_to_count(v, 3, True, False)
+    assert len(np.unique(leader)) == 3
+    zero = (v.abs().amax(1) == 0).numpy()
+    assert len(np.unique(leader[zero])) == 1 and torch.all(rho[torch.from_numpy(zero)] == 1.0)
+    assert not np.any(zero[leader[~zero]])  # no live row is led by a zero row
