@@ -3,6 +3,7 @@ the entry-point group ``minreal.methods``; :func:`compress` runs one and fills w
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import logging
@@ -21,11 +22,12 @@ from .core.data import Dataset
 from .core.errors import CompressionError, UnknownMethodError
 from .core.options import BUDGET_FIELDS, field_clash, flag_of
 from .core.evaluate import compare_outputs
+from .core.recover import RecoveryConfig, recover
 from .core.report import CompressionReport
 from .core.spec import MethodFn, MethodSpec
 
 __all__ = ["Method", "MethodFn", "MethodSpec", "MethodRegistry", "ENTRY_POINT_GROUP", "register",
-           "register_method", "get_method", "method_names", "compress", "fill_costs"]
+           "register_method", "get_method", "method_names", "compress", "fill_costs", "apply_recovery"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
@@ -167,12 +169,32 @@ def _requested_budget(spec: MethodSpec, cfg: Any) -> tuple[str, float] | None:
     return given[0], getattr(cfg, given[0])
 
 
-def compress(model: nn.Module, data: Dataset, method: str, config: Any = None) -> tuple[nn.Module, CompressionReport]:
+def apply_recovery(report: CompressionReport, model: nn.Module, new: nn.Module, data: Dataset,
+                   recovery: RecoveryConfig | None) -> nn.Module:
+    """Recover ``new`` from ``model`` on ``data`` when ``recovery`` is enabled: ``report.recovery`` and
+    ``report.measured["recovered"]`` filled, the zero-shot measurements kept. Returns the model to use (a copy
+    when the method returned ``model`` itself, which is never trained)."""
+    if recovery is None or not recovery.enabled:
+        return new
+    if new is model:
+        new = copy.deepcopy(model)
+    result = recover(model, new, data, recovery)
+    report.recovery = dataclasses.asdict(result)
+    report.timings_s["recover"] = result.wall_s
+    report.measured["recovered"] = compare_outputs(model, new, data)
+    if result.interrupted:
+        report.notes.append(f"recovery interrupted after {result.steps} steps; the best weights so far were kept")
+    return new
+
+
+def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
+             recovery: RecoveryConfig | None = None) -> tuple[nn.Module, CompressionReport]:
     """Run a registered method, then fill the shared cost fields and the output comparison on ``data``.
 
     ``config`` defaults to the method's config defaults; a given config is validated again (its
     ``__post_init__``), so fields changed after construction are checked too. A method that measured the
-    comparison itself (on a held-out split, or before fine-tuning) keeps its own numbers.
+    comparison itself (on a held-out split, or before fine-tuning) keeps its own numbers. An enabled
+    ``recovery`` then distils ``model`` into the result on ``data`` (:func:`apply_recovery`).
     """
     spec = get_method(method)
     cfg = spec.config_cls() if config is None else config
@@ -191,4 +213,4 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None) -
         t0 = time.perf_counter()
         report.measured.update(compare_outputs(model, new, data))
         report.timings_s["measure"] = time.perf_counter() - t0
-    return new, report
+    return apply_recovery(report, model, new, data, recovery), report

@@ -56,6 +56,9 @@ class CompressionReport:
     """Per layer (or state point): named spectra, descending (e.g. cbalanced's Gramian tests A, B, C)."""
     bounds: dict[str, float] = field(default_factory=dict)
     """Predicted error bounds by name: a layer name, or ``"output"`` for a whole-model bound."""
+    recovery: dict[str, Any] | None = None
+    """``asdict`` of the :class:`~compress.core.recover.RecoveryResult` when recovery ran after the method, else
+    None; ``measured["recovered"]`` then compares the recovered model, the other measurements the zero-shot one."""
 
     @property
     def param_ratio(self) -> float:

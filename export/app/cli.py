@@ -287,6 +287,42 @@ def _record_held_out(report: Any, net: Any, small: Any, calib: Any, held: Any, h
                         f"calibrated on the other {len(calib)}")
 
 
+RECOVERY_GROUP = "Recovery (after any method)"
+
+
+def _recovery_options(fn: Callable) -> Callable:
+    """``--recover-epochs/-steps/-alpha/-lr``: distillation from the original after the method (see
+    :class:`compress.core.recover.RecoveryConfig`), off by default."""
+    from compress.core.recover import RecoveryConfig
+
+    base = RecoveryConfig()
+    for opt in reversed([
+        click.option("--recover-epochs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Epochs of distillation from the original on the data after compressing; 0: none."),
+        click.option("--recover-steps", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Budget in optimiser steps instead of epochs (not with --recover-epochs)."),
+        click.option("--recover-alpha", type=click.FloatRange(0.0, 1.0), default=base.alpha, show_default=True,
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Weight of the label loss (when the data has labels); 0: pure distillation."),
+        click.option("--recover-lr", type=click.FloatRange(min=0.0, min_open=True), default=base.lr,
+                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="AdamW learning rate of the recovery (cosine schedule with warm-up)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def _recovery_config(recover_epochs: int, recover_steps: int, recover_alpha: float, recover_lr: float) -> Any:
+    """The :class:`~compress.core.recover.RecoveryConfig` the options ask for, or None when recovery is off."""
+    from compress.core.recover import RecoveryConfig
+
+    if not recover_epochs and not recover_steps:
+        return None
+    return RecoveryConfig(epochs=recover_epochs, steps=recover_steps, alpha=recover_alpha, lr=recover_lr)
+
+
 @cli.command("compress", cls=MethodCommand)
 @click.argument("model")
 @click.option("--method", "-m", type=_method_choice(), required=True, help="Registered compression method.")
@@ -302,10 +338,12 @@ def _record_held_out(report: Any, net: Any, small: Any, calib: Any, held: Any, h
               show_default=True, metavar="FRACTION",
               help="Share of --calib held out (seeded) to measure the compressed model on (report: "
                    "measured.held_out); 0 calibrates on all of --calib and makes no held-out measurement.")
+@_recovery_options
 @method_options
 @common
 def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
-                 report_path: str | None, target_provider: str, holdout: float, quiet: bool, as_json: bool,
+                 report_path: str | None, target_provider: str, holdout: float, recover_epochs: int,
+                 recover_steps: int, recover_alpha: float, recover_lr: float, quiet: bool, as_json: bool,
                  **opts: Any) -> None:
     """Compress MODEL with one method and save it as a torch.export program."""
     from compress import compress
@@ -317,11 +355,12 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
     _prepare_outputs([out, report_path], model, weights, data)
     used: set[str] = set()
     config = build_config(method, opts, provider_defaults((target_provider,)), used)
+    recovery = _recovery_config(recover_epochs, recover_steps, recover_alpha, recover_lr)
     _warn_aliases(used)
     net, calib, held = _load_inputs(model, weights, trust_pickle, data, None, holdout)
     con.progress(_calib_line(len(calib), held, holdout))
     con.progress(f"compressing {model} with {method}")
-    small, report = compress(net, calib, method, config)
+    small, report = compress(net, calib, method, config, recovery)
     _record_held_out(report, net, small, calib, held, holdout)
     save_program(small, calib.x[:2], Path(out))
     if report_path:
@@ -534,13 +573,14 @@ def _finish_run(con: Console, report: Any, out: str) -> None:
 @click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
 @_pipeline_options
 @_skip_unavailable_option
+@_recovery_options
 @method_options
 @common
 def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, eval_data: str | None,
             weights: str | None, trust_pickle: bool, out: str, overwrite: bool, batch: str, providers: str,
             no_int8: bool, quant_target: str, quant_mode: str, min_seconds: float | None, repeats: int | None,
-            skip_unavailable_providers: bool, quiet: bool, as_json: bool,
-            **opts: Any) -> None:
+            skip_unavailable_providers: bool, recover_epochs: int, recover_steps: int, recover_alpha: float,
+            recover_lr: float, quiet: bool, as_json: bool, **opts: Any) -> None:
     """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 → benchmark."""
     from compress.core.demo_case import DemoCase, DemoRun
     from export.app.method_options import build_config, provider_defaults
@@ -553,8 +593,9 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     if plan and not method and any(v not in (None, ()) for v in opts.values()):
         raise click.UsageError("method options on the command line apply to -m variants; put the options of "
                                "--plan variants in the plan file")
-    cfg = _pipeline_config(PipelineConfig(skip_unavailable_providers=skip_unavailable_providers), batch,
-                           providers, no_int8, quant_target, quant_mode, min_seconds, repeats)
+    recovery = _recovery_config(recover_epochs, recover_steps, recover_alpha, recover_lr)
+    cfg = _pipeline_config(PipelineConfig(skip_unavailable_providers=skip_unavailable_providers, recovery=recovery),
+                           batch, providers, no_int8, quant_target, quant_mode, min_seconds, repeats)
     _require_providers(cfg.providers, skip_unavailable_providers)  # fail fast, before any loading
     defaults, used = provider_defaults(cfg.providers), set()
     runs = [DemoRun(m, m, build_config(m, opts, defaults, used)) for m in method]

@@ -34,6 +34,7 @@ from torch import nn
 import runtime_bench as rb
 from compress.core.demo_case import DemoCase
 from compress.core.evaluate import compare_outputs
+from compress.core.recover import RecoveryConfig
 from export.app.plan import run_variant
 from export.atomic import atomic_path
 from export.serialize import save_program
@@ -100,6 +101,8 @@ class PipelineConfig:
     min_seconds: float = _BENCH.min_seconds
     repeats: int = _BENCH.repeats
     skip_unavailable_providers: bool = False
+    recovery: RecoveryConfig | None = None
+    """Distillation from the original after every variant's method (None or a disabled config: none)."""
 
     def bench_config(self) -> rb.BenchConfig:
         """Timing settings for :func:`runtime_bench.run_benchmark`."""
@@ -320,7 +323,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         t = time.perf_counter()
         _fault_point("compress")
         progress(f"[{case.name}] compressing with {run.method} ({run.label})")
-        small, report = run_variant(case.model, case.train, run)
+        small, report = run_variant(case.model, case.train, run, cfg.recovery)
         stages[f"compress:{run.label}"] = time.perf_counter() - t
         t = time.perf_counter()
         rec = _export(small, run.label, run.method, case, case_dir, cfg)

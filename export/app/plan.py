@@ -33,8 +33,9 @@ from compress import compress, method_names
 from compress.core.data import Dataset
 from compress.core.demo_case import DemoRun
 from compress.core.evaluate import compare_outputs
+from compress.core.recover import RecoveryConfig
 from compress.core.report import CompressionReport
-from compress.registry import fill_costs
+from compress.registry import apply_recovery, fill_costs
 from export.app.method_options import MethodOptionError, build_config
 
 __all__ = ["PlanError", "load_plan", "chain_label", "compress_chain", "run_variant"]
@@ -125,14 +126,15 @@ def load_plan(path: str | Path, defaults: dict[str, Any] | None = None,
     return runs
 
 
-def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, Any]]
-                   ) -> tuple[nn.Module, CompressionReport]:
+def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, Any]],
+                   recovery: RecoveryConfig | None = None) -> tuple[nn.Module, CompressionReport]:
     """Run registered methods in sequence through :func:`compress.compress`, each on the previous result.
 
     The report is the last step's layers, with the whole-model costs and the output comparison against the
     original ``model``; ``predicted["steps"]`` keeps each step's method, config, cost ratios and budget (each
     step's budget is relative to the model it received), and ``predicted["budget"]`` is the last budgeted step's,
-    with that step's method under ``"step"``.
+    with that step's method under ``"step"``. An enabled ``recovery`` runs once, after the last step, from the
+    original ``model``.
     """
     current, summaries, reports = model, [], []
     for method, config in steps:
@@ -157,11 +159,12 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
     report.measured.update(compare_outputs(model, current, data))
     report.timings_s = {f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.timings_s.items()}
     report.timings_s["measure"] = time.perf_counter() - t0
-    return current, report
+    return apply_recovery(report, model, current, data, recovery), report
 
 
-def run_variant(model: nn.Module, data: Dataset, run: DemoRun) -> tuple[nn.Module, CompressionReport]:
-    """Compress ``model`` as one variant: a single method, or its chain of steps."""
+def run_variant(model: nn.Module, data: Dataset, run: DemoRun,
+                recovery: RecoveryConfig | None = None) -> tuple[nn.Module, CompressionReport]:
+    """Compress ``model`` as one variant: a single method, or its chain of steps; then ``recovery`` if enabled."""
     if run.steps:
-        return compress_chain(model, data, run.steps)
-    return compress(model, data, run.method, run.config)
+        return compress_chain(model, data, run.steps, recovery)
+    return compress(model, data, run.method, run.config, recovery)

@@ -97,6 +97,7 @@ def render_markdown(report: Any) -> str:
                 out.append(f"- **{_get(v, 'label')}** ({_get(v, 'method')}): predicted {pred or '-'}; "
                            f"measured on calibration data {meas or '-'}; on held-out data {held or '-'}")
                 out += _budget_and_bounds(_get(v, "label"), comp)
+                out += _recovery_line(_get(v, "label"), comp.get("recovery"))
             q = _get(v, "quantization")
             if q:
                 out.append(f"- **{_get(v, 'label')}**: INT8 {q.get('mode', '')} for {q.get('target', '')}, "
@@ -111,6 +112,23 @@ def render_markdown(report: Any) -> str:
         out += [f"- note: {n}" for n in _get(case, "notes")]
         out += [f"- **WARNING**: {w}" for w in _get(case, "warnings")]
     return "\n".join(out) + "\n"
+
+
+def _recovery_line(label: str, rec: dict[str, Any] | None) -> list[str]:
+    """``zero-shot … → recovered …`` on the recovery's held-out split (the exported model is the recovered
+    one)."""
+    if not rec:
+        return []
+    before, after = rec.get("before", {}), rec.get("after", {})
+    keys = [k for k in ("accuracy", "agreement", "kl", "mse", "mse_to_original") if k in before and k in after]
+    pairs = "; ".join(f"{k} {before[k]:.4g} → {after[k]:.4g}" for k in keys) or "-"
+    where = ("training data (too few samples to hold out)" if rec.get("held_out_is_training_data")
+             else f"{rec.get('held_out_samples', 0)} held-out samples")
+    flags = ((", stopped early" if rec.get("stopped_early") else "")
+             + (", INTERRUPTED" if rec.get("interrupted") else ""))
+    return [f"- **{label}** recovery: zero-shot → recovered on {where}: {pairs} ({rec.get('epochs', 0)} epochs, "
+            f"{rec.get('steps', 0)} steps, {rec.get('wall_s', 0.0):.1f} s{flags}); the exported model is the "
+            "recovered one"]
 
 
 def _budget_and_bounds(label: str, comp: dict[str, Any]) -> list[str]:

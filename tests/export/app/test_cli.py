@@ -253,3 +253,41 @@ def test_bench_and_report_outputs_never_overwrite_inputs(workdir: Path, capsys: 
     assert code == 2 and "is the input file" in err and Path("d.npz").read_bytes() == before
     code, _, err = run_main(["bench", "net.py", "--out", "net.py"], capsys)
     assert code == 2 and "is the input file" in err
+
+
+def test_compress_with_recovery_records_it(workdir: Path) -> None:
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--calib",
+                                      "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q",
+                                      "--recover-epochs", "1"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(Path("r.json").read_text())
+    assert report["recovery"]["epochs"] == 1 and report["recovery"]["interrupted"] is False
+    assert set(report["recovery"]["before"]) >= {"agreement", "kl", "accuracy"}
+    assert "top1_agreement" in report["measured"]["recovered"]
+    assert "top1_agreement" in report["measured"]  # the zero-shot measurement stays
+
+
+def test_compress_without_recovery_reports_none(workdir: Path) -> None:
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--calib",
+                                      "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(Path("r.json").read_text())
+    assert report["recovery"] is None and "recovered" not in report["measured"]
+
+
+def test_recovery_flags_clash_is_an_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat",
+                             "--recover-epochs", "1", "--recover-steps", "3"], capsys)
+    assert code != 0 and "--recover-steps" in err and not Path("compressed.pt2").exists()
+
+
+def test_run_with_recovery_reports_zero_shot_and_recovered(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["run", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/r",
+            "--batch", "1", "--no-int8", "-q", "--recover-epochs", "1", *QUICK_BENCH]
+    code, _, err = run_main(args, capsys)
+    assert code == 0, err
+    report = json.loads(Path("runs/r/report.json").read_text())
+    comp = report["cases"][0]["variants"][1]["compression"]
+    assert comp["recovery"]["epochs"] == 1 and "recovered" in comp["measured"]
+    md = Path("runs/r/report.md").read_text()
+    assert "**svd** recovery: zero-shot → recovered" in md and "1 epochs" in md

@@ -1,0 +1,299 @@
+"""Recovery after compression: a short knowledge distillation from the original, shared by every method.
+
+The compressed model (the student) is trained in place towards the original (the teacher), mixed with the label
+loss when labels exist; AdamW with a linear warm-up and a cosine schedule, BatchNorm statistics recalibrated,
+early stopping on a held-out split of the data with the best weights kept. The architecture never changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .data import Dataset
+from .errors import CompressionError
+from .evaluate import eval_mode
+from .progress import log_progress
+
+__all__ = ["RecoveryConfig", "RecoveryResult", "recover", "held_out_metrics"]
+
+log = logging.getLogger(__name__)
+TASK = "recovery (steps)"
+MIN_SPLIT = 20  # below this many samples nothing is held out: early stopping and metrics use all of the data
+
+
+@dataclass
+class RecoveryConfig:
+    """Budget and schedule of the recovery; ``epochs`` and ``steps`` both 0 (the default) turn it off."""
+
+    epochs: int = 0
+    steps: int = 0
+    alpha: float = 0.5
+    """Weight of the label loss (cross-entropy or MSE) against the distillation loss; 0 = pure distillation. Used
+    only when the data has labels."""
+    temperature: float = 4.0
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    batch_size: int = 64
+    warmup: float = 0.1
+    """Fraction of the steps with a linear learning-rate warm-up before the cosine decay."""
+    val_fraction: float = 0.2
+    """Share of the data held out (seeded) for early stopping and the before/after metrics; 0 holds none out."""
+    patience: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.epochs >= 0, f"--recover-epochs must be >= 0, got {self.epochs}"),
+            (self.steps >= 0, f"--recover-steps must be >= 0, got {self.steps}"),
+            (not (self.epochs and self.steps),
+             f"give --recover-epochs or --recover-steps, not both (got {self.epochs} and {self.steps})"),
+            (0.0 <= self.alpha <= 1.0, f"--recover-alpha must lie in [0, 1], got {self.alpha}"),
+            (self.temperature > 0, f"--recover-temperature must be > 0, got {self.temperature}"),
+            (self.lr > 0, f"--recover-lr must be > 0, got {self.lr}"),
+            (self.weight_decay >= 0, f"--recover-weight-decay must be >= 0, got {self.weight_decay}"),
+            (self.batch_size >= 1, f"--recover-batch-size must be >= 1, got {self.batch_size}"),
+            (0.0 <= self.warmup < 1.0, f"--recover-warmup must lie in [0, 1), got {self.warmup}"),
+            (0.0 <= self.val_fraction < 1.0, f"--recover-val-fraction must lie in [0, 1), got {self.val_fraction}"),
+            (self.patience >= 1, f"--recover-patience must be >= 1, got {self.patience}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise CompressionError(message)
+
+    @property
+    def enabled(self) -> bool:
+        return self.epochs > 0 or self.steps > 0
+
+
+@dataclass
+class RecoveryResult:
+    """What the recovery cost and what it gained, measured on its held-out split before and after.
+
+    ``before``/``after`` hold ``agreement`` (top-1, classifiers) and ``kl`` (classifiers, at T=1) or
+    ``mse_to_original`` to the original, and ``accuracy`` or ``mse`` when labels exist.
+    """
+
+    epochs: int = 0
+    steps: int = 0
+    wall_s: float = 0.0
+    samples_seen: int = 0
+    held_out_samples: int = 0
+    held_out_is_training_data: bool = False
+    best_epoch: int = 0
+    """Epoch whose weights were kept (0: the zero-shot weights were never beaten)."""
+    stopped_early: bool = False
+    interrupted: bool = False
+    before: dict[str, float] = field(default_factory=dict)
+    after: dict[str, float] = field(default_factory=dict)
+
+
+def _is_classifier(out: torch.Tensor) -> bool:
+    return out.dim() == 2 and out.shape[1] > 1
+
+
+def _has_class_labels(y: torch.Tensor | None) -> bool:
+    return y is not None and y.dtype in (torch.int64, torch.int32)
+
+
+def _distill_loss(out: torch.Tensor, ref: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Hinton et al. (2015) eq. 2: T²·KL(p_T ‖ q_T) on softened logits for classifiers; MSE otherwise."""
+    if not _is_classifier(ref):
+        return F.mse_loss(out, ref)
+    t = temperature
+    kl = F.kl_div(F.log_softmax(out / t, 1), F.log_softmax(ref / t, 1), log_target=True, reduction="batchmean")
+    return kl * t * t
+
+
+def _label_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if _has_class_labels(y):
+        return F.cross_entropy(out, y)
+    return F.mse_loss(out, y.reshape(out.shape).to(out.dtype))
+
+
+def _loss(out: torch.Tensor, ref: torch.Tensor, y: torch.Tensor | None, cfg: RecoveryConfig) -> torch.Tensor:
+    """(1 − α)·distillation + α·label loss; the distillation alone without labels."""
+    distill = _distill_loss(out, ref, cfg.temperature)
+    if y is None or cfg.alpha == 0:
+        return distill
+    return (1 - cfg.alpha) * distill + cfg.alpha * _label_loss(out, y)
+
+
+@torch.no_grad()
+def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batch_size: int = 256) -> dict[str, float]:
+    """Agreement and KL (T=1) with the teacher for classifiers, MSE to it otherwise; accuracy or MSE with labels."""
+    with eval_mode(teacher), eval_mode(student):
+        ref = torch.cat([teacher(xb) for xb in data.inputs(batch_size)]).double()
+        out = torch.cat([student(xb) for xb in data.inputs(batch_size)]).double()
+    res: dict[str, float] = {}
+    if _is_classifier(ref):
+        res["agreement"] = float((out.argmax(1) == ref.argmax(1)).double().mean())
+        res["kl"] = float(F.kl_div(F.log_softmax(out, 1), F.log_softmax(ref, 1), log_target=True,
+                                   reduction="batchmean"))
+    else:
+        res["mse_to_original"] = float(F.mse_loss(out, ref))
+    if _has_class_labels(data.y) and out.dim() == 2:
+        res["accuracy"] = float((out.argmax(1) == data.y).double().mean())
+    elif data.y is not None:
+        res["mse"] = float(((out - data.y.double().reshape(out.shape)) ** 2).mean())
+    return res
+
+
+@torch.no_grad()
+def _val_loss(teacher: nn.Module, student: nn.Module, val: Dataset, cfg: RecoveryConfig) -> float:
+    """The training objective on the held-out split (the early-stopping criterion)."""
+    total, n = 0.0, 0
+    with eval_mode(student):
+        for xb, yb in val.batches(256):
+            total += float(_loss(student(xb), teacher(xb), yb, cfg)) * len(xb)
+            n += len(xb)
+    return total / max(n, 1)
+
+
+def _schedule(total_steps: int, warmup: float) -> Callable[[int], float]:
+    """Linear warm-up over ``warmup``·steps, then cosine decay to 0 (Loshchilov & Hutter 2017, eq. 5)."""
+    n_warm = int(round(warmup * total_steps))
+
+    def factor(step: int) -> float:
+        if step < n_warm:
+            return (step + 1) / n_warm
+        progress = (step - n_warm) / max(total_steps - n_warm, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(model: nn.Module, data: Dataset, batch_size: int) -> None:
+    """Re-estimate BatchNorm running statistics as exact averages over ``data`` (momentum=None), then eval."""
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return
+    saved = [m.momentum for m in bns]
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None
+    model.train()
+    try:
+        for xb in data.inputs(batch_size):
+            model(xb)
+    finally:
+        for m, momentum in zip(bns, saved):
+            m.momentum = momentum
+        model.eval()
+
+
+def _step(student: nn.Module, teacher: nn.Module, xb: torch.Tensor, yb: torch.Tensor | None,
+          opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, cfg: RecoveryConfig) -> None:
+    """One optimiser step on one batch."""
+    with torch.no_grad():
+        ref = teacher(xb)
+    loss = _loss(student(xb), ref, yb, cfg)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    sched.step()
+
+
+def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _split(data: Dataset, cfg: RecoveryConfig) -> tuple[Dataset, Dataset, bool]:
+    """(training split, held-out split, whether the held-out split is the training data itself)."""
+    if cfg.val_fraction == 0 or len(data) < MIN_SPLIT:
+        return data, data, True
+    train, val = data.split(cfg.val_fraction, cfg.seed)
+    return train, val, False
+
+
+class _Threads:
+    """``torch.set_num_threads`` capped at the cores this process may use, restored on exit."""
+
+    def __enter__(self) -> None:
+        self.saved = torch.get_num_threads()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, min(self.saved, cores)))
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self.saved)
+
+
+def _epochs(train: Dataset, cfg: RecoveryConfig) -> Iterator[tuple[int, Iterator]]:
+    """(epoch number from 1, batches) for the budget; ``steps`` ends the last epoch part-way."""
+    per_epoch = math.ceil(len(train) / cfg.batch_size)
+    total = cfg.steps or cfg.epochs * per_epoch
+    gen = torch.Generator().manual_seed(cfg.seed)
+    for epoch in range(1, math.ceil(total / per_epoch) + 1):
+        left = total - (epoch - 1) * per_epoch
+        batches = train.batches(cfg.batch_size, shuffle=True, generator=gen)
+        yield epoch, (b for _, b in zip(range(min(left, per_epoch)), batches))
+
+
+def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: RecoveryConfig) -> RecoveryResult:
+    """Distil ``original`` into ``compressed`` in place on ``data`` within the budget of ``config``.
+
+    The first KeyboardInterrupt ends the training early: the best weights so far are kept and the result says
+    ``interrupted``; a second one while finishing propagates. The architecture (state-dict keys and shapes)
+    never changes; ``compressed`` is left in eval mode.
+    """
+    t0 = time.perf_counter()
+    shapes = _shapes(compressed)
+    teacher = copy.deepcopy(original).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    train, val, same = _split(data, config)
+    result = RecoveryResult(held_out_samples=len(val), held_out_is_training_data=same)
+    result.before = held_out_metrics(teacher, compressed, val)
+    if config.enabled:
+        with _Threads(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            _train(teacher, compressed, train, val, config, result)
+    compressed.eval()
+    if _shapes(compressed) != shapes:
+        raise AssertionError("recovery changed the model's architecture (state-dict keys or shapes)")
+    result.after = held_out_metrics(teacher, compressed, val)
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+def _train(teacher: nn.Module, student: nn.Module, train: Dataset, val: Dataset, cfg: RecoveryConfig,
+           result: RecoveryResult) -> None:
+    """The training loop of :func:`recover`; fills the budget fields of ``result``; best weights loaded."""
+    per_epoch = math.ceil(len(train) / cfg.batch_size)
+    total = cfg.steps or cfg.epochs * per_epoch
+    opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(total, cfg.warmup))
+    best_loss, best_state = _val_loss(teacher, student, val, cfg), copy.deepcopy(student.state_dict())
+    try:
+        for epoch, batches in _epochs(train, cfg):
+            student.train()
+            for xb, yb in batches:
+                _step(student, teacher, xb, yb, opt, sched, cfg)
+                result.steps += 1
+                result.samples_seen += len(xb)
+                log_progress(log, TASK, result.steps, total)
+            recalibrate_batchnorm(student, train, cfg.batch_size)
+            result.epochs = epoch
+            loss = _val_loss(teacher, student, val, cfg)
+            if loss < best_loss:
+                best_loss, best_state, result.best_epoch = loss, copy.deepcopy(student.state_dict()), epoch
+            elif epoch - result.best_epoch >= cfg.patience:
+                result.stopped_early = True
+                log.info("recovery stopped early at epoch %d (best %d)", epoch, result.best_epoch)
+                break
+    except KeyboardInterrupt:
+        result.interrupted = True
+        log.warning("recovery interrupted after %d steps; keeping the best weights so far (epoch %d)",
+                    result.steps, result.best_epoch)
+    log_progress(log, TASK, total, total)
+    student.load_state_dict(best_state)

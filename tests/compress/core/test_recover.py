@@ -1,0 +1,146 @@
+"""Recovery by distillation from the original (compress.core.recover) and its wiring into compress()."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import compress.core.recover as recover_mod
+from compress import compress
+from compress.core.data import Dataset
+from compress.core.errors import CompressionError
+from compress.core.recover import RecoveryConfig, recalibrate_batchnorm, recover
+from compress.core.smoke import digits_mlp, digits_subset
+from compress.core.train import TrainConfig, train
+from compress.methods.svd import SVDConfig
+
+
+@pytest.fixture(scope="module")
+def teacher() -> nn.Module:
+    """The digits MLP trained briefly (seeded), so that its outputs mean something."""
+    model = digits_mlp()
+    train(model, digits_subset(600), None, TrainConfig(epochs=8))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def unlabelled() -> Dataset:
+    return Dataset(digits_subset(256).x)
+
+
+def _svd(teacher: nn.Module, data: Dataset) -> nn.Module:
+    small, _ = compress(teacher, data, "svd", SVDConfig(mac_ratio=0.3, rank_multiple=1))
+    return small
+
+
+def _same_weights(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_distillation_without_labels_lowers_kl(teacher: nn.Module, unlabelled: Dataset) -> None:
+    small = _svd(teacher, unlabelled)
+    shapes = {k: v.shape for k, v in small.state_dict().items()}
+    res = recover(teacher, small, unlabelled, RecoveryConfig(epochs=5, alpha=0.0))
+    assert res.held_out_samples == 51 and not res.held_out_is_training_data
+    assert "accuracy" not in res.after  # no labels: no label metric
+    assert res.after["kl"] < 0.6 * res.before["kl"]  # measured 0.091 -> 0.036
+    assert res.after["agreement"] >= res.before["agreement"]
+    assert res.epochs == 5 and res.steps == 20 and res.samples_seen == 5 * 205
+    assert {k: v.shape for k, v in small.state_dict().items()} == shapes
+    assert not small.training
+
+
+def test_labels_add_accuracy_and_steps_budget(teacher: nn.Module) -> None:
+    data = digits_subset(256)
+    small = _svd(teacher, data)
+    res = recover(teacher, small, data, RecoveryConfig(steps=7, alpha=0.5))
+    assert res.steps == 7 and res.epochs == 2  # 4 batches per epoch: the second ends part-way
+    assert "accuracy" in res.before and "accuracy" in res.after
+
+
+def test_disabled_leaves_model_bit_identical(teacher: nn.Module, unlabelled: Dataset) -> None:
+    small = _svd(teacher, unlabelled)
+    before = copy.deepcopy(small)
+    res = recover(teacher, small, unlabelled, RecoveryConfig(epochs=0))
+    assert _same_weights(small, before) and res.steps == 0 and res.before == res.after
+
+
+def test_early_stopping_restores_best_weights(teacher: nn.Module, unlabelled: Dataset) -> None:
+    """A learning rate far too large only makes the held-out loss worse: the zero-shot weights are kept."""
+    small = _svd(teacher, unlabelled)
+    before = copy.deepcopy(small)
+    res = recover(teacher, small, unlabelled, RecoveryConfig(epochs=20, lr=5.0, warmup=0.0, patience=2))
+    assert res.stopped_early and res.best_epoch == 0 and res.epochs == 2
+    assert _same_weights(small, before)
+    assert res.after == res.before
+
+
+def test_first_interrupt_keeps_best_weights(teacher: nn.Module, unlabelled: Dataset,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    small = _svd(teacher, unlabelled)
+    step, calls, after_epoch_1 = recover_mod._step, [], {}
+
+    def interrupting(*args: object) -> None:
+        calls.append(1)
+        if len(calls) == 5:  # 4 steps per epoch: the weights of epoch 1, the best so far
+            after_epoch_1.update(copy.deepcopy(small.state_dict()))
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        step(*args)
+
+    monkeypatch.setattr(recover_mod, "_step", interrupting)
+    res = recover(teacher, small, unlabelled, RecoveryConfig(epochs=5, alpha=0.0))
+    assert res.interrupted and res.steps == 5 and res.epochs == 1 and res.best_epoch == 1
+    assert res.after["kl"] < res.before["kl"]
+    assert all(torch.equal(v, after_epoch_1[k]) for k, v in small.state_dict().items())
+
+
+def test_second_interrupt_while_stopping_propagates(teacher: nn.Module, unlabelled: Dataset,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    small = _svd(teacher, unlabelled)
+
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recover_mod, "_step", interrupt)
+    monkeypatch.setattr(recover_mod, "log_progress", interrupt)  # the second one arrives while stopping
+    with pytest.raises(KeyboardInterrupt):
+        recover(teacher, small, unlabelled, RecoveryConfig(epochs=2))
+
+
+def test_batchnorm_recalibration_gives_exact_statistics() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4)).eval()
+    data = Dataset(torch.randn(40, 5) * 3 + 1)
+    recalibrate_batchnorm(net, data, batch_size=40)
+    with torch.no_grad():
+        h = net[0](data.x)
+    assert torch.allclose(net[1].running_mean, h.mean(0), atol=1e-5)
+    assert torch.allclose(net[1].running_var, h.var(0, unbiased=True), atol=1e-4)
+    assert net[1].momentum == 0.1 and not net.training
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    ({"epochs": -1}, "--recover-epochs"), ({"steps": -2}, "--recover-steps"),
+    ({"epochs": 1, "steps": 3}, "--recover-steps"), ({"alpha": 1.5}, "--recover-alpha"),
+    ({"lr": 0.0}, "--recover-lr"), ({"temperature": 0.0}, "--recover-temperature"),
+    ({"val_fraction": 1.0}, "--recover-val-fraction"), ({"patience": 0}, "--recover-patience"),
+])
+def test_config_validation_names_the_flag(kwargs: dict, flag: str) -> None:
+    with pytest.raises(CompressionError, match=flag):
+        RecoveryConfig(**kwargs)
+
+
+def test_compress_records_recovery_and_keeps_zero_shot(teacher: nn.Module, unlabelled: Dataset) -> None:
+    cfg = SVDConfig(mac_ratio=0.3, rank_multiple=1)
+    plain, zero = compress(teacher, unlabelled, "svd", cfg)
+    assert zero.recovery is None and "recovered" not in zero.measured
+    small, rep = compress(teacher, unlabelled, "svd", cfg, RecoveryConfig(epochs=3, alpha=0.0))
+    assert rep.measured["top1_agreement"] == zero.measured["top1_agreement"]  # zero-shot kept as it was
+    assert rep.measured["recovered"]["relative_output_error"] < rep.measured["relative_output_error"]
+    assert rep.recovery["epochs"] == 3 and "recover" in rep.timings_s
+    assert {k: v.shape for k, v in small.state_dict().items()} == {k: v.shape for k, v in plain.state_dict().items()}
