@@ -71,9 +71,8 @@ def psd_sqrt(a: torch.Tensor) -> torch.Tensor:
     torch.Tensor
         A^½ (n, n) in float64, negative round-off eigenvalues clipped to zero.
     """
-    a = 0.5 * (a.double() + a.double().T)
-    lam, q = torch.linalg.eigh(a)
-    return (q * lam.clamp_min(0).sqrt()) @ q.T
+    lam, q = sym_eig_desc(a)
+    return (q * lam.sqrt()) @ q.T
 
 
 def sym_eig_desc(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

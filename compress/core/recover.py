@@ -21,8 +21,9 @@ from torch import nn
 
 from .data import Dataset
 from .errors import CompressionError
-from .evaluate import eval_mode
+from .evaluate import eval_mode, predict
 from .progress import log_progress
+from .train import distillation_loss, task_loss
 
 __all__ = ["RecoveryConfig", "RecoveryResult", "recover", "held_out_metrics"]
 
@@ -105,35 +106,18 @@ def _has_class_labels(y: torch.Tensor | None) -> bool:
     return y is not None and y.dtype in (torch.int64, torch.int32)
 
 
-def _distill_loss(out: torch.Tensor, ref: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Hinton et al. (2015) eq. 2: T²·KL(p_T ‖ q_T) on softened logits for classifiers; MSE otherwise."""
-    if not _is_classifier(ref):
-        return F.mse_loss(out, ref)
-    t = temperature
-    kl = F.kl_div(F.log_softmax(out / t, 1), F.log_softmax(ref / t, 1), log_target=True, reduction="batchmean")
-    return kl * t * t
-
-
-def _label_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if _has_class_labels(y):
-        return F.cross_entropy(out, y)
-    return F.mse_loss(out, y.reshape(out.shape).to(out.dtype))
-
-
 def _loss(out: torch.Tensor, ref: torch.Tensor, y: torch.Tensor | None, cfg: RecoveryConfig) -> torch.Tensor:
     """(1 − α)·distillation + α·label loss; the distillation alone without labels."""
-    distill = _distill_loss(out, ref, cfg.temperature)
+    distill = distillation_loss(out, ref, cfg.temperature, _is_classifier(ref))
     if y is None or cfg.alpha == 0:
         return distill
-    return (1 - cfg.alpha) * distill + cfg.alpha * _label_loss(out, y)
+    return (1 - cfg.alpha) * distill + cfg.alpha * task_loss(out, y)
 
 
 @torch.no_grad()
 def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batch_size: int = 256) -> dict[str, float]:
     """Agreement and KL (T=1) with the teacher for classifiers, MSE to it otherwise; accuracy or MSE with labels."""
-    with eval_mode(teacher), eval_mode(student):
-        ref = torch.cat([teacher(xb) for xb in data.inputs(batch_size)]).double()
-        out = torch.cat([student(xb) for xb in data.inputs(batch_size)]).double()
+    ref, out = predict(teacher, data, batch_size).double(), predict(student, data, batch_size).double()
     res: dict[str, float] = {}
     if _is_classifier(ref):
         res["agreement"] = float((out.argmax(1) == ref.argmax(1)).double().mean())

@@ -16,7 +16,7 @@ from .errors import CompressionError
 from .options import SeedOption
 from .progress import log_progress
 
-__all__ = ["TrainConfig", "TrainResult", "train", "task_loss", "ProgressFn", "FinetuneOptions", "finetune"]
+__all__ = ["TrainConfig", "TrainResult", "train", "task_loss", "distillation_loss", "ProgressFn", "FinetuneOptions", "finetune"]
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int, dict], None]  # (epoch, total epochs, metrics)
@@ -52,14 +52,23 @@ def task_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(out, y.reshape(out.shape).to(out.dtype))
 
 
-def _distill_loss(out: torch.Tensor, teacher_out: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
-    """Hinton et al. (2015) eq. 1-2: α·T²·KL(p_T ‖ q_T) + (1 − α)·task loss (MSE to teacher for regression)."""
-    if y.dtype not in (torch.int64, torch.int32):
-        return cfg.alpha * F.mse_loss(out, teacher_out) + (1 - cfg.alpha) * task_loss(out, y)
-    t = cfg.temperature
+def distillation_loss(out: torch.Tensor, teacher_out: torch.Tensor, temperature: float,
+                      classifier: bool) -> torch.Tensor:
+    """Hinton et al. (2015) eq. 2: T²·KL(p_T ‖ q_T) on softened logits for a classifier; MSE to the teacher
+    otherwise."""
+    if not classifier:
+        return F.mse_loss(out, teacher_out)
+    t = temperature
     kl = F.kl_div(F.log_softmax(out / t, 1), F.log_softmax(teacher_out / t, 1), log_target=True,
                   reduction="batchmean")
-    return cfg.alpha * t * t * kl + (1 - cfg.alpha) * F.cross_entropy(out, y)
+    return kl * t * t
+
+
+def _distill_loss(out: torch.Tensor, teacher_out: torch.Tensor, y: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """Hinton et al. (2015) eq. 1: α·distillation + (1 − α)·task loss; integer labels make it a classifier."""
+    classifier = y.dtype in (torch.int64, torch.int32)
+    return (cfg.alpha * distillation_loss(out, teacher_out, cfg.temperature, classifier)
+            + (1 - cfg.alpha) * task_loss(out, y))
 
 
 @torch.no_grad()

@@ -136,7 +136,7 @@ from compress.core.spec import MethodSpec
 
 @dataclass
 class Config:
-    pass
+    """The throwaway method has no options."""
 
 
 def run(model, data, config):
