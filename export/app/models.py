@@ -378,11 +378,10 @@ def check_input_shape(model: nn.Module, x: torch.Tensor, model_spec: str = "mode
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    """The floating tensors in a model output (a tensor, or tuples/lists/dicts of them)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj] if obj.is_floating_point() else []
-    if isinstance(obj, Mapping):
-        obj = list(obj.values())
-    if isinstance(obj, (tuple, list)):
-        return [t for item in obj for t in _tensors(item)]
-    return []
+    """The floating tensors of a model output (none when it is not made of tensors)."""
+    from export.onnx_export import flatten_outputs
+
+    try:
+        return [t for t in flatten_outputs(obj) if t.is_floating_point()]
+    except TypeError:
+        return []
