@@ -10,7 +10,7 @@ import logging
 import pkgutil
 import time
 from importlib.metadata import entry_points
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -27,7 +27,8 @@ from .core.report import CompressionReport
 from .core.spec import MethodFn, MethodSpec
 
 __all__ = ["Method", "MethodFn", "MethodSpec", "MethodRegistry", "ENTRY_POINT_GROUP", "register",
-           "register_method", "get_method", "method_names", "compress", "fill_costs", "apply_recovery"]
+           "register_method", "get_method", "method_names", "compress", "compress_chain", "chain_label", "fill_costs",
+           "apply_recovery"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
@@ -214,3 +215,44 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
         report.measured.update(compare_outputs(model, new, data))
         report.timings_s["measure"] = time.perf_counter() - t0
     return apply_recovery(report, model, new, data, recovery), report
+
+
+def chain_label(methods: Sequence[str]) -> str:
+    """The default label of a chain: its method names joined by ``+`` (e.g. ``fde+factorize``)."""
+    return "+".join(methods)
+
+
+def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, Any]],
+                   recovery: RecoveryConfig | None = None) -> tuple[nn.Module, CompressionReport]:
+    """Run registered methods in sequence through :func:`compress`, each on the previous result.
+
+    The report is the last step's layers, with the whole-model costs and the output comparison against the
+    original ``model``; ``predicted["steps"]`` keeps each step's method, config, cost ratios and budget (each
+    step's budget is relative to the model it received), and ``predicted["budget"]`` is the last budgeted step's,
+    with that step's method under ``"step"``. An enabled ``recovery`` runs once, after the last step, from the
+    original ``model``.
+    """
+    current, summaries, reports = model, [], []
+    for method, config in steps:
+        current, rep = compress(current, data, method, config)
+        reports.append(rep)
+        summaries.append({"method": method, "config": rep.config, "mac_ratio": rep.mac_ratio,
+                          "param_ratio": rep.param_ratio, "budget": rep.predicted.get("budget")})
+    last = reports[-1]
+    budgets = [{**s["budget"], "step": s["method"]} for s in summaries if s["budget"] is not None]
+    predicted = {**{k: v for k, v in last.predicted.items() if k != "budget"}, "steps": summaries}
+    if budgets:
+        predicted["budget"] = budgets[-1]
+    report = dataclasses.replace(last, method=chain_label([m for m, _ in steps]),
+                                 config={m: r.config for (m, _), r in zip(steps, reports)},
+                                 predicted=predicted,
+                                 notes=[f"{m}: {n}" for (m, _), r in zip(steps, reports) for n in r.notes],
+                                 spectra={k: v for r in reports for k, v in r.spectra.items()},
+                                 bounds={f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.bounds.items()},
+                                 measured={})
+    fill_costs(report, model, current, data.x[: min(len(data), 8)])
+    t0 = time.perf_counter()
+    report.measured.update(compare_outputs(model, current, data))
+    report.timings_s = {f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.timings_s.items()}
+    report.timings_s["measure"] = time.perf_counter() - t0
+    return apply_recovery(report, model, current, data, recovery), report

@@ -21,8 +21,6 @@ for a repeated option, ``true``/``false`` for a switch). Every error is one line
 
 from __future__ import annotations
 
-import dataclasses
-import time
 import tomllib
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,24 +30,18 @@ from torch import nn
 from compress import compress, method_names
 from compress.core.data import Dataset
 from compress.core.demo_case import DemoRun
-from compress.core.evaluate import compare_outputs
 from compress.core.recover import RecoveryConfig
 from compress.core.report import CompressionReport
-from compress.registry import apply_recovery, fill_costs
+from compress.registry import chain_label, compress_chain
 from export.app.method_options import MethodOptionError, build_config
 
-__all__ = ["PlanError", "load_plan", "chain_label", "compress_chain", "run_variant"]
+__all__ = ["PlanError", "load_plan", "run_variant"]
 
 _RESERVED = ("method", "label")
 
 
 class PlanError(MethodOptionError):
     """A plan file that cannot be read or has a variant that does not validate."""
-
-
-def chain_label(methods: Sequence[str]) -> str:
-    """The default label of a chain: its method names joined by ``+`` (e.g. ``fde+factorize``)."""
-    return "+".join(methods)
 
 
 def _methods(entry: dict[str, Any], where: str) -> list[str]:
@@ -124,42 +116,6 @@ def load_plan(path: str | Path, defaults: dict[str, Any] | None = None,
     if dup is not None:
         raise PlanError(f"{path}: two variants are labelled {dup!r}; give one a 'label'")
     return runs
-
-
-def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, Any]],
-                   recovery: RecoveryConfig | None = None) -> tuple[nn.Module, CompressionReport]:
-    """Run registered methods in sequence through :func:`compress.compress`, each on the previous result.
-
-    The report is the last step's layers, with the whole-model costs and the output comparison against the
-    original ``model``; ``predicted["steps"]`` keeps each step's method, config, cost ratios and budget (each
-    step's budget is relative to the model it received), and ``predicted["budget"]`` is the last budgeted step's,
-    with that step's method under ``"step"``. An enabled ``recovery`` runs once, after the last step, from the
-    original ``model``.
-    """
-    current, summaries, reports = model, [], []
-    for method, config in steps:
-        current, rep = compress(current, data, method, config)
-        reports.append(rep)
-        summaries.append({"method": method, "config": rep.config, "mac_ratio": rep.mac_ratio,
-                          "param_ratio": rep.param_ratio, "budget": rep.predicted.get("budget")})
-    last = reports[-1]
-    budgets = [{**s["budget"], "step": s["method"]} for s in summaries if s["budget"] is not None]
-    predicted = {**{k: v for k, v in last.predicted.items() if k != "budget"}, "steps": summaries}
-    if budgets:
-        predicted["budget"] = budgets[-1]
-    report = dataclasses.replace(last, method=chain_label([m for m, _ in steps]),
-                                 config={m: r.config for (m, _), r in zip(steps, reports)},
-                                 predicted=predicted,
-                                 notes=[f"{m}: {n}" for (m, _), r in zip(steps, reports) for n in r.notes],
-                                 spectra={k: v for r in reports for k, v in r.spectra.items()},
-                                 bounds={f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.bounds.items()},
-                                 measured={})
-    fill_costs(report, model, current, data.x[: min(len(data), 8)])
-    t0 = time.perf_counter()
-    report.measured.update(compare_outputs(model, current, data))
-    report.timings_s = {f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.timings_s.items()}
-    report.timings_s["measure"] = time.perf_counter() - t0
-    return apply_recovery(report, model, current, data, recovery), report
 
 
 def run_variant(model: nn.Module, data: Dataset, run: DemoRun,

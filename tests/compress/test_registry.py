@@ -209,3 +209,15 @@ def test_no_method_imports_another() -> None:
                     raise AssertionError(f"{path}: imports method {target[0]}")
                 if node.module and node.module.startswith("compress.methods."):
                     assert node.module.split(".")[2] == own, f"{path}: imports {node.module}"
+
+
+def test_chain_report_keeps_each_steps_budget(tiny_mlp: nn.Module, mlp_data: Dataset) -> None:
+    from compress.methods.fde import FDEConfig
+    from compress.methods.svd import SVDConfig
+    from compress.registry import compress_chain
+
+    _, report = compress_chain(tiny_mlp, mlp_data, [("fde", FDEConfig(merge_eps=0.01)),
+                                                    ("svd", SVDConfig(param_ratio=0.8))])
+    steps = report.predicted["steps"]
+    assert steps[0]["budget"] is None and steps[1]["budget"]["kind"] == "param_ratio"
+    assert report.predicted["budget"] == {**steps[1]["budget"], "step": "svd"}

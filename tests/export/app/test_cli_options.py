@@ -186,18 +186,6 @@ def test_plan_aliases_are_recorded_for_the_warning(tmp_path: Path) -> None:
     assert "--merge-eps (fde)" in line and "cbalanced" not in line
 
 
-def test_chain_report_keeps_each_steps_budget(tiny_mlp, mlp_data) -> None:
-    from compress.methods.fde import FDEConfig
-    from compress.methods.svd import SVDConfig
-    from export.app.plan import compress_chain
-
-    _, report = compress_chain(tiny_mlp, mlp_data, [("fde", FDEConfig(merge_eps=0.01)),
-                                                    ("svd", SVDConfig(param_ratio=0.8))])
-    steps = report.predicted["steps"]
-    assert steps[0]["budget"] is None and steps[1]["budget"]["kind"] == "param_ratio"
-    assert report.predicted["budget"] == {**steps[1]["budget"], "step": "svd"}
-
-
 def test_no_flag_means_two_things() -> None:
     from export.app.method_options import method_option_specs
 
