@@ -1,0 +1,39 @@
+"""Values of chosen graph nodes on given inputs, from a traced model (for statistics at state points)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import fx
+
+__all__ = ["capture", "channels_last"]
+
+
+class _Probe(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule, wanted: set[str]) -> None:
+        super().__init__(gm)
+        self.wanted, self.found = wanted, {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        if n.name in self.wanted:
+            self.found[n.name] = out
+        return out
+
+
+def capture(gm: fx.GraphModule, x: torch.Tensor, nodes: Iterable[str]) -> dict[str, torch.Tensor]:
+    """Run ``gm`` on ``x`` (no gradients) and return the values of ``nodes`` by name.
+
+    The traced module's node names are those of :func:`~compress.core.width.graph.analyse` (a deep copy made
+    with :func:`copy.deepcopy` keeps them), so a resized copy can be probed at the same points.
+    """
+    probe = _Probe(gm, set(nodes))
+    with torch.no_grad():
+        probe.run(x)
+    return probe.found
+
+
+def channels_last(value: torch.Tensor, dim: int) -> torch.Tensor:
+    """``value`` as a ``[samples, channels]`` matrix: the channel dimension last, every other one a sample."""
+    return value.movedim(dim, -1).reshape(-1, value.shape[dim])
