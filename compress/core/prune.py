@@ -22,10 +22,15 @@ from .evaluate import compare_outputs
 from .options import CostBudget, flag_of
 from .report import CompressionReport
 from .train import FinetuneOptions, finetune
+from .width import Cut, WidthGraph, analyse, apply_cuts
+from .width.allocate import allocate_widths
 
-__all__ = ["PruneOptions", "Scorer", "widths_for_params", "mlp_macs", "CHAIN_COSTS", "prune_chain", "prune_mlp"]
+__all__ = ["PruneOptions", "Scorer", "widths_for_params", "mlp_macs", "CHAIN_COSTS", "prune_chain", "prune_mlp",
+           "GraphScorer", "prune_graph"]
 
 Scorer = Callable[[Chain, torch.Tensor], list[torch.Tensor]]
+#: Channel importance on a traced graph: (analysis, groups that may shrink, calibration inputs) → per group.
+GraphScorer = Callable[[WidthGraph, list, torch.Tensor], "dict[str, torch.Tensor]"]
 
 
 @dataclass
@@ -39,11 +44,17 @@ class PruneOptions(FinetuneOptions, CostBudget):
 
     widths: tuple[int, ...] = field(
         default=(),
-        metadata={"help": "Exact hidden width per hidden layer, instead of a budget; default none."})
+        metadata={"help": "Exact hidden width per hidden layer of an MLP, instead of a budget; default none."})
+    width_multiple: int = field(
+        default=8,
+        metadata={"help": "Channel groups of models other than MLPs keep widths on this multiple (the CPU and GPU "
+                          "kernels' fast block; groups narrower than two multiples step by one), >= 1; default 8."})
 
     def __post_init__(self) -> None:
         FinetuneOptions.__post_init__(self)
         CostBudget.__post_init__(self)
+        if self.width_multiple < 1:
+            raise CompressionError(f"--width-multiple must be >= 1, got {self.width_multiple}")
         if any(w < 1 for w in self.widths):
             raise CompressionError(f"--widths must be positive neuron counts, got {self.widths}")
         if self.widths and self.budget_given:
@@ -105,14 +116,63 @@ def prune_chain(chain: Chain, scores: list[torch.Tensor], widths: list[int]) -> 
     return new
 
 
+def _finetune(model: nn.Module, new: nn.Module, data: Dataset, cfg: PruneOptions, report: CompressionReport) -> None:
+    if cfg.finetune_epochs > 0:
+        report.measured.update(compare_outputs(model, new, data))
+        finetune(new, data, cfg.finetune_epochs, cfg.finetune_lr, cfg.seed)
+        report.measured.update({f"finetuned_{k}": v for k, v in compare_outputs(model, new, data).items()})
+
+
+def prune_graph(name: str, scorer: GraphScorer, model: nn.Module, data: Dataset, cfg: PruneOptions,
+                calibration: torch.Tensor) -> tuple[nn.Module, CompressionReport]:
+    """Prune whole channels of any traceable model: channel groups from the traced graph
+    (:mod:`compress.core.width`), ``scorer``'s importance summed over each group's members, widths on
+    ``cfg.width_multiple`` allocated greedily to the whole-model budget, one cut, optional fine-tuning."""
+    if cfg.widths:
+        raise CompressionError("--widths sets the hidden widths of an MLP; for other models give --param-ratio or "
+                               "--mac-ratio")
+    report = CompressionReport(name, asdict(cfg))
+    t0 = time.perf_counter()
+    wg = analyse(model, calibration[:2])
+    groups = wg.cuttable()
+    report.timings_s["analyse"] = time.perf_counter() - t0
+    if not groups:
+        reasons = "; ".join(sorted({g.frozen for g in wg.groups if g.frozen})[:3])
+        raise CompressionError(f"{name}: no channel group of {type(model).__name__} can shrink ({reasons})")
+    t0 = time.perf_counter()
+    scores = scorer(wg, groups, calibration)
+    budget, ratio = cfg.target()
+    keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple)
+    cuts = {n: Cut(k) for n, k in keep.items() if len(k) < wg.group(n).size}
+    new = apply_cuts(wg, cuts)
+    report.timings_s["prune"] = time.perf_counter() - t0
+    report.predicted["group_widths"] = {g.name: [g.size, len(keep.get(g.name, g.atoms))] for g in groups}
+    kept = {n: set(k) for n, k in keep.items()}
+    report.predicted["segment_widths"] = {  # e.g. the 16/32/64 streams of one option-A ResNet group
+        g.name: [[len(seg), len(kept[g.name] & set(seg))] for seg in wg.segments(g)]
+        for g in groups if len(wg.segments(g)) > 1}
+    frozen = [g for g in wg.groups if g.frozen and g.size > 1]
+    report.notes.append(f"{len(groups)} channel groups may shrink, {len(cuts)} cut; widths on multiples of "
+                        f"{cfg.width_multiple}")
+    report.notes += [f"left whole: {g.name} ({g.size} channels) — {g.frozen}" for g in frozen]
+    _finetune(model, new, data, cfg, report)
+    return new, report
+
+
 def prune_mlp(name: str, scorer: Scorer, model: nn.Module, data: Dataset, cfg: PruneOptions,
-              calibration: torch.Tensor) -> tuple[nn.Module, CompressionReport]:
-    """Prune ``model``'s hidden neurons by ``scorer`` on ``calibration`` to ``cfg``'s widths, then fine-tune.
+              calibration: torch.Tensor, graph_scorer: GraphScorer | None = None) -> tuple[nn.Module, CompressionReport]:
+    """Prune ``model``'s hidden neurons by ``scorer`` on ``calibration`` to ``cfg``'s widths, then fine-tune;
+    models that are not MLP chains go to :func:`prune_graph` with ``graph_scorer``.
 
     ``report.measured`` describes the pruned network before fine-tuning; ``finetuned_*`` keys the result.
     """
+    try:
+        chain = extract_chain(model)
+    except CompressionError:
+        if graph_scorer is None:
+            raise
+        return prune_graph(name, graph_scorer, model, data, cfg, calibration)
     report = CompressionReport(name, asdict(cfg))
-    chain = extract_chain(model)
     n_in, n_out = chain.weights[0].shape[1], chain.weights[-1].shape[0]
     widths = list(cfg.widths) or widths_for_params(n_in, chain.widths, n_out, cfg.target()[1], cfg.target()[0])
     t0 = time.perf_counter()
@@ -121,8 +181,5 @@ def prune_mlp(name: str, scorer: Scorer, model: nn.Module, data: Dataset, cfg: P
     new = build_sequential(pruned)
     report.layers = chain_layer_reports(chain, pruned, "pruned", [])
     report.predicted["hidden_widths"] = widths
-    if cfg.finetune_epochs > 0:
-        report.measured.update(compare_outputs(model, new, data))
-        finetune(new, data, cfg.finetune_epochs, cfg.finetune_lr, cfg.seed)
-        report.measured.update({f"finetuned_{k}": v for k, v in compare_outputs(model, new, data).items()})
+    _finetune(model, new, data, cfg, report)
     return new, report

@@ -219,6 +219,27 @@ class WidthGraph:
         index = {a: i for i, a in enumerate(group.atoms)}
         return [index[self.find(s)] for s in self.values[node].slots]
 
+    def segments(self, group: ChannelGroup) -> list[list[int]]:
+        """The group's atoms (indices into ``group.atoms``) split by the set of values they appear in.
+
+        In a ResNet with option-A shortcuts one group spans the 16-, 32- and 64-channel streams; its segments
+        are the 16 channels present everywhere, the 16 the second stage adds and the 32 the third adds. Every
+        value's width is a sum of segment widths, so widths on a multiple per segment land on that multiple
+        everywhere."""
+        member: dict[int, list[int]] = {i: [] for i in range(group.size)}
+        for k, node in enumerate(group.values):
+            for i in set(self.channel_atoms(group, node)):
+                member[i].append(k)
+        for u in group.uses:  # parameters of heads or grouped rows that no value carries
+            index = {a: i for i, a in enumerate(group.atoms)}
+            for i in {index[self.find(s)] for s in u.slots}:
+                if not member[i]:
+                    member[i].append(-1)
+        by_signature: dict[tuple[int, ...], list[int]] = {}
+        for i in range(group.size):
+            by_signature.setdefault(tuple(member[i]), []).append(i)
+        return sorted(by_signature.values(), key=lambda seg: seg[0])
+
     def positions(self, slots: Sequence[int], removed: set[int]) -> list[int]:
         """Indices into ``slots`` whose atom survives."""
         return [i for i, s in enumerate(slots) if self.find(s) not in removed]

@@ -1,4 +1,5 @@
-"""``magnitude``: structured magnitude pruning of MLP neurons at a parameter-count target (baseline)."""
+"""``magnitude``: structured magnitude pruning of MLP neurons, or of the channel groups of any traceable model
+(:mod:`compress.core.width`), at a whole-model budget (baseline)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ...core.data import Dataset
 from ...core.prune import PruneOptions, prune_mlp
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
+from ...core.width.importance import magnitude_importance
 from .smoke import smoke_case
 
 __all__ = ["MagnitudeConfig", "magnitude_scores", "magnitude_prune", "SPEC"]
@@ -32,8 +34,9 @@ def magnitude_scores(chain: Chain, x: torch.Tensor | None = None) -> list[torch.
 
 def magnitude_prune(model: nn.Module, data: Dataset, config: MagnitudeConfig) -> tuple[nn.Module, CompressionReport]:
     """Remove the MLP neurons with the smallest incoming-weight L1 norm down to the parameter target."""
-    return prune_mlp("magnitude", magnitude_scores, model, data, config, data.x)
+    return prune_mlp("magnitude", magnitude_scores, model, data, config, data.x,
+                     graph_scorer=lambda wg, groups, x: {g.name: magnitude_importance(wg, g) for g in groups})
 
 
-SPEC = MethodSpec("magnitude", "structured magnitude pruning of MLP neurons (baseline)", MagnitudeConfig,
+SPEC = MethodSpec("magnitude", "structured magnitude pruning of MLP neurons and conv/attention channel groups (baseline)", MagnitudeConfig,
                   magnitude_prune, smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio"))

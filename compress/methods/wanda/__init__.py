@@ -1,4 +1,5 @@
-"""``wanda``: structured Wanda pruning (|W|·‖X‖) of MLP neurons at a parameter-count target (baseline)."""
+"""``wanda``: structured Wanda pruning (|W|·‖X‖) of MLP neurons, or of the channel groups of any traceable model
+(:mod:`compress.core.width`), at a whole-model budget (baseline)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ...core.errors import CompressionError
 from ...core.prune import PruneOptions, prune_mlp
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
+from ...core.width.importance import wanda_importance
 from .smoke import smoke_case
 
 __all__ = ["WandaConfig", "wanda_scores", "wanda_prune", "SPEC"]
@@ -47,8 +49,9 @@ def wanda_scores(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
 
 def wanda_prune(model: nn.Module, data: Dataset, config: WandaConfig) -> tuple[nn.Module, CompressionReport]:
     """Remove the MLP neurons with the smallest Wanda score on the calibration inputs."""
-    return prune_mlp("wanda", wanda_scores, model, data, config, data.x[: config.norm_samples])
+    return prune_mlp("wanda", wanda_scores, model, data, config, data.x[: config.norm_samples],
+                     graph_scorer=wanda_importance)
 
 
-SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons (baseline)", WandaConfig, wanda_prune,
+SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons and channel groups (baseline)", WandaConfig, wanda_prune,
                   smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio"))

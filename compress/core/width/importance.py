@@ -1,0 +1,66 @@
+"""Channel importance per group, summed over the group's members (the pruning baselines' criteria)."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from .graph import ChannelGroup, Use, WidthGraph
+from .probe import capture, channels_last
+
+__all__ = ["magnitude_importance", "wanda_importance"]
+
+
+def _param(gm: fx.GraphModule, use: Use) -> torch.Tensor:
+    full = f"{use.target}.{use.param}" if use.target else use.param
+    path, _, attr = full.rpartition(".")
+    return getattr(gm.get_submodule(path), attr).detach().double()
+
+
+def _per_atom(wg: WidthGraph, group: ChannelGroup, use: Use, per_position: torch.Tensor) -> torch.Tensor:
+    index = {a: i for i, a in enumerate(group.atoms)}
+    atoms = torch.tensor([index[wg.find(s)] for s in use.slots])
+    return torch.zeros(group.size, dtype=torch.float64).index_add_(0, atoms, per_position)
+
+
+def magnitude_importance(wg: WidthGraph, group: ChannelGroup) -> torch.Tensor:
+    """L1 norm of every weight row writing each channel (Li et al. 2017, "Pruning filters for efficient
+    ConvNets", §3.1), summed over all producers in the group — a residual stream's channel sums the filters of
+    every block that adds into it. Groups without dense producers (attention heads, depthwise-only groups) use
+    their per-channel weight rows instead."""
+    weights = [u for u in group.uses if u.role == "producer" and "weight" in u.param]
+    if not weights:
+        weights = [u for u in group.uses if u.role == "affine" and "weight" in u.param
+                   and _param(wg.gm, u).dim() > 1]
+    total = torch.zeros(group.size, dtype=torch.float64)
+    for u in weights:
+        w = _param(wg.gm, u).movedim(u.dim, 0)
+        total += _per_atom(wg, group, u, w.reshape(w.shape[0], -1).abs().sum(1))
+    return total
+
+
+def wanda_importance(wg: WidthGraph, groups: list[ChannelGroup], x: torch.Tensor,
+                     batch_size: int = 256) -> dict[str, torch.Tensor]:
+    """Wanda (Sun et al. 2023, eq. 1: ``S_ij = |W_ij|·‖X_j‖₂``) summed over each channel's outgoing weights in
+    every dense consumer of the group: ``S_c = Σ_consumers ‖X_c‖₂ · Σ_i |W[i, c]|`` with ``X_c`` the channel's
+    values (all samples and positions) where that consumer reads them. Groups without dense consumers fall
+    back to :func:`magnitude_importance`."""
+    sources = sorted({u.source for g in groups for u in g.uses if u.role == "consumer"})
+    squares: dict[str, torch.Tensor] = {}
+    for start in range(0, len(x), batch_size):
+        for node, value in capture(wg.gm, x[start:start + batch_size], sources).items():
+            sq = channels_last(value.double(), wg.values[node].dim).pow(2).sum(0)
+            squares[node] = squares[node] + sq if node in squares else sq
+    out: dict[str, torch.Tensor] = {}
+    for g in groups:
+        consumers = [u for u in g.uses if u.role == "consumer"]
+        if not consumers:
+            out[g.name] = magnitude_importance(wg, g)
+            continue
+        total = torch.zeros(g.size, dtype=torch.float64)
+        for u in consumers:
+            norms = squares[u.source].sqrt()
+            w = _param(wg.gm, u).movedim(u.dim, 0)
+            total += _per_atom(wg, g, u, norms * w.reshape(w.shape[0], -1).abs().sum(1))
+        out[g.name] = total
+    return out
