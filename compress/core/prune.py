@@ -23,7 +23,7 @@ from .options import CostBudget, flag_of
 from .report import CompressionReport
 from .train import FinetuneOptions, finetune
 from .width import Cut, WidthGraph, analyse, apply_cuts
-from .width.allocate import allocate_widths
+from .width.allocate import allocate_widths, load_width_latency_table
 
 __all__ = ["PruneOptions", "Scorer", "widths_for_params", "mlp_macs", "CHAIN_COSTS", "prune_chain", "prune_mlp",
            "GraphScorer", "prune_graph"]
@@ -142,7 +142,8 @@ def prune_graph(name: str, scorer: GraphScorer, model: nn.Module, data: Dataset,
     t0 = time.perf_counter()
     scores = scorer(wg, groups, calibration)
     budget, ratio = cfg.target()
-    keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple)
+    latency = load_width_latency_table(cfg.latency_table) if budget == "latency_ratio" else None
+    keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple, latency)
     cuts = {n: Cut(k) for n, k in keep.items() if len(k) < wg.group(n).size}
     new = apply_cuts(wg, cuts)
     report.timings_s["prune"] = time.perf_counter() - t0

@@ -10,7 +10,9 @@ group's mean, so that groups of different scales compare), until the predicted c
 
 from __future__ import annotations
 
-from typing import Mapping
+import json
+from pathlib import Path
+from typing import Any, Mapping
 
 import torch
 
@@ -19,7 +21,7 @@ from ..options import flag_of
 from .cost import cost_terms, predicted_costs
 from .graph import WidthGraph
 
-__all__ = ["allowed_widths", "allocate_widths", "BUDGET_COST"]
+__all__ = ["allowed_widths", "allocate_widths", "segment_key", "load_width_latency_table", "BUDGET_COST"]
 
 #: Which predicted cost each whole-model budget field prices.
 BUDGET_COST = {"mac_ratio": "macs", "param_ratio": "params"}
@@ -33,30 +35,96 @@ def allowed_widths(size: int, multiple: int) -> list[int]:
     return [size] + [w for w in range((size - 1) // multiple * multiple, 0, -multiple)]
 
 
+def segment_key(group: str, index: int) -> str:
+    """Key of a group's ``index``-th segment in a width latency table."""
+    return f"{group}/{index}"
+
+
+def _interpolate(widths: list[int], ms: list[float], w: int) -> float:
+    pts = sorted(zip(widths, ms))
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    if w <= xs[0]:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if w <= x1:
+            return y0 + (y1 - y0) * (w - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def load_width_latency_table(path: str | Path) -> dict[str, Any]:
+    """A width latency table (``minreal latency-table --kind width``) with each segment's latencies made
+    non-increasing as the width falls (timing noise must not make a narrower layer look slower)."""
+    try:
+        table = json.loads(Path(path).read_text())
+        if table.get("kind") != "width":
+            raise CompressionError(f"latency table {path} is a per-layer rank table; width methods need one built "
+                                   "with `minreal latency-table --kind width`")
+        float(table["model_ms"])
+        for entry in table["segments"].values():
+            pts = sorted(zip(entry["widths"], entry["ms"]), reverse=True)
+            best, ms = float("inf"), []
+            for _, t in pts:
+                best = min(best, float(t))
+                ms.append(best)
+            entry["widths"], entry["ms"] = [p[0] for p in pts], ms
+    except CompressionError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CompressionError(f"cannot read width latency table {path}: {type(exc).__name__}: {exc}; build one "
+                               "with `minreal latency-table --kind width`") from None
+    return table
+
+
 def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: str, ratio: float,
-                    multiple: int = 8) -> dict[str, list[int]]:
+                    multiple: int = 8, latency: Mapping[str, Any] | None = None) -> dict[str, list[int]]:
     """Keep sets (indices into each group's atoms, highest scores first kept) meeting ``budget`` ≤ ``ratio``.
 
-    ``scores``: one non-negative importance per atom for each group that may shrink. Raises CompressionError
-    naming the flag and the smallest reachable ratio when the budget cannot be met.
+    ``scores``: one non-negative importance per atom for each group that may shrink. ``latency``: a width
+    latency table (``minreal latency-table --kind width``), needed for ``latency_ratio``: the predicted
+    latency is the whole model's minus the measured saving of each segment at its width (savings add).
+    Raises CompressionError naming the flag and the smallest reachable ratio when the budget cannot be met.
     """
-    if budget not in BUDGET_COST:
+    if budget not in BUDGET_COST and not (budget == "latency_ratio" and latency is not None):
         raise CompressionError(f"width pruning meets {', '.join(flag_of(b) for b in BUDGET_COST)}; "
-                               f"{flag_of(budget)} needs a measured width latency table")
-    key = BUDGET_COST[budget]
+                               f"{flag_of(budget)} needs a width latency table (minreal latency-table --kind width)")
     terms = cost_terms(wg)
-    full = predicted_costs(wg, terms, set())[key]
+    if budget == "latency_ratio":
+        model_ms = float(latency["model_ms"])
+        table = latency["segments"]
+        keys: dict[int, str] = {}  # unit → table key
+
+        def price(removed: set[int]) -> float:
+            total = model_ms
+            for u, (name, ranked, _, _) in enumerate(units):
+                entry = table.get(keys[u])
+                if entry is None:
+                    continue
+                g = wg.group(name)
+                width = sum(1 for i in ranked if g.atoms[i] not in removed)
+                total -= model_ms - _interpolate(entry["widths"], entry["ms"], width)
+            return total
+    else:
+        key = BUDGET_COST[budget]
+
+        def price(removed: set[int]) -> float:
+            return predicted_costs(wg, terms, removed)[key]
+    units: list[tuple[str, list[int], torch.Tensor, list[int]]] = []
     # units: the segments of every group (see WidthGraph.segments), each with its own ladder of widths
-    units: list[tuple[str, list[int], torch.Tensor, list[int]]] = []  # group, atoms by score, norm scores, ladder
     for name, s in scores.items():
         g = wg.group(name)
         s = s.detach().double().clamp_min(0)
         if s.numel() != g.size:
             raise CompressionError(f"channel group {name!r}: {s.numel()} scores for {g.size} channels")
         norm = s / s.mean().clamp_min(1e-30)
-        for seg in wg.segments(g):
+        for k, seg in enumerate(wg.segments(g)):
             ranked = sorted(seg, key=lambda i: -float(s[i]))
+            if budget == "latency_ratio":
+                keys[len(units)] = segment_key(name, k)
             units.append((name, ranked, norm, allowed_widths(len(seg), multiple)))
+    if budget == "latency_ratio" and not any(keys[u] in table for u in keys):
+        raise CompressionError("the width latency table has no segment of this model's channel groups; rebuild it "
+                               "for this model with `minreal latency-table --kind width`")
+    full = price(set())
     step = [0] * len(units)
 
     def cut_atoms(u: int, width: int) -> set[int]:
@@ -73,7 +141,7 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
                 continue
             width_now, width_next = ladder[step[u]], ladder[step[u] + 1]
             extra = cut_atoms(u, width_next)
-            cost = predicted_costs(wg, terms, removed | extra)[key]
+            cost = price(removed | extra)
             saved = current - cost
             if saved <= 0:
                 continue

@@ -39,4 +39,4 @@ def magnitude_prune(model: nn.Module, data: Dataset, config: MagnitudeConfig) ->
 
 
 SPEC = MethodSpec("magnitude", "structured magnitude pruning of MLP neurons and conv/attention channel groups (baseline)", MagnitudeConfig,
-                  magnitude_prune, smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio"))
+                  magnitude_prune, smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio", "latency_ratio"))

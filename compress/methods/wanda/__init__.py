@@ -54,4 +54,4 @@ def wanda_prune(model: nn.Module, data: Dataset, config: WandaConfig) -> tuple[n
 
 
 SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons and channel groups (baseline)", WandaConfig, wanda_prune,
-                  smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio"))
+                  smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio", "latency_ratio"))
