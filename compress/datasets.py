@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .core.data import Dataset
 
-__all__ = ["digits", "sequential_digits", "synthetic_sequences"]
+__all__ = ["digits", "digits32", "sequential_digits", "synthetic_sequences"]
 
 
 def digits(seed: int = 0, test_fraction: float = 0.25, as_images: bool = True) -> tuple[Dataset, Dataset]:
@@ -20,6 +21,22 @@ def digits(seed: int = 0, test_fraction: float = 0.25, as_images: bool = True) -
         x = x.reshape(-1, 1, 8, 8)
     full = Dataset(torch.from_numpy(x), torch.from_numpy(d.target.astype(np.int64)))
     return full.split(test_fraction, seed)
+
+
+def _upsampled(data: Dataset, size: int, channels: int) -> Dataset:
+    """Images (N, 1, h, w) resized bilinearly to (N, ``channels``, ``size``, ``size``), the channel replicated."""
+    x = F.interpolate(data.x, size=(size, size), mode="bilinear", align_corners=False)
+    return Dataset(x.expand(-1, channels, -1, -1).contiguous(), data.y)
+
+
+def digits32(seed: int = 0, test_fraction: float = 0.25) -> tuple[Dataset, Dataset]:
+    """The 8×8 digits as CIFAR-sized RGB images: (train, test) of (N, 3, 32, 32) float32 in [0, 1].
+
+    Each image is upsampled bilinearly to 32×32 and replicated to three channels; the samples of each
+    split are those of :func:`digits` with the same ``seed`` and ``test_fraction``, in the same order.
+    """
+    train, test = digits(seed, test_fraction, as_images=True)
+    return _upsampled(train, 32, 3), _upsampled(test, 32, 3)
 
 
 def sequential_digits(seed: int = 0, test_fraction: float = 0.25) -> tuple[Dataset, Dataset]:

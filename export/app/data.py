@@ -1,8 +1,9 @@
 """Load the data a spec names (the data half of the tool's input edge).
 
 Data specs (``load_data``, ``load_dataset``): ``digits``, ``digits-flat``, ``digits-seq`` (scikit-learn's
-digits, offline); ``data.npz`` (inputs ``x``/``X``/``inputs``, optional labels ``y``/``Y``/``labels``/
-``targets``); ``data.npy`` (inputs only); an image folder (one sub-folder per class, torchvision's
+digits, offline), ``digits32`` (the same digits upsampled to 3×32×32, CIFAR-sized, with the same split);
+``data.npz`` (inputs ``x``/``X``/``inputs``, optional labels ``y``/``Y``/``labels``/``targets``); ``data.npy``
+(inputs only); an image folder (one sub-folder per class, torchvision's
 ``ImageFolder`` conventions, resized and ImageNet-normalised); ``file.py:fn`` or ``package.module:fn``
 returning ``(x, y)``, ``x``, a ``Dataset`` or an iterable of batches.
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from compress.core.data import Dataset
-from compress.datasets import digits, sequential_digits
+from compress.datasets import digits, digits32, sequential_digits
 from export.app.callables import (SpecError, _CallableSpec, _cause, _describe, _looks_like_path, _parse_callable,
                                   _resolve_callable, _shape)
 
@@ -74,8 +75,10 @@ BUILTIN_DATA: dict[str, Callable[[int, float], tuple[Dataset, Dataset]]] = {
     "digits": partial(digits, as_images=True),
     "digits-flat": partial(digits, as_images=False),
     "digits-seq": sequential_digits,
+    "digits32": digits32,
 }
-"""Built-in data by name: ``(seed, eval_fraction) -> (calib, evaluation)``; shapes (N,1,8,8), (N,64), (N,64,1)."""
+"""Built-in data by name: ``(seed, eval_fraction) -> (calib, evaluation)``; shapes (N,1,8,8), (N,64), (N,64,1),
+(N,3,32,32). Every digits spec splits the same samples for a given seed."""
 
 
 def _to_tensor(a: Any, origin: str, key: str) -> torch.Tensor:
@@ -310,7 +313,7 @@ def load_dataset(spec: str, *, seed: int = 0, input_shape: tuple[int, ...] | Non
     """Every sample one data spec names (no split).
 
     Args:
-        spec: ``digits``/``digits-flat``/``digits-seq``, a ``.npz``/``.npy`` file, an image folder,
+        spec: ``digits``/``digits-flat``/``digits-seq``/``digits32``, a ``.npz``/``.npy`` file, an image folder,
             or ``file.py:fn``/``package.module:fn``.
         seed: picks the subset when an image folder or batch iterable is capped.
         input_shape: reshape every sample to this shape (e.g. ``(1, 8, 8)``); sample count unchanged.

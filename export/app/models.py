@@ -2,13 +2,14 @@
 
 - ``resnet18`` — a torchvision architecture, built with random weights unless ``weights`` names a local
   state dict (nothing is ever downloaded);
+- ``resnet20_cifar`` — a built-in architecture (:data:`BUILTIN_MODELS`), random or ``weights`` as above;
 - ``path/to/file.py:factory`` — a callable in a file, imported by path (``sys.path`` is left alone);
 - ``package.module:factory`` — a callable in an importable module;
 - ``model.pt2`` — a program written by ``torch.export.save``, loaded under a guard that lets only torch's
   weights-only unpickler run (see :mod:`export.pickle_guard`), unless trusted;
 - ``model.pt`` / ``model.pth`` — a whole pickled ``nn.Module``, loaded only with ``trust_pickle=True``.
 
-A state dict is never a model on its own: it goes in ``weights`` next to a factory or torchvision name.
+A state dict is never a model on its own: it goes in ``weights`` next to a factory, built-in or torchvision name.
 Untrusted files are never unpickled: ``torch.load(..., weights_only=True)`` unless the caller passes
 ``trust_pickle=True``. Every failure is a :class:`SpecError` whose one-line message names the spec or file
 and what to do.
@@ -32,10 +33,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from compress.models import resnet20_cifar
 from export.app.callables import (SpecError, _CallableSpec, _cause, _describe, _looks_like_path, _parse_callable,
                                   _resolve_callable, _shape)
 
-__all__ = ["SpecError", "check_input_shape", "load_model"]
+__all__ = ["BUILTIN_MODELS", "SpecError", "check_input_shape", "load_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +45,19 @@ PICKLE_SUFFIXES = (".pt", ".pth")
 CHECKPOINT_KEYS = ("state_dict", "model_state_dict", "model")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
+BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {
+    "resnet20_cifar": resnet20_cifar,
+}
+"""Built-in architectures by name: ``factory(num_classes=...)`` (plain torch modules from :mod:`compress.models`)."""
+
+
+def _build_builtin(name: str, num_classes: int | None) -> nn.Module:
+    """A built-in architecture with random weights (``num_classes=`` passed when given)."""
+    kwargs = {} if num_classes is None else {"num_classes": num_classes}
+    try:
+        return BUILTIN_MODELS[name](**kwargs)
+    except Exception as exc:
+        raise SpecError(f"building built-in model {name!r} failed ({_cause(exc)}); check num_classes") from exc
 
 
 def _build_from_factory(spec: str, target: _CallableSpec, num_classes: int | None) -> nn.Module:
@@ -66,10 +81,10 @@ def _build_torchvision(name: str, num_classes: int | None) -> nn.Module:
 
     names = list_models()
     if name not in names:
-        close = difflib.get_close_matches(name.lower(), names, n=5)
+        close = difflib.get_close_matches(name.lower(), [*BUILTIN_MODELS, *names], n=5)
         hint = f"did you mean {', '.join(close)}?" if close else "see torchvision.models.list_models()"
-        raise SpecError(f"unknown model spec {name!r}: not a file, a module:factory or a torchvision "
-                        f"architecture; {hint}")
+        raise SpecError(f"unknown model spec {name!r}: not a file, a module:factory, a built-in model "
+                        f"({', '.join(BUILTIN_MODELS)}) or a torchvision architecture; {hint}")
     builder = get_model_builder(name)
     kwargs: dict[str, Any] = {"weights": None}
     if "weights_backbone" in inspect.signature(builder).parameters:
@@ -190,7 +205,7 @@ def _load_pickled_module(path: Path, trust_pickle: bool) -> nn.Module:
         raise SpecError(f"could not read model file {path} ({_cause(exc)}); it must be written by torch.save") from exc
     if isinstance(obj, Mapping):
         raise SpecError(f"{path} holds a state dict, not a model; give the architecture as the spec (a "
-                        "torchvision name or file.py:factory) and this file as weights")
+                        "built-in or torchvision name, or file.py:factory) and this file as weights")
     if not isinstance(obj, nn.Module):
         raise SpecError(f"{path} holds a {type(obj).__name__}, not a torch.nn.Module; save the model itself")
     return obj
@@ -220,7 +235,7 @@ def _load_model_file(spec: str, trust_pickle: bool) -> nn.Module:
         raise SpecError(f"{path} is a Python file; name the factory in it, e.g. {path}:build_model")
     if loader is None:
         raise SpecError(f"model file {path} has unsupported suffix {path.suffix!r}; give a .pt2 program, a "
-                        ".pt/.pth pickled module, path/to/file.py:factory or a torchvision name")
+                        ".pt/.pth pickled module, path/to/file.py:factory, a built-in or a torchvision name")
     return loader(path, trust_pickle)
 
 
@@ -322,13 +337,16 @@ def load_model(spec: str, weights: str | Path | None = None, trust_pickle: bool 
     """Build or load the model a spec names, on CPU and in eval mode.
 
     Args:
-        spec: a torchvision architecture name (``"resnet18"``), ``path/to/file.py:factory``,
+        spec: a built-in architecture name (``"resnet20_cifar"``, see :data:`BUILTIN_MODELS`), a torchvision
+            architecture name (``"resnet18"``), ``path/to/file.py:factory``,
             ``package.module:factory``, a ``torch.export`` program ``*.pt2``, or a pickled module
             ``*.pt``/``*.pth`` (only with ``trust_pickle``).
         weights: a local state-dict file (``torch.save(model.state_dict(), path)``) loaded with
-            ``weights_only=True`` into a torchvision model or a factory's model; keys and shapes must match.
+            ``weights_only=True`` into a built-in, torchvision or factory's model; keys and shapes must match
+            as ``load_state_dict`` would accept them (old checkpoints without BatchNorm's ``num_batches_tracked``
+            included).
         trust_pickle: allow unpickling a whole module from ``*.pt``/``*.pth`` (can run arbitrary code).
-        num_classes: passed as ``num_classes=`` to the torchvision builder or the factory.
+        num_classes: passed as ``num_classes=`` to the built-in or torchvision builder or the factory.
 
     Returns:
         The model. A ``.pt2`` program keeps the mode it was exported in; its ``eval()`` only sets the flag.
@@ -340,13 +358,14 @@ def load_model(spec: str, weights: str | Path | None = None, trust_pickle: bool 
     is_file = target is None and (_looks_like_path(spec) or Path(spec).exists())
     if is_file and (num_classes is not None or (weights is not None and spec.endswith(".pt2"))):
         raise SpecError(f"model file {spec} already fixes its architecture and weights; drop num_classes/weights "
-                        "or give a factory or torchvision name instead")
+                        "or give a factory, built-in or torchvision name instead")
     if target is not None:
         model = _build_from_factory(spec, target, num_classes)
     elif is_file:
         model = _load_model_file(spec, trust_pickle)
     else:
-        model = _build_torchvision(spec, num_classes)
+        build = _build_builtin if spec in BUILTIN_MODELS else _build_torchvision
+        model = build(spec, num_classes)
         if weights is None:
             logger.warning("%s has random weights: no weights file given (minreal never downloads); pass a "
                            "local state dict as weights", spec)
