@@ -1,9 +1,17 @@
-"""Per-layer latency tables for ``factorize --latency``: each factorisable layer and its factorised pair at a
-geometric grid of ranks, exported alone to ONNX and timed in isolation on the target provider.
+"""Latency tables measured on the target provider, reused when they already exist for the same model and settings.
 
-The table is JSON, ``{"provider", "model_hash", "input_shape", "model_ms", "layers": {name: {"keep_ms", "ranks",
-"ms"}}}``
-(median latencies in milliseconds), and is reused when it already exists for the same model and settings.
+*Rank* tables (``factorize --latency``): each factorisable layer and its factorised pair at a geometric grid of
+ranks, exported alone to ONNX and timed in isolation. JSON: ``{"provider", "model_hash", "input_shape",
+"model_ms", "layers": {name: {"keep_ms", "ranks", "ms"}}}`` (median latencies in milliseconds).
+
+*Width* tables (``--latency-ratio`` of the width methods, read by
+:func:`compress.core.width.allocate.load_width_latency_table`): for each segment of each cuttable channel group
+(:meth:`~compress.core.width.graph.WidthGraph.segments`), the whole model with only that segment narrowed, at
+every allowed width on the provider's fast multiple, exported to ONNX and timed interleaved with the full model.
+JSON: ``{"kind": "width", "provider", "model_hash", "input_shape" (per sample), "batch", "multiple", "model_ms",
+"segments": {"<group>/<k>": {"size", "widths": [full, ...], "ms": [model_ms, ...]}}}``. Each group's variants
+are timed in one interleaved run with the full model; their medians are scaled by ``model_ms`` over the full
+model's median in that same run, so that drift between groups does not show up as a saving.
 """
 
 from __future__ import annotations
@@ -13,22 +21,26 @@ import logging
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from compress.core.cache import model_key
+from compress.core.errors import CompressionError
 from compress.core.lowrank import build_pair, matrix_view
 from compress.core.lowrank_plan import find_targets
+from compress.core.width import Cut, WidthGraph, analyse, apply_cuts
+from compress.core.width.allocate import allowed_widths, segment_key
+from compress.core.width.graph import ChannelGroup
 from export.atomic import atomic_path
 from runtime_bench.config import default_threads
 from runtime_bench.providers import provider_name, unavailable_reason
 from runtime_bench.sessions import create_session
 from runtime_bench.timing import latency_stats, time_interleaved
 
-__all__ = ["TIMING", "rank_grid", "build_latency_table"]
+__all__ = ["TIMING", "rank_grid", "build_latency_table", "build_width_latency_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,16 +88,21 @@ def _export(module: nn.Module, shape: tuple[int, ...], path: Path) -> Path:
     return path
 
 
+def _time_files(paths: list[Path], shape: tuple[int, ...], provider: str, threads: int) -> list[float]:
+    """Median latency (ms) of each exported model (input ``x`` of ``shape``), timed interleaved."""
+    feed = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+    sessions = [create_session(p, provider, threads) for p in paths]
+    runs = time_interleaved([lambda s=s: s.run(None, feed) for s in sessions], int(TIMING["warmup"]),
+                            int(TIMING["min_runs"]), TIMING["min_seconds"])
+    return [latency_stats(ms, shape[0]).p50_ms for ms in runs]
+
+
 def _time_layer(layer: nn.Module, shape: tuple[int, ...], ranks: list[int], provider: str, threads: int,
                 folder: Path) -> tuple[float, list[float]]:
     """Median latency (ms) of the layer and of its pair at each rank, timed interleaved."""
     modules = [layer] + [_random_pair(layer, r) for r in ranks]
-    feed = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
-    sessions = [create_session(_export(m, shape, folder / f"m{i}.onnx"), provider, threads)
-                for i, m in enumerate(modules)]
-    runs = time_interleaved([lambda s=s: s.run(None, feed) for s in sessions], int(TIMING["warmup"]),
-                            int(TIMING["min_runs"]), TIMING["min_seconds"])
-    medians = [latency_stats(ms, shape[0]).p50_ms for ms in runs]
+    medians = _time_files([_export(m, shape, folder / f"m{i}.onnx") for i, m in enumerate(modules)], shape,
+                          provider, threads)
     return medians[0], medians[1:]
 
 
@@ -137,4 +154,96 @@ def build_latency_table(model: nn.Module, example_input: torch.Tensor, provider:
     table = {**header, "model_ms": model_ms, "layers": layers}
     with atomic_path(out_path) as tmp_file:
         tmp_file.write_text(json.dumps(table, indent=1))
+    return table
+
+
+def _narrowed(wg: WidthGraph, group: ChannelGroup, segment: list[int], width: int) -> nn.Module:
+    """The whole model with only ``segment`` of ``group`` cut to ``width`` channels (which ones is irrelevant to
+    latency: its last ones are dropped)."""
+    drop = set(segment[width:])
+    return apply_cuts(wg, {group.name: Cut(keep=[i for i in range(group.size) if i not in drop])})
+
+
+def _time_group(wg: WidthGraph, group: ChannelGroup, full: Path, shape: tuple[int, ...], multiple: int,
+                provider: str, threads: int, folder: Path) -> tuple[float, dict[int, tuple[list[int], list[float]]]]:
+    """Median ms of the full model and, per segment index, (narrower widths, their median ms), all timed in one
+    interleaved run."""
+    paths, where = [full], []
+    for k, segment in enumerate(wg.segments(group)):
+        for w in allowed_widths(len(segment), multiple)[1:]:
+            paths.append(_export(_narrowed(wg, group, segment, w), shape, folder / f"{k}-{w}.onnx"))
+            where.append((k, w))
+    medians = _time_files(paths, shape, provider, threads)
+    measured: dict[int, tuple[list[int], list[float]]] = {}
+    for (k, w), ms in zip(where, medians[1:]):
+        widths, times = measured.setdefault(k, ([], []))
+        widths.append(w)
+        times.append(ms)
+    return medians[0], measured
+
+
+def _two_samples(x: torch.Tensor) -> torch.Tensor:
+    """Two samples for the channel analysis: with a batch of one, the analysis of ``x.view(x.size(0), -1)``
+    cannot tell the batch dimension from the channels' and freezes the group."""
+    return x[:2] if len(x) >= 2 else torch.cat([x, x])
+
+
+def _cuttable(wg: WidthGraph) -> list[ChannelGroup]:
+    groups = wg.cuttable()
+    if not groups:
+        frozen = "; ".join(f"{g.name} ({g.frozen or f'{g.size} channel'})" for g in wg.groups)
+        raise CompressionError(f"the model has no channel group that width cuts can shrink ({frozen or 'no groups'}); "
+                               "a width latency table needs at least one")
+    return groups
+
+
+def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, provider: str = "cpu",
+                              multiple: int = 8, out_path: str | Path | None = None, threads: int | None = None,
+                              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure (or reuse) the width latency table of ``model`` on ``provider`` (format: see the module doc).
+
+    Args:
+        model: the torch model; its cuttable channel groups are found by :func:`compress.core.width.analyse`.
+        example_input: a batch at the batch size to optimise for (its first two samples drive the analysis).
+        provider: short provider name (``cpu``, ``cuda``, ``tensorrt``).
+        multiple: widths measured per segment: ``allowed_widths(segment size, multiple)`` below the full width.
+        out_path: JSON destination, written atomically; an existing table for the same model and settings is
+            returned as is. ``None``: measure and return without writing.
+        threads: intra-op threads (default: physical cores).
+        progress: called with one line per channel group (default: the module's logger).
+
+    Raises:
+        CompressionError: the model has no cuttable channel group.
+    """
+    shape = tuple(example_input.shape)
+    header = {"kind": "width", "provider": provider, "model_hash": model_key(model), "input_shape": list(shape[1:]),
+              "batch": shape[0], "multiple": multiple}
+    hit = _cached(Path(out_path), header) if out_path is not None else None
+    if hit is not None:
+        logger.info("reusing width latency table %s", out_path)
+        return hit
+    reason = unavailable_reason(provider)
+    if reason:
+        raise RuntimeError(reason)
+    wg = analyse(model.eval(), _two_samples(example_input))
+    groups, say = _cuttable(wg), progress or logger.info
+    ort_provider, threads = provider_name(provider), threads or default_threads()
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="minreal-width-latency-") as tmp:
+        full = _export(wg.gm, shape, Path(tmp) / "full.onnx")
+        for i, g in enumerate(groups, 1):
+            say(f"[{i}/{len(groups)}] channel group {g.name} ({g.size} channels, "
+                f"{len(wg.segments(g))} segment(s)): timing narrower widths")
+            runs.append((g, *_time_group(wg, g, full, shape, multiple, ort_provider, threads, Path(tmp))))
+    model_ms = float(np.median([full_ms for _, full_ms, _ in runs]))
+    segments = {}
+    for g, full_ms, measured in runs:
+        for k, segment in enumerate(wg.segments(g)):
+            widths, times = measured.get(k, ([], []))
+            segments[segment_key(g.name, k)] = {"size": len(segment), "widths": [len(segment)] + widths,
+                                                "ms": [model_ms] + [model_ms * t / full_ms for t in times]}
+    table = {**header, "model_ms": model_ms, "segments": segments}
+    if out_path is not None:
+        with atomic_path(Path(out_path)) as tmp_file:
+            tmp_file.write_text(json.dumps(table, indent=1))
     return table

@@ -192,9 +192,9 @@ def _split_names(value: str) -> tuple[str, ...]:
 def cli() -> None:
     """minreal: compress PyTorch models by structure, export to ONNX, benchmark with ONNX Runtime.
 
-    Models: a torchvision name (with --weights), path/file.py:factory, package.module:factory, a .pt2
-    torch.export program. Data: digits, digits-flat, digits-seq, file.npz/.npy, an image folder, or
-    module:callable.
+    Models: a torchvision name or resnet20_cifar (with --weights), path/file.py:factory,
+    package.module:factory, a .pt2 torch.export program. Data: digits, digits-flat, digits-seq, digits32,
+    file.npz/.npy, an image folder, or module:callable.
     """
 
 
@@ -646,23 +646,30 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
 @cli.command("latency-table")
 @click.argument("model")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Destination JSON table.")
+@click.option("--kind", type=click.Choice(["rank", "width"]), default="rank", show_default=True,
+              help="rank: per-layer factorised pairs (factorize --latency); width: the whole model with each channel "
+                   "group segment narrowed (--latency-ratio of the width methods).")
 @click.option("--data", help="Data for the example input.")
 @click.option("--input-shape", help="Per-sample input shape, e.g. 3,224,224 (random example; no --data).")
 @click.option("--batch", type=int, default=1, show_default=True, help="Batch size the latencies are measured at.")
 @click.option("--provider", default=BenchConfig.providers[0], show_default=True,
               help=f"Provider to measure on: {', '.join(PROVIDERS)}.")
-@click.option("--ranks-per-layer", type=int, default=6, show_default=True, help="Ranks measured per layer.")
+@click.option("--ranks-per-layer", type=int, default=6, show_default=True, help="Ranks measured per layer (--kind rank).")
+@click.option("--width-multiple", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Widths measured in steps of this many channels (--kind width; the provider's fast multiple).")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @common
-def latency_table_cmd(model: str, out: str, data: str | None, input_shape: str | None, batch: int, provider: str,
-                      ranks_per_layer: int, weights: str | None, quiet: bool, as_json: bool) -> None:
-    """Measure per-layer latencies of MODEL's factorisable layers for `compress -m factorize --latency`."""
+def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_shape: str | None, batch: int,
+                      provider: str, ranks_per_layer: int, width_multiple: int, weights: str | None, quiet: bool,
+                      as_json: bool) -> None:
+    """Measure latencies on a provider: per factorisable layer for `compress -m factorize --latency` (--kind rank),
+    or per channel-group width for the width methods' --latency-ratio (--kind width)."""
     import torch
 
     from export.app.callables import SpecError
     from export.app.data import load_dataset
     from export.app.models import check_input_shape, load_model
-    from export.latency_table import build_latency_table
+    from export.latency_table import build_latency_table, build_width_latency_table
 
     con = Console(quiet, as_json)
     _prepare_outputs([out], model, weights, data)
@@ -674,9 +681,17 @@ def latency_table_cmd(model: str, out: str, data: str | None, input_shape: str |
     else:
         raise SpecError("latency-table needs an example input: pass --data SPEC or --input-shape C,H,W")
     check_input_shape(net, x, model)
-    con.progress(f"timing the factorisable layers of {model} on {provider}")
-    table = build_latency_table(net, x, provider, ranks_per_layer, out_path=Path(out))
-    con.table(f"wrote {out} ({len(table['layers'])} layers on {provider})")
+    if kind == "width":
+        con.progress(f"timing {model} with each channel-group segment narrowed on {provider} (whole-model exports)")
+        table = build_width_latency_table(net, x, provider, width_multiple, out_path=Path(out),
+                                          progress=con.progress)
+        widths = sum(len(e["widths"]) - 1 for e in table["segments"].values())
+        con.table(f"wrote {out} ({len(table['segments'])} segments, {widths} narrower widths on {provider}; "
+                  f"whole model {table['model_ms']:.3f} ms at batch {table['batch']})")
+    else:
+        con.progress(f"timing the factorisable layers of {model} on {provider}")
+        table = build_latency_table(net, x, provider, ranks_per_layer, out_path=Path(out))
+        con.table(f"wrote {out} ({len(table['layers'])} layers on {provider})")
     con.result(table)
 
 

@@ -130,6 +130,11 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
 
     Raises CompressionError with one line when the model cannot be traced (data-dependent control flow).
     """
+    if isinstance(model, fx.GraphModule) and any(isinstance(n.target, torch._ops.OpOverload)
+                                                 for n in model.graph.nodes):
+        raise CompressionError("width methods need the model's Python modules (file.py:factory or a torchvision "
+                               "name with --weights): a torch.export program (.pt2) holds ATen operations, whose "
+                               "layers cannot be resized")
     root = copy.deepcopy(model)
     try:
         graph = _Tracer().trace(root)
@@ -138,6 +143,8 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
         raise CompressionError(f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be "
                                f"traced ({type(exc).__name__}: {first[:200]})") from None
     gm = fx.GraphModule(root, graph, class_name=type(model).__name__)
+    if example.dim() > 0 and example.shape[0] == 1:  # a batch of 2 keeps the batch dimension unambiguous
+        example = example.expand(2, *example.shape[1:])
     gm.eval() if not model.training else gm.train()
     with torch.no_grad():
         try:
@@ -335,8 +342,10 @@ def _visit(wg: WidthGraph, node: fx.Node, modules: dict[str, nn.Module]) -> None
         _visit_functional_layer_norm(wg, node)
     elif name in ("softmax", "log_softmax"):
         _visit_softmax(wg, node)
-    elif name in ("size", "dim", "getattr") or shape is None:
+    elif name in ("size", "dim", "getattr"):
         return
+    elif shape is None:  # several tensors (chunk, split, max with indices) or a non-tensor result
+        _unknown(wg, node, f"operation {name!r} that does not return one tensor is not understood")
     else:
         _unknown(wg, node, f"operation {name!r} is not understood")
 
@@ -390,6 +399,12 @@ def _visit_module(wg: WidthGraph, node: fx.Node, mod: nn.Module) -> None:
         if mod.affine:
             for p in ("weight", "bias"):
                 wg.uses.append(Use(node.target, p, 0, chan.slots, "affine", node.name))
+        _set(wg, node, chan)
+    elif isinstance(mod, nn.PReLU) and mod.num_parameters > 1:
+        if chan is None or chan.dim != 1:
+            _unknown(wg, node, "PReLU with one slope per channel over a dimension that is not the channels")
+            return
+        wg.uses.append(Use(node.target, "weight", 0, chan.slots, "affine", node.name))
         _set(wg, node, chan)
     elif isinstance(mod, _PASS_MODULES):
         _set(wg, node, chan)
@@ -455,8 +470,9 @@ def _visit_attention(wg: WidthGraph, node: fx.Node, mod: nn.MultiheadAttention) 
     args = [node.args[i] if len(node.args) > i else node.kwargs.get(k) for i, k in enumerate(("query", "key", "value"))]
     chans = [_chan_of(wg, a) for a in args]
     same_input = all(a is args[0] for a in args)
-    if not mod._qkv_same_embed_dim or not same_input:
-        _unknown(wg, node, "attention with separate query/key/value inputs or projections is left whole")
+    if not mod._qkv_same_embed_dim or not same_input or mod.bias_k is not None or mod.add_zero_attn:
+        _unknown(wg, node, "attention with separate query/key/value inputs or projections, bias_k/bias_v or "
+                           "add_zero_attn is left whole")
         out = wg.fresh(mod.embed_dim)
         wg.freeze(out, node.name, "attention left whole")
         wg.values[node.name + "#0"] = _Chan(-1, out)
@@ -489,8 +505,10 @@ def _visit_getitem(wg: WidthGraph, node: fx.Node) -> None:
         chan = wg.values.get(f"{src.name}#{idx}") if isinstance(idx, int) else None
         if chan is not None:
             _set(wg, node, chan)
-        elif src.name in wg.heads or (src.op == "call_module" and f"{src.name}#0" in wg.values):
-            pass  # attention weights: no channels
+        elif src.op == "call_module" and f"{src.name}#0" in wg.values and node.users:
+            # attention weights: a resized attention layer (SlimAttention) does not return them
+            wg.freeze([s for u in wg.uses if u.node == src.name for s in u.slots], node.name,
+                      "attention weights are used")
         return
     chan = _chan_of(wg, src)
     if chan is None:
@@ -612,7 +630,7 @@ def _visit_reshape(wg: WidthGraph, node: fx.Node) -> None:
     before = math.prod(src[:d])
     # the output dimension e where the channel lands: same number of elements before it
     e, acc = 0, 1
-    while e < len(dst) and acc < before:
+    while e < len(dst) and (acc < before or (dst[e] == 1 and src[d] != 1)):  # size-1 dims (batch 1) lead
         acc *= dst[e]
         e += 1
     if acc != before or e >= len(dst):

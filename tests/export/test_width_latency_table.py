@@ -1,0 +1,174 @@
+"""Width latency tables (``minreal latency-table --kind width``) and the width allocator that reads them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import export.latency_table as latency_table
+from compress import CompressionError
+from compress.core.width import analyse
+from compress.core.width.allocate import allocate_widths, load_width_latency_table, segment_key
+from export.app.cli import run
+from export.latency_table import build_latency_table, build_width_latency_table
+
+MULTIPLE = 8
+
+PLAIN_CNN = """
+import torch
+from torch import nn
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+"""
+
+
+class _Block(nn.Module):
+    """Basic block; a widening block has the option-A shortcut (subsample, zero-pad the new channels)."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+        self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        self.pad = (cout - cin) // 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
+        short = x if self.pad == 0 else F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, self.pad, self.pad))
+        return F.relu(out + short)
+
+
+class _TinyResNet(nn.Module):
+    """Stem 32 channels, a 32-channel block and a 32→64 option-A block, on 3×16×16 images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32)
+        self.blocks = nn.Sequential(_Block(32, 32, 1), _Block(32, 64, 2))
+        self.fc = nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.adaptive_avg_pool2d(self.blocks(F.relu(self.bn(self.conv(x)))), 1)
+        return self.fc(out.view(out.size(0), -1))  # as CIFAR ResNets write it: a batch of one must not freeze it
+
+
+@pytest.fixture(scope="module")
+def resnet() -> nn.Module:
+    torch.manual_seed(6)
+    return _TinyResNet().eval()
+
+
+@pytest.fixture(scope="module")
+def width_table(resnet: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """One measured table shared by the tests that only read it (each build exports and times ~15 models)."""
+    out = tmp_path_factory.mktemp("width") / "table.json"
+    torch.manual_seed(7)
+    table = build_width_latency_table(resnet, torch.randn(1, 3, 16, 16), "cpu", MULTIPLE, out_path=out, threads=1)
+    return out, table
+
+
+def _keys(model: nn.Module) -> dict[str, int]:
+    """Table key → segment size of every cuttable group's segments (analysed on two samples)."""
+    wg = analyse(model, torch.randn(2, 3, 16, 16))
+    return {segment_key(g.name, k): len(seg) for g in wg.cuttable() for k, seg in enumerate(wg.segments(g))}
+
+
+def test_width_table_format(resnet: nn.Module, width_table: tuple[Path, dict]) -> None:
+    out, table = width_table
+    assert json.loads(out.read_text()) == table
+    assert {k: table[k] for k in ("kind", "provider", "input_shape", "batch", "multiple")} == \
+        {"kind": "width", "provider": "cpu", "input_shape": [3, 16, 16], "batch": 1, "multiple": MULTIPLE}
+    assert table["model_ms"] > 0
+    sizes = _keys(resnet)
+    assert {k: e["size"] for k, e in table["segments"].items()} == sizes
+    assert len(sizes) == 4  # the stem/residual group has two segments (32 channels, then 32 more in block 2)
+    for entry in table["segments"].values():
+        widths, size = entry["widths"], entry["size"]
+        assert widths[0] == size and widths[1:] == list(range(size - MULTIPLE, 0, -MULTIPLE))
+        assert len(entry["ms"]) == len(widths) and entry["ms"][0] == table["model_ms"]
+        assert min(entry["ms"]) > 0
+
+
+def test_width_table_reused_without_timing(resnet: nn.Module, width_table: tuple[Path, dict], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "table.json"
+    out.write_text(width_table[0].read_text())
+    calls = []
+    timer = latency_table.time_interleaved
+    monkeypatch.setattr(latency_table, "time_interleaved", lambda *a, **k: calls.append(1) or timer(*a, **k))
+    stamp = out.stat().st_mtime_ns
+    torch.manual_seed(7)
+    again = build_width_latency_table(resnet, torch.randn(1, 3, 16, 16), "cpu", MULTIPLE, out_path=out, threads=1)
+    assert again == width_table[1] and calls == [] and out.stat().st_mtime_ns == stamp
+    other = build_width_latency_table(resnet, torch.randn(1, 3, 16, 16), "cpu", 16, out_path=out, threads=1)
+    groups = len(analyse(resnet, torch.randn(2, 3, 16, 16)).cuttable())
+    assert other["multiple"] == 16 and len(calls) == groups  # other settings: rebuilt, one timing run per group
+    assert json.loads(out.read_text()) == other
+
+
+def _predicted_ms(table: dict, wg, keep: dict[str, list[int]]) -> float:
+    """Whole-model ms minus each segment's saving at its kept width (linear between measured widths)."""
+    total = table["model_ms"]
+    for g in wg.cuttable():
+        for k, seg in enumerate(wg.segments(g)):
+            entry = table["segments"][segment_key(g.name, k)]
+            width = len(set(seg) & set(keep.get(g.name, range(g.size))))
+            order = np.argsort(entry["widths"])
+            total -= table["model_ms"] - float(np.interp(width, np.array(entry["widths"])[order],
+                                                         np.array(entry["ms"])[order]))
+    return total
+
+
+def test_allocator_meets_latency_ratio_from_width_table(resnet: nn.Module, width_table: tuple[Path, dict]) -> None:
+    table = load_width_latency_table(width_table[0])
+    wg = analyse(resnet, torch.randn(2, 3, 16, 16))
+    scores = {g.name: torch.rand(g.size, generator=torch.Generator().manual_seed(8)) for g in wg.cuttable()}
+    floor = _predicted_ms(table, wg, {g.name: [] for g in wg.cuttable()}) / table["model_ms"]
+    assert floor < 0.9  # narrowing every segment to one multiple saves measurably on this model
+    for ratio in (0.95, (1 + floor) / 2):
+        keep = allocate_widths(wg, scores, "latency_ratio", ratio, multiple=MULTIPLE, latency=table)
+        assert _predicted_ms(table, wg, keep) <= ratio * table["model_ms"] * (1 + 1e-9)
+        for g in wg.cuttable():
+            for seg in wg.segments(g):
+                width = len(set(seg) & set(keep[g.name]))
+                assert width == len(seg) or width % MULTIPLE == 0
+
+
+def test_rank_table_where_width_table_needed(tiny_mlp: nn.Module, tmp_path: Path) -> None:
+    out = tmp_path / "rank.json"
+    build_latency_table(tiny_mlp, torch.randn(2, 12), ranks_per_layer=2, out_path=out, threads=1)
+    with pytest.raises(CompressionError, match="--kind width") as info:
+        load_width_latency_table(out)
+    assert "\n" not in str(info.value)
+
+
+def test_model_without_cuttable_group_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CompressionError, match="no channel group") as info:
+        build_width_latency_table(nn.Linear(12, 5), torch.randn(1, 12), out_path=tmp_path / "t.json")
+    assert "\n" not in str(info.value) and not (tmp_path / "t.json").exists()
+
+
+def test_cli_width_latency_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "net.py").write_text(PLAIN_CNN)
+    (tmp_path / "linear.py").write_text("from torch import nn\n\ndef make():\n    return nn.Linear(12, 5)\n")
+    monkeypatch.chdir(tmp_path)
+    argv = ["latency-table", "net.py:make", "--kind", "width", "--input-shape", "3,16,16", "--out", "t.json", "-q"]
+    assert run(argv) == 0
+    table = json.loads((tmp_path / "t.json").read_text())
+    assert table["kind"] == "width" and table["multiple"] == MULTIPLE
+    assert {k: (e["size"], e["widths"]) for k, e in table["segments"].items()} == {"0/0": (16, [16, 8]),
+                                                                                   "2/0": (16, [16, 8])}
+    assert "2 segments, 2 narrower widths on cpu" in capsys.readouterr().out
+    argv = ["latency-table", "linear.py:make", "--kind", "width", "--input-shape", "12", "--out", "l.json", "-q"]
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no channel group" in err and "\n" not in err and not (tmp_path / "l.json").exists()
