@@ -15,7 +15,7 @@ from typing import Mapping
 
 from .errors import CompressionError
 
-__all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateBudgetOption", "flag_of",
+__all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateBudgetOption", "WidthMultipleOption", "flag_of",
            "Alias", "aliases_of", "field_clash", "BUDGET_HELPERS"]
 
 #: The whole-model budget fields of :class:`CostBudget`, in the order the CLI shows them.
@@ -125,3 +125,18 @@ class StateBudgetOption:
     def __post_init__(self) -> None:
         if self.state_budget is not None and self.state_budget < 1:
             raise CompressionError(f"--state-budget must be a positive state count, got {self.state_budget}")
+
+
+@dataclass
+class WidthMultipleOption:
+    """Channel widths on the fast multiple of the target kernels (width methods on channel groups)."""
+
+    width_multiple: int = field(
+        default=8,
+        metadata={"help": "Channel groups keep widths on this multiple (the CPU and GPU kernels' fast block; groups "
+                          "narrower than two multiples step by one channel), >= 1; default 8."})
+
+    def __post_init__(self) -> None:
+        if self.width_multiple < 1:
+            raise CompressionError(f"--width-multiple must be >= 1, got {self.width_multiple}")
+

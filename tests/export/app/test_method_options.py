@@ -46,8 +46,8 @@ def test_help_groups_options_by_method_shared_first() -> None:
     for name in ("factorize", "fde", "cbalanced", "ssm"):
         assert f"Options for {name}:" in titles
     assert _section_of(lines, "--mac-ratio") == "Options for factorize, fde, magnitude, svd, wanda:"
-    assert _section_of(lines, "--latency-ratio") == "Options for factorize, svd:"
-    assert _section_of(lines, "--latency-table") == "Options for factorize, svd:"
+    assert _section_of(lines, "--latency-ratio") == "Options for factorize, magnitude, svd, wanda:"
+    assert _section_of(lines, "--latency-table") == "Options for factorize, magnitude, svd, wanda:"
     assert _section_of(lines, "--energy-eps") == "Options for cbalanced:"
     assert _section_of(lines, "--merge-eps") == "Options for fde:"
     assert _section_of(lines, "--calib-holdout") == "Options:"
@@ -64,8 +64,10 @@ def test_budget_options_are_offered_only_by_methods_that_meet_them() -> None:
     result = CliRunner().invoke(cli, ["methods"])
     assert result.exit_code == 0, result.output
     rows = result.output.split("\n")
+    ssm = rows[rows.index(next(r for r in rows if r.startswith("ssm "))) + 1]
+    assert "--latency-ratio" not in ssm and "--latency-table" not in ssm
     magnitude = rows[rows.index(next(r for r in rows if r.startswith("magnitude "))) + 1]
-    assert "--param-ratio" in magnitude and "--latency-ratio" not in magnitude and "--latency-table" not in magnitude
+    assert "--param-ratio" in magnitude and "--latency-ratio" in magnitude and "--width-multiple" in magnitude
 
 
 def test_every_config_field_has_help() -> None:
