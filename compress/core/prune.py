@@ -19,7 +19,7 @@ from .chain import Chain, build_sequential, chain_layer_reports, extract_chain, 
 from .data import Dataset
 from .errors import CompressionError
 from .evaluate import compare_outputs
-from .options import CostBudget, flag_of
+from .options import CostBudget, WidthMultipleOption, flag_of
 from .report import CompressionReport
 from .train import FinetuneOptions, finetune
 from .width import Cut, WidthGraph, analyse, apply_cuts
@@ -34,7 +34,7 @@ GraphScorer = Callable[[WidthGraph, list, torch.Tensor], "dict[str, torch.Tensor
 
 
 @dataclass
-class PruneOptions(FinetuneOptions, CostBudget):
+class PruneOptions(FinetuneOptions, CostBudget, WidthMultipleOption):
     """Options of the neuron-pruning baselines: a whole-model budget (``param_ratio``, default 0.5, or
     ``mac_ratio``; uniform keep-fraction per hidden layer) or exact hidden ``widths``; optional fine-tuning on
     the (labelled) data. The pruned MLP chain is the whole model, so its ratios are the whole model's
@@ -45,16 +45,11 @@ class PruneOptions(FinetuneOptions, CostBudget):
     widths: tuple[int, ...] = field(
         default=(),
         metadata={"help": "Exact hidden width per hidden layer of an MLP, instead of a budget; default none."})
-    width_multiple: int = field(
-        default=8,
-        metadata={"help": "Channel groups of models other than MLPs keep widths on this multiple (the CPU and GPU "
-                          "kernels' fast block; groups narrower than two multiples step by one), >= 1; default 8."})
 
     def __post_init__(self) -> None:
         FinetuneOptions.__post_init__(self)
         CostBudget.__post_init__(self)
-        if self.width_multiple < 1:
-            raise CompressionError(f"--width-multiple must be >= 1, got {self.width_multiple}")
+        WidthMultipleOption.__post_init__(self)
         if any(w < 1 for w in self.widths):
             raise CompressionError(f"--widths must be positive neuron counts, got {self.widths}")
         if self.widths and self.budget_given:
