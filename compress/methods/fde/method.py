@@ -1,9 +1,11 @@
-"""``fde``: ε-forward-differential-equivalence neuron merging of MLPs (maths in :mod:`.partition` and :mod:`.bound`).
+"""``fde``: ε-forward-differential-equivalence merging of MLP neurons (maths in :mod:`.partition` and :mod:`.bound`)
+and of the channels of any traceable model (:mod:`.graph_path`).
 
-Plain sequential CNNs take the channel path (:mod:`.conv`): BatchNorm folded, channels exactly 0
-on the calibration data dropped, conv channels merged by whole filters, no sum merges and no bound.
+Every model but a Sequential MLP takes the graph path: channel groups from the traced graph, channels exactly 0 on
+the calibration data at every state point dropped, then ε-FDE merging in every group (scaled merges where the
+group's operations are positively homogeneous), no sum merges and no bound.
 
-Pipeline: fold BatchNorm → remove neurons constant on the calibration data (dead ReLUs; a separate, reported
+MLP pipeline: fold BatchNorm → remove neurons constant on the calibration data (dead ReLUs; a separate, reported
 step, exact on that data) → partition refinement to a fixpoint → plain Linear stack → optional fine-tuning.
 The report predicts a bound on ``max |N(x) − N'(x)|`` over the calibration input box (widened by
 ``box_margin``) and measures the deviation on that box and on the data.
@@ -28,8 +30,7 @@ from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
 from .smoke import smoke_case
 from ...core.train import FinetuneOptions, finetune
-from .conv import (ConvChain, build_conv_sequential, conv_chain_forward, conv_layer_reports, extract_conv_chain,
-                   is_conv_chain, remove_zero_channels)
+from .graph_path import fde_graph
 from .compensate import compensate, refit_bound
 from .partition import REPRESENTATIVES, RefineResult, box_samples, merge_to_widths, refine, remove_all_constant
 from ...core.prune import CHAIN_COSTS, widths_for_params
@@ -39,15 +40,17 @@ __all__ = ["FDEConfig", "fde_compress", "input_box", "demo_case", "SPEC"]
 
 @dataclass
 class FDEConfig(FinetuneOptions, CostBudget):
-    """Options of ``fde``: the merge tolerance, or a whole-model ``param_ratio``/``mac_ratio`` budget (MLPs),
-    sets the reduction.
+    """Options of ``fde``: the merge tolerance, or a whole-model ``param_ratio``/``mac_ratio`` budget, sets the
+    reduction (MLPs: widths per layer from the budget; other models: ε bisected until the budget is met).
 
-    ``merge_eps``: tolerance relative to each layer's largest coefficient (0: exact, up to dtype rounding);
+    ``merge_eps``: tolerance relative to each layer's (each channel writer's) largest coefficient (0: exact, up
+    to dtype rounding);
     ``representative``: incoming row a lossy block keeps (leader, block mean, data-weighted least squares);
     ``compensation``: least-squares refit of the consumers, kept only when it helps on a held-out split;
-    ``remove_dead``: first drop neurons constant on the calibration data; ``scaling``: merge positive
-    multiples for ReLU/LeakyReLU/identity; ``sum_merges``: forward (sum) equivalence on identity layers;
-    ``box_margin``: widen the calibration input box by this fraction of its range for the bound;
+    ``remove_dead``: first drop neurons constant (channels exactly 0) on the calibration data; ``scaling``:
+    merge positive multiples (ReLU/LeakyReLU/identity; channel groups whose operations are all positively
+    homogeneous); ``sum_merges``: forward (sum) equivalence on identity layers (MLPs);
+    ``box_margin``: widen the calibration input box by this fraction of its range for the bound (MLPs);
     ``finetune_epochs``/``finetune_lr``: fine-tune the merged network on the (labelled) data.
     """
 
@@ -55,27 +58,30 @@ class FDEConfig(FinetuneOptions, CostBudget):
 
     merge_eps: float = field(
         default=0.0,
-        metadata={"help": "Merge tolerance relative to each layer's largest coefficient, >= 0; default 0 (exact up to "
-                          "rounding). Deprecated alias: --eps."})
+        metadata={"help": "Merge tolerance relative to each layer's (each channel writer's) largest coefficient, "
+                          ">= 0; default 0 (exact up to rounding). Deprecated alias: --eps."})
     remove_dead: bool = field(
         default=True,
-        metadata={"help": "First drop neurons that are constant on the calibration data; default on."})
+        metadata={"help": "First drop neurons that are constant on the calibration data (other models: channels "
+                          "exactly 0 there at every state point); default on."})
     scaling: bool = field(
         default=True,
-        metadata={"help": "Merge neurons that are positive multiples (ReLU/LeakyReLU/identity); default on."})
+        metadata={"help": "Merge neurons (channels) that are positive multiples (ReLU/LeakyReLU/identity; channel "
+                          "groups whose operations are all positively homogeneous); default on."})
     sum_merges: bool = field(
         default=True,
-        metadata={"help": "Forward (sum) equivalence merges on identity layers; default on."})
+        metadata={"help": "Forward (sum) equivalence merges on identity layers; MLPs only; default on."})
     max_sweeps: int = field(
         default=50,
-        metadata={"help": "Maximum partition-refinement sweeps per layer, >= 1; default 50."})
+        metadata={"help": "Maximum partition-refinement sweeps, >= 1; default 50."})
     box_margin: float = field(
         default=0.0,
-        metadata={"help": "Widen the calibration input box by this fraction of its range for the bound, >= 0; default "
-                          "0."})
+        metadata={"help": "Widen the calibration input box by this fraction of its range for the bound, >= 0; MLPs "
+                          "only; default 0."})
     bound_samples: int = field(
         default=4096,
-        metadata={"help": "Points sampled in the input box to measure the error bound, >= 1; default 4096."})
+        metadata={"help": "Points sampled in the input box to measure the error bound, >= 1; MLPs only; default "
+                          "4096."})
     representative: str = field(
         default="leader",
         metadata={"help": "Incoming weights a merged block keeps: its leader (classic ε-FDE), the block mean, or "
@@ -111,7 +117,7 @@ class FDEConfig(FinetuneOptions, CostBudget):
             raise CompressionError(f"--compensation-holdout must lie in (0, 1), got {self.compensation_holdout}")
         if self.budget_given and self.merge_eps > 0:
             raise CompressionError(f"give --merge-eps or {flag_of(self.budget_given[0])}, not both (the budget "
-                                   "sets each layer's tolerance)")
+                                   "sets the tolerance)")
 
 
 def input_box(x: torch.Tensor, margin: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,7 +128,7 @@ def input_box(x: torch.Tensor, margin: float = 0.0) -> tuple[torch.Tensor, torch
     return lo - pad, hi + pad
 
 
-def _layer_details(dead: RefineResult, merged: RefineResult, before: Chain | ConvChain) -> list[dict]:
+def _layer_details(dead: RefineResult, merged: RefineResult, before: Chain) -> list[dict]:
     details = []
     for l, width in enumerate(before.widths):
         kinds = {}
@@ -134,33 +140,6 @@ def _layer_details(dead: RefineResult, merged: RefineResult, before: Chain | Con
         details.append({"width_before": width, "dead_removed": removed, "merged_by": kinds,
                         "blocks": len(blocks), "largest_block": max(map(len, blocks), default=1)})
     return details
-
-
-def _fde_cnn(model: nn.Module, data: Dataset, cfg: FDEConfig, report: CompressionReport) -> nn.Module:
-    """The channel path: merge conv channels (whole filters) and head neurons by value/scaled equivalence."""
-    if cfg.budget_given or cfg.representative != "leader" or cfg.compensation:
-        raise CompressionError("fde on CNNs merges by --merge-eps with the leader representative only; "
-                               "--param-ratio/--mac-ratio, --representative and --compensation are for MLPs")
-    original = extract_conv_chain(model)
-    t0 = time.perf_counter()
-    dead = remove_zero_channels(original, data.x) if cfg.remove_dead else RefineResult(original)
-    report.timings_s["dead"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    merged = refine(dead.chain, cfg.merge_eps, scaling=cfg.scaling, sums=False, max_sweeps=cfg.max_sweeps)
-    report.timings_s["partition"] = time.perf_counter() - t0
-    new = build_conv_sequential(merged.chain)
-    report.layers = conv_layer_reports(original, merged.chain, _layer_details(dead, merged, original))
-    report.predicted.update({
-        "output_deviation_bound": None, "hidden_widths": merged.chain.widths,
-        "hidden_widths_before": original.widths, "dead_removed": sum(original.widths) - sum(dead.chain.widths),
-        "sweeps": merged.sweeps,
-    })
-    report.measured["max_output_deviation_data_float64"] = float(
-        (conv_chain_forward(original, data.x) - conv_chain_forward(merged.chain, data.x)).abs().max())
-    report.notes += ["CNN: the output-deviation bound is MLP-only; channels merged by whole filters (BN folded)",
-                     "CNN: dead = exactly 0 on the calibration data; no sum (forward) merges",
-                     f"{len(merged.steps)} merge steps in {merged.sweeps} sweeps"]
-    return new
 
 
 def _merge(chain: Chain, original: Chain, data: Dataset, cfg: FDEConfig, box: tuple[torch.Tensor, torch.Tensor],
@@ -247,12 +226,21 @@ def _fde_mlp(model: nn.Module, data: Dataset, cfg: FDEConfig, report: Compressio
     return new
 
 
+def _is_mlp(model: nn.Module) -> bool:
+    """Whether ``model`` is a Sequential MLP (the path with the bound); every other model takes the graph path."""
+    try:
+        extract_chain(model)
+    except CompressionError:
+        return False
+    return True
+
+
 def fde_compress(model: nn.Module, data: Dataset, config: FDEConfig) -> tuple[nn.Module, CompressionReport]:
     """Merge neurons (conv channels) whose incoming (or, for linear MLP layers, outgoing) coefficients agree
     within ``eps``."""
     cfg = config
     report = CompressionReport("fde", asdict(cfg))
-    new = (_fde_cnn if is_conv_chain(model) else _fde_mlp)(model, data, cfg, report)
+    new = (_fde_mlp if _is_mlp(model) else fde_graph)(model, data, cfg, report)
     if cfg.finetune_epochs > 0:
         report.measured.update(compare_outputs(model, new, data))
         t0 = time.perf_counter()
@@ -291,6 +279,7 @@ def demo_case(quick: bool = True) -> DemoCase:
                     notes=[f"ReLU MLP 4→256→256→4 on the A+B⇌C→D+B flow map (Δt = 0.1); fde keeps widths {widths}"])
 
 
-SPEC = MethodSpec("fde", "ε-FDE merging of MLP neurons and conv channels (lump equivalent ones)", FDEConfig,
+SPEC = MethodSpec("fde", "ε-FDE merging of MLP neurons and of channels in any traceable model (lump equivalent "
+                  "ones)", FDEConfig,
                   fde_compress, demo_case=demo_case, report_fields=("bounds",), smoke_case=smoke_case,
                   budgets=("mac_ratio", "param_ratio"))

@@ -9,8 +9,8 @@ from torch import nn
 
 from compress import compress
 from compress.core.data import Dataset
-from compress.methods.fde import (box_samples, build_sequential, chain_forward, extract_chain, extract_conv_chain,
-                          leader_clusters, refine)
+from compress.methods.fde import (box_samples, build_sequential, chain_forward, extract_chain, leader_clusters,
+                                  refine)
 from compress.methods.fde import FDEConfig, input_box
 from compress.models import ACTIVATIONS, mlp, small_cnn
 
@@ -219,9 +219,8 @@ def test_cnn_eps0_merges_exactly_the_planted_channels(images: Dataset) -> None:
     new, rep = compress(model, images, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     assert rep.predicted["hidden_widths_before"] == [8, 10, 16]
     assert rep.predicted["hidden_widths"] == [6, 9, 16]
-    merged = refine(extract_conv_chain(model), 0.0, sums=False).chain
-    assert [g for g in merged.groups[0] if len(g) > 1] == [[1, 4], [2, 6]]
-    assert [g for g in merged.groups[1] if len(g) > 1] == [[0, 7]]
+    assert rep.layers[0].details["merged_blocks"] == [[1, 4], [2, 6]]
+    assert rep.layers[1].details["merged_blocks"] == [[0, 7]]
     assert rep.predicted["output_deviation_bound"] is None and any("MLP-only" in n for n in rep.notes)
     x = torch.randn(100, 3, 8, 8)
     with torch.no_grad():
@@ -278,10 +277,11 @@ def test_merged_cnn_is_plain_and_exports(tmp_path, images: Dataset) -> None:
 
     new, rep = compress(_planted_cnn(), images, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     kinds = {type(m) for m in new.modules()} - {nn.Sequential}
-    assert kinds == {nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.AvgPool2d, nn.Flatten, nn.Linear}
+    assert isinstance(new, nn.Sequential)  # BatchNorm stays, cut with its conv (the width core's surgery)
+    assert kinds == {nn.Conv2d, nn.BatchNorm2d, nn.ReLU, nn.MaxPool2d, nn.AvgPool2d, nn.Flatten, nn.Linear}
     layers = [m for m in new.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     widths = [m.out_channels if isinstance(m, nn.Conv2d) else m.out_features for m in layers[:-1]]
-    assert widths == rep.predicted["hidden_widths"] == [lr.rank for lr in rep.layers[:-1]]
+    assert widths == rep.predicted["hidden_widths"] == [lr.rank for lr in rep.layers]  # one per channel group
     path = tmp_path / "fde_cnn.onnx"
     to_onnx(new, images.x[:2], path)
     res = verify_parity(new, path, [images.x[:1], images.x[:37]], rtol=1e-4, atol=1e-5)

@@ -1,0 +1,205 @@
+"""``fde`` on any traceable model: ε-FDE over the channel groups of its traced graph (maths in :mod:`.graph`), cut by
+:func:`compress.core.width.apply_cuts`, a whole-model MAC or parameter budget met by bisecting ε.
+
+No output-deviation bound here: the interval bound (:mod:`.bound`) is for Linear chains (the MLP path); this
+path reports the deviation measured on the calibration data.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx, nn
+
+from ...core.costs import count_costs, count_macs_torch, whole_model_macs
+from ...core.data import Dataset
+from ...core.errors import CompressionError
+from ...core.options import flag_of
+from ...core.report import CompressionReport, LayerReport
+from ...core.width import WidthGraph, analyse, apply_cuts
+from .graph import MAX_EPS, WHOLE, GroupPlan, Lumper, LumpStats, Partition, blocks_of, dead_atoms, group_cuts, \
+    plan_groups
+
+if TYPE_CHECKING:
+    from .method import FDEConfig
+
+__all__ = ["fde_graph", "is_exported_program"]
+
+#: Bisection steps on ε in [0, MAX_EPS] for a budget (resolution MAX_EPS / 2¹⁴ ≈ 1e-4).
+_BISECTIONS = 14
+_BATCH = 256
+
+
+def is_exported_program(model: nn.Module) -> bool:
+    """Whether ``model`` is a loaded ``torch.export`` program (``ExportedProgram.module()``): a graph of aten
+    operators in which the layers are gone."""
+    return isinstance(model, fx.GraphModule) and any(
+        n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) for n in model.graph.nodes)
+
+
+@dataclass
+class _Lumped:
+    """One merge: the partitions, refinement statistics, the cut model and the ε it was made at."""
+
+    parts: dict[str, Partition]
+    stats: LumpStats
+    model: fx.GraphModule
+    eps: float
+
+
+def _lump(wg: WidthGraph, lumper: Lumper, eps: float) -> _Lumped:
+    parts, stats = lumper.at(eps)
+    return _Lumped(parts, stats, apply_cuts(wg, group_cuts(lumper.plans, parts)), eps)
+
+
+def _cost(model: nn.Module, example: torch.Tensor, kind: str) -> float:
+    """Whole-model parameters, or MACs per sample as :func:`compress.registry.fill_costs` counts them."""
+    if kind == "param_ratio":
+        return float(sum(p.numel() for p in model.parameters()))
+    return float(whole_model_macs(count_macs_torch(model, example), count_costs(model, example)))
+
+
+def _meet_budget(model: nn.Module, wg: WidthGraph, lumper: Lumper, cfg: "FDEConfig", data: Dataset,
+                 report: CompressionReport) -> _Lumped:
+    """The merge at the smallest ε found by bisection whose cut model meets the budget (ε = 0 when that does);
+    a one-line error naming the smallest reachable ratio (ε = MAX_EPS) when even that misses it."""
+    kind = cfg.budget_given[0]
+    target, flag = getattr(cfg, kind), flag_of(kind)
+    example = data.x[:min(len(data), 8)]
+    full = _cost(model, example, kind)
+
+    def attempt(eps: float) -> tuple[_Lumped, float]:
+        lumped = _lump(wg, lumper, eps)
+        return lumped, _cost(lumped.model, example, kind) / full
+
+    best, ratio = attempt(MAX_EPS)
+    if ratio > target:
+        raise CompressionError(f"{flag} {target:g} cannot be met: merging every channel fde may merge (ε = {MAX_EPS:g}) "
+                               f"reaches {ratio:.3g} at best; give {flag} >= {ratio:.3g}")
+    lo, hi = 0.0, MAX_EPS
+    for step in range(_BISECTIONS + 1):
+        eps = 0.0 if step == 0 else (lo + hi) / 2
+        lumped, r = attempt(eps)
+        if r <= target:
+            best, ratio, hi = lumped, r, eps
+        else:
+            lo = eps
+        if hi == 0.0:
+            break
+    report.predicted.update({"merge_eps_reached": hi, "budget_cost_ratio": ratio})
+    report.notes.append(f"{flag} {target:g}: merge tolerance bisected to ε = {hi:.4g} (cost ratio {ratio:.3g}); "
+                        "channels merge in blocks, so the ratio can land below the budget")
+    return best
+
+
+def _group_report(plan: GroupPlan, part: Partition) -> LayerReport:
+    """Widths before/after, dead channels removed and the merged blocks (atom indices) of one group."""
+    before = plan.group.size
+    blocks = list(blocks_of(part).values())
+    dead = int((part.leader < 0).sum())
+    merged_blocks = [b.tolist() for b in blocks if len(b) > 1]
+    merged = before - dead - len(blocks)
+    details = {"width_before": before, "width_after": len(blocks), "dead_removed": dead, "merged": merged,
+               "mode": plan.mode, "blocks": len(merged_blocks),
+               "largest_block": max(map(len, merged_blocks), default=1), "merged_blocks": merged_blocks}
+    action = "merged" if merged else "reduced" if dead else "kept"
+    return LayerReport(plan.group.name, "channel group", action, plan.reason, rank=len(blocks), full_rank=before,
+                       details=details)
+
+
+def _flat(out: Any) -> torch.Tensor:
+    """A model output (tensor, or tuple/list/dict of them) as one ``[batch, features]`` float64 matrix."""
+    if isinstance(out, torch.Tensor):
+        return out.reshape(len(out), -1).double()
+    items = out.values() if isinstance(out, dict) else out
+    return torch.cat([_flat(o) for o in items], 1)
+
+
+def _max_deviation(model: nn.Module, new: nn.Module, data: Dataset) -> tuple[str, float]:
+    """``max |model(x) − new(x)|`` over the calibration inputs: in float64 when both run in it, else as they are."""
+    for dtype in (torch.float64, None):
+        a, b = (copy.deepcopy(m).eval() for m in (model, new))
+        if dtype is not None:
+            a, b = a.to(dtype), b.to(dtype)
+        try:
+            with torch.no_grad():
+                dev = 0.0
+                for xb in data.inputs(_BATCH):
+                    xb = xb.to(dtype) if dtype is not None and xb.is_floating_point() else xb
+                    dev = max(dev, float((_flat(a(xb)) - _flat(b(xb))).abs().max()))
+        except RuntimeError:
+            if dtype is None:
+                raise
+            continue
+        return ("max_output_deviation_data_float64" if dtype is not None else "max_output_deviation_data"), dev
+    raise AssertionError("unreachable")
+
+
+def _fill_report(report: CompressionReport, plans: dict[str, GroupPlan], lumped: _Lumped) -> None:
+    cut = [name for name, p in plans.items() if not p.group.frozen]
+    report.layers = [_group_report(plans[name], lumped.parts[name]) for name in cut]
+    widths = {lr.name: [lr.full_rank, lr.rank] for lr in report.layers}
+    dead = sum(lr.details["dead_removed"] for lr in report.layers)
+    merged = sum(lr.details["merged"] for lr in report.layers)
+    whole = {name: plans[name].reason for name in cut if plans[name].mode == WHOLE}
+    report.predicted.update({
+        "output_deviation_bound": None, "hidden_widths_before": [w[0] for w in widths.values()],
+        "hidden_widths": [w[1] for w in widths.values()], "group_widths": widths, "dead_removed": dead,
+        "merged_channels": merged, "sweeps": lumped.stats.sweeps, "block_splits": lumped.stats.splits,
+        "block_merges": lumped.stats.merges,
+        "merge_eps": lumped.eps, "groups_left_whole": whole})
+    report.notes += [
+        "graph path: no output-deviation bound (the interval bound is MLP-only); the deviation is measured on the "
+        "calibration data",
+        f"{merged} channels merged in {sum(lr.action == 'merged' for lr in report.layers)} channel groups "
+        f"({lumped.stats.splits} block splits refining the exact partition, {lumped.stats.merges} block merges at "
+        f"ε = {lumped.eps:g}; {lumped.stats.sweeps} sweeps); {dead} dead channels removed "
+        "(exactly 0 on the calibration data at every state point: exact on that data only)"]
+    if whole:
+        report.notes.append("left whole: " + "; ".join(f"{k} ({v})" for k, v in whole.items()))
+
+
+def _like_input(model: nn.Module, gm: fx.GraphModule) -> nn.Module:
+    """A Sequential comes back as a Sequential of the resized layers when its traced graph only chains them;
+    any other model as the cut graph module."""
+    if not isinstance(model, nn.Sequential) or any(n.op not in ("placeholder", "call_module", "output")
+                                                   for n in gm.graph.nodes):
+        return gm
+    out = copy.deepcopy(model)
+    for n in gm.graph.nodes:
+        if n.op == "call_module":
+            parent, _, name = n.target.rpartition(".")
+            setattr(out.get_submodule(parent), name, gm.get_submodule(n.target))
+    return out.train(gm.training)
+
+
+def fde_graph(model: nn.Module, data: Dataset, cfg: "FDEConfig", report: CompressionReport) -> nn.Module:
+    """Dead channels (exactly 0 on the data at every state point) removed, then ε-FDE merging in every channel
+    group of the traced model (:mod:`.graph`), at ``cfg.merge_eps`` or bisected to a MAC/parameter budget."""
+    if is_exported_program(model):
+        raise CompressionError("fde needs the Python model (path/to/file.py:factory or a torchvision name): the "
+                               "layers of a torch.export program (.pt2) cannot be resized")
+    if cfg.representative != "leader" or cfg.compensation:
+        raise CompressionError("--representative and --compensation are for MLPs; fde merges channels of other "
+                               "models into their leader (the default --representative leader, no --compensation)")
+    t0 = time.perf_counter()
+    wg = analyse(model, data.x[:2])
+    plans = plan_groups(wg, cfg.scaling)
+    report.timings_s["analyse"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dead = dead_atoms(wg, plans, list(data.inputs(_BATCH))) if cfg.remove_dead else {}
+    report.timings_s["dead"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    lumper = Lumper(wg, plans, dead, next(model.parameters(), torch.empty(0)).dtype, cfg.max_sweeps)
+    lumped = (_meet_budget(model, wg, lumper, cfg, data, report) if cfg.budget_given
+              else _lump(wg, lumper, cfg.merge_eps))
+    report.timings_s["partition"] = time.perf_counter() - t0
+    _fill_report(report, plans, lumped)
+    new = _like_input(model, lumped.model)
+    key, dev = _max_deviation(model, new, data)
+    report.measured[key] = dev
+    return new
