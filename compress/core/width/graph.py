@@ -406,6 +406,12 @@ def _visit_module(wg: WidthGraph, node: fx.Node, mod: nn.Module) -> None:
             return
         wg.uses.append(Use(node.target, "weight", 0, chan.slots, "affine", node.name))
         _set(wg, node, chan)
+    elif isinstance(mod, nn.PReLU) and mod.num_parameters > 1:
+        if chan is None or chan.dim != 1:
+            _unknown(wg, node, "PReLU with per-channel slopes over a dimension that is not dimension 1")
+            return
+        wg.uses.append(Use(node.target, "weight", 0, chan.slots, "affine", node.name))
+        _set(wg, node, chan)
     elif isinstance(mod, _PASS_MODULES):
         _set(wg, node, chan)
     elif isinstance(mod, nn.Flatten):
@@ -790,7 +796,7 @@ def _build_groups(wg: WidthGraph) -> None:
         if g is not None:
             g.uses.append(u)
     for name, chan in wg.values.items():
-        if chan.slots:
+        if chan.slots and "#" not in name:  # "node#i": an item of a tuple output, carried on by its getitem node
             by_comp[cfind(wg.find(chan.slots[0]))].values[name] = chan.dim
     frozen_roots: dict[int, str] = {}
     for s, reason in wg.frozen.items():

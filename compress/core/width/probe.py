@@ -17,20 +17,26 @@ class _Probe(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         out = super().run_node(n)
-        if n.name in self.wanted:
-            self.found[n.name] = out
+        if n.name in self.wanted:  # a copy: a later in-place operation must not change what was captured
+            self.found[n.name] = out.clone() if isinstance(out, torch.Tensor) else out
         return out
 
 
 def capture(gm: fx.GraphModule, x: torch.Tensor, nodes: Iterable[str]) -> dict[str, torch.Tensor]:
-    """Run ``gm`` on ``x`` (no gradients) and return the values of ``nodes`` by name.
+    """Run ``gm`` on ``x`` (no gradients, eval mode) and return the values of ``nodes`` by name.
 
     The traced module's node names are those of :func:`~compress.core.width.graph.analyse` (a deep copy made
     with :func:`copy.deepcopy` keeps them), so a resized copy can be probed at the same points.
     """
     probe = _Probe(gm, set(nodes))
-    with torch.no_grad():
-        probe.run(x)
+    modes = {m: m.training for m in gm.modules()}
+    gm.eval()  # statistics are of the model as deployed; BatchNorm running stats stay untouched
+    try:
+        with torch.no_grad():
+            probe.run(x)
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
     return probe.found
 
 

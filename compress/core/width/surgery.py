@@ -3,7 +3,9 @@
 A :class:`Cut` names the atoms of a :class:`~compress.core.width.graph.ChannelGroup` to keep and, optionally,
 how the removed channels are expressed through the kept ones — ``x_all ≈ merge · x_kept + offset`` per
 sample, measured at the group's state points. Compensation is pushed into every dense consumer of the group
-(``W ← W · merge`` over the consumer's input channels, ``b ← b + W · offset``): a merge matrix whose rows sum
+(``W ← W · merge`` over the consumer's input channels, ``b ← b + W · offset``; the offset is exact for Linear
+layers and unpadded convolutions, and near the borders of zero-padded convolutions an approximation, since the
+padded taps saw zeros, not the offset): a merge matrix whose rows sum
 the merged channels into their representative is what ε-FDE lumping needs; a least-squares fit
 ``merge = Σ_{all,kept} Σ_{kept}⁻¹`` is the refit of consumers a warm start needs. Without compensation the
 cut is exact whenever the removed channels are dead (zero at every state point); with nothing removed the
@@ -70,14 +72,14 @@ class SlimAttention(nn.Module):
         q = q.view(n, lq, self.num_heads, self.head_dim).transpose(1, 2)
         k = k.view(n, ls, self.num_heads, self.head_dim).transpose(1, 2)
         v = v.view(n, ls, self.num_heads, self.head_dim).transpose(1, 2)
-        mask = attn_mask
+        mask = attn_mask  # True = may NOT attend (MultiheadAttention), the opposite of SDPA's boolean masks
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros_like(mask, dtype=q.dtype).masked_fill(mask, float("-inf"))
         if key_padding_mask is not None:
             pad = key_padding_mask.view(n, 1, 1, ls)
             pad = torch.zeros_like(pad, dtype=q.dtype).masked_fill(pad, float("-inf")) if pad.dtype == torch.bool \
                 else pad.to(q.dtype)
-            mask = pad if mask is None else (mask if mask.dtype != torch.bool else
-                                             torch.zeros_like(mask, dtype=q.dtype).masked_fill(mask, float("-inf"))
-                                             ) + pad
+            mask = pad if mask is None else mask + pad
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
                                              dropout_p=self.dropout if self.training else 0.0)
         out = self.out_proj(out.transpose(1, 2).reshape(n, lq, inner))
@@ -120,7 +122,7 @@ def _check_cut(group: ChannelGroup, cut: Cut) -> tuple[list[int], torch.Tensor |
 
 
 def _compensate(gm: nn.Module, wg: WidthGraph, use: Use, index: dict[int, int], keep: list[int],
-                merge: torch.Tensor | None, offset: torch.Tensor | None) -> None:
+                merge: torch.Tensor | None, offset: torch.Tensor | None, created: set[tuple[str, str]]) -> None:
     """Fold ``x_all = merge·x_kept + offset`` into one dense consumer's weight (and bias)."""
     owner, attr = _owner(gm, use)
     weight = getattr(owner, attr)
@@ -155,6 +157,7 @@ def _compensate(gm: nn.Module, wg: WidthGraph, use: Use, index: dict[int, int], 
         bias = getattr(owner, bias_name, None)
         if bias is None:
             setattr(owner, bias_name, nn.Parameter(shift.to(weight.dtype)))
+            created.add((use.target, bias_name))
         else:
             bias.data += shift.to(bias.dtype)
     weight.data.copy_(new_wt.movedim(0, use.dim).to(weight.dtype))
@@ -191,6 +194,8 @@ def _refresh(gm: fx.GraphModule, wg: WidthGraph, touched: set[str], removed: set
             mod.out_features, mod.in_features = mod.weight.shape
         elif isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
             mod.num_features = mod.running_mean.shape[0] if mod.running_mean is not None else mod.weight.shape[0]
+        elif isinstance(mod, nn.PReLU):
+            mod.num_parameters = mod.weight.shape[0]
         elif isinstance(mod, nn.LayerNorm):
             mod.normalized_shape = (mod.weight.shape[0],)
         elif isinstance(mod, nn.GroupNorm):
@@ -254,6 +259,7 @@ def apply_cuts(wg: WidthGraph, cuts: Mapping[str, Cut]) -> fx.GraphModule:
         plans[name] = (group, keep, merge, offset)
         kept = {group.atoms[k] for k in keep}
         removed.update(a for a in group.atoms if a not in kept)
+    created: set[tuple[str, str]] = set()
     with torch.no_grad():
         for group, keep, merge, offset in plans.values():
             if merge is None and offset is None:
@@ -261,13 +267,17 @@ def apply_cuts(wg: WidthGraph, cuts: Mapping[str, Cut]) -> fx.GraphModule:
             index = _atom_index(wg, group)
             for use in group.uses:
                 if use.role == "consumer":
-                    _compensate(gm, wg, use, index, keep, merge, offset)
+                    _compensate(gm, wg, use, index, keep, merge, offset, created)
         touched: set[str] = set()
         for use in wg.uses:
             positions = wg.positions(use.slots, removed)
             if len(positions) == len(use.slots):
                 continue
             _slice(gm, use, positions)
+            bias = "in_proj_bias" if use.param == "in_proj_weight" else "bias"
+            if use.dim == 0 and use.param in ("weight", "in_proj_weight") and (use.target, bias) in created:
+                _slice(gm, Use(use.target, bias, 0, use.slots, use.role, use.node), positions)  # a bias the
+                # compensation of this layer's input created is cut with the layer's own rows
             touched.add(use.target if use.target else "")
         _refresh(gm, wg, touched, removed)
         _rewrite(gm, wg, removed)

@@ -9,6 +9,9 @@ hooks and accumulated batch by batch in float64.
   direction c is a channel-uniform shift, so the Jacobian column is the spatial sum of ∂z/∂h[c, ·].
   Exact (one backward per output) when there are few outputs; otherwise the unbiased random-projection
   estimate (1/(N k)) Σ_n Σ_j (J_nᵀ v_j)(J_nᵀ v_j)ᵀ with Rademacher probes v_j (E[v vᵀ] = I).
+
+The estimators themselves (:class:`Moments`, :func:`gram_sum`, :func:`output_directions`) are shared with the
+channel-group state points of :mod:`.graph_gramians`.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ from ...core.evaluate import eval_mode
 from ...core.progress import tracked
 from ...models import ACTIVATIONS
 
-__all__ = ["StateGramians", "default_state_points", "collect_states", "reachability_gramians",
-           "observability_gramians", "collect_gramians"]
+__all__ = ["StateGramians", "Moments", "gram_sum", "output_directions", "default_state_points", "collect_states",
+           "reachability_gramians", "observability_gramians", "collect_gramians"]
 
 log = logging.getLogger(__name__)
 
 _ACT_TYPES = tuple(ACTIVATIONS.values()) + (nn.ReLU6, nn.ELU, nn.Hardswish, nn.Mish)
 _RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
+_CHUNK_ROWS = 1 << 16  # rows converted to float64 at a time
 
 
 @dataclass
@@ -152,10 +156,70 @@ def collect_states(model: nn.Module, data: Dataset, points: Sequence[str], batch
     return {p: torch.cat(v) for p, v in acc.items()}
 
 
+class Moments:
+    """Streaming mean and scatter of row samples in float64, by shifted data (Chan, Golub & LeVeque 1983,
+    "Algorithms for computing the sample variance: analysis and recommendations"): rows are centred on the first
+    chunk's mean before their products are summed, so a large mean costs no precision; rows are converted to
+    float64 in chunks."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.shift: torch.Tensor | None = None
+        self.s1: torch.Tensor | None = None
+        self.s2: torch.Tensor | None = None
+
+    def update(self, x: torch.Tensor) -> None:
+        """Add the rows of ``x`` (samples × d)."""
+        for chunk in x.detach().split(_CHUNK_ROWS):
+            c = chunk.double()
+            if self.shift is None:
+                self.shift = c.mean(0)
+                self.s1, self.s2 = torch.zeros_like(self.shift), c.new_zeros(c.shape[1], c.shape[1])
+            c = c - self.shift
+            self.s1 += c.sum(0)
+            self.s2 += c.T @ c
+            self.n += len(c)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.shift + self.s1 / self.n
+
+    @property
+    def scatter(self) -> torch.Tensor:
+        """Σ_n (x_n − x̄)(x_n − x̄)ᵀ."""
+        m = self.s1 / self.n
+        return self.s2 - self.n * torch.outer(m, m)
+
+
+def gram_sum(g: torch.Tensor) -> torch.Tensor:
+    """Σ_n g_n g_nᵀ of the rows of ``g`` (samples × d) in float64, converted in chunks."""
+    acc = g.new_zeros(g.shape[1], g.shape[1], dtype=torch.float64)
+    for chunk in g.detach().split(_CHUNK_ROWS):
+        c = chunk.double()
+        acc += c.T @ c
+    return acc
+
+
+def output_directions(z: torch.Tensor, max_exact_outputs: int, probes: int, gen: torch.Generator
+                      ) -> tuple[list[torch.Tensor], str]:
+    """Output-space directions v whose vector-Jacobian products J_nᵀ v_n sum to the Go estimate.
+
+    ``z`` is (N, outputs). Exact: the unit vectors e_j (Σ_j J_nᵀ e_j e_jᵀ J_n = J_nᵀ J_n). Otherwise ``probes``
+    Rademacher vectors scaled by 1/√probes, an unbiased estimate since E[v vᵀ] = I/probes per probe.
+    Returns the directions (each shaped like ``z``) and ``"exact"`` or ``"probes:k"``.
+    """
+    if z.shape[1] <= max_exact_outputs:
+        eye = torch.eye(z.shape[1], dtype=z.dtype)
+        return [eye[j].expand_as(z) for j in range(z.shape[1])], "exact"
+    scale = probes ** -0.5
+    return [(torch.randint(0, 2, z.shape, generator=gen) * 2 - 1).to(z.dtype) * scale for _ in range(probes)], \
+        f"probes:{probes}"
+
+
 @torch.no_grad()
 def reachability_gramians(model: nn.Module, data: Dataset, points: Sequence[str], batch_size: int = 256
                           ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Per point ``(mean, Gc)``: streaming centred covariance (1/(N−1)) in float64, shifted by batch 1's mean.
+    """Per point ``(mean, Gc)``: streaming centred covariance (1/(N−1)) in float64 (:class:`Moments`).
 
     The empirical reachability Gramian of a state point is the covariance of its states over the data.
 
@@ -178,28 +242,15 @@ def reachability_gramians(model: nn.Module, data: Dataset, points: Sequence[str]
     if len(data) < 2:
         raise CompressionError("the reachability Gramian needs at least 2 calibration samples")
     cap = _Capture(model, points)
-    shift: dict[str, torch.Tensor] = {}
-    s1: dict[str, torch.Tensor] = {}
-    s2: dict[str, torch.Tensor] = {}
+    moments = {p: Moments() for p in points}
     try:
         for xb in _eval_batches(model, data, batch_size):
             model(xb)
             for p in points:
-                h = _as_state(cap.out[p]).double()
-                if p not in shift:
-                    shift[p] = h.mean(0)
-                    s1[p], s2[p] = torch.zeros_like(shift[p]), h.new_zeros(h.shape[1], h.shape[1])
-                c = h - shift[p]
-                s1[p] += c.sum(0)
-                s2[p] += c.T @ c
+                moments[p].update(_as_state(cap.out[p]))
     finally:
         cap.close()
-    n = len(data)
-    out = {}
-    for p in points:
-        m = s1[p] / n
-        out[p] = (shift[p] + m, (s2[p] - n * torch.outer(m, m)) / (n - 1))
-    return out
+    return {p: (m.mean, m.scatter / (m.n - 1)) for p, m in moments.items()}
 
 
 def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str], max_exact_outputs: int = 64,
@@ -207,9 +258,9 @@ def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str
                            ) -> tuple[dict[str, torch.Tensor], str]:
     """Per point Go = mean_n J_nᵀ J_n (float64) and the method used (``"exact"`` or ``"probes:k"``).
 
-    Exact when the model has at most ``max_exact_outputs`` outputs, else ``probes`` Rademacher probes.
-    Assumes samples are independent in eval mode (no batch-coupled layers). J_n is the Jacobian of the model's
-    output with respect to the state at the point, for sample n.
+    Exact when the model has at most ``max_exact_outputs`` outputs, else ``probes`` Rademacher probes
+    (:func:`output_directions`). Assumes samples are independent in eval mode (no batch-coupled layers). J_n is
+    the Jacobian of the model's output with respect to the state at the point, for sample n.
 
     Parameters
     ----------
@@ -244,20 +295,11 @@ def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str
             xb = xb.detach().clone().requires_grad_(True)
             z = model(xb).reshape(len(xb), -1)
             hs = [cap.out[p] for p in points]
-            exact = z.shape[1] <= max_exact_outputs
-            method = "exact" if exact else f"probes:{probes}"
-            directions = range(z.shape[1]) if exact else range(probes)
-            for j in directions:
-                if exact:
-                    v = torch.zeros_like(z)
-                    v[:, j] = 1.0
-                else:
-                    v = (torch.randint(0, 2, z.shape, generator=gen) * 2 - 1).to(z.dtype)
+            directions, method = output_directions(z, max_exact_outputs, probes, gen)
+            for v in directions:
                 grads = torch.autograd.grad(z, hs, grad_outputs=v, retain_graph=True, allow_unused=True)
                 for p, g, h in zip(points, grads, hs):
-                    g = _grad_state(torch.zeros_like(h) if g is None else g).double()
-                    g = g if exact else g / probes ** 0.5
-                    acc[p] = acc.get(p, 0) + g.T @ g
+                    acc[p] = acc.get(p, 0) + gram_sum(_grad_state(torch.zeros_like(h) if g is None else g))
     finally:
         cap.close()
     for p in points:

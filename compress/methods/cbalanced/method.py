@@ -4,9 +4,22 @@ balanced (C) ranks as its widths.
 
 Tests per state point (Moore 1981 balanced truncation, applied to empirical Gramians):
 A (reachability) energy rank of Gc; B (observability) energy rank of Go; C energy rank of Gc^½ Go Gc^½.
-The realised network is trained from scratch or warm-started (neurons kept by balanced leverage, following
-Linear layers refitted by least squares), with cross-entropy or distillation; a uniform-width network of the
-same parameter count, trained the same way, is the control.
+The C rank is the width; on channel groups it is rounded up to the kernels' fast channel multiple
+(``width_multiple``, in groups at least twice that wide) and the exact rank is reported next to it.
+
+Two realisations, chosen by the model:
+
+- ``nn.Sequential`` MLPs (Linear + activation stacks): state points are the hidden activations; the warm start
+  keeps neurons by balanced leverage and refits each following Linear layer by least squares, layer by layer
+  (:mod:`.realise`).
+- Any other model torch.fx can trace (CNNs, ResNets with projection or option-A shortcuts, user code): state
+  points are the channel groups of the traced graph (:mod:`compress.core.width`), the state vector of a group
+  its channels over every position (:mod:`.graph_gramians`); the warm start keeps channels by balanced leverage
+  and refits every consumer of a cut group by least squares (:mod:`.graph_realise`). No family needs
+  hand-written surgery. ``torch.export`` programs (.pt2) are refused: their layers cannot be resized.
+
+The realised network is trained from scratch or warm-started, with cross-entropy or distillation; a
+uniform-width network of the same parameter count, trained the same way, is the control.
 """
 
 from __future__ import annotations
@@ -14,30 +27,31 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...core.allocate import KEEP, allocate, options_from_spectrum
 from ...core.data import Dataset
 from ...core.demo_case import DemoCase, DemoRun
 from ...core.errors import CompressionError
 from ...core.evaluate import compare_outputs, predict
-from ...core.options import CostBudget, SeedOption, StateBudgetOption
-from ...core.linalg import balanced_basis, balanced_gramian, energy_rank, sym_eig_desc
+from ...core.options import CostBudget, SeedOption, StateBudgetOption, WidthMultipleOption
 from ...core.report import CompressionReport, LayerReport
 from ...core.spec import MethodSpec
-from .smoke import smoke_case
 from ...core.train import TrainConfig, train
-from .empirical_gramians import StateGramians, collect_gramians, default_state_points
-from .realise import (insert_projections, is_basic_resnet, refit_linear_chain, resize_resnet, resize_sequential,
-                      resnet_params, sequential_params, stage_producers, top_indices)
+from ...core.width import Cut, analyse, apply_cuts
+from .analysis import StateAnalysis, analyse_states, budget_ranks
+from .empirical_gramians import collect_gramians, default_state_points
+from .graph_gramians import group_gramians, select_groups
+from .realise import insert_projections, is_mlp, refit_linear_chain, resize_sequential, sequential_params, \
+    stage_producers, top_indices
+from .graph_realise import count_params, group_params, realise_groups, round_width
+from .smoke import smoke_case
 
 __all__ = ["CBalancedConfig", "StateAnalysis", "analyse_states", "budget_ranks", "cbalanced_compress",
-           "realise", "demo_case", "INITS", "SELECTIONS", "SPEC"]
+           "realise", "closest_uniform_width", "demo_case", "INITS", "SELECTIONS", "SPEC"]
 
 log = logging.getLogger(__name__)
 INITS = ("scratch", "warm")
@@ -45,7 +59,7 @@ SELECTIONS = ("leverage", "magnitude")
 
 
 @dataclass
-class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption):
+class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOption):
     """Options of the C-balanced method (no cost budget: the energy tolerance or the state budget sets the widths).
 
     ``energy_eps``: energy left out by each test's rank (ignored when ``state_budget`` gives the total state order).
@@ -54,6 +68,7 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption):
     ``controls``: also train the other inits, the uniform-width control and the projected diagnostic.
     ``go_samples``/``probes``/``max_exact_outputs``: observability Gramian on a subsample, exact Jacobians up to
     that many outputs, else a random-projection estimate.
+    ``width_multiple``: channel-group widths are C ranks rounded up to it (Sequential MLPs keep the exact ranks).
     """
 
     DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"eps": "energy_eps", "batch_size": "train_batch_size",
@@ -65,8 +80,9 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption):
                           "Deprecated alias: --eps."})
     state_points: tuple[str, ...] = field(
         default=(),
-        metadata={"help": "Qualified module name whose output is a state point; default the hidden activations "
-                          "(layer1..layer4 of a ResNet)."})
+        metadata={"help": "A state point: for Sequential MLPs a hidden activation's module name; for other models a "
+                          "channel group (its name, or a module writing it); default every hidden activation or "
+                          "every channel group that can be resized."})
     init: str = field(
         default="warm",
         metadata={"help": "Start of the realised network: warm (kept neurons copied) or scratch; default warm.",
@@ -77,12 +93,13 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption):
                           "default on."})
     selection: str = field(
         default="leverage",
-        metadata={"help": "Which neurons a warm start keeps: by balanced leverage or by weight magnitude; default "
-                          "leverage.",
+        metadata={"help": "Which neurons/channels a warm start keeps: by balanced leverage or by the L1 norm of the "
+                          "weight rows writing them; default leverage.",
                   "choices": SELECTIONS})
     refit: bool = field(
         default=True,
-        metadata={"help": "Least-squares refit after copying the kept neurons of a warm start; default on."})
+        metadata={"help": "Least-squares refit after copying the kept neurons/channels of a warm start (MLPs: each "
+                          "following Linear; other models: every layer reading a resized group); default on."})
     ridge: float = field(
         default=1e-6,
         metadata={"help": "Ridge regularisation of the least-squares refit, >= 0; default 1e-6."})
@@ -129,6 +146,7 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption):
     def __post_init__(self) -> None:
         CostBudget.__post_init__(self)
         StateBudgetOption.__post_init__(self)
+        WidthMultipleOption.__post_init__(self)
         if self.init not in INITS:
             raise CompressionError(f"--init must be one of {INITS}, got {self.init!r}")
         if self.selection not in SELECTIONS:
@@ -149,141 +167,98 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption):
                            self.temperature, self.seed)
 
 
-@dataclass
-class StateAnalysis:
-    """Ranks of the three tests at one state point, their spectra (descending) and the C-test factors."""
-
-    name: str
-    dim: int
-    rank_a: int
-    rank_b: int
-    rank_c: int
-    spectra: dict[str, np.ndarray]
-    gc_root: torch.Tensor = field(repr=False)
-    vb: torch.Tensor = field(repr=False)
-    mean: torch.Tensor = field(repr=False)
-
-    def basis(self, rank: int | None = None) -> torch.Tensor:
-        """U = orth(Gc^½ V_b[:, :r]) (d × r), r defaulting to the C rank."""
-        return balanced_basis(self.gc_root, self.vb, self.rank_c if rank is None else rank)
-
-    def energy_kept(self, test: str, rank: int) -> float:
-        lam = self.spectra[test]
-        return float(lam[:rank].sum() / lam.sum()) if lam.sum() > 0 else 1.0
-
-
-def budget_ranks(spectra: dict[str, np.ndarray], budget: int) -> dict[str, int]:
-    """Ranks with Σ r ≤ ``budget`` keeping the same energy fraction in every layer (largest that fits)."""
-    if budget < len(spectra):
-        raise CompressionError(f"state_budget {budget} is below one state per layer ({len(spectra)})")
-    opts = [options_from_spectrum(n, lam, float, float(len(lam))) for n, lam in spectra.items()]
-    ranks = allocate(opts, float(budget), "energy")
-    return {n: (len(spectra[n]) if r == KEEP else max(int(r), 1)) for n, r in ranks.items()}
-
-
-def analyse_states(grams: dict[str, StateGramians], eps: float, state_budget: int | None = None
-                   ) -> dict[str, StateAnalysis]:
-    """Tests A, B, C at every state point; C ranks from ``eps`` or the total ``state_budget``."""
-    out = {}
-    for name, g in grams.items():
-        lam_a, _ = sym_eig_desc(g.gc)
-        lam_b, _ = sym_eig_desc(g.go)
-        b, root = balanced_gramian(g.gc, g.go)
-        lam_c, vb = sym_eig_desc(b)
-        spectra = {"A": lam_a.numpy(), "B": lam_b.numpy(), "C": lam_c.numpy()}
-        ranks = [max(energy_rank(lam, eps), 1) for lam in (lam_a, lam_b, lam_c)]
-        out[name] = StateAnalysis(name, g.dim, *ranks, spectra, root, vb, g.mean)
-    if state_budget is not None:
-        for name, r in budget_ranks({n: a.spectra["C"] for n, a in out.items()}, state_budget).items():
-            out[name].rank_c = r
-    return out
-
-
-def _scores(model: nn.Sequential, analysis: StateAnalysis, producer: int, width: int, selection: str) -> torch.Tensor:
-    """Per-neuron keep score: balanced leverage ‖U_r[i, :]‖² or the L1 norm of the producer's weight row."""
+def _mlp_scores(model: nn.Sequential, analysis: StateAnalysis, producer: int, width: int, selection: str
+                ) -> torch.Tensor:
+    """Per-neuron keep score: balanced leverage ‖U_w[i, :]‖² (see :func:`.graph_realise.balanced_leverage`) or the
+    L1 norm of the producer's weight row."""
     if selection == "leverage":
         return analysis.basis(width).pow(2).sum(1)
     return model[producer].weight.detach().abs().flatten(1).sum(1).double()
 
 
-def _realise_sequential(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[str, int], init: str,
-                        calib: Dataset | None, selection: str, refit: bool, ridge: float, seed: int) -> nn.Module:
+def realise(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[str, int], init: str,
+            calib: Dataset | None = None, selection: str = "leverage", refit: bool = True,
+            ridge: float = 1e-6, seed: int = 0) -> nn.Module:
+    """A Sequential MLP with width ``widths[p]`` at each state point, freshly initialised or warm-started (kept
+    neurons copied, then with ``refit`` each following Linear refitted by least squares on ``calib``)."""
     producers = stage_producers(model, list(widths))
     by_index = {producers[p]: w for p, w in widths.items()}
     if init == "scratch":
         torch.manual_seed(seed)
         return resize_sequential(model, by_index).eval()
-    keep = {producers[p]: top_indices(_scores(model, analyses[p], producers[p], w, selection), w)
+    keep = {producers[p]: top_indices(_mlp_scores(model, analyses[p], producers[p], w, selection), w)
             for p, w in widths.items()}
     new = resize_sequential(model, by_index, keep).eval()
     if refit:
         if calib is None:
             raise CompressionError("the least-squares refit needs calibration data")
-        if all(isinstance(model[i], nn.Linear) for i in producers.values()):
-            refit_linear_chain(model, new, calib.x, sorted(producers.values()), keep, ridge)
-        else:
-            log.info("least-squares refit skipped: only Linear stacks are refitted")
+        refit_linear_chain(model, new, calib.x, sorted(producers.values()), keep, ridge)
     return new
 
 
-def _resnet_scores(model: nn.Module, analysis: StateAnalysis, stage: str, width: int, selection: str) -> torch.Tensor:
-    """Per-channel keep score of a stage: balanced leverage, or the summed L1 norms of its blocks' conv2 rows."""
-    if selection == "leverage":
-        return analysis.basis(width).pow(2).sum(1)
-    return sum(b.conv2.weight.detach().abs().flatten(1).sum(1) for b in model.get_submodule(stage).children()).double()
+@dataclass
+class _Plan:
+    """What one realisation path provides: the tests per state point, how to build a network of given widths
+    (``build(widths, init)``) and count its parameters, the widest uniform width the control may use, and per
+    state point the kind, parameter count and label of its producing layers in a given network."""
+
+    kind: str
+    analyses: dict[str, StateAnalysis]
+    go_method: str
+    build: Callable[[dict[str, int], str], nn.Module]
+    params: Callable[[dict[str, int]], int]
+    max_uniform: int
+    layer: Callable[[nn.Module, str], tuple[str, int, Any]]
+    notes: list[str] = field(default_factory=list)
 
 
-def _realise_resnet(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[str, int], init: str,
-                    calib: Dataset | None, selection: str, refit: bool, ridge: float, seed: int) -> nn.Module:
-    """Stage widths of a basic-block ResNet; warm start keeps stream channels by ``selection`` and each block's
-    inner channels by |BN1 weight| (no least-squares refit)."""
-    if init == "scratch":
-        torch.manual_seed(seed)
-        return resize_resnet(model, widths).eval()
-    keep = {p: top_indices(_resnet_scores(model, analyses[p], p, w, selection), w) for p, w in widths.items()}
-    keep.update({f"{p}.{j}": top_indices(b.bn1.weight.detach().abs(), w)
-                 for p, w in widths.items() for j, b in enumerate(model.get_submodule(p).children())})
-    if refit:
-        log.info("least-squares refit skipped: only Linear stacks are refitted")
-    return resize_resnet(model, widths, keep).eval()
+def _mlp_plan(model: nn.Module, calib: Dataset, cfg: CBalancedConfig) -> _Plan:
+    points = list(cfg.state_points) or default_state_points(model)
+    grams = collect_gramians(model, calib, points, cfg.max_exact_outputs, cfg.probes, cfg.go_samples, seed=cfg.seed)
+    analyses = analyse_states(grams, cfg.energy_eps, cfg.state_budget)
+    producers = stage_producers(model, points)
+
+    def build(widths: dict[str, int], init: str) -> nn.Module:
+        return realise(model, analyses, widths, init, calib, cfg.selection, cfg.refit, cfg.ridge, cfg.seed)
+
+    def layer(net: nn.Module, p: str) -> tuple[str, int, Any]:
+        i = producers[p]
+        return type(net[i]).__name__, count_params(net[i]), i
+
+    return _Plan("sequential MLP", analyses, next(iter(grams.values())).go_method, build,
+                 lambda w: sequential_params(model, {producers[p]: v for p, v in w.items()}),
+                 4 * max(a.dim for a in analyses.values()) + 1, layer)
 
 
-@dataclass(frozen=True)
-class _Family:
-    """How one model family is realised: ``matches`` picks it; ``params`` counts a realisation without
-    building it; ``stage`` gives the module reported for a state point and its producer label."""
+def _graph_plan(model: nn.Module, calib: Dataset, cfg: CBalancedConfig) -> _Plan:
+    wg = analyse(model, calib.x[:2])
+    groups = select_groups(wg, cfg.state_points)
+    if not groups:
+        raise CompressionError(f"{type(model).__name__} has no channel group that can be resized "
+                               f"({len(wg.unsupported)} patterns left whole: "
+                               f"{'; '.join(f'{n}: {r}' for n, r in wg.unsupported[:3])})")
+    grams = group_gramians(wg, groups, calib, cfg.max_exact_outputs, cfg.probes, cfg.go_samples, seed=cfg.seed)
+    analyses = analyse_states(grams, cfg.energy_eps, cfg.state_budget)
 
-    matches: Callable[[nn.Module], bool]
-    realise: Callable[..., nn.Module]
-    params: Callable[[nn.Module, dict[str, int]], int]
-    stage: Callable[[nn.Module, str], tuple[nn.Module, int | str]]
+    def build(widths: dict[str, int], init: str) -> nn.Module:
+        return realise_groups(model, wg, analyses, widths, init, cfg.selection, cfg.refit, cfg.ridge, cfg.seed)
 
+    def params(widths: dict[str, int]) -> int:
+        return count_params(apply_cuts(wg, {g: Cut(list(range(min(w, analyses[g].dim)))) for g, w in widths.items()}))
 
-def _sequential_params(model: nn.Module, widths: dict[str, int]) -> int:
-    producers = stage_producers(model, list(widths))
-    return sequential_params(model, {producers[p]: w for p, w in widths.items()})
+    def layer(net: nn.Module, name: str) -> tuple[str, int, Any]:
+        group = wg.group(name)
+        producer = next((u.target for u in group.uses if u.role == "producer" and u.target), "")
+        kind = type(wg.gm.get_submodule(producer)).__name__ if producer else "channel group"
+        return kind, group_params(net, group), producer
 
-
-def _sequential_stage(model: nn.Module, point: str) -> tuple[nn.Module, int]:
-    i = stage_producers(model, [point])[point]
-    return model[i], i
-
-
-_FAMILIES = (
-    _Family(is_basic_resnet, _realise_resnet, resnet_params, lambda m, p: (m.get_submodule(p), p)),
-    _Family(lambda m: True, _realise_sequential, _sequential_params, _sequential_stage),  # refuses non-Sequential
-)
-
-
-def _family(model: nn.Module) -> _Family:
-    return next(f for f in _FAMILIES if f.matches(model))
+    notes = [f"left whole by the width analysis: {n}: {r}" for n, r in wg.unsupported]
+    return _Plan("channel groups", analyses, next(iter(grams.values())).go_method, build, params,
+                 max(a.dim for a in analyses.values()), layer, notes)
 
 
-def realise(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[str, int], init: str,
-            calib: Dataset | None = None, selection: str = "leverage", refit: bool = True,
-            ridge: float = 1e-6, seed: int = 0) -> nn.Module:
-    """The same family with width ``widths[p]`` at each state point, freshly initialised or warm-started."""
-    return _family(model).realise(model, analyses, widths, init, calib, selection, refit, ridge, seed)
+def _plan(model: nn.Module, calib: Dataset, cfg: CBalancedConfig) -> _Plan:
+    return (_mlp_plan if is_mlp(model) else _graph_plan)(model, calib, cfg)
 
 
 @torch.no_grad()
@@ -305,11 +280,9 @@ def _trained(model: nn.Module, teacher: nn.Module, train_set: Dataset, val: Data
     return model, {"best_epoch": result.best_epoch, "epochs_run": len(result.history)}
 
 
-def _variants(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[str, int], train_set: Dataset,
-              val: Dataset, calib: Dataset, cfg: CBalancedConfig) -> tuple[nn.Module, dict[str, dict]]:
+def _variants(model: nn.Module, plan: _Plan, widths: dict[str, int], train_set: Dataset, val: Dataset,
+              cfg: CBalancedConfig) -> tuple[nn.Module, dict[str, dict]]:
     """Train the configured variant and, with ``controls``, the other inits and the uniform-width control."""
-    build = lambda w, init: realise(model, analyses, w, init, calib, cfg.selection, cfg.refit,  # noqa: E731
-                                    cfg.ridge, cfg.seed)
     runs = [(cfg.init, cfg.distill)]
     if cfg.controls:
         runs += [(i, d) for i in INITS for d in (False, True) if (i, d) != (cfg.init, cfg.distill)]
@@ -317,7 +290,7 @@ def _variants(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict
     chosen = None
     for init, distill in runs:
         t0 = time.perf_counter()
-        net = build(widths, init)
+        net = plan.build(widths, init)
         if init == "warm":
             results["warm_untrained"] = _quality(net, val)
         net, info = _trained(net, model, train_set, val, cfg, distill)
@@ -325,43 +298,48 @@ def _variants(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict
         results[key] = {**_quality(net, val), **info, "train_s": time.perf_counter() - t0}
         chosen = net if chosen is None else chosen
     if cfg.controls:
-        dims = {p: a.dim for p, a in analyses.items()}
-        results.update(_uniform_control(model, widths, dims, train_set, val, cfg, build))
+        results.update(_uniform_control(model, plan, widths, train_set, val, cfg))
     return chosen, results
 
 
-def _uniform_control(model: nn.Module, widths: dict[str, int], dims: dict[str, int], train_set: Dataset,
-                     val: Dataset, cfg: CBalancedConfig, build: Callable[[dict[str, int], str], nn.Module]
-                     ) -> dict[str, dict]:
-    """The same family with one width everywhere at the realised parameter count, trained the same way."""
-    params = _family(model).params
-    target = params(model, widths)
-    hi = 4 * max(dims[p] for p in widths) + 1
-    w = min(range(1, hi + 1), key=lambda v: abs(params(model, {p: v for p in widths}) - target))
-    net, info = _trained(build({p: w for p in widths}, cfg.init), model, train_set, val, cfg, cfg.distill)
+def closest_uniform_width(params: Callable[[int], int], target: int, hi: int) -> int:
+    """The width w in [1, hi] whose parameter count ``params(w)`` (non-decreasing in w) is closest to ``target``
+    (the smaller on a tie), by bisection."""
+    lo, top = 1, hi
+    while lo < top:
+        mid = (lo + top) // 2
+        if params(mid) >= target:
+            top = mid
+        else:
+            lo = mid + 1
+    return min(sorted({max(lo - 1, 1), lo}), key=lambda w: abs(params(w) - target))
+
+
+def _uniform_control(model: nn.Module, plan: _Plan, widths: dict[str, int], train_set: Dataset, val: Dataset,
+                     cfg: CBalancedConfig) -> dict[str, dict]:
+    """One width at every state point (capped at its size) with the realised parameter count, trained the same
+    way."""
+    uniform = lambda w: {p: min(w, plan.analyses[p].dim) if plan.kind == "channel groups" else w  # noqa: E731
+                         for p in widths}
+    w = closest_uniform_width(lambda v: plan.params(uniform(v)), plan.params(widths), plan.max_uniform)
+    net, info = _trained(plan.build(uniform(w), cfg.init), model, train_set, val, cfg, cfg.distill)
     return {"uniform": {**_quality(net, val), **info, "width": w, "init": cfg.init, "distill": cfg.distill}}
 
 
 def _projected(model: nn.Module, analyses: dict[str, StateAnalysis], val: Dataset) -> dict[str, float] | None:
     """Diagnostic projected model (MLP states only); larger than the original by construction."""
-    try:
-        proj = insert_projections(model, {p: (a.basis(), a.mean) for p, a in analyses.items()}).eval()
-        return _quality(proj, val)
-    except (RuntimeError, CompressionError) as err:  # feature-map states cannot be projected as vectors
-        log.info("projected model skipped: %s", err)
-        return None
+    proj = insert_projections(model, {p: (a.basis(), a.mean) for p, a in analyses.items()}).eval()
+    return _quality(proj, val)
 
 
-def _layer_reports(model: nn.Module, new: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[str, int]
-                   ) -> list[LayerReport]:
-    family = _family(model)
+def _layer_reports(model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[str, int]) -> list[LayerReport]:
     rows = []
-    for p, a in analyses.items():
-        (old_layer, i), (new_layer, _) = family.stage(model, p), family.stage(new, p)
+    for p, a in plan.analyses.items():
+        (kind, before, producer), (_, after, _) = plan.layer(model, p), plan.layer(new, p)
         rows.append(LayerReport(
-            p, type(old_layer).__name__, "resized", "width = C rank", sum(t.numel() for t in old_layer.parameters()),
-            sum(t.numel() for t in new_layer.parameters()), rank=widths[p], full_rank=a.dim,
-            details={"rank_a": a.rank_a, "rank_b": a.rank_b, "rank_c": a.rank_c, "producer": i,
+            p, kind, "resized", "width = C rank" + (" rounded up to the width multiple" if widths[p] != a.rank_c
+                                                    else ""), before, after, rank=widths[p], full_rank=a.dim,
+            details={"rank_a": a.rank_a, "rank_b": a.rank_b, "rank_c": a.rank_c, "producer": producer,
                      "energy_kept_c": a.energy_kept("C", widths[p])}))
     return rows
 
@@ -375,34 +353,36 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig)
     model.eval()
     train_set, val = data.split(cfg.val_fraction, cfg.seed)
     calib = train_set.take(cfg.gramian_samples)
-    points = list(cfg.state_points) or default_state_points(model)
     t0 = time.perf_counter()
-    grams = collect_gramians(model, calib, points, cfg.max_exact_outputs, cfg.probes, cfg.go_samples, seed=cfg.seed)
+    plan = _plan(model, calib, cfg)
     report.timings_s["gramians"] = time.perf_counter() - t0
-    analyses = analyse_states(grams, cfg.energy_eps, cfg.state_budget)
-    widths = {p: a.rank_c for p, a in analyses.items()}
+    multiple = cfg.width_multiple if plan.kind == "channel groups" else 1
+    widths = {p: round_width(a.rank_c, a.dim, multiple) for p, a in plan.analyses.items()}
     t0 = time.perf_counter()
-    new, variants = _variants(model, analyses, widths, train_set, val, calib, cfg)
+    new, variants = _variants(model, plan, widths, train_set, val, cfg)
     report.timings_s["realise_and_train"] = time.perf_counter() - t0
-    _fill(report, model, new, analyses, widths, next(iter(grams.values())).go_method)
+    _fill(report, model, new, plan, widths, multiple)
     report.measured.update(compare_outputs(model, new, val))
     report.measured["original"] = _quality(model, val)
     report.measured["variants"] = variants
-    if cfg.controls:
-        report.measured["projected"] = _projected(model, analyses, val)
+    if cfg.controls and plan.kind == "sequential MLP":
+        report.measured["projected"] = _projected(model, plan.analyses, val)
     report.notes.append(f"measured on a seeded {cfg.val_fraction:.0%} validation split of the given data")
+    report.notes.extend(plan.notes)
     return new, report
 
 
-def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, analyses: dict[str, StateAnalysis],
-          widths: dict[str, int], go_method: str) -> None:
-    report.layers = _layer_reports(model, new, analyses, widths)
+def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[str, int],
+          multiple: int) -> None:
+    analyses = plan.analyses
+    report.layers = _layer_reports(model, new, plan, widths)
     report.spectra = {p: {k: v.tolist() for k, v in a.spectra.items()} for p, a in analyses.items()}
     full, order = sum(a.dim for a in analyses.values()), sum(widths.values())
     report.predicted.update({
-        "ranks_a": [a.rank_a for a in analyses.values()], "ranks_b": [a.rank_b for a in analyses.values()],
-        "ranks_c": [a.rank_c for a in analyses.values()], "state_order": order, "state_order_full": full,
-        "state_compression": 1.0 - order / full, "go_method": go_method,
+        "realisation": plan.kind, "ranks_a": [a.rank_a for a in analyses.values()],
+        "ranks_b": [a.rank_b for a in analyses.values()], "ranks_c": [a.rank_c for a in analyses.values()],
+        "widths": list(widths.values()), "width_multiple": multiple, "state_order": order,
+        "state_order_full": full, "state_compression": 1.0 - order / full, "go_method": plan.go_method,
         "energy_kept_c": {p: a.energy_kept("C", widths[p]) for p, a in analyses.items()}})
 
 

@@ -1,17 +1,15 @@
-"""Surgery for the C-balanced method: resize the stages of a plain sequential network to new widths.
+"""Surgery for the C-balanced method on Sequential MLPs: resize the stages of a Linear + activation stack.
 
-A *stage* of an ``nn.Sequential`` is the run of modules from a Linear/Conv (the producer) up to and
-including the state point (its activation); its width is the producer's output features/channels.
-Supported: MLPs (``[Flatten], (Linear, act)*, Linear``) and plain CNNs (``(Conv, [BN], act)*, pool, Flatten,
-Linear``), and torchvision-style ResNets of basic blocks, resized per stage (``layer1…layer4``).
-Resizing either initialises fresh layers (from scratch) or copies a kept subset of neurons
-(warm start), optionally refitting each following Linear layer by least squares on calibration activations.
+A *stage* of an ``nn.Sequential`` is the run of modules from a Linear (the producer) up to and including the
+state point (its activation); its width is the producer's output features. Resizing either initialises fresh
+layers (from scratch) or copies a kept subset of neurons (warm start), optionally refitting each following
+Linear layer by least squares on calibration activations. Every other model is realised on the channel groups
+of its traced graph (:mod:`.graph_realise`).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import torch
@@ -20,26 +18,29 @@ from torch import nn
 from ...core.errors import CompressionError
 from ...core.linalg import ridge_lstsq
 
-__all__ = ["stage_producers", "resize_sequential", "sequential_params", "uniform_width",
-           "refit_linear_chain", "top_indices", "insert_projections", "RESNET_STAGES", "is_basic_resnet",
-           "resnet_stage_width", "resize_resnet", "resnet_params"]
+__all__ = ["is_mlp", "stage_producers", "resize_sequential", "sequential_params", "refit_linear_chain",
+           "top_indices", "insert_projections"]
 
-_PRODUCERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
-_BASIC_PARTS = ("conv1", "bn1", "conv2", "bn2", "downsample")
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_NORMS = (nn.BatchNorm1d,)
+
+
+def is_mlp(model: nn.Module) -> bool:
+    """Whether ``model`` is an ``nn.Sequential`` of Linear layers, activations and BatchNorm1d only (children)."""
+    return isinstance(model, nn.Sequential) and any(isinstance(m, nn.Linear) for m in model) and \
+        not any(isinstance(m, _CONVS) for m in model.modules()) and \
+        all(not list(m.children()) for m in model)
 
 
 def _sequential(model: nn.Module) -> nn.Sequential:
-    if not isinstance(model, nn.Sequential):
-        raise CompressionError(f"realisation supports nn.Sequential MLPs and plain CNNs, got {type(model).__name__};"
-                               " ResNets of basic blocks are realised too; other graphs are not yet"
-                               " (use the Gramian analysis only)")
+    if not is_mlp(model):
+        raise CompressionError(f"this realisation supports nn.Sequential MLPs, got {type(model).__name__}; other "
+                               "models are realised on the channel groups of their traced graph")
     return model
 
 
 def stage_producers(model: nn.Module, points: Sequence[str]) -> dict[str, int]:
-    """Map each state point (a direct child name) to the index of the Linear/Conv producing its width."""
+    """Map each state point (a direct child name) to the index of the Linear producing its width."""
     seq = _sequential(model)
     names = [n for n, _ in seq.named_children()]
     out = {}
@@ -47,29 +48,17 @@ def stage_producers(model: nn.Module, points: Sequence[str]) -> dict[str, int]:
         if p not in names:
             raise CompressionError(f"state point {p!r} is not a direct child of the Sequential model")
         idx = names.index(p)
-        prod = [i for i in range(idx) if isinstance(seq[i], _PRODUCERS)]
+        prod = [i for i in range(idx) if isinstance(seq[i], nn.Linear)]
         if not prod:
-            raise CompressionError(f"no Linear/Conv layer precedes state point {p!r}")
+            raise CompressionError(f"no Linear layer precedes state point {p!r}")
         out[p] = prod[-1]
-    last = [i for i, m in enumerate(seq) if isinstance(m, _PRODUCERS)][-1]
+    last = [i for i, m in enumerate(seq) if isinstance(m, nn.Linear)][-1]
     if last in out.values():
         raise CompressionError("the output layer cannot be a state point producer")
     return out
 
 
-def _out_width(m: nn.Module) -> int:
-    return m.out_features if isinstance(m, nn.Linear) else m.out_channels
-
-
-def _new_producer(m: nn.Module, cin: int, cout: int) -> nn.Module:
-    if isinstance(m, nn.Linear):
-        return nn.Linear(cin, cout, bias=m.bias is not None)
-    if m.groups != 1:
-        raise CompressionError(f"grouped convolution {m} cannot be resized; only groups=1 is supported")
-    return type(m)(cin, cout, m.kernel_size, m.stride, m.padding, m.dilation, 1, m.bias is not None, m.padding_mode)
-
-
-def _copy_slice(new: nn.Module, old: nn.Module, rows: torch.Tensor, cols: torch.Tensor | None) -> None:
+def _copy_slice(new: nn.Linear, old: nn.Linear, rows: torch.Tensor, cols: torch.Tensor | None) -> None:
     with torch.no_grad():
         w = old.weight[rows]
         new.weight.copy_(w if cols is None else w[:, cols])
@@ -79,7 +68,7 @@ def _copy_slice(new: nn.Module, old: nn.Module, rows: torch.Tensor, cols: torch.
 
 def resize_sequential(model: nn.Module, widths: Mapping[int, int],
                       keep: Mapping[int, torch.Tensor] | None = None) -> nn.Sequential:
-    """A new Sequential with producer ``i`` emitting ``widths[i]`` features/channels.
+    """A new Sequential with Linear ``i`` emitting ``widths[i]`` features.
 
     Without ``keep`` the resized layers (and BatchNorms) are freshly initialised; with ``keep`` (producer index →
     kept output indices, ``len == widths[i]``) every layer copies the kept rows/columns of the original.
@@ -88,43 +77,27 @@ def resize_sequential(model: nn.Module, widths: Mapping[int, int],
     layers: list[nn.Module] = []
     cin_keep: torch.Tensor | None = None  # kept indices of the current feature axis (None = all)
     width: int | None = None
-    spatial = False
     for i, m in enumerate(seq):
-        if isinstance(m, _PRODUCERS):
-            cin = m.in_features if isinstance(m, nn.Linear) else m.in_channels
-            cin = cin if width is None else width
-            cout = widths.get(i, _out_width(m))
-            new = _new_producer(m, cin, cout)
+        if isinstance(m, nn.Linear):
+            cin = m.in_features if width is None else width
+            cout = widths.get(i, m.out_features)
+            new = nn.Linear(cin, cout, bias=m.bias is not None)
             if keep is not None:
-                rows = keep[i] if i in keep else torch.arange(_out_width(m))
+                rows = keep[i] if i in keep else torch.arange(m.out_features)
                 _copy_slice(new, m, rows, cin_keep)
                 cin_keep = keep.get(i)
             width = cout
             layers.append(new)
         elif isinstance(m, _NORMS):
             new = type(m)(width, m.eps, m.momentum, m.affine, m.track_running_stats)
-            if keep is not None and cin_keep is not None:
-                new.load_state_dict({k: (v[cin_keep] if v.dim() else v) for k, v in m.state_dict().items()})
-            elif keep is not None:
-                new.load_state_dict(m.state_dict())
+            if keep is not None:
+                state = m.state_dict()
+                new.load_state_dict(state if cin_keep is None else
+                                    {k: (v[cin_keep] if v.dim() else v) for k, v in state.items()})
             layers.append(new)
-        elif isinstance(m, nn.Flatten) and spatial:
-            raise CompressionError("a Flatten after a feature map needs a global pool before it to be resized")
         else:
             layers.append(copy.deepcopy(m))
-        spatial = _spatial_after(m, spatial)
     return nn.Sequential(*layers)
-
-
-def _spatial_after(m: nn.Module, spatial: bool) -> bool:
-    """Whether the tensor after ``m`` still has spatial axes (a global pool to size 1 removes them)."""
-    if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-        return True
-    pools = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)
-    if isinstance(m, pools):
-        sizes = m.output_size if isinstance(m.output_size, tuple) else (m.output_size,)
-        return not all(s == 1 for s in sizes)
-    return spatial
 
 
 def sequential_params(model: nn.Module, widths: Mapping[int, int]) -> int:
@@ -132,24 +105,16 @@ def sequential_params(model: nn.Module, widths: Mapping[int, int]) -> int:
     seq = _sequential(model)
     total, width = 0, None
     for i, m in enumerate(seq):
-        if isinstance(m, _PRODUCERS):
-            cin = (m.in_features if isinstance(m, nn.Linear) else m.in_channels) if width is None else width
-            cout = widths.get(i, _out_width(m))
-            k = 1 if isinstance(m, nn.Linear) else int(torch.tensor(m.kernel_size).prod())
-            total += cin * cout * k + (cout if m.bias is not None else 0)
+        if isinstance(m, nn.Linear):
+            cin = m.in_features if width is None else width
+            cout = widths.get(i, m.out_features)
+            total += cin * cout + (cout if m.bias is not None else 0)
             width = cout
         elif isinstance(m, _NORMS):
             total += 2 * width if m.affine else 0
         else:
             total += sum(p.numel() for p in m.parameters())
     return total
-
-
-def uniform_width(model: nn.Module, producers: Sequence[int], target_params: int) -> int:
-    """The single width for all ``producers`` whose parameter count is closest to ``target_params``."""
-    hi = 4 * max(_out_width(_sequential(model)[i]) for i in producers) + 1
-    cost = lambda w: abs(sequential_params(model, {i: w for i in producers}) - target_params)  # noqa: E731
-    return min(range(1, hi + 1), key=cost)
 
 
 def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -201,107 +166,3 @@ def insert_projections(model: nn.Module, bases: Mapping[str, tuple[torch.Tensor,
             up.bias.copy_(mu.to(dtype))
         repl[p] = nn.Sequential(copy.deepcopy(get_module(model, p)), down, up)
     return replace_modules(model, repl)
-
-
-def is_basic_resnet(model: nn.Module) -> bool:
-    """Whether ``model`` is laid out like torchvision's ResNet with ``BasicBlock`` (stem, layer1…4, fc)."""
-    kids = dict(model.named_children())
-    if not all(k in kids for k in ("conv1", "bn1", "fc", *RESNET_STAGES)):
-        return False
-    blocks = [b for s in RESNET_STAGES for b in kids[s].children()]
-    return bool(blocks) and all(all(hasattr(b, a) for a in _BASIC_PARTS) and not hasattr(b, "conv3") for b in blocks)
-
-
-def _basic_resnet(model: nn.Module) -> nn.Module:
-    if not is_basic_resnet(model):
-        raise CompressionError(f"{type(model).__name__} is not a ResNet of basic blocks (stem, layer1…layer4, fc)")
-    return model
-
-
-def resnet_stage_width(model: nn.Module, stage: str) -> int:
-    """Output channels of a ResNet stage (its last block's second BatchNorm)."""
-    return list(model.get_submodule(stage).children())[-1].bn2.num_features
-
-
-@dataclass(frozen=True)
-class _Resize:
-    """One parameterised module of a resized ResNet: new sizes and the keep keys of its output/input channels."""
-
-    path: str
-    old: nn.Module
-    cin: int
-    cout: int
-    rows: str | None
-    cols: str | None
-
-
-def _resnet_plan(model: nn.Module, widths: Mapping[str, int]) -> list[_Resize]:
-    """Every Conv/BN/Linear of the resized ResNet. A stage's width is shared by all its blocks (inner conv1
-    width included), their projections and the residual stream; an identity-shortcut first block of layer1
-    ties the stem to that width. Keep keys: stage name (stream channels), block path (inner channels)."""
-    width = {s: widths.get(s, resnet_stage_width(model, s)) for s in RESNET_STAGES}
-    tied = model.layer1[0].downsample is None
-    stem_w, key = (width["layer1"], "layer1") if tied else (model.conv1.out_channels, None)
-    plan = [_Resize("conv1", model.conv1, model.conv1.in_channels, stem_w, key, None),
-            _Resize("bn1", model.bn1, stem_w, stem_w, key, None)]
-    c = stem_w
-    for s in RESNET_STAGES:
-        w = width[s]
-        for j, blk in enumerate(model.get_submodule(s).children()):
-            p = f"{s}.{j}"
-            if blk.downsample is None and c != w:
-                raise CompressionError(f"block {p} has an identity shortcut from {c} to {w} channels; "
-                                       "give its stage the width of the stream entering it")
-            plan += [_Resize(f"{p}.conv1", blk.conv1, c, w, p, key), _Resize(f"{p}.bn1", blk.bn1, w, w, p, None),
-                     _Resize(f"{p}.conv2", blk.conv2, w, w, s, p), _Resize(f"{p}.bn2", blk.bn2, w, w, s, None)]
-            if blk.downsample is not None:
-                conv, norm = blk.downsample[0], blk.downsample[1]
-                plan += [_Resize(f"{p}.downsample.0", conv, c, w, s, key),
-                         _Resize(f"{p}.downsample.1", norm, w, w, s, None)]
-            c, key = w, s
-    return plan + [_Resize("fc", model.fc, c, model.fc.out_features, None, key)]
-
-
-def _fresh(m: nn.Module, cin: int, cout: int) -> nn.Module:
-    if isinstance(m, _NORMS):
-        return type(m)(cout, m.eps, m.momentum, m.affine, m.track_running_stats)
-    return _new_producer(m, cin, cout)
-
-
-def _count(m: nn.Module, cin: int, cout: int) -> int:
-    if isinstance(m, _NORMS):
-        return 2 * cout if m.affine else 0
-    k = 1 if isinstance(m, nn.Linear) else int(torch.tensor(m.kernel_size).prod())
-    return cin * cout * k + (cout if m.bias is not None else 0)
-
-
-def _copy_into(new: nn.Module, old: nn.Module, rows: torch.Tensor | None, cols: torch.Tensor | None) -> None:
-    if isinstance(old, _NORMS):
-        state = old.state_dict()
-        new.load_state_dict({k: (v[rows] if v.dim() and rows is not None else v) for k, v in state.items()})
-    else:
-        _copy_slice(new, old, torch.arange(_out_width(old)) if rows is None else rows, cols)
-
-
-def resize_resnet(model: nn.Module, widths: Mapping[str, int],
-                  keep: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
-    """A copy of a basic-block ResNet with stage ``s`` (``layer1``…) ``widths[s]`` channels wide.
-
-    Without ``keep`` every Conv/BN/Linear is freshly initialised; with ``keep`` (stage name → kept stream
-    channels, block path such as ``"layer2.0"`` → kept inner channels; a missing key keeps all) each copies
-    the kept rows/columns of the original, so keeping every channel reproduces the original function.
-    """
-    plan = _resnet_plan(_basic_resnet(model), widths)
-    new = copy.deepcopy(model)
-    for r in plan:
-        m = _fresh(r.old, r.cin, r.cout)
-        if keep is not None:
-            _copy_into(m, r.old, keep.get(r.rows) if r.rows else None, keep.get(r.cols) if r.cols else None)
-        parent, _, name = r.path.rpartition(".")
-        setattr(new.get_submodule(parent), name, m)
-    return new
-
-
-def resnet_params(model: nn.Module, widths: Mapping[str, int]) -> int:
-    """Parameter count of ``resize_resnet(model, widths)`` without building it."""
-    return sum(_count(r.old, r.cin, r.cout) for r in _resnet_plan(_basic_resnet(model), widths))

@@ -1,4 +1,5 @@
-"""C-balanced method: ranks of the three tests, realised networks, exact limits, ONNX parity."""
+"""C-balanced method: ranks of the three tests, realised networks, exact limits, ONNX parity (Sequential MLPs on
+their own realisation; CNNs and ResNets on the channel groups of their traced graph)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from torch import nn
 
 from compress.core.data import Dataset
 from compress.core.errors import CompressionError
-from compress.methods.cbalanced.empirical_gramians import collect_gramians, default_state_points
-from compress.core.linalg import balanced_gramian, energy_rank, sym_eig_desc
-from compress.methods.cbalanced import CBalancedConfig, analyse_states, budget_ranks, realise
+from compress.methods.cbalanced.empirical_gramians import collect_gramians
+from compress.core.width import analyse
+from compress.methods.cbalanced import (CBalancedConfig, analyse_states, budget_ranks, closest_uniform_width,
+                                        group_gramians, realise, realise_groups, select_groups)
 from compress.models import mlp
 from compress.core.chain import mlp_params
-from compress.methods.cbalanced.realise import (insert_projections, refit_linear_chain, resize_sequential, resnet_params,
-                              sequential_params, stage_producers, uniform_width)
+from compress.methods.cbalanced.realise import (insert_projections, refit_linear_chain, resize_sequential,
+                                                sequential_params, stage_producers)
 from compress.registry import compress, get_method
 from export.onnx_export import to_onnx
 from export.verify import verify_parity
@@ -122,7 +124,7 @@ def test_projection_at_full_rank_is_the_identity(tiny_mlp, mlp_data) -> None:
 def test_uniform_width_is_the_closest_parameter_match(tiny_mlp) -> None:
     prods = list(stage_producers(tiny_mlp, ["2", "4"]).values())
     target = sequential_params(tiny_mlp, {1: 9, 3: 4})
-    w = uniform_width(tiny_mlp, prods, target)
+    w = closest_uniform_width(lambda v: sequential_params(tiny_mlp, {i: v for i in prods}), target, 4 * 32 + 1)
     gap = lambda v: abs(mlp_params(12, [v, v], 5) - target)  # noqa: E731
     assert gap(w) <= min(gap(w - 1), gap(w + 1))
 
@@ -137,16 +139,25 @@ def test_warm_distilled_report_lists_controls(tiny_mlp, mlp_data) -> None:
     assert rep.measured["projected"]["params"] > rep.params_before
 
 
+def _cnn_closed_form(w: list[int], cin: int = 3, classes: int = 4) -> int:
+    """small_cnn without conv biases: 9·c_{i−1}·c_i + 2c_i per Conv-BN stage, (c_3 + 1)·classes for the head."""
+    return sum(9 * a * b + 2 * b for a, b in zip([cin, *w[:-1]], w)) + (w[-1] + 1) * classes
+
+
 def test_realised_cnn_has_reported_channel_widths(tiny_cnn, image_data) -> None:
-    new, rep = compress(tiny_cnn, image_data, "cbalanced", CBalancedConfig(energy_eps=1e-2, init="scratch", **FAST))
+    cfg = CBalancedConfig(energy_eps=1e-2, init="scratch", width_multiple=1, **FAST)
+    new, rep = compress(tiny_cnn, image_data, "cbalanced", cfg)
+    assert isinstance(new, nn.Sequential) and rep.predicted["realisation"] == "channel groups"
     convs = [m.out_channels for m in new if isinstance(m, nn.Conv2d)]
     bns = [m.num_features for m in new if isinstance(m, nn.BatchNorm2d)]
-    assert convs == bns == rep.predicted["ranks_c"]
+    assert convs == bns == rep.predicted["ranks_c"] == rep.predicted["widths"]
     assert new[-1].in_features == convs[-1]
-    assert rep.params_after == sequential_params(tiny_cnn, dict(zip((0, 3, 6), convs)))
+    assert rep.params_after == _cnn_closed_form(convs)
 
 
-def test_non_sequential_model_is_refused(mlp_data) -> None:
+def test_wrapped_mlp_is_realised_on_its_channel_groups(mlp_data) -> None:
+    """A model that is not a Sequential goes through the traced graph; its state point may name the activation
+    module (whose output carries the hidden group), as on the Sequential path."""
     class Wrapped(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -155,8 +166,13 @@ def test_non_sequential_model_is_refused(mlp_data) -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.body(x)
 
-    with pytest.raises(CompressionError, match="Sequential"):
-        compress(Wrapped(), mlp_data, "cbalanced", CBalancedConfig(state_points=("body.2",), **FAST))
+    torch.manual_seed(0)
+    new, rep = compress(Wrapped().eval(), mlp_data, "cbalanced", CBalancedConfig(state_points=("body.2",), **FAST))
+    assert [layer.name for layer in rep.layers] == ["body.1"]
+    assert new.get_submodule("body.1").out_features == rep.predicted["widths"][0]
+    assert new.get_submodule("body.3").in_features == rep.predicted["widths"][0]
+    with pytest.raises(CompressionError, match="neither a channel group"):
+        compress(Wrapped(), mlp_data, "cbalanced", CBalancedConfig(state_points=("body.9",), **FAST))
 
 
 @pytest.mark.parametrize("case", ["mlp", "cnn"])
@@ -201,54 +217,70 @@ def resnet_data() -> Dataset:
     return Dataset(torch.randn(32, 3, 16, 16, generator=g), torch.randint(0, 4, (32,), generator=g))
 
 
-def _resnet_closed_form(w: list[int], classes: int = 4) -> int:
-    """[1,1,1,1] basic blocks, 3-channel 7×7 stem tied to layer1 (identity shortcut), no conv biases:
-    stem 147·w₁ + 2w₁; layer1 2(9w₁² + 2w₁); stage i > 1: 10·w_{i−1}·w_i + 9w_i² + 6w_i;
-    fc (w₄ + 1)·classes."""
-    total = 147 * w[0] + 2 * w[0] + 2 * (9 * w[0] ** 2 + 2 * w[0])
-    total += sum(10 * a * b + 9 * b * b + 6 * b for a, b in zip(w[:-1], w[1:]))
-    return total + (w[-1] + 1) * classes
+def _group_analyses(model: nn.Module, data: Dataset, eps: float):
+    wg = analyse(model, data.x[:2])
+    return wg, analyse_states(group_gramians(wg, select_groups(wg), data, go_samples=8), eps)
 
 
-def test_resnet_closed_form_matches_the_original(tiny_resnet) -> None:
-    assert _resnet_closed_form([64, 128, 256, 512]) == sum(p.numel() for p in tiny_resnet.parameters())
+#: The channel groups of torchvision's ResNet of [1, 1, 1, 1] basic blocks: the stem with layer1's stream
+#: (identity shortcut), each block's inner width, and the stream of each later stage (projection shortcut).
+RESNET_GROUPS = ["conv1", "layer1.0.conv1", "layer2.0.conv1", "layer2.0.conv2", "layer3.0.conv1", "layer3.0.conv2",
+                 "layer4.0.conv1", "layer4.0.conv2"]
 
 
-@pytest.mark.parametrize("init", ["scratch", "warm"])
-def test_realised_resnet_has_stage_widths_and_closed_form_params(init, tiny_resnet, resnet_data) -> None:
-    analyses = _analyses(tiny_resnet, resnet_data, eps=1e-2)
-    assert list(analyses) == ["layer1", "layer2", "layer3", "layer4"]
+def _resnet_closed_form(w: dict[str, int], classes: int = 4) -> int:
+    """Parameters of the [1,1,1,1] ResNet at group widths (no conv biases): stem 147·s₁ + 2s₁; per block with inner
+    width b, input stream a and output stream s: 9ab + 2b + 9bs + 2s, plus 1·a·s + 2s for a projection (layer1's
+    output stream is the stem's); head (s₄ + 1)·classes."""
+    s = [w["conv1"], w["layer2.0.conv2"], w["layer3.0.conv2"], w["layer4.0.conv2"]]
+    inner = [w["layer1.0.conv1"], w["layer2.0.conv1"], w["layer3.0.conv1"], w["layer4.0.conv1"]]
+    total = 147 * s[0] + 2 * s[0]
+    for i, b in enumerate(inner):
+        a, out = s[max(i - 1, 0)] if i else s[0], s[i]
+        total += 9 * a * b + 2 * b + 9 * b * out + 2 * out + (a * out + 2 * out if i else 0)
+    return total + (s[-1] + 1) * classes
+
+
+def test_resnet_closed_form_matches_the_original(tiny_resnet, resnet_data) -> None:
+    wg = analyse(tiny_resnet, resnet_data.x[:2])
+    assert [g.name for g in select_groups(wg)] == RESNET_GROUPS
+    full = {g.name: g.size for g in select_groups(wg)}
+    assert _resnet_closed_form(full) == sum(p.numel() for p in tiny_resnet.parameters())
+
+
+def test_realised_resnet_has_group_widths_and_closed_form_params(tiny_resnet, resnet_data) -> None:
+    wg, analyses = _group_analyses(tiny_resnet, resnet_data, 1e-2)
     widths = {p: a.rank_c for p, a in analyses.items()}
-    new = realise(tiny_resnet, analyses, widths, init)
-    w = list(widths.values())
-    assert all(0 < r < a.dim for r, a in zip(w, analyses.values()))
-    for s, width in widths.items():
-        for blk in getattr(new, s):
-            assert blk.conv1.out_channels == blk.bn1.num_features == blk.conv2.out_channels == width
-            assert blk.bn2.num_features == width
-            assert blk.downsample is None or blk.downsample[0].out_channels == width
-    assert new.conv1.out_channels == w[0] and new.fc.in_features == w[-1]
-    assert sum(p.numel() for p in new.parameters()) == _resnet_closed_form(w)
-    assert resnet_params(tiny_resnet, widths) == _resnet_closed_form(w)
+    assert all(0 < r < a.dim for r, a in zip(widths.values(), analyses.values()))
+    new = realise_groups(tiny_resnet, wg, analyses, widths, "scratch")
+    for s, stream in (("layer2", "layer2.0.conv2"), ("layer3", "layer3.0.conv2"), ("layer4", "layer4.0.conv2")):
+        blk = new.get_submodule(f"{s}.0")
+        assert blk.conv1.out_channels == blk.bn1.num_features == blk.conv2.in_channels == widths[f"{s}.0.conv1"]
+        assert blk.conv2.out_channels == blk.bn2.num_features == widths[stream]
+        assert blk.get_submodule("downsample.0").out_channels == widths[stream]
+    assert new.conv1.out_channels == new.get_submodule("layer1.0.conv2").out_channels == widths["conv1"]
+    assert new.fc.in_features == widths["layer4.0.conv2"]
+    assert sum(p.numel() for p in new.parameters()) == _resnet_closed_form(widths)
     out = new(resnet_data.x[:5])
     assert out.shape == (5, 4) and torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("selection", ["leverage", "magnitude"])
 def test_full_width_resnet_warm_start_reproduces_the_original(selection, tiny_resnet, resnet_data) -> None:
-    analyses = _analyses(tiny_resnet, resnet_data, eps=0.0)
+    wg, analyses = _group_analyses(tiny_resnet, resnet_data, 0.0)
     full = {p: a.dim for p, a in analyses.items()}
-    new = realise(tiny_resnet, analyses, full, "warm", selection=selection)
+    new = realise_groups(tiny_resnet, wg, analyses, full, "warm", selection=selection)
     with torch.no_grad():
         torch.testing.assert_close(new(resnet_data.x), tiny_resnet(resnet_data.x), rtol=1e-5, atol=1e-5)
 
 
 def test_realised_resnet_exports_with_parity(tiny_resnet, resnet_data, tmp_path) -> None:
-    new, rep = compress(tiny_resnet, resnet_data, "cbalanced", CBalancedConfig(energy_eps=1e-2, epochs=1, controls=False,
-                                                                               val_fraction=0.25))
-    assert [getattr(new, s)[0].bn2.num_features for s in ("layer1", "layer2", "layer3", "layer4")] \
-        == rep.predicted["ranks_c"]
-    assert rep.params_after == _resnet_closed_form(rep.predicted["ranks_c"])
+    cfg = CBalancedConfig(energy_eps=1e-2, epochs=1, controls=False, val_fraction=0.25, go_samples=8)
+    new, rep = compress(tiny_resnet, resnet_data, "cbalanced", cfg)
+    assert [layer.name for layer in rep.layers] == RESNET_GROUPS
+    block = new.get_submodule("layer2.0")
+    assert [block.conv1.out_channels, block.conv2.out_channels] == rep.predicted["widths"][2:4]
+    assert all(w % 8 == 0 for w in rep.predicted["widths"])  # every group is at least 16 wide
     path = tmp_path / "resnet.onnx"
     to_onnx(new, resnet_data.x[:2], path)
     result = verify_parity(new, path, [resnet_data.x[:1], resnet_data.x[:6]], rtol=1e-4, atol=1e-5)
