@@ -11,7 +11,9 @@ every allowed width on the provider's fast multiple, exported to ONNX and timed 
 JSON: ``{"kind": "width", "provider", "model_hash", "input_shape" (per sample), "batch", "multiple", "model_ms",
 "segments": {"<group>/<k>": {"size", "widths": [full, ...], "ms": [model_ms, ...]}}}``. Each group's variants
 are timed in one interleaved run with the full model; their medians are scaled by ``model_ms`` over the full
-model's median in that same run, so that drift between groups does not show up as a saving.
+model's median in that same run, so that drift between groups does not show up as a saving. ``"uniform":
+{"fractions", "widths": {"<group>/<k>": [...]}, "ms": [...]}`` times every segment cut together at ¾, ½ and ¼ of
+its width, which calibrates how single-segment savings add up (:func:`compress.core.width.allocate.saving_scale`).
 """
 
 from __future__ import annotations
@@ -182,6 +184,40 @@ def _time_group(wg: WidthGraph, group: ChannelGroup, full: Path, shape: tuple[in
     return medians[0], measured
 
 
+#: Uniform cuts timed to calibrate the sum of single-segment savings against cutting every group at once.
+UNIFORM_FRACTIONS = (0.75, 0.5, 0.25)
+
+
+def _uniform_widths(wg: WidthGraph, groups: list[ChannelGroup], fraction: float, multiple: int) -> dict[str, int]:
+    """Per segment key: the allowed width nearest ``fraction`` of its size."""
+    widths = {}
+    for g in groups:
+        for k, segment in enumerate(wg.segments(g)):
+            ladder = allowed_widths(len(segment), multiple)
+            widths[segment_key(g.name, k)] = min(ladder, key=lambda w: abs(w - fraction * len(segment)))
+    return widths
+
+
+def _time_uniform(wg: WidthGraph, groups: list[ChannelGroup], full: Path, shape: tuple[int, ...], multiple: int,
+                  provider: str, threads: int, folder: Path) -> tuple[float, dict[str, Any]]:
+    """Median ms of the full model and of the model with every segment at each of :data:`UNIFORM_FRACTIONS`
+    (interleaved in one run): ``{"fractions", "widths": {segment key: [width per fraction]}, "ms"}``."""
+    paths, per_fraction = [full], []
+    for j, f in enumerate(UNIFORM_FRACTIONS):
+        widths = _uniform_widths(wg, groups, f, multiple)
+        per_fraction.append(widths)
+        cuts = {}
+        for g in groups:
+            drop = {i for k, seg in enumerate(wg.segments(g)) for i in seg[widths[segment_key(g.name, k)]:]}
+            cuts[g.name] = Cut(keep=[i for i in range(g.size) if i not in drop])
+        paths.append(_export(apply_cuts(wg, cuts), shape, folder / f"uniform-{j}.onnx"))
+    medians = _time_files(paths, shape, provider, threads)
+    keys = list(per_fraction[0])
+    return medians[0], {"fractions": list(UNIFORM_FRACTIONS),
+                        "widths": {key: [w[key] for w in per_fraction] for key in keys},
+                        "ms": list(medians[1:])}
+
+
 def _two_samples(x: torch.Tensor) -> torch.Tensor:
     """Two samples for the channel analysis: with a batch of one, the analysis of ``x.view(x.size(0), -1)``
     cannot tell the batch dimension from the channels' and freezes the group."""
@@ -235,14 +271,18 @@ def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, pro
             say(f"[{i}/{len(groups)}] channel group {g.name} ({g.size} channels, "
                 f"{len(wg.segments(g))} segment(s)): timing narrower widths")
             runs.append((g, *_time_group(wg, g, full, shape, multiple, ort_provider, threads, Path(tmp))))
+        say(f"timing every group cut together at {', '.join(f'{f:g}' for f in UNIFORM_FRACTIONS)} of its width "
+            "(calibrates the sum of single-group savings)")
+        uniform_full, uniform = _time_uniform(wg, groups, full, shape, multiple, ort_provider, threads, Path(tmp))
     model_ms = float(np.median([full_ms for _, full_ms, _ in runs]))
+    uniform["ms"] = [model_ms * t / uniform_full for t in uniform["ms"]]
     segments = {}
     for g, full_ms, measured in runs:
         for k, segment in enumerate(wg.segments(g)):
             widths, times = measured.get(k, ([], []))
             segments[segment_key(g.name, k)] = {"size": len(segment), "widths": [len(segment)] + widths,
                                                 "ms": [model_ms] + [model_ms * t / full_ms for t in times]}
-    table = {**header, "model_ms": model_ms, "segments": segments}
+    table = {**header, "model_ms": model_ms, "segments": segments, "uniform": uniform}
     if out_path is not None:
         with atomic_path(Path(out_path)) as tmp_file:
             tmp_file.write_text(json.dumps(table, indent=1))

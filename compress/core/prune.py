@@ -167,6 +167,8 @@ def prune_mlp(name: str, scorer: Scorer, model: nn.Module, data: Dataset, cfg: P
     except CompressionError:
         if graph_scorer is None:
             raise
+        chain = None
+    if chain is None:  # not an MLP chain: whole channels of the traced graph
         return prune_graph(name, graph_scorer, model, data, cfg, calibration)
     report = CompressionReport(name, asdict(cfg))
     n_in, n_out = chain.weights[0].shape[1], chain.weights[-1].shape[0]

@@ -14,7 +14,7 @@ from torch import nn
 import export.latency_table as latency_table
 from compress import CompressionError
 from compress.core.width import analyse
-from compress.core.width.allocate import allocate_widths, load_width_latency_table, segment_key
+from compress.core.width.allocate import allocate_widths, load_width_latency_table, saving_scale, segment_key
 from export.app.cli import run
 from export.latency_table import build_latency_table, build_width_latency_table
 
@@ -110,21 +110,33 @@ def test_width_table_reused_without_timing(resnet: nn.Module, width_table: tuple
     assert again == width_table[1] and calls == [] and out.stat().st_mtime_ns == stamp
     other = build_width_latency_table(resnet, torch.randn(1, 3, 16, 16), "cpu", 16, out_path=out, threads=1)
     groups = len(analyse(resnet, torch.randn(2, 3, 16, 16)).cuttable())
-    assert other["multiple"] == 16 and len(calls) == groups  # other settings: rebuilt, one timing run per group
+    assert other["multiple"] == 16 and len(calls) == groups + 1  # rebuilt: one timing run per group + uniform cuts
     assert json.loads(out.read_text()) == other
 
 
 def _predicted_ms(table: dict, wg, keep: dict[str, list[int]]) -> float:
-    """Whole-model ms minus each segment's saving at its kept width (linear between measured widths)."""
-    total = table["model_ms"]
+    """Whole-model ms minus each segment's saving at its kept width (linear between measured widths), the sum
+    scaled by the least-squares fit of summed to joint savings on the table's uniform cuts."""
+    saving = 0.0
     for g in wg.cuttable():
         for k, seg in enumerate(wg.segments(g)):
             entry = table["segments"][segment_key(g.name, k)]
             width = len(set(seg) & set(keep.get(g.name, range(g.size))))
             order = np.argsort(entry["widths"])
-            total -= table["model_ms"] - float(np.interp(width, np.array(entry["widths"])[order],
-                                                         np.array(entry["ms"])[order]))
-    return total
+            saving += table["model_ms"] - float(np.interp(width, np.array(entry["widths"])[order],
+                                                          np.array(entry["ms"])[order]))
+    return table["model_ms"] - saving_scale(table) * saving
+
+
+def test_saving_scale_is_the_least_squares_fit_of_joint_to_summed_savings() -> None:
+    seg = {"size": 16, "widths": [16, 8], "ms": [10.0, 8.0]}
+    table = {"model_ms": 10.0, "segments": {"a/0": dict(seg), "b/0": dict(seg)},
+             "uniform": {"fractions": [0.5], "widths": {"a/0": [8], "b/0": [8]}, "ms": [5.0]}}
+    assert saving_scale(table) == pytest.approx(5.0 / 4.0)  # summed saving 2 + 2, joint saving 5
+    table["uniform"]["ms"] = [9.9]
+    assert saving_scale(table) == 0.5  # clipped
+    del table["uniform"]
+    assert saving_scale(table) == 1.0
 
 
 def test_allocator_meets_latency_ratio_from_width_table(resnet: nn.Module, width_table: tuple[Path, dict]) -> None:

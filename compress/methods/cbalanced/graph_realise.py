@@ -13,6 +13,7 @@ from torch import fx, nn
 
 from ...core.errors import CompressionError
 from ...core.linalg import balanced_basis
+from ...core.width.allocate import allowed_widths
 from ...core.width import ChannelGroup, Cut, WidthGraph, apply_cuts
 from .analysis import StateAnalysis
 from .realise import top_indices
@@ -22,11 +23,9 @@ __all__ = ["round_width", "balanced_leverage", "magnitude_scores", "ls_merge", "
 
 
 def round_width(rank: int, size: int, multiple: int) -> int:
-    """``rank`` rounded up to a multiple of ``multiple`` (a provider's fast channel block), capped at ``size``;
-    unchanged when the group is narrower than two multiples (rounding would keep most of it anyway)."""
-    if multiple <= 1 or size < 2 * multiple:
-        return rank
-    return min(size, -(-rank // multiple) * multiple)
+    """The narrowest width on the provider's fast multiple that holds ``rank`` channels (the smallest of
+    :func:`~compress.core.width.allocate.allowed_widths` ``(size, multiple)`` that is at least ``rank``)."""
+    return min(w for w in allowed_widths(size, multiple) if w >= min(rank, size))
 
 
 def balanced_leverage(gc_root: torch.Tensor, vb: torch.Tensor, rank: int) -> torch.Tensor:

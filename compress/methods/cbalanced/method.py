@@ -40,6 +40,7 @@ from ...core.evaluate import compare_outputs, predict
 from ...core.options import CostBudget, SeedOption, StateBudgetOption, WidthMultipleOption
 from ...core.report import CompressionReport, LayerReport
 from ...core.spec import MethodSpec
+from ...core.width.allocate import width_multiple_defaults
 from ...core.train import TrainConfig, train
 from ...core.width import Cut, analyse, apply_cuts
 from .analysis import StateAnalysis, analyse_states, budget_ranks
@@ -405,4 +406,4 @@ def demo_case(quick: bool = True) -> DemoCase:
 
 SPEC = MethodSpec("cbalanced", "C-balanced realisation: Gramian ranks become the widths of a new network",
                   CBalancedConfig, cbalanced_compress, demo_case=demo_case, report_fields=("spectra",),
-                  smoke_case=smoke_case)
+                  smoke_case=smoke_case, provider_defaults=width_multiple_defaults)

@@ -13,6 +13,7 @@ from ...core.data import Dataset
 from ...core.prune import PruneOptions, prune_mlp
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
+from ...core.width.allocate import width_multiple_defaults
 from ...core.width.importance import magnitude_importance
 from .smoke import smoke_case
 
@@ -39,4 +40,5 @@ def magnitude_prune(model: nn.Module, data: Dataset, config: MagnitudeConfig) ->
 
 
 SPEC = MethodSpec("magnitude", "structured magnitude pruning of MLP neurons and conv/attention channel groups (baseline)", MagnitudeConfig,
-                  magnitude_prune, smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio", "latency_ratio"))
+                  magnitude_prune, smoke_case=smoke_case,
+                  provider_defaults=width_multiple_defaults, budgets=("mac_ratio", "param_ratio", "latency_ratio"))

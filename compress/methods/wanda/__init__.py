@@ -15,6 +15,7 @@ from ...core.errors import CompressionError
 from ...core.prune import PruneOptions, prune_mlp
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
+from ...core.width.allocate import width_multiple_defaults
 from ...core.width.importance import wanda_importance
 from .smoke import smoke_case
 
@@ -54,4 +55,5 @@ def wanda_prune(model: nn.Module, data: Dataset, config: WandaConfig) -> tuple[n
 
 
 SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons and channel groups (baseline)", WandaConfig, wanda_prune,
-                  smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio", "latency_ratio"))
+                  smoke_case=smoke_case,
+                  provider_defaults=width_multiple_defaults, budgets=("mac_ratio", "param_ratio", "latency_ratio"))

@@ -24,10 +24,12 @@ def _analysed(model: nn.Module, data: Dataset, eps: float, names: tuple[str, ...
     return wg, analyse_states(group_gramians(wg, groups, data, go_samples=16), eps)
 
 
-def test_round_width_to_the_fast_multiple_only_in_wide_groups() -> None:
+def test_round_width_to_the_fast_multiple() -> None:
     assert [round_width(r, 64, 8) for r in (1, 8, 9, 20, 63, 64)] == [8, 8, 16, 24, 64, 64]
-    assert round_width(5, 12, 8) == 5  # narrower than two multiples: the exact rank
+    assert round_width(5, 12, 8) == 8 and round_width(9, 12, 8) == 12  # the allowed widths of 12 are 12, 8
+    assert round_width(5, 16, 16) == 8 and round_width(9, 16, 16) == 16  # 16 at multiple 16: 16, 8
     assert round_width(13, 16, 8) == 16 and round_width(13, 64, 1) == 13
+    assert round_width(2, 3, 8) == 2  # tiny groups: every width
     assert CBalancedConfig().width_multiple == 8  # the shared default of width methods on channel groups
 
 
