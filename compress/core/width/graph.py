@@ -406,12 +406,6 @@ def _visit_module(wg: WidthGraph, node: fx.Node, mod: nn.Module) -> None:
             return
         wg.uses.append(Use(node.target, "weight", 0, chan.slots, "affine", node.name))
         _set(wg, node, chan)
-    elif isinstance(mod, nn.PReLU) and mod.num_parameters > 1:
-        if chan is None or chan.dim != 1:
-            _unknown(wg, node, "PReLU with per-channel slopes over a dimension that is not dimension 1")
-            return
-        wg.uses.append(Use(node.target, "weight", 0, chan.slots, "affine", node.name))
-        _set(wg, node, chan)
     elif isinstance(mod, _PASS_MODULES):
         _set(wg, node, chan)
     elif isinstance(mod, nn.Flatten):

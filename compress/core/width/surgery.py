@@ -134,19 +134,19 @@ def _compensate(gm: nn.Module, wg: WidthGraph, use: Use, index: dict[int, int], 
         occurrence.append(counts.get(a, 0))
         counts[a] = occurrence[-1] + 1
     column = {a: j for j, a in enumerate(keep)}
-    if merge is not None:
-        n = len(atoms)
-        mix = torch.zeros(n, n, dtype=torch.float64)
+    if merge is not None:  # per occurrence rank r (a flatten repeats atoms): W_kept ← mergeᵀ·W over that rank
+        new_wt = wt.clone()
         by_rank: dict[int, list[int]] = {}
         for p, r in enumerate(occurrence):
             by_rank.setdefault(r, []).append(p)
-        for r, ps in by_rank.items():
+        for ps in by_rank.values():
             src = torch.tensor([atoms[p] for p in ps])
-            for q in ps:
-                j = column.get(atoms[q])
-                if j is not None:
-                    mix[q, ps] = merge[src, j]
-        new_wt = torch.tensordot(mix, wt, dims=1)
+            kept = [q for q in ps if atoms[q] in column]
+            if not kept:
+                continue
+            cols = torch.tensor([column[atoms[q]] for q in kept])
+            mixed = torch.tensordot(merge[src][:, cols].T, wt[torch.tensor(ps)], dims=1)
+            new_wt[torch.tensor(kept)] = mixed
     else:
         new_wt = wt
     if offset is not None:

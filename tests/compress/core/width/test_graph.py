@@ -1,0 +1,178 @@
+"""Tests for compress.core.width.graph: channel groups found on the traced graph, and what it refuses."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import minreal_width_zoo as zoo  # registered by this folder's conftest.py
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import compress.core.width
+from compress.core.errors import CompressionError
+from compress.core.width import Cut, analyse, apply_cuts
+
+
+def test_option_a_shortcut_joins_the_16_32_64_channel_streams_in_one_group(analysed) -> None:
+    """He et al. (2016) §4.2 option A pads the 16-channel stream to 32 and 64 with zeros: one group of 64 atoms,
+    the narrower stream at its pad offset inside the wider one."""
+    a = analysed("resnet20")
+    g = a.wg.group("conv1")
+    assert g.size == 64 and not g.frozen
+    assert {u.target for u in g.uses if u.role == "producer"} == \
+        {"conv1"} | {f"layer{i}.{j}.conv2" for i in (1, 2, 3) for j in range(3)}
+    assert {len(a.wg.channel_atoms(g, v)) for v in g.values} == {16, 32, 64}
+    pads = [rw for rw in a.wg.rewrites if rw.kind == "pad"]
+    assert [(rw.before, rw.after) for rw in pads] == [(8, 8), (16, 16)]
+    stem = next(u.source for u in g.uses if u.target == "layer1.0.conv1")
+    wide, widest = (a.wg.channel_atoms(g, rw.node) for rw in pads)
+    assert wide[8:24] == a.wg.channel_atoms(g, stem) and widest[16:48] == wide
+    assert sorted(widest) == list(range(64))
+
+
+def test_width_analysis_does_not_use_torch_pruning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torch-Pruning's DepGraph ties F.pad's streams position by position (see graph.py): not a dependency.
+    A ``None`` entry in ``sys.modules`` makes any import of it fail while the analysis and a cut run."""
+    monkeypatch.setitem(sys.modules, "torch_pruning", None)
+    model, x = zoo.build("resnet20"), zoo.example("resnet20")
+    wg = analyse(model, x)
+    assert apply_cuts(wg, zoo.cuts_of(wg))(x).shape == (2, 10)
+    imported = set()
+    for path in Path(compress.core.width.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+    assert not {name for name in imported if name.split(".")[0] == "torch_pruning"}
+
+
+def test_flatten_repeats_each_channel_once_per_spatial_position(analysed) -> None:
+    a = analysed("flat_cnn")
+    g = a.wg.group("conv2")
+    fc_input = next(u.source for u in g.uses if u.target == "fc")
+    assert a.wg.channel_atoms(g, fc_input) == [c for c in range(12) for _ in range(4 * 4)]
+
+
+def test_grouped_conv_ties_each_conv_group_into_one_atom(grouped_cnn: nn.Module) -> None:
+    """Conv(3→16) → Conv(16→32, groups=4) → depthwise Conv(32, groups=32): the 4 conv groups are the atoms."""
+    wg = analyse(grouped_cnn, torch.randn(2, 3, 12, 12))
+    g = wg.group("0")
+    assert g.size == 4 and not g.frozen
+    assert wg.channel_atoms(g, "_1") == [k for k in range(4) for _ in range(4)]  # grouped conv: 4 inputs per group
+    assert wg.channel_atoms(g, "_5") == [k for k in range(4) for _ in range(8)]  # depthwise: 8 outputs per group
+
+
+def test_model_input_and_output_channels_are_frozen(analysed) -> None:
+    a = analysed("small_cnn")
+    frozen = {g.name: g.frozen for g in a.wg.groups if g.frozen}
+    assert frozen == {"0:in": "input_1: model input", "11": "_11: model output"}
+
+
+class _PicksChannel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv1(x))
+        return self.conv2(h) + h[:, 3].unsqueeze(1)
+
+
+class _UnknownOp(_PicksChannel):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(torch.cumsum(self.conv1(x), dim=1))
+
+
+class _UnknownLayer(_PicksChannel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lrn = nn.LocalResponseNorm(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(self.lrn(self.conv1(x)))
+
+
+class _Chunks(nn.Module):
+    """A gated unit: the conv's 16 channels split in halves (whose sizes a cut would change)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 16, 1), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.chunk(self.conv1(x), 2, dim=1)
+        return self.conv2(a * torch.sigmoid(b))
+
+
+class _UsesAttentionWeights(nn.Module):
+    """A cut attention layer (SlimAttention) does not return the attention weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.attn, self.conv2 = nn.Linear(6, 16), nn.MultiheadAttention(16, 4, batch_first=True), \
+            nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(x)
+        out, weights = self.attn(h, h, h)
+        return self.conv2(out) + weights.sum(-1, keepdim=True)
+
+
+class _BiasKV(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.attn, self.conv2 = nn.Linear(6, 16), nn.MultiheadAttention(16, 4, add_bias_kv=True), \
+            nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(x)
+        return self.conv2(self.attn(h, h, h, need_weights=False)[0])
+
+
+UNSUPPORTED = [
+    pytest.param(_PicksChannel, "getitem", "indexing into the channel dimension", id="x[:, 3]"),
+    pytest.param(_UnknownOp, "cumsum", "operation 'cumsum' is not understood", id="unknown-op"),
+    pytest.param(_UnknownLayer, "lrn", "LocalResponseNorm is not understood", id="unknown-layer"),
+    pytest.param(_Chunks, "chunk", "'chunk' that does not return one tensor", id="chunk"),
+    pytest.param(_UsesAttentionWeights, "getitem_1", "attention weights are used", id="attention-weights"),
+    pytest.param(_BiasKV, "attn", "bias_k/bias_v", id="attention-bias-kv"),
+]
+
+
+@pytest.mark.parametrize(("factory", "node", "reason"), UNSUPPORTED)
+def test_unsupported_pattern_freezes_its_group_and_names_the_node(factory: Callable[[], nn.Module], node: str,
+                                                                    reason: str) -> None:
+    model = factory().eval()
+    x = torch.randn(2, 3, 8, 8) if isinstance(model.conv1, nn.Conv2d) else torch.randn(5, 2, 6)
+    wg = analyse(model, x)
+    g = wg.group("conv1")
+    assert g.frozen.startswith(f"{node}: ") and reason in g.frozen
+    assert (node, g.frozen.split(": ", 1)[1]) in wg.unsupported
+    assert g not in wg.cuttable()
+    with pytest.raises(CompressionError, match=f"'conv1' cannot be cut: {node}: ") as info:
+        apply_cuts(wg, {"conv1": Cut(range(g.size - 1))})
+    assert "\n" not in str(info.value)
+    with torch.no_grad():  # keeping a frozen group whole is allowed and changes nothing
+        assert torch.equal(apply_cuts(wg, {"conv1": Cut(range(g.size))})(x), model(x))
+
+
+class _Branches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y * 2 if y.sum() > 0 else F.relu(y)
+
+
+def test_data_dependent_control_flow_is_one_line_error() -> None:
+    with pytest.raises(CompressionError, match="cannot be traced") as info:
+        analyse(_Branches(), torch.randn(2, 4))
+    assert "\n" not in str(info.value) and "_Branches" in str(info.value)

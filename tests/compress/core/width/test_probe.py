@@ -1,0 +1,38 @@
+"""Tests for compress.core.width.probe: values at a group's state points, before and after a cut."""
+
+from __future__ import annotations
+
+import minreal_width_zoo as zoo  # registered by this folder's conftest.py
+import torch
+
+from compress.core.width import Cut, apply_cuts, capture, channels_last
+
+
+def test_capture_returns_what_the_consumers_read(analysed) -> None:
+    a = analysed("flat_cnn")
+    g = a.wg.group("conv2")
+    (point,) = g.state_points()
+    seen = {}
+    handle = a.wg.gm.get_submodule("fc").register_forward_hook(lambda m, args, out: seen.update(x=args[0]))
+    try:
+        found = capture(a.wg.gm, a.x, [point])
+    finally:
+        handle.remove()
+    assert list(found) == [point] and torch.equal(found[point], seen["x"])
+
+
+def test_capture_on_a_cut_copy_sees_the_narrower_values(analysed) -> None:
+    a = analysed("small_cnn")
+    g = a.wg.group("3")
+    cut = apply_cuts(a.wg, {"3": Cut(zoo.three_quarters(g.size))})
+    (point,) = g.state_points()
+    before, after = capture(a.wg.gm, a.x, [point])[point], capture(cut, a.x, [point])[point]
+    assert before.shape[1] == 16 and after.shape[1] == 12 and after.shape[2:] == before.shape[2:]
+
+
+def test_channels_last_is_samples_by_channels() -> None:
+    value = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5)
+    matrix = channels_last(value, 1)
+    assert matrix.shape == (2 * 4 * 5, 3)
+    assert torch.equal(matrix[1 * 20 + 2 * 5 + 3], value[1, :, 2, 3])  # sample (n=1, h=2, w=3)
+    assert torch.equal(channels_last(value, 3), value.reshape(-1, 5))
