@@ -14,7 +14,8 @@ from torch import nn
 import export.latency_table as latency_table
 from compress import CompressionError
 from compress.core.width import analyse
-from compress.core.width.allocate import allocate_widths, load_width_latency_table, saving_scale, segment_key
+from compress.core.width.allocate import (allocate_widths, calibrated_saving, load_width_latency_table,
+                                           saving_curve, segment_key)
 from export.app.cli import run
 from export.latency_table import build_latency_table, build_width_latency_table
 
@@ -125,18 +126,20 @@ def _predicted_ms(table: dict, wg, keep: dict[str, list[int]]) -> float:
             order = np.argsort(entry["widths"])
             saving += table["model_ms"] - float(np.interp(width, np.array(entry["widths"])[order],
                                                           np.array(entry["ms"])[order]))
-    return table["model_ms"] - saving_scale(table) * saving
+    return table["model_ms"] - calibrated_saving(saving_curve(table), saving)
 
 
-def test_saving_scale_is_the_least_squares_fit_of_joint_to_summed_savings() -> None:
+def test_saving_curve_maps_summed_to_joint_savings() -> None:
     seg = {"size": 16, "widths": [16, 8], "ms": [10.0, 8.0]}
     table = {"model_ms": 10.0, "segments": {"a/0": dict(seg), "b/0": dict(seg)},
              "uniform": {"fractions": [0.5], "widths": {"a/0": [8], "b/0": [8]}, "ms": [5.0]}}
-    assert saving_scale(table) == pytest.approx(5.0 / 4.0)  # summed saving 2 + 2, joint saving 5
-    table["uniform"]["ms"] = [9.9]
-    assert saving_scale(table) == 0.5  # clipped
+    curve = saving_curve(table)
+    assert curve == [(0.0, 0.0), (4.0, 5.0)]  # summed saving 2 + 2, joint saving 10 - 5
+    assert calibrated_saving(curve, 2.0) == pytest.approx(2.5) and calibrated_saving(curve, 8.0) == pytest.approx(10.0)
+    table["uniform"]["ms"] = [10.5]  # a joint cut measured slower: no negative saving
+    assert saving_curve(table) == [(0.0, 0.0), (4.0, 0.0)]
     del table["uniform"]
-    assert saving_scale(table) == 1.0
+    assert calibrated_saving(saving_curve(table), 3.0) == 3.0
 
 
 def test_allocator_meets_latency_ratio_from_width_table(resnet: nn.Module, width_table: tuple[Path, dict]) -> None:
