@@ -17,29 +17,24 @@ Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/width_resnet20.py --o
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from _common import write_json  # noqa: E402
+from tp_baseline import TorchPruningConfig, torch_pruning_spec  # noqa: E402
 from trained_models import resnet20_digits32  # noqa: E402
 from compress.core.data import Dataset  # noqa: E402
 from compress.core.demo_case import DemoCase, DemoRun  # noqa: E402
-from compress.core.options import CostBudget  # noqa: E402
 from compress.core.recover import RecoveryConfig  # noqa: E402
-from compress.core.report import CompressionReport  # noqa: E402
-from compress.core.spec import MethodSpec  # noqa: E402
 from compress.datasets import digits32  # noqa: E402
 from compress.registry import register  # noqa: E402
 from export.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
@@ -51,39 +46,9 @@ TP_NOTE = ("torch-pruning 1.6.1 DepGraph treats the option-A F.pad as elementwis
            "multiplied). Its rows prune block-internal channels only: conv1 and every block's conv2 are ignored.")
 
 
-@dataclass
-class TorchPruningConfig(CostBudget):
-    """Torch-Pruning's MetaPruner with group L1 magnitude importance at a whole-model MAC ratio."""
-
-
-def _tp_prune(model: nn.Module, data: Dataset, cfg: TorchPruningConfig) -> tuple[nn.Module, CompressionReport]:
-    import torch_pruning as tp
-
-    report = CompressionReport("torch_pruning", asdict(cfg))
-    x = data.x[:2]
-    full = tp.utils.count_ops_and_params(model, x)[0]
-    target = (cfg.mac_ratio or 0.5) * full
-    lo, hi, best, smallest = 0.0, 0.95, None, None
-    for _ in range(12):  # bisection on the pruning ratio until the MACs meet the target
-        mid = (lo + hi) / 2
-        m = copy.deepcopy(model).eval().requires_grad_(True)  # DepGraph traces autograd: frozen weights hide it
-        ignored = [m.linear, m.conv1] + [b.conv2 for stage in (m.layer1, m.layer2, m.layer3) for b in stage]
-        with torch.enable_grad():  # DepGraph traces the autograd graph
-            tp.pruner.MetaPruner(m, x, importance=tp.importance.GroupMagnitudeImportance(p=1), pruning_ratio=mid,
-                                 ignored_layers=ignored, round_to=8).step()
-        macs = tp.utils.count_ops_and_params(m, x)[0]
-        if smallest is None or macs < smallest[1]:
-            smallest = (m, macs)
-        if macs <= target:
-            best, hi = (m, macs), mid
-        else:
-            lo = mid
-    if best is None:  # block-internal channels alone cannot reach the target: the smallest model it made
-        best = smallest
-        report.notes.append(f"target MAC ratio {cfg.mac_ratio} not reached; smallest {smallest[1] / full:.3f}")
-    report.notes.append(TP_NOTE)
-    report.predicted["tp_mac_ratio"] = best[1] / full
-    return best[0], report
+def _stream_layers(m: nn.Module) -> list[nn.Module]:
+    """The layers writing the option-A streams, which DepGraph would mis-tie (see TP_NOTE), and the classifier."""
+    return [m.linear, m.conv1] + [b.conv2 for stage in (m.layer1, m.layer2, m.layer3) for b in stage]
 
 
 def _feasible(model: nn.Module, data: Dataset, runs: list[DemoRun]) -> tuple[list[DemoRun], dict[str, str]]:
@@ -139,8 +104,7 @@ def main() -> None:
     model, record = trained.model, trained.record
     model.eval()
     calib, held_out = digits32(0, 0.25)
-    register(MethodSpec("torch_pruning", "Torch-Pruning MetaPruner (benchmark baseline)", TorchPruningConfig,
-                        _tp_prune, budgets=("mac_ratio",)))
+    register(torch_pruning_spec(_stream_layers, round_to=8, note=TP_NOTE))
     from compress.methods.cbalanced import CBalancedConfig
     from compress.methods.factorize.method import FactorizeConfig
     from compress.methods.fde import FDEConfig
