@@ -6,8 +6,9 @@ on the CPU provider in fresh processes (batch 1 and 32, spread over processes), 
 variant next to the original in fp32 and INT8. Budgets: measured-latency ratios 0.8/0.6/0.5 from width and
 rank latency tables built first on this machine (batch 32).
 
-Torch-Pruning's own pruner (DepGraph, group magnitude importance, round_to=8) is the external baseline at the
-MAC ratio our magnitude variant reached. On option-A shortcuts DepGraph ties the 16/32/64 streams through
+Torch-Pruning's own pruner (DepGraph, group magnitude importance, round_to=8) and ``fde`` (budget by ε) run at the
+MAC ratio our magnitude variant reached at each latency target. ``cbalanced`` sets widths by its energy
+tolerance; its own training is off and it gets the same recovery as every other variant. On option-A shortcuts DepGraph ties the 16/32/64 streams through
 ``F.pad`` position by position and the pruned model fails to run; its rows therefore prune the block-internal
 channels only (the stream convolutions are in ``ignored_layers``), which is stated in the JSON.
 
@@ -40,7 +41,7 @@ from compress.registry import register  # noqa: E402
 from export.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
 from export.latency_table import build_latency_table, build_width_latency_table  # noqa: E402
 
-MULTIPLE = 16  # the CPU provider's width multiple (compress.core.width.allocate.WIDTH_MULTIPLE_BY_PROVIDER)
+MULTIPLE = 8  # the CPU provider's width multiple (compress.core.width.allocate.WIDTH_MULTIPLE_BY_PROVIDER)
 TP_NOTE = ("torch-pruning 1.6.1 DepGraph treats the option-A F.pad as elementwise and ties the 16/32/64 streams "
            "position by position; pruned that way the model fails to run (mat1 and mat2 shapes cannot be "
            "multiplied). Its rows prune block-internal channels only: conv1 and every block's conv2 are ignored.")
@@ -51,23 +52,26 @@ def _stream_layers(m: nn.Module) -> list[nn.Module]:
     return [m.linear, m.conv1] + [b.conv2 for stage in (m.layer1, m.layer2, m.layer3) for b in stage]
 
 
-def _feasible(model: nn.Module, data: Dataset, runs: list[DemoRun]) -> tuple[list[DemoRun], dict[str, str]]:
-    """The runs whose method meets its budget on this model, and the refusal of each other one (one line)."""
+def _feasible(model: nn.Module, data: Dataset, runs: list[DemoRun]
+              ) -> tuple[list[DemoRun], dict[str, str], dict[str, float]]:
+    """The runs whose method meets its budget on this model, the refusal of each other one (one line), and the
+    whole-model MAC ratio each feasible run reached."""
     from compress.core.errors import CompressionError
     from compress.registry import compress, compress_chain
 
-    ok, refused = [], {}
+    ok, refused, macs = [], {}, {}
     for run in runs:
         try:
             if run.steps:
-                compress_chain(model, data, run.steps)
+                _, report = compress_chain(model, data, run.steps)
             else:
-                compress(model, data, run.method, run.config)
+                _, report = compress(model, data, run.method, run.config)
             ok.append(run)
+            macs[run.label] = report.mac_ratio
         except CompressionError as exc:
             refused[run.label] = str(exc)
             print(f"{run.label}: refused: {exc}", flush=True)
-    return ok, refused
+    return ok, refused, macs
 
 
 def summarise(case: dict) -> list[dict]:
@@ -94,7 +98,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="benchmarks/width_resnet20.json")
     ap.add_argument("--ratios", default="0.8,0.6,0.5")
-    ap.add_argument("--recover-epochs", type=int, default=4)
+    ap.add_argument("--recover-epochs", type=int, default=6)
     ap.add_argument("--min-seconds", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
@@ -120,23 +124,26 @@ def main() -> None:
         build_latency_table(model, example, "cpu", ranks_per_layer=6, out_path=rank_table)
         tables_s = time.perf_counter() - t0
         runs: list[DemoRun] = []
+        refused: dict[str, str] = {}
         for r in ratios:
             w = dict(latency_ratio=r, latency_table=str(width_table), width_multiple=MULTIPLE)
-            runs += [DemoRun(f"magnitude-{r:g}", "magnitude", MagnitudeConfig(**w)),
-                     DemoRun(f"wanda-{r:g}", "wanda", WandaConfig(**w)),
-                     DemoRun(f"fde-mac{r:g}", "fde", FDEConfig(mac_ratio=r)),
-                     DemoRun(f"factorize-{r:g}", "factorize",
-                             FactorizeConfig(latency_ratio=r, latency_table=str(rank_table))),
-                     DemoRun(f"magnitude+factorize-{r:g}", "magnitude+factorize", None,
-                             steps=(("magnitude", MagnitudeConfig(latency_ratio=min(1.0, r + 0.1),
-                                                                  latency_table=str(width_table),
-                                                                  width_multiple=MULTIPLE)),
-                                    ("factorize", FactorizeConfig(mac_ratio=0.8)))),
-                     DemoRun(f"torch_pruning-mac{r:g}", "torch_pruning", TorchPruningConfig(mac_ratio=r))]
-        for eps in (1e-2, 1e-3):
+            budgeted = [DemoRun(f"magnitude-{r:g}", "magnitude", MagnitudeConfig(**w)),
+                        DemoRun(f"wanda-{r:g}", "wanda", WandaConfig(**w)),
+                        DemoRun(f"factorize-{r:g}", "factorize",
+                                FactorizeConfig(latency_ratio=r, latency_table=str(rank_table))),
+                        DemoRun(f"magnitude+factorize-{r:g}", "magnitude+factorize", None,
+                                steps=(("magnitude", MagnitudeConfig(**{**w, "latency_ratio": min(1.0, r + 0.1)})),
+                                       ("factorize", FactorizeConfig(mac_ratio=0.8))))]
+            ok, no, macs = _feasible(model, calib, budgeted)
+            runs += ok
+            refused.update(no)
+            if f"magnitude-{r:g}" in macs:  # fde and Torch-Pruning at the MAC ratio magnitude reached there
+                m = round(macs[f"magnitude-{r:g}"], 3)
+                runs += [DemoRun(f"fde-mac{m:g}", "fde", FDEConfig(mac_ratio=m)),
+                         DemoRun(f"torch_pruning-mac{m:g}", "torch_pruning", TorchPruningConfig(mac_ratio=m))]
+        for eps in (1e-2, 1e-3):  # widths from the energy tolerance; trained by the same recovery as the others
             runs.append(DemoRun(f"cbalanced-eps{eps:g}", "cbalanced",
-                                CBalancedConfig(energy_eps=eps, epochs=0, width_multiple=MULTIPLE)))
-        runs, refused = _feasible(model, calib, runs)
+                                CBalancedConfig(energy_eps=eps, epochs=0, controls=False, width_multiple=MULTIPLE)))
         case = DemoCase("resnet20_cifar@digits32", model, calib, held_out, runs,
                         notes=[f"trained {record.epochs} epochs on the calibration split; held-out top-1 "
                                f"{record.heldout_top1:.4f}", TP_NOTE])

@@ -34,7 +34,7 @@ from compress.core.errors import CompressionError
 from compress.core.lowrank import build_pair, matrix_view
 from compress.core.lowrank_plan import find_targets
 from compress.core.width import Cut, WidthGraph, analyse, apply_cuts
-from compress.core.width.allocate import allowed_widths, segment_key
+from compress.core.width.allocate import segment_key, segment_ladders
 from compress.core.width.graph import ChannelGroup
 from export.atomic import atomic_path
 from runtime_bench.config import default_threads
@@ -90,12 +90,17 @@ def _export(module: nn.Module, shape: tuple[int, ...], path: Path) -> Path:
     return path
 
 
-def _time_files(paths: list[Path], shape: tuple[int, ...], provider: str, threads: int) -> list[float]:
+#: Longer settings for whole models (width tables): single-segment savings are a few per cent of the model.
+WHOLE_MODEL_TIMING: dict[str, float] = {"warmup": 10, "min_runs": 60, "min_seconds": 0.4}
+
+
+def _time_files(paths: list[Path], shape: tuple[int, ...], provider: str, threads: int,
+                timing: dict[str, float] = TIMING) -> list[float]:
     """Median latency (ms) of each exported model (input ``x`` of ``shape``), timed interleaved."""
     feed = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
     sessions = [create_session(p, provider, threads) for p in paths]
-    runs = time_interleaved([lambda s=s: s.run(None, feed) for s in sessions], int(TIMING["warmup"]),
-                            int(TIMING["min_runs"]), TIMING["min_seconds"])
+    runs = time_interleaved([lambda s=s: s.run(None, feed) for s in sessions], int(timing["warmup"]),
+                            int(timing["min_runs"]), timing["min_seconds"])
     return [latency_stats(ms, shape[0]).p50_ms for ms in runs]
 
 
@@ -171,11 +176,11 @@ def _time_group(wg: WidthGraph, group: ChannelGroup, full: Path, shape: tuple[in
     """Median ms of the full model and, per segment index, (narrower widths, their median ms), all timed in one
     interleaved run."""
     paths, where = [full], []
-    for k, segment in enumerate(wg.segments(group)):
-        for w in allowed_widths(len(segment), multiple)[1:]:
+    for k, (segment, ladder) in enumerate(zip(wg.segments(group), segment_ladders(wg, group, multiple))):
+        for w in ladder[1:]:
             paths.append(_export(_narrowed(wg, group, segment, w), shape, folder / f"{k}-{w}.onnx"))
             where.append((k, w))
-    medians = _time_files(paths, shape, provider, threads)
+    medians = _time_files(paths, shape, provider, threads, WHOLE_MODEL_TIMING)
     measured: dict[int, tuple[list[int], list[float]]] = {}
     for (k, w), ms in zip(where, medians[1:]):
         widths, times = measured.setdefault(k, ([], []))
@@ -192,8 +197,7 @@ def _uniform_widths(wg: WidthGraph, groups: list[ChannelGroup], fraction: float,
     """Per segment key: the allowed width nearest ``fraction`` of its size."""
     widths = {}
     for g in groups:
-        for k, segment in enumerate(wg.segments(g)):
-            ladder = allowed_widths(len(segment), multiple)
+        for k, (segment, ladder) in enumerate(zip(wg.segments(g), segment_ladders(wg, g, multiple))):
             widths[segment_key(g.name, k)] = min(ladder, key=lambda w: abs(w - fraction * len(segment)))
     return widths
 
@@ -211,7 +215,7 @@ def _time_uniform(wg: WidthGraph, groups: list[ChannelGroup], full: Path, shape:
             drop = {i for k, seg in enumerate(wg.segments(g)) for i in seg[widths[segment_key(g.name, k)]:]}
             cuts[g.name] = Cut(keep=[i for i in range(g.size) if i not in drop])
         paths.append(_export(apply_cuts(wg, cuts), shape, folder / f"uniform-{j}.onnx"))
-    medians = _time_files(paths, shape, provider, threads)
+    medians = _time_files(paths, shape, provider, threads, WHOLE_MODEL_TIMING)
     keys = list(per_fraction[0])
     return medians[0], {"fractions": list(UNIFORM_FRACTIONS),
                         "widths": {key: [w[key] for w in per_fraction] for key in keys},
@@ -242,7 +246,7 @@ def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, pro
         model: the torch model; its cuttable channel groups are found by :func:`compress.core.width.analyse`.
         example_input: a batch at the batch size to optimise for (its first two samples drive the analysis).
         provider: short provider name (``cpu``, ``cuda``, ``tensorrt``).
-        multiple: widths measured per segment: ``allowed_widths(segment size, multiple)`` below the full width.
+        multiple: widths measured per segment: ``segment_ladders(...)`` below the full width.
         out_path: JSON destination, written atomically; an existing table for the same model and settings is
             returned as is. ``None``: measure and return without writing.
         threads: intra-op threads (default: physical cores).

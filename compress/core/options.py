@@ -87,7 +87,8 @@ class CostBudget:
                 raise CompressionError(f"{flag_of(k)} must lie in (0, 1], got {getattr(self, k)}")
         if self.latency_ratio is not None and not self.latency_table:
             raise CompressionError("--latency-ratio needs --latency-table (latencies measured on the target "
-                                   "provider); build one with `minreal latency-table MODEL --out table.json`")
+                                   "provider); build one with `minreal latency-table MODEL --out table.json` (add --kind width "
+                                   "for magnitude/wanda)")
 
     @property
     def budget_given(self) -> list[str]:
@@ -133,8 +134,8 @@ class WidthMultipleOption:
 
     width_multiple: int = field(
         default=8,
-        metadata={"help": "Channel groups keep widths on this multiple (the CPU and GPU kernels' fast block; groups "
-                          "narrower than two multiples step by one channel), >= 1; default 8."})
+        metadata={"help": "Channel groups keep widths on this multiple (the kernels' fast channel block; a group of "
+                          "one segment no wider than it halves it), >= 1; default from the target provider (8)."})
 
     def __post_init__(self) -> None:
         if self.width_multiple < 1:

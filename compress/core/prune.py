@@ -23,7 +23,7 @@ from .options import CostBudget, WidthMultipleOption, flag_of
 from .report import CompressionReport
 from .train import FinetuneOptions, finetune
 from .width import Cut, WidthGraph, analyse, apply_cuts
-from .width.allocate import allocate_widths, load_width_latency_table
+from .width.allocate import allocate_widths, check_width_table, load_width_latency_table
 
 __all__ = ["PruneOptions", "Scorer", "widths_for_params", "mlp_macs", "CHAIN_COSTS", "prune_chain", "prune_mlp",
            "GraphScorer", "prune_graph"]
@@ -138,7 +138,13 @@ def prune_graph(name: str, scorer: GraphScorer, model: nn.Module, data: Dataset,
     scores = scorer(wg, groups, calibration)
     budget, ratio = cfg.target()
     latency = load_width_latency_table(cfg.latency_table) if budget == "latency_ratio" else None
-    keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple, latency)
+    if latency is not None:
+        check_width_table(latency, cfg.latency_table, model, cfg.width_multiple)
+    allocation: dict = {}
+    keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple, latency, allocation)
+    report.predicted[f"allocator_{budget}"] = allocation["predicted_ratio"]
+    if budget == "latency_ratio":
+        report.predicted["whole_model_latency_ratio"] = allocation["predicted_ratio"]
     cuts = {n: Cut(k) for n, k in keep.items() if len(k) < wg.group(n).size}
     new = apply_cuts(wg, cuts)
     report.timings_s["prune"] = time.perf_counter() - t0

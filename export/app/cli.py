@@ -333,7 +333,7 @@ def _recovery_config(recover_epochs: int, recover_steps: int, recover_alpha: flo
               help="Compressed model as a torch.export program (.pt2).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
 @click.option("--target-provider", type=click.Choice(list(PROVIDERS)), default=BenchConfig.providers[0],
-              show_default=True, help="Provider the model is for; sets --rank-multiple's default (cpu 16, GPU 8).")
+              show_default=True, help="Provider the model is for; sets the defaults of --rank-multiple (cpu 16, GPU 8) and --width-multiple (8).")
 @click.option("--calib-holdout", "holdout", type=click.FloatRange(0.0, 1.0, max_open=True), default=HOLDOUT_FRACTION,
               show_default=True, metavar="FRACTION",
               help="Share of --calib held out (seeded) to measure the compressed model on (report: "

@@ -12,28 +12,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
+from torch import nn
 
 from runtime_bench.facts import PROVIDERS
 
 from ..errors import CompressionError
 from ..options import flag_of
-from .cost import cost_terms, predicted_costs
-from .graph import WidthGraph
+from .cost import cost_terms
+from .graph import ChannelGroup, WidthGraph
 
-__all__ = ["WIDTH_MULTIPLE_BY_PROVIDER", "width_multiple_defaults", "allowed_widths", "allocate_widths", "segment_key", "load_width_latency_table", "saving_curve", "calibrated_saving",
-           "BUDGET_COST"]
+__all__ = ["WIDTH_MULTIPLE_BY_PROVIDER", "width_multiple_defaults", "allowed_widths", "segment_ladders",
+           "allocate_widths", "segment_key", "load_width_latency_table", "saving_curve", "calibrated_saving",
+           "check_width_table", "BUDGET_COST"]
 
 #: Which predicted cost each whole-model budget field prices.
 BUDGET_COST = {"mac_ratio": "macs", "param_ratio": "params"}
 
 
-#: Channel granularity of the providers' fast convolution kernels: ONNX Runtime's CPU kernels block channels by
-#: 16 on AVX-512 machines (ResNet-20 at 16/32/48 measured 0.96× of 16/32/64 on this CPU, at 8/16/32 0.49×,
-#: benchmarks/width_resnet20.json); GPU tensor cores want multiples of 8.
-WIDTH_MULTIPLE_BY_PROVIDER: Mapping[str, int] = MappingProxyType({name: 16 if name == "cpu" else 8 for name in PROVIDERS})
+#: Channel granularity of the providers' fast convolution kernels: 8 on the CPU (ONNX Runtime's blocked conv
+#: layouts; ResNet-20 with every width halved to 8/16/32 measured 0.49× of the 16/32/64 original on this CPU at
+#: batch 32, while 12/24/48 measured 0.90×) and for GPU tensor cores.
+WIDTH_MULTIPLE_BY_PROVIDER: Mapping[str, int] = MappingProxyType({name: 8 for name in PROVIDERS})
 
 
 def width_multiple_defaults(providers: Sequence[str]) -> dict[str, Any]:
@@ -135,88 +137,150 @@ def calibrated_saving(points: list[tuple[float, float]], additive: float) -> flo
     return additive * m / a
 
 
+def segment_ladders(wg: WidthGraph, group: ChannelGroup, multiple: int) -> list[list[int]]:
+    """The allowed widths of each segment of ``group``: :func:`allowed_widths`, halving the multiple only in a
+    group of one segment — in a group of several (the option-A streams) every segment steps by the multiple,
+    so that the width of every value (a sum of segment widths) lands on it too."""
+    segments = wg.segments(group)
+    if len(segments) == 1:
+        return [allowed_widths(len(segments[0]), multiple)]
+    return [[len(seg)] + [w for w in range((len(seg) - 1) // multiple * multiple, 0, -multiple)]
+            if multiple > 1 else list(range(len(seg), 0, -1)) for seg in segments]
+
+
+def _pricer(wg: WidthGraph, units: list[tuple[str, list[int], torch.Tensor, list[int]]], keys: list[str],
+            budget: str, latency: Mapping[str, Any] | None) -> Callable[[list[int]], float]:
+    """The predicted cost as a function of every unit's width (vectorised over all layer positions)."""
+    if budget == "latency_ratio":
+        model_ms, table, curve = float(latency["model_ms"]), latency["segments"], saving_curve(latency)
+        if not any(k in table for k in keys):
+            raise CompressionError("the width latency table has no segment of this model's channel groups; rebuild "
+                                   "it for this model with `minreal latency-table --kind width`")
+
+        def latency_price(widths: list[int]) -> float:
+            saving = sum(model_ms - _interpolate(table[k]["widths"], table[k]["ms"], w)
+                         for k, w in zip(keys, widths) if k in table)
+            return model_ms - calibrated_saving(curve, saving)
+        return latency_price
+    key = BUDGET_COST[budget]
+    where: dict[int, tuple[int, int]] = {}  # atom → (unit, rank of the atom in its unit)
+    for u, (name, ranked, _, _) in enumerate(units):
+        atoms = wg.group(name).atoms
+        for r, i in enumerate(ranked):
+            where[atoms[i]] = (u, r)
+    terms = cost_terms(wg)
+
+    def locate(atoms: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        pairs = [where.get(a, (-1, 0)) for a in atoms]
+        return torch.tensor([p[0] for p in pairs], dtype=torch.long), torch.tensor([p[1] for p in pairs])
+
+    outs = [locate(t.out_atoms) for t in terms]
+    ins = [locate(t.in_atoms) if t.in_atoms else None for t in terms]
+    unit_w = torch.tensor([t.mac_unit if key == "macs" else t.param_unit for t in terms], dtype=torch.float64)
+    bias_w = torch.tensor([t.extra_macs if key == "macs" else t.bias for t in terms], dtype=torch.float64)
+    fixed = torch.tensor([float(t.in_fixed) for t in terms], dtype=torch.float64)
+
+    def count(loc: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor) -> float:
+        unit, rank = loc
+        return float(((unit < 0) | (rank < w[unit.clamp(min=0)])).sum())
+
+    def cost_price(widths: list[int]) -> float:
+        w = torch.tensor(widths, dtype=torch.long) if widths else torch.zeros(1, dtype=torch.long)
+        n_out = torch.tensor([count(o, w) for o in outs], dtype=torch.float64)
+        n_in = torch.tensor([count(i, w) if i is not None else 0.0 for i in ins], dtype=torch.float64)
+        n_in = torch.where(torch.tensor([i is None for i in ins]), fixed, n_in)
+        return float((n_out * n_in * unit_w + n_out * bias_w).sum())
+    return cost_price
+
+
+def check_width_table(table: Mapping[str, Any], path: str | Path | None, model: nn.Module, multiple: int) -> None:
+    """Refuse a width latency table measured on other weights or at another width multiple (one line)."""
+    from ..cache import model_key
+
+    if table.get("model_hash") not in (None, model_key(model)):
+        raise CompressionError(f"width latency table {path} was measured on another model or other weights; rebuild "
+                               "it for this one with `minreal latency-table MODEL --kind width --weights ...`")
+    if int(table.get("multiple", multiple)) != multiple:
+        raise CompressionError(f"width latency table {path} steps by {table['multiple']} channels but "
+                               f"--width-multiple is {multiple}; rebuild it with --width-multiple {multiple} or "
+                               f"pass --width-multiple {table['multiple']}")
+
+
 def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: str, ratio: float,
-                    multiple: int = 8, latency: Mapping[str, Any] | None = None) -> dict[str, list[int]]:
+                    multiple: int = 8, latency: Mapping[str, Any] | None = None,
+                    report: dict[str, Any] | None = None) -> dict[str, list[int]]:
     """Keep sets (indices into each group's atoms, highest scores first kept) meeting ``budget`` ≤ ``ratio``.
 
     ``scores``: one non-negative importance per atom for each group that may shrink. ``latency``: a width
     latency table (``minreal latency-table --kind width``), needed for ``latency_ratio``: the predicted
     latency is the whole model's minus the measured savings of each segment at its width, summed and mapped by
     :func:`saving_curve` (calibrated on the table's uniform cuts).
+    After the budget is met, steps are taken back while it still holds (most importance regained per unit of
+    cost first), so one coarse step does not overshoot. ``report`` (a dict) receives ``predicted_ratio``.
     Raises CompressionError naming the flag and the smallest reachable ratio when the budget cannot be met.
     """
     if budget not in BUDGET_COST and not (budget == "latency_ratio" and latency is not None):
         raise CompressionError(f"width pruning meets {', '.join(flag_of(b) for b in BUDGET_COST)}; "
                                f"{flag_of(budget)} needs a width latency table (minreal latency-table --kind width)")
-    terms = cost_terms(wg)
-    if budget == "latency_ratio":
-        model_ms = float(latency["model_ms"])
-        table = latency["segments"]
-        curve = saving_curve(latency)
-        keys: dict[int, str] = {}  # unit → table key
-
-        def price(removed: set[int]) -> float:
-            saving = 0.0
-            for u, (name, ranked, _, _) in enumerate(units):
-                entry = table.get(keys[u])
-                if entry is None:
-                    continue
-                g = wg.group(name)
-                width = sum(1 for i in ranked if g.atoms[i] not in removed)
-                saving += model_ms - _interpolate(entry["widths"], entry["ms"], width)
-            return model_ms - calibrated_saving(curve, saving)
-    else:
-        key = BUDGET_COST[budget]
-
-        def price(removed: set[int]) -> float:
-            return predicted_costs(wg, terms, removed)[key]
-    units: list[tuple[str, list[int], torch.Tensor, list[int]]] = []
-    # units: the segments of every group (see WidthGraph.segments), each with its own ladder of widths
+    units: list[tuple[str, list[int], torch.Tensor, list[int]]] = []  # group, atoms by score, norm, ladder
+    keys: list[str] = []  # each unit's key in a width latency table
     for name, s in scores.items():
         g = wg.group(name)
         s = s.detach().double().clamp_min(0)
         if s.numel() != g.size:
             raise CompressionError(f"channel group {name!r}: {s.numel()} scores for {g.size} channels")
         norm = s / s.mean().clamp_min(1e-30)
-        for k, seg in enumerate(wg.segments(g)):
-            ranked = sorted(seg, key=lambda i: -float(s[i]))
-            if budget == "latency_ratio":
-                keys[len(units)] = segment_key(name, k)
-            units.append((name, ranked, norm, allowed_widths(len(seg), multiple)))
-    if budget == "latency_ratio" and not any(keys[u] in table for u in keys):
-        raise CompressionError("the width latency table has no segment of this model's channel groups; rebuild it "
-                               "for this model with `minreal latency-table --kind width`")
-    full = price(set())
+        for k, (seg, ladder) in enumerate(zip(wg.segments(g), segment_ladders(wg, g, multiple))):
+            keys.append(segment_key(name, k))
+            units.append((name, sorted(seg, key=lambda i: -float(s[i])), norm, ladder))
+    price = _pricer(wg, units, keys, budget, latency)
     step = [0] * len(units)
+    widths = lambda: [units[u][3][step[u]] for u in range(len(units))]  # noqa: E731
+    full = current = price(widths())
+    target = ratio * full
 
-    def cut_atoms(u: int, width: int) -> set[int]:
-        name, ranked, _, _ = units[u]
-        g = wg.group(name)
-        return {g.atoms[i] for i in ranked[width:]}
+    def lost(u: int, wide: int, narrow: int) -> float:
+        _, ranked, norm, _ = units[u]
+        return float(norm[ranked[narrow:wide]].sum())
 
-    removed: set[int] = set()
-    current, target = full, ratio * full
-    while current > target + 1e-9 * full:
-        best, best_rate, best_cost, best_extra = None, float("inf"), current, set()
-        for u, (name, ranked, norm, ladder) in enumerate(units):
+    while current > target + 1e-9 * full:  # narrow, one allowed step at a time, where it costs least per saving
+        best, best_rate, best_cost = None, float("inf"), current
+        for u, (_, _, _, ladder) in enumerate(units):
             if step[u] + 1 >= len(ladder):
                 continue
-            width_now, width_next = ladder[step[u]], ladder[step[u] + 1]
-            extra = cut_atoms(u, width_next)
-            cost = price(removed | extra)
-            saved = current - cost
-            if saved <= 0:
+            step[u] += 1
+            cost = price(widths())
+            step[u] -= 1
+            if current - cost <= 0:
                 continue
-            rate = float(norm[ranked[width_next:width_now]].sum()) / saved
+            rate = lost(u, ladder[step[u]], ladder[step[u] + 1]) / (current - cost)
             if rate < best_rate:
-                best, best_rate, best_cost, best_extra = u, rate, cost, extra
+                best, best_rate, best_cost = u, rate, cost
         if best is None:
             raise CompressionError(f"{flag_of(budget)} {ratio:g} cannot be reached by width cuts: the smallest "
                                    f"predicted ratio is {current / full:.4f} (every group at its narrowest "
                                    f"allowed width; frozen groups stay whole)")
         step[best] += 1
-        removed |= best_extra
         current = best_cost
+    while True:  # refill: widen back, most importance regained per cost first, while the budget still holds
+        best, best_rate, best_cost = None, -1.0, current
+        for u, (_, _, _, ladder) in enumerate(units):
+            if step[u] == 0:
+                continue
+            step[u] -= 1
+            cost = price(widths())
+            step[u] += 1
+            if cost > target + 1e-9 * full:
+                continue
+            rate = lost(u, ladder[step[u] - 1], ladder[step[u]]) / max(cost - current, 1e-12 * full)
+            if rate > best_rate:
+                best, best_rate, best_cost = u, rate, cost
+        if best is None:
+            break
+        step[best] -= 1
+        current = best_cost
+    if report is not None:
+        report["predicted_ratio"] = current / full
     keep: dict[str, list[int]] = {name: [] for name in scores}
     for u, (name, ranked, _, ladder) in enumerate(units):
         keep[name] += ranked[:ladder[step[u]]]

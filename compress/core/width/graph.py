@@ -287,8 +287,16 @@ def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
 
 
 def _set(wg: WidthGraph, node: fx.Node, chan: _Chan | None) -> None:
-    if chan is not None:
-        wg.values[node.name] = chan
+    """Record ``chan`` as the channels of ``node``'s value — only if that value really has them there: an
+    operation that changes the size of the tracked dimension (a pool or interpolation over a channels-last
+    axis) or returns something else (a pool's indices) freezes the channels instead of mis-tying them."""
+    if chan is None:
+        return
+    shape = _shape(node)
+    if shape is None or not -len(shape) <= chan.dim < len(shape) or shape[chan.dim] != len(chan.slots):
+        wg.freeze(chan.slots, node.name, "operation changes or hides the tracked channel dimension")
+        return
+    wg.values[node.name] = chan
 
 
 def _chan_of(wg: WidthGraph, value: Any) -> _Chan | None:
@@ -571,8 +579,10 @@ def _visit_elementwise(wg: WidthGraph, node: fx.Node) -> None:
         d = lead.dim - (n - len(a_shape))
         if d < 0 or a_shape[d] == 1:
             continue
-        if a.op == "get_attr":
+        if a.op == "get_attr" and len(a.users) == 1:
             wg.uses.append(Use("", a.target, d, lead.slots, "affine", node.name))
+        elif a.op == "get_attr":
+            wg.freeze(lead.slots, node.name, f"parameter {a.target} is also used elsewhere")
         else:
             wg.freeze(lead.slots, node.name, f"combined with {a.name}, whose channels are not tracked")
     _set(wg, node, lead)
@@ -728,7 +738,7 @@ def _visit_functional_layer_norm(wg: WidthGraph, node: fx.Node) -> None:
         return
     for i, key in ((2, "weight"), (3, "bias")):
         p = _arg(node, i, key)
-        if isinstance(p, fx.Node) and p.op == "get_attr":
+        if isinstance(p, fx.Node) and p.op == "get_attr" and len(p.users) == 1:
             wg.uses.append(Use("", p.target, 0, chan.slots, "affine", node.name))
         elif p is not None:
             _unknown(wg, node, "layer_norm with computed weights")

@@ -105,9 +105,9 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
         default=1e-6,
         metadata={"help": "Ridge regularisation of the least-squares refit, >= 0; default 1e-6."})
     controls: bool = field(
-        default=True,
-        metadata={"help": "Also train the other inits, the uniform-width control and the projected diagnostic; "
-                          "default on."})
+        default=False,
+        metadata={"help": "Also train the other inits, the uniform-width control and the projected diagnostic (four "
+                          "more trainings: minutes on a CNN); default off."})
     gramian_samples: int = field(
         default=4000,
         metadata={"help": "Training samples that estimate the Gramians, >= 1; default 4000. Deprecated alias: "
