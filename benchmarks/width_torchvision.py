@@ -83,7 +83,7 @@ def main() -> None:
     y = torch.randint(0, 1000, (48,))
     data = Dataset(x[:32], y[:32])
     held_out = Dataset(x[32:], y[32:])
-    for name in args.models.split(","):
+    for name in filter(None, args.models.split(",")):
         model = getattr(torchvision.models, name)().eval()
         with tempfile.TemporaryDirectory() as tmp:
             table = Path(tmp) / "width.json"

@@ -28,7 +28,9 @@ torch-pruning 1.6.1), which cuts the wrong channels; the pad offset is the whole
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import math
 import operator
 from dataclasses import dataclass, field
@@ -146,8 +148,8 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     if example.dim() > 0 and example.shape[0] == 1:  # a batch of 2 keeps the batch dimension unambiguous
         example = example.expand(2, *example.shape[1:])
     gm.eval() if not model.training else gm.train()
-    with torch.no_grad():
-        try:
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:  # ShapeProp prints a traceback of its own on failure; the user gets the one line below
             ShapeProp(gm).propagate(example)
         except Exception as exc:  # noqa: BLE001
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
