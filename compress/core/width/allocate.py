@@ -1,7 +1,6 @@
 """Widths per channel group from importance scores and a whole-model budget.
 
-Each segment of a group may only take widths on the provider's fast multiple (see :func:`allowed_widths`):
-on small CPU convnets a 12/24/48-wide ResNet-20 measured 0.90× of the 16/32/64 original, the 8/16/32 one 0.48×.
+Each segment of a group may only take widths on the provider's fast multiple (see :func:`segment_ladders`).
 The allocator is greedy on the Lagrangian trade-off: at each step it lowers the one group whose next
 allowed width removes the least importance per unit of predicted cost saved (importance normalised by the
 group's mean, so that groups of different scales compare), until the predicted cost meets the budget.
@@ -33,8 +32,8 @@ BUDGET_COST = {"mac_ratio": "macs", "param_ratio": "params"}
 
 
 #: Channel granularity of the providers' fast convolution kernels: 8 on the CPU (ONNX Runtime's blocked conv
-#: layouts; ResNet-20 with every width halved to 8/16/32 measured 0.49× of the 16/32/64 original on this CPU at
-#: batch 32, while 12/24/48 measured 0.90×) and for GPU tensor cores.
+#: layouts) and for GPU tensor cores. The trained ResNet-20 at batch 32 on the CPU measured 0.57× of its latency
+#: with every width halved to 8/16/32 but 0.93× at about ¾ (benchmarks/width_table_resnet20_b32.json).
 WIDTH_MULTIPLE_BY_PROVIDER: Mapping[str, int] = MappingProxyType({name: 8 for name in PROVIDERS})
 
 
