@@ -242,24 +242,24 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
         _, ranked, norm, _ = units[u]
         return float(norm[ranked[narrow:wide]].sum())
 
-    while current > target + 1e-9 * full:  # narrow, one allowed step at a time, where it costs least per saving
-        best, best_rate, best_cost = None, float("inf"), current
+    while current > target + 1e-9 * full:  # narrow where it costs least importance per saving; a move may
+        best, best_rate, best_cost = None, float("inf"), current  # jump several steps past a flat stretch
         for u, (_, _, _, ladder) in enumerate(units):
-            if step[u] + 1 >= len(ladder):
-                continue
-            step[u] += 1
-            cost = price(widths())
-            step[u] -= 1
-            if current - cost <= 0:
-                continue
-            rate = lost(u, ladder[step[u]], ladder[step[u] + 1]) / (current - cost)
-            if rate < best_rate:
-                best, best_rate, best_cost = u, rate, cost
+            now = step[u]
+            for j in range(now + 1, len(ladder)):
+                step[u] = j
+                cost = price(widths())
+                if current - cost > 1e-12 * full:
+                    rate = lost(u, ladder[now], ladder[j]) / (current - cost)
+                    if rate < best_rate:
+                        best, best_rate, best_cost = (u, j), rate, cost
+            step[u] = now
         if best is None:
+            step = [len(units[u][3]) - 1 for u in range(len(units))]
             raise CompressionError(f"{flag_of(budget)} {ratio:g} cannot be reached by width cuts: the smallest "
-                                   f"predicted ratio is {current / full:.4f} (every group at its narrowest "
-                                   f"allowed width; frozen groups stay whole)")
-        step[best] += 1
+                                   f"predicted ratio is {price(widths()) / full:.4f} (every group at its "
+                                   f"narrowest allowed width; frozen groups stay whole)")
+        step[best[0]] = best[1]
         current = best_cost
     while True:  # refill: widen back, most importance regained per cost first, while the budget still holds
         best, best_rate, best_cost = None, -1.0, current
