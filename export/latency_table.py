@@ -113,6 +113,19 @@ def _time_layer(layer: nn.Module, shape: tuple[int, ...], ranks: list[int], prov
     return medians[0], medians[1:]
 
 
+def _reusable(out_path: Path | None, header: dict[str, Any]) -> dict[str, Any] | None:
+    """The table at ``out_path`` when it was built for ``header``; else None once the provider is known to be
+    available (RuntimeError naming why not)."""
+    hit = _cached(out_path, header) if out_path is not None else None
+    if hit is not None:
+        logger.info("reusing latency table %s", out_path)
+        return hit
+    reason = unavailable_reason(header["provider"])
+    if reason:
+        raise RuntimeError(reason)
+    return None
+
+
 def _cached(out_path: Path, header: dict[str, Any]) -> dict[str, Any] | None:
     try:
         table = json.loads(out_path.read_text())
@@ -139,13 +152,9 @@ def build_latency_table(model: nn.Module, example_input: torch.Tensor, provider:
     out_path = Path(out_path)
     header = {"provider": provider, "model_hash": model_key(model), "input_shape": list(example_input.shape),
               "ranks_per_layer": ranks_per_layer, "rank_multiple": rank_multiple}
-    hit = _cached(out_path, header)
+    hit = _reusable(out_path, header)
     if hit is not None:
-        logger.info("reusing latency table %s", out_path)
         return hit
-    reason = unavailable_reason(provider)
-    if reason:
-        raise RuntimeError(reason)
     model = model.eval()
     targets, _, _ = find_targets(model, example_input[:1])
     shapes = _input_shapes(model, example_input, [t.name for t in targets])
@@ -222,12 +231,6 @@ def _time_uniform(wg: WidthGraph, groups: list[ChannelGroup], full: Path, shape:
                         "ms": list(medians[1:])}
 
 
-def _two_samples(x: torch.Tensor) -> torch.Tensor:
-    """Two samples for the channel analysis: with a batch of one, the analysis of ``x.view(x.size(0), -1)``
-    cannot tell the batch dimension from the channels' and freezes the group."""
-    return x[:2] if len(x) >= 2 else torch.cat([x, x])
-
-
 def _cuttable(wg: WidthGraph) -> list[ChannelGroup]:
     groups = wg.cuttable()
     if not groups:
@@ -258,14 +261,10 @@ def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, pro
     shape = tuple(example_input.shape)
     header = {"kind": "width", "provider": provider, "model_hash": model_key(model), "input_shape": list(shape[1:]),
               "batch": shape[0], "multiple": multiple}
-    hit = _cached(Path(out_path), header) if out_path is not None else None
+    hit = _reusable(Path(out_path) if out_path is not None else None, header)
     if hit is not None:
-        logger.info("reusing width latency table %s", out_path)
         return hit
-    reason = unavailable_reason(provider)
-    if reason:
-        raise RuntimeError(reason)
-    wg = analyse(model.eval(), _two_samples(example_input))
+    wg = analyse(model.eval(), example_input[:2])  # a batch of 1 is widened by the analysis itself
     groups, say = _cuttable(wg), progress or logger.info
     ort_provider, threads = provider_name(provider), threads or default_threads()
     runs = []

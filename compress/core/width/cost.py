@@ -16,7 +16,7 @@ from torch import fx, nn
 
 from .graph import WidthGraph, _shape
 
-__all__ = ["Term", "cost_terms", "predicted_costs"]
+__all__ = ["Term", "cost_terms"]
 
 
 @dataclass
@@ -79,14 +79,3 @@ def cost_terms(wg: WidthGraph) -> list[Term]:
         t.out_atoms = [wg.find(s) for s in t.out_atoms]
         t.in_atoms = [wg.find(s) for s in t.in_atoms]
     return terms
-
-
-def predicted_costs(wg: WidthGraph, terms: list[Term], removed: set[int]) -> dict[str, float]:
-    """Per-sample ``macs`` and ``params`` of the model with the ``removed`` atoms cut."""
-    macs = params = 0.0
-    for t in terms:
-        n_out = sum(1 for a in t.out_atoms if a not in removed)
-        n_in = sum(1 for a in t.in_atoms if a not in removed) if t.in_atoms else t.in_fixed
-        macs += n_out * n_in * t.mac_unit + n_out * t.extra_macs
-        params += n_out * n_in * t.param_unit + n_out * t.bias
-    return {"macs": macs, "params": params}

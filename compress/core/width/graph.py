@@ -42,7 +42,8 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from ..errors import CompressionError
 
-__all__ = ["Use", "Rewrite", "ChannelGroup", "WidthGraph", "analyse", "trace"]
+__all__ = ["Use", "Rewrite", "ChannelGroup", "WidthGraph", "analyse", "trace", "is_exported_program",
+           "param_owner"]
 
 # Layers whose output keeps the input's channels (one per position) and which own no per-channel parameters.
 _PASS_MODULES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh,
@@ -123,6 +124,20 @@ class ChannelGroup:
         return f"{self.name}: {self.size} channels; {', '.join(members[:4])}{more}"
 
 
+def is_exported_program(model: nn.Module) -> bool:
+    """Whether ``model`` is a loaded ``torch.export`` program (``ExportedProgram.module()``): a graph of ATen
+    operators in which the layers are gone."""
+    return isinstance(model, fx.GraphModule) and any(
+        n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) for n in model.graph.nodes)
+
+
+def param_owner(module: nn.Module, target: str, param: str) -> tuple[nn.Module, str]:
+    """The submodule holding ``param`` of the layer at ``target`` (``""``: a dotted path from the root, as a
+    :class:`Use` of a ``get_attr`` parameter has), and the attribute's name there."""
+    path, _, attr = (f"{target}.{param}" if target else param).rpartition(".")
+    return module.get_submodule(path), attr
+
+
 class _Tracer(fx.Tracer):
     """Keeps every ``torch.nn`` layer (and nothing else) whole; user modules are traced through."""
 
@@ -132,8 +147,7 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
 
     Raises CompressionError with one line when the model cannot be traced (data-dependent control flow).
     """
-    if isinstance(model, fx.GraphModule) and any(isinstance(n.target, torch._ops.OpOverload)
-                                                 for n in model.graph.nodes):
+    if is_exported_program(model):
         raise CompressionError("width methods need the model's Python modules (file.py:factory or a torchvision "
                                "name with --weights): a torch.export program (.pt2) holds ATen operations, whose "
                                "layers cannot be resized")

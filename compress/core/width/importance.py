@@ -5,16 +5,15 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from .graph import ChannelGroup, Use, WidthGraph
+from .graph import ChannelGroup, Use, WidthGraph, param_owner
 from .probe import capture, channels_last
 
 __all__ = ["magnitude_importance", "wanda_importance"]
 
 
 def _param(gm: fx.GraphModule, use: Use) -> torch.Tensor:
-    full = f"{use.target}.{use.param}" if use.target else use.param
-    path, _, attr = full.rpartition(".")
-    return getattr(gm.get_submodule(path), attr).detach().double()
+    owner, attr = param_owner(gm, use.target, use.param)
+    return getattr(owner, attr).detach().double()
 
 
 def _per_atom(wg: WidthGraph, group: ChannelGroup, use: Use, per_position: torch.Tensor) -> torch.Tensor:

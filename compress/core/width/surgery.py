@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from ..errors import CompressionError
-from .graph import ChannelGroup, Use, WidthGraph
+from .graph import ChannelGroup, Use, WidthGraph, param_owner
 
-__all__ = ["Cut", "SlimAttention", "apply_cuts", "widths_after"]
+__all__ = ["Cut", "SlimAttention", "apply_cuts"]
 
 
 @dataclass
@@ -86,12 +86,6 @@ class SlimAttention(nn.Module):
         return (out if self.batch_first else out.transpose(0, 1)), None
 
 
-def _owner(gm: nn.Module, use: Use) -> tuple[nn.Module, str]:
-    full = f"{use.target}.{use.param}" if use.target else use.param
-    path, _, attr = full.rpartition(".")
-    return gm.get_submodule(path), attr
-
-
 def _atom_index(wg: WidthGraph, group: ChannelGroup) -> dict[int, int]:
     return {a: i for i, a in enumerate(group.atoms)}
 
@@ -124,7 +118,7 @@ def _check_cut(group: ChannelGroup, cut: Cut) -> tuple[list[int], torch.Tensor |
 def _compensate(gm: nn.Module, wg: WidthGraph, use: Use, index: dict[int, int], keep: list[int],
                 merge: torch.Tensor | None, offset: torch.Tensor | None, created: set[tuple[str, str]]) -> None:
     """Fold ``x_all = merge·x_kept + offset`` into one dense consumer's weight (and bias)."""
-    owner, attr = _owner(gm, use)
+    owner, attr = param_owner(gm, use.target, use.param)
     weight = getattr(owner, attr)
     wt = weight.detach().to(torch.float64).movedim(use.dim, 0)  # [positions, ...]
     atoms = [index[wg.find(s)] for s in use.slots]
@@ -164,7 +158,7 @@ def _compensate(gm: nn.Module, wg: WidthGraph, use: Use, index: dict[int, int], 
 
 
 def _slice(gm: nn.Module, use: Use, positions: list[int]) -> None:
-    owner, attr = _owner(gm, use)
+    owner, attr = param_owner(gm, use.target, use.param)
     value = getattr(owner, attr)
     idx = torch.tensor(positions, dtype=torch.long, device=value.device)
     new = value.detach().index_select(use.dim, idx).clone()
@@ -283,8 +277,3 @@ def apply_cuts(wg: WidthGraph, cuts: Mapping[str, Cut]) -> fx.GraphModule:
         _rewrite(gm, wg, removed)
     gm.recompile()
     return gm
-
-
-def widths_after(wg: WidthGraph, cuts: Mapping[str, Cut]) -> dict[str, tuple[int, int]]:
-    """Per cut group: (channels before, channels after)."""
-    return {name: (wg.group(name).size, len(set(cut.keep))) for name, cut in cuts.items()}

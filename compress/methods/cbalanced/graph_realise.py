@@ -14,11 +14,12 @@ from torch import fx, nn
 from ...core.errors import CompressionError
 from ...core.linalg import balanced_basis
 from ...core.width.allocate import allowed_widths
+from ...core.width.importance import magnitude_importance
 from ...core.width import ChannelGroup, Cut, WidthGraph, apply_cuts
 from .analysis import StateAnalysis
 from .realise import top_indices
 
-__all__ = ["round_width", "balanced_leverage", "magnitude_scores", "ls_merge", "group_cuts",
+__all__ = ["round_width", "balanced_leverage", "ls_merge", "group_cuts",
            "realise_groups", "reinitialise", "as_sequential", "group_params", "count_params"]
 
 
@@ -41,18 +42,6 @@ def balanced_leverage(gc_root: torch.Tensor, vb: torch.Tensor, rank: int) -> tor
     has ℓ_i = 0.
     """
     return balanced_basis(gc_root, vb, rank).pow(2).sum(1)
-
-
-def magnitude_scores(wg: WidthGraph, group: ChannelGroup, module: nn.Module) -> torch.Tensor:
-    """Per atom: the summed L1 norms of the weight rows its producers (every conv/linear writing it) own."""
-    scores = torch.zeros(group.size, dtype=torch.float64)
-    index = {a: i for i, a in enumerate(group.atoms)}
-    for u in group.uses:
-        if u.role == "producer" and u.param.endswith("weight"):
-            w = module.get_parameter(f"{u.target}.{u.param}" if u.target else u.param).detach()
-            rows = w.movedim(u.dim, 0).abs().flatten(1).sum(1).double()
-            scores.index_add_(0, torch.tensor([index[wg.find(s)] for s in u.slots]), rows)
-    return scores
 
 
 def ls_merge(gc: torch.Tensor, mean: torch.Tensor, keep: Sequence[int], ridge: float
@@ -94,12 +83,12 @@ def group_cuts(wg: WidthGraph, analyses: Mapping[str, StateAnalysis], widths: Ma
     """The warm start's cut of every group: the ``widths[g]`` atoms of highest score, and with ``refit`` the
     :func:`ls_merge` compensation of the removed ones. Scores: :func:`balanced_leverage` in the span of the
     C-rank dominant balanced directions (the exact rank; a width rounded up to the fast multiple keeps the
-    extra atoms that best cover that same span), or :func:`magnitude_scores`."""
+    extra atoms that best cover that same span), or :func:`~compress.core.width.importance.magnitude_importance`."""
     cuts = {}
     for name, width in widths.items():
         group, a = wg.group(name), analyses[name]
         scores = balanced_leverage(a.gc_root, a.vb, min(a.rank_c, width)) if selection == "leverage" \
-            else magnitude_scores(wg, group, wg.gm)
+            else magnitude_importance(wg, group)
         keep = top_indices(scores, width).tolist()
         merge, offset = ls_merge(a.gc, a.mean, keep, ridge) if refit and width < group.size else (None, None)
         cuts[name] = Cut(keep, merge, offset)

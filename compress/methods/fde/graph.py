@@ -43,7 +43,7 @@ from torch import fx, nn
 
 from ...core.chain import fold_bn_after
 from ...core.evaluate import eval_mode
-from ...core.width import ChannelGroup, Cut, Use, WidthGraph, capture, channels_last
+from ...core.width import ChannelGroup, Cut, Use, WidthGraph, capture, channels_last, param_owner
 from .partition import leader_clusters, rounding_tolerance
 
 __all__ = ["MAX_EPS", "Writer", "GroupPlan", "Partition", "LumpStats", "Lumper", "plan_groups", "dead_atoms",
@@ -336,9 +336,8 @@ def dead_atoms(wg: WidthGraph, plans: dict[str, GroupPlan], batches: list[torch.
 # ---- rows of the writers ------------------------------------------------------------------------------------------
 
 def _param(gm: nn.Module, target: str, name: str) -> torch.Tensor:
-    full = f"{target}.{name}" if target else name
-    path, _, attr = full.rpartition(".")
-    return getattr(gm.get_submodule(path), attr).detach().to(torch.float64)
+    owner, attr = param_owner(gm, target, name)
+    return getattr(owner, attr).detach().to(torch.float64)
 
 
 def _through_merge(w: torch.Tensor, where: _Positions, part: Partition) -> torch.Tensor:

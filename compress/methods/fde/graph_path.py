@@ -20,7 +20,7 @@ from ...core.data import Dataset
 from ...core.errors import CompressionError
 from ...core.options import flag_of
 from ...core.report import CompressionReport, LayerReport
-from ...core.width import WidthGraph, analyse, apply_cuts
+from ...core.width import WidthGraph, analyse, apply_cuts, is_exported_program
 from .graph import MAX_EPS, WHOLE, GroupPlan, Lumper, LumpStats, Partition, blocks_of, dead_atoms, group_cuts, \
     plan_groups
 
@@ -32,13 +32,6 @@ __all__ = ["fde_graph", "is_exported_program"]
 #: Bisection steps on ε in [0, MAX_EPS] for a budget (resolution MAX_EPS / 2¹⁴ ≈ 1e-4).
 _BISECTIONS = 14
 _BATCH = 256
-
-
-def is_exported_program(model: nn.Module) -> bool:
-    """Whether ``model`` is a loaded ``torch.export`` program (``ExportedProgram.module()``): a graph of aten
-    operators in which the layers are gone."""
-    return isinstance(model, fx.GraphModule) and any(
-        n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) for n in model.graph.nodes)
 
 
 @dataclass
