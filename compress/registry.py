@@ -22,13 +22,13 @@ from .core.data import Dataset
 from .core.errors import CompressionError, UnknownMethodError
 from .core.options import BUDGET_FIELDS, field_clash, flag_of
 from .core.evaluate import compare_outputs
-from .core.recover import RecoveryConfig, recover
+from .core.recover import RecoveryConfig, held_out_metrics, recover
 from .core.report import CompressionReport
 from .core.spec import MethodFn, MethodSpec
 
 __all__ = ["Method", "MethodFn", "MethodSpec", "MethodRegistry", "ENTRY_POINT_GROUP", "register",
            "register_method", "get_method", "method_names", "compress", "compress_chain", "chain_label", "fill_costs",
-           "apply_recovery"]
+           "apply_recovery", "state_points", "finetune_alias"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
@@ -170,32 +170,71 @@ def _requested_budget(spec: MethodSpec, cfg: Any) -> tuple[str, float] | None:
     return given[0], getattr(cfg, given[0])
 
 
+UNCHANGED_ACTIONS = ("kept", "skipped")
+
+
+def state_points(report: CompressionReport) -> list[str]:
+    """The layers (state points) the method changed, in report order: what ``--recover-features auto`` matches."""
+    return [layer.name for layer in report.layers if layer.action not in UNCHANGED_ACTIONS]
+
+
+def finetune_alias(config: Any, recovery: RecoveryConfig | None, data: Dataset) -> RecoveryConfig | None:
+    """The recovery to run: ``recovery``, or the one a config's deprecated ``finetune_epochs``/``finetune_lr`` asks
+    for -- the label loss alone (``alpha=1``), as the old fine-tuning trained, so old results do not change."""
+    epochs = getattr(config, "finetune_epochs", 0)
+    if not epochs:
+        return recovery
+    if recovery is not None and recovery.enabled:
+        raise CompressionError("--finetune-epochs is a deprecated alias of --recover-epochs with --recover-alpha 1; "
+                               "give one of them, not both")
+    if data.y is None:
+        raise CompressionError("--finetune-epochs fine-tunes on labels and the data has none: use --recover-epochs "
+                               "(distillation from the original needs inputs only)")
+    log.warning("--finetune-epochs/--finetune-lr are deprecated: running recovery with the label loss alone "
+                "(--recover-epochs %d --recover-lr %g --recover-alpha 1)", epochs, config.finetune_lr)
+    return RecoveryConfig(epochs=epochs, lr=config.finetune_lr, alpha=1.0, seed=getattr(config, "seed", 0))
+
+
 def apply_recovery(report: CompressionReport, model: nn.Module, new: nn.Module, data: Dataset,
-                   recovery: RecoveryConfig | None) -> nn.Module:
+                   recovery: RecoveryConfig | None, held_out: Dataset | None = None) -> nn.Module:
     """Recover ``new`` from ``model`` on ``data`` when ``recovery`` is enabled: ``report.recovery`` and
-    ``report.measured["recovered"]`` filled, the zero-shot measurements kept. Returns the model to use (a copy
-    when the method returned ``model`` itself, which is never trained)."""
+    ``report.measured["recovered"]`` filled, the zero-shot measurements kept. With ``held_out`` (data neither the
+    method nor the recovery saw), ``measured["held_out_zero_shot"]`` and ``measured["held_out_recovered"]`` hold
+    :func:`~compress.core.recover.held_out_metrics` of both models on it. Returns the model to use (a copy when
+    the method returned ``model`` itself, which is never trained)."""
     if recovery is None or not recovery.enabled:
         return new
     if new is model:
         new = copy.deepcopy(model)
-    result = recover(model, new, data, recovery)
+    if held_out is not None:
+        report.measured["held_out_zero_shot"] = held_out_metrics(model, new, held_out)
+    result = recover(model, new, data, recovery, state_points(report))
     report.recovery = dataclasses.asdict(result)
     report.timings_s["recover"] = result.wall_s
     report.measured["recovered"] = compare_outputs(model, new, data)
+    if held_out is not None:
+        report.measured["held_out_recovered"] = held_out_metrics(model, new, held_out)
+    if any(v is not None for v in report.bounds.values()):
+        report.predicted["bounds_zero_shot"] = dict(report.bounds)
+        report.bounds = {k: None for k in report.bounds}
+        report.notes.append("no bound: recovery moves the weights by data-driven steps the error bounds do not cover; "
+                            "predicted.bounds_zero_shot holds them for the model before recovery")
     if result.interrupted:
         report.notes.append(f"recovery interrupted after {result.steps} steps; the best weights so far were kept")
     return new
 
 
 def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
-             recovery: RecoveryConfig | None = None) -> tuple[nn.Module, CompressionReport]:
+             recovery: RecoveryConfig | None = None, held_out: Dataset | None = None
+             ) -> tuple[nn.Module, CompressionReport]:
     """Run a registered method, then fill the shared cost fields and the output comparison on ``data``.
 
     ``config`` defaults to the method's config defaults; a given config is validated again (its
     ``__post_init__``), so fields changed after construction are checked too. A method that measured the
     comparison itself (on a held-out split, or before fine-tuning) keeps its own numbers. An enabled
-    ``recovery`` then distils ``model`` into the result on ``data`` (:func:`apply_recovery`).
+    ``recovery`` then distils ``model`` into the result on ``data`` (:func:`apply_recovery`, which also measures
+    both models on ``held_out`` when given); a config's deprecated ``finetune_epochs`` asks for a label-only
+    recovery (:func:`finetune_alias`).
     """
     spec = get_method(method)
     cfg = spec.config_cls() if config is None else config
@@ -203,6 +242,7 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
         raise TypeError(f"method {method!r} expects a {spec.config_cls.__name__}, got {type(cfg).__name__}")
     if dataclasses.is_dataclass(cfg):
         cfg = dataclasses.replace(cfg)
+    recovery = finetune_alias(cfg, recovery, data)
     budget = _requested_budget(spec, cfg)
     new, report = spec.run(model, data, cfg)
     fill_costs(report, model, new, data.x[: min(len(data), 8)])
@@ -214,7 +254,7 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
         t0 = time.perf_counter()
         report.measured.update(compare_outputs(model, new, data))
         report.timings_s["measure"] = time.perf_counter() - t0
-    return apply_recovery(report, model, new, data, recovery), report
+    return apply_recovery(report, model, new, data, recovery, held_out), report
 
 
 def chain_label(methods: Sequence[str]) -> str:
@@ -223,7 +263,8 @@ def chain_label(methods: Sequence[str]) -> str:
 
 
 def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, Any]],
-                   recovery: RecoveryConfig | None = None) -> tuple[nn.Module, CompressionReport]:
+                   recovery: RecoveryConfig | None = None, held_out: Dataset | None = None
+                   ) -> tuple[nn.Module, CompressionReport]:
     """Run registered methods in sequence through :func:`compress`, each on the previous result.
 
     The report is the last step's layers, with the whole-model costs and the output comparison against the
@@ -255,4 +296,4 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
     report.measured.update(compare_outputs(model, current, data))
     report.timings_s = {f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.timings_s.items()}
     report.timings_s["measure"] = time.perf_counter() - t0
-    return apply_recovery(report, model, current, data, recovery), report
+    return apply_recovery(report, model, current, data, recovery, held_out), report

@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from .data import Dataset
+from .recover import RecoveryConfig
 
 __all__ = ["DemoCase", "DemoRun"]
 
@@ -22,6 +23,8 @@ class DemoRun:
     method: str
     config: Any
     steps: tuple[tuple[str, Any], ...] = ()
+    recovery: RecoveryConfig | None = None
+    """This variant's own recovery; None takes the run's (``--recover-epochs``)."""
 
 
 @dataclass

@@ -21,7 +21,7 @@ from .errors import CompressionError
 from .evaluate import compare_outputs
 from .options import CostBudget, WidthMultipleOption, flag_of
 from .report import CompressionReport
-from .train import FinetuneOptions, finetune
+from .train import FinetuneOptions
 from .width import Cut, WidthGraph, analyse, apply_cuts
 from .width.allocate import allocate_widths, check_width_table, load_width_latency_table
 
@@ -36,7 +36,7 @@ GraphScorer = Callable[[WidthGraph, list, torch.Tensor], "dict[str, torch.Tensor
 @dataclass
 class PruneOptions(FinetuneOptions, CostBudget, WidthMultipleOption):
     """Options of the neuron-pruning baselines: a whole-model budget (``param_ratio``, default 0.5, or
-    ``mac_ratio``; uniform keep-fraction per hidden layer) or exact hidden ``widths``; optional fine-tuning on
+    ``mac_ratio``; uniform keep-fraction per hidden layer) or exact hidden ``widths``; (deprecated) fine-tuning on
     the (labelled) data. The pruned MLP chain is the whole model, so its ratios are the whole model's
     (the deprecated ``--params`` meant the same ratio)."""
 
@@ -111,18 +111,11 @@ def prune_chain(chain: Chain, scores: list[torch.Tensor], widths: list[int]) -> 
     return new
 
 
-def _finetune(model: nn.Module, new: nn.Module, data: Dataset, cfg: PruneOptions, report: CompressionReport) -> None:
-    if cfg.finetune_epochs > 0:
-        report.measured.update(compare_outputs(model, new, data))
-        finetune(new, data, cfg.finetune_epochs, cfg.finetune_lr, cfg.seed)
-        report.measured.update({f"finetuned_{k}": v for k, v in compare_outputs(model, new, data).items()})
-
-
 def prune_graph(name: str, scorer: GraphScorer, model: nn.Module, data: Dataset, cfg: PruneOptions,
                 calibration: torch.Tensor) -> tuple[nn.Module, CompressionReport]:
     """Prune whole channels of any traceable model: channel groups from the traced graph
     (:mod:`compress.core.width`), ``scorer``'s importance summed over each group's members, widths on
-    ``cfg.width_multiple`` allocated greedily to the whole-model budget, one cut, optional fine-tuning."""
+    ``cfg.width_multiple`` allocated greedily to the whole-model budget, one cut (recovery, if any, runs after: :func:`compress.registry.apply_recovery`)."""
     if cfg.widths:
         raise CompressionError("--widths sets the hidden widths of an MLP; for other models give --param-ratio or "
                                "--mac-ratio")
@@ -157,17 +150,13 @@ def prune_graph(name: str, scorer: GraphScorer, model: nn.Module, data: Dataset,
     report.notes.append(f"{len(groups)} channel groups may shrink, {len(cuts)} cut; widths on multiples of "
                         f"{cfg.width_multiple}")
     report.notes += [f"left whole: {g.name} ({g.size} channels) — {g.frozen}" for g in frozen]
-    _finetune(model, new, data, cfg, report)
     return new, report
 
 
 def prune_mlp(name: str, scorer: Scorer, model: nn.Module, data: Dataset, cfg: PruneOptions,
               calibration: torch.Tensor, graph_scorer: GraphScorer | None = None) -> tuple[nn.Module, CompressionReport]:
-    """Prune ``model``'s hidden neurons by ``scorer`` on ``calibration`` to ``cfg``'s widths, then fine-tune;
-    models that are not MLP chains go to :func:`prune_graph` with ``graph_scorer``.
-
-    ``report.measured`` describes the pruned network before fine-tuning; ``finetuned_*`` keys the result.
-    """
+    """Prune ``model``'s hidden neurons by ``scorer`` on ``calibration`` to ``cfg``'s widths (recovery, if any,
+    runs after); models that are not MLP chains go to :func:`prune_graph` with ``graph_scorer``."""
     try:
         chain = extract_chain(model)
     except CompressionError:
@@ -185,5 +174,4 @@ def prune_mlp(name: str, scorer: Scorer, model: nn.Module, data: Dataset, cfg: P
     new = build_sequential(pruned)
     report.layers = chain_layer_reports(chain, pruned, "pruned", [])
     report.predicted["hidden_widths"] = widths
-    _finetune(model, new, data, cfg, report)
     return new, report

@@ -3,17 +3,26 @@
 The compressed model (the student) is trained in place towards the original (the teacher), mixed with the label
 loss when labels exist; AdamW with a linear warm-up and a cosine schedule, BatchNorm statistics recalibrated,
 early stopping on a held-out split of the data with the best weights kept. The architecture never changes.
+
+Optionally the student also matches the teacher's intermediate features at named state points (FitNets, Romero
+et al. 2015, eq. 3, without a regressor: only points whose outputs keep their shape are matched), each term an
+MSE normalised by the teacher feature's variance so that points of different scale weigh alike.
+
+With ``int8`` set the recovery is quantisation-aware (:mod:`compress.core.qat`): the student trains with weights and
+layer inputs fake-quantised in that target's INT8 format, and the activation ranges kept with the best weights are
+returned for the INT8 export to reuse.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +32,11 @@ from .data import Dataset
 from .errors import CompressionError
 from .evaluate import eval_mode, predict
 from .progress import log_progress
+from .qat import INT8_FORMATS, fake_quant
 from .train import distillation_loss, task_loss
 
-__all__ = ["RecoveryConfig", "RecoveryResult", "recover", "held_out_metrics"]
+__all__ = ["RecoveryConfig", "RecoveryResult", "recover", "held_out_metrics", "feature_points",
+           "recalibrate_batchnorm"]
 
 log = logging.getLogger(__name__)
 TASK = "recovery (steps)"
@@ -51,6 +62,13 @@ class RecoveryConfig:
     """Share of the data held out (seeded) for early stopping and the before/after metrics; 0 holds none out."""
     patience: int = 3
     seed: int = 0
+    features: tuple[str, ...] = ()
+    """Module names whose outputs the student matches to the teacher's; ``("auto",)`` takes the layers the
+    method changed (its own state points). Points whose output shape differs between the two are skipped."""
+    feature_weight: float = 1.0
+    """Weight of the feature-matching term against the output loss."""
+    int8: str | None = None
+    """Quantisation-aware recovery in this target's INT8 format (a key of ``qat.INT8_FORMATS``); None: float."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -66,6 +84,11 @@ class RecoveryConfig:
             (0.0 <= self.warmup < 1.0, f"--recover-warmup must lie in [0, 1), got {self.warmup}"),
             (0.0 <= self.val_fraction < 1.0, f"--recover-val-fraction must lie in [0, 1), got {self.val_fraction}"),
             (self.patience >= 1, f"--recover-patience must be >= 1, got {self.patience}"),
+            (self.feature_weight >= 0, f"--recover-feature-weight must be >= 0, got {self.feature_weight}"),
+            ("auto" not in self.features or len(self.features) == 1,
+             f"--recover-features takes 'auto' alone or module names, got {list(self.features)}"),
+            (self.int8 is None or self.int8 in INT8_FORMATS,
+             f"--recover-int8 has no INT8 format for target {self.int8!r}; choose one of {', '.join(INT8_FORMATS)}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -94,6 +117,15 @@ class RecoveryResult:
     """Epoch whose weights were kept (0: the zero-shot weights were never beaten)."""
     stopped_early: bool = False
     interrupted: bool = False
+    feature_points: list[str] = field(default_factory=list)
+    """State points whose features were matched."""
+    feature_points_skipped: dict[str, str] = field(default_factory=dict)
+    """Requested points not matched, each with the reason (absent, or output shape differs)."""
+    int8_target: str | None = None
+    """Target whose INT8 format the recovery fake-quantised in (None: it trained in float)."""
+    activation_ranges: dict[str, dict] = field(default_factory=dict)
+    """Input range of each fake-quantised layer by module name (``qat.ActivationRange`` as a dict): those of the
+    epoch whose weights were kept."""
     before: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
 
@@ -106,12 +138,69 @@ def _has_class_labels(y: torch.Tensor | None) -> bool:
     return y is not None and y.dtype in (torch.int64, torch.int32)
 
 
-def _loss(out: torch.Tensor, ref: torch.Tensor, y: torch.Tensor | None, cfg: RecoveryConfig) -> torch.Tensor:
-    """(1 − α)·distillation + α·label loss; the distillation alone without labels."""
+def _loss(out: torch.Tensor, ref: torch.Tensor, y: torch.Tensor | None, cfg: RecoveryConfig,
+          features: "_FeatureMatch | None" = None) -> torch.Tensor:
+    """(1 − α)·distillation + α·label loss (the distillation alone without labels), plus the weighted
+    feature-matching term when state points are matched."""
     distill = distillation_loss(out, ref, cfg.temperature, _is_classifier(ref))
-    if y is None or cfg.alpha == 0:
-        return distill
-    return (1 - cfg.alpha) * distill + cfg.alpha * task_loss(out, y)
+    loss = distill if y is None or cfg.alpha == 0 else (1 - cfg.alpha) * distill + cfg.alpha * task_loss(out, y)
+    if features is not None and features.points and cfg.feature_weight > 0:
+        loss = loss + cfg.feature_weight * features.loss()
+    return loss
+
+
+class _FeatureMatch:
+    """Forward hooks recording the outputs of the same named modules in teacher and student (while entered)."""
+
+    def __init__(self, teacher: nn.Module, student: nn.Module, points: list[str]) -> None:
+        self.points, self.nets = points, (teacher, student)
+        self.outputs: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __enter__(self) -> "_FeatureMatch":
+        for net, store in zip(self.nets, self.outputs):
+            modules = dict(net.named_modules())
+            for name in self.points:
+                self.handles.append(modules[name].register_forward_hook(
+                    lambda _m, _i, out, name=name, store=store: store.__setitem__(name, out)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def loss(self) -> torch.Tensor:
+        """Mean over the points of MSE(student, teacher) / Var(teacher) on the last forward of each net."""
+        teacher, student = self.outputs
+        terms = [F.mse_loss(student[n], teacher[n].detach()) / (teacher[n].detach().var() + 1e-12)
+                 for n in self.points]
+        return torch.stack(terms).mean()
+
+
+@torch.no_grad()
+def feature_points(teacher: nn.Module, student: nn.Module, names: list[str], probe: torch.Tensor
+                   ) -> tuple[list[str], dict[str, str]]:
+    """(points to match, {skipped point: reason}): the names present in both models whose outputs are single
+    tensors of equal shape on ``probe``."""
+    have = [dict(teacher.named_modules()), dict(student.named_modules())]
+    present = [n for n in names if n and all(n in h for h in have)]
+    skipped = {n: "not a submodule of both models" for n in names if n not in present}
+    if not present:
+        return [], skipped
+    with eval_mode(teacher), eval_mode(student), _FeatureMatch(teacher, student, present) as fm:
+        teacher(probe)
+        student(probe)
+    kept = []
+    for n in present:
+        t, s = fm.outputs[0].get(n), fm.outputs[1].get(n)
+        if not (isinstance(t, torch.Tensor) and isinstance(s, torch.Tensor)):
+            skipped[n] = "output is not a single tensor (or the module did not run)"
+        elif t.shape != s.shape:
+            skipped[n] = f"output shape differs ({tuple(t.shape)} vs {tuple(s.shape)})"
+        else:
+            kept.append(n)
+    return kept, skipped
 
 
 @torch.no_grad()
@@ -133,12 +222,13 @@ def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batc
 
 
 @torch.no_grad()
-def _val_loss(teacher: nn.Module, student: nn.Module, val: Dataset, cfg: RecoveryConfig) -> float:
+def _val_loss(teacher: nn.Module, student: nn.Module, val: Dataset, cfg: RecoveryConfig,
+              features: _FeatureMatch | None = None) -> float:
     """The training objective on the held-out split (the early-stopping criterion)."""
     total, n = 0.0, 0
     with eval_mode(student):
         for xb, yb in val.batches(256):
-            total += float(_loss(student(xb), teacher(xb), yb, cfg)) * len(xb)
+            total += float(_loss(student(xb), teacher(xb), yb, cfg, features)) * len(xb)
             n += len(xb)
     return total / max(n, 1)
 
@@ -177,11 +267,12 @@ def recalibrate_batchnorm(model: nn.Module, data: Dataset, batch_size: int) -> N
 
 
 def _step(student: nn.Module, teacher: nn.Module, xb: torch.Tensor, yb: torch.Tensor | None,
-          opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, cfg: RecoveryConfig) -> None:
+          opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, cfg: RecoveryConfig,
+          features: _FeatureMatch | None = None) -> None:
     """One optimiser step on one batch."""
     with torch.no_grad():
         ref = teacher(xb)
-    loss = _loss(student(xb), ref, yb, cfg)
+    loss = _loss(student(xb), ref, yb, cfg, features)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -223,12 +314,14 @@ def _epochs(train: Dataset, cfg: RecoveryConfig) -> Iterator[tuple[int, Iterator
         yield epoch, (b for _, b in zip(range(min(left, per_epoch)), batches))
 
 
-def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: RecoveryConfig) -> RecoveryResult:
+def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: RecoveryConfig,
+            state_points: Sequence[str] = ()) -> RecoveryResult:
     """Distil ``original`` into ``compressed`` in place on ``data`` within the budget of ``config``.
 
-    The first KeyboardInterrupt ends the training early: the best weights so far are kept and the result says
-    ``interrupted``; a second one while finishing propagates. The architecture (state-dict keys and shapes)
-    never changes; ``compressed`` is left in eval mode.
+    ``state_points``: the method's own state points (the layers it changed), matched when ``config.features``
+    is ``("auto",)``. The first KeyboardInterrupt ends the training early: the best weights so far are kept and
+    the result says ``interrupted``; a second one while finishing propagates. The architecture (state-dict keys
+    and shapes) never changes; ``compressed`` is left in eval mode.
     """
     t0 = time.perf_counter()
     shapes = _shapes(compressed)
@@ -239,9 +332,14 @@ def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: R
     result = RecoveryResult(held_out_samples=len(val), held_out_is_training_data=same)
     result.before = held_out_metrics(teacher, compressed, val)
     if config.enabled:
-        with _Threads(), torch.random.fork_rng(devices=[]):
+        names = list(state_points) if config.features == ("auto",) else list(config.features)
+        result.feature_points, result.feature_points_skipped = feature_points(teacher, compressed, names,
+                                                                              train.x[:2])
+        with _Threads(), torch.random.fork_rng(devices=[]), \
+                _FeatureMatch(teacher, compressed, result.feature_points) as features, \
+                _quantisation_aware(compressed, train, config, result):
             torch.manual_seed(config.seed)
-            _train(teacher, compressed, train, val, config, result)
+            _train(teacher, compressed, train, val, config, result, features)
     compressed.eval()
     if _shapes(compressed) != shapes:
         raise AssertionError("recovery changed the model's architecture (state-dict keys or shapes)")
@@ -250,25 +348,40 @@ def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: R
     return result
 
 
+@contextlib.contextmanager
+def _quantisation_aware(student: nn.Module, train: Dataset, cfg: RecoveryConfig, result: RecoveryResult
+                        ) -> Iterator[None]:
+    """Fake-quantise ``student`` in ``cfg.int8``'s format for the block (nothing when None), ranges calibrated on
+    ``train``'s inputs; then the ranges go into ``result``. They are buffers of the layers while the block runs,
+    so loading the best epoch's state dict restores that epoch's ranges with its weights."""
+    if cfg.int8 is None:
+        yield
+        return
+    with fake_quant(student, cfg.int8, calibration=train.inputs(256)) as fq:
+        yield
+        result.activation_ranges = {name: asdict(r) for name, r in fq.ranges().items()}
+    result.int8_target = cfg.int8
+
+
 def _train(teacher: nn.Module, student: nn.Module, train: Dataset, val: Dataset, cfg: RecoveryConfig,
-           result: RecoveryResult) -> None:
+           result: RecoveryResult, features: _FeatureMatch) -> None:
     """The training loop of :func:`recover`; fills the budget fields of ``result``; best weights loaded."""
     per_epoch = math.ceil(len(train) / cfg.batch_size)
     total = cfg.steps or cfg.epochs * per_epoch
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(total, cfg.warmup))
-    best_loss, best_state = _val_loss(teacher, student, val, cfg), copy.deepcopy(student.state_dict())
+    best_loss, best_state = _val_loss(teacher, student, val, cfg, features), copy.deepcopy(student.state_dict())
     try:
         for epoch, batches in _epochs(train, cfg):
             student.train()
             for xb, yb in batches:
-                _step(student, teacher, xb, yb, opt, sched, cfg)
+                _step(student, teacher, xb, yb, opt, sched, cfg, features)
                 result.steps += 1
                 result.samples_seen += len(xb)
                 log_progress(log, TASK, result.steps, total)
             recalibrate_batchnorm(student, train, cfg.batch_size)
             result.epochs = epoch
-            loss = _val_loss(teacher, student, val, cfg)
+            loss = _val_loss(teacher, student, val, cfg, features)
             if loss < best_loss:
                 best_loss, best_state, result.best_epoch = loss, copy.deepcopy(student.state_dict()), epoch
             elif epoch - result.best_epoch >= cfg.patience:

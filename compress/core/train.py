@@ -16,7 +16,7 @@ from .errors import CompressionError
 from .options import SeedOption
 from .progress import log_progress
 
-__all__ = ["TrainConfig", "TrainResult", "train", "task_loss", "distillation_loss", "ProgressFn", "FinetuneOptions", "finetune"]
+__all__ = ["TrainConfig", "TrainResult", "train", "task_loss", "distillation_loss", "ProgressFn", "FinetuneOptions"]
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int, dict], None]  # (epoch, total epochs, metrics)
@@ -133,28 +133,19 @@ def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig
 
 @dataclass
 class FinetuneOptions(SeedOption):
-    """Options shared by methods that can fine-tune their result (fields become CLI options)."""
+    """Deprecated options of the methods that used to fine-tune their result themselves: ``compress()`` now runs
+    the shared recovery with the label loss alone for them (:func:`compress.registry.finetune_alias`)."""
 
     finetune_epochs: int = field(
         default=0,
-        metadata={"help": "Fine-tuning epochs on the (labelled) data after compression, >= 0; default 0 (no "
-                          "fine-tuning)."})
+        metadata={"help": "Deprecated: same as --recover-epochs N --recover-alpha 1 (recovery on the labels "
+                          "alone); >= 0, default 0."})
     finetune_lr: float = field(
         default=1e-3,
-        metadata={"help": "Learning rate (Adam) of the fine-tuning, > 0; default 1e-3."})
+        metadata={"help": "Deprecated: the --recover-lr of --finetune-epochs; > 0, default 1e-3."})
 
     def __post_init__(self) -> None:
         if self.finetune_epochs < 0:
             raise CompressionError(f"--finetune-epochs must be >= 0, got {self.finetune_epochs}")
         if not self.finetune_lr > 0:
             raise CompressionError(f"--finetune-lr must be > 0, got {self.finetune_lr}")
-
-
-def finetune(model: nn.Module, data: Dataset, epochs: int, lr: float, seed: int = 0) -> TrainResult:
-    """Fine-tune ``model`` in place on labelled ``data`` with :func:`train` (MSE for float targets)."""
-    if data.y is None:
-        raise CompressionError("fine-tuning needs targets: give calibration data with labels, or finetune_epochs=0")
-    val = None
-    if len(data) >= 20:
-        data, val = data.split(0.2, seed)
-    return train(model, data, val, TrainConfig(epochs=epochs, lr=lr, seed=seed, patience=max(epochs, 1)))

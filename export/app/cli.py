@@ -291,8 +291,8 @@ RECOVERY_GROUP = "Recovery (after any method)"
 
 
 def _recovery_options(fn: Callable) -> Callable:
-    """``--recover-epochs/-steps/-alpha/-lr``: distillation from the original after the method (see
-    :class:`compress.core.recover.RecoveryConfig`), off by default."""
+    """``--recover-*``: distillation from the original after the method (see
+    :class:`compress.core.recover.RecoveryConfig`), off by default; read back by :func:`_recovery_config`."""
     from compress.core.recover import RecoveryConfig
 
     base = RecoveryConfig()
@@ -305,22 +305,51 @@ def _recovery_options(fn: Callable) -> Callable:
                      help="Budget in optimiser steps instead of epochs (not with --recover-epochs)."),
         click.option("--recover-alpha", type=click.FloatRange(0.0, 1.0), default=base.alpha, show_default=True,
                      cls=GroupedOption, group=RECOVERY_GROUP,
-                     help="Weight of the label loss (when the data has labels); 0: pure distillation."),
+                     help="Weight of the label loss (when the data has labels); 0: pure distillation, 1: labels "
+                          "alone."),
         click.option("--recover-lr", type=click.FloatRange(min=0.0, min_open=True), default=base.lr,
                      show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
                      help="AdamW learning rate of the recovery (cosine schedule with warm-up)."),
+        click.option("--recover-temperature", type=click.FloatRange(min=0.0, min_open=True), default=base.temperature,
+                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Softmax temperature of the distillation loss (classifiers)."),
+        click.option("--recover-batch-size", type=click.IntRange(min=1), default=base.batch_size, show_default=True,
+                     cls=GroupedOption, group=RECOVERY_GROUP, help="Training batch size of the recovery."),
+        click.option("--recover-patience", type=click.IntRange(min=1), default=base.patience, show_default=True,
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Stop after this many epochs without improvement on the held-out split."),
+        click.option("--recover-features", multiple=True, metavar="auto|MODULE", cls=GroupedOption,
+                     group=RECOVERY_GROUP,
+                     help="Also match intermediate features: 'auto' (the layers the method changed) or module names "
+                          "(repeat); points whose output shape changed are skipped and reported."),
+        click.option("--recover-feature-weight", type=click.FloatRange(min=0.0), default=base.feature_weight,
+                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Weight of the feature-matching term against the output loss."),
+        click.option("--recover-int8", is_flag=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Quantisation-aware recovery: train with weights and layer inputs fake-quantised in the "
+                          "target's INT8 format (run: --quant-target; compress: --target-provider), learning the "
+                          "activation ranges; run's INT8 export then uses the trained ranges, beside a post-training "
+                          "INT8 (.ptq.int8) of the same weights."),
     ]):
         fn = opt(fn)
     return fn
 
 
-def _recovery_config(recover_epochs: int, recover_steps: int, recover_alpha: float, recover_lr: float) -> Any:
-    """The :class:`~compress.core.recover.RecoveryConfig` the options ask for, or None when recovery is off."""
+def _recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
+    """Pop the ``recover_*`` options from ``opts`` (the command's keyword arguments) and return the
+    :class:`~compress.core.recover.RecoveryConfig` they ask for, or None when recovery is off; ``--recover-int8``
+    fake-quantises in ``int8_target``'s INT8 format."""
     from compress.core.recover import RecoveryConfig
 
-    if not recover_epochs and not recover_steps:
+    given = {k[len("recover_"):]: opts.pop(k) for k in [k for k in opts if k.startswith("recover_")]}
+    int8 = given.pop("int8", False)
+    if not given.get("epochs") and not given.get("steps"):
+        if int8:
+            raise click.UsageError("--recover-int8 needs a recovery budget: give --recover-epochs or --recover-steps")
         return None
-    return RecoveryConfig(epochs=recover_epochs, steps=recover_steps, alpha=recover_alpha, lr=recover_lr)
+    given["features"] = tuple(given.get("features") or ())
+    given["int8"] = int8_target if int8 else None
+    return RecoveryConfig(**given)
 
 
 @cli.command("compress", cls=MethodCommand)
@@ -342,8 +371,7 @@ def _recovery_config(recover_epochs: int, recover_steps: int, recover_alpha: flo
 @method_options
 @common
 def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
-                 report_path: str | None, target_provider: str, holdout: float, recover_epochs: int,
-                 recover_steps: int, recover_alpha: float, recover_lr: float, quiet: bool, as_json: bool,
+                 report_path: str | None, target_provider: str, holdout: float, quiet: bool, as_json: bool,
                  **opts: Any) -> None:
     """Compress MODEL with one method and save it as a torch.export program."""
     from compress import compress
@@ -354,19 +382,23 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
     con = Console(quiet, as_json)
     _prepare_outputs([out, report_path], model, weights, data)
     used: set[str] = set()
+    recovery = _recovery_config(opts, target_provider)
     config = build_config(method, opts, provider_defaults((target_provider,)), used)
-    recovery = _recovery_config(recover_epochs, recover_steps, recover_alpha, recover_lr)
     _warn_aliases(used)
     net, calib, held = _load_inputs(model, weights, trust_pickle, data, None, holdout)
     con.progress(_calib_line(len(calib), held, holdout))
     con.progress(f"compressing {model} with {method}")
-    small, report = compress(net, calib, method, config, recovery)
+    small, report = compress(net, calib, method, config, recovery, held if held is not None and len(held) else None)
     _record_held_out(report, net, small, calib, held, holdout)
     save_program(small, calib.x[:2], Path(out))
     if report_path:
         write_json(report, Path(report_path))
     con.table(f"params {report.params_before} -> {report.params_after} ({report.param_ratio:.3f}), "
               f"MACs {report.macs_before} -> {report.macs_after} ({report.mac_ratio:.3f}); saved {out}")
+    if "held_out_recovered" in report.measured:
+        zero, rec = report.measured["held_out_zero_shot"], report.measured["held_out_recovered"]
+        con.table("held out: " + "; ".join(f"{k} zero-shot {zero[k]:.4g} -> recovered {rec[k]:.4g}"
+                                           for k in rec if k in zero))
     con.result(report)
 
 
@@ -550,9 +582,12 @@ def _pipeline_config(base: Any, batch: str, providers: str, no_int8: bool, quant
 
 
 def _finish_run(con: Console, report: Any, out: str) -> None:
-    from export.app.report import format_compact
+    from export.app.report import format_compact, format_int8, format_recovery
 
     con.table(format_compact(report))
+    for table in (format_recovery(report), format_int8(report)):
+        if table:
+            con.table("\n" + table)
     for case in report.cases:
         for w in case.warnings:
             click.echo(f"WARNING [{case.name}] {w}", err=True)
@@ -579,8 +614,7 @@ def _finish_run(con: Console, report: Any, out: str) -> None:
 def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, eval_data: str | None,
             weights: str | None, trust_pickle: bool, out: str, overwrite: bool, batch: str, providers: str,
             no_int8: bool, quant_target: str, quant_mode: str, min_seconds: float | None, repeats: int | None,
-            skip_unavailable_providers: bool, recover_epochs: int, recover_steps: int, recover_alpha: float,
-            recover_lr: float, quiet: bool, as_json: bool, **opts: Any) -> None:
+            skip_unavailable_providers: bool, quiet: bool, as_json: bool, **opts: Any) -> None:
     """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 → benchmark."""
     from compress.core.demo_case import DemoCase, DemoRun
     from export.app.method_options import build_config, provider_defaults
@@ -588,12 +622,14 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     from export.app.plan import load_plan
 
     con = Console(quiet, as_json)
+    recovery = _recovery_config(opts, quant_target)
+    if recovery is not None and recovery.int8 and (no_int8 or quant_mode != "static"):
+        raise click.UsageError("--recover-int8 trains ranges for static INT8: drop --no-int8 / --quant-mode dynamic")
     if not method and not plan:
         raise click.UsageError("give --method/-m (repeat for several) or --plan FILE")
     if plan and not method and any(v not in (None, ()) for v in opts.values()):
         raise click.UsageError("method options on the command line apply to -m variants; put the options of "
                                "--plan variants in the plan file")
-    recovery = _recovery_config(recover_epochs, recover_steps, recover_alpha, recover_lr)
     cfg = _pipeline_config(PipelineConfig(skip_unavailable_providers=skip_unavailable_providers, recovery=recovery),
                            batch, providers, no_int8, quant_target, quant_mode, min_seconds, repeats)
     _require_providers(cfg.providers, skip_unavailable_providers)  # fail fast, before any loading

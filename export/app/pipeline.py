@@ -38,8 +38,8 @@ from compress.core.recover import RecoveryConfig
 from export.app.plan import run_variant
 from export.atomic import atomic_path
 from export.serialize import save_program
-from export.variant import (VariantConfig, VariantRecord, export_variant, file_stem, quantize_variant, relative_to,
-                            to_jsonable)
+from export.variant import (PTQ_SUFFIX, VariantConfig, VariantRecord, export_variant, file_stem, layer_weights,
+                            quantize_variant, relative_to, to_jsonable, trained_ranges)
 
 __all__ = ["PipelineConfig", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
            "run_pipeline", "fill_run_dir", "run_case", "claim_run_dir", "RunDirClaim", "prepare_run_dir",
@@ -319,11 +319,12 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     progress(f"[{case.name}] exporting original")
     records = [_export(case.model, "original", "none", case, case_dir, cfg)]
     stages["export_original"] = time.perf_counter() - t
+    weights: dict[str, dict[str, Any]] = {}  # layers with trained activation ranges, per variant label
     for run in case.runs:
         t = time.perf_counter()
         _fault_point("compress")
         progress(f"[{case.name}] compressing with {run.method} ({run.label})")
-        small, report = run_variant(case.model, case.train, run, cfg.recovery)
+        small, report = run_variant(case.model, case.train, run, cfg.recovery, case.test)
         stages[f"compress:{run.label}"] = time.perf_counter() - t
         t = time.perf_counter()
         rec = _export(small, run.label, run.method, case, case_dir, cfg)
@@ -331,14 +332,14 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         report.measured["held_out"] = compare_outputs(case.model, small, case.test)
         rec.compression = to_jsonable(report)
         records.append(rec)
+        weights[run.label] = layer_weights(small, trained_ranges(rec))
         save_program(small, case.test.x[:2], case_dir / f"{file_stem(run.label)}.pt2", case.dynamic_dims)
         stages[f"export:{run.label}"] = time.perf_counter() - t
     if cfg.int8:
         t = time.perf_counter()
         _fault_point("int8")
         progress(f"[{case.name}] quantising to INT8 ({cfg.quant_target}, {cfg.quant_mode})")
-        # The original in INT8 too: it is the baseline a compressed model has to beat, not only the fp32 one.
-        records += [quantize_variant(r, case_dir, case.train.x, cfg.variant_config()) for r in list(records)]
+        records += _int8_records(records, weights, case, case_dir, cfg)
         stages["int8"] = time.perf_counter() - t
     t = time.perf_counter()
     _fault_point("benchmark")
@@ -356,6 +357,19 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     return result
 
 
+def _int8_records(records: list[VariantRecord], weights: dict[str, dict[str, Any]], case: DemoCase, case_dir: Path,
+                  cfg: PipelineConfig) -> list[VariantRecord]:
+    """INT8 copies of the fp32 ``records``, the original's too (the baseline a compressed model has to beat, not
+    only the fp32 one). A variant recovered quantisation-aware gets its copy with the trained ranges and, beside
+    it, a post-training copy of the same weights calibrated afresh (``LABEL.ptq.int8``)."""
+    out = []
+    for r in records:
+        out.append(quantize_variant(r, case_dir, case.train.x, cfg.variant_config(), weights.get(r.label)))
+        if trained_ranges(r):
+            out.append(quantize_variant(r, case_dir, case.train.x, cfg.variant_config(), post_training=True))
+    return out
+
+
 def slowdown_warnings(case: CaseResult) -> list[str]:
     """A line for every compressed model not faster than the original, and every INT8 model slower than
     its fp32 source, per (provider, batch size), from the median p50 latencies of the benchmark."""
@@ -365,7 +379,7 @@ def slowdown_warnings(case: CaseResult) -> list[str]:
     for (model, provider, batch), ms in sorted(p50.items()):
         if model == "original":
             continue
-        source = model[: -len(".int8")] if model.endswith(".int8") else "original"
+        source = model[: -len(".int8")].removesuffix(PTQ_SUFFIX) if model.endswith(".int8") else "original"
         ref = p50.get((source, provider, batch))
         if ref is not None and ms >= ref:
             kind = "INT8 model slower than its fp32 source" if model.endswith(".int8") else \

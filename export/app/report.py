@@ -5,10 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency", "plot_spectra",
-           "spectra_layers", "SUMMARY_HEADERS"]
+           "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS",
+           "int8_rows", "format_int8"]
 
 SUMMARY_HEADERS = ("case", "model", "params", "MACs", "MAC ratio", "file KB", "provider", "batch", "p50 ms",
                    "p90 ms", "p99 ms", "samples/s", "lat. ratio", "accuracy", "MSE", "agreement")
+
+RECOVERY_HEADERS = ("case", "model", "metric", "zero-shot", "recovered", "agreement zero-shot", "agreement recovered",
+                    "KL zero-shot", "KL recovered", "epochs", "steps", "samples seen", "wall s", "status")
+
+INT8_HEADERS = ("case", "fp32 model", "target", "post-training INT8", "quantisation-aware INT8", "accuracy PTQ",
+                "accuracy QAT", "agreement PTQ", "agreement QAT", "MSE PTQ", "MSE QAT", "trained tensors")
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -84,6 +91,16 @@ def render_markdown(report: Any) -> str:
     out = ["# minreal run report", "", f"Created {_get(report, 'created_utc')} UTC.", "",
            "| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "---|" * len(SUMMARY_HEADERS)]
     out += ["| " + " | ".join(r) + " |" for r in summary_rows(report)]
+    rec_rows = recovery_rows(report)
+    if rec_rows:
+        out += ["", "## Recovery: zero-shot vs recovered (held-out data, torch)", "",
+                "| " + " | ".join(RECOVERY_HEADERS) + " |", "|" + "---|" * len(RECOVERY_HEADERS)]
+        out += ["| " + " | ".join(r) + " |" for r in rec_rows]
+    q_rows = int8_rows(report)
+    if q_rows:
+        out += ["", "## INT8: post-training vs quantisation-aware (same recovered weights, ONNX Runtime, held-out data)",
+                "", "| " + " | ".join(INT8_HEADERS) + " |", "|" + "---|" * len(INT8_HEADERS)]
+        out += ["| " + " | ".join(r) + " |" for r in q_rows]
     for case in _get(report, "cases"):
         out += ["", f"## {_get(case, 'name')}", ""]
         for v in _get(case, "variants"):
@@ -100,7 +117,7 @@ def render_markdown(report: Any) -> str:
                 out += _recovery_line(_get(v, "label"), comp.get("recovery"))
             q = _get(v, "quantization")
             if q:
-                out.append(f"- **{_get(v, 'label')}**: INT8 {q.get('mode', '')} for {q.get('target', '')}, "
+                out.append(f"- **{_get(v, 'label')}**: {_int8_kind(q)} {q.get('mode', '')} for {q.get('target', '')}, "
                            f"integer kernels {q.get('integer_kernels', '-')}, float kernels left "
                            f"{q.get('float_kernels', '-')}")
         for v in _get(case, "variants"):
@@ -112,6 +129,80 @@ def render_markdown(report: Any) -> str:
         out += [f"- note: {n}" for n in _get(case, "notes")]
         out += [f"- **WARNING**: {w}" for w in _get(case, "warnings")]
     return "\n".join(out) + "\n"
+
+
+def _metric(before: dict[str, float], after: dict[str, float]) -> tuple[str, str, str]:
+    """(name, zero-shot, recovered) of the task metric: accuracy in %, or MSE, or MSE to the original."""
+    for key, name, scale, spec in (("accuracy", "accuracy %", 100.0, ".2f"), ("mse", "MSE", 1.0, ".4g"),
+                                   ("mse_to_original", "MSE to original", 1.0, ".4g")):
+        if key in before and key in after:
+            return name, format(scale * before[key], spec), format(scale * after[key], spec)
+    return "-", "-", "-"
+
+
+def recovery_rows(report: Any) -> list[tuple[str, ...]]:
+    """One row per recovered variant: its zero-shot and recovered quality side by side on the run's held-out
+    data (``measured.held_out_zero_shot``/``held_out_recovered``), and what the recovery cost."""
+    rows = []
+    for case in _get(report, "cases"):
+        for v in _get(case, "variants"):
+            comp = _get(v, "compression") or {}
+            rec, measured = comp.get("recovery"), comp.get("measured", {})
+            if not rec or "held_out_recovered" not in measured:
+                continue
+            before, after = measured["held_out_zero_shot"], measured["held_out_recovered"]
+            status = ("interrupted" if rec.get("interrupted") else "stopped early" if rec.get("stopped_early")
+                      else "budget spent")
+            rows.append((_get(case, "name"), _get(v, "label"), *_metric(before, after),
+                         _fmt(before.get("agreement"), ".4f"), _fmt(after.get("agreement"), ".4f"),
+                         _fmt(before.get("kl"), ".4g"), _fmt(after.get("kl"), ".4g"), str(rec.get("epochs", 0)),
+                         str(rec.get("steps", 0)), str(rec.get("samples_seen", 0)), f"{rec.get('wall_s', 0.0):.1f}",
+                         status))
+    return rows
+
+
+def format_recovery(report: Any) -> str:
+    """Console table of :func:`recovery_rows` ("" when no variant was recovered)."""
+    rows = recovery_rows(report)
+    if not rows:
+        return ""
+    return "recovery: zero-shot vs recovered on the held-out data (torch)\n" + _text_table(RECOVERY_HEADERS, rows)
+
+
+def _int8_kind(q: dict[str, Any]) -> str:
+    """How an INT8 copy got its activation ranges."""
+    if q.get("range_source") == "trained":
+        return f"INT8 (quantisation-aware, trained ranges: {q.get('trained_ranges', 0)} tensors)"
+    return "INT8 (post-training, calibrated)"
+
+
+def int8_rows(report: Any) -> list[tuple[str, ...]]:
+    """One row per variant recovered quantisation-aware: its post-training INT8 copy (calibrated afresh) and its
+    quantisation-aware one (trained ranges), both of the same recovered weights, side by side as measured by the
+    benchmark (accuracy, top-1 agreement, MSE)."""
+    rows = []
+    for case in _get(report, "cases"):
+        metrics = {m["model"]: m for m in _get(case, "bench")["metrics"]}
+        quantized = [(_get(v, "label"), _get(v, "quantization")) for v in _get(case, "variants") if _get(v, "quantization")]
+        for label, q in quantized:
+            ptq = [lab for lab, other in quantized if other.get("fp32_path") == q.get("fp32_path")
+                   and other.get("range_source") != "trained"]
+            if q.get("range_source") != "trained" or not ptq:
+                continue
+            a, b = metrics.get(ptq[0], {}), metrics.get(label, {})
+            pct = lambda m: _fmt(None if m.get("accuracy") is None else 100 * m["accuracy"], ".2f")  # noqa: E731
+            rows.append((_get(case, "name"), str(q.get("fp32_path")), str(q.get("target")), ptq[0], label, pct(a),
+                         pct(b), _fmt(a.get("top1_agreement"), ".4f"), _fmt(b.get("top1_agreement"), ".4f"),
+                         _fmt(a.get("mse"), ".4g"), _fmt(b.get("mse"), ".4g"), str(q.get("trained_ranges", 0))))
+    return rows
+
+
+def format_int8(report: Any) -> str:
+    """Console table of :func:`int8_rows` ("" when no variant was recovered quantisation-aware)."""
+    rows = int8_rows(report)
+    if not rows:
+        return ""
+    return "INT8: post-training vs quantisation-aware, same recovered weights\n" + _text_table(INT8_HEADERS, rows)
 
 
 def _recovery_line(label: str, rec: dict[str, Any] | None) -> list[str]:

@@ -6,7 +6,7 @@ the calibration data at every state point dropped, then ε-FDE merging in every 
 group's operations are positively homogeneous), no sum merges and no bound.
 
 MLP pipeline: fold BatchNorm → remove neurons constant on the calibration data (dead ReLUs; a separate, reported
-step, exact on that data) → partition refinement to a fixpoint → plain Linear stack → optional fine-tuning.
+step, exact on that data) → partition refinement to a fixpoint → plain Linear stack (recovery, if asked for, is the shared stage after it).
 The report predicts a bound on ``max |N(x) − N'(x)|`` over the calibration input box (widened by
 ``box_margin``) and measures the deviation on that box and on the data.
 """
@@ -26,10 +26,11 @@ from ...core.demo_case import DemoCase, DemoRun
 from ...core.errors import CompressionError
 from ...core.evaluate import compare_outputs
 from ...core.options import CostBudget, flag_of
+from ...core.recover import RecoveryConfig
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
 from .smoke import smoke_case
-from ...core.train import FinetuneOptions, finetune
+from ...core.train import FinetuneOptions
 from .graph_path import fde_graph
 from .compensate import compensate, refit_bound
 from .partition import REPRESENTATIVES, RefineResult, box_samples, merge_to_widths, refine, remove_all_constant
@@ -51,7 +52,7 @@ class FDEConfig(FinetuneOptions, CostBudget):
     merge positive multiples (ReLU/LeakyReLU/identity; channel groups whose operations are all positively
     homogeneous); ``sum_merges``: forward (sum) equivalence on identity layers (MLPs);
     ``box_margin``: widen the calibration input box by this fraction of its range for the bound (MLPs);
-    ``finetune_epochs``/``finetune_lr``: fine-tune the merged network on the (labelled) data.
+    ``finetune_epochs``/``finetune_lr``: deprecated, a label-only recovery (:func:`compress.registry.finetune_alias`).
     """
 
     DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"eps": "merge_eps"}
@@ -241,23 +242,12 @@ def fde_compress(model: nn.Module, data: Dataset, config: FDEConfig) -> tuple[nn
     cfg = config
     report = CompressionReport("fde", asdict(cfg))
     new = (_fde_mlp if _is_mlp(model) else fde_graph)(model, data, cfg, report)
-    if cfg.finetune_epochs > 0:
-        report.measured.update(compare_outputs(model, new, data))
-        t0 = time.perf_counter()
-        finetune(new, data, cfg.finetune_epochs, cfg.finetune_lr, cfg.seed)
-        report.timings_s["finetune"] = time.perf_counter() - t0
-        report.measured.update({f"finetuned_{k}": v for k, v in compare_outputs(model, new, data).items()})
-        report.predicted["output_deviation_bound_before_finetune"] = report.predicted.get("output_deviation_bound")
-        report.predicted["output_deviation_bound"] = report.bounds["output"] = None
-        report.notes.append("no bound: fine-tuning moves the weights by data-driven steps the interval bound does "
-                            "not cover; output_deviation_bound_before_finetune and the deviations describe the "
-                            "merged network before fine-tuning")
     return new, report
 
 
 def demo_case(quick: bool = True) -> DemoCase:
     """An over-parameterised ReLU MLP (4 → 256 → 256 → 4, seeded) trained on the reaction-network flow map,
-    with ``fde`` (ε = 0.3), the same merge fine-tuned, and magnitude pruning to the same hidden widths (so all
+    with ``fde`` (ε = 0.3), the same merge recovered by distillation, and magnitude pruning to the same hidden widths (so all
     three compressed variants have matched parameter counts)."""
     from ...core.train import TrainConfig, train
     from ...dynamics import flow_map
@@ -271,9 +261,8 @@ def demo_case(quick: bool = True) -> DemoCase:
     cfg = FDEConfig(merge_eps=0.3)
     _, rep = fde_compress(model, tr, cfg)
     widths = tuple(rep.predicted["hidden_widths"])
-    tuned = FDEConfig(merge_eps=cfg.merge_eps, finetune_epochs=5 if quick else 15, finetune_lr=1e-3)
     runs = [DemoRun("fde ε=0.3", "fde", cfg),
-            DemoRun("fde ε=0.3 + fine-tune", "fde", tuned),
+            DemoRun("fde ε=0.3 + recovery", "fde", cfg, recovery=RecoveryConfig(epochs=5 if quick else 15)),
             DemoRun("magnitude (same widths)", "magnitude", get_method("magnitude").config_cls(widths=widths))]
     return DemoCase("reaction-mlp", model.eval(), tr, te, runs,
                     notes=[f"ReLU MLP 4→256→256→4 on the A+B⇌C→D+B flow map (Δt = 0.1); fde keeps widths {widths}"])

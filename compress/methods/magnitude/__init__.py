@@ -24,7 +24,7 @@ __all__ = ["MagnitudeConfig", "magnitude_scores", "magnitude_prune", "SPEC"]
 class MagnitudeConfig(PruneOptions):
     """``param_ratio``/``mac_ratio``: whole-model budget (uniform keep-fraction per hidden layer); ``widths``:
     exact hidden widths instead (e.g. those another method reached); ``finetune_epochs``/``finetune_lr``:
-    fine-tune the pruned network on the (labelled) data."""
+    deprecated, a label-only recovery (:func:`compress.registry.finetune_alias`)."""
 
 
 def magnitude_scores(chain: Chain, x: torch.Tensor | None = None) -> list[torch.Tensor]:

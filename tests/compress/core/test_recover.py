@@ -12,7 +12,7 @@ import compress.core.recover as recover_mod
 from compress import compress
 from compress.core.data import Dataset
 from compress.core.errors import CompressionError
-from compress.core.recover import RecoveryConfig, recalibrate_batchnorm, recover
+from compress.core.recover import RecoveryConfig, feature_points, recalibrate_batchnorm, recover
 from compress.core.smoke import digits_mlp, digits_subset
 from compress.core.train import TrainConfig, train
 from compress.methods.svd import SVDConfig
@@ -144,3 +144,59 @@ def test_compress_records_recovery_and_keeps_zero_shot(teacher: nn.Module, unlab
     assert rep.measured["recovered"]["relative_output_error"] < rep.measured["relative_output_error"]
     assert rep.recovery["epochs"] == 3 and "recover" in rep.timings_s
     assert {k: v.shape for k, v in small.state_dict().items()} == {k: v.shape for k, v in plain.state_dict().items()}
+
+
+def test_feature_points_keep_same_shape_outputs_and_name_the_rest(teacher: nn.Module, unlabelled: Dataset) -> None:
+    small = _svd(teacher, unlabelled)  # factorised Linear layers: same output shapes at the same names
+    names = [n for n, m in teacher.named_modules() if isinstance(m, nn.Linear)]
+    kept, skipped = feature_points(teacher, small, names + ["nowhere"], unlabelled.x[:2])
+    assert kept == names and set(skipped) == {"nowhere"}
+    narrow = nn.Sequential(nn.Linear(64, 5), nn.ReLU(), nn.Linear(5, 10))
+    wide = nn.Sequential(nn.Linear(64, 7), nn.ReLU(), nn.Linear(7, 10))
+    kept, skipped = feature_points(wide, narrow, ["0", "2"], torch.randn(2, 64))
+    assert kept == ["2"] and "output shape differs" in skipped["0"]
+
+
+def test_feature_term_is_normalised_mse() -> None:
+    torch.manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 3))
+    student = copy.deepcopy(teacher)
+    x = torch.randn(16, 6)
+    with recover_mod._FeatureMatch(teacher, student, ["0", "2"]) as fm, torch.no_grad():
+        teacher(x), student(x)
+        assert float(fm.loss()) == 0.0
+        student[2].bias.add_(0.5)
+        student(x)
+        t = teacher(x)
+        expected = 0.5 * (0.0 + float(((0.25 * torch.ones_like(t)).mean()) / t.var()))
+        assert float(fm.loss()) == pytest.approx(expected, rel=1e-5)
+    assert not teacher[0]._forward_hooks and not student[2]._forward_hooks  # hooks removed on exit
+
+
+def test_feature_matching_pulls_the_matched_point_towards_the_teacher(teacher: nn.Module, unlabelled: Dataset) -> None:
+    def point_error(small: nn.Module) -> float:
+        with recover_mod._FeatureMatch(teacher, small, ["1"]) as fm, torch.no_grad():
+            teacher(unlabelled.x), small(unlabelled.x)
+            return float(fm.loss())
+
+    base = _svd(teacher, unlabelled)
+    plain, matched = copy.deepcopy(base), copy.deepcopy(base)
+    recover(teacher, plain, unlabelled, RecoveryConfig(epochs=3, alpha=0.0))
+    res = recover(teacher, matched, unlabelled, RecoveryConfig(epochs=3, alpha=0.0, features=("1",),
+                                                                feature_weight=10.0))
+    assert res.feature_points == ["1"]  # the first factorised layer
+    assert point_error(matched) < point_error(plain) and point_error(matched) < point_error(base)
+
+
+def test_deprecated_finetune_maps_to_label_only_recovery() -> None:
+    from compress.methods.fde import FDEConfig
+    from compress.registry import finetune_alias
+
+    labelled = digits_subset(64)
+    rec = finetune_alias(FDEConfig(finetune_epochs=4, finetune_lr=3e-3, seed=2), None, labelled)
+    assert (rec.epochs, rec.lr, rec.alpha, rec.seed) == (4, 3e-3, 1.0, 2)
+    assert finetune_alias(FDEConfig(), None, labelled) is None
+    with pytest.raises(CompressionError, match="not both"):
+        finetune_alias(FDEConfig(finetune_epochs=1), RecoveryConfig(epochs=1), labelled)
+    with pytest.raises(CompressionError, match="--recover-epochs"):
+        finetune_alias(FDEConfig(finetune_epochs=1), None, Dataset(labelled.x))

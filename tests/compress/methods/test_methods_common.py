@@ -20,6 +20,7 @@ from torch import nn
 import compress.registry as registry
 from compress import MethodSpec, compress, get_method, method_names
 from compress.core.data import Dataset
+from compress.core.recover import RecoveryConfig
 from compress.core.smoke import SmokeCase
 from compress.methods.ssm import SSMClassifier
 from compress.methods.ssm.classifier import SSMBlock
@@ -121,6 +122,24 @@ def _check_export_parity(c: Compressed, path: Path) -> None:
     inputs = [c.data.x[:n] for n in PARITY_BATCHES]
     parity = verify_parity(c.new, path, inputs, rtol=RTOL, atol=ATOL)
     assert parity.passed and parity.batch_sizes == list(PARITY_BATCHES)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_recovery_keeps_structure_and_exports_with_ort_parity(method: str, results: dict[str, Compressed],
+                                                               tmp_path: Path) -> None:
+    """Recovery (a few distillation steps, features matched at the method's own state points) changes weights,
+    never the architecture: same module kinds in the same places, same state-dict shapes, ORT parity as before."""
+    zero = _compressed(method, results)
+    new, report = compress(zero.original, zero.data, method, zero.case.config,
+                           RecoveryConfig(steps=3, warmup=0.0, val_fraction=0.0, features=("auto",)))
+    assert report.recovery is not None and report.recovery["steps"] == 3
+    assert [(n, type(m)) for n, m in new.named_modules()] == [(n, type(m)) for n, m in zero.new.named_modules()]
+    shapes = {k: v.shape for k, v in zero.new.state_dict().items()}
+    assert {k: v.shape for k, v in new.state_dict().items()} == shapes
+    trained = [k for k, v in new.state_dict().items() if not torch.equal(v, zero.new.state_dict()[k])]
+    # the best weights are kept: trained ones when an epoch beat the zero-shot objective, else the zero-shot ones
+    assert bool(trained) == (report.recovery["best_epoch"] >= 1)
+    _check_export_parity(Compressed(zero.original, zero.data, new.eval(), zero.case), tmp_path / f"{method}.onnx")
 
 
 THROWAWAY = '''

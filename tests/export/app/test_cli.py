@@ -283,11 +283,32 @@ def test_recovery_flags_clash_is_an_error(workdir: Path, capsys: pytest.CaptureF
 
 def test_run_with_recovery_reports_zero_shot_and_recovered(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     args = ["run", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/r",
-            "--batch", "1", "--no-int8", "-q", "--recover-epochs", "1", *QUICK_BENCH]
-    code, _, err = run_main(args, capsys)
+            "--batch", "1", "--no-int8", "--recover-epochs", "1", "--recover-features", "auto", *QUICK_BENCH]
+    code, out, err = run_main(args, capsys)
     assert code == 0, err
     report = json.loads(Path("runs/r/report.json").read_text())
     comp = report["cases"][0]["variants"][1]["compression"]
     assert comp["recovery"]["epochs"] == 1 and "recovered" in comp["measured"]
+    assert comp["recovery"]["feature_points"]  # the factorised layers
+    zero, rec = comp["measured"]["held_out_zero_shot"], comp["measured"]["held_out_recovered"]
+    # the run's held-out data: the recovered torch model is the exported one, so ORT's accuracy equals it
+    ort = next(m for m in report["cases"][0]["bench"]["metrics"] if m["model"] == "svd")
+    assert ort["accuracy"] == pytest.approx(rec["accuracy"], abs=0.01)  # float rounding may flip a few samples
+    assert "zero-shot vs recovered" in out and f"{100 * zero['accuracy']:.2f}" in out
     md = Path("runs/r/report.md").read_text()
     assert "**svd** recovery: zero-shot → recovered" in md and "1 epochs" in md
+    assert "## Recovery: zero-shot vs recovered" in md
+
+
+def test_deprecated_finetune_option_runs_label_only_recovery(workdir: Path, capsys: pytest.CaptureFixture,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    code, _, err = run_main(["compress", "net.py:make", "--method", "magnitude", "--param-ratio", "0.5", "--calib",
+                             "digits-flat", "--finetune-epochs", "1", "--report", "r.json", "-q"], capsys)
+    assert code == 0, err
+    assert "deprecated" in caplog.text and "--recover-alpha 1" in caplog.text
+    report = json.loads(Path("r.json").read_text())
+    assert report["recovery"]["epochs"] == 1
+    code, _, err = run_main(["compress", "net.py:make", "--method", "magnitude", "--param-ratio", "0.5", "--calib",
+                             "digits-flat", "--finetune-epochs", "1", "--recover-epochs", "1", "--out", "b.pt2"],
+                            capsys)
+    assert code != 0 and "not both" in err and not Path("b.pt2").exists()

@@ -76,13 +76,15 @@ def test_bound_with_compensation_is_for_the_network_built(case) -> None:
     assert float(dev) <= rep.bounds["output"] * (1 + 1e-6) + 1e-5
 
 
-def test_bound_is_none_when_finetuning_voids_it() -> None:
+def test_bound_is_none_when_recovery_voids_it() -> None:
+    """The deprecated fine-tuning option now runs the shared recovery, which voids the bound the same way."""
     torch.manual_seed(4)
     x = torch.rand(120, 3, generator=torch.Generator().manual_seed(4))
     data = Dataset(x, torch.sin(3 * x).sum(1, keepdim=True))
     _, rep = compress(mlp(3, [24], 1).eval(), data, "fde", FDEConfig(merge_eps=0.3, finetune_epochs=2))
-    assert rep.bounds["output"] is None and rep.predicted["output_deviation_bound"] is None
-    assert rep.predicted["output_deviation_bound_before_finetune"] is not None
+    assert rep.bounds["output"] is None  # the exported (recovered) model has no bound
+    assert rep.predicted["bounds_zero_shot"]["output"] is not None
+    assert rep.recovery is not None and rep.recovery["epochs"] >= 1
     assert any(n.startswith("no bound") for n in rep.notes)
 
 
