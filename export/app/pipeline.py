@@ -323,7 +323,10 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     for run in case.runs:
         t = time.perf_counter()
         _fault_point("compress")
-        progress(f"[{case.name}] compressing with {run.method} ({run.label})")
+        recovery = run.recovery or cfg.recovery
+        then = (f", then recovery ({recovery.epochs} epochs)" if recovery.epochs else
+                f", then recovery ({recovery.steps} steps)") if recovery is not None and recovery.enabled else ""
+        progress(f"[{case.name}] compressing with {run.method} ({run.label}){then}")
         small, report = run_variant(case.model, case.train, run, cfg.recovery, case.test)
         stages[f"compress:{run.label}"] = time.perf_counter() - t
         t = time.perf_counter()

@@ -312,3 +312,44 @@ def test_deprecated_finetune_option_runs_label_only_recovery(workdir: Path, caps
                              "digits-flat", "--finetune-epochs", "1", "--recover-epochs", "1", "--out", "b.pt2"],
                             capsys)
     assert code != 0 and "not both" in err and not Path("b.pt2").exists()
+
+
+def test_first_ctrl_c_in_recovery_ends_it_and_the_run_goes_on(workdir: Path, capsys: pytest.CaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C arrives as KeyboardInterrupt in the training loop (here at the 4th step): the best weights so far are
+    kept, the run finishes, exit 0, and the report says "interrupted"."""
+    import compress.core.recover as recover_mod
+
+    step, calls = recover_mod._step, []
+
+    def interrupting(*args: object) -> None:
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        step(*args)
+
+    monkeypatch.setattr(recover_mod, "_step", interrupting)
+    args = ["run", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/i",
+            "--batch", "1", "--no-int8", "--recover-epochs", "50", *QUICK_BENCH]
+    code, out, err = run_main(args, capsys)
+    assert code == 0, err
+    comp = json.loads(Path("runs/i/report.json").read_text())["cases"][0]["variants"][1]["compression"]
+    assert comp["recovery"]["interrupted"] is True and comp["recovery"]["steps"] == 3
+    assert "interrupted" in out and "INTERRUPTED" in Path("runs/i/report.md").read_text()
+
+
+def test_second_ctrl_c_while_recovery_stops_aborts_and_leaves_nothing(workdir: Path, capsys: pytest.CaptureFixture,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import compress.core.recover as recover_mod
+
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recover_mod, "_step", interrupt)
+    monkeypatch.setattr(recover_mod, "log_progress", interrupt)  # the second one arrives while stopping
+    args = ["run", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/j",
+            "--batch", "1", "--no-int8", "--recover-epochs", "5", *QUICK_BENCH]
+    code, _, err = run_main(args, capsys)
+    assert code == 1 and "aborted" in err and "Traceback" not in err
+    assert not Path("runs/j").exists()
+    assert not Path("runs").exists() or not list(Path("runs").iterdir())  # no staging folder, no lock file
