@@ -11,6 +11,11 @@ array. The activation type follows the target (a table, overridable in :class:`Q
 
 The result counts Conv/MatMul/Gemm nodes that run as integer kernels in the ORT-optimised CPU graph
 against those left in float. Whether INT8 is actually faster is for the benchmark to judge.
+
+Activation ranges trained by quantisation-aware recovery (``compress.core.qat``, keyed by module name) replace
+the calibrated ones of the layers' input tensors (ORT's ``TensorQuantOverrides``): each module is found by its
+weight initializer, named ``<module>.weight`` by the dynamo exporter (onnxsim keeps the name when it folds a
+BatchNorm into the Conv), else by equal values (transposed for Gemm/MatMul). Every other tensor is calibrated.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ import collections
 import dataclasses
 import logging
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -48,6 +55,8 @@ __all__ = [
     "QuantResult",
     "optimized_op_counts",
     "dynamic_weight_nodes",
+    "module_inputs",
+    "trained_overrides",
     "quantize_int8",
 ]
 
@@ -151,6 +160,10 @@ class QuantResult:
         size_int8_bytes: size of the quantised file.
         excluded_nodes: Conv/Gemm nodes left in float because their weights are computed in the graph
             (e.g. an SSM's generated convolution kernel): quantising them only adds Q/DQ work.
+        range_source: ``"trained"`` when some activation scales came from quantisation-aware recovery,
+            else ``"calibrated"``.
+        trained_ranges: layer-input tensors whose written scale and zero point are the trained ones.
+        untrained_modules: modules whose trained range could not be placed in the graph (calibrated instead).
     """
 
     fp32_path: str
@@ -173,6 +186,9 @@ class QuantResult:
     size_fp32_bytes: int = 0
     size_int8_bytes: int = 0
     excluded_nodes: list[str] = field(default_factory=list)
+    range_source: str = "calibrated"
+    trained_ranges: int = 0
+    untrained_modules: list[str] = field(default_factory=list)
 
 
 class ArrayCalibrationReader(CalibrationDataReader):
@@ -293,21 +309,138 @@ def dynamic_weight_nodes(model: onnx.ModelProto) -> list[str]:
     return excluded
 
 
-def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig) -> list[str]:
+_WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
+_SHARED_PARAMS_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool"})
+"""Ops whose output ORT's QDQ quantiser gives its input's scale and zero point, and which commute with a
+per-tensor quantiser (they move or select values): a range trained for the output holds for the input too."""
+_ZERO_POINT_TYPES = {"uint8": np.uint8, "int8": np.int8}
+
+
+def _weight_consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
+    """Initializer name → the Conv/Gemm/MatMul nodes that take it as their weight (input 1)."""
+    constants = {t.name for t in model.graph.initializer}
+    found: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        if n.op_type in _WEIGHTED_OPS and len(n.input) > 1 and n.input[1] in constants:
+            found.setdefault(n.input[1], []).append(n)
+    return found
+
+
+def _same_values(tensor: onnx.TensorProto, weight: np.ndarray) -> bool:
+    """The initializer holds ``weight``, as is or transposed (a Linear written as Gemm/MatMul with (in, out))."""
+    if tuple(tensor.dims) not in (weight.shape, weight.shape[::-1]):
+        return False
+    value = numpy_helper.to_array(tensor)
+    return np.array_equal(value, weight) or (value.ndim == 2 and np.array_equal(value, weight.T))
+
+
+def module_inputs(model: onnx.ModelProto, modules: Iterable[str],
+                  weights: Mapping[str, np.ndarray] | None = None) -> dict[str, list[str]]:
+    """Module name → input tensors of the Conv/Gemm/MatMul nodes whose weight comes from that module.
+
+    A weight is found by the initializer name ``<module>.weight``, else (given ``weights``, module name → array)
+    by equal values; modules found neither way are left out.
+    """
+    consumers = _weight_consumers(model)
+    candidates = {t.name: t for t in model.graph.initializer if t.name in consumers}
+    found = {}
+    for name in modules:
+        key = f"{name}.weight"
+        if key not in consumers and weights is not None and name in weights:
+            key = next((k for k, t in candidates.items() if _same_values(t, np.asarray(weights[name]))), key)
+        if key in consumers:
+            found[name] = list(dict.fromkeys(n.input[0] for n in consumers[key]))
+    return found
+
+
+def _upstream(model: onnx.ModelProto, tensor: str) -> list[str]:
+    """Tensors above ``tensor`` through :data:`_SHARED_PARAMS_OPS`, each the only use of its value."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    uses = collections.Counter(i for n in model.graph.node for i in n.input)
+    chain, node = [], producers.get(tensor)
+    while node is not None and node.op_type in _SHARED_PARAMS_OPS and uses[node.input[0]] == 1:
+        chain.append(node.input[0])
+        node = producers.get(node.input[0])
+    return chain
+
+
+def _override(r: Mapping[str, Any]) -> list[dict[str, np.ndarray]]:
+    return [{"scale": np.array(r["scale"], dtype=np.float32),
+             "zero_point": np.array(r["zero_point"], dtype=_ZERO_POINT_TYPES[r["dtype"]])}]
+
+
+def trained_overrides(model: onnx.ModelProto, ranges: Mapping[str, Mapping[str, Any]],
+                      weights: Mapping[str, np.ndarray] | None = None
+                      ) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list[str]]]:
+    """(``TensorQuantOverrides`` for ORT, module → its input tensors) placing each trained range on its layer's
+    input tensor, and on the tensors above it whose parameters ORT shares with it (:data:`_SHARED_PARAMS_OPS`:
+    ORT would ignore an override below them). A range set directly on a layer's input wins over one reaching a
+    tensor from further down."""
+    direct = module_inputs(model, ranges, weights)
+    overrides: dict[str, list[dict[str, np.ndarray]]] = {}
+    for name, tensors in direct.items():
+        for t in tensors:
+            overrides.setdefault(t, _override(ranges[name]))
+    for name, tensors in direct.items():
+        for up in (u for t in tensors for u in _upstream(model, t)):
+            overrides.setdefault(up, _override(ranges[name]))
+    return overrides, direct
+
+
+def _written_params(path: Path) -> dict[str, tuple[float, int]]:
+    """Tensor → (scale, zero point) of the QuantizeLinear that quantises it in a written QDQ model."""
+    model = onnx.load(str(path), load_external_data=False)
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return {n.input[0]: (float(values[n.input[1]]), int(values[n.input[2]])) for n in model.graph.node
+            if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[1] in values and n.input[2] in values
+            and values[n.input[1]].size == 1}
+
+
+def _applied(path: Path, direct: dict[str, list[str]], ranges: Mapping[str, Mapping[str, Any]]
+             ) -> tuple[int, list[str]]:
+    """(tensors written with their trained scale and zero point, modules whose range is not in the graph)."""
+    written = _written_params(path)
+    trained, untrained = set(), []
+    for name, r in ranges.items():
+        tensors = direct.get(name, [])
+        hits = [t for t in tensors if written.get(t) == (float(np.float32(r["scale"])), int(r["zero_point"]))]
+        if tensors and len(hits) == len(tensors):
+            trained.update(hits)
+        else:
+            untrained.append(name)
+    return len(trained), untrained
+
+
+def _check_ranges(ranges: Mapping[str, Mapping[str, Any]], config: QuantConfig) -> None:
+    """Trained ranges need static mode and the activation format they were trained in."""
+    if config.mode != "static":
+        raise QuantizationError("trained activation ranges apply to static quantisation; got mode='dynamic'")
+    act_type, symmetric = config.activation()
+    for name, r in ranges.items():
+        if (r["dtype"], bool(r["symmetric"])) != (act_type, symmetric):
+            kind = lambda t, sym: f"{t} {'symmetric' if sym else 'asymmetric'}"  # noqa: E731
+            raise QuantizationError(
+                f"the activation range of {name!r} was trained for {kind(r['dtype'], r['symmetric'])} activations "
+                f"but target {config.target!r} writes {kind(act_type, symmetric)}; recover for the same target")
+
+
+def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
+                overrides: Mapping[str, list[dict[str, np.ndarray]]] | None = None) -> list[str]:
     """Static QDQ quantisation calibrated through ``reader``; returns the nodes it left in float."""
     act_type, symmetric = config.activation()
     excluded = dynamic_weight_nodes(onnx.load(str(source), load_external_data=False))
     noise = _PerChannelAxisNoise()
     logging.getLogger().addFilter(noise)
     try:
-        _quantize_static(source, dest, reader, config, act_type, symmetric, excluded)
+        _quantize_static(source, dest, reader, config, act_type, symmetric, excluded, overrides or {})
     finally:
         logging.getLogger().removeFilter(noise)
     return excluded
 
 
 def _quantize_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
-                     act_type: str, symmetric: bool, excluded: list[str]) -> None:
+                     act_type: str, symmetric: bool, excluded: list[str],
+                     overrides: Mapping[str, list[dict[str, np.ndarray]]]) -> None:
     quantize_static(
         str(source), str(dest), reader, nodes_to_exclude=excluded,
         quant_format=QuantFormat.QDQ, per_channel=config.per_channel, activation_type=_QUANT_TYPES[act_type],
@@ -315,6 +448,7 @@ def _quantize_static(source: Path, dest: Path, reader: ArrayCalibrationReader, c
         extra_options={
             "ActivationSymmetric": symmetric, "WeightSymmetric": True,
             "QuantizeBias": _TARGETS[config.target].quantize_bias,
+            **({"TensorQuantOverrides": dict(overrides)} if overrides else {}),
         },
     )  # fmt: skip
 
@@ -344,6 +478,8 @@ def quantize_int8(
     out_path: str | Path,
     calib: np.ndarray | None = None,
     config: QuantConfig | None = None,
+    activation_ranges: Mapping[str, Mapping[str, Any]] | None = None,
+    weights: Mapping[str, np.ndarray] | None = None,
 ) -> QuantResult:
     """Quantise a float ONNX model to INT8 with ONNX Runtime and count its integer kernels.
 
@@ -353,15 +489,23 @@ def quantize_int8(
         calib: calibration inputs, batch along axis 0 (static mode). ``None`` is refused unless
             ``config.allow_random_calibration``.
         config: options; default :class:`QuantConfig` (static, cpu target).
+        activation_ranges: trained input ranges by module name (a recovery's ``activation_ranges``: ``scale``,
+            ``zero_point``, ``dtype``, ``symmetric``); their layers' input tensors get exactly these parameters,
+            all other tensors are calibrated on ``calib``.
+        weights: module name → weight array, to find a module whose initializer the exporter renamed.
 
     Returns:
         A :class:`QuantResult`.
 
     Raises:
         CalibrationError: no or ill-shaped calibration data.
-        QuantizationError: ONNX Runtime could not quantise the model.
+        QuantizationError: ONNX Runtime could not quantise the model, or the trained ranges are for another
+            activation format (or for dynamic mode).
     """
     config = config or QuantConfig()
+    ranges = dict(activation_ranges or {})
+    if ranges:
+        _check_ranges(ranges, config)
     ensure_distinct(fp32_path, out_path)
     fp32_path, out_path = Path(fp32_path), Path(out_path)
     model = onnx.load(str(fp32_path))
@@ -371,16 +515,22 @@ def quantize_int8(
         logger.info("dynamic quantisation ignores the calibration data")
     with tempfile.TemporaryDirectory() as workdir, atomic_path(out_path) as tmp:
         source, note = _preprocess(fp32_path, Path(workdir) / "preprocessed.onnx")
+        overrides, direct = trained_overrides(onnx.load(str(source)), ranges, weights) if ranges else ({}, {})
         try:
             excluded: list[str] = []
             if reader is not None:
-                excluded = _run_static(source, tmp, reader, config)
+                excluded = _run_static(source, tmp, reader, config, overrides)
             else:
                 _run_dynamic(source, tmp, config)
         except Exception as exc:
             raise QuantizationError(f"{config.mode} quantisation of {fp32_path.name} failed: {error_line(exc)}") from exc
+    trained, untrained = _applied(out_path, direct, ranges) if ranges else (0, [])
+    if untrained:
+        logger.warning("%s: the trained activation ranges of %s are not in the graph; calibrated instead",
+                       out_path.name, ", ".join(untrained))
     return dataclasses.replace(_result(fp32_path, out_path, config, 0 if data is None else len(data), is_random,
-                                       note), excluded_nodes=excluded)
+                                       note), excluded_nodes=excluded, range_source="trained" if trained else
+                               "calibrated", trained_ranges=trained, untrained_modules=untrained)
 
 
 def _result(

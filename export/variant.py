@@ -12,6 +12,7 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -27,14 +28,19 @@ from export.readiness import tensorrt_readiness
 from export.simplify import simplify
 from export.verify import verify_parity
 
-__all__ = ["PARITY_BATCH_SIZES", "CALIB_SAMPLES", "VariantConfig", "VariantRecord", "export_variant",
-           "quantize_variant", "parity_inputs", "to_jsonable", "relative_to", "file_stem"]
+__all__ = ["PARITY_BATCH_SIZES", "CALIB_SAMPLES", "PTQ_SUFFIX", "VariantConfig", "VariantRecord", "export_variant",
+           "quantize_variant", "trained_ranges", "layer_weights", "parity_inputs", "to_jsonable", "relative_to",
+           "file_stem"]
 
 PARITY_BATCH_SIZES: tuple[int, ...] = (1, 16)
 """Batch sizes ONNX Runtime is compared with torch at (data smaller than a batch is repeated to fill it)."""
 
 CALIB_SAMPLES = 256
 """Samples INT8 calibration uses (the first ones of the calibration data)."""
+
+PTQ_SUFFIX = ".ptq"
+"""Inserted before ``.int8`` in the label and file of the post-training INT8 copy of a variant whose own INT8
+copy uses ranges trained by quantisation-aware recovery."""
 
 
 @dataclass(frozen=True)
@@ -163,9 +169,24 @@ def export_variant(module: nn.Module, x: torch.Tensor, out: Path, cfg: VariantCo
                          *results, tensorrt_readiness=_readiness(out, cfg.opset))
 
 
-def quantize_variant(record: VariantRecord, folder: Path, calib: torch.Tensor | None,
-                     cfg: VariantConfig) -> VariantRecord:
+def trained_ranges(record: VariantRecord) -> dict[str, dict[str, Any]]:
+    """The activation ranges quantisation-aware recovery trained for a variant (``{}`` when none)."""
+    recovery = (record.compression or {}).get("recovery") or {}
+    return dict(recovery.get("activation_ranges") or {})
+
+
+def layer_weights(module: nn.Module, names: Iterable[str]) -> dict[str, np.ndarray]:
+    """Weights of the named submodules as arrays: lets INT8 find a layer whose initializer the exporter renamed."""
+    modules = dict(module.named_modules())
+    return {n: modules[n].weight.detach().cpu().numpy() for n in names if n in modules}
+
+
+def quantize_variant(record: VariantRecord, folder: Path, calib: torch.Tensor | None, cfg: VariantConfig,
+                     weights: Mapping[str, np.ndarray] | None = None, post_training: bool = False) -> VariantRecord:
     """INT8 copy ``NAME.int8.onnx`` of an exported variant, calibrated on the first ``cfg.calib_samples`` rows.
+
+    A variant recovered with quantisation-aware training keeps its trained activation ranges (:func:`trained_ranges`)
+    for its layers' inputs; its record's ``quantization.range_source`` says ``"trained"`` (else ``"calibrated"``).
 
     Args:
         record: the fp32 variant (from :func:`export_variant`); its file lies in ``folder``.
@@ -173,14 +194,19 @@ def quantize_variant(record: VariantRecord, folder: Path, calib: torch.Tensor | 
         calib: calibration inputs, batch first (``None``: only with ``cfg.allow_random_calibration`` or
             dynamic mode).
         cfg: INT8 target, mode and sample count.
+        weights: the variant's layer weights by module name (:func:`layer_weights`), to place trained ranges
+            whose initializers the exporter renamed.
+        post_training: calibrate every tensor afresh, ignoring trained ranges: the post-training copy
+            ``NAME.ptq.int8.onnx`` (label ``LABEL.ptq.int8``) to compare with the quantisation-aware one.
 
     Returns:
         The INT8 variant's record (label ``LABEL.int8``, method ``METHOD+int8``), paths relative to ``folder``.
     """
-    folder = Path(folder)
-    out = folder / f"{Path(record.onnx).stem}.int8.onnx"
+    folder, infix = Path(folder), PTQ_SUFFIX if post_training else ""
+    out = folder / f"{Path(record.onnx).stem}{infix}.int8.onnx"
     data = None if calib is None else calib[: cfg.calib_samples].numpy()
-    q = quantize_int8(folder / record.onnx, out, data, cfg.quant_config())
-    return VariantRecord(f"{record.label}.int8", f"{record.method}+int8", record.params, record.macs, out.name,
-                         out.stat().st_size, quantization=relative_to(to_jsonable(q), folder),
+    ranges = {} if post_training else trained_ranges(record)
+    q = quantize_int8(folder / record.onnx, out, data, cfg.quant_config(), ranges, weights)
+    return VariantRecord(f"{record.label}{infix}.int8", f"{record.method}+int8", record.params, record.macs,
+                         out.name, out.stat().st_size, quantization=relative_to(to_jsonable(q), folder),
                          tensorrt_readiness=_readiness(out, cfg.opset))

@@ -98,8 +98,8 @@ def render_markdown(report: Any) -> str:
         out += ["| " + " | ".join(r) + " |" for r in rec_rows]
     q_rows = int8_rows(report)
     if q_rows:
-        out += ["", "## INT8: post-training vs quantisation-aware (same recovered weights, ONNX Runtime, held-out data)",
-                "", "| " + " | ".join(INT8_HEADERS) + " |", "|" + "---|" * len(INT8_HEADERS)]
+        out += ["", "## INT8: post-training vs quantisation-aware (same recovered weights, ORT, held-out data)", "",
+                "| " + " | ".join(INT8_HEADERS) + " |", "|" + "---|" * len(INT8_HEADERS)]
         out += ["| " + " | ".join(r) + " |" for r in q_rows]
     for case in _get(report, "cases"):
         out += ["", f"## {_get(case, 'name')}", ""]
@@ -176,6 +176,10 @@ def _int8_kind(q: dict[str, Any]) -> str:
     return "INT8 (post-training, calibrated)"
 
 
+def _percent(fraction: float | None) -> str:
+    return _fmt(None if fraction is None else 100 * fraction, ".2f")
+
+
 def int8_rows(report: Any) -> list[tuple[str, ...]]:
     """One row per variant recovered quantisation-aware: its post-training INT8 copy (calibrated afresh) and its
     quantisation-aware one (trained ranges), both of the same recovered weights, side by side as measured by the
@@ -183,16 +187,16 @@ def int8_rows(report: Any) -> list[tuple[str, ...]]:
     rows = []
     for case in _get(report, "cases"):
         metrics = {m["model"]: m for m in _get(case, "bench")["metrics"]}
-        quantized = [(_get(v, "label"), _get(v, "quantization")) for v in _get(case, "variants") if _get(v, "quantization")]
+        quantized = [(_get(v, "label"), q) for v in _get(case, "variants") if (q := _get(v, "quantization"))]
         for label, q in quantized:
             ptq = [lab for lab, other in quantized if other.get("fp32_path") == q.get("fp32_path")
                    and other.get("range_source") != "trained"]
             if q.get("range_source") != "trained" or not ptq:
                 continue
             a, b = metrics.get(ptq[0], {}), metrics.get(label, {})
-            pct = lambda m: _fmt(None if m.get("accuracy") is None else 100 * m["accuracy"], ".2f")  # noqa: E731
-            rows.append((_get(case, "name"), str(q.get("fp32_path")), str(q.get("target")), ptq[0], label, pct(a),
-                         pct(b), _fmt(a.get("top1_agreement"), ".4f"), _fmt(b.get("top1_agreement"), ".4f"),
+            rows.append((_get(case, "name"), str(q.get("fp32_path")), str(q.get("target")), ptq[0], label,
+                         _percent(a.get("accuracy")), _percent(b.get("accuracy")),
+                         _fmt(a.get("top1_agreement"), ".4f"), _fmt(b.get("top1_agreement"), ".4f"),
                          _fmt(a.get("mse"), ".4g"), _fmt(b.get("mse"), ".4g"), str(q.get("trained_ranges", 0))))
     return rows
 
