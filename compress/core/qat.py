@@ -12,6 +12,11 @@ activations per tensor in the provider's format (:data:`INT8_FORMATS`), scale an
 ``[min, max]`` by ORT's ``compute_scale_zp`` (:func:`quant_params`). An INT8 export can therefore reuse the
 trained ranges as they are instead of calibrating afresh.
 
+A BatchNorm after a Conv is folded into the Conv's weights at export (``W' = W·diag(γ/σ)``, per output channel).
+Per-channel symmetric quantisation commutes with a per-channel scale (the channel's scale is scaled by the same
+factor, so ``round(W'/S') = sign(γ)·round(W/S)``), so the grid trained here is the exported one up to float
+rounding; the folded bias is quantised to int32 at a scale far finer than the weights'.
+
 Ranges start as exact minima/maxima over calibration batches run through the float model (what ORT's MinMax
 calibrator measures), then follow an exponential moving average of each batch's minimum and maximum
 (``r ← (1 − m)·r + m·r_batch``, ``m`` = :data:`EMA_MOMENTUM`, Jacob et al. §3.1) on forward passes in training
