@@ -24,7 +24,7 @@ import collections
 import dataclasses
 import logging
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -55,6 +55,7 @@ __all__ = [
     "QuantResult",
     "optimized_op_counts",
     "dynamic_weight_nodes",
+    "quantizable_nodes",
     "module_inputs",
     "trained_overrides",
     "quantize_int8",
@@ -158,8 +159,8 @@ class QuantResult:
         float_kernels: Conv/MatMul/Gemm nodes still in floating point in that graph.
         size_fp32_bytes: size of the float file.
         size_int8_bytes: size of the quantised file.
-        excluded_nodes: Conv/Gemm nodes left in float because their weights are computed in the graph
-            (e.g. an SSM's generated convolution kernel): quantising them only adds Q/DQ work.
+        excluded_nodes: nodes left in float: those whose weights are computed in the graph (e.g. an SSM's
+            generated convolution kernel; quantising them only adds Q/DQ work), then the caller's ``exclude``.
         range_source: ``"trained"`` when some activation scales came from quantisation-aware recovery,
             else ``"calibrated"``.
         trained_ranges: layer-input tensors whose written scale and zero point are the trained ones.
@@ -424,18 +425,28 @@ def _check_ranges(ranges: Mapping[str, Mapping[str, Any]], config: QuantConfig) 
                 f"but target {config.target!r} writes {kind(act_type, symmetric)}; recover for the same target")
 
 
+def _excluded(source: Path, exclude: Sequence[str], static: bool) -> list[str]:
+    """Nodes to leave in float: in static mode :func:`dynamic_weight_nodes` of the graph to quantise, then the
+    caller's ``exclude`` (checked to name nodes of that graph: ONNX Runtime would ignore an unknown name)."""
+    model = onnx.load(str(source), load_external_data=False)
+    unknown = sorted(set(exclude) - {n.name for n in model.graph.node})
+    if unknown:
+        raise ValueError(f"exclude names nodes {unknown} that are not in the graph ONNX Runtime quantises; "
+                         "take names from export.quantize.quantizable_nodes")
+    return list(dict.fromkeys([*(dynamic_weight_nodes(model) if static else []), *exclude]))
+
+
 def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
-                overrides: Mapping[str, list[dict[str, np.ndarray]]] | None = None) -> list[str]:
-    """Static QDQ quantisation calibrated through ``reader``; returns the nodes it left in float."""
+                overrides: Mapping[str, list[dict[str, np.ndarray]]] | None = None,
+                excluded: Sequence[str] = ()) -> None:
+    """Static QDQ quantisation calibrated through ``reader``, leaving the ``excluded`` nodes in float."""
     act_type, symmetric = config.activation()
-    excluded = dynamic_weight_nodes(onnx.load(str(source), load_external_data=False))
     noise = _PerChannelAxisNoise()
     logging.getLogger().addFilter(noise)
     try:
-        _quantize_static(source, dest, reader, config, act_type, symmetric, excluded, overrides or {})
+        _quantize_static(source, dest, reader, config, act_type, symmetric, list(excluded), overrides or {})
     finally:
         logging.getLogger().removeFilter(noise)
-    return excluded
 
 
 def _quantize_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
@@ -453,9 +464,10 @@ def _quantize_static(source: Path, dest: Path, reader: ArrayCalibrationReader, c
     )  # fmt: skip
 
 
-def _run_dynamic(source: Path, dest: Path, config: QuantConfig) -> None:
-    """Dynamic quantisation: int8 weights, activations quantised at run time."""
-    quantize_dynamic(str(source), str(dest), per_channel=config.per_channel, weight_type=QuantType.QInt8)
+def _run_dynamic(source: Path, dest: Path, config: QuantConfig, excluded: Sequence[str] = ()) -> None:
+    """Dynamic quantisation: int8 weights, activations quantised at run time; ``excluded`` nodes stay float."""
+    quantize_dynamic(str(source), str(dest), per_channel=config.per_channel, weight_type=QuantType.QInt8,
+                     nodes_to_exclude=list(excluded))
 
 
 def optimized_op_counts(path: str | Path, provider: str = "cpu") -> dict[str, int]:
@@ -480,6 +492,7 @@ def quantize_int8(
     config: QuantConfig | None = None,
     activation_ranges: Mapping[str, Mapping[str, Any]] | None = None,
     weights: Mapping[str, np.ndarray] | None = None,
+    exclude: Sequence[str] = (),
 ) -> QuantResult:
     """Quantise a float ONNX model to INT8 with ONNX Runtime and count its integer kernels.
 
@@ -493,12 +506,15 @@ def quantize_int8(
             ``zero_point``, ``dtype``, ``symmetric``); their layers' input tensors get exactly these parameters,
             all other tensors are calibrated on ``calib``.
         weights: module name → weight array, to find a module whose initializer the exporter renamed.
+        exclude: nodes to leave in float, named as in the pre-processed graph (:func:`quantizable_nodes`);
+            added to those whose weights the graph computes.
 
     Returns:
         A :class:`QuantResult`.
 
     Raises:
         CalibrationError: no or ill-shaped calibration data.
+        ValueError: ``exclude`` names a node that is not in the pre-processed graph.
         QuantizationError: ONNX Runtime could not quantise the model, or the trained ranges are for another
             activation format (or for dynamic mode).
     """
@@ -516,12 +532,12 @@ def quantize_int8(
     with tempfile.TemporaryDirectory() as workdir, atomic_path(out_path) as tmp:
         source, note = _preprocess(fp32_path, Path(workdir) / "preprocessed.onnx")
         overrides, direct = trained_overrides(onnx.load(str(source)), ranges, weights) if ranges else ({}, {})
+        excluded = _excluded(source, exclude, static=reader is not None)
         try:
-            excluded: list[str] = []
             if reader is not None:
-                excluded = _run_static(source, tmp, reader, config, overrides)
+                _run_static(source, tmp, reader, config, overrides, excluded)
             else:
-                _run_dynamic(source, tmp, config)
+                _run_dynamic(source, tmp, config, excluded)
         except Exception as exc:
             raise QuantizationError(f"{config.mode} quantisation of {fp32_path.name} failed: {error_line(exc)}") from exc
     trained, untrained = _applied(out_path, direct, ranges) if ranges else (0, [])
@@ -553,3 +569,16 @@ def _result(
         optimized_ops=optimized, integer_kernels=integer, float_kernels=floating,
         size_fp32_bytes=fp32_path.stat().st_size, size_int8_bytes=out_path.stat().st_size,
     )  # fmt: skip
+
+
+def quantizable_nodes(fp32_path: str | Path) -> list[str]:
+    """Conv/Gemm/MatMul nodes that static :func:`quantize_int8` quantises, in graph order, named as in the graph
+    ONNX Runtime's quantiser sees (after ``quant_pre_process``): the names its ``exclude`` takes.
+
+    Unnamed nodes (which cannot be excluded) and nodes whose weights the graph computes are left out.
+    """
+    with tempfile.TemporaryDirectory() as workdir:
+        source, _ = _preprocess(Path(fp32_path), Path(workdir) / "preprocessed.onnx")
+        model = onnx.load(str(source), load_external_data=False)
+    computed = set(dynamic_weight_nodes(model))
+    return [n.name for n in model.graph.node if n.op_type in _WEIGHTED_OPS and n.name and n.name not in computed]

@@ -1,0 +1,285 @@
+"""INT8 with accuracy control: the most sensitive layers fall back to float until the metric drop is met.
+
+After NNCF's ``quantize_with_accuracy_control``: quantise everything; if the metric drops by more than allowed,
+rank the quantised operations by how much of the drop reverting each one alone recovers, then revert them to
+float one at a time, most harmful first, re-measuring after each, until the drop is within the limit. Here an
+operation is one Conv/Gemm/MatMul node of the graph ONNX Runtime's quantiser sees
+(:func:`export.quantize.quantizable_nodes`), reverting it is :func:`export.quantize.quantize_int8`'s ``exclude``,
+and its sensitivity is measured exactly: the metric of the INT8 model with only that node in float (one
+quantisation per ranked node, no proxy).
+
+Units (as in :class:`runtime_bench.metrics.ModelMetrics` and ``minreal check --max-accuracy-drop``): accuracy
+(top-1 against integer labels) and agreement (top-1 agreement with the fp32 model) are fractions in [0, 1] and
+their drops are percentage points; mse (against float targets; lower is better) is in squared output units and its
+drop is its increase.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from export.atomic import atomic_write_bytes, ensure_distinct
+from export.errors import CalibrationError
+from export.quantize import QuantConfig, QuantResult, quantizable_nodes, quantize_int8
+from runtime_bench import BenchInputError
+from runtime_bench.metrics import ModelMetrics, evaluate_models, is_classification
+
+__all__ = ["METRICS", "MetricSpec", "FallbackStep", "AccuracyControlResult", "metric_drop", "outside_in",
+           "quantize_with_accuracy_control"]
+
+logger = logging.getLogger(__name__)
+
+EVAL_BATCH = 64
+"""Evaluation batch size (a model with a fixed batch axis uses its own)."""
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How one metric is read and compared.
+
+    Attributes:
+        read: the value in a :class:`~runtime_bench.metrics.ModelMetrics` (``None`` if not computable).
+        higher_is_better: accuracy-like (drop = decrease) or error-like (drop = increase).
+        drop_scale: drop units per metric unit: 100 turns fractions into percentage points.
+        unit: unit of the drop, for messages.
+        labels: ``True`` needs integer labels, ``False`` float targets, ``None`` no labels.
+        reference: measured against the fp32 model's outputs (so the fp32 model runs beside each candidate).
+    """
+
+    read: Callable[[ModelMetrics], float | None]
+    higher_is_better: bool
+    drop_scale: float
+    unit: str
+    labels: bool | None
+    reference: bool
+
+
+METRICS: dict[str, MetricSpec] = {
+    "accuracy": MetricSpec(operator.attrgetter("accuracy"), True, 100.0, "pp", labels=True, reference=False),
+    "agreement": MetricSpec(operator.attrgetter("top1_agreement"), True, 100.0, "pp", labels=None, reference=True),
+    "mse": MetricSpec(operator.attrgetter("mse"), False, 1.0, "", labels=False, reference=False),
+}
+"""Metric name → :class:`MetricSpec`: the ``metric`` argument of :func:`quantize_with_accuracy_control`."""
+
+
+@dataclass(frozen=True)
+class FallbackStep:
+    """One node returned to float, and the model's metric and drop (vs fp32) with it and all before it in float."""
+
+    node: str
+    metric: float
+    drop: float
+
+
+@dataclass(frozen=True)
+class AccuracyControlResult:
+    """What :func:`quantize_with_accuracy_control` wrote and how it got there.
+
+    Attributes:
+        path: the written INT8 model.
+        metric: ``"accuracy"``, ``"agreement"`` or ``"mse"``.
+        max_drop: the allowed drop (percentage points for accuracy/agreement, absolute increase for mse).
+        fp32_metric: metric of the float model (agreement: 1.0).
+        int8_metric: metric of the fully quantised model.
+        int8_drop: its drop.
+        final_metric: metric of the written model.
+        drop: its drop.
+        met: ``drop <= max_drop``.
+        quant: the written model's :class:`~export.quantize.QuantResult`.
+        excluded: the nodes returned to float, in order, each with the metric after its exclusion.
+        sensitivities: ranked node → metric of the INT8 model with only that node in float, most harmful
+            (largest recovery) first; empty when the full INT8 model met the target.
+        quantizations: quantisations run (intermediate models are written in a temporary folder).
+        seconds: wall time.
+    """
+
+    path: str
+    metric: str
+    max_drop: float
+    fp32_metric: float
+    int8_metric: float
+    int8_drop: float
+    final_metric: float
+    drop: float
+    met: bool
+    quant: QuantResult
+    excluded: list[FallbackStep] = field(default_factory=list)
+    sensitivities: dict[str, float] = field(default_factory=dict)
+    quantizations: int = 0
+    seconds: float = 0.0
+
+    @property
+    def excluded_nodes(self) -> list[str]:
+        """The nodes left in float by accuracy control, in the order they were excluded."""
+        return [step.node for step in self.excluded]
+
+
+def metric_drop(reference: float, value: float, metric: str) -> float:
+    """Drop of ``value`` from ``reference``: decrease for accuracy-like metrics (in percentage points for
+    fractions), increase for error-like ones; positive is worse."""
+    spec = METRICS[metric]
+    change = reference - value if spec.higher_is_better else value - reference
+    return spec.drop_scale * change
+
+
+def outside_in(nodes: Sequence[str]) -> list[str]:
+    """First, last, second, second-to-last, …: the order in which a capped ranking visits the nodes (the first
+    and last layers of a network are the usual suspects of quantisation damage)."""
+    order = []
+    for i in range((len(nodes) + 1) // 2):
+        order += [nodes[i]] if i == len(nodes) - 1 - i else [nodes[i], nodes[len(nodes) - 1 - i]]
+    return order
+
+
+def _check_arguments(spec_name: str, max_drop: float, max_fallback: int | None,
+                     eval_x: np.ndarray, eval_y: np.ndarray | None) -> MetricSpec:
+    """The metric's spec, after checking the options and that the labels suit the metric."""
+    if spec_name not in METRICS:
+        raise ValueError(f"metric={spec_name!r} is not one of {tuple(METRICS)}")
+    if not math.isfinite(max_drop) or max_drop < 0:
+        raise ValueError(f"max_drop={max_drop} must be finite and ≥ 0 (percentage points for accuracy/agreement, "
+                         "absolute increase for mse)")
+    if max_fallback is not None and max_fallback < 0:
+        raise ValueError(f"max_fallback={max_fallback} must be ≥ 0 (or None: rank every quantised node)")
+    if len(eval_x) == 0:
+        raise CalibrationError("evaluation data is empty; pass a few hundred held-out inputs as eval_x")
+    spec = METRICS[spec_name]
+    if spec.labels is not None and (eval_y is None or is_classification(eval_y) != spec.labels):
+        wanted = "integer class labels" if spec.labels else "float regression targets"
+        raise CalibrationError(f"metric={spec_name!r} needs {wanted} as eval_y; got "
+                               f"{'none' if eval_y is None else np.asarray(eval_y).dtype}")
+    return spec
+
+
+def _measurer(spec: MetricSpec, fp32_path: Path, eval_x: np.ndarray, eval_y: np.ndarray | None,
+              threads: int | None) -> Callable[[Path], float]:
+    """``measure(path)``: the metric of one model on the evaluation data, through ONNX Runtime CPU sessions."""
+    labels = eval_y if spec.labels is not None else None
+
+    def measure(path: Path) -> float:
+        names, paths = (["fp32", path.name], [fp32_path, path]) if spec.reference else ([path.name], [path])
+        try:
+            value = spec.read(evaluate_models(names, paths, eval_x, labels, EVAL_BATCH, threads or 0)[-1])
+        except BenchInputError as exc:
+            raise CalibrationError(f"evaluation data: {exc}") from None
+        if value is None:
+            raise CalibrationError(f"the metric cannot be computed for {path.name}: top-1 agreement needs "
+                                   "(batch, classes ≥ 2) outputs; use metric='mse' with targets")
+        return float(value)
+
+    return measure
+
+
+class _Quantiser:
+    """Quantises with a given set of float nodes into a work folder, measures, and remembers each set's result."""
+
+    def __init__(self, fp32_path: Path, workdir: Path, calib: np.ndarray, config: QuantConfig | None,
+                 measure: Callable[[Path], float]) -> None:
+        self.fp32_path, self.workdir, self.calib, self.config, self.measure = fp32_path, workdir, calib, config, measure
+        self.done: dict[frozenset[str], tuple[QuantResult, float]] = {}
+
+    def __call__(self, exclude: Sequence[str]) -> tuple[QuantResult, float]:
+        key = frozenset(exclude)
+        if key not in self.done:
+            out = self.workdir / f"int8-{len(self.done)}.onnx"
+            quant = quantize_int8(self.fp32_path, out, self.calib, self.config, exclude=list(exclude))
+            self.done[key] = quant, self.measure(out)
+        return self.done[key]
+
+
+def _rank(quantiser: _Quantiser, nodes: Sequence[str], drop: Callable[[float], float], unit: str,
+          say: Callable[[str], None]) -> dict[str, float]:
+    """Node → metric with only that node in float, most harmful node (largest recovery) first; ties keep the
+    order of ``nodes``."""
+    metrics = {}
+    for i, node in enumerate(nodes, 1):
+        metrics[node] = quantiser([node])[1]
+        say(f"sensitivity {i}/{len(nodes)}: {node} in float → drop {drop(metrics[node]):.4g}{unit}")
+    return dict(sorted(metrics.items(), key=lambda item: drop(item[1])))
+
+
+def _fall_back(quantiser: _Quantiser, ranked: Sequence[str], drop: Callable[[float], float], max_drop: float,
+               unit: str, say: Callable[[str], None]) -> list[FallbackStep]:
+    """Exclude ``ranked`` nodes cumulatively until the drop is at most ``max_drop`` (or all are in float)."""
+    steps: list[FallbackStep] = []
+    for node in ranked:
+        value = quantiser([*(s.node for s in steps), node])[1]
+        steps.append(FallbackStep(node, value, drop(value)))
+        say(f"fallback {len(steps)}/{len(ranked)}: {node} in float → drop {steps[-1].drop:.4g}{unit}")
+        if steps[-1].drop <= max_drop:
+            break
+    return steps
+
+
+def quantize_with_accuracy_control(
+    fp32_path: str | Path,
+    out_path: str | Path,
+    calib: np.ndarray | None,
+    eval_x: np.ndarray,
+    eval_y: np.ndarray | None,
+    max_drop: float,
+    config: QuantConfig | None = None,
+    metric: str = "accuracy",
+    max_fallback: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    threads: int | None = None,
+) -> AccuracyControlResult:
+    """INT8 quantisation that returns the most sensitive Conv/Gemm/MatMul nodes to float until the metric drop
+    is within ``max_drop`` (NNCF's accuracy-control loop; see the module docstring).
+
+    Args:
+        fp32_path: float model with one input (not modified).
+        out_path: destination (must differ from ``fp32_path``); written atomically, also when the target is missed.
+        calib: calibration inputs for :func:`~export.quantize.quantize_int8`.
+        eval_x: held-out inputs, batch along axis 0.
+        eval_y: integer labels (accuracy), float targets (mse), or ``None`` (agreement ignores it).
+        max_drop: allowed drop vs the fp32 model: percentage points for accuracy/agreement (a bare 1.0 = 1 pp,
+            as ``minreal check --max-accuracy-drop``), absolute increase for mse.
+        config: quantisation options; default :class:`~export.quantize.QuantConfig`.
+        metric: a name in :data:`METRICS`.
+        max_fallback: most nodes ranked (so most returned to float), visited :func:`outside_in`; ``None`` ranks all.
+        progress: called with one line per ranked node and per fallback step (default: this module's logger).
+        threads: intra-op threads of the evaluation sessions; ``None`` leaves ONNX Runtime's default.
+
+    Returns:
+        An :class:`AccuracyControlResult`; ``met`` says whether the drop is within ``max_drop``.
+
+    Raises:
+        ValueError: unknown metric, negative ``max_drop`` or ``max_fallback``.
+        CalibrationError: evaluation data that does not fit the model or the metric (or bad calibration data).
+        QuantizationError: ONNX Runtime could not quantise the model.
+    """
+    start = time.perf_counter()
+    spec = _check_arguments(metric, max_drop, max_fallback, eval_x, eval_y)
+    ensure_distinct(fp32_path, out_path)
+    fp32_path, out_path, say = Path(fp32_path), Path(out_path), progress or logger.info
+    measure = _measurer(spec, fp32_path, np.asarray(eval_x), eval_y, threads)
+    fp32_value = measure(fp32_path)
+    drop = partial(metric_drop, fp32_value, metric=metric)
+    with tempfile.TemporaryDirectory() as workdir:
+        quantiser = _Quantiser(fp32_path, Path(workdir), calib, config, measure)
+        int8_value = quantiser([])[1]
+        say(f"fp32 {metric} {fp32_value:.4g}, INT8 {int8_value:.4g}: drop {drop(int8_value):.4g}{spec.unit} "
+            f"(allowed {max_drop:g}{spec.unit})")
+        ranking, steps = {}, []
+        if drop(int8_value) > max_drop:
+            ranking = _rank(quantiser, outside_in(quantizable_nodes(fp32_path))[:max_fallback], drop, spec.unit, say)
+            steps = _fall_back(quantiser, list(ranking), drop, max_drop, spec.unit, say)
+        quant, final = quantiser([s.node for s in steps])
+        atomic_write_bytes(out_path, Path(quant.out_path).read_bytes())
+    return AccuracyControlResult(
+        path=str(out_path), metric=metric, max_drop=max_drop, fp32_metric=fp32_value, int8_metric=int8_value,
+        int8_drop=drop(int8_value), final_metric=final, drop=drop(final), met=drop(final) <= max_drop,
+        excluded=steps, sensitivities=ranking, quantizations=len(quantiser.done),
+        seconds=time.perf_counter() - start, quant=replace(quant, out_path=str(out_path)),
+    )  # fmt: skip

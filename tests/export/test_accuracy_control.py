@@ -1,0 +1,197 @@
+"""Tests for export.accuracy_control: INT8 whose most sensitive layers fall back to float until the drop is met.
+
+The model is the digits MLP (64 → 48 → 32 → 10), trained briefly, with one quantisation-hostile layer: hidden unit
+0 of the second layer is dead (zero weights, bias −1, so ReLU gives exactly 0 on every input) and the last layer's
+weight column reading it is set to 1000. The fp32 function ignores that column, but per-channel weight
+quantisation of the last layer spends each output channel's whole int8 range on it and rounds every other weight
+to zero, so the fully quantised model is at chance level; with that layer alone in float it is an ordinary INT8
+model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+
+from compress.core.smoke import digits_mlp
+from compress.core.train import TrainConfig, train
+from compress.datasets import digits
+from export.accuracy_control import (
+    AccuracyControlResult,
+    metric_drop,
+    outside_in,
+    quantize_with_accuracy_control,
+)
+from export.errors import CalibrationError
+from export.onnx_export import to_onnx
+from export.quantize import quantizable_nodes, quantize_int8
+
+OUTLIER = 1000.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """The hostile model's file, the name of its hostile node, calibration and held-out data."""
+
+    path: Path
+    hostile: str
+    calib: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+
+
+def _hostile_node(path: Path) -> str:
+    """The quantisable node whose weight holds the outlier column."""
+    model = onnx.load(str(path))
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    nodes = {n.name: n for n in model.graph.node}
+    (name,) = [n for n in quantizable_nodes(path) if np.abs(weights[nodes[n].input[1]]).max() == OUTLIER]
+    return name
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory: pytest.TempPathFactory) -> Case:
+    train_set, test_set = digits(seed=0, as_images=False)
+    model = digits_mlp()
+    hidden, last = model[3], model[5]
+    with torch.no_grad():
+        hidden.weight[0], hidden.bias[0] = 0.0, -1.0  # unit 0 dead: zero gradient, stays dead while training
+    train(model, train_set, test_set, TrainConfig(epochs=8))
+    with torch.no_grad():
+        last.weight[:, 0] = OUTLIER  # read only from the dead unit: the fp32 function is unchanged
+    path = tmp_path_factory.mktemp("ac") / "hostile.onnx"
+    to_onnx(model, test_set.x[:2], path)
+    return Case(path, _hostile_node(path), train_set.x[:200].numpy(), test_set.x.numpy(), test_set.y.numpy())
+
+
+def _outputs(path: str | Path, x: np.ndarray) -> np.ndarray:
+    """Independent evaluation: one plain ONNX Runtime CPU session on the whole array."""
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def _nodes(path: str | Path) -> list[tuple[str, str]]:
+    return [(n.op_type, n.name) for n in onnx.load(str(path)).graph.node]
+
+
+def _float_weight_nodes(path: str | Path) -> set[str]:
+    """Gemm/MatMul/Conv nodes of a QDQ model that read their weight straight from a float initializer."""
+    model = onnx.load(str(path))
+    floats = {t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    return {n.name for n in model.graph.node if n.op_type in ("Gemm", "MatMul", "Conv") and n.input[1] in floats}
+
+
+def _check_consistent(result: AccuracyControlResult) -> None:
+    """Drops follow from the metrics; the last step is the written model; the excluded nodes are float in it."""
+    assert result.drop == metric_drop(result.fp32_metric, result.final_metric, result.metric)
+    assert result.int8_drop == metric_drop(result.fp32_metric, result.int8_metric, result.metric)
+    assert result.met == (result.drop <= result.max_drop)
+    for step in result.excluded:
+        assert step.drop == metric_drop(result.fp32_metric, step.metric, result.metric)
+    if result.excluded:
+        assert result.final_metric == result.excluded[-1].metric
+    assert _float_weight_nodes(result.path) == set(result.excluded_nodes)
+    assert result.quant.out_path == result.path and result.quant.excluded_nodes == result.excluded_nodes
+
+
+def test_target_met_by_full_int8_excludes_nothing(case: Case, tmp_path: Path) -> None:
+    result = quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, case.y, 100.0)
+    plain = quantize_int8(case.path, tmp_path / "plain.onnx", case.calib)
+    assert result.met and result.excluded == [] and result.sensitivities == {}
+    assert result.quantizations == 1 and result.final_metric == result.int8_metric
+    assert _nodes(result.path) == _nodes(plain.out_path)
+    assert result.int8_drop > 50.0  # the hostile layer really destroys the fully quantised model
+    _check_consistent(result)
+
+
+def test_hostile_layer_ranked_first_and_its_fallback_meets_the_target(case: Case, tmp_path: Path) -> None:
+    lines: list[str] = []
+    result = quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, case.y, 2.0,
+                                            progress=lines.append)
+    ranked = quantizable_nodes(case.path)
+    assert list(result.sensitivities)[0] == case.hostile and set(result.sensitivities) == set(ranked)
+    assert result.met and result.excluded_nodes == [case.hostile]
+    # Full INT8, one model per ranked node; the first fallback step is the hostile node's ranking model.
+    assert result.quantizations == 1 + len(ranked)
+    assert result.final_metric == result.sensitivities[case.hostile]
+    assert len(lines) == 1 + len(ranked) + 1  # summary, one per ranked node, one per fallback step
+    fp32 = np.mean(_outputs(case.path, case.x).argmax(1) == case.y)
+    written = np.mean(_outputs(result.path, case.x).argmax(1) == case.y)
+    one_sample = 1.0 / len(case.y)  # batch shapes may flip a near-tie
+    assert result.fp32_metric == pytest.approx(fp32, abs=one_sample)
+    assert result.final_metric == pytest.approx(written, abs=one_sample)
+    assert json.loads(json.dumps(asdict(result)))["excluded"][0]["node"] == case.hostile  # reports are asdict JSON
+    _check_consistent(result)
+
+
+def test_unreachable_target_excludes_every_ranked_node_and_still_writes(case: Case, tmp_path: Path) -> None:
+    """Ranking capped to the first layer (outside-in order), which is not the culprit: the drop cannot reach 0."""
+    result = quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, None, 0.0,
+                                            metric="agreement", max_fallback=1)
+    first = quantizable_nodes(case.path)[0]
+    assert first != case.hostile
+    assert not result.met and list(result.sensitivities) == [first] and result.excluded_nodes == [first]
+    assert result.quantizations == 2 and result.fp32_metric == 1.0
+    fp32, written = _outputs(case.path, case.x), _outputs(result.path, case.x)
+    agreement = np.mean(fp32.argmax(1) == written.argmax(1))
+    assert result.final_metric == pytest.approx(agreement, abs=1.0 / len(case.x))
+    _check_consistent(result)
+
+
+def test_mse_ranks_the_hostile_layer_first(case: Case, tmp_path: Path) -> None:
+    """Regression targets: the fp32 model's own outputs (mean square about 15), so fp32 mse is float noise."""
+    targets = _outputs(case.path, case.x)
+    result = quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, targets, 0.01,
+                                            metric="mse")
+    assert result.fp32_metric < 1e-9 and result.int8_drop > 1.0
+    assert list(result.sensitivities)[0] == case.hostile
+    assert result.met and result.excluded_nodes == [case.hostile]
+    written = np.mean((_outputs(result.path, case.x).astype(np.float64) - targets) ** 2)
+    assert result.final_metric == pytest.approx(written, rel=1e-3)
+    _check_consistent(result)
+
+
+def test_unknown_excluded_node_is_refused(case: Case, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"exclude names nodes \['no_such_node'\]"):
+        quantize_int8(case.path, tmp_path / "q.onnx", case.calib, exclude=["no_such_node"])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"max_drop": -1.0}, ValueError, "max_drop=-1.0 must be finite and ≥ 0"),
+        ({"metric": "f1"}, ValueError, "metric='f1' is not one of"),
+        ({"max_fallback": -1}, ValueError, "max_fallback=-1"),
+        ({"eval_x": np.zeros((4, 63), np.float32), "eval_y": np.zeros(4, np.int64)}, CalibrationError,
+         r"evaluation data: data rows of shape \(63,\) do not fit"),
+        ({"eval_y": None}, CalibrationError, "metric='accuracy' needs integer class labels"),
+        ({"metric": "mse"}, CalibrationError, "metric='mse' needs float regression targets"),
+    ],
+)
+def test_bad_arguments(case: Case, tmp_path: Path, kwargs: dict, error: type, message: str) -> None:
+    arguments = {"eval_x": case.x, "eval_y": case.y, "max_drop": 1.0, **kwargs}
+    with pytest.raises(error, match=message):
+        quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, **arguments)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_metric_drop_units() -> None:
+    assert metric_drop(0.90, 0.875, "accuracy") == pytest.approx(2.5)  # percentage points
+    assert metric_drop(1.0, 1.0, "agreement") == 0.0
+    assert metric_drop(0.25, 0.5, "mse") == 0.25  # increase of an error
+    assert metric_drop(0.5, 0.25, "mse") == -0.25
+
+
+def test_outside_in_visits_every_node_once() -> None:
+    assert outside_in(["a", "b", "c", "d", "e"]) == ["a", "e", "b", "d", "c"]
+    assert outside_in(["a", "b", "c", "d"]) == ["a", "d", "b", "c"]
+    assert outside_in([]) == []
