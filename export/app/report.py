@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from export.app.plots import plot_accuracy_latency  # re-exported: the run's plot.png
+
 __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency", "plot_spectra",
            "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS",
            "int8_rows", "format_int8"]
@@ -240,39 +242,6 @@ def _budget_and_bounds(label: str, comp: dict[str, Any]) -> list[str]:
                  for k, v in bounds.items())
         out.append(f"- **{label}** error bounds: " + ", ".join(shown))
     return out
-
-
-def plot_accuracy_latency(report: Any, path: Any) -> None:
-    """PNG: accuracy (or MSE) vs p50 latency at the smallest batch on the first provider, per case."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from export.atomic import atomic_path
-
-    cases = list(_get(report, "cases"))
-    fig, axes = plt.subplots(1, max(len(cases), 1), figsize=(4.5 * max(len(cases), 1), 3.8), squeeze=False)
-    for ax, case in zip(axes[0], cases):
-        bench = _get(case, "bench")
-        metrics = {m["model"]: m for m in bench["metrics"]}
-        lat = [l for l in bench["latency"] if l["batch_size"] == min(bench["config"]["batch_sizes"])]
-        for l in lat:
-            m = metrics.get(l["model"], {})
-            score = m.get("accuracy") if m.get("accuracy") is not None else m.get("mse")
-            if score is None:
-                continue
-            style = "s" if l["model"] == "original" else ("^" if l["model"].endswith("int8") else "o")
-            ax.scatter(l["stats"]["p50_ms"], score, marker=style)
-            ax.annotate(l["model"], (l["stats"]["p50_ms"], score), fontsize=7)
-        ax.set_title(_get(case, "name"))
-        ax.set_xlabel("p50 latency (ms), smallest batch")
-        ax.set_ylabel("accuracy" if any(m.get("accuracy") is not None for m in metrics.values()) else "MSE")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
 
 
 def spectra_layers(report: Any) -> list[tuple[str, str, dict[str, list[float]]]]:
