@@ -731,6 +731,105 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
     con.result(table)
 
 
+@cli.command("tune")
+@click.argument("model")
+@click.option("--data", required=True, help="Calibration/training data (methods and recovery see only this).")
+@click.option("--eval-data", help="Held-out data every candidate is judged on (default: a split of --data).")
+@click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
+@click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
+@click.option("--out", default="runs/tune", show_default=True, type=click.Path(file_okay=False),
+              help="Tune directory (must not exist unless --overwrite).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing run or tune directory.")
+@click.option("--providers", default="cpu", show_default=True, help=f"Comma-separated: {', '.join(PROVIDERS)}.")
+@click.option("--batch", default="1", show_default=True,
+              help="Comma-separated batch sizes; the first (provider, batch) decides the choice.")
+@click.option("--max-accuracy-drop", type=float, metavar="PP",
+              help="Largest allowed accuracy drop vs the original, in percentage points (0.5 = half a point), as in "
+                   "`minreal check`.")
+@click.option("--min-agreement", type=float, metavar="FRACTION",
+              help="Lowest allowed top-1 agreement with the original (0-1), as in `minreal check`.")
+@click.option("--max-mse-increase", type=float, metavar="VALUE", help="Largest allowed MSE increase (regressors).")
+@click.option("--objective", type=click.Choice(["latency", "size"]), default="latency", show_default=True,
+              help="What the chosen model minimises among those that meet the constraint.")
+@click.option("--time-budget", metavar="DURATION", help="Stop starting new search steps after this (e.g. 90s, 20m).")
+@click.option("--methods", help="Comma-separated methods to search (default: every method with a MAC budget).")
+@click.option("--grid", help="Comma-separated MAC ratios to search (default 0.9,0.8,...,0.2).")
+@click.option("--recover-epochs", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Recovery cap: every method is searched without recovery and with this many epochs.")
+@click.option("--no-int8", is_flag=True, help="fp32 candidates only (the original's INT8 is then no baseline).")
+@click.option("--no-qat", is_flag=True, help="No quantisation-aware recovery candidates.")
+@click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=QUANT_TARGETS[0], show_default=True,
+              help="INT8 format (the provider it is for).")
+@click.option("--screen-seconds", type=click.FloatRange(min=0), default=None,
+              help="Timing window per model of the screening pass (short protocol, one process).")
+@click.option("--min-seconds", type=click.FloatRange(min=0), default=None,
+              help="Timing window per model of the confirmation (release protocol).")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Fresh processes per (provider, batch) in the confirmation.")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Candidate cache (default: $XDG_CACHE_HOME/minreal/tune or ~/.cache/minreal/tune).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Local worker processes evaluating candidates.")
+@common
+def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, trust_pickle: bool, out: str,
+             overwrite: bool, providers: str, batch: str, max_accuracy_drop: float | None, min_agreement: float | None,
+             max_mse_increase: float | None, objective: str, time_budget: str | None, methods: str | None,
+             grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool, quant_target: str,
+             screen_seconds: float | None, min_seconds: float | None, repeats: int | None, cache_dir: str | None,
+             workers: int, quiet: bool, as_json: bool) -> None:
+    """Find the fastest deployable model within a quality budget, measured on the target runtime, against the
+    original in fp32 and INT8. Writes report.json/.md, front.png and chosen.onnx (chosen.pt2) into --out."""
+    import dataclasses
+
+    from export.app.pipeline import claim_run_dir
+    from export.app.tune import (CONFIRM, SCREEN, Constraint, ProcessExecutor, SpecSource, TuneConfig, parse_duration,
+                                 tune)
+    from export.app.tune.output import format_tune, write_tune_dir
+
+    con = Console(quiet, as_json)
+    constraint = Constraint(max_accuracy_drop, min_agreement, max_mse_increase)
+    cfg = TuneConfig(constraint, _split_names(providers), tuple(_split_ints(batch, "--batch")), objective,
+                     _split_names(methods or ""), tuple(_split_floats(grid, "--grid")) if grid else TuneConfig.grid,
+                     recover_epochs, not no_int8, not no_qat, True, quant_target,
+                     parse_duration(time_budget) if time_budget else None,
+                     dataclasses.replace(SCREEN, **({"min_seconds": screen_seconds} if screen_seconds is not None
+                                                    else {})),
+                     dataclasses.replace(CONFIRM, **{k: v for k, v in (("min_seconds", min_seconds),
+                                                                      ("repeats", repeats)) if v is not None}),
+                     workers)
+    _require_providers(cfg.providers, False)
+    cache = Path(cache_dir) if cache_dir else _default_cache()
+    with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data)) as claim:
+        net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
+        source = SpecSource(model, data, eval_data, weights, trust_pickle)
+        executor = ProcessExecutor(workers)
+        try:
+            report = tune(net, calib, held, cfg, claim.staging, cache, source, executor, con.progress)
+        finally:
+            executor.close()
+        write_tune_dir(report, claim.staging)
+        from export.app.pipeline import commit_run_dir
+
+        commit_run_dir(claim)
+    con.table(format_tune(report))
+    con.table(f"\ntune directory: {out} (report.md, report.json, front.png, chosen.onnx; candidate cache {cache})")
+    con.result(report)
+
+
+def _default_cache() -> Path:
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "minreal" / "tune"
+
+
+def _split_floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, got {text!r}", param_hint=flag) from None
+
+
 def _usage_errors() -> tuple[type[BaseException], ...]:
     from compress import CompressionError, UnknownMethodError
     from export.app.method_options import MethodOptionError
@@ -740,7 +839,9 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
     from runtime_bench import (BenchInputError, CheckError, ModelFileError, ReportSchemaError,
                                UnknownProviderError)
 
-    return (MethodOptionError, RunDirError, SpecError, UnknownMethodError, CompressionError, SameFileError,
+    from export.app.tune import TuneError
+
+    return (MethodOptionError, RunDirError, SpecError, UnknownMethodError, CompressionError, SameFileError, TuneError,
             BenchInputError, CheckError, ModelFileError, ReportSchemaError, UnknownProviderError)
 
 

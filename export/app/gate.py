@@ -8,7 +8,7 @@ from typing import Any
 
 import runtime_bench as rb
 
-__all__ = ["check_reports", "bench_reports"]
+__all__ = ["check_reports", "bench_reports", "tune_bench"]
 
 
 def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
@@ -19,9 +19,33 @@ def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
         raise rb.ReportSchemaError(f"report {path} does not exist") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise rb.ReportSchemaError(f"report {path} is not readable JSON: {exc}") from None
+    if isinstance(data, dict) and data.get("kind") == "tune":
+        return {"tune": tune_bench(data, path)}
     if isinstance(data, dict) and "cases" in data:
         return {c["name"]: c["bench"] for c in data["cases"]}
     return {Path(path).stem: rb.load_report(path)}
+
+
+def tune_bench(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The confirmation benchmark of a tune report, cut to the original and the chosen model: a gate on a tune
+    judges what it chose (a tune that chose nothing fails with one line)."""
+    chosen = data.get("chosen")
+    if not chosen:
+        raise rb.CheckError(f"tune report {path} chose no model ({data.get('verdict', 'no verdict')}); nothing to gate")
+    keep = {"original", chosen}
+    bench = dict(data["confirm"])
+    bench["models"] = [m for m in bench["models"] if m["name"] in keep]
+    for key in ("latency", "ratios", "metrics"):
+        bench[key] = [r for r in bench[key] if r["model"] in keep]
+    if chosen == "original":  # the original judged against itself: ratio 1 by definition, same metrics
+        same = "original (chosen)"
+        bench["models"] += [{**m, "name": same} for m in bench["models"]]
+        bench["latency"] += [{**r, "model": same} for r in bench["latency"]]
+        bench["metrics"] += [{**r, "model": same} for r in bench["metrics"]]
+        bench["ratios"] = [{"model": same, "reference": "original", "provider": r["provider"],
+                            "batch_size": r["batch_size"], "statistic": "p50_ms", "median": 1.0, "min": 1.0, "max": 1.0,
+                            "per_process": [1.0]} for r in bench["latency"] if r["model"] == "original"]
+    return bench
 
 
 def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | None,

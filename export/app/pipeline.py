@@ -43,7 +43,7 @@ from export.variant import (PTQ_SUFFIX, VariantConfig, VariantRecord, export_var
 
 __all__ = ["PipelineConfig", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
            "run_pipeline", "fill_run_dir", "run_case", "claim_run_dir", "RunDirClaim", "prepare_run_dir",
-           "RunDirError", "RunDirBusyError", "make_dirs", "remove_empty_dirs"]
+           "RunDirError", "RunDirBusyError", "make_dirs", "remove_empty_dirs", "commit_run_dir"]
 
 log = logging.getLogger(__name__)
 RUN_SCHEMA_VERSION = 1
@@ -145,7 +145,7 @@ def _is_run_dir(path: Path) -> bool:
         data = json.loads((path / "report.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and "schema_version" in data and "cases" in data
+    return isinstance(data, dict) and "schema_version" in data and ("cases" in data or data.get("kind") == "tune")
 
 
 def make_dirs(folder: Path) -> list[Path]:
@@ -286,7 +286,7 @@ def prepare_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ())
     return staging
 
 
-def _commit_run_dir(claim: RunDirClaim) -> None:
+def commit_run_dir(claim: RunDirClaim) -> None:
     """Move the finished staging folder onto the run directory (replacing an old run only now).
 
     ``rename`` silently replaces an empty directory, so the target is checked again first: something
@@ -423,5 +423,5 @@ def fill_run_dir(cases: list[DemoCase], claim: RunDirClaim, cfg: PipelineConfig,
     plot_accuracy_latency(report, staging / "plot.png")
     plot_spectra(report, staging / "spectra.png")
     _fault_point("commit")
-    _commit_run_dir(claim)
+    commit_run_dir(claim)
     return report

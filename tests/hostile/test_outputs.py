@@ -220,7 +220,7 @@ def test_run_lock_is_held_until_commit_and_removed(workdir: Path, monkeypatch: p
     import export.app.pipeline as pipeline
 
     seen: list[bool] = []
-    commit = pipeline._commit_run_dir
+    commit = pipeline.commit_run_dir
 
     def commit_checking_lock(claim: pipeline.RunDirClaim) -> None:
         fd = os.open(workdir / "runs" / ".a.lock", os.O_RDWR)
@@ -232,7 +232,7 @@ def test_run_lock_is_held_until_commit_and_removed(workdir: Path, monkeypatch: p
             os.close(fd)
         commit(claim)
 
-    monkeypatch.setattr(pipeline, "_commit_run_dir", commit_checking_lock)
+    monkeypatch.setattr(pipeline, "commit_run_dir", commit_checking_lock)
     code, _, err = run_main([*RUN, "--out", "runs/a", "--no-int8", "--min-seconds", "0", "--repeats", "1"], capsys)
     assert code == 0, err
     assert seen == [True]

@@ -1,0 +1,269 @@
+"""One tune candidate: a method at a MAC budget with a recovery budget, evaluated and cached.
+
+:func:`evaluate_candidate` is what an executor runs (a plain function of a picklable :class:`Job`): it compresses,
+recovers, measures on the held-out data in torch and, when the constraint holds there, exports the fp32 ONNX, its
+INT8 copy (with the trained ranges for a quantisation-aware candidate) and a ``.pt2`` program into the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from compress.core.data import Dataset
+from .config import Constraint, Quality
+
+__all__ = ["CandidateSpec", "CandidateResult", "Job", "Source", "SpecSource", "LoadedSource", "evaluate_candidate",
+           "fingerprint", "cache_key"]
+
+RESULT_FILE = "result.json"
+FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "pt2": "model.pt2"}
+
+
+@dataclass(frozen=True)
+class CandidateSpec:
+    """A method at a whole-model MAC ratio, with ``recover_epochs`` of recovery (quantisation-aware when ``qat``)."""
+
+    method: str
+    mac_ratio: float
+    recover_epochs: int = 0
+    qat: bool = False
+
+    @property
+    def label(self) -> str:
+        rec = f"+r{self.recover_epochs}" if self.recover_epochs else ""
+        return f"{self.method}@{self.mac_ratio:g}{rec}{'+qat' if self.qat else ''}"
+
+
+@dataclass
+class CandidateResult:
+    """What evaluating a :class:`CandidateSpec` gave (``error``: the method's one-line refusal)."""
+
+    spec: CandidateSpec
+    key: str
+    quality: dict[str, float] = field(default_factory=dict)
+    """Torch metrics on the held-out data (:func:`compress.core.recover.held_out_metrics`)."""
+    feasible: bool = False
+    error: str | None = None
+    mac_ratio: float | None = None
+    param_ratio: float | None = None
+    params: int = 0
+    macs: int = 0
+    files: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    recovery: dict[str, Any] | None = None
+    cached: bool = False
+
+
+class Source(Protocol):
+    """Where a worker gets the original model and the data: ``load() -> (model, calibration, held-out)``."""
+
+    def load(self) -> tuple[nn.Module, Dataset, Dataset]: ...
+
+
+@dataclass(frozen=True)
+class SpecSource:
+    """The CLI's inputs as specs, loaded again in each worker process (so nothing needs pickling)."""
+
+    model: str
+    data: str
+    eval_data: str | None = None
+    weights: str | None = None
+    trust_pickle: bool = False
+
+    def load(self) -> tuple[nn.Module, Dataset, Dataset]:
+        return _load_specs(self)
+
+
+_LOADED: dict[SpecSource, tuple[nn.Module, Dataset, Dataset]] = {}
+
+
+def _load_specs(src: SpecSource) -> tuple[nn.Module, Dataset, Dataset]:
+    """Load once per process (a worker serves many jobs of one tune)."""
+    if src not in _LOADED:
+        from export.app.data import load_data
+        from export.app.models import load_model
+
+        net = load_model(src.model, weights=src.weights, trust_pickle=src.trust_pickle).eval()
+        loaded = load_data(src.data, eval_spec=src.eval_data)
+        _LOADED.clear()
+        _LOADED[src] = (net, loaded.calib, loaded.evaluation)
+    return _LOADED[src]
+
+
+@dataclass(frozen=True)
+class LoadedSource:
+    """Objects already in memory (the Python API; in-process executors)."""
+
+    model: nn.Module
+    calib: Dataset
+    held_out: Dataset
+
+    def load(self) -> tuple[nn.Module, Dataset, Dataset]:
+        return self.model, self.calib, self.held_out
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything :func:`evaluate_candidate` needs (picklable when ``source`` is a :class:`SpecSource`)."""
+
+    spec: CandidateSpec
+    source: Any
+    fingerprint: str
+    cache_dir: Path
+    constraint: Constraint
+    reference: Quality
+    providers: tuple[str, ...]
+    quant_target: str
+    int8: bool
+    extra: tuple[tuple[str, Any], ...] = ()
+
+
+def fingerprint(model: nn.Module, calib: Dataset, held_out: Dataset) -> str:
+    """sha256 over the model's class, architecture and weights and the bytes of both datasets."""
+    h = hashlib.sha256()
+    h.update(f"{type(model).__module__}.{type(model).__qualname__}\n{model}".encode())
+    for name, t in model.state_dict().items():
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    for data in (calib, held_out):
+        for t in (data.x, data.y):
+            if t is not None:
+                h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def cache_key(job: Job) -> str:
+    """Key of a candidate's cache entry: the inputs, the candidate and what shapes its files (not the constraint)."""
+    blob = json.dumps({"v": 1, "inputs": job.fingerprint, "spec": dataclasses.asdict(job.spec),
+                       "providers": list(job.providers), "quant_target": job.quant_target, "int8": job.int8,
+                       "extra": [list(kv) for kv in job.extra]}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _from_cache(entry: Path, job: Job) -> CandidateResult | None:
+    """The cached result, re-judged against this job's constraint; None when absent, or when it now needs files
+    the entry lacks."""
+    try:
+        data = json.loads((entry / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    data["spec"] = CandidateSpec(**data["spec"])
+    result = CandidateResult(**data)
+    result.feasible = result.error is None and job.constraint.holds(Quality.from_metrics(result.quality),
+                                                                    job.reference)
+    if result.feasible and not all((entry / FILES[k]).is_file() for k in _needed(job)):
+        return None
+    result.files = {k: str(entry / f) for k, f in FILES.items() if (entry / f).is_file()}
+    result.cached = True
+    return result
+
+
+def _needed(job: Job) -> list[str]:
+    return ["fp32", "pt2", *(["int8"] if job.int8 else [])]
+
+
+def evaluate_candidate(job: Job) -> CandidateResult:
+    """Compress, recover, measure; export when feasible; cache. Never raises for a method's refusal."""
+    key = cache_key(job)
+    entry = Path(job.cache_dir) / key
+    cached = _from_cache(entry, job)
+    if cached is not None:
+        return cached
+    result = _evaluate(job, key)
+    _store(entry, result)
+    result.files = {k: str(entry / f) for k, f in FILES.items() if (entry / f).is_file()}
+    return result
+
+
+def _evaluate(job: Job, key: str) -> CandidateResult:
+    from compress import CompressionError, compress
+    from compress.core.recover import RecoveryConfig, held_out_metrics
+    from export.app.method_options import MethodOptionError, build_config, provider_defaults
+
+    model, calib, held_out = job.source.load()
+    spec, result = job.spec, CandidateResult(job.spec, key)
+    t0 = time.perf_counter()
+    try:
+        config = build_config(spec.method, {"mac_ratio": spec.mac_ratio, **dict(job.extra)},
+                              provider_defaults(job.providers))
+        recovery = (RecoveryConfig(epochs=spec.recover_epochs, int8=job.quant_target if spec.qat else None)
+                    if spec.recover_epochs else None)
+        small, report = compress(model, calib, spec.method, config, recovery)
+    except (CompressionError, MethodOptionError) as exc:
+        result.error = str(exc).splitlines()[0]
+        return result
+    result.seconds["compress"] = time.perf_counter() - t0 - report.timings_s.get("recover", 0.0)
+    result.seconds["recover"] = report.timings_s.get("recover", 0.0)
+    result.mac_ratio, result.param_ratio = report.mac_ratio, report.param_ratio
+    result.params, result.macs, result.recovery = report.params_after, report.macs_after, report.recovery
+    result.quality = held_out_metrics(model, small, held_out)
+    result.feasible = job.constraint.holds(Quality.from_metrics(result.quality), job.reference)
+    if result.feasible:
+        t0 = time.perf_counter()
+        result.files = _export(small, report, calib, held_out, job)
+        result.seconds["export"] = time.perf_counter() - t0
+    return result
+
+
+def _export(small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, job: Job) -> dict[str, str]:
+    """fp32 ONNX (parity verified), INT8 copy, .pt2 program into a temporary folder; ``{kind: path}``."""
+    from export.serialize import save_program
+    from export.variant import VariantConfig, export_variant, layer_weights, quantize_variant, to_jsonable
+
+    folder = Path(tempfile.mkdtemp(prefix="minreal-tune-"))
+    cfg = VariantConfig(quant_target=job.quant_target)
+    record = export_variant(small, held_out.x, folder / FILES["fp32"], cfg, job.spec.label, job.spec.method)
+    files = {"fp32": str(folder / FILES["fp32"])}
+    if job.int8:
+        record.compression = to_jsonable(report)
+        ranges = (report.recovery or {}).get("activation_ranges") or {}
+        q = quantize_variant(record, folder, calib.x, cfg, layer_weights(small, ranges) if ranges else None)
+        os.replace(folder / q.onnx, folder / FILES["int8"])
+        files["int8"] = str(folder / FILES["int8"])
+    save_program(small, held_out.x[:2], folder / FILES["pt2"])
+    files["pt2"] = str(folder / FILES["pt2"])
+    return files
+
+
+def _store(entry: Path, result: CandidateResult) -> None:
+    """Write the entry atomically: files and result.json into a sibling temporary folder, then rename it."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    try:
+        for kind, path in result.files.items():
+            shutil.move(path, tmp / FILES[kind])
+        for folder in {Path(p).parent for p in result.files.values()}:  # the export's temporary folder
+            shutil.rmtree(folder, ignore_errors=True)
+        data = dataclasses.asdict(result)
+        data["files"], data["cached"] = {}, False
+        (tmp / RESULT_FILE).write_text(json.dumps(_jsonable(data), indent=1))
+        if entry.exists():
+            shutil.rmtree(entry)
+        os.replace(tmp, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.generic,)):
+        return obj.item()
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    return obj

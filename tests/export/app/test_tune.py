@@ -1,0 +1,149 @@
+"""`minreal tune`: constraint semantics, the budget bisection, the front and the choice, and a small tune end to end
+(the chosen model meets the constraint on held-out data in ONNX Runtime; a repeated tune comes from the cache)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from compress.core.smoke import digits_mlp, digits_subset
+from compress.core.train import TrainConfig, train
+from compress.datasets import digits
+from export.app.cli import cli, run
+from export.app.tune import (Constraint, InlineExecutor, Point, Protocol, Quality, TuneConfig, TuneError, choose,
+                             pareto_front, parse_duration, tune)
+from export.app.tune.search import BudgetSearch
+
+FAST = Protocol(min_seconds=0.02, repeats=1, min_runs=5, warmup=1)
+GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
+
+
+def test_constraint_units_follow_check() -> None:
+    ref = Quality(accuracy=0.95, agreement=1.0)
+    drop = Constraint(max_accuracy_drop=0.5)  # percentage points
+    assert drop.holds(Quality(accuracy=0.9451), ref) and not drop.holds(Quality(accuracy=0.9449), ref)
+    assert drop.loss(Quality(accuracy=0.94), ref) == pytest.approx(1.0)
+    agree = Constraint(min_agreement=0.98)
+    assert agree.holds(Quality(agreement=0.98), ref) and not agree.holds(Quality(agreement=0.9799), ref)
+    mse = Constraint(max_mse_increase=0.1)
+    assert mse.holds(Quality(mse=1.1), Quality(mse=1.0)) and mse.score(Quality(mse=2.0)) == -2.0
+    assert not drop.holds(Quality(agreement=1.0), ref)  # a missing metric never meets the constraint
+    for bad in ({}, {"max_accuracy_drop": 1, "min_agreement": 0.9}, {"min_agreement": 1.5},
+                {"max_accuracy_drop": -1}, {"max_mse_increase": math.nan}):
+        with pytest.raises(TuneError):
+            Constraint(**bad)
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("20m", 1200), ("1.5h", 5400)])
+def test_time_budget_parsing(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_time_budget_refuses_nonsense() -> None:
+    with pytest.raises(TuneError, match="--time-budget"):
+        parse_duration("soon")
+
+
+@pytest.mark.parametrize("k", range(len(GRID) + 1))
+def test_bisection_finds_the_smallest_feasible_budget_in_few_probes(k: int) -> None:
+    """The first k budgets (largest) meet the constraint: the search returns GRID[k-1] (or None) after at most
+    ceil(log2(9)) + 1 probes, the last one checking monotonicity."""
+    s = BudgetSearch(GRID)
+    while (b := s.next_budget()) is not None:
+        s.record(b, GRID.index(b) < k, None)
+    assert s.smallest() == (GRID[k - 1] if k else None)
+    assert s.monotone and len(s.probes) <= math.ceil(math.log2(len(GRID) + 1)) + 1
+
+
+def test_bisection_falls_back_to_the_grid_when_not_monotone() -> None:
+    ok = dict(zip(GRID, [True, True, True, False, False, True, False, False]))
+    s = BudgetSearch(GRID)
+    while (b := s.next_budget()) is not None:
+        s.record(b, ok[b], None)
+    assert not s.monotone and set(s.probes) == set(GRID)
+    assert s.passing() == [0.4, 0.7, 0.8, 0.9] and s.smallest() == 0.4
+
+
+def test_front_and_choice_never_pick_a_dominated_or_infeasible_point() -> None:
+    pts = [Point("base", 1.0, 0.90, 100, True), Point("fast", 0.5, 0.89, 50, True),
+           Point("dominated", 0.8, 0.85, 60, True), Point("fastest-but-bad", 0.2, 0.50, 10, False)]
+    front = [p.label for p in pareto_front(pts)]
+    assert "dominated" not in front and front == ["fastest-but-bad", "fast", "base"]
+    assert choose(pts).label == "fast"
+    assert choose(pts, "size").label == "fast"
+    assert choose([Point("x", 1.0, 0.0, 1, False)]) is None
+
+
+@pytest.fixture(scope="module")
+def trained_mlp():
+    model = digits_mlp()
+    train(model, digits_subset(900), None, TrainConfig(epochs=6))
+    tr, te = digits(as_images=False)
+    return model.eval(), tr, te
+
+
+def _ort_accuracy(path: Path, x: np.ndarray, y: np.ndarray) -> float:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    out = sess.run(None, {sess.get_inputs()[0].name: x.astype(np.float32)})[0]
+    return float((out.argmax(1) == y).mean())
+
+
+def test_tune_chooses_a_model_that_meets_the_constraint_and_resumes_from_cache(trained_mlp, tmp_path: Path) -> None:
+    model, tr, te = trained_mlp
+    cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd", "factorize"), grid=(0.8, 0.5, 0.3),
+                     recover_epochs=1, screen=FAST, confirm=FAST)
+    report = tune(model, tr, te, cfg, tmp_path / "a", tmp_path / "cache", executor=InlineExecutor())
+    labels = [c.label for c in report.candidates]
+    assert labels[:2] == ["original", "original.int8"]  # the rows to beat are always there
+    assert report.chosen is not None and (tmp_path / "a" / "chosen.onnx").is_file()
+    x, y = te.x.numpy(), te.y.numpy()
+    original = _ort_accuracy(tmp_path / "a" / "models" / "original.onnx", x, y)
+    chosen = _ort_accuracy(tmp_path / "a" / "chosen.onnx", x, y)
+    assert 100 * (original - chosen) <= 2.0 + 1e-9  # independently re-measured on the held-out data
+    win = next(c for c in report.candidates if c.label == report.chosen)
+    cell = "cpu/b1"
+    rivals = [c for c in report.candidates if c.feasible and cell in c.confirm_ms]
+    assert win.confirm_ms[cell] == min(c.confirm_ms[cell] for c in rivals)
+    assert all(c.feasible for c in report.candidates if c.confirm_ms and c.kind == "structural")
+    assert report.counts["evaluated"] >= 4 and report.counts["cached"] == 0
+    again = tune(model, tr, te, cfg, tmp_path / "b", tmp_path / "cache", executor=InlineExecutor())
+    assert again.counts["cached"] == again.counts["evaluated"] == report.counts["evaluated"]
+    assert [s["probes"] for s in again.searches] == [s["probes"] for s in report.searches]
+
+
+FACTORY = """
+import torch
+from torch import nn
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
+"""
+
+
+def test_tune_cli_writes_a_directory_that_check_can_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "net.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    args = ["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9", "--methods", "svd",
+            "--grid", "0.8,0.4", "--out", "t", "--cache-dir", "cache", "--screen-seconds", "0.02", "--min-seconds",
+            "0.02", "--repeats", "1", "-q"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "verdict:" in result.output and "original.int8" in result.output
+    report = json.loads(Path("t/report.json").read_text())
+    assert report["kind"] == "tune" and report["chosen"] and Path("t/chosen.onnx").is_file()
+    assert Path("t/front.png").is_file() and Path("t/report.md").read_text().startswith("# minreal tune report")
+    gate = CliRunner().invoke(cli, ["check", "t/report.json", "--min-agreement", "0.9"])
+    assert gate.exit_code == 0, gate.output
+    strict = CliRunner().invoke(cli, ["check", "t/report.json", "--min-agreement", "1.01"])
+    assert strict.exit_code == 1
+    assert run(["tune", "net.py:make", "--data", "digits-flat", "--out", "u"]) == 2
+    err = capsys.readouterr().err
+    assert "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
