@@ -752,7 +752,10 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
 @click.option("--objective", type=click.Choice(["latency", "size"]), default="latency", show_default=True,
               help="What the chosen model minimises among those that meet the constraint.")
 @click.option("--time-budget", metavar="DURATION", help="Stop starting new search steps after this (e.g. 90s, 20m).")
-@click.option("--methods", help="Comma-separated methods to search (default: every method with a MAC budget).")
+@click.option("--methods", help="Comma-separated methods to search (default: every method with a MAC budget, or none "
+                                "when --plan is given).")
+@click.option("--plan", type=click.Path(dir_okay=False),
+              help="TOML plan file whose variants (e.g. chains: width then factorise) are candidates as they are.")
 @click.option("--grid", help="Comma-separated MAC ratios to search (default 0.9,0.8,...,0.2).")
 @click.option("--recover-epochs", type=click.IntRange(min=0), default=0, show_default=True,
               help="Recovery cap: every method is searched without recovery and with this many epochs.")
@@ -774,7 +777,7 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
 def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, trust_pickle: bool, out: str,
              overwrite: bool, providers: str, batch: str, max_accuracy_drop: float | None, min_agreement: float | None,
              max_mse_increase: float | None, objective: str, time_budget: str | None, methods: str | None,
-             grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool, quant_target: str,
+             plan: str | None, grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool, quant_target: str,
              screen_seconds: float | None, min_seconds: float | None, repeats: int | None, cache_dir: str | None,
              workers: int, quiet: bool, as_json: bool) -> None:
     """Find the fastest deployable model within a quality budget, measured on the target runtime, against the
@@ -797,9 +800,16 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
                      dataclasses.replace(CONFIRM, **{k: v for k, v in (("min_seconds", min_seconds),
                                                                       ("repeats", repeats)) if v is not None}),
                      workers)
+    if plan:
+        from export.app.method_options import provider_defaults
+        from export.app.plan import load_plan
+
+        used: set[tuple[str, str]] = set()
+        cfg = dataclasses.replace(cfg, plan=tuple(load_plan(plan, provider_defaults(cfg.providers), used)))
+        _warn_aliases(used)
     _require_providers(cfg.providers, False)
     cache = Path(cache_dir) if cache_dir else _default_cache()
-    with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data)) as claim:
+    with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data, plan)) as claim:
         net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
         source = SpecSource(model, data, eval_data, weights, trust_pickle)
         executor = ProcessExecutor(workers)

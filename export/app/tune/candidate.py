@@ -40,11 +40,15 @@ class CandidateSpec:
     mac_ratio: float
     recover_epochs: int = 0
     qat: bool = False
+    variant: Any = None
+    """A plan file's variant (:class:`compress.core.demo_case.DemoRun`, e.g. a chain of methods) evaluated as it is:
+    then ``method`` is its label and ``mac_ratio`` is not a search budget."""
 
     @property
     def label(self) -> str:
         rec = f"+r{self.recover_epochs}" if self.recover_epochs else ""
-        return f"{self.method}@{self.mac_ratio:g}{rec}{'+qat' if self.qat else ''}"
+        budget = "" if self.variant is not None else f"@{self.mac_ratio:g}"
+        return f"{self.method}{budget}{rec}{'+qat' if self.qat else ''}"
 
 
 @dataclass
@@ -149,7 +153,7 @@ def cache_key(job: Job) -> str:
     """Key of a candidate's cache entry: the inputs, the candidate and what shapes its files (not the constraint)."""
     blob = json.dumps({"v": 1, "inputs": job.fingerprint, "spec": dataclasses.asdict(job.spec),
                        "providers": list(job.providers), "quant_target": job.quant_target, "int8": job.int8,
-                       "extra": [list(kv) for kv in job.extra]}, sort_keys=True)
+                       "extra": [list(kv) for kv in job.extra]}, sort_keys=True, default=repr)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -160,7 +164,7 @@ def _from_cache(entry: Path, job: Job) -> CandidateResult | None:
         data = json.loads((entry / RESULT_FILE).read_text())
     except (OSError, ValueError):
         return None
-    data["spec"] = CandidateSpec(**data["spec"])
+    data["spec"] = job.spec  # the key is derived from it
     result = CandidateResult(**data)
     result.feasible = result.error is None and job.constraint.holds(Quality.from_metrics(result.quality),
                                                                     job.reference)
@@ -197,11 +201,16 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     spec, result = job.spec, CandidateResult(job.spec, key)
     t0 = time.perf_counter()
     try:
-        config = build_config(spec.method, {"mac_ratio": spec.mac_ratio, **dict(job.extra)},
-                              provider_defaults(job.providers))
         recovery = (RecoveryConfig(epochs=spec.recover_epochs, int8=job.quant_target if spec.qat else None)
                     if spec.recover_epochs else None)
-        small, report = compress(model, calib, spec.method, config, recovery)
+        if spec.variant is not None:
+            from export.app.plan import run_variant
+
+            small, report = run_variant(model, calib, spec.variant, recovery)
+        else:
+            config = build_config(spec.method, {"mac_ratio": spec.mac_ratio, **dict(job.extra)},
+                                  provider_defaults(job.providers))
+            small, report = compress(model, calib, spec.method, config, recovery)
     except (CompressionError, MethodOptionError) as exc:
         result.error = str(exc).splitlines()[0]
         return result
@@ -249,7 +258,7 @@ def _store(entry: Path, result: CandidateResult) -> None:
             shutil.rmtree(folder, ignore_errors=True)
         data = dataclasses.asdict(result)
         data["files"], data["cached"] = {}, False
-        (tmp / RESULT_FILE).write_text(json.dumps(_jsonable(data), indent=1))
+        (tmp / RESULT_FILE).write_text(json.dumps(_jsonable(data), indent=1, default=repr))
         if entry.exists():
             shutil.rmtree(entry)
         os.replace(tmp, entry)

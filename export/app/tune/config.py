@@ -135,6 +135,9 @@ class TuneConfig:
     screen: Protocol = SCREEN
     confirm: Protocol = CONFIRM
     workers: int = 1
+    plan: tuple[Any, ...] = ()
+    """Fixed variants from a plan file (:class:`compress.core.demo_case.DemoRun`, e.g. chains such as width then
+    factorise), each evaluated as it is at every recovery budget, next to the searched methods."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Method options applied to every candidate where the method has them (e.g. ``rank_multiple``)."""
 

@@ -110,7 +110,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     t_start, say = time.perf_counter(), progress or log.info
     if held_out is None or len(held_out) == 0:
         raise TuneError("tune needs held-out data: pass --eval-data (or data with room for a held-out split)")
-    methods = cfg.methods or default_methods()
+    methods = cfg.methods or (() if cfg.plan else default_methods())
     for m in methods:
         if "mac_ratio" not in get_method(m).budgets:
             raise TuneError(f"method {m!r} has no whole-model MAC budget, so tune cannot search it; choose from "
@@ -186,7 +186,11 @@ def _search(methods: Sequence[str], cfg: TuneConfig, base: Job, run: Executor, t
             say: Progress) -> tuple[dict[tuple[str, int], BudgetSearch], list[CandidateResult]]:
     """Rounds of bisection steps, one step of every unfinished (method, recovery) search per round."""
     searches = {(m, e): BudgetSearch(cfg.grid) for m in methods for e in cfg.recovery_budgets}
-    results: list[CandidateResult] = []
+    fixed = [dataclasses.replace(base, spec=CandidateSpec(v.label, 1.0, e, variant=v))
+             for v in cfg.plan for e in cfg.recovery_budgets]
+    results: list[CandidateResult] = run.map(evaluate_candidate, fixed) if fixed else []
+    for res in results:
+        say(f"[tune] plan variant {res.spec.label}: {_probe_line(res, base)}")
     while True:
         if cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s:
             notes.append(f"time budget of {cfg.time_budget_s:.0f} s reached: the search stopped early and the "
