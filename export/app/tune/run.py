@@ -65,6 +65,8 @@ class Candidate:
     """p50 by ``provider/bBATCH`` with the short protocol."""
     confirm_ms: dict[str, float] = field(default_factory=dict)
     """p50 by cell with the release protocol (front and baselines only)."""
+    confirm_range_ms: dict[str, list[float]] = field(default_factory=dict)
+    """[lowest, highest] per-process p50 by cell in the confirmation (the spread over fresh processes)."""
     pt2: str | None = None
 
 
@@ -313,6 +315,10 @@ def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: Tun
     confirm = _bench(confirmed, held_out, cfg, cfg.confirm, say)
     for (label, cell), ms in _p50(confirm).items():
         next(c for c in confirmed if c.label == label).confirm_ms[cell] = ms
+    for lat in confirm["latency"]:
+        per = lat.get("process_p50_ms") or [lat["stats"]["p50_ms"]]
+        c = next(c for c in confirmed if c.label == lat["model"])
+        c.confirm_range_ms[_cell(lat["provider"], lat["batch_size"])] = [min(per), max(per)]
     chosen = choose(_points(confirmed, cells[0], "confirm_ms", cfg.constraint), cfg.objective)
     verdict = _verdict(confirmed, candidates, chosen, cells[0], cfg)
     say(f"[tune] {verdict}")
@@ -348,9 +354,9 @@ def _verdict(confirmed: list[Candidate], candidates: list[Candidate], chosen: Po
     ref = base[0] if base else by_label.get("original")
     unit = "bytes" if key == "onnx_bytes" else f"ms p50 on {cell}"
     if win.kind == "structural":
-        margin = f"{value(win) / value(ref):.2f}x of {ref.label}" if ref and value(ref) else "no baseline measured"
-        return (f"{win.label} wins: {value(win):.4g} {unit} ({margin}), loss {win.loss:.3g} within "
-                f"{cfg.constraint.describe()}")
+        margins = ", ".join(f"{value(win) / value(b):.2f}x of {b.label}" for b in base if value(b))
+        return (f"{win.label} wins: {value(win):.4g} {unit} ({margins or 'no baseline measured'}), loss "
+                f"{win.loss:.3g} within {cfg.constraint.describe()}{_spread_note(win, base, cell, key)}")
     structural = [c for c in confirmed if c.kind == "structural" and c.feasible and value(c) is not None]
     if not [c for c in candidates if c.kind == "structural"]:
         why = "no structural candidate met the constraint (see searches)"
@@ -360,6 +366,19 @@ def _verdict(confirmed: list[Candidate], candidates: list[Candidate], chosen: Po
     else:
         why = "no structural candidate kept the constraint in ONNX Runtime or reached the front"
     return f"no structural candidate beats the baselines: {win.label} is best ({why})"
+
+
+def _spread_note(win: Candidate, base: list[Candidate], cell: str, key: str) -> str:
+    """Whether a latency win holds in every fresh process: the winner's slowest process beats each baseline's
+    fastest (else it is within the noise of this machine, and said so)."""
+    if key != "latency" or cell not in win.confirm_range_ms:
+        return ""
+    close = [b.label for b in base if cell in b.confirm_range_ms
+             and win.confirm_range_ms[cell][1] >= b.confirm_range_ms[cell][0]]
+    if not close:
+        return "; faster in every confirmation process"
+    return (f"; NOT beyond the spread over processes against {', '.join(close)}: treat it as a tie on this "
+            "machine and confirm with more --repeats/--min-seconds")
 
 
 def _search_record(key: tuple[str, int], s: BudgetSearch) -> dict[str, Any]:
