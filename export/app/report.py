@@ -163,12 +163,15 @@ def recovery_rows(report: Any) -> list[tuple[str, ...]]:
     return rows
 
 
+def _titled_table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """A console table under a title line, or "" when there are no rows."""
+    return f"{title}\n{_text_table(headers, rows)}" if rows else ""
+
+
 def format_recovery(report: Any) -> str:
     """Console table of :func:`recovery_rows` ("" when no variant was recovered)."""
-    rows = recovery_rows(report)
-    if not rows:
-        return ""
-    return "recovery: zero-shot vs recovered on the held-out data (torch)\n" + _text_table(RECOVERY_HEADERS, rows)
+    return _titled_table("recovery: zero-shot vs recovered on the held-out data (torch)", RECOVERY_HEADERS,
+                         recovery_rows(report))
 
 
 def _int8_kind(q: dict[str, Any]) -> str:
@@ -205,10 +208,8 @@ def int8_rows(report: Any) -> list[tuple[str, ...]]:
 
 def format_int8(report: Any) -> str:
     """Console table of :func:`int8_rows` ("" when no variant was recovered quantisation-aware)."""
-    rows = int8_rows(report)
-    if not rows:
-        return ""
-    return "INT8: post-training vs quantisation-aware, same recovered weights\n" + _text_table(INT8_HEADERS, rows)
+    return _titled_table("INT8: post-training vs quantisation-aware, same recovered weights", INT8_HEADERS,
+                         int8_rows(report))
 
 
 def _recovery_line(label: str, rec: dict[str, Any] | None) -> list[str]:
