@@ -207,16 +207,18 @@ def apply_recovery(report: CompressionReport, model: nn.Module, new: nn.Module, 
     if new is model:
         new = copy.deepcopy(model)
     if held_out is not None:
-        report.measured["held_out_zero_shot"] = held_out_metrics(model, new, held_out)
+        report.measured["held_out_zero_shot"] = held_out_metrics(model, new, held_out, task=recovery.task)
     result = recover(model, new, data, recovery, state_points(report))
     report.recovery = dataclasses.asdict(result)
     report.timings_s["recover"] = result.wall_s
     report.measured["recovered"] = compare_outputs(model, new, data)
     if held_out is not None:
-        report.measured["held_out_recovered"] = held_out_metrics(model, new, held_out)
-    if any(v is not None for v in report.bounds.values()):
-        report.predicted["bounds_zero_shot"] = dict(report.bounds)
+        report.measured["held_out_recovered"] = held_out_metrics(model, new, held_out, task=recovery.task)
+    predicted_bounds = {k: v for k, v in report.predicted.items() if k.endswith("_bound") and v is not None}
+    if predicted_bounds or any(v is not None for v in report.bounds.values()):
+        report.predicted["bounds_zero_shot"] = {**report.bounds, **predicted_bounds}
         report.bounds = {k: None for k in report.bounds}
+        report.predicted.update({k: None for k in predicted_bounds})
         report.notes.append("no bound: recovery moves the weights by data-driven steps the error bounds do not cover; "
                             "predicted.bounds_zero_shot holds them for the model before recovery")
     if result.interrupted:
@@ -273,6 +275,9 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
     with that step's method under ``"step"``. An enabled ``recovery`` runs once, after the last step, from the
     original ``model``.
     """
+    if recovery is not None and recovery.enabled:
+        for method, config in steps:
+            finetune_alias(config, recovery, data)  # refuses a step's deprecated fine-tuning next to it, up front
     current, summaries, reports = model, [], []
     for method, config in steps:
         current, rep = compress(current, data, method, config)

@@ -18,7 +18,6 @@ from torch import nn
 from .chain import Chain, build_sequential, chain_layer_reports, extract_chain, mlp_params
 from .data import Dataset
 from .errors import CompressionError
-from .evaluate import compare_outputs
 from .options import CostBudget, WidthMultipleOption, flag_of
 from .report import CompressionReport
 from .train import FinetuneOptions

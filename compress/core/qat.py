@@ -12,6 +12,10 @@ activations per tensor in the provider's format (:data:`INT8_FORMATS`), scale an
 ``[min, max]`` by ORT's ``compute_scale_zp`` (:func:`quant_params`). An INT8 export can therefore reuse the
 trained ranges as they are instead of calibrating afresh.
 
+Only the weights and the input of every Conv/Linear are simulated: the other tensors ONNX Runtime's QDQ
+quantises (outputs feeding a residual add, the add itself, the final output) stay float in training and are
+calibrated at export.
+
 A BatchNorm after a Conv is folded into the Conv's weights at export (``W' = W·diag(γ/σ)``, per output channel).
 Per-channel symmetric quantisation commutes with a per-channel scale (the channel's scale is scaled by the same
 factor, so ``round(W'/S') = sign(γ)·round(W/S)``), so the grid trained here is the exported one up to float

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -40,6 +41,7 @@ __all__ = ["RecoveryConfig", "RecoveryResult", "recover", "held_out_metrics", "f
 
 log = logging.getLogger(__name__)
 TASK = "recovery (steps)"
+TASKS = ("auto", "classification", "regression")
 MIN_SPLIT = 20  # below this many samples nothing is held out: early stopping and metrics use all of the data
 
 
@@ -69,6 +71,13 @@ class RecoveryConfig:
     """Weight of the feature-matching term against the output loss."""
     int8: str | None = None
     """Quantisation-aware recovery in this target's INT8 format (a key of ``qat.INT8_FORMATS``); None: float."""
+    task: str = "auto"
+    """``classification`` (KL on softened logits, agreement), ``regression`` (MSE to the original) or ``auto``:
+    integer labels mean classification, float labels regression; without labels, outputs of shape (batch, k > 1)
+    are taken for logits (give ``regression`` for an unlabelled multi-output regressor)."""
+    catch_interrupt: bool = True
+    """Whether a KeyboardInterrupt ends this recovery early (the first Ctrl-C of a command); a caller that already
+    had one turns this off so that the second aborts."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -87,6 +96,7 @@ class RecoveryConfig:
             (self.feature_weight >= 0, f"--recover-feature-weight must be >= 0, got {self.feature_weight}"),
             ("auto" not in self.features or len(self.features) == 1,
              f"--recover-features takes 'auto' alone or module names, got {list(self.features)}"),
+            (self.task in TASKS, f"--recover-task must be one of {', '.join(TASKS)}, got {self.task!r}"),
             (self.int8 is None or self.int8 in INT8_FORMATS,
              f"--recover-int8 has no INT8 format for target {self.int8!r}; choose one of {', '.join(INT8_FORMATS)}"),
         ]
@@ -130,19 +140,25 @@ class RecoveryResult:
     after: dict[str, float] = field(default_factory=dict)
 
 
-def _is_classifier(out: torch.Tensor) -> bool:
-    return out.dim() == 2 and out.shape[1] > 1
-
-
 def _has_class_labels(y: torch.Tensor | None) -> bool:
     return y is not None and y.dtype in (torch.int64, torch.int32)
+
+
+def resolve_task(task: str, y: torch.Tensor | None, out: torch.Tensor) -> str:
+    """``classification`` or ``regression`` for ``task`` (see :attr:`RecoveryConfig.task`), from the labels ``y``
+    when there are any, else from the shape of the original's outputs ``out``."""
+    if task != "auto":
+        return task
+    if y is not None:
+        return "classification" if _has_class_labels(y) else "regression"
+    return "classification" if out.dim() == 2 and out.shape[1] > 1 else "regression"
 
 
 def _loss(out: torch.Tensor, ref: torch.Tensor, y: torch.Tensor | None, cfg: RecoveryConfig,
           features: "_FeatureMatch | None" = None) -> torch.Tensor:
     """(1 − α)·distillation + α·label loss (the distillation alone without labels), plus the weighted
     feature-matching term when state points are matched."""
-    distill = distillation_loss(out, ref, cfg.temperature, _is_classifier(ref))
+    distill = distillation_loss(out, ref, cfg.temperature, cfg.task == "classification")
     loss = distill if y is None or cfg.alpha == 0 else (1 - cfg.alpha) * distill + cfg.alpha * task_loss(out, y)
     if features is not None and features.points and cfg.feature_weight > 0:
         loss = loss + cfg.feature_weight * features.loss()
@@ -204,11 +220,13 @@ def feature_points(teacher: nn.Module, student: nn.Module, names: list[str], pro
 
 
 @torch.no_grad()
-def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batch_size: int = 256) -> dict[str, float]:
-    """Agreement and KL (T=1) with the teacher for classifiers, MSE to it otherwise; accuracy or MSE with labels."""
+def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batch_size: int = 256,
+                     task: str = "auto") -> dict[str, float]:
+    """Agreement and KL (T=1) with the teacher for classifiers, MSE to it otherwise; accuracy or MSE with labels
+    (``task`` as :attr:`RecoveryConfig.task`)."""
     ref, out = predict(teacher, data, batch_size).double(), predict(student, data, batch_size).double()
     res: dict[str, float] = {}
-    if _is_classifier(ref):
+    if resolve_task(task, data.y, ref) == "classification":
         res["agreement"] = float((out.argmax(1) == ref.argmax(1)).double().mean())
         res["kl"] = float(F.kl_div(F.log_softmax(out, 1), F.log_softmax(ref, 1), log_target=True,
                                    reduction="batchmean"))
@@ -248,7 +266,10 @@ def _schedule(total_steps: int, warmup: float) -> Callable[[int], float]:
 
 @torch.no_grad()
 def recalibrate_batchnorm(model: nn.Module, data: Dataset, batch_size: int) -> None:
-    """Re-estimate BatchNorm running statistics as exact averages over ``data`` (momentum=None), then eval."""
+    """Re-estimate BatchNorm running statistics as exact averages over ``data`` (momentum=None), then eval. A last
+    batch of one sample (which BatchNorm cannot normalise in training mode) joins the one before."""
+    if len(data) > 1 and len(data) % batch_size == 1:
+        batch_size += 1
     bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not bns:
         return
@@ -311,7 +332,7 @@ def _epochs(train: Dataset, cfg: RecoveryConfig) -> Iterator[tuple[int, Iterator
     for epoch in range(1, math.ceil(total / per_epoch) + 1):
         left = total - (epoch - 1) * per_epoch
         batches = train.batches(cfg.batch_size, shuffle=True, generator=gen)
-        yield epoch, (b for _, b in zip(range(min(left, per_epoch)), batches))
+        yield epoch, (b for _, b in zip(range(min(left, per_epoch)), batches) if len(b[0]) > 1 or len(train) == 1)
 
 
 def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: RecoveryConfig,
@@ -329,12 +350,18 @@ def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: R
     for p in teacher.parameters():
         p.requires_grad_(False)
     train, val, same = _split(data, config)
+    config = _resolved(config, teacher, data)
     result = RecoveryResult(held_out_samples=len(val), held_out_is_training_data=same)
-    result.before = held_out_metrics(teacher, compressed, val)
+    result.before = held_out_metrics(teacher, compressed, val, task=config.task)
     if config.enabled:
         names = list(state_points) if config.features == ("auto",) else list(config.features)
         result.feature_points, result.feature_points_skipped = feature_points(teacher, compressed, names,
                                                                               train.x[:2])
+        absent = [n for n, why in result.feature_points_skipped.items() if n in config.features
+                  and why.startswith("not a submodule")]
+        if absent:
+            raise CompressionError(f"--recover-features {absent[0]!r} is not a module of both the original and the "
+                                   "compressed model; give module names as in model.named_modules(), or 'auto'")
         with _Threads(), torch.random.fork_rng(devices=[]), \
                 _FeatureMatch(teacher, compressed, result.feature_points) as features, \
                 _quantisation_aware(compressed, train, config, result):
@@ -342,10 +369,21 @@ def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: R
             _train(teacher, compressed, train, val, config, result, features)
     compressed.eval()
     if _shapes(compressed) != shapes:
-        raise AssertionError("recovery changed the model's architecture (state-dict keys or shapes)")
-    result.after = held_out_metrics(teacher, compressed, val)
+        raise CompressionError("internal error: recovery changed the model's architecture (state-dict keys or "
+                               "shapes); please report it")
+    result.after = held_out_metrics(teacher, compressed, val, task=config.task)
     result.wall_s = time.perf_counter() - t0
     return result
+
+
+def _resolved(config: RecoveryConfig, teacher: nn.Module, data: Dataset) -> RecoveryConfig:
+    """``config`` with its task decided (:func:`resolve_task`); refuses a label-only loss without labels."""
+    if config.enabled and config.alpha == 1.0 and data.y is None:
+        raise CompressionError("--recover-alpha 1 trains on the labels alone and the data has none; lower it "
+                               "(0 = distillation from the original, which needs inputs only)")
+    with torch.no_grad(), eval_mode(teacher):
+        probe = teacher(data.x[:2])
+    return dataclasses.replace(config, task=resolve_task(config.task, data.y, probe))
 
 
 @contextlib.contextmanager
@@ -370,8 +408,9 @@ def _train(teacher: nn.Module, student: nn.Module, train: Dataset, val: Dataset,
     total = cfg.steps or cfg.epochs * per_epoch
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(total, cfg.warmup))
-    best_loss, best_state = _val_loss(teacher, student, val, cfg, features), copy.deepcopy(student.state_dict())
+    best_loss, best_state = math.inf, copy.deepcopy(student.state_dict())
     try:
+        best_loss = _val_loss(teacher, student, val, cfg, features)
         for epoch, batches in _epochs(train, cfg):
             student.train()
             for xb, yb in batches:
@@ -389,6 +428,8 @@ def _train(teacher: nn.Module, student: nn.Module, train: Dataset, val: Dataset,
                 log.info("recovery stopped early at epoch %d (best %d)", epoch, result.best_epoch)
                 break
     except KeyboardInterrupt:
+        if not cfg.catch_interrupt:
+            raise
         result.interrupted = True
         log.warning("recovery interrupted after %d steps; keeping the best weights so far (epoch %d)",
                     result.steps, result.best_epoch)

@@ -293,7 +293,7 @@ RECOVERY_GROUP = "Recovery (after any method)"
 def _recovery_options(fn: Callable) -> Callable:
     """``--recover-*``: distillation from the original after the method (see
     :class:`compress.core.recover.RecoveryConfig`), off by default; read back by :func:`_recovery_config`."""
-    from compress.core.recover import RecoveryConfig
+    from compress.core.recover import TASKS, RecoveryConfig
 
     base = RecoveryConfig()
     for opt in reversed([
@@ -317,7 +317,7 @@ def _recovery_options(fn: Callable) -> Callable:
                      cls=GroupedOption, group=RECOVERY_GROUP, help="Training batch size of the recovery."),
         click.option("--recover-patience", type=click.IntRange(min=1), default=base.patience, show_default=True,
                      cls=GroupedOption, group=RECOVERY_GROUP,
-                     help="Stop after this many epochs without improvement on the held-out split."),
+                     help="Stop after this many epochs without improvement on the recovery's validation split."),
         click.option("--recover-features", multiple=True, metavar="auto|MODULE", cls=GroupedOption,
                      group=RECOVERY_GROUP,
                      help="Also match intermediate features: 'auto' (the layers the method changed) or module names "
@@ -325,6 +325,21 @@ def _recovery_options(fn: Callable) -> Callable:
         click.option("--recover-feature-weight", type=click.FloatRange(min=0.0), default=base.feature_weight,
                      show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
                      help="Weight of the feature-matching term against the output loss."),
+        click.option("--recover-task", type=click.Choice(list(TASKS)), default=base.task, show_default=True,
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="auto: integer labels mean classification, float labels regression; without labels, "
+                          "outputs (batch, k>1) are taken for logits. Give regression for an unlabelled "
+                          "multi-output regressor."),
+        click.option("--recover-weight-decay", type=click.FloatRange(min=0.0), default=base.weight_decay,
+                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP, help="AdamW weight decay."),
+        click.option("--recover-warmup", type=click.FloatRange(0.0, 1.0, max_open=True), default=base.warmup,
+                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Share of the steps with a linear learning-rate warm-up."),
+        click.option("--recover-val-fraction", type=click.FloatRange(0.0, 1.0, max_open=True),
+                     default=base.val_fraction, show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Share of the data held out (seeded) as the recovery's validation split (early stopping)."),
+        click.option("--recover-seed", type=int, default=base.seed, show_default=True, cls=GroupedOption,
+                     group=RECOVERY_GROUP, help="Seed of the split, the batch order and the training."),
         click.option("--recover-int8", is_flag=True, cls=GroupedOption, group=RECOVERY_GROUP,
                      help="Quantisation-aware recovery: train with weights and layer inputs fake-quantised in the "
                           "target's INT8 format (run: --quant-target; compress: --target-provider), learning the "
@@ -383,6 +398,9 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
     _prepare_outputs([out, report_path], model, weights, data)
     used: set[str] = set()
     recovery = _recovery_config(opts, target_provider)
+    if recovery is not None and recovery.int8:
+        raise click.UsageError("compress --recover-int8 would train INT8 ranges that no later command can use; "
+                               "use `minreal run ... --recover-int8`, whose INT8 export writes them")
     config = build_config(method, opts, provider_defaults((target_provider,)), used)
     _warn_aliases(used)
     net, calib, held = _load_inputs(model, weights, trust_pickle, data, None, holdout)
@@ -637,12 +655,24 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     runs = [DemoRun(m, m, build_config(m, opts, defaults, used)) for m in method]
     runs += load_plan(plan, defaults, used) if plan else []
     _warn_aliases(used)
+    _check_finetune_aliases(runs, recovery)
     # --out is locked from its existence check to the commit: a concurrent run to it exits 1
     with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data, plan)) as claim:
         net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
         case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs)
         report = fill_run_dir([case], claim, cfg, con.progress)
     _finish_run(con, report, out)
+
+
+def _check_finetune_aliases(runs: list[Any], recovery: Any) -> None:
+    """Refuse, before any work, a variant whose deprecated ``finetune_epochs`` would run beside ``--recover-*``."""
+    if recovery is None or not recovery.enabled:
+        return
+    for run in runs:
+        steps = run.steps or ((run.method, run.config),)
+        if any(getattr(config, "finetune_epochs", 0) for _, config in steps):
+            raise click.UsageError(f"variant {run.label!r}: --finetune-epochs (deprecated; = --recover-epochs N "
+                                   "--recover-alpha 1) and --recover-epochs/--recover-steps both given; keep one")
 
 
 def _demo_keys_help() -> str:

@@ -13,6 +13,7 @@ Test hook: ``MINREAL_FAULT_INJECT=STAGE:SIGNAL`` makes the process send itself S
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import glob
 import json
@@ -32,7 +33,7 @@ from typing import Any, Callable, Sequence
 from torch import nn
 
 import runtime_bench as rb
-from compress.core.demo_case import DemoCase
+from compress.core.demo_case import DemoCase, DemoRun
 from compress.core.evaluate import compare_outputs
 from compress.core.recover import RecoveryConfig
 from export.app.plan import run_variant
@@ -310,8 +311,25 @@ def _export(module: nn.Module, label: str, method: str, case: DemoCase, case_dir
                           label, method, case.dynamic_dims)
 
 
-def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Progress) -> CaseResult:
+@dataclass
+class Interrupts:
+    """Whether a first Ctrl-C already ended a recovery in this command (the next one then aborts it)."""
+
+    seen: bool = False
+
+
+def variant_recovery(run: DemoRun, recovery: RecoveryConfig | None, interrupts: Interrupts) -> RecoveryConfig | None:
+    """The recovery of one variant: its own, else the run's; one that may not swallow a Ctrl-C after the first."""
+    chosen = run.recovery or recovery
+    if chosen is not None and interrupts.seen:
+        chosen = dataclasses.replace(chosen, catch_interrupt=False)
+    return chosen
+
+
+def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Progress,
+             interrupts: Interrupts | None = None) -> CaseResult:
     """Compress each variant of ``case``, export everything, quantise, benchmark side by side."""
+    interrupts = interrupts or Interrupts()
     case_dir.mkdir(parents=True, exist_ok=True)
     stages: dict[str, float] = {}
     t = time.perf_counter()
@@ -323,11 +341,12 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     for run in case.runs:
         t = time.perf_counter()
         _fault_point("compress")
-        recovery = run.recovery or cfg.recovery
+        recovery = variant_recovery(run, cfg.recovery, interrupts)
         then = (f", then recovery ({recovery.epochs} epochs)" if recovery.epochs else
                 f", then recovery ({recovery.steps} steps)") if recovery is not None and recovery.enabled else ""
         progress(f"[{case.name}] compressing with {run.method} ({run.label}){then}")
-        small, report = run_variant(case.model, case.train, run, cfg.recovery, case.test)
+        small, report = run_variant(case.model, case.train, run, recovery, case.test)
+        interrupts.seen |= bool(report.recovery and report.recovery["interrupted"])
         stages[f"compress:{run.label}"] = time.perf_counter() - t
         t = time.perf_counter()
         rec = _export(small, run.label, run.method, case, case_dir, cfg)
@@ -414,7 +433,8 @@ def fill_run_dir(cases: list[DemoCase], claim: RunDirClaim, cfg: PipelineConfig,
     from export.app.report import plot_accuracy_latency, plot_spectra, render_markdown
 
     notify, staging = progress or log.info, claim.staging
-    results = [run_case(c, staging / c.name, cfg, notify) for c in cases]
+    interrupts = Interrupts()
+    results = [run_case(c, staging / c.name, cfg, notify, interrupts) for c in cases]
     report = RunReport(RUN_SCHEMA_VERSION, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
                        to_jsonable(cfg), results)
     write_json(report, staging / "report.json")

@@ -120,9 +120,9 @@ def load_plan(path: str | Path, defaults: dict[str, Any] | None = None,
 
 def run_variant(model: nn.Module, data: Dataset, run: DemoRun, recovery: RecoveryConfig | None = None,
                 held_out: Dataset | None = None) -> tuple[nn.Module, CompressionReport]:
-    """Compress ``model`` as one variant: a single method, or its chain of steps; then the variant's own recovery
-    or else ``recovery``, if enabled (zero-shot and recovered models measured on ``held_out`` when given)."""
-    recovery = run.recovery or recovery
+    """Compress ``model`` as one variant: a single method, or its chain of steps; then ``recovery``, or else the
+    variant's own, if enabled (zero-shot and recovered models measured on ``held_out`` when given)."""
+    recovery = recovery or run.recovery
     if run.steps:
         return compress_chain(model, data, run.steps, recovery, held_out)
     return compress(model, data, run.method, run.config, recovery, held_out)

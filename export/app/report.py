@@ -100,7 +100,9 @@ def render_markdown(report: Any) -> str:
         out += ["| " + " | ".join(r) + " |" for r in rec_rows]
     q_rows = int8_rows(report)
     if q_rows:
-        out += ["", "## INT8: post-training vs quantisation-aware (same recovered weights, ORT, held-out data)", "",
+        out += ["", "## INT8 of the quantisation-aware weights: calibrated afresh vs trained ranges (ORT, held-out data)",
+                "", "A float recovery with post-training INT8 at the same budget is what `run` gives without "
+                "`--recover-int8`.", "",
                 "| " + " | ".join(INT8_HEADERS) + " |", "|" + "---|" * len(INT8_HEADERS)]
         out += ["| " + " | ".join(r) + " |" for r in q_rows]
     for case in _get(report, "cases"):
@@ -208,25 +210,29 @@ def int8_rows(report: Any) -> list[tuple[str, ...]]:
 
 def format_int8(report: Any) -> str:
     """Console table of :func:`int8_rows` ("" when no variant was recovered quantisation-aware)."""
-    return _titled_table("INT8: post-training vs quantisation-aware, same recovered weights", INT8_HEADERS,
+    return _titled_table("INT8 of the same quantisation-aware weights: ranges calibrated afresh vs trained (a float "
+                         "recovery + post-training INT8 is what run gives without --recover-int8)", INT8_HEADERS,
                          int8_rows(report))
 
 
 def _recovery_line(label: str, rec: dict[str, Any] | None) -> list[str]:
-    """``zero-shot … → recovered …`` on the recovery's held-out split (the exported model is the recovered
-    one)."""
+    """``zero-shot … → recovered …`` on the recovery's validation split (a seeded part of the training data the
+    method calibrated on but the recovery did not train on); the run's held-out numbers are in the recovery table.
+    Also the feature points that were skipped (the exported model is the recovered one)."""
     if not rec:
         return []
     before, after = rec.get("before", {}), rec.get("after", {})
     keys = [k for k in ("accuracy", "agreement", "kl", "mse", "mse_to_original") if k in before and k in after]
     pairs = "; ".join(f"{k} {before[k]:.4g} → {after[k]:.4g}" for k in keys) or "-"
     where = ("training data (too few samples to hold out)" if rec.get("held_out_is_training_data")
-             else f"{rec.get('held_out_samples', 0)} held-out samples")
+             else f"its validation split ({rec.get('held_out_samples', 0)} samples of the training data)")
     flags = ((", stopped early" if rec.get("stopped_early") else "")
              + (", INTERRUPTED" if rec.get("interrupted") else ""))
+    skipped = rec.get("feature_points_skipped") or {}
+    notes = [f"- **{label}** recovery matched no features at {n}: {why}" for n, why in skipped.items()]
     return [f"- **{label}** recovery: zero-shot → recovered on {where}: {pairs} ({rec.get('epochs', 0)} epochs, "
             f"{rec.get('steps', 0)} steps, {rec.get('wall_s', 0.0):.1f} s{flags}); the exported model is the "
-            "recovered one"]
+            "recovered one", *notes]
 
 
 def _budget_and_bounds(label: str, comp: dict[str, Any]) -> list[str]:

@@ -24,7 +24,6 @@ from ...core.chain import Chain, build_sequential, chain_forward, chain_layer_re
 from ...core.data import Dataset
 from ...core.demo_case import DemoCase, DemoRun
 from ...core.errors import CompressionError
-from ...core.evaluate import compare_outputs
 from ...core.options import CostBudget, flag_of
 from ...core.recover import RecoveryConfig
 from ...core.report import CompressionReport

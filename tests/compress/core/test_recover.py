@@ -200,3 +200,58 @@ def test_deprecated_finetune_maps_to_label_only_recovery() -> None:
         finetune_alias(FDEConfig(finetune_epochs=1), RecoveryConfig(epochs=1), labelled)
     with pytest.raises(CompressionError, match="--recover-epochs"):
         finetune_alias(FDEConfig(finetune_epochs=1), None, Dataset(labelled.x))
+
+
+def test_multi_output_regressor_with_float_labels_is_distilled_by_mse() -> None:
+    """Four float outputs are not logits: the loss and the metrics are those of a regressor."""
+    torch.manual_seed(3)
+    x = torch.randn(120, 5)
+    data = Dataset(x, torch.stack([x.sum(1), x[:, 0], x[:, 1] * 2, -x[:, 2]], 1))
+    teacher = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 4))
+    train(teacher, data, None, TrainConfig(epochs=30, lr=1e-2))
+    student = copy.deepcopy(teacher)
+    with torch.no_grad():
+        student[2].bias.add_(1.0)  # a constant shift: invisible to a softmax KL, plain to an MSE
+    res = recover(teacher, student, data, RecoveryConfig(epochs=20, lr=1e-2, alpha=0.0))
+    assert "agreement" not in res.before and "kl" not in res.before
+    assert res.before["mse_to_original"] == pytest.approx(1.0, rel=1e-4)  # the shift, exactly
+    assert res.after["mse_to_original"] < 0.1 * res.before["mse_to_original"]
+
+
+def test_unknown_feature_point_and_label_only_loss_without_labels_are_refused(teacher: nn.Module,
+                                                                              unlabelled: Dataset) -> None:
+    small = _svd(teacher, unlabelled)
+    with pytest.raises(CompressionError, match="--recover-features 'nowhere'"):
+        recover(teacher, small, unlabelled, RecoveryConfig(epochs=1, features=("nowhere",)))
+    with pytest.raises(CompressionError, match="--recover-alpha 1"):
+        recover(teacher, small, unlabelled, RecoveryConfig(epochs=1, alpha=1.0))
+
+
+def test_a_one_sample_tail_batch_does_not_break_batchnorm() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    data = Dataset(torch.randn(25, 6))  # 20 for training after the 20 % split: batches of 19 + 1
+    res = recover(net, copy.deepcopy(net), data, RecoveryConfig(epochs=2, batch_size=19))
+    assert res.epochs == 2 and res.samples_seen == 2 * 19  # the lone sample is skipped, never a 1-row BN batch
+
+
+def test_same_seed_gives_identical_weights(teacher: nn.Module, unlabelled: Dataset) -> None:
+    runs = []
+    for _ in range(2):
+        small = _svd(teacher, unlabelled)
+        recover(teacher, small, unlabelled, RecoveryConfig(epochs=2, seed=5))
+        runs.append(small)
+    assert _same_weights(*runs)
+
+
+def test_without_catching_the_first_interrupt_aborts(teacher: nn.Module, unlabelled: Dataset,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller that already had a Ctrl-C (another variant's recovery) turns catching off: the next one aborts."""
+    small = _svd(teacher, unlabelled)
+
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recover_mod, "_step", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        recover(teacher, small, unlabelled, RecoveryConfig(epochs=2, catch_interrupt=False))

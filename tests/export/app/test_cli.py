@@ -353,3 +353,29 @@ def test_second_ctrl_c_while_recovery_stops_aborts_and_leaves_nothing(workdir: P
     assert code == 1 and "aborted" in err and "Traceback" not in err
     assert not Path("runs/j").exists()
     assert not Path("runs").exists() or not list(Path("runs").iterdir())  # no staging folder, no lock file
+
+
+def test_second_ctrl_c_in_the_next_variants_recovery_aborts(workdir: Path, capsys: pytest.CaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each variant recovers separately: after the first Ctrl-C ended one recovery, the next one aborts the run."""
+    import compress.core.recover as recover_mod
+
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recover_mod, "_step", interrupt)
+    args = ["run", "net.py:make", "-m", "svd", "-m", "factorize", "--mac-ratio", "0.5", "--data", "digits-flat",
+            "--out", "runs/k", "--batch", "1", "--no-int8", "--recover-epochs", "5", *QUICK_BENCH]
+    code, _, err = run_main(args, capsys)
+    assert code == 1 and "aborted" in err and "Traceback" not in err and not Path("runs/k").exists()
+
+
+def test_compress_refuses_int8_ranges_it_could_not_use_and_finetune_beside_recovery(workdir: Path,
+                                                                                   capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["compress", "net.py:make", "-m", "svd", "--mac-ratio", "0.5", "--calib", "digits-flat",
+                             "--recover-epochs", "1", "--recover-int8"], capsys)
+    assert code == 2 and "minreal run" in err and not Path("compressed.pt2").exists()
+    Path("plan.toml").write_text('[[variant]]\nmethod = "magnitude"\nparam_ratio = 0.5\nfinetune_epochs = 1\n')
+    code, _, err = run_main(["run", "net.py:make", "-m", "svd", "--plan", "plan.toml", "--data", "digits-flat",
+                             "--out", "runs/p", "--recover-epochs", "1"], capsys)
+    assert code == 2 and "variant 'magnitude'" in err and not Path("runs/p").exists()

@@ -49,10 +49,11 @@ def test_run_reports_post_training_and_quantisation_aware_int8_side_by_side(work
     assert variants["original.int8"]["quantization"]["range_source"] == "calibrated"
     assert {m["model"] for m in case["bench"]["metrics"]} >= {"svd.int8", "svd.ptq.int8"}
     md = Path("runs/r/report.md").read_text()
-    assert "## INT8: post-training vs quantisation-aware" in md and "| svd.ptq.int8 | svd.int8 |" in md
+    assert "## INT8 of the quantisation-aware weights: calibrated afresh vs trained" in md
+    assert "| svd.ptq.int8 | svd.int8 |" in md
     assert "**svd.int8**: INT8 (quantisation-aware, trained ranges" in md
     assert "**svd.ptq.int8**: INT8 (post-training, calibrated)" in md
-    assert "post-training vs quantisation-aware" in out
+    assert "INT8 of the same quantisation-aware weights: ranges calibrated afresh vs trained" in out
 
 
 @pytest.mark.parametrize(("extra", "message"), [
