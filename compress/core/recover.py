@@ -239,14 +239,39 @@ def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batc
     return res
 
 
+CACHE_LIMIT = 50_000_000
+"""Largest number of teacher output values kept in memory for a whole split (beyond it, recomputed per batch)."""
+
+
+@torch.no_grad()
+def _teacher_outputs(teacher: nn.Module, data: Dataset, features: _FeatureMatch | None) -> torch.Tensor | None:
+    """The teacher's outputs on all of ``data``, computed once (the teacher is frozen and in eval mode, so they
+    are the same every epoch); None when features are matched (their hooks need the forward) or too large."""
+    if features is not None and features.points:
+        return None
+    with eval_mode(teacher):
+        probe = teacher(data.x[:1])
+    if probe.numel() * len(data) > CACHE_LIMIT:
+        return None
+    return predict(teacher, data, 256)
+
+
+def _indexed(data: Dataset, batch_size: int, shuffle: bool = False, generator: torch.Generator | None = None
+             ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """``(x, y, indices)`` batches of ``data``."""
+    for xb, idx in Dataset(data.x, torch.arange(len(data))).batches(batch_size, shuffle, generator):
+        yield xb, (None if data.y is None else data.y[idx]), idx
+
+
 @torch.no_grad()
 def _val_loss(teacher: nn.Module, student: nn.Module, val: Dataset, cfg: RecoveryConfig,
-              features: _FeatureMatch | None = None) -> float:
+              features: _FeatureMatch | None = None, cached: torch.Tensor | None = None) -> float:
     """The training objective on the held-out split (the early-stopping criterion)."""
     total, n = 0.0, 0
     with eval_mode(student):
-        for xb, yb in val.batches(256):
-            total += float(_loss(student(xb), teacher(xb), yb, cfg, features)) * len(xb)
+        for xb, yb, idx in _indexed(val, 256):
+            ref = teacher(xb) if cached is None else cached[idx]
+            total += float(_loss(student(xb), ref, yb, cfg, features)) * len(xb)
             n += len(xb)
     return total / max(n, 1)
 
@@ -289,10 +314,11 @@ def recalibrate_batchnorm(model: nn.Module, data: Dataset, batch_size: int) -> N
 
 def _step(student: nn.Module, teacher: nn.Module, xb: torch.Tensor, yb: torch.Tensor | None,
           opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, cfg: RecoveryConfig,
-          features: _FeatureMatch | None = None) -> None:
-    """One optimiser step on one batch."""
-    with torch.no_grad():
-        ref = teacher(xb)
+          features: _FeatureMatch | None = None, ref: torch.Tensor | None = None) -> None:
+    """One optimiser step on one batch (``ref``: the teacher's outputs on it, when already known)."""
+    if ref is None:
+        with torch.no_grad():
+            ref = teacher(xb)
     loss = _loss(student(xb), ref, yb, cfg, features)
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -331,7 +357,7 @@ def _epochs(train: Dataset, cfg: RecoveryConfig) -> Iterator[tuple[int, Iterator
     gen = torch.Generator().manual_seed(cfg.seed)
     for epoch in range(1, math.ceil(total / per_epoch) + 1):
         left = total - (epoch - 1) * per_epoch
-        batches = train.batches(cfg.batch_size, shuffle=True, generator=gen)
+        batches = _indexed(train, cfg.batch_size, shuffle=True, generator=gen)
         yield epoch, (b for _, b in zip(range(min(left, per_epoch)), batches) if len(b[0]) > 1 or len(train) == 1)
 
 
@@ -410,17 +436,18 @@ def _train(teacher: nn.Module, student: nn.Module, train: Dataset, val: Dataset,
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(total, cfg.warmup))
     best_loss, best_state = math.inf, copy.deepcopy(student.state_dict())
     try:
-        best_loss = _val_loss(teacher, student, val, cfg, features)
+        refs, val_refs = _teacher_outputs(teacher, train, features), _teacher_outputs(teacher, val, features)
+        best_loss = _val_loss(teacher, student, val, cfg, features, val_refs)
         for epoch, batches in _epochs(train, cfg):
             student.train()
-            for xb, yb in batches:
-                _step(student, teacher, xb, yb, opt, sched, cfg, features)
+            for xb, yb, idx in batches:
+                _step(student, teacher, xb, yb, opt, sched, cfg, features, None if refs is None else refs[idx])
                 result.steps += 1
                 result.samples_seen += len(xb)
                 log_progress(log, TASK, result.steps, total)
             recalibrate_batchnorm(student, train, cfg.batch_size)
             result.epochs = epoch
-            loss = _val_loss(teacher, student, val, cfg, features)
+            loss = _val_loss(teacher, student, val, cfg, features, val_refs)
             if loss < best_loss:
                 best_loss, best_state, result.best_epoch = loss, copy.deepcopy(student.state_dict()), epoch
             elif epoch - result.best_epoch >= cfg.patience:
