@@ -539,7 +539,8 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
               allow_new_models: bool, quiet: bool, as_json: bool) -> None:
     """Release gate: exit 0 when every criterion holds for REPORT, 1 otherwise.
 
-    REPORT is a `minreal bench` JSON or a run directory's report.json (every case is checked).
+    REPORT is a `minreal bench` JSON, a run directory's report.json (every case is checked) or a tune directory's
+    report.json (the chosen model, as `chosen`, against the original; a tune that chose nothing fails).
     """
     from export.app.gate import check_reports
 
@@ -801,8 +802,8 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
               help="Fresh processes per (provider, batch) in the confirmation.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Candidate cache (default: $XDG_CACHE_HOME/minreal/tune or ~/.cache/minreal/tune).")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Local worker processes evaluating candidates.")
+@click.option("--workers", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Local worker processes evaluating candidates; 0 evaluates them in this process.")
 @common
 def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, trust_pickle: bool, out: str,
              overwrite: bool, providers: str, batch: str, max_accuracy_drop: float | None, min_agreement: float | None,
@@ -814,9 +815,9 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     original in fp32 and INT8. Writes report.json/.md, front.png and chosen.onnx (chosen.pt2) into --out."""
     import dataclasses
 
-    from export.app.pipeline import claim_run_dir
-    from export.app.tune import (CONFIRM, SCREEN, Constraint, ProcessExecutor, SpecSource, TuneConfig, parse_duration,
-                                 tune)
+    from export.app.pipeline import claim_run_dir, commit_run_dir
+    from export.app.tune import (CONFIRM, SCREEN, Constraint, InlineExecutor, ProcessExecutor, SpecSource, TuneConfig,
+                                 parse_duration, tune)
     from export.app.tune.output import format_tune, write_tune_dir
 
     con = Console(quiet, as_json)
@@ -841,19 +842,16 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     cache = Path(cache_dir) if cache_dir else _default_cache()
     with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data, plan)) as claim:
         net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
-        source = SpecSource(model, data, eval_data, weights, trust_pickle)
-        executor = ProcessExecutor(workers)
-        try:
-            report = tune(net, calib, held, cfg, claim.staging, cache, source, executor, con.progress)
-        finally:
-            executor.close()
+        source = SpecSource(model, data, eval_data, weights, trust_pickle) if workers else None
+        executor = ProcessExecutor(workers) if workers else InlineExecutor()
+        report = tune(net, calib, held, cfg, claim.staging, cache, source, executor, con.progress)
+        executor.close()
         write_tune_dir(report, claim.staging)
-        from export.app.pipeline import commit_run_dir
-
         commit_run_dir(claim)
     con.table(format_tune(report))
-    con.table(f"\ntune directory: {out} (report.md, report.json, front.png, chosen.onnx; candidate cache {cache})")
-    con.result(report)
+    files = "report.md, report.json, front.png" + (", chosen.onnx" if report.chosen else "")
+    con.table(f"\ntune directory: {out} ({files}; candidate cache {cache})")
+    con.result(json.loads((Path(out) / "report.json").read_text()))  # paths relative to the tune directory
 
 
 def _default_cache() -> Path:

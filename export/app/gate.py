@@ -20,32 +20,42 @@ def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
     except (OSError, json.JSONDecodeError) as exc:
         raise rb.ReportSchemaError(f"report {path} is not readable JSON: {exc}") from None
     if isinstance(data, dict) and data.get("kind") == "tune":
-        return {"tune": tune_bench(data, path)}
+        return {"tune": tune_bench(data, path) or data}
     if isinstance(data, dict) and "cases" in data:
         return {c["name"]: c["bench"] for c in data["cases"]}
     return {Path(path).stem: rb.load_report(path)}
 
 
-def tune_bench(data: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The confirmation benchmark of a tune report, cut to the original and the chosen model: a gate on a tune
-    judges what it chose (a tune that chose nothing fails with one line)."""
+CHOSEN = "chosen"
+
+
+def tune_bench(data: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """The confirmation benchmark of a tune report cut to the original and the chosen model, the latter renamed
+    ``chosen`` (so gates and ``--baseline`` compare tunes whatever they chose); None when the tune chose nothing."""
     chosen = data.get("chosen")
     if not chosen:
-        raise rb.CheckError(f"tune report {path} chose no model ({data.get('verdict', 'no verdict')}); nothing to gate")
-    keep = {"original", chosen}
-    bench = dict(data["confirm"])
-    bench["models"] = [m for m in bench["models"] if m["name"] in keep]
+        return None
+    src = data["confirm"]
+    pick = {"original": "original", chosen: CHOSEN} if chosen != "original" else {"original": "original"}
+    bench = dict(src)
+    bench["models"] = [{**m, "name": pick[m["name"]]} for m in src["models"] if m["name"] in pick]
     for key in ("latency", "ratios", "metrics"):
-        bench[key] = [r for r in bench[key] if r["model"] in keep]
+        bench[key] = [{**r, "model": pick[r["model"]]} for r in src[key] if r["model"] in pick]
     if chosen == "original":  # the original judged against itself: ratio 1 by definition, same metrics
-        same = "original (chosen)"
-        bench["models"] += [{**m, "name": same} for m in bench["models"]]
-        bench["latency"] += [{**r, "model": same} for r in bench["latency"]]
-        bench["metrics"] += [{**r, "model": same} for r in bench["metrics"]]
-        bench["ratios"] = [{"model": same, "reference": "original", "provider": r["provider"],
+        bench["models"] += [{**m, "name": CHOSEN} for m in bench["models"]]
+        bench["latency"] += [{**r, "model": CHOSEN} for r in bench["latency"]]
+        bench["metrics"] += [{**r, "model": CHOSEN} for r in bench["metrics"]]
+        bench["ratios"] = [{"model": CHOSEN, "reference": "original", "provider": r["provider"],
                             "batch_size": r["batch_size"], "statistic": "p50_ms", "median": 1.0, "min": 1.0, "max": 1.0,
                             "per_process": [1.0]} for r in bench["latency"] if r["model"] == "original"]
     return bench
+
+
+def _nothing_chosen(data: dict[str, Any]) -> rb.CheckResult:
+    """A failed gate for a tune that chose no model (its verdict says why)."""
+    crit = rb.Criterion("chosen_model", CHOSEN, None, None, float("nan"), float("nan"), False,
+                        note=f"the tune chose no model: {data.get('verdict', 'no verdict')}")
+    return rb.CheckResult((crit,), False)
 
 
 def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | None,
@@ -61,6 +71,9 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
         base = {next(iter(reports)): next(iter(base.values()))}
     results = []
     for name, rep in reports.items():
+        if isinstance(rep, dict) and rep.get("kind") == "tune":  # a tune that chose nothing: its report is passed on as it is
+            results.append((name, _nothing_chosen(rep)))
+            continue
         if baseline and name not in base and not allow_new_models:
             raise rb.CheckError(f"baseline {baseline} has no case named {name!r}; pass --allow-new-models "
                                 "to accept new cases")

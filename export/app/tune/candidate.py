@@ -133,6 +133,8 @@ class Job:
     quant_target: str
     int8: bool
     extra: tuple[tuple[str, Any], ...] = ()
+    graph: str = ""
+    """sha256 of the original's exported ONNX file: the forward computation, not only the weights."""
 
 
 def fingerprint(model: nn.Module, calib: Dataset, held_out: Dataset) -> str:
@@ -145,16 +147,31 @@ def fingerprint(model: nn.Module, calib: Dataset, held_out: Dataset) -> str:
     for data in (calib, held_out):
         for t in (data.x, data.y):
             if t is not None:
+                h.update(f"{t.dtype}:{tuple(t.shape)}".encode())
                 h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
 def cache_key(job: Job) -> str:
     """Key of a candidate's cache entry: the inputs, the candidate and what shapes its files (not the constraint)."""
-    blob = json.dumps({"v": 1, "inputs": job.fingerprint, "spec": dataclasses.asdict(job.spec),
+    blob = json.dumps({"v": 2, "versions": _versions(), "inputs": job.fingerprint, "graph": job.graph,
+                       "spec": dataclasses.asdict(job.spec),
                        "providers": list(job.providers), "quant_target": job.quant_target, "int8": job.int8,
                        "extra": [list(kv) for kv in job.extra]}, sort_keys=True, default=repr)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _versions() -> dict[str, str]:
+    """minreal, torch and onnxruntime versions: a fix in any of them must not be hidden by old entries."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("minreal", "torch", "onnxruntime", "onnx"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "-"
+    return out
 
 
 def _from_cache(entry: Path, job: Job) -> CandidateResult | None:
@@ -162,10 +179,10 @@ def _from_cache(entry: Path, job: Job) -> CandidateResult | None:
     the entry lacks."""
     try:
         data = json.loads((entry / RESULT_FILE).read_text())
-    except (OSError, ValueError):
+        data["spec"] = job.spec  # the key is derived from it
+        result = CandidateResult(**data)
+    except (OSError, ValueError, TypeError):  # absent, torn or from another schema: computed again
         return None
-    data["spec"] = job.spec  # the key is derived from it
-    result = CandidateResult(**data)
     result.feasible = result.error is None and job.constraint.holds(Quality.from_metrics(result.quality),
                                                                     job.reference)
     if result.feasible and not all((entry / FILES[k]).is_file() for k in _needed(job)):
@@ -192,16 +209,25 @@ def evaluate_candidate(job: Job) -> CandidateResult:
     return result
 
 
+class InputsChangedError(RuntimeError):
+    """A worker loaded a model or data that differ from what the tune measured its baselines on."""
+
+
 def _evaluate(job: Job, key: str) -> CandidateResult:
     from compress import CompressionError, compress
     from compress.core.recover import RecoveryConfig, held_out_metrics
     from export.app.method_options import MethodOptionError, build_config, provider_defaults
 
     model, calib, held_out = job.source.load()
+    if not isinstance(job.source, LoadedSource) and fingerprint(model, calib, held_out) != job.fingerprint:
+        raise InputsChangedError("a worker process loaded a different model or data than the tune started with (an "
+                                 "unseeded factory without --weights, random data, or a file changed meanwhile); "
+                                 "seed them, or run the candidates in this process with --workers 0")
     spec, result = job.spec, CandidateResult(job.spec, key)
     t0 = time.perf_counter()
     try:
-        recovery = (RecoveryConfig(epochs=spec.recover_epochs, int8=job.quant_target if spec.qat else None)
+        recovery = (RecoveryConfig(epochs=spec.recover_epochs, int8=job.quant_target if spec.qat else None,
+                                   catch_interrupt=False)  # a tune's Ctrl-C aborts; never cache a cut-short run
                     if spec.recover_epochs else None)
         if spec.variant is not None:
             from export.app.plan import run_variant
@@ -221,18 +247,33 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     result.quality = held_out_metrics(model, small, held_out)
     result.feasible = job.constraint.holds(Quality.from_metrics(result.quality), job.reference)
     if result.feasible:
+        from export.errors import ExportError, ParityError, QuantizationError, CalibrationError
+
         t0 = time.perf_counter()
-        result.files = _export(small, report, calib, held_out, job)
+        try:
+            result.files = _export(small, report, calib, held_out, job)
+        except (ExportError, ParityError, QuantizationError, CalibrationError) as exc:
+            result.error, result.feasible = f"export failed: {str(exc).splitlines()[0]}", False
         result.seconds["export"] = time.perf_counter() - t0
     return result
 
 
 def _export(small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, job: Job) -> dict[str, str]:
     """fp32 ONNX (parity verified), INT8 copy, .pt2 program into a temporary folder; ``{kind: path}``."""
+    Path(job.cache_dir).mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=".export-", dir=job.cache_dir))  # in the cache: never litters /tmp
+    try:
+        return _export_into(folder, small, report, calib, held_out, job)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _export_into(folder: Path, small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, job: Job
+                 ) -> dict[str, str]:
     from export.serialize import save_program
     from export.variant import VariantConfig, export_variant, layer_weights, quantize_variant, to_jsonable
 
-    folder = Path(tempfile.mkdtemp(prefix="minreal-tune-"))
     cfg = VariantConfig(quant_target=job.quant_target)
     record = export_variant(small, held_out.x, folder / FILES["fp32"], cfg, job.spec.label, job.spec.method)
     files = {"fp32": str(folder / FILES["fp32"])}

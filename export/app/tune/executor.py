@@ -1,25 +1,27 @@
 """How tune candidates run: a small executor interface, so a distributed engine can take over later.
 
 An executor maps a picklable function over jobs and returns the results in order. :class:`ProcessExecutor`
-(the default) runs them in local worker processes that stay alive across rounds (each loads the model once);
-:class:`InlineExecutor` runs them in this process (the Python API with objects in memory, and tests).
+(the default) runs them in local worker processes that stay alive across rounds (each loads the model once) and
+ignore Ctrl-C: the parent alone decides, and on an interrupt it terminates them (a job cut short is never
+cached). :class:`InlineExecutor` runs them in this process (the Python API with objects in memory, tests).
 """
 
 from __future__ import annotations
 
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import signal
 from typing import Any, Callable, Protocol, Sequence
 
 __all__ = ["Executor", "InlineExecutor", "ProcessExecutor"]
 
 
 class Executor(Protocol):
-    """``map(fn, jobs)`` → results in the order of ``jobs``; ``close()`` releases the workers."""
+    """``map(fn, jobs)`` → results in the order of ``jobs``; ``close(abort)`` releases the workers (``abort``:
+    at once, dropping running jobs)."""
 
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> list[Any]: ...
 
-    def close(self) -> None: ...
+    def close(self, abort: bool = False) -> None: ...
 
 
 class InlineExecutor:
@@ -28,18 +30,26 @@ class InlineExecutor:
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> list[Any]:
         return [fn(job) for job in jobs]
 
-    def close(self) -> None:
+    def close(self, abort: bool = False) -> None:
         return None
+
+
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class ProcessExecutor:
     """``workers`` local processes (spawned: no state inherited from the parent), reused across rounds."""
 
     def __init__(self, workers: int = 1) -> None:
-        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        self.pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_ignore_interrupts)
 
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> list[Any]:
-        return list(self.pool.map(fn, jobs))
+        return self.pool.map_async(fn, jobs, chunksize=1).get()
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, abort: bool = False) -> None:
+        if abort:
+            self.pool.terminate()
+        else:
+            self.pool.close()
+        self.pool.join()

@@ -11,6 +11,7 @@ and the verdict come from that confirmation.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import shutil
 import time
@@ -117,31 +118,51 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
         if "mac_ratio" not in get_method(m).budgets:
             raise TuneError(f"method {m!r} has no whole-model MAC budget, so tune cannot search it; choose from "
                             f"{', '.join(default_methods())}")
+    _check_plan_labels(cfg)
+    reference = Quality.from_metrics(held_out_metrics(model, model, held_out))
+    if cfg.constraint.score(reference) is None:
+        raise TuneError(f"the constraint ({cfg.constraint.describe()}) cannot be measured on this held-out data: "
+                        f"{_what_it_needs(cfg.constraint)}")
     models_dir = folder / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
-    reference = Quality.from_metrics(held_out_metrics(model, model, held_out))
     notes: list[str] = []
-    say(f"[tune] baselines: original fp32 and INT8 ({cfg.quant_target})")
+    say(f"[tune] baselines: original fp32{f' and INT8 ({cfg.quant_target})' if cfg.int8 else ''}")
     baselines = _baselines(model, calib, held_out, cfg, models_dir, reference, notes, say)
     job_base = Job(CandidateSpec("", 1.0), source or LoadedSource(model, calib, held_out),
                    fingerprint(model, calib, held_out), Path(cache_dir), cfg.constraint, reference, cfg.providers,
-                   cfg.quant_target, cfg.int8, tuple(sorted(cfg.extra.items())))
+                   cfg.quant_target, cfg.int8, tuple(sorted(cfg.extra.items())),
+                   hashlib.sha256((models_dir / "original.onnx").read_bytes()).hexdigest())
     run = executor or InlineExecutor()
     try:
         searches, results = _search(methods, cfg, job_base, run, t_start, notes, say)
-        results += _qat_candidates(searches, cfg, job_base, run, say)
-    finally:
-        if executor is None:
-            run.close()
+        results += _qat_candidates(searches, cfg, job_base, run, t_start, say)
+    except BaseException:
+        run.close(abort=True)
+        raise
+    if executor is None:
+        run.close()
     candidates = baselines + _structural(results, models_dir, cfg)
     _ort_quality(candidates, held_out, cfg.constraint, folder, say)
-    report = _measure_and_choose(candidates, held_out, cfg, folder, say)
+    report = _measure_and_choose(candidates, held_out, cfg, folder, say, notes)
     report.searches = [_search_record(k, s) for k, s in searches.items()]
     report.reference = {"torch": dataclasses.asdict(reference)}
-    report.notes = notes + report.notes
+    report.notes = notes
     report.counts = _counts(results, candidates)
     report.wall_s = time.perf_counter() - t_start
     return report
+
+
+def _what_it_needs(c: Constraint) -> str:
+    return {"accuracy": "--max-accuracy-drop needs integer class labels", "mse": "--max-mse-increase needs float "
+            "targets", "agreement": "--min-agreement needs a classifier (outputs with several classes)"}[c.metric]
+
+
+def _check_plan_labels(cfg: TuneConfig) -> None:
+    """Plan variants name files in ``models/``: no baseline's name, nothing that is not a plain file name."""
+    for v in cfg.plan:
+        if v.label.startswith(("original", ".")) or any(c in v.label for c in "/\\"):
+            raise TuneError(f"plan variant label {v.label!r} cannot name a tune candidate: no path separators, no "
+                            "leading '.', and no baseline name (original...)")
 
 
 def _baselines(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, models_dir: Path,
@@ -194,7 +215,7 @@ def _search(methods: Sequence[str], cfg: TuneConfig, base: Job, run: Executor, t
     for res in results:
         say(f"[tune] plan variant {res.spec.label}: {_probe_line(res, base)}")
     while True:
-        if cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s:
+        if _over_budget(cfg, t_start):
             notes.append(f"time budget of {cfg.time_budget_s:.0f} s reached: the search stopped early and the "
                          "candidates measured so far were compared")
             say("[tune] time budget reached; comparing what was measured")
@@ -223,10 +244,14 @@ def _probe_line(res: CandidateResult, base: Job) -> str:
             if loss is not None else f"no {base.constraint.metric} measured")
 
 
+def _over_budget(cfg: TuneConfig, t_start: float) -> bool:
+    return cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
+
+
 def _qat_candidates(searches: dict[tuple[str, int], BudgetSearch], cfg: TuneConfig, base: Job, run: Executor,
-                    say: Progress) -> list[CandidateResult]:
+                    t_start: float, say: Progress) -> list[CandidateResult]:
     """Quantisation-aware recovery at each recovered search's smallest feasible budget (its INT8 only)."""
-    if not (cfg.int8 and cfg.qat and cfg.recover_epochs):
+    if not (cfg.int8 and cfg.qat and cfg.recover_epochs) or _over_budget(cfg, t_start):
         return []
     specs = [CandidateSpec(m, s.smallest(), e, qat=True) for (m, e), s in searches.items()
              if e > 0 and s.smallest() is not None]
@@ -300,7 +325,9 @@ def _points(candidates: list[Candidate], cell: str, which: str, constraint: Cons
 
 
 def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: TuneConfig, folder: Path,
-                        say: Progress) -> TuneReport:
+                        say: Progress, notes: list[str]) -> TuneReport:
+    """Screen every feasible file, confirm the fronts (and the smallest feasible file for ``--objective size``) and
+    the baselines, choose on the first cell, and say plainly what won."""
     feasible = [c for c in candidates if c.feasible or c.kind == "baseline"]
     say(f"[tune] screening {len(feasible)} files ({cfg.screen.min_seconds:g} s per model, 1 process)")
     screen = _bench(feasible, held_out, cfg, cfg.screen, say)
@@ -310,24 +337,30 @@ def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: Tun
     front = {cell: [p.label for p in pareto_front([p for p in _points(feasible, cell, "screen_ms", cfg.constraint)
                                                        if p.feasible])] for cell in cells}
     keep = {c.label for c in feasible if c.kind == "baseline"} | {lb for labels in front.values() for lb in labels}
+    smallest = choose(_points(feasible, cells[0], "screen_ms", cfg.constraint), "size")
+    if cfg.objective == "size" and smallest is not None:
+        keep.add(smallest.label)  # size needs no timing: the smallest feasible file competes whatever its latency
     confirmed = [c for c in feasible if c.label in keep]
     say(f"[tune] confirming {len(confirmed)} files (front and baselines) with the release protocol")
     confirm = _bench(confirmed, held_out, cfg, cfg.confirm, say)
-    for (label, cell), ms in _p50(confirm).items():
-        next(c for c in confirmed if c.label == label).confirm_ms[cell] = ms
-    for lat in confirm["latency"]:
-        per = lat.get("process_p50_ms") or [lat["stats"]["p50_ms"]]
-        c = next(c for c in confirmed if c.label == lat["model"])
-        c.confirm_range_ms[_cell(lat["provider"], lat["batch_size"])] = [min(per), max(per)]
-    chosen = choose(_points(confirmed, cells[0], "confirm_ms", cfg.constraint), cfg.objective)
-    verdict = _verdict(confirmed, candidates, chosen, cells[0], cfg)
+    _record_confirmation(confirmed, confirm)
+    chosen, verdict = _choose(confirmed, candidates, cells[0], cfg, notes)
     say(f"[tune] {verdict}")
     if chosen is not None:
-        _write_chosen(next(c for c in candidates if c.label == chosen.label), folder)
+        _write_chosen(chosen, folder)
     return TuneReport(TUNE_SCHEMA_VERSION, "tune", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
                       to_jsonable(cfg), cfg.constraint.describe(), {}, [], candidates, front,
                       None if chosen is None else chosen.label, verdict, {}, 0.0,
                       relative_to(screen, folder), relative_to(confirm, folder))
+
+
+def _record_confirmation(confirmed: list[Candidate], confirm: dict[str, Any]) -> None:
+    """Each confirmed file's p50 and its [fastest, slowest] per-process p50 by cell."""
+    by_label = {c.label: c for c in confirmed}
+    for lat in confirm["latency"]:
+        c, cell = by_label[lat["model"]], _cell(lat["provider"], lat["batch_size"])
+        per = lat.get("process_p50_ms") or [lat["stats"]["p50_ms"]]
+        c.confirm_ms[cell], c.confirm_range_ms[cell] = lat["stats"]["p50_ms"], [min(per), max(per)]
 
 
 def _write_chosen(c: Candidate, folder: Path) -> None:
@@ -337,48 +370,54 @@ def _write_chosen(c: Candidate, folder: Path) -> None:
         shutil.copyfile(pt2, folder / "chosen.pt2")
 
 
-def _verdict(confirmed: list[Candidate], candidates: list[Candidate], chosen: Point | None, cell: str,
-             cfg: TuneConfig) -> str:
-    """One line: the winner and its margin over INT8-of-original, or plainly that nothing structural beats the
-    baselines (and why)."""
-    if chosen is None:
-        return f"no model meets {cfg.constraint.describe()} on the held-out data, not even the original's INT8"
+def _choose(confirmed: list[Candidate], candidates: list[Candidate], cell: str, cfg: TuneConfig,
+            notes: list[str]) -> tuple[Candidate | None, str]:
+    """The chosen file and the one-line verdict: the winner and its margins over the baselines, or plainly that
+    nothing structural beats them (and why). A latency win that does not hold in every fresh process against a
+    baseline is a tie, and a tie goes to the baseline."""
+    best = choose(_points(confirmed, cell, "confirm_ms", cfg.constraint), cfg.objective)
+    if best is None:
+        return None, f"no model meets {cfg.constraint.describe()} on the held-out data, not even the original's"
     by_label = {c.label: c for c in confirmed}
-    win = by_label[chosen.label]
-    key = "onnx_bytes" if cfg.objective == "size" else "latency"
+    win, size = by_label[best.label], cfg.objective == "size"
+    base = [c for c in confirmed if c.kind == "baseline" and c.feasible and cell in c.confirm_ms]
+    unit = "bytes" if size else f"ms p50 on {cell}"
 
-    def value(c: Candidate) -> float | None:
-        return float(c.onnx_bytes) if key == "onnx_bytes" else c.confirm_ms.get(cell)
+    def value(c: Candidate) -> float:
+        return float(c.onnx_bytes) if size else c.confirm_ms[cell]
 
-    base = [by_label[lb] for lb in ("original.int8", "original") if lb in by_label and by_label[lb].feasible]
-    ref = base[0] if base else by_label.get("original")
-    unit = "bytes" if key == "onnx_bytes" else f"ms p50 on {cell}"
-    if win.kind == "structural":
-        margins = ", ".join(f"{value(win) / value(b):.2f}x of {b.label}" for b in base if value(b))
-        return (f"{win.label} wins: {value(win):.4g} {unit} ({margins or 'no baseline measured'}), loss "
-                f"{win.loss:.3g} within {cfg.constraint.describe()}{_spread_note(win, base, cell, key)}")
-    structural = [c for c in confirmed if c.kind == "structural" and c.feasible and value(c) is not None]
-    if not [c for c in candidates if c.kind == "structural"]:
-        why = "no structural candidate met the constraint (see searches)"
-    elif structural:
+    tied = [] if size else [b for b in base if win.kind == "structural"
+                            and win.confirm_range_ms[cell][1] >= b.confirm_range_ms[cell][0]]
+    if win.kind == "structural" and not tied:
+        margins = ", ".join(f"{value(win) / value(b):.2f}x of {b.label}" for b in base)
+        spread = "" if size else "; faster in every confirmation process"
+        return win, (f"{win.label} wins: {value(win):.4g} {unit} ({margins or 'no baseline measured'}), loss "
+                     f"{win.loss:.3g} within {cfg.constraint.describe()}{spread}")
+    if tied:
+        fallback = min(tied, key=value)
+        notes.append(f"{win.label} had the lowest p50 ({value(win):.4g} ms) but not in every confirmation process "
+                     f"against {', '.join(b.label for b in tied)}: a tie on this machine, which goes to the baseline")
+        return fallback, (f"no structural candidate reliably beats the baselines: {fallback.label} is chosen "
+                          f"({win.label} was {value(win) / value(fallback):.2f}x of it by p50, within the spread "
+                          "over processes)")
+    why = _why_not(confirmed, candidates, value, unit, win, notes)
+    return win, f"no structural candidate beats the baselines: {win.label} is best ({why})"
+
+
+def _why_not(confirmed: list[Candidate], candidates: list[Candidate], value: Callable[[Candidate], float],
+             unit: str, win: Candidate, notes: list[str]) -> str:
+    """Why no structural candidate won: none met the constraint, none reached the confirmation, or the best one's
+    number."""
+    structural = [c for c in confirmed if c.kind == "structural" and c.feasible]
+    if structural:
         best = min(structural, key=value)
-        why = f"the best structural candidate, {best.label}, needs {value(best):.4g} {unit} vs {value(win):.4g}"
-    else:
-        why = "no structural candidate kept the constraint in ONNX Runtime or reached the front"
-    return f"no structural candidate beats the baselines: {win.label} is best ({why})"
-
-
-def _spread_note(win: Candidate, base: list[Candidate], cell: str, key: str) -> str:
-    """Whether a latency win holds in every fresh process: the winner's slowest process beats each baseline's
-    fastest (else it is within the noise of this machine, and said so)."""
-    if key != "latency" or cell not in win.confirm_range_ms:
-        return ""
-    close = [b.label for b in base if cell in b.confirm_range_ms
-             and win.confirm_range_ms[cell][1] >= b.confirm_range_ms[cell][0]]
-    if not close:
-        return "; faster in every confirmation process"
-    return (f"; NOT beyond the spread over processes against {', '.join(close)}: treat it as a tie on this "
-            "machine and confirm with more --repeats/--min-seconds")
+        return f"the best structural candidate, {best.label}, needs {value(best):.4g} {unit} vs {value(win):.4g}"
+    if not [c for c in candidates if c.kind == "structural"]:
+        cut = "; the time budget cut the search short" if any("time budget" in n for n in notes) else ""
+        return f"no structural candidate met the constraint in torch (see the searches){cut}"
+    if not [c for c in candidates if c.kind == "structural" and c.feasible]:
+        return "no structural candidate kept the constraint in ONNX Runtime"
+    return "no structural candidate reached the front of the screening"
 
 
 def _search_record(key: tuple[str, int], s: BudgetSearch) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -140,6 +141,7 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(tmp_path: Path, monkeyp
     report = json.loads(Path("t/report.json").read_text())
     assert report["kind"] == "tune" and report["chosen"] and Path("t/chosen.onnx").is_file()
     assert Path("t/front.png").is_file() and Path("t/report.md").read_text().startswith("# minreal tune report")
+    assert report["candidates"][0]["onnx"] == "models/original.onnx"  # paths relative to the tune directory
     gate = CliRunner().invoke(cli, ["check", "t/report.json", "--min-agreement", "0.9"])
     assert gate.exit_code == 0, gate.output
     strict = CliRunner().invoke(cli, ["check", "t/report.json", "--min-agreement", "1.01"])
@@ -147,3 +149,85 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(tmp_path: Path, monkeyp
     assert run(["tune", "net.py:make", "--data", "digits-flat", "--out", "u"]) == 2
     err = capsys.readouterr().err
     assert "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
+
+
+def test_size_objective_picks_the_smallest_feasible_file_of_all(trained_mlp, tmp_path: Path) -> None:
+    """Size needs no timing: the smallest file that meets the constraint wins even off the latency front."""
+    model, tr, te = trained_mlp
+    cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), objective="size", methods=("svd", "factorize"),
+                     grid=(0.8, 0.5, 0.3), recover_epochs=1, screen=FAST, confirm=FAST)
+    report = tune(model, tr, te, cfg, tmp_path / "s", tmp_path / "cache", executor=InlineExecutor())
+    feasible = [c for c in report.candidates if c.feasible]
+    assert report.chosen == min(feasible, key=lambda c: (c.onnx_bytes, c.screen_ms["cpu/b1"])).label
+
+
+def test_cache_key_follows_weights_data_shapes_and_graph(trained_mlp) -> None:
+    import copy
+
+    import torch
+
+    from compress.core.data import Dataset
+    from export.app.tune.candidate import CandidateSpec, Job, LoadedSource, cache_key, fingerprint
+
+    model, tr, te = trained_mlp
+    base = fingerprint(model, tr, te)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        next(other.parameters()).view(-1)[0] += 1e-3
+    flat = Dataset(tr.x.reshape(len(tr), 8, 8), tr.y)
+    assert len({base, fingerprint(other, tr, te), fingerprint(model, flat, te)}) == 3
+
+    def key(**kw: object) -> str:
+        job = Job(CandidateSpec("svd", 0.5), LoadedSource(model, tr, te), base, Path("."), Constraint(min_agreement=0.9),
+                  Quality(agreement=1.0), ("cpu",), "cpu", True, (), "graph-a")
+        return cache_key(dataclasses.replace(job, **kw))
+
+    assert key() == key(constraint=Constraint(max_accuracy_drop=9.0))  # results are re-judged, not recomputed
+    assert len({key(), key(graph="graph-b"), key(quant_target="tensorrt"), key(providers=("cuda",)),
+                key(extra=(("rank_multiple", 8),)), key(spec=CandidateSpec("svd", 0.5, 1))}) == 6
+
+
+def test_a_worker_that_loads_other_inputs_stops_the_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from export.app.tune.candidate import CandidateSpec, InputsChangedError, Job, SpecSource, evaluate_candidate
+
+    (tmp_path / "net.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    job = Job(CandidateSpec("svd", 0.5), SpecSource("net.py:make", "digits-flat"), "not-what-the-worker-loads",
+              tmp_path / "cache", Constraint(min_agreement=0.5), Quality(agreement=1.0), ("cpu",), "cpu", False)
+    with pytest.raises(InputsChangedError, match="--workers 0"):
+        evaluate_candidate(job)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_gate_on_a_tune_report_names_the_chosen_model_and_fails_without_one(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    from export.app.gate import check_reports
+
+    lat = [{"model": m, "provider": "cpu", "batch_size": 1, "stats": {"p50_ms": ms}, "process_p50_ms": [ms]}
+           for m, ms in (("original", 2.0), ("a@0.5", 1.0))]
+    confirm = {"schema_version": 1, "models": [{"name": "original"}, {"name": "a@0.5"}], "latency": lat,
+               "ratios": [{"model": "a@0.5", "reference": "original", "provider": "cpu", "batch_size": 1,
+                           "statistic": "p50_ms", "median": 0.5, "min": 0.5, "max": 0.5, "per_process": [0.5]}],
+               "metrics": [{"model": "original", "accuracy": 0.9, "top1_agreement": 1.0},
+                           {"model": "a@0.5", "accuracy": 0.895, "top1_agreement": 0.99}]}
+    for chosen, ratio in (("a@0.5", 0.5), ("original", 1.0)):
+        (tmp_path / "r.json").write_text(json.dumps({"kind": "tune", "chosen": chosen, "confirm": confirm}))
+        [(name, res)] = check_reports(tmp_path / "r.json", None, 1.0, 1.0, None, None)
+        assert res.passed and {c.model for c in res.criteria} == {"chosen"}
+        assert next(c for c in res.criteria if c.name == "latency_ratio").measured == ratio
+    (tmp_path / "n.json").write_text(json.dumps({"kind": "tune", "chosen": None, "verdict": "nothing met it"}))
+    assert run(["check", str(tmp_path / "n.json"), "--max-accuracy-drop", "1"]) == 1
+    assert "nothing met it" in capsys.readouterr().out
+
+
+def test_tune_refuses_unmeasurable_constraints_and_path_like_plan_labels(trained_mlp, tmp_path: Path) -> None:
+    from compress.core.demo_case import DemoRun
+    from compress.methods.svd import SVDConfig
+
+    model, tr, te = trained_mlp
+    with pytest.raises(TuneError, match="--max-mse-increase needs float targets"):
+        tune(model, tr, te, TuneConfig(Constraint(max_mse_increase=0.1)), tmp_path / "a", tmp_path / "c")
+    bad = TuneConfig(Constraint(min_agreement=0.9), plan=(DemoRun("../escape", "svd", SVDConfig(mac_ratio=0.5)),))
+    with pytest.raises(TuneError, match="path separators"):
+        tune(model, tr, te, bad, tmp_path / "b", tmp_path / "c")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
