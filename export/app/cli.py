@@ -822,15 +822,15 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
 
     con = Console(quiet, as_json)
     constraint = Constraint(max_accuracy_drop, min_agreement, max_mse_increase)
-    cfg = TuneConfig(constraint, _split_names(providers), tuple(_split_ints(batch, "--batch")), objective,
-                     _split_names(methods or ""), tuple(_split_floats(grid, "--grid")) if grid else TuneConfig.grid,
-                     recover_epochs, not no_int8, not no_qat, True, quant_target,
-                     parse_duration(time_budget) if time_budget else None,
-                     dataclasses.replace(SCREEN, **({"min_seconds": screen_seconds} if screen_seconds is not None
-                                                    else {})),
-                     dataclasses.replace(CONFIRM, **{k: v for k, v in (("min_seconds", min_seconds),
-                                                                      ("repeats", repeats)) if v is not None}),
-                     workers)
+    screen = {"min_seconds": screen_seconds} if screen_seconds is not None else {}
+    confirm = {k: v for k, v in (("min_seconds", min_seconds), ("repeats", repeats)) if v is not None}
+    cfg = TuneConfig(constraint, providers=_split_names(providers), batch_sizes=_split_ints(batch, "--batch"),
+                     objective=objective, methods=_split_names(methods or ""),
+                     grid=tuple(_split_floats(grid, "--grid")) if grid else TuneConfig.grid,
+                     recover_epochs=recover_epochs, int8=not no_int8, qat=not no_qat, quant_target=quant_target,
+                     time_budget_s=parse_duration(time_budget) if time_budget else None,
+                     screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),
+                     workers=workers)
     if plan:
         from export.app.method_options import provider_defaults
         from export.app.plan import load_plan

@@ -146,10 +146,21 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     report = _measure_and_choose(candidates, held_out, cfg, folder, say, notes)
     report.searches = [_search_record(k, s) for k, s in searches.items()]
     report.reference = {"torch": dataclasses.asdict(reference)}
+    one = 100.0 / len(held_out)
+    notes.append(f"held-out data: {len(held_out)} samples, so one sample is {one:.3g} pp of accuracy; "
+                 + ("too few to resolve the constraint reliably" if one > 0.5 * _limit_pp(cfg.constraint) else
+                    "the same samples judge every candidate (and rank accuracy control's layers)"))
     report.notes = notes
     report.counts = _counts(results, candidates)
     report.wall_s = time.perf_counter() - t_start
     return report
+
+
+def _limit_pp(c: Constraint) -> float:
+    """The constraint's allowance in percentage points of accuracy or agreement (inf for MSE)."""
+    if c.max_accuracy_drop is not None:
+        return c.max_accuracy_drop
+    return 100.0 * (1.0 - c.min_agreement) if c.min_agreement is not None else float("inf")
 
 
 def _what_it_needs(c: Constraint) -> str:
@@ -381,10 +392,10 @@ def _choose(confirmed: list[Candidate], candidates: list[Candidate], cell: str, 
     by_label = {c.label: c for c in confirmed}
     win, size = by_label[best.label], cfg.objective == "size"
     base = [c for c in confirmed if c.kind == "baseline" and c.feasible and cell in c.confirm_ms]
-    unit = "bytes" if size else f"ms p50 on {cell}"
+    unit = "KB" if size else f"ms p50 on {cell}"
 
     def value(c: Candidate) -> float:
-        return float(c.onnx_bytes) if size else c.confirm_ms[cell]
+        return c.onnx_bytes / 1024 if size else c.confirm_ms[cell]
 
     tied = [] if size else [b for b in base if win.kind == "structural"
                             and win.confirm_range_ms[cell][1] >= b.confirm_range_ms[cell][0]]

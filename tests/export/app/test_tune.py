@@ -113,6 +113,12 @@ def test_tune_chooses_a_model_that_meets_the_constraint_and_resumes_from_cache(t
     assert win.confirm_ms[cell] == min(c.confirm_ms[cell] for c in rivals)
     assert all(c.feasible for c in report.candidates if c.confirm_ms and c.kind == "structural")
     assert report.counts["evaluated"] >= 4 and report.counts["cached"] == 0
+    from export.app.tune.output import plot_tune
+
+    info = plot_tune(report, tmp_path / "front.png")  # what front.png shows: every file that meets the constraint
+    legend = {lb.removesuffix(" (chosen)") for lb in info.panels[0].legend}
+    assert {c.label for c in report.candidates if c.feasible} <= legend and (tmp_path / "front.png").is_file()
+    assert list(info.panels[0].chosen) == [report.chosen]
     again = tune(model, tr, te, cfg, tmp_path / "b", tmp_path / "cache", executor=InlineExecutor())
     assert again.counts["cached"] == again.counts["evaluated"] == report.counts["evaluated"]
     assert [s["probes"] for s in again.searches] == [s["probes"] for s in report.searches]
