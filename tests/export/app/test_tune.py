@@ -82,6 +82,12 @@ def test_front_and_choice_never_pick_a_dominated_or_infeasible_point() -> None:
 
 
 @pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One candidate cache for the tunes of this module: later tunes of the same inputs only re-time."""
+    return tmp_path_factory.mktemp("tune-cache")
+
+
+@pytest.fixture(scope="module")
 def trained_mlp():
     model = digits_mlp()
     train(model, digits_subset(900), None, TrainConfig(epochs=6))
@@ -95,11 +101,12 @@ def _ort_accuracy(path: Path, x: np.ndarray, y: np.ndarray) -> float:
     return float((out.argmax(1) == y).mean())
 
 
-def test_tune_chooses_a_model_that_meets_the_constraint_and_resumes_from_cache(trained_mlp, tmp_path: Path) -> None:
+def test_tune_chooses_a_model_that_meets_the_constraint_and_resumes_from_cache(trained_mlp, tmp_path: Path,
+                                                                              shared_cache: Path) -> None:
     model, tr, te = trained_mlp
     cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd", "factorize"), grid=(0.8, 0.5, 0.3),
                      recover_epochs=1, screen=FAST, confirm=FAST)
-    report = tune(model, tr, te, cfg, tmp_path / "a", tmp_path / "cache", executor=InlineExecutor())
+    report = tune(model, tr, te, cfg, tmp_path / "a", shared_cache, executor=InlineExecutor())
     labels = [c.label for c in report.candidates]
     assert labels[:2] == ["original", "original.int8"]  # the rows to beat are always there
     assert report.chosen is not None and (tmp_path / "a" / "chosen.onnx").is_file()
@@ -119,7 +126,7 @@ def test_tune_chooses_a_model_that_meets_the_constraint_and_resumes_from_cache(t
     legend = {lb.removesuffix(" (chosen)") for lb in info.panels[0].legend}
     assert {c.label for c in report.candidates if c.feasible} <= legend and (tmp_path / "front.png").is_file()
     assert list(info.panels[0].chosen) == [report.chosen]
-    again = tune(model, tr, te, cfg, tmp_path / "b", tmp_path / "cache", executor=InlineExecutor())
+    again = tune(model, tr, te, cfg, tmp_path / "b", shared_cache, executor=InlineExecutor())
     assert again.counts["cached"] == again.counts["evaluated"] == report.counts["evaluated"]
     assert [s["probes"] for s in again.searches] == [s["probes"] for s in report.searches]
 
@@ -157,12 +164,13 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(tmp_path: Path, monkeyp
     assert "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
 
 
-def test_size_objective_picks_the_smallest_feasible_file_of_all(trained_mlp, tmp_path: Path) -> None:
+def test_size_objective_picks_the_smallest_feasible_file_of_all(trained_mlp, tmp_path: Path,
+                                                               shared_cache: Path) -> None:
     """Size needs no timing: the smallest file that meets the constraint wins even off the latency front."""
     model, tr, te = trained_mlp
     cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), objective="size", methods=("svd", "factorize"),
                      grid=(0.8, 0.5, 0.3), recover_epochs=1, screen=FAST, confirm=FAST)
-    report = tune(model, tr, te, cfg, tmp_path / "s", tmp_path / "cache", executor=InlineExecutor())
+    report = tune(model, tr, te, cfg, tmp_path / "s", shared_cache, executor=InlineExecutor())
     feasible = [c for c in report.candidates if c.feasible]
     assert report.chosen == min(feasible, key=lambda c: (c.onnx_bytes, c.screen_ms["cpu/b1"])).label
 
