@@ -1,0 +1,461 @@
+"""Benchmark of `minreal tune` (issue 14): the front and the winner per model and accuracy budget, and what it costs.
+
+Models: ``minreal demo``'s digits MLP and digits CNN (trained as the demo trains them, once, then kept in the work
+folder so every run tunes the same weights) and the CIFAR ResNet-20 trained on ``digits32``
+(``trained_models.resnet20_digits32``). For each model and each largest accuracy drop (0.5 and 2 pp against the
+original, on the held-out split) one tune runs exactly as ``minreal tune --workers 1`` runs it: the inputs as specs
+(:class:`~export.app.tune.SpecSource`) loaded again in one worker process, every method with a MAC budget over the
+default grid, without recovery and with one epoch (and quantisation-aware recovery for INT8), the default screening
+(0.25 s, 1 process) and release protocols (2 s, 3 fresh processes), on the CPU at batch sizes 1 and 32.
+
+The tune chooses on its first batch size (1); the batch-32 winner is chosen here with
+:func:`export.app.tune.front.choose` over the same confirmed measurements (every file on either cell's front and
+the baselines is confirmed at both batch sizes), so one tune gives both. The first drop of each model starts from
+an empty candidate cache (its wall time is the cold one); the second drop reuses that cache, so only candidates
+the first did not evaluate are compressed again and everything is re-measured (its wall time is recorded apart).
+Other jobs share this machine's two cores: the load average at the start and end of every run is recorded.
+
+The JSON is rewritten atomically after every run; ``--resume`` skips runs it already holds. Tune folders (report,
+front.png, ONNX files) and caches go to ``--work`` (ignored by git); the ResNet-20 fronts are copied next to the
+JSON. ``--quick`` is a smoke test (one method, two ratios, short protocols) and needs its own ``--out``.
+
+Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/tune.py --out benchmarks/tune.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from compress.models import mlp, small_cnn
+
+THIS = Path(__file__).resolve()
+ROOT = THIS.parents[1]
+DROPS = (0.5, 2.0)
+BATCHES = (1, 32)
+PROVIDER = "cpu"
+RECOVER_EPOCHS = 1
+GOAL_S = 15 * 60
+USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/tune.py --out benchmarks/tune.json"
+STAGES = (("ort_quality", "[tune] measuring"), ("screen", "[tune] screening"), ("confirm", "[tune] confirming"))
+"""Stages the tune announces, by the progress line that starts them."""
+
+
+# -------------------------------------------------------------------------- factories (workers load them by path)
+def digits_mlp() -> nn.Module:
+    """The demo's digits MLP architecture (weights come from ``--weights``)."""
+    return mlp(64, [128, 128], 10)
+
+
+def digits_cnn() -> nn.Module:
+    """The demo's digits CNN architecture (weights come from ``--weights``)."""
+    return small_cnn(1, (32, 64, 64), 10)
+
+
+# ---------------------------------------------------------------------------------------------- models and data
+@dataclass(frozen=True)
+class Case:
+    """A model to tune, as the specs a worker loads again (``minreal tune MODEL --weights W --data DATA``)."""
+
+    name: str
+    model: str
+    weights: str
+    data: str
+    describe: str
+
+
+def _demo_weights(key: str, work: Path) -> Path:
+    """The demo model ``key`` trained as ``minreal demo`` trains it, saved once under ``work`` and reused."""
+    path = work / f"{key}.pt"
+    if not path.is_file():
+        from export.app.demo import demo_factories
+        from export.atomic import atomic_path
+
+        work.mkdir(parents=True, exist_ok=True)
+        model = demo_factories()[key](True).model
+        with atomic_path(path) as tmp:
+            torch.save(model.state_dict(), tmp)
+    return path
+
+
+def mlp_case(work: Path) -> Case:
+    return Case("mlp", f"{THIS}:digits_mlp", str(_demo_weights("digits-mlp", work)), "digits-flat",
+                "minreal demo's digits-mlp: mlp(64, [128, 128], 10) on flat 8x8 digits, trained as the demo (12 ep.)")
+
+
+def cnn_case(work: Path) -> Case:
+    return Case("cnn", f"{THIS}:digits_cnn", str(_demo_weights("digits-cnn", work)), "digits",
+                "minreal demo's digits-cnn: small_cnn(1, (32, 64, 64), 10) on 8x8 digits, trained as the demo (12 ep.)")
+
+
+def resnet20_case(work: Path) -> Case:
+    from trained_models import cache_paths, resnet20_digits32  # benchmarks/ is on sys.path only in the main process
+
+    r = resnet20_digits32().record
+    return Case("resnet20", "resnet20_cifar", str(cache_paths(r.seed, r.epochs)[0]), "digits32",
+                f"resnet20_cifar (option A) trained {r.epochs} epochs on digits32's calibration split (held-out "
+                f"top-1 {100 * r.heldout_top1:.2f} %)")
+
+
+CASES: dict[str, Callable[[Path], Case]] = {"mlp": mlp_case, "cnn": cnn_case, "resnet20": resnet20_case}
+
+
+# ------------------------------------------------------------------------------------------------- configuration
+def tune_config(drop: float, quick: bool) -> Any:
+    from export.app.tune import Constraint, Protocol, TuneConfig
+
+    cfg = TuneConfig(Constraint(max_accuracy_drop=drop), (PROVIDER,), BATCHES, recover_epochs=RECOVER_EPOCHS)
+    if not quick:
+        return cfg
+    return dataclasses.replace(cfg, methods=("svd",), grid=(0.8, 0.5), screen=Protocol(0.05, 1, 5, 2),
+                               confirm=Protocol(0.1, 1, 5, 2))
+
+
+def cli_line(case: Case, drop: float, cache: Path, cfg: Any) -> str:
+    """The `minreal tune` command that runs the same tune."""
+    line = (f"minreal tune {case.model} --weights {case.weights} --data {case.data} --batch "
+            f"{','.join(map(str, BATCHES))} --max-accuracy-drop {drop:g} --recover-epochs {RECOVER_EPOCHS} "
+            f"--cache-dir {cache} --workers 1")
+    if cfg.methods:
+        line += (f" --methods {','.join(cfg.methods)} --grid {','.join(f'{g:g}' for g in cfg.grid)} "
+                 f"--screen-seconds {cfg.screen.min_seconds:g} --min-seconds {cfg.confirm.min_seconds:g} "
+                 f"--repeats {cfg.confirm.repeats}")
+    return line
+
+
+# ---------------------------------------------------------------------------------------------------- progress
+class StageClock:
+    """Forwards the tune's progress to stderr (one line per step) and timestamps its stages; the accuracy-controlled
+    baseline, which the tune does not announce the end of, is timed by wrapping its function while the clock runs."""
+
+    def __init__(self, prefix: str, log_path: Path) -> None:
+        self.prefix, self.t0, self.marks = prefix, time.perf_counter(), {}
+        self.log = log_path.open("w")
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def __call__(self, line: str) -> None:
+        t = self.now()
+        for stage, start in STAGES:
+            if line.startswith(start):
+                self.marks.setdefault(stage, t)
+        self.log.write(f"{t:8.1f} {line}\n")
+        self.log.flush()
+        print(f"{self.prefix} {t:6.0f}s {line}", file=sys.stderr, flush=True)
+
+    @contextmanager
+    def timing_accuracy_control(self) -> Iterator[None]:
+        """Marks ``accuracy_control`` and ``search`` (which starts when it returns) around the tune's call."""
+        import export.accuracy_control as ac
+
+        original = ac.quantize_with_accuracy_control
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self.marks["accuracy_control"] = self.now()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.marks["search"] = self.now()
+
+        ac.quantize_with_accuracy_control = timed
+        try:
+            yield
+        finally:
+            ac.quantize_with_accuracy_control = original
+
+    def stages(self, end: float) -> dict[str, float]:
+        """Seconds per stage: baselines, accuracy_control, search (with QAT), ort_quality, screen, confirm."""
+        names = ["baselines", "accuracy_control", "search", *(s for s, _ in STAGES)]
+        times = [0.0, *(self.marks.get(n) for n in names[1:]), end]
+        known = [(n, t) for n, t in zip(names, times) if t is not None] + [("end", end)]
+        return {n: round(b - a, 1) for (n, a), (_, b) in zip(known, known[1:])}
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def say(line: str) -> None:
+    print(f"[bench] {line}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------------- records
+def _row(c: Any, cells: list[str]) -> dict[str, Any]:
+    """One deployable file: what it is, its ONNX Runtime quality and its p50 per cell (screen and confirm)."""
+    acc = c.quality.get("accuracy")
+    return {"label": c.label, "kind": c.kind, "precision": c.precision, "method": c.method,
+            "mac_ratio": round(c.mac_ratio, 4), "recover_epochs": c.recover_epochs, "kb": round(c.onnx_bytes / 1024, 1),
+            "accuracy": None if acc is None else round(100 * acc, 2), "loss_pp": _r(c.loss, 3),
+            "feasible": c.feasible, "screen_p50_ms": {k: _r(c.screen_ms.get(k), 4) for k in cells},
+            "confirm_p50_ms": {k: _r(c.confirm_ms.get(k), 4) for k in cells if k in c.confirm_ms}}
+
+
+def _r(v: float | None, digits: int) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+def winner(report: Any, cell: str, constraint: Any) -> str | None:
+    """The tune's choice on ``cell`` from its confirmed latencies (what :func:`tune` does for the first cell)."""
+    from export.app.tune import Point, Quality, choose
+
+    points = []
+    for c in report.candidates:
+        score = constraint.score(Quality.from_metrics(c.quality))
+        if cell in c.confirm_ms and score is not None:
+            points.append(Point(c.label, c.confirm_ms[cell], score, c.onnx_bytes, c.feasible))
+    best = choose(points, "latency")
+    return None if best is None else best.label
+
+
+def winner_record(rows: dict[str, dict[str, Any]], label: str | None, cell: str) -> dict[str, Any]:
+    """The winner on ``cell`` with its confirmed p50 against the original in INT8 and fp32 on the same cell."""
+    if label is None:
+        return {"label": None}
+    w, out = rows[label], {"label": label}
+    ms = w["confirm_p50_ms"].get(cell)
+    out.update(accuracy=w["accuracy"], loss_pp=w["loss_pp"], p50_ms=ms, kb=w["kb"])
+    for base in ("original.int8", "original"):
+        b_ms = rows.get(base, {}).get("confirm_p50_ms", {}).get(cell)
+        out[f"x_of_{base}"] = None if not (ms and b_ms) else round(ms / b_ms, 3)
+    return out
+
+
+def funnel(counts: dict[str, int], rows: list[dict[str, Any]]) -> dict[str, int]:
+    """How many candidates reached each stage: torch probes → exported files → timed (screen) → confirmed."""
+    structural = [r for r in rows if r["kind"] == "structural"]
+    return {"torch_probes": counts["evaluated"], "torch_refused": counts["refused"],
+            "torch_missed_constraint": counts["evaluated"] - counts["refused"] - counts["feasible_in_torch"],
+            "structural_files": len(structural),
+            "structural_missed_in_ort": sum(not r["feasible"] for r in structural),
+            "structural_screened": sum(r["feasible"] for r in structural),
+            "structural_confirmed": sum(bool(r["confirm_p50_ms"]) for r in structural),
+            "baselines_timed": len(rows) - len(structural)}
+
+
+def candidate_seconds(cache: Path, since: float) -> dict[str, float]:
+    """Seconds spent compressing, recovering and exporting the candidates evaluated (not cached) in this run."""
+    import json
+
+    total = {"compress": 0.0, "recover": 0.0, "export": 0.0}
+    for path in cache.glob("*/result.json"):
+        if path.stat().st_mtime >= since:
+            for k, v in json.loads(path.read_text()).get("seconds", {}).items():
+                total[k] = total.get(k, 0.0) + v
+    return {k: round(v, 1) for k, v in total.items()}
+
+
+def searches(report: Any) -> list[dict[str, Any]]:
+    return [{"method": s["method"], "recover_epochs": s["recover_epochs"], "smallest_feasible": s["smallest_feasible"],
+             "monotone": s["monotone"], "abandoned": s["abandoned"],
+             "probes": [[p["budget"], p["ok"], _r(p["score"], 4)] for p in s["probes"]]} for s in report.searches]
+
+
+def run_record(case: Case, drop: float, report: Any, cfg: Any, clock: StageClock, timing: dict[str, Any]
+               ) -> dict[str, Any]:
+    cells = [f"{PROVIDER}/b{b}" for b in BATCHES]
+    rows = {c.label: _row(c, cells) for c in report.candidates}
+    chosen = {cell: winner(report, cell, cfg.constraint) for cell in cells}
+    fronts = {cell: [{k: rows[lb][k] for k in ("label", "accuracy", "loss_pp")} |
+                     {"screen_p50_ms": rows[lb]["screen_p50_ms"][cell],
+                      "confirm_p50_ms": rows[lb]["confirm_p50_ms"].get(cell)} for lb in labels]
+              for cell, labels in report.front.items()}
+    return {"model": case.name, "max_accuracy_drop_pp": drop, **timing,
+            "wall_s_in_report": round(report.wall_s, 1), "stage_s": clock.stages(timing["wall_s"]),
+            "reference_torch_accuracy": _r(100 * (report.reference["torch"]["accuracy"] or 0), 2),
+            "counts": report.counts, "funnel": funnel(report.counts, list(rows.values())),
+            "baselines": {lb: rows[lb] for lb in ("original", "original.int8", "original.int8-ac") if lb in rows},
+            "front": fronts, "chosen": report.chosen, "chosen_matches_b1_winner": report.chosen == chosen[cells[0]],
+            "winner": {cell: winner_record(rows, lb, cell) for cell, lb in chosen.items()},
+            "verdict": report.verdict, "notes": report.notes, "searches": searches(report),
+            "candidates": list(rows.values())}
+
+
+# --------------------------------------------------------------------------------------------------------- runs
+def run_one(case: Case, drop: float, work: Path, quick: bool) -> dict[str, Any]:
+    """One tune of ``case`` under ``drop``; its folder under ``work`` is rewritten, its cache shared per model."""
+    from export.app.data import load_data
+    from export.app.models import load_model
+    from export.app.tune import ProcessExecutor, SpecSource, tune
+    from export.app.tune.output import write_tune_dir
+
+    folder, cache = work / f"{case.name}_drop{drop:g}", work / "cache" / case.name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    cached_before = len(list(cache.glob("*/result.json")))
+    cfg = tune_config(drop, quick)
+    net = load_model(case.model, weights=case.weights)
+    loaded = load_data(case.data)
+    source = SpecSource(case.model, case.data, None, case.weights)
+    clock = StageClock(f"[{case.name} {drop:g}pp]", folder / "progress.log")
+    load_start, started = os.getloadavg(), time.time()
+    executor = ProcessExecutor(1)
+    try:
+        with clock.timing_accuracy_control():
+            report = tune(net, loaded.calib, loaded.evaluation, cfg, folder, cache, source, executor, clock)
+    finally:
+        executor.close()
+        clock.close()
+    wall = time.perf_counter() - clock.t0
+    write_tune_dir(report, folder)
+    timing = {"wall_s": round(wall, 1), "wall_min": round(wall / 60, 2),
+              "cache": "cold (empty cache directory)" if cached_before == 0 else
+                       f"warm ({cached_before} cached candidates of the model's earlier tune)",
+              "candidate_seconds": candidate_seconds(cache, started), "loadavg_start": list(load_start),
+              "loadavg_end": list(os.getloadavg()), "cli": cli_line(case, drop, cache, cfg), "folder": str(folder)}
+    return run_record(case, drop, report, cfg, clock, timing)
+
+
+def run_model(doc: dict[str, Any], name: str, args: argparse.Namespace, save: Callable[[], None]) -> None:
+    """Both drops of one model; the first that has to run with an empty cache starts from a fresh cache folder."""
+    case = CASES[name](args.work)
+    doc["models"][name] = dataclasses.asdict(case)
+    for i, drop in enumerate(DROPS):
+        key = f"{name}/drop{drop:g}"
+        if args.resume and key in doc["runs"] and "error" not in doc["runs"][key]:
+            say(f"{key}: in the JSON already, skipped (--resume)")
+            continue
+        if i == 0:
+            shutil.rmtree(args.work / "cache" / name, ignore_errors=True)
+        say(f"{key}: tuning ({case.model}, data {case.data}), load {os.getloadavg()[0]:.1f}")
+        try:
+            doc["runs"][key] = run_one(case, drop, args.work, args.quick)
+        except Exception as exc:  # one failed run must not cost the others
+            doc["runs"][key] = {"model": name, "max_accuracy_drop_pp": drop,
+                                "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        say(f"{key}: {summary_line(doc['runs'][key])}")
+        copy_front(doc["runs"][key], args.out)
+        save()
+
+
+def summary_line(run: dict[str, Any]) -> str:
+    if "error" in run:
+        return f"FAILED: {run['error']}"
+    wins = ", ".join(f"{cell} {w['label']} ({w.get('x_of_original.int8')}x of INT8)"
+                     for cell, w in run["winner"].items())
+    return f"{run['wall_s']:.0f} s ({run['cache'].split()[0]}); winners {wins}; counts {run['counts']}"
+
+
+def copy_front(run: dict[str, Any], out: Path) -> None:
+    """The ResNet-20 fronts next to the JSON (``<out stem>_resnet20_drop<D>_front.png``)."""
+    if run.get("model") != "resnet20" or "folder" not in run:
+        return
+    src = Path(run["folder"]) / "front.png"
+    if src.is_file():
+        shutil.copyfile(src, out.with_name(f"{out.stem}_resnet20_drop{run['max_accuracy_drop_pp']:g}_front.png"))
+
+
+def summarise(doc: dict[str, Any]) -> dict[str, Any]:
+    """One row per run: wall time (against the goal for ResNet-20's first, cold run), winners and the funnel."""
+    rows = {}
+    for key, run in doc["runs"].items():
+        if "error" in run:
+            rows[key] = {"error": run["error"]}
+            continue
+        f = run["funnel"]
+        rows[key] = {"wall_min": run["wall_min"], "cache": run["cache"].split()[0],
+                     "within_goal": run["wall_s"] < GOAL_S if key == "resnet20/drop0.5" else None,
+                     "winners": {cell: [w["label"], w.get("p50_ms"), w.get("x_of_original.int8")]
+                                 for cell, w in run["winner"].items()},
+                     "torch_probes": f["torch_probes"], "missed_in_torch": f["torch_missed_constraint"],
+                     "files_timed": run["counts"]["screened"], "files_screened_out": run["counts"]["screened_out"],
+                     "files_confirmed": run["counts"]["confirmed"], "verdict": run["verdict"]}
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------- main
+def git_state() -> dict[str, Any]:
+    """The commit the library was at, and its files modified or untracked at the start (the run imports those)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "uncommitted": git("status", "--porcelain").splitlines()}
+
+
+def header() -> dict[str, Any]:
+    import onnxruntime
+
+    return {"git": git_state(), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def new_document(quick: bool) -> dict[str, Any]:
+    from export.app.tune import default_methods
+
+    cfg = tune_config(DROPS[0], quick)
+    return {"usage": USAGE, "issue": 14, "header": header(), "quick": quick,
+            "setting": {"methods": list(cfg.methods or default_methods()), "grid": list(cfg.grid),
+                        "recover_epochs": RECOVER_EPOCHS, "qat": cfg.qat, "int8": cfg.quant_target,
+                        "provider": PROVIDER, "batch_sizes": list(BATCHES), "drops_pp": list(DROPS),
+                        "screen": dataclasses.asdict(cfg.screen), "confirm": dataclasses.asdict(cfg.confirm),
+                        "executor": "ProcessExecutor(1) with SpecSource: as `minreal tune --workers 1`",
+                        "goal_s": GOAL_S},
+            "method": "one tune per (model, drop) at batch sizes 1 and 32: the tune chooses on batch 1; the batch-32 "
+                      "winner is export.app.tune.front.choose over the same confirmed p50s (fronts of both cells and "
+                      "the baselines are confirmed at both). The first drop of a model starts from an empty cache "
+                      "(cold wall time); the second reuses it (warm). p50 in ms; accuracy in % (ONNX Runtime, held-"
+                      "out split); loss_pp = accuracy drop vs the original fp32 file in ONNX Runtime; x_of_* = "
+                      "winner p50 / baseline p50 on the same cell (confirmed protocol).",
+            "summary_legend": "winners: cell -> [label, confirmed p50 ms, p50 / original.int8's p50]; files_timed: "
+                              "files timed with the screening protocol (baselines included); files_screened_out: "
+                              "files that missed the constraint in ONNX Runtime (never timed unless a baseline); "
+                              "missed_in_torch: probes never exported",
+            "models": {}, "runs": {}}
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/tune.json"))
+    ap.add_argument("--only", default="mlp,cnn,resnet20", help=f"comma-separated, from {', '.join(CASES)}")
+    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-tune",
+                    help="tune folders and candidate caches (default: runs/bench-tune, ignored by git)")
+    ap.add_argument("--resume", action="store_true", help="skip runs the JSON already holds")
+    ap.add_argument("--quick", action="store_true", help="smoke test: svd only, grid 0.8/0.5, short protocols")
+    args = ap.parse_args()
+    args.only = [m.strip() for m in args.only.split(",") if m.strip()]
+    unknown = sorted(set(args.only) - set(CASES))
+    if unknown:
+        ap.error(f"unknown model {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    if args.quick and args.out.resolve() == (ROOT / "benchmarks" / "tune.json").resolve():
+        ap.error("--quick needs its own --out (it must not overwrite benchmarks/tune.json)")
+    if args.quick:
+        args.work = args.work / "quick"
+    return args
+
+
+def main() -> None:
+    import json
+
+    from _common import write_json  # benchmarks/ is on sys.path only when this file runs as a script
+
+    args = parse()
+    doc = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else new_document(args.quick)
+    if doc.get("quick") != args.quick:
+        raise SystemExit(f"{args.out} holds a {'quick' if doc.get('quick') else 'full'} run; use another --out")
+    def save() -> None:
+        doc["summary"] = summarise(doc)
+        write_json(args.out, doc)
+
+    for name in args.only:
+        run_model(doc, name, args, save)
+    doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    save()
+    say(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
