@@ -179,12 +179,18 @@ def _log_search(f: Callable[[float], float], target: float, memo: dict[float, fl
     return min(memo, key=lambda k: abs(memo[k] - target))
 
 
-def _cbalanced(case: Case, data: Dataset, ratio: float, memo: dict[float, float]) -> tuple[nn.Module, dict]:
+def _cbalanced(case: Case, data: Dataset, ratio: float, memo: dict[float, float], known: float | None
+               ) -> tuple[nn.Module, dict]:
+    """cbalanced at the energy tolerance searched for ``ratio`` (or ``known``, the one earlier cells used)."""
     from compress.methods.cbalanced import CBalancedConfig
 
     def cfg(eps: float, **extra: Any) -> Any:
         return CBalancedConfig(energy_eps=eps, epochs=0, controls=False, width_multiple=WIDTH_MULTIPLE, **extra)
 
+    if known is not None:
+        new, info = _run_method(case, data, "cbalanced", cfg(known))
+        return new, {**info, "knob": {"energy_eps": known},
+                     "search_note": "energy_eps of the earlier cells at this ratio (resumed run, no search)"}
     t0 = time.perf_counter()
     n0 = len(memo)
     eps = _log_search(lambda e: _run_method(case, data, "cbalanced", cfg(e, **CB_SEARCH))[1]["mac_ratio_reached"],
@@ -195,12 +201,14 @@ def _cbalanced(case: Case, data: Dataset, ratio: float, memo: dict[float, float]
                  "search_note": f"energy_eps searched with {CB_SEARCH}; final run with the default Gramians"}
 
 
-def compress_at(case: Case, setting: str, method: str, ratio: float, memo: dict[float, float]) -> Compressed:
-    """The method's model at ``ratio`` on the setting's data, or its one-line refusal."""
+def compress_at(case: Case, setting: str, method: str, ratio: float, memo: dict[float, float],
+                known: dict[str, float] | None = None) -> Compressed:
+    """The method's model at ``ratio`` on the setting's data, or its one-line refusal; ``known``: the knob earlier
+    cells used (a resumed run compresses them alike)."""
     data = setting_data(case, setting)
     try:
         if method == "cbalanced":
-            new, info = _cbalanced(case, data, ratio, memo)
+            new, info = _cbalanced(case, data, ratio, memo, (known or {}).get("energy_eps"))
         else:
             new, info = _run_method(case, data, method, get_method(method).config_cls(mac_ratio=ratio))
     except CompressionError as exc:
@@ -227,11 +235,11 @@ def _key(cell: dict[str, Any]) -> tuple:
 
 
 def _progress(i: int, n: int, cell: dict[str, Any]) -> None:
-    head = (f"[{i}/{n}] {cell['model']} {cell['setting']} {cell['method']}@{cell['mac_ratio_requested']:g} "
-            f"budget {cell.get('budget_epochs')}")
+    head = f"[{i}/{n}] {cell['model']} {cell['setting']} {cell['method']}@{cell['mac_ratio_requested']:g}"
     if "refused" in cell:
         print(f"{head}: refused: {cell['refused']}", file=sys.stderr, flush=True)
         return
+    head += f" budget {cell['budget_epochs']}"
     t = cell["test"]
     print(f"{head} (reached {cell['mac_ratio_reached']:.3f}): acc {t['accuracy']:.4f} agree {t['agreement']:.4f} "
           f"kl {t['kl']:.4f}  compress {cell['compress_s']:.1f}s recover {cell['recover_s']:.1f}s "
@@ -258,7 +266,8 @@ class Runner:
         key = (model, setting, method, ratio)
         if key not in self.compressed:
             memo = self.knob_memo.setdefault((model, setting, method), {})
-            self.compressed[key] = compress_at(self.case(model), setting, method, ratio, memo)
+            known = next((c["knob"] for c in self.doc["cells"] if _key(c)[:4] == key and "knob" in c), None)
+            self.compressed[key] = compress_at(self.case(model), setting, method, ratio, memo, known)
         return self.compressed[key]
 
     def save(self) -> None:
@@ -320,9 +329,25 @@ def _unlabelled_gains(cells: list[dict]) -> dict[str, dict[str, dict[str, float]
                 if "0" in row} for m, by_r in table.items()}
 
 
+def _unlabelled_vs_labelled(cells: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    """Accuracy (pp) of the unlabelled-256 recovery minus the labelled one, same method, ratio and budget."""
+    lab, unl = _table(cells, "labelled"), _table(cells, "unlabelled256")
+    return {m: {r: {b: _pp(acc - lab[m][r][b]) for b, acc in row.items() if b != "0" and b in lab[m].get(r, {})}
+                for r, row in by_r.items()} for m, by_r in unl.items() if m in lab}
+
+
+def _gap_within_goal(cells: list[dict], original: float) -> dict[str, dict[str, float]]:
+    """Per method and ratio: pp below the original of its best labelled recovery within :data:`GOAL_EPOCHS`."""
+    out: dict[str, dict[str, float]] = {}
+    for m, by_r in _table(cells, "labelled").items():
+        out[m] = {r: _pp(original - max(a for b, a in row.items() if int(b) <= GOAL_EPOCHS)) for r, row in by_r.items()}
+    return out
+
+
 def summarise(doc: dict[str, Any]) -> dict[str, Any]:
     """Per model: accuracy tables, the best method per ratio within the goal's budget and overall, the goal's
-    verdict at :data:`GOAL_RATIO`, and the unlabelled gains."""
+    verdict at :data:`GOAL_RATIO`, each method's gap within the goal's budget, and the unlabelled results
+    (gains over zero-shot, difference to the labelled recovery)."""
     out: dict[str, Any] = {}
     for name, orig in doc["models"].items():
         cells = [c for c in doc["cells"] if c["model"] == name]
@@ -336,7 +361,9 @@ def summarise(doc: dict[str, Any]) -> dict[str, Any]:
                               "met": None if goal is None else goal["goal_met"], "best": goal},
                      "accuracy_labelled": _table(cells, "labelled"),
                      "accuracy_unlabelled256": _table(cells, "unlabelled256"),
-                     "unlabelled256_gain_pp": _unlabelled_gains(cells)}
+                     "pp_below_original_within_3_epochs": _gap_within_goal(cells, acc),
+                     "unlabelled256_gain_pp": _unlabelled_gains(cells),
+                     "unlabelled256_minus_labelled_pp": _unlabelled_vs_labelled(cells)}
     return out
 
 
@@ -395,17 +422,24 @@ def _whole_recovery(case: Case, student: nn.Module, epochs: int, seed: int, comp
 
 
 def compile_case(case: Case, seed: int, runs: int, epochs: int) -> dict[str, Any]:
-    """Eager vs ``torch.compile`` on the magnitude student at 0.5: per step, and for a whole recovery."""
+    """Eager vs ``torch.compile`` on the magnitude student at 0.5: per step (cold caches), and for a whole recovery
+    compiled with cold caches (a fresh inductor cache folder) and again warm (the caches that run filled)."""
+    from torch._inductor.utils import fresh_cache
+
     from compress.methods.magnitude import MagnitudeConfig
 
     student, _ = compress(case.model, case.calib, "magnitude", MagnitudeConfig(mac_ratio=GOAL_RATIO))
-    step = _per_step(case, student, 64, runs)
-    whole = {k: _whole_recovery(case, student, epochs, seed, k == "compiled") for k in ("eager", "compiled")}
-    saved = whole["eager"]["wall_s"] - whole["compiled"]["wall_s"]
+    with fresh_cache():
+        torch._dynamo.reset()
+        step = _per_step(case, student, 64, runs)
+    with fresh_cache():
+        whole = {k: _whole_recovery(case, student, epochs, seed, True) for k in ("compiled_cold", "compiled_warm")}
+    whole["eager"] = _whole_recovery(case, student, epochs, seed, False)
+    saved = {k: whole["eager"]["wall_s"] - whole[f"compiled_{k}"]["wall_s"] for k in ("cold", "warm")}
     per_step_gain = (step["eager_ms"] - step["compiled_ms"]) / 1e3
     return {"student": f"magnitude at MAC {GOAL_RATIO}", "per_step": step, f"recovery_{epochs}_epochs": whole,
             "break_even_steps": step["compile_s"] / per_step_gain if per_step_gain > 0 else None,
-            "pays": saved > 0, "saved_s": saved}
+            "saved_s": saved, "pays": {k: v > 0 for k, v in saved.items()}}
 
 
 def compile_section(runner: Runner, models: tuple[str, ...], out: Path, runs: int, epochs: int) -> None:
@@ -413,10 +447,12 @@ def compile_section(runner: Runner, models: tuple[str, ...], out: Path, runs: in
     for name in models:
         doc["models"][name] = compile_case(runner.case(name), runner.seed, runs, epochs)
         r = doc["models"][name]
+        saved = {k: round(v, 1) for k, v in r["saved_s"].items()}
         print(f"compile {name}: eager {r['per_step']['eager_ms']:.1f} ms/step, compiled "
-              f"{r['per_step']['compiled_ms']:.1f} ms/step, compile {r['per_step']['compile_s']:.1f} s; "
-              f"{epochs}-epoch recovery saves {r['saved_s']:.1f} s -> pays: {r['pays']}", file=sys.stderr, flush=True)
-        doc["verdict"] = {n: ("pays" if m["pays"] else "does not pay") for n, m in doc["models"].items()}
+              f"{r['per_step']['compiled_ms']:.1f} ms/step, compile {r['per_step']['compile_s']:.1f} s (cold); "
+              f"{epochs}-epoch recovery saves {saved} s -> pays: {r['pays']}", file=sys.stderr, flush=True)
+        doc["verdict"] = {n: {k: "pays" if v else "does not pay" for k, v in m["pays"].items()}
+                          for n, m in doc["models"].items()}
         write_json(out, doc)
 
 
@@ -582,7 +618,8 @@ def main() -> None:
         int8_section(runner, models)
     if args.section in ("all", "grid"):
         runner.run(list(grid.cells(late=True)))
-    doc.setdefault("wall_s", {})[args.section] = time.perf_counter() - t0
+    doc.setdefault("runs", []).append({"section": args.section, "resume": args.resume, "quick": args.quick,
+                                       "wall_s": time.perf_counter() - t0, "ended": time.strftime("%Y-%m-%dT%H:%M:%S")})
     runner.save()
     print(f"wrote {args.out}" + (f" and {compile_out}" if args.section in ("all", "compile") else ""),
           file=sys.stderr)
