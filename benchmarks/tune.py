@@ -8,16 +8,21 @@ original, on the held-out split) one tune runs exactly as ``minreal tune --worke
 default grid, without recovery and with one epoch (and quantisation-aware recovery for INT8), the default screening
 (0.25 s, 1 process) and release protocols (2 s, 3 fresh processes), on the CPU at batch sizes 1 and 32.
 
-The tune chooses on its first batch size (1); the batch-32 winner is chosen here with
-:func:`export.app.tune.front.choose` over the same confirmed measurements (every file on either cell's front and
-the baselines is confirmed at both batch sizes), so one tune gives both. The first drop of each model starts from
-an empty candidate cache (its wall time is the cold one); the second drop reuses that cache, so only candidates
-the first did not evaluate are compressed again and everything is re-measured (its wall time is recorded apart).
+The tune chooses on its first batch size (1); the batch-32 winner is chosen here by the tune's own rule (its
+``_choose``: the lowest confirmed p50, but a structural win that does not hold in every confirmation process
+against a baseline is a tie, which goes to the baseline) over the same confirmed measurements (every file on either
+cell's front and the baselines is confirmed at both batch sizes), so one tune gives both; ``fastest`` is the lowest
+confirmed p50 per cell without the tie rule (:func:`export.app.tune.front.choose`). The first drop of each model
+starts from an empty candidate cache (its wall time is the cold one); the second drop reuses that cache, so only
+candidates the first did not evaluate are compressed again and everything is re-measured (its wall time is
+recorded apart).
 Other jobs share this machine's two cores: the load average at the start and end of every run is recorded.
 
 The JSON is rewritten atomically after every run; ``--resume`` skips runs it already holds. Tune folders (report,
 front.png, ONNX files) and caches go to ``--work`` (ignored by git); the ResNet-20 fronts are copied next to the
-JSON. ``--quick`` is a smoke test (one method, two ratios, short protocols) and needs its own ``--out``.
+JSON. ``--refresh`` re-derives the winners and tables of the runs already in the JSON from their tune folders'
+``report.json`` without tuning again. ``--quick`` is a smoke test (one method, two ratios, short protocols) and
+needs its own ``--out``.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/tune.py --out benchmarks/tune.json
 """
@@ -199,15 +204,28 @@ def _row(c: Any, cells: list[str]) -> dict[str, Any]:
             "mac_ratio": round(c.mac_ratio, 4), "recover_epochs": c.recover_epochs, "kb": round(c.onnx_bytes / 1024, 1),
             "accuracy": None if acc is None else round(100 * acc, 2), "loss_pp": _r(c.loss, 3),
             "feasible": c.feasible, "screen_p50_ms": {k: _r(c.screen_ms.get(k), 4) for k in cells},
-            "confirm_p50_ms": {k: _r(c.confirm_ms.get(k), 4) for k in cells if k in c.confirm_ms}}
+            "confirm_p50_ms": {k: _r(c.confirm_ms.get(k), 4) for k in cells if k in c.confirm_ms},
+            "confirm_range_ms": {k: [_r(v, 4) for v in c.confirm_range_ms[k]] for k in cells
+                                 if k in getattr(c, "confirm_range_ms", {})}}
 
 
 def _r(v: float | None, digits: int) -> float | None:
     return None if v is None else round(v, digits)
 
 
-def winner(report: Any, cell: str, constraint: Any) -> str | None:
-    """The tune's choice on ``cell`` from its confirmed latencies (what :func:`tune` does for the first cell)."""
+def tune_choice(report: Any, cell: str, cfg: Any) -> tuple[str | None, str]:
+    """The tune's own choice and verdict on ``cell`` from its confirmed latencies, tie rule included (a structural
+    win that does not hold in every confirmation process against a baseline goes to the baseline): the tune's
+    private ``_choose``, called here so that the rule has one definition."""
+    from export.app.tune.run import _choose
+
+    confirmed = [c for c in report.candidates if cell in c.confirm_ms]
+    chosen, verdict = _choose(confirmed, report.candidates, cell, cfg, [])
+    return None if chosen is None else chosen.label, verdict
+
+
+def fastest(report: Any, cell: str, constraint: Any) -> str | None:
+    """The feasible file with the lowest confirmed p50 on ``cell`` (no tie rule)."""
     from export.app.tune import Point, Quality, choose
 
     points = []
@@ -262,24 +280,54 @@ def searches(report: Any) -> list[dict[str, Any]]:
              "probes": [[p["budget"], p["ok"], _r(p["score"], 4)] for p in s["probes"]]} for s in report.searches]
 
 
-def run_record(case: Case, drop: float, report: Any, cfg: Any, clock: StageClock, timing: dict[str, Any]
-               ) -> dict[str, Any]:
+def winners(report: Any, cfg: Any, rows: dict[str, dict[str, Any]], cells: list[str]) -> dict[str, Any]:
+    """Per cell: the tune's choice with its verdict (``winner``) and the lowest confirmed p50 (``fastest``)."""
+    out: dict[str, Any] = {"winner": {}, "fastest": {}}
+    for cell in cells:
+        label, verdict = tune_choice(report, cell, cfg)
+        out["winner"][cell] = winner_record(rows, label, cell) | {"verdict": verdict}
+        out["fastest"][cell] = winner_record(rows, fastest(report, cell, cfg.constraint), cell)
+    return out
+
+
+def derived(report: Any, cfg: Any) -> dict[str, Any]:
+    """Everything a run record takes from the tune's report (re-derivable from its ``report.json``)."""
     cells = [f"{PROVIDER}/b{b}" for b in BATCHES]
     rows = {c.label: _row(c, cells) for c in report.candidates}
-    chosen = {cell: winner(report, cell, cfg.constraint) for cell in cells}
     fronts = {cell: [{k: rows[lb][k] for k in ("label", "accuracy", "loss_pp")} |
                      {"screen_p50_ms": rows[lb]["screen_p50_ms"][cell],
                       "confirm_p50_ms": rows[lb]["confirm_p50_ms"].get(cell)} for lb in labels]
               for cell, labels in report.front.items()}
-    return {"model": case.name, "max_accuracy_drop_pp": drop, **timing,
-            "wall_s_in_report": round(report.wall_s, 1), "stage_s": clock.stages(timing["wall_s"]),
+    found = winners(report, cfg, rows, cells)
+    return {"wall_s_in_report": round(report.wall_s, 1),
             "reference_torch_accuracy": _r(100 * (report.reference["torch"]["accuracy"] or 0), 2),
             "counts": report.counts, "funnel": funnel(report.counts, list(rows.values())),
             "baselines": {lb: rows[lb] for lb in ("original", "original.int8", "original.int8-ac") if lb in rows},
-            "front": fronts, "chosen": report.chosen, "chosen_matches_b1_winner": report.chosen == chosen[cells[0]],
-            "winner": {cell: winner_record(rows, lb, cell) for cell, lb in chosen.items()},
+            "front": fronts, "chosen": report.chosen,
+            "chosen_matches_b1_winner": report.chosen == found["winner"][cells[0]]["label"], **found,
             "verdict": report.verdict, "notes": report.notes, "searches": searches(report),
             "candidates": list(rows.values())}
+
+
+def load_report(folder: Path) -> Any:
+    """The :class:`~export.app.tune.TuneReport` a tune wrote to ``folder/report.json``."""
+    import json
+
+    from export.app.tune import Candidate, TuneReport
+
+    data = json.loads((folder / "report.json").read_text())
+    data["candidates"] = [Candidate(**c) for c in data["candidates"]]
+    return TuneReport(**data)
+
+
+def refresh(doc: dict[str, Any], quick: bool) -> None:
+    """Re-derive every finished run's record from its tune folder's ``report.json`` (measurements untouched)."""
+    fresh = new_document(quick)
+    doc["method"], doc["summary_legend"] = fresh["method"], fresh["summary_legend"]
+    for key, run in doc["runs"].items():
+        if "error" not in run:
+            run.update(derived(load_report(Path(run["folder"])), tune_config(run["max_accuracy_drop_pp"], quick)))
+            say(f"{key}: re-derived from {run['folder']}/report.json")
 
 
 # --------------------------------------------------------------------------------------------------------- runs
@@ -309,12 +357,13 @@ def run_one(case: Case, drop: float, work: Path, quick: bool) -> dict[str, Any]:
         clock.close()
     wall = time.perf_counter() - clock.t0
     write_tune_dir(report, folder)
+    stages = clock.stages(wall)
     timing = {"wall_s": round(wall, 1), "wall_min": round(wall / 60, 2),
               "cache": "cold (empty cache directory)" if cached_before == 0 else
                        f"warm ({cached_before} cached candidates of the model's earlier tune)",
               "candidate_seconds": candidate_seconds(cache, started), "loadavg_start": list(load_start),
               "loadavg_end": list(os.getloadavg()), "cli": cli_line(case, drop, cache, cfg), "folder": str(folder)}
-    return run_record(case, drop, report, cfg, clock, timing)
+    return {"model": case.name, "max_accuracy_drop_pp": drop, **timing, "stage_s": stages, **derived(report, cfg)}
 
 
 def run_model(doc: dict[str, Any], name: str, args: argparse.Namespace, save: Callable[[], None]) -> None:
@@ -368,6 +417,8 @@ def summarise(doc: dict[str, Any]) -> dict[str, Any]:
                      "within_goal": run["wall_s"] < GOAL_S if key == "resnet20/drop0.5" else None,
                      "winners": {cell: [w["label"], w.get("p50_ms"), w.get("x_of_original.int8")]
                                  for cell, w in run["winner"].items()},
+                     "fastest": {cell: [w["label"], w.get("p50_ms"), w.get("x_of_original.int8")]
+                                 for cell, w in run.get("fastest", {}).items()},
                      "torch_probes": f["torch_probes"], "missed_in_torch": f["torch_missed_constraint"],
                      "files_timed": run["counts"]["screened"], "files_screened_out": run["counts"]["screened_out"],
                      "files_confirmed": run["counts"]["confirmed"], "verdict": run["verdict"]}
@@ -388,9 +439,9 @@ def git_state() -> dict[str, Any]:
 def header() -> dict[str, Any]:
     import onnxruntime
 
-    return {"git": git_state(), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "threads": torch.get_num_threads(),
-            "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {"git": git_state(), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
+            "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+            "machine": platform.processor() or platform.machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def new_document(quick: bool) -> dict[str, Any]:
@@ -405,12 +456,16 @@ def new_document(quick: bool) -> dict[str, Any]:
                         "executor": "ProcessExecutor(1) with SpecSource: as `minreal tune --workers 1`",
                         "goal_s": GOAL_S},
             "method": "one tune per (model, drop) at batch sizes 1 and 32: the tune chooses on batch 1; the batch-32 "
-                      "winner is export.app.tune.front.choose over the same confirmed p50s (fronts of both cells and "
-                      "the baselines are confirmed at both). The first drop of a model starts from an empty cache "
-                      "(cold wall time); the second reuses it (warm). p50 in ms; accuracy in % (ONNX Runtime, held-"
-                      "out split); loss_pp = accuracy drop vs the original fp32 file in ONNX Runtime; x_of_* = "
-                      "winner p50 / baseline p50 on the same cell (confirmed protocol).",
-            "summary_legend": "winners: cell -> [label, confirmed p50 ms, p50 / original.int8's p50]; files_timed: "
+                      "winner is the tune's own rule (export.app.tune.run._choose, tie rule included) over the same "
+                      "confirmed p50s (fronts of both cells and the baselines are confirmed at both); fastest = the "
+                      "lowest confirmed p50 per cell (export.app.tune.front.choose, no tie rule). The first drop of a "
+                      "model starts from an empty cache (cold wall time); the second reuses it (warm). p50 in ms; "
+                      "accuracy in % (ONNX Runtime, held-out split); loss_pp = accuracy drop vs the original fp32 "
+                      "file in ONNX Runtime; x_of_* = winner p50 / baseline p50 on the same cell (confirmed protocol).",
+            "summary_legend": "winners: cell -> [label, confirmed p50 ms, p50 / original.int8's p50], the tune's "
+                              "choice on that cell (a structural p50 win that does not hold in every confirmation "
+                              "process against a baseline is a tie, which goes to the baseline); fastest: the same "
+                              "for the lowest confirmed p50 (no tie rule); files_timed: "
                               "files timed with the screening protocol (baselines included); files_screened_out: "
                               "files that missed the constraint in ONNX Runtime (never timed unless a baseline); "
                               "missed_in_torch: probes never exported",
@@ -424,6 +479,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-tune",
                     help="tune folders and candidate caches (default: runs/bench-tune, ignored by git)")
     ap.add_argument("--resume", action="store_true", help="skip runs the JSON already holds")
+    ap.add_argument("--refresh", action="store_true",
+                    help="re-derive the runs in --out from their tune folders' report.json (no tuning)")
     ap.add_argument("--quick", action="store_true", help="smoke test: svd only, grid 0.8/0.5, short protocols")
     args = ap.parse_args()
     args.only = [m.strip() for m in args.only.split(",") if m.strip()]
@@ -443,13 +500,18 @@ def main() -> None:
     from _common import write_json  # benchmarks/ is on sys.path only when this file runs as a script
 
     args = parse()
-    doc = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else new_document(args.quick)
+    reuse = (args.resume or args.refresh) and args.out.is_file()
+    doc = json.loads(args.out.read_text()) if reuse else new_document(args.quick)
     if doc.get("quick") != args.quick:
         raise SystemExit(f"{args.out} holds a {'quick' if doc.get('quick') else 'full'} run; use another --out")
     def save() -> None:
         doc["summary"] = summarise(doc)
         write_json(args.out, doc)
 
+    if args.refresh:
+        refresh(doc, args.quick)
+        save()
+        return
     for name in args.only:
         run_model(doc, name, args, save)
     doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
