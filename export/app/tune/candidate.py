@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
-import torch
 from torch import nn
 
 from compress.core.data import Dataset
+from export.variant import to_jsonable
 from .config import Constraint, Quality
 
 __all__ = ["CandidateSpec", "CandidateResult", "Job", "Source", "SpecSource", "LoadedSource", "evaluate_candidate",
@@ -299,21 +298,10 @@ def _store(entry: Path, result: CandidateResult) -> None:
             shutil.rmtree(folder, ignore_errors=True)
         data = dataclasses.asdict(result)
         data["files"], data["cached"] = {}, False
-        (tmp / RESULT_FILE).write_text(json.dumps(_jsonable(data), indent=1, default=repr))
+        (tmp / RESULT_FILE).write_text(json.dumps(to_jsonable(data), indent=1, default=repr))
         if entry.exists():
             shutil.rmtree(entry)
         os.replace(tmp, entry)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.generic,)):
-        return obj.item()
-    if isinstance(obj, torch.Tensor):
-        return obj.tolist()
-    return obj
