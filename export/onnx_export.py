@@ -9,6 +9,10 @@ CNNs with a dynamic batch (example batch 1 included) at opsets 18-23; asked for 
 writes opset 18, its minimum. It fails on data-dependent control flow (``if x.sum() > 0``), where the
 TorchScript exporter traces one branch. Hence ``DEFAULT_OPSET = 18``.
 
+A module whose parameters and buffers exceed 1.5 GiB (:data:`EXTERNAL_DATA_BYTES`; one protobuf holds at most
+2 GiB) is written with ONNX external data: the graph ``PATH`` names its weights in ``PATH.data`` beside it by
+that relative location (:mod:`export.onnx_files`). The checker is given the path, never a loaded model.
+
 Both exporters print to stdout/stderr (progress lines, graph dumps, C++ "Torch IR graph at
 exception" logs). Each exporter call runs inside :func:`export.quiet.captured_output`, which
 captures Python and file-descriptor output, so ``--json`` output stays clean and ``-q`` is quiet;
@@ -21,7 +25,7 @@ import logging
 import re
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
@@ -29,12 +33,14 @@ import torch
 from torch import nn
 
 from compress.core.evaluate import eval_mode
-from export.atomic import atomic_path
+from compress.core.inputs import Inputs, NamedInputs, args_of, call, input_names
 from export.errors import ExportError
+from export.onnx_files import data_files, externalize, onnx_size, staged_onnx
 from export.quiet import Captured, captured_output
 from runtime_bench.facts import ANSI_ESCAPE, first_line
 
-__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "ExportResult", "eval_mode", "flatten_outputs", "to_onnx"]
+__all__ = ["DEFAULT_OPSET", "EXTERNAL_DATA_BYTES", "MIN_OPSET", "Axes", "ExportResult", "eval_mode", "flatten_outputs",
+           "graph_axes", "to_onnx"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +49,10 @@ DEFAULT_OPSET = 18
 
 MIN_OPSET = 17
 """Lowest opset accepted (LayerNormalization is standard from 17)."""
+
+EXTERNAL_DATA_BYTES = 1536 * 2**20
+"""Parameters and buffers above this many bytes are exported as external data by default: one protobuf holds at
+most 2 GiB, and this is the torch.export-based exporter's own threshold (torch 2.14), so the two always agree."""
 
 _MAX_REASON = 240
 _CLASS_REPR = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")
@@ -58,16 +68,19 @@ class ExportResult:
     """What :func:`to_onnx` wrote.
 
     Attributes:
-        path: the ONNX file (weights embedded, no external data).
+        path: the ONNX graph file (weights embedded, or in ``data_files`` beside it).
         exporter: ``"dynamo"`` (torch.export-based) or ``"torchscript"``.
         opset: default-domain opset of the written file (may exceed ``requested_opset``).
         requested_opset: opset asked for.
-        input_name: name of the single graph input.
+        input_name: name of the (first) graph input.
         output_names: names of the graph outputs, in the module's output order.
-        dynamic_dims: input axis → symbolic name of every dynamic axis.
+        dynamic_dims: axis → symbolic name of every dynamic axis of the first input.
         fallback_reason: one line: why the dynamo exporter was not used (``None`` if it was).
         num_nodes: nodes in the main graph.
-        file_size_bytes: size of the written file.
+        file_size_bytes: size of the written graph file.
+        data_files: external data files the graph names (``[PATH.data]`` for a model exported with external
+            data, else empty).
+        total_size_bytes: graph plus data files.
     """
 
     path: str
@@ -80,6 +93,10 @@ class ExportResult:
     fallback_reason: str | None
     num_nodes: int
     file_size_bytes: int
+    input_names: list[str] = field(default_factory=list)
+    dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
+    data_files: list[str] = field(default_factory=list)
+    total_size_bytes: int = 0
 
 
 def flatten_outputs(outputs: object) -> list[torch.Tensor]:
@@ -93,18 +110,52 @@ def flatten_outputs(outputs: object) -> list[torch.Tensor]:
     raise TypeError(f"module output of type {type(outputs).__name__} is not a tensor or a tuple/list/dict of tensors")
 
 
-def _dynamic_axes(ndim: int, dynamic_batch: bool, dynamic_dims: Mapping[int, str] | None) -> dict[int, str]:
-    """Validate and merge the batch axis with the caller's extra dynamic axes."""
+Axes = dict[str, dict[int, str]]
+"""Graph input name → {axis: symbolic dimension name} (one name may appear on several inputs: one dimension)."""
+
+
+def _dynamic_axes(ndim: int, dynamic_batch: bool, dynamic_dims: Mapping[int, str] | None,
+                  input_name: str = "input") -> dict[int, str]:
+    """Validate and merge the batch axis with one input's extra dynamic axes."""
     axes = {0: "batch"} if dynamic_batch else {}
     for axis, name in (dynamic_dims or {}).items():
         if not 0 <= axis < ndim:
-            raise ValueError(f"dynamic axis {axis} ({name!r}) is outside the {ndim}-d example input")
+            raise ValueError(f"dynamic axis {axis} ({name!r}) of input {input_name!r} is outside the {ndim}-d "
+                             "example input")
         if not name.isidentifier():
             raise ValueError(f"dynamic axis name {name!r} is not a Python identifier")
         axes[axis] = name
     if len(set(axes.values())) != len(axes):
-        raise ValueError(f"dynamic axis names must be distinct, got {axes}")
+        raise ValueError(f"dynamic axis names of input {input_name!r} must be distinct, got {axes}")
     return dict(sorted(axes.items()))
+
+
+def graph_axes(example: Inputs, dynamic_batch: bool = True, dynamic_dims: Mapping[int, str] | None = None,
+               dynamic_axes: Mapping[str, Mapping[int, str]] | None = None, input_name: str = "input") -> Axes:
+    """Dynamic axes of every graph input: the batch (axis 0) plus ``dynamic_axes[name]`` (or, for a one-tensor
+    input, ``dynamic_dims``).
+
+    Raises:
+        ValueError: an axis outside an input, a name that is not an identifier, an unknown input name, or a
+            dimension name used on two inputs whose example sizes differ.
+    """
+    tensors = dict(example.items()) if isinstance(example, NamedInputs) else {input_name: example}
+    extra = {k: dict(v) for k, v in (dynamic_axes or {}).items()}
+    if dynamic_dims:
+        extra.setdefault(next(iter(tensors)), {}).update(dynamic_dims)
+    unknown = sorted(set(extra) - set(tensors))
+    if unknown:
+        raise ValueError(f"dynamic axes name unknown input(s) {unknown}; the inputs are {list(tensors)}")
+    axes = {n: _dynamic_axes(t.dim(), dynamic_batch, extra.get(n), n) for n, t in tensors.items()}
+    sizes: dict[str, tuple[str, int]] = {}
+    for name, per_input in axes.items():
+        for axis, dim in per_input.items():
+            size = int(tensors[name].shape[axis])
+            seen = sizes.setdefault(dim, (name, size))
+            if seen[1] != size:
+                raise ValueError(f"dimension {dim!r} is {seen[1]} on input {seen[0]!r} but {size} on {name!r} "
+                                 "in the example; one name means one size")
+    return axes
 
 
 def _one_line(exc: BaseException, output: str = "") -> str:
@@ -132,11 +183,11 @@ def _unsupported_op(*messages: str) -> str | None:
     return None
 
 
-def _locate_op(module: nn.Module, example: torch.Tensor, op: str) -> str | None:
+def _locate_op(module: nn.Module, example: Inputs, op: str) -> str | None:
     """Return the qualified name of the submodule that calls ``op`` (best effort, via torch.export)."""
     try:
         with captured_output():
-            program = torch.export.export(module, (example,), strict=False)
+            program = torch.export.export(module, args_of(example), strict=False)
     except Exception:  # noqa: BLE001 - locating is a courtesy; the export error is raised anyway
         return None
     for node in program.graph.nodes:
@@ -148,46 +199,70 @@ def _locate_op(module: nn.Module, example: torch.Tensor, op: str) -> str | None:
     return None
 
 
-def _export_dynamo(
-    module: nn.Module, example: torch.Tensor, path: Path, opset: int, axes: dict[int, str], names: tuple[str, list[str]]
-) -> None:
-    """Export with the torch.export-based exporter; weights embedded in the file."""
-    shapes = ({axis: torch.export.Dim(name) for axis, name in axes.items()},) if axes else None
+Names = tuple[list[str], list[str]]
+"""(graph input names, graph output names)."""
+
+
+def _dims(axes: Axes, names: list[str]) -> tuple[dict[int, torch.export.Dim], ...] | None:
+    """torch.export dynamic shapes, one dict per input; one ``Dim`` object per dimension name (shared)."""
+    if not any(axes.values()):
+        return None
+    made: dict[str, torch.export.Dim] = {}
+    dim = lambda name: made.setdefault(name, torch.export.Dim(name))  # noqa: E731
+    return tuple({axis: dim(d) for axis, d in axes.get(n, {}).items()} for n in names)
+
+
+def _export_dynamo(module: nn.Module, example: Inputs, path: Path, opset: int, axes: Axes, names: Names, *,
+                   external: bool = False) -> None:
+    """Export with the torch.export-based exporter; weights embedded in the file, or with ``external`` (or above
+    the exporter's own 1.5 GiB threshold) in ``PATH.data`` beside it."""
     torch.onnx.export(
-        module, (example,), str(path), dynamo=True, opset_version=opset, dynamic_shapes=shapes,
-        input_names=[names[0]], output_names=names[1], external_data=False, verbose=False,
+        module, args_of(example), str(path), dynamo=True, opset_version=opset, dynamic_shapes=_dims(axes, names[0]),
+        input_names=names[0], output_names=names[1], external_data=external, verbose=False,
     )  # fmt: skip
 
 
-def _export_torchscript(
-    module: nn.Module, example: torch.Tensor, path: Path, opset: int, axes: dict[int, str], names: tuple[str, list[str]]
-) -> None:
-    """Export with the legacy TorchScript exporter (``dynamic_axes``; batch marked on outputs too)."""
-    dynamic_axes: dict[str, dict[int, str]] = {names[0]: dict(axes)} if axes else {}
-    if 0 in axes:
-        dynamic_axes.update({name: {0: axes[0]} for name in names[1]})
+def _export_torchscript(module: nn.Module, example: Inputs, path: Path, opset: int, axes: Axes, names: Names, *,
+                        external: bool = False) -> None:
+    """Export with the legacy TorchScript exporter (``dynamic_axes``; batch marked on outputs too).
+
+    ``external`` is not passed on: this exporter writes external data (a file per tensor) only past 2 GiB;
+    :func:`to_onnx` moves the weights out afterwards when asked.
+    """
+    dynamic_axes: dict[str, dict[int, str]] = {n: dict(a) for n, a in axes.items() if a}
+    if any(a.get(0) == "batch" for a in axes.values()):
+        dynamic_axes.update({name: {0: "batch"} for name in names[1]})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, torch.jit.TracerWarning))
         torch.onnx.export(
-            module, (example,), str(path), dynamo=False, opset_version=opset, input_names=[names[0]],
+            module, args_of(example), str(path), dynamo=False, opset_version=opset, input_names=names[0],
             output_names=names[1], dynamic_axes=dynamic_axes or None, do_constant_folding=True, verbose=False,
         )  # fmt: skip
 
 
-def _check_embedded(path: Path) -> onnx.ModelProto:
-    """Load and check the written file; raise if any initializer points at external data."""
-    model = onnx.load(str(path), load_external_data=False)
-    external = [t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    if external:
-        raise ExportError(f"exporter wrote external data for {external[0]!r}; the model is too large for one file")
-    onnx.checker.check_model(model)
-    return model
+def _tensor_bytes(module: nn.Module) -> int:
+    """Bytes of the module's parameters and buffers (each shared tensor once)."""
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
-def _output_names(module: nn.Module, example: torch.Tensor, output_names: Sequence[str] | None) -> list[str]:
+def _check_written(path: Path, external_data: bool | None, want: bool) -> onnx.ModelProto:
+    """Check the written file by path (the checker cannot take a proto over 2 GiB) and return its graph, weights
+    not loaded; move embedded weights out when external data is ``want``ed, refuse it when ``external_data`` is
+    ``False``."""
+    written = bool(data_files(path))
+    if written and external_data is False:
+        raise ExportError(f"the exporter wrote external data for {path.name}: the model is too large for one file; "
+                          "pass external_data=None (automatic) or True")
+    if want and not written:
+        externalize(path)
+    onnx.checker.check_model(str(path))
+    return onnx.load(str(path), load_external_data=False)
+
+
+def _output_names(module: nn.Module, example: Inputs, output_names: Sequence[str] | None) -> list[str]:
     """Run the module once and return one name per flattened output."""
     with torch.no_grad():
-        count = len(flatten_outputs(module(example)))
+        count = len(flatten_outputs(call(module, example)))
     if output_names is None:
         return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
     if len(output_names) != count:
@@ -196,7 +271,7 @@ def _output_names(module: nn.Module, example: torch.Tensor, output_names: Sequen
 
 
 def _export_error(
-    module: nn.Module, example: torch.Tensor, opset: int, errors: list[BaseException], outputs: list[str]
+    module: nn.Module, example: Inputs, opset: int, errors: list[BaseException], outputs: list[str]
 ) -> ExportError:
     """Build the one-line error raised when both exporters failed (``outputs``: what each printed)."""
     op = _unsupported_op(*(ANSI_ESCAPE.sub("", str(e)) for e in reversed(errors)))
@@ -212,29 +287,40 @@ def _export_error(
 
 def to_onnx(
     module: nn.Module,
-    example_input: torch.Tensor,
+    example_input: Inputs,
     path: str | Path,
     *,
     opset: int = DEFAULT_OPSET,
     dynamic_batch: bool = True,
     dynamic_dims: Mapping[int, str] | None = None,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
     input_name: str = "input",
     output_names: Sequence[str] | None = None,
+    external_data: bool | None = None,
 ) -> ExportResult:
-    """Export a one-input module to a single ONNX file with a dynamic batch axis.
+    """Export a module to an ONNX file with a dynamic batch axis (weights beside it, for a large model).
 
     The module is exported in eval mode (its training flags are restored afterwards). The dynamo
-    exporter is tried first, then the TorchScript exporter; the file is written atomically.
+    exporter is tried first, then the TorchScript exporter; the graph (and its data file) are written
+    atomically (:func:`export.onnx_files.staged_onnx`).
 
     Args:
-        module: module taking one tensor and returning a tensor or a tuple/list/dict of tensors.
-        example_input: an input of the right shape and dtype (any batch size, 1 included).
+        module: module taking one tensor (or, for :class:`~compress.core.inputs.NamedInputs`, one positional
+            tensor per named input) and returning a tensor or a tuple/list/dict of tensors.
+        example_input: an input of the right shape and dtype (any batch size, 1 included), or named inputs
+            (their names become the graph input names, in order).
         path: destination ``.onnx`` file.
         opset: default-domain opset to ask for (>= 17; the dynamo exporter writes at least 18).
-        dynamic_batch: make axis 0 of the input (and outputs) dynamic, named ``"batch"``.
-        dynamic_dims: extra dynamic input axes, e.g. ``{1: "seq"}`` for a sequence model.
-        input_name: graph input name.
+        dynamic_batch: make axis 0 of every input (and outputs) dynamic, named ``"batch"``.
+        dynamic_dims: extra dynamic axes of a one-tensor input (or of the first named input), e.g. ``{1: "seq"}``.
+        dynamic_axes: extra dynamic axes by input name, e.g. ``{"input_ids": {1: "seq"}, "attention_mask":
+            {1: "seq"}}``; one dimension name on several inputs is one dimension. Example sizes of a dynamic
+            axis other than the batch should not be 1 (the exporter would specialise them).
+        input_name: graph input name of a one-tensor input.
         output_names: graph output names (default ``output`` or ``output_0``, ``output_1``, ...).
+        external_data: keep the weights in ``PATH.data`` beside the graph (ONNX external data, location relative
+            to the graph): ``None`` (default) when parameters and buffers exceed :data:`EXTERNAL_DATA_BYTES` or
+            the exporter needs it, ``True`` always, ``False`` never (a model too large for one file then fails).
 
     Returns:
         An :class:`ExportResult` naming the exporter used and why the first one failed, if it did.
@@ -247,18 +333,20 @@ def to_onnx(
         raise ValueError(f"opset {opset} is below the supported minimum {MIN_OPSET}")
     if not Path(path).parent.is_dir():
         raise ValueError(f"output folder {Path(path).parent} does not exist; create it first")
-    axes = _dynamic_axes(example_input.dim(), dynamic_batch, dynamic_dims)
+    axes = graph_axes(example_input, dynamic_batch, dynamic_dims, dynamic_axes, input_name)
     errors: list[BaseException] = []
     outputs: list[str] = []
+    want = external_data if external_data is not None else _tensor_bytes(module) > EXTERNAL_DATA_BYTES
     with eval_mode(module):
-        names = (input_name, _output_names(module, example_input, output_names))
+        names = (input_names(example_input, input_name), _output_names(module, example_input, output_names))
         for exporter, run in (("dynamo", _export_dynamo), ("torchscript", _export_torchscript)):
             printed = Captured()
             try:
-                with atomic_path(path) as tmp:
+                with staged_onnx(path) as staged:
                     with captured_output() as printed:
-                        run(module, example_input, tmp, opset, axes, names)
-                    model = _check_embedded(tmp)
+                        run(module, example_input, staged, opset, axes, names, external=want)
+                    model = _check_written(staged, external_data, want)
+                    _check_inputs(model, names[0], exporter)
                 break
             except Exception as exc:  # noqa: BLE001 - any exporter failure triggers the fallback
                 reason = _one_line(exc, printed.text)
@@ -272,6 +360,14 @@ def to_onnx(
     return _result(Path(path), exporter, model, opset, names, axes, errors, outputs)
 
 
+def _check_inputs(model: onnx.ModelProto, names: list[str], exporter: str) -> None:
+    """Every input must survive as a graph input (an exporter drops an input the graph does not use)."""
+    graph = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    if graph != names:
+        raise ExportError(f"the {exporter} exporter wrote graph inputs {graph}, expected {names} (an input the model "
+                          "does not use is dropped); every named input must be used by the model")
+
+
 def _log_printed(exporter: str, text: str) -> None:
     """Send what an exporter printed to the debug log (it never reaches stdout/stderr)."""
     if text.strip():
@@ -283,8 +379,8 @@ def _result(
     exporter: str,
     model: onnx.ModelProto,
     opset: int,
-    names: tuple[str, list[str]],
-    axes: dict[int, str],
+    names: Names,
+    axes: Axes,
     errors: list[BaseException],
     outputs: list[str],
 ) -> ExportResult:
@@ -294,7 +390,8 @@ def _result(
     if reason:
         logger.warning("exported %s with the TorchScript exporter; dynamo failed: %s", path.name, reason)
     return ExportResult(
-        path=str(path), exporter=exporter, opset=written, requested_opset=opset, input_name=names[0],
-        output_names=names[1], dynamic_dims=axes, fallback_reason=reason, num_nodes=len(model.graph.node),
-        file_size_bytes=path.stat().st_size,
+        path=str(path), exporter=exporter, opset=written, requested_opset=opset, input_name=names[0][0],
+        output_names=names[1], dynamic_dims=axes[names[0][0]], fallback_reason=reason, num_nodes=len(model.graph.node),
+        file_size_bytes=path.stat().st_size, input_names=names[0], dynamic_axes=axes,
+        data_files=[str(f) for f in data_files(path)], total_size_bytes=onnx_size(path),
     )  # fmt: skip

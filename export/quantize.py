@@ -43,6 +43,7 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from export.atomic import atomic_path, ensure_distinct
+from export.onnx_files import data_files
 from runtime_bench import optimized_graph_ops
 from runtime_bench.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS, error_line
 from export.errors import CalibrationError, QuantizationError
@@ -51,6 +52,7 @@ __all__ = [
     "QUANT_MODES",
     "QUANT_TARGETS",
     "ArrayCalibrationReader",
+    "Calib",
     "QuantConfig",
     "QuantResult",
     "optimized_op_counts",
@@ -59,6 +61,7 @@ __all__ = [
     "module_inputs",
     "trained_overrides",
     "quantize_int8",
+    "int8_skip_reason",
 ]
 
 logger = logging.getLogger(__name__)
@@ -192,68 +195,97 @@ class QuantResult:
     untrained_modules: list[str] = field(default_factory=list)
 
 
-class ArrayCalibrationReader(CalibrationDataReader):
-    """Feed an array to ONNX Runtime's calibrator in batches along axis 0."""
+Calib = np.ndarray | Mapping[str, np.ndarray]
+"""Calibration inputs: one array for a one-input graph, or arrays by graph input name (same row count)."""
 
-    def __init__(self, input_name: str, data: np.ndarray, batch_size: int, drop_last: bool = False) -> None:
+
+class ArrayCalibrationReader(CalibrationDataReader):
+    """Feed arrays (by graph input name) to ONNX Runtime's calibrator in batches along axis 0."""
+
+    def __init__(self, data: Mapping[str, np.ndarray], batch_size: int, drop_last: bool = False) -> None:
         """Batches of ``batch_size``; ``drop_last`` skips a short final batch (for a static batch axis)."""
-        self.input_name = input_name
-        self.data = data
+        self.data = dict(data)
+        self.rows = len(next(iter(self.data.values())))
         self.batch_size = batch_size
         self.drop_last = drop_last
         self._start = 0
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         """Return the next batch as ``{input_name: array}``, or ``None`` when exhausted."""
-        end = len(self.data) - (len(self.data) % self.batch_size if self.drop_last else 0)
+        end = self.rows - (self.rows % self.batch_size if self.drop_last else 0)
         if self._start >= end:
             return None
-        batch = self.data[self._start : self._start + self.batch_size]
+        batch = {n: a[self._start : self._start + self.batch_size] for n, a in self.data.items()}
         self._start += self.batch_size
-        return {self.input_name: batch}
+        return batch
 
     def rewind(self) -> None:
         """Start again from the first batch."""
         self._start = 0
 
 
-def _input_spec(model: onnx.ModelProto) -> tuple[str, list[int | None], np.dtype]:
-    """Return the single graph input's name, shape (``None`` for symbolic dims) and numpy dtype."""
+Spec = tuple[str, list[int | None], np.dtype]
+
+
+def _input_specs(model: onnx.ModelProto) -> list[Spec]:
+    """Every graph input's name, shape (``None`` for symbolic dims) and numpy dtype."""
     initializers = {t.name for t in model.graph.initializer}
-    inputs = [i for i in model.graph.input if i.name not in initializers]
-    if len(inputs) != 1:
-        raise CalibrationError(f"quantisation supports one graph input, got {[i.name for i in inputs]}")
-    tensor_type = inputs[0].type.tensor_type
-    shape = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
-    return inputs[0].name, shape, onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+    specs = []
+    for value in (i for i in model.graph.input if i.name not in initializers):
+        tensor_type = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+        specs.append((value.name, shape, onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+    return specs
 
 
-def _random_calibration(name: str, shape: list[int | None], config: QuantConfig) -> np.ndarray:
-    """Standard-normal calibration data for an input whose only symbolic dim is the batch."""
+def _random_calibration(spec: Spec, config: QuantConfig) -> np.ndarray:
+    """Standard-normal calibration data for a float input whose only symbolic dim is the batch."""
+    name, shape, dtype = spec
+    if np.dtype(dtype).kind != "f":
+        raise CalibrationError(f"input {name!r} is {np.dtype(dtype)}: random values would be out of range (token "
+                               "ids, masks); give calibration data")
     if any(d is None for d in shape[1:]):
         raise CalibrationError(f"input {name!r} has symbolic dims {shape}; random calibration needs static ones")
     samples = max(config.random_samples, shape[0] or 0)
-    return np.random.default_rng(config.seed).standard_normal((samples, *shape[1:]))
+    return np.random.default_rng(config.seed).standard_normal((samples, *shape[1:])).astype(dtype)
+
+
+def _by_name(calib: Calib, specs: list[Spec]) -> dict[str, np.ndarray]:
+    """Calibration arrays keyed by input name (one array feeds a one-input graph)."""
+    names = [n for n, _, _ in specs]
+    if not isinstance(calib, Mapping):
+        if len(specs) != 1:
+            raise CalibrationError(f"the graph has inputs {names}; give calibration data by input name")
+        return {names[0]: np.asarray(calib)}
+    if sorted(calib) != sorted(names):
+        raise CalibrationError(f"calibration data names inputs {sorted(calib)} but the graph's are {names}")
+    rows = {n: len(calib[n]) for n in names}
+    if len(set(rows.values())) > 1:
+        raise CalibrationError(f"calibration inputs have different sample counts {rows}")
+    return {n: np.asarray(calib[n]) for n in names}
 
 
 def _calibration_array(
-    calib: np.ndarray | None, model: onnx.ModelProto, config: QuantConfig
-) -> tuple[np.ndarray, bool]:
-    """Check (or, if allowed, generate) calibration data; return it cast to the input dtype and a random flag."""
-    name, shape, dtype = _input_spec(model)
+    calib: Calib | None, model: onnx.ModelProto, config: QuantConfig
+) -> tuple[dict[str, np.ndarray], bool]:
+    """Check (or, if allowed, generate) calibration data; return it cast to the inputs' dtypes and a random flag."""
+    specs = _input_specs(model)
     if calib is None:
         if not config.allow_random_calibration:
             raise CalibrationError(
                 "static INT8 quantisation needs calibration data (a few hundred representative inputs); "
                 "pass calib=array or set QuantConfig(allow_random_calibration=True) to accept random data"
             )
-        logger.warning("calibrating %r on random data: INT8 ranges will not match real inputs", name)
-        return _random_calibration(name, shape, config).astype(dtype), True
-    calib = np.asarray(calib)
-    fits = calib.ndim == len(shape) and all(d is None or d == c for d, c in zip(shape[1:], calib.shape[1:]))
-    if not fits or len(calib) == 0:
-        raise CalibrationError(f"calibration data of shape {calib.shape} does not fit input {name!r} of shape {shape}")
-    return calib.astype(dtype, copy=False), False
+        logger.warning("calibrating %s on random data: INT8 ranges will not match real inputs",
+                       ", ".join(repr(n) for n, _, _ in specs))
+        return {spec[0]: _random_calibration(spec, config) for spec in specs}, True
+    arrays = _by_name(calib, specs)
+    for name, shape, _ in specs:
+        a = arrays[name]
+        fits = a.ndim == len(shape) and all(d is None or d == c for d, c in zip(shape[1:], a.shape[1:]))
+        if not fits or len(a) == 0:
+            raise CalibrationError(f"calibration data of shape {a.shape} does not fit input {name!r} of shape {shape}")
+    return {name: arrays[name].astype(dtype, copy=False) for name, _, dtype in specs}, False
 
 
 def _preprocess(fp32_path: Path, out: Path) -> tuple[Path, str | None]:
@@ -269,12 +301,13 @@ def _preprocess(fp32_path: Path, out: Path) -> tuple[Path, str | None]:
     return fp32_path, note
 
 
-def _reader(model: onnx.ModelProto, data: np.ndarray, config: QuantConfig) -> ArrayCalibrationReader:
+def _reader(model: onnx.ModelProto, data: Mapping[str, np.ndarray], config: QuantConfig) -> ArrayCalibrationReader:
     """Calibration reader; a static batch axis fixes the batch size (and drops a short last batch)."""
-    name, shape, _ = _input_spec(model)
-    if shape[0] is not None and len(data) < shape[0]:
-        raise CalibrationError(f"{len(data)} calibration samples < static batch {shape[0]} of input {name!r}")
-    return ArrayCalibrationReader(name, data, shape[0] or config.batch_size, drop_last=shape[0] is not None)
+    name, shape, _ = _input_specs(model)[0]
+    rows = len(next(iter(data.values())))
+    if shape[0] is not None and rows < shape[0]:
+        raise CalibrationError(f"{rows} calibration samples < static batch {shape[0]} of input {name!r}")
+    return ArrayCalibrationReader(data, shape[0] or config.batch_size, drop_last=shape[0] is not None)
 
 
 class _PerChannelAxisNoise(logging.Filter):
@@ -444,7 +477,10 @@ def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config
     noise = _PerChannelAxisNoise()
     logging.getLogger().addFilter(noise)
     try:
-        _quantize_static(source, dest, reader, config, act_type, symmetric, list(excluded), overrides or {})
+        # A tensor whose calibrated range is empty or infinite (e.g. an attention mask filled with -inf) makes
+        # ORT's scale computation divide by zero; ORT leaves such tensors in float, so its numpy warnings are noise.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            _quantize_static(source, dest, reader, config, act_type, symmetric, list(excluded), overrides or {})
     finally:
         logging.getLogger().removeFilter(noise)
 
@@ -485,10 +521,19 @@ def _kernel_counts(op_counts: dict[str, int]) -> tuple[int, int]:
     return integer, floating
 
 
+def int8_skip_reason(fp32_path: str | Path) -> str | None:
+    """Why INT8 is not made for ``fp32_path`` (``None`` when it can be): a model with external data (weights
+    beside the graph, e.g. one over 2 GiB) is not quantised; the pipeline records this line instead."""
+    if not data_files(fp32_path):
+        return None
+    return ("the model keeps its weights in external data; INT8 quantisation here loads one in-memory protobuf "
+            "(at most 2 GiB)")
+
+
 def quantize_int8(
     fp32_path: str | Path,
     out_path: str | Path,
-    calib: np.ndarray | None = None,
+    calib: Calib | None = None,
     config: QuantConfig | None = None,
     activation_ranges: Mapping[str, Mapping[str, Any]] | None = None,
     weights: Mapping[str, np.ndarray] | None = None,
@@ -497,10 +542,12 @@ def quantize_int8(
     """Quantise a float ONNX model to INT8 with ONNX Runtime and count its integer kernels.
 
     Args:
-        fp32_path: float model with one input (not modified).
+        fp32_path: float model (not modified).
         out_path: destination (must differ from ``fp32_path``); written atomically.
-        calib: calibration inputs, batch along axis 0 (static mode). ``None`` is refused unless
-            ``config.allow_random_calibration``.
+        calib: calibration inputs, batch along axis 0 (static mode): one array, or arrays by graph input name
+            for several inputs (integer inputs such as token ids feed the calibration as they are; only float
+            tensors get ranges). ``None`` is refused unless ``config.allow_random_calibration`` (and every input
+            is float).
         config: options; default :class:`QuantConfig` (static, cpu target).
         activation_ranges: trained input ranges by module name (a recovery's ``activation_ranges``: ``scale``,
             ``zero_point``, ``dtype``, ``symmetric``); their layers' input tensors get exactly these parameters,
@@ -515,14 +562,18 @@ def quantize_int8(
     Raises:
         CalibrationError: no or ill-shaped calibration data.
         ValueError: ``exclude`` names a node that is not in the pre-processed graph.
-        QuantizationError: ONNX Runtime could not quantise the model, or the trained ranges are for another
-            activation format (or for dynamic mode).
+        QuantizationError: ONNX Runtime could not quantise the model, the trained ranges are for another
+            activation format (or for dynamic mode), or the model keeps its weights in external data
+            (:func:`int8_skip_reason`).
     """
     config = config or QuantConfig()
     ranges = dict(activation_ranges or {})
     if ranges:
         _check_ranges(ranges, config)
     ensure_distinct(fp32_path, out_path)
+    skip = int8_skip_reason(fp32_path)
+    if skip:
+        raise QuantizationError(f"cannot quantise {Path(fp32_path).name} to INT8: {skip}")
     fp32_path, out_path = Path(fp32_path), Path(out_path)
     model = onnx.load(str(fp32_path))
     data, is_random = _calibration_array(calib, model, config) if config.mode == "static" else (None, False)
@@ -544,7 +595,7 @@ def quantize_int8(
     if untrained:
         logger.warning("%s: the trained activation ranges of %s are not in the graph; calibrated instead",
                        out_path.name, ", ".join(untrained))
-    return dataclasses.replace(_result(fp32_path, out_path, config, 0 if data is None else len(data), is_random,
+    return dataclasses.replace(_result(fp32_path, out_path, config, 0 if data is None else len(next(iter(data.values()))), is_random,
                                        note), excluded_nodes=excluded, range_source="trained" if trained else
                                "calibrated", trained_ranges=trained, untrained_modules=untrained)
 

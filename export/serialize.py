@@ -6,11 +6,12 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
+from compress.core.inputs import Inputs, NamedInputs, args_of
 from export.atomic import atomic_path
 
 __all__ = ["save_program", "synthetic_example"]
@@ -30,17 +31,23 @@ def synthetic_example(example: torch.Tensor, rows: int = 2, seed: int = 0) -> to
     return torch.zeros(shape, dtype=example.dtype)
 
 
-def save_program(module: nn.Module, example: torch.Tensor, path: Path,
-                 dynamic_dims: Mapping[int, str] | None = None) -> Path:
-    """``torch.export`` ``module`` with a dynamic batch (and ``dynamic_dims``), saved atomically as ``.pt2``.
+def save_program(module: nn.Module, example: Inputs, path: Path, dynamic_dims: Mapping[int, str] | None = None,
+                 dynamic_axes: Mapping[str, Mapping[int, str]] | None = None) -> Path:
+    """``torch.export`` ``module`` with a dynamic batch (and ``dynamic_dims`` of a one-tensor input, or
+    ``dynamic_axes`` by input name), saved atomically as ``.pt2``.
 
-    ``example`` only gives the per-sample shape and dtype: the program stores a synthetic two-row example
+    ``example`` only gives the per-sample shapes and dtypes: the program stores a synthetic two-row example
     (:func:`synthetic_example`), never the caller's data.
     """
     module = module.eval()
-    dims = {0: torch.export.Dim("batch", min=1)}
-    dims.update({axis: torch.export.Dim(name, min=1) for axis, name in (dynamic_dims or {}).items()})
-    program = torch.export.export(module, (synthetic_example(example),), dynamic_shapes=(dims,))
+    names = example.names if isinstance(example, NamedInputs) else ["input"]
+    axes = {n: {0: "batch", **dict((dynamic_axes or {}).get(n, {}))} for n in names}
+    axes[names[0]].update(dynamic_dims or {})
+    made: dict[str, Any] = {}
+    dim = lambda name: made.setdefault(name, torch.export.Dim(name, min=1))  # noqa: E731
+    shapes = tuple({axis: dim(d) for axis, d in axes[n].items()} for n in names)
+    fresh = tuple(synthetic_example(t) for t in args_of(example))
+    program = torch.export.export(module, fresh, dynamic_shapes=shapes)
     with atomic_path(path) as tmp, tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as work, \
             warnings.catch_warnings():
         # torch warns about tied tensors ("No complete tensor found in the group") on CPU-only weights.

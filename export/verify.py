@@ -8,7 +8,7 @@ exporter and ORT; failing parity raises :class:`ParityError`, never warns.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +17,7 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
+from compress.core.inputs import Inputs, NamedInputs, call
 from export.errors import ParityError
 from export.onnx_export import eval_mode, flatten_outputs
 from runtime_bench.facts import PROVIDERS
@@ -27,7 +28,10 @@ __all__ = [
     "DEFAULT_RTOL",
     "OutputParity",
     "ParityResult",
+    "Feeds",
     "compare_output",
+    "feed_rows",
+    "feeds_of",
     "run_ort",
     "verify_parity",
 ]
@@ -88,12 +92,31 @@ class ParityResult:
     passed: bool = True
 
 
-def run_ort(session: ort.InferenceSession, x: np.ndarray) -> list[np.ndarray]:
-    """Run a one-input session on ``x`` and return all outputs in graph order."""
-    inputs = session.get_inputs()
-    if len(inputs) != 1:
-        raise ValueError(f"expected a graph with one input, got {[i.name for i in inputs]}")
-    return session.run(None, {inputs[0].name: x})
+Feeds = np.ndarray | Mapping[str, np.ndarray]
+"""ONNX Runtime inputs: one array for a one-input graph, or arrays by graph input name."""
+
+
+def feeds_of(x: Inputs) -> Feeds:
+    """Numpy feeds for torch inputs: an array, or ``name → array`` for named inputs."""
+    return x.numpy() if isinstance(x, NamedInputs) else x.detach().cpu().numpy()
+
+
+def feed_rows(x: Feeds) -> int:
+    """Rows (batch size) of a feed."""
+    return len(next(iter(x.values()))) if isinstance(x, Mapping) else len(x)
+
+
+def run_ort(session: ort.InferenceSession, x: Feeds) -> list[np.ndarray]:
+    """Run a session on ``x`` (one array for a one-input graph, or arrays by input name); all outputs in graph
+    order."""
+    inputs = [i.name for i in session.get_inputs()]
+    if not isinstance(x, Mapping):
+        if len(inputs) != 1:
+            raise ValueError(f"expected a graph with one input, got {inputs}; feed arrays by input name")
+        return session.run(None, {inputs[0]: x})
+    if sorted(x) != sorted(inputs):
+        raise ValueError(f"the graph's inputs are {inputs} but the feeds name {list(x)}")
+    return session.run(None, dict(x))
 
 
 def _top1(onnx_out: np.ndarray, torch_out: np.ndarray) -> float | None:
@@ -124,19 +147,27 @@ def compare_output(
 
 
 def _check_batch(
-    module: nn.Module, session: ort.InferenceSession, x: torch.Tensor, rtol: float, atol: float
+    module: nn.Module, session: ort.InferenceSession, x: Inputs, rtol: float, atol: float
 ) -> list[OutputParity]:
     """Compare every output of ``module(x)`` with ONNX Runtime's; raise on a count or shape mismatch."""
-    expected = [t.detach().cpu().numpy() for t in flatten_outputs(module(x))]
-    got = run_ort(session, x.detach().cpu().numpy())
+    expected = [t.detach().cpu().numpy() for t in flatten_outputs(call(module, x))]
+    got = run_ort(session, feeds_of(x))
     names = [o.name for o in session.get_outputs()]
     if len(got) != len(expected):
         raise ParityError(f"the ONNX graph has {len(got)} outputs but the module returns {len(expected)}")
-    batch = int(x.shape[0])
+    batch = len(x)
     for name, g, e in zip(names, got, expected):
         if g.shape != e.shape:
-            raise ParityError(f"ONNX output {name!r} at batch size {batch} has shape {g.shape}, torch {e.shape}")
+            raise ParityError(f"ONNX output {name!r} at batch size {batch} has shape {g.shape}, torch {e.shape} "
+                              f"(input {_describe(x)})")
     return [compare_output(name, batch, g, e, rtol, atol) for name, g, e in zip(names, got, expected)]
+
+
+def _describe(x: Inputs) -> str:
+    """Input shapes for messages: ``(2, 8)`` or ``input_ids (2, 8), attention_mask (2, 8)``."""
+    if isinstance(x, NamedInputs):
+        return ", ".join(f"{n} {tuple(t.shape)}" for n, t in x.items())
+    return str(tuple(x.shape))
 
 
 def _summarise(path: str, rtol: float, atol: float, batches: list[int], checks: list[OutputParity]) -> ParityResult:
@@ -164,7 +195,7 @@ def _raise_worst(result: ParityResult) -> None:
 def verify_parity(
     module: nn.Module,
     onnx_path: str | Path,
-    inputs: Sequence[torch.Tensor],
+    inputs: Sequence[Inputs],
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
     provider: str = PROVIDERS["cpu"],
@@ -173,8 +204,9 @@ def verify_parity(
 
     Args:
         module: the torch module (run in eval mode under ``no_grad``; flags restored after).
-        onnx_path: its exported ONNX file (one input; outputs in the module's flattened order).
-        inputs: one tensor per batch size; at least two distinct batch sizes.
+        onnx_path: its exported ONNX file (outputs in the module's flattened order).
+        inputs: one tensor (or named inputs) per checked shape; at least two distinct batch sizes (a further
+            entry may repeat a batch size at another length of a dynamic axis).
         rtol: relative tolerance (default ``1e-4``).
         atol: absolute tolerance (default ``1e-5``).
         provider: ONNX Runtime execution provider (full name); the session opens in
@@ -187,7 +219,7 @@ def verify_parity(
         ValueError: fewer than two distinct batch sizes.
         ParityError: an output (or the output count/shape) differs beyond tolerance.
     """
-    batches = [int(x.shape[0]) for x in inputs]
+    batches = [len(x) for x in inputs]
     if len(set(batches)) < 2:
         raise ValueError(f"parity needs inputs at two or more batch sizes, got batch sizes {batches}")
     session = create_session(Path(onnx_path), provider)

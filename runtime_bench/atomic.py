@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["OutputWriteError", "atomic_path", "atomic_write_bytes", "atomic_write_text"]
+__all__ = ["OutputWriteError", "atomic_path", "atomic_write_bytes", "atomic_write_text", "write_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,8 @@ class OutputWriteError(OSError):
         return str(self.strerror)
 
 
-def _write_error(final: Path, exc: OSError) -> OutputWriteError:
+def write_error(final: Path, exc: OSError) -> OutputWriteError:
+    """The one-line :class:`OutputWriteError` for ``exc`` raised while writing ``final`` (what failed, what to do)."""
     hint = _WRITE_HINTS.get(exc.errno or 0, "choose another output path")
     return OutputWriteError(exc.errno, f"cannot write {final}: {exc.strerror or exc}; {hint}", str(final))
 
@@ -83,7 +84,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{final.suffix}", dir=final.parent)
     except OSError as exc:
-        raise _write_error(final, exc) from exc
+        raise write_error(final, exc) from exc
     os.close(fd)
     tmp = Path(name)
     try:
@@ -93,7 +94,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     except OSError as exc:
         _remove_quietly(tmp)
         if exc.errno in _WRITE_HINTS and not isinstance(exc, OutputWriteError):
-            raise _write_error(final, exc) from exc
+            raise write_error(final, exc) from exc
         raise
     except BaseException:
         _remove_quietly(tmp)

@@ -1,7 +1,8 @@
-"""Benchmark driver: fresh worker processes per (provider, batch size), then metrics and report."""
+"""Benchmark driver: fresh worker processes per (provider, batch size, shape), then metrics and report."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -16,17 +17,17 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .config import BenchConfig, ModelEntry
+from .config import BenchConfig, ModelEntry, shape_label
 from .environment import collect_environment
 from .errors import BenchInputError, ProviderUnavailableError, WorkerError
 from .facts import PROGRESS_KEY
-from .inputs import check_batch, input_specs, timing_inputs
+from .inputs import Data, check_batch, data_rows, input_specs, symbolic_axes, take_rows, timing_inputs
 from .metrics import ModelMetrics, evaluate_models
 from .model_info import model_info
 from .providers import provider_name, require_available, unavailable_reason
 from .report import SCHEMA_VERSION, BenchReport, LatencyResult, RatioResult, UnavailableProvider
 from .timing import latency_stats, ratio_summary
-from .worker import WorkerJob, WorkerResult
+from .worker import WorkerJob, WorkerResult, save_data
 
 __all__ = ["run_benchmark", "Progress"]
 
@@ -34,30 +35,32 @@ logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 #: Log records with this ``extra`` key carry (task, done, total); the CLI draws them as progress bars.
-Cell = tuple[str, int]
+Cell = tuple[str, int, str]  # (provider, batch size, shape label) of one timing cell
 
 
 def run_benchmark(
     models: Sequence[ModelEntry],
     config: BenchConfig,
-    x: np.ndarray | None = None,
+    x: Data | None = None,
     y: np.ndarray | None = None,
     progress: Progress | None = None,
     fail_on_unavailable: bool = False,
 ) -> BenchReport:
-    """Time ``models`` interleaved on every (provider, batch size) and measure their agreement.
+    """Time ``models`` interleaved on every (provider, batch size, shape) and measure their agreement.
 
-    Each (provider, batch size) runs in ``config.repeats`` fresh worker processes; ratios are vs
+    Shapes are the combinations of ``config.axis_values`` (one unnamed shape ``""`` without them).
+    Each cell runs in ``config.repeats`` fresh worker processes; ratios are vs
     ``models[0]``. Providers that cannot run here are reported in ``unavailable``, never replaced;
     with ``fail_on_unavailable`` they are an error instead (checked before any work, and again when a
     worker finds that onnxruntime fell back to another provider).
-    Accuracy (with ``y``) and agreement are computed first, here on CPU, on ``x`` (or seeded random
-    inputs), so incompatible models fail before any timing.
+    Accuracy (with ``y``) and agreement are computed first, here on CPU, on ``x`` as given (or seeded
+    random inputs at the first shape), so incompatible models fail before any timing.
 
     Args:
         models: Models to compare; the first is the reference.
-        config: Timing protocol, providers and batch sizes.
-        x: Evaluation inputs (rows along axis 0), also used as timing inputs.
+        config: Timing protocol, providers, batch sizes and symbolic axis values.
+        x: Evaluation inputs (rows along axis 0), also used as timing inputs (cut along symbolic axes to
+            each shape): one array for single-input models, or arrays keyed by graph input name.
         y: Labels (integers: accuracy) or targets (floats: MSE) for ``x``.
         progress: Called with one-line progress messages (default: ``logging.info``).
         fail_on_unavailable: Raise :class:`ProviderUnavailableError` instead of reporting a provider
@@ -78,7 +81,7 @@ def run_benchmark(
                                        + "; ".join(f"{p}: {r}" for p, r in unavailable.items())
                                        + "), so nothing would be timed; request one that can (e.g. cpu)")
     with tempfile.TemporaryDirectory(prefix="minreal-bench-") as tmp:
-        data_path = _save_data(x, Path(tmp))
+        data_path = save_data(x, Path(tmp))
         runs = _run_workers(models, config, threads, data_path, unavailable, Path(tmp), notify,
                             fail_on_unavailable)
     latency, ratios = _summarise(runs, [m.name for m in models])
@@ -106,26 +109,24 @@ def _check_models(models: Sequence[ModelEntry]) -> None:
 
 
 def _check_inputs(
-    models: Sequence[ModelEntry], config: BenchConfig, x: np.ndarray | None, y: np.ndarray | None
+    models: Sequence[ModelEntry], config: BenchConfig, x: Data | None, y: np.ndarray | None
 ) -> None:
     """Fail in the parent, before any worker starts, on inputs a worker could not build."""
-    if x is not None and (x.ndim < 1 or len(x) == 0):
-        raise BenchInputError(f"x must have at least one row, got shape {x.shape}")
-    if y is not None and (x is None or len(y) != len(x)):
+    rows = None if x is None else data_rows(x)
+    if y is not None and (rows is None or len(y) != rows):
         raise BenchInputError(f"y needs x with the same number of rows (y has {len(y)})")
-    for model in models:
-        specs = input_specs(model.path)
+    specs = {model.name: input_specs(model.path) for model in models}
+    axes = set().union(*map(symbolic_axes, specs.values()))
+    unknown = [name for name in config.axis_values if name not in axes]
+    if unknown:
+        raise BenchInputError(f"axis_values names {unknown}, which no model input has as a symbolic axis beyond "
+                              f"batch (they have {sorted(axes)})")
+    first = None if x is None else take_rows(x, 0, 1)
+    for name, model_specs in specs.items():
         for batch in config.batch_sizes:
-            check_batch(specs, batch, model.name)
-        timing_inputs(specs, config.batch_sizes[0], None if x is None else x[:1], config.seed, model.name)
-
-
-def _save_data(x: np.ndarray | None, workdir: Path) -> str | None:
-    if x is None:
-        return None
-    path = workdir / "x.npy"
-    np.save(path, x)
-    return str(path)
+            check_batch(model_specs, batch, name)
+        for shape in config.shapes():
+            timing_inputs(model_specs, config.batch_sizes[0], first, config.seed, name, shape)
 
 
 def _run_workers(
@@ -140,21 +141,24 @@ def _run_workers(
 ) -> dict[Cell, list[WorkerResult]]:
     """Repeat-major loop over cells; model order rotates per repeat so no model is always first."""
     runs: dict[Cell, list[WorkerResult]] = defaultdict(list)
-    done, total = 0, config.repeats * len(config.providers) * len(config.batch_sizes)
+    shapes = config.shapes()
+    done, total = 0, config.repeats * len(config.providers) * len(config.batch_sizes) * len(shapes)
     for repeat in range(config.repeats):
         order = [models[(i + repeat) % len(models)] for i in range(len(models))]
         for provider in config.providers:
-            for batch in config.batch_sizes:
+            for batch, (index, shape) in itertools.product(config.batch_sizes, enumerate(shapes)):
                 if provider in unavailable:
                     break
                 job = WorkerJob(
                     names=[m.name for m in order], paths=[str(m.path) for m in order],
                     provider=provider_name(provider), batch_size=batch, threads=threads,
                     warmup=config.warmup, min_runs=config.min_runs, min_seconds=config.min_seconds,
-                    seed=config.seed, data_path=data_path,
+                    seed=config.seed, data_path=data_path, axis_values=shape,
                 )
-                notify(f"timing {provider} batch {batch} (process {repeat + 1}/{config.repeats})")
-                result = _spawn(job, workdir / f"{provider}-b{batch}-r{repeat}", config.worker_timeout_s)
+                label = shape_label(shape)
+                notify(f"timing {provider} batch {batch}{' ' + label if label else ''} "
+                       f"(process {repeat + 1}/{config.repeats})")
+                result = _spawn(job, workdir / f"{provider}-b{batch}-s{index}-r{repeat}", config.worker_timeout_s)
                 done += 1
                 logger.info("timing processes: %d/%d", done, total,
                             extra={PROGRESS_KEY: ("timing processes", done, total)})
@@ -163,7 +167,7 @@ def _run_workers(
                     if fail_on_unavailable:
                         raise ProviderUnavailableError(f"provider {provider} did not run: {unavailable[provider]}")
                     continue
-                runs[(provider, batch)].append(result)
+                runs[(provider, batch, label)].append(result)
     return {cell: results for cell, results in runs.items() if cell[0] not in unavailable}
 
 
@@ -173,7 +177,7 @@ def _spawn(job: WorkerJob, stem: Path, timeout_s: float) -> WorkerResult:
     job_path.write_text(json.dumps(asdict(job)))
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     command = [sys.executable, "-m", "runtime_bench.worker", str(job_path), str(result_path)]
-    where = f"{job.provider} batch {job.batch_size}"
+    where = " ".join(filter(None, [job.provider, f"batch {job.batch_size}", shape_label(job.axis_values)]))
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
     except subprocess.TimeoutExpired:
@@ -189,37 +193,41 @@ def _summarise(
 ) -> tuple[tuple[LatencyResult, ...], tuple[RatioResult, ...]]:
     """Pool latencies over processes per model and pair per-process medians into ratios."""
     latency, ratios = [], []
-    for (provider, batch), results in runs.items():
+    for (provider, batch, shape), results in runs.items():
         p50 = {n: [float(np.median(r.latencies_ms[n])) for r in results] for n in names}
         for name in names:
             pooled = [v for r in results for v in r.latencies_ms[name]]
             latency.append(LatencyResult(
                 model=name, provider=provider, batch_size=batch, stats=latency_stats(pooled, batch),
                 process_p50_ms=tuple(p50[name]), worker_pids=tuple(r.pid for r in results),
-                actual_providers=tuple(results[0].actual_providers),
+                actual_providers=tuple(results[0].actual_providers), shape=shape,
             ))
         for name in names[1:]:
             s = ratio_summary(p50[name], p50[names[0]])
-            ratios.append(RatioResult(name, names[0], provider, batch, "p50_ms", s.median, s.min, s.max, s.per_process))
+            ratios.append(RatioResult(name, names[0], provider, batch, "p50_ms", s.median, s.min, s.max, s.per_process,
+                                      shape=shape))
     return tuple(latency), tuple(ratios)
 
 
 def _metrics(
-    models: Sequence[ModelEntry], config: BenchConfig, threads: int, x: np.ndarray | None, y: np.ndarray | None
+    models: Sequence[ModelEntry], config: BenchConfig, threads: int, x: Data | None, y: np.ndarray | None
 ) -> tuple[tuple[ModelMetrics, ...], str]:
-    """Accuracy/agreement on ``x``; without data, agreement on seeded random single-input rows.
+    """Accuracy/agreement on ``x`` as given; without data, agreement on seeded random rows of the first shape.
+
+    Random rows are those of :func:`runtime_bench.inputs.timing_inputs` for the first model's inputs.
 
     Returns:
         The metrics and a description of the data they were computed on.
     """
     names, paths = [m.name for m in models], [m.path for m in models]
     if x is not None:
-        described = f"the evaluation data ({len(x)} rows{', labelled' if y is not None else ''})"
+        described = f"the evaluation data ({data_rows(x)} rows{', labelled' if y is not None else ''})"
         return tuple(evaluate_models(names, paths, x, y, config.eval_batch_size, threads)), described
-    specs = input_specs(models[0].path)
-    if len(specs) != 1:
-        return (), f"nothing: no data and {len(specs)} model inputs"
-    rows = specs[0].fixed_batch() or config.eval_batch_size
-    x = timing_inputs(specs, rows, None, config.seed, models[0].name)[specs[0].name]
-    described = f"{rows} random standard-normal rows (seed {config.seed}), no labels"
+    specs, shape = input_specs(models[0].path), config.shapes()[0]
+    rows = next((b for s in specs if (b := s.fixed_batch()) is not None), config.eval_batch_size)
+    x = timing_inputs(specs, rows, None, config.seed, models[0].name, shape)
+    floats = all(np.dtype(s.dtype).kind == "f" for s in specs)
+    kinds = "standard-normal" if floats else "valid (standard-normal floats, in-range indices, masks of ones)"
+    at = f" at {shape_label(shape)}" if shape else ""
+    described = f"{rows} random {kinds} rows{at} (seed {config.seed}), no labels"
     return tuple(evaluate_models(names, paths, x, None, config.eval_batch_size, threads)), described

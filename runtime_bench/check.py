@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
+from .config import shape_grid, shape_label
 from .errors import CheckError
 from .report import BenchReport, validate_report
 
@@ -15,13 +16,14 @@ __all__ = ["Criterion", "CheckResult", "check_report", "format_check", "describe
 logger = logging.getLogger(__name__)
 
 ReportLike = Mapping[str, Any] | BenchReport
-Cell = tuple[str, str, int]
+#: (model, provider, batch size, shape label)
+Cell = tuple[str, str, int, str]
 REGRESSION = "latency_regression_pct"
 
 
 @dataclass(frozen=True)
 class Criterion:
-    """One threshold applied to one model (and provider / batch size where latency is concerned).
+    """One threshold applied to one model (and provider / batch size / shape where latency is concerned).
 
     ``measured`` is NaN when the report has no value for the subject (a missing latency); ``note``
     says what decided the verdict when the value alone does not (missing cells, measurement noise).
@@ -35,6 +37,7 @@ class Criterion:
     allowed: float
     passed: bool
     note: str = ""
+    shape: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,13 +64,13 @@ def check_report(
         max_latency_ratio: Highest allowed median latency ratio vs the first model, per cell.
         max_accuracy_drop: Highest allowed accuracy drop vs the first model, in percentage points.
         min_agreement: Lowest allowed top-1 agreement with the first model (fraction 0..1).
-        baseline: An earlier report; cells are matched by (model, provider, batch size).
+        baseline: An earlier report; cells are matched by (model, provider, batch size, shape).
         max_regression: Highest allowed p50 latency increase vs ``baseline``, in percent. A cell fails
             only when its increase exceeds this and the per-process p50 ranges of the two runs do not
             overlap (an increase inside the measured noise passes, with a note saying so).
         allow_new_models: Cells of ``report`` absent from ``baseline`` pass (they fail otherwise).
 
-    Every latency criterion also fails, with a note, for each requested (model, provider, batch size)
+    Every latency criterion also fails, with a note, for each requested (model, provider, batch size, shape)
     the report has no latency for (a provider recorded as unavailable, a cell that did not run).
 
     Raises:
@@ -96,12 +99,13 @@ def format_check(result: CheckResult) -> str:
 
 
 def describe_criterion(c: Criterion) -> str:
-    """``name model provider batch N: measured (allowed x) - note`` on one line."""
+    """``name model provider batch N [shape]: measured (allowed x) - note`` on one line."""
     return f"{c.name} {_verdict(c)}"
 
 
 def _verdict(c: Criterion) -> str:
-    where = " ".join([c.model, c.provider or "", f"batch {c.batch_size}" if c.batch_size else ""]).strip()
+    parts = [c.model, c.provider or "", f"batch {c.batch_size}" if c.batch_size else "", c.shape]
+    where = " ".join(p for p in parts if p)
     value = "missing" if math.isnan(c.measured) else f"{c.measured:.4g}"
     return f"{where}: {value} (allowed {c.allowed:.4g})" + (f" - {c.note}" if c.note else "")
 
@@ -117,10 +121,20 @@ def _latency_ratio(data: dict[str, Any], allowed: float) -> list[Criterion]:
     expected = [c for c in _expected_cells(data) if [c[0]] != reference]
     if not expected or not (ratios or data.get("unavailable")):
         raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has no latency ratios (one model or no provider ran)")
-    criteria = [Criterion("latency_ratio", r["model"], r["provider"], r["batch_size"], r["median"], allowed,
-                          r["median"] <= allowed) for r in ratios]
-    have = {(r["model"], r["provider"], r["batch_size"]) for r in ratios}
+    criteria = [_criterion("latency_ratio", _cell(r), r["median"], allowed, r["median"] <= allowed) for r in ratios]
+    have = {_cell(r) for r in ratios}
     return criteria + _missing("latency_ratio", data, [c for c in expected if c not in have], allowed)
+
+
+def _cell(row: Mapping[str, Any]) -> Cell:
+    """The (model, provider, batch size, shape) of a latency or ratio row (older rows have no shape)."""
+    return row["model"], row["provider"], row["batch_size"], row.get("shape") or ""
+
+
+def _criterion(name: str, cell: Cell, measured: float, allowed: float, passed: bool, note: str = "") -> Criterion:
+    """A latency criterion about ``cell``."""
+    model, provider, batch, shape = cell
+    return Criterion(name, model, provider, batch, measured, allowed, passed, note, shape)
 
 
 def _model_names(data: dict[str, Any]) -> list[str]:
@@ -129,12 +143,16 @@ def _model_names(data: dict[str, Any]) -> list[str]:
 
 
 def _expected_cells(data: dict[str, Any]) -> list[Cell]:
-    """Every (model, provider, batch size) the report was asked to time (its config, else what it holds)."""
+    """Every (model, provider, batch size, shape) the report was asked to time (its config, else what it holds)."""
     config, rows = data.get("config") or {}, data["latency"]
     providers = list(config.get("providers") or dict.fromkeys(r["provider"] for r in rows))
     providers += [u["provider"] for u in data.get("unavailable", []) if u["provider"] not in providers]
     batches = list(config.get("batch_sizes") or dict.fromkeys(r["batch_size"] for r in rows))
-    return [(m, p, b) for m in _model_names(data) for p in providers for b in batches]
+    if "axis_values" in config:
+        shapes = [shape_label(s) for s in shape_grid(config["axis_values"] or {})]
+    else:
+        shapes = list(dict.fromkeys(_cell(r)[3] for r in rows)) or [""]
+    return [(m, p, b, s) for m in _model_names(data) for p in providers for b in batches for s in shapes]
 
 
 def _missing(name: str, data: dict[str, Any], cells: Sequence[Cell], allowed: float) -> list[Criterion]:
@@ -146,7 +164,7 @@ def _missing(name: str, data: dict[str, Any], cells: Sequence[Cell], allowed: fl
             return f"no latency: provider {provider} was unavailable ({reasons[provider]})"
         return "no latency recorded for this cell"
 
-    return [Criterion(name, *cell, math.nan, allowed, False, why(cell[1])) for cell in cells]
+    return [_criterion(name, cell, math.nan, allowed, False, why(cell[1])) for cell in cells]
 
 
 def _accuracy_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
@@ -175,19 +193,21 @@ def _regression(data: dict[str, Any], baseline: dict[str, Any], allowed: float,
     # Even with new models allowed, a baseline that shares no cell compares nothing (a new case, whose
     # baseline is empty, is the exception).
     if not set(before) & set(now) and (before or not allow_new):
-        raise CheckError("baseline shares no (model, provider, batch size) with the report; nothing to compare")
+        raise CheckError("baseline shares no (model, provider, batch size, shape) with the report; "
+                         "nothing to compare")
     criteria = [_regression_criterion(key, row, before[key], allowed) for key, row in now.items() if key in before]
     note = "not in the baseline" + (" (new models allowed)" if allow_new
                                     else "; pass allow_new_models (--allow-new-models) to accept it")
-    criteria += [Criterion(REGRESSION, *key, math.nan, allowed, allow_new, note) for key in now if key not in before]
-    criteria += [Criterion(REGRESSION, *key, math.nan, allowed, False, "in the baseline but not in the report; "
-                           "update the baseline if it was dropped on purpose") for key in before if key not in now
-                 and key not in _expected_cells(data)]
-    return criteria + _missing(REGRESSION, data, [c for c in _expected_cells(data) if c not in now], allowed)
+    criteria += [_criterion(REGRESSION, key, math.nan, allowed, allow_new, note) for key in now if key not in before]
+    expected = _expected_cells(data)
+    criteria += [_criterion(REGRESSION, key, math.nan, allowed, False, "in the baseline but not in the report; "
+                            "update the baseline if it was dropped on purpose") for key in before if key not in now
+                 and key not in expected]
+    return criteria + _missing(REGRESSION, data, [c for c in expected if c not in now], allowed)
 
 
 def _rows_by_cell(data: dict[str, Any]) -> dict[Cell, dict[str, Any]]:
-    return {(r["model"], r["provider"], r["batch_size"]): r for r in data["latency"]}
+    return {_cell(r): r for r in data["latency"]}
 
 
 def _regression_criterion(key: Cell, row: dict[str, Any], base: dict[str, Any], allowed: float) -> Criterion:
@@ -196,15 +216,15 @@ def _regression_criterion(key: Cell, row: dict[str, Any], base: dict[str, Any], 
     pct = 100.0 * (row["stats"]["p50_ms"] / base["stats"]["p50_ms"] - 1.0)
     over = f"regression {pct:.3g}% > {allowed:.3g}%"
     if not math.isfinite(pct):
-        return Criterion(REGRESSION, *key, pct, allowed, False, "latency is not a finite number")
+        return _criterion(REGRESSION, key, pct, allowed, False, "latency is not a finite number")
     if pct <= allowed:
-        return Criterion(REGRESSION, *key, pct, allowed, True, f"{pct:.3g}% within the threshold")
+        return _criterion(REGRESSION, key, pct, allowed, True, f"{pct:.3g}% within the threshold")
     now, then = row.get("process_p50_ms") or (), base.get("process_p50_ms") or ()
     if not now or not then:
-        return Criterion(REGRESSION, *key, pct, allowed, False, f"{over}; no per-process spread recorded")
+        return _criterion(REGRESSION, key, pct, allowed, False, f"{over}; no per-process spread recorded")
     spread = f"(report {min(now):.4g}-{max(now):.4g} ms, baseline {min(then):.4g}-{max(then):.4g} ms)"
     if min(now) <= max(then) and min(then) <= max(now):
-        return Criterion(REGRESSION, *key, pct, allowed, True,
-                         f"{over} but within noise: per-process p50 ranges overlap {spread}")
-    return Criterion(REGRESSION, *key, pct, allowed, False,
-                     f"{over} and beyond noise: per-process p50 ranges do not overlap {spread}")
+        return _criterion(REGRESSION, key, pct, allowed, True,
+                          f"{over} but within noise: per-process p50 ranges overlap {spread}")
+    return _criterion(REGRESSION, key, pct, allowed, False,
+                      f"{over} and beyond noise: per-process p50 ranges do not overlap {spread}")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import numbers
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -11,7 +14,7 @@ import psutil
 from .errors import BenchInputError
 from .providers import provider_name
 
-__all__ = ["ModelEntry", "BenchConfig", "default_threads"]
+__all__ = ["ModelEntry", "BenchConfig", "default_threads", "shape_label", "shape_grid"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class BenchConfig:
         eval_batch_size: Batch size for the accuracy/agreement pass.
         seed: Seed for random timing inputs when no data is given.
         worker_timeout_s: Wall-clock limit of one worker process.
+        axis_values: Values for symbolic input dimensions beyond batch, by ONNX ``dim_param`` name, e.g.
+            ``{"seq": (32, 128)}``; every combination is timed as its own shape (label ``"seq=32"``). With
+            data, inputs are cut to these lengths along those axes; without data, random inputs take them.
     """
 
     providers: tuple[str, ...] = ("cpu",)
@@ -57,9 +63,11 @@ class BenchConfig:
     eval_batch_size: int = 64
     seed: int = 0
     worker_timeout_s: float = 600.0
+    axis_values: Mapping[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "providers", tuple(self.providers))
+        object.__setattr__(self, "axis_values", _axis_values(self.axis_values))
         object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
         for short in self.providers:
             provider_name(short)
@@ -78,10 +86,40 @@ class BenchConfig:
         """The intra-op thread count this run uses (explicit, or the physical core count)."""
         return self.intra_op_threads if self.intra_op_threads is not None else default_threads()
 
+    def shapes(self) -> tuple[dict[str, int], ...]:
+        """Every combination of :attr:`axis_values` (one empty assignment when there are none)."""
+        return shape_grid(self.axis_values)
+
+
+def shape_grid(axis_values: Mapping[str, Sequence[int]]) -> tuple[dict[str, int], ...]:
+    """All assignments ``{dim_param: value}`` of ``axis_values``, in key order then value order."""
+    names = list(axis_values)
+    return tuple(dict(zip(names, combo)) for combo in itertools.product(*(axis_values[n] for n in names)))
+
+
+def shape_label(values: Mapping[str, int]) -> str:
+    """The label of one shape assignment, e.g. ``"seq=32"`` or ``"seq=32,tgt=16"``; ``""`` when empty."""
+    return ",".join(f"{name}={value}" for name, value in values.items())
+
 
 def default_threads() -> int:
     """Physical core count (falls back to logical cores, then 1)."""
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def _axis_values(values: Mapping[str, int | Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    """Copy ``values`` as ``{name: (int, ...)}`` (a bare int is one value); names and values are checked."""
+    _require(isinstance(values, Mapping), f"axis_values must map dim names to sizes, got {type(values).__name__}")
+    out = {}
+    for name, sizes in values.items():
+        sizes = (sizes,) if isinstance(sizes, numbers.Integral) else tuple(sizes)
+        _require(isinstance(name, str) and bool(name) and not any(c in name for c in "=,"),
+                 f"axis_values names must be non-empty dim_param names without '=' or ',', got {name!r}")
+        _require(bool(sizes) and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                                     for v in sizes),
+                 f"axis_values[{name!r}] must be integers >= 1, got {sizes}")
+        out[name] = tuple(int(v) for v in sizes)
+    return out
 
 
 def _require(condition: bool, message: str) -> None:

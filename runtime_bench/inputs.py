@@ -1,8 +1,13 @@
-"""Model input specifications (read from the ONNX file) and timing inputs built from them."""
+"""Model input specifications (read from the ONNX file) and timing inputs built from them.
+
+Data ``x`` is either one array (for single-input models) or a mapping from graph input name to array; every
+array holds the same number of rows along axis 0.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,19 +17,28 @@ import onnx
 from .errors import BenchInputError, ModelFileError
 from .facts import error_line
 
-__all__ = ["InputSpec", "input_specs", "timing_inputs", "batch_inputs", "load_model_proto",
-           "check_external_data"]
+__all__ = ["InputSpec", "Data", "input_specs", "index_bounds", "timing_inputs", "batch_inputs", "named_data",
+           "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto", "check_external_data", "external_tensors"]
 
 Dim = int | str | None
+#: Evaluation/timing data: one array (single-input models) or arrays keyed by graph input name.
+Data = np.ndarray | Mapping[str, np.ndarray]
+#: Ops an index tensor may pass through unchanged on its way to a Gather (see :func:`index_bounds`).
+_INDEX_PASS_THROUGH = ("Cast", "Identity")
 
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One graph input: name, numpy dtype name and shape (int, symbolic name, or None if unknown)."""
+    """One graph input: name, numpy dtype name and shape (int, symbolic name, or None if unknown).
+
+    ``high`` is the exclusive upper bound of valid values of an integer input that indexes an embedding
+    table (see :func:`index_bounds`); None when the graph gives none.
+    """
 
     name: str
     dtype: str
     shape: tuple[Dim, ...]
+    high: int | None = None
 
     def fixed_batch(self) -> int | None:
         """The batch dimension if it is a fixed integer, else None (dynamic)."""
@@ -64,7 +78,7 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _tensors(sub)
 
 
-def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
     """Tensors (subgraphs included) whose data lives in another file."""
     return [t for t in _tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL]
 
@@ -75,7 +89,7 @@ def check_external_data(model: onnx.ModelProto, path: Path) -> None:
     Nothing is read: the locations are only resolved (symlinks included) and compared with the folder.
     """
     folder = Path(path).parent.resolve()
-    for tensor in _external_tensors(model):
+    for tensor in external_tensors(model):
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
         target = (folder / location).resolve()
         if not location or Path(location).is_absolute() or folder not in target.parents:
@@ -87,14 +101,54 @@ def input_specs(path: Path) -> list[InputSpec]:
     """Graph inputs of the model at ``path`` that are not initializers."""
     graph = load_model_proto(path).graph
     initializers = {init.name for init in graph.initializer}
-    return [_spec(value) for value in graph.input if value.name not in initializers]
+    bounds = index_bounds(graph)
+    return [_spec(value, bounds.get(value.name)) for value in graph.input if value.name not in initializers]
 
 
-def _spec(value: onnx.ValueInfoProto) -> InputSpec:
+def index_bounds(graph: onnx.GraphProto) -> dict[str, int]:
+    """Exclusive upper bounds of graph inputs that index an embedding table.
+
+    An input that feeds (directly or through Cast/Identity nodes) the indices of a ``Gather`` whose data is an
+    initializer only takes values in ``[0, dims[axis])`` of that initializer; with several such Gathers the
+    smallest bound holds. Inputs without such a Gather are absent.
+    """
+    tables = {init.name: tuple(init.dims) for init in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    bounds = {value.name: _gather_bound(value.name, consumers, tables) for value in graph.input}
+    return {name: bound for name, bound in bounds.items() if bound is not None}
+
+
+def _gather_bound(name: str, consumers: Mapping[str, list[onnx.NodeProto]],
+                  tables: Mapping[str, tuple[int, ...]]) -> int | None:
+    """Smallest table length among the Gathers that ``name`` (or a Cast/Identity of it) indexes."""
+    found, pending, seen = [], [name], set()
+    while pending:
+        tensor = pending.pop()
+        seen.add(tensor)
+        for node in consumers.get(tensor, ()):
+            if node.op_type in _INDEX_PASS_THROUGH and node.domain in ("", "ai.onnx"):
+                pending += [out for out in node.output if out not in seen]
+            elif node.op_type == "Gather" and node.input[1:2] == [tensor] and node.input[0] in tables:
+                found.append(_axis_length(node, tables[node.input[0]]))
+    found = [length for length in found if length is not None and length > 0]
+    return min(found) if found else None
+
+
+def _axis_length(gather: onnx.NodeProto, dims: tuple[int, ...]) -> int | None:
+    """Length of the table ``dims`` along the Gather's ``axis`` (default 0); None if out of range."""
+    axis = next((onnx.helper.get_attribute_value(a) for a in gather.attribute if a.name == "axis"), 0)
+    axis = axis + len(dims) if axis < 0 else axis
+    return dims[axis] if 0 <= axis < len(dims) else None
+
+
+def _spec(value: onnx.ValueInfoProto, high: int | None = None) -> InputSpec:
     tensor = value.type.tensor_type
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
     shape = tuple(_dim(d) for d in tensor.shape.dim)
-    return InputSpec(name=value.name, dtype=dtype, shape=shape)
+    return InputSpec(name=value.name, dtype=dtype, shape=shape, high=high)
 
 
 def _dim(dim: onnx.TensorShapeProto.Dimension) -> Dim:
@@ -104,28 +158,90 @@ def _dim(dim: onnx.TensorShapeProto.Dimension) -> Dim:
 
 
 def timing_inputs(
-    specs: list[InputSpec], batch_size: int, x: np.ndarray | None, seed: int, model: str
+    specs: list[InputSpec],
+    batch_size: int,
+    x: Data | None,
+    seed: int,
+    model: str,
+    axis_values: Mapping[str, int] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Inputs for timing one model at ``batch_size``.
+    """Inputs for timing one model at ``batch_size`` and one shape.
 
-    With data, the first ``batch_size`` rows of ``x`` (tiled if there are fewer) feed the model's
-    single input. Without data, seeded standard-normal values of the input's float dtype fill the
-    shape with the batch dimension set to ``batch_size``; other symbolic dimensions are an error.
+    With data, each input takes the first ``batch_size`` rows of its array (tiled if there are fewer), cut
+    to ``axis_values[name]`` along every symbolic axis ``name`` given there; data shorter than a requested
+    length is an error (never padded). Without data, seeded random values fill the input's shape (batch set
+    to ``batch_size``, symbolic axes to ``axis_values``): standard-normal floats; integers in
+    ``[0, spec.high)`` where the graph bounds them (indices of an embedding table), else ones (e.g. an
+    attention mask with every position valid); booleans True. A symbolic axis without a value is an error.
+
+    Args:
+        specs: The model's inputs (:func:`input_specs`).
+        batch_size: Rows per run.
+        x: Data (one array for a single-input model, or arrays keyed by input name), or None.
+        seed: Seed of the random inputs.
+        model: Model name, for error messages.
+        axis_values: One value per symbolic axis name (``dim_param``) to time at.
     """
     check_batch(specs, batch_size, model)
+    values = axis_values or {}
     if x is not None:
-        spec = _single_input(specs, model)
-        reps = -(-batch_size // len(x))
-        rows = np.concatenate([x] * reps)[:batch_size] if reps > 1 else x[:batch_size]
-        return {spec.name: _cast(rows, spec, model)}
+        named = named_data(specs, x, model)
+        return {s.name: _cast(_narrow(_tile(named[s.name], batch_size), s, values, model), s, model) for s in specs}
     rng = np.random.default_rng(seed)
-    return {spec.name: _random(spec, batch_size, rng, model) for spec in specs}
+    return {spec.name: _random(spec, batch_size, rng, model, values) for spec in specs}
 
 
-def batch_inputs(specs: list[InputSpec], rows: np.ndarray, model: str) -> dict[str, np.ndarray]:
-    """Feed a batch of data rows to the model's single input, cast to its dtype."""
-    spec = _single_input(specs, model)
-    return {spec.name: _cast(rows, spec, model)}
+def batch_inputs(specs: list[InputSpec], rows: Data, model: str) -> dict[str, np.ndarray]:
+    """Feed a batch of data rows (one array, or arrays keyed by input name) to the model, cast to its dtypes."""
+    named = named_data(specs, rows, model)
+    return {spec.name: _cast(named[spec.name], spec, model) for spec in specs}
+
+
+def named_data(specs: list[InputSpec], x: Data, model: str) -> dict[str, np.ndarray]:
+    """``x`` keyed by the model's input names: an array feeds a single-input model; a mapping names each input.
+
+    Raises:
+        BenchInputError: an array for a model with several inputs, or a mapping missing an input or holding
+            a name the model has no input for.
+    """
+    if not isinstance(x, Mapping):
+        return {_single_input(specs, model).name: np.asarray(x)}
+    names = [s.name for s in specs]
+    missing = [n for n in names if n not in x]
+    if missing:
+        raise BenchInputError(f"model {model!r} input {', '.join(map(repr, missing))} has no array in data x "
+                              f"(x holds {list(x)}); key x by the model's input names {names}")
+    extra = [k for k in x if k not in names]
+    if extra:
+        raise BenchInputError(f"data x holds {', '.join(map(repr, extra))} but model {model!r} has no such input "
+                              f"(its inputs are {names}); drop it from x")
+    return {n: np.asarray(x[n]) for n in names}
+
+
+def data_rows(x: Data) -> int:
+    """Rows of ``x`` along axis 0; every array must have at least one, and a mapping's arrays the same count."""
+    arrays = {f"x[{k!r}]": np.asarray(v) for k, v in x.items()} if isinstance(x, Mapping) else {"x": np.asarray(x)}
+    if not arrays:
+        raise BenchInputError("data x is an empty mapping; key it by the models' input names")
+    for label, array in arrays.items():
+        if array.ndim < 1 or len(array) == 0:
+            raise BenchInputError(f"{label} must have at least one row, got shape {array.shape}")
+    counts = {label: len(array) for label, array in arrays.items()}
+    if len(set(counts.values())) > 1:
+        raise BenchInputError(f"data x arrays have different row counts ({counts}); every input needs the same rows")
+    return next(iter(counts.values()))
+
+
+def take_rows(x: Data, start: int, stop: int) -> Data:
+    """Rows ``start:stop`` of ``x`` (of every array of a mapping)."""
+    if isinstance(x, Mapping):
+        return {name: array[start:stop] for name, array in x.items()}
+    return x[start:stop]
+
+
+def symbolic_axes(specs: list[InputSpec]) -> set[str]:
+    """Names (``dim_param``) of the symbolic axes beyond batch of ``specs``."""
+    return {dim for spec in specs for dim in spec.shape[1:] if isinstance(dim, str)}
 
 
 def check_batch(specs: list[InputSpec], batch_size: int, model: str) -> None:
@@ -141,8 +257,29 @@ def check_batch(specs: list[InputSpec], batch_size: int, model: str) -> None:
 def _single_input(specs: list[InputSpec], model: str) -> InputSpec:
     if len(specs) != 1:
         names = [s.name for s in specs]
-        raise BenchInputError(f"model {model!r} has {len(specs)} inputs {names}; data x feeds single-input models only")
+        raise BenchInputError(f"model {model!r} has {len(specs)} inputs {names}; an array x feeds single-input models "
+                              "only: pass x as a dict keyed by input name")
     return specs[0]
+
+
+def _tile(rows: np.ndarray, batch_size: int) -> np.ndarray:
+    """The first ``batch_size`` rows, repeating ``rows`` when it has fewer."""
+    reps = -(-batch_size // len(rows))
+    return np.concatenate([rows] * reps)[:batch_size] if reps > 1 else rows[:batch_size]
+
+
+def _narrow(rows: np.ndarray, spec: InputSpec, values: Mapping[str, int], model: str) -> np.ndarray:
+    """Cut ``rows`` to ``values[dim]`` along each symbolic axis ``dim`` of ``spec`` given a value."""
+    for axis, dim in enumerate(spec.shape[1 : rows.ndim], start=1):
+        if not isinstance(dim, str) or dim not in values:
+            continue
+        if values[dim] > rows.shape[axis]:
+            raise BenchInputError(
+                f"model {model!r} input {spec.name!r} axis {axis} ({dim!r}) has length {rows.shape[axis]} in the "
+                f"data, shorter than the requested {dim}={values[dim]}; pass longer data or a smaller "
+                f"axis_values[{dim!r}] (data is never padded)")
+        rows = rows[(slice(None),) * axis + (slice(0, values[dim]),)]
+    return rows
 
 
 def _cast(rows: np.ndarray, spec: InputSpec, model: str) -> np.ndarray:
@@ -155,12 +292,30 @@ def _cast(rows: np.ndarray, spec: InputSpec, model: str) -> np.ndarray:
     return np.ascontiguousarray(rows, dtype=spec.dtype)
 
 
-def _random(spec: InputSpec, batch_size: int, rng: np.random.Generator, model: str) -> np.ndarray:
-    rest = spec.shape[1:]
-    if any(not isinstance(d, int) for d in rest):
-        raise BenchInputError(
-            f"model {model!r} input {spec.name!r} has symbolic dims {spec.shape}; pass data x to time it"
-        )
-    if np.dtype(spec.dtype).kind != "f":
-        raise BenchInputError(f"model {model!r} input {spec.name!r} is {spec.dtype}; pass data x to time it")
-    return rng.standard_normal((batch_size, *rest)).astype(spec.dtype)
+def _random(
+    spec: InputSpec, batch_size: int, rng: np.random.Generator, model: str, values: Mapping[str, int]
+) -> np.ndarray:
+    """Seeded values valid for ``spec`` (see :func:`timing_inputs`)."""
+    shape = (batch_size, *(_size(spec, axis, values, model) for axis in range(1, len(spec.shape))))
+    dtype = np.dtype(spec.dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind == "b":
+        return np.ones(shape, dtype=bool)
+    if dtype.kind in "iu" and spec.high is not None:
+        return rng.integers(0, min(spec.high, int(np.iinfo(dtype).max) + 1), size=shape, dtype=dtype)
+    if dtype.kind in "iu":
+        return np.ones(shape, dtype=dtype)  # not an index: a mask or flag, where 1 (all valid) is safe
+    raise BenchInputError(f"model {model!r} input {spec.name!r} is {spec.dtype}; pass data x to time it")
+
+
+def _size(spec: InputSpec, axis: int, values: Mapping[str, int], model: str) -> int:
+    """Length of ``spec`` along ``axis`` (>= 1): fixed, or the value given for its symbolic name."""
+    dim = spec.shape[axis]
+    if isinstance(dim, int):
+        return dim
+    if dim in values:
+        return values[dim]
+    fix = f"set BenchConfig.axis_values={{{dim!r}: (...)}} or " if dim else ""
+    raise BenchInputError(f"model {model!r} input {spec.name!r} has symbolic dims {spec.shape}: axis {axis} "
+                          f"({dim!r}) has no value; {fix}pass data x to time it")

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import BenchInputError
-from .inputs import batch_inputs, check_batch, input_specs
+from .inputs import Data, InputSpec, batch_inputs, check_batch, data_rows, input_specs, take_rows
 from .providers import provider_name
 from .sessions import create_session
 
@@ -113,17 +113,20 @@ class _Running:
 def evaluate_models(
     names: Sequence[str],
     paths: Sequence[Path],
-    x: np.ndarray,
+    x: Data,
     y: np.ndarray | None,
     batch_size: int,
     threads: int,
 ) -> list[ModelMetrics]:
     """Run every model on ``x`` batch by batch on CPU and accumulate metrics against ``y``.
 
-    The first model is the reference for agreement. Models with a fixed batch dimension use it.
+    ``x`` is one array (single-input models) or arrays keyed by graph input name, used as given (symbolic
+    axes at their full length). The first model is the reference for agreement. Models with a fixed batch
+    dimension use it.
     """
-    if y is not None and len(y) != len(x):
-        raise BenchInputError(f"x has {len(x)} rows but y has {len(y)}")
+    rows = data_rows(x)
+    if y is not None and len(y) != rows:
+        raise BenchInputError(f"x has {rows} rows but y has {len(y)}")
     specs = [input_specs(Path(p)) for p in paths]
     fixed = {s.fixed_batch() for spec in specs for s in spec} - {None}
     step = fixed.pop() if len(fixed) == 1 else batch_size
@@ -131,9 +134,9 @@ def evaluate_models(
         check_batch(spec, step, name)
     sessions = [create_session(Path(p), provider_name("cpu"), threads) for p in paths]
     running = [_Running() for _ in names]
-    for start in range(0, len(x), step):
-        rows = x[start : start + step]
-        outs = [_run_padded(s, spec, rows, step, n) for s, spec, n in zip(sessions, specs, names)]
+    for start in range(0, rows, step):
+        part = take_rows(x, start, start + step)
+        outs = [_run_padded(s, spec, part, step, n) for s, spec, n in zip(sessions, specs, names)]
         labels = None if y is None else y[start : start + step]
         for acc, out, name in zip(running, outs, names):
             if out.shape != outs[0].shape:
@@ -143,9 +146,10 @@ def evaluate_models(
     return [acc.result(name, y) for acc, name in zip(running, names)]
 
 
-def _run_padded(session, specs, rows: np.ndarray, step: int, name: str) -> np.ndarray:
+def _run_padded(session, specs: list[InputSpec], rows: Data, step: int, name: str) -> np.ndarray:
     """First output for ``rows``; a short last batch is padded for fixed-batch models, then cut."""
-    n = len(rows)
-    if n < step and specs[0].fixed_batch() is not None:
-        rows = np.concatenate([rows, np.repeat(rows[-1:], step - n, axis=0)])
-    return session.run(None, batch_inputs(specs, rows, name))[0][:n]
+    feeds = batch_inputs(specs, rows, name)
+    n = data_rows(rows)
+    if n < step and any(s.fixed_batch() is not None for s in specs):
+        feeds = {k: np.concatenate([v, np.repeat(v[-1:], step - n, axis=0)]) for k, v in feeds.items()}
+    return session.run(None, feeds)[0][:n]

@@ -35,7 +35,11 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class LatencyResult:
-    """Latency of one model on one provider at one batch size, pooled over worker processes."""
+    """Latency of one model on one provider at one batch size and shape, pooled over worker processes.
+
+    ``shape`` labels the symbolic axis lengths timed (e.g. ``"seq=32"``, see
+    :attr:`runtime_bench.BenchConfig.axis_values`); ``""`` when there are none.
+    """
 
     model: str
     provider: str
@@ -44,11 +48,12 @@ class LatencyResult:
     process_p50_ms: tuple[float, ...]
     worker_pids: tuple[int, ...]
     actual_providers: tuple[str, ...]
+    shape: str = ""
 
 
 @dataclass(frozen=True)
 class RatioResult:
-    """``model`` latency / ``reference`` latency (median latencies, paired per process)."""
+    """``model`` latency / ``reference`` latency (median latencies, paired per process) in one cell."""
 
     model: str
     reference: str
@@ -59,6 +64,7 @@ class RatioResult:
     min: float
     max: float
     per_process: tuple[float, ...]
+    shape: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,15 +128,25 @@ def load_report(path: Path) -> dict[str, Any]:
 
 
 def validate_report(data: Any, source: str) -> dict[str, Any]:
-    """Check that ``data`` is a report dict of :data:`SCHEMA_VERSION`; returns it."""
+    """Check that ``data`` is a report dict of :data:`SCHEMA_VERSION`; returns it.
+
+    Latency and ratio rows of reports written before shapes existed get ``shape: ""`` (in the returned
+    copy; ``data`` itself is not changed).
+    """
     if not isinstance(data, dict) or "schema_version" not in data:
         raise ReportSchemaError(f"{source} is not a minreal benchmark report (no schema_version)")
     version = data["schema_version"]
     if version != SCHEMA_VERSION:
         raise ReportSchemaError(f"{source} has schema_version {version!r}; this minreal reads {SCHEMA_VERSION}")
+    data = {**data, **{key: _with_shape(data[key]) for key in ("latency", "ratios") if isinstance(data.get(key), list)}}
     for row in data.get("latency") or []:
         _check_latency_row(row, source)
     return data
+
+
+def _with_shape(rows: list[Any]) -> list[Any]:
+    """``rows`` with ``shape`` defaulted to ``""`` in each object (older reports have none)."""
+    return [{"shape": "", **row} if isinstance(row, dict) else row for row in rows]
 
 
 def _positive_finite(value: Any) -> bool:
@@ -143,6 +159,9 @@ def _check_latency_row(row: Any, source: str) -> None:
         raise ReportSchemaError(f"{source}: a latency entry is a {type(row).__name__}, not an object; "
                                 "regenerate the report")
     where = f"{source}: latency of {row.get('model')} {row.get('provider')} batch {row.get('batch_size')}"
+    if not isinstance(row.get("shape"), str):
+        raise ReportSchemaError(f"{where} has a shape that is not a string; regenerate the report")
+    where += f" {row['shape']}" if row["shape"] else ""
     stats = row.get("stats")
     if not isinstance(stats, dict) or not _positive_finite(stats.get("p50_ms")):
         raise ReportSchemaError(f"{where} has no finite, positive stats.p50_ms; regenerate the report")
@@ -162,16 +181,18 @@ Rows = tuple[list[str], list[list[str]]]
 
 
 def _latency_rows(report: BenchReport) -> Rows:
-    ratios = {(r.model, r.provider, r.batch_size): r for r in report.ratios}
-    headers = ["model", "provider", "batch", "mean ms", "std ms", "p50 ms", "p90 ms", "p99 ms", "samples/s", "runs",
-               "ratio (min-max)"]
+    """One row per latency result; a ``shape`` column after ``batch`` when any result has a shape."""
+    ratios = {(r.model, r.provider, r.batch_size, r.shape): r for r in report.ratios}
+    shaped = any(res.shape for res in report.latency)
+    headers = ["model", "provider", "batch", *(["shape"] if shaped else []), "mean ms", "std ms", "p50 ms", "p90 ms",
+               "p99 ms", "samples/s", "runs", "ratio (min-max)"]
     rows = []
     for res in report.latency:
         s = res.stats
-        ratio = ratios.get((res.model, res.provider, res.batch_size))
+        ratio = ratios.get((res.model, res.provider, res.batch_size, res.shape))
         shown = "1 (reference)" if ratio is None else f"{ratio.median:.3f} ({ratio.min:.3f}-{ratio.max:.3f})"
         times = [f"{t:.3f}" for t in (s.mean_ms, s.std_ms, s.p50_ms, s.p90_ms, s.p99_ms)]
-        cell = [res.model, res.provider, str(res.batch_size)]
+        cell = [res.model, res.provider, str(res.batch_size), *([res.shape] if shaped else [])]
         rows.append([*cell, *times, f"{s.throughput_sps:.1f}", str(s.runs), shown])
     return headers, rows
 
@@ -220,7 +241,8 @@ def _markdown(report: BenchReport) -> str:
         "\n".join(f"- {key}: {_plain(value)}" for key, value in env.items()),
         "## Protocol",
         f"Warm-up {cfg.warmup} runs discarded; at least {cfg.min_runs} runs and {cfg.min_seconds} s measured per "
-        f"process; models interleaved; {cfg.repeats} fresh processes per (provider, batch size). "
+        f"process; models interleaved; {cfg.repeats} fresh processes per (provider, batch size"
+        f"{', shape' if cfg.axis_values else ''}). "
         "Ratios are median latencies vs the first model, paired per process: median (min-max).",
         "## Models",
         _markdown_table(*_model_rows(report)),

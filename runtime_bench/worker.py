@@ -10,24 +10,32 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .inputs import input_specs, timing_inputs
+from .inputs import Data, input_specs, timing_inputs
 from .providers import provider_mismatch
 from .sessions import create_session
 from .timing import time_interleaved
 
-__all__ = ["WorkerJob", "WorkerResult", "run_job", "main"]
+__all__ = ["WorkerJob", "WorkerResult", "run_job", "main", "save_data", "load_data"]
+
+#: In a saved ``.npz`` of named inputs: the array of input names; the arrays are ``arr_0``, ``arr_1``, ...
+_NAMES_KEY = "names"
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class WorkerJob:
-    """One unit of timing work: all models on one provider at one batch size."""
+    """One unit of timing work: all models on one provider at one batch size and one shape.
+
+    ``axis_values`` gives each symbolic axis its length for this shape (``{}`` when there are none);
+    ``data_path`` is a file written by :func:`save_data`, or None for random inputs.
+    """
 
     names: list[str]
     paths: list[str]
@@ -39,6 +47,7 @@ class WorkerJob:
     min_seconds: float
     seed: int
     data_path: str | None = None
+    axis_values: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -60,15 +69,41 @@ def run_job(job: WorkerJob) -> WorkerResult:
         reason = provider_mismatch(job.provider, session.get_providers())
         if reason is not None:
             return WorkerResult(os.getpid(), "unavailable", session.get_providers(), reason=reason)
-    x = np.load(job.data_path) if job.data_path else None
+    x = load_data(job.data_path)
     run_fns = []
     for name, path, session in zip(job.names, job.paths, sessions):
-        feeds = timing_inputs(input_specs(Path(path)), job.batch_size, x, job.seed, name)
+        feeds = timing_inputs(input_specs(Path(path)), job.batch_size, x, job.seed, name, job.axis_values)
         run_fns.append(lambda s=session, f=feeds: s.run(None, f))
     latencies = time_interleaved(run_fns, job.warmup, job.min_runs, job.min_seconds)
     return WorkerResult(
         pid=os.getpid(), status="ok", actual_providers=actual, latencies_ms=dict(zip(job.names, latencies))
     )
+
+
+def save_data(x: Data | None, folder: Path) -> str | None:
+    """Save ``x`` for worker processes: an array as ``x.npy``, named arrays as ``x.npz``; None stays None.
+
+    Named arrays are stored positionally with their names beside them, so any input name survives.
+    """
+    if x is None:
+        return None
+    if not isinstance(x, Mapping):
+        path = Path(folder) / "x.npy"
+        np.save(path, x)
+        return str(path)
+    path = Path(folder) / "x.npz"
+    np.savez(path, *[np.asarray(a) for a in x.values()], **{_NAMES_KEY: np.array(list(x), dtype=str)})
+    return str(path)
+
+
+def load_data(path: str | None) -> Data | None:
+    """Read what :func:`save_data` wrote (an array, or a dict of named arrays); None for None."""
+    if path is None:
+        return None
+    if not path.endswith(".npz"):
+        return np.load(path)
+    with np.load(path) as saved:
+        return {name: saved[f"arr_{i}"] for i, name in enumerate(saved[_NAMES_KEY].tolist())}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from .inputs import Inputs, NamedInputs
 
 __all__ = ["model_key", "data_key", "entry_key", "load_entry", "save_entry"]
 
@@ -33,10 +34,15 @@ def model_key(model: nn.Module) -> str:
     return h.hexdigest()[:24]
 
 
-def data_key(x: torch.Tensor) -> str:
-    """Hash of the calibration inputs."""
+def data_key(x: Inputs) -> str:
+    """Hash of the calibration inputs (every named input, with its name, for several)."""
     h = hashlib.sha256()
-    _hash_tensor(h, x)
+    if isinstance(x, NamedInputs):
+        for name, t in x.items():
+            h.update(name.encode())
+            _hash_tensor(h, t)
+    else:
+        _hash_tensor(h, x)
     return h.hexdigest()[:24]
 
 

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from .evaluate import eval_mode, hooks_removed
+from .inputs import Inputs, call
 
 __all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule",
            "TorchCount", "count_macs_torch", "uncovered_modules", "whole_model_macs"]
@@ -88,7 +89,7 @@ def _own_params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters(recurse=False))
 
 
-def count_costs(model: nn.Module, example_input: torch.Tensor) -> CostTable:
+def count_costs(model: nn.Module, example_input: Inputs) -> CostTable:
     """Count params and per-sample MACs of every layer with a MAC rule by running ``example_input`` once.
 
     Linear/Conv have rules here; other packages add theirs with :func:`register_mac_rule` (SSM layers).
@@ -96,7 +97,7 @@ def count_costs(model: nn.Module, example_input: torch.Tensor) -> CostTable:
     rule (BatchNorm, ...) are listed in ``not_counted``.
     """
     table = CostTable(total_params=sum(p.numel() for p in model.parameters()))
-    batch = example_input.shape[0]
+    batch = len(example_input)
     hooks = []
 
     def make_hook(name: str, rule):
@@ -116,7 +117,7 @@ def count_costs(model: nn.Module, example_input: torch.Tensor) -> CostTable:
         elif _own_params(mod) > 0:
             table.not_counted.append(name or type(mod).__name__)
     with hooks_removed(hooks), eval_mode(model), torch.no_grad():
-        model(example_input)
+        call(model, example_input)
     return table
 
 
@@ -184,7 +185,7 @@ def _own_totals(totals: dict[str, int]) -> dict[str, int]:
     return own
 
 
-def count_macs_torch(model: nn.Module, example_input: torch.Tensor) -> TorchCount:
+def count_macs_torch(model: nn.Module, example_input: Inputs) -> TorchCount:
     """Count whole-model MACs with torch's FlopCounterMode on the first sample of ``example_input``.
 
     Runs in eval mode with autograd enabled, so modules with an inference fast path (``nn.MultiheadAttention``)
@@ -192,7 +193,7 @@ def count_macs_torch(model: nn.Module, example_input: torch.Tensor) -> TorchCoun
     """
     counter, uncounted = FlopCounterMode(display=False), _UncountedOps()
     with eval_mode(model), torch.enable_grad(), counter, uncounted:
-        model(example_input[:1])
+        call(model, example_input[:1])
     totals = _module_totals(counter.get_flop_counts(), type(model).__name__)
     own = _own_totals(totals)
     by_op = {str(op): n // 2 for op, n in counter.get_flop_counts().get("Global", {}).items()}

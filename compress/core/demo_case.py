@@ -32,7 +32,7 @@ class DemoCase:
     """A trained model on offline data with the compressed variants the demo shows for it.
 
     ``dynamic_dims`` names input axes beyond the batch that the ONNX export keeps dynamic
-    (e.g. ``{1: "seq"}`` for sequence models).
+    (e.g. ``{1: "seq"}`` for sequence models); ``dynamic_axes`` does so by input name for named inputs.
     """
 
     name: str
@@ -42,3 +42,12 @@ class DemoCase:
     runs: list[DemoRun]
     dynamic_dims: dict[int, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
+    """Dynamic axes besides the batch by input name (several-input models; ``"input"`` for one tensor)."""
+
+    def axes(self) -> dict[str, dict[int, str]]:
+        """Every dynamic axis besides the batch: ``dynamic_axes`` with ``dynamic_dims`` as the one tensor's."""
+        out = {name: dict(per) for name, per in self.dynamic_axes.items()}
+        if self.dynamic_dims:
+            out.setdefault("input", {}).update(self.dynamic_dims)
+        return out

@@ -10,6 +10,7 @@ from torch import nn
 
 from .data import Dataset
 from .errors import CompressionError
+from .inputs import call
 
 __all__ = ["eval_mode", "hooks_removed", "predict", "compare_outputs"]
 
@@ -40,7 +41,7 @@ def hooks_removed(handles: list[torch.utils.hooks.RemovableHandle]) -> Iterator[
 def predict(model: nn.Module, data: Dataset, batch_size: int = 256) -> torch.Tensor:
     """Concatenated model outputs over ``data`` in eval mode."""
     with eval_mode(model):
-        return torch.cat([model(xb) for xb in data.inputs(batch_size)])
+        return torch.cat([call(model, xb) for xb in data.inputs(batch_size)])
 
 
 def _require_finite_outputs(ref: torch.Tensor, out: torch.Tensor) -> None:

@@ -42,6 +42,7 @@ from torch import nn
 
 from .errors import CompressionError
 from .evaluate import eval_mode
+from .inputs import call
 
 __all__ = ["INT8_FORMATS", "WEIGHT_FORMAT", "EMA_MOMENTUM", "Int8Format", "ActivationRange", "FakeQuant", "fake_quant",
            "quant_params", "weight_scales", "fake_quantize"]
@@ -235,7 +236,7 @@ class FakeQuant:
         try:
             with eval_mode(self.model):
                 for xb in batches:
-                    self.model(xb)
+                    call(self.model, xb)
         finally:
             self._mode.observing = False
 

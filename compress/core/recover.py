@@ -35,6 +35,7 @@ from .evaluate import eval_mode, predict
 from .progress import log_progress
 from .qat import INT8_FORMATS, fake_quant
 from .train import distillation_loss, task_loss
+from .inputs import call
 
 __all__ = ["RecoveryConfig", "RecoveryResult", "recover", "held_out_metrics", "feature_points",
            "recalibrate_batchnorm"]
@@ -250,7 +251,7 @@ def _teacher_outputs(teacher: nn.Module, data: Dataset, features: _FeatureMatch 
     if features is not None and features.points:
         return None
     with eval_mode(teacher):
-        probe = teacher(data.x[:1])
+        probe = call(teacher, data.x[:1])
     if probe.numel() * len(data) > CACHE_LIMIT:
         return None
     return predict(teacher, data, 256)
@@ -270,8 +271,8 @@ def _val_loss(teacher: nn.Module, student: nn.Module, val: Dataset, cfg: Recover
     total, n = 0.0, 0
     with eval_mode(student):
         for xb, yb, idx in _indexed(val, 256):
-            ref = teacher(xb) if cached is None else cached[idx]
-            total += float(_loss(student(xb), ref, yb, cfg, features)) * len(xb)
+            ref = call(teacher, xb) if cached is None else cached[idx]
+            total += float(_loss(call(student, xb), ref, yb, cfg, features)) * len(xb)
             n += len(xb)
     return total / max(n, 1)
 
@@ -305,7 +306,7 @@ def recalibrate_batchnorm(model: nn.Module, data: Dataset, batch_size: int) -> N
     model.train()
     try:
         for xb in data.inputs(batch_size):
-            model(xb)
+            call(model, xb)
     finally:
         for m, momentum in zip(bns, saved):
             m.momentum = momentum
@@ -318,8 +319,8 @@ def _step(student: nn.Module, teacher: nn.Module, xb: torch.Tensor, yb: torch.Te
     """One optimiser step on one batch (``ref``: the teacher's outputs on it, when already known)."""
     if ref is None:
         with torch.no_grad():
-            ref = teacher(xb)
-    loss = _loss(student(xb), ref, yb, cfg, features)
+            ref = call(teacher, xb)
+    loss = _loss(call(student, xb), ref, yb, cfg, features)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -408,7 +409,7 @@ def _resolved(config: RecoveryConfig, teacher: nn.Module, data: Dataset) -> Reco
         raise CompressionError("--recover-alpha 1 trains on the labels alone and the data has none; lower it "
                                "(0 = distillation from the original, which needs inputs only)")
     with torch.no_grad(), eval_mode(teacher):
-        probe = teacher(data.x[:2])
+        probe = call(teacher, data.x[:2])
     return dataclasses.replace(config, task=resolve_task(config.task, data.y, probe))
 
 

@@ -20,6 +20,7 @@ from .errors import require_finite
 from .evaluate import eval_mode, hooks_removed
 from .lowrank import matrix_view
 from .progress import tracked
+from .inputs import call
 
 __all__ = ["MomentStats", "conv_patches", "layer_rows", "collect_moments", "STATS_DTYPES"]
 
@@ -146,7 +147,7 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
     with hooks_removed(hooks), eval_mode(model):
         total = -(-len(data) // batch_size)
         for xb in tracked(data.inputs(batch_size), total, "input statistics (batches)", log):
-            model(xb)
+            call(model, xb)
     for name, st in col.stats.items():
         require_finite(st.total, name, f"input second moments ({dtype} products)")
     return col.stats

@@ -15,6 +15,7 @@ from .data import Dataset
 from .errors import CompressionError
 from .options import SeedOption
 from .progress import log_progress
+from .inputs import call
 
 __all__ = ["TrainConfig", "TrainResult", "train", "task_loss", "distillation_loss", "ProgressFn", "FinetuneOptions"]
 
@@ -76,7 +77,7 @@ def _val_loss(model: nn.Module, val: Dataset, batch_size: int) -> float:
     model.eval()
     total, n = 0.0, 0
     for xb, yb in val.batches(batch_size):
-        total += float(task_loss(model(xb), yb)) * len(xb)
+        total += float(task_loss(call(model, xb), yb)) * len(xb)
         n += len(xb)
     return total / max(n, 1)
 
@@ -101,12 +102,12 @@ def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig
     for epoch in range(cfg.epochs):
         model.train()
         for xb, yb in data.batches(cfg.batch_size, shuffle=True, generator=gen):
-            out = model(xb)
+            out = call(model, xb)
             if teacher is None:
                 loss = task_loss(out, yb)
             else:
                 with torch.no_grad():
-                    t_out = teacher(xb)
+                    t_out = call(teacher, xb)
                 loss = _distill_loss(out, t_out, yb, cfg)
             if extra_loss is not None:
                 loss = loss + extra_loss(model)

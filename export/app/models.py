@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from compress.core.data import Dataset
+from compress.core.inputs import Inputs, NamedInputs, call
 from compress.models import resnet20_cifar
 from export.app.callables import (SpecError, _CallableSpec, _cause, _describe, _looks_like_path, _parse_callable,
                                   _resolve_callable, _shape)
@@ -374,7 +376,45 @@ def load_model(spec: str, weights: str | Path | None = None, trust_pickle: bool 
     return model.eval()
 
 
-def check_input_shape(model: nn.Module, x: torch.Tensor, model_spec: str = "model", data_spec: str = "the data") -> Any:
+def forward_parameters(model: nn.Module) -> list[str] | None:
+    """Names of the positional parameters of ``model.forward`` (``None`` when it takes ``*args`` or cannot be
+    inspected, e.g. a loaded ``.pt2`` program)."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params):
+        return None
+    return [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+
+
+def align_inputs(model: nn.Module, x: Inputs, model_spec: str = "model", data_spec: str = "the data") -> Inputs:
+    """Named inputs reordered as ``model.forward`` takes them (they are passed positionally).
+
+    The names must be the first parameters of ``forward`` in some order (later parameters keep their defaults).
+    One tensor, or a model whose parameters cannot be read, is returned unchanged.
+
+    Raises:
+        SpecError: a name that is not a ``forward`` parameter, or a gap (a parameter before a given one is
+            missing), naming the parameters ``forward`` takes.
+    """
+    params = forward_parameters(model)
+    if not isinstance(x, NamedInputs) or params is None:
+        return x
+    unknown = [n for n in x.names if n not in params]
+    if unknown:
+        raise SpecError(f"{data_spec} names input(s) {unknown} but {model_spec}'s forward takes {params}; key each "
+                        "array by a forward parameter name")
+    wanted = params[: len(x.names)]
+    missing = [n for n in wanted if n not in x.names]
+    if missing:
+        raise SpecError(f"{model_spec}'s forward takes {params} in this order; {data_spec} gives {x.names} but not "
+                        f"{missing}, which come before them: give those inputs too")
+    return NamedInputs({n: x.tensors[n] for n in wanted})
+
+
+def check_input_shape(model: nn.Module, x: Inputs, model_spec: str = "model", data_spec: str = "the data") -> Any:
     """Run ``model`` on the first two samples of ``x`` and return its output, which must be finite.
 
     Raises:
@@ -384,16 +424,36 @@ def check_input_shape(model: nn.Module, x: torch.Tensor, model_spec: str = "mode
     batch = x[:2]
     try:
         with torch.no_grad():
-            out = model(batch)
+            out = call(model, batch)
     except Exception as exc:
-        hint = ("check that the data (or input_shape) matches what the model expects" if batch.is_floating_point()
-                else f"{data_spec} holds integers ({batch.dtype}); save float inputs if the model expects them")
-        raise SpecError(f"{model_spec}: model forward failed on input of shape {_shape(batch)}: {_cause(exc)}; "
-                        f"{hint}") from exc
+        raise SpecError(f"{model_spec}: model forward failed on input of shape {_shapes(batch)}: {_cause(exc)}; "
+                        f"{_input_hint(batch, data_spec)}") from exc
     if not all(torch.isfinite(t).all() for t in _tensors(out)):
         raise SpecError(f"{model_spec}: outputs on the first samples of {data_spec} are NaN/inf (values overflow "
                         "inside the model); check the data scale, e.g. normalise the inputs")
     return out
+
+
+def checked_dataset(model: nn.Module, data: Dataset, model_spec: str = "model", data_spec: str = "the data") -> Dataset:
+    """``data`` with its named inputs in ``forward`` order (:func:`align_inputs`), after a forward pass on its
+    first samples (:func:`check_input_shape`)."""
+    x = align_inputs(model, data.x, model_spec, data_spec)
+    check_input_shape(model, x, model_spec, data_spec)
+    return data if x is data.x else Dataset(x, data.y)
+
+
+def _shapes(x: Inputs) -> str:
+    if isinstance(x, NamedInputs):
+        return ", ".join(f"{n} {_shape(t)} {str(t.dtype).removeprefix('torch.')}" for n, t in x.items())
+    return _shape(x)
+
+
+def _input_hint(batch: Inputs, data_spec: str) -> str:
+    if isinstance(batch, NamedInputs):
+        return "check that each named input has the shape and dtype the model expects"
+    if batch.is_floating_point():
+        return "check that the data (or input_shape) matches what the model expects"
+    return f"{data_spec} holds integers ({batch.dtype}); save float inputs if the model expects them"
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

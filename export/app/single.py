@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
+from compress.core.inputs import Inputs
+
 from export.app import data as app_data
 from export.app.callables import SpecError
-from export.app.models import check_input_shape, load_model
+from export.app.models import check_input_shape, checked_dataset, load_model
+from export.app.preprocess import ImagePreprocess
+from export.app.shapes import InputShapes, merge_axes, random_inputs
+from export.quantize import int8_skip_reason
 from export.variant import PARITY_BATCH_SIZES, VariantConfig, VariantRecord, export_variant, quantize_variant
 
 __all__ = ["ExportOptions", "export_single"]
@@ -22,39 +27,52 @@ class ExportOptions:
 
     variant: VariantConfig = field(default_factory=VariantConfig)
     int8: bool = False
+    preprocess: ImagePreprocess | None = None
+    """How an image folder given as ``--data`` becomes inputs (None: 224x224, ImageNet statistics)."""
 
 
 def _example(module: torch.nn.Module, model_spec: str, data_spec: str | None, opts: ExportOptions,
-             input_shape: tuple[int, ...] | None, progress: Callable[[str], None]) -> torch.Tensor:
+             input_shape: InputShapes | None, progress: Callable[[str], None]) -> Inputs:
     """All of ``--data`` (nothing is measured on held-out data here), or a seeded random example."""
     cfg = opts.variant
+    app_data.require_image_folder(opts.preprocess, data_spec)
     if data_spec:
-        x = app_data.load_dataset(data_spec).x
-        check_input_shape(module, x, model_spec, data_spec)
+        x = checked_dataset(module, app_data.load_dataset(data_spec, preprocess=opts.preprocess), model_spec,
+                            data_spec).x
         progress(f"using all {len(x)} samples of --data for the example input, parity and INT8 calibration")
         return x
     if opts.int8 and cfg.quant_mode == "static" and not cfg.allow_random_calibration:
         raise SpecError("--int8 needs calibration data: pass --data SPEC (or --allow-random-calibration)")
     if input_shape:
-        x = torch.randn(2, *input_shape, generator=torch.Generator().manual_seed(0))
+        x = random_inputs(input_shape, 2)
         check_input_shape(module, x, model_spec)
         return x
-    raise SpecError("export needs an example input: pass --data SPEC or --input-shape C,H,W")
+    raise SpecError("export needs an example input: pass --data SPEC or --input-shape C,H,W (named inputs: "
+                    "--input-shape NAME:BxL:DTYPE, repeated)")
 
 
 def export_single(model_spec: str, out: Path, data_spec: str | None, weights: str | None, trust_pickle: bool,
                   opts: ExportOptions, progress: Callable[[str], None],
-                  input_shape: tuple[int, ...] | None = None) -> VariantRecord:
+                  input_shape: InputShapes | tuple[int, ...] | None = None,
+                  dynamic_axes: Mapping[str, Mapping[int, str]] | None = None) -> VariantRecord:
     """Load, export, simplify, verify and optionally quantise one model (see :func:`export.variant.export_variant`).
 
     The record's paths are relative to ``out``'s folder; with INT8 its ``quantization`` describes ``NAME.int8.onnx``.
+    ``dynamic_axes`` (``{input: {axis: name}}``) adds dynamic axes besides the batch, as do the axes along which
+    repeated named ``input_shape`` entries differ.
     """
+    if isinstance(input_shape, tuple):
+        input_shape = InputShapes(per_sample=input_shape)
     module = load_model(model_spec, weights=weights, trust_pickle=trust_pickle)
     x = _example(module, model_spec, data_spec, opts, input_shape, progress)
     batches = " and ".join(map(str, PARITY_BATCH_SIZES))
     progress(f"exporting {model_spec}; verifying parity with ONNX Runtime at batch sizes {batches}")
-    record = export_variant(module, x, out, opts.variant)
-    if opts.int8:
+    axes = merge_axes(input_shape.dynamic if input_shape else {}, dynamic_axes or {})
+    record = export_variant(module, x, out, opts.variant, dynamic_axes=axes or None)
+    if opts.int8 and (skip := int8_skip_reason(out)):
+        progress(f"INT8 skipped: {skip}")
+        record.quantization = {"skipped": skip}
+    elif opts.int8:
         progress(f"quantising to INT8 ({opts.variant.quant_mode}, {opts.variant.quant_target})")
         calib = x if data_spec else None
         record.quantization = quantize_variant(record, out.parent, calib, opts.variant).quantization

@@ -138,12 +138,14 @@ def test_config_validation(kwargs: dict, message: str) -> None:
 
 def test_calibration_reader_batches_and_rewinds() -> None:
     data = np.arange(10, dtype=np.float32).reshape(10, 1)
-    reader = ArrayCalibrationReader("x", data, batch_size=4)
-    sizes = [len(batch["x"]) for batch in iter(reader.get_next, None)]
-    assert sizes == [4, 4, 2]
+    ids = np.arange(10, dtype=np.int64).reshape(10, 1)
+    reader = ArrayCalibrationReader({"x": data, "ids": ids}, batch_size=4)
+    batches = list(iter(reader.get_next, None))
+    assert [len(batch["x"]) for batch in batches] == [4, 4, 2]
+    assert all(np.array_equal(b["x"].astype(np.int64), b["ids"]) for b in batches)  # rows stay aligned
     reader.rewind()
     assert reader.get_next()["x"][0, 0] == 0.0
-    fixed = ArrayCalibrationReader("x", data, batch_size=4, drop_last=True)
+    fixed = ArrayCalibrationReader({"x": data}, batch_size=4, drop_last=True)
     assert [len(b["x"]) for b in iter(fixed.get_next, None)] == [4, 4]
 
 

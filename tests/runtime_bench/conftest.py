@@ -57,6 +57,48 @@ def linear_model(
     return path
 
 
+def token_model(
+    path: Path, vocab: int = 50, mask_type: int = TensorProto.FLOAT, cast_ids: bool = False, seed: int = 0
+) -> Path:
+    """Save a two-input text-style model: ``input_ids`` (int64 ``[batch, seq]``) index an embedding table
+    ``[vocab, FEATURES]``, ``attention_mask`` (``[batch, seq]``, of ``mask_type``) weights the positions, the
+    mean over ``seq`` goes through a ``[FEATURES, CLASSES]`` MatMul to ``logits`` ``[batch, CLASSES]``.
+
+    ``cast_ids`` routes the ids through a Cast to int32 before the Gather (as exporters often do).
+    """
+    rng = np.random.default_rng(seed)
+    ids = "ids32" if cast_ids else "input_ids"
+    nodes = [helper.make_node("Cast", ["input_ids"], ["ids32"], to=TensorProto.INT32)] if cast_ids else []
+    nodes += [
+        helper.make_node("Gather", ["embedding", ids], ["embedded"]),
+        helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask", "last"], ["mask3"]),
+        helper.make_node("Mul", ["embedded", "mask3"], ["masked"]),
+        helper.make_node("ReduceMean", ["masked"], ["pooled"], axes=[1], keepdims=0),
+        helper.make_node("MatMul", ["pooled", "head"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "tokens",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+         helper.make_tensor_value_info("attention_mask", mask_type, ["batch", "seq"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
+        [numpy_helper.from_array(rng.standard_normal((vocab, FEATURES)).astype(np.float32), "embedding"),
+         numpy_helper.from_array(rng.standard_normal((FEATURES, CLASSES)).astype(np.float32), "head"),
+         numpy_helper.from_array(np.array([-1], dtype=np.int64), "last")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def make_tokens():
+    """The :func:`token_model` builder (two named inputs, symbolic ``seq``)."""
+    return token_model
+
+
 @pytest.fixture(scope="session")
 def make_linear():
     """The :func:`linear_model` builder, for tests that need a variant (fixed batch, symbolic dims)."""

@@ -41,6 +41,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from ..errors import CompressionError
+from ..inputs import Inputs, args_of, repeat_to, sample_shapes
 
 __all__ = ["Use", "Rewrite", "ChannelGroup", "WidthGraph", "analyse", "trace", "is_exported_program",
            "param_owner"]
@@ -159,17 +160,21 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
         raise CompressionError(f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be "
                                f"traced ({type(exc).__name__}: {first[:200]})") from None
     gm = fx.GraphModule(root, graph, class_name=type(model).__name__)
-    if example.dim() > 0 and example.shape[0] == 1:  # a batch of 2 keeps the batch dimension unambiguous
-        example = example.expand(2, *example.shape[1:])
+    if len(example) == 1:  # a batch of 2 keeps the batch dimension unambiguous
+        example = repeat_to(example, 2)
     gm.eval() if not model.training else gm.train()
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:  # ShapeProp prints a traceback of its own on failure; the user gets the one line below
-            ShapeProp(gm).propagate(example)
+            ShapeProp(gm).propagate(*args_of(example))
         except Exception as exc:  # noqa: BLE001
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CompressionError(f"cannot run the traced {type(model).__name__} on an example input of shape "
-                                   f"{tuple(example.shape)}: {first[:200]}") from None
+                                   f"{_shapes(example)}: {first[:200]}") from None
     return gm
+
+
+def _shapes(example: Inputs) -> str:
+    return ", ".join(f"{n} {s}" for n, s in sample_shapes(example).items())
 
 
 def _shape(node: Any) -> tuple[int, ...] | None:

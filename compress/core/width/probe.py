@@ -6,6 +6,7 @@ from typing import Any, Iterable
 
 import torch
 from torch import fx
+from ..inputs import args_of
 
 __all__ = ["capture", "channels_last"]
 
@@ -33,7 +34,7 @@ def capture(gm: fx.GraphModule, x: torch.Tensor, nodes: Iterable[str]) -> dict[s
     gm.eval()  # statistics are of the model as deployed; BatchNorm running stats stay untouched
     try:
         with torch.no_grad():
-            probe.run(x)
+            probe.run(*args_of(x))
     finally:
         for m, mode in modes.items():
             m.training = mode

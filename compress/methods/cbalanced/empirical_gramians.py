@@ -28,6 +28,7 @@ from ...core.errors import CompressionError, require_finite
 from ...core.evaluate import eval_mode
 from ...core.progress import tracked
 from ...models import ACTIVATIONS
+from ...core.inputs import call
 
 __all__ = ["StateGramians", "Moments", "gram_sum", "output_directions", "default_state_points", "collect_states",
            "reachability_gramians", "observability_gramians", "collect_gramians"]
@@ -148,7 +149,7 @@ def collect_states(model: nn.Module, data: Dataset, points: Sequence[str], batch
     acc: dict[str, list[torch.Tensor]] = {p: [] for p in points}
     try:
         for xb in _eval_batches(model, data, batch_size):
-            model(xb)
+            call(model, xb)
             for p in points:
                 acc[p].append(_as_state(cap.out[p]))
     finally:
@@ -245,7 +246,7 @@ def reachability_gramians(model: nn.Module, data: Dataset, points: Sequence[str]
     moments = {p: Moments() for p in points}
     try:
         for xb in _eval_batches(model, data, batch_size):
-            model(xb)
+            call(model, xb)
             for p in points:
                 moments[p].update(_as_state(cap.out[p]))
     finally:
@@ -293,7 +294,7 @@ def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str
     try:
         for xb in _eval_batches(model, data, batch_size):
             xb = xb.detach().clone().requires_grad_(True)
-            z = model(xb).reshape(len(xb), -1)
+            z = call(model, xb).reshape(len(xb), -1)
             hs = [cap.out[p] for p in points]
             directions, method = output_directions(z, max_exact_outputs, probes, gen)
             for v in directions:

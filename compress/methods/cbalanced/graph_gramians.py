@@ -35,6 +35,7 @@ from ...core.errors import CompressionError, require_finite
 from ...core.evaluate import eval_mode
 from ...core.width import ChannelGroup, WidthGraph, channels_last
 from .empirical_gramians import Moments, StateGramians, gram_sum, output_directions
+from ...core.inputs import Inputs, args_of
 
 __all__ = ["StateSlice", "state_slices", "group_state_samples", "select_groups", "group_gramians"]
 
@@ -126,6 +127,11 @@ class _Recorder(fx.Interpreter):
         return out
 
 
+def _leaves(xb: Inputs) -> list[torch.Tensor]:
+    """Fresh copies of the inputs; floating ones require gradients (token ids cannot)."""
+    return [t.detach().clone().requires_grad_(t.is_floating_point()) for t in args_of(xb)]
+
+
 def _flat_output(out: Any, n: int) -> torch.Tensor:
     parts = out if isinstance(out, (tuple, list)) else [out]
     return torch.cat([p.reshape(n, -1) for p in parts if isinstance(p, torch.Tensor)], 1)
@@ -138,7 +144,7 @@ def _gc(wg: WidthGraph, slices: list[StateSlice], data: Dataset, batch_size: int
     for xb in data.inputs(batch_size):
         rec = _Recorder(wg.gm, nodes)
         with torch.no_grad():
-            rec.run(xb)
+            rec.run(*args_of(xb))
         for node in nodes:
             require_finite(rec.found[node], node, "output activations")
         for sl, m in zip(slices, moments):
@@ -174,7 +180,7 @@ def _go(wg: WidthGraph, slices: list[StateSlice], sizes: dict[str, int], data: D
     for xb in data.inputs(batch_size):
         rec = _Recorder(wg.gm, nodes)
         with torch.enable_grad():
-            z = _flat_output(rec.run(xb.detach().clone().requires_grad_(True)), len(xb))
+            z = _flat_output(rec.run(*_leaves(xb)), len(xb))
             hs = [rec.found[n] for n in nodes]
             directions, method = output_directions(z, max_exact_outputs, probes, gen)
             for v in directions:

@@ -32,6 +32,7 @@ from .layers import SSM_LAYERS, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
 from .modal import real_modal_form, real_schur_form
 from .system import StateSpace
 from .training import SSMTrainSpec, train_ssm_classifier
+from ...core.inputs import call
 
 __all__ = ["SSMConfig", "ssm_compress", "layer_gramians", "find_ssm_layers", "demo_case", "SPEC"]
 
@@ -141,7 +142,7 @@ def _layer_inputs(model: nn.Module, names: list[str], x: torch.Tensor) -> dict[s
     hooks = [model.get_submodule(n).register_forward_hook(
         lambda _m, inp, _out, n=n: seen.__setitem__(n, inp[0].detach())) for n in names]
     with hooks_removed(hooks), eval_mode(model), torch.no_grad():
-        model(x)
+        call(model, x)
     for name, t in seen.items():
         require_finite(t, name, "input activations")
     return seen
