@@ -33,14 +33,14 @@ import torch
 from torch import nn
 
 from compress.core.evaluate import eval_mode
-from compress.core.inputs import Inputs, NamedInputs, args_of, call, input_names
+from compress.core.inputs import Inputs, NamedInputs, args_of, call, input_names, takes_varargs
 from export.errors import ExportError
 from export.onnx_files import data_files, externalize, onnx_size, staged_onnx
 from export.quiet import Captured, captured_output
 from runtime_bench.facts import ANSI_ESCAPE, first_line
 
 __all__ = ["DEFAULT_OPSET", "EXTERNAL_DATA_BYTES", "MIN_OPSET", "Axes", "ExportResult", "eval_mode", "flatten_outputs",
-           "graph_axes", "to_onnx"]
+           "export_dims", "graph_axes", "to_onnx"]
 
 logger = logging.getLogger(__name__)
 
@@ -203,13 +203,16 @@ Names = tuple[list[str], list[str]]
 """(graph input names, graph output names)."""
 
 
-def _dims(axes: Axes, names: list[str]) -> tuple[dict[int, torch.export.Dim], ...] | None:
-    """torch.export dynamic shapes, one dict per input; one ``Dim`` object per dimension name (shared)."""
+def export_dims(axes: Axes, names: list[str], module: nn.Module, min_size: int | None = None) -> tuple | None:
+    """torch.export dynamic shapes, one dict per input; one ``Dim`` object per dimension name (shared). A
+    ``forward(*inputs)`` (:class:`~compress.core.inputs.PackedInputs`) gets them nested in one more tuple."""
     if not any(axes.values()):
         return None
     made: dict[str, torch.export.Dim] = {}
-    dim = lambda name: made.setdefault(name, torch.export.Dim(name))  # noqa: E731
-    return tuple({axis: dim(d) for axis, d in axes.get(n, {}).items()} for n in names)
+    bounds = {} if min_size is None else {"min": min_size}
+    dim = lambda name: made.setdefault(name, torch.export.Dim(name, **bounds))  # noqa: E731
+    shapes = tuple({axis: dim(d) for axis, d in axes.get(n, {}).items()} for n in names)
+    return (shapes,) if takes_varargs(module) else shapes
 
 
 def _export_dynamo(module: nn.Module, example: Inputs, path: Path, opset: int, axes: Axes, names: Names, *,
@@ -217,7 +220,8 @@ def _export_dynamo(module: nn.Module, example: Inputs, path: Path, opset: int, a
     """Export with the torch.export-based exporter; weights embedded in the file, or with ``external`` (or above
     the exporter's own 1.5 GiB threshold) in ``PATH.data`` beside it."""
     torch.onnx.export(
-        module, args_of(example), str(path), dynamo=True, opset_version=opset, dynamic_shapes=_dims(axes, names[0]),
+        module, args_of(example), str(path), dynamo=True, opset_version=opset,
+        dynamic_shapes=export_dims(axes, names[0], module),
         input_names=names[0], output_names=names[1], external_data=external, verbose=False,
     )  # fmt: skip
 

@@ -21,9 +21,10 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import onnx
-from onnx.external_data_helper import ExternalDataInfo, set_external_data
+from onnx.external_data_helper import ExternalDataInfo
 
 from export.atomic import ensure_distinct
 from export.errors import SameFileError
@@ -92,7 +93,7 @@ def externalize(path: str | os.PathLike[str]) -> None:
                     location=data_file_name(path))
 
 
-def _copy_range(src: Path, offset: int, length: int, dst: object) -> None:
+def _copy_range(src: Path, offset: int, length: int, dst: BinaryIO) -> None:
     """Append ``length`` bytes of ``src`` from ``offset`` to the open file ``dst``, in chunks."""
     with open(src, "rb") as f:
         f.seek(offset)
@@ -101,7 +102,7 @@ def _copy_range(src: Path, offset: int, length: int, dst: object) -> None:
             chunk = f.read(min(left, _CHUNK))
             if not chunk:
                 raise ValueError(f"external data file {src.name} ends before offset {offset} + length {length}")
-            dst.write(chunk)  # type: ignore[attr-defined]
+            dst.write(chunk)
             left -= len(chunk)
 
 
@@ -117,14 +118,18 @@ def _gather(model: onnx.ModelProto, folder: Path, out: Path) -> None:
             dst.write(b"\0" * (-dst.tell() % _ALIGN))
             start = dst.tell()
             _copy_range(src, offset, length, dst)
-            set_external_data(tensor, location=out.name, offset=start, length=length)
+            del tensor.external_data[:]
+            for key, value in (("location", out.name), ("offset", start), ("length", length)):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, str(value)
 
 
 def _relocate(model: onnx.ModelProto, name: str) -> None:
-    """Point every external tensor of ``model`` at the data file ``name`` (offsets unchanged)."""
+    """Point every external tensor of ``model`` at the data file ``name`` (offsets and lengths unchanged)."""
     for tensor in external_tensors(model):
-        info = ExternalDataInfo(tensor)
-        set_external_data(tensor, location=name, offset=info.offset, length=info.length)
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = name
 
 
 def _one_data_file(graph: Path) -> Path | None:

@@ -6,13 +6,14 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 from torch import nn
 
 from compress.core.inputs import Inputs, NamedInputs, args_of
 from export.atomic import atomic_path
+from export.onnx_export import export_dims
 
 __all__ = ["save_program", "synthetic_example"]
 
@@ -43,9 +44,7 @@ def save_program(module: nn.Module, example: Inputs, path: Path, dynamic_dims: M
     names = example.names if isinstance(example, NamedInputs) else ["input"]
     axes = {n: {0: "batch", **dict((dynamic_axes or {}).get(n, {}))} for n in names}
     axes[names[0]].update(dynamic_dims or {})
-    made: dict[str, Any] = {}
-    dim = lambda name: made.setdefault(name, torch.export.Dim(name, min=1))  # noqa: E731
-    shapes = tuple({axis: dim(d) for axis, d in axes[n].items()} for n in names)
+    shapes = export_dims(axes, names, module, min_size=1)
     fresh = tuple(synthetic_example(t) for t in args_of(example))
     program = torch.export.export(module, fresh, dynamic_shapes=shapes)
     with atomic_path(path) as tmp, tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as work, \

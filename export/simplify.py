@@ -3,6 +3,10 @@
 The simplified graph is run next to the original on the caller's inputs; if onnxsim fails, or any
 output moves beyond ``atol + rtol * |original|``, the unsimplified graph is written instead and the
 result says why.
+
+A model with external data (weights beside the graph, e.g. one over 2 GiB) is not simplified: simplification
+here runs on one in-memory protobuf, which holds at most 2 GiB. Its graph and data are copied unchanged
+(:func:`export.onnx_files.copy_onnx`) and the result records the reason.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import numpy as np
 import onnx
 
 from export.atomic import atomic_path, ensure_distinct
-from export.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare_output, run_ort
+from export.onnx_files import copy_onnx, data_files, onnx_size
+from export.verify import DEFAULT_ATOL, DEFAULT_RTOL, Feeds, compare_output, feed_rows, run_ort
 from runtime_bench.facts import error_line
 from runtime_bench.sessions import create_session
 
@@ -37,8 +42,8 @@ class SimplifyResult:
         reason: one line: why the original was kept (``None`` when simplified).
         nodes_before: nodes in the input's main graph.
         nodes_after: nodes in the written graph.
-        size_before_bytes: size of the input file.
-        size_after_bytes: size of the written file.
+        size_before_bytes: size of the input file (with its external data, if any).
+        size_after_bytes: size of the written file (with its external data, if any).
         max_abs_diff: largest ``|simplified - original|`` over the check inputs (``None`` if not run).
     """
 
@@ -67,7 +72,7 @@ def _run_onnxsim(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _compare(
-    candidate: bytes, check_inputs: Sequence[np.ndarray], reference: list[list[np.ndarray]], rtol: float, atol: float
+    candidate: bytes, check_inputs: Sequence[Feeds], reference: list[list[np.ndarray]], rtol: float, atol: float
 ) -> tuple[float, str | None]:
     """Run the candidate on every input; return the max abs difference and the first violation, if any."""
     session = create_session(candidate)
@@ -76,12 +81,12 @@ def _compare(
     for x, expected in zip(check_inputs, reference):
         for name, ref, new in zip(names, expected, run_ort(session, x), strict=True):
             if ref.shape != new.shape:
-                return float("inf"), f"output {name!r} changed shape {ref.shape} -> {new.shape} at batch {len(x)}"
-            check = compare_output(name, len(x), new, ref, rtol, atol)
+                return float("inf"), f"output {name!r} changed shape {ref.shape} -> {new.shape} at batch {feed_rows(x)}"
+            check = compare_output(name, feed_rows(x), new, ref, rtol, atol)
             worst = max(worst, check.max_abs_err)
             if not check.passed and problem is None:
                 problem = (
-                    f"output {name!r} at batch {len(x)} moved by {check.worst_measured:.3g} "
+                    f"output {name!r} at batch {feed_rows(x)} moved by {check.worst_measured:.3g} "
                     f"> allowed {check.worst_allowed:.3g}"
                 )
     return worst, problem
@@ -89,7 +94,7 @@ def _compare(
 
 def _simplified_or_reason(
     model: onnx.ModelProto,
-    check_inputs: Sequence[np.ndarray],
+    check_inputs: Sequence[Feeds],
     reference: list[list[np.ndarray]],
     rtol: float,
     atol: float,
@@ -108,7 +113,7 @@ def _simplified_or_reason(
 def simplify(
     path_in: str | Path,
     path_out: str | Path,
-    check_inputs: Sequence[np.ndarray],
+    check_inputs: Sequence[Feeds],
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
 ) -> SimplifyResult:
@@ -122,12 +127,15 @@ def simplify(
         atol: absolute tolerance of the before/after comparison (default ``1e-5``).
 
     Returns:
-        A :class:`SimplifyResult` with node counts and file sizes before and after.
+        A :class:`SimplifyResult` with node counts and file sizes before and after; for an input with external
+        data, a copy of it (data in ``path_out.data``) and the reason it was not simplified.
     """
     ensure_distinct(path_in, path_out)
     if not check_inputs:
         raise ValueError("simplify needs at least one check input to compare outputs before and after")
     path_in, path_out = Path(path_in), Path(path_out)
+    if data_files(path_in):
+        return _copied_unsimplified(path_in, path_out)
     model = onnx.load(str(path_in))
     original = create_session(path_in)
     reference = [run_ort(original, x) for x in check_inputs]
@@ -144,4 +152,18 @@ def simplify(
         path_in=str(path_in), path_out=str(path_out), simplified=candidate is not None, reason=reason,
         nodes_before=len(model.graph.node), nodes_after=nodes_after, size_before_bytes=path_in.stat().st_size,
         size_after_bytes=path_out.stat().st_size, max_abs_diff=diff,
+    )  # fmt: skip
+
+
+def _copied_unsimplified(path_in: Path, path_out: Path) -> SimplifyResult:
+    """Copy an external-data model (graph and data) unchanged, recording why it was not simplified."""
+    size = onnx_size(path_in)
+    reason = (f"skipped: the model keeps its weights in external data ({size / 2**20:,.1f} MiB); simplification "
+              "runs on one in-memory protobuf, which holds at most 2 GiB")
+    logger.warning("kept the unsimplified graph for %s: %s", path_in.name, reason)
+    copy_onnx(path_in, path_out)
+    nodes = len(onnx.load(str(path_in), load_external_data=False).graph.node)
+    return SimplifyResult(
+        path_in=str(path_in), path_out=str(path_out), simplified=False, reason=reason, nodes_before=nodes,
+        nodes_after=nodes, size_before_bytes=size, size_after_bytes=onnx_size(path_out), max_abs_diff=None,
     )  # fmt: skip

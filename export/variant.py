@@ -8,7 +8,6 @@ its output path; paths in the returned record are relative to the folder of that
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import tempfile
@@ -18,15 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from compress import count_costs
-from export.onnx_export import to_onnx
+from compress.core.inputs import Inputs, NamedInputs, repeat_to, slice_axis
+from export.mobile import ShapeSpec, fix_verified, mobile_usability
+from export.onnx_export import Axes, to_onnx
+from export.onnx_files import move_onnx, onnx_size
 from export.quantize import QuantConfig, quantize_int8
 from export.readiness import tensorrt_readiness
 from export.simplify import simplify
-from export.verify import verify_parity
+from export.verify import feeds_of, verify_parity
 
 __all__ = ["PARITY_BATCH_SIZES", "CALIB_SAMPLES", "PTQ_SUFFIX", "VariantConfig", "VariantRecord", "export_variant",
            "quantize_variant", "trained_ranges", "layer_weights", "parity_inputs", "to_jsonable", "relative_to",
@@ -54,6 +55,8 @@ class VariantConfig:
         quant_mode: ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``--quant-mode``).
         calib_samples: samples of the calibration data used for static INT8.
         allow_random_calibration: calibrate on random data when there is none (not advised).
+        fixed_shapes: symbolic dimensions to fix in the written file once parity passed (``--fixed-shapes``; for
+            NNAPI/CoreML), or ``None`` to keep them dynamic.
     """
 
     opset: int = 18
@@ -63,6 +66,7 @@ class VariantConfig:
     quant_mode: str = QuantConfig.mode
     calib_samples: int = CALIB_SAMPLES
     allow_random_calibration: bool = False
+    fixed_shapes: ShapeSpec | None = None
 
     def quant_config(self) -> QuantConfig:
         """The :class:`QuantConfig` these settings ask for."""
@@ -86,6 +90,8 @@ class VariantRecord:
     quantization: dict[str, Any] = field(default_factory=dict)
     compression: dict[str, Any] = field(default_factory=dict)
     tensorrt_readiness: dict[str, Any] = field(default_factory=dict)
+    fixed_shapes: dict[str, Any] | None = None
+    mobile: dict[str, Any] = field(default_factory=dict)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -124,32 +130,61 @@ def file_stem(label: str) -> str:
     return stem or "model"
 
 
-def parity_inputs(x: torch.Tensor) -> list[torch.Tensor]:
-    """Inputs at :data:`PARITY_BATCH_SIZES`: the first rows of ``x``, repeated when ``x`` has fewer."""
-    return [torch.cat([x] * math.ceil(batch / len(x)))[:batch] for batch in PARITY_BATCH_SIZES]
+def parity_inputs(x: Inputs, axes: Axes | None = None) -> list[Inputs]:
+    """Inputs at :data:`PARITY_BATCH_SIZES` (the first rows of ``x``, repeated when ``x`` has fewer), and, when
+    ``axes`` has dynamic axes besides the batch, the largest batch again with every such axis cut to half its
+    length: so parity is checked at two values of every dynamic axis."""
+    checks = [repeat_to(x, batch) for batch in PARITY_BATCH_SIZES]
+    shorter = _halved(x, axes or {})
+    if shorter is not None:
+        checks.append(repeat_to(shorter, PARITY_BATCH_SIZES[-1]))
+    return checks
+
+
+def _halved(x: Inputs, axes: Axes) -> Inputs | None:
+    """``x`` with every non-batch dynamic axis at half its length (one size per dimension name); ``None`` when
+    there is no such axis of length 2 or more."""
+    sizes = _axis_sizes(x, axes)
+    target = {dim: max(1, size // 2) for dim, size in sizes.items() if dim != "batch" and size >= 2}
+    if not target:
+        return None
+    cuts = {name: {axis: target[dim] for axis, dim in per.items() if dim in target} for name, per in axes.items()}
+    return slice_axis(x, cuts)
+
+
+def _axis_sizes(x: Inputs, axes: Axes) -> dict[str, int]:
+    """Dimension name → its size in ``x``."""
+    tensors = dict(x.items()) if isinstance(x, NamedInputs) else {name: x for name in axes}
+    return {dim: int(tensors[name].shape[axis]) for name, per in axes.items() if name in tensors
+            for axis, dim in per.items()}
 
 
 def _readiness(path: Path, opset: int) -> dict[str, Any]:
     return relative_to(to_jsonable(tensorrt_readiness(path, opset)), path.parent)
 
 
-def export_variant(module: nn.Module, x: torch.Tensor, out: Path, cfg: VariantConfig, label: str | None = None,
-                   method: str = "none", dynamic_dims: dict[int, str] | None = None) -> VariantRecord:
+def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, label: str | None = None,
+                   method: str = "none", dynamic_dims: dict[int, str] | None = None,
+                   dynamic_axes: Mapping[str, Mapping[int, str]] | None = None) -> VariantRecord:
     """Export ``module`` to ``out``: ONNX (dynamic batch), simplified, verified against torch.
 
     Args:
         module: the torch module (put in eval mode).
-        x: example data, batch first: two rows are exported, three check the simplification, and parity
-            is verified at :data:`PARITY_BATCH_SIZES`.
+        x: example data, batch first (a tensor, or named inputs for a several-input model): two rows are
+            exported, three check the simplification, and parity is verified at :data:`PARITY_BATCH_SIZES` and at
+            half the length of every other dynamic axis (:func:`parity_inputs`).
         out: destination ``.onnx``; written only once parity passed.
         cfg: opset and tolerances.
         label: the record's label (default ``out``'s stem).
         method: the compression method that made ``module`` (``"none"`` for an original).
-        dynamic_dims: extra dynamic input axes (axis → name) besides the batch.
+        dynamic_dims: extra dynamic axes (axis → name) of a one-tensor input besides the batch.
+        dynamic_axes: extra dynamic axes by input name (``{"input_ids": {1: "seq"}}``).
 
     Returns:
         A :class:`VariantRecord` with costs and the export, simplification, parity and TensorRT-readiness
-        results; paths relative to ``out``'s folder.
+        results, the dimensions fixed by ``cfg.fixed_shapes`` (the fixed file checked against the dynamic one at
+        its shape, :func:`export.mobile.fix_verified`) and ONNX Runtime's NNAPI/CoreML verdict; paths relative to
+        ``out``'s folder.
 
     Raises:
         ExportError: no exporter produced a graph.
@@ -159,14 +194,17 @@ def export_variant(module: nn.Module, x: torch.Tensor, out: Path, cfg: VariantCo
     module = module.eval()
     with tempfile.TemporaryDirectory(prefix=".minreal-export-", dir=out.parent) as tmp:
         raw, checked = Path(tmp) / f"{out.stem}.raw.onnx", Path(tmp) / out.name
-        exp = to_onnx(module, x[:2], raw, opset=cfg.opset, dynamic_dims=dynamic_dims or None)
-        simp = simplify(raw, checked, check_inputs=[x[:3].numpy()], rtol=cfg.rtol, atol=cfg.atol)
-        parity = verify_parity(module, checked, parity_inputs(x), rtol=cfg.rtol, atol=cfg.atol)
-        os.replace(checked, out)  # only a verified graph reaches the output path
+        exp = to_onnx(module, x[:2], raw, opset=cfg.opset, dynamic_dims=dynamic_dims or None,
+                      dynamic_axes=dynamic_axes or None)
+        simp = simplify(raw, checked, check_inputs=[feeds_of(x[:3])], rtol=cfg.rtol, atol=cfg.atol)
+        parity = verify_parity(module, checked, parity_inputs(x, exp.dynamic_axes), rtol=cfg.rtol, atol=cfg.atol)
+        fixed = fix_verified(checked, cfg.fixed_shapes, feeds_of(x), cfg.rtol, cfg.atol)
+        move_onnx(checked, out)  # only a verified graph (with its external data, if any) reaches the output path
         results = relative_to(to_jsonable([exp, simp, parity]), Path(tmp))
     costs = count_costs(module, x[:2])
-    return VariantRecord(label or out.stem, method, costs.total_params, costs.macs, out.name, out.stat().st_size,
-                         *results, tensorrt_readiness=_readiness(out, cfg.opset))
+    return VariantRecord(label or out.stem, method, costs.total_params, costs.macs, out.name, onnx_size(out),
+                         *results, tensorrt_readiness=_readiness(out, cfg.opset), fixed_shapes=to_jsonable(fixed),
+                         mobile=to_jsonable(mobile_usability(out)))
 
 
 def trained_ranges(record: VariantRecord) -> dict[str, dict[str, Any]]:
@@ -181,7 +219,7 @@ def layer_weights(module: nn.Module, names: Iterable[str]) -> dict[str, np.ndarr
     return {n: modules[n].weight.detach().cpu().numpy() for n in names if n in modules}
 
 
-def quantize_variant(record: VariantRecord, folder: Path, calib: torch.Tensor | None, cfg: VariantConfig,
+def quantize_variant(record: VariantRecord, folder: Path, calib: Inputs | None, cfg: VariantConfig,
                      weights: Mapping[str, np.ndarray] | None = None, post_training: bool = False) -> VariantRecord:
     """INT8 copy ``NAME.int8.onnx`` of an exported variant, calibrated on the first ``cfg.calib_samples`` rows.
 
@@ -191,8 +229,8 @@ def quantize_variant(record: VariantRecord, folder: Path, calib: torch.Tensor | 
     Args:
         record: the fp32 variant (from :func:`export_variant`); its file lies in ``folder``.
         folder: where the variant's file lies and the INT8 file is written.
-        calib: calibration inputs, batch first (``None``: only with ``cfg.allow_random_calibration`` or
-            dynamic mode).
+        calib: calibration inputs, batch first, a tensor or named inputs (``None``: only with
+            ``cfg.allow_random_calibration`` or dynamic mode).
         cfg: INT8 target, mode and sample count.
         weights: the variant's layer weights by module name (:func:`layer_weights`), to place trained ranges
             whose initializers the exporter renamed.
@@ -204,9 +242,10 @@ def quantize_variant(record: VariantRecord, folder: Path, calib: torch.Tensor | 
     """
     folder, infix = Path(folder), PTQ_SUFFIX if post_training else ""
     out = folder / f"{Path(record.onnx).stem}{infix}.int8.onnx"
-    data = None if calib is None else calib[: cfg.calib_samples].numpy()
+    data = None if calib is None else feeds_of(calib[: cfg.calib_samples])
     ranges = {} if post_training else trained_ranges(record)
     q = quantize_int8(folder / record.onnx, out, data, cfg.quant_config(), ranges, weights)
     return VariantRecord(f"{record.label}{infix}.int8", f"{record.method}+int8", record.params, record.macs,
                          out.name, out.stat().st_size, quantization=relative_to(to_jsonable(q), folder),
-                         tensorrt_readiness=_readiness(out, cfg.opset))
+                         tensorrt_readiness=_readiness(out, cfg.opset), fixed_shapes=record.fixed_shapes,
+                         mobile=to_jsonable(mobile_usability(out)))

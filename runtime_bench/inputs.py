@@ -18,7 +18,8 @@ from .errors import BenchInputError, ModelFileError
 from .facts import error_line
 
 __all__ = ["InputSpec", "Data", "input_specs", "index_bounds", "timing_inputs", "batch_inputs", "named_data",
-           "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto", "check_external_data", "external_tensors"]
+           "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto", "check_external_data",
+           "external_tensors"]
 
 Dim = int | str | None
 #: Evaluation/timing data: one array (single-input models) or arrays keyed by graph input name.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import onnx
 
-from .inputs import load_model_proto
+from .inputs import external_tensors, load_model_proto
 from .errors import ProviderUnavailableError
 from .facts import INTEGER_OPS
 from .providers import provider_mismatch, provider_name
@@ -40,10 +40,17 @@ def model_info(name: str, path: Path) -> ModelInfo:
     return ModelInfo(
         name=name,
         path=str(path),
-        file_size_bytes=path.stat().st_size,
+        file_size_bytes=_size_with_data(model, path),
         node_count=sum(op_counts(model.graph).values()),
         opset=opsets.get("", opsets.get("ai.onnx")),
     )
+
+
+def _size_with_data(model: onnx.ModelProto, path: Path) -> int:
+    """Bytes of the graph file plus every external data file it names (each counted once)."""
+    locations = {next((e.value for e in t.external_data if e.key == "location"), "") for t in external_tensors(model)}
+    return path.stat().st_size + sum((path.parent / loc).stat().st_size for loc in locations
+                                     if loc and (path.parent / loc).is_file())
 
 
 def count_nodes(path: Path) -> int:

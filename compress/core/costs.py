@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from .evaluate import eval_mode, hooks_removed
 from .inputs import Inputs, call
 
-__all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule",
+__all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule", "attention_macs",
            "TorchCount", "count_macs_torch", "uncovered_modules", "whole_model_macs"]
 
 
@@ -68,6 +68,17 @@ def conv_macs(layer: nn.modules.conv._ConvNd, out: torch.Tensor) -> int:
     return positions * layer.out_channels * (layer.in_channels // layer.groups) * k
 
 
+def attention_macs(layer: nn.MultiheadAttention, out: torch.Tensor) -> int:
+    """MACs of ``nn.MultiheadAttention``'s four projections, as the same layer written with four Linears would be
+    counted: per query position E² (query) + E² (output), per key position E·kdim + E·vdim, keys taken as long as
+    the queries (self-attention). The score and value products (L·S·E each) are left to the torch count, as they
+    are for attention written with plain Linears. ``out`` is the attention output; with ``batch_first=False`` the
+    count is for the whole batch (the caller divides by the batch size)."""
+    positions = math.prod(out.shape[1:-1]) if layer.batch_first else math.prod(out.shape[:-1])
+    e = layer.embed_dim
+    return positions * (2 * e * e + e * layer.kdim + e * layer.vdim)
+
+
 MacRule = Callable[[nn.Module, torch.Tensor], int]  # (layer, its output) -> MACs per sample
 
 _MAC_RULES: dict[type, MacRule] = {
@@ -75,6 +86,7 @@ _MAC_RULES: dict[type, MacRule] = {
     nn.Conv1d: conv_macs,
     nn.Conv2d: conv_macs,
     nn.Conv3d: conv_macs,
+    nn.MultiheadAttention: attention_macs,
 }
 
 
@@ -101,11 +113,12 @@ def count_costs(model: nn.Module, example_input: Inputs) -> CostTable:
     hooks = []
 
     def make_hook(name: str, rule):
-        def hook(mod: nn.Module, _inp, out: torch.Tensor) -> None:
+        def hook(mod: nn.Module, _inp, out: torch.Tensor | tuple) -> None:
+            out = out[0] if isinstance(out, tuple) else out  # MultiheadAttention: (output, weights)
             macs = rule(mod, out) if out.shape[0] == batch else rule(mod, out) // max(batch, 1)
             prev = table.layers.get(name)
             total = macs + (prev.macs if prev else 0)
-            positions = 1 if out.dim() <= 2 else (math.prod(out.shape[1:-1]) if isinstance(mod, nn.Linear)
+            positions = 1 if out.dim() <= 2 else (math.prod(out.shape[1:-1]) if isinstance(mod, (nn.Linear, nn.MultiheadAttention))
                                                   else math.prod(out.shape[2:]))
             table.layers[name] = LayerCost(name, type(mod).__name__, _own_params(mod), total, positions)
         return hook
@@ -219,7 +232,9 @@ def uncovered_modules(model: nn.Module, count: TorchCount) -> list[str]:
     """Modules in which torch counted MACs that no per-layer rule covers (their own work, not a ruled child's).
 
     A module with a rule (and everything inside it) is covered; ``""`` names work done by the root itself.
+    ``nn.MultiheadAttention``'s rule counts its projections only, so its score and value products stay uncovered.
     """
-    ruled = [name for name, mod in model.named_modules() if type(mod) in _MAC_RULES]
+    ruled = [name for name, mod in model.named_modules() if type(mod) in _MAC_RULES
+             and not isinstance(mod, nn.MultiheadAttention)]
     inside = lambda name: any(name == r or name.startswith(r + ".") or not r for r in ruled)  # noqa: E731
     return sorted(name or type(model).__name__ for name in count.own_macs if not inside(name))

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 __all__ = ["Inputs", "NamedInputs", "call", "cat", "args_of", "count", "sample_shapes", "to_device", "as_floating",
-           "first_tensor", "is_named", "repeat_to", "input_names", "slice_axis"]
+           "first_tensor", "is_named", "repeat_to", "input_names", "slice_axis", "PackedInputs", "takes_varargs"]
 
 
 class NamedInputs:
@@ -182,3 +182,36 @@ def slice_axis(x: Inputs, axes: Mapping[str, Mapping[int, int]]) -> Inputs:
     if isinstance(x, NamedInputs):
         return NamedInputs({n: cut(n, t) for n, t in x.items()})
     return cut("input", x)
+
+
+class PackedInputs(nn.Module):
+    """A model whose ``forward`` takes one dict (or tuple) of tensors, called with those tensors one by one.
+
+    Lets a model with a structured input (``forward(self, batch)`` reading ``batch["image"]``) be exported with one
+    ONNX input per tensor and compressed like any other model: ``PackedInputs(model, ["image", "boxes"])`` is
+    called as ``wrapped(image, boxes)`` and calls ``model({"image": image, "boxes": boxes})`` (or
+    ``model((image, boxes))`` with ``as_tuple``). Layer names gain the prefix ``model.``.
+    """
+
+    def __init__(self, model: nn.Module, names: Sequence[str], as_tuple: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.names = tuple(names)
+        self.as_tuple = as_tuple
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        # indexing (not zip/unpacking) keeps this traceable by torch.fx, where ``inputs`` is one proxy
+        if self.as_tuple:
+            return self.model(tuple(inputs[i] for i in range(len(self.names))))
+        return self.model({name: inputs[i] for i, name in enumerate(self.names)})
+
+
+def takes_varargs(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes ``*args`` (torch.export then wants its dynamic shapes nested once more)."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)

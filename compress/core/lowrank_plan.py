@@ -20,15 +20,19 @@ from runtime_bench.facts import PROVIDERS
 
 from .allocate import (ALLOCATORS, KEEP, RankOptions, allocate, cheapest_cost, options_from_spectrum,
                        rank_at_fraction, smallest_ranks, total_cost)
+from .attention import PlainAttention, Unfused, unfuse_attention
 from .costs import CostTable, count_costs, count_macs_torch
 from .errors import CompressionError
+from .evaluate import eval_mode
+from .inputs import Inputs, call
 from .options import Alias, CostBudget, ExcludeOption, flag_of
 from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_macs, pair_params
 from .report import CompressionReport, LayerReport
 from .surgery import parent_weight_readers, replace_modules
 
-__all__ = ["Budget", "BudgetOptions", "Target", "find_targets", "plan_ranks", "apply_factors", "fill_report",
-           "load_latency_table", "whole_model_total", "layer_target", "predicted_latency_ratio", "RANK_MULTIPLE_BY_PROVIDER", "rank_multiple_defaults"]
+__all__ = ["Budget", "BudgetOptions", "Target", "factorisable_model", "find_targets", "note_attention", "plan_ranks",
+           "apply_factors", "fill_report", "load_latency_table", "whole_model_total", "layer_target",
+           "predicted_latency_ratio", "RANK_MULTIPLE_BY_PROVIDER", "rank_multiple_defaults"]
 
 CostFn = Callable[[int], float]
 log = logging.getLogger(__name__)
@@ -163,6 +167,42 @@ class Target:
     name: str
     layer: nn.Module
     positions: int
+
+
+def factorisable_model(model: nn.Module, example: Inputs) -> Unfused:
+    """``model`` with its nn.MultiheadAttention layers rewritten as :class:`~compress.core.attention.PlainAttention`
+    (a copy; same function, see :func:`~compress.core.attention.unfuse_attention`), so that their q/k/v/out
+    projections are plain Linear targets; ``model`` itself when it has none. Should the rewritten model fail on
+    ``example`` with an AttributeError (a parent reading the fused weights itself), ``model`` is kept and every
+    attention layer reported as refused."""
+    if not any(isinstance(m, nn.MultiheadAttention) for m in model.modules()):
+        return Unfused(model)
+    result = unfuse_attention(model)
+    if not result.unfused:
+        return Unfused(model, refused=result.refused)
+    try:
+        with eval_mode(result.model), torch.no_grad():
+            call(result.model, example)
+    except AttributeError as exc:
+        reason = f"the model fails once its attention is unfused ({exc}); it may read the fused weights itself"
+        return Unfused(model, refused={**{n: reason for n in result.unfused}, **result.refused})
+    return result
+
+
+def note_attention(report: CompressionReport, unfused: Unfused) -> None:
+    """Mark each layer of ``report`` that is a projection of an unfused attention layer (``details["attention"]``:
+    that layer's name) and note which attention layers were unfused or left fused, and why."""
+    parents = set(unfused.unfused)
+    for lr in report.layers:
+        parent, _, child = lr.name.rpartition(".")
+        if parent in parents and child in PlainAttention.PROJECTIONS:
+            lr.details["attention"] = parent
+    if unfused.unfused:
+        report.notes.append(f"{len(unfused.unfused)} nn.MultiheadAttention layer(s) rewritten as PlainAttention "
+                            "(separate q_proj/k_proj/v_proj/out_proj Linears, same function) so that their projections "
+                            f"are candidates: {', '.join(n or '(the model)' for n in unfused.unfused)}")
+    for name, reason in unfused.refused.items():
+        report.notes.append(f"attention layer {name!r} left fused, its projections not factorised: {reason}")
 
 
 def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ...] = ()

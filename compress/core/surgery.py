@@ -32,7 +32,8 @@ def replace_modules(model: nn.Module, replacements: Mapping[str, nn.Module], inp
 def parent_weight_readers(model: nn.Module) -> dict[str, str]:
     """Layers whose weights a parent reads directly (not through ``forward``), mapped to the reason.
 
-    ``nn.MultiheadAttention`` reads ``out_proj.weight`` itself, so replacing ``out_proj`` would break it.
+    ``nn.MultiheadAttention`` reads ``out_proj.weight`` itself, so replacing ``out_proj`` would break it;
+    :func:`compress.core.attention.unfuse_attention` rewrites it into plain projections first where it can.
     """
     found: dict[str, str] = {}
     for name, mod in model.named_modules():

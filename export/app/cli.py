@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import dataclasses
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -187,6 +188,42 @@ def _split_names(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
+def _fixed_shapes_option(fn: Callable) -> Callable:
+    """``--fixed-shapes``, read back by :func:`_fixed_shapes`."""
+    return click.option(
+        "--fixed-shapes", "fixed_shapes", metavar="DIM=N|INPUT=AxB,...",
+        help="Fix symbolic dimensions in the written ONNX files for edge runtimes (NNAPI runs no node fed by a "
+             "dynamic shape): DIM=N fixes a dimension by name (batch=1; the exporter names axis 0 'batch'), "
+             "INPUT=AxBxC gives a graph input its whole shape (input_ids=1x128); comma-separated. Parity is checked "
+             "on the dynamic graph, then the fixed file against it at its shape. A fixed batch is the only batch "
+             "size a file runs at.")(fn)
+
+
+def _fixed_shapes(text: str | None) -> Any:
+    """The :class:`~export.mobile.ShapeSpec` of ``--fixed-shapes`` (``None`` when not given)."""
+    from export.mobile import parse_fixed_shapes
+
+    try:
+        return parse_fixed_shapes(text) if text else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--fixed-shapes") from None
+
+
+def _with_fixed_shapes(cfg: Any, spec: Any) -> Any:
+    """``cfg`` (a :class:`PipelineConfig`) with ``--fixed-shapes``. A fixed-batch file runs at that batch only: it
+    becomes the batch size timed when ``--batch`` was not given, and a ``--batch`` asking for another is an error."""
+    from dataclasses import replace
+
+    fixed = spec.batch() if spec is not None else None
+    if fixed is not None and set(cfg.batch_sizes) != {fixed}:
+        if click.get_current_context().get_parameter_source("batch") is not click.core.ParameterSource.DEFAULT:
+            raise click.UsageError(f"--batch {','.join(map(str, cfg.batch_sizes))} conflicts with --fixed-shapes "
+                                   f"(batch {fixed}): a fixed-batch model runs only at batch {fixed}; pass --batch "
+                                   f"{fixed} or leave --batch out")
+        cfg = replace(cfg, batch_sizes=(fixed,))
+    return cfg if spec is None else replace(cfg, fixed_shapes=spec)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="minreal")
 def cli() -> None:
@@ -252,16 +289,17 @@ def _ensure_distinct_outputs(outs: list[Path]) -> None:
 
 
 def _load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None,
-                 holdout: float | None = None) -> tuple[Any, Any, Any]:
+                 holdout: float | None = None, preprocess: Any = None) -> tuple[Any, Any, Any]:
     from export.app.data import load_data
-    from export.app.models import check_input_shape, load_model
+    from export.app.models import checked_dataset, load_model, packed_model
 
     net = load_model(model, weights=weights, trust_pickle=trust_pickle)
-    loaded = load_data(data, eval_spec=eval_data, **({} if holdout is None else {"eval_fraction": holdout}))
-    check_input_shape(net, loaded.calib.x, model, data)
-    if loaded.evaluation is not None:
-        check_input_shape(net, loaded.evaluation.x, model, eval_data or data)
-    return net, loaded.calib, loaded.evaluation
+    loaded = load_data(data, eval_spec=eval_data, preprocess=preprocess,
+                       **({} if holdout is None else {"eval_fraction": holdout}))
+    net = packed_model(net, loaded.calib.x, model)
+    calib = checked_dataset(net, loaded.calib, model, data)
+    held = None if loaded.evaluation is None else checked_dataset(net, loaded.evaluation, model, eval_data or data)
+    return net, calib, held
 
 
 def _calib_line(calib_samples: int, held: Any, holdout: float) -> str:
@@ -285,6 +323,53 @@ def _record_held_out(report: Any, net: Any, small: Any, calib: Any, held: Any, h
     report.measured["held_out"] = {"samples": len(held), **compare_outputs(net, small, held)}
     report.notes.append(f"{len(held)} samples ({holdout:.0%} of --calib, seeded) held out for measured.held_out; "
                         f"calibrated on the other {len(calib)}")
+
+
+IMAGE_GROUP = "Image folders (data given as a folder of images)"
+
+
+def _image_options(fn: Callable) -> Callable:
+    """``--image-size``, ``--mean``, ``--std``, ``--preprocess``: how an image folder becomes inputs (see
+    :class:`export.app.preprocess.ImagePreprocess`); read back by :func:`_image_preprocess`."""
+    for opt in reversed([
+        click.option("--image-size", "image_size", metavar="N|HxW", cls=GroupedOption, group=IMAGE_GROUP,
+                     help="Centre crop (height x width) after resizing the short side to its larger side; default "
+                          "224, ImageNet's. A model trained on 32x32 images (CIFAR) needs 32."),
+        click.option("--mean", "image_mean", metavar="R,G,B", cls=GroupedOption, group=IMAGE_GROUP,
+                     help="Per-channel mean the model was trained with, on [0, 1] pixels (default ImageNet's "
+                          "0.485,0.456,0.406)."),
+        click.option("--std", "image_std", metavar="R,G,B", cls=GroupedOption, group=IMAGE_GROUP,
+                     help="Per-channel standard deviation, positive (default ImageNet's 0.229,0.224,0.225)."),
+        click.option("--preprocess", "image_preprocess", metavar="WEIGHTS_ENTRY", cls=GroupedOption,
+                     group=IMAGE_GROUP,
+                     help="Resize, crop, mean and std of a torchvision weights entry's transforms(), e.g. "
+                          "ResNet18_Weights.IMAGENET1K_V1 (nothing is downloaded); not with --image-size/--mean/--std."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def _image_preprocess(opts: dict[str, Any]) -> Any:
+    """Pop the image options from ``opts`` (the command's keyword arguments) and return the
+    :class:`~export.app.preprocess.ImagePreprocess` they ask for, or None when none was given (the defaults)."""
+    from export.app.preprocess import preprocess_from_options
+
+    return preprocess_from_options(opts.pop("image_size"), opts.pop("image_mean"), opts.pop("image_std"),
+                                   opts.pop("image_preprocess"))
+
+
+def _mismatch_option(fn: Callable) -> Callable:
+    return click.option("--allow-data-mismatch", is_flag=True,
+                        help="Go on, with a warning recorded in the report, when the original model scores near "
+                             "chance on the labelled data (which otherwise stops the command: the data most likely "
+                             "does not match the model's preprocessing or labels).")(fn)
+
+
+def _warn_data_check(check: Any) -> None:
+    """A loud line on stderr when the original scores near chance on the labelled data."""
+    if check.near_chance:
+        allowed = " (--allow-data-mismatch)" if check.allowed else ""
+        click.echo(f"WARNING: data mismatch{allowed}: {check.message()}", err=True)
 
 
 RECOVERY_GROUP = "Recovery (after any method)"
@@ -382,33 +467,43 @@ def _recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
               show_default=True, metavar="FRACTION",
               help="Share of --calib held out (seeded) to measure the compressed model on (report: "
                    "measured.held_out); 0 calibrates on all of --calib and makes no held-out measurement.")
+@click.option("--dynamic-axes", "dynamic_axes", multiple=True,
+              help="Dynamic axes of one input kept by the .pt2 program, in order ('_' = fixed), repeatable: "
+                   "input_ids:batch,seq.")
+@_image_options
 @_recovery_options
 @method_options
 @common
 def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
-                 report_path: str | None, target_provider: str, holdout: float, quiet: bool, as_json: bool,
+                 report_path: str | None, target_provider: str, holdout: float, dynamic_axes: tuple[str, ...],
+                 quiet: bool, as_json: bool,
                  **opts: Any) -> None:
     """Compress MODEL with one method and save it as a torch.export program."""
     from compress import compress
     from export.app.method_options import build_config, provider_defaults
+    from export.app.mismatch import check_data
     from export.app.pipeline import write_json
     from export.serialize import save_program
 
     con = Console(quiet, as_json)
     _prepare_outputs([out, report_path], model, weights, data)
     used: set[str] = set()
+    preprocess = _image_preprocess(opts)
     recovery = _recovery_config(opts, target_provider)
     if recovery is not None and recovery.int8:
         raise click.UsageError("compress --recover-int8 would train INT8 ranges that no later command can use; "
                                "use `minreal run ... --recover-int8`, whose INT8 export writes them")
     config = build_config(method, opts, provider_defaults((target_provider,)), used)
     _warn_aliases(used)
-    net, calib, held = _load_inputs(model, weights, trust_pickle, data, None, holdout)
+    net, calib, held = _load_inputs(model, weights, trust_pickle, data, None, holdout, preprocess)
+    check = check_data(net, {"evaluation": held, "calibration": calib})  # compress warns; run and tune stop
+    _warn_data_check(check)
     con.progress(_calib_line(len(calib), held, holdout))
     con.progress(f"compressing {model} with {method}")
     small, report = compress(net, calib, method, config, recovery, held if held is not None and len(held) else None)
     _record_held_out(report, net, small, calib, held, holdout)
-    save_program(small, calib.x[:2], Path(out))
+    report.measured["data_check"] = asdict(check)
+    save_program(small, calib.x[:2], Path(out), dynamic_axes=_shape_options((), dynamic_axes)[1])
     if report_path:
         write_json(report, Path(report_path))
     con.table(f"params {report.params_before} -> {report.params_after} ({report.param_ratio:.3f}), "
@@ -424,7 +519,12 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
 @click.argument("model")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Destination .onnx file.")
 @click.option("--data", help="Data for the example input, parity check and INT8 calibration.")
-@click.option("--input-shape", help="Per-sample input shape, e.g. 3,224,224 (random example; no --data).")
+@click.option("--input-shape", "input_shape", multiple=True,
+              help="Per-sample input shape, e.g. 3,224,224 (random example; no --data); for several inputs, each "
+                   "named with batch and dtype, repeatable: input_ids:1x128:int64.")
+@click.option("--dynamic-axes", "dynamic_axes", multiple=True,
+              help="Dynamic axes of one input, in order ('_' = fixed), repeatable: input_ids:batch,seq. The batch "
+                   "is always dynamic.")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
 @click.option("--opset", type=int, default=VariantConfig.opset, show_default=True, help="ONNX opset (>= 17).")
@@ -435,23 +535,40 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
               show_default=True, help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8.")
 @click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=VariantConfig.quant_mode, show_default=True)
 @click.option("--allow-random-calibration", is_flag=True, help="Calibrate INT8 on random data (not advised).")
+@_fixed_shapes_option
+@_image_options
 @common
-def export_cmd(model: str, out: str, data: str | None, input_shape: str | None, weights: str | None, trust_pickle: bool, opset: int,
+def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, ...], dynamic_axes: tuple[str, ...],
+               weights: str | None, trust_pickle: bool, opset: int,
                rtol: float, atol: float, int8: bool, quant_target: str, quant_mode: str,
-               allow_random_calibration: bool, quiet: bool, as_json: bool) -> None:
+               allow_random_calibration: bool, fixed_shapes: str | None, quiet: bool, as_json: bool,
+               **image: Any) -> None:
     """Export MODEL to ONNX (dynamic batch), simplify, verify parity, optionally quantise to INT8."""
     from export.app.single import ExportOptions, export_single
+    from export.mobile import mobile_verdict
 
     con = Console(quiet, as_json)
     opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol, quant_target=quant_target,
-                                       quant_mode=quant_mode, allow_random_calibration=allow_random_calibration),
-                         int8=int8)
-    shape = _split_ints(input_shape, "--input-shape") if input_shape else None
+                                       quant_mode=quant_mode, allow_random_calibration=allow_random_calibration,
+                                       fixed_shapes=_fixed_shapes(fixed_shapes)),
+                         int8=int8, preprocess=_image_preprocess(image))
+    shape, axes = _shape_options(input_shape, dynamic_axes)
     _prepare_outputs([out, Path(out).with_name(Path(out).stem + ".int8.onnx") if int8 else None],
                      model, weights, data)
-    result = export_single(model, Path(out), data, weights, trust_pickle, opts, con.progress, shape)
+    result = export_single(model, Path(out), data, weights, trust_pickle, opts, con.progress, shape, axes)
     con.table(f"wrote {out} ({result.onnx_bytes} bytes, exporter {result.export['exporter']}); parity ok")
+    con.table(mobile_verdict(result.mobile))
     con.result(result)
+
+
+def _shape_options(input_shape: tuple[str, ...], dynamic_axes: tuple[str, ...]) -> tuple[Any, dict[str, dict[int, str]]]:
+    """Parsed ``--input-shape`` (``None`` when not given) and ``--dynamic-axes``; bad values are usage errors."""
+    from export.app.shapes import parse_dynamic_axes, parse_input_shapes
+
+    try:
+        return (parse_input_shapes(input_shape) if input_shape else None), parse_dynamic_axes(dynamic_axes)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def _skip_unavailable_option(fn: Callable) -> Callable:
@@ -492,11 +609,14 @@ def _require_providers(names: tuple[str, ...], skip_unavailable: bool) -> None:
 @click.option("--threads", type=int, help="Intra-op threads (default: physical cores).")
 @click.option("--out", type=click.Path(dir_okay=False), default="bench.json", show_default=True,
               help="Report JSON; a Markdown copy is written next to it.")
+@click.option("--axis-values", "axis_values", multiple=True,
+              help="Lengths a dynamic (symbolic) axis is timed at, by its ONNX dimension name, repeatable: "
+                   "seq=32,128; each length is its own latency row. With --data, inputs are cut to each length.")
 @_skip_unavailable_option
 @common
 def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | None, warmup: int,
               min_runs: int, min_seconds: float, repeats: int, threads: int | None, out: str,
-              skip_unavailable_providers: bool, quiet: bool, as_json: bool) -> None:
+              axis_values: tuple[str, ...], skip_unavailable_providers: bool, quiet: bool, as_json: bool) -> None:
     """Benchmark ONNX MODELS side by side (ratios vs the first) with ONNX Runtime."""
     import runtime_bench as rb
 
@@ -507,12 +627,14 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
     if data:
         from export.app.data import load_dataset
 
-        held = load_dataset(data)  # the user's evaluation data, all of it
-        x = held.x.numpy()
+        from export.verify import feeds_of
+
+        held = load_dataset(data)  # the user's evaluation data, all of it (named inputs keyed by graph input)
+        x = feeds_of(held.x)
         y = None if held.y is None else held.y.numpy()
     cfg = rb.BenchConfig(providers=_split_names(providers), batch_sizes=_split_ints(batch, "--batch"),
                          warmup=warmup, min_runs=min_runs, min_seconds=min_seconds, repeats=repeats,
-                         intra_op_threads=threads)
+                         intra_op_threads=threads, axis_values=_axis_values_option(axis_values))
     entries = [rb.ModelEntry(Path(m).stem, Path(m)) for m in models]
     report = rb.run_benchmark(entries, cfg, x, y, progress=con.progress,
                               fail_on_unavailable=not skip_unavailable_providers)
@@ -625,13 +747,24 @@ def _finish_run(con: Console, report: Any, out: str) -> None:
 @click.option("--eval-data", help="Held-out evaluation data (default: a split of --data).")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
+@click.option("--dynamic-axes", "dynamic_axes", multiple=True,
+              help="Dynamic axes of one input, in order ('_' = fixed), repeatable: input_ids:batch,seq (an unnamed "
+                   "input is called 'input'). Axes whose length differs between --data and --eval-data are dynamic "
+                   "anyway.")
+@click.option("--axis-values", "axis_values", multiple=True,
+              help="Lengths a dynamic axis is timed at, repeatable: seq=32,128 (default: the held-out data's "
+                   "length and half of it).")
+@_mismatch_option
 @_pipeline_options
+@_fixed_shapes_option
 @_skip_unavailable_option
+@_image_options
 @_recovery_options
 @method_options
 @common
 def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, eval_data: str | None,
-            weights: str | None, trust_pickle: bool, out: str, overwrite: bool, batch: str, providers: str,
+            weights: str | None, trust_pickle: bool, dynamic_axes: tuple[str, ...], axis_values: tuple[str, ...],
+            out: str, overwrite: bool, batch: str, providers: str,
             no_int8: bool, quant_target: str, quant_mode: str, min_seconds: float | None, repeats: int | None,
             skip_unavailable_providers: bool, quiet: bool, as_json: bool, **opts: Any) -> None:
     """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 → benchmark."""
@@ -641,6 +774,8 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     from export.app.plan import load_plan
 
     con = Console(quiet, as_json)
+    preprocess, allow_mismatch = _image_preprocess(opts), opts.pop("allow_data_mismatch")
+    fixed_shapes = _fixed_shapes(opts.pop("fixed_shapes"))
     recovery = _recovery_config(opts, quant_target)
     if recovery is not None and recovery.int8 and (no_int8 or quant_mode != "static"):
         raise click.UsageError("--recover-int8 trains ranges for static INT8: drop --no-int8 / --quant-mode dynamic")
@@ -649,9 +784,13 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     if plan and not method and any(v not in (None, ()) for v in opts.values()):
         raise click.UsageError("method options on the command line apply to -m variants; put the options of "
                                "--plan variants in the plan file")
-    cfg = _pipeline_config(PipelineConfig(skip_unavailable_providers=skip_unavailable_providers, recovery=recovery),
+    cfg = _pipeline_config(PipelineConfig(skip_unavailable_providers=skip_unavailable_providers, recovery=recovery,
+                                          allow_data_mismatch=allow_mismatch),
                            batch, providers, no_int8, quant_target, quant_mode, min_seconds, repeats)
+    cfg = _with_fixed_shapes(cfg, fixed_shapes)
     _require_providers(cfg.providers, skip_unavailable_providers)  # fail fast, before any loading
+    _, axes = _shape_options((), dynamic_axes)
+    cfg = dataclasses.replace(cfg, axis_values=_axis_values_option(axis_values))
     defaults, used = provider_defaults(cfg.providers), set()
     runs = [DemoRun(m, m, build_config(m, opts, defaults, used)) for m in method]
     runs += load_plan(plan, defaults, used) if plan else []
@@ -659,10 +798,30 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     _check_finetune_aliases(runs, recovery)
     # --out is locked from its existence check to the commit: a concurrent run to it exits 1
     with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data, plan)) as claim:
-        net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
-        case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs)
+        net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
+        case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs,
+                        dynamic_axes=_case_axes(axes, calib.x, None if held is None else held.x))
         report = fill_run_dir([case], claim, cfg, con.progress)
     _finish_run(con, report, out)
+
+
+def _axis_values_option(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    from export.app.shapes import parse_axis_values
+
+    try:
+        return parse_axis_values(values)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _case_axes(given: dict[str, dict[int, str]], calib: Any, held: Any) -> dict[str, dict[int, str]]:
+    """``--dynamic-axes`` plus the axes along which calibration and held-out inputs differ in length."""
+    from export.app.shapes import infer_dynamic_axes, merge_axes
+
+    inferred = {} if held is None else infer_dynamic_axes(calib, held)
+    if inferred:
+        logging.getLogger(__name__).info("dynamic axes inferred from differing data lengths: %s", inferred)
+    return merge_axes(inferred, given)
 
 
 def _check_finetune_aliases(runs: list[Any], recovery: Any) -> None:
@@ -804,23 +963,29 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
               help="Candidate cache (default: $XDG_CACHE_HOME/minreal/tune or ~/.cache/minreal/tune).")
 @click.option("--workers", type=click.IntRange(min=0), default=1, show_default=True,
               help="Local worker processes evaluating candidates; 0 evaluates them in this process.")
+@click.option("--dynamic-axes", "dynamic_axes", multiple=True,
+              help="Dynamic axes of one input, in order ('_' = fixed), repeatable: input_ids:batch,seq.")
+@_image_options
+@_mismatch_option
 @common
 def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, trust_pickle: bool, out: str,
              overwrite: bool, providers: str, batch: str, max_accuracy_drop: float | None, min_agreement: float | None,
              max_mse_increase: float | None, objective: str, time_budget: str | None, methods: str | None,
              plan: str | None, grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool, quant_target: str,
              screen_seconds: float | None, min_seconds: float | None, repeats: int | None, cache_dir: str | None,
-             workers: int, quiet: bool, as_json: bool) -> None:
+             workers: int, dynamic_axes: tuple[str, ...], quiet: bool, as_json: bool, **opts: Any) -> None:
     """Find the fastest deployable model within a quality budget, measured on the target runtime, against the
     original in fp32 and INT8. Writes report.json/.md, front.png and chosen.onnx (chosen.pt2) into --out."""
     import dataclasses
 
+    from export.app.mismatch import check_data, require_match
     from export.app.pipeline import claim_run_dir, commit_run_dir
     from export.app.tune import (CONFIRM, SCREEN, Constraint, InlineExecutor, ProcessExecutor, SpecSource, TuneConfig,
                                  parse_duration, tune)
     from export.app.tune.output import format_tune, write_tune_dir
 
     con = Console(quiet, as_json)
+    preprocess, allow_mismatch = _image_preprocess(opts), opts.pop("allow_data_mismatch")
     constraint = Constraint(max_accuracy_drop, min_agreement, max_mse_increase)
     screen = {"min_seconds": screen_seconds} if screen_seconds is not None else {}
     confirm = {k: v for k, v in (("min_seconds", min_seconds), ("repeats", repeats)) if v is not None}
@@ -830,7 +995,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
                      recover_epochs=recover_epochs, int8=not no_int8, qat=not no_qat, quant_target=quant_target,
                      time_budget_s=parse_duration(time_budget) if time_budget else None,
                      screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),
-                     workers=workers)
+                     workers=workers, dynamic_axes=_shape_options((), dynamic_axes)[1])
     if plan:
         from export.app.method_options import provider_defaults
         from export.app.plan import load_plan
@@ -841,11 +1006,16 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     _require_providers(cfg.providers, False)
     cache = Path(cache_dir) if cache_dir else _default_cache()
     with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data, plan)) as claim:
-        net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data)
-        source = SpecSource(model, data, eval_data, weights, trust_pickle) if workers else None
+        net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
+        check = require_match(check_data(net, {"evaluation": held, "calibration": calib}), allow_mismatch)
+        _warn_data_check(check)
+        source = SpecSource(model, data, eval_data, weights, trust_pickle, preprocess) if workers else None
         executor = ProcessExecutor(workers) if workers else InlineExecutor()
+        cfg = dataclasses.replace(cfg, dynamic_axes=_case_axes(cfg.dynamic_axes, calib.x, held.x if held else None))
         report = tune(net, calib, held, cfg, claim.staging, cache, source, executor, con.progress)
         executor.close()
+        report.reference["data_check"] = asdict(check)
+        report.notes += [f"--allow-data-mismatch: {check.message()}"] if check.allowed else []
         write_tune_dir(report, claim.staging)
         commit_run_dir(claim)
     con.table(format_tune(report))

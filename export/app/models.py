@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from compress.core.data import Dataset
-from compress.core.inputs import Inputs, NamedInputs, call
+from compress.core.inputs import Inputs, NamedInputs, PackedInputs, call
 from compress.models import resnet20_cifar
 from export.app.callables import (SpecError, _CallableSpec, _cause, _describe, _looks_like_path, _parse_callable,
                                   _resolve_callable, _shape)
@@ -389,6 +389,22 @@ def forward_parameters(model: nn.Module) -> list[str] | None:
                                                   inspect.Parameter.POSITIONAL_OR_KEYWORD)]
 
 
+def packed_model(model: nn.Module, x: Inputs, model_spec: str = "model") -> nn.Module:
+    """``model`` itself, or, when its ``forward`` takes one structured argument and the data gives named inputs
+    that are not its parameters, a :class:`~compress.core.inputs.PackedInputs` that calls it with a dict of them
+    (or a tuple, when the names are ``ARG_0``, ``ARG_1``, ... for the parameter ``ARG``)."""
+    params = forward_parameters(model)
+    if not isinstance(x, NamedInputs) or params is None or len(params) != 1 or params[0] in x.names:
+        return model
+    arg = params[0]
+    positional = [f"{arg}_{i}" for i in range(len(x.names))]
+    as_tuple = sorted(x.names) == sorted(positional)
+    names = positional if as_tuple else x.names
+    logger.info("%s: forward(%s) takes one structured input; called with %s of %s", model_spec, arg,
+                "a tuple" if as_tuple else "a dict", ", ".join(names))
+    return PackedInputs(model, names, as_tuple=as_tuple)
+
+
 def align_inputs(model: nn.Module, x: Inputs, model_spec: str = "model", data_spec: str = "the data") -> Inputs:
     """Named inputs reordered as ``model.forward`` takes them (they are passed positionally).
 
@@ -400,6 +416,8 @@ def align_inputs(model: nn.Module, x: Inputs, model_spec: str = "model", data_sp
             missing), naming the parameters ``forward`` takes.
     """
     params = forward_parameters(model)
+    if isinstance(model, PackedInputs):
+        return NamedInputs({n: x.tensors[n] for n in model.names})
     if not isinstance(x, NamedInputs) or params is None:
         return x
     unknown = [n for n in x.names if n not in params]

@@ -24,7 +24,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,9 +36,14 @@ import runtime_bench as rb
 from compress.core.demo_case import DemoCase, DemoRun
 from compress.core.evaluate import compare_outputs
 from compress.core.recover import RecoveryConfig
+from export.app.mismatch import DataCheck, check_data, require_match
 from export.app.plan import run_variant
+from export.app.report import cell_label
 from export.atomic import atomic_path
+from export.mobile import ShapeSpec
+from export.quantize import int8_skip_reason
 from export.serialize import save_program
+from export.verify import feeds_of
 from export.variant import (PTQ_SUFFIX, VariantConfig, VariantRecord, export_variant, file_stem, layer_weights,
                             quantize_variant, relative_to, to_jsonable, trained_ranges)
 
@@ -104,16 +109,28 @@ class PipelineConfig:
     skip_unavailable_providers: bool = False
     recovery: RecoveryConfig | None = None
     """Distillation from the original after every variant's method (None or a disabled config: none)."""
+    allow_data_mismatch: bool = False
+    """Go on (with a warning) when the original scores near chance on the labelled data
+    (:mod:`export.app.mismatch`); by default that stops the run before any work."""
+    fixed_shapes: ShapeSpec | None = None
+    """Symbolic dimensions fixed in every exported file (``--fixed-shapes``, for NNAPI/CoreML); a fixed batch
+    must then be the only batch size timed."""
 
-    def bench_config(self) -> rb.BenchConfig:
-        """Timing settings for :func:`runtime_bench.run_benchmark`."""
+    axis_values: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Lengths of dynamic axes (besides the batch) latency is measured at, by dimension name (``--axis-values
+    seq=32,128``); an axis not named here is timed at its length in the data and at half of it."""
+
+    def bench_config(self, axis_values: Mapping[str, tuple[int, ...]] | None = None) -> rb.BenchConfig:
+        """Timing settings for :func:`runtime_bench.run_benchmark` (``axis_values``: the shapes to time)."""
         return rb.BenchConfig(providers=self.providers, batch_sizes=self.batch_sizes, warmup=self.warmup,
-                              min_runs=self.min_runs, min_seconds=self.min_seconds, repeats=self.repeats)
+                              min_runs=self.min_runs, min_seconds=self.min_seconds, repeats=self.repeats,
+                              axis_values=dict(axis_values or {}))
 
     def variant_config(self) -> VariantConfig:
         """Export, parity and INT8 settings for :func:`export.variant.export_variant`."""
         return VariantConfig(opset=self.opset, rtol=self.rtol, atol=self.atol, quant_target=self.quant_target,
-                             quant_mode=self.quant_mode, calib_samples=self.calib_samples)
+                             quant_mode=self.quant_mode, calib_samples=self.calib_samples,
+                             fixed_shapes=self.fixed_shapes)
 
 
 @dataclass
@@ -126,6 +143,8 @@ class CaseResult:
     stage_seconds: dict[str, float]
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    data_check: dict[str, Any] | None = None
+    """The original's accuracy on the labelled data against chance (:class:`export.app.mismatch.DataCheck`)."""
 
 
 @dataclass
@@ -308,7 +327,7 @@ def _export(module: nn.Module, label: str, method: str, case: DemoCase, case_dir
             cfg: PipelineConfig) -> VariantRecord:
     """One variant of ``case`` exported into ``case_dir``, checked on the case's held-out inputs."""
     return export_variant(module, case.test.x, case_dir / f"{file_stem(label)}.onnx", cfg.variant_config(),
-                          label, method, case.dynamic_dims)
+                          label, method, dynamic_axes=case.axes() or None)
 
 
 @dataclass
@@ -330,6 +349,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
              interrupts: Interrupts | None = None) -> CaseResult:
     """Compress each variant of ``case``, export everything, quantise, benchmark side by side."""
     interrupts = interrupts or Interrupts()
+    check, mismatch = _data_check(case, cfg, progress)  # before any work: near chance stops the run
     case_dir.mkdir(parents=True, exist_ok=True)
     stages: dict[str, float] = {}
     t = time.perf_counter()
@@ -355,7 +375,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         rec.compression = to_jsonable(report)
         records.append(rec)
         weights[run.label] = layer_weights(small, trained_ranges(rec))
-        save_program(small, case.test.x[:2], case_dir / f"{file_stem(run.label)}.pt2", case.dynamic_dims)
+        save_program(small, case.test.x[:2], case_dir / f"{file_stem(run.label)}.pt2", dynamic_axes=case.axes())
         stages[f"export:{run.label}"] = time.perf_counter() - t
     if cfg.int8:
         t = time.perf_counter()
@@ -368,24 +388,56 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     progress(f"[{case.name}] benchmarking {len(records)} models")
     entries = [rb.ModelEntry(r.label, case_dir / r.onnx) for r in records]
     y = None if case.test.y is None else case.test.y.numpy()
-    bench = rb.run_benchmark(entries, cfg.bench_config(), case.test.x.numpy(), y, progress=progress,
-                             fail_on_unavailable=not cfg.skip_unavailable_providers)
+    bench = rb.run_benchmark(entries, cfg.bench_config(_axis_values(case, cfg)), feeds_of(case.test.x), y,
+                             progress=progress, fail_on_unavailable=not cfg.skip_unavailable_providers)
     stages["benchmark"] = time.perf_counter() - t
     result = CaseResult(case.name, records, relative_to(to_jsonable(bench), case_dir), stages, list(case.notes))
     write_json(result.bench, case_dir / "bench.json")  # a `minreal bench` report, paths relative to the case
-    result.warnings = slowdown_warnings(result)
-    for w in result.warnings:
+    slow = slowdown_warnings(result)
+    for w in slow:
         progress(f"[{case.name}] WARNING: {w}")
+    result.warnings, result.data_check = mismatch + slow, dataclasses.asdict(check)
     return result
+
+
+def _data_check(case: DemoCase, cfg: PipelineConfig, progress: Progress) -> tuple[DataCheck, list[str]]:
+    """The original's accuracy on the case's labelled data against chance, and the warning when it is near chance
+    and ``cfg.allow_data_mismatch`` let the run go on.
+
+    Raises:
+        DataMismatchError: near chance, and not allowed.
+    """
+    check = require_match(check_data(case.model, {"evaluation": case.test, "calibration": case.train}),
+                          cfg.allow_data_mismatch)
+    warnings = [f"--allow-data-mismatch: {check.message()}"] if check.allowed else []
+    for w in warnings:
+        progress(f"[{case.name}] WARNING: {w}")
+    return check, warnings
+
+
+def _axis_values(case: DemoCase, cfg: PipelineConfig) -> dict[str, tuple[int, ...]]:
+    """Lengths each dynamic axis is timed at: the user's (``cfg.axis_values``), else the held-out data's length
+    and half of it (so the report has latency per shape). Lengths longer than the data are refused by the
+    benchmark (nothing is padded)."""
+    from export.app.shapes import axis_lengths
+
+    out = {}
+    for dim, length in axis_lengths(case.test.x, case.axes()).items():
+        out[dim] = tuple(cfg.axis_values.get(dim) or sorted({max(1, length // 2), length}))
+    return out
 
 
 def _int8_records(records: list[VariantRecord], weights: dict[str, dict[str, Any]], case: DemoCase, case_dir: Path,
                   cfg: PipelineConfig) -> list[VariantRecord]:
     """INT8 copies of the fp32 ``records``, the original's too (the baseline a compressed model has to beat, not
     only the fp32 one). A variant recovered quantisation-aware gets its copy with the trained ranges and, beside
-    it, a post-training copy of the same weights calibrated afresh (``LABEL.ptq.int8``)."""
+    it, a post-training copy of the same weights calibrated afresh (``LABEL.ptq.int8``). A variant with external
+    data gets none; its ``quantization`` says why (``{"skipped": reason}``)."""
     out = []
     for r in records:
+        if skip := int8_skip_reason(case_dir / r.onnx):
+            r.quantization = {"skipped": skip}
+            continue
         out.append(quantize_variant(r, case_dir, case.train.x, cfg.variant_config(), weights.get(r.label)))
         if trained_ranges(r):
             out.append(quantize_variant(r, case_dir, case.train.x, cfg.variant_config(), post_training=True))
@@ -395,8 +447,7 @@ def _int8_records(records: list[VariantRecord], weights: dict[str, dict[str, Any
 def slowdown_warnings(case: CaseResult) -> list[str]:
     """A line for every compressed model not faster than the original, and every INT8 model slower than
     its fp32 source, per (provider, batch size), from the median p50 latencies of the benchmark."""
-    p50 = {(lat["model"], lat["provider"], lat["batch_size"]): lat["stats"]["p50_ms"]
-           for lat in case.bench["latency"]}
+    p50 = {(lat["model"], lat["provider"], cell_label(lat)): lat["stats"]["p50_ms"] for lat in case.bench["latency"]}
     out = []
     for (model, provider, batch), ms in sorted(p50.items()):
         if model == "original":

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from export.app.plots import plot_accuracy_latency  # re-exported: the run's plot.png
 
 __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency", "plot_spectra",
            "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS",
-           "int8_rows", "format_int8"]
+           "int8_rows", "format_int8", "MOBILE_HEADERS", "mobile_rows"]
 
-SUMMARY_HEADERS = ("case", "model", "params", "MACs", "MAC ratio", "file KB", "provider", "batch", "p50 ms",
+SUMMARY_HEADERS = ("case", "model", "params", "MACs", "MAC ratio", "file KB", "provider", "batch (shape)", "p50 ms",
                    "p90 ms", "p99 ms", "samples/s", "lat. ratio", "accuracy", "MSE", "agreement")
 
 RECOVERY_HEADERS = ("case", "model", "metric", "zero-shot", "recovered", "agreement zero-shot", "agreement recovered",
                     "KL zero-shot", "KL recovered", "epochs", "steps", "samples seen", "wall s", "status")
+
+MOBILE_HEADERS = ("case", "model", "input shapes", "NNAPI", "CoreML NeuralNetwork", "CoreML MLProgram",
+                  "unsupported ops", "checker's advice")
 
 INT8_HEADERS = ("case", "fp32 model", "target", "post-training INT8", "quantisation-aware INT8", "accuracy PTQ",
                 "accuracy QAT", "agreement PTQ", "agreement QAT", "MSE PTQ", "MSE QAT", "trained tensors")
@@ -37,22 +41,33 @@ def summary_rows(report: Any) -> list[tuple[str, ...]]:
     for case in _get(report, "cases"):
         bench = _get(case, "bench")
         metrics = {m["model"]: m for m in bench["metrics"]}
-        ratios = {(r["model"], r["provider"], r["batch_size"]): r for r in bench["ratios"]
+        ratios = {(r["model"], r["provider"], r["batch_size"], r.get("shape", "")): r for r in bench["ratios"]
                   if r.get("statistic", "p50") in ("p50", "median", "p50_ms")}
         variants = {_get(v, "label"): v for v in _get(case, "variants")}
         base_macs = max(_get(_get(case, "variants")[0], "macs"), 1)
         for lat in bench["latency"]:
             v, m, s = variants[lat["model"]], metrics.get(lat["model"], {}), lat["stats"]
-            ratio = ratios.get((lat["model"], lat["provider"], lat["batch_size"]))
+            ratio = ratios.get((lat["model"], lat["provider"], lat["batch_size"], lat.get("shape", "")))
             acc = m.get("accuracy")
             rows.append((_get(case, "name"), lat["model"], str(_get(v, "params")), str(_get(v, "macs")),
                          f"{_get(v, 'macs') / base_macs:.3f}", f"{_get(v, 'onnx_bytes') / 1024:.1f}",
-                         lat["provider"], str(lat["batch_size"]),
+                         lat["provider"], cell_label(lat),
                          f"{s['p50_ms']:.3f}", f"{s['p90_ms']:.3f}", f"{s['p99_ms']:.3f}",
                          f"{s['throughput_sps']:.0f}", _fmt(ratio and ratio["median"], ".3f"),
                          _fmt(None if acc is None else 100 * acc, ".2f"), _fmt(m.get("mse"), ".4g"),
                          _fmt(m.get("top1_agreement"), ".4f")))
     return rows
+
+
+def cell_label(row: Mapping[str, Any]) -> str:
+    """A latency row's batch column: ``"32"``, or ``"32 seq=128"`` for a shape of a dynamic axis."""
+    shape = row.get("shape") or ""
+    return f"{row['batch_size']} {shape}" if shape else str(row["batch_size"])
+
+
+def _cell_order(label: str) -> tuple[int, str]:
+    batch, _, shape = label.partition(" ")
+    return int(batch), shape
 
 
 def _text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
@@ -73,13 +88,13 @@ def format_compact(report: Any) -> str:
     the first provider, accuracy or MSE, agreement. The full table is in report.md."""
     full = summary_rows(report)
     first_provider = full[0][6] if full else "cpu"
-    batches = sorted({int(r[7]) for r in full if r[6] == first_provider})
+    batches = sorted({r[7] for r in full if r[6] == first_provider}, key=_cell_order)
     headers = ("case", "model", "params", "MAC ratio", "KB",
                *(h for b in batches for h in (f"p50 ms b{b}", f"ratio b{b}")), "accuracy", "MSE", "agreement")
-    grouped: dict[tuple[str, str], dict[int, tuple[str, ...]]] = {}
+    grouped: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
     for r in full:
         if r[6] == first_provider:
-            grouped.setdefault((r[0], r[1]), {})[int(r[7])] = r
+            grouped.setdefault((r[0], r[1]), {})[r[7]] = r
     rows = []
     for (case, model), by_batch in grouped.items():
         any_row = next(iter(by_batch.values()))
@@ -105,6 +120,7 @@ def render_markdown(report: Any) -> str:
                 "`--recover-int8`.", "",
                 "| " + " | ".join(INT8_HEADERS) + " |", "|" + "---|" * len(INT8_HEADERS)]
         out += ["| " + " | ".join(r) + " |" for r in q_rows]
+    out += _mobile_section(report)
     for case in _get(report, "cases"):
         out += ["", f"## {_get(case, 'name')}", ""]
         for v in _get(case, "variants"):
@@ -120,7 +136,9 @@ def render_markdown(report: Any) -> str:
                 out += _budget_and_bounds(_get(v, "label"), comp)
                 out += _recovery_line(_get(v, "label"), comp.get("recovery"))
             q = _get(v, "quantization")
-            if q:
+            if q and "skipped" in q:
+                out.append(f"- **{_get(v, 'label')}**: INT8 skipped: {q['skipped']}")
+            elif q:
                 out.append(f"- **{_get(v, 'label')}**: {_int8_kind(q)} {q.get('mode', '')} for {q.get('target', '')}, "
                            f"integer kernels {q.get('integer_kernels', '-')}, float kernels left "
                            f"{q.get('float_kernels', '-')}")
@@ -133,6 +151,50 @@ def render_markdown(report: Any) -> str:
         out += [f"- note: {n}" for n in _get(case, "notes")]
         out += [f"- **WARNING**: {w}" for w in _get(case, "warnings")]
     return "\n".join(out) + "\n"
+
+
+def _optional(obj: Any, key: str) -> Any:
+    """``key`` of a record, ``None`` when the record predates the field."""
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def _shapes_cell(v: Any, dynamic: list[str]) -> str:
+    """``input 1x3x32x32`` for a fixed-shape file, else which inputs are dynamic."""
+    fixed = _optional(v, "fixed_shapes")
+    if fixed:
+        return ", ".join(f"{n} {'x'.join(map(str, s))}" for n, s in fixed["input_shapes"].items())
+    return f"dynamic ({', '.join(dynamic)})" if dynamic else "fixed"
+
+
+def mobile_rows(report: Any) -> list[tuple[str, ...]]:
+    """One row per exported model with ONNX Runtime's mobile-usability verdict (:mod:`export.mobile`): nodes
+    NNAPI and CoreML would run and in how many partitions, the ops they lack, and the checker's advice."""
+    from export.mobile import ep_summary, unsupported_summary, usability_from_dict
+
+    rows = []
+    for case in _get(report, "cases"):
+        for v in _get(case, "variants"):
+            raw = _optional(v, "mobile")
+            if not raw:
+                continue
+            m = usability_from_dict(raw)
+            cells = [ep_summary(e) for e in m.eps.values()] if not m.error else ["-"] * 3
+            rows.append((_get(case, "name"), _get(v, "label"), _shapes_cell(v, m.dynamic_inputs), *cells,
+                         unsupported_summary(m), m.error or m.recommendation))
+    return rows
+
+
+def _mobile_section(report: Any) -> list[str]:
+    """report.md lines of :func:`mobile_rows` (none when no record has a verdict)."""
+    rows = mobile_rows(report)
+    if not rows:
+        return []
+    return ["", "## Mobile (NNAPI / CoreML): ONNX Runtime's usability checker", "",
+            "Nodes each accelerator would run (op support by type, as `python -m onnxruntime.tools."
+            "check_onnx_model_mobile_usability`); NNAPI runs no node fed by a dynamic shape: export with "
+            "`--fixed-shapes batch=1` for a phone.", "",
+            "| " + " | ".join(MOBILE_HEADERS) + " |", "|" + "---|" * len(MOBILE_HEADERS),
+            *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def _metric(before: dict[str, float], after: dict[str, float]) -> tuple[str, str, str]:

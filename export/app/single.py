@@ -12,7 +12,7 @@ from compress.core.inputs import Inputs
 
 from export.app import data as app_data
 from export.app.callables import SpecError
-from export.app.models import check_input_shape, checked_dataset, load_model
+from export.app.models import align_inputs, check_input_shape, checked_dataset, load_model, packed_model
 from export.app.preprocess import ImagePreprocess
 from export.app.shapes import InputShapes, merge_axes, random_inputs
 from export.quantize import int8_skip_reason
@@ -32,21 +32,25 @@ class ExportOptions:
 
 
 def _example(module: torch.nn.Module, model_spec: str, data_spec: str | None, opts: ExportOptions,
-             input_shape: InputShapes | None, progress: Callable[[str], None]) -> Inputs:
-    """All of ``--data`` (nothing is measured on held-out data here), or a seeded random example."""
+             input_shape: InputShapes | None, progress: Callable[[str], None]) -> tuple[torch.nn.Module, Inputs]:
+    """The module to export (wrapped when its forward takes one dict of the named inputs) and its example: all of
+    ``--data`` (nothing is measured on held-out data here), or a seeded random example."""
     cfg = opts.variant
     app_data.require_image_folder(opts.preprocess, data_spec)
     if data_spec:
-        x = checked_dataset(module, app_data.load_dataset(data_spec, preprocess=opts.preprocess), model_spec,
-                            data_spec).x
+        data = app_data.load_dataset(data_spec, preprocess=opts.preprocess)
+        module = packed_model(module, data.x, model_spec)
+        x = checked_dataset(module, data, model_spec, data_spec).x
         progress(f"using all {len(x)} samples of --data for the example input, parity and INT8 calibration")
-        return x
+        return module, x
     if opts.int8 and cfg.quant_mode == "static" and not cfg.allow_random_calibration:
         raise SpecError("--int8 needs calibration data: pass --data SPEC (or --allow-random-calibration)")
     if input_shape:
         x = random_inputs(input_shape, 2)
+        module = packed_model(module, x, model_spec)
+        x = align_inputs(module, x, model_spec, "--input-shape")
         check_input_shape(module, x, model_spec)
-        return x
+        return module, x
     raise SpecError("export needs an example input: pass --data SPEC or --input-shape C,H,W (named inputs: "
                     "--input-shape NAME:BxL:DTYPE, repeated)")
 
@@ -64,7 +68,7 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
     if isinstance(input_shape, tuple):
         input_shape = InputShapes(per_sample=input_shape)
     module = load_model(model_spec, weights=weights, trust_pickle=trust_pickle)
-    x = _example(module, model_spec, data_spec, opts, input_shape, progress)
+    module, x = _example(module, model_spec, data_spec, opts, input_shape, progress)
     batches = " and ".join(map(str, PARITY_BATCH_SIZES))
     progress(f"exporting {model_spec}; verifying parity with ONNX Runtime at batch sizes {batches}")
     axes = merge_axes(input_shape.dynamic if input_shape else {}, dynamic_axes or {})
@@ -75,5 +79,6 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
     elif opts.int8:
         progress(f"quantising to INT8 ({opts.variant.quant_mode}, {opts.variant.quant_target})")
         calib = x if data_spec else None
-        record.quantization = quantize_variant(record, out.parent, calib, opts.variant).quantization
+        q = quantize_variant(record, out.parent, calib, opts.variant)
+        record.quantization = {**q.quantization, "mobile": q.mobile}
     return record

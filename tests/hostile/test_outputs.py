@@ -26,7 +26,7 @@ def make():
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
 """
 QUICK_BENCH = ["--min-seconds", "0", "--min-runs", "3", "--warmup", "1", "--repeats", "1", "--batch", "1"]
-RUN = ["run", "net.py:make", "--method", "svd", "--data", "digits-flat", "--batch", "1", "-q"]
+RUN = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--batch", "1", "-q"]
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_failed_compress_removes_created_output_folders(workdir: Path, capsys: p
 
 
 def test_failed_run_removes_created_parent_and_lock(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["run", "net.py:make", "--method", "svd", "--data", "nofile.npz",
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "nofile.npz",
                              "--out", "runs/new/a"], capsys)
     assert code == 2 and "nofile.npz" in err
     assert not Path("runs").exists()
@@ -125,7 +125,7 @@ def test_bench_unavailable_provider_fails_fast(workdir: Path, capsys: pytest.Cap
 
 def test_run_unavailable_provider_fails_before_loading(workdir: Path, capsys: pytest.CaptureFixture,
                                                        cpu_only: None) -> None:
-    code, _, err = run_main(["run", "missing.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/a",
+    code, _, err = run_main(["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/a",
                              "--providers", "tensorrt"], capsys)
     assert code == 1
     (line,) = error_lines(err)
@@ -188,7 +188,7 @@ def test_second_run_to_a_locked_out_exits_1(workdir: Path, capsys: pytest.Captur
     fd = _hold_lock(workdir / "runs" / ".a.lock")
     try:
         # the model does not exist: the lock must be checked before anything is loaded
-        args = ["run", "missing.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/a"]
+        args = ["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/a"]
         code, _, err = run_main(args + (["--overwrite"] if overwrite else []), capsys)
     finally:
         os.close(fd)
@@ -210,7 +210,7 @@ def test_staging_left_by_a_killed_run_is_removed_by_the_next(workdir: Path, caps
     (stale / "case" / "half.onnx").write_bytes(b"partial")
     other = Path("runs/.b.staging-x")
     other.mkdir()
-    code, _, err = run_main(["run", "missing.py:make", "--method", "svd", "--data", "digits-flat",
+    code, _, err = run_main(["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data", "digits-flat",
                              "--out", "runs/a"], capsys)
     assert code == 2 and "missing.py" in err  # failed later, but after claiming the lock
     assert not stale.exists() and other.exists()  # another --out's staging folder is not ours to delete

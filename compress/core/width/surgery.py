@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from ..attention import AttentionBase
 from ..errors import CompressionError
 from .graph import ChannelGroup, Use, WidthGraph, param_owner
 
@@ -44,46 +45,26 @@ class Cut:
     offset: torch.Tensor | None = None
 
 
-class SlimAttention(nn.Module):
+class SlimAttention(AttentionBase):
     """Multi-head self-attention whose inner width (``heads × head_dim``) and embedding widths in and out may
-    all differ; a drop-in for :class:`torch.nn.MultiheadAttention` (same call, returns ``(output, None)``)."""
+    all differ, q/k/v still in one ``in_proj_weight``; a drop-in for :class:`torch.nn.MultiheadAttention` (same
+    call and results, see :class:`~compress.core.attention.AttentionBase`)."""
 
     def __init__(self, in_proj_weight: torch.Tensor, in_proj_bias: torch.Tensor | None, out_proj: nn.Linear,
                  num_heads: int, head_dim: int, batch_first: bool, dropout: float) -> None:
-        super().__init__()
+        super().__init__(num_heads, batch_first, dropout)
         self.in_proj_weight = nn.Parameter(in_proj_weight.detach().clone())
         self.in_proj_bias = None if in_proj_bias is None else nn.Parameter(in_proj_bias.detach().clone())
         self.out_proj = out_proj
-        self.num_heads, self.head_dim, self.batch_first, self.dropout = num_heads, head_dim, batch_first, dropout
+        self.head_dim = head_dim
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
-                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
-                is_causal: bool = False) -> tuple[torch.Tensor, None]:
-        if not self.batch_first:
-            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+    def project(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         inner = self.num_heads * self.head_dim
         w, b = self.in_proj_weight, self.in_proj_bias
         bq, bk, bv = (None, None, None) if b is None else (b[:inner], b[inner:2 * inner], b[2 * inner:])
-        q = F.linear(query, w[:inner], bq)
-        k = F.linear(key, w[inner:2 * inner], bk)
-        v = F.linear(value, w[2 * inner:], bv)
-        n, lq, ls = q.shape[0], q.shape[1], k.shape[1]
-        q = q.view(n, lq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(n, ls, self.num_heads, self.head_dim).transpose(1, 2)
-        v = v.view(n, ls, self.num_heads, self.head_dim).transpose(1, 2)
-        mask = attn_mask  # True = may NOT attend (MultiheadAttention), the opposite of SDPA's boolean masks
-        if mask is not None and mask.dtype == torch.bool:
-            mask = torch.zeros_like(mask, dtype=q.dtype).masked_fill(mask, float("-inf"))
-        if key_padding_mask is not None:
-            pad = key_padding_mask.view(n, 1, 1, ls)
-            pad = torch.zeros_like(pad, dtype=q.dtype).masked_fill(pad, float("-inf")) if pad.dtype == torch.bool \
-                else pad.to(q.dtype)
-            mask = pad if mask is None else mask + pad
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
-                                             dropout_p=self.dropout if self.training else 0.0)
-        out = self.out_proj(out.transpose(1, 2).reshape(n, lq, inner))
-        return (out if self.batch_first else out.transpose(0, 1)), None
+        return (F.linear(query, w[:inner], bq), F.linear(key, w[inner:2 * inner], bk),
+                F.linear(value, w[2 * inner:], bv))
 
 
 def _atom_index(wg: WidthGraph, group: ChannelGroup) -> dict[int, int]:

@@ -25,9 +25,9 @@ from ...core.data import Dataset
 from ...core.errors import CompressionError
 from ...core.lowrank import grouped_weight
 from ...core.options import Alias
-from ...core.lowrank_plan import (Budget, BudgetOptions, Target, apply_factors, fill_report, find_targets,
-                                  load_latency_table, plan_ranks, predicted_latency_ratio, rank_multiple_defaults,
-                                  whole_model_total)
+from ...core.lowrank_plan import (Budget, BudgetOptions, Target, apply_factors, factorisable_model, fill_report,
+                                  find_targets, load_latency_table, note_attention, plan_ranks, predicted_latency_ratio,
+                                  rank_multiple_defaults, whole_model_total)
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
 from .smoke import smoke_case
@@ -221,6 +221,8 @@ def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
     tables, keeps = load_latency_table(config.latency_table) if latency else (None, None)
     report = CompressionReport("factorize", asdict(config))
     example = data.x[: min(len(data), 8)]
+    unfused = factorisable_model(model, example)  # attention projections become plain Linear targets
+    model = unfused.model
     targets, skipped, table = find_targets(model, example, config.exclude)
     bases = layer_bases(model, data, targets, config, report)
     spectra = {n: b.spectrum for n, b in bases.items()}
@@ -230,6 +232,7 @@ def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
     new = apply_factors(model, targets, _factors(targets, bases, ranks)).eval()
     report.timings_s["allocate_and_build"] = time.perf_counter() - t0
     fill_report(report, table, targets, skipped, ranks, spectra)
+    note_attention(report, unfused)
     _annotate(report, bases, ranks, config)
     if tables is not None:
         report.predicted["factorizable_table_latency_ratio"] = (total_cost(options, ranks)

@@ -16,7 +16,8 @@ from ...core.allocate import KEEP
 from ...core.data import Dataset
 from ...core.linalg import truncated_svd_factors
 from ...core.lowrank import grouped_weight
-from ...core.lowrank_plan import (BudgetOptions, apply_factors, fill_report, find_targets, load_latency_table,
+from ...core.lowrank_plan import (BudgetOptions, apply_factors, factorisable_model, fill_report, find_targets,
+                                  load_latency_table, note_attention,
                                   plan_ranks, predicted_latency_ratio, whole_model_total,
                                   rank_multiple_defaults)
 from ...core.report import CompressionReport
@@ -48,6 +49,8 @@ def svd_compress(model: nn.Module, data: Dataset, config: SVDConfig) -> tuple[nn
     report = CompressionReport("svd", asdict(config))
     example = data.x[: min(len(data), 8)]
     t0 = time.perf_counter()
+    unfused = factorisable_model(model, example)  # attention projections become plain Linear targets
+    model = unfused.model
     targets, skipped, table = find_targets(model, example, config.exclude)
     spectra = svd_spectra({t.name: t.layer for t in targets})
     tables, keeps = load_latency_table(config.latency_table) if budget.cost_kind == "latency" else (None, None)
@@ -63,6 +66,7 @@ def svd_compress(model: nn.Module, data: Dataset, config: SVDConfig) -> tuple[nn
     new = apply_factors(model, targets, factors).eval()
     report.timings_s["decompose"] = time.perf_counter() - t0
     fill_report(report, table, targets, skipped, ranks, spectra)
+    note_attention(report, unfused)
     if budget.cost_kind == "latency" and whole is not None:
         report.predicted["whole_model_latency_ratio"] = predicted_latency_ratio(options, ranks, whole)
     return new, report

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from torch import nn
 
 from compress.core.data import Dataset
+from compress.core.inputs import NamedInputs
 from export.variant import to_jsonable
 from .config import Constraint, Quality
 
@@ -85,6 +86,8 @@ class SpecSource:
     eval_data: str | None = None
     weights: str | None = None
     trust_pickle: bool = False
+    preprocess: Any = None
+    """How an image folder becomes inputs (:class:`export.app.preprocess.ImagePreprocess`; None: the defaults)."""
 
     def load(self) -> tuple[nn.Module, Dataset, Dataset]:
         return _load_specs(self)
@@ -97,12 +100,14 @@ def _load_specs(src: SpecSource) -> tuple[nn.Module, Dataset, Dataset]:
     """Load once per process (a worker serves many jobs of one tune)."""
     if src not in _LOADED:
         from export.app.data import load_data
-        from export.app.models import load_model
+        from export.app.models import checked_dataset, load_model, packed_model
 
         net = load_model(src.model, weights=src.weights, trust_pickle=src.trust_pickle).eval()
-        loaded = load_data(src.data, eval_spec=src.eval_data)
+        loaded = load_data(src.data, eval_spec=src.eval_data, preprocess=src.preprocess)
         _LOADED.clear()
-        _LOADED[src] = (net, loaded.calib, loaded.evaluation)
+        net = packed_model(net, loaded.calib.x, src.model)
+        held = None if loaded.evaluation is None else checked_dataset(net, loaded.evaluation, src.model, src.data)
+        _LOADED[src] = (net, checked_dataset(net, loaded.calib, src.model, src.data), held)
     return _LOADED[src]
 
 
@@ -134,6 +139,12 @@ class Job:
     extra: tuple[tuple[str, Any], ...] = ()
     graph: str = ""
     """sha256 of the original's exported ONNX file: the forward computation, not only the weights."""
+    dynamic_axes: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
+    """Dynamic axes besides the batch by input name (hashable form of ``{name: {axis: dim}}``)."""
+
+    def axes(self) -> dict[str, dict[int, str]]:
+        """:attr:`dynamic_axes` as ``{name: {axis: dim}}``."""
+        return {name: dict(per) for name, per in self.dynamic_axes}
 
 
 def fingerprint(model: nn.Module, calib: Dataset, held_out: Dataset) -> str:
@@ -144,9 +155,10 @@ def fingerprint(model: nn.Module, calib: Dataset, held_out: Dataset) -> str:
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     for data in (calib, held_out):
-        for t in (data.x, data.y):
+        named = data.x.tensors if isinstance(data.x, NamedInputs) else {"x": data.x}
+        for key, t in (*named.items(), ("y", data.y)):
             if t is not None:
-                h.update(f"{t.dtype}:{tuple(t.shape)}".encode())
+                h.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
                 h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
@@ -156,6 +168,7 @@ def cache_key(job: Job) -> str:
     blob = json.dumps({"v": 2, "versions": _versions(), "inputs": job.fingerprint, "graph": job.graph,
                        "spec": dataclasses.asdict(job.spec),
                        "providers": list(job.providers), "quant_target": job.quant_target, "int8": job.int8,
+                       "axes": [[n, [list(a) for a in per]] for n, per in job.dynamic_axes],
                        "extra": [list(kv) for kv in job.extra]}, sort_keys=True, default=repr)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -274,7 +287,8 @@ def _export_into(folder: Path, small: nn.Module, report: Any, calib: Dataset, he
     from export.variant import VariantConfig, export_variant, layer_weights, quantize_variant, to_jsonable
 
     cfg = VariantConfig(quant_target=job.quant_target)
-    record = export_variant(small, held_out.x, folder / FILES["fp32"], cfg, job.spec.label, job.spec.method)
+    record = export_variant(small, held_out.x, folder / FILES["fp32"], cfg, job.spec.label, job.spec.method,
+                            dynamic_axes=job.axes() or None)
     files = {"fp32": str(folder / FILES["fp32"])}
     if job.int8:
         record.compression = to_jsonable(report)
@@ -282,7 +296,7 @@ def _export_into(folder: Path, small: nn.Module, report: Any, calib: Dataset, he
         q = quantize_variant(record, folder, calib.x, cfg, layer_weights(small, ranges) if ranges else None)
         os.replace(folder / q.onnx, folder / FILES["int8"])
         files["int8"] = str(folder / FILES["int8"])
-    save_program(small, held_out.x[:2], folder / FILES["pt2"])
+    save_program(small, held_out.x[:2], folder / FILES["pt2"], dynamic_axes=job.axes())
     files["pt2"] = str(folder / FILES["pt2"])
     return files
 

@@ -140,6 +140,8 @@ class TuneConfig:
     factorise), each evaluated as it is at every recovery budget, next to the searched methods."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Method options applied to every candidate where the method has them (e.g. ``rank_multiple``)."""
+    dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
+    """Dynamic axes besides the batch by input name (``--dynamic-axes``), kept by every exported file."""
 
     def __post_init__(self) -> None:
         if self.objective not in ("latency", "size"):

@@ -29,6 +29,7 @@ from compress import get_method, method_names
 from compress.core.data import Dataset
 from compress.core.recover import held_out_metrics
 from export.variant import VariantConfig, export_variant, quantize_variant, relative_to, to_jsonable
+from export.verify import feeds_of
 from .candidate import CandidateResult, CandidateSpec, Job, LoadedSource, evaluate_candidate, fingerprint
 from .config import Constraint, Protocol, Quality, TuneConfig, TuneError
 from .executor import Executor, InlineExecutor
@@ -131,7 +132,8 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     job_base = Job(CandidateSpec("", 1.0), source or LoadedSource(model, calib, held_out),
                    fingerprint(model, calib, held_out), Path(cache_dir), cfg.constraint, reference, cfg.providers,
                    cfg.quant_target, cfg.int8, tuple(sorted(cfg.extra.items())),
-                   hashlib.sha256((models_dir / "original.onnx").read_bytes()).hexdigest())
+                   hashlib.sha256((models_dir / "original.onnx").read_bytes()).hexdigest(),
+                   tuple((n, tuple(sorted(per.items()))) for n, per in sorted(cfg.dynamic_axes.items())))
     run = executor or InlineExecutor()
     try:
         searches, results = _search(methods, cfg, job_base, run, t_start, notes, say)
@@ -180,7 +182,8 @@ def _baselines(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneCon
                reference: Quality, notes: list[str], say: Progress) -> list[Candidate]:
     """The original in fp32 and INT8 and, when INT8 misses the constraint, INT8 with accuracy control."""
     vcfg = VariantConfig(quant_target=cfg.quant_target)
-    rec = export_variant(model, held_out.x, models_dir / "original.onnx", vcfg, "original")
+    rec = export_variant(model, held_out.x, models_dir / "original.onnx", vcfg, "original",
+                         dynamic_axes=cfg.dynamic_axes or None)
     out = [Candidate("original", "baseline", "fp32", str(models_dir / rec.onnx), rec.onnx_bytes, feasible=True)]
     if cfg.int8:
         q = quantize_variant(rec, models_dir, calib.x, vcfg)
@@ -203,7 +206,7 @@ def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cf
     path = models_dir / "original.int8-ac.onnx"
     say(f"[tune] original INT8 with accuracy control ({metric}, allowed drop {max_drop:g})")
     res = quantize_with_accuracy_control(
-        models_dir / "original.onnx", path, calib.x[: vcfg.calib_samples].numpy(), held_out.x.numpy(),
+        models_dir / "original.onnx", path, feeds_of(calib.x[: vcfg.calib_samples]), feeds_of(held_out.x),
         None if held_out.y is None or metric == "agreement" else held_out.y.numpy(), max_drop, vcfg.quant_config(),
         metric=metric)
     if not res.excluded:
@@ -301,7 +304,7 @@ def _ort_quality(candidates: list[Candidate], held_out: Dataset, constraint: Con
     say(f"[tune] measuring {len(candidates)} files with ONNX Runtime on {len(held_out)} held-out samples")
     y = None if held_out.y is None else held_out.y.numpy()
     metrics = evaluate_models([c.label for c in candidates], [Path(c.onnx) for c in candidates],
-                                 held_out.x.numpy(), y, 64, rb.BenchConfig().threads())
+                                 feeds_of(held_out.x), y, 64, rb.BenchConfig().threads())
     reference = Quality.from_metrics(dataclasses.asdict(metrics[0]))
     for c, m in zip(candidates, metrics):
         c.quality = {k: v for k, v in dataclasses.asdict(m).items() if k in ("accuracy", "top1_agreement", "mse")}
@@ -316,7 +319,7 @@ def _bench(candidates: list[Candidate], held_out: Dataset, cfg: TuneConfig, prot
                                min_runs=protocol.min_runs, min_seconds=protocol.min_seconds, repeats=protocol.repeats)
     y = None if held_out.y is None else held_out.y.numpy()
     entries = [rb.ModelEntry(c.label, Path(c.onnx)) for c in candidates]
-    report = rb.run_benchmark(entries, bench_cfg, held_out.x.numpy(), y, progress=say, fail_on_unavailable=True)
+    report = rb.run_benchmark(entries, bench_cfg, feeds_of(held_out.x), y, progress=say, fail_on_unavailable=True)
     return to_jsonable(report)
 
 

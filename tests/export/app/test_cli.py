@@ -139,7 +139,7 @@ def test_export_without_calibration_refuses_int8(workdir: Path, capsys: pytest.C
 
 
 def test_run_pipeline_and_overwrite_guard(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["run", "net.py:make", "--method", "svd", "--flops", "0.5", "--data", "digits-flat", "--out", "runs/a",
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--flops", "0.5", "--data", "digits-flat", "--out", "runs/a",
             "--batch", "1", "-q", *QUICK_BENCH]
     code, _, err = run_main(args, capsys)
     assert code == 0, err
@@ -158,7 +158,7 @@ def test_run_pipeline_and_overwrite_guard(workdir: Path, capsys: pytest.CaptureF
 
 def test_unwritable_output_directory(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     Path("blocker").write_text("a file, not a directory")
-    code, _, err = run_main(["run", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
                              "blocker/run"], capsys)
     assert code == 2 and "blocker" in err
 
@@ -184,7 +184,7 @@ def test_slowdown_warnings_flag_int8_and_compressed() -> None:
 
 
 def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["run", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/d", "--batch", "2",
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/d", "--batch", "2",
             "--quant-mode", "dynamic", "-q", *QUICK_BENCH]
     code, _, err = run_main(args, capsys)
     assert code == 0, err
@@ -232,14 +232,14 @@ def test_overwrite_replaces_only_run_directories(workdir: Path, capsys: pytest.C
     project = workdir / "proj"
     project.mkdir()
     (project / "notes.txt").write_text("keep me")
-    code, _, err = run_main(["run", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "proj",
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "proj",
                              "--overwrite"], capsys)
     assert code == 2 and "not a minreal run directory" in err
     assert (project / "notes.txt").read_text() == "keep me"
 
 
 def test_run_directory_may_not_contain_inputs(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["run", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "."],
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "."],
                             capsys)
     assert code == 2 and "contains the input" in err
     assert Path("net.py").exists()
@@ -282,7 +282,7 @@ def test_recovery_flags_clash_is_an_error(workdir: Path, capsys: pytest.CaptureF
 
 
 def test_run_with_recovery_reports_zero_shot_and_recovered(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["run", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/r",
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/r",
             "--batch", "1", "--no-int8", "--recover-epochs", "1", "--recover-features", "auto", *QUICK_BENCH]
     code, out, err = run_main(args, capsys)
     assert code == 0, err
@@ -329,7 +329,7 @@ def test_first_ctrl_c_in_recovery_ends_it_and_the_run_goes_on(workdir: Path, cap
         step(*args)
 
     monkeypatch.setattr(recover_mod, "_step", interrupting)
-    args = ["run", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/i",
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/i",
             "--batch", "1", "--no-int8", "--recover-epochs", "50", *QUICK_BENCH]
     code, out, err = run_main(args, capsys)
     assert code == 0, err
@@ -347,7 +347,7 @@ def test_second_ctrl_c_while_recovery_stops_aborts_and_leaves_nothing(workdir: P
 
     monkeypatch.setattr(recover_mod, "_step", interrupt)
     monkeypatch.setattr(recover_mod, "log_progress", interrupt)  # the second one arrives while stopping
-    args = ["run", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/j",
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/j",
             "--batch", "1", "--no-int8", "--recover-epochs", "5", *QUICK_BENCH]
     code, _, err = run_main(args, capsys)
     assert code == 1 and "aborted" in err and "Traceback" not in err
@@ -364,7 +364,7 @@ def test_second_ctrl_c_in_the_next_variants_recovery_aborts(workdir: Path, capsy
         raise KeyboardInterrupt
 
     monkeypatch.setattr(recover_mod, "_step", interrupt)
-    args = ["run", "net.py:make", "-m", "svd", "-m", "factorize", "--mac-ratio", "0.5", "--data", "digits-flat",
+    args = ["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "factorize", "--mac-ratio", "0.5", "--data", "digits-flat",
             "--out", "runs/k", "--batch", "1", "--no-int8", "--recover-epochs", "5", *QUICK_BENCH]
     code, _, err = run_main(args, capsys)
     assert code == 1 and "aborted" in err and "Traceback" not in err and not Path("runs/k").exists()
@@ -376,6 +376,6 @@ def test_compress_refuses_int8_ranges_it_could_not_use_and_finetune_beside_recov
                              "--recover-epochs", "1", "--recover-int8"], capsys)
     assert code == 2 and "minreal run" in err and not Path("compressed.pt2").exists()
     Path("plan.toml").write_text('[[variant]]\nmethod = "magnitude"\nparam_ratio = 0.5\nfinetune_epochs = 1\n')
-    code, _, err = run_main(["run", "net.py:make", "-m", "svd", "--plan", "plan.toml", "--data", "digits-flat",
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--plan", "plan.toml", "--data", "digits-flat",
                              "--out", "runs/p", "--recover-epochs", "1"], capsys)
     assert code == 2 and "variant 'magnitude'" in err and not Path("runs/p").exists()

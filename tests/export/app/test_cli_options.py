@@ -114,7 +114,7 @@ factorize = { mac_ratio = 0.6 }
 
 def test_plan_with_a_chain_runs_both_variants(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     Path("plan.toml").write_text(PLAN)
-    code, _, err = run_main(["run", "net.py:make", "--plan", "plan.toml", "--data", "digits-flat", "--out", "runs/p",
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data", "digits-flat", "--out", "runs/p",
                              "--batch", "1", "--no-int8", "-q", "--min-seconds", "0.05", "--repeats", "1"], capsys)
     assert code == 0, err
     variants = json.loads(Path("runs/p/report.json").read_text())["cases"][0]["variants"]
@@ -171,7 +171,7 @@ def test_plan_values_of_the_right_type_are_kept_exactly(tmp_path: Path) -> None:
 
 def test_bad_plan_value_exits_2_naming_the_key(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     Path("plan.toml").write_text("[[variant]]\nmethod = 'svd'\nmac_ratio = 'abc'\n")
-    code, _, err = run_main(["run", "net.py:make", "--plan", "plan.toml", "--data", "digits-flat", "--out", "runs/p",
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data", "digits-flat", "--out", "runs/p",
                              "--no-int8", "-q"], capsys)
     assert code == 2 and "plan.toml: variant 1 (svd): mac_ratio (--mac-ratio)" in err and "Traceback" not in err
 

@@ -82,7 +82,9 @@ def test_image_folder_without_classes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("arrays, pattern", [
-    ({"a": np.zeros((3, 2)), "b": np.zeros(3)}, r"d\.npz has no input array: found keys \['a', 'b'\]"),
+    ({"y": np.zeros(3)}, r"d\.npz has no input array: found keys \['y'\]"),
+    ({"a": np.zeros((3, 2)), "b": np.zeros(4)}, r"inputs in .*d\.npz have different sample counts \{'a': 3, 'b': 4\}"),
+    ({"x": np.zeros((3, 2)), "b": np.zeros(3)}, r"d\.npz has an input array 'x' and other arrays \['b'\]"),
     ({"x": np.array([1, "a"], dtype=object)}, r"array 'x' in .*d\.npz holds pickled objects"),
     ({"x": np.array([[0.0], [np.nan], [np.inf]])}, r"'x' in .*d\.npz has 2 NaN/inf values \(first in sample 1\)"),
     ({"X": np.zeros((4, 2)), "labels": np.zeros(3)}, r"d\.npz: 4 inputs in 'X' but labels 'labels' have shape \(3,\)"),

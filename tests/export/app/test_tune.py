@@ -145,7 +145,7 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(tmp_path: Path, monkeyp
                                                         capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "net.py").write_text(FACTORY)
     monkeypatch.chdir(tmp_path)
-    args = ["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9", "--methods", "svd",
+    args = ["tune", "--allow-data-mismatch", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9", "--methods", "svd",
             "--grid", "0.8,0.4", "--out", "t", "--cache-dir", "cache", "--screen-seconds", "0.02", "--min-seconds",
             "0.02", "--repeats", "1", "-q"]
     result = CliRunner().invoke(cli, args)

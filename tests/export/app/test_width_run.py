@@ -42,7 +42,7 @@ def user_resnet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_user_resnet20_runs_through_every_width_method(user_resnet: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["run", "resnet20_user.py:resnet20", "--weights", "old.pt", "--data", "data.npz",
+    args = ["run", "--allow-data-mismatch", "resnet20_user.py:resnet20", "--weights", "old.pt", "--data", "data.npz",
             "-m", "cbalanced", "-m", "fde", "-m", "magnitude", "-m", "wanda",
             "--out", "runs/w", "--batch", "1", "--no-int8", "-q", *QUICK_BENCH]
     code, err = run(args), capsys.readouterr().err

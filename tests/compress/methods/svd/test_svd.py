@@ -91,10 +91,11 @@ def test_conflicting_budgets_rejected(tiny_mlp: nn.Module, mlp_data: Dataset) ->
 
 
 def test_multihead_out_proj_skipped() -> None:
+    """An attention layer that cannot be unfused exactly (add_bias_kv) keeps its out_proj, read by the parent."""
     class Attn(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.mha = nn.MultiheadAttention(16, 2, batch_first=True)
+            self.mha = nn.MultiheadAttention(16, 2, batch_first=True, add_bias_kv=True)
             self.head = nn.Linear(16, 3)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,3 +104,4 @@ def test_multihead_out_proj_skipped() -> None:
     _, report = compress(Attn().eval(), Dataset(torch.randn(4, 5, 16)), "svd", SVDConfig(layer_mac_ratio=0.5))
     skipped = {lr.name: lr.reason for lr in report.layers if lr.action == "skipped"}
     assert "mha.out_proj" in skipped and "MultiheadAttention" in skipped["mha.out_proj"]
+    assert any("'mha' left fused" in n and "add_bias_kv" in n for n in report.notes)
