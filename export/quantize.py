@@ -477,10 +477,7 @@ def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config
     noise = _PerChannelAxisNoise()
     logging.getLogger().addFilter(noise)
     try:
-        # A tensor whose calibrated range is empty or infinite (e.g. an attention mask filled with -inf) makes
-        # ORT's scale computation divide by zero; ORT leaves such tensors in float, so its numpy warnings are noise.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            _quantize_static(source, dest, reader, config, act_type, symmetric, list(excluded), overrides or {})
+        _quantize_static(source, dest, reader, config, act_type, symmetric, list(excluded), overrides or {})
     finally:
         logging.getLogger().removeFilter(noise)
 
