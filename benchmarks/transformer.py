@@ -17,11 +17,10 @@ worker processes, models interleaved, each process's p50 kept). This script post
 original INT8 there (in every process); per model, held-out accuracy and agreement with the original in ONNX Runtime.
 Any recovery budget (``--recover-epochs``) applies to every compressed variant alike (there is one here).
 
-The run's INT8 files are checked for quantisation scales that are not finite: minreal's static INT8 currently
-quantises the attention's -inf padding mask with an infinite scale and loses most of the accuracy. Section
-``int8_mask_in_float`` therefore quantises both fp32 files again, as the run did but with the mask path left in
-float (the library's ``quantize_int8(exclude=...)``), and times them beside the fp32 files in the same worker
-processes with the same protocol: the comparison a working INT8 baseline gives. The JSON is written atomically.
+The run's INT8 files are checked for quantisation scales that are not finite (there must be none): the attention's
+0/-inf padding mask calibrates to an infinite scale, so ``quantize_int8`` leaves the nodes around it (the mask's
+Reshape, the masked scores' Add and the Softmax of every layer) in float; the JSON lists them per model
+(``int8_nonfinite_nodes``). The JSON is written atomically.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/transformer.py --out benchmarks/transformer.json
 """
@@ -57,11 +56,6 @@ TRAIN_SAMPLES, HELDOUT_SAMPLES, TRAIN_EPOCHS = 1024, 512, 2
 MAC_RATIO = 0.5
 LABELS = ("original", "factorize", "original.int8", "factorize.int8")
 INPUTS = ("input_ids", "attention_mask")
-INT8_NOTE = ("minreal's static INT8 (export/quantize.py) quantises nn.MultiheadAttention's key-padding mask (0/-inf) "
-             "and the masked attention scores with an infinite scale, which flattens every attention; the run's "
-             "INT8 files lose most of their accuracy. This section quantises both fp32 files again with the nodes "
-             "around those tensors (mask Reshape, scores Add, Softmax) left in float, through the library's "
-             "quantize_int8(exclude=...), and times them beside the fp32 files: what a correct INT8 would give.")
 
 
 def say(line: str) -> None:
@@ -150,6 +144,8 @@ def variant_rows(case: dict[str, Any], case_dir: Path) -> dict[str, dict[str, An
             row["parity"] = {k: v["parity"][k] for k in ("batch_sizes", "max_abs_err", "passed")}
         if v["quantization"]:
             row["int8_nonfinite_scales"] = nonfinite_scales(case_dir / v["onnx"])
+            row["int8_nonfinite_nodes"] = v["quantization"].get("nonfinite_nodes", [])
+            row["int8_integer_kernels"] = v["quantization"]["integer_kernels"]
         rows[v["label"]] = row
     return rows
 
@@ -191,73 +187,18 @@ def latency_cells(bench: dict[str, Any], labels: tuple[str, ...], int8_ref: str)
     return dict(sorted(cells.items(), key=lambda kv: (int(kv[0].split("/")[0][1:]), int(kv[0].split("=")[1]))))
 
 
-def accuracy_rows(bench: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Held-out accuracy (%) and agreement with the original of every model of a benchmark report (ORT)."""
-    return {m["model"]: {"heldout_accuracy": round(100 * m["accuracy"], 2),
-                         "top1_agreement_with_original": round(m["top1_agreement"], 4)} for m in bench["metrics"]}
-
-
-# ---------------------------------------------------------------------------- INT8 with the mask path in float
-def mask_path_nodes(int8_path: Path) -> list[str]:
-    """Nodes of an INT8 file that read or write a tensor quantised with a scale that is not finite (the -inf key
-    padding mask, and the masked attention scores: the mask's Reshape, the Add and the Softmax of every layer)."""
-    import onnx
-
-    bad = {name.removesuffix("_scale") for name in nonfinite_scales(int8_path)}
-    model = onnx.load(str(int8_path))
-    return [n.name for n in model.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")
-            and ({i.removesuffix("_DequantizeLinear_Output") for i in n.input} | set(n.output)) & bad]
-
-
-def int8_mask_in_float(work: Path, case: dict[str, Any], min_seconds: float, repeats: int) -> dict[str, Any]:
-    """Both fp32 files quantised again as the run did (same calibration rows and options) but with the mask path in
-    float, then timed with the fp32 files in the same worker processes (runtime_bench's protocol)."""
-    import runtime_bench as rb
-    from export.quantize import quantize_int8
-    from export.variant import VariantConfig, to_jsonable
-
-    case_dir, folder = work / "run" / case["name"], work / "int8_mask_in_float"
-    folder.mkdir(exist_ok=True)
-    cfg = VariantConfig()
-    train, held_out = np.load(work / "train.npz"), np.load(work / "heldout.npz")
-    calib = {k: train[k][: cfg.calib_samples] for k in INPUTS}
-    entries, excluded = [rb.ModelEntry(label, case_dir / f"{label}.onnx") for label in LABELS[:2]], {}
-    for label in LABELS[:2]:
-        excluded[label] = mask_path_nodes(case_dir / f"{label}.int8.onnx")
-        out = folder / f"{label}.int8.onnx"
-        quantize_int8(case_dir / f"{label}.onnx", out, calib, cfg.quant_config(), exclude=excluded[label])
-        entries.append(rb.ModelEntry(f"{label}.int8.mask-float", out))
-    say("timing the INT8 files with the mask path in float")
-    bench = to_jsonable(rb.run_benchmark(
-        entries, rb.BenchConfig(batch_sizes=BATCHES, min_seconds=min_seconds, repeats=repeats,
-                                axis_values={"seq": SEQS}),
-        {k: held_out[k] for k in INPUTS}, held_out["y"], fail_on_unavailable=True))
-    labels = tuple(e.name for e in entries)
-    return {"note": INT8_NOTE, "calibration": f"the run's: first {cfg.calib_samples} rows of train.npz, "
-                                              f"{cfg.quant_config()}",
-            "excluded_nodes": excluded, "accuracy": accuracy_rows(bench),
-            "nonfinite_scales": {e.name: nonfinite_scales(e.path) for e in entries[2:]},
-            "cells": latency_cells(bench, labels, "original.int8.mask-float")}
-
-
+# -------------------------------------------------------------------------------------------------------- summary
 def summary(doc: dict[str, Any]) -> list[str]:
-    """One line per cell (the run's INT8, then the INT8 with the mask path in float) and one per model."""
+    """One line per cell and one for accuracy."""
     lines = []
     for cell, c in doc["cells"].items():
         ms = ", ".join(f"{label} {c[label]['p50_ms']:.3f}" for label in LABELS)
-        f = c["factorize"]["x_original.int8"]
-        lines.append(f"{cell}: p50 ms {ms}; factorize/original.int8 {f['median']} [{f['min']}, {f['max']}] "
-                     f"({'beats' if c['factorize_beats_original.int8'] else 'does not beat'} it in every process)")
-    ref = "original.int8.mask-float"
-    for cell, c in doc["int8_mask_in_float"]["cells"].items():
-        f, q = c["factorize"][f"x_{ref}"], c["factorize.int8.mask-float"][f"x_{ref}"]
-        lines.append(f"{cell} (INT8 mask path in float): p50 ms original {c['original']['p50_ms']:.3f}, factorize "
-                     f"{c['factorize']['p50_ms']:.3f}, {ref} {c[ref]['p50_ms']:.3f}, factorize.int8.mask-float "
-                     f"{c['factorize.int8.mask-float']['p50_ms']:.3f}; factorize/{ref} {f['median']} "
-                     f"[{f['min']}, {f['max']}] ({'beats' if c[f'factorize_beats_{ref}'] else 'does not beat'} it "
-                     f"in every process); factorize.int8.mask-float/{ref} {q['median']}")
-    accuracy = {**{k: v["heldout_accuracy"] for k, v in doc["variants"].items()},
-                **{k: v["heldout_accuracy"] for k, v in doc["int8_mask_in_float"]["accuracy"].items()}}
+        verdicts = "; ".join(
+            f"{label}/original.int8 {c[label]['x_original.int8']['median']} [{c[label]['x_original.int8']['min']}, "
+            f"{c[label]['x_original.int8']['max']}] ({'beats' if c[f'{label}_beats_original.int8'] else 'does not beat'}"
+            " it in every process)" for label in ("factorize", "factorize.int8"))
+        lines.append(f"{cell}: p50 ms {ms}; {verdicts}")
+    accuracy = {k: v["heldout_accuracy"] for k, v in doc["variants"].items()}
     lines.append("held-out accuracy (ORT, %): " + ", ".join(f"{k} {v}" for k, v in accuracy.items()))
     return lines
 
@@ -305,7 +246,6 @@ def main() -> None:
     doc["cells"] = latency_cells(case["bench"], LABELS, "original.int8")
     doc["verdict_rule"] = ("X beats original.int8 on a cell when X's p50 is below original.int8's in every timing "
                            "process (max of the per-process ratios < 1)")
-    doc["int8_mask_in_float"] = int8_mask_in_float(work, case, args.min_seconds, args.repeats)
     doc["summary"] = summary(doc)
     write_json(args.out, doc)
     print("\n".join(doc["summary"]))

@@ -24,6 +24,7 @@ import collections
 import dataclasses
 import logging
 import tempfile
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ __all__ = [
     "optimized_op_counts",
     "dynamic_weight_nodes",
     "quantizable_nodes",
+    "nonfinite_scale_nodes",
     "module_inputs",
     "trained_overrides",
     "quantize_int8",
@@ -168,6 +170,9 @@ class QuantResult:
             else ``"calibrated"``.
         trained_ranges: layer-input tensors whose written scale and zero point are the trained ones.
         untrained_modules: modules whose trained range could not be placed in the graph (calibrated instead).
+        nonfinite_nodes: nodes left in float because calibration gave a tensor they read or write a scale that is
+            not finite (e.g. a 0/-inf attention mask and the masked scores): quantised, such a tensor flattens
+            everything downstream. Also listed in ``excluded_nodes``.
     """
 
     fp32_path: str
@@ -193,6 +198,7 @@ class QuantResult:
     range_source: str = "calibrated"
     trained_ranges: int = 0
     untrained_modules: list[str] = field(default_factory=list)
+    nonfinite_nodes: list[str] = field(default_factory=list)
 
 
 Calib = np.ndarray | Mapping[str, np.ndarray]
@@ -344,6 +350,8 @@ def dynamic_weight_nodes(model: onnx.ModelProto) -> list[str]:
 
 
 _WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
+_QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+_NONFINITE_ROUNDS = 4
 _SHARED_PARAMS_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool"})
 """Ops whose output ORT's QDQ quantiser gives its input's scale and zero point, and which commute with a
 per-tensor quantiser (they move or select values): a range trained for the output holds for the input too."""
@@ -477,7 +485,11 @@ def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config
     noise = _PerChannelAxisNoise()
     logging.getLogger().addFilter(noise)
     try:
-        _quantize_static(source, dest, reader, config, act_type, symmetric, list(excluded), overrides or {})
+        with warnings.catch_warnings():
+            # An infinite calibrated range makes ORT divide by an infinite scale; _run_static_finite finds those
+            # scales in the written graph, leaves their nodes in float and says so, so numpy's warning adds nothing.
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"onnxruntime\.quantization\.quant_utils")
+            _quantize_static(source, dest, reader, config, act_type, symmetric, list(excluded), overrides or {})
     finally:
         logging.getLogger().removeFilter(noise)
 
@@ -495,6 +507,42 @@ def _quantize_static(source: Path, dest: Path, reader: ArrayCalibrationReader, c
             **({"TensorQuantOverrides": dict(overrides)} if overrides else {}),
         },
     )  # fmt: skip
+
+
+def nonfinite_scale_nodes(model: onnx.ModelProto) -> list[str]:
+    """Float nodes of a QDQ graph that read or write a tensor quantised with a scale that is not finite (inf or
+    NaN: calibration met an infinite value, e.g. a 0/-inf attention mask), in graph order."""
+    consts = {i.name: i for i in model.graph.initializer}
+    consts.update({n.output[0]: n.attribute[0].t for n in model.graph.node
+                   if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR})
+    bad, dequantised = set(), {}
+    for n in model.graph.node:
+        if n.op_type in _QDQ_OPS and len(n.input) > 1 and n.input[1] in consts:
+            if not np.isfinite(numpy_helper.to_array(consts[n.input[1]])).all():
+                bad.update((n.input[0], n.output[0]))
+        if n.op_type == "DequantizeLinear":
+            dequantised[n.output[0]] = n.input[0]
+    bad |= {out for out, src in dequantised.items() if src in bad}
+    return [n.name for n in model.graph.node
+            if n.op_type not in _QDQ_OPS and n.name and bad & {*n.input, *n.output}]
+
+
+def _run_static_finite(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
+                       overrides: Mapping[str, list[dict[str, np.ndarray]]], excluded: list[str]) -> list[str]:
+    """:func:`_run_static`, then again with the nodes around non-finite scales in float until none is left (a few
+    rounds at most: each round only adds nodes). Returns the nodes it added to ``excluded``."""
+    added: list[str] = []
+    for _ in range(_NONFINITE_ROUNDS):
+        reader.rewind()
+        _run_static(source, dest, reader, config, overrides, [*excluded, *added])
+        new = [n for n in nonfinite_scale_nodes(onnx.load(str(dest), load_external_data=False)) if n not in added]
+        if not new:
+            return added
+        logger.warning("%s: calibration gave non-finite scales around %s; leaving them in float",
+                       source.name, ", ".join(new))
+        added += new
+    raise QuantizationError(f"non-finite quantisation scales remain after {_NONFINITE_ROUNDS} rounds of leaving "
+                            f"their nodes in float ({', '.join(added)}); exclude them by hand")
 
 
 def _run_dynamic(source: Path, dest: Path, config: QuantConfig, excluded: Sequence[str] = ()) -> None:
@@ -583,9 +631,12 @@ def quantize_int8(
         excluded = _excluded(source, exclude, static=reader is not None)
         try:
             if reader is not None:
-                _run_static(source, tmp, reader, config, overrides, excluded)
+                nonfinite = _run_static_finite(source, tmp, reader, config, overrides, excluded)
             else:
+                nonfinite = []
                 _run_dynamic(source, tmp, config, excluded)
+        except QuantizationError:
+            raise
         except Exception as exc:
             raise QuantizationError(f"{config.mode} quantisation of {fp32_path.name} failed: {error_line(exc)}") from exc
     trained, untrained = _applied(out_path, direct, ranges) if ranges else (0, [])
@@ -593,7 +644,7 @@ def quantize_int8(
         logger.warning("%s: the trained activation ranges of %s are not in the graph; calibrated instead",
                        out_path.name, ", ".join(untrained))
     return dataclasses.replace(_result(fp32_path, out_path, config, 0 if data is None else len(next(iter(data.values()))), is_random,
-                                       note), excluded_nodes=excluded, range_source="trained" if trained else
+                                       note), excluded_nodes=[*excluded, *nonfinite], nonfinite_nodes=nonfinite, range_source="trained" if trained else
                                "calibrated", trained_ranges=trained, untrained_modules=untrained)
 
 
