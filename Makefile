@@ -1,6 +1,9 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# ONNX Runtime wheel: the CPU one by default; `make install GPU=1` takes onnxruntime-gpu (+ TensorRT with TRT=1).
+comma := ,
+EXTRAS := test,$(if $(GPU),gpu,cpu)$(if $(TRT),$(comma)tensorrt,)
 export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: install install-test demo test bench clean
@@ -8,11 +11,15 @@ export OMP_WAIT_POLICY ?= PASSIVE
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test]'
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	@# the other ONNX Runtime wheel would overwrite this one's module
+	-$(BIN)/python -m pip uninstall -q -y $(if $(GPU),onnxruntime,onnxruntime-gpu) 2>/dev/null
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
-install: $(VENV)/.installed
+install: $(STAMP)
 
 demo: install
 	$(BIN)/minreal demo --overwrite

@@ -21,7 +21,7 @@ import math
 import operator
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -32,6 +32,7 @@ from export.atomic import atomic_write_bytes, ensure_distinct
 from export.errors import CalibrationError
 from export.quantize import QuantConfig, QuantResult, quantizable_nodes, quantize_int8
 from runtime_bench import BenchInputError
+from runtime_bench.inputs import Data, data_rows
 from runtime_bench.metrics import ModelMetrics, evaluate_models, is_classification
 
 __all__ = ["METRICS", "MetricSpec", "FallbackStep", "AccuracyControlResult", "metric_drop", "outside_in",
@@ -142,7 +143,7 @@ def outside_in(nodes: Sequence[str]) -> list[str]:
 
 
 def _check_arguments(spec_name: str, max_drop: float, max_fallback: int | None,
-                     eval_x: np.ndarray, eval_y: np.ndarray | None) -> MetricSpec:
+                     eval_x: Data, eval_y: np.ndarray | None) -> MetricSpec:
     """The metric's spec, after checking the options and that the labels suit the metric."""
     if spec_name not in METRICS:
         raise ValueError(f"metric={spec_name!r} is not one of {tuple(METRICS)}")
@@ -151,8 +152,10 @@ def _check_arguments(spec_name: str, max_drop: float, max_fallback: int | None,
                          "absolute increase for mse)")
     if max_fallback is not None and max_fallback < 0:
         raise ValueError(f"max_fallback={max_fallback} must be ≥ 0 (or None: rank every quantised node)")
-    if len(eval_x) == 0:
-        raise CalibrationError("evaluation data is empty; pass a few hundred held-out inputs as eval_x")
+    try:
+        data_rows(eval_x)
+    except BenchInputError as exc:
+        raise CalibrationError(f"evaluation data: {exc}; pass a few hundred held-out inputs as eval_x") from None
     spec = METRICS[spec_name]
     if spec.labels is not None and (eval_y is None or is_classification(eval_y) != spec.labels):
         wanted = "integer class labels" if spec.labels else "float regression targets"
@@ -161,7 +164,7 @@ def _check_arguments(spec_name: str, max_drop: float, max_fallback: int | None,
     return spec
 
 
-def _measurer(spec: MetricSpec, fp32_path: Path, eval_x: np.ndarray, eval_y: np.ndarray | None,
+def _measurer(spec: MetricSpec, fp32_path: Path, eval_x: Data, eval_y: np.ndarray | None,
               threads: int | None) -> Callable[[Path], float]:
     """``measure(path)``: the metric of one model on the evaluation data, through ONNX Runtime CPU sessions."""
     labels = eval_y if spec.labels is not None else None
@@ -225,7 +228,7 @@ def quantize_with_accuracy_control(
     fp32_path: str | Path,
     out_path: str | Path,
     calib: np.ndarray | None,
-    eval_x: np.ndarray,
+    eval_x: Data,
     eval_y: np.ndarray | None,
     max_drop: float,
     config: QuantConfig | None = None,
@@ -238,10 +241,10 @@ def quantize_with_accuracy_control(
     is within ``max_drop`` (NNCF's accuracy-control loop; see the module docstring).
 
     Args:
-        fp32_path: float model with one input (not modified).
+        fp32_path: float model (not modified).
         out_path: destination (must differ from ``fp32_path``); written atomically, also when the target is missed.
         calib: calibration inputs for :func:`~export.quantize.quantize_int8`.
-        eval_x: held-out inputs, batch along axis 0.
+        eval_x: held-out inputs, batch along axis 0: one array, or arrays by graph input name.
         eval_y: integer labels (accuracy), float targets (mse), or ``None`` (agreement ignores it).
         max_drop: allowed drop vs the fp32 model: percentage points for accuracy/agreement (a bare 1.0 = 1 pp,
             as ``minreal check --max-accuracy-drop``), absolute increase for mse.
@@ -263,7 +266,8 @@ def quantize_with_accuracy_control(
     spec = _check_arguments(metric, max_drop, max_fallback, eval_x, eval_y)
     ensure_distinct(fp32_path, out_path)
     fp32_path, out_path, say = Path(fp32_path), Path(out_path), progress or logger.info
-    measure = _measurer(spec, fp32_path, np.asarray(eval_x), eval_y, threads)
+    measure = _measurer(spec, fp32_path, eval_x if isinstance(eval_x, Mapping) else np.asarray(eval_x), eval_y,
+                        threads)
     fp32_value = measure(fp32_path)
     drop = partial(metric_drop, fp32_value, metric=metric)
     with tempfile.TemporaryDirectory() as workdir:

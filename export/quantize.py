@@ -28,25 +28,17 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from onnxruntime.quantization import (
-    CalibrationDataReader,
-    CalibrationMethod,
-    QuantFormat,
-    QuantType,
-    quantize_dynamic,
-    quantize_static,
-)
-from onnxruntime.quantization.shape_inference import quant_pre_process
-
 from export.atomic import atomic_path, ensure_distinct
 from export.onnx_files import data_files
 from runtime_bench import optimized_graph_ops
 from runtime_bench.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS, error_line
+from runtime_bench.runtime import onnxruntime_module
 from export.errors import CalibrationError, QuantizationError
 
 __all__ = [
@@ -82,11 +74,11 @@ QUANT_TARGETS: tuple[str, ...] = tuple(_TARGETS)
 """Providers with an INT8 format here (``--quant-target``): each picks an activation type and symmetry."""
 QUANT_MODES: tuple[str, ...] = ("static", "dynamic")
 """``--quant-mode``: calibrated QDQ, or weights only with activations quantised at run time."""
-_QUANT_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
-_CALIBRATION_METHODS = {
-    "minmax": CalibrationMethod.MinMax,
-    "entropy": CalibrationMethod.Entropy,
-    "percentile": CalibrationMethod.Percentile,
+_QUANT_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}  # onnxruntime.quantization.QuantType members
+_CALIBRATION_METHODS = {  # onnxruntime.quantization.CalibrationMethod members
+    "minmax": "MinMax",
+    "entropy": "Entropy",
+    "percentile": "Percentile",
 }
 
 
@@ -205,8 +197,9 @@ Calib = np.ndarray | Mapping[str, np.ndarray]
 """Calibration inputs: one array for a one-input graph, or arrays by graph input name (same row count)."""
 
 
-class ArrayCalibrationReader(CalibrationDataReader):
-    """Feed arrays (by graph input name) to ONNX Runtime's calibrator in batches along axis 0."""
+class ArrayCalibrationReader:
+    """Feed arrays (by graph input name) to ONNX Runtime's calibrator in batches along axis 0 (an
+    ``onnxruntime.quantization.CalibrationDataReader`` by its ``get_next``; ONNX Runtime checks no more)."""
 
     def __init__(self, data: Mapping[str, np.ndarray], batch_size: int, drop_last: bool = False) -> None:
         """Batches of ``batch_size``; ``drop_last`` skips a short final batch (for a static batch axis)."""
@@ -228,6 +221,15 @@ class ArrayCalibrationReader(CalibrationDataReader):
     def rewind(self) -> None:
         """Start again from the first batch."""
         self._start = 0
+
+    def __iter__(self) -> ArrayCalibrationReader:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = self.get_next()
+        if batch is None:
+            raise StopIteration
+        return batch
 
 
 Spec = tuple[str, list[int | None], np.dtype]
@@ -296,6 +298,9 @@ def _calibration_array(
 
 def _preprocess(fp32_path: Path, out: Path) -> tuple[Path, str | None]:
     """Run ``quant_pre_process``; retry without symbolic shape inference, else use the float model as is."""
+    _ort_quantization()
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
     note = None
     for options in ({}, {"skip_symbolic_shape": True}):
         try:
@@ -497,10 +502,12 @@ def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config
 def _quantize_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
                      act_type: str, symmetric: bool, excluded: list[str],
                      overrides: Mapping[str, list[dict[str, np.ndarray]]]) -> None:
-    quantize_static(
+    q = _ort_quantization()
+    q.quantize_static(
         str(source), str(dest), reader, nodes_to_exclude=excluded,
-        quant_format=QuantFormat.QDQ, per_channel=config.per_channel, activation_type=_QUANT_TYPES[act_type],
-        weight_type=QuantType.QInt8, calibrate_method=_CALIBRATION_METHODS[config.calibration_method],
+        quant_format=q.QuantFormat.QDQ, per_channel=config.per_channel,
+        activation_type=getattr(q.QuantType, _QUANT_TYPES[act_type]), weight_type=q.QuantType.QInt8,
+        calibrate_method=getattr(q.CalibrationMethod, _CALIBRATION_METHODS[config.calibration_method]),
         extra_options={
             "ActivationSymmetric": symmetric, "WeightSymmetric": True,
             "QuantizeBias": _TARGETS[config.target].quantize_bias,
@@ -509,12 +516,25 @@ def _quantize_static(source: Path, dest: Path, reader: ArrayCalibrationReader, c
     )  # fmt: skip
 
 
-def nonfinite_scale_nodes(model: onnx.ModelProto) -> list[str]:
-    """Float nodes of a QDQ graph that read or write a tensor quantised with a scale that is not finite (inf or
-    NaN: calibration met an infinite value, e.g. a 0/-inf attention mask), in graph order."""
+def _constants(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """Initializers and Constant-node tensors by name."""
     consts = {i.name: i for i in model.graph.initializer}
     consts.update({n.output[0]: n.attribute[0].t for n in model.graph.node
                    if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR})
+    return consts
+
+
+def _nonfinite_scales(model: onnx.ModelProto) -> list[str]:
+    """Scale tensors of Q/DQ nodes that are not finite."""
+    consts = _constants(model)
+    return sorted({n.input[1] for n in model.graph.node if n.op_type in _QDQ_OPS and len(n.input) > 1
+                   and n.input[1] in consts and not np.isfinite(numpy_helper.to_array(consts[n.input[1]])).all()})
+
+
+def nonfinite_scale_nodes(model: onnx.ModelProto) -> list[str]:
+    """Float nodes of a QDQ graph that read or write a tensor quantised with a scale that is not finite (inf or
+    NaN: calibration met an infinite value, e.g. a 0/-inf attention mask), in graph order."""
+    consts = _constants(model)
     bad, dequantised = set(), {}
     for n in model.graph.node:
         if n.op_type in _QDQ_OPS and len(n.input) > 1 and n.input[1] in consts:
@@ -528,26 +548,42 @@ def nonfinite_scale_nodes(model: onnx.ModelProto) -> list[str]:
 
 
 def _run_static_finite(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
-                       overrides: Mapping[str, list[dict[str, np.ndarray]]], excluded: list[str]) -> list[str]:
+                       overrides: Mapping[str, list[dict[str, np.ndarray]]], excluded: list[str],
+                       label: str) -> list[str]:
     """:func:`_run_static`, then again with the nodes around non-finite scales in float until none is left (a few
-    rounds at most: each round only adds nodes). Returns the nodes it added to ``excluded``."""
+    rounds at most: each round only adds nodes). Returns the nodes it added to ``excluded``; ``label`` names the
+    user's file in messages."""
     added: list[str] = []
     for _ in range(_NONFINITE_ROUNDS):
         reader.rewind()
         _run_static(source, dest, reader, config, overrides, [*excluded, *added])
-        new = [n for n in nonfinite_scale_nodes(onnx.load(str(dest), load_external_data=False)) if n not in added]
-        if not new:
+        written = onnx.load(str(dest), load_external_data=False)
+        if not _nonfinite_scales(written):
+            if added:
+                logger.warning("%s: calibration gave non-finite scales (an infinite value, e.g. a -inf attention "
+                               "mask) around %d node(s), left in float: %s", label, len(added), ", ".join(added))
             return added
-        logger.warning("%s: calibration gave non-finite scales around %s; leaving them in float",
-                       source.name, ", ".join(new))
+        new = [n for n in nonfinite_scale_nodes(written) if n not in added]
+        if not new:
+            raise QuantizationError(f"{label}: non-finite quantisation scales on tensors of unnamed nodes, which "
+                                    "cannot be left in float; name the nodes or exclude them by hand")
         added += new
     raise QuantizationError(f"non-finite quantisation scales remain after {_NONFINITE_ROUNDS} rounds of leaving "
                             f"their nodes in float ({', '.join(added)}); exclude them by hand")
 
 
+def _ort_quantization() -> ModuleType:
+    """``onnxruntime.quantization`` (imported on first use: the base install may have no runtime wheel)."""
+    onnxruntime_module()
+    import onnxruntime.quantization
+
+    return onnxruntime.quantization
+
+
 def _run_dynamic(source: Path, dest: Path, config: QuantConfig, excluded: Sequence[str] = ()) -> None:
     """Dynamic quantisation: int8 weights, activations quantised at run time; ``excluded`` nodes stay float."""
-    quantize_dynamic(str(source), str(dest), per_channel=config.per_channel, weight_type=QuantType.QInt8,
+    q = _ort_quantization()
+    q.quantize_dynamic(str(source), str(dest), per_channel=config.per_channel, weight_type=q.QuantType.QInt8,
                      nodes_to_exclude=list(excluded))
 
 
@@ -631,7 +667,7 @@ def quantize_int8(
         excluded = _excluded(source, exclude, static=reader is not None)
         try:
             if reader is not None:
-                nonfinite = _run_static_finite(source, tmp, reader, config, overrides, excluded)
+                nonfinite = _run_static_finite(source, tmp, reader, config, overrides, excluded, fp32_path.name)
             else:
                 nonfinite = []
                 _run_dynamic(source, tmp, config, excluded)

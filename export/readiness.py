@@ -6,13 +6,17 @@
   integer operators (QLinear*, ConvInteger, MatMulInteger, DynamicQuantizeLinear, com.microsoft
   kernels), and int8 zero points equal to 0 (TensorRT's symmetric int8; int32-quantised biases and
   uint8 activations are flagged).
+
+Findings are grouped: one :class:`Finding` per kind of problem and subject (an op, a zero-point type), with
+every node it concerns, and one line naming the count and the first few nodes, e.g.
+``uint8 zero point on 212 QuantizeLinear/DequantizeLinear nodes (e.g. a, b, c); TensorRT's Q/DQ needs int8``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypedDict
+from typing import NamedTuple, TypedDict
 
 import numpy as np
 import onnx
@@ -20,10 +24,34 @@ from onnx import numpy_helper
 
 from runtime_bench.facts import INTEGER_OPS
 
-__all__ = ["ReadinessReport", "tensorrt_readiness"]
+__all__ = ["Finding", "ReadinessReport", "tensorrt_readiness", "EXAMPLE_NODES"]
 
 _STANDARD_DOMAINS = ("", "ai.onnx")
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+#: Node names quoted in a finding's line (the finding itself lists them all).
+EXAMPLE_NODES = 3
+
+
+class Finding(TypedDict):
+    """One kind of problem, grouped over the nodes that have it (a plain dict, JSON-ready).
+
+    Keys:
+        kind: ``opset``, ``domain``, ``unknown_op``, ``integer_op``, ``missing_qdq``, ``zero_point_type`` or
+            ``zero_point_nonzero``.
+        subject: what the group shares: the op (``domain:op`` outside the default domain), the zero point's
+            type, or ``""`` for a graph-level finding.
+        ops: distinct op names of the nodes (``[]`` for a graph-level finding).
+        count: number of nodes (0 for a graph-level finding).
+        nodes: every node's name, in graph order.
+        message: one line with the count and the first :data:`EXAMPLE_NODES` names.
+    """
+
+    kind: str
+    subject: str
+    ops: list[str]
+    count: int
+    nodes: list[str]
+    message: str
 
 
 class ReadinessReport(TypedDict):
@@ -35,7 +63,8 @@ class ReadinessReport(TypedDict):
         opset: default-domain opset of the file.
         ready: no issues found.
         offending_ops: distinct ``domain:op`` (or ``op``) names that TensorRT would reject.
-        issues: one line per problem, naming the op or node.
+        issues: one line per finding (``findings[i]["message"]``).
+        findings: the grouped findings, with full node lists.
     """
 
     path: str
@@ -44,6 +73,27 @@ class ReadinessReport(TypedDict):
     ready: bool
     offending_ops: list[str]
     issues: list[str]
+    findings: list[Finding]
+
+
+class _Hit(NamedTuple):
+    """One node's problem before grouping (``node`` is ``""`` for a graph-level problem)."""
+
+    kind: str
+    subject: str
+    op: str
+    node: str
+
+
+#: kind -> (line template, whether the node phrase names the ops: the subject already does for op-kinds).
+_TEMPLATES: dict[str, tuple[str, bool]] = {
+    "domain": ("{subject} on {nodes}: outside the standard ONNX domain", False),
+    "unknown_op": ("{subject} on {nodes}: not a standard ONNX op at opset {opset}", False),
+    "integer_op": ("{subject} on {nodes}: an integer operator, not QDQ", False),
+    "zero_point_type": ("{subject} zero point on {nodes}; TensorRT's Q/DQ needs int8", True),
+    "zero_point_nonzero": ("non-zero zero point on {nodes}; TensorRT needs symmetric int8", True),
+}
+_OFFENDING_KINDS = frozenset({"domain", "unknown_op", "integer_op", "zero_point_type", "zero_point_nonzero"})
 
 
 def _iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -60,40 +110,72 @@ def _op_name(node: onnx.NodeProto) -> str:
     return node.op_type if node.domain in _STANDARD_DOMAINS else f"{node.domain}:{node.op_type}"
 
 
-def _schema_issue(node: onnx.NodeProto, opset: int) -> str | None:
-    """Return why ``node`` is not a standard op at ``opset``, or ``None`` if it is."""
+def _node_name(node: onnx.NodeProto, index: int) -> str:
+    """The node's name, or ``<op #index>`` for an unnamed node (``index`` in graph order)."""
+    return node.name or f"<{node.op_type} #{index}>"
+
+
+def _schema_hit(node: onnx.NodeProto, name: str, opset: int) -> _Hit | None:
+    """Why ``node`` is not a standard op at ``opset``, or ``None`` if it is."""
+    op = _op_name(node)
     if node.domain not in _STANDARD_DOMAINS:
-        return f"{_op_name(node)} (node {node.name!r}) is outside the standard ONNX domain"
+        return _Hit("domain", op, op, name)
     try:
         onnx.defs.get_schema(node.op_type, opset, "")
     except onnx.defs.SchemaError:
-        return f"{node.op_type} (node {node.name!r}) is not a standard ONNX op at opset {opset}"
+        return _Hit("unknown_op", op, op, name)
     return None
 
 
-def _zero_point_issue(node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]) -> str | None:
-    """Return why a Q/DQ node's zero point is not TensorRT's symmetric int8, or ``None``."""
+def _zero_point_hit(node: onnx.NodeProto, name: str, initializers: dict[str, onnx.TensorProto]) -> _Hit | None:
+    """Why a Q/DQ node's zero point is not TensorRT's symmetric int8, or ``None``."""
     if len(node.input) < 3 or node.input[2] not in initializers:
         return None
     zero_point = numpy_helper.to_array(initializers[node.input[2]])
     if zero_point.dtype != np.int8:
-        return f"{node.op_type} {node.name!r} has a zero point of type {zero_point.dtype}; TensorRT's Q/DQ needs int8"
+        return _Hit("zero_point_type", str(zero_point.dtype), node.op_type, name)
     if np.any(zero_point != 0):
-        return f"{node.op_type} {node.name!r} has a non-zero zero point; TensorRT needs symmetric int8"
+        return _Hit("zero_point_nonzero", "", node.op_type, name)
     return None
 
 
-def _int8_issues(nodes: list[onnx.NodeProto], model: onnx.ModelProto) -> list[tuple[str, str]]:
-    """(op, issue) pairs that keep an INT8 graph from being explicit, symmetric QDQ."""
-    integer = [n for n in nodes if n.op_type in INTEGER_OPS]
-    issues = [(_op_name(n), f"{_op_name(n)} (node {n.name!r}) is an integer operator, not QDQ") for n in integer]
-    qdq = [n for n in nodes if n.op_type in _QDQ_OPS]
-    present = {n.op_type for n in qdq}
-    if present != _QDQ_OPS:
-        issues.append(("", f"INT8 graph lacks {sorted(_QDQ_OPS - present)}; TensorRT needs explicit Q/DQ pairs"))
+def _int8_hits(named: list[tuple[onnx.NodeProto, str]], model: onnx.ModelProto) -> tuple[list[_Hit], list[str]]:
+    """Node problems that keep an INT8 graph from being explicit, symmetric QDQ, and graph-level lines."""
+    hits = [_Hit("integer_op", _op_name(n), _op_name(n), name) for n, name in named if n.op_type in INTEGER_OPS]
+    qdq = [(n, name) for n, name in named if n.op_type in _QDQ_OPS]
+    missing = sorted(_QDQ_OPS - {n.op_type for n, _ in qdq})
+    lines = [f"INT8 graph lacks {missing}; TensorRT needs explicit Q/DQ pairs"] if missing else []
     initializers = {t.name: t for t in model.graph.initializer}
-    issues += [(n.op_type, issue) for n in qdq if (issue := _zero_point_issue(n, initializers))]
-    return issues
+    hits += [hit for n, name in qdq if (hit := _zero_point_hit(n, name, initializers))]
+    return hits, lines
+
+
+def _nodes_phrase(nodes: list[str], ops: list[str]) -> str:
+    """``212 QuantizeLinear/DequantizeLinear nodes (e.g. a, b, c)``; ``1 node (x)`` without ops."""
+    shown = ", ".join(nodes[:EXAMPLE_NODES])
+    examples = f"(e.g. {shown})" if len(nodes) > EXAMPLE_NODES else f"({shown})"
+    noun = "node" if len(nodes) == 1 else "nodes"
+    return " ".join([str(len(nodes)), *(["/".join(ops)] if ops else []), noun, examples])
+
+
+def _group(hits: list[_Hit], opset: int) -> list[Finding]:
+    """One :class:`Finding` per (kind, subject), in order of first appearance, nodes in graph order."""
+    groups: dict[tuple[str, str], list[_Hit]] = {}
+    for hit in hits:
+        groups.setdefault((hit.kind, hit.subject), []).append(hit)
+    out = []
+    for (kind, subject), members in groups.items():
+        ops = sorted({h.op for h in members}, reverse=True)  # QuantizeLinear before DequantizeLinear
+        nodes = [h.node for h in members]
+        template, with_ops = _TEMPLATES[kind]
+        phrase = _nodes_phrase(nodes, ops if with_ops else [])
+        out.append(Finding(kind=kind, subject=subject, ops=ops, count=len(nodes), nodes=nodes,
+                           message=template.format(subject=subject, nodes=phrase, opset=opset)))
+    return out
+
+
+def _graph_finding(kind: str, message: str) -> Finding:
+    return Finding(kind=kind, subject="", ops=[], count=0, nodes=[], message=message)
 
 
 def tensorrt_readiness(path: str | Path, opset: int | None = None) -> ReadinessReport:
@@ -105,24 +187,24 @@ def tensorrt_readiness(path: str | Path, opset: int | None = None) -> ReadinessR
             accepts the file's own.
 
     Returns:
-        A :class:`ReadinessReport` dict; ``ready`` is ``False`` with one issue per problem.
+        A :class:`ReadinessReport` dict; ``ready`` is ``False`` with one grouped finding per kind of problem.
     """
     model = onnx.load(str(path), load_external_data=False)
     file_opset = next((o.version for o in model.opset_import if o.domain in _STANDARD_DOMAINS), 0)
-    nodes = list(_iter_nodes(model.graph))
-    is_int8 = any(n.op_type in _QDQ_OPS | INTEGER_OPS for n in nodes)
-    found: list[tuple[str, str]] = []
+    named = [(n, _node_name(n, i)) for i, n in enumerate(_iter_nodes(model.graph))]
+    is_int8 = any(n.op_type in _QDQ_OPS | INTEGER_OPS for n, _ in named)
+    findings: list[Finding] = []
     if opset is not None and file_opset > opset:
-        found.append(("", f"graph uses opset {file_opset}, above the stated opset {opset}"))
-    for node in nodes:
-        if node.op_type in INTEGER_OPS:
-            continue  # reported once by _int8_issues, as not QDQ
-        if issue := _schema_issue(node, file_opset):
-            found.append((_op_name(node), issue))
+        findings.append(_graph_finding("opset", f"graph uses opset {file_opset}, above the stated opset {opset}"))
+    # Integer operators are reported once, by _int8_hits, as not QDQ.
+    hits = [hit for n, name in named if n.op_type not in INTEGER_OPS and (hit := _schema_hit(n, name, file_opset))]
+    lines: list[str] = []
     if is_int8:
-        found += _int8_issues(nodes, model)
-    offending = sorted({op for op, _ in found if op})
+        int8_hits, lines = _int8_hits(named, model)
+        hits += int8_hits
+    findings += _group(hits, file_opset) + [_graph_finding("missing_qdq", line) for line in lines]
+    offending = sorted({op for f in findings if f["kind"] in _OFFENDING_KINDS for op in f["ops"]})
     return ReadinessReport(
-        path=str(path), kind="int8" if is_int8 else "fp32", opset=file_opset, ready=not found,
-        offending_ops=offending, issues=[issue for _, issue in found],
+        path=str(path), kind="int8" if is_int8 else "fp32", opset=file_opset, ready=not findings,
+        offending_ops=offending, issues=[f["message"] for f in findings], findings=findings,
     )  # fmt: skip

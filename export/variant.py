@@ -1,7 +1,7 @@
-"""One model variant from torch to checked ONNX files: export → simplify → verify parity → optional INT8.
+"""One model variant from torch to checked ONNX files: export → simplify → verify parity → optional INT8 / FP16.
 
-``minreal export``, ``minreal run`` and the demo all go through :func:`export_variant` and
-:func:`quantize_variant`, so the parity protocol (:data:`PARITY_BATCH_SIZES`) and the calibration sample
+``minreal export``, ``minreal run`` and the demo all go through :func:`export_variant`, :func:`quantize_variant`
+and :func:`fp16_variant`, so the parity protocol (:data:`PARITY_BATCH_SIZES`) and the calibration sample
 count (:data:`CALIB_SAMPLES`) are the same everywhere. Only a graph that passed the parity check reaches
 its output path; paths in the returned record are relative to the folder of that path.
 """
@@ -21,16 +21,18 @@ from torch import nn
 
 from compress import count_costs
 from compress.core.inputs import Inputs, NamedInputs, repeat_to, slice_axis
+from export.fp16 import Fp16Config, convert_fp16, fp16_path
 from export.mobile import ShapeSpec, fix_verified, mobile_usability
 from export.onnx_export import Axes, to_onnx
-from export.onnx_files import move_onnx, onnx_size
+from export.onnx_files import data_files, move_onnx, onnx_size
 from export.quantize import QuantConfig, quantize_int8
 from export.readiness import tensorrt_readiness
+from export.tensorrt_check import tensorrt_check
 from export.simplify import simplify
 from export.verify import feeds_of, verify_parity
 
 __all__ = ["PARITY_BATCH_SIZES", "CALIB_SAMPLES", "PTQ_SUFFIX", "VariantConfig", "VariantRecord", "export_variant",
-           "quantize_variant", "trained_ranges", "layer_weights", "parity_inputs", "to_jsonable", "relative_to",
+           "quantize_variant", "fp16_variant", "fp16_skip_reason", "FP16_LABEL_SUFFIX", "trained_ranges", "layer_weights", "parity_inputs", "to_jsonable", "relative_to",
            "file_stem"]
 
 PARITY_BATCH_SIZES: tuple[int, ...] = (1, 16)
@@ -42,6 +44,9 @@ CALIB_SAMPLES = 256
 PTQ_SUFFIX = ".ptq"
 """Inserted before ``.int8`` in the label and file of the post-training INT8 copy of a variant whose own INT8
 copy uses ranges trained by quantisation-aware recovery."""
+
+FP16_LABEL_SUFFIX = ".fp16"
+"""Appended to a variant's label for its FP16 copy (``original.fp16``); its file is ``NAME.fp16.onnx``."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,10 @@ class VariantConfig:
         allow_random_calibration: calibrate on random data when there is none (not advised).
         fixed_shapes: symbolic dimensions to fix in the written file once parity passed (``--fixed-shapes``; for
             NNAPI/CoreML), or ``None`` to keep them dynamic.
+        tensorrt_validation: validate each file with TensorRT itself (parse, engine builds, parity with ONNX
+            Runtime; :func:`export.tensorrt_check.tensorrt_check`) when it is importable; the static check
+            otherwise and when this is off. The pipeline turns it on when ``--providers`` includes tensorrt.
+        tensorrt_batch: (min, opt, max) batch of the optimisation profile of that validation.
     """
 
     opset: int = 18
@@ -67,6 +76,8 @@ class VariantConfig:
     calib_samples: int = CALIB_SAMPLES
     allow_random_calibration: bool = False
     fixed_shapes: ShapeSpec | None = None
+    tensorrt_validation: bool = False
+    tensorrt_batch: tuple[int, int, int] = (1, 32, 32)
 
     def quant_config(self) -> QuantConfig:
         """The :class:`QuantConfig` these settings ask for."""
@@ -76,7 +87,11 @@ class VariantConfig:
 
 @dataclass
 class VariantRecord:
-    """One model of a case (original, compressed, INT8) with its costs and export results."""
+    """One model of a case (original, compressed, INT8, FP16) with its costs and export results.
+
+    ``fp16`` is the :class:`export.fp16.Fp16Result` of an FP16 copy, or ``{"skipped": reason}`` on an fp32 variant
+    that got none; empty otherwise.
+    """
 
     label: str
     method: str
@@ -92,6 +107,7 @@ class VariantRecord:
     tensorrt_readiness: dict[str, Any] = field(default_factory=dict)
     fixed_shapes: dict[str, Any] | None = None
     mobile: dict[str, Any] = field(default_factory=dict)
+    fp16: dict[str, Any] = field(default_factory=dict)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -159,8 +175,21 @@ def _axis_sizes(x: Inputs, axes: Axes) -> dict[str, int]:
             for axis, dim in per.items()}
 
 
-def _readiness(path: Path, opset: int) -> dict[str, Any]:
-    return relative_to(to_jsonable(tensorrt_readiness(path, opset)), path.parent)
+def _readiness(path: Path, cfg: VariantConfig) -> dict[str, Any]:
+    """The static TensorRT check of ``path``, with ``checker`` saying what decided ``ready``: TensorRT itself
+    (``cfg.tensorrt_validation``, when importable; its parse, builds and parity under ``tensorrt``), else the
+    static check and why."""
+    static = to_jsonable(tensorrt_readiness(path, cfg.opset))
+    if not cfg.tensorrt_validation:
+        return relative_to({**static, "checker": "static check (TensorRT validation runs with --providers "
+                                                 "tensorrt when tensorrt is importable)"}, path.parent)
+    try:
+        check = tensorrt_check(path, opset=cfg.opset, batch=cfg.tensorrt_batch)
+    except ValueError as exc:  # e.g. an input dynamic beyond the batch with no shapes to profile it
+        return relative_to({**static, "checker": f"static check: TensorRT validation not run: {exc}"}, path.parent)
+    found = {k: v for k, v in to_jsonable(check).items() if k not in ("static", "path")}
+    return relative_to({**static, "ready": check.ready, "checker": check.checker,
+                        **({"tensorrt": found} if check.used_tensorrt else {})}, path.parent)
 
 
 def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, label: str | None = None,
@@ -201,9 +230,11 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
         fixed = fix_verified(checked, cfg.fixed_shapes, feeds_of(x), cfg.rtol, cfg.atol)
         move_onnx(checked, out)  # only a verified graph (with its external data, if any) reaches the output path
         results = relative_to(to_jsonable([exp, simp, parity]), Path(tmp))
+    # the exporter's record names its own raw file's data; the written graph's sit beside ``out``
+    results[0]["data_files"] = [str(f.relative_to(out.parent)) for f in data_files(out)]
     costs = count_costs(module, x[:2])
     return VariantRecord(label or out.stem, method, costs.total_params, costs.macs, out.name, onnx_size(out),
-                         *results, tensorrt_readiness=_readiness(out, cfg.opset), fixed_shapes=to_jsonable(fixed),
+                         *results, tensorrt_readiness=_readiness(out, cfg), fixed_shapes=to_jsonable(fixed),
                          mobile=to_jsonable(mobile_usability(out)))
 
 
@@ -247,5 +278,48 @@ def quantize_variant(record: VariantRecord, folder: Path, calib: Inputs | None, 
     q = quantize_int8(folder / record.onnx, out, data, cfg.quant_config(), ranges, weights)
     return VariantRecord(f"{record.label}{infix}.int8", f"{record.method}+int8", record.params, record.macs,
                          out.name, out.stat().st_size, quantization=relative_to(to_jsonable(q), folder),
-                         tensorrt_readiness=_readiness(out, cfg.opset), fixed_shapes=record.fixed_shapes,
+                         tensorrt_readiness=_readiness(out, cfg), fixed_shapes=record.fixed_shapes,
                          mobile=to_jsonable(mobile_usability(out)))
+
+
+def fp16_skip_reason(record: VariantRecord) -> str | None:
+    """Why no FP16 copy is made of ``record`` (``None`` when one can be): a fixed-shape file (``--fixed-shapes``)
+    takes one batch size, and FP16 parity is checked at :data:`PARITY_BATCH_SIZES`."""
+    if not record.fixed_shapes:
+        return None
+    return ("the file has fixed shapes (--fixed-shapes, for NNAPI/CoreML) and FP16 parity needs two batch sizes; "
+            "export without --fixed-shapes for GPU providers")
+
+
+def _record_axes(record: VariantRecord) -> Axes:
+    """The dynamic axes the export recorded (JSON keys back to ints)."""
+    axes = (record.export or {}).get("dynamic_axes") or {}
+    return {name: {int(axis): dim for axis, dim in per.items()} for name, per in axes.items()}
+
+
+def fp16_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantConfig,
+                 fp16: Fp16Config | None = None) -> VariantRecord:
+    """FP16 copy ``NAME.fp16.onnx`` of an exported variant, checked against its fp32 file on ``x`` at
+    :data:`PARITY_BATCH_SIZES` (and half of every other dynamic axis, :func:`parity_inputs`).
+
+    Args:
+        record: the fp32 variant (from :func:`export_variant`); its file lies in ``folder``.
+        folder: where the variant's file lies and the FP16 file is written.
+        x: example inputs, batch first (a tensor or named inputs).
+        cfg: the variant settings (opset for the TensorRT-readiness check).
+        fp16: conversion and tolerance options (default :class:`export.fp16.Fp16Config`: fp32 I/O, CPU).
+
+    Returns:
+        The FP16 variant's record (label ``LABEL.fp16``, method ``METHOD+fp16``), paths relative to ``folder``.
+
+    Raises:
+        ParityError: the FP16 file differs from the fp32 one beyond the float16 tolerance (nothing is written).
+    """
+    folder = Path(folder)
+    source = folder / record.onnx
+    feeds = [feeds_of(batch) for batch in parity_inputs(x, _record_axes(record))]
+    result = convert_fp16(source, feeds, fp16_path(source), fp16)
+    out = Path(result.out_path)
+    return VariantRecord(f"{record.label}{FP16_LABEL_SUFFIX}", f"{record.method}+fp16", record.params, record.macs,
+                         out.name, result.size_fp16_bytes, fp16=relative_to(to_jsonable(result), folder),
+                         tensorrt_readiness=_readiness(out, cfg), mobile=to_jsonable(mobile_usability(out)))

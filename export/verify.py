@@ -11,17 +11,20 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 import torch
 from torch import nn
 
 from compress.core.inputs import Inputs, NamedInputs, call
 from export.errors import ParityError
 from export.onnx_export import eval_mode, flatten_outputs
-from runtime_bench.facts import PROVIDERS
+from runtime_bench.facts import PROVIDERS, error_line
 from runtime_bench.sessions import create_session
+
+if TYPE_CHECKING:  # the runtime wheel is imported on first use (runtime_bench.runtime)
+    import onnxruntime as ort
 
 __all__ = [
     "DEFAULT_ATOL",
@@ -149,8 +152,15 @@ def compare_output(
 def _check_batch(
     module: nn.Module, session: ort.InferenceSession, x: Inputs, rtol: float, atol: float
 ) -> list[OutputParity]:
-    """Compare every output of ``module(x)`` with ONNX Runtime's; raise on a count or shape mismatch."""
-    expected = [t.detach().cpu().numpy() for t in flatten_outputs(call(module, x))]
+    """Compare every output of ``module(x)`` with ONNX Runtime's; raise on a count or shape mismatch, or when the
+    module itself fails on these inputs (e.g. one input cut to another length and its partner not)."""
+    try:
+        expected = [t.detach().cpu().numpy() for t in flatten_outputs(call(module, x))]
+    except Exception as exc:  # noqa: BLE001 - the user's forward; one line naming the inputs instead of a trace
+        hint = ("; when inputs share a dynamic axis, name it on each of them (--dynamic-axes input_ids:batch,seq "
+                "--dynamic-axes attention_mask:batch,seq)" if isinstance(x, NamedInputs) else "")
+        raise ParityError(f"the torch module fails on the parity inputs {_describe(x)}: {error_line(exc)}{hint}") \
+            from None
     got = run_ort(session, feeds_of(x))
     names = [o.name for o in session.get_outputs()]
     if len(got) != len(expected):

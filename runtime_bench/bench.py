@@ -24,8 +24,11 @@ from .facts import PROGRESS_KEY
 from .inputs import Data, check_batch, data_rows, input_specs, symbolic_axes, take_rows, timing_inputs
 from .metrics import ModelMetrics, evaluate_models
 from .model_info import model_info
+from .provider_options import ort_options, trt_profiles
 from .providers import provider_name, require_available, unavailable_reason
-from .report import SCHEMA_VERSION, BenchReport, LatencyResult, RatioResult, UnavailableProvider
+from .runtime import wheel_conflict
+from .placement import placement_from_dict
+from .report import SCHEMA_VERSION, BenchReport, LatencyResult, PlacementResult, RatioResult, UnavailableProvider
 from .timing import latency_stats, ratio_summary
 from .worker import WorkerJob, WorkerResult, save_data
 
@@ -68,6 +71,8 @@ def run_benchmark(
     """
     notify = progress or logger.info
     _check_models(models)
+    if (conflict := wheel_conflict()) is not None:
+        logger.warning("%s", conflict)
     if fail_on_unavailable:
         require_available(config.providers)
     infos = tuple(model_info(m.name, m.path) for m in models)
@@ -96,6 +101,7 @@ def run_benchmark(
         metrics=metrics,
         metrics_data=metrics_data,
         unavailable=tuple(UnavailableProvider(p, provider_name(p), r) for p, r in unavailable.items()),
+        placement=_placements(runs),
     )
 
 
@@ -119,7 +125,7 @@ def _check_inputs(
     axes = set().union(*map(symbolic_axes, specs.values()))
     unknown = [name for name in config.axis_values if name not in axes]
     if unknown:
-        raise BenchInputError(f"axis_values names {unknown}, which no model input has as a symbolic axis beyond "
+        raise BenchInputError(f"axis_values (--axis-values) names {unknown}, which no model input has as a symbolic axis beyond "
                               f"batch (they have {sorted(axes)})")
     first = None if x is None else take_rows(x, 0, 1)
     for name, model_specs in specs.items():
@@ -142,6 +148,7 @@ def _run_workers(
     """Repeat-major loop over cells; model order rotates per repeat so no model is always first."""
     runs: dict[Cell, list[WorkerResult]] = defaultdict(list)
     shapes = config.shapes()
+    options = {p: _provider_options(p, models, config, workdir) for p in config.providers}
     done, total = 0, config.repeats * len(config.providers) * len(config.batch_sizes) * len(shapes)
     for repeat in range(config.repeats):
         order = [models[(i + repeat) % len(models)] for i in range(len(models))]
@@ -154,6 +161,9 @@ def _run_workers(
                     provider=provider_name(provider), batch_size=batch, threads=threads,
                     warmup=config.warmup, min_runs=config.min_runs, min_seconds=config.min_seconds,
                     seed=config.seed, data_path=data_path, axis_values=shape,
+                    provider_options=[options[provider][m.name] for m in order],
+                    io_binding=config.io_binding and provider != "cpu",
+                    placement=repeat == 0 and batch == config.batch_sizes[0] and index == 0,
                 )
                 label = shape_label(shape)
                 notify(f"timing {provider} batch {batch}{' ' + label if label else ''} "
@@ -169,6 +179,22 @@ def _run_workers(
                     continue
                 runs[(provider, batch, label)].append(result)
     return {cell: results for cell, results in runs.items() if cell[0] not in unavailable}
+
+
+def _provider_options(provider: str, models: Sequence[ModelEntry], config: BenchConfig,
+                      workdir: Path) -> dict[str, dict[str, str]]:
+    """Each model's ONNX Runtime options on ``provider``: the user's settings, with TensorRT's caches in one
+    directory of this run (so later timing processes load the engine the first one built) and a profile
+    covering every timed batch size and axis value unless the user gave one."""
+    settings = config.provider_settings.get(provider)
+    if provider == "tensorrt":
+        (workdir / "trt-cache").mkdir(exist_ok=True)
+    out = {}
+    for m in models:
+        dims = {s.name: s.shape for s in input_specs(m.path)}
+        profiles = trt_profiles(dims, config.batch_sizes, config.axis_values) if provider == "tensorrt" else {}
+        out[m.name] = ort_options(provider, settings, workdir / "trt-cache", profiles)
+    return out
 
 
 def _spawn(job: WorkerJob, stem: Path, timeout_s: float) -> WorkerResult:
@@ -188,6 +214,12 @@ def _spawn(job: WorkerJob, stem: Path, timeout_s: float) -> WorkerResult:
     return WorkerResult(**json.loads(result_path.read_text()))
 
 
+def _placements(runs: dict[Cell, list[WorkerResult]]) -> tuple[PlacementResult, ...]:
+    """The placements the workers measured (one job per provider measures them), by model and provider."""
+    return tuple(PlacementResult(name, provider, placement_from_dict(found))
+                 for (provider, _, _), results in runs.items() for r in results for name, found in r.placements.items())
+
+
 def _summarise(
     runs: dict[Cell, list[WorkerResult]], names: list[str]
 ) -> tuple[tuple[LatencyResult, ...], tuple[RatioResult, ...]]:
@@ -197,10 +229,16 @@ def _summarise(
         p50 = {n: [float(np.median(r.latencies_ms[n])) for r in results] for n in names}
         for name in names:
             pooled = [v for r in results for v in r.latencies_ms[name]]
+            device = [v for r in results for v in r.device_latencies_ms.get(name, [])]
             latency.append(LatencyResult(
                 model=name, provider=provider, batch_size=batch, stats=latency_stats(pooled, batch),
                 process_p50_ms=tuple(p50[name]), worker_pids=tuple(r.pid for r in results),
                 actual_providers=tuple(results[0].actual_providers), shape=shape,
+                session_s=tuple(r.session_s.get(name, float("nan")) for r in results),
+                first_run_ms=tuple(r.first_run_ms.get(name, float("nan")) for r in results),
+                device_stats=latency_stats(device, batch) if device else None,
+                device_process_p50_ms=tuple(float(np.median(r.device_latencies_ms[name])) for r in results
+                                            if r.device_latencies_ms.get(name)),
             ))
         for name in names[1:]:
             s = ratio_summary(p50[name], p50[names[0]])

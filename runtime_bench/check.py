@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from .config import shape_grid, shape_label
 from .errors import CheckError
+from .placement import describe_fallback, placement_from_dict
 from .report import BenchReport, validate_report
 
 __all__ = ["Criterion", "CheckResult", "check_report", "format_check", "describe_criterion"]
@@ -19,6 +20,8 @@ ReportLike = Mapping[str, Any] | BenchReport
 #: (model, provider, batch size, shape label)
 Cell = tuple[str, str, int, str]
 REGRESSION = "latency_regression_pct"
+ON_PROVIDER = "on_provider_share"
+SAME_HARDWARE = "same_hardware"
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ def check_report(
     baseline: ReportLike | None = None,
     max_regression: float | None = None,
     allow_new_models: bool = False,
+    min_on_provider: float | None = None,
+    allow_hardware_mismatch: bool = False,
 ) -> CheckResult:
     """Apply release thresholds to a report (a :func:`load_report` dict or a :class:`BenchReport`).
 
@@ -69,6 +74,10 @@ def check_report(
             only when its increase exceeds this and the per-process p50 ranges of the two runs do not
             overlap (an increase inside the measured noise passes, with a note saying so).
         allow_new_models: Cells of ``report`` absent from ``baseline`` pass (they fail otherwise).
+        min_on_provider: Lowest allowed share (0..1) of each model's kernels that ran on its requested provider
+            (the report's placement); a failing criterion names the kernels that fell back.
+        allow_hardware_mismatch: A ``baseline`` from another CPU model or other GPU model(s) only warns (it
+            fails otherwise: its latencies are not comparable).
 
     Every latency criterion also fails, with a note, for each requested (model, provider, batch size, shape)
     the report has no latency for (a provider recorded as unavailable, a cell that did not run).
@@ -84,10 +93,14 @@ def check_report(
         criteria += _accuracy_drop(data, max_accuracy_drop)
     if min_agreement is not None:
         criteria += _agreement(data, min_agreement)
+    if min_on_provider is not None:
+        criteria += _on_provider(data, min_on_provider)
     if (baseline is None) != (max_regression is None):
         raise CheckError("baseline (--baseline) and max_regression (--max-regression) must be given together")
     if baseline is not None and max_regression is not None:
-        criteria += _regression(data, _as_dict(baseline, "baseline"), max_regression, allow_new_models)
+        base = _as_dict(baseline, "baseline")
+        criteria += _hardware(data, base, allow_hardware_mismatch)
+        criteria += _regression(data, base, max_regression, allow_new_models)
     return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria))
 
 
@@ -106,6 +119,8 @@ def describe_criterion(c: Criterion) -> str:
 def _verdict(c: Criterion) -> str:
     parts = [c.model, c.provider or "", f"batch {c.batch_size}" if c.batch_size else "", c.shape]
     where = " ".join(p for p in parts if p)
+    if math.isnan(c.allowed):  # no threshold (hardware, a tune without a choice): the note is the verdict
+        return f"{where}: {c.note}" if where else c.note
     value = "missing" if math.isnan(c.measured) else f"{c.measured:.4g}"
     return f"{where}: {value} (allowed {c.allowed:.4g})" + (f" - {c.note}" if c.note else "")
 
@@ -184,11 +199,64 @@ def _agreement(data: dict[str, Any], allowed: float) -> list[Criterion]:
                       m["top1_agreement"] >= allowed) for m in rows]
 
 
+def _on_provider(data: dict[str, Any], allowed: float) -> list[Criterion]:
+    """Per (model, provider): the share of kernels on the requested provider; a pair without placement fails."""
+    if not 0.0 <= allowed <= 1.0:
+        raise CheckError(f"min_on_provider (--min-on-provider) is a share within 0..1, got {allowed:g}")
+    rows = data.get("placement") or []
+    if not rows and not data.get("unavailable"):
+        raise CheckError("min_on_provider (--min-on-provider) given but the report records no placement "
+                         "(benchmark again with this minreal)")
+    criteria = [_placement_criterion(r, allowed) for r in rows]
+    have = {(r["model"], r["provider"]) for r in rows}
+    reasons = {u["provider"]: u["reason"] for u in data.get("unavailable", [])}
+    for model, provider in dict.fromkeys((m, p) for m, p, _, _ in _expected_cells(data)):
+        if (model, provider) not in have:
+            why = (f"provider {provider} was unavailable ({reasons[provider]})" if provider in reasons
+                   else "not recorded for this model and provider")
+            criteria.append(Criterion(ON_PROVIDER, model, provider, None, math.nan, allowed, False,
+                                      f"no placement: {why}"))
+    return criteria
+
+
+def _placement_criterion(row: Mapping[str, Any], allowed: float) -> Criterion:
+    placement = placement_from_dict(row["placement"])
+    share, fell = placement.node_share, len(placement.fallback)
+    note = (f"{fell} of {placement.nodes} nodes not on {placement.requested}: {describe_fallback(placement)}"
+            if fell else "")
+    return Criterion(ON_PROVIDER, row["model"], row["provider"], None, share, allowed, share >= allowed, note)
+
+
+def _hardware_of(data: dict[str, Any]) -> tuple[str, str]:
+    """The CPU model and the GPU model names (comma-separated) a report ran on; ``""`` for what it lacks."""
+    env = data.get("environment") or {}
+    return str(env.get("cpu_model") or ""), ", ".join(str(g.get("name")) for g in env.get("gpus") or ())
+
+
+def _hardware(data: dict[str, Any], baseline: dict[str, Any], allow: bool) -> list[Criterion]:
+    """Nothing when report and baseline ran on the same CPU and GPU models; else a criterion saying what differs,
+    failing unless ``allow`` (then passing, with a warning logged)."""
+    now, then = _hardware_of(data), _hardware_of(baseline)
+    if now == then:
+        return []
+    differs = "; ".join(f"{kind} {_quoted(b)} in the baseline, {_quoted(n)} in the report"
+                        for kind, b, n in zip(("CPU", "GPUs"), then, now) if b != n)
+    if allow:
+        logger.warning("baseline and report ran on different hardware (%s): the latency regression compares "
+                       "different machines", differs)
+        return [Criterion(SAME_HARDWARE, "", None, None, math.nan, math.nan, True,
+                          f"different hardware ({differs}), allowed by allow_hardware_mismatch")]
+    return [Criterion(SAME_HARDWARE, "", None, None, math.nan, math.nan, False,
+                      f"baseline ran on different hardware ({differs}), so its latencies are not comparable; rerun "
+                      "the baseline on this machine or pass allow_hardware_mismatch (--allow-hardware-mismatch)")]
+
+
+def _quoted(value: str) -> str:
+    return repr(value) if value else "none"
+
+
 def _regression(data: dict[str, Any], baseline: dict[str, Any], allowed: float,
                 allow_new: bool) -> list[Criterion]:
-    cpus = (baseline["environment"]["cpu_model"], data["environment"]["cpu_model"])
-    if cpus[0] != cpus[1]:
-        logger.warning("baseline ran on %r, report on %r: latency regression compares different CPUs", *cpus)
     before, now = _rows_by_cell(baseline), _rows_by_cell(data)
     # Even with new models allowed, a baseline that shares no cell compares nothing (a new case, whose
     # baseline is empty, is the exception).

@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 
 from .errors import BenchInputError
+from .provider_options import ProviderSettings
 from .providers import provider_name
 
 __all__ = ["ModelEntry", "BenchConfig", "default_threads", "shape_label", "shape_grid"]
@@ -51,6 +52,12 @@ class BenchConfig:
         axis_values: Values for symbolic input dimensions beyond batch, by ONNX ``dim_param`` name, e.g.
             ``{"seq": (32, 128)}``; every combination is timed as its own shape (label ``"seq=32"``). With
             data, inputs are cut to these lengths along those axes; without data, random inputs take them.
+        provider_settings: Per provider short name, what the user set (device, TensorRT precision flags, caches,
+            optimisation profiles; :mod:`runtime_bench.provider_options`). TensorRT's engine and timing caches
+            default to a directory shared by the run's timing processes, its profile to one covering every
+            timed batch size and axis value.
+        io_binding: On GPU providers, also time each model with inputs and outputs bound on the device
+            (device-only latency) beside the host-copy latency.
     """
 
     providers: tuple[str, ...] = ("cpu",)
@@ -64,9 +71,14 @@ class BenchConfig:
     seed: int = 0
     worker_timeout_s: float = 600.0
     axis_values: Mapping[str, tuple[int, ...]] = field(default_factory=dict, hash=False)
+    provider_settings: Mapping[str, ProviderSettings] = field(default_factory=dict, hash=False)
+    io_binding: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "providers", tuple(self.providers))
+        unused = sorted(set(self.provider_settings) - set(self.providers))
+        _require(not unused, f"provider settings for {unused} (--provider-option/--provider-config), which "
+                             f"--providers does not request ({', '.join(self.providers)})")
         object.__setattr__(self, "axis_values", _axis_values(self.axis_values))
         object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
         for short in self.providers:

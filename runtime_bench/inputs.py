@@ -18,7 +18,7 @@ from .errors import BenchInputError, ModelFileError
 from .facts import error_line
 
 __all__ = ["InputSpec", "Data", "input_specs", "index_bounds", "timing_inputs", "batch_inputs", "named_data",
-           "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto", "check_external_data",
+           "check_values", "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto", "check_external_data",
            "external_tensors"]
 
 Dim = int | str | None
@@ -206,7 +206,9 @@ def named_data(specs: list[InputSpec], x: Data, model: str) -> dict[str, np.ndar
             a name the model has no input for.
     """
     if not isinstance(x, Mapping):
-        return {_single_input(specs, model).name: np.asarray(x)}
+        single = {_single_input(specs, model).name: np.asarray(x)}
+        check_values(specs, single, model)
+        return single
     names = [s.name for s in specs]
     missing = [n for n in names if n not in x]
     if missing:
@@ -216,7 +218,35 @@ def named_data(specs: list[InputSpec], x: Data, model: str) -> dict[str, np.ndar
     if extra:
         raise BenchInputError(f"data x holds {', '.join(map(repr, extra))} but model {model!r} has no such input "
                               f"(its inputs are {names}); drop it from x")
-    return {n: np.asarray(x[n]) for n in names}
+    named = {n: np.asarray(x[n]) for n in names}
+    check_values(specs, named, model)
+    return named
+
+
+def check_values(specs: list[InputSpec], named: Mapping[str, np.ndarray], model: str) -> None:
+    """Refuse data the graph cannot take, before ONNX Runtime meets it: indices outside an embedding table the
+    graph bounds (:func:`index_bounds`), and inputs that share a symbolic axis but differ in its length.
+
+    Raises:
+        BenchInputError: naming the input, the values or lengths found and what the graph allows.
+    """
+    for spec in specs:
+        array = named[spec.name]
+        if spec.high is not None and array.size and array.dtype.kind in "iu" \
+                and (int(array.min()) < 0 or int(array.max()) >= spec.high):
+            raise BenchInputError(f"data for model {model!r} input {spec.name!r} holds values "
+                                  f"{int(array.min())}..{int(array.max())}, but it indexes a table of {spec.high} "
+                                  f"rows (valid 0..{spec.high - 1})")
+    lengths: dict[str, dict[str, int]] = {}
+    for spec in specs:
+        for axis, dim in enumerate(spec.shape[1:], start=1):
+            if isinstance(dim, str) and dim and named[spec.name].ndim > axis:
+                lengths.setdefault(dim, {})[spec.name] = int(named[spec.name].shape[axis])
+    for dim, by_input in lengths.items():
+        if len(set(by_input.values())) > 1:
+            shown = ", ".join(f"{name} {n}" for name, n in by_input.items())
+            raise BenchInputError(f"data for model {model!r}: inputs sharing axis {dim!r} differ in its length "
+                                  f"({shown}); give them arrays of one length")
 
 
 def data_rows(x: Data) -> int:

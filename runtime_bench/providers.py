@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import onnxruntime as ort
-
 from .errors import ProviderUnavailableError, UnknownProviderError
 from .facts import INSTALL_HINTS, PROVIDERS
+from .runtime import onnxruntime_module, wheel_conflict
 
 __all__ = [
     "PROVIDERS",
@@ -35,19 +34,21 @@ def provider_name(short: str) -> str:
 
 def available_providers() -> tuple[str, ...]:
     """Short names of the table's providers that this onnxruntime build contains."""
-    built = set(ort.get_available_providers())
+    built = set(onnxruntime_module().get_available_providers())
     return tuple(short for short, full in PROVIDERS.items() if full in built)
 
 
 def unavailable_reason(short: str) -> str | None:
     """Why provider ``short`` cannot run with this onnxruntime build, or None if it is built in."""
     full = provider_name(short)
+    ort = onnxruntime_module()
     built = ort.get_available_providers()
     if full in built:
         return None
+    conflict = wheel_conflict()
     return (
         f"{full} is not in this onnxruntime {ort.__version__} build "
-        f"(built: {', '.join(built)}); install a build that has it: {INSTALL_HINTS[short]}"
+        f"(built: {', '.join(built)}); " + (conflict or f"install a build that has it: {INSTALL_HINTS[short]}")
     )
 
 

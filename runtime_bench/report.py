@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -14,6 +15,7 @@ from .environment import Environment
 from .errors import ReportSchemaError
 from .metrics import ModelMetrics
 from .model_info import ModelInfo
+from .placement import Placement, describe_fallback
 from .timing import LatencyStats
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "LatencyResult",
     "RatioResult",
     "UnavailableProvider",
+    "PlacementResult",
     "BenchReport",
     "write_json",
     "write_markdown",
@@ -38,7 +41,10 @@ class LatencyResult:
     """Latency of one model on one provider at one batch size and shape, pooled over worker processes.
 
     ``shape`` labels the symbolic axis lengths timed (e.g. ``"seq=32"``, see
-    :attr:`runtime_bench.BenchConfig.axis_values`); ``""`` when there are none.
+    :attr:`runtime_bench.BenchConfig.axis_values`); ``""`` when there are none. ``session_s`` (session creation)
+    and ``first_run_ms`` (the first call, where TensorRT builds or loads an engine) are per process and never
+    part of ``stats``. With I/O binding, ``device_stats`` are the device-only latencies (inputs and outputs on the
+    device) and ``stats`` those with host copies.
     """
 
     model: str
@@ -49,6 +55,10 @@ class LatencyResult:
     worker_pids: tuple[int, ...]
     actual_providers: tuple[str, ...]
     shape: str = ""
+    session_s: tuple[float, ...] = ()
+    first_run_ms: tuple[float, ...] = ()
+    device_stats: LatencyStats | None = None
+    device_process_p50_ms: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,16 @@ class UnavailableProvider:
 
 
 @dataclass(frozen=True)
+class PlacementResult:
+    """Where ``model``'s kernels ran on ``provider`` (short name), from one separate profiled run in the first
+    timing process of its first batch size and shape (:func:`runtime_bench.placement.measure_placement`)."""
+
+    model: str
+    provider: str
+    placement: Placement
+
+
+@dataclass(frozen=True)
 class BenchReport:
     """Everything one benchmark run measured (``asdict`` gives the JSON document)."""
 
@@ -90,6 +110,7 @@ class BenchReport:
     metrics: tuple[ModelMetrics, ...]
     metrics_data: str
     unavailable: tuple[UnavailableProvider, ...]
+    placement: tuple[PlacementResult, ...] = ()
 
 
 def write_json(report: BenchReport, path: Path) -> Path:
@@ -108,6 +129,9 @@ def format_table(report: BenchReport) -> str:
     if report.metrics:
         parts.append(_text_table(*_metrics_rows(report)))
     parts.extend(f"unavailable: {u.provider} ({u.requested}): {u.reason}" for u in report.unavailable)
+    parts.extend(f"placement: {r.model} on {r.provider}: {r.placement.on_provider}/{r.placement.nodes} nodes; "
+                 f"not on {r.placement.requested}: {describe_fallback(r.placement)}"
+                 for r in report.placement if r.placement.fallback)
     return "\n\n".join(parts)
 
 
@@ -197,11 +221,58 @@ def _latency_rows(report: BenchReport) -> Rows:
     return headers, rows
 
 
+def _median_max(values: Sequence[float], scale: float = 1.0, digits: int = 3) -> str:
+    finite = [v * scale for v in values if math.isfinite(v)]
+    if not finite:
+        return "-"
+    return f"{statistics.median(finite):.{digits}f} ({max(finite):.{digits}f})"
+
+
+def _build_rows(report: BenchReport) -> Rows:
+    """Session creation (ms) and first call (ms) per latency cell."""
+    shaped = any(res.shape for res in report.latency)
+    headers = ["model", "provider", "batch", *(["shape"] if shaped else []), "session ms", "first run ms"]
+    rows = [[res.model, res.provider, str(res.batch_size), *([res.shape] if shaped else []),
+             _median_max(res.session_s, 1e3, 1), _median_max(res.first_run_ms, 1.0, 1)] for res in report.latency]
+    return headers, rows
+
+
+def _device_rows(report: BenchReport) -> Rows:
+    """Device-only latency next to the with-copy p50 of the same cell."""
+    shaped = any(res.shape for res in report.latency)
+    headers = ["model", "provider", "batch", *(["shape"] if shaped else []), "with-copy p50 ms", "device p50 ms",
+               "device p90 ms"]
+    rows = [[res.model, res.provider, str(res.batch_size), *([res.shape] if shaped else []),
+             f"{res.stats.p50_ms:.3f}", f"{res.device_stats.p50_ms:.3f}", f"{res.device_stats.p90_ms:.3f}"]
+            for res in report.latency if res.device_stats is not None]
+    return headers, rows
+
+
 def _metrics_rows(report: BenchReport) -> Rows:
     headers = ["model", "samples", "accuracy", "mse", "top-1 agreement", "max abs diff"]
     rows = [[m.model, str(m.samples), _opt(m.accuracy, "{:.4f}"), _opt(m.mse, "{:.4g}"),
              _opt(m.top1_agreement, "{:.4f}"), f"{m.max_abs_diff:.3g}"] for m in report.metrics]
     return headers, rows
+
+
+def _placement_rows(report: BenchReport) -> Rows:
+    headers = ["model", "provider", "nodes on provider", "node share", "MAC share", "device copies",
+               "not on the provider (first 5)"]
+    rows = [[r.model, r.provider, f"{p.on_provider}/{p.nodes}", f"{p.node_share:.4f}",
+             "unknown" if p.mac_share is None else f"{p.mac_share:.4f}", str(p.copies), describe_fallback(p) or "-"]
+            for r in report.placement for p in [r.placement]]
+    return headers, rows
+
+
+def _environment_lines(env: dict[str, Any]) -> str:
+    """``- key: value`` per environment field; GPUs as ``name (memory MiB, driver version)``."""
+    def shown(key: str, value: Any) -> str:
+        if key == "gpus" and value:
+            return ", ".join(f"{g['name']} ({_opt(g['memory_mib'], '{} MiB')}, driver {g['driver_version']})"
+                             for g in value)
+        return _plain(value)
+
+    return "\n".join(f"- {key}: {shown(key, value)}" for key, value in env.items())
 
 
 def _model_rows(report: BenchReport) -> Rows:
@@ -238,7 +309,7 @@ def _markdown(report: BenchReport) -> str:
         "# ONNX Runtime benchmark",
         f"Schema {report.schema_version}, created {report.created_utc} UTC.",
         "## Environment",
-        "\n".join(f"- {key}: {_plain(value)}" for key, value in env.items()),
+        _environment_lines(env),
         "## Protocol",
         f"Warm-up {cfg.warmup} runs discarded; at least {cfg.min_runs} runs and {cfg.min_seconds} s measured per "
         f"process; models interleaved; {cfg.repeats} fresh processes per (provider, batch size"
@@ -249,6 +320,16 @@ def _markdown(report: BenchReport) -> str:
         "## Latency",
         _markdown_table(*_latency_rows(report)),
     ]
+    parts += ["## Session build and first run", "Per model and cell, median over processes (max): session creation "
+              "and the first call, where TensorRT builds or loads its engine; never part of the latency above.",
+              _markdown_table(*_build_rows(report))]
+    if any(r.device_stats for r in report.latency):
+        parts += ["## Device-resident latency (I/O binding)", "Inputs and outputs bound on the device, timed "
+                  "interleaved with the with-copy calls of the latency table.", _markdown_table(*_device_rows(report))]
+    if report.placement:
+        parts += ["## Placement", "Kernels of the optimised graph by the provider that ran them, from one separate "
+                  "profiled run per model and provider (device copies not counted as nodes; MAC share unknown "
+                  "where a kernel's MACs cannot be counted).", _markdown_table(*_placement_rows(report))]
     if report.metrics:
         parts += ["## Accuracy and agreement with the first model", f"Computed on {report.metrics_data}.",
                   _markdown_table(*_metrics_rows(report))]

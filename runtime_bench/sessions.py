@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-
-import onnxruntime as ort
+from typing import Any
 
 from .errors import ModelFileError, SessionError
 from .facts import PROVIDERS, error_line
+from .runtime import onnxruntime_module
 
 __all__ = ["SPINNING_ENTRIES", "session_options", "create_session"]
 
@@ -19,13 +20,14 @@ SPINNING_ENTRIES: tuple[tuple[str, str], ...] = (
 )
 
 
-def session_options(threads: int | None, optimized_model_path: Path | None = None) -> ort.SessionOptions:
+def session_options(threads: int | None, optimized_model_path: Path | None = None) -> Any:
     """Session options: explicit intra-op threads, one inter-op thread, sequential, no spinning.
 
     Args:
         threads: Intra-op thread count; None leaves onnxruntime's default (the physical cores).
         optimized_model_path: If given, onnxruntime writes the optimised graph there.
     """
+    ort = onnxruntime_module()
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or 0
     options.inter_op_num_threads = 1
@@ -44,7 +46,8 @@ def create_session(
     provider: str = PROVIDERS["cpu"],
     threads: int | None = None,
     optimized_model_path: Path | None = None,
-) -> ort.InferenceSession:
+    provider_options: Mapping[str, str] | None = None,
+) -> Any:
     """Create an inference session on ``provider`` (full onnxruntime name): the project's one session factory.
 
     The benchmark, the parity check and the simplifier's before/after comparison all open sessions here.
@@ -56,6 +59,8 @@ def create_session(
         provider: Full execution-provider name (``"CPUExecutionProvider"``, ...).
         threads: Intra-op threads; None leaves onnxruntime's default.
         optimized_model_path: If given, onnxruntime writes the optimised graph there.
+        provider_options: ONNX Runtime options of ``provider`` (strings; see
+            :func:`runtime_bench.provider_options.ort_options`).
 
     Raises:
         ModelFileError: the file does not exist.
@@ -69,8 +74,9 @@ def create_session(
             raise ModelFileError(f"model file not found: {path}")
         source, where = str(path), str(path)
     options = session_options(threads, optimized_model_path)
+    providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
     try:
-        return ort.InferenceSession(source, sess_options=options, providers=[provider])
+        return onnxruntime_module().InferenceSession(source, sess_options=options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own pybind exception types
         raise SessionError(f"onnxruntime cannot create a session for {where} on {provider}: "
                            f"{error_line(exc)}") from None

@@ -10,14 +10,19 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .inputs import Data, input_specs, timing_inputs
+from .placement import measure_placements
+from .facts import PROVIDERS
 from .providers import provider_mismatch
+from .runtime import onnxruntime_module
 from .sessions import create_session
 from .timing import time_interleaved
 
@@ -34,7 +39,9 @@ class WorkerJob:
     """One unit of timing work: all models on one provider at one batch size and one shape.
 
     ``axis_values`` gives each symbolic axis its length for this shape (``{}`` when there are none);
-    ``data_path`` is a file written by :func:`save_data`, or None for random inputs.
+    ``data_path`` is a file written by :func:`save_data`, or None for random inputs. With ``placement``,
+    each model also runs once, after the timing, in a separate profiled session
+    (:func:`runtime_bench.placement.measure_placement`).
     """
 
     names: list[str]
@@ -48,36 +55,103 @@ class WorkerJob:
     seed: int
     data_path: str | None = None
     axis_values: dict[str, int] = field(default_factory=dict)
+    provider_options: list[dict[str, str]] = field(default_factory=list)
+    io_binding: bool = False
+    placement: bool = False
 
 
 @dataclass(frozen=True)
 class WorkerResult:
-    """What a worker measured; ``status`` is ``"ok"`` or ``"unavailable"`` (with ``reason``)."""
+    """What a worker measured; ``status`` is ``"ok"`` or ``"unavailable"`` (with ``reason``).
+
+    ``session_s`` (session creation) and ``first_run_ms`` (the first call, where TensorRT builds or loads its
+    engine for the shape) are per model and never part of ``latencies_ms``. With I/O binding,
+    ``device_latencies_ms`` holds the device-only latencies (inputs and outputs resident on the device) and
+    ``latencies_ms`` the ones with host copies, timed interleaved in the same loop. ``placements`` holds, by
+    model, a :class:`runtime_bench.placement.Placement` as a dict (jobs with ``placement``).
+    """
 
     pid: int
     status: str
     actual_providers: list[str]
     latencies_ms: dict[str, list[float]] = field(default_factory=dict)
     reason: str | None = None
+    session_s: dict[str, float] = field(default_factory=dict)
+    first_run_ms: dict[str, float] = field(default_factory=dict)
+    device_latencies_ms: dict[str, list[float]] = field(default_factory=dict)
+    placements: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _open(job: WorkerJob) -> tuple[list[Any], dict[str, float]]:
+    """One session per model with its provider options; seconds each took to create."""
+    sessions, seconds = [], {}
+    options = job.provider_options or [{} for _ in job.paths]
+    for name, path, opts in zip(job.names, job.paths, options):
+        t0 = time.perf_counter()
+        sessions.append(create_session(Path(path), job.provider, job.threads, provider_options=opts))
+        seconds[name] = time.perf_counter() - t0
+    return sessions, seconds
+
+
+def _device(provider: str, options: Mapping[str, str]) -> tuple[str, int]:
+    """ONNX Runtime's device name and id for I/O binding on ``provider``."""
+    return ("cuda", int(options.get("device_id", 0))) if provider != PROVIDERS["cpu"] else ("cpu", 0)
+
+
+def device_runner(session: Any, feeds: Mapping[str, np.ndarray], device: tuple[str, int]) -> Callable[[], object]:
+    """A zero-argument call running ``session`` on inputs copied to ``device`` once, its outputs left there
+    (ONNX Runtime I/O binding): what a pipeline that keeps tensors on the GPU pays per call."""
+    ort = onnxruntime_module()
+    binding = session.io_binding()
+    for name, value in feeds.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), *device))
+    for out in session.get_outputs():
+        binding.bind_output(out.name, device[0], device[1])
+
+    def run() -> object:
+        session.run_with_iobinding(binding)
+        return binding
+
+    return run
 
 
 def run_job(job: WorkerJob) -> WorkerResult:
-    """Create one session per model, check the provider, build inputs and time interleaved."""
-    sessions = [create_session(Path(p), job.provider, job.threads) for p in job.paths]
+    """Create one session per model, check the provider, build inputs and time interleaved.
+
+    The first call of every model is timed on its own (the engine build of TensorRT happens there) before the
+    warm-up; with ``io_binding`` the device-resident calls are interleaved with the host-copy ones.
+    """
+    sessions, session_s = _open(job)
     actual = sessions[0].get_providers()
     for session in sessions:
         reason = provider_mismatch(job.provider, session.get_providers())
         if reason is not None:
             return WorkerResult(os.getpid(), "unavailable", session.get_providers(), reason=reason)
     x = load_data(job.data_path)
-    run_fns = []
-    for name, path, session in zip(job.names, job.paths, sessions):
+    run_fns, device_fns, first_run_ms, all_feeds = [], [], {}, []
+    options = job.provider_options or [{} for _ in job.paths]
+    for name, path, session, opts in zip(job.names, job.paths, sessions, options):
         feeds = timing_inputs(input_specs(Path(path)), job.batch_size, x, job.seed, name, job.axis_values)
         run_fns.append(lambda s=session, f=feeds: s.run(None, f))
-    latencies = time_interleaved(run_fns, job.warmup, job.min_runs, job.min_seconds)
+        all_feeds.append(feeds)
+        first_run_ms[name] = _timed_once(run_fns[-1])
+        if job.io_binding:
+            device_fns.append(device_runner(session, feeds, _device(job.provider, opts)))
+    latencies = time_interleaved(run_fns + device_fns, job.warmup, job.min_runs, job.min_seconds)
+    n = len(run_fns)
+    placements = measure_placements(job.names, job.paths, job.provider, job.threads, all_feeds,
+                                    options) if job.placement else {}
     return WorkerResult(
-        pid=os.getpid(), status="ok", actual_providers=actual, latencies_ms=dict(zip(job.names, latencies))
+        pid=os.getpid(), status="ok", actual_providers=actual, latencies_ms=dict(zip(job.names, latencies[:n])),
+        session_s=session_s, first_run_ms=first_run_ms,
+        device_latencies_ms=dict(zip(job.names, latencies[n:])) if job.io_binding else {}, placements=placements,
     )
+
+
+def _timed_once(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def save_data(x: Data | None, folder: Path) -> str | None:

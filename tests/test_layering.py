@@ -70,7 +70,8 @@ def test_importing_compress_loads_no_onnx_and_runtime_bench_no_torch() -> None:
     code = ("import sys, compress, compress.registry; compress.method_names(); "
             "assert not {'onnx', 'onnxruntime'} & set(sys.modules), 'compress imported onnx'; "
             "import runtime_bench, runtime_bench.bench, runtime_bench.check; "
-            "assert 'onnxruntime' in sys.modules")
+            "assert 'onnxruntime' not in sys.modules, 'onnxruntime is imported on first use only'; "
+            "runtime_bench.available_providers(); assert 'onnxruntime' in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     code = ("import sys, runtime_bench, runtime_bench.bench, runtime_bench.check, runtime_bench.report; "

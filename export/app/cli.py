@@ -535,28 +535,41 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
               show_default=True, help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8.")
 @click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=VariantConfig.quant_mode, show_default=True)
 @click.option("--allow-random-calibration", is_flag=True, help="Calibrate INT8 on random data (not advised).")
+@click.option("--fp16", is_flag=True, help="Also write OUT with suffix .fp16.onnx (fp32 inputs/outputs), checked "
+                                           "against OUT at float16 tolerances.")
+@click.option("--fp16-io", is_flag=True, help="With --fp16: float16 inputs and outputs instead.")
 @_fixed_shapes_option
 @_image_options
 @common
 def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, ...], dynamic_axes: tuple[str, ...],
                weights: str | None, trust_pickle: bool, opset: int,
                rtol: float, atol: float, int8: bool, quant_target: str, quant_mode: str,
-               allow_random_calibration: bool, fixed_shapes: str | None, quiet: bool, as_json: bool,
-               **image: Any) -> None:
-    """Export MODEL to ONNX (dynamic batch), simplify, verify parity, optionally quantise to INT8."""
+               allow_random_calibration: bool, fp16: bool, fp16_io: bool, fixed_shapes: str | None, quiet: bool,
+               as_json: bool, **image: Any) -> None:
+    """Export MODEL to ONNX (dynamic batch), simplify, verify parity, optionally quantise to INT8 and write FP16."""
     from export.app.single import ExportOptions, export_single
+    from export.fp16 import Fp16Config, fp16_path
     from export.mobile import mobile_verdict
 
+    if fp16_io and not fp16:
+        raise click.UsageError("--fp16-io applies to the FP16 copy: add --fp16")
+    if fp16 and fixed_shapes:
+        raise click.UsageError("--fp16 checks parity at two batch sizes, which a --fixed-shapes file cannot take; "
+                               "drop one of them")
     con = Console(quiet, as_json)
     opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol, quant_target=quant_target,
                                        quant_mode=quant_mode, allow_random_calibration=allow_random_calibration,
                                        fixed_shapes=_fixed_shapes(fixed_shapes)),
-                         int8=int8, preprocess=_image_preprocess(image))
+                         int8=int8, fp16=Fp16Config(keep_io_types=not fp16_io) if fp16 else None,
+                         preprocess=_image_preprocess(image))
     shape, axes = _shape_options(input_shape, dynamic_axes)
-    _prepare_outputs([out, Path(out).with_name(Path(out).stem + ".int8.onnx") if int8 else None],
-                     model, weights, data)
+    _prepare_outputs([out, Path(out).with_name(Path(out).stem + ".int8.onnx") if int8 else None,
+                      fp16_path(out) if fp16 else None], model, weights, data)
     result = export_single(model, Path(out), data, weights, trust_pickle, opts, con.progress, shape, axes)
     con.table(f"wrote {out} ({result.onnx_bytes} bytes, exporter {result.export['exporter']}); parity ok")
+    if result.fp16:
+        con.table(f"wrote {fp16_path(out)} ({result.fp16['size_fp16_bytes']} bytes); FP16 parity "
+                  f"{result.fp16['parity']['status']}")
     con.table(mobile_verdict(result.mobile))
     con.result(result)
 
@@ -592,6 +605,37 @@ def _require_providers(names: tuple[str, ...], skip_unavailable: bool) -> None:
         raise ProviderUnavailableError(f"{exc}; or pass --skip-unavailable-providers to run without it") from None
 
 
+def _provider_options(fn: Callable) -> Callable:
+    """--provider-option / --provider-config / --io-binding (runtime_bench.provider_options)."""
+    for opt in reversed([
+        click.option("--provider-option", "provider_option", multiple=True,
+                     help="A provider setting, repeatable: tensorrt.fp16=true, tensorrt.int8=true, "
+                          "tensorrt.engine_cache=DIR, tensorrt.timing_cache=DIR, tensorrt.opt_level=0-5, "
+                          "tensorrt.workspace=4G, cuda.device_id=0 (wins over --provider-config)."),
+        click.option("--provider-config", type=click.Path(dir_okay=False),
+                     help="TOML file, one table per provider ([tensorrt], [tensorrt.profiles] input = "
+                          "[min, opt, max] shapes, [cuda]); see the README."),
+        click.option("--io-binding", is_flag=True,
+                     help="On GPU providers, also time with inputs and outputs bound on the device "
+                          "(device-only latency beside the with-copy latency)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def _provider_settings(options: tuple[str, ...], config: str | None, providers: tuple[str, ...]) -> dict[str, Any]:
+    """The merged provider settings; settings of a provider not in ``--providers`` are a usage error (before
+    any work), since nothing would use them."""
+    from runtime_bench.provider_options import load_provider_config, merge_settings
+
+    settings = merge_settings(load_provider_config(config) if config else None, options)
+    unused = sorted(set(settings) - set(providers))
+    if unused:
+        raise click.UsageError(f"--provider-option/--provider-config set {', '.join(unused)}, which --providers "
+                               f"({', '.join(providers)}) does not request")
+    return settings
+
+
 @cli.command("bench")
 @click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True,
@@ -612,15 +656,23 @@ def _require_providers(names: tuple[str, ...], skip_unavailable: bool) -> None:
 @click.option("--axis-values", "axis_values", multiple=True,
               help="Lengths a dynamic (symbolic) axis is timed at, by its ONNX dimension name, repeatable: "
                    "seq=32,128; each length is its own latency row. With --data, inputs are cut to each length.")
+@_provider_options
 @_skip_unavailable_option
+@_image_options
 @common
 def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | None, warmup: int,
               min_runs: int, min_seconds: float, repeats: int, threads: int | None, out: str,
-              axis_values: tuple[str, ...], skip_unavailable_providers: bool, quiet: bool, as_json: bool) -> None:
+              axis_values: tuple[str, ...], provider_option: tuple[str, ...], provider_config: str | None,
+              io_binding: bool, skip_unavailable_providers: bool, quiet: bool, as_json: bool, **opts: Any) -> None:
     """Benchmark ONNX MODELS side by side (ratios vs the first) with ONNX Runtime."""
     import runtime_bench as rb
 
     con = Console(quiet, as_json)
+    preprocess = _image_preprocess(opts)
+    from export.app.data import require_image_folder
+
+    require_image_folder(preprocess, data)
+    settings = _provider_settings(provider_option, provider_config, _split_names(providers))
     _require_providers(_split_names(providers), skip_unavailable_providers)  # fail fast, before any loading
     _prepare_outputs([out, Path(out).with_suffix(".md")], *models, data)
     x = y = None
@@ -629,12 +681,14 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
 
         from export.verify import feeds_of
 
-        held = load_dataset(data)  # the user's evaluation data, all of it (named inputs keyed by graph input)
+        # the user's evaluation data, all of it (named inputs keyed by graph input)
+        held = load_dataset(data, preprocess=preprocess)
         x = feeds_of(held.x)
         y = None if held.y is None else held.y.numpy()
     cfg = rb.BenchConfig(providers=_split_names(providers), batch_sizes=_split_ints(batch, "--batch"),
                          warmup=warmup, min_runs=min_runs, min_seconds=min_seconds, repeats=repeats,
-                         intra_op_threads=threads, axis_values=_axis_values_option(axis_values))
+                         intra_op_threads=threads, axis_values=_axis_values_option(axis_values),
+                         provider_settings=settings, io_binding=io_binding)
     entries = [rb.ModelEntry(Path(m).stem, Path(m)) for m in models]
     report = rb.run_benchmark(entries, cfg, x, y, progress=con.progress,
                               fail_on_unavailable=not skip_unavailable_providers)
@@ -655,10 +709,16 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
                    "beyond the measured noise (the two runs' per-process p50 ranges do not overlap).")
 @click.option("--allow-new-models", is_flag=True,
               help="Let (model, provider, batch) cells absent from --baseline pass (they fail otherwise).")
+@click.option("--min-on-provider", type=float,
+              help="Lowest allowed share (0-1) of each model's nodes that ran on its requested provider (read from "
+                   "ONNX Runtime's profile); a failure names the nodes that fell back.")
+@click.option("--allow-hardware-mismatch", is_flag=True,
+              help="Let --baseline come from another CPU or GPU model (a warning; it fails otherwise).")
 @common
 def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: float | None,
               min_agreement: float | None, baseline: str | None, max_regression: float | None,
-              allow_new_models: bool, quiet: bool, as_json: bool) -> None:
+              allow_new_models: bool, min_on_provider: float | None, allow_hardware_mismatch: bool, quiet: bool,
+              as_json: bool) -> None:
     """Release gate: exit 0 when every criterion holds for REPORT, 1 otherwise.
 
     REPORT is a `minreal bench` JSON, a run directory's report.json (every case is checked) or a tune directory's
@@ -667,11 +727,13 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
     from export.app.gate import check_reports
 
     con = Console(quiet, as_json)
-    if all(v is None for v in (max_latency_ratio, max_accuracy_drop, min_agreement, max_regression)):
+    if all(v is None for v in (max_latency_ratio, max_accuracy_drop, min_agreement, max_regression, min_on_provider)):
         raise click.UsageError("give at least one criterion (--max-latency-ratio, --max-accuracy-drop, "
-                               "--min-agreement, --max-regression); a gate with none would always pass")
+                               "--min-agreement, --max-regression, --min-on-provider); a gate with none would "
+                               "always pass")
     results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
-                            max_accuracy_drop, min_agreement, max_regression, allow_new_models)
+                            max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
+                            allow_hardware_mismatch)
     passed = all(r.passed for _, r in results)
     import runtime_bench as rb
 
@@ -696,6 +758,8 @@ def _pipeline_options(fn: Callable) -> Callable:
         click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True,
                      help=f"Comma-separated: {', '.join(PROVIDERS)}."),
         click.option("--no-int8", is_flag=True, help="Skip INT8 quantisation."),
+        click.option("--fp16", is_flag=True, help="FP16 copies (LABEL.fp16) of the original and every variant even "
+                                                  "without a cuda/tensorrt provider (made anyway with one)."),
         click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=PipelineConfig.quant_target,
                      show_default=True,
                      help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8."),
@@ -712,11 +776,11 @@ def _pipeline_options(fn: Callable) -> Callable:
 
 
 def _pipeline_config(base: Any, batch: str, providers: str, no_int8: bool, quant_target: str, quant_mode: str,
-                     min_seconds: float | None, repeats: int | None) -> Any:
+                     min_seconds: float | None, repeats: int | None, fp16: bool = False) -> Any:
     from dataclasses import replace
 
     cfg = replace(base, batch_sizes=_split_ints(batch, "--batch"), providers=_split_names(providers),
-                  int8=not no_int8, quant_target=quant_target, quant_mode=quant_mode)
+                  int8=not no_int8, quant_target=quant_target, quant_mode=quant_mode, fp16=fp16)
     if min_seconds is not None:
         cfg = replace(cfg, min_seconds=min_seconds)
     return replace(cfg, repeats=repeats) if repeats is not None else cfg
@@ -756,6 +820,7 @@ def _finish_run(con: Console, report: Any, out: str) -> None:
                    "length and half of it).")
 @_mismatch_option
 @_pipeline_options
+@_provider_options
 @_fixed_shapes_option
 @_skip_unavailable_option
 @_image_options
@@ -765,9 +830,10 @@ def _finish_run(con: Console, report: Any, out: str) -> None:
 def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, eval_data: str | None,
             weights: str | None, trust_pickle: bool, dynamic_axes: tuple[str, ...], axis_values: tuple[str, ...],
             out: str, overwrite: bool, batch: str, providers: str,
-            no_int8: bool, quant_target: str, quant_mode: str, min_seconds: float | None, repeats: int | None,
+            no_int8: bool, fp16: bool, quant_target: str, quant_mode: str, min_seconds: float | None,
+            repeats: int | None, provider_option: tuple[str, ...], provider_config: str | None, io_binding: bool,
             skip_unavailable_providers: bool, quiet: bool, as_json: bool, **opts: Any) -> None:
-    """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 → benchmark."""
+    """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 / FP16 → benchmark."""
     from compress.core.demo_case import DemoCase, DemoRun
     from export.app.method_options import build_config, provider_defaults
     from export.app.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
@@ -786,8 +852,10 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
                                "--plan variants in the plan file")
     cfg = _pipeline_config(PipelineConfig(skip_unavailable_providers=skip_unavailable_providers, recovery=recovery,
                                           allow_data_mismatch=allow_mismatch),
-                           batch, providers, no_int8, quant_target, quant_mode, min_seconds, repeats)
+                           batch, providers, no_int8, quant_target, quant_mode, min_seconds, repeats, fp16)
     cfg = _with_fixed_shapes(cfg, fixed_shapes)
+    cfg = dataclasses.replace(cfg, provider_settings=_provider_settings(provider_option, provider_config,
+                                                                        cfg.providers), io_binding=io_binding)
     _require_providers(cfg.providers, skip_unavailable_providers)  # fail fast, before any loading
     _, axes = _shape_options((), dynamic_axes)
     cfg = dataclasses.replace(cfg, axis_values=_axis_values_option(axis_values))
@@ -799,8 +867,11 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     # --out is locked from its existence check to the commit: a concurrent run to it exits 1
     with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data, plan)) as claim:
         net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
-        case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs,
-                        dynamic_axes=_case_axes(axes, calib.x, None if held is None else held.x))
+        case_axes = _case_axes(axes, calib.x, None if held is None else held.x)
+        from export.app.shapes import check_shape_names
+
+        check_shape_names(calib.x, case_axes, cfg.fixed_shapes)  # a typo is a usage error, before any work
+        case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs, dynamic_axes=case_axes)
         report = fill_run_dir([case], claim, cfg, con.progress)
     _finish_run(con, report, out)
 

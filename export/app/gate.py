@@ -39,12 +39,13 @@ def tune_bench(data: dict[str, Any], path: Path) -> dict[str, Any] | None:
     pick = {"original": "original", chosen: CHOSEN} if chosen != "original" else {"original": "original"}
     bench = dict(src)
     bench["models"] = [{**m, "name": pick[m["name"]]} for m in src["models"] if m["name"] in pick]
-    for key in ("latency", "ratios", "metrics"):
-        bench[key] = [{**r, "model": pick[r["model"]]} for r in src[key] if r["model"] in pick]
+    for key in ("latency", "ratios", "metrics", "placement"):
+        bench[key] = [{**r, "model": pick[r["model"]]} for r in src.get(key, []) if r["model"] in pick]
     if chosen == "original":  # the original judged against itself: ratio 1 by definition, same metrics
         bench["models"] += [{**m, "name": CHOSEN} for m in bench["models"]]
         bench["latency"] += [{**r, "model": CHOSEN} for r in bench["latency"]]
         bench["metrics"] += [{**r, "model": CHOSEN} for r in bench["metrics"]]
+        bench["placement"] += [{**r, "model": CHOSEN} for r in bench["placement"]]
         bench["ratios"] = [{"model": CHOSEN, "reference": "original", "provider": r["provider"],
                             "batch_size": r["batch_size"], "statistic": "p50_ms", "median": 1.0, "min": 1.0, "max": 1.0,
                             "per_process": [1.0]} for r in bench["latency"] if r["model"] == "original"]
@@ -60,10 +61,12 @@ def _nothing_chosen(data: dict[str, Any]) -> rb.CheckResult:
 
 def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | None,
                   max_accuracy_drop: float | None, min_agreement: float | None,
-                  max_regression: float | None, allow_new_models: bool = False) -> list[tuple[str, rb.CheckResult]]:
+                  max_regression: float | None, allow_new_models: bool = False, min_on_provider: float | None = None,
+                  allow_hardware_mismatch: bool = False) -> list[tuple[str, rb.CheckResult]]:
     """Apply the thresholds to every bench report in ``path`` (baseline matched by case name).
 
-    A case (or a model of a case) absent from ``baseline`` fails unless ``allow_new_models``.
+    A case (or a model of a case) absent from ``baseline`` fails unless ``allow_new_models``; see
+    :func:`runtime_bench.check_report` for ``min_on_provider`` and ``allow_hardware_mismatch``.
     """
     reports = bench_reports(path)
     base = bench_reports(baseline) if baseline else {}
@@ -79,7 +82,8 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
                                 "to accept new cases")
         results.append((name, rb.check_report(rep, max_latency_ratio, max_accuracy_drop, min_agreement,
                                               base.get(name, _without_latency(rep)) if baseline else None,
-                                              max_regression, allow_new_models)))
+                                              max_regression, allow_new_models, min_on_provider,
+                                              allow_hardware_mismatch)))
     return results
 
 

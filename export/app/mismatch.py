@@ -34,9 +34,10 @@ MAX_MARGIN = 0.05
 """The relative margin (half of chance) is capped at this many accuracy points (binary tasks: 55%, not 75%)."""
 CHECK_SAMPLES = 512
 """Labelled samples the check runs the original on at most (seeded subset, evaluation data first)."""
-CAUSES = ("likely causes: preprocessing (image size: image folders default to 224x224, see --image-size; "
-          "normalisation: --mean/--std, or --preprocess WEIGHTS_ENTRY for a torchvision model) or labels in another "
-          "class order than the model's outputs")
+CAUSES = ("likely causes: untrained weights (pass the trained ones with --weights), inputs prepared differently "
+          "from training (arrays: the same scaling and tokenisation; image folders default to 224x224 with ImageNet "
+          "statistics, see --image-size, --mean/--std or --preprocess WEIGHTS_ENTRY) or labels in another class "
+          "order than the model's outputs")
 
 
 class DataMismatchError(SpecError):

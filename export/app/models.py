@@ -429,7 +429,21 @@ def align_inputs(model: nn.Module, x: Inputs, model_spec: str = "model", data_sp
     if missing:
         raise SpecError(f"{model_spec}'s forward takes {params} in this order; {data_spec} gives {x.names} but not "
                         f"{missing}, which come before them: give those inputs too")
+    required = [n for n in _required_parameters(model) if n not in x.names]
+    if required:
+        raise SpecError(f"{data_spec} has no array for {required}, which {model_spec}'s forward needs (it has no "
+                        f"default); {data_spec} holds {x.names}")
     return NamedInputs({n: x.tensors[n] for n in wanted})
+
+
+def _required_parameters(model: nn.Module) -> list[str]:
+    """Positional parameters of ``model.forward`` without a default (``[]`` when it cannot be inspected)."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
 
 
 def check_input_shape(model: nn.Module, x: Inputs, model_spec: str = "model", data_spec: str = "the data") -> Any:

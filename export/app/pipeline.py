@@ -1,4 +1,4 @@
-"""End-to-end pipeline: compress → export → simplify → verify → INT8 → benchmark → run directory.
+"""End-to-end pipeline: compress → export → simplify → verify → INT8 / FP16 → benchmark → run directory.
 
 Each stage is a plain function with a dataclass result; the CLI and the demo are thin shells over
 :func:`run_pipeline`. The whole run directory is written into a staging folder next to the target and
@@ -7,7 +7,7 @@ claimed with an exclusive lock on a sibling ``.NAME.lock`` file from the existen
 so two runs never write the same directory.
 
 Test hook: ``MINREAL_FAULT_INJECT=STAGE:SIGNAL`` makes the process send itself SIGNAL (``SIGINT``,
-``SIGTERM``) when STAGE starts (``export_original``, ``compress``, ``int8``, ``benchmark``, ``commit``).
+``SIGTERM``) when STAGE starts (``export_original``, ``compress``, ``int8``, ``fp16``, ``benchmark``, ``commit``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 from torch import nn
 
 import runtime_bench as rb
+from runtime_bench.provider_options import ProviderSettings
 from compress.core.demo_case import DemoCase, DemoRun
 from compress.core.evaluate import compare_outputs
 from compress.core.recover import RecoveryConfig
@@ -40,21 +41,26 @@ from export.app.mismatch import DataCheck, check_data, require_match
 from export.app.plan import run_variant
 from export.app.report import cell_label
 from export.atomic import atomic_path
+from export.errors import ParityError
+from export.fp16 import Fp16Config
 from export.mobile import ShapeSpec
 from export.quantize import int8_skip_reason
 from export.serialize import save_program
 from export.verify import feeds_of
-from export.variant import (PTQ_SUFFIX, VariantConfig, VariantRecord, export_variant, file_stem, layer_weights,
-                            quantize_variant, relative_to, to_jsonable, trained_ranges)
+from export.variant import (FP16_LABEL_SUFFIX, PTQ_SUFFIX, VariantConfig, VariantRecord, export_variant, file_stem,
+                            fp16_skip_reason, fp16_variant, layer_weights, quantize_variant, relative_to, to_jsonable,
+                            trained_ranges)
 
 __all__ = ["PipelineConfig", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
            "run_pipeline", "fill_run_dir", "run_case", "claim_run_dir", "RunDirClaim", "prepare_run_dir",
-           "RunDirError", "RunDirBusyError", "make_dirs", "remove_empty_dirs", "commit_run_dir"]
+           "RunDirError", "RunDirBusyError", "make_dirs", "remove_empty_dirs", "commit_run_dir", "FP16_PROVIDERS"]
 
 log = logging.getLogger(__name__)
 RUN_SCHEMA_VERSION = 1
 FAULT_ENV = "MINREAL_FAULT_INJECT"
 Progress = Callable[[str], None]
+FP16_PROVIDERS: tuple[str, ...] = ("cuda", "tensorrt")
+"""Providers whose request gives every fp32 variant an FP16 copy in the run (``--fp16`` forces them elsewhere)."""
 
 
 class RunDirError(ValueError):
@@ -115,22 +121,43 @@ class PipelineConfig:
     fixed_shapes: ShapeSpec | None = None
     """Symbolic dimensions fixed in every exported file (``--fixed-shapes``, for NNAPI/CoreML); a fixed batch
     must then be the only batch size timed."""
+    fp16: bool = False
+    """FP16 copies of the original and every variant even when no provider of :data:`FP16_PROVIDERS` is asked for
+    (``--fp16``); with one, they are made anyway."""
 
     axis_values: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Lengths of dynamic axes (besides the batch) latency is measured at, by dimension name (``--axis-values
     seq=32,128``); an axis not named here is timed at its length in the data and at half of it."""
 
+    provider_settings: dict[str, ProviderSettings] = field(default_factory=dict)
+    """Per provider: device, TensorRT precision flags, caches and profiles (``--provider-option``,
+    ``--provider-config``; :mod:`runtime_bench.provider_options`)."""
+    io_binding: bool = False
+    """On GPU providers, also time with inputs and outputs bound on the device (``--io-binding``)."""
+
     def bench_config(self, axis_values: Mapping[str, tuple[int, ...]] | None = None) -> rb.BenchConfig:
         """Timing settings for :func:`runtime_bench.run_benchmark` (``axis_values``: the shapes to time)."""
         return rb.BenchConfig(providers=self.providers, batch_sizes=self.batch_sizes, warmup=self.warmup,
                               min_runs=self.min_runs, min_seconds=self.min_seconds, repeats=self.repeats,
-                              axis_values=dict(axis_values or {}))
+                              axis_values=dict(axis_values or {}), provider_settings=dict(self.provider_settings),
+                              io_binding=self.io_binding)
+
+    def wants_fp16(self) -> bool:
+        """Whether the run makes FP16 copies: ``fp16`` set, or a GPU provider requested."""
+        return self.fp16 or any(p in FP16_PROVIDERS for p in self.providers)
+
+    def fp16_config(self) -> Fp16Config:
+        """FP16 options: fp32 I/O (the benchmark feeds every model the same arrays), parity on CUDA when a GPU
+        provider is asked for and this onnxruntime has CUDA (real float16 arithmetic), else on CPU."""
+        gpu = any(p in FP16_PROVIDERS for p in self.providers)
+        return Fp16Config(provider="cuda" if gpu and "cuda" in rb.available_providers() else "cpu")
 
     def variant_config(self) -> VariantConfig:
         """Export, parity and INT8 settings for :func:`export.variant.export_variant`."""
         return VariantConfig(opset=self.opset, rtol=self.rtol, atol=self.atol, quant_target=self.quant_target,
                              quant_mode=self.quant_mode, calib_samples=self.calib_samples,
-                             fixed_shapes=self.fixed_shapes)
+                             fixed_shapes=self.fixed_shapes, tensorrt_validation="tensorrt" in self.providers,
+                             tensorrt_batch=(min(self.batch_sizes), max(self.batch_sizes), max(self.batch_sizes)))
 
 
 @dataclass
@@ -377,12 +404,21 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         weights[run.label] = layer_weights(small, trained_ranges(rec))
         save_program(small, case.test.x[:2], case_dir / f"{file_stem(run.label)}.pt2", dynamic_axes=case.axes())
         stages[f"export:{run.label}"] = time.perf_counter() - t
+    fp32_records = list(records)
     if cfg.int8:
         t = time.perf_counter()
         _fault_point("int8")
         progress(f"[{case.name}] quantising to INT8 ({cfg.quant_target}, {cfg.quant_mode})")
         records += _int8_records(records, weights, case, case_dir, cfg)
         stages["int8"] = time.perf_counter() - t
+    fp16_warnings: list[str] = []
+    if cfg.wants_fp16():
+        t = time.perf_counter()
+        _fault_point("fp16")
+        progress(f"[{case.name}] converting to FP16 (parity on {cfg.fp16_config().provider})")
+        fp16_records, fp16_warnings = _fp16_records(fp32_records, case, case_dir, cfg)
+        records += fp16_records
+        stages["fp16"] = time.perf_counter() - t
     t = time.perf_counter()
     _fault_point("benchmark")
     progress(f"[{case.name}] benchmarking {len(records)} models")
@@ -393,7 +429,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     stages["benchmark"] = time.perf_counter() - t
     result = CaseResult(case.name, records, relative_to(to_jsonable(bench), case_dir), stages, list(case.notes))
     write_json(result.bench, case_dir / "bench.json")  # a `minreal bench` report, paths relative to the case
-    slow = slowdown_warnings(result)
+    slow = fp16_warnings + slowdown_warnings(result)
     for w in slow:
         progress(f"[{case.name}] WARNING: {w}")
     result.warnings, result.data_check = mismatch + slow, dataclasses.asdict(check)
@@ -421,9 +457,13 @@ def _axis_values(case: DemoCase, cfg: PipelineConfig) -> dict[str, tuple[int, ..
     benchmark (nothing is padded)."""
     from export.app.shapes import axis_lengths
 
+    fixed = cfg.fixed_shapes
+    frozen = set() if fixed is None else {name for name, _ in fixed.dims} | {
+        dim for name, _ in fixed.inputs for dim in case.axes().get(name, {}).values()}  # --fixed-shapes
     out = {}
     for dim, length in axis_lengths(case.test.x, case.axes()).items():
-        out[dim] = tuple(cfg.axis_values.get(dim) or sorted({max(1, length // 2), length}))
+        if dim not in frozen:
+            out[dim] = tuple(cfg.axis_values.get(dim) or sorted({max(1, length // 2), length}))
     return out
 
 
@@ -444,19 +484,43 @@ def _int8_records(records: list[VariantRecord], weights: dict[str, dict[str, Any
     return out
 
 
+def _fp16_records(records: list[VariantRecord], case: DemoCase, case_dir: Path,
+                  cfg: PipelineConfig) -> tuple[list[VariantRecord], list[str]]:
+    """FP16 copies (``LABEL.fp16``) of the fp32 ``records``, checked on the held-out inputs, and a warning for each
+    one that failed parity: that variant's ``fp16`` says ``{"skipped": reason}`` and the run goes on without it."""
+    out, warnings = [], []
+    for r in records:
+        if skip := fp16_skip_reason(r):
+            r.fp16 = {"skipped": skip}
+            continue
+        try:
+            out.append(fp16_variant(r, case_dir, case.test.x, cfg.variant_config(), cfg.fp16_config()))
+        except ParityError as exc:
+            r.fp16 = {"skipped": str(exc)}
+            warnings.append(f"no FP16 copy of {r.label}: {exc}")
+    return out, warnings
+
+
+def _source(model: str) -> tuple[str, str]:
+    """The fp32 model a benchmarked model is compared with, and the warning's wording."""
+    if model.endswith(".int8"):
+        return model[: -len(".int8")].removesuffix(PTQ_SUFFIX), "INT8 model slower than its fp32 source"
+    if model.endswith(FP16_LABEL_SUFFIX):
+        return model[: -len(FP16_LABEL_SUFFIX)], "FP16 model slower than its fp32 source"
+    return "original", "compressed model not faster than the original"
+
+
 def slowdown_warnings(case: CaseResult) -> list[str]:
-    """A line for every compressed model not faster than the original, and every INT8 model slower than
+    """A line for every compressed model not faster than the original, and every INT8 or FP16 model slower than
     its fp32 source, per (provider, batch size), from the median p50 latencies of the benchmark."""
     p50 = {(lat["model"], lat["provider"], cell_label(lat)): lat["stats"]["p50_ms"] for lat in case.bench["latency"]}
     out = []
     for (model, provider, batch), ms in sorted(p50.items()):
         if model == "original":
             continue
-        source = model[: -len(".int8")].removesuffix(PTQ_SUFFIX) if model.endswith(".int8") else "original"
+        source, kind = _source(model)
         ref = p50.get((source, provider, batch))
         if ref is not None and ms >= ref:
-            kind = "INT8 model slower than its fp32 source" if model.endswith(".int8") else \
-                "compressed model not faster than the original"
             out.append(f"{kind}: {model} {ms:.4g} ms vs {source} {ref:.4g} ms ({provider}, batch {batch})")
         baseline = p50.get(("original.int8", provider, batch))
         if not model.startswith("original") and baseline is not None and ms >= baseline:

@@ -105,6 +105,9 @@ def parse_channel_stats(text: str, flag: str) -> tuple[float, float, float]:
         raise SpecError(f"{flag} expects 3 comma-separated numbers (R,G,B), e.g. 0.4914,0.4822,0.4465; got {text!r}")
     if flag == "--std" and min(values) <= 0:
         raise SpecError(f"{flag} values must be positive (they divide), got {text!r}")
+    if max(abs(v) for v in values) > 1.0:
+        raise SpecError(f"{flag} is on [0, 1] pixels (images are scaled by 1/255 first), got {text!r}; divide "
+                        f"0-255 statistics by 255, e.g. {','.join(f'{v / 255:.4g}' for v in values)}")
     return values  # type: ignore[return-value]
 
 

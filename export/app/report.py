@@ -9,7 +9,8 @@ from export.app.plots import plot_accuracy_latency  # re-exported: the run's plo
 
 __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency", "plot_spectra",
            "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS",
-           "int8_rows", "format_int8", "MOBILE_HEADERS", "mobile_rows"]
+           "int8_rows", "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows",
+           "tensorrt_lines"]
 
 SUMMARY_HEADERS = ("case", "model", "params", "MACs", "MAC ratio", "file KB", "provider", "batch (shape)", "p50 ms",
                    "p90 ms", "p99 ms", "samples/s", "lat. ratio", "accuracy", "MSE", "agreement")
@@ -22,6 +23,9 @@ MOBILE_HEADERS = ("case", "model", "input shapes", "NNAPI", "CoreML NeuralNetwor
 
 INT8_HEADERS = ("case", "fp32 model", "target", "post-training INT8", "quantisation-aware INT8", "accuracy PTQ",
                 "accuracy QAT", "agreement PTQ", "agreement QAT", "MSE PTQ", "MSE QAT", "trained tensors")
+
+FP16_HEADERS = ("case", "FP16 model", "fp32 model", "I/O", "parity", "max err / output scale", "rtol", "file KB",
+                "fp32 KB", "kept fp32 by converter", "run in fp32 by provider")
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -121,6 +125,7 @@ def render_markdown(report: Any) -> str:
                 "| " + " | ".join(INT8_HEADERS) + " |", "|" + "---|" * len(INT8_HEADERS)]
         out += ["| " + " | ".join(r) + " |" for r in q_rows]
     out += _mobile_section(report)
+    out += _fp16_section(report)
     for case in _get(report, "cases"):
         out += ["", f"## {_get(case, 'name')}", ""]
         for v in _get(case, "variants"):
@@ -135,22 +140,50 @@ def render_markdown(report: Any) -> str:
                            f"measured on calibration data {meas or '-'}; on held-out data {held or '-'}")
                 out += _budget_and_bounds(_get(v, "label"), comp)
                 out += _recovery_line(_get(v, "label"), comp.get("recovery"))
+            skipped_fp16 = (_optional(v, "fp16") or {}).get("skipped")
+            if skipped_fp16:
+                out.append(f"- **{_get(v, 'label')}**: FP16 skipped: {skipped_fp16}")
             q = _get(v, "quantization")
             if q and "skipped" in q:
                 out.append(f"- **{_get(v, 'label')}**: INT8 skipped: {q['skipped']}")
             elif q:
+                nonfinite = q.get("nonfinite_nodes") or []
+                shown = ", ".join(nonfinite[:5]) + (f", ... ({len(nonfinite)} in all)" if len(nonfinite) > 5 else "")
                 out.append(f"- **{_get(v, 'label')}**: {_int8_kind(q)} {q.get('mode', '')} for {q.get('target', '')}, "
                            f"integer kernels {q.get('integer_kernels', '-')}, float kernels left "
-                           f"{q.get('float_kernels', '-')}")
+                           f"{q.get('float_kernels', '-')}"
+                           + (f"; left in float because calibration met an infinite value (e.g. a -inf attention "
+                              f"mask): {shown}" if nonfinite else ""))
         for v in _get(case, "variants"):
-            ready = _get(v, "tensorrt_readiness")
-            if ready and not ready.get("ready", True):
-                out.append(f"- **{_get(v, 'label')}** not TensorRT-ready: {'; '.join(ready.get('issues', []))}")
+            out += tensorrt_lines(_get(v, "label"), _get(v, "tensorrt_readiness"))
         for u in _get(case, "bench").get("unavailable", []):
             out.append(f"- provider **{u['provider']}** unavailable: {u['reason']}")
         out += [f"- note: {n}" for n in _get(case, "notes")]
         out += [f"- **WARNING**: {w}" for w in _get(case, "warnings")]
     return "\n".join(out) + "\n"
+
+
+def tensorrt_lines(label: str, readiness: Mapping[str, Any] | None) -> list[str]:
+    """report.md lines of one variant's TensorRT findings (:mod:`export.readiness`): a heading, then one line per
+    grouped finding; a report written before findings were grouped (one issue per node) shows its first few."""
+    from export.readiness import EXAMPLE_NODES
+
+    if not readiness or readiness.get("ready", True):
+        return []
+    if "findings" in readiness:
+        lines = [f["message"] for f in readiness["findings"]]
+    else:
+        issues = list(readiness.get("issues", []))
+        more = len(issues) - EXAMPLE_NODES
+        lines = issues[:EXAMPLE_NODES] + ([f"... and {more} more"] if more > 0 else [])
+    found = readiness.get("tensorrt") or {}
+    lines += [f"TensorRT parser: node {i.get('node')!r} ({i.get('op')}): {i.get('reason')}"
+              for i in found.get("unsupported", [])]
+    lines += [f"TensorRT {b.get('precision')} engine: "
+              f"{b.get('error') or b.get('parity_skipped') or 'outputs differ from ONNX Runtime beyond tolerance'}"
+              for b in found.get("builds", []) if not b.get("passed", False)]
+    checker = f" (decided by {readiness['checker']})" if readiness.get("checker") else ""
+    return [f"- **{label}** not TensorRT-ready{checker}:", *(f"  - {line}" for line in lines)]
 
 
 def _optional(obj: Any, key: str) -> Any:
@@ -194,6 +227,43 @@ def _mobile_section(report: Any) -> list[str]:
             "check_onnx_model_mobile_usability`); NNAPI runs no node fed by a dynamic shape: export with "
             "`--fixed-shapes batch=1` for a phone.", "",
             "| " + " | ".join(MOBILE_HEADERS) + " |", "|" + "---|" * len(MOBILE_HEADERS),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _counts(ops: dict[str, int]) -> str:
+    return ", ".join(f"{op} {n}" for op, n in sorted(ops.items())) or "none"
+
+
+def fp16_rows(report: Any) -> list[tuple[str, ...]]:
+    """One row per FP16 copy (:mod:`export.fp16`): its parity against the fp32 file (status, worst error on the
+    output's scale, rtol), sizes, the nodes the converter kept in float32 and what the parity provider runs in
+    float32 anyway (ONNX Runtime's CPU provider casts most float16 ops to float32)."""
+    rows = []
+    for case in _get(report, "cases"):
+        for v in _get(case, "variants"):
+            f = _optional(v, "fp16") or {}
+            if "parity" not in f:
+                continue
+            parity, precisions = f["parity"], f.get("provider_precisions") or {}
+            ran_fp32 = _counts(precisions["float32"]) if precisions else "-"
+            rows.append((_get(case, "name"), _get(v, "label"), str(f["fp32_path"]),
+                         "fp32" if f.get("keep_io_types", True) else "fp16", f"{parity['status']} ({parity['provider']})",
+                         _fmt(parity.get("max_scaled_err"), ".3g"), f"{parity['rtol']:.3g}",
+                         f"{f['size_fp16_bytes'] / 1024:.1f}", f"{f['size_fp32_bytes'] / 1024:.1f}",
+                         _counts(f.get("fp32_nodes") or {}), ran_fp32))
+    return rows
+
+
+def _fp16_section(report: Any) -> list[str]:
+    """report.md lines of :func:`fp16_rows` (none when the run made no FP16 copy)."""
+    rows = fp16_rows(report)
+    if not rows:
+        return []
+    return ["", "## FP16 copies: parity against the fp32 file", "",
+            "An element passes when |fp16 - fp32| <= rtol·|fp32| + atol_scale·max|fp32| of its output (both 10 × "
+            "float16's epsilon 2^-10 by default). ONNX Runtime's CPU provider runs most float16 ops in float32 (last column), so parity on "
+            "CPU checks the conversion and the weights' rounding, not float16 arithmetic.", "",
+            "| " + " | ".join(FP16_HEADERS) + " |", "|" + "---|" * len(FP16_HEADERS),
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 

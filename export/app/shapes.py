@@ -22,7 +22,7 @@ import torch
 
 from compress.core.inputs import Inputs, NamedInputs
 
-__all__ = ["InputShapes", "parse_input_shapes", "parse_dynamic_axes", "parse_axis_values", "random_inputs",
+__all__ = ["check_shape_names", "InputShapes", "parse_input_shapes", "parse_dynamic_axes", "parse_axis_values", "random_inputs",
            "infer_dynamic_axes", "merge_axes", "axis_lengths", "DTYPES"]
 
 DTYPES: dict[str, torch.dtype] = {
@@ -181,3 +181,27 @@ def axis_lengths(x: Inputs, axes: Mapping[str, Mapping[int, str]]) -> dict[str, 
     tensors = dict(x.items()) if isinstance(x, NamedInputs) else {"input": x}
     return {dim: int(tensors[name].shape[axis]) for name, per in axes.items() if name in tensors
             for axis, dim in per.items() if axis != 0}
+
+
+def check_shape_names(x: Inputs, axes: Mapping[str, Mapping[int, str]], fixed: object | None = None) -> None:
+    """Refuse, before any export, ``--dynamic-axes`` or ``--fixed-shapes`` entries naming an input the model does
+    not take or a dimension no input has (``fixed``: an :class:`export.mobile.ShapeSpec`).
+
+    Raises:
+        SpecError: naming the option, the unknown names and the model's inputs.
+    """
+    from export.app.callables import SpecError
+
+    names = x.names if isinstance(x, NamedInputs) else ["input"]
+    unknown = sorted(set(axes) - set(names))
+    if unknown:
+        raise SpecError(f"--dynamic-axes names input(s) {unknown} the model does not take; its inputs are {names}")
+    if fixed is None:
+        return
+    dims = {"batch"} | {dim for per in axes.values() for dim in per.values()}
+    bad_inputs = sorted({n for n, _ in getattr(fixed, "inputs", ())} - set(names))
+    bad_dims = sorted({n for n, _ in getattr(fixed, "dims", ())} - dims)
+    if bad_inputs or bad_dims:
+        what = [f"input(s) {bad_inputs}"] * bool(bad_inputs) + [f"dimension(s) {bad_dims}"] * bool(bad_dims)
+        raise SpecError(f"--fixed-shapes names {' and '.join(what)} the model does not have; its inputs are {names} "
+                        f"and its dynamic dimensions {sorted(dims)}")

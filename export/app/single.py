@@ -1,4 +1,4 @@
-"""``minreal export``: one model → ONNX → simplified → verified → optional INT8, written atomically."""
+"""``minreal export``: one model → ONNX → simplified → verified → optional INT8 and FP16, written atomically."""
 
 from __future__ import annotations
 
@@ -8,25 +8,29 @@ from typing import Callable, Mapping
 
 import torch
 
-from compress.core.inputs import Inputs
+from compress.core.inputs import Inputs, NamedInputs
 
 from export.app import data as app_data
 from export.app.callables import SpecError
 from export.app.models import align_inputs, check_input_shape, checked_dataset, load_model, packed_model
 from export.app.preprocess import ImagePreprocess
-from export.app.shapes import InputShapes, merge_axes, random_inputs
+from export.app.shapes import InputShapes, check_shape_names, merge_axes, random_inputs
+from export.fp16 import Fp16Config
 from export.quantize import int8_skip_reason
-from export.variant import PARITY_BATCH_SIZES, VariantConfig, VariantRecord, export_variant, quantize_variant
+from export.variant import (PARITY_BATCH_SIZES, VariantConfig, VariantRecord, export_variant, fp16_variant,
+                            quantize_variant)
 
 __all__ = ["ExportOptions", "export_single"]
 
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """Settings of the ``export`` subcommand: the variant settings, and whether to write INT8 too."""
+    """Settings of the ``export`` subcommand: the variant settings, and whether to write INT8 and FP16 too."""
 
     variant: VariantConfig = field(default_factory=VariantConfig)
     int8: bool = False
+    fp16: Fp16Config | None = None
+    """Write ``NAME.fp16.onnx`` with these options (``None``: no FP16 copy)."""
     preprocess: ImagePreprocess | None = None
     """How an image folder given as ``--data`` becomes inputs (None: 224x224, ImageNet statistics)."""
 
@@ -37,6 +41,9 @@ def _example(module: torch.nn.Module, model_spec: str, data_spec: str | None, op
     ``--data`` (nothing is measured on held-out data here), or a seeded random example."""
     cfg = opts.variant
     app_data.require_image_folder(opts.preprocess, data_spec)
+    if data_spec and input_shape:
+        raise SpecError("--input-shape makes a random example when there is no --data; with --data the example is "
+                        "the data: drop --input-shape (dynamic axes: --dynamic-axes NAME:batch,seq)")
     if data_spec:
         data = app_data.load_dataset(data_spec, preprocess=opts.preprocess)
         module = packed_model(module, data.x, model_spec)
@@ -50,9 +57,21 @@ def _example(module: torch.nn.Module, model_spec: str, data_spec: str | None, op
         module = packed_model(module, x, model_spec)
         x = align_inputs(module, x, model_spec, "--input-shape")
         check_input_shape(module, x, model_spec)
+        if opts.int8 and cfg.quant_mode == "static":
+            _refuse_random_integer_calibration(x)
         return module, x
     raise SpecError("export needs an example input: pass --data SPEC or --input-shape C,H,W (named inputs: "
                     "--input-shape NAME:BxL:DTYPE, repeated)")
+
+
+def _refuse_random_integer_calibration(x: Inputs) -> None:
+    """Random calibration makes sense for float inputs only: refuse, before anything is written, when an input
+    holds integers (token ids, masks), whose valid values random data would not respect."""
+    tensors = dict(x.items()) if isinstance(x, NamedInputs) else {"input": x}
+    integer = [name for name, t in tensors.items() if not t.is_floating_point()]
+    if integer:
+        raise SpecError(f"--allow-random-calibration cannot calibrate integer input(s) {', '.join(integer)} (random "
+                        "values would be out of range): pass --data SPEC with real inputs for --int8")
 
 
 def export_single(model_spec: str, out: Path, data_spec: str | None, weights: str | None, trust_pickle: bool,
@@ -61,7 +80,8 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
                   dynamic_axes: Mapping[str, Mapping[int, str]] | None = None) -> VariantRecord:
     """Load, export, simplify, verify and optionally quantise one model (see :func:`export.variant.export_variant`).
 
-    The record's paths are relative to ``out``'s folder; with INT8 its ``quantization`` describes ``NAME.int8.onnx``.
+    The record's paths are relative to ``out``'s folder; with INT8 its ``quantization`` describes ``NAME.int8.onnx``,
+    with FP16 its ``fp16`` describes ``NAME.fp16.onnx``.
     ``dynamic_axes`` (``{input: {axis: name}}``) adds dynamic axes besides the batch, as do the axes along which
     repeated named ``input_shape`` entries differ.
     """
@@ -72,6 +92,7 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
     batches = " and ".join(map(str, PARITY_BATCH_SIZES))
     progress(f"exporting {model_spec}; verifying parity with ONNX Runtime at batch sizes {batches}")
     axes = merge_axes(input_shape.dynamic if input_shape else {}, dynamic_axes or {})
+    check_shape_names(x, axes, opts.variant.fixed_shapes)  # a typo is a usage error, before any export
     record = export_variant(module, x, out, opts.variant, dynamic_axes=axes or None)
     if opts.int8 and (skip := int8_skip_reason(out)):
         progress(f"INT8 skipped: {skip}")
@@ -81,4 +102,7 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
         calib = x if data_spec else None
         q = quantize_variant(record, out.parent, calib, opts.variant)
         record.quantization = {**q.quantization, "mobile": q.mobile}
+    if opts.fp16 is not None:
+        progress(f"converting to FP16 ({'fp32' if opts.fp16.keep_io_types else 'fp16'} inputs and outputs)")
+        record.fp16 = fp16_variant(record, out.parent, x, opts.variant, opts.fp16).fp16
     return record

@@ -165,7 +165,7 @@ def test_export_variant_moves_the_data_with_the_verified_graph(tiny_mlp: nn.Modu
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)  # the tiny MLP counts as large
     record = export_variant(tiny_mlp, torch.randn(16, 12), tmp_path / "v.onnx", VariantConfig())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.onnx", "v.onnx.data"]
-    assert record.export["data_files"] == ["v.raw.onnx.data"] and record.parity["passed"]
+    assert record.export["data_files"] == ["v.onnx.data"] and record.parity["passed"]
     assert record.simplify["reason"].startswith("skipped: the model keeps its weights in external data")
     assert record.onnx_bytes == onnx_size(tmp_path / "v.onnx")
     assert int8_skip_reason(tmp_path / "v.onnx") is not None

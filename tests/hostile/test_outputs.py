@@ -39,9 +39,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """An onnxruntime build with only the CPU provider, whatever this machine has."""
-    import runtime_bench.providers as providers
+    import onnxruntime
 
-    monkeypatch.setattr(providers.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
 
 
 def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:

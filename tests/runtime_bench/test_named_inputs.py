@@ -139,3 +139,16 @@ def test_metrics_on_named_inputs_use_full_length(tmp_path: Path, tokens: Path, m
     session = ort.InferenceSession(str(tokens), providers=["CPUExecutionProvider"])
     labels = np.argmax(session.run(None, x)[0], axis=1)
     assert evaluate_models(["a"], [tokens], x, labels, batch_size=2, threads=1)[0].accuracy == 1.0
+
+
+def test_data_outside_an_embedding_table_or_of_mismatched_lengths_is_refused() -> None:
+    from runtime_bench.inputs import InputSpec, named_data
+
+    specs = [InputSpec("input_ids", "int64", ("batch", "seq"), high=30),
+             InputSpec("attention_mask", "int64", ("batch", "seq"))]
+    ok = {"input_ids": np.full((2, 5), 29), "attention_mask": np.ones((2, 5), np.int64)}
+    assert set(named_data(specs, ok, "m")) == {"input_ids", "attention_mask"}
+    with pytest.raises(BenchInputError, match=r"'input_ids' holds values 0\.\.30, .* table of 30 rows"):
+        named_data(specs, {**ok, "input_ids": np.array([[0, 1, 2, 3, 30]] * 2)}, "m")
+    with pytest.raises(BenchInputError, match=r"sharing axis 'seq' differ in its length \(input_ids 5, attention_mask 4"):
+        named_data(specs, {**ok, "attention_mask": np.ones((2, 4), np.int64)}, "m")

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -55,3 +56,57 @@ def test_benchmark_processes_never_import_torch() -> None:
     code = "import sys, runtime_bench, runtime_bench.worker; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+class _SlowFirstRun:
+    """A session whose creation and first call are slow, like a TensorRT session building its engine."""
+
+    def __init__(self, inner, build_s: float) -> None:
+        self.inner, self.build_s, self.calls = inner, build_s, 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def run(self, outputs, feeds):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(self.build_s)
+        return self.inner.run(outputs, feeds)
+
+
+def test_engine_build_is_timed_apart_from_the_latency(reference_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import runtime_bench.worker as worker
+
+    real, seen = worker.create_session, []
+
+    def fake(path, provider, threads, provider_options=None):
+        seen.append(provider_options)
+        time.sleep(0.3)
+        return _SlowFirstRun(real(path, provider, threads), build_s=0.25)
+
+    monkeypatch.setattr(worker, "create_session", fake)
+    job = _job([reference_model], provider_options=[{"trt_fp16_enable": "1"}], min_runs=20)
+    result = run_job(job)
+    assert seen == [{"trt_fp16_enable": "1"}]  # the job's options reach the session factory
+    assert result.session_s["reference"] >= 0.3 and result.first_run_ms["reference"] >= 250
+    assert len(result.latencies_ms["reference"]) == 20 and max(result.latencies_ms["reference"]) < 250
+
+
+def test_io_binding_times_device_resident_calls_beside_host_copies(reference_model: Path) -> None:
+    result = run_job(_job([reference_model], io_binding=True, min_runs=12))
+    assert result.status == "ok"
+    assert len(result.latencies_ms["reference"]) == 12 and len(result.device_latencies_ms["reference"]) == 12
+    assert min(result.device_latencies_ms["reference"]) > 0
+
+
+def test_device_runner_computes_what_run_computes(reference_model: Path) -> None:
+    import numpy as np
+
+    from runtime_bench.sessions import create_session
+    from runtime_bench.worker import device_runner
+
+    session = create_session(reference_model)
+    name = session.get_inputs()[0].name
+    feeds = {name: np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}
+    binding = device_runner(session, feeds, ("cpu", 0))()
+    np.testing.assert_array_equal(binding.copy_outputs_to_cpu()[0], session.run(None, feeds)[0])

@@ -182,3 +182,62 @@ def test_forward_taking_a_dict_or_tuple_gets_one_graph_input_per_tensor(tmp_path
     case = json.loads(Path("r/report.json").read_text())["cases"][0]
     assert all(v["export"]["input_names"] == list(keys) for v in case["variants"])
     assert all(v["parity"]["passed"] for v in case["variants"])
+
+
+def test_tune_takes_a_model_with_two_named_inputs(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    """The baselines (INT8 with accuracy control included) and a candidate are judged on named held-out inputs."""
+    code = run(["tune", "pair.py:make", "--data", "train.npz", "--eval-data", "held.npz", "--allow-data-mismatch",
+                "--min-agreement", "0.5", "--methods", "factorize", "--grid", "0.5", "--batch", "1", "--out", "t",
+                "--screen-seconds", "0.02", "--cache-dir", "cache", "--workers", "1", *QUICK, "-q"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(Path("t/report.json").read_text())
+    labels = {c["label"] for c in report["candidates"]}
+    assert {"original", "original.int8"} <= labels and any(label.startswith("factorize") for label in labels)
+    assert "Traceback" not in captured.err
+
+
+def test_run_with_fixed_shapes_on_a_dynamic_sequence_axis(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    """Fixing the batch and the sequence for a phone leaves nothing symbolic to time at other lengths."""
+    code = run(["run", "pair.py:make", "--data", "train.npz", "--eval-data", "held.npz", "-m", "factorize",
+                "--mac-ratio", "0.8", "--dynamic-axes", "input_ids:batch,seq", "--dynamic-axes",
+                "attention_mask:batch,seq", "--fixed-shapes", "batch=1,seq=8", "--batch", "1", "--no-int8",
+                "--allow-data-mismatch", "--out", "fixed", *QUICK, "-q"])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads(Path("fixed/report.json").read_text())
+    rows = report["cases"][0]["bench"]["latency"]
+    assert rows and all(r["batch_size"] == 1 and r["shape"] == "" for r in rows)
+
+
+def test_random_calibration_of_integer_inputs_is_refused_before_writing(workdir: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    code = run(["export", "pair.py:make", "--out", "m.onnx", "--input-shape", "input_ids:1x16:int64",
+                "--input-shape", "attention_mask:1x16:int64", "--int8", "--allow-random-calibration"])
+    err = capsys.readouterr().err
+    assert code == 2 and "integer input(s) input_ids, attention_mask" in err and "Traceback" not in err
+    assert not Path("m.onnx").exists() and not Path("m.int8.onnx").exists()
+
+
+@pytest.mark.parametrize("extra, culprit", [
+    (["--dynamic-axes", "input_idz:batch,seq"], "--dynamic-axes names input(s) ['input_idz']"),
+    (["--fixed-shapes", "input_idz=1x8"], "--fixed-shapes names input(s) ['input_idz']"),
+    (["--fixed-shapes", "sequence=8"], "--fixed-shapes names dimension(s) ['sequence']"),
+])
+def test_misspelt_input_or_dimension_names_are_usage_errors_before_export(workdir: Path, capsys: pytest.CaptureFixture,
+                                                                         extra: list[str], culprit: str) -> None:
+    code = run(["export", "pair.py:make", "--out", "m.onnx", "--data", "train.npz", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and culprit in err and "Traceback" not in err, err
+    assert not Path("m.onnx").exists()
+    code = run(["run", "pair.py:make", "--data", "train.npz", "-m", "factorize", "--allow-data-mismatch",
+                "--out", "r", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and culprit in err and not Path("r").exists(), err
+
+
+def test_data_without_an_array_the_forward_needs_names_the_file(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    held = np.load("held.npz")
+    np.savez("ids_only.npz", input_ids=held["input_ids"], y=held["y"])
+    code = run(["run", "pair.py:make", "--data", "ids_only.npz", "-m", "factorize", "--out", "r"])
+    err = capsys.readouterr().err
+    assert code == 2 and "ids_only.npz has no array for ['attention_mask']" in err and not Path("r").exists(), err

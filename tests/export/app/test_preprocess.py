@@ -116,6 +116,7 @@ def cifar_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.mark.parametrize("extra, culprit", [
     (["--mean", "0.5,0.5"], "--mean expects 3"),
     (["--std", "0.2,0,0.2"], "--std values must be positive"),
+    (["--mean", "125.3,123,113.9"], "--mean is on [0, 1] pixels"),
     (["--image-size", "-3"], "--image-size expects"),
     (["--preprocess", "Resnet18_Weights.IMAGENET1K_V1"], "did you mean ResNet18_Weights.IMAGENET1K_V1"),
     (["--preprocess", "ResNet18_Weights.DEFAULT", "--std", "1,1,1"], "drop --std"),
@@ -145,3 +146,19 @@ def test_cli_export_uses_the_image_size(cifar_dir: Path, capsys: pytest.CaptureF
 
     dims = [d.dim_value for d in onnx.load("m.onnx").graph.input[0].type.tensor_type.shape.dim[1:]]
     assert dims == [3, 32, 32]
+
+
+def test_cli_bench_takes_the_image_size_of_its_data(cifar_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """bench evaluates on an image folder with the model's own preprocessing (a 32x32 model cannot take 224)."""
+    stats = ["--image-size", "32", "--mean", ",".join(map(str, MEAN)), "--std", ",".join(map(str, STD))]
+    assert run(["export", "net.py:make", "--out", "m.onnx", "--data", "imgs", *stats, "-q"]) == 0
+    code = run(["bench", "m.onnx", "--data", "imgs", *stats, "--min-seconds", "0.01", "--repeats", "1",
+                "--min-runs", "2", "--out", "b.json", "-q"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    import json
+
+    metrics = json.loads(Path("b.json").read_text())["metrics"]
+    assert metrics[0]["samples"] == 6 and metrics[0]["accuracy"] is not None
+    assert run(["bench", "m.onnx", "--data", "digits", "--image-size", "32", "--out", "c.json"]) == 2
+    assert "apply to image folders" in capsys.readouterr().err and not Path("c.json").exists()
