@@ -1,9 +1,11 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# ONNX Runtime wheel: the CPU one by default; `make install GPU=1` takes onnxruntime-gpu (+ TensorRT with TRT=1).
+# ONNX Runtime wheel: the CPU one by default; `make install GPU=1` takes onnxruntime-gpu, TRT=1 adds TensorRT
+# (and implies GPU=1).
 comma := ,
-EXTRAS := test,$(if $(GPU),gpu,cpu)$(if $(TRT),$(comma)tensorrt,)
+GPU_WHEEL := $(or $(GPU),$(TRT))
+EXTRAS := test,$(if $(GPU_WHEEL),gpu,cpu)$(if $(TRT),$(comma)tensorrt,)
 export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: install install-test demo test bench clean
@@ -14,8 +16,13 @@ $(BIN)/python:
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	@# the other ONNX Runtime wheel would overwrite this one's module
-	-$(BIN)/python -m pip uninstall -q -y $(if $(GPU),onnxruntime,onnxruntime-gpu) 2>/dev/null
+	@# the other ONNX Runtime wheel would overwrite this one's module; with both present, their shared files are
+	@# already mixed, so both go before the wanted one is installed again
+	@if $(BIN)/python -m pip show -q onnxruntime onnxruntime-gpu >/dev/null 2>&1; then \
+		$(BIN)/python -m pip uninstall -q -y onnxruntime onnxruntime-gpu; \
+	else \
+		$(BIN)/python -m pip uninstall -q -y $(if $(GPU_WHEEL),onnxruntime,onnxruntime-gpu) >/dev/null 2>&1 || true; \
+	fi
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 

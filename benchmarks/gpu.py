@@ -126,6 +126,17 @@ def _joined(*reasons: str | None) -> str | None:
     return "; ".join(r for r in reasons if r) or None
 
 
+def _ort_reason(unavailable_reason: Any, provider: str) -> str | None:
+    """Why ONNX Runtime cannot run ``provider`` here, also when no ONNX Runtime wheel is installed at all (the
+    torch-CUDA rows are then still measured)."""
+    from runtime_bench.runtime import RuntimeMissingError
+
+    try:
+        return unavailable_reason(provider)
+    except RuntimeMissingError as exc:
+        return str(exc)
+
+
 def probe() -> tuple[dict[str, str | None], dict[str, Any]]:
     """Backend → why it cannot run here (``None``: it can): no GPU, then what the backend itself lacks; and what
     was found (``gpu`` reason, TensorRT version)."""
@@ -137,8 +148,8 @@ def probe() -> tuple[dict[str, str | None], dict[str, Any]]:
     trt, trt_reason = import_tensorrt()
     reasons = {
         "torch-cuda": _joined(gpu, None if gpu else torch_reason),
-        "ort-cuda": _joined(gpu, unavailable_reason("cuda")),
-        "ort-tensorrt": _joined(gpu, unavailable_reason("tensorrt")),
+        "ort-cuda": _joined(gpu, _ort_reason(unavailable_reason, "cuda")),
+        "ort-tensorrt": _joined(gpu, _ort_reason(unavailable_reason, "tensorrt")),
         "tensorrt": _joined(gpu, f"tensorrt not importable: {trt_reason}" if trt is None else None,
                             None if gpu else torch_reason),
     }
@@ -250,12 +261,24 @@ def parent(args: argparse.Namespace) -> None:
                                                        for s in ("ok", "skipped", "failed")}}))
 
 
-def _versions() -> dict[str, str]:
-    import onnxruntime
+def _versions() -> dict[str, Any]:
+    """torch, ONNX Runtime (or why it is missing) and the machine record every report has (GPU model, memory,
+    driver, CUDA, cuDNN, TensorRT: :func:`runtime_bench.environment.collect_environment`)."""
+    from dataclasses import asdict
+
     import torch
 
-    out = {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
-           "onnxruntime_providers": ",".join(onnxruntime.get_available_providers())}
+    from runtime_bench.runtime import RuntimeMissingError, onnxruntime_module
+
+    out: dict[str, Any] = {"torch": torch.__version__}
+    try:
+        ort = onnxruntime_module()
+        out.update(onnxruntime=ort.__version__, onnxruntime_providers=",".join(ort.get_available_providers()))
+        from runtime_bench.environment import collect_environment
+
+        out["environment"] = asdict(collect_environment(1))
+    except RuntimeMissingError as exc:
+        out["onnxruntime"] = f"missing: {exc}"
     if torch.cuda.is_available():
         out["device"] = torch.cuda.get_device_name(0)
     return out

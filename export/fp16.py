@@ -259,14 +259,58 @@ def fp16_parity(fp32_path: str | Path, fp16_file: str | Path, feeds: Sequence[Fe
         return replace(base, status=status)
     checks = [c for c, _ in pairs]
     passed = all(c.passed for c in checks)
-    return replace(base, status="passed" if passed else "failed", checks=checks, passed=passed,
+    over = fp16_range_violations(Path(fp32_path), Path(fp16_file), feeds)
+    status = "passed" if passed else "failed"
+    if over:  # ONNX Runtime's CPU provider computes most fp16 ops in fp32, so the outputs alone can hide this
+        name, peak = max(over, key=lambda kv: kv[1])
+        status, passed = (f"failed: tensor {name!r} reaches {peak:.3g} in the fp32 file, beyond float16's "
+                          f"{FP16_MAX:g} ({len(over)} tensor(s) in all); keep its nodes in float32 "
+                          "(Fp16Config.keep_fp32_nodes)"), False
+    return replace(base, status=status, checks=checks, passed=passed,
                    max_abs_err=max(c.max_abs_err for c in checks),
                    max_scaled_err=max(c.max_abs_err / scale for c, scale in pairs))
 
 
+FP16_MAX = float(np.finfo(np.float16).max)
+"""Largest finite float16 (65504)."""
+
+
+def fp16_range_violations(fp32_path: Path, fp16_file: Path, feeds: Sequence[Feeds]) -> list[tuple[str, float]]:
+    """Tensors that the FP16 file holds in float16 (and the graph outputs) whose fp32 values on ``feeds`` exceed
+    :data:`FP16_MAX`, with their peak |value|: each would be inf in real float16 arithmetic. Models with external
+    data are not checked (one in-memory protobuf holds at most 2 GiB)."""
+    from runtime_bench.sessions import create_session
+
+    if data_files(fp32_path):
+        return []
+    half_model = onnx.shape_inference.infer_shapes(onnx.load(str(fp16_file), load_external_data=False))
+    half = {v.name for v in (*half_model.graph.value_info, *half_model.graph.output)
+            if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
+    model = onnx.load(str(fp32_path))
+    outputs = [o.name for o in model.graph.output]
+    produced = {o for n in model.graph.node for o in n.output if o}
+    extra = sorted((half & produced) - set(outputs))
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in extra)
+    session = create_session(model.SerializeToString())
+    names = [o.name for o in session.get_outputs()]
+    peaks: dict[str, float] = {}
+    for feed in feeds:
+        for name, value in zip(names, session.run(None, _typed_feeds(session, feed))):
+            value = np.asarray(value)
+            if value.dtype.kind == "f" and value.size:
+                finite = np.abs(value[np.isfinite(value)])
+                peak = float(finite.max()) if finite.size else 0.0
+                if peak > FP16_MAX:
+                    peaks[name] = max(peak, peaks.get(name, 0.0))
+    return sorted(peaks.items())
+
+
 def _raise_failed(parity: Fp16Parity, out: Path) -> None:
-    """:class:`ParityError` naming the worst failing output, its batch size, measured and allowed."""
+    """:class:`ParityError` naming the worst failing output, its batch size, measured and allowed (or the tensor
+    beyond float16's range)."""
     failing = [c for c in parity.checks if not c.passed]
+    if not failing:
+        raise ParityError(f"FP16 parity of {out.name} {parity.status}", parity)
     worst = max(failing, key=lambda c: c.worst_measured / c.worst_allowed if c.worst_allowed else float("inf"))
     hint = ("; an output is not finite: a tensor exceeds float16's range (65504), keep its nodes in float32 "
             "(Fp16Config.keep_fp32_nodes)" if not np.isfinite(worst.worst_measured) else "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -13,7 +14,7 @@ from collections import defaultdict
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -21,7 +22,8 @@ from .config import BenchConfig, ModelEntry, shape_label
 from .environment import collect_environment
 from .errors import BenchInputError, ProviderUnavailableError, WorkerError
 from .facts import PROGRESS_KEY
-from .inputs import Data, check_batch, data_rows, input_specs, symbolic_axes, take_rows, timing_inputs
+from .inputs import (Data, check_batch, data_rows, external_tensors, has_qdq, input_specs, load_model_proto,
+                     symbolic_axes, take_rows, timing_inputs)
 from .metrics import ModelMetrics, evaluate_models
 from .model_info import model_info
 from .provider_options import ort_options, trt_profiles
@@ -193,8 +195,41 @@ def _provider_options(provider: str, models: Sequence[ModelEntry], config: Bench
     for m in models:
         dims = {s.name: s.shape for s in input_specs(m.path)}
         profiles = trt_profiles(dims, config.batch_sizes, config.axis_values) if provider == "tensorrt" else {}
-        out[m.name] = ort_options(provider, settings, workdir / "trt-cache", profiles)
+        if settings is not None and settings.profiles:
+            _check_profiles(settings.profiles, dims, m)
+        options = ort_options(provider, settings, workdir / "trt-cache", profiles)
+        if provider == "tensorrt" and "trt_int8_enable" not in options and has_qdq(m.path):
+            options["trt_int8_enable"] = "1"  # a Q/DQ file runs in int8 only with the flag (explicit quantisation)
+        if settings is not None and settings.engine_cache:
+            # ONNX Runtime names cached engines by file and node names, not weights: one folder per file content
+            options["trt_engine_cache_path"] = str(Path(settings.engine_cache) / file_digest(m.path))
+        out[m.name] = options
     return out
+
+
+def _check_profiles(profiles: dict[str, tuple[str, str, str]] | Any, dims: dict[str, tuple], model: ModelEntry) -> None:
+    """A user's TensorRT profile must name the model's inputs, each at its rank (else the engine build fails late,
+    inside a worker)."""
+    for name, shapes in profiles.items():
+        if name not in dims:
+            raise BenchInputError(f"TensorRT profile (--provider-config) names input {name!r}, which model "
+                                  f"{model.name!r} does not have (its inputs: {', '.join(dims)})")
+        rank = len(shapes[0].split("x"))
+        if rank != len(dims[name]):
+            raise BenchInputError(f"TensorRT profile (--provider-config) of input {name!r} has rank {rank}, but "
+                                  f"model {model.name!r} input {name!r} has shape {list(dims[name])}")
+
+
+def file_digest(path: Path) -> str:
+    """First 16 hex digits of the SHA-256 of a model file and its external data files, if any."""
+    h = hashlib.sha256()
+    locations = {e.value for t in external_tensors(load_model_proto(Path(path))) for e in t.external_data
+                 if e.key == "location"}
+    for part in (Path(path), *(Path(path).parent / loc for loc in sorted(locations))):
+        with open(part, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
 
 
 def _spawn(job: WorkerJob, stem: Path, timeout_s: float) -> WorkerResult:

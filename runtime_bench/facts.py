@@ -40,9 +40,11 @@ PROVIDERS: Mapping[str, str] = MappingProxyType(
 #: Short name -> what installs an onnxruntime build that has the provider.
 INSTALL_HINTS: Mapping[str, str] = MappingProxyType(
     {
-        "cpu": "pip install onnxruntime",
-        "cuda": "pip install onnxruntime-gpu (needs the CUDA and cuDNN libraries)",
-        "tensorrt": "pip install onnxruntime-gpu (needs the TensorRT libraries)",
+        "cpu": "pip install 'minreal[cpu]' (from a checkout: pip install -e '.[cpu]')",
+        "cuda": "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'minreal[gpu]' (from a checkout: "
+                "-e '.[gpu]'; onnxruntime-gpu for CUDA 13 with its CUDA runtime and cuDNN wheels)",
+        "tensorrt": "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'minreal[tensorrt]' (from a "
+                    "checkout: -e '.[tensorrt]'; onnxruntime-gpu plus TensorRT 10 for CUDA 13)",
     }
 )
 

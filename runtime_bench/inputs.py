@@ -17,7 +17,7 @@ import onnx
 from .errors import BenchInputError, ModelFileError
 from .facts import error_line
 
-__all__ = ["InputSpec", "Data", "input_specs", "index_bounds", "timing_inputs", "batch_inputs", "named_data",
+__all__ = ["InputSpec", "Data", "has_qdq", "input_specs", "index_bounds", "timing_inputs", "batch_inputs", "named_data",
            "check_values", "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto", "check_external_data",
            "external_tensors"]
 
@@ -96,6 +96,11 @@ def check_external_data(model: onnx.ModelProto, path: Path) -> None:
         if not location or Path(location).is_absolute() or folder not in target.parents:
             raise ModelFileError(f"ONNX model {path}: tensor {tensor.name!r} keeps its data at {location!r}, outside "
                                  "the model's folder; refusing to read it — keep external data files next to the model")
+
+
+def has_qdq(path: Path) -> bool:
+    """Whether the model at ``path`` holds QuantizeLinear/DequantizeLinear nodes (an explicitly quantised file)."""
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in load_model_proto(Path(path)).graph.node)
 
 
 def input_specs(path: Path) -> list[InputSpec]:

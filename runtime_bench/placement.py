@@ -9,6 +9,7 @@ once, so profiling never slows the timed sessions.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import tempfile
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .facts import INTEGER_KERNEL_OPS
+from .facts import INTEGER_KERNEL_OPS, PROVIDERS
 from .inputs import load_model_proto
 from .runtime import onnxruntime_module
 from .sessions import session_options
@@ -33,6 +34,8 @@ __all__ = [
     "node_macs",
     "graph_macs",
     "parse_profile",
+    "against_graph",
+    "FUSING_PROVIDERS",
     "measure_placement",
     "measure_placements",
     "placement_from_dict",
@@ -56,6 +59,8 @@ MAC_FREE_CONTRIB_OPS: frozenset[str] = frozenset(
      "SkipLayerNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
 )
 _KERNEL_SUFFIX = "_kernel_time"
+#: Providers that run each subgraph they take as one fused kernel: their shares are counted against the graph.
+FUSING_PROVIDERS: frozenset[str] = frozenset({PROVIDERS["tensorrt"]})
 
 
 @dataclass(frozen=True)
@@ -239,10 +244,32 @@ def measure_placement(
         session = onnxruntime_module().InferenceSession(str(path), sess_options=options, providers=providers)
         session.run(None, dict(feeds))
         events = json.loads(Path(session.end_profiling()).read_text())
+    shapes = {k: v.shape for k, v in feeds.items()}
     placement = parse_profile(events, provider)
-    if placement.macs is not None:  # the profile's shapes sufficed; shape inference is only the fallback
-        return placement
-    return parse_profile(events, provider, graph_macs(path, {k: v.shape for k, v in feeds.items()}))
+    if placement.macs is None:  # the profile's shapes did not suffice; shape inference is the fallback
+        placement = parse_profile(events, provider, graph_macs(path, shapes))
+    if provider in FUSING_PROVIDERS:
+        macs = graph_macs(path, shapes)
+        total = None if not macs or None in macs.values() else sum(v for v in macs.values() if v)
+        return against_graph(placement, len(load_model_proto(Path(path)).graph.node), total)
+    return placement
+
+
+def against_graph(placement: Placement, graph_nodes: int, graph_total_macs: int | None) -> Placement:
+    """Shares of a provider that runs whole subgraphs as one kernel (a TensorRT engine), counted against the
+    model's own graph: every ONNX node that did not fall back ran on the provider. ``graph_total_macs``: the
+    graph's Conv/Gemm/MatMul MACs (None: unknown, so is the MAC share unless nothing fell back)."""
+    on = max(graph_nodes - len(placement.fallback), 0)
+    fallback_macs = [k.macs for k in placement.fallback]
+    if not placement.fallback:
+        mac_share = 1.0 if graph_total_macs else None
+    elif graph_total_macs and None not in fallback_macs:
+        mac_share = max(0.0, 1.0 - sum(m or 0 for m in fallback_macs) / graph_total_macs)
+    else:
+        mac_share = None
+    return dataclasses.replace(placement, nodes=graph_nodes, on_provider=on,
+                               node_share=on / graph_nodes if graph_nodes else 1.0, macs=graph_total_macs,
+                               mac_share=mac_share)
 
 
 def measure_placements(

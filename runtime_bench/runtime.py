@@ -9,9 +9,12 @@ and everything that needs no runtime keep working without one.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 from types import ModuleType
+
+from .facts import PROVIDERS
 
 __all__ = ["RUNTIME_WHEELS", "RuntimeMissingError", "onnxruntime_module", "installed_wheels", "wheel_conflict"]
 
@@ -55,6 +58,20 @@ def onnxruntime_module() -> ModuleType:
         RuntimeMissingError: no ONNX Runtime wheel can be imported.
     """
     try:
-        return importlib.import_module("onnxruntime")
+        ort = importlib.import_module("onnxruntime")
     except ImportError as exc:
         raise RuntimeMissingError(_MISSING) from exc
+    _preload(ort)
+    return ort
+
+
+@functools.cache
+def _preload(ort: ModuleType) -> None:
+    """Load the CUDA and cuDNN libraries that the GPU wheel's ``cuda``/``cudnn`` extras installed, so its CUDA and
+    TensorRT providers find them without LD_LIBRARY_PATH (once per process; a no-op for the CPU wheel)."""
+    if not hasattr(ort, "preload_dlls") or PROVIDERS["cuda"] not in ort.get_available_providers():
+        return
+    try:
+        ort.preload_dlls()
+    except Exception:  # noqa: BLE001 - missing libraries surface, with ORT's own reason, when a session is created
+        pass

@@ -2,6 +2,11 @@
 
 Entries are dicts of tensors written with ``torch.save`` and read with ``torch.load(weights_only=True)``
 (no pickled objects). A key hashes everything the entry depends on, so a stale entry is never read.
+
+Under a process group (:mod:`compress.core.distributed`) keys hash the *whole* calibration data (the statistics
+passes shard it themselves), so a distributed and a single-process run share entries; only the writer (rank 0)
+writes, and :func:`load_entry` is collective: an entry counts as found only when every rank can read it, so all
+ranks take the same path (and meet in the same collectives).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from .distributed import all_agree, is_writer
 from .inputs import Inputs, NamedInputs
 
 __all__ = ["model_key", "data_key", "entry_key", "load_entry", "save_entry"]
@@ -56,10 +63,15 @@ def _path(cache_dir: str | Path, key: str) -> Path:
 
 
 def load_entry(cache_dir: str | Path | None, key: str) -> dict[str, torch.Tensor] | None:
-    """The cached dict of tensors, or None when absent or unreadable."""
+    """The cached dict of tensors, or None when absent or unreadable (on any rank, under a process group:
+    every rank must call this with the same key)."""
     if cache_dir is None:
         return None
-    path = _path(cache_dir, key)
+    entry = _read(_path(cache_dir, key))
+    return entry if all_agree(entry is not None) else None
+
+
+def _read(path: Path) -> dict[str, torch.Tensor] | None:
     if not path.is_file():
         return None
     try:
@@ -70,8 +82,9 @@ def load_entry(cache_dir: str | Path | None, key: str) -> dict[str, torch.Tensor
 
 
 def save_entry(cache_dir: str | Path | None, key: str, entry: dict[str, torch.Tensor]) -> None:
-    """Write an entry atomically (temporary file, then rename)."""
-    if cache_dir is None:
+    """Write an entry atomically (temporary file, then rename); only the writer rank writes
+    (:func:`~compress.core.distributed.is_writer`), other ranks return without touching the disk."""
+    if cache_dir is None or not is_writer():
         return
     path = _path(cache_dir, key)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -225,6 +225,12 @@ class FakeQuant:
         found = {name: _range(m, self.format) for name, m in self.layers.items()}
         return {name: r for name, r in found.items() if r is not None}
 
+    def range_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The layers' range buffers (minima, maxima; 0-d float32), in the order of :attr:`layers`, to be updated in
+        place (e.g. agreed across the ranks of a data-parallel recovery)."""
+        lows, highs = ([getattr(m, name) for m in self.layers.values()] for name in _RANGE_BUFFERS)
+        return lows, highs
+
     @torch.no_grad()
     def calibrate(self, batches: Iterable[torch.Tensor]) -> None:
         """Reset the ranges to the exact min/max of each layer's input over ``batches`` of the float model (eval

@@ -11,6 +11,24 @@ MSE normalised by the teacher feature's variance so that points of different sca
 With ``int8`` set the recovery is quantisation-aware (:mod:`compress.core.qat`): the student trains with weights and
 layer inputs fake-quantised in that target's INT8 format, and the activation ranges kept with the best weights are
 returned for the INT8 export to reuse.
+
+Under ``torch.distributed`` (a process group of more than one rank, from ``torchrun`` and
+:func:`compress.core.distributed.init_from_env`, or set up by the caller) the recovery runs data-parallel. Every
+rank passes the same whole data; each epoch draws one seeded permutation, the same on every rank, and cuts it into
+the single-process batches of ``batch_size``; each rank trains on its contiguous share of every batch
+(``batch_size / world`` samples; when that does not divide, the shares differ by one sample and each rank's loss is
+weighted by its share of the batch, so the gradient DistributedDataParallel averages is still the batch's mean);
+a batch with fewer samples than ranks is skipped. Two things agree with a single process only in distribution: dropout
+masks (each rank draws its own) and the variance normalising a matched feature (each rank's share's). The
+teacher's outputs are computed once, for each rank's share
+of each split only, the held-out objective and metrics are all-reduced as sums and counts, and every decision
+(early stopping, the first Ctrl-C) is the same on all ranks. BatchNorm statistics are *frozen* during the steps
+(:attr:`RecoveryConfig.freeze_batchnorm`): SyncBatchNorm runs on GPUs only, and frozen statistics need no
+collective per layer and no minimum share size; they are re-estimated exactly over the whole training split before
+the first epoch and after each (batches dealt out to the ranks, averages all-reduced). The recovery writes no
+files; a caller saving its result does so on :func:`compress.core.distributed.is_writer` only. An exception on one
+rank is logged with its rank and raised; the others fail at their next collective (at the latest after the
+process group's timeout), so every rank exits non-zero.
 """
 
 from __future__ import annotations
@@ -21,6 +39,8 @@ import dataclasses
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -28,14 +48,16 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from .data import Dataset
+from .distributed import all_reduce_max, all_reduce_sum, is_writer, rank_seed, shard, shard_bounds, world
 from .errors import CompressionError
 from .evaluate import eval_mode, predict
 from .progress import log_progress
-from .qat import INT8_FORMATS, fake_quant
+from .qat import INT8_FORMATS, FakeQuant, fake_quant
 from .train import distillation_loss, task_loss
-from .inputs import call
+from .inputs import Inputs, args_of, call
 
 __all__ = ["RecoveryConfig", "RecoveryResult", "recover", "held_out_metrics", "feature_points",
            "recalibrate_batchnorm"]
@@ -59,6 +81,7 @@ class RecoveryConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     batch_size: int = 64
+    """Samples per optimiser step; under DDP the global batch, of which each rank takes ``batch_size / world``."""
     warmup: float = 0.1
     """Fraction of the steps with a linear learning-rate warm-up before the cosine decay."""
     val_fraction: float = 0.2
@@ -78,7 +101,12 @@ class RecoveryConfig:
     are taken for logits (give ``regression`` for an unlabelled multi-output regressor)."""
     catch_interrupt: bool = True
     """Whether a KeyboardInterrupt ends this recovery early (the first Ctrl-C of a command); a caller that already
-    had one turns this off so that the second aborts."""
+    had one turns this off so that the second aborts. Under DDP the first SIGINT on any rank ends it on all ranks
+    after the same step."""
+    freeze_batchnorm: bool | None = None
+    """BatchNorm layers normalise by their running statistics during the steps (re-estimated before the first
+    epoch and after each) instead of by each batch's; their affine parameters still train. None: frozen under DDP
+    (a process group of more than one rank, which requires it), batch statistics in a single process."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -220,24 +248,33 @@ def feature_points(teacher: nn.Module, student: nn.Module, names: list[str], pro
     return kept, skipped
 
 
+def _metric_sums(ref: torch.Tensor, out: torch.Tensor, y: torch.Tensor | None, task: str
+                 ) -> dict[str, tuple[float, int]]:
+    """Each metric of :func:`held_out_metrics` as (sum, count): its value is sum / count, over any union of parts."""
+    ref, out = ref.double(), out.double()
+    sums: dict[str, tuple[float, int]] = {}
+    if resolve_task(task, y, ref) == "classification":
+        sums["agreement"] = (float((out.argmax(1) == ref.argmax(1)).double().sum()), len(out))
+        sums["kl"] = (float(F.kl_div(F.log_softmax(out, 1), F.log_softmax(ref, 1), log_target=True,
+                                     reduction="sum")), len(out))
+    else:
+        sums["mse_to_original"] = (float(((out - ref) ** 2).sum()), out.numel())
+    if _has_class_labels(y) and out.dim() == 2:
+        sums["accuracy"] = (float((out.argmax(1) == y).double().sum()), len(out))
+    elif y is not None:
+        sums["mse"] = (float(((out - y.double().reshape(out.shape)) ** 2).sum()), out.numel())
+    return sums
+
+
 @torch.no_grad()
 def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batch_size: int = 256,
                      task: str = "auto") -> dict[str, float]:
     """Agreement and KL (T=1) with the teacher for classifiers, MSE to it otherwise; accuracy or MSE with labels
-    (``task`` as :attr:`RecoveryConfig.task`)."""
-    ref, out = predict(teacher, data, batch_size).double(), predict(student, data, batch_size).double()
-    res: dict[str, float] = {}
-    if resolve_task(task, data.y, ref) == "classification":
-        res["agreement"] = float((out.argmax(1) == ref.argmax(1)).double().mean())
-        res["kl"] = float(F.kl_div(F.log_softmax(out, 1), F.log_softmax(ref, 1), log_target=True,
-                                   reduction="batchmean"))
-    else:
-        res["mse_to_original"] = float(F.mse_loss(out, ref))
-    if _has_class_labels(data.y) and out.dim() == 2:
-        res["accuracy"] = float((out.argmax(1) == data.y).double().mean())
-    elif data.y is not None:
-        res["mse"] = float(((out - data.y.double().reshape(out.shape)) ** 2).mean())
-    return res
+    (``task`` as :attr:`RecoveryConfig.task`). Under a process group ``data`` is this rank's part and the metrics
+    are those of all ranks' parts together (sums and counts all-reduced)."""
+    sums = _metric_sums(predict(teacher, data, batch_size), predict(student, data, batch_size), data.y, task)
+    totals = all_reduce_sum(torch.tensor([v for pair in sums.values() for v in pair], dtype=torch.float64))
+    return {name: float(totals[2 * i] / totals[2 * i + 1]) for i, name in enumerate(sums)}
 
 
 CACHE_LIMIT = 50_000_000
@@ -245,35 +282,43 @@ CACHE_LIMIT = 50_000_000
 
 
 @torch.no_grad()
-def _teacher_outputs(teacher: nn.Module, data: Dataset, features: _FeatureMatch | None) -> torch.Tensor | None:
+def _teacher_outputs(teacher: nn.Module, data: Dataset, features: _FeatureMatch | None, gather: bool = False
+                     ) -> torch.Tensor | None:
     """The teacher's outputs on all of ``data``, computed once (the teacher is frozen and in eval mode, so they
-    are the same every epoch); None when features are matched (their hooks need the forward) or too large."""
+    are the same every epoch); None when features are matched (their hooks need the forward) or too large.
+    ``gather``: every rank computes its shard only and the shards are all-reduced into the whole."""
     if features is not None and features.points:
         return None
     with eval_mode(teacher):
         probe = call(teacher, data.x[:1])
     if probe.numel() * len(data) > CACHE_LIMIT:
         return None
-    return predict(teacher, data, 256)
+    if not gather or _world_size() == 1:
+        return predict(teacher, data, 256)
+    start, stop = shard_bounds(len(data))
+    whole = torch.zeros((len(data), *probe.shape[1:]), dtype=torch.float64)
+    whole[start:stop] = predict(teacher, shard(data), 256).double()
+    return all_reduce_sum(whole).to(probe.dtype)  # the other rows are zeros: the sum is exact
 
 
-def _indexed(data: Dataset, batch_size: int, shuffle: bool = False, generator: torch.Generator | None = None
-             ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
-    """``(x, y, indices)`` batches of ``data``."""
-    for xb, idx in Dataset(data.x, torch.arange(len(data))).batches(batch_size, shuffle, generator):
+def _indexed(data: Dataset, batch_size: int) -> Iterator[tuple[Inputs, torch.Tensor | None, torch.Tensor]]:
+    """``(x, y, indices)`` batches of ``data`` in order."""
+    for xb, idx in Dataset(data.x, torch.arange(len(data))).batches(batch_size):
         yield xb, (None if data.y is None else data.y[idx]), idx
 
 
 @torch.no_grad()
 def _val_loss(teacher: nn.Module, student: nn.Module, val: Dataset, cfg: RecoveryConfig,
               features: _FeatureMatch | None = None, cached: torch.Tensor | None = None) -> float:
-    """The training objective on the held-out split (the early-stopping criterion)."""
+    """The training objective on the held-out split (the early-stopping criterion); under a process group ``val``
+    is this rank's part and the sum and count are all-reduced."""
     total, n = 0.0, 0
     with eval_mode(student):
         for xb, yb, idx in _indexed(val, 256):
             ref = call(teacher, xb) if cached is None else cached[idx]
             total += float(_loss(call(student, xb), ref, yb, cfg, features)) * len(xb)
             n += len(xb)
+    total, n = all_reduce_sum(torch.tensor([total, n], dtype=torch.float64)).tolist()
     return total / max(n, 1)
 
 
@@ -293,10 +338,13 @@ def _schedule(total_steps: int, warmup: float) -> Callable[[int], float]:
 @torch.no_grad()
 def recalibrate_batchnorm(model: nn.Module, data: Dataset, batch_size: int) -> None:
     """Re-estimate BatchNorm running statistics as exact averages over ``data`` (momentum=None), then eval. A last
-    batch of one sample (which BatchNorm cannot normalise in training mode) joins the one before."""
+    batch of one sample (which BatchNorm cannot normalise in training mode) joins the one before.
+
+    Under a process group ``data`` is the whole data on every rank: the batches are dealt out to the ranks in
+    turn and each layer's averages, weighted by its number of batches, are all-reduced (the same statistics)."""
     if len(data) > 1 and len(data) % batch_size == 1:
         batch_size += 1
-    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    bns = [m for m in model.modules() if isinstance(m, _BatchNorm)]
     if not bns:
         return
     saved = [m.momentum for m in bns]
@@ -304,23 +352,45 @@ def recalibrate_batchnorm(model: nn.Module, data: Dataset, batch_size: int) -> N
         m.reset_running_stats()
         m.momentum = None
     model.train()
+    rank, size = world() or (0, 1)
     try:
-        for xb in data.inputs(batch_size):
-            call(model, xb)
+        for idx in torch.arange(len(data)).split(batch_size)[rank::size]:
+            call(model, data.x[idx])
     finally:
         for m, momentum in zip(bns, saved):
             m.momentum = momentum
         model.eval()
+    if size > 1:
+        _average_batchnorm([m for m in bns if m.running_mean is not None])
+
+
+def _average_batchnorm(bns: list[_BatchNorm]) -> None:
+    """Each rank's cumulative averages over its own k batches, weighted by k and all-reduced: the average over
+    every rank's batches (a rank with none contributes nothing)."""
+    counts = torch.tensor([float(m.num_batches_tracked) for m in bns], dtype=torch.float64)
+    parts = [torch.cat([m.running_mean, m.running_var]).double() * k for m, k in zip(bns, counts)]
+    flat = all_reduce_sum(torch.cat([counts, *parts]))
+    offset = len(bns)
+    for m, k in zip(bns, flat[:len(bns)]):
+        n = m.running_mean.numel()
+        block = flat[offset:offset + 2 * n] / k.clamp_min(1)
+        offset += 2 * n
+        m.running_mean.copy_(block[:n])
+        m.running_var.copy_(block[n:])
+        m.num_batches_tracked.fill_(int(k))
 
 
 def _step(student: nn.Module, teacher: nn.Module, xb: torch.Tensor, yb: torch.Tensor | None,
           opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, cfg: RecoveryConfig,
-          features: _FeatureMatch | None = None, ref: torch.Tensor | None = None) -> None:
-    """One optimiser step on one batch (``ref``: the teacher's outputs on it, when already known)."""
+          features: _FeatureMatch | None = None, ref: torch.Tensor | None = None, weight: float = 1.0) -> None:
+    """One optimiser step on one batch (``ref``: the teacher's outputs on it, when already known; ``weight``: the
+    factor on the loss, a rank's share of the batch times the world size under DDP)."""
     if ref is None:
         with torch.no_grad():
             ref = call(teacher, xb)
     loss = _loss(call(student, xb), ref, yb, cfg, features)
+    if weight != 1.0:
+        loss = loss * weight
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -351,15 +421,133 @@ class _Threads:
         torch.set_num_threads(self.saved)
 
 
-def _epochs(train: Dataset, cfg: RecoveryConfig) -> Iterator[tuple[int, Iterator]]:
-    """(epoch number from 1, batches) for the budget; ``steps`` ends the last epoch part-way."""
-    per_epoch = math.ceil(len(train) / cfg.batch_size)
+def _epochs(n: int, cfg: RecoveryConfig, ranks: int = 1) -> Iterator[tuple[int, Iterator[torch.Tensor]]]:
+    """(epoch number from 1, index batches): one seeded permutation of the ``n`` training samples per epoch, the
+    same on every rank, cut into batches of ``cfg.batch_size``; ``steps`` ends the last epoch part-way. A batch of
+    one sample (which BatchNorm cannot normalise) is skipped unless it is all the data, and under DDP a batch with
+    fewer samples than ``ranks``."""
+    per_epoch = math.ceil(n / cfg.batch_size)
     total = cfg.steps or cfg.epochs * per_epoch
+    least = 1 if n == 1 and ranks == 1 else max(2, ranks)
     gen = torch.Generator().manual_seed(cfg.seed)
     for epoch in range(1, math.ceil(total / per_epoch) + 1):
         left = total - (epoch - 1) * per_epoch
-        batches = _indexed(train, cfg.batch_size, shuffle=True, generator=gen)
-        yield epoch, (b for _, b in zip(range(min(left, per_epoch)), batches) if len(b[0]) > 1 or len(train) == 1)
+        order = torch.randperm(n, generator=gen)
+        yield epoch, (idx for idx in order.split(cfg.batch_size)[:min(left, per_epoch)] if len(idx) >= least)
+
+
+def _share(train: Dataset, idx: torch.Tensor, refs: torch.Tensor | None
+           ) -> tuple[Inputs, torch.Tensor | None, torch.Tensor | None, float]:
+    """This rank's contiguous share of the batch ``idx`` of ``train`` (all of it in one process): inputs, labels,
+    cached teacher outputs, and the loss weight share/batch × world, so that DistributedDataParallel's average of
+    the ranks' gradients is the gradient of the batch's mean loss."""
+    mine = shard(idx)
+    weight = len(mine) * _world_size() / len(idx)
+    return train.x[mine], None if train.y is None else train.y[mine], None if refs is None else refs[mine], weight
+
+
+def _world_size() -> int:
+    w = world()
+    return 1 if w is None else w[1]
+
+
+def _train_mode(model: nn.Module, freeze_batchnorm: bool) -> None:
+    """Training mode; BatchNorm layers stay in eval mode (normalising by their running statistics) when frozen."""
+    model.train()
+    if freeze_batchnorm:
+        for m in model.modules():
+            if isinstance(m, _BatchNorm):
+                m.eval()
+
+
+def _parallel(student: nn.Module, probe: Inputs) -> nn.Module:
+    """``student`` in DistributedDataParallel under a process group (rank 0's weights and buffers broadcast, its
+    buffers again before each step's forward: a few small tensors, equal on every rank anyway since BatchNorm
+    statistics are frozen and averaged by the recalibration and fake-quantisation ranges agreed after each step;
+    gradients averaged), else itself."""
+    if _world_size() == 1:
+        return student
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(student, find_unused_parameters=_has_unused_parameters(student, probe))
+
+
+def _has_unused_parameters(model: nn.Module, probe: Inputs) -> bool:
+    """Whether a trainable parameter gets no gradient from the output (DDP must then look for them at each step)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    with torch.enable_grad(), eval_mode(model):
+        grads = torch.autograd.grad(call(model, probe).sum(), params, allow_unused=True)
+    return any(g is None for g in grads)
+
+
+def _agree_ranges(quant: FakeQuant | None) -> None:
+    """Under DDP, each fake-quantised layer's range becomes the union of the ranks' (least minimum, greatest
+    maximum). After calibration on the shards that is the exact range over all of them; after a step it is the
+    single-process moving average, since every rank moved from the same range towards its share's extremes (only
+    within the step each rank quantised with its own share's update)."""
+    if quant is None or _world_size() == 1:
+        return
+    lows, highs = quant.range_buffers()
+    both = all_reduce_max(torch.cat([-torch.stack(lows), torch.stack(highs)]).double())
+    for buf, value in zip(lows + highs, torch.cat([-both[:len(lows)], both[len(lows):]])):
+        buf.fill_(value)
+
+
+class _StopRequest:
+    """Under DDP, the first SIGINT on any rank ends the training on every rank after the same step: the handler
+    only records it, the ranks agree on it after each step (a max all-reduce), and a second SIGINT raises a
+    KeyboardInterrupt that aborts (``aborted``)."""
+
+    def __init__(self, active: bool) -> None:
+        self.active, self.requested, self.aborted, self.installed = active, False, False, False
+
+    def __enter__(self) -> "_StopRequest":
+        if self.active and threading.current_thread() is threading.main_thread():
+            self.saved, self.installed = signal.signal(signal.SIGINT, self._handle), True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, self.saved)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            self.aborted = True
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def agreed(self) -> bool:
+        """Whether any rank was asked to stop (a collective under DDP: every rank calls it after every step)."""
+        if not self.active:
+            return False
+        return bool(all_reduce_max(torch.tensor([int(self.requested)], dtype=torch.int64)).item())
+
+
+@contextlib.contextmanager
+def _reported() -> Iterator[None]:
+    """Under a process group, log an exception with this rank's number before it propagates."""
+    try:
+        yield
+    except Exception as exc:
+        w = world()
+        if w is not None and w[1] > 1:
+            log.error("recovery failed on rank %d of %d: %s: %s; the other ranks fail at their next collective (at "
+                      "the latest after the process group's timeout)", w[0], w[1], type(exc).__name__, exc)
+        raise
+
+
+def _require_same_everywhere(data: Dataset, teacher: nn.Module) -> None:
+    """Under a process group, refuse different data or originals on the ranks (their shares would not tile one
+    dataset): sample counts and float64 checksums of the inputs and of the original's parameters are compared."""
+    if _world_size() == 1:
+        return
+    local = torch.tensor([len(data), sum(float(t.double().sum()) for t in args_of(data.x)),
+                          sum(float(p.double().sum()) for p in teacher.parameters())], dtype=torch.float64)
+    extremes = all_reduce_max(torch.cat([local, -local]))
+    if not torch.allclose(extremes[:3], -extremes[3:], rtol=1e-9, atol=0.0, equal_nan=True):
+        raise CompressionError("recovery under torch.distributed needs the same whole data and the same original "
+                               "model on every rank (each rank takes its share itself), but their sample counts or "
+                               "checksums differ; pass every rank all of the data")
 
 
 def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: RecoveryConfig,
@@ -370,16 +558,29 @@ def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: R
     is ``("auto",)``. The first KeyboardInterrupt ends the training early: the best weights so far are kept and
     the result says ``interrupted``; a second one while finishing propagates. The architecture (state-dict keys
     and shapes) never changes; ``compressed`` is left in eval mode.
+
+    Under a process group of more than one rank every rank calls this with the same arguments (the whole data)
+    and it trains data-parallel (see the module's notes); every rank ends with the same weights and result.
     """
     t0 = time.perf_counter()
+    with _reported():
+        result = _recover(original, compressed, data, config, state_points)
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+def _recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: RecoveryConfig,
+             state_points: Sequence[str]) -> RecoveryResult:
     shapes = _shapes(compressed)
     teacher = copy.deepcopy(original).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
+    _require_same_everywhere(data, teacher)
     train, val, same = _split(data, config)
-    config = _resolved(config, teacher, data)
+    config = _resolved(config, teacher, data, min(len(train), len(val)))
+    val_part = shard(val)  # this rank's part of the held-out split (all of it in one process)
     result = RecoveryResult(held_out_samples=len(val), held_out_is_training_data=same)
-    result.before = held_out_metrics(teacher, compressed, val, task=config.task)
+    result.before = held_out_metrics(teacher, compressed, val_part, task=config.task)
     if config.enabled:
         names = list(state_points) if config.features == ("auto",) else list(config.features)
         result.feature_points, result.feature_points_skipped = feature_points(teacher, compressed, names,
@@ -391,75 +592,106 @@ def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: R
                                    "compressed model; give module names as in model.named_modules(), or 'auto'")
         with _Threads(), torch.random.fork_rng(devices=[]), \
                 _FeatureMatch(teacher, compressed, result.feature_points) as features, \
-                _quantisation_aware(compressed, train, config, result):
-            torch.manual_seed(config.seed)
-            _train(teacher, compressed, train, val, config, result, features)
+                _quantisation_aware(compressed, train, config, result) as quant:
+            torch.manual_seed(rank_seed(config.seed))
+            _train(teacher, compressed, train, val_part, config, result, features, quant)
     compressed.eval()
     if _shapes(compressed) != shapes:
         raise CompressionError("internal error: recovery changed the model's architecture (state-dict keys or "
                                "shapes); please report it")
-    result.after = held_out_metrics(teacher, compressed, val, task=config.task)
-    result.wall_s = time.perf_counter() - t0
+    result.after = held_out_metrics(teacher, compressed, val_part, task=config.task)
     return result
 
 
-def _resolved(config: RecoveryConfig, teacher: nn.Module, data: Dataset) -> RecoveryConfig:
-    """``config`` with its task decided (:func:`resolve_task`); refuses a label-only loss without labels."""
+def _resolved(config: RecoveryConfig, teacher: nn.Module, data: Dataset, smallest_split: int) -> RecoveryConfig:
+    """``config`` with its task decided (:func:`resolve_task`) and its BatchNorm treatment; refuses a label-only
+    loss without labels, and under DDP batch statistics or a split smaller than the number of ranks."""
     if config.enabled and config.alpha == 1.0 and data.y is None:
         raise CompressionError("--recover-alpha 1 trains on the labels alone and the data has none; lower it "
                                "(0 = distillation from the original, which needs inputs only)")
+    size = _world_size()
+    if size > 1 and config.freeze_batchnorm is False and config.enabled:
+        raise CompressionError(f"recovery under torch.distributed ({size} ranks) freezes BatchNorm statistics "
+                               "(SyncBatchNorm runs on GPUs only); leave freeze_batchnorm unset or True, or run in "
+                               "one process")
+    if size > 1 and smallest_split < size:
+        raise CompressionError(f"a recovery split of {smallest_split} samples cannot be shared out among {size} "
+                               f"ranks; give at least {size} samples per split (see --recover-val-fraction) or "
+                               "use fewer ranks")
     with torch.no_grad(), eval_mode(teacher):
         probe = call(teacher, data.x[:2])
-    return dataclasses.replace(config, task=resolve_task(config.task, data.y, probe))
+    freeze = size > 1 if config.freeze_batchnorm is None else config.freeze_batchnorm
+    return dataclasses.replace(config, task=resolve_task(config.task, data.y, probe), freeze_batchnorm=freeze)
 
 
 @contextlib.contextmanager
 def _quantisation_aware(student: nn.Module, train: Dataset, cfg: RecoveryConfig, result: RecoveryResult
-                        ) -> Iterator[None]:
+                        ) -> Iterator[FakeQuant | None]:
     """Fake-quantise ``student`` in ``cfg.int8``'s format for the block (nothing when None), ranges calibrated on
-    ``train``'s inputs; then the ranges go into ``result``. They are buffers of the layers while the block runs,
-    so loading the best epoch's state dict restores that epoch's ranges with its weights."""
+    ``train``'s inputs (each rank's shard, ranges agreed); then the ranges go into ``result``. They are buffers of
+    the layers while the block runs, so loading the best epoch's state dict restores that epoch's ranges with its
+    weights."""
     if cfg.int8 is None:
-        yield
+        yield None
         return
-    with fake_quant(student, cfg.int8, calibration=train.inputs(256)) as fq:
-        yield
+    with fake_quant(student, cfg.int8, calibration=shard(train).inputs(256)) as fq:
+        _agree_ranges(fq)
+        yield fq
         result.activation_ranges = {name: asdict(r) for name, r in fq.ranges().items()}
     result.int8_target = cfg.int8
 
 
 def _train(teacher: nn.Module, student: nn.Module, train: Dataset, val: Dataset, cfg: RecoveryConfig,
-           result: RecoveryResult, features: _FeatureMatch) -> None:
-    """The training loop of :func:`recover`; fills the budget fields of ``result``; best weights loaded."""
+           result: RecoveryResult, features: _FeatureMatch, quant: FakeQuant | None) -> None:
+    """The training loop of :func:`recover`; fills the budget fields of ``result``; best weights loaded. Under DDP
+    ``train`` is the whole training split and ``val`` this rank's part of the held-out one."""
     per_epoch = math.ceil(len(train) / cfg.batch_size)
     total = cfg.steps or cfg.epochs * per_epoch
+    net, writer = _parallel(student, train.x[:2]), is_writer()
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(total, cfg.warmup))
     best_loss, best_state = math.inf, copy.deepcopy(student.state_dict())
-    try:
-        refs, val_refs = _teacher_outputs(teacher, train, features), _teacher_outputs(teacher, val, features)
-        best_loss = _val_loss(teacher, student, val, cfg, features, val_refs)
-        for epoch, batches in _epochs(train, cfg):
-            student.train()
-            for xb, yb, idx in batches:
-                _step(student, teacher, xb, yb, opt, sched, cfg, features, None if refs is None else refs[idx])
-                result.steps += 1
-                result.samples_seen += len(xb)
-                log_progress(log, TASK, result.steps, total)
-            recalibrate_batchnorm(student, train, cfg.batch_size)
-            result.epochs = epoch
-            loss = _val_loss(teacher, student, val, cfg, features, val_refs)
-            if loss < best_loss:
-                best_loss, best_state, result.best_epoch = loss, copy.deepcopy(student.state_dict()), epoch
-            elif epoch - result.best_epoch >= cfg.patience:
-                result.stopped_early = True
-                log.info("recovery stopped early at epoch %d (best %d)", epoch, result.best_epoch)
-                break
-    except KeyboardInterrupt:
-        if not cfg.catch_interrupt:
-            raise
-        result.interrupted = True
-        log.warning("recovery interrupted after %d steps; keeping the best weights so far (epoch %d)",
-                    result.steps, result.best_epoch)
-    log_progress(log, TASK, total, total)
+    with _StopRequest(_world_size() > 1 and cfg.catch_interrupt) as stop:
+        try:
+            refs = _teacher_outputs(teacher, train, features, gather=True)
+            val_refs = _teacher_outputs(teacher, val, features)
+            best_loss = _val_loss(teacher, student, val, cfg, features, val_refs)
+            if cfg.freeze_batchnorm:  # the statistics the steps normalise by: those of the starting weights
+                recalibrate_batchnorm(student, train, cfg.batch_size)
+            for epoch, batches in _epochs(len(train), cfg, _world_size()):
+                _train_mode(student, bool(cfg.freeze_batchnorm))
+                for idx in batches:
+                    xb, yb, ref, weight = _share(train, idx, refs)
+                    _step(net, teacher, xb, yb, opt, sched, cfg, features, ref, weight)
+                    _agree_ranges(quant)
+                    result.steps += 1
+                    result.samples_seen += len(idx)
+                    _progress(result.steps, total)
+                    if stop.agreed():
+                        raise KeyboardInterrupt
+                recalibrate_batchnorm(student, train, cfg.batch_size)
+                result.epochs = epoch
+                loss = _val_loss(teacher, student, val, cfg, features, val_refs)
+                if loss < best_loss:
+                    best_loss, best_state, result.best_epoch = loss, copy.deepcopy(student.state_dict()), epoch
+                elif epoch - result.best_epoch >= cfg.patience:
+                    result.stopped_early = True
+                    if writer:
+                        log.info("recovery stopped early at epoch %d (best %d)", epoch, result.best_epoch)
+                    break
+        except KeyboardInterrupt:
+            if not cfg.catch_interrupt or stop.aborted:
+                raise
+            result.interrupted = True
+            if writer:
+                log.warning("recovery interrupted after %d steps; keeping the best weights so far (epoch %d)",
+                            result.steps, result.best_epoch)
+        result.interrupted = stop.agreed() or result.interrupted  # a SIGINT after the last step, on any rank
+    _progress(total, total)
     student.load_state_dict(best_state)
+
+
+def _progress(done: int, total: int) -> None:
+    """The recovery's progress, reported by the writer (rank 0) only."""
+    if is_writer():
+        log_progress(log, TASK, done, total)

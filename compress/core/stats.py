@@ -2,7 +2,9 @@
 
 A Linear layer's rows are all leading positions of its input; a ConvNd layer's rows are its im2col patches
 (batch × output positions, stride/padding/dilation respected). Rows are unfolded in chunks so the extra
-memory stays under a cap, and accumulated in float64 on the CPU.
+memory stays under a cap, and accumulated in float64 on the CPU. Under a process group
+(:mod:`compress.core.distributed`) each rank runs its shard of the data and the sums and row counts are
+all-reduced, so every rank ends with the statistics of all the data.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import Dataset
+from .distributed import all_reduce_max, all_reduce_sum, shard, sum_count
 from .errors import require_finite
 from .evaluate import eval_mode, hooks_removed
 from .lowrank import matrix_view
@@ -109,6 +112,13 @@ def _accumulate(stats: MomentStats, layer: nn.Module, x: torch.Tensor, cap: int,
         stats.chunks += 1
 
 
+def _all_reduce(stats: MomentStats) -> None:
+    """Sums, row and chunk counts over the ranks (a no-op in one process)."""
+    all_reduce_sum(stats.total)
+    stats.rows, stats.chunks = sum_count(stats.rows), sum_count(stats.chunks)
+    stats.over_cap = bool(all_reduce_max(torch.tensor([int(stats.over_cap)], dtype=torch.int64)).item())
+
+
 @dataclass
 class _Collector:
     layers: dict[str, nn.Module]
@@ -136,6 +146,9 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
         memory_cap_bytes: bound on the unfolded rows (and their cast) held at once per layer.
         dtype: precision of the per-chunk products XᵀX ("float64", or "float32" for ~2× speed);
             accumulation across chunks is always float64.
+
+    Under a process group each rank runs its :func:`~compress.core.distributed.shard` of ``data`` and the
+    sums and counts are all-reduced (every rank must call this with the same arguments).
     """
     if dtype not in STATS_DTYPES:
         raise ValueError(f"unknown statistics dtype {dtype!r}; choose one of {sorted(STATS_DTYPES)}")
@@ -144,10 +157,12 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
         v = matrix_view(layer)
         col.stats[name] = MomentStats(v.groups, v.fan_in)
     hooks = [layer.register_forward_pre_hook(col.hook(name)) for name, layer in layers.items()]
+    local = shard(data)
     with hooks_removed(hooks), eval_mode(model):
-        total = -(-len(data) // batch_size)
-        for xb in tracked(data.inputs(batch_size), total, "input statistics (batches)", log):
+        total = -(-len(local) // batch_size)
+        for xb in tracked(local.inputs(batch_size), total, "input statistics (batches)", log):
             call(model, xb)
     for name, st in col.stats.items():
+        _all_reduce(st)
         require_finite(st.total, name, f"input second moments ({dtype} products)")
     return col.stats

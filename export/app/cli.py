@@ -470,22 +470,46 @@ def _recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
 @click.option("--dynamic-axes", "dynamic_axes", multiple=True,
               help="Dynamic axes of one input kept by the .pt2 program, in order ('_' = fixed), repeatable: "
                    "input_ids:batch,seq.")
+@click.option("--distributed", is_flag=True,
+              help="Share the statistics passes and the recovery across the ranks of a torchrun launch (gloo on "
+                   "CPU, NCCL on GPU; automatic under torchrun); rank 0 writes the outputs.")
 @_image_options
 @_recovery_options
 @method_options
 @common
 def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
                  report_path: str | None, target_provider: str, holdout: float, dynamic_axes: tuple[str, ...],
-                 quiet: bool, as_json: bool,
+                 distributed: bool, quiet: bool, as_json: bool,
                  **opts: Any) -> None:
-    """Compress MODEL with one method and save it as a torch.export program."""
+    """Compress MODEL with one method and save it as a torch.export program.
+
+    Under ``torchrun`` (or with ``--distributed``) every rank runs this command: the statistics passes and the
+    recovery share the calibration data by rank, and rank 0 alone writes the program and the report.
+    """
+    import contextlib
+
+    from compress.core.distributed import is_writer, launched_by_torchrun, process_group
+
+    if distributed and not launched_by_torchrun():
+        raise click.UsageError("--distributed needs the torch.distributed environment (RANK, WORLD_SIZE, "
+                               "MASTER_ADDR, MASTER_PORT): start with torchrun --nproc-per-node N -m "
+                               "export.app.cli compress ...")
+    group = process_group() if launched_by_torchrun() else contextlib.nullcontext()
+    with group:
+        writer = is_writer()
+        _compress(model, method, data, weights, trust_pickle, out, report_path, target_provider, holdout,
+                  dynamic_axes, Console(quiet or not writer, as_json and writer), writer, opts)
+
+
+def _compress(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
+              report_path: str | None, target_provider: str, holdout: float, dynamic_axes: tuple[str, ...],
+              con: Console, writer: bool, opts: dict[str, Any]) -> None:
     from compress import compress
     from export.app.method_options import build_config, provider_defaults
     from export.app.mismatch import check_data
     from export.app.pipeline import write_json
     from export.serialize import save_program
 
-    con = Console(quiet, as_json)
     _prepare_outputs([out, report_path], model, weights, data)
     used: set[str] = set()
     preprocess = _image_preprocess(opts)
@@ -497,12 +521,15 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
     _warn_aliases(used)
     net, calib, held = _load_inputs(model, weights, trust_pickle, data, None, holdout, preprocess)
     check = check_data(net, {"evaluation": held, "calibration": calib})  # compress warns; run and tune stop
-    _warn_data_check(check)
+    if writer:
+        _warn_data_check(check)
     con.progress(_calib_line(len(calib), held, holdout))
     con.progress(f"compressing {model} with {method}")
     small, report = compress(net, calib, method, config, recovery, held if held is not None and len(held) else None)
     _record_held_out(report, net, small, calib, held, holdout)
     report.measured["data_check"] = asdict(check)
+    if not writer:  # another rank of a torchrun launch: rank 0 writes
+        return
     save_program(small, calib.x[:2], Path(out), dynamic_axes=_shape_options((), dynamic_axes)[1])
     if report_path:
         write_json(report, Path(report_path))
@@ -628,10 +655,15 @@ def _provider_settings(options: tuple[str, ...], config: str | None, providers: 
     any work), since nothing would use them."""
     from runtime_bench.provider_options import load_provider_config, merge_settings
 
-    settings = merge_settings(load_provider_config(config) if config else None, options)
+    from_file = load_provider_config(config) if config else {}
+    skipped = sorted(set(from_file) - set(providers))
+    if skipped:  # one shared file may hold every provider's table
+        logging.getLogger(__name__).info("--provider-config %s: tables %s unused (not in --providers)", config,
+                                         ", ".join(skipped))
+    settings = merge_settings({k: v for k, v in from_file.items() if k in providers}, options)
     unused = sorted(set(settings) - set(providers))
     if unused:
-        raise click.UsageError(f"--provider-option/--provider-config set {', '.join(unused)}, which --providers "
+        raise click.UsageError(f"--provider-option sets {', '.join(unused)}, which --providers "
                                f"({', '.join(providers)}) does not request")
     return settings
 
@@ -673,6 +705,8 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
 
     require_image_folder(preprocess, data)
     settings = _provider_settings(provider_option, provider_config, _split_names(providers))
+    if io_binding and not set(_split_names(providers)) - {"cpu"}:
+        click.echo("WARNING: --io-binding applies to GPU providers (cuda, tensorrt); --providers has none", err=True)
     _require_providers(_split_names(providers), skip_unavailable_providers)  # fail fast, before any loading
     _prepare_outputs([out, Path(out).with_suffix(".md")], *models, data)
     x = y = None
@@ -760,9 +794,9 @@ def _pipeline_options(fn: Callable) -> Callable:
         click.option("--no-int8", is_flag=True, help="Skip INT8 quantisation."),
         click.option("--fp16", is_flag=True, help="FP16 copies (LABEL.fp16) of the original and every variant even "
                                                   "without a cuda/tensorrt provider (made anyway with one)."),
-        click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=PipelineConfig.quant_target,
-                     show_default=True,
-                     help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8."),
+        click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=None,
+                     help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8, what TensorRT "
+                          "builds. Default: tensorrt when --providers includes tensorrt, else cpu."),
         click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=PipelineConfig.quant_mode,
                      show_default=True,
                      help="static: calibrated QDQ; dynamic: weights only, activations quantised at run time."),
@@ -839,7 +873,9 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     from export.app.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
     from export.app.plan import load_plan
 
+    _refuse_torchrun("run")
     con = Console(quiet, as_json)
+    quant_target = quant_target or ("tensorrt" if "tensorrt" in _split_names(providers) else PipelineConfig.quant_target)
     preprocess, allow_mismatch = _image_preprocess(opts), opts.pop("allow_data_mismatch")
     fixed_shapes = _fixed_shapes(opts.pop("fixed_shapes"))
     recovery = _recovery_config(opts, quant_target)
@@ -874,6 +910,16 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
         case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs, dynamic_axes=case_axes)
         report = fill_run_dir([case], claim, cfg, con.progress)
     _finish_run(con, report, out)
+
+
+def _refuse_torchrun(command: str) -> None:
+    """``run``/``tune`` export and time in one process: under torchrun every rank would do it all again."""
+    from compress.core.distributed import launched_by_torchrun
+
+    if launched_by_torchrun():
+        raise click.UsageError(f"{command} does not run under torchrun (every rank would export and time): "
+                               "compress under torchrun with `minreal compress`, then pass its .pt2 to "
+                               f"`minreal {command}` in one process; tune scales out with --executor ray")
 
 
 def _axis_values_option(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
@@ -1031,9 +1077,18 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
 @click.option("--repeats", type=click.IntRange(min=1), default=None,
               help="Fresh processes per (provider, batch) in the confirmation.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
-              help="Candidate cache (default: $XDG_CACHE_HOME/minreal/tune or ~/.cache/minreal/tune).")
+              help="Candidate cache (default: $XDG_CACHE_HOME/minreal/tune or ~/.cache/minreal/tune). With "
+                   "--executor ray it must be shared storage every node mounts at the same path.")
 @click.option("--workers", type=click.IntRange(min=0), default=1, show_default=True,
-              help="Local worker processes evaluating candidates; 0 evaluates them in this process.")
+              help="Local worker processes evaluating candidates (--executor local); 0 evaluates them in this "
+                   "process.")
+@click.option("--executor", "executor_kind", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where candidates run: local processes, or Ray tasks on a cluster (pip install 'minreal[ray]'; "
+                   "minreal on every node; --cache-dir and relative input paths on shared storage).")
+@click.option("--address", help="Ray cluster to join with --executor ray: auto (default) or the head's HOST:PORT.")
+@click.option("--bench-resource", metavar="NAME",
+              help="Ray custom resource of the target-hardware nodes: benchmarks run only on such a node, started "
+                   "with `ray start --resources '{\"NAME\": 1}'` (default minreal_bench; --executor ray).")
 @click.option("--dynamic-axes", "dynamic_axes", multiple=True,
               help="Dynamic axes of one input, in order ('_' = fixed), repeatable: input_ids:batch,seq.")
 @_image_options
@@ -1044,17 +1099,18 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
              max_mse_increase: float | None, objective: str, time_budget: str | None, methods: str | None,
              plan: str | None, grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool, quant_target: str,
              screen_seconds: float | None, min_seconds: float | None, repeats: int | None, cache_dir: str | None,
-             workers: int, dynamic_axes: tuple[str, ...], quiet: bool, as_json: bool, **opts: Any) -> None:
+             workers: int, executor_kind: str, address: str | None, bench_resource: str | None,
+             dynamic_axes: tuple[str, ...], quiet: bool, as_json: bool, **opts: Any) -> None:
     """Find the fastest deployable model within a quality budget, measured on the target runtime, against the
     original in fp32 and INT8. Writes report.json/.md, front.png and chosen.onnx (chosen.pt2) into --out."""
     import dataclasses
 
     from export.app.mismatch import check_data, require_match
     from export.app.pipeline import claim_run_dir, commit_run_dir
-    from export.app.tune import (CONFIRM, SCREEN, Constraint, InlineExecutor, ProcessExecutor, SpecSource, TuneConfig,
-                                 parse_duration, tune)
+    from export.app.tune import CONFIRM, SCREEN, Constraint, SpecSource, TuneConfig, parse_duration, tune
     from export.app.tune.output import format_tune, write_tune_dir
 
+    _refuse_torchrun("tune")
     con = Console(quiet, as_json)
     preprocess, allow_mismatch = _image_preprocess(opts), opts.pop("allow_data_mismatch")
     constraint = Constraint(max_accuracy_drop, min_agreement, max_mse_increase)
@@ -1075,14 +1131,17 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
         cfg = dataclasses.replace(cfg, plan=tuple(load_plan(plan, provider_defaults(cfg.providers), used)))
         _warn_aliases(used)
     _require_providers(cfg.providers, False)
+    remote = executor_kind == "ray"
     cache = Path(cache_dir) if cache_dir else _default_cache()
+    cache = cache.resolve() if remote else cache  # the same folder for workers whatever their working directory
+    _check_executor_options(executor_kind, address, bench_resource)  # before any work: Ray may be absent
     with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data, plan)) as claim:
         net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
         check = require_match(check_data(net, {"evaluation": held, "calibration": calib}), allow_mismatch)
         _warn_data_check(check)
-        source = SpecSource(model, data, eval_data, weights, trust_pickle, preprocess) if workers else None
-        executor = ProcessExecutor(workers) if workers else InlineExecutor()
+        source = SpecSource(model, data, eval_data, weights, trust_pickle, preprocess) if workers or remote else None
         cfg = dataclasses.replace(cfg, dynamic_axes=_case_axes(cfg.dynamic_axes, calib.x, held.x if held else None))
+        executor = _tune_executor(executor_kind, workers, address, bench_resource)
         report = tune(net, calib, held, cfg, claim.staging, cache, source, executor, con.progress)
         executor.close()
         report.reference["data_check"] = asdict(check)
@@ -1093,6 +1152,29 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     files = "report.md, report.json, front.png" + (", chosen.onnx" if report.chosen else "")
     con.table(f"\ntune directory: {out} ({files}; candidate cache {cache})")
     con.result(json.loads((Path(out) / "report.json").read_text()))  # paths relative to the tune directory
+
+
+def _check_executor_options(kind: str, address: str | None, bench_resource: str | None) -> None:
+    """Refuse options of the other executor, and --executor ray without Ray installed."""
+    from export.app.tune.executor import require_ray
+
+    if kind == "local" and (address or bench_resource):
+        raise click.UsageError("--address and --bench-resource are options of --executor ray")
+    if kind == "ray":
+        if click.get_current_context().get_parameter_source("workers") is not click.core.ParameterSource.DEFAULT:
+            raise click.UsageError("--workers is for --executor local; with --executor ray the cluster's CPUs decide "
+                                   "how many candidates run at once")
+        require_ray()
+
+
+def _tune_executor(kind: str, workers: int, address: str | None, bench_resource: str | None) -> Any:
+    """The executor of `minreal tune`: local processes (``--workers``; 0: this process) or a Ray cluster."""
+    from export.app.tune import InlineExecutor, ProcessExecutor
+    from export.app.tune.executor import BENCH_RESOURCE, RayExecutor
+
+    if kind == "ray":
+        return RayExecutor(address or "auto", bench_resource or BENCH_RESOURCE)
+    return ProcessExecutor(workers) if workers else InlineExecutor()
 
 
 def _default_cache() -> Path:

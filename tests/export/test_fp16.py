@@ -122,6 +122,22 @@ def test_weights_beyond_float16_range_fail_and_nothing_is_written(tmp_path: Path
     assert not fp16_path(src).exists() and not list(tmp_path.glob(".*tmp*"))
 
 
+def test_activations_beyond_float16_range_fail_even_where_cpu_computes_in_fp32(tmp_path: Path) -> None:
+    """Weights in range, an intermediate of about 2e5: real fp16 gives inf there, ORT's CPU provider (fp32 behind
+    casts) would not show it in the outputs, so the fp32 activations are checked against 65504."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    with torch.no_grad():
+        net[0].weight.fill_(500.0)
+        net[0].bias.fill_(0.0)
+        net[2].weight.fill_(1e-3)
+    x = torch.full((24, 4), 100.0) + torch.randn(24, 4)  # hidden units near 4 * 100 * 500 = 2e5
+    src = _exported(net, x, tmp_path)
+    with pytest.raises(ParityError, match=r"reaches .* beyond float16's 65504") as info:
+        convert_fp16(src, _feeds(x))
+    assert info.value.result.passed is False and not fp16_path(src).exists()
+
+
 def test_multi_output_graph_checks_every_output(two_heads: nn.Module, tmp_path: Path) -> None:
     x = torch.randn(24, 10)
     result = convert_fp16(_exported(two_heads, x, tmp_path), _feeds(x))

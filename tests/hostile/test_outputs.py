@@ -118,7 +118,7 @@ def test_bench_unavailable_provider_fails_fast(workdir: Path, capsys: pytest.Cap
     code, _, err = run_main(["bench", "absent.onnx", "--providers", "cpu,cuda", "--out", "out/b.json"], capsys)
     assert code == 1
     (line,) = error_lines(err)
-    assert "provider cuda is unavailable" in line and "pip install onnxruntime-gpu" in line
+    assert "provider cuda is unavailable" in line and "pip install 'minreal[gpu]'" in line
     assert "--skip-unavailable-providers" in line and "absent.onnx" not in line
     assert not Path("out").exists()
 
@@ -129,7 +129,7 @@ def test_run_unavailable_provider_fails_before_loading(workdir: Path, capsys: py
                              "--providers", "tensorrt"], capsys)
     assert code == 1
     (line,) = error_lines(err)
-    assert "provider tensorrt is unavailable" in line and "pip install onnxruntime-gpu" in line
+    assert "provider tensorrt is unavailable" in line and "pip install 'minreal[tensorrt]'" in line
     assert not Path("runs").exists()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -149,3 +150,18 @@ def test_report_records_placement_per_model_and_provider(bench_report, tmp_path:
     text = write_markdown(report, tmp_path / "r.md").read_text()
     assert "## Placement" in text and "| reference | cpu | 1/1 | 1.0000 | 1.0000 | 0 | - |" in text
     assert "placement:" not in format_table(report)  # the console lists placements only when a node fell back
+
+
+def test_a_fused_engine_is_counted_against_the_model_graph() -> None:
+    """TensorRT runs its subgraph as one kernel: 1 engine + 2 CPU fallbacks is 8 of 10 graph nodes, not 1 of 3."""
+    from runtime_bench.placement import PlacedNode, Placement, against_graph
+
+    fallback = (PlacedNode("pool", "MaxPool", "CPUExecutionProvider", 0),
+                PlacedNode("fc", "Gemm", "CPUExecutionProvider", 400))
+    kernels = Placement("TensorrtExecutionProvider", nodes=3, on_provider=1, node_share=1 / 3, macs=None,
+                        mac_share=None, copies=2, fallback=fallback)
+    counted = against_graph(kernels, graph_nodes=10, graph_total_macs=4000)
+    assert (counted.nodes, counted.on_provider, counted.node_share) == (10, 8, 0.8)
+    assert counted.mac_share == pytest.approx(0.9) and counted.fallback == fallback and counted.copies == 2
+    whole = against_graph(dataclasses.replace(kernels, fallback=()), graph_nodes=10, graph_total_macs=None)
+    assert whole.node_share == 1.0 and whole.mac_share is None

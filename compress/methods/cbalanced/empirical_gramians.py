@@ -12,6 +12,9 @@ hooks and accumulated batch by batch in float64.
 
 The estimators themselves (:class:`Moments`, :func:`gram_sum`, :func:`output_directions`) are shared with the
 channel-group state points of :mod:`.graph_gramians`.
+
+Under a process group (:mod:`compress.core.distributed`) each rank runs its shard of the data; Gc's moments are
+combined exactly (:meth:`Moments.all_reduce`), Go's sums are all-reduced and divided by the global count.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 from torch import nn
 
 from ...core.data import Dataset
+from ...core.distributed import all_reduce_sum, parallel, rank_seed, shard, sum_count
 from ...core.errors import CompressionError, require_finite
 from ...core.evaluate import eval_mode
 from ...core.progress import tracked
@@ -181,6 +185,20 @@ class Moments:
             self.s2 += c.T @ c
             self.n += len(c)
 
+    def all_reduce(self) -> None:
+        """Combine the ranks' moments in place (a no-op in one process; collective otherwise), by the pairwise
+        update of Chan, Golub & LeVeque (1979) written as sums: ``N = Σ_k n_k``, ``x̄ = Σ_k n_k x̄_k / N``,
+        ``scatter = Σ_k [scatter_k + n_k (x̄_k − x̄)(x̄_k − x̄)ᵀ]``. Every rank must hold at least one row."""
+        if not parallel():
+            return
+        if self.shift is None:
+            raise CompressionError("a rank saw no state rows; give every process at least one calibration sample")
+        n = sum_count(self.n)
+        mean = all_reduce_sum(self.n * self.mean) / n
+        d = self.mean - mean
+        scatter = all_reduce_sum(self.scatter + self.n * torch.outer(d, d))
+        self.n, self.shift, self.s1, self.s2 = n, mean, torch.zeros_like(mean), scatter
+
     @property
     def mean(self) -> torch.Tensor:
         return self.shift + self.s1 / self.n
@@ -238,19 +256,22 @@ def reachability_gramians(model: nn.Module, data: Dataset, points: Sequence[str]
     Returns
     -------
     dict of str to (torch.Tensor, torch.Tensor)
-        Per point: the state mean (d,) and Gc (d, d), float64.
+        Per point: the state mean (d,) and Gc (d, d), float64 — of all of ``data`` also under a process group
+        (each rank runs its shard; the moments are combined by :meth:`Moments.all_reduce`).
     """
     if len(data) < 2:
         raise CompressionError("the reachability Gramian needs at least 2 calibration samples")
     cap = _Capture(model, points)
     moments = {p: Moments() for p in points}
     try:
-        for xb in _eval_batches(model, data, batch_size):
+        for xb in _eval_batches(model, shard(data), batch_size):
             call(model, xb)
             for p in points:
                 moments[p].update(_as_state(cap.out[p]))
     finally:
         cap.close()
+    for m in moments.values():
+        m.all_reduce()
     return {p: (m.mean, m.scatter / (m.n - 1)) for p, m in moments.items()}
 
 
@@ -261,7 +282,10 @@ def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str
 
     Exact when the model has at most ``max_exact_outputs`` outputs, else ``probes`` Rademacher probes
     (:func:`output_directions`). Assumes samples are independent in eval mode (no batch-coupled layers). J_n is
-    the Jacobian of the model's output with respect to the state at the point, for sample n.
+    the Jacobian of the model's output with respect to the state at the point, for sample n. Under a process
+    group each rank runs its shard and the sums Σ_n J_nᵀ J_n are all-reduced before the division by N; the
+    probes of each rank are seeded apart (:func:`~compress.core.distributed.rank_seed`), so a probe estimate
+    differs from the single-process one by its sampling error (the exact Go does not).
 
     Parameters
     ----------
@@ -287,12 +311,12 @@ def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str
     method : str
         ``"exact"`` or ``"probes:k"``.
     """
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(rank_seed(seed))
     cap = _Capture(model, points)
     acc: dict[str, torch.Tensor] = {}
     method = "exact"
     try:
-        for xb in _eval_batches(model, data, batch_size):
+        for xb in _eval_batches(model, shard(data), batch_size):
             xb = xb.detach().clone().requires_grad_(True)
             z = call(model, xb).reshape(len(xb), -1)
             hs = [cap.out[p] for p in points]
@@ -304,6 +328,7 @@ def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str
     finally:
         cap.close()
     for p in points:
+        all_reduce_sum(acc[p])
         require_finite(acc[p], p, "output-gradient products (observability Gramian)")
     return {p: acc[p] / len(data) for p in points}, method
 

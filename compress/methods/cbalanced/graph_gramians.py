@@ -20,6 +20,10 @@ the union over state points and slices, zero-filled to all ``d = group.size`` at
   (:func:`~.empirical_gramians.output_directions`). Gradients flow through the traced module
   (an :class:`torch.fx.Interpreter` keeps the state values, safe from later in-place operations), so J at one state point includes every path from
   it to the outputs, through the group's later state points too.
+
+Under a process group (:mod:`compress.core.distributed`) each rank runs its shard of the data; every slice's
+moments are combined exactly (:meth:`~.empirical_gramians.Moments.all_reduce`) and Go's sums and sample counts
+are all-reduced before the division.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 from torch import fx
 
 from ...core.data import Dataset
+from ...core.distributed import all_reduce_sum, rank_seed, shard, sum_count
 from ...core.errors import CompressionError, require_finite
 from ...core.evaluate import eval_mode
 from ...core.width import ChannelGroup, WidthGraph, channels_last
@@ -138,10 +143,11 @@ def _flat_output(out: Any, n: int) -> torch.Tensor:
 
 
 def _gc(wg: WidthGraph, slices: list[StateSlice], data: Dataset, batch_size: int) -> list[Moments]:
-    """Streaming moments of every slice's rows over ``data`` (one :class:`Moments` per slice, in order)."""
+    """Streaming moments of every slice's rows over ``data`` (one :class:`Moments` per slice, in order), combined
+    over the ranks' shards under a process group."""
     nodes = {sl.node for sl in slices}
     moments = [Moments() for _ in slices]
-    for xb in data.inputs(batch_size):
+    for xb in shard(data).inputs(batch_size):
         rec = _Recorder(wg.gm, nodes)
         with torch.no_grad():
             rec.run(*args_of(xb))
@@ -149,6 +155,8 @@ def _gc(wg: WidthGraph, slices: list[StateSlice], data: Dataset, batch_size: int
             require_finite(rec.found[node], node, "output activations")
         for sl, m in zip(slices, moments):
             m.update(sl.rows(rec.found[sl.node]))
+    for m in moments:
+        m.all_reduce()
     return moments
 
 
@@ -171,13 +179,14 @@ def _combine(size: int, slices: list[StateSlice], moments: list[Moments]) -> tup
 
 def _go(wg: WidthGraph, slices: list[StateSlice], sizes: dict[str, int], data: Dataset, max_exact_outputs: int,
         probes: int, batch_size: int, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, int], str]:
-    """Per group Σ_s J_sᵀ J_s / S' (zero-filled slices), S' and the estimator used."""
-    gen = torch.Generator().manual_seed(seed)
+    """Per group Σ_s J_sᵀ J_s / S' (zero-filled slices), S' and the estimator used; sums and counts over the
+    ranks' shards under a process group (probes seeded per rank)."""
+    gen = torch.Generator().manual_seed(rank_seed(seed))
     nodes = sorted({sl.node for sl in slices})
     acc = {g: torch.zeros(d, d, dtype=torch.float64) for g, d in sizes.items()}
     count = dict.fromkeys(sizes, 0)
     method = "exact"
-    for xb in data.inputs(batch_size):
+    for xb in shard(data).inputs(batch_size):
         rec = _Recorder(wg.gm, nodes)
         with torch.enable_grad():
             z = _flat_output(rec.run(*_leaves(xb)), len(xb))
@@ -194,6 +203,8 @@ def _go(wg: WidthGraph, slices: list[StateSlice], sizes: dict[str, int], data: D
             value = rec.found[sl.node]
             count[sl.group] += value.numel() // value.shape[sl.dim]
     for g, a in acc.items():
+        all_reduce_sum(a)
+        count[g] = sum_count(count[g])
         require_finite(a, g, "output-gradient products (observability Gramian)")
     return {g: acc[g] / max(count[g], 1) for g in sizes}, count, method
 

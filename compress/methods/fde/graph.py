@@ -42,6 +42,7 @@ import torch
 from torch import fx, nn
 
 from ...core.chain import fold_bn_after
+from ...core.distributed import all_reduce_max
 from ...core.evaluate import eval_mode
 from ...core.width import ChannelGroup, Cut, Use, WidthGraph, capture, channels_last, param_owner
 from .partition import leader_clusters, rounding_tolerance
@@ -311,7 +312,11 @@ def plan_groups(wg: WidthGraph, scaling: bool = True) -> dict[str, GroupPlan]:
 
 def dead_atoms(wg: WidthGraph, plans: dict[str, GroupPlan], batches: list[torch.Tensor]) -> dict[str, np.ndarray]:
     """Per lumpable group: which atoms are exactly 0 at every state point on all ``batches`` in eval mode (removing
-    them is exact on that data; one atom is kept when all are)."""
+    them is exact on that data; one atom is kept when all are).
+
+    Under a process group ``batches`` are this rank's share of the data (e.g. from
+    :func:`~compress.core.distributed.shard`, at least one batch per rank) and the per-channel peaks |value| are
+    all-reduced by maximum, so every rank finds the same dead atoms as one process on all the batches."""
     groups = [p.group for p in plans.values() if p.mode != WHOLE and p.group.state_points()]
     dims = {n: g.values[n] for g in groups for n in g.state_points()}
     peak: dict[str, torch.Tensor] = {}
@@ -321,6 +326,8 @@ def dead_atoms(wg: WidthGraph, plans: dict[str, GroupPlan], batches: list[torch.
         for node, value in values.items():
             m = channels_last(value.detach(), dims[node]).abs().amax(0).double()
             peak[node] = m if node not in peak else torch.maximum(peak[node], m)
+    for node in dims:  # the same order on every rank
+        all_reduce_max(peak[node])
     dead = {}
     for g in groups:
         top = torch.zeros(g.size, dtype=torch.float64)

@@ -17,6 +17,7 @@ from torch import fx, nn
 
 from ...core.costs import count_costs, count_macs_torch, whole_model_macs
 from ...core.data import Dataset
+from ...core.distributed import shard
 from ...core.errors import CompressionError
 from ...core.options import flag_of
 from ...core.report import CompressionReport, LayerReport
@@ -184,7 +185,7 @@ def fde_graph(model: nn.Module, data: Dataset, cfg: "FDEConfig", report: Compres
     plans = plan_groups(wg, cfg.scaling)
     report.timings_s["analyse"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    dead = dead_atoms(wg, plans, list(data.inputs(_BATCH))) if cfg.remove_dead else {}
+    dead = dead_atoms(wg, plans, list(shard(data).inputs(_BATCH))) if cfg.remove_dead else {}
     report.timings_s["dead"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     lumper = Lumper(wg, plans, dead, next(model.parameters(), torch.empty(0)).dtype, cfg.max_sweeps)

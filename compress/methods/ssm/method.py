@@ -18,6 +18,7 @@ from torch import nn
 from ...core.costs import count_costs
 from ...core.data import Dataset
 from ...core.demo_case import DemoCase, DemoRun
+from ...core.distributed import all_reduce_max, shard
 from ...core.errors import CompressionError, require_finite
 from ...core.evaluate import eval_mode, hooks_removed
 from ...core.report import CompressionReport, LayerReport
@@ -34,7 +35,8 @@ from .system import StateSpace
 from .training import SSMTrainSpec, train_ssm_classifier
 from ...core.inputs import call
 
-__all__ = ["SSMConfig", "ssm_compress", "layer_gramians", "find_ssm_layers", "demo_case", "SPEC"]
+__all__ = ["SSMConfig", "ssm_compress", "layer_gramians", "find_ssm_layers", "measured_gain_errors", "demo_case",
+           "SPEC"]
 
 log = logging.getLogger(__name__)
 Gramians = tuple[torch.Tensor, torch.Tensor]
@@ -155,6 +157,18 @@ def _gain_error(old: nn.Module, new: nn.Module, u: torch.Tensor) -> float:
     return float((err / u.double().flatten(1).norm(dim=1).clamp_min(1e-30)).max())
 
 
+def measured_gain_errors(model: nn.Module, layers: dict[str, nn.Module], new_layers: dict[str, nn.Module],
+                         x: torch.Tensor) -> dict[str, float]:
+    """Per layer the largest ‖y − ŷ‖₂/‖u‖₂ over the sequences ``x`` at the layer's own input (NaN for a layer the
+    data does not reach). Under a process group each rank runs its shard of ``x`` and the maxima are
+    all-reduced (one collective); in one process this is :func:`_gain_error` on all of ``x``."""
+    inputs = _layer_inputs(model, list(layers), shard(x))
+    local = torch.tensor([_gain_error(layers[n], new_layers[n], inputs[n]) if n in inputs else float("-inf")
+                          for n in layers], dtype=torch.float64)
+    worst = all_reduce_max(local).tolist()
+    return {n: (e if e != float("-inf") else float("nan")) for n, e in zip(layers, worst)}
+
+
 def ssm_compress(model: nn.Module, data: Dataset, config: SSMConfig) -> tuple[nn.Module, CompressionReport]:
     """Reduce every SSM layer by square-root balanced truncation and emit a real modal ModalSSM."""
     cfg = config
@@ -182,14 +196,14 @@ def _fill_report(report: CompressionReport, model: nn.Module, new: nn.Module, ca
                  layers: dict[str, nn.Module], new_layers: dict[str, nn.Module],
                  hsvs: dict[str, torch.Tensor], infos: dict[str, dict]) -> None:
     """Per-layer orders, HSVs, bound vs measured gain error, per-layer params and MACs."""
-    inputs = _layer_inputs(model, list(layers), calib.x)
+    errors = measured_gain_errors(model, layers, new_layers, calib.x)
     example = calib.x[: min(len(calib), 8)]
     before, after = count_costs(model, example), count_costs(new, example)
     for name, layer in layers.items():
         info, n, new_layer = infos[name], len(hsvs[name]), new_layers[name]
         r = info["order"]
         mb, ma = before.layers[name].macs, after.layers[name].macs
-        measured = _gain_error(layer, new_layer, inputs[name]) if name in inputs else float("nan")
+        measured = errors[name]
         hsv = hsvs[name]
         details = dict(info, hsv=[float(s) for s in hsv], measured_gain_error=measured,
                        energy_kept=float(hsv[:r].sum() / hsv.sum().clamp_min(1e-300)))

@@ -11,6 +11,7 @@ from torch import nn
 
 from ...core.chain import Chain, chain_forward
 from ...core.data import Dataset
+from ...core.distributed import all_reduce_sum, parallel, shard
 from ...core.errors import CompressionError
 from ...core.prune import PruneOptions, prune_mlp
 from ...core.report import CompressionReport
@@ -19,7 +20,7 @@ from ...core.width.allocate import width_multiple_defaults
 from ...core.width.importance import wanda_importance
 from .smoke import smoke_case
 
-__all__ = ["WandaConfig", "wanda_scores", "wanda_prune", "SPEC"]
+__all__ = ["WandaConfig", "activation_norms", "wanda_scores", "wanda_prune", "SPEC"]
 
 
 @dataclass
@@ -40,12 +41,23 @@ class WandaConfig(PruneOptions):
             raise CompressionError(f"--norm-samples must be >= 1, got {self.norm_samples}")
 
 
+def activation_norms(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
+    """‖h_j‖₂ over the inputs ``x`` of every hidden neuron j of every hidden layer (float64).
+
+    Under a process group each rank runs its :func:`~compress.core.distributed.shard` of ``x`` and the sums of
+    squares are all-reduced before the square root; otherwise this is ``h.norm(dim=0)`` on all of ``x``."""
+    if not parallel():
+        return [h.norm(dim=0) for h in chain_forward(chain, x, hidden=True)[:-1]]
+    hidden = chain_forward(chain, shard(x), hidden=True)[:-1]
+    return [all_reduce_sum(h.pow(2).sum(0)).sqrt() for h in hidden]
+
+
 def wanda_scores(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
     """Wanda (Sun et al. 2023, "A simple and effective pruning approach for large language models", eq. 1:
     ``S_ij = |W_ij|·‖X_j‖_2``) summed over each hidden neuron's outgoing column:
-    ``S_j = ‖h_j‖_2 · Σ_i |W_{l+1}[i, j]|`` with ``h_j`` its activations on the calibration inputs."""
-    hidden = chain_forward(chain, x, hidden=True)[:-1]
-    return [h.norm(dim=0) * w.abs().sum(0) for h, w in zip(hidden, chain.weights[1:])]
+    ``S_j = ‖h_j‖_2 · Σ_i |W_{l+1}[i, j]|`` with ``h_j`` its activations on the calibration inputs
+    (:func:`activation_norms`)."""
+    return [n * w.abs().sum(0) for n, w in zip(activation_norms(chain, x), chain.weights[1:])]
 
 
 def wanda_prune(model: nn.Module, data: Dataset, config: WandaConfig) -> tuple[nn.Module, CompressionReport]:

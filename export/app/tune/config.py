@@ -154,8 +154,8 @@ class TuneConfig:
             raise TuneError(f"--recover-epochs must be >= 0, got {self.recover_epochs}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise TuneError(f"--time-budget must be positive, got {self.time_budget_s} s")
-        if self.workers < 1:
-            raise TuneError(f"--workers must be >= 1, got {self.workers}")
+        if self.workers < 0:
+            raise TuneError(f"--workers must be >= 0 (0: candidates in this process), got {self.workers}")
 
     @property
     def recovery_budgets(self) -> tuple[int, ...]:

@@ -6,14 +6,21 @@ Order of work, cheapest first: each method's MAC budget is bisected on held-out 
 every file decides which stay; all of those are timed with the short protocol, and only the Pareto front of each
 (provider, batch) cell plus the baselines is timed again with the release protocol in fresh processes. The choice
 and the verdict come from that confirmation.
+
+Candidates run through the executor's ``map``; both timing passes run through its ``on_target`` (a
+:class:`BenchJob` that carries the files' bytes), so a distributed executor can keep latency on the target hardware.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
+import os
 import shutil
+import socket
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -36,7 +43,8 @@ from .executor import Executor, InlineExecutor
 from .front import Point, choose, pareto_front
 from .search import BudgetSearch
 
-__all__ = ["tune", "TuneReport", "Candidate", "TUNE_SCHEMA_VERSION", "default_methods", "BASELINES"]
+__all__ = ["tune", "TuneReport", "Candidate", "TUNE_SCHEMA_VERSION", "default_methods", "BASELINES", "BenchJob",
+           "BenchOutcome", "bench_files"]
 
 log = logging.getLogger(__name__)
 TUNE_SCHEMA_VERSION = 1
@@ -92,6 +100,40 @@ class TuneReport:
     screen: dict[str, Any] = field(default_factory=dict)
     confirm: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    measured_on: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Where each timing pass ran (``screen``, ``confirm``): ``host`` and ``pid`` of the process that timed it."""
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    """One timing pass for :meth:`Executor.on_target`: the files travel as bytes (no shared storage needed)."""
+
+    labels: tuple[str, ...]
+    files: tuple[bytes, ...]
+    config: rb.BenchConfig
+    x: Any
+    y: np.ndarray | None
+
+
+@dataclass
+class BenchOutcome:
+    """The benchmark report (JSON-safe, model paths as in the job's temporary folder) and where it was measured."""
+
+    report: dict[str, Any]
+    host: str
+    pid: int
+
+
+def bench_files(job: BenchJob, progress: Progress | None = None) -> BenchOutcome:
+    """Time ``job``'s files here with :func:`runtime_bench.run_benchmark` (fresh processes; providers must run)."""
+    with tempfile.TemporaryDirectory(prefix="minreal-tune-bench-") as tmp:
+        entries = []
+        for i, (label, data) in enumerate(zip(job.labels, job.files)):
+            path = Path(tmp) / f"{i}.onnx"
+            path.write_bytes(data)
+            entries.append(rb.ModelEntry(label, path))
+        report = rb.run_benchmark(entries, job.config, job.x, job.y, progress=progress, fail_on_unavailable=True)
+        return BenchOutcome(to_jsonable(report), socket.gethostname(), os.getpid())
 
 
 def default_methods() -> tuple[str, ...]:
@@ -138,14 +180,14 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     try:
         searches, results = _search(methods, cfg, job_base, run, t_start, notes, say)
         results += _qat_candidates(searches, cfg, job_base, run, t_start, say)
+        candidates = baselines + _structural(results, models_dir, cfg)
+        _ort_quality(candidates, held_out, cfg.constraint, folder, say)
+        report = _measure_and_choose(candidates, held_out, cfg, folder, say, notes, run)
     except BaseException:
         run.close(abort=True)
         raise
     if executor is None:
         run.close()
-    candidates = baselines + _structural(results, models_dir, cfg)
-    _ort_quality(candidates, held_out, cfg.constraint, folder, say)
-    report = _measure_and_choose(candidates, held_out, cfg, folder, say, notes)
     report.searches = [_search_record(k, s) for k, s in searches.items()]
     report.reference = {"torch": dataclasses.asdict(reference)}
     one = 100.0 / len(held_out)
@@ -288,7 +330,7 @@ def _structural(results: list[CandidateResult], models_dir: Path, cfg: TuneConfi
                 continue
             label = spec.label + (".int8" if kind == "int8" else "")
             path = models_dir / f"{label}.onnx"
-            shutil.copyfile(res.files[kind], path)
+            shutil.copyfile(_cached_file(res, kind), path)
             pt2 = None
             if kind == "fp32" and "pt2" in res.files:
                 pt2 = str(models_dir / f"{spec.label}.pt2")
@@ -296,6 +338,15 @@ def _structural(results: list[CandidateResult], models_dir: Path, cfg: TuneConfi
             out.append(Candidate(label, "structural", precision, str(path), path.stat().st_size, spec.method,
                                  res.mac_ratio or spec.mac_ratio, spec.recover_epochs, pt2=pt2))
     return out
+
+
+def _cached_file(res: CandidateResult, kind: str) -> str:
+    """A result's file in the candidate cache, which a worker on another machine may have written."""
+    path = res.files[kind]
+    if not Path(path).is_file():
+        raise TuneError(f"{res.spec.label}'s {kind} file {path} is not visible on this machine: a worker elsewhere "
+                        "wrote it, so --cache-dir must be on storage that every node mounts at the same path")
+    return path
 
 
 def _ort_quality(candidates: list[Candidate], held_out: Dataset, constraint: Constraint, folder: Path,
@@ -313,14 +364,19 @@ def _ort_quality(candidates: list[Candidate], held_out: Dataset, constraint: Con
         c.feasible = c.label == "original" or constraint.holds(q, reference)
 
 
-def _bench(candidates: list[Candidate], held_out: Dataset, cfg: TuneConfig, protocol: Protocol,
-           say: Progress) -> dict[str, Any]:
+def _bench(candidates: list[Candidate], held_out: Dataset, cfg: TuneConfig, protocol: Protocol, say: Progress,
+           run: Executor) -> BenchOutcome:
+    """One timing pass on the target hardware (``run.on_target``); the report names the files in ``models/``."""
     bench_cfg = rb.BenchConfig(providers=cfg.providers, batch_sizes=cfg.batch_sizes, warmup=protocol.warmup,
                                min_runs=protocol.min_runs, min_seconds=protocol.min_seconds, repeats=protocol.repeats)
     y = None if held_out.y is None else held_out.y.numpy()
-    entries = [rb.ModelEntry(c.label, Path(c.onnx)) for c in candidates]
-    report = rb.run_benchmark(entries, bench_cfg, feeds_of(held_out.x), y, progress=say, fail_on_unavailable=True)
-    return to_jsonable(report)
+    job = BenchJob(tuple(c.label for c in candidates), tuple(Path(c.onnx).read_bytes() for c in candidates),
+                   bench_cfg, feeds_of(held_out.x), y)
+    outcome = run.on_target(functools.partial(bench_files, progress=say), job)
+    paths = {c.label: c.onnx for c in candidates}
+    for model in outcome.report["models"]:
+        model["path"] = paths[model["name"]]
+    return outcome
 
 
 def _p50(bench: dict[str, Any]) -> dict[tuple[str, str], float]:
@@ -339,12 +395,13 @@ def _points(candidates: list[Candidate], cell: str, which: str, constraint: Cons
 
 
 def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: TuneConfig, folder: Path,
-                        say: Progress, notes: list[str]) -> TuneReport:
+                        say: Progress, notes: list[str], run: Executor) -> TuneReport:
     """Screen every feasible file, confirm the fronts (and the smallest feasible file for ``--objective size``) and
     the baselines, choose on the first cell, and say plainly what won."""
     feasible = [c for c in candidates if c.feasible or c.kind == "baseline"]
     say(f"[tune] screening {len(feasible)} files ({cfg.screen.min_seconds:g} s per model, 1 process)")
-    screen = _bench(feasible, held_out, cfg, cfg.screen, say)
+    screened = _bench(feasible, held_out, cfg, cfg.screen, say, run)
+    screen = screened.report
     for (label, cell), ms in _p50(screen).items():
         next(c for c in feasible if c.label == label).screen_ms[cell] = ms
     cells = [_cell(p, b) for p in cfg.providers for b in cfg.batch_sizes]
@@ -356,7 +413,8 @@ def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: Tun
         keep.add(smallest.label)  # size needs no timing: the smallest feasible file competes whatever its latency
     confirmed = [c for c in feasible if c.label in keep]
     say(f"[tune] confirming {len(confirmed)} files (front and baselines) with the release protocol")
-    confirm = _bench(confirmed, held_out, cfg, cfg.confirm, say)
+    confirmed_run = _bench(confirmed, held_out, cfg, cfg.confirm, say, run)
+    confirm = confirmed_run.report
     _record_confirmation(confirmed, confirm)
     chosen, verdict = _choose(confirmed, candidates, cells[0], cfg, notes)
     say(f"[tune] {verdict}")
@@ -365,7 +423,9 @@ def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: Tun
     return TuneReport(TUNE_SCHEMA_VERSION, "tune", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
                       to_jsonable(cfg), cfg.constraint.describe(), {}, [], candidates, front,
                       None if chosen is None else chosen.label, verdict, {}, 0.0,
-                      relative_to(screen, folder), relative_to(confirm, folder))
+                      relative_to(screen, folder), relative_to(confirm, folder),
+                      measured_on={name: {"host": o.host, "pid": o.pid}
+                                   for name, o in (("screen", screened), ("confirm", confirmed_run))})
 
 
 def _record_confirmation(confirmed: list[Candidate], confirm: dict[str, Any]) -> None:
