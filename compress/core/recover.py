@@ -167,6 +167,11 @@ class RecoveryResult:
     epoch whose weights were kept."""
     before: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
+    world_size: int = 1
+    """Processes that trained together (torch.distributed ranks; 1: one process)."""
+    batchnorm_frozen: bool = False
+    """BatchNorm statistics were kept frozen while training (re-estimated after each epoch): always under DDP,
+    in one process with ``freeze_batchnorm=True`` (``--recover-freeze-bn``), the way to get the DDP result."""
 
 
 def _has_class_labels(y: torch.Tensor | None) -> bool:
@@ -579,7 +584,8 @@ def _recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: 
     train, val, same = _split(data, config)
     config = _resolved(config, teacher, data, min(len(train), len(val)))
     val_part = shard(val)  # this rank's part of the held-out split (all of it in one process)
-    result = RecoveryResult(held_out_samples=len(val), held_out_is_training_data=same)
+    result = RecoveryResult(held_out_samples=len(val), held_out_is_training_data=same, world_size=_world_size(),
+                            batchnorm_frozen=bool(config.freeze_batchnorm) and config.enabled)
     result.before = held_out_metrics(teacher, compressed, val_part, task=config.task)
     if config.enabled:
         names = list(state_points) if config.features == ("auto",) else list(config.features)

@@ -425,6 +425,11 @@ def _recovery_options(fn: Callable) -> Callable:
                      help="Share of the data held out (seeded) as the recovery's validation split (early stopping)."),
         click.option("--recover-seed", type=int, default=base.seed, show_default=True, cls=GroupedOption,
                      group=RECOVERY_GROUP, help="Seed of the split, the batch order and the training."),
+        click.option("--recover-freeze-bn", "recover_freeze_batchnorm", flag_value=True, default=None,
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Keep BatchNorm statistics frozen while training (re-estimated exactly after each "
+                          "epoch), as a torchrun recovery always does: give it to one process to get the "
+                          "distributed result; default in one process: batch statistics."),
         click.option("--recover-int8", is_flag=True, cls=GroupedOption, group=RECOVERY_GROUP,
                      help="Quantisation-aware recovery: train with weights and layer inputs fake-quantised in the "
                           "target's INT8 format (run: --quant-target; compress: --target-provider), learning the "
@@ -494,7 +499,8 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
         raise click.UsageError("--distributed needs the torch.distributed environment (RANK, WORLD_SIZE, "
                                "MASTER_ADDR, MASTER_PORT): start with torchrun --nproc-per-node N -m "
                                "export.app.cli compress ...")
-    group = process_group() if launched_by_torchrun() else contextlib.nullcontext()
+    # the model stays on the CPU (statistics and recovery run there), so the collectives do too: gloo
+    group = process_group(backend="gloo") if launched_by_torchrun() else contextlib.nullcontext()
     with group:
         writer = is_writer()
         _compress(model, method, data, weights, trust_pickle, out, report_path, target_provider, holdout,
@@ -510,7 +516,8 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     from export.app.pipeline import write_json
     from export.serialize import save_program
 
-    _prepare_outputs([out, report_path], model, weights, data)
+    if writer:  # folders the outputs need are made (and removed again on failure) by the writing rank alone
+        _prepare_outputs([out, report_path], model, weights, data)
     used: set[str] = set()
     preprocess = _image_preprocess(opts)
     recovery = _recovery_config(opts, target_provider)

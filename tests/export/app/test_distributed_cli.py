@@ -21,7 +21,7 @@ from torch import nn
 
 def make():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.BatchNorm1d(48), nn.ReLU(), nn.Linear(48, 10))
 """
 ARGS = ["net.py:make", "-m", "factorize", "--mac-ratio", "0.5", "--calib", "digits-flat", "--recover-epochs", "1",
         "-q"]
@@ -42,11 +42,14 @@ def test_two_ranks_write_once_what_one_process_computes(tmp_path: Path, monkeypa
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert run(["compress", *ARGS, "--out", "one.pt2", "--report", "one.json"]) == 0
+    # BatchNorm: the ranks keep its statistics frozen (re-estimated exactly each epoch); one process does so when asked
+    assert run(["compress", *ARGS, "--recover-freeze-bn", "--out", "one.pt2", "--report", "one.json"]) == 0
     assert done.stdout.count("saved two.pt2") == 1  # rank 0 alone saves and reports; rank 1 only computes
     two, one = (json.loads(Path(f).read_text()) for f in ("two.json", "one.json"))
     assert [layer["rank"] for layer in two["layers"]] == [layer["rank"] for layer in one["layers"]]
     # same global batches and float64 statistics: equal up to float32 summation order in the recovery steps
+    recovery = two["measured"]["recovery"] if "recovery" in two["measured"] else two["recovery"]
+    assert recovery["world_size"] == 2 and recovery["batchnorm_frozen"] is True
     for key, value in one["measured"]["held_out_recovered"].items():
         assert two["measured"]["held_out_recovered"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
