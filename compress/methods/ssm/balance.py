@@ -14,7 +14,7 @@ import torch
 from ...core.linalg import energy_rank, psd_sqrt
 from .system import StateSpace
 
-__all__ = ["BalancedResult", "balanced_truncation", "truncation_bound", "order_from_trunc",
+__all__ = ["BalancedResult", "balanced_truncation", "truncation_bound", "tail_energy", "order_from_trunc",
            "order_from_energy", "orders_from_budget"]
 
 
@@ -43,6 +43,26 @@ def truncation_bound(hsv: torch.Tensor, r: int) -> float:
         2 Σ_{i>r} σ_i, a bound on ‖G − G_r‖_∞ and hence on ‖y − ŷ‖₂ / ‖u‖₂ from zero state.
     """
     return float(2 * hsv[r:].sum())
+
+
+def tail_energy(hsv: torch.Tensor, r: int) -> float:
+    """Fraction of the HSV sum a truncation to order r drops, Σ_{i>r} σ_i / Σ_i σ_i (the complement of the energy
+    :func:`order_from_energy` keeps; 0 for a zero system).
+
+    Parameters
+    ----------
+    hsv : torch.Tensor
+        Hankel singular values (n,), descending.
+    r : int
+        Reduced order, >= 0.
+
+    Returns
+    -------
+    float
+        The tail energy in [0, 1].
+    """
+    total = float(hsv.sum())
+    return float(hsv[r:].sum()) / total if total > 0 else 0.0
 
 
 def balanced_truncation(sys: StateSpace, p: torch.Tensor, q: torch.Tensor, r: int,

@@ -16,7 +16,8 @@ import torch
 from ...core.linalg import psd_sqrt
 from .system import StateSpace
 
-__all__ = ["rotation_gramians", "dense_gramians", "hankel_singular_values", "hankel_nuclear_norm"]
+__all__ = ["rotation_gramians", "dense_gramians", "hankel_singular_values", "hankel_svdvals", "hankel_nuclear_norm",
+           "hankel_tail_norm", "singular_value_tail"]
 
 
 def _rotation_gramian(rho: torch.Tensor, alpha: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -110,10 +111,37 @@ def hankel_singular_values(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return lam.clamp_min(0).sqrt().flip(0)
 
 
+def hankel_svdvals(p: torch.Tensor, q: torch.Tensor, jitter: float = 1e-9) -> torch.Tensor:
+    """Hankel singular values σ = svdvals(L_Qᵀ L_P) from Cholesky factors P + εI = L_P L_Pᵀ, Q + εI = L_Q L_Qᵀ
+    (Glover 1984: σ_i² = eig(PQ)), differentiable; ε is ``jitter`` times the mean diagonal (not differentiated).
+
+    ``torch.linalg.svdvals`` back-propagates ḡ_σ as U diag(ḡ_σ) Vᵀ, with none of the 1/(σ_i² − σ_j²) terms of
+    the singular vectors' gradient, so it is finite even for repeated σ.
+
+    Parameters
+    ----------
+    p, q : torch.Tensor
+        Gramians (..., n, n), symmetric PSD; leading batch dimensions allowed.
+    jitter : float, optional
+        Relative diagonal shift ε before the Cholesky factorisations.
+
+    Returns
+    -------
+    torch.Tensor
+        σ (..., n), descending, differentiable with respect to ``p`` and ``q``.
+    """
+    eye = torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
+    eps_p = jitter * p.diagonal(0, -2, -1).mean(-1)[..., None, None].detach()
+    eps_q = jitter * q.diagonal(0, -2, -1).mean(-1)[..., None, None].detach()
+    lp = torch.linalg.cholesky(p + eps_p * eye)
+    lq = torch.linalg.cholesky(q + eps_q * eye)
+    return torch.linalg.svdvals(lq.transpose(-1, -2) @ lp)
+
+
 def hankel_nuclear_norm(p: torch.Tensor, q: torch.Tensor, jitter: float = 1e-9) -> torch.Tensor:
     """Hankel nuclear norm Σ_i σ_i = ‖L_Qᵀ L_P‖_*, the training regulariser of Schwerdtner et al., "Hankel singular value regularization for highly compressible state space models".
 
-    Cholesky factors of P + εI and Q + εI make it differentiable; ε is ``jitter`` times the mean diagonal.
+    Cholesky factors of P + εI and Q + εI make it differentiable (see :func:`hankel_svdvals`).
 
     Parameters
     ----------
@@ -127,9 +155,42 @@ def hankel_nuclear_norm(p: torch.Tensor, q: torch.Tensor, jitter: float = 1e-9) 
     torch.Tensor
         Σ σ_i (...,), differentiable with respect to ``p`` and ``q``.
     """
-    eye = torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
-    eps_p = jitter * p.diagonal(0, -2, -1).mean(-1)[..., None, None].detach()
-    eps_q = jitter * q.diagonal(0, -2, -1).mean(-1)[..., None, None].detach()
-    lp = torch.linalg.cholesky(p + eps_p * eye)
-    lq = torch.linalg.cholesky(q + eps_q * eye)
-    return torch.linalg.svdvals(lq.transpose(-1, -2) @ lp).sum(-1)
+    return hankel_svdvals(p, q, jitter).sum(-1)
+
+
+def hankel_tail_norm(p: torch.Tensor, q: torch.Tensor, order: int, jitter: float = 1e-9,
+                     relative: bool = False) -> torch.Tensor:
+    """Truncated Hankel nuclear norm Σ_{i>r} σ_i, half the balanced-truncation bound 2 Σ_{i>r} σ_i (Enns 1984;
+    Glover 1984), or with ``relative`` the tail energy Σ_{i>r} σ_i / Σ_i σ_i; the head σ_1..σ_r is not penalised.
+
+    Differentiable by the route of :func:`hankel_svdvals`: the gradient with respect to M = L_Qᵀ L_P is
+    U_tail V_tailᵀ, which does not depend on the basis chosen inside a group of equal σ (U_g V_gᵀ is invariant),
+    so it is well defined whenever σ_r > σ_{r+1}; at a tie across the cut the function has a kink and the value
+    returned is one of its one-sided gradients.
+
+    Parameters
+    ----------
+    p, q : torch.Tensor
+        Gramians (..., n, n), symmetric PSD; leading batch dimensions allowed.
+    order : int
+        Kept order r >= 0; r >= n gives 0, r = 0 the full nuclear norm (1 when ``relative``).
+    jitter : float, optional
+        Relative diagonal shift ε before the Cholesky factorisations.
+    relative : bool, optional
+        Divide by the full nuclear norm (scale-free tail energy in [0, 1]).
+
+    Returns
+    -------
+    torch.Tensor
+        Σ_{i>r} σ_i (or its ratio to Σ σ_i) (...,), differentiable with respect to ``p`` and ``q``.
+    """
+    return singular_value_tail(hankel_svdvals(p, q, jitter), order, relative)
+
+
+def singular_value_tail(s: torch.Tensor, order: int, relative: bool = False) -> torch.Tensor:
+    """Σ_{i>r} s_i of descending singular values ``s`` (..., n), or with ``relative`` Σ_{i>r} s_i / Σ_i s_i (0 for
+    s = 0): the tail that truncation to order r drops (Eckart–Young; for HSVs, Enns 1984 / Glover 1984)."""
+    if order < 0:
+        raise ValueError(f"the kept order r must be >= 0, got {order}")
+    tail = s[..., order:].sum(-1)
+    return tail / s.sum(-1).clamp_min(torch.finfo(s.dtype).tiny) if relative else tail
