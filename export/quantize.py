@@ -37,6 +37,7 @@ from onnx import numpy_helper
 from export.atomic import atomic_path, ensure_distinct
 from export.onnx_files import data_files
 from runtime_bench import optimized_graph_ops
+from runtime_bench.model_info import float_roundtrips, op_counts, optimized_graph
 from runtime_bench.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS, error_line
 from runtime_bench.runtime import onnxruntime_module
 from export.errors import CalibrationError, QuantizationError
@@ -162,6 +163,9 @@ class QuantResult:
             else ``"calibrated"``.
         trained_ranges: layer-input tensors whose written scale and zero point are the trained ones.
         untrained_modules: modules whose trained range could not be placed in the graph (calibrated instead).
+        float_roundtrips: op type → nodes of the ORT-optimised CPU graph that run in float between a
+            DequantizeLinear and a QuantizeLinear (:func:`runtime_bench.model_info.float_roundtrips`): each costs a
+            dequantise and a re-quantise with nothing gained, the usual reason an INT8 file is slower than fp32.
         nonfinite_nodes: nodes left in float because calibration gave a tensor they read or write a scale that is
             not finite (e.g. a 0/-inf attention mask and the masked scores): quantised, such a tensor flattens
             everything downstream. Also listed in ``excluded_nodes``.
@@ -191,6 +195,7 @@ class QuantResult:
     trained_ranges: int = 0
     untrained_modules: list[str] = field(default_factory=list)
     nonfinite_nodes: list[str] = field(default_factory=list)
+    float_roundtrips: dict[str, int] = field(default_factory=dict)
 
 
 Calib = np.ndarray | Mapping[str, np.ndarray]
@@ -691,7 +696,8 @@ def _result(
     static = config.mode == "static"
     act_type, symmetric = config.activation() if static else ("uint8", False)
     written = onnx.load(str(out_path), load_external_data=False)
-    optimized = optimized_op_counts(out_path)
+    graph = optimized_graph(out_path, "cpu")
+    optimized, roundtrips = dict(op_counts(graph)), float_roundtrips(graph)
     integer, floating = _kernel_counts(optimized)
     logger.info("%s: %d integer and %d float Conv/MatMul/Gemm kernels on CPU", out_path.name, integer, floating)
     return QuantResult(
@@ -701,7 +707,7 @@ def _result(
         quantized_bias=static and _TARGETS[config.target].quantize_bias, calibration_samples=samples,
         random_calibration=is_random,
         preprocess_note=note, node_counts=dict(collections.Counter(n.op_type for n in written.graph.node)),
-        optimized_ops=optimized, integer_kernels=integer, float_kernels=floating,
+        optimized_ops=optimized, integer_kernels=integer, float_kernels=floating, float_roundtrips=roundtrips,
         size_fp32_bytes=fp32_path.stat().st_size, size_int8_bytes=out_path.stat().st_size,
     )  # fmt: skip
 

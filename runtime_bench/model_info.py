@@ -15,7 +15,8 @@ from .facts import INTEGER_OPS
 from .providers import provider_mismatch, provider_name
 from .sessions import create_session
 
-__all__ = ["ModelInfo", "model_info", "count_nodes", "op_counts", "optimized_graph_ops", "INTEGER_OP_TYPES"]
+__all__ = ["ModelInfo", "model_info", "count_nodes", "op_counts", "optimized_graph_ops", "optimized_graph",
+           "float_roundtrips", "INTEGER_OP_TYPES"]
 
 #: Op types that execute integer kernels (ONNX and com.microsoft contrib ops); one set project-wide.
 INTEGER_OP_TYPES: frozenset[str] = INTEGER_OPS
@@ -69,11 +70,35 @@ def op_counts(graph: onnx.GraphProto) -> Counter[str]:
     return counts
 
 
-def optimized_graph_ops(path: Path, provider: str = "cpu", threads: int = 1) -> dict[str, int]:
-    """Op-type counts of the graph onnxruntime actually runs after its optimisations.
+def float_roundtrips(graph: onnx.GraphProto) -> dict[str, int]:
+    """Op types that run in float between a DequantizeLinear and a QuantizeLinear of an (optimised) QDQ graph, by
+    count: each is a quantised tensor taken back to float and re-quantised after, pure overhead where the op has
+    no integer kernel (e.g. Pad, ConvTranspose, a Conv whose weights the graph computes)."""
+    producer = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    found: Counter[str] = Counter()
+    for n in graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        fed = any(producer.get(i) is not None and producer[i].op_type == "DequantizeLinear" for i in n.input)
+        feeds = any(c.op_type == "QuantizeLinear" for o in n.output for c in consumers.get(o, []))
+        if fed and feeds:
+            found[n.op_type] += 1
+    return dict(found.most_common())
 
-    A session is created with ``optimized_model_filepath`` set; the written graph is counted. Count
-    integer kernels with ``sum(n for op, n in ops.items() if op in INTEGER_OP_TYPES)``.
+
+def optimized_graph_ops(path: Path, provider: str = "cpu", threads: int = 1) -> dict[str, int]:
+    """Op-type counts of the graph onnxruntime actually runs after its optimisations (:func:`optimized_graph`).
+    Count integer kernels with ``sum(n for op, n in ops.items() if op in INTEGER_OP_TYPES)``."""
+    return dict(op_counts(optimized_graph(path, provider, threads)))
+
+
+def optimized_graph(path: Path, provider: str = "cpu", threads: int = 1) -> onnx.GraphProto:
+    """The graph onnxruntime actually runs after its optimisations: a session is created with
+    ``optimized_model_filepath`` set and the written graph is read back.
 
     Raises:
         ProviderUnavailableError: the session does not run on ``provider``.
@@ -90,4 +115,4 @@ def optimized_graph_ops(path: Path, provider: str = "cpu", threads: int = 1) -> 
         mismatch = provider_mismatch(full, session.get_providers())
         if mismatch is not None:
             raise ProviderUnavailableError(f"{path}: {mismatch}")
-        return dict(op_counts(load_model_proto(optimized).graph))
+        return load_model_proto(optimized).graph

@@ -510,10 +510,21 @@ def _source(model: str) -> tuple[str, str]:
     return "original", "compressed model not faster than the original"
 
 
+def _roundtrip_cause(quantization: Mapping[str, Any]) -> str:
+    """`` (likely cause: ...)`` from an INT8 record's ``float_roundtrips``; ``""`` without any."""
+    roundtrips = quantization.get("float_roundtrips") or {}
+    if not roundtrips:
+        return ""
+    ops = ", ".join(f"{op} {n}" for op, n in roundtrips.items())
+    return (f" (likely cause: {sum(roundtrips.values())} node(s) run in float between a dequantise and a "
+            f"re-quantise: {ops})")
+
+
 def slowdown_warnings(case: CaseResult) -> list[str]:
     """A line for every compressed model not faster than the original, and every INT8 or FP16 model slower than
     its fp32 source, per (provider, batch size), from the median p50 latencies of the benchmark."""
     p50 = {(lat["model"], lat["provider"], cell_label(lat)): lat["stats"]["p50_ms"] for lat in case.bench["latency"]}
+    causes = {v.label: _roundtrip_cause(v.quantization) for v in case.variants if getattr(v, "quantization", None)}
     out = []
     for (model, provider, batch), ms in sorted(p50.items()):
         if model == "original":
@@ -521,7 +532,8 @@ def slowdown_warnings(case: CaseResult) -> list[str]:
         source, kind = _source(model)
         ref = p50.get((source, provider, batch))
         if ref is not None and ms >= ref:
-            out.append(f"{kind}: {model} {ms:.4g} ms vs {source} {ref:.4g} ms ({provider}, batch {batch})")
+            out.append(f"{kind}: {model} {ms:.4g} ms vs {source} {ref:.4g} ms ({provider}, batch {batch})"
+                       + (causes.get(model, "") if model.endswith(".int8") else ""))
         baseline = p50.get(("original.int8", provider, batch))
         if not model.startswith("original") and baseline is not None and ms >= baseline:
             out.append(f"not faster than simply quantising the original: {model} {ms:.4g} ms vs original.int8 "

@@ -153,7 +153,8 @@ def render_markdown(report: Any) -> str:
                            f"integer kernels {q.get('integer_kernels', '-')}, float kernels left "
                            f"{q.get('float_kernels', '-')}"
                            + (f"; left in float because calibration met an infinite value (e.g. a -inf attention "
-                              f"mask): {shown}" if nonfinite else ""))
+                              f"mask): {shown}" if nonfinite else "")
+                           + _roundtrip_text(q.get("float_roundtrips") or {}))
         for v in _get(case, "variants"):
             out += tensorrt_lines(_get(v, "label"), _get(v, "tensorrt_readiness"))
         for u in _get(case, "bench").get("unavailable", []):
@@ -161,6 +162,16 @@ def render_markdown(report: Any) -> str:
         out += [f"- note: {n}" for n in _get(case, "notes")]
         out += [f"- **WARNING**: {w}" for w in _get(case, "warnings")]
     return "\n".join(out) + "\n"
+
+
+def _roundtrip_text(roundtrips: Mapping[str, int]) -> str:
+    """``; float round trips ...`` for an INT8 line: ops that ORT's CPU graph runs in float between a dequantise and
+    a re-quantise (pure overhead: why such a file can be slower than fp32); ``""`` when there are none."""
+    if not roundtrips:
+        return ""
+    ops = ", ".join(f"{op} {n}" for op, n in roundtrips.items())
+    return (f"; {sum(roundtrips.values())} node(s) run in float between a DequantizeLinear and a QuantizeLinear "
+            f"(each a dequantise + re-quantise for nothing): {ops}")
 
 
 def tensorrt_lines(label: str, readiness: Mapping[str, Any] | None) -> list[str]:

@@ -62,3 +62,18 @@ def test_dynamic_int8_model_runs_integer_kernels(tmp_path: Path) -> None:
 def test_optimized_graph_ops_refuses_fallback(reference_model: Path) -> None:
     with pytest.raises(ProviderUnavailableError, match="fell back"):
         optimized_graph_ops(reference_model, provider="cuda")
+
+
+def test_float_roundtrips_are_the_float_ops_between_dequantise_and_quantise() -> None:
+    from onnx import TensorProto, helper
+
+    from runtime_bench.model_info import float_roundtrips
+
+    nodes = [helper.make_node("DequantizeLinear", ["q0", "s", "z"], ["f0"]),
+             helper.make_node("Pad", ["f0", "pads"], ["f1"]),  # float between DQ and Q: a round trip
+             helper.make_node("QuantizeLinear", ["f1", "s", "z"], ["q1"]),
+             helper.make_node("DequantizeLinear", ["q1", "s", "z"], ["f2"]),
+             helper.make_node("Relu", ["f2"], ["y"])]  # ends in float: not a round trip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("q0", TensorProto.UINT8, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    assert float_roundtrips(graph) == {"Pad": 1}
