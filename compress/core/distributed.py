@@ -182,6 +182,8 @@ def process_group(backend: str | None = None, timeout_s: float = 1800.0) -> Iter
     w = init_from_env(backend, timeout_s)
     try:
         yield w
+        if created:  # every rank done before any tears its connections down (not on error: a peer may be gone)
+            dist.barrier()
     finally:
         if created and world() is not None:
             dist.destroy_process_group()

@@ -86,6 +86,8 @@ def main() -> None:
         if is_writer():
             torch.save({"state": student.state_dict(), "result": asdict(result), "rank_gap": gap,
                         "ranks": steps, "world": dist.get_world_size()}, args.out)
+        del student, teacher  # the DDP state goes before the group does
+        dist.barrier()  # both ranks done before either destroys the group (gloo aborts a rank torn down early)
     finally:
         dist.destroy_process_group()
 
