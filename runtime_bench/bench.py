@@ -11,10 +11,11 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -207,7 +208,7 @@ def _provider_options(provider: str, models: Sequence[ModelEntry], config: Bench
     return out
 
 
-def _check_profiles(profiles: dict[str, tuple[str, str, str]] | Any, dims: dict[str, tuple], model: ModelEntry) -> None:
+def _check_profiles(profiles: Mapping[str, tuple[str, str, str]], dims: Mapping[str, tuple], model: ModelEntry) -> None:
     """A user's TensorRT profile must name the model's inputs, each at its rank (else the engine build fails late,
     inside a worker)."""
     for name, shapes in profiles.items():

@@ -10,6 +10,7 @@ and everything that needs no runtime keep working without one.
 from __future__ import annotations
 
 import functools
+import logging
 import importlib
 import importlib.metadata
 from types import ModuleType
@@ -73,5 +74,6 @@ def _preload(ort: ModuleType) -> None:
         return
     try:
         ort.preload_dlls()
-    except Exception:  # noqa: BLE001 - missing libraries surface, with ORT's own reason, when a session is created
-        pass
+    except Exception as exc:  # noqa: BLE001 - missing libraries surface again, with ORT's reason, at session creation
+        logging.getLogger(__name__).info("onnxruntime.preload_dlls failed (%s); relying on the loader's search path",
+                                         exc)

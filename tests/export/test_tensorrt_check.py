@@ -63,9 +63,6 @@ def fake_tensorrt(version: str = "10.3.0", unsupported: frozenset[str] = frozens
     class ILogger:
         ERROR, INTERNAL_ERROR, WARNING = "ERROR", "INTERNAL_ERROR", "WARNING"
 
-        def __init__(self) -> None:
-            pass
-
     trt.ILogger = ILogger
     trt.BuilderFlag = SimpleNamespace(**{f: f for f in flags})
     trt.MemoryPoolType = SimpleNamespace(WORKSPACE="WORKSPACE")
