@@ -82,14 +82,16 @@ def target_orders(hsvs: Mapping[str, torch.Tensor], target_order: TargetOrder = 
     return {k: int(target_order[k]) for k in hsvs}
 
 
-def hankel_regulariser(model: nn.Module, weight: float = 1.0, *, target_order: TargetOrder = None,
+def hankel_regulariser(model: nn.Module, weight: float | Mapping[str, float] = 1.0, *,
+                       target_order: TargetOrder = None,
                        state_budget: int | None = None, relative: bool = False,
                        jitter: float = 1e-9) -> torch.Tensor:
     """weight · Σ_layers of each RotationSSM's Hankel nuclear norm Σ_i σ_i (Schwerdtner et al., "Hankel singular
     value regularization for highly compressible state space models"), or with a target only its tail Σ_{i>r} σ_i.
 
     Gramians by the O(n²) block route, σ from Cholesky factors (:func:`hankel_svdvals`), float64 inside and
-    differentiable. With ``target_order`` (an int for every layer, or a mapping name → r) or ``state_budget``
+    differentiable. ``weight`` is one weight for every layer or a mapping layer name → weight (the training
+    helper's per-layer controller). With ``target_order`` (an int for every layer, or a mapping name → r) or ``state_budget``
     (total order shared at equal energy, re-allocated from the current σ at each call, the allocation itself
     not differentiated) only σ_{r+1}, σ_{r+2}, … are penalised (:func:`hankel_tail_norm`); ``relative`` penalises
     the tail energy Σ_{i>r} σ_i / Σ σ_i instead (scale-free, but training can lower it by inflating the free head
@@ -102,11 +104,16 @@ def hankel_regulariser(model: nn.Module, weight: float = 1.0, *, target_order: T
         The penalty, a float32 scalar (0 for a model without RotationSSM layers).
     """
     svs = {k: _layer_svdvals(m, jitter) for k, m in rotation_layers(model).items()}
+    if isinstance(weight, Mapping) and set(svs) - set(weight):
+        raise ValueError(f"weight has no value for the SSM layers {sorted(set(svs) - set(weight))}; give one per "
+                         "layer (names as in model.named_modules()) or a single float")
     orders = target_orders(svs, target_order, state_budget)
     total = torch.zeros((), dtype=torch.float64)
     for name, s in svs.items():
-        total = total + singular_value_tail(s, 0 if orders is None else orders[name], relative)
-    return (weight * total).float()
+        w = weight[name] if isinstance(weight, Mapping) else weight
+        if w:
+            total = total + w * singular_value_tail(s, 0 if orders is None else orders[name], relative)
+    return total.float()
 
 
 @torch.no_grad()

@@ -2,11 +2,12 @@
 
 The regulariser is the full Hankel nuclear norm or, with a target order / state budget, only its tail
 (:func:`hankel_regulariser`). Its weight can follow a schedule (zero for a warm-up fraction of the epochs, then a
-linear ramp) and, in target mode, a controller: after every epoch at the full scheduled weight, the weight is
-multiplied by tail / target_tail, clipped to [1/``gain``, ``gain``], where tail = max_l Σ_{i>r} σ_i / Σ σ_i is the
-measured tail energy and target_tail = 1 − ``target_energy`` (proportional in log w: up while above the target,
-down while below), so the weight needs no grid search, only a starting value.
-Every epoch is reported (weight, losses, train/validation accuracy, per-layer tail energy).
+linear ramp) and, in target mode, a controller per layer: after every epoch at the full scheduled weight, layer l's
+weight is multiplied by tail_l / target_tail, clipped to [1/``gain``, ``gain``], where tail_l = Σ_{i>r} σ_i / Σ σ_i
+is its measured tail energy and target_tail = 1 − ``target_energy`` (proportional in log w: up while above the
+target, down while below), so the weight needs no grid search, only a starting value, and a layer that meets its
+target early is not squeezed further for the sake of a slower one.
+Every epoch is reported (weights, losses, train/validation accuracy, per-layer tail energy).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch import nn
 from ...core.data import Dataset
 from ...core.progress import log_progress
 from ...core.train import ProgressFn, task_loss
-from .classifier import SSMClassifier, hankel_regulariser, tail_energies
+from .classifier import SSMClassifier, hankel_regulariser, rotation_layers, tail_energies
 
 __all__ = ["HankelRegularisation", "SSMTrainSpec", "SSMEpoch", "SSMTrainResult", "scheduled_weight",
            "controlled_weight", "train_ssm_classifier"]
@@ -87,7 +88,8 @@ class SSMTrainSpec:
 
 @dataclass
 class SSMEpoch:
-    """One epoch: the weight used, mean task loss and penalty, accuracies, per-layer tail energy at the targets."""
+    """One epoch: the largest layer weight and every layer's, mean task loss and penalty, accuracies, per-layer tail
+    energy at the targets."""
 
     epoch: int
     weight: float
@@ -99,15 +101,18 @@ class SSMEpoch:
     tail_energy: dict[str, float] = field(default_factory=dict)
     orders: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    layer_weights: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class SSMTrainResult:
-    """Per-epoch history and the epoch whose weights the model holds (see :func:`train_ssm_classifier`)."""
+    """Per-epoch history and the epoch whose weights the model holds (see :func:`train_ssm_classifier`);
+    ``final_weights`` are the controller's layer weights after the last epoch, ``final_weight`` the largest."""
 
     selected_epoch: int
     final_weight: float
     history: list[SSMEpoch] = field(default_factory=list)
+    final_weights: dict[str, float] = field(default_factory=dict)
 
 
 def scheduled_weight(epoch: int, epochs: int, weight: float, warmup: float, ramp: float) -> float:
@@ -154,23 +159,23 @@ def _evaluate(model: SSMClassifier, data: Dataset, batch_size: int) -> tuple[flo
     return loss_sum / len(data), correct / len(data)
 
 
-def _penalty(reg: HankelRegularisation, weight: float) -> Penalty | None:
-    """The step's regulariser at ``weight`` (None at weight 0: nothing to compute)."""
-    if weight <= 0:
+def _penalty(reg: HankelRegularisation, weights: dict[str, float]) -> Penalty | None:
+    """The step's regulariser at the layer ``weights`` (None when all are 0: nothing to compute)."""
+    if not any(w > 0 for w in weights.values()):
         return None
-    return lambda m: hankel_regulariser(m, weight, target_order=reg.target_order, state_budget=reg.state_budget,
+    return lambda m: hankel_regulariser(m, weights, target_order=reg.target_order, state_budget=reg.state_budget,
                                         relative=reg.relative)
 
 
 def _run_epoch(model: SSMClassifier, data: Dataset, val: Dataset, opt: torch.optim.Optimizer, gen: torch.Generator,
-               spec: SSMTrainSpec, reg: HankelRegularisation, epoch: int, weight: float) -> SSMEpoch:
-    """Train one epoch at ``weight``, then measure validation loss/accuracy and the tail energies."""
+               spec: SSMTrainSpec, reg: HankelRegularisation, epoch: int, weights: dict[str, float]) -> SSMEpoch:
+    """Train one epoch at the layer ``weights``, then measure validation loss/accuracy and the tail energies."""
     t0 = time.perf_counter()
-    train_loss, pen, train_acc = _train_epoch(model, data, opt, spec.batch_size, gen, _penalty(reg, weight))
+    train_loss, pen, train_acc = _train_epoch(model, data, opt, spec.batch_size, gen, _penalty(reg, weights))
     val_loss, val_acc = _evaluate(model, val, spec.batch_size)
     tails, orders = tail_energies(model, reg.target_order, reg.state_budget) if reg.has_target else ({}, {})
-    return SSMEpoch(epoch, weight, train_loss, pen, train_acc, val_loss, val_acc, tails, orders,
-                    time.perf_counter() - t0)
+    return SSMEpoch(epoch, max(weights.values(), default=0.0), train_loss, pen, train_acc, val_loss, val_acc, tails,
+                    orders, time.perf_counter() - t0, dict(weights))
 
 
 def _eligible(rec: SSMEpoch, full_weight: bool, reg: HankelRegularisation) -> bool:
@@ -196,24 +201,27 @@ def train_ssm_classifier(train_data: Dataset, val: Dataset | None, spec: SSMTrai
     gen = torch.Generator().manual_seed(spec.seed)
     opt = torch.optim.Adam(model.parameters(), lr=spec.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(spec.epochs, 1))
-    result, base, best = SSMTrainResult(spec.epochs - 1, spec.reg_weight), spec.reg_weight, None
+    base = {name: spec.reg_weight for name in rotation_layers(model)}
+    result, best = SSMTrainResult(spec.epochs - 1, spec.reg_weight), None
     for epoch in range(spec.epochs):
-        weight = scheduled_weight(epoch, spec.epochs, base, reg.warmup, reg.ramp)
-        rec = _run_epoch(model, train_data, val if val is not None else train_data, opt, gen, spec, reg, epoch, weight)
+        ramp = scheduled_weight(epoch, spec.epochs, 1.0, reg.warmup, reg.ramp)
+        weights = {name: ramp * w for name, w in base.items()}
+        rec = _run_epoch(model, train_data, val if val is not None else train_data, opt, gen, spec, reg, epoch,
+                         weights)
         sched.step()
         result.history.append(rec)
-        full = spec.reg_weight <= 0 or scheduled_weight(epoch, spec.epochs, 1.0, reg.warmup, reg.ramp) >= 1.0
+        full = spec.reg_weight <= 0 or ramp >= 1.0
         if _eligible(rec, full, reg) and (best is None or rec.val_loss < best[0]):
             best = (rec.val_loss, epoch, copy.deepcopy(model.state_dict()))
         if reg.target_energy is not None and full:
-            base = controlled_weight(base, max(rec.tail_energy.values(), default=0.0), 1 - reg.target_energy,
-                                     reg.gain)
+            base = {name: controlled_weight(w, rec.tail_energy[name], 1 - reg.target_energy, reg.gain)
+                    for name, w in base.items()}
         log_progress(log, "training (epochs)", epoch + 1, spec.epochs)
         if progress is not None:
             progress(epoch + 1, spec.epochs, {"val_loss": rec.val_loss, "val_accuracy": rec.val_accuracy,
-                                              "weight": weight})
+                                              "weight": rec.weight})
     if best is not None:
         result.selected_epoch = best[1]
         model.load_state_dict(best[2])
-    result.final_weight = base
+    result.final_weights, result.final_weight = base, max(base.values(), default=0.0)
     return model.eval(), result

@@ -109,6 +109,18 @@ def test_model_regulariser_full_tail_and_budget_match_exact_hsvs() -> None:
     assert used == orders and measured == pytest.approx({n: tail_energy(h, orders[n]) for n, h in hsvs.items()})
 
 
+def test_per_layer_weights_weigh_each_layer_tail() -> None:
+    model = _model()
+    hsvs = _exact_hsvs(model)
+    weights = {"blocks.0.ssm": 0.25, "blocks.1.ssm": 3.0}
+    got = _value(model, weights, target_order=3)
+    assert got == pytest.approx(sum(w * float(hsvs[n][3:].sum()) for n, w in weights.items()), rel=1e-5)
+    only_second = _value(model, {"blocks.0.ssm": 0.0, "blocks.1.ssm": 1.0}, target_order=3)
+    assert only_second == pytest.approx(float(hsvs["blocks.1.ssm"][3:].sum()), rel=1e-5)
+    with pytest.raises(ValueError, match=r"\['blocks.1.ssm'\]"):
+        hankel_regulariser(model, {"blocks.0.ssm": 1.0}, target_order=3)
+
+
 def test_target_orders_reject_ambiguous_or_incomplete_targets() -> None:
     hsvs = {"a": torch.ones(4), "b": torch.ones(4)}
     assert target_orders(hsvs) is None and target_orders(hsvs, 3) == {"a": 3, "b": 3}

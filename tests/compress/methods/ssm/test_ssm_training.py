@@ -76,3 +76,18 @@ def test_constant_weight_full_norm_reports_no_tails() -> None:
     _, res = train_ssm_classifier(_data(), None, spec)
     assert [e.weight for e in res.history] == [0.01, 0.01]
     assert all(e.tail_energy == {} and e.penalty > 0 for e in res.history)
+
+
+def test_controller_steps_every_layer_by_its_own_tail() -> None:
+    reg = HankelRegularisation(target_order=2, relative=True, target_energy=0.6, gain=4.0)
+    spec = SSMTrainSpec(features=4, state=8, depth=2, reg_weight=0.1, epochs=3, batch_size=16, regularisation=reg)
+    _, res = train_ssm_classifier(_data(), None, spec)
+    names = ["blocks.0.ssm", "blocks.1.ssm"]
+    steps = [e.layer_weights for e in res.history] + [res.final_weights]
+    for before, after, epoch in zip(steps, steps[1:], res.history):
+        assert set(before) == set(names) and epoch.weight == max(before.values())
+        for n in names:  # w_l ← w_l · clip(tail_l / 0.4, 1/4, 4), from that layer's own tail alone
+            assert after[n] / before[n] == pytest.approx(min(4.0, max(0.25, epoch.tail_energy[n] / 0.4)))
+    assert res.final_weight == max(res.final_weights.values())
+    w0, w1 = (res.final_weights[n] for n in names)
+    assert abs(w0 / w1 - 1) > 0.1  # the layers' tails differ, so one shared weight could not have followed both
