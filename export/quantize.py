@@ -37,7 +37,7 @@ from onnx import numpy_helper
 from export.atomic import atomic_path, ensure_distinct
 from export.onnx_files import data_files
 from runtime_bench import optimized_graph_ops
-from runtime_bench.model_info import float_roundtrips, op_counts, optimized_graph
+from runtime_bench.model_info import float_roundtrip_nodes, float_roundtrips, op_counts, optimized_graph
 from runtime_bench.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS, error_line
 from runtime_bench.runtime import onnxruntime_module
 from export.errors import CalibrationError, QuantizationError
@@ -98,6 +98,10 @@ class QuantConfig:
         allow_random_calibration: calibrate on standard-normal data when no data is given.
         random_samples: number of random samples in that case.
         seed: seed of the random calibration data.
+        drop_roundtrips: target ``cpu``, static mode: leave in float the nodes that ONNX Runtime's optimised CPU
+            graph runs in float between a DequantizeLinear and a QuantizeLinear (no integer kernel: Pad,
+            ConvTranspose, a Conv with computed weights, ...) and quantise again, so that their tensors are not
+            dequantised and re-quantised around them for nothing.
     """
 
     mode: str = "static"
@@ -110,6 +114,7 @@ class QuantConfig:
     allow_random_calibration: bool = False
     random_samples: int = 32
     seed: int = 0
+    drop_roundtrips: bool = True
 
     def __post_init__(self) -> None:
         choices = {
@@ -169,6 +174,9 @@ class QuantResult:
         nonfinite_nodes: nodes left in float because calibration gave a tensor they read or write a scale that is
             not finite (e.g. a 0/-inf attention mask and the masked scores): quantised, such a tensor flattens
             everything downstream. Also listed in ``excluded_nodes``.
+        roundtrip_nodes: nodes left in float by ``QuantConfig.drop_roundtrips`` (a first quantisation ran them in
+            float between a dequantise and a re-quantise); also listed in ``excluded_nodes``. ``float_roundtrips``
+            counts what is left after that.
     """
 
     fp32_path: str
@@ -196,6 +204,7 @@ class QuantResult:
     untrained_modules: list[str] = field(default_factory=list)
     nonfinite_nodes: list[str] = field(default_factory=list)
     float_roundtrips: dict[str, int] = field(default_factory=dict)
+    roundtrip_nodes: list[str] = field(default_factory=list)
 
 
 Calib = np.ndarray | Mapping[str, np.ndarray]
@@ -362,6 +371,7 @@ def dynamic_weight_nodes(model: onnx.ModelProto) -> list[str]:
 _WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 _NONFINITE_ROUNDS = 4
+_ROUNDTRIP_ROUNDS = 4
 _SHARED_PARAMS_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool"})
 """Ops whose output ORT's QDQ quantiser gives its input's scale and zero point, and which commute with a
 per-tensor quantiser (they move or select values): a range trained for the output holds for the input too."""
@@ -577,6 +587,28 @@ def _run_static_finite(source: Path, dest: Path, reader: ArrayCalibrationReader,
                             f"their nodes in float ({', '.join(added)}); exclude them by hand")
 
 
+def _drop_roundtrips(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
+                     overrides: Mapping[str, list[dict[str, np.ndarray]]], excluded: list[str]) -> list[str]:
+    """Quantise ``source`` again into ``dest`` with the nodes that ORT's CPU graph of ``dest`` runs in float between
+    a DequantizeLinear and a QuantizeLinear left in float, until no new such node (named in ``source``) appears, a
+    few rounds at most. Returns the nodes it added to ``excluded``."""
+    names = {n.name for n in onnx.load(str(source), load_external_data=False).graph.node if n.name}
+    added: list[str] = []
+    for _ in range(_ROUNDTRIP_ROUNDS):
+        known = {*excluded, *added}
+        new = [n.name for n in float_roundtrip_nodes(optimized_graph(dest, "cpu"))
+               if n.name in names and n.name not in known]
+        if not new:
+            break
+        added += new
+        reader.rewind()
+        _run_static(source, dest, reader, config, overrides, [*excluded, *added])
+    if added:
+        logger.info("%s: %d node(s) ran in float between a dequantise and a re-quantise; left in float: %s",
+                    dest.name, len(added), ", ".join(added))
+    return added
+
+
 def _ort_quantization() -> ModuleType:
     """``onnxruntime.quantization`` (imported on first use: the base install may have no runtime wheel)."""
     onnxruntime_module()
@@ -671,8 +703,11 @@ def quantize_int8(
         overrides, direct = trained_overrides(onnx.load(str(source)), ranges, weights) if ranges else ({}, {})
         excluded = _excluded(source, exclude, static=reader is not None)
         try:
+            roundtrip: list[str] = []
             if reader is not None:
                 nonfinite = _run_static_finite(source, tmp, reader, config, overrides, excluded, fp32_path.name)
+                if config.drop_roundtrips and config.target == "cpu":
+                    roundtrip = _drop_roundtrips(source, tmp, reader, config, overrides, [*excluded, *nonfinite])
             else:
                 nonfinite = []
                 _run_dynamic(source, tmp, config, excluded)
@@ -685,7 +720,8 @@ def quantize_int8(
         logger.warning("%s: the trained activation ranges of %s are not in the graph; calibrated instead",
                        out_path.name, ", ".join(untrained))
     return dataclasses.replace(_result(fp32_path, out_path, config, 0 if data is None else len(next(iter(data.values()))), is_random,
-                                       note), excluded_nodes=[*excluded, *nonfinite], nonfinite_nodes=nonfinite, range_source="trained" if trained else
+                                       note), excluded_nodes=[*excluded, *nonfinite, *roundtrip], nonfinite_nodes=nonfinite,
+                               roundtrip_nodes=roundtrip, range_source="trained" if trained else
                                "calibrated", trained_ranges=trained, untrained_modules=untrained)
 
 

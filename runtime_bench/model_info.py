@@ -16,7 +16,7 @@ from .providers import provider_mismatch, provider_name
 from .sessions import create_session
 
 __all__ = ["ModelInfo", "model_info", "count_nodes", "op_counts", "optimized_graph_ops", "optimized_graph",
-           "float_roundtrips", "INTEGER_OP_TYPES"]
+           "float_roundtrips", "float_roundtrip_nodes", "INTEGER_OP_TYPES"]
 
 #: Op types that execute integer kernels (ONNX and com.microsoft contrib ops); one set project-wide.
 INTEGER_OP_TYPES: frozenset[str] = INTEGER_OPS
@@ -70,24 +70,29 @@ def op_counts(graph: onnx.GraphProto) -> Counter[str]:
     return counts
 
 
-def float_roundtrips(graph: onnx.GraphProto) -> dict[str, int]:
-    """Op types that run in float between a DequantizeLinear and a QuantizeLinear of an (optimised) QDQ graph, by
-    count: each is a quantised tensor taken back to float and re-quantised after, pure overhead where the op has
-    no integer kernel (e.g. Pad, ConvTranspose, a Conv whose weights the graph computes)."""
+def float_roundtrip_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Nodes that run in float between a DequantizeLinear and a QuantizeLinear of an (optimised) QDQ graph, in graph
+    order: each takes a quantised tensor back to float and re-quantises after, pure overhead where the op has no
+    integer kernel (e.g. Pad, ConvTranspose, a Conv whose weights the graph computes)."""
     producer = {o: n for n in graph.node for o in n.output}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
-    found: Counter[str] = Counter()
+    found = []
     for n in graph.node:
         if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
             continue
         fed = any(producer.get(i) is not None and producer[i].op_type == "DequantizeLinear" for i in n.input)
         feeds = any(c.op_type == "QuantizeLinear" for o in n.output for c in consumers.get(o, []))
         if fed and feeds:
-            found[n.op_type] += 1
-    return dict(found.most_common())
+            found.append(n)
+    return found
+
+
+def float_roundtrips(graph: onnx.GraphProto) -> dict[str, int]:
+    """:func:`float_roundtrip_nodes` counted by op type, most frequent first."""
+    return dict(Counter(n.op_type for n in float_roundtrip_nodes(graph)).most_common())
 
 
 def optimized_graph_ops(path: Path, provider: str = "cpu", threads: int = 1) -> dict[str, int]:

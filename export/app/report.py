@@ -154,6 +154,7 @@ def render_markdown(report: Any) -> str:
                            f"{q.get('float_kernels', '-')}"
                            + (f"; left in float because calibration met an infinite value (e.g. a -inf attention "
                               f"mask): {shown}" if nonfinite else "")
+                           + _dropped_text(q.get("roundtrip_nodes") or [])
                            + _roundtrip_text(q.get("float_roundtrips") or {}))
         for v in _get(case, "variants"):
             out += tensorrt_lines(_get(v, "label"), _get(v, "tensorrt_readiness"))
@@ -162,6 +163,15 @@ def render_markdown(report: Any) -> str:
         out += [f"- note: {n}" for n in _get(case, "notes")]
         out += [f"- **WARNING**: {w}" for w in _get(case, "warnings")]
     return "\n".join(out) + "\n"
+
+
+def _dropped_text(nodes: list[str]) -> str:
+    """``; left in float ...`` for an INT8 line: nodes a first quantisation ran in float between a dequantise and a
+    re-quantise, quantised again without their Q/DQ pairs (``QuantConfig.drop_roundtrips``); ``""`` for none."""
+    if not nodes:
+        return ""
+    shown = ", ".join(nodes[:5]) + (f", ... ({len(nodes)} in all)" if len(nodes) > 5 else "")
+    return f"; left in float (no integer kernel, their Q/DQ pairs only cost time): {shown}"
 
 
 def _roundtrip_text(roundtrips: Mapping[str, int]) -> str:

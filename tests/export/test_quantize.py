@@ -208,3 +208,39 @@ def test_convolution_with_generated_weights_stays_float(tmp_path: Path) -> None:
     q = _run(result.out_path, x.numpy())
     ref = model(x).detach().numpy()
     assert np.linalg.norm(q - ref) / np.linalg.norm(ref) < 0.05
+
+
+def test_float_roundtrips_are_left_in_float(tmp_path: Path) -> None:
+    """Pad and a Conv with a computed kernel between two stored-weight Linears: quantised as they come, ORT runs
+    them in float between a DequantizeLinear and a QuantizeLinear; by default they are left in float instead."""
+    from torch import nn
+
+    from export.onnx_export import to_onnx
+    from runtime_bench.model_info import float_roundtrips, optimized_graph
+
+    class FloatChain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rate = nn.Parameter(torch.tensor([0.5, 0.7, 0.8, 0.9]))
+            self.inp, self.out = nn.Linear(3, 4), nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (batch, length, 3)
+            v = self.inp(x).transpose(1, 2)
+            length = v.shape[-1]
+            kernel = (self.rate[:, None] ** torch.arange(length, dtype=x.dtype).flip(0)[None, :]).unsqueeze(1)
+            y = nn.functional.conv1d(nn.functional.pad(v, (length - 1, 0)), kernel, groups=4)
+            return self.out(y.transpose(1, 2))
+
+    torch.manual_seed(0)
+    model, x = FloatChain().eval(), torch.randn(32, 8, 3)
+    to_onnx(model, x[:2], tmp_path / "c.onnx", dynamic_dims={1: "seq"})
+    kept = quantize_int8(tmp_path / "c.onnx", tmp_path / "kept.onnx", x.numpy(), QuantConfig(drop_roundtrips=False))
+    dropped = quantize_int8(tmp_path / "c.onnx", tmp_path / "dropped.onnx", x.numpy())
+    assert {"Pad", "Conv"} <= set(kept.float_roundtrips) and kept.roundtrip_nodes == []
+    assert not {"Pad", "Conv"} & set(dropped.float_roundtrips)
+    assert dropped.float_roundtrips == float_roundtrips(optimized_graph(Path(dropped.out_path), "cpu"))
+    assert dropped.roundtrip_nodes and set(dropped.roundtrip_nodes) <= set(dropped.excluded_nodes)
+    assert dropped.integer_kernels == kept.integer_kernels == 2  # both Linears stay integer
+    ref = model(x).detach().numpy()
+    for result in (kept, dropped):
+        assert np.linalg.norm(_run(result.out_path, x.numpy()) - ref) / np.linalg.norm(ref) < 0.05
