@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from .options import SeedOption
 from .progress import log_progress
 from .inputs import call
 
-__all__ = ["TrainConfig", "TrainResult", "train", "task_loss", "distillation_loss", "ProgressFn", "FinetuneOptions"]
+__all__ = ["TrainConfig", "TrainResult", "TrainHooks", "train", "task_loss", "distillation_loss", "ProgressFn", "FinetuneOptions"]
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int, dict], None]  # (epoch, total epochs, metrics)
@@ -72,6 +72,21 @@ def _distill_loss(out: torch.Tensor, teacher_out: torch.Tensor, y: torch.Tensor,
             + (1 - cfg.alpha) * task_loss(out, y))
 
 
+class TrainHooks(Protocol):
+    """Callbacks of :func:`train`, e.g. a regulariser whose weight follows a schedule or a controller."""
+
+    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
+        """A term added to this step's loss (None: nothing to add)."""
+
+    def after_step(self, out: torch.Tensor, y: torch.Tensor, loss: torch.Tensor,
+                   extra: torch.Tensor | None) -> None:
+        """Sees every step's outputs, targets, task loss and extra term (e.g. for running metrics)."""
+
+    def after_epoch(self, model: nn.Module, epoch: int, val_loss: float) -> bool:
+        """Called after each epoch's validation; returns whether the epoch may be selected (the weights
+        :func:`train` keeps are those of the best selectable epoch, or of the last epoch if none is)."""
+
+
 @torch.no_grad()
 def _val_loss(model: nn.Module, val: Dataset, batch_size: int) -> float:
     model.eval()
@@ -83,11 +98,13 @@ def _val_loss(model: nn.Module, val: Dataset, batch_size: int) -> float:
 
 
 def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig,
-          teacher: nn.Module | None = None, extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+          teacher: nn.Module | None = None, hooks: TrainHooks | None = None,
           progress: ProgressFn | None = None) -> TrainResult:
-    """Train ``model`` in place with Adam; keep the weights of the best validation epoch (early stopping).
+    """Train ``model`` in place with Adam and a cosine learning rate; keep the weights of the best validation epoch
+    (early stopping after ``cfg.patience`` epochs without a better one).
 
-    ``extra_loss(model)`` (e.g. a regulariser) is added to every step's loss.
+    ``hooks`` add a term to every step's loss, see every step, and decide which epochs may be selected
+    (:class:`TrainHooks`); with hooks and no selectable epoch the last epoch's weights are kept.
     """
     if data.y is None:
         raise ValueError("training needs labelled data (targets y)")
@@ -109,17 +126,20 @@ def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig
                 with torch.no_grad():
                     t_out = call(teacher, xb)
                 loss = _distill_loss(out, t_out, yb, cfg)
-            if extra_loss is not None:
-                loss = loss + extra_loss(model)
+            extra = hooks.extra_loss(model) if hooks is not None else None
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss if extra is None else loss + extra).backward()
             opt.step()
+            if hooks is not None:
+                hooks.after_step(out.detach(), yb, loss.detach(), None if extra is None else extra.detach())
         sched.step()
         vl = _val_loss(model, val if val is not None else data, cfg.batch_size)
         best.history.append({"epoch": epoch, "val_loss": vl})
         log_progress(log, "training (epochs)", epoch + 1, cfg.epochs)
         if progress is not None:
             progress(epoch + 1, cfg.epochs, {"val_loss": vl})
+        if hooks is not None and not hooks.after_epoch(model, epoch, vl):
+            continue
         if vl < best.best_val_loss:
             best.best_epoch, best.best_val_loss = epoch, vl
             best_state = copy.deepcopy(model.state_dict())
@@ -127,7 +147,10 @@ def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig
             log.info("early stop at epoch %d (best %d)", epoch, best.best_epoch)
             log_progress(log, "training (epochs)", cfg.epochs, cfg.epochs)
             break
-    model.load_state_dict(best_state)
+    if best.best_epoch >= 0 or hooks is None:
+        model.load_state_dict(best_state)
+    else:
+        best.best_epoch = len(best.history) - 1
     model.eval()
     return best
 

@@ -12,25 +12,21 @@ Every epoch is reported (weights, losses, train/validation accuracy, per-layer t
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
-
 import torch
 from torch import nn
 
 from ...core.data import Dataset
 from ...core.progress import log_progress
-from ...core.train import ProgressFn, task_loss
+from ...core.train import ProgressFn, TrainConfig, train
 from .classifier import SSMClassifier, hankel_regulariser, rotation_layers, tail_energies
 
 __all__ = ["HankelRegularisation", "SSMTrainSpec", "SSMEpoch", "SSMTrainResult", "scheduled_weight",
            "controlled_weight", "train_ssm_classifier"]
 
 log = logging.getLogger(__name__)
-Penalty = Callable[[nn.Module], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -130,52 +126,56 @@ def controlled_weight(weight: float, tail: float, target_tail: float, gain: floa
     return weight * min(gain, max(1.0 / gain, tail / target_tail))
 
 
-def _train_epoch(model: SSMClassifier, data: Dataset, opt: torch.optim.Optimizer, batch_size: int,
-                 gen: torch.Generator, penalty: Penalty | None) -> tuple[float, float, float]:
-    """One pass of Adam over shuffled batches; (mean task loss, mean penalty, running train accuracy)."""
-    model.train()
-    loss_sum, pen_sum, correct, n = 0.0, 0.0, 0, 0
-    for xb, yb in data.batches(batch_size, shuffle=True, generator=gen):
-        out = model(xb)
-        loss = task_loss(out, yb)
-        pen = penalty(model) if penalty is not None else torch.zeros(())
-        opt.zero_grad(set_to_none=True)
-        (loss + pen).backward()
-        opt.step()
-        loss_sum, pen_sum = loss_sum + float(loss.detach()) * len(xb), pen_sum + float(pen.detach()) * len(xb)
-        correct, n = correct + int((out.detach().argmax(1) == yb).sum()), n + len(xb)
-    return loss_sum / n, pen_sum / n, correct / n
+class _HankelHooks:
+    """:class:`~compress.core.train.TrainHooks` of :func:`train_ssm_classifier`: the scheduled (and controlled) layer
+    weights of the penalty, running train accuracy and mean penalty, the per-epoch record and eligibility."""
+
+    def __init__(self, model: SSMClassifier, spec: SSMTrainSpec, reg: HankelRegularisation, val: Dataset) -> None:
+        self.spec, self.reg, self.val = spec, reg, val
+        self.base = {name: spec.reg_weight for name in rotation_layers(model)}
+        self.history: list[SSMEpoch] = []
+        self._start(0)
+
+    def _start(self, epoch: int) -> None:
+        self.ramp = scheduled_weight(epoch, self.spec.epochs, 1.0, self.reg.warmup, self.reg.ramp)
+        self.weights = {name: self.ramp * w for name, w in self.base.items()}
+        self.sums, self.t0 = [0.0, 0.0, 0, 0], time.perf_counter()  # task loss, penalty, correct, samples
+
+    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
+        if not any(w > 0 for w in self.weights.values()):
+            return None
+        reg = self.reg
+        return hankel_regulariser(model, self.weights, target_order=reg.target_order, state_budget=reg.state_budget,
+                                  relative=reg.relative)
+
+    def after_step(self, out: torch.Tensor, y: torch.Tensor, loss: torch.Tensor, extra: torch.Tensor | None) -> None:
+        n, s = len(y), self.sums
+        s[0], s[1] = s[0] + float(loss) * n, s[1] + (0.0 if extra is None else float(extra) * n)
+        s[2], s[3] = s[2] + int((out.argmax(1) == y).sum()), s[3] + n
+
+    def after_epoch(self, model: nn.Module, epoch: int, val_loss: float) -> bool:
+        """Record the epoch, say whether it may be selected, then step the controller and the schedule."""
+        reg, (loss, pen, correct, n) = self.reg, self.sums
+        tails, orders = tail_energies(model, reg.target_order, reg.state_budget) if reg.has_target else ({}, {})
+        rec = SSMEpoch(epoch, max(self.weights.values(), default=0.0), loss / n, pen / n, correct / n, val_loss,
+                       _accuracy(model, self.val, self.spec.batch_size), tails, orders, time.perf_counter() - self.t0,
+                       dict(self.weights))
+        self.history.append(rec)
+        full = self.spec.reg_weight <= 0 or self.ramp >= 1.0
+        if reg.target_energy is not None and full:
+            self.base = {name: controlled_weight(w, tails[name], 1 - reg.target_energy, reg.gain)
+                         for name, w in self.base.items()}
+        log.info("epoch %d: weight %.3g, val loss %.4f, val accuracy %.4f%s", epoch, rec.weight, val_loss,
+                 rec.val_accuracy, "".join(f", tail {k} {v:.4f}" for k, v in tails.items()))
+        self._start(epoch + 1)
+        return _eligible(rec, full, reg)
 
 
 @torch.no_grad()
-def _evaluate(model: SSMClassifier, data: Dataset, batch_size: int) -> tuple[float, float]:
-    """(mean task loss, accuracy) in eval mode."""
+def _accuracy(model: nn.Module, data: Dataset, batch_size: int) -> float:
+    """Accuracy in eval mode."""
     model.eval()
-    loss_sum, correct = 0.0, 0
-    for xb, yb in data.batches(batch_size):
-        out = model(xb)
-        loss_sum += float(task_loss(out, yb)) * len(xb)
-        correct += int((out.argmax(1) == yb).sum())
-    return loss_sum / len(data), correct / len(data)
-
-
-def _penalty(reg: HankelRegularisation, weights: dict[str, float]) -> Penalty | None:
-    """The step's regulariser at the layer ``weights`` (None when all are 0: nothing to compute)."""
-    if not any(w > 0 for w in weights.values()):
-        return None
-    return lambda m: hankel_regulariser(m, weights, target_order=reg.target_order, state_budget=reg.state_budget,
-                                        relative=reg.relative)
-
-
-def _run_epoch(model: SSMClassifier, data: Dataset, val: Dataset, opt: torch.optim.Optimizer, gen: torch.Generator,
-               spec: SSMTrainSpec, reg: HankelRegularisation, epoch: int, weights: dict[str, float]) -> SSMEpoch:
-    """Train one epoch at the layer ``weights``, then measure validation loss/accuracy and the tail energies."""
-    t0 = time.perf_counter()
-    train_loss, pen, train_acc = _train_epoch(model, data, opt, spec.batch_size, gen, _penalty(reg, weights))
-    val_loss, val_acc = _evaluate(model, val, spec.batch_size)
-    tails, orders = tail_energies(model, reg.target_order, reg.state_budget) if reg.has_target else ({}, {})
-    return SSMEpoch(epoch, max(weights.values(), default=0.0), train_loss, pen, train_acc, val_loss, val_acc, tails,
-                    orders, time.perf_counter() - t0, dict(weights))
+    return sum(int((model(xb).argmax(1) == yb).sum()) for xb, yb in data.batches(batch_size)) / len(data)
 
 
 def _eligible(rec: SSMEpoch, full_weight: bool, reg: HankelRegularisation) -> bool:
@@ -186,8 +186,8 @@ def _eligible(rec: SSMEpoch, full_weight: bool, reg: HankelRegularisation) -> bo
 
 def train_ssm_classifier(train_data: Dataset, val: Dataset | None, spec: SSMTrainSpec,
                          progress: ProgressFn | None = None) -> tuple[SSMClassifier, SSMTrainResult]:
-    """Build (seeded) and train an :class:`SSMClassifier` with Adam and a cosine learning rate; returns it in eval
-    mode with its per-epoch history.
+    """Build (seeded) and train an :class:`SSMClassifier` by :func:`compress.core.train.train` (Adam, cosine
+    learning rate, no early stopping); returns it in eval mode with its per-epoch history.
 
     The model keeps the weights of the best-validation-loss epoch among the eligible ones: the schedule has reached
     its full weight and, in target mode, the measured tail energy meets the target (the last epoch if none is).
@@ -198,30 +198,9 @@ def train_ssm_classifier(train_data: Dataset, val: Dataset | None, spec: SSMTrai
     if reg.target_energy is not None and not spec.reg_weight > 0:
         raise ValueError("target mode needs a starting reg_weight > 0 (the controller scales it)")
     model = SSMClassifier(train_data.x.shape[-1], spec.features, spec.state, spec.depth, int(train_data.y.max()) + 1)
-    gen = torch.Generator().manual_seed(spec.seed)
-    opt = torch.optim.Adam(model.parameters(), lr=spec.lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(spec.epochs, 1))
-    base = {name: spec.reg_weight for name in rotation_layers(model)}
-    result, best = SSMTrainResult(spec.epochs - 1, spec.reg_weight), None
-    for epoch in range(spec.epochs):
-        ramp = scheduled_weight(epoch, spec.epochs, 1.0, reg.warmup, reg.ramp)
-        weights = {name: ramp * w for name, w in base.items()}
-        rec = _run_epoch(model, train_data, val if val is not None else train_data, opt, gen, spec, reg, epoch,
-                         weights)
-        sched.step()
-        result.history.append(rec)
-        full = spec.reg_weight <= 0 or ramp >= 1.0
-        if _eligible(rec, full, reg) and (best is None or rec.val_loss < best[0]):
-            best = (rec.val_loss, epoch, copy.deepcopy(model.state_dict()))
-        if reg.target_energy is not None and full:
-            base = {name: controlled_weight(w, rec.tail_energy[name], 1 - reg.target_energy, reg.gain)
-                    for name, w in base.items()}
-        log_progress(log, "training (epochs)", epoch + 1, spec.epochs)
-        if progress is not None:
-            progress(epoch + 1, spec.epochs, {"val_loss": rec.val_loss, "val_accuracy": rec.val_accuracy,
-                                              "weight": rec.weight})
-    if best is not None:
-        result.selected_epoch = best[1]
-        model.load_state_dict(best[2])
-    result.final_weights, result.final_weight = base, max(base.values(), default=0.0)
+    hooks = _HankelHooks(model, spec, reg, val if val is not None else train_data)
+    cfg = TrainConfig(epochs=spec.epochs, batch_size=spec.batch_size, lr=spec.lr, patience=spec.epochs + 1,
+                      seed=spec.seed)
+    best = train(model, train_data, val, cfg, hooks=hooks, progress=progress)
+    result = SSMTrainResult(best.best_epoch, max(hooks.base.values(), default=0.0), hooks.history, dict(hooks.base))
     return model.eval(), result
