@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -78,7 +79,7 @@ def main() -> None:
             for label in (".int8 (ORT placement)", ".int8"):
                 own = latency[f"{fp32}{label} b{b}"]["process_p50_ms"]
                 per = [m / r for m, r in zip(own, ref)]
-                int8_vs_fp32[f"{fp32}{label} b{b}"] = {"median": sorted(per)[len(per) // 2], "min": min(per),
+                int8_vs_fp32[f"{fp32}{label} b{b}"] = {"median": statistics.median(per), "min": min(per),
                                                        "max": max(per), "per_process": per}
     write_json(args.out, {
         "meta": {"repeats": args.repeats, "batch_sizes": config.batch_sizes, "provider": "cpu", "threads": 1,

@@ -181,6 +181,8 @@ def main() -> None:
     ap.add_argument("--target-energy", type=float, default=0.99, help="kept HSV energy the controller aims at")
     ap.add_argument("--tail-budget", action="store_true", help="tail target as a total budget (equal energy)")
     args = ap.parse_args()
+    if args.tail_trunc not in TRUNCS:
+        ap.error(f"--tail-trunc must be one of the measured truncations {TRUNCS}, got {args.tail_trunc}")
     torch.set_num_threads(min(4, os.cpu_count() or 1))
     seeds = SEEDS[:1] if args.quick else SEEDS
     results = {task.name: run_task(task, args, seeds) for task in tasks(args.quick)}

@@ -100,8 +100,9 @@ class QuantConfig:
         seed: seed of the random calibration data.
         drop_roundtrips: target ``cpu``, static mode: leave in float the nodes that ONNX Runtime's optimised CPU
             graph runs in float between a DequantizeLinear and a QuantizeLinear (no integer kernel: Pad,
-            ConvTranspose, a Conv with computed weights, ...) and quantise again, so that their tensors are not
-            dequantised and re-quantised around them for nothing.
+            ConvTranspose, a Conv with computed weights, ...) and quantise again, keeping an exclusion only where
+            it removes the dequantise/re-quantise pair and the result only if ORT's graph has fewer Q/DQ nodes and
+            no fewer integer kernels (:func:`_drop_roundtrips`).
     """
 
     mode: str = "static"
@@ -587,26 +588,43 @@ def _run_static_finite(source: Path, dest: Path, reader: ArrayCalibrationReader,
                             f"their nodes in float ({', '.join(added)}); exclude them by hand")
 
 
+def _qdq_cost(path: Path) -> tuple[int, int, set[str]]:
+    """(Q/DQ nodes, integer Conv/MatMul/Gemm kernels, names of the float round-trip nodes) of ORT's CPU graph."""
+    graph = optimized_graph(path, "cpu")
+    ops = op_counts(graph)
+    return (ops["QuantizeLinear"] + ops["DequantizeLinear"], _kernel_counts(dict(ops))[0],
+            {n.name for n in float_roundtrip_nodes(graph)})
+
+
 def _drop_roundtrips(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
                      overrides: Mapping[str, list[dict[str, np.ndarray]]], excluded: list[str]) -> list[str]:
     """Quantise ``source`` again into ``dest`` with the nodes that ORT's CPU graph of ``dest`` runs in float between
-    a DequantizeLinear and a QuantizeLinear left in float, until no new such node (named in ``source``) appears, a
-    few rounds at most. Returns the nodes it added to ``excluded``."""
+    a DequantizeLinear and a QuantizeLinear (named in ``source``) left in float, a few rounds at most.
+
+    An exclusion is kept only where its round trip is gone (a quantised neighbour can keep the tensor quantised),
+    and the new file only if ORT's graph has fewer Q/DQ nodes and no fewer integer kernels than the first; otherwise
+    the first file is restored. Returns the nodes it added to ``excluded`` (those whose round trip it removed).
+    """
     names = {n.name for n in onnx.load(str(source), load_external_data=False).graph.node if n.name}
-    added: list[str] = []
-    for _ in range(_ROUNDTRIP_ROUNDS):
-        known = {*excluded, *added}
-        new = [n.name for n in float_roundtrip_nodes(optimized_graph(dest, "cpu"))
-               if n.name in names and n.name not in known]
-        if not new:
+    first, (qdq0, int0, trips) = dest.read_bytes(), _qdq_cost(dest)
+    kept: list[str] = []
+    tried: set[str] = set()
+    for last in (i == _ROUNDTRIP_ROUNDS - 1 for i in range(_ROUNDTRIP_ROUNDS)):
+        stale = [n for n in kept if n in trips]
+        new = [] if last else sorted(n for n in trips if n in names and n not in tried and n not in excluded)
+        if not stale and not new:
             break
-        added += new
+        kept, tried = [n for n in kept if n not in trips] + new, tried | set(new)
         reader.rewind()
-        _run_static(source, dest, reader, config, overrides, [*excluded, *added])
-    if added:
+        _run_static(source, dest, reader, config, overrides, [*excluded, *kept])
+        qdq, integer, trips = _qdq_cost(dest)
+    if kept and not (qdq < qdq0 and integer >= int0):
+        dest.write_bytes(first)
+        kept = []
+    if kept:
         logger.info("%s: %d node(s) ran in float between a dequantise and a re-quantise; left in float: %s",
-                    dest.name, len(added), ", ".join(added))
-    return added
+                    dest.name, len(kept), ", ".join(kept))
+    return kept
 
 
 def _ort_quantization() -> ModuleType:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -72,11 +72,13 @@ def _distill_loss(out: torch.Tensor, teacher_out: torch.Tensor, y: torch.Tensor,
             + (1 - cfg.alpha) * task_loss(out, y))
 
 
-class TrainHooks(Protocol):
-    """Callbacks of :func:`train`, e.g. a regulariser whose weight follows a schedule or a controller."""
+class TrainHooks:
+    """Callbacks of :func:`train`, e.g. a regulariser whose weight follows a schedule or a controller; subclass and
+    override what you need (the defaults add nothing, watch nothing and allow every epoch)."""
 
     def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
         """A term added to this step's loss (None: nothing to add)."""
+        return None
 
     def after_step(self, out: torch.Tensor, y: torch.Tensor, loss: torch.Tensor,
                    extra: torch.Tensor | None) -> None:
@@ -85,6 +87,17 @@ class TrainHooks(Protocol):
     def after_epoch(self, model: nn.Module, epoch: int, val_loss: float) -> bool:
         """Called after each epoch's validation; returns whether the epoch may be selected (the weights
         :func:`train` keeps are those of the best selectable epoch, or of the last epoch if none is)."""
+        return True
+
+
+class _ExtraLoss(TrainHooks):
+    """The hooks of a plain ``extra_loss`` callable."""
+
+    def __init__(self, loss: Callable[[nn.Module], torch.Tensor]) -> None:
+        self.loss = loss
+
+    def extra_loss(self, model: nn.Module) -> torch.Tensor | None:
+        return self.loss(model)
 
 
 @torch.no_grad()
@@ -98,16 +111,22 @@ def _val_loss(model: nn.Module, val: Dataset, batch_size: int) -> float:
 
 
 def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig,
-          teacher: nn.Module | None = None, hooks: TrainHooks | None = None,
-          progress: ProgressFn | None = None) -> TrainResult:
+          teacher: nn.Module | None = None, extra_loss: Callable[[nn.Module], torch.Tensor] | None = None,
+          progress: ProgressFn | None = None, *, hooks: TrainHooks | None = None) -> TrainResult:
     """Train ``model`` in place with Adam and a cosine learning rate; keep the weights of the best validation epoch
     (early stopping after ``cfg.patience`` epochs without a better one).
 
-    ``hooks`` add a term to every step's loss, see every step, and decide which epochs may be selected
-    (:class:`TrainHooks`); with hooks and no selectable epoch the last epoch's weights are kept.
+    ``extra_loss(model)`` (e.g. a regulariser) is added to every step's loss; ``hooks`` (not with ``extra_loss``)
+    add a term to every step's loss, see every step, and decide which epochs may be selected
+    (:class:`TrainHooks`); with hooks and no selectable epoch the last epoch's weights are kept, and only selectable
+    epochs count towards early stopping.
     """
     if data.y is None:
         raise ValueError("training needs labelled data (targets y)")
+    if extra_loss is not None:
+        if hooks is not None:
+            raise ValueError("give extra_loss or hooks (whose extra_loss it would be), not both")
+        hooks = _ExtraLoss(extra_loss)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -150,7 +169,7 @@ def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig
     if best.best_epoch >= 0 or hooks is None:
         model.load_state_dict(best_state)
     else:
-        best.best_epoch = len(best.history) - 1
+        best.best_epoch, best.best_val_loss = len(best.history) - 1, best.history[-1]["val_loss"]
     model.eval()
     return best
 

@@ -167,11 +167,11 @@ def render_markdown(report: Any) -> str:
 
 def _dropped_text(nodes: list[str]) -> str:
     """``; left in float ...`` for an INT8 line: nodes a first quantisation ran in float between a dequantise and a
-    re-quantise, quantised again without their Q/DQ pairs (``QuantConfig.drop_roundtrips``); ``""`` for none."""
+    re-quantise, whose Q/DQ pairs a second quantisation removed (``QuantConfig.drop_roundtrips``); ``""`` for none."""
     if not nodes:
         return ""
     shown = ", ".join(nodes[:5]) + (f", ... ({len(nodes)} in all)" if len(nodes) > 5 else "")
-    return f"; left in float (no integer kernel, their Q/DQ pairs only cost time): {shown}"
+    return f"; left in float without Q/DQ pairs (no integer kernel; the pairs only cost time): {shown}"
 
 
 def _roundtrip_text(roundtrips: Mapping[str, int]) -> str:

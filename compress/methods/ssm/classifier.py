@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Union
 
 import torch
@@ -82,11 +83,21 @@ def target_orders(hsvs: Mapping[str, torch.Tensor], target_order: TargetOrder = 
     return {k: int(target_order[k]) for k in hsvs}
 
 
+def _check_weights(weight: float | Mapping[str, float], layers: Mapping[str, object]) -> None:
+    """Weights are finite and >= 0; a mapping names exactly the SSM layers."""
+    values = weight.values() if isinstance(weight, Mapping) else [weight]
+    if not all(math.isfinite(w) and w >= 0 for w in values):
+        raise ValueError(f"Hankel regulariser weights must be finite and >= 0, got {weight}")
+    if isinstance(weight, Mapping) and set(weight) != set(layers):
+        raise ValueError(f"weight must name every SSM layer and no other: missing {sorted(set(layers) - set(weight))}"
+                         f", unknown {sorted(set(weight) - set(layers))} (names as in model.named_modules())")
+
+
 def hankel_regulariser(model: nn.Module, weight: float | Mapping[str, float] = 1.0, *,
                        target_order: TargetOrder = None,
                        state_budget: int | None = None, relative: bool = False,
                        jitter: float = 1e-9) -> torch.Tensor:
-    """weight · Σ_layers of each RotationSSM's Hankel nuclear norm Σ_i σ_i (Schwerdtner et al., "Hankel singular
+    """Σ_l w_l · (Hankel nuclear norm of RotationSSM l) Σ_i σ_i (Schwerdtner et al., "Hankel singular
     value regularization for highly compressible state space models"), or with a target only its tail Σ_{i>r} σ_i.
 
     Gramians by the O(n²) block route, σ from Cholesky factors (:func:`hankel_svdvals`), float64 inside and
@@ -104,9 +115,7 @@ def hankel_regulariser(model: nn.Module, weight: float | Mapping[str, float] = 1
         The penalty, a float32 scalar (0 for a model without RotationSSM layers).
     """
     svs = {k: _layer_svdvals(m, jitter) for k, m in rotation_layers(model).items()}
-    if isinstance(weight, Mapping) and set(svs) - set(weight):
-        raise ValueError(f"weight has no value for the SSM layers {sorted(set(svs) - set(weight))}; give one per "
-                         "layer (names as in model.named_modules()) or a single float")
+    _check_weights(weight, svs)
     orders = target_orders(svs, target_order, state_budget)
     total = torch.zeros((), dtype=torch.float64)
     for name, s in svs.items():

@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+
 import torch
 from torch import nn
 
 from ...core.data import Dataset
-from ...core.progress import log_progress
-from ...core.train import ProgressFn, TrainConfig, train
+from ...core.train import ProgressFn, TrainConfig, TrainHooks, train
 from .classifier import SSMClassifier, hankel_regulariser, rotation_layers, tail_energies
 
 __all__ = ["HankelRegularisation", "SSMTrainSpec", "SSMEpoch", "SSMTrainResult", "scheduled_weight",
@@ -126,7 +126,7 @@ def controlled_weight(weight: float, tail: float, target_tail: float, gain: floa
     return weight * min(gain, max(1.0 / gain, tail / target_tail))
 
 
-class _HankelHooks:
+class _HankelHooks(TrainHooks):
     """:class:`~compress.core.train.TrainHooks` of :func:`train_ssm_classifier`: the scheduled (and controlled) layer
     weights of the penalty, running train accuracy and mean penalty, the per-epoch record and eligibility."""
 

@@ -3,6 +3,7 @@ hook allows are selected (the last epoch's weights when it allows none)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -56,3 +57,14 @@ def test_extra_loss_is_in_the_gradient() -> None:
     plain, _ = _run(_Hooks(allowed={0, 1, 2, 3}))
     pulled, _ = _run(_Hooks(allowed={0, 1, 2, 3}, pull=5.0))
     assert pulled.weight.norm() < 0.8 * plain.weight.norm()  # a strong L2 pull shrinks the weights
+
+
+def test_extra_loss_callable_is_the_hooks_extra_loss() -> None:
+    torch.manual_seed(0)
+    by_callable = nn.Linear(3, 1)
+    cfg = TrainConfig(epochs=3, batch_size=8, lr=5e-2, patience=4)
+    train(by_callable, _data(), None, cfg, extra_loss=lambda m: 5.0 * m.weight.square().sum())
+    by_hooks, _ = _run(_Hooks(allowed={0, 1, 2}, pull=5.0), epochs=3)
+    assert torch.equal(by_callable.weight, by_hooks.weight)
+    with pytest.raises(ValueError, match="not both"):
+        train(by_callable, _data(), None, cfg, extra_loss=lambda m: m.weight.sum(), hooks=_Hooks(set()))
