@@ -66,6 +66,8 @@ class VariantConfig:
             Runtime; :func:`export.tensorrt_check.tensorrt_check`) when it is importable; the static check
             otherwise and when this is off. The pipeline turns it on when ``--providers`` includes tensorrt.
         tensorrt_batch: (min, opt, max) batch of the optimisation profile of that validation.
+        drop_roundtrips: leave in float the nodes ORT's CPU graph would run between a dequantise and a re-quantise
+            (:attr:`export.quantize.QuantConfig.drop_roundtrips`; ``--int8-keep-roundtrips`` turns it off).
     """
 
     opset: int = 18
@@ -78,11 +80,13 @@ class VariantConfig:
     fixed_shapes: ShapeSpec | None = None
     tensorrt_validation: bool = False
     tensorrt_batch: tuple[int, int, int] = (1, 32, 32)
+    drop_roundtrips: bool = QuantConfig.drop_roundtrips
 
     def quant_config(self) -> QuantConfig:
         """The :class:`QuantConfig` these settings ask for."""
         return QuantConfig(target=self.quant_target, mode=self.quant_mode,
-                           allow_random_calibration=self.allow_random_calibration)
+                           allow_random_calibration=self.allow_random_calibration,
+                           drop_roundtrips=self.drop_roundtrips)
 
 
 @dataclass

@@ -569,6 +569,9 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
               show_default=True, help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8.")
 @click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=VariantConfig.quant_mode, show_default=True)
 @click.option("--allow-random-calibration", is_flag=True, help="Calibrate INT8 on random data (not advised).")
+@click.option("--int8-keep-roundtrips", is_flag=True,
+              help="Keep ONNX Runtime's Q/DQ placement around ops the CPU runs in float (by default such nodes are "
+                   "left in float when that removes Q/DQ pairs; one more quantisation pass).")
 @click.option("--fp16", is_flag=True, help="Also write OUT with suffix .fp16.onnx (fp32 inputs/outputs), checked "
                                            "against OUT at float16 tolerances.")
 @click.option("--fp16-io", is_flag=True, help="With --fp16: float16 inputs and outputs instead.")
@@ -578,8 +581,8 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
 def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, ...], dynamic_axes: tuple[str, ...],
                weights: str | None, trust_pickle: bool, opset: int,
                rtol: float, atol: float, int8: bool, quant_target: str, quant_mode: str,
-               allow_random_calibration: bool, fp16: bool, fp16_io: bool, fixed_shapes: str | None, quiet: bool,
-               as_json: bool, **image: Any) -> None:
+               allow_random_calibration: bool, int8_keep_roundtrips: bool, fp16: bool, fp16_io: bool,
+               fixed_shapes: str | None, quiet: bool, as_json: bool, **image: Any) -> None:
     """Export MODEL to ONNX (dynamic batch), simplify, verify parity, optionally quantise to INT8 and write FP16."""
     from export.app.single import ExportOptions, export_single
     from export.fp16 import Fp16Config, fp16_path
@@ -593,7 +596,8 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, .
     con = Console(quiet, as_json)
     opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol, quant_target=quant_target,
                                        quant_mode=quant_mode, allow_random_calibration=allow_random_calibration,
-                                       fixed_shapes=_fixed_shapes(fixed_shapes)),
+                                       fixed_shapes=_fixed_shapes(fixed_shapes),
+                                       drop_roundtrips=not int8_keep_roundtrips),
                          int8=int8, fp16=Fp16Config(keep_io_types=not fp16_io) if fp16 else None,
                          preprocess=_image_preprocess(image))
     shape, axes = _shape_options(input_shape, dynamic_axes)

@@ -132,6 +132,22 @@ def test_export_bench_check_roundtrip(workdir: Path, capsys: pytest.CaptureFixtu
     assert "FAIL" in out and "latency_ratio" in err and "allowed 1e-06" in err
 
 
+def test_export_int8_keep_roundtrips_reaches_the_quantiser(workdir: Path, capsys: pytest.CaptureFixture,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import export.quantize as quantize
+    from export.variant import VariantConfig
+
+    seen = []
+    real = quantize._drop_roundtrips
+    monkeypatch.setattr(quantize, "_drop_roundtrips", lambda *a: seen.append(a) or real(*a))
+    for out, flag in (("a.onnx", []), ("b.onnx", ["--int8-keep-roundtrips"])):
+        code, _, err = run_main(["export", "net.py:make", "--out", out, "--data", "digits-flat", "--int8", "-q",
+                                 *flag], capsys)
+        assert code == 0, err
+        assert len(seen) == 1  # the default pass runs; with the flag it is skipped
+    assert VariantConfig(drop_roundtrips=False).quant_config().drop_roundtrips is False
+
+
 def test_export_without_calibration_refuses_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     code, _, err = run_main(["export", "net.py:make", "--out", "m.onnx", "--input-shape", "64", "--int8"], capsys)
     assert code == 2 and "calibration" in err
