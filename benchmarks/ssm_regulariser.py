@@ -81,7 +81,8 @@ def arms(spec: SSMTrainSpec, tail_trunc: float, target_energy: float, budget: bo
     tail = HankelRegularisation(**target)
     controlled = HankelRegularisation(**target, warmup=0.2, ramp=0.2, target_energy=target_energy)
     return {"none": replace(spec, reg_weight=0.0), "full": spec, "tail": replace(spec, regularisation=tail),
-            "tail_target": replace(spec, regularisation=controlled), "scratch_r": replace(spec, state=r, reg_weight=0.0)}
+            "tail_target": replace(spec, regularisation=controlled),
+            "scratch_r": replace(spec, state=r, reg_weight=0.0)}
 
 
 def _accuracy(model: torch.nn.Module, data: Dataset) -> float:
@@ -190,7 +191,8 @@ def main() -> None:
             "tail_budget": args.tail_budget, "target_energy": args.target_energy,
             "threads": torch.get_num_threads(),
             "note": "accuracy on the held-out test split (epochs selected on a validation split of the training "
-                    "data); scratch_r = r states per layer trained from scratch (no truncation rows); per_layer = --trunc, budget = --state-budget with the same "
+                    "data); scratch_r = r states per layer trained from scratch (no truncation rows); per_layer = "
+                    "--trunc, budget = --state-budget with the same "
                     "total order (equal energy across layers)"}
     if args.quick:
         full = {t.name: t for t in tasks(quick=False)}

@@ -588,25 +588,27 @@ def _run_static_finite(source: Path, dest: Path, reader: ArrayCalibrationReader,
                             f"their nodes in float ({', '.join(added)}); exclude them by hand")
 
 
-def _qdq_cost(path: Path) -> tuple[int, int, set[str]]:
-    """(Q/DQ nodes, integer Conv/MatMul/Gemm kernels, names of the float round-trip nodes) of ORT's CPU graph."""
-    graph = optimized_graph(path, "cpu")
+def _qdq_cost(graph: onnx.GraphProto) -> tuple[int, int, set[str]]:
+    """(Q/DQ nodes, integer Conv/MatMul/Gemm kernels, names of the float round-trip nodes) of an ORT CPU graph."""
     ops = op_counts(graph)
     return (ops["QuantizeLinear"] + ops["DequantizeLinear"], _kernel_counts(dict(ops))[0],
             {n.name for n in float_roundtrip_nodes(graph)})
 
 
 def _drop_roundtrips(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
-                     overrides: Mapping[str, list[dict[str, np.ndarray]]], excluded: list[str]) -> list[str]:
-    """Quantise ``source`` again into ``dest`` with the nodes that ORT's CPU graph of ``dest`` runs in float between
-    a DequantizeLinear and a QuantizeLinear (named in ``source``) left in float, a few rounds at most.
+                     overrides: Mapping[str, list[dict[str, np.ndarray]]], excluded: list[str],
+                     graph: onnx.GraphProto) -> tuple[list[str], onnx.GraphProto]:
+    """Quantise ``source`` again into ``dest`` with the nodes that ORT's CPU graph of ``dest`` (``graph``) runs in
+    float between a DequantizeLinear and a QuantizeLinear (named in ``source``) left in float, a few rounds at most.
 
     An exclusion is kept only where its round trip is gone (a quantised neighbour can keep the tensor quantised),
     and the new file only if ORT's graph has fewer Q/DQ nodes and no fewer integer kernels than the first; otherwise
-    the first file is restored. Returns the nodes it added to ``excluded`` (those whose round trip it removed).
+    the first file is restored. Returns the nodes it added to ``excluded`` (those whose round trip it removed) and
+    ORT's CPU graph of the file it leaves.
     """
     names = {n.name for n in onnx.load(str(source), load_external_data=False).graph.node if n.name}
-    first, (qdq0, int0, trips) = dest.read_bytes(), _qdq_cost(dest)
+    first, first_graph = dest.read_bytes(), graph
+    qdq0, int0, trips = _qdq_cost(graph)
     kept: list[str] = []
     tried: set[str] = set()
     for last in (i == _ROUNDTRIP_ROUNDS - 1 for i in range(_ROUNDTRIP_ROUNDS)):
@@ -617,14 +619,15 @@ def _drop_roundtrips(source: Path, dest: Path, reader: ArrayCalibrationReader, c
         kept, tried = [n for n in kept if n not in trips] + new, tried | set(new)
         reader.rewind()
         _run_static(source, dest, reader, config, overrides, [*excluded, *kept])
-        qdq, integer, trips = _qdq_cost(dest)
+        graph = optimized_graph(dest, "cpu")
+        qdq, integer, trips = _qdq_cost(graph)
     if kept and not (qdq < qdq0 and integer >= int0):
         dest.write_bytes(first)
-        kept = []
+        return [], first_graph
     if kept:
         logger.info("%s: %d node(s) ran in float between a dequantise and a re-quantise; left in float: %s",
                     dest.name, len(kept), ", ".join(kept))
-    return kept
+    return kept, graph
 
 
 def _ort_quantization() -> ModuleType:
@@ -724,11 +727,13 @@ def quantize_int8(
             roundtrip: list[str] = []
             if reader is not None:
                 nonfinite = _run_static_finite(source, tmp, reader, config, overrides, excluded, fp32_path.name)
-                if config.drop_roundtrips and config.target == "cpu":
-                    roundtrip = _drop_roundtrips(source, tmp, reader, config, overrides, [*excluded, *nonfinite])
             else:
                 nonfinite = []
                 _run_dynamic(source, tmp, config, excluded)
+            graph = optimized_graph(tmp, "cpu")
+            if reader is not None and config.drop_roundtrips and config.target == "cpu":
+                roundtrip, graph = _drop_roundtrips(source, tmp, reader, config, overrides, [*excluded, *nonfinite],
+                                                    graph)
         except QuantizationError:
             raise
         except Exception as exc:
@@ -737,20 +742,22 @@ def quantize_int8(
     if untrained:
         logger.warning("%s: the trained activation ranges of %s are not in the graph; calibrated instead",
                        out_path.name, ", ".join(untrained))
-    return dataclasses.replace(_result(fp32_path, out_path, config, 0 if data is None else len(next(iter(data.values()))), is_random,
-                                       note), excluded_nodes=[*excluded, *nonfinite, *roundtrip], nonfinite_nodes=nonfinite,
-                               roundtrip_nodes=roundtrip, range_source="trained" if trained else
-                               "calibrated", trained_ranges=trained, untrained_modules=untrained)
+    samples = 0 if data is None else len(next(iter(data.values())))
+    return dataclasses.replace(
+        _result(fp32_path, out_path, graph, config, samples, is_random, note),
+        excluded_nodes=[*excluded, *nonfinite, *roundtrip], nonfinite_nodes=nonfinite, roundtrip_nodes=roundtrip,
+        range_source="trained" if trained else "calibrated", trained_ranges=trained, untrained_modules=untrained)
 
 
 def _result(
-    fp32_path: Path, out_path: Path, config: QuantConfig, samples: int, is_random: bool, note: str | None
+    fp32_path: Path, out_path: Path, graph: onnx.GraphProto, config: QuantConfig, samples: int, is_random: bool,
+    note: str | None
 ) -> QuantResult:
-    """Assemble the :class:`QuantResult`, counting ops in the written and the ORT-optimised graphs."""
+    """Assemble the :class:`QuantResult`, counting ops in the written graph and in ``graph``, ORT's optimised CPU
+    graph of it."""
     static = config.mode == "static"
     act_type, symmetric = config.activation() if static else ("uint8", False)
     written = onnx.load(str(out_path), load_external_data=False)
-    graph = optimized_graph(out_path, "cpu")
     optimized, roundtrips = dict(op_counts(graph)), float_roundtrips(graph)
     integer, floating = _kernel_counts(optimized)
     logger.info("%s: %d integer and %d float Conv/MatMul/Gemm kernels on CPU", out_path.name, integer, floating)

@@ -17,7 +17,8 @@ from .options import SeedOption
 from .progress import log_progress
 from .inputs import call
 
-__all__ = ["TrainConfig", "TrainResult", "TrainHooks", "train", "task_loss", "distillation_loss", "ProgressFn", "FinetuneOptions"]
+__all__ = ["TrainConfig", "TrainResult", "TrainHooks", "train", "task_loss", "distillation_loss", "ProgressFn",
+           "FinetuneOptions"]
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int, dict], None]  # (epoch, total epochs, metrics)

@@ -39,7 +39,7 @@ from compress.core.evaluate import compare_outputs
 from compress.core.recover import RecoveryConfig
 from export.app.mismatch import DataCheck, check_data, require_match
 from export.app.plan import run_variant
-from export.app.report import cell_label
+from export.app.report import cell_label, roundtrip_summary
 from export.atomic import atomic_path
 from export.errors import ParityError
 from export.fp16 import Fp16Config
@@ -512,12 +512,8 @@ def _source(model: str) -> tuple[str, str]:
 
 def _roundtrip_cause(quantization: Mapping[str, Any]) -> str:
     """`` (likely cause: ...)`` from an INT8 record's ``float_roundtrips``; ``""`` without any."""
-    roundtrips = quantization.get("float_roundtrips") or {}
-    if not roundtrips:
-        return ""
-    ops = ", ".join(f"{op} {n}" for op, n in roundtrips.items())
-    return (f" (likely cause: {sum(roundtrips.values())} node(s) run in float between a dequantise and a "
-            f"re-quantise: {ops})")
+    summary = roundtrip_summary(quantization.get("float_roundtrips") or {})
+    return f" (likely cause: {summary})" if summary else ""
 
 
 def slowdown_warnings(case: CaseResult) -> list[str]:

@@ -148,12 +148,11 @@ def render_markdown(report: Any) -> str:
                 out.append(f"- **{_get(v, 'label')}**: INT8 skipped: {q['skipped']}")
             elif q:
                 nonfinite = q.get("nonfinite_nodes") or []
-                shown = ", ".join(nonfinite[:5]) + (f", ... ({len(nonfinite)} in all)" if len(nonfinite) > 5 else "")
                 out.append(f"- **{_get(v, 'label')}**: {_int8_kind(q)} {q.get('mode', '')} for {q.get('target', '')}, "
                            f"integer kernels {q.get('integer_kernels', '-')}, float kernels left "
                            f"{q.get('float_kernels', '-')}"
                            + (f"; left in float because calibration met an infinite value (e.g. a -inf attention "
-                              f"mask): {shown}" if nonfinite else "")
+                              f"mask): {_names(nonfinite)}" if nonfinite else "")
                            + _dropped_text(q.get("roundtrip_nodes") or [])
                            + _roundtrip_text(q.get("float_roundtrips") or {}))
         for v in _get(case, "variants"):
@@ -165,23 +164,33 @@ def render_markdown(report: Any) -> str:
     return "\n".join(out) + "\n"
 
 
+def _names(nodes: list[str], first: int = 5) -> str:
+    """The first ``first`` node names, then how many there are in all."""
+    return ", ".join(nodes[:first]) + (f", ... ({len(nodes)} in all)" if len(nodes) > first else "")
+
+
 def _dropped_text(nodes: list[str]) -> str:
     """``; left in float ...`` for an INT8 line: nodes a first quantisation ran in float between a dequantise and a
     re-quantise, whose Q/DQ pairs a second quantisation removed (``QuantConfig.drop_roundtrips``); ``""`` for none."""
     if not nodes:
         return ""
-    shown = ", ".join(nodes[:5]) + (f", ... ({len(nodes)} in all)" if len(nodes) > 5 else "")
-    return f"; left in float without Q/DQ pairs (no integer kernel; the pairs only cost time): {shown}"
+    return f"; left in float without Q/DQ pairs (no integer kernel; the pairs only cost time): {_names(nodes)}"
 
 
-def _roundtrip_text(roundtrips: Mapping[str, int]) -> str:
-    """``; float round trips ...`` for an INT8 line: ops that ORT's CPU graph runs in float between a dequantise and
-    a re-quantise (pure overhead: why such a file can be slower than fp32); ``""`` when there are none."""
+def roundtrip_summary(roundtrips: Mapping[str, int]) -> str:
+    """``N node(s) run in float between a dequantise and a re-quantise: Pad 3, ...`` from an INT8 record's
+    ``float_roundtrips`` (ops that ORT's CPU graph runs in float between a DequantizeLinear and a QuantizeLinear:
+    pure overhead, why such a file can be slower than fp32); ``""`` when there are none."""
     if not roundtrips:
         return ""
     ops = ", ".join(f"{op} {n}" for op, n in roundtrips.items())
-    return (f"; {sum(roundtrips.values())} node(s) run in float between a DequantizeLinear and a QuantizeLinear "
-            f"(each a dequantise + re-quantise for nothing): {ops}")
+    return f"{sum(roundtrips.values())} node(s) run in float between a dequantise and a re-quantise: {ops}"
+
+
+def _roundtrip_text(roundtrips: Mapping[str, int]) -> str:
+    """``; N node(s) run in float ...`` for an INT8 line (:func:`roundtrip_summary`); ``""`` when there are none."""
+    summary = roundtrip_summary(roundtrips)
+    return f"; {summary}" if summary else ""
 
 
 def tensorrt_lines(label: str, readiness: Mapping[str, Any] | None) -> list[str]:

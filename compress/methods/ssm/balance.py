@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ...core.linalg import energy_rank, psd_sqrt
+from .gramians import singular_value_tail
 from .system import StateSpace
 
 __all__ = ["BalancedResult", "balanced_truncation", "truncation_bound", "tail_energy", "order_from_trunc",
@@ -61,8 +62,7 @@ def tail_energy(hsv: torch.Tensor, r: int) -> float:
     float
         The tail energy in [0, 1].
     """
-    total = float(hsv.sum())
-    return float(hsv[r:].sum()) / total if total > 0 else 0.0
+    return float(singular_value_tail(hsv, r, relative=True))
 
 
 def balanced_truncation(sys: StateSpace, p: torch.Tensor, q: torch.Tensor, r: int,

@@ -52,10 +52,14 @@ def rotation_layers(model: nn.Module) -> dict[str, RotationSSM]:
     return {n: m for n, m in model.named_modules() if isinstance(m, RotationSSM)}
 
 
+def _layer_gramians(layer: RotationSSM) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P, Q) of one layer in float64 by the O(n²) block route, differentiable."""
+    return rotation_gramians(layer.rho.double(), layer.alpha.double(), layer.b.double(), layer.c.double())
+
+
 def _layer_svdvals(layer: RotationSSM, jitter: float) -> torch.Tensor:
     """Differentiable σ of one layer in float64: O(n²) block Gramians, Cholesky-factor singular values."""
-    p, q = rotation_gramians(layer.rho.double(), layer.alpha.double(), layer.b.double(), layer.c.double())
-    return hankel_svdvals(p, q, jitter)
+    return hankel_svdvals(*_layer_gramians(layer), jitter)
 
 
 def target_orders(hsvs: Mapping[str, torch.Tensor], target_order: TargetOrder = None,
@@ -97,17 +101,18 @@ def hankel_regulariser(model: nn.Module, weight: float | Mapping[str, float] = 1
                        target_order: TargetOrder = None,
                        state_budget: int | None = None, relative: bool = False,
                        jitter: float = 1e-9) -> torch.Tensor:
-    """Σ_l w_l · (Hankel nuclear norm of RotationSSM l) Σ_i σ_i (Schwerdtner et al., "Hankel singular
-    value regularization for highly compressible state space models"), or with a target only its tail Σ_{i>r} σ_i.
+    """Σ_l w_l Σ_i σ_i(l), the weighted Hankel nuclear norms of the RotationSSM layers l (Schwerdtner et al.,
+    "Hankel singular value regularization for highly compressible state space models"), or with a target only
+    their tails Σ_{i>r} σ_i(l).
 
     Gramians by the O(n²) block route, σ from Cholesky factors (:func:`hankel_svdvals`), float64 inside and
     differentiable. ``weight`` is one weight for every layer or a mapping layer name → weight (the training
-    helper's per-layer controller). With ``target_order`` (an int for every layer, or a mapping name → r) or ``state_budget``
-    (total order shared at equal energy, re-allocated from the current σ at each call, the allocation itself
-    not differentiated) only σ_{r+1}, σ_{r+2}, … are penalised (:func:`hankel_tail_norm`); ``relative`` penalises
-    the tail energy Σ_{i>r} σ_i / Σ σ_i instead (scale-free, but training can lower it by inflating the free head
-    σ_1..σ_r rather than shrinking the tail; the absolute tail is what the truncation bound 2 Σ_{i>r} σ_i
-    controls). With neither, the full nuclear norm.
+    helper's per-layer controller). With ``target_order`` (an int for every layer, or a mapping name → r) or
+    ``state_budget`` (total order shared at equal energy, re-allocated from the current σ at each call, the
+    allocation itself not differentiated) only σ_{r+1}, σ_{r+2}, … are penalised (:func:`hankel_tail_norm`);
+    ``relative`` penalises the tail energy Σ_{i>r} σ_i / Σ σ_i instead (scale-free, but training can lower it by
+    inflating the free head σ_1..σ_r rather than shrinking the tail; the absolute tail is what the truncation bound
+    2 Σ_{i>r} σ_i controls). With neither, the full nuclear norm.
 
     Returns
     -------
@@ -136,9 +141,7 @@ def tail_energies(model: nn.Module, target_order: TargetOrder = None,
     ValueError
         If neither ``target_order`` nor ``state_budget`` is given.
     """
-    hsvs = {k: hankel_singular_values(*rotation_gramians(m.rho.double(), m.alpha.double(), m.b.double(),
-                                                           m.c.double()))
-            for k, m in rotation_layers(model).items()}
+    hsvs = {k: hankel_singular_values(*_layer_gramians(m)) for k, m in rotation_layers(model).items()}
     orders = target_orders(hsvs, target_order, state_budget)
     if orders is None:
         raise ValueError("tail energies need a target: give target_order or state_budget")

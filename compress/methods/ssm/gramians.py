@@ -115,8 +115,8 @@ def hankel_svdvals(p: torch.Tensor, q: torch.Tensor, jitter: float = 1e-9) -> to
     """Hankel singular values σ = svdvals(L_Qᵀ L_P) from Cholesky factors P + εI = L_P L_Pᵀ, Q + εI = L_Q L_Qᵀ
     (Glover 1984: σ_i² = eig(PQ)), differentiable; ε is ``jitter`` times the mean diagonal (not differentiated).
 
-    ``torch.linalg.svdvals`` back-propagates ḡ_σ as U diag(ḡ_σ) Vᵀ, with none of the 1/(σ_i² − σ_j²) terms of
-    the singular vectors' gradient, so it is finite even for repeated σ.
+    ``torch.linalg.svdvals`` back-propagates ḡ_σ as U diag(ḡ_σ) Vᵀ, with none of the 1/(σ_i² − σ_j²) terms
+    of the singular vectors' gradient, so it is finite even for repeated σ.
 
     Parameters
     ----------

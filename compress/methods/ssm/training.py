@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ...core.data import Dataset
+from ...core.evaluate import predict
 from ...core.train import ProgressFn, TrainConfig, TrainHooks, train
 from .classifier import SSMClassifier, hankel_regulariser, rotation_layers, tail_energies
 
@@ -171,11 +172,9 @@ class _HankelHooks(TrainHooks):
         return _eligible(rec, full, reg)
 
 
-@torch.no_grad()
 def _accuracy(model: nn.Module, data: Dataset, batch_size: int) -> float:
     """Accuracy in eval mode."""
-    model.eval()
-    return sum(int((model(xb).argmax(1) == yb).sum()) for xb, yb in data.batches(batch_size)) / len(data)
+    return float((predict(model, data, batch_size).argmax(1) == data.y).double().mean())
 
 
 def _eligible(rec: SSMEpoch, full_weight: bool, reg: HankelRegularisation) -> bool:
