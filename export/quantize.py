@@ -4,8 +4,13 @@ Static mode runs ``quant_pre_process`` (shape inference + basic optimisation), t
 ``quantize_static`` in QDQ format with per-channel symmetric int8 weights, calibrated on the caller's
 array. The activation type follows the target (a table, overridable in :class:`QuantConfig`):
 
-- ``cpu``: uint8, asymmetric (QUInt8). ORT's CPU provider fuses DQ→Conv→(Relu)→Q into integer
-  kernels (QLinearConv, QGemm); measured about 2x faster than int8 activations on x86.
+- ``cpu-vnni``: uint8, asymmetric (QUInt8) activations, 8-bit weights ("U8S8"). ORT's CPU provider fuses
+  DQ→Conv→(Relu)→Q into integer kernels (QLinearConv, QGemm); measured about 2x faster than int8 activations on
+  x86. Right for x86 CPUs with VNNI or AMX and for ARM, whose kernels accumulate in int32.
+- ``cpu-avx2``: the same with 7-bit weights (``reduce_range``: [-64, 64]). On x86 without VNNI ORT's U8S8 kernel
+  adds two u8·s8 products into a saturating int16 (``VPMADDUBSW``); with 7-bit weights a pair is at most
+  2·255·64 = 32640 < 2^15, so it cannot saturate (:mod:`runtime_bench.cpu`).
+- ``cpu``: whichever of the two is right for the machine that quantises (:func:`resolve_target`).
 - ``tensorrt``: int8, symmetric (QInt8, ``ActivationSymmetric``/``WeightSymmetric``), biases left
   in float (``QuantizeBias=False``): what TensorRT's explicit-quantisation mode expects.
 
@@ -38,6 +43,7 @@ from export.atomic import atomic_path, ensure_distinct
 from export.onnx_files import data_files
 from runtime_bench import optimized_graph_ops
 from runtime_bench.model_info import float_roundtrip_nodes, float_roundtrips, op_counts, optimized_graph
+import runtime_bench.cpu as cpu_facts
 from runtime_bench.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS, error_line
 from runtime_bench.runtime import onnxruntime_module
 from export.errors import CalibrationError, QuantizationError
@@ -57,22 +63,32 @@ __all__ = [
     "trained_overrides",
     "quantize_int8",
     "int8_skip_reason",
+    "resolve_target",
+    "saturates_here",
 ]
 
 logger = logging.getLogger(__name__)
 
 
 class _Target(NamedTuple):
-    """Per-target defaults: activation type, symmetric activations, int32-quantised biases."""
+    """Per-target defaults: activation type, symmetric activations, int32-quantised biases, 7-bit weights."""
 
     activation_type: str
     activation_symmetric: bool
     quantize_bias: bool
+    reduce_range: bool = False
 
 
-_TARGETS = {"cpu": _Target("uint8", False, True), "tensorrt": _Target("int8", True, False)}
-QUANT_TARGETS: tuple[str, ...] = tuple(_TARGETS)
-"""Providers with an INT8 format here (``--quant-target``): each picks an activation type and symmetry."""
+_TARGETS = {
+    "cpu-vnni": _Target("uint8", False, True),
+    "cpu-avx2": _Target("uint8", False, True, reduce_range=True),
+    "tensorrt": _Target("int8", True, False),
+}
+_AUTO_TARGET = "cpu"
+QUANT_TARGETS: tuple[str, ...] = (_AUTO_TARGET, *_TARGETS)
+"""INT8 formats here (``--quant-target``): ``cpu`` (the right one of ``cpu-vnni``/``cpu-avx2`` for this machine),
+``cpu-vnni``, ``cpu-avx2`` and ``tensorrt``; each picks an activation type, symmetry and weight range."""
+_WEIGHT_TYPES = ("int8", "uint8")
 QUANT_MODES: tuple[str, ...] = ("static", "dynamic")
 """``--quant-mode``: calibrated QDQ, or weights only with activations quantised at run time."""
 _QUANT_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}  # onnxruntime.quantization.QuantType members
@@ -89,9 +105,13 @@ class QuantConfig:
 
     Attributes:
         mode: ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``quantize_dynamic``, no calibration).
-        target: ``"cpu"`` or ``"tensorrt"``; picks the activation type and symmetry.
+        target: one of :data:`QUANT_TARGETS`; picks the activation type, symmetry and weight range. ``"cpu"`` is
+            resolved to ``"cpu-vnni"`` or ``"cpu-avx2"`` for the machine that quantises (:func:`resolve_target`).
         activation_type: ``"uint8"`` or ``"int8"``; ``None`` follows the target.
         activation_symmetric: symmetric activation ranges; ``None`` follows the target.
+        weight_type: ``"int8"`` (symmetric, the default) or ``"uint8"`` (asymmetric: ONNX Runtime's U8U8, which
+            does not saturate on x86 without VNNI but runs a slower kernel there).
+        reduce_range: 7-bit weights ([-64, 64]); ``None`` follows the target.
         per_channel: per-output-channel weight scales.
         calibration_method: ``"minmax"``, ``"entropy"`` or ``"percentile"``.
         batch_size: calibration batch size.
@@ -109,6 +129,8 @@ class QuantConfig:
     target: str = "cpu"
     activation_type: str | None = None
     activation_symmetric: bool | None = None
+    weight_type: str = "int8"
+    reduce_range: bool | None = None
     per_channel: bool = True
     calibration_method: str = "minmax"
     batch_size: int = 16
@@ -120,7 +142,8 @@ class QuantConfig:
     def __post_init__(self) -> None:
         choices = {
             "mode": (self.mode, QUANT_MODES),
-            "target": (self.target, tuple(_TARGETS)),
+            "target": (self.target, QUANT_TARGETS),
+            "weight_type": (self.weight_type, _WEIGHT_TYPES),
             "calibration_method": (self.calibration_method, tuple(_CALIBRATION_METHODS)),
             "activation_type": (self.activation_type, (None, *_QUANT_TYPES)),
         }
@@ -134,9 +157,31 @@ class QuantConfig:
 
     def activation(self) -> tuple[str, bool]:
         """Return (activation type, symmetric) after applying the target's defaults."""
-        default_type, default_symmetric, _ = _TARGETS[self.target]
-        symmetric = default_symmetric if self.activation_symmetric is None else self.activation_symmetric
-        return self.activation_type or default_type, symmetric
+        default = _TARGETS[resolve_target(self.target)]
+        symmetric = default.activation_symmetric if self.activation_symmetric is None else self.activation_symmetric
+        return self.activation_type or default.activation_type, symmetric
+
+    def weights_reduced(self) -> bool:
+        """7-bit weights, after applying the target's default."""
+        default = _TARGETS[resolve_target(self.target)].reduce_range
+        return default if self.reduce_range is None else self.reduce_range
+
+    def resolved(self) -> QuantConfig:
+        """This config with ``target="cpu"`` replaced by the explicit target for this machine."""
+        return dataclasses.replace(self, target=resolve_target(self.target))
+
+
+def resolve_target(target: str) -> str:
+    """``cpu`` → ``cpu-vnni`` where this machine's ONNX Runtime U8S8 kernel cannot saturate (x86 with VNNI or AMX,
+    ARM), else ``cpu-avx2`` (:func:`runtime_bench.cpu.cpu_int8_target`); an explicit target is returned as is."""
+    return cpu_facts.cpu_int8_target() if target == _AUTO_TARGET else target
+
+
+def saturates_here(weight_type: str, reduce_range: bool) -> bool:
+    """Whether a file of this format can saturate in ONNX Runtime's CPU kernels on this machine: 8-bit int8
+    weights (with uint8 activations, or int8 ones, which ORT's x86 graph turns into uint8) on a CPU whose kernel
+    adds u8·s8 pairs in int16. 7-bit or uint8 weights cannot."""
+    return weight_type == "int8" and not reduce_range and cpu_facts.kernel_saturates()
 
 
 @dataclass(frozen=True)
@@ -147,11 +192,16 @@ class QuantResult:
         fp32_path: the float model (not modified).
         out_path: the quantised model.
         mode: ``"static"`` or ``"dynamic"``.
-        target: ``"cpu"`` or ``"tensorrt"``.
+        target: the explicit target written (``"cpu-vnni"``, ``"cpu-avx2"`` or ``"tensorrt"``).
+        requested_target: the target asked for (``"cpu"`` is resolved for this machine into ``target``).
         quant_format: ``"QDQ"`` (static) or ``"QOperator"`` (dynamic: integer ops written directly).
         activation_type: ``"uint8"`` or ``"int8"`` (dynamic mode: ``"uint8"``, computed at run time).
         activation_symmetric: symmetric activation ranges.
-        weight_type: always ``"int8"``.
+        weight_type: ``"int8"`` (symmetric) or ``"uint8"`` (asymmetric).
+        weight_bits: 8, or 7 for reduced-range weights ([-64, 64]).
+        saturates_here: this file's format can saturate in ONNX Runtime's CPU kernels on the machine that
+            quantised it (8-bit int8 weights on x86 without VNNI): its accuracy measured here is not what a VNNI
+            CPU gets, and a saturation-free target (``cpu-avx2``) is the remedy.
         per_channel: per-channel weight scales.
         quantized_bias: biases stored as int32 behind a DequantizeLinear (``False``: float biases).
         calibration_samples: samples used for calibration (0 in dynamic mode).
@@ -206,6 +256,9 @@ class QuantResult:
     nonfinite_nodes: list[str] = field(default_factory=list)
     float_roundtrips: dict[str, int] = field(default_factory=dict)
     roundtrip_nodes: list[str] = field(default_factory=list)
+    requested_target: str = ""
+    weight_bits: int = 8
+    saturates_here: bool = False
 
 
 Calib = np.ndarray | Mapping[str, np.ndarray]
@@ -370,6 +423,7 @@ def dynamic_weight_nodes(model: onnx.ModelProto) -> list[str]:
 
 
 _WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
+_CPU_TARGETS = ("cpu-vnni", "cpu-avx2")
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 _NONFINITE_ROUNDS = 4
 _ROUNDTRIP_ROUNDS = 4
@@ -522,10 +576,11 @@ def _quantize_static(source: Path, dest: Path, reader: ArrayCalibrationReader, c
     q.quantize_static(
         str(source), str(dest), reader, nodes_to_exclude=excluded,
         quant_format=q.QuantFormat.QDQ, per_channel=config.per_channel,
-        activation_type=getattr(q.QuantType, _QUANT_TYPES[act_type]), weight_type=q.QuantType.QInt8,
+        activation_type=getattr(q.QuantType, _QUANT_TYPES[act_type]),
+        weight_type=getattr(q.QuantType, _QUANT_TYPES[config.weight_type]), reduce_range=config.weights_reduced(),
         calibrate_method=getattr(q.CalibrationMethod, _CALIBRATION_METHODS[config.calibration_method]),
         extra_options={
-            "ActivationSymmetric": symmetric, "WeightSymmetric": True,
+            "ActivationSymmetric": symmetric, "WeightSymmetric": config.weight_type == "int8",
             "QuantizeBias": _TARGETS[config.target].quantize_bias,
             **({"TensorQuantOverrides": dict(overrides)} if overrides else {}),
         },
@@ -641,8 +696,9 @@ def _ort_quantization() -> ModuleType:
 def _run_dynamic(source: Path, dest: Path, config: QuantConfig, excluded: Sequence[str] = ()) -> None:
     """Dynamic quantisation: int8 weights, activations quantised at run time; ``excluded`` nodes stay float."""
     q = _ort_quantization()
-    q.quantize_dynamic(str(source), str(dest), per_channel=config.per_channel, weight_type=q.QuantType.QInt8,
-                     nodes_to_exclude=list(excluded))
+    q.quantize_dynamic(str(source), str(dest), per_channel=config.per_channel, reduce_range=config.weights_reduced(),
+                       weight_type=getattr(q.QuantType, _QUANT_TYPES[config.weight_type]),
+                       nodes_to_exclude=list(excluded))
 
 
 def optimized_op_counts(path: str | Path, provider: str = "cpu") -> dict[str, int]:
@@ -705,7 +761,8 @@ def quantize_int8(
             activation format (or for dynamic mode), or the model keeps its weights in external data
             (:func:`int8_skip_reason`).
     """
-    config = config or QuantConfig()
+    requested = (config or QuantConfig()).target
+    config = (config or QuantConfig()).resolved()
     ranges = dict(activation_ranges or {})
     if ranges:
         _check_ranges(ranges, config)
@@ -731,7 +788,7 @@ def quantize_int8(
                 nonfinite = []
                 _run_dynamic(source, tmp, config, excluded)
             graph = optimized_graph(tmp, "cpu")
-            if reader is not None and config.drop_roundtrips and config.target == "cpu":
+            if reader is not None and config.drop_roundtrips and config.target in _CPU_TARGETS:
                 roundtrip, graph = _drop_roundtrips(source, tmp, reader, config, overrides, [*excluded, *nonfinite],
                                                     graph)
         except QuantizationError:
@@ -746,6 +803,7 @@ def quantize_int8(
     return dataclasses.replace(
         _result(fp32_path, out_path, graph, config, samples, is_random, note),
         excluded_nodes=[*excluded, *nonfinite, *roundtrip], nonfinite_nodes=nonfinite, roundtrip_nodes=roundtrip,
+        requested_target=requested,
         range_source="trained" if trained else "calibrated", trained_ranges=trained, untrained_modules=untrained)
 
 
@@ -764,7 +822,9 @@ def _result(
     return QuantResult(
         fp32_path=str(fp32_path), out_path=str(out_path), mode=config.mode, target=config.target,
         quant_format="QDQ" if static else "QOperator", activation_type=act_type, activation_symmetric=symmetric,
-        weight_type="int8", per_channel=config.per_channel,
+        weight_type=config.weight_type, per_channel=config.per_channel,
+        weight_bits=7 if config.weights_reduced() else 8,
+        saturates_here=saturates_here(config.weight_type, config.weights_reduced()),
         quantized_bias=static and _TARGETS[config.target].quantize_bias, calibration_samples=samples,
         random_calibration=is_random,
         preprocess_note=note, node_counts=dict(collections.Counter(n.op_type for n in written.graph.node)),

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 from .config import shape_grid, shape_label
+from .cpu import isa_difference
 from .errors import CheckError
 from .placement import describe_fallback, placement_from_dict
 from .report import BenchReport, validate_report
@@ -233,21 +234,34 @@ def _hardware_of(data: dict[str, Any]) -> tuple[str, str]:
     return str(env.get("cpu_model") or ""), ", ".join(str(g.get("name")) for g in env.get("gpus") or ())
 
 
+def _isa_of(data: dict[str, Any]) -> tuple[str, ...] | None:
+    """The int8 instruction sets a report recorded (:func:`runtime_bench.cpu.cpu_isa`); None for a report that
+    predates them or could not read them."""
+    env = data.get("environment") or {}
+    if env.get("cpu_flags_source", "unknown") == "unknown":
+        return None
+    return tuple(env.get("cpu_flags") or ())
+
+
 def _hardware(data: dict[str, Any], baseline: dict[str, Any], allow: bool) -> list[Criterion]:
-    """Nothing when report and baseline ran on the same CPU and GPU models; else a criterion saying what differs,
-    failing unless ``allow`` (then passing, with a warning logged)."""
+    """Nothing when report and baseline ran on the same CPU and GPU models with the same int8 instruction sets;
+    else a criterion saying what differs, failing unless ``allow`` (then passing, with a warning logged)."""
     now, then = _hardware_of(data), _hardware_of(baseline)
-    if now == then:
+    differs = [f"{kind} {_quoted(b)} in the baseline, {_quoted(n)} in the report"
+               for kind, b, n in zip(("CPU", "GPUs"), then, now) if b != n]
+    isa_now, isa_then = _isa_of(data), _isa_of(baseline)
+    if isa_now is not None and isa_then is not None and isa_difference(isa_then, isa_now):
+        differs.append(f"int8 instruction sets differ ({isa_difference(isa_then, isa_now)})")
+    if not differs:
         return []
-    differs = "; ".join(f"{kind} {_quoted(b)} in the baseline, {_quoted(n)} in the report"
-                        for kind, b, n in zip(("CPU", "GPUs"), then, now) if b != n)
+    what = "; ".join(differs)
     if allow:
         logger.warning("baseline and report ran on different hardware (%s): the latency regression compares "
-                       "different machines", differs)
+                       "different machines", what)
         return [Criterion(SAME_HARDWARE, "", None, None, math.nan, math.nan, True,
-                          f"different hardware ({differs}), allowed by allow_hardware_mismatch")]
+                          f"different hardware ({what}), allowed by allow_hardware_mismatch")]
     return [Criterion(SAME_HARDWARE, "", None, None, math.nan, math.nan, False,
-                      f"baseline ran on different hardware ({differs}), so its latencies are not comparable; rerun "
+                      f"baseline ran on different hardware ({what}), so its latencies are not comparable; rerun "
                       "the baseline on this machine or pass allow_hardware_mismatch (--allow-hardware-mismatch)")]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import onnx
 import psutil
 
+from .cpu import cpu_int8_target, cpu_isa, u8s8_saturates
 from .runtime import installed_wheels, onnxruntime_module, wheel_conflict
 
 __all__ = ["GpuInfo", "Environment", "collect_environment", "cpu_model", "gpus", "parse_nvidia_smi",
@@ -61,6 +62,13 @@ class Environment:
     onnxruntime_cuda_build: str | None = None
     onnxruntime_wheels: tuple[str, ...] = ()
     onnxruntime_install_problem: str | None = None
+    cpu_flags: tuple[str, ...] = ()
+    """The instruction sets that decide ONNX Runtime's int8 kernels (:data:`runtime_bench.cpu.ISA_FLAGS`)."""
+    cpu_flags_source: str = "unknown"
+    int8_u8s8_saturates: bool | None = None
+    """Measured: this ONNX Runtime's uint8 × int8 kernel saturates here (:func:`runtime_bench.cpu.u8s8_saturates`)."""
+    cpu_int8_target: str | None = None
+    """What ``--quant-target cpu`` means on this machine (``cpu-vnni`` or ``cpu-avx2``)."""
 
 
 def cpu_model() -> str:
@@ -127,6 +135,7 @@ def collect_environment(intra_op_threads: int) -> Environment:
     """
     ort = onnxruntime_module()
     wheels = installed_wheels()
+    isa, saturates = cpu_isa(), u8s8_saturates()
     return Environment(
         cpu_model=cpu_model(),
         physical_cores=psutil.cpu_count(logical=False),
@@ -147,4 +156,8 @@ def collect_environment(intra_op_threads: int) -> Environment:
         onnxruntime_cuda_build=_onnxruntime_cuda_build(),
         onnxruntime_wheels=tuple(f"{w} {importlib.metadata.version(w)}" for w in wheels),
         onnxruntime_install_problem=wheel_conflict(wheels),
+        cpu_flags=isa.flags,
+        cpu_flags_source=isa.source,
+        int8_u8s8_saturates=saturates,
+        cpu_int8_target=cpu_int8_target(isa, saturates),
     )

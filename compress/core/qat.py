@@ -7,7 +7,8 @@ weights and its input activation rounded to the integer grid they will have afte
 estimator, Bengio et al. 2013, "Estimating or Propagating Gradients Through Stochastic Neurons").
 
 The grids are exactly those ONNX Runtime's static QDQ quantisation writes (``export.quantize``): weights per
-output channel, symmetric int8, ``S = max|w|/127`` (computed in float64, stored in float32), ``Z = 0``;
+output channel, symmetric int8, ``S = max|w|/127`` (``max|w|/64`` for the 7-bit weights of ``cpu-avx2``: ORT's
+``reduce_range``; computed in float64, stored in float32), ``Z = 0``;
 activations per tensor in the provider's format (:data:`INT8_FORMATS`), scale and zero point from the range
 ``[min, max]`` by ORT's ``compute_scale_zp`` (:func:`quant_params`). An INT8 export can therefore reuse the
 trained ranges as they are instead of calibrating afresh.
@@ -44,7 +45,7 @@ from .errors import CompressionError
 from .evaluate import eval_mode
 from .inputs import call
 
-__all__ = ["INT8_FORMATS", "WEIGHT_FORMAT", "EMA_MOMENTUM", "Int8Format", "ActivationRange", "FakeQuant", "fake_quant",
+__all__ = ["INT8_FORMATS", "EMA_MOMENTUM", "Int8Format", "ActivationRange", "FakeQuant", "fake_quant",
            "quant_params", "weight_scales", "fake_quantize"]
 
 EMA_MOMENTUM = 0.01
@@ -57,10 +58,12 @@ _RANGE_BUFFERS = ("qat_input_min", "qat_input_max")
 
 @dataclass(frozen=True)
 class Int8Format:
-    """An activation format: integer type and whether the range is symmetric about zero."""
+    """An activation format: integer type and whether the range is symmetric about zero; and the largest weight
+    magnitude on the symmetric weight grid (127, or 64 for ORT's 7-bit ``reduce_range`` weights)."""
 
     activation_dtype: str
     symmetric: bool
+    weight_qmax: int = 127
 
     @property
     def type_range(self) -> tuple[int, int]:
@@ -75,14 +78,14 @@ class Int8Format:
 
 
 INT8_FORMATS: Mapping[str, Int8Format] = types.MappingProxyType({
-    "cpu": Int8Format("uint8", symmetric=False),
+    "cpu-vnni": Int8Format("uint8", symmetric=False),
+    "cpu-avx2": Int8Format("uint8", symmetric=False, weight_qmax=64),
     "tensorrt": Int8Format("int8", symmetric=True),
 })
-"""Activation format per target provider: uint8 asymmetric for ONNX Runtime's CPU kernels, symmetric int8 for
-TensorRT's explicit quantisation (the same table as ``export.quantize``'s targets)."""
-
-WEIGHT_FORMAT = Int8Format("int8", symmetric=True)
-"""Weights: symmetric int8 per output channel, whatever the target (ORT's ``WeightSymmetric``)."""
+"""INT8 format per explicit target: uint8 asymmetric activations for ONNX Runtime's CPU kernels (8-bit weights for
+CPUs whose int8 kernels cannot saturate, 7-bit ones for x86 without VNNI), symmetric int8 for TensorRT's explicit
+quantisation (the same table as ``export.quantize``'s targets; its ``cpu`` is resolved to one of the two CPU
+formats before it reaches here)."""
 
 
 @dataclass(frozen=True)
@@ -122,12 +125,12 @@ def quant_params(rmin: float, rmax: float, fmt: Int8Format) -> tuple[float, int]
     return float(np.float32(scale)), int(zero)
 
 
-def weight_scales(weight: torch.Tensor) -> torch.Tensor:
-    """Per-output-channel (axis 0) symmetric int8 scales, ``max|w_c|/127`` in float64 stored in ``weight``'s dtype
-    (ORT's ``quantize_data``: ``(2·max|w_c|)/254``, the same correctly rounded quotient); 1 for an all-zero channel."""
+def weight_scales(weight: torch.Tensor, qmax: int = 127) -> torch.Tensor:
+    """Per-output-channel (axis 0) symmetric int8 scales, ``max|w_c|/qmax`` in float64 stored in ``weight``'s dtype
+    (ORT's ``quantize_data``: ``(2·max|w_c|)/(2·qmax)``, the same correctly rounded quotient); 1 for an all-zero
+    channel. ``qmax`` is 127, or 64 for reduced-range (7-bit) weights."""
     absmax = weight.detach().abs().flatten(1).amax(1).double()
-    qmin, qmax = WEIGHT_FORMAT.grid
-    scale = 2 * absmax / (qmax - qmin)
+    scale = 2 * absmax / (2 * qmax)
     return torch.where(scale < torch.finfo(torch.float32).tiny, torch.ones_like(scale), scale).to(weight.dtype)
 
 
@@ -154,10 +157,10 @@ def fake_quantize(x: torch.Tensor, scale: torch.Tensor | float, zero_point: int,
     return _FakeQuantize.apply(x, scale, zero_point, *type_range)
 
 
-def _quantized_weight(module: nn.Module) -> torch.Tensor:
+def _quantized_weight(module: nn.Module, fmt: Int8Format) -> torch.Tensor:
     w = module.weight
-    scale = weight_scales(w).reshape(-1, *([1] * (w.dim() - 1)))
-    return fake_quantize(w, scale, 0, WEIGHT_FORMAT.type_range)
+    scale = weight_scales(w, fmt.weight_qmax).reshape(-1, *([1] * (w.dim() - 1)))
+    return fake_quantize(w, scale, 0, (-fmt.weight_qmax, fmt.weight_qmax))
 
 
 _LAYERS: Mapping[type, Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]] = types.MappingProxyType({
@@ -209,7 +212,7 @@ def _qat_forward(fmt: Int8Format, mode: _Mode, momentum: float) -> Callable[[nn.
             _observe(self, x, exact=False, momentum=momentum)
         qr = _range(self, fmt)
         x = fake_quantize(x, qr.scale, qr.zero_point, fmt.type_range)
-        return apply(self, x, _quantized_weight(self))
+        return apply(self, x, _quantized_weight(self, fmt))
 
     return forward
 
@@ -285,7 +288,7 @@ def _unwrap(layers: dict[str, nn.Module]) -> None:
 
 
 @contextlib.contextmanager
-def fake_quant(model: nn.Module, target: str = "cpu", calibration: Iterable[torch.Tensor] | None = None,
+def fake_quant(model: nn.Module, target: str = "cpu-vnni", calibration: Iterable[torch.Tensor] | None = None,
                ranges: Mapping[str, ActivationRange | Mapping[str, Any]] | None = None,
                momentum: float = EMA_MOMENTUM) -> Iterator[FakeQuant]:
     """Fake-quantise ``model``'s Conv/Linear layers in ``target``'s INT8 format for the block (Jacob et al. 2018).

@@ -17,7 +17,7 @@ import click
 
 from export.app.data import HOLDOUT_FRACTION
 from export.app.pipeline import PipelineConfig
-from export.quantize import QUANT_MODES, QUANT_TARGETS
+from export.quantize import QUANT_MODES, QUANT_TARGETS, resolve_target
 from export.variant import VariantConfig
 from runtime_bench.config import BenchConfig
 from runtime_bench.facts import PROVIDERS
@@ -26,6 +26,10 @@ __all__ = ["cli", "main", "run"]
 
 USAGE_EXIT, FAIL_EXIT = 2, 1
 TERM_EXIT = 128 + int(signal.SIGTERM)  # 143: what a shell reports for a process ended by SIGTERM
+#: ``--quant-target``'s help, the same in every command.
+QUANT_TARGET_HELP = ("INT8 format. cpu-vnni: uint8 activations, 8-bit weights (x86 with VNNI/AMX, ARM); cpu-avx2: "
+                     "7-bit weights, which cannot saturate ONNX Runtime's int16 step on x86 without VNNI; cpu: the "
+                     "one of the two this machine needs; tensorrt: symmetric int8, what TensorRT builds.")
 
 
 class Terminated(BaseException):
@@ -453,7 +457,7 @@ def _recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
             raise click.UsageError("--recover-int8 needs a recovery budget: give --recover-epochs or --recover-steps")
         return None
     given["features"] = tuple(given.get("features") or ())
-    given["int8"] = int8_target if int8 else None
+    given["int8"] = resolve_target(int8_target) if int8 else None
     return RecoveryConfig(**given)
 
 
@@ -566,7 +570,7 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
 @click.option("--atol", type=float, default=VariantConfig.atol, show_default=True, help="Parity absolute tolerance.")
 @click.option("--int8", is_flag=True, help="Also write OUT with suffix .int8.onnx (static QDQ by default).")
 @click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=VariantConfig.quant_target,
-              show_default=True, help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8.")
+              show_default=True, help=QUANT_TARGET_HELP)
 @click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=VariantConfig.quant_mode, show_default=True)
 @click.option("--allow-random-calibration", is_flag=True, help="Calibrate INT8 on random data (not advised).")
 @click.option("--int8-keep-roundtrips", is_flag=True,
@@ -806,8 +810,7 @@ def _pipeline_options(fn: Callable) -> Callable:
         click.option("--fp16", is_flag=True, help="FP16 copies (LABEL.fp16) of the original and every variant even "
                                                   "without a cuda/tensorrt provider (made anyway with one)."),
         click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=None,
-                     help="cpu: uint8 activations (fused integer kernels); tensorrt: symmetric int8, what TensorRT "
-                          "builds. Default: tensorrt when --providers includes tensorrt, else cpu."),
+                     help=QUANT_TARGET_HELP + " Default: tensorrt when --providers includes tensorrt, else cpu."),
         click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=PipelineConfig.quant_mode,
                      show_default=True,
                      help="static: calibrated QDQ; dynamic: weights only, activations quantised at run time."),
@@ -1080,7 +1083,7 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
 @click.option("--no-int8", is_flag=True, help="fp32 candidates only (the original's INT8 is then no baseline).")
 @click.option("--no-qat", is_flag=True, help="No quantisation-aware recovery candidates.")
 @click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=QUANT_TARGETS[0], show_default=True,
-              help="INT8 format (the provider it is for).")
+              help=QUANT_TARGET_HELP)
 @click.option("--screen-seconds", type=click.FloatRange(min=0), default=None,
               help="Timing window per model of the screening pass (short protocol, one process).")
 @click.option("--min-seconds", type=click.FloatRange(min=0), default=None,

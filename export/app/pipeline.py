@@ -429,7 +429,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     stages["benchmark"] = time.perf_counter() - t
     result = CaseResult(case.name, records, relative_to(to_jsonable(bench), case_dir), stages, list(case.notes))
     write_json(result.bench, case_dir / "bench.json")  # a `minreal bench` report, paths relative to the case
-    slow = fp16_warnings + slowdown_warnings(result)
+    slow = fp16_warnings + int8_quality_warnings(result) + slowdown_warnings(result)
     for w in slow:
         progress(f"[{case.name}] WARNING: {w}")
     result.warnings, result.data_check = mismatch + slow, dataclasses.asdict(check)
@@ -514,6 +514,65 @@ def _roundtrip_cause(quantization: Mapping[str, Any]) -> str:
     """`` (likely cause: ...)`` from an INT8 record's ``float_roundtrips``; ``""`` without any."""
     summary = roundtrip_summary(quantization.get("float_roundtrips") or {})
     return f" (likely cause: {summary})" if summary else ""
+
+
+INT8_MAX_DROP_PP = 1.0
+"""An INT8 file losing more than this many points of accuracy (or of top-1 agreement with the original) against
+its fp32 source on the held-out data is flagged."""
+INT8_MAX_MSE_RISE = 0.10
+"""... or raising the MSE against the targets by more than this fraction."""
+
+
+def _int8_loss(m: Mapping[str, Any], src: Mapping[str, Any]) -> str | None:
+    """What an INT8 model's held-out metrics ``m`` lose against its fp32 source's ``src`` beyond the thresholds."""
+    if m.get("accuracy") is not None and src.get("accuracy") is not None:
+        drop = 100.0 * (src["accuracy"] - m["accuracy"])
+        return f"accuracy {100 * m['accuracy']:.2f} % vs {100 * src['accuracy']:.2f} %" if drop > INT8_MAX_DROP_PP \
+            else None
+    if m.get("mse") is not None and src.get("mse"):
+        rise = m["mse"] / src["mse"] - 1.0
+        return f"MSE {m['mse']:.4g} vs {src['mse']:.4g} (+{100 * rise:.3g} %)" if rise > INT8_MAX_MSE_RISE else None
+    if m.get("top1_agreement") is not None and src.get("top1_agreement") is not None:
+        drop = 100.0 * (src["top1_agreement"] - m["top1_agreement"])
+        return (f"top-1 agreement with the original {100 * m['top1_agreement']:.2f} % vs "
+                f"{100 * src['top1_agreement']:.2f} %") if drop > INT8_MAX_DROP_PP else None
+    return None
+
+
+def int8_cause(quantization: Mapping[str, Any]) -> str:
+    """The likely cause of an INT8 file's accuracy loss, from its record's ``quantization`` (a
+    :class:`~export.quantize.QuantResult` as JSON): saturation on this CPU, non-finite scales, float round trips,
+    else the quantisation of its layers."""
+    if quantization.get("saturates_here") and quantization.get("target") == "tensorrt":
+        return ("saturation of ONNX Runtime's int16 step on this CPU (x86 without VNNI), which TensorRT on a GPU "
+                "does not have: its accuracy here understates the GPU's")
+    if quantization.get("saturates_here"):
+        return ("saturation: its 8-bit weights overflow ONNX Runtime's int16 step on this CPU (x86 without VNNI), "
+                "so its accuracy here is not a VNNI CPU's; quantise with --quant-target cpu-avx2 (what cpu picks here)")
+    if quantization.get("nonfinite_nodes"):
+        return (f"non-finite calibration scales (an infinite value such as a -inf mask) around "
+                f"{len(quantization['nonfinite_nodes'])} node(s), left in float")
+    if summary := roundtrip_summary(quantization.get("float_roundtrips") or {}):
+        return f"{summary} (each adds a dequantise/re-quantise error)"
+    bits = " with 7-bit weights (cpu-avx2)" if quantization.get("weight_bits") == 7 else ""
+    return (f"the rounding of its layers{bits}; `minreal tune` leaves the most sensitive layers in float "
+            "(accuracy control)")
+
+
+def int8_quality_warnings(case: CaseResult) -> list[str]:
+    """A line for every INT8 model whose held-out quality (measured by the benchmark) falls short of its fp32
+    source's by more than :data:`INT8_MAX_DROP_PP` points or :data:`INT8_MAX_MSE_RISE`, naming the likely cause."""
+    metrics = {m["model"]: m for m in case.bench.get("metrics") or ()}
+    records = {v.label: v for v in case.variants}
+    out = []
+    for model, m in metrics.items():
+        source = _source(model)[0] if model.endswith(".int8") else None
+        if source is None or source not in metrics or (loss := _int8_loss(m, metrics[source])) is None:
+            continue
+        quantization = getattr(records.get(model), "quantization", None) or {}
+        out.append(f"INT8 model loses quality: {model} {loss} of {source} on the held-out data "
+                   f"(likely cause: {int8_cause(quantization)})")
+    return out
 
 
 def slowdown_warnings(case: CaseResult) -> list[str]:

@@ -148,8 +148,8 @@ def render_markdown(report: Any) -> str:
                 out.append(f"- **{_get(v, 'label')}**: INT8 skipped: {q['skipped']}")
             elif q:
                 nonfinite = q.get("nonfinite_nodes") or []
-                out.append(f"- **{_get(v, 'label')}**: {_int8_kind(q)} {q.get('mode', '')} for {q.get('target', '')}, "
-                           f"integer kernels {q.get('integer_kernels', '-')}, float kernels left "
+                out.append(f"- **{_get(v, 'label')}**: {_int8_kind(q)} {q.get('mode', '')} for {q.get('target', '')}"
+                           f"{_format_text(q)}, integer kernels {q.get('integer_kernels', '-')}, float kernels left "
                            f"{q.get('float_kernels', '-')}"
                            + (f"; left in float because calibration met an infinite value (e.g. a -inf attention "
                               f"mask): {_names(nonfinite)}" if nonfinite else "")
@@ -162,6 +162,15 @@ def render_markdown(report: Any) -> str:
         out += [f"- note: {n}" for n in _get(case, "notes")]
         out += [f"- **WARNING**: {w}" for w in _get(case, "warnings")]
     return "\n".join(out) + "\n"
+
+
+def _format_text(q: Mapping[str, Any]) -> str:
+    """`` (uint8 activations, 7-bit weights; cpu resolved for this CPU)`` for an INT8 line: the file's format."""
+    if "weight_bits" not in q:
+        return ""
+    resolved = "; `cpu` resolved for this CPU" if q.get("requested_target") == "cpu" else ""
+    saturates = "; CAN SATURATE on this CPU (x86 without VNNI)" if q.get("saturates_here") else ""
+    return f" ({q.get('activation_type')} activations, {q['weight_bits']}-bit weights{resolved}{saturates})"
 
 
 def _names(nodes: list[str], first: int = 5) -> str:

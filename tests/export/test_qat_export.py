@@ -22,8 +22,12 @@ from compress.core.train import TrainConfig, train
 from compress.datasets import digits
 from compress.models import small_cnn
 from export.errors import QuantizationError
-from export.quantize import QuantConfig, module_inputs, quantize_int8
+from export.quantize import QuantConfig, module_inputs, quantize_int8, resolve_target
 from export.variant import VariantConfig, export_variant
+
+#: The CPU format this machine needs (cpu-avx2 where ONNX Runtime's U8S8 kernel saturates): the INT8 file's
+#: outputs can then be compared with the fake-quantised model on any x86 CPU.
+CPU_TARGET = resolve_target("cpu")
 
 
 @dataclass
@@ -59,7 +63,7 @@ def _recovered(teacher: nn.Module, data: tuple[Dataset, Dataset], target: str, f
 @pytest.fixture(scope="module")
 def cpu(teacher: nn.Module, digits_data: tuple[Dataset, Dataset], tmp_path_factory: pytest.TempPathFactory
         ) -> Recovered:
-    return _recovered(teacher, digits_data, "cpu", tmp_path_factory.mktemp("qat"))
+    return _recovered(teacher, digits_data, CPU_TARGET, tmp_path_factory.mktemp("qat"))
 
 
 def _written(path: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -82,26 +86,26 @@ def _check_trained_parameters_written(rec: Recovered, int8_path: str, dtype: typ
 
 def test_recovery_returns_the_ranges_of_every_conv_and_linear(cpu: Recovered) -> None:
     layers = [n for n, m in cpu.model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-    assert sorted(cpu.result.activation_ranges) == sorted(layers) and cpu.result.int8_target == "cpu"
+    assert sorted(cpu.result.activation_ranges) == sorted(layers) and cpu.result.int8_target == CPU_TARGET
     assert cpu.result.epochs == 1 and cpu.result.steps > 0
     assert all(r["dtype"] == "uint8" and not r["symmetric"] for r in cpu.result.activation_ranges.values())
     assert not any(k.startswith("qat") or "qat_" in k for k in cpu.model.state_dict())
 
 
 def test_int8_export_writes_exactly_the_trained_scales_and_zero_points(cpu: Recovered, tmp_path: Path) -> None:
-    q = quantize_int8(cpu.onnx, tmp_path / "qat.int8.onnx", cpu.calib, QuantConfig(target="cpu"),
+    q = quantize_int8(cpu.onnx, tmp_path / "qat.int8.onnx", cpu.calib, QuantConfig(target=CPU_TARGET),
                       cpu.result.activation_ranges)
     assert (q.range_source, q.trained_ranges, q.untrained_modules) == ("trained", 4, [])
     _check_trained_parameters_written(cpu, q.out_path, np.uint8)
     session = ort.InferenceSession(q.out_path, providers=["CPUExecutionProvider"])
     int8 = session.run(None, {session.get_inputs()[0].name: cpu.test.x.numpy()})[0].argmax(1)
-    with fake_quant(cpu.model, "cpu", ranges=cpu.result.activation_ranges), torch.no_grad():
+    with fake_quant(cpu.model, CPU_TARGET, ranges=cpu.result.activation_ranges), torch.no_grad():
         simulated = cpu.model.eval()(cpu.test.x).argmax(1).numpy()
     assert (int8 == simulated).mean() >= 0.95
 
 
 def test_post_training_copy_calibrates_instead(cpu: Recovered, tmp_path: Path) -> None:
-    q = quantize_int8(cpu.onnx, tmp_path / "ptq.int8.onnx", cpu.calib, QuantConfig(target="cpu"))
+    q = quantize_int8(cpu.onnx, tmp_path / "ptq.int8.onnx", cpu.calib, QuantConfig(target=CPU_TARGET))
     assert (q.range_source, q.trained_ranges, q.untrained_modules) == ("calibrated", 0, [])
 
 
@@ -112,7 +116,7 @@ def test_a_renamed_weight_is_found_by_its_values(cpu: Recovered, tmp_path: Path,
     (init,) = [t for t in model.graph.initializer if t.name == gemm.input[1]]
     init.name = gemm.input[1] = "renamed_by_an_exporter"
     onnx.save(model, tmp_path / "renamed.onnx")
-    ranges, config = cpu.result.activation_ranges, QuantConfig(target="cpu")
+    ranges, config = cpu.result.activation_ranges, QuantConfig(target=CPU_TARGET)
     blind = quantize_int8(tmp_path / "renamed.onnx", tmp_path / "a.onnx", cpu.calib, config, ranges)
     assert blind.untrained_modules == ["11"] and blind.trained_ranges == 3 and "are not in the graph" in caplog.text
     weights = {"11": cpu.model[11].weight.detach().numpy()}

@@ -14,7 +14,9 @@ from onnx import numpy_helper
 
 from export.errors import CalibrationError, SameFileError
 from export.onnx_export import ExportResult
-from export.quantize import ArrayCalibrationReader, QuantConfig, optimized_op_counts, quantize_int8
+import runtime_bench.cpu as cpu_facts
+from export.quantize import ArrayCalibrationReader, QuantConfig, optimized_op_counts, quantize_int8, resolve_target
+from runtime_bench.cpu import CpuIsa
 
 
 def _run(path: str | Path, x: np.ndarray) -> np.ndarray:
@@ -49,7 +51,8 @@ def test_random_calibration_only_when_allowed(convnet_onnx: ExportResult, tmp_pa
 
 
 def test_cpu_target_is_qdq_with_uint8_activations_and_integer_kernels(cpu_int8, convnet_onnx: ExportResult) -> None:
-    assert (cpu_int8.mode, cpu_int8.quant_format, cpu_int8.target) == ("static", "QDQ", "cpu")
+    assert (cpu_int8.mode, cpu_int8.quant_format, cpu_int8.requested_target) == ("static", "QDQ", "cpu")
+    assert cpu_int8.target == resolve_target("cpu") and not cpu_int8.saturates_here
     assert cpu_int8.node_counts["QuantizeLinear"] > 0 and cpu_int8.node_counts["DequantizeLinear"] > 0
     assert cpu_int8.node_counts["Conv"] == 2  # QDQ keeps float ops between Q/DQ pairs
     assert (cpu_int8.activation_type, cpu_int8.activation_symmetric) == ("uint8", False)
@@ -203,6 +206,7 @@ def test_convolution_with_generated_weights_stays_float(tmp_path: Path) -> None:
     assert not set(gemm) & set(excluded)  # the head's stored weights are quantised
     assert any(n.op_type == "Pow" and n.name in excluded for n in fp32.graph.node)  # kernel generation stays float
     result = quantize_int8(tmp_path / "g.onnx", tmp_path / "g.int8.onnx", x.numpy(), QuantConfig())
+    assert not result.saturates_here  # `cpu` picks a format this CPU's int8 kernels cannot saturate
     assert set(conv) <= set(result.excluded_nodes)
     assert result.integer_kernels >= 1  # the Linear head is still quantised
     q = _run(result.out_path, x.numpy())
@@ -242,6 +246,7 @@ def test_float_roundtrips_are_left_in_float(tmp_path: Path) -> None:
     assert dropped.roundtrip_nodes and not set(dropped.roundtrip_nodes) & still  # each one's round trip is gone
     assert set(dropped.roundtrip_nodes) <= set(dropped.excluded_nodes)
     assert dropped.integer_kernels == kept.integer_kernels == 2  # both Linears stay integer
+    assert not kept.saturates_here and not dropped.saturates_here  # `cpu`: a format this CPU cannot saturate
     ref = model(x).detach().numpy()
     for result in (kept, dropped):
         assert np.linalg.norm(_run(result.out_path, x.numpy()) - ref) / np.linalg.norm(ref) < 0.05
@@ -263,3 +268,71 @@ def test_roundtrips_a_quantised_neighbour_keeps_are_not_dropped(tmp_path: Path) 
     assert dropped.roundtrip_nodes == [] and dropped.float_roundtrips == kept.float_roundtrips
     assert dropped.excluded_nodes == kept.excluded_nodes
     assert np.array_equal(_run(dropped.out_path, x.numpy()), _run(kept.out_path, x.numpy()))
+
+
+def _weight_tensors(path: str | Path) -> list[np.ndarray]:
+    """The int8 weight initializers of a QDQ file (inputs of the DequantizeLinear nodes that feed Conv/Gemm)."""
+    model = onnx.load(str(path))
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return [values[n.input[0]] for n in model.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0] in values and values[n.input[0]].dtype == np.int8
+            and values[n.input[0]].ndim > 1]
+
+
+def test_avx2_target_writes_weights_that_cannot_saturate(convnet_onnx: ExportResult, calib_images: np.ndarray,
+                                                         tmp_path: Path) -> None:
+    """cpu-avx2: uint8 activations and 7-bit weights, so a pair of products in ORT's int16 step (VPMADDUBSW) is at
+    most 2·255·64 = 32640 <= 32767 (no saturation on any x86 CPU); cpu-vnni keeps the full [-127, 127]."""
+    avx2 = quantize_int8(convnet_onnx.path, tmp_path / "avx2.onnx", calib_images, QuantConfig(target="cpu-avx2"))
+    vnni = quantize_int8(convnet_onnx.path, tmp_path / "vnni.onnx", calib_images, QuantConfig(target="cpu-vnni"))
+    assert (avx2.target, avx2.weight_bits, avx2.activation_type) == ("cpu-avx2", 7, "uint8")
+    assert (vnni.target, vnni.weight_bits) == ("cpu-vnni", 8) and not avx2.saturates_here
+    widest = max(int(np.abs(w.astype(np.int32)).max()) for w in _weight_tensors(avx2.out_path))
+    assert widest == 64 and 2 * 255 * widest <= np.iinfo(np.int16).max  # each channel's largest weight maps to 64
+    assert max(int(np.abs(w.astype(np.int32)).max()) for w in _weight_tensors(vnni.out_path)) == 127
+    assert avx2.integer_kernels == vnni.integer_kernels == 3
+    ref = _run(convnet_onnx.path, calib_images)
+    assert np.linalg.norm(_run(avx2.out_path, calib_images) - ref) / np.linalg.norm(ref) < 0.1
+
+
+_AVX2 = CpuIsa("x86_64", ("avx2",), "/proc/cpuinfo")
+_AVX512 = CpuIsa("x86_64", ("avx2", "avx512f", "avx512bw"), "/proc/cpuinfo")
+
+
+@pytest.mark.parametrize(("isa", "measured", "target"), [
+    (_AVX2, None, "cpu-avx2"),
+    (_AVX512, None, "cpu-avx2"),  # AVX-512 without VNNI still adds pairs in int16
+    (CpuIsa("x86_64", ("avx2", "avx_vnni"), "/proc/cpuinfo"), None, "cpu-vnni"),
+    (CpuIsa("x86_64", ("avx2", "avx512f", "avx512bw", "avx512_vnni"), "/proc/cpuinfo"), None, "cpu-vnni"),
+    (CpuIsa("x86_64", ("avx2", "amx_tile", "amx_int8"), "/proc/cpuinfo"), None, "cpu-vnni"),
+    (CpuIsa("aarch64", ("asimddp",), "/proc/cpuinfo"), None, "cpu-vnni"),
+    (CpuIsa("x86_64", (), "unknown"), None, "cpu-avx2"),  # nothing known: the format that cannot saturate
+    (_AVX2, False, "cpu-vnni"),  # a measurement of ORT's kernel wins over the flags (e.g. under an emulator)
+    (CpuIsa("x86_64", ("avx2", "avx512_vnni"), "/proc/cpuinfo"), True, "cpu-avx2"),
+])  # fmt: skip
+def test_cpu_format_follows_the_instruction_sets(isa: CpuIsa, measured: bool | None, target: str) -> None:
+    assert cpu_facts.cpu_int8_target(isa, measured) == target
+
+
+@pytest.mark.parametrize("saturates", [True, False])
+def test_cpu_target_resolves_by_the_detected_cpu(saturates: bool, convnet_onnx: ExportResult,
+                                                 calib_images: np.ndarray, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both branches on one machine: the detection is overridden; ``cpu`` writes 7-bit weights exactly when the
+    (pretended) CPU's kernel saturates, and the result says so."""
+    isa = _AVX2 if saturates else CpuIsa("x86_64", ("avx2", "avx512_vnni"), "/proc/cpuinfo")
+    monkeypatch.setattr(cpu_facts, "cpu_isa", lambda: isa)
+    monkeypatch.setattr(cpu_facts, "u8s8_saturates", lambda: None)
+    result = quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", calib_images)
+    assert (result.requested_target, result.target) == ("cpu", "cpu-avx2" if saturates else "cpu-vnni")
+    assert result.weight_bits == (7 if saturates else 8) and not result.saturates_here
+    pinned = quantize_int8(convnet_onnx.path, tmp_path / "v.onnx", calib_images, QuantConfig(target="cpu-vnni"))
+    assert pinned.saturates_here == saturates  # an explicit 8-bit file on a saturating CPU is flagged
+
+
+def test_the_probe_reads_this_machines_kernel() -> None:
+    """The ORT measurement agrees with the flags wherever the flags are known (this machine)."""
+    isa, measured = cpu_facts.cpu_isa(), cpu_facts.u8s8_saturates()
+    assert measured is not None
+    if isa.known and isa.is_x86:
+        assert measured == isa.saturates

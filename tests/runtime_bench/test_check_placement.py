@@ -31,13 +31,16 @@ def _placement(provider: str) -> dict[str, Any]:
 
 
 def report(providers: tuple[str, ...] = ("cpu", "cuda"), cpu: str = "test cpu", gpus: list | None = None,
-           unavailable: dict[str, str] | None = None, placement: bool = True) -> dict[str, Any]:
-    """A bench report dict for models 'orig' and 'small' on ``providers`` at batch 1."""
+           unavailable: dict[str, str] | None = None, placement: bool = True,
+           flags: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A bench report dict for models 'orig' and 'small' on ``providers`` at batch 1; ``flags``: the int8
+    instruction sets recorded (None: none recorded, as in reports from before they were)."""
     ran = [p for p in providers if p not in (unavailable or {})]
     cells = [(m, p) for m in ("orig", "small") for p in ran]
     latency = [{"model": m, "provider": p, "batch_size": 1, "stats": {"p50_ms": 1.0}, "process_p50_ms": [1.0]}
                for m, p in cells]
-    return {"schema_version": SCHEMA_VERSION, "environment": {"cpu_model": cpu, "gpus": gpus},
+    isa = {} if flags is None else {"cpu_flags": list(flags), "cpu_flags_source": "/proc/cpuinfo"}
+    return {"schema_version": SCHEMA_VERSION, "environment": {"cpu_model": cpu, "gpus": gpus, **isa},
             "config": {"providers": list(providers), "batch_sizes": [1]},
             "models": [{"name": "orig"}, {"name": "small"}], "latency": latency, "ratios": [], "metrics": [],
             "unavailable": [{"provider": p, "requested": p, "reason": r} for p, r in (unavailable or {}).items()],
@@ -97,6 +100,12 @@ def test_cli_min_on_provider(tmp_path: Path, capsys: pytest.CaptureFixture) -> N
     (dict(), dict(gpus=[GPU]), "GPUs 'NVIDIA H200' in the baseline, none in the report"),
     (dict(gpus=[GPU]), dict(gpus=[GPU, {**GPU, "name": "NVIDIA A100"}]),
      "GPUs 'NVIDIA H200, NVIDIA A100' in the baseline, 'NVIDIA H200' in the report"),
+    # the same CPU model name with other int8 instruction sets (a VM that hides AVX-512 VNNI): INT8 kernels differ
+    (dict(flags=("avx2",)), dict(flags=("avx2", "avx512f", "avx512_vnni")),
+     "int8 instruction sets differ (avx512f, avx512_vnni only in the baseline)"),
+    (dict(cpu="other cpu", flags=("avx2", "amx_int8")), dict(flags=("avx2",)),
+     "CPU 'test cpu' in the baseline, 'other cpu' in the report; int8 instruction sets differ (amx_int8 only in "
+     "the report)"),
 ])
 def test_baseline_from_other_hardware_fails_unless_allowed(ours: dict, base: dict, differs: str,
                                                            caplog: pytest.LogCaptureFixture) -> None:
@@ -115,6 +124,9 @@ def test_baseline_from_other_hardware_fails_unless_allowed(ours: dict, base: dic
 def test_same_hardware_adds_no_criterion() -> None:
     result = check_report(report(gpus=[GPU]), baseline=report(gpus=[GPU]), max_regression=10.0)
     assert result.passed and "same_hardware" not in {c.name for c in result.criteria}
+    # instruction sets are compared only where both reports recorded them
+    older = check_report(report(flags=("avx2",)), baseline=report(), max_regression=10.0)
+    assert older.passed and "same_hardware" not in {c.name for c in older.criteria}
 
 
 def test_cli_refuses_a_baseline_from_another_cpu(tmp_path: Path, capsys: pytest.CaptureFixture,

@@ -35,7 +35,8 @@ from runtime_bench.metrics import evaluate_models
 from compress import get_method, method_names
 from compress.core.data import Dataset
 from compress.core.recover import held_out_metrics
-from export.variant import VariantConfig, export_variant, quantize_variant, relative_to, to_jsonable
+from export.quantize import resolve_target
+from export.variant import VariantConfig, VariantRecord, export_variant, quantize_variant, relative_to, to_jsonable
 from export.verify import feeds_of
 from .candidate import CandidateResult, CandidateSpec, Job, LoadedSource, evaluate_candidate, fingerprint
 from .config import Constraint, Protocol, Quality, TuneConfig, TuneError
@@ -154,6 +155,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     ``cache_dir`` by inputs and candidate, so a repeated or interrupted tune resumes.
     """
     t_start, say = time.perf_counter(), progress or log.info
+    cfg = dataclasses.replace(cfg, quant_target=resolve_target(cfg.quant_target))  # "cpu": this machine's format
     if held_out is None or len(held_out) == 0:
         raise TuneError("tune needs held-out data: pass --eval-data (or data with room for a held-out split)")
     methods = cfg.methods or (() if cfg.plan else default_methods())
@@ -231,8 +233,21 @@ def _baselines(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneCon
         q = quantize_variant(rec, models_dir, calib.x, vcfg)
         out.append(Candidate("original.int8", "baseline", "int8", str(models_dir / q.onnx), q.onnx_bytes))
         if cfg.accuracy_control:
-            out += _accuracy_controlled(models_dir, calib, held_out, cfg, vcfg, notes, say)
+            out += _accuracy_controlled(models_dir, calib, held_out, cfg, _saturation_free(q, vcfg, notes, say),
+                                        notes, say)
     return out
+
+
+def _saturation_free(q: VariantRecord, vcfg: VariantConfig, notes: list[str], say: Progress) -> VariantConfig:
+    """``vcfg``, or with target ``cpu-avx2`` when the original's INT8 file ``q`` can saturate on this CPU (an explicit
+    ``--quant-target cpu-vnni`` on x86 without VNNI): accuracy control then starts from the format that cannot."""
+    if not (q.quantization or {}).get("saturates_here") or vcfg.quant_target == "tensorrt":
+        return vcfg
+    say(f"[tune] the original's INT8 ({vcfg.quant_target}) can saturate on this CPU: accuracy control starts from "
+        "cpu-avx2 (7-bit weights, no saturation)")
+    notes.append(f"--quant-target {vcfg.quant_target} can saturate ONNX Runtime's int16 step on this CPU (x86 without "
+                 "VNNI); the accuracy-controlled INT8 of the original uses cpu-avx2 instead")
+    return dataclasses.replace(vcfg, quant_target="cpu-avx2")
 
 
 def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cfg: TuneConfig, vcfg: VariantConfig,
@@ -251,6 +266,10 @@ def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cf
         models_dir / "original.onnx", path, feeds_of(calib.x[: vcfg.calib_samples]), feeds_of(held_out.x),
         None if held_out.y is None or metric == "agreement" else held_out.y.numpy(), max_drop, vcfg.quant_config(),
         metric=metric)
+    if not res.excluded and vcfg.quant_target != cfg.quant_target:
+        notes.append(f"the original's INT8 in cpu-avx2 format meets the constraint with every layer quantised "
+                     f"(drop {res.drop:.3g})")
+        return [Candidate("original.int8-ac", "baseline", "int8-ac", str(path), path.stat().st_size)]
     if not res.excluded:
         path.unlink(missing_ok=True)
         notes.append("the original's INT8 already meets the constraint: accuracy control left every layer quantised"

@@ -65,7 +65,7 @@ def test_model_is_exactly_restored_after_the_block(image_data) -> None:
     net = _net().eval()
     keys, types, x = list(net.state_dict()), [type(m) for m in net.modules()], image_data.x
     before = net(x)
-    with fake_quant(net, "cpu", calibration=[x[:16], x[16:]]) as fq:
+    with fake_quant(net, "cpu-vnni", calibration=[x[:16], x[16:]]) as fq:
         assert set(fq.ranges()) == {"0", "3", "6"}
         quantised = net(x)
     assert not torch.equal(quantised, before)
@@ -76,10 +76,10 @@ def test_model_is_exactly_restored_after_the_block(image_data) -> None:
 
 def test_ranges_start_as_exact_min_max_then_follow_the_moving_average_in_training_only(image_data) -> None:
     net, x = _net(), image_data.x
-    with fake_quant(net, "cpu", calibration=[x[:16], x[16:]], momentum=0.25) as fq:
+    with fake_quant(net, "cpu-vnni", calibration=[x[:16], x[16:]], momentum=0.25) as fq:
         first = fq.ranges()["0"]
         assert (first.min, first.max) == (float(x.min()), float(x.max()))
-        assert (first.scale, first.zero_point) == quant_params(first.min, first.max, INT8_FORMATS["cpu"])
+        assert (first.scale, first.zero_point) == quant_params(first.min, first.max, INT8_FORMATS["cpu-vnni"])
         net.eval()
         net(2 * x)  # eval mode: frozen
         assert fq.ranges()["0"] == first
@@ -102,8 +102,8 @@ def test_gradients_pass_the_rounding_to_every_parameter(image_data) -> None:
 
 def test_seeded_ranges_and_errors() -> None:
     net = nn.Sequential(nn.Linear(4, 3))
-    with fake_quant(net, "cpu", ranges={"0": {"min": -1.0, "max": 3.0}}) as fq:
-        assert fq.ranges()["0"].scale == quant_params(-1.0, 3.0, INT8_FORMATS["cpu"])[0]
+    with fake_quant(net, "cpu-vnni", ranges={"0": {"min": -1.0, "max": 3.0}}) as fq:
+        assert fq.ranges()["0"].scale == quant_params(-1.0, 3.0, INT8_FORMATS["cpu-vnni"])[0]
         with pytest.raises(CompressionError, match="already has an instance-level forward"):
             with fake_quant(net):
                 pass

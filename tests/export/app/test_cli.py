@@ -199,6 +199,32 @@ def test_slowdown_warnings_flag_int8_and_compressed() -> None:
     assert line.startswith("INT8 model slower than its fp32 source: original.int8")
 
 
+def test_int8_quality_warnings_name_the_likely_cause() -> None:
+    """An INT8 file more than 1 pp (accuracy or agreement) or 10 % (MSE) below its fp32 source is flagged, with the
+    cause its quantisation record points to: saturation on this CPU first, then non-finite scales, round trips."""
+    from export.app.pipeline import CaseResult, int8_quality_warnings
+    from export.variant import VariantRecord
+
+    def rec(label: str, **quantization: object) -> VariantRecord:
+        return VariantRecord(label, "m", 1, 1, f"{label}.onnx", 1, quantization=quantization)
+
+    met = lambda m, acc: {"model": m, "accuracy": acc, "mse": None, "top1_agreement": None}  # noqa: E731
+    bench = {"metrics": [met("original", 0.947), met("original.int8", 0.773), met("svd", 0.94),
+                         met("svd.int8", 0.931), met("fz", 0.90), met("fz.int8", 0.85)]}
+    variants = [rec("original.int8", saturates_here=True), rec("svd.int8"),
+                rec("fz.int8", float_roundtrips={"Pad": 2}, weight_bits=7)]
+    lines = int8_quality_warnings(CaseResult("c", variants, bench, {}))
+    assert len(lines) == 2  # svd.int8 loses 0.9 pp: within the threshold
+    assert "original.int8 accuracy 77.30 % vs 94.70 % of original" in lines[0] and "saturation" in lines[0]
+    assert "fz.int8" in lines[1] and "Pad" in lines[1]
+    variants[0] = rec("original.int8", nonfinite_nodes=["a", "b"])
+    assert "non-finite calibration scales" in int8_quality_warnings(CaseResult("c", variants, bench, {}))[0]
+    mse = lambda m, v: {"model": m, "accuracy": None, "mse": v, "top1_agreement": None}  # noqa: E731
+    regression = {"metrics": [mse("original", 1.0), mse("original.int8", 1.09), mse("svd", 2.0), mse("svd.int8", 2.3)]}
+    (line,) = int8_quality_warnings(CaseResult("r", [rec("svd.int8", weight_bits=7)], regression, {}))
+    assert line.startswith("INT8 model loses quality: svd.int8 MSE 2.3 vs 2 (+15 %)") and "7-bit" in line
+
+
 def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/d", "--batch", "2",
             "--quant-mode", "dynamic", "-q", *QUICK_BENCH]
