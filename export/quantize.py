@@ -26,11 +26,13 @@ BatchNorm into the Conv), else by equal values (transposed for Gemm/MatMul). Eve
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
+import os
 import tempfile
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -364,15 +366,29 @@ def _calibration_array(
     return {name: arrays[name].astype(dtype, copy=False) for name, _, dtype in specs}, False
 
 
+@contextlib.contextmanager
+def _working_directory(folder: Path) -> Iterator[None]:
+    """Run the block in ``folder``: ONNX Runtime's symbolic shape inference, when it fails, saves a debugging copy of
+    the model (``sym_shape_infer_temp.onnx`` and an external-data file) into the current directory, which must not
+    be the user's."""
+    before = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def _preprocess(fp32_path: Path, out: Path) -> tuple[Path, str | None]:
     """Run ``quant_pre_process``; retry without symbolic shape inference, else use the float model as is."""
     _ort_quantization()
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    note = None
+    note, source, dest = None, str(fp32_path.resolve()), str(out.resolve())
     for options in ({}, {"skip_symbolic_shape": True}):
         try:
-            quant_pre_process(str(fp32_path), str(out), **options)
+            with _working_directory(out.parent):
+                quant_pre_process(source, dest, **options)
             return out, note
         except Exception as exc:  # noqa: BLE001 - pre-processing is an optimisation; fall back
             note = f"quant_pre_process{' without symbolic shapes' if options else ''} failed: {error_line(exc)}"

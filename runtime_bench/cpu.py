@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .facts import INTEGER_MATMUL_OP, PROVIDERS
+
 __all__ = [
     "ISA_FLAGS",
     "CPU_TARGETS",
@@ -140,7 +142,7 @@ def _probe_model() -> bytes:
 
     weight = numpy_helper.from_array(np.full((_PROBE_K, 1), 127, dtype=np.int8), "w")
     graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "u8s8_probe",
+        [helper.make_node(INTEGER_MATMUL_OP, ["a", "w"], ["y"])], "u8s8_probe",
         [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, _PROBE_K])],
         [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])], [weight])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
@@ -157,7 +159,7 @@ def u8s8_saturates() -> bool | None:
         from .runtime import onnxruntime_module
 
         ort = onnxruntime_module()
-        session = ort.InferenceSession(_probe_model(), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(_probe_model(), providers=[PROVIDERS["cpu"]])
         (y,) = session.run(None, {"a": np.full((1, _PROBE_K), 255, dtype=np.uint8)})
     except Exception:  # noqa: BLE001 - a missing runtime or a failed probe leaves the flags to decide
         return None

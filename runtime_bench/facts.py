@@ -20,6 +20,7 @@ __all__ = [
     "INTEGER_KERNEL_OPS",
     "FLOAT_KERNEL_OPS",
     "INTEGER_OPS",
+    "INTEGER_MATMUL_OP",
     "ANSI_ESCAPE",
     "first_line",
     "error_line",
@@ -55,6 +56,9 @@ INTEGER_KERNEL_OPS: frozenset[str] = frozenset(
     }
 )  # fmt: skip
 """Op types (any domain) that compute Conv/MatMul/Gemm (and attention, LSTM) in integer arithmetic."""
+
+INTEGER_MATMUL_OP = "MatMulInteger"
+"""ONNX's plain integer matrix product (uint8/int8 inputs, int32 output): what the CPU saturation probe runs."""
 
 FLOAT_KERNEL_OPS: frozenset[str] = frozenset(
     {"Conv", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm", "NhwcConv"}

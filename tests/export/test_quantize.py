@@ -336,3 +336,28 @@ def test_the_probe_reads_this_machines_kernel() -> None:
     assert measured is not None
     if isa.known and isa.is_x86:
         assert measured == isa.saturates
+
+
+def test_failed_shape_inference_leaves_nothing_in_the_working_directory(convnet_onnx: ExportResult,
+                                                                        calib_images: np.ndarray, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONNX Runtime's symbolic shape inference saves ``sym_shape_infer_temp.onnx`` (and its data file) into the
+    current directory when it fails (as on the SSM demo model); quantisation runs it in its own work folder."""
+    import onnxruntime.quantization.shape_inference as shape_inference
+
+    real = shape_inference.quant_pre_process
+
+    def failing(source: str, dest: str, **options: object) -> None:
+        if not options.get("skip_symbolic_shape"):
+            Path("sym_shape_infer_temp.onnx").write_bytes(b"debug copy")  # what ORT does, relative to the cwd
+            raise RuntimeError("Incomplete symbolic shape inference")
+        real(source, dest, **options)
+
+    monkeypatch.setattr(shape_inference, "quant_pre_process", failing)
+    user = tmp_path / "user"
+    user.mkdir()
+    monkeypatch.chdir(user)
+    result = quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", calib_images)
+    assert "without symbolic shapes" not in (result.preprocess_note or "x")  # the second attempt succeeded
+    assert "Incomplete symbolic shape inference" in result.preprocess_note
+    assert list(user.iterdir()) == [] and Path.cwd() == user
