@@ -52,6 +52,7 @@ from compress.core.errors import CompressionError  # noqa: E402
 from compress.core.recover import RecoveryConfig, held_out_metrics, recover  # noqa: E402
 from compress.core.train import distillation_loss, task_loss  # noqa: E402
 from compress.registry import compress, get_method  # noqa: E402
+from export.quantize import resolve_target  # noqa: E402
 
 METHODS = ("svd", "factorize", "magnitude", "wanda", "fde", "cbalanced")
 RATIOS = (0.7, 0.5, 0.3)
@@ -531,7 +532,8 @@ def int8_case(runner: Runner, model: str, folder: Path) -> dict[str, Any]:
         res["quantisation_aware"] = {"skipped": missing}
         return res
     qat = copy.deepcopy(comp.model)
-    rec = recover(case.model, qat, case.calib, RecoveryConfig(epochs=GOAL_EPOCHS, seed=runner.seed, int8="cpu"))
+    rec = recover(case.model, qat, case.calib, RecoveryConfig(epochs=GOAL_EPOCHS, seed=runner.seed,
+                                                             int8=resolve_target("cpu")))
     ranges = dataclasses.asdict(rec).get("activation_ranges")
     res["quantisation_aware"] = {"recover_s": rec.wall_s, "trained_ranges": len(ranges or {}),
                                  "torch": held_out_metrics(case.model, qat, case.test),

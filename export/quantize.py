@@ -66,6 +66,7 @@ __all__ = [
     "quantize_int8",
     "int8_skip_reason",
     "resolve_target",
+    "target_text",
     "saturates_here",
 ]
 
@@ -111,8 +112,8 @@ class QuantConfig:
             resolved to ``"cpu-vnni"`` or ``"cpu-avx2"`` for the machine that quantises (:func:`resolve_target`).
         activation_type: ``"uint8"`` or ``"int8"``; ``None`` follows the target.
         activation_symmetric: symmetric activation ranges; ``None`` follows the target.
-        weight_type: ``"int8"`` (symmetric, the default) or ``"uint8"`` (asymmetric: ONNX Runtime's U8U8, which
-            does not saturate on x86 without VNNI but runs a slower kernel there).
+        weight_type: ``"int8"`` (the default) or ``"uint8"`` (ONNX Runtime's U8U8, which does not saturate on x86
+            without VNNI but runs a slower kernel there; per-channel uint8 weights are centred on zero point 128).
         reduce_range: 7-bit weights ([-64, 64]); ``None`` follows the target.
         per_channel: per-output-channel weight scales.
         calibration_method: ``"minmax"``, ``"entropy"`` or ``"percentile"``.
@@ -177,6 +178,12 @@ def resolve_target(target: str) -> str:
     """``cpu`` → ``cpu-vnni`` where this machine's ONNX Runtime U8S8 kernel cannot saturate (x86 with VNNI or AMX,
     ARM), else ``cpu-avx2`` (:func:`runtime_bench.cpu.cpu_int8_target`); an explicit target is returned as is."""
     return cpu_facts.cpu_int8_target() if target == _AUTO_TARGET else target
+
+
+def target_text(target: str) -> str:
+    """``target`` for a progress line: ``cpu → cpu-avx2`` where ``cpu`` is resolved for this machine."""
+    resolved = resolve_target(target)
+    return target if resolved == target else f"{target} → {resolved}"
 
 
 def saturates_here(weight_type: str, reduce_range: bool) -> bool:
@@ -439,7 +446,6 @@ def dynamic_weight_nodes(model: onnx.ModelProto) -> list[str]:
 
 
 _WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
-_CPU_TARGETS = ("cpu-vnni", "cpu-avx2")
 _QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 _NONFINITE_ROUNDS = 4
 _ROUNDTRIP_ROUNDS = 4
@@ -549,12 +555,18 @@ def _check_ranges(ranges: Mapping[str, Mapping[str, Any]], config: QuantConfig) 
     if config.mode != "static":
         raise QuantizationError("trained activation ranges apply to static quantisation; got mode='dynamic'")
     act_type, symmetric = config.activation()
+    qmax = 64 if config.weights_reduced() else 127
     for name, r in ranges.items():
         if (r["dtype"], bool(r["symmetric"])) != (act_type, symmetric):
             kind = lambda t, sym: f"{t} {'symmetric' if sym else 'asymmetric'}"  # noqa: E731
             raise QuantizationError(
                 f"the activation range of {name!r} was trained for {kind(r['dtype'], r['symmetric'])} activations "
                 f"but target {config.target!r} writes {kind(act_type, symmetric)}; recover for the same target")
+        if int(r.get("weight_qmax", 127)) != qmax:
+            raise QuantizationError(
+                f"the layer {name!r} was trained with weights on [-{r.get('weight_qmax', 127)}, "
+                f"{r.get('weight_qmax', 127)}] but target {config.target!r} writes [-{qmax}, {qmax}] (cpu-avx2 has "
+                "7-bit weights, cpu-vnni 8-bit ones); recover for the same target")
 
 
 def _excluded(source: Path, exclude: Sequence[str], static: bool) -> list[str]:
@@ -804,7 +816,7 @@ def quantize_int8(
                 nonfinite = []
                 _run_dynamic(source, tmp, config, excluded)
             graph = optimized_graph(tmp, "cpu")
-            if reader is not None and config.drop_roundtrips and config.target in _CPU_TARGETS:
+            if reader is not None and config.drop_roundtrips and config.target in cpu_facts.CPU_TARGETS:
                 roundtrip, graph = _drop_roundtrips(source, tmp, reader, config, overrides, [*excluded, *nonfinite],
                                                     graph)
         except QuantizationError:

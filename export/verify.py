@@ -37,6 +37,7 @@ __all__ = [
     "feeds_of",
     "run_ort",
     "verify_parity",
+    "output_agreement",
 ]
 
 logger = logging.getLogger(__name__)
@@ -240,3 +241,14 @@ def verify_parity(
         _raise_worst(result)
     logger.info("parity ok for %s at batch sizes %s (max abs err %.3g)", onnx_path, batches, result.max_abs_err)
     return result
+
+
+def output_agreement(reference: str | Path, candidate: str | Path, x: Feeds, rows: int = 512
+                     ) -> tuple[float | None, float]:
+    """(top-1 agreement, relative mean squared error ``‖c − r‖² / ‖r‖²``) of ``candidate``'s first output against
+    ``reference``'s, both run with ONNX Runtime's CPU provider on the first ``rows`` rows of ``x`` (e.g. an INT8 file
+    against its fp32 source). The agreement is ``None`` for outputs under 2-d or with one column."""
+    part = {k: np.asarray(v)[:rows] for k, v in x.items()} if isinstance(x, Mapping) else np.asarray(x)[:rows]
+    ref, out = (run_ort(create_session(Path(p)), part)[0].astype(np.float64) for p in (reference, candidate))
+    agreement = _top1(out, ref) if ref.ndim >= 2 and ref.shape[-1] > 1 else None
+    return agreement, float(np.sum((out - ref) ** 2) / max(float(np.sum(ref**2)), 1e-300))

@@ -251,7 +251,7 @@ def _hardware(data: dict[str, Any], baseline: dict[str, Any], allow: bool) -> li
                for kind, b, n in zip(("CPU", "GPUs"), then, now) if b != n]
     isa_now, isa_then = _isa_of(data), _isa_of(baseline)
     if isa_now is not None and isa_then is not None and isa_difference(isa_then, isa_now):
-        differs.append(f"int8 instruction sets differ ({isa_difference(isa_then, isa_now)})")
+        differs.append(f"int8 instruction sets differ: {isa_difference(isa_then, isa_now)}")
     if not differs:
         return []
     what = "; ".join(differs)

@@ -54,7 +54,8 @@ _NON_SATURATING = frozenset({"avx512_vnni", "avx_vnni", "avx_vnni_int8", "amx_in
 CPU_TARGETS: tuple[str, ...] = ("cpu-vnni", "cpu-avx2")
 #: macOS ``sysctl`` keys → the Linux flag they stand for.
 _SYSCTL_FLAGS = {"hw.optional.avx2_0": "avx2", "hw.optional.avx512f": "avx512f", "hw.optional.avx512bw": "avx512bw",
-                 "hw.optional.arm.FEAT_DotProd": "asimddp", "hw.optional.arm.FEAT_I8MM": "i8mm"}
+                 "hw.optional.avx512vnni": "avx512_vnni", "hw.optional.arm.FEAT_DotProd": "asimddp",
+                 "hw.optional.arm.FEAT_I8MM": "i8mm"}
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,9 @@ def u8s8_saturates() -> bool | None:
         from .runtime import onnxruntime_module
 
         ort = onnxruntime_module()
-        session = ort.InferenceSession(_probe_model(), providers=[PROVIDERS["cpu"]])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        session = ort.InferenceSession(_probe_model(), options, providers=[PROVIDERS["cpu"]])
         (y,) = session.run(None, {"a": np.full((1, _PROBE_K), 255, dtype=np.uint8)})
     except Exception:  # noqa: BLE001 - a missing runtime or a failed probe leaves the flags to decide
         return None
@@ -181,10 +184,12 @@ def kernel_saturates() -> bool:
 
 
 def cpu_int8_target(isa: CpuIsa | None = None, measured: bool | None = None) -> str:
-    """The explicit CPU target that ``--quant-target cpu`` means for ``isa`` (default: this machine, measured):
-    ``cpu-vnni`` where U8S8 cannot saturate (x86 with VNNI or AMX, ARM), else ``cpu-avx2`` (7-bit weights)."""
-    saturates = kernel_saturates() if isa is None else saturating_kernel(isa, measured)
-    return "cpu-avx2" if saturates else "cpu-vnni"
+    """The explicit CPU target that ``--quant-target cpu`` means for ``isa`` and the measurement ``measured`` (each
+    defaults to this machine's): ``cpu-vnni`` where U8S8 cannot saturate (x86 with VNNI or AMX, ARM), else
+    ``cpu-avx2`` (7-bit weights)."""
+    saturates = kernel_saturates() if isa is None and measured is None else saturating_kernel(
+        cpu_isa() if isa is None else isa, measured)
+    return CPU_TARGETS[1] if saturates else CPU_TARGETS[0]
 
 
 def isa_difference(baseline: Iterable[str], report: Iterable[str]) -> str:

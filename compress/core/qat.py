@@ -93,7 +93,8 @@ class ActivationRange:
     """The range of a layer's input activation and the quantisation parameters it gives (``r = scale·(q − zp)``).
 
     ``min``/``max`` are float32 values; ``scale`` is the float32 scale and ``zero_point`` the integer zero point
-    ONNX Runtime computes from them for ``dtype`` (``"uint8"``/``"int8"``) and ``symmetric``.
+    ONNX Runtime computes from them for ``dtype`` (``"uint8"``/``"int8"``) and ``symmetric``; ``weight_qmax`` is the
+    weight grid the layer trained with (127, or 64 for 7-bit weights), which its INT8 export must use too.
     """
 
     scale: float
@@ -102,6 +103,7 @@ class ActivationRange:
     max: float
     dtype: str
     symmetric: bool
+    weight_qmax: int = 127
 
 
 def quant_params(rmin: float, rmax: float, fmt: Int8Format) -> tuple[float, int]:
@@ -196,7 +198,7 @@ def _range(module: nn.Module, fmt: Int8Format) -> ActivationRange | None:
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return None
     scale, zero = quant_params(lo, hi, fmt)
-    return ActivationRange(scale, zero, lo, hi, fmt.activation_dtype, fmt.symmetric)
+    return ActivationRange(scale, zero, lo, hi, fmt.activation_dtype, fmt.symmetric, fmt.weight_qmax)
 
 
 def _qat_forward(fmt: Int8Format, mode: _Mode, momentum: float) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:

@@ -39,12 +39,12 @@ from compress.core.evaluate import compare_outputs
 from compress.core.recover import RecoveryConfig
 from export.app.mismatch import DataCheck, check_data, require_match
 from export.app.plan import run_variant
-from export.app.report import cell_label, roundtrip_summary
+from export.app.report import cell_label, int8_cause, roundtrip_summary
 from export.atomic import atomic_path
 from export.errors import ParityError
 from export.fp16 import Fp16Config
 from export.mobile import ShapeSpec
-from export.quantize import int8_skip_reason
+from export.quantize import int8_skip_reason, target_text
 from export.serialize import save_program
 from export.verify import feeds_of
 from export.variant import (FP16_LABEL_SUFFIX, PTQ_SUFFIX, VariantConfig, VariantRecord, export_variant, file_stem,
@@ -408,7 +408,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     if cfg.int8:
         t = time.perf_counter()
         _fault_point("int8")
-        progress(f"[{case.name}] quantising to INT8 ({cfg.quant_target}, {cfg.quant_mode})")
+        progress(f"[{case.name}] quantising to INT8 ({target_text(cfg.quant_target)}, {cfg.quant_mode})")
         records += _int8_records(records, weights, case, case_dir, cfg)
         stages["int8"] = time.perf_counter() - t
     fp16_warnings: list[str] = []
@@ -537,26 +537,6 @@ def _int8_loss(m: Mapping[str, Any], src: Mapping[str, Any]) -> str | None:
         return (f"top-1 agreement with the original {100 * m['top1_agreement']:.2f} % vs "
                 f"{100 * src['top1_agreement']:.2f} %") if drop > INT8_MAX_DROP_PP else None
     return None
-
-
-def int8_cause(quantization: Mapping[str, Any]) -> str:
-    """The likely cause of an INT8 file's accuracy loss, from its record's ``quantization`` (a
-    :class:`~export.quantize.QuantResult` as JSON): saturation on this CPU, non-finite scales, float round trips,
-    else the quantisation of its layers."""
-    if quantization.get("saturates_here") and quantization.get("target") == "tensorrt":
-        return ("saturation of ONNX Runtime's int16 step on this CPU (x86 without VNNI), which TensorRT on a GPU "
-                "does not have: its accuracy here understates the GPU's")
-    if quantization.get("saturates_here"):
-        return ("saturation: its 8-bit weights overflow ONNX Runtime's int16 step on this CPU (x86 without VNNI), "
-                "so its accuracy here is not a VNNI CPU's; quantise with --quant-target cpu-avx2 (what cpu picks here)")
-    if quantization.get("nonfinite_nodes"):
-        return (f"non-finite calibration scales (an infinite value such as a -inf mask) around "
-                f"{len(quantization['nonfinite_nodes'])} node(s), left in float")
-    if summary := roundtrip_summary(quantization.get("float_roundtrips") or {}):
-        return f"{summary} (each adds a dequantise/re-quantise error)"
-    bits = " with 7-bit weights (cpu-avx2)" if quantization.get("weight_bits") == 7 else ""
-    return (f"the rounding of its layers{bits}; `minreal tune` leaves the most sensitive layers in float "
-            "(accuracy control)")
 
 
 def int8_quality_warnings(case: CaseResult) -> list[str]:

@@ -196,6 +196,26 @@ def roundtrip_summary(roundtrips: Mapping[str, int]) -> str:
     return f"{sum(roundtrips.values())} node(s) run in float between a dequantise and a re-quantise: {ops}"
 
 
+def int8_cause(quantization: Mapping[str, Any]) -> str:
+    """The likely cause of an INT8 file's accuracy loss, from its record's ``quantization`` (a
+    :class:`~export.quantize.QuantResult` as JSON): saturation on this CPU, non-finite scales, float round trips,
+    else the quantisation of its layers."""
+    if quantization.get("saturates_here") and quantization.get("target") == "tensorrt":
+        return ("saturation of ONNX Runtime's int16 step on this CPU (x86 without VNNI), which TensorRT on a GPU "
+                "does not have: its accuracy here understates the GPU's")
+    if quantization.get("saturates_here"):
+        return ("saturation: its 8-bit weights overflow ONNX Runtime's int16 step on this CPU (x86 without VNNI), "
+                "so its accuracy here is not a VNNI CPU's; quantise with --quant-target cpu-avx2 (what cpu picks here)")
+    if quantization.get("nonfinite_nodes"):
+        return (f"non-finite calibration scales (an infinite value such as a -inf mask) around "
+                f"{len(quantization['nonfinite_nodes'])} node(s), left in float")
+    if summary := roundtrip_summary(quantization.get("float_roundtrips") or {}):
+        return f"{summary} (each adds a dequantise/re-quantise error)"
+    bits = " with 7-bit weights (cpu-avx2)" if quantization.get("weight_bits") == 7 else ""
+    return (f"the rounding of its layers{bits}; `minreal tune` leaves the most sensitive layers in float "
+            "(accuracy control)")
+
+
 def _roundtrip_text(roundtrips: Mapping[str, int]) -> str:
     """``; N node(s) run in float ...`` for an INT8 line (:func:`roundtrip_summary`); ``""`` when there are none."""
     summary = roundtrip_summary(roundtrips)

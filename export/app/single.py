@@ -16,7 +16,9 @@ from export.app.models import align_inputs, check_input_shape, checked_dataset, 
 from export.app.preprocess import ImagePreprocess
 from export.app.shapes import InputShapes, check_shape_names, merge_axes, random_inputs
 from export.fp16 import Fp16Config
-from export.quantize import int8_skip_reason
+from export.quantize import int8_skip_reason, target_text
+from export.app.report import int8_cause
+from export.verify import feeds_of, output_agreement
 from export.variant import (PARITY_BATCH_SIZES, VariantConfig, VariantRecord, export_variant, fp16_variant,
                             quantize_variant)
 
@@ -98,11 +100,38 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
         progress(f"INT8 skipped: {skip}")
         record.quantization = {"skipped": skip}
     elif opts.int8:
-        progress(f"quantising to INT8 ({opts.variant.quant_mode}, {opts.variant.quant_target})")
+        progress(f"quantising to INT8 ({opts.variant.quant_mode}, {target_text(opts.variant.quant_target)})")
         calib = x if data_spec else None
         q = quantize_variant(record, out.parent, calib, opts.variant)
         record.quantization = {**q.quantization, "mobile": q.mobile}
+        for line in _int8_lines(out, out.parent / q.onnx, record.quantization, calib):
+            progress(line)
     if opts.fp16 is not None:
         progress(f"converting to FP16 ({'fp32' if opts.fp16.keep_io_types else 'fp16'} inputs and outputs)")
         record.fp16 = fp16_variant(record, out.parent, x, opts.variant, opts.fp16).fp16
     return record
+
+
+INT8_MIN_AGREEMENT = 0.99
+"""``export --int8`` warns when the INT8 file's top-1 agreement with its fp32 source on ``--data`` is below this..."""
+INT8_MAX_RELATIVE_MSE = 1e-2
+"""... or, for outputs without classes, when its relative MSE against the fp32 outputs is above this."""
+
+
+def _int8_lines(fp32: Path, int8: Path, quantization: dict, calib: Inputs | None) -> list[str]:
+    """The INT8 file's format (``cpu`` resolved), and a warning when it can saturate on this CPU or its outputs
+    depart from the fp32 file's on the given data (the calibration data: an optimistic check; ``run`` and ``tune``
+    judge INT8 on held-out data). Records the agreement and relative MSE in ``quantization``."""
+    bits = quantization.get("weight_bits")
+    lines = [f"INT8 format: {quantization.get('target')} ({quantization.get('activation_type')} activations"
+             + (f", {bits}-bit weights)" if bits else ")")]
+    departs = False
+    if calib is not None:
+        agreement, rel_mse = output_agreement(fp32, int8, feeds_of(calib))
+        quantization.update(fp32_agreement=agreement, fp32_relative_mse=rel_mse)
+        departs = rel_mse > INT8_MAX_RELATIVE_MSE if agreement is None else agreement < INT8_MIN_AGREEMENT
+        what = f"relative MSE {rel_mse:.3g}" if agreement is None else f"top-1 agreement {100 * agreement:.2f} %"
+        lines.append(f"INT8 vs fp32 on --data: {what}")
+    if departs or quantization.get("saturates_here"):
+        lines.append(f"WARNING: the INT8 file may be inaccurate here (likely cause: {int8_cause(quantization)})")
+    return lines

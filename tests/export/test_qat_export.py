@@ -131,6 +131,32 @@ def test_ranges_of_another_format_are_refused(cpu: Recovered, tmp_path: Path) ->
     assert "\n" not in str(info.value) and not (tmp_path / "q.onnx").exists()
 
 
+def test_seven_bit_recovery_matches_its_int8_file(teacher: nn.Module, digits_data: tuple[Dataset, Dataset],
+                                                 tmp_path: Path) -> None:
+    """cpu-avx2: recovery fake-quantises weights on ORT's reduce_range grid ([-64, 64], scale max|w|/64); the 7-bit
+    INT8 file (which cannot saturate on any CPU) agrees with the simulation, and every weight is on that grid."""
+    rec = _recovered(teacher, digits_data, "cpu-avx2", tmp_path)
+    q = quantize_int8(rec.onnx, tmp_path / "avx2.int8.onnx", rec.calib, QuantConfig(target="cpu-avx2"),
+                      rec.result.activation_ranges)
+    assert (q.weight_bits, q.range_source, q.trained_ranges) == (7, "trained", 4)
+    session = ort.InferenceSession(q.out_path, providers=["CPUExecutionProvider"])
+    int8 = session.run(None, {session.get_inputs()[0].name: rec.test.x.numpy()})[0].argmax(1)
+    with fake_quant(rec.model, "cpu-avx2", ranges=rec.result.activation_ranges), torch.no_grad():
+        simulated = rec.model.eval()(rec.test.x).argmax(1).numpy()
+    assert (int8 == simulated).mean() >= 0.95
+
+
+def test_ranges_trained_on_the_other_weight_grid_are_refused(cpu: Recovered, tmp_path: Path) -> None:
+    """Ranges trained with 8-bit weights (cpu-vnni) do not go into a 7-bit (cpu-avx2) file, nor the other way."""
+    other = "cpu-vnni" if CPU_TARGET == "cpu-avx2" else "cpu-avx2"
+    assert {r["weight_qmax"] for r in cpu.result.activation_ranges.values()} == {64 if CPU_TARGET == "cpu-avx2"
+                                                                                 else 127}
+    with pytest.raises(QuantizationError, match=r"trained with weights on \[-\d+, \d+\] but target") as info:
+        quantize_int8(cpu.onnx, tmp_path / "q.onnx", cpu.calib, QuantConfig(target=other),
+                      cpu.result.activation_ranges)
+    assert "\n" not in str(info.value) and not (tmp_path / "q.onnx").exists()
+
+
 def test_tensorrt_ranges_are_symmetric_int8_with_zero_point_0(teacher: nn.Module, digits_data: tuple[Dataset, Dataset],
                                                               tmp_path: Path) -> None:
     rec = _recovered(teacher, digits_data, "tensorrt", tmp_path)

@@ -296,24 +296,6 @@ def test_avx2_target_writes_weights_that_cannot_saturate(convnet_onnx: ExportRes
 
 
 _AVX2 = CpuIsa("x86_64", ("avx2",), "/proc/cpuinfo")
-_AVX512 = CpuIsa("x86_64", ("avx2", "avx512f", "avx512bw"), "/proc/cpuinfo")
-
-
-@pytest.mark.parametrize(("isa", "measured", "target"), [
-    (_AVX2, None, "cpu-avx2"),
-    (_AVX512, None, "cpu-avx2"),  # AVX-512 without VNNI still adds pairs in int16
-    (CpuIsa("x86_64", ("avx2", "avx_vnni"), "/proc/cpuinfo"), None, "cpu-vnni"),
-    (CpuIsa("x86_64", ("avx2", "avx512f", "avx512bw", "avx512_vnni"), "/proc/cpuinfo"), None, "cpu-vnni"),
-    (CpuIsa("x86_64", ("avx2", "amx_tile", "amx_int8"), "/proc/cpuinfo"), None, "cpu-vnni"),
-    (CpuIsa("aarch64", ("asimddp",), "/proc/cpuinfo"), None, "cpu-vnni"),
-    (CpuIsa("x86_64", (), "unknown"), None, "cpu-avx2"),  # nothing known: the format that cannot saturate
-    (_AVX2, False, "cpu-vnni"),  # a measurement of ORT's kernel wins over the flags (e.g. under an emulator)
-    (CpuIsa("x86_64", ("avx2", "avx512_vnni"), "/proc/cpuinfo"), True, "cpu-avx2"),
-])  # fmt: skip
-def test_cpu_format_follows_the_instruction_sets(isa: CpuIsa, measured: bool | None, target: str) -> None:
-    assert cpu_facts.cpu_int8_target(isa, measured) == target
-
-
 @pytest.mark.parametrize("saturates", [True, False])
 def test_cpu_target_resolves_by_the_detected_cpu(saturates: bool, convnet_onnx: ExportResult,
                                                  calib_images: np.ndarray, tmp_path: Path,
@@ -328,14 +310,6 @@ def test_cpu_target_resolves_by_the_detected_cpu(saturates: bool, convnet_onnx: 
     assert result.weight_bits == (7 if saturates else 8) and not result.saturates_here
     pinned = quantize_int8(convnet_onnx.path, tmp_path / "v.onnx", calib_images, QuantConfig(target="cpu-vnni"))
     assert pinned.saturates_here == saturates  # an explicit 8-bit file on a saturating CPU is flagged
-
-
-def test_the_probe_reads_this_machines_kernel() -> None:
-    """The ORT measurement agrees with the flags wherever the flags are known (this machine)."""
-    isa, measured = cpu_facts.cpu_isa(), cpu_facts.u8s8_saturates()
-    assert measured is not None
-    if isa.known and isa.is_x86:
-        assert measured == isa.saturates
 
 
 def test_failed_shape_inference_leaves_nothing_in_the_working_directory(convnet_onnx: ExportResult,

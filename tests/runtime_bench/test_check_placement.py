@@ -102,10 +102,10 @@ def test_cli_min_on_provider(tmp_path: Path, capsys: pytest.CaptureFixture) -> N
      "GPUs 'NVIDIA H200, NVIDIA A100' in the baseline, 'NVIDIA H200' in the report"),
     # the same CPU model name with other int8 instruction sets (a VM that hides AVX-512 VNNI): INT8 kernels differ
     (dict(flags=("avx2",)), dict(flags=("avx2", "avx512f", "avx512_vnni")),
-     "int8 instruction sets differ (avx512f, avx512_vnni only in the baseline)"),
+     "int8 instruction sets differ: avx512f, avx512_vnni only in the baseline"),
     (dict(cpu="other cpu", flags=("avx2", "amx_int8")), dict(flags=("avx2",)),
-     "CPU 'test cpu' in the baseline, 'other cpu' in the report; int8 instruction sets differ (amx_int8 only in "
-     "the report)"),
+     "CPU 'test cpu' in the baseline, 'other cpu' in the report; int8 instruction sets differ: amx_int8 only in "
+     "the report"),
 ])
 def test_baseline_from_other_hardware_fails_unless_allowed(ours: dict, base: dict, differs: str,
                                                            caplog: pytest.LogCaptureFixture) -> None:

@@ -94,28 +94,6 @@ def test_markdown_shows_gpus_and_library_versions(bench_report, tmp_path: Path) 
         assert f"- {key}: " in text
 
 
-X86_CPUINFO = """processor\t: 0
-vendor_id\t: AuthenticAMD
-model name\t: AMD EPYC 7B12
-flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx fma avx2 bmi2
-"""
-ARM_CPUINFO = """processor\t: 0
-BogoMIPS\t: 50.00
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp asimdrdm asimddp i8mm
-"""
-
-
-def test_cpuinfo_flags_decide_the_cpu_format() -> None:
-    """An AVX2-only EPYC gets the 7-bit format; ARM with dot product (and i8mm) the 8-bit one."""
-    from runtime_bench.cpu import cpu_int8_target, parse_cpuinfo
-
-    epyc = parse_cpuinfo(X86_CPUINFO, "x86_64")
-    assert (epyc.flags, epyc.saturates, cpu_int8_target(epyc, None)) == (("avx2",), True, "cpu-avx2")
-    arm = parse_cpuinfo(ARM_CPUINFO, "aarch64")
-    assert (arm.flags, arm.saturates, cpu_int8_target(arm, None)) == (("asimddp", "i8mm"), False, "cpu-vnni")
-    assert parse_cpuinfo("processor: 0\n", "x86_64").source == "unknown"
-
-
 def test_environment_records_the_int8_instruction_sets() -> None:
     from runtime_bench.cpu import cpu_int8_target, cpu_isa, u8s8_saturates
 

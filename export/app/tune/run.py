@@ -155,7 +155,9 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     ``cache_dir`` by inputs and candidate, so a repeated or interrupted tune resumes.
     """
     t_start, say = time.perf_counter(), progress or log.info
-    cfg = dataclasses.replace(cfg, quant_target=resolve_target(cfg.quant_target))  # "cpu": this machine's format
+    run = executor or InlineExecutor()
+    # "cpu" is the format of the machine the latency is measured on (a Ray cluster's bench node, not this driver)
+    cfg = dataclasses.replace(cfg, quant_target=run.on_target(resolve_target, cfg.quant_target))
     if held_out is None or len(held_out) == 0:
         raise TuneError("tune needs held-out data: pass --eval-data (or data with room for a held-out split)")
     methods = cfg.methods or (() if cfg.plan else default_methods())
@@ -178,7 +180,6 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
                    cfg.quant_target, cfg.int8, tuple(sorted(cfg.extra.items())),
                    hashlib.sha256((models_dir / "original.onnx").read_bytes()).hexdigest(),
                    tuple((n, tuple(sorted(per.items()))) for n, per in sorted(cfg.dynamic_axes.items())))
-    run = executor or InlineExecutor()
     try:
         searches, results = _search(methods, cfg, job_base, run, t_start, notes, say)
         results += _qat_candidates(searches, cfg, job_base, run, t_start, say)
@@ -266,9 +267,9 @@ def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cf
         models_dir / "original.onnx", path, feeds_of(calib.x[: vcfg.calib_samples]), feeds_of(held_out.x),
         None if held_out.y is None or metric == "agreement" else held_out.y.numpy(), max_drop, vcfg.quant_config(),
         metric=metric)
-    if not res.excluded and vcfg.quant_target != cfg.quant_target:
-        notes.append(f"the original's INT8 in cpu-avx2 format meets the constraint with every layer quantised "
-                     f"(drop {res.drop:.3g})")
+    if not res.excluded and res.met and vcfg.quant_target != cfg.quant_target:
+        notes.append(f"original.int8-ac is the original's INT8 in the saturation-free cpu-avx2 format, every layer "
+                     f"quantised: it meets the constraint (drop {res.drop:.3g})")
         return [Candidate("original.int8-ac", "baseline", "int8-ac", str(path), path.stat().st_size)]
     if not res.excluded:
         path.unlink(missing_ok=True)

@@ -148,6 +148,27 @@ def test_export_int8_keep_roundtrips_reaches_the_quantiser(workdir: Path, capsys
     assert VariantConfig(drop_roundtrips=False).quant_config().drop_roundtrips is False
 
 
+def test_export_int8_says_its_format_and_warns_where_it_saturates(workdir: Path, capsys: pytest.CaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cpu`` is shown resolved; an 8-bit file on a (pretended) AVX2-only CPU is flagged with its cause; the INT8
+    file's agreement with its fp32 source on --data is measured and recorded."""
+    import runtime_bench.cpu as cpu_facts
+
+    monkeypatch.setattr(cpu_facts, "cpu_isa", lambda: cpu_facts.CpuIsa("x86_64", ("avx2",), "/proc/cpuinfo"))
+    monkeypatch.setattr(cpu_facts, "u8s8_saturates", lambda: None)
+    code, _, err = run_main(["export", "net.py:make", "--out", "a.onnx", "--data", "digits-flat", "--int8"], capsys)
+    assert code == 0, err
+    assert "quantising to INT8 (static, cpu → cpu-avx2)" in err and "INT8 format: cpu-avx2 (uint8 activations, " \
+        "7-bit weights)" in err and "top-1 agreement" in err
+    code, out, err = run_main(["export", "net.py:make", "--out", "b.onnx", "--data", "digits-flat", "--int8",
+                               "--quant-target", "cpu-vnni", "--json"], capsys)
+    assert code == 0, err
+    assert "WARNING: the INT8 file may be inaccurate here (likely cause: saturation" in err
+    quantization = json.loads(out)["quantization"]
+    assert quantization["saturates_here"] and quantization["weight_bits"] == 8
+    assert 0.0 <= quantization["fp32_agreement"] <= 1.0 and quantization["fp32_relative_mse"] >= 0.0
+
+
 def test_export_without_calibration_refuses_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     code, _, err = run_main(["export", "net.py:make", "--out", "m.onnx", "--input-shape", "64", "--int8"], capsys)
     assert code == 2 and "calibration" in err
