@@ -28,7 +28,7 @@ from .core.spec import MethodFn, MethodSpec
 
 __all__ = ["Method", "MethodFn", "MethodSpec", "MethodRegistry", "ENTRY_POINT_GROUP", "register",
            "register_method", "get_method", "method_names", "compress", "compress_chain", "chain_label", "fill_costs",
-           "apply_recovery", "state_points", "finetune_alias"]
+           "apply_recovery", "state_points", "finetune_alias", "Prepared", "prepare", "realise", "prepared_key"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
@@ -226,27 +226,72 @@ def apply_recovery(report: CompressionReport, model: nn.Module, new: nn.Module, 
     return new
 
 
-def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
-             recovery: RecoveryConfig | None = None, held_out: Dataset | None = None
-             ) -> tuple[nn.Module, CompressionReport]:
-    """Run a registered method, then fill the shared cost fields and the output comparison on ``data``.
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare` computed for one model, data and config, whatever the budget.
 
-    ``config`` defaults to the method's config defaults; a given config is validated again (its
-    ``__post_init__``), so fields changed after construction are checked too. A method that measured the
-    comparison itself (on a held-out split, or before fine-tuning) keeps its own numbers. An enabled
-    ``recovery`` then distils ``model`` into the result on ``data`` (:func:`apply_recovery`, which also measures
-    both models on ``held_out`` when given); a config's deprecated ``finetune_epochs`` asks for a label-only
-    recovery (:func:`finetune_alias`).
+    ``state`` is the method's own (``None`` for a method without two phases: :func:`realise` then runs it whole);
+    ``key`` is :func:`prepared_key` of the config; ``seconds`` the time ``prepare`` took.
     """
-    spec = get_method(method)
+
+    method: str
+    model: nn.Module
+    data: Dataset
+    key: tuple[tuple[str, str], ...]
+    state: Any
+    seconds: float
+
+
+def _checked_config(spec: MethodSpec, config: Any) -> Any:
+    """The method's config (its defaults for ``None``), validated again on a copy."""
     cfg = spec.config_cls() if config is None else config
     if not isinstance(cfg, spec.config_cls):
-        raise TypeError(f"method {method!r} expects a {spec.config_cls.__name__}, got {type(cfg).__name__}")
-    if dataclasses.is_dataclass(cfg):
-        cfg = dataclasses.replace(cfg)
+        raise TypeError(f"method {spec.name!r} expects a {spec.config_cls.__name__}, got {type(cfg).__name__}")
+    return dataclasses.replace(cfg) if dataclasses.is_dataclass(cfg) else cfg
+
+
+def prepared_key(method: str, config: Any) -> tuple[tuple[str, str], ...]:
+    """The config's fields that a prepared state depends on: all but the whole-model budgets and the method's
+    ``realise_fields`` (each as ``(name, repr(value))``)."""
+    spec = get_method(method)
+    skip = {*BUDGET_FIELDS, *spec.realise_fields}
+    cfg = _checked_config(spec, config)
+    if not dataclasses.is_dataclass(cfg):
+        return (("config", repr(cfg)),)
+    return tuple((f.name, repr(getattr(cfg, f.name))) for f in dataclasses.fields(cfg) if f.name not in skip)
+
+
+def prepare(model: nn.Module, data: Dataset, method: str, config: Any = None) -> Prepared:
+    """The budget-free phase of ``method`` (statistics, bases, importances, partitions): compute it once, then
+    :func:`realise` it for every budget. For a method without two phases it only records its inputs."""
+    spec = get_method(method)
+    cfg = _checked_config(spec, config)
+    t0 = time.perf_counter()
+    state = spec.prepare(model, data, cfg) if spec.prepare is not None else None
+    return Prepared(method, model, data, prepared_key(method, cfg), state, time.perf_counter() - t0)
+
+
+def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | None = None,
+            held_out: Dataset | None = None) -> tuple[nn.Module, CompressionReport]:
+    """The per-budget phase: the compressed module for ``config``'s budget from ``prepared``, with the shared cost
+    fields, the output comparison on the prepared data and an optional recovery, as :func:`compress` gives.
+
+    Raises:
+        ValueError: ``config`` differs from the prepared one in a field the prepared state depends on.
+    """
+    spec = get_method(prepared.method)
+    cfg = _checked_config(spec, config)
+    if prepared_key(prepared.method, cfg) != prepared.key:
+        changed = sorted({n for n, _ in set(prepared.key) ^ set(prepared_key(prepared.method, cfg))})
+        raise ValueError(f"{prepared.method}: the config differs from the prepared one in {', '.join(changed)}; "
+                         "prepare again")
+    model, data = prepared.model, prepared.data
     recovery = finetune_alias(cfg, recovery, data)
     budget = _requested_budget(spec, cfg)
-    new, report = spec.run(model, data, cfg)
+    t0 = time.perf_counter()
+    new, report = spec.realise(prepared.state, cfg) if spec.two_phase else spec.run(model, data, cfg)
+    if spec.two_phase:
+        report.timings_s.update(prepare=prepared.seconds, realise=time.perf_counter() - t0)
     fill_costs(report, model, new, data.x[: min(len(data), 8)])
     if budget is not None:
         achieved = {"mac_ratio": report.mac_ratio, "param_ratio": report.param_ratio,
@@ -257,6 +302,26 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
         report.measured.update(compare_outputs(model, new, data))
         report.timings_s["measure"] = time.perf_counter() - t0
     return apply_recovery(report, model, new, data, recovery, held_out), report
+
+
+def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
+             recovery: RecoveryConfig | None = None, held_out: Dataset | None = None
+             ) -> tuple[nn.Module, CompressionReport]:
+    """Run a registered method (:func:`prepare`, then :func:`realise`), then fill the shared cost fields and the
+    output comparison on ``data``.
+
+    ``config`` defaults to the method's config defaults; a given config is validated again (its
+    ``__post_init__``), so fields changed after construction are checked too. A method that measured the
+    comparison itself (on a held-out split, or before fine-tuning) keeps its own numbers. An enabled
+    ``recovery`` then distils ``model`` into the result on ``data`` (:func:`apply_recovery`, which also measures
+    both models on ``held_out`` when given); a config's deprecated ``finetune_epochs`` asks for a label-only
+    recovery (:func:`finetune_alias`).
+    """
+    spec = get_method(method)
+    cfg = _checked_config(spec, config)
+    finetune_alias(cfg, recovery, data)  # refusals first, before any statistics pass
+    _requested_budget(spec, cfg)
+    return realise(prepare(model, data, method, cfg), cfg, recovery, held_out)
 
 
 def chain_label(methods: Sequence[str]) -> str:

@@ -14,9 +14,14 @@ from .demo_case import DemoCase
 from .report import CompressionReport
 from .smoke import SmokeCase
 
-__all__ = ["MethodSpec", "MethodFn", "ProviderDefaults", "no_provider_defaults", "REPORT_FIELDS"]
+__all__ = ["MethodSpec", "MethodFn", "PrepareFn", "RealiseFn", "ProviderDefaults", "no_provider_defaults",
+           "REPORT_FIELDS"]
 
 MethodFn = Callable[[nn.Module, Dataset, Any], "tuple[nn.Module, CompressionReport]"]
+PrepareFn = Callable[[nn.Module, Dataset, Any], Any]
+"""``prepare(model, data, config) -> state``: everything that does not depend on the budget."""
+RealiseFn = Callable[[Any, Any], "tuple[nn.Module, CompressionReport]"]
+"""``realise(state, config) -> (compressed module, report)``: the cheap, budget-dependent step."""
 ProviderDefaults = Callable[[Sequence[str]], dict[str, Any]]
 
 #: Typed :class:`~compress.core.report.CompressionReport` fields a method may declare that it fills.
@@ -57,6 +62,14 @@ class MethodSpec:
     budgets : tuple of str
         The whole-model budgets (:data:`~compress.core.options.BUDGET_FIELDS`: ``mac_ratio``, ``param_ratio``,
         ``latency_ratio``) the method can meet; :func:`~compress.registry.compress` refuses the others.
+    prepare, realise : callable or None
+        The two phases (:func:`~compress.registry.prepare`, :func:`~compress.registry.realise`): ``prepare``
+        computes what does not depend on the budget (statistics, bases, importances, partitions) once, ``realise``
+        builds the module for one budget from it, many times. Both or neither: a method without them does all its
+        work for every budget (``run``), and says so in ``minreal methods``.
+    realise_fields : tuple of str
+        Config fields besides the whole-model budgets that only ``realise`` reads (layer budgets, the allocator):
+        a prepared state serves every value of them.
     """
 
     name: str
@@ -68,6 +81,9 @@ class MethodSpec:
     report_fields: tuple[str, ...] = ()
     smoke_case: Callable[[], SmokeCase] | None = None
     budgets: tuple[str, ...] = ()
+    prepare: PrepareFn | None = None
+    realise: RealiseFn | None = None
+    realise_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "_").isidentifier():
@@ -78,6 +94,13 @@ class MethodSpec:
         unknown = sorted(set(self.budgets) - set(BUDGET_FIELDS))
         if unknown:
             raise ValueError(f"method {self.name!r}: unknown budgets {unknown}; known: {list(BUDGET_FIELDS)}")
+        if (self.prepare is None) != (self.realise is None):
+            raise ValueError(f"method {self.name!r}: give both prepare and realise, or neither")
+
+    @property
+    def two_phase(self) -> bool:
+        """Whether the method has a budget-free ``prepare`` and a per-budget ``realise``."""
+        return self.prepare is not None
 
     @property
     def fn(self) -> MethodFn:

@@ -221,3 +221,37 @@ def test_chain_report_keeps_each_steps_budget(tiny_mlp: nn.Module, mlp_data: Dat
     steps = report.predicted["steps"]
     assert steps[0]["budget"] is None and steps[1]["budget"]["kind"] == "param_ratio"
     assert report.predicted["budget"] == {**steps[1]["budget"], "step": "svd"}
+
+
+#: Two-phase methods and a config field their preparation reads (changing it must be refused by realise).
+PREPARED_FIELDS = {"factorize": ("eig_threshold", 1e-3)}
+
+
+def test_every_two_phase_method_is_checked() -> None:
+    assert {n for n in method_names() if get_method(n).two_phase} == set(PREPARED_FIELDS)
+
+
+@pytest.mark.parametrize("method", sorted(PREPARED_FIELDS))
+def test_prepare_once_then_realise_each_budget_is_compress(method: str) -> None:
+    """Two phases give exactly what ``compress`` gives, budget by budget, from one preparation; a config that
+    differs in a field the preparation read is refused."""
+    import dataclasses
+
+    import torch
+
+    from compress.registry import compress, prepare, realise
+
+    spec = get_method(method)
+    case = spec.smoke_case()
+    budgets = [dataclasses.replace(case.config, mac_ratio=r) for r in (0.9, 0.6)]
+    prepared = prepare(case.model, case.data, method, budgets[0])
+    x = case.data.x[:16]
+    for cfg in budgets:
+        two, two_report = realise(prepared, cfg)
+        one, one_report = compress(case.model, case.data, method, cfg)
+        assert two_report.mac_ratio == one_report.mac_ratio < 1.0
+        with torch.no_grad():
+            assert torch.equal(two(x), one(x))
+    other, value = PREPARED_FIELDS[method]
+    with pytest.raises(ValueError, match=f"differs from the prepared one in {other}"):
+        realise(prepared, dataclasses.replace(budgets[0], **{other: value}))

@@ -10,6 +10,7 @@ as the plain-SVD baseline, fed with the whitened spectra. No training step.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -28,13 +29,17 @@ from ...core.options import Alias
 from ...core.lowrank_plan import (Budget, BudgetOptions, Target, apply_factors, factorisable_model, fill_report,
                                   find_targets, load_latency_table, note_attention, plan_ranks, predicted_latency_ratio,
                                   rank_multiple_defaults, whole_model_total)
-from ...core.report import CompressionReport
+from ...core.attention import Unfused
+from ...core.costs import CostTable
+from ...core.inputs import Inputs
+from ...core.report import CompressionReport, LayerReport
 from ...core.spec import MethodSpec
 from .smoke import smoke_case
 from ...core.stats import STATS_DTYPES, collect_moments
 from .whiten import projected_factors, whitened_output_basis
 
-__all__ = ["FactorizeConfig", "LayerBasis", "factorize_compress", "layer_bases", "SPEC"]
+__all__ = ["FactorizeConfig", "FactorizePrepared", "LayerBasis", "factorize_compress", "factorize_prepare",
+           "factorize_realise", "layer_bases", "SPEC"]
 
 log = logging.getLogger(__name__)
 
@@ -213,26 +218,47 @@ def _annotate(report: CompressionReport, bases: dict[str, LayerBasis], ranks: di
                         "factors: first = U_r^T W, second = U_r (orthonormal)")
 
 
-def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
-                       ) -> tuple[nn.Module, CompressionReport]:
-    """Factorise every Linear/Conv layer on its calibration-whitened spectrum under the configured budget."""
-    budget = config.budget()
-    latency = budget.cost_kind == "latency"
-    tables, keeps = load_latency_table(config.latency_table) if latency else (None, None)
+@dataclass
+class FactorizePrepared:
+    """What ``factorize`` computes once for a model, data and options, whatever the budget: the (unfused) model,
+    its factorisation targets and cost table, and every target's whitened basis and spectrum."""
+
+    unfused: Unfused
+    example: Inputs
+    targets: list[Target]
+    skipped: list[LayerReport]
+    table: CostTable
+    bases: dict[str, LayerBasis]
+    report: CompressionReport
+    """Timings, notes and cache use of the preparation (copied into every realised report)."""
+
+
+def factorize_prepare(model: nn.Module, data: Dataset, config: FactorizeConfig) -> FactorizePrepared:
+    """The budget-free phase: targets and whitened bases (the statistics pass and the decompositions)."""
     report = CompressionReport("factorize", asdict(config))
     example = data.x[: min(len(data), 8)]
     unfused = factorisable_model(model, example)  # attention projections become plain Linear targets
-    model = unfused.model
-    targets, skipped, table = find_targets(model, example, config.exclude)
-    bases = layer_bases(model, data, targets, config, report)
+    targets, skipped, table = find_targets(unfused.model, example, config.exclude)
+    bases = layer_bases(unfused.model, data, targets, config, report)
+    return FactorizePrepared(unfused, example, targets, skipped, table, bases, report)
+
+
+def factorize_realise(prep: FactorizePrepared, config: FactorizeConfig) -> tuple[nn.Module, CompressionReport]:
+    """The per-budget phase: ranks from the allocator, then the factorised copy of the model."""
+    budget = config.budget()
+    latency = budget.cost_kind == "latency"
+    tables, keeps = load_latency_table(config.latency_table) if latency else (None, None)
+    report = CompressionReport("factorize", asdict(config), timings_s=dict(prep.report.timings_s),
+                               notes=list(prep.report.notes), predicted=dict(prep.report.predicted))
+    model, targets, bases = prep.unfused.model, prep.targets, prep.bases
     spectra = {n: b.spectrum for n, b in bases.items()}
     t0 = time.perf_counter()
-    whole = whole_model_total(budget, model, example, table, config.latency_table)
+    whole = whole_model_total(budget, model, prep.example, prep.table, config.latency_table)
     ranks, options = plan_ranks(targets, spectra, budget, tables, keeps, whole)
     new = apply_factors(model, targets, _factors(targets, bases, ranks)).eval()
     report.timings_s["allocate_and_build"] = time.perf_counter() - t0
-    fill_report(report, table, targets, skipped, ranks, spectra)
-    note_attention(report, unfused)
+    fill_report(report, prep.table, targets, copy.deepcopy(prep.skipped), ranks, spectra)
+    note_attention(report, prep.unfused)
     _annotate(report, bases, ranks, config)
     if tables is not None:
         report.predicted["factorizable_table_latency_ratio"] = (total_cost(options, ranks)
@@ -242,8 +268,18 @@ def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
     return new, report
 
 
+def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
+                       ) -> tuple[nn.Module, CompressionReport]:
+    """Factorise every Linear/Conv layer on its calibration-whitened spectrum under the configured budget
+    (:func:`factorize_prepare`, then :func:`factorize_realise`)."""
+    return factorize_realise(factorize_prepare(model, data, config), config)
+
+
 SPEC = MethodSpec("factorize",
                   "activation-aware (whitened) factorisation into layer pairs with a budgeted rank allocator",
                   FactorizeConfig, factorize_compress, provider_defaults=rank_multiple_defaults,
-                  smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio", "latency_ratio"))
+                  smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio", "latency_ratio"),
+                  prepare=factorize_prepare, realise=factorize_realise,
+                  realise_fields=("layer_mac_ratio", "layer_param_ratio", "rank_fraction", "layer_latency_ratio",
+                                  "allocator", "rank_multiple", "latency_table"))
 

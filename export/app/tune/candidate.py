@@ -7,6 +7,7 @@ INT8 copy (with the trained ranges for a quantisation-aware candidate) and a ``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -69,6 +70,8 @@ class CandidateResult:
     seconds: dict[str, float] = field(default_factory=dict)
     recovery: dict[str, Any] | None = None
     cached: bool = False
+    skipped: bool = False
+    """Not evaluated: the tune's time budget had run out when the job came up (never cached)."""
 
 
 class Source(Protocol):
@@ -141,6 +144,9 @@ class Job:
     """sha256 of the original's exported ONNX file: the forward computation, not only the weights."""
     dynamic_axes: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
     """Dynamic axes besides the batch by input name (hashable form of ``{name: {axis: dim}}``)."""
+    deadline: float | None = None
+    """Wall-clock time (``time.time()``) after which the job is skipped instead of started (``--time-budget``:
+    checked before every job, in whichever process runs it); not part of the cache key."""
 
     def axes(self) -> dict[str, dict[int, str]]:
         """:attr:`dynamic_axes` as ``{name: {axis: dim}}``."""
@@ -215,6 +221,9 @@ def evaluate_candidate(job: Job) -> CandidateResult:
     cached = _from_cache(entry, job)
     if cached is not None:
         return cached
+    if job.deadline is not None and time.time() > job.deadline:
+        return CandidateResult(job.spec, key, error="skipped: the time budget ran out before it started",
+                               skipped=True)
     result = _evaluate(job, key)
     _store(entry, result)
     result.files = {k: str(entry / f) for k, f in FILES.items() if (entry / f).is_file()}
@@ -226,7 +235,7 @@ class InputsChangedError(RuntimeError):
 
 
 def _evaluate(job: Job, key: str) -> CandidateResult:
-    from compress import CompressionError, compress
+    from compress import CompressionError
     from compress.core.recover import RecoveryConfig, held_out_metrics
     from export.app.method_options import MethodOptionError, build_config, provider_defaults
 
@@ -248,7 +257,8 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
         else:
             config = build_config(spec.method, {"mac_ratio": spec.mac_ratio, **dict(job.extra)},
                                   provider_defaults(job.providers))
-            small, report = compress(model, calib, spec.method, config, recovery)
+            small, report, phases = _compressed(job, model, calib, config, recovery)
+            result.seconds.update(phases)
     except (CompressionError, MethodOptionError) as exc:
         result.error = str(exc).splitlines()[0]
         return result
@@ -268,6 +278,61 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
             result.error, result.feasible = f"export failed: {str(exc).splitlines()[0]}", False
         result.seconds["export"] = time.perf_counter() - t0
     return result
+
+
+_MEMO_SIZE = 8
+"""Prepared states and zero-shot models a worker keeps (the oldest goes first)."""
+_PREPARED: dict[tuple[Any, ...], Any] = {}
+_ZERO_SHOT: dict[tuple[Any, ...], tuple[nn.Module, Any]] = {}
+
+
+def _remember(store: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Any) -> tuple[Any, bool]:
+    """``store[key]``, made by ``make()`` when absent (evicting the oldest entry beyond :data:`_MEMO_SIZE`), and
+    whether it was made now."""
+    if key in store:
+        return store[key], False
+    while len(store) >= _MEMO_SIZE:
+        store.pop(next(iter(store)))
+    store[key] = make()
+    return store[key], True
+
+
+def _compressed(job: Job, model: nn.Module, calib: Dataset, config: Any, recovery: Any
+                ) -> tuple[nn.Module, Any, dict[str, float]]:
+    """The candidate's module and report: the method prepared once per worker for these inputs and options (every
+    budget of its bisection realises from it), its zero-shot model realised once per budget (the recovered and
+    quantisation-aware candidates of that budget start from a copy), then the recovery. Also the seconds this job
+    spent preparing and realising (0 when it found them done)."""
+    from compress.registry import apply_recovery, prepare, prepared_key, realise
+
+    method, t0 = job.spec.method, time.perf_counter()
+    key = (job.fingerprint, method, prepared_key(method, config))
+    prepared, made = _remember(_PREPARED, key, lambda: _outcome(lambda: prepare(model, calib, method, config)))
+    t1 = time.perf_counter()
+    zero_shot, realised = _remember(_ZERO_SHOT, (*key, repr(config)),
+                                    lambda: _outcome(lambda: realise(_value(prepared), config)))
+    phases = {"prepare": t1 - t0 if made else 0.0, "realise": time.perf_counter() - t1 if realised else 0.0}
+    small, report = copy.deepcopy(_value(zero_shot))
+    return apply_recovery(report, model, small, calib, recovery), report, phases
+
+
+def _outcome(make: Any) -> tuple[Any, Exception | None]:
+    """``(make(), None)``, or ``(None, error)`` for a method's refusal (a budget it cannot reach), which is as
+    much a result to remember as a model."""
+    from compress import CompressionError
+
+    try:
+        return make(), None
+    except CompressionError as exc:
+        return None, exc
+
+
+def _value(outcome: tuple[Any, Exception | None]) -> Any:
+    """The value of an :func:`_outcome`, or its refusal raised again."""
+    value, error = outcome
+    if error is not None:
+        raise error
+    return value
 
 
 def _export(small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, job: Job) -> dict[str, str]:

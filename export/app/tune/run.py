@@ -179,10 +179,12 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
                    fingerprint(model, calib, held_out), Path(cache_dir), cfg.constraint, reference, cfg.providers,
                    cfg.quant_target, cfg.int8, tuple(sorted(cfg.extra.items())),
                    hashlib.sha256((models_dir / "original.onnx").read_bytes()).hexdigest(),
-                   tuple((n, tuple(sorted(per.items()))) for n, per in sorted(cfg.dynamic_axes.items())))
+                   tuple((n, tuple(sorted(per.items()))) for n, per in sorted(cfg.dynamic_axes.items())),
+                   deadline=None if cfg.time_budget_s is None
+                   else time.time() + cfg.time_budget_s - (time.perf_counter() - t_start))
     try:
         searches, results = _search(methods, cfg, job_base, run, t_start, notes, say)
-        results += _qat_candidates(searches, cfg, job_base, run, t_start, say)
+        results += _qat_candidates(searches, cfg, job_base, run, t_start, notes, say)
         candidates = baselines + _structural(results, models_dir, cfg)
         _ort_quality(candidates, held_out, cfg.constraint, folder, say)
         report = _measure_and_choose(candidates, held_out, cfg, folder, say, notes, run)
@@ -300,14 +302,31 @@ def _search(methods: Sequence[str], cfg: TuneConfig, base: Job, run: Executor, t
         if not steps:
             break
         jobs = [dataclasses.replace(base, spec=CandidateSpec(m, b, e)) for (m, e), b in steps]
-        for ((m, e), b), res in zip(steps, run.map(evaluate_candidate, jobs)):
+        say(f"[tune] search round: {len(jobs)} probe(s) ({', '.join(j.spec.label for j in jobs)}), "
+            f"{time.perf_counter() - t_start:.0f} s elapsed")
+        outcomes = run.map(evaluate_candidate, jobs)
+        for ((m, e), b), res in zip(steps, outcomes):
+            if res.skipped:
+                continue
             results.append(res)
             search = searches[(m, e)]
             search.record(b, res.feasible, base.constraint.score(Quality.from_metrics(res.quality)))
             say(f"[tune] {res.spec.label}: {_probe_line(res, base)}")
             if res.error and len(search.probes) >= 2 and all(p.score is None for p in search.probes.values()):
                 search.abandoned = res.error
+        if _note_skipped(outcomes, notes, say):
+            break
     return searches, results
+
+
+def _note_skipped(outcomes: list[CandidateResult], notes: list[str], say: Progress) -> bool:
+    """Whether the time budget ran out during a round (some jobs skipped); notes which were skipped."""
+    skipped = [r.spec.label for r in outcomes if r.skipped]
+    if skipped:
+        notes.append(f"time budget reached during the search: {len(skipped)} probe(s) not started "
+                     f"({', '.join(skipped)}); the candidates measured so far were compared")
+        say(f"[tune] time budget reached: {len(skipped)} probe(s) skipped; comparing what was measured")
+    return bool(skipped)
 
 
 def _probe_line(res: CandidateResult, base: Job) -> str:
@@ -325,7 +344,7 @@ def _over_budget(cfg: TuneConfig, t_start: float) -> bool:
 
 
 def _qat_candidates(searches: dict[tuple[str, int], BudgetSearch], cfg: TuneConfig, base: Job, run: Executor,
-                    t_start: float, say: Progress) -> list[CandidateResult]:
+                    t_start: float, notes: list[str], say: Progress) -> list[CandidateResult]:
     """Quantisation-aware recovery at each recovered search's smallest feasible budget (its INT8 only)."""
     if not (cfg.int8 and cfg.qat and cfg.recover_epochs) or _over_budget(cfg, t_start):
         return []
@@ -333,8 +352,10 @@ def _qat_candidates(searches: dict[tuple[str, int], BudgetSearch], cfg: TuneConf
              if e > 0 and s.smallest() is not None]
     results = run.map(evaluate_candidate, [dataclasses.replace(base, spec=spec) for spec in specs])
     for res in results:
-        say(f"[tune] {res.spec.label}: {_probe_line(res, base)}")
-    return results
+        if not res.skipped:
+            say(f"[tune] {res.spec.label}: {_probe_line(res, base)}")
+    _note_skipped(results, notes, say)
+    return [r for r in results if not r.skipped]
 
 
 def _structural(results: list[CandidateResult], models_dir: Path, cfg: TuneConfig) -> list[Candidate]:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import dataclasses
 import json
 import math
@@ -129,6 +131,53 @@ def test_tune_chooses_a_model_that_meets_the_constraint_and_resumes_from_cache(t
     again = tune(model, tr, te, cfg, tmp_path / "b", shared_cache, executor=InlineExecutor())
     assert again.counts["cached"] == again.counts["evaluated"] == report.counts["evaluated"]
     assert [s["probes"] for s in again.searches] == [s["probes"] for s in report.searches]
+
+
+def test_bisection_prepares_each_method_once_and_reuses_zero_shot_models(trained_mlp, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted calls: every probe of a method's bisections realises from one prepared state, and a recovered
+    candidate starts from the zero-shot model of its budget instead of realising it again."""
+    import compress.registry as registry
+    from export.app.tune import candidate
+
+    model, tr, te = trained_mlp
+    monkeypatch.setattr(candidate, "_PREPARED", {})
+    monkeypatch.setattr(candidate, "_ZERO_SHOT", {})
+    prepared, realised = collections.Counter(), collections.Counter()
+    real_prepare, real_realise = registry.prepare, registry.realise
+
+    def counting_prepare(model, data, method, config=None):  # noqa: ANN001, ANN202 - the wrapped signature
+        prepared[method] += 1
+        return real_prepare(model, data, method, config)
+
+    def counting_realise(prep, config=None, recovery=None, held_out=None):  # noqa: ANN001, ANN202
+        realised[(prep.method, config.mac_ratio)] += 1
+        return real_realise(prep, config, recovery, held_out)
+
+    monkeypatch.setattr(registry, "prepare", counting_prepare)
+    monkeypatch.setattr(registry, "realise", counting_realise)
+    cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd", "factorize"), grid=(0.8, 0.5, 0.3),
+                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST)
+    report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
+    probes = [(s["method"], p["budget"]) for s in report.searches for p in s["probes"]]
+    assert len(probes) > len(set(probes)) > 2  # both recovery settings probed some budgets: reuse was possible
+    assert prepared == {"svd": 1, "factorize": 1}
+    assert set(realised) == set(probes) and set(realised.values()) == {1}, (realised, probes)
+
+
+def test_a_job_past_the_deadline_is_skipped_and_never_cached(trained_mlp, tmp_path: Path) -> None:
+    """--time-budget is checked before every job, in the process that runs it: a job that comes up after the
+    deadline does no work and leaves no cache entry (so a later tune computes it)."""
+    from export.app.tune.candidate import CandidateSpec, Job, LoadedSource, evaluate_candidate, fingerprint
+
+    model, tr, te = trained_mlp
+    job = Job(CandidateSpec("svd", 0.5), LoadedSource(model, tr, te), fingerprint(model, tr, te), tmp_path / "cache",
+              Constraint(max_accuracy_drop=2.0), Quality(0.9), ("cpu",), "cpu-vnni", False, deadline=0.0)
+    result = evaluate_candidate(job)
+    assert result.skipped and result.error.startswith("skipped") and not result.feasible
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    done = evaluate_candidate(dataclasses.replace(job, deadline=None))
+    assert not done.skipped and done.mac_ratio is not None
 
 
 FACTORY = """
