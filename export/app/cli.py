@@ -248,9 +248,11 @@ def methods_cmd(quiet: bool, as_json: bool) -> None:
 
     con = Console(quiet, as_json)
     specs = method_option_specs()
-    rows = {n: {"summary": get_method(n).summary,
+    rows = {n: {"summary": get_method(n).summary, "two_phase": get_method(n).two_phase,
                 "options": [s.flag for s in specs if n in s.methods]} for n in method_names()}
-    con.table("\n".join(f"{n:<12} {r['summary']}\n{'':<12} {' '.join(r['options'])}" for n, r in rows.items()))
+    phase = {True: "prepares once, realises each budget cheaply", False: "all its work depends on the budget"}
+    con.table("\n".join(f"{n:<12} {r['summary']} ({phase[r['two_phase']]})\n{'':<12} {' '.join(r['options'])}"
+                        for n, r in rows.items()))
     con.result(rows)
 
 
