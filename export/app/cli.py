@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 import dataclasses
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -45,15 +47,24 @@ LIBRARY_LOGGERS = ("compress", "runtime_bench", "export")
 
 
 class ProgressBars(logging.Handler):
-    """Draws the library's progress log records as tqdm bars on stderr (one bar per task)."""
+    """Draws the library's progress log records as tqdm bars on stderr (one bar per task); where stderr is not a
+    terminal (a log file, CI), one line per task at most every :data:`LINE_EVERY_S` seconds and at its end, with
+    the elapsed time."""
 
-    def __init__(self) -> None:
+    LINE_EVERY_S = 10.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(logging.INFO)
         self.bars: dict[str, Any] = {}
+        self.clock = clock
+        self.lines: dict[str, tuple[float, float]] = {}  # task -> (started, last line)
 
     def emit(self, record: logging.LogRecord) -> None:
         info = getattr(record, PROGRESS_KEY, None)
         if info is None:
+            return
+        if not sys.stderr.isatty():
+            self._line(*info)
             return
         from tqdm import tqdm
 
@@ -67,10 +78,24 @@ class ProgressBars(logging.Handler):
         if done >= total:
             self.bars.pop(task).close()
 
+    def _line(self, task: str, done: int, total: int) -> None:
+        """``· task: done/total (elapsed s)``, throttled per task; the last one always."""
+        now = self.clock()
+        started, last = self.lines.get(task, (now, -math.inf))
+        if done < total and now - last < self.LINE_EVERY_S:
+            self.lines[task] = (started, last)
+            return
+        click.echo(f"· {task}: {done}/{total} ({now - started:.0f} s)", err=True)
+        if done >= total:
+            self.lines.pop(task, None)
+        else:
+            self.lines[task] = (started, now)
+
     def close(self) -> None:
         for bar in self.bars.values():
             bar.close()
         self.bars.clear()
+        self.lines.clear()
         super().close()
 
 

@@ -442,3 +442,22 @@ def test_compress_refuses_int8_ranges_it_could_not_use_and_finetune_beside_recov
     code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--plan", "plan.toml", "--data", "digits-flat",
                              "--out", "runs/p", "--recover-epochs", "1"], capsys)
     assert code == 2 and "variant 'magnitude'" in err and not Path("runs/p").exists()
+
+
+def test_progress_without_a_terminal_is_one_throttled_line_per_task(capsys: pytest.CaptureFixture) -> None:
+    """Logs and CI see progress too: a line at the first record, then at most one every LINE_EVERY_S seconds (an
+    injected clock), and always the last, with the elapsed time."""
+    import logging
+
+    from export.app.cli import ProgressBars
+    from runtime_bench.facts import PROGRESS_KEY
+
+    now = [0.0]
+    bars = ProgressBars(clock=lambda: now[0])
+    for done, t in ((1, 0.0), (2, 3.0), (3, 12.0), (4, 13.0), (5, 14.0)):
+        now[0] = t
+        record = logging.LogRecord("x", logging.INFO, "", 0, "msg", (), None)
+        setattr(record, PROGRESS_KEY, ("recovery (steps)", done, 5))
+        bars.emit(record)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["· recovery (steps): 1/5 (0 s)", "· recovery (steps): 3/5 (12 s)", "· recovery (steps): 5/5 (14 s)"]
