@@ -266,6 +266,7 @@ def prepare(model: nn.Module, data: Dataset, method: str, config: Any = None) ->
     :func:`realise` it for every budget. For a method without two phases it only records its inputs."""
     spec = get_method(method)
     cfg = _checked_config(spec, config)
+    _requested_budget(spec, cfg)  # a budget the method cannot meet is refused before any statistics pass
     t0 = time.perf_counter()
     state = spec.prepare(model, data, cfg) if spec.prepare is not None else None
     return Prepared(method, model, data, prepared_key(method, cfg), state, time.perf_counter() - t0)
@@ -281,8 +282,9 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
     """
     spec = get_method(prepared.method)
     cfg = _checked_config(spec, config)
-    if prepared_key(prepared.method, cfg) != prepared.key:
-        changed = sorted({n for n, _ in set(prepared.key) ^ set(prepared_key(prepared.method, cfg))})
+    key = prepared_key(prepared.method, cfg)
+    if key != prepared.key:
+        changed = sorted({n for n, _ in set(prepared.key) ^ set(key)})
         raise ValueError(f"{prepared.method}: the config differs from the prepared one in {', '.join(changed)}; "
                          "prepare again")
     model, data = prepared.model, prepared.data
@@ -317,11 +319,8 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
     both models on ``held_out`` when given); a config's deprecated ``finetune_epochs`` asks for a label-only
     recovery (:func:`finetune_alias`).
     """
-    spec = get_method(method)
-    cfg = _checked_config(spec, config)
-    finetune_alias(cfg, recovery, data)  # refusals first, before any statistics pass
-    _requested_budget(spec, cfg)
-    return realise(prepare(model, data, method, cfg), cfg, recovery, held_out)
+    finetune_alias(_checked_config(get_method(method), config), recovery, data)  # refused before any work
+    return realise(prepare(model, data, method, config), config, recovery, held_out)
 
 
 def chain_label(methods: Sequence[str]) -> str:

@@ -46,7 +46,8 @@ from export.onnx_files import data_files
 from runtime_bench import optimized_graph_ops
 from runtime_bench.model_info import float_roundtrip_nodes, float_roundtrips, op_counts, optimized_graph
 import runtime_bench.cpu as cpu_facts
-from runtime_bench.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS, error_line
+from runtime_bench.facts import (CPU_AVX2_TARGET, CPU_VNNI_TARGET, FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS,
+                                 REDUCED_WEIGHT_QMAX, WEIGHT_QMAX, error_line)
 from runtime_bench.runtime import onnxruntime_module
 from export.errors import CalibrationError, QuantizationError
 
@@ -83,8 +84,8 @@ class _Target(NamedTuple):
 
 
 _TARGETS = {
-    "cpu-vnni": _Target("uint8", False, True),
-    "cpu-avx2": _Target("uint8", False, True, reduce_range=True),
+    CPU_VNNI_TARGET: _Target("uint8", False, True),
+    CPU_AVX2_TARGET: _Target("uint8", False, True, reduce_range=True),
     "tensorrt": _Target("int8", True, False),
 }
 _AUTO_TARGET = "cpu"
@@ -206,7 +207,7 @@ class QuantResult:
         quant_format: ``"QDQ"`` (static) or ``"QOperator"`` (dynamic: integer ops written directly).
         activation_type: ``"uint8"`` or ``"int8"`` (dynamic mode: ``"uint8"``, computed at run time).
         activation_symmetric: symmetric activation ranges.
-        weight_type: ``"int8"`` (symmetric) or ``"uint8"`` (asymmetric).
+        weight_type: ``"int8"`` (symmetric) or ``"uint8"`` (U8U8; per-channel weights centred on zero point 128).
         weight_bits: 8, or 7 for reduced-range weights ([-64, 64]).
         saturates_here: this file's format can saturate in ONNX Runtime's CPU kernels on the machine that
             quantised it (8-bit int8 weights on x86 without VNNI): its accuracy measured here is not what a VNNI
@@ -550,12 +551,21 @@ def _applied(path: Path, direct: dict[str, list[str]], ranges: Mapping[str, Mapp
     return len(trained), untrained
 
 
+_WEIGHT_BITS = {WEIGHT_QMAX: 8, REDUCED_WEIGHT_QMAX: 7}
+
+
+def _weight_qmax(config: QuantConfig) -> int:
+    """The largest weight magnitude the file's grid has: 127, or 64 with ``reduce_range`` (the grid QAT trains on,
+    ``compress.core.qat``)."""
+    return REDUCED_WEIGHT_QMAX if config.weights_reduced() else WEIGHT_QMAX
+
+
 def _check_ranges(ranges: Mapping[str, Mapping[str, Any]], config: QuantConfig) -> None:
     """Trained ranges need static mode and the activation format they were trained in."""
     if config.mode != "static":
         raise QuantizationError("trained activation ranges apply to static quantisation; got mode='dynamic'")
     act_type, symmetric = config.activation()
-    qmax = 64 if config.weights_reduced() else 127
+    qmax = _weight_qmax(config)
     for name, r in ranges.items():
         if (r["dtype"], bool(r["symmetric"])) != (act_type, symmetric):
             kind = lambda t, sym: f"{t} {'symmetric' if sym else 'asymmetric'}"  # noqa: E731
@@ -851,7 +861,7 @@ def _result(
         fp32_path=str(fp32_path), out_path=str(out_path), mode=config.mode, target=config.target,
         quant_format="QDQ" if static else "QOperator", activation_type=act_type, activation_symmetric=symmetric,
         weight_type=config.weight_type, per_channel=config.per_channel,
-        weight_bits=7 if config.weights_reduced() else 8,
+        weight_bits=_WEIGHT_BITS[_weight_qmax(config)],
         saturates_here=saturates_here(config.weight_type, config.weights_reduced()),
         quantized_bias=static and _TARGETS[config.target].quantize_bias, calibration_samples=samples,
         random_calibration=is_random,

@@ -27,13 +27,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .facts import INTEGER_MATMUL_OP, PROVIDERS
+from .facts import CPU_AVX2_TARGET, CPU_VNNI_TARGET, INTEGER_MATMUL_OP, PROVIDERS
 
 __all__ = [
     "ISA_FLAGS",
     "CPU_TARGETS",
     "CpuIsa",
     "parse_cpuinfo",
+    "cpuinfo_text",
     "cpu_isa",
     "u8s8_saturates",
     "saturating_kernel",
@@ -49,9 +50,8 @@ ISA_FLAGS: tuple[str, ...] = (
 )  # fmt: skip
 #: Flags whose int8 kernels accumulate in int32 without an int16 step (no U8S8 saturation).
 _NON_SATURATING = frozenset({"avx512_vnni", "avx_vnni", "avx_vnni_int8", "amx_int8"})
-#: The explicit CPU INT8 formats: ``cpu-vnni`` (8-bit weights: for CPUs that cannot saturate) and ``cpu-avx2``
-#: (7-bit weights: cannot saturate anywhere). ``cpu`` means the one for the machine that quantises.
-CPU_TARGETS: tuple[str, ...] = ("cpu-vnni", "cpu-avx2")
+#: The explicit CPU INT8 formats (:data:`runtime_bench.facts.CPU_VNNI_TARGET`, ``CPU_AVX2_TARGET``).
+CPU_TARGETS: tuple[str, ...] = (CPU_VNNI_TARGET, CPU_AVX2_TARGET)
 #: macOS ``sysctl`` keys → the Linux flag they stand for.
 _SYSCTL_FLAGS = {"hw.optional.avx2_0": "avx2", "hw.optional.avx512f": "avx512f", "hw.optional.avx512bw": "avx512bw",
                  "hw.optional.avx512vnni": "avx512_vnni", "hw.optional.arm.FEAT_DotProd": "asimddp",
@@ -120,13 +120,19 @@ def _sysctl_flags(arch: str) -> CpuIsa:
     return CpuIsa(arch, tuple(f for f in ISA_FLAGS if f in present), "sysctl")
 
 
+def cpuinfo_text() -> str | None:
+    """Linux's ``/proc/cpuinfo``, or None where there is none."""
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.read_text(errors="replace") if cpuinfo.is_file() else None
+
+
 @functools.cache
 def cpu_isa() -> CpuIsa:
     """This machine's :class:`CpuIsa` (read once per process)."""
     arch = platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        return parse_cpuinfo(cpuinfo.read_text(errors="replace"), arch)
+    text = cpuinfo_text()
+    if text is not None:
+        return parse_cpuinfo(text, arch)
     if platform.system() == "Darwin":
         return _sysctl_flags(arch)
     return CpuIsa(arch, (), "unknown")
@@ -189,7 +195,7 @@ def cpu_int8_target(isa: CpuIsa | None = None, measured: bool | None = None) -> 
     ``cpu-avx2`` (7-bit weights)."""
     saturates = kernel_saturates() if isa is None and measured is None else saturating_kernel(
         cpu_isa() if isa is None else isa, measured)
-    return CPU_TARGETS[1] if saturates else CPU_TARGETS[0]
+    return CPU_AVX2_TARGET if saturates else CPU_VNNI_TARGET
 
 
 def isa_difference(baseline: Iterable[str], report: Iterable[str]) -> str:

@@ -11,12 +11,11 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import onnx
 import psutil
 
-from .cpu import cpu_int8_target, cpu_isa, u8s8_saturates
+from .cpu import cpu_int8_target, cpu_isa, cpuinfo_text, u8s8_saturates
 from .runtime import installed_wheels, onnxruntime_module, wheel_conflict
 
 __all__ = ["GpuInfo", "Environment", "collect_environment", "cpu_model", "gpus", "parse_nvidia_smi",
@@ -73,11 +72,9 @@ class Environment:
 
 def cpu_model() -> str:
     """CPU model name from ``/proc/cpuinfo`` where present, else :func:`platform.processor`."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
+    for line in (cpuinfo_text() or "").splitlines():
+        if line.lower().startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "unknown"
 
 

@@ -21,6 +21,10 @@ __all__ = [
     "FLOAT_KERNEL_OPS",
     "INTEGER_OPS",
     "INTEGER_MATMUL_OP",
+    "CPU_VNNI_TARGET",
+    "CPU_AVX2_TARGET",
+    "WEIGHT_QMAX",
+    "REDUCED_WEIGHT_QMAX",
     "ANSI_ESCAPE",
     "first_line",
     "error_line",
@@ -56,6 +60,16 @@ INTEGER_KERNEL_OPS: frozenset[str] = frozenset(
     }
 )  # fmt: skip
 """Op types (any domain) that compute Conv/MatMul/Gemm (and attention, LSTM) in integer arithmetic."""
+
+CPU_VNNI_TARGET, CPU_AVX2_TARGET = "cpu-vnni", "cpu-avx2"
+"""The explicit CPU INT8 formats (``--quant-target``): uint8 activations with 8-bit weights, for CPUs whose int8
+kernels cannot saturate (x86 with VNNI or AMX, ARM), and with 7-bit weights, which cannot saturate anywhere
+(:mod:`runtime_bench.cpu`); ``cpu`` means the one the machine needs. QAT (``compress.core.qat``), quantisation and
+tune share these names."""
+
+WEIGHT_QMAX, REDUCED_WEIGHT_QMAX = 127, 64
+"""Largest weight magnitude on ONNX Runtime's symmetric int8 weight grid: full range, and ``reduce_range`` (7-bit
+weights, what ``cpu-avx2`` writes and its quantisation-aware recovery trains on)."""
 
 INTEGER_MATMUL_OP = "MatMulInteger"
 """ONNX's plain integer matrix product (uint8/int8 inputs, int32 output): what the CPU saturation probe runs."""

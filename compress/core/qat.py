@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime_bench.facts import CPU_AVX2_TARGET, CPU_VNNI_TARGET, REDUCED_WEIGHT_QMAX, WEIGHT_QMAX
+
 from .errors import CompressionError
 from .evaluate import eval_mode
 from .inputs import call
@@ -63,7 +65,7 @@ class Int8Format:
 
     activation_dtype: str
     symmetric: bool
-    weight_qmax: int = 127
+    weight_qmax: int = WEIGHT_QMAX
 
     @property
     def type_range(self) -> tuple[int, int]:
@@ -78,8 +80,8 @@ class Int8Format:
 
 
 INT8_FORMATS: Mapping[str, Int8Format] = types.MappingProxyType({
-    "cpu-vnni": Int8Format("uint8", symmetric=False),
-    "cpu-avx2": Int8Format("uint8", symmetric=False, weight_qmax=64),
+    CPU_VNNI_TARGET: Int8Format("uint8", symmetric=False),
+    CPU_AVX2_TARGET: Int8Format("uint8", symmetric=False, weight_qmax=REDUCED_WEIGHT_QMAX),
     "tensorrt": Int8Format("int8", symmetric=True),
 })
 """INT8 format per explicit target: uint8 asymmetric activations for ONNX Runtime's CPU kernels (8-bit weights for
@@ -103,7 +105,7 @@ class ActivationRange:
     max: float
     dtype: str
     symmetric: bool
-    weight_qmax: int = 127
+    weight_qmax: int = WEIGHT_QMAX
 
 
 def quant_params(rmin: float, rmax: float, fmt: Int8Format) -> tuple[float, int]:
@@ -127,7 +129,7 @@ def quant_params(rmin: float, rmax: float, fmt: Int8Format) -> tuple[float, int]
     return float(np.float32(scale)), int(zero)
 
 
-def weight_scales(weight: torch.Tensor, qmax: int = 127) -> torch.Tensor:
+def weight_scales(weight: torch.Tensor, qmax: int = WEIGHT_QMAX) -> torch.Tensor:
     """Per-output-channel (axis 0) symmetric int8 scales, ``max|w_c|/qmax`` in float64 stored in ``weight``'s dtype
     (ORT's ``quantize_data``: ``(2·max|w_c|)/(2·qmax)``, the same correctly rounded quotient); 1 for an all-zero
     channel. ``qmax`` is 127, or 64 for reduced-range (7-bit) weights."""
@@ -290,7 +292,7 @@ def _unwrap(layers: dict[str, nn.Module]) -> None:
 
 
 @contextlib.contextmanager
-def fake_quant(model: nn.Module, target: str = "cpu-vnni", calibration: Iterable[torch.Tensor] | None = None,
+def fake_quant(model: nn.Module, target: str = CPU_VNNI_TARGET, calibration: Iterable[torch.Tensor] | None = None,
                ranges: Mapping[str, ActivationRange | Mapping[str, Any]] | None = None,
                momentum: float = EMA_MOMENTUM) -> Iterator[FakeQuant]:
     """Fake-quantise ``model``'s Conv/Linear layers in ``target``'s INT8 format for the block (Jacob et al. 2018).

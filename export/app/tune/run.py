@@ -36,6 +36,7 @@ from compress import get_method, method_names
 from compress.core.data import Dataset
 from compress.core.recover import held_out_metrics
 from export.quantize import resolve_target
+from runtime_bench.facts import CPU_AVX2_TARGET
 from export.variant import VariantConfig, VariantRecord, export_variant, quantize_variant, relative_to, to_jsonable
 from export.verify import feeds_of
 from .candidate import CandidateResult, CandidateSpec, Job, LoadedSource, evaluate_candidate, fingerprint
@@ -250,7 +251,7 @@ def _saturation_free(q: VariantRecord, vcfg: VariantConfig, notes: list[str], sa
         "cpu-avx2 (7-bit weights, no saturation)")
     notes.append(f"--quant-target {vcfg.quant_target} can saturate ONNX Runtime's int16 step on this CPU (x86 without "
                  "VNNI); the accuracy-controlled INT8 of the original uses cpu-avx2 instead")
-    return dataclasses.replace(vcfg, quant_target="cpu-avx2")
+    return dataclasses.replace(vcfg, quant_target=CPU_AVX2_TARGET)
 
 
 def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cfg: TuneConfig, vcfg: VariantConfig,
