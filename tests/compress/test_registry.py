@@ -233,7 +233,7 @@ def test_every_two_phase_method_is_checked() -> None:
 
 @pytest.mark.parametrize("method", sorted(PREPARED_FIELDS))
 def test_prepare_once_then_realise_each_budget_is_compress(method: str) -> None:
-    """Two phases give exactly what ``compress`` gives, budget by budget, from one preparation; a config that
+    """Two phases give what ``compress`` gives, budget by budget, from one preparation; a config that
     differs in a field the preparation read is refused."""
     import dataclasses
 
@@ -250,8 +250,8 @@ def test_prepare_once_then_realise_each_budget_is_compress(method: str) -> None:
         two, two_report = realise(prepared, cfg)
         one, one_report = compress(case.model, case.data, method, cfg)
         assert two_report.mac_ratio == one_report.mac_ratio < 1.0
-        with torch.no_grad():
-            assert torch.equal(two(x), one(x))
+        with torch.no_grad():  # the same computation twice (float32 tolerance: BLAS may reorder sums by threads)
+            torch.testing.assert_close(two(x), one(x), rtol=1e-5, atol=1e-6)
     other, value = PREPARED_FIELDS[method]
     with pytest.raises(ValueError, match=f"differs from the prepared one in {other}"):
         realise(prepared, dataclasses.replace(budgets[0], **{other: value}))
