@@ -10,6 +10,7 @@ import logging
 import pkgutil
 import time
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -231,7 +232,8 @@ class Prepared:
     """What :func:`prepare` computed for one model, data and config, whatever the budget.
 
     ``state`` is the method's own (``None`` for a method without two phases: :func:`realise` then runs it whole);
-    ``key`` is :func:`prepared_key` of the config; ``seconds`` the time ``prepare`` took.
+    ``key`` is :func:`prepared_key` of the config; ``seconds`` the time ``prepare`` took (hashing the inputs and
+    reading the file, when ``cached``: the state was loaded from ``prepare``'s ``cache_dir``).
     """
 
     method: str
@@ -240,6 +242,7 @@ class Prepared:
     key: tuple[tuple[str, str], ...]
     state: Any
     seconds: float
+    cached: bool = False
 
 
 def _checked_config(spec: MethodSpec, config: Any) -> Any:
@@ -261,15 +264,33 @@ def prepared_key(method: str, config: Any) -> tuple[tuple[str, str], ...]:
     return tuple((f.name, repr(getattr(cfg, f.name))) for f in dataclasses.fields(cfg) if f.name not in skip)
 
 
-def prepare(model: nn.Module, data: Dataset, method: str, config: Any = None) -> Prepared:
+def prepare(model: nn.Module, data: Dataset, method: str, config: Any = None,
+            cache_dir: str | Path | None = None) -> Prepared:
     """The budget-free phase of ``method`` (statistics, bases, importances, partitions): compute it once, then
-    :func:`realise` it for every budget. For a method without two phases it only records its inputs."""
+    :func:`realise` it for every budget. For a method without two phases it only records its inputs.
+
+    With ``cache_dir``, the state is read from there when a file of the same method, config minus the budgets,
+    model, data and package versions exists (``Prepared.cached``), else computed and written there
+    (:mod:`compress.core.prepared_cache`; collective under a process group, written by the writer rank only).
+    """
+    from .core.prepared_cache import load_prepared, prepared_cache_key, save_prepared
+
     spec = get_method(method)
     cfg = _checked_config(spec, config)
     _requested_budget(spec, cfg)  # a budget the method cannot meet is refused before any statistics pass
+    key = prepared_key(method, cfg)
     t0 = time.perf_counter()
-    state = spec.prepare(model, data, cfg) if spec.prepare is not None else None
-    return Prepared(method, model, data, prepared_key(method, cfg), state, time.perf_counter() - t0)
+    if spec.prepare is None:
+        return Prepared(method, model, data, key, None, time.perf_counter() - t0)
+    file_key = prepared_cache_key(method, key, model, data) if cache_dir is not None else None
+    if file_key is not None:
+        state = load_prepared(cache_dir, file_key, model)
+        if state is not None:
+            return Prepared(method, model, data, key, state, time.perf_counter() - t0, cached=True)
+    state = spec.prepare(model, data, cfg)
+    if file_key is not None:
+        save_prepared(cache_dir, file_key, state, model)
+    return Prepared(method, model, data, key, state, time.perf_counter() - t0)
 
 
 def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | None = None,
