@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from .chain import Chain, build_sequential, chain_layer_reports, extract_chain, mlp_params
-from .data import Dataset
 from .errors import CompressionError
 from .options import CostBudget, WidthMultipleOption, flag_of
 from .report import CompressionReport
@@ -24,8 +23,8 @@ from .train import FinetuneOptions
 from .width import Cut, WidthGraph, analyse, apply_cuts
 from .width.allocate import allocate_widths, check_width_table, load_width_latency_table
 
-__all__ = ["PruneOptions", "Scorer", "widths_for_params", "mlp_macs", "CHAIN_COSTS", "prune_chain", "prune_mlp",
-           "GraphScorer", "prune_graph"]
+__all__ = ["PruneOptions", "Scorer", "widths_for_params", "mlp_macs", "CHAIN_COSTS", "prune_chain", "GraphScorer",
+           "PrunePrepared", "prune_prepare", "prune_realise"]
 
 Scorer = Callable[[Chain, torch.Tensor], list[torch.Tensor]]
 #: Channel importance on a traced graph: (analysis, groups that may shrink, calibration inputs) → per group.
@@ -110,28 +109,82 @@ def prune_chain(chain: Chain, scores: list[torch.Tensor], widths: list[int]) -> 
     return new
 
 
-def prune_graph(name: str, scorer: GraphScorer, model: nn.Module, data: Dataset, cfg: PruneOptions,
-                calibration: torch.Tensor) -> tuple[nn.Module, CompressionReport]:
-    """Prune whole channels of any traceable model: channel groups from the traced graph
-    (:mod:`compress.core.width`), ``scorer``'s importance summed over each group's members, widths on
-    ``cfg.width_multiple`` allocated greedily to the whole-model budget, one cut (recovery, if any, runs after: :func:`compress.registry.apply_recovery`)."""
+@dataclass
+class PrunePrepared:
+    """What a pruning method computes once for a model and calibration inputs, whatever the budget.
+
+    ``name``: the method; ``model``: the original model (a reference, never a copy); ``example``: the first two
+    calibration inputs, on which :func:`prune_realise` traces the model again (graph path); ``neuron_scores``: on an
+    MLP chain, one score per hidden neuron of each hidden layer (None on the graph path); ``group_scores``: on any
+    other model, one importance per atom of each channel group that may shrink (None on an MLP chain);
+    ``timings_s``: the preparation's timings.
+    """
+
+    name: str
+    model: nn.Module
+    example: torch.Tensor
+    neuron_scores: list[torch.Tensor] | None = None
+    group_scores: dict[str, torch.Tensor] | None = None
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+def _refuse_widths(cfg: PruneOptions) -> None:
     if cfg.widths:
         raise CompressionError("--widths sets the hidden widths of an MLP; for other models give --param-ratio or "
                                "--mac-ratio")
-    report = CompressionReport(name, asdict(cfg))
-    t0 = time.perf_counter()
-    wg = analyse(model, calibration[:2])
+
+
+def _cuttable(name: str, model: nn.Module, example: torch.Tensor) -> tuple[WidthGraph, list]:
+    """The channel analysis of ``model`` and its groups that may shrink (CompressionError when none may)."""
+    wg = analyse(model, example)
     groups = wg.cuttable()
-    report.timings_s["analyse"] = time.perf_counter() - t0
     if not groups:
         reasons = "; ".join(sorted({g.frozen for g in wg.groups if g.frozen})[:3])
         raise CompressionError(f"{name}: no channel group of {type(model).__name__} can shrink ({reasons})")
+    return wg, groups
+
+
+def prune_prepare(name: str, scorer: Scorer, model: nn.Module, cfg: PruneOptions, calibration: torch.Tensor,
+                  graph_scorer: GraphScorer | None = None) -> PrunePrepared:
+    """The budget-free phase of a pruning method: ``scorer``'s neuron scores on ``calibration`` when ``model`` is
+    an MLP chain, else ``graph_scorer``'s channel importance per group of the traced graph
+    (:mod:`compress.core.width`)."""
+    prep = PrunePrepared(name, model, calibration[:2])
+    try:
+        chain = extract_chain(model)
+    except CompressionError:
+        if graph_scorer is None:
+            raise
+        chain = None
     t0 = time.perf_counter()
-    scores = scorer(wg, groups, calibration)
+    if chain is not None:
+        prep.neuron_scores = scorer(chain, calibration)
+        prep.timings_s["scores"] = time.perf_counter() - t0
+        return prep
+    _refuse_widths(cfg)
+    wg, groups = _cuttable(name, model, prep.example)
+    prep.timings_s["analyse"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    prep.group_scores = graph_scorer(wg, groups, calibration)
+    prep.timings_s["scores"] = time.perf_counter() - t0
+    return prep
+
+
+def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionReport) -> nn.Module:
+    """Whole channels of any traceable model: the graph traced again, widths on ``cfg.width_multiple`` allocated
+    greedily to the whole-model budget from the prepared importances, one cut."""
+    _refuse_widths(cfg)
+    t0 = time.perf_counter()
+    wg, groups = _cuttable(prep.name, prep.model, prep.example)
+    scores = prep.group_scores
+    if sorted(scores) != sorted(g.name for g in groups) or any(scores[g.name].numel() != g.size for g in groups):
+        raise CompressionError(f"{prep.name}: the model's channel groups differ from the prepared ones; prepare again")
+    report.timings_s["analyse"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     budget, ratio = cfg.target()
     latency = load_width_latency_table(cfg.latency_table) if budget == "latency_ratio" else None
     if latency is not None:
-        check_width_table(latency, cfg.latency_table, model, cfg.width_multiple)
+        check_width_table(latency, cfg.latency_table, prep.model, cfg.width_multiple)
     allocation: dict = {}
     keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple, latency, allocation)
     report.predicted[f"allocator_{budget}"] = allocation["predicted_ratio"]
@@ -149,28 +202,26 @@ def prune_graph(name: str, scorer: GraphScorer, model: nn.Module, data: Dataset,
     report.notes.append(f"{len(groups)} channel groups may shrink, {len(cuts)} cut; widths on multiples of "
                         f"{cfg.width_multiple}")
     report.notes += [f"left whole: {g.name} ({g.size} channels) — {g.frozen}" for g in frozen]
-    return new, report
+    return new
 
 
-def prune_mlp(name: str, scorer: Scorer, model: nn.Module, data: Dataset, cfg: PruneOptions,
-              calibration: torch.Tensor, graph_scorer: GraphScorer | None = None) -> tuple[nn.Module, CompressionReport]:
-    """Prune ``model``'s hidden neurons by ``scorer`` on ``calibration`` to ``cfg``'s widths (recovery, if any,
-    runs after); models that are not MLP chains go to :func:`prune_graph` with ``graph_scorer``."""
-    try:
-        chain = extract_chain(model)
-    except CompressionError:
-        if graph_scorer is None:
-            raise
-        chain = None
-    if chain is None:  # not an MLP chain: whole channels of the traced graph
-        return prune_graph(name, graph_scorer, model, data, cfg, calibration)
-    report = CompressionReport(name, asdict(cfg))
+def _prune_chain(prep: PrunePrepared, cfg: PruneOptions, report: CompressionReport) -> nn.Module:
+    """The MLP chain's hidden neurons with the highest prepared scores, to ``cfg``'s widths."""
+    chain = extract_chain(prep.model)
     n_in, n_out = chain.weights[0].shape[1], chain.weights[-1].shape[0]
     widths = list(cfg.widths) or widths_for_params(n_in, chain.widths, n_out, cfg.target()[1], cfg.target()[0])
     t0 = time.perf_counter()
-    pruned = prune_chain(chain, scorer(chain, calibration), widths)
+    pruned = prune_chain(chain, prep.neuron_scores, widths)
     report.timings_s["prune"] = time.perf_counter() - t0
-    new = build_sequential(pruned)
     report.layers = chain_layer_reports(chain, pruned, "pruned", [])
     report.predicted["hidden_widths"] = widths
-    return new, report
+    return build_sequential(pruned)
+
+
+def prune_realise(prep: PrunePrepared, cfg: PruneOptions) -> tuple[nn.Module, CompressionReport]:
+    """The per-budget phase of a pruning method: widths for ``cfg``'s budget (or its exact ``widths``) from the
+    prepared scores, then the pruned model (recovery, if any, runs after:
+    :func:`compress.registry.apply_recovery`)."""
+    report = CompressionReport(prep.name, asdict(cfg), timings_s=dict(prep.timings_s))
+    build = _prune_chain if prep.neuron_scores is not None else _prune_graph
+    return build(prep, cfg, report), report

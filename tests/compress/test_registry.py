@@ -224,7 +224,8 @@ def test_chain_report_keeps_each_steps_budget(tiny_mlp: nn.Module, mlp_data: Dat
 
 
 #: Two-phase methods and a config field their preparation reads (changing it must be refused by realise).
-PREPARED_FIELDS = {"factorize": ("eig_threshold", 1e-3)}
+PREPARED_FIELDS = {"factorize": ("eig_threshold", 1e-3), "svd": ("exclude", ("1",)), "magnitude": ("seed", 1),
+                   "wanda": ("norm_samples", 100)}
 
 
 def test_every_two_phase_method_is_checked() -> None:

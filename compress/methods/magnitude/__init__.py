@@ -10,14 +10,16 @@ from torch import nn
 
 from ...core.chain import Chain
 from ...core.data import Dataset
-from ...core.prune import PruneOptions, prune_mlp
+from ...core.prune import PruneOptions, PrunePrepared, prune_prepare, prune_realise
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
 from ...core.width.allocate import width_multiple_defaults
+from ...core.width import ChannelGroup, WidthGraph
 from ...core.width.importance import magnitude_importance
 from .smoke import smoke_case
 
-__all__ = ["MagnitudeConfig", "magnitude_scores", "magnitude_prune", "SPEC"]
+__all__ = ["MagnitudeConfig", "magnitude_scores", "magnitude_group_scores", "magnitude_prepare", "magnitude_prune",
+           "SPEC"]
 
 
 @dataclass
@@ -33,12 +35,25 @@ def magnitude_scores(chain: Chain, x: torch.Tensor | None = None) -> list[torch.
     return [w.abs().sum(1) for w in chain.weights[:-1]]
 
 
+def magnitude_group_scores(wg: WidthGraph, groups: list[ChannelGroup], x: torch.Tensor | None = None
+                           ) -> dict[str, torch.Tensor]:
+    """:func:`~compress.core.width.importance.magnitude_importance` of each group. ``x`` is unused."""
+    return {g.name: magnitude_importance(wg, g) for g in groups}
+
+
+def magnitude_prepare(model: nn.Module, data: Dataset, config: MagnitudeConfig) -> PrunePrepared:
+    """The budget-free phase: every neuron's (channel's) magnitude score."""
+    return prune_prepare("magnitude", magnitude_scores, model, config, data.x, graph_scorer=magnitude_group_scores)
+
+
 def magnitude_prune(model: nn.Module, data: Dataset, config: MagnitudeConfig) -> tuple[nn.Module, CompressionReport]:
-    """Remove the MLP neurons with the smallest incoming-weight L1 norm down to the parameter target."""
-    return prune_mlp("magnitude", magnitude_scores, model, data, config, data.x,
-                     graph_scorer=lambda wg, groups, x: {g.name: magnitude_importance(wg, g) for g in groups})
+    """Remove the MLP neurons (channels) with the smallest incoming-weight L1 norm down to the budget
+    (:func:`magnitude_prepare`, then :func:`~compress.core.prune.prune_realise`)."""
+    return prune_realise(magnitude_prepare(model, data, config), config)
 
 
 SPEC = MethodSpec("magnitude", "structured magnitude pruning of MLP neurons and conv/attention channel groups (baseline)", MagnitudeConfig,
                   magnitude_prune, smoke_case=smoke_case,
-                  provider_defaults=width_multiple_defaults, budgets=("mac_ratio", "param_ratio", "latency_ratio"))
+                  provider_defaults=width_multiple_defaults, budgets=("mac_ratio", "param_ratio", "latency_ratio"),
+                  prepare=magnitude_prepare, realise=prune_realise,
+                  realise_fields=("widths", "width_multiple", "latency_table", "finetune_epochs", "finetune_lr"))

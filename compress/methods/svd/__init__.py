@@ -1,5 +1,7 @@
 """``svd``: plain truncated-SVD factorisation of Linear/Conv weights (the baseline every method must beat)."""
 
-from .method import SPEC, SVDConfig, svd_compress, svd_spectra
+from .method import (SPEC, LayerSVD, SVDConfig, SVDPrepared, layer_svd, svd_compress, svd_prepare, svd_realise,
+                     svd_spectra)
 
-__all__ = ["SPEC", "SVDConfig", "svd_compress", "svd_spectra"]
+__all__ = ["SPEC", "LayerSVD", "SVDConfig", "SVDPrepared", "layer_svd", "svd_compress", "svd_prepare", "svd_realise",
+           "svd_spectra"]

@@ -13,14 +13,14 @@ from ...core.chain import Chain, chain_forward
 from ...core.data import Dataset
 from ...core.distributed import all_reduce_sum, parallel, shard
 from ...core.errors import CompressionError
-from ...core.prune import PruneOptions, prune_mlp
+from ...core.prune import PruneOptions, PrunePrepared, prune_prepare, prune_realise
 from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
 from ...core.width.allocate import width_multiple_defaults
 from ...core.width.importance import wanda_importance
 from .smoke import smoke_case
 
-__all__ = ["WandaConfig", "activation_norms", "wanda_scores", "wanda_prune", "SPEC"]
+__all__ = ["WandaConfig", "activation_norms", "wanda_scores", "wanda_prepare", "wanda_prune", "SPEC"]
 
 
 @dataclass
@@ -60,12 +60,20 @@ def wanda_scores(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
     return [n * w.abs().sum(0) for n, w in zip(activation_norms(chain, x), chain.weights[1:])]
 
 
+def wanda_prepare(model: nn.Module, data: Dataset, config: WandaConfig) -> PrunePrepared:
+    """The budget-free phase: every neuron's (channel's) Wanda score on the first ``norm_samples`` inputs."""
+    return prune_prepare("wanda", wanda_scores, model, config, data.x[: config.norm_samples],
+                         graph_scorer=wanda_importance)
+
+
 def wanda_prune(model: nn.Module, data: Dataset, config: WandaConfig) -> tuple[nn.Module, CompressionReport]:
-    """Remove the MLP neurons with the smallest Wanda score on the calibration inputs."""
-    return prune_mlp("wanda", wanda_scores, model, data, config, data.x[: config.norm_samples],
-                     graph_scorer=wanda_importance)
+    """Remove the MLP neurons (channels) with the smallest Wanda score on the calibration inputs down to the budget
+    (:func:`wanda_prepare`, then :func:`~compress.core.prune.prune_realise`)."""
+    return prune_realise(wanda_prepare(model, data, config), config)
 
 
 SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons and channel groups (baseline)", WandaConfig, wanda_prune,
                   smoke_case=smoke_case,
-                  provider_defaults=width_multiple_defaults, budgets=("mac_ratio", "param_ratio", "latency_ratio"))
+                  provider_defaults=width_multiple_defaults, budgets=("mac_ratio", "param_ratio", "latency_ratio"),
+                  prepare=wanda_prepare, realise=prune_realise,
+                  realise_fields=("widths", "width_multiple", "latency_table", "finetune_epochs", "finetune_lr"))
