@@ -89,7 +89,8 @@ def test_full_rank_reproduces_the_model() -> None:
     model, data = _encoder(torch.float64), _data(torch.float64)
     plain = factorisable_model(model, data.x[:4]).model
     targets, _, _ = find_targets(plain, data.x[:4])
-    bases = layer_bases(plain, data, targets, FactorizeConfig(), CompressionReport("factorize", {}))
+    bases = layer_bases(plain, data, targets, FactorizeConfig(stats_dtype="float64"),
+                        CompressionReport("factorize", {}))
     full = {t.name: matrix_view(t.layer).max_rank for t in targets}
     new = apply_factors(plain, targets, _factors(targets, bases, full))
     assert all(isinstance(new.get_submodule(name), nn.Sequential) for name in PROJECTIONS)
@@ -105,7 +106,8 @@ def test_whitened_truncation_error_is_the_tail_on_attention_layers() -> None:
     """factorize: the measured output distortion of each factorised projection on the calibration data equals
     the tail of its whitened spectrum (Eckart–Young on W·M^½)."""
     model, data = _encoder(torch.float64), _data(torch.float64)
-    new, report = compress(model, data, "factorize", FactorizeConfig(rank_fraction=0.25))  # rank 4 of 16
+    new, report = compress(model, data, "factorize",
+                           FactorizeConfig(rank_fraction=0.25, stats_dtype="float64"))  # rank 4 of 16
     plain = factorisable_model(model, data.x[:4]).model
     checked = 0
     with torch.no_grad():
@@ -194,7 +196,8 @@ def test_hugging_face_bert_projections_are_targets() -> None:
               for p in ("self.query", "self.key", "self.value", "output.dense")}
     assert wanted <= {t.name for t in targets}
     data = Dataset(ids)
-    bases = layer_bases(model, data, targets, FactorizeConfig(), CompressionReport("factorize", {}))
+    bases = layer_bases(model, data, targets, FactorizeConfig(stats_dtype="float64"),
+                        CompressionReport("factorize", {}))
     new = apply_factors(model, targets, _factors(targets, bases, {t.name: matrix_view(t.layer).max_rank
                                                                  for t in targets}))
     with torch.no_grad():

@@ -60,7 +60,7 @@ def test_full_rank_reproduces_every_layer(make) -> None:
     model = make().double()
     data = Dataset(_inputs(model).x.double())
     targets, _, _ = find_targets(model, data.x[:4])
-    cfg = FactorizeConfig()
+    cfg = FactorizeConfig(stats_dtype="float64")
     bases = layer_bases(model, data, targets, cfg, CompressionReport("factorize", {}))
     full = {t.name: matrix_view(t.layer).max_rank for t in targets}
     new = apply_factors(model, targets, _factors(targets, bases, full))
@@ -75,7 +75,7 @@ def test_full_rank_reproduces_every_layer(make) -> None:
 def test_predicted_distortion_equals_measured_on_calibration_data(make, kinds: set[str]) -> None:
     model = make().double()
     data = Dataset(_inputs(model).x.double())
-    new, report = compress(model, data, "factorize", FactorizeConfig(layer_mac_ratio=0.45))
+    new, report = compress(model, data, "factorize", FactorizeConfig(layer_mac_ratio=0.45, stats_dtype="float64"))
     factorised = [lr for lr in report.layers if lr.action == "factorized"]
     grouped = {"grouped"} if any(getattr(model.get_submodule(lr.name), "groups", 1) > 1 for lr in factorised) else set()
     assert kinds <= {lr.kind for lr in factorised} | grouped
@@ -94,7 +94,7 @@ def test_duplicated_input_channels_stay_finite_and_exact() -> None:
     model = nn.Sequential(nn.Conv2d(6, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 36, 5)).double()
     x = torch.randn(20, 3, 6, 6, dtype=torch.float64)
     data = Dataset(torch.cat([x, x], 1))  # channels 3..5 duplicate 0..2: singular second moment
-    new, report = compress(model, data, "factorize", FactorizeConfig(rank_fraction=0.6))
+    new, report = compress(model, data, "factorize", FactorizeConfig(rank_fraction=0.6, stats_dtype="float64"))
     out = new(data.x)
     assert torch.isfinite(out).all()
     conv = [lr for lr in report.layers if lr.name == "0"][0]
