@@ -225,7 +225,9 @@ def test_chain_report_keeps_each_steps_budget(tiny_mlp: nn.Module, mlp_data: Dat
 
 #: Two-phase methods and a config field their preparation reads (changing it must be refused by realise).
 PREPARED_FIELDS = {"factorize": ("eig_threshold", 1e-3), "svd": ("exclude", ("1",)), "magnitude": ("seed", 1),
-                   "wanda": ("norm_samples", 100)}
+                   "wanda": ("norm_samples", 100), "fde": ("max_sweeps", 3)}
+#: Fields a method's smoke config sets that a whole-model budget excludes.
+BUDGET_EXCLUDES = {"fde": {"merge_eps": 0.0}}
 
 
 def test_every_two_phase_method_is_checked() -> None:
@@ -244,7 +246,7 @@ def test_prepare_once_then_realise_each_budget_is_compress(method: str) -> None:
 
     spec = get_method(method)
     case = spec.smoke_case()
-    budgets = [dataclasses.replace(case.config, mac_ratio=r) for r in (0.9, 0.6)]
+    budgets = [dataclasses.replace(case.config, mac_ratio=r, **BUDGET_EXCLUDES.get(method, {})) for r in (0.9, 0.6)]
     prepared = prepare(case.model, case.data, method, budgets[0])
     x = case.data.x[:16]
     for cfg in budgets:

@@ -494,9 +494,7 @@ class Lumper:
 
     def __init__(self, wg: WidthGraph, plans: dict[str, GroupPlan], dead: dict[str, np.ndarray],
                  dtype: torch.dtype, max_sweeps: int = 50) -> None:
-        owner = {a: (g.name, i) for g in wg.groups for i, a in enumerate(g.atoms)}
-        self.plans, self.ctx, self.max_sweeps = plans, _Context(wg, plans, owner), max_sweeps
-        self.rounding = rounding_tolerance(dtype)
+        self._attach(wg, plans, dtype, max_sweeps)
         self.exact = {name: _initial(p, dead.get(name)) for name, p in plans.items()}
         self.stats = LumpStats()
         for sweep in range(max_sweeps):
@@ -508,6 +506,24 @@ class Lumper:
             self.stats.sweeps = sweep + 1
             if not changed:
                 break
+
+    def _attach(self, wg: WidthGraph, plans: dict[str, GroupPlan], dtype: torch.dtype, max_sweeps: int) -> None:
+        owner = {a: (g.name, i) for g in wg.groups for i, a in enumerate(g.atoms)}
+        self.plans, self.ctx, self.max_sweeps = plans, _Context(wg, plans, owner), max_sweeps
+        self.rounding = rounding_tolerance(dtype)
+
+    @classmethod
+    def from_exact(cls, wg: WidthGraph, plans: dict[str, GroupPlan], exact: dict[str, Partition], stats: LumpStats,
+                   dtype: torch.dtype, max_sweeps: int = 50) -> "Lumper":
+        """A lumper whose exact partitions (and the statistics of their refinement) were computed before on the same
+        model (``Lumper(...).exact``/``.stats``): no refinement runs; :meth:`at` starts from copies of them."""
+        sizes = {name: p.group.size for name, p in plans.items()}
+        if sizes != {name: len(part.leader) for name, part in exact.items()}:
+            raise ValueError("the exact partitions are of another analysis (channel groups differ); compute them again")
+        lumper = cls.__new__(cls)
+        lumper._attach(wg, plans, dtype, max_sweeps)
+        lumper.exact, lumper.stats = exact, stats
+        return lumper
 
     def _lumped(self) -> list[GroupPlan]:
         return [p for p in self.plans.values() if p.mode != WHOLE]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,7 +28,7 @@ from .graph import MAX_EPS, WHOLE, GroupPlan, Lumper, LumpStats, Partition, bloc
 if TYPE_CHECKING:
     from .method import FDEConfig
 
-__all__ = ["fde_graph", "is_exported_program"]
+__all__ = ["GraphPrepared", "fde_graph", "graph_prepare", "graph_realise", "is_exported_program"]
 
 #: Bisection steps on ε in [0, MAX_EPS] for a budget (resolution MAX_EPS / 2¹⁴ ≈ 1e-4).
 _BISECTIONS = 14
@@ -171,24 +171,55 @@ def _like_input(model: nn.Module, gm: fx.GraphModule) -> nn.Module:
     return out.train(gm.training)
 
 
-def fde_graph(model: nn.Module, data: Dataset, cfg: "FDEConfig", report: CompressionReport) -> nn.Module:
-    """Dead channels (exactly 0 on the data at every state point) removed, then ε-FDE merging in every channel
-    group of the traced model (:mod:`.graph`), at ``cfg.merge_eps`` or bisected to a MAC/parameter budget."""
+@dataclass
+class GraphPrepared:
+    """What ``fde`` computes once on a traceable model, whatever ε or the budget: ``model`` (the original, a
+    reference) and ``data`` (the calibration data: the graph is traced again on its first inputs, the budget's costs
+    are counted and the deviation measured on it); ``exact``: every channel group's exact partition (dead channels
+    removed, refinement to the greatest fixpoint); ``stats``: that refinement's sweeps and splits; ``dtype``: the
+    model's parameter dtype (the rounding tolerance); ``timings_s``: the preparation's timings."""
+
+    model: nn.Module
+    data: Dataset
+    exact: dict[str, Partition]
+    stats: LumpStats
+    dtype: torch.dtype
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+def graph_prepare(model: nn.Module, data: Dataset, cfg: "FDEConfig") -> GraphPrepared:
+    """The budget-free phase of the graph path: the channel analysis, dead channels (exactly 0 on the data at every
+    state point) and the exact partition of every group (:class:`~.graph.Lumper`)."""
     if is_exported_program(model):
         raise CompressionError("fde needs the Python model (path/to/file.py:factory or a torchvision name): the "
                                "layers of a torch.export program (.pt2) cannot be resized")
     if cfg.representative != "leader" or cfg.compensation:
         raise CompressionError("--representative and --compensation are for MLPs; fde merges channels of other "
                                "models into their leader (the default --representative leader, no --compensation)")
+    timings = {}
     t0 = time.perf_counter()
     wg = analyse(model, data.x[:2])
     plans = plan_groups(wg, cfg.scaling)
-    report.timings_s["analyse"] = time.perf_counter() - t0
+    timings["analyse"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     dead = dead_atoms(wg, plans, list(shard(data).inputs(_BATCH))) if cfg.remove_dead else {}
-    report.timings_s["dead"] = time.perf_counter() - t0
+    timings["dead"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    lumper = Lumper(wg, plans, dead, next(model.parameters(), torch.empty(0)).dtype, cfg.max_sweeps)
+    dtype = next(model.parameters(), torch.empty(0)).dtype
+    lumper = Lumper(wg, plans, dead, dtype, cfg.max_sweeps)
+    timings["refine"] = time.perf_counter() - t0
+    return GraphPrepared(model, data, lumper.exact, lumper.stats, dtype, timings)
+
+
+def graph_realise(prep: GraphPrepared, cfg: "FDEConfig", report: CompressionReport) -> nn.Module:
+    """The per-budget phase of the graph path: the graph traced again, ε-FDE merges from the prepared exact
+    partitions at ``cfg.merge_eps`` or bisected to a MAC/parameter budget, the cut model."""
+    model, data = prep.model, prep.data
+    report.timings_s.update(prep.timings_s)
+    t0 = time.perf_counter()
+    wg = analyse(model, data.x[:2])
+    plans = plan_groups(wg, cfg.scaling)
+    lumper = Lumper.from_exact(wg, plans, prep.exact, prep.stats, prep.dtype, cfg.max_sweeps)
     lumped = (_meet_budget(model, wg, lumper, cfg, data, report) if cfg.budget_given
               else _lump(wg, lumper, cfg.merge_eps))
     report.timings_s["partition"] = time.perf_counter() - t0
@@ -197,3 +228,10 @@ def fde_graph(model: nn.Module, data: Dataset, cfg: "FDEConfig", report: Compres
     key, dev = _max_deviation(model, new, data)
     report.measured[key] = dev
     return new
+
+
+def fde_graph(model: nn.Module, data: Dataset, cfg: "FDEConfig", report: CompressionReport) -> nn.Module:
+    """Dead channels (exactly 0 on the data at every state point) removed, then ε-FDE merging in every channel
+    group of the traced model (:mod:`.graph`), at ``cfg.merge_eps`` or bisected to a MAC/parameter budget
+    (:func:`graph_prepare`, then :func:`graph_realise`)."""
+    return graph_realise(graph_prepare(model, data, cfg), cfg, report)

@@ -30,12 +30,12 @@ from ...core.report import CompressionReport
 from ...core.spec import MethodSpec
 from .smoke import smoke_case
 from ...core.train import FinetuneOptions
-from .graph_path import fde_graph
+from .graph_path import GraphPrepared, graph_prepare, graph_realise
 from .compensate import compensate, refit_bound
 from .partition import REPRESENTATIVES, RefineResult, box_samples, merge_to_widths, refine, remove_all_constant
 from ...core.prune import CHAIN_COSTS, widths_for_params
 
-__all__ = ["FDEConfig", "fde_compress", "input_box", "demo_case", "SPEC"]
+__all__ = ["FDEConfig", "FDEPrepared", "fde_compress", "fde_prepare", "fde_realise", "input_box", "demo_case", "SPEC"]
 
 
 @dataclass
@@ -235,13 +235,36 @@ def _is_mlp(model: nn.Module) -> bool:
     return True
 
 
+@dataclass
+class FDEPrepared:
+    """What ``fde`` computes once, whatever ε or the budget: ``model`` (the original, a reference) and ``data``
+    (the calibration data); ``graph``: on a model other than a Sequential MLP, the graph path's preparation (the
+    channel analysis's dead channels and every group's exact partition, :class:`~.graph_path.GraphPrepared`); None
+    for an MLP, whose every step (dead neurons, merges, compensation, bound) runs in :func:`fde_realise`: cheap on
+    an MLP, and its merges start from the dead-free chain at the given ε rather than from an exact partition."""
+
+    model: nn.Module
+    data: Dataset
+    graph: GraphPrepared | None = None
+
+
+def fde_prepare(model: nn.Module, data: Dataset, config: FDEConfig) -> FDEPrepared:
+    """The budget-free phase: the graph path's exact partitions (nothing for an MLP)."""
+    return FDEPrepared(model, data, None if _is_mlp(model) else graph_prepare(model, data, config))
+
+
+def fde_realise(prep: FDEPrepared, config: FDEConfig) -> tuple[nn.Module, CompressionReport]:
+    """The per-ε (per-budget) phase: merges at ``merge_eps`` or to the budget, the merged model and its report."""
+    report = CompressionReport("fde", asdict(config))
+    if prep.graph is None:
+        return _fde_mlp(prep.model, prep.data, config, report), report
+    return graph_realise(prep.graph, config, report), report
+
+
 def fde_compress(model: nn.Module, data: Dataset, config: FDEConfig) -> tuple[nn.Module, CompressionReport]:
     """Merge neurons (conv channels) whose incoming (or, for linear MLP layers, outgoing) coefficients agree
-    within ``eps``."""
-    cfg = config
-    report = CompressionReport("fde", asdict(cfg))
-    new = (_fde_mlp if _is_mlp(model) else fde_graph)(model, data, cfg, report)
-    return new, report
+    within ``eps`` (:func:`fde_prepare`, then :func:`fde_realise`)."""
+    return fde_realise(fde_prepare(model, data, config), config)
 
 
 def demo_case(quick: bool = True) -> DemoCase:
@@ -270,4 +293,5 @@ def demo_case(quick: bool = True) -> DemoCase:
 SPEC = MethodSpec("fde", "ε-FDE merging of MLP neurons and of channels in any traceable model (lump equivalent "
                   "ones)", FDEConfig,
                   fde_compress, demo_case=demo_case, report_fields=("bounds",), smoke_case=smoke_case,
-                  budgets=("mac_ratio", "param_ratio"))
+                  budgets=("mac_ratio", "param_ratio"), prepare=fde_prepare, realise=fde_realise,
+                  realise_fields=("merge_eps", "finetune_epochs", "finetune_lr"))

@@ -46,6 +46,7 @@ CASES = [
     ("wanda", digits_mlp, digits_subset, [{"param_ratio": 0.5}, {"mac_ratio": 0.7}, {"widths": (20, 10)}],
      ["activation_norms"]),
     ("wanda", _resnet, _images, [{"mac_ratio": 0.7}, {"param_ratio": 0.6}], ["wanda_importance"]),
+    ("fde", _resnet, _images, [{"merge_eps": 1.0}, {"merge_eps": 1.5}], ["graph_prepare"]),
 ]
 
 
