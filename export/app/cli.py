@@ -1099,7 +1099,10 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
 @click.option("--max-mse-increase", type=float, metavar="VALUE", help="Largest allowed MSE increase (regressors).")
 @click.option("--objective", type=click.Choice(["latency", "size"]), default="latency", show_default=True,
               help="What the chosen model minimises among those that meet the constraint.")
-@click.option("--time-budget", metavar="DURATION", help="Stop starting new search steps after this (e.g. 90s, 20m).")
+@click.option("--time-budget", metavar="DURATION",
+              help="Start no candidate after this (e.g. 90s, 20m); checked before every one.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the search plan and its estimated time (from a short probe of the model) and stop.")
 @click.option("--methods", help="Comma-separated methods to search (default: every method with a MAC budget, or none "
                                 "when --plan is given).")
 @click.option("--plan", type=click.Path(dir_okay=False),
@@ -1141,7 +1144,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
              plan: str | None, grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool, quant_target: str,
              screen_seconds: float | None, min_seconds: float | None, repeats: int | None, cache_dir: str | None,
              workers: int, executor_kind: str, address: str | None, bench_resource: str | None,
-             dynamic_axes: tuple[str, ...], quiet: bool, as_json: bool, **opts: Any) -> None:
+             dynamic_axes: tuple[str, ...], dry_run: bool, quiet: bool, as_json: bool, **opts: Any) -> None:
     """Find the fastest deployable model within a quality budget, measured on the target runtime, against the
     original in fp32 and INT8. Writes report.json/.md, front.png and chosen.onnx (chosen.pt2) into --out."""
     import dataclasses
@@ -1176,6 +1179,9 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     cache = Path(cache_dir) if cache_dir else _default_cache()
     cache = cache.resolve() if remote else cache  # the same folder for workers whatever their working directory
     _check_executor_options(executor_kind, address, bench_resource)  # before any work: Ray may be absent
+    if dry_run:
+        _tune_dry_run(con, model, weights, trust_pickle, data, eval_data, preprocess, cfg)
+        return
     with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data, plan)) as claim:
         net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
         check = require_match(check_data(net, {"evaluation": held, "calibration": calib}), allow_mismatch)
@@ -1193,6 +1199,22 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     files = "report.md, report.json, front.png" + (", chosen.onnx" if report.chosen else "")
     con.table(f"\ntune directory: {out} ({files}; candidate cache {cache})")
     con.result(json.loads((Path(out) / "report.json").read_text()))  # paths relative to the tune directory
+
+
+def _tune_dry_run(con: Any, model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None,
+                  preprocess: Any, cfg: Any) -> None:
+    """`tune --dry-run`: the plan and its estimated time; nothing is written."""
+    from export.app.tune import default_methods
+    from export.app.tune.dryrun import estimate_plan, probe_model
+
+    net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
+    methods = cfg.methods or (() if cfg.plan else default_methods())
+    est = estimate_plan(cfg, methods, len(calib), len(held) if held is not None else 0, probe_model(net, calib))
+    con.table("\n".join(["tune plan (dry run: nothing is compressed or written)", *[f"- {line}" for line in est.lines],
+                         "estimated time: " + ", ".join(f"{k} {v:.0f} s" for k, v in est.seconds.items())
+                         + f"; total about {est.total / 60:.1f} min"]))
+    con.result({"dry_run": True, "plan": est.lines, "estimated_s": {k: round(v, 1) for k, v in est.seconds.items()},
+                "estimated_total_s": round(est.total, 1)})
 
 
 def _check_executor_options(kind: str, address: str | None, bench_resource: str | None) -> None:

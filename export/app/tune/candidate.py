@@ -44,12 +44,25 @@ class CandidateSpec:
     variant: Any = None
     """A plan file's variant (:class:`compress.core.demo_case.DemoRun`, e.g. a chain of methods) evaluated as it is:
     then ``method`` is its label and ``mac_ratio`` is not a search budget."""
+    fraction: float = 1.0
+    """Share of the recovery cap (successive halving's short rungs): the same epochs on a seeded subsample of this
+    fraction of the calibration data. Below 1 the candidate only ranks (it is measured in torch, never exported)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"a candidate's recovery fraction is in (0, 1], got {self.fraction}")
+
+    @property
+    def short(self) -> bool:
+        """A successive-halving rung below the full recovery budget (ranking only)."""
+        return self.fraction < 1 and self.recover_epochs > 0
 
     @property
     def label(self) -> str:
         rec = f"+r{self.recover_epochs}" if self.recover_epochs else ""
+        part = f"~{self.fraction:.2g}" if self.short else ""
         budget = "" if self.variant is not None else f"@{self.mac_ratio:g}"
-        return f"{self.method}{budget}{rec}{'+qat' if self.qat else ''}"
+        return f"{self.method}{budget}{rec}{part}{'+qat' if self.qat else ''}"
 
 
 @dataclass
@@ -68,6 +81,8 @@ class CandidateResult:
     macs: int = 0
     files: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    """Wall time by phase: ``prepare`` and ``realise`` (0 when the worker had them already), ``recover``,
+    ``measure`` (held-out quality in torch), ``export`` (fp32, INT8, .pt2); ``compress`` for a plan variant."""
     recovery: dict[str, Any] | None = None
     cached: bool = False
     skipped: bool = False
@@ -211,7 +226,29 @@ def _from_cache(entry: Path, job: Job) -> CandidateResult | None:
 
 
 def _needed(job: Job) -> list[str]:
+    if job.spec.short:
+        return []
     return ["fp32", "pt2", *(["int8"] if job.int8 else [])]
+
+
+SUBSAMPLE_SEED = 0
+MIN_SUBSAMPLE = 64
+"""Fewest calibration samples a short rung recovers on (one default batch)."""
+
+
+def subsample(data: Dataset, fraction: float) -> Dataset:
+    """A seeded subsample of ``fraction`` of ``data`` (at least :data:`MIN_SUBSAMPLE` samples, in the original
+    order), the same for every candidate of a tune; ``data`` itself at fraction 1."""
+    import math
+
+    import torch
+
+    n = len(data)
+    keep = min(n, max(MIN_SUBSAMPLE, math.ceil(fraction * n)))
+    if keep >= n:
+        return data
+    rows = torch.randperm(n, generator=torch.Generator().manual_seed(SUBSAMPLE_SEED))[:keep].sort().values
+    return Dataset(data.x[rows], None if data.y is None else data.y[rows])
 
 
 def evaluate_candidate(job: Job) -> CandidateResult:
@@ -257,18 +294,23 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
         else:
             config = build_config(spec.method, {"mac_ratio": spec.mac_ratio, **dict(job.extra)},
                                   provider_defaults(job.providers))
-            small, report, phases = _compressed(job, model, calib, config, recovery)
+            small, report, phases = _compressed(job, model, calib, config, recovery,
+                                                subsample(calib, spec.fraction) if spec.short else calib)
             result.seconds.update(phases)
     except (CompressionError, MethodOptionError) as exc:
         result.error = str(exc).splitlines()[0]
         return result
-    result.seconds["compress"] = time.perf_counter() - t0 - report.timings_s.get("recover", 0.0)
-    result.seconds["recover"] = report.timings_s.get("recover", 0.0)
+    recovered = report.timings_s.get("recover", 0.0)
+    if spec.variant is not None:
+        result.seconds["compress"] = time.perf_counter() - t0 - recovered
+    result.seconds["recover"] = recovered
     result.mac_ratio, result.param_ratio = report.mac_ratio, report.param_ratio
     result.params, result.macs, result.recovery = report.params_after, report.macs_after, report.recovery
+    t0 = time.perf_counter()
     result.quality = held_out_metrics(model, small, held_out)
+    result.seconds["measure"] = time.perf_counter() - t0
     result.feasible = job.constraint.holds(Quality.from_metrics(result.quality), job.reference)
-    if result.feasible:
+    if result.feasible and not spec.short:
         from export.errors import ExportError, ParityError, QuantizationError, CalibrationError
 
         t0 = time.perf_counter()
@@ -297,23 +339,26 @@ def _remember(store: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Any
     return store[key], True
 
 
-def _compressed(job: Job, model: nn.Module, calib: Dataset, config: Any, recovery: Any
+def _compressed(job: Job, model: nn.Module, calib: Dataset, config: Any, recovery: Any, train: Dataset
                 ) -> tuple[nn.Module, Any, dict[str, float]]:
     """The candidate's module and report: the method prepared once per worker for these inputs and options (every
-    budget of its bisection realises from it), its zero-shot model realised once per budget (the recovered and
-    quantisation-aware candidates of that budget start from a copy), then the recovery. Also the seconds this job
-    spent preparing and realising (0 when it found them done)."""
+    budget realises from it; the state is also kept in the tune's cache folder, so another worker, a later tune or
+    a resumed one loads it instead of computing it), its zero-shot model realised once per budget (the recovered
+    and quantisation-aware candidates of that budget start from a copy), then the recovery on ``train`` (the
+    calibration data, or a short rung's subsample of it). Also the seconds this job spent preparing and realising
+    (0 when it found them done)."""
     from compress.registry import apply_recovery, prepare, prepared_key, realise
 
     method, t0 = job.spec.method, time.perf_counter()
     key = (job.fingerprint, method, prepared_key(method, config))
-    prepared, made = _remember(_PREPARED, key, lambda: _outcome(lambda: prepare(model, calib, method, config)))
+    prepared, made = _remember(_PREPARED, key, lambda: _outcome(
+        lambda: prepare(model, calib, method, config, cache_dir=job.cache_dir)))
     t1 = time.perf_counter()
     zero_shot, realised = _remember(_ZERO_SHOT, (*key, repr(config)),
                                     lambda: _outcome(lambda: realise(_value(prepared), config)))
     phases = {"prepare": t1 - t0 if made else 0.0, "realise": time.perf_counter() - t1 if realised else 0.0}
     small, report = copy.deepcopy(_value(zero_shot))
-    return apply_recovery(report, model, small, calib, recovery), report, phases
+    return apply_recovery(report, model, small, train, recovery), report, phases
 
 
 def _outcome(make: Any) -> tuple[Any, Exception | None]:

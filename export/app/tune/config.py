@@ -115,8 +115,9 @@ class TuneConfig:
     """Options of :func:`export.app.tune.tune`.
 
     ``methods`` empty: every registered method with a whole-model MAC budget. ``recover_epochs``: the recovery cap;
-    every method is searched without recovery and, when > 0, with this many epochs (and quantisation-aware
-    recovery for its INT8 when ``qat``). ``time_budget_s``: no new search step starts after it (what was measured
+    every method is bisected without recovery and, when > 0, its budgets just below that search's boundary race
+    for this many epochs by successive halving (``halving_*``; quantisation-aware recovery for the INT8 of the
+    winners when ``qat``). ``time_budget_s``: no new search step starts after it (what was measured
     is still reported).
     """
 
@@ -142,6 +143,13 @@ class TuneConfig:
     """Method options applied to every candidate where the method has them (e.g. ``rank_multiple``)."""
     dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
     """Dynamic axes besides the batch by input name (``--dynamic-axes``), kept by every exported file."""
+    halving_eta: int = 3
+    """Successive halving of the recovered candidates (:mod:`.halving`): each rung keeps ``1/eta`` of its
+    candidates and gives them ``eta`` times the recovery."""
+    halving_rungs: int = 3
+    """Rungs up to the full recovery cap (3 with eta 3: 1/9, 1/3 and all of it)."""
+    halving_per_method: int = 2
+    """Grid budgets per method that enter the first rung (the largest below its zero-shot boundary)."""
 
     def __post_init__(self) -> None:
         if self.objective not in ("latency", "size"):
@@ -154,6 +162,9 @@ class TuneConfig:
             raise TuneError(f"--recover-epochs must be >= 0, got {self.recover_epochs}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise TuneError(f"--time-budget must be positive, got {self.time_budget_s} s")
+        if self.halving_eta < 2 or self.halving_rungs < 1 or self.halving_per_method < 1:
+            raise TuneError("successive halving needs eta >= 2, at least one rung and one budget per method, got "
+                            f"eta {self.halving_eta}, {self.halving_rungs} rung(s), {self.halving_per_method} per method")
         if self.workers < 0:
             raise TuneError(f"--workers must be >= 0 (0: candidates in this process), got {self.workers}")
 

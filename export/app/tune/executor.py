@@ -15,11 +15,12 @@ import multiprocessing
 import os
 import signal
 from types import ModuleType
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from .config import TuneError
 
-__all__ = ["Executor", "InlineExecutor", "ProcessExecutor", "RayExecutor", "BENCH_RESOURCE", "require_ray"]
+__all__ = ["Executor", "InlineExecutor", "ProcessExecutor", "RayExecutor", "BENCH_RESOURCE", "require_ray",
+           "worker_threads", "WORKER_ENV"]
 
 BENCH_RESOURCE = "minreal_bench"
 """The Ray custom resource that marks nodes of the target hardware (where benchmarks may run)."""
@@ -29,7 +30,9 @@ CANCEL_GRACE_S = 5.0
 
 class Executor(Protocol):
     """``map(fn, jobs)`` → results in the order of ``jobs``; ``on_target(fn, job)`` → ``fn(job)`` run on the target
-    hardware; ``close(abort)`` releases the workers (``abort``: at once, dropping running jobs)."""
+    hardware; ``close(abort)`` releases the workers (``abort``: at once, dropping running jobs). An executor may
+    also have ``imap(fn, jobs)``, the same results as an iterator that yields each as soon as it and those before
+    it are done (the tune then reports every probe as it ends)."""
 
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> list[Any]: ...
 
@@ -44,6 +47,9 @@ class InlineExecutor:
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> list[Any]:
         return [fn(job) for job in jobs]
 
+    def imap(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> Iterator[Any]:
+        return (fn(job) for job in jobs)
+
     def on_target(self, fn: Callable[[Any], Any], job: Any) -> Any:
         return fn(job)
 
@@ -55,15 +61,47 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _start_worker(threads: int) -> None:
+    """A worker ignores Ctrl-C (the parent decides) and uses ``threads`` torch threads."""
+    _ignore_interrupts()
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def worker_threads(workers: int, cores: int | None = None) -> int:
+    """Torch threads per worker so that workers × threads never exceeds the cores (at least 1)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // max(1, workers))
+
+
+WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""Set for the workers unless the user set them: an OpenMP thread that finished its share sleeps instead of
+spinning, so workers (and the parent's timing processes) do not take each other's cores."""
+
+
 class ProcessExecutor:
-    """``workers`` local processes (spawned: no state inherited from the parent), reused across rounds; target jobs
-    run in this process (which starts its own fresh timing processes)."""
+    """``workers`` local processes (spawned: no state inherited from the parent), reused across rounds, each with
+    :func:`worker_threads` torch threads and passive OpenMP waiting (:data:`WORKER_ENV`); target jobs run in this
+    process (which starts its own fresh timing processes)."""
 
     def __init__(self, workers: int = 1) -> None:
-        self.pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_ignore_interrupts)
+        self.workers, self.threads = workers, worker_threads(workers)
+        added = {k: v for k, v in {**WORKER_ENV, "OMP_NUM_THREADS": str(self.threads)}.items()
+                 if k not in os.environ}
+        os.environ.update(added)  # spawned workers take the environment at their start, which is now
+        try:
+            self.pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_start_worker,
+                                                                  initargs=(self.threads,))
+        finally:
+            for k in added:
+                os.environ.pop(k, None)
 
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> list[Any]:
         return self.pool.map_async(fn, jobs, chunksize=1).get()
+
+    def imap(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> Iterator[Any]:
+        return self.pool.imap(fn, jobs, chunksize=1)
 
     def on_target(self, fn: Callable[[Any], Any], job: Any) -> Any:
         return fn(job)
@@ -131,6 +169,13 @@ class RayExecutor:
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> list[Any]:
         return self._get([self._task.remote(self.cwd, fn, job) for job in jobs])
 
+    def imap(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> Iterator[Any]:
+        refs = [self._task.remote(self.cwd, fn, job) for job in jobs]
+        for i in range(len(refs)):
+            [result] = self._get(refs[i:i + 1], outstanding=refs[i:])
+            self.pending = refs[i + 1:]  # still cancelled by an abort while the caller handles this result
+            yield result
+
     def on_target(self, fn: Callable[[Any], Any], job: Any) -> Any:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -139,9 +184,10 @@ class RayExecutor:
         self.ran_on.append(node)
         return result
 
-    def _get(self, refs: list[Any]) -> list[Any]:
-        """The results, or the first failed job's own exception (not Ray's wrapper with a remote traceback)."""
-        self.pending = refs
+    def _get(self, refs: list[Any], outstanding: list[Any] | None = None) -> list[Any]:
+        """The results, or the first failed job's own exception (not Ray's wrapper with a remote traceback);
+        ``outstanding`` (default ``refs``) is what an abort meanwhile cancels."""
+        self.pending = refs if outstanding is None else outstanding
         try:
             results = self.ray.get(refs)
         except self.ray.exceptions.RayTaskError as exc:

@@ -63,14 +63,37 @@ def render_tune_markdown(report: TuneReport) -> str:
     out += [f"- {cell}: {' < '.join(labels) or '-'}" for cell, labels in report.front.items()]
     out += ["", "## Searches (MAC-ratio bisection on held-out quality in torch)", ""]
     for s in report.searches:
+        if s["recover_epochs"]:
+            continue
         probes = ", ".join(f"{p['budget']:g}{'✓' if p['ok'] else '✗'}" for p in s["probes"])
         extra = ("" if s["monotone"] else "; not monotone, so the whole grid was evaluated") + \
             (f"; abandoned: {s['abandoned']}" if s.get("abandoned") else "")
-        out.append(f"- **{s['method']}**, recovery {s['recover_epochs']} epochs: {probes or '-'}; smallest feasible "
+        out.append(f"- **{s['method']}**, zero-shot: {probes or '-'}; smallest feasible "
                    f"{_fmt(s['smallest_feasible'], 'g')}{extra}")
+    out += _halving_lines(report.halving)
+    if report.phases_s:
+        out += ["", "## Wall time by phase (s)", "",
+                ", ".join(f"{k} {v:.1f}" for k, v in report.phases_s.items()) + f"; total {report.wall_s:.1f}",
+                "", "(prepare, realise, recover, measure and export are summed over candidates; the others are the "
+                "tune's own steps)"]
     out += ["", "## Counts", "", ", ".join(f"{k} {v}" for k, v in report.counts.items())]
     out += [f"- note: {n}" for n in report.notes]
     return "\n".join(out) + "\n"
+
+
+def _halving_lines(halving: dict[str, Any] | None) -> list[str]:
+    """The recovered candidates' race: per rung, each candidate's share of the recovery, loss and fate."""
+    if not halving:
+        return []
+    out = ["", f"## Recovery by successive halving (eta {halving['eta']}: each rung keeps a third and triples the "
+           "recovery)", ""]
+    for i, rung in enumerate(halving["rungs"]):
+        if not rung:
+            continue
+        share = rung[0]["fraction"]
+        entries = "; ".join(f"{e['method']}@{e['budget']:g} loss {_fmt(e['loss'], '.3g')} {e['outcome']}" for e in rung)
+        out.append(f"- rung {i + 1} ({share:.2g} of the cap, {rung[0]['samples']} samples): {entries}")
+    return out
 
 
 def plot_tune(report: TuneReport, path: Path) -> Any:

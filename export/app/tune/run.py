@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import math
 import os
 import shutil
 import socket
@@ -43,7 +44,8 @@ from .candidate import CandidateResult, CandidateSpec, Job, LoadedSource, evalua
 from .config import Constraint, Protocol, Quality, TuneConfig, TuneError
 from .executor import Executor, InlineExecutor
 from .front import Point, choose, pareto_front
-from .search import BudgetSearch
+from .halving import Halving, RungEntry, halving_pool, rung_fractions
+from .search import BudgetSearch, Probe
 
 __all__ = ["tune", "TuneReport", "Candidate", "TUNE_SCHEMA_VERSION", "default_methods", "BASELINES", "BenchJob",
            "BenchOutcome", "bench_files"]
@@ -104,6 +106,14 @@ class TuneReport:
     notes: list[str] = field(default_factory=list)
     measured_on: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Where each timing pass ran (``screen``, ``confirm``): ``host`` and ``pid`` of the process that timed it."""
+    halving: dict[str, Any] | None = None
+    """The recovered candidates' race (:meth:`.halving.Halving.record`): which candidate got which share of the
+    recovery cap, its loss there, and whether it went on."""
+    phases_s: dict[str, float] = field(default_factory=dict)
+    """Wall time by phase: the candidates' ``prepare``, ``realise``, ``recover``, ``measure`` and ``export``
+    (summed over candidates, so with several workers they can exceed the search's wall time), and the tune's own
+    ``baselines`` (export, quantisation, accuracy control), ``search`` (wall time of all candidate rounds),
+    ``ort_quality``, ``screen`` and ``confirm``."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +185,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     models_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     say(f"[tune] baselines: original fp32{f' and INT8 ({cfg.quant_target})' if cfg.int8 else ''}")
+    t_baselines = time.perf_counter()
     baselines = _baselines(model, calib, held_out, cfg, models_dir, reference, notes, say)
     job_base = Job(CandidateSpec("", 1.0), source or LoadedSource(model, calib, held_out),
                    fingerprint(model, calib, held_out), Path(cache_dir), cfg.constraint, reference, cfg.providers,
@@ -183,18 +194,26 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
                    tuple((n, tuple(sorted(per.items()))) for n, per in sorted(cfg.dynamic_axes.items())),
                    deadline=None if cfg.time_budget_s is None
                    else time.time() + cfg.time_budget_s - (time.perf_counter() - t_start))
+    phases = {"baselines": time.perf_counter() - t_baselines}
     try:
-        searches, results = _search(methods, cfg, job_base, run, t_start, notes, say)
+        t0 = time.perf_counter()
+        searches, halving, results = _search(methods, cfg, job_base, run, t_start, notes, say,
+                                             _Clock(t_start, say, cfg.workers, len(calib)))
         results += _qat_candidates(searches, cfg, job_base, run, t_start, notes, say)
+        phases["search"] = time.perf_counter() - t0
         candidates = baselines + _structural(results, models_dir, cfg)
+        t0 = time.perf_counter()
         _ort_quality(candidates, held_out, cfg.constraint, folder, say)
-        report = _measure_and_choose(candidates, held_out, cfg, folder, say, notes, run)
+        phases["ort_quality"] = time.perf_counter() - t0
+        report = _measure_and_choose(candidates, held_out, cfg, folder, say, notes, run, phases)
     except BaseException:
         run.close(abort=True)
         raise
     if executor is None:
         run.close()
     report.searches = [_search_record(k, s) for k, s in searches.items()]
+    report.halving = None if halving is None else halving.record()
+    report.phases_s = {**_candidate_phases(results), **{k: round(v, 2) for k, v in phases.items()}}
     report.reference = {"torch": dataclasses.asdict(reference)}
     one = 100.0 / len(held_out)
     notes.append(f"held-out data: {len(held_out)} samples, so one sample is {one:.3g} pp of accuracy; "
@@ -285,39 +304,166 @@ def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cf
 
 
 def _search(methods: Sequence[str], cfg: TuneConfig, base: Job, run: Executor, t_start: float, notes: list[str],
-            say: Progress) -> tuple[dict[tuple[str, int], BudgetSearch], list[CandidateResult]]:
-    """Rounds of bisection steps, one step of every unfinished (method, recovery) search per round."""
-    searches = {(m, e): BudgetSearch(cfg.grid) for m in methods for e in cfg.recovery_budgets}
+            say: Progress, clock: "_Clock") -> tuple[dict[tuple[str, int], BudgetSearch], Halving | None,
+                                                     list[CandidateResult]]:
+    """The plan's fixed variants, then rounds of zero-shot bisection (one step of every unfinished method's search a
+    round: every budget realises from the method's one prepared state, so a probe costs a realise, a measurement
+    and, when it meets the constraint, an export), then successive halving of the recovered candidates
+    (:mod:`.halving`)."""
+    searches = {(m, 0): BudgetSearch(cfg.grid) for m in methods}
     fixed = [dataclasses.replace(base, spec=CandidateSpec(v.label, 1.0, e, variant=v))
              for v in cfg.plan for e in cfg.recovery_budgets]
-    results: list[CandidateResult] = run.map(evaluate_candidate, fixed) if fixed else []
-    for res in results:
-        say(f"[tune] plan variant {res.spec.label}: {_probe_line(res, base)}")
-    while True:
-        if _over_budget(cfg, t_start):
-            notes.append(f"time budget of {cfg.time_budget_s:.0f} s reached: the search stopped early and the "
-                         "candidates measured so far were compared")
-            say("[tune] time budget reached; comparing what was measured")
-            break
+    results: list[CandidateResult] = clock.run_round(run, fixed, "plan variants", base) if fixed else []
+    while not _stopped(cfg, t_start, results, notes, say):
         steps = [(k, b) for k, s in searches.items() if (b := s.next_budget()) is not None]
         if not steps:
             break
         jobs = [dataclasses.replace(base, spec=CandidateSpec(m, b, e)) for (m, e), b in steps]
-        say(f"[tune] search round: {len(jobs)} probe(s) ({', '.join(j.spec.label for j in jobs)}), "
-            f"{time.perf_counter() - t_start:.0f} s elapsed")
-        outcomes = run.map(evaluate_candidate, jobs)
+        outcomes = clock.run_round(run, jobs, "zero-shot search round", base)
         for ((m, e), b), res in zip(steps, outcomes):
             if res.skipped:
                 continue
             results.append(res)
             search = searches[(m, e)]
             search.record(b, res.feasible, base.constraint.score(Quality.from_metrics(res.quality)))
-            say(f"[tune] {res.spec.label}: {_probe_line(res, base)}")
             if res.error and len(search.probes) >= 2 and all(p.score is None for p in search.probes.values()):
                 search.abandoned = res.error
         if _note_skipped(outcomes, notes, say):
+            return searches, None, results
+    halving = None
+    if cfg.recover_epochs and methods and not _stopped(cfg, t_start, results, notes, say):
+        halving = _halve(methods, searches, cfg, base, run, clock, results, t_start, notes, say)
+    return searches, halving, results
+
+
+def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch], cfg: TuneConfig, base: Job,
+           run: Executor, clock: "_Clock", results: list[CandidateResult], t_start: float, notes: list[str],
+           say: Progress) -> Halving:
+    """Successive halving of the recovered candidates below each method's zero-shot boundary."""
+    fractions = rung_fractions(cfg.halving_eta, cfg.halving_rungs)
+    pool = halving_pool(cfg.grid, {m: searches[(m, 0)].smallest() for m in methods}, cfg.halving_per_method)
+    halving = Halving(fractions, cfg.halving_eta, pool)
+    n_calib = clock.calib_samples
+    say(f"[tune] recovery by successive halving: {len(pool)} candidate(s) below the zero-shot boundaries, rungs of "
+        f"{', '.join(_fraction_text(f) for f in fractions)} of the {cfg.recover_epochs}-epoch recovery cap")
+    todo = pool
+    for i, fraction in enumerate(fractions):
+        if not todo:
             break
-    return searches, results
+        if _stopped(cfg, t_start, results, notes, say):
+            break
+        jobs = [dataclasses.replace(base, spec=CandidateSpec(m, b, cfg.recover_epochs, fraction=fraction))
+                for m, b in todo]
+        outcomes = clock.run_round(run, jobs, f"recovery rung {i + 1}/{len(fractions)} "
+                                   f"({_fraction_text(fraction)} of the cap)", base)
+        entries = []
+        for (m, b), res in zip(todo, outcomes):
+            samples = n_calib if fraction >= 1 else _subsample_size(n_calib, fraction)
+            if not res.skipped:
+                results.append(res)
+            loss = None if res.error else base.constraint.loss(Quality.from_metrics(res.quality), base.reference)
+            entries.append(RungEntry(m, b, fraction, samples, loss, res.feasible, sum(res.seconds.values()),
+                                     "skipped" if res.skipped else "refused" if res.error else ""))
+        todo = halving.promote(entries)
+        promoted = [f"{m}@{b:g}" for m, b in todo]
+        if promoted:
+            say(f"[tune] rung {i + 1} promotes {', '.join(promoted)}")
+        if _note_skipped(outcomes, notes, say):
+            break
+    for m in methods:
+        full = [e for rung in halving.rungs for e in rung if e.method == m and e.fraction >= 1 and e.outcome == "final"]
+        search = searches.setdefault((m, cfg.recover_epochs), BudgetSearch(cfg.grid))
+        for e in sorted(full, key=lambda e: -e.budget):
+            search.probes[e.budget] = Probe(e.budget, e.meets, None if e.loss is None else -e.loss)
+    return halving
+
+
+def _fraction_text(f: float) -> str:
+    return "all" if f >= 1 else f"1/{round(1 / f)}" if abs(1 / f - round(1 / f)) < 1e-9 else f"{f:.2g}"
+
+
+def _subsample_size(n: int, fraction: float) -> int:
+    from .candidate import MIN_SUBSAMPLE
+
+    return min(n, max(MIN_SUBSAMPLE, math.ceil(fraction * n)))
+
+
+def _stopped(cfg: TuneConfig, t_start: float, results: list[CandidateResult], notes: list[str],
+             say: Progress) -> bool:
+    """Whether the time budget has run out (noted once)."""
+    if not _over_budget(cfg, t_start):
+        return False
+    if not any("time budget" in n for n in notes):
+        notes.append(f"time budget of {cfg.time_budget_s:.0f} s reached: the search stopped early and the "
+                     "candidates measured so far were compared")
+        say("[tune] time budget reached; comparing what was measured")
+    return True
+
+
+class _Clock:
+    """Progress of the search: a line when each probe starts and ends (its phases, its time, the elapsed time and
+    an estimate of what is left of the round, from the probes measured so far)."""
+
+    def __init__(self, t_start: float, say: Progress, workers: int = 1, calib_samples: int = 0) -> None:
+        self.t_start, self.say, self.workers, self.calib_samples = t_start, say, max(1, workers), calib_samples
+        self.fixed: list[float] = []
+        """Seconds of finished probes outside recovery (prepare excluded)."""
+        self.per_sample_epoch: list[float] = []
+        """Recovery seconds per (sample x epoch) of finished recoveries."""
+
+    def estimate(self, job: Job) -> float | None:
+        """Seconds ``job`` should take, from the probes so far (None before any)."""
+        if not self.fixed:
+            return None
+        spec = job.spec
+        rest = sum(self.fixed) / len(self.fixed)
+        if not spec.recover_epochs:
+            return rest
+        if not self.per_sample_epoch:
+            return None
+        samples = self.calib_samples if not spec.short else _subsample_size(self.calib_samples, spec.fraction)
+        return rest + sorted(self.per_sample_epoch)[len(self.per_sample_epoch) // 2] * samples * spec.recover_epochs
+
+    def run_round(self, run: Executor, jobs: list[Job], what: str, base: Job) -> list[CandidateResult]:
+        guesses = [self.estimate(j) for j in jobs]
+        known = [g for g in guesses if g is not None]
+        guess = (f", about {sum(known) / self.workers:.0f} s" + ("" if len(known) == len(guesses) else " + unknown")
+                 if known else "")
+        self.say(f"[tune] {what}: {len(jobs)} probe(s){guess}; {self.elapsed()}")
+        imap = getattr(run, "imap", None)
+        stream = imap(evaluate_candidate, jobs) if imap is not None else iter(run.map(evaluate_candidate, jobs))
+        for job in jobs[: self.workers]:
+            self.say(f"[tune] start {job.spec.label}")
+        out = []
+        for i, res in enumerate(stream):
+            out.append(res)
+            self._learn(res)
+            left = [g for g in guesses[i + 1:] if g is not None]
+            eta = f", about {sum(left) / self.workers:.0f} s left in the round" if left else ""
+            self.say(f"[tune] end {res.spec.label}: {_probe_line(res, base)}{_phases(res)}; {self.elapsed()}{eta}")
+            nxt = i + self.workers
+            if nxt < len(jobs):
+                self.say(f"[tune] start {jobs[nxt].spec.label}")
+        return out
+
+    def _learn(self, res: CandidateResult) -> None:
+        if res.skipped or res.cached or res.error:
+            return
+        sec = res.seconds
+        self.fixed.append(sum(v for k, v in sec.items() if k not in ("prepare", "recover")))
+        samples = self.calib_samples if not res.spec.short else _subsample_size(self.calib_samples, res.spec.fraction)
+        if res.spec.recover_epochs and sec.get("recover") and samples:
+            self.per_sample_epoch.append(sec["recover"] / (samples * res.spec.recover_epochs))
+
+    def elapsed(self) -> str:
+        return f"{time.perf_counter() - self.t_start:.0f} s elapsed"
+
+
+def _phases(res: CandidateResult) -> str:
+    if res.skipped or res.cached:
+        return ""
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in res.seconds.items() if v >= 0.05)
+    return f" [{sum(res.seconds.values()):.1f} s{': ' + parts if parts else ''}]"
 
 
 def _note_skipped(outcomes: list[CandidateResult], notes: list[str], say: Progress) -> bool:
@@ -351,12 +497,25 @@ def _qat_candidates(searches: dict[tuple[str, int], BudgetSearch], cfg: TuneConf
         return []
     specs = [CandidateSpec(m, s.smallest(), e, qat=True) for (m, e), s in searches.items()
              if e > 0 and s.smallest() is not None]
-    results = run.map(evaluate_candidate, [dataclasses.replace(base, spec=spec) for spec in specs])
-    for res in results:
-        if not res.skipped:
-            say(f"[tune] {res.spec.label}: {_probe_line(res, base)}")
+    if not specs:
+        return []
+    results = _Clock(t_start, say, cfg.workers).run_round(run, [dataclasses.replace(base, spec=spec)
+                                                                for spec in specs],
+                                                          "quantisation-aware recovery", base)
     _note_skipped(results, notes, say)
     return [r for r in results if not r.skipped]
+
+
+def _candidate_phases(results: list[CandidateResult]) -> dict[str, float]:
+    """Seconds the candidates spent, summed by phase (``prepare``, ``realise``, ``recover``, ``measure``,
+    ``export``; cached candidates count nothing)."""
+    out: dict[str, float] = {}
+    for res in results:
+        if res.cached or res.skipped:
+            continue
+        for k, v in res.seconds.items():
+            out[k] = out.get(k, 0.0) + v
+    return {k: round(v, 2) for k, v in out.items()}
 
 
 def _structural(results: list[CandidateResult], models_dir: Path, cfg: TuneConfig) -> list[Candidate]:
@@ -437,12 +596,14 @@ def _points(candidates: list[Candidate], cell: str, which: str, constraint: Cons
 
 
 def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: TuneConfig, folder: Path,
-                        say: Progress, notes: list[str], run: Executor) -> TuneReport:
+                        say: Progress, notes: list[str], run: Executor, phases: dict[str, float]) -> TuneReport:
     """Screen every feasible file, confirm the fronts (and the smallest feasible file for ``--objective size``) and
     the baselines, choose on the first cell, and say plainly what won."""
     feasible = [c for c in candidates if c.feasible or c.kind == "baseline"]
     say(f"[tune] screening {len(feasible)} files ({cfg.screen.min_seconds:g} s per model, 1 process)")
+    t0 = time.perf_counter()
     screened = _bench(feasible, held_out, cfg, cfg.screen, say, run)
+    phases["screen"] = time.perf_counter() - t0
     screen = screened.report
     for (label, cell), ms in _p50(screen).items():
         next(c for c in feasible if c.label == label).screen_ms[cell] = ms
@@ -455,7 +616,9 @@ def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: Tun
         keep.add(smallest.label)  # size needs no timing: the smallest feasible file competes whatever its latency
     confirmed = [c for c in feasible if c.label in keep]
     say(f"[tune] confirming {len(confirmed)} files (front and baselines) with the release protocol")
+    t0 = time.perf_counter()
     confirmed_run = _bench(confirmed, held_out, cfg, cfg.confirm, say, run)
+    phases["confirm"] = time.perf_counter() - t0
     confirm = confirmed_run.report
     _record_confirmation(confirmed, confirm)
     chosen, verdict = _choose(confirmed, candidates, cells[0], cfg, notes)

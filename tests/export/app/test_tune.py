@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+import torch
 from click.testing import CliRunner
 
 from compress.core.smoke import digits_mlp, digits_subset
@@ -143,12 +144,14 @@ def test_bisection_prepares_each_method_once_and_reuses_zero_shot_models(trained
     model, tr, te = trained_mlp
     monkeypatch.setattr(candidate, "_PREPARED", {})
     monkeypatch.setattr(candidate, "_ZERO_SHOT", {})
-    prepared, realised = collections.Counter(), collections.Counter()
+    prepared, realised, from_disk = collections.Counter(), collections.Counter(), collections.Counter()
     real_prepare, real_realise = registry.prepare, registry.realise
 
-    def counting_prepare(model, data, method, config=None):  # noqa: ANN001, ANN202 - the wrapped signature
+    def counting_prepare(model, data, method, config=None, cache_dir=None):  # noqa: ANN001, ANN202 - wrapped
         prepared[method] += 1
-        return real_prepare(model, data, method, config)
+        result = real_prepare(model, data, method, config, cache_dir=cache_dir)
+        from_disk[method] += result.cached
+        return result
 
     def counting_realise(prep, config=None, recovery=None, held_out=None):  # noqa: ANN001, ANN202
         realised[(prep.method, config.mac_ratio)] += 1
@@ -159,10 +162,19 @@ def test_bisection_prepares_each_method_once_and_reuses_zero_shot_models(trained
     cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd", "factorize"), grid=(0.8, 0.5, 0.3),
                      recover_epochs=1, int8=False, screen=FAST, confirm=FAST)
     report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
-    probes = [(s["method"], p["budget"]) for s in report.searches for p in s["probes"]]
-    assert len(probes) > len(set(probes)) > 2  # both recovery settings probed some budgets: reuse was possible
+    probes = [(s["method"], p["budget"]) for s in report.searches if s["recover_epochs"] == 0 for p in s["probes"]]
+    raced = [(e["method"], e["budget"]) for rung in report.halving["rungs"] for e in rung]
+    assert len(raced) > len(set(raced)) and set(raced) & set(probes)  # budgets met again: reuse was possible
     assert prepared == {"svd": 1, "factorize": 1}
-    assert set(realised) == set(probes) and set(realised.values()) == {1}, (realised, probes)
+    assert set(realised) == set(probes) | set(raced) and set(realised.values()) == {1}, (realised, probes, raced)
+    # a later tune (a fresh worker: nothing in memory) loads the prepared states from the cache folder
+    monkeypatch.setattr(candidate, "_PREPARED", {})
+    monkeypatch.setattr(candidate, "_ZERO_SHOT", {})
+    again = tune(model, tr, te, dataclasses.replace(cfg, grid=(0.8, 0.5, 0.3, 0.25)), tmp_path / "u",
+                 tmp_path / "cache", executor=InlineExecutor())
+    assert prepared == {"svd": 2, "factorize": 2}
+    assert from_disk == {m: int(registry.get_method(m).two_phase) for m in ("svd", "factorize")}  # factorize at least
+    assert again.chosen is not None
 
 
 def test_a_job_past_the_deadline_is_skipped_and_never_cached(trained_mlp, tmp_path: Path) -> None:
@@ -211,6 +223,14 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(tmp_path: Path, monkeyp
     assert run(["tune", "net.py:make", "--data", "digits-flat", "--out", "u"]) == 2
     err = capsys.readouterr().err
     assert "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
+    plan = CliRunner().invoke(cli, ["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
+                                    "--methods", "svd,factorize", "--recover-epochs", "2", "--out", "v", "--dry-run",
+                                    "--json", "-q"])
+    assert plan.exit_code == 0, plan.output
+    dry = json.loads(plan.output)
+    assert dry["dry_run"] and not Path("v").exists()  # a plan writes nothing
+    assert any("successive halving of up to 4 candidate(s)" in line for line in dry["plan"]), dry["plan"]
+    assert dry["estimated_total_s"] == pytest.approx(sum(dry["estimated_s"].values()), abs=0.5)
 
 
 def test_size_objective_picks_the_smallest_feasible_file_of_all(trained_mlp, tmp_path: Path,
@@ -294,3 +314,61 @@ def test_tune_refuses_unmeasurable_constraints_and_path_like_plan_labels(trained
     with pytest.raises(TuneError, match="path separators"):
         tune(model, tr, te, bad, tmp_path / "b", tmp_path / "c")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_halving_pool_takes_the_budgets_just_below_each_zero_shot_boundary() -> None:
+    from export.app.tune.halving import halving_pool, rung_fractions
+
+    grid = (0.9, 0.8, 0.7, 0.6, 0.5)
+    pool = halving_pool(grid, {"a": 0.7, "b": None, "c": 0.5}, per_method=2)
+    assert pool == [("a", 0.6), ("a", 0.5), ("b", 0.9), ("b", 0.8)]  # c met the smallest budget: nothing to race
+    assert rung_fractions(3, 3) == (1 / 9, 1 / 3, 1.0) and rung_fractions(2, 1) == (1.0,)
+
+
+def test_halving_drops_dominated_budgets_and_keeps_a_third_ranked_by_promise() -> None:
+    """At a rung: a budget of a method whose smaller budget already met the constraint is dominated (same method,
+    more MACs); of the rest, ceil(n / eta) go on: those that meet it, smallest budget first, then the smallest
+    losses. Only the last rung's survivors are final."""
+    from export.app.tune.halving import Halving, RungEntry
+
+    h = Halving((1 / 9, 1 / 3, 1.0), 3, [])
+
+    def entry(method: str, budget: float, loss: float | None, meets: bool, outcome: str = "") -> RungEntry:
+        return RungEntry(method, budget, 1 / 9, 100, loss, meets, 1.0, outcome)
+
+    rung = [entry("a", 0.6, 0.4, True), entry("a", 0.5, 0.8, True), entry("b", 0.9, 3.0, False),
+            entry("b", 0.8, 5.0, False), entry("c", 0.7, None, False, "refused"), entry("d", 0.9, 1.5, False),
+            entry("e", 0.4, 2.0, False)]
+    promoted = h.promote(rung)
+    assert [e.outcome for e in rung] == ["dominated", "promoted", "cut", "cut", "refused", "promoted", "cut"]
+    assert promoted == [("a", 0.5), ("d", 0.9)]  # ceil(5 alive / 3) = 2: the one that meets, then the lowest loss
+    second = [RungEntry(m, b, 1 / 3, 300, 0.5, True, 2.0) for m, b in promoted]
+    assert h.promote(second) == [("a", 0.5)]
+    last = [RungEntry("a", 0.5, 1.0, 900, 0.9, True, 6.0)]
+    assert h.promote(last) == [] and last[0].outcome == "final"
+    record = h.record()
+    assert [len(r) for r in record["rungs"]] == [7, 2, 1] and record["fractions"] == [1 / 9, 1 / 3, 1.0]
+
+
+def test_short_rungs_rank_on_a_subsample_and_are_never_exported(trained_mlp, tmp_path: Path) -> None:
+    """A recovered search races by successive halving: the short rungs recover on a seeded subsample of the
+    calibration data and leave no file; only the full rung's candidates are exported, and the report says which
+    candidate got which share of the recovery."""
+    from export.app.tune.candidate import CandidateSpec, subsample
+
+    model, tr, te = trained_mlp
+    part = subsample(tr, 1 / 9)
+    assert len(part) == math.ceil(len(tr) / 9) and torch.equal(part.x, subsample(tr, 1 / 9).x)
+    assert CandidateSpec("svd", 0.5, 2, fraction=1 / 3).label == "svd@0.5+r2~0.33"
+    assert CandidateSpec("svd", 0.5, 0, fraction=1 / 3).short is False  # nothing to shorten without recovery
+    cfg = TuneConfig(Constraint(max_accuracy_drop=0.0), methods=("svd",), grid=(0.9, 0.8, 0.7, 0.6),
+                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST)
+    report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
+    rungs = report.halving["rungs"]
+    assert rungs and {e["fraction"] for e in rungs[0]} == {1 / 9}
+    assert all(e["samples"] == math.ceil(len(tr) / 9) for e in rungs[0])
+    structural = [c.label for c in report.candidates if c.kind == "structural"]
+    assert not [lb for lb in structural if "~" in lb]  # short rungs rank, they never become files
+    final = [e for rung in rungs for e in rung if e["outcome"] == "final"]
+    assert all(e["fraction"] == 1.0 for e in final)
+    assert {"baselines", "search", "screen", "confirm"} <= set(report.phases_s)

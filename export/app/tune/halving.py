@@ -1,0 +1,107 @@
+"""Successive halving of the recovered candidates (Jamieson & Talwalkar 2016; Li et al. 2018, "Hyperband").
+
+Recovery is what a tune cannot make cheap: it trains. So the recovered candidates are not bisected at the full
+recovery budget; they race. The pool is, per method, the ``per_method`` grid budgets just below the smallest budget
+its zero-shot search met (recovery only matters where the zero-shot model misses: above that boundary the zero-shot
+model is as fast and already feasible). Every candidate of the pool gets the first rung, a fraction of the recovery
+cap (the same epochs on a seeded subsample of the calibration data), which is enough to rank them; at each rung
+the candidates that cannot reach the front any more are dropped (a budget of a method whose smaller budget already
+met the constraint at that rung is dominated: same method, more MACs) and the best ``1/eta`` of the rest go on, with
+``eta`` times the budget, up to the full cap. Only the last rung's candidates are real candidates (exported, timed);
+the report says which candidate got which rung.
+
+Rank at a rung: candidates that meet the constraint first, smallest MAC ratio first (they are the fastest that are
+already good enough); then those that miss it, smallest loss first (the likeliest to meet it with more recovery).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+__all__ = ["Halving", "RungEntry", "HALVING_ETA", "HALVING_RUNGS", "HALVING_PER_METHOD", "halving_pool",
+           "rung_fractions"]
+
+HALVING_ETA = 3
+"""Each rung keeps a third of its candidates and gives them three times the recovery."""
+HALVING_RUNGS = 3
+"""Rungs from the first to the full cap: fractions 1/9, 1/3, 1 of the recovery cap with ``eta`` 3."""
+HALVING_PER_METHOD = 2
+"""Grid budgets per method in the pool: the two just below its zero-shot boundary."""
+
+
+def rung_fractions(eta: int = HALVING_ETA, rungs: int = HALVING_RUNGS) -> tuple[float, ...]:
+    """The recovery fraction of each rung, the last being the full cap: ``(1/eta**(rungs-1), ..., 1/eta, 1)``."""
+    if eta < 2 or rungs < 1:
+        raise ValueError(f"successive halving needs eta >= 2 and at least one rung, got eta={eta}, rungs={rungs}")
+    return tuple(float(eta) ** -(rungs - 1 - i) for i in range(rungs))
+
+
+def halving_pool(grid: Sequence[float], boundaries: dict[str, float | None], per_method: int = HALVING_PER_METHOD
+                 ) -> list[tuple[str, float]]:
+    """``(method, budget)`` pairs that enter the first rung: for each method the ``per_method`` largest grid
+    budgets below its zero-shot boundary (the smallest budget its zero-shot model met; None: it met none, so the
+    largest budgets of the grid)."""
+    ordered = sorted(set(grid), reverse=True)
+    pool = []
+    for method, boundary in boundaries.items():
+        below = [b for b in ordered if boundary is None or b < boundary]
+        pool += [(method, b) for b in below[:per_method]]
+    return pool
+
+
+@dataclass
+class RungEntry:
+    """One candidate at one rung: its loss under the constraint (None: refused or not measured) and what became
+    of it (``promoted``, ``dominated`` by a smaller budget of its method that met the constraint, ``cut`` by the
+    ranking, ``refused`` by the method, ``skipped`` by the time budget, ``final``: the last rung)."""
+
+    method: str
+    budget: float
+    fraction: float
+    samples: int
+    loss: float | None
+    meets: bool
+    seconds: float
+    outcome: str = ""
+
+
+@dataclass
+class Halving:
+    """The race: ``pool`` enters at ``fractions[0]``; ``rungs[i]`` holds what rung ``i`` measured."""
+
+    fractions: tuple[float, ...]
+    eta: int
+    pool: list[tuple[str, float]]
+    rungs: list[list[RungEntry]] = field(default_factory=list)
+
+    def promote(self, entries: list[RungEntry]) -> list[tuple[str, float]]:
+        """Mark ``entries`` (one rung) and return the candidates that go on to the next rung."""
+        self.rungs.append(entries)
+        alive = []
+        for e in entries:
+            if e.outcome:
+                continue  # refused or skipped
+            if any(o.method == e.method and o.meets and o.budget < e.budget for o in entries):
+                e.outcome = "dominated"
+            else:
+                alive.append(e)
+        if len(self.rungs) == len(self.fractions):
+            for e in alive:
+                e.outcome = "final"
+            return []
+        alive.sort(key=lambda e: (not e.meets, e.budget if e.meets else math.inf,
+                                  math.inf if e.loss is None else e.loss, -e.budget))
+        keep = math.ceil(len(alive) / self.eta)
+        for i, e in enumerate(alive):
+            e.outcome = "promoted" if i < keep else "cut"
+        return [(e.method, e.budget) for e in alive[:keep]]
+
+    def record(self) -> dict[str, Any]:
+        """JSON-safe: the fractions, and each rung's candidates with their loss and outcome."""
+        return {"eta": self.eta, "fractions": list(self.fractions),
+                "pool": [[m, b] for m, b in self.pool],
+                "rungs": [[{"method": e.method, "budget": e.budget, "fraction": e.fraction, "samples": e.samples,
+                            "loss": e.loss, "meets": e.meets, "seconds": round(e.seconds, 2), "outcome": e.outcome}
+                           for e in rung] for rung in self.rungs]}
