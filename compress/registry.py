@@ -11,21 +11,22 @@ import pkgutil
 import time
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable, Sequence
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from runtime_bench.facts import error_line
 
-from .core.costs import count_costs, count_macs_torch, uncovered_modules, whole_model_macs
-from .core.data import Dataset
 from .core.errors import CompressionError, UnknownMethodError
+from .core.lazy import LazyCallable
 from .core.options import BUDGET_FIELDS, field_clash, flag_of
-from .core.evaluate import compare_outputs
-from .core.recover import RecoveryConfig, held_out_metrics, recover
+from .core.recover_options import RecoveryConfig
 from .core.report import CompressionReport
 from .core.spec import MethodFn, MethodSpec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .core.data import Dataset
 
 __all__ = ["Method", "MethodFn", "MethodSpec", "MethodRegistry", "ENTRY_POINT_GROUP", "register",
            "register_method", "get_method", "method_names", "compress", "compress_chain", "chain_label", "fill_costs",
@@ -35,6 +36,15 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
 BUILTIN_PACKAGE = "compress.methods"
 Method = MethodSpec  # the name export/ and older code use
+
+# torch's side, imported on first call: looking methods up (names, configs, the CLI's options) imports no torch
+count_costs = LazyCallable("compress.core.costs:count_costs")
+count_macs_torch = LazyCallable("compress.core.costs:count_macs_torch")
+uncovered_modules = LazyCallable("compress.core.costs:uncovered_modules")
+whole_model_macs = LazyCallable("compress.core.costs:whole_model_macs")
+compare_outputs = LazyCallable("compress.core.evaluate:compare_outputs")
+held_out_metrics = LazyCallable("compress.core.recover:held_out_metrics")
+recover = LazyCallable("compress.core.recover:recover")
 
 
 class MethodRegistry:

@@ -50,6 +50,8 @@ from runtime_bench.facts import (CPU_AVX2_TARGET, CPU_VNNI_TARGET, FLOAT_KERNEL_
                                  REDUCED_WEIGHT_QMAX, WEIGHT_QMAX, error_line)
 from runtime_bench.runtime import onnxruntime_module
 from export.errors import CalibrationError, QuantizationError
+from export.settings import AUTO_TARGET as _AUTO_TARGET
+from export.settings import DROP_ROUNDTRIPS, QUANT_MODES, QUANT_TARGETS
 
 __all__ = [
     "QUANT_MODES",
@@ -88,13 +90,7 @@ _TARGETS = {
     CPU_AVX2_TARGET: _Target("uint8", False, True, reduce_range=True),
     "tensorrt": _Target("int8", True, False),
 }
-_AUTO_TARGET = "cpu"
-QUANT_TARGETS: tuple[str, ...] = (_AUTO_TARGET, *_TARGETS)
-"""INT8 formats here (``--quant-target``): ``cpu`` (the right one of ``cpu-vnni``/``cpu-avx2`` for this machine),
-``cpu-vnni``, ``cpu-avx2`` and ``tensorrt``; each picks an activation type, symmetry and weight range."""
 _WEIGHT_TYPES = ("int8", "uint8")
-QUANT_MODES: tuple[str, ...] = ("static", "dynamic")
-"""``--quant-mode``: calibrated QDQ, or weights only with activations quantised at run time."""
 _QUANT_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}  # onnxruntime.quantization.QuantType members
 _CALIBRATION_METHODS = {  # onnxruntime.quantization.CalibrationMethod members
     "minmax": "MinMax",
@@ -129,8 +125,8 @@ class QuantConfig:
             no fewer integer kernels (:func:`_drop_roundtrips`).
     """
 
-    mode: str = "static"
-    target: str = "cpu"
+    mode: str = QUANT_MODES[0]
+    target: str = _AUTO_TARGET
     activation_type: str | None = None
     activation_symmetric: bool | None = None
     weight_type: str = "int8"
@@ -141,7 +137,7 @@ class QuantConfig:
     allow_random_calibration: bool = False
     random_samples: int = 32
     seed: int = 0
-    drop_roundtrips: bool = True
+    drop_roundtrips: bool = DROP_ROUNDTRIPS
 
     def __post_init__(self) -> None:
         choices = {

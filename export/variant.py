@@ -12,7 +12,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,12 @@ from torch import nn
 from compress import count_costs
 from compress.core.inputs import Inputs, NamedInputs, repeat_to, slice_axis
 from export.fp16 import Fp16Config, convert_fp16, fp16_path
-from export.mobile import ShapeSpec, fix_verified, mobile_usability
+from export.mobile import fix_verified, mobile_usability
 from export.onnx_export import Axes, to_onnx
 from export.onnx_files import data_files, move_onnx, onnx_size
-from export.quantize import QuantConfig, quantize_int8
+from export.quantize import quantize_int8
+from export.json_safe import to_jsonable
+from export.settings import CALIB_SAMPLES, VariantConfig
 from export.readiness import tensorrt_readiness
 from export.tensorrt_check import tensorrt_check
 from export.simplify import simplify
@@ -38,55 +40,12 @@ __all__ = ["PARITY_BATCH_SIZES", "CALIB_SAMPLES", "PTQ_SUFFIX", "VariantConfig",
 PARITY_BATCH_SIZES: tuple[int, ...] = (1, 16)
 """Batch sizes ONNX Runtime is compared with torch at (data smaller than a batch is repeated to fill it)."""
 
-CALIB_SAMPLES = 256
-"""Samples INT8 calibration uses (the first ones of the calibration data)."""
-
 PTQ_SUFFIX = ".ptq"
 """Inserted before ``.int8`` in the label and file of the post-training INT8 copy of a variant whose own INT8
 copy uses ranges trained by quantisation-aware recovery."""
 
 FP16_LABEL_SUFFIX = ".fp16"
 """Appended to a variant's label for its FP16 copy (``original.fp16``); its file is ``NAME.fp16.onnx``."""
-
-
-@dataclass(frozen=True)
-class VariantConfig:
-    """Export, parity and INT8 settings of a variant.
-
-    Attributes:
-        opset: ONNX opset (>= 17).
-        rtol, atol: parity (and simplification) tolerances, ``|onnx - torch| <= atol + rtol * |torch|``.
-        quant_target: provider whose INT8 format is written (``--quant-target``).
-        quant_mode: ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``--quant-mode``).
-        calib_samples: samples of the calibration data used for static INT8.
-        allow_random_calibration: calibrate on random data when there is none (not advised).
-        fixed_shapes: symbolic dimensions to fix in the written file once parity passed (``--fixed-shapes``; for
-            NNAPI/CoreML), or ``None`` to keep them dynamic.
-        tensorrt_validation: validate each file with TensorRT itself (parse, engine builds, parity with ONNX
-            Runtime; :func:`export.tensorrt_check.tensorrt_check`) when it is importable; the static check
-            otherwise and when this is off. The pipeline turns it on when ``--providers`` includes tensorrt.
-        tensorrt_batch: (min, opt, max) batch of the optimisation profile of that validation.
-        drop_roundtrips: leave in float the nodes ORT's CPU graph would run between a dequantise and a re-quantise
-            (:attr:`export.quantize.QuantConfig.drop_roundtrips`; ``--int8-keep-roundtrips`` turns it off).
-    """
-
-    opset: int = 18
-    rtol: float = 1e-3
-    atol: float = 1e-4
-    quant_target: str = QuantConfig.target
-    quant_mode: str = QuantConfig.mode
-    calib_samples: int = CALIB_SAMPLES
-    allow_random_calibration: bool = False
-    fixed_shapes: ShapeSpec | None = None
-    tensorrt_validation: bool = False
-    tensorrt_batch: tuple[int, int, int] = (1, 32, 32)
-    drop_roundtrips: bool = QuantConfig.drop_roundtrips
-
-    def quant_config(self) -> QuantConfig:
-        """The :class:`QuantConfig` these settings ask for."""
-        return QuantConfig(target=self.quant_target, mode=self.quant_mode,
-                           allow_random_calibration=self.allow_random_calibration,
-                           drop_roundtrips=self.drop_roundtrips)
 
 
 @dataclass
@@ -112,23 +71,6 @@ class VariantRecord:
     fixed_shapes: dict[str, Any] | None = None
     mobile: dict[str, Any] = field(default_factory=dict)
     fp16: dict[str, Any] = field(default_factory=dict)
-
-
-def to_jsonable(obj: Any) -> Any:
-    """JSON-safe copy of dataclasses, paths, tuples and numpy scalars."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return to_jsonable(asdict(obj))
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    return obj
 
 
 def relative_to(obj: Any, root: Path) -> Any:

@@ -11,6 +11,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from .options import ALLOCATOR_NAMES
+
 __all__ = ["KEEP", "RankOptions", "options_from_spectrum", "layer_multiple", "allocate", "ALLOCATORS", "cheapest_cost",
            "smallest_ranks", "lagrangian", "energy_threshold", "uniform_fraction", "total_cost", "rank_at_fraction",
            "rank_at_energy"]
@@ -178,11 +180,8 @@ def uniform_fraction(options: list[RankOptions], budget: float) -> dict[str, int
     return _by_parameter(options, budget, rank_at_fraction)
 
 
-ALLOCATORS: dict[str, Callable[[list[RankOptions], float], dict[str, int]]] = {
-    "lagrangian": lagrangian,
-    "energy": energy_threshold,
-    "uniform": uniform_fraction,
-}
+ALLOCATORS: dict[str, Callable[[list[RankOptions], float], dict[str, int]]] = dict(
+    zip(ALLOCATOR_NAMES, (lagrangian, energy_threshold, uniform_fraction), strict=True))
 
 
 def allocate(options: list[RankOptions], budget: float, allocator: str = "lagrangian") -> dict[str, int]:

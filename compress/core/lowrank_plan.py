@@ -7,25 +7,22 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
-from runtime_bench.facts import PROVIDERS
-
-from .allocate import (ALLOCATORS, KEEP, RankOptions, allocate, cheapest_cost, options_from_spectrum,
+from .allocate import (KEEP, RankOptions, allocate, cheapest_cost, options_from_spectrum,
                        rank_at_fraction, smallest_ranks, total_cost)
 from .attention import PlainAttention, Unfused, unfuse_attention
 from .costs import CostTable, count_costs, count_macs_torch
 from .errors import CompressionError
 from .evaluate import eval_mode
 from .inputs import Inputs, call
-from .options import Alias, CostBudget, ExcludeOption, flag_of
+from .options import RANK_MULTIPLE_BY_PROVIDER, Budget, BudgetOptions, rank_multiple_defaults
 from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_macs, pair_params
 from .report import CompressionReport, LayerReport
 from .surgery import parent_weight_readers, replace_modules
@@ -36,129 +33,6 @@ __all__ = ["Budget", "BudgetOptions", "Target", "factorisable_model", "find_targ
 
 CostFn = Callable[[int], float]
 log = logging.getLogger(__name__)
-
-#: Rank granularity that keeps factorised layers on the provider's fast paths: measured on resnet18 with the
-#: CPU provider, multiples of 16 turned a 1.31x latency/MAC gap into 1.03x (benchmarks/factorize_latency.json);
-#: GPU tensor cores want multiples of 8.
-RANK_MULTIPLE_BY_PROVIDER: Mapping[str, int] = MappingProxyType(
-    {name: 16 if name == "cpu" else 8 for name in PROVIDERS})
-
-
-#: CLI flag of each :class:`Budget` target, by scope (``layers``: the factorisable layers' cost; ``model``:
-#: the whole model's).
-_FLAGS = {"layers": {"flops": "--layer-mac-ratio", "params": "--layer-param-ratio",
-                     "latency": "--layer-latency-ratio", "rank_fraction": "--rank-fraction"},
-          "model": {"flops": "--mac-ratio", "params": "--param-ratio", "latency": "--latency-ratio",
-                    "rank_fraction": "--rank-fraction"}}
-
-
-@dataclass(frozen=True)
-class Budget:
-    """How ranks are chosen: a cost target (``flops``, ``params`` or measured ``latency`` ratio) or a plain
-    rank fraction. ``scope`` says whose cost the ratio is of: the factorisable layers' (``layers``) or the
-    whole model's (``model``; :func:`plan_ranks` then needs the whole-model cost)."""
-
-    flops: float | None = None
-    params: float | None = None
-    rank_fraction: float | None = None
-    allocator: str = "lagrangian"
-    rank_multiple: int = 1
-    latency: float | None = None
-    scope: str = "layers"
-
-    def __post_init__(self) -> None:
-        given = self.given
-        if len(given) > 1:
-            raise CompressionError("give only one of " + ", ".join(self.flag(k) for k in given))
-        for k in given:
-            v = getattr(self, k)
-            if not 0.0 < v <= 1.0:
-                raise CompressionError(f"{self.flag(k)} must lie in (0, 1], got {v}")
-        if self.rank_multiple < 1:
-            raise CompressionError(f"--rank-multiple must be >= 1, got {self.rank_multiple}")
-        if self.allocator not in ALLOCATORS:
-            raise CompressionError(f"--allocator must be one of {sorted(ALLOCATORS)}, got {self.allocator!r}")
-
-    def flag(self, key: str) -> str:
-        """The CLI flag of target ``key`` in this budget's scope."""
-        return _FLAGS[self.scope][key]
-
-    @property
-    def given(self) -> list[str]:
-        """The targets that were set (at most one in a valid budget)."""
-        return [k for k in ("flops", "params", "latency", "rank_fraction") if getattr(self, k) is not None]
-
-    @property
-    def cost_kind(self) -> str:
-        if self.latency is not None:
-            return "latency"
-        return "params" if self.params is not None else "macs"
-
-    @property
-    def ratio(self) -> float | None:
-        """The cost ratio asked for (None for a rank-fraction budget)."""
-        return next((v for v in (self.flops, self.params, self.latency) if v is not None), None)
-
-
-@dataclass
-class BudgetOptions(CostBudget, ExcludeOption):
-    """Config fields shared by the low-rank methods: the whole-model budget (:class:`CostBudget`), the
-    factorisable-layer budget the allocator works in (see :class:`Budget`) and excluded layers.
-    ``--flops``/``--params`` (deprecated) keep their old meaning, the factorisable layers' ratio."""
-
-    DEPRECATED_ALIASES: ClassVar[dict[str, str | Alias]] = {
-        "flops": Alias("layer_mac_ratio", "same meaning, the factorisable layers' MAC ratio (--mac-ratio budgets the "
-                                          "whole model)"),
-        "params": Alias("layer_param_ratio", "same meaning, the factorisable layers' parameter ratio (--param-ratio "
-                                             "budgets the whole model)")}
-
-    layer_mac_ratio: float | None = field(
-        default=None,
-        metadata={"help": "Target ratio of the factorisable layers' MACs (not the whole model's: see --mac-ratio), in "
-                          "(0, 1]; default 0.5 when no budget is given. Deprecated alias: --flops."})
-    layer_param_ratio: float | None = field(
-        default=None,
-        metadata={"help": "Target ratio of the factorisable layers' parameters (not the whole model's: see "
-                          "--param-ratio), in (0, 1]. Deprecated alias: --params."})
-    rank_fraction: float | None = field(
-        default=None,
-        metadata={"help": "Fraction of each layer's full rank kept, in (0, 1]; alternative to a cost target."})
-    allocator: str = field(
-        default="lagrangian",
-        metadata={"help": "Rank allocator that shares the budget among the layers; default lagrangian.",
-                  "choices": tuple(ALLOCATORS)})
-    rank_multiple: int = field(
-        default=1,
-        metadata={"help": "Round every rank to a multiple of this, >= 1; default 1, or the providers' fast-path "
-                          "multiple (16 CPU, 8 CUDA/TensorRT)."})
-
-    def __post_init__(self) -> None:
-        CostBudget.__post_init__(self)
-        layer = [k for k in self._layer_targets() if getattr(self, k) is not None]
-        if self.budget_given and layer:
-            raise CompressionError(f"give only one of {flag_of(self.budget_given[0])} and "
-                                   f"{flag_of(layer[0])}")
-        self.budget()  # validates the budget fields, naming the flags
-
-    def _layer_targets(self) -> tuple[str, ...]:
-        return ("layer_mac_ratio", "layer_param_ratio", "rank_fraction")
-
-    def budget(self, latency: float | None = None) -> Budget:
-        """The validated :class:`Budget` of these options: the whole-model budget when one is given, else the
-        factorisable-layer one (``layer_mac_ratio=0.5`` when no target is given); ``latency`` from configs
-        that offer a factorisable-layer latency target."""
-        common = {"allocator": self.allocator, "rank_multiple": self.rank_multiple}
-        if self.budget_given:
-            return Budget(self.mac_ratio, self.param_ratio, latency=self.latency_ratio, scope="model", **common)
-        budget = Budget(self.layer_mac_ratio, self.layer_param_ratio, self.rank_fraction, latency=latency, **common)
-        return budget if budget.given else Budget(flops=0.5, **common)
-
-
-def rank_multiple_defaults(providers: Sequence[str]) -> dict[str, Any]:
-    """Provider defaults of the low-rank methods: the coarsest rank multiple the target providers ask for."""
-    multiples = [RANK_MULTIPLE_BY_PROVIDER[p] for p in providers if p in RANK_MULTIPLE_BY_PROVIDER]
-    return {"rank_multiple": max(multiples)} if multiples else {}
-
 
 @dataclass
 class Target:

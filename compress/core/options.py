@@ -11,17 +11,25 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, ClassVar, Mapping, Sequence
+
+from runtime_bench.facts import PROVIDERS
 
 from .errors import CompressionError
 
 __all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateBudgetOption", "WidthMultipleOption", "flag_of",
-           "Alias", "aliases_of", "field_clash", "BUDGET_HELPERS"]
+           "Alias", "aliases_of", "field_clash", "BUDGET_HELPERS", "FinetuneOptions", "PruneOptions", "Budget",
+           "BudgetOptions", "STATS_DTYPE_NAMES", "ALLOCATOR_NAMES",
+           "RANK_MULTIPLE_BY_PROVIDER", "rank_multiple_defaults", "WIDTH_MULTIPLE_BY_PROVIDER", "width_multiple_defaults"]
 
 #: The whole-model budget fields of :class:`CostBudget`, in the order the CLI shows them.
 BUDGET_FIELDS = ("mac_ratio", "param_ratio", "latency_ratio")
 #: Fields of :class:`CostBudget` that serve one budget only (not offered for a method without that budget).
 BUDGET_HELPERS = MappingProxyType({"latency_ratio": ("latency_table",)})
+#: Rank allocators (``--allocator``), in the order ``--help`` lists them (:data:`compress.core.allocate.ALLOCATORS`).
+ALLOCATOR_NAMES = ("lagrangian", "energy", "uniform")
+#: Precisions of the per-chunk statistics products (``--stats-dtype``; :data:`compress.core.stats.STATS_DTYPES`).
+STATS_DTYPE_NAMES = ("float64", "float32")
 
 
 def flag_of(field_name: str) -> str:
@@ -141,3 +149,185 @@ class WidthMultipleOption:
         if self.width_multiple < 1:
             raise CompressionError(f"--width-multiple must be >= 1, got {self.width_multiple}")
 
+
+@dataclass
+class FinetuneOptions(SeedOption):
+    """Deprecated options of the methods that used to fine-tune their result themselves: ``compress()`` now runs
+    the shared recovery with the label loss alone for them (:func:`compress.registry.finetune_alias`)."""
+
+    finetune_epochs: int = field(
+        default=0,
+        metadata={"help": "Deprecated: same as --recover-epochs N --recover-alpha 1 (recovery on the labels "
+                          "alone); >= 0, default 0."})
+    finetune_lr: float = field(
+        default=1e-3,
+        metadata={"help": "Deprecated: the --recover-lr of --finetune-epochs; > 0, default 1e-3."})
+
+    def __post_init__(self) -> None:
+        if self.finetune_epochs < 0:
+            raise CompressionError(f"--finetune-epochs must be >= 0, got {self.finetune_epochs}")
+        if not self.finetune_lr > 0:
+            raise CompressionError(f"--finetune-lr must be > 0, got {self.finetune_lr}")
+
+
+@dataclass
+class PruneOptions(FinetuneOptions, CostBudget, WidthMultipleOption):
+    """Options of the neuron-pruning baselines: a whole-model budget (``param_ratio``, default 0.5, or
+    ``mac_ratio``; uniform keep-fraction per hidden layer) or exact hidden ``widths``; (deprecated) fine-tuning on
+    the (labelled) data. The pruned MLP chain is the whole model, so its ratios are the whole model's
+    (the deprecated ``--params`` meant the same ratio)."""
+
+    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"params": "param_ratio"}
+
+    widths: tuple[int, ...] = field(
+        default=(),
+        metadata={"help": "Exact hidden width per hidden layer of an MLP, instead of a budget; default none."})
+
+    def __post_init__(self) -> None:
+        FinetuneOptions.__post_init__(self)
+        CostBudget.__post_init__(self)
+        WidthMultipleOption.__post_init__(self)
+        if any(w < 1 for w in self.widths):
+            raise CompressionError(f"--widths must be positive neuron counts, got {self.widths}")
+        if self.widths and self.budget_given:
+            raise CompressionError(f"give --widths or {flag_of(self.budget_given[0])}, not both")
+
+    def target(self) -> tuple[str, float]:
+        """(budget field, ratio): the configured whole-model budget, ``param_ratio`` 0.5 when none is given."""
+        given = self.budget_given
+        return (given[0], getattr(self, given[0])) if given else ("param_ratio", 0.5)
+
+
+#: CLI flag of each :class:`Budget` target, by scope (``layers``: the factorisable layers' cost; ``model``:
+#: the whole model's).
+_FLAGS = {"layers": {"flops": "--layer-mac-ratio", "params": "--layer-param-ratio",
+                     "latency": "--layer-latency-ratio", "rank_fraction": "--rank-fraction"},
+          "model": {"flops": "--mac-ratio", "params": "--param-ratio", "latency": "--latency-ratio",
+                    "rank_fraction": "--rank-fraction"}}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How ranks are chosen: a cost target (``flops``, ``params`` or measured ``latency`` ratio) or a plain
+    rank fraction. ``scope`` says whose cost the ratio is of: the factorisable layers' (``layers``) or the
+    whole model's (``model``; :func:`plan_ranks` then needs the whole-model cost)."""
+
+    flops: float | None = None
+    params: float | None = None
+    rank_fraction: float | None = None
+    allocator: str = "lagrangian"
+    rank_multiple: int = 1
+    latency: float | None = None
+    scope: str = "layers"
+
+    def __post_init__(self) -> None:
+        given = self.given
+        if len(given) > 1:
+            raise CompressionError("give only one of " + ", ".join(self.flag(k) for k in given))
+        for k in given:
+            v = getattr(self, k)
+            if not 0.0 < v <= 1.0:
+                raise CompressionError(f"{self.flag(k)} must lie in (0, 1], got {v}")
+        if self.rank_multiple < 1:
+            raise CompressionError(f"--rank-multiple must be >= 1, got {self.rank_multiple}")
+        if self.allocator not in ALLOCATOR_NAMES:
+            raise CompressionError(f"--allocator must be one of {sorted(ALLOCATOR_NAMES)}, got {self.allocator!r}")
+
+    def flag(self, key: str) -> str:
+        """The CLI flag of target ``key`` in this budget's scope."""
+        return _FLAGS[self.scope][key]
+
+    @property
+    def given(self) -> list[str]:
+        """The targets that were set (at most one in a valid budget)."""
+        return [k for k in ("flops", "params", "latency", "rank_fraction") if getattr(self, k) is not None]
+
+    @property
+    def cost_kind(self) -> str:
+        if self.latency is not None:
+            return "latency"
+        return "params" if self.params is not None else "macs"
+
+    @property
+    def ratio(self) -> float | None:
+        """The cost ratio asked for (None for a rank-fraction budget)."""
+        return next((v for v in (self.flops, self.params, self.latency) if v is not None), None)
+
+
+@dataclass
+class BudgetOptions(CostBudget, ExcludeOption):
+    """Config fields shared by the low-rank methods: the whole-model budget (:class:`CostBudget`), the
+    factorisable-layer budget the allocator works in (see :class:`Budget`) and excluded layers.
+    ``--flops``/``--params`` (deprecated) keep their old meaning, the factorisable layers' ratio."""
+
+    DEPRECATED_ALIASES: ClassVar[dict[str, str | Alias]] = {
+        "flops": Alias("layer_mac_ratio", "same meaning, the factorisable layers' MAC ratio (--mac-ratio budgets the "
+                                          "whole model)"),
+        "params": Alias("layer_param_ratio", "same meaning, the factorisable layers' parameter ratio (--param-ratio "
+                                             "budgets the whole model)")}
+
+    layer_mac_ratio: float | None = field(
+        default=None,
+        metadata={"help": "Target ratio of the factorisable layers' MACs (not the whole model's: see --mac-ratio), in "
+                          "(0, 1]; default 0.5 when no budget is given. Deprecated alias: --flops."})
+    layer_param_ratio: float | None = field(
+        default=None,
+        metadata={"help": "Target ratio of the factorisable layers' parameters (not the whole model's: see "
+                          "--param-ratio), in (0, 1]. Deprecated alias: --params."})
+    rank_fraction: float | None = field(
+        default=None,
+        metadata={"help": "Fraction of each layer's full rank kept, in (0, 1]; alternative to a cost target."})
+    allocator: str = field(
+        default="lagrangian",
+        metadata={"help": "Rank allocator that shares the budget among the layers; default lagrangian.",
+                  "choices": ALLOCATOR_NAMES})
+    rank_multiple: int = field(
+        default=1,
+        metadata={"help": "Round every rank to a multiple of this, >= 1; default 1, or the providers' fast-path "
+                          "multiple (16 CPU, 8 CUDA/TensorRT)."})
+
+    def __post_init__(self) -> None:
+        CostBudget.__post_init__(self)
+        layer = [k for k in self._layer_targets() if getattr(self, k) is not None]
+        if self.budget_given and layer:
+            raise CompressionError(f"give only one of {flag_of(self.budget_given[0])} and "
+                                   f"{flag_of(layer[0])}")
+        self.budget()  # validates the budget fields, naming the flags
+
+    def _layer_targets(self) -> tuple[str, ...]:
+        return ("layer_mac_ratio", "layer_param_ratio", "rank_fraction")
+
+    def budget(self, latency: float | None = None) -> Budget:
+        """The validated :class:`Budget` of these options: the whole-model budget when one is given, else the
+        factorisable-layer one (``layer_mac_ratio=0.5`` when no target is given); ``latency`` from configs
+        that offer a factorisable-layer latency target."""
+        common = {"allocator": self.allocator, "rank_multiple": self.rank_multiple}
+        if self.budget_given:
+            return Budget(self.mac_ratio, self.param_ratio, latency=self.latency_ratio, scope="model", **common)
+        budget = Budget(self.layer_mac_ratio, self.layer_param_ratio, self.rank_fraction, latency=latency, **common)
+        return budget if budget.given else Budget(flops=0.5, **common)
+
+
+#: Rank granularity that keeps factorised layers on the provider's fast paths: measured on resnet18 with the
+#: CPU provider, multiples of 16 turned a 1.31x latency/MAC gap into 1.03x (benchmarks/factorize_latency.json);
+#: GPU tensor cores want multiples of 8.
+RANK_MULTIPLE_BY_PROVIDER: Mapping[str, int] = MappingProxyType(
+    {name: 16 if name == "cpu" else 8 for name in PROVIDERS})
+
+
+def rank_multiple_defaults(providers: Sequence[str]) -> dict[str, Any]:
+    """Provider defaults of the low-rank methods: the coarsest rank multiple the target providers ask for."""
+    multiples = [RANK_MULTIPLE_BY_PROVIDER[p] for p in providers if p in RANK_MULTIPLE_BY_PROVIDER]
+    return {"rank_multiple": max(multiples)} if multiples else {}
+
+
+#: Channel granularity of the providers' fast convolution kernels: 8 on the CPU (ONNX Runtime's blocked conv
+#: layouts) and for GPU tensor cores. The trained ResNet-20 at batch 32 on the CPU measured 0.57× of its latency
+#: with every width halved to 8/16/32 but 0.93× at about ¾ (benchmarks/width_table_resnet20_b32.json).
+WIDTH_MULTIPLE_BY_PROVIDER: Mapping[str, int] = MappingProxyType({name: 8 for name in PROVIDERS})
+
+
+def width_multiple_defaults(providers: Sequence[str]) -> dict[str, Any]:
+    """Provider defaults of the width methods: the coarsest width multiple the target providers ask for."""
+    multiples = [WIDTH_MULTIPLE_BY_PROVIDER[p] for p in providers if p in WIDTH_MULTIPLE_BY_PROVIDER]
+    return {"width_multiple": max(multiples)} if multiples else {}

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
 from .chain import Chain, build_sequential, chain_layer_reports, extract_chain, mlp_params
 from .errors import CompressionError
-from .options import CostBudget, WidthMultipleOption, flag_of
+from .options import PruneOptions, flag_of
 from .report import CompressionReport
-from .train import FinetuneOptions
 from .width import Cut, WidthGraph, analyse, apply_cuts
 from .width.allocate import allocate_widths, check_width_table, load_width_latency_table
 
@@ -29,34 +28,6 @@ __all__ = ["PruneOptions", "Scorer", "widths_for_params", "mlp_macs", "CHAIN_COS
 Scorer = Callable[[Chain, torch.Tensor], list[torch.Tensor]]
 #: Channel importance on a traced graph: (analysis, groups that may shrink, calibration inputs) → per group.
 GraphScorer = Callable[[WidthGraph, list, torch.Tensor], "dict[str, torch.Tensor]"]
-
-
-@dataclass
-class PruneOptions(FinetuneOptions, CostBudget, WidthMultipleOption):
-    """Options of the neuron-pruning baselines: a whole-model budget (``param_ratio``, default 0.5, or
-    ``mac_ratio``; uniform keep-fraction per hidden layer) or exact hidden ``widths``; (deprecated) fine-tuning on
-    the (labelled) data. The pruned MLP chain is the whole model, so its ratios are the whole model's
-    (the deprecated ``--params`` meant the same ratio)."""
-
-    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"params": "param_ratio"}
-
-    widths: tuple[int, ...] = field(
-        default=(),
-        metadata={"help": "Exact hidden width per hidden layer of an MLP, instead of a budget; default none."})
-
-    def __post_init__(self) -> None:
-        FinetuneOptions.__post_init__(self)
-        CostBudget.__post_init__(self)
-        WidthMultipleOption.__post_init__(self)
-        if any(w < 1 for w in self.widths):
-            raise CompressionError(f"--widths must be positive neuron counts, got {self.widths}")
-        if self.widths and self.budget_given:
-            raise CompressionError(f"give --widths or {flag_of(self.budget_given[0])}, not both")
-
-    def target(self) -> tuple[str, float]:
-        """(budget field, ratio): the configured whole-model budget, ``param_ratio`` 0.5 when none is given."""
-        given = self.budget_given
-        return (given[0], getattr(self, given[0])) if given else ("param_ratio", 0.5)
 
 
 def mlp_macs(in_features: int, widths: Sequence[int], out_features: int) -> int:

@@ -55,7 +55,8 @@ from .distributed import all_reduce_max, all_reduce_sum, is_writer, rank_seed, s
 from .errors import CompressionError
 from .evaluate import eval_mode, predict
 from .progress import log_progress
-from .qat import INT8_FORMATS, FakeQuant, fake_quant
+from .qat import FakeQuant, fake_quant
+from .recover_options import TASKS, RecoveryConfig
 from .train import distillation_loss, task_loss
 from .inputs import Inputs, args_of, call
 
@@ -64,78 +65,7 @@ __all__ = ["RecoveryConfig", "RecoveryResult", "recover", "held_out_metrics", "f
 
 log = logging.getLogger(__name__)
 TASK = "recovery (steps)"
-TASKS = ("auto", "classification", "regression")
 MIN_SPLIT = 20  # below this many samples nothing is held out: early stopping and metrics use all of the data
-
-
-@dataclass
-class RecoveryConfig:
-    """Budget and schedule of the recovery; ``epochs`` and ``steps`` both 0 (the default) turn it off."""
-
-    epochs: int = 0
-    steps: int = 0
-    alpha: float = 0.5
-    """Weight of the label loss (cross-entropy or MSE) against the distillation loss; 0 = pure distillation. Used
-    only when the data has labels."""
-    temperature: float = 4.0
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    batch_size: int = 64
-    """Samples per optimiser step; under DDP the global batch, of which each rank takes ``batch_size / world``."""
-    warmup: float = 0.1
-    """Fraction of the steps with a linear learning-rate warm-up before the cosine decay."""
-    val_fraction: float = 0.2
-    """Share of the data held out (seeded) for early stopping and the before/after metrics; 0 holds none out."""
-    patience: int = 3
-    seed: int = 0
-    features: tuple[str, ...] = ()
-    """Module names whose outputs the student matches to the teacher's; ``("auto",)`` takes the layers the
-    method changed (its own state points). Points whose output shape differs between the two are skipped."""
-    feature_weight: float = 1.0
-    """Weight of the feature-matching term against the output loss."""
-    int8: str | None = None
-    """Quantisation-aware recovery in this target's INT8 format (a key of ``qat.INT8_FORMATS``); None: float."""
-    task: str = "auto"
-    """``classification`` (KL on softened logits, agreement), ``regression`` (MSE to the original) or ``auto``:
-    integer labels mean classification, float labels regression; without labels, outputs of shape (batch, k > 1)
-    are taken for logits (give ``regression`` for an unlabelled multi-output regressor)."""
-    catch_interrupt: bool = True
-    """Whether a KeyboardInterrupt ends this recovery early (the first Ctrl-C of a command); a caller that already
-    had one turns this off so that the second aborts. Under DDP the first SIGINT on any rank ends it on all ranks
-    after the same step."""
-    freeze_batchnorm: bool | None = None
-    """BatchNorm layers normalise by their running statistics during the steps (re-estimated before the first
-    epoch and after each) instead of by each batch's; their affine parameters still train. None: frozen under DDP
-    (a process group of more than one rank, which requires it), batch statistics in a single process."""
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.epochs >= 0, f"--recover-epochs must be >= 0, got {self.epochs}"),
-            (self.steps >= 0, f"--recover-steps must be >= 0, got {self.steps}"),
-            (not (self.epochs and self.steps),
-             f"give --recover-epochs or --recover-steps, not both (got {self.epochs} and {self.steps})"),
-            (0.0 <= self.alpha <= 1.0, f"--recover-alpha must lie in [0, 1], got {self.alpha}"),
-            (self.temperature > 0, f"--recover-temperature must be > 0, got {self.temperature}"),
-            (self.lr > 0, f"--recover-lr must be > 0, got {self.lr}"),
-            (self.weight_decay >= 0, f"--recover-weight-decay must be >= 0, got {self.weight_decay}"),
-            (self.batch_size >= 1, f"--recover-batch-size must be >= 1, got {self.batch_size}"),
-            (0.0 <= self.warmup < 1.0, f"--recover-warmup must lie in [0, 1), got {self.warmup}"),
-            (0.0 <= self.val_fraction < 1.0, f"--recover-val-fraction must lie in [0, 1), got {self.val_fraction}"),
-            (self.patience >= 1, f"--recover-patience must be >= 1, got {self.patience}"),
-            (self.feature_weight >= 0, f"--recover-feature-weight must be >= 0, got {self.feature_weight}"),
-            ("auto" not in self.features or len(self.features) == 1,
-             f"--recover-features takes 'auto' alone or module names, got {list(self.features)}"),
-            (self.task in TASKS, f"--recover-task must be one of {', '.join(TASKS)}, got {self.task!r}"),
-            (self.int8 is None or self.int8 in INT8_FORMATS,
-             f"--recover-int8 has no INT8 format for target {self.int8!r}; choose one of {', '.join(INT8_FORMATS)}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise CompressionError(message)
-
-    @property
-    def enabled(self) -> bool:
-        return self.epochs > 0 or self.steps > 0
 
 
 @dataclass

@@ -4,21 +4,24 @@ report need (torchvision's ``Weights`` entries and timm's registry entries are t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from torch import nn
-
-from .data import Dataset
+from .lazy import LazyCallable
 from .options import BUDGET_FIELDS
-from .demo_case import DemoCase
-from .report import CompressionReport
-from .smoke import SmokeCase
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from .data import Dataset
+    from .demo_case import DemoCase
+    from .report import CompressionReport
+    from .smoke import SmokeCase
 
 __all__ = ["MethodSpec", "MethodFn", "PrepareFn", "RealiseFn", "ProviderDefaults", "no_provider_defaults",
-           "REPORT_FIELDS"]
+           "REPORT_FIELDS", "CALLABLE_FIELDS"]
 
-MethodFn = Callable[[nn.Module, Dataset, Any], "tuple[nn.Module, CompressionReport]"]
-PrepareFn = Callable[[nn.Module, Dataset, Any], Any]
+MethodFn = Callable[["nn.Module", "Dataset", Any], "tuple[nn.Module, CompressionReport]"]
+PrepareFn = Callable[["nn.Module", "Dataset", Any], Any]
 """``prepare(model, data, config) -> state``: everything that does not depend on the budget."""
 RealiseFn = Callable[[Any, Any], "tuple[nn.Module, CompressionReport]"]
 """``realise(state, config) -> (compressed module, report)``: the cheap, budget-dependent step."""
@@ -26,6 +29,9 @@ ProviderDefaults = Callable[[Sequence[str]], dict[str, Any]]
 
 #: Typed :class:`~compress.core.report.CompressionReport` fields a method may declare that it fills.
 REPORT_FIELDS = ("spectra", "bounds")
+#: The :class:`MethodSpec` fields that take a function, or its ``"package.module:function"`` name (imported on
+#: first call, so that listing the methods and their options imports no torch).
+CALLABLE_FIELDS = ("run", "demo_case", "provider_defaults", "smoke_case", "prepare", "realise")
 
 
 def no_provider_defaults(providers: Sequence[str]) -> dict[str, Any]:
@@ -46,7 +52,7 @@ class MethodSpec:
     config_cls : type
         Dataclass of the method's options; it validates itself in ``__post_init__`` and each field
         ``foo_bar`` is the CLI option ``--foo-bar`` (``metadata["help"]`` required).
-    run : callable
+    run : callable or str
         ``run(model, data, config) -> (compressed module, report)``. The registry's :func:`compress` fills the
         shared cost fields and the output comparison afterwards; ``run`` records what is its own.
     demo_case : callable or None
@@ -70,22 +76,30 @@ class MethodSpec:
     realise_fields : tuple of str
         Config fields besides the whole-model budgets that only ``realise`` reads (layer budgets, the allocator):
         a prepared state serves every value of them.
+
+    Each function (:data:`CALLABLE_FIELDS`) may be given as its ``"package.module:function"`` name instead: it
+    is then a :class:`~compress.core.lazy.LazyCallable`, imported on its first call. The built-in methods name
+    theirs, so that the registry, ``minreal methods`` and ``--help`` import only the torch-free configs.
     """
 
     name: str
     summary: str
     config_cls: type
-    run: MethodFn
-    demo_case: Callable[[bool], DemoCase] | None = None
-    provider_defaults: ProviderDefaults = no_provider_defaults
+    run: MethodFn | str
+    demo_case: Callable[[bool], DemoCase] | str | None = None
+    provider_defaults: ProviderDefaults | str = no_provider_defaults
     report_fields: tuple[str, ...] = ()
-    smoke_case: Callable[[], SmokeCase] | None = None
+    smoke_case: Callable[[], SmokeCase] | str | None = None
     budgets: tuple[str, ...] = ()
-    prepare: PrepareFn | None = None
-    realise: RealiseFn | None = None
+    prepare: PrepareFn | str | None = None
+    realise: RealiseFn | str | None = None
     realise_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for key in CALLABLE_FIELDS:
+            value = getattr(self, key)
+            if isinstance(value, str):
+                object.__setattr__(self, key, LazyCallable(value))
         if not self.name or not self.name.replace("-", "_").isidentifier():
             raise ValueError(f"method name {self.name!r} must be a non-empty identifier (dashes allowed)")
         unknown = sorted(set(self.report_fields) - set(REPORT_FIELDS))

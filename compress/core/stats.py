@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .options import STATS_DTYPE_NAMES
 from .data import Dataset
 from .distributed import all_reduce_max, all_reduce_sum, shard, sum_count
 from .errors import require_finite
@@ -29,7 +30,7 @@ __all__ = ["MomentStats", "conv_patches", "layer_rows", "collect_moments", "STAT
 
 log = logging.getLogger(__name__)
 
-STATS_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+STATS_DTYPES = {name: getattr(torch, name) for name in STATS_DTYPE_NAMES}
 
 
 @dataclass

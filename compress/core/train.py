@@ -13,7 +13,7 @@ from torch import nn
 
 from .data import Dataset
 from .errors import CompressionError
-from .options import SeedOption
+from .options import FinetuneOptions
 from .progress import log_progress
 from .inputs import call
 
@@ -175,21 +175,3 @@ def train(model: nn.Module, data: Dataset, val: Dataset | None, cfg: TrainConfig
     return best
 
 
-@dataclass
-class FinetuneOptions(SeedOption):
-    """Deprecated options of the methods that used to fine-tune their result themselves: ``compress()`` now runs
-    the shared recovery with the label loss alone for them (:func:`compress.registry.finetune_alias`)."""
-
-    finetune_epochs: int = field(
-        default=0,
-        metadata={"help": "Deprecated: same as --recover-epochs N --recover-alpha 1 (recovery on the labels "
-                          "alone); >= 0, default 0."})
-    finetune_lr: float = field(
-        default=1e-3,
-        metadata={"help": "Deprecated: the --recover-lr of --finetune-epochs; > 0, default 1e-3."})
-
-    def __post_init__(self) -> None:
-        if self.finetune_epochs < 0:
-            raise CompressionError(f"--finetune-epochs must be >= 0, got {self.finetune_epochs}")
-        if not self.finetune_lr > 0:
-            raise CompressionError(f"--finetune-lr must be > 0, got {self.finetune_lr}")

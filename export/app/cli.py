@@ -17,10 +17,8 @@ from typing import Any, Callable
 
 import click
 
-from export.app.data import HOLDOUT_FRACTION
-from export.app.pipeline import PipelineConfig
-from export.quantize import QUANT_MODES, QUANT_TARGETS, resolve_target
-from export.variant import VariantConfig
+from export.app.settings import HOLDOUT_FRACTION, PipelineConfig
+from export.settings import QUANT_MODES, QUANT_TARGETS, VariantConfig
 from runtime_bench.config import BenchConfig
 from runtime_bench.facts import PROVIDERS
 
@@ -127,7 +125,7 @@ class Console:
 
 
 def _plain(obj: Any) -> Any:
-    from export.variant import to_jsonable  # one JSON conversion for the whole tool
+    from export.json_safe import to_jsonable  # one JSON conversion for the whole tool
 
     return to_jsonable(asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj)
 
@@ -230,10 +228,12 @@ def _fixed_shapes_option(fn: Callable) -> Callable:
 
 def _fixed_shapes(text: str | None) -> Any:
     """The :class:`~export.mobile.ShapeSpec` of ``--fixed-shapes`` (``None`` when not given)."""
+    if not text:
+        return None
     from export.mobile import parse_fixed_shapes
 
     try:
-        return parse_fixed_shapes(text) if text else None
+        return parse_fixed_shapes(text)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--fixed-shapes") from None
 
@@ -409,7 +409,7 @@ RECOVERY_GROUP = "Recovery (after any method)"
 def _recovery_options(fn: Callable) -> Callable:
     """``--recover-*``: distillation from the original after the method (see
     :class:`compress.core.recover.RecoveryConfig`), off by default; read back by :func:`_recovery_config`."""
-    from compress.core.recover import TASKS, RecoveryConfig
+    from compress.core.recover_options import TASKS, RecoveryConfig
 
     base = RecoveryConfig()
     for opt in reversed([
@@ -475,7 +475,7 @@ def _recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
     """Pop the ``recover_*`` options from ``opts`` (the command's keyword arguments) and return the
     :class:`~compress.core.recover.RecoveryConfig` they ask for, or None when recovery is off; ``--recover-int8``
     fake-quantises in ``int8_target``'s INT8 format."""
-    from compress.core.recover import RecoveryConfig
+    from compress.core.recover_options import RecoveryConfig
 
     given = {k[len("recover_"):]: opts.pop(k) for k in [k for k in opts if k.startswith("recover_")]}
     int8 = given.pop("int8", False)
@@ -484,7 +484,10 @@ def _recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
             raise click.UsageError("--recover-int8 needs a recovery budget: give --recover-epochs or --recover-steps")
         return None
     given["features"] = tuple(given.get("features") or ())
-    given["int8"] = resolve_target(int8_target) if int8 else None
+    if int8:
+        from export.quantize import resolve_target  # onnx and onnxruntime: only for a quantisation-aware recovery
+
+        given["int8"] = resolve_target(int8_target)
     return RecoveryConfig(**given)
 
 
@@ -909,12 +912,6 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
             repeats: int | None, provider_option: tuple[str, ...], provider_config: str | None, io_binding: bool,
             skip_unavailable_providers: bool, quiet: bool, as_json: bool, **opts: Any) -> None:
     """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 / FP16 → benchmark."""
-    from compress.core.demo_case import DemoCase, DemoRun
-    from export.app.method_options import build_config, provider_defaults
-    from export.app.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
-    from export.app.plan import load_plan
-
-    _refuse_torchrun("run")
     con = Console(quiet, as_json)
     quant_target = quant_target or ("tensorrt" if "tensorrt" in _split_names(providers) else PipelineConfig.quant_target)
     preprocess, allow_mismatch = _image_preprocess(opts), opts.pop("allow_data_mismatch")
@@ -930,6 +927,12 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     cfg = _pipeline_config(PipelineConfig(skip_unavailable_providers=skip_unavailable_providers, recovery=recovery,
                                           allow_data_mismatch=allow_mismatch),
                            batch, providers, no_int8, quant_target, quant_mode, min_seconds, repeats, fp16)
+    from compress.core.demo_case import DemoCase, DemoRun  # torch: after the option checks above
+    from export.app.method_options import build_config, provider_defaults
+    from export.app.pipeline import claim_run_dir, fill_run_dir
+    from export.app.plan import load_plan
+
+    _refuse_torchrun("run")
     cfg = _with_fixed_shapes(cfg, fixed_shapes)
     cfg = dataclasses.replace(cfg, provider_settings=_provider_settings(provider_option, provider_config,
                                                                         cfg.providers), io_binding=io_binding)
@@ -1149,6 +1152,9 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     original in fp32 and INT8. Writes report.json/.md, front.png and chosen.onnx (chosen.pt2) into --out."""
     import dataclasses
 
+    batch_sizes = _split_ints(batch, "--batch")  # option errors before the heavy imports below
+    grid_values = tuple(_split_floats(grid, "--grid")) if grid else None
+
     from export.app.mismatch import check_data, require_match
     from export.app.pipeline import claim_run_dir, commit_run_dir
     from export.app.tune import CONFIRM, SCREEN, Constraint, SpecSource, TuneConfig, parse_duration, tune
@@ -1160,9 +1166,9 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     constraint = Constraint(max_accuracy_drop, min_agreement, max_mse_increase)
     screen = {"min_seconds": screen_seconds} if screen_seconds is not None else {}
     confirm = {k: v for k, v in (("min_seconds", min_seconds), ("repeats", repeats)) if v is not None}
-    cfg = TuneConfig(constraint, providers=_split_names(providers), batch_sizes=_split_ints(batch, "--batch"),
+    cfg = TuneConfig(constraint, providers=_split_names(providers), batch_sizes=batch_sizes,
                      objective=objective, methods=_split_names(methods or ""),
-                     grid=tuple(_split_floats(grid, "--grid")) if grid else TuneConfig.grid,
+                     grid=TuneConfig.grid if grid_values is None else grid_values,
                      recover_epochs=recover_epochs, int8=not no_int8, qat=not no_qat, quant_target=quant_target,
                      time_budget_s=parse_duration(time_budget) if time_budget else None,
                      screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),

@@ -33,6 +33,7 @@ from compress.core.inputs import Inputs, NamedInputs, sample_shapes
 from compress.datasets import digits, digits32, sequential_digits
 from export.app.callables import (SpecError, _CallableSpec, _cause, _describe, _looks_like_path, _parse_callable,
                                   _resolve_callable, _shape)
+from export.app.settings import HOLDOUT_FRACTION
 from export.app.preprocess import DEFAULT_SOURCE, IMAGENET_MEAN, IMAGENET_STD, ImagePreprocess
 
 __all__ = [
@@ -71,8 +72,6 @@ class LoadedData:
     source: str
 
 
-#: Share of the data held out for measurement unless the user says otherwise (--calib-holdout, digits splits).
-HOLDOUT_FRACTION = 0.25
 
 
 BUILTIN_DATA: dict[str, Callable[[int, float], tuple[Dataset, Dataset]]] = {

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
-from runtime_bench.facts import PROVIDERS
-
 from ..errors import CompressionError
-from ..options import flag_of
+from ..options import WIDTH_MULTIPLE_BY_PROVIDER, flag_of, width_multiple_defaults
 from .cost import cost_terms
 from .graph import ChannelGroup, WidthGraph
 
@@ -29,18 +26,6 @@ __all__ = ["WIDTH_MULTIPLE_BY_PROVIDER", "width_multiple_defaults", "allowed_wid
 
 #: Which predicted cost each whole-model budget field prices.
 BUDGET_COST = {"mac_ratio": "macs", "param_ratio": "params"}
-
-
-#: Channel granularity of the providers' fast convolution kernels: 8 on the CPU (ONNX Runtime's blocked conv
-#: layouts) and for GPU tensor cores. The trained ResNet-20 at batch 32 on the CPU measured 0.57× of its latency
-#: with every width halved to 8/16/32 but 0.93× at about ¾ (benchmarks/width_table_resnet20_b32.json).
-WIDTH_MULTIPLE_BY_PROVIDER: Mapping[str, int] = MappingProxyType({name: 8 for name in PROVIDERS})
-
-
-def width_multiple_defaults(providers: Sequence[str]) -> dict[str, Any]:
-    """Provider defaults of the width methods: the coarsest width multiple the target providers ask for."""
-    multiples = [WIDTH_MULTIPLE_BY_PROVIDER[p] for p in providers if p in WIDTH_MULTIPLE_BY_PROVIDER]
-    return {"width_multiple": max(multiples)} if multiples else {}
 
 
 def allowed_widths(size: int, multiple: int) -> list[int]:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import asdict, dataclass, field
-from typing import ClassVar
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -25,84 +24,21 @@ from ...core.cache import data_key, entry_key, load_entry, model_key, save_entry
 from ...core.data import Dataset
 from ...core.errors import CompressionError
 from ...core.lowrank import grouped_weight
-from ...core.options import Alias
-from ...core.lowrank_plan import (Budget, BudgetOptions, Target, apply_factors, factorisable_model, fill_report,
-                                  find_targets, load_latency_table, note_attention, plan_ranks, predicted_latency_ratio,
-                                  rank_multiple_defaults, whole_model_total)
+from ...core.lowrank_plan import (Target, apply_factors, factorisable_model, fill_report, find_targets,
+                                  load_latency_table, note_attention, plan_ranks, predicted_latency_ratio,
+                                  whole_model_total)
 from ...core.attention import Unfused
 from ...core.costs import CostTable
 from ...core.inputs import Inputs
 from ...core.report import CompressionReport, LayerReport
-from ...core.spec import MethodSpec
-from .smoke import smoke_case
-from ...core.stats import STATS_DTYPES, collect_moments
+from .config import FactorizeConfig
+from ...core.stats import collect_moments
 from .whiten import projected_factors, whitened_output_basis
 
 __all__ = ["FactorizeConfig", "FactorizePrepared", "LayerBasis", "factorize_compress", "factorize_prepare",
-           "factorize_realise", "layer_bases", "SPEC"]
+           "factorize_realise", "layer_bases"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FactorizeConfig(BudgetOptions):
-    """Options of ``factorize``. Give one whole-model budget (``mac_ratio``/``param_ratio``/``latency_ratio``), or
-    one of ``layer_mac_ratio``/``layer_param_ratio``/``layer_latency_ratio`` (cost ratio of the factorisable
-    layers) or ``rank_fraction``; with none, ``layer_mac_ratio=0.5``. Latency budgets rank by measured
-    per-layer latency and need ``latency_table`` (a JSON table written by ``minreal latency-table``).
-
-    ``eig_threshold`` zeroes eigenvalues below that fraction of the largest (pseudo-inverse square root);
-    ``stats_dtype`` is the precision of the per-chunk XᵀX products (accumulation is always float64);
-    ``cache_dir`` caches moments and bases per layer, keyed by model, data and layer.
-    """
-
-    DEPRECATED_ALIASES: ClassVar[dict[str, str | Alias]] = {**BudgetOptions.DEPRECATED_ALIASES, "latency": "layer_latency_ratio",
-                                                    "batch_size": "calib_batch_size"}
-
-    eig_threshold: float = field(
-        default=1e-10,
-        metadata={"help": "Drop eigenvalues of the input moments below this fraction of the largest, in [0, 1); "
-                          "default 1e-10."})
-    memory_cap_bytes: int = field(
-        default=1 << 30,
-        metadata={"help": "Bound in bytes on the activation rows held at once per layer, >= 1 MiB; default 1 GiB."})
-    calib_batch_size: int = field(
-        default=32,
-        metadata={"help": "Calibration samples per forward pass while collecting statistics, >= 1; default 32. "
-                          "Deprecated alias: --batch-size.",})
-    stats_dtype: str = field(
-        default="float64",
-        metadata={"help": "Precision of the per-chunk XᵀX products, accumulated in float64; default float64.",
-                  "choices": tuple(STATS_DTYPES)})
-    cache_dir: str | None = field(
-        default=None,
-        metadata={"help": "Directory caching moments and bases per layer, keyed by model, data and layer; default no "
-                          "cache."})
-    layer_latency_ratio: float | None = field(
-        default=None,
-        metadata={"help": "Target ratio of the factorisable layers' measured latency (not the whole model's: see "
-                          "--latency-ratio), in (0, 1]; needs --latency-table. Deprecated alias: --latency."})
-
-    def _layer_targets(self) -> tuple[str, ...]:
-        return (*super()._layer_targets(), "layer_latency_ratio")
-
-    def budget(self, latency: float | None = None) -> Budget:
-        """The validated :class:`Budget`, with the configured ``layer_latency_ratio`` unless one is given."""
-        return super().budget(self.layer_latency_ratio if latency is None else latency)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.calib_batch_size < 1:
-            raise CompressionError(f"--calib-batch-size must be >= 1, got {self.calib_batch_size}")
-        if not 0.0 <= self.eig_threshold < 1.0:
-            raise CompressionError(f"--eig-threshold must lie in [0, 1), got {self.eig_threshold}")
-        if self.memory_cap_bytes < 1 << 20:
-            raise CompressionError(f"--memory-cap-bytes must be at least 1 MiB, got {self.memory_cap_bytes}")
-        if self.stats_dtype not in STATS_DTYPES:
-            raise CompressionError(f"--stats-dtype must be one of {sorted(STATS_DTYPES)}, got {self.stats_dtype!r}")
-        if self.layer_latency_ratio is not None and not self.latency_table:
-            raise CompressionError("--layer-latency-ratio needs --latency-table (per-layer latencies measured on the target "
-                                   "provider); build one with `minreal latency-table MODEL --out table.json`")
 
 
 @dataclass
@@ -273,13 +209,3 @@ def factorize_compress(model: nn.Module, data: Dataset, config: FactorizeConfig
     """Factorise every Linear/Conv layer on its calibration-whitened spectrum under the configured budget
     (:func:`factorize_prepare`, then :func:`factorize_realise`)."""
     return factorize_realise(factorize_prepare(model, data, config), config)
-
-
-SPEC = MethodSpec("factorize",
-                  "activation-aware (whitened) factorisation into layer pairs with a budgeted rank allocator",
-                  FactorizeConfig, factorize_compress, provider_defaults=rank_multiple_defaults,
-                  smoke_case=smoke_case, budgets=("mac_ratio", "param_ratio", "latency_ratio"),
-                  prepare=factorize_prepare, realise=factorize_realise,
-                  realise_fields=("layer_mac_ratio", "layer_param_ratio", "rank_fraction", "layer_latency_ratio",
-                                  "allocator", "rank_multiple", "latency_table"))
-

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .bound import Perturbation, step_bound
+from .config import REPRESENTATIVES
 from ...core.chain import Chain, chain_forward
 from ...core.linalg import ridge_lstsq
 
@@ -36,10 +37,6 @@ __all__ = ["REPRESENTATIVES", "leader_clusters", "rounding_tolerance", "input_bl
            "value_merge", "lump", "layer_io", "outgoing_weights", "block_representatives", "block_error",
            "block_positions", "blocks_to_count", "merge_to_widths", "sum_merge",
            "remove_constant", "remove_all_constant", "box_samples", "MergeStep", "RefineResult", "refine"]
-
-
-#: Incoming row a lossy block keeps (see :func:`block_representatives`).
-REPRESENTATIVES = ("leader", "mean", "lstsq")
 
 
 @dataclass

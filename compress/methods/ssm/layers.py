@@ -305,3 +305,5 @@ class SchurSSM(nn.Module):
 
 SSM_LAYERS: tuple[type[nn.Module], ...] = (RotationSSM, ModalSSM, DiagonalSSM, DenseSSM, SchurSSM)
 """Layer kinds the ``ssm`` method finds and reduces; each has ``state_space() -> StateSpace``."""
+
+from . import mac_rules as _mac_rules  # noqa: E402,F401  (the layers' MAC rules, registered with the layers)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable, ClassVar
+from dataclasses import asdict
+from typing import Callable
 
 import torch
 from torch import nn
@@ -22,9 +22,7 @@ from ...core.distributed import all_reduce_max, shard
 from ...core.errors import CompressionError, require_finite
 from ...core.evaluate import eval_mode, hooks_removed
 from ...core.report import CompressionReport, LayerReport
-from ...core.options import CostBudget, ExcludeOption, StateBudgetOption
-from ...core.spec import MethodSpec
-from .smoke import smoke_case
+from .config import SSMConfig
 from ...core.surgery import replace_modules
 from . import mac_rules  # noqa: F401  (registers the SSM MAC rules)
 from .balance import balanced_truncation, order_from_energy, order_from_trunc, orders_from_budget, truncation_bound
@@ -35,55 +33,10 @@ from .system import StateSpace
 from .training import SSMTrainSpec, train_ssm_classifier
 from ...core.inputs import call
 
-__all__ = ["SSMConfig", "ssm_compress", "layer_gramians", "find_ssm_layers", "measured_gain_errors", "demo_case",
-           "SPEC"]
+__all__ = ["SSMConfig", "ssm_compress", "layer_gramians", "find_ssm_layers", "measured_gain_errors", "demo_case"]
 
 log = logging.getLogger(__name__)
 Gramians = tuple[torch.Tensor, torch.Tensor]
-
-
-@dataclass
-class SSMConfig(CostBudget, StateBudgetOption, ExcludeOption):
-    """Options of the ``ssm`` method. Give one of ``trunc`` (fraction of states removed per layer),
-    ``energy`` (fraction of each layer's HSV sum kept) or ``state_budget`` (total states across layers,
-    shared at equal energy); with none, ``trunc=0.5``. ``max_cond`` bounds the condition number of the
-    modal basis before the real Schur fallback; ``error_samples`` sequences measure per-layer errors."""
-
-    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"calib_samples": "error_samples"}
-
-    trunc: float | None = field(
-        default=None,
-        metadata={"help": "Fraction of states removed per layer, in [0, 1); default 0.5 when no "
-                          "--energy/--state-budget."})
-    energy: float | None = field(
-        default=None,
-        metadata={"help": "Fraction of each layer's Hankel-singular-value sum kept, in (0, 1]; alternative to "
-                          "--trunc."})
-    max_cond: float = field(
-        default=1e6,
-        metadata={"help": "Largest condition number of the modal basis before the real Schur fallback; default 1e6."})
-    max_len: int = field(
-        default=4096,
-        metadata={"help": "Kernel length (memory in steps) of a Schur-fallback layer, >= 1; default 4096."})
-    error_samples: int = field(
-        default=128,
-        metadata={"help": "Sequences that measure the per-layer output errors, >= 1; default 128. Deprecated "
-                          "alias: --calib-samples."})
-
-    def __post_init__(self) -> None:
-        CostBudget.__post_init__(self)
-        given = [k for k in ("trunc", "energy", "state_budget") if getattr(self, k) is not None]
-        if len(given) > 1:
-            flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise CompressionError(f"give only one of --trunc / --energy / --state-budget, got {flags}")
-        if self.trunc is not None and not 0.0 <= self.trunc < 1.0:
-            raise CompressionError(f"--trunc must lie in [0, 1), got {self.trunc}")
-        if self.energy is not None and not 0.0 < self.energy <= 1.0:
-            raise CompressionError(f"--energy must lie in (0, 1], got {self.energy}")
-        for flag, value in (("--state-budget", self.state_budget), ("--max-len", self.max_len),
-                            ("--error-samples", self.error_samples)):
-            if value is not None and value < 1:
-                raise CompressionError(f"{flag} must be >= 1, got {value}")
 
 
 def _modal_gramians(layer: nn.Module) -> Gramians:
@@ -234,7 +187,3 @@ def demo_case(quick: bool = True) -> DemoCase:
     notes = [f"SSMClassifier(features={spec.features}, state={spec.state}, depth={spec.depth}) trained "
              f"{spec.epochs} epochs with Hankel nuclear-norm weight {spec.reg_weight} (seed {spec.seed})"]
     return DemoCase("ssm-sequential-digits", model, train, test, runs, dynamic_dims={1: "seq"}, notes=notes)
-
-
-SPEC = MethodSpec("ssm", "balanced truncation + real modal form of SSM layers (HSV-regularised)", SSMConfig,
-                  ssm_compress, demo_case=demo_case, report_fields=("bounds",), smoke_case=smoke_case)

@@ -18,22 +18,14 @@ from ...core.costs import CostTable, count_macs_torch
 from ...core.data import Dataset
 from ...core.inputs import Inputs
 from ...core.lowrank import grouped_weight
-from ...core.lowrank_plan import (Budget, BudgetOptions, Target, apply_factors, factorisable_model, fill_report,
-                                  find_targets, load_latency_table, note_attention, plan_ranks,
-                                  predicted_latency_ratio, rank_multiple_defaults, whole_model_total)
+from ...core.lowrank_plan import (Budget, Target, apply_factors, factorisable_model, fill_report, find_targets,
+                                  load_latency_table, note_attention, plan_ranks, predicted_latency_ratio,
+                                  whole_model_total)
 from ...core.report import CompressionReport, LayerReport
-from ...core.spec import MethodSpec
-from .smoke import smoke_case
+from .config import SVDConfig
 
 __all__ = ["SVDConfig", "SVDPrepared", "LayerSVD", "layer_svd", "svd_compress", "svd_prepare", "svd_realise",
-           "svd_spectra", "SPEC"]
-
-
-@dataclass
-class SVDConfig(BudgetOptions):
-    """Options of the plain-SVD baseline. Give one whole-model budget (``mac_ratio``/``param_ratio``/
-    ``latency_ratio``), one of ``layer_mac_ratio``/``layer_param_ratio`` (cost ratio of the factorisable layers) or
-    ``rank_fraction``; with none, ``layer_mac_ratio=0.5``."""
+           "svd_spectra"]
 
 
 def svd_spectra(layers: dict[str, nn.Module]) -> dict[str, np.ndarray]:
@@ -136,10 +128,3 @@ def svd_compress(model: nn.Module, data: Dataset, config: SVDConfig) -> tuple[nn
     """Factorise every Linear/Conv layer by truncated SVD under the configured budget (:func:`svd_prepare`,
     then :func:`svd_realise`)."""
     return svd_realise(svd_prepare(model, data, config), config)
-
-
-SPEC = MethodSpec("svd", "plain truncated SVD into two layers (baseline)", SVDConfig, svd_compress,
-                  provider_defaults=rank_multiple_defaults, smoke_case=smoke_case,
-                  budgets=("mac_ratio", "param_ratio", "latency_ratio"), prepare=svd_prepare, realise=svd_realise,
-                  realise_fields=("layer_mac_ratio", "layer_param_ratio", "rank_fraction", "allocator",
-                                  "rank_multiple", "latency_table"))

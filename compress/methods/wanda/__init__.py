@@ -1,79 +1,20 @@
 """``wanda``: structured Wanda pruning (|W|·‖X‖) of MLP neurons, or of the channel groups of any traceable model
 (:mod:`compress.core.width`), at a whole-model budget (baseline)."""
 
-from __future__ import annotations
-
-from dataclasses import dataclass, field
-from typing import ClassVar
-
-import torch
-from torch import nn
-
-from ...core.chain import Chain, chain_forward
-from ...core.data import Dataset
-from ...core.distributed import all_reduce_sum, parallel, shard
-from ...core.errors import CompressionError
-from ...core.prune import PruneOptions, PrunePrepared, prune_prepare, prune_realise
-from ...core.report import CompressionReport
+from ...core.lazy import lazy_exports
+from ...core.options import width_multiple_defaults
 from ...core.spec import MethodSpec
-from ...core.width.allocate import width_multiple_defaults
-from ...core.width.importance import wanda_importance
-from .smoke import smoke_case
+from .config import WandaConfig
 
 __all__ = ["WandaConfig", "activation_norms", "wanda_scores", "wanda_prepare", "wanda_prune", "SPEC"]
 
-
-@dataclass
-class WandaConfig(PruneOptions):
-    """As the ``magnitude`` options; ``norm_samples`` inputs of ``--calib`` give the activation norms ‖X_j‖."""
-
-    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {**PruneOptions.DEPRECATED_ALIASES,
-                                                    "calibration_samples": "norm_samples"}
-
-    norm_samples: int = field(
-        default=2048,
-        metadata={"help": "Inputs of --calib that give the activation norms ‖X_j‖, >= 1; default 2048. Deprecated "
-                          "alias: --calibration-samples."})
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.norm_samples < 1:
-            raise CompressionError(f"--norm-samples must be >= 1, got {self.norm_samples}")
-
-
-def activation_norms(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
-    """‖h_j‖₂ over the inputs ``x`` of every hidden neuron j of every hidden layer (float64).
-
-    Under a process group each rank runs its :func:`~compress.core.distributed.shard` of ``x`` and the sums of
-    squares are all-reduced before the square root; otherwise this is ``h.norm(dim=0)`` on all of ``x``."""
-    if not parallel():
-        return [h.norm(dim=0) for h in chain_forward(chain, x, hidden=True)[:-1]]
-    hidden = chain_forward(chain, shard(x), hidden=True)[:-1]
-    return [all_reduce_sum(h.pow(2).sum(0)).sqrt() for h in hidden]
-
-
-def wanda_scores(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
-    """Wanda (Sun et al. 2023, "A simple and effective pruning approach for large language models", eq. 1:
-    ``S_ij = |W_ij|·‖X_j‖_2``) summed over each hidden neuron's outgoing column:
-    ``S_j = ‖h_j‖_2 · Σ_i |W_{l+1}[i, j]|`` with ``h_j`` its activations on the calibration inputs
-    (:func:`activation_norms`)."""
-    return [n * w.abs().sum(0) for n, w in zip(activation_norms(chain, x), chain.weights[1:])]
-
-
-def wanda_prepare(model: nn.Module, data: Dataset, config: WandaConfig) -> PrunePrepared:
-    """The budget-free phase: every neuron's (channel's) Wanda score on the first ``norm_samples`` inputs."""
-    return prune_prepare("wanda", wanda_scores, model, config, data.x[: config.norm_samples],
-                         graph_scorer=wanda_importance)
-
-
-def wanda_prune(model: nn.Module, data: Dataset, config: WandaConfig) -> tuple[nn.Module, CompressionReport]:
-    """Remove the MLP neurons (channels) with the smallest Wanda score on the calibration inputs down to the budget
-    (:func:`wanda_prepare`, then :func:`~compress.core.prune.prune_realise`)."""
-    return prune_realise(wanda_prepare(model, data, config), config)
-
-
-SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons and channel groups (baseline)", WandaConfig, wanda_prune,
-                  smoke_case=smoke_case,
-                  provider_defaults=width_multiple_defaults, budgets=("mac_ratio", "param_ratio", "latency_ratio"),
-                  prepare=wanda_prepare, realise=prune_realise,
+_METHOD = "compress.methods.wanda.method"
+SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons and channel groups (baseline)",
+                  WandaConfig, f"{_METHOD}:wanda_prune", smoke_case="compress.methods.wanda.smoke:smoke_case",
+                  provider_defaults=width_multiple_defaults,
+                  budgets=("mac_ratio", "param_ratio", "latency_ratio"),
+                  prepare=f"{_METHOD}:wanda_prepare", realise="compress.core.prune:prune_realise",
                   realise_fields=("widths", "width_multiple", "latency_table", "finetune_epochs", "finetune_lr"))
+
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(("activation_norms", "wanda_scores", "wanda_prepare",
+                                                            "wanda_prune"), ".method"))

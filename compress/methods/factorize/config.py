@@ -1,0 +1,73 @@
+"""Options of ``factorize`` (torch-free: the registry and the command line read them without importing the
+method)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ...core.errors import CompressionError
+from ...core.options import STATS_DTYPE_NAMES, Alias, Budget, BudgetOptions
+
+__all__ = ["FactorizeConfig"]
+
+
+@dataclass
+class FactorizeConfig(BudgetOptions):
+    """Options of ``factorize``. Give one whole-model budget (``mac_ratio``/``param_ratio``/``latency_ratio``), or
+    one of ``layer_mac_ratio``/``layer_param_ratio``/``layer_latency_ratio`` (cost ratio of the factorisable
+    layers) or ``rank_fraction``; with none, ``layer_mac_ratio=0.5``. Latency budgets rank by measured
+    per-layer latency and need ``latency_table`` (a JSON table written by ``minreal latency-table``).
+
+    ``eig_threshold`` zeroes eigenvalues below that fraction of the largest (pseudo-inverse square root);
+    ``stats_dtype`` is the precision of the per-chunk XᵀX products (accumulation is always float64);
+    ``cache_dir`` caches moments and bases per layer, keyed by model, data and layer.
+    """
+
+    DEPRECATED_ALIASES: ClassVar[dict[str, str | Alias]] = {**BudgetOptions.DEPRECATED_ALIASES, "latency": "layer_latency_ratio",
+                                                    "batch_size": "calib_batch_size"}
+
+    eig_threshold: float = field(
+        default=1e-10,
+        metadata={"help": "Drop eigenvalues of the input moments below this fraction of the largest, in [0, 1); "
+                          "default 1e-10."})
+    memory_cap_bytes: int = field(
+        default=1 << 30,
+        metadata={"help": "Bound in bytes on the activation rows held at once per layer, >= 1 MiB; default 1 GiB."})
+    calib_batch_size: int = field(
+        default=32,
+        metadata={"help": "Calibration samples per forward pass while collecting statistics, >= 1; default 32. "
+                          "Deprecated alias: --batch-size.",})
+    stats_dtype: str = field(
+        default="float64",
+        metadata={"help": "Precision of the per-chunk XᵀX products, accumulated in float64; default float64.",
+                  "choices": STATS_DTYPE_NAMES})
+    cache_dir: str | None = field(
+        default=None,
+        metadata={"help": "Directory caching moments and bases per layer, keyed by model, data and layer; default no "
+                          "cache."})
+    layer_latency_ratio: float | None = field(
+        default=None,
+        metadata={"help": "Target ratio of the factorisable layers' measured latency (not the whole model's: see "
+                          "--latency-ratio), in (0, 1]; needs --latency-table. Deprecated alias: --latency."})
+
+    def _layer_targets(self) -> tuple[str, ...]:
+        return (*super()._layer_targets(), "layer_latency_ratio")
+
+    def budget(self, latency: float | None = None) -> Budget:
+        """The validated :class:`Budget`, with the configured ``layer_latency_ratio`` unless one is given."""
+        return super().budget(self.layer_latency_ratio if latency is None else latency)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.calib_batch_size < 1:
+            raise CompressionError(f"--calib-batch-size must be >= 1, got {self.calib_batch_size}")
+        if not 0.0 <= self.eig_threshold < 1.0:
+            raise CompressionError(f"--eig-threshold must lie in [0, 1), got {self.eig_threshold}")
+        if self.memory_cap_bytes < 1 << 20:
+            raise CompressionError(f"--memory-cap-bytes must be at least 1 MiB, got {self.memory_cap_bytes}")
+        if self.stats_dtype not in STATS_DTYPE_NAMES:
+            raise CompressionError(f"--stats-dtype must be one of {sorted(STATS_DTYPE_NAMES)}, got {self.stats_dtype!r}")
+        if self.layer_latency_ratio is not None and not self.latency_table:
+            raise CompressionError("--layer-latency-ratio needs --latency-table (per-layer latencies measured on the target "
+                                   "provider); build one with `minreal latency-table MODEL --out table.json`")

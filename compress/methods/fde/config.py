@@ -1,0 +1,96 @@
+"""Options of ``fde`` (torch-free: the registry and the command line read them without importing the method)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ...core.errors import CompressionError
+from ...core.options import CostBudget, FinetuneOptions, flag_of
+
+__all__ = ["FDEConfig", "REPRESENTATIVES"]
+
+#: Incoming row a lossy block keeps (see :func:`compress.methods.fde.partition.block_representatives`).
+REPRESENTATIVES = ("leader", "mean", "lstsq")
+
+
+@dataclass
+class FDEConfig(FinetuneOptions, CostBudget):
+    """Options of ``fde``: the merge tolerance, or a whole-model ``param_ratio``/``mac_ratio`` budget, sets the
+    reduction (MLPs: widths per layer from the budget; other models: ε bisected until the budget is met).
+
+    ``merge_eps``: tolerance relative to each layer's (each channel writer's) largest coefficient (0: exact, up
+    to dtype rounding);
+    ``representative``: incoming row a lossy block keeps (leader, block mean, data-weighted least squares);
+    ``compensation``: least-squares refit of the consumers, kept only when it helps on a held-out split;
+    ``remove_dead``: first drop neurons constant (channels exactly 0) on the calibration data; ``scaling``:
+    merge positive multiples (ReLU/LeakyReLU/identity; channel groups whose operations are all positively
+    homogeneous); ``sum_merges``: forward (sum) equivalence on identity layers (MLPs);
+    ``box_margin``: widen the calibration input box by this fraction of its range for the bound (MLPs);
+    ``finetune_epochs``/``finetune_lr``: deprecated, a label-only recovery (:func:`compress.registry.finetune_alias`).
+    """
+
+    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"eps": "merge_eps"}
+
+    merge_eps: float = field(
+        default=0.0,
+        metadata={"help": "Merge tolerance relative to each layer's (each channel writer's) largest coefficient, "
+                          ">= 0; default 0 (exact up to rounding). Deprecated alias: --eps."})
+    remove_dead: bool = field(
+        default=True,
+        metadata={"help": "First drop neurons that are constant on the calibration data (other models: channels "
+                          "exactly 0 there at every state point); default on."})
+    scaling: bool = field(
+        default=True,
+        metadata={"help": "Merge neurons (channels) that are positive multiples (ReLU/LeakyReLU/identity; channel "
+                          "groups whose operations are all positively homogeneous); default on."})
+    sum_merges: bool = field(
+        default=True,
+        metadata={"help": "Forward (sum) equivalence merges on identity layers; MLPs only; default on."})
+    max_sweeps: int = field(
+        default=50,
+        metadata={"help": "Maximum partition-refinement sweeps, >= 1; default 50."})
+    box_margin: float = field(
+        default=0.0,
+        metadata={"help": "Widen the calibration input box by this fraction of its range for the bound, >= 0; MLPs "
+                          "only; default 0."})
+    bound_samples: int = field(
+        default=4096,
+        metadata={"help": "Points sampled in the input box to measure the error bound, >= 1; MLPs only; default "
+                          "4096."})
+    representative: str = field(
+        default="leader",
+        metadata={"help": "Incoming weights a merged block keeps: its leader (classic ε-FDE), the block mean, or "
+                          "lstsq (least squares of the members' pre-activations on the calibration data, weighted "
+                          "by their outgoing weights); MLPs only; default leader.",
+                  "choices": REPRESENTATIVES})
+    compensation: bool = field(
+        default=False,
+        metadata={"help": "Refit the Linear layers after the first by least squares on calibration activations, "
+                          "kept only if it lowers the output error on a held-out split; MLPs only; default off."})
+    compensation_ridge: float = field(
+        default=1e-3,
+        metadata={"help": "Relative ridge of the compensation refit, >= 0; default 1e-3."})
+    compensation_holdout: float = field(
+        default=0.2,
+        metadata={"help": "Share of the calibration data held out to check the compensation, in (0, 1); default "
+                          "0.2."})
+
+    def __post_init__(self) -> None:
+        FinetuneOptions.__post_init__(self)
+        CostBudget.__post_init__(self)
+        for flag, value in (("--merge-eps", self.merge_eps), ("--box-margin", self.box_margin)):
+            if value < 0:
+                raise CompressionError(f"{flag} must be >= 0, got {value}")
+        for flag, value in (("--max-sweeps", self.max_sweeps), ("--bound-samples", self.bound_samples)):
+            if value < 1:
+                raise CompressionError(f"{flag} must be >= 1, got {value}")
+        if self.representative not in REPRESENTATIVES:
+            raise CompressionError(f"--representative must be one of {REPRESENTATIVES}, got {self.representative!r}")
+        if self.compensation_ridge < 0:
+            raise CompressionError(f"--compensation-ridge must be >= 0, got {self.compensation_ridge}")
+        if not 0.0 < self.compensation_holdout < 1.0:
+            raise CompressionError(f"--compensation-holdout must lie in (0, 1), got {self.compensation_holdout}")
+        if self.budget_given and self.merge_eps > 0:
+            raise CompressionError(f"give --merge-eps or {flag_of(self.budget_given[0])}, not both (the budget "
+                                   "sets the tolerance)")

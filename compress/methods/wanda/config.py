@@ -1,0 +1,30 @@
+"""Options of ``wanda`` (torch-free: the registry and the command line read them without importing the
+method)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ...core.errors import CompressionError
+from ...core.options import PruneOptions
+
+__all__ = ["WandaConfig"]
+
+
+@dataclass
+class WandaConfig(PruneOptions):
+    """As the ``magnitude`` options; ``norm_samples`` inputs of ``--calib`` give the activation norms ‖X_j‖."""
+
+    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {**PruneOptions.DEPRECATED_ALIASES,
+                                                    "calibration_samples": "norm_samples"}
+
+    norm_samples: int = field(
+        default=2048,
+        metadata={"help": "Inputs of --calib that give the activation norms ‖X_j‖, >= 1; default 2048. Deprecated "
+                          "alias: --calibration-samples."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.norm_samples < 1:
+            raise CompressionError(f"--norm-samples must be >= 1, got {self.norm_samples}")

@@ -1,0 +1,74 @@
+"""Export settings that the command line shows before it imports anything heavy: the INT8 targets and modes
+and the defaults of a variant (:class:`VariantConfig`). No torch, onnx or onnxruntime here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runtime_bench.facts import CPU_AVX2_TARGET, CPU_VNNI_TARGET
+
+if TYPE_CHECKING:
+    from export.mobile import ShapeSpec
+    from export.quantize import QuantConfig
+
+__all__ = ["AUTO_TARGET", "QUANT_TARGETS", "QUANT_MODES", "DROP_ROUNDTRIPS", "CALIB_SAMPLES", "VariantConfig"]
+
+AUTO_TARGET = "cpu"
+"""``--quant-target cpu``: the one of ``cpu-vnni``/``cpu-avx2`` this machine needs
+(:func:`export.quantize.resolve_target`)."""
+
+QUANT_TARGETS: tuple[str, ...] = (AUTO_TARGET, CPU_VNNI_TARGET, CPU_AVX2_TARGET, "tensorrt")
+"""INT8 formats here (``--quant-target``): ``cpu`` (the right one of ``cpu-vnni``/``cpu-avx2`` for this machine),
+``cpu-vnni``, ``cpu-avx2`` and ``tensorrt``; each picks an activation type, symmetry and weight range."""
+
+QUANT_MODES: tuple[str, ...] = ("static", "dynamic")
+"""``--quant-mode``: calibrated QDQ, or weights only with activations quantised at run time."""
+
+DROP_ROUNDTRIPS = True
+"""Default of :attr:`export.quantize.QuantConfig.drop_roundtrips` (``--int8-keep-roundtrips`` turns it off)."""
+
+CALIB_SAMPLES = 256
+"""Samples INT8 calibration uses (the first ones of the calibration data)."""
+
+
+@dataclass(frozen=True)
+class VariantConfig:
+    """Export, parity and INT8 settings of a variant.
+
+    Attributes:
+        opset: ONNX opset (>= 17).
+        rtol, atol: parity (and simplification) tolerances, ``|onnx - torch| <= atol + rtol * |torch|``.
+        quant_target: provider whose INT8 format is written (``--quant-target``).
+        quant_mode: ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``--quant-mode``).
+        calib_samples: samples of the calibration data used for static INT8.
+        allow_random_calibration: calibrate on random data when there is none (not advised).
+        fixed_shapes: symbolic dimensions to fix in the written file once parity passed (``--fixed-shapes``; for
+            NNAPI/CoreML), or ``None`` to keep them dynamic.
+        tensorrt_validation: validate each file with TensorRT itself (parse, engine builds, parity with ONNX
+            Runtime; :func:`export.tensorrt_check.tensorrt_check`) when it is importable; the static check
+            otherwise and when this is off. The pipeline turns it on when ``--providers`` includes tensorrt.
+        tensorrt_batch: (min, opt, max) batch of the optimisation profile of that validation.
+        drop_roundtrips: leave in float the nodes ORT's CPU graph would run between a dequantise and a re-quantise
+            (:attr:`export.quantize.QuantConfig.drop_roundtrips`; ``--int8-keep-roundtrips`` turns it off).
+    """
+
+    opset: int = 18
+    rtol: float = 1e-3
+    atol: float = 1e-4
+    quant_target: str = AUTO_TARGET
+    quant_mode: str = QUANT_MODES[0]
+    calib_samples: int = CALIB_SAMPLES
+    allow_random_calibration: bool = False
+    fixed_shapes: ShapeSpec | None = None
+    tensorrt_validation: bool = False
+    tensorrt_batch: tuple[int, int, int] = (1, 32, 32)
+    drop_roundtrips: bool = DROP_ROUNDTRIPS
+
+    def quant_config(self) -> QuantConfig:
+        """The :class:`QuantConfig` these settings ask for."""
+        from export.quantize import QuantConfig  # onnx and onnxruntime: only when a variant is quantised
+
+        return QuantConfig(target=self.quant_target, mode=self.quant_mode,
+                           allow_random_calibration=self.allow_random_calibration,
+                           drop_roundtrips=self.drop_roundtrips)

@@ -1,0 +1,49 @@
+"""The command line starts without torch, onnx or ONNX Runtime: importing it, building its command tree, ``--help`` of
+every command, ``minreal methods`` and option errors import none of them (a check on ``sys.modules`` in a fresh
+interpreter, not a timing)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HEAVY = ("torch", "onnx", "onnxruntime")
+#: Runs ``minreal`` once per argument list (``["*", "--help"]``: every command's ``--help``) in this interpreter,
+#: then prints the exit codes and the heavy modules imported, as the last line of stdout.
+PROBE = """
+import json, sys
+from export.app.cli import cli, run
+calls = []
+for args in json.loads(sys.argv[1]):
+    calls += [[name, *args[1:]] for name in sorted(cli.commands)] if args[:1] == ["*"] else [args]
+codes = [run(args) for args in calls]
+print(json.dumps({"codes": codes, "heavy": [m for m in json.loads(sys.argv[2]) if m in sys.modules]}))
+"""
+
+CASES = {
+    "import": ([], 0),
+    "help": ([["--help"]], 0),
+    "methods": ([["methods"], ["methods", "--json"]], 0),
+    "every command's help": ([["*", "--help"]], 0),
+    "option errors": ([["compress", "model.py:f", "--calib", "digits", "--method", "nope"],
+                       ["compress", "model.py:f", "--calib", "digits", "--method", "svd", "--rank-fraction", "x"],
+                       ["tune", "--grid", "x"],
+                       ["tune", "model.py:f", "--data", "digits", "--max-accuracy-drop", "1", "--grid", "x"],
+                       ["run", "model.py:f", "--data", "digits", "--method", "svd", "--batch", "0"],
+                       ["export", "model.py:f", "--out", "m.onnx", "--quant-target", "nope"]], 2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_command_line_starts_without_torch_or_onnxruntime(case: str, tmp_path: Path) -> None:
+    calls, code = CASES[case]
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(calls), json.dumps(HEAVY)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["heavy"] == [], f"{case} imported {result['heavy']}"
+    assert len(result["codes"]) >= len(calls) and all(c == code for c in result["codes"]), result["codes"]
