@@ -2,7 +2,8 @@
 
 A Linear layer's rows are all leading positions of its input; a ConvNd layer's rows are its im2col patches
 (batch × output positions, stride/padding/dilation respected). Rows are unfolded in chunks so the extra
-memory stays under a cap, and accumulated in float64 on the CPU. Under a process group
+memory stays under a cap; each chunk's product XᵀX runs in :data:`DEFAULT_STATS_DTYPE` unless asked otherwise, and
+the chunks are accumulated in float64 on the CPU. Under a process group
 (:mod:`compress.core.distributed`) each rank runs its shard of the data and the sums and row counts are
 all-reduced, so every rank ends with the statistics of all the data.
 """
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .options import STATS_DTYPE_NAMES
+from .options import DEFAULT_STATS_DTYPE, STATS_DTYPE_NAMES
 from .data import Dataset
 from .distributed import all_reduce_max, all_reduce_sum, shard, sum_count
 from .errors import require_finite
@@ -26,7 +27,7 @@ from .lowrank import matrix_view
 from .progress import tracked
 from .inputs import call
 
-__all__ = ["MomentStats", "conv_patches", "layer_rows", "collect_moments", "STATS_DTYPES"]
+__all__ = ["MomentStats", "conv_patches", "layer_rows", "collect_moments", "STATS_DTYPES", "DEFAULT_STATS_DTYPE"]
 
 log = logging.getLogger(__name__)
 
@@ -138,15 +139,15 @@ class _Collector:
 
 @torch.no_grad()
 def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Dataset, batch_size: int = 32,
-                    memory_cap_bytes: int = 1 << 30, dtype: str = "float64") -> dict[str, MomentStats]:
+                    memory_cap_bytes: int = 1 << 30, dtype: str = DEFAULT_STATS_DTYPE) -> dict[str, MomentStats]:
     """Uncentered second moments of each named layer's input rows over ``data`` (model in eval mode).
 
     Args:
         model: the model to run; ``layers`` are its submodules by qualified name.
         batch_size: samples per forward pass.
         memory_cap_bytes: bound on the unfolded rows (and their cast) held at once per layer.
-        dtype: precision of the per-chunk products XᵀX ("float64", or "float32" for ~2× speed);
-            accumulation across chunks is always float64.
+        dtype: precision of the per-chunk products XᵀX (default :data:`DEFAULT_STATS_DTYPE`; "float64" where an
+            identity is checked); accumulation across chunks is always float64.
 
     Under a process group each rank runs its :func:`~compress.core.distributed.shard` of ``data`` and the
     sums and counts are all-reduced (every rank must call this with the same arguments).

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ...core.errors import CompressionError
-from ...core.options import STATS_DTYPE_NAMES, Alias, Budget, BudgetOptions
+from ...core.options import DEFAULT_STATS_DTYPE, STATS_DTYPE_NAMES, Alias, Budget, BudgetOptions
 
 __all__ = ["FactorizeConfig"]
 
@@ -39,8 +39,9 @@ class FactorizeConfig(BudgetOptions):
         metadata={"help": "Calibration samples per forward pass while collecting statistics, >= 1; default 32. "
                           "Deprecated alias: --batch-size.",})
     stats_dtype: str = field(
-        default="float64",
-        metadata={"help": "Precision of the per-chunk XᵀX products, accumulated in float64; default float64.",
+        default=DEFAULT_STATS_DTYPE,
+        metadata={"help": "Precision of the per-chunk XᵀX products, accumulated in float64; default "
+                          f"{DEFAULT_STATS_DTYPE} (float64 for identity checks).",
                   "choices": STATS_DTYPE_NAMES})
     cache_dir: str | None = field(
         default=None,
