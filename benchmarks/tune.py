@@ -1,25 +1,31 @@
-"""Benchmark of `minreal tune` (issue 14): the front and the winner per model and accuracy budget, and what it costs.
+"""Benchmark of `minreal tune` (issues 14, 27): the front and the winner per model and accuracy budget, and what the
+tune itself costs, by phase.
 
-Models: ``minreal demo``'s digits MLP and digits CNN (trained as the demo trains them, once, then kept in the work
-folder so every run tunes the same weights) and the CIFAR ResNet-20 trained on ``digits32``
-(``trained_models.resnet20_digits32``). For each model and each largest accuracy drop (0.5 and 2 pp against the
-original, on the held-out split) one tune runs exactly as ``minreal tune --workers 1`` runs it: the inputs as specs
+Models (``--only``, default ``resnet20,resnet32``):
+- ``resnet20``: the CIFAR ResNet-20 trained on ``digits32`` (``trained_models.resnet20_digits32``), 0.5 pp, recovery
+  cap 1 epoch; goal 5 minutes on 2 idle cores;
+- ``resnet32``: the pretrained CIFAR-10 ResNet-32 of ``../shared/data`` on real CIFAR-10 images (the first 7,000
+  for calibration and recovery, the last 2,000 held out), 1 pp, recovery cap 3 epochs; goal 15 minutes. Without
+  ``../shared/data`` it stops with one line;
+- ``mlp``, ``cnn``: ``minreal demo``'s digits models (0.5 and 2 pp, 1 epoch), trained once and kept in the work folder.
+One tune runs exactly as ``minreal tune --workers 1`` runs it: the inputs as specs
 (:class:`~export.app.tune.SpecSource`) loaded again in one worker process, every method with a MAC budget over the
-default grid, without recovery and with one epoch (and quantisation-aware recovery for INT8), the default screening
-(0.25 s, 1 process) and release protocols (2 s, 3 fresh processes), on the CPU at batch sizes 1 and 32.
+default grid, bisected without recovery, the budgets below each zero-shot boundary raced with recovery by successive
+halving (and quantisation-aware recovery for the INT8 of the winners), the default screening (0.25 s, 1 process) and
+release protocols (2 s, 3 fresh processes), on the CPU at batch sizes 1 and 32.
 
 The tune chooses on its first batch size (1); the batch-32 winner is chosen here by the tune's own rule (its
 ``_choose``: the lowest confirmed p50, but a structural win that does not hold in every confirmation process
 against a baseline is a tie, which goes to the baseline) over the same confirmed measurements (every file on either
 cell's front and the baselines is confirmed at both batch sizes), so one tune gives both; ``fastest`` is the lowest
 confirmed p50 per cell without the tie rule (:func:`export.app.tune.front.choose`). The first drop of each model
-starts from an empty candidate cache (its wall time is the cold one); the second drop reuses that cache, so only
-candidates the first did not evaluate are compressed again and everything is re-measured (its wall time is
-recorded apart).
-Other jobs share this machine's two cores: the load average at the start and end of every run is recorded.
+starts from an empty candidate cache (its wall time is the cold one, against the goal); a second drop reuses that
+cache. ``phases_s`` is the tune's own wall-time breakdown (``TuneReport.phases_s``: prepare, realise, recover,
+measure, export summed over candidates; baselines, search, ort_quality, screen, confirm as wall time).
+The load average at the start and end of every run is recorded: run it alone.
 
 The JSON is rewritten atomically after every run; ``--resume`` skips runs it already holds. Tune folders (report,
-front.png, ONNX files) and caches go to ``--work`` (ignored by git); the ResNet-20 fronts are copied next to the
+front.png, ONNX files) and caches go to ``--work`` (ignored by git); the ResNet fronts are copied next to the
 JSON. ``--refresh`` re-derives the winners and tables of the runs already in the JSON from their tune folders'
 ``report.json`` without tuning again. ``--quick`` is a smoke test (one method, two ratios, short protocols) and
 needs its own ``--out``.
@@ -79,6 +85,10 @@ class Case:
     weights: str
     data: str
     describe: str
+    eval_data: str | None = None
+    drops: tuple[float, ...] = DROPS
+    recover_epochs: int = RECOVER_EPOCHS
+    goal_s: float = GOAL_S
 
 
 def _demo_weights(key: str, work: Path) -> Path:
@@ -111,17 +121,66 @@ def resnet20_case(work: Path) -> Case:
     r = resnet20_digits32().record
     return Case("resnet20", "resnet20_cifar", str(cache_paths(r.seed, r.epochs)[0]), "digits32",
                 f"resnet20_cifar (option A) trained {r.epochs} epochs on digits32's calibration split (held-out "
-                f"top-1 {100 * r.heldout_top1:.2f} %)")
+                f"top-1 {100 * r.heldout_top1:.2f} %)", drops=(0.5,), goal_s=5 * 60)
 
 
-CASES: dict[str, Callable[[Path], Case]] = {"mlp": mlp_case, "cnn": cnn_case, "resnet20": resnet20_case}
+def cifar_resnet32() -> nn.Module:
+    """The pretrained CIFAR-10 ResNet-32's architecture (weights come from ``--weights``)."""
+    from compress.models import CifarResNet
+
+    return CifarResNet(blocks_per_stage=5)
+
+
+SHARED = ROOT.parent / "shared" / "data"
+RESNET32 = SHARED / "resnet_cifar" / "resnet32-d509ac18.th"
+CIFAR = SHARED / "cifar10" / "cifar10_test_jpeg_1000_9999.npz"
+CIFAR_CALIB, CIFAR_HELDOUT = 7000, 2000
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # as the pretrained ResNets were trained
+
+
+def resnet32_case(work: Path) -> Case:
+    """The pretrained CIFAR-10 ResNet-32 (../shared/data, akamaster's weights, keys without ``module.``) on real
+    CIFAR-10 test images: the first 7,000 for calibration and recovery, the last 2,000 held out, as ``.npz`` files
+    (float32 NCHW normalised with the ImageNet statistics, labels) written once under ``work``."""
+    import numpy as np
+
+    if not (RESNET32.is_file() and CIFAR.is_file()):
+        raise SystemExit(f"tune benchmark: {RESNET32} or {CIFAR} is missing (../shared/data); run --only without "
+                         "resnet32")
+    weights, calib, held = work / "resnet32.pt", work / "cifar_calib7000.npz", work / "cifar_heldout2000.npz"
+    if not (weights.is_file() and calib.is_file() and held.is_file()):
+        from export.atomic import atomic_path
+
+        work.mkdir(parents=True, exist_ok=True)
+        state = torch.load(RESNET32, map_location="cpu", weights_only=True)["state_dict"]
+        model = cifar_resnet32()
+        model.load_state_dict({k.removeprefix("module."): v for k, v in state.items()}, strict=False)
+        with atomic_path(weights) as tmp:
+            torch.save(model.state_dict(), tmp)
+        with np.load(CIFAR) as data:
+            images, labels = data["x"], data["y"]
+        mean = np.asarray(IMAGENET_MEAN, np.float32).reshape(1, 3, 1, 1)
+        std = np.asarray(IMAGENET_STD, np.float32).reshape(1, 3, 1, 1)
+        x = ((images.transpose(0, 3, 1, 2).astype(np.float32) / 255 - mean) / std).astype(np.float32)
+        for path, rows in ((calib, slice(0, CIFAR_CALIB)), (held, slice(len(x) - CIFAR_HELDOUT, len(x)))):
+            with atomic_path(path) as tmp:
+                with open(tmp, "wb") as f:
+                    np.savez(f, x=x[rows], y=labels[rows].astype(np.int64))
+    return Case("resnet32", f"{THIS}:cifar_resnet32", str(weights), str(calib),
+                "pretrained CIFAR-10 ResNet-32 (akamaster, option-A shortcuts; ../shared/data) on CIFAR-10 test images "
+                f"decoded from JPEG: the first {CIFAR_CALIB} for calibration and recovery, the last {CIFAR_HELDOUT} "
+                "held out", eval_data=str(held), drops=(1.0,), recover_epochs=3)
+
+
+CASES: dict[str, Callable[[Path], Case]] = {"mlp": mlp_case, "cnn": cnn_case, "resnet20": resnet20_case,
+                                            "resnet32": resnet32_case}
 
 
 # ------------------------------------------------------------------------------------------------- configuration
-def tune_config(drop: float, quick: bool) -> Any:
+def tune_config(drop: float, quick: bool, recover_epochs: int = RECOVER_EPOCHS) -> Any:
     from export.app.tune import Constraint, Protocol, TuneConfig
 
-    cfg = TuneConfig(Constraint(max_accuracy_drop=drop), (PROVIDER,), BATCHES, recover_epochs=RECOVER_EPOCHS)
+    cfg = TuneConfig(Constraint(max_accuracy_drop=drop), (PROVIDER,), BATCHES, recover_epochs=recover_epochs)
     if not quick:
         return cfg
     return dataclasses.replace(cfg, methods=("svd",), grid=(0.8, 0.5), screen=Protocol(0.05, 1, 5, 2),
@@ -130,8 +189,9 @@ def tune_config(drop: float, quick: bool) -> Any:
 
 def cli_line(case: Case, drop: float, cache: Path, cfg: Any) -> str:
     """The `minreal tune` command that runs the same tune."""
-    line = (f"minreal tune {case.model} --weights {case.weights} --data {case.data} --batch "
-            f"{','.join(map(str, BATCHES))} --max-accuracy-drop {drop:g} --recover-epochs {RECOVER_EPOCHS} "
+    line = (f"minreal tune {case.model} --weights {case.weights} --data {case.data}"
+            f"{f' --eval-data {case.eval_data}' if case.eval_data else ''} --batch "
+            f"{','.join(map(str, BATCHES))} --max-accuracy-drop {drop:g} --recover-epochs {case.recover_epochs} "
             f"--cache-dir {cache} --workers 1")
     if cfg.methods:
         line += (f" --methods {','.join(cfg.methods)} --grid {','.join(f'{g:g}' for g in cfg.grid)} "
@@ -326,7 +386,8 @@ def refresh(doc: dict[str, Any], quick: bool) -> None:
     doc["method"], doc["summary_legend"] = fresh["method"], fresh["summary_legend"]
     for key, run in doc["runs"].items():
         if "error" not in run:
-            run.update(derived(load_report(Path(run["folder"])), tune_config(run["max_accuracy_drop_pp"], quick)))
+            cfg = tune_config(run["max_accuracy_drop_pp"], quick, run.get("recover_epochs", RECOVER_EPOCHS))
+            run.update(derived(load_report(Path(run["folder"])), cfg))
             say(f"{key}: re-derived from {run['folder']}/report.json")
 
 
@@ -342,10 +403,10 @@ def run_one(case: Case, drop: float, work: Path, quick: bool) -> dict[str, Any]:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     cached_before = len(list(cache.glob("*/result.json")))
-    cfg = tune_config(drop, quick)
+    cfg = tune_config(drop, quick, case.recover_epochs)
     net = load_model(case.model, weights=case.weights)
-    loaded = load_data(case.data)
-    source = SpecSource(case.model, case.data, None, case.weights)
+    loaded = load_data(case.data, eval_spec=case.eval_data)
+    source = SpecSource(case.model, case.data, case.eval_data, case.weights)
     clock = StageClock(f"[{case.name} {drop:g}pp]", folder / "progress.log")
     load_start, started = os.getloadavg(), time.time()
     executor = ProcessExecutor(1)
@@ -363,14 +424,17 @@ def run_one(case: Case, drop: float, work: Path, quick: bool) -> dict[str, Any]:
                        f"warm ({cached_before} cached candidates of the model's earlier tune)",
               "candidate_seconds": candidate_seconds(cache, started), "loadavg_start": list(load_start),
               "loadavg_end": list(os.getloadavg()), "cli": cli_line(case, drop, cache, cfg), "folder": str(folder)}
-    return {"model": case.name, "max_accuracy_drop_pp": drop, **timing, "stage_s": stages, **derived(report, cfg)}
+    timing["goal_s"] = case.goal_s
+    timing["within_goal"] = wall <= case.goal_s
+    return {"model": case.name, "max_accuracy_drop_pp": drop, "recover_epochs": case.recover_epochs, **timing,
+            "stage_s": stages, "phases_s": report.phases_s, "halving": report.halving, **derived(report, cfg)}
 
 
 def run_model(doc: dict[str, Any], name: str, args: argparse.Namespace, save: Callable[[], None]) -> None:
     """Both drops of one model; the first that has to run with an empty cache starts from a fresh cache folder."""
     case = CASES[name](args.work)
     doc["models"][name] = dataclasses.asdict(case)
-    for i, drop in enumerate(DROPS):
+    for i, drop in enumerate(case.drops):
         key = f"{name}/drop{drop:g}"
         if args.resume and key in doc["runs"] and "error" not in doc["runs"][key]:
             say(f"{key}: in the JSON already, skipped (--resume)")
@@ -397,16 +461,16 @@ def summary_line(run: dict[str, Any]) -> str:
 
 
 def copy_front(run: dict[str, Any], out: Path) -> None:
-    """The ResNet-20 fronts next to the JSON (``<out stem>_resnet20_drop<D>_front.png``)."""
-    if run.get("model") != "resnet20" or "folder" not in run:
+    """The ResNet fronts next to the JSON (``<out stem>_<model>_drop<D>_front.png``)."""
+    if run.get("model") not in ("resnet20", "resnet32") or "folder" not in run:
         return
     src = Path(run["folder"]) / "front.png"
     if src.is_file():
-        shutil.copyfile(src, out.with_name(f"{out.stem}_resnet20_drop{run['max_accuracy_drop_pp']:g}_front.png"))
+        shutil.copyfile(src, out.with_name(f"{out.stem}_{run['model']}_drop{run['max_accuracy_drop_pp']:g}_front.png"))
 
 
 def summarise(doc: dict[str, Any]) -> dict[str, Any]:
-    """One row per run: wall time (against the goal for ResNet-20's first, cold run), winners and the funnel."""
+    """One row per run: wall time (against its model's goal when its cache was cold), winners and the funnel."""
     rows = {}
     for key, run in doc["runs"].items():
         if "error" in run:
@@ -414,7 +478,8 @@ def summarise(doc: dict[str, Any]) -> dict[str, Any]:
             continue
         f = run["funnel"]
         rows[key] = {"wall_min": run["wall_min"], "cache": run["cache"].split()[0],
-                     "within_goal": run["wall_s"] < GOAL_S if key == "resnet20/drop0.5" else None,
+                     "within_goal": run.get("within_goal") if run["cache"].startswith("cold") else None,
+                     "phases_s": run.get("phases_s"),
                      "winners": {cell: [w["label"], w.get("p50_ms"), w.get("x_of_original.int8")]
                                  for cell, w in run["winner"].items()},
                      "fastest": {cell: [w["label"], w.get("p50_ms"), w.get("x_of_original.int8")]
@@ -448,13 +513,15 @@ def new_document(quick: bool) -> dict[str, Any]:
     from export.app.tune import default_methods
 
     cfg = tune_config(DROPS[0], quick)
-    return {"usage": USAGE, "issue": 14, "header": header(), "quick": quick,
+    return {"usage": USAGE, "issue": 27, "header": header(), "quick": quick,
             "setting": {"methods": list(cfg.methods or default_methods()), "grid": list(cfg.grid),
-                        "recover_epochs": RECOVER_EPOCHS, "qat": cfg.qat, "int8": cfg.quant_target,
-                        "provider": PROVIDER, "batch_sizes": list(BATCHES), "drops_pp": list(DROPS),
+                        "recover_epochs": "per model (models.*.recover_epochs)",
+                        "halving": {"eta": cfg.halving_eta, "rungs": cfg.halving_rungs,
+                                    "per_method": cfg.halving_per_method}, "qat": cfg.qat, "int8": cfg.quant_target,
+                        "provider": PROVIDER, "batch_sizes": list(BATCHES), "drops_pp": "per model (models.*.drops)",
                         "screen": dataclasses.asdict(cfg.screen), "confirm": dataclasses.asdict(cfg.confirm),
                         "executor": "ProcessExecutor(1) with SpecSource: as `minreal tune --workers 1`",
-                        "goal_s": GOAL_S},
+                        "goal_s": "per model (models.*.goal_s)"},
             "method": "one tune per (model, drop) at batch sizes 1 and 32: the tune chooses on batch 1; the batch-32 "
                       "winner is the tune's own rule (export.app.tune.run._choose, tie rule included) over the same "
                       "confirmed p50s (fronts of both cells and the baselines are confirmed at both); fastest = the "
@@ -475,7 +542,7 @@ def new_document(quick: bool) -> dict[str, Any]:
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/tune.json"))
-    ap.add_argument("--only", default="mlp,cnn,resnet20", help=f"comma-separated, from {', '.join(CASES)}")
+    ap.add_argument("--only", default="resnet20,resnet32", help=f"comma-separated, from {', '.join(CASES)}")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-tune",
                     help="tune folders and candidate caches (default: runs/bench-tune, ignored by git)")
     ap.add_argument("--resume", action="store_true", help="skip runs the JSON already holds")

@@ -207,12 +207,14 @@ def finetune_alias(config: Any, recovery: RecoveryConfig | None, data: Dataset) 
 
 
 def apply_recovery(report: CompressionReport, model: nn.Module, new: nn.Module, data: Dataset,
-                   recovery: RecoveryConfig | None, held_out: Dataset | None = None) -> nn.Module:
+                   recovery: RecoveryConfig | None, held_out: Dataset | None = None, measure: bool = True
+                   ) -> nn.Module:
     """Recover ``new`` from ``model`` on ``data`` when ``recovery`` is enabled: ``report.recovery`` and
-    ``report.measured["recovered"]`` filled, the zero-shot measurements kept. With ``held_out`` (data neither the
-    method nor the recovery saw), ``measured["held_out_zero_shot"]`` and ``measured["held_out_recovered"]`` hold
-    :func:`~compress.core.recover.held_out_metrics` of both models on it. Returns the model to use (a copy when
-    the method returned ``model`` itself, which is never trained)."""
+    ``report.measured["recovered"]`` filled (without ``measure``, which a caller that measures on its own data
+    turns off, ``measured["recovered"]`` stays empty), the zero-shot measurements kept. With ``held_out`` (data
+    neither the method nor the recovery saw), ``measured["held_out_zero_shot"]`` and
+    ``measured["held_out_recovered"]`` hold :func:`~compress.core.recover.held_out_metrics` of both models on it.
+    Returns the model to use (a copy when the method returned ``model`` itself, which is never trained)."""
     if recovery is None or not recovery.enabled:
         return new
     if new is model:
@@ -222,7 +224,8 @@ def apply_recovery(report: CompressionReport, model: nn.Module, new: nn.Module, 
     result = recover(model, new, data, recovery, state_points(report))
     report.recovery = dataclasses.asdict(result)
     report.timings_s["recover"] = result.wall_s
-    report.measured["recovered"] = compare_outputs(model, new, data)
+    if measure:
+        report.measured["recovered"] = compare_outputs(model, new, data)
     if held_out is not None:
         report.measured["held_out_recovered"] = held_out_metrics(model, new, held_out, task=recovery.task)
     predicted_bounds = {k: v for k, v in report.predicted.items() if k.endswith("_bound") and v is not None}
@@ -304,9 +307,11 @@ def prepare(model: nn.Module, data: Dataset, method: str, config: Any = None,
 
 
 def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | None = None,
-            held_out: Dataset | None = None) -> tuple[nn.Module, CompressionReport]:
+            held_out: Dataset | None = None, measure: bool = True) -> tuple[nn.Module, CompressionReport]:
     """The per-budget phase: the compressed module for ``config``'s budget from ``prepared``, with the shared cost
     fields, the output comparison on the prepared data and an optional recovery, as :func:`compress` gives.
+    ``measure=False`` skips the output comparison on the prepared data (a pass of both models over all of it) for a
+    caller that measures the result on its own held-out data (``tune``); a method's own measurements stay.
 
     Raises:
         ValueError: ``config`` differs from the prepared one in a field the prepared state depends on.
@@ -330,11 +335,11 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
         achieved = {"mac_ratio": report.mac_ratio, "param_ratio": report.param_ratio,
                     "latency_ratio": report.predicted.get("whole_model_latency_ratio")}.get(budget[0])
         report.predicted["budget"] = {"kind": budget[0], "requested": budget[1], "achieved": achieved}
-    if "relative_output_error" not in report.measured:
+    if measure and "relative_output_error" not in report.measured:
         t0 = time.perf_counter()
         report.measured.update(compare_outputs(model, new, data))
         report.timings_s["measure"] = time.perf_counter() - t0
-    return apply_recovery(report, model, new, data, recovery, held_out), report
+    return apply_recovery(report, model, new, data, recovery, held_out, measure), report
 
 
 def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,

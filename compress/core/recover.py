@@ -203,11 +203,13 @@ def _metric_sums(ref: torch.Tensor, out: torch.Tensor, y: torch.Tensor | None, t
 
 @torch.no_grad()
 def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batch_size: int = 256,
-                     task: str = "auto") -> dict[str, float]:
+                     task: str = "auto", teacher_outputs: torch.Tensor | None = None) -> dict[str, float]:
     """Agreement and KL (T=1) with the teacher for classifiers, MSE to it otherwise; accuracy or MSE with labels
     (``task`` as :attr:`RecoveryConfig.task`). Under a process group ``data`` is this rank's part and the metrics
-    are those of all ranks' parts together (sums and counts all-reduced)."""
-    sums = _metric_sums(predict(teacher, data, batch_size), predict(student, data, batch_size), data.y, task)
+    are those of all ranks' parts together (sums and counts all-reduced). ``teacher_outputs``: the teacher's
+    ``predict`` on ``data`` computed once by a caller that judges many students on the same data."""
+    ref = predict(teacher, data, batch_size) if teacher_outputs is None else teacher_outputs
+    sums = _metric_sums(ref, predict(student, data, batch_size), data.y, task)
     totals = all_reduce_sum(torch.tensor([v for pair in sums.values() for v in pair], dtype=torch.float64))
     return {name: float(totals[2 * i] / totals[2 * i + 1]) for i, name in enumerate(sums)}
 

@@ -307,7 +307,7 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     result.mac_ratio, result.param_ratio = report.mac_ratio, report.param_ratio
     result.params, result.macs, result.recovery = report.params_after, report.macs_after, report.recovery
     t0 = time.perf_counter()
-    result.quality = held_out_metrics(model, small, held_out)
+    result.quality = held_out_metrics(model, small, held_out, teacher_outputs=_teacher_outputs(job, model, held_out))
     result.seconds["measure"] = time.perf_counter() - t0
     result.feasible = job.constraint.holds(Quality.from_metrics(result.quality), job.reference)
     if result.feasible and not spec.short:
@@ -355,10 +355,24 @@ def _compressed(job: Job, model: nn.Module, calib: Dataset, config: Any, recover
         lambda: prepare(model, calib, method, config, cache_dir=job.cache_dir)))
     t1 = time.perf_counter()
     zero_shot, realised = _remember(_ZERO_SHOT, (*key, repr(config)),
-                                    lambda: _outcome(lambda: realise(_value(prepared), config)))
+                                    lambda: _outcome(lambda: realise(_value(prepared), config, measure=False)))
     phases = {"prepare": t1 - t0 if made else 0.0, "realise": time.perf_counter() - t1 if realised else 0.0}
     small, report = copy.deepcopy(_value(zero_shot))
-    return apply_recovery(report, model, small, train, recovery), report, phases
+    return apply_recovery(report, model, small, train, recovery, measure=False), report, phases
+
+
+_TEACHER: dict[str, Any] = {}
+
+
+def _teacher_outputs(job: Job, model: nn.Module, held_out: Dataset) -> Any:
+    """The original's outputs on the held-out data, predicted once per worker and tune inputs (every candidate is
+    judged against them)."""
+    from compress.core.evaluate import predict
+
+    if job.fingerprint not in _TEACHER:
+        _TEACHER.clear()
+        _TEACHER[job.fingerprint] = predict(model, held_out, 256)
+    return _TEACHER[job.fingerprint]
 
 
 def _outcome(make: Any) -> tuple[Any, Exception | None]:

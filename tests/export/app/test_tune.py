@@ -153,9 +153,9 @@ def test_bisection_prepares_each_method_once_and_reuses_zero_shot_models(trained
         from_disk[method] += result.cached
         return result
 
-    def counting_realise(prep, config=None, recovery=None, held_out=None):  # noqa: ANN001, ANN202
+    def counting_realise(prep, config=None, recovery=None, held_out=None, measure=True):  # noqa: ANN001, ANN202
         realised[(prep.method, config.mac_ratio)] += 1
-        return real_realise(prep, config, recovery, held_out)
+        return real_realise(prep, config, recovery, held_out, measure)
 
     monkeypatch.setattr(registry, "prepare", counting_prepare)
     monkeypatch.setattr(registry, "realise", counting_realise)
