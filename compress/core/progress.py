@@ -1,6 +1,7 @@
 """Progress of long loops, reported through logging so that the caller (the CLI) draws the bars.
 
-A record carries ``extra={PROGRESS_KEY: (task, done, total)}``; library code never prints.
+A record carries ``extra={PROGRESS_KEY: (task, done, total)}``, and a record worth a line of its own (an epoch's
+losses) also ``extra={DETAIL_KEY: text}``, with the text in its message too; library code never prints.
 """
 
 from __future__ import annotations
@@ -10,14 +11,23 @@ from typing import Iterable, Iterator, TypeVar
 
 from runtime_bench.facts import PROGRESS_KEY
 
-__all__ = ["PROGRESS_KEY", "log_progress", "tracked"]
+__all__ = ["PROGRESS_KEY", "DETAIL_KEY", "log_progress", "tracked"]
 
 T = TypeVar("T")
 
+DETAIL_KEY = "minreal_progress_detail"
+"""``logging`` extra key of a progress record's detail: a short text (e.g. an epoch's losses) that a log shows on
+the record's own line, never thinned out."""
 
-def log_progress(logger: logging.Logger, task: str, done: int, total: int) -> None:
-    """Report that ``done`` of ``total`` steps of ``task`` are finished."""
-    logger.info("%s: %d/%d", task, done, total, extra={PROGRESS_KEY: (task, done, total)})
+
+def log_progress(logger: logging.Logger, task: str, done: int, total: int, detail: str = "") -> None:
+    """Report that ``done`` of ``total`` steps of ``task`` are finished; ``detail``: what the step ended with."""
+    extra: dict[str, object] = {PROGRESS_KEY: (task, done, total)}
+    if detail:
+        extra[DETAIL_KEY] = detail
+        logger.info("%s: %d/%d: %s", task, done, total, detail, extra=extra)
+    else:
+        logger.info("%s: %d/%d", task, done, total, extra=extra)
 
 
 def tracked(items: Iterable[T], total: int, task: str, logger: logging.Logger) -> Iterator[T]:

@@ -1,8 +1,17 @@
 """Recovery after compression: a short knowledge distillation from the original, shared by every method.
 
 The compressed model (the student) is trained in place towards the original (the teacher), mixed with the label
-loss when labels exist; AdamW with a linear warm-up and a cosine schedule, BatchNorm statistics recalibrated,
-early stopping on a held-out split of the data with the best weights kept. The architecture never changes.
+loss when labels exist; AdamW with a linear warm-up and a cosine schedule, BatchNorm statistics recalibrated after
+each epoch (on at most :data:`RECALIBRATION_SAMPLES` training samples), early stopping on a held-out split of the
+data with the best weights kept. The architecture never changes.
+
+What a step costs beyond the student's forward and backward pass is kept small: the teacher (frozen, in eval mode;
+the recovery does not augment) runs once per split and its outputs are reused by every epoch, every validation and
+the before/after metrics (not when features are matched, whose hooks need its forward at each step, nor beyond
+:data:`CACHE_LIMIT` values); the student's held-out outputs of the validation passes give the metrics (a float
+recovery's); the best weights are copied once per improving epoch. Each epoch ends with one progress record of task
+:data:`EPOCH_TASK` carrying its training loss, validation loss and metrics and the elapsed seconds as its detail
+(:mod:`compress.core.progress`).
 
 Optionally the student also matches the teacher's intermediate features at named state points (FitNets, Romero
 et al. 2015, eq. 3, without a regressor: only points whose outputs keep their shape are matched), each term an
@@ -24,7 +33,7 @@ teacher's outputs are computed once, for each rank's share
 of each split only, the held-out objective and metrics are all-reduced as sums and counts, and every decision
 (early stopping, the first Ctrl-C) is the same on all ranks. BatchNorm statistics are *frozen* during the steps
 (:attr:`RecoveryConfig.freeze_batchnorm`): SyncBatchNorm runs on GPUs only, and frozen statistics need no
-collective per layer and no minimum share size; they are re-estimated exactly over the whole training split before
+collective per layer and no minimum share size; they are re-estimated exactly over the recalibration set before
 the first epoch and after each (batches dealt out to the ranks, averages all-reduced). The recovery writes no
 files; a caller saving its result does so on :func:`compress.core.distributed.is_writer` only. An exception on one
 rank is logged with its rank and raised; the others fail at their next collective (at the latest after the
@@ -58,13 +67,14 @@ from .progress import log_progress
 from .qat import FakeQuant, fake_quant
 from .recover_options import TASKS, RecoveryConfig
 from .train import distillation_loss, task_loss
-from .inputs import Inputs, args_of, call
+from .inputs import Inputs, args_of, call, count
 
 __all__ = ["RecoveryConfig", "RecoveryResult", "recover", "held_out_metrics", "feature_points",
            "recalibrate_batchnorm"]
 
 log = logging.getLogger(__name__)
 TASK = "recovery (steps)"
+EPOCH_TASK = "recovery (epochs)"
 MIN_SPLIT = 20  # below this many samples nothing is held out: early stopping and metrics use all of the data
 
 
@@ -209,9 +219,22 @@ def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batc
     are those of all ranks' parts together (sums and counts all-reduced). ``teacher_outputs``: the teacher's
     ``predict`` on ``data`` computed once by a caller that judges many students on the same data."""
     ref = predict(teacher, data, batch_size) if teacher_outputs is None else teacher_outputs
-    sums = _metric_sums(ref, predict(student, data, batch_size), data.y, task)
+    return _metrics(ref, predict(student, data, batch_size), data.y, task)
+
+
+def _metrics(ref: torch.Tensor, out: torch.Tensor, y: torch.Tensor | None, task: str) -> dict[str, float]:
+    """:func:`held_out_metrics` from the two models' outputs ``ref`` and ``out`` (all ranks' parts together)."""
+    sums = _metric_sums(ref, out, y, task)
     totals = all_reduce_sum(torch.tensor([v for pair in sums.values() for v in pair], dtype=torch.float64))
     return {name: float(totals[2 * i] / totals[2 * i + 1]) for i, name in enumerate(sums)}
+
+
+def _held_out(teacher: nn.Module, student: nn.Module, data: Dataset, task: str, refs: torch.Tensor | None,
+              outputs: torch.Tensor | None = None) -> dict[str, float]:
+    """:func:`held_out_metrics`, taking the teacher's outputs ``refs`` and the student's ``outputs`` where already
+    known (None: predicted here)."""
+    refs = predict(teacher, data) if refs is None else refs
+    return _metrics(refs, predict(student, data) if outputs is None else outputs, data.y, task)
 
 
 CACHE_LIMIT = 50_000_000
@@ -219,23 +242,21 @@ CACHE_LIMIT = 50_000_000
 
 
 @torch.no_grad()
-def _teacher_outputs(teacher: nn.Module, data: Dataset, features: _FeatureMatch | None, gather: bool = False
-                     ) -> torch.Tensor | None:
-    """The teacher's outputs on all of ``data``, computed once (the teacher is frozen and in eval mode, so they
-    are the same every epoch); None when features are matched (their hooks need the forward) or too large.
-    ``gather``: every rank computes its shard only and the shards are all-reduced into the whole."""
-    if features is not None and features.points:
-        return None
+def _teacher_outputs(teacher: nn.Module, data: Dataset, whole: int, gather: bool = False) -> torch.Tensor | None:
+    """The teacher's outputs on all of ``data``, computed once (the teacher is frozen and in eval mode and the
+    recovery does not augment, so they are the same every epoch); None when ``whole`` samples' outputs (the whole
+    split: every rank decides alike) exceed :data:`CACHE_LIMIT` values. ``gather``: every rank computes its shard
+    only and the shards are all-reduced into the whole."""
     with eval_mode(teacher):
         probe = call(teacher, data.x[:1])
-    if probe.numel() * len(data) > CACHE_LIMIT:
+    if probe.numel() * whole > CACHE_LIMIT:
         return None
     if not gather or _world_size() == 1:
         return predict(teacher, data, 256)
     start, stop = shard_bounds(len(data))
-    whole = torch.zeros((len(data), *probe.shape[1:]), dtype=torch.float64)
-    whole[start:stop] = predict(teacher, shard(data), 256).double()
-    return all_reduce_sum(whole).to(probe.dtype)  # the other rows are zeros: the sum is exact
+    whole_out = torch.zeros((len(data), *probe.shape[1:]), dtype=torch.float64)
+    whole_out[start:stop] = predict(teacher, shard(data), 256).double()
+    return all_reduce_sum(whole_out).to(probe.dtype)  # the other rows are zeros: the sum is exact
 
 
 def _indexed(data: Dataset, batch_size: int) -> Iterator[tuple[Inputs, torch.Tensor | None, torch.Tensor]]:
@@ -245,16 +266,24 @@ def _indexed(data: Dataset, batch_size: int) -> Iterator[tuple[Inputs, torch.Ten
 
 
 @torch.no_grad()
-def _val_loss(teacher: nn.Module, student: nn.Module, val: Dataset, cfg: RecoveryConfig,
-              features: _FeatureMatch | None = None, cached: torch.Tensor | None = None) -> float:
-    """The training objective on the held-out split (the early-stopping criterion); under a process group ``val``
-    is this rank's part and the sum and count are all-reduced."""
-    total, n = 0.0, 0
+def _validate(teacher: nn.Module, student: nn.Module, val: Dataset, cfg: RecoveryConfig,
+              features: _FeatureMatch | None = None, cached: torch.Tensor | None = None
+              ) -> tuple[float, torch.Tensor]:
+    """(the training objective on the held-out split, the early-stopping criterion; the student's outputs on it, in
+    eval mode as :func:`predict` gives them). Under a process group ``val`` is this rank's part and the objective's
+    sum and count are all-reduced."""
+    total, n, outputs = 0.0, 0, []
     with eval_mode(student):
         for xb, yb, idx in _indexed(val, 256):
             ref = call(teacher, xb) if cached is None else cached[idx]
-            total += float(_loss(call(student, xb), ref, yb, cfg, features)) * len(xb)
+            outputs.append(call(student, xb))
+            total += float(_loss(outputs[-1], ref, yb, cfg, features)) * len(xb)
             n += len(xb)
+    return _mean(total, n), torch.cat(outputs)
+
+
+def _mean(total: float, n: int) -> float:
+    """``total / n`` over all ranks (sums all-reduced under a process group)."""
     total, n = all_reduce_sum(torch.tensor([total, n], dtype=torch.float64)).tolist()
     return total / max(n, 1)
 
@@ -319,19 +348,49 @@ def _average_batchnorm(bns: list[_BatchNorm]) -> None:
 
 def _step(student: nn.Module, teacher: nn.Module, xb: torch.Tensor, yb: torch.Tensor | None,
           opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, cfg: RecoveryConfig,
-          features: _FeatureMatch | None = None, ref: torch.Tensor | None = None, weight: float = 1.0) -> None:
+          features: _FeatureMatch | None = None, ref: torch.Tensor | None = None, weight: float = 1.0,
+          tally: "_Tally | None" = None) -> None:
     """One optimiser step on one batch (``ref``: the teacher's outputs on it, when already known; ``weight``: the
-    factor on the loss, a rank's share of the batch times the world size under DDP)."""
+    factor on the loss, a rank's share of the batch times the world size under DDP; ``tally``: where the batch's
+    loss is added up)."""
     if ref is None:
         with torch.no_grad():
             ref = call(teacher, xb)
     loss = _loss(call(student, xb), ref, yb, cfg, features)
-    if weight != 1.0:
-        loss = loss * weight
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss if weight == 1.0 else loss * weight).backward()
     opt.step()
     sched.step()
+    if tally is not None:
+        tally.add(float(loss.detach()), count(xb))
+
+
+class _Tally:
+    """A running sum of per-sample means and their sample counts; :meth:`mean` over all ranks."""
+
+    def __init__(self) -> None:
+        self.total, self.n = 0.0, 0
+
+    def add(self, mean: float, n: int) -> None:
+        self.total, self.n = self.total + mean * n, self.n + n
+
+    def mean(self) -> float:
+        return _mean(self.total, self.n)
+
+
+RECALIBRATION_SAMPLES = 2048
+"""Most training samples over which BatchNorm statistics are re-estimated after each epoch: a seeded subset, the
+same every epoch (all of them when fewer). Per-channel statistics average over every position of every sample, so
+a few thousand samples fix them closely, while a pass over a large split costs a third of an epoch's steps."""
+
+
+def _recalibration_set(train: Dataset, seed: int) -> Dataset:
+    """At most :data:`RECALIBRATION_SAMPLES` of ``train`` (seeded, in their order; the same on every rank)."""
+    if len(train) <= RECALIBRATION_SAMPLES:
+        return train
+    idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:RECALIBRATION_SAMPLES]
+    idx = idx.sort().values
+    return Dataset(train.x[idx], None if train.y is None else train.y[idx])
 
 
 def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
@@ -518,27 +577,40 @@ def _recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: 
     val_part = shard(val)  # this rank's part of the held-out split (all of it in one process)
     result = RecoveryResult(held_out_samples=len(val), held_out_is_training_data=same, world_size=_world_size(),
                             batchnorm_frozen=bool(config.freeze_batchnorm) and config.enabled)
-    result.before = held_out_metrics(teacher, compressed, val_part, task=config.task)
+    val_refs = _teacher_outputs(teacher, val_part, len(val))  # for the metrics and the held-out objective alike
+    reuse = config.enabled and config.int8 is None  # float training: its held-out passes give the student's outputs
+    if not reuse:
+        result.before = _held_out(teacher, compressed, val_part, config.task, val_refs)
+    outputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
     if config.enabled:
-        names = list(state_points) if config.features == ("auto",) else list(config.features)
-        result.feature_points, result.feature_points_skipped = feature_points(teacher, compressed, names,
-                                                                              train.x[:2])
-        absent = [n for n, why in result.feature_points_skipped.items() if n in config.features
-                  and why.startswith("not a submodule")]
-        if absent:
-            raise CompressionError(f"--recover-features {absent[0]!r} is not a module of both the original and the "
-                                   "compressed model; give module names as in model.named_modules(), or 'auto'")
+        result.feature_points, result.feature_points_skipped = _matched_points(teacher, compressed, config,
+                                                                               state_points, train)
         with _Threads(), torch.random.fork_rng(devices=[]), \
                 _FeatureMatch(teacher, compressed, result.feature_points) as features, \
                 _quantisation_aware(compressed, train, config, result) as quant:
             torch.manual_seed(rank_seed(config.seed))
-            _train(teacher, compressed, train, val_part, config, result, features, quant)
+            outputs = _train(teacher, compressed, train, val_part, config, result, features, quant, val_refs)
     compressed.eval()
     if _shapes(compressed) != shapes:
         raise CompressionError("internal error: recovery changed the model's architecture (state-dict keys or "
                                "shapes); please report it")
-    result.after = held_out_metrics(teacher, compressed, val_part, task=config.task)
+    if reuse:  # without an output from before the first step no step was taken: the weights are the starting ones
+        result.before = _held_out(teacher, compressed, val_part, config.task, val_refs, outputs[0])
+    result.after = _held_out(teacher, compressed, val_part, config.task, val_refs, outputs[1] if reuse else None)
     return result
+
+
+def _matched_points(teacher: nn.Module, student: nn.Module, config: RecoveryConfig, state_points: Sequence[str],
+                    train: Dataset) -> tuple[list[str], dict[str, str]]:
+    """:func:`feature_points` of the requested points (``("auto",)``: the method's ``state_points``); refuses a
+    named point that is not a module of both models."""
+    names = list(state_points) if config.features == ("auto",) else list(config.features)
+    kept, skipped = feature_points(teacher, student, names, train.x[:2])
+    absent = [n for n, why in skipped.items() if n in config.features and why.startswith("not a submodule")]
+    if absent:
+        raise CompressionError(f"--recover-features {absent[0]!r} is not a module of both the original and the "
+                               "compressed model; give module names as in model.named_modules(), or 'auto'")
+    return kept, skipped
 
 
 def _resolved(config: RecoveryConfig, teacher: nn.Module, data: Dataset, smallest_split: int) -> RecoveryConfig:
@@ -580,38 +652,49 @@ def _quantisation_aware(student: nn.Module, train: Dataset, cfg: RecoveryConfig,
 
 
 def _train(teacher: nn.Module, student: nn.Module, train: Dataset, val: Dataset, cfg: RecoveryConfig,
-           result: RecoveryResult, features: _FeatureMatch, quant: FakeQuant | None) -> None:
+           result: RecoveryResult, features: _FeatureMatch, quant: FakeQuant | None, val_refs: torch.Tensor | None
+           ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The training loop of :func:`recover`; fills the budget fields of ``result``; best weights loaded. Under DDP
-    ``train`` is the whole training split and ``val`` this rank's part of the held-out one."""
+    ``train`` is the whole training split and ``val`` this rank's part of the held-out one, ``val_refs`` the
+    teacher's outputs on it (None: too many to keep). Returns the student's outputs on ``val`` before the first step
+    and with the weights kept (None where an interrupt came first)."""
     per_epoch = math.ceil(len(train) / cfg.batch_size)
     total = cfg.steps or cfg.epochs * per_epoch
     net, writer = _parallel(student, train.x[:2]), is_writer()
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(total, cfg.warmup))
+    recalibration = _recalibration_set(train, cfg.seed)
+    cached = None if features.points else val_refs  # matched features need the teacher's forward (its hooks)
+    report = _EpochReport(math.ceil(total / per_epoch), val, val_refs, cfg.task)
     best_loss, best_state = math.inf, copy.deepcopy(student.state_dict())
+    outputs: list[torch.Tensor | None] = [None, None]  # before the first step, of the best epoch
     with _StopRequest(_world_size() > 1 and cfg.catch_interrupt) as stop:
         try:
-            refs = _teacher_outputs(teacher, train, features, gather=True)
-            val_refs = _teacher_outputs(teacher, val, features)
-            best_loss = _val_loss(teacher, student, val, cfg, features, val_refs)
+            report.start()
+            refs = None if features.points else _teacher_outputs(teacher, train, len(train), gather=True)
+            best_loss, outputs[0] = _validate(teacher, student, val, cfg, features, cached)
+            outputs[1] = outputs[0]
             if cfg.freeze_batchnorm:  # the statistics the steps normalise by: those of the starting weights
-                recalibrate_batchnorm(student, train, cfg.batch_size)
+                recalibrate_batchnorm(student, recalibration, cfg.batch_size)
             for epoch, batches in _epochs(len(train), cfg, _world_size()):
                 _train_mode(student, bool(cfg.freeze_batchnorm))
+                tally = _Tally()
                 for idx in batches:
                     xb, yb, ref, weight = _share(train, idx, refs)
-                    _step(net, teacher, xb, yb, opt, sched, cfg, features, ref, weight)
+                    _step(net, teacher, xb, yb, opt, sched, cfg, features, ref, weight, tally)
                     _agree_ranges(quant)
                     result.steps += 1
                     result.samples_seen += len(idx)
                     _progress(result.steps, total)
                     if stop.agreed():
                         raise KeyboardInterrupt
-                recalibrate_batchnorm(student, train, cfg.batch_size)
+                recalibrate_batchnorm(student, recalibration, cfg.batch_size)
                 result.epochs = epoch
-                loss = _val_loss(teacher, student, val, cfg, features, val_refs)
+                loss, out = _validate(teacher, student, val, cfg, features, cached)
+                report.epoch(epoch, tally.mean(), loss, out)
                 if loss < best_loss:
                     best_loss, best_state, result.best_epoch = loss, copy.deepcopy(student.state_dict()), epoch
+                    outputs[1] = out
                 elif epoch - result.best_epoch >= cfg.patience:
                     result.stopped_early = True
                     if writer:
@@ -625,8 +708,44 @@ def _train(teacher: nn.Module, student: nn.Module, train: Dataset, val: Dataset,
                 log.warning("recovery interrupted after %d steps; keeping the best weights so far (epoch %d)",
                             result.steps, result.best_epoch)
         result.interrupted = stop.agreed() or result.interrupted  # a SIGINT after the last step, on any rank
-    _progress(total, total)
+    if result.steps < total:  # ended early: close the task (a full run's last step did)
+        _progress(total, total)
+    report.end(result)
     student.load_state_dict(best_state)
+    return outputs[0], outputs[1]
+
+
+class _EpochReport:
+    """One progress record per epoch (task :data:`EPOCH_TASK`, by the writer): the epoch, the training loss (mean
+    over its samples), the held-out objective and metrics, and the seconds since the training began; in a log file
+    a line each, where the steps' records are thinned out. Every rank calls it (the metrics are all-reduced)."""
+
+    def __init__(self, epochs: int, val: Dataset, refs: torch.Tensor | None, task: str) -> None:
+        self.epochs, self.val, self.refs, self.task = epochs, val, refs, task
+        self.started = time.perf_counter()
+
+    def start(self) -> None:
+        """Open the task as the training begins (a log's elapsed seconds count from here)."""
+        self.started = time.perf_counter()
+        if is_writer():
+            log_progress(log, EPOCH_TASK, 0, self.epochs)
+
+    def epoch(self, epoch: int, train_loss: float, val_loss: float, outputs: torch.Tensor) -> None:
+        """Report epoch ``epoch`` (from 1): its mean training loss, held-out objective and held-out outputs."""
+        metrics = {} if self.refs is None else _metrics(self.refs, outputs, self.val.y, self.task)
+        parts = [f"training loss {train_loss:.4g}", f"validation loss {val_loss:.4g}",
+                 *(f"{name} {value:.4g}" for name, value in metrics.items()),
+                 f"{time.perf_counter() - self.started:.0f} s"]
+        if is_writer():
+            log_progress(log, EPOCH_TASK, epoch, self.epochs, detail=", ".join(parts))
+
+    def end(self, result: RecoveryResult) -> None:
+        """Close the task when the training ended before its last epoch (early stop, interrupt)."""
+        if result.epochs < self.epochs and is_writer():
+            why = "interrupted" if result.interrupted else "stopped early" if result.stopped_early else "ended"
+            log_progress(log, EPOCH_TASK, self.epochs, self.epochs,
+                         detail=f"{why} after epoch {result.epochs}; weights of epoch {result.best_epoch} kept, "
+                                f"{time.perf_counter() - self.started:.0f} s")
 
 
 def _progress(done: int, total: int) -> None:

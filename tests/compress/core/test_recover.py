@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -255,3 +256,88 @@ def test_without_catching_the_first_interrupt_aborts(teacher: nn.Module, unlabel
     monkeypatch.setattr(recover_mod, "_step", interrupt)
     with pytest.raises(KeyboardInterrupt):
         recover(teacher, small, unlabelled, RecoveryConfig(epochs=2, catch_interrupt=False))
+
+
+def _held_out_split(data: Dataset, cfg: RecoveryConfig) -> Dataset:
+    return recover_mod._split(data, cfg)[1]
+
+
+def test_cached_teacher_outputs_give_the_same_recovery(teacher: nn.Module, unlabelled: Dataset,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The teacher's outputs computed once per split train the same model as the teacher run at every step and
+    every validation, and the metrics taken from the training's own passes are those measured afresh."""
+    cfg = RecoveryConfig(epochs=3, alpha=0.0)
+    cached, fresh = _svd(teacher, unlabelled), _svd(teacher, unlabelled)
+    start = copy.deepcopy(cached)
+    res_cached = recover(teacher, cached, unlabelled, cfg)
+    monkeypatch.setattr(recover_mod, "CACHE_LIMIT", 0)  # nothing fits: the teacher runs on every batch
+    res_fresh = recover(teacher, fresh, unlabelled, cfg)
+    for k, v in cached.state_dict().items():
+        assert torch.allclose(v, fresh.state_dict()[k], rtol=1e-4, atol=1e-6), k
+    val = _held_out_split(unlabelled, cfg)
+    for res in (res_cached, res_fresh):
+        assert res.before == pytest.approx(recover_mod.held_out_metrics(teacher, start, val), rel=1e-5, abs=1e-7)
+        assert res.after == pytest.approx(recover_mod.held_out_metrics(teacher, cached, val), rel=1e-4, abs=1e-6)
+
+
+def test_one_progress_line_per_epoch_with_losses_and_metrics(teacher: nn.Module, caplog: pytest.LogCaptureFixture
+                                                             ) -> None:
+    from compress.core.progress import DETAIL_KEY, PROGRESS_KEY
+
+    data = digits_subset(256)
+    with caplog.at_level("INFO", logger="compress.core.recover"):
+        recover(teacher, _svd(teacher, data), data, RecoveryConfig(epochs=3))
+    epochs = [r for r in caplog.records if getattr(r, PROGRESS_KEY, ("",))[0] == recover_mod.EPOCH_TASK]
+    assert [getattr(r, PROGRESS_KEY)[1:] for r in epochs] == [(0, 3), (1, 3), (2, 3), (3, 3)]
+    for record in epochs[1:]:
+        detail = getattr(record, DETAIL_KEY)
+        for part in ("training loss", "validation loss", "agreement", "kl", "accuracy", " s"):
+            assert part in detail and detail in record.getMessage()
+    steps = [getattr(r, PROGRESS_KEY)[1:] for r in caplog.records
+             if getattr(r, PROGRESS_KEY, ("",))[0] == recover_mod.TASK]
+    assert steps == [(i, 12) for i in range(1, 13)]  # 4 steps per epoch, the last one once
+
+
+def test_early_stop_closes_the_epoch_task_and_says_why(teacher: nn.Module, unlabelled: Dataset,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    from compress.core.progress import DETAIL_KEY, PROGRESS_KEY
+
+    with caplog.at_level("INFO", logger="compress.core.recover"):
+        recover(teacher, _svd(teacher, unlabelled), unlabelled,
+                RecoveryConfig(epochs=20, lr=5.0, warmup=0.0, patience=2))
+    last = [r for r in caplog.records if getattr(r, PROGRESS_KEY, ("",))[0] == recover_mod.EPOCH_TASK][-1]
+    assert getattr(last, PROGRESS_KEY)[1:] == (20, 20)
+    assert getattr(last, DETAIL_KEY).startswith("stopped early after epoch 2; weights of epoch 0 kept")
+
+
+def test_batchnorm_is_recalibrated_on_a_bounded_seeded_subset(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    data = Dataset(torch.randn(100, 6))  # 80 for training
+    passes: list[torch.Tensor] = []
+    recalibrate = recover_mod.recalibrate_batchnorm
+
+    def recording(model: nn.Module, part: Dataset, batch_size: int) -> None:
+        passes.append(part.x)
+        recalibrate(model, part, batch_size)
+
+    monkeypatch.setattr(recover_mod, "recalibrate_batchnorm", recording)
+    recover(net, copy.deepcopy(net), data, RecoveryConfig(epochs=2, batch_size=16))
+    assert len(passes) == 2 and all(len(x) == 80 for x in passes)  # fewer than the bound: all of them
+    monkeypatch.setattr(recover_mod, "RECALIBRATION_SAMPLES", 30)
+    passes.clear()
+    recover(net, copy.deepcopy(net), data, RecoveryConfig(epochs=2, batch_size=16, freeze_batchnorm=True))
+    assert len(passes) == 3 and all(torch.equal(x, passes[0]) for x in passes)  # before the first epoch, after each
+    train = recover_mod._split(data, RecoveryConfig(epochs=1))[0]
+    assert len(passes[0]) == 30 and all(any(torch.equal(row, t) for t in train.x) for row in passes[0])
+
+
+@pytest.mark.parametrize("n, steps", [(12, 5), (30, 3), (256, 1)])
+def test_a_steps_budget_on_a_small_subsample(teacher: nn.Module, n: int, steps: int) -> None:
+    """Short recoveries on subsamples (as a search ranks candidates): the step budget is met exactly, a sample
+    too small to split validates on its training data, and the metrics stay finite."""
+    data = digits_subset(n)
+    res = recover(teacher, _svd(teacher, digits_subset(256)), data, RecoveryConfig(steps=steps, patience=10))
+    assert res.steps == steps and res.held_out_is_training_data == (n < recover_mod.MIN_SPLIT)
+    assert res.held_out_samples == (n if n < recover_mod.MIN_SPLIT else round(0.2 * n))
+    assert all(math.isfinite(v) for v in [*res.before.values(), *res.after.values()])
