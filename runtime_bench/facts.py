@@ -15,6 +15,7 @@ from typing import Mapping
 
 __all__ = [
     "PROGRESS_KEY",
+    "DETAIL_KEY",
     "PROVIDERS",
     "INSTALL_HINTS",
     "INTEGER_KERNEL_OPS",
@@ -32,6 +33,9 @@ __all__ = [
 
 #: ``logging`` extra key of progress records ``(task, done, total)``: library code logs them, the CLI draws bars.
 PROGRESS_KEY = "minreal_progress"
+#: ``logging`` extra key of a progress record's detail: a short text (e.g. an epoch's losses) that a log shows on the
+#: record's own line, never thinned out.
+DETAIL_KEY = "minreal_progress_detail"
 
 #: Short name (CLI / config) -> onnxruntime execution-provider name.
 PROVIDERS: Mapping[str, str] = MappingProxyType(

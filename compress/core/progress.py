@@ -9,16 +9,11 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Iterator, TypeVar
 
-from runtime_bench.facts import PROGRESS_KEY
+from runtime_bench.facts import DETAIL_KEY, PROGRESS_KEY
 
 __all__ = ["PROGRESS_KEY", "DETAIL_KEY", "log_progress", "tracked"]
 
 T = TypeVar("T")
-
-DETAIL_KEY = "minreal_progress_detail"
-"""``logging`` extra key of a progress record's detail: a short text (e.g. an epoch's losses) that a log shows on
-the record's own line, never thinned out."""
-
 
 def log_progress(logger: logging.Logger, task: str, done: int, total: int, detail: str = "") -> None:
     """Report that ``done`` of ``total`` steps of ``task`` are finished; ``detail``: what the step ended with."""

@@ -40,7 +40,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
-from runtime_bench.facts import PROGRESS_KEY  # noqa: E402  (compress and runtime_bench log with this key)
+from runtime_bench.facts import DETAIL_KEY, PROGRESS_KEY  # noqa: E402  (compress and runtime_bench log with this key)
 LIBRARY_LOGGERS = ("compress", "runtime_bench", "export")
 
 
@@ -61,12 +61,15 @@ class ProgressBars(logging.Handler):
         info = getattr(record, PROGRESS_KEY, None)
         if info is None:
             return
+        detail = getattr(record, DETAIL_KEY, "")
         if not sys.stderr.isatty():
-            self._line(*info)
+            self._line(*info, detail)
             return
         from tqdm import tqdm
 
         task, done, total = info
+        if detail:
+            tqdm.write(f"· {task}: {done}/{total}: {detail}", file=sys.stderr)
         bar = self.bars.get(task)
         if bar is None or done <= bar.n:
             if bar is not None:
@@ -76,14 +79,16 @@ class ProgressBars(logging.Handler):
         if done >= total:
             self.bars.pop(task).close()
 
-    def _line(self, task: str, done: int, total: int) -> None:
-        """``· task: done/total (elapsed s)``, throttled per task; the last one always."""
+    def _line(self, task: str, done: int, total: int, detail: str = "") -> None:
+        """``· task: done/total (elapsed s)``, throttled per task; the last one, and one with a detail (an epoch's
+        losses), always."""
         now = self.clock()
         started, last = self.lines.get(task, (now, -math.inf))
-        if done < total and now - last < self.LINE_EVERY_S:
+        if done < total and not detail and now - last < self.LINE_EVERY_S:
             self.lines[task] = (started, last)
             return
-        click.echo(f"· {task}: {done}/{total} ({now - started:.0f} s)", err=True)
+        click.echo(f"· {task}: {done}/{total}: {detail}" if detail else f"· {task}: {done}/{total} ({now - started:.0f} s)",
+                   err=True)
         if done >= total:
             self.lines.pop(task, None)
         else:

@@ -450,7 +450,7 @@ def test_progress_without_a_terminal_is_one_throttled_line_per_task(capsys: pyte
     import logging
 
     from export.app.cli import ProgressBars
-    from runtime_bench.facts import PROGRESS_KEY
+    from runtime_bench.facts import DETAIL_KEY, PROGRESS_KEY
 
     now = [0.0]
     bars = ProgressBars(clock=lambda: now[0])
@@ -461,3 +461,11 @@ def test_progress_without_a_terminal_is_one_throttled_line_per_task(capsys: pyte
         bars.emit(record)
     lines = capsys.readouterr().err.splitlines()
     assert lines == ["· recovery (steps): 1/5 (0 s)", "· recovery (steps): 3/5 (12 s)", "· recovery (steps): 5/5 (14 s)"]
+    for done, t in ((1, 20.0), (2, 21.0)):  # an epoch's record carries its losses: never thinned out
+        now[0] = t
+        record = logging.LogRecord("x", logging.INFO, "", 0, "msg", (), None)
+        setattr(record, PROGRESS_KEY, ("recovery (epochs)", done, 3))
+        setattr(record, DETAIL_KEY, f"training loss {done}")
+        bars.emit(record)
+    assert capsys.readouterr().err.splitlines() == ["· recovery (epochs): 1/3: training loss 1",
+                                                    "· recovery (epochs): 2/3: training loss 2"]

@@ -372,3 +372,32 @@ def test_short_rungs_rank_on_a_subsample_and_are_never_exported(trained_mlp, tmp
     final = [e for rung in rungs for e in rung if e["outcome"] == "final"]
     assert all(e["fraction"] == 1.0 for e in final)
     assert {"baselines", "search", "screen", "confirm"} <= set(report.phases_s)
+
+
+def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_mlp, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """QAT changes the ranges, not the structure: where the recovered winner's post-training INT8 meets the
+    constraint in ONNX Runtime no QAT candidate is trained (and the report says so); where it misses, one is."""
+    from export.app.tune import run as tune_run
+
+    model, tr, te = trained_mlp
+    cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd",), grid=(0.9, 0.6, 0.5, 0.4),
+                     recover_epochs=1, screen=FAST, confirm=FAST)
+    checked = []
+    real = tune_run._int8_meets
+
+    def meets(res, held_out, original, base):  # noqa: ANN001, ANN202 - the wrapped signature
+        checked.append(res.spec.label)
+        return real(res, held_out, original, base)
+
+    monkeypatch.setattr(tune_run, "_int8_meets", meets)
+    report = tune(model, tr, te, cfg, tmp_path / "a", tmp_path / "cache", executor=InlineExecutor())
+    recovered = [s for s in report.searches if s["recover_epochs"] and s["smallest_feasible"] is not None]
+    assert recovered, report.searches  # the race found a recovered winner, whose INT8 was checked
+    assert checked == [f"svd@{recovered[0]['smallest_feasible']:g}+r1"]
+    qat = [c for c in report.candidates if c.precision == "int8-qat"]
+    skipped = [n for n in report.notes if n.startswith("no quantisation-aware recovery")]
+    assert bool(qat) != bool(skipped)  # exactly one of them: trained because INT8 missed, or skipped because it met
+    monkeypatch.setattr(tune_run, "_int8_meets", lambda *a: False)
+    again = tune(model, tr, te, cfg, tmp_path / "b", tmp_path / "cache", executor=InlineExecutor())
+    assert [c.label for c in again.candidates if c.precision == "int8-qat"] == [f"{checked[0]}+qat.int8"]
