@@ -187,12 +187,12 @@ def tune_config(drop: float, quick: bool, recover_epochs: int = RECOVER_EPOCHS) 
                                confirm=Protocol(0.1, 1, 5, 2))
 
 
-def cli_line(case: Case, drop: float, cache: Path, cfg: Any) -> str:
+def cli_line(case: Case, drop: float, cache: Path, cfg: Any, workers: int = 1) -> str:
     """The `minreal tune` command that runs the same tune."""
     line = (f"minreal tune {case.model} --weights {case.weights} --data {case.data}"
             f"{f' --eval-data {case.eval_data}' if case.eval_data else ''} --batch "
             f"{','.join(map(str, BATCHES))} --max-accuracy-drop {drop:g} --recover-epochs {case.recover_epochs} "
-            f"--cache-dir {cache} --workers 1")
+            f"--cache-dir {cache} --workers {workers}")
     if cfg.methods:
         line += (f" --methods {','.join(cfg.methods)} --grid {','.join(f'{g:g}' for g in cfg.grid)} "
                  f"--screen-seconds {cfg.screen.min_seconds:g} --min-seconds {cfg.confirm.min_seconds:g} "
@@ -392,14 +392,15 @@ def refresh(doc: dict[str, Any], quick: bool) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------- runs
-def run_one(case: Case, drop: float, work: Path, quick: bool) -> dict[str, Any]:
+def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) -> dict[str, Any]:
     """One tune of ``case`` under ``drop``; its folder under ``work`` is rewritten, its cache shared per model."""
     from export.app.data import load_data
     from export.app.models import load_model
     from export.app.tune import ProcessExecutor, SpecSource, tune
     from export.app.tune.output import write_tune_dir
 
-    folder, cache = work / f"{case.name}_drop{drop:g}", work / "cache" / case.name
+    tag = "" if workers == 1 else f"_workers{workers}"
+    folder, cache = work / f"{case.name}_drop{drop:g}{tag}", work / "cache" / f"{case.name}{tag}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     cached_before = len(list(cache.glob("*/result.json")))
@@ -409,7 +410,8 @@ def run_one(case: Case, drop: float, work: Path, quick: bool) -> dict[str, Any]:
     source = SpecSource(case.model, case.data, case.eval_data, case.weights)
     clock = StageClock(f"[{case.name} {drop:g}pp]", folder / "progress.log")
     load_start, started = os.getloadavg(), time.time()
-    executor = ProcessExecutor(1)
+    cfg = dataclasses.replace(cfg, workers=workers)
+    executor = ProcessExecutor(workers)
     try:
         with clock.timing_accuracy_control():
             report = tune(net, loaded.calib, loaded.evaluation, cfg, folder, cache, source, executor, clock)
@@ -423,7 +425,8 @@ def run_one(case: Case, drop: float, work: Path, quick: bool) -> dict[str, Any]:
               "cache": "cold (empty cache directory)" if cached_before == 0 else
                        f"warm ({cached_before} cached candidates of the model's earlier tune)",
               "candidate_seconds": candidate_seconds(cache, started), "loadavg_start": list(load_start),
-              "loadavg_end": list(os.getloadavg()), "cli": cli_line(case, drop, cache, cfg), "folder": str(folder)}
+              "loadavg_end": list(os.getloadavg()), "cli": cli_line(case, drop, cache, cfg, workers),
+              "folder": str(folder), "workers": workers}
     timing["goal_s"] = case.goal_s
     timing["within_goal"] = wall <= case.goal_s
     return {"model": case.name, "max_accuracy_drop_pp": drop, "recover_epochs": case.recover_epochs, **timing,
@@ -434,16 +437,17 @@ def run_model(doc: dict[str, Any], name: str, args: argparse.Namespace, save: Ca
     """Both drops of one model; the first that has to run with an empty cache starts from a fresh cache folder."""
     case = CASES[name](args.work)
     doc["models"][name] = dataclasses.asdict(case)
+    tag = "" if args.workers == 1 else f"/workers{args.workers}"
     for i, drop in enumerate(case.drops):
-        key = f"{name}/drop{drop:g}"
+        key = f"{name}/drop{drop:g}{tag}"
         if args.resume and key in doc["runs"] and "error" not in doc["runs"][key]:
             say(f"{key}: in the JSON already, skipped (--resume)")
             continue
         if i == 0:
-            shutil.rmtree(args.work / "cache" / name, ignore_errors=True)
+            shutil.rmtree(args.work / "cache" / (name + tag.replace("/", "_")), ignore_errors=True)
         say(f"{key}: tuning ({case.model}, data {case.data}), load {os.getloadavg()[0]:.1f}")
         try:
-            doc["runs"][key] = run_one(case, drop, args.work, args.quick)
+            doc["runs"][key] = run_one(case, drop, args.work, args.quick, args.workers)
         except Exception as exc:  # one failed run must not cost the others
             doc["runs"][key] = {"model": name, "max_accuracy_drop_pp": drop,
                                 "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
@@ -462,7 +466,7 @@ def summary_line(run: dict[str, Any]) -> str:
 
 def copy_front(run: dict[str, Any], out: Path) -> None:
     """The ResNet fronts next to the JSON (``<out stem>_<model>_drop<D>_front.png``)."""
-    if run.get("model") not in ("resnet20", "resnet32") or "folder" not in run:
+    if run.get("model") not in ("resnet20", "resnet32") or "folder" not in run or run.get("workers", 1) != 1:
         return
     src = Path(run["folder"]) / "front.png"
     if src.is_file():
@@ -546,6 +550,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-tune",
                     help="tune folders and candidate caches (default: runs/bench-tune, ignored by git)")
     ap.add_argument("--resume", action="store_true", help="skip runs the JSON already holds")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="candidate worker processes (runs with more than one are recorded as "
+                         "<model>/drop<D>/workers<N>, with their own cold cache)")
     ap.add_argument("--refresh", action="store_true",
                     help="re-derive the runs in --out from their tune folders' report.json (no tuning)")
     ap.add_argument("--quick", action="store_true", help="smoke test: svd only, grid 0.8/0.5, short protocols")

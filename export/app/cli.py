@@ -1109,6 +1109,9 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
               help="What the chosen model minimises among those that meet the constraint.")
 @click.option("--time-budget", metavar="DURATION",
               help="Start no candidate after this (e.g. 90s, 20m); checked before every one.")
+@click.option("--stats-samples", type=click.IntRange(min=0), default=1024, show_default=True, metavar="N",
+              help="Calibration samples the methods' statistics see (a seeded subsample; 0: all). Recovery and the "
+                   "judgement use all the data.")
 @click.option("--dry-run", is_flag=True,
               help="Print the search plan and its estimated time (from a short probe of the model) and stop.")
 @click.option("--methods", help="Comma-separated methods to search (default: every method with a MAC budget, or none "
@@ -1152,7 +1155,8 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
              plan: str | None, grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool, quant_target: str,
              screen_seconds: float | None, min_seconds: float | None, repeats: int | None, cache_dir: str | None,
              workers: int, executor_kind: str, address: str | None, bench_resource: str | None,
-             dynamic_axes: tuple[str, ...], dry_run: bool, quiet: bool, as_json: bool, **opts: Any) -> None:
+             dynamic_axes: tuple[str, ...], stats_samples: int, dry_run: bool, quiet: bool, as_json: bool,
+             **opts: Any) -> None:
     """Find the fastest deployable model within a quality budget, measured on the target runtime, against the
     original in fp32 and INT8. Writes report.json/.md, front.png and chosen.onnx (chosen.pt2) into --out."""
     import dataclasses
@@ -1177,7 +1181,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
                      recover_epochs=recover_epochs, int8=not no_int8, qat=not no_qat, quant_target=quant_target,
                      time_budget_s=parse_duration(time_budget) if time_budget else None,
                      screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),
-                     workers=workers, dynamic_axes=_shape_options((), dynamic_axes)[1])
+                     workers=workers, dynamic_axes=_shape_options((), dynamic_axes)[1], stats_samples=stats_samples)
     if plan:
         from export.app.method_options import provider_defaults
         from export.app.plan import load_plan

@@ -159,6 +159,8 @@ class Job:
     """sha256 of the original's exported ONNX file: the forward computation, not only the weights."""
     dynamic_axes: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
     """Dynamic axes besides the batch by input name (hashable form of ``{name: {axis: dim}}``)."""
+    stats_samples: int = 0
+    """At most this many calibration samples (a seeded subsample) for the methods' statistics; 0: all."""
     deadline: float | None = None
     """Wall-clock time (``time.time()``) after which the job is skipped instead of started (``--time-budget``:
     checked before every job, in whichever process runs it); not part of the cache key."""
@@ -187,7 +189,7 @@ def fingerprint(model: nn.Module, calib: Dataset, held_out: Dataset) -> str:
 def cache_key(job: Job) -> str:
     """Key of a candidate's cache entry: the inputs, the candidate and what shapes its files (not the constraint)."""
     blob = json.dumps({"v": 2, "versions": _versions(), "inputs": job.fingerprint, "graph": job.graph,
-                       "spec": dataclasses.asdict(job.spec),
+                       "spec": dataclasses.asdict(job.spec), "stats_samples": job.stats_samples,
                        "providers": list(job.providers), "quant_target": job.quant_target, "int8": job.int8,
                        "axes": [[n, [list(a) for a in per]] for n, per in job.dynamic_axes],
                        "extra": [list(kv) for kv in job.extra]}, sort_keys=True, default=repr)
@@ -241,13 +243,18 @@ def subsample(data: Dataset, fraction: float) -> Dataset:
     order), the same for every candidate of a tune; ``data`` itself at fraction 1."""
     import math
 
+    return first_of_shuffle(data, max(MIN_SUBSAMPLE, math.ceil(fraction * len(data))))
+
+
+def first_of_shuffle(data: Dataset, count: int) -> Dataset:
+    """``count`` samples of ``data`` drawn without replacement (seed :data:`SUBSAMPLE_SEED`, so a smaller draw is
+    part of a larger one), in their original order; ``data`` itself when it has no more."""
     import torch
 
     n = len(data)
-    keep = min(n, max(MIN_SUBSAMPLE, math.ceil(fraction * n)))
-    if keep >= n:
+    if count >= n:
         return data
-    rows = torch.randperm(n, generator=torch.Generator().manual_seed(SUBSAMPLE_SEED))[:keep].sort().values
+    rows = torch.randperm(n, generator=torch.Generator().manual_seed(SUBSAMPLE_SEED))[:count].sort().values
     return Dataset(data.x[rows], None if data.y is None else data.y[rows])
 
 
@@ -350,9 +357,10 @@ def _compressed(job: Job, model: nn.Module, calib: Dataset, config: Any, recover
     from compress.registry import apply_recovery, prepare, prepared_key, realise
 
     method, t0 = job.spec.method, time.perf_counter()
-    key = (job.fingerprint, method, prepared_key(method, config))
+    key = (job.fingerprint, job.stats_samples, method, prepared_key(method, config))
+    stats = first_of_shuffle(calib, job.stats_samples) if job.stats_samples else calib
     prepared, made = _remember(_PREPARED, key, lambda: _outcome(
-        lambda: prepare(model, calib, method, config, cache_dir=job.cache_dir)))
+        lambda: prepare(model, stats, method, config, cache_dir=job.cache_dir)))
     t1 = time.perf_counter()
     zero_shot, realised = _remember(_ZERO_SHOT, (*key, repr(config)),
                                     lambda: _outcome(lambda: realise(_value(prepared), config, measure=False)))

@@ -143,6 +143,11 @@ class TuneConfig:
     """Method options applied to every candidate where the method has them (e.g. ``rank_multiple``)."""
     dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
     """Dynamic axes besides the batch by input name (``--dynamic-axes``), kept by every exported file."""
+    stats_samples: int = 1024
+    """Calibration samples the methods' statistics (``prepare``) see: a seeded subsample of at most this many (0:
+    all). Recovery and the judgement always use all the data. Second moments of a few thousand feature maps are
+    already well estimated, and the statistics pass grows with the samples (a ResNet-32's float64 moments take
+    about 4 minutes on 7,000 CIFAR images on 2 cores, 35 s on 1,024)."""
     halving_eta: int = 3
     """Successive halving of the recovered candidates (:mod:`.halving`): each rung keeps ``1/eta`` of its
     candidates and gives them ``eta`` times the recovery."""
@@ -162,6 +167,8 @@ class TuneConfig:
             raise TuneError(f"--recover-epochs must be >= 0, got {self.recover_epochs}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise TuneError(f"--time-budget must be positive, got {self.time_budget_s} s")
+        if self.stats_samples < 0:
+            raise TuneError(f"--stats-samples must be >= 0 (0: all the calibration data), got {self.stats_samples}")
         if self.halving_eta < 2 or self.halving_rungs < 1 or self.halving_per_method < 1:
             raise TuneError("successive halving needs eta >= 2, at least one rung and one budget per method, got "
                             f"eta {self.halving_eta}, {self.halving_rungs} rung(s), {self.halving_per_method} per method")

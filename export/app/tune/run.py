@@ -192,6 +192,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
                    cfg.quant_target, cfg.int8, tuple(sorted(cfg.extra.items())),
                    hashlib.sha256((models_dir / "original.onnx").read_bytes()).hexdigest(),
                    tuple((n, tuple(sorted(per.items()))) for n, per in sorted(cfg.dynamic_axes.items())),
+                   stats_samples=cfg.stats_samples,
                    deadline=None if cfg.time_budget_s is None
                    else time.time() + cfg.time_budget_s - (time.perf_counter() - t_start))
     phases = {"baselines": time.perf_counter() - t_baselines}

@@ -145,10 +145,12 @@ def test_bisection_prepares_each_method_once_and_reuses_zero_shot_models(trained
     monkeypatch.setattr(candidate, "_PREPARED", {})
     monkeypatch.setattr(candidate, "_ZERO_SHOT", {})
     prepared, realised, from_disk = collections.Counter(), collections.Counter(), collections.Counter()
+    sizes: set[int] = set()
     real_prepare, real_realise = registry.prepare, registry.realise
 
     def counting_prepare(model, data, method, config=None, cache_dir=None):  # noqa: ANN001, ANN202 - wrapped
         prepared[method] += 1
+        sizes.add(len(data))
         result = real_prepare(model, data, method, config, cache_dir=cache_dir)
         from_disk[method] += result.cached
         return result
@@ -166,6 +168,7 @@ def test_bisection_prepares_each_method_once_and_reuses_zero_shot_models(trained
     raced = [(e["method"], e["budget"]) for rung in report.halving["rungs"] for e in rung]
     assert len(raced) > len(set(raced)) and set(raced) & set(probes)  # budgets met again: reuse was possible
     assert prepared == {"svd": 1, "factorize": 1}
+    assert sizes == {cfg.stats_samples} and cfg.stats_samples < len(tr)  # statistics on a seeded subsample
     assert set(realised) == set(probes) | set(raced) and set(realised.values()) == {1}, (realised, probes, raced)
     # a later tune (a fresh worker: nothing in memory) loads the prepared states from the cache folder
     monkeypatch.setattr(candidate, "_PREPARED", {})
