@@ -63,14 +63,37 @@ class _Foreign(Exception):
 
 
 def package_versions() -> tuple[tuple[str, str], ...]:
-    """``(distribution, version)`` of :data:`VERSIONED`, ``"-"`` for one not installed."""
+    """``(distribution, version)`` of :data:`VERSIONED`, ``"-"`` for one not installed, and ``("code", digest)``
+    of this package's own sources (:func:`source_digest`: the version number stays put while the code changes)."""
     out = []
     for name in VERSIONED:
         try:
             out.append((name, version(name)))
         except PackageNotFoundError:
             out.append((name, "-"))
-    return tuple(out)
+    return (*out, ("code", source_digest("compress")))
+
+
+_DIGESTS: dict[str, str] = {}
+
+
+def source_digest(*packages: str) -> str:
+    """sha256 of the ``.py`` files of ``packages`` (importable top-level packages), by relative path and bytes:
+    a cache keyed by it never serves what older code computed. Read once per process (a few milliseconds)."""
+    key = ",".join(packages)
+    if key not in _DIGESTS:
+        import importlib.util
+
+        h = hashlib.sha256()
+        for package in packages:
+            spec = importlib.util.find_spec(package)
+            roots = list(spec.submodule_search_locations or []) if spec is not None else []
+            for root in roots:
+                for path in sorted(Path(root).rglob("*.py")):
+                    h.update(f"{package}/{path.relative_to(root).as_posix()}\n".encode())
+                    h.update(path.read_bytes())
+        _DIGESTS[key] = h.hexdigest()[:16]
+    return _DIGESTS[key]
 
 
 def _model_part(model: nn.Module) -> tuple[str, ...]:

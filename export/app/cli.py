@@ -55,7 +55,7 @@ class ProgressBars(logging.Handler):
         super().__init__(logging.INFO)
         self.bars: dict[str, Any] = {}
         self.clock = clock
-        self.lines: dict[str, tuple[float, float]] = {}  # task -> (started, last line)
+        self.lines: dict[str, tuple[float, float, int]] = {}  # task -> (started, last line, done)
 
     def emit(self, record: logging.LogRecord) -> None:
         info = getattr(record, PROGRESS_KEY, None)
@@ -83,16 +83,18 @@ class ProgressBars(logging.Handler):
         """``· task: done/total (elapsed s)``, throttled per task; the last one, and one with a detail (an epoch's
         losses), always."""
         now = self.clock()
-        started, last = self.lines.get(task, (now, -math.inf))
+        started, last, before = self.lines.get(task, (now, -math.inf, -1))
+        if done < before:  # the task began again (e.g. after an error): its own clock
+            started, last = now, -math.inf
         if done < total and not detail and now - last < self.LINE_EVERY_S:
-            self.lines[task] = (started, last)
+            self.lines[task] = (started, last, done)
             return
         click.echo(f"· {task}: {done}/{total}: {detail}" if detail else f"· {task}: {done}/{total} ({now - started:.0f} s)",
                    err=True)
         if done >= total:
             self.lines.pop(task, None)
         else:
-            self.lines[task] = (started, now)
+            self.lines[task] = (started, now, done)
 
     def close(self) -> None:
         for bar in self.bars.values():
@@ -1120,7 +1122,8 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
               help="TOML plan file whose variants (e.g. chains: width then factorise) are candidates as they are.")
 @click.option("--grid", help="Comma-separated MAC ratios to search (default 0.9,0.8,...,0.2).")
 @click.option("--recover-epochs", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Recovery cap: every method is searched without recovery and with this many epochs.")
+              help="Recovery cap: every method is bisected without recovery, then the budgets just below each "
+                   "boundary race with up to this many epochs (successive halving: 1/9, 1/3, all of it).")
 @click.option("--no-int8", is_flag=True, help="fp32 candidates only (the original's INT8 is then no baseline).")
 @click.option("--no-qat", is_flag=True, help="No quantisation-aware recovery candidates.")
 @click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=QUANT_TARGETS[0], show_default=True,
@@ -1164,24 +1167,30 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     batch_sizes = _split_ints(batch, "--batch")  # option errors before the heavy imports below
     grid_values = tuple(_split_floats(grid, "--grid")) if grid else None
 
-    from export.app.mismatch import check_data, require_match
-    from export.app.pipeline import claim_run_dir, commit_run_dir
-    from export.app.tune import CONFIRM, SCREEN, Constraint, SpecSource, TuneConfig, parse_duration, tune
-    from export.app.tune.output import format_tune, write_tune_dir
+    from export.app.tune import CONFIRM, SCREEN, Constraint, TuneConfig, TuneError, parse_duration  # torch-free
 
-    _refuse_torchrun("tune")
     con = Console(quiet, as_json)
     preprocess, allow_mismatch = _image_preprocess(opts), opts.pop("allow_data_mismatch")
-    constraint = Constraint(max_accuracy_drop, min_agreement, max_mse_increase)
     screen = {"min_seconds": screen_seconds} if screen_seconds is not None else {}
     confirm = {k: v for k, v in (("min_seconds", min_seconds), ("repeats", repeats)) if v is not None}
-    cfg = TuneConfig(constraint, providers=_split_names(providers), batch_sizes=batch_sizes,
-                     objective=objective, methods=_split_names(methods or ""),
-                     grid=TuneConfig.grid if grid_values is None else grid_values,
-                     recover_epochs=recover_epochs, int8=not no_int8, qat=not no_qat, quant_target=quant_target,
-                     time_budget_s=parse_duration(time_budget) if time_budget else None,
-                     screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),
-                     workers=workers, dynamic_axes=_shape_options((), dynamic_axes)[1], stats_samples=stats_samples)
+    try:  # the options' errors are usage errors, told before any heavy import
+        cfg = TuneConfig(Constraint(max_accuracy_drop, min_agreement, max_mse_increase),
+                         providers=_split_names(providers), batch_sizes=batch_sizes,
+                         objective=objective, methods=_split_names(methods or ""),
+                         grid=TuneConfig.grid if grid_values is None else grid_values,
+                         recover_epochs=recover_epochs, int8=not no_int8, qat=not no_qat, quant_target=quant_target,
+                         time_budget_s=parse_duration(time_budget) if time_budget else None,
+                         screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),
+                         workers=workers, dynamic_axes=_shape_options((), dynamic_axes)[1] if dynamic_axes else {},
+                         stats_samples=stats_samples)
+    except TuneError as exc:
+        raise click.UsageError(str(exc)) from None
+    _refuse_torchrun("tune")
+    from export.app.mismatch import check_data, require_match
+    from export.app.pipeline import claim_run_dir, commit_run_dir
+    from export.app.tune import SpecSource, tune
+    from export.app.tune.output import format_tune, write_tune_dir
+
     if plan:
         from export.app.method_options import provider_defaults
         from export.app.plan import load_plan

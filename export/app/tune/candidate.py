@@ -46,7 +46,7 @@ class CandidateSpec:
     then ``method`` is its label and ``mac_ratio`` is not a search budget."""
     fraction: float = 1.0
     """Share of the recovery cap (successive halving's short rungs): the same epochs on a seeded subsample of this
-    fraction of the calibration data. Below 1 the candidate only ranks (it is measured in torch, never exported)."""
+    fraction of the calibration data. One that meets the constraint is a candidate like any other (exported)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
@@ -197,8 +197,11 @@ def cache_key(job: Job) -> str:
 
 
 def _versions() -> dict[str, str]:
-    """minreal, torch and onnxruntime versions: a fix in any of them must not be hidden by old entries."""
+    """minreal, torch and onnxruntime versions and a digest of minreal's own sources (its version number stays put
+    while the code changes): a fix in any of them must not be hidden by old entries."""
     from importlib.metadata import PackageNotFoundError, version
+
+    from compress.core.prepared_cache import source_digest
 
     out = {}
     for name in ("minreal", "torch", "onnxruntime", "onnx"):
@@ -206,6 +209,7 @@ def _versions() -> dict[str, str]:
             out[name] = version(name)
         except PackageNotFoundError:
             out[name] = "-"
+    out["code"] = source_digest("compress", "export", "runtime_bench")
     return out
 
 
@@ -228,8 +232,6 @@ def _from_cache(entry: Path, job: Job) -> CandidateResult | None:
 
 
 def _needed(job: Job) -> list[str]:
-    if job.spec.short:
-        return []
     return ["fp32", "pt2", *(["int8"] if job.int8 else [])]
 
 
@@ -241,9 +243,14 @@ MIN_SUBSAMPLE = 64
 def subsample(data: Dataset, fraction: float) -> Dataset:
     """A seeded subsample of ``fraction`` of ``data`` (at least :data:`MIN_SUBSAMPLE` samples, in the original
     order), the same for every candidate of a tune; ``data`` itself at fraction 1."""
+    return first_of_shuffle(data, subsample_size(len(data), fraction))
+
+
+def subsample_size(n: int, fraction: float) -> int:
+    """Samples :func:`subsample` draws from ``n`` (all of them when that is no fewer)."""
     import math
 
-    return first_of_shuffle(data, max(MIN_SUBSAMPLE, math.ceil(fraction * len(data))))
+    return min(n, max(MIN_SUBSAMPLE, math.ceil(fraction * n)))
 
 
 def first_of_shuffle(data: Dataset, count: int) -> Dataset:
@@ -317,7 +324,7 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     result.quality = held_out_metrics(model, small, held_out, teacher_outputs=_teacher_outputs(job, model, held_out))
     result.seconds["measure"] = time.perf_counter() - t0
     result.feasible = job.constraint.holds(Quality.from_metrics(result.quality), job.reference)
-    if result.feasible and not spec.short:
+    if result.feasible:
         from export.errors import ExportError, ParityError, QuantizationError, CalibrationError
 
         t0 = time.perf_counter()
@@ -330,17 +337,21 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
 
 
 _MEMO_SIZE = 8
-"""Prepared states and zero-shot models a worker keeps (the oldest goes first)."""
+"""Prepared states a worker keeps (the oldest goes first): one per method searched."""
+_ZERO_SHOT_SIZE = 64
+"""Zero-shot models a worker keeps: every budget of every method's search and race (a default tune realises
+about 30)."""
 _PREPARED: dict[tuple[Any, ...], Any] = {}
 _ZERO_SHOT: dict[tuple[Any, ...], tuple[nn.Module, Any]] = {}
 
 
-def _remember(store: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Any) -> tuple[Any, bool]:
-    """``store[key]``, made by ``make()`` when absent (evicting the oldest entry beyond :data:`_MEMO_SIZE`), and
-    whether it was made now."""
+def _remember(store: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Any, size: int = _MEMO_SIZE
+              ) -> tuple[Any, bool]:
+    """``store[key]``, made by ``make()`` when absent (evicting the oldest entry beyond ``size``), and whether it
+    was made now."""
     if key in store:
         return store[key], False
-    while len(store) >= _MEMO_SIZE:
+    while len(store) >= size:
         store.pop(next(iter(store)))
     store[key] = make()
     return store[key], True
@@ -363,7 +374,8 @@ def _compressed(job: Job, model: nn.Module, calib: Dataset, config: Any, recover
         lambda: prepare(model, stats, method, config, cache_dir=job.cache_dir)))
     t1 = time.perf_counter()
     zero_shot, realised = _remember(_ZERO_SHOT, (*key, repr(config)),
-                                    lambda: _outcome(lambda: realise(_value(prepared), config, measure=False)))
+                                    lambda: _outcome(lambda: realise(_value(prepared), config, measure=False)),
+                                    _ZERO_SHOT_SIZE)
     phases = {"prepare": t1 - t0 if made else 0.0, "realise": time.perf_counter() - t1 if realised else 0.0}
     small, report = copy.deepcopy(_value(zero_shot))
     return apply_recovery(report, model, small, train, recovery, measure=False), report, phases

@@ -2,11 +2,13 @@
 
 The probe times, on this machine, one forward pass of the model in evaluation mode and one training step (forward,
 backward and an optimiser step at the recovery batch size) on the calibration data. Every phase of the plan is then
-counted in those units: statistics (``prepare``) as a few forward passes over the calibration data, each probe's
-held-out measurement as one forward pass over the held-out data, each recovery as its training steps, each timing
-as its protocol's seconds per file, cell and process. It is an estimate with a stated basis, not a promise: the
-methods' own work (decompositions, partition refinement) and exports are counted as constants measured on
-small models.
+counted in those units: statistics (``prepare``) as the forward passes over the statistics samples measured per
+method (:data:`PREPARE_PASSES`), each probe's held-out measurement as one forward pass over the held-out data,
+each recovery as its training steps (every rung as if nothing met the constraint early: an upper bound), each
+timing as its protocol's seconds per file, cell and process. Workers share the cores (each gets cores ÷ workers
+threads), so the estimate does not shrink with them. It is an estimate with a stated basis, not a promise: exports
+are counted as a constant (:data:`EXPORT_S`) and the methods' own work beyond statistics (decompositions,
+partition refinement) is not counted.
 """
 
 from __future__ import annotations
@@ -21,24 +23,25 @@ import torch
 from torch import nn
 
 from compress.core.data import Dataset
+from compress.core.inputs import call
+from compress.core.recover_options import RecoveryConfig
 from .config import TuneConfig
 from .halving import halving_pool, rung_fractions
 
 __all__ = ["Probe", "PlanEstimate", "probe_model", "estimate_plan"]
 
-PREPARE_PASSES = {"factorize": 27.0}
+PREPARE_PASSES = {"factorize": 27.0, "svd": 0.0, "magnitude": 0.0}
 """Forward passes over the statistics samples a method's ``prepare`` costs, where measured: factorize's float64
 second moments of every conv's im2col patches cost 27 plain forward passes on the pretrained ResNet-32 (242 s for
-7,000 CIFAR images, forward 1.27 ms per image, 2 cores)."""
+7,000 CIFAR images, forward 1.27 ms per image, 2 cores); svd and magnitude read only the weights."""
 DEFAULT_PREPARE_PASSES = 3.0
 """Other methods: importances and partitions from about one to three passes with hooks."""
 EXPORT_S = 4.0
 """Seconds to export one candidate (fp32 ONNX with its parity check, INT8 calibration, .pt2), on small models."""
 PROCESS_START_S = 1.5
 """Seconds a fresh timing process takes to start and load a file."""
-VAL_FRACTION = 0.2
-"""Recovery's validation share (:class:`compress.core.recover.RecoveryConfig`'s default)."""
-RECOVERY_BATCH = 64
+VAL_FRACTION = RecoveryConfig.val_fraction
+RECOVERY_BATCH = RecoveryConfig.batch_size
 
 
 @dataclass(frozen=True)
@@ -57,14 +60,14 @@ def probe_model(model: nn.Module, data: Dataset, batch: int = RECOVERY_BATCH, re
     n = len(data.x[: min(batch, len(data))])
     model.eval()
     with torch.no_grad():
-        model(x)
-        fwd = min(_timed(lambda: model(x)) for _ in range(repeats))
+        call(model, x)
+        fwd = min(_timed(lambda: call(model, x)) for _ in range(repeats))
     student = copy.deepcopy(model).train()
     opt = torch.optim.SGD([p for p in student.parameters() if p.requires_grad], lr=0.0)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        out = student(x)
+        out = call(student, x)
         (out if isinstance(out, torch.Tensor) else out[0]).float().square().mean().backward()
         opt.step()
 
@@ -96,7 +99,6 @@ def estimate_plan(cfg: TuneConfig, methods: Sequence[str], calib: int, held_out:
     est = PlanEstimate()
     cells = len(cfg.providers) * len(cfg.batch_sizes)
     fwd_held = probe.forward_s * held_out
-    workers = max(1, cfg.workers)
     files_base = 1 + (2 if cfg.int8 else 0)
     est.lines.append(f"probe: forward {1e3 * probe.forward_s:.3g} ms/sample, training step "
                      f"{1e3 * probe.train_s:.3g} ms/sample (batch {probe.samples}, this machine)")
@@ -107,8 +109,8 @@ def estimate_plan(cfg: TuneConfig, methods: Sequence[str], calib: int, held_out:
     probes = len(methods) * per_search
     stats = min(calib, cfg.stats_samples) if cfg.stats_samples else calib
     passes = sum(PREPARE_PASSES.get(m, DEFAULT_PREPARE_PASSES) for m in methods)
-    est.seconds["prepare"] = passes * probe.forward_s * stats / workers
-    est.seconds["zero-shot"] = probes * (fwd_held + EXPORT_S / 2) / workers
+    est.seconds["prepare"] = passes * probe.forward_s * stats
+    est.seconds["zero-shot"] = probes * (fwd_held + EXPORT_S / 2)
     est.lines.append(f"zero-shot bisection: {len(methods)} method(s) ({', '.join(methods) or '-'}) over {grid} MAC "
                      f"ratios ({', '.join(f'{g:g}' for g in cfg.grid)}): at most {per_search} probes each, every "
                      f"budget realised from one prepare per method (statistics on {stats} samples)")
@@ -117,21 +119,20 @@ def estimate_plan(cfg: TuneConfig, methods: Sequence[str], calib: int, held_out:
         fractions = rung_fractions(cfg.halving_eta, cfg.halving_rungs)
         pool = len(halving_pool(cfg.grid, {m: None for m in methods}, cfg.halving_per_method))
         train = calib * (1 - VAL_FRACTION)
-        alive, parts = pool, []
-        for f in fractions:
-            cost = alive * f * cfg.recover_epochs * train * (probe.train_s + probe.forward_s) + alive * fwd_held
-            recovered += cost
+        alive, parts, last = pool, [], pool
+        for f in fractions:  # as if no candidate met the constraint before the full cap: an upper bound
+            recovered += alive * f * cfg.recover_epochs * train * (probe.train_s + probe.forward_s) + alive * fwd_held
             parts.append(f"{alive} at {f:.2g}")
-            alive = math.ceil(alive / cfg.halving_eta)
+            last, alive = alive, math.ceil(alive / cfg.halving_eta)
         est.lines.append(f"recovery: successive halving of up to {pool} candidate(s) ({cfg.halving_per_method} budgets "
                          f"per method below its zero-shot boundary), {cfg.recover_epochs}-epoch cap: "
                          f"{'; '.join(parts)} of the cap")
         if cfg.int8 and cfg.qat:
-            qat = min(len(methods), alive) * cfg.recover_epochs * train * (probe.train_s * 1.5 + probe.forward_s)
-            est.seconds["quantisation-aware"] = qat / workers
+            qat = last * cfg.recover_epochs * train * (probe.train_s * 1.5 + probe.forward_s)
+            est.seconds["quantisation-aware"] = qat
             est.lines.append("quantisation-aware recovery (the full cap) for each recovered winner whose plain INT8 misses "
                              "the constraint (counted here as if every one did)")
-    est.seconds["recovery"] = recovered / workers
+    est.seconds["recovery"] = recovered
     files = files_base + 2 * (len(methods) * (2 if cfg.recover_epochs else 1))
     est.seconds["ort_quality"] = files * fwd_held
     est.seconds["screen"] = files * cells * (cfg.screen.min_seconds * cfg.screen.repeats + PROCESS_START_S)

@@ -11,6 +11,7 @@ benchmarks only on a node that carries a custom resource (``ray start --resource
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -61,12 +62,31 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _start_worker(threads: int) -> None:
-    """A worker ignores Ctrl-C (the parent decides) and uses ``threads`` torch threads."""
+def _start_worker(threads: int, log_queue: Any = None) -> None:
+    """A worker ignores Ctrl-C (the parent decides), uses ``threads`` torch threads and sends its log records (the
+    library's progress: statistics, recovery epochs) to ``log_queue``, which the parent shows as its own."""
     _ignore_interrupts()
+    if log_queue is not None:
+        import logging.handlers
+
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        root.addHandler(logging.handlers.QueueHandler(log_queue))
+        root.setLevel(logging.INFO)
     import torch
 
     torch.set_num_threads(threads)
+
+
+class _Relay(logging.Handler):
+    """In the parent: a worker's record goes to the parent's logger of the same name, so it is shown (or not) as
+    the parent's own records are (progress bars, log lines, levels)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logger = logging.getLogger(record.name)
+        if logger.isEnabledFor(record.levelno):
+            logger.handle(record)
 
 
 def worker_threads(workers: int, cores: int | None = None) -> int:
@@ -82,17 +102,27 @@ spinning, so workers (and the parent's timing processes) do not take each other'
 
 class ProcessExecutor:
     """``workers`` local processes (spawned: no state inherited from the parent), reused across rounds, each with
-    :func:`worker_threads` torch threads and passive OpenMP waiting (:data:`WORKER_ENV`); target jobs run in this
-    process (which starts its own fresh timing processes)."""
+    :func:`worker_threads` torch threads and passive OpenMP waiting (:data:`WORKER_ENV`), their log records shown
+    by this process (so a recovery's epochs reach the terminal and logs); target jobs run in this process (which
+    starts its own fresh timing processes)."""
 
     def __init__(self, workers: int = 1) -> None:
+        import logging.handlers
+
         self.workers, self.threads = workers, worker_threads(workers)
+        ctx = multiprocessing.get_context("spawn")
+        self.log_queue = ctx.Queue()
+        self.listener = logging.handlers.QueueListener(self.log_queue, _Relay())
+        self.listener.start()
+        self.listening = True
         added = {k: v for k, v in {**WORKER_ENV, "OMP_NUM_THREADS": str(self.threads)}.items()
                  if k not in os.environ}
         os.environ.update(added)  # spawned workers take the environment at their start, which is now
         try:
-            self.pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_start_worker,
-                                                                  initargs=(self.threads,))
+            self.pool = ctx.Pool(workers, initializer=_start_worker, initargs=(self.threads, self.log_queue))
+        except BaseException:
+            self.listener.stop()
+            raise
         finally:
             for k in added:
                 os.environ.pop(k, None)
@@ -112,6 +142,9 @@ class ProcessExecutor:
         else:
             self.pool.close()
         self.pool.join()
+        if self.listening:  # the records the workers sent are all shown first
+            self.listening = False
+            self.listener.stop()
 
 
 def require_ray() -> ModuleType:

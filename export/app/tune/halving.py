@@ -4,14 +4,17 @@ Recovery is what a tune cannot make cheap: it trains. So the recovered candidate
 recovery budget; they race. The pool is, per method, the ``per_method`` grid budgets just below the smallest budget
 its zero-shot search met (recovery only matters where the zero-shot model misses: above that boundary the zero-shot
 model is as fast and already feasible). Every candidate of the pool gets the first rung, a fraction of the recovery
-cap (the same epochs on a seeded subsample of the calibration data), which is enough to rank them; at each rung
-the candidates that cannot reach the front any more are dropped (a budget of a method whose smaller budget already
-met the constraint at that rung is dominated: same method, more MACs) and the best ``1/eta`` of the rest go on, with
-``eta`` times the budget, up to the full cap. Only the last rung's candidates are real candidates (exported, timed);
-the report says which candidate got which rung.
+cap (the same epochs on a seeded subsample of the calibration data). Then, at each rung:
 
-Rank at a rung: candidates that meet the constraint first, smallest MAC ratio first (they are the fastest that are
-already good enough); then those that miss it, smallest loss first (the likeliest to meet it with more recovery).
+- a candidate that meets the constraint is done: it is a real candidate already (exported and timed like any other;
+  more recovery could only make it more accurate, not faster), and it stops the race of its method's larger
+  budgets, which it dominates (same method, fewer MACs);
+- of the candidates that miss it, the ``1/eta`` with the smallest losses (the likeliest to meet it with more
+  recovery) go on, with ``eta`` times the recovery, up to the full cap; the others are cut.
+
+So only candidates that can still reach the front get more recovery, and no candidate that meets the constraint is
+thrown away for its MACs (MACs are predictions; only the timing decides). The report says which candidate got which
+rung, its loss there and its fate.
 """
 
 from __future__ import annotations
@@ -53,9 +56,10 @@ def halving_pool(grid: Sequence[float], boundaries: dict[str, float | None], per
 
 @dataclass
 class RungEntry:
-    """One candidate at one rung: its loss under the constraint (None: refused or not measured) and what became
-    of it (``promoted``, ``dominated`` by a smaller budget of its method that met the constraint, ``cut`` by the
-    ranking, ``refused`` by the method, ``skipped`` by the time budget, ``final``: the last rung)."""
+    """One candidate at one rung: its loss and score under the constraint (None: refused or not measured) and
+    what became of it (``met``: it meets the constraint, a real candidate; ``dominated`` by a smaller budget of its
+    method that met it; ``promoted`` to the next rung; ``cut`` by the ranking; ``missed``: it missed the
+    constraint at the full cap; ``refused`` by the method; ``skipped`` by the time budget)."""
 
     method: str
     budget: float
@@ -65,6 +69,7 @@ class RungEntry:
     meets: bool
     seconds: float
     outcome: str = ""
+    score: float | None = None
 
 
 @dataclass
@@ -79,24 +84,30 @@ class Halving:
     def promote(self, entries: list[RungEntry]) -> list[tuple[str, float]]:
         """Mark ``entries`` (one rung) and return the candidates that go on to the next rung."""
         self.rungs.append(entries)
+        met = [e for r in self.rungs for e in r if e.meets and not e.outcome]
         alive = []
         for e in entries:
             if e.outcome:
                 continue  # refused or skipped
-            if any(o.method == e.method and o.meets and o.budget < e.budget for o in entries):
+            if any(o.method == e.method and o.budget < e.budget for o in met):
                 e.outcome = "dominated"
+            elif e.meets:
+                e.outcome = "met"
             else:
                 alive.append(e)
         if len(self.rungs) == len(self.fractions):
             for e in alive:
-                e.outcome = "final"
+                e.outcome = "missed"
             return []
-        alive.sort(key=lambda e: (not e.meets, e.budget if e.meets else math.inf,
-                                  math.inf if e.loss is None else e.loss, -e.budget))
+        alive.sort(key=lambda e: (math.inf if e.loss is None else e.loss, -e.budget))
         keep = math.ceil(len(alive) / self.eta)
         for i, e in enumerate(alive):
             e.outcome = "promoted" if i < keep else "cut"
         return [(e.method, e.budget) for e in alive[:keep]]
+
+    def met(self) -> list[RungEntry]:
+        """The candidates that met the constraint (at whichever rung), in the order they did."""
+        return [e for rung in self.rungs for e in rung if e.outcome == "met"]
 
     def record(self) -> dict[str, Any]:
         """JSON-safe: the fractions, and each rung's candidates with their loss and outcome."""

@@ -85,8 +85,9 @@ def _halving_lines(halving: dict[str, Any] | None) -> list[str]:
     """The recovered candidates' race: per rung, each candidate's share of the recovery, loss and fate."""
     if not halving:
         return []
-    out = ["", f"## Recovery by successive halving (eta {halving['eta']}: each rung keeps a third and triples the "
-           "recovery)", ""]
+    eta = halving["eta"]
+    out = ["", f"## Recovery by successive halving (eta {eta}: a candidate that meets the constraint is done; of "
+           f"the others, 1/{eta} go on with {eta} times the recovery)", ""]
     for i, rung in enumerate(halving["rungs"]):
         if not rung:
             continue

@@ -40,7 +40,8 @@ from export.quantize import resolve_target
 from runtime_bench.facts import CPU_AVX2_TARGET
 from export.variant import VariantConfig, VariantRecord, export_variant, quantize_variant, relative_to, to_jsonable
 from export.verify import feeds_of
-from .candidate import CandidateResult, CandidateSpec, Job, LoadedSource, evaluate_candidate, fingerprint
+from .candidate import (CandidateResult, CandidateSpec, Job, LoadedSource, evaluate_candidate, fingerprint,
+                        subsample_size)
 from .config import Constraint, Protocol, Quality, TuneConfig, TuneError
 from .executor import Executor, InlineExecutor
 from .front import Point, choose, pareto_front
@@ -198,10 +199,10 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     phases = {"baselines": time.perf_counter() - t_baselines}
     try:
         t0 = time.perf_counter()
-        searches, halving, results = _search(methods, cfg, job_base, run, t_start, notes, say,
-                                             _Clock(t_start, say, cfg.workers, len(calib)))
+        clock = _Clock(t_start, say, cfg.workers, len(calib))
+        searches, halving, results = _search(methods, cfg, job_base, run, t_start, notes, say, clock)
         results += _qat_candidates(searches, results, held_out, models_dir / "original.onnx", cfg, job_base, run,
-                                   t_start, notes, say)
+                                   t_start, notes, say, clock)
         phases["search"] = time.perf_counter() - t0
         candidates = baselines + _structural(results, models_dir, cfg)
         t0 = time.perf_counter()
@@ -363,20 +364,22 @@ def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch]
             samples = n_calib if fraction >= 1 else _subsample_size(n_calib, fraction)
             if not res.skipped:
                 results.append(res)
-            loss = None if res.error else base.constraint.loss(Quality.from_metrics(res.quality), base.reference)
+            quality = Quality.from_metrics(res.quality)
+            loss = None if res.error else base.constraint.loss(quality, base.reference)
             entries.append(RungEntry(m, b, fraction, samples, loss, res.feasible, sum(res.seconds.values()),
-                                     "skipped" if res.skipped else "refused" if res.error else ""))
+                                     "skipped" if res.skipped else "refused" if res.error else "",
+                                     None if res.error else base.constraint.score(quality)))
         todo = halving.promote(entries)
-        promoted = [f"{m}@{b:g}" for m, b in todo]
-        if promoted:
-            say(f"[tune] rung {i + 1} promotes {', '.join(promoted)}")
+        met = [f"{e.method}@{e.budget:g}" for e in entries if e.outcome == "met"]
+        say(f"[tune] rung {i + 1}: {', '.join(met) or 'none'} met the constraint"
+            + (f"; {', '.join(f'{m}@{b:g}' for m, b in todo)} go on" if todo else ""))
         if _note_skipped(outcomes, notes, say):
             break
-    for m in methods:
-        full = [e for rung in halving.rungs for e in rung if e.method == m and e.fraction >= 1 and e.outcome == "final"]
+    for m in methods:  # each budget's last word: met, or missed at the full cap
+        last = [e for rung in halving.rungs for e in rung if e.method == m and e.outcome in ("met", "missed")]
         search = searches.setdefault((m, cfg.recover_epochs), BudgetSearch(cfg.grid))
-        for e in sorted(full, key=lambda e: -e.budget):
-            search.probes[e.budget] = Probe(e.budget, e.meets, None if e.loss is None else -e.loss)
+        for e in sorted(last, key=lambda e: -e.budget):
+            search.probes[e.budget] = Probe(e.budget, e.meets, e.score)
     return halving
 
 
@@ -385,9 +388,8 @@ def _fraction_text(f: float) -> str:
 
 
 def _subsample_size(n: int, fraction: float) -> int:
-    from .candidate import MIN_SUBSAMPLE
-
-    return min(n, max(MIN_SUBSAMPLE, math.ceil(fraction * n)))
+    """Samples of a short rung's subsample of ``n`` (as :func:`.candidate.subsample` draws it)."""
+    return min(n, subsample_size(n, fraction))
 
 
 def _stopped(cfg: TuneConfig, t_start: float, results: list[CandidateResult], notes: list[str],
@@ -494,7 +496,7 @@ def _over_budget(cfg: TuneConfig, t_start: float) -> bool:
 
 def _qat_candidates(searches: dict[tuple[str, int], BudgetSearch], results: list[CandidateResult],
                     held_out: Dataset, original: Path, cfg: TuneConfig, base: Job, run: Executor, t_start: float,
-                    notes: list[str], say: Progress) -> list[CandidateResult]:
+                    notes: list[str], say: Progress, clock: "_Clock") -> list[CandidateResult]:
     """Quantisation-aware recovery at each recovered search's smallest feasible budget (its INT8 only), where the
     post-training INT8 of that recovered model misses the constraint in ONNX Runtime: quantisation-aware training
     changes the ranges, not the structure, so where plain INT8 already meets the constraint it could not give a
@@ -505,18 +507,20 @@ def _qat_candidates(searches: dict[tuple[str, int], BudgetSearch], results: list
     for (m, e), s in searches.items():
         if e == 0 or s.smallest() is None:
             continue
-        spec = CandidateSpec(m, s.smallest(), e)
-        done = next((r for r in results if r.spec == spec and "int8" in r.files), None)
-        if done is not None and _int8_meets(done, held_out, original, base):
+        done = next((r for r in results if r.feasible and r.spec.variant is None and not r.spec.qat
+                     and (r.spec.method, r.spec.mac_ratio, r.spec.recover_epochs) == (m, s.smallest(), e)), None)
+        if done is None:
+            continue
+        spec = done.spec  # the rung it met the constraint at: its quantisation-aware copy gets the same recovery
+        if "int8" in done.files and _int8_meets(done, held_out, original, base):
             notes.append(f"no quantisation-aware recovery for {spec.label}: its post-training INT8 already meets "
                          f"{base.constraint.describe()} in ONNX Runtime")
             continue
         specs.append(dataclasses.replace(spec, qat=True))
     if not specs:
         return []
-    results = _Clock(t_start, say, cfg.workers).run_round(run, [dataclasses.replace(base, spec=spec)
-                                                                for spec in specs],
-                                                          "quantisation-aware recovery", base)
+    results = clock.run_round(run, [dataclasses.replace(base, spec=spec) for spec in specs],
+                              "quantisation-aware recovery", base)
     _note_skipped(results, notes, say)
     return [r for r in results if not r.skipped]
 

@@ -33,6 +33,10 @@ CASES = {
                        ["compress", "model.py:f", "--calib", "digits", "--method", "svd", "--rank-fraction", "x"],
                        ["tune", "--grid", "x"],
                        ["tune", "model.py:f", "--data", "digits", "--max-accuracy-drop", "1", "--grid", "x"],
+                       ["tune", "model.py:f", "--data", "digits", "--max-accuracy-drop", "1", "--grid", "2"],
+                       ["tune", "model.py:f", "--data", "digits"],
+                       ["tune", "model.py:f", "--data", "digits", "--max-accuracy-drop", "1", "--min-agreement", "0.9"],
+                       ["tune", "model.py:f", "--data", "digits", "--max-accuracy-drop", "1", "--time-budget", "soon"],
                        ["run", "model.py:f", "--data", "digits", "--method", "svd", "--batch", "0"],
                        ["export", "model.py:f", "--out", "m.onnx", "--quant-target", "nope"]], 2),
 }

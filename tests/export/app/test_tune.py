@@ -328,10 +328,10 @@ def test_halving_pool_takes_the_budgets_just_below_each_zero_shot_boundary() -> 
     assert rung_fractions(3, 3) == (1 / 9, 1 / 3, 1.0) and rung_fractions(2, 1) == (1.0,)
 
 
-def test_halving_drops_dominated_budgets_and_keeps_a_third_ranked_by_promise() -> None:
-    """At a rung: a budget of a method whose smaller budget already met the constraint is dominated (same method,
-    more MACs); of the rest, ceil(n / eta) go on: those that meet it, smallest budget first, then the smallest
-    losses. Only the last rung's survivors are final."""
+def test_halving_keeps_every_candidate_that_meets_and_promotes_a_third_of_the_rest() -> None:
+    """At a rung: a candidate that meets the constraint is done (a real candidate, whatever its MACs) and dominates
+    its method's larger budgets; of those that miss, ceil(n / eta) with the smallest losses go on. At the last rung
+    what still misses is marked so."""
     from export.app.tune.halving import Halving, RungEntry
 
     h = Halving((1 / 9, 1 / 3, 1.0), 3, [])
@@ -341,22 +341,23 @@ def test_halving_drops_dominated_budgets_and_keeps_a_third_ranked_by_promise() -
 
     rung = [entry("a", 0.6, 0.4, True), entry("a", 0.5, 0.8, True), entry("b", 0.9, 3.0, False),
             entry("b", 0.8, 5.0, False), entry("c", 0.7, None, False, "refused"), entry("d", 0.9, 1.5, False),
-            entry("e", 0.4, 2.0, False)]
+            entry("e", 0.4, 2.0, False), entry("f", 0.9, 0.9, True)]
     promoted = h.promote(rung)
-    assert [e.outcome for e in rung] == ["dominated", "promoted", "cut", "cut", "refused", "promoted", "cut"]
-    assert promoted == [("a", 0.5), ("d", 0.9)]  # ceil(5 alive / 3) = 2: the one that meets, then the lowest loss
-    second = [RungEntry(m, b, 1 / 3, 300, 0.5, True, 2.0) for m, b in promoted]
-    assert h.promote(second) == [("a", 0.5)]
-    last = [RungEntry("a", 0.5, 1.0, 900, 0.9, True, 6.0)]
-    assert h.promote(last) == [] and last[0].outcome == "final"
+    assert [e.outcome for e in rung] == ["dominated", "met", "cut", "cut", "refused", "promoted", "promoted", "met"]
+    assert promoted == [("d", 0.9), ("e", 0.4)]  # ceil(4 that miss / 3) = 2, the smallest losses first
+    assert [(e.method, e.budget) for e in h.met()] == [("a", 0.5), ("f", 0.9)]  # f stays, though it has more MACs
+    second = [RungEntry("d", 0.9, 1 / 3, 300, 0.5, True, 2.0), RungEntry("e", 0.4, 1 / 3, 300, 1.2, False, 2.0)]
+    assert h.promote(second) == [("e", 0.4)] and second[0].outcome == "met"
+    last = [RungEntry("e", 0.4, 1.0, 900, 1.1, False, 6.0)]
+    assert h.promote(last) == [] and last[0].outcome == "missed"
     record = h.record()
-    assert [len(r) for r in record["rungs"]] == [7, 2, 1] and record["fractions"] == [1 / 9, 1 / 3, 1.0]
+    assert [len(r) for r in record["rungs"]] == [8, 2, 1] and record["fractions"] == [1 / 9, 1 / 3, 1.0]
 
 
-def test_short_rungs_rank_on_a_subsample_and_are_never_exported(trained_mlp, tmp_path: Path) -> None:
-    """A recovered search races by successive halving: the short rungs recover on a seeded subsample of the
-    calibration data and leave no file; only the full rung's candidates are exported, and the report says which
-    candidate got which share of the recovery."""
+def test_short_rungs_recover_on_a_subsample_and_only_what_meets_is_exported(trained_mlp, tmp_path: Path) -> None:
+    """A recovered search races by successive halving: a short rung recovers on a seeded subsample of the
+    calibration data; only candidates that meet the constraint (at any rung) become files, and the report says
+    which candidate got which share of the recovery."""
     from export.app.tune.candidate import CandidateSpec, subsample
 
     model, tr, te = trained_mlp
@@ -364,17 +365,19 @@ def test_short_rungs_rank_on_a_subsample_and_are_never_exported(trained_mlp, tmp
     assert len(part) == math.ceil(len(tr) / 9) and torch.equal(part.x, subsample(tr, 1 / 9).x)
     assert CandidateSpec("svd", 0.5, 2, fraction=1 / 3).label == "svd@0.5+r2~0.33"
     assert CandidateSpec("svd", 0.5, 0, fraction=1 / 3).short is False  # nothing to shorten without recovery
-    cfg = TuneConfig(Constraint(max_accuracy_drop=0.0), methods=("svd",), grid=(0.9, 0.8, 0.7, 0.6),
+    cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd",), grid=(0.9, 0.6, 0.5, 0.4),
                      recover_epochs=1, int8=False, screen=FAST, confirm=FAST)
     report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
     rungs = report.halving["rungs"]
-    assert rungs and {e["fraction"] for e in rungs[0]} == {1 / 9}
-    assert all(e["samples"] == math.ceil(len(tr) / 9) for e in rungs[0])
-    structural = [c.label for c in report.candidates if c.kind == "structural"]
-    assert not [lb for lb in structural if "~" in lb]  # short rungs rank, they never become files
-    final = [e for rung in rungs for e in rung if e["outcome"] == "final"]
-    assert all(e["fraction"] == 1.0 for e in final)
-    assert {"baselines", "search", "screen", "confirm"} <= set(report.phases_s)
+    assert [[e["budget"] for e in r] for r in rungs][0] == [0.5, 0.4]  # the two budgets below the boundary (0.6)
+    assert {e["fraction"] for e in rungs[0]} == {1 / 9} and {e["samples"] for e in rungs[0]} == {len(part)}
+    met = {f"svd@{e['budget']:g}+r1" + ("" if e["fraction"] == 1 else f"~{e['fraction']:.2g}")
+           for r in rungs for e in r if e["outcome"] == "met"}
+    structural = {c.label for c in report.candidates if c.kind == "structural"}
+    assert met and met <= structural  # every candidate that met the constraint is a file
+    assert not {lb for lb in structural if "+r1" in lb} - met  # and no recovered file that did not
+    assert {e["outcome"] for r in rungs for e in r} <= {"met", "dominated", "promoted", "cut", "missed"}
+    assert {"baselines", "search", "screen", "confirm", "recover"} <= set(report.phases_s)
 
 
 def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_mlp, tmp_path: Path,
@@ -397,10 +400,52 @@ def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_m
     report = tune(model, tr, te, cfg, tmp_path / "a", tmp_path / "cache", executor=InlineExecutor())
     recovered = [s for s in report.searches if s["recover_epochs"] and s["smallest_feasible"] is not None]
     assert recovered, report.searches  # the race found a recovered winner, whose INT8 was checked
-    assert checked == [f"svd@{recovered[0]['smallest_feasible']:g}+r1"]
+    assert len(checked) == 1 and checked[0].startswith(f"svd@{recovered[0]['smallest_feasible']:g}+r1")
     qat = [c for c in report.candidates if c.precision == "int8-qat"]
     skipped = [n for n in report.notes if n.startswith("no quantisation-aware recovery")]
     assert bool(qat) != bool(skipped)  # exactly one of them: trained because INT8 missed, or skipped because it met
     monkeypatch.setattr(tune_run, "_int8_meets", lambda *a: False)
     again = tune(model, tr, te, cfg, tmp_path / "b", tmp_path / "cache", executor=InlineExecutor())
     assert [c.label for c in again.candidates if c.precision == "int8-qat"] == [f"{checked[0]}+qat.int8"]
+
+
+def test_dry_run_estimate_counts_each_phase_in_the_probe_s_units() -> None:
+    """The plan's arithmetic, by hand: statistics as measured passes per method over the statistics samples, every
+    rung of the race as its share of the recovery's training steps (an upper bound: as if nothing met early), the
+    held-out pass of each probe, the timing protocols."""
+    from export.app.tune.dryrun import EXPORT_S, PREPARE_PASSES, PROCESS_START_S, Probe, estimate_plan
+
+    probe = Probe(forward_s=0.001, train_s=0.004, samples=64)
+    cfg = TuneConfig(Constraint(max_accuracy_drop=1.0), methods=("factorize", "svd"), grid=(0.9, 0.7, 0.5),
+                     recover_epochs=3, stats_samples=500, screen=FAST, confirm=FAST)
+    est = estimate_plan(cfg, cfg.methods, calib=1000, held_out=200, probe=probe)
+    assert est.seconds["prepare"] == pytest.approx(PREPARE_PASSES["factorize"] * 0.001 * 500)  # svd reads weights
+    assert est.seconds["zero-shot"] == pytest.approx(2 * 3 * (0.2 + EXPORT_S / 2))  # ceil(log2(4)) + 1 = 3 probes
+    step = 3 * 800 * 0.005  # the full cap: 3 epochs of the 800 training samples (20 % validate), train + teacher
+    rungs = [(4, 1 / 9), (2, 1 / 3), (1, 1.0)]  # pool 2 methods x 2 budgets; a third (rounded up) goes on
+    assert est.seconds["recovery"] == pytest.approx(sum(n * (f * step + 0.2) for n, f in rungs))
+    assert est.seconds["quantisation-aware"] == pytest.approx(3 * 800 * (0.004 * 1.5 + 0.001))
+    files = 3 + 2 * 2 * 2
+    assert est.seconds["screen"] == pytest.approx(files * 1 * (FAST.min_seconds * FAST.repeats + PROCESS_START_S))
+    assert est.total == pytest.approx(sum(est.seconds.values()))
+
+
+def test_a_worker_s_progress_reaches_this_process_s_log(caplog: pytest.LogCaptureFixture) -> None:
+    """Candidates run in spawned workers; their library progress (a recovery's epochs) is shown by the tune's own
+    process, as if it were its own (logs and terminals see it)."""
+    import functools
+    import logging
+
+    from compress.core.progress import log_progress
+    from export.app.tune.executor import ProcessExecutor
+    from runtime_bench.facts import PROGRESS_KEY
+
+    with caplog.at_level(logging.INFO, logger="compress"):
+        ex = ProcessExecutor(1)
+        try:
+            ex.map(functools.partial(log_progress, logging.getLogger("compress.core.recover"), "recovery (epochs)",
+                                     1, detail="training loss 0.5"), [3])
+        finally:
+            ex.close()
+    found = [r for r in caplog.records if getattr(r, PROGRESS_KEY, None) == ("recovery (epochs)", 1, 3)]
+    assert found and "training loss 0.5" in found[0].getMessage()
