@@ -25,6 +25,7 @@ uniform-width network of the same parameter count, trained the same way, is the 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -288,3 +289,8 @@ def demo_case(quick: bool = True) -> DemoCase:
                     [DemoRun("C-balanced (warm start + distilled)", "cbalanced", cfg)],
                     notes=["widths = C ranks at eps=1e-4; warm start keeps neurons by balanced leverage and "
                            "refits the next layer by least squares"])
+
+
+# The package exports this module's ``realise`` (the function) lazily; importing the submodule ``realise`` above
+# bound the package's name to that submodule, so bind it to the function again.
+sys.modules[__package__].realise = realise
