@@ -146,9 +146,10 @@ class TuneConfig:
     stats_samples: int = 1024
     """Calibration samples the methods' statistics (``prepare``) see: a seeded subsample of at most this many (0:
     all). Recovery and the judgement always use all the data. Second moments of a few thousand feature maps are
-    already well estimated, and the statistics pass grows with the samples (factorize's float64 moments of the
-    pretrained ResNet-32 took 242 s on 7,000 CIFAR images and 33 s on 1,024, on 2 cores;
-    ``benchmarks/stats_samples.py`` compares the ranks and accuracies they lead to)."""
+    already well estimated, and the statistics pass grows with the samples. ``benchmarks/stats_samples.py``, on the
+    pretrained ResNet-32 and real CIFAR-10 images: factorize's prepare took 24.5 s on 1,024 images and 189 s on
+    all 7,000; at MAC ratios 0.9, 0.7 and 0.5 every layer's rank is the same, at 0.3 two of 31 differ by one, and
+    held-out top-1 differs by at most 0.7 pp (0.2 pp above a ratio of 0.5)."""
     halving_eta: int = 3
     """Successive halving of the recovered candidates (:mod:`.halving`): each rung keeps ``1/eta`` of its
     candidates and gives them ``eta`` times the recovery."""
