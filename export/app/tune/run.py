@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import math
 import os
 import shutil
 import socket
@@ -361,7 +360,7 @@ def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch]
                                    f"({_fraction_text(fraction)} of the cap)", base)
         entries = []
         for (m, b), res in zip(todo, outcomes):
-            samples = n_calib if fraction >= 1 else _subsample_size(n_calib, fraction)
+            samples = n_calib if fraction >= 1 else subsample_size(n_calib, fraction)
             if not res.skipped:
                 results.append(res)
             quality = Quality.from_metrics(res.quality)
@@ -385,11 +384,6 @@ def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch]
 
 def _fraction_text(f: float) -> str:
     return "all" if f >= 1 else f"1/{round(1 / f)}" if abs(1 / f - round(1 / f)) < 1e-9 else f"{f:.2g}"
-
-
-def _subsample_size(n: int, fraction: float) -> int:
-    """Samples of a short rung's subsample of ``n`` (as :func:`.candidate.subsample` draws it)."""
-    return min(n, subsample_size(n, fraction))
 
 
 def _stopped(cfg: TuneConfig, t_start: float, results: list[CandidateResult], notes: list[str],
@@ -425,7 +419,7 @@ class _Clock:
             return rest
         if not self.per_sample_epoch:
             return None
-        samples = self.calib_samples if not spec.short else _subsample_size(self.calib_samples, spec.fraction)
+        samples = self.calib_samples if not spec.short else subsample_size(self.calib_samples, spec.fraction)
         return rest + sorted(self.per_sample_epoch)[len(self.per_sample_epoch) // 2] * samples * spec.recover_epochs
 
     def run_round(self, run: Executor, jobs: list[Job], what: str, base: Job) -> list[CandidateResult]:
@@ -455,7 +449,7 @@ class _Clock:
             return
         sec = res.seconds
         self.fixed.append(sum(v for k, v in sec.items() if k not in ("prepare", "recover")))
-        samples = self.calib_samples if not res.spec.short else _subsample_size(self.calib_samples, res.spec.fraction)
+        samples = self.calib_samples if not res.spec.short else subsample_size(self.calib_samples, res.spec.fraction)
         if res.spec.recover_epochs and sec.get("recover") and samples:
             self.per_sample_epoch.append(sec["recover"] / (samples * res.spec.recover_epochs))
 
