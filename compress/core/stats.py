@@ -1,8 +1,9 @@
 """Second moments E[x xᵀ] of layer input rows, per group, collected with forward hooks.
 
 A Linear layer's rows are all leading positions of its input; a ConvNd layer's rows are its im2col patches
-(batch × output positions, stride/padding/dilation respected). Rows are unfolded in chunks so the extra
-memory stays under a cap; each chunk's product XᵀX runs in :data:`DEFAULT_STATS_DTYPE` unless asked otherwise, and
+(batch × output positions, stride/padding/dilation respected). A stride-1, zero-padded, ungrouped convolution's
+patch moments are summed from shifted views of its input instead (:func:`shifted_moments`, exact, several times
+cheaper); the others are unfolded. Samples are processed in chunks so the extra memory stays under a cap; each chunk's product XᵀX runs in :data:`DEFAULT_STATS_DTYPE` unless asked otherwise, and
 the chunks are accumulated in float64 on the CPU. Under a process group
 (:mod:`compress.core.distributed`) each rank runs its shard of the data and the sums and row counts are
 all-reduced, so every rank ends with the statistics of all the data.
@@ -10,8 +11,10 @@ all-reduced, so every rank ends with the statistics of all the data.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -27,7 +30,8 @@ from .lowrank import matrix_view
 from .progress import tracked
 from .inputs import call
 
-__all__ = ["MomentStats", "conv_patches", "layer_rows", "collect_moments", "STATS_DTYPES", "DEFAULT_STATS_DTYPE"]
+__all__ = ["MomentStats", "conv_patches", "layer_rows", "shifted_moments", "collect_moments", "STATS_DTYPES",
+           "DEFAULT_STATS_DTYPE"]
 
 log = logging.getLogger(__name__)
 
@@ -92,25 +96,140 @@ def layer_rows(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return conv_patches(layer, x)
 
 
-def _samples_per_chunk(layer: nn.Module, x: torch.Tensor, cap: int, dtype: torch.dtype) -> int:
-    """How many samples of ``x`` to unfold at once so the unfolded rows (and their cast) stay under ``cap``."""
-    rows = layer_rows(layer, x[:1])
-    per_sample = rows.numel() * (x.element_size() + torch.finfo(dtype).bits // 8)
-    return max(1, cap // max(per_sample, 1))
+def _shift_structured(layer: nn.Module) -> bool:
+    """Whether ``layer``'s patch moments are summed from shifted views of its input (:func:`shifted_moments`): a
+    stride-1, zero-padded, ungrouped ConvNd whose kernel covers more than one position."""
+    return (isinstance(layer, nn.modules.conv._ConvNd) and not layer.transposed and layer.padding_mode == "zeros"
+            and layer.groups == 1 and all(s == 1 for s in layer.stride) and math.prod(layer.kernel_size) > 1)
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """One spatial axis of a stride-1 convolution: input size, left zero padding, output size, dilation."""
+
+    size: int
+    left: int
+    out: int
+    dilation: int
+
+    def common(self, shift: int) -> tuple[int, int]:
+        """Input positions i with i and i + shift both inside the input: [lo, hi)."""
+        return max(0, -shift), min(self.size, self.size - shift)
+
+    def trimmed(self, offset: int, shift: int) -> list[int] | None:
+        """Positions of :meth:`common` that kernel offset ``offset`` never reads for any output position, or
+        ``None`` when it reads none of them."""
+        lo, hi = self.common(shift)
+        first = offset * self.dilation - self.left  # the input position read at output position 0
+        start, stop = max(lo, first), min(hi, first + self.out)
+        if start >= stop:
+            return None
+        return [*range(lo, start), *range(stop, hi)]
+
+
+def _axes(layer: nn.modules.conv._ConvNd, spatial: Sequence[int]) -> list[_Axis]:
+    pad, nd = _conv_padding(layer), len(spatial)  # F.pad order: last axis first, (left, right) pairs
+    return [_Axis(size, pad[2 * (nd - 1 - i)], max(0, size + pad[2 * (nd - 1 - i)] + pad[2 * (nd - 1 - i) + 1]
+                                                   - layer.dilation[i] * (layer.kernel_size[i] - 1)), layer.dilation[i])
+            for i, size in enumerate(spatial)]
+
+
+def shifted_moments(layer: nn.modules.conv._ConvNd, x: torch.Tensor,
+                    dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, int]:
+    """Σ ppᵀ over the im2col patches p of a stride-1, zero-padded, ungrouped ConvNd input, without unfolding.
+
+    The block of kernel offsets (δ, δ+Δ) is Σ x(i) x(i+Δ)ᵀ over the input positions i that offset δ reads and
+    whose shift by Δ lies inside the input. The input is zero-padded by the kernel's reach on every side and
+    flattened channels-last, so every shift Δ is one offset s of the flat rows: the sum over all common positions
+    is a single product X[:R]ᵀ X[s:s+R]; the edge slabs an offset δ never reads are subtracted by
+    inclusion–exclusion over the axes. Only shifts Δ ≥ 0 (lexicographically) are computed; the others are
+    transposes. Cost: about (2k−1)ⁿ/2 products of C×C over the input instead of one (Ckⁿ)² over the patches.
+
+    Returns:
+        The sum, (1, fan_in, fan_in) in ``dtype`` in the column order of :func:`conv_patches`, and the number of
+        patches summed.
+    """
+    ks, c = tuple(layer.kernel_size), x.shape[1]
+    axes = _axes(layer, x.shape[2:])
+    reach = [(n - 1) * a.dilation for n, a in zip(ks, axes)]
+    xp = F.pad(x.to(dtype), [r for r in reversed(reach) for _ in range(2)]).movedim(1, -1)
+    padded = xp.shape[1:-1]
+    strides = [math.prod(padded[i + 1:]) for i in range(len(ks))]
+    rows = xp.numel() // c
+    flat = torch.cat([xp.reshape(rows, c), xp.new_zeros(sum(r * st for r, st in zip(reach, strides)) + 1, c)])
+    offsets = list(itertools.product(*(range(n) for n in ks)))
+    index = {o: i for i, o in enumerate(offsets)}
+    total = torch.zeros(c, len(offsets), c, len(offsets), dtype=dtype)
+    for shift in itertools.product(*(range(1 - n, n) for n in ks)):
+        if shift < (0,) * len(ks):
+            continue
+        s = sum(t * a.dilation * st for t, a, st in zip(shift, axes, strides))
+        pairs = [o for o in offsets if tuple(map(sum, zip(o, shift))) in index]
+        blocks = _shift_blocks(flat[:rows], flat[s:s + rows], (len(x), *padded), axes, reach, shift, pairs)
+        for o, block in zip(pairs, blocks):
+            i, j = index[o], index[tuple(map(sum, zip(o, shift)))]
+            total[:, i, :, j] += block
+            if j != i:
+                total[:, j, :, i] += block.T
+    k = len(offsets)
+    return total.reshape(1, c * k, c * k), len(x) * math.prod(a.out for a in axes)
+
+
+def _shift_blocks(a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...], axes: list[_Axis], reach: list[int],
+                  shift: tuple[int, ...], offsets: list[tuple[int, ...]]) -> torch.Tensor:
+    """Σ x(i) x(i+Δ)ᵀ (offsets, C, C) over the positions each kernel offset reads, for one shift Δ (in taps);
+    ``a`` and ``b`` are the flat padded rows at i and at i+Δ."""
+    pix = [t * ax.dilation for t, ax in zip(shift, axes)]
+    trims = [[ax.trimmed(o, p) for ax, o, p in zip(axes, off, pix)] for off in offsets]
+    valid = torch.tensor([all(t is not None for t in ts) for ts in trims], dtype=a.dtype)
+    edges = [sorted({i for ts in trims if ts[n] is not None for i in ts[n]}) for n in range(len(axes))]
+    out = (a.T @ b).expand(len(offsets), -1, -1)
+    grid_a, grid_b = a.reshape(*shape, -1), b.reshape(*shape, -1)
+    for sub in _subsets([n for n, e in enumerate(edges) if e]):
+        pos = [torch.tensor(edges[n]) + reach[n] for n in sub]
+        sa, sb = grid_a, grid_b
+        for n, p in zip(sub, pos):
+            sa, sb = sa.index_select(1 + n, p), sb.index_select(1 + n, p)
+        letters = "hijklm"[: len(axes)]
+        slab = torch.einsum(f"z{letters}c,z{letters}d->{''.join(letters[n] for n in sub)}cd", sa, sb)
+        for n in sub:  # membership of each offset's trimmed positions: (offsets, |edges|)
+            member = torch.tensor([[float(e in (ts[n] or ())) for e in edges[n]] for ts in trims], dtype=a.dtype)
+            slab = torch.einsum("e...,oe->o..." if n == sub[0] else "oe...,oe->o...", slab, member)
+        out = out + (-1) ** len(sub) * slab
+    return out * valid[:, None, None]
+
+
+def _subsets(axes: list[int]) -> list[tuple[int, ...]]:
+    """Every non-empty subset of ``axes``, smallest first."""
+    return [sub for r in range(1, len(axes) + 1) for sub in itertools.combinations(axes, r)]
+
+
+def _bytes_per_sample(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> int:
+    """Extra memory one sample of ``x`` takes while its moments are summed: its rows and their cast, or for a
+    shift-structured convolution (:func:`shifted_moments`) its two shifted casts."""
+    width = torch.finfo(dtype).bits // 8
+    if _shift_structured(layer):
+        return x[:1].numel() * (x.element_size() + 2 * width)
+    return layer_rows(layer, x[:1]).numel() * (x.element_size() + width)
 
 
 def _accumulate(stats: MomentStats, layer: nn.Module, x: torch.Tensor, cap: int, dtype: torch.dtype) -> None:
     x = x.detach()
     if x.dim() == 0 or len(x) == 0:
         return
-    step = _samples_per_chunk(layer, x, cap, dtype)
+    per_sample = _bytes_per_sample(layer, x, dtype)
+    step = max(1, cap // max(per_sample, 1))
+    stats.over_cap |= step == 1 and per_sample > cap
     g, d = stats.groups, stats.fan_in
     for start in range(0, len(x), step):
-        rows = layer_rows(layer, x[start:start + step]).to(dtype)
-        stats.over_cap |= step == 1 and rows.numel() * (x.element_size() + rows.element_size()) > cap
-        grouped = rows.reshape(-1, g, d).transpose(0, 1)  # (g, n, d)
-        stats.total += torch.bmm(grouped.transpose(1, 2), grouped).double()
-        stats.rows += rows.shape[0]
+        chunk = x[start:start + step]
+        if _shift_structured(layer):
+            total, rows = shifted_moments(layer, chunk, dtype)
+        else:
+            grouped = layer_rows(layer, chunk).to(dtype).reshape(-1, g, d).transpose(0, 1)  # (g, n, d)
+            total, rows = torch.bmm(grouped.transpose(1, 2), grouped), grouped.shape[1]
+        stats.total += total.double()
+        stats.rows += rows
         stats.chunks += 1
 
 

@@ -1,4 +1,5 @@
-"""Second-moment collection: im2col matches the convolution, chunking under a memory cap changes nothing."""
+"""Second-moment collection: im2col matches the convolution, shifted views match im2col, chunking under a memory
+cap changes nothing."""
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.core.data import Dataset
-from compress.core.stats import collect_moments, conv_patches, layer_rows
+from compress.core.stats import collect_moments, conv_patches, layer_rows, shifted_moments
 
 CONVS = [
     nn.Conv1d(4, 6, 3, stride=2, padding=1),
@@ -68,3 +69,55 @@ def test_chunked_moments_equal_direct_moments(dtype: str) -> None:
         assert tiny[name].over_cap
         torch.testing.assert_close(s.moment, expect, rtol=tol, atol=tol)
         torch.testing.assert_close(tiny[name].moment, expect, rtol=tol, atol=tol)
+
+
+SHIFTED = [
+    nn.Conv2d(3, 5, 3, padding=1),
+    nn.Conv2d(3, 5, 3),
+    nn.Conv2d(3, 5, (3, 2), padding=(2, 1), dilation=(2, 1)),
+    nn.Conv2d(3, 5, 4, padding="same"),
+    nn.Conv2d(3, 5, 3, padding=2),
+    nn.Conv2d(2, 5, 7, padding=3),
+    nn.Conv1d(3, 5, 5, padding="same", dilation=2),
+    nn.Conv3d(3, 5, 3, padding=1),
+]
+
+
+@pytest.mark.parametrize("size", [9, 2, 1])
+@pytest.mark.parametrize("conv", SHIFTED,
+                         ids=lambda c: f"{type(c).__name__}-k{c.kernel_size}-p{c.padding}-d{c.dilation}")
+def test_shifted_moments_equal_the_patch_gram(conv: nn.Module, size: int) -> None:
+    """Σ ppᵀ from shifted views equals the Gram of the unfolded patches, also on inputs no larger than the kernel."""
+    torch.manual_seed(2)
+    x = torch.randn(3, conv.in_channels, *([size] * (conv.weight.dim() - 2)), dtype=torch.float64)
+    total, count = shifted_moments(conv, x)
+    reach = conv.dilation[-1] * (conv.kernel_size[-1] - 1) + 1  # every SHIFTED conv is the same along each axis
+    if conv.padding != "same" and size + 2 * conv.padding[-1] < reach:  # no output position: nothing is summed
+        assert count == 0 and not total.any()
+        return
+    rows = conv_patches(conv, x)
+    assert count == rows.shape[0]
+    torch.testing.assert_close(total[0], rows.T @ rows, rtol=1e-12, atol=1e-12)
+
+
+def test_collect_moments_sums_stride_one_convolutions_from_shifts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stride-1 ungrouped conv goes through shifted_moments; a strided or grouped one is unfolded; both exact."""
+    import compress.core.stats as stats
+
+    calls = []
+    spy = stats.shifted_moments
+    monkeypatch.setattr(stats, "shifted_moments", lambda layer, x, dtype: calls.append(layer) or spy(layer, x, dtype))
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, stride=2, padding=1),
+                          nn.Conv2d(6, 6, 3, padding=1, groups=3)).double()
+    data = Dataset(torch.randn(7, 3, 8, 8, dtype=torch.float64))
+    layers = {"0": model[0], "2": model[2], "3": model[3]}
+    got = collect_moments(model, layers, data, batch_size=3, dtype="float64")
+    assert {id(layer) for layer in calls} == {id(model[0])} and len(calls) == 3  # one call per batch
+    inputs = {"0": data.x, "2": model[1](model[0](data.x)), "3": model[2](model[1](model[0](data.x)))}
+    for name, x in inputs.items():
+        rows = conv_patches(layers[name], x)
+        g = layers[name].groups
+        grouped = rows.reshape(rows.shape[0], g, -1).transpose(0, 1)
+        torch.testing.assert_close(got[name].moment, grouped.transpose(1, 2) @ grouped / rows.shape[0],
+                                   rtol=1e-12, atol=1e-12)
