@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["to_jsonable"]
+from runtime_bench.atomic import atomic_path
+
+__all__ = ["to_jsonable", "write_json"]
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -26,3 +29,9 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and not np.isfinite(obj):
         return None
     return obj
+
+
+def write_json(obj: Any, path: Path) -> None:
+    """``obj`` as indented JSON (:func:`to_jsonable`), written atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(to_jsonable(obj), indent=2))

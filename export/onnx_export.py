@@ -32,15 +32,16 @@ import onnx
 import torch
 from torch import nn
 
-from compress.core.evaluate import eval_mode
+from compress.core.evaluate import eval_mode, flatten_outputs
 from compress.core.inputs import Inputs, NamedInputs, args_of, call, input_names, takes_varargs
 from export.errors import ExportError
+from export.serialize import export_dims
 from export.onnx_files import data_files, externalize, onnx_size, staged_onnx
 from export.quiet import Captured, captured_output
 from runtime_bench.facts import ANSI_ESCAPE, first_line
 
-__all__ = ["DEFAULT_OPSET", "EXTERNAL_DATA_BYTES", "MIN_OPSET", "Axes", "ExportResult", "eval_mode", "flatten_outputs",
-           "export_dims", "graph_axes", "to_onnx"]
+__all__ = ["DEFAULT_OPSET", "EXTERNAL_DATA_BYTES", "MIN_OPSET", "Axes", "ExportResult", "eval_mode",
+           "graph_axes", "to_onnx"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,17 +98,6 @@ class ExportResult:
     dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
     data_files: list[str] = field(default_factory=list)
     total_size_bytes: int = 0
-
-
-def flatten_outputs(outputs: object) -> list[torch.Tensor]:
-    """Return a module's output(s) as a flat list of tensors (tensor, or tuple/list/dict of them)."""
-    if isinstance(outputs, torch.Tensor):
-        return [outputs]
-    if isinstance(outputs, Mapping):
-        outputs = list(outputs.values())
-    if isinstance(outputs, (tuple, list)):
-        return [t for item in outputs for t in flatten_outputs(item)]
-    raise TypeError(f"module output of type {type(outputs).__name__} is not a tensor or a tuple/list/dict of tensors")
 
 
 Axes = dict[str, dict[int, str]]
@@ -201,18 +191,6 @@ def _locate_op(module: nn.Module, example: Inputs, op: str) -> str | None:
 
 Names = tuple[list[str], list[str]]
 """(graph input names, graph output names)."""
-
-
-def export_dims(axes: Axes, names: list[str], module: nn.Module, min_size: int | None = None) -> tuple | None:
-    """torch.export dynamic shapes, one dict per input; one ``Dim`` object per dimension name (shared). A
-    ``forward(*inputs)`` (:class:`~compress.core.inputs.PackedInputs`) gets them nested in one more tuple."""
-    if not any(axes.values()):
-        return None
-    made: dict[str, torch.export.Dim] = {}
-    bounds = {} if min_size is None else {"min": min_size}
-    dim = lambda name: made.setdefault(name, torch.export.Dim(name, **bounds))  # noqa: E731
-    shapes = tuple({axis: dim(d) for axis, d in axes.get(n, {}).items()} for n in names)
-    return (shapes,) if takes_varargs(module) else shapes
 
 
 def _export_dynamo(module: nn.Module, example: Inputs, path: Path, opset: int, axes: Axes, names: Names, *,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
+from collections.abc import Iterator
 import warnings
 from pathlib import Path
 from typing import Mapping
@@ -11,11 +14,10 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from compress.core.inputs import Inputs, NamedInputs, args_of
+from compress.core.inputs import Inputs, NamedInputs, args_of, takes_varargs
 from export.atomic import atomic_path
-from export.onnx_export import export_dims
 
-__all__ = ["save_program", "synthetic_example"]
+__all__ = ["export_dims", "save_program", "synthetic_example"]
 
 
 def synthetic_example(example: torch.Tensor, rows: int = 2, seed: int = 0) -> torch.Tensor:
@@ -30,6 +32,31 @@ def synthetic_example(example: torch.Tensor, rows: int = 2, seed: int = 0) -> to
         gen = torch.Generator().manual_seed(seed)
         return torch.randn(shape, generator=gen, dtype=torch.float64).to(example.dtype)
     return torch.zeros(shape, dtype=example.dtype)
+
+
+def export_dims(axes: Mapping[str, Mapping[int, str]], names: list[str], module: nn.Module, min_size: int | None = None) -> tuple | None:
+    """torch.export dynamic shapes, one dict per input; one ``Dim`` object per dimension name (shared). A
+    ``forward(*inputs)`` (:class:`~compress.core.inputs.PackedInputs`) gets them nested in one more tuple."""
+    if not any(axes.values()):
+        return None
+    made: dict[str, torch.export.Dim] = {}
+    bounds = {} if min_size is None else {"min": min_size}
+    dim = lambda name: made.setdefault(name, torch.export.Dim(name, **bounds))  # noqa: E731
+    shapes = tuple({axis: dim(d) for axis, d in axes.get(n, {}).items()} for n in names)
+    return (shapes,) if takes_varargs(module) else shapes
+
+
+@contextlib.contextmanager
+def _no_suffix_warning() -> Iterator[None]:
+    """Drop torch's log line about a program file name without ``.pt2`` (the name is the user's choice)."""
+    package_log = logging.getLogger("torch.export.pt2_archive._package")
+    drop = logging.Filter()
+    drop.filter = lambda record: not record.getMessage().startswith("Expect archive file")  # type: ignore[method-assign]
+    package_log.addFilter(drop)
+    try:
+        yield
+    finally:
+        package_log.removeFilter(drop)
 
 
 def save_program(module: nn.Module, example: Inputs, path: Path, dynamic_dims: Mapping[int, str] | None = None,
@@ -48,7 +75,7 @@ def save_program(module: nn.Module, example: Inputs, path: Path, dynamic_dims: M
     fresh = tuple(synthetic_example(t) for t in args_of(example))
     program = torch.export.export(module, fresh, dynamic_shapes=shapes)
     with atomic_path(path) as tmp, tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as work, \
-            warnings.catch_warnings():
+            warnings.catch_warnings(), _no_suffix_warning():
         # torch warns about tied tensors ("No complete tensor found in the group") on CPU-only weights.
         warnings.filterwarnings("ignore", message="No complete tensor found")
         staged = Path(work) / path.name  # torch names the archive's top folder after the file: keep the real name

@@ -19,7 +19,7 @@ from torch import nn
 
 from compress.core.inputs import Inputs, NamedInputs, call
 from export.errors import ParityError
-from export.onnx_export import eval_mode, flatten_outputs
+from compress.core.evaluate import eval_mode, flatten_outputs
 from runtime_bench.facts import PROVIDERS, error_line
 from runtime_bench.sessions import create_session
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Iterator
 
 import torch
@@ -12,7 +13,7 @@ from .data import Dataset
 from .errors import CompressionError
 from .inputs import call
 
-__all__ = ["eval_mode", "hooks_removed", "predict", "compare_outputs"]
+__all__ = ["eval_mode", "hooks_removed", "flatten_outputs", "predict", "compare_outputs"]
 
 
 @contextlib.contextmanager
@@ -35,6 +36,17 @@ def hooks_removed(handles: list[torch.utils.hooks.RemovableHandle]) -> Iterator[
     finally:
         for h in handles:
             h.remove()
+
+
+def flatten_outputs(outputs: object) -> list[torch.Tensor]:
+    """Return a module's output(s) as a flat list of tensors (tensor, or tuple/list/dict of them)."""
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    if isinstance(outputs, Mapping):
+        outputs = list(outputs.values())
+    if isinstance(outputs, (tuple, list)):
+        return [t for item in outputs for t in flatten_outputs(item)]
+    raise TypeError(f"module output of type {type(outputs).__name__} is not a tensor or a tuple/list/dict of tensors")
 
 
 @torch.no_grad()

@@ -298,7 +298,7 @@ def _prepare_outputs(outputs: list[str | Path | None], *inputs: str | None) -> N
     it cannot be. Folders created here and still empty when the command ends (it failed) are removed."""
     from export.atomic import ensure_distinct
     from export.app.callables import SpecError
-    from export.app.pipeline import make_dirs, remove_empty_dirs
+    from export.atomic import make_dirs, remove_empty_dirs
 
     outs = [Path(out) for out in filter(None, outputs)]
     _ensure_distinct_outputs(outs)
@@ -554,7 +554,7 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     from compress import compress
     from export.app.method_options import build_config, provider_defaults
     from export.app.mismatch import check_data
-    from export.app.pipeline import write_json
+    from export.json_safe import write_json
     from export.serialize import save_program
 
     if writer:  # folders the outputs need are made (and removed again on failure) by the writing rank alone

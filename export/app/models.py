@@ -490,7 +490,7 @@ def _input_hint(batch: Inputs, data_spec: str) -> str:
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
     """The floating tensors of a model output (none when it is not made of tensors)."""
-    from export.onnx_export import flatten_outputs
+    from compress.core.evaluate import flatten_outputs
 
     try:
         return [t for t in flatten_outputs(obj) if t.is_floating_point()]

@@ -40,7 +40,8 @@ from export.app.mismatch import DataCheck, check_data, require_match
 from export.app.plan import run_variant
 from export.app.report import cell_label, int8_cause, roundtrip_summary
 from export.app.settings import FP16_PROVIDERS, PipelineConfig
-from export.atomic import atomic_path
+from export.atomic import atomic_path, make_dirs, remove_empty_dirs
+from export.json_safe import write_json
 from export.errors import ParityError
 from export.quantize import int8_skip_reason, target_text
 from export.serialize import save_program
@@ -51,7 +52,7 @@ from export.variant import (FP16_LABEL_SUFFIX, PTQ_SUFFIX, VariantRecord, export
 
 __all__ = ["PipelineConfig", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
            "run_pipeline", "fill_run_dir", "run_case", "claim_run_dir", "RunDirClaim", "prepare_run_dir",
-           "RunDirError", "RunDirBusyError", "make_dirs", "remove_empty_dirs", "commit_run_dir", "FP16_PROVIDERS"]
+           "RunDirError", "RunDirBusyError", "commit_run_dir", "FP16_PROVIDERS"]
 
 log = logging.getLogger(__name__)
 RUN_SCHEMA_VERSION = 1
@@ -117,29 +118,6 @@ def _is_run_dir(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and "schema_version" in data and ("cases" in data or data.get("kind") == "tune")
-
-
-def make_dirs(folder: Path) -> list[Path]:
-    """Create ``folder`` and its missing parents; return the folders this call created, outermost first."""
-    created = []
-    for path in [*reversed(Path(folder).parents), Path(folder)]:
-        if path.is_dir():
-            continue
-        try:
-            path.mkdir()
-        except FileExistsError:
-            if not path.is_dir():
-                raise
-            continue
-        created.append(path)
-    return created
-
-
-def remove_empty_dirs(created: Sequence[Path]) -> None:
-    """Remove the folders of ``created`` (outermost first, as :func:`make_dirs` returns) that are empty."""
-    for path in reversed(created):
-        with contextlib.suppress(OSError):
-            path.rmdir()
 
 
 @contextlib.contextmanager
@@ -498,12 +476,6 @@ def slowdown_warnings(case: CaseResult) -> list[str]:
             out.append(f"not faster than simply quantising the original: {model} {ms:.4g} ms vs original.int8 "
                        f"{baseline:.4g} ms ({provider}, batch {batch})")
     return out
-
-
-def write_json(obj: Any, path: Path) -> None:
-    """Atomic JSON write."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(to_jsonable(obj), indent=2))
 
 
 def run_pipeline(cases: list[DemoCase], out_dir: Path, cfg: PipelineConfig, overwrite: bool = False,

@@ -1,6 +1,6 @@
 """The command line starts without torch, onnx or ONNX Runtime: importing it, building its command tree, ``--help`` of
-every command, ``minreal methods`` and option errors import none of them (a check on ``sys.modules`` in a fresh
-interpreter, not a timing)."""
+every command, ``minreal methods`` and option errors import none of them, and ``compress`` only torch (a check on
+``sys.modules`` in a fresh interpreter, not a timing)."""
 
 from __future__ import annotations
 
@@ -51,3 +51,17 @@ def test_the_command_line_starts_without_torch_or_onnxruntime(case: str, tmp_pat
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["heavy"] == [], f"{case} imported {result['heavy']}"
     assert len(result["codes"]) >= len(calls) and all(c == code for c in result["codes"]), result["codes"]
+
+
+def test_compress_imports_no_onnx(tmp_path: Path, factory_file: Path) -> None:
+    """``compress`` writes a torch program: it needs torch but neither onnx nor ONNX Runtime (about a second of
+    imports on a 2-core machine)."""
+    calls = [["compress", f"{factory_file}:make", "--method", "factorize", "--mac-ratio", "0.8", "--calib",
+              f"{factory_file}:data", "--calib-holdout", "0", "--out", str(tmp_path / "small.pt2"),
+              "--report", str(tmp_path / "r.json"), "-q"]]
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(calls), json.dumps(HEAVY)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["codes"] == [0], proc.stderr
+    assert result["heavy"] == ["torch"] and (tmp_path / "small.pt2").is_file() and (tmp_path / "r.json").is_file()
