@@ -6,7 +6,8 @@ float one at a time, most harmful first, re-measuring after each, until the drop
 operation is one Conv/Gemm/MatMul node of the graph ONNX Runtime's quantiser sees
 (:func:`export.quantize.quantizable_nodes`), reverting it is :func:`export.quantize.quantize_int8`'s ``exclude``,
 and its sensitivity is measured exactly: the metric of the INT8 model with only that node in float (one
-quantisation per ranked node, no proxy).
+quantisation per ranked node, no proxy). The activation ranges do not depend on which nodes are in float, so the
+model is calibrated once (:func:`export.quantize.calibrate`) for all those quantisations.
 
 Units (as in :class:`runtime_bench.metrics.ModelMetrics` and ``minreal check --max-accuracy-drop``): accuracy
 (top-1 against integer labels) and agreement (top-1 agreement with the fp32 model) are fractions in [0, 1] and
@@ -30,7 +31,8 @@ import numpy as np
 
 from export.atomic import atomic_write_bytes, ensure_distinct
 from export.errors import CalibrationError
-from export.quantize import QuantConfig, QuantResult, quantizable_nodes, quantize_int8
+from export.quantize import (Calibration, QuantConfig, QuantResult, calibrate, quantizable_nodes, quantize_int8,
+                             reusable_calibration)
 from runtime_bench import BenchInputError
 from runtime_bench.inputs import Data, data_rows
 from runtime_bench.metrics import ModelMetrics, evaluate_models, is_classification
@@ -100,7 +102,8 @@ class AccuracyControlResult:
         excluded: the nodes returned to float, in order, each with the metric after its exclusion.
         sensitivities: ranked node → metric of the INT8 model with only that node in float, most harmful
             (largest recovery) first; empty when the full INT8 model met the target.
-        quantizations: quantisations run (intermediate models are written in a temporary folder).
+        quantizations: quantisations run (intermediate models are written in a temporary folder; a plain INT8
+            file given as ``int8`` is not one).
         seconds: wall time.
     """
 
@@ -184,20 +187,49 @@ def _measurer(spec: MetricSpec, fp32_path: Path, eval_x: Data, eval_y: np.ndarra
 
 
 class _Quantiser:
-    """Quantises with a given set of float nodes into a work folder, measures, and remembers each set's result."""
+    """Quantises with a given set of float nodes into a work folder, measures, and remembers each set's result.
 
-    def __init__(self, fp32_path: Path, workdir: Path, calib: np.ndarray, config: QuantConfig | None,
-                 measure: Callable[[Path], float]) -> None:
-        self.fp32_path, self.workdir, self.calib, self.config, self.measure = fp32_path, workdir, calib, config, measure
+    Static mode calibrates once, at the first quantisation, for every set (where ONNX Runtime can reuse ranges,
+    :func:`~export.quantize.reusable_calibration`); ``plain``, the INT8 file with no node in float, is measured
+    instead of quantised.
+    """
+
+    def __init__(self, fp32_path: Path, workdir: Path, calib: np.ndarray | None, config: QuantConfig | None,
+                 measure: Callable[[Path], float], plain: QuantResult | None = None) -> None:
+        self.fp32_path, self.workdir, self.calib, self.measure = fp32_path, workdir, calib, measure
+        self.config, self.plain = config or QuantConfig(), plain
+        self.calibration: Calibration | None = None
         self.done: dict[frozenset[str], tuple[QuantResult, float]] = {}
+        self.runs = 0
 
     def __call__(self, exclude: Sequence[str]) -> tuple[QuantResult, float]:
         key = frozenset(exclude)
         if key not in self.done:
-            out = self.workdir / f"int8-{len(self.done)}.onnx"
-            quant = quantize_int8(self.fp32_path, out, self.calib, self.config, exclude=list(exclude))
-            self.done[key] = quant, self.measure(out)
+            quant = self.plain if not key and self.plain is not None else self._quantize(exclude)
+            self.done[key] = quant, self.measure(Path(quant.out_path))
         return self.done[key]
+
+    def _quantize(self, exclude: Sequence[str]) -> QuantResult:
+        if self.calibration is None and self.config.mode == "static" and reusable_calibration():
+            self.calibration = calibrate(self.fp32_path, self.calib, self.config)
+        self.runs += 1
+        out = self.workdir / f"int8-{self.runs}.onnx"
+        return quantize_int8(self.fp32_path, out, self.calib, self.config, exclude=list(exclude),
+                             calibration=self.calibration)
+
+
+def _check_plain(int8: QuantResult, fp32_path: Path, config: QuantConfig | None) -> None:
+    """``int8`` is a quantisation of ``fp32_path`` in ``config``'s format."""
+    config = (config or QuantConfig()).resolved()
+    act_type, symmetric = config.activation() if config.mode == "static" else ("uint8", False)
+    wanted = (fp32_path.resolve(), config.mode, config.target, act_type, symmetric, config.weight_type,
+              config.per_channel)
+    given = (Path(int8.fp32_path).resolve(), int8.mode, int8.target, int8.activation_type, int8.activation_symmetric,
+             int8.weight_type, int8.per_channel)
+    if given != wanted:
+        raise ValueError(f"int8 is the {int8.mode} {int8.target} INT8 of {int8.fp32_path}, not this config's of "
+                         f"{fp32_path}; pass the plain INT8 quantize_int8 wrote of this model with this config, "
+                         "or none")
 
 
 def _rank(quantiser: _Quantiser, nodes: Sequence[str], drop: Callable[[float], float], unit: str,
@@ -236,6 +268,7 @@ def quantize_with_accuracy_control(
     max_fallback: int | None = None,
     progress: Callable[[str], None] | None = None,
     threads: int | None = None,
+    int8: QuantResult | None = None,
 ) -> AccuracyControlResult:
     """INT8 quantisation that returns the most sensitive Conv/Gemm/MatMul nodes to float until the metric drop
     is within ``max_drop`` (NNCF's accuracy-control loop; see the module docstring).
@@ -253,12 +286,14 @@ def quantize_with_accuracy_control(
         max_fallback: most nodes ranked (so most returned to float), visited :func:`outside_in`; ``None`` ranks all.
         progress: called with one line per ranked node and per fallback step (default: this module's logger).
         threads: intra-op threads of the evaluation sessions; ``None`` leaves ONNX Runtime's default.
+        int8: the plain INT8 of ``fp32_path`` (no node excluded) that :func:`~export.quantize.quantize_int8` already
+            wrote with this ``calib`` and ``config``: measured as the starting point instead of quantised again.
 
     Returns:
         An :class:`AccuracyControlResult`; ``met`` says whether the drop is within ``max_drop``.
 
     Raises:
-        ValueError: unknown metric, negative ``max_drop`` or ``max_fallback``.
+        ValueError: unknown metric, negative ``max_drop`` or ``max_fallback``; ``int8`` of another model or format.
         CalibrationError: evaluation data that does not fit the model or the metric (or bad calibration data).
         QuantizationError: ONNX Runtime could not quantise the model.
     """
@@ -266,12 +301,14 @@ def quantize_with_accuracy_control(
     spec = _check_arguments(metric, max_drop, max_fallback, eval_x, eval_y)
     ensure_distinct(fp32_path, out_path)
     fp32_path, out_path, say = Path(fp32_path), Path(out_path), progress or logger.info
+    if int8 is not None:
+        _check_plain(int8, fp32_path, config)
     measure = _measurer(spec, fp32_path, eval_x if isinstance(eval_x, Mapping) else np.asarray(eval_x), eval_y,
                         threads)
     fp32_value = measure(fp32_path)
     drop = partial(metric_drop, fp32_value, metric=metric)
     with tempfile.TemporaryDirectory() as workdir:
-        quantiser = _Quantiser(fp32_path, Path(workdir), calib, config, measure)
+        quantiser = _Quantiser(fp32_path, Path(workdir), calib, config, measure, int8)
         int8_value = quantiser([])[1]
         say(f"fp32 {metric} {fp32_value:.4g}, INT8 {int8_value:.4g}: drop {drop(int8_value):.4g}{spec.unit} "
             f"(allowed {max_drop:g}{spec.unit})")
@@ -284,6 +321,6 @@ def quantize_with_accuracy_control(
     return AccuracyControlResult(
         path=str(out_path), metric=metric, max_drop=max_drop, fp32_metric=fp32_value, int8_metric=int8_value,
         int8_drop=drop(int8_value), final_metric=final, drop=drop(final), met=drop(final) <= max_drop,
-        excluded=steps, sensitivities=ranking, quantizations=len(quantiser.done),
+        excluded=steps, sensitivities=ranking, quantizations=quantiser.runs,
         seconds=time.perf_counter() - start, quant=replace(quant, out_path=str(out_path)),
     )  # fmt: skip

@@ -21,6 +21,10 @@ Activation ranges trained by quantisation-aware recovery (``compress.core.qat``,
 the calibrated ones of the layers' input tensors (ORT's ``TensorQuantOverrides``): each module is found by its
 weight initializer, named ``<module>.weight`` by the dynamo exporter (onnxsim keeps the name when it folds a
 BatchNorm into the Conv), else by equal values (transposed for Gemm/MatMul). Every other tensor is calibrated.
+
+Calibration runs once per :func:`quantize_int8` call (its later rounds, which leave more nodes in float, reuse the
+ranges), or once for many calls: :func:`calibrate` measures the ranges, which do not depend on the nodes left in float,
+and ``quantize_int8(..., calibration=...)`` quantises with them (ORT's calibration cache), giving the same file.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import hashlib
+import inspect
 import logging
 import os
 import tempfile
@@ -58,6 +64,7 @@ __all__ = [
     "QUANT_TARGETS",
     "ArrayCalibrationReader",
     "Calib",
+    "Calibration",
     "QuantConfig",
     "QuantResult",
     "optimized_op_counts",
@@ -66,6 +73,8 @@ __all__ = [
     "nonfinite_scale_nodes",
     "module_inputs",
     "trained_overrides",
+    "calibrate",
+    "reusable_calibration",
     "quantize_int8",
     "int8_skip_reason",
     "resolve_target",
@@ -269,6 +278,26 @@ class QuantResult:
 
 Calib = np.ndarray | Mapping[str, np.ndarray]
 """Calibration inputs: one array for a one-input graph, or arrays by graph input name (same row count)."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Activation ranges ONNX Runtime's calibrator measured on one model (:func:`calibrate`), for static
+    :func:`quantize_int8` to use instead of calibrating again.
+
+    Attributes:
+        ranges: ``onnxruntime.quantization.TensorsData``: tensor name → calibrated range (and histogram).
+        samples: calibration samples the ranges come from.
+        random: the samples were random (``QuantConfig.allow_random_calibration``).
+        method: ``QuantConfig.calibration_method`` used.
+        graph_sha256: SHA-256 of the pre-processed graph calibrated, to refuse the ranges for another model.
+    """
+
+    ranges: Any
+    samples: int
+    random: bool
+    method: str
+    graph_sha256: str
 
 
 class ArrayCalibrationReader:
@@ -586,10 +615,15 @@ def _excluded(source: Path, exclude: Sequence[str], static: bool) -> list[str]:
     return list(dict.fromkeys([*(dynamic_weight_nodes(model) if static else []), *exclude]))
 
 
-def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
+_RangeSource = Path | ArrayCalibrationReader
+"""Where static quantisation takes its activation ranges from: a file of ONNX Runtime's calibration cache
+(:func:`_range_source`), or a reader it calibrates on (again in every quantisation)."""
+
+
+def _run_static(source: Path, dest: Path, ranges: _RangeSource, config: QuantConfig,
                 overrides: Mapping[str, list[dict[str, np.ndarray]]] | None = None,
                 excluded: Sequence[str] = ()) -> None:
-    """Static QDQ quantisation calibrated through ``reader``, leaving the ``excluded`` nodes in float."""
+    """Static QDQ quantisation with the activation ranges of ``ranges``, leaving the ``excluded`` nodes in float."""
     act_type, symmetric = config.activation()
     noise = _PerChannelAxisNoise()
     logging.getLogger().addFilter(noise)
@@ -598,17 +632,20 @@ def _run_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config
             # An infinite calibrated range makes ORT divide by an infinite scale; _run_static_finite finds those
             # scales in the written graph, leaves their nodes in float and says so, so numpy's warning adds nothing.
             warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"onnxruntime\.quantization\.quant_utils")
-            _quantize_static(source, dest, reader, config, act_type, symmetric, list(excluded), overrides or {})
+            _quantize_static(source, dest, ranges, config, act_type, symmetric, list(excluded), overrides or {})
     finally:
         logging.getLogger().removeFilter(noise)
 
 
-def _quantize_static(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
+def _quantize_static(source: Path, dest: Path, ranges: _RangeSource, config: QuantConfig,
                      act_type: str, symmetric: bool, excluded: list[str],
                      overrides: Mapping[str, list[dict[str, np.ndarray]]]) -> None:
     q = _ort_quantization()
+    if isinstance(ranges, ArrayCalibrationReader):
+        ranges.rewind()
+    feed = {"calibration_cache_path": str(ranges)} if isinstance(ranges, Path) else {"calibration_data_reader": ranges}
     q.quantize_static(
-        str(source), str(dest), reader, nodes_to_exclude=excluded,
+        str(source), str(dest), **feed, nodes_to_exclude=excluded,
         quant_format=q.QuantFormat.QDQ, per_channel=config.per_channel,
         activation_type=getattr(q.QuantType, _QUANT_TYPES[act_type]),
         weight_type=getattr(q.QuantType, _QUANT_TYPES[config.weight_type]), reduce_range=config.weights_reduced(),
@@ -652,7 +689,7 @@ def nonfinite_scale_nodes(model: onnx.ModelProto) -> list[str]:
             if n.op_type not in _QDQ_OPS and n.name and bad & {*n.input, *n.output}]
 
 
-def _run_static_finite(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
+def _run_static_finite(source: Path, dest: Path, ranges: _RangeSource, config: QuantConfig,
                        overrides: Mapping[str, list[dict[str, np.ndarray]]], excluded: list[str],
                        label: str) -> list[str]:
     """:func:`_run_static`, then again with the nodes around non-finite scales in float until none is left (a few
@@ -660,8 +697,7 @@ def _run_static_finite(source: Path, dest: Path, reader: ArrayCalibrationReader,
     user's file in messages."""
     added: list[str] = []
     for _ in range(_NONFINITE_ROUNDS):
-        reader.rewind()
-        _run_static(source, dest, reader, config, overrides, [*excluded, *added])
+        _run_static(source, dest, ranges, config, overrides, [*excluded, *added])
         written = onnx.load(str(dest), load_external_data=False)
         if not _nonfinite_scales(written):
             if added:
@@ -684,7 +720,7 @@ def _qdq_cost(graph: onnx.GraphProto) -> tuple[int, int, set[str]]:
             {n.name for n in float_roundtrip_nodes(graph)})
 
 
-def _drop_roundtrips(source: Path, dest: Path, reader: ArrayCalibrationReader, config: QuantConfig,
+def _drop_roundtrips(source: Path, dest: Path, ranges: _RangeSource, config: QuantConfig,
                      overrides: Mapping[str, list[dict[str, np.ndarray]]], excluded: list[str],
                      graph: onnx.GraphProto) -> tuple[list[str], onnx.GraphProto]:
     """Quantise ``source`` again into ``dest`` with the nodes that ORT's CPU graph of ``dest`` (``graph``) runs in
@@ -706,8 +742,7 @@ def _drop_roundtrips(source: Path, dest: Path, reader: ArrayCalibrationReader, c
         if not stale and not new:
             break
         kept, tried = [n for n in kept if n not in trips] + new, tried | set(new)
-        reader.rewind()
-        _run_static(source, dest, reader, config, overrides, [*excluded, *kept])
+        _run_static(source, dest, ranges, config, overrides, [*excluded, *kept])
         graph = optimized_graph(dest, "cpu")
         qdq, integer, trips = _qdq_cost(graph)
     if kept and not (qdq < qdq0 and integer >= int0):
@@ -725,6 +760,63 @@ def _ort_quantization() -> ModuleType:
     import onnxruntime.quantization
 
     return onnxruntime.quantization
+
+
+def reusable_calibration() -> bool:
+    """Whether this ONNX Runtime quantises with ranges calibrated before (``quantize_static``'s
+    ``calibration_cache_path``; onnxruntime 1.32 has it): :func:`calibrate` needs it; without it, every static
+    quantisation calibrates again (also each round of one :func:`quantize_int8`)."""
+    return "calibration_cache_path" in inspect.signature(_ort_quantization().quantize_static).parameters
+
+
+def _require_reusable() -> None:
+    if not reusable_calibration():
+        raise QuantizationError("reusing calibrated ranges needs onnxruntime.quantization.quantize_static's "
+                                "calibration_cache_path (onnxruntime 1.32 has it); upgrade onnxruntime, or quantise "
+                                "without calibration= (each quantisation then calibrates)")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _calibrated(source: Path, reader: ArrayCalibrationReader, config: QuantConfig, random: bool) -> Calibration:
+    """ONNX Runtime's calibration of ``source`` on ``reader``, set up as ``quantize_static`` sets up its own: the
+    calibrator of ``config.calibration_method`` over the op types its quantisers handle, no extra options."""
+    q = _ort_quantization()
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    method = getattr(q.CalibrationMethod, _CALIBRATION_METHODS[config.calibration_method])
+    with tempfile.TemporaryDirectory() as workdir:
+        calibrator = q.create_calibrator(source, sorted({*QLinearOpsRegistry, *QDQRegistry}),
+                                         augmented_model_path=str(Path(workdir) / "augmented_model.onnx"),
+                                         calibrate_method=method)
+        reader.rewind()
+        calibrator.collect_data(reader)
+        ranges = calibrator.compute_data()
+    return Calibration(ranges, reader.rows, random, config.calibration_method, _sha256(source))
+
+
+def _check_calibration(calibration: Calibration, source: Path, config: QuantConfig) -> None:
+    """``calibration`` was measured on the graph ``source`` with ``config``'s calibration method."""
+    if calibration.method != config.calibration_method:
+        raise ValueError(f"the ranges were calibrated with {calibration.method!r} but the config asks for "
+                         f"{config.calibration_method!r}; calibrate with the same QuantConfig")
+    if calibration.graph_sha256 != _sha256(source):
+        raise ValueError("the ranges were calibrated on another graph; calibrate this model "
+                         "(export.quantize.calibrate)")
+
+
+def _range_source(source: Path, workdir: Path, reader: ArrayCalibrationReader | None, calibration: Calibration | None,
+                  config: QuantConfig, random: bool) -> _RangeSource:
+    """The ranges of every static quantisation of one :func:`quantize_int8`: ``calibration`` (else a calibration of
+    ``source`` on ``reader``) in a cache file in ``workdir``; ``reader`` itself where ONNX Runtime reads no cache."""
+    if calibration is None and not reusable_calibration():
+        return reader
+    calibration = calibration or _calibrated(source, reader, config, random)
+    path = workdir / "ranges.json"
+    _ort_quantization().save_tensors_data(calibration.ranges, path)
+    return path
 
 
 def _run_dynamic(source: Path, dest: Path, config: QuantConfig, excluded: Sequence[str] = ()) -> None:
@@ -759,6 +851,40 @@ def int8_skip_reason(fp32_path: str | Path) -> str | None:
             "(at most 2 GiB)")
 
 
+def calibrate(fp32_path: str | Path, calib: Calib | None = None, config: QuantConfig | None = None) -> Calibration:
+    """The activation ranges static :func:`quantize_int8` calibrates for ``fp32_path`` on ``calib``: pass them as its
+    ``calibration`` to quantise the model many times (e.g. with different nodes left in float) calibrating once.
+
+    Args:
+        fp32_path: float model (not modified).
+        calib: calibration inputs, as for :func:`quantize_int8`.
+        config: options (static mode); the quantisations must use the same ``calibration_method``.
+
+    Raises:
+        CalibrationError: no or ill-shaped calibration data.
+        ValueError: ``config`` is for dynamic mode (nothing is calibrated).
+        QuantizationError: ONNX Runtime could not calibrate the model, the model keeps its weights in external data,
+            or this ONNX Runtime cannot quantise with precomputed ranges (:func:`reusable_calibration`).
+    """
+    config = (config or QuantConfig()).resolved()
+    if config.mode != "static":
+        raise ValueError("mode='dynamic' calibrates nothing; calibrate for mode='static'")
+    _require_reusable()
+    fp32_path = Path(fp32_path)
+    skip = int8_skip_reason(fp32_path)
+    if skip:
+        raise QuantizationError(f"cannot calibrate {fp32_path.name} for INT8: {skip}")
+    model = onnx.load(str(fp32_path))
+    data, is_random = _calibration_array(calib, model, config)
+    reader = _reader(model, data, config)
+    with tempfile.TemporaryDirectory() as workdir:
+        source, _ = _preprocess(fp32_path, Path(workdir) / "preprocessed.onnx")
+        try:
+            return _calibrated(source, reader, config, is_random)
+        except Exception as exc:
+            raise QuantizationError(f"calibration of {fp32_path.name} failed: {error_line(exc)}") from exc
+
+
 def quantize_int8(
     fp32_path: str | Path,
     out_path: str | Path,
@@ -767,6 +893,7 @@ def quantize_int8(
     activation_ranges: Mapping[str, Mapping[str, Any]] | None = None,
     weights: Mapping[str, np.ndarray] | None = None,
     exclude: Sequence[str] = (),
+    calibration: Calibration | None = None,
 ) -> QuantResult:
     """Quantise a float ONNX model to INT8 with ONNX Runtime and count its integer kernels.
 
@@ -784,16 +911,20 @@ def quantize_int8(
         weights: module name → weight array, to find a module whose initializer the exporter renamed.
         exclude: nodes to leave in float, named as in the pre-processed graph (:func:`quantizable_nodes`);
             added to those whose weights the graph computes.
+        calibration: ranges from :func:`calibrate` of this model with this config's ``calibration_method`` (static
+            mode): used instead of calibrating, for the same file; ``calib`` is then not read.
 
     Returns:
         A :class:`QuantResult`.
 
     Raises:
         CalibrationError: no or ill-shaped calibration data.
-        ValueError: ``exclude`` names a node that is not in the pre-processed graph.
+        ValueError: ``exclude`` names a node that is not in the pre-processed graph, or ``calibration`` is of
+            another graph or calibration method, or given in dynamic mode.
         QuantizationError: ONNX Runtime could not quantise the model, the trained ranges are for another
-            activation format (or for dynamic mode), or the model keeps its weights in external data
-            (:func:`int8_skip_reason`).
+            activation format (or for dynamic mode), the model keeps its weights in external data
+            (:func:`int8_skip_reason`), or ``calibration`` is given to an ONNX Runtime that cannot use it
+            (:func:`reusable_calibration`).
     """
     requested = (config or QuantConfig()).target
     config = (config or QuantConfig()).resolved()
@@ -805,26 +936,34 @@ def quantize_int8(
     if skip:
         raise QuantizationError(f"cannot quantise {Path(fp32_path).name} to INT8: {skip}")
     fp32_path, out_path = Path(fp32_path), Path(out_path)
+    static = config.mode == "static"
+    if calibration is not None:
+        if not static:
+            raise ValueError("calibration= is for mode='static'; dynamic quantisation calibrates nothing")
+        _require_reusable()
     model = onnx.load(str(fp32_path))
-    data, is_random = _calibration_array(calib, model, config) if config.mode == "static" else (None, False)
+    data, is_random = _calibration_array(calib, model, config) if static and calibration is None else (None, False)
     reader = _reader(model, data, config) if data is not None else None
-    if calib is not None and reader is None:
+    if calib is not None and not static:
         logger.info("dynamic quantisation ignores the calibration data")
     with tempfile.TemporaryDirectory() as workdir, atomic_path(out_path) as tmp:
         source, note = _preprocess(fp32_path, Path(workdir) / "preprocessed.onnx")
         overrides, direct = trained_overrides(onnx.load(str(source)), ranges, weights) if ranges else ({}, {})
-        excluded = _excluded(source, exclude, static=reader is not None)
+        excluded = _excluded(source, exclude, static=static)
+        if calibration is not None:
+            _check_calibration(calibration, source, config)
         try:
             roundtrip: list[str] = []
-            if reader is not None:
-                nonfinite = _run_static_finite(source, tmp, reader, config, overrides, excluded, fp32_path.name)
+            if static:
+                calibrated = _range_source(source, Path(workdir), reader, calibration, config, is_random)
+                nonfinite = _run_static_finite(source, tmp, calibrated, config, overrides, excluded, fp32_path.name)
             else:
                 nonfinite = []
                 _run_dynamic(source, tmp, config, excluded)
             graph = optimized_graph(tmp, "cpu")
-            if reader is not None and config.drop_roundtrips and config.target in cpu_facts.CPU_TARGETS:
-                roundtrip, graph = _drop_roundtrips(source, tmp, reader, config, overrides, [*excluded, *nonfinite],
-                                                    graph)
+            if static and config.drop_roundtrips and config.target in cpu_facts.CPU_TARGETS:
+                roundtrip, graph = _drop_roundtrips(source, tmp, calibrated, config, overrides,
+                                                    [*excluded, *nonfinite], graph)
         except QuantizationError:
             raise
         except Exception as exc:
@@ -834,6 +973,8 @@ def quantize_int8(
         logger.warning("%s: the trained activation ranges of %s are not in the graph; calibrated instead",
                        out_path.name, ", ".join(untrained))
     samples = 0 if data is None else len(next(iter(data.values())))
+    if calibration is not None:
+        samples, is_random = calibration.samples, calibration.random
     return dataclasses.replace(
         _result(fp32_path, out_path, graph, config, samples, is_random, note),
         excluded_nodes=[*excluded, *nonfinite, *roundtrip], nonfinite_nodes=nonfinite, roundtrip_nodes=roundtrip,

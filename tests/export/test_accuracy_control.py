@@ -10,8 +10,10 @@ model.
 
 from __future__ import annotations
 
+import importlib
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,8 @@ from onnx import numpy_helper
 from compress.core.smoke import digits_mlp
 from compress.core.train import TrainConfig, train
 from compress.datasets import digits
+import export.accuracy_control as accuracy_control
+import export.quantize as quantize
 from export.accuracy_control import (
     AccuracyControlResult,
     metric_drop,
@@ -32,7 +36,7 @@ from export.accuracy_control import (
 )
 from export.errors import CalibrationError
 from export.onnx_export import to_onnx
-from export.quantize import quantizable_nodes, quantize_int8
+from export.quantize import QuantConfig, quantizable_nodes, quantize_int8
 
 OUTLIER = 1000.0
 
@@ -158,6 +162,59 @@ def test_mse_ranks_the_hostile_layer_first(case: Case, tmp_path: Path) -> None:
     written = np.mean((_outputs(result.path, case.x).astype(np.float64) - targets) ** 2)
     assert result.final_metric == pytest.approx(written, rel=1e-3)
     _check_consistent(result)
+
+
+def test_one_run_calibrates_once(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every quantisation of a run (full INT8, one per ranked node) reuses one calibration; ONNX Runtime calibrates
+    none itself."""
+    ort_quantize = importlib.import_module("onnxruntime.quantization.quantize")
+    calls = {"ours": 0, "onnxruntime": 0}
+
+    def counting(key: str, real: Callable) -> Callable:
+        def wrapped(*args: object, **kwargs: object) -> object:
+            calls[key] += 1
+            return real(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(quantize, "_calibrated", counting("ours", quantize._calibrated))
+    monkeypatch.setattr(ort_quantize, "create_calibrator", counting("onnxruntime", ort_quantize.create_calibrator))
+    result = quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, case.y, 2.0)
+    assert result.quantizations == 1 + len(quantizable_nodes(case.path)) >= 3
+    assert calls == {"ours": 1, "onnxruntime": 0}
+    assert result.quant.calibration_samples == len(case.calib) and not result.quant.random_calibration
+
+
+def test_a_given_plain_int8_is_measured_not_quantised_again(case: Case, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's plain INT8 file is the starting point: nothing is quantised when it meets the target, and
+    otherwise only the ranked models are; the results are those of a run that quantised it itself."""
+    plain = quantize_int8(case.path, tmp_path / "plain.onnx", case.calib)
+    quantised = []
+    real = accuracy_control.quantize_int8
+    monkeypatch.setattr(accuracy_control, "quantize_int8",
+                        lambda *a, **k: quantised.append(k["exclude"]) or real(*a, **k))
+    met = quantize_with_accuracy_control(case.path, tmp_path / "met.onnx", case.calib, case.x, case.y, 100.0,
+                                         int8=plain)
+    assert quantised == [] and met.quantizations == 0 and met.excluded == []
+    assert met.quant == replace(plain, out_path=met.path)
+    assert (tmp_path / "met.onnx").read_bytes() == (tmp_path / "plain.onnx").read_bytes()
+    given = quantize_with_accuracy_control(case.path, tmp_path / "given.onnx", case.calib, case.x, case.y, 2.0,
+                                           int8=plain)
+    ranked = quantizable_nodes(case.path)
+    assert [] not in quantised and given.quantizations == len(quantised) == len(ranked)
+    own = quantize_with_accuracy_control(case.path, tmp_path / "own.onnx", case.calib, case.x, case.y, 2.0)
+    assert own.quantizations == given.quantizations + 1
+    assert replace(given, path=own.path, quant=own.quant, quantizations=own.quantizations, seconds=own.seconds) == own
+    assert given.quant == replace(own.quant, out_path=given.path)
+    assert (tmp_path / "given.onnx").read_bytes() == (tmp_path / "own.onnx").read_bytes()
+    _check_consistent(given)
+
+
+def test_a_plain_int8_of_another_format_is_refused(case: Case, tmp_path: Path) -> None:
+    other = quantize_int8(case.path, tmp_path / "trt.onnx", case.calib, QuantConfig(target="tensorrt"))
+    with pytest.raises(ValueError, match="not this config's"):
+        quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, case.y, 1.0, int8=other)
+    assert not (tmp_path / "ac.onnx").exists()
 
 
 def test_unknown_excluded_node_is_refused(case: Case, tmp_path: Path) -> None:

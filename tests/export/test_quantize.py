@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,10 +14,12 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from export.errors import CalibrationError, SameFileError
+from export.errors import CalibrationError, QuantizationError, SameFileError
 from export.onnx_export import ExportResult
 import runtime_bench.cpu as cpu_facts
-from export.quantize import ArrayCalibrationReader, QuantConfig, optimized_op_counts, quantize_int8, resolve_target
+import export.quantize as quantize
+from export.quantize import (ArrayCalibrationReader, QuantConfig, calibrate, optimized_op_counts, quantizable_nodes,
+                             quantize_int8, resolve_target)
 from runtime_bench.cpu import CpuIsa
 
 
@@ -335,3 +339,62 @@ def test_failed_shape_inference_leaves_nothing_in_the_working_directory(convnet_
     assert "without symbolic shapes" not in (result.preprocess_note or "x")  # the second attempt succeeded
     assert "Incomplete symbolic shape inference" in result.preprocess_note
     assert list(user.iterdir()) == [] and Path.cwd() == user
+
+
+@pytest.mark.parametrize("target", ["cpu", "tensorrt"])
+def test_ranges_calibrated_once_give_the_file_of_a_fresh_calibration(target: str, convnet_onnx: ExportResult,
+                                                                     calib_images: np.ndarray, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Byte for byte, with and without nodes in float: quantising with :func:`calibrate`'s ranges, quantising from
+    scratch (one calibration for all its rounds), and ONNX Runtime calibrating inside every ``quantize_static``
+    (as where it reads no calibration cache) write the same file; the results differ only in their path."""
+    import onnxruntime.quantization as ort_quantization
+
+    config = QuantConfig(target=target)
+    calibrations, rounds = [], []
+    real_calibrated, real_static = quantize._calibrated, ort_quantization.quantize_static
+    monkeypatch.setattr(quantize, "_calibrated", lambda *a: calibrations.append(a) or real_calibrated(*a))
+    monkeypatch.setattr(ort_quantization, "quantize_static",
+                        functools.wraps(real_static)(lambda *a, **k: rounds.append(k) or real_static(*a, **k)))
+    calibration = calibrate(convnet_onnx.path, calib_images, config)
+    assert len(calibrations) == 1 and (calibration.samples, calibration.random) == (64, False)
+    for exclude in ([], quantizable_nodes(convnet_onnx.path)[-1:]):
+        reused = quantize_int8(convnet_onnx.path, tmp_path / "reused.onnx", None, config, exclude=exclude,
+                               calibration=calibration)
+        rounds.clear()
+        fresh = quantize_int8(convnet_onnx.path, tmp_path / "fresh.onnx", calib_images, config, exclude=exclude)
+        assert len(calibrations) == 2 and rounds and all("calibration_cache_path" in k for k in rounds)
+        if target == "cpu" and not exclude:
+            assert len(rounds) > 1  # the float round trips were tried in float: more quantisations, no calibration
+        with monkeypatch.context() as patch:
+            patch.setattr(quantize, "reusable_calibration", lambda: False)
+            inline = quantize_int8(convnet_onnx.path, tmp_path / "inline.onnx", calib_images, config, exclude=exclude)
+        assert len(calibrations) == 2  # only the fresh file was calibrated here: ONNX Runtime calibrated the inline one
+        calibrations.pop()
+        assert (tmp_path / "reused.onnx").read_bytes() == (tmp_path / "fresh.onnx").read_bytes()
+        assert (tmp_path / "inline.onnx").read_bytes() == (tmp_path / "fresh.onnx").read_bytes()
+        assert dataclasses.replace(reused, out_path=fresh.out_path) == fresh
+        assert dataclasses.replace(inline, out_path=fresh.out_path) == fresh
+        assert set(exclude) <= set(reused.excluded_nodes) and reused.calibration_samples == 64
+
+
+def test_ranges_of_another_graph_or_method_are_refused(convnet_onnx: ExportResult, two_heads_onnx: ExportResult,
+                                                       calib_images: np.ndarray, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    calibration = calibrate(convnet_onnx.path, calib_images)
+    with pytest.raises(ValueError, match="calibrated on another graph"):
+        quantize_int8(two_heads_onnx.path, tmp_path / "q.onnx", None, calibration=calibration)
+    with pytest.raises(ValueError, match="calibrated with 'minmax' but the config asks for 'entropy'"):
+        quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", None, QuantConfig(calibration_method="entropy"),
+                      calibration=calibration)
+    with pytest.raises(ValueError, match="calibration= is for mode='static'"):
+        quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", None, QuantConfig(mode="dynamic"),
+                      calibration=calibration)
+    with pytest.raises(ValueError, match="mode='dynamic' calibrates nothing"):
+        calibrate(convnet_onnx.path, calib_images, QuantConfig(mode="dynamic"))
+    monkeypatch.setattr(quantize, "reusable_calibration", lambda: False)
+    with pytest.raises(QuantizationError, match="calibration_cache_path"):
+        calibrate(convnet_onnx.path, calib_images)
+    with pytest.raises(QuantizationError, match="calibration_cache_path"):
+        quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", None, calibration=calibration)
+    assert list(tmp_path.iterdir()) == []

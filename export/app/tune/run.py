@@ -35,7 +35,7 @@ from runtime_bench.metrics import evaluate_models
 from compress import get_method, method_names
 from compress.core.data import Dataset
 from compress.core.recover import held_out_metrics
-from export.quantize import resolve_target
+from export.quantize import QuantResult, resolve_target
 from runtime_bench.facts import CPU_AVX2_TARGET
 from export.variant import VariantConfig, VariantRecord, export_variant, quantize_variant, relative_to, to_jsonable
 from export.verify import feeds_of
@@ -258,8 +258,9 @@ def _baselines(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneCon
         q = quantize_variant(rec, models_dir, calib.x, vcfg)
         out.append(Candidate("original.int8", "baseline", "int8", str(models_dir / q.onnx), q.onnx_bytes))
         if cfg.accuracy_control:
-            out += _accuracy_controlled(models_dir, calib, held_out, cfg, _saturation_free(q, vcfg, notes, say),
-                                        notes, say)
+            ac_cfg = _saturation_free(q, vcfg, notes, say)
+            plain = q if ac_cfg.quant_config() == vcfg.quant_config() else None
+            out += _accuracy_controlled(models_dir, calib, held_out, cfg, ac_cfg, notes, say, plain)
     return out
 
 
@@ -276,9 +277,10 @@ def _saturation_free(q: VariantRecord, vcfg: VariantConfig, notes: list[str], sa
 
 
 def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cfg: TuneConfig, vcfg: VariantConfig,
-                         notes: list[str], say: Progress) -> list[Candidate]:
+                         notes: list[str], say: Progress, plain: VariantRecord | None = None) -> list[Candidate]:
     """The original in INT8 with its most sensitive layers left in float until the constraint holds (none when the
-    plain INT8 already meets it: the same file)."""
+    plain INT8 already meets it: the same file). ``plain``, the original's INT8 made with ``vcfg``'s quantisation
+    config, is where accuracy control starts instead of quantising it again."""
     from export.accuracy_control import quantize_with_accuracy_control
 
     c = cfg.constraint
@@ -290,7 +292,7 @@ def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cf
     res = quantize_with_accuracy_control(
         models_dir / "original.onnx", path, feeds_of(calib.x[: vcfg.calib_samples]), feeds_of(held_out.x),
         None if held_out.y is None or metric == "agreement" else held_out.y.numpy(), max_drop, vcfg.quant_config(),
-        metric=metric)
+        metric=metric, int8=None if plain is None else _quant_result(plain, models_dir))
     if not res.excluded and res.met and vcfg.quant_target != cfg.quant_target:
         notes.append(f"original.int8-ac is the original's INT8 in the saturation-free cpu-avx2 format, every layer "
                      f"quantised: it meets the constraint (drop {res.drop:.3g})")
@@ -303,6 +305,12 @@ def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cf
     notes.append(f"accuracy control left {len(res.excluded)} of the original's layers in float "
                  f"({', '.join(res.excluded_nodes)}); drop {res.drop:.3g} ({'met' if res.met else 'NOT met'})")
     return [Candidate("original.int8-ac", "baseline", "int8-ac", str(path), path.stat().st_size)]
+
+
+def _quant_result(record: VariantRecord, folder: Path) -> QuantResult:
+    """The :class:`QuantResult` an INT8 record holds (as JSON, paths relative to ``folder``), paths made whole."""
+    q = record.quantization
+    return QuantResult(**{**q, "fp32_path": str(folder / q["fp32_path"]), "out_path": str(folder / q["out_path"])})
 
 
 def _search(methods: Sequence[str], cfg: TuneConfig, base: Job, run: Executor, t_start: float, notes: list[str],

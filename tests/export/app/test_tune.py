@@ -449,3 +449,35 @@ def test_a_worker_s_progress_reaches_this_process_s_log(caplog: pytest.LogCaptur
             ex.close()
     found = [r for r in caplog.records if getattr(r, PROGRESS_KEY, None) == ("recovery (epochs)", 1, 3)]
     assert found and "training loss 0.5" in found[0].getMessage()
+
+
+@pytest.mark.parametrize("saturates", [False, True])
+def test_accuracy_control_starts_from_the_original_s_int8_of_its_format(saturates: bool, trained_mlp, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The baselines' INT8 of the original is accuracy control's plain INT8, not quantised again; where it can
+    saturate on this (pretended) CPU accuracy control starts from cpu-avx2, another file, which it quantises."""
+    import export.accuracy_control as accuracy_control
+    import runtime_bench.cpu as cpu_facts
+    from export.app.tune.run import _baselines
+
+    monkeypatch.setattr(cpu_facts, "kernel_saturates", lambda: saturates)
+    given, quantised = [], []
+    real_control, real_quantize = accuracy_control.quantize_with_accuracy_control, accuracy_control.quantize_int8
+    monkeypatch.setattr(accuracy_control, "quantize_with_accuracy_control",
+                        lambda *a, **k: given.append(k["int8"]) or real_control(*a, **k))
+    monkeypatch.setattr(accuracy_control, "quantize_int8",
+                        lambda *a, **k: quantised.append(a[3].target) or real_quantize(*a, **k))
+    model, tr, te = trained_mlp
+    models = tmp_path / "models"
+    models.mkdir()
+    cfg = TuneConfig(Constraint(max_accuracy_drop=100.0), quant_target="cpu-vnni")
+    notes: list[str] = []
+    baselines = _baselines(model, tr, te, cfg, models, Quality(0.9), notes, lambda line: None)
+    assert [c.label for c in baselines[:2]] == ["original", "original.int8"]
+    (plain,) = given
+    if saturates:
+        assert plain is None and quantised == ["cpu-avx2"]  # the saturation-free format: quantised afresh
+        assert any("cpu-avx2" in note for note in notes)
+    else:
+        assert quantised == [] and Path(plain.out_path) == models / "original.int8.onnx"
+        assert Path(plain.fp32_path) == models / "original.onnx" and plain.target == "cpu-vnni"
