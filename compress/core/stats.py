@@ -150,8 +150,8 @@ class _Shift:
 
 @functools.lru_cache(maxsize=256)
 def _shift_plan(kernel: tuple[int, ...], axes: tuple[_Axis, ...],
-                dtype: torch.dtype) -> tuple[list[int], tuple[_Shift, ...]]:
-    """F.pad amounts and the shifts of a stride-1 convolution on inputs of one spatial size (cached: every batch
+                dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[_Shift, ...]]:
+    """The padded spatial shape and the shifts of a stride-1 convolution on inputs of one spatial size (cached: every batch
     of a layer has the same)."""
     reach = [(n - 1) * a.dilation for n, a in zip(kernel, axes)]
     padded = [a.size + r for a, r in zip(axes, reach)]  # reach zeros after each line keep shifts off other lines
@@ -173,7 +173,7 @@ def _shift_plan(kernel: tuple[int, ...], axes: tuple[_Axis, ...],
         shifts.append(_Shift(sum(p * st for p, st in zip(pix, strides)),
                              tuple((index[o], index[tuple(map(sum, zip(o, shift)))]) for o in starts),
                              torch.tensor([all(t is not None for t in ts) for ts in trims], dtype=dtype), slabs))
-    return [v for r in reversed(reach) for v in (0, r)], tuple(shifts)
+    return tuple(padded), tuple(shifts)
 
 
 def shifted_moments(layer: nn.modules.conv._ConvNd, x: torch.Tensor,
@@ -194,14 +194,15 @@ def shifted_moments(layer: nn.modules.conv._ConvNd, x: torch.Tensor,
     """
     ks, c = tuple(layer.kernel_size), x.shape[1]
     axes = tuple(_axes(layer, x.shape[2:]))
-    pad, shifts = _shift_plan(ks, axes, dtype)
-    xp = F.pad(x.to(dtype), pad).movedim(1, -1)
-    rows = xp.numel() // c
-    flat = torch.cat([xp.reshape(rows, c), xp.new_zeros(max(s.offset for s in shifts) + 1, c)])
+    padded, shifts = _shift_plan(ks, axes, dtype)
+    shape = (len(x), *padded)
+    rows = math.prod(shape)
+    flat = x.new_zeros(rows + max(s.offset for s in shifts) + 1, c, dtype=dtype)  # zeros: padding and tail
+    flat[:rows].view(*shape, c)[(slice(None), *(slice(0, n) for n in x.shape[2:]))] = x.movedim(1, -1)
     k = math.prod(ks)
-    total = torch.zeros(k, k, c, c, dtype=dtype)
+    total = torch.empty(k, k, c, c, dtype=dtype)  # every block is written below
     for shift in shifts:
-        blocks = _shift_blocks(flat[:rows], flat[shift.offset:shift.offset + rows], xp.shape[:-1], shift)
+        blocks = _shift_blocks(flat[:rows], flat[shift.offset:shift.offset + rows], shape, shift)
         i, j = (torch.tensor(v) for v in zip(*shift.pairs))
         total[j, i] = blocks.transpose(1, 2)
         total[i, j] = blocks
