@@ -151,8 +151,8 @@ class _Shift:
 @functools.lru_cache(maxsize=256)
 def _shift_plan(kernel: tuple[int, ...], axes: tuple[_Axis, ...],
                 dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[_Shift, ...]]:
-    """The padded spatial shape and the shifts of a stride-1 convolution on inputs of one spatial size (cached: every batch
-    of a layer has the same)."""
+    """The padded spatial shape and the shifts of a stride-1 convolution on inputs of one spatial size (cached:
+    every batch of a layer has the same)."""
     reach = [(n - 1) * a.dilation for n, a in zip(kernel, axes)]
     padded = [a.size + r for a, r in zip(axes, reach)]  # reach zeros after each line keep shifts off other lines
     strides = [math.prod(padded[i + 1:]) for i in range(len(kernel))]
