@@ -343,10 +343,11 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
 
 
 def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
-             recovery: RecoveryConfig | None = None, held_out: Dataset | None = None
+             recovery: RecoveryConfig | None = None, held_out: Dataset | None = None, measure: bool = True
              ) -> tuple[nn.Module, CompressionReport]:
     """Run a registered method (:func:`prepare`, then :func:`realise`), then fill the shared cost fields and the
-    output comparison on ``data``.
+    output comparison on ``data`` (unless ``measure`` is off: a caller that measures on its own held-out data
+    saves a pass of both models over ``data``).
 
     ``config`` defaults to the method's config defaults; a given config is validated again (its
     ``__post_init__``), so fields changed after construction are checked too. A method that measured the
@@ -356,7 +357,7 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
     recovery (:func:`finetune_alias`).
     """
     finetune_alias(_checked_config(get_method(method), config), recovery, data)  # refused before any work
-    return realise(prepare(model, data, method, config), config, recovery, held_out)
+    return realise(prepare(model, data, method, config), config, recovery, held_out, measure)
 
 
 def chain_label(methods: Sequence[str]) -> str:

@@ -326,7 +326,20 @@ def test_compress_with_recovery_records_it(workdir: Path) -> None:
     report = json.loads(Path("r.json").read_text())
     assert report["recovery"]["epochs"] == 1 and report["recovery"]["interrupted"] is False
     assert set(report["recovery"]["before"]) >= {"agreement", "kl", "accuracy"}
-    assert "top1_agreement" in report["measured"]["recovered"]
+    held = report["measured"]
+    assert set(held["held_out_zero_shot"]) == set(held["held_out_recovered"]) >= {"agreement", "kl"}
+    assert "top1_agreement" in held["held_out"]  # the recovered model on the held-out split
+    # measured on the held-out 25 %: the calibration data is not compared again (one pass of each model saved)
+    assert "recovered" not in held and "top1_agreement" not in held
+
+
+def test_compress_without_held_out_compares_on_the_calibration_data(workdir: Path) -> None:
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--calib",
+                                      "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q",
+                                      "--recover-epochs", "1", "--calib-holdout", "0"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(Path("r.json").read_text())
+    assert "top1_agreement" in report["measured"]["recovered"] and report["measured"]["held_out"] is None
     assert "top1_agreement" in report["measured"]  # the zero-shot measurement stays
 
 
