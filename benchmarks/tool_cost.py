@@ -7,7 +7,9 @@ Every run is a new Python process timed from its start to its exit (imports incl
 compress runs use the cached trained ResNet-20 (``benchmarks/cache/resnet20_cifar_digits32.pt``, see
 ``trained_models.py``) and the first 1,024 ``digits32`` calibration images written once to an ``.npz`` in the work
 folder; both trees read the same files. The JSON gives, per command and tree, every run's seconds, the median and the
-spread, and the ratio of the medians (after / before).
+spread, the ratio of the medians (after / before), and for compress each run's phases from its report (``timings_s``:
+prepare, i.e. the statistics, and realise; the rest of a run is imports, loading, the held-out measurement and
+saving).
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/tool_cost.py --out benchmarks/tool_cost.json
 """
@@ -15,6 +17,7 @@ Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/tool_cost.py --out be
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -61,20 +64,25 @@ def commands(work: Path) -> dict[str, list[str]]:
         raise SystemExit(f"tool_cost: {weights} is missing: run benchmarks/trained_models.py first")
     return {"help": ["--help"], "methods": ["methods"], "option_error": ["tune", "x", "--data", "y", "--grid", "a"],
             "compress_factorize": ["compress", "resnet20_cifar", "--weights", str(weights), "-m", "factorize",
-                                   "--calib", str(_calib(work)), "--mac-ratio", "0.5", "--out", "{out}", "-q"]}
+                                   "--calib", str(_calib(work)), "--mac-ratio", "0.5", "--out", "{out}",
+                                   "--report", "{out}.json", "-q"]}
 
 
-def _run(tree: Path, args: list[str], out: Path) -> tuple[float, int]:
-    """Seconds from process start to exit of ``minreal ARGS`` with ``tree`` first on the path, and the exit code."""
+def _run(tree: Path, args: list[str], out: Path) -> tuple[float, int, dict[str, float]]:
+    """Seconds from process start to exit of ``minreal ARGS`` with ``tree`` first on the path, the exit code, and
+    the phases' seconds of a compress report (``timings_s``; empty for other commands)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_WAIT_POLICY": "PASSIVE"}
-    argv = [sys.executable, "-c", "import sys; from export.app.cli import main; sys.argv[0] = 'minreal'; main()",
+    entry = "import sys; import export.app.cli as c; sys.argv[0] = 'minreal'; getattr(c, 'console', c.main)()"
+    argv = [sys.executable, "-c", entry,  # the console script: console() where the tree has it (after), else main()
             *[a.replace("{out}", str(out)) for a in args]]
     t0 = time.perf_counter()
     done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
-    if out.exists():
-        out.unlink()
-    return seconds, done.returncode
+    report = Path(f"{out}.json")
+    phases = json.loads(report.read_text()).get("timings_s", {}) if report.is_file() else {}
+    for path in (out, report):
+        path.unlink(missing_ok=True)
+    return seconds, done.returncode, {k: round(v, 3) for k, v in phases.items()}
 
 
 def main() -> None:
@@ -93,13 +101,16 @@ def main() -> None:
     trees = {"before": old, "after": ROOT}
     runs: dict[str, dict[str, list[float]]] = {name: {t: [] for t in trees} for name in cmds}
     codes: dict[str, dict[str, int]] = {name: {} for name in cmds}
+    timings: dict[str, dict[str, list[dict[str, float]]]] = {name: {t: [] for t in trees} for name in cmds}
     try:
         for name, argv in cmds.items():
-            repeats = max(2, args.repeats // 2) if name == "compress_factorize" else args.repeats
+            repeats = max(3, args.repeats // 2) if name == "compress_factorize" else args.repeats
             for i in range(repeats):
                 for tree_name, tree in (trees.items() if i % 2 == 0 else reversed(trees.items())):
-                    seconds, code = _run(tree, argv, args.work / f"out-{tree_name}.pt2")
+                    seconds, code, phases = _run(tree, argv, args.work / f"out-{tree_name}.pt2")
                     runs[name][tree_name].append(round(seconds, 3))
+                    if phases:
+                        timings[name][tree_name].append(phases)
                     codes[name][tree_name] = code
                     _say(f"{name} {tree_name} run {i + 1}/{repeats}: {seconds:.2f} s (exit {code})")
     finally:
@@ -112,7 +123,8 @@ def main() -> None:
                          "spread_s": {t: [min(v), max(v)] for t, v in per.items()},
                          "exit_codes": codes[name], "after_over_before": round(med["after"] / med["before"], 3),
                          "goal_s": GOALS_S.get(name),
-                         "within_goal": None if name not in GOALS_S else med["after"] <= GOALS_S[name]}
+                         "within_goal": None if name not in GOALS_S else med["after"] <= GOALS_S[name],
+                         **({"report_timings_s": timings[name]} if any(timings[name].values()) else {})}
     write_json(args.out, {"usage": USAGE, "issue": 27, "before": args.before,
                           "head": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                                  text=True).stdout.strip(),
