@@ -17,6 +17,12 @@ array. The activation type follows the target (a table, overridable in :class:`Q
 The result counts Conv/MatMul/Gemm nodes that run as integer kernels in the ORT-optimised CPU graph
 against those left in float. Whether INT8 is actually faster is for the benchmark to judge.
 
+Two rewrites keep tensors quantised where ORT's CPU graph optimiser has no fusion of its own: a mean over every
+spatial axis (``ReduceMean``, as PyTorch exports a global average pool) is written as ``GlobalAveragePool`` before
+quantisation (:mod:`export.qdq_pools`; ORT fuses it into ``QLinearGlobalAveragePool``), and for the CPU targets a
+constant zero ``Pad`` between a dequantise and a re-quantise of one scale (an option-A ResNet shortcut's zero
+channels) pads the quantised tensor with the zero point instead (:mod:`export.qdq_pads`).
+
 Activation ranges trained by quantisation-aware recovery (``compress.core.qat``, keyed by module name) replace
 the calibrated ones of the layers' input tensors (ORT's ``TensorQuantOverrides``): each module is found by its
 weight initializer, named ``<module>.weight`` by the dynamo exporter (onnxsim keeps the name when it folds a
@@ -49,6 +55,8 @@ import onnx
 from onnx import numpy_helper
 from export.atomic import atomic_path, ensure_distinct
 from export.onnx_files import data_files
+from export.qdq_pads import integer_pads
+from export.qdq_pools import global_average_pools
 from runtime_bench import optimized_graph_ops
 from runtime_bench.model_info import float_roundtrip_nodes, float_roundtrips, op_counts, optimized_graph
 import runtime_bench.cpu as cpu_facts
@@ -413,7 +421,8 @@ def _working_directory(folder: Path) -> Iterator[None]:
 
 
 def _preprocess(fp32_path: Path, out: Path) -> tuple[Path, str | None]:
-    """Run ``quant_pre_process``; retry without symbolic shape inference, else use the float model as is."""
+    """Run ``quant_pre_process`` (then :func:`_pool_globally` on its output); retry without symbolic shape inference,
+    else use the float model as is."""
     _ort_quantization()
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -422,11 +431,22 @@ def _preprocess(fp32_path: Path, out: Path) -> tuple[Path, str | None]:
         try:
             with _working_directory(out.parent):
                 quant_pre_process(source, dest, **options)
-            return out, note
         except Exception as exc:  # noqa: BLE001 - pre-processing is an optimisation; fall back
             note = f"quant_pre_process{' without symbolic shapes' if options else ''} failed: {error_line(exc)}"
             logger.warning("%s", note)
+            continue
+        _pool_globally(out)
+        return out, note
     return fp32_path, note
+
+
+def _pool_globally(path: Path) -> None:
+    """Write the pre-processed file's means over every spatial axis as ``GlobalAveragePool``
+    (:func:`export.qdq_pools.global_average_pools`: ONNX Runtime runs that one on quantised tensors). External data
+    stays where it is: only the graph is rewritten."""
+    model = onnx.load(str(path), load_external_data=False)
+    if global_average_pools(model):
+        onnx.save(model, str(path))
 
 
 def _reader(model: onnx.ModelProto, data: Mapping[str, np.ndarray], config: QuantConfig) -> ArrayCalibrationReader:
@@ -635,6 +655,18 @@ def _run_static(source: Path, dest: Path, ranges: _RangeSource, config: QuantCon
             _quantize_static(source, dest, ranges, config, act_type, symmetric, list(excluded), overrides or {})
     finally:
         logging.getLogger().removeFilter(noise)
+    if config.target in cpu_facts.CPU_TARGETS:
+        _pad_quantised(dest)
+
+
+def _pad_quantised(path: Path) -> None:
+    """Run the file's constant zero pads between a dequantise and a re-quantise of one scale on the quantised tensors
+    (:func:`export.qdq_pads.integer_pads`; ONNX Runtime's CPU graph would run them in float)."""
+    model = onnx.load(str(path), load_external_data=False)
+    pads = integer_pads(model)
+    if pads:
+        onnx.save(model, str(path))
+        logger.debug("%s: %d pad(s) run on quantised tensors: %s", path.name, len(pads), ", ".join(pads))
 
 
 def _quantize_static(source: Path, dest: Path, ranges: _RangeSource, config: QuantConfig,

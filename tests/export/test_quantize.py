@@ -219,8 +219,9 @@ def test_convolution_with_generated_weights_stays_float(tmp_path: Path) -> None:
 
 
 def test_float_roundtrips_are_left_in_float(tmp_path: Path) -> None:
-    """Pad and a Conv with a computed kernel between two stored-weight Linears: quantised as they come, ORT runs
-    them in float between a DequantizeLinear and a QuantizeLinear; by default they are left in float instead."""
+    """An edge Pad and a Conv with a computed kernel between two stored-weight Linears: quantised as they come, ORT
+    runs them in float between a DequantizeLinear and a QuantizeLinear; by default they are left in float instead.
+    (A constant zero Pad would run on the quantised tensor: test_qdq_pads.)"""
     from torch import nn
 
     from export.onnx_export import to_onnx
@@ -236,7 +237,7 @@ def test_float_roundtrips_are_left_in_float(tmp_path: Path) -> None:
             v = self.inp(x).transpose(1, 2)
             length = v.shape[-1]
             kernel = (self.rate[:, None] ** torch.arange(length, dtype=x.dtype).flip(0)[None, :]).unsqueeze(1)
-            y = nn.functional.conv1d(nn.functional.pad(v, (length - 1, 0)), kernel, groups=4)
+            y = nn.functional.conv1d(nn.functional.pad(v, (length - 1, 0), mode="replicate"), kernel, groups=4)
             return self.out(y.transpose(1, 2))
 
     torch.manual_seed(0)
@@ -341,8 +342,30 @@ def test_failed_shape_inference_leaves_nothing_in_the_working_directory(convnet_
     assert list(user.iterdir()) == [] and Path.cwd() == user
 
 
+class _MeanHead(torch.nn.Module):
+    """Two convolutions, then a mean over the spatial axes that drops them (a ``ReduceMean`` without kept axes, which
+    ONNX Runtime's CPU graph runs in float between a dequantise and a re-quantise) and a linear classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                            torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU())
+        self.head = torch.nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean((2, 3)))
+
+
+@pytest.fixture(scope="module")
+def mean_head_onnx(calib_images: np.ndarray, tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
+    from export.onnx_export import to_onnx
+
+    torch.manual_seed(12)
+    return to_onnx(_MeanHead().eval(), torch.from_numpy(calib_images[:2]), tmp_path_factory.mktemp("mean") / "m.onnx")
+
+
 @pytest.mark.parametrize("target", ["cpu", "tensorrt"])
-def test_ranges_calibrated_once_give_the_file_of_a_fresh_calibration(target: str, convnet_onnx: ExportResult,
+def test_ranges_calibrated_once_give_the_file_of_a_fresh_calibration(target: str, mean_head_onnx: ExportResult,
                                                                      calib_images: np.ndarray, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Byte for byte, with and without nodes in float: quantising with :func:`calibrate`'s ranges, quantising from
@@ -356,19 +379,20 @@ def test_ranges_calibrated_once_give_the_file_of_a_fresh_calibration(target: str
     monkeypatch.setattr(quantize, "_calibrated", lambda *a: calibrations.append(a) or real_calibrated(*a))
     monkeypatch.setattr(ort_quantization, "quantize_static",
                         functools.wraps(real_static)(lambda *a, **k: rounds.append(k) or real_static(*a, **k)))
-    calibration = calibrate(convnet_onnx.path, calib_images, config)
+    calibration = calibrate(mean_head_onnx.path, calib_images, config)
     assert len(calibrations) == 1 and (calibration.samples, calibration.random) == (64, False)
-    for exclude in ([], quantizable_nodes(convnet_onnx.path)[-1:]):
-        reused = quantize_int8(convnet_onnx.path, tmp_path / "reused.onnx", None, config, exclude=exclude,
+    for exclude in ([], quantizable_nodes(mean_head_onnx.path)[-1:]):
+        reused = quantize_int8(mean_head_onnx.path, tmp_path / "reused.onnx", None, config, exclude=exclude,
                                calibration=calibration)
         rounds.clear()
-        fresh = quantize_int8(convnet_onnx.path, tmp_path / "fresh.onnx", calib_images, config, exclude=exclude)
+        fresh = quantize_int8(mean_head_onnx.path, tmp_path / "fresh.onnx", calib_images, config, exclude=exclude)
         assert len(calibrations) == 2 and rounds and all("calibration_cache_path" in k for k in rounds)
         if target == "cpu" and not exclude:
             assert len(rounds) > 1  # the float round trips were tried in float: more quantisations, no calibration
         with monkeypatch.context() as patch:
             patch.setattr(quantize, "reusable_calibration", lambda: False)
-            inline = quantize_int8(convnet_onnx.path, tmp_path / "inline.onnx", calib_images, config, exclude=exclude)
+            inline = quantize_int8(mean_head_onnx.path, tmp_path / "inline.onnx", calib_images, config,
+                                   exclude=exclude)
         assert len(calibrations) == 2  # only the fresh file was calibrated here: ONNX Runtime calibrated the inline one
         calibrations.pop()
         assert (tmp_path / "reused.onnx").read_bytes() == (tmp_path / "fresh.onnx").read_bytes()
@@ -398,3 +422,61 @@ def test_ranges_of_another_graph_or_method_are_refused(convnet_onnx: ExportResul
     with pytest.raises(QuantizationError, match="calibration_cache_path"):
         quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", None, calibration=calibration)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def cut_resnet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, int]:
+    """A CIFAR ResNet-8 (option-A shortcuts, one block per stage; random weights, BatchNorm statistics as after
+    training) cut by ``magnitude`` to about half of its MACs, exported as ``minreal`` exports a variant: (file,
+    calibration images, number of its convolutions)."""
+    from compress.core.data import Dataset
+    from compress.methods.magnitude import MagnitudeConfig
+    from compress.models import CifarResNet
+    from compress.registry import compress
+    from export.variant import VariantConfig, export_variant
+
+    torch.manual_seed(0)
+    model = CifarResNet(blocks_per_stage=1).eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.normal_(0, 0.1)
+            m.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(32, 3, 16, 16)
+    small, report = compress(model, Dataset(x), "magnitude", MagnitudeConfig(mac_ratio=0.5))
+    streams = report.predicted["segment_widths"]["conv1"]
+    assert any(kept < size for size, kept in streams)  # the option-A streams themselves are cut
+    folder = tmp_path_factory.mktemp("cut")
+    record = export_variant(small, x, folder / "cut.onnx", VariantConfig())
+    convs = sum(isinstance(m, torch.nn.Conv2d) for m in small.modules())
+    return folder / record.onnx, x.numpy(), convs
+
+
+@pytest.mark.parametrize("target", ["cpu-avx2", "cpu-vnni"])
+def test_width_cut_resnet_int8_keeps_shortcuts_and_convolutions_in_integers(target: str, cut_resnet, tmp_path: Path
+                                                                            ) -> None:
+    """Issue 28: in ONNX Runtime's optimised CPU graph of a width-cut option-A ResNet's INT8 file, the shortcuts'
+    subsample (Slice) and zero channels (Pad) run on quantised tensors (no DequantizeLinear before them, no
+    QuantizeLinear after them), every residual sum is a QLinearAdd, and every convolution and the classifier are
+    integer kernels. Graph structure only: the same on any x86 CPU, with or without VNNI."""
+    from runtime_bench.model_info import float_roundtrip_nodes, op_counts, optimized_graph
+
+    path, x, convs = cut_resnet
+    result = quantize_int8(path, tmp_path / "cut.int8.onnx", x, QuantConfig(target=target))
+    graph = optimized_graph(Path(result.out_path), "cpu")
+    ops = op_counts(graph)
+    assert result.integer_kernels == convs + 1 and result.float_kernels == 0  # the Linear head: QGemm
+    assert ops["QLinearConv"] == convs and ops["QLinearAdd"] == 3  # one residual sum per block
+    producer = {o: n.op_type for n in graph.node for o in n.output}
+    readers: dict[str, set[str]] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, set()).add(n.op_type)
+    shortcut = [n for n in graph.node if n.op_type in ("Slice", "Pad")]
+    assert ops["Pad"] == 2 and ops["Slice"] == 2  # stages 2 and 3 change width through option A
+    assert all(producer.get(n.input[0]) != "DequantizeLinear" and "QuantizeLinear" not in readers[n.output[0]]
+               for n in shortcut)
+    assert not {n.op_type for n in float_roundtrip_nodes(graph)}  # the pooling runs quantised too
+    assert ops["QuantizeLinear"] == 1 and ops["DequantizeLinear"] == 1  # the graph's input and output only
+    assert result.float_roundtrips == {}
+    reference = _run(path, x)
+    assert np.linalg.norm(_run(result.out_path, x) - reference) / np.linalg.norm(reference) < 0.1
