@@ -8,10 +8,13 @@ ranks, exported alone to ONNX and timed in isolation. JSON: ``{"provider", "mode
 :func:`compress.core.width.allocate.load_width_latency_table`): for each segment of each cuttable channel group
 (:meth:`~compress.core.width.graph.WidthGraph.segments`), the whole model with only that segment narrowed, at
 every allowed width on the provider's fast multiple, exported to ONNX and timed interleaved with the full model.
-JSON: ``{"kind": "width", "provider", "model_hash", "input_shape" (per sample), "batch", "multiple", "model_ms",
-"segments": {"<group>/<k>": {"size", "widths": [full, ...], "ms": [model_ms, ...]}}}``. Each group's variants
-are timed in one interleaved run with the full model; their medians are scaled by ``model_ms`` over the full
-model's median in that same run, so that drift between groups does not show up as a saving. ``"uniform":
+JSON: ``{"kind": "width", "provider", "model_hash", "input_shape" (per sample), "batch", "multiple", "precision",
+"model_ms", "segments": {"<group>/<k>": {"size", "widths": [full, ...], "ms": [model_ms, ...]}}}``; ``"precision":
+"int8"`` times each variant's INT8 file (static QDQ in this CPU's format, calibrated on the example batch) instead
+of its fp32 file: ONNX Runtime's int8 and fp32 kernels favour different widths (on x86 an int8 convolution with
+fewer than 16 output channels leaves the fast symmetric kernel and costs about what 16 channels cost). Each group's
+variants are timed in one interleaved run with the full model; their medians are scaled by ``model_ms`` over the
+full model's median in that same run, so that drift between groups does not show up as a saving. ``"uniform":
 {"fractions", "widths": {"<group>/<k>": [...]}, "ms": [...]}`` times every segment cut together at ¾, ½ and ¼ of
 its width, which calibrates how single-segment savings add up (:func:`compress.core.width.allocate.saving_scale`).
 """
@@ -22,6 +25,7 @@ import json
 import logging
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,7 +46,7 @@ from runtime_bench.providers import provider_name, unavailable_reason
 from runtime_bench.sessions import create_session
 from runtime_bench.timing import latency_stats, time_interleaved
 
-__all__ = ["TIMING", "rank_grid", "build_latency_table", "build_width_latency_table"]
+__all__ = ["TIMING", "WIDTH_PRECISIONS", "rank_grid", "build_latency_table", "build_width_latency_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +106,37 @@ def _time_files(paths: list[Path], shape: tuple[int, ...], provider: str, thread
     runs = time_interleaved([lambda s=s: s.run(None, feed) for s in sessions], int(timing["warmup"]),
                             int(timing["min_runs"]), timing["min_seconds"])
     return [latency_stats(ms, shape[0]).p50_ms for ms in runs]
+
+
+#: Precisions a width table is measured in: the variants' fp32 files, or their INT8 files (static QDQ in this CPU's
+#: format, as ``minreal export --int8`` writes them), whose kernels prefer other widths (ONNX Runtime's x86 int8
+#: convolution takes its fast path only from 16 output channels up).
+WIDTH_PRECISIONS = ("fp32", "int8")
+
+
+@dataclass(frozen=True)
+class _Bench:
+    """How a width table's whole-model variants are written and timed: input ``shape``, ONNX Runtime ``provider``
+    (full name) and ``threads``, files in ``folder``; ``calib`` (the example batch) for an INT8 table, else ``None``."""
+
+    shape: tuple[int, ...]
+    provider: str
+    threads: int
+    folder: Path
+    calib: np.ndarray | None = None
+
+    def file(self, module: nn.Module, stem: str) -> Path:
+        """``module`` exported to ``folder/stem.onnx``; for an INT8 table, that file quantised (the file timed)."""
+        path = _export(module, self.shape, self.folder / f"{stem}.onnx")
+        if self.calib is None:
+            return path
+        from export.quantize import quantize_int8  # onnxruntime.quantization: only for INT8 tables
+
+        return Path(quantize_int8(path, path.with_suffix(".int8.onnx"), self.calib).out_path)
+
+    def time(self, paths: list[Path]) -> list[float]:
+        """Median ms of each file, timed interleaved with :data:`WHOLE_MODEL_TIMING`."""
+        return _time_files(paths, self.shape, self.provider, self.threads, WHOLE_MODEL_TIMING)
 
 
 def _time_layer(layer: nn.Module, shape: tuple[int, ...], ranks: list[int], provider: str, threads: int,
@@ -180,16 +215,16 @@ def _narrowed(wg: WidthGraph, group: ChannelGroup, segment: list[int], width: in
     return apply_cuts(wg, {group.name: Cut(keep=[i for i in range(group.size) if i not in drop])})
 
 
-def _time_group(wg: WidthGraph, group: ChannelGroup, full: Path, shape: tuple[int, ...], multiple: int,
-                provider: str, threads: int, folder: Path) -> tuple[float, dict[int, tuple[list[int], list[float]]]]:
+def _time_group(wg: WidthGraph, group: ChannelGroup, full: Path, multiple: int, bench: _Bench
+                ) -> tuple[float, dict[int, tuple[list[int], list[float]]]]:
     """Median ms of the full model and, per segment index, (narrower widths, their median ms), all timed in one
     interleaved run."""
     paths, where = [full], []
     for k, (segment, ladder) in enumerate(zip(wg.segments(group), segment_ladders(wg, group, multiple))):
         for w in ladder[1:]:
-            paths.append(_export(_narrowed(wg, group, segment, w), shape, folder / f"{k}-{w}.onnx"))
+            paths.append(bench.file(_narrowed(wg, group, segment, w), f"{k}-{w}"))
             where.append((k, w))
-    medians = _time_files(paths, shape, provider, threads, WHOLE_MODEL_TIMING)
+    medians = bench.time(paths)
     measured: dict[int, tuple[list[int], list[float]]] = {}
     for (k, w), ms in zip(where, medians[1:]):
         widths, times = measured.setdefault(k, ([], []))
@@ -211,8 +246,8 @@ def _uniform_widths(wg: WidthGraph, groups: list[ChannelGroup], fraction: float,
     return widths
 
 
-def _time_uniform(wg: WidthGraph, groups: list[ChannelGroup], full: Path, shape: tuple[int, ...], multiple: int,
-                  provider: str, threads: int, folder: Path) -> tuple[float, dict[str, Any]]:
+def _time_uniform(wg: WidthGraph, groups: list[ChannelGroup], full: Path, multiple: int, bench: _Bench
+                  ) -> tuple[float, dict[str, Any]]:
     """Median ms of the full model and of the model with every segment at each of :data:`UNIFORM_FRACTIONS`
     (interleaved in one run): ``{"fractions", "widths": {segment key: [width per fraction]}, "ms"}``."""
     paths, per_fraction = [full], []
@@ -223,8 +258,8 @@ def _time_uniform(wg: WidthGraph, groups: list[ChannelGroup], full: Path, shape:
         for g in groups:
             drop = {i for k, seg in enumerate(wg.segments(g)) for i in seg[widths[segment_key(g.name, k)]:]}
             cuts[g.name] = Cut(keep=[i for i in range(g.size) if i not in drop])
-        paths.append(_export(apply_cuts(wg, cuts), shape, folder / f"uniform-{j}.onnx"))
-    medians = _time_files(paths, shape, provider, threads, WHOLE_MODEL_TIMING)
+        paths.append(bench.file(apply_cuts(wg, cuts), f"uniform-{j}"))
+    medians = bench.time(paths)
     keys = list(per_fraction[0])
     return medians[0], {"fractions": list(UNIFORM_FRACTIONS),
                         "widths": {key: [w[key] for w in per_fraction] for key in keys},
@@ -242,41 +277,52 @@ def _cuttable(wg: WidthGraph) -> list[ChannelGroup]:
 
 def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, provider: str = "cpu",
                               multiple: int = 8, out_path: str | Path | None = None, threads: int | None = None,
-                              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                              progress: Callable[[str], None] | None = None, precision: str = "fp32"
+                              ) -> dict[str, Any]:
     """Measure (or reuse) the width latency table of ``model`` on ``provider`` (format: see the module doc).
 
     Args:
         model: the torch model; its cuttable channel groups are found by :func:`compress.core.width.analyse`.
-        example_input: a batch at the batch size to optimise for (its first two samples drive the analysis).
+        example_input: a batch at the batch size to optimise for (its first two samples drive the analysis; an
+            INT8 table calibrates every variant on it).
         provider: short provider name (``cpu``, ``cuda``, ``tensorrt``).
         multiple: widths measured per segment: ``segment_ladders(...)`` below the full width.
         out_path: JSON destination, written atomically; an existing table for the same model and settings is
             returned as is. ``None``: measure and return without writing.
         threads: intra-op threads (default: physical cores).
         progress: called with one line per channel group (default: the module's logger).
+        precision: one of :data:`WIDTH_PRECISIONS`: time the variants' fp32 files, or their INT8 files (static QDQ
+            in this CPU's format; CPU provider only), for a model that will run in INT8.
 
     Raises:
         CompressionError: the model has no cuttable channel group.
+        ValueError: an unknown precision, or INT8 on a provider other than ``cpu``.
     """
+    if precision not in WIDTH_PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {WIDTH_PRECISIONS}")
+    if precision == "int8" and provider != "cpu":
+        raise ValueError(f"INT8 width tables are measured on the cpu provider (static QDQ in the CPU's format), "
+                         f"not {provider!r}")
     shape = tuple(example_input.shape)
     header = {"kind": "width", "provider": provider, "model_hash": model_key(model), "input_shape": list(shape[1:]),
-              "batch": shape[0], "multiple": multiple}
+              "batch": shape[0], "multiple": multiple, "precision": precision}
     hit = _reusable(Path(out_path) if out_path is not None else None, header)
     if hit is not None:
         return hit
     wg = analyse(model.eval(), example_input[:2])  # a batch of 1 is widened by the analysis itself
     groups, say = _cuttable(wg), progress or logger.info
-    ort_provider, threads = provider_name(provider), threads or default_threads()
     runs = []
     with tempfile.TemporaryDirectory(prefix="minreal-width-latency-") as tmp:
-        full = _export(wg.gm, shape, Path(tmp) / "full.onnx")
+        calib = example_input.detach().cpu().numpy() if precision == "int8" else None
+        bench = _Bench(shape, provider_name(provider), threads or default_threads(), Path(tmp), calib)
+        full = bench.file(wg.gm, "full")
         for i, g in enumerate(groups, 1):
             say(f"[{i}/{len(groups)}] channel group {g.name} ({g.size} channels, "
-                f"{len(wg.segments(g))} segment(s)): timing narrower widths")
-            runs.append((g, *_time_group(wg, g, full, shape, multiple, ort_provider, threads, Path(tmp))))
+                f"{len(wg.segments(g))} segment(s)): timing narrower widths in {precision}")
+            runs.append((g, *_time_group(wg, g, full, multiple, bench)))
         say(f"timing every group cut together at {', '.join(f'{f:g}' for f in UNIFORM_FRACTIONS)} of its width "
             "(calibrates the sum of single-group savings)")
-        uniform_full, uniform = _time_uniform(wg, groups, full, shape, multiple, ort_provider, threads, Path(tmp))
+        uniform_full, uniform = _time_uniform(wg, groups, full, multiple, bench)
     model_ms = float(np.median([full_ms for _, full_ms, _ in runs]))
     uniform["ms"] = [model_ms * t / uniform_full for t in uniform["ms"]]
     segments = {}

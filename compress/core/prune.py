@@ -161,6 +161,7 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
     report.predicted[f"allocator_{budget}"] = allocation["predicted_ratio"]
     if budget == "latency_ratio":
         report.predicted["whole_model_latency_ratio"] = allocation["predicted_ratio"]
+        report.predicted["latency_table_precision"] = latency.get("precision", "fp32")  # older tables: fp32
     cuts = {n: Cut(k) for n, k in keep.items() if len(k) < wg.group(n).size}
     new = apply_cuts(wg, cuts)
     report.timings_s["prune"] = time.perf_counter() - t0

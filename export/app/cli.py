@@ -1054,13 +1054,18 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
 @click.option("--ranks-per-layer", type=int, default=6, show_default=True, help="Ranks measured per layer (--kind rank).")
 @click.option("--width-multiple", type=click.IntRange(min=1), default=8, show_default=True,
               help="Widths measured in steps of this many channels (--kind width; the provider's fast multiple).")
+@click.option("--int8", is_flag=True,
+              help="Time each variant's INT8 file (static QDQ in this CPU's format, calibrated on the example batch) "
+                   "for a model that will run in INT8 (--kind width, cpu provider): int8 kernels favour other widths.")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @common
 def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_shape: str | None, batch: int,
-                      provider: str, ranks_per_layer: int, width_multiple: int, weights: str | None, quiet: bool,
-                      as_json: bool) -> None:
+                      provider: str, ranks_per_layer: int, width_multiple: int, int8: bool, weights: str | None,
+                      quiet: bool, as_json: bool) -> None:
     """Measure latencies on a provider: per factorisable layer for `compress -m factorize --latency` (--kind rank),
     or per channel-group width for the width methods' --latency-ratio (--kind width)."""
+    if int8 and (kind != "width" or provider != "cpu"):
+        raise click.UsageError("--int8 measures a width table on the cpu provider: pass --kind width --provider cpu")
     import torch
 
     from export.app.callables import SpecError
@@ -1079,9 +1084,11 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
         raise SpecError("latency-table needs an example input: pass --data SPEC or --input-shape C,H,W")
     check_input_shape(net, x, model)
     if kind == "width":
-        con.progress(f"timing {model} with each channel-group segment narrowed on {provider} (whole-model exports)")
+        precision = "int8" if int8 else "fp32"
+        con.progress(f"timing {model} with each channel-group segment narrowed on {provider} (whole-model exports, "
+                     f"{precision})")
         table = build_width_latency_table(net, x, provider, width_multiple, out_path=Path(out),
-                                          progress=con.progress)
+                                          progress=con.progress, precision=precision)
         widths = sum(len(e["widths"]) - 1 for e in table["segments"].values())
         con.table(f"wrote {out} ({len(table['segments'])} segments, {widths} narrower widths on {provider}; "
                   f"whole model {table['model_ms']:.3f} ms at batch {table['batch']})")

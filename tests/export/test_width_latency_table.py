@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -187,3 +188,55 @@ def test_cli_width_latency_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert run(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "no channel group" in err and "\n" not in err and not (tmp_path / "l.json").exists()
+
+
+def test_int8_width_table_times_the_variants_int8_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``precision="int8"``: every timed file (the full model, each narrowed variant, the uniform cuts) is a static QDQ
+    file; the table has the fp32 table's format with ``"precision": "int8"``, is reused as such, and the same path
+    asked for in fp32 is measured again. A width method reports which precision its latency prediction is in."""
+    from compress.core.data import Dataset
+    from compress.methods.magnitude import MagnitudeConfig
+    from compress.registry import compress
+
+    timed: list[list[set[str]]] = []
+    real = latency_table._time_files
+
+    def recording(paths: list[Path], *args, **kwargs) -> list[float]:
+        timed.append([{n.op_type for n in onnx.load(str(p)).graph.node} for p in paths])
+        return real(paths, *args, **kwargs)
+
+    monkeypatch.setattr(latency_table, "_time_files", recording)
+    monkeypatch.setattr(latency_table, "WHOLE_MODEL_TIMING", {"warmup": 1, "min_runs": 3, "min_seconds": 0.0})
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4)).eval()
+    x, out = torch.randn(4, 3, 16, 16), tmp_path / "int8.json"
+    table = build_width_latency_table(model, x, "cpu", MULTIPLE, out_path=out, threads=1, precision="int8")
+    assert table["precision"] == "int8" and json.loads(out.read_text()) == table
+    assert {k: e["widths"] for k, e in table["segments"].items()} == {"0/0": [16, 8], "2/0": [16, 8]}
+    files = [ops for run in timed for ops in run]
+    assert len(files) == len(timed) + 2 + 3  # each run's full model, two narrowed variants, three uniform cuts
+    assert all({"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops for ops in files)
+    calls = len(timed)
+    assert build_width_latency_table(model, x, "cpu", MULTIPLE, out_path=out, threads=1, precision="int8") == table
+    assert len(timed) == calls  # reused
+    fp32 = build_width_latency_table(model, x, "cpu", MULTIPLE, out_path=out, threads=1)
+    assert fp32["precision"] == "fp32" and len(timed) > calls
+    assert not any("QuantizeLinear" in ops for run in timed[calls:] for ops in run)
+    table = build_width_latency_table(model, x, "cpu", MULTIPLE, out_path=out, threads=1, precision="int8")
+    config = MagnitudeConfig(latency_ratio=0.99, latency_table=str(out), width_multiple=MULTIPLE)
+    _, report = compress(model, Dataset(x), "magnitude", config)
+    assert report.predicted["latency_table_precision"] == "int8"
+    with pytest.raises(ValueError, match="cpu provider"):
+        build_width_latency_table(model, x, "cuda", MULTIPLE, precision="int8")
+
+
+def test_cli_int8_table_is_a_cpu_width_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "net.py").write_text(PLAIN_CNN)
+    monkeypatch.chdir(tmp_path)
+    for extra in (["--kind", "rank"], ["--kind", "width", "--provider", "cuda"]):
+        argv = ["latency-table", "net.py:make", *extra, "--int8", "--input-shape", "3,16,16", "--out", "t.json", "-q"]
+        assert run(argv) == 2
+        assert "--int8 measures a width table on the cpu provider" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
