@@ -75,6 +75,15 @@ def digits_cnn() -> nn.Module:
     return small_cnn(1, (32, 64, 64), 10)
 
 
+def ssm_digits() -> nn.Module:
+    """The ``ssm`` method's demo model architecture: an SSMClassifier on sequential digits (64 steps of 1 pixel, 10
+    classes) of the demo's training spec (weights come from ``--weights``)."""
+    from compress.methods.ssm import SSMClassifier, SSMTrainSpec
+
+    spec = SSMTrainSpec()
+    return SSMClassifier(1, spec.features, spec.state, spec.depth, 10)
+
+
 # ---------------------------------------------------------------------------------------------- models and data
 @dataclass(frozen=True)
 class Case:
@@ -91,10 +100,11 @@ class Case:
     goal_s: float = GOAL_S
 
 
-def _demo_weights(key: str, work: Path) -> Path:
-    """The demo model ``key`` trained as ``minreal demo`` trains it, saved once under ``work`` and reused."""
+def _demo_weights(key: str, work: Path, prepare: bool = True) -> Path:
+    """The demo model ``key`` trained as ``minreal demo`` trains it, saved once under ``work`` and reused (without
+    ``prepare``, only its path)."""
     path = work / f"{key}.pt"
-    if not path.is_file():
+    if prepare and not path.is_file():
         from export.app.demo import demo_factories
         from export.atomic import atomic_path
 
@@ -105,8 +115,8 @@ def _demo_weights(key: str, work: Path) -> Path:
     return path
 
 
-def mlp_case(work: Path) -> Case:
-    return Case("mlp", f"{THIS}:digits_mlp", str(_demo_weights("digits-mlp", work)), "digits-flat",
+def mlp_case(work: Path, prepare: bool = True) -> Case:
+    return Case("mlp", f"{THIS}:digits_mlp", str(_demo_weights("digits-mlp", work, prepare)), "digits-flat",
                 "minreal demo's digits-mlp: mlp(64, [128, 128], 10) on flat 8x8 digits, trained as the demo (12 ep.)")
 
 
@@ -131,45 +141,77 @@ def cifar_resnet32() -> nn.Module:
     return CifarResNet(blocks_per_stage=5)
 
 
+def cifar_resnet44() -> nn.Module:
+    """The pretrained CIFAR-10 ResNet-44's architecture (weights come from ``--weights``)."""
+    from compress.models import CifarResNet
+
+    return CifarResNet(blocks_per_stage=7)
+
+
 SHARED = ROOT.parent / "shared" / "data"
-RESNET32 = SHARED / "resnet_cifar" / "resnet32-d509ac18.th"
+PRETRAINED: dict[str, tuple[Path, Callable[[], nn.Module]]] = {
+    "resnet32": (SHARED / "resnet_cifar" / "resnet32-d509ac18.th", cifar_resnet32),
+    "resnet44": (SHARED / "resnet_cifar" / "resnet44-014dd654.th", cifar_resnet44)}
+"""The pretrained CIFAR-10 ResNets of ../shared/data by case name: checkpoint and architecture."""
+RESNET32 = PRETRAINED["resnet32"][0]
 CIFAR = SHARED / "cifar10" / "cifar10_test_jpeg_1000_9999.npz"
 CIFAR_CALIB, CIFAR_HELDOUT = 7000, 2000
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # as the pretrained ResNets were trained
 
 
-def resnet32_case(work: Path) -> Case:
-    """The pretrained CIFAR-10 ResNet-32 (../shared/data, akamaster's weights, keys without ``module.``) on real
-    CIFAR-10 test images: the first 7,000 for calibration and recovery, the last 2,000 held out, as ``.npz`` files
-    (float32 NCHW normalised with the ImageNet statistics, labels) written once under ``work``."""
+def resnet32_case(work: Path, prepare: bool = True) -> Case:
+    """The pretrained CIFAR-10 ResNet-32 on real CIFAR-10 images (:func:`pretrained_cifar_case`)."""
+    return pretrained_cifar_case("resnet32", work, prepare)
+
+
+def pretrained_cifar_case(name: str, work: Path, prepare: bool = True) -> Case:
+    """A pretrained CIFAR-10 ResNet of :data:`PRETRAINED` (../shared/data, akamaster's weights, keys without
+    ``module.``) on real CIFAR-10 test images: the first 7,000 for calibration and recovery, the last 2,000 held
+    out, as ``.npz`` files (float32 NCHW normalised with the ImageNet statistics, labels) written once under ``work``
+    and shared by the ResNets (without ``prepare``, only named)."""
+    checkpoint, factory = PRETRAINED[name]
+    if prepare and not (checkpoint.is_file() and CIFAR.is_file()):
+        raise SystemExit(f"tune benchmark: {checkpoint} or {CIFAR} is missing (../shared/data); run --only without "
+                         f"{name}")
+    weights, calib, held = work / f"{name}.pt", work / "cifar_calib7000.npz", work / "cifar_heldout2000.npz"
+    if prepare and not weights.is_file():
+        _write_pretrained(checkpoint, factory(), weights)
+    if prepare and not (calib.is_file() and held.is_file()):
+        _write_cifar_split(calib, held)
+    return Case(name, f"{THIS}:{factory.__name__}", str(weights), str(calib),
+                f"pretrained CIFAR-10 ResNet-{name.removeprefix('resnet')} (akamaster, option-A shortcuts; "
+                "../shared/data) on CIFAR-10 test images decoded from JPEG: the first "
+                f"{CIFAR_CALIB} for calibration and recovery, the last {CIFAR_HELDOUT} held out", eval_data=str(held),
+                drops=(1.0,), recover_epochs=3)
+
+
+def _write_pretrained(checkpoint: Path, model: nn.Module, weights: Path) -> None:
+    """akamaster's checkpoint as a plain state dict of ``model`` (``module.`` prefixes dropped)."""
+    from export.atomic import atomic_path
+
+    weights.parent.mkdir(parents=True, exist_ok=True)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    model.load_state_dict({k.removeprefix("module."): v for k, v in state.items()}, strict=False)
+    with atomic_path(weights) as tmp:
+        torch.save(model.state_dict(), tmp)
+
+
+def _write_cifar_split(calib: Path, held: Path) -> None:
+    """The first :data:`CIFAR_CALIB` and the last :data:`CIFAR_HELDOUT` images of :data:`CIFAR` as ``.npz``."""
     import numpy as np
 
-    if not (RESNET32.is_file() and CIFAR.is_file()):
-        raise SystemExit(f"tune benchmark: {RESNET32} or {CIFAR} is missing (../shared/data); run --only without "
-                         "resnet32")
-    weights, calib, held = work / "resnet32.pt", work / "cifar_calib7000.npz", work / "cifar_heldout2000.npz"
-    if not (weights.is_file() and calib.is_file() and held.is_file()):
-        from export.atomic import atomic_path
+    from export.atomic import atomic_path
 
-        work.mkdir(parents=True, exist_ok=True)
-        state = torch.load(RESNET32, map_location="cpu", weights_only=True)["state_dict"]
-        model = cifar_resnet32()
-        model.load_state_dict({k.removeprefix("module."): v for k, v in state.items()}, strict=False)
-        with atomic_path(weights) as tmp:
-            torch.save(model.state_dict(), tmp)
-        with np.load(CIFAR) as data:
-            images, labels = data["x"], data["y"]
-        mean = np.asarray(IMAGENET_MEAN, np.float32).reshape(1, 3, 1, 1)
-        std = np.asarray(IMAGENET_STD, np.float32).reshape(1, 3, 1, 1)
-        x = ((images.transpose(0, 3, 1, 2).astype(np.float32) / 255 - mean) / std).astype(np.float32)
-        for path, rows in ((calib, slice(0, CIFAR_CALIB)), (held, slice(len(x) - CIFAR_HELDOUT, len(x)))):
-            with atomic_path(path) as tmp:
-                with open(tmp, "wb") as f:
-                    np.savez(f, x=x[rows], y=labels[rows].astype(np.int64))
-    return Case("resnet32", f"{THIS}:cifar_resnet32", str(weights), str(calib),
-                "pretrained CIFAR-10 ResNet-32 (akamaster, option-A shortcuts; ../shared/data) on CIFAR-10 test images "
-                f"decoded from JPEG: the first {CIFAR_CALIB} for calibration and recovery, the last {CIFAR_HELDOUT} "
-                "held out", eval_data=str(held), drops=(1.0,), recover_epochs=3)
+    calib.parent.mkdir(parents=True, exist_ok=True)
+    with np.load(CIFAR) as data:
+        images, labels = data["x"], data["y"]
+    mean = np.asarray(IMAGENET_MEAN, np.float32).reshape(1, 3, 1, 1)
+    std = np.asarray(IMAGENET_STD, np.float32).reshape(1, 3, 1, 1)
+    x = ((images.transpose(0, 3, 1, 2).astype(np.float32) / 255 - mean) / std).astype(np.float32)
+    for path, rows in ((calib, slice(0, CIFAR_CALIB)), (held, slice(len(x) - CIFAR_HELDOUT, len(x)))):
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, x=x[rows], y=labels[rows].astype(np.int64))
 
 
 CASES: dict[str, Callable[[Path], Case]] = {"mlp": mlp_case, "cnn": cnn_case, "resnet20": resnet20_case,
@@ -395,7 +437,7 @@ def refresh(doc: dict[str, Any], quick: bool) -> None:
 def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) -> dict[str, Any]:
     """One tune of ``case`` under ``drop``; its folder under ``work`` is rewritten, its cache shared per model."""
     from export.app.data import load_data
-    from export.app.models import load_model
+    from export.app.models import checked_dataset, load_model, packed_model
     from export.app.tune import ProcessExecutor, SpecSource, tune
     from export.app.tune.output import write_tune_dir
 
@@ -407,6 +449,10 @@ def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) 
     cfg = tune_config(drop, quick, case.recover_epochs)
     net = load_model(case.model, weights=case.weights)
     loaded = load_data(case.data, eval_spec=case.eval_data)
+    net = packed_model(net, loaded.calib.x, case.model)  # as the CLI and the workers: named inputs in forward order
+    calib = checked_dataset(net, loaded.calib, case.model, case.data)
+    held = None if loaded.evaluation is None else checked_dataset(net, loaded.evaluation, case.model,
+                                                                  case.eval_data or case.data)
     source = SpecSource(case.model, case.data, case.eval_data, case.weights)
     clock = StageClock(f"[{case.name} {drop:g}pp]", folder / "progress.log")
     load_start, started = os.getloadavg(), time.time()
@@ -414,7 +460,7 @@ def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) 
     executor = ProcessExecutor(workers)
     try:
         with clock.timing_accuracy_control():
-            report = tune(net, loaded.calib, loaded.evaluation, cfg, folder, cache, source, executor, clock)
+            report = tune(net, calib, held, cfg, folder, cache, source, executor, clock)
     finally:
         executor.close()
         clock.close()
