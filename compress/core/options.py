@@ -32,7 +32,7 @@ ALLOCATOR_NAMES = ("lagrangian", "energy", "uniform")
 STATS_DTYPE_NAMES = ("float64", "float32")
 #: The default of those: float32 products, float64 accumulation. ``benchmarks/stats_precision.json``: no rank
 #: ``factorize`` chooses changes on the four benchmark models (pretrained ResNet-32 on CIFAR-10 included) at MAC
-#: 0.9-0.3, and the statistics pass takes 0.45-0.48 of the float64 time on the ResNets. Tests that check identities
+#: 0.9-0.3, and the statistics pass takes 0.34-0.46 of the float64 time on the ResNets. Tests that check identities
 #: ask for float64 explicitly.
 DEFAULT_STATS_DTYPE = "float32"
 
