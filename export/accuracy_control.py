@@ -218,14 +218,20 @@ class _Quantiser:
                              calibration=self.calibration)
 
 
-def _check_plain(int8: QuantResult, fp32_path: Path, config: QuantConfig | None) -> None:
-    """``int8`` is a quantisation of ``fp32_path`` in ``config``'s format."""
+def _check_plain(int8: QuantResult, fp32_path: Path, config: QuantConfig | None, calib: Data | None) -> None:
+    """``int8`` is a calibrated quantisation of ``fp32_path`` in ``config``'s format, on as many samples as
+    ``calib`` has (ranges trained by quantisation-aware recovery are not the plain INT8's)."""
     config = (config or QuantConfig()).resolved()
     act_type, symmetric = config.activation() if config.mode == "static" else ("uint8", False)
     wanted = (fp32_path.resolve(), config.mode, config.target, act_type, symmetric, config.weight_type,
               config.per_channel)
     given = (Path(int8.fp32_path).resolve(), int8.mode, int8.target, int8.activation_type, int8.activation_symmetric,
              int8.weight_type, int8.per_channel)
+    samples = None if calib is None or config.mode != "static" else data_rows(calib)
+    if int8.range_source != "calibrated" or (samples is not None and int8.calibration_samples != samples):
+        raise ValueError(f"int8 ({int8.out_path}) has {int8.range_source} ranges from {int8.calibration_samples} "
+                         f"samples, not ranges calibrated on this calibration data's {samples}; pass the plain INT8 "
+                         "quantize_int8 wrote with this data, or none")
     if given != wanted:
         raise ValueError(f"int8 is the {int8.mode} {int8.target} INT8 of {int8.fp32_path}, not this config's of "
                          f"{fp32_path}; pass the plain INT8 quantize_int8 wrote of this model with this config, "
@@ -302,7 +308,7 @@ def quantize_with_accuracy_control(
     ensure_distinct(fp32_path, out_path)
     fp32_path, out_path, say = Path(fp32_path), Path(out_path), progress or logger.info
     if int8 is not None:
-        _check_plain(int8, fp32_path, config)
+        _check_plain(int8, fp32_path, config, calib)
     measure = _measurer(spec, fp32_path, eval_x if isinstance(eval_x, Mapping) else np.asarray(eval_x), eval_y,
                         threads)
     fp32_value = measure(fp32_path)

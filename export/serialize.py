@@ -34,7 +34,8 @@ def synthetic_example(example: torch.Tensor, rows: int = 2, seed: int = 0) -> to
     return torch.zeros(shape, dtype=example.dtype)
 
 
-def export_dims(axes: Mapping[str, Mapping[int, str]], names: list[str], module: nn.Module, min_size: int | None = None) -> tuple | None:
+def export_dims(axes: Mapping[str, Mapping[int, str]], names: list[str], module: nn.Module,
+                min_size: int | None = None) -> tuple | None:
     """torch.export dynamic shapes, one dict per input; one ``Dim`` object per dimension name (shared). A
     ``forward(*inputs)`` (:class:`~compress.core.inputs.PackedInputs`) gets them nested in one more tuple."""
     if not any(axes.values()):
@@ -51,7 +52,8 @@ def _no_suffix_warning() -> Iterator[None]:
     """Drop torch's log line about a program file name without ``.pt2`` (the name is the user's choice)."""
     package_log = logging.getLogger("torch.export.pt2_archive._package")
     drop = logging.Filter()
-    drop.filter = lambda record: not record.getMessage().startswith("Expect archive file")  # type: ignore[method-assign]
+    drop.filter = lambda record: (  # type: ignore[method-assign]
+        not record.getMessage().startswith("Expect archive file"))
     package_log.addFilter(drop)
     try:
         yield

@@ -130,6 +130,7 @@ class _Axis:
 
 
 def _axes(layer: nn.modules.conv._ConvNd, spatial: Sequence[int]) -> list[_Axis]:
+    """The :class:`_Axis` of each spatial axis of ``layer`` on inputs of size ``spatial``."""
     pad, nd = _conv_padding(layer), len(spatial)  # F.pad order: last axis first, (left, right) pairs
     return [_Axis(size, pad[2 * (nd - 1 - i)], max(0, size + pad[2 * (nd - 1 - i)] + pad[2 * (nd - 1 - i) + 1]
                                                    - layer.dilation[i] * (layer.kernel_size[i] - 1)), layer.dilation[i])
@@ -137,18 +138,28 @@ def _axes(layer: nn.modules.conv._ConvNd, spatial: Sequence[int]) -> list[_Axis]
 
 
 @dataclass(frozen=True)
+class _Slab:
+    """Edge positions of a shift to subtract (or add back) for a subset of axes: per axis of ``axes``, the positions
+    and each kernel offset pair's membership of them (pairs × positions)."""
+
+    axes: tuple[int, ...]
+    positions: tuple[torch.Tensor, ...]
+    members: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
 class _Shift:
     """One kernel shift Δ ≥ 0 of :func:`shifted_moments`: its flat row offset, the kernel offset pairs (δ, δ+Δ) it
-    fills (flat indices), which of them read any position, and per subset of axes with trimmed edges: the padded
-    edge positions per axis and each pair's membership of them (pairs × positions)."""
+    fills (flat indices), which of them read any position, and its edge slabs (one per subset of the axes with
+    trimmed edges)."""
 
     offset: int
     pairs: tuple[tuple[int, int], ...]
     valid: torch.Tensor
-    slabs: tuple[tuple[tuple[int, ...], tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]], ...]
+    slabs: tuple[_Slab, ...]
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256)  # a pure function of hashable geometry: one plan per layer shape, not per batch
 def _shift_plan(kernel: tuple[int, ...], axes: tuple[_Axis, ...],
                 dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[_Shift, ...]]:
     """The padded spatial shape and the shifts of a stride-1 convolution on inputs of one spatial size (cached:
@@ -166,9 +177,9 @@ def _shift_plan(kernel: tuple[int, ...], axes: tuple[_Axis, ...],
         starts = [o for o in offsets if tuple(map(sum, zip(o, shift))) in index]
         trims = [[ax.trimmed(o, p) for ax, o, p in zip(axes, off, pix)] for off in starts]
         edges = [sorted({i for ts in trims if ts[n] is not None for i in ts[n]}) for n in range(len(axes))]
-        slabs = tuple((sub, tuple(torch.tensor(edges[n]) for n in sub),
-                       tuple(torch.tensor([[float(e in (ts[n] or ())) for e in edges[n]] for ts in trims], dtype=dtype)
-                             for n in sub))
+        slabs = tuple(_Slab(sub, tuple(torch.tensor(edges[n]) for n in sub),
+                            tuple(torch.tensor([[float(e in (ts[n] or ())) for e in edges[n]] for ts in trims],
+                                               dtype=dtype) for n in sub))
                       for sub in _subsets([n for n, e in enumerate(edges) if e]))
         shifts.append(_Shift(sum(p * st for p, st in zip(pix, strides)),
                              tuple((index[o], index[tuple(map(sum, zip(o, shift)))]) for o in starts),
@@ -192,6 +203,9 @@ def shifted_moments(layer: nn.modules.conv._ConvNd, x: torch.Tensor,
         The sum, (1, fan_in, fan_in) in ``dtype`` in the column order of :func:`conv_patches`, and the number of
         patches summed.
     """
+    if not _shift_structured(layer):
+        raise ValueError(f"shifted_moments takes a stride-1, zero-padded, ungrouped convolution with a kernel of more "
+                         f"than one position, not {layer}; use layer_rows")
     ks, c = tuple(layer.kernel_size), x.shape[1]
     axes = tuple(_axes(layer, x.shape[2:]))
     padded, shifts = _shift_plan(ks, axes, dtype)
@@ -215,14 +229,14 @@ def _shift_blocks(a: torch.Tensor, b: torch.Tensor, shape: tuple[int, ...], shif
     out = (a.T @ b).expand(len(shift.pairs), -1, -1)
     grid_a, grid_b = a.reshape(*shape, -1), b.reshape(*shape, -1)
     letters = "hijklm"[: len(shape) - 1]
-    for sub, positions, members in shift.slabs:
+    for edge in shift.slabs:
         sa, sb = grid_a, grid_b
-        for n, p in zip(sub, positions):
+        for n, p in zip(edge.axes, edge.positions):
             sa, sb = sa.index_select(1 + n, p), sb.index_select(1 + n, p)
-        slab = torch.einsum(f"z{letters}c,z{letters}d->{''.join(letters[n] for n in sub)}cd", sa, sb)
-        for step, member in enumerate(members):  # sum each pair's trimmed positions, one axis at a time
+        slab = torch.einsum(f"z{letters}c,z{letters}d->{''.join(letters[n] for n in edge.axes)}cd", sa, sb)
+        for step, member in enumerate(edge.members):  # sum each pair's trimmed positions, one axis at a time
             slab = torch.einsum("e...,oe->o..." if step == 0 else "oe...,oe->o...", slab, member)
-        out = out + (-1) ** len(sub) * slab
+        out = out + (-1) ** len(edge.axes) * slab
     return out * shift.valid[:, None, None]
 
 
@@ -233,10 +247,11 @@ def _subsets(axes: list[int]) -> list[tuple[int, ...]]:
 
 def _bytes_per_sample(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> int:
     """Extra memory one sample of ``x`` takes while its moments are summed: its rows and their cast, or for a
-    shift-structured convolution (:func:`shifted_moments`) its two shifted casts."""
+    shift-structured convolution (:func:`shifted_moments`) its zero-padded channels-last copy."""
     width = torch.finfo(dtype).bits // 8
     if _shift_structured(layer):
-        return x[:1].numel() * (x.element_size() + 2 * width)
+        reach = [(n - 1) * d for n, d in zip(layer.kernel_size, layer.dilation)]
+        return x.shape[1] * math.prod(n + r for n, r in zip(x.shape[2:], reach)) * width
     return layer_rows(layer, x[:1]).numel() * (x.element_size() + width)
 
 
@@ -291,7 +306,8 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
     Args:
         model: the model to run; ``layers`` are its submodules by qualified name.
         batch_size: samples per forward pass.
-        memory_cap_bytes: bound on the unfolded rows (and their cast) held at once per layer.
+        memory_cap_bytes: bound on the extra memory held at once per layer (unfolded rows and their cast, or a
+            padded copy of the input).
         dtype: precision of the per-chunk products XᵀX (default :data:`DEFAULT_STATS_DTYPE`; "float64" where an
             identity is checked); accumulation across chunks is always float64.
 

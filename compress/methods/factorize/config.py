@@ -41,8 +41,8 @@ class FactorizeConfig(BudgetOptions):
     stats_dtype: str = field(
         default=DEFAULT_STATS_DTYPE,
         metadata={"help": "Precision of the per-chunk XᵀX products, accumulated in float64; default "
-                          f"{DEFAULT_STATS_DTYPE} (benchmarks/stats_precision.json: the same ranks, half the time; float64 for "
-                          "identity checks).",
+                          f"{DEFAULT_STATS_DTYPE} (benchmarks/stats_precision.json: the same ranks, half the time; "
+                          "float64 for identity checks).",
                   "choices": STATS_DTYPE_NAMES})
     cache_dir: str | None = field(
         default=None,

@@ -1,6 +1,8 @@
 """Second-moment collection: im2col matches the convolution, shifted views match im2col, chunking under a memory
 cap changes nothing."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -90,14 +92,56 @@ def test_shifted_moments_equal_the_patch_gram(conv: nn.Module, size: int) -> Non
     """Σ ppᵀ from shifted views equals the Gram of the unfolded patches, also on inputs no larger than the kernel."""
     torch.manual_seed(2)
     x = torch.randn(3, conv.in_channels, *([size] * (conv.weight.dim() - 2)), dtype=torch.float64)
+    _assert_exact(conv, x)
+
+
+def _assert_exact(conv: nn.Module, x: torch.Tensor) -> None:
+    """shifted_moments of ``x`` equals the Gram of its unfolded patches (zero and no patch without an output)."""
     total, count = shifted_moments(conv, x)
-    reach = conv.dilation[-1] * (conv.kernel_size[-1] - 1) + 1  # every SHIFTED conv is the same along each axis
-    if conv.padding != "same" and size + 2 * conv.padding[-1] < reach:  # no output position: nothing is summed
+    pads = [conv.padding[i] if conv.padding != "same" else None for i in range(x.dim() - 2)]
+    reach = [d * (k - 1) + 1 for d, k in zip(conv.dilation, conv.kernel_size)]
+    if any(p is not None and n + 2 * p < r for n, p, r in zip(x.shape[2:], pads, reach)):  # no output position
         assert count == 0 and not total.any()
         return
     rows = conv_patches(conv, x)
     assert count == rows.shape[0]
     torch.testing.assert_close(total[0], rows.T @ rows, rtol=1e-12, atol=1e-12)
+
+
+def test_shifted_moments_are_exact_on_random_geometries() -> None:
+    """Seeded sweep: 1-3 D, per-axis kernels 1-4, dilations 1-3, paddings 0-3 or 'same', non-square inputs 1-7."""
+    rng = torch.Generator().manual_seed(4)
+    draw = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=rng))  # noqa: E731
+    checked = 0
+    while checked < 60:
+        nd = draw(1, 3)
+        kernel = tuple(draw(1, 4) for _ in range(nd))
+        if math.prod(kernel) == 1:
+            continue
+        padding = "same" if draw(0, 3) == 0 else tuple(draw(0, 3) for _ in range(nd))
+        conv = getattr(nn, f"Conv{nd}d")(draw(1, 3), 2, kernel, padding=padding,
+                                         dilation=tuple(draw(1, 3) for _ in range(nd))).double()
+        _assert_exact(conv, torch.randn(draw(1, 3), conv.in_channels, *(draw(1, 7) for _ in range(nd)),
+                                        generator=rng, dtype=torch.float64))
+        checked += 1
+
+
+@pytest.mark.parametrize("conv", [nn.Conv2d(2, 2, 3, stride=2), nn.Conv2d(2, 2, 3, groups=2),
+                                  nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect"), nn.Conv2d(2, 2, 1)],
+                         ids=["stride", "groups", "reflect", "1x1"])
+def test_shifted_moments_refuse_what_they_do_not_sum(conv: nn.Module) -> None:
+    with pytest.raises(ValueError, match="use layer_rows"):
+        shifted_moments(conv, torch.randn(1, 2, 6, 6))
+
+
+def test_shifted_path_under_a_tiny_memory_cap_is_chunked_and_exact() -> None:
+    torch.manual_seed(5)
+    conv = nn.Conv2d(3, 4, 3, padding=1).double()
+    data = Dataset(torch.randn(5, 3, 6, 7, dtype=torch.float64))
+    tiny = collect_moments(conv, {"c": conv}, data, batch_size=5, memory_cap_bytes=1, dtype="float64")["c"]
+    rows = conv_patches(conv, data.x)
+    assert tiny.chunks == 5 and tiny.over_cap and tiny.rows == rows.shape[0]
+    torch.testing.assert_close(tiny.moment[0], rows.T @ rows / rows.shape[0], rtol=1e-12, atol=1e-12)
 
 
 def test_collect_moments_sums_stride_one_convolutions_from_shifts(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,3 +65,19 @@ def test_compress_imports_no_onnx(tmp_path: Path, factory_file: Path) -> None:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["codes"] == [0], proc.stderr
     assert result["heavy"] == ["torch"] and (tmp_path / "small.pt2").is_file() and (tmp_path / "r.json").is_file()
+
+
+def test_the_console_script_exits_with_the_command_s_code_and_all_its_output(tmp_path: Path,
+                                                                             factory_file: Path) -> None:
+    """``console()`` skips the interpreter's teardown once torch is loaded: the exit code, stdout, stderr and the
+    files a command wrote are all there (a success, and a failure after torch was loaded)."""
+    entry = "from export.app.cli import console; console()"
+    base = ["compress", f"{factory_file}:make", "--method", "svd", "--mac-ratio", "0.8", "--calib-holdout", "0",
+            "--out", str(tmp_path / "small.pt2")]
+    ok = subprocess.run([sys.executable, "-c", entry, *base, "--calib", f"{factory_file}:data", "--report",
+                         str(tmp_path / "r.json")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "saved" in ok.stdout and json.loads((tmp_path / "r.json").read_text())["method"] == "svd"
+    bad = subprocess.run([sys.executable, "-c", entry, *base, "--calib", str(tmp_path / "missing.npz")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "missing.npz" in bad.stderr and bad.stderr.rstrip().count("\n") <= 3, bad.stderr
