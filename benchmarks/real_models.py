@@ -445,10 +445,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--plan", action="store_true", help="print the cells and their `minreal tune` command lines; stop")
     ap.add_argument("--quick", action="store_true", help="smoke test: svd only, grid 0.8/0.5, short protocols")
     args = ap.parse_args()
-    args.only = [m.strip() for m in args.only.split(",") if m.strip()]
-    unknown = sorted(set(args.only) - set(MODELS))
-    if unknown:
-        ap.error(f"unknown model {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    tb.check_only_and_quick(ap, args, MODELS, "real_models.json")
     try:
         args.drops = tuple(sorted({float(d) for d in args.drops.split(",") if d.strip()}))
     except ValueError:
@@ -457,10 +454,6 @@ def parse() -> argparse.Namespace:
         ap.error(f"--drops takes budgets in [0, 100) pp, got {list(args.drops)}")
     if args.refresh and not args.out.is_file():
         ap.error(f"--refresh derives the cells of {args.out} again, which does not exist")
-    if args.quick and args.out.resolve() == (tb.ROOT / "benchmarks" / "real_models.json").resolve():
-        ap.error("--quick needs its own --out (it must not overwrite benchmarks/real_models.json)")
-    if args.quick:
-        args.work = args.work / "quick"
     return args
 
 

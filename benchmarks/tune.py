@@ -603,15 +603,21 @@ def parse() -> argparse.Namespace:
                     help="re-derive the runs in --out from their tune folders' report.json (no tuning)")
     ap.add_argument("--quick", action="store_true", help="smoke test: svd only, grid 0.8/0.5, short protocols")
     args = ap.parse_args()
+    check_only_and_quick(ap, args, CASES, "tune.json")
+    return args
+
+
+def check_only_and_quick(ap: argparse.ArgumentParser, args: argparse.Namespace, names: Any, document: str) -> None:
+    """``args.only`` as a list of names from ``names`` (else a usage error), and ``--quick`` kept off
+    ``benchmarks/DOCUMENT`` with its work in a ``quick`` subfolder (shared by this file and real_models.py)."""
     args.only = [m.strip() for m in args.only.split(",") if m.strip()]
-    unknown = sorted(set(args.only) - set(CASES))
+    unknown = sorted(set(args.only) - set(names))
     if unknown:
-        ap.error(f"unknown model {', '.join(unknown)}; choose from {', '.join(CASES)}")
-    if args.quick and args.out.resolve() == (ROOT / "benchmarks" / "tune.json").resolve():
-        ap.error("--quick needs its own --out (it must not overwrite benchmarks/tune.json)")
+        ap.error(f"unknown model {', '.join(unknown)}; choose from {', '.join(names)}")
+    if args.quick and args.out.resolve() == (ROOT / "benchmarks" / document).resolve():
+        ap.error(f"--quick needs its own --out (it must not overwrite benchmarks/{document})")
     if args.quick:
         args.work = args.work / "quick"
-    return args
 
 
 def main() -> None:
