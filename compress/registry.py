@@ -17,6 +17,7 @@ from runtime_bench.facts import error_line
 
 from .core.errors import CompressionError, UnknownMethodError
 from .core.lazy import LazyCallable
+from .core.measuring import method_measurements
 from .core.options import BUDGET_FIELDS, field_clash, flag_of
 from .core.recover_options import RecoveryConfig
 from .core.report import CompressionReport
@@ -311,7 +312,9 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
     """The per-budget phase: the compressed module for ``config``'s budget from ``prepared``, with the shared cost
     fields, the output comparison on the prepared data and an optional recovery, as :func:`compress` gives.
     ``measure=False`` skips the output comparison on the prepared data (a pass of both models over all of it) for a
-    caller that measures the result on its own held-out data (``tune``); a method's own measurements stay.
+    caller that measures the result on its own held-out data (``tune``), and a method's optional measurements on
+    that data (:func:`~compress.core.measuring.measuring`: fde's float64 output deviation on the graph path); the
+    measurements a method's result rests on (fde's bound on an MLP) stay.
 
     Raises:
         ValueError: ``config`` differs from the prepared one in a field the prepared state depends on.
@@ -327,7 +330,8 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
     recovery = finetune_alias(cfg, recovery, data)
     budget = _requested_budget(spec, cfg)
     t0 = time.perf_counter()
-    new, report = spec.realise(prepared.state, cfg) if spec.two_phase else spec.run(model, data, cfg)
+    with method_measurements(measure):
+        new, report = spec.realise(prepared.state, cfg) if spec.two_phase else spec.run(model, data, cfg)
     if spec.two_phase:
         report.timings_s.update(prepare=prepared.seconds, realise=time.perf_counter() - t0)
     fill_costs(report, model, new, data.x[: min(len(data), 8)])

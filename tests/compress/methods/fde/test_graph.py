@@ -262,6 +262,26 @@ def test_tolerance_merges_near_duplicates() -> None:
     assert 0 < loose.measured["max_output_deviation_data_float64"] < 0.05
 
 
+
+def test_measure_off_skips_only_the_float64_deviation_pass() -> None:
+    """``measure=False`` (a caller measuring on its own held-out data) skips the pass of both models over the data
+    and nothing else: the same merges, the same weights; the flag does not leak into the next call."""
+    model = _planted_plain(nn.ReLU())
+    with torch.no_grad():
+        model.conv1.weight[5] = model.conv1.weight[0] + 1e-4 * torch.randn(3, 3, 3)
+        model.conv1.bias[5] = model.conv1.bias[0]
+    _copy_bn(model.bn1, 0, 5)
+    cfg = FDEConfig(merge_eps=0.05, remove_dead=False)
+    measured_new, measured = compress(model, Dataset(_images()), "fde", cfg)
+    quiet_new, quiet = compress(model, Dataset(_images()), "fde", cfg, measure=False)
+    assert "max_output_deviation_data_float64" in measured.measured
+    assert not any(k.startswith("max_output_deviation_data") for k in quiet.measured)
+    assert quiet.layers[0].details["merged_blocks"] == measured.layers[0].details["merged_blocks"]
+    a, b = measured_new.state_dict(), quiet_new.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    _, again = compress(model, Dataset(_images()), "fde", cfg)
+    assert "max_output_deviation_data_float64" in again.measured
+
 def test_dead_channels_removed_exactly_on_the_data() -> None:
     model = _planted_residual()
     with torch.no_grad():
@@ -319,11 +339,16 @@ def test_budget_met_by_bisecting_eps(kind: str) -> None:
     torch.manual_seed(11)
     model = _ResidualNet().eval()
     _randomise_bn(model)
-    _, rep = compress(model, Dataset(_images()), "fde", FDEConfig(**{kind: 0.6}))
+    new, rep = compress(model, Dataset(_images()), "fde", FDEConfig(**{kind: 0.6}))
     achieved = rep.param_ratio if kind == "param_ratio" else rep.mac_ratio
     assert achieved <= 0.6 and rep.predicted["budget"]["achieved"] == achieved
     assert rep.predicted["budget_cost_ratio"] == pytest.approx(achieved)
-    assert 0 < rep.predicted["merge_eps_reached"] == rep.predicted["merge_eps"] <= 2
+    eps = rep.predicted["merge_eps_reached"]
+    assert 0 < eps == rep.predicted["merge_eps"] <= 2
+    # the bisection costs a cut once per set of leaders; the model it returns is the merge at the ε it reached
+    at_eps, _ = compress(model, Dataset(_images()), "fde", FDEConfig(merge_eps=eps))
+    a, b = new.state_dict(), at_eps.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_unreachable_budget_names_the_smallest_ratio() -> None:
