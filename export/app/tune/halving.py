@@ -3,7 +3,8 @@
 Recovery is what a tune cannot make cheap: it trains. So the recovered candidates are not bisected at the full
 recovery budget; they race. The pool is, per method, the ``per_method`` grid budgets just below the smallest budget
 its zero-shot search met (recovery only matters where the zero-shot model misses: above that boundary the zero-shot
-model is as fast and already feasible). Every candidate of the pool gets the first rung, a fraction of the recovery
+model is as fast and already feasible), less the budgets whose zero-shot model is one a larger budget of the same
+method already brings. Every candidate of the pool gets the first rung, a fraction of the recovery
 cap (the same epochs on a seeded subsample of the calibration data). Then, at each rung:
 
 - a candidate that meets the constraint is done: it is a real candidate already (exported and timed like any other;
@@ -21,10 +22,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 __all__ = ["Halving", "RungEntry", "HALVING_ETA", "HALVING_RUNGS", "HALVING_PER_METHOD", "halving_pool",
-           "rung_fractions"]
+           "rung_fractions", "zero_shot_fingerprint"]
 
 HALVING_ETA = 3
 """Each rung keeps a third of its candidates and gives them three times the recovery."""
@@ -41,17 +42,36 @@ def rung_fractions(eta: int = HALVING_ETA, rungs: int = HALVING_RUNGS) -> tuple[
     return tuple(float(eta) ** -(rungs - 1 - i) for i in range(rungs))
 
 
-def halving_pool(grid: Sequence[float], boundaries: dict[str, float | None], per_method: int = HALVING_PER_METHOD
-                 ) -> list[tuple[str, float]]:
+def halving_pool(grid: Sequence[float], boundaries: dict[str, float | None], per_method: int = HALVING_PER_METHOD,
+                 models: Mapping[tuple[str, float], Hashable] | None = None) -> list[tuple[str, float]]:
     """``(method, budget)`` pairs that enter the first rung: for each method the ``per_method`` largest grid
     budgets below its zero-shot boundary (the smallest budget its zero-shot model met; None: it met none, so the
-    largest budgets of the grid)."""
+    largest budgets of the grid). ``models``: a fingerprint of each probed ``(method, budget)``'s zero-shot model
+    (:func:`zero_shot_fingerprint`); of those budgets, one whose model a larger one of its method already brings
+    is left out (a width allocator whose coarse step overshoots realises several budgets as one model, and
+    recovering the same model twice tells nothing), without another budget taking its place."""
     ordered = sorted(set(grid), reverse=True)
+    models = models or {}
     pool = []
     for method, boundary in boundaries.items():
         below = [b for b in ordered if boundary is None or b < boundary]
-        pool += [(method, b) for b in below[:per_method]]
+        seen: set[Hashable] = set()
+        for b in below[:per_method]:
+            fingerprint = models.get((method, b))
+            if fingerprint is not None and fingerprint in seen:
+                continue
+            seen.add(fingerprint)
+            pool.append((method, b))
     return pool
+
+
+def zero_shot_fingerprint(mac_ratio: float | None, param_ratio: float | None, quality: Mapping[str, float]
+                          ) -> Hashable | None:
+    """What tells two zero-shot models of one method apart without their weights: the cost ratios they reached and
+    every held-out metric, exactly (None when a probe gave none of them: never equal to another)."""
+    if mac_ratio is None or not quality:
+        return None
+    return (mac_ratio, param_ratio, tuple(sorted(quality.items())))
 
 
 @dataclass
