@@ -86,7 +86,7 @@ def _run(tree: Path, args: list[str], out: Path) -> tuple[float, int, dict[str, 
 
 
 def main() -> None:
-    from _common import write_json
+    from _common import cpu_share, cpu_times, write_json
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/tool_cost.json"))
@@ -102,12 +102,15 @@ def main() -> None:
     runs: dict[str, dict[str, list[float]]] = {name: {t: [] for t in trees} for name in cmds}
     codes: dict[str, dict[str, int]] = {name: {} for name in cmds}
     timings: dict[str, dict[str, list[dict[str, float]]]] = {name: {t: [] for t in trees} for name in cmds}
+    shares: dict[str, dict[str, list[dict[str, float] | None]]] = {name: {t: [] for t in trees} for name in cmds}
     try:
         for name, argv in cmds.items():
             repeats = max(3, args.repeats // 2) if name == "compress_factorize" else args.repeats
             for i in range(repeats):
                 for tree_name, tree in (trees.items() if i % 2 == 0 else reversed(trees.items())):
+                    before_run = cpu_times()
                     seconds, code, phases = _run(tree, argv, args.work / f"out-{tree_name}.pt2")
+                    shares[name][tree_name].append(cpu_share(before_run, cpu_times()))
                     runs[name][tree_name].append(round(seconds, 3))
                     if phases:
                         timings[name][tree_name].append(phases)
@@ -124,12 +127,15 @@ def main() -> None:
                          "exit_codes": codes[name], "after_over_before": round(med["after"] / med["before"], 3),
                          "goal_s": GOALS_S.get(name),
                          "within_goal": None if name not in GOALS_S else med["after"] <= GOALS_S[name],
+                         "cpu_share": shares[name],
                          **({"report_timings_s": timings[name]} if any(timings[name].values()) else {})}
     write_json(args.out, {"usage": USAGE, "issue": 27, "before": args.before,
                           "head": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                                  text=True).stdout.strip(),
                           "cpus": os.cpu_count(), "loadavg_end": list(os.getloadavg()),
-                          "method": "fresh process per run, alternated before/after, seconds from start to exit",
+                          "method": "fresh process per run, alternated before/after, seconds from start to exit; "
+                                    "cpu_share per run: the machine's busy/idle/steal shares while it ran (steal: "
+                                    "a virtual machine's host took the CPU back)",
                           "results": results})
     _say(f"wrote {args.out}")
 

@@ -440,6 +440,7 @@ def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) 
     from export.app.models import checked_dataset, load_model, packed_model
     from export.app.tune import ProcessExecutor, SpecSource, tune
     from export.app.tune.output import write_tune_dir
+    from _common import cpu_share, cpu_times  # benchmarks/ is on sys.path when this file runs as a script
 
     tag = "" if workers == 1 else f"_workers{workers}"
     folder, cache = work / f"{case.name}_drop{drop:g}{tag}", work / "cache" / f"{case.name}{tag}"
@@ -455,7 +456,7 @@ def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) 
                                                                   case.eval_data or case.data)
     source = SpecSource(case.model, case.data, case.eval_data, case.weights)
     clock = StageClock(f"[{case.name} {drop:g}pp]", folder / "progress.log")
-    load_start, started = os.getloadavg(), time.time()
+    load_start, started, cpu_start = os.getloadavg(), time.time(), cpu_times()
     cfg = dataclasses.replace(cfg, workers=workers)
     executor = ProcessExecutor(workers)
     try:
@@ -471,7 +472,8 @@ def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) 
               "cache": "cold (empty cache directory)" if cached_before == 0 else
                        f"warm ({cached_before} cached candidates of the model's earlier tune)",
               "candidate_seconds": candidate_seconds(cache, started), "loadavg_start": list(load_start),
-              "loadavg_end": list(os.getloadavg()), "cli": cli_line(case, drop, cache, cfg, workers),
+              "loadavg_end": list(os.getloadavg()), "cpu_share": cpu_share(cpu_start, cpu_times()),
+              "cli": cli_line(case, drop, cache, cfg, workers),
               "folder": str(folder), "workers": workers}
     timing["goal_s"] = case.goal_s
     timing["within_goal"] = wall <= case.goal_s
