@@ -61,6 +61,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import tune as tb  # noqa: E402  (benchmarks/tune.py; benchmarks/ is on sys.path: this file runs as a script)
+from recovery import Compressed  # noqa: E402  (benchmarks/recovery.py: a method's model at one ratio, its record)
 from compress.core.data import Dataset  # noqa: E402
 from compress.core.errors import CompressionError  # noqa: E402
 from compress.core.evaluate import predict  # noqa: E402
@@ -130,14 +131,6 @@ def original_record(case: Case) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- compression
-@dataclass
-class Compressed:
-    """A method's model at one ratio (None when it refused) and what its cells record about it."""
-
-    model: nn.Module | None
-    info: dict[str, Any]
-
-
 def _report_info(report: Any) -> dict[str, Any]:
     return {"mac_ratio_reached": report.mac_ratio, "macs_after": report.macs_after,
             "params_after": report.params_after}
