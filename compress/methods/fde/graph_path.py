@@ -2,7 +2,8 @@
 :func:`compress.core.width.apply_cuts`, a whole-model MAC or parameter budget met by bisecting ε.
 
 No output-deviation bound here: the interval bound (:mod:`.bound`) is for Linear chains (the MLP path); this
-path reports the deviation measured on the calibration data.
+path reports the deviation measured on the calibration data, unless the caller measures on its own held-out data
+(:func:`compress.core.measuring.measuring`), which the report's notes then say.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def _meet_budget(model: nn.Module, wg: WidthGraph, lumper: Lumper, cfg: "FDEConf
             lo = eps
         if hi == 0.0:
             break
-    if best is None or best.eps != hi:  # a cut costed earlier at another ε: its merges' scales are those of ``hi``
+    if best is None:  # the cut at ``hi`` was a memo hit (costed at another ε): build it, with the merges of ``hi``
         best = _lump(wg, lumper, hi)
     report.predicted.update({"merge_eps_reached": hi, "budget_cost_ratio": ratio})
     report.notes.append(f"{flag} {target:g}: merge tolerance bisected to ε = {hi:.4g} (cost ratio {ratio:.3g}); "
@@ -158,8 +159,9 @@ def _fill_report(report: CompressionReport, plans: dict[str, GroupPlan], lumped:
         "block_merges": lumped.stats.merges,
         "merge_eps": lumped.eps, "groups_left_whole": whole})
     report.notes += [
-        "graph path: no output-deviation bound (the interval bound is MLP-only); the deviation is measured on the "
-        "calibration data",
+        "graph path: no output-deviation bound (the interval bound is MLP-only); " + (
+            "the deviation is measured on the calibration data" if measuring() else
+            "the deviation is not measured here: the caller measures the result on its own held-out data"),
         f"{merged} channels merged in {sum(lr.action == 'merged' for lr in report.layers)} channel groups "
         f"({lumped.stats.splits} block splits refining the exact partition, {lumped.stats.merges} block merges at "
         f"ε = {lumped.eps:g}; {lumped.stats.sweeps} sweeps); {dead} dead channels removed "

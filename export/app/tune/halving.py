@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Mapping, Sequence
 
 __all__ = ["Halving", "RungEntry", "HALVING_ETA", "HALVING_RUNGS", "HALVING_PER_METHOD", "halving_pool",
-           "rung_fractions", "zero_shot_fingerprint"]
+           "halving_twins", "rung_fractions"]
 
 HALVING_ETA = 3
 """Each rung keeps a third of its candidates and gives them three times the recovery."""
@@ -46,32 +46,41 @@ def halving_pool(grid: Sequence[float], boundaries: dict[str, float | None], per
                  models: Mapping[tuple[str, float], Hashable] | None = None) -> list[tuple[str, float]]:
     """``(method, budget)`` pairs that enter the first rung: for each method the ``per_method`` largest grid
     budgets below its zero-shot boundary (the smallest budget its zero-shot model met; None: it met none, so the
-    largest budgets of the grid). ``models``: a fingerprint of each probed ``(method, budget)``'s zero-shot model
-    (:func:`zero_shot_fingerprint`); of those budgets, one whose model a larger one of its method already brings
-    is left out (a width allocator whose coarse step overshoots realises several budgets as one model, and
-    recovering the same model twice tells nothing), without another budget taking its place."""
+    largest budgets of the grid). ``models``: the digest of each probed ``(method, budget)``'s zero-shot model
+    (:func:`export.app.tune.candidate.state_digest`; None or absent: unknown, never equal to another); of those
+    budgets, one whose model a larger one of its method already brings is left out (a width allocator whose coarse
+    step overshoots realises several budgets as one model, and recovering the same model twice tells nothing),
+    without another budget taking its place. Only budgets the zero-shot search probed have a digest: with the
+    default two budgets per method, both are probed (the failed boundary, or 0.9 and 0.8 when nothing met)."""
+    return [c for c, _ in _pool_and_twins(grid, boundaries, per_method, models or {})]
+
+
+def halving_twins(grid: Sequence[float], boundaries: dict[str, float | None], per_method: int = HALVING_PER_METHOD,
+                  models: Mapping[tuple[str, float], Hashable] | None = None) -> list[tuple[str, float, float]]:
+    """``(method, budget left out, budget raced instead)`` for each budget :func:`halving_pool` leaves out."""
+    return [(m, b, twin) for (m, b), twin in _pool_and_twins(grid, boundaries, per_method, models or {}, twins=True)]
+
+
+def _pool_and_twins(grid: Sequence[float], boundaries: dict[str, float | None], per_method: int,
+                    models: Mapping[tuple[str, float], Hashable], twins: bool = False
+                    ) -> list[tuple[tuple[str, float], float | None]]:
+    """The pool's pairs (``twins=False``) or the left-out ones with the budget that brings their model."""
     ordered = sorted(set(grid), reverse=True)
-    models = models or {}
-    pool = []
+    out: list[tuple[tuple[str, float], float | None]] = []
     for method, boundary in boundaries.items():
         below = [b for b in ordered if boundary is None or b < boundary]
-        seen: set[Hashable] = set()
+        seen: dict[Hashable, float] = {}
         for b in below[:per_method]:
-            fingerprint = models.get((method, b))
-            if fingerprint is not None and fingerprint in seen:
+            digest = models.get((method, b))
+            if digest is not None and digest in seen:
+                if twins:
+                    out.append(((method, b), seen[digest]))
                 continue
-            seen.add(fingerprint)
-            pool.append((method, b))
-    return pool
-
-
-def zero_shot_fingerprint(mac_ratio: float | None, param_ratio: float | None, quality: Mapping[str, float]
-                          ) -> Hashable | None:
-    """What tells two zero-shot models of one method apart without their weights: the cost ratios they reached and
-    every held-out metric, exactly (None when a probe gave none of them: never equal to another)."""
-    if mac_ratio is None or not quality:
-        return None
-    return (mac_ratio, param_ratio, tuple(sorted(quality.items())))
+            if digest is not None:
+                seen[digest] = b
+            if not twins:
+                out.append(((method, b), None))
+    return out
 
 
 @dataclass
@@ -100,6 +109,8 @@ class Halving:
     eta: int
     pool: list[tuple[str, float]]
     rungs: list[list[RungEntry]] = field(default_factory=list)
+    twins: list[tuple[str, float, float]] = field(default_factory=list)
+    """``(method, budget, raced as)``: budgets left out of the pool because a larger one realised the same model."""
 
     def promote(self, entries: list[RungEntry]) -> list[tuple[str, float]]:
         """Mark ``entries`` (one rung) and return the candidates that go on to the next rung."""
@@ -132,7 +143,7 @@ class Halving:
     def record(self) -> dict[str, Any]:
         """JSON-safe: the fractions, and each rung's candidates with their loss and outcome."""
         return {"eta": self.eta, "fractions": list(self.fractions),
-                "pool": [[m, b] for m, b in self.pool],
+                "pool": [[m, b] for m, b in self.pool], "twins": [list(t) for t in self.twins],
                 "rungs": [[{"method": e.method, "budget": e.budget, "fraction": e.fraction, "samples": e.samples,
                             "loss": e.loss, "meets": e.meets, "seconds": round(e.seconds, 2), "outcome": e.outcome}
                            for e in rung] for rung in self.rungs]}

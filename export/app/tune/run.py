@@ -44,7 +44,7 @@ from .candidate import (CandidateResult, CandidateSpec, Job, LoadedSource, evalu
 from .config import Constraint, Protocol, Quality, TuneConfig, TuneError
 from .executor import Executor, InlineExecutor
 from .front import Point, choose, pareto_front
-from .halving import Halving, RungEntry, halving_pool, rung_fractions, zero_shot_fingerprint
+from .halving import Halving, RungEntry, halving_pool, halving_twins, rung_fractions
 from .search import BudgetSearch, Probe
 
 __all__ = ["tune", "TuneReport", "Candidate", "TUNE_SCHEMA_VERSION", "default_methods", "BASELINES", "BenchJob",
@@ -351,17 +351,17 @@ def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch]
            say: Progress) -> Halving:
     """Successive halving of the recovered candidates below each method's zero-shot boundary."""
     fractions = rung_fractions(cfg.halving_eta, cfg.halving_rungs)
-    models = {(r.spec.method, r.spec.mac_ratio): zero_shot_fingerprint(r.mac_ratio, r.param_ratio, r.quality)
-              for r in results if r.spec.variant is None and not r.spec.recover_epochs and not r.error}
+    zero_shot = {(r.spec.method, r.spec.mac_ratio): r for r in results
+                 if r.spec.variant is None and not r.spec.recover_epochs and not r.error}
+    models = {k: r.weights_digest for k, r in zero_shot.items()}
     boundaries = {m: searches[(m, 0)].smallest() for m in methods}
     pool = halving_pool(cfg.grid, boundaries, cfg.halving_per_method, models)
-    for m, b in halving_pool(cfg.grid, boundaries, cfg.halving_per_method):
-        if (m, b) not in pool:
-            twin = next(c for c in pool if c[0] == m and models.get(c) == models.get((m, b)))
-            notes.append(f"{m}@{b:g} realises the same model as {m}@{twin[1]:g} (MAC ratio "
-                         f"{models[(m, b)][0]:.3g}): it is recovered once, as {m}@{twin[1]:g}")
-            say(f"[tune] {notes[-1]}")
-    halving = Halving(fractions, cfg.halving_eta, pool)
+    twins = halving_twins(cfg.grid, boundaries, cfg.halving_per_method, models)
+    for m, b, twin in twins:
+        notes.append(f"{m}@{b:g} realises the same model as {m}@{twin:g} (MAC ratio "
+                     f"{zero_shot[(m, b)].mac_ratio:.3g}): it is recovered once, as {m}@{twin:g}")
+        say(f"[tune] {notes[-1]}")
+    halving = Halving(fractions, cfg.halving_eta, pool, twins=twins)
     n_calib = clock.calib_samples
     say(f"[tune] recovery by successive halving: {len(pool)} candidate(s) below the zero-shot boundaries, rungs of "
         f"{', '.join(_fraction_text(f) for f in fractions)} of the {cfg.recover_epochs}-epoch recovery cap")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 
 import dataclasses
 import json
@@ -15,6 +16,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from click.testing import CliRunner
+from torch import nn
 
 from compress.core.smoke import digits_mlp, digits_subset
 from compress.core.train import TrainConfig, train
@@ -329,21 +331,25 @@ def test_halving_pool_takes_the_budgets_just_below_each_zero_shot_boundary() -> 
 
 
 def test_halving_pool_races_a_zero_shot_model_once_whatever_budgets_realise_it() -> None:
-    """magnitude on an option-A ResNet realised 0.9, 0.8 and 0.7 as one model (MAC ratio 0.697): the pool keeps the
-    largest of those budgets and gives the duplicate's place to no other budget; equal costs with other metrics, or
-    a probe without metrics, are different models."""
-    from export.app.tune.halving import halving_pool, zero_shot_fingerprint
+    """magnitude on an option-A ResNet realised 0.9, 0.8 and 0.7 as one model: the pool keeps the largest of those
+    budgets, gives the duplicate's place to no other budget and names it as a twin; different digests, or budgets
+    without one (not probed), are different models."""
+    from export.app.tune.candidate import state_digest
+    from export.app.tune.halving import halving_pool, halving_twins
 
+    torch.manual_seed(0)
+    net = nn.Linear(4, 3)
+    same, other = state_digest(net), state_digest(nn.Linear(4, 3))
+    assert same == state_digest(copy.deepcopy(net)) and same != other
     grid = (0.9, 0.8, 0.7, 0.6, 0.5)
-    same = zero_shot_fingerprint(0.697, 0.8, {"top1": 0.1, "agreement": 0.1})
-    models = {("mag", 0.9): same, ("mag", 0.8): zero_shot_fingerprint(0.697, 0.8, {"agreement": 0.1, "top1": 0.1}),
-              ("wanda", 0.9): zero_shot_fingerprint(0.697, 0.8, {"top1": 0.2, "agreement": 0.1}),
-              ("wanda", 0.8): zero_shot_fingerprint(0.697, 0.8, {"top1": 0.3, "agreement": 0.1}),
-              ("svd", 0.9): zero_shot_fingerprint(None, None, {}), ("svd", 0.8): zero_shot_fingerprint(None, None, {})}
-    assert models[("mag", 0.9)] == models[("mag", 0.8)] and models[("svd", 0.9)] is None
-    pool = halving_pool(grid, {"mag": None, "wanda": None, "svd": None}, per_method=2, models=models)
+    models = {("mag", 0.9): same, ("mag", 0.8): state_digest(copy.deepcopy(net)),
+              ("wanda", 0.9): same, ("wanda", 0.8): other, ("svd", 0.9): None}
+    boundaries = {"mag": None, "wanda": None, "svd": None}
+    pool = halving_pool(grid, boundaries, per_method=2, models=models)
     assert pool == [("mag", 0.9), ("wanda", 0.9), ("wanda", 0.8), ("svd", 0.9), ("svd", 0.8)]
+    assert halving_twins(grid, boundaries, per_method=2, models=models) == [("mag", 0.8, 0.9)]
     assert halving_pool(grid, {"mag": None}, per_method=2) == [("mag", 0.9), ("mag", 0.8)]
+
 
 def test_halving_keeps_every_candidate_that_meets_and_promotes_a_third_of_the_rest() -> None:
     """At a rung: a candidate that meets the constraint is done (a real candidate, whatever its MACs) and dominates
@@ -386,9 +392,13 @@ def test_short_rungs_recover_on_a_subsample_and_only_what_meets_is_exported(trai
                      recover_epochs=1, int8=False, screen=FAST, confirm=FAST)
     report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
     rungs = report.halving["rungs"]
-    # the two budgets below the boundary (0.6), 0.5 and 0.4, realise one model at the CPU's rank multiple: it races once
-    assert [[e["budget"] for e in r] for r in rungs][0] == [0.5]
-    assert any(n.startswith("svd@0.4 realises the same model as svd@0.5 (MAC ratio ") for n in report.notes)
+    # the budgets below the zero-shot boundary race once per distinct zero-shot model: a twin (the same model as a
+    # larger budget, as 0.5 and 0.4 can be at the CPU's rank multiple) is named instead of racing
+    twins = report.halving["twins"]
+    assert len(rungs[0]) + len(twins) == cfg.halving_per_method  # every budget below the boundary, once
+    for m, b, twin in twins:
+        assert twin in [e["budget"] for e in rungs[0]] and twin > b
+        assert any(n.startswith(f"{m}@{b:g} realises the same model as {m}@{twin:g} (MAC ratio ") for n in report.notes)
     assert {e["fraction"] for e in rungs[0]} == {1 / 9} and {e["samples"] for e in rungs[0]} == {len(part)}
     met = {f"svd@{e['budget']:g}+r1" + ("" if e["fraction"] == 1 else f"~{e['fraction']:.2g}")
            for r in rungs for e in r if e["outcome"] == "met"}

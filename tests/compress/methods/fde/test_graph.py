@@ -262,7 +262,6 @@ def test_tolerance_merges_near_duplicates() -> None:
     assert 0 < loose.measured["max_output_deviation_data_float64"] < 0.05
 
 
-
 def test_measure_off_skips_only_the_float64_deviation_pass() -> None:
     """``measure=False`` (a caller measuring on its own held-out data) skips the pass of both models over the data
     and nothing else: the same merges, the same weights; the flag does not leak into the next call."""
@@ -276,11 +275,15 @@ def test_measure_off_skips_only_the_float64_deviation_pass() -> None:
     quiet_new, quiet = compress(model, Dataset(_images()), "fde", cfg, measure=False)
     assert "max_output_deviation_data_float64" in measured.measured
     assert not any(k.startswith("max_output_deviation_data") for k in quiet.measured)
+    assert any("the deviation is measured on the calibration data" in n for n in measured.notes)
+    assert not any("measured on the calibration data" in n for n in quiet.notes)
+    assert any("the deviation is not measured here" in n for n in quiet.notes)
     assert quiet.layers[0].details["merged_blocks"] == measured.layers[0].details["merged_blocks"]
     a, b = measured_new.state_dict(), quiet_new.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     _, again = compress(model, Dataset(_images()), "fde", cfg)
     assert "max_output_deviation_data_float64" in again.measured
+
 
 def test_dead_channels_removed_exactly_on_the_data() -> None:
     model = _planted_residual()
@@ -349,6 +352,33 @@ def test_budget_met_by_bisecting_eps(kind: str) -> None:
     at_eps, _ = compress(model, Dataset(_images()), "fde", FDEConfig(merge_eps=eps))
     a, b = new.state_dict(), at_eps.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bisection_costs_each_cut_once(monkeypatch) -> None:
+    """The budget bisection counts the costs of the full model once and of each distinct cut (set of leaders) once,
+    however many ε values land on it; it does revisit cuts here, so the memo is exercised."""
+    from compress.methods.fde import graph, graph_path
+
+    cuts, costed = [], []
+    real_at, real_cost = graph.Lumper.at, graph_path._cost
+
+    def at(self, eps: float):
+        parts, stats = real_at(self, eps)
+        cuts.append(b"".join(k.encode() + parts[k].leader.tobytes() for k in sorted(parts)))
+        return parts, stats
+
+    def cost(model: nn.Module, example: torch.Tensor, kind: str) -> float:
+        costed.append(kind)
+        return real_cost(model, example, kind)
+
+    monkeypatch.setattr(graph.Lumper, "at", at)
+    monkeypatch.setattr(graph_path, "_cost", cost)
+    torch.manual_seed(11)
+    model = _ResidualNet().eval()
+    _randomise_bn(model)
+    compress(model, Dataset(_images()), "fde", FDEConfig(mac_ratio=0.6))
+    assert len(cuts) > len(set(cuts))
+    assert len(costed) == 1 + len(set(cuts))
 
 
 def test_unreachable_budget_names_the_smallest_ratio() -> None:
