@@ -17,7 +17,7 @@ from torch import nn
 
 from .chain import Chain, build_sequential, chain_layer_reports, extract_chain, mlp_params
 from .errors import CompressionError
-from .options import PruneOptions, flag_of
+from .options import IMPORTANCE_WEIGHTING_AUTO, PruneOptions, flag_of
 from .report import CompressionReport
 from .width import Cut, WidthGraph, analyse, apply_cuts
 from .width.allocate import allocate_widths, check_width_table, load_width_latency_table
@@ -157,7 +157,11 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
     if latency is not None:
         check_width_table(latency, cfg.latency_table, prep.model, cfg.width_multiple)
     allocation: dict = {}
-    keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple, latency, allocation)
+    weighting = cfg.importance_weighting
+    if weighting == "auto":
+        weighting = IMPORTANCE_WEIGHTING_AUTO.get(prep.name, "cost")
+    keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple, latency, allocation, weighting)
+    report.predicted["importance_weighting"] = weighting
     report.predicted[f"allocator_{budget}"] = allocation["predicted_ratio"]
     if budget == "latency_ratio":
         report.predicted["whole_model_latency_ratio"] = allocation["predicted_ratio"]

@@ -20,7 +20,11 @@ from ..options import WIDTH_MULTIPLE_BY_PROVIDER, flag_of, width_multiple_defaul
 from .cost import cost_terms
 from .graph import ChannelGroup, WidthGraph
 
-__all__ = ["WIDTH_MULTIPLE_BY_PROVIDER", "width_multiple_defaults", "allowed_widths", "segment_ladders",
+WEIGHTINGS = ("cost", "none")
+"""The allocator's weightings (:data:`compress.core.options.IMPORTANCE_WEIGHTINGS` less ``auto``, which the
+pruning methods resolve per method)."""
+
+__all__ = ["WEIGHTINGS", "WIDTH_MULTIPLE_BY_PROVIDER", "width_multiple_defaults", "allowed_widths", "segment_ladders",
            "allocate_widths", "segment_key", "load_width_latency_table", "saving_curve", "calibrated_saving",
            "check_width_table", "BUDGET_COST"]
 
@@ -190,9 +194,24 @@ def check_width_table(table: Mapping[str, Any], path: str | Path | None, model: 
                                f"pass --width-multiple {table['multiple']}")
 
 
+def _cost_weights(units: list, price: Callable[[list[int]], float], full: float) -> list[float]:
+    """Each unit's cost per channel at full width: what its first step down the ladder saves, every other unit
+    whole, over the channels it removes (0 for a unit that cannot narrow)."""
+    base = [ladder[0] for _, _, _, ladder in units]
+    weights = []
+    for u, (_, _, _, ladder) in enumerate(units):
+        if len(ladder) < 2:
+            weights.append(0.0)
+            continue
+        widths = base.copy()
+        widths[u] = ladder[1]
+        weights.append(max(full - price(widths), 0.0) / (ladder[0] - ladder[1]))
+    return weights
+
+
 def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: str, ratio: float,
                     multiple: int = 8, latency: Mapping[str, Any] | None = None,
-                    report: dict[str, Any] | None = None) -> dict[str, list[int]]:
+                    report: dict[str, Any] | None = None, weighting: str = "cost") -> dict[str, list[int]]:
     """Keep sets (indices into each group's atoms, highest scores first kept) meeting ``budget`` ≤ ``ratio``.
 
     ``scores``: one non-negative importance per atom for each group that may shrink. ``latency``: a width
@@ -200,7 +219,15 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
     latency is the whole model's minus the measured savings of each segment at its width, summed and mapped by
     :func:`saving_curve` (calibrated on the table's uniform cuts).
     After the budget is met, steps are taken back while it still holds (most importance regained per unit of
-    cost first), so one coarse step does not overshoot. ``report`` (a dict) receives ``predicted_ratio``.
+    cost first), so one coarse step does not overshoot.
+
+    Scores are compared across groups after dividing by their group's mean. ``weighting="cost"`` (the default)
+    then scales each segment's scores by its cost per channel at full width, so that a move's rate (importance
+    lost per cost saved) is the mean relative score of the channels it drops, whatever the segment's cost:
+    the least important channels go first in every group alike. ``"none"`` keeps the relative scores as they
+    are, which makes the costliest channels per unit the cheapest to cut — on an option-A ResNet the residual
+    stream, whose channels feed every block (``benchmarks/width_allocation.json``). ``report`` (a dict) receives
+    ``predicted_ratio``.
     Raises CompressionError naming the flag and the smallest reachable ratio when the budget cannot be met.
     """
     if budget not in BUDGET_COST and not (budget == "latency_ratio" and latency is not None):
@@ -222,6 +249,12 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
     widths = lambda: [units[u][3][step[u]] for u in range(len(units))]  # noqa: E731
     full = current = price(widths())
     target = ratio * full
+    if weighting not in WEIGHTINGS:
+        raise CompressionError(f"--importance-weighting must be one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
+    if weighting == "cost":
+        scale = _cost_weights(units, price, full)
+        mean = sum(scale) / max(sum(w > 0 for w in scale), 1) or 1.0
+        units = [(name, ranked, norm * (w / mean), ladder) for (name, ranked, norm, ladder), w in zip(units, scale)]
 
     def lost(u: int, wide: int, narrow: int) -> float:
         _, ranked, norm, _ = units[u]

@@ -1,0 +1,94 @@
+"""The width allocator's importance weighting across channel groups (``--importance-weighting``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compress.core.errors import CompressionError
+from compress.core.width import analyse
+from compress.core.width.allocate import allocate_widths
+from compress.core.width.cost import cost_terms
+from compress.models import CifarResNet
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    torch.manual_seed(0)
+    model = CifarResNet(blocks_per_stage=3).eval()  # ResNet-20: the stream feeds three blocks a stage
+    wg = analyse(model, torch.randn(2, 3, 16, 16))
+    groups = wg.cuttable()
+    stream = next(g for g in groups if len(wg.segments(g)) > 1)  # the option-A 16/32/64 stream
+    return wg, groups, stream
+
+
+def _macs(wg, keep: dict[str, list[int]]) -> float:
+    """MACs of the cut model, counted from the cost terms (the allocator's own pricing, computed afresh)."""
+    kept = {a for name, k in keep.items() for a in (wg.group(name).atoms[i] for i in k)}
+    cut = {a for g in wg.groups for a in g.atoms if g.name in keep} - kept
+    total = 0.0
+    for t in cost_terms(wg):
+        n_out = sum(a not in cut for a in t.out_atoms)
+        n_in = sum(a not in cut for a in t.in_atoms) if t.in_atoms else t.in_fixed
+        total += n_out * n_in * t.mac_unit + n_out * t.extra_macs
+    return total
+
+
+def _scores(groups, stream) -> dict[str, torch.Tensor]:
+    """The stream's channels all equally important (relative score 1); every other group has a weak half
+    (relative score 0.5) and a strong half (1.5)."""
+    out = {}
+    for g in groups:
+        s = torch.ones(g.size, dtype=torch.float64)
+        if g is not stream:
+            s[: g.size // 2], s[g.size // 2:] = 0.5, 1.5
+        out[g.name] = s
+    return out
+
+
+def test_cost_weighting_drops_the_least_important_channels_wherever_they_are(resnet) -> None:
+    """With the weak halves of the block-internal groups enough for the budget, ``cost`` cuts only weak channels
+    and leaves the stream (relative importance 1 throughout) whole; ``none`` narrows the stream first: its
+    channels feed three blocks a stage, so they save about three times the MACs of a block-internal channel,
+    more than the weak half's relative importance (0.5 against 1) makes up. Both meet the budget, counted
+    afresh from the cost terms."""
+    wg, groups, stream = resnet
+    scores = _scores(groups, stream)
+    full = _macs(wg, {g.name: list(range(g.size)) for g in groups})
+    weak_only = _macs(wg, {g.name: list(range(g.size // 2, g.size)) if g is not stream else list(range(g.size))
+                           for g in groups})
+    ratio = (1 + weak_only / full) / 2  # half-way to cutting every weak channel
+    cost = allocate_widths(wg, scores, "mac_ratio", ratio, multiple=8, weighting="cost")
+    none = allocate_widths(wg, scores, "mac_ratio", ratio, multiple=8, weighting="none")
+    for keep in (cost, none):
+        assert _macs(wg, keep) <= ratio * full * (1 + 1e-9)
+    assert cost[stream.name] == list(range(stream.size))
+    for g in groups:
+        dropped = set(range(g.size)) - set(cost[g.name])
+        assert all(scores[g.name][i] == 0.5 for i in dropped), g.name
+    assert len(none[stream.name]) < stream.size
+
+
+def test_unknown_weighting_is_refused_naming_the_option(resnet) -> None:
+    wg, groups, stream = resnet
+    with pytest.raises(CompressionError, match="--importance-weighting"):
+        allocate_widths(wg, _scores(groups, stream), "mac_ratio", 0.8, weighting="flat")
+
+
+@pytest.mark.parametrize("method, expected", [("magnitude", "cost"), ("wanda", "none")])
+def test_auto_weighting_is_the_measured_best_of_each_method(method: str, expected: str) -> None:
+    """``auto`` (the default) resolves to IMPORTANCE_WEIGHTING_AUTO's choice, which the report records; an explicit
+    weighting is used as given."""
+    from compress.core.data import Dataset
+    from compress.core.options import IMPORTANCE_WEIGHTING_AUTO
+    from compress.registry import compress, get_method
+
+    assert IMPORTANCE_WEIGHTING_AUTO[method] == expected
+    torch.manual_seed(0)
+    model, data = CifarResNet(blocks_per_stage=1).eval(), Dataset(torch.randn(16, 3, 16, 16))
+    config = get_method(method).config_cls
+    _, auto = compress(model, data, method, config(mac_ratio=0.7))
+    assert config().importance_weighting == "auto" and auto.predicted["importance_weighting"] == expected
+    other = "none" if expected == "cost" else "cost"
+    _, given = compress(model, data, method, config(mac_ratio=0.7, importance_weighting=other))
+    assert given.predicted["importance_weighting"] == other
