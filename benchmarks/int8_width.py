@@ -37,7 +37,7 @@ the virtual machine's CPU steal moves both alike. CPU shares (busy, idle, steal)
 Needs ``../shared/data``; without it the script prints one line and exits with status 2 (``--plan`` needs none: it
 plans on the architecture with random weights and prints the cuts). ``--quick`` is a smoke test (one ladder, one
 target, 2 processes, short timing, 200 held-out images; about 40 s on 2 cores) and needs its own ``--out``. The full
-run writes and times 14 files (7 distinct width sets): about 6 minutes on 2 cores. Run it alone.
+run writes and times 14 files (7 distinct width sets): about 3 minutes on 2 cores. Run it alone.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_width.py --out benchmarks/int8_width.json
     [--processes 5] [--threads N] [--min-seconds 2] [--work DIR] [--plan] [--quick]

@@ -12,7 +12,7 @@ This benchmark measures both on the pretrained CIFAR-10 ResNet-32 (and ResNet-44
 calibrate and recover, the last 2,000 are held out): magnitude and wanda each prepared once, realised at MAC ratios
 0.9/0.7/0.5 with each weighting, held-out top-1 zero-shot and after the same short recovery
 (``--epochs``, default 1: ``compress.core.recover.recover`` with its defaults and seed 0, a fresh copy per cell),
-the MAC ratio reached and the residual-stream widths (the option-A group's 16/32/64 segments). Without
+the MAC ratio reached and the residual-stream widths (the option-A group's segments: 16, 16 and 32 channels). Without
 ``../shared/data`` it prints one line and exits with status 2. The JSON is rewritten atomically after every cell;
 ``--resume`` skips cells it holds. Progress: one line per cell on stderr with the seconds elapsed. Run it alone.
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recovery_real as rr  # noqa: E402  (benchmarks/recovery_real.py: the real-data cases and recovery cells)
 from _common import cpu_share, cpu_times, write_json  # noqa: E402
 from compress.core.errors import CompressionError  # noqa: E402
-from compress.core.options import IMPORTANCE_WEIGHTINGS  # noqa: E402
+from compress.core.width.allocate import WEIGHTINGS  # noqa: E402  (cost, none: auto is one of them per method)
 
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/width_allocation.py --out benchmarks/width_allocation.json"
 METHODS = ("magnitude", "wanda")
@@ -111,7 +111,7 @@ def main() -> None:
 
     doc = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else {
         "usage": USAGE, "header": rr.header(), "seed": args.seed, "cells": [], "models": {}, "runs": [],
-        "setting": {"weightings": list(IMPORTANCE_WEIGHTINGS), "recovery": "compress.core.recover.recover, "
+        "setting": {"weightings": list(WEIGHTINGS), "recovery": "compress.core.recover.recover, "
                     "RecoveryConfig(epochs=E, seed) defaults, a fresh copy of the realised model per budget",
                     "metric": "top-1 on the last 2,000 images (never seen by a method or a recovery)"}}
     done = {(c["model"], c["method"], c["mac_ratio"], c["weighting"]) for c in doc["cells"]}
@@ -120,7 +120,7 @@ def main() -> None:
         doc["models"][name] = rr.original_record(case)
         say(f"{name}: original top-1 {100 * doc['models'][name]['accuracy']:.2f} %")
         for method in args.methods:
-            todo = [(r, w) for r in args.ratios for w in IMPORTANCE_WEIGHTINGS if (name, method, r, w) not in done]
+            todo = [(r, w) for r in args.ratios for w in WEIGHTINGS if (name, method, r, w) not in done]
             if not todo:
                 continue
             t1 = time.perf_counter()

@@ -181,8 +181,9 @@ class FinetuneOptions(SeedOption):
 IMPORTANCE_WEIGHTINGS = ("auto", "cost", "none")
 #: The measured best weighting of each width method (``benchmarks/width_allocation.json``, the pretrained CIFAR-10
 #: ResNet-32 after one recovery epoch): magnitude 82.5/77.7/73.2 % at 0.9/0.7/0.5 of the MACs with ``cost`` against
-#: 69.2/69.2/61.4 % with ``none``; wanda 81.25 % at 0.9 with ``none`` against 78.1 % with ``cost`` (``cost`` was
-#: ahead at 0.7 and 0.5, where no tune within a few points of the original lands).
+#: 69.2/69.2/61.4 % with ``none`` (whose allocator overshot 0.9 to 0.697 of the MACs); wanda 81.25 % at 0.9 with
+#: ``none`` against 78.1 % with ``cost`` (``cost`` was ahead by 4-8 pp at 0.7 and 0.5, where no tune within a few
+#: points of the original lands: one seed, so the choice for wanda is the narrower one).
 IMPORTANCE_WEIGHTING_AUTO: Mapping[str, str] = MappingProxyType({"magnitude": "cost", "wanda": "none"})
 
 
@@ -204,7 +205,8 @@ class PruneOptions(FinetuneOptions, CostBudget, WidthMultipleOption):
                           "group's relative importance weighted by its cost per channel, so the least important "
                           "channels go first wherever they are), none (relative importance alone, which cuts the "
                           "costliest channels first, e.g. a ResNet's residual stream) or auto (the measured best "
-                          "of the method: cost for magnitude, none for wanda); default auto."})
+                          "of the method: cost for magnitude, none for wanda); default auto.",
+                  "choices": IMPORTANCE_WEIGHTINGS})
 
     def __post_init__(self) -> None:
         FinetuneOptions.__post_init__(self)

@@ -3,7 +3,8 @@
 Each segment of a group may only take widths on the provider's fast multiple (see :func:`segment_ladders`).
 The allocator is greedy on the Lagrangian trade-off: at each step it lowers the one group whose next
 allowed width removes the least importance per unit of predicted cost saved (importance normalised by the
-group's mean, so that groups of different scales compare), until the predicted cost meets the budget.
+group's mean, so that groups of different scales compare, and by default weighted by each segment's cost per
+channel: ``--importance-weighting``), until the predicted cost meets the budget.
 """
 
 from __future__ import annotations
@@ -195,8 +196,10 @@ def check_width_table(table: Mapping[str, Any], path: str | Path | None, model: 
 
 
 def _cost_weights(units: list, price: Callable[[list[int]], float], full: float) -> list[float]:
-    """Each unit's cost per channel at full width: what its first step down the ladder saves, every other unit
-    whole, over the channels it removes (0 for a unit that cannot narrow)."""
+    """Each unit's cost per channel at full width: what narrowing it to the end of its ladder saves, every other
+    unit whole, over the channels that removes (0 for a unit that cannot narrow or saves nothing). The whole ladder,
+    not its first step: a latency table's first step often saves nothing (a kernel pads 56 channels to 64), and a
+    zero weight would make every channel of the unit free to drop."""
     base = [ladder[0] for _, _, _, ladder in units]
     weights = []
     for u, (_, _, _, ladder) in enumerate(units):
@@ -204,8 +207,8 @@ def _cost_weights(units: list, price: Callable[[list[int]], float], full: float)
             weights.append(0.0)
             continue
         widths = base.copy()
-        widths[u] = ladder[1]
-        weights.append(max(full - price(widths), 0.0) / (ladder[0] - ladder[1]))
+        widths[u] = ladder[-1]
+        weights.append(max(full - price(widths), 0.0) / (ladder[0] - ladder[-1]))
     return weights
 
 
@@ -223,13 +226,16 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
 
     Scores are compared across groups after dividing by their group's mean. ``weighting="cost"`` (the default)
     then scales each segment's scores by its cost per channel at full width, so that a move's rate (importance
-    lost per cost saved) is the mean relative score of the channels it drops, whatever the segment's cost:
-    the least important channels go first in every group alike. ``"none"`` keeps the relative scores as they
-    are, which makes the costliest channels per unit the cheapest to cut — on an option-A ResNet the residual
-    stream, whose channels feed every block (``benchmarks/width_allocation.json``). ``report`` (a dict) receives
-    ``predicted_ratio``.
+    lost per cost saved) is, while the segment's neighbours are whole, the mean relative score of the channels it
+    drops, whatever the segment's cost: the least important channels go first in every group alike. ``"none"``
+    keeps the relative scores as they are, which makes the costliest channels per unit the cheapest to cut — on an
+    option-A ResNet the residual stream, whose channels feed every block (``benchmarks/width_allocation.json``).
+    ``report`` (a dict) receives ``predicted_ratio``.
     Raises CompressionError naming the flag and the smallest reachable ratio when the budget cannot be met.
     """
+    if weighting not in WEIGHTINGS:  # "auto" is the pruning methods' to resolve (compress.core.prune)
+        raise CompressionError(f"--importance-weighting must be one of {', '.join(WEIGHTINGS)} here (auto is "
+                               f"resolved by the method), got {weighting!r}")
     if budget not in BUDGET_COST and not (budget == "latency_ratio" and latency is not None):
         raise CompressionError(f"width pruning meets {', '.join(flag_of(b) for b in BUDGET_COST)}; "
                                f"{flag_of(budget)} needs a width latency table (minreal latency-table --kind width)")
@@ -249,8 +255,6 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
     widths = lambda: [units[u][3][step[u]] for u in range(len(units))]  # noqa: E731
     full = current = price(widths())
     target = ratio * full
-    if weighting not in WEIGHTINGS:
-        raise CompressionError(f"--importance-weighting must be one of {', '.join(WEIGHTINGS)}, got {weighting!r}")
     if weighting == "cost":
         scale = _cost_weights(units, price, full)
         mean = sum(scale) / max(sum(w > 0 for w in scale), 1) or 1.0

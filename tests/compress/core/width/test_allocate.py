@@ -77,18 +77,39 @@ def test_unknown_weighting_is_refused_naming_the_option(resnet) -> None:
 
 @pytest.mark.parametrize("method, expected", [("magnitude", "cost"), ("wanda", "none")])
 def test_auto_weighting_is_the_measured_best_of_each_method(method: str, expected: str) -> None:
-    """``auto`` (the default) resolves to IMPORTANCE_WEIGHTING_AUTO's choice, which the report records; an explicit
-    weighting is used as given."""
+    """``auto`` (the default) cuts exactly as IMPORTANCE_WEIGHTING_AUTO's choice given explicitly, and the report
+    says which; the weighting is a realise-only field: one prepared state serves both weightings."""
     from compress.core.data import Dataset
     from compress.core.options import IMPORTANCE_WEIGHTING_AUTO
-    from compress.registry import compress, get_method
+    from compress.registry import get_method, prepare, prepared_key, realise
 
     assert IMPORTANCE_WEIGHTING_AUTO[method] == expected
     torch.manual_seed(0)
     model, data = CifarResNet(blocks_per_stage=1).eval(), Dataset(torch.randn(16, 3, 16, 16))
     config = get_method(method).config_cls
-    _, auto = compress(model, data, method, config(mac_ratio=0.7))
-    assert config().importance_weighting == "auto" and auto.predicted["importance_weighting"] == expected
+    prepared = prepare(model, data, method, config(mac_ratio=0.7))
     other = "none" if expected == "cost" else "cost"
-    _, given = compress(model, data, method, config(mac_ratio=0.7, importance_weighting=other))
-    assert given.predicted["importance_weighting"] == other
+    assert prepared_key(method, config(mac_ratio=0.7, importance_weighting=other)) == prepared.key
+    (auto, auto_rep), (given, given_rep) = (realise(prepared, config(mac_ratio=0.7, importance_weighting=w))
+                                            for w in ("auto", expected))
+    assert config().importance_weighting == "auto" and auto_rep.predicted["importance_weighting"] == expected
+    a, b = auto.state_dict(), given.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    _, other_rep = realise(prepared, config(mac_ratio=0.7, importance_weighting=other))
+    assert other_rep.predicted["importance_weighting"] == other
+
+
+def test_cost_weight_is_the_whole_ladder_saving_per_channel() -> None:
+    """A unit whose first step down saves nothing (a latency table where 56 channels cost what 64 cost) keeps a
+    positive weight: its saving over the whole ladder per channel removed; a unit that saves nothing anywhere, or
+    cannot narrow, weighs 0."""
+    from compress.core.width.allocate import _cost_weights
+
+    flat_first = [64, 56, 48, 32]
+    units = [("a", [], None, flat_first), ("b", [], None, [16, 8]), ("c", [], None, [8]), ("d", [], None, [32, 16])]
+    saving = {"a": {64: 0.0, 56: 0.0, 48: 2.0, 32: 4.0}, "b": {16: 0.0, 8: 1.0}, "d": {32: 0.0, 16: 0.0}}
+
+    def price(widths: list[int]) -> float:
+        return 10.0 - sum(saving[u[0]][w] for u, w in zip(units, widths) if u[0] in saving)
+
+    assert _cost_weights(units, price, 10.0) == [4.0 / 32, 1.0 / 8, 0.0, 0.0]
