@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
 from torch import nn
 
+from compress.core.cache import model_key
 from compress.core.data import Dataset
 from compress.core.inputs import NamedInputs
 from export.variant import to_jsonable
 from .config import Constraint, Quality
 
 __all__ = ["CandidateSpec", "CandidateResult", "Job", "Source", "SpecSource", "LoadedSource", "evaluate_candidate",
-           "fingerprint", "cache_key", "state_digest"]
+           "fingerprint", "cache_key"]
 
 RESULT_FILE = "result.json"
 FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "pt2": "model.pt2"}
@@ -89,18 +89,8 @@ class CandidateResult:
     skipped: bool = False
     """Not evaluated: the tune's time budget had run out when the job came up (never cached)."""
     weights_digest: str | None = None
-    """A zero-shot model's :func:`state_digest` (None for a recovered candidate or a plan variant): two budgets of a
-    method with the same digest realised the same model."""
-
-
-def state_digest(model: nn.Module) -> str:
-    """SHA-1 over a module's state: every entry's name, dtype, shape and bytes, in order."""
-    h = hashlib.sha1()
-    for name, value in model.state_dict().items():
-        t = value.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
-    return h.hexdigest()
+    """A zero-shot model's :func:`compress.core.cache.model_key` (architecture and every parameter and buffer; None
+    for a recovered candidate or a plan variant): two budgets of a method with the same digest realised one model."""
 
 
 class Source(Protocol):
@@ -335,7 +325,7 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     result.mac_ratio, result.param_ratio = report.mac_ratio, report.param_ratio
     result.params, result.macs, result.recovery = report.params_after, report.macs_after, report.recovery
     if spec.variant is None and not spec.recover_epochs:
-        result.weights_digest = state_digest(small)
+        result.weights_digest = model_key(small)
     t0 = time.perf_counter()
     result.quality = held_out_metrics(model, small, held_out, teacher_outputs=_teacher_outputs(job, model, held_out))
     result.seconds["measure"] = time.perf_counter() - t0

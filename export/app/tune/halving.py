@@ -47,40 +47,39 @@ def halving_pool(grid: Sequence[float], boundaries: dict[str, float | None], per
     """``(method, budget)`` pairs that enter the first rung: for each method the ``per_method`` largest grid
     budgets below its zero-shot boundary (the smallest budget its zero-shot model met; None: it met none, so the
     largest budgets of the grid). ``models``: the digest of each probed ``(method, budget)``'s zero-shot model
-    (:func:`export.app.tune.candidate.state_digest`; None or absent: unknown, never equal to another); of those
+    (:func:`compress.core.cache.model_key`; None or absent: unknown, never equal to another); of those
     budgets, one whose model a larger one of its method already brings is left out (a width allocator whose coarse
     step overshoots realises several budgets as one model, and recovering the same model twice tells nothing),
     without another budget taking its place. Only budgets the zero-shot search probed have a digest: with the
     default two budgets per method, both are probed (the failed boundary, or 0.9 and 0.8 when nothing met)."""
-    return [c for c, _ in _pool_and_twins(grid, boundaries, per_method, models or {})]
+    return _pool_and_twins(grid, boundaries, per_method, models or {})[0]
 
 
 def halving_twins(grid: Sequence[float], boundaries: dict[str, float | None], per_method: int = HALVING_PER_METHOD,
                   models: Mapping[tuple[str, float], Hashable] | None = None) -> list[tuple[str, float, float]]:
     """``(method, budget left out, budget raced instead)`` for each budget :func:`halving_pool` leaves out."""
-    return [(m, b, twin) for (m, b), twin in _pool_and_twins(grid, boundaries, per_method, models or {}, twins=True)]
+    return _pool_and_twins(grid, boundaries, per_method, models or {})[1]
 
 
 def _pool_and_twins(grid: Sequence[float], boundaries: dict[str, float | None], per_method: int,
-                    models: Mapping[tuple[str, float], Hashable], twins: bool = False
-                    ) -> list[tuple[tuple[str, float], float | None]]:
-    """The pool's pairs (``twins=False``) or the left-out ones with the budget that brings their model."""
+                    models: Mapping[tuple[str, float], Hashable]
+                    ) -> tuple[list[tuple[str, float]], list[tuple[str, float, float]]]:
+    """The pool's pairs, and the left-out ones with the budget that brings their model."""
     ordered = sorted(set(grid), reverse=True)
-    out: list[tuple[tuple[str, float], float | None]] = []
+    pool: list[tuple[str, float]] = []
+    twins: list[tuple[str, float, float]] = []
     for method, boundary in boundaries.items():
         below = [b for b in ordered if boundary is None or b < boundary]
         seen: dict[Hashable, float] = {}
         for b in below[:per_method]:
             digest = models.get((method, b))
             if digest is not None and digest in seen:
-                if twins:
-                    out.append(((method, b), seen[digest]))
+                twins.append((method, b, seen[digest]))
                 continue
             if digest is not None:
                 seen[digest] = b
-            if not twins:
-                out.append(((method, b), None))
-    return out
+            pool.append((method, b))
+    return pool, twins
 
 
 @dataclass

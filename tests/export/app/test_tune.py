@@ -334,15 +334,15 @@ def test_halving_pool_races_a_zero_shot_model_once_whatever_budgets_realise_it()
     """magnitude on an option-A ResNet realised 0.9, 0.8 and 0.7 as one model: the pool keeps the largest of those
     budgets, gives the duplicate's place to no other budget and names it as a twin; different digests, or budgets
     without one (not probed), are different models."""
-    from export.app.tune.candidate import state_digest
+    from compress.core.cache import model_key
     from export.app.tune.halving import halving_pool, halving_twins
 
     torch.manual_seed(0)
     net = nn.Linear(4, 3)
-    same, other = state_digest(net), state_digest(nn.Linear(4, 3))
-    assert same == state_digest(copy.deepcopy(net)) and same != other
+    same, other = model_key(net), model_key(nn.Linear(4, 3))
+    assert same == model_key(copy.deepcopy(net)) and same != other
     grid = (0.9, 0.8, 0.7, 0.6, 0.5)
-    models = {("mag", 0.9): same, ("mag", 0.8): state_digest(copy.deepcopy(net)),
+    models = {("mag", 0.9): same, ("mag", 0.8): model_key(copy.deepcopy(net)),
               ("wanda", 0.9): same, ("wanda", 0.8): other, ("svd", 0.9): None}
     boundaries = {"mag": None, "wanda": None, "svd": None}
     pool = halving_pool(grid, boundaries, per_method=2, models=models)
