@@ -22,6 +22,7 @@ __all__ = [
     "FLOAT_KERNEL_OPS",
     "INTEGER_OPS",
     "INTEGER_MATMUL_OP",
+    "INTEGER_KERNEL_OPERANDS",
     "CPU_VNNI_TARGET",
     "CPU_AVX2_TARGET",
     "WEIGHT_QMAX",
@@ -77,6 +78,14 @@ weights, what ``cpu-avx2`` writes and its quantisation-aware recovery trains on)
 
 INTEGER_MATMUL_OP = "MatMulInteger"
 """ONNX's plain integer matrix product (uint8/int8 inputs, int32 output): what the CPU saturation probe runs."""
+
+INTEGER_KERNEL_OPERANDS: Mapping[str, tuple[int, int, str]] = MappingProxyType({
+    "QLinearConv": (0, 3, "conv"), "NhwcQLinearConv": (0, 3, "conv"), "ConvInteger": (0, 1, "conv"),
+    "QLinearMatMul": (0, 3, "matmul"), "MatMulInteger": (0, 1, "matmul"), "MatMulIntegerToFloat": (0, 1, "matmul"),
+    "DynamicQuantizeMatMul": (0, 1, "matmul"), "QGemm": (0, 3, "gemm"),
+})  # fmt: skip
+"""Integer Conv/MatMul/Gemm kernels -> (index of the activation input, index of the weight input, kind): where
+their MACs are read from (``runtime_bench.node_profile.kernel_macs``)."""
 
 FLOAT_KERNEL_OPS: frozenset[str] = frozenset(
     {"Conv", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm", "NhwcConv"}
