@@ -20,7 +20,8 @@ from .errors import CompressionError
 __all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateBudgetOption", "WidthMultipleOption", "flag_of",
            "Alias", "aliases_of", "field_clash", "BUDGET_HELPERS", "FinetuneOptions", "PruneOptions", "Budget",
            "BudgetOptions", "STATS_DTYPE_NAMES", "DEFAULT_STATS_DTYPE", "ALLOCATOR_NAMES",
-           "RANK_MULTIPLE_BY_PROVIDER", "rank_multiple_defaults", "WIDTH_MULTIPLE_BY_PROVIDER", "width_multiple_defaults",
+           "RANK_MULTIPLE_BY_PROVIDER", "rank_multiple_defaults", "WIDTH_MULTIPLE_BY_PROVIDER", "WIDTH_MIN_BY_PROVIDER",
+           "width_multiple_defaults",
            "IMPORTANCE_WEIGHTINGS", "IMPORTANCE_WEIGHTING_AUTO"]
 
 #: The whole-model budget fields of :class:`CostBudget`, in the order the CLI shows them.
@@ -144,16 +145,25 @@ class StateBudgetOption:
 
 @dataclass
 class WidthMultipleOption:
-    """Channel widths on the fast multiple of the target kernels (width methods on channel groups)."""
+    """Channel widths on the fast multiple of the target kernels, and no narrower than their fast minimum (width
+    methods on channel groups)."""
 
     width_multiple: int = field(
         default=8,
         metadata={"help": "Channel groups keep widths on this multiple (the kernels' fast channel block; a group of "
-                          "one segment no wider than it halves it), >= 1; default from the target provider (8)."})
+                          "one segment no wider than it halves it), >= 1; default from the target provider (16 on "
+                          "the CPU, 8 on GPUs)."})
+    width_min: int = field(
+        default=0,
+        metadata={"help": "No channel segment is cut narrower than this (one no wider stays whole), >= 0; default "
+                          "from the target provider (16 on the CPU: ONNX Runtime's x86 int8 convolutions leave "
+                          "their fast kernel below 16 output channels; 0 on GPUs)."})
 
     def __post_init__(self) -> None:
         if self.width_multiple < 1:
             raise CompressionError(f"--width-multiple must be >= 1, got {self.width_multiple}")
+        if self.width_min < 0:
+            raise CompressionError(f"--width-min must be >= 0, got {self.width_min}")
 
 
 @dataclass
@@ -349,13 +359,24 @@ def rank_multiple_defaults(providers: Sequence[str]) -> dict[str, Any]:
     return {"rank_multiple": max(multiples)} if multiples else {}
 
 
-#: Channel granularity of the providers' fast convolution kernels: 8 on the CPU (ONNX Runtime's blocked conv
-#: layouts) and for GPU tensor cores. The trained ResNet-20 at batch 32 on the CPU measured 0.57× of its latency
-#: with every width halved to 8/16/32 but 0.93× at about ¾ (benchmarks/width_table_resnet20_b32.json).
-WIDTH_MULTIPLE_BY_PROVIDER: Mapping[str, int] = MappingProxyType({name: 8 for name in PROVIDERS})
+#: Channel granularity of the providers' fast convolution kernels. CPU: 16, which is ONNX Runtime's NCHWc block on
+#: AVX-512F (a multiple of AVX2's 8) and the output-channel pack of its x86 int8 convolution kernel; on the
+#: pretrained CIFAR-10 ResNet-32, cuts on multiples of 16 (at least 16) ran at 0.82-0.91x the latency of cuts on
+#: multiples of 8 at equal MACs in fp32 and INT8, batch 1 and 32 (benchmarks/int8_width.json, ``multiples``).
+#: GPU tensor cores want multiples of 8.
+WIDTH_MULTIPLE_BY_PROVIDER: Mapping[str, int] = MappingProxyType(
+    {name: 16 if name == "cpu" else 8 for name in PROVIDERS})
+#: Narrowest segment width: 16 on the CPU, where MLAS's symmetric int8 convolution needs at least 16 output
+#: channels (``MlasConvSymPackWSize``; 8-channel convs fall back to im2col and a GEMM: the ResNet-32 cuts with
+#: 8-channel stages ran 1.21-1.24x the original's INT8 latency at batch 32, benchmarks/int8_width.json); none on GPUs.
+WIDTH_MIN_BY_PROVIDER: Mapping[str, int] = MappingProxyType({name: 16 if name == "cpu" else 0 for name in PROVIDERS})
 
 
 def width_multiple_defaults(providers: Sequence[str]) -> dict[str, Any]:
-    """Provider defaults of the width methods: the coarsest width multiple the target providers ask for."""
-    multiples = [WIDTH_MULTIPLE_BY_PROVIDER[p] for p in providers if p in WIDTH_MULTIPLE_BY_PROVIDER]
-    return {"width_multiple": max(multiples)} if multiples else {}
+    """Provider defaults of the width methods: the coarsest width multiple and the largest minimum width the
+    target providers ask for."""
+    known = [p for p in providers if p in WIDTH_MULTIPLE_BY_PROVIDER]
+    if not known:
+        return {}
+    return {"width_multiple": max(WIDTH_MULTIPLE_BY_PROVIDER[p] for p in known),
+            "width_min": max(WIDTH_MIN_BY_PROVIDER[p] for p in known)}

@@ -160,7 +160,8 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
     weighting = cfg.importance_weighting
     if weighting == "auto":
         weighting = IMPORTANCE_WEIGHTING_AUTO.get(prep.name, "cost")
-    keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple, latency, allocation, weighting)
+    keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple, latency, allocation, weighting,
+                           cfg.width_min)
     report.predicted["importance_weighting"] = weighting
     report.predicted[f"allocator_{budget}"] = allocation["predicted_ratio"]
     if budget == "latency_ratio":
@@ -176,7 +177,7 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
         for g in groups if len(wg.segments(g)) > 1}
     frozen = [g for g in wg.groups if g.frozen and g.size > 1]
     report.notes.append(f"{len(groups)} channel groups may shrink, {len(cuts)} cut; widths on multiples of "
-                        f"{cfg.width_multiple}")
+                        f"{cfg.width_multiple}" + (f", at least {cfg.width_min}" if cfg.width_min else ""))
     report.notes += [f"left whole: {g.name} ({g.size} channels) — {g.frozen}" for g in frozen]
     return new
 

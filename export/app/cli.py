@@ -516,7 +516,8 @@ def _recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
               help="Compressed model as a torch.export program (.pt2).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
 @click.option("--target-provider", type=click.Choice(list(PROVIDERS)), default=BenchConfig.providers[0],
-              show_default=True, help="Provider the model is for; sets the defaults of --rank-multiple (cpu 16, GPU 8) and --width-multiple (8).")
+              show_default=True, help="Provider the model is for; sets the defaults of --rank-multiple (cpu 16, GPU 8), --width-multiple "
+                   "(cpu 16, GPU 8) and --width-min (cpu 16, GPU 0).")
 @click.option("--calib-holdout", "holdout", type=click.FloatRange(0.0, 1.0, max_open=True), default=HOLDOUT_FRACTION,
               show_default=True, metavar="FRACTION",
               help="Share of --calib held out (seeded) to measure the compressed model on (report: "
@@ -1057,15 +1058,16 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
 @click.option("--provider", default=BenchConfig.providers[0], show_default=True,
               help=f"Provider to measure on: {', '.join(PROVIDERS)}.")
 @click.option("--ranks-per-layer", type=int, default=6, show_default=True, help="Ranks measured per layer (--kind rank).")
-@click.option("--width-multiple", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Widths measured in steps of this many channels (--kind width; the provider's fast multiple).")
+@click.option("--width-multiple", type=click.IntRange(min=1), default=None,
+              help="Widths measured in steps of this many channels (--kind width); default the provider's fast "
+                   "multiple, as the width methods use it (cpu 16, GPU 8).")
 @click.option("--int8", is_flag=True,
               help="Time each variant's INT8 file (static QDQ in this CPU's format, calibrated on the example batch) "
                    "for a model that will run in INT8 (--kind width, cpu provider): int8 kernels favour other widths.")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @common
 def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_shape: str | None, batch: int,
-                      provider: str, ranks_per_layer: int, width_multiple: int, int8: bool, weights: str | None,
+                      provider: str, ranks_per_layer: int, width_multiple: int | None, int8: bool, weights: str | None,
                       quiet: bool, as_json: bool) -> None:
     """Measure latencies on a provider: per factorisable layer for `compress -m factorize --latency` (--kind rank),
     or per channel-group width for the width methods' --latency-ratio (--kind width)."""
@@ -1089,6 +1091,9 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
         raise SpecError("latency-table needs an example input: pass --data SPEC or --input-shape C,H,W")
     check_input_shape(net, x, model)
     if kind == "width":
+        from compress.core.options import WIDTH_MULTIPLE_BY_PROVIDER
+
+        width_multiple = width_multiple or WIDTH_MULTIPLE_BY_PROVIDER.get(provider, 8)
         precision = "int8" if int8 else "fp32"
         con.progress(f"timing {model} with each channel-group segment narrowed on {provider} (whole-model exports, "
                      f"{precision})")

@@ -14,6 +14,7 @@ from torch import nn
 
 import export.latency_table as latency_table
 from compress import CompressionError
+from compress.core.options import WIDTH_MULTIPLE_BY_PROVIDER
 from compress.core.width import analyse
 from compress.core.width.allocate import (allocate_widths, calibrated_saving, load_width_latency_table,
                                            saving_curve, segment_key)
@@ -180,10 +181,12 @@ def test_cli_width_latency_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     argv = ["latency-table", "net.py:make", "--kind", "width", "--input-shape", "3,16,16", "--out", "t.json", "-q"]
     assert run(argv) == 0
     table = json.loads((tmp_path / "t.json").read_text())
-    assert table["kind"] == "width" and table["multiple"] == MULTIPLE
+    assert table["kind"] == "width" and table["multiple"] == WIDTH_MULTIPLE_BY_PROVIDER["cpu"] == 16  # the default
     assert {k: (e["size"], e["widths"]) for k, e in table["segments"].items()} == {"0/0": (16, [16, 8]),
                                                                                    "2/0": (16, [16, 8])}
     assert "2 segments, 2 narrower widths on cpu" in capsys.readouterr().out
+    assert run([*argv[:-3], "--width-multiple", str(MULTIPLE), "--out", "t8.json", "-q"]) == 0
+    assert json.loads((tmp_path / "t8.json").read_text())["multiple"] == MULTIPLE
     argv = ["latency-table", "linear.py:make", "--kind", "width", "--input-shape", "12", "--out", "l.json", "-q"]
     assert run(argv) == 2
     err = capsys.readouterr().err.strip()

@@ -33,16 +33,17 @@ __all__ = ["WEIGHTINGS", "WIDTH_MULTIPLE_BY_PROVIDER", "width_multiple_defaults"
 BUDGET_COST = {"mac_ratio": "macs", "param_ratio": "params"}
 
 
-def allowed_widths(size: int, multiple: int) -> list[int]:
+def allowed_widths(size: int, multiple: int, minimum: int = 0) -> list[int]:
     """Widths a segment of ``size`` channels may take, descending: ``size`` then the multiples of ``multiple``
-    below it. A segment no wider than ``multiple`` halves the multiple until one narrower width exists (16
-    channels at multiple 16: 16, 8); multiple 1 or a segment of at most 2 channels: every width."""
+    below it, none narrower than ``minimum`` (a segment no wider than ``minimum`` stays whole). A segment no wider
+    than ``multiple`` halves the multiple until one narrower width exists (16 channels at multiple 16: 16, 8;
+    with minimum 16: 16 alone); multiple 1 or a segment of at most 2 channels: every width."""
     step = max(1, multiple)
     while step > 1 and step >= size:
         step //= 2
     if step <= 1:
-        return list(range(size, 0, -1))
-    return [size] + [w for w in range((size - 1) // step * step, 0, -step)]
+        return [w for w in range(size, 0, -1) if w == size or w >= minimum]
+    return [size] + [w for w in range((size - 1) // step * step, 0, -step) if w >= minimum]
 
 
 def segment_key(group: str, index: int) -> str:
@@ -126,15 +127,17 @@ def calibrated_saving(points: list[tuple[float, float]], additive: float) -> flo
     return additive * m / a
 
 
-def segment_ladders(wg: WidthGraph, group: ChannelGroup, multiple: int) -> list[list[int]]:
+def segment_ladders(wg: WidthGraph, group: ChannelGroup, multiple: int, minimum: int = 0) -> list[list[int]]:
     """The allowed widths of each segment of ``group``: :func:`allowed_widths`, halving the multiple only in a
     group of one segment — in a group of several (the option-A streams) every segment steps by the multiple,
-    so that the width of every value (a sum of segment widths) lands on it too."""
+    so that the width of every value (a sum of segment widths) lands on it too. No segment narrower than
+    ``minimum`` (one no wider stays whole)."""
     segments = wg.segments(group)
     if len(segments) == 1:
-        return [allowed_widths(len(segments[0]), multiple)]
-    return [[len(seg)] + [w for w in range((len(seg) - 1) // multiple * multiple, 0, -multiple)]
-            if multiple > 1 else list(range(len(seg), 0, -1)) for seg in segments]
+        return [allowed_widths(len(segments[0]), multiple, minimum)]
+    return [[len(seg)] + [w for w in range((len(seg) - 1) // multiple * multiple, 0, -multiple) if w >= minimum]
+            if multiple > 1 else [w for w in range(len(seg), 0, -1) if w == len(seg) or w >= minimum]
+            for seg in segments]
 
 
 def _pricer(wg: WidthGraph, units: list[tuple[str, list[int], torch.Tensor, list[int]]], keys: list[str],
@@ -214,8 +217,10 @@ def _cost_weights(units: list, price: Callable[[list[int]], float], full: float)
 
 def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: str, ratio: float,
                     multiple: int = 8, latency: Mapping[str, Any] | None = None,
-                    report: dict[str, Any] | None = None, weighting: str = "cost") -> dict[str, list[int]]:
-    """Keep sets (indices into each group's atoms, highest scores first kept) meeting ``budget`` ≤ ``ratio``.
+                    report: dict[str, Any] | None = None, weighting: str = "cost", minimum: int = 0
+                    ) -> dict[str, list[int]]:
+    """Keep sets (indices into each group's atoms, highest scores first kept) meeting ``budget`` ≤ ``ratio``,
+    every segment on :func:`segment_ladders` ``(multiple, minimum)``.
 
     ``scores``: one non-negative importance per atom for each group that may shrink. ``latency``: a width
     latency table (``minreal latency-table --kind width``), needed for ``latency_ratio``: the predicted
@@ -247,7 +252,7 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
         if s.numel() != g.size:
             raise CompressionError(f"channel group {name!r}: {s.numel()} scores for {g.size} channels")
         norm = s / s.mean().clamp_min(1e-30)
-        for k, (seg, ladder) in enumerate(zip(wg.segments(g), segment_ladders(wg, g, multiple))):
+        for k, (seg, ladder) in enumerate(zip(wg.segments(g), segment_ladders(wg, g, multiple, minimum))):
             keys.append(segment_key(name, k))
             units.append((name, sorted(seg, key=lambda i: -float(s[i])), norm, ladder))
     price = _pricer(wg, units, keys, budget, latency)
@@ -280,7 +285,8 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
             step = [len(units[u][3]) - 1 for u in range(len(units))]
             raise CompressionError(f"{flag_of(budget)} {ratio:g} cannot be reached by width cuts: the smallest "
                                    f"predicted ratio is {price(widths()) / full:.4f} (every group at its "
-                                   f"narrowest allowed width; frozen groups stay whole)")
+                                   f"narrowest allowed width{f', --width-min {minimum}: a lower one cuts further' if minimum else ''}; "
+                                   "frozen groups stay whole)")
         step[best[0]] = best[1]
         current = best_cost
     while True:  # refill: widen back, most importance regained per cost first, while the budget still holds

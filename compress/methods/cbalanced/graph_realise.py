@@ -23,10 +23,11 @@ __all__ = ["round_width", "balanced_leverage", "ls_merge", "group_cuts",
            "realise_groups", "reinitialise", "as_sequential", "group_params", "count_params"]
 
 
-def round_width(rank: int, size: int, multiple: int) -> int:
-    """The narrowest width on the provider's fast multiple that holds ``rank`` channels (the smallest of
-    :func:`~compress.core.width.allocate.allowed_widths` ``(size, multiple)`` that is at least ``rank``)."""
-    return min(w for w in allowed_widths(size, multiple) if w >= min(rank, size))
+def round_width(rank: int, size: int, multiple: int, minimum: int = 0) -> int:
+    """The narrowest width on the provider's fast multiple (and not below its ``minimum``) that holds ``rank``
+    channels: the smallest of :func:`~compress.core.width.allocate.allowed_widths` ``(size, multiple, minimum)``
+    that is at least ``rank``."""
+    return min(w for w in allowed_widths(size, multiple, minimum) if w >= min(rank, size))
 
 
 def balanced_leverage(gc_root: torch.Tensor, vb: torch.Tensor, rank: int) -> torch.Tensor:

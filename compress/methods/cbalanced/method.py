@@ -244,8 +244,8 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig)
     t0 = time.perf_counter()
     plan = _plan(model, calib, cfg)
     report.timings_s["gramians"] = time.perf_counter() - t0
-    multiple = cfg.width_multiple if plan.kind == "channel groups" else 1
-    widths = {p: round_width(a.rank_c, a.dim, multiple) for p, a in plan.analyses.items()}
+    multiple, minimum = (cfg.width_multiple, cfg.width_min) if plan.kind == "channel groups" else (1, 0)
+    widths = {p: round_width(a.rank_c, a.dim, multiple, minimum) for p, a in plan.analyses.items()}
     t0 = time.perf_counter()
     new, variants = _variants(model, plan, widths, train_set, val, cfg)
     report.timings_s["realise_and_train"] = time.perf_counter() - t0

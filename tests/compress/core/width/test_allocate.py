@@ -113,3 +113,44 @@ def test_cost_weight_is_the_whole_ladder_saving_per_channel() -> None:
         return 10.0 - sum(saving[u[0]][w] for u, w in zip(units, widths) if u[0] in saving)
 
     assert _cost_weights(units, price, 10.0) == [4.0 / 32, 1.0 / 8, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(("size", "multiple", "minimum", "expected"), [
+    (16, 16, 0, [16, 8]),  # a segment no wider than the multiple halves it
+    (16, 16, 16, [16]),  # ... unless the minimum keeps it whole
+    (64, 16, 16, [64, 48, 32, 16]),
+    (24, 8, 16, [24, 16]),
+    (10, 16, 16, [10]),  # narrower than the minimum: stays whole
+    (5, 1, 3, [5, 4, 3]),
+])
+def test_allowed_widths_step_by_the_multiple_and_stop_at_the_minimum(size: int, multiple: int, minimum: int,
+                                                                     expected: list[int]) -> None:
+    from compress.core.width.allocate import allowed_widths
+
+    assert allowed_widths(size, multiple, minimum) == expected
+
+
+def test_minimum_width_keeps_every_segment_at_or_above_it_and_names_the_option_when_unreachable(resnet) -> None:
+    """ResNet-20's channels are 16/32/64: with minimum 16 on multiples of 16 no kept segment is narrower than 16,
+    the 16-channel segments stay whole, and a budget below what that allows is refused naming --width-min."""
+    from compress.core.width.allocate import segment_ladders
+
+    wg, groups, stream = resnet
+    keep = allocate_widths(wg, _scores(groups, stream), "mac_ratio", 0.75, multiple=16, minimum=16)
+    assert _macs(wg, keep) <= 0.75 * _macs(wg, {g.name: list(range(g.size)) for g in groups}) * (1 + 1e-9)
+    for g in groups:
+        kept = set(keep[g.name])  # indices into the group, as its segments hold them
+        for seg, ladder in zip(wg.segments(g), segment_ladders(wg, g, 16, 16)):
+            width = len(kept & set(seg))
+            assert width in ladder and (width >= 16 or width == len(seg))
+    with pytest.raises(CompressionError, match="--width-min 16"):
+        allocate_widths(wg, _scores(groups, stream), "mac_ratio", 0.2, multiple=16, minimum=16)
+
+
+def test_cpu_defaults_are_multiples_of_16_at_least_16_and_gpus_keep_8() -> None:
+    from compress.core.options import width_multiple_defaults
+
+    assert width_multiple_defaults(("cpu",)) == {"width_multiple": 16, "width_min": 16}
+    assert width_multiple_defaults(("cuda",)) == {"width_multiple": 8, "width_min": 0}
+    assert width_multiple_defaults(("cuda", "cpu")) == {"width_multiple": 16, "width_min": 16}
+    assert width_multiple_defaults(()) == {}
