@@ -3,12 +3,21 @@ ResNet-32 on channel multiples 8 and 16, timed in fp32 and INT8 against the orig
 
 Goal: at batch 32, the INT8 file of a width cut at MAC ratio r runs in at most (r + 0.15) x the original's INT8
 latency, for r = 0.7, 0.5 and 0.35 (:data:`TARGETS`, :data:`SLACK`); the same check is reported at batch 1. Open
-question it decides: ONNX Runtime's MLAS blocks NCHWc channels by 16 on AVX-512F CPUs (``NchwcBlockSize = 16`` in
-``core/mlas/lib/platform.cpp``; 8 on AVX2) while minreal's width multiple is 8 on every CPU
-(``compress.core.options.WIDTH_MULTIPLE_BY_PROVIDER``), so every cut is made on each :data:`LADDERS` entry and timed in
-fp32 and INT8: ``m8`` (multiples of 8, at least 8), ``m16`` (multiples of 16, at least 16) and ``m8-min16``
-(multiples of 8, at least 16). ``multiples`` compares each ladder's latency ratios with ``m8``'s interpolated at the
-same MAC ratio, per precision and batch size.
+question it decided: ONNX Runtime's MLAS blocks NCHWc channels by 16 on AVX-512F CPUs (``NchwcBlockSize = 16`` in
+``core/mlas/lib/platform.cpp``; 8 on AVX2), and its x86 int8 convolution (``MlasConvSym``) packs output channels by 16
+and is only taken for at least 16 of them (``MlasConvSymPackWSize``), while minreal's width multiple was 8 on every
+CPU. So every cut is made on each :data:`LADDERS` entry and timed in fp32 and INT8: ``m8`` (multiples of 8, at least
+8), ``m16`` (multiples of 16, at least 16: minreal's CPU default since, ``WIDTH_MULTIPLE_BY_PROVIDER`` and
+``WIDTH_MIN_BY_PROVIDER`` in ``compress.core.options``) and ``m8-min16`` (multiples of 8, at least 16).
+``multiples`` compares each ladder's latency ratios with ``m8``'s interpolated at the same MAC ratio, per precision
+and batch size.
+
+Where the time goes: after timing, every INT8 file is profiled at each batch size in one more session with
+onnxruntime's profiler (``runtime_bench.node_profile``, 30 runs after 5 warm-up, per kernel the median): time per op
+type, every convolution's channels, MACs, time and GMAC/s, whether MLAS's symmetric kernel is expected for it
+(:func:`sym_kernel_expected`), the convolutions by output channels, and per cut its convolution time and the rest
+against the original's (``profile``). Profiling adds a little time per kernel: its sums are compared with each other,
+not with the timed latencies.
 
 Cuts: per ladder and target r, one fraction f scales every segment of every cuttable channel group
 (``compress.core.width``: ``analyse``, ``WidthGraph.segments``; ResNet-32's option-A stream is one group of three
@@ -62,12 +71,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+import onnx  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from _common import cpu_share, cpu_times, write_json  # noqa: E402
 from int8_formats import CIFAR, RESNET32, cifar_case, quant_record  # noqa: E402
-from compress.core.options import WIDTH_MULTIPLE_BY_PROVIDER  # noqa: E402
+from compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER  # noqa: E402
 from compress.core.width import Cut, WidthGraph, analyse, apply_cuts  # noqa: E402
 from compress.core.width.allocate import segment_key  # noqa: E402
 from compress.core.width.cost import cost_terms  # noqa: E402
@@ -80,6 +90,7 @@ from runtime_bench.cpu import cpu_int8_target, cpu_isa, u8s8_saturates  # noqa: 
 from runtime_bench.environment import cpu_model  # noqa: E402
 from runtime_bench.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS  # noqa: E402
 from runtime_bench.model_info import float_roundtrips, optimized_graph  # noqa: E402
+from runtime_bench.node_profile import KernelTime, op_totals, profile_kernels  # noqa: E402
 from runtime_bench.timing import ratio_summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +108,8 @@ PRECISIONS = ("fp32", "int8")
 ORIGINAL = "original"
 HELDOUT, QUICK_HELDOUT = 2000, 200
 QUICK_LADDERS, QUICK_TARGETS = ("m8",), (0.5,)
+PROFILE_RUNS, PROFILE_WARMUP = 30, 5
+CONV_OPS = frozenset({"QLinearConv", "Conv", "FusedConv"})
 _T0 = time.perf_counter()
 
 
@@ -125,7 +138,8 @@ class Ladder:
 
 
 LADDERS: dict[str, Ladder] = {"m8": Ladder(8, 8), "m16": Ladder(16, 16), "m8-min16": Ladder(8, 16)}
-"""The width ladders compared: minreal's CPU multiple (8), MLAS's AVX-512 NCHWc block (16), and 8 with 16 as floor."""
+"""The width ladders compared: minreal's former CPU multiple (8), its CPU default now (16, at least 16: MLAS's AVX-512
+NCHWc block and its int8 convolution's output-channel pack), and 8 with 16 as floor."""
 
 
 @dataclass(frozen=True)
@@ -326,6 +340,82 @@ def latency_rows(names: Sequence[str], procs: Mapping[tuple[str, int], list[floa
     return rows
 
 
+# ---------------------------------------------------------------------------------------------------- the profile
+def sym_kernel_expected(cin: int, cout: int, group: int, avx512: bool) -> bool:
+    """Whether MLAS may run a QLinearConv with symmetric int8 weights (zero point 0, as ``QuantConfig`` writes
+    them on the CPU) through its indirect symmetric kernel ``MlasConvSym`` instead of im2col and a packed GEMM: the
+    conditions of ``MlasConvSymPackWSize`` (onnxruntime ``core/mlas/lib/convsym.cpp``, x86): an ungrouped conv
+    whose input channels are a multiple of 4 and whose output channels are at least 16 (the filter packs 16
+    output channels at a time, zero-padded) and a multiple of 4 (AVX-512) or 8 (AVX2, AVX-VNNI)."""
+    return group == 1 and cin % 4 == 0 and cout >= 16 and cout % (4 if avx512 else 8) == 0
+
+
+def conv_rows(kernels: Sequence[KernelTime], batch: int, avx512: bool) -> list[dict[str, Any]]:
+    """One row per convolution kernel of a profile: channels, kernel size, output pixels, MACs, median µs,
+    GMAC/s and whether MLAS's symmetric kernel is expected (:func:`sym_kernel_expected`)."""
+    rows = []
+    for k in kernels:
+        if k.op_type not in CONV_OPS or k.macs is None:
+            continue
+        w = k.inputs[3 if k.op_type == "QLinearConv" else 1]
+        cout, cin_g, taps = w[0], w[1], int(np.prod(w[2:]))
+        x = k.inputs[0]
+        channels_last = k.op_type == "QLinearConv" and x is not None and x[-1] != x[1]
+        cin = x[-1] if channels_last else x[1]
+        group = max(1, cin // cin_g)
+        rows.append({"node": k.name, "op": k.op_type, "cin": cin, "cout": cout, "kernel": taps, "group": group,
+                     "pixels": k.macs // (batch * cout * cin_g * taps), "macs": k.macs,
+                     "us": round(k.median_us, 1), "gmac_per_s": round(k.macs / k.median_us / 1e3, 1),
+                     "sym_kernel_expected": sym_kernel_expected(cin, cout, group, avx512)})
+    return rows
+
+
+def by_out_channels(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Convolutions grouped by output channels: count, MACs, µs and GMAC/s of the group."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        g = out.setdefault(str(r["cout"]), {"convs": 0, "macs": 0, "us": 0.0})
+        g["convs"] += 1
+        g["macs"] += r["macs"]
+        g["us"] += r["us"]
+    for g in out.values():
+        g["us"] = round(g["us"], 1)
+        g["gmac_per_s"] = round(g["macs"] / g["us"] / 1e3, 1) if g["us"] else None
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def profile_variant(path: Path, x: np.ndarray, batch: int, threads: int, avx512: bool) -> dict[str, Any]:
+    """One file's kernels at ``batch`` (:func:`runtime_bench.node_profile.profile_kernels`, the timed sessions'
+    options plus profiling): time by op type, every convolution's row and the convolutions by output channels."""
+    name = onnx.load(str(path), load_external_data=False).graph.input[0].name
+    kernels = profile_kernels(path, "CPUExecutionProvider", threads, {name: x[:batch]}, PROFILE_RUNS, PROFILE_WARMUP)
+    rows = conv_rows(kernels, batch, avx512)
+    conv_us = sum(r["us"] for r in rows)
+    return {"total_us": round(sum(k.median_us for k in kernels), 1), "conv_us": round(conv_us, 1),
+            "conv_macs": sum(r["macs"] for r in rows),
+            "conv_gmac_per_s": round(sum(r["macs"] for r in rows) / conv_us / 1e3, 1) if conv_us else None,
+            "by_op": op_totals(kernels), "by_out_channels": by_out_channels(rows), "convs": rows}
+
+
+def profile_files(files: Mapping[str, dict[str, Any]], x: np.ndarray, threads: int) -> dict[str, Any]:
+    """Every INT8 file profiled at each batch size, and per cut its INT8 convolution time against the original's
+    next to its convolution MAC ratio: where the time that the MACs promise to save goes."""
+    avx512 = "avx512f" in set(cpu_isa().flags)
+    out: dict[str, Any] = {}
+    for b in BATCHES:
+        per = {name: profile_variant(Path(f["paths"]["int8"]), x, b, threads, avx512) for name, f in files.items()}
+        say(f"profiled {len(per)} INT8 files at batch {b}")
+        base = per[ORIGINAL]
+        for name, p in per.items():
+            p["versus_original"] = {
+                "conv_macs": round(p["conv_macs"] / base["conv_macs"], 4),
+                "conv_us": round(p["conv_us"] / base["conv_us"], 4),
+                "other_us": round((p["total_us"] - p["conv_us"]) / max(base["total_us"] - base["conv_us"], 1e-9), 4),
+                "total_us": round(p["total_us"] / base["total_us"], 4)}
+        out[str(b)] = per
+    return out
+
+
 # ------------------------------------------------------------------------------------------------------ the goal
 def goal_row(cut: UniformCut, timed: str, files: Mapping[str, dict[str, Any]],
              rows: Mapping[str, dict[str, Any]], batches: Sequence[int]) -> dict[str, Any]:
@@ -417,7 +507,8 @@ def environment(threads: int) -> dict[str, Any]:
             "avx2": "avx2" in flags, "avx512f": "avx512f" in flags, "avx512_vnni": "avx512_vnni" in flags,
             "nchwc_block_expected": 16 if "avx512f" in flags else 8 if "avx2" in flags else None,
             "cpu_int8_target": cpu_int8_target(), "u8s8_saturates": u8s8_saturates(),
-            "width_multiple_cpu_default": WIDTH_MULTIPLE_BY_PROVIDER["cpu"], "intra_op_threads": threads,
+            "width_multiple_cpu_default": WIDTH_MULTIPLE_BY_PROVIDER["cpu"],
+            "width_min_cpu_default": WIDTH_MIN_BY_PROVIDER["cpu"], "intra_op_threads": threads,
             "logical_cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
             "commit": commit, "library_changes_uncommitted": bool(dirty),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": list(os.getloadavg())}
@@ -500,6 +591,8 @@ def measure(args: argparse.Namespace, config: BenchConfig, work: Path) -> dict[s
     before = cpu_times()
     procs, pooled, top1 = time_files(files, case.x, case.y, config)
     timing_share = cpu_share(before, cpu_times())
+    say(f"profiling the INT8 files' kernels ({PROFILE_RUNS} runs after {PROFILE_WARMUP} warm-up, one process)")
+    profile = profile_files(files, case.x.numpy(), config.threads())
     rows = latency_rows(list(files), procs, pooled, BATCHES)
     goals = goal_table(cuts, files, rows, BATCHES)
     compared = multiples(goals, rows, BATCHES)
@@ -507,7 +600,7 @@ def measure(args: argparse.Namespace, config: BenchConfig, work: Path) -> dict[s
                        "heldout_top1": {p: top1.get(f"{name}.{p}") for p in PRECISIONS}} for name, f in files.items()}
     return {"heldout_samples": len(case.y), "cpu_share_timing": timing_share,
             "cuts": [asdict(c) | {"name": c.name} for c in cuts], "variants": variants, "goal": goals,
-            "goal_met_everywhere": all(g["met"] for g in goals), "multiples": compared,
+            "goal_met_everywhere": all(g["met"] for g in goals), "multiples": compared, "profile": profile,
             "verdict": verdict(goals, compared)}
 
 
