@@ -23,7 +23,7 @@ import numpy as np
 
 from .facts import INTEGER_KERNEL_OPERANDS
 from .inputs import load_model_proto
-from .placement import node_macs
+from .placement import _event_shapes, _prod, node_macs
 from .runtime import onnxruntime_module
 from .sessions import session_options
 
@@ -49,13 +49,6 @@ class KernelTime:
     macs: int | None
 
 
-def _prod(shape: Shape) -> int:
-    out = 1
-    for d in shape:
-        out *= int(d)
-    return out
-
-
 def kernel_macs(op_type: str, inputs: Sequence[Shape | None], outputs: Sequence[Shape | None]) -> int | None:
     """MACs of one kernel from its shapes: the float kernels by :func:`runtime_bench.placement.node_macs`, the
     integer ones from their own operand order (QLinearConv's weight is its 4th input: ``prod(Y) * prod(W[1:])``;
@@ -77,14 +70,8 @@ def kernel_macs(op_type: str, inputs: Sequence[Shape | None], outputs: Sequence[
 
 
 def _shapes(args: Mapping[str, Any], key: str) -> tuple[tuple[int, ...] | None, ...]:
-    entries = args.get(key)
-    if not isinstance(entries, list):
-        return ()
-    out = []
-    for e in entries:
-        shape = next(iter(e.values()), None) if isinstance(e, dict) else None
-        out.append(tuple(int(d) for d in shape) if isinstance(shape, list) else None)
-    return tuple(out)
+    """:func:`runtime_bench.placement._event_shapes` as tuples (``()`` when the event records none)."""
+    return tuple(None if v is None else tuple(int(d) for d in v) for v in _event_shapes(args, key) or ())
 
 
 def _merged(recorded: tuple[tuple[int, ...] | None, ...], graph: Sequence[tuple[int, ...] | None]
