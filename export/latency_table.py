@@ -8,7 +8,8 @@ ranks, exported alone to ONNX and timed in isolation. JSON: ``{"provider", "mode
 :func:`compress.core.width.allocate.load_width_latency_table`): for each segment of each cuttable channel group
 (:meth:`~compress.core.width.graph.WidthGraph.segments`), the whole model with only that segment narrowed, at
 every allowed width on the provider's fast multiple, exported to ONNX and timed interleaved with the full model.
-JSON: ``{"kind": "width", "provider", "model_hash", "input_shape" (per sample), "batch", "multiple", "precision",
+JSON: ``{"kind": "width", "provider", "model_hash", "input_shape" (per sample), "batch", "multiple", "minimum",
+"precision",
 "model_ms", "segments": {"<group>/<k>": {"size", "widths": [full, ...], "ms": [model_ms, ...]}}}``; ``"precision":
 "int8"`` times each variant's INT8 file (static QDQ in this CPU's format, calibrated on the example batch) instead
 of its fp32 file: ONNX Runtime's int8 and fp32 kernels favour different widths (on x86 an int8 convolution with
@@ -215,12 +216,12 @@ def _narrowed(wg: WidthGraph, group: ChannelGroup, segment: list[int], width: in
     return apply_cuts(wg, {group.name: Cut(keep=[i for i in range(group.size) if i not in drop])})
 
 
-def _time_group(wg: WidthGraph, group: ChannelGroup, full: Path, multiple: int, bench: _Bench
+def _time_group(wg: WidthGraph, group: ChannelGroup, full: Path, multiple: int, minimum: int, bench: _Bench
                 ) -> tuple[float, dict[int, tuple[list[int], list[float]]]]:
     """Median ms of the full model and, per segment index, (narrower widths, their median ms), all timed in one
     interleaved run."""
     paths, where = [full], []
-    for k, (segment, ladder) in enumerate(zip(wg.segments(group), segment_ladders(wg, group, multiple))):
+    for k, (segment, ladder) in enumerate(zip(wg.segments(group), segment_ladders(wg, group, multiple, minimum))):
         for w in ladder[1:]:
             paths.append(bench.file(_narrowed(wg, group, segment, w), f"{k}-{w}"))
             where.append((k, w))
@@ -237,22 +238,23 @@ def _time_group(wg: WidthGraph, group: ChannelGroup, full: Path, multiple: int, 
 UNIFORM_FRACTIONS = (0.75, 0.5, 0.25)
 
 
-def _uniform_widths(wg: WidthGraph, groups: list[ChannelGroup], fraction: float, multiple: int) -> dict[str, int]:
+def _uniform_widths(wg: WidthGraph, groups: list[ChannelGroup], fraction: float, multiple: int, minimum: int
+                    ) -> dict[str, int]:
     """Per segment key: the allowed width nearest ``fraction`` of its size."""
     widths = {}
     for g in groups:
-        for k, (segment, ladder) in enumerate(zip(wg.segments(g), segment_ladders(wg, g, multiple))):
+        for k, (segment, ladder) in enumerate(zip(wg.segments(g), segment_ladders(wg, g, multiple, minimum))):
             widths[segment_key(g.name, k)] = min(ladder, key=lambda w: abs(w - fraction * len(segment)))
     return widths
 
 
-def _time_uniform(wg: WidthGraph, groups: list[ChannelGroup], full: Path, multiple: int, bench: _Bench
-                  ) -> tuple[float, dict[str, Any]]:
+def _time_uniform(wg: WidthGraph, groups: list[ChannelGroup], full: Path, multiple: int, minimum: int,
+                  bench: _Bench) -> tuple[float, dict[str, Any]]:
     """Median ms of the full model and of the model with every segment at each of :data:`UNIFORM_FRACTIONS`
     (interleaved in one run): ``{"fractions", "widths": {segment key: [width per fraction]}, "ms"}``."""
     paths, per_fraction = [full], []
     for j, f in enumerate(UNIFORM_FRACTIONS):
-        widths = _uniform_widths(wg, groups, f, multiple)
+        widths = _uniform_widths(wg, groups, f, multiple, minimum)
         per_fraction.append(widths)
         cuts = {}
         for g in groups:
@@ -277,8 +279,8 @@ def _cuttable(wg: WidthGraph) -> list[ChannelGroup]:
 
 def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, provider: str = "cpu",
                               multiple: int = 8, out_path: str | Path | None = None, threads: int | None = None,
-                              progress: Callable[[str], None] | None = None, precision: str = "fp32"
-                              ) -> dict[str, Any]:
+                              progress: Callable[[str], None] | None = None, precision: str = "fp32",
+                              minimum: int = 0) -> dict[str, Any]:
     """Measure (or reuse) the width latency table of ``model`` on ``provider`` (format: see the module doc).
 
     Args:
@@ -286,13 +288,17 @@ def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, pro
         example_input: a batch at the batch size to optimise for (its first two samples drive the analysis; an
             INT8 table calibrates every variant on it).
         provider: short provider name (``cpu``, ``cuda``, ``tensorrt``).
-        multiple: widths measured per segment: ``segment_ladders(...)`` below the full width.
+        multiple: widths measured per segment: ``segment_ladders(...)`` below the full width. The Python default is
+            the GPUs' 8; the CLI takes the provider's (:data:`~compress.core.options.WIDTH_MULTIPLE_BY_PROVIDER`).
         out_path: JSON destination, written atomically; an existing table for the same model and settings is
             returned as is. ``None``: measure and return without writing.
         threads: intra-op threads (default: physical cores).
         progress: called with one line per channel group (default: the module's logger).
         precision: one of :data:`WIDTH_PRECISIONS`: time the variants' fp32 files, or their INT8 files (static QDQ
             in this CPU's format; CPU provider only), for a model that will run in INT8.
+        minimum: no segment measured narrower than this (``segment_ladders``' minimum); the width methods refuse a
+            table whose minimum is above theirs. The CLI takes the provider's
+            (:data:`~compress.core.options.WIDTH_MIN_BY_PROVIDER`: 16 on the CPU).
 
     Raises:
         CompressionError: the model has no cuttable channel group.
@@ -305,7 +311,7 @@ def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, pro
                          f"not {provider!r}")
     shape = tuple(example_input.shape)
     header = {"kind": "width", "provider": provider, "model_hash": model_key(model), "input_shape": list(shape[1:]),
-              "batch": shape[0], "multiple": multiple, "precision": precision}
+              "batch": shape[0], "multiple": multiple, "minimum": minimum, "precision": precision}
     hit = _reusable(Path(out_path) if out_path is not None else None, header)
     if hit is not None:
         return hit
@@ -319,10 +325,10 @@ def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, pro
         for i, g in enumerate(groups, 1):
             say(f"[{i}/{len(groups)}] channel group {g.name} ({g.size} channels, "
                 f"{len(wg.segments(g))} segment(s)): timing narrower widths in {precision}")
-            runs.append((g, *_time_group(wg, g, full, multiple, bench)))
+            runs.append((g, *_time_group(wg, g, full, multiple, minimum, bench)))
         say(f"timing every group cut together at {', '.join(f'{f:g}' for f in UNIFORM_FRACTIONS)} of its width "
             "(calibrates the sum of single-group savings)")
-        uniform_full, uniform = _time_uniform(wg, groups, full, multiple, bench)
+        uniform_full, uniform = _time_uniform(wg, groups, full, multiple, minimum, bench)
     model_ms = float(np.median([full_ms for _, full_ms, _ in runs]))
     uniform["ms"] = [model_ms * t / uniform_full for t in uniform["ms"]]
     segments = {}

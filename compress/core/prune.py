@@ -155,7 +155,7 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
     budget, ratio = cfg.target()
     latency = load_width_latency_table(cfg.latency_table) if budget == "latency_ratio" else None
     if latency is not None:
-        check_width_table(latency, cfg.latency_table, prep.model, cfg.width_multiple)
+        check_width_table(latency, cfg.latency_table, prep.model, cfg.width_multiple, cfg.width_min)
     allocation: dict = {}
     weighting = cfg.importance_weighting
     if weighting == "auto":

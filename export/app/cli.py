@@ -1061,14 +1061,17 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
 @click.option("--width-multiple", type=click.IntRange(min=1), default=None,
               help="Widths measured in steps of this many channels (--kind width); default the provider's fast "
                    "multiple, as the width methods use it (cpu 16, GPU 8).")
+@click.option("--width-min", type=click.IntRange(min=0), default=None,
+              help="No width measured below this many channels (--kind width); default the provider's, as the width "
+                   "methods use it (cpu 16, GPU 0). A table serves allocations whose --width-min is at least its own.")
 @click.option("--int8", is_flag=True,
               help="Time each variant's INT8 file (static QDQ in this CPU's format, calibrated on the example batch) "
                    "for a model that will run in INT8 (--kind width, cpu provider): int8 kernels favour other widths.")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @common
 def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_shape: str | None, batch: int,
-                      provider: str, ranks_per_layer: int, width_multiple: int | None, int8: bool, weights: str | None,
-                      quiet: bool, as_json: bool) -> None:
+                      provider: str, ranks_per_layer: int, width_multiple: int | None, width_min: int | None,
+                      int8: bool, weights: str | None, quiet: bool, as_json: bool) -> None:
     """Measure latencies on a provider: per factorisable layer for `compress -m factorize --latency` (--kind rank),
     or per channel-group width for the width methods' --latency-ratio (--kind width)."""
     if int8 and (kind != "width" or provider != "cpu"):
@@ -1091,14 +1094,15 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
         raise SpecError("latency-table needs an example input: pass --data SPEC or --input-shape C,H,W")
     check_input_shape(net, x, model)
     if kind == "width":
-        from compress.core.options import WIDTH_MULTIPLE_BY_PROVIDER
+        from compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER
 
         width_multiple = width_multiple or WIDTH_MULTIPLE_BY_PROVIDER.get(provider, 8)
+        width_min = WIDTH_MIN_BY_PROVIDER.get(provider, 0) if width_min is None else width_min
         precision = "int8" if int8 else "fp32"
         con.progress(f"timing {model} with each channel-group segment narrowed on {provider} (whole-model exports, "
                      f"{precision})")
         table = build_width_latency_table(net, x, provider, width_multiple, out_path=Path(out),
-                                          progress=con.progress, precision=precision)
+                                          progress=con.progress, precision=precision, minimum=width_min)
         widths = sum(len(e["widths"]) - 1 for e in table["segments"].values())
         con.table(f"wrote {out} ({len(table['segments'])} segments, {widths} narrower widths on {provider}; "
                   f"whole model {table['model_ms']:.3f} ms at batch {table['batch']})")

@@ -14,10 +14,11 @@ from torch import nn
 
 import export.latency_table as latency_table
 from compress import CompressionError
-from compress.core.options import WIDTH_MULTIPLE_BY_PROVIDER
+from compress.core.cache import model_key
+from compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER
 from compress.core.width import analyse
-from compress.core.width.allocate import (allocate_widths, calibrated_saving, load_width_latency_table,
-                                           saving_curve, segment_key)
+from compress.core.width.allocate import (allocate_widths, calibrated_saving, check_width_table,
+                                           load_width_latency_table, saving_curve, segment_key)
 from export.app.cli import run
 from export.latency_table import build_latency_table, build_width_latency_table
 
@@ -181,12 +182,15 @@ def test_cli_width_latency_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     argv = ["latency-table", "net.py:make", "--kind", "width", "--input-shape", "3,16,16", "--out", "t.json", "-q"]
     assert run(argv) == 0
     table = json.loads((tmp_path / "t.json").read_text())
-    assert table["kind"] == "width" and table["multiple"] == WIDTH_MULTIPLE_BY_PROVIDER["cpu"] == 16  # the default
-    assert {k: (e["size"], e["widths"]) for k, e in table["segments"].items()} == {"0/0": (16, [16, 8]),
-                                                                                   "2/0": (16, [16, 8])}
-    assert "2 segments, 2 narrower widths on cpu" in capsys.readouterr().out
-    assert run([*argv[:-3], "--width-multiple", str(MULTIPLE), "--out", "t8.json", "-q"]) == 0
-    assert json.loads((tmp_path / "t8.json").read_text())["multiple"] == MULTIPLE
+    assert table["kind"] == "width" and table["multiple"] == WIDTH_MULTIPLE_BY_PROVIDER["cpu"] == 16  # the defaults
+    assert table["minimum"] == WIDTH_MIN_BY_PROVIDER["cpu"] == 16
+    assert {k: (e["size"], e["widths"]) for k, e in table["segments"].items()} == {"0/0": (16, [16]),
+                                                                                   "2/0": (16, [16])}
+    assert "2 segments, 0 narrower widths on cpu" in capsys.readouterr().out  # 16 channels: none below the minimum
+    assert run([*argv[:-3], "--width-multiple", str(MULTIPLE), "--width-min", "0", "--out", "t8.json", "-q"]) == 0
+    t8 = json.loads((tmp_path / "t8.json").read_text())
+    assert (t8["multiple"], t8["minimum"]) == (MULTIPLE, 0)
+    assert {k: e["widths"] for k, e in t8["segments"].items()} == {"0/0": [16, 8], "2/0": [16, 8]}
     argv = ["latency-table", "linear.py:make", "--kind", "width", "--input-shape", "12", "--out", "l.json", "-q"]
     assert run(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -250,3 +254,19 @@ def test_cli_int8_table_is_a_cpu_width_table(tmp_path: Path, monkeypatch: pytest
         assert run(argv) == 2
         assert "--int8 measures a width table on the cpu provider" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()
+
+
+def test_check_width_table_refuses_other_settings(resnet: nn.Module) -> None:
+    """A width table serves an allocation on the same weights and multiple whose minimum is at least the table's
+    (a higher one only chooses among measured widths; a lower one would need widths the table never timed)."""
+    table = {"model_hash": model_key(resnet), "multiple": 8, "minimum": 16}
+    check_width_table(table, "t.json", resnet, 8, 16)
+    check_width_table(table, "t.json", resnet, 8, 32)
+    check_width_table({"model_hash": model_key(resnet), "multiple": 8}, "t.json", resnet, 8, 0)  # older: minimum 0
+    with pytest.raises(CompressionError, match=r"^width latency table t.json measured no width below 16 channels "
+                                               r"but --width-min is 0; rebuild it with --width-min 0"):
+        check_width_table(table, "t.json", resnet, 8, 0)
+    with pytest.raises(CompressionError, match="steps by 8 channels but --width-multiple is 16"):
+        check_width_table(table, "t.json", resnet, 16, 16)
+    with pytest.raises(CompressionError, match="measured on another model"):
+        check_width_table({**table, "model_hash": "0" * 16}, "t.json", resnet, 8, 16)

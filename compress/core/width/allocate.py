@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..errors import CompressionError
-from ..options import WIDTH_MULTIPLE_BY_PROVIDER, flag_of, width_multiple_defaults
+from ..options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER, flag_of, width_multiple_defaults
 from .cost import cost_terms
 from .graph import ChannelGroup, WidthGraph
 
@@ -25,9 +26,9 @@ WEIGHTINGS = ("cost", "none")
 """The allocator's weightings (:data:`compress.core.options.IMPORTANCE_WEIGHTINGS` less ``auto``, which the
 pruning methods resolve per method)."""
 
-__all__ = ["WEIGHTINGS", "WIDTH_MULTIPLE_BY_PROVIDER", "width_multiple_defaults", "allowed_widths", "segment_ladders",
-           "allocate_widths", "segment_key", "load_width_latency_table", "saving_curve", "calibrated_saving",
-           "check_width_table", "BUDGET_COST"]
+__all__ = ["WEIGHTINGS", "WIDTH_MULTIPLE_BY_PROVIDER", "WIDTH_MIN_BY_PROVIDER", "width_multiple_defaults",
+           "allowed_widths", "segment_ladders", "allocate_widths", "segment_key", "load_width_latency_table",
+           "saving_curve", "calibrated_saving", "check_width_table", "BUDGET_COST"]
 
 #: Which predicted cost each whole-model budget field prices.
 BUDGET_COST = {"mac_ratio": "macs", "param_ratio": "params"}
@@ -140,9 +141,100 @@ def segment_ladders(wg: WidthGraph, group: ChannelGroup, multiple: int, minimum:
             for seg in segments]
 
 
+class _Price:
+    """The predicted cost of unit widths: ``price(widths)`` for any widths; after ``price.set(widths)``,
+    ``price.moved(u, w)`` is the cost of those widths with unit ``u`` at width ``w``. The base class evaluates every
+    call in full."""
+
+    def __init__(self, full: Callable[[list[int]], float]) -> None:
+        self._full, self._widths = full, []
+
+    def __call__(self, widths: list[int]) -> float:
+        return self._full(widths)
+
+    def set(self, widths: list[int]) -> None:
+        self._widths = list(widths)
+
+    def moved(self, u: int, w: int) -> float:
+        widths = self._widths.copy()
+        widths[u] = w
+        return self._full(widths)
+
+
+class _CountPrice(_Price):
+    """MACs or parameters of unit widths, summed over the cost terms (layer positions): a term costs
+    ``n_out * n_in * unit + n_out * bias`` with its kept output and input atoms counted. ``moved`` recounts only the
+    terms the moved unit's atoms belong to, and sums the same per-term array as a full evaluation, so that both give
+    the same float (the greedy allocator's choices do not depend on which one priced a move)."""
+
+    def __init__(self, terms: list, where: Mapping[int, tuple[int, int]], key: str, units: int) -> None:
+        def flat(atom_lists: list[list[int] | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """Every (term, atom) pair as three flat arrays: the term's index, the atom's unit (-1: in no unit,
+            always kept) and its rank in that unit."""
+            term, unit, rank = [], [], []
+            for k, atoms in enumerate(atom_lists):
+                for a in atoms or ():
+                    u, r = where.get(a, (-1, 0))
+                    term.append(k)
+                    unit.append(u)
+                    rank.append(r)
+            return (np.asarray(term, dtype=np.int64), np.asarray(unit, dtype=np.int64),
+                    np.asarray(rank, dtype=np.int64))
+
+        self.n_terms = len(terms)
+        self.out = flat([t.out_atoms for t in terms])
+        self.ins = flat([t.in_atoms or None for t in terms])
+        self.no_inputs = np.asarray([not t.in_atoms for t in terms], dtype=bool)
+        self.unit_w = np.asarray([t.mac_unit if key == "macs" else t.param_unit for t in terms], dtype=np.float64)
+        self.bias_w = np.asarray([t.extra_macs if key == "macs" else t.bias for t in terms], dtype=np.float64)
+        self.fixed = np.asarray([float(t.in_fixed) for t in terms], dtype=np.float64)
+        # per unit, its (term, rank) pairs on each side, and the terms it touches
+        self.per_unit = []
+        for u in range(units):
+            o, i = self.out[1] == u, self.ins[1] == u
+            touched = np.union1d(self.out[0][o], self.ins[0][i][~self.no_inputs[self.ins[0][i]]])
+            self.per_unit.append((touched, (np.searchsorted(touched, self.out[0][o]), self.out[2][o]),
+                                  (np.searchsorted(touched, self.ins[0][i]), self.ins[2][i])))
+        super().__init__(self._evaluate)
+
+    def _count(self, side: tuple[np.ndarray, np.ndarray, np.ndarray], w: np.ndarray) -> np.ndarray:
+        """Per term, its atoms kept at unit widths ``w`` (an atom of rank r in a unit of width w is kept iff r < w;
+        atoms in no unit are always kept): one pass over every (term, atom) pair."""
+        term, unit, rank = side
+        kept = (unit < 0) | (rank < w[np.maximum(unit, 0)])
+        return np.bincount(term, weights=kept.astype(np.float64), minlength=self.n_terms)
+
+    def _counts(self, widths: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        w = np.asarray(widths, dtype=np.int64) if widths else np.zeros(1, dtype=np.int64)
+        return self._count(self.out, w), np.where(self.no_inputs, self.fixed, self._count(self.ins, w))
+
+    def _contributions(self, n_out: np.ndarray, n_in: np.ndarray, at: Any = slice(None)) -> np.ndarray:
+        return n_out * n_in * self.unit_w[at] + n_out * self.bias_w[at]
+
+    def _evaluate(self, widths: list[int]) -> float:
+        return float(self._contributions(*self._counts(widths)).sum())
+
+    def set(self, widths: list[int]) -> None:
+        super().set(widths)
+        self.n_out, self.n_in = self._counts(widths)
+        self.terms_cost = self._contributions(self.n_out, self.n_in)
+
+    def moved(self, u: int, w: int) -> float:
+        touched, (o_at, o_rank), (i_at, i_rank) = self.per_unit[u]
+        now = self._widths[u]
+        n_out, n_in = self.n_out[touched].copy(), self.n_in[touched].copy()
+        n_out += np.bincount(o_at, weights=(o_rank < w).astype(np.float64) - (o_rank < now), minlength=len(touched))
+        real = ~self.no_inputs[touched]
+        n_in += real * np.bincount(i_at, weights=(i_rank < w).astype(np.float64) - (i_rank < now),
+                                   minlength=len(touched))
+        cost = self.terms_cost.copy()
+        cost[touched] = self._contributions(n_out, n_in, touched)
+        return float(cost.sum())
+
+
 def _pricer(wg: WidthGraph, units: list[tuple[str, list[int], torch.Tensor, list[int]]], keys: list[str],
-            budget: str, latency: Mapping[str, Any] | None) -> Callable[[list[int]], float]:
-    """The predicted cost as a function of every unit's width (vectorised over all layer positions)."""
+            budget: str, latency: Mapping[str, Any] | None) -> _Price:
+    """The predicted cost as a function of every unit's width (:class:`_Price`)."""
     if budget == "latency_ratio":
         model_ms, table, curve = float(latency["model_ms"]), latency["segments"], saving_curve(latency)
         if not any(k in table for k in keys):
@@ -153,40 +245,20 @@ def _pricer(wg: WidthGraph, units: list[tuple[str, list[int], torch.Tensor, list
             saving = sum(model_ms - _interpolate(table[k]["widths"], table[k]["ms"], w)
                          for k, w in zip(keys, widths) if k in table)
             return model_ms - calibrated_saving(curve, saving)
-        return latency_price
-    key = BUDGET_COST[budget]
+        return _Price(latency_price)
     where: dict[int, tuple[int, int]] = {}  # atom → (unit, rank of the atom in its unit)
     for u, (name, ranked, _, _) in enumerate(units):
         atoms = wg.group(name).atoms
         for r, i in enumerate(ranked):
             where[atoms[i]] = (u, r)
-    terms = cost_terms(wg)
-
-    def locate(atoms: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = [where.get(a, (-1, 0)) for a in atoms]
-        return torch.tensor([p[0] for p in pairs], dtype=torch.long), torch.tensor([p[1] for p in pairs])
-
-    outs = [locate(t.out_atoms) for t in terms]
-    ins = [locate(t.in_atoms) if t.in_atoms else None for t in terms]
-    unit_w = torch.tensor([t.mac_unit if key == "macs" else t.param_unit for t in terms], dtype=torch.float64)
-    bias_w = torch.tensor([t.extra_macs if key == "macs" else t.bias for t in terms], dtype=torch.float64)
-    fixed = torch.tensor([float(t.in_fixed) for t in terms], dtype=torch.float64)
-
-    def count(loc: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor) -> float:
-        unit, rank = loc
-        return float(((unit < 0) | (rank < w[unit.clamp(min=0)])).sum())
-
-    def cost_price(widths: list[int]) -> float:
-        w = torch.tensor(widths, dtype=torch.long) if widths else torch.zeros(1, dtype=torch.long)
-        n_out = torch.tensor([count(o, w) for o in outs], dtype=torch.float64)
-        n_in = torch.tensor([count(i, w) if i is not None else 0.0 for i in ins], dtype=torch.float64)
-        n_in = torch.where(torch.tensor([i is None for i in ins]), fixed, n_in)
-        return float((n_out * n_in * unit_w + n_out * bias_w).sum())
-    return cost_price
+    return _CountPrice(cost_terms(wg), where, BUDGET_COST[budget], len(units))
 
 
-def check_width_table(table: Mapping[str, Any], path: str | Path | None, model: nn.Module, multiple: int) -> None:
-    """Refuse a width latency table measured on other weights or at another width multiple (one line)."""
+def check_width_table(table: Mapping[str, Any], path: str | Path | None, model: nn.Module, multiple: int,
+                      minimum: int = 0) -> None:
+    """Refuse a width latency table measured on other weights, at another width multiple, or with a higher width
+    minimum than the allocation's (it lacks the narrower widths the allocator may choose; one line). A table
+    without ``"minimum"`` (written before the field existed) was measured with none."""
     from ..cache import model_key
 
     if table.get("model_hash") not in (None, model_key(model)):
@@ -196,6 +268,19 @@ def check_width_table(table: Mapping[str, Any], path: str | Path | None, model: 
         raise CompressionError(f"width latency table {path} steps by {table['multiple']} channels but "
                                f"--width-multiple is {multiple}; rebuild it with --width-multiple {multiple} or "
                                f"pass --width-multiple {table['multiple']}")
+    if int(table.get("minimum", 0)) > minimum:
+        raise CompressionError(f"width latency table {path} measured no width below {table['minimum']} channels but "
+                               f"--width-min is {minimum}; rebuild it with --width-min {minimum} or pass "
+                               f"--width-min {table['minimum']}")
+
+
+def _floor_hint(multiple: int, minimum: int) -> str:
+    """What lowers the floor of a refused budget, and at what cost (an empty string without a minimum)."""
+    if not minimum:
+        return ""
+    return (f", --width-min {minimum}: --width-min 0 --width-multiple 8 cuts further, but on the CPU an INT8 "
+            "convolution narrower than 16 channels leaves ONNX Runtime's fast kernel and can run slower than "
+            "the wider one")
 
 
 def _cost_weights(units: list, price: Callable[[list[int]], float], full: float) -> list[float]:
@@ -271,32 +356,30 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
 
     while current > target + 1e-9 * full:  # narrow where it costs least importance per saving; a move may
         best, best_rate, best_cost = None, float("inf"), current  # jump several steps past a flat stretch
+        price.set(widths())
         for u, (_, _, _, ladder) in enumerate(units):
             now = step[u]
             for j in range(now + 1, len(ladder)):
-                step[u] = j
-                cost = price(widths())
+                cost = price.moved(u, ladder[j])
                 if current - cost > 1e-12 * full:
                     rate = lost(u, ladder[now], ladder[j]) / (current - cost)
                     if rate < best_rate:
                         best, best_rate, best_cost = (u, j), rate, cost
-            step[u] = now
         if best is None:
             step = [len(units[u][3]) - 1 for u in range(len(units))]
             raise CompressionError(f"{flag_of(budget)} {ratio:g} cannot be reached by width cuts: the smallest "
                                    f"predicted ratio is {price(widths()) / full:.4f} (every group at its "
-                                   f"narrowest allowed width{f', --width-min {minimum}: a lower one cuts further' if minimum else ''}; "
-                                   "frozen groups stay whole)")
+                                   f"narrowest allowed width{_floor_hint(multiple, minimum)}; frozen groups stay "
+                                   "whole)")
         step[best[0]] = best[1]
         current = best_cost
     while True:  # refill: widen back, most importance regained per cost first, while the budget still holds
         best, best_rate, best_cost = None, -1.0, current
+        price.set(widths())
         for u, (_, _, _, ladder) in enumerate(units):
             if step[u] == 0:
                 continue
-            step[u] -= 1
-            cost = price(widths())
-            step[u] += 1
+            cost = price.moved(u, ladder[step[u] - 1])
             if cost > target + 1e-9 * full:
                 continue
             rate = lost(u, ladder[step[u] - 1], ladder[step[u]]) / max(cost - current, 1e-12 * full)

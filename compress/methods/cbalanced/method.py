@@ -220,13 +220,23 @@ def _projected(model: nn.Module, analyses: dict[str, StateAnalysis], val: Datase
     return _quality(proj, val)
 
 
-def _layer_reports(model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[str, int]) -> list[LayerReport]:
+def _rounding(rank: int, width: int, minimum: int) -> str:
+    """How the width left the C rank: unchanged, raised to the width minimum, or rounded up to the multiple."""
+    if width == rank:
+        return ""
+    if width == minimum and rank < minimum:
+        return f" raised to the width minimum ({minimum})"
+    return " rounded up to the width multiple"
+
+
+def _layer_reports(model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[str, int],
+                   minimum: int) -> list[LayerReport]:
     rows = []
     for p, a in plan.analyses.items():
         (kind, before, producer), (_, after, _) = plan.layer(model, p), plan.layer(new, p)
         rows.append(LayerReport(
-            p, kind, "resized", "width = C rank" + (" rounded up to the width multiple" if widths[p] != a.rank_c
-                                                    else ""), before, after, rank=widths[p], full_rank=a.dim,
+            p, kind, "resized", "width = C rank" + _rounding(a.rank_c, widths[p], minimum), before, after,
+            rank=widths[p], full_rank=a.dim,
             details={"rank_a": a.rank_a, "rank_b": a.rank_b, "rank_c": a.rank_c, "producer": producer,
                      "energy_kept_c": a.energy_kept("C", widths[p])}))
     return rows
@@ -249,7 +259,7 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig)
     t0 = time.perf_counter()
     new, variants = _variants(model, plan, widths, train_set, val, cfg)
     report.timings_s["realise_and_train"] = time.perf_counter() - t0
-    _fill(report, model, new, plan, widths, multiple)
+    _fill(report, model, new, plan, widths, multiple, minimum)
     report.measured.update(compare_outputs(model, new, val))
     report.measured["original"] = _quality(model, val)
     report.measured["variants"] = variants
@@ -261,15 +271,16 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig)
 
 
 def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[str, int],
-          multiple: int) -> None:
+          multiple: int, minimum: int) -> None:
     analyses = plan.analyses
-    report.layers = _layer_reports(model, new, plan, widths)
+    report.layers = _layer_reports(model, new, plan, widths, minimum)
     report.spectra = {p: {k: v.tolist() for k, v in a.spectra.items()} for p, a in analyses.items()}
     full, order = sum(a.dim for a in analyses.values()), sum(widths.values())
     report.predicted.update({
         "realisation": plan.kind, "ranks_a": [a.rank_a for a in analyses.values()],
         "ranks_b": [a.rank_b for a in analyses.values()], "ranks_c": [a.rank_c for a in analyses.values()],
-        "widths": list(widths.values()), "width_multiple": multiple, "state_order": order,
+        "widths": list(widths.values()), "width_multiple": multiple, "width_min": minimum,
+        "state_order": order,
         "state_order_full": full, "state_compression": 1.0 - order / full, "go_method": plan.go_method,
         "energy_kept_c": {p: a.energy_kept("C", widths[p]) for p, a in analyses.items()}})
 

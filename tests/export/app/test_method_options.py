@@ -184,3 +184,17 @@ def test_config_defaults_and_field_order() -> None:
         ("allocator", "lagrangian"), ("rank_multiple", 1)]
 
 
+
+
+def test_width_methods_take_the_target_providers_width_defaults_and_the_users_values_win() -> None:
+    """What `compress`, `run` and `tune` build for a width method: the CPU's multiple and minimum (16, 16), the GPUs'
+    (8, 0), and the user's own values over either."""
+    from export.app.method_options import build_config, provider_defaults
+
+    for method in ("magnitude", "wanda", "cbalanced"):
+        cpu = build_config(method, {}, provider_defaults(("cpu",)))
+        assert (cpu.width_multiple, cpu.width_min) == (16, 16)
+        gpu = build_config(method, {}, provider_defaults(("cuda",)))
+        assert (gpu.width_multiple, gpu.width_min) == (8, 0)
+        mine = build_config(method, {"width_multiple": 8, "width_min": 0}, provider_defaults(("cpu",)))
+        assert (mine.width_multiple, mine.width_min) == (8, 0)

@@ -143,8 +143,26 @@ def test_minimum_width_keeps_every_segment_at_or_above_it_and_names_the_option_w
         for seg, ladder in zip(wg.segments(g), segment_ladders(wg, g, 16, 16)):
             width = len(kept & set(seg))
             assert width in ladder and (width >= 16 or width == len(seg))
-    with pytest.raises(CompressionError, match="--width-min 16"):
+    with pytest.raises(CompressionError, match=r"--width-min 16: --width-min 0 --width-multiple 8 cuts further, but "
+                                               r"on the CPU an INT8 convolution narrower than 16 channels"):
         allocate_widths(wg, _scores(groups, stream), "mac_ratio", 0.2, multiple=16, minimum=16)
+
+
+def test_segments_of_a_several_segment_group_step_by_the_multiple_down_to_the_minimum(resnet) -> None:
+    """The option-A stream of ResNet-20 has several segments (16, then 16 more, then 32 more channels): each steps
+    by the multiple itself (no halving, so every value width stays on it), none below the minimum, and a segment
+    no wider than the minimum stays whole."""
+    from compress.core.width.allocate import segment_ladders
+
+    wg, groups, _ = resnet
+    several = [g for g in groups if len(wg.segments(g)) > 1]
+    assert several
+    for g in several:
+        sizes = [len(seg) for seg in wg.segments(g)]
+        assert segment_ladders(wg, g, 8, 16) == [[n, *range((n - 1) // 8 * 8, 15, -8)] for n in sizes]
+        assert segment_ladders(wg, g, 8, 0) == [[n, *range((n - 1) // 8 * 8, 0, -8)] for n in sizes]
+        assert segment_ladders(wg, g, 16, 32) == [[n, *range((n - 1) // 16 * 16, 31, -16)] for n in sizes]
+        assert all(ladder == [16] for n, ladder in zip(sizes, segment_ladders(wg, g, 8, 16)) if n == 16)
 
 
 def test_cpu_defaults_are_multiples_of_16_at_least_16_and_gpus_keep_8() -> None:
@@ -154,3 +172,36 @@ def test_cpu_defaults_are_multiples_of_16_at_least_16_and_gpus_keep_8() -> None:
     assert width_multiple_defaults(("cuda",)) == {"width_multiple": 8, "width_min": 0}
     assert width_multiple_defaults(("cuda", "cpu")) == {"width_multiple": 16, "width_min": 16}
     assert width_multiple_defaults(()) == {}
+
+
+@pytest.mark.parametrize("budget", ["mac_ratio", "param_ratio"])
+def test_a_moved_unit_is_priced_exactly_as_a_full_evaluation(resnet, budget: str) -> None:
+    """The greedy allocator prices one unit's move by recounting only the terms that unit touches: the same float as
+    pricing every term afresh (so its choices cannot depend on which one priced a move), and for MACs the count of
+    the cut model's own cost terms (:func:`_macs`)."""
+    import random
+
+    from compress.core.width.allocate import _pricer, segment_ladders, segment_key
+
+    wg, groups, stream = resnet
+    scores = _scores(groups, stream)
+    units, keys = [], []
+    for g in groups:
+        for k, (seg, ladder) in enumerate(zip(wg.segments(g), segment_ladders(wg, g, 8))):
+            keys.append(segment_key(g.name, k))
+            units.append((g.name, sorted(seg, key=lambda i: -float(scores[g.name][i])), scores[g.name], ladder))
+    price = _pricer(wg, units, keys, budget, None)
+    rng = random.Random(0)
+    for _ in range(20):
+        widths = [rng.choice(u[3]) for u in units]
+        price.set(widths)
+        for u, unit in enumerate(units):
+            for w in unit[3]:
+                moved = widths.copy()
+                moved[u] = w
+                assert price.moved(u, w) == price(moved)  # bit for bit
+        if budget == "mac_ratio":
+            keep = {g.name: [] for g in groups}
+            for (name, ranked, _, _), w in zip(units, widths):
+                keep[name] += ranked[:w]
+            assert price(widths) == pytest.approx(_macs(wg, keep), rel=1e-12)

@@ -30,6 +30,21 @@ def test_round_width_to_the_fast_multiple() -> None:
     assert round_width(5, 16, 16) == 8 and round_width(9, 16, 16) == 16  # 16 at multiple 16: 16, 8
     assert round_width(13, 16, 8) == 16 and round_width(13, 64, 1) == 13
     assert round_width(2, 3, 8) == 2  # tiny groups: every width
+
+
+def test_round_width_never_goes_below_the_minimum() -> None:
+    assert [round_width(r, 64, 8, 16) for r in (1, 8, 9, 17, 64)] == [16, 16, 16, 24, 64]
+    assert [round_width(r, 64, 16, 16) for r in (1, 17, 33)] == [16, 32, 48]
+    assert round_width(3, 12, 8, 16) == 12  # no wider than the minimum: stays whole
+    assert round_width(3, 64, 16, 20) == 32  # a minimum off the multiple acts as the next multiple up
+
+
+def test_layer_note_names_what_moved_the_width() -> None:
+    from compress.methods.cbalanced.method import _rounding
+
+    assert _rounding(16, 16, 16) == ""
+    assert _rounding(5, 16, 16) == " raised to the width minimum (16)"
+    assert _rounding(5, 8, 0) == _rounding(20, 32, 16) == " rounded up to the width multiple"
     assert CBalancedConfig().width_multiple == 8  # the shared default of width methods on channel groups
 
 
