@@ -91,7 +91,11 @@ def parse_kernel_times(events: Sequence[Mapping[str, Any]], skip: int = 0,
                        constants: Mapping[str, Sequence[tuple[int, ...] | None]] | None = None) -> list[KernelTime]:
     """Each kernel's median time over its runs after the first ``skip`` (all of them when it ran no more than
     ``skip`` times), in the order the kernels first ran. ``constants``: per node name of the optimised graph, the
-    shape of each input that is an initializer (None for the others), to fill in what the profile leaves out."""
+    shape of each input that is an initializer (None for the others), to fill in what the profile leaves out.
+
+    Limits: a kernel inside a ``Loop`` or ``Scan`` body records one event per iteration, so ``skip`` and its median
+    count iterations, not model runs; nodes the graph leaves unnamed share one profile name and are merged into one
+    kernel (the exporters minreal uses name every node)."""
     durations: dict[str, list[float]] = {}
     first: dict[str, Mapping[str, Any]] = {}
     for event in events:

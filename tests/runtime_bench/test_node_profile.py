@@ -37,6 +37,10 @@ def test_parse_keeps_each_kernels_median_after_the_warmup_in_first_run_order() -
     ("ConvInteger", [(1, 4, 5, 5), (8, 4, 1, 1)], [(1, 8, 5, 5)], 8 * 25 * 4),
     ("QLinearMatMul", [(3, 5, 7), (), (), (7, 2)], [(3, 5, 2)], 3 * 5 * 2 * 7),
     ("QGemm", [(4, 10), (), (), (10, 6)], [(4, 6)], 4 * 6 * 10),
+    ("QGemm", [(4, 10), (), (), (6, 10)], [(4, 6)], 4 * 6 * 10),  # transB: K still from the activation
+    ("QGemm", [(10, 4), (), (), (10, 6)], [(4, 6)], 4 * 6 * 10),  # transA
+    ("MatMulInteger", [(2, 5, 7), (7, 3)], [(2, 5, 3)], 2 * 5 * 3 * 7),
+    ("DynamicQuantizeMatMul", [(2, 5, 7), (7, 3)], [(2, 5, 3)], 2 * 5 * 3 * 7),
     ("Conv", [(1, 3, 4, 4), (5, 3, 3, 3)], [(1, 5, 4, 4)], 5 * 16 * 27),
     ("QLinearConv", [(2, 8, 6, 6), (), ()], [(2, 16, 6, 6)], None),  # no weight shape
 ])
@@ -76,3 +80,16 @@ def test_profile_of_an_int8_convolution_times_every_run_and_counts_its_exact_mac
     assert sum(row["share"] for row in totals.values()) == pytest.approx(1.0, abs=1e-3)
     with pytest.raises(ValueError, match="runs >= 1"):
         profile_kernels(path, "CPUExecutionProvider", 1, {"x": x}, runs=0)
+
+
+def test_constant_shapes_from_the_graph_replace_what_prepacking_recorded() -> None:
+    """A per-channel QLinearConv's pre-packed weight is recorded as ``(C_out,)``, a per-tensor one as ``()``: the
+    optimised graph's initializer shapes replace them; inputs the graph does not know keep the recorded shape."""
+    from runtime_bench.node_profile import _merged
+
+    recorded = ((2, 8, 6, 6), (), (), (16,), (16,), (16,))
+    graph = (None, (), (), (16, 8, 3, 3), (16,), (16,))
+    assert _merged(recorded, graph) == ((2, 8, 6, 6), (), (), (16, 8, 3, 3), (16,), (16,))
+    assert _merged(recorded, ()) == recorded
+    assert _merged(((2, 8),), (None, (8, 4))) == ((2, 8), (8, 4))  # a constant the profile left out
+    assert kernel_macs("QLinearConv", _merged(recorded, graph), ((2, 16, 6, 6),)) == 2 * 16 * 36 * 8 * 9
