@@ -19,6 +19,13 @@ type, every convolution's channels, MACs, time and GMAC/s, whether MLAS's symmet
 against the original's (``profile``). Profiling adds a little time per kernel: its sums are compared with each other,
 not with the timed latencies.
 
+The stem: ``QuantConfig(align_channels=True)`` widens a convolution whose input channels are not a multiple of 4
+(ResNet-32's 3-channel stem) with a zero channel (``export.qdq_channels``), which puts it on MLAS's symmetric kernel
+at the cost of a ``Pad``. The original's INT8 file is also written with it, timed in the same processes and
+profiled: ``stem`` holds the widened file's p50 against the default (unwidened) one's per process, both held-out
+top-1s (equal up to a rare tie: the integer sums are the same) and each file's stem convolution row. This cell is
+why the option is off by default.
+
 Cuts: per ladder and target r, one fraction f scales every segment of every cuttable channel group
 (``compress.core.width``: ``analyse``, ``WidthGraph.segments``; ResNet-32's option-A stream is one group of three
 segments, each block's inner channels one group) to the ladder's width nearest f x its size, the rounding error
@@ -106,10 +113,14 @@ GOAL_BATCH = 32
 FRACTIONS = tuple(round(f, 3) for f in np.arange(0.05, 1.0 + 1e-9, 0.005))
 PRECISIONS = ("fp32", "int8")
 ORIGINAL = "original"
+#: The original's INT8 file with its stem widened to 4 input channels (``QuantConfig.align_channels=True``).
+ALIGNED = "original-aligned.int8"
 HELDOUT, QUICK_HELDOUT = 2000, 200
 QUICK_LADDERS, QUICK_TARGETS = ("m8",), (0.5,)
 PROFILE_RUNS, PROFILE_WARMUP = 30, 5
-CONV_OPS = frozenset({"QLinearConv", "Conv", "FusedConv"})
+CONV_OPS = frozenset({"QLinearConv", "NhwcQLinearConv", "ConvInteger", "Conv", "FusedConv"})
+#: Which input of each convolution kernel is its weight (the others': 1).
+CONV_WEIGHT_INPUT = {"QLinearConv": 3, "NhwcQLinearConv": 3}
 _T0 = time.perf_counter()
 
 
@@ -311,11 +322,13 @@ def _ratio(own: Sequence[float], reference: Sequence[float]) -> dict[str, Any]:
 
 
 def time_files(files: Mapping[str, dict[str, Any]], x: torch.Tensor, y: np.ndarray,
-               config: BenchConfig) -> tuple[dict[tuple[str, int], list[float]], dict[tuple[str, int], float],
-                                             dict[str, float | None]]:
-    """Every file timed with runtime_bench (fresh processes, interleaved; the original's fp32 file first): per
-    (``variant.precision``, batch) the per-process p50s and the pooled p50, and each file's held-out top-1 (%)."""
+               config: BenchConfig, extra: Mapping[str, Path] | None = None
+               ) -> tuple[dict[tuple[str, int], list[float]], dict[tuple[str, int], float], dict[str, float | None]]:
+    """Every file timed with runtime_bench (fresh processes, interleaved; the original's fp32 file first), and the
+    ``extra`` files by their keys: per (``variant.precision`` or key, batch) the per-process p50s and the pooled p50,
+    and each file's held-out top-1 (%)."""
     entries = [ModelEntry(f"{name}.{p}", Path(f["paths"][p])) for name, f in files.items() for p in PRECISIONS]
+    entries += [ModelEntry(key, path) for key, path in (extra or {}).items()]
     report = run_benchmark(entries, config, x.numpy(), y, progress=say)
     procs = {(r.model, r.batch_size): list(r.process_p50_ms) for r in report.latency if r.provider == "cpu"}
     pooled = {(r.model, r.batch_size): r.stats.p50_ms for r in report.latency if r.provider == "cpu"}
@@ -340,14 +353,55 @@ def latency_rows(names: Sequence[str], procs: Mapping[tuple[str, int], list[floa
     return rows
 
 
+def write_aligned(original: Mapping[str, Any], calib: torch.Tensor, folder: Path) -> Path:
+    """The original's INT8 file quantised with ``align_channels=True`` (its 3-channel stem widened to 4)."""
+    out = folder / f"{ORIGINAL}-aligned.int8.onnx"
+    quantize_int8(Path(original["paths"]["fp32"]), out, calib.numpy(), QuantConfig(align_channels=True))
+    return out
+
+
+def stem_block(procs: Mapping[tuple[str, int], list[float]], pooled: Mapping[tuple[str, int], float],
+               top1: Mapping[str, float | None], profile: Mapping[str, Any], batches: Sequence[int]
+               ) -> dict[str, Any]:
+    """The stem's widening measured: per batch, the aligned original INT8 file's p50 against the default
+    (unaligned) one's in the same processes, and each file's stem convolution (input channels, µs, GMAC/s) from
+    the profile."""
+    out: dict[str, Any] = {"heldout_top1": {"aligned": top1.get(ALIGNED), "unaligned": top1.get(f"{ORIGINAL}.int8")}}
+    for b in batches:
+        stems = {}
+        for key, name in (("aligned", ALIGNED), ("unaligned", ORIGINAL)):
+            run = profile[str(b)][name]
+            first = run["convs"][0] if run["convs"] else None  # the stem runs first
+            stems[key] = None if first is None else {
+                **{k: first[k] for k in ("cin", "cout", "macs", "us", "gmac_per_s", "sym_kernel_expected")},
+                "share_of_total": round(first["us"] / run["total_us"], 4) if run["total_us"] else None}
+        out[str(b)] = {"p50_ms": {"aligned": round(pooled[(ALIGNED, b)], 4),
+                                  "unaligned": round(pooled[(f"{ORIGINAL}.int8", b)], 4)},
+                       "aligned_vs_unaligned": _ratio(procs[(ALIGNED, b)], procs[(f"{ORIGINAL}.int8", b)]),
+                       "stem_conv": stems}
+    return out
+
+
+def stem_sentence(stem: Mapping[str, Any]) -> str:
+    """The stem's widening in words: the widened original INT8 file's p50 over the unwidened one's, per batch."""
+    parts = [f"batch {b} {stem[str(b)]['aligned_vs_unaligned']['median']:.3f}x "
+             f"({stem[str(b)]['aligned_vs_unaligned']['min']:.3f}-{stem[str(b)]['aligned_vs_unaligned']['max']:.3f})"
+             for b in BATCHES if str(b) in stem]
+    return " The original's INT8 with its stem widened to 4 channels, against without: " + ", ".join(parts) + "."
+
+
 # ---------------------------------------------------------------------------------------------------- the profile
 def sym_kernel_expected(cin: int, cout: int, group: int, avx512: bool) -> bool:
     """Whether MLAS may run a QLinearConv with symmetric int8 weights (zero point 0, as ``QuantConfig`` writes
     them on the CPU) through its indirect symmetric kernel ``MlasConvSym`` instead of im2col and a packed GEMM: the
     conditions of ``MlasConvSymPackWSize`` (onnxruntime ``core/mlas/lib/convsym.cpp``, x86): an ungrouped conv
     whose input channels are a multiple of 4 and whose output channels are at least 16 (the filter packs 16
-    output channels at a time, zero-padded) and a multiple of 4 (AVX-512) or 8 (AVX2, AVX-VNNI)."""
-    return group == 1 and cin % 4 == 0 and cout >= 16 and cout % (4 if avx512 else 8) == 0
+    output channels at a time, zero-padded) and a multiple of 4 (AVX-512) or 8 (AVX2, AVX-VNNI); or a depthwise
+    conv (one input and one output channel per group) of a multiple of 16 groups. ``avx512``: the CPU has
+    AVX-512F and BW (MLAS's AVX-512 core or VNNI dispatch)."""
+    if group > 1:
+        return cin == cout == group and group % 16 == 0
+    return cin % 4 == 0 and cout >= 16 and cout % (4 if avx512 else 8) == 0
 
 
 def conv_rows(kernels: Sequence[KernelTime], batch: int, avx512: bool) -> list[dict[str, Any]]:
@@ -357,17 +411,28 @@ def conv_rows(kernels: Sequence[KernelTime], batch: int, avx512: bool) -> list[d
     for k in kernels:
         if k.op_type not in CONV_OPS or k.macs is None:
             continue
-        w = k.inputs[3 if k.op_type == "QLinearConv" else 1]
+        index = CONV_WEIGHT_INPUT.get(k.op_type, 1)
+        w, x = k.inputs[index] if len(k.inputs) > index else None, k.inputs[0]
+        if not w or not x or len(w) < 3 or len(x) < 3:
+            continue  # shapes the profile did not record: no row rather than a guessed one
         cout, cin_g, taps = w[0], w[1], int(np.prod(w[2:]))
-        x = k.inputs[0]
-        channels_last = k.op_type == "QLinearConv" and x is not None and x[-1] != x[1]
-        cin = x[-1] if channels_last else x[1]
-        group = max(1, cin // cin_g)
+        cin = x[-1] if channels_last(k, cout) else x[1]
+        group = max(1, cin // max(cin_g, 1))
         rows.append({"node": k.name, "op": k.op_type, "cin": cin, "cout": cout, "kernel": taps, "group": group,
-                     "pixels": k.macs // (batch * cout * cin_g * taps), "macs": k.macs,
-                     "us": round(k.median_us, 1), "gmac_per_s": round(k.macs / k.median_us / 1e3, 1),
+                     "pixels": k.macs // max(batch * cout * cin_g * taps, 1), "macs": k.macs,
+                     "us": round(k.median_us, 1),
+                     "gmac_per_s": round(k.macs / k.median_us / 1e3, 1) if k.median_us > 0 else None,
                      "sym_kernel_expected": sym_kernel_expected(cin, cout, group, avx512)})
     return rows
+
+
+def channels_last(k: KernelTime, cout: int) -> bool:
+    """Whether a convolution kernel runs on NHWC tensors: ``NhwcQLinearConv`` always; a ``QLinearConv`` (ONNX Runtime's
+    NHWC transformer keeps that name) when its output's last axis, not its second, holds the output channels."""
+    if k.op_type == "NhwcQLinearConv":
+        return True
+    y = k.outputs[0] if k.outputs else None
+    return k.op_type == "QLinearConv" and bool(y) and len(y) >= 3 and y[-1] == cout and y[1] != cout
 
 
 def by_out_channels(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -400,7 +465,7 @@ def profile_variant(path: Path, x: np.ndarray, batch: int, threads: int, avx512:
 def profile_files(files: Mapping[str, dict[str, Any]], x: np.ndarray, threads: int) -> dict[str, Any]:
     """Every INT8 file profiled at each batch size, and per cut its INT8 convolution time against the original's
     next to its convolution MAC ratio: where the time that the MACs promise to save goes."""
-    avx512 = "avx512f" in set(cpu_isa().flags)
+    avx512 = {"avx512f", "avx512bw"} <= set(cpu_isa().flags)
     out: dict[str, Any] = {}
     for b in BATCHES:
         per = {name: profile_variant(Path(f["paths"]["int8"]), x, b, threads, avx512) for name, f in files.items()}
@@ -408,10 +473,10 @@ def profile_files(files: Mapping[str, dict[str, Any]], x: np.ndarray, threads: i
         base = per[ORIGINAL]
         for name, p in per.items():
             p["versus_original"] = {
-                "conv_macs": round(p["conv_macs"] / base["conv_macs"], 4),
-                "conv_us": round(p["conv_us"] / base["conv_us"], 4),
+                "conv_macs": round(p["conv_macs"] / base["conv_macs"], 4) if base["conv_macs"] else None,
+                "conv_us": round(p["conv_us"] / base["conv_us"], 4) if base["conv_us"] else None,
                 "other_us": round((p["total_us"] - p["conv_us"]) / max(base["total_us"] - base["conv_us"], 1e-9), 4),
-                "total_us": round(p["total_us"] / base["total_us"], 4)}
+                "total_us": round(p["total_us"] / base["total_us"], 4) if base["total_us"] else None}
         out[str(b)] = per
     return out
 
@@ -587,12 +652,15 @@ def measure(args: argparse.Namespace, config: BenchConfig, work: Path) -> dict[s
     cuts = plan_cuts(wg, args.ladders, args.targets)
     say(f"{len(cuts)} cuts: " + ", ".join(f"{c.name} -> {c.mac_ratio:.3f}" for c in cuts))
     files = write_files(case.model, wg, cuts, case.calib, work)
-    say(f"timing {2 * len(files)} files at batch {', '.join(map(str, BATCHES))} in {config.repeats} processes")
+    aligned = write_aligned(files[ORIGINAL], case.calib, work)
+    say(f"timing {2 * len(files) + 1} files at batch {', '.join(map(str, BATCHES))} in {config.repeats} processes")
     before = cpu_times()
-    procs, pooled, top1 = time_files(files, case.x, case.y, config)
+    procs, pooled, top1 = time_files(files, case.x, case.y, config, {ALIGNED: aligned})
     timing_share = cpu_share(before, cpu_times())
     say(f"profiling the INT8 files' kernels ({PROFILE_RUNS} runs after {PROFILE_WARMUP} warm-up, one process)")
-    profile = profile_files(files, case.x.numpy(), config.threads())
+    profile = profile_files({**files, ALIGNED: {"paths": {"int8": str(aligned)}}}, case.x.numpy(),
+                            config.threads())
+    stem = stem_block(procs, pooled, top1, profile, BATCHES)
     rows = latency_rows(list(files), procs, pooled, BATCHES)
     goals = goal_table(cuts, files, rows, BATCHES)
     compared = multiples(goals, rows, BATCHES)
@@ -601,7 +669,8 @@ def measure(args: argparse.Namespace, config: BenchConfig, work: Path) -> dict[s
     return {"heldout_samples": len(case.y), "cpu_share_timing": timing_share,
             "cuts": [asdict(c) | {"name": c.name} for c in cuts], "variants": variants, "goal": goals,
             "goal_met_everywhere": all(g["met"] for g in goals), "multiples": compared, "profile": profile,
-            "verdict": verdict(goals, compared)}
+            "stem": stem,
+            "verdict": verdict(goals, compared) + stem_sentence(stem)}
 
 
 def main() -> None:

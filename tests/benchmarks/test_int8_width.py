@@ -98,12 +98,15 @@ def test_goal_is_judged_at_the_mac_ratio_reached_and_m16_against_m8_at_equal_mac
 
 
 def test_sym_kernel_needs_16_output_channels_and_aligned_input_channels() -> None:
-    """MlasConvSymPackWSize's x86 conditions: Cin % 4, Cout >= 16, Cout % 4 (AVX-512) or % 8 (AVX2), no groups."""
+    """MlasConvSymPackWSize's x86 conditions: Cin % 4, Cout >= 16, Cout % 4 (AVX-512) or % 8 (AVX2), no groups; or
+    depthwise on a multiple of 16 groups."""
     assert iw.sym_kernel_expected(16, 16, 1, avx512=False)
     assert not iw.sym_kernel_expected(16, 8, 1, avx512=True)  # 8 output channels: im2col and a GEMM
     assert not iw.sym_kernel_expected(3, 16, 1, avx512=True)  # the RGB stem
     assert iw.sym_kernel_expected(16, 20, 1, avx512=True) and not iw.sym_kernel_expected(16, 20, 1, avx512=False)
-    assert not iw.sym_kernel_expected(16, 16, 16, avx512=True)
+    assert iw.sym_kernel_expected(16, 16, 16, avx512=True)  # a depthwise conv of 16 groups: its own kernel
+    assert iw.sym_kernel_expected(32, 32, 32, avx512=False) and not iw.sym_kernel_expected(24, 24, 24, avx512=True)
+    assert not iw.sym_kernel_expected(32, 32, 2, avx512=True)  # grouped, not depthwise
 
 
 def test_conv_rows_and_channel_groups_add_up_from_the_kernels() -> None:
@@ -123,3 +126,22 @@ def test_conv_rows_and_channel_groups_add_up_from_the_kernels() -> None:
     groups = iw.by_out_channels(rows)
     assert list(groups) == ["16", "32"] and groups["32"]["convs"] == 2 and groups["32"]["us"] == 15.0
     assert groups["32"]["macs"] == rows[1]["macs"] + rows[2]["macs"]
+
+
+def test_conv_rows_read_the_layout_from_the_output_and_skip_what_they_cannot_read() -> None:
+    """NCHW and NHWC kernels whose spatial size differs from their channels, an ``NhwcQLinearConv``, a kernel with
+    no recorded weight shape (no row, not a guess) and one with a zero time (no rate, no division by zero)."""
+    from runtime_bench.node_profile import KernelTime
+
+    macs = 2 * 16 * 32 * 32 * 16 * 9
+    nchw = KernelTime("nchw", "QLinearConv", "CPU", 3, 10.0, ((2, 16, 32, 32), (), (), (16, 16, 3, 3)),
+                      ((2, 16, 32, 32),), macs)
+    nhwc = KernelTime("nhwc", "NhwcQLinearConv", "CPU", 3, 10.0, ((2, 32, 32, 16), (), (), (16, 16, 3, 3)),
+                      ((2, 32, 32, 16),), macs)
+    blind = KernelTime("blind", "QLinearConv", "CPU", 3, 10.0, ((2, 16, 32, 32),), ((2, 16, 32, 32),), macs)
+    instant = KernelTime("instant", "Conv", "CPU", 3, 0.0, ((2, 16, 32, 32), (16, 16, 3, 3)), ((2, 16, 32, 32),),
+                         macs)
+    rows = iw.conv_rows([nchw, nhwc, blind, instant], batch=2, avx512=True)
+    assert [(r["node"], r["cin"], r["group"], r["pixels"]) for r in rows] == [
+        ("nchw", 16, 1, 1024), ("nhwc", 16, 1, 1024), ("instant", 16, 1, 1024)]
+    assert rows[-1]["gmac_per_s"] is None and rows[0]["sym_kernel_expected"]

@@ -1,0 +1,96 @@
+"""Convolutions whose input channels are not a multiple of 4 widened to it with zero channels, so that ONNX Runtime's
+x86 int8 convolution runs them on its fast symmetric kernel.
+
+MLAS's symmetric int8 convolution (``MlasConvSymPackWSize`` in onnxruntime's ``core/mlas/lib/convsym.cpp``) takes an
+ungrouped convolution only when its input channels are a multiple of 4; any other goes through im2col and a packed
+GEMM. An RGB stem (3 input channels) is the common case: in the pretrained CIFAR ResNet-32's INT8 file it runs at
+8.3 GMAC/s against 74 for its 16→16 convolutions (``benchmarks/int8_width.json``, batch 32).
+
+A zero input channel with zero weights changes no output: the widened convolution sums the same products, in float
+and in int8 (the extra channel quantises to the zero point, whose contribution the kernel takes out with the
+weights' column sums, which the zero weights leave unchanged; a per-channel weight scale is a maximum over each
+output channel's weights, which zeros do not move). The extra channel comes from a ``Pad`` on the convolution's
+input, which runs before the input is quantised when that input is the graph's (the stem), and on quantised tensors
+otherwise (:func:`export.qdq_pads.integer_pads`).
+
+Opt-in (``QuantConfig.align_channels``): on the CIFAR ResNet-32 the widened stem ran 1.6x faster at batch 32, but the
+``Pad`` it needs took most of that back (the whole INT8 file 0.98x at batch 32, 1.01x at batch 1, neither in every
+process; ``benchmarks/int8_width.json``, ``stem``). A larger stem share (big images, few layers) may gain more.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+__all__ = ["ALIGN", "align_conv_inputs"]
+
+#: Input channels of an ungrouped convolution are widened to a multiple of this (MLAS's x86 symmetric int8 kernel).
+ALIGN = 4
+
+
+def _group(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "group"), 1)
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """``name``, or ``name`` with the first free numeric suffix; recorded as taken."""
+    out, i = name, 1
+    while out in taken:
+        out, i = f"{name}_{i}", i + 1
+    taken.add(out)
+    return out
+
+
+def align_conv_inputs(model: onnx.ModelProto, multiple: int = ALIGN) -> list[str]:
+    """Widen, in ``model``'s main graph (in place), every ungrouped ``Conv`` whose weight is an initializer with a
+    channel count off ``multiple`` to the next multiple: zero input channels on its weight (in place under its name;
+    a new initializer when another node reads it too) and a ``Pad`` of as many zero channels on its input, placed
+    right before it. Returns the names of the widened convolutions (else their outputs)."""
+    graph = model.graph
+    weights = {t.name: t for t in graph.initializer}
+    taken = {t.name for t in graph.initializer} | {v for n in graph.node for v in (*n.input, *n.output)} \
+        | {i.name for i in graph.input} | {n.name for n in graph.node}
+    uses = collections.Counter(v for n in graph.node for v in n.input)
+    nodes, done, replaced = [], [], set()
+    for node in graph.node:
+        w = weights.get(node.input[1]) if node.op_type == "Conv" and node.domain in ("", "ai.onnx") \
+            and len(node.input) > 1 else None
+        if w is None or len(w.dims) < 3 or _group(node) != 1 or w.dims[1] % multiple == 0 \
+                or w.data_location == onnx.TensorProto.EXTERNAL:  # a stem's weight is small: never external
+            nodes.append(node)
+            continue
+        array = numpy_helper.to_array(w)
+        extra = -array.shape[1] % multiple
+        wide = np.concatenate([array, np.zeros((array.shape[0], extra, *array.shape[2:]), array.dtype)], axis=1)
+        if uses[w.name] == 1:  # its own weight: widened in place, under its name (trained ranges find it by name)
+            w.CopyFrom(numpy_helper.from_array(wide, w.name))
+            w_name = w.name
+        else:
+            w_name = _fresh(f"{w.name}_aligned", taken)
+            graph.initializer.append(numpy_helper.from_array(wide, w_name))
+            replaced.add(w.name)
+        pads = np.zeros(2 * array.ndim, np.int64)
+        pads[array.ndim + 1] = extra  # after the last channel, on axis 1 of an (N, C, ...) input
+        pads_name = _fresh(f"{node.name or node.output[0]}_channel_pads", taken)
+        graph.initializer.append(numpy_helper.from_array(pads, pads_name))
+        widened = _fresh(f"{node.input[0]}_aligned", taken)
+        nodes.append(helper.make_node("Pad", [node.input[0], pads_name], [widened], mode="constant",
+                                      name=_fresh(f"{node.name or node.output[0]}_channel_pad", taken)))
+        node.input[0], node.input[1] = widened, w_name
+        nodes.append(node)
+        done.append(node.name or node.output[0])
+    if done:
+        nodes = [copy.deepcopy(n) for n in nodes]
+        del graph.node[:]
+        graph.node.extend(nodes)
+        used = {v for n in graph.node for v in n.input} | {v.name for v in (*graph.input, *graph.output)}
+        stale = replaced - used  # an original weight no other node reads
+        keep = [t for t in graph.initializer if t.name not in stale]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+    return done

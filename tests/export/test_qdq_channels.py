@@ -1,0 +1,107 @@
+"""export.qdq_channels: convolutions widened to input channels on a multiple of 4 compute the same outputs, and in an
+x86 INT8 file the widened stem runs as an integer kernel on 4 channels with nothing left in float."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from export.qdq_channels import align_conv_inputs
+from export.quantize import QuantConfig, quantize_int8
+from runtime_bench.model_info import float_roundtrips, optimized_graph
+
+
+def _conv_graph(shared: bool = False) -> onnx.ModelProto:
+    """x (N, 3, 8, 8) → Conv 3→8 (3×3) → Relu → Conv 8→8 (1×1) → depthwise Conv (3×3) → y; ``shared``: a second 3→8 Conv on x
+    with the same weight, added to the first's output."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "stem.weight"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "stem.bias"),
+             numpy_helper.from_array(rng.standard_normal((8, 8, 1, 1)).astype(np.float32), "mix.weight"),
+             numpy_helper.from_array(rng.standard_normal((8, 1, 3, 3)).astype(np.float32), "dw.weight")]
+    nodes = [helper.make_node("Conv", ["x", "stem.weight", "stem.bias"], ["h"], name="stem", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "mix.weight"], ["m"], name="mix"),
+             helper.make_node("Conv", ["m", "dw.weight"], ["y"], name="dw", group=8, pads=[1, 1, 1, 1])]
+    if shared:
+        nodes[-1].output[0] = "d"
+        nodes += [helper.make_node("Conv", ["x", "stem.weight"], ["t"], name="twin", pads=[1, 1, 1, 1]),
+                  helper.make_node("Add", ["d", "t"], ["y"], name="sum")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 8, 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def test_widened_convolutions_compute_the_same_outputs() -> None:
+    model, x = _conv_graph(), np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    before = _run(model, x)
+    assert align_conv_inputs(model) == ["stem"]  # 8 channels and the depthwise conv are left as they are
+    onnx.checker.check_model(model)
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert weights["stem.weight"].shape == (8, 4, 3, 3) and not weights["stem.weight"][:, 3].any()
+    pad, stem = model.graph.node[0], model.graph.node[1]
+    assert (pad.op_type, pad.input[0], stem.name, stem.input[0]) == ("Pad", "x", "stem", pad.output[0])
+    assert weights[pad.input[1]].tolist() == [0, 0, 0, 0, 0, 1, 0, 0]  # one zero channel after the last
+    np.testing.assert_allclose(_run(model, x), before, rtol=1e-5, atol=1e-5)
+    assert align_conv_inputs(model) == []  # idempotent
+
+
+def test_a_weight_shared_with_another_node_is_copied_not_changed() -> None:
+    model, x = _conv_graph(shared=True), np.random.default_rng(2).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    before = _run(model, x)
+    assert align_conv_inputs(model) == ["stem", "twin"]
+    onnx.checker.check_model(model)
+    shapes = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    assert "stem.weight" not in shapes  # both readers now read widened copies
+    stems = [n for n in model.graph.node if n.name in ("stem", "twin")]
+    assert len({n.input[1] for n in stems}) == 2 and all(shapes[n.input[1]] == (8, 4, 3, 3) for n in stems)
+    np.testing.assert_allclose(_run(model, x), before, rtol=1e-5, atol=1e-5)
+
+
+def test_int8_stem_runs_on_four_channels_with_the_same_outputs(tmp_path: Path) -> None:
+    """``align_channels`` on an x86 CPU target widens the stem before quantising: in ONNX Runtime's optimised graph it
+    is a QLinearConv
+    with 4 input channels, the pad runs on the quantised input (no float round trip), and the outputs match the
+    unwidened INT8 file's to within one step of the output's quantisation (the same integer sums, by other kernels)."""
+    src = tmp_path / "fp32.onnx"
+    onnx.save(_conv_graph(), str(src))
+    rng = np.random.default_rng(3)
+    calib, x = rng.standard_normal((32, 3, 8, 8)).astype(np.float32), rng.standard_normal((4, 3, 8, 8)).astype(
+        np.float32)
+    target = "cpu-vnni"  # the file's format; it runs (and the check holds) on any x86 CPU
+    wide = quantize_int8(src, tmp_path / "wide.onnx", calib, QuantConfig(target=target, align_channels=True))
+    narrow = quantize_int8(src, tmp_path / "narrow.onnx", calib, QuantConfig(target=target))  # the default: off
+    graph = optimized_graph(Path(wide.out_path))
+    values = {t.name: tuple(t.dims) for t in graph.initializer}
+    weights = sorted(values.get(n.input[3]) for n in graph.node if n.op_type == "QLinearConv")
+    assert weights == [(8, 1, 3, 3), (8, 4, 3, 3), (8, 8, 1, 1)]  # the stem on 4 channels; the others as they were
+    assert not float_roundtrips(graph)
+    assert wide.integer_kernels == narrow.integer_kernels == 3 and wide.float_kernels == 0
+    assert not [n for n in onnx.load(str(narrow.out_path)).graph.node if n.op_type == "Pad"]  # off by default
+    model = onnx.load(str(wide.out_path))
+    scale = max(float(numpy_helper.to_array(t)) for t in model.graph.initializer
+                if t.name in {n.input[1] for n in model.graph.node if n.op_type == "DequantizeLinear"
+                              and n.output[0] == "y"})
+    a = ort.InferenceSession(str(wide.out_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    b = ort.InferenceSession(str(narrow.out_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(a - b).max() <= scale * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("target", ["tensorrt"])
+def test_targets_other_than_x86_cpus_are_not_widened(target: str, tmp_path: Path) -> None:
+    src = tmp_path / "fp32.onnx"
+    onnx.save(_conv_graph(), str(src))
+    calib = np.random.default_rng(4).standard_normal((16, 3, 8, 8)).astype(np.float32)
+    result = quantize_int8(src, tmp_path / "q.onnx", calib, QuantConfig(target=target, align_channels=True))
+    model = onnx.load(str(result.out_path))
+    assert not [n for n in model.graph.node if n.op_type == "Pad"]
