@@ -19,12 +19,11 @@ type, every convolution's channels, MACs, time and GMAC/s, whether MLAS's symmet
 against the original's (``profile``). Profiling adds a little time per kernel: its sums are compared with each other,
 not with the timed latencies.
 
-The stem: ``QuantConfig(align_channels=True)`` widens a convolution whose input channels are not a multiple of 4
-(ResNet-32's 3-channel stem) with a zero channel (``export.qdq_channels``), which puts it on MLAS's symmetric kernel
-at the cost of a ``Pad``. The original's INT8 file is also written with it, timed in the same processes and
-profiled: ``stem`` holds the widened file's p50 against the default (unwidened) one's per process, both held-out
-top-1s (equal up to a rare tie: the integer sums are the same) and each file's stem convolution row. This cell is
-why the option is off by default.
+The stem: minreal's x86 INT8 files widen a convolution whose input channels are not a multiple of 4 (ResNet-32's
+3-channel stem) with a zero channel (``export.qdq_channels``), which puts it on MLAS's symmetric kernel. The
+original's INT8 file is also written without it (``QuantConfig(align_channels=False)``), timed in the same processes
+and profiled: ``stem`` holds the widened file's p50 against the unwidened one's per process, both held-out top-1s
+(equal up to a rare tie: the integer sums are the same) and each file's stem convolution row.
 
 Cuts: per ladder and target r, one fraction f scales every segment of every cuttable channel group
 (``compress.core.width``: ``analyse``, ``WidthGraph.segments``; ResNet-32's option-A stream is one group of three
@@ -113,8 +112,8 @@ GOAL_BATCH = 32
 FRACTIONS = tuple(round(f, 3) for f in np.arange(0.05, 1.0 + 1e-9, 0.005))
 PRECISIONS = ("fp32", "int8")
 ORIGINAL = "original"
-#: The original's INT8 file with its stem widened to 4 input channels (``QuantConfig.align_channels=True``).
-ALIGNED = "original-aligned.int8"
+#: The original's INT8 file without the stem widened to 4 input channels (``QuantConfig.align_channels=False``).
+UNALIGNED = "original-unaligned.int8"
 HELDOUT, QUICK_HELDOUT = 2000, 200
 QUICK_LADDERS, QUICK_TARGETS = ("m8",), (0.5,)
 PROFILE_RUNS, PROFILE_WARMUP = 30, 5
@@ -353,31 +352,30 @@ def latency_rows(names: Sequence[str], procs: Mapping[tuple[str, int], list[floa
     return rows
 
 
-def write_aligned(original: Mapping[str, Any], calib: torch.Tensor, folder: Path) -> Path:
-    """The original's INT8 file quantised with ``align_channels=True`` (its 3-channel stem widened to 4)."""
-    out = folder / f"{ORIGINAL}-aligned.int8.onnx"
-    quantize_int8(Path(original["paths"]["fp32"]), out, calib.numpy(), QuantConfig(align_channels=True))
+def write_unaligned(original: Mapping[str, Any], calib: torch.Tensor, folder: Path) -> Path:
+    """The original's INT8 file quantised with ``align_channels=False`` (its 3-channel stem left as it is)."""
+    out = folder / f"{ORIGINAL}-unaligned.int8.onnx"
+    quantize_int8(Path(original["paths"]["fp32"]), out, calib.numpy(), QuantConfig(align_channels=False))
     return out
 
 
 def stem_block(procs: Mapping[tuple[str, int], list[float]], pooled: Mapping[tuple[str, int], float],
                top1: Mapping[str, float | None], profile: Mapping[str, Any], batches: Sequence[int]
                ) -> dict[str, Any]:
-    """The stem's widening measured: per batch, the aligned original INT8 file's p50 against the default
-    (unaligned) one's in the same processes, and each file's stem convolution (input channels, µs, GMAC/s) from
-    the profile."""
-    out: dict[str, Any] = {"heldout_top1": {"aligned": top1.get(ALIGNED), "unaligned": top1.get(f"{ORIGINAL}.int8")}}
+    """The stem's widening measured: per batch, the aligned original INT8 file's p50 against the unaligned one's in
+    the same processes, and each file's stem convolution (input channels, µs, GMAC/s) from the profile."""
+    out: dict[str, Any] = {"heldout_top1": {"aligned": top1.get(f"{ORIGINAL}.int8"), "unaligned": top1.get(UNALIGNED)}}
     for b in batches:
         stems = {}
-        for key, name in (("aligned", ALIGNED), ("unaligned", ORIGINAL)):
+        for key, name in (("aligned", ORIGINAL), ("unaligned", UNALIGNED)):
             run = profile[str(b)][name]
             first = run["convs"][0] if run["convs"] else None  # the stem runs first
             stems[key] = None if first is None else {
                 **{k: first[k] for k in ("cin", "cout", "macs", "us", "gmac_per_s", "sym_kernel_expected")},
                 "share_of_total": round(first["us"] / run["total_us"], 4) if run["total_us"] else None}
-        out[str(b)] = {"p50_ms": {"aligned": round(pooled[(ALIGNED, b)], 4),
-                                  "unaligned": round(pooled[(f"{ORIGINAL}.int8", b)], 4)},
-                       "aligned_vs_unaligned": _ratio(procs[(ALIGNED, b)], procs[(f"{ORIGINAL}.int8", b)]),
+        out[str(b)] = {"p50_ms": {"aligned": round(pooled[(f"{ORIGINAL}.int8", b)], 4),
+                                  "unaligned": round(pooled[(UNALIGNED, b)], 4)},
+                       "aligned_vs_unaligned": _ratio(procs[(f"{ORIGINAL}.int8", b)], procs[(UNALIGNED, b)]),
                        "stem_conv": stems}
     return out
 
@@ -652,13 +650,13 @@ def measure(args: argparse.Namespace, config: BenchConfig, work: Path) -> dict[s
     cuts = plan_cuts(wg, args.ladders, args.targets)
     say(f"{len(cuts)} cuts: " + ", ".join(f"{c.name} -> {c.mac_ratio:.3f}" for c in cuts))
     files = write_files(case.model, wg, cuts, case.calib, work)
-    aligned = write_aligned(files[ORIGINAL], case.calib, work)
+    unaligned = write_unaligned(files[ORIGINAL], case.calib, work)
     say(f"timing {2 * len(files) + 1} files at batch {', '.join(map(str, BATCHES))} in {config.repeats} processes")
     before = cpu_times()
-    procs, pooled, top1 = time_files(files, case.x, case.y, config, {ALIGNED: aligned})
+    procs, pooled, top1 = time_files(files, case.x, case.y, config, {UNALIGNED: unaligned})
     timing_share = cpu_share(before, cpu_times())
     say(f"profiling the INT8 files' kernels ({PROFILE_RUNS} runs after {PROFILE_WARMUP} warm-up, one process)")
-    profile = profile_files({**files, ALIGNED: {"paths": {"int8": str(aligned)}}}, case.x.numpy(),
+    profile = profile_files({**files, UNALIGNED: {"paths": {"int8": str(unaligned)}}}, case.x.numpy(),
                             config.threads())
     stem = stem_block(procs, pooled, top1, profile, BATCHES)
     rows = latency_rows(list(files), procs, pooled, BATCHES)

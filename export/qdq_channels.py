@@ -13,9 +13,10 @@ output channel's weights, which zeros do not move). The extra channel comes from
 input, which runs before the input is quantised when that input is the graph's (the stem), and on quantised tensors
 otherwise (:func:`export.qdq_pads.integer_pads`).
 
-Opt-in (``QuantConfig.align_channels``): on the CIFAR ResNet-32 the widened stem ran 1.6x faster at batch 32, but the
-``Pad`` it needs took most of that back (the whole INT8 file 0.98x at batch 32, 1.01x at batch 1, neither in every
-process; ``benchmarks/int8_width.json``, ``stem``). A larger stem share (big images, few layers) may gain more.
+Measured (``benchmarks/int8_align.json``, both files timed in 20 fresh processes, both orders): the CIFAR ResNet-32's
+INT8 file runs 0.983x as long at batch 1 and 0.958x at batch 32 with its stem widened, lower in every process, with
+bit-identical outputs; the ``Pad`` takes back part of what the faster stem saves. On by default for the x86 CPU
+targets (``QuantConfig.align_channels``).
 """
 
 from __future__ import annotations

@@ -69,8 +69,7 @@ def test_a_weight_shared_with_another_node_is_copied_not_changed() -> None:
 
 
 def test_int8_stem_runs_on_four_channels_with_the_same_outputs(tmp_path: Path) -> None:
-    """``align_channels`` on an x86 CPU target widens the stem before quantising: in ONNX Runtime's optimised graph it
-    is a QLinearConv
+    """The x86 CPU targets widen the stem before quantising: in ONNX Runtime's optimised graph it is a QLinearConv
     with 4 input channels, the pad runs on the quantised input (no float round trip), and the outputs match the
     unwidened INT8 file's to within one step of the output's quantisation (the same integer sums, by other kernels)."""
     src = tmp_path / "fp32.onnx"
@@ -79,15 +78,14 @@ def test_int8_stem_runs_on_four_channels_with_the_same_outputs(tmp_path: Path) -
     calib, x = rng.standard_normal((32, 3, 8, 8)).astype(np.float32), rng.standard_normal((4, 3, 8, 8)).astype(
         np.float32)
     target = "cpu-vnni"  # the file's format; it runs (and the check holds) on any x86 CPU
-    wide = quantize_int8(src, tmp_path / "wide.onnx", calib, QuantConfig(target=target, align_channels=True))
-    narrow = quantize_int8(src, tmp_path / "narrow.onnx", calib, QuantConfig(target=target))  # the default: off
+    wide = quantize_int8(src, tmp_path / "wide.onnx", calib, QuantConfig(target=target))
+    narrow = quantize_int8(src, tmp_path / "narrow.onnx", calib, QuantConfig(target=target, align_channels=False))
     graph = optimized_graph(Path(wide.out_path))
     values = {t.name: tuple(t.dims) for t in graph.initializer}
     weights = sorted(values.get(n.input[3]) for n in graph.node if n.op_type == "QLinearConv")
     assert weights == [(8, 1, 3, 3), (8, 4, 3, 3), (8, 8, 1, 1)]  # the stem on 4 channels; the others as they were
     assert not float_roundtrips(graph)
     assert wide.integer_kernels == narrow.integer_kernels == 3 and wide.float_kernels == 0
-    assert not [n for n in onnx.load(str(narrow.out_path)).graph.node if n.op_type == "Pad"]  # off by default
     model = onnx.load(str(wide.out_path))
     scale = max(float(numpy_helper.to_array(t)) for t in model.graph.initializer
                 if t.name in {n.input[1] for n in model.graph.node if n.op_type == "DequantizeLinear"
@@ -102,6 +100,6 @@ def test_targets_other_than_x86_cpus_are_not_widened(target: str, tmp_path: Path
     src = tmp_path / "fp32.onnx"
     onnx.save(_conv_graph(), str(src))
     calib = np.random.default_rng(4).standard_normal((16, 3, 8, 8)).astype(np.float32)
-    result = quantize_int8(src, tmp_path / "q.onnx", calib, QuantConfig(target=target, align_channels=True))
+    result = quantize_int8(src, tmp_path / "q.onnx", calib, QuantConfig(target=target))
     model = onnx.load(str(result.out_path))
     assert not [n for n in model.graph.node if n.op_type == "Pad"]
