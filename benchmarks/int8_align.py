@@ -35,11 +35,10 @@ from onnx import numpy_helper  # noqa: E402
 
 from _common import cpu_share, cpu_times, write_json  # noqa: E402
 from int8_formats import CIFAR, RESNET32, cifar_case  # noqa: E402
+from int8_width import environment  # noqa: E402
 from export.quantize import QuantConfig, quantize_int8  # noqa: E402
 from export.variant import VariantConfig, export_variant  # noqa: E402
 from runtime_bench import BenchConfig, ModelEntry, run_benchmark  # noqa: E402
-from runtime_bench.cpu import cpu_int8_target  # noqa: E402
-from runtime_bench.environment import cpu_model  # noqa: E402
 from runtime_bench.timing import ratio_summary  # noqa: E402
 
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_align.py --out benchmarks/int8_align.json"
@@ -114,7 +113,7 @@ def main() -> None:
     verdict = "; ".join(f"batch {b}: {s['median']:.3f}x ({s['min']:.3f}-{s['max']:.3f}), lower in {s['lower_in']} of "
                         f"{s['processes']} processes" for b, s in summary.items())
     doc = {"usage": USAGE, "model": "pretrained CIFAR-10 ResNet-32 (../shared/data), 3-channel stem",
-           "cpu": cpu_model(), "int8_target": cpu_int8_target(), "targets": targets, "heldout_samples": len(case.y),
+           "environment": environment(BenchConfig().threads()), "targets": targets, "heldout_samples": len(case.y),
            "heldout_top1": accuracy,
            "max_output_difference_steps": round(float(np.abs(outputs["aligned"] - outputs["plain"]).max() / step), 3),
            "orders": orders, "summary": summary, "cpu_share": cpu_share(start, cpu_times()),
