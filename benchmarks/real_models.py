@@ -232,7 +232,8 @@ def why_no_structural(run: dict[str, Any], cell: str, rec: dict[str, Any]) -> st
     if confirmed:
         best = min(confirmed, key=lambda r: r["confirm_p50_ms"][cell])
         ms = best["confirm_p50_ms"][cell]
-        tie = ", not lower in every confirmation process (a tie, which goes to the baseline)" \
+        chosen = rec["chosen"]
+        tie = f", below {chosen}'s p50 but not in every confirmation process (a tie, which goes to {chosen})" \
             if ms < rec["p50_ms"] else ""
         ratio = f"{ms / rec['reference_p50_ms']:.2f}x {ref}'s p50" if ref else f"{ms:.3g} ms p50"
         return (f"the fastest structural file within {drop:g} pp, {best['label']} (drop {_pp(best['loss_pp'])}), "
