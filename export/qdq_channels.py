@@ -71,6 +71,9 @@ def align_conv_inputs(model: onnx.ModelProto, multiple: int = ALIGN) -> list[str
         if uses[w.name] == 1:  # its own weight: widened in place, under its name (trained ranges find it by name)
             w.CopyFrom(numpy_helper.from_array(wide, w.name))
             w_name = w.name
+            for info in (*graph.input, *graph.value_info):  # an initializer listed as an input, or inferred
+                if info.name == w.name and info.type.HasField("tensor_type"):
+                    info.type.tensor_type.shape.dim[1].dim_value = wide.shape[1]
         else:
             w_name = _fresh(f"{w.name}_aligned", taken)
             graph.initializer.append(numpy_helper.from_array(wide, w_name))

@@ -143,7 +143,9 @@ class QuantConfig:
             no fewer integer kernels (:func:`_drop_roundtrips`).
         align_channels: x86 CPU targets: widen every ungrouped convolution whose input channels are not a multiple
             of 4 (an RGB stem) with zero channels, which changes no output and puts it on ONNX Runtime's fast int8
-            kernel (:func:`export.qdq_channels.align_conv_inputs`); other targets ignore it. On by default: the
+            kernel (:func:`export.qdq_channels.align_conv_inputs`); other targets ignore it, and so does a
+            quantisation with trained activation ranges (they are placed by each layer's weight and input tensor,
+            which widening changes) unless it is given a ``calibration``. On by default: the
             CIFAR ResNet-32's INT8 file ran 0.983x / 0.958x as long at batch 1 / 32 with it, lower in 20 of 20
             processes, with bit-identical outputs (``benchmarks/int8_align.json``).
     """
@@ -1003,7 +1005,10 @@ def quantize_int8(
     if calib is not None and not static:
         logger.info("dynamic quantisation ignores the calibration data")
     with tempfile.TemporaryDirectory() as workdir, atomic_path(out_path) as tmp:
-        source, note = _preprocess(fp32_path, Path(workdir) / "preprocessed.onnx", _aligns(config))
+        # trained ranges are placed by the layers' weights and input tensors, which widening changes: not both
+        # (unless a calibration of the widened graph is given, whose graph must match)
+        align = _aligns(config) and (not ranges or calibration is not None)
+        source, note = _preprocess(fp32_path, Path(workdir) / "preprocessed.onnx", align)
         overrides, direct = trained_overrides(onnx.load(str(source)), ranges, weights) if ranges else ({}, {})
         excluded = _excluded(source, exclude, static=static)
         if calibration is not None:

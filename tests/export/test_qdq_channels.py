@@ -103,3 +103,14 @@ def test_targets_other_than_x86_cpus_are_not_widened(target: str, tmp_path: Path
     result = quantize_int8(src, tmp_path / "q.onnx", calib, QuantConfig(target=target))
     model = onnx.load(str(result.out_path))
     assert not [n for n in model.graph.node if n.op_type == "Pad"]
+
+
+def test_a_weight_listed_as_a_graph_input_keeps_a_consistent_shape() -> None:
+    """Older exports list initializers among the graph's inputs, with their shapes: a weight widened in place gets its
+    listed shape widened too, or shape inference refuses the graph."""
+    model = _conv_graph()
+    model.graph.input.append(helper.make_tensor_value_info("stem.weight", TensorProto.FLOAT, [8, 3, 3, 3]))
+    align_conv_inputs(model)
+    listed = next(i for i in model.graph.input if i.name == "stem.weight")
+    assert [d.dim_value for d in listed.type.tensor_type.shape.dim] == [8, 4, 3, 3]
+    onnx.shape_inference.infer_shapes(model, strict_mode=True)
