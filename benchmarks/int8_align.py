@@ -12,7 +12,7 @@ and how many processes it was lower in); the held-out top-1 of both files on the
 file's largest output difference in units of its output's quantisation step (the integer sums are the same: at most
 one step, from requantising).
 
-Needs ``../shared/data``; without it one line and exit status 2. About 4 minutes on 2 cores. Run it alone.
+Needs ``../shared/data``; without it one line and exit status 2. About 3 minutes on 2 cores. Run it alone.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_align.py --out benchmarks/int8_align.json
 """

@@ -369,10 +369,12 @@ def stem_block(procs: Mapping[tuple[str, int], list[float]], pooled: Mapping[tup
         stems = {}
         for key, name in (("aligned", ORIGINAL), ("unaligned", UNALIGNED)):
             run = profile[str(b)][name]
-            first = run["convs"][0] if run["convs"] else None  # the stem runs first
+            first = next((r for r in run["convs"] if r["cin"] < 16 and r["group"] == 1), None)  # 3 or 4 channels
             stems[key] = None if first is None else {
                 **{k: first[k] for k in ("cin", "cout", "macs", "us", "gmac_per_s", "sym_kernel_expected")},
                 "share_of_total": round(first["us"] / run["total_us"], 4) if run["total_us"] else None}
+        if stems["aligned"] and stems["unaligned"] and stems["aligned"]["us"]:  # the zero channel's MACs do no work
+            stems["aligned"]["useful_gmac_per_s"] = round(stems["unaligned"]["macs"] / stems["aligned"]["us"] / 1e3, 1)
         out[str(b)] = {"p50_ms": {"aligned": round(pooled[(f"{ORIGINAL}.int8", b)], 4),
                                   "unaligned": round(pooled[(UNALIGNED, b)], 4)},
                        "aligned_vs_unaligned": _ratio(procs[(f"{ORIGINAL}.int8", b)], procs[(UNALIGNED, b)]),
@@ -414,7 +416,7 @@ def conv_rows(kernels: Sequence[KernelTime], batch: int, avx512: bool) -> list[d
         if not w or not x or len(w) < 3 or len(x) < 3:
             continue  # shapes the profile did not record: no row rather than a guessed one
         cout, cin_g, taps = w[0], w[1], int(np.prod(w[2:]))
-        cin = x[-1] if channels_last(k, cout) else x[1]
+        cin = x[-1] if channels_last(k, cout, cin_g) else x[1]
         group = max(1, cin // max(cin_g, 1))
         rows.append({"node": k.name, "op": k.op_type, "cin": cin, "cout": cout, "kernel": taps, "group": group,
                      "pixels": k.macs // max(batch * cout * cin_g * taps, 1), "macs": k.macs,
@@ -424,13 +426,21 @@ def conv_rows(kernels: Sequence[KernelTime], batch: int, avx512: bool) -> list[d
     return rows
 
 
-def channels_last(k: KernelTime, cout: int) -> bool:
+def channels_last(k: KernelTime, cout: int, cin_g: int) -> bool:
     """Whether a convolution kernel runs on NHWC tensors: ``NhwcQLinearConv`` always; a ``QLinearConv`` (ONNX Runtime's
-    NHWC transformer keeps that name) when its output's last axis, not its second, holds the output channels."""
+    NHWC transformer keeps that name) when its output's last axis, not its second, holds the output channels — or,
+    where both do (an NHWC output whose height equals its channels), when the input's last axis, not its second, holds
+    the weight's channels (or, grouped, is the only one of the two they divide)."""
     if k.op_type == "NhwcQLinearConv":
         return True
-    y = k.outputs[0] if k.outputs else None
-    return k.op_type == "QLinearConv" and bool(y) and len(y) >= 3 and y[-1] == cout and y[1] != cout
+    y, x = (k.outputs[0] if k.outputs else None), k.inputs[0]
+    if k.op_type != "QLinearConv" or not y or len(y) < 3 or y[-1] != cout:
+        return False
+    if y[1] != cout:
+        return True
+    if not x or x[1] == cin_g:  # an ungrouped NCHW convolution reads its weight's channels on axis 1
+        return False
+    return x[-1] == cin_g or (x[-1] % max(cin_g, 1) == 0 and x[1] % max(cin_g, 1) != 0)
 
 
 def by_out_channels(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:

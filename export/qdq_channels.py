@@ -4,7 +4,7 @@ x86 int8 convolution runs them on its fast symmetric kernel.
 MLAS's symmetric int8 convolution (``MlasConvSymPackWSize`` in onnxruntime's ``core/mlas/lib/convsym.cpp``) takes an
 ungrouped convolution only when its input channels are a multiple of 4; any other goes through im2col and a packed
 GEMM. An RGB stem (3 input channels) is the common case: in the pretrained CIFAR ResNet-32's INT8 file it runs at
-8.3 GMAC/s against 74 for its 16→16 convolutions (``benchmarks/int8_width.json``, batch 32).
+about 9 GMAC/s against about 80 for its 16→16 convolutions (``benchmarks/int8_width.json``, batch 32).
 
 A zero input channel with zero weights changes no output: the widened convolution sums the same products, in float
 and in int8 (the extra channel quantises to the zero point, whose contribution the kernel takes out with the
@@ -13,10 +13,10 @@ output channel's weights, which zeros do not move). The extra channel comes from
 input, which runs before the input is quantised when that input is the graph's (the stem), and on quantised tensors
 otherwise (:func:`export.qdq_pads.integer_pads`).
 
-Measured (``benchmarks/int8_align.json``, both files timed in 20 fresh processes, both orders): the CIFAR ResNet-32's
-INT8 file runs 0.983x as long at batch 1 and 0.958x at batch 32 with its stem widened, lower in every process, with
-bit-identical outputs; the ``Pad`` takes back part of what the faster stem saves. On by default for the x86 CPU
-targets (``QuantConfig.align_channels``).
+Measured (``benchmarks/int8_align.json``, both files timed in 20 fresh processes, both orders, on an AVX-512 VNNI
+Xeon): the CIFAR ResNet-32's INT8 file runs 0.980x as long at batch 1 and 0.956x at batch 32 with its stem widened,
+lower in 19 of 20 processes at each, with bit-identical outputs; the ``Pad`` takes back part of what the faster stem
+saves. On by default for the x86 CPU targets (``QuantConfig.align_channels``); an AVX2-only CPU was not measured.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["ALIGN", "align_conv_inputs"]
+__all__ = ["ALIGN", "align_conv_inputs", "channel_pads"]
 
 #: Input channels of an ungrouped convolution are widened to a multiple of this (MLAS's x86 symmetric int8 kernel).
 ALIGN = 4
@@ -47,23 +47,50 @@ def _fresh(name: str, taken: set[str]) -> str:
     return out
 
 
+def _subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """``graph`` and every graph nested in its nodes' attributes (If, Loop, Scan bodies), recursively."""
+    out = [graph]
+    for node in graph.node:
+        for a in node.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                out += _subgraphs(g)
+    return out
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _fast_after(cout: int) -> bool:
+    """Whether MLAS's x86 symmetric int8 kernel takes the widened convolution: at least 16 output channels and a
+    multiple of 8 of them (AVX2 and AVX-VNNI; AVX-512 needs a multiple of 4)."""
+    return cout >= 16 and cout % 8 == 0
+
+
 def align_conv_inputs(model: onnx.ModelProto, multiple: int = ALIGN) -> list[str]:
     """Widen, in ``model``'s main graph (in place), every ungrouped ``Conv`` whose weight is an initializer with a
-    channel count off ``multiple`` to the next multiple: zero input channels on its weight (in place under its name;
-    a new initializer when another node reads it too) and a ``Pad`` of as many zero channels on its input, placed
-    right before it. Returns the names of the widened convolutions (else their outputs)."""
+    channel count off ``multiple`` to the next multiple, where the widened convolution is one MLAS's symmetric
+    kernel takes (:func:`_fast_after`; otherwise the ``Pad`` would buy nothing): zero input channels on its weight
+    (in place under its name; a new initializer when anything else reads it) and a ``Pad`` of as many zero channels
+    on its input, named ``<conv>_channel_pad`` and placed right before it. Nothing changes below opset 11 (``Pad``
+    takes its pads as an attribute there) or for a weight kept in external data. Returns the names of the widened
+    convolutions (else their outputs)."""
     graph = model.graph
+    if _opset(model) < 11:
+        return []
     weights = {t.name: t for t in graph.initializer}
-    taken = {t.name for t in graph.initializer} | {v for n in graph.node for v in (*n.input, *n.output)} \
-        | {i.name for i in graph.input} | {n.name for n in graph.node}
-    uses = collections.Counter(v for n in graph.node for v in n.input)
+    every = _subgraphs(graph)
+    taken = {t.name for g in every for t in g.initializer} | {i.name for g in every for i in g.input} \
+        | {v for g in every for n in g.node for v in (*n.input, *n.output, n.name)}
+    uses = collections.Counter(v for g in every for n in g.node for v in n.input)
+    uses.update(o.name for o in graph.output)
     nodes, done, replaced = [], [], set()
     for node in graph.node:
         w = weights.get(node.input[1]) if node.op_type == "Conv" and node.domain in ("", "ai.onnx") \
             and len(node.input) > 1 else None
         if w is None or len(w.dims) < 3 or _group(node) != 1 or w.dims[1] % multiple == 0 \
-                or w.data_location == onnx.TensorProto.EXTERNAL:  # a stem's weight is small: never external
-            nodes.append(node)
+                or not _fast_after(w.dims[0]) or w.data_location == onnx.TensorProto.EXTERNAL:
+            nodes.append(node)  # (external data is not loaded here: such a weight is left as it is)
             continue
         array = numpy_helper.to_array(w)
         extra = -array.shape[1] % multiple
@@ -72,8 +99,9 @@ def align_conv_inputs(model: onnx.ModelProto, multiple: int = ALIGN) -> list[str
             w.CopyFrom(numpy_helper.from_array(wide, w.name))
             w_name = w.name
             for info in (*graph.input, *graph.value_info):  # an initializer listed as an input, or inferred
-                if info.name == w.name and info.type.HasField("tensor_type"):
-                    info.type.tensor_type.shape.dim[1].dim_value = wide.shape[1]
+                dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
+                if info.name == w.name and len(dims) > 1:
+                    dims[1].dim_value = wide.shape[1]
         else:
             w_name = _fresh(f"{w.name}_aligned", taken)
             graph.initializer.append(numpy_helper.from_array(wide, w_name))
@@ -92,9 +120,18 @@ def align_conv_inputs(model: onnx.ModelProto, multiple: int = ALIGN) -> list[str
         nodes = [copy.deepcopy(n) for n in nodes]
         del graph.node[:]
         graph.node.extend(nodes)
-        used = {v for n in graph.node for v in n.input} | {v.name for v in (*graph.input, *graph.output)}
-        stale = replaced - used  # an original weight no other node reads
+        used = {v for g in every for n in g.node for v in n.input} | {v.name for v in (*graph.input, *graph.output)}
+        stale = replaced - used  # an original weight nothing else reads
         keep = [t for t in graph.initializer if t.name not in stale]
         del graph.initializer[:]
         graph.initializer.extend(keep)
     return done
+
+
+def channel_pads(model: onnx.ModelProto) -> dict[str, str]:
+    """Convolution name → the name of the ``Pad`` :func:`align_conv_inputs` put before it (found by structure: a
+    constant ``Pad`` whose output only that convolution reads and whose name ends ``_channel_pad[_N]``)."""
+    readers = collections.Counter(v for n in model.graph.node for v in n.input)
+    pads = {n.output[0]: n.name for n in model.graph.node if n.op_type == "Pad" and "_channel_pad" in n.name}
+    return {n.name: pads[n.input[0]] for n in model.graph.node
+            if n.op_type == "Conv" and n.input and n.input[0] in pads and readers[n.input[0]] == 1}

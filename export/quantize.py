@@ -55,7 +55,7 @@ import onnx
 from onnx import numpy_helper
 from export.atomic import atomic_path, ensure_distinct
 from export.onnx_files import data_files
-from export.qdq_channels import align_conv_inputs
+from export.qdq_channels import align_conv_inputs, channel_pads
 from export.qdq_pads import integer_pads
 from export.qdq_pools import global_average_pools
 from runtime_bench import optimized_graph_ops
@@ -143,11 +143,10 @@ class QuantConfig:
             no fewer integer kernels (:func:`_drop_roundtrips`).
         align_channels: x86 CPU targets: widen every ungrouped convolution whose input channels are not a multiple
             of 4 (an RGB stem) with zero channels, which changes no output and puts it on ONNX Runtime's fast int8
-            kernel (:func:`export.qdq_channels.align_conv_inputs`); other targets ignore it, and so does a
-            quantisation with trained activation ranges (they are placed by each layer's weight and input tensor,
-            which widening changes) unless it is given a ``calibration``. On by default: the
-            CIFAR ResNet-32's INT8 file ran 0.983x / 0.958x as long at batch 1 / 32 with it, lower in 20 of 20
-            processes, with bit-identical outputs (``benchmarks/int8_align.json``).
+            kernel (:func:`export.qdq_channels.align_conv_inputs`); other targets, and quantising on an ARM machine,
+            ignore it. A trained range of a widened layer's input holds for the ``Pad`` before it too. On by
+            default: the CIFAR ResNet-32's INT8 file ran 0.980x / 0.956x as long at batch 1 / 32 with it, lower in
+            19 of 20 processes at each, with bit-identical outputs (``benchmarks/int8_align.json``, AVX-512 VNNI).
     """
 
     mode: str = QUANT_MODES[0]
@@ -471,8 +470,10 @@ def _align_channels(path: Path) -> None:
 
 
 def _aligns(config: QuantConfig) -> bool:
-    """Whether ``config`` (resolved) widens convolution inputs: static mode, an x86 CPU target, not turned off."""
-    return config.align_channels and config.mode == "static" and config.target in cpu_facts.CPU_TARGETS
+    """Whether ``config`` (resolved) widens convolution inputs: static mode, a CPU target on an x86 machine (the
+    rule is MLAS's x86 kernel's; ARM's differs), not turned off."""
+    return (config.align_channels and config.mode == "static" and config.target in cpu_facts.CPU_TARGETS
+            and not cpu_facts.cpu_isa().is_arm)
 
 
 def _reader(model: onnx.ModelProto, data: Mapping[str, np.ndarray], config: QuantConfig) -> ArrayCalibrationReader:
@@ -538,8 +539,14 @@ def _weight_consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]
 
 
 def _same_values(tensor: onnx.TensorProto, weight: np.ndarray) -> bool:
-    """The initializer holds ``weight``, as is or transposed (a Linear written as Gemm/MatMul with (in, out))."""
-    if tuple(tensor.dims) not in (weight.shape, weight.shape[::-1]):
+    """The initializer holds ``weight``, as is or transposed (a Linear written as Gemm/MatMul with (in, out)), or
+    widened with zero input channels (:func:`export.qdq_channels.align_conv_inputs`)."""
+    dims = tuple(tensor.dims)
+    if weight.ndim >= 3 and len(dims) == weight.ndim and dims[0] == weight.shape[0] and dims[2:] == weight.shape[2:] \
+            and dims[1] > weight.shape[1]:
+        value = numpy_helper.to_array(tensor)
+        return np.array_equal(value[:, :weight.shape[1]], weight) and not value[:, weight.shape[1]:].any()
+    if dims not in (weight.shape, weight.shape[::-1]):
         return False
     value = numpy_helper.to_array(tensor)
     return np.array_equal(value, weight) or (value.ndim == 2 and np.array_equal(value, weight.T))
@@ -564,12 +571,21 @@ def module_inputs(model: onnx.ModelProto, modules: Iterable[str],
     return found
 
 
+def _zero_pad(node: onnx.NodeProto) -> bool:
+    """A constant ``Pad`` with the default zero value (no ``constant_value`` input): ORT's QDQ quantiser gives its
+    output its input's parameters, and padding with a zero commutes with a per-tensor quantiser whose range holds
+    zero (every asymmetric uint8 range does)."""
+    mode = next((a.s for a in node.attribute if a.name == "mode"), b"constant")
+    return node.op_type == "Pad" and mode == b"constant" and (len(node.input) < 3 or not node.input[2])
+
+
 def _upstream(model: onnx.ModelProto, tensor: str) -> list[str]:
-    """Tensors above ``tensor`` through :data:`_SHARED_PARAMS_OPS`, each the only use of its value."""
+    """Tensors above ``tensor`` through :data:`_SHARED_PARAMS_OPS` and zero pads (:func:`_zero_pad`), each the only
+    use of its value."""
     producers = {o: n for n in model.graph.node for o in n.output}
     uses = collections.Counter(i for n in model.graph.node for i in n.input)
     chain, node = [], producers.get(tensor)
-    while node is not None and node.op_type in _SHARED_PARAMS_OPS and uses[node.input[0]] == 1:
+    while node is not None and (node.op_type in _SHARED_PARAMS_OPS or _zero_pad(node)) and uses[node.input[0]] == 1:
         chain.append(node.input[0])
         node = producers.get(node.input[0])
     return chain
@@ -669,7 +685,12 @@ _RangeSource = Path | ArrayCalibrationReader
 def _run_static(source: Path, dest: Path, ranges: _RangeSource, config: QuantConfig,
                 overrides: Mapping[str, list[dict[str, np.ndarray]]] | None = None,
                 excluded: Sequence[str] = ()) -> None:
-    """Static QDQ quantisation with the activation ranges of ``ranges``, leaving the ``excluded`` nodes in float."""
+    """Static QDQ quantisation with the activation ranges of ``ranges``, leaving the ``excluded`` nodes in float
+    (with the channel ``Pad`` that :func:`_align_channels` put before an excluded convolution: it gains nothing in
+    float and must not quantise that convolution's input)."""
+    if excluded:
+        pads = channel_pads(onnx.load(str(source), load_external_data=False))
+        excluded = list(dict.fromkeys([*excluded, *(pads[n] for n in excluded if n in pads)]))
     act_type, symmetric = config.activation()
     noise = _PerChannelAxisNoise()
     logging.getLogger().addFilter(noise)
@@ -1005,10 +1026,7 @@ def quantize_int8(
     if calib is not None and not static:
         logger.info("dynamic quantisation ignores the calibration data")
     with tempfile.TemporaryDirectory() as workdir, atomic_path(out_path) as tmp:
-        # trained ranges are placed by the layers' weights and input tensors, which widening changes: not both
-        # (unless a calibration of the widened graph is given, whose graph must match)
-        align = _aligns(config) and (not ranges or calibration is not None)
-        source, note = _preprocess(fp32_path, Path(workdir) / "preprocessed.onnx", align)
+        source, note = _preprocess(fp32_path, Path(workdir) / "preprocessed.onnx", _aligns(config))
         overrides, direct = trained_overrides(onnx.load(str(source)), ranges, weights) if ranges else ({}, {})
         excluded = _excluded(source, exclude, static=static)
         if calibration is not None:

@@ -141,6 +141,9 @@ def test_conv_rows_read_the_layout_from_the_output_and_skip_what_they_cannot_rea
     blind = KernelTime("blind", "QLinearConv", "CPU", 3, 10.0, ((2, 16, 32, 32),), ((2, 16, 32, 32),), macs)
     instant = KernelTime("instant", "Conv", "CPU", 3, 0.0, ((2, 16, 32, 32), (16, 16, 3, 3)), ((2, 16, 32, 32),),
                          macs)
+    square = KernelTime("square", "QLinearConv", "CPU", 3, 10.0, ((2, 16, 16, 8), (), (), (16, 8, 3, 3)),
+                        ((2, 16, 16, 16),), 2 * 16 * 16 * 16 * 8 * 9)  # NHWC, height = channels: read from x
+    assert iw.conv_rows([square], batch=2, avx512=True)[0]["cin"] == 8
     rows = iw.conv_rows([nchw, nhwc, blind, instant], batch=2, avx512=True)
     assert [(r["node"], r["cin"], r["group"], r["pixels"]) for r in rows] == [
         ("nchw", 16, 1, 1024), ("nhwc", 16, 1, 1024), ("instant", 16, 1, 1024)]

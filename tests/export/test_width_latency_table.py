@@ -263,6 +263,7 @@ def test_check_width_table_refuses_other_settings(resnet: nn.Module) -> None:
     check_width_table(table, "t.json", resnet, 8, 16)
     check_width_table(table, "t.json", resnet, 8, 32)
     check_width_table({"model_hash": model_key(resnet), "multiple": 8}, "t.json", resnet, 8, 0)  # older: minimum 0
+    check_width_table({**table, "multiple": 16}, "t.json", resnet, 16, 10)  # 10 on multiples of 16 allows 16 too
     with pytest.raises(CompressionError, match=r"^width latency table t.json measured no width below 16 channels "
                                                r"but --width-min is 0; rebuild it with --width-min 0"):
         check_width_table(table, "t.json", resnet, 8, 0)

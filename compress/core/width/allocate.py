@@ -257,8 +257,8 @@ def _pricer(wg: WidthGraph, units: list[tuple[str, list[int], torch.Tensor, list
 def check_width_table(table: Mapping[str, Any], path: str | Path | None, model: nn.Module, multiple: int,
                       minimum: int = 0) -> None:
     """Refuse a width latency table measured on other weights, at another width multiple, or with a higher width
-    minimum than the allocation's (it lacks the narrower widths the allocator may choose; one line). A table
-    without ``"minimum"`` (written before the field existed) was measured with none."""
+    minimum than the allocation's, both rounded up to the multiple (it lacks the narrower widths the allocator may
+    choose; one line). A table without ``"minimum"`` (written before the field existed) was measured with none."""
     from ..cache import model_key
 
     if table.get("model_hash") not in (None, model_key(model)):
@@ -268,7 +268,10 @@ def check_width_table(table: Mapping[str, Any], path: str | Path | None, model: 
         raise CompressionError(f"width latency table {path} steps by {table['multiple']} channels but "
                                f"--width-multiple is {multiple}; rebuild it with --width-multiple {multiple} or "
                                f"pass --width-multiple {table['multiple']}")
-    if int(table.get("minimum", 0)) > minimum:
+    def floor(m: int) -> int:  # the narrowest width a minimum allows on the multiple (ladders step by it)
+        return -(-m // max(multiple, 1)) * max(multiple, 1)
+
+    if floor(int(table.get("minimum", 0))) > floor(minimum):
         raise CompressionError(f"width latency table {path} measured no width below {table['minimum']} channels but "
                                f"--width-min is {minimum}; rebuild it with --width-min {minimum} or pass "
                                f"--width-min {table['minimum']}")
@@ -278,7 +281,8 @@ def _floor_hint(multiple: int, minimum: int) -> str:
     """What lowers the floor of a refused budget, and at what cost (an empty string without a minimum)."""
     if not minimum:
         return ""
-    return (f", --width-min {minimum}: --width-min 0 --width-multiple 8 cuts further, but on the CPU an INT8 "
+    finer = " --width-multiple 8" if multiple > 8 else ""
+    return (f", --width-min {minimum}: --width-min 0{finer} cuts further, but on the CPU an INT8 "
             "convolution narrower than 16 channels leaves ONNX Runtime's fast kernel and can run slower than "
             "the wider one")
 

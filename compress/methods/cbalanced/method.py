@@ -220,22 +220,23 @@ def _projected(model: nn.Module, analyses: dict[str, StateAnalysis], val: Datase
     return _quality(proj, val)
 
 
-def _rounding(rank: int, width: int, minimum: int) -> str:
-    """How the width left the C rank: unchanged, raised to the width minimum, or rounded up to the multiple."""
+def _rounding(rank: int, width: int, size: int, multiple: int, minimum: int) -> str:
+    """How the width left the C rank: unchanged, rounded up to the multiple (what :func:`round_width` gives without
+    a minimum), or raised further by the width minimum."""
     if width == rank:
         return ""
-    if width == minimum and rank < minimum:
-        return f" raised to the width minimum ({minimum})"
-    return " rounded up to the width multiple"
+    if width == round_width(rank, size, multiple, 0):
+        return " rounded up to the width multiple"
+    return f" raised to the width minimum ({minimum})"
 
 
-def _layer_reports(model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[str, int],
+def _layer_reports(model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[str, int], multiple: int,
                    minimum: int) -> list[LayerReport]:
     rows = []
     for p, a in plan.analyses.items():
         (kind, before, producer), (_, after, _) = plan.layer(model, p), plan.layer(new, p)
         rows.append(LayerReport(
-            p, kind, "resized", "width = C rank" + _rounding(a.rank_c, widths[p], minimum), before, after,
+            p, kind, "resized", "width = C rank" + _rounding(a.rank_c, widths[p], a.dim, multiple, minimum), before, after,
             rank=widths[p], full_rank=a.dim,
             details={"rank_a": a.rank_a, "rank_b": a.rank_b, "rank_c": a.rank_c, "producer": producer,
                      "energy_kept_c": a.energy_kept("C", widths[p])}))
@@ -273,7 +274,7 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig)
 def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[str, int],
           multiple: int, minimum: int) -> None:
     analyses = plan.analyses
-    report.layers = _layer_reports(model, new, plan, widths, minimum)
+    report.layers = _layer_reports(model, new, plan, widths, multiple, minimum)
     report.spectra = {p: {k: v.tolist() for k, v in a.spectra.items()} for p, a in analyses.items()}
     full, order = sum(a.dim for a in analyses.values()), sum(widths.values())
     report.predicted.update({

@@ -205,3 +205,16 @@ def test_a_moved_unit_is_priced_exactly_as_a_full_evaluation(resnet, budget: str
             for (name, ranked, _, _), w in zip(units, widths):
                 keep[name] += ranked[:w]
             assert price(widths) == pytest.approx(_macs(wg, keep), rel=1e-12)
+
+
+def test_incremental_pricing_chooses_what_full_pricing_chooses(resnet, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocator's keep sets with every move priced in full (the base ``_Price``) are the incremental ones."""
+    import compress.core.width.allocate as allocate
+
+    wg, groups, stream = resnet
+    scores = _scores(groups, stream)
+    runs = [("mac_ratio", 0.6, "cost"), ("mac_ratio", 0.5, "none"), ("param_ratio", 0.5, "cost")]
+    incremental = [allocate_widths(wg, scores, b, r, multiple=8, weighting=w) for b, r, w in runs]
+    real = allocate._pricer
+    monkeypatch.setattr(allocate, "_pricer", lambda *a: allocate._Price(real(*a).__call__))
+    assert [allocate_widths(wg, scores, b, r, multiple=8, weighting=w) for b, r, w in runs] == incremental

@@ -30,6 +30,7 @@ def test_round_width_to_the_fast_multiple() -> None:
     assert round_width(5, 16, 16) == 8 and round_width(9, 16, 16) == 16  # 16 at multiple 16: 16, 8
     assert round_width(13, 16, 8) == 16 and round_width(13, 64, 1) == 13
     assert round_width(2, 3, 8) == 2  # tiny groups: every width
+    assert CBalancedConfig().width_multiple == 8  # the shared default of width methods on channel groups
 
 
 def test_round_width_never_goes_below_the_minimum() -> None:
@@ -42,10 +43,12 @@ def test_round_width_never_goes_below_the_minimum() -> None:
 def test_layer_note_names_what_moved_the_width() -> None:
     from compress.methods.cbalanced.method import _rounding
 
-    assert _rounding(16, 16, 16) == ""
-    assert _rounding(5, 16, 16) == " raised to the width minimum (16)"
-    assert _rounding(5, 8, 0) == _rounding(20, 32, 16) == " rounded up to the width multiple"
-    assert CBalancedConfig().width_multiple == 8  # the shared default of width methods on channel groups
+    assert _rounding(16, 16, 64, 16, 16) == ""
+    assert _rounding(5, 16, 64, 16, 16) == " rounded up to the width multiple"  # 16 is the first multiple anyway
+    assert _rounding(5, 16, 64, 8, 16) == " raised to the width minimum (16)"  # 8 without the minimum
+    assert _rounding(3, 12, 12, 8, 16) == " raised to the width minimum (16)"  # kept whole: no wider than it
+    assert _rounding(3, 32, 64, 16, 20) == " raised to the width minimum (20)"  # 16 without it
+    assert _rounding(20, 32, 64, 16, 16) == " rounded up to the width multiple"
 
 
 def test_balanced_leverage_is_a_projector_diagonal() -> None:
