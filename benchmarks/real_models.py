@@ -27,7 +27,8 @@ a verdict in plain words, and the tune's wall time. ``table`` holds those as the
 table (``table_markdown``: the same, rendered); ``runs`` the full record of every tune (as in
 ``benchmarks/tune.json``), ``summary`` ``benchmarks/tune.py``'s summary of them.
 
-The JSON is rewritten atomically after every cell; ``--resume`` skips cells it holds (a failed cell runs again).
+The JSON is rewritten atomically after every cell; a run keeps the cells of the models it does not tune (``--only``),
+and ``--resume`` skips cells it holds (a failed cell runs again).
 ``--refresh`` re-derives the cells, table and runs from the tune folders' ``report.json`` without tuning again.
 ``--plan`` prints the cells and each one's `minreal tune` command line and stops (nothing is trained or written).
 Tune folders and caches go to ``--work`` (ignored by git). ``--quick`` is a smoke test (``benchmarks/tune.py``'s: one
@@ -405,8 +406,9 @@ def stop_without_shared_data(only: list[str]) -> None:
 
 
 def load_document(args: argparse.Namespace) -> dict[str, Any]:
-    """The JSON to go on with (``--resume``, ``--refresh``) or a new one."""
-    if not ((args.resume or args.refresh) and args.out.is_file()):
+    """The JSON at ``--out`` to go on with, else a new one: a run replaces the cells of the models it tunes (all of
+    them, or with ``--resume`` the unfinished ones) and keeps every other model's."""
+    if not args.out.is_file():
         return new_document(args.quick, args.drops)
     doc = json.loads(args.out.read_text())
     if doc.get("quick") != args.quick:
