@@ -14,8 +14,8 @@ input, which runs before the input is quantised when that input is the graph's (
 otherwise (:func:`export.qdq_pads.integer_pads`).
 
 Measured (``benchmarks/int8_align.json``, both files timed in 20 fresh processes, both orders, on an AVX-512 VNNI
-Xeon): the CIFAR ResNet-32's INT8 file runs 0.980x as long at batch 1 and 0.956x at batch 32 with its stem widened,
-lower in 19 of 20 processes at each, with bit-identical outputs; the ``Pad`` takes back part of what the faster stem
+Xeon): the CIFAR ResNet-32's INT8 file runs 0.982x as long at batch 1 and 0.960x at batch 32 with its stem widened,
+lower in 18 and 20 of 20 processes, with bit-identical outputs; the ``Pad`` takes back part of what the faster stem
 saves. On by default for the x86 CPU targets (``QuantConfig.align_channels``); an AVX2-only CPU was not measured.
 """
 

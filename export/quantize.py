@@ -145,8 +145,8 @@ class QuantConfig:
             of 4 (an RGB stem) with zero channels, which changes no output and puts it on ONNX Runtime's fast int8
             kernel (:func:`export.qdq_channels.align_conv_inputs`); other targets, and quantising on an ARM machine,
             ignore it. A trained range of a widened layer's input holds for the ``Pad`` before it too. On by
-            default: the CIFAR ResNet-32's INT8 file ran 0.980x / 0.956x as long at batch 1 / 32 with it, lower in
-            19 of 20 processes at each, with bit-identical outputs (``benchmarks/int8_align.json``, AVX-512 VNNI).
+            default: the CIFAR ResNet-32's INT8 file ran 0.982x / 0.960x as long at batch 1 / 32 with it, lower in
+            18 and 20 of 20 processes, with bit-identical outputs (``benchmarks/int8_align.json``, AVX-512 VNNI).
     """
 
     mode: str = QUANT_MODES[0]
