@@ -429,8 +429,8 @@ def _working_directory(folder: Path) -> Iterator[None]:
 
 
 def _preprocess(fp32_path: Path, out: Path, align: bool = False) -> tuple[Path, str | None]:
-    """Run ``quant_pre_process`` (then :func:`_pool_globally` on its output, and :func:`_align_channels` when
-    ``align``); retry without symbolic shape inference, else use the float model as is."""
+    """Run ``quant_pre_process`` (then :func:`_rewrite` on its output); retry without symbolic shape inference, else
+    use the float model as is."""
     _ort_quantization()
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -443,29 +443,22 @@ def _preprocess(fp32_path: Path, out: Path, align: bool = False) -> tuple[Path, 
             note = f"quant_pre_process{' without symbolic shapes' if options else ''} failed: {error_line(exc)}"
             logger.warning("%s", note)
             continue
-        _pool_globally(out)
-        if align:
-            _align_channels(out)
+        _rewrite(out, align)
         return out, note
     return fp32_path, note
 
 
-def _pool_globally(path: Path) -> None:
-    """Write the pre-processed file's means over every spatial axis as ``GlobalAveragePool``
-    (:func:`export.qdq_pools.global_average_pools`: ONNX Runtime runs that one on quantised tensors). External data
-    stays where it is: only the graph is rewritten."""
+def _rewrite(path: Path, align: bool) -> None:
+    """Rewrite the pre-processed file's graph once: means over every spatial axis as ``GlobalAveragePool``
+    (:func:`export.qdq_pools.global_average_pools`: ONNX Runtime runs that one on quantised tensors) and, when
+    ``align``, convolutions widened to input channels on a multiple of 4
+    (:func:`export.qdq_channels.align_conv_inputs`). External data stays where it is."""
     model = onnx.load(str(path), load_external_data=False)
-    if global_average_pools(model):
+    pooled = global_average_pools(model)
+    widened = align_conv_inputs(model) if align else []
+    if pooled or widened:
         onnx.save(model, str(path))
-
-
-def _align_channels(path: Path) -> None:
-    """Widen the pre-processed file's convolutions to input channels on a multiple of 4
-    (:func:`export.qdq_channels.align_conv_inputs`). Only the graph is rewritten; external data stays."""
-    model = onnx.load(str(path), load_external_data=False)
-    widened = align_conv_inputs(model)
     if widened:
-        onnx.save(model, str(path))
         logger.debug("%s: input channels widened to a multiple of 4 for %s", path.name, ", ".join(widened))
 
 
@@ -686,7 +679,7 @@ def _run_static(source: Path, dest: Path, ranges: _RangeSource, config: QuantCon
                 overrides: Mapping[str, list[dict[str, np.ndarray]]] | None = None,
                 excluded: Sequence[str] = ()) -> None:
     """Static QDQ quantisation with the activation ranges of ``ranges``, leaving the ``excluded`` nodes in float
-    (with the channel ``Pad`` that :func:`_align_channels` put before an excluded convolution: it gains nothing in
+    (with the channel ``Pad`` that :func:`_rewrite` put before an excluded convolution: it gains nothing in
     float and must not quantise that convolution's input)."""
     if excluded:
         pads = channel_pads(onnx.load(str(source), load_external_data=False))

@@ -188,11 +188,12 @@ class _CountPrice(_Price):
         self.unit_w = np.asarray([t.mac_unit if key == "macs" else t.param_unit for t in terms], dtype=np.float64)
         self.bias_w = np.asarray([t.extra_macs if key == "macs" else t.bias for t in terms], dtype=np.float64)
         self.fixed = np.asarray([float(t.in_fixed) for t in terms], dtype=np.float64)
-        # per unit, its (term, rank) pairs on each side, and the terms it touches
+        # per unit, its (term, rank) pairs on each side, and the terms it touches (a term without input atoms has
+        # no pair on the input side: its input count is fixed)
         self.per_unit = []
         for u in range(units):
             o, i = self.out[1] == u, self.ins[1] == u
-            touched = np.union1d(self.out[0][o], self.ins[0][i][~self.no_inputs[self.ins[0][i]]])
+            touched = np.union1d(self.out[0][o], self.ins[0][i])
             self.per_unit.append((touched, (np.searchsorted(touched, self.out[0][o]), self.out[2][o]),
                                   (np.searchsorted(touched, self.ins[0][i]), self.ins[2][i])))
         super().__init__(self._evaluate)
@@ -224,9 +225,7 @@ class _CountPrice(_Price):
         now = self._widths[u]
         n_out, n_in = self.n_out[touched].copy(), self.n_in[touched].copy()
         n_out += np.bincount(o_at, weights=(o_rank < w).astype(np.float64) - (o_rank < now), minlength=len(touched))
-        real = ~self.no_inputs[touched]
-        n_in += real * np.bincount(i_at, weights=(i_rank < w).astype(np.float64) - (i_rank < now),
-                                   minlength=len(touched))
+        n_in += np.bincount(i_at, weights=(i_rank < w).astype(np.float64) - (i_rank < now), minlength=len(touched))
         cost = self.terms_cost.copy()
         cost[touched] = self._contributions(n_out, n_in, touched)
         return float(cost.sum())
@@ -268,6 +267,7 @@ def check_width_table(table: Mapping[str, Any], path: str | Path | None, model: 
         raise CompressionError(f"width latency table {path} steps by {table['multiple']} channels but "
                                f"--width-multiple is {multiple}; rebuild it with --width-multiple {multiple} or "
                                f"pass --width-multiple {table['multiple']}")
+
     def floor(m: int) -> int:  # the narrowest width a minimum allows on the multiple (ladders step by it)
         return -(-m // max(multiple, 1)) * max(multiple, 1)
 
