@@ -15,7 +15,7 @@ $(BIN)/python:
 
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): pyproject.toml setup.py | $(BIN)/python
 	@# the other ONNX Runtime wheel would overwrite this one's module; with both present, their shared files are
 	@# already mixed, so both go before the wanted one is installed again
 	@if $(BIN)/python -m pip show -q onnxruntime onnxruntime-gpu >/dev/null 2>&1; then \

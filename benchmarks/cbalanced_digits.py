@@ -27,18 +27,18 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import nn
 from torch.nn.utils import prune
 
-from compress.core.data import Dataset
-from compress.datasets import digits
-from compress.core.errors import CompressionError
-from compress.methods.cbalanced.empirical_gramians import collect_gramians, collect_states, default_state_points
-from compress.methods.cbalanced import CBalancedConfig, analyse_states, realise
-from compress.methods.svd import SVDConfig
-from compress.models import mlp
-from compress.registry import compress
-from compress.train import TrainConfig, train
-from export.onnx_export import to_onnx
-from runtime_bench.sessions import create_session
-from runtime_bench.timing import latency_stats, time_interleaved
+from minreal.compress.core.data import Dataset
+from minreal.compress.datasets import digits
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians, collect_states, default_state_points
+from minreal.compress.methods.cbalanced import CBalancedConfig, analyse_states, realise
+from minreal.compress.methods.svd import SVDConfig
+from minreal.compress.models import mlp
+from minreal.compress.registry import compress
+from minreal.compress.core.train import TrainConfig, train
+from minreal.export.onnx_export import to_onnx
+from minreal.runtime_bench.sessions import create_session
+from minreal.runtime_bench.timing import latency_stats, time_interleaved
 from _common import pyplot, save_figure, write_json
 
 PAPER = {"mnist": {"states": [1024, 277], "ranks_c": [114, 90, 63, 10], "params": [400906, 106323],

@@ -1,6 +1,6 @@
 """Benchmark 1 (issue 3): test accuracy vs factorisable-MAC ratio, factorize vs plain SVD, three allocators.
 
-Models: the demo CNN (compress.models.small_cnn) and a CIFAR-style ResNet-20 (He et al. 2016, §4.2), both
+Models: the demo CNN (minreal.compress.models.small_cnn) and a CIFAR-style ResNet-20 (He et al. 2016, §4.2), both
 trained briefly on the offline digits data (8×8, as is). No fine-tuning after compression.
 Writes benchmarks/factorize_accuracy.json and benchmarks/factorize_accuracy.png.
 Run: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/factorize_accuracy.py
@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compress import compress
-from compress.datasets import digits
-from compress.methods.factorize import FactorizeConfig
-from compress.methods.svd import SVDConfig
-from compress.models import small_cnn
-from compress.train import TrainConfig, train
+from minreal.compress import compress
+from minreal.compress.datasets import digits
+from minreal.compress.methods.factorize import FactorizeConfig
+from minreal.compress.methods.svd import SVDConfig
+from minreal.compress.models import small_cnn
+from minreal.compress.core.train import TrainConfig, train
 from _common import pyplot, save_figure, write_json
 
 OUT = Path(__file__).with_suffix(".json")

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 import torchvision
 
-from compress import compress
-from compress.core.data import Dataset
-from compress.methods.factorize import FactorizeConfig
-from runtime_bench.sessions import create_session
-from runtime_bench.timing import time_interleaved
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.methods.factorize import FactorizeConfig
+from minreal.runtime_bench.sessions import create_session
+from minreal.runtime_bench.timing import time_interleaved
 from _common import write_json
 
 OUT = Path(__file__).with_suffix(".json")

@@ -26,7 +26,7 @@ OUT = Path(__file__).with_suffix(".json")
 def calibration(images: int):
     import torch
 
-    from compress.core.data import Dataset
+    from minreal.compress.core.data import Dataset
 
     return Dataset(torch.randn(images, 3, 224, 224, generator=torch.Generator().manual_seed(0)))
 
@@ -35,8 +35,8 @@ def one_run(images: int, flops: float, cache: str, stats_dtype: str) -> dict:
     import torch
     import torchvision
 
-    from compress import compress
-    from compress.methods.factorize import FactorizeConfig
+    from minreal.compress import compress
+    from minreal.compress.methods.factorize import FactorizeConfig
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None).eval()

@@ -17,11 +17,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from compress import compress  # noqa: E402
-from compress.dynamics import REGRESSION_DATASETS, regression_dataset  # noqa: E402
-from compress.methods.fde import FDEConfig  # noqa: E402
-from compress.methods.magnitude import MagnitudeConfig  # noqa: E402
-from compress.methods.wanda import WandaConfig  # noqa: E402
+from minreal.compress import compress  # noqa: E402
+from minreal.compress.dynamics import REGRESSION_DATASETS, regression_dataset  # noqa: E402
+from minreal.compress.methods.fde import FDEConfig  # noqa: E402
+from minreal.compress.methods.magnitude import MagnitudeConfig  # noqa: E402
+from minreal.compress.methods.wanda import WandaConfig  # noqa: E402
 from fde_common import grow_by_duplication, mean_ci, mse, trained_mlp  # noqa: E402
 
 EPS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7)

@@ -18,8 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from compress.methods.fde import extract_chain, refine  # noqa: E402
-from compress.models import mlp  # noqa: E402
+from minreal.compress.methods.fde import extract_chain, refine  # noqa: E402
+from minreal.compress.models import mlp  # noqa: E402
 from fde_common import grow_by_duplication  # noqa: E402
 
 EPS = (0.0, 0.05, 0.2, 0.5)

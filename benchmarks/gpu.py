@@ -6,15 +6,15 @@ Backends (every cell is one model × variant × backend × precision × batch si
 - ``torch-cuda``: the torch modules themselves on CUDA (fp32; fp16 by ``.half()``), timed by CUDA events. This is
   PyTorch, never ONNX Runtime; it runs whenever torch has CUDA, so a machine without onnxruntime-gpu still
   measures the original against the compressed model.
-- ``ort-cuda``: ONNX Runtime's CUDA provider (:func:`runtime_bench.run_benchmark`, fresh processes) on the fp32
-  file, its FP16 copy (:mod:`export.fp16`) and its explicit-QDQ INT8 copy (symmetric int8, TensorRT's format).
+- ``ort-cuda``: ONNX Runtime's CUDA provider (:func:`minreal.runtime_bench.run_benchmark`, fresh processes) on the fp32
+  file, its FP16 copy (:mod:`minreal.export.fp16`) and its explicit-QDQ INT8 copy (symmetric int8, TensorRT's format).
 - ``ort-tensorrt``: ONNX Runtime's TensorRT provider on the fp32 file (fp32; fp16 with ``trt_fp16_enable``) and
   on the QDQ file (``trt_int8_enable``), with an engine cache shared by its timing processes.
-- ``tensorrt``: TensorRT itself (:func:`export.tensorrt_check.tensorrt_check`): engines built from the fp32 file
+- ``tensorrt``: TensorRT itself (:func:`minreal.export.tensorrt_check.tensorrt_check`): engines built from the fp32 file
   (fp32, fp16 flag) and from the QDQ file (INT8 flag), profile batch 1/32/32, build time and parity against ONNX
   Runtime's CPU provider recorded, then each engine timed through its execution context by CUDA events.
 
-CUDA-event timing goes through the project's one timing loop (:func:`runtime_bench.timing.time_interleaved`, warm-up
+CUDA-event timing goes through the project's one timing loop (:func:`minreal.runtime_bench.timing.time_interleaved`, warm-up
 discarded, original and compressed interleaved) with a clock that records an event on the stream and waits for it.
 
 A cell that cannot run is recorded as ``skipped`` with the reason (no GPU, a provider or module not importable,
@@ -50,7 +50,7 @@ import numpy as np
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from _common import write_json  # noqa: E402
-from runtime_bench.facts import error_line  # noqa: E402
+from minreal.facts import error_line  # noqa: E402
 
 OUT = Path(__file__).with_suffix(".json")
 MODELS = ("digits-mlp", "digits-cnn", "resnet18", "mobilenet_v2")
@@ -77,7 +77,7 @@ SCHEMA = 1
 class Cell:
     """One measurement: status ``pending``/``ok``/``skipped``/``failed``, the reason when not ``ok`` (on an ``ok``
     tensorrt cell: the warning that its engine failed parity), the latency statistics
-    (:class:`runtime_bench.timing.LatencyStats` as a dict) when ``ok``."""
+    (:class:`minreal.runtime_bench.timing.LatencyStats` as a dict) when ``ok``."""
 
     model: str
     variant: str
@@ -129,7 +129,7 @@ def _joined(*reasons: str | None) -> str | None:
 def _ort_reason(unavailable_reason: Any, provider: str) -> str | None:
     """Why ONNX Runtime cannot run ``provider`` here, also when no ONNX Runtime wheel is installed at all (the
     torch-CUDA rows are then still measured)."""
-    from runtime_bench.runtime import RuntimeMissingError
+    from minreal.runtime_bench.runtime import RuntimeMissingError
 
     try:
         return unavailable_reason(provider)
@@ -140,8 +140,8 @@ def _ort_reason(unavailable_reason: Any, provider: str) -> str | None:
 def probe() -> tuple[dict[str, str | None], dict[str, Any]]:
     """Backend → why it cannot run here (``None``: it can): no GPU, then what the backend itself lacks; and what
     was found (``gpu`` reason, TensorRT version)."""
-    from export.tensorrt_check import import_tensorrt
-    from runtime_bench.providers import unavailable_reason
+    from minreal.export.tensorrt_check import import_tensorrt
+    from minreal.runtime_bench.providers import unavailable_reason
 
     torch_reason = _torch_cuda_reason()
     gpu = _gpu_reason(torch_reason)
@@ -263,18 +263,18 @@ def parent(args: argparse.Namespace) -> None:
 
 def _versions() -> dict[str, Any]:
     """torch, ONNX Runtime (or why it is missing) and the machine record every report has (GPU model, memory,
-    driver, CUDA, cuDNN, TensorRT: :func:`runtime_bench.environment.collect_environment`)."""
+    driver, CUDA, cuDNN, TensorRT: :func:`minreal.runtime_bench.environment.collect_environment`)."""
     from dataclasses import asdict
 
     import torch
 
-    from runtime_bench.runtime import RuntimeMissingError, onnxruntime_module
+    from minreal.runtime_bench.runtime import RuntimeMissingError, onnxruntime_module
 
     out: dict[str, Any] = {"torch": torch.__version__}
     try:
         ort = onnxruntime_module()
         out.update(onnxruntime=ort.__version__, onnxruntime_providers=",".join(ort.get_available_providers()))
-        from runtime_bench.environment import collect_environment
+        from minreal.runtime_bench.environment import collect_environment
 
         out["environment"] = asdict(collect_environment(1))
     except RuntimeMissingError as exc:
@@ -307,8 +307,8 @@ def _case(model: str) -> tuple[Any, Any, Any]:
     import torch
     import torchvision
 
-    from compress.core.data import Dataset
-    from export.app.demo import demo_factories
+    from minreal.compress.core.data import Dataset
+    from minreal.app.demo import demo_factories
 
     if model.startswith("digits-"):
         case = demo_factories()[model](True)
@@ -330,11 +330,11 @@ def _attempt(errors: dict[str, str], label: str, fn: Callable[[], Any]) -> Any:
 
 def prepare(model: str, workdir: Path) -> Prepared:
     """The original and compressed modules, their fp32 / FP16 / INT8 (QDQ, symmetric int8) ONNX files."""
-    from compress import compress
-    from export.app.method_options import build_config, provider_defaults
-    from export.fp16 import convert_fp16
-    from export.onnx_export import to_onnx
-    from export.quantize import QuantConfig, quantize_int8
+    from minreal.compress import compress
+    from minreal.app.method_options import build_config, provider_defaults
+    from minreal.export.fp16 import convert_fp16
+    from minreal.export.onnx_export import to_onnx
+    from minreal.export.quantize import QuantConfig, quantize_int8
 
     t = time.perf_counter()
     module, calib, rows = _case(model)
@@ -377,7 +377,7 @@ def cuda_clock(stream: Any) -> Callable[[], float]:
 
 
 def _timed(fns: list[Callable[[], Any]], batch: int, stream: Any) -> list[dict[str, float]]:
-    from runtime_bench.timing import latency_stats, time_interleaved
+    from minreal.runtime_bench.timing import latency_stats, time_interleaved
 
     lat = time_interleaved(fns, TIMING["warmup"], TIMING["min_runs"], TIMING["min_seconds"], clock=cuda_clock(stream))
     return [asdict(latency_stats(ms, batch)) for ms in lat]
@@ -410,7 +410,7 @@ def step_torch_cuda(prep: Prepared) -> Iterator[list[dict[str, Any]]]:
 
 
 def _ort_cells(report: Any, backend: str, labels: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
-    """Cells from a :class:`runtime_bench.BenchReport`: each latency row of a labelled model."""
+    """Cells from a :class:`minreal.runtime_bench.BenchReport`: each latency row of a labelled model."""
     found: dict[tuple[str, int], dict[str, Any]] = {}
     for row in report.latency:
         variant, precision = labels[row.model]
@@ -421,7 +421,7 @@ def _ort_cells(report: Any, backend: str, labels: dict[str, tuple[str, str]]) ->
 def _bench(files: dict[tuple[str, str], Path], provider: str, precisions: tuple[str, ...], until: float,
            settings: Any = None, repeats: int = 2) -> list[dict[str, Any]]:
     """ONNX Runtime on ``provider`` for the ``(variant, precision)`` files (original first: the ratios' reference)."""
-    import runtime_bench as rb
+    import minreal.runtime_bench as rb
 
     labels = {f"{v}.{p}": (v, p) for p in precisions for v in VARIANTS if (v, p) in files}
     if not labels:
@@ -446,7 +446,7 @@ def step_ort_cuda(prep: Prepared, until: float) -> Iterator[list[dict[str, Any]]
 def step_ort_tensorrt(prep: Prepared, workdir: Path, until: float) -> Iterator[list[dict[str, Any]]]:
     """One benchmark per precision (the provider's flags apply to a whole session): fp32 and fp16 read the fp32
     file, int8 the QDQ file."""
-    from runtime_bench.provider_options import ProviderSettings
+    from minreal.runtime_bench.provider_options import ProviderSettings
 
     cache = str(workdir / "ort-trt-cache")
     for precision in BACKENDS["ort-tensorrt"]:
@@ -464,8 +464,8 @@ def step_tensorrt(prep: Prepared, workdir: Path, until: float,
                   checks: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
     """Engines from the fp32 file (fp32, fp16) and the QDQ file (int8), checked (each check yielded as it is made,
     with no cell, so that it is saved), then timed interleaved per precision."""
-    from export.tensorrt_check import tensorrt_check
-    from export.variant import to_jsonable
+    from minreal.export.tensorrt_check import tensorrt_check
+    from minreal.export.variant import to_jsonable
 
     engines: dict[tuple[str, str], tuple[str, dict[str, Any], str | None] | str] = {}
     for (variant, source), path in sorted(prep.files.items()):
@@ -502,7 +502,7 @@ def _time_engines(prep: Prepared, precision: str, engines: dict[tuple[str, str],
     """Both variants' engines of ``precision`` at each batch size, on one stream, interleaved."""
     import torch
 
-    from export.tensorrt_check import EngineRunner, import_tensorrt, parity_feeds
+    from minreal.export.tensorrt_check import EngineRunner, import_tensorrt, parity_feeds
 
     ready = {v: e for v in VARIANTS if isinstance(e := engines.get((v, precision)), tuple)}
     failed = {v: e for v in VARIANTS if isinstance(e := engines.get((v, precision)), str)}

@@ -1,8 +1,8 @@
 """INT8 formats of ONNX Runtime's CPU kernels: accuracy here and on an emulated AVX2-only CPU, and latency here.
 
 ONNX Runtime's x86 kernels without VNNI add pairs of uint8 x int8 products in a saturating int16 (``VPMADDUBSW``),
-so 8-bit int8 weights can clip there; a VNNI/AMX CPU accumulates in int32 and cannot (:mod:`runtime_bench.cpu`).
-Each model is exported in fp32 (``export.variant.export_variant``) and quantised by ``export.quantize.quantize_int8``
+so 8-bit int8 weights can clip there; a VNNI/AMX CPU accumulates in int32 and cannot (:mod:`minreal.runtime_bench.cpu`).
+Each model is exported in fp32 (``minreal.export.variant.export_variant``) and quantised by ``minreal.export.quantize.quantize_int8``
 (static, per-channel, min-max calibration on 256 samples) into four formats:
 
 - ``u8s8``: ``QuantConfig(target="cpu-vnni")``, uint8 activations x 8-bit int8 weights;
@@ -23,7 +23,7 @@ accuracy only: its timings mean nothing.
 
 Models: the pretrained CIFAR-10 ResNet-32 (``../shared/data``; skipped with one line when absent) on 2,000 held-out
 JPEG test images (calibration: 256 of the first 7,000, seeded), the digits CNN and the SSM of the embedded demo
-(``export.app.demo.demo_factories``, trained here, seeded), and the BERT-style encoder of
+(``minreal.app.demo.demo_factories``, trained here, seeded), and the BERT-style encoder of
 ``benchmarks/transformer.py`` (two named inputs, trained here, seeded). ``choice`` compares the saturation-free
 candidates by their mean accuracy drop from fp32 over the models on the emulated AVX2 CPU, among those that keep
 u8s8's speed here (within ``SPEED_TOLERANCE``); ``--rechoose`` recomputes that block from a finished run.
@@ -62,14 +62,14 @@ from torch import nn  # noqa: E402
 
 import _ort_eval  # noqa: E402
 from _common import write_json  # noqa: E402
-from compress.core.inputs import Inputs, NamedInputs  # noqa: E402
-from compress.models import CifarResNet  # noqa: E402
-from export.quantize import QuantConfig, QuantizationError, quantize_int8  # noqa: E402
-from export.variant import VariantConfig, export_variant  # noqa: E402
-from runtime_bench import BenchConfig, ModelEntry, run_benchmark  # noqa: E402
-from runtime_bench.cpu import cpu_isa, u8s8_saturates  # noqa: E402
-from runtime_bench.environment import cpu_model  # noqa: E402
-from runtime_bench.timing import ratio_summary  # noqa: E402
+from minreal.compress.core.inputs import Inputs, NamedInputs  # noqa: E402
+from minreal.compress.models import CifarResNet  # noqa: E402
+from minreal.export.quantize import QuantConfig, QuantizationError, quantize_int8  # noqa: E402
+from minreal.export.variant import VariantConfig, export_variant  # noqa: E402
+from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark  # noqa: E402
+from minreal.runtime_bench.cpu import cpu_isa, u8s8_saturates  # noqa: E402
+from minreal.runtime_bench.environment import cpu_model  # noqa: E402
+from minreal.runtime_bench.timing import ratio_summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -155,7 +155,7 @@ def cifar_case(limit: int | None) -> Case | None:
     heldout = min(limit or CIFAR_HELDOUT, CIFAR_HELDOUT)
     held = slice(len(images) - CIFAR_HELDOUT, len(images) - CIFAR_HELDOUT + heldout)
     return Case("resnet32-cifar10",
-                "pretrained CIFAR-10 ResNet-32 (akamaster, option-A shortcuts; compress.models.CifarResNet(5)) on "
+                "pretrained CIFAR-10 ResNet-32 (akamaster, option-A shortcuts; minreal.compress.models.CifarResNet(5)) on "
                 f"CIFAR-10 test images decoded from JPEG (../shared/data); calibration: {CALIB_SAMPLES} images drawn "
                 f"(seed 0) from the first {CIFAR_CALIB_POOL}, held out: {heldout} of the last {CIFAR_HELDOUT}",
                 load_resnet32(RESNET32), cifar_inputs(images[pick]), cifar_inputs(images[held]),
@@ -165,7 +165,7 @@ def cifar_case(limit: int | None) -> Case | None:
 def demo_case(key: str, name: str, limit: int | None) -> Case:
     """The embedded demo's case ``key`` (trained here, seeded, quick schedule): calibration on the first 256
     training samples, the test split held out (the first ``limit`` samples)."""
-    from export.app.demo import demo_factories
+    from minreal.app.demo import demo_factories
 
     case = demo_factories()[key](True)
     heldout = min(limit or len(case.test), len(case.test))
@@ -564,12 +564,12 @@ def choice(models: Mapping[str, dict[str, Any]], batches: Sequence[int], here: s
 
 
 # ------------------------------------------------------------------------------------------------- environment
-_PROBE = ("import json; from dataclasses import asdict; from runtime_bench.cpu import cpu_isa, u8s8_saturates; "
+_PROBE = ("import json; from dataclasses import asdict; from minreal.runtime_bench.cpu import cpu_isa, u8s8_saturates; "
           "print(json.dumps({'u8s8_saturates': u8s8_saturates(), 'cpu_isa': asdict(cpu_isa())}))")
 
 
 def emulated_environment(timeout_s: float) -> dict[str, Any] | None:
-    """What ``runtime_bench.cpu`` says under ``qemu-x86_64 -cpu Haswell`` (``None`` without qemu-x86_64)."""
+    """What ``minreal.runtime_bench.cpu`` says under ``qemu-x86_64 -cpu Haswell`` (``None`` without qemu-x86_64)."""
     command = qemu_command()
     if command is None:
         return None

@@ -8,43 +8,43 @@ question it decided: ONNX Runtime's MLAS blocks NCHWc channels by 16 on AVX-512F
 and is only taken for at least 16 of them (``MlasConvSymPackWSize``), while minreal's width multiple was 8 on every
 CPU. So every cut is made on each :data:`LADDERS` entry and timed in fp32 and INT8: ``m8`` (multiples of 8, at least
 8), ``m16`` (multiples of 16, at least 16: minreal's CPU default since, ``WIDTH_MULTIPLE_BY_PROVIDER`` and
-``WIDTH_MIN_BY_PROVIDER`` in ``compress.core.options``) and ``m8-min16`` (multiples of 8, at least 16).
+``WIDTH_MIN_BY_PROVIDER`` in ``minreal.compress.core.options``) and ``m8-min16`` (multiples of 8, at least 16).
 ``multiples`` compares each ladder's latency ratios with ``m8``'s interpolated at the same MAC ratio, per precision
 and batch size.
 
 Where the time goes: after timing, every INT8 file is profiled at each batch size in one more session with
-onnxruntime's profiler (``runtime_bench.node_profile``, 30 runs after 5 warm-up, per kernel the median): time per op
+onnxruntime's profiler (``minreal.runtime_bench.node_profile``, 30 runs after 5 warm-up, per kernel the median): time per op
 type, every convolution's channels, MACs, time and GMAC/s, whether MLAS's symmetric kernel is expected for it
 (:func:`sym_kernel_expected`), the convolutions by output channels, and per cut its convolution time and the rest
 against the original's (``profile``). Profiling adds a little time per kernel: its sums are compared with each other,
 not with the timed latencies.
 
 The stem: minreal's x86 INT8 files widen a convolution whose input channels are not a multiple of 4 (ResNet-32's
-3-channel stem) with a zero channel (``export.qdq_channels``), which puts it on MLAS's symmetric kernel. The
+3-channel stem) with a zero channel (``minreal.export.qdq_channels``), which puts it on MLAS's symmetric kernel. The
 original's INT8 file is also written without it (``QuantConfig(align_channels=False)``), timed in the same processes
 and profiled: ``stem`` holds the widened file's p50 against the unwidened one's per process, both held-out top-1s
 (equal up to a rare tie: the integer sums are the same) and each file's stem convolution row.
 
 Cuts: per ladder and target r, one fraction f scales every segment of every cuttable channel group
-(``compress.core.width``: ``analyse``, ``WidthGraph.segments``; ResNet-32's option-A stream is one group of three
+(``minreal.compress.core.width``: ``analyse``, ``WidthGraph.segments``; ResNet-32's option-A stream is one group of three
 segments, each block's inner channels one group) to the ladder's width nearest f x its size, the rounding error
 carried on to the next segment of the same size (so that eleven 16-channel segments do not all halve at once); f is
 searched on :data:`FRACTIONS` for the whole-model MAC ratio nearest r (predicted from
-``compress.core.width.cost.cost_terms``; the ratio of the built model, counted as ``export_variant`` counts it, is
+``minreal.compress.core.width.cost.cost_terms``; the ratio of the built model, counted as ``export_variant`` counts it, is
 the one recorded and judged). A ladder may not reach r
 (``m16`` keeps the 16-channel stage whole): the goal is judged at the MAC ratio reached (bound: reached + 0.15), and
 ``met_at_target`` at r + 0.15 as the issue words it. Cuts with equal widths are built and timed once. Weights: each
 segment keeps its channels of largest L1 norm (``magnitude_importance``), with no recovery: latency is the point, not
 accuracy; every file's held-out top-1 (no recovery) is recorded only as a check that it computes what it should.
 
-Files: ``export.variant.export_variant`` (ONNX, simplified, verified against torch), then
-``export.quantize.quantize_int8`` with the default ``QuantConfig`` (static QDQ in this CPU's format, recorded),
+Files: ``minreal.export.variant.export_variant`` (ONNX, simplified, verified against torch), then
+``minreal.export.quantize.quantize_int8`` with the default ``QuantConfig`` (static QDQ in this CPU's format, recorded),
 calibrated on 256 images drawn (seed 0) from the first 7,000 of ``../shared/data``'s CIFAR-10 JPEG test images; the
 last 2,000 are held out (``benchmarks/int8_formats.py``'s ``cifar_case``). Per file, ONNX Runtime's optimised CPU graph
 (``ORT_ENABLE_ALL``, as runtime_bench's sessions): op counts, Conv/MatMul/Gemm as integer and as float kernels, NCHWc
 convolutions and reorders, and the nodes run in float between a DequantizeLinear and a QuantizeLinear.
 
-Timing: ``runtime_bench.run_benchmark``: every file in each of ``--processes`` fresh processes (interleaved, the order
+Timing: ``minreal.runtime_bench.run_benchmark``: every file in each of ``--processes`` fresh processes (interleaved, the order
 rotated per process), batch 1 and 32, the project's default intra-op threads (physical cores); per file the pooled
 p50 and, per process, its ratio to the original's INT8 and fp32 timed in that same process (median, min, max), so that
 the virtual machine's CPU steal moves both alike. CPU shares (busy, idle, steal) over the run come from /proc/stat.
@@ -83,21 +83,21 @@ from torch import nn  # noqa: E402
 
 from _common import cpu_share, cpu_times, write_json  # noqa: E402
 from int8_formats import CIFAR, RESNET32, cifar_case, quant_record  # noqa: E402
-from compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER  # noqa: E402
-from compress.core.width import Cut, WidthGraph, analyse, apply_cuts  # noqa: E402
-from compress.core.width.allocate import segment_key  # noqa: E402
-from compress.core.width.cost import cost_terms  # noqa: E402
-from compress.core.width.importance import magnitude_importance  # noqa: E402
-from compress.models import CifarResNet  # noqa: E402
-from export.quantize import QuantConfig, quantize_int8  # noqa: E402
-from export.variant import VariantConfig, export_variant  # noqa: E402
-from runtime_bench import BenchConfig, ModelEntry, run_benchmark  # noqa: E402
-from runtime_bench.cpu import cpu_int8_target, cpu_isa, u8s8_saturates  # noqa: E402
-from runtime_bench.environment import cpu_model  # noqa: E402
-from runtime_bench.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS  # noqa: E402
-from runtime_bench.model_info import float_roundtrips, optimized_graph  # noqa: E402
-from runtime_bench.node_profile import KernelTime, op_totals, profile_kernels  # noqa: E402
-from runtime_bench.timing import ratio_summary  # noqa: E402
+from minreal.compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER  # noqa: E402
+from minreal.compress.core.width import Cut, WidthGraph, analyse, apply_cuts  # noqa: E402
+from minreal.compress.core.width.allocate import segment_key  # noqa: E402
+from minreal.compress.core.width.cost import cost_terms  # noqa: E402
+from minreal.compress.core.width.importance import magnitude_importance  # noqa: E402
+from minreal.compress.models import CifarResNet  # noqa: E402
+from minreal.export.quantize import QuantConfig, quantize_int8  # noqa: E402
+from minreal.export.variant import VariantConfig, export_variant  # noqa: E402
+from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark  # noqa: E402
+from minreal.runtime_bench.cpu import cpu_int8_target, cpu_isa, u8s8_saturates  # noqa: E402
+from minreal.runtime_bench.environment import cpu_model  # noqa: E402
+from minreal.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS  # noqa: E402
+from minreal.runtime_bench.model_info import float_roundtrips, optimized_graph  # noqa: E402
+from minreal.runtime_bench.node_profile import KernelTime, op_totals, profile_kernels  # noqa: E402
+from minreal.runtime_bench.timing import ratio_summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "int8_width.json"
@@ -197,7 +197,7 @@ def uniform_widths(sizes: Mapping[str, int], ladder: Ladder, fraction: float) ->
 
 def mac_counter(wg: WidthGraph) -> Callable[[Mapping[str, int]], float]:
     """Per-sample MACs of the model whose segments keep the given widths (of their first atoms: which ones does not
-    change the count), from :func:`compress.core.width.cost.cost_terms`."""
+    change the count), from :func:`minreal.compress.core.width.cost.cost_terms`."""
     terms, atoms_of = cost_terms(wg), segments(wg)
 
     def macs(widths: Mapping[str, int]) -> float:
@@ -458,7 +458,7 @@ def by_out_channels(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]
 
 
 def profile_variant(path: Path, x: np.ndarray, batch: int, threads: int, avx512: bool) -> dict[str, Any]:
-    """One file's kernels at ``batch`` (:func:`runtime_bench.node_profile.profile_kernels`, the timed sessions'
+    """One file's kernels at ``batch`` (:func:`minreal.runtime_bench.node_profile.profile_kernels`, the timed sessions'
     options plus profiling): time by op type, every convolution's row and the convolutions by output channels."""
     name = onnx.load(str(path), load_external_data=False).graph.input[0].name
     kernels = profile_kernels(path, "CPUExecutionProvider", threads, {name: x[:batch]}, PROFILE_RUNS, PROFILE_WARMUP)
@@ -599,7 +599,7 @@ def settings(args: argparse.Namespace, config: BenchConfig) -> dict[str, Any]:
     return {"ladders": {k: asdict(LADDERS[k]) for k in args.ladders}, "targets": list(args.targets),
             "slack": SLACK, "goal_batch": GOAL_BATCH, "reached_within": REACHED,
             "fractions": [FRACTIONS[0], FRACTIONS[-1], round(FRACTIONS[1] - FRACTIONS[0], 3)],
-            "quantization": "export.quantize.quantize_int8(QuantConfig()): static QDQ, this CPU's format, "
+            "quantization": "minreal.export.quantize.quantize_int8(QuantConfig()): static QDQ, this CPU's format, "
                             "calibrated on 256 images (seed 0) of the first 7,000",
             "weights": "highest-L1 channels per segment (magnitude_importance), no recovery",
             "timing": {"provider": "cpu", "batch_sizes": list(BATCHES), "processes": config.repeats,

@@ -154,7 +154,7 @@ def process_p50(latency: list[dict[str, Any]], cell: str) -> dict[str, list[floa
 
 def speedup(chosen: list[float] | None, reference: list[float] | None) -> dict[str, Any] | None:
     """``reference / chosen`` p50 per process (paired: both timed in the same processes): median, min, max."""
-    from runtime_bench.timing import ratio_summary
+    from minreal.runtime_bench.timing import ratio_summary
 
     if not chosen or not reference or len(chosen) != len(reference):
         return None
@@ -247,7 +247,7 @@ def why_no_structural(run: dict[str, Any], cell: str, rec: dict[str, Any]) -> st
 
 
 def cell_record(run: dict[str, Any], report: Any, commit: str | None) -> dict[str, Any]:
-    """One cell of the benchmark from its tune's run record and :class:`~export.app.tune.TuneReport`; ``commit``:
+    """One cell of the benchmark from its tune's run record and :class:`~minreal.app.tune.TuneReport`; ``commit``:
     the library's commit the tune ran at."""
     latency = (report.confirm or {}).get("latency", [])
     original = run["baselines"].get("original", {})

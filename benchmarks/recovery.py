@@ -47,12 +47,12 @@ from torch import nn  # noqa: E402
 
 from _common import write_json  # noqa: E402
 from trained_models import resnet20_digits32  # noqa: E402
-from compress.core.data import Dataset  # noqa: E402
-from compress.core.errors import CompressionError  # noqa: E402
-from compress.core.recover import RecoveryConfig, held_out_metrics, recover  # noqa: E402
-from compress.core.train import distillation_loss, task_loss  # noqa: E402
-from compress.registry import compress, get_method  # noqa: E402
-from export.quantize import resolve_target  # noqa: E402
+from minreal.compress.core.data import Dataset  # noqa: E402
+from minreal.compress.core.errors import CompressionError  # noqa: E402
+from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover  # noqa: E402
+from minreal.compress.core.train import distillation_loss, task_loss  # noqa: E402
+from minreal.compress.registry import compress, get_method  # noqa: E402
+from minreal.export.quantize import resolve_target  # noqa: E402
 
 METHODS = ("svd", "factorize", "magnitude", "wanda", "fde", "cbalanced")
 RATIOS = (0.7, 0.5, 0.3)
@@ -105,7 +105,7 @@ class Grid:
 
 # ---------------------------------------------------------------------------------------------- models and data
 def resnet20_case() -> Case:
-    from compress.datasets import digits32
+    from minreal.compress.datasets import digits32
 
     trained = resnet20_digits32()
     r = trained.record
@@ -115,7 +115,7 @@ def resnet20_case() -> Case:
 
 
 def demo_cnn_case() -> Case:
-    from export.app.demo import demo_factories
+    from minreal.app.demo import demo_factories
 
     demo = demo_factories()["digits-cnn"](True)
     return Case("demo_cnn", demo.model.eval(), demo.train, demo.test,
@@ -132,7 +132,7 @@ def setting_data(case: Case, setting: str) -> Dataset:
 
 
 def original_record(case: Case) -> dict[str, Any]:
-    from compress.core.costs import count_costs, count_macs_torch, whole_model_macs
+    from minreal.compress.core.costs import count_costs, count_macs_torch, whole_model_macs
 
     x = case.test.x[:2]
     metrics = held_out_metrics(case.model, case.model, case.test)
@@ -183,7 +183,7 @@ def _log_search(f: Callable[[float], float], target: float, memo: dict[float, fl
 def _cbalanced(case: Case, data: Dataset, ratio: float, memo: dict[float, float], known: float | None
                ) -> tuple[nn.Module, dict]:
     """cbalanced at the energy tolerance searched for ``ratio`` (or ``known``, the one earlier cells used)."""
-    from compress.methods.cbalanced import CBalancedConfig
+    from minreal.compress.methods.cbalanced import CBalancedConfig
 
     def cfg(eps: float, **extra: Any) -> Any:
         return CBalancedConfig(energy_eps=eps, epochs=0, controls=False, width_multiple=WIDTH_MULTIPLE, **extra)
@@ -394,7 +394,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def _per_step(case: Case, student: nn.Module, batch: int, runs: int) -> dict[str, Any]:
-    from runtime_bench.timing import time_interleaved
+    from minreal.runtime_bench.timing import time_interleaved
 
     xb, yb = case.calib.x[:batch], case.calib.y[:batch]
     eager = _step_fn(case.model, copy.deepcopy(student), xb, yb)
@@ -427,7 +427,7 @@ def compile_case(case: Case, seed: int, runs: int, epochs: int) -> dict[str, Any
     compiled with cold caches (a fresh inductor cache folder) and again warm (the caches that run filled)."""
     from torch._inductor.utils import fresh_cache
 
-    from compress.methods.magnitude import MagnitudeConfig
+    from minreal.compress.methods.magnitude import MagnitudeConfig
 
     student, _ = compress(case.model, case.calib, "magnitude", MagnitudeConfig(mac_ratio=GOAL_RATIO))
     with fresh_cache():
@@ -460,12 +460,12 @@ def compile_section(runner: Runner, models: tuple[str, ...], out: Path, runs: in
 # ----------------------------------------------------------------------------------------------------------- int8
 def qat_missing() -> str | None:
     """Why quantisation-aware recovery cannot run yet, or None when its interface exists."""
-    from export.quantize import quantize_int8
+    from minreal.export.quantize import quantize_int8
 
     if "int8" not in {f.name for f in dataclasses.fields(RecoveryConfig)}:
         return "RecoveryConfig has no int8 field (quantisation-aware recovery not available in this tree)"
     if "activation_ranges" not in inspect.signature(quantize_int8).parameters:
-        return "export.quantize.quantize_int8 takes no activation_ranges"
+        return "minreal.export.quantize.quantize_int8 takes no activation_ranges"
     return None
 
 
@@ -474,12 +474,12 @@ class _OrtModel(nn.Module):
 
     def __init__(self, path: Path) -> None:
         super().__init__()
-        from runtime_bench.sessions import create_session
+        from minreal.runtime_bench.sessions import create_session
 
         self.session = create_session(path, threads=2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from export.verify import run_ort
+        from minreal.export.verify import run_ort
 
         return torch.from_numpy(run_ort(self.session, x.numpy())[0])
 
@@ -488,8 +488,8 @@ def _onnx_pair(case: Case, module: nn.Module, folder: Path, stem: str, ranges: d
                ) -> dict[str, Any]:
     """Export ``module`` (verified against torch), quantise it to INT8 (with trained ranges when given); held-out
     metrics of both files under ONNX Runtime against the original in torch."""
-    from export.quantize import quantize_int8
-    from export.variant import VariantConfig, export_variant
+    from minreal.export.quantize import quantize_int8
+    from minreal.export.variant import VariantConfig, export_variant
 
     cfg = VariantConfig()
     fp32 = folder / f"{stem}.onnx"
@@ -498,7 +498,7 @@ def _onnx_pair(case: Case, module: nn.Module, folder: Path, stem: str, ranges: d
     if ranges:
         kwargs["activation_ranges"] = ranges
         if "weights" in inspect.signature(quantize_int8).parameters:
-            from export.variant import layer_weights
+            from minreal.export.variant import layer_weights
 
             kwargs["weights"] = layer_weights(module, ranges)
     q, quant_s = _timed(lambda: quantize_int8(fp32, folder / f"{stem}.int8.onnx",

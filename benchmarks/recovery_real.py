@@ -8,13 +8,13 @@ are the calibration data of every method and the training data of every recovery
 seen by neither. Without ``../shared/data`` (a user's clone) the script prints one line and exits with status 2.
 
 Methods (``--methods``): svd, factorize, magnitude, wanda and fde by their ``mac_ratio`` budget, each prepared once
-per model (``compress.registry.prepare``: statistics, bases, importances) and realised once per ratio
+per model (``minreal.compress.registry.prepare``: statistics, bases, importances) and realised once per ratio
 (``realise``, the budget-dependent phase); cbalanced, which has no MAC budget, by its energy tolerance searched on
 a log scale for each ratio exactly as ``benchmarks/recovery.py`` searches it (its ``_cbalanced``: subsampled
 Gramians during the search, the defaults for the final run; width multiple 8). A method that refuses a ratio is
 recorded with its one-line reason.
 
-Recovery: ``compress.core.recover.recover`` with ``RecoveryConfig(epochs=E, seed=SEED)`` and every other field at
+Recovery: ``minreal.compress.core.recover.recover`` with ``RecoveryConfig(epochs=E, seed=SEED)`` and every other field at
 its default (AdamW, linear warm-up then cosine decay over the whole budget, distillation from the original mixed
 with the labels' cross-entropy, 20 % of the 7,000 held out for early stopping with patience 3 and the best weights
 kept), the same for every row. The recovery has no per-epoch callback and its cosine schedule spans the budget it
@@ -64,10 +64,10 @@ from torch import nn  # noqa: E402
 
 import tune as tb  # noqa: E402  (benchmarks/tune.py; benchmarks/ is on sys.path: this file runs as a script)
 from recovery import Compressed  # noqa: E402  (benchmarks/recovery.py: a method's model at one ratio, its record)
-from compress.core.data import Dataset  # noqa: E402
-from compress.core.errors import CompressionError  # noqa: E402
-from compress.core.evaluate import predict  # noqa: E402
-from compress.core.recover import RecoveryConfig, held_out_metrics, recover  # noqa: E402
+from minreal.compress.core.data import Dataset  # noqa: E402
+from minreal.compress.core.errors import CompressionError  # noqa: E402
+from minreal.compress.core.evaluate import predict  # noqa: E402
+from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover  # noqa: E402
 
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recovery_real.py --out benchmarks/recovery_real.json"
 MODELS = ("resnet32", "resnet44")
@@ -125,7 +125,7 @@ def load_case(name: str, work: Path, quick: bool) -> Case:
 
 
 def original_record(case: Case) -> dict[str, Any]:
-    from compress.core.costs import count_costs, count_macs_torch, whole_model_macs
+    from minreal.compress.core.costs import count_costs, count_macs_torch, whole_model_macs
 
     x = case.test.x[:2]
     return {"accuracy": held_out_metrics(case.model, case.model, case.test, teacher_outputs=case.test_refs)["accuracy"],
@@ -153,7 +153,7 @@ class Compressor:
         self.memo: dict[tuple[str, str], dict[float, float]] = {}
 
     def _prepare(self, case: Case, method: str, ratio: float) -> Any:
-        from compress.registry import get_method, prepare
+        from minreal.compress.registry import get_method, prepare
 
         if self.prepared is None or self.prepared[0] != (case.name, method):
             self.prepared = None  # free the previous method's state first
@@ -162,7 +162,7 @@ class Compressor:
         return self.prepared[1]
 
     def _budgeted(self, case: Case, method: str, ratio: float) -> Compressed:
-        from compress.registry import get_method, realise
+        from minreal.compress.registry import get_method, realise
 
         prepared = self._prepare(case, method, ratio)
         t0 = time.perf_counter()
@@ -385,7 +385,7 @@ def summarise(doc: dict[str, Any]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------------------------- main
 def header() -> dict[str, Any]:
-    from runtime_bench.environment import cpu_model
+    from minreal.runtime_bench.environment import cpu_model
 
     return {**tb.header(), "cpu_model": cpu_model()}
 

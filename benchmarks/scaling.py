@@ -5,7 +5,7 @@ statistics ``factorize`` spends most of its time on: 63 of 65 s for 256 images),
 random (seeded) and so are the images: the cost of the pass does not depend on their values, and nothing can be
 downloaded here.
 
-- ``one``: :func:`compress.core.stats.collect_moments` in one process with every core (torch's default threads).
+- ``one``: :func:`minreal.compress.core.stats.collect_moments` in one process with every core (torch's default threads).
 - ``two``: the same call in every rank of ``torchrun --nproc-per-node 2`` (gloo; each rank one thread, so the two
   runs use the same cores): each rank takes its half of the images, the float64 sums are all-reduced. The
   all-reduce of the same accumulators is also timed on its own, to split compute from communication.
@@ -56,7 +56,7 @@ def workload(images: int) -> tuple[nn.Module, dict[str, nn.Module], Any]:
     """Seeded resnet18 (random weights), its Conv/Linear layers, and ``images`` seeded 3x224x224 inputs."""
     import torchvision
 
-    from compress.core.data import Dataset
+    from minreal.compress.core.data import Dataset
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None).eval()
@@ -67,7 +67,7 @@ def workload(images: int) -> tuple[nn.Module, dict[str, nn.Module], Any]:
 
 def moments(images: int) -> tuple[dict[str, torch.Tensor], float, int]:
     """The statistics pass: the sums by layer, its wall time (collectives included) and the accumulator bytes."""
-    from compress.core.stats import collect_moments
+    from minreal.compress.core.stats import collect_moments
 
     model, layers, data = workload(images)
     t0 = time.perf_counter()
@@ -81,7 +81,7 @@ def time_allreduce(sums: dict[str, torch.Tensor], repeats: int = 3) -> float:
     """Median seconds of all-reducing copies of the accumulators, layer by layer (as the pass does)."""
     import torch.distributed as dist
 
-    from compress.core.distributed import all_reduce_sum
+    from minreal.compress.core.distributed import all_reduce_sum
 
     times = []
     for _ in range(repeats):
@@ -96,7 +96,7 @@ def time_allreduce(sums: dict[str, torch.Tensor], repeats: int = 3) -> float:
 
 def worker(out: Path, images: int) -> None:
     """One rank of the two-process run: the pass, then the all-reduce alone; rank 0 writes the sums and times."""
-    from compress.core.distributed import is_writer, process_group
+    from minreal.compress.core.distributed import is_writer, process_group
 
     torch.set_num_threads(1)
     with process_group(backend="gloo", timeout_s=1800):
@@ -166,7 +166,7 @@ def main() -> None:
         "torch": torch.__version__, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": list(os.getloadavg())},
         "setting": {"model": "torchvision resnet18, random weights (seed 0), eval mode", "input": "3x224x224",
-                    "images": args.images, "batch_size": BATCH, "pass": "compress.core.stats.collect_moments over "
+                    "images": args.images, "batch_size": BATCH, "pass": "minreal.compress.core.stats.collect_moments over "
                     "every Conv2d/Linear input (float64 products)", "one_process_threads": torch.get_num_threads(),
                     "two_process_threads_per_rank": 1, "backend": "gloo"}}
     say(f"one process, {torch.get_num_threads()} threads")

@@ -1,7 +1,7 @@
 """SSM accuracy after balanced truncation, with and without the Hankel nuclear-norm regulariser.
 
 Tasks: sequential digits (8×8 images read pixel by pixel, length 64) and a synthetic length-512 burst
-frequency task (compress.datasets.synthetic_sequences). Short CPU schedules (stated in the JSON). Epochs are selected
+frequency task (minreal.compress.datasets.synthetic_sequences). Short CPU schedules (stated in the JSON). Epochs are selected
 on a validation split (15 %) of the training data and truncation calibrates on the training data; the test split is
 only scored.
 Writes benchmarks/ssm_accuracy.json and benchmarks/ssm_hsv_decay.png.
@@ -21,10 +21,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from compress import compress  # noqa: E402
-from compress.datasets import sequential_digits, synthetic_sequences  # noqa: E402
-from compress.methods.ssm import SSMConfig  # noqa: E402
-from compress.methods.ssm.training import SSMTrainSpec, train_ssm_classifier  # noqa: E402
+from minreal.compress import compress  # noqa: E402
+from minreal.compress.datasets import sequential_digits, synthetic_sequences  # noqa: E402
+from minreal.compress.methods.ssm import SSMConfig  # noqa: E402
+from minreal.compress.methods.ssm.training import SSMTrainSpec, train_ssm_classifier  # noqa: E402
 from _common import pyplot, save_figure, write_json  # noqa: E402
 
 TRUNCS = (0.5, 0.6, 0.7, 0.8, 0.9)

@@ -4,7 +4,7 @@ Four arms per task and seed: unregularised; the full Hankel nuclear norm Σσ at
 benchmarks/ssm_accuracy.py); the tail-only penalty Σ_{i>r} σ_i at the same weight, r the order of the deepest
 truncation of interest (``--tail-trunc``, default 90 %; per layer, or a total budget with ``--tail-budget``); and
 the tail-only penalty with its weights set by the per-layer energy-target controller (keep ≥ ``--target-energy`` of
-Σσ in r states; warm-up, then a linear ramp; compress.methods.ssm.training); and, as the capacity reference, an
+Σσ in r states; warm-up, then a linear ramp; minreal.compress.methods.ssm.training); and, as the capacity reference, an
 unregularised model with r states per layer trained from scratch (what an order-r model of this architecture reaches
 directly: a model whose Hankel tail beyond r is negligible is an order-r model, so no regulariser can keep more at
 that order than this arm reaches, short of optimisation effects). The absolute tail, not the ratio
@@ -12,7 +12,7 @@ that order than this arm reaches, short of optimisation effects). The absolute t
 Training selects its epoch on a validation split (15 %) of the training data; the test split is only scored.
 Each trained model is reduced by balanced truncation at 50/70/90/95 % of the states, per layer (``--trunc``)
 and as a total budget shared at equal energy (``--state-budget`` with the same total). Tasks: sequential digits
-(``digits-seq``, length 64) and the synthetic length-512 burst task (compress.datasets.synthetic_sequences);
+(``digits-seq``, length 64) and the synthetic length-512 burst task (minreal.compress.datasets.synthetic_sequences);
 64 states, 2 layers. Writes benchmarks/ssm_regulariser.json (atomically); ``--quick`` is a smoke run (one seed,
 two epochs, data subsets) that also projects the full run's duration from its measured step times.
 
@@ -32,10 +32,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from compress import compress  # noqa: E402
-from compress.core.data import Dataset  # noqa: E402
-from compress.datasets import sequential_digits, synthetic_sequences  # noqa: E402
-from compress.methods.ssm import (HankelRegularisation, SSMConfig, SSMTrainSpec, hankel_singular_values,  # noqa: E402
+from minreal.compress import compress  # noqa: E402
+from minreal.compress.core.data import Dataset  # noqa: E402
+from minreal.compress.datasets import sequential_digits, synthetic_sequences  # noqa: E402
+from minreal.compress.methods.ssm import (HankelRegularisation, SSMConfig, SSMTrainSpec, hankel_singular_values,  # noqa: E402
                                   layer_gramians, order_from_trunc, rotation_layers, tail_energies,
                                   train_ssm_classifier)
 from _common import write_json  # noqa: E402

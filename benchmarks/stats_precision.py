@@ -3,10 +3,10 @@
 For each benchmark model the statistics are computed in both precisions and what the methods *choose* is compared:
 
 - ``factorize``: the rank of every layer at whole-model ``mac_ratio`` 0.9/0.7/0.5/0.3, realised from one prepared
-  state per precision (``compress.registry.prepare``/``realise`` with ``FactorizeConfig(stats_dtype=...)``); the
+  state per precision (``minreal.compress.registry.prepare``/``realise`` with ``FactorizeConfig(stats_dtype=...)``); the
   relative Frobenius difference of every layer's input moment E[xxᵀ] and the largest difference of its whitened
   spectrum (relative to its top value); and the time of the statistics pass
-  (:func:`compress.core.stats.collect_moments` alone) in each precision, alternated in one process, with the spread.
+  (:func:`minreal.compress.core.stats.collect_moments` alone) in each precision, alternated in one process, with the spread.
 - ``cbalanced``: its Gramian products (``Moments.update`` and ``gram_sum``) have no precision option; the benchmark
   times their share of the Gramian pass (float64, as shipped) and reruns the pass with those two functions replaced
   by float32-product versions (float64 centring and accumulation) to see whether the C ranks (the widths it
@@ -51,18 +51,18 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from _common import write_json  # noqa: E402
-from compress.core.data import Dataset  # noqa: E402
-from compress.core.stats import collect_moments  # noqa: E402
-from compress.core.width import analyse  # noqa: E402
-from compress.datasets import digits32  # noqa: E402
-from compress.methods.cbalanced import empirical_gramians, graph_gramians  # noqa: E402
-from compress.methods.cbalanced.analysis import analyse_states  # noqa: E402
-from compress.methods.cbalanced.empirical_gramians import collect_gramians, default_state_points  # noqa: E402
-from compress.methods.cbalanced.graph_gramians import group_gramians, select_groups  # noqa: E402
-from compress.methods.cbalanced.method import CBalancedConfig  # noqa: E402
-from compress.methods.cbalanced.realise import is_mlp  # noqa: E402
-from compress.methods.factorize import FactorizeConfig  # noqa: E402
-from compress.registry import Prepared, prepare, realise  # noqa: E402
+from minreal.compress.core.data import Dataset  # noqa: E402
+from minreal.compress.core.stats import collect_moments  # noqa: E402
+from minreal.compress.core.width import analyse  # noqa: E402
+from minreal.compress.datasets import digits32  # noqa: E402
+from minreal.compress.methods.cbalanced import empirical_gramians, graph_gramians  # noqa: E402
+from minreal.compress.methods.cbalanced.analysis import analyse_states  # noqa: E402
+from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians, default_state_points  # noqa: E402
+from minreal.compress.methods.cbalanced.graph_gramians import group_gramians, select_groups  # noqa: E402
+from minreal.compress.methods.cbalanced.method import CBalancedConfig  # noqa: E402
+from minreal.compress.methods.cbalanced.realise import is_mlp  # noqa: E402
+from minreal.compress.methods.factorize import FactorizeConfig  # noqa: E402
+from minreal.compress.registry import Prepared, prepare, realise  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).with_suffix(".json")
@@ -115,7 +115,7 @@ def resnet32_case() -> Case | None:
 
 
 def demo_case(key: str) -> Case:
-    from export.app.demo import demo_factories
+    from minreal.app.demo import demo_factories
 
     case = demo_factories()[key](True)
     return Case(key, f"embedded demo case {key!r} ({type(case.model).__name__}, quick schedule, seeded); the first "

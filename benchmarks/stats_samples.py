@@ -2,7 +2,7 @@
 
 The pretrained CIFAR-10 ResNet-32 of ``../shared/data`` on real CIFAR-10 images (the first 7,000 for calibration,
 the last 2,000 held out, as ``benchmarks/tune.py`` splits them): factorize is prepared on seeded subsamples of
-1,024, 2,048 and all 7,000 calibration images (the tune's own draw, ``export.app.tune.candidate.first_of_shuffle``),
+1,024, 2,048 and all 7,000 calibration images (the tune's own draw, ``minreal.app.tune.candidate.first_of_shuffle``),
 then realised at MAC ratios 0.9/0.7/0.5/0.3. Recorded per sample count: the time of ``prepare``, each layer's rank
 at each ratio, and the zero-shot held-out top-1 of each realised model (what the tune's bisection decides on). Ranks
 and accuracies that agree across sample counts back the default; the prepare times are its price.
@@ -30,11 +30,11 @@ def main() -> None:
     import numpy as np
 
     from _common import write_json
-    from compress.core.data import Dataset
-    from compress.core.recover import held_out_metrics
-    from compress.methods.factorize import FactorizeConfig
-    from compress.registry import prepare, realise
-    from export.app.tune.candidate import first_of_shuffle
+    from minreal.compress.core.data import Dataset
+    from minreal.compress.core.recover import held_out_metrics
+    from minreal.compress.methods.factorize import FactorizeConfig
+    from minreal.compress.registry import prepare, realise
+    from minreal.app.tune.candidate import first_of_shuffle
     from tune import cifar_resnet32, resnet32_case
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -45,7 +45,7 @@ def _calib(work: Path) -> Path:
     """The first 1,024 digits32 calibration images with labels, as an .npz (written once)."""
     import numpy as np
 
-    from compress.datasets import digits32
+    from minreal.compress.datasets import digits32
 
     path = work / "digits32_1024.npz"
     if not path.is_file():
@@ -72,7 +72,7 @@ def _run(tree: Path, args: list[str], out: Path) -> tuple[float, int, dict[str, 
     """Seconds from process start to exit of ``minreal ARGS`` with ``tree`` first on the path, the exit code, and
     the phases' seconds of a compress report (``timings_s``; empty for other commands)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_WAIT_POLICY": "PASSIVE"}
-    entry = "import sys; import export.app.cli as c; sys.argv[0] = 'minreal'; getattr(c, 'console', c.main)()"
+    entry = "import sys; import minreal.app.cli as c; sys.argv[0] = 'minreal'; getattr(c, 'console', c.main)()"
     argv = [sys.executable, "-c", entry,  # the console script: console() where the tree has it (after), else main()
             *[a.replace("{out}", str(out)) for a in args]]
     t0 = time.perf_counter()

@@ -11,10 +11,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from compress.core.data import Dataset
-from compress.core.options import CostBudget
-from compress.core.report import CompressionReport
-from compress.core.spec import MethodSpec
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.options import CostBudget
+from minreal.compress.core.report import CompressionReport
+from minreal.compress.core.spec import MethodSpec
 
 __all__ = ["TorchPruningConfig", "torch_pruning_spec"]
 

@@ -24,12 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from compress.core.data import Dataset
-from compress.core.evaluate import predict
-from compress.core.train import TrainConfig, train
-from compress.datasets import digits32
-from compress.models import resnet20_cifar
-from runtime_bench import atomic_path
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.evaluate import predict
+from minreal.compress.core.train import TrainConfig, train
+from minreal.compress.datasets import digits32
+from minreal.compress.models import resnet20_cifar
+from minreal.runtime_bench import atomic_path
 from _common import write_json
 
 __all__ = ["CACHE_DIR", "TrainedModel", "TrainingRecord", "cache_paths", "resnet20_digits32"]

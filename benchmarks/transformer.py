@@ -13,7 +13,7 @@ mean-pooled classification head), trained briefly (a few epochs, seeded) on the 
 post-training static INT8 of both, and timing with runtime_bench's protocol: every (batch, seq) cell in 3 fresh
 worker processes, models interleaved, each process's p50 kept). This script post-processes the run's
 ``report.json``: per cell, each model's p50 and its per-process ratio to the original fp32 and to the original INT8
-(median, min, max over processes, :func:`runtime_bench.timing.ratio_summary`), and whether factorize beats the
+(median, min, max over processes, :func:`minreal.runtime_bench.timing.ratio_summary`), and whether factorize beats the
 original INT8 there (in every process); per model, held-out accuracy and agreement with the original in ONNX Runtime.
 Any recovery budget (``--recover-epochs``) applies to every compressed variant alike (there is one here).
 
@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from _common import write_json  # noqa: E402
-from runtime_bench.timing import ratio_summary  # noqa: E402
+from minreal.runtime_bench.timing import ratio_summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "bert_encoder.py"

@@ -9,7 +9,7 @@ Models (``--only``, default ``resnet20,resnet32``):
   ``../shared/data`` it stops with one line;
 - ``mlp``, ``cnn``: ``minreal demo``'s digits models (0.5 and 2 pp, 1 epoch), trained once and kept in the work folder.
 One tune runs exactly as ``minreal tune --workers 1`` runs it: the inputs as specs
-(:class:`~export.app.tune.SpecSource`) loaded again in one worker process, every method with a MAC budget over the
+(:class:`~minreal.app.tune.SpecSource`) loaded again in one worker process, every method with a MAC budget over the
 default grid, bisected without recovery, the budgets below each zero-shot boundary raced with recovery by successive
 halving (and quantisation-aware recovery for the INT8 of the winners), the default screening (0.25 s, 1 process) and
 release protocols (2 s, 3 fresh processes), on the CPU at batch sizes 1 and 32.
@@ -18,7 +18,7 @@ The tune chooses on its first batch size (1); the batch-32 winner is chosen here
 ``_choose``: the lowest confirmed p50, but a structural win that does not hold in every confirmation process
 against a baseline is a tie, which goes to the baseline) over the same confirmed measurements (every file on either
 cell's front and the baselines is confirmed at both batch sizes), so one tune gives both; ``fastest`` is the lowest
-confirmed p50 per cell without the tie rule (:func:`export.app.tune.front.choose`). The first drop of each model
+confirmed p50 per cell without the tie rule (:func:`minreal.app.tune.front.choose`). The first drop of each model
 starts from an empty candidate cache (its wall time is the cold one, against the goal); a second drop reuses that
 cache. ``phases_s`` is the tune's own wall-time breakdown (``TuneReport.phases_s``: prepare, realise, recover,
 measure, export summed over candidates; baselines, search, ort_quality, screen, confirm as wall time).
@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from compress.models import mlp, small_cnn
+from minreal.compress.models import mlp, small_cnn
 
 THIS = Path(__file__).resolve()
 ROOT = THIS.parents[1]
@@ -78,7 +78,7 @@ def digits_cnn() -> nn.Module:
 def ssm_digits() -> nn.Module:
     """The ``ssm`` method's demo model architecture: an SSMClassifier on sequential digits (64 steps of 1 pixel, 10
     classes) of the demo's training spec (weights come from ``--weights``)."""
-    from compress.methods.ssm import SSMClassifier, SSMTrainSpec
+    from minreal.compress.methods.ssm import SSMClassifier, SSMTrainSpec
 
     spec = SSMTrainSpec()
     return SSMClassifier(1, spec.features, spec.state, spec.depth, 10)
@@ -105,8 +105,8 @@ def _demo_weights(key: str, work: Path, prepare: bool = True) -> Path:
     ``prepare``, only its path)."""
     path = work / f"{key}.pt"
     if prepare and not path.is_file():
-        from export.app.demo import demo_factories
-        from export.atomic import atomic_path
+        from minreal.app.demo import demo_factories
+        from minreal.export.atomic import atomic_path
 
         work.mkdir(parents=True, exist_ok=True)
         model = demo_factories()[key](True).model
@@ -136,14 +136,14 @@ def resnet20_case(work: Path) -> Case:
 
 def cifar_resnet32() -> nn.Module:
     """The pretrained CIFAR-10 ResNet-32's architecture (weights come from ``--weights``)."""
-    from compress.models import CifarResNet
+    from minreal.compress.models import CifarResNet
 
     return CifarResNet(blocks_per_stage=5)
 
 
 def cifar_resnet44() -> nn.Module:
     """The pretrained CIFAR-10 ResNet-44's architecture (weights come from ``--weights``)."""
-    from compress.models import CifarResNet
+    from minreal.compress.models import CifarResNet
 
     return CifarResNet(blocks_per_stage=7)
 
@@ -187,7 +187,7 @@ def pretrained_cifar_case(name: str, work: Path, prepare: bool = True) -> Case:
 
 def _write_pretrained(checkpoint: Path, model: nn.Module, weights: Path) -> None:
     """akamaster's checkpoint as a plain state dict of ``model`` (``module.`` prefixes dropped)."""
-    from export.atomic import atomic_path
+    from minreal.export.atomic import atomic_path
 
     weights.parent.mkdir(parents=True, exist_ok=True)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
@@ -200,7 +200,7 @@ def _write_cifar_split(calib: Path, held: Path) -> None:
     """The first :data:`CIFAR_CALIB` and the last :data:`CIFAR_HELDOUT` images of :data:`CIFAR` as ``.npz``."""
     import numpy as np
 
-    from export.atomic import atomic_path
+    from minreal.export.atomic import atomic_path
 
     calib.parent.mkdir(parents=True, exist_ok=True)
     with np.load(CIFAR) as data:
@@ -220,7 +220,7 @@ CASES: dict[str, Callable[[Path], Case]] = {"mlp": mlp_case, "cnn": cnn_case, "r
 
 # ------------------------------------------------------------------------------------------------- configuration
 def tune_config(drop: float, quick: bool, recover_epochs: int = RECOVER_EPOCHS) -> Any:
-    from export.app.tune import Constraint, Protocol, TuneConfig
+    from minreal.app.tune import Constraint, Protocol, TuneConfig
 
     cfg = TuneConfig(Constraint(max_accuracy_drop=drop), (PROVIDER,), BATCHES, recover_epochs=recover_epochs)
     if not quick:
@@ -266,7 +266,7 @@ class StageClock:
     @contextmanager
     def timing_accuracy_control(self) -> Iterator[None]:
         """Marks ``accuracy_control`` and ``search`` (which starts when it returns) around the tune's call."""
-        import export.accuracy_control as ac
+        import minreal.export.accuracy_control as ac
 
         original = ac.quantize_with_accuracy_control
 
@@ -319,7 +319,7 @@ def tune_choice(report: Any, cell: str, cfg: Any) -> tuple[str | None, str]:
     """The tune's own choice and verdict on ``cell`` from its confirmed latencies, tie rule included (a structural
     win that does not hold in every confirmation process against a baseline goes to the baseline): the tune's
     private ``_choose``, called here so that the rule has one definition."""
-    from export.app.tune.run import _choose
+    from minreal.app.tune.run import _choose
 
     confirmed = [c for c in report.candidates if cell in c.confirm_ms]
     chosen, verdict = _choose(confirmed, report.candidates, cell, cfg, [])
@@ -328,7 +328,7 @@ def tune_choice(report: Any, cell: str, cfg: Any) -> tuple[str | None, str]:
 
 def fastest(report: Any, cell: str, constraint: Any) -> str | None:
     """The feasible file with the lowest confirmed p50 on ``cell`` (no tie rule)."""
-    from export.app.tune import Point, Quality, choose
+    from minreal.app.tune import Point, Quality, choose
 
     points = []
     for c in report.candidates:
@@ -412,10 +412,10 @@ def derived(report: Any, cfg: Any) -> dict[str, Any]:
 
 
 def load_report(folder: Path) -> Any:
-    """The :class:`~export.app.tune.TuneReport` a tune wrote to ``folder/report.json``."""
+    """The :class:`~minreal.app.tune.TuneReport` a tune wrote to ``folder/report.json``."""
     import json
 
-    from export.app.tune import Candidate, TuneReport
+    from minreal.app.tune import Candidate, TuneReport
 
     data = json.loads((folder / "report.json").read_text())
     data["candidates"] = [Candidate(**c) for c in data["candidates"]]
@@ -436,10 +436,10 @@ def refresh(doc: dict[str, Any], quick: bool) -> None:
 # --------------------------------------------------------------------------------------------------------- runs
 def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) -> dict[str, Any]:
     """One tune of ``case`` under ``drop``; its folder under ``work`` is rewritten, its cache shared per model."""
-    from export.app.data import load_data
-    from export.app.models import checked_dataset, load_model, packed_model
-    from export.app.tune import ProcessExecutor, SpecSource, tune
-    from export.app.tune.output import write_tune_dir
+    from minreal.app.data import load_data
+    from minreal.app.models import checked_dataset, load_model, packed_model
+    from minreal.app.tune import ProcessExecutor, SpecSource, tune
+    from minreal.app.tune.output import write_tune_dir
     from _common import cpu_share, cpu_times  # benchmarks/ is on sys.path when this file runs as a script
 
     tag = "" if workers == 1 else f"_workers{workers}"
@@ -562,7 +562,7 @@ def header() -> dict[str, Any]:
 
 
 def new_document(quick: bool) -> dict[str, Any]:
-    from export.app.tune import default_methods
+    from minreal.app.tune import default_methods
 
     cfg = tune_config(DROPS[0], quick)
     return {"usage": USAGE, "issue": 27, "header": header(), "quick": quick,
@@ -575,9 +575,9 @@ def new_document(quick: bool) -> dict[str, Any]:
                         "executor": "ProcessExecutor(1) with SpecSource: as `minreal tune --workers 1`",
                         "goal_s": "per model (models.*.goal_s)"},
             "method": "one tune per (model, drop) at batch sizes 1 and 32: the tune chooses on batch 1; the batch-32 "
-                      "winner is the tune's own rule (export.app.tune.run._choose, tie rule included) over the same "
+                      "winner is the tune's own rule (minreal.app.tune.run._choose, tie rule included) over the same "
                       "confirmed p50s (fronts of both cells and the baselines are confirmed at both); fastest = the "
-                      "lowest confirmed p50 per cell (export.app.tune.front.choose, no tie rule). The first drop of a "
+                      "lowest confirmed p50 per cell (minreal.app.tune.front.choose, no tie rule). The first drop of a "
                       "model starts from an empty cache (cold wall time); the second reuses it (warm). p50 in ms; "
                       "accuracy in % (ONNX Runtime, held-out split); loss_pp = accuracy drop vs the original fp32 "
                       "file in ONNX Runtime; x_of_* = winner p50 / baseline p50 on the same cell (confirmed protocol).",

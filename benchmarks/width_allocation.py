@@ -11,7 +11,7 @@ This benchmark measures both on the pretrained CIFAR-10 ResNet-32 (and ResNet-44
 ``../shared/data``, loaded as ``benchmarks/recovery_real.py`` loads them (the first 7,000 real CIFAR-10 images
 calibrate and recover, the last 2,000 are held out): magnitude and wanda each prepared once, realised at MAC ratios
 0.9/0.7/0.5 with each weighting, held-out top-1 zero-shot and after the same short recovery
-(``--epochs``, default 1: ``compress.core.recover.recover`` with its defaults and seed 0, a fresh copy per cell),
+(``--epochs``, default 1: ``minreal.compress.core.recover.recover`` with its defaults and seed 0, a fresh copy per cell),
 the MAC ratio reached and the residual-stream widths (the option-A group's segments: 16, 16 and 32 channels). Without
 ``../shared/data`` it prints one line and exits with status 2. The JSON is rewritten atomically after every cell;
 ``--resume`` skips cells it holds. Progress: one line per cell on stderr with the seconds elapsed. Run it alone.
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import recovery_real as rr  # noqa: E402  (benchmarks/recovery_real.py: the real-data cases and recovery cells)
 from _common import cpu_share, cpu_times, write_json  # noqa: E402
-from compress.core.errors import CompressionError  # noqa: E402
-from compress.core.width.allocate import WEIGHTINGS  # noqa: E402  (cost, none: auto is one of them per method)
+from minreal.compress.core.errors import CompressionError  # noqa: E402
+from minreal.compress.core.width.allocate import WEIGHTINGS  # noqa: E402  (cost, none: auto is one of them per method)
 
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/width_allocation.py --out benchmarks/width_allocation.json"
 METHODS = ("magnitude", "wanda")
@@ -49,7 +49,7 @@ def _streams(report: Any) -> dict[str, Any]:
 
 def cell(case: rr.Case, prepared: Any, method: str, ratio: float, weighting: str, epochs: tuple[int, ...],
          seed: int) -> dict[str, Any]:
-    from compress.registry import get_method, realise
+    from minreal.compress.registry import get_method, realise
 
     cfg = get_method(method).config_cls(mac_ratio=ratio, importance_weighting=weighting)
     row: dict[str, Any] = {"model": case.name, "method": method, "mac_ratio": ratio, "weighting": weighting}
@@ -96,7 +96,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> None:
-    from compress.registry import get_method, prepare
+    from minreal.compress.registry import get_method, prepare
 
     args = parse()
     missing = rr.missing_data(args.only)
@@ -111,7 +111,7 @@ def main() -> None:
 
     doc = json.loads(args.out.read_text()) if args.resume and args.out.is_file() else {
         "usage": USAGE, "header": rr.header(), "seed": args.seed, "cells": [], "models": {}, "runs": [],
-        "setting": {"weightings": list(WEIGHTINGS), "recovery": "compress.core.recover.recover, "
+        "setting": {"weightings": list(WEIGHTINGS), "recovery": "minreal.compress.core.recover.recover, "
                     "RecoveryConfig(epochs=E, seed) defaults, a fresh copy of the realised model per budget",
                     "metric": "top-1 on the last 2,000 images (never seen by a method or a recovery)"}}
     done = {(c["model"], c["method"], c["mac_ratio"], c["weighting"]) for c in doc["cells"]}

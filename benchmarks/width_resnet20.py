@@ -33,15 +33,15 @@ from torch import nn  # noqa: E402
 from _common import write_json  # noqa: E402
 from tp_baseline import TorchPruningConfig, torch_pruning_spec  # noqa: E402
 from trained_models import resnet20_digits32  # noqa: E402
-from compress.core.data import Dataset  # noqa: E402
-from compress.core.demo_case import DemoCase, DemoRun  # noqa: E402
-from compress.core.recover import RecoveryConfig  # noqa: E402
-from compress.datasets import digits32  # noqa: E402
-from compress.registry import register  # noqa: E402
-from export.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
-from export.latency_table import build_latency_table, build_width_latency_table  # noqa: E402
+from minreal.compress.core.data import Dataset  # noqa: E402
+from minreal.compress.core.demo_case import DemoCase, DemoRun  # noqa: E402
+from minreal.compress.core.recover import RecoveryConfig  # noqa: E402
+from minreal.compress.datasets import digits32  # noqa: E402
+from minreal.compress.registry import register  # noqa: E402
+from minreal.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
+from minreal.export.latency_table import build_latency_table, build_width_latency_table  # noqa: E402
 
-MULTIPLE = 8  # the CPU provider's width multiple (compress.core.width.allocate.WIDTH_MULTIPLE_BY_PROVIDER)
+MULTIPLE = 8  # the CPU provider's width multiple (minreal.compress.core.width.allocate.WIDTH_MULTIPLE_BY_PROVIDER)
 TP_NOTE = ("torch-pruning 1.6.1 DepGraph treats the option-A F.pad as elementwise and ties the 16/32/64 streams "
            "position by position; pruned that way the model fails to run (mat1 and mat2 shapes cannot be "
            "multiplied). Its rows prune block-internal channels only: conv1 and every block's conv2 are ignored.")
@@ -56,8 +56,8 @@ def _feasible(model: nn.Module, data: Dataset, runs: list[DemoRun]
               ) -> tuple[list[DemoRun], dict[str, str], dict[str, float]]:
     """The runs whose method meets its budget on this model, the refusal of each other one (one line), and the
     whole-model MAC ratio each feasible run reached."""
-    from compress.core.errors import CompressionError
-    from compress.registry import compress, compress_chain
+    from minreal.compress.core.errors import CompressionError
+    from minreal.compress.registry import compress, compress_chain
 
     ok, refused, macs = [], {}, {}
     for run in runs:
@@ -109,11 +109,11 @@ def main() -> None:
     model.eval()
     calib, held_out = digits32(0, 0.25)
     register(torch_pruning_spec(_stream_layers, round_to=8, note=TP_NOTE))
-    from compress.methods.cbalanced import CBalancedConfig
-    from compress.methods.factorize.method import FactorizeConfig
-    from compress.methods.fde import FDEConfig
-    from compress.methods.magnitude import MagnitudeConfig
-    from compress.methods.wanda import WandaConfig
+    from minreal.compress.methods.cbalanced import CBalancedConfig
+    from minreal.compress.methods.factorize.method import FactorizeConfig
+    from minreal.compress.methods.fde import FDEConfig
+    from minreal.compress.methods.magnitude import MagnitudeConfig
+    from minreal.compress.methods.wanda import WandaConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         example = calib.x[:32]

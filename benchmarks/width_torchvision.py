@@ -32,11 +32,11 @@ from torch import nn  # noqa: E402
 from _common import write_json  # noqa: E402
 from tp_baseline import TorchPruningConfig, torch_pruning_spec  # noqa: E402
 from width_resnet20 import summarise  # noqa: E402
-from compress.core.data import Dataset  # noqa: E402
-from compress.core.demo_case import DemoCase, DemoRun  # noqa: E402
-from compress.registry import register  # noqa: E402
-from export.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
-from export.latency_table import build_width_latency_table  # noqa: E402
+from minreal.compress.core.data import Dataset  # noqa: E402
+from minreal.compress.core.demo_case import DemoCase, DemoRun  # noqa: E402
+from minreal.compress.registry import register  # noqa: E402
+from minreal.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
+from minreal.export.latency_table import build_width_latency_table  # noqa: E402
 
 MULTIPLE = 16  # the CPU provider's width multiple
 
@@ -49,7 +49,7 @@ def _analysis_cost(name: str) -> dict:
     """Wall time and peak resident memory of ``analyse`` on ``name`` at 224×224 (batch 2), in a fresh process."""
     code = (
         "import resource, time, torch, torchvision\n"
-        "from compress.core.width import analyse\n"
+        "from minreal.compress.core.width import analyse\n"
         f"m = torchvision.models.{name}().eval()\n"
         "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "t = time.perf_counter(); wg = analyse(m, torch.randn(2, 3, 224, 224)); s = time.perf_counter() - t\n"
@@ -76,7 +76,7 @@ def main() -> None:
         out["analysis"][name] = _analysis_cost(name)
         print(f"analysis {name}: {out['analysis'][name]}", flush=True)
     register(torch_pruning_spec(_classifier, round_to=MULTIPLE, samples=1, steps=8))
-    from compress.methods.magnitude import MagnitudeConfig
+    from minreal.compress.methods.magnitude import MagnitudeConfig
 
     torch.manual_seed(0)
     x = torch.randn(48, 3, 224, 224)
@@ -92,8 +92,8 @@ def main() -> None:
                                       progress=lambda m: print(m, flush=True))
             table_s = time.perf_counter() - t0
             runs, refused = [], {}
-            from compress.core.errors import CompressionError
-            from compress.registry import compress
+            from minreal.compress.core.errors import CompressionError
+            from minreal.compress.registry import compress
             for r in (float(v) for v in args.ratios.split(",")):
                 cfg = MagnitudeConfig(latency_ratio=r, latency_table=str(table), width_multiple=MULTIPLE)
                 try:

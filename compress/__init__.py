@@ -1,7 +1,7 @@
 """minreal.compress: structural compression of PyTorch models (pure PyTorch, no ONNX).
 
-Methods live one per package under :mod:`compress.methods` (each exporting a ``SPEC``); what they share lives
-in :mod:`compress.core`. Third-party methods register through the entry-point group ``minreal.methods``.
+Methods live one per package under :mod:`minreal.compress.methods` (each exporting a ``SPEC``); what they share lives
+in :mod:`minreal.compress.core`. Third-party methods register through the entry-point group ``minreal.methods``.
 
 The names below are imported on first use (torch with them): importing this package, the registry or a
 method's config imports no torch, so that the command line starts fast.

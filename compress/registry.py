@@ -1,4 +1,4 @@
-"""Registry of compression methods: built-ins found by iterating :mod:`compress.methods`, third-party ones through
+"""Registry of compression methods: built-ins found by iterating :mod:`minreal.compress.methods`, third-party ones through
 the entry-point group ``minreal.methods``; :func:`compress` runs one and fills what every method reports."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from runtime_bench.facts import error_line
+from minreal.facts import error_line
 
 from .core.errors import CompressionError, UnknownMethodError
 from .core.lazy import LazyCallable
@@ -35,17 +35,17 @@ __all__ = ["Method", "MethodFn", "MethodSpec", "MethodRegistry", "ENTRY_POINT_GR
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
-BUILTIN_PACKAGE = "compress.methods"
+BUILTIN_PACKAGE = "minreal.compress.methods"
 Method = MethodSpec  # the name export/ and older code use
 
 # torch's side, imported on first call: looking methods up (names, configs, the CLI's options) imports no torch
-count_costs = LazyCallable("compress.core.costs:count_costs")
-count_macs_torch = LazyCallable("compress.core.costs:count_macs_torch")
-uncovered_modules = LazyCallable("compress.core.costs:uncovered_modules")
-whole_model_macs = LazyCallable("compress.core.costs:whole_model_macs")
-compare_outputs = LazyCallable("compress.core.evaluate:compare_outputs")
-held_out_metrics = LazyCallable("compress.core.recover:held_out_metrics")
-recover = LazyCallable("compress.core.recover:recover")
+count_costs = LazyCallable("minreal.compress.core.costs:count_costs")
+count_macs_torch = LazyCallable("minreal.compress.core.costs:count_macs_torch")
+uncovered_modules = LazyCallable("minreal.compress.core.costs:uncovered_modules")
+whole_model_macs = LazyCallable("minreal.compress.core.costs:whole_model_macs")
+compare_outputs = LazyCallable("minreal.compress.core.evaluate:compare_outputs")
+held_out_metrics = LazyCallable("minreal.compress.core.recover:held_out_metrics")
+recover = LazyCallable("minreal.compress.core.recover:recover")
 
 
 class MethodRegistry:
@@ -91,7 +91,7 @@ def _add(specs: dict[str, MethodSpec], spec: MethodSpec) -> None:
 
 
 def _builtin_specs() -> list[MethodSpec]:
-    """The ``SPEC`` of every package under :mod:`compress.methods` (a package without one is an error)."""
+    """The ``SPEC`` of every package under :mod:`minreal.compress.methods` (a package without one is an error)."""
     package = importlib.import_module(BUILTIN_PACKAGE)
     specs = []
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
@@ -214,7 +214,7 @@ def apply_recovery(report: CompressionReport, model: nn.Module, new: nn.Module, 
     ``report.measured["recovered"]`` filled (without ``measure``, which a caller that measures on its own data
     turns off, ``measured["recovered"]`` stays empty), the zero-shot measurements kept. With ``held_out`` (data
     neither the method nor the recovery saw), ``measured["held_out_zero_shot"]`` and
-    ``measured["held_out_recovered"]`` hold :func:`~compress.core.recover.held_out_metrics` of both models on it.
+    ``measured["held_out_recovered"]`` hold :func:`~minreal.compress.core.recover.held_out_metrics` of both models on it.
     Returns the model to use (a copy when the method returned ``model`` itself, which is never trained)."""
     if recovery is None or not recovery.enabled:
         return new
@@ -285,7 +285,7 @@ def prepare(model: nn.Module, data: Dataset, method: str, config: Any = None,
 
     With ``cache_dir``, the state is read from there when a file of the same method, config minus the budgets,
     model, data and package versions exists (``Prepared.cached``), else computed and written there
-    (:mod:`compress.core.prepared_cache`; collective under a process group, written by the writer rank only).
+    (:mod:`minreal.compress.core.prepared_cache`; collective under a process group, written by the writer rank only).
     """
     from .core.prepared_cache import load_prepared, prepared_cache_key, save_prepared
 
@@ -313,7 +313,7 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
     fields, the output comparison on the prepared data and an optional recovery, as :func:`compress` gives.
     ``measure=False`` skips the output comparison on the prepared data (a pass of both models over all of it) for a
     caller that measures the result on its own held-out data (``tune``), and a method's optional measurements on
-    that data (:func:`~compress.core.measuring.measuring`: fde's float64 output deviation on the graph path); the
+    that data (:func:`~minreal.compress.core.measuring.measuring`: fde's float64 output deviation on the graph path); the
     measurements a method's result rests on (fde's bound on an MLP) stay.
 
     Raises:

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compress.core.data import Dataset
-from compress.methods.cbalanced import CBalancedConfig
-from compress.models import mlp
-from compress.registry import compress
-from compress.train import TrainConfig, train
+from minreal.compress.core.data import Dataset
+from minreal.compress.methods.cbalanced import CBalancedConfig
+from minreal.compress.models import mlp
+from minreal.compress.registry import compress
+from minreal.compress.core.train import TrainConfig, train
 
 
 def _open(path: Path) -> bytes:

@@ -15,7 +15,7 @@ import argparse
 import torch
 from torch import nn
 
-from compress.models import small_cnn
+from minreal.compress.models import small_cnn
 
 
 def make() -> nn.Module:
@@ -25,9 +25,9 @@ def make() -> nn.Module:
 
 
 def main() -> None:
-    from compress.core.train import TrainConfig, train
-    from compress.datasets import digits
-    from export.atomic import atomic_path
+    from minreal.compress.core.train import TrainConfig, train
+    from minreal.compress.datasets import digits
+    from minreal.export.atomic import atomic_path
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="digits_cnn.pt", help="Where the trained state dict goes.")

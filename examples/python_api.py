@@ -8,16 +8,16 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import runtime_bench as rb
-from compress import compress
-from compress.datasets import digits
-from compress.methods.factorize import FactorizeConfig
-from compress.models import small_cnn
-from compress.train import TrainConfig, train
-from export.onnx_export import to_onnx
-from export.quantize import QuantConfig, quantize_int8
-from export.simplify import simplify
-from export.verify import verify_parity
+import minreal.runtime_bench as rb
+from minreal.compress import compress
+from minreal.compress.datasets import digits
+from minreal.compress.methods.factorize import FactorizeConfig
+from minreal.compress.models import small_cnn
+from minreal.compress.core.train import TrainConfig, train
+from minreal.export.onnx_export import to_onnx
+from minreal.export.quantize import QuantConfig, quantize_int8
+from minreal.export.simplify import simplify
+from minreal.export.verify import verify_parity
 
 
 def main() -> None:

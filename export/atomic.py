@@ -1,7 +1,7 @@
 """Atomic file output for the export stages, plus a guard against overwriting the input.
 
-The atomic writers live in :mod:`runtime_bench.atomic` (which never imports torch) and are
-re-exported here, so ``from export.atomic import atomic_path`` keeps working. Other stages reuse
+The atomic writers live in :mod:`minreal.runtime_bench.atomic` (which never imports torch) and are
+re-exported here, so ``from minreal.export.atomic import atomic_path`` keeps working. Other stages reuse
 :func:`atomic_path` for every file they produce.
 """
 
@@ -12,8 +12,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from export.errors import SameFileError
-from runtime_bench.atomic import atomic_path, atomic_write_bytes, atomic_write_text
+from minreal.export.errors import SameFileError
+from minreal.runtime_bench.atomic import atomic_path, atomic_write_bytes, atomic_write_text
 
 __all__ = ["SameFileError", "atomic_path", "atomic_write_bytes", "atomic_write_text", "ensure_distinct", "make_dirs",
            "remove_empty_dirs"]

@@ -41,11 +41,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from export.atomic import ensure_distinct
-from export.errors import ParityError, SameFileError
-from export.onnx_files import data_file_name, data_files, onnx_size, staged_onnx
-from export.verify import Feeds, OutputParity, compare_output, feed_rows
-from runtime_bench.facts import PROVIDERS, error_line
+from minreal.export.atomic import ensure_distinct
+from minreal.export.errors import ParityError, SameFileError
+from minreal.export.onnx_files import data_file_name, data_files, onnx_size, staged_onnx
+from minreal.export.verify import Feeds, OutputParity, compare_output, feed_rows
+from minreal.facts import PROVIDERS, error_line
 
 __all__ = [
     "FP16_EPS",
@@ -118,7 +118,7 @@ class Fp16Parity:
         provider: short name of the provider the FP16 file ran on.
         rtol, atol_scale: tolerances (``atol = atol_scale * max|fp32|`` per output and batch size).
         batch_sizes: batch sizes checked.
-        checks: one :class:`export.verify.OutputParity` per output and batch size (``worst_allowed`` holds the
+        checks: one :class:`minreal.export.verify.OutputParity` per output and batch size (``worst_allowed`` holds the
             derived atol at the worst element).
         max_abs_err: worst ``|fp16 - fp32|``.
         max_scaled_err: worst ``|fp16 - fp32| / max|fp32|`` of an output: error on the output's scale.
@@ -195,8 +195,8 @@ def _provider_label(provider: str) -> str:
 
 def _session(path: Path, provider: str, optimized: Path | None = None) -> Any:
     """A session on ``provider`` (short name); :class:`RuntimeError` if it cannot be made or falls back."""
-    from runtime_bench.providers import provider_mismatch
-    from runtime_bench.sessions import create_session
+    from minreal.runtime_bench.providers import provider_mismatch
+    from minreal.runtime_bench.sessions import create_session
 
     session = create_session(path, PROVIDERS[provider], threads=1, optimized_model_path=optimized)
     mismatch = provider_mismatch(PROVIDERS[provider], session.get_providers())
@@ -279,7 +279,7 @@ def fp16_range_violations(fp32_path: Path, fp16_file: Path, feeds: Sequence[Feed
     """Tensors that the FP16 file holds in float16 (and the graph outputs) whose fp32 values on ``feeds`` exceed
     :data:`FP16_MAX`, with their peak |value|: each would be inf in real float16 arithmetic. Models with external
     data are not checked (one in-memory protobuf holds at most 2 GiB)."""
-    from runtime_bench.sessions import create_session
+    from minreal.runtime_bench.sessions import create_session
 
     if data_files(fp32_path):
         return []
@@ -461,7 +461,7 @@ def convert_fp16(fp32_path: str | Path, feeds: Sequence[Feeds], out_path: str | 
     Args:
         fp32_path: the float32 model (not modified); its external data, if any, is converted too.
         feeds: inputs at two or more batch sizes (one array for a one-input graph, or arrays by input name), e.g.
-            ``[feeds_of(b) for b in export.variant.parity_inputs(x)]``.
+            ``[feeds_of(b) for b in minreal.export.variant.parity_inputs(x)]``.
         out_path: destination (default :func:`fp16_path`, ``NAME.fp16.onnx`` beside the input); written
             atomically, only once parity passed or could not be checked on the provider.
         config: options; default :class:`Fp16Config` (fp32 I/O, checked on CPU).

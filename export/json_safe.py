@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime_bench.atomic import atomic_path
+from minreal.runtime_bench.atomic import atomic_path
 
 __all__ = ["to_jsonable", "write_json"]
 

@@ -5,8 +5,8 @@ ranks, exported alone to ONNX and timed in isolation. JSON: ``{"provider", "mode
 "model_ms", "layers": {name: {"keep_ms", "ranks", "ms"}}}`` (median latencies in milliseconds).
 
 *Width* tables (``--latency-ratio`` of the width methods, read by
-:func:`compress.core.width.allocate.load_width_latency_table`): for each segment of each cuttable channel group
-(:meth:`~compress.core.width.graph.WidthGraph.segments`), the whole model with only that segment narrowed, at
+:func:`minreal.compress.core.width.allocate.load_width_latency_table`): for each segment of each cuttable channel group
+(:meth:`~minreal.compress.core.width.graph.WidthGraph.segments`), the whole model with only that segment narrowed, at
 every allowed width on the provider's fast multiple, exported to ONNX and timed interleaved with the full model.
 JSON: ``{"kind": "width", "provider", "model_hash", "input_shape" (per sample), "batch", "multiple", "minimum",
 "precision",
@@ -17,7 +17,7 @@ fewer than 16 output channels leaves the fast symmetric kernel and costs about w
 variants are timed in one interleaved run with the full model; their medians are scaled by ``model_ms`` over the
 full model's median in that same run, so that drift between groups does not show up as a saving. ``"uniform":
 {"fractions", "widths": {"<group>/<k>": [...]}, "ms": [...]}`` times every segment cut together at ¾, ½ and ¼ of
-its width, which calibrates how single-segment savings add up (:func:`compress.core.width.allocate.saving_scale`).
+its width, which calibrates how single-segment savings add up (:func:`minreal.compress.core.width.allocate.saving_scale`).
 """
 
 from __future__ import annotations
@@ -34,18 +34,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from compress.core.cache import model_key
-from compress.core.errors import CompressionError
-from compress.core.lowrank import build_pair, matrix_view
-from compress.core.lowrank_plan import find_targets
-from compress.core.width import Cut, WidthGraph, analyse, apply_cuts
-from compress.core.width.allocate import segment_key, segment_ladders
-from compress.core.width.graph import ChannelGroup
-from export.atomic import atomic_path
-from runtime_bench.config import default_threads
-from runtime_bench.providers import provider_name, unavailable_reason
-from runtime_bench.sessions import create_session
-from runtime_bench.timing import latency_stats, time_interleaved
+from minreal.compress.core.cache import model_key
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.lowrank import build_pair, matrix_view
+from minreal.compress.core.lowrank_plan import find_targets
+from minreal.compress.core.width import Cut, WidthGraph, analyse, apply_cuts
+from minreal.compress.core.width.allocate import segment_key, segment_ladders
+from minreal.compress.core.width.graph import ChannelGroup
+from minreal.export.atomic import atomic_path
+from minreal.runtime_bench.config import default_threads
+from minreal.runtime_bench.providers import provider_name, unavailable_reason
+from minreal.runtime_bench.sessions import create_session
+from minreal.runtime_bench.timing import latency_stats, time_interleaved
 
 __all__ = ["TIMING", "WIDTH_PRECISIONS", "rank_grid", "build_latency_table", "build_width_latency_table"]
 
@@ -131,7 +131,7 @@ class _Bench:
         path = _export(module, self.shape, self.folder / f"{stem}.onnx")
         if self.calib is None:
             return path
-        from export.quantize import quantize_int8  # onnxruntime.quantization: only for INT8 tables
+        from minreal.export.quantize import quantize_int8  # onnxruntime.quantization: only for INT8 tables
 
         return Path(quantize_int8(path, path.with_suffix(".int8.onnx"), self.calib).out_path)
 
@@ -284,12 +284,12 @@ def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, pro
     """Measure (or reuse) the width latency table of ``model`` on ``provider`` (format: see the module doc).
 
     Args:
-        model: the torch model; its cuttable channel groups are found by :func:`compress.core.width.analyse`.
+        model: the torch model; its cuttable channel groups are found by :func:`minreal.compress.core.width.analyse`.
         example_input: a batch at the batch size to optimise for (its first two samples drive the analysis; an
             INT8 table calibrates every variant on it).
         provider: short provider name (``cpu``, ``cuda``, ``tensorrt``).
         multiple: widths measured per segment: ``segment_ladders(...)`` below the full width. The Python default is
-            the GPUs' 8; the CLI takes the provider's (:data:`~compress.core.options.WIDTH_MULTIPLE_BY_PROVIDER`).
+            the GPUs' 8; the CLI takes the provider's (:data:`~minreal.compress.core.options.WIDTH_MULTIPLE_BY_PROVIDER`).
         out_path: JSON destination, written atomically; an existing table for the same model and settings is
             returned as is. ``None``: measure and return without writing.
         threads: intra-op threads (default: physical cores).
@@ -298,7 +298,7 @@ def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, pro
             in this CPU's format; CPU provider only), for a model that will run in INT8.
         minimum: no segment measured narrower than this (``segment_ladders``' minimum); the width methods refuse a
             table whose minimum is above theirs. The CLI takes the provider's
-            (:data:`~compress.core.options.WIDTH_MIN_BY_PROVIDER`: 16 on the CPU).
+            (:data:`~minreal.compress.core.options.WIDTH_MIN_BY_PROVIDER`: 16 on the CPU).
 
     Raises:
         CompressionError: the model has no cuttable channel group.

@@ -34,12 +34,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from export.atomic import atomic_path
-from export.errors import ParityError
-from export.quiet import Captured, captured_output
-from export.verify import compare_output
-from runtime_bench.facts import error_line
-from runtime_bench.sessions import create_session
+from minreal.export.atomic import atomic_path
+from minreal.export.errors import ParityError
+from minreal.export.quiet import Captured, captured_output
+from minreal.export.verify import compare_output
+from minreal.facts import error_line
+from minreal.runtime_bench.sessions import create_session
 
 __all__ = ["ShapeSpec", "parse_fixed_shapes", "FixedCheck", "FixedShapes", "fix_shapes", "check_fixed",
            "fix_verified", "EpUsability", "MobileUsability", "mobile_usability", "mobile_verdict",
@@ -277,7 +277,7 @@ def fix_verified(path: str | os.PathLike[str], spec: ShapeSpec | None, examples:
     """Replace the verified dynamic file ``path`` by its fixed copy, once both give the same outputs.
 
     Parity at two batch sizes cannot run on a fixed-batch file, so it is checked on the dynamic graph first
-    (:func:`export.verify.verify_parity`); this checks the fixed copy against that graph at the fixed shape.
+    (:func:`minreal.export.verify.verify_parity`); this checks the fixed copy against that graph at the fixed shape.
 
     Returns:
         ``None`` without a spec (``path`` untouched), else the :class:`FixedShapes` with its check.

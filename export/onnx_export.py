@@ -11,10 +11,10 @@ TorchScript exporter traces one branch. Hence ``DEFAULT_OPSET = 18``.
 
 A module whose parameters and buffers exceed 1.5 GiB (:data:`EXTERNAL_DATA_BYTES`; one protobuf holds at most
 2 GiB) is written with ONNX external data: the graph ``PATH`` names its weights in ``PATH.data`` beside it by
-that relative location (:mod:`export.onnx_files`). The checker is given the path, never a loaded model.
+that relative location (:mod:`minreal.export.onnx_files`). The checker is given the path, never a loaded model.
 
 Both exporters print to stdout/stderr (progress lines, graph dumps, C++ "Torch IR graph at
-exception" logs). Each exporter call runs inside :func:`export.quiet.captured_output`, which
+exception" logs). Each exporter call runs inside :func:`minreal.export.quiet.captured_output`, which
 captures Python and file-descriptor output, so ``--json`` output stays clean and ``-q`` is quiet;
 the captured text goes to the debug log.
 """
@@ -32,13 +32,13 @@ import onnx
 import torch
 from torch import nn
 
-from compress.core.evaluate import eval_mode, flatten_outputs
-from compress.core.inputs import Inputs, NamedInputs, args_of, call, input_names, takes_varargs
-from export.errors import ExportError
-from export.serialize import export_dims
-from export.onnx_files import data_files, externalize, onnx_size, staged_onnx
-from export.quiet import Captured, captured_output
-from runtime_bench.facts import ANSI_ESCAPE, first_line
+from minreal.compress.core.evaluate import eval_mode, flatten_outputs
+from minreal.compress.core.inputs import Inputs, NamedInputs, args_of, call, input_names, takes_varargs
+from minreal.export.errors import ExportError
+from minreal.export.serialize import export_dims
+from minreal.export.onnx_files import data_files, externalize, onnx_size, staged_onnx
+from minreal.export.quiet import Captured, captured_output
+from minreal.facts import ANSI_ESCAPE, first_line
 
 __all__ = ["DEFAULT_OPSET", "EXTERNAL_DATA_BYTES", "MIN_OPSET", "Axes", "ExportResult", "eval_mode",
            "graph_axes", "to_onnx"]
@@ -284,10 +284,10 @@ def to_onnx(
 
     The module is exported in eval mode (its training flags are restored afterwards). The dynamo
     exporter is tried first, then the TorchScript exporter; the graph (and its data file) are written
-    atomically (:func:`export.onnx_files.staged_onnx`).
+    atomically (:func:`minreal.export.onnx_files.staged_onnx`).
 
     Args:
-        module: module taking one tensor (or, for :class:`~compress.core.inputs.NamedInputs`, one positional
+        module: module taking one tensor (or, for :class:`~minreal.compress.core.inputs.NamedInputs`, one positional
             tensor per named input) and returning a tensor or a tuple/list/dict of tensors.
         example_input: an input of the right shape and dtype (any batch size, 1 included), or named inputs
             (their names become the graph input names, in order).

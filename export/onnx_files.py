@@ -26,10 +26,10 @@ from typing import BinaryIO
 import onnx
 from onnx.external_data_helper import ExternalDataInfo
 
-from export.atomic import ensure_distinct
-from export.errors import SameFileError
-from runtime_bench.atomic import OutputWriteError, write_error
-from runtime_bench.inputs import external_tensors, load_model_proto
+from minreal.export.atomic import ensure_distinct
+from minreal.export.errors import SameFileError
+from minreal.runtime_bench.atomic import OutputWriteError, write_error
+from minreal.runtime_bench.inputs import external_tensors, load_model_proto
 
 __all__ = ["DATA_SUFFIX", "PROTOBUF_LIMIT", "copy_onnx", "data_file_name", "data_files", "externalize",
            "has_external_data", "move_onnx", "onnx_size", "staged_onnx"]
@@ -63,7 +63,7 @@ def _referenced(model: onnx.ModelProto, folder: Path) -> list[Path]:
 def data_files(path: str | os.PathLike[str]) -> list[Path]:
     """The external data files the graph at ``path`` names (empty when its weights are embedded).
 
-    Only the graph is read. Raises :class:`runtime_bench.errors.ModelFileError` for a missing or unreadable file
+    Only the graph is read. Raises :class:`minreal.runtime_bench.errors.ModelFileError` for a missing or unreadable file
     or a location outside the graph's folder.
     """
     path = Path(path)

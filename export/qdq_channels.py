@@ -11,7 +11,7 @@ and in int8 (the extra channel quantises to the zero point, whose contribution t
 weights' column sums, which the zero weights leave unchanged; a per-channel weight scale is a maximum over each
 output channel's weights, which zeros do not move). The extra channel comes from a ``Pad`` on the convolution's
 input, which runs before the input is quantised when that input is the graph's (the stem), and on quantised tensors
-otherwise (:func:`export.qdq_pads.integer_pads`).
+otherwise (:func:`minreal.export.qdq_pads.integer_pads`).
 
 Measured (``benchmarks/int8_align.json``, both files timed in 20 fresh processes, both orders, on an AVX-512 VNNI
 Xeon): the CIFAR ResNet-32's INT8 file runs 0.982x as long at batch 1 and 0.960x at batch 32 with its stem widened,

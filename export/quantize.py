@@ -9,7 +9,7 @@ array. The activation type follows the target (a table, overridable in :class:`Q
   x86. Right for x86 CPUs with VNNI or AMX and for ARM, whose kernels accumulate in int32.
 - ``cpu-avx2``: the same with 7-bit weights (``reduce_range``: [-64, 64]). On x86 without VNNI ORT's U8S8 kernel
   adds two u8·s8 products into a saturating int16 (``VPMADDUBSW``); with 7-bit weights a pair is at most
-  2·255·64 = 32640 < 2^15, so it cannot saturate (:mod:`runtime_bench.cpu`).
+  2·255·64 = 32640 < 2^15, so it cannot saturate (:mod:`minreal.runtime_bench.cpu`).
 - ``cpu``: whichever of the two is right for the machine that quantises (:func:`resolve_target`).
 - ``tensorrt``: int8, symmetric (QInt8, ``ActivationSymmetric``/``WeightSymmetric``), biases left
   in float (``QuantizeBias=False``): what TensorRT's explicit-quantisation mode expects.
@@ -19,11 +19,11 @@ against those left in float. Whether INT8 is actually faster is for the benchmar
 
 Two rewrites keep tensors quantised where ORT's CPU graph optimiser has no fusion of its own: a mean over every
 spatial axis (``ReduceMean``, as PyTorch exports a global average pool) is written as ``GlobalAveragePool`` before
-quantisation (:mod:`export.qdq_pools`; ORT fuses it into ``QLinearGlobalAveragePool``), and for the CPU targets a
+quantisation (:mod:`minreal.export.qdq_pools`; ORT fuses it into ``QLinearGlobalAveragePool``), and for the CPU targets a
 constant zero ``Pad`` between a dequantise and a re-quantise of one scale (an option-A ResNet shortcut's zero
-channels) pads the quantised tensor with the zero point instead (:mod:`export.qdq_pads`).
+channels) pads the quantised tensor with the zero point instead (:mod:`minreal.export.qdq_pads`).
 
-Activation ranges trained by quantisation-aware recovery (``compress.core.qat``, keyed by module name) replace
+Activation ranges trained by quantisation-aware recovery (``minreal.compress.core.qat``, keyed by module name) replace
 the calibrated ones of the layers' input tensors (ORT's ``TensorQuantOverrides``): each module is found by its
 weight initializer, named ``<module>.weight`` by the dynamo exporter (onnxsim keeps the name when it folds a
 BatchNorm into the Conv), else by equal values (transposed for Gemm/MatMul). Every other tensor is calibrated.
@@ -53,20 +53,20 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from export.atomic import atomic_path, ensure_distinct
-from export.onnx_files import data_files
-from export.qdq_channels import align_conv_inputs, channel_pads
-from export.qdq_pads import integer_pads
-from export.qdq_pools import global_average_pools
-from runtime_bench import optimized_graph_ops
-from runtime_bench.model_info import float_roundtrip_nodes, float_roundtrips, op_counts, optimized_graph
-import runtime_bench.cpu as cpu_facts
-from runtime_bench.facts import (CPU_AVX2_TARGET, CPU_VNNI_TARGET, FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS,
+from minreal.export.atomic import atomic_path, ensure_distinct
+from minreal.export.onnx_files import data_files
+from minreal.export.qdq_channels import align_conv_inputs, channel_pads
+from minreal.export.qdq_pads import integer_pads
+from minreal.export.qdq_pools import global_average_pools
+from minreal.runtime_bench import optimized_graph_ops
+from minreal.runtime_bench.model_info import float_roundtrip_nodes, float_roundtrips, op_counts, optimized_graph
+import minreal.runtime_bench.cpu as cpu_facts
+from minreal.facts import (CPU_AVX2_TARGET, CPU_VNNI_TARGET, FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS,
                                  REDUCED_WEIGHT_QMAX, WEIGHT_QMAX, error_line)
-from runtime_bench.runtime import onnxruntime_module
-from export.errors import CalibrationError, QuantizationError
-from export.settings import AUTO_TARGET as _AUTO_TARGET
-from export.settings import DROP_ROUNDTRIPS, QUANT_MODES, QUANT_TARGETS
+from minreal.runtime_bench.runtime import onnxruntime_module
+from minreal.export.errors import CalibrationError, QuantizationError
+from minreal.export.settings import AUTO_TARGET as _AUTO_TARGET
+from minreal.export.settings import DROP_ROUNDTRIPS, QUANT_MODES, QUANT_TARGETS
 
 __all__ = [
     "QUANT_MODES",
@@ -143,7 +143,7 @@ class QuantConfig:
             no fewer integer kernels (:func:`_drop_roundtrips`).
         align_channels: x86 CPU targets: widen every ungrouped convolution whose input channels are not a multiple
             of 4 (an RGB stem) with zero channels, which changes no output and puts it on ONNX Runtime's fast int8
-            kernel (:func:`export.qdq_channels.align_conv_inputs`); other targets, and quantising on an ARM machine,
+            kernel (:func:`minreal.export.qdq_channels.align_conv_inputs`); other targets, and quantising on an ARM machine,
             ignore it. A trained range of a widened layer's input holds for the ``Pad`` before it too. On by
             default: the CIFAR ResNet-32's INT8 file ran 0.982x / 0.960x as long at batch 1 / 32 with it, lower in
             18 and 20 of 20 processes, with bit-identical outputs (``benchmarks/int8_align.json``, AVX-512 VNNI).
@@ -198,7 +198,7 @@ class QuantConfig:
 
 def resolve_target(target: str) -> str:
     """``cpu`` → ``cpu-vnni`` where this machine's ONNX Runtime U8S8 kernel cannot saturate (x86 with VNNI or AMX,
-    ARM), else ``cpu-avx2`` (:func:`runtime_bench.cpu.cpu_int8_target`); an explicit target is returned as is."""
+    ARM), else ``cpu-avx2`` (:func:`minreal.runtime_bench.cpu.cpu_int8_target`); an explicit target is returned as is."""
     return cpu_facts.cpu_int8_target() if target == _AUTO_TARGET else target
 
 
@@ -251,7 +251,7 @@ class QuantResult:
         trained_ranges: layer-input tensors whose written scale and zero point are the trained ones.
         untrained_modules: modules whose trained range could not be placed in the graph (calibrated instead).
         float_roundtrips: op type → nodes of the ORT-optimised CPU graph that run in float between a
-            DequantizeLinear and a QuantizeLinear (:func:`runtime_bench.model_info.float_roundtrips`): each costs a
+            DequantizeLinear and a QuantizeLinear (:func:`minreal.runtime_bench.model_info.float_roundtrips`): each costs a
             dequantise and a re-quantise with nothing gained, the usual reason an INT8 file is slower than fp32.
         nonfinite_nodes: nodes left in float because calibration gave a tensor they read or write a scale that is
             not finite (e.g. a 0/-inf attention mask and the masked scores): quantised, such a tensor flattens
@@ -450,9 +450,9 @@ def _preprocess(fp32_path: Path, out: Path, align: bool = False) -> tuple[Path, 
 
 def _rewrite(path: Path, align: bool) -> None:
     """Rewrite the pre-processed file's graph once: means over every spatial axis as ``GlobalAveragePool``
-    (:func:`export.qdq_pools.global_average_pools`: ONNX Runtime runs that one on quantised tensors) and, when
+    (:func:`minreal.export.qdq_pools.global_average_pools`: ONNX Runtime runs that one on quantised tensors) and, when
     ``align``, convolutions widened to input channels on a multiple of 4
-    (:func:`export.qdq_channels.align_conv_inputs`). External data stays where it is."""
+    (:func:`minreal.export.qdq_channels.align_conv_inputs`). External data stays where it is."""
     model = onnx.load(str(path), load_external_data=False)
     pooled = global_average_pools(model)
     widened = align_conv_inputs(model) if align else []
@@ -533,7 +533,7 @@ def _weight_consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]
 
 def _same_values(tensor: onnx.TensorProto, weight: np.ndarray) -> bool:
     """The initializer holds ``weight``, as is or transposed (a Linear written as Gemm/MatMul with (in, out)), or
-    widened with zero input channels (:func:`export.qdq_channels.align_conv_inputs`)."""
+    widened with zero input channels (:func:`minreal.export.qdq_channels.align_conv_inputs`)."""
     dims = tuple(tensor.dims)
     if weight.ndim >= 3 and len(dims) == weight.ndim and dims[0] == weight.shape[0] and dims[2:] == weight.shape[2:] \
             and dims[1] > weight.shape[1]:
@@ -636,7 +636,7 @@ _WEIGHT_BITS = {WEIGHT_QMAX: 8, REDUCED_WEIGHT_QMAX: 7}
 
 def _weight_qmax(config: QuantConfig) -> int:
     """The largest weight magnitude the file's grid has: 127, or 64 with ``reduce_range`` (the grid QAT trains on,
-    ``compress.core.qat``)."""
+    ``minreal.compress.core.qat``)."""
     return REDUCED_WEIGHT_QMAX if config.weights_reduced() else WEIGHT_QMAX
 
 
@@ -666,7 +666,7 @@ def _excluded(source: Path, exclude: Sequence[str], static: bool) -> list[str]:
     unknown = sorted(set(exclude) - {n.name for n in model.graph.node})
     if unknown:
         raise ValueError(f"exclude names nodes {unknown} that are not in the graph ONNX Runtime quantises; "
-                         "take names from export.quantize.quantizable_nodes")
+                         "take names from minreal.export.quantize.quantizable_nodes")
     return list(dict.fromkeys([*(dynamic_weight_nodes(model) if static else []), *exclude]))
 
 
@@ -701,7 +701,7 @@ def _run_static(source: Path, dest: Path, ranges: _RangeSource, config: QuantCon
 
 def _pad_quantised(path: Path) -> None:
     """Run the file's constant zero pads between a dequantise and a re-quantise of one scale on the quantised tensors
-    (:func:`export.qdq_pads.integer_pads`; ONNX Runtime's CPU graph would run them in float)."""
+    (:func:`minreal.export.qdq_pads.integer_pads`; ONNX Runtime's CPU graph would run them in float)."""
     model = onnx.load(str(path), load_external_data=False)
     pads = integer_pads(model)
     if pads:
@@ -876,7 +876,7 @@ def _check_calibration(calibration: Calibration, source: Path, config: QuantConf
                          f"{config.calibration_method!r}; calibrate with the same QuantConfig")
     if calibration.graph_sha256 != _sha256(source):
         raise ValueError("the ranges were calibrated on another graph; calibrate this model "
-                         "(export.quantize.calibrate)")
+                         "(minreal.export.quantize.calibrate)")
 
 
 def _range_source(source: Path, workdir: Path, reader: ArrayCalibrationReader | None, calibration: Calibration | None,
@@ -902,7 +902,7 @@ def _run_dynamic(source: Path, dest: Path, config: QuantConfig, excluded: Sequen
 def optimized_op_counts(path: str | Path, provider: str = "cpu") -> dict[str, int]:
     """Op counts of the graph ONNX Runtime actually runs for ``provider`` (all optimisations on).
 
-    Delegates to :func:`runtime_bench.optimized_graph_ops` so the project counts kernels one way.
+    Delegates to :func:`minreal.runtime_bench.optimized_graph_ops` so the project counts kernels one way.
     """
     return optimized_graph_ops(Path(path), provider)
 

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from runtime_bench.facts import INTEGER_OPS
+from minreal.facts import INTEGER_OPS
 
 __all__ = ["Finding", "ReadinessReport", "tensorrt_readiness", "EXAMPLE_NODES"]
 

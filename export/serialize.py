@@ -14,8 +14,8 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from compress.core.inputs import Inputs, NamedInputs, args_of, takes_varargs
-from export.atomic import atomic_path
+from minreal.compress.core.inputs import Inputs, NamedInputs, args_of, takes_varargs
+from minreal.export.atomic import atomic_path
 
 __all__ = ["export_dims", "save_program", "synthetic_example"]
 
@@ -37,7 +37,7 @@ def synthetic_example(example: torch.Tensor, rows: int = 2, seed: int = 0) -> to
 def export_dims(axes: Mapping[str, Mapping[int, str]], names: list[str], module: nn.Module,
                 min_size: int | None = None) -> tuple | None:
     """torch.export dynamic shapes, one dict per input; one ``Dim`` object per dimension name (shared). A
-    ``forward(*inputs)`` (:class:`~compress.core.inputs.PackedInputs`) gets them nested in one more tuple."""
+    ``forward(*inputs)`` (:class:`~minreal.compress.core.inputs.PackedInputs`) gets them nested in one more tuple."""
     if not any(axes.values()):
         return None
     made: dict[str, torch.export.Dim] = {}

@@ -6,17 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runtime_bench.facts import CPU_AVX2_TARGET, CPU_VNNI_TARGET
+from minreal.facts import CPU_AVX2_TARGET, CPU_VNNI_TARGET
 
 if TYPE_CHECKING:
-    from export.mobile import ShapeSpec
-    from export.quantize import QuantConfig
+    from minreal.export.mobile import ShapeSpec
+    from minreal.export.quantize import QuantConfig
 
 __all__ = ["AUTO_TARGET", "QUANT_TARGETS", "QUANT_MODES", "DROP_ROUNDTRIPS", "CALIB_SAMPLES", "VariantConfig"]
 
 AUTO_TARGET = "cpu"
 """``--quant-target cpu``: the one of ``cpu-vnni``/``cpu-avx2`` this machine needs
-(:func:`export.quantize.resolve_target`)."""
+(:func:`minreal.export.quantize.resolve_target`)."""
 
 QUANT_TARGETS: tuple[str, ...] = (AUTO_TARGET, CPU_VNNI_TARGET, CPU_AVX2_TARGET, "tensorrt")
 """INT8 formats here (``--quant-target``): ``cpu`` (the right one of ``cpu-vnni``/``cpu-avx2`` for this machine),
@@ -26,7 +26,7 @@ QUANT_MODES: tuple[str, ...] = ("static", "dynamic")
 """``--quant-mode``: calibrated QDQ, or weights only with activations quantised at run time."""
 
 DROP_ROUNDTRIPS = True
-"""Default of :attr:`export.quantize.QuantConfig.drop_roundtrips` (``--int8-keep-roundtrips`` turns it off)."""
+"""Default of :attr:`minreal.export.quantize.QuantConfig.drop_roundtrips` (``--int8-keep-roundtrips`` turns it off)."""
 
 CALIB_SAMPLES = 256
 """Samples INT8 calibration uses (the first ones of the calibration data)."""
@@ -46,11 +46,11 @@ class VariantConfig:
         fixed_shapes: symbolic dimensions to fix in the written file once parity passed (``--fixed-shapes``; for
             NNAPI/CoreML), or ``None`` to keep them dynamic.
         tensorrt_validation: validate each file with TensorRT itself (parse, engine builds, parity with ONNX
-            Runtime; :func:`export.tensorrt_check.tensorrt_check`) when it is importable; the static check
+            Runtime; :func:`minreal.export.tensorrt_check.tensorrt_check`) when it is importable; the static check
             otherwise and when this is off. The pipeline turns it on when ``--providers`` includes tensorrt.
         tensorrt_batch: (min, opt, max) batch of the optimisation profile of that validation.
         drop_roundtrips: leave in float the nodes ORT's CPU graph would run between a dequantise and a re-quantise
-            (:attr:`export.quantize.QuantConfig.drop_roundtrips`; ``--int8-keep-roundtrips`` turns it off).
+            (:attr:`minreal.export.quantize.QuantConfig.drop_roundtrips`; ``--int8-keep-roundtrips`` turns it off).
     """
 
     opset: int = 18
@@ -67,7 +67,7 @@ class VariantConfig:
 
     def quant_config(self) -> QuantConfig:
         """The :class:`QuantConfig` these settings ask for."""
-        from export.quantize import QuantConfig  # onnx and onnxruntime: only when a variant is quantised
+        from minreal.export.quantize import QuantConfig  # onnx and onnxruntime: only when a variant is quantised
 
         return QuantConfig(target=self.quant_target, mode=self.quant_mode,
                            allow_random_calibration=self.allow_random_calibration,

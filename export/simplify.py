@@ -6,7 +6,7 @@ result says why.
 
 A model with external data (weights beside the graph, e.g. one over 2 GiB) is not simplified: simplification
 here runs on one in-memory protobuf, which holds at most 2 GiB. Its graph and data are copied unchanged
-(:func:`export.onnx_files.copy_onnx`) and the result records the reason.
+(:func:`minreal.export.onnx_files.copy_onnx`) and the result records the reason.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from export.atomic import atomic_path, ensure_distinct
-from export.onnx_files import copy_onnx, data_files, onnx_size
-from export.verify import DEFAULT_ATOL, DEFAULT_RTOL, Feeds, compare_output, feed_rows, run_ort
-from runtime_bench.facts import error_line
-from runtime_bench.sessions import create_session
+from minreal.export.atomic import atomic_path, ensure_distinct
+from minreal.export.onnx_files import copy_onnx, data_files, onnx_size
+from minreal.export.verify import DEFAULT_ATOL, DEFAULT_RTOL, Feeds, compare_output, feed_rows, run_ort
+from minreal.facts import error_line
+from minreal.runtime_bench.sessions import create_session
 
 __all__ = ["SimplifyResult", "simplify"]
 

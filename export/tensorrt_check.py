@@ -13,7 +13,7 @@ With ``tensorrt`` importable, :func:`tensorrt_check`
   and opt shapes, and compares every output with ONNX Runtime's CPU provider under per-output tolerances.
 
 Without ``tensorrt`` (or when it cannot create a builder, e.g. without a GPU) the static check of
-:mod:`export.readiness` decides instead; :attr:`TensorRTCheck.checker` says which of the two ran
+:mod:`minreal.export.readiness` decides instead; :attr:`TensorRTCheck.checker` says which of the two ran
 (``"tensorrt 10.3.0"`` or ``"static check: tensorrt not importable: <reason>"``). The static findings are
 kept in both cases. This module imports ``tensorrt`` and ``torch`` only inside the calls that need them.
 """
@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import onnx
 
-from export.atomic import atomic_write_bytes
-from export.readiness import ReadinessReport, tensorrt_readiness
-from export.verify import OutputParity, compare_output, run_ort
-from runtime_bench.facts import error_line, first_line
-from runtime_bench.inputs import Data, input_specs, timing_inputs
-from runtime_bench.sessions import create_session
+from minreal.export.atomic import atomic_write_bytes
+from minreal.export.readiness import ReadinessReport, tensorrt_readiness
+from minreal.export.verify import OutputParity, compare_output, run_ort
+from minreal.facts import error_line, first_line
+from minreal.runtime_bench.inputs import Data, input_specs, timing_inputs
+from minreal.runtime_bench.sessions import create_session
 
 __all__ = ["PRECISIONS", "DEFAULT_TOLERANCES", "ShapeRange", "Tolerance", "ParserIssue", "EngineBuild",
            "TensorRTCheck", "tensorrt_check", "import_tensorrt", "parser_issues", "profile_shapes", "parity_feeds",
@@ -84,7 +84,7 @@ class Tolerance:
 
 
 #: Tolerances per precision when the caller gives none for an output. fp32 builds have TF32 off. fp16 rounds to
-#: 2**-11 at every layer: 10 ulps of relative error and of the output's scale (as :mod:`export.fp16` allows).
+#: 2**-11 at every layer: 10 ulps of relative error and of the output's scale (as :mod:`minreal.export.fp16` allows).
 #: int8 engines and ONNX Runtime requantise with different rounding and fusions, which moves outputs by a few
 #: quantisation steps (one step of a symmetric int8 output is about 0.8 % of its largest magnitude).
 DEFAULT_TOLERANCES: Mapping[str, Tolerance] = MappingProxyType({
@@ -200,7 +200,7 @@ def tensorrt_check(
         precisions: engines to build; default ``("fp32", "fp16")`` for a float file, ``("int8",)`` for a QDQ file.
         tolerances: precision → output name → :class:`Tolerance`; others use :data:`DEFAULT_TOLERANCES`.
         data: parity inputs (rows along axis 0, tiled or cut to each shape), default seeded random values.
-        opset: the opset the static check holds the file to (see :func:`export.readiness.tensorrt_readiness`).
+        opset: the opset the static check holds the file to (see :func:`minreal.export.readiness.tensorrt_readiness`).
         engine_dir: write each engine there as ``<stem>.<precision>.engine``.
         workspace_bytes: the builder's workspace pool limit.
         seed: seed of the random parity inputs.
@@ -243,7 +243,7 @@ def _precisions(asked: Sequence[str] | None, kind: str, path: Path) -> tuple[str
         raise ValueError(f"unknown precision {unknown}; choose from {', '.join(PRECISIONS)}")
     if "int8" in asked and kind != "int8":
         raise ValueError(f"int8 needs an explicit QDQ file, but {path.name} has no Q/DQ nodes; quantise it first "
-                         "(export.quantize.quantize_int8 with QuantConfig(target='tensorrt'))")
+                         "(minreal.export.quantize.quantize_int8 with QuantConfig(target='tensorrt'))")
     return tuple(asked)
 
 
@@ -443,7 +443,7 @@ def _compare(trt: ModuleType, build: EngineBuild, engine: bytes, path: Path, ran
 
 def parity_feeds(path: Path, shapes: Mapping[str, Shape], data: Data | None, seed: int) -> dict[str, np.ndarray]:
     """Inputs of exactly ``shapes`` (static inputs at their own shape): rows of ``data``, or seeded random
-    values (:func:`runtime_bench.inputs.timing_inputs`)."""
+    values (:func:`minreal.runtime_bench.inputs.timing_inputs`)."""
     specs = input_specs(path)
     first = next(iter(shapes.values()), None)
     batch = first[0] if first else next((s.fixed_batch() for s in specs if s.fixed_batch()), 1)

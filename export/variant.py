@@ -19,19 +19,19 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from compress import count_costs
-from compress.core.inputs import Inputs, NamedInputs, repeat_to, slice_axis
-from export.fp16 import Fp16Config, convert_fp16, fp16_path
-from export.mobile import fix_verified, mobile_usability
-from export.onnx_export import Axes, to_onnx
-from export.onnx_files import data_files, move_onnx, onnx_size
-from export.quantize import quantize_int8
-from export.json_safe import to_jsonable
-from export.settings import CALIB_SAMPLES, VariantConfig
-from export.readiness import tensorrt_readiness
-from export.tensorrt_check import tensorrt_check
-from export.simplify import simplify
-from export.verify import feeds_of, verify_parity
+from minreal.compress import count_costs
+from minreal.compress.core.inputs import Inputs, NamedInputs, repeat_to, slice_axis
+from minreal.export.fp16 import Fp16Config, convert_fp16, fp16_path
+from minreal.export.mobile import fix_verified, mobile_usability
+from minreal.export.onnx_export import Axes, to_onnx
+from minreal.export.onnx_files import data_files, move_onnx, onnx_size
+from minreal.export.quantize import quantize_int8
+from minreal.export.json_safe import to_jsonable
+from minreal.export.settings import CALIB_SAMPLES, VariantConfig
+from minreal.export.readiness import tensorrt_readiness
+from minreal.export.tensorrt_check import tensorrt_check
+from minreal.export.simplify import simplify
+from minreal.export.verify import feeds_of, verify_parity
 
 __all__ = ["PARITY_BATCH_SIZES", "CALIB_SAMPLES", "PTQ_SUFFIX", "VariantConfig", "VariantRecord", "export_variant",
            "quantize_variant", "fp16_variant", "fp16_skip_reason", "FP16_LABEL_SUFFIX", "trained_ranges", "layer_weights", "parity_inputs", "to_jsonable", "relative_to",
@@ -52,7 +52,7 @@ FP16_LABEL_SUFFIX = ".fp16"
 class VariantRecord:
     """One model of a case (original, compressed, INT8, FP16) with its costs and export results.
 
-    ``fp16`` is the :class:`export.fp16.Fp16Result` of an FP16 copy, or ``{"skipped": reason}`` on an fp32 variant
+    ``fp16`` is the :class:`minreal.export.fp16.Fp16Result` of an FP16 copy, or ``{"skipped": reason}`` on an fp32 variant
     that got none; empty otherwise.
     """
 
@@ -158,7 +158,7 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
     Returns:
         A :class:`VariantRecord` with costs and the export, simplification, parity and TensorRT-readiness
         results, the dimensions fixed by ``cfg.fixed_shapes`` (the fixed file checked against the dynamic one at
-        its shape, :func:`export.mobile.fix_verified`) and ONNX Runtime's NNAPI/CoreML verdict; paths relative to
+        its shape, :func:`minreal.export.mobile.fix_verified`) and ONNX Runtime's NNAPI/CoreML verdict; paths relative to
         ``out``'s folder.
 
     Raises:
@@ -253,7 +253,7 @@ def fp16_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantCon
         folder: where the variant's file lies and the FP16 file is written.
         x: example inputs, batch first (a tensor or named inputs).
         cfg: the variant settings (opset for the TensorRT-readiness check).
-        fp16: conversion and tolerance options (default :class:`export.fp16.Fp16Config`: fp32 I/O, CPU).
+        fp16: conversion and tolerance options (default :class:`minreal.export.fp16.Fp16Config`: fp32 I/O, CPU).
 
     Returns:
         The FP16 variant's record (label ``LABEL.fp16``, method ``METHOD+fp16``), paths relative to ``folder``.

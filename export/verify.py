@@ -17,13 +17,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from compress.core.inputs import Inputs, NamedInputs, call
-from export.errors import ParityError
-from compress.core.evaluate import eval_mode, flatten_outputs
-from runtime_bench.facts import PROVIDERS, error_line
-from runtime_bench.sessions import create_session
+from minreal.compress.core.inputs import Inputs, NamedInputs, call
+from minreal.export.errors import ParityError
+from minreal.compress.core.evaluate import eval_mode, flatten_outputs
+from minreal.facts import PROVIDERS, error_line
+from minreal.runtime_bench.sessions import create_session
 
-if TYPE_CHECKING:  # the runtime wheel is imported on first use (runtime_bench.runtime)
+if TYPE_CHECKING:  # the runtime wheel is imported on first use (minreal.runtime_bench.runtime)
     import onnxruntime as ort
 
 __all__ = [
@@ -221,7 +221,7 @@ def verify_parity(
         rtol: relative tolerance (default ``1e-4``).
         atol: absolute tolerance (default ``1e-5``).
         provider: ONNX Runtime execution provider (full name); the session opens in
-            :func:`runtime_bench.sessions.create_session`.
+            :func:`minreal.runtime_bench.sessions.create_session`.
 
     Returns:
         A :class:`ParityResult` with max abs/rel error and top-1 agreement per batch size.

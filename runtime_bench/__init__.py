@@ -1,7 +1,7 @@
 """ONNX Runtime benchmark: interleaved timing in fresh processes, metrics, reports, release gate.
 
 This package never imports torch. Its public names load lazily (PEP 562), so importing
-:mod:`runtime_bench.facts` (stdlib only) does not import onnxruntime: that is the one module ``compress``
+:mod:`minreal.facts` (stdlib only) does not import onnxruntime: that is the one module ``compress``
 may import from here (``tests/test_layering.py``).
 """
 

@@ -22,7 +22,7 @@ import numpy as np
 from .config import BenchConfig, ModelEntry, shape_label
 from .environment import collect_environment
 from .errors import BenchInputError, ProviderUnavailableError, WorkerError
-from .facts import PROGRESS_KEY
+from minreal.facts import PROGRESS_KEY
 from .inputs import (Data, check_batch, data_rows, external_tensors, has_qdq, input_specs, load_model_proto,
                      symbolic_axes, take_rows, timing_inputs)
 from .metrics import ModelMetrics, evaluate_models
@@ -234,11 +234,11 @@ def file_digest(path: Path) -> str:
 
 
 def _spawn(job: WorkerJob, stem: Path, timeout_s: float) -> WorkerResult:
-    """Run one job in a fresh ``python -m runtime_bench.worker`` process."""
+    """Run one job in a fresh ``python -m minreal.runtime_bench.worker`` process."""
     job_path, result_path = stem.with_suffix(".job.json"), stem.with_suffix(".result.json")
     job_path.write_text(json.dumps(asdict(job)))
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    command = [sys.executable, "-m", "runtime_bench.worker", str(job_path), str(result_path)]
+    command = [sys.executable, "-m", "minreal.runtime_bench.worker", str(job_path), str(result_path)]
     where = " ".join(filter(None, [job.provider, f"batch {job.batch_size}", shape_label(job.axis_values)]))
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
@@ -288,7 +288,7 @@ def _metrics(
 ) -> tuple[tuple[ModelMetrics, ...], str]:
     """Accuracy/agreement on ``x`` as given; without data, agreement on seeded random rows of the first shape.
 
-    Random rows are those of :func:`runtime_bench.inputs.timing_inputs` for the first model's inputs.
+    Random rows are those of :func:`minreal.runtime_bench.inputs.timing_inputs` for the first model's inputs.
 
     Returns:
         The metrics and a description of the data they were computed on.

@@ -235,7 +235,7 @@ def _hardware_of(data: dict[str, Any]) -> tuple[str, str]:
 
 
 def _isa_of(data: dict[str, Any]) -> tuple[str, ...] | None:
-    """The int8 instruction sets a report recorded (:func:`runtime_bench.cpu.cpu_isa`); None for a report that
+    """The int8 instruction sets a report recorded (:func:`minreal.runtime_bench.cpu.cpu_isa`); None for a report that
     predates them or could not read them."""
     env = data.get("environment") or {}
     if env.get("cpu_flags_source", "unknown") == "unknown":

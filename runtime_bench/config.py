@@ -38,7 +38,7 @@ class BenchConfig:
     Validation messages name each field with the CLI flag that sets it, e.g. ``repeats (--repeats)``.
 
     Attributes:
-        providers: Provider short names (see :data:`runtime_bench.providers.PROVIDERS`).
+        providers: Provider short names (see :data:`minreal.runtime_bench.providers.PROVIDERS`).
         batch_sizes: Batch sizes; each (provider, batch size) is timed in fresh processes.
         warmup: Runs per model discarded before measuring.
         min_runs: Minimum measured runs per model.
@@ -53,7 +53,7 @@ class BenchConfig:
             ``{"seq": (32, 128)}``; every combination is timed as its own shape (label ``"seq=32"``). With
             data, inputs are cut to these lengths along those axes; without data, random inputs take them.
         provider_settings: Per provider short name, what the user set (device, TensorRT precision flags, caches,
-            optimisation profiles; :mod:`runtime_bench.provider_options`). TensorRT's engine and timing caches
+            optimisation profiles; :mod:`minreal.runtime_bench.provider_options`). TensorRT's engine and timing caches
             default to a directory shared by the run's timing processes, its profile to one covering every
             timed batch size and axis value.
         io_binding: On GPU providers, also time each model with inputs and outputs bound on the device

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .facts import CPU_AVX2_TARGET, CPU_VNNI_TARGET, INTEGER_MATMUL_OP, PROVIDERS
+from minreal.facts import CPU_AVX2_TARGET, CPU_VNNI_TARGET, INTEGER_MATMUL_OP, PROVIDERS
 
 __all__ = [
     "ISA_FLAGS",
@@ -50,7 +50,7 @@ ISA_FLAGS: tuple[str, ...] = (
 )  # fmt: skip
 #: Flags whose int8 kernels accumulate in int32 without an int16 step (no U8S8 saturation).
 _NON_SATURATING = frozenset({"avx512_vnni", "avx_vnni", "avx_vnni_int8", "amx_int8"})
-#: The explicit CPU INT8 formats (:data:`runtime_bench.facts.CPU_VNNI_TARGET`, ``CPU_AVX2_TARGET``).
+#: The explicit CPU INT8 formats (:data:`minreal.facts.CPU_VNNI_TARGET`, ``CPU_AVX2_TARGET``).
 CPU_TARGETS: tuple[str, ...] = (CPU_VNNI_TARGET, CPU_AVX2_TARGET)
 #: macOS ``sysctl`` keys → the Linux flag they stand for.
 _SYSCTL_FLAGS = {"hw.optional.avx2_0": "avx2", "hw.optional.avx512f": "avx512f", "hw.optional.avx512bw": "avx512bw",

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 
 from .errors import BenchInputError, ModelFileError
-from .facts import error_line
+from minreal.facts import error_line
 
 __all__ = ["InputSpec", "Data", "has_qdq", "input_specs", "index_bounds", "timing_inputs", "batch_inputs", "named_data",
            "check_values", "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto", "check_external_data",

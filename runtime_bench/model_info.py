@@ -11,7 +11,7 @@ import onnx
 
 from .inputs import external_tensors, load_model_proto
 from .errors import ProviderUnavailableError
-from .facts import INTEGER_OPS
+from minreal.facts import INTEGER_OPS
 from .providers import provider_mismatch, provider_name
 from .sessions import create_session
 

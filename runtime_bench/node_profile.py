@@ -4,7 +4,7 @@ A profiled session records one ``"cat": "Node"`` event named ``<node>_kernel_tim
 duration (µs) and, for most kernels, its input and output shapes. :func:`parse_kernel_times` (pure: it takes the
 loaded JSON list) keeps each kernel's median over the runs after the first ``skip`` (the warm-up);
 :func:`profile_kernels` opens a separate profiled session, runs it and parses the profile, so profiling never
-slows a timed session. Unlike :mod:`runtime_bench.placement`, MACs are counted for the integer kernels too
+slows a timed session. Unlike :mod:`minreal.runtime_bench.placement`, MACs are counted for the integer kernels too
 (QLinearConv, QGemm, QLinearMatMul, ConvInteger, MatMulInteger and onnxruntime's fused forms), from the weight
 input each of them names.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .facts import INTEGER_KERNEL_OPERANDS
+from minreal.facts import INTEGER_KERNEL_OPERANDS
 from .inputs import load_model_proto
 from .placement import _event_shapes, _prod, node_macs
 from .runtime import onnxruntime_module
@@ -50,7 +50,7 @@ class KernelTime:
 
 
 def kernel_macs(op_type: str, inputs: Sequence[Shape | None], outputs: Sequence[Shape | None]) -> int | None:
-    """MACs of one kernel from its shapes: the float kernels by :func:`runtime_bench.placement.node_macs`, the
+    """MACs of one kernel from its shapes: the float kernels by :func:`minreal.runtime_bench.placement.node_macs`, the
     integer ones from their own operand order (QLinearConv's weight is its 4th input: ``prod(Y) * prod(W[1:])``;
     the matrix products ``prod(Y) * K`` with K from the activation's last dimension, or ``prod(A) / M`` for a
     2-D Gemm). None when a shape is missing."""
@@ -70,7 +70,7 @@ def kernel_macs(op_type: str, inputs: Sequence[Shape | None], outputs: Sequence[
 
 
 def _shapes(args: Mapping[str, Any], key: str) -> tuple[tuple[int, ...] | None, ...]:
-    """:func:`runtime_bench.placement._event_shapes` as tuples (``()`` when the event records none)."""
+    """:func:`minreal.runtime_bench.placement._event_shapes` as tuples (``()`` when the event records none)."""
     return tuple(None if v is None else tuple(int(d) for d in v) for v in _event_shapes(args, key) or ())
 
 
@@ -121,7 +121,7 @@ def profile_kernels(path: Path, provider: str, threads: int | None, feeds: Mappi
     """Run the model at ``path`` ``warmup + runs`` times in a separate, profiled session and return each
     kernel's median time over the last ``runs`` (:func:`parse_kernel_times`; the shapes of pre-packed weights from
     the optimised graph the session writes). The session has the timed
-    sessions' options (:func:`runtime_bench.sessions.session_options`) plus profiling, which adds a little time
+    sessions' options (:func:`minreal.runtime_bench.sessions.session_options`) plus profiling, which adds a little time
     per kernel: compare kernels within one profile, not a profile's sum with a timed latency."""
     if runs < 1 or warmup < 0:
         raise ValueError(f"profile_kernels needs runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")

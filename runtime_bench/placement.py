@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .facts import INTEGER_KERNEL_OPS, PROVIDERS
+from minreal.facts import INTEGER_KERNEL_OPS, PROVIDERS
 from .inputs import load_model_proto
 from .runtime import onnxruntime_module
 from .sessions import session_options
@@ -226,7 +226,7 @@ def measure_placement(
 ) -> Placement:
     """Run the model at ``path`` once in a separate, profiled session on ``provider`` and read its placement.
 
-    The session has the timed sessions' options (:func:`runtime_bench.sessions.session_options`, the same
+    The session has the timed sessions' options (:func:`minreal.runtime_bench.sessions.session_options`, the same
     provider options) plus profiling; the profile is written to, and removed with, a temporary folder.
 
     Args:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BenchInputError
-from .facts import PROVIDERS
+from minreal.facts import PROVIDERS
 
 __all__ = [
     "ProviderSettings",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .errors import ProviderUnavailableError, UnknownProviderError
-from .facts import INSTALL_HINTS, PROVIDERS
+from minreal.facts import INSTALL_HINTS, PROVIDERS
 from .runtime import onnxruntime_module, wheel_conflict
 
 __all__ = [

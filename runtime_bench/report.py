@@ -41,7 +41,7 @@ class LatencyResult:
     """Latency of one model on one provider at one batch size and shape, pooled over worker processes.
 
     ``shape`` labels the symbolic axis lengths timed (e.g. ``"seq=32"``, see
-    :attr:`runtime_bench.BenchConfig.axis_values`); ``""`` when there are none. ``session_s`` (session creation)
+    :attr:`minreal.runtime_bench.BenchConfig.axis_values`); ``""`` when there are none. ``session_s`` (session creation)
     and ``first_run_ms`` (the first call, where TensorRT builds or loads an engine) are per process and never
     part of ``stats``. With I/O binding, ``device_stats`` are the device-only latencies (inputs and outputs on the
     device) and ``stats`` those with host copies.
@@ -89,7 +89,7 @@ class UnavailableProvider:
 @dataclass(frozen=True)
 class PlacementResult:
     """Where ``model``'s kernels ran on ``provider`` (short name), from one separate profiled run in the first
-    timing process of its first batch size and shape (:func:`runtime_bench.placement.measure_placement`)."""
+    timing process of its first batch size and shape (:func:`minreal.runtime_bench.placement.measure_placement`)."""
 
     model: str
     provider: str

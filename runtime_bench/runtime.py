@@ -15,7 +15,7 @@ import importlib
 import importlib.metadata
 from types import ModuleType
 
-from .facts import PROVIDERS
+from minreal.facts import PROVIDERS
 
 __all__ = ["RUNTIME_WHEELS", "RuntimeMissingError", "onnxruntime_module", "installed_wheels", "wheel_conflict"]
 

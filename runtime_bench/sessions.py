@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ModelFileError, SessionError
-from .facts import PROVIDERS, error_line
+from minreal.facts import PROVIDERS, error_line
 from .runtime import onnxruntime_module
 
 __all__ = ["SPINNING_ENTRIES", "session_options", "create_session"]
@@ -52,7 +52,7 @@ def create_session(
 
     The benchmark, the parity check and the simplifier's before/after comparison all open sessions here.
     The caller must compare ``session.get_providers()`` with the request
-    (:func:`runtime_bench.providers.provider_mismatch`): onnxruntime may fall back to CPU.
+    (:func:`minreal.runtime_bench.providers.provider_mismatch`): onnxruntime may fall back to CPU.
 
     Args:
         model: An ONNX file, or a serialized model.
@@ -60,7 +60,7 @@ def create_session(
         threads: Intra-op threads; None leaves onnxruntime's default.
         optimized_model_path: If given, onnxruntime writes the optimised graph there.
         provider_options: ONNX Runtime options of ``provider`` (strings; see
-            :func:`runtime_bench.provider_options.ort_options`).
+            :func:`minreal.runtime_bench.provider_options.ort_options`).
 
     Raises:
         ModelFileError: the file does not exist.

@@ -1,6 +1,6 @@
 """Worker process: times one (provider, batch size) for all models, interleaved.
 
-Run as ``python -m runtime_bench.worker JOB.json RESULT.json``. A fresh process per job keeps
+Run as ``python -m minreal.runtime_bench.worker JOB.json RESULT.json``. A fresh process per job keeps
 allocator and thread-pool state of one batch size from leaking into the next.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from .inputs import Data, input_specs, timing_inputs
 from .placement import measure_placements
-from .facts import PROVIDERS
+from minreal.facts import PROVIDERS
 from .providers import provider_mismatch
 from .runtime import onnxruntime_module
 from .sessions import create_session
@@ -41,7 +41,7 @@ class WorkerJob:
     ``axis_values`` gives each symbolic axis its length for this shape (``{}`` when there are none);
     ``data_path`` is a file written by :func:`save_data`, or None for random inputs. With ``placement``,
     each model also runs once, after the timing, in a separate profiled session
-    (:func:`runtime_bench.placement.measure_placement`).
+    (:func:`minreal.runtime_bench.placement.measure_placement`).
     """
 
     names: list[str]
@@ -68,7 +68,7 @@ class WorkerResult:
     engine for the shape) are per model and never part of ``latencies_ms``. With I/O binding,
     ``device_latencies_ms`` holds the device-only latencies (inputs and outputs resident on the device) and
     ``latencies_ms`` the ones with host copies, timed interleaved in the same loop. ``placements`` holds, by
-    model, a :class:`runtime_bench.placement.Placement` as a dict (jobs with ``placement``).
+    model, a :class:`minreal.runtime_bench.placement.Placement` as a dict (jobs with ``placement``).
     """
 
     pid: int
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: read the job JSON, run it, write the result JSON. Returns the exit code."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        sys.stderr.write("usage: python -m runtime_bench.worker JOB.json RESULT.json\n")
+        sys.stderr.write("usage: python -m minreal.runtime_bench.worker JOB.json RESULT.json\n")
         return 2
     job = WorkerJob(**json.loads(Path(args[0]).read_text()))
     result = run_job(job)

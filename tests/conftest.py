@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from compress.core.data import Dataset
-from compress.models import mlp, small_cnn
+from minreal.compress.core.data import Dataset
+from minreal.compress.models import mlp, small_cnn
 
 
 @pytest.fixture(autouse=True)

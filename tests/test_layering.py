@@ -1,41 +1,52 @@
-"""Import layering of the three packages, and facts written once, checked on the source with ``ast``.
+"""Import layering, one namespace and facts written once, checked on the source with ``ast``.
 
-compress is pure PyTorch, runtime_bench is ONNX Runtime only, export is where both meet; export's torch→ONNX
-stages never import its application (``export.app``). Shared literals (provider names, integer op sets) are
-defined in :mod:`runtime_bench.facts` only.
+Layers, bottom to top: :mod:`minreal.facts` (standard library only) under :mod:`minreal.compress` (PyTorch, no
+ONNX) and :mod:`minreal.runtime_bench` (ONNX Runtime, no torch); :mod:`minreal.export` is where those two meet;
+:mod:`minreal.app` (command line, pipelines, tune, reports) sits on top and nothing below imports it. Every
+import, in the tool, its tests, benchmarks and examples, goes through the ``minreal`` namespace. Shared literals
+(provider names, integer op sets, the progress key) are written in :mod:`minreal.facts` only.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("compress", "export", "runtime_bench")
-FORBIDDEN = {
-    "compress": {"onnx", "onnxruntime", "onnxsim", "onnxscript", "export", "runtime_bench"},  # but see ALLOWED
-    "runtime_bench": {"torch", "torchvision", "compress", "export"},
-}
-FACTS = "runtime_bench/facts.py"
-#: The one exception to FORBIDDEN: the stdlib-only module of shared facts, which every package may import.
-ALLOWED = {"runtime_bench.facts"}
+#: Each layer's import name and where its source lives in the repository.
+LAYERS = {"minreal.facts": ROOT / "minreal" / "facts.py", "minreal.compress": ROOT / "compress",
+          "minreal.runtime_bench": ROOT / "runtime_bench", "minreal.export": ROOT / "export",
+          "minreal.app": ROOT / "minreal" / "app"}
+#: What each layer may import from the tool (the layers below it); ``minreal.app`` may import every layer.
+BELOW = {"minreal.facts": set(), "minreal.compress": {"minreal.facts"}, "minreal.runtime_bench": {"minreal.facts"},
+         "minreal.export": {"minreal.facts", "minreal.compress", "minreal.runtime_bench"}}
+#: Third-party packages a layer must never import.
+FOREIGN = {"minreal.compress": {"onnx", "onnxruntime", "onnxsim", "onnxscript"},
+           "minreal.runtime_bench": {"torch", "torchvision"}}
+FACTS = "minreal/facts.py"
+OLD_NAMES = {"compress", "export", "runtime_bench"}
 
 
-def _modules(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+def _modules(layer: str) -> list[Path]:
+    where = LAYERS[layer]
+    return [where] if where.is_file() else sorted(where.rglob("*.py"))
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def _module_name(layer: str, path: Path) -> str:
+    where = LAYERS[layer]
+    parts = [] if where.is_file() else list(path.relative_to(where).with_suffix("").parts)
+    parts = parts[:-1] if parts and parts[-1] == "__init__" else parts
+    return ".".join([layer, *parts])
 
 
-def _imports(path: Path) -> Iterator[str]:
+def _imports(layer: str, path: Path) -> Iterator[str]:
     """Absolute names of every module ``path`` imports, anywhere in the file (function-level imports too)."""
-    package = _module_name(path).split(".")
+    package = _module_name(layer, path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -46,55 +57,64 @@ def _imports(path: Path) -> Iterator[str]:
             yield ".".join([*base, node.module] if node.module else base)
 
 
-def _top_level_edges() -> set[tuple[str, str]]:
-    return {(package, name.split(".")[0]) for package in PACKAGES for path in _modules(package)
-            for name in _imports(path) if name.split(".")[0] in PACKAGES and name.split(".")[0] != package}
+def _layer_of(name: str) -> str | None:
+    return next((layer for layer in LAYERS if name == layer or name.startswith(layer + ".")), None)
 
 
-def test_every_package_has_modules() -> None:
-    assert all(len(_modules(p)) > 3 for p in PACKAGES)
+def test_every_layer_has_modules() -> None:
+    assert all(_modules(layer) for layer in LAYERS) and len(_modules("minreal.app")) > 10
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_forbidden_imports(package: str) -> None:
-    bad = [f"{path.relative_to(ROOT)} imports {name}" for path in _modules(package) for name in _imports(path)
-           if name.split(".")[0] in FORBIDDEN[package] and name not in ALLOWED]
+@pytest.mark.parametrize("layer", sorted(BELOW))
+def test_a_layer_imports_only_the_layers_below_it(layer: str) -> None:
+    bad = [f"{path.relative_to(ROOT)} imports {name}" for path in _modules(layer) for name in _imports(layer, path)
+           if (_layer_of(name) or layer) not in BELOW[layer] | {layer}
+           or name.split(".")[0] in FOREIGN.get(layer, set())]
+    assert not bad, bad
+
+
+def test_facts_import_the_standard_library_only() -> None:
+    names = {name.split(".")[0] for name in _imports("minreal.facts", LAYERS["minreal.facts"])}
+    assert names and names <= set(sys.stdlib_module_names) | {"__future__"}, names
+
+
+def _python_files() -> list[Path]:
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return [ROOT / name for name in tracked.stdout.split() if (ROOT / name).exists()]
+
+
+def test_everything_imports_through_the_minreal_namespace() -> None:
+    """The tool, its tests, benchmarks and examples: no import of the bare folder names (``import compress``)."""
+    bad = []
+    for path in _python_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{path.relative_to(ROOT)}: {name}" for name in names if name.split(".")[0] in OLD_NAMES]
+    assert not bad, bad
+
+
+def test_no_module_is_a_former_home() -> None:
+    """No re-export shims before a release exists (STYLE.md)."""
+    phrase = "former" + " home"  # split so this file does not name itself
+    bad = [str(p.relative_to(ROOT)) for p in _python_files() if phrase in p.read_text().lower()]
     assert not bad, bad
 
 
 def test_importing_compress_loads_no_onnx_and_runtime_bench_no_torch() -> None:
-    """What the AST check cannot see: the facts module's package (runtime_bench/__init__) loads lazily."""
-    import subprocess
-    import sys
-
-    code = ("import sys, compress, compress.registry; compress.method_names(); "
+    """What the AST check cannot see: packages' ``__init__`` modules load lazily."""
+    code = ("import sys, minreal.compress as c, minreal.compress.registry; c.method_names(); "
             "assert not {'onnx', 'onnxruntime'} & set(sys.modules), 'compress imported onnx'; "
-            "import runtime_bench, runtime_bench.bench, runtime_bench.check; "
+            "import minreal.runtime_bench as rb, minreal.runtime_bench.bench, minreal.runtime_bench.check; "
             "assert 'onnxruntime' not in sys.modules, 'onnxruntime is imported on first use only'; "
-            "runtime_bench.available_providers(); assert 'onnxruntime' in sys.modules")
+            "rb.available_providers(); assert 'onnxruntime' in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    code = ("import sys, runtime_bench, runtime_bench.bench, runtime_bench.check, runtime_bench.report; "
-            "assert not {'torch', 'compress'} & set(sys.modules), 'runtime_bench imported torch'")
+    code = ("import sys, minreal.runtime_bench, minreal.runtime_bench.bench, minreal.runtime_bench.check, "
+            "minreal.runtime_bench.report; "
+            "assert not {'torch', 'minreal.compress'} & set(sys.modules), 'runtime_bench imported torch'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-
-
-def test_no_cycles_between_top_level_packages() -> None:
-    edges = _top_level_edges()
-    assert ("export", "compress") in edges and ("export", "runtime_bench") in edges  # the checker sees imports
-    reach = {p: {b for a, b in edges if a == p} for p in PACKAGES}
-    for _ in PACKAGES:
-        reach = {p: targets | {t for m in targets for t in reach[m]} for p, targets in reach.items()}
-    assert not [p for p in PACKAGES if p in reach[p]], edges
-
-
-def test_export_stages_never_import_the_application() -> None:
-    stages = [path for path in _modules("export") if "app" not in path.relative_to(ROOT / "export").parts
-              and path.name not in ("cli.py", "specs.py", "pipeline.py")]  # the last three are re-export shims
-    bad = [f"{path.relative_to(ROOT)} imports {name}" for path in stages for name in _imports(path)
-           if name.startswith("export.app")]
-    assert not bad, bad
 
 
 def _string_constants(tree: ast.AST) -> set[str]:
@@ -110,8 +130,8 @@ def _collections(tree: ast.AST) -> Iterator[set[str]]:
             yield {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
 
 
-def _defining_modules(predicate, packages: tuple[str, ...] = PACKAGES) -> list[str]:
-    return sorted(str(path.relative_to(ROOT)) for package in packages for path in _modules(package)
+def _defining_modules(predicate) -> list[str]:
+    return sorted(str(path.relative_to(ROOT)) for layer in LAYERS for path in _modules(layer)
                   if predicate(ast.parse(path.read_text(), str(path))))
 
 
@@ -122,24 +142,11 @@ def test_shared_literal_is_written_in_one_module(literal: str) -> None:
 
 
 def test_provider_short_names_are_listed_in_one_module() -> None:
-    from runtime_bench.facts import PROVIDERS
+    from minreal.facts import PROVIDERS
 
     shorts = set(PROVIDERS)
-    listed = _defining_modules(lambda tree: any(shorts <= found for found in _collections(tree)), PACKAGES)
-    assert listed == [FACTS]
+    assert _defining_modules(lambda tree: any(shorts <= found for found in _collections(tree))) == [FACTS]
 
 
 def test_progress_key_is_written_in_one_module() -> None:
     assert _defining_modules(lambda tree: "minreal_progress" in _string_constants(tree)) == [FACTS]
-
-
-def test_old_import_paths_still_work() -> None:
-    import export.app.cli
-    import export.app.pipeline
-    from export.cli import main
-    from export.pipeline import FAULT_ENV, PipelineConfig
-    from export.specs import SpecError, check_input_shape, load_data, load_dataset, load_model
-
-    assert main is export.app.cli.main and PipelineConfig is export.app.pipeline.PipelineConfig
-    assert FAULT_ENV and issubclass(SpecError, ValueError)
-    assert all(callable(f) for f in (check_input_shape, load_data, load_dataset, load_model))

@@ -3,7 +3,7 @@
 Entries are dicts of tensors written with ``torch.save`` and read with ``torch.load(weights_only=True)``
 (no pickled objects). A key hashes everything the entry depends on, so a stale entry is never read.
 
-Under a process group (:mod:`compress.core.distributed`) keys hash the *whole* calibration data (the statistics
+Under a process group (:mod:`minreal.compress.core.distributed`) keys hash the *whole* calibration data (the statistics
 passes shard it themselves), so a distributed and a single-process run share entries; only the writer (rank 0)
 writes, and :func:`load_entry` is collective: an entry counts as found only when every rank can read it, so all
 ranks take the same path (and meet in the same collectives).
@@ -83,7 +83,7 @@ def _read(path: Path) -> dict[str, torch.Tensor] | None:
 
 def save_entry(cache_dir: str | Path | None, key: str, entry: dict[str, torch.Tensor]) -> None:
     """Write an entry atomically (temporary file, then rename); only the writer rank writes
-    (:func:`~compress.core.distributed.is_writer`), other ranks return without touching the disk."""
+    (:func:`~minreal.compress.core.distributed.is_writer`), other ranks return without touching the disk."""
     if cache_dir is None or not is_writer():
         return
     path = _path(cache_dir, key)

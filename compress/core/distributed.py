@@ -78,8 +78,8 @@ def shard_bounds(n: int) -> tuple[int, int]:
 
 
 def shard(data: T) -> T:
-    """This rank's contiguous slice of a :class:`~compress.core.data.Dataset` or of inputs (tensor or
-    :class:`~compress.core.inputs.NamedInputs`), in the global sample order; ``data`` itself unless
+    """This rank's contiguous slice of a :class:`~minreal.compress.core.data.Dataset` or of inputs (tensor or
+    :class:`~minreal.compress.core.inputs.NamedInputs`), in the global sample order; ``data`` itself unless
     :func:`parallel`."""
     if not parallel():
         return data

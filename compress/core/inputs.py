@@ -3,7 +3,7 @@
 A model whose ``forward`` takes several tensors (``input_ids``, ``attention_mask``; an image and a scale) gets
 its inputs as :class:`NamedInputs`: an ordered ``name → tensor`` map, ordered as the ``forward`` parameters, whose
 tensors all have the samples along axis 0. It indexes, slices and concatenates like a tensor does along that
-axis, so :class:`~compress.core.data.Dataset` and every batch loop work unchanged; a model is called with
+axis, so :class:`~minreal.compress.core.data.Dataset` and every batch loop work unchanged; a model is called with
 :func:`call`, which unpacks the tensors as positional arguments.
 
 Single-input models keep plain tensors everywhere; nothing here changes them.

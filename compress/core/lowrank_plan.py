@@ -44,8 +44,8 @@ class Target:
 
 
 def factorisable_model(model: nn.Module, example: Inputs) -> Unfused:
-    """``model`` with its nn.MultiheadAttention layers rewritten as :class:`~compress.core.attention.PlainAttention`
-    (a copy; same function, see :func:`~compress.core.attention.unfuse_attention`), so that their q/k/v/out
+    """``model`` with its nn.MultiheadAttention layers rewritten as :class:`~minreal.compress.core.attention.PlainAttention`
+    (a copy; same function, see :func:`~minreal.compress.core.attention.unfuse_attention`), so that their q/k/v/out
     projections are plain Linear targets; ``model`` itself when it has none. Should the rewritten model fail on
     ``example`` with an AttributeError (a parent reading the fused weights itself), ``model`` is kept and every
     attention layer reported as refused."""
@@ -261,7 +261,7 @@ def apply_factors(model: nn.Module, targets: list[Target], factors: dict[str, tu
 def fill_report(report: CompressionReport, table: CostTable, targets: list[Target], skipped: list[LayerReport],
                 ranks: dict[str, int], sq_spectra: dict[str, np.ndarray]) -> None:
     """Per-layer costs before and after (from the original's cost ``table``) and retained energy per layer;
-    the whole-model costs are filled by :func:`compress.registry.compress`."""
+    the whole-model costs are filled by :func:`minreal.compress.registry.compress`."""
     for t in targets:
         r = ranks[t.name]
         b = table.layers[t.name]

@@ -1,8 +1,8 @@
 """Config fields that several methods share, each declared once (one name, one type, one meaning).
 
-A method config inherits the bases whose fields it has; the CLI (``export.app.method_options``) refuses two
+A method config inherits the bases whose fields it has; the CLI (``minreal.app.method_options``) refuses two
 methods declaring the same field name apart. Every config inherits :class:`CostBudget`: budgets are always a
-ratio of the **whole model's** cost after/before, and :attr:`compress.core.spec.MethodSpec.budgets` names the
+ratio of the **whole model's** cost after/before, and :attr:`minreal.compress.core.spec.MethodSpec.budgets` names the
 kinds a method can meet (``compress()`` refuses the others, naming the flag).
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping, Sequence
 
-from runtime_bench.facts import PROVIDERS
+from minreal.facts import PROVIDERS
 
 from .errors import CompressionError
 
@@ -28,9 +28,9 @@ __all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateB
 BUDGET_FIELDS = ("mac_ratio", "param_ratio", "latency_ratio")
 #: Fields of :class:`CostBudget` that serve one budget only (not offered for a method without that budget).
 BUDGET_HELPERS = MappingProxyType({"latency_ratio": ("latency_table",)})
-#: Rank allocators (``--allocator``), in the order ``--help`` lists them (:data:`compress.core.allocate.ALLOCATORS`).
+#: Rank allocators (``--allocator``), in the order ``--help`` lists them (:data:`minreal.compress.core.allocate.ALLOCATORS`).
 ALLOCATOR_NAMES = ("lagrangian", "energy", "uniform")
-#: Precisions of the per-chunk statistics products (``--stats-dtype``; :data:`compress.core.stats.STATS_DTYPES`).
+#: Precisions of the per-chunk statistics products (``--stats-dtype``; :data:`minreal.compress.core.stats.STATS_DTYPES`).
 STATS_DTYPE_NAMES = ("float64", "float32")
 #: The default of those: float32 products, float64 accumulation. ``benchmarks/stats_precision.json``: no rank
 #: ``factorize`` chooses changes on the four benchmark models (pretrained ResNet-32 on CIFAR-10 included) at MAC
@@ -70,7 +70,7 @@ def field_clash(configs: Mapping[str, type], name: str, cls: type) -> str | None
             if f.name in own and own[f.name] is not f:
                 return (f"config field {f.name!r} ({flag_of(f.name)}) of method {name!r} is declared apart by method "
                         f"{other!r}: give the knob its own name, or inherit the shared field from a base in "
-                        "compress.core.options")
+                        "minreal.compress.core.options")
     return None
 
 
@@ -170,7 +170,7 @@ class WidthMultipleOption:
 @dataclass
 class FinetuneOptions(SeedOption):
     """Deprecated options of the methods that used to fine-tune their result themselves: ``compress()`` now runs
-    the shared recovery with the label loss alone for them (:func:`compress.registry.finetune_alias`)."""
+    the shared recovery with the label loss alone for them (:func:`minreal.compress.registry.finetune_alias`)."""
 
     finetune_epochs: int = field(
         default=0,
@@ -188,7 +188,7 @@ class FinetuneOptions(SeedOption):
 
 
 #: How the width allocator compares channel importance across channel groups
-#: (:func:`compress.core.width.allocate.allocate_widths`); ``auto`` is :data:`IMPORTANCE_WEIGHTING_AUTO`'s choice.
+#: (:func:`minreal.compress.core.width.allocate.allocate_widths`); ``auto`` is :data:`IMPORTANCE_WEIGHTING_AUTO`'s choice.
 IMPORTANCE_WEIGHTINGS = ("auto", "cost", "none")
 #: The measured best weighting of each width method (``benchmarks/width_allocation.json``, the pretrained CIFAR-10
 #: ResNet-32 after one recovery epoch): magnitude 82.5/77.7/73.2 % at 0.9/0.7/0.5 of the MACs with ``cost`` against

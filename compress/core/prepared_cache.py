@@ -1,7 +1,7 @@
 """On-disk cache of methods' prepared states (what ``prepare`` computes once, whatever the budget).
 
 A state is a tree of dataclasses, dicts, lists, tuples and sets whose leaves are tensors, numpy arrays and
-scalars, numbers, strings, None, dtypes, devices, :class:`~compress.core.inputs.NamedInputs` and references to
+scalars, numbers, strings, None, dtypes, devices, :class:`~minreal.compress.core.inputs.NamedInputs` and references to
 the model given to ``prepare`` (the model itself, one of its submodules, parameters or buffers, found by
 identity). It is written as plain data -- each dataclass as ``{"__dataclass__": "module:QualName", "fields":
 {...}}``, each model reference as its qualified name -- with ``torch.save`` and read with
@@ -15,8 +15,8 @@ are views of a larger storage are saved as compact copies.
 
 Keys (:func:`prepared_cache_key`) hash the method, its config minus the budgets, the model (class, architecture,
 weights, buffers, training flags, devices), the data (inputs and labels) and the versions of minreal, torch and
-numpy. Under a process group (:mod:`compress.core.distributed`) only the writer saves, and :func:`load_prepared`
-is collective like :func:`~compress.core.cache.load_entry`: a state counts as found only when every rank read it.
+numpy. Under a process group (:mod:`minreal.compress.core.distributed`) only the writer saves, and :func:`load_prepared`
+is collective like :func:`~minreal.compress.core.cache.load_entry`: a state counts as found only when every rank read it.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = 1
 """Version of the file layout and encoding; a change makes every older file a miss."""
-PACKAGE_ROOT = __name__.split(".")[0]
+PACKAGE_ROOT = __name__.rsplit(".", 2)[0]  # minreal.compress
 """The only package whose dataclasses a file may name."""
 VERSIONED = ("minreal", "torch", "numpy")
 _TENSOR_TYPES = (torch.Tensor, nn.Parameter)
@@ -71,14 +71,14 @@ def package_versions() -> tuple[tuple[str, str], ...]:
             out.append((name, version(name)))
         except PackageNotFoundError:
             out.append((name, "-"))
-    return (*out, ("code", source_digest("compress")))
+    return (*out, ("code", source_digest("minreal.compress", "minreal.facts")))
 
 
 _DIGESTS: dict[str, str] = {}
 
 
 def source_digest(*packages: str) -> str:
-    """sha256 of the ``.py`` files of ``packages`` (importable top-level packages), by relative path and bytes:
+    """sha256 of the ``.py`` files of ``packages`` (importable packages or modules), by relative path and bytes:
     a cache keyed by it never serves what older code computed. Read once per process (a few milliseconds)."""
     key = ",".join(packages)
     if key not in _DIGESTS:
@@ -87,17 +87,21 @@ def source_digest(*packages: str) -> str:
         h = hashlib.sha256()
         for package in packages:
             spec = importlib.util.find_spec(package)
-            roots = list(spec.submodule_search_locations or []) if spec is not None else []
-            for root in roots:
-                for path in sorted(Path(root).rglob("*.py")):
-                    h.update(f"{package}/{path.relative_to(root).as_posix()}\n".encode())
-                    h.update(path.read_bytes())
+            if spec is None or not (spec.submodule_search_locations or spec.origin):
+                raise ImportError(f"source_digest: no module {package!r} to hash")
+            roots = list(spec.submodule_search_locations or [])
+            files = [(Path(root), path) for root in roots for path in sorted(Path(root).rglob("*.py"))]
+            if not roots:  # a plain module (minreal.facts)
+                files = [(Path(spec.origin).parent, Path(spec.origin))]
+            for root, path in files:
+                h.update(f"{package}/{path.relative_to(root).as_posix()}\n".encode())
+                h.update(path.read_bytes())
         _DIGESTS[key] = h.hexdigest()[:16]
     return _DIGESTS[key]
 
 
 def _model_part(model: nn.Module) -> tuple[str, ...]:
-    """Class, architecture and weights (:func:`~compress.core.cache.model_key`), plus what that leaves out:
+    """Class, architecture and weights (:func:`~minreal.compress.core.cache.model_key`), plus what that leaves out:
     non-persistent buffers, training flags and devices."""
     persistent = set(model.state_dict())
     h = hashlib.sha256()
@@ -113,7 +117,7 @@ def _model_part(model: nn.Module) -> tuple[str, ...]:
 
 def prepared_cache_key(method: str, config_key: Sequence[tuple[str, str]], model: nn.Module, data: Dataset) -> str:
     """Hash of what a prepared state depends on: the method, ``config_key`` (its config minus the budgets:
-    :func:`compress.registry.prepared_key`), the model, the data's inputs and labels, :func:`package_versions` and
+    :func:`minreal.compress.registry.prepared_key`), the model, the data's inputs and labels, :func:`package_versions` and
     :data:`SCHEMA`."""
     labels = "-" if data.y is None else data_key(data.y)
     parts = (SCHEMA, method, tuple(config_key), _model_part(model), data_key(data.x), labels, package_versions())
@@ -320,7 +324,7 @@ def _decode(node: Any, model: nn.Module) -> Any:
 def save_prepared(cache_dir: str | Path, key: str, state: Any, model: nn.Module) -> bool:
     """Write ``state`` (computed for ``model``) under ``key``, atomically (a temporary file, then a rename).
 
-    Only the writer rank writes (:func:`~compress.core.distributed.is_writer`). A state holding what the encoding
+    Only the writer rank writes (:func:`~minreal.compress.core.distributed.is_writer`). A state holding what the encoding
     refuses is not written (one log line says what and where); nor, with a warning, when the disk refuses.
     Returns whether the file was written.
     """

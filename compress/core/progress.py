@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Iterator, TypeVar
 
-from runtime_bench.facts import DETAIL_KEY, PROGRESS_KEY
+from minreal.facts import DETAIL_KEY, PROGRESS_KEY
 
 __all__ = ["PROGRESS_KEY", "DETAIL_KEY", "log_progress", "tracked"]
 

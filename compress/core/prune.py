@@ -1,7 +1,7 @@
 """Structured (whole-neuron) pruning of MLP chains: matched parameter counts, keep sets, and the shared driver.
 
 Scoring is apart from surgery: a :data:`Scorer` (owned by each pruning method) maps a
-:class:`~compress.core.chain.Chain` and calibration inputs to one score per hidden neuron; :func:`prune_chain`
+:class:`~minreal.compress.core.chain.Chain` and calibration inputs to one score per hidden neuron; :func:`prune_chain`
 keeps the top-scoring neurons of each layer. Removing a neuron deletes a row of ``W_l``/``b_l`` and a column of
 ``W_{l+1}``, so parameters really drop.
 """
@@ -119,7 +119,7 @@ def prune_prepare(name: str, scorer: Scorer, model: nn.Module, cfg: PruneOptions
                   graph_scorer: GraphScorer | None = None) -> PrunePrepared:
     """The budget-free phase of a pruning method: ``scorer``'s neuron scores on ``calibration`` when ``model`` is
     an MLP chain, else ``graph_scorer``'s channel importance per group of the traced graph
-    (:mod:`compress.core.width`)."""
+    (:mod:`minreal.compress.core.width`)."""
     prep = PrunePrepared(name, model, calibration[:2])
     try:
         chain = extract_chain(model)
@@ -198,7 +198,7 @@ def _prune_chain(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
 def prune_realise(prep: PrunePrepared, cfg: PruneOptions) -> tuple[nn.Module, CompressionReport]:
     """The per-budget phase of a pruning method: widths for ``cfg``'s budget (or its exact ``widths``) from the
     prepared scores, then the pruned model (recovery, if any, runs after:
-    :func:`compress.registry.apply_recovery`)."""
+    :func:`minreal.compress.registry.apply_recovery`)."""
     report = CompressionReport(prep.name, asdict(cfg), timings_s=dict(prep.timings_s))
     build = _prune_chain if prep.neuron_scores is not None else _prune_graph
     return build(prep, cfg, report), report

@@ -11,18 +11,18 @@ the before/after metrics (not when features are matched, whose hooks need its fo
 :data:`CACHE_LIMIT` values); the student's held-out outputs of the validation passes give the metrics (a float
 recovery's); the best weights are copied once per improving epoch. Each epoch ends with one progress record of task
 :data:`EPOCH_TASK` carrying its training loss, validation loss and metrics and the elapsed seconds as its detail
-(:mod:`compress.core.progress`).
+(:mod:`minreal.compress.core.progress`).
 
 Optionally the student also matches the teacher's intermediate features at named state points (FitNets, Romero
 et al. 2015, eq. 3, without a regressor: only points whose outputs keep their shape are matched), each term an
 MSE normalised by the teacher feature's variance so that points of different scale weigh alike.
 
-With ``int8`` set the recovery is quantisation-aware (:mod:`compress.core.qat`): the student trains with weights and
+With ``int8`` set the recovery is quantisation-aware (:mod:`minreal.compress.core.qat`): the student trains with weights and
 layer inputs fake-quantised in that target's INT8 format, and the activation ranges kept with the best weights are
 returned for the INT8 export to reuse.
 
 Under ``torch.distributed`` (a process group of more than one rank, from ``torchrun`` and
-:func:`compress.core.distributed.init_from_env`, or set up by the caller) the recovery runs data-parallel. Every
+:func:`minreal.compress.core.distributed.init_from_env`, or set up by the caller) the recovery runs data-parallel. Every
 rank passes the same whole data; each epoch draws one seeded permutation, the same on every rank, and cuts it into
 the single-process batches of ``batch_size``; each rank trains on its contiguous share of every batch
 (``batch_size / world`` samples; when that does not divide, the shares differ by one sample and each rank's loss is
@@ -35,7 +35,7 @@ of each split only, the held-out objective and metrics are all-reduced as sums a
 (:attr:`RecoveryConfig.freeze_batchnorm`): SyncBatchNorm runs on GPUs only, and frozen statistics need no
 collective per layer and no minimum share size; they are re-estimated exactly over the recalibration set before
 the first epoch and after each (batches dealt out to the ranks, averages all-reduced). The recovery writes no
-files; a caller saving its result does so on :func:`compress.core.distributed.is_writer` only. An exception on one
+files; a caller saving its result does so on :func:`minreal.compress.core.distributed.is_writer` only. An exception on one
 rank is logged with its rank and raised; the others fail at their next collective (at the latest after the
 process group's timeout), so every rank exits non-zero.
 """

@@ -1,4 +1,4 @@
-"""The options of the recovery (:func:`compress.core.recover.recover`), torch-free so that the command line
+"""The options of the recovery (:func:`minreal.compress.core.recover.recover`), torch-free so that the command line
 can show their defaults without importing torch."""
 
 from __future__ import annotations

@@ -36,10 +36,10 @@ class CompressionReport:
     macs_before: int = 0
     """Whole-model MACs of one sample as torch's FlopCounterMode counts them; a ruled layer in which torch met ops
     it has no formula for (``not_counted_by_torch``, e.g. an FFT) counts by its rule instead
-    (:func:`~compress.core.costs.whole_model_macs`)."""
+    (:func:`~minreal.compress.core.costs.whole_model_macs`)."""
     macs_after: int = 0
     rule_macs_before: int = 0
-    """Sum of the per-layer MAC rules (:func:`~compress.core.costs.count_costs`), the cost allocators budget."""
+    """Sum of the per-layer MAC rules (:func:`~minreal.compress.core.costs.count_costs`), the cost allocators budget."""
     rule_macs_after: int = 0
     layers: list[LayerReport] = field(default_factory=list)
     predicted: dict[str, Any] = field(default_factory=dict)
@@ -57,7 +57,7 @@ class CompressionReport:
     bounds: dict[str, float] = field(default_factory=dict)
     """Predicted error bounds by name: a layer name, or ``"output"`` for a whole-model bound."""
     recovery: dict[str, Any] | None = None
-    """``asdict`` of the :class:`~compress.core.recover.RecoveryResult` when recovery ran after the method, else
+    """``asdict`` of the :class:`~minreal.compress.core.recover.RecoveryResult` when recovery ran after the method, else
     None; ``measured["recovered"]`` then compares the recovered model, the other measurements the zero-shot one."""
 
     @property

@@ -1,5 +1,5 @@
 """The smoke case a method package provides for the checks every registered method must pass (tests parametrise
-over the registry and read :attr:`~compress.core.spec.MethodSpec.smoke_case`), and the tiny seeded pieces
+over the registry and read :attr:`~minreal.compress.core.spec.MethodSpec.smoke_case`), and the tiny seeded pieces
 several methods' cases share."""
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ RealiseFn = Callable[[Any, Any], "tuple[nn.Module, CompressionReport]"]
 """``realise(state, config) -> (compressed module, report)``: the cheap, budget-dependent step."""
 ProviderDefaults = Callable[[Sequence[str]], dict[str, Any]]
 
-#: Typed :class:`~compress.core.report.CompressionReport` fields a method may declare that it fills.
+#: Typed :class:`~minreal.compress.core.report.CompressionReport` fields a method may declare that it fills.
 REPORT_FIELDS = ("spectra", "bounds")
 #: The :class:`MethodSpec` fields that take a function, or its ``"package.module:function"`` name (imported on
 #: first call, so that listing the methods and their options imports no torch).
@@ -66,10 +66,10 @@ class MethodSpec:
         ``smoke_case() -> SmokeCase``: a tiny seeded model, data and small config on which the checks every
         registered method must pass run (``tests/compress/methods/test_methods_common.py``); required there.
     budgets : tuple of str
-        The whole-model budgets (:data:`~compress.core.options.BUDGET_FIELDS`: ``mac_ratio``, ``param_ratio``,
-        ``latency_ratio``) the method can meet; :func:`~compress.registry.compress` refuses the others.
+        The whole-model budgets (:data:`~minreal.compress.core.options.BUDGET_FIELDS`: ``mac_ratio``, ``param_ratio``,
+        ``latency_ratio``) the method can meet; :func:`~minreal.compress.registry.compress` refuses the others.
     prepare, realise : callable or None
-        The two phases (:func:`~compress.registry.prepare`, :func:`~compress.registry.realise`): ``prepare``
+        The two phases (:func:`~minreal.compress.registry.prepare`, :func:`~minreal.compress.registry.realise`): ``prepare``
         computes what does not depend on the budget (statistics, bases, importances, partitions) once, ``realise``
         builds the module for one budget from it, many times. Both or neither: a method without them does all its
         work for every budget (``run``), and says so in ``minreal methods``.
@@ -78,7 +78,7 @@ class MethodSpec:
         a prepared state serves every value of them.
 
     Each function (:data:`CALLABLE_FIELDS`) may be given as its ``"package.module:function"`` name instead: it
-    is then a :class:`~compress.core.lazy.LazyCallable`, imported on its first call. The built-in methods name
+    is then a :class:`~minreal.compress.core.lazy.LazyCallable`, imported on its first call. The built-in methods name
     theirs, so that the registry, ``minreal methods`` and ``--help`` import only the torch-free configs.
     """
 

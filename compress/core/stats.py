@@ -6,7 +6,7 @@ patch moments are summed from shifted views of its input instead (:func:`shifted
 on ResNet-20's layers); the others are unfolded. Samples are processed in chunks so the extra memory stays under a
 cap; each chunk's products run in :data:`DEFAULT_STATS_DTYPE` unless asked otherwise, and the chunks are
 accumulated in float64 on the CPU. Under a process group
-(:mod:`compress.core.distributed`) each rank runs its shard of the data and the sums and row counts are
+(:mod:`minreal.compress.core.distributed`) each rank runs its shard of the data and the sums and row counts are
 all-reduced, so every rank ends with the statistics of all the data.
 """
 
@@ -311,7 +311,7 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
         dtype: precision of the per-chunk products XᵀX (default :data:`DEFAULT_STATS_DTYPE`; "float64" where an
             identity is checked); accumulation across chunks is always float64.
 
-    Under a process group each rank runs its :func:`~compress.core.distributed.shard` of ``data`` and the
+    Under a process group each rank runs its :func:`~minreal.compress.core.distributed.shard` of ``data`` and the
     sums and counts are all-reduced (every rank must call this with the same arguments).
     """
     if dtype not in STATS_DTYPES:

@@ -33,7 +33,7 @@ def parent_weight_readers(model: nn.Module) -> dict[str, str]:
     """Layers whose weights a parent reads directly (not through ``forward``), mapped to the reason.
 
     ``nn.MultiheadAttention`` reads ``out_proj.weight`` itself, so replacing ``out_proj`` would break it;
-    :func:`compress.core.attention.unfuse_attention` rewrites it into plain projections first where it can.
+    :func:`minreal.compress.core.attention.unfuse_attention` rewrites it into plain projections first where it can.
     """
     found: dict[str, str] = {}
     for name, mod in model.named_modules():

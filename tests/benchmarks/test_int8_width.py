@@ -14,9 +14,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import int8_width as iw  # noqa: E402
-from compress.core.costs import count_costs  # noqa: E402
-from compress.core.width import WidthGraph, analyse  # noqa: E402
-from compress.models import resnet20_cifar  # noqa: E402
+from minreal.compress.core.costs import count_costs  # noqa: E402
+from minreal.compress.core.width import WidthGraph, analyse  # noqa: E402
+from minreal.compress.models import resnet20_cifar  # noqa: E402
 
 X = torch.zeros(2, 3, 32, 32)
 
@@ -110,7 +110,7 @@ def test_sym_kernel_needs_16_output_channels_and_aligned_input_channels() -> Non
 
 
 def test_conv_rows_and_channel_groups_add_up_from_the_kernels() -> None:
-    from runtime_bench.node_profile import KernelTime
+    from minreal.runtime_bench.node_profile import KernelTime
 
     def k(name, cin, cout, hw, us):
         macs = 2 * cout * hw * hw * cin * 9
@@ -131,7 +131,7 @@ def test_conv_rows_and_channel_groups_add_up_from_the_kernels() -> None:
 def test_conv_rows_read_the_layout_from_the_output_and_skip_what_they_cannot_read() -> None:
     """NCHW and NHWC kernels whose spatial size differs from their channels, an ``NhwcQLinearConv``, a kernel with
     no recorded weight shape (no row, not a guess) and one with a zero time (no rate, no division by zero)."""
-    from runtime_bench.node_profile import KernelTime
+    from minreal.runtime_bench.node_profile import KernelTime
 
     macs = 2 * 16 * 32 * 32 * 16 * 9
     nchw = KernelTime("nchw", "QLinearConv", "CPU", 3, 10.0, ((2, 16, 32, 32), (), (), (16, 16, 3, 3)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from compress.datasets import digits, digits32
+from minreal.compress.datasets import digits, digits32
 
 
 def test_digits32_shapes_dtype_and_range() -> None:

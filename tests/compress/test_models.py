@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compress.datasets import digits32
-from compress.models import CifarResNet, resnet20_cifar
+from minreal.compress.datasets import digits32
+from minreal.compress.models import CifarResNet, resnet20_cifar
 
 
 def _params(model: nn.Module) -> int:

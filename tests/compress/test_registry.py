@@ -12,17 +12,17 @@ import pytest
 import torch
 from torch import nn
 
-import compress.registry as registry
-from compress import MethodSpec, compress, get_method, method_names, register
-from compress.core.data import Dataset
-from compress.models import mlp
+import minreal.compress.registry as registry
+from minreal.compress import MethodSpec, compress, get_method, method_names, register
+from minreal.compress.core.data import Dataset
+from minreal.compress.models import mlp
 
 THROWAWAY = '''
 from dataclasses import dataclass, field
 
-from compress.core.errors import CompressionError
-from compress.core.report import CompressionReport
-from compress.core.spec import MethodSpec
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.report import CompressionReport
+from minreal.compress.core.spec import MethodSpec
 
 
 @dataclass
@@ -108,7 +108,7 @@ def test_broken_entry_point_warns_in_one_line(throwaway, monkeypatch: pytest.Mon
     _fresh_registry(monkeypatch, [_EntryPoint("broken", "nowhere:SPEC", error=ImportError("no module nowhere")),
                                   _EntryPoint("not-a-spec", "minreal_throwaway:run", throwaway.run),
                                   _EntryPoint("throwaway", "minreal_throwaway", throwaway)])
-    with caplog.at_level(logging.WARNING, logger="compress.registry"):
+    with caplog.at_level(logging.WARNING, logger="minreal.compress.registry"):
         names = method_names()
     assert "throwaway" in names and "broken" not in names
     lines = [r.getMessage() for r in caplog.records]
@@ -138,7 +138,7 @@ def test_duplicate_entry_points_are_skipped_with_one_warning_line(throwaway, mon
     _fresh_registry(monkeypatch, [_EntryPoint("my-svd", "minreal_throwaway:SVD", svd_again),
                                   _EntryPoint("a", "minreal_throwaway:SPEC", throwaway.SPEC),
                                   _EntryPoint("b", "minreal_throwaway:SPEC", throwaway.SPEC)])
-    with caplog.at_level(logging.WARNING, logger="compress.registry"):
+    with caplog.at_level(logging.WARNING, logger="minreal.compress.registry"):
         names = method_names()
     assert "throwaway" in names and get_method("svd") is not svd_again
     lines = [r.getMessage() for r in caplog.records]
@@ -154,7 +154,7 @@ def test_entry_point_declaring_a_shared_field_apart_is_skipped(throwaway, monkey
     clashing = make_dataclass("ClashConfig", [("seed", int, field(default=1, metadata={"help": "Seed."}))])
     spec = MethodSpec("clash", "declares --seed apart (not from SeedOption)", clashing, throwaway.run)
     _fresh_registry(monkeypatch, [_EntryPoint("clash", "minreal_throwaway:CLASH", spec)])
-    with caplog.at_level(logging.WARNING, logger="compress.registry"):
+    with caplog.at_level(logging.WARNING, logger="minreal.compress.registry"):
         names = method_names()
     assert "clash" not in names and "svd" in names
     [line] = [r.getMessage() for r in caplog.records]
@@ -164,7 +164,7 @@ def test_entry_point_declaring_a_shared_field_apart_is_skipped(throwaway, monkey
 
 
 def test_no_two_builtin_methods_declare_a_field_apart() -> None:
-    from compress.core.options import field_clash
+    from minreal.compress.core.options import field_clash
 
     configs = {spec.name: spec.config_cls for spec in registry._builtin_specs()}
     assert len(configs) >= 7
@@ -174,7 +174,7 @@ def test_no_two_builtin_methods_declare_a_field_apart() -> None:
 
 
 def test_config_validates_itself_and_compress_revalidates(throwaway, monkeypatch: pytest.MonkeyPatch) -> None:
-    from compress.core.errors import CompressionError
+    from minreal.compress.core.errors import CompressionError
 
     _fresh_registry(monkeypatch, [_EntryPoint("throwaway", "minreal_throwaway:SPEC", throwaway.SPEC)])
     with pytest.raises(CompressionError, match="--scale"):
@@ -207,14 +207,14 @@ def test_no_method_imports_another() -> None:
                 target = (node.module or "").split(".")
                 if node.level == 2 and target[0] in packages - {own}:
                     raise AssertionError(f"{path}: imports method {target[0]}")
-                if node.module and node.module.startswith("compress.methods."):
+                if node.module and node.module.startswith("minreal.compress.methods."):
                     assert node.module.split(".")[2] == own, f"{path}: imports {node.module}"
 
 
 def test_chain_report_keeps_each_steps_budget(tiny_mlp: nn.Module, mlp_data: Dataset) -> None:
-    from compress.methods.fde import FDEConfig
-    from compress.methods.svd import SVDConfig
-    from compress.registry import compress_chain
+    from minreal.compress.methods.fde import FDEConfig
+    from minreal.compress.methods.svd import SVDConfig
+    from minreal.compress.registry import compress_chain
 
     _, report = compress_chain(tiny_mlp, mlp_data, [("fde", FDEConfig(merge_eps=0.01)),
                                                     ("svd", SVDConfig(param_ratio=0.8))])
@@ -242,7 +242,7 @@ def test_prepare_once_then_realise_each_budget_is_compress(method: str) -> None:
 
     import torch
 
-    from compress.registry import compress, prepare, realise
+    from minreal.compress.registry import compress, prepare, realise
 
     spec = get_method(method)
     case = spec.smoke_case()

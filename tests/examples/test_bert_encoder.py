@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from export.app.cli import run
+from minreal.app.cli import run
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "bert_encoder.py"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from export.onnx_export import ExportResult, to_onnx
+from minreal.export.onnx_export import ExportResult, to_onnx
 
 
 class ConvNet(nn.Module):

@@ -1,4 +1,4 @@
-"""Tests for export.accuracy_control: INT8 whose most sensitive layers fall back to float until the drop is met.
+"""Tests for minreal.export.accuracy_control: INT8 whose most sensitive layers fall back to float until the drop is met.
 
 The model is the digits MLP (64 → 48 → 32 → 10), trained briefly, with one quantisation-hostile layer: hidden unit
 0 of the second layer is dead (zero weights, bias −1, so ReLU gives exactly 0 on every input) and the last layer's
@@ -23,20 +23,20 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from compress.core.smoke import digits_mlp
-from compress.core.train import TrainConfig, train
-from compress.datasets import digits
-import export.accuracy_control as accuracy_control
-import export.quantize as quantize
-from export.accuracy_control import (
+from minreal.compress.core.smoke import digits_mlp
+from minreal.compress.core.train import TrainConfig, train
+from minreal.compress.datasets import digits
+import minreal.export.accuracy_control as accuracy_control
+import minreal.export.quantize as quantize
+from minreal.export.accuracy_control import (
     AccuracyControlResult,
     metric_drop,
     outside_in,
     quantize_with_accuracy_control,
 )
-from export.errors import CalibrationError
-from export.onnx_export import to_onnx
-from export.quantize import QuantConfig, quantizable_nodes, quantize_int8
+from minreal.export.errors import CalibrationError
+from minreal.export.onnx_export import to_onnx
+from minreal.export.quantize import QuantConfig, quantizable_nodes, quantize_int8
 
 OUTLIER = 1000.0
 

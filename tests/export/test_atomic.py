@@ -1,4 +1,4 @@
-"""Tests for export.atomic: all-or-nothing writes, no leftovers, inputs protected."""
+"""Tests for minreal.export.atomic: all-or-nothing writes, no leftovers, inputs protected."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from export.atomic import atomic_path, atomic_write_bytes, ensure_distinct
-from export.errors import SameFileError
+from minreal.export.atomic import atomic_path, atomic_write_bytes, ensure_distinct
+from minreal.export.errors import SameFileError
 
 
 def test_writer_that_raises_leaves_no_file(tmp_path: Path) -> None:
@@ -56,9 +56,9 @@ def test_ensure_distinct_refuses_to_overwrite_input(tmp_path: Path) -> None:
 
 
 def test_export_atomic_reexports_the_runtime_bench_writers() -> None:
-    import runtime_bench.atomic as shared
+    import minreal.runtime_bench.atomic as shared
 
-    from export import atomic
+    from minreal.export import atomic
 
     assert atomic.atomic_path is shared.atomic_path
     assert atomic.atomic_write_bytes is shared.atomic_write_bytes

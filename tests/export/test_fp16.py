@@ -1,4 +1,4 @@
-"""FP16 copies (export.fp16): conversion, float16-derived parity tolerances, what ORT's CPU provider runs in fp16."""
+"""FP16 copies (minreal.export.fp16): conversion, float16-derived parity tolerances, what ORT's CPU provider runs in fp16."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from export.errors import ParityError, SameFileError
-from export.fp16 import (FP16_EPS, FP16_RTOL, Fp16Config, convert_fp16, fp16_atol, fp16_parity, fp16_path,
+from minreal.export.errors import ParityError, SameFileError
+from minreal.export.fp16 import (FP16_EPS, FP16_RTOL, Fp16Config, convert_fp16, fp16_atol, fp16_parity, fp16_path,
                          kernel_precisions)
-from export.variant import PARITY_BATCH_SIZES, VariantConfig, export_variant, fp16_variant, parity_inputs
-from export.verify import feeds_of
+from minreal.export.variant import PARITY_BATCH_SIZES, VariantConfig, export_variant, fp16_variant, parity_inputs
+from minreal.export.verify import feeds_of
 
 
 class Block(nn.Module):
@@ -222,7 +222,7 @@ def test_fp16_variant_record(tiny_cnn: nn.Module, tmp_path: Path) -> None:
 
 
 def test_external_data_is_converted_and_published_beside_the_graph(tiny_mlp: nn.Module, tmp_path: Path) -> None:
-    from export.onnx_files import data_files, externalize
+    from minreal.export.onnx_files import data_files, externalize
 
     x = torch.randn(24, 12)
     src = _exported(tiny_mlp, x, tmp_path)

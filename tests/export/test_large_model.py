@@ -21,16 +21,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from export import onnx_export
-from export.errors import QuantizationError
-from export.onnx_export import EXTERNAL_DATA_BYTES, to_onnx
-from export.onnx_files import PROTOBUF_LIMIT, data_files, onnx_size
-from export.quantize import int8_skip_reason, quantize_int8
-from export.simplify import simplify
-from export.variant import VariantConfig, export_variant
-from export.verify import verify_parity
-from runtime_bench import BenchConfig, ModelEntry, run_benchmark
-from runtime_bench.model_info import model_info
+from minreal.export import onnx_export
+from minreal.export.errors import QuantizationError
+from minreal.export.onnx_export import EXTERNAL_DATA_BYTES, to_onnx
+from minreal.export.onnx_files import PROTOBUF_LIMIT, data_files, onnx_size
+from minreal.export.quantize import int8_skip_reason, quantize_int8
+from minreal.export.simplify import simplify
+from minreal.export.variant import VariantConfig, export_variant
+from minreal.export.verify import verify_parity
+from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
+from minreal.runtime_bench.model_info import model_info
 
 logger = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from compress import CompressionError, compress
-from compress.core.data import Dataset
-from compress.core.lowrank import matrix_view
-from compress.core.lowrank_plan import find_targets
-from compress.methods.factorize import FactorizeConfig
-from export.app.cli import cli
-from export.latency_table import build_latency_table, rank_grid
+from minreal.compress import CompressionError, compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.lowrank import matrix_view
+from minreal.compress.core.lowrank_plan import find_targets
+from minreal.compress.methods.factorize import FactorizeConfig
+from minreal.app.cli import cli
+from minreal.export.latency_table import build_latency_table, rank_grid
 
 FACTORY = """
 import torch

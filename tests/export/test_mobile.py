@@ -1,4 +1,4 @@
-"""Fixed shapes for edge runtimes and ONNX Runtime's mobile-usability verdict (export.mobile)."""
+"""Fixed shapes for edge runtimes and ONNX Runtime's mobile-usability verdict (minreal.export.mobile)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import numpy as np
 import onnx
 import pytest
 
-from export.app.cli import run
-from export.app.report import mobile_rows, render_markdown
-from export.errors import ParityError
-from export.mobile import (FixedShapes, ShapeSpec, check_fixed, fix_shapes, fix_verified, mobile_usability,
+from minreal.app.cli import run
+from minreal.app.report import mobile_rows, render_markdown
+from minreal.export.errors import ParityError
+from minreal.export.mobile import (FixedShapes, ShapeSpec, check_fixed, fix_shapes, fix_verified, mobile_usability,
                            mobile_verdict, parse_fixed_shapes)
-from export.onnx_export import ExportResult
-from export.variant import VariantConfig, export_variant, quantize_variant
-from runtime_bench.sessions import create_session
+from minreal.export.onnx_export import ExportResult
+from minreal.export.variant import VariantConfig, export_variant, quantize_variant
+from minreal.runtime_bench.sessions import create_session
 
 RTOL, ATOL = 1e-5, 1e-6
 CNN_FACTORY = """

@@ -1,4 +1,4 @@
-"""Tests for export.onnx_export: dynamic axes, exporter choice and fallback, errors, embedding."""
+"""Tests for minreal.export.onnx_export: dynamic axes, exporter choice and fallback, errors, embedding."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch import nn
 
-import export.onnx_export as onnx_export
-from export.errors import ExportError
-from export.onnx_export import ExportResult, to_onnx
-from export.quiet import captured_output
-from runtime_bench.facts import first_line
+import minreal.export.onnx_export as onnx_export
+from minreal.export.errors import ExportError
+from minreal.export.onnx_export import ExportResult, to_onnx
+from minreal.export.quiet import captured_output
+from minreal.facts import first_line
 
 
 def _run(path: str | Path, x: torch.Tensor) -> list[np.ndarray]:
@@ -216,7 +216,7 @@ def test_export_failing_in_both_exporters_prints_nothing(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     capfd.readouterr()
-    with caplog.at_level(logging.DEBUG, logger="export.onnx_export"), pytest.raises(
+    with caplog.at_level(logging.DEBUG, logger="minreal.export.onnx_export"), pytest.raises(
         ExportError, match=r"op aten::linalg_eigh"
     ) as info:
         to_onnx(Eigh(), torch.randn(2, 4), tmp_path / "eigh.onnx")

@@ -1,4 +1,4 @@
-"""Tests for export.onnx_files: ONNX graphs and their external data written, copied and moved as one unit."""
+"""Tests for minreal.export.onnx_files: ONNX graphs and their external data written, copied and moved as one unit."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export import onnx_files
-from export.errors import SameFileError
-from export.onnx_files import copy_onnx, data_files, move_onnx, onnx_size, staged_onnx
-from runtime_bench.atomic import OutputWriteError
-from runtime_bench.sessions import create_session
+from minreal.export import onnx_files
+from minreal.export.errors import SameFileError
+from minreal.export.onnx_files import copy_onnx, data_files, move_onnx, onnx_size, staged_onnx
+from minreal.runtime_bench.atomic import OutputWriteError
+from minreal.runtime_bench.sessions import create_session
 
 X = np.arange(8, dtype=np.float32).reshape(2, 4)
 

@@ -15,15 +15,15 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from compress.core.data import Dataset
-from compress.core.qat import fake_quant
-from compress.core.recover import RecoveryConfig, RecoveryResult, recover
-from compress.core.train import TrainConfig, train
-from compress.datasets import digits
-from compress.models import small_cnn
-from export.errors import QuantizationError
-from export.quantize import QuantConfig, module_inputs, quantize_int8, resolve_target
-from export.variant import VariantConfig, export_variant
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.qat import fake_quant
+from minreal.compress.core.recover import RecoveryConfig, RecoveryResult, recover
+from minreal.compress.core.train import TrainConfig, train
+from minreal.compress.datasets import digits
+from minreal.compress.models import small_cnn
+from minreal.export.errors import QuantizationError
+from minreal.export.quantize import QuantConfig, module_inputs, quantize_int8, resolve_target
+from minreal.export.variant import VariantConfig, export_variant
 
 #: The CPU format this machine needs (cpu-avx2 where ONNX Runtime's U8S8 kernel saturates): the INT8 file's
 #: outputs can then be compared with the fake-quantised model on any x86 CPU.

@@ -1,4 +1,4 @@
-"""export.qdq_channels: convolutions widened to input channels on a multiple of 4 compute the same outputs, and in an
+"""minreal.export.qdq_channels: convolutions widened to input channels on a multiple of 4 compute the same outputs, and in an
 x86 INT8 file the widened stem runs as an integer kernel on 4 channels with nothing left in float."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.qdq_channels import align_conv_inputs
-from export.quantize import QuantConfig, quantize_int8
-from runtime_bench.model_info import float_roundtrips, optimized_graph
+from minreal.export.qdq_channels import align_conv_inputs
+from minreal.export.quantize import QuantConfig, quantize_int8
+from minreal.runtime_bench.model_info import float_roundtrips, optimized_graph
 
 
 def _conv_graph(shared: bool = False, opset: int = 18, stem_out: int = 16) -> onnx.ModelProto:
@@ -74,7 +74,7 @@ def test_int8_stem_runs_on_four_channels_with_the_same_outputs(tmp_path: Path) -
     QLinearConv with 4 input channels, its pad runs on the quantised input (no float round trip), and the outputs are
     the unwidened file's exactly (the same integer sums; the CPU target never saturates its int16 step). Calibrating
     once and quantising with that calibration sees the same widened graph."""
-    from export.quantize import calibrate
+    from minreal.export.quantize import calibrate
 
     src = tmp_path / "fp32.onnx"
     onnx.save(_conv_graph(), str(src))

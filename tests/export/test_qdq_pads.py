@@ -1,4 +1,4 @@
-"""Tests for export.qdq_pads: constant zero pads of a QDQ graph moved onto the quantised tensors, exactly."""
+"""Tests for minreal.export.qdq_pads: constant zero pads of a QDQ graph moved onto the quantised tensors, exactly."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.qdq_pads import integer_pads
+from minreal.export.qdq_pads import integer_pads
 
 _PADS = np.array([0, 2, 0, 0, 0, 1, 0, 0], np.int64)  # two zero channels before, one after (option A)
 

@@ -1,4 +1,4 @@
-"""Tests for export.qdq_pools: a mean over every spatial axis, axes kept, becomes GlobalAveragePool, same values."""
+"""Tests for minreal.export.qdq_pools: a mean over every spatial axis, axes kept, becomes GlobalAveragePool, same values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.qdq_pools import global_average_pools
+from minreal.export.qdq_pools import global_average_pools
 
 
 def _mean(axes: list[int], keepdims: int = 1, rank_known: bool = True, opset: int = 18) -> onnx.ModelProto:

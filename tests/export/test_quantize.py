@@ -1,4 +1,4 @@
-"""Tests for export.quantize: calibration rules, QDQ per target, integer kernels, accuracy, dynamic mode."""
+"""Tests for minreal.export.quantize: calibration rules, QDQ per target, integer kernels, accuracy, dynamic mode."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from export.errors import CalibrationError, QuantizationError, SameFileError
-from export.onnx_export import ExportResult
-import runtime_bench.cpu as cpu_facts
-import export.quantize as quantize
-from export.quantize import (ArrayCalibrationReader, QuantConfig, calibrate, optimized_op_counts, quantizable_nodes,
+from minreal.export.errors import CalibrationError, QuantizationError, SameFileError
+from minreal.export.onnx_export import ExportResult
+import minreal.runtime_bench.cpu as cpu_facts
+import minreal.export.quantize as quantize
+from minreal.export.quantize import (ArrayCalibrationReader, QuantConfig, calibrate, optimized_op_counts, quantizable_nodes,
                              quantize_int8, resolve_target)
-from runtime_bench.cpu import CpuIsa
+from minreal.runtime_bench.cpu import CpuIsa
 
 
 def _run(path: str | Path, x: np.ndarray) -> np.ndarray:
@@ -183,8 +183,8 @@ def test_convolution_with_generated_weights_stays_float(tmp_path: Path) -> None:
     import torch
     from torch import nn
 
-    from export.onnx_export import to_onnx
-    from export.quantize import dynamic_weight_nodes
+    from minreal.export.onnx_export import to_onnx
+    from minreal.export.quantize import dynamic_weight_nodes
 
     class GeneratedKernel(nn.Module):
         def __init__(self) -> None:
@@ -224,8 +224,8 @@ def test_float_roundtrips_are_left_in_float(tmp_path: Path) -> None:
     (A constant zero Pad would run on the quantised tensor: test_qdq_pads.)"""
     from torch import nn
 
-    from export.onnx_export import to_onnx
-    from runtime_bench.model_info import float_roundtrip_nodes, optimized_graph
+    from minreal.export.onnx_export import to_onnx
+    from minreal.runtime_bench.model_info import float_roundtrip_nodes, optimized_graph
 
     class FloatChain(nn.Module):
         def __init__(self) -> None:
@@ -262,7 +262,7 @@ def test_roundtrips_a_quantised_neighbour_keeps_are_not_dropped(tmp_path: Path) 
     Q/DQ pair; the first quantisation is kept and nothing is reported as dropped."""
     from torch import nn
 
-    from export.onnx_export import to_onnx
+    from minreal.export.onnx_export import to_onnx
 
     torch.manual_seed(0)
     model, x = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3)).eval(), torch.randn(32, 6)
@@ -358,7 +358,7 @@ class _MeanHead(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def mean_head_onnx(calib_images: np.ndarray, tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
-    from export.onnx_export import to_onnx
+    from minreal.export.onnx_export import to_onnx
 
     torch.manual_seed(12)
     return to_onnx(_MeanHead().eval(), torch.from_numpy(calib_images[:2]), tmp_path_factory.mktemp("mean") / "m.onnx")
@@ -429,11 +429,11 @@ def cut_resnet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarr
     """A CIFAR ResNet-8 (option-A shortcuts, one block per stage; random weights, BatchNorm statistics as after
     training) cut by ``magnitude`` to about half of its MACs, exported as ``minreal`` exports a variant: (file,
     calibration images, number of its convolutions)."""
-    from compress.core.data import Dataset
-    from compress.methods.magnitude import MagnitudeConfig
-    from compress.models import CifarResNet
-    from compress.registry import compress
-    from export.variant import VariantConfig, export_variant
+    from minreal.compress.core.data import Dataset
+    from minreal.compress.methods.magnitude import MagnitudeConfig
+    from minreal.compress.models import CifarResNet
+    from minreal.compress.registry import compress
+    from minreal.export.variant import VariantConfig, export_variant
 
     torch.manual_seed(0)
     model = CifarResNet(blocks_per_stage=1).eval()
@@ -460,7 +460,7 @@ def test_width_cut_resnet_int8_keeps_shortcuts_and_convolutions_in_integers(targ
     subsample (Slice) and zero channels (Pad) run on quantised tensors (no DequantizeLinear before them, no
     QuantizeLinear after them), every residual sum is a QLinearAdd, and every convolution and the classifier are
     integer kernels. Graph structure only: the same on any x86 CPU, with or without VNNI."""
-    from runtime_bench.model_info import float_roundtrip_nodes, op_counts, optimized_graph
+    from minreal.runtime_bench.model_info import float_roundtrip_nodes, op_counts, optimized_graph
 
     path, x, convs = cut_resnet
     result = quantize_int8(path, tmp_path / "cut.int8.onnx", x, QuantConfig(target=target))

@@ -1,4 +1,4 @@
-"""A model recovered by distillation (compress.core.recover) keeps its architecture and exports with ORT parity."""
+"""A model recovered by distillation (minreal.compress.core.recover) keeps its architecture and exports with ORT parity."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compress import compress
-from compress.core.data import Dataset
-from compress.core.recover import RecoveryConfig
-from compress.core.smoke import digits_mlp, digits_subset
-from compress.core.train import TrainConfig, train
-from compress.methods.svd import SVDConfig
-from export.onnx_export import to_onnx
-from export.verify import verify_parity
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.smoke import digits_mlp, digits_subset
+from minreal.compress.core.train import TrainConfig, train
+from minreal.compress.methods.svd import SVDConfig
+from minreal.export.onnx_export import to_onnx
+from minreal.export.verify import verify_parity
 
 
 def test_recovered_svd_model_exports_with_parity(tmp_path: Path) -> None:
@@ -35,8 +35,8 @@ def test_recovered_svd_model_exports_with_parity(tmp_path: Path) -> None:
 
 def test_recovery_on_a_model_the_method_returns_unchanged_trains_a_copy() -> None:
     """A method may hand back the model itself; recovery must never train the original."""
-    from compress.registry import apply_recovery
-    from compress.core.report import CompressionReport
+    from minreal.compress.registry import apply_recovery
+    from minreal.compress.core.report import CompressionReport
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 3)).eval()

@@ -1,4 +1,4 @@
-"""Tests for export.simplify: node counts and sizes, keeping the original when onnxsim misbehaves."""
+"""Tests for minreal.export.simplify: node counts and sizes, keeping the original when onnxsim misbehaves."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import onnxsim
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.errors import SameFileError
-from export.simplify import simplify
+from minreal.export.errors import SameFileError
+from minreal.export.simplify import simplify
 
 CHECK_INPUTS = [np.ones((1, 4), np.float32), np.arange(12, dtype=np.float32).reshape(3, 4)]
 

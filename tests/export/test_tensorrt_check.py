@@ -1,4 +1,4 @@
-"""Tests for export.tensorrt_check: the static fallback, and through a fake ``tensorrt`` module the calls made to
+"""Tests for minreal.export.tensorrt_check: the static fallback, and through a fake ``tensorrt`` module the calls made to
 TensorRT's API (parser errors by node, optimisation profiles, flags per precision, builds, parity)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-import export.tensorrt_check as tc
-from export.readiness import tensorrt_readiness
-from export.tensorrt_check import ShapeRange, Tolerance, tensorrt_check
-from runtime_bench.sessions import create_session
+import minreal.export.tensorrt_check as tc
+from minreal.export.readiness import tensorrt_readiness
+from minreal.export.tensorrt_check import ShapeRange, Tolerance, tensorrt_check
+from minreal.runtime_bench.sessions import create_session
 
 
 def _save(tmp_path: Path, name: str, nodes: list[onnx.NodeProto], dims: list[Any], inits: list[Any] = (),
@@ -300,8 +300,8 @@ def test_tolerance_on_the_output_scale_and_shape_ranges_are_checked() -> None:
 def test_variant_readiness_says_which_check_decided(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """export_variant records the static check unless validation is asked for; then TensorRT decides when it is
     importable (its parser's verdict lands in the record and in report.md), the static check when not."""
-    from export.app.report import tensorrt_lines
-    from export.variant import VariantConfig, export_variant
+    from minreal.app.report import tensorrt_lines
+    from minreal.export.variant import VariantConfig, export_variant
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).eval()

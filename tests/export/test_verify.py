@@ -1,4 +1,4 @@
-"""Tests for export.verify: parity on two batch sizes, loud failures, measured numbers."""
+"""Tests for minreal.export.verify: parity on two batch sizes, loud failures, measured numbers."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from export.errors import ParityError
-from export.onnx_export import ExportResult
-from export.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare_output, verify_parity
+from minreal.export.errors import ParityError
+from minreal.export.onnx_export import ExportResult
+from minreal.export.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare_output, verify_parity
 
 
 def _assert_clear_top1(model: nn.Module, inputs: list[torch.Tensor]) -> None:

@@ -12,15 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import export.latency_table as latency_table
-from compress import CompressionError
-from compress.core.cache import model_key
-from compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER
-from compress.core.width import analyse
-from compress.core.width.allocate import (allocate_widths, calibrated_saving, check_width_table,
+import minreal.export.latency_table as latency_table
+from minreal.compress import CompressionError
+from minreal.compress.core.cache import model_key
+from minreal.compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER
+from minreal.compress.core.width import analyse
+from minreal.compress.core.width.allocate import (allocate_widths, calibrated_saving, check_width_table,
                                            load_width_latency_table, saving_curve, segment_key)
-from export.app.cli import run
-from export.latency_table import build_latency_table, build_width_latency_table
+from minreal.app.cli import run
+from minreal.export.latency_table import build_latency_table, build_width_latency_table
 
 MULTIPLE = 8
 
@@ -201,9 +201,9 @@ def test_int8_width_table_times_the_variants_int8_files(tmp_path: Path, monkeypa
     """``precision="int8"``: every timed file (the full model, each narrowed variant, the uniform cuts) is a static QDQ
     file; the table has the fp32 table's format with ``"precision": "int8"``, is reused as such, and the same path
     asked for in fp32 is measured again. A width method reports which precision its latency prediction is in."""
-    from compress.core.data import Dataset
-    from compress.methods.magnitude import MagnitudeConfig
-    from compress.registry import compress
+    from minreal.compress.core.data import Dataset
+    from minreal.compress.methods.magnitude import MagnitudeConfig
+    from minreal.compress.registry import compress
 
     timed: list[list[set[str]]] = []
     real = latency_table._time_files

@@ -1,6 +1,6 @@
-"""ONNX Runtime parity of width-cut models (compress.core.width): every model of the width tests' zoo, every
-cuttable group cut by at least a quarter, exported with :func:`export.onnx_export.to_onnx` and checked with
-:func:`export.verify.verify_parity` on two batch sizes.
+"""ONNX Runtime parity of width-cut models (minreal.compress.core.width): every model of the width tests' zoo, every
+cuttable group cut by at least a quarter, exported with :func:`minreal.export.onnx_export.to_onnx` and checked with
+:func:`minreal.export.verify.verify_parity` on two batch sizes.
 
 Tolerance from float32 rounding: E = max |torch float32 − torch float64| of the cut model on the same inputs is
 the forward rounding error of one float32 evaluation. ORT's kernels round differently (BatchNorm folded into
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from compress.core.width import analyse, apply_cuts
-from export.onnx_export import to_onnx
-from export.verify import verify_parity
+from minreal.compress.core.width import analyse, apply_cuts
+from minreal.export.onnx_export import to_onnx
+from minreal.export.verify import verify_parity
 
 if "minreal_width_zoo" not in sys.modules:  # the width tests' model zoo, loaded by path (tests are no package)
     _spec = importlib.util.spec_from_file_location(

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from export.app.cli import main
-from export.serialize import save_program
+from minreal.app.cli import main
+from minreal.export.serialize import save_program
 
 CANARY = 7919.3125  # exactly representable in float32 and float64; no weight of an untrained net comes near
 FACTORY = """

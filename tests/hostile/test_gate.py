@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from export.app.cli import run
-from export.app.gate import check_reports
-from runtime_bench import SCHEMA_VERSION, check_report, format_check
+from minreal.app.cli import run
+from minreal.app.gate import check_reports
+from minreal.runtime_bench import SCHEMA_VERSION, check_report, format_check
 
 Cell = tuple[str, str, int]
 
@@ -72,7 +72,7 @@ def test_case_absent_from_baseline_needs_allow_new_models(tmp_path: Path) -> Non
     base = {"schema_version": 1, "cases": [{"name": "a", "bench": report(BASE)}]}
     (tmp_path / "run.json").write_text(json.dumps(run_report))
     (tmp_path / "base.json").write_text(json.dumps(base))
-    from runtime_bench import CheckError
+    from minreal.runtime_bench import CheckError
 
     with pytest.raises(CheckError, match="no case named 'b'.*--allow-new-models"):
         check_reports(tmp_path / "run.json", tmp_path / "base.json", None, None, None, 10.0)
@@ -172,7 +172,7 @@ def test_model_dropped_from_the_report_fails_the_regression_gate() -> None:
 
 
 def test_baseline_sharing_no_cell_is_refused_even_with_new_models_allowed() -> None:
-    from runtime_bench import CheckError
+    from minreal.runtime_bench import CheckError
 
     other = report({("x", "cpu", 1): (1.0,), ("y", "cpu", 1): (1.0,)}, batches=(1,))
     with pytest.raises(CheckError, match="shares no"):

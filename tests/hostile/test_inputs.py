@@ -13,9 +13,9 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from export.app.cli import run
-from export.app.callables import SpecError
-from export.app.models import load_model
+from minreal.app.cli import run
+from minreal.app.callables import SpecError
+from minreal.app.models import load_model
 
 FACTORY = """
 import torch

@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from compress import CompressionError
-from compress.core.allocate import allocate, options_from_spectrum
-from compress.core.data import Dataset
-from compress.methods.cbalanced.empirical_gramians import reachability_gramians
-from compress.methods.cbalanced import CBalancedConfig
-from compress.methods.ssm import SSMConfig
-from compress.core.stats import collect_moments
-from export.app.cli import run
+from minreal.compress import CompressionError
+from minreal.compress.core.allocate import allocate, options_from_spectrum
+from minreal.compress.core.data import Dataset
+from minreal.compress.methods.cbalanced.empirical_gramians import reachability_gramians
+from minreal.compress.methods.cbalanced import CBalancedConfig
+from minreal.compress.methods.ssm import SSMConfig
+from minreal.compress.core.stats import collect_moments
+from minreal.app.cli import run
 
 FACTORY = """
 import torch
@@ -110,7 +110,7 @@ def test_data_that_overflows_the_model_is_refused_before_compressing(tmp_path: P
     reporting None errors or blaming ONNX parity (review finding)."""
     import numpy as np
 
-    from export.app.cli import main
+    from minreal.app.cli import main
 
     (tmp_path / "net.py").write_text("import torch\nfrom torch import nn\n\ndef make():\n"
                                      "    net = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3))\n"
@@ -131,7 +131,7 @@ def test_data_that_overflows_the_model_is_refused_before_compressing(tmp_path: P
 def test_integer_data_for_a_float_model_names_the_data(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     import numpy as np
 
-    from export.app.cli import main
+    from minreal.app.cli import main
 
     (tmp_path / "net.py").write_text("from torch import nn\n\ndef make():\n    return nn.Linear(8, 3)\n")
     np.savez(tmp_path / "ints.npz", x=np.arange(80, dtype=np.int64).reshape(10, 8))
@@ -144,7 +144,7 @@ def test_integer_data_for_a_float_model_names_the_data(tmp_path: Path, capsys: p
 
 def test_comparison_refuses_non_finite_outputs_instead_of_reporting_null() -> None:
     """A compressed model that overflows where the original does not gets a message, not null errors."""
-    from compress.core.evaluate import compare_outputs
+    from minreal.compress.core.evaluate import compare_outputs
 
     class Overflows(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.app.cli import run
-from runtime_bench import BenchConfig, ModelEntry, ProviderUnavailableError, run_benchmark
-from runtime_bench.worker import WorkerResult
+from minreal.app.cli import run
+from minreal.runtime_bench import BenchConfig, ModelEntry, ProviderUnavailableError, run_benchmark
+from minreal.runtime_bench.worker import WorkerResult
 
 FACTORY = """
 import torch
@@ -159,7 +159,7 @@ def test_bench_with_every_provider_skipped_is_a_failure(workdir: Path, capsys: p
     assert len(err.strip().splitlines()) == 1 and not Path("b.json").exists()
 
 def test_provider_fallback_in_a_worker_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import runtime_bench.bench as bench
+    import minreal.runtime_bench.bench as bench
 
     fell_back = WorkerResult(1, "unavailable", ["CPUExecutionProvider"], reason="onnxruntime fell back")
     monkeypatch.setattr(bench, "_spawn", lambda *args: fell_back)
@@ -217,7 +217,7 @@ def test_staging_left_by_a_killed_run_is_removed_by_the_next(workdir: Path, caps
 
 def test_run_lock_is_held_until_commit_and_removed(workdir: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture) -> None:
-    import export.app.pipeline as pipeline
+    import minreal.app.pipeline as pipeline
 
     seen: list[bool] = []
     commit = pipeline.commit_run_dir

@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from export.app.cli import main
-from export.pickle_guard import UnpicklingRefused, no_unpickling
-from export.serialize import save_program
-from export.app.callables import SpecError
-from export.app.models import load_model
+from minreal.app.cli import main
+from minreal.export.pickle_guard import UnpicklingRefused, no_unpickling
+from minreal.export.serialize import save_program
+from minreal.app.callables import SpecError
+from minreal.app.models import load_model
 
 WEIGHTS_CONFIG = "m/data/weights/model_weights_config.json"
 CONSTANTS_CONFIG = "m/data/constants/model_constants_config.json"
@@ -266,7 +266,7 @@ def test_genuine_dynamic_program_passes_the_expression_guard(tmp_path: Path) -> 
     ("Symbol('a b')", False),
 ])
 def test_expression_allow_list(text: str, allowed: bool) -> None:
-    from export.pickle_guard import _is_plain_arithmetic, _sympy_names
+    from minreal.export.pickle_guard import _is_plain_arithmetic, _sympy_names
 
     assert _is_plain_arithmetic(text, _sympy_names()) is allowed
 
@@ -283,7 +283,7 @@ def test_program_written_by_compress_loads_in_a_fresh_process(tmp_path: Path) ->
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     for args in (["compress", "net.py:make", "-m", "svd", "--calib", "digits-flat", "--out", "c.pt2", "-q"],
                  ["export", "c.pt2", "--data", "digits-flat", "--out", "c.onnx", "-q"]):
-        done = subprocess.run([sys.executable, "-m", "export.cli", *args], cwd=tmp_path, env=env,
+        done = subprocess.run([sys.executable, "-m", "minreal.app.cli", *args], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
     assert (tmp_path / "c.onnx").stat().st_size > 0

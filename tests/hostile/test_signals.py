@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from export.app.pipeline import FAULT_ENV
+from minreal.app.pipeline import FAULT_ENV
 
 FACTORY = """
 import torch
@@ -33,10 +33,10 @@ def _default_sigint() -> None:
 
 
 def minreal(cwd: Path, args: list[str], fault: str) -> subprocess.CompletedProcess[str]:
-    """``python -m export.cli ARGS`` in ``cwd`` with the fault hook set to ``fault`` (STAGE:SIGNAL)."""
+    """``python -m minreal.app.cli ARGS`` in ``cwd`` with the fault hook set to ``fault`` (STAGE:SIGNAL)."""
     env = {**os.environ, FAULT_ENV: fault, "OMP_WAIT_POLICY": "PASSIVE"}
     env.pop("MINREAL_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "export.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "minreal.app.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300, preexec_fn=_default_sigint, check=False)
 
 

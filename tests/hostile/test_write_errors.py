@@ -1,7 +1,7 @@
 """Write failures (permission, read-only file system, full disk) end in one line naming the output file.
 
-Tests run as root, so the failures are simulated in :mod:`runtime_bench.atomic`'s namespace, in process,
-through the console entry point ``export.cli.main``.
+Tests run as root, so the failures are simulated in :mod:`minreal.runtime_bench.atomic`'s namespace, in process,
+through the console entry point ``minreal.app.cli.main``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.app.cli import run
-from runtime_bench import atomic
+from minreal.app.cli import run
+from minreal.runtime_bench import atomic
 
 QUICK_BENCH = ["--batch", "1", "--warmup", "0", "--min-runs", "1", "--min-seconds", "0", "--repeats", "1", "-q"]
 

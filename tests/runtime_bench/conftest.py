@@ -164,7 +164,7 @@ def float32_spread(data, weights, perturbed_weights) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="session")
 def bench_config():
-    from runtime_bench import BenchConfig
+    from minreal.runtime_bench import BenchConfig
 
     return BenchConfig(
         providers=("cpu", "cuda", "tensorrt"), batch_sizes=(1, 4), warmup=2, min_runs=20, min_seconds=0.0,
@@ -175,7 +175,7 @@ def bench_config():
 @pytest.fixture(scope="session")
 def bench_report(reference_model: Path, perturbed_model: Path, data, bench_config):
     """One real benchmark run (6 worker processes), shared by the tests that inspect its report."""
-    from runtime_bench import ModelEntry, run_benchmark
+    from minreal.runtime_bench import ModelEntry, run_benchmark
 
     messages: list[str] = []
     models = [ModelEntry("reference", reference_model), ModelEntry("perturbed", perturbed_model)]

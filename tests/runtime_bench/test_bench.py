@@ -9,11 +9,11 @@ import numpy as np
 import onnx
 import pytest
 
-from runtime_bench import BenchConfig, ModelEntry, run_benchmark
-from runtime_bench.bench import _spawn
-from runtime_bench.errors import BenchInputError, ModelFileError, SessionError, UnknownProviderError, WorkerError
-from runtime_bench.providers import available_providers
-from runtime_bench.worker import WorkerJob
+from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
+from minreal.runtime_bench.bench import _spawn
+from minreal.runtime_bench.errors import BenchInputError, ModelFileError, SessionError, UnknownProviderError, WorkerError
+from minreal.runtime_bench.providers import available_providers
+from minreal.runtime_bench.worker import WorkerJob
 
 FAST = dict(warmup=1, min_runs=3, min_seconds=0.0, repeats=1, intra_op_threads=1)
 

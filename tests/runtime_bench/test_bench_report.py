@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime_bench import SCHEMA_VERSION, format_table, load_report, write_json, write_markdown
-from runtime_bench.errors import ReportSchemaError
+from minreal.runtime_bench import SCHEMA_VERSION, format_table, load_report, write_json, write_markdown
+from minreal.runtime_bench.errors import ReportSchemaError
 
 
 def test_json_round_trip(tmp_path: Path, bench_report) -> None:

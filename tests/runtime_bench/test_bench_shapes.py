@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime_bench import SCHEMA_VERSION, BenchConfig, ModelEntry, check_report, format_check, format_table, \
+from minreal.runtime_bench import SCHEMA_VERSION, BenchConfig, ModelEntry, check_report, format_check, format_table, \
     load_report, run_benchmark, write_json, write_markdown
-from runtime_bench.errors import BenchInputError
-from runtime_bench.worker import WorkerJob, run_job, save_data
+from minreal.runtime_bench.errors import BenchInputError
+from minreal.runtime_bench.worker import WorkerJob, run_job, save_data
 
 FAST = dict(warmup=1, min_runs=3, min_seconds=0.0, repeats=1, intra_op_threads=1)
 VOCAB = 50

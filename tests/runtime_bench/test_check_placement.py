@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from export.app.cli import run
-from runtime_bench import SCHEMA_VERSION, check_report, format_check
-from runtime_bench.errors import CheckError
-from runtime_bench.facts import PROVIDERS
-from runtime_bench.placement import parse_profile
+from minreal.app.cli import run
+from minreal.runtime_bench import SCHEMA_VERSION, check_report, format_check
+from minreal.runtime_bench.errors import CheckError
+from minreal.facts import PROVIDERS
+from minreal.runtime_bench.placement import parse_profile
 
 FIXTURE = Path(__file__).parent / "data" / "cuda_fallback_profile.json"  # hand-made, ORT's event format
 CPU, CUDA = PROVIDERS["cpu"], PROVIDERS["cuda"]
@@ -115,7 +115,7 @@ def test_baseline_from_other_hardware_fails_unless_allowed(ours: dict, base: dic
     assert not refused.passed and not hardware.passed and differs in hardware.note
     assert "--allow-hardware-mismatch" in format_check(refused).splitlines()[0]
     assert all(c.passed for c in refused.criteria if c.name != "same_hardware")  # latencies alone would pass
-    with caplog.at_level(logging.WARNING, logger="runtime_bench.check"):
+    with caplog.at_level(logging.WARNING, logger="minreal.runtime_bench.check"):
         allowed = check_report(now, baseline=report(**base), max_regression=10.0, allow_hardware_mismatch=True)
     assert allowed.passed and differs in caplog.text
     assert [c.passed for c in allowed.criteria if c.name == "same_hardware"] == [True]
@@ -137,14 +137,14 @@ def test_cli_refuses_a_baseline_from_another_cpu(tmp_path: Path, capsys: pytest.
     code, out, err = run_main(args, capsys)
     assert code == 1 and "FAIL  same_hardware  baseline ran on different hardware" in out
     assert "same_hardware baseline ran on different hardware (CPU 'other cpu'" in err
-    with caplog.at_level(logging.WARNING, logger="runtime_bench.check"):
+    with caplog.at_level(logging.WARNING, logger="minreal.runtime_bench.check"):
         code, out, _ = run_main([*args, "--allow-hardware-mismatch"], capsys)
     assert code == 0 and "PASS  same_hardware  different hardware" in out and "release gate passed" in out
     assert "ran on different hardware" in caplog.text  # the warning stays
 
 
 def test_tune_report_gates_the_chosen_models_placement(tmp_path: Path) -> None:
-    from export.app.gate import check_reports
+    from minreal.app.gate import check_reports
 
     bench = json.loads(json.dumps(report(("cuda",))).replace('"orig"', '"original"'))
     (tmp_path / "t.json").write_text(json.dumps({"kind": "tune", "chosen": "small", "confirm": bench}))

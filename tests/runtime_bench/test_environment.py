@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_bench.environment import (NVIDIA_SMI_QUERY, GpuInfo, collect_environment, gpus, parse_nvidia_smi,
+from minreal.runtime_bench.environment import (NVIDIA_SMI_QUERY, GpuInfo, collect_environment, gpus, parse_nvidia_smi,
                                        wheel_versions)
 
 SMI_OUTPUT = "NVIDIA H200, 143771 MiB, 570.86.15\nNVIDIA H200, 143771 MiB, 570.86.15\n"
@@ -83,7 +83,7 @@ def test_environment_records_runtime_wheels_and_a_broken_install(tmp_path: Path,
 
 
 def test_markdown_shows_gpus_and_library_versions(bench_report, tmp_path: Path) -> None:
-    from runtime_bench import write_markdown
+    from minreal.runtime_bench import write_markdown
 
     report, _ = bench_report
     env = replace(report.environment, gpus=(GpuInfo("NVIDIA H200", 143771, "570.86.15"),), cudnn="9.10.2.21 (x)")
@@ -95,7 +95,7 @@ def test_markdown_shows_gpus_and_library_versions(bench_report, tmp_path: Path) 
 
 
 def test_environment_records_the_int8_instruction_sets() -> None:
-    from runtime_bench.cpu import cpu_int8_target, cpu_isa, u8s8_saturates
+    from minreal.runtime_bench.cpu import cpu_int8_target, cpu_isa, u8s8_saturates
 
     env = collect_environment(1)
     assert env.cpu_flags == cpu_isa().flags and env.int8_u8s8_saturates == u8s8_saturates()

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime_bench.errors import BenchInputError, ModelFileError
-from runtime_bench.inputs import input_specs, timing_inputs
+from minreal.runtime_bench.errors import BenchInputError, ModelFileError
+from minreal.runtime_bench.inputs import input_specs, timing_inputs
 
 
 def test_specs_read_from_onnx(reference_model: Path, features) -> None:

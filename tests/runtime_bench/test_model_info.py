@@ -9,9 +9,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime_bench.errors import ModelFileError, ProviderUnavailableError
-from runtime_bench.model_info import INTEGER_OP_TYPES, count_nodes, model_info, optimized_graph_ops
-from runtime_bench.providers import available_providers
+from minreal.runtime_bench.errors import ModelFileError, ProviderUnavailableError
+from minreal.runtime_bench.model_info import INTEGER_OP_TYPES, count_nodes, model_info, optimized_graph_ops
+from minreal.runtime_bench.providers import available_providers
 
 
 def test_model_info_reads_file_facts(reference_model: Path) -> None:
@@ -67,7 +67,7 @@ def test_optimized_graph_ops_refuses_fallback(reference_model: Path) -> None:
 def test_float_roundtrips_are_the_float_ops_between_dequantise_and_quantise() -> None:
     from onnx import TensorProto, helper
 
-    from runtime_bench.model_info import float_roundtrips
+    from minreal.runtime_bench.model_info import float_roundtrips
 
     nodes = [helper.make_node("DequantizeLinear", ["q0", "s", "z"], ["f0"]),
              helper.make_node("Pad", ["f0", "pads"], ["f1"]),  # float between DQ and Q: a round trip

@@ -11,10 +11,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
-from runtime_bench.errors import BenchInputError
-from runtime_bench.inputs import data_rows, index_bounds, input_specs, timing_inputs
-from runtime_bench.metrics import evaluate_models
-from runtime_bench.worker import load_data, save_data
+from minreal.runtime_bench.errors import BenchInputError
+from minreal.runtime_bench.inputs import data_rows, index_bounds, input_specs, timing_inputs
+from minreal.runtime_bench.metrics import evaluate_models
+from minreal.runtime_bench.worker import load_data, save_data
 
 VOCAB = 50
 
@@ -142,7 +142,7 @@ def test_metrics_on_named_inputs_use_full_length(tmp_path: Path, tokens: Path, m
 
 
 def test_data_outside_an_embedding_table_or_of_mismatched_lengths_is_refused() -> None:
-    from runtime_bench.inputs import InputSpec, named_data
+    from minreal.runtime_bench.inputs import InputSpec, named_data
 
     specs = [InputSpec("input_ids", "int64", ("batch", "seq"), high=30),
              InputSpec("attention_mask", "int64", ("batch", "seq"))]

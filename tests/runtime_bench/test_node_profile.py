@@ -1,4 +1,4 @@
-"""runtime_bench.node_profile: kernel times from onnxruntime's profile, with MACs for integer kernels too."""
+"""minreal.runtime_bench.node_profile: kernel times from onnxruntime's profile, with MACs for integer kernels too."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime_bench.node_profile import kernel_macs, op_totals, parse_kernel_times, profile_kernels
+from minreal.runtime_bench.node_profile import kernel_macs, op_totals, parse_kernel_times, profile_kernels
 
 
 def _event(node: str, op: str, dur: float, inputs=None, outputs=None) -> dict:
@@ -85,7 +85,7 @@ def test_profile_of_an_int8_convolution_times_every_run_and_counts_its_exact_mac
 def test_constant_shapes_from_the_graph_replace_what_prepacking_recorded() -> None:
     """A per-channel QLinearConv's pre-packed weight is recorded as ``(C_out,)``, a per-tensor one as ``()``: the
     optimised graph's initializer shapes replace them; inputs the graph does not know keep the recorded shape."""
-    from runtime_bench.node_profile import _merged
+    from minreal.runtime_bench.node_profile import _merged
 
     recorded = ((2, 8, 6, 6), (), (), (16,), (16,), (16,))
     graph = (None, (), (), (16, 8, 3, 3), (16,), (16,))

@@ -13,10 +13,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime_bench.facts import FLOAT_KERNEL_OPS, PROVIDERS
-from runtime_bench.placement import (MAC_RULES, describe_fallback, graph_macs, measure_placement, node_macs,
+from minreal.facts import FLOAT_KERNEL_OPS, PROVIDERS
+from minreal.runtime_bench.placement import (MAC_RULES, describe_fallback, graph_macs, measure_placement, node_macs,
                                      parse_profile, placement_from_dict)
-from runtime_bench.worker import WorkerJob, run_job
+from minreal.runtime_bench.worker import WorkerJob, run_job
 
 CPU, CUDA = PROVIDERS["cpu"], PROVIDERS["cuda"]
 #: Constructed by hand in ONNX Runtime's profile event format (not recorded on a GPU): a CUDA session in which
@@ -138,7 +138,7 @@ def test_worker_measures_placement_only_when_asked(cnn: Path, placement: bool) -
 
 
 def test_report_records_placement_per_model_and_provider(bench_report, tmp_path: Path) -> None:
-    from runtime_bench import format_table, load_report, write_json, write_markdown
+    from minreal.runtime_bench import format_table, load_report, write_json, write_markdown
 
     report, _ = bench_report  # cpu ran; cuda and tensorrt are unavailable here
     ran = {lat.provider for lat in report.latency}
@@ -154,7 +154,7 @@ def test_report_records_placement_per_model_and_provider(bench_report, tmp_path:
 
 def test_a_fused_engine_is_counted_against_the_model_graph() -> None:
     """TensorRT runs its subgraph as one kernel: 1 engine + 2 CPU fallbacks is 8 of 10 graph nodes, not 1 of 3."""
-    from runtime_bench.placement import PlacedNode, Placement, against_graph
+    from minreal.runtime_bench.placement import PlacedNode, Placement, against_graph
 
     fallback = (PlacedNode("pool", "MaxPool", "CPUExecutionProvider", 0),
                 PlacedNode("fc", "Gemm", "CPUExecutionProvider", 400))

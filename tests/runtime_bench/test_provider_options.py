@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime_bench.config import BenchConfig
-from runtime_bench.errors import BenchInputError
-from runtime_bench.provider_options import (
+from minreal.runtime_bench.config import BenchConfig
+from minreal.runtime_bench.errors import BenchInputError
+from minreal.runtime_bench.provider_options import (
     ProviderSettings,
     load_provider_config,
     merge_settings,
@@ -126,8 +126,8 @@ def _graph(path: Path, qdq: bool) -> Path:
 
 
 def test_tensorrt_runs_qdq_files_in_int8_and_shares_one_cache(tmp_path: Path) -> None:
-    from runtime_bench.bench import _provider_options
-    from runtime_bench.config import ModelEntry
+    from minreal.runtime_bench.bench import _provider_options
+    from minreal.runtime_bench.config import ModelEntry
 
     models = [ModelEntry("fp32", _graph(tmp_path / "f.onnx", False)), ModelEntry("int8", _graph(tmp_path / "q.onnx", True))]
     config = BenchConfig(providers=("tensorrt",), batch_sizes=(1, 32))
@@ -140,8 +140,8 @@ def test_tensorrt_runs_qdq_files_in_int8_and_shares_one_cache(tmp_path: Path) ->
 
 
 def test_user_profiles_are_checked_and_user_engine_caches_split_by_file(tmp_path: Path) -> None:
-    from runtime_bench.bench import _provider_options, file_digest
-    from runtime_bench.config import ModelEntry
+    from minreal.runtime_bench.bench import _provider_options, file_digest
+    from minreal.runtime_bench.config import ModelEntry
 
     models = [ModelEntry("a", _graph(tmp_path / "a.onnx", False)), ModelEntry("b", _graph(tmp_path / "b.onnx", True))]
     user = ProviderSettings(engine_cache=str(tmp_path / "engines"), profiles={"x": ("1x4", "8x4", "8x4")})

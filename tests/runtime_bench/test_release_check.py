@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from runtime_bench import SCHEMA_VERSION, check_report, format_check
-from runtime_bench.errors import CheckError, ReportSchemaError
+from minreal.runtime_bench import SCHEMA_VERSION, check_report, format_check
+from minreal.runtime_bench.errors import CheckError, ReportSchemaError
 
 
 def _report(p50: dict[tuple[str, str, int], float], accuracy=(0.90, 0.88), agreement=(1.0, 0.97)) -> dict[str, Any]:

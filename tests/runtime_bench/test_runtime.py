@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_bench.runtime import RuntimeMissingError, onnxruntime_module, wheel_conflict
+from minreal.runtime_bench.runtime import RuntimeMissingError, onnxruntime_module, wheel_conflict
 
 _NO_ORT = "import sys\nsys.modules['onnxruntime'] = None  # every import of onnxruntime now fails\n"
 
@@ -34,10 +34,10 @@ def _without_ort(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_without_a_runtime_prints_one_line_not_a_traceback(tmp_path: Path) -> None:
-    helped = _without_ort(tmp_path, "-m", "export.app.cli", "--help")
+    helped = _without_ort(tmp_path, "-m", "minreal.app.cli", "--help")
     assert helped.returncode == 0 and "bench" in helped.stdout
     (tmp_path / "m.onnx").write_bytes(b"")
-    done = _without_ort(tmp_path, "-m", "export.app.cli", "bench", str(tmp_path / "m.onnx"))
+    done = _without_ort(tmp_path, "-m", "minreal.app.cli", "bench", str(tmp_path / "m.onnx"))
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert "ONNX Runtime is not installed" in lines[0] and "minreal[cpu]" in lines[0]
@@ -45,7 +45,7 @@ def test_cli_without_a_runtime_prints_one_line_not_a_traceback(tmp_path: Path) -
 
 
 def test_library_imports_without_a_runtime(tmp_path: Path) -> None:
-    code = ("import runtime_bench, runtime_bench.bench, runtime_bench.worker, export.quantize, export.verify, "
-            "export.app.pipeline; print('ok')")
+    code = ("import runtime_bench, minreal.runtime_bench.bench, minreal.runtime_bench.worker, minreal.export.quantize, minreal.export.verify, "
+            "minreal.app.pipeline; print('ok')")
     done = _without_ort(tmp_path, "-c", code)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

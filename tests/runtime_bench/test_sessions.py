@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime_bench.errors import ModelFileError
-from runtime_bench.sessions import SPINNING_ENTRIES, create_session, session_options
+from minreal.runtime_bench.errors import ModelFileError
+from minreal.runtime_bench.sessions import SPINNING_ENTRIES, create_session, session_options
 
 
 def test_spinning_disabled_in_options() -> None:

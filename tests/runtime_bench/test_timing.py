@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from runtime_bench.timing import latency_stats, ratio_summary, time_interleaved
+from minreal.runtime_bench.timing import latency_stats, ratio_summary, time_interleaved
 
 
 class FakeClock:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime_bench.providers import available_providers
-from runtime_bench.worker import WorkerJob, run_job
+from minreal.runtime_bench.providers import available_providers
+from minreal.runtime_bench.worker import WorkerJob, run_job
 
 
 def _job(paths: list[Path], provider: str = "CPUExecutionProvider", **overrides) -> WorkerJob:
@@ -46,14 +46,14 @@ def test_module_entry_point_runs_in_its_own_process(tmp_path: Path, reference_mo
     job_path, result_path = tmp_path / "job.json", tmp_path / "result.json"
     job_path.write_text(json.dumps(asdict(_job([reference_model], min_runs=5))))
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    subprocess.run([sys.executable, "-m", "runtime_bench.worker", str(job_path), str(result_path)], check=True, env=env)
+    subprocess.run([sys.executable, "-m", "minreal.runtime_bench.worker", str(job_path), str(result_path)], check=True, env=env)
     result = json.loads(result_path.read_text())
     assert result["status"] == "ok" and result["pid"] != os.getpid()
     assert len(result["latencies_ms"]["reference"]) == 5
 
 
 def test_benchmark_processes_never_import_torch() -> None:
-    code = "import sys, runtime_bench, runtime_bench.worker; print('torch' in sys.modules)"
+    code = "import sys, runtime_bench, minreal.runtime_bench.worker; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
@@ -75,7 +75,7 @@ class _SlowFirstRun:
 
 
 def test_engine_build_is_timed_apart_from_the_latency(reference_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import runtime_bench.worker as worker
+    import minreal.runtime_bench.worker as worker
 
     real, seen = worker.create_session, []
 
@@ -102,8 +102,8 @@ def test_io_binding_times_device_resident_calls_beside_host_copies(reference_mod
 def test_device_runner_computes_what_run_computes(reference_model: Path) -> None:
     import numpy as np
 
-    from runtime_bench.sessions import create_session
-    from runtime_bench.worker import device_runner
+    from minreal.runtime_bench.sessions import create_session
+    from minreal.runtime_bench.worker import device_runner
 
     session = create_session(reference_model)
     name = session.get_inputs()[0].name

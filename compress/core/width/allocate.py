@@ -23,7 +23,7 @@ from .cost import cost_terms
 from .graph import ChannelGroup, WidthGraph
 
 WEIGHTINGS = ("cost", "none")
-"""The allocator's weightings (:data:`compress.core.options.IMPORTANCE_WEIGHTINGS` less ``auto``, which the
+"""The allocator's weightings (:data:`minreal.compress.core.options.IMPORTANCE_WEIGHTINGS` less ``auto``, which the
 pruning methods resolve per method)."""
 
 __all__ = ["WEIGHTINGS", "WIDTH_MULTIPLE_BY_PROVIDER", "WIDTH_MIN_BY_PROVIDER", "width_multiple_defaults",
@@ -327,7 +327,7 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
     ``report`` (a dict) receives ``predicted_ratio``.
     Raises CompressionError naming the flag and the smallest reachable ratio when the budget cannot be met.
     """
-    if weighting not in WEIGHTINGS:  # "auto" is the pruning methods' to resolve (compress.core.prune)
+    if weighting not in WEIGHTINGS:  # "auto" is the pruning methods' to resolve (minreal.compress.core.prune)
         raise CompressionError(f"--importance-weighting must be one of {', '.join(WEIGHTINGS)} here (auto is "
                                f"resolved by the method), got {weighting!r}")
     if budget not in BUDGET_COST and not (budget == "latency_ratio" and latency is not None):

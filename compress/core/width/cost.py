@@ -3,7 +3,7 @@
 Every dense or grouped convolution, Linear layer and attention layer is a :class:`Term`: its multiply-
 accumulates and parameters are bilinear in the surviving output and input positions, so a candidate set of
 removed atoms is priced in microseconds — what an allocator needs inside its loop. Per-channel layers
-(BatchNorm, activations) are not counted (the same convention as :func:`compress.core.costs.count_macs_torch`
+(BatchNorm, activations) are not counted (the same convention as :func:`minreal.compress.core.costs.count_macs_torch`
 for MACs: convolutions, matrix products and attention).
 """
 

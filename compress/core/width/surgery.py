@@ -1,6 +1,6 @@
 """One surgery for every width method: keep sets per channel group, optional compensation, a plain module out.
 
-A :class:`Cut` names the atoms of a :class:`~compress.core.width.graph.ChannelGroup` to keep and, optionally,
+A :class:`Cut` names the atoms of a :class:`~minreal.compress.core.width.graph.ChannelGroup` to keep and, optionally,
 how the removed channels are expressed through the kept ones — ``x_all ≈ merge · x_kept + offset`` per
 sample, measured at the group's state points. Compensation is pushed into every dense consumer of the group
 (``W ← W · merge`` over the consumer's input channels, ``b ← b + W · offset``; the offset is exact for Linear
@@ -48,7 +48,7 @@ class Cut:
 class SlimAttention(AttentionBase):
     """Multi-head self-attention whose inner width (``heads × head_dim``) and embedding widths in and out may
     all differ, q/k/v still in one ``in_proj_weight``; a drop-in for :class:`torch.nn.MultiheadAttention` (same
-    call and results, see :class:`~compress.core.attention.AttentionBase`)."""
+    call and results, see :class:`~minreal.compress.core.attention.AttentionBase`)."""
 
     def __init__(self, in_proj_weight: torch.Tensor, in_proj_bias: torch.Tensor | None, out_proj: nn.Linear,
                  num_heads: int, head_dim: int, batch_first: bool, dropout: float) -> None:

@@ -11,10 +11,10 @@ __all__ = ["SPEC", "CBalancedConfig", "StateAnalysis", "analyse_states", "budget
            "group_state_samples", "select_groups", "state_slices", "closest_uniform_width", "realise_groups",
            "group_cuts", "ls_merge", "balanced_leverage", "round_width"]
 
-_METHOD = "compress.methods.cbalanced.method"
+_METHOD = "minreal.compress.methods.cbalanced.method"
 SPEC = MethodSpec("cbalanced", "C-balanced realisation: Gramian ranks become the widths of a new network",
                   CBalancedConfig, f"{_METHOD}:cbalanced_compress", demo_case=f"{_METHOD}:demo_case",
-                  report_fields=("spectra",), smoke_case="compress.methods.cbalanced.smoke:smoke_case",
+                  report_fields=("spectra",), smoke_case="minreal.compress.methods.cbalanced.smoke:smoke_case",
                   provider_defaults=width_multiple_defaults)
 
 __getattr__, __dir__ = lazy_exports(__name__, {

@@ -13,7 +13,7 @@ hooks and accumulated batch by batch in float64.
 The estimators themselves (:class:`Moments`, :func:`gram_sum`, :func:`output_directions`) are shared with the
 channel-group state points of :mod:`.graph_gramians`.
 
-Under a process group (:mod:`compress.core.distributed`) each rank runs its shard of the data; Gc's moments are
+Under a process group (:mod:`minreal.compress.core.distributed`) each rank runs its shard of the data; Gc's moments are
 combined exactly (:meth:`Moments.all_reduce`), Go's sums are all-reduced and divided by the global count.
 """
 
@@ -284,7 +284,7 @@ def observability_gramians(model: nn.Module, data: Dataset, points: Sequence[str
     (:func:`output_directions`). Assumes samples are independent in eval mode (no batch-coupled layers). J_n is
     the Jacobian of the model's output with respect to the state at the point, for sample n. Under a process
     group each rank runs its shard and the sums Σ_n J_nᵀ J_n are all-reduced before the division by N; the
-    probes of each rank are seeded apart (:func:`~compress.core.distributed.rank_seed`), so a probe estimate
+    probes of each rank are seeded apart (:func:`~minreal.compress.core.distributed.rank_seed`), so a probe estimate
     differs from the single-process one by its sampling error (the exact Go does not).
 
     Parameters

@@ -1,12 +1,12 @@
 """Reachability (Gc) and observability (Go) Gramians of channel groups: every cuttable group of the traced graph
-(:mod:`compress.core.width`) is a state point whose state vector is the group's atoms.
+(:mod:`minreal.compress.core.width`) is a state point whose state vector is the group's atoms.
 
 Samples. A group's state points are the graph values its dense consumers read (``group.state_points()``). A
-value is read as ``[samples, channels]`` (:func:`~compress.core.width.channels_last`: the batch and every
+value is read as ``[samples, channels]`` (:func:`~minreal.compress.core.width.channels_last`: the batch and every
 spatial or sequence position are samples) and each channel position is mapped to its atom
 (``WidthGraph.channel_atoms``). An atom may occupy several positions of one value (after a flatten, or inside a
 grouped convolution); the r-th occurrences of the atoms form *slice* r, so one sample row holds each present
-atom once — the same rows on which :func:`~compress.core.width.apply_cuts` applies a merge. Atoms absent from a
+atom once — the same rows on which :func:`~minreal.compress.core.width.apply_cuts` applies a merge. Atoms absent from a
 value (the channels an option-A shortcut pads in later, say) are zero in its samples. The group's samples are
 the union over state points and slices, zero-filled to all ``d = group.size`` atoms.
 
@@ -21,7 +21,7 @@ the union over state points and slices, zero-filled to all ``d = group.size`` at
   (an :class:`torch.fx.Interpreter` keeps the state values, safe from later in-place operations), so J at one state point includes every path from
   it to the outputs, through the group's later state points too.
 
-Under a process group (:mod:`compress.core.distributed`) each rank runs its shard of the data; every slice's
+Under a process group (:mod:`minreal.compress.core.distributed`) each rank runs its shard of the data; every slice's
 moments are combined exactly (:meth:`~.empirical_gramians.Moments.all_reduce`) and Go's sums and sample counts
 are all-reduced before the division.
 """
@@ -117,7 +117,7 @@ class _Recorder(fx.Interpreter):
 
     The graph goes on with a copy of each kept value, so a later in-place operation (``out += x``, an in-place
     ReLU) cannot change what was kept, and gradients with respect to the kept value still reach it through the
-    copy. (:func:`compress.core.width.capture` returns the live tensors and cannot give gradients.)
+    copy. (:func:`minreal.compress.core.width.capture` returns the live tensors and cannot give gradients.)
     """
 
     def __init__(self, gm: fx.GraphModule, wanted: Iterable[str]) -> None:
@@ -217,7 +217,7 @@ def group_gramians(wg: WidthGraph, groups: Sequence[ChannelGroup], data: Dataset
     Parameters
     ----------
     wg : WidthGraph
-        The analysis of the model (:func:`compress.core.width.analyse`); its traced module runs in eval mode.
+        The analysis of the model (:func:`minreal.compress.core.width.analyse`); its traced module runs in eval mode.
     groups : sequence of ChannelGroup
         The groups to analyse (:func:`select_groups`).
     data : Dataset

@@ -1,5 +1,5 @@
 """Realisation on channel groups: each analysed group of the traced graph shrinks to its width through the one
-cut of :mod:`compress.core.width` — a warm start (atoms kept by balanced leverage, every consumer refitted by least
+cut of :mod:`minreal.compress.core.width` — a warm start (atoms kept by balanced leverage, every consumer refitted by least
 squares) or a fresh initialisation of the cut network. No model family needs surgery of its own.
 """
 
@@ -25,7 +25,7 @@ __all__ = ["round_width", "balanced_leverage", "ls_merge", "group_cuts",
 
 def round_width(rank: int, size: int, multiple: int, minimum: int = 0) -> int:
     """The narrowest width on the provider's fast multiple (and not below its ``minimum``) that holds ``rank``
-    channels: the smallest of :func:`~compress.core.width.allocate.allowed_widths` ``(size, multiple, minimum)``
+    channels: the smallest of :func:`~minreal.compress.core.width.allocate.allowed_widths` ``(size, multiple, minimum)``
     that is at least ``rank``."""
     return min(w for w in allowed_widths(size, multiple, minimum) if w >= min(rank, size))
 
@@ -84,7 +84,7 @@ def group_cuts(wg: WidthGraph, analyses: Mapping[str, StateAnalysis], widths: Ma
     """The warm start's cut of every group: the ``widths[g]`` atoms of highest score, and with ``refit`` the
     :func:`ls_merge` compensation of the removed ones. Scores: :func:`balanced_leverage` in the span of the
     C-rank dominant balanced directions (the exact rank; a width rounded up to the fast multiple keeps the
-    extra atoms that best cover that same span), or :func:`~compress.core.width.importance.magnitude_importance`."""
+    extra atoms that best cover that same span), or :func:`~minreal.compress.core.width.importance.magnitude_importance`."""
     cuts = {}
     for name, width in widths.items():
         group, a = wg.group(name), analyses[name]

@@ -13,7 +13,7 @@ Two realisations, chosen by the model:
   keeps neurons by balanced leverage and refits each following Linear layer by least squares, layer by layer
   (:mod:`.realise`).
 - Any other model torch.fx can trace (CNNs, ResNets with projection or option-A shortcuts, user code): state
-  points are the channel groups of the traced graph (:mod:`compress.core.width`), the state vector of a group
+  points are the channel groups of the traced graph (:mod:`minreal.compress.core.width`), the state vector of a group
   its channels over every position (:mod:`.graph_gramians`); the warm start keeps channels by balanced leverage
   and refits every consumer of a cut group by least squares (:mod:`.graph_realise`). No family needs
   hand-written surgery. ``torch.export`` programs (.pt2) are refused: their layers cannot be resized.

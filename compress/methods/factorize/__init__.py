@@ -8,12 +8,12 @@ from .config import FactorizeConfig
 __all__ = ["SPEC", "FactorizeConfig", "LayerBasis", "factorize_compress", "layer_bases", "WhitenedBasis",
            "activation_distortion", "projected_factors", "whitened_output_basis"]
 
-_METHOD = "compress.methods.factorize.method"
+_METHOD = "minreal.compress.methods.factorize.method"
 SPEC = MethodSpec("factorize",
                   "activation-aware (whitened) factorisation into layer pairs with a budgeted rank allocator",
                   FactorizeConfig, f"{_METHOD}:factorize_compress",
                   provider_defaults=rank_multiple_defaults,
-                  smoke_case="compress.methods.factorize.smoke:smoke_case",
+                  smoke_case="minreal.compress.methods.factorize.smoke:smoke_case",
                   budgets=("mac_ratio", "param_ratio", "latency_ratio"),
                   prepare=f"{_METHOD}:factorize_prepare", realise=f"{_METHOD}:factorize_realise",
                   realise_fields=("layer_mac_ratio", "layer_param_ratio", "rank_fraction", "layer_latency_ratio",

@@ -1,6 +1,6 @@
 """``fde``: ε-forward-differential-equivalence merging — lump neurons (channels of any traceable model) whose
 dynamics agree within ε (MLP maths in ``partition``/``bound``, the MLP chain view shared in
-:mod:`compress.core.chain`; channel groups in ``graph``, on :mod:`compress.core.width`)."""
+:mod:`minreal.compress.core.chain`; channel groups in ``graph``, on :mod:`minreal.compress.core.width`)."""
 
 from ...core.lazy import lazy_exports
 from ...core.spec import MethodSpec
@@ -12,10 +12,10 @@ __all__ = ["SPEC", "FDEConfig", "FDEPrepared", "demo_case", "fde_compress", "fde
            "is_exported_program", "leader_clusters", "Lumper", "plan_groups", "refine", "remove_all_constant",
            "remove_constant", "step_bound", "sum_merge", "value_merge"]
 
-_METHOD = "compress.methods.fde.method"
+_METHOD = "minreal.compress.methods.fde.method"
 SPEC = MethodSpec("fde", "ε-FDE merging of MLP neurons and of channels in any traceable model (lump equivalent "
                   "ones)", FDEConfig, f"{_METHOD}:fde_compress", demo_case=f"{_METHOD}:demo_case",
-                  report_fields=("bounds",), smoke_case="compress.methods.fde.smoke:smoke_case",
+                  report_fields=("bounds",), smoke_case="minreal.compress.methods.fde.smoke:smoke_case",
                   budgets=("mac_ratio", "param_ratio"), prepare=f"{_METHOD}:fde_prepare",
                   realise=f"{_METHOD}:fde_realise", realise_fields=("merge_eps", "finetune_epochs", "finetune_lr"))
 

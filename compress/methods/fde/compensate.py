@@ -79,7 +79,7 @@ def refit_consumers(original: Chain, merged: Chain, x: torch.Tensor, ridge: floa
     x : torch.Tensor
         Calibration inputs the refit is fitted on.
     ridge : float
-        Relative ridge of :func:`~compress.core.linalg.ridge_lstsq`, >= 0.
+        Relative ridge of :func:`~minreal.compress.core.linalg.ridge_lstsq`, >= 0.
 
     Returns
     -------

@@ -10,7 +10,7 @@ from ...core.options import CostBudget, FinetuneOptions, flag_of
 
 __all__ = ["FDEConfig", "REPRESENTATIVES"]
 
-#: Incoming row a lossy block keeps (see :func:`compress.methods.fde.partition.block_representatives`).
+#: Incoming row a lossy block keeps (see :func:`minreal.compress.methods.fde.partition.block_representatives`).
 REPRESENTATIVES = ("leader", "mean", "lstsq")
 
 
@@ -27,7 +27,7 @@ class FDEConfig(FinetuneOptions, CostBudget):
     merge positive multiples (ReLU/LeakyReLU/identity; channel groups whose operations are all positively
     homogeneous); ``sum_merges``: forward (sum) equivalence on identity layers (MLPs);
     ``box_margin``: widen the calibration input box by this fraction of its range for the bound (MLPs);
-    ``finetune_epochs``/``finetune_lr``: deprecated, a label-only recovery (:func:`compress.registry.finetune_alias`).
+    ``finetune_epochs``/``finetune_lr``: deprecated, a label-only recovery (:func:`minreal.compress.registry.finetune_alias`).
     """
 
     DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"eps": "merge_eps"}

@@ -1,4 +1,4 @@
-"""ε-FDE lumping over the channel groups of any traceable model (groups and cuts from :mod:`compress.core.width`).
+"""ε-FDE lumping over the channel groups of any traceable model (groups and cuts from :mod:`minreal.compress.core.width`).
 
 An *atom* of a channel group (a channel kept or removed everywhere at once) gets its values wherever a layer
 writes them: the rows of a dense conv/linear producing it (a BatchNorm right after it folded in:
@@ -315,7 +315,7 @@ def dead_atoms(wg: WidthGraph, plans: dict[str, GroupPlan], batches: list[torch.
     them is exact on that data; one atom is kept when all are).
 
     Under a process group ``batches`` are this rank's share of the data (e.g. from
-    :func:`~compress.core.distributed.shard`, at least one batch per rank) and the per-channel peaks |value| are
+    :func:`~minreal.compress.core.distributed.shard`, at least one batch per rank) and the per-channel peaks |value| are
     all-reduced by maximum, so every rank finds the same dead atoms as one process on all the batches."""
     groups = [p.group for p in plans.values() if p.mode != WHOLE and p.group.state_points()]
     dims = {n: g.values[n] for g in groups for n in g.state_points()}
@@ -544,7 +544,7 @@ class Lumper:
 
 
 def group_cuts(plans: dict[str, GroupPlan], parts: dict[str, Partition]) -> dict[str, Cut]:
-    """One :class:`~compress.core.width.Cut` per group that changes: keep the leaders; a merge matrix
+    """One :class:`~minreal.compress.core.width.Cut` per group that changes: keep the leaders; a merge matrix
     ``M[a, leader(a)] = ρ_a`` where blocks merged (none for dead-only removals)."""
     cuts = {}
     for name, part in parts.items():

@@ -1,9 +1,9 @@
 """``fde`` on any traceable model: ε-FDE over the channel groups of its traced graph (maths in :mod:`.graph`), cut by
-:func:`compress.core.width.apply_cuts`, a whole-model MAC or parameter budget met by bisecting ε.
+:func:`minreal.compress.core.width.apply_cuts`, a whole-model MAC or parameter budget met by bisecting ε.
 
 No output-deviation bound here: the interval bound (:mod:`.bound`) is for Linear chains (the MLP path); this
 path reports the deviation measured on the calibration data, unless the caller measures on its own held-out data
-(:func:`compress.core.measuring.measuring`), which the report's notes then say.
+(:func:`minreal.compress.core.measuring.measuring`), which the report's notes then say.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _lump(wg: WidthGraph, lumper: Lumper, eps: float) -> _Lumped:
 
 
 def _cost(model: nn.Module, example: torch.Tensor, kind: str) -> float:
-    """Whole-model parameters, or MACs per sample as :func:`compress.registry.fill_costs` counts them."""
+    """Whole-model parameters, or MACs per sample as :func:`minreal.compress.registry.fill_costs` counts them."""
     if kind == "param_ratio":
         return float(sum(p.numel() for p in model.parameters()))
     return float(whole_model_macs(count_macs_torch(model, example), count_costs(model, example)))

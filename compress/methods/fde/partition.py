@@ -177,7 +177,7 @@ def value_merge(chain: Chain, l: int, eps: float, scaling: bool = True, represen
     chain : Chain
         The chain with layer ``l`` lumped (the input chain when nothing merges).
     perturbation : Perturbation or None
-        The change of the lumped layer's coefficients, for :func:`~compress.methods.fde.bound.step_bound`.
+        The change of the lumped layer's coefficients, for :func:`~minreal.compress.methods.fde.bound.step_bound`.
     summary : str
         One line on what merged.
     """
@@ -319,7 +319,7 @@ def sum_merge(chain: Chain, l: int, eps: float) -> tuple[Chain, Perturbation | N
     chain : Chain
         The chain with layer ``l`` lumped (the input chain when nothing merges).
     perturbation : Perturbation or None
-        The change of the lumped layer's coefficients, for :func:`~compress.methods.fde.bound.step_bound`.
+        The change of the lumped layer's coefficients, for :func:`~minreal.compress.methods.fde.bound.step_bound`.
     summary : str
         One line on what merged.
     """

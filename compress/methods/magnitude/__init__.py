@@ -1,5 +1,5 @@
 """``magnitude``: structured magnitude pruning of MLP neurons, or of the channel groups of any traceable model
-(:mod:`compress.core.width`), at a whole-model budget (baseline)."""
+(:mod:`minreal.compress.core.width`), at a whole-model budget (baseline)."""
 
 from ...core.lazy import lazy_exports
 from ...core.options import width_multiple_defaults
@@ -9,14 +9,14 @@ from .config import MagnitudeConfig
 __all__ = ["MagnitudeConfig", "magnitude_scores", "magnitude_group_scores", "magnitude_prepare", "magnitude_prune",
            "SPEC"]
 
-_METHOD = "compress.methods.magnitude.method"
+_METHOD = "minreal.compress.methods.magnitude.method"
 SPEC = MethodSpec("magnitude",
                   "structured magnitude pruning of MLP neurons and conv/attention channel groups (baseline)",
                   MagnitudeConfig, f"{_METHOD}:magnitude_prune",
-                  smoke_case="compress.methods.magnitude.smoke:smoke_case",
+                  smoke_case="minreal.compress.methods.magnitude.smoke:smoke_case",
                   provider_defaults=width_multiple_defaults,
                   budgets=("mac_ratio", "param_ratio", "latency_ratio"),
-                  prepare=f"{_METHOD}:magnitude_prepare", realise="compress.core.prune:prune_realise",
+                  prepare=f"{_METHOD}:magnitude_prepare", realise="minreal.compress.core.prune:prune_realise",
                   realise_fields=("widths", "width_multiple", "width_min", "importance_weighting", "latency_table",
                                   "finetune_epochs", "finetune_lr"))
 

@@ -14,4 +14,4 @@ __all__ = ["MagnitudeConfig"]
 class MagnitudeConfig(PruneOptions):
     """``param_ratio``/``mac_ratio``: whole-model budget (uniform keep-fraction per hidden layer); ``widths``:
     exact hidden widths instead (e.g. those another method reached); ``finetune_epochs``/``finetune_lr``:
-    deprecated, a label-only recovery (:func:`compress.registry.finetune_alias`)."""
+    deprecated, a label-only recovery (:func:`minreal.compress.registry.finetune_alias`)."""

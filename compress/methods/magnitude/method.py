@@ -25,7 +25,7 @@ def magnitude_scores(chain: Chain, x: torch.Tensor | None = None) -> list[torch.
 
 def magnitude_group_scores(wg: WidthGraph, groups: list[ChannelGroup], x: torch.Tensor | None = None
                            ) -> dict[str, torch.Tensor]:
-    """:func:`~compress.core.width.importance.magnitude_importance` of each group. ``x`` is unused."""
+    """:func:`~minreal.compress.core.width.importance.magnitude_importance` of each group. ``x`` is unused."""
     return {g.name: magnitude_importance(wg, g) for g in groups}
 
 
@@ -36,5 +36,5 @@ def magnitude_prepare(model: nn.Module, data: Dataset, config: MagnitudeConfig) 
 
 def magnitude_prune(model: nn.Module, data: Dataset, config: MagnitudeConfig) -> tuple[nn.Module, CompressionReport]:
     """Remove the MLP neurons (channels) with the smallest incoming-weight L1 norm down to the budget
-    (:func:`magnitude_prepare`, then :func:`~compress.core.prune.prune_realise`)."""
+    (:func:`magnitude_prepare`, then :func:`~minreal.compress.core.prune.prune_realise`)."""
     return prune_realise(magnitude_prepare(model, data, config), config)

@@ -15,10 +15,10 @@ __all__ = ["SPEC", "SSMConfig", "demo_case", "find_ssm_layers", "layer_gramians"
            "change_basis", "impulse_response", "random_stable_system", "simulate", "HankelRegularisation", "SSMEpoch",
            "SSMTrainResult", "SSMTrainSpec", "controlled_weight", "scheduled_weight", "train_ssm_classifier"]
 
-_METHOD = "compress.methods.ssm.method"
+_METHOD = "minreal.compress.methods.ssm.method"
 SPEC = MethodSpec("ssm", "balanced truncation + real modal form of SSM layers (HSV-regularised)", SSMConfig,
                   f"{_METHOD}:ssm_compress", demo_case=f"{_METHOD}:demo_case", report_fields=("bounds",),
-                  smoke_case="compress.methods.ssm.smoke:smoke_case")
+                  smoke_case="minreal.compress.methods.ssm.smoke:smoke_case")
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("BalancedResult", "balanced_truncation", "order_from_energy", "order_from_trunc",

@@ -62,7 +62,7 @@ def find_ssm_layers(model: nn.Module, exclude: tuple[str, ...] = ()) -> dict[str
     found = {n: m for n, m in model.named_modules() if isinstance(m, SSM_LAYERS) and n not in exclude}
     if not found:
         raise CompressionError("the model has no SSM layer to reduce (RotationSSM, DiagonalSSM, DenseSSM, "
-                               "ModalSSM); wrap your layer with an adapter from compress.methods.ssm.layers")
+                               "ModalSSM); wrap your layer with an adapter from minreal.compress.methods.ssm.layers")
     return found
 
 
@@ -169,7 +169,7 @@ def _fill_report(report: CompressionReport, model: nn.Module, new: nn.Module, ca
     report.notes.append("bound: ‖y − ŷ‖₂ ≤ 2‖u‖₂ Σ_{i>r} σ_i per layer (zero initial state); "
                         "measured: max over calibration sequences of ‖y − ŷ‖₂/‖u‖₂ at the layer's own input")
     report.notes.append(f"SSM MACs: the recurrence's cost per time step × sequence length {calib.x.shape[1]} "
-                        "(compress.methods.ssm.mac_rules)")
+                        "(minreal.compress.methods.ssm.mac_rules)")
 
 
 def demo_case(quick: bool = True) -> DemoCase:

@@ -128,7 +128,7 @@ def controlled_weight(weight: float, tail: float, target_tail: float, gain: floa
 
 
 class _HankelHooks(TrainHooks):
-    """:class:`~compress.core.train.TrainHooks` of :func:`train_ssm_classifier`: the scheduled (and controlled) layer
+    """:class:`~minreal.compress.core.train.TrainHooks` of :func:`train_ssm_classifier`: the scheduled (and controlled) layer
     weights of the penalty, running train accuracy and mean penalty, the per-epoch record and eligibility."""
 
     def __init__(self, model: SSMClassifier, spec: SSMTrainSpec, reg: HankelRegularisation, val: Dataset) -> None:
@@ -185,7 +185,7 @@ def _eligible(rec: SSMEpoch, full_weight: bool, reg: HankelRegularisation) -> bo
 
 def train_ssm_classifier(train_data: Dataset, val: Dataset | None, spec: SSMTrainSpec,
                          progress: ProgressFn | None = None) -> tuple[SSMClassifier, SSMTrainResult]:
-    """Build (seeded) and train an :class:`SSMClassifier` by :func:`compress.core.train.train` (Adam, cosine
+    """Build (seeded) and train an :class:`SSMClassifier` by :func:`minreal.compress.core.train.train` (Adam, cosine
     learning rate, no early stopping); returns it in eval mode with its per-epoch history.
 
     The model keeps the weights of the best-validation-loss epoch among the eligible ones: the schedule has reached

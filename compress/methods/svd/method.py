@@ -48,7 +48,7 @@ class LayerSVD:
 
     def factors(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The balanced rank-``rank`` split of every group, stacked: first √S_r V_rᵀ, second U_r √S_r (the
-        split of :func:`~compress.core.linalg.truncated_svd_factors`, from the stored SVD)."""
+        split of :func:`~minreal.compress.core.linalg.truncated_svd_factors`, from the stored SVD)."""
         root = self.s[:, :rank].sqrt()
         return root[:, :, None] * self.vh[:, :rank], self.u[:, :, :rank] * root[:, None, :]
 
@@ -97,7 +97,7 @@ def svd_prepare(model: nn.Module, data: Dataset, config: SVDConfig) -> SVDPrepar
 
 
 def _whole_total(prep: SVDPrepared, budget: Budget, model: nn.Module, latency_table: str | None) -> float | None:
-    """:func:`~compress.core.lowrank_plan.whole_model_total`, with the MACs counted in :func:`svd_prepare`."""
+    """:func:`~minreal.compress.core.lowrank_plan.whole_model_total`, with the MACs counted in :func:`svd_prepare`."""
     if budget.scope == "model" and budget.cost_kind == "macs":
         return prep.whole_macs
     return whole_model_total(budget, model, prep.example, prep.table, latency_table)

@@ -1,5 +1,5 @@
 """``wanda``: structured Wanda pruning (|W|·‖X‖) of MLP neurons, or of the channel groups of any traceable model
-(:mod:`compress.core.width`), at a whole-model budget (baseline)."""
+(:mod:`minreal.compress.core.width`), at a whole-model budget (baseline)."""
 
 from ...core.lazy import lazy_exports
 from ...core.options import width_multiple_defaults
@@ -8,12 +8,12 @@ from .config import WandaConfig
 
 __all__ = ["WandaConfig", "activation_norms", "wanda_scores", "wanda_prepare", "wanda_prune", "SPEC"]
 
-_METHOD = "compress.methods.wanda.method"
+_METHOD = "minreal.compress.methods.wanda.method"
 SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neurons and channel groups (baseline)",
-                  WandaConfig, f"{_METHOD}:wanda_prune", smoke_case="compress.methods.wanda.smoke:smoke_case",
+                  WandaConfig, f"{_METHOD}:wanda_prune", smoke_case="minreal.compress.methods.wanda.smoke:smoke_case",
                   provider_defaults=width_multiple_defaults,
                   budgets=("mac_ratio", "param_ratio", "latency_ratio"),
-                  prepare=f"{_METHOD}:wanda_prepare", realise="compress.core.prune:prune_realise",
+                  prepare=f"{_METHOD}:wanda_prepare", realise="minreal.compress.core.prune:prune_realise",
                   realise_fields=("widths", "width_multiple", "width_min", "importance_weighting", "latency_table",
                                   "finetune_epochs", "finetune_lr"))
 

@@ -19,7 +19,7 @@ __all__ = ["WandaConfig", "activation_norms", "wanda_scores", "wanda_prepare", "
 def activation_norms(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:
     """‖h_j‖₂ over the inputs ``x`` of every hidden neuron j of every hidden layer (float64).
 
-    Under a process group each rank runs its :func:`~compress.core.distributed.shard` of ``x`` and the sums of
+    Under a process group each rank runs its :func:`~minreal.compress.core.distributed.shard` of ``x`` and the sums of
     squares are all-reduced before the square root; otherwise this is ``h.norm(dim=0)`` on all of ``x``."""
     if not parallel():
         return [h.norm(dim=0) for h in chain_forward(chain, x, hidden=True)[:-1]]
@@ -43,5 +43,5 @@ def wanda_prepare(model: nn.Module, data: Dataset, config: WandaConfig) -> Prune
 
 def wanda_prune(model: nn.Module, data: Dataset, config: WandaConfig) -> tuple[nn.Module, CompressionReport]:
     """Remove the MLP neurons (channels) with the smallest Wanda score on the calibration inputs down to the budget
-    (:func:`wanda_prepare`, then :func:`~compress.core.prune.prune_realise`)."""
+    (:func:`wanda_prepare`, then :func:`~minreal.compress.core.prune.prune_realise`)."""
     return prune_realise(wanda_prepare(model, data, config), config)

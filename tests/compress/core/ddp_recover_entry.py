@@ -1,7 +1,7 @@
 """Worker of tests/compress/core/test_ddp_recover.py, started by ``python -m torch.distributed.run``.
 
 Every rank builds the same seeded case (:func:`case`), joins a gloo process group with a short collective timeout and
-runs one :func:`~compress.core.recover.recover`; rank 0 alone writes the weights, the result and what the ranks
+runs one :func:`~minreal.compress.core.recover.recover`; rank 0 alone writes the weights, the result and what the ranks
 reported to ``OUT``. ``--mode fail`` makes rank 1 raise at its third step, ``--mode interrupt`` sends rank 1 a
 SIGINT at its third step. The test imports :func:`case` and :data:`CONFIG` (``runpy.run_path``) for the single-
 process reference.
@@ -20,12 +20,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import compress.core.recover as recover_mod
-from compress.core.data import Dataset
-from compress.core.distributed import is_writer
-from compress.core.recover import RecoveryConfig, recover
-from compress.datasets import digits
-from compress.models import small_cnn
+import minreal.compress.core.recover as recover_mod
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.distributed import is_writer
+from minreal.compress.core.recover import RecoveryConfig, recover
+from minreal.compress.datasets import digits
+from minreal.compress.models import small_cnn
 
 TIMEOUT_S = 20
 """Collective timeout of the process group: a rank left waiting for a dead peer fails after this long at most."""

@@ -15,21 +15,21 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compress import compress
-from compress.core.chain import extract_chain
-from compress.core.data import Dataset
-from compress.core.distributed import is_writer, process_group, shard, world
-from compress.core.stats import collect_moments
-from compress.core.width import analyse
-from compress.core.width.importance import wanda_importance
-from compress.methods.cbalanced import group_gramians, select_groups
-from compress.methods.cbalanced.empirical_gramians import collect_gramians
-from compress.methods.factorize.method import FactorizeConfig
-from compress.methods.fde.graph import dead_atoms, plan_groups
-from compress.methods.ssm import SSMClassifier, SSMConfig
-from compress.methods.ssm.method import ssm_compress
-from compress.methods.wanda import activation_norms
-from compress.models import mlp, small_cnn
+from minreal.compress import compress
+from minreal.compress.core.chain import extract_chain
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.distributed import is_writer, process_group, shard, world
+from minreal.compress.core.stats import collect_moments
+from minreal.compress.core.width import analyse
+from minreal.compress.core.width.importance import wanda_importance
+from minreal.compress.methods.cbalanced import group_gramians, select_groups
+from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians
+from minreal.compress.methods.factorize.method import FactorizeConfig
+from minreal.compress.methods.fde.graph import dead_atoms, plan_groups
+from minreal.compress.methods.ssm import SSMClassifier, SSMConfig
+from minreal.compress.methods.ssm.method import ssm_compress
+from minreal.compress.methods.wanda import activation_norms
+from minreal.compress.models import mlp, small_cnn
 
 #: 101 samples in batches of 16: the ranks' shards (50, 51) split into other batches than one process does.
 SAMPLES, BATCH = 101, 16

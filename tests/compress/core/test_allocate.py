@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from compress.core.allocate import ALLOCATORS, KEEP, RankOptions, allocate, options_from_spectrum, total_cost
+from minreal.compress.core.allocate import ALLOCATORS, KEEP, RankOptions, allocate, options_from_spectrum, total_cost
 
 
 def _options(seed: int = 0, layers: int = 6) -> list[RankOptions]:
@@ -80,7 +80,7 @@ def test_lagrangian_is_fast_for_resnet50_sized_problem() -> None:
 
 
 def test_small_layers_use_a_finer_multiple() -> None:
-    from compress.core.allocate import layer_multiple
+    from minreal.compress.core.allocate import layer_multiple
 
     assert layer_multiple(16, 512) == 16
     assert layer_multiple(16, 48) == 8   # 48 // 8 = 6 choices >= 4

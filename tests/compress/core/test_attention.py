@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from compress.core.attention import PlainAttention, additive_mask, unfuse_attention
-from export.verify import verify_parity
+from minreal.compress.core.attention import PlainAttention, additive_mask, unfuse_attention
+from minreal.export.verify import verify_parity
 
 E, HEADS, N, L, S = 16, 4, 3, 5, 7
 TOL64 = {"rtol": 1e-12, "atol": 1e-12}

@@ -3,8 +3,8 @@
 import torch
 from torch import nn
 
-from compress import count_costs
-from compress.core.surgery import replace_modules
+from minreal.compress import count_costs
+from minreal.compress.core.surgery import replace_modules
 
 
 def test_closed_form_counts() -> None:
@@ -31,7 +31,7 @@ def test_replace_modules_works_on_a_copy() -> None:
 
 
 def test_ssm_layers_counted_by_their_registered_rule() -> None:
-    from compress.methods.ssm import DenseSSM, RotationSSM
+    from minreal.compress.methods.ssm import DenseSSM, RotationSSM
 
     n, h, length = 8, 5, 13
     rot = RotationSSM(h, n)
@@ -46,7 +46,7 @@ def test_ssm_layers_counted_by_their_registered_rule() -> None:
 def test_duplicate_mac_rule_is_an_error() -> None:
     import pytest
 
-    from compress.core.costs import register_mac_rule
+    from minreal.compress.core.costs import register_mac_rule
 
     with pytest.raises(ValueError, match="already registered"):
         register_mac_rule(nn.Linear, lambda m, out: 0)
@@ -62,7 +62,7 @@ def _factorised_pair() -> nn.Module:
 def test_torch_count_equals_the_rules_where_the_rules_cover_every_layer(tiny_mlp, tiny_cnn, grouped_cnn) -> None:
     """Identity: for models built only of Linear/Conv layers (grouped or not, factorised pairs), torch's count of
     one sample, FLOPs/2 (2 per multiply-add, bias adds not counted), equals the sum of the per-layer rules."""
-    from compress.core.costs import count_macs_torch, uncovered_modules
+    from minreal.compress.core.costs import count_macs_torch, uncovered_modules
 
     cases = [(tiny_mlp, torch.randn(3, 12)), (tiny_cnn, torch.randn(3, 3, 12, 12)),
              (grouped_cnn, torch.randn(3, 3, 12, 12)), (_factorised_pair(), torch.randn(3, 1, 8, 8))]
@@ -91,7 +91,7 @@ class _Attention(nn.Module):
 
 
 def test_torch_counts_attention_and_matmuls_the_rules_miss() -> None:
-    from compress.core.costs import count_macs_torch, uncovered_modules
+    from minreal.compress.core.costs import count_macs_torch, uncovered_modules
 
     model, (length, e) = _Attention(), (5, 8)
     count = count_macs_torch(model, torch.randn(2, length, e))
@@ -108,8 +108,8 @@ def test_torch_count_of_ssm_layers_is_the_projections_only() -> None:
     """Honest difference: the SSM rule counts the recurrence x⁺ = Ax + Bu, y = Cx + Du; torch counts the matmuls
     the layer runs: B·u and C·x. The rotation layer's state convolution is an FFT (no torch formula, listed as
     uncounted) and its diagonal D an elementwise product (not counted), so torch = rule − L·(2n + h)."""
-    from compress.core.costs import count_macs_torch, uncovered_modules, whole_model_macs
-    from compress.methods.ssm import RotationSSM
+    from minreal.compress.core.costs import count_macs_torch, uncovered_modules, whole_model_macs
+    from minreal.compress.methods.ssm import RotationSSM
 
     n, h, length = 8, 5, 13
     model = nn.Sequential(RotationSSM(h, n))
@@ -128,8 +128,8 @@ def test_torch_count_of_ssm_layers_is_the_projections_only() -> None:
 
 
 def test_report_states_torch_totals_rule_totals_and_what_each_misses() -> None:
-    from compress import compress
-    from compress.core.data import Dataset
+    from minreal.compress import compress
+    from minreal.compress.core.data import Dataset
 
     g = torch.Generator().manual_seed(0)
     data = Dataset(torch.randn(16, 5, 8, generator=g))

@@ -1,4 +1,4 @@
-"""Recovery under DistributedDataParallel (compress.core.recover with a torch.distributed process group).
+"""Recovery under DistributedDataParallel (minreal.compress.core.recover with a torch.distributed process group).
 
 Two gloo ranks on the CPU run the worker ``ddp_recover_entry.py``; the single-process reference runs here, in a
 process without a group.
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compress.core.recover import recover
+from minreal.compress.core.recover import recover
 
 ENTRY = Path(__file__).with_name("ddp_recover_entry.py")
 WORKER = runpy.run_path(str(ENTRY))  # its case() and CONFIG, without running main()

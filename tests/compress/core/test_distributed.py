@@ -18,11 +18,11 @@ import pytest
 import torch
 from torch import nn
 
-from compress import compress
-from compress.core import distributed
-from compress.core.data import Dataset
-from compress.core.distributed import DistributedSetupError, all_reduce_sum, is_writer, shard, shard_bounds, world
-from compress.methods.factorize.method import FactorizeConfig
+from minreal.compress import compress
+from minreal.compress.core import distributed
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.distributed import DistributedSetupError, all_reduce_sum, is_writer, shard, shard_bounds, world
+from minreal.compress.methods.factorize.method import FactorizeConfig
 
 WORKER = Path(__file__).with_name("dist_stats_worker.py")
 EPS32 = torch.finfo(torch.float32).eps

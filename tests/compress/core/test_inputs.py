@@ -1,4 +1,4 @@
-"""Named model inputs (compress.core.inputs): indexing, concatenation, calls, and the methods on a two-input model."""
+"""Named model inputs (minreal.compress.core.inputs): indexing, concatenation, calls, and the methods on a two-input model."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from compress import compress, get_method
-from compress.core.data import Dataset
-from compress.core.inputs import NamedInputs, as_floating, call, cat, repeat_to, sample_shapes, slice_axis
+from minreal.compress import compress, get_method
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.inputs import NamedInputs, as_floating, call, cat, repeat_to, sample_shapes, slice_axis
 
 
 class TwoInputs(nn.Module):

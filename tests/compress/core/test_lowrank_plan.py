@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from torch import nn
 
-from compress import compress
-from compress.core.allocate import options_from_spectrum
-from compress.core.data import Dataset
-from compress.core.errors import CompressionError
-from compress.core.lowrank_plan import find_targets, layer_target, predicted_latency_ratio
-from compress.methods.svd import SVDConfig
+from minreal.compress import compress
+from minreal.compress.core.allocate import options_from_spectrum
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.lowrank_plan import find_targets, layer_target, predicted_latency_ratio
+from minreal.compress.methods.svd import SVDConfig
 
 
 def _options(keeps: list[float]) -> list:
@@ -26,7 +26,7 @@ def _options(keeps: list[float]) -> list:
 
 def test_layers_summing_past_the_whole_never_give_a_minimum_above_1(caplog: pytest.LogCaptureFixture) -> None:
     options = _options([3.0, 2.0])  # 5 ms of layers measured one at a time, 2 ms for the whole model
-    with caplog.at_level(logging.WARNING, logger="compress.core.lowrank_plan"):
+    with caplog.at_level(logging.WARNING, logger="minreal.compress.core.lowrank_plan"):
         assert layer_target(options, 2.0, 1.0, "--latency-ratio") == pytest.approx(5.0)
     assert "more than the whole model" in caplog.text and "--latency-ratio" in caplog.text
     with pytest.raises(CompressionError) as err:

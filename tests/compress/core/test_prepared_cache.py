@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-import compress.methods.factorize.method as factorize_method
-from compress.core import prepared_cache
-from compress.core.costs import CostTable, LayerCost
-from compress.core.data import Dataset
-from compress.core.inputs import NamedInputs
-from compress.core.prepared_cache import load_prepared, prepared_cache_key, prepared_path, save_prepared
-from compress.methods.factorize.smoke import smoke_case
-from compress.registry import prepare, prepared_key, realise
+import minreal.compress.methods.factorize.method as factorize_method
+from minreal.compress.core import prepared_cache
+from minreal.compress.core.costs import CostTable, LayerCost
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.inputs import NamedInputs
+from minreal.compress.core.prepared_cache import load_prepared, prepared_cache_key, prepared_path, save_prepared
+from minreal.compress.methods.factorize.smoke import smoke_case
+from minreal.compress.registry import prepare, prepared_key, realise
 
 RTOL, ATOL = 1e-5, 1e-6  # float32 outputs of two realisations from equal float64 bases
 
@@ -165,15 +165,15 @@ class Outsider:
 
 
 @pytest.mark.parametrize("name", [f"{Outsider.__module__}:{Outsider.__qualname__}", "os:system",
-                                  "compressx.evil:Thing", "compress.core.inputs:NamedInputs",
-                                  "compress.core.costs:CostTable.__init__.__globals__"])
+                                  "compressx.evil:Thing", "minreal.compress.core.inputs:NamedInputs",
+                                  "minreal.compress.core.costs:CostTable.__init__.__globals__"])
 def test_file_naming_a_class_outside_compress_is_refused(case, tmp_path, monkeypatch, name):
     imported = []
     real = prepared_cache.import_module
     monkeypatch.setattr(prepared_cache, "import_module", lambda m: imported.append(m) or real(m))
     _write(tmp_path, "k", {"__dataclass__": name, "fields": {"value": 1}})
     assert load_prepared(tmp_path, "k", case.model) is None
-    assert all(m == "compress" or m.startswith("compress.") for m in imported)
+    assert all(m == "minreal.compress" or m.startswith("minreal.compress.") for m in imported)
 
 
 def test_nothing_is_unpickled(case, tmp_path):
@@ -238,3 +238,18 @@ def test_only_the_writer_saves_and_loads_agree(case, tmp_path, monkeypatch):
     assert save_prepared(tmp_path, "k", {"a": 1}, case.model)
     monkeypatch.setattr(prepared_cache, "all_agree", lambda flag: False)  # another rank could not read it
     assert load_prepared(tmp_path, "k", case.model) is None
+
+
+def test_the_code_digest_hashes_real_sources_and_refuses_a_missing_package(tmp_path, monkeypatch):
+    """A name that imports nothing would hash nothing and keep stale entries forever: it is an error. A plain
+    module (``minreal.facts``) is hashed by its file."""
+    monkeypatch.setattr(prepared_cache, "_DIGESTS", {})
+    with pytest.raises(ImportError, match="no_such_package"):
+        prepared_cache.source_digest("no_such_package")
+    (tmp_path / "solo.py").write_text("B = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = prepared_cache.source_digest("solo")
+    monkeypatch.setattr(prepared_cache, "_DIGESTS", {})
+    (tmp_path / "solo.py").write_text("B = 2\n")
+    assert prepared_cache.source_digest("solo") != first
+    assert prepared_cache.source_digest("minreal.compress") != prepared_cache.source_digest("minreal.facts")

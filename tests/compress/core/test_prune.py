@@ -6,16 +6,16 @@ import pytest
 import torch
 from torch import nn
 
-from compress import compress
-from compress.core.data import Dataset
-from compress.methods.fde import chain_forward, extract_chain
-from compress.methods.magnitude import MagnitudeConfig
-from compress.methods.wanda import WandaConfig
-from compress.models import mlp
-from compress.core.prune import prune_chain, widths_for_params
-from compress.methods.magnitude import magnitude_scores
-from compress.methods.wanda import wanda_scores
-from compress.core.chain import mlp_params
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.methods.fde import chain_forward, extract_chain
+from minreal.compress.methods.magnitude import MagnitudeConfig
+from minreal.compress.methods.wanda import WandaConfig
+from minreal.compress.models import mlp
+from minreal.compress.core.prune import prune_chain, widths_for_params
+from minreal.compress.methods.magnitude import magnitude_scores
+from minreal.compress.methods.wanda import wanda_scores
+from minreal.compress.core.chain import mlp_params
 
 
 @pytest.fixture

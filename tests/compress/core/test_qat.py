@@ -1,4 +1,4 @@
-"""Fake quantisation (compress.core.qat) against ONNX Runtime's own quantisation formulas."""
+"""Fake quantisation (minreal.compress.core.qat) against ONNX Runtime's own quantisation formulas."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType, quantize_data
 from torch import nn
 
-from compress.core.errors import CompressionError
-from compress.core.qat import INT8_FORMATS, fake_quant, fake_quantize, quant_params, weight_scales
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.qat import INT8_FORMATS, fake_quant, fake_quantize, quant_params, weight_scales
 
 _ONNX_TYPES = {"uint8": onnx.TensorProto.UINT8, "int8": onnx.TensorProto.INT8}
 

@@ -1,4 +1,4 @@
-"""Recovery by distillation from the original (compress.core.recover) and its wiring into compress()."""
+"""Recovery by distillation from the original (minreal.compress.core.recover) and its wiring into compress()."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-import compress.core.recover as recover_mod
-from compress import compress
-from compress.core.data import Dataset
-from compress.core.errors import CompressionError
-from compress.core.recover import RecoveryConfig, feature_points, recalibrate_batchnorm, recover
-from compress.core.smoke import digits_mlp, digits_subset
-from compress.core.train import TrainConfig, train
-from compress.methods.svd import SVDConfig
+import minreal.compress.core.recover as recover_mod
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.recover import RecoveryConfig, feature_points, recalibrate_batchnorm, recover
+from minreal.compress.core.smoke import digits_mlp, digits_subset
+from minreal.compress.core.train import TrainConfig, train
+from minreal.compress.methods.svd import SVDConfig
 
 
 @pytest.fixture(scope="module")
@@ -190,8 +190,8 @@ def test_feature_matching_pulls_the_matched_point_towards_the_teacher(teacher: n
 
 
 def test_deprecated_finetune_maps_to_label_only_recovery() -> None:
-    from compress.methods.fde import FDEConfig
-    from compress.registry import finetune_alias
+    from minreal.compress.methods.fde import FDEConfig
+    from minreal.compress.registry import finetune_alias
 
     labelled = digits_subset(64)
     rec = finetune_alias(FDEConfig(finetune_epochs=4, finetune_lr=3e-3, seed=2), None, labelled)
@@ -282,10 +282,10 @@ def test_cached_teacher_outputs_give_the_same_recovery(teacher: nn.Module, unlab
 
 def test_one_progress_line_per_epoch_with_losses_and_metrics(teacher: nn.Module, caplog: pytest.LogCaptureFixture
                                                              ) -> None:
-    from compress.core.progress import DETAIL_KEY, PROGRESS_KEY
+    from minreal.compress.core.progress import DETAIL_KEY, PROGRESS_KEY
 
     data = digits_subset(256)
-    with caplog.at_level("INFO", logger="compress.core.recover"):
+    with caplog.at_level("INFO", logger="minreal.compress.core.recover"):
         recover(teacher, _svd(teacher, data), data, RecoveryConfig(epochs=3))
     epochs = [r for r in caplog.records if getattr(r, PROGRESS_KEY, ("",))[0] == recover_mod.EPOCH_TASK]
     assert [getattr(r, PROGRESS_KEY)[1:] for r in epochs] == [(0, 3), (1, 3), (2, 3), (3, 3)]
@@ -300,9 +300,9 @@ def test_one_progress_line_per_epoch_with_losses_and_metrics(teacher: nn.Module,
 
 def test_early_stop_closes_the_epoch_task_and_says_why(teacher: nn.Module, unlabelled: Dataset,
                                                        caplog: pytest.LogCaptureFixture) -> None:
-    from compress.core.progress import DETAIL_KEY, PROGRESS_KEY
+    from minreal.compress.core.progress import DETAIL_KEY, PROGRESS_KEY
 
-    with caplog.at_level("INFO", logger="compress.core.recover"):
+    with caplog.at_level("INFO", logger="minreal.compress.core.recover"):
         recover(teacher, _svd(teacher, unlabelled), unlabelled,
                 RecoveryConfig(epochs=20, lr=5.0, warmup=0.0, patience=2))
     last = [r for r in caplog.records if getattr(r, PROGRESS_KEY, ("",))[0] == recover_mod.EPOCH_TASK][-1]

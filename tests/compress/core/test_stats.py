@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.core.data import Dataset
-from compress.core.stats import collect_moments, conv_patches, layer_rows, shifted_moments
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.stats import collect_moments, conv_patches, layer_rows, shifted_moments
 
 CONVS = [
     nn.Conv1d(4, 6, 3, stride=2, padding=1),
@@ -146,7 +146,7 @@ def test_shifted_path_under_a_tiny_memory_cap_is_chunked_and_exact() -> None:
 
 def test_collect_moments_sums_stride_one_convolutions_from_shifts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A stride-1 ungrouped conv goes through shifted_moments; a strided or grouped one is unfolded; both exact."""
-    import compress.core.stats as stats
+    import minreal.compress.core.stats as stats
 
     calls = []
     spy = stats.shifted_moments

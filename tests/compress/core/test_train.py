@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from compress.core.data import Dataset
-from compress.core.train import TrainConfig, train
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.train import TrainConfig, train
 
 
 class _Hooks:

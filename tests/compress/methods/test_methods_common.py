@@ -1,7 +1,7 @@
 """Checks every registered compression method must pass: output shape preserved, fewer parameters, finite
 outputs, only plain module kinds in the result, and ONNX export with ORT parity at two batch sizes.
 
-Parametrised over ``compress.method_names()``; each method's case (a tiny seeded model, data suited to it and a
+Parametrised over ``minreal.compress.method_names()``; each method's case (a tiny seeded model, data suited to it and a
 small config) is its spec's ``smoke_case``, so a newly registered method is covered with no edit here, and one
 without a ``smoke_case`` fails.
 """
@@ -17,16 +17,16 @@ import pytest
 import torch
 from torch import nn
 
-import compress.registry as registry
-from compress import MethodSpec, compress, get_method, method_names
-from compress.core.data import Dataset
-from compress.core.recover import RecoveryConfig
-from compress.core.smoke import SmokeCase
-from compress.methods.ssm import SSMClassifier
-from compress.methods.ssm.classifier import SSMBlock
-from compress.methods.ssm.layers import DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
-from export.onnx_export import to_onnx
-from export.verify import verify_parity
+import minreal.compress.registry as registry
+from minreal.compress import MethodSpec, compress, get_method, method_names
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.smoke import SmokeCase
+from minreal.compress.methods.ssm import SSMClassifier
+from minreal.compress.methods.ssm.classifier import SSMBlock
+from minreal.compress.methods.ssm.layers import DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
+from minreal.export.onnx_export import to_onnx
+from minreal.export.verify import verify_parity
 
 RTOL, ATOL = 1e-3, 1e-4
 PARITY_BATCHES = (3, 7)
@@ -61,7 +61,7 @@ def results() -> dict[str, Compressed]:
 def _compress_case(spec: MethodSpec) -> Compressed:
     if spec.smoke_case is None:
         pytest.fail(f"registered method {spec.name!r} has no smoke_case in its MethodSpec; give it one (a tiny "
-                    "seeded model, data suited to it and a small config: compress.core.smoke.SmokeCase)",
+                    "seeded model, data suited to it and a small config: minreal.compress.core.smoke.SmokeCase)",
                     pytrace=False)
     case = spec.smoke_case()
     new, _ = compress(case.model, case.data, spec.name, case.config)
@@ -146,9 +146,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from compress.core.report import CompressionReport
-from compress.core.smoke import SmokeCase, digits_mlp, digits_subset
-from compress.core.spec import MethodSpec
+from minreal.compress.core.report import CompressionReport
+from minreal.compress.core.smoke import SmokeCase, digits_mlp, digits_subset
+from minreal.compress.core.spec import MethodSpec
 
 
 @dataclass

@@ -9,27 +9,27 @@ import pytest
 import torch
 from torch import nn
 
-from compress.core.data import Dataset
-from compress.core.smoke import digits_mlp, digits_subset
-from compress.registry import compress, get_method, prepare, realise
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.smoke import digits_mlp, digits_subset
+from minreal.compress.registry import compress, get_method, prepare, realise
 
 
 def _resnet() -> nn.Module:
-    from compress.models import CifarResNet
+    from minreal.compress.models import CifarResNet
 
     torch.manual_seed(0)
     return CifarResNet(blocks_per_stage=1).eval()
 
 
 def _images() -> Dataset:
-    from compress.datasets import digits32
+    from minreal.compress.datasets import digits32
 
     train, _ = digits32(seed=0)
     return train.take(16)
 
 
 def _duplicated() -> nn.Module:
-    from compress.methods.fde.smoke import duplicated_mlp
+    from minreal.compress.methods.fde.smoke import duplicated_mlp
 
     return duplicated_mlp()
 
@@ -54,7 +54,7 @@ def _count(monkeypatch: pytest.MonkeyPatch, method: str, name: str, calls: dict[
     """Count the calls of ``name`` in the module that defines ``method``'s prepare function."""
     import importlib
 
-    package = importlib.import_module(f"compress.methods.{method}")
+    package = importlib.import_module(f"minreal.compress.methods.{method}")
     namespace = getattr(package, f"{method}_prepare").__globals__
     original = namespace[name]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from compress.core.width import WidthGraph, analyse
+from minreal.compress.core.width import WidthGraph, analyse
 
 if "minreal_width_zoo" not in sys.modules:  # the tests folder is not a package: load the zoo by path, once
     _spec = importlib.util.spec_from_file_location("minreal_width_zoo", Path(__file__).with_name("zoo.py"))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compress.core.errors import CompressionError
-from compress.core.width import analyse
-from compress.core.width.allocate import allocate_widths
-from compress.core.width.cost import cost_terms
-from compress.models import CifarResNet
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.width import analyse
+from minreal.compress.core.width.allocate import allocate_widths
+from minreal.compress.core.width.cost import cost_terms
+from minreal.compress.models import CifarResNet
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +79,9 @@ def test_unknown_weighting_is_refused_naming_the_option(resnet) -> None:
 def test_auto_weighting_is_the_measured_best_of_each_method(method: str, expected: str) -> None:
     """``auto`` (the default) cuts exactly as IMPORTANCE_WEIGHTING_AUTO's choice given explicitly, and the report
     says which; the weighting is a realise-only field: one prepared state serves both weightings."""
-    from compress.core.data import Dataset
-    from compress.core.options import IMPORTANCE_WEIGHTING_AUTO
-    from compress.registry import get_method, prepare, prepared_key, realise
+    from minreal.compress.core.data import Dataset
+    from minreal.compress.core.options import IMPORTANCE_WEIGHTING_AUTO
+    from minreal.compress.registry import get_method, prepare, prepared_key, realise
 
     assert IMPORTANCE_WEIGHTING_AUTO[method] == expected
     torch.manual_seed(0)
@@ -103,7 +103,7 @@ def test_cost_weight_is_the_whole_ladder_saving_per_channel() -> None:
     """A unit whose first step down saves nothing (a latency table where 56 channels cost what 64 cost) keeps a
     positive weight: its saving over the whole ladder per channel removed; a unit that saves nothing anywhere, or
     cannot narrow, weighs 0."""
-    from compress.core.width.allocate import _cost_weights
+    from minreal.compress.core.width.allocate import _cost_weights
 
     flat_first = [64, 56, 48, 32]
     units = [("a", [], None, flat_first), ("b", [], None, [16, 8]), ("c", [], None, [8]), ("d", [], None, [32, 16])]
@@ -125,7 +125,7 @@ def test_cost_weight_is_the_whole_ladder_saving_per_channel() -> None:
 ])
 def test_allowed_widths_step_by_the_multiple_and_stop_at_the_minimum(size: int, multiple: int, minimum: int,
                                                                      expected: list[int]) -> None:
-    from compress.core.width.allocate import allowed_widths
+    from minreal.compress.core.width.allocate import allowed_widths
 
     assert allowed_widths(size, multiple, minimum) == expected
 
@@ -133,7 +133,7 @@ def test_allowed_widths_step_by_the_multiple_and_stop_at_the_minimum(size: int, 
 def test_minimum_width_keeps_every_segment_at_or_above_it_and_names_the_option_when_unreachable(resnet) -> None:
     """ResNet-20's channels are 16/32/64: with minimum 16 on multiples of 16 no kept segment is narrower than 16,
     the 16-channel segments stay whole, and a budget below what that allows is refused naming --width-min."""
-    from compress.core.width.allocate import segment_ladders
+    from minreal.compress.core.width.allocate import segment_ladders
 
     wg, groups, stream = resnet
     keep = allocate_widths(wg, _scores(groups, stream), "mac_ratio", 0.75, multiple=16, minimum=16)
@@ -152,7 +152,7 @@ def test_segments_of_a_several_segment_group_step_by_the_multiple_down_to_the_mi
     """The option-A stream of ResNet-20 has several segments (16, then 16 more, then 32 more channels): each steps
     by the multiple itself (no halving, so every value width stays on it), none below the minimum, and a segment
     no wider than the minimum stays whole."""
-    from compress.core.width.allocate import segment_ladders
+    from minreal.compress.core.width.allocate import segment_ladders
 
     wg, groups, _ = resnet
     several = [g for g in groups if len(wg.segments(g)) > 1]
@@ -166,7 +166,7 @@ def test_segments_of_a_several_segment_group_step_by_the_multiple_down_to_the_mi
 
 
 def test_cpu_defaults_are_multiples_of_16_at_least_16_and_gpus_keep_8() -> None:
-    from compress.core.options import width_multiple_defaults
+    from minreal.compress.core.options import width_multiple_defaults
 
     assert width_multiple_defaults(("cpu",)) == {"width_multiple": 16, "width_min": 16}
     assert width_multiple_defaults(("cuda",)) == {"width_multiple": 8, "width_min": 0}
@@ -181,7 +181,7 @@ def test_a_moved_unit_is_priced_exactly_as_a_full_evaluation(resnet, budget: str
     the cut model's own cost terms (:func:`_macs`)."""
     import random
 
-    from compress.core.width.allocate import _pricer, segment_ladders, segment_key
+    from minreal.compress.core.width.allocate import _pricer, segment_ladders, segment_key
 
     wg, groups, stream = resnet
     scores = _scores(groups, stream)
@@ -209,7 +209,7 @@ def test_a_moved_unit_is_priced_exactly_as_a_full_evaluation(resnet, budget: str
 
 def test_incremental_pricing_chooses_what_full_pricing_chooses(resnet, monkeypatch: pytest.MonkeyPatch) -> None:
     """The allocator's keep sets with every move priced in full (the base ``_Price``) are the incremental ones."""
-    import compress.core.width.allocate as allocate
+    import minreal.compress.core.width.allocate as allocate
 
     wg, groups, stream = resnet
     scores = _scores(groups, stream)

@@ -1,4 +1,4 @@
-"""Tests for compress.core.width.graph: channel groups found on the traced graph, and what it refuses."""
+"""Tests for minreal.compress.core.width.graph: channel groups found on the traced graph, and what it refuses."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import compress.core.width
-from compress.core.errors import CompressionError
-from compress.core.width import Cut, analyse, apply_cuts
+import minreal.compress.core.width
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.width import Cut, analyse, apply_cuts
 
 
 def test_option_a_shortcut_joins_the_16_32_64_channel_streams_in_one_group(analysed) -> None:
@@ -43,7 +43,7 @@ def test_width_analysis_does_not_use_torch_pruning(monkeypatch: pytest.MonkeyPat
     wg = analyse(model, x)
     assert apply_cuts(wg, zoo.cuts_of(wg))(x).shape == (2, 10)
     imported = set()
-    for path in Path(compress.core.width.__file__).parent.glob("*.py"):
+    for path in Path(minreal.compress.core.width.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported |= {alias.name for alias in node.names}

@@ -1,11 +1,11 @@
-"""Tests for compress.core.width.probe: values at a group's state points, before and after a cut."""
+"""Tests for minreal.compress.core.width.probe: values at a group's state points, before and after a cut."""
 
 from __future__ import annotations
 
 import minreal_width_zoo as zoo  # registered by this folder's conftest.py
 import torch
 
-from compress.core.width import Cut, apply_cuts, capture, channels_last
+from minreal.compress.core.width import Cut, apply_cuts, capture, channels_last
 
 
 def test_capture_returns_what_the_consumers_read(analysed) -> None:

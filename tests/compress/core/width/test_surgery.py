@@ -1,4 +1,4 @@
-"""Tests for compress.core.width.surgery: keep sets, compensation and the resized modules, on the model list.
+"""Tests for minreal.compress.core.width.surgery: keep sets, compensation and the resized modules, on the model list.
 
 Exactness is checked in float64, where the cut and the original evaluate the same real-valued function and
 differ only by float64 rounding (relative ~1e-16 amplified by the depth): we require the difference to be below
@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import fx, nn
 
-from compress.core.errors import CompressionError
-from compress.core.width import Cut, SlimAttention, WidthGraph, analyse, apply_cuts
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.width import Cut, SlimAttention, WidthGraph, analyse, apply_cuts
 
 U = zoo.UNIT_ROUNDOFF
 

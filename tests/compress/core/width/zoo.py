@@ -18,8 +18,8 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from compress.core.width import Cut, WidthGraph
-from compress.models import mlp, small_cnn
+from minreal.compress.core.width import Cut, WidthGraph
+from minreal.compress.models import mlp, small_cnn
 
 ROOT = Path(__file__).resolve().parents[4]
 UNIT_ROUNDOFF = 2.0**-24

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from compress.core.data import Dataset
+from minreal.compress.core.data import Dataset
 
 USER_RESNET = Path(__file__).resolve().parents[4] / "examples" / "resnet20_user.py"
 

@@ -10,19 +10,19 @@ import pytest
 import torch
 from torch import nn
 
-from compress.core.data import Dataset
-from compress.core.errors import CompressionError
-from compress.methods.cbalanced.empirical_gramians import collect_gramians
-from compress.core.width import analyse
-from compress.methods.cbalanced import (CBalancedConfig, analyse_states, budget_ranks, closest_uniform_width,
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians
+from minreal.compress.core.width import analyse
+from minreal.compress.methods.cbalanced import (CBalancedConfig, analyse_states, budget_ranks, closest_uniform_width,
                                         group_gramians, realise, realise_groups, select_groups)
-from compress.models import mlp
-from compress.core.chain import mlp_params
-from compress.methods.cbalanced.realise import (insert_projections, refit_linear_chain, resize_sequential,
+from minreal.compress.models import mlp
+from minreal.compress.core.chain import mlp_params
+from minreal.compress.methods.cbalanced.realise import (insert_projections, refit_linear_chain, resize_sequential,
                                                 sequential_params, stage_producers)
-from compress.registry import compress, get_method
-from export.onnx_export import to_onnx
-from export.verify import verify_parity
+from minreal.compress.registry import compress, get_method
+from minreal.export.onnx_export import to_onnx
+from minreal.export.verify import verify_parity
 
 FAST = dict(epochs=2, controls=False, val_fraction=0.2)
 
@@ -186,8 +186,8 @@ def test_realised_models_export_with_parity(case, tiny_mlp, mlp_data, tiny_cnn, 
 
 
 def test_demo_case_is_a_trained_mlp_with_a_cbalanced_run() -> None:
-    from compress.core.evaluate import predict
-    from compress.methods.cbalanced import demo_case
+    from minreal.compress.core.evaluate import predict
+    from minreal.compress.methods.cbalanced import demo_case
 
     case = demo_case(quick=True)
     assert [r.method for r in case.runs] == ["cbalanced"]

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from compress.core.data import Dataset
-from compress.methods.cbalanced.empirical_gramians import (collect_gramians, collect_states, default_state_points, observability_gramians,
+from minreal.compress.core.data import Dataset
+from minreal.compress.methods.cbalanced.empirical_gramians import (collect_gramians, collect_states, default_state_points, observability_gramians,
                                reachability_gramians)
-from compress.models import mlp
+from minreal.compress.models import mlp
 
 
 def _linear_net(widths: list[int], out: int = 3) -> nn.Sequential:

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from compress.core.data import Dataset
-from compress.core.errors import CompressionError
-from compress.core.width import analyse, capture
-from compress.methods.cbalanced import analyse_states, group_gramians, group_state_samples, select_groups
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.width import analyse, capture
+from minreal.compress.methods.cbalanced import analyse_states, group_gramians, group_state_samples, select_groups
 
 
 def test_user_resnet20_has_the_stream_group_and_one_group_per_block(resnet20_user, small_images) -> None:

@@ -7,15 +7,15 @@ import pytest
 import torch
 from torch import nn
 
-from compress.core.data import Dataset
-from compress.core.errors import CompressionError
-from compress.core.width import analyse, apply_cuts
-from compress.methods.cbalanced import (CBalancedConfig, analyse_states, balanced_leverage, group_cuts,
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.width import analyse, apply_cuts
+from minreal.compress.methods.cbalanced import (CBalancedConfig, analyse_states, balanced_leverage, group_cuts,
                                         group_gramians, ls_merge, realise_groups, round_width, select_groups)
-from compress.registry import compress
-from export.app.models import load_model
-from export.onnx_export import to_onnx
-from export.verify import verify_parity
+from minreal.compress.registry import compress
+from minreal.app.models import load_model
+from minreal.export.onnx_export import to_onnx
+from minreal.export.verify import verify_parity
 
 
 def _analysed(model: nn.Module, data: Dataset, eps: float, names: tuple[str, ...] = ()):
@@ -41,7 +41,7 @@ def test_round_width_never_goes_below_the_minimum() -> None:
 
 
 def test_layer_note_names_what_moved_the_width() -> None:
-    from compress.methods.cbalanced.method import _rounding
+    from minreal.compress.methods.cbalanced.method import _rounding
 
     assert _rounding(16, 16, 64, 16, 16) == ""
     assert _rounding(5, 16, 64, 16, 16) == " rounded up to the width multiple"  # 16 is the first multiple anyway
@@ -55,7 +55,7 @@ def test_balanced_leverage_is_a_projector_diagonal() -> None:
     torch.manual_seed(0)
     a = torch.randn(9, 9, dtype=torch.float64)
     gc, go = a @ a.T, torch.diag(torch.rand(9, dtype=torch.float64))
-    from compress.core.linalg import balanced_gramian, sym_eig_desc
+    from minreal.compress.core.linalg import balanced_gramian, sym_eig_desc
 
     b, root = balanced_gramian(gc, go)
     _, vb = sym_eig_desc(b)

@@ -10,17 +10,17 @@ import pytest
 import torch
 from torch import nn
 
-from compress import compress
-from compress.core.attention import PlainAttention
-from compress.core.data import Dataset
-from compress.core.lowrank import matrix_view
-from compress.core.lowrank_plan import apply_factors, factorisable_model, find_targets
-from compress.core.report import CompressionReport
-from compress.methods.factorize import FactorizeConfig, layer_bases
-from compress.methods.factorize.method import _factors
-from compress.methods.svd import SVDConfig
-from export.onnx_export import to_onnx
-from export.verify import verify_parity
+from minreal.compress import compress
+from minreal.compress.core.attention import PlainAttention
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.lowrank import matrix_view
+from minreal.compress.core.lowrank_plan import apply_factors, factorisable_model, find_targets
+from minreal.compress.core.report import CompressionReport
+from minreal.compress.methods.factorize import FactorizeConfig, layer_bases
+from minreal.compress.methods.factorize.method import _factors
+from minreal.compress.methods.svd import SVDConfig
+from minreal.export.onnx_export import to_onnx
+from minreal.export.verify import verify_parity
 
 E, TOKENS, FEATURES = 16, 5, 6
 LAYERS = ("encoder.layers.0.self_attn", "encoder.layers.1.self_attn")

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from compress.core.linalg import psd_sqrt, truncated_svd_factors
-from compress.methods.factorize.whiten import activation_distortion, projected_factors, whitened_output_basis
+from minreal.compress.core.linalg import psd_sqrt, truncated_svd_factors
+from minreal.compress.methods.factorize.whiten import activation_distortion, projected_factors, whitened_output_basis
 
 
 def _problem(o: int, d: int, n: int = 400, duplicate: bool = False, seed: int = 0):

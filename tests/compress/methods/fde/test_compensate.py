@@ -1,16 +1,16 @@
-"""Least-squares compensation of the consumers and its held-out check (compress.methods.fde.compensate)."""
+"""Least-squares compensation of the consumers and its held-out check (minreal.compress.methods.fde.compensate)."""
 
 from __future__ import annotations
 
 import torch
 
-from compress.core.chain import chain_forward
-from compress.methods.fde import extract_chain
-from compress.core.prune import prune_chain
-from compress.methods.fde.compensate import (compensate, member_targets, pre_activations, refit_bound,
+from minreal.compress.core.chain import chain_forward
+from minreal.compress.methods.fde import extract_chain
+from minreal.compress.core.prune import prune_chain
+from minreal.compress.methods.fde.compensate import (compensate, member_targets, pre_activations, refit_bound,
                                              refit_consumers)
-from compress.methods.fde.partition import merge_to_widths
-from compress.models import mlp
+from minreal.compress.methods.fde.partition import merge_to_widths
+from minreal.compress.models import mlp
 
 
 def _case():

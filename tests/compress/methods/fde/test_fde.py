@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from compress import compress
-from compress.core.data import Dataset
-from compress.methods.fde import (box_samples, build_sequential, chain_forward, extract_chain, leader_clusters,
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.methods.fde import (box_samples, build_sequential, chain_forward, extract_chain, leader_clusters,
                                   refine)
-from compress.methods.fde import FDEConfig, input_box
-from compress.models import ACTIVATIONS, mlp, small_cnn
+from minreal.compress.methods.fde import FDEConfig, input_box
+from minreal.compress.models import ACTIVATIONS, mlp, small_cnn
 
 
 def _planted_relu() -> nn.Sequential:
@@ -128,8 +128,8 @@ def test_batchnorm_folded_before_merging(calib: Dataset) -> None:
 
 
 def test_merged_network_is_plain_linear_stack_and_exports(tmp_path, calib: Dataset) -> None:
-    from export.onnx_export import to_onnx
-    from export.verify import verify_parity
+    from minreal.export.onnx_export import to_onnx
+    from minreal.export.verify import verify_parity
 
     new, rep = compress(_planted_relu(), calib, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     kinds = {type(m) for m in new.modules()} - {nn.Sequential}
@@ -273,8 +273,8 @@ def test_cnn_dead_channels_removed_exactly(images: Dataset) -> None:
 
 
 def test_merged_cnn_is_plain_and_exports(tmp_path, images: Dataset) -> None:
-    from export.onnx_export import to_onnx
-    from export.verify import verify_parity
+    from minreal.export.onnx_export import to_onnx
+    from minreal.export.verify import verify_parity
 
     new, rep = compress(_planted_cnn(), images, "fde", FDEConfig(merge_eps=0.0, remove_dead=False))
     kinds = {type(m) for m in new.modules()} - {nn.Sequential}

@@ -1,4 +1,4 @@
-"""fde's graph path (compress.methods.fde.graph, .graph_path): ε-FDE in every channel group of a traced model —
+"""fde's graph path (minreal.compress.methods.fde.graph, .graph_path): ε-FDE in every channel group of a traced model —
 exact at ε = 0 on any input across residual, concatenation and plain groups, scaled merges only where the group is
 positively homogeneous, dead channels, budgets by bisection, and refusals."""
 
@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress import compress
-from compress.core.data import Dataset
-from compress.core.errors import CompressionError
-from compress.methods.fde import FDEConfig, is_exported_program
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.methods.fde import FDEConfig, is_exported_program
 
 ROOT = Path(__file__).resolve().parents[4]
 EXACT = FDEConfig(merge_eps=0.0, remove_dead=False)
@@ -322,8 +322,8 @@ def _planted_resnet20() -> nn.Module:
 
 
 def test_resnet20_user_code_duplicates_merge_exactly_and_export(tmp_path: Path) -> None:
-    from export.onnx_export import to_onnx
-    from export.verify import verify_parity
+    from minreal.export.onnx_export import to_onnx
+    from minreal.export.verify import verify_parity
 
     model = _planted_resnet20()
     data = Dataset(_images(8, 32))
@@ -357,7 +357,7 @@ def test_budget_met_by_bisecting_eps(kind: str) -> None:
 def test_bisection_costs_each_cut_once(monkeypatch) -> None:
     """The budget bisection counts the costs of the full model once and of each distinct cut (set of leaders) once,
     however many ε values land on it; it does revisit cuts here, so the memo is exercised."""
-    from compress.methods.fde import graph, graph_path
+    from minreal.compress.methods.fde import graph, graph_path
 
     cuts, costed = [], []
     real_at, real_cost = graph.Lumper.at, graph_path._cost

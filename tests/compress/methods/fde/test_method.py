@@ -1,4 +1,4 @@
-"""fde's budgets, representatives, compensation and honest bound end to end (compress.methods.fde.method)."""
+"""fde's budgets, representatives, compensation and honest bound end to end (minreal.compress.methods.fde.method)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from compress import compress
-from compress.core.chain import mlp_params
-from compress.core.data import Dataset
-from compress.core.prune import mlp_macs
-from compress.methods.fde import SPEC, FDEConfig, box_samples, chain_forward, extract_chain
-from compress.models import mlp
+from minreal.compress import compress
+from minreal.compress.core.chain import mlp_params
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.prune import mlp_macs
+from minreal.compress.methods.fde import SPEC, FDEConfig, box_samples, chain_forward, extract_chain
+from minreal.compress.models import mlp
 
 
 @pytest.fixture
@@ -42,9 +42,9 @@ def test_budget_met_within_one_neuron_per_layer(case, kind: str, cost, ratio: fl
 def test_cli_param_ratio_hits_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from export.app.cli import cli
+    from minreal.app.cli import cli
 
-    (tmp_path / "net.py").write_text("import torch\nfrom compress.models import mlp\n\ndef make():\n"
+    (tmp_path / "net.py").write_text("import torch\nfrom minreal.compress.models import mlp\n\ndef make():\n"
                                      "    torch.manual_seed(0)\n    return mlp(8, [32, 24], 2).eval()\n")
     np.savez(tmp_path / "data.npz", x=np.random.default_rng(0).standard_normal((80, 8)).astype(np.float32))
     monkeypatch.chdir(tmp_path)
@@ -101,7 +101,7 @@ def test_eps0_exact_with_every_representative(case) -> None:
 
 
 def test_budget_and_eps_together_refused() -> None:
-    from compress.core.errors import CompressionError
+    from minreal.compress.core.errors import CompressionError
 
     with pytest.raises(CompressionError, match="not both"):
         FDEConfig(merge_eps=0.1, param_ratio=0.5)
@@ -138,8 +138,8 @@ def test_budget_met_with_zero_rows() -> None:
 
 
 def test_missed_budget_is_an_error(case, monkeypatch: pytest.MonkeyPatch) -> None:
-    from compress.core.errors import CompressionError
-    from compress.methods.fde import partition
+    from minreal.compress.core.errors import CompressionError
+    from minreal.compress.methods.fde import partition
 
     model, data = case
     monkeypatch.setattr(partition, "blocks_to_count",

@@ -1,4 +1,4 @@
-"""Representatives of a lossy block and count-targeted partitions (compress.methods.fde.partition)."""
+"""Representatives of a lossy block and count-targeted partitions (minreal.compress.methods.fde.partition)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from compress.methods.fde import extract_chain
-from compress.methods.fde.partition import (block_error, block_representatives, blocks_to_count, input_blocks,
+from minreal.compress.methods.fde import extract_chain
+from minreal.compress.methods.fde.partition import (block_error, block_representatives, blocks_to_count, input_blocks,
                                             layer_io, outgoing_weights)
-from compress.models import mlp
+from minreal.compress.models import mlp
 
 
 def _lossy_block() -> tuple:

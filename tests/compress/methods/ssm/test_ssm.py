@@ -1,4 +1,4 @@
-"""Mathematics of compress.methods.ssm: Gramians, HSVs, regulariser, balanced truncation, modal form, method."""
+"""Mathematics of minreal.compress.methods.ssm: Gramians, HSVs, regulariser, balanced truncation, modal form, method."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import pytest
 import scipy.linalg
 import torch
 
-from compress import compress
-from compress.core.data import Dataset
-from compress.methods.ssm import SSMConfig
-from compress.methods.ssm import (DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM, SSMClassifier,
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.methods.ssm import SSMConfig
+from minreal.compress.methods.ssm import (DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM, SSMClassifier,
                           balanced_truncation, change_basis, dense_gramians, hankel_nuclear_norm,
                           hankel_singular_values, impulse_response, order_from_energy, order_from_trunc,
                           orders_from_budget, random_stable_system, real_modal_form, rotation_gramians, simulate)
-from compress.methods.ssm.system import StateSpace
+from minreal.compress.methods.ssm.system import StateSpace
 
 
 def _rotation_layer(seed: int, features: int = 3, state: int = 12) -> RotationSSM:
@@ -89,7 +89,7 @@ def test_regulariser_gradcheck_and_value() -> None:
 def test_regulariser_descent_lowers_hsv_sum() -> None:
     torch.manual_seed(0)
     model = SSMClassifier(1, 4, 8, 1, 3)
-    from compress.methods.ssm import hankel_regulariser
+    from minreal.compress.methods.ssm import hankel_regulariser
 
     before = float(hankel_regulariser(model, 1.0).detach())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)

@@ -12,11 +12,11 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from compress import compress
-from compress.core.data import Dataset
-from compress.methods.ssm import SSMConfig
-from compress.methods.ssm import ModalSSM, SSMClassifier, random_stable_system, real_modal_form, simulate
-from export.onnx_export import to_onnx
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.methods.ssm import SSMConfig
+from minreal.compress.methods.ssm import ModalSSM, SSMClassifier, random_stable_system, real_modal_form, simulate
+from minreal.export.onnx_export import to_onnx
 
 FORBIDDEN_OPS = {"Loop", "Scan", "If", "DFT", "STFT"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compress.methods.ssm import (RotationSSM, SSMClassifier, dense_gramians, hankel_nuclear_norm,
+from minreal.compress.methods.ssm import (RotationSSM, SSMClassifier, dense_gramians, hankel_nuclear_norm,
                                   hankel_regulariser, hankel_singular_values, hankel_tail_norm, layer_gramians,
                                   orders_from_budget, rotation_gramians, tail_energies, tail_energy, target_orders)
 
@@ -143,11 +143,3 @@ def test_tail_descent_lowers_the_tail() -> None:
     after = tail_energies(model, target_order=4)[0]
     assert all(after[n] < before[n] for n in before)
 
-
-def test_short_import_path_is_the_same_api() -> None:
-    import compress.methods.ssm as canonical
-    import compress.ssm as short
-    from compress.ssm import hankel_regulariser as short_reg
-
-    assert short_reg is hankel_regulariser
-    assert set(short.__all__) == set(canonical.__all__) and all(hasattr(short, n) for n in short.__all__)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compress.core.data import Dataset
-from compress.methods.ssm import (HankelRegularisation, SSMTrainSpec, controlled_weight, scheduled_weight,
+from minreal.compress.core.data import Dataset
+from minreal.compress.methods.ssm import (HankelRegularisation, SSMTrainSpec, controlled_weight, scheduled_weight,
                                   tail_energies, train_ssm_classifier)
 
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from compress import compress, count_costs, method_names
-from compress.core.data import Dataset
-from compress.core.linalg import truncated_svd_factors
-from compress.core.lowrank import build_pair, grouped_weight, matrix_view
-from compress.methods.svd import SVDConfig
+from minreal.compress import compress, count_costs, method_names
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.linalg import truncated_svd_factors
+from minreal.compress.core.lowrank import build_pair, grouped_weight, matrix_view
+from minreal.compress.methods.svd import SVDConfig
 
 
 def _full_rank_pair(layer: nn.Module) -> nn.Sequential:

@@ -1,0 +1,92 @@
+"""Release gate over a bench report or a run directory's report.json (one check per case)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import minreal.runtime_bench as rb
+
+__all__ = ["check_reports", "bench_reports", "tune_bench"]
+
+
+def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
+    """Bench reports in ``path`` by name: the report itself, or each case of a run report."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise rb.ReportSchemaError(f"report {path} does not exist") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise rb.ReportSchemaError(f"report {path} is not readable JSON: {exc}") from None
+    if isinstance(data, dict) and data.get("kind") == "tune":
+        return {"tune": tune_bench(data, path) or data}
+    if isinstance(data, dict) and "cases" in data:
+        return {c["name"]: c["bench"] for c in data["cases"]}
+    return {Path(path).stem: rb.load_report(path)}
+
+
+CHOSEN = "chosen"
+
+
+def tune_bench(data: dict[str, Any], path: Path) -> dict[str, Any] | None:
+    """The confirmation benchmark of a tune report cut to the original and the chosen model, the latter renamed
+    ``chosen`` (so gates and ``--baseline`` compare tunes whatever they chose); None when the tune chose nothing."""
+    chosen = data.get("chosen")
+    if not chosen:
+        return None
+    src = data["confirm"]
+    pick = {"original": "original", chosen: CHOSEN} if chosen != "original" else {"original": "original"}
+    bench = dict(src)
+    bench["models"] = [{**m, "name": pick[m["name"]]} for m in src["models"] if m["name"] in pick]
+    for key in ("latency", "ratios", "metrics", "placement"):
+        bench[key] = [{**r, "model": pick[r["model"]]} for r in src.get(key, []) if r["model"] in pick]
+    if chosen == "original":  # the original judged against itself: ratio 1 by definition, same metrics
+        bench["models"] += [{**m, "name": CHOSEN} for m in bench["models"]]
+        bench["latency"] += [{**r, "model": CHOSEN} for r in bench["latency"]]
+        bench["metrics"] += [{**r, "model": CHOSEN} for r in bench["metrics"]]
+        bench["placement"] += [{**r, "model": CHOSEN} for r in bench["placement"]]
+        bench["ratios"] = [{"model": CHOSEN, "reference": "original", "provider": r["provider"],
+                            "batch_size": r["batch_size"], "statistic": "p50_ms", "median": 1.0, "min": 1.0, "max": 1.0,
+                            "per_process": [1.0]} for r in bench["latency"] if r["model"] == "original"]
+    return bench
+
+
+def _nothing_chosen(data: dict[str, Any]) -> rb.CheckResult:
+    """A failed gate for a tune that chose no model (its verdict says why)."""
+    crit = rb.Criterion("chosen_model", CHOSEN, None, None, float("nan"), float("nan"), False,
+                        note=f"the tune chose no model: {data.get('verdict', 'no verdict')}")
+    return rb.CheckResult((crit,), False)
+
+
+def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | None,
+                  max_accuracy_drop: float | None, min_agreement: float | None,
+                  max_regression: float | None, allow_new_models: bool = False, min_on_provider: float | None = None,
+                  allow_hardware_mismatch: bool = False) -> list[tuple[str, rb.CheckResult]]:
+    """Apply the thresholds to every bench report in ``path`` (baseline matched by case name).
+
+    A case (or a model of a case) absent from ``baseline`` fails unless ``allow_new_models``; see
+    :func:`minreal.runtime_bench.check_report` for ``min_on_provider`` and ``allow_hardware_mismatch``.
+    """
+    reports = bench_reports(path)
+    base = bench_reports(baseline) if baseline else {}
+    if baseline and len(base) == 1 and len(reports) == 1:
+        base = {next(iter(reports)): next(iter(base.values()))}
+    results = []
+    for name, rep in reports.items():
+        if isinstance(rep, dict) and rep.get("kind") == "tune":  # a tune that chose nothing: its report is passed on as it is
+            results.append((name, _nothing_chosen(rep)))
+            continue
+        if baseline and name not in base and not allow_new_models:
+            raise rb.CheckError(f"baseline {baseline} has no case named {name!r}; pass --allow-new-models "
+                                "to accept new cases")
+        results.append((name, rb.check_report(rep, max_latency_ratio, max_accuracy_drop, min_agreement,
+                                              base.get(name, _without_latency(rep)) if baseline else None,
+                                              max_regression, allow_new_models, min_on_provider,
+                                              allow_hardware_mismatch)))
+    return results
+
+
+def _without_latency(report: dict[str, Any]) -> dict[str, Any]:
+    """A baseline for a case the real baseline lacks: no latencies, so every cell counts as new."""
+    return {**report, "latency": [], "ratios": []}

@@ -1,0 +1,505 @@
+"""End-to-end pipeline: compress → export → simplify → verify → INT8 / FP16 → benchmark → run directory.
+
+Each stage is a plain function with a dataclass result; the CLI and the demo are thin shells over
+:func:`run_pipeline`. The whole run directory is written into a staging folder next to the target and
+renamed into place at the end, so a failed run leaves no half-written output. The run directory is
+claimed with an exclusive lock on a sibling ``.NAME.lock`` file from the existence check to the commit,
+so two runs never write the same directory.
+
+Test hook: ``MINREAL_FAULT_INJECT=STAGE:SIGNAL`` makes the process send itself SIGNAL (``SIGINT``,
+``SIGTERM``) when STAGE starts (``export_original``, ``compress``, ``int8``, ``fp16``, ``benchmark``, ``commit``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import glob
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from torch import nn
+
+import minreal.runtime_bench as rb
+from minreal.compress.core.demo_case import DemoCase, DemoRun
+from minreal.compress.core.evaluate import compare_outputs
+from minreal.compress.core.recover import RecoveryConfig
+from minreal.app.mismatch import DataCheck, check_data, require_match
+from minreal.app.plan import run_variant
+from minreal.app.report import cell_label, int8_cause, roundtrip_summary
+from minreal.app.settings import FP16_PROVIDERS, PipelineConfig
+from minreal.export.atomic import atomic_path, make_dirs, remove_empty_dirs
+from minreal.export.json_safe import write_json
+from minreal.export.errors import ParityError
+from minreal.export.quantize import int8_skip_reason, target_text
+from minreal.export.serialize import save_program
+from minreal.export.verify import feeds_of
+from minreal.export.variant import (FP16_LABEL_SUFFIX, PTQ_SUFFIX, VariantRecord, export_variant, file_stem,
+                            fp16_skip_reason, fp16_variant, layer_weights, quantize_variant, relative_to, to_jsonable,
+                            trained_ranges)
+
+__all__ = ["PipelineConfig", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
+           "run_pipeline", "fill_run_dir", "run_case", "claim_run_dir", "RunDirClaim", "prepare_run_dir",
+           "RunDirError", "RunDirBusyError", "commit_run_dir", "FP16_PROVIDERS"]
+
+log = logging.getLogger(__name__)
+RUN_SCHEMA_VERSION = 1
+FAULT_ENV = "MINREAL_FAULT_INJECT"
+Progress = Callable[[str], None]
+
+
+class RunDirError(ValueError):
+    """The output directory cannot be used as asked."""
+
+
+class RunDirBusyError(RuntimeError):
+    """Another process holds the lock of the output directory (it is writing the same run)."""
+
+
+@dataclass(frozen=True)
+class RunDirClaim:
+    """A run directory this process holds the lock of, and the staging folder the run is written into."""
+
+    out_dir: Path
+    staging: Path
+    overwrite: bool
+
+
+def _fault_point(stage: str) -> None:
+    """Test hook: send this process the signal named by ``MINREAL_FAULT_INJECT=STAGE:SIGNAL`` at ``stage``."""
+    where, _, name = os.environ.get(FAULT_ENV, "").partition(":")
+    name = name.upper()
+    if where == stage and name:
+        os.kill(os.getpid(), signal.Signals[name if name.startswith("SIG") else f"SIG{name}"])
+
+
+@dataclass
+class CaseResult:
+    """Everything measured for one model and its compressed variants."""
+
+    name: str
+    variants: list[VariantRecord]
+    bench: dict[str, Any]
+    stage_seconds: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    data_check: dict[str, Any] | None = None
+    """The original's accuracy on the labelled data against chance (:class:`minreal.app.mismatch.DataCheck`)."""
+
+
+@dataclass
+class RunReport:
+    """The versioned ``report.json`` of a run directory."""
+
+    schema_version: int
+    created_utc: str
+    config: dict[str, Any]
+    cases: list[CaseResult]
+
+
+def _is_run_dir(path: Path) -> bool:
+    """A directory minreal wrote: its report.json has this tool's run schema (or it is empty)."""
+    if not any(path.iterdir()):
+        return True
+    try:
+        data = json.loads((path / "report.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "schema_version" in data and ("cases" in data or data.get("kind") == "tune")
+
+
+@contextlib.contextmanager
+def claim_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Iterator[RunDirClaim]:
+    """Hold ``out_dir`` for this process until the block ends, with a staging folder to write the run into.
+
+    Creates the parent folder, takes a non-blocking exclusive lock on ``.NAME.lock`` beside ``out_dir``
+    (:class:`RunDirBusyError` if another process holds it), then checks ``out_dir`` may be written
+    (:func:`prepare_run_dir`). The lock spans that check and the commit (:func:`fill_run_dir`). On leaving,
+    the lock file is removed, and so are an uncommitted staging folder and the parent folders this call
+    created that are still empty.
+    """
+    out_dir = Path(out_dir)
+    _check_not_input(out_dir, inputs)
+    try:
+        created = make_dirs(out_dir.resolve().parent)
+    except OSError as exc:
+        raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
+    try:
+        with _locked(out_dir):
+            _remove_stale_staging(out_dir)
+            staging = prepare_run_dir(out_dir, overwrite, inputs)
+            try:
+                yield RunDirClaim(out_dir, staging, overwrite)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)  # gone already once committed
+    finally:
+        remove_empty_dirs(created)
+
+
+def _remove_stale_staging(out_dir: Path) -> None:
+    """Staging folders of ``out_dir`` left by a killed run (SIGKILL, power loss): safe to delete once we hold
+    the lock, since any run writing into one would hold it."""
+    for stale in out_dir.resolve().parent.glob(f".{glob.escape(out_dir.resolve().name)}.staging-*"):
+        log.info("removing %s, left by an interrupted run", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(out_dir: Path) -> Iterator[None]:
+    """Hold the lock file of ``out_dir`` for the block, then remove it."""
+    lock = out_dir.resolve().with_name(f".{out_dir.resolve().name}.lock")
+    fd = _acquire(lock, out_dir)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+        os.close(fd)
+
+
+def _acquire(lock: Path, out_dir: Path) -> int:
+    """Open and lock ``lock`` without waiting; retry if a finishing holder removed the file meanwhile."""
+    busy = RunDirBusyError(f"output directory {out_dir} is being written by another minreal run (lock file {lock} "
+                           "is held); wait for it to finish or choose another --out")
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise busy from None
+        if _same_file(fd, lock):
+            return fd
+        os.close(fd)
+    raise busy
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st, here = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+def _check_not_input(out_dir: Path, inputs: Sequence[Path]) -> None:
+    resolved = out_dir.resolve()
+    for path in inputs:
+        if resolved == Path(path).resolve() or resolved in Path(path).resolve().parents:
+            raise RunDirError(f"output directory {out_dir} contains the input {path}; choose another --out")
+
+
+def _check_target(out_dir: Path, overwrite: bool) -> None:
+    """``out_dir`` is absent, or (with ``overwrite``) an earlier run directory."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunDirError(f"output path {out_dir} exists and is not a directory")
+    if out_dir.exists() and not overwrite:
+        raise RunDirError(f"output directory {out_dir} already exists; pass --overwrite to replace it")
+    if out_dir.exists() and not _is_run_dir(out_dir):
+        raise RunDirError(f"{out_dir} is not a minreal run directory (no run report.json); --overwrite replaces "
+                          "only earlier runs, choose another --out")
+
+
+def prepare_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Path:
+    """Check that ``out_dir`` may be written and return a fresh staging folder beside it.
+
+    ``--overwrite`` replaces only an earlier run directory (never a folder of other files), and the run
+    directory may not contain any of ``inputs``. Call it under :func:`claim_run_dir` (which does), so the
+    answer still holds at the commit.
+    """
+    out_dir = Path(out_dir)
+    _check_not_input(out_dir, inputs)
+    _check_target(out_dir, overwrite)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    except OSError as exc:
+        raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
+    mask = os.umask(0)
+    os.umask(mask)
+    staging.chmod(0o777 & ~mask)  # mkdtemp makes it private; a run directory follows the user's umask
+    return staging
+
+
+def commit_run_dir(claim: RunDirClaim) -> None:
+    """Move the finished staging folder onto the run directory (replacing an old run only now).
+
+    ``rename`` silently replaces an empty directory, so the target is checked again first: something
+    that is not this tool (which respects the lock) may have created it meanwhile.
+    """
+    out_dir = claim.out_dir
+    _check_target(out_dir, claim.overwrite)
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{int(time.time())}")
+        out_dir.rename(old)
+        claim.staging.rename(out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        claim.staging.rename(out_dir)
+
+
+def _export(module: nn.Module, label: str, method: str, case: DemoCase, case_dir: Path,
+            cfg: PipelineConfig) -> VariantRecord:
+    """One variant of ``case`` exported into ``case_dir``, checked on the case's held-out inputs."""
+    return export_variant(module, case.test.x, case_dir / f"{file_stem(label)}.onnx", cfg.variant_config(),
+                          label, method, dynamic_axes=case.axes() or None)
+
+
+@dataclass
+class Interrupts:
+    """Whether a first Ctrl-C already ended a recovery in this command (the next one then aborts it)."""
+
+    seen: bool = False
+
+
+def variant_recovery(run: DemoRun, recovery: RecoveryConfig | None, interrupts: Interrupts) -> RecoveryConfig | None:
+    """The recovery of one variant: its own, else the run's; one that may not swallow a Ctrl-C after the first."""
+    chosen = run.recovery or recovery
+    if chosen is not None and interrupts.seen:
+        chosen = dataclasses.replace(chosen, catch_interrupt=False)
+    return chosen
+
+
+def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Progress,
+             interrupts: Interrupts | None = None) -> CaseResult:
+    """Compress each variant of ``case``, export everything, quantise, benchmark side by side."""
+    interrupts = interrupts or Interrupts()
+    check, mismatch = _data_check(case, cfg, progress)  # before any work: near chance stops the run
+    case_dir.mkdir(parents=True, exist_ok=True)
+    stages: dict[str, float] = {}
+    t = time.perf_counter()
+    _fault_point("export_original")
+    progress(f"[{case.name}] exporting original")
+    records = [_export(case.model, "original", "none", case, case_dir, cfg)]
+    stages["export_original"] = time.perf_counter() - t
+    weights: dict[str, dict[str, Any]] = {}  # layers with trained activation ranges, per variant label
+    for run in case.runs:
+        t = time.perf_counter()
+        _fault_point("compress")
+        recovery = variant_recovery(run, cfg.recovery, interrupts)
+        then = (f", then recovery ({recovery.epochs} epochs)" if recovery.epochs else
+                f", then recovery ({recovery.steps} steps)") if recovery is not None and recovery.enabled else ""
+        progress(f"[{case.name}] compressing with {run.method} ({run.label}){then}")
+        small, report = run_variant(case.model, case.train, run, recovery, case.test)
+        interrupts.seen |= bool(report.recovery and report.recovery["interrupted"])
+        stages[f"compress:{run.label}"] = time.perf_counter() - t
+        t = time.perf_counter()
+        rec = _export(small, run.label, run.method, case, case_dir, cfg)
+        # Methods measure on the data they were given (calibration); the run also measures on held-out data.
+        report.measured["held_out"] = compare_outputs(case.model, small, case.test)
+        rec.compression = to_jsonable(report)
+        records.append(rec)
+        weights[run.label] = layer_weights(small, trained_ranges(rec))
+        save_program(small, case.test.x[:2], case_dir / f"{file_stem(run.label)}.pt2", dynamic_axes=case.axes())
+        stages[f"export:{run.label}"] = time.perf_counter() - t
+    fp32_records = list(records)
+    if cfg.int8:
+        t = time.perf_counter()
+        _fault_point("int8")
+        progress(f"[{case.name}] quantising to INT8 ({target_text(cfg.quant_target)}, {cfg.quant_mode})")
+        records += _int8_records(records, weights, case, case_dir, cfg)
+        stages["int8"] = time.perf_counter() - t
+    fp16_warnings: list[str] = []
+    if cfg.wants_fp16():
+        t = time.perf_counter()
+        _fault_point("fp16")
+        progress(f"[{case.name}] converting to FP16 (parity on {cfg.fp16_config().provider})")
+        fp16_records, fp16_warnings = _fp16_records(fp32_records, case, case_dir, cfg)
+        records += fp16_records
+        stages["fp16"] = time.perf_counter() - t
+    t = time.perf_counter()
+    _fault_point("benchmark")
+    progress(f"[{case.name}] benchmarking {len(records)} models")
+    entries = [rb.ModelEntry(r.label, case_dir / r.onnx) for r in records]
+    y = None if case.test.y is None else case.test.y.numpy()
+    bench = rb.run_benchmark(entries, cfg.bench_config(_axis_values(case, cfg)), feeds_of(case.test.x), y,
+                             progress=progress, fail_on_unavailable=not cfg.skip_unavailable_providers)
+    stages["benchmark"] = time.perf_counter() - t
+    result = CaseResult(case.name, records, relative_to(to_jsonable(bench), case_dir), stages, list(case.notes))
+    write_json(result.bench, case_dir / "bench.json")  # a `minreal bench` report, paths relative to the case
+    slow = fp16_warnings + int8_quality_warnings(result) + slowdown_warnings(result)
+    for w in slow:
+        progress(f"[{case.name}] WARNING: {w}")
+    result.warnings, result.data_check = mismatch + slow, dataclasses.asdict(check)
+    return result
+
+
+def _data_check(case: DemoCase, cfg: PipelineConfig, progress: Progress) -> tuple[DataCheck, list[str]]:
+    """The original's accuracy on the case's labelled data against chance, and the warning when it is near chance
+    and ``cfg.allow_data_mismatch`` let the run go on.
+
+    Raises:
+        DataMismatchError: near chance, and not allowed.
+    """
+    check = require_match(check_data(case.model, {"evaluation": case.test, "calibration": case.train}),
+                          cfg.allow_data_mismatch)
+    warnings = [f"--allow-data-mismatch: {check.message()}"] if check.allowed else []
+    for w in warnings:
+        progress(f"[{case.name}] WARNING: {w}")
+    return check, warnings
+
+
+def _axis_values(case: DemoCase, cfg: PipelineConfig) -> dict[str, tuple[int, ...]]:
+    """Lengths each dynamic axis is timed at: the user's (``cfg.axis_values``), else the held-out data's length
+    and half of it (so the report has latency per shape). Lengths longer than the data are refused by the
+    benchmark (nothing is padded)."""
+    from minreal.app.shapes import axis_lengths
+
+    fixed = cfg.fixed_shapes
+    frozen = set() if fixed is None else {name for name, _ in fixed.dims} | {
+        dim for name, _ in fixed.inputs for dim in case.axes().get(name, {}).values()}  # --fixed-shapes
+    out = {}
+    for dim, length in axis_lengths(case.test.x, case.axes()).items():
+        if dim not in frozen:
+            out[dim] = tuple(cfg.axis_values.get(dim) or sorted({max(1, length // 2), length}))
+    return out
+
+
+def _int8_records(records: list[VariantRecord], weights: dict[str, dict[str, Any]], case: DemoCase, case_dir: Path,
+                  cfg: PipelineConfig) -> list[VariantRecord]:
+    """INT8 copies of the fp32 ``records``, the original's too (the baseline a compressed model has to beat, not
+    only the fp32 one). A variant recovered quantisation-aware gets its copy with the trained ranges and, beside
+    it, a post-training copy of the same weights calibrated afresh (``LABEL.ptq.int8``). A variant with external
+    data gets none; its ``quantization`` says why (``{"skipped": reason}``)."""
+    out = []
+    for r in records:
+        if skip := int8_skip_reason(case_dir / r.onnx):
+            r.quantization = {"skipped": skip}
+            continue
+        out.append(quantize_variant(r, case_dir, case.train.x, cfg.variant_config(), weights.get(r.label)))
+        if trained_ranges(r):
+            out.append(quantize_variant(r, case_dir, case.train.x, cfg.variant_config(), post_training=True))
+    return out
+
+
+def _fp16_records(records: list[VariantRecord], case: DemoCase, case_dir: Path,
+                  cfg: PipelineConfig) -> tuple[list[VariantRecord], list[str]]:
+    """FP16 copies (``LABEL.fp16``) of the fp32 ``records``, checked on the held-out inputs, and a warning for each
+    one that failed parity: that variant's ``fp16`` says ``{"skipped": reason}`` and the run goes on without it."""
+    out, warnings = [], []
+    for r in records:
+        if skip := fp16_skip_reason(r):
+            r.fp16 = {"skipped": skip}
+            continue
+        try:
+            out.append(fp16_variant(r, case_dir, case.test.x, cfg.variant_config(), cfg.fp16_config()))
+        except ParityError as exc:
+            r.fp16 = {"skipped": str(exc)}
+            warnings.append(f"no FP16 copy of {r.label}: {exc}")
+    return out, warnings
+
+
+def _source(model: str) -> tuple[str, str]:
+    """The fp32 model a benchmarked model is compared with, and the warning's wording."""
+    if model.endswith(".int8"):
+        return model[: -len(".int8")].removesuffix(PTQ_SUFFIX), "INT8 model slower than its fp32 source"
+    if model.endswith(FP16_LABEL_SUFFIX):
+        return model[: -len(FP16_LABEL_SUFFIX)], "FP16 model slower than its fp32 source"
+    return "original", "compressed model not faster than the original"
+
+
+def _roundtrip_cause(quantization: Mapping[str, Any]) -> str:
+    """`` (likely cause: ...)`` from an INT8 record's ``float_roundtrips``; ``""`` without any."""
+    summary = roundtrip_summary(quantization.get("float_roundtrips") or {})
+    return f" (likely cause: {summary})" if summary else ""
+
+
+INT8_MAX_DROP_PP = 1.0
+"""An INT8 file losing more than this many points of accuracy (or of top-1 agreement with the original) against
+its fp32 source on the held-out data is flagged."""
+INT8_MAX_MSE_RISE = 0.10
+"""... or raising the MSE against the targets by more than this fraction."""
+
+
+def _int8_loss(m: Mapping[str, Any], src: Mapping[str, Any]) -> str | None:
+    """What an INT8 model's held-out metrics ``m`` lose against its fp32 source's ``src`` beyond the thresholds."""
+    if m.get("accuracy") is not None and src.get("accuracy") is not None:
+        drop = 100.0 * (src["accuracy"] - m["accuracy"])
+        return f"accuracy {100 * m['accuracy']:.2f} % vs {100 * src['accuracy']:.2f} %" if drop > INT8_MAX_DROP_PP \
+            else None
+    if m.get("mse") is not None and src.get("mse"):
+        rise = m["mse"] / src["mse"] - 1.0
+        return f"MSE {m['mse']:.4g} vs {src['mse']:.4g} (+{100 * rise:.3g} %)" if rise > INT8_MAX_MSE_RISE else None
+    if m.get("top1_agreement") is not None and src.get("top1_agreement") is not None:
+        drop = 100.0 * (src["top1_agreement"] - m["top1_agreement"])
+        return (f"top-1 agreement with the original {100 * m['top1_agreement']:.2f} % vs "
+                f"{100 * src['top1_agreement']:.2f} %") if drop > INT8_MAX_DROP_PP else None
+    return None
+
+
+def int8_quality_warnings(case: CaseResult) -> list[str]:
+    """A line for every INT8 model whose held-out quality (measured by the benchmark) falls short of its fp32
+    source's by more than :data:`INT8_MAX_DROP_PP` points or :data:`INT8_MAX_MSE_RISE`, naming the likely cause."""
+    metrics = {m["model"]: m for m in case.bench.get("metrics") or ()}
+    records = {v.label: v for v in case.variants}
+    out = []
+    for model, m in metrics.items():
+        source = _source(model)[0] if model.endswith(".int8") else None
+        if source is None or source not in metrics or (loss := _int8_loss(m, metrics[source])) is None:
+            continue
+        quantization = getattr(records.get(model), "quantization", None) or {}
+        out.append(f"INT8 model loses quality: {model} {loss} of {source} on the held-out data "
+                   f"(likely cause: {int8_cause(quantization)})")
+    return out
+
+
+def slowdown_warnings(case: CaseResult) -> list[str]:
+    """A line for every compressed model not faster than the original, and every INT8 or FP16 model slower than
+    its fp32 source, per (provider, batch size), from the median p50 latencies of the benchmark."""
+    p50 = {(lat["model"], lat["provider"], cell_label(lat)): lat["stats"]["p50_ms"] for lat in case.bench["latency"]}
+    causes = {v.label: _roundtrip_cause(v.quantization) for v in case.variants if getattr(v, "quantization", None)}
+    out = []
+    for (model, provider, batch), ms in sorted(p50.items()):
+        if model == "original":
+            continue
+        source, kind = _source(model)
+        ref = p50.get((source, provider, batch))
+        if ref is not None and ms >= ref:
+            out.append(f"{kind}: {model} {ms:.4g} ms vs {source} {ref:.4g} ms ({provider}, batch {batch})"
+                       + (causes.get(model, "") if model.endswith(".int8") else ""))
+        baseline = p50.get(("original.int8", provider, batch))
+        if not model.startswith("original") and baseline is not None and ms >= baseline:
+            out.append(f"not faster than simply quantising the original: {model} {ms:.4g} ms vs original.int8 "
+                       f"{baseline:.4g} ms ({provider}, batch {batch})")
+    return out
+
+
+def run_pipeline(cases: list[DemoCase], out_dir: Path, cfg: PipelineConfig, overwrite: bool = False,
+                 progress: Progress | None = None, inputs: Sequence[Path] = ()) -> RunReport:
+    """Run every case into ``out_dir`` (report.json, report.md, plot.png, ONNX files per case)."""
+    with claim_run_dir(Path(out_dir), overwrite, inputs) as claim:
+        return fill_run_dir(cases, claim, cfg, progress)
+
+
+def fill_run_dir(cases: list[DemoCase], claim: RunDirClaim, cfg: PipelineConfig,
+                 progress: Progress | None = None) -> RunReport:
+    """Run every case into the staging folder of ``claim`` and commit it as the run directory."""
+    from minreal.app.report import plot_accuracy_latency, plot_spectra, render_markdown
+
+    notify, staging = progress or log.info, claim.staging
+    interrupts = Interrupts()
+    results = [run_case(c, staging / c.name, cfg, notify, interrupts) for c in cases]
+    report = RunReport(RUN_SCHEMA_VERSION, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
+                       to_jsonable(cfg), results)
+    write_json(report, staging / "report.json")
+    with atomic_path(staging / "report.md") as tmp:
+        tmp.write_text(render_markdown(report))
+    plot_accuracy_latency(report, staging / "plot.png")
+    plot_spectra(report, staging / "spectra.png")
+    _fault_point("commit")
+    commit_run_dir(claim)
+    return report

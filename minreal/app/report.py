@@ -1,0 +1,483 @@
+"""Human-readable views of a run: the summary table (console and Markdown) and the accuracy/latency plot."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from minreal.app.plots import plot_accuracy_latency  # re-exported: the run's plot.png
+
+__all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency", "plot_spectra",
+           "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS",
+           "int8_rows", "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows",
+           "tensorrt_lines"]
+
+SUMMARY_HEADERS = ("case", "model", "params", "MACs", "MAC ratio", "file KB", "provider", "batch (shape)", "p50 ms",
+                   "p90 ms", "p99 ms", "samples/s", "lat. ratio", "accuracy", "MSE", "agreement")
+
+RECOVERY_HEADERS = ("case", "model", "metric", "zero-shot", "recovered", "agreement zero-shot", "agreement recovered",
+                    "KL zero-shot", "KL recovered", "epochs", "steps", "samples seen", "wall s", "status")
+
+MOBILE_HEADERS = ("case", "model", "input shapes", "NNAPI", "CoreML NeuralNetwork", "CoreML MLProgram",
+                  "unsupported ops", "checker's advice")
+
+INT8_HEADERS = ("case", "fp32 model", "target", "post-training INT8", "quantisation-aware INT8", "accuracy PTQ",
+                "accuracy QAT", "agreement PTQ", "agreement QAT", "MSE PTQ", "MSE QAT", "trained tensors")
+
+FP16_HEADERS = ("case", "FP16 model", "fp32 model", "I/O", "parity", "max err / output scale", "rtol", "file KB",
+                "fp32 KB", "kept fp32 by converter", "run in fp32 by provider")
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj[key] if isinstance(obj, dict) else getattr(obj, key)
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def summary_rows(report: Any) -> list[tuple[str, ...]]:
+    """One row per (case, model, provider, batch size) with costs, latency, quality and agreement.
+
+    The MAC ratio (predicted saving) sits next to the measured latency ratio, both vs the original.
+    """
+    rows = []
+    for case in _get(report, "cases"):
+        bench = _get(case, "bench")
+        metrics = {m["model"]: m for m in bench["metrics"]}
+        ratios = {(r["model"], r["provider"], r["batch_size"], r.get("shape", "")): r for r in bench["ratios"]
+                  if r.get("statistic", "p50") in ("p50", "median", "p50_ms")}
+        variants = {_get(v, "label"): v for v in _get(case, "variants")}
+        base_macs = max(_get(_get(case, "variants")[0], "macs"), 1)
+        for lat in bench["latency"]:
+            v, m, s = variants[lat["model"]], metrics.get(lat["model"], {}), lat["stats"]
+            ratio = ratios.get((lat["model"], lat["provider"], lat["batch_size"], lat.get("shape", "")))
+            acc = m.get("accuracy")
+            rows.append((_get(case, "name"), lat["model"], str(_get(v, "params")), str(_get(v, "macs")),
+                         f"{_get(v, 'macs') / base_macs:.3f}", f"{_get(v, 'onnx_bytes') / 1024:.1f}",
+                         lat["provider"], cell_label(lat),
+                         f"{s['p50_ms']:.3f}", f"{s['p90_ms']:.3f}", f"{s['p99_ms']:.3f}",
+                         f"{s['throughput_sps']:.0f}", _fmt(ratio and ratio["median"], ".3f"),
+                         _fmt(None if acc is None else 100 * acc, ".2f"), _fmt(m.get("mse"), ".4g"),
+                         _fmt(m.get("top1_agreement"), ".4f")))
+    return rows
+
+
+def cell_label(row: Mapping[str, Any]) -> str:
+    """A latency row's batch column: ``"32"``, or ``"32 seq=128"`` for a shape of a dynamic axis."""
+    shape = row.get("shape") or ""
+    return f"{row['batch_size']} {shape}" if shape else str(row["batch_size"])
+
+
+def _cell_order(label: str) -> tuple[int, str]:
+    batch, _, shape = label.partition(" ")
+    return int(batch), shape
+
+
+def _text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    table = [headers, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_summary(report: Any) -> str:
+    """Fixed-width console table with every (case, model, provider, batch) row."""
+    return _text_table(SUMMARY_HEADERS, summary_rows(report))
+
+
+def format_compact(report: Any) -> str:
+    """One line per (case, model): params, MAC ratio, file size, p50 latency and its ratio per batch size on
+    the first provider, accuracy or MSE, agreement. The full table is in report.md."""
+    full = summary_rows(report)
+    first_provider = full[0][6] if full else "cpu"
+    batches = sorted({r[7] for r in full if r[6] == first_provider}, key=_cell_order)
+    headers = ("case", "model", "params", "MAC ratio", "KB",
+               *(h for b in batches for h in (f"p50 ms b{b}", f"ratio b{b}")), "accuracy", "MSE", "agreement")
+    grouped: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
+    for r in full:
+        if r[6] == first_provider:
+            grouped.setdefault((r[0], r[1]), {})[r[7]] = r
+    rows = []
+    for (case, model), by_batch in grouped.items():
+        any_row = next(iter(by_batch.values()))
+        cells = [c for b in batches for c in ((by_batch[b][8], by_batch[b][12]) if b in by_batch else ("-", "-"))]
+        rows.append((case, model, any_row[2], any_row[4], any_row[5], *cells, *any_row[13:16]))
+    return f"provider {first_provider}\n" + _text_table(headers, rows)
+
+
+def render_markdown(report: Any) -> str:
+    """``report.md``: summary table, per-case notes, unavailable providers, INT8 kernel counts."""
+    out = ["# minreal run report", "", f"Created {_get(report, 'created_utc')} UTC.", "",
+           "| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "---|" * len(SUMMARY_HEADERS)]
+    out += ["| " + " | ".join(r) + " |" for r in summary_rows(report)]
+    rec_rows = recovery_rows(report)
+    if rec_rows:
+        out += ["", "## Recovery: zero-shot vs recovered (held-out data, torch)", "",
+                "| " + " | ".join(RECOVERY_HEADERS) + " |", "|" + "---|" * len(RECOVERY_HEADERS)]
+        out += ["| " + " | ".join(r) + " |" for r in rec_rows]
+    q_rows = int8_rows(report)
+    if q_rows:
+        out += ["", "## INT8 of the quantisation-aware weights: calibrated afresh vs trained ranges (ORT, held-out data)",
+                "", "A float recovery with post-training INT8 at the same budget is what `run` gives without "
+                "`--recover-int8`.", "",
+                "| " + " | ".join(INT8_HEADERS) + " |", "|" + "---|" * len(INT8_HEADERS)]
+        out += ["| " + " | ".join(r) + " |" for r in q_rows]
+    out += _mobile_section(report)
+    out += _fp16_section(report)
+    for case in _get(report, "cases"):
+        out += ["", f"## {_get(case, 'name')}", ""]
+        for v in _get(case, "variants"):
+            comp = _get(v, "compression")
+            if comp:
+                pred = ", ".join(f"{k}={val:.4g}" for k, val in comp.get("predicted", {}).items()
+                                 if isinstance(val, (int, float)))
+                meas = ", ".join(f"{k}={val:.4g}" for k, val in comp.get("measured", {}).items()
+                                 if isinstance(val, (int, float)))
+                held = ", ".join(f"{k}={val:.4g}" for k, val in comp.get("measured", {}).get("held_out", {}).items())
+                out.append(f"- **{_get(v, 'label')}** ({_get(v, 'method')}): predicted {pred or '-'}; "
+                           f"measured on calibration data {meas or '-'}; on held-out data {held or '-'}")
+                out += _budget_and_bounds(_get(v, "label"), comp)
+                out += _recovery_line(_get(v, "label"), comp.get("recovery"))
+            skipped_fp16 = (_optional(v, "fp16") or {}).get("skipped")
+            if skipped_fp16:
+                out.append(f"- **{_get(v, 'label')}**: FP16 skipped: {skipped_fp16}")
+            q = _get(v, "quantization")
+            if q and "skipped" in q:
+                out.append(f"- **{_get(v, 'label')}**: INT8 skipped: {q['skipped']}")
+            elif q:
+                nonfinite = q.get("nonfinite_nodes") or []
+                out.append(f"- **{_get(v, 'label')}**: {_int8_kind(q)} {q.get('mode', '')} for {q.get('target', '')}"
+                           f"{_format_text(q)}, integer kernels {q.get('integer_kernels', '-')}, float kernels left "
+                           f"{q.get('float_kernels', '-')}"
+                           + (f"; left in float because calibration met an infinite value (e.g. a -inf attention "
+                              f"mask): {_names(nonfinite)}" if nonfinite else "")
+                           + _dropped_text(q.get("roundtrip_nodes") or [])
+                           + _roundtrip_text(q.get("float_roundtrips") or {}))
+        for v in _get(case, "variants"):
+            out += tensorrt_lines(_get(v, "label"), _get(v, "tensorrt_readiness"))
+        for u in _get(case, "bench").get("unavailable", []):
+            out.append(f"- provider **{u['provider']}** unavailable: {u['reason']}")
+        out += [f"- note: {n}" for n in _get(case, "notes")]
+        out += [f"- **WARNING**: {w}" for w in _get(case, "warnings")]
+    return "\n".join(out) + "\n"
+
+
+def _format_text(q: Mapping[str, Any]) -> str:
+    """`` (uint8 activations, 7-bit weights; cpu resolved for this CPU)`` for an INT8 line: the file's format."""
+    if "weight_bits" not in q:
+        return ""
+    resolved = "; `cpu` resolved for this CPU" if q.get("requested_target") == "cpu" else ""
+    saturates = "; CAN SATURATE on this CPU (x86 without VNNI)" if q.get("saturates_here") else ""
+    return f" ({q.get('activation_type')} activations, {q['weight_bits']}-bit weights{resolved}{saturates})"
+
+
+def _names(nodes: list[str], first: int = 5) -> str:
+    """The first ``first`` node names, then how many there are in all."""
+    return ", ".join(nodes[:first]) + (f", ... ({len(nodes)} in all)" if len(nodes) > first else "")
+
+
+def _dropped_text(nodes: list[str]) -> str:
+    """``; left in float ...`` for an INT8 line: nodes a first quantisation ran in float between a dequantise and a
+    re-quantise, whose Q/DQ pairs a second quantisation removed (``QuantConfig.drop_roundtrips``); ``""`` for none."""
+    if not nodes:
+        return ""
+    return f"; left in float without Q/DQ pairs (no integer kernel; the pairs only cost time): {_names(nodes)}"
+
+
+def roundtrip_summary(roundtrips: Mapping[str, int]) -> str:
+    """``N node(s) run in float between a dequantise and a re-quantise: Pad 3, ...`` from an INT8 record's
+    ``float_roundtrips`` (ops that ORT's CPU graph runs in float between a DequantizeLinear and a QuantizeLinear:
+    pure overhead, why such a file can be slower than fp32); ``""`` when there are none."""
+    if not roundtrips:
+        return ""
+    ops = ", ".join(f"{op} {n}" for op, n in roundtrips.items())
+    return f"{sum(roundtrips.values())} node(s) run in float between a dequantise and a re-quantise: {ops}"
+
+
+def int8_cause(quantization: Mapping[str, Any]) -> str:
+    """The likely cause of an INT8 file's accuracy loss, from its record's ``quantization`` (a
+    :class:`~minreal.export.quantize.QuantResult` as JSON): saturation on this CPU, non-finite scales, float round trips,
+    else the quantisation of its layers."""
+    if quantization.get("saturates_here") and quantization.get("target") == "tensorrt":
+        return ("saturation of ONNX Runtime's int16 step on this CPU (x86 without VNNI), which TensorRT on a GPU "
+                "does not have: its accuracy here understates the GPU's")
+    if quantization.get("saturates_here"):
+        return ("saturation: its 8-bit weights overflow ONNX Runtime's int16 step on this CPU (x86 without VNNI), "
+                "so its accuracy here is not a VNNI CPU's; quantise with --quant-target cpu-avx2 (what cpu picks here)")
+    if quantization.get("nonfinite_nodes"):
+        return (f"non-finite calibration scales (an infinite value such as a -inf mask) around "
+                f"{len(quantization['nonfinite_nodes'])} node(s), left in float")
+    if summary := roundtrip_summary(quantization.get("float_roundtrips") or {}):
+        return f"{summary} (each adds a dequantise/re-quantise error)"
+    bits = " with 7-bit weights (cpu-avx2)" if quantization.get("weight_bits") == 7 else ""
+    return (f"the rounding of its layers{bits}; `minreal tune` leaves the most sensitive layers in float "
+            "(accuracy control)")
+
+
+def _roundtrip_text(roundtrips: Mapping[str, int]) -> str:
+    """``; N node(s) run in float ...`` for an INT8 line (:func:`roundtrip_summary`); ``""`` when there are none."""
+    summary = roundtrip_summary(roundtrips)
+    return f"; {summary}" if summary else ""
+
+
+def tensorrt_lines(label: str, readiness: Mapping[str, Any] | None) -> list[str]:
+    """report.md lines of one variant's TensorRT findings (:mod:`minreal.export.readiness`): a heading, then one line per
+    grouped finding; a report written before findings were grouped (one issue per node) shows its first few."""
+    from minreal.export.readiness import EXAMPLE_NODES
+
+    if not readiness or readiness.get("ready", True):
+        return []
+    if "findings" in readiness:
+        lines = [f["message"] for f in readiness["findings"]]
+    else:
+        issues = list(readiness.get("issues", []))
+        more = len(issues) - EXAMPLE_NODES
+        lines = issues[:EXAMPLE_NODES] + ([f"... and {more} more"] if more > 0 else [])
+    found = readiness.get("tensorrt") or {}
+    lines += [f"TensorRT parser: node {i.get('node')!r} ({i.get('op')}): {i.get('reason')}"
+              for i in found.get("unsupported", [])]
+    lines += [f"TensorRT {b.get('precision')} engine: "
+              f"{b.get('error') or b.get('parity_skipped') or 'outputs differ from ONNX Runtime beyond tolerance'}"
+              for b in found.get("builds", []) if not b.get("passed", False)]
+    checker = f" (decided by {readiness['checker']})" if readiness.get("checker") else ""
+    return [f"- **{label}** not TensorRT-ready{checker}:", *(f"  - {line}" for line in lines)]
+
+
+def _optional(obj: Any, key: str) -> Any:
+    """``key`` of a record, ``None`` when the record predates the field."""
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def _shapes_cell(v: Any, dynamic: list[str]) -> str:
+    """``input 1x3x32x32`` for a fixed-shape file, else which inputs are dynamic."""
+    fixed = _optional(v, "fixed_shapes")
+    if fixed:
+        return ", ".join(f"{n} {'x'.join(map(str, s))}" for n, s in fixed["input_shapes"].items())
+    return f"dynamic ({', '.join(dynamic)})" if dynamic else "fixed"
+
+
+def mobile_rows(report: Any) -> list[tuple[str, ...]]:
+    """One row per exported model with ONNX Runtime's mobile-usability verdict (:mod:`minreal.export.mobile`): nodes
+    NNAPI and CoreML would run and in how many partitions, the ops they lack, and the checker's advice."""
+    from minreal.export.mobile import ep_summary, unsupported_summary, usability_from_dict
+
+    rows = []
+    for case in _get(report, "cases"):
+        for v in _get(case, "variants"):
+            raw = _optional(v, "mobile")
+            if not raw:
+                continue
+            m = usability_from_dict(raw)
+            cells = [ep_summary(e) for e in m.eps.values()] if not m.error else ["-"] * 3
+            rows.append((_get(case, "name"), _get(v, "label"), _shapes_cell(v, m.dynamic_inputs), *cells,
+                         unsupported_summary(m), m.error or m.recommendation))
+    return rows
+
+
+def _mobile_section(report: Any) -> list[str]:
+    """report.md lines of :func:`mobile_rows` (none when no record has a verdict)."""
+    rows = mobile_rows(report)
+    if not rows:
+        return []
+    return ["", "## Mobile (NNAPI / CoreML): ONNX Runtime's usability checker", "",
+            "Nodes each accelerator would run (op support by type, as `python -m onnxruntime.tools."
+            "check_onnx_model_mobile_usability`); NNAPI runs no node fed by a dynamic shape: export with "
+            "`--fixed-shapes batch=1` for a phone.", "",
+            "| " + " | ".join(MOBILE_HEADERS) + " |", "|" + "---|" * len(MOBILE_HEADERS),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _counts(ops: dict[str, int]) -> str:
+    return ", ".join(f"{op} {n}" for op, n in sorted(ops.items())) or "none"
+
+
+def fp16_rows(report: Any) -> list[tuple[str, ...]]:
+    """One row per FP16 copy (:mod:`minreal.export.fp16`): its parity against the fp32 file (status, worst error on the
+    output's scale, rtol), sizes, the nodes the converter kept in float32 and what the parity provider runs in
+    float32 anyway (ONNX Runtime's CPU provider casts most float16 ops to float32)."""
+    rows = []
+    for case in _get(report, "cases"):
+        for v in _get(case, "variants"):
+            f = _optional(v, "fp16") or {}
+            if "parity" not in f:
+                continue
+            parity, precisions = f["parity"], f.get("provider_precisions") or {}
+            ran_fp32 = _counts(precisions["float32"]) if precisions else "-"
+            rows.append((_get(case, "name"), _get(v, "label"), str(f["fp32_path"]),
+                         "fp32" if f.get("keep_io_types", True) else "fp16", f"{parity['status']} ({parity['provider']})",
+                         _fmt(parity.get("max_scaled_err"), ".3g"), f"{parity['rtol']:.3g}",
+                         f"{f['size_fp16_bytes'] / 1024:.1f}", f"{f['size_fp32_bytes'] / 1024:.1f}",
+                         _counts(f.get("fp32_nodes") or {}), ran_fp32))
+    return rows
+
+
+def _fp16_section(report: Any) -> list[str]:
+    """report.md lines of :func:`fp16_rows` (none when the run made no FP16 copy)."""
+    rows = fp16_rows(report)
+    if not rows:
+        return []
+    return ["", "## FP16 copies: parity against the fp32 file", "",
+            "An element passes when |fp16 - fp32| <= rtol·|fp32| + atol_scale·max|fp32| of its output (both 10 × "
+            "float16's epsilon 2^-10 by default). ONNX Runtime's CPU provider runs most float16 ops in float32 (last column), so parity on "
+            "CPU checks the conversion and the weights' rounding, not float16 arithmetic.", "",
+            "| " + " | ".join(FP16_HEADERS) + " |", "|" + "---|" * len(FP16_HEADERS),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _metric(before: dict[str, float], after: dict[str, float]) -> tuple[str, str, str]:
+    """(name, zero-shot, recovered) of the task metric: accuracy in %, or MSE, or MSE to the original."""
+    for key, name, scale, spec in (("accuracy", "accuracy %", 100.0, ".2f"), ("mse", "MSE", 1.0, ".4g"),
+                                   ("mse_to_original", "MSE to original", 1.0, ".4g")):
+        if key in before and key in after:
+            return name, format(scale * before[key], spec), format(scale * after[key], spec)
+    return "-", "-", "-"
+
+
+def recovery_rows(report: Any) -> list[tuple[str, ...]]:
+    """One row per recovered variant: its zero-shot and recovered quality side by side on the run's held-out
+    data (``measured.held_out_zero_shot``/``held_out_recovered``), and what the recovery cost."""
+    rows = []
+    for case in _get(report, "cases"):
+        for v in _get(case, "variants"):
+            comp = _get(v, "compression") or {}
+            rec, measured = comp.get("recovery"), comp.get("measured", {})
+            if not rec or "held_out_recovered" not in measured:
+                continue
+            before, after = measured["held_out_zero_shot"], measured["held_out_recovered"]
+            status = ("interrupted" if rec.get("interrupted") else "stopped early" if rec.get("stopped_early")
+                      else "budget spent")
+            rows.append((_get(case, "name"), _get(v, "label"), *_metric(before, after),
+                         _fmt(before.get("agreement"), ".4f"), _fmt(after.get("agreement"), ".4f"),
+                         _fmt(before.get("kl"), ".4g"), _fmt(after.get("kl"), ".4g"), str(rec.get("epochs", 0)),
+                         str(rec.get("steps", 0)), str(rec.get("samples_seen", 0)), f"{rec.get('wall_s', 0.0):.1f}",
+                         status))
+    return rows
+
+
+def _titled_table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """A console table under a title line, or "" when there are no rows."""
+    return f"{title}\n{_text_table(headers, rows)}" if rows else ""
+
+
+def format_recovery(report: Any) -> str:
+    """Console table of :func:`recovery_rows` ("" when no variant was recovered)."""
+    return _titled_table("recovery: zero-shot vs recovered on the held-out data (torch)", RECOVERY_HEADERS,
+                         recovery_rows(report))
+
+
+def _int8_kind(q: dict[str, Any]) -> str:
+    """How an INT8 copy got its activation ranges."""
+    if q.get("range_source") == "trained":
+        return f"INT8 (quantisation-aware, trained ranges: {q.get('trained_ranges', 0)} tensors)"
+    return "INT8 (post-training, calibrated)"
+
+
+def _percent(fraction: float | None) -> str:
+    return _fmt(None if fraction is None else 100 * fraction, ".2f")
+
+
+def int8_rows(report: Any) -> list[tuple[str, ...]]:
+    """One row per variant recovered quantisation-aware: its post-training INT8 copy (calibrated afresh) and its
+    quantisation-aware one (trained ranges), both of the same recovered weights, side by side as measured by the
+    benchmark (accuracy, top-1 agreement, MSE)."""
+    rows = []
+    for case in _get(report, "cases"):
+        metrics = {m["model"]: m for m in _get(case, "bench")["metrics"]}
+        quantized = [(_get(v, "label"), q) for v in _get(case, "variants") if (q := _get(v, "quantization"))]
+        for label, q in quantized:
+            ptq = [lab for lab, other in quantized if other.get("fp32_path") == q.get("fp32_path")
+                   and other.get("range_source") != "trained"]
+            if q.get("range_source") != "trained" or not ptq:
+                continue
+            a, b = metrics.get(ptq[0], {}), metrics.get(label, {})
+            rows.append((_get(case, "name"), str(q.get("fp32_path")), str(q.get("target")), ptq[0], label,
+                         _percent(a.get("accuracy")), _percent(b.get("accuracy")),
+                         _fmt(a.get("top1_agreement"), ".4f"), _fmt(b.get("top1_agreement"), ".4f"),
+                         _fmt(a.get("mse"), ".4g"), _fmt(b.get("mse"), ".4g"), str(q.get("trained_ranges", 0))))
+    return rows
+
+
+def format_int8(report: Any) -> str:
+    """Console table of :func:`int8_rows` ("" when no variant was recovered quantisation-aware)."""
+    return _titled_table("INT8 of the same quantisation-aware weights: ranges calibrated afresh vs trained (a float "
+                         "recovery + post-training INT8 is what run gives without --recover-int8)", INT8_HEADERS,
+                         int8_rows(report))
+
+
+def _recovery_line(label: str, rec: dict[str, Any] | None) -> list[str]:
+    """``zero-shot … → recovered …`` on the recovery's validation split (a seeded part of the training data the
+    method calibrated on but the recovery did not train on); the run's held-out numbers are in the recovery table.
+    Also the feature points that were skipped (the exported model is the recovered one)."""
+    if not rec:
+        return []
+    before, after = rec.get("before", {}), rec.get("after", {})
+    keys = [k for k in ("accuracy", "agreement", "kl", "mse", "mse_to_original") if k in before and k in after]
+    pairs = "; ".join(f"{k} {before[k]:.4g} → {after[k]:.4g}" for k in keys) or "-"
+    where = ("training data (too few samples to hold out)" if rec.get("held_out_is_training_data")
+             else f"its validation split ({rec.get('held_out_samples', 0)} samples of the training data)")
+    flags = ((", stopped early" if rec.get("stopped_early") else "")
+             + (", INTERRUPTED" if rec.get("interrupted") else ""))
+    skipped = rec.get("feature_points_skipped") or {}
+    notes = [f"- **{label}** recovery matched no features at {n}: {why}" for n, why in skipped.items()]
+    return [f"- **{label}** recovery: zero-shot → recovered on {where}: {pairs} ({rec.get('epochs', 0)} epochs, "
+            f"{rec.get('steps', 0)} steps, {rec.get('wall_s', 0.0):.1f} s{flags}); the exported model is the "
+            "recovered one", *notes]
+
+
+def _budget_and_bounds(label: str, comp: dict[str, Any]) -> list[str]:
+    """Report lines: the whole-model budget asked for and reached, and the typed error bounds."""
+    out = []
+    budget = comp.get("predicted", {}).get("budget")
+    if budget:
+        flag = "--" + budget["kind"].replace("_", "-")
+        out.append(f"- **{label}** budget {flag} {budget['requested']:g}: whole-model ratio reached "
+                   f"{_fmt(budget.get('achieved'), '.4f')}")
+    bounds = comp.get("bounds") or {}
+    if bounds:
+        shown = (f"{k}={v:.4g}" if v is not None else f"{k}=none (no bound holds for this variant)"
+                 for k, v in bounds.items())
+        out.append(f"- **{label}** error bounds: " + ", ".join(shown))
+    return out
+
+
+def spectra_layers(report: Any) -> list[tuple[str, str, dict[str, list[float]]]]:
+    """(case, layer, {test: eigenvalues}) for every layer in a compression report's typed ``spectra`` field."""
+    out = []
+    for case in _get(report, "cases"):
+        for v in _get(case, "variants"):
+            for layer, spectra in ((_get(v, "compression") or {}).get("spectra") or {}).items():
+                if spectra:
+                    out.append((_get(case, "name"), f"{_get(v, 'label')}: {layer}", spectra))
+    return out
+
+
+def plot_spectra(report: Any, path: Any) -> bool:
+    """PNG of the per-layer spectra (e.g. C-balanced tests A, B, C), one panel per layer; False if none."""
+    layers = spectra_layers(report)
+    if not layers:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from minreal.export.atomic import atomic_path
+
+    fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.2), squeeze=False)
+    for ax, (case, name, spectra) in zip(axes[0], layers):
+        for test, values in spectra.items():
+            lam = np.clip(np.asarray(values, dtype=float), 1e-30, None)
+            ax.semilogy(lam / lam.max(), label=test)
+        ax.set_title(f"{case}\n{name}", fontsize=8)
+        ax.set_xlabel("index")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("eigenvalue / largest")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return True

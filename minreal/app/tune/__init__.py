@@ -1,0 +1,20 @@
+"""`minreal tune`: search structure × precision × recovery for the fastest model within a quality constraint.
+
+The options (:mod:`.config`) import no torch, so the CLI checks them before the heavy imports; the rest loads on
+first use.
+"""
+
+from minreal.compress.core.lazy import lazy_exports
+
+from .config import CONFIRM, DEFAULT_GRID, SCREEN, Constraint, Protocol, Quality, TuneConfig, TuneError, parse_duration
+
+__all__ = ["tune", "TuneConfig", "TuneReport", "Candidate", "Constraint", "Quality", "Protocol", "SCREEN", "CONFIRM",
+           "DEFAULT_GRID", "TuneError", "parse_duration", "Executor", "InlineExecutor", "ProcessExecutor", "Point",
+           "choose", "pareto_front", "CandidateSpec", "SpecSource", "LoadedSource", "BASELINES", "default_methods"]
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    **dict.fromkeys(("CandidateSpec", "LoadedSource", "SpecSource"), ".candidate"),
+    **dict.fromkeys(("Executor", "InlineExecutor", "ProcessExecutor"), ".executor"),
+    **dict.fromkeys(("Point", "choose", "pareto_front"), ".front"),
+    **dict.fromkeys(("BASELINES", "Candidate", "TuneReport", "default_methods", "tune"), ".run"),
+})

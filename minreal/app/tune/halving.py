@@ -1,0 +1,148 @@
+"""Successive halving of the recovered candidates (Jamieson & Talwalkar 2016; Li et al. 2018, "Hyperband").
+
+Recovery is what a tune cannot make cheap: it trains. So the recovered candidates are not bisected at the full
+recovery budget; they race. The pool is, per method, the ``per_method`` grid budgets just below the smallest budget
+its zero-shot search met (recovery only matters where the zero-shot model misses: above that boundary the zero-shot
+model is as fast and already feasible), less the budgets whose zero-shot model is one a larger budget of the same
+method already brings. Every candidate of the pool gets the first rung, a fraction of the recovery
+cap (the same epochs on a seeded subsample of the calibration data). Then, at each rung:
+
+- a candidate that meets the constraint is done: it is a real candidate already (exported and timed like any other;
+  more recovery could only make it more accurate, not faster), and it stops the race of its method's larger
+  budgets, which it dominates (same method, fewer MACs);
+- of the candidates that miss it, the ``1/eta`` with the smallest losses (the likeliest to meet it with more
+  recovery) go on, with ``eta`` times the recovery, up to the full cap; the others are cut.
+
+So only candidates that can still reach the front get more recovery, and no candidate that meets the constraint is
+thrown away for its MACs (MACs are predictions; only the timing decides). The report says which candidate got which
+rung, its loss there and its fate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Mapping, Sequence
+
+__all__ = ["Halving", "RungEntry", "HALVING_ETA", "HALVING_RUNGS", "HALVING_PER_METHOD", "halving_pool",
+           "halving_twins", "rung_fractions"]
+
+HALVING_ETA = 3
+"""Each rung keeps a third of its candidates and gives them three times the recovery."""
+HALVING_RUNGS = 3
+"""Rungs from the first to the full cap: fractions 1/9, 1/3, 1 of the recovery cap with ``eta`` 3."""
+HALVING_PER_METHOD = 2
+"""Grid budgets per method in the pool: the two just below its zero-shot boundary."""
+
+
+def rung_fractions(eta: int = HALVING_ETA, rungs: int = HALVING_RUNGS) -> tuple[float, ...]:
+    """The recovery fraction of each rung, the last being the full cap: ``(1/eta**(rungs-1), ..., 1/eta, 1)``."""
+    if eta < 2 or rungs < 1:
+        raise ValueError(f"successive halving needs eta >= 2 and at least one rung, got eta={eta}, rungs={rungs}")
+    return tuple(float(eta) ** -(rungs - 1 - i) for i in range(rungs))
+
+
+def halving_pool(grid: Sequence[float], boundaries: dict[str, float | None], per_method: int = HALVING_PER_METHOD,
+                 models: Mapping[tuple[str, float], Hashable] | None = None) -> list[tuple[str, float]]:
+    """``(method, budget)`` pairs that enter the first rung: for each method the ``per_method`` largest grid
+    budgets below its zero-shot boundary (the smallest budget its zero-shot model met; None: it met none, so the
+    largest budgets of the grid). ``models``: the digest of each probed ``(method, budget)``'s zero-shot model
+    (:func:`minreal.compress.core.cache.model_key`; None or absent: unknown, never equal to another); of those
+    budgets, one whose model a larger one of its method already brings is left out (a width allocator whose coarse
+    step overshoots realises several budgets as one model, and recovering the same model twice tells nothing),
+    without another budget taking its place. Only budgets the zero-shot search probed have a digest: with the
+    default two budgets per method, both are probed (the failed boundary, or 0.9 and 0.8 when nothing met)."""
+    return _pool_and_twins(grid, boundaries, per_method, models or {})[0]
+
+
+def halving_twins(grid: Sequence[float], boundaries: dict[str, float | None], per_method: int = HALVING_PER_METHOD,
+                  models: Mapping[tuple[str, float], Hashable] | None = None) -> list[tuple[str, float, float]]:
+    """``(method, budget left out, budget raced instead)`` for each budget :func:`halving_pool` leaves out."""
+    return _pool_and_twins(grid, boundaries, per_method, models or {})[1]
+
+
+def _pool_and_twins(grid: Sequence[float], boundaries: dict[str, float | None], per_method: int,
+                    models: Mapping[tuple[str, float], Hashable]
+                    ) -> tuple[list[tuple[str, float]], list[tuple[str, float, float]]]:
+    """The pool's pairs, and the left-out ones with the budget that brings their model."""
+    ordered = sorted(set(grid), reverse=True)
+    pool: list[tuple[str, float]] = []
+    twins: list[tuple[str, float, float]] = []
+    for method, boundary in boundaries.items():
+        below = [b for b in ordered if boundary is None or b < boundary]
+        seen: dict[Hashable, float] = {}
+        for b in below[:per_method]:
+            digest = models.get((method, b))
+            if digest is not None and digest in seen:
+                twins.append((method, b, seen[digest]))
+                continue
+            if digest is not None:
+                seen[digest] = b
+            pool.append((method, b))
+    return pool, twins
+
+
+@dataclass
+class RungEntry:
+    """One candidate at one rung: its loss and score under the constraint (None: refused or not measured) and
+    what became of it (``met``: it meets the constraint, a real candidate; ``dominated`` by a smaller budget of its
+    method that met it; ``promoted`` to the next rung; ``cut`` by the ranking; ``missed``: it missed the
+    constraint at the full cap; ``refused`` by the method; ``skipped`` by the time budget)."""
+
+    method: str
+    budget: float
+    fraction: float
+    samples: int
+    loss: float | None
+    meets: bool
+    seconds: float
+    outcome: str = ""
+    score: float | None = None
+
+
+@dataclass
+class Halving:
+    """The race: ``pool`` enters at ``fractions[0]``; ``rungs[i]`` holds what rung ``i`` measured."""
+
+    fractions: tuple[float, ...]
+    eta: int
+    pool: list[tuple[str, float]]
+    rungs: list[list[RungEntry]] = field(default_factory=list)
+    twins: list[tuple[str, float, float]] = field(default_factory=list)
+    """``(method, budget, raced as)``: budgets left out of the pool because a larger one realised the same model."""
+
+    def promote(self, entries: list[RungEntry]) -> list[tuple[str, float]]:
+        """Mark ``entries`` (one rung) and return the candidates that go on to the next rung."""
+        self.rungs.append(entries)
+        met = [e for r in self.rungs for e in r if e.meets and not e.outcome]
+        alive = []
+        for e in entries:
+            if e.outcome:
+                continue  # refused or skipped
+            if any(o.method == e.method and o.budget < e.budget for o in met):
+                e.outcome = "dominated"
+            elif e.meets:
+                e.outcome = "met"
+            else:
+                alive.append(e)
+        if len(self.rungs) == len(self.fractions):
+            for e in alive:
+                e.outcome = "missed"
+            return []
+        alive.sort(key=lambda e: (math.inf if e.loss is None else e.loss, -e.budget))
+        keep = math.ceil(len(alive) / self.eta)
+        for i, e in enumerate(alive):
+            e.outcome = "promoted" if i < keep else "cut"
+        return [(e.method, e.budget) for e in alive[:keep]]
+
+    def met(self) -> list[RungEntry]:
+        """The candidates that met the constraint (at whichever rung), in the order they did."""
+        return [e for rung in self.rungs for e in rung if e.outcome == "met"]
+
+    def record(self) -> dict[str, Any]:
+        """JSON-safe: the fractions, and each rung's candidates with their loss and outcome."""
+        return {"eta": self.eta, "fractions": list(self.fractions),
+                "pool": [[m, b] for m, b in self.pool], "twins": [list(t) for t in self.twins],
+                "rungs": [[{"method": e.method, "budget": e.budget, "fraction": e.fraction, "samples": e.samples,
+                            "loss": e.loss, "meets": e.meets, "seconds": round(e.seconds, 2), "outcome": e.outcome}
+                           for e in rung] for rung in self.rungs]}

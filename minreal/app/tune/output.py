@@ -1,0 +1,135 @@
+"""What a tune leaves in its directory: ``report.json``, ``report.md``, ``front.png``, and the console table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from minreal.export.atomic import atomic_path
+from minreal.export.variant import to_jsonable
+from .config import Constraint
+from .run import TuneReport
+
+__all__ = ["write_tune_dir", "plot_tune", "candidate_rows", "format_tune", "render_tune_markdown", "CANDIDATE_HEADERS"]
+
+CANDIDATE_HEADERS = ("model", "kind", "precision", "MAC ratio", "recovery", "KB", "accuracy", "agreement", "MSE",
+                     "loss", "meets", "screen p50 ms", "confirmed p50 ms", "front", "chosen")
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def candidate_rows(report: TuneReport) -> list[tuple[str, ...]]:
+    """One row per deployable file, in the report's order; latencies of the first (provider, batch) cell."""
+    cells = [f"{p}/b{b}" for p in report.config["providers"] for b in report.config["batch_sizes"]]
+    cell, on_front = cells[0], {lb for labels in report.front.values() for lb in labels}
+    rows = []
+    for c in report.candidates:
+        acc = c.quality.get("accuracy")
+        rows.append((c.label, c.kind, c.precision, f"{c.mac_ratio:.3f}", str(c.recover_epochs),
+                     f"{c.onnx_bytes / 1024:.1f}", _fmt(None if acc is None else 100 * acc, ".2f"),
+                     _fmt(c.quality.get("top1_agreement"), ".4f"), _fmt(c.quality.get("mse"), ".4g"),
+                     _fmt(c.loss, ".3g"), "yes" if c.feasible else "no", _fmt(c.screen_ms.get(cell), ".4g"),
+                     _fmt(c.confirm_ms.get(cell), ".4g"), "*" if c.label in on_front else "",
+                     "<==" if c.label == report.chosen else ""))
+    return rows
+
+
+def _text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    from minreal.app.report import _text_table as table
+
+    return table(headers, rows)
+
+
+def format_tune(report: TuneReport) -> str:
+    """Console view: the candidates table, the fronts and the verdict."""
+    first = f"{report.config['providers'][0]}/b{report.config['batch_sizes'][0]}"
+    lines = [f"tune: {report.constraint}; latencies on {first} (loss: pp of accuracy, 1 - agreement, or MSE "
+             "increase vs the original)", _text_table(CANDIDATE_HEADERS, candidate_rows(report))]
+    lines += [f"front {cell}: {' < '.join(labels) or '-'}" for cell, labels in report.front.items()]
+    lines.append(f"verdict: {report.verdict}")
+    return "\n".join(lines)
+
+
+def render_tune_markdown(report: TuneReport) -> str:
+    """``report.md`` of a tune."""
+    out = ["# minreal tune report", "", f"Created {report.created_utc} UTC; constraint: {report.constraint}; "
+           f"objective: {report.config['objective']}; {report.wall_s:.0f} s.", "", f"**Verdict:** {report.verdict}", "",
+           "| " + " | ".join(CANDIDATE_HEADERS) + " |", "|" + "---|" * len(CANDIDATE_HEADERS)]
+    out += ["| " + " | ".join(r) + " |" for r in candidate_rows(report)]
+    out += ["", "## Pareto fronts (screened latency vs quality, candidates that meet the constraint)", ""]
+    out += [f"- {cell}: {' < '.join(labels) or '-'}" for cell, labels in report.front.items()]
+    out += ["", "## Searches (MAC-ratio bisection on held-out quality in torch)", ""]
+    for s in report.searches:
+        if s["recover_epochs"]:
+            continue
+        probes = ", ".join(f"{p['budget']:g}{'✓' if p['ok'] else '✗'}" for p in s["probes"])
+        extra = ("" if s["monotone"] else "; not monotone, so the whole grid was evaluated") + \
+            (f"; abandoned: {s['abandoned']}" if s.get("abandoned") else "")
+        out.append(f"- **{s['method']}**, zero-shot: {probes or '-'}; smallest feasible "
+                   f"{_fmt(s['smallest_feasible'], 'g')}{extra}")
+    out += _halving_lines(report.halving)
+    if report.phases_s:
+        out += ["", "## Wall time by phase (s)", "",
+                ", ".join(f"{k} {v:.1f}" for k, v in report.phases_s.items()) + f"; total {report.wall_s:.1f}",
+                "", "(prepare, realise, recover, measure and export are summed over candidates; the others are the "
+                "tune's own steps)"]
+    out += ["", "## Counts", "", ", ".join(f"{k} {v}" for k, v in report.counts.items())]
+    out += [f"- note: {n}" for n in report.notes]
+    return "\n".join(out) + "\n"
+
+
+def _halving_lines(halving: dict[str, Any] | None) -> list[str]:
+    """The recovered candidates' race: per rung, each candidate's share of the recovery, loss and fate."""
+    if not halving:
+        return []
+    eta = halving["eta"]
+    out = ["", f"## Recovery by successive halving (eta {eta}: a candidate that meets the constraint is done; of "
+           f"the others, 1/{eta} go on with {eta} times the recovery)", ""]
+    for i, rung in enumerate(halving["rungs"]):
+        if not rung:
+            continue
+        share = rung[0]["fraction"]
+        entries = "; ".join(f"{e['method']}@{e['budget']:g} loss {_fmt(e['loss'], '.3g')} {e['outcome']}" for e in rung)
+        out.append(f"- rung {i + 1} ({share:.2g} of the cap, {rung[0]['samples']} samples): {entries}")
+    return out
+
+
+def plot_tune(report: TuneReport, path: Path) -> Any:
+    """``front.png``: one panel per (provider, batch) with the screened latency of every file that meets the
+    constraint (one protocol for all, so the drawn front is the one the tune confirmed), the baselines marked and
+    the chosen model ringed (chosen on the confirmed latencies of the front)."""
+    from minreal.app.plots import PlotPoint, plot_front
+
+    name = Constraint(**report.config["constraint"]).metric
+    metric = {"accuracy": "accuracy", "agreement": "top1_agreement", "mse": "mse"}[name]
+    points = []
+    for c in report.candidates:
+        value = c.quality.get(metric)
+        for cell in report.front:
+            ms = c.screen_ms.get(cell)
+            if ms is None or value is None or not (c.feasible or c.kind == "baseline"):
+                continue
+            provider, batch = cell.split("/b")
+            role = ("chosen" if c.label == report.chosen else "baseline-fp32" if c.label == "original" else
+                    "baseline-int8" if c.label == "original.int8" else
+                    "baseline-other" if c.kind == "baseline" else "candidate")
+            points.append(PlotPoint("tune", c.label, provider, int(batch), ms, value,
+                                    name, role))
+    return plot_front(points, path, f"minreal tune: {report.constraint} (screened p50; chosen on the confirmed run)")
+
+
+def write_tune_dir(report: TuneReport, folder: Path) -> None:
+    """``report.json`` (paths relative to ``folder``), ``report.md`` and ``front.png`` into ``folder``."""
+    data = to_jsonable(report)
+    for c in data["candidates"]:
+        for key in ("onnx", "pt2"):
+            if c.get(key):
+                c[key] = str(Path(c[key]).resolve().relative_to(Path(folder).resolve()))
+    with atomic_path(folder / "report.json") as tmp:
+        tmp.write_text(json.dumps(data, indent=2))
+    with atomic_path(folder / "report.md") as tmp:
+        tmp.write_text(render_tune_markdown(report))
+    plot_tune(report, folder / "front.png")

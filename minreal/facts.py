@@ -1,0 +1,129 @@
+"""Facts that ``compress``, ``export`` and ``runtime_bench`` share, each written once.
+
+Provider names, the ONNX op sets that run in integer arithmetic, the progress-record key and the one-line
+form of an error. This module imports only the standard library (and ``runtime_bench/__init__`` loads its
+names lazily), so every side may import it cheaply: it is the one module of ``runtime_bench`` that
+``compress`` may import. ``tests/test_layering.py`` checks both, and that these literals are defined
+nowhere else.
+"""
+
+from __future__ import annotations
+
+import re
+from types import MappingProxyType
+from typing import Mapping
+
+__all__ = [
+    "PROGRESS_KEY",
+    "DETAIL_KEY",
+    "PROVIDERS",
+    "INSTALL_HINTS",
+    "INTEGER_KERNEL_OPS",
+    "FLOAT_KERNEL_OPS",
+    "INTEGER_OPS",
+    "INTEGER_MATMUL_OP",
+    "INTEGER_KERNEL_OPERANDS",
+    "CPU_VNNI_TARGET",
+    "CPU_AVX2_TARGET",
+    "WEIGHT_QMAX",
+    "REDUCED_WEIGHT_QMAX",
+    "ANSI_ESCAPE",
+    "first_line",
+    "error_line",
+]
+
+#: ``logging`` extra key of progress records ``(task, done, total)``: library code logs them, the CLI draws bars.
+PROGRESS_KEY = "minreal_progress"
+#: ``logging`` extra key of a progress record's detail: a short text (e.g. an epoch's losses) that a log shows on the
+#: record's own line, never thinned out.
+DETAIL_KEY = "minreal_progress_detail"
+
+#: Short name (CLI / config) -> onnxruntime execution-provider name.
+PROVIDERS: Mapping[str, str] = MappingProxyType(
+    {
+        "cpu": "CPUExecutionProvider",
+        "cuda": "CUDAExecutionProvider",
+        "tensorrt": "TensorrtExecutionProvider",
+    }
+)
+
+#: Short name -> what installs an onnxruntime build that has the provider.
+INSTALL_HINTS: Mapping[str, str] = MappingProxyType(
+    {
+        "cpu": "pip install 'minreal[cpu]' (from a checkout: pip install -e '.[cpu]')",
+        "cuda": "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'minreal[gpu]' (from a checkout: "
+                "-e '.[gpu]'; onnxruntime-gpu for CUDA 13 with its CUDA runtime and cuDNN wheels)",
+        "tensorrt": "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'minreal[tensorrt]' (from a "
+                    "checkout: -e '.[tensorrt]'; onnxruntime-gpu plus TensorRT 10 for CUDA 13)",
+    }
+)
+
+INTEGER_KERNEL_OPS: frozenset[str] = frozenset(
+    {
+        "QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "QGemm", "NhwcQLinearConv",
+        "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM",
+    }
+)  # fmt: skip
+"""Op types (any domain) that compute Conv/MatMul/Gemm (and attention, LSTM) in integer arithmetic."""
+
+CPU_VNNI_TARGET, CPU_AVX2_TARGET = "cpu-vnni", "cpu-avx2"
+"""The explicit CPU INT8 formats (``--quant-target``): uint8 activations with 8-bit weights, for CPUs whose int8
+kernels cannot saturate (x86 with VNNI or AMX, ARM), and with 7-bit weights, which cannot saturate anywhere
+(:mod:`minreal.runtime_bench.cpu`); ``cpu`` means the one the machine needs. QAT (``minreal.compress.core.qat``), quantisation and
+tune share these names."""
+
+WEIGHT_QMAX, REDUCED_WEIGHT_QMAX = 127, 64
+"""Largest weight magnitude on ONNX Runtime's symmetric int8 weight grid: full range, and ``reduce_range`` (7-bit
+weights, what ``cpu-avx2`` writes and its quantisation-aware recovery trains on)."""
+
+INTEGER_MATMUL_OP = "MatMulInteger"
+"""ONNX's plain integer matrix product (uint8/int8 inputs, int32 output): what the CPU saturation probe runs."""
+
+INTEGER_KERNEL_OPERANDS: Mapping[str, tuple[int, int, str]] = MappingProxyType({
+    "QLinearConv": (0, 3, "conv"), "NhwcQLinearConv": (0, 3, "conv"), "ConvInteger": (0, 1, "conv"),
+    "QLinearMatMul": (0, 3, "matmul"), "MatMulInteger": (0, 1, "matmul"), "MatMulIntegerToFloat": (0, 1, "matmul"),
+    "DynamicQuantizeMatMul": (0, 1, "matmul"), "QGemm": (0, 3, "gemm"),
+})  # fmt: skip
+"""Integer Conv/MatMul/Gemm kernels -> (index of the activation input, index of the weight input, kind): where
+their MACs are read from (``minreal.runtime_bench.node_profile.kernel_macs``)."""
+
+FLOAT_KERNEL_OPS: frozenset[str] = frozenset(
+    {"Conv", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm", "NhwcConv"}
+)
+"""Op types (any domain, NCHWc included) that compute Conv/MatMul/Gemm in floating point."""
+
+INTEGER_OPS: frozenset[str] = INTEGER_KERNEL_OPS | frozenset(
+    {
+        "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool", "QLinearConcat", "QLinearSigmoid",
+        "QLinearLeakyRelu", "QLinearAveragePool", "QLinearSoftmax", "DynamicQuantizeLinear",
+    }
+)  # fmt: skip
+"""Every op type (ONNX and com.microsoft) that executes an integer kernel: the integer Conv/MatMul/Gemm
+kernels plus element-wise, pooling and activation QLinear ops and run-time activation quantisation.
+TensorRT reads none of them (it wants explicit QuantizeLinear/DequantizeLinear around float ops)."""
+
+#: Terminal colour codes (some libraries colour their exception messages).
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def first_line(text: str) -> str:
+    """Return the first non-blank line of ``text``, stripped and without colour codes (``""`` if none)."""
+    return next((line.strip() for line in ANSI_ESCAPE.sub("", text).splitlines() if line.strip()), "")
+
+
+def error_line(exc: BaseException, *, with_type: bool = False, max_chars: int | None = None) -> str:
+    """One line saying what ``exc`` is about: the first line of its message.
+
+    Args:
+        exc: the exception.
+        with_type: prefix the exception's type name (``"ValueError: bad shape"``).
+        max_chars: cut longer lines to this many characters (ending in ``"..."``).
+
+    Returns:
+        The line; the type name alone when the message is empty.
+    """
+    line, name = first_line(str(exc)), type(exc).__name__
+    text = f"{name}: {line}" if with_type and line else (line or name)
+    if max_chars is not None and len(text) > max_chars:
+        return text[: max_chars - 3] + "..."
+    return text

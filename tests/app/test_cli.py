@@ -1,0 +1,484 @@
+"""The minreal CLI through click's CliRunner: every subcommand, JSON output, exit codes, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from minreal.app.cli import cli, run
+
+FACTORY = """
+import torch
+from torch import nn
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
+
+def broken():
+    return nn.Sequential(nn.Linear(3, 2))
+"""
+QUICK_BENCH = ["--min-seconds", "0.05", "--repeats", "1"]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "net.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of the CLI run in this process."""
+    code, out = run(args), capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_help_lists_every_subcommand() -> None:
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    for name in ("compress", "export", "bench", "check", "run", "demo", "methods"):
+        assert name in result.output
+
+
+def test_each_subcommand_has_help() -> None:
+    for name in ("compress", "export", "bench", "check", "run", "demo", "methods"):
+        result = CliRunner().invoke(cli, [name, "--help"])
+        assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_method_choice_is_the_registry() -> None:
+    from minreal.compress import method_names
+
+    result = CliRunner().invoke(cli, ["compress", "--help"])
+    for name in method_names():
+        assert name in result.output
+
+
+def test_methods_json(workdir: Path) -> None:
+    result = CliRunner().invoke(cli, ["methods", "--json"])
+    data = json.loads(result.output)
+    assert "--layer-mac-ratio" in data["svd"]["options"] and "--mac-ratio" in data["svd"]["options"]
+
+
+def test_compress_writes_program_and_report(workdir: Path) -> None:
+    import torch
+
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--flops", "0.5", "--calib",
+                                      "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(Path("r.json").read_text())
+    assert report["method"] == "svd" and report["macs_after"] <= 0.5 * report["macs_before"] + 1
+    program = torch.export.load("small.pt2")
+    out = program.module()(torch.rand(3, 64))
+    assert out.shape == (3, 10)
+
+
+def test_option_not_of_method_is_usage_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat", "--eps",
+                             "0.1"], capsys)
+    assert code == 2
+    assert "--eps does not apply to method 'svd'" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["compress", "missing.py:make", "--method", "svd", "--calib", "digits-flat"], "missing.py"),
+    (["compress", "net.py:nothere", "--method", "svd", "--calib", "digits-flat"], "nothere"),
+    (["compress", "net.py:make", "--method", "svd", "--calib", "nofile.npz"], "nofile.npz"),
+    (["compress", "net.py:broken", "--method", "svd", "--calib", "digits-flat"], "net.py:broken"),
+    (["compress", "net.py:make", "--method", "nosuch", "--calib", "digits-flat"], "nosuch"),
+    (["bench", "absent.onnx"], "absent.onnx"),
+    (["bench", "net.py", "--providers", "warp"], "warp"),
+    (["check", "absent.json", "--min-agreement", "0.9"], "absent.json"),
+])
+def test_bad_input_is_one_line_error(workdir: Path, capsys: pytest.CaptureFixture, args: list[str],
+                                     culprit: str) -> None:
+    code, _, err = run_main(args, capsys)
+    assert code == 2
+    assert culprit in err
+    assert "Traceback" not in err
+    assert len([line for line in err.strip().splitlines() if "error" in line.lower()]) == 1
+
+
+def test_data_of_wrong_shape(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    np.savez(workdir / "bad.npz", x=np.zeros((10, 5), np.float32))
+    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "bad.npz"], capsys)
+    assert code == 2 and "forward failed" in err and "(2, 5)" in err
+
+
+def test_export_bench_check_roundtrip(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run_main(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--int8", "-q",
+                               "--json"], capsys)
+    assert code == 0, err
+    record = json.loads(out)  # --json: stdout holds exactly one JSON document
+    assert record["macs"] == 64 * 48 + 48 * 10 and record["tensorrt_readiness"]["ready"]
+    assert Path("m.onnx").exists() and Path("m.int8.onnx").exists()
+    assert not list(workdir.glob(".*tmp*"))  # no temp files left behind
+    code, out, err = run_main(["bench", "m.onnx", "m.int8.onnx", "--data", "digits-flat", "--batch", "1,4",
+                               "--out", "b.json", "--json", "-q", *QUICK_BENCH], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert {r["batch_size"] for r in report["latency"]} == {1, 4}
+    assert Path("b.json").exists() and Path("b.md").exists()
+    code, _, _ = run_main(["check", "b.json", "--min-agreement", "0.5", "-q"], capsys)
+    assert code == 0
+    code, out, err = run_main(["check", "b.json", "--max-latency-ratio", "1e-6"], capsys)
+    assert code == 1
+    assert "FAIL" in out and "latency_ratio" in err and "allowed 1e-06" in err
+
+
+def test_export_int8_keep_roundtrips_reaches_the_quantiser(workdir: Path, capsys: pytest.CaptureFixture,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import minreal.export.quantize as quantize
+    from minreal.export.variant import VariantConfig
+
+    seen = []
+    real = quantize._drop_roundtrips
+    monkeypatch.setattr(quantize, "_drop_roundtrips", lambda *a: seen.append(a) or real(*a))
+    for out, flag in (("a.onnx", []), ("b.onnx", ["--int8-keep-roundtrips"])):
+        code, _, err = run_main(["export", "net.py:make", "--out", out, "--data", "digits-flat", "--int8", "-q",
+                                 *flag], capsys)
+        assert code == 0, err
+        assert len(seen) == 1  # the default pass runs; with the flag it is skipped
+    assert VariantConfig(drop_roundtrips=False).quant_config().drop_roundtrips is False
+
+
+def test_export_int8_says_its_format_and_warns_where_it_saturates(workdir: Path, capsys: pytest.CaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cpu`` is shown resolved; an 8-bit file on a (pretended) AVX2-only CPU is flagged with its cause; the INT8
+    file's agreement with its fp32 source on --data is measured and recorded."""
+    import minreal.runtime_bench.cpu as cpu_facts
+
+    monkeypatch.setattr(cpu_facts, "cpu_isa", lambda: cpu_facts.CpuIsa("x86_64", ("avx2",), "/proc/cpuinfo"))
+    monkeypatch.setattr(cpu_facts, "u8s8_saturates", lambda: None)
+    code, _, err = run_main(["export", "net.py:make", "--out", "a.onnx", "--data", "digits-flat", "--int8"], capsys)
+    assert code == 0, err
+    assert "quantising to INT8 (static, cpu → cpu-avx2)" in err and "INT8 format: cpu-avx2 (uint8 activations, " \
+        "7-bit weights)" in err and "top-1 agreement" in err
+    code, out, err = run_main(["export", "net.py:make", "--out", "b.onnx", "--data", "digits-flat", "--int8",
+                               "--quant-target", "cpu-vnni", "--json"], capsys)
+    assert code == 0, err
+    assert "WARNING: the INT8 file may be inaccurate here (likely cause: saturation" in err
+    quantization = json.loads(out)["quantization"]
+    assert quantization["saturates_here"] and quantization["weight_bits"] == 8
+    assert 0.0 <= quantization["fp32_agreement"] <= 1.0 and quantization["fp32_relative_mse"] >= 0.0
+
+
+def test_export_without_calibration_refuses_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["export", "net.py:make", "--out", "m.onnx", "--input-shape", "64", "--int8"], capsys)
+    assert code == 2 and "calibration" in err
+    assert not Path("m.onnx").exists()
+
+
+def test_run_pipeline_and_overwrite_guard(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--flops", "0.5", "--data", "digits-flat", "--out", "runs/a",
+            "--batch", "1", "-q", *QUICK_BENCH]
+    code, _, err = run_main(args, capsys)
+    assert code == 0, err
+    text = Path("runs/a/report.json").read_text()
+    assert "staging" not in text and str(workdir) not in text  # paths are relative to the run directory
+    report = json.loads(text)
+    assert report["schema_version"] == 1
+    labels = [v["label"] for v in report["cases"][0]["variants"]]
+    assert labels == ["original", "svd", "original.int8", "svd.int8"]  # INT8 of the original: the baseline
+    assert Path("runs/a/report.md").exists() and Path("runs/a/plot.png").exists()
+    code, _, err = run_main(args, capsys)
+    assert code == 2 and "--overwrite" in err
+    code, _, _ = run_main(["check", "runs/a/report.json", "--min-agreement", "0.0", "-q"], capsys)
+    assert code == 0
+
+
+def test_unwritable_output_directory(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    Path("blocker").write_text("a file, not a directory")
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
+                             "blocker/run"], capsys)
+    assert code == 2 and "blocker" in err
+
+
+def test_slowdown_warnings_flag_int8_and_compressed() -> None:
+    from minreal.app.pipeline import CaseResult, slowdown_warnings
+
+    lat = lambda m, ms: {"model": m, "provider": "cpu", "batch_size": 1, "stats": {"p50_ms": ms}}  # noqa: E731
+    bench = {"latency": [lat("original", 1.0), lat("svd", 1.2), lat("svd.int8", 1.5), lat("fz", 0.5),
+                         lat("fz.int8", 0.4)]}
+    warnings = slowdown_warnings(CaseResult("c", [], bench, {}))
+    assert len(warnings) == 2
+    assert any(w.startswith("compressed model not faster") and "svd 1.2" in w for w in warnings)
+    assert any(w.startswith("INT8 model slower") and "svd.int8 1.5" in w for w in warnings)
+    # with the original in INT8 as the baseline to beat: fz (0.5) and svd.int8 lose to it, fz.int8 (0.4) wins
+    bench["latency"].append(lat("original.int8", 0.45))
+    against_int8 = [w for w in slowdown_warnings(CaseResult("c", [], bench, {})) if "simply quantising" in w]
+    assert sorted(w.split(": ")[1].split(" ")[0] for w in against_int8) == ["fz", "svd", "svd.int8"]
+    bench["latency"].append(lat("original.int8", 1.1))  # slower than the fp32 original: an INT8 warning
+    (line,) = [w for w in slowdown_warnings(CaseResult("c", [], {"latency": bench["latency"][-1:] + [
+        lat("original", 1.0)]}, {}))]
+    assert line.startswith("INT8 model slower than its fp32 source: original.int8")
+
+
+def test_int8_quality_warnings_name_the_likely_cause() -> None:
+    """An INT8 file more than 1 pp (accuracy or agreement) or 10 % (MSE) below its fp32 source is flagged, with the
+    cause its quantisation record points to: saturation on this CPU first, then non-finite scales, round trips."""
+    from minreal.app.pipeline import CaseResult, int8_quality_warnings
+    from minreal.export.variant import VariantRecord
+
+    def rec(label: str, **quantization: object) -> VariantRecord:
+        return VariantRecord(label, "m", 1, 1, f"{label}.onnx", 1, quantization=quantization)
+
+    met = lambda m, acc: {"model": m, "accuracy": acc, "mse": None, "top1_agreement": None}  # noqa: E731
+    bench = {"metrics": [met("original", 0.947), met("original.int8", 0.773), met("svd", 0.94),
+                         met("svd.int8", 0.931), met("fz", 0.90), met("fz.int8", 0.85)]}
+    variants = [rec("original.int8", saturates_here=True), rec("svd.int8"),
+                rec("fz.int8", float_roundtrips={"Pad": 2}, weight_bits=7)]
+    lines = int8_quality_warnings(CaseResult("c", variants, bench, {}))
+    assert len(lines) == 2  # svd.int8 loses 0.9 pp: within the threshold
+    assert "original.int8 accuracy 77.30 % vs 94.70 % of original" in lines[0] and "saturation" in lines[0]
+    assert "fz.int8" in lines[1] and "Pad" in lines[1]
+    variants[0] = rec("original.int8", nonfinite_nodes=["a", "b"])
+    assert "non-finite calibration scales" in int8_quality_warnings(CaseResult("c", variants, bench, {}))[0]
+    mse = lambda m, v: {"model": m, "accuracy": None, "mse": v, "top1_agreement": None}  # noqa: E731
+    regression = {"metrics": [mse("original", 1.0), mse("original.int8", 1.09), mse("svd", 2.0), mse("svd.int8", 2.3)]}
+    (line,) = int8_quality_warnings(CaseResult("r", [rec("svd.int8", weight_bits=7)], regression, {}))
+    assert line.startswith("INT8 model loses quality: svd.int8 MSE 2.3 vs 2 (+15 %)") and "7-bit" in line
+
+
+def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/d", "--batch", "2",
+            "--quant-mode", "dynamic", "-q", *QUICK_BENCH]
+    code, _, err = run_main(args, capsys)
+    assert code == 0, err
+    variants = json.loads(Path("runs/d/report.json").read_text())["cases"][0]["variants"]
+    assert variants[0]["tensorrt_readiness"]["ready"] is True  # fp32 graph: standard ops only
+    assert [v["label"] for v in variants] == ["original", "svd", "original.int8", "svd.int8"]
+    assert variants[3]["quantization"]["mode"] == "dynamic"
+    assert variants[3]["quantization"]["integer_kernels"] > 0
+
+
+def test_output_never_overwrites_an_input(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    before = Path("net.py").read_text()
+    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat", "--out",
+                             "net.py"], capsys)
+    assert code == 2 and "is the input file" in err
+    assert Path("net.py").read_text() == before
+
+
+def test_demo_single_case_end_to_end(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run_main(["demo", "--only", "digits-mlp", "--out", "runs/demo"], capsys)
+    assert code == 0, err
+    report = json.loads(Path("runs/demo/report.json").read_text())
+    assert [c["name"] for c in report["cases"]] == ["digits-mlp"]
+    labels = [v["label"] for v in report["cases"][0]["variants"]]
+    assert labels == ["original", "svd-0.5", "factorize-0.5", "original.int8", "svd-0.5.int8", "factorize-0.5.int8"]
+    metrics = {m["model"]: m for m in report["cases"][0]["bench"]["metrics"]}
+    assert metrics["original"]["accuracy"] > 0.9  # trained on digits, held-out accuracy
+    assert "factorize-0.5" in out and "p50 ms b1" in out  # the compact table
+    assert Path("runs/demo/plot.png").exists() and Path("runs/demo/report.md").exists()
+
+
+def test_demo_unknown_case_is_usage_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["demo", "--only", "nosuch", "--out", "runs/x"], capsys)
+    assert code == 2 and "nosuch" in err and "digits-mlp" in err
+    assert not Path("runs/x").exists()
+
+
+def test_check_without_criteria_is_usage_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    Path("r.json").write_text("{}")
+    code, _, err = run_main(["check", "r.json"], capsys)
+    assert code == 2 and "at least one criterion" in err
+
+
+def test_overwrite_replaces_only_run_directories(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    project = workdir / "proj"
+    project.mkdir()
+    (project / "notes.txt").write_text("keep me")
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "proj",
+                             "--overwrite"], capsys)
+    assert code == 2 and "not a minreal run directory" in err
+    assert (project / "notes.txt").read_text() == "keep me"
+
+
+def test_run_directory_may_not_contain_inputs(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "."],
+                            capsys)
+    assert code == 2 and "contains the input" in err
+    assert Path("net.py").exists()
+
+
+def test_bench_and_report_outputs_never_overwrite_inputs(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    np.savez("d.npz", x=np.random.rand(8, 64).astype(np.float32))
+    before = Path("d.npz").read_bytes()
+    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "d.npz", "--report", "d.npz"],
+                            capsys)
+    assert code == 2 and "is the input file" in err and Path("d.npz").read_bytes() == before
+    code, _, err = run_main(["bench", "net.py", "--out", "net.py"], capsys)
+    assert code == 2 and "is the input file" in err
+
+
+def test_compress_with_recovery_records_it(workdir: Path) -> None:
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--calib",
+                                      "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q",
+                                      "--recover-epochs", "1"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(Path("r.json").read_text())
+    assert report["recovery"]["epochs"] == 1 and report["recovery"]["interrupted"] is False
+    assert set(report["recovery"]["before"]) >= {"agreement", "kl", "accuracy"}
+    held = report["measured"]
+    assert set(held["held_out_zero_shot"]) == set(held["held_out_recovered"]) >= {"agreement", "kl"}
+    assert "top1_agreement" in held["held_out"]  # the recovered model on the held-out split
+    # measured on the held-out 25 %: the calibration data is not compared again (one pass of each model saved)
+    assert "recovered" not in held and "top1_agreement" not in held
+
+
+def test_compress_without_held_out_compares_on_the_calibration_data(workdir: Path) -> None:
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--calib",
+                                      "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q",
+                                      "--recover-epochs", "1", "--calib-holdout", "0"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(Path("r.json").read_text())
+    assert "top1_agreement" in report["measured"]["recovered"] and report["measured"]["held_out"] is None
+    assert "top1_agreement" in report["measured"]  # the zero-shot measurement stays
+
+
+def test_compress_without_recovery_reports_none(workdir: Path) -> None:
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--calib",
+                                      "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(Path("r.json").read_text())
+    assert report["recovery"] is None and "recovered" not in report["measured"]
+
+
+def test_recovery_flags_clash_is_an_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat",
+                             "--recover-epochs", "1", "--recover-steps", "3"], capsys)
+    assert code != 0 and "--recover-steps" in err and not Path("compressed.pt2").exists()
+
+
+def test_run_with_recovery_reports_zero_shot_and_recovered(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/r",
+            "--batch", "1", "--no-int8", "--recover-epochs", "1", "--recover-features", "auto", *QUICK_BENCH]
+    code, out, err = run_main(args, capsys)
+    assert code == 0, err
+    report = json.loads(Path("runs/r/report.json").read_text())
+    comp = report["cases"][0]["variants"][1]["compression"]
+    assert comp["recovery"]["epochs"] == 1 and "recovered" in comp["measured"]
+    assert comp["recovery"]["feature_points"]  # the factorised layers
+    zero, rec = comp["measured"]["held_out_zero_shot"], comp["measured"]["held_out_recovered"]
+    # the run's held-out data: the recovered torch model is the exported one, so ORT's accuracy equals it
+    ort = next(m for m in report["cases"][0]["bench"]["metrics"] if m["model"] == "svd")
+    assert ort["accuracy"] == pytest.approx(rec["accuracy"], abs=0.01)  # float rounding may flip a few samples
+    assert "zero-shot vs recovered" in out and f"{100 * zero['accuracy']:.2f}" in out
+    md = Path("runs/r/report.md").read_text()
+    assert "**svd** recovery: zero-shot → recovered" in md and "1 epochs" in md
+    assert "## Recovery: zero-shot vs recovered" in md
+
+
+def test_deprecated_finetune_option_runs_label_only_recovery(workdir: Path, capsys: pytest.CaptureFixture,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    code, _, err = run_main(["compress", "net.py:make", "--method", "magnitude", "--param-ratio", "0.5", "--calib",
+                             "digits-flat", "--finetune-epochs", "1", "--report", "r.json", "-q"], capsys)
+    assert code == 0, err
+    assert "deprecated" in caplog.text and "--recover-alpha 1" in caplog.text
+    report = json.loads(Path("r.json").read_text())
+    assert report["recovery"]["epochs"] == 1
+    code, _, err = run_main(["compress", "net.py:make", "--method", "magnitude", "--param-ratio", "0.5", "--calib",
+                             "digits-flat", "--finetune-epochs", "1", "--recover-epochs", "1", "--out", "b.pt2"],
+                            capsys)
+    assert code != 0 and "not both" in err and not Path("b.pt2").exists()
+
+
+def test_first_ctrl_c_in_recovery_ends_it_and_the_run_goes_on(workdir: Path, capsys: pytest.CaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C arrives as KeyboardInterrupt in the training loop (here at the 4th step): the best weights so far are
+    kept, the run finishes, exit 0, and the report says "interrupted"."""
+    import minreal.compress.core.recover as recover_mod
+
+    step, calls = recover_mod._step, []
+
+    def interrupting(*args: object) -> None:
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        step(*args)
+
+    monkeypatch.setattr(recover_mod, "_step", interrupting)
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/i",
+            "--batch", "1", "--no-int8", "--recover-epochs", "50", *QUICK_BENCH]
+    code, out, err = run_main(args, capsys)
+    assert code == 0, err
+    comp = json.loads(Path("runs/i/report.json").read_text())["cases"][0]["variants"][1]["compression"]
+    assert comp["recovery"]["interrupted"] is True and comp["recovery"]["steps"] == 3
+    assert "interrupted" in out and "INTERRUPTED" in Path("runs/i/report.md").read_text()
+
+
+def test_second_ctrl_c_while_recovery_stops_aborts_and_leaves_nothing(workdir: Path, capsys: pytest.CaptureFixture,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import minreal.compress.core.recover as recover_mod
+
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recover_mod, "_step", interrupt)
+    monkeypatch.setattr(recover_mod, "log_progress", interrupt)  # the second one arrives while stopping
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/j",
+            "--batch", "1", "--no-int8", "--recover-epochs", "5", *QUICK_BENCH]
+    code, _, err = run_main(args, capsys)
+    assert code == 1 and "aborted" in err and "Traceback" not in err
+    assert not Path("runs/j").exists()
+    assert not Path("runs").exists() or not list(Path("runs").iterdir())  # no staging folder, no lock file
+
+
+def test_second_ctrl_c_in_the_next_variants_recovery_aborts(workdir: Path, capsys: pytest.CaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each variant recovers separately: after the first Ctrl-C ended one recovery, the next one aborts the run."""
+    import minreal.compress.core.recover as recover_mod
+
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recover_mod, "_step", interrupt)
+    args = ["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "factorize", "--mac-ratio", "0.5", "--data", "digits-flat",
+            "--out", "runs/k", "--batch", "1", "--no-int8", "--recover-epochs", "5", *QUICK_BENCH]
+    code, _, err = run_main(args, capsys)
+    assert code == 1 and "aborted" in err and "Traceback" not in err and not Path("runs/k").exists()
+
+
+def test_compress_refuses_int8_ranges_it_could_not_use_and_finetune_beside_recovery(workdir: Path,
+                                                                                   capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["compress", "net.py:make", "-m", "svd", "--mac-ratio", "0.5", "--calib", "digits-flat",
+                             "--recover-epochs", "1", "--recover-int8"], capsys)
+    assert code == 2 and "minreal run" in err and not Path("compressed.pt2").exists()
+    Path("plan.toml").write_text('[[variant]]\nmethod = "magnitude"\nparam_ratio = 0.5\nfinetune_epochs = 1\n')
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--plan", "plan.toml", "--data", "digits-flat",
+                             "--out", "runs/p", "--recover-epochs", "1"], capsys)
+    assert code == 2 and "variant 'magnitude'" in err and not Path("runs/p").exists()
+
+
+def test_progress_without_a_terminal_is_one_throttled_line_per_task(capsys: pytest.CaptureFixture) -> None:
+    """Logs and CI see progress too: a line at the first record, then at most one every LINE_EVERY_S seconds (an
+    injected clock), and always the last, with the elapsed time."""
+    import logging
+
+    from minreal.app.cli import ProgressBars
+    from minreal.facts import DETAIL_KEY, PROGRESS_KEY
+
+    now = [0.0]
+    bars = ProgressBars(clock=lambda: now[0])
+    for done, t in ((1, 0.0), (2, 3.0), (3, 12.0), (4, 13.0), (5, 14.0)):
+        now[0] = t
+        record = logging.LogRecord("x", logging.INFO, "", 0, "msg", (), None)
+        setattr(record, PROGRESS_KEY, ("recovery (steps)", done, 5))
+        bars.emit(record)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["· recovery (steps): 1/5 (0 s)", "· recovery (steps): 3/5 (12 s)", "· recovery (steps): 5/5 (14 s)"]
+    for done, t in ((1, 20.0), (2, 21.0)):  # an epoch's record carries its losses: never thinned out
+        now[0] = t
+        record = logging.LogRecord("x", logging.INFO, "", 0, "msg", (), None)
+        setattr(record, PROGRESS_KEY, ("recovery (epochs)", done, 3))
+        setattr(record, DETAIL_KEY, f"training loss {done}")
+        bars.emit(record)
+    assert capsys.readouterr().err.splitlines() == ["· recovery (epochs): 1/3: training loss 1",
+                                                    "· recovery (epochs): 2/3: training loss 2"]

@@ -1,0 +1,196 @@
+"""CLI options with one meaning each: deprecated aliases, whole-model budgets, plan files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minreal.compress import compress
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.methods.factorize import FactorizeConfig
+from minreal.compress.methods.magnitude import MagnitudeConfig
+from minreal.app.cli import run
+from minreal.app.method_options import alias_warning, build_config, deprecated_aliases
+from minreal.app.plan import PlanError, load_plan
+
+FACTORY = """
+import torch
+from torch import nn
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
+"""
+
+#: (method, deprecated spelling, new field): every alias of every registered method.
+ALIASES = [(m, old, new) for old, by_method in sorted(deprecated_aliases().items())
+           for m, new in sorted(by_method.items())]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "net.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of the CLI run in this process."""
+    code, out = run(args), capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_old_spellings_are_all_aliases() -> None:
+    assert {"flops", "params", "eps", "batch_size", "latency", "calib_samples"} <= set(deprecated_aliases())
+
+
+@pytest.mark.parametrize("method, old, new", ALIASES, ids=[f"{m}-{o}" for m, o, _ in ALIASES])
+def test_alias_gives_the_same_config_as_the_new_name(method: str, old: str, new: str) -> None:
+    value = 2 if new.endswith(("samples", "batch_size")) else 0.25
+    extra = {"latency_table": "t.json"} if "latency" in new else {}
+    used: set[str] = set()
+    via_alias = build_config(method, {old: value, **extra}, aliases_used=used)
+    assert via_alias == build_config(method, {new: value, **extra})
+    assert used == {(old, method)}
+    line = alias_warning(old, [method])
+    assert line.startswith(f"--{old.replace('_', '-')} is deprecated; use ") and "\n" not in line
+    assert f"--{new.replace('_', '-')} (" in line and method in line
+
+
+def test_alias_and_new_name_together_is_an_error() -> None:
+    with pytest.raises(ValueError, match="--layer-mac-ratio or its deprecated alias --flops"):
+        build_config("svd", {"flops": 0.5, "layer_mac_ratio": 0.5})
+
+
+def test_cli_alias_warns_exactly_once(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["compress", "net.py:make", "-m", "svd", "--flops", "0.5", "--calib", "digits-flat",
+                             "--out", "a.pt2", "--report", "a.json", "-q"], capsys)
+    assert code == 0, err
+    warnings = [ln for ln in err.splitlines() if "deprecated" in ln]
+    assert warnings == [f"warning: {alias_warning('flops', ['svd'])}"]
+    assert "--layer-mac-ratio (svd)" in warnings[0] and "--mac-ratio" in warnings[0]
+    assert "factorize" not in warnings[0]  # only the chosen method's replacement
+    code, _, err = run_main(["compress", "net.py:make", "-m", "svd", "--layer-mac-ratio", "0.5", "--calib",
+                             "digits-flat", "--out", "b.pt2", "--report", "b.json", "-q"], capsys)
+    assert code == 0 and "deprecated" not in err
+    a, b = (json.loads(Path(f).read_text()) for f in ("a.json", "b.json"))
+    assert a["config"] == b["config"] and a["macs_after"] == b["macs_after"]
+
+
+def test_whole_model_mac_budget_is_met_and_reported(tiny_cnn, image_data) -> None:
+    _, report = compress(tiny_cnn, image_data, "factorize", FactorizeConfig(mac_ratio=0.7))
+    assert report.mac_ratio <= 0.7 + 1e-9
+    assert report.predicted["budget"] == {"kind": "mac_ratio", "requested": 0.7, "achieved": report.mac_ratio}
+
+
+def test_unreachable_budget_names_the_smallest_ratio(tiny_mlp, mlp_data) -> None:
+    with pytest.raises(CompressionError, match=r"--mac-ratio 0.001 cannot be reached: the smallest whole-model "
+                                               r"ratio this method can reach is 0\.\d+"):
+        compress(tiny_mlp, mlp_data, "factorize", FactorizeConfig(mac_ratio=0.001))
+    with pytest.raises(CompressionError, match=r"--param-ratio 0.001 cannot be reached: .* is 0\.\d+"):
+        compress(tiny_mlp, mlp_data, "magnitude", MagnitudeConfig(param_ratio=0.001))
+
+
+def test_method_without_a_budget_kind_says_so(tiny_mlp, mlp_data) -> None:
+    from minreal.compress.methods.fde import FDEConfig
+
+    with pytest.raises(CompressionError, match=r"method 'fde' does not support --latency-ratio"):
+        compress(tiny_mlp, mlp_data, "fde", FDEConfig(latency_ratio=0.5, latency_table="table.json"))
+
+
+PLAN = """
+[[variant]]
+method = "svd"
+layer_mac_ratio = 0.5
+
+[[variant]]
+method = ["fde", "factorize"]
+fde = { merge_eps = 0.05 }
+factorize = { mac_ratio = 0.6 }
+"""
+
+
+def test_plan_with_a_chain_runs_both_variants(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    Path("plan.toml").write_text(PLAN)
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data", "digits-flat", "--out", "runs/p",
+                             "--batch", "1", "--no-int8", "-q", "--min-seconds", "0.05", "--repeats", "1"], capsys)
+    assert code == 0, err
+    variants = json.loads(Path("runs/p/report.json").read_text())["cases"][0]["variants"]
+    assert [v["label"] for v in variants] == ["original", "svd", "fde+factorize"]
+    chain = variants[2]["compression"]
+    assert chain["method"] == "fde+factorize" and [s["method"] for s in chain["predicted"]["steps"]] == ["fde",
+                                                                                                       "factorize"]
+    assert chain["macs_after"] <= 0.6 * chain["macs_before"] + 1
+
+
+@pytest.mark.parametrize("text, culprit", [
+    ("[[variant]]\nmethod = 'nope'\n", "variant 1: unknown method 'nope'"),
+    ("[[variant]]\nmethod = 'svd'\nmerge_eps = 0.1\n", "variant 1 (svd): option --merge-eps does not apply"),
+    ("[[variant]]\nmethod = ['fde', 'svd']\nmac_ratio = 0.5\n", "variant 1 (fde+svd): key 'mac_ratio'"),
+    ("[[variant]]\nmethod = 'svd'\nlayer_mac_ratio = 2.0\n", "variant 1 (svd): invalid options"),
+    ("variant = 3\n", "no variants"),
+    ("[[variant]\n", "not valid TOML"),
+])
+def test_plan_errors_name_the_file_and_variant(tmp_path: Path, text: str, culprit: str) -> None:
+    path = tmp_path / "plan.toml"
+    path.write_text(text)
+    with pytest.raises(PlanError) as err:
+        load_plan(path)
+    msg = str(err.value)
+    assert msg.startswith(str(path)) and culprit in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("method, line, culprit", [
+    ("svd", "mac_ratio = 'abc'", "mac_ratio (--mac-ratio) takes a number, got 'abc'"),
+    ("svd", "mac_ratio = true", "mac_ratio (--mac-ratio) takes a number, got True"),
+    ("fde", "scaling = 'no'", "scaling (--scaling) takes true or false, got 'no'"),
+    ("magnitude", "finetune_epochs = 1.9", "finetune_epochs (--finetune-epochs) takes a whole number, got 1.9"),
+    ("svd", "exclude = 13", "exclude (--exclude) takes a list of strings, got 13"),
+    ("magnitude", "widths = [8, '4']", "widths (--widths) takes a list of whole numbers"),
+])
+def test_plan_values_of_the_wrong_type_name_file_variant_and_key(tmp_path: Path, method: str, line: str,
+                                                                 culprit: str) -> None:
+    path = tmp_path / "plan.toml"
+    path.write_text(f"[[variant]]\nmethod = '{method}'\n{line}\n")
+    with pytest.raises(PlanError) as err:
+        load_plan(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: variant 1 ({method}): ") and culprit in msg and "\n" not in msg
+
+
+def test_plan_values_of_the_right_type_are_kept_exactly(tmp_path: Path) -> None:
+    path = tmp_path / "plan.toml"
+    path.write_text("[[variant]]\nmethod = 'svd'\nexclude = '13'\nmac_ratio = 1\n"
+                    "[[variant]]\nmethod = 'ssm'\nexclude = ['a', 'b']\n[[variant]]\nmethod = 'fde'\nscaling = false\n")
+    svd, ssm, fde = load_plan(path)
+    assert svd.config.exclude == ("13",) and svd.config.mac_ratio == 1.0
+    assert ssm.config.exclude == ("a", "b") and fde.config.scaling is False
+
+
+def test_bad_plan_value_exits_2_naming_the_key(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    Path("plan.toml").write_text("[[variant]]\nmethod = 'svd'\nmac_ratio = 'abc'\n")
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data", "digits-flat", "--out", "runs/p",
+                             "--no-int8", "-q"], capsys)
+    assert code == 2 and "plan.toml: variant 1 (svd): mac_ratio (--mac-ratio)" in err and "Traceback" not in err
+
+
+def test_plan_aliases_are_recorded_for_the_warning(tmp_path: Path) -> None:
+    path = tmp_path / "plan.toml"
+    path.write_text("[[variant]]\nmethod = 'fde'\neps = 0.05\n")
+    used: set[tuple[str, str]] = set()
+    [run] = load_plan(path, aliases_used=used)
+    assert run.config.merge_eps == 0.05 and used == {("eps", "fde")}
+    line = alias_warning("eps", [m for _, m in used])
+    assert "--merge-eps (fde)" in line and "cbalanced" not in line
+
+
+def test_no_flag_means_two_things() -> None:
+    from minreal.app.method_options import method_option_specs
+
+    fields = {s.field for s in method_option_specs()}
+    for old, targets in deprecated_aliases().items():
+        assert old not in fields, f"--{old} is both an option and a deprecated alias"
+    assert deprecated_aliases()["calib_samples"] == {"cbalanced": "gramian_samples", "ssm": "error_samples"}
+    assert "calibration_samples" not in fields and "norm_samples" in fields

@@ -1,0 +1,200 @@
+"""Method options derived from the config dataclasses: every option documented, choices checked by click."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import pytest
+from click.testing import CliRunner
+
+from minreal.compress import get_method, method_names
+from minreal.compress.core.allocate import ALLOCATORS
+from minreal.app.cli import cli
+from minreal.app.method_options import config_option_specs, field_docs, method_option_specs
+
+
+def _wide_help() -> list[str]:
+    """``minreal compress --help`` without line wrapping: one line per option."""
+    result = CliRunner().invoke(cli, ["compress", "--help"], terminal_width=10_000, max_content_width=10_000)
+    assert result.exit_code == 0, result.output
+    return result.output.splitlines()
+
+
+def _option_line(lines: list[str], flag: str) -> str:
+    """The option's help entry (its line, plus the next when click puts the help below a long option name)."""
+    found = [i for i, ln in enumerate(lines) if ln.strip() == flag or ln.strip().startswith((flag + " ", flag + "/"))]
+    assert len(found) == 1, f"{flag}: {found}"
+    entry = [lines[found[0]]]
+    for ln in lines[found[0] + 1:]:
+        if not ln.strip() or ln.strip().startswith("-"):
+            break
+        entry.append(ln)
+    return " ".join(" ".join(entry).split())
+
+
+def _section_of(lines: list[str], flag: str) -> str:
+    """The ``--help`` section title (an unindented line ending in ':') above the option's entry."""
+    at = next(i for i, ln in enumerate(lines) if ln.strip() == flag or ln.strip().startswith((flag + " ", flag + "/")))
+    return next(ln.strip() for ln in reversed(lines[:at]) if ln and not ln[0].isspace() and ln.endswith(":"))
+
+
+def test_help_groups_options_by_method_shared_first() -> None:
+    lines = _wide_help()
+    titles = [ln for ln in lines if ln and not ln[0].isspace() and ln.endswith(":")]
+    assert titles[0] == "Options:"
+    for name in ("factorize", "fde", "cbalanced", "ssm"):
+        assert f"Options for {name}:" in titles
+    assert _section_of(lines, "--mac-ratio") == "Options for factorize, fde, magnitude, svd, wanda:"
+    assert _section_of(lines, "--latency-ratio") == "Options for factorize, magnitude, svd, wanda:"
+    assert _section_of(lines, "--latency-table") == "Options for factorize, magnitude, svd, wanda:"
+    assert _section_of(lines, "--energy-eps") == "Options for cbalanced:"
+    assert _section_of(lines, "--merge-eps") == "Options for fde:"
+    assert _section_of(lines, "--calib-holdout") == "Options:"
+    assert not any(ln.strip().startswith(("--flops", "--eps ", "--params")) for ln in lines)  # aliases are hidden
+
+
+def test_budget_options_are_offered_only_by_methods_that_meet_them() -> None:
+    specs = {s.field: s for s in method_option_specs()}
+    for name in method_names():
+        budgets = get_method(name).budgets
+        for budget in ("mac_ratio", "param_ratio", "latency_ratio"):
+            assert (name in specs[budget].methods) == (budget in budgets), (name, budget)
+        assert (name in specs["latency_table"].methods) == ("latency_ratio" in budgets)
+    result = CliRunner().invoke(cli, ["methods"])
+    assert result.exit_code == 0, result.output
+    rows = result.output.split("\n")
+    ssm = rows[rows.index(next(r for r in rows if r.startswith("ssm "))) + 1]
+    assert "--latency-ratio" not in ssm and "--latency-table" not in ssm
+    magnitude = rows[rows.index(next(r for r in rows if r.startswith("magnitude "))) + 1]
+    assert "--param-ratio" in magnitude and "--latency-ratio" in magnitude and "--width-multiple" in magnitude
+
+
+def test_every_config_field_has_help() -> None:
+    for name in method_names():
+        cls = get_method(name).config_cls
+        docs = field_docs(cls)
+        assert set(docs) == {f.name for f in dataclasses.fields(cls)}
+        assert all(help_ for help_, _ in docs.values())
+
+
+def test_every_method_option_is_explained_in_compress_help() -> None:
+    lines = _wide_help()
+    specs = {s.field: s for s in method_option_specs()}
+    for name in method_names():
+        for f in dataclasses.fields(get_method(name).config_cls):
+            spec = specs.get(f.name)
+            if spec is None:  # not a scalar field: no CLI option
+                continue
+            if f.name in ("mac_ratio", "param_ratio", "latency_ratio", "latency_table") and name not in spec.methods:
+                continue  # a budget the method cannot meet (see the test above)
+            line = _option_line(lines, spec.flag)
+            text = line.strip()[len(spec.flag):].strip()
+            assert spec.help and spec.help in line, line
+            assert name in spec.methods and _section_of(lines, spec.flag) == spec.group + ":"
+            assert "Option of method(s)" not in text
+            own = field_docs(get_method(name).config_cls)[f.name][0]
+            assert own in line, f"{name}.{f.name}: its own help text is missing from {line!r}"
+
+
+def test_choices_come_from_the_registries() -> None:
+    specs = {s.field: s for s in method_option_specs()}
+    assert specs["allocator"].choices == tuple(ALLOCATORS)
+    assert specs["stats_dtype"].choices == ("float64", "float32")
+    assert set(specs["init"].choices) == {"scratch", "warm"}
+    assert set(specs["selection"].choices) == {"leverage", "magnitude"}
+    line = _option_line(_wide_help(), "--allocator")
+    assert all(a in line for a in ALLOCATORS)
+
+
+def test_bad_choice_is_a_usage_error(tmp_path) -> None:
+    result = CliRunner().invoke(cli, ["compress", str(tmp_path / "net.py:make"), "--method", "svd",
+                                      "--allocator", "nosuch"])
+    assert result.exit_code == 2, result.output
+    assert "--allocator" in result.output and "nosuch" in result.output
+    assert all(a in result.output for a in ALLOCATORS)
+
+
+def test_field_without_help_is_an_error() -> None:
+    @dataclass
+    class Undocumented:
+        documented: int = field(default=1, metadata={"help": "A documented option."})
+        bare: float = 0.5
+
+    with pytest.raises(ValueError, match=r"Undocumented\.bare"):
+        config_option_specs({"throwaway": Undocumented})
+    with pytest.raises(ValueError, match=r"Undocumented\.bare"):
+        field_docs(Undocumented)
+
+
+def test_bad_choices_metadata_is_an_error() -> None:
+    @dataclass
+    class BadChoices:
+        mode: str = field(default="a", metadata={"help": "Mode.", "choices": ()})
+
+    with pytest.raises(ValueError, match=r"BadChoices\.mode"):
+        field_docs(BadChoices)
+
+
+def test_a_field_declared_apart_by_two_methods_is_an_error() -> None:
+    @dataclass
+    class One:
+        shared: int = field(default=1, metadata={"help": "Same text."})
+
+    @dataclass
+    class Two:
+        shared: float = field(default=2.0, metadata={"help": "Another meaning."})
+
+    with pytest.raises(ValueError, match=r"'shared' \(--shared\) of method 'two' is declared apart by method 'one'"):
+        config_option_specs({"one": One, "two": Two})
+
+
+def test_a_field_shared_through_one_base_is_one_option() -> None:
+    @dataclass
+    class Base:
+        shared: int = field(default=1, metadata={"help": "Same text."})
+
+    @dataclass
+    class One(Base):
+        mode: str = field(default="a", metadata={"help": "Mode of one.", "choices": ("a", "b")})
+
+    @dataclass
+    class Two(Base):
+        other: str = field(default="c", metadata={"help": "Mode of two.", "choices": ("b", "c")})
+
+    specs = {s.field: s for s in config_option_specs({"one": One, "two": Two})}
+    assert specs["shared"].help == "Same text." and specs["shared"].methods == ("one", "two")
+    assert specs["mode"].choices == ("a", "b") and specs["other"].methods == ("two",)
+
+
+def test_registered_methods_share_no_name_apart() -> None:
+    specs = method_option_specs()  # raises on a clash
+    flags = {s.flag for s in specs}
+    assert {"--mac-ratio", "--param-ratio", "--latency-ratio", "--energy-eps", "--merge-eps",
+            "--calib-batch-size", "--train-batch-size"} <= flags
+    assert not {"--eps", "--flops", "--params", "--batch-size"} & flags
+
+
+def test_config_defaults_and_field_order() -> None:
+    from minreal.compress.core.lowrank_plan import BudgetOptions
+
+    assert [(f.name, f.default) for f in dataclasses.fields(BudgetOptions)] == [
+        ("exclude", ()), ("mac_ratio", None), ("param_ratio", None), ("latency_ratio", None),
+        ("latency_table", None), ("layer_mac_ratio", None), ("layer_param_ratio", None), ("rank_fraction", None),
+        ("allocator", "lagrangian"), ("rank_multiple", 1)]
+
+
+
+
+def test_width_methods_take_the_target_providers_width_defaults_and_the_users_values_win() -> None:
+    """What `compress`, `run` and `tune` build for a width method: the CPU's multiple and minimum (16, 16), the GPUs'
+    (8, 0), and the user's own values over either."""
+    from minreal.app.method_options import build_config, provider_defaults
+
+    for method in ("magnitude", "wanda", "cbalanced"):
+        cpu = build_config(method, {}, provider_defaults(("cpu",)))
+        assert (cpu.width_multiple, cpu.width_min) == (16, 16)
+        gpu = build_config(method, {}, provider_defaults(("cuda",)))
+        assert (gpu.width_multiple, gpu.width_min) == (8, 0)
+        mine = build_config(method, {"width_multiple": 8, "width_min": 0}, provider_defaults(("cpu",)))
+        assert (mine.width_multiple, mine.width_min) == (8, 0)

@@ -1,0 +1,512 @@
+"""`minreal tune`: constraint semantics, the budget bisection, the front and the choice, and a small tune end to end
+(the chosen model meets the constraint on held-out data in ONNX Runtime; a repeated tune comes from the cache)."""
+
+from __future__ import annotations
+
+import collections
+import copy
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+from minreal.compress.core.smoke import digits_mlp, digits_subset
+from minreal.compress.core.train import TrainConfig, train
+from minreal.compress.datasets import digits
+from minreal.app.cli import cli, run
+from minreal.app.tune import (Constraint, InlineExecutor, Point, Protocol, Quality, TuneConfig, TuneError, choose,
+                             pareto_front, parse_duration, tune)
+from minreal.app.tune.search import BudgetSearch
+
+FAST = Protocol(min_seconds=0.02, repeats=1, min_runs=5, warmup=1)
+GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
+
+
+def test_constraint_units_follow_check() -> None:
+    ref = Quality(accuracy=0.95, agreement=1.0)
+    drop = Constraint(max_accuracy_drop=0.5)  # percentage points
+    assert drop.holds(Quality(accuracy=0.9451), ref) and not drop.holds(Quality(accuracy=0.9449), ref)
+    assert drop.loss(Quality(accuracy=0.94), ref) == pytest.approx(1.0)
+    agree = Constraint(min_agreement=0.98)
+    assert agree.holds(Quality(agreement=0.98), ref) and not agree.holds(Quality(agreement=0.9799), ref)
+    mse = Constraint(max_mse_increase=0.1)
+    assert mse.holds(Quality(mse=1.1), Quality(mse=1.0)) and mse.score(Quality(mse=2.0)) == -2.0
+    assert not drop.holds(Quality(agreement=1.0), ref)  # a missing metric never meets the constraint
+    for bad in ({}, {"max_accuracy_drop": 1, "min_agreement": 0.9}, {"min_agreement": 1.5},
+                {"max_accuracy_drop": -1}, {"max_mse_increase": math.nan}):
+        with pytest.raises(TuneError):
+            Constraint(**bad)
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("20m", 1200), ("1.5h", 5400)])
+def test_time_budget_parsing(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_time_budget_refuses_nonsense() -> None:
+    with pytest.raises(TuneError, match="--time-budget"):
+        parse_duration("soon")
+
+
+@pytest.mark.parametrize("k", range(len(GRID) + 1))
+def test_bisection_finds_the_smallest_feasible_budget_in_few_probes(k: int) -> None:
+    """The first k budgets (largest) meet the constraint: the search returns GRID[k-1] (or None) after at most
+    ceil(log2(9)) + 1 probes, the last one checking monotonicity."""
+    s = BudgetSearch(GRID)
+    while (b := s.next_budget()) is not None:
+        s.record(b, GRID.index(b) < k, None)
+    assert s.smallest() == (GRID[k - 1] if k else None)
+    assert s.monotone and len(s.probes) <= math.ceil(math.log2(len(GRID) + 1)) + 1
+
+
+def test_bisection_falls_back_to_the_grid_when_not_monotone() -> None:
+    ok = dict(zip(GRID, [True, True, True, False, False, True, False, False]))
+    s = BudgetSearch(GRID)
+    while (b := s.next_budget()) is not None:
+        s.record(b, ok[b], None)
+    assert not s.monotone and set(s.probes) == set(GRID)
+    assert s.passing() == [0.4, 0.7, 0.8, 0.9] and s.smallest() == 0.4
+
+
+def test_front_and_choice_never_pick_a_dominated_or_infeasible_point() -> None:
+    pts = [Point("base", 1.0, 0.90, 100, True), Point("fast", 0.5, 0.89, 50, True),
+           Point("dominated", 0.8, 0.85, 60, True), Point("fastest-but-bad", 0.2, 0.50, 10, False)]
+    front = [p.label for p in pareto_front(pts)]
+    assert "dominated" not in front and front == ["fastest-but-bad", "fast", "base"]
+    assert choose(pts).label == "fast"
+    assert choose(pts, "size").label == "fast"
+    assert choose([Point("x", 1.0, 0.0, 1, False)]) is None
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One candidate cache for the tunes of this module: later tunes of the same inputs only re-time."""
+    return tmp_path_factory.mktemp("tune-cache")
+
+
+@pytest.fixture(scope="module")
+def trained_mlp():
+    model = digits_mlp()
+    train(model, digits_subset(900), None, TrainConfig(epochs=6))
+    tr, te = digits(as_images=False)
+    return model.eval(), tr, te
+
+
+def _ort_accuracy(path: Path, x: np.ndarray, y: np.ndarray) -> float:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    out = sess.run(None, {sess.get_inputs()[0].name: x.astype(np.float32)})[0]
+    return float((out.argmax(1) == y).mean())
+
+
+def test_tune_chooses_a_model_that_meets_the_constraint_and_resumes_from_cache(trained_mlp, tmp_path: Path,
+                                                                              shared_cache: Path) -> None:
+    model, tr, te = trained_mlp
+    cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd", "factorize"), grid=(0.8, 0.5, 0.3),
+                     recover_epochs=1, screen=FAST, confirm=FAST)
+    report = tune(model, tr, te, cfg, tmp_path / "a", shared_cache, executor=InlineExecutor())
+    labels = [c.label for c in report.candidates]
+    assert labels[:2] == ["original", "original.int8"]  # the rows to beat are always there
+    assert report.chosen is not None and (tmp_path / "a" / "chosen.onnx").is_file()
+    x, y = te.x.numpy(), te.y.numpy()
+    original = _ort_accuracy(tmp_path / "a" / "models" / "original.onnx", x, y)
+    chosen = _ort_accuracy(tmp_path / "a" / "chosen.onnx", x, y)
+    assert 100 * (original - chosen) <= 2.0 + 1e-9  # independently re-measured on the held-out data
+    win = next(c for c in report.candidates if c.label == report.chosen)
+    cell = "cpu/b1"
+    rivals = [c for c in report.candidates if c.feasible and cell in c.confirm_ms]
+    assert win.confirm_ms[cell] == min(c.confirm_ms[cell] for c in rivals)
+    assert all(c.feasible for c in report.candidates if c.confirm_ms and c.kind == "structural")
+    assert report.counts["evaluated"] >= 4 and report.counts["cached"] == 0
+    from minreal.app.tune.output import plot_tune
+
+    info = plot_tune(report, tmp_path / "front.png")  # what front.png shows: every file that meets the constraint
+    legend = {lb.removesuffix(" (chosen)") for lb in info.panels[0].legend}
+    assert {c.label for c in report.candidates if c.feasible} <= legend and (tmp_path / "front.png").is_file()
+    assert list(info.panels[0].chosen) == [report.chosen]
+    again = tune(model, tr, te, cfg, tmp_path / "b", shared_cache, executor=InlineExecutor())
+    assert again.counts["cached"] == again.counts["evaluated"] == report.counts["evaluated"]
+    assert [s["probes"] for s in again.searches] == [s["probes"] for s in report.searches]
+
+
+def test_bisection_prepares_each_method_once_and_reuses_zero_shot_models(trained_mlp, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted calls: every probe of a method's bisections realises from one prepared state, and a recovered
+    candidate starts from the zero-shot model of its budget instead of realising it again."""
+    import minreal.compress.registry as registry
+    from minreal.app.tune import candidate
+
+    model, tr, te = trained_mlp
+    monkeypatch.setattr(candidate, "_PREPARED", {})
+    monkeypatch.setattr(candidate, "_ZERO_SHOT", {})
+    prepared, realised, from_disk = collections.Counter(), collections.Counter(), collections.Counter()
+    sizes: set[int] = set()
+    real_prepare, real_realise = registry.prepare, registry.realise
+
+    def counting_prepare(model, data, method, config=None, cache_dir=None):  # noqa: ANN001, ANN202 - wrapped
+        prepared[method] += 1
+        sizes.add(len(data))
+        result = real_prepare(model, data, method, config, cache_dir=cache_dir)
+        from_disk[method] += result.cached
+        return result
+
+    def counting_realise(prep, config=None, recovery=None, held_out=None, measure=True):  # noqa: ANN001, ANN202
+        realised[(prep.method, config.mac_ratio)] += 1
+        return real_realise(prep, config, recovery, held_out, measure)
+
+    monkeypatch.setattr(registry, "prepare", counting_prepare)
+    monkeypatch.setattr(registry, "realise", counting_realise)
+    cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd", "factorize"), grid=(0.8, 0.5, 0.3),
+                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST)
+    report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
+    probes = [(s["method"], p["budget"]) for s in report.searches if s["recover_epochs"] == 0 for p in s["probes"]]
+    raced = [(e["method"], e["budget"]) for rung in report.halving["rungs"] for e in rung]
+    assert len(raced) > len(set(raced)) and set(raced) & set(probes)  # budgets met again: reuse was possible
+    assert prepared == {"svd": 1, "factorize": 1}
+    assert sizes == {cfg.stats_samples} and cfg.stats_samples < len(tr)  # statistics on a seeded subsample
+    assert set(realised) == set(probes) | set(raced) and set(realised.values()) == {1}, (realised, probes, raced)
+    # a later tune (a fresh worker: nothing in memory) loads the prepared states from the cache folder
+    monkeypatch.setattr(candidate, "_PREPARED", {})
+    monkeypatch.setattr(candidate, "_ZERO_SHOT", {})
+    again = tune(model, tr, te, dataclasses.replace(cfg, grid=(0.8, 0.5, 0.3, 0.25)), tmp_path / "u",
+                 tmp_path / "cache", executor=InlineExecutor())
+    assert prepared == {"svd": 2, "factorize": 2}
+    assert from_disk == {m: int(registry.get_method(m).two_phase) for m in ("svd", "factorize")}  # factorize at least
+    assert again.chosen is not None
+
+
+def test_a_job_past_the_deadline_is_skipped_and_never_cached(trained_mlp, tmp_path: Path) -> None:
+    """--time-budget is checked before every job, in the process that runs it: a job that comes up after the
+    deadline does no work and leaves no cache entry (so a later tune computes it)."""
+    from minreal.app.tune.candidate import CandidateSpec, Job, LoadedSource, evaluate_candidate, fingerprint
+
+    model, tr, te = trained_mlp
+    job = Job(CandidateSpec("svd", 0.5), LoadedSource(model, tr, te), fingerprint(model, tr, te), tmp_path / "cache",
+              Constraint(max_accuracy_drop=2.0), Quality(0.9), ("cpu",), "cpu-vnni", False, deadline=0.0)
+    result = evaluate_candidate(job)
+    assert result.skipped and result.error.startswith("skipped") and not result.feasible
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    done = evaluate_candidate(dataclasses.replace(job, deadline=None))
+    assert not done.skipped and done.mac_ratio is not None
+
+
+FACTORY = """
+import torch
+from torch import nn
+
+def make():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
+"""
+
+
+def test_tune_cli_writes_a_directory_that_check_can_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "net.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    args = ["tune", "--allow-data-mismatch", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9", "--methods", "svd",
+            "--grid", "0.8,0.4", "--out", "t", "--cache-dir", "cache", "--screen-seconds", "0.02", "--min-seconds",
+            "0.02", "--repeats", "1", "-q"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "verdict:" in result.output and "original.int8" in result.output
+    report = json.loads(Path("t/report.json").read_text())
+    assert report["kind"] == "tune" and report["chosen"] and Path("t/chosen.onnx").is_file()
+    assert Path("t/front.png").is_file() and Path("t/report.md").read_text().startswith("# minreal tune report")
+    assert report["candidates"][0]["onnx"] == "models/original.onnx"  # paths relative to the tune directory
+    gate = CliRunner().invoke(cli, ["check", "t/report.json", "--min-agreement", "0.9"])
+    assert gate.exit_code == 0, gate.output
+    strict = CliRunner().invoke(cli, ["check", "t/report.json", "--min-agreement", "1.01"])
+    assert strict.exit_code == 1
+    assert run(["tune", "net.py:make", "--data", "digits-flat", "--out", "u"]) == 2
+    err = capsys.readouterr().err
+    assert "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
+    plan = CliRunner().invoke(cli, ["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
+                                    "--methods", "svd,factorize", "--recover-epochs", "2", "--out", "v", "--dry-run",
+                                    "--json", "-q"])
+    assert plan.exit_code == 0, plan.output
+    dry = json.loads(plan.output)
+    assert dry["dry_run"] and not Path("v").exists()  # a plan writes nothing
+    assert any("successive halving of up to 4 candidate(s)" in line for line in dry["plan"]), dry["plan"]
+    assert dry["estimated_total_s"] == pytest.approx(sum(dry["estimated_s"].values()), abs=0.5)
+
+
+def test_size_objective_picks_the_smallest_feasible_file_of_all(trained_mlp, tmp_path: Path,
+                                                               shared_cache: Path) -> None:
+    """Size needs no timing: the smallest file that meets the constraint wins even off the latency front."""
+    model, tr, te = trained_mlp
+    cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), objective="size", methods=("svd", "factorize"),
+                     grid=(0.8, 0.5, 0.3), recover_epochs=1, screen=FAST, confirm=FAST)
+    report = tune(model, tr, te, cfg, tmp_path / "s", shared_cache, executor=InlineExecutor())
+    feasible = [c for c in report.candidates if c.feasible]
+    assert report.chosen == min(feasible, key=lambda c: (c.onnx_bytes, c.screen_ms["cpu/b1"])).label
+
+
+def test_cache_key_follows_weights_data_shapes_and_graph(trained_mlp) -> None:
+    import copy
+
+    import torch
+
+    from minreal.compress.core.data import Dataset
+    from minreal.app.tune.candidate import CandidateSpec, Job, LoadedSource, cache_key, fingerprint
+
+    model, tr, te = trained_mlp
+    base = fingerprint(model, tr, te)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        next(other.parameters()).view(-1)[0] += 1e-3
+    flat = Dataset(tr.x.reshape(len(tr), 8, 8), tr.y)
+    assert len({base, fingerprint(other, tr, te), fingerprint(model, flat, te)}) == 3
+
+    def key(**kw: object) -> str:
+        job = Job(CandidateSpec("svd", 0.5), LoadedSource(model, tr, te), base, Path("."), Constraint(min_agreement=0.9),
+                  Quality(agreement=1.0), ("cpu",), "cpu", True, (), "graph-a")
+        return cache_key(dataclasses.replace(job, **kw))
+
+    assert key() == key(constraint=Constraint(max_accuracy_drop=9.0))  # results are re-judged, not recomputed
+    assert len({key(), key(graph="graph-b"), key(quant_target="tensorrt"), key(providers=("cuda",)),
+                key(extra=(("rank_multiple", 8),)), key(spec=CandidateSpec("svd", 0.5, 1))}) == 6
+
+
+def test_a_worker_that_loads_other_inputs_stops_the_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from minreal.app.tune.candidate import CandidateSpec, InputsChangedError, Job, SpecSource, evaluate_candidate
+
+    (tmp_path / "net.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    job = Job(CandidateSpec("svd", 0.5), SpecSource("net.py:make", "digits-flat"), "not-what-the-worker-loads",
+              tmp_path / "cache", Constraint(min_agreement=0.5), Quality(agreement=1.0), ("cpu",), "cpu", False)
+    with pytest.raises(InputsChangedError, match="--workers 0"):
+        evaluate_candidate(job)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_gate_on_a_tune_report_names_the_chosen_model_and_fails_without_one(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
+    from minreal.app.gate import check_reports
+
+    lat = [{"model": m, "provider": "cpu", "batch_size": 1, "stats": {"p50_ms": ms}, "process_p50_ms": [ms]}
+           for m, ms in (("original", 2.0), ("a@0.5", 1.0))]
+    confirm = {"schema_version": 1, "models": [{"name": "original"}, {"name": "a@0.5"}], "latency": lat,
+               "ratios": [{"model": "a@0.5", "reference": "original", "provider": "cpu", "batch_size": 1,
+                           "statistic": "p50_ms", "median": 0.5, "min": 0.5, "max": 0.5, "per_process": [0.5]}],
+               "metrics": [{"model": "original", "accuracy": 0.9, "top1_agreement": 1.0},
+                           {"model": "a@0.5", "accuracy": 0.895, "top1_agreement": 0.99}]}
+    for chosen, ratio in (("a@0.5", 0.5), ("original", 1.0)):
+        (tmp_path / "r.json").write_text(json.dumps({"kind": "tune", "chosen": chosen, "confirm": confirm}))
+        [(name, res)] = check_reports(tmp_path / "r.json", None, 1.0, 1.0, None, None)
+        assert res.passed and {c.model for c in res.criteria} == {"chosen"}
+        assert next(c for c in res.criteria if c.name == "latency_ratio").measured == ratio
+    (tmp_path / "n.json").write_text(json.dumps({"kind": "tune", "chosen": None, "verdict": "nothing met it"}))
+    assert run(["check", str(tmp_path / "n.json"), "--max-accuracy-drop", "1"]) == 1
+    assert "nothing met it" in capsys.readouterr().out
+
+
+def test_tune_refuses_unmeasurable_constraints_and_path_like_plan_labels(trained_mlp, tmp_path: Path) -> None:
+    from minreal.compress.core.demo_case import DemoRun
+    from minreal.compress.methods.svd import SVDConfig
+
+    model, tr, te = trained_mlp
+    with pytest.raises(TuneError, match="--max-mse-increase needs float targets"):
+        tune(model, tr, te, TuneConfig(Constraint(max_mse_increase=0.1)), tmp_path / "a", tmp_path / "c")
+    bad = TuneConfig(Constraint(min_agreement=0.9), plan=(DemoRun("../escape", "svd", SVDConfig(mac_ratio=0.5)),))
+    with pytest.raises(TuneError, match="path separators"):
+        tune(model, tr, te, bad, tmp_path / "b", tmp_path / "c")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_halving_pool_takes_the_budgets_just_below_each_zero_shot_boundary() -> None:
+    from minreal.app.tune.halving import halving_pool, rung_fractions
+
+    grid = (0.9, 0.8, 0.7, 0.6, 0.5)
+    pool = halving_pool(grid, {"a": 0.7, "b": None, "c": 0.5}, per_method=2)
+    assert pool == [("a", 0.6), ("a", 0.5), ("b", 0.9), ("b", 0.8)]  # c met the smallest budget: nothing to race
+    assert rung_fractions(3, 3) == (1 / 9, 1 / 3, 1.0) and rung_fractions(2, 1) == (1.0,)
+
+
+def test_halving_pool_races_a_zero_shot_model_once_whatever_budgets_realise_it() -> None:
+    """magnitude on an option-A ResNet realised 0.9, 0.8 and 0.7 as one model: the pool keeps the largest of those
+    budgets, gives the duplicate's place to no other budget and names it as a twin; different digests, or budgets
+    without one (not probed), are different models."""
+    from minreal.compress.core.cache import model_key
+    from minreal.app.tune.halving import halving_pool, halving_twins
+
+    torch.manual_seed(0)
+    net = nn.Linear(4, 3)
+    same, other = model_key(net), model_key(nn.Linear(4, 3))
+    assert same == model_key(copy.deepcopy(net)) and same != other
+    grid = (0.9, 0.8, 0.7, 0.6, 0.5)
+    models = {("mag", 0.9): same, ("mag", 0.8): model_key(copy.deepcopy(net)),
+              ("wanda", 0.9): same, ("wanda", 0.8): other, ("svd", 0.9): None}
+    boundaries = {"mag": None, "wanda": None, "svd": None}
+    pool = halving_pool(grid, boundaries, per_method=2, models=models)
+    assert pool == [("mag", 0.9), ("wanda", 0.9), ("wanda", 0.8), ("svd", 0.9), ("svd", 0.8)]
+    assert halving_twins(grid, boundaries, per_method=2, models=models) == [("mag", 0.8, 0.9)]
+    assert halving_pool(grid, {"mag": None}, per_method=2) == [("mag", 0.9), ("mag", 0.8)]
+
+
+def test_halving_keeps_every_candidate_that_meets_and_promotes_a_third_of_the_rest() -> None:
+    """At a rung: a candidate that meets the constraint is done (a real candidate, whatever its MACs) and dominates
+    its method's larger budgets; of those that miss, ceil(n / eta) with the smallest losses go on. At the last rung
+    what still misses is marked so."""
+    from minreal.app.tune.halving import Halving, RungEntry
+
+    h = Halving((1 / 9, 1 / 3, 1.0), 3, [])
+
+    def entry(method: str, budget: float, loss: float | None, meets: bool, outcome: str = "") -> RungEntry:
+        return RungEntry(method, budget, 1 / 9, 100, loss, meets, 1.0, outcome)
+
+    rung = [entry("a", 0.6, 0.4, True), entry("a", 0.5, 0.8, True), entry("b", 0.9, 3.0, False),
+            entry("b", 0.8, 5.0, False), entry("c", 0.7, None, False, "refused"), entry("d", 0.9, 1.5, False),
+            entry("e", 0.4, 2.0, False), entry("f", 0.9, 0.9, True)]
+    promoted = h.promote(rung)
+    assert [e.outcome for e in rung] == ["dominated", "met", "cut", "cut", "refused", "promoted", "promoted", "met"]
+    assert promoted == [("d", 0.9), ("e", 0.4)]  # ceil(4 that miss / 3) = 2, the smallest losses first
+    assert [(e.method, e.budget) for e in h.met()] == [("a", 0.5), ("f", 0.9)]  # f stays, though it has more MACs
+    second = [RungEntry("d", 0.9, 1 / 3, 300, 0.5, True, 2.0), RungEntry("e", 0.4, 1 / 3, 300, 1.2, False, 2.0)]
+    assert h.promote(second) == [("e", 0.4)] and second[0].outcome == "met"
+    last = [RungEntry("e", 0.4, 1.0, 900, 1.1, False, 6.0)]
+    assert h.promote(last) == [] and last[0].outcome == "missed"
+    record = h.record()
+    assert [len(r) for r in record["rungs"]] == [8, 2, 1] and record["fractions"] == [1 / 9, 1 / 3, 1.0]
+
+
+def test_short_rungs_recover_on_a_subsample_and_only_what_meets_is_exported(trained_mlp, tmp_path: Path) -> None:
+    """A recovered search races by successive halving: a short rung recovers on a seeded subsample of the
+    calibration data; only candidates that meet the constraint (at any rung) become files, and the report says
+    which candidate got which share of the recovery."""
+    from minreal.app.tune.candidate import CandidateSpec, subsample
+
+    model, tr, te = trained_mlp
+    part = subsample(tr, 1 / 9)
+    assert len(part) == math.ceil(len(tr) / 9) and torch.equal(part.x, subsample(tr, 1 / 9).x)
+    assert CandidateSpec("svd", 0.5, 2, fraction=1 / 3).label == "svd@0.5+r2~0.33"
+    assert CandidateSpec("svd", 0.5, 0, fraction=1 / 3).short is False  # nothing to shorten without recovery
+    cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd",), grid=(0.9, 0.6, 0.5, 0.4),
+                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST)
+    report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
+    rungs = report.halving["rungs"]
+    # the budgets below the zero-shot boundary race once per distinct zero-shot model: a twin (the same model as a
+    # larger budget, as 0.5 and 0.4 can be at the CPU's rank multiple) is named instead of racing
+    twins = report.halving["twins"]
+    assert len(rungs[0]) + len(twins) == cfg.halving_per_method  # every budget below the boundary, once
+    for m, b, twin in twins:
+        assert twin in [e["budget"] for e in rungs[0]] and twin > b
+        assert any(n.startswith(f"{m}@{b:g} realises the same model as {m}@{twin:g} (MAC ratio ") for n in report.notes)
+    assert {e["fraction"] for e in rungs[0]} == {1 / 9} and {e["samples"] for e in rungs[0]} == {len(part)}
+    met = {f"svd@{e['budget']:g}+r1" + ("" if e["fraction"] == 1 else f"~{e['fraction']:.2g}")
+           for r in rungs for e in r if e["outcome"] == "met"}
+    structural = {c.label for c in report.candidates if c.kind == "structural"}
+    assert met and met <= structural  # every candidate that met the constraint is a file
+    assert not {lb for lb in structural if "+r1" in lb} - met  # and no recovered file that did not
+    assert {e["outcome"] for r in rungs for e in r} <= {"met", "dominated", "promoted", "cut", "missed"}
+    assert {"baselines", "search", "screen", "confirm", "recover"} <= set(report.phases_s)
+
+
+def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_mlp, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """QAT changes the ranges, not the structure: where the recovered winner's post-training INT8 meets the
+    constraint in ONNX Runtime no QAT candidate is trained (and the report says so); where it misses, one is."""
+    from minreal.app.tune import run as tune_run
+
+    model, tr, te = trained_mlp
+    cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd",), grid=(0.9, 0.6, 0.5, 0.4),
+                     recover_epochs=1, screen=FAST, confirm=FAST)
+    checked = []
+    real = tune_run._int8_meets
+
+    def meets(res, held_out, original, base):  # noqa: ANN001, ANN202 - the wrapped signature
+        checked.append(res.spec.label)
+        return real(res, held_out, original, base)
+
+    monkeypatch.setattr(tune_run, "_int8_meets", meets)
+    report = tune(model, tr, te, cfg, tmp_path / "a", tmp_path / "cache", executor=InlineExecutor())
+    recovered = [s for s in report.searches if s["recover_epochs"] and s["smallest_feasible"] is not None]
+    assert recovered, report.searches  # the race found a recovered winner, whose INT8 was checked
+    assert len(checked) == 1 and checked[0].startswith(f"svd@{recovered[0]['smallest_feasible']:g}+r1")
+    qat = [c for c in report.candidates if c.precision == "int8-qat"]
+    skipped = [n for n in report.notes if n.startswith("no quantisation-aware recovery")]
+    assert bool(qat) != bool(skipped)  # exactly one of them: trained because INT8 missed, or skipped because it met
+    monkeypatch.setattr(tune_run, "_int8_meets", lambda *a: False)
+    again = tune(model, tr, te, cfg, tmp_path / "b", tmp_path / "cache", executor=InlineExecutor())
+    assert [c.label for c in again.candidates if c.precision == "int8-qat"] == [f"{checked[0]}+qat.int8"]
+
+
+def test_dry_run_estimate_counts_each_phase_in_the_probe_s_units() -> None:
+    """The plan's arithmetic, by hand: statistics as measured passes per method over the statistics samples, every
+    rung of the race as its share of the recovery's training steps (an upper bound: as if nothing met early), the
+    held-out pass of each probe, the timing protocols."""
+    from minreal.app.tune.dryrun import EXPORT_S, PREPARE_PASSES, PROCESS_START_S, Probe, estimate_plan
+
+    probe = Probe(forward_s=0.001, train_s=0.004, samples=64)
+    cfg = TuneConfig(Constraint(max_accuracy_drop=1.0), methods=("factorize", "svd"), grid=(0.9, 0.7, 0.5),
+                     recover_epochs=3, stats_samples=500, screen=FAST, confirm=FAST)
+    est = estimate_plan(cfg, cfg.methods, calib=1000, held_out=200, probe=probe)
+    assert est.seconds["prepare"] == pytest.approx(PREPARE_PASSES["factorize"] * 0.001 * 500)  # svd reads weights
+    assert est.seconds["zero-shot"] == pytest.approx(2 * 3 * (0.2 + EXPORT_S / 2))  # ceil(log2(4)) + 1 = 3 probes
+    step = 3 * 800 * 0.005  # the full cap: 3 epochs of the 800 training samples (20 % validate), train + teacher
+    rungs = [(4, 1 / 9), (2, 1 / 3), (1, 1.0)]  # pool 2 methods x 2 budgets; a third (rounded up) goes on
+    assert est.seconds["recovery"] == pytest.approx(sum(n * (f * step + 0.2) for n, f in rungs))
+    assert est.seconds["quantisation-aware"] == pytest.approx(3 * 800 * (0.004 * 1.5 + 0.001))
+    files = 3 + 2 * 2 * 2
+    assert est.seconds["screen"] == pytest.approx(files * 1 * (FAST.min_seconds * FAST.repeats + PROCESS_START_S))
+    assert est.total == pytest.approx(sum(est.seconds.values()))
+
+
+def test_a_worker_s_progress_reaches_this_process_s_log(caplog: pytest.LogCaptureFixture) -> None:
+    """Candidates run in spawned workers; their library progress (a recovery's epochs) is shown by the tune's own
+    process, as if it were its own (logs and terminals see it)."""
+    import functools
+    import logging
+
+    from minreal.compress.core.progress import log_progress
+    from minreal.app.tune.executor import ProcessExecutor
+    from minreal.facts import PROGRESS_KEY
+
+    with caplog.at_level(logging.INFO, logger="compress"):
+        ex = ProcessExecutor(1)
+        try:
+            ex.map(functools.partial(log_progress, logging.getLogger("minreal.compress.core.recover"), "recovery (epochs)",
+                                     1, detail="training loss 0.5"), [3])
+        finally:
+            ex.close()
+    found = [r for r in caplog.records if getattr(r, PROGRESS_KEY, None) == ("recovery (epochs)", 1, 3)]
+    assert found and "training loss 0.5" in found[0].getMessage()
+
+
+@pytest.mark.parametrize("saturates", [False, True])
+def test_accuracy_control_starts_from_the_original_s_int8_of_its_format(saturates: bool, trained_mlp, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The baselines' INT8 of the original is accuracy control's plain INT8, not quantised again; where it can
+    saturate on this (pretended) CPU accuracy control starts from cpu-avx2, another file, which it quantises."""
+    import minreal.export.accuracy_control as accuracy_control
+    import minreal.runtime_bench.cpu as cpu_facts
+    from minreal.app.tune.run import _baselines
+
+    monkeypatch.setattr(cpu_facts, "kernel_saturates", lambda: saturates)
+    given, quantised = [], []
+    real_control, real_quantize = accuracy_control.quantize_with_accuracy_control, accuracy_control.quantize_int8
+    monkeypatch.setattr(accuracy_control, "quantize_with_accuracy_control",
+                        lambda *a, **k: given.append(k["int8"]) or real_control(*a, **k))
+    monkeypatch.setattr(accuracy_control, "quantize_int8",
+                        lambda *a, **k: quantised.append(a[3].target) or real_quantize(*a, **k))
+    model, tr, te = trained_mlp
+    models = tmp_path / "models"
+    models.mkdir()
+    cfg = TuneConfig(Constraint(max_accuracy_drop=100.0), quant_target="cpu-vnni")
+    notes: list[str] = []
+    baselines = _baselines(model, tr, te, cfg, models, Quality(0.9), notes, lambda line: None)
+    assert [c.label for c in baselines[:2]] == ["original", "original.int8"]
+    (plain,) = given
+    if saturates:
+        assert plain is None and quantised == ["cpu-avx2"]  # the saturation-free format: quantised afresh
+        assert any("cpu-avx2" in note for note in notes)
+    else:
+        assert quantised == [] and Path(plain.out_path) == models / "original.int8.onnx"
+        assert Path(plain.fp32_path) == models / "original.onnx" and plain.target == "cpu-vnni"
