@@ -8,7 +8,7 @@ GPU_WHEEL := $(or $(GPU),$(TRT))
 EXTRAS := test,$(if $(GPU_WHEEL),gpu,cpu)$(if $(TRT),$(comma)tensorrt,)
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install install-test demo test bench clean
+.PHONY: install install-test demo lint test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,8 +31,11 @@ install: $(STAMP)
 demo: install
 	$(BIN)/minreal demo --overwrite
 
-test: install
+test: install lint
 	$(BIN)/python -m pytest -q tests
+
+lint: install
+	$(BIN)/ruff check .
 
 bench: install
 	$(BIN)/python benchmarks/pipeline.py --out benchmarks/pipeline.json

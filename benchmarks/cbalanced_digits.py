@@ -23,23 +23,23 @@ import numpy as np
 import onnxruntime as ort
 import torch
 import torch.nn.functional as F
+from _common import pyplot, save_figure, write_json
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import nn
 from torch.nn.utils import prune
 
 from minreal.compress.core.data import Dataset
-from minreal.compress.datasets import digits
 from minreal.compress.core.errors import CompressionError
-from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians, collect_states, default_state_points
+from minreal.compress.core.train import TrainConfig, train
+from minreal.compress.datasets import digits
 from minreal.compress.methods.cbalanced import CBalancedConfig, analyse_states, realise
+from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians, collect_states, default_state_points
 from minreal.compress.methods.svd import SVDConfig
 from minreal.compress.models import mlp
 from minreal.compress.registry import compress
-from minreal.compress.core.train import TrainConfig, train
 from minreal.export.onnx_export import to_onnx
 from minreal.runtime_bench.sessions import create_session
 from minreal.runtime_bench.timing import latency_stats, time_interleaved
-from _common import pyplot, save_figure, write_json
 
 PAPER = {"mnist": {"states": [1024, 277], "ranks_c": [114, 90, 63, 10], "params": [400906, 106323],
                    "accuracy": [0.9660, 0.9545]},
@@ -173,7 +173,8 @@ def plot(result: dict, out: Path) -> None:
     for ax, layer in zip(axes[0], layers):
         for test, colour in zip("ABC", ("tab:blue", "tab:orange", "tab:green")):
             lam = np.asarray(layer["spectra"][test])
-            ax.semilogy(np.arange(1, len(lam) + 1), lam / lam[0], colour, label=f"{test} (r={layer[f'rank_{test.lower()}']})")
+            ax.semilogy(np.arange(1, len(lam) + 1), lam / lam[0], colour,
+                        label=f"{test} (r={layer[f'rank_{test.lower()}']})")
         ax.set_title(f"state {layer['name']}")
         ax.set_xlabel("index")
         ax.set_ylim(1e-12, 2)

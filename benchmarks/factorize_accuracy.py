@@ -13,15 +13,15 @@ import time
 from pathlib import Path
 
 import torch
+from _common import pyplot, save_figure, write_json
 from torch import nn
 
 from minreal.compress import compress
+from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
 from minreal.compress.methods.factorize import FactorizeConfig
 from minreal.compress.methods.svd import SVDConfig
 from minreal.compress.models import small_cnn
-from minreal.compress.core.train import TrainConfig, train
-from _common import pyplot, save_figure, write_json
 
 OUT = Path(__file__).with_suffix(".json")
 RATIOS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
@@ -70,7 +70,8 @@ def main() -> None:
             for method in ("factorize", "svd"):
                 for alloc in ALLOCATORS:
                     for ratio in RATIOS:
-                        cfg = (FactorizeConfig(layer_mac_ratio=ratio, allocator=alloc, cache_dir=cache) if method == "factorize"
+                        cfg = (FactorizeConfig(layer_mac_ratio=ratio, allocator=alloc, cache_dir=cache)
+                               if method == "factorize"
                                else SVDConfig(layer_mac_ratio=ratio, allocator=alloc))
                         t0 = time.perf_counter()
                         new, rep = compress(model, train_set, method, cfg)

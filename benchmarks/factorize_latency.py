@@ -16,13 +16,13 @@ from statistics import median
 import numpy as np
 import torch
 import torchvision
+from _common import write_json
 
 from minreal.compress import compress
 from minreal.compress.core.data import Dataset
 from minreal.compress.methods.factorize import FactorizeConfig
 from minreal.runtime_bench.sessions import create_session
 from minreal.runtime_bench.timing import time_interleaved
-from _common import write_json
 
 OUT = Path(__file__).with_suffix(".json")
 THREADS = 2

@@ -42,11 +42,12 @@ def one_run(images: int, flops: float, cache: str, stats_dtype: str) -> dict:
     model = torchvision.models.resnet18(weights=None).eval()
     data = calibration(images)
     t0 = time.perf_counter()
-    _, rep = compress(model, data, "factorize", FactorizeConfig(layer_mac_ratio=flops, cache_dir=cache, stats_dtype=stats_dtype,
-                                                               batch_size=32))
+    _, rep = compress(model, data, "factorize", FactorizeConfig(layer_mac_ratio=flops, cache_dir=cache,
+                                                               stats_dtype=stats_dtype, batch_size=32))
     return {"flops": flops, "images": images, "stats_dtype": stats_dtype, "threads": torch.get_num_threads(),
             "wall_s": time.perf_counter() - t0,
-            "wall_without_measure_s": time.perf_counter() - t0 - rep.timings_s["measure"], "timings_s": rep.timings_s, "cache_hits": rep.predicted["cache_hits"],
+            "wall_without_measure_s": time.perf_counter() - t0 - rep.timings_s["measure"], "timings_s": rep.timings_s,
+            "cache_hits": rep.predicted["cache_hits"],
             "factorizable_mac_ratio": rep.predicted["factorizable_mac_ratio"],
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}
 

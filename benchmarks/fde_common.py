@@ -9,9 +9,9 @@ from torch import nn
 
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.evaluate import predict
+from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.methods.fde import build_sequential, extract_chain
 from minreal.compress.models import mlp
-from minreal.compress.core.train import TrainConfig, train
 
 
 def trained_mlp(train_set: Dataset, test_set: Dataset, widths: list[int], seed: int, epochs: int = 25,

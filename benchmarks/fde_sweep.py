@@ -16,13 +16,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from fde_common import grow_by_duplication, mean_ci, mse, trained_mlp  # noqa: E402
 
-from minreal.compress import compress  # noqa: E402
+from minreal.compress import RecoveryConfig, compress  # noqa: E402
 from minreal.compress.dynamics import REGRESSION_DATASETS, regression_dataset  # noqa: E402
 from minreal.compress.methods.fde import FDEConfig  # noqa: E402
 from minreal.compress.methods.magnitude import MagnitudeConfig  # noqa: E402
 from minreal.compress.methods.wanda import WandaConfig  # noqa: E402
-from fde_common import grow_by_duplication, mean_ci, mse, trained_mlp  # noqa: E402
 
 EPS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7)
 FINETUNE_EPS = (0.3, 0.7)
@@ -39,7 +39,8 @@ def _point(model, train_set, test_set, eps: float, finetune: bool) -> dict:
     for name, cfg in (("magnitude", MagnitudeConfig(widths=widths)), ("wanda", WandaConfig(widths=widths))):
         row[name] = mse(compress(model, train_set, name, cfg)[0], test_set)
     if finetune:
-        ft, _ = compress(model, train_set, "fde", FDEConfig(merge_eps=eps, finetune_epochs=10, finetune_lr=1e-3))
+        ft, _ = compress(model, train_set, "fde", FDEConfig(merge_eps=eps),  # label-only fine-tuning, as measured
+                         RecoveryConfig(epochs=10, lr=1e-3, alpha=1.0))
         row["fde_ft"] = mse(ft, test_set)
     return row
 

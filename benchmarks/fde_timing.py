@@ -17,10 +17,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from fde_common import grow_by_duplication  # noqa: E402
 
 from minreal.compress.methods.fde import extract_chain, refine  # noqa: E402
 from minreal.compress.models import mlp  # noqa: E402
-from fde_common import grow_by_duplication  # noqa: E402
 
 EPS = (0.0, 0.05, 0.2, 0.5)
 
@@ -56,7 +56,7 @@ def main() -> None:
            "results": rows}
     args.out.write_text(json.dumps(out, indent=1))
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for k, (name, rs) in enumerate(rows.items()):
+    for name, rs in rows.items():
         xs = [r["eps"] for r in rs if not r["bound"]]
         ax.plot(xs, [r["median_s"] for r in rs if not r["bound"]], "o-", label=f"{name}")
         ax.plot(xs, [r["median_s"] for r in rs if r["bound"]], "s--", label=f"{name} + bound")

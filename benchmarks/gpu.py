@@ -14,8 +14,9 @@ Backends (every cell is one model × variant × backend × precision × batch si
   (fp32, fp16 flag) and from the QDQ file (INT8 flag), profile batch 1/32/32, build time and parity against ONNX
   Runtime's CPU provider recorded, then each engine timed through its execution context by CUDA events.
 
-CUDA-event timing goes through the project's one timing loop (:func:`minreal.runtime_bench.timing.time_interleaved`, warm-up
-discarded, original and compressed interleaved) with a clock that records an event on the stream and waits for it.
+CUDA-event timing goes through the project's one timing loop (:func:`minreal.runtime_bench.timing.time_interleaved`,
+warm-up discarded, original and compressed interleaved) with a clock that records an event on the stream and waits for
+it.
 
 A cell that cannot run is recorded as ``skipped`` with the reason (no GPU, a provider or module not importable,
 the time budget spent); one that ran and broke as ``failed`` with the error. The whole run keeps to ``--budget-s``
@@ -40,16 +41,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from _common import write_json  # noqa: E402
+
 from minreal.facts import error_line  # noqa: E402
 
 OUT = Path(__file__).with_suffix(".json")
@@ -307,8 +310,8 @@ def _case(model: str) -> tuple[Any, Any, Any]:
     import torch
     import torchvision
 
-    from minreal.compress.core.data import Dataset
     from minreal.app.demo import demo_factories
+    from minreal.compress.core.data import Dataset
 
     if model.startswith("digits-"):
         case = demo_factories()[model](True)
@@ -330,8 +333,8 @@ def _attempt(errors: dict[str, str], label: str, fn: Callable[[], Any]) -> Any:
 
 def prepare(model: str, workdir: Path) -> Prepared:
     """The original and compressed modules, their fp32 / FP16 / INT8 (QDQ, symmetric int8) ONNX files."""
-    from minreal.compress import compress
     from minreal.app.method_options import build_config, provider_defaults
+    from minreal.compress import compress
     from minreal.export.fp16 import convert_fp16
     from minreal.export.onnx_export import to_onnx
     from minreal.export.quantize import QuantConfig, quantize_int8

@@ -2,15 +2,15 @@
 
 MLAS's x86 symmetric int8 convolution takes only input channels on a multiple of 4; a 3-channel stem goes through
 im2col and a GEMM instead (``benchmarks/int8_width.json``'s profile: 8 GMAC/s against 74 for ResNet-32's 16→16
-convolutions at batch 32). ``minreal.export.qdq_channels`` adds a zero input channel and a ``Pad`` on the (quantised) input,
-which changes no output. This benchmark decides the default: the pretrained CIFAR-10 ResNet-32 of ``../shared/data``,
-exported once, quantised twice with the default ``QuantConfig`` for this CPU (static QDQ, 256 calibration images of
-the first 7,000), with ``align_channels`` on and off; both files timed with ``minreal.runtime_bench.run_benchmark`` at batch
-1 and 32 in ``--processes`` fresh processes, in BOTH orders (on first, then off first: a position effect in the
-interleaving cannot pass for a saving), per process the widened file's p50 over the plain one's (median, min, max,
-and how many processes it was lower in); the held-out top-1 of both files on the last 2,000 images, and the widened
-file's largest output difference in units of its output's quantisation step (the integer sums are the same: at most
-one step, from requantising).
+convolutions at batch 32). ``minreal.export.qdq_channels`` adds a zero input channel and a ``Pad`` on the (quantised)
+input, which changes no output. This benchmark decides the default: the pretrained CIFAR-10 ResNet-32 of
+``../shared/data``, exported once, quantised twice with the default ``QuantConfig`` for this CPU (static QDQ, 256
+calibration images of the first 7,000), with ``align_channels`` on and off; both files timed with
+``minreal.runtime_bench.run_benchmark`` at batch 1 and 32 in ``--processes`` fresh processes, in BOTH orders (on first,
+then off first: a position effect in the interleaving cannot pass for a saving), per process the widened file's p50 over
+the plain one's (median, min, max, and how many processes it was lower in); the held-out top-1 of both files on the last
+2,000 images, and the widened file's largest output difference in units of its output's quantisation step (the integer
+sums are the same: at most one step, from requantising).
 
 Needs ``../shared/data``; without it one line and exit status 2. About 3 minutes on 2 cores. Run it alone.
 
@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
-from onnx import numpy_helper  # noqa: E402
-
 from _common import cpu_share, cpu_times, write_json  # noqa: E402
 from int8_formats import CIFAR, RESNET32, cifar_case  # noqa: E402
 from int8_width import environment  # noqa: E402
+from onnx import numpy_helper  # noqa: E402
+
 from minreal.export.quantize import QuantConfig, quantize_int8  # noqa: E402
 from minreal.export.variant import VariantConfig, export_variant  # noqa: E402
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark  # noqa: E402

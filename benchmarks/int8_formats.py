@@ -2,8 +2,8 @@
 
 ONNX Runtime's x86 kernels without VNNI add pairs of uint8 x int8 products in a saturating int16 (``VPMADDUBSW``),
 so 8-bit int8 weights can clip there; a VNNI/AMX CPU accumulates in int32 and cannot (:mod:`minreal.runtime_bench.cpu`).
-Each model is exported in fp32 (``minreal.export.variant.export_variant``) and quantised by ``minreal.export.quantize.quantize_int8``
-(static, per-channel, min-max calibration on 256 samples) into four formats:
+Each model is exported in fp32 (``minreal.export.variant.export_variant``) and quantised by
+``minreal.export.quantize.quantize_int8`` (static, per-channel, min-max calibration on 256 samples) into four formats:
 
 - ``u8s8``: ``QuantConfig(target="cpu-vnni")``, uint8 activations x 8-bit int8 weights;
 - ``u8s8-7bit``: ``QuantConfig(target="cpu-avx2")``, the same with ``reduce_range`` (7-bit weights, [-64, 64]);
@@ -56,12 +56,12 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _ort_eval  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _common import write_json  # noqa: E402
 from torch import nn  # noqa: E402
 
-import _ort_eval  # noqa: E402
-from _common import write_json  # noqa: E402
 from minreal.compress.core.inputs import Inputs, NamedInputs  # noqa: E402
 from minreal.compress.models import CifarResNet  # noqa: E402
 from minreal.export.quantize import QuantConfig, QuantizationError, quantize_int8  # noqa: E402
@@ -155,7 +155,8 @@ def cifar_case(limit: int | None) -> Case | None:
     heldout = min(limit or CIFAR_HELDOUT, CIFAR_HELDOUT)
     held = slice(len(images) - CIFAR_HELDOUT, len(images) - CIFAR_HELDOUT + heldout)
     return Case("resnet32-cifar10",
-                "pretrained CIFAR-10 ResNet-32 (akamaster, option-A shortcuts; minreal.compress.models.CifarResNet(5)) on "
+                "pretrained CIFAR-10 ResNet-32 (akamaster, option-A shortcuts; "
+                "minreal.compress.models.CifarResNet(5)) on "
                 f"CIFAR-10 test images decoded from JPEG (../shared/data); calibration: {CALIB_SAMPLES} images drawn "
                 f"(seed 0) from the first {CIFAR_CALIB_POOL}, held out: {heldout} of the last {CIFAR_HELDOUT}",
                 load_resnet32(RESNET32), cifar_inputs(images[pick]), cifar_inputs(images[held]),
@@ -217,9 +218,10 @@ class Emulation:
 
     Emulation is slow, the float kernels most (qemu 7.2, 2 threads, per sample: ResNet-32 about 0.15 s for a file of
     integer kernels, 3.5 s for s8s8, whose convolutions run half in float, 6 s for fp32; the BERT encoder about 4 s
-    for an INT8 file and 100 s for fp32; the digits CNN and the SSM well under 0.1 s). The INT8 files run on the first ``samples`` held-out rows, and their reference
-    there is the fp32 file's *native* predictions (float kernels cannot saturate); the fp32 file itself runs emulated
-    on the first ``fp32_check`` rows only, to check that its emulated predictions are its native ones.
+    for an INT8 file and 100 s for fp32; the digits CNN and the SSM well under 0.1 s). The INT8 files run on the first
+    ``samples`` held-out rows, and their reference there is the fp32 file's *native* predictions (float kernels cannot
+    saturate); the fp32 file itself runs emulated on the first ``fp32_check`` rows only, to check that its emulated
+    predictions are its native ones.
 
     Attributes:
         enabled: run it at all (``--no-emulation`` turns it off).
@@ -551,8 +553,8 @@ def choice(models: Mapping[str, dict[str, Any]], batches: Sequence[int], here: s
     native = mean_drops(models, "accuracy_native", "accuracy_native")
     ratios = median_ratios(models, batches)
     ranked = ranking(emulated, ratios)
-    return {"rule": f"among the candidates that run within {SPEED_TOLERANCE:.2f}x of u8s8's latency at every batch size "
-                    "here (else among all), the least mean top-1 accuracy drop from the fp32 file over the models "
+    return {"rule": f"among the candidates that run within {SPEED_TOLERANCE:.2f}x of u8s8's latency at every batch "
+                    "size here (else among all), the least mean top-1 accuracy drop from the fp32 file over the models "
                     "(points; on the emulated AVX2 CPU, on the emulated rows, against the fp32 file's native accuracy "
                     "there); equal drops go to the lower latency ratio to u8s8 at the largest batch here; "
                     "candidates: " + ", ".join(CANDIDATES),

@@ -13,8 +13,8 @@ CPU. So every cut is made on each :data:`LADDERS` entry and timed in fp32 and IN
 and batch size.
 
 Where the time goes: after timing, every INT8 file is profiled at each batch size in one more session with
-onnxruntime's profiler (``minreal.runtime_bench.node_profile``, 30 runs after 5 warm-up, per kernel the median): time per op
-type, every convolution's channels, MACs, time and GMAC/s, whether MLAS's symmetric kernel is expected for it
+onnxruntime's profiler (``minreal.runtime_bench.node_profile``, 30 runs after 5 warm-up, per kernel the median): time
+per op type, every convolution's channels, MACs, time and GMAC/s, whether MLAS's symmetric kernel is expected for it
 (:func:`sym_kernel_expected`), the convolutions by output channels, and per cut its convolution time and the rest
 against the original's (``profile``). Profiling adds a little time per kernel: its sums are compared with each other,
 not with the timed latencies.
@@ -26,12 +26,12 @@ and profiled: ``stem`` holds the widened file's p50 against the unwidened one's 
 (equal up to a rare tie: the integer sums are the same) and each file's stem convolution row.
 
 Cuts: per ladder and target r, one fraction f scales every segment of every cuttable channel group
-(``minreal.compress.core.width``: ``analyse``, ``WidthGraph.segments``; ResNet-32's option-A stream is one group of three
-segments, each block's inner channels one group) to the ladder's width nearest f x its size, the rounding error
+(``minreal.compress.core.width``: ``analyse``, ``WidthGraph.segments``; ResNet-32's option-A stream is one group of
+three segments, each block's inner channels one group) to the ladder's width nearest f x its size, the rounding error
 carried on to the next segment of the same size (so that eleven 16-channel segments do not all halve at once); f is
 searched on :data:`FRACTIONS` for the whole-model MAC ratio nearest r (predicted from
-``minreal.compress.core.width.cost.cost_terms``; the ratio of the built model, counted as ``export_variant`` counts it, is
-the one recorded and judged). A ladder may not reach r
+``minreal.compress.core.width.cost.cost_terms``; the ratio of the built model, counted as ``export_variant`` counts it,
+is the one recorded and judged). A ladder may not reach r
 (``m16`` keeps the 16-channel stage whole): the goal is judged at the MAC ratio reached (bound: reached + 0.15), and
 ``met_at_target`` at r + 0.15 as the issue words it. Cuts with equal widths are built and timed once. Weights: each
 segment keeps its channels of largest L1 norm (``magnitude_importance``), with no recovery: latency is the point, not
@@ -44,8 +44,8 @@ last 2,000 are held out (``benchmarks/int8_formats.py``'s ``cifar_case``). Per f
 (``ORT_ENABLE_ALL``, as runtime_bench's sessions): op counts, Conv/MatMul/Gemm as integer and as float kernels, NCHWc
 convolutions and reorders, and the nodes run in float between a DequantizeLinear and a QuantizeLinear.
 
-Timing: ``minreal.runtime_bench.run_benchmark``: every file in each of ``--processes`` fresh processes (interleaved, the order
-rotated per process), batch 1 and 32, the project's default intra-op threads (physical cores); per file the pooled
+Timing: ``minreal.runtime_bench.run_benchmark``: every file in each of ``--processes`` fresh processes (interleaved, the
+order rotated per process), batch 1 and 32, the project's default intra-op threads (physical cores); per file the pooled
 p50 and, per process, its ratio to the original's INT8 and fp32 timed in that same process (median, min, max), so that
 the virtual machine's CPU steal moves both alike. CPU shares (busy, idle, steal) over the run come from /proc/stat.
 
@@ -79,10 +79,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
 from _common import cpu_share, cpu_times, write_json  # noqa: E402
 from int8_formats import CIFAR, RESNET32, cifar_case, quant_record  # noqa: E402
+from torch import nn  # noqa: E402
+
 from minreal.compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER  # noqa: E402
 from minreal.compress.core.width import Cut, WidthGraph, analyse, apply_cuts  # noqa: E402
 from minreal.compress.core.width.allocate import segment_key  # noqa: E402
@@ -91,10 +91,10 @@ from minreal.compress.core.width.importance import magnitude_importance  # noqa:
 from minreal.compress.models import CifarResNet  # noqa: E402
 from minreal.export.quantize import QuantConfig, quantize_int8  # noqa: E402
 from minreal.export.variant import VariantConfig, export_variant  # noqa: E402
+from minreal.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS  # noqa: E402
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark  # noqa: E402
 from minreal.runtime_bench.cpu import cpu_int8_target, cpu_isa, u8s8_saturates  # noqa: E402
 from minreal.runtime_bench.environment import cpu_model  # noqa: E402
-from minreal.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS  # noqa: E402
 from minreal.runtime_bench.model_info import float_roundtrips, optimized_graph  # noqa: E402
 from minreal.runtime_bench.node_profile import KernelTime, op_totals, profile_kernels  # noqa: E402
 from minreal.runtime_bench.timing import ratio_summary  # noqa: E402
@@ -479,7 +479,7 @@ def profile_files(files: Mapping[str, dict[str, Any]], x: np.ndarray, threads: i
         per = {name: profile_variant(Path(f["paths"]["int8"]), x, b, threads, avx512) for name, f in files.items()}
         say(f"profiled {len(per)} INT8 files at batch {b}")
         base = per[ORIGINAL]
-        for name, p in per.items():
+        for p in per.values():
             p["versus_original"] = {
                 "conv_macs": round(p["conv_macs"] / base["conv_macs"], 4) if base["conv_macs"] else None,
                 "conv_us": round(p["conv_us"] / base["conv_us"], 4) if base["conv_us"] else None,

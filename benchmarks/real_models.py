@@ -49,10 +49,11 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import tune as tb  # benchmarks/tune.py (benchmarks/ is on sys.path: this file runs as a script)
 

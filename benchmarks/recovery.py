@@ -35,18 +35,19 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
 from _common import write_json  # noqa: E402
+from torch import nn  # noqa: E402
 from trained_models import resnet20_digits32  # noqa: E402
+
 from minreal.compress.core.data import Dataset  # noqa: E402
 from minreal.compress.core.errors import CompressionError  # noqa: E402
 from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover  # noqa: E402

@@ -14,8 +14,8 @@ a log scale for each ratio exactly as ``benchmarks/recovery.py`` searches it (it
 Gramians during the search, the defaults for the final run; width multiple 8). A method that refuses a ratio is
 recorded with its one-line reason.
 
-Recovery: ``minreal.compress.core.recover.recover`` with ``RecoveryConfig(epochs=E, seed=SEED)`` and every other field at
-its default (AdamW, linear warm-up then cosine decay over the whole budget, distillation from the original mixed
+Recovery: ``minreal.compress.core.recover.recover`` with ``RecoveryConfig(epochs=E, seed=SEED)`` and every other field
+at its default (AdamW, linear warm-up then cosine decay over the whole budget, distillation from the original mixed
 with the labels' cross-entropy, 20 % of the 7,000 held out for early stopping with patience 3 and the best weights
 kept), the same for every row. The recovery has no per-epoch callback and its cosine schedule spans the budget it
 is given, so a model recovered for 10 epochs is not a model recovered for 3 with more steps: each budget of
@@ -53,17 +53,18 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
 import tune as tb  # noqa: E402  (benchmarks/tune.py; benchmarks/ is on sys.path: this file runs as a script)
 from recovery import Compressed  # noqa: E402  (benchmarks/recovery.py: a method's model at one ratio, its record)
+from torch import nn  # noqa: E402
+
 from minreal.compress.core.data import Dataset  # noqa: E402
 from minreal.compress.core.errors import CompressionError  # noqa: E402
 from minreal.compress.core.evaluate import predict  # noqa: E402

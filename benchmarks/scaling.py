@@ -39,9 +39,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
 from _common import write_json  # noqa: E402
+from torch import nn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/scaling.py --out benchmarks/scaling.json"
@@ -166,7 +165,8 @@ def main() -> None:
         "torch": torch.__version__, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": list(os.getloadavg())},
         "setting": {"model": "torchvision resnet18, random weights (seed 0), eval mode", "input": "3x224x224",
-                    "images": args.images, "batch_size": BATCH, "pass": "minreal.compress.core.stats.collect_moments over "
+                    "images": args.images, "batch_size": BATCH,
+                    "pass": "minreal.compress.core.stats.collect_moments over "
                     "every Conv2d/Linear input (float64 products)", "one_process_threads": torch.get_num_threads(),
                     "two_process_threads_per_rank": 1, "backend": "gloo"}}
     say(f"one process, {torch.get_num_threads()} threads")

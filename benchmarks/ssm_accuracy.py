@@ -1,9 +1,9 @@
 """SSM accuracy after balanced truncation, with and without the Hankel nuclear-norm regulariser.
 
 Tasks: sequential digits (8×8 images read pixel by pixel, length 64) and a synthetic length-512 burst
-frequency task (minreal.compress.datasets.synthetic_sequences). Short CPU schedules (stated in the JSON). Epochs are selected
-on a validation split (15 %) of the training data and truncation calibrates on the training data; the test split is
-only scored.
+frequency task (minreal.compress.datasets.synthetic_sequences). Short CPU schedules (stated in the JSON). Epochs are
+selected on a validation split (15 %) of the training data and truncation calibrates on the training data; the test
+split is only scored.
 Writes benchmarks/ssm_accuracy.json and benchmarks/ssm_hsv_decay.png.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/ssm_accuracy.py
@@ -20,12 +20,12 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from _common import pyplot, save_figure, write_json  # noqa: E402
 
 from minreal.compress import compress  # noqa: E402
 from minreal.compress.datasets import sequential_digits, synthetic_sequences  # noqa: E402
 from minreal.compress.methods.ssm import SSMConfig  # noqa: E402
 from minreal.compress.methods.ssm.training import SSMTrainSpec, train_ssm_classifier  # noqa: E402
-from _common import pyplot, save_figure, write_json  # noqa: E402
 
 TRUNCS = (0.5, 0.6, 0.7, 0.8, 0.9)
 PAPER_SMNIST = {"with_reg": {0.6: 99.45, 0.7: 99.22, 0.8: 98.90, 0.9: 86.95},

@@ -31,14 +31,22 @@ from dataclasses import asdict, dataclass, replace
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from _common import write_json  # noqa: E402
 
 from minreal.compress import compress  # noqa: E402
 from minreal.compress.core.data import Dataset  # noqa: E402
 from minreal.compress.datasets import sequential_digits, synthetic_sequences  # noqa: E402
-from minreal.compress.methods.ssm import (HankelRegularisation, SSMConfig, SSMTrainSpec, hankel_singular_values,  # noqa: E402
-                                  layer_gramians, order_from_trunc, rotation_layers, tail_energies,
-                                  train_ssm_classifier)
-from _common import write_json  # noqa: E402
+from minreal.compress.methods.ssm import (  # noqa: E402
+    HankelRegularisation,
+    SSMConfig,
+    SSMTrainSpec,
+    hankel_singular_values,
+    layer_gramians,
+    order_from_trunc,
+    rotation_layers,
+    tail_energies,
+    train_ssm_classifier,
+)
 
 TRUNCS = (0.5, 0.7, 0.9, 0.95)
 SEEDS = (0, 1, 2)

@@ -6,7 +6,8 @@ For each benchmark model the statistics are computed in both precisions and what
   state per precision (``minreal.compress.registry.prepare``/``realise`` with ``FactorizeConfig(stats_dtype=...)``); the
   relative Frobenius difference of every layer's input moment E[xxᵀ] and the largest difference of its whitened
   spectrum (relative to its top value); and the time of the statistics pass
-  (:func:`minreal.compress.core.stats.collect_moments` alone) in each precision, alternated in one process, with the spread.
+  (:func:`minreal.compress.core.stats.collect_moments` alone) in each precision, alternated in one process, with the
+  spread.
 - ``cbalanced``: its Gramian products (``Moments.update`` and ``gram_sum``) have no precision option; the benchmark
   times their share of the Gramian pass (float64, as shipped) and reruns the pass with those two functions replaced
   by float32-product versions (float64 centring and accumulation) to see whether the C ranks (the widths it
@@ -48,9 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _common import write_json  # noqa: E402
 from torch import nn  # noqa: E402
 
-from _common import write_json  # noqa: E402
 from minreal.compress.core.data import Dataset  # noqa: E402
 from minreal.compress.core.stats import collect_moments  # noqa: E402
 from minreal.compress.core.width import analyse  # noqa: E402

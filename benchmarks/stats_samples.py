@@ -28,14 +28,14 @@ RATIOS = (0.9, 0.7, 0.5, 0.3)
 
 def main() -> None:
     import numpy as np
-
     from _common import write_json
+    from tune import cifar_resnet32, resnet32_case
+
+    from minreal.app.tune.candidate import first_of_shuffle
     from minreal.compress.core.data import Dataset
     from minreal.compress.core.recover import held_out_metrics
     from minreal.compress.methods.factorize import FactorizeConfig
     from minreal.compress.registry import prepare, realise
-    from minreal.app.tune.candidate import first_of_shuffle
-    from tune import cifar_resnet32, resnet32_case
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/stats_samples.json"))

@@ -5,8 +5,8 @@ of minreal): MetaPruner with group L1 magnitude importance, its pruning ratio bi
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 from torch import nn

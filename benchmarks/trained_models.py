@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import write_json
 from torch import nn
 
 from minreal.compress.core.data import Dataset
@@ -30,7 +31,6 @@ from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits32
 from minreal.compress.models import resnet20_cifar
 from minreal.runtime_bench import atomic_path
-from _common import write_json
 
 __all__ = ["CACHE_DIR", "TrainedModel", "TrainingRecord", "cache_paths", "resnet20_digits32"]
 

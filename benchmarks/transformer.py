@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 from _common import write_json  # noqa: E402
+
 from minreal.runtime_bench.timing import ratio_summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,7 +195,8 @@ def summary(doc: dict[str, Any]) -> list[str]:
         ms = ", ".join(f"{label} {c[label]['p50_ms']:.3f}" for label in LABELS)
         verdicts = "; ".join(
             f"{label}/original.int8 {c[label]['x_original.int8']['median']} [{c[label]['x_original.int8']['min']}, "
-            f"{c[label]['x_original.int8']['max']}] ({'beats' if c[f'{label}_beats_original.int8'] else 'does not beat'}"
+            f"{c[label]['x_original.int8']['max']}] "
+            f"({'beats' if c[f'{label}_beats_original.int8'] else 'does not beat'}"
             " it in every process)" for label in ("factorize", "factorize.int8"))
         lines.append(f"{cell}: p50 ms {ms}; {verdicts}")
     accuracy = {k: v["heldout_accuracy"] for k, v in doc["variants"].items()}

@@ -42,10 +42,11 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -436,11 +437,12 @@ def refresh(doc: dict[str, Any], quick: bool) -> None:
 # --------------------------------------------------------------------------------------------------------- runs
 def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) -> dict[str, Any]:
     """One tune of ``case`` under ``drop``; its folder under ``work`` is rewritten, its cache shared per model."""
+    from _common import cpu_share, cpu_times  # benchmarks/ is on sys.path when this file runs as a script
+
     from minreal.app.data import load_data
     from minreal.app.models import checked_dataset, load_model, packed_model
     from minreal.app.tune import ProcessExecutor, SpecSource, tune
     from minreal.app.tune.output import write_tune_dir
-    from _common import cpu_share, cpu_times  # benchmarks/ is on sys.path when this file runs as a script
 
     tag = "" if workers == 1 else f"_workers{workers}"
     folder, cache = work / f"{case.name}_drop{drop:g}{tag}", work / "cache" / f"{case.name}{tag}"

@@ -11,10 +11,10 @@ This benchmark measures both on the pretrained CIFAR-10 ResNet-32 (and ResNet-44
 ``../shared/data``, loaded as ``benchmarks/recovery_real.py`` loads them (the first 7,000 real CIFAR-10 images
 calibrate and recover, the last 2,000 are held out): magnitude and wanda each prepared once, realised at MAC ratios
 0.9/0.7/0.5 with each weighting, held-out top-1 zero-shot and after the same short recovery
-(``--epochs``, default 1: ``minreal.compress.core.recover.recover`` with its defaults and seed 0, a fresh copy per cell),
-the MAC ratio reached and the residual-stream widths (the option-A group's segments: 16, 16 and 32 channels). Without
-``../shared/data`` it prints one line and exits with status 2. The JSON is rewritten atomically after every cell;
-``--resume`` skips cells it holds. Progress: one line per cell on stderr with the seconds elapsed. Run it alone.
+(``--epochs``, default 1: ``minreal.compress.core.recover.recover`` with its defaults and seed 0, a fresh copy per
+cell), the MAC ratio reached and the residual-stream widths (the option-A group's segments: 16, 16 and 32 channels).
+Without ``../shared/data`` it prints one line and exits with status 2. The JSON is rewritten atomically after every
+cell; ``--resume`` skips cells it holds. Progress: one line per cell on stderr with the seconds elapsed. Run it alone.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/width_allocation.py --out benchmarks/width_allocation.json
 """
@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import recovery_real as rr  # noqa: E402  (benchmarks/recovery_real.py: the real-data cases and recovery cells)
 from _common import cpu_share, cpu_times, write_json  # noqa: E402
+
 from minreal.compress.core.errors import CompressionError  # noqa: E402
 from minreal.compress.core.width.allocate import WEIGHTINGS  # noqa: E402  (cost, none: auto is one of them per method)
 

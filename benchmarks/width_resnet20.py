@@ -8,9 +8,9 @@ rank latency tables built first on this machine (batch 32).
 
 Torch-Pruning's own pruner (DepGraph, group magnitude importance, round_to=8) and ``fde`` (budget by ε) run at the
 MAC ratio our magnitude variant reached at each latency target. ``cbalanced`` sets widths by its energy
-tolerance; its own training is off and it gets the same recovery as every other variant. On option-A shortcuts DepGraph ties the 16/32/64 streams through
-``F.pad`` position by position and the pruned model fails to run; its rows therefore prune the block-internal
-channels only (the stream convolutions are in ``ignored_layers``), which is stated in the JSON.
+tolerance; its own training is off and it gets the same recovery as every other variant. On option-A shortcuts DepGraph
+ties the 16/32/64 streams through ``F.pad`` position by position and the pruned model fails to run; its rows therefore
+prune the block-internal channels only (the stream convolutions are in ``ignored_layers``), which is stated in the JSON.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/width_resnet20.py --out benchmarks/width_resnet20.json
 """
@@ -28,17 +28,17 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from torch import nn  # noqa: E402
-
 from _common import write_json  # noqa: E402
+from torch import nn  # noqa: E402
 from tp_baseline import TorchPruningConfig, torch_pruning_spec  # noqa: E402
 from trained_models import resnet20_digits32  # noqa: E402
+
+from minreal.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
 from minreal.compress.core.data import Dataset  # noqa: E402
 from minreal.compress.core.demo_case import DemoCase, DemoRun  # noqa: E402
 from minreal.compress.core.recover import RecoveryConfig  # noqa: E402
 from minreal.compress.datasets import digits32  # noqa: E402
 from minreal.compress.registry import register  # noqa: E402
-from minreal.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
 from minreal.export.latency_table import build_latency_table, build_width_latency_table  # noqa: E402
 
 MULTIPLE = 8  # the CPU provider's width multiple (minreal.compress.core.width.allocate.WIDTH_MULTIPLE_BY_PROVIDER)

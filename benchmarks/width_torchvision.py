@@ -27,15 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torchvision  # noqa: E402
-from torch import nn  # noqa: E402
-
 from _common import write_json  # noqa: E402
+from torch import nn  # noqa: E402
 from tp_baseline import TorchPruningConfig, torch_pruning_spec  # noqa: E402
 from width_resnet20 import summarise  # noqa: E402
+
+from minreal.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
 from minreal.compress.core.data import Dataset  # noqa: E402
 from minreal.compress.core.demo_case import DemoCase, DemoRun  # noqa: E402
 from minreal.compress.registry import register  # noqa: E402
-from minreal.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
 from minreal.export.latency_table import build_width_latency_table  # noqa: E402
 
 MULTIPLE = 16  # the CPU provider's width multiple

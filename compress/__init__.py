@@ -17,7 +17,7 @@ _EXPORTS = {"CostTable": ".core.costs", "count_costs": ".core.costs", "Dataset":
                                              "register_method")}}
 
 __all__ = ["CompressionError", "UnknownMethodError", "CompressionReport", "LayerReport", "CostTable",
-           "Dataset", "Method", "MethodSpec", "RecoveryConfig", "RecoveryResult", "compress", "count_costs", "get_method", "method_names", "register",
-           "register_method"]
+           "Dataset", "Method", "MethodSpec", "RecoveryConfig", "RecoveryResult", "compress", "count_costs",
+           "get_method", "method_names", "register", "register_method"]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -6,8 +6,8 @@ A flow-map sample is ``(x(0), x(Δt))`` with ``x(0)`` uniform in the system's bo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch

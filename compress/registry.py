@@ -1,5 +1,5 @@
-"""Registry of compression methods: built-ins found by iterating :mod:`minreal.compress.methods`, third-party ones through
-the entry-point group ``minreal.methods``; :func:`compress` runs one and fills what every method reports."""
+"""Registry of compression methods: built-ins found by iterating :mod:`minreal.compress.methods`, third-party ones
+through the entry-point group ``minreal.methods``; :func:`compress` runs one and fills what every method reports."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import importlib
 import logging
 import pkgutil
 import time
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from minreal.facts import error_line
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Method", "MethodFn", "MethodSpec", "MethodRegistry", "ENTRY_POINT_GROUP", "register",
            "register_method", "get_method", "method_names", "compress", "compress_chain", "chain_label", "fill_costs",
-           "apply_recovery", "state_points", "finetune_alias", "Prepared", "prepare", "realise", "prepared_key"]
+           "apply_recovery", "state_points", "Prepared", "prepare", "realise", "prepared_key"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
@@ -190,23 +191,6 @@ def state_points(report: CompressionReport) -> list[str]:
     return [layer.name for layer in report.layers if layer.action not in UNCHANGED_ACTIONS]
 
 
-def finetune_alias(config: Any, recovery: RecoveryConfig | None, data: Dataset) -> RecoveryConfig | None:
-    """The recovery to run: ``recovery``, or the one a config's deprecated ``finetune_epochs``/``finetune_lr`` asks
-    for -- the label loss alone (``alpha=1``), as the old fine-tuning trained, so old results do not change."""
-    epochs = getattr(config, "finetune_epochs", 0)
-    if not epochs:
-        return recovery
-    if recovery is not None and recovery.enabled:
-        raise CompressionError("--finetune-epochs is a deprecated alias of --recover-epochs with --recover-alpha 1; "
-                               "give one of them, not both")
-    if data.y is None:
-        raise CompressionError("--finetune-epochs fine-tunes on labels and the data has none: use --recover-epochs "
-                               "(distillation from the original needs inputs only)")
-    log.warning("--finetune-epochs/--finetune-lr are deprecated: running recovery with the label loss alone "
-                "(--recover-epochs %d --recover-lr %g --recover-alpha 1)", epochs, config.finetune_lr)
-    return RecoveryConfig(epochs=epochs, lr=config.finetune_lr, alpha=1.0, seed=getattr(config, "seed", 0))
-
-
 def apply_recovery(report: CompressionReport, model: nn.Module, new: nn.Module, data: Dataset,
                    recovery: RecoveryConfig | None, held_out: Dataset | None = None, measure: bool = True
                    ) -> nn.Module:
@@ -214,8 +198,8 @@ def apply_recovery(report: CompressionReport, model: nn.Module, new: nn.Module, 
     ``report.measured["recovered"]`` filled (without ``measure``, which a caller that measures on its own data
     turns off, ``measured["recovered"]`` stays empty), the zero-shot measurements kept. With ``held_out`` (data
     neither the method nor the recovery saw), ``measured["held_out_zero_shot"]`` and
-    ``measured["held_out_recovered"]`` hold :func:`~minreal.compress.core.recover.held_out_metrics` of both models on it.
-    Returns the model to use (a copy when the method returned ``model`` itself, which is never trained)."""
+    ``measured["held_out_recovered"]`` hold :func:`~minreal.compress.core.recover.held_out_metrics` of both models on
+    it. Returns the model to use (a copy when the method returned ``model`` itself, which is never trained)."""
     if recovery is None or not recovery.enabled:
         return new
     if new is model:
@@ -313,8 +297,8 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
     fields, the output comparison on the prepared data and an optional recovery, as :func:`compress` gives.
     ``measure=False`` skips the output comparison on the prepared data (a pass of both models over all of it) for a
     caller that measures the result on its own held-out data (``tune``), and a method's optional measurements on
-    that data (:func:`~minreal.compress.core.measuring.measuring`: fde's float64 output deviation on the graph path); the
-    measurements a method's result rests on (fde's bound on an MLP) stay.
+    that data (:func:`~minreal.compress.core.measuring.measuring`: fde's float64 output deviation on the graph path);
+    the measurements a method's result rests on (fde's bound on an MLP) stay.
 
     Raises:
         ValueError: ``config`` differs from the prepared one in a field the prepared state depends on.
@@ -327,7 +311,6 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
         raise ValueError(f"{prepared.method}: the config differs from the prepared one in {', '.join(changed)}; "
                          "prepare again")
     model, data = prepared.model, prepared.data
-    recovery = finetune_alias(cfg, recovery, data)
     budget = _requested_budget(spec, cfg)
     t0 = time.perf_counter()
     with method_measurements(measure):
@@ -357,10 +340,8 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
     ``__post_init__``), so fields changed after construction are checked too. A method that measured the
     comparison itself (on a held-out split, or before fine-tuning) keeps its own numbers. An enabled
     ``recovery`` then distils ``model`` into the result on ``data`` (:func:`apply_recovery`, which also measures
-    both models on ``held_out`` when given); a config's deprecated ``finetune_epochs`` asks for a label-only
-    recovery (:func:`finetune_alias`).
+    both models on ``held_out`` when given).
     """
-    finetune_alias(_checked_config(get_method(method), config), recovery, data)  # refused before any work
     return realise(prepare(model, data, method, config), config, recovery, held_out, measure)
 
 
@@ -380,9 +361,6 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
     with that step's method under ``"step"``. An enabled ``recovery`` runs once, after the last step, from the
     original ``model``.
     """
-    if recovery is not None and recovery.enabled:
-        for method, config in steps:
-            finetune_alias(config, recovery, data)  # refuses a step's deprecated fine-tuning next to it, up front
     current, summaries, reports = model, [], []
     for method, config in steps:
         current, rep = compress(current, data, method, config)
@@ -399,7 +377,8 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
                                  predicted=predicted,
                                  notes=[f"{m}: {n}" for (m, _), r in zip(steps, reports) for n in r.notes],
                                  spectra={k: v for r in reports for k, v in r.spectra.items()},
-                                 bounds={f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.bounds.items()},
+                                 bounds={f"{m}:{k}": v for (m, _), r in zip(steps, reports)
+                                         for k, v in r.bounds.items()},
                                  measured={})
     fill_costs(report, model, current, data.x[: min(len(data), 8)])
     t0 = time.perf_counter()

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from minreal.compress.core.data import Dataset
+from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.methods.cbalanced import CBalancedConfig
 from minreal.compress.models import mlp
 from minreal.compress.registry import compress
-from minreal.compress.core.train import TrainConfig, train
 
 
 def _open(path: Path) -> bytes:
@@ -60,7 +60,8 @@ def load_cifar10(folder: Path) -> tuple[Dataset, Dataset]:
     def part(names: list[str]) -> Dataset:
         rows = np.concatenate([np.frombuffer(_open(folder / n), np.uint8).reshape(-1, 3073) for n in names])
         x = rows[:, 1:].astype(np.float32) / 255.0
-        return Dataset(torch.from_numpy((x - x.mean(0)) / (x.std(0) + 1e-6)), torch.from_numpy(rows[:, 0].astype(np.int64)))
+        return Dataset(torch.from_numpy((x - x.mean(0)) / (x.std(0) + 1e-6)),
+                       torch.from_numpy(rows[:, 0].astype(np.int64)))
     return part([f"data_batch_{i}.bin" for i in range(1, 6)]), part(["test_batch.bin"])
 
 

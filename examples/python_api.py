@@ -10,10 +10,10 @@ from pathlib import Path
 
 import minreal.runtime_bench as rb
 from minreal.compress import compress
+from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
 from minreal.compress.methods.factorize import FactorizeConfig
 from minreal.compress.models import small_cnn
-from minreal.compress.core.train import TrainConfig, train
 from minreal.export.onnx_export import to_onnx
 from minreal.export.quantize import QuantConfig, quantize_int8
 from minreal.export.simplify import simplify

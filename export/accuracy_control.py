@@ -4,8 +4,8 @@ After NNCF's ``quantize_with_accuracy_control``: quantise everything; if the met
 rank the quantised operations by how much of the drop reverting each one alone recovers, then revert them to
 float one at a time, most harmful first, re-measuring after each, until the drop is within the limit. Here an
 operation is one Conv/Gemm/MatMul node of the graph ONNX Runtime's quantiser sees
-(:func:`minreal.export.quantize.quantizable_nodes`), reverting it is :func:`minreal.export.quantize.quantize_int8`'s ``exclude``,
-and its sensitivity is measured exactly: the metric of the INT8 model with only that node in float (one
+(:func:`minreal.export.quantize.quantizable_nodes`), reverting it is :func:`minreal.export.quantize.quantize_int8`'s
+``exclude``, and its sensitivity is measured exactly: the metric of the INT8 model with only that node in float (one
 quantisation per ranked node, no proxy). The activation ranges do not depend on which nodes are in float, so the
 model is calibrated once (:func:`minreal.export.quantize.calibrate`) for all those quantisations.
 
@@ -31,8 +31,15 @@ import numpy as np
 
 from minreal.export.atomic import atomic_write_bytes, ensure_distinct
 from minreal.export.errors import CalibrationError
-from minreal.export.quantize import (Calibration, QuantConfig, QuantResult, calibrate, quantizable_nodes, quantize_int8,
-                             reusable_calibration)
+from minreal.export.quantize import (
+    Calibration,
+    QuantConfig,
+    QuantResult,
+    calibrate,
+    quantizable_nodes,
+    quantize_int8,
+    reusable_calibration,
+)
 from minreal.runtime_bench import BenchInputError
 from minreal.runtime_bench.inputs import Data, data_rows
 from minreal.runtime_bench.metrics import ModelMetrics, evaluate_models, is_classification
@@ -292,8 +299,8 @@ def quantize_with_accuracy_control(
         max_fallback: most nodes ranked (so most returned to float), visited :func:`outside_in`; ``None`` ranks all.
         progress: called with one line per ranked node and per fallback step (default: this module's logger).
         threads: intra-op threads of the evaluation sessions; ``None`` leaves ONNX Runtime's default.
-        int8: the plain INT8 of ``fp32_path`` (no node excluded) that :func:`~minreal.export.quantize.quantize_int8` already
-            wrote with this ``calib`` and ``config``: measured as the starting point instead of quantised again.
+        int8: the plain INT8 of ``fp32_path`` (no node excluded) that :func:`~minreal.export.quantize.quantize_int8`
+            already wrote with this ``calib`` and ``config``: measured as the starting point instead of quantised again.
 
     Returns:
         An :class:`AccuracyControlResult`; ``met`` says whether the drop is within ``max_drop``.

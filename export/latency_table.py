@@ -17,7 +17,8 @@ fewer than 16 output channels leaves the fast symmetric kernel and costs about w
 variants are timed in one interleaved run with the full model; their medians are scaled by ``model_ms`` over the
 full model's median in that same run, so that drift between groups does not show up as a saving. ``"uniform":
 {"fractions", "widths": {"<group>/<k>": [...]}, "ms": [...]}`` times every segment cut together at ¾, ½ and ¼ of
-its width, which calibrates how single-segment savings add up (:func:`minreal.compress.core.width.allocate.saving_scale`).
+its width, which calibrates how single-segment savings add up
+(:func:`minreal.compress.core.width.allocate.saving_scale`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import json
 import logging
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -289,7 +291,8 @@ def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, pro
             INT8 table calibrates every variant on it).
         provider: short provider name (``cpu``, ``cuda``, ``tensorrt``).
         multiple: widths measured per segment: ``segment_ladders(...)`` below the full width. The Python default is
-            the GPUs' 8; the CLI takes the provider's (:data:`~minreal.compress.core.options.WIDTH_MULTIPLE_BY_PROVIDER`).
+            the GPUs' 8; the CLI takes the provider's
+            (:data:`~minreal.compress.core.options.WIDTH_MULTIPLE_BY_PROVIDER`).
         out_path: JSON destination, written atomically; an existing table for the same model and settings is
             returned as is. ``None``: measure and return without writing.
         threads: intra-op threads (default: physical cores).

@@ -33,11 +33,11 @@ import torch
 from torch import nn
 
 from minreal.compress.core.evaluate import eval_mode, flatten_outputs
-from minreal.compress.core.inputs import Inputs, NamedInputs, args_of, call, input_names, takes_varargs
+from minreal.compress.core.inputs import Inputs, NamedInputs, args_of, call, input_names
 from minreal.export.errors import ExportError
-from minreal.export.serialize import export_dims
 from minreal.export.onnx_files import data_files, externalize, onnx_size, staged_onnx
 from minreal.export.quiet import Captured, captured_output
+from minreal.export.serialize import export_dims
 from minreal.facts import ANSI_ESCAPE, first_line
 
 __all__ = ["DEFAULT_OPSET", "EXTERNAL_DATA_BYTES", "MIN_OPSET", "Axes", "ExportResult", "eval_mode",

@@ -174,7 +174,6 @@ def no_unpickling() -> Iterator[list[str]]:
         (torch._C, "_pickle_load_obj", _refuse("torch._C._pickle_load_obj", refusals)),
     ]
     import sympy.parsing.sympy_parser as sympy_parser
-
     import torch.utils._pytree as pytree
 
     patches += [(sympy_parser, "parse_expr", _arithmetic_only(sympy_parser.parse_expr, refusals)),

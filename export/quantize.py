@@ -19,8 +19,8 @@ against those left in float. Whether INT8 is actually faster is for the benchmar
 
 Two rewrites keep tensors quantised where ORT's CPU graph optimiser has no fusion of its own: a mean over every
 spatial axis (``ReduceMean``, as PyTorch exports a global average pool) is written as ``GlobalAveragePool`` before
-quantisation (:mod:`minreal.export.qdq_pools`; ORT fuses it into ``QLinearGlobalAveragePool``), and for the CPU targets a
-constant zero ``Pad`` between a dequantise and a re-quantise of one scale (an option-A ResNet shortcut's zero
+quantisation (:mod:`minreal.export.qdq_pools`; ORT fuses it into ``QLinearGlobalAveragePool``), and for the CPU targets
+a constant zero ``Pad`` between a dequantise and a re-quantise of one scale (an option-A ResNet shortcut's zero
 channels) pads the quantised tensor with the zero point instead (:mod:`minreal.export.qdq_pads`).
 
 Activation ranges trained by quantisation-aware recovery (``minreal.compress.core.qat``, keyed by module name) replace
@@ -53,20 +53,28 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+import minreal.runtime_bench.cpu as cpu_facts
 from minreal.export.atomic import atomic_path, ensure_distinct
+from minreal.export.errors import CalibrationError, QuantizationError
 from minreal.export.onnx_files import data_files
 from minreal.export.qdq_channels import align_conv_inputs, channel_pads
 from minreal.export.qdq_pads import integer_pads
 from minreal.export.qdq_pools import global_average_pools
-from minreal.runtime_bench import optimized_graph_ops
-from minreal.runtime_bench.model_info import float_roundtrip_nodes, float_roundtrips, op_counts, optimized_graph
-import minreal.runtime_bench.cpu as cpu_facts
-from minreal.facts import (CPU_AVX2_TARGET, CPU_VNNI_TARGET, FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS,
-                                 REDUCED_WEIGHT_QMAX, WEIGHT_QMAX, error_line)
-from minreal.runtime_bench.runtime import onnxruntime_module
-from minreal.export.errors import CalibrationError, QuantizationError
 from minreal.export.settings import AUTO_TARGET as _AUTO_TARGET
 from minreal.export.settings import DROP_ROUNDTRIPS, QUANT_MODES, QUANT_TARGETS
+from minreal.facts import (
+    CPU_AVX2_TARGET,
+    CPU_VNNI_TARGET,
+    FLOAT_KERNEL_OPS,
+    INTEGER_KERNEL_OPS,
+    REDUCED_WEIGHT_QMAX,
+    WEIGHT_QMAX,
+    error_line,
+)
+from minreal.runtime_bench import optimized_graph_ops
+from minreal.runtime_bench.model_info import float_roundtrip_nodes, float_roundtrips, op_counts, optimized_graph
+from minreal.runtime_bench.runtime import onnxruntime_module
 
 __all__ = [
     "QUANT_MODES",
@@ -143,8 +151,8 @@ class QuantConfig:
             no fewer integer kernels (:func:`_drop_roundtrips`).
         align_channels: x86 CPU targets: widen every ungrouped convolution whose input channels are not a multiple
             of 4 (an RGB stem) with zero channels, which changes no output and puts it on ONNX Runtime's fast int8
-            kernel (:func:`minreal.export.qdq_channels.align_conv_inputs`); other targets, and quantising on an ARM machine,
-            ignore it. A trained range of a widened layer's input holds for the ``Pad`` before it too. On by
+            kernel (:func:`minreal.export.qdq_channels.align_conv_inputs`); other targets, and quantising on an ARM
+            machine, ignore it. A trained range of a widened layer's input holds for the ``Pad`` before it too. On by
             default: the CIFAR ResNet-32's INT8 file ran 0.982x / 0.960x as long at batch 1 / 32 with it, lower in
             18 and 20 of 20 processes, with bit-identical outputs (``benchmarks/int8_align.json``, AVX-512 VNNI).
     """
@@ -198,7 +206,8 @@ class QuantConfig:
 
 def resolve_target(target: str) -> str:
     """``cpu`` → ``cpu-vnni`` where this machine's ONNX Runtime U8S8 kernel cannot saturate (x86 with VNNI or AMX,
-    ARM), else ``cpu-avx2`` (:func:`minreal.runtime_bench.cpu.cpu_int8_target`); an explicit target is returned as is."""
+    ARM), else ``cpu-avx2`` (:func:`minreal.runtime_bench.cpu.cpu_int8_target`); an explicit target is returned as
+    is."""
     return cpu_facts.cpu_int8_target() if target == _AUTO_TARGET else target
 
 
@@ -251,8 +260,8 @@ class QuantResult:
         trained_ranges: layer-input tensors whose written scale and zero point are the trained ones.
         untrained_modules: modules whose trained range could not be placed in the graph (calibrated instead).
         float_roundtrips: op type → nodes of the ORT-optimised CPU graph that run in float between a
-            DequantizeLinear and a QuantizeLinear (:func:`minreal.runtime_bench.model_info.float_roundtrips`): each costs a
-            dequantise and a re-quantise with nothing gained, the usual reason an INT8 file is slower than fp32.
+            DequantizeLinear and a QuantizeLinear (:func:`minreal.runtime_bench.model_info.float_roundtrips`): each
+            costs a dequantise and a re-quantise with nothing gained, the usual reason an INT8 file is slower than fp32.
         nonfinite_nodes: nodes left in float because calibration gave a tensor they read or write a scale that is
             not finite (e.g. a 0/-inf attention mask and the masked scores): quantised, such a tensor flattens
             everything downstream. Also listed in ``excluded_nodes``.
@@ -1039,7 +1048,8 @@ def quantize_int8(
         except QuantizationError:
             raise
         except Exception as exc:
-            raise QuantizationError(f"{config.mode} quantisation of {fp32_path.name} failed: {error_line(exc)}") from exc
+            raise QuantizationError(f"{config.mode} quantisation of {fp32_path.name} failed: "
+                                    f"{error_line(exc)}") from exc
     trained, untrained = _applied(out_path, direct, ranges) if ranges else (0, [])
     if untrained:
         logger.warning("%s: the trained activation ranges of %s are not in the graph; calibrated instead",

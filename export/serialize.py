@@ -6,10 +6,9 @@ import contextlib
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
 import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Mapping
 
 import torch
 from torch import nn

@@ -22,27 +22,25 @@ from torch import nn
 from minreal.compress import count_costs
 from minreal.compress.core.inputs import Inputs, NamedInputs, repeat_to, slice_axis
 from minreal.export.fp16 import Fp16Config, convert_fp16, fp16_path
+from minreal.export.json_safe import to_jsonable
 from minreal.export.mobile import fix_verified, mobile_usability
 from minreal.export.onnx_export import Axes, to_onnx
 from minreal.export.onnx_files import data_files, move_onnx, onnx_size
 from minreal.export.quantize import quantize_int8
-from minreal.export.json_safe import to_jsonable
-from minreal.export.settings import CALIB_SAMPLES, VariantConfig
 from minreal.export.readiness import tensorrt_readiness
-from minreal.export.tensorrt_check import tensorrt_check
+from minreal.export.settings import CALIB_SAMPLES, VariantConfig
 from minreal.export.simplify import simplify
+from minreal.export.tensorrt_check import tensorrt_check
 from minreal.export.verify import feeds_of, verify_parity
+from minreal.facts import PTQ_SUFFIX
 
 __all__ = ["PARITY_BATCH_SIZES", "CALIB_SAMPLES", "PTQ_SUFFIX", "VariantConfig", "VariantRecord", "export_variant",
-           "quantize_variant", "fp16_variant", "fp16_skip_reason", "FP16_LABEL_SUFFIX", "trained_ranges", "layer_weights", "parity_inputs", "to_jsonable", "relative_to",
-           "file_stem"]
+           "quantize_variant", "fp16_variant", "fp16_skip_reason", "FP16_LABEL_SUFFIX", "trained_ranges",
+           "layer_weights", "parity_inputs", "to_jsonable", "relative_to", "file_stem"]
 
 PARITY_BATCH_SIZES: tuple[int, ...] = (1, 16)
 """Batch sizes ONNX Runtime is compared with torch at (data smaller than a batch is repeated to fill it)."""
 
-PTQ_SUFFIX = ".ptq"
-"""Inserted before ``.int8`` in the label and file of the post-training INT8 copy of a variant whose own INT8
-copy uses ranges trained by quantisation-aware recovery."""
 
 FP16_LABEL_SUFFIX = ".fp16"
 """Appended to a variant's label for its FP16 copy (``original.fp16``); its file is ``NAME.fp16.onnx``."""
@@ -52,8 +50,8 @@ FP16_LABEL_SUFFIX = ".fp16"
 class VariantRecord:
     """One model of a case (original, compressed, INT8, FP16) with its costs and export results.
 
-    ``fp16`` is the :class:`minreal.export.fp16.Fp16Result` of an FP16 copy, or ``{"skipped": reason}`` on an fp32 variant
-    that got none; empty otherwise.
+    ``fp16`` is the :class:`minreal.export.fp16.Fp16Result` of an FP16 copy, or ``{"skipped": reason}`` on an fp32
+    variant that got none; empty otherwise.
     """
 
     label: str
@@ -158,8 +156,8 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
     Returns:
         A :class:`VariantRecord` with costs and the export, simplification, parity and TensorRT-readiness
         results, the dimensions fixed by ``cfg.fixed_shapes`` (the fixed file checked against the dynamic one at
-        its shape, :func:`minreal.export.mobile.fix_verified`) and ONNX Runtime's NNAPI/CoreML verdict; paths relative to
-        ``out``'s folder.
+        its shape, :func:`minreal.export.mobile.fix_verified`) and ONNX Runtime's NNAPI/CoreML verdict; paths relative
+        to ``out``'s folder.
 
     Raises:
         ExportError: no exporter produced a graph.

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from minreal.compress.core.evaluate import eval_mode, flatten_outputs
 from minreal.compress.core.inputs import Inputs, NamedInputs, call
 from minreal.export.errors import ParityError
-from minreal.compress.core.evaluate import eval_mode, flatten_outputs
 from minreal.facts import PROVIDERS, error_line
 from minreal.runtime_bench.sessions import create_session
 

@@ -10,10 +10,12 @@ nowhere else.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Mapping
 
 __all__ = [
+    "INT8_SUFFIX",
+    "PTQ_SUFFIX",
     "PROGRESS_KEY",
     "DETAIL_KEY",
     "PROVIDERS",
@@ -69,8 +71,8 @@ INTEGER_KERNEL_OPS: frozenset[str] = frozenset(
 CPU_VNNI_TARGET, CPU_AVX2_TARGET = "cpu-vnni", "cpu-avx2"
 """The explicit CPU INT8 formats (``--quant-target``): uint8 activations with 8-bit weights, for CPUs whose int8
 kernels cannot saturate (x86 with VNNI or AMX, ARM), and with 7-bit weights, which cannot saturate anywhere
-(:mod:`minreal.runtime_bench.cpu`); ``cpu`` means the one the machine needs. QAT (``minreal.compress.core.qat``), quantisation and
-tune share these names."""
+(:mod:`minreal.runtime_bench.cpu`); ``cpu`` means the one the machine needs. QAT (``minreal.compress.core.qat``),
+quantisation and tune share these names."""
 
 WEIGHT_QMAX, REDUCED_WEIGHT_QMAX = 127, 64
 """Largest weight magnitude on ONNX Runtime's symmetric int8 weight grid: full range, and ``reduce_range`` (7-bit
@@ -127,3 +129,9 @@ def error_line(exc: BaseException, *, with_type: bool = False, max_chars: int | 
     if max_chars is not None and len(text) > max_chars:
         return text[: max_chars - 3] + "..."
     return text
+
+
+#: The model-name suffix of an INT8 file beside its fp32 source (``svd`` and ``svd.int8``); a source recovered with
+#: quantisation-aware ranges and quantised afresh is ``svd.ptq`` (:data:`PTQ_SUFFIX`).
+INT8_SUFFIX = ".int8"
+PTQ_SUFFIX = ".ptq"

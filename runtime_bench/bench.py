@@ -11,27 +11,37 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
+
+from minreal.facts import PROGRESS_KEY
 
 from .config import BenchConfig, ModelEntry, shape_label
 from .environment import collect_environment
 from .errors import BenchInputError, ProviderUnavailableError, WorkerError
-from minreal.facts import PROGRESS_KEY
-from .inputs import (Data, check_batch, data_rows, external_tensors, has_qdq, input_specs, load_model_proto,
-                     symbolic_axes, take_rows, timing_inputs)
+from .inputs import (
+    Data,
+    check_batch,
+    data_rows,
+    external_tensors,
+    has_qdq,
+    input_specs,
+    load_model_proto,
+    symbolic_axes,
+    take_rows,
+    timing_inputs,
+)
 from .metrics import ModelMetrics, evaluate_models
 from .model_info import model_info
+from .placement import placement_from_dict
 from .provider_options import ort_options, trt_profiles
 from .providers import provider_name, require_available, unavailable_reason
-from .runtime import wheel_conflict
-from .placement import placement_from_dict
 from .report import SCHEMA_VERSION, BenchReport, LatencyResult, PlacementResult, RatioResult, UnavailableProvider
+from .runtime import wheel_conflict
 from .timing import latency_stats, ratio_summary
 from .worker import WorkerJob, WorkerResult, save_data
 
@@ -128,8 +138,8 @@ def _check_inputs(
     axes = set().union(*map(symbolic_axes, specs.values()))
     unknown = [name for name in config.axis_values if name not in axes]
     if unknown:
-        raise BenchInputError(f"axis_values (--axis-values) names {unknown}, which no model input has as a symbolic axis beyond "
-                              f"batch (they have {sorted(axes)})")
+        raise BenchInputError(f"axis_values (--axis-values) names {unknown}, which no model input has as a symbolic "
+                              f"axis beyond batch (they have {sorted(axes)})")
     first = None if x is None else take_rows(x, 0, 1)
     for name, model_specs in specs.items():
         for batch in config.batch_sizes:

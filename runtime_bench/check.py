@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
+
+from minreal.facts import INT8_SUFFIX, PTQ_SUFFIX
 
 from .config import shape_grid, shape_label
 from .cpu import isa_difference
@@ -62,6 +65,7 @@ def check_report(
     allow_new_models: bool = False,
     min_on_provider: float | None = None,
     allow_hardware_mismatch: bool = False,
+    max_int8_drop: float | None = None,
 ) -> CheckResult:
     """Apply release thresholds to a report (a :func:`load_report` dict or a :class:`BenchReport`).
 
@@ -79,6 +83,8 @@ def check_report(
             (the report's placement); a failing criterion names the kernels that fell back.
         allow_hardware_mismatch: A ``baseline`` from another CPU model or other GPU model(s) only warns (it
             fails otherwise: its latencies are not comparable).
+        max_int8_drop: Highest allowed accuracy drop of each INT8 file (``X.int8``) against its fp32 source
+            (``X``, or ``X.ptq`` for ``X.ptq.int8``) in the same report, in percentage points.
 
     Every latency criterion also fails, with a note, for each requested (model, provider, batch size, shape)
     the report has no latency for (a provider recorded as unavailable, a cell that did not run).
@@ -96,6 +102,8 @@ def check_report(
         criteria += _agreement(data, min_agreement)
     if min_on_provider is not None:
         criteria += _on_provider(data, min_on_provider)
+    if max_int8_drop is not None:
+        criteria += _int8_drop(data, max_int8_drop)
     if (baseline is None) != (max_regression is None):
         raise CheckError("baseline (--baseline) and max_regression (--max-regression) must be given together")
     if baseline is not None and max_regression is not None:
@@ -136,7 +144,8 @@ def _latency_ratio(data: dict[str, Any], allowed: float) -> list[Criterion]:
     reference = _model_names(data)[:1]
     expected = [c for c in _expected_cells(data) if [c[0]] != reference]
     if not expected or not (ratios or data.get("unavailable")):
-        raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has no latency ratios (one model or no provider ran)")
+        raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has no latency ratios "
+                         "(one model or no provider ran)")
     criteria = [_criterion("latency_ratio", _cell(r), r["median"], allowed, r["median"] <= allowed) for r in ratios]
     have = {_cell(r) for r in ratios}
     return criteria + _missing("latency_ratio", data, [c for c in expected if c not in have], allowed)
@@ -186,16 +195,32 @@ def _missing(name: str, data: dict[str, Any], cells: Sequence[Cell], allowed: fl
 def _accuracy_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
     metrics = data["metrics"]
     if not metrics or metrics[0]["accuracy"] is None:
-        raise CheckError("max_accuracy_drop (--max-accuracy-drop) given but the report has no accuracy (benchmark with integer labels y)")
+        raise CheckError("max_accuracy_drop (--max-accuracy-drop) given but the report has no accuracy "
+                         "(benchmark with integer labels y)")
     ref = metrics[0]["accuracy"]
     drops = [(m["model"], 100.0 * (ref - m["accuracy"])) for m in metrics[1:]]
     return [Criterion("accuracy_drop_pp", model, None, None, drop, allowed, drop <= allowed) for model, drop in drops]
 
 
+def _int8_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
+    """Each INT8 file against its fp32 source: the accuracy lost by quantisation alone."""
+    metrics = {m["model"]: m for m in data["metrics"]}
+    pairs = [(name, name[: -len(INT8_SUFFIX)]) for name in metrics if name.endswith(INT8_SUFFIX)]
+    pairs = [(q, s if s in metrics else s.removesuffix(PTQ_SUFFIX)) for q, s in pairs]
+    pairs = [(q, s) for q, s in pairs if s in metrics and metrics[s].get("accuracy") is not None
+             and metrics[q].get("accuracy") is not None]
+    if not pairs:
+        raise CheckError(f"max_int8_drop (--max-int8-drop) given but the report has no INT8 file (NAME{INT8_SUFFIX}) "
+                         "with an accuracy beside its fp32 source")
+    drops = [(q, 100.0 * (metrics[s]["accuracy"] - metrics[q]["accuracy"])) for q, s in pairs]
+    return [Criterion("int8_accuracy_drop_pp", q, None, None, drop, allowed, drop <= allowed) for q, drop in drops]
+
+
 def _agreement(data: dict[str, Any], allowed: float) -> list[Criterion]:
     rows = [m for m in data["metrics"][1:] if m["top1_agreement"] is not None]
     if not rows:
-        raise CheckError("min_agreement (--min-agreement) given but the report has no top-1 agreement (needs 2+ models, class outputs)")
+        raise CheckError("min_agreement (--min-agreement) given but the report has no top-1 agreement "
+                         "(needs 2+ models, class outputs)")
     return [Criterion("top1_agreement", m["model"], None, None, m["top1_agreement"], allowed,
                       m["top1_agreement"] >= allowed) for m in rows]
 

@@ -144,7 +144,6 @@ _PROBE_K = 64  # 32 pairs of 255·127 = 32385: each pair's sum (64770) overflows
 def _probe_model() -> bytes:
     """A ``MatMulInteger`` of a (1, K) uint8 input by a (K, 1) int8 weight of 127s, serialised."""
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.full((_PROBE_K, 1), 127, dtype=np.int8), "w")

@@ -65,7 +65,8 @@ class Environment:
     """The instruction sets that decide ONNX Runtime's int8 kernels (:data:`minreal.runtime_bench.cpu.ISA_FLAGS`)."""
     cpu_flags_source: str = "unknown"
     int8_u8s8_saturates: bool | None = None
-    """Measured: this ONNX Runtime's uint8 × int8 kernel saturates here (:func:`minreal.runtime_bench.cpu.u8s8_saturates`)."""
+    """Measured: this ONNX Runtime's uint8 × int8 kernel saturates here
+    (:func:`minreal.runtime_bench.cpu.u8s8_saturates`)."""
     cpu_int8_target: str | None = None
     """What ``--quant-target cpu`` means on this machine (``cpu-vnni`` or ``cpu-avx2``)."""
 

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .errors import BenchInputError, ModelFileError
 from minreal.facts import error_line
 
+from .errors import BenchInputError, ModelFileError
+
 __all__ = ["InputSpec", "Data", "has_qdq", "input_specs", "index_bounds", "timing_inputs", "batch_inputs", "named_data",
-           "check_values", "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto", "check_external_data",
-           "external_tensors"]
+           "check_values", "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto",
+           "check_external_data", "external_tensors"]
 
 Dim = int | str | None
 #: Evaluation/timing data: one array (single-input models) or arrays keyed by graph input name.

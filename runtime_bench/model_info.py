@@ -9,9 +9,10 @@ from pathlib import Path
 
 import onnx
 
-from .inputs import external_tensors, load_model_proto
-from .errors import ProviderUnavailableError
 from minreal.facts import INTEGER_OPS
+
+from .errors import ProviderUnavailableError
+from .inputs import external_tensors, load_model_proto
 from .providers import provider_mismatch, provider_name
 from .sessions import create_session
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from minreal.facts import INTEGER_KERNEL_OPERANDS
+
 from .inputs import load_model_proto
 from .placement import _event_shapes, _prod, node_macs
 from .runtime import onnxruntime_module

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 
 from minreal.facts import INTEGER_KERNEL_OPS, PROVIDERS
+
 from .inputs import load_model_proto
 from .runtime import onnxruntime_module
 from .sessions import session_options

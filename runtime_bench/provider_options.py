@@ -30,14 +30,19 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import BenchInputError
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
+
 from minreal.facts import PROVIDERS
+
+from .errors import BenchInputError
 
 __all__ = [
     "ProviderSettings",

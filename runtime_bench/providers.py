@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+
+from minreal.facts import INSTALL_HINTS, PROVIDERS
 
 from .errors import ProviderUnavailableError, UnknownProviderError
-from minreal.facts import INSTALL_HINTS, PROVIDERS
 from .runtime import onnxruntime_module, wheel_conflict
 
 __all__ = [

@@ -10,9 +10,9 @@ and everything that needs no runtime keep working without one.
 from __future__ import annotations
 
 import functools
-import logging
 import importlib
 import importlib.metadata
+import logging
 from types import ModuleType
 
 from minreal.facts import PROVIDERS

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelFileError, SessionError
 from minreal.facts import PROVIDERS, error_line
+
+from .errors import ModelFileError, SessionError
 from .runtime import onnxruntime_module
 
 __all__ = ["SPINNING_ENTRIES", "session_options", "create_session"]

@@ -6,8 +6,8 @@ Every latency number in the project comes from :func:`time_interleaved`; do not 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 

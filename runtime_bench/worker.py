@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from minreal.facts import PROVIDERS
+
 from .inputs import Data, input_specs, timing_inputs
 from .placement import measure_placements
-from minreal.facts import PROVIDERS
 from .providers import provider_mismatch
 from .runtime import onnxruntime_module
 from .sessions import create_session

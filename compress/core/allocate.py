@@ -6,8 +6,8 @@ the option of keeping the original layer (energy 1, original cost). An allocator
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import numpy as np
 

@@ -7,8 +7,8 @@ Dropout/Flatten; :func:`build_sequential` emits a plain ``Flatten → Linear →
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from torch import nn
@@ -126,7 +126,8 @@ def extract_chain(model: nn.Module) -> Chain:
             if pending_bn is not None:
                 s, t = pending_bn
                 w, b = w * s[None, :], b + w @ t
-            ws.append(w.clone()); bs.append(b.clone())
+            ws.append(w.clone())
+            bs.append(b.clone())
             pending_act, pending_bn = None, None
         elif isinstance(m, nn.BatchNorm1d) and ws and pending_act is None and pending_bn is None:
             ws[-1], bs[-1] = fold_bn_after(ws[-1], bs[-1], m)

@@ -12,8 +12,9 @@ or CPU fused attention, which :class:`TorchCount` lists in ``uncounted_ops``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,8 +24,8 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from .evaluate import eval_mode, hooks_removed
 from .inputs import Inputs, call
 
-__all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule", "attention_macs",
-           "TorchCount", "count_macs_torch", "uncovered_modules", "whole_model_macs"]
+__all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule",
+           "attention_macs", "TorchCount", "count_macs_torch", "uncovered_modules", "whole_model_macs"]
 
 
 @dataclass
@@ -118,7 +119,8 @@ def count_costs(model: nn.Module, example_input: Inputs) -> CostTable:
             macs = rule(mod, out) if out.shape[0] == batch else rule(mod, out) // max(batch, 1)
             prev = table.layers.get(name)
             total = macs + (prev.macs if prev else 0)
-            positions = 1 if out.dim() <= 2 else (math.prod(out.shape[1:-1]) if isinstance(mod, (nn.Linear, nn.MultiheadAttention))
+            positions = 1 if out.dim() <= 2 else (math.prod(out.shape[1:-1])
+                                                  if isinstance(mod, (nn.Linear, nn.MultiheadAttention))
                                                   else math.prod(out.shape[2:]))
             table.layers[name] = LayerCost(name, type(mod).__name__, _own_params(mod), total, positions)
         return hook

@@ -18,7 +18,8 @@ import contextlib
 import datetime
 import logging
 import os
-from typing import Iterator, TypeVar
+from collections.abc import Iterator
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist

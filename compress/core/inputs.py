@@ -12,7 +12,7 @@ Single-input models keep plain tensors everywhere; nothing here changes them.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import nn
@@ -88,7 +88,7 @@ class NamedInputs:
         return f"NamedInputs({parts})"
 
 
-Inputs = Union[torch.Tensor, NamedInputs]
+Inputs = torch.Tensor | NamedInputs
 """What a model is called with: one tensor, or several named ones."""
 
 

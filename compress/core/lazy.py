@@ -5,7 +5,8 @@ package a module ``__getattr__`` that imports the submodule holding a name when 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 __all__ = ["LazyCallable", "import_target", "lazy_exports"]
 

@@ -7,23 +7,31 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
-from .allocate import (KEEP, RankOptions, allocate, cheapest_cost, options_from_spectrum,
-                       rank_at_fraction, smallest_ranks, total_cost)
+from .allocate import (
+    KEEP,
+    RankOptions,
+    allocate,
+    cheapest_cost,
+    options_from_spectrum,
+    rank_at_fraction,
+    smallest_ranks,
+    total_cost,
+)
 from .attention import PlainAttention, Unfused, unfuse_attention
 from .costs import CostTable, count_costs, count_macs_torch
 from .errors import CompressionError
 from .evaluate import eval_mode
 from .inputs import Inputs, call
-from .options import RANK_MULTIPLE_BY_PROVIDER, Budget, BudgetOptions, rank_multiple_defaults
 from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_macs, pair_params
+from .options import RANK_MULTIPLE_BY_PROVIDER, Budget, BudgetOptions, rank_multiple_defaults
 from .report import CompressionReport, LayerReport
 from .surgery import parent_weight_readers, replace_modules
 
@@ -44,11 +52,11 @@ class Target:
 
 
 def factorisable_model(model: nn.Module, example: Inputs) -> Unfused:
-    """``model`` with its nn.MultiheadAttention layers rewritten as :class:`~minreal.compress.core.attention.PlainAttention`
-    (a copy; same function, see :func:`~minreal.compress.core.attention.unfuse_attention`), so that their q/k/v/out
-    projections are plain Linear targets; ``model`` itself when it has none. Should the rewritten model fail on
-    ``example`` with an AttributeError (a parent reading the fused weights itself), ``model`` is kept and every
-    attention layer reported as refused."""
+    """``model`` with its nn.MultiheadAttention layers rewritten as
+    :class:`~minreal.compress.core.attention.PlainAttention` (a copy; same function, see
+    :func:`~minreal.compress.core.attention.unfuse_attention`), so that their q/k/v/out projections are plain Linear
+    targets; ``model`` itself when it has none. Should the rewritten model fail on ``example`` with an AttributeError (a
+    parent reading the fused weights itself), ``model`` is kept and every attention layer reported as refused."""
     if not any(isinstance(m, nn.MultiheadAttention) for m in model.modules()):
         return Unfused(model)
     result = unfuse_attention(model)
@@ -191,8 +199,9 @@ def layer_target(options: list[RankOptions], whole_total: float, ratio: float, f
 
     Raises CompressionError naming ``flag`` and the smallest whole-model ratio the layers can reach (every
     layer at its cheapest rank, the rest of the model unchanged) when ``ratio`` is below it; ``multiple`` (the
-    rank multiple) is mentioned there when above 1. When the layers' costs sum to more than ``whole_total`` (per-layer latencies measured one layer at a time
-    can), their sum is taken as the whole, with a warning, so the smallest ratio is never above 1.
+    rank multiple) is mentioned there when above 1. When the layers' costs sum to more than ``whole_total`` (per-layer
+    latencies measured one layer at a time can), their sum is taken as the whole, with a warning, so the smallest ratio
+    is never above 1.
     """
     layers = sum(o.keep_cost for o in options)
     if layers > whole_total:

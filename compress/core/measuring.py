@@ -1,16 +1,16 @@
 """Whether a method takes its own optional measurements on the calibration data.
 
 A caller that measures the result on its own held-out data (``tune``, ``compress`` with a held-out split) realises
-with ``measure=False`` (:func:`minreal.compress.registry.realise`), which turns them off for that call: the ``fde`` graph
-path's float64 output deviation over all the prepared data, a pass of both models in float64 that was 62 % of its
+with ``measure=False`` (:func:`minreal.compress.registry.realise`), which turns them off for that call: the ``fde``
+graph path's float64 output deviation over all the prepared data, a pass of both models in float64 that was 62 % of its
 realise time on the digits ResNet-20. Stdlib only: the registry reads it without importing torch.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from contextvars import ContextVar
-from typing import Iterator
 
 __all__ = ["measuring", "method_measurements"]
 

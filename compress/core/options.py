@@ -9,16 +9,17 @@ kinds a method can meet (``compress()`` refuses the others, naming the flag).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any
 
 from minreal.facts import PROVIDERS
 
 from .errors import CompressionError
 
-__all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateBudgetOption", "WidthMultipleOption", "flag_of",
-           "Alias", "aliases_of", "field_clash", "BUDGET_HELPERS", "FinetuneOptions", "PruneOptions", "Budget",
+__all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateBudgetOption", "WidthMultipleOption",
+           "flag_of", "field_clash", "BUDGET_HELPERS", "PruneOptions", "Budget",
            "BudgetOptions", "STATS_DTYPE_NAMES", "DEFAULT_STATS_DTYPE", "ALLOCATOR_NAMES",
            "RANK_MULTIPLE_BY_PROVIDER", "rank_multiple_defaults", "WIDTH_MULTIPLE_BY_PROVIDER", "WIDTH_MIN_BY_PROVIDER",
            "width_multiple_defaults",
@@ -28,9 +29,11 @@ __all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateB
 BUDGET_FIELDS = ("mac_ratio", "param_ratio", "latency_ratio")
 #: Fields of :class:`CostBudget` that serve one budget only (not offered for a method without that budget).
 BUDGET_HELPERS = MappingProxyType({"latency_ratio": ("latency_table",)})
-#: Rank allocators (``--allocator``), in the order ``--help`` lists them (:data:`minreal.compress.core.allocate.ALLOCATORS`).
+#: Rank allocators (``--allocator``), in the order ``--help`` lists them
+#: (:data:`minreal.compress.core.allocate.ALLOCATORS`).
 ALLOCATOR_NAMES = ("lagrangian", "energy", "uniform")
-#: Precisions of the per-chunk statistics products (``--stats-dtype``; :data:`minreal.compress.core.stats.STATS_DTYPES`).
+#: Precisions of the per-chunk statistics products (``--stats-dtype``;
+#: :data:`minreal.compress.core.stats.STATS_DTYPES`).
 STATS_DTYPE_NAMES = ("float64", "float32")
 #: The default of those: float32 products, float64 accumulation. ``benchmarks/stats_precision.json``: no rank
 #: ``factorize`` chooses changes on the four benchmark models (pretrained ResNet-32 on CIFAR-10 included) at MAC
@@ -42,21 +45,6 @@ DEFAULT_STATS_DTYPE = "float32"
 def flag_of(field_name: str) -> str:
     """The CLI flag of a config field (``mac_ratio`` -> ``--mac-ratio``)."""
     return "--" + field_name.replace("_", "-")
-
-
-@dataclass(frozen=True)
-class Alias:
-    """A deprecated option name in a config's ``DEPRECATED_ALIASES`` (``{old name: Alias(field, note)}``): the field
-    it now sets and what the one warning line says about the meaning (a plain field name means "same meaning")."""
-
-    field: str
-    note: str = "same meaning"
-
-
-def aliases_of(cls: type) -> dict[str, Alias]:
-    """``{old name: Alias}`` of a config class, plain field names normalised to :class:`Alias`."""
-    declared = getattr(cls, "DEPRECATED_ALIASES", {})
-    return {old: a if isinstance(a, Alias) else Alias(a) for old, a in declared.items()}
 
 
 def field_clash(configs: Mapping[str, type], name: str, cls: type) -> str | None:
@@ -102,8 +90,8 @@ class CostBudget:
                 raise CompressionError(f"{flag_of(k)} must lie in (0, 1], got {getattr(self, k)}")
         if self.latency_ratio is not None and not self.latency_table:
             raise CompressionError("--latency-ratio needs --latency-table (latencies measured on the target "
-                                   "provider); build one with `minreal latency-table MODEL --out table.json` (add --kind width "
-                                   "for magnitude/wanda)")
+                                   "provider); build one with `minreal latency-table MODEL --out table.json` (add "
+                                   "--kind width for magnitude/wanda)")
 
     @property
     def budget_given(self) -> list[str]:
@@ -167,28 +155,9 @@ class WidthMultipleOption:
             raise CompressionError(f"--width-min must be >= 0, got {self.width_min}")
 
 
-@dataclass
-class FinetuneOptions(SeedOption):
-    """Deprecated options of the methods that used to fine-tune their result themselves: ``compress()`` now runs
-    the shared recovery with the label loss alone for them (:func:`minreal.compress.registry.finetune_alias`)."""
-
-    finetune_epochs: int = field(
-        default=0,
-        metadata={"help": "Deprecated: same as --recover-epochs N --recover-alpha 1 (recovery on the labels "
-                          "alone); >= 0, default 0."})
-    finetune_lr: float = field(
-        default=1e-3,
-        metadata={"help": "Deprecated: the --recover-lr of --finetune-epochs; > 0, default 1e-3."})
-
-    def __post_init__(self) -> None:
-        if self.finetune_epochs < 0:
-            raise CompressionError(f"--finetune-epochs must be >= 0, got {self.finetune_epochs}")
-        if not self.finetune_lr > 0:
-            raise CompressionError(f"--finetune-lr must be > 0, got {self.finetune_lr}")
-
-
 #: How the width allocator compares channel importance across channel groups
-#: (:func:`minreal.compress.core.width.allocate.allocate_widths`); ``auto`` is :data:`IMPORTANCE_WEIGHTING_AUTO`'s choice.
+#: (:func:`minreal.compress.core.width.allocate.allocate_widths`); ``auto`` is :data:`IMPORTANCE_WEIGHTING_AUTO`'s
+#: choice.
 IMPORTANCE_WEIGHTINGS = ("auto", "cost", "none")
 #: The measured best weighting of each width method (``benchmarks/width_allocation.json``, the pretrained CIFAR-10
 #: ResNet-32 after one recovery epoch): magnitude 82.5/77.7/73.2 % at 0.9/0.7/0.5 of the MACs with ``cost`` against
@@ -199,13 +168,10 @@ IMPORTANCE_WEIGHTING_AUTO: Mapping[str, str] = MappingProxyType({"magnitude": "c
 
 
 @dataclass
-class PruneOptions(FinetuneOptions, CostBudget, WidthMultipleOption):
+class PruneOptions(SeedOption, CostBudget, WidthMultipleOption):
     """Options of the neuron-pruning baselines: a whole-model budget (``param_ratio``, default 0.5, or
-    ``mac_ratio``; uniform keep-fraction per hidden layer) or exact hidden ``widths``; (deprecated) fine-tuning on
-    the (labelled) data. The pruned MLP chain is the whole model, so its ratios are the whole model's
-    (the deprecated ``--params`` meant the same ratio)."""
-
-    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"params": "param_ratio"}
+    ``mac_ratio``; uniform keep-fraction per hidden layer) or exact hidden ``widths``. The pruned MLP chain is the
+    whole model, so its ratios are the whole model's."""
 
     widths: tuple[int, ...] = field(
         default=(),
@@ -220,7 +186,6 @@ class PruneOptions(FinetuneOptions, CostBudget, WidthMultipleOption):
                   "choices": IMPORTANCE_WEIGHTINGS})
 
     def __post_init__(self) -> None:
-        FinetuneOptions.__post_init__(self)
         CostBudget.__post_init__(self)
         WidthMultipleOption.__post_init__(self)
         if any(w < 1 for w in self.widths):
@@ -296,23 +261,16 @@ class Budget:
 @dataclass
 class BudgetOptions(CostBudget, ExcludeOption):
     """Config fields shared by the low-rank methods: the whole-model budget (:class:`CostBudget`), the
-    factorisable-layer budget the allocator works in (see :class:`Budget`) and excluded layers.
-    ``--flops``/``--params`` (deprecated) keep their old meaning, the factorisable layers' ratio."""
-
-    DEPRECATED_ALIASES: ClassVar[dict[str, str | Alias]] = {
-        "flops": Alias("layer_mac_ratio", "same meaning, the factorisable layers' MAC ratio (--mac-ratio budgets the "
-                                          "whole model)"),
-        "params": Alias("layer_param_ratio", "same meaning, the factorisable layers' parameter ratio (--param-ratio "
-                                             "budgets the whole model)")}
+    factorisable-layer budget the allocator works in (see :class:`Budget`) and excluded layers."""
 
     layer_mac_ratio: float | None = field(
         default=None,
         metadata={"help": "Target ratio of the factorisable layers' MACs (not the whole model's: see --mac-ratio), in "
-                          "(0, 1]; default 0.5 when no budget is given. Deprecated alias: --flops."})
+                          "(0, 1]; default 0.5 when no budget is given."})
     layer_param_ratio: float | None = field(
         default=None,
         metadata={"help": "Target ratio of the factorisable layers' parameters (not the whole model's: see "
-                          "--param-ratio), in (0, 1]. Deprecated alias: --params."})
+                          "--param-ratio), in (0, 1]."})
     rank_fraction: float | None = field(
         default=None,
         metadata={"help": "Fraction of each layer's full rank kept, in (0, 1]; alternative to a cost target."})

@@ -16,7 +16,8 @@ are views of a larger storage are saved as compact copies.
 Keys (:func:`prepared_cache_key`) hash the method, its config minus the budgets, the model (class, architecture,
 weights, buffers, training flags, devices), the data (inputs and labels) and the versions of minreal, torch and
 numpy. Under a process group (:mod:`minreal.compress.core.distributed`) only the writer saves, and :func:`load_prepared`
-is collective like :func:`~minreal.compress.core.cache.load_entry`: a state counts as found only when every rank read it.
+is collective like :func:`~minreal.compress.core.cache.load_entry`: a state counts as found only when every rank read
+it.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ import logging
 import os
 import tempfile
 import types
+from collections.abc import Callable, Sequence
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -117,8 +119,8 @@ def _model_part(model: nn.Module) -> tuple[str, ...]:
 
 def prepared_cache_key(method: str, config_key: Sequence[tuple[str, str]], model: nn.Module, data: Dataset) -> str:
     """Hash of what a prepared state depends on: the method, ``config_key`` (its config minus the budgets:
-    :func:`minreal.compress.registry.prepared_key`), the model, the data's inputs and labels, :func:`package_versions` and
-    :data:`SCHEMA`."""
+    :func:`minreal.compress.registry.prepared_key`), the model, the data's inputs and labels, :func:`package_versions`
+    and :data:`SCHEMA`."""
     labels = "-" if data.y is None else data_key(data.y)
     parts = (SCHEMA, method, tuple(config_key), _model_part(model), data_key(data.x), labels, package_versions())
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:40]
@@ -324,8 +326,8 @@ def _decode(node: Any, model: nn.Module) -> Any:
 def save_prepared(cache_dir: str | Path, key: str, state: Any, model: nn.Module) -> bool:
     """Write ``state`` (computed for ``model``) under ``key``, atomically (a temporary file, then a rename).
 
-    Only the writer rank writes (:func:`~minreal.compress.core.distributed.is_writer`). A state holding what the encoding
-    refuses is not written (one log line says what and where); nor, with a warning, when the disk refuses.
+    Only the writer rank writes (:func:`~minreal.compress.core.distributed.is_writer`). A state holding what the
+    encoding refuses is not written (one log line says what and where); nor, with a warning, when the disk refuses.
     Returns whether the file was written.
     """
     if not is_writer():

@@ -7,7 +7,8 @@ losses) also ``extra={DETAIL_KEY: text}``, with the text in its message too; lib
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Iterator, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 from minreal.facts import DETAIL_KEY, PROGRESS_KEY
 

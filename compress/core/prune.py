@@ -9,8 +9,8 @@ keeps the top-scoring neurons of each layer. Removing a neuron deletes a row of 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
 
 import torch
 from torch import nn

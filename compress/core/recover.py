@@ -17,8 +17,8 @@ Optionally the student also matches the teacher's intermediate features at named
 et al. 2015, eq. 3, without a regressor: only points whose outputs keep their shape are matched), each term an
 MSE normalised by the teacher feature's variance so that points of different scale weigh alike.
 
-With ``int8`` set the recovery is quantisation-aware (:mod:`minreal.compress.core.qat`): the student trains with weights and
-layer inputs fake-quantised in that target's INT8 format, and the activation ranges kept with the best weights are
+With ``int8`` set the recovery is quantisation-aware (:mod:`minreal.compress.core.qat`): the student trains with weights
+and layer inputs fake-quantised in that target's INT8 format, and the activation ranges kept with the best weights are
 returned for the INT8 export to reuse.
 
 Under ``torch.distributed`` (a process group of more than one rank, from ``torchrun`` and
@@ -35,8 +35,8 @@ of each split only, the held-out objective and metrics are all-reduced as sums a
 (:attr:`RecoveryConfig.freeze_batchnorm`): SyncBatchNorm runs on GPUs only, and frozen statistics need no
 collective per layer and no minimum share size; they are re-estimated exactly over the recalibration set before
 the first epoch and after each (batches dealt out to the ranks, averages all-reduced). The recovery writes no
-files; a caller saving its result does so on :func:`minreal.compress.core.distributed.is_writer` only. An exception on one
-rank is logged with its rank and raised; the others fail at their next collective (at the latest after the
+files; a caller saving its result does so on :func:`minreal.compress.core.distributed.is_writer` only. An exception on
+one rank is logged with its rank and raised; the others fail at their next collective (at the latest after the
 process group's timeout), so every rank exits non-zero.
 """
 
@@ -51,8 +51,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -63,11 +63,11 @@ from .data import Dataset
 from .distributed import all_reduce_max, all_reduce_sum, is_writer, rank_seed, shard, shard_bounds, world
 from .errors import CompressionError
 from .evaluate import eval_mode, predict
+from .inputs import Inputs, args_of, call, count
 from .progress import log_progress
 from .qat import FakeQuant, fake_quant
-from .recover_options import TASKS, RecoveryConfig
+from .recover_options import RecoveryConfig
 from .train import distillation_loss, task_loss
-from .inputs import Inputs, args_of, call, count
 
 __all__ = ["RecoveryConfig", "RecoveryResult", "recover", "held_out_metrics", "feature_points",
            "recalibrate_batchnorm"]

@@ -3,8 +3,9 @@ report need (torchvision's ``Weights`` entries and timm's registry entries are t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .lazy import LazyCallable
 from .options import BUDGET_FIELDS
@@ -69,10 +70,10 @@ class MethodSpec:
         The whole-model budgets (:data:`~minreal.compress.core.options.BUDGET_FIELDS`: ``mac_ratio``, ``param_ratio``,
         ``latency_ratio``) the method can meet; :func:`~minreal.compress.registry.compress` refuses the others.
     prepare, realise : callable or None
-        The two phases (:func:`~minreal.compress.registry.prepare`, :func:`~minreal.compress.registry.realise`): ``prepare``
-        computes what does not depend on the budget (statistics, bases, importances, partitions) once, ``realise``
-        builds the module for one budget from it, many times. Both or neither: a method without them does all its
-        work for every budget (``run``), and says so in ``minreal methods``.
+        The two phases (:func:`~minreal.compress.registry.prepare`, :func:`~minreal.compress.registry.realise`):
+        ``prepare`` computes what does not depend on the budget (statistics, bases, importances, partitions) once,
+        ``realise`` builds the module for one budget from it, many times. Both or neither: a method without them does
+        all its work for every budget (``run``), and says so in ``minreal methods``.
     realise_fields : tuple of str
         Config fields besides the whole-model budgets that only ``realise`` reads (layer budgets, the allocator):
         a prepared state serves every value of them.

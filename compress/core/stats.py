@@ -23,14 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .options import DEFAULT_STATS_DTYPE, STATS_DTYPE_NAMES
 from .data import Dataset
 from .distributed import all_reduce_max, all_reduce_sum, shard, sum_count
 from .errors import require_finite
 from .evaluate import eval_mode, hooks_removed
-from .lowrank import matrix_view
-from .progress import tracked
 from .inputs import call
+from .lowrank import matrix_view
+from .options import DEFAULT_STATS_DTYPE, STATS_DTYPE_NAMES
+from .progress import tracked
 
 __all__ = ["MomentStats", "conv_patches", "layer_rows", "shifted_moments", "collect_moments", "STATS_DTYPES",
            "DEFAULT_STATS_DTYPE"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Mapping
+from collections.abc import Mapping
 
 from torch import nn
 

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .data import Dataset
-from .errors import CompressionError
-from .options import FinetuneOptions
-from .progress import log_progress
 from .inputs import call
+from .progress import log_progress
 
-__all__ = ["TrainConfig", "TrainResult", "TrainHooks", "train", "task_loss", "distillation_loss", "ProgressFn",
-           "FinetuneOptions"]
+__all__ = ["TrainConfig", "TrainResult", "TrainHooks", "train", "task_loss", "distillation_loss", "ProgressFn"]
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int, int, dict], None]  # (epoch, total epochs, metrics)

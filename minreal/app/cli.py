@@ -4,25 +4,28 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
-import math
 import logging
+import math
 import os
+import re
 import signal
 import sys
+import textwrap
 import threading
 import time
-import dataclasses
+from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
 from minreal.app.settings import HOLDOUT_FRACTION, PipelineConfig
 from minreal.export.settings import QUANT_MODES, QUANT_TARGETS, VariantConfig
-from minreal.runtime_bench.config import BenchConfig
 from minreal.facts import PROVIDERS
+from minreal.runtime_bench.config import BenchConfig
 
 __all__ = ["cli", "console", "main", "run"]
 
@@ -48,6 +51,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 from minreal.facts import DETAIL_KEY, PROGRESS_KEY  # noqa: E402  (compress and runtime_bench log with this key)
+
 LIBRARY_LOGGERS = ("minreal.compress", "minreal.runtime_bench", "minreal.export")
 
 
@@ -96,7 +100,8 @@ class ProgressBars(logging.Handler):
         if done < total and not detail and now - last < self.LINE_EVERY_S:
             self.lines[task] = (started, last, done)
             return
-        click.echo(f"· {task}: {done}/{total}: {detail}" if detail else f"· {task}: {done}/{total} ({now - started:.0f} s)",
+        click.echo(f"· {task}: {done}/{total}: {detail}" if detail
+                   else f"· {task}: {done}/{total} ({now - started:.0f} s)",
                    err=True)
         if done >= total:
             self.lines.pop(task, None)
@@ -153,60 +158,89 @@ def common(fn: Callable) -> Callable:
 class GroupedOption(click.Option):
     """A click option that names the ``--help`` section it belongs to."""
 
-    def __init__(self, *args: Any, group: str = "", **kwargs: Any) -> None:
+    def __init__(self, *args: Any, group: str = "", method_option: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.group = group
+        self.method_option = method_option  # declared by a method's config (minreal methods NAME lists it)
+
+
+HELP_ALL = "minreal_help_all"
+
+
+def _help_all(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        ctx.meta[HELP_ALL] = True
+        click.echo(ctx.get_help(), color=ctx.color)
+        ctx.exit()
 
 
 class MethodCommand(click.Command):
-    """A command whose ``--help`` lists its own options first, then each method's options in a section of
-    their own ("Options for factorize:"), the options every method shares first."""
+    """A command whose ``--help`` lists its own options, then the budget and options every method shares; each
+    method's own options are accepted but listed by ``minreal methods NAME`` (one screen of help, not a hundred
+    lines)."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        extra = click.Option(["--help-all"], is_flag=True, expose_value=False, is_eager=True, callback=_help_all,
+                             help="Show every option with its help, grouped, and exit.")
+        return [*super().get_params(ctx), extra]
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS
+
+        budget = {"--" + f.replace("_", "-") for f in (*BUDGET_FIELDS, *(h for hs in BUDGET_HELPERS.values()
+                                                                             for h in hs))}
         sections: dict[str, list[tuple[str, str]]] = {}
+        hidden, full = 0, ctx.meta.get(HELP_ALL, False)
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
-            if record is not None:
-                sections.setdefault(getattr(param, "group", "") or "Options", []).append(record)
-        own = sections.pop("Options", [])
-        ordered = sorted(sections, key=lambda t: (not t.startswith("Budget"), t))
-        for title, rows in [("Options", own)] + [(t, sections[t]) for t in ordered]:
+            if record is None:
+                continue
+            own = getattr(param, "method_option", False) and not set(param.opts) & budget
+            if own and not full:
+                hidden += 1
+                continue
+            title = "Budget (the methods that can meet it)" if getattr(param, "method_option", False) and not own \
+                else getattr(param, "group", "") or "Options"
+            sections.setdefault(title, []).append(record)
+        for title, rows in sections.items():
             with formatter.section(title):
-                formatter.write_dl(rows)
+                if full or title == "Options" or title.startswith("Budget"):
+                    formatter.write_dl(rows)
+                else:  # a group of its own (recovery, image folders): its flags; --help-all gives their help
+                    flags = " ".join(re.findall(r"--[\w-]+", flag)[0] for flag, _ in rows)
+                    width = max(40, (formatter.width or 80) - formatter.current_indent)
+                    formatter.write_text("\b\n" + "\n".join(textwrap.wrap(flags, width, break_on_hyphens=False)))
+        if not full:
+            with formatter.section("More"):
+                formatter.write_text("--help-all: every option with its help.")
+        if full:
+            return
+        with formatter.section("Method options"):
+            formatter.write_text(f"Each method also takes options of its own ({hidden} in all); `minreal methods "
+                                 "NAME` lists one method's options, budgets and defaults, e.g. `minreal methods "
+                                 "fde`. Given once for several -m methods, an option reaches the methods that "
+                                 "have it.")
 
 
 def method_options(fn: Callable) -> Callable:
-    """One option per config field of the registered methods (see minreal.app.method_options), grouped by
-    method in ``--help``, plus a hidden option per deprecated spelling (warned about once when used)."""
-    from minreal.app.method_options import deprecated_aliases, method_option_specs
+    """One option per config field of the registered methods (see minreal.app.method_options); ``--help`` lists
+    those every method shares and says how to see a method's own (``minreal methods NAME``)."""
+    from minreal.app.method_options import method_option_specs
 
-    specs = method_option_specs()
-    fields = {spec.field: spec for spec in specs}
-    for old, targets in sorted(deprecated_aliases().items(), reverse=True):
-        if old not in fields:
-            kind = fields[next(iter(targets.values()))].kind
-            fn = click.option("--" + old.replace("_", "-"), old, type=kind, default=None, hidden=True)(fn)
-    for spec in reversed(specs):
+    for spec in reversed(method_option_specs()):
         helptext = spec.help
         if spec.kind is bool:
             opt = click.option(f"{spec.flag}/--no-{spec.flag[2:]}", spec.field, default=None, help=helptext,
-                               cls=GroupedOption, group=spec.group)
+                               cls=GroupedOption, group=spec.group,
+                               method_option=True)
         else:
             kind = click.Choice(spec.choices) if spec.choices else spec.kind
             opt = click.option(spec.flag, spec.field, type=kind, default=None, multiple=spec.multiple,
                                help=helptext + (" Repeat for several values." if spec.multiple else ""),
-                               cls=GroupedOption, group=spec.group)
+                               cls=GroupedOption, group=spec.group,
+                               method_option=True)
         fn = opt(fn)
     return fn
-
-
-def _warn_aliases(used: set[tuple[str, str]]) -> None:
-    """One line on stderr per deprecated spelling the command used (``(old name, method)`` pairs), naming the
-    replacement for the methods that used it."""
-    from minreal.app.method_options import alias_warning
-
-    for old in sorted({o for o, _ in used}):
-        click.echo(f"warning: {alias_warning(old, [m for o, m in used if o == old])}", err=True)
 
 
 def _method_choice() -> click.Choice:
@@ -279,20 +313,54 @@ def cli() -> None:
 
 
 @cli.command("methods")
+@click.argument("name", required=False)
 @common
-def methods_cmd(quiet: bool, as_json: bool) -> None:
-    """List the registered compression methods and their options."""
-    from minreal.compress import get_method, method_names
+def methods_cmd(name: str | None, quiet: bool, as_json: bool) -> None:
+    """List the registered compression methods, or one method's options, budgets and defaults (NAME)."""
     from minreal.app.method_options import method_option_specs
+    from minreal.compress import get_method, method_names
 
     con = Console(quiet, as_json)
+    if name is not None and name not in method_names():
+        raise click.UsageError(f"unknown method {name!r}; choose from {', '.join(method_names())}")
     specs = method_option_specs()
+    if name is not None:
+        con.table(_method_page(name, specs))
+        con.result(_method_record(name, specs))
+        return
     rows = {n: {"summary": get_method(n).summary, "two_phase": get_method(n).two_phase,
                 "options": [s.flag for s in specs if n in s.methods]} for n in method_names()}
     phase = {True: "prepares once, realises each budget cheaply", False: "all its work depends on the budget"}
     con.table("\n".join(f"{n:<12} {r['summary']} ({phase[r['two_phase']]})\n{'':<12} {' '.join(r['options'])}"
-                        for n, r in rows.items()))
+                        for n, r in rows.items()) + "\n\n`minreal methods NAME`: one method's options and defaults.")
     con.result(rows)
+
+
+def _method_record(name: str, specs: list[Any]) -> dict[str, Any]:
+    """One method's summary, budgets and options (flag, default, help, choices), as ``methods NAME --json``."""
+    from minreal.compress import get_method
+
+    method = get_method(name)
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else None
+                for f in dataclasses.fields(method.config_cls)}
+    helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(method.config_cls)}
+    options = [{"flag": s.flag, "default": _plain(defaults.get(s.field)), "help": helps.get(s.field, s.help),
+                "choices": list(s.choices) if s.choices else None} for s in specs if name in s.methods]
+    return {"name": name, "summary": method.summary, "budgets": list(method.budgets),
+            "two_phase": method.two_phase, "options": options}
+
+
+def _method_page(name: str, specs: list[Any]) -> str:
+    record = _method_record(name, specs)
+    budgets = ", ".join("--" + b.replace("_", "-") for b in record["budgets"]) or "none (its own options set the size)"
+    lines = [f"{name}: {record['summary']}", f"budgets: {budgets}",
+             "prepares once and realises each budget cheaply" if record["two_phase"] else
+             "all its work depends on the budget", "", "options (default):"]
+    for o in record["options"]:
+        lines.append(f"  {o['flag']} ({o['default']!r})"
+                     + (f" one of {', '.join(o['choices'])}" if o["choices"] else ""))
+        lines += ["      " + ln for ln in textwrap.wrap(o["help"], 100)]
+    return "\n".join(lines)
 
 
 def _input_files(*specs: str | None) -> list[Path]:
@@ -303,9 +371,8 @@ def _input_files(*specs: str | None) -> list[Path]:
 def _prepare_outputs(outputs: list[str | Path | None], *inputs: str | None) -> None:
     """Refuse an output that is one of the inputs or another output; create each output's folder or say why
     it cannot be. Folders created here and still empty when the command ends (it failed) are removed."""
-    from minreal.export.atomic import ensure_distinct
     from minreal.app.callables import SpecError
-    from minreal.export.atomic import make_dirs, remove_empty_dirs
+    from minreal.export.atomic import ensure_distinct, make_dirs, remove_empty_dirs
 
     outs = [Path(out) for out in filter(None, outputs)]
     _ensure_distinct_outputs(outs)
@@ -389,7 +456,8 @@ def _image_options(fn: Callable) -> Callable:
         click.option("--preprocess", "image_preprocess", metavar="WEIGHTS_ENTRY", cls=GroupedOption,
                      group=IMAGE_GROUP,
                      help="Resize, crop, mean and std of a torchvision weights entry's transforms(), e.g. "
-                          "ResNet18_Weights.IMAGENET1K_V1 (nothing is downloaded); not with --image-size/--mean/--std."),
+                          "ResNet18_Weights.IMAGENET1K_V1 (nothing is downloaded); not with "
+                          "--image-size/--mean/--std."),
     ]):
         fn = opt(fn)
     return fn
@@ -488,8 +556,8 @@ def _recovery_options(fn: Callable) -> Callable:
 
 def _recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
     """Pop the ``recover_*`` options from ``opts`` (the command's keyword arguments) and return the
-    :class:`~minreal.compress.core.recover.RecoveryConfig` they ask for, or None when recovery is off; ``--recover-int8``
-    fake-quantises in ``int8_target``'s INT8 format."""
+    :class:`~minreal.compress.core.recover.RecoveryConfig` they ask for, or None when recovery is off;
+    ``--recover-int8`` fake-quantises in ``int8_target``'s INT8 format."""
     from minreal.compress.core.recover_options import RecoveryConfig
 
     given = {k[len("recover_"):]: opts.pop(k) for k in [k for k in opts if k.startswith("recover_")]}
@@ -500,7 +568,9 @@ def _recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
         return None
     given["features"] = tuple(given.get("features") or ())
     if int8:
-        from minreal.export.quantize import resolve_target  # onnx and onnxruntime: only for a quantisation-aware recovery
+        from minreal.export.quantize import (
+            resolve_target,  # onnx and onnxruntime: only for a quantisation-aware recovery
+        )
 
         given["int8"] = resolve_target(int8_target)
     return RecoveryConfig(**given)
@@ -516,8 +586,8 @@ def _recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
               help="Compressed model as a torch.export program (.pt2).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
 @click.option("--target-provider", type=click.Choice(list(PROVIDERS)), default=BenchConfig.providers[0],
-              show_default=True, help="Provider the model is for; sets the defaults of --rank-multiple (cpu 16, GPU 8), --width-multiple "
-                   "(cpu 16, GPU 8) and --width-min (cpu 16, GPU 0).")
+              show_default=True, help="Provider the model is for; sets the defaults of --rank-multiple (cpu 16, "
+                   "GPU 8), --width-multiple (cpu 16, GPU 8) and --width-min (cpu 16, GPU 0).")
 @click.option("--calib-holdout", "holdout", type=click.FloatRange(0.0, 1.0, max_open=True), default=HOLDOUT_FRACTION,
               show_default=True, metavar="FRACTION",
               help="Share of --calib held out (seeded) to measure the compressed model on (report: "
@@ -559,22 +629,20 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
 def _compress(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
               report_path: str | None, target_provider: str, holdout: float, dynamic_axes: tuple[str, ...],
               con: Console, writer: bool, opts: dict[str, Any]) -> None:
-    from minreal.compress import compress
     from minreal.app.method_options import build_config, provider_defaults
     from minreal.app.mismatch import check_data
+    from minreal.compress import compress
     from minreal.export.json_safe import write_json
     from minreal.export.serialize import save_program
 
     if writer:  # folders the outputs need are made (and removed again on failure) by the writing rank alone
         _prepare_outputs([out, report_path], model, weights, data)
-    used: set[str] = set()
     preprocess = _image_preprocess(opts)
     recovery = _recovery_config(opts, target_provider)
     if recovery is not None and recovery.int8:
         raise click.UsageError("compress --recover-int8 would train INT8 ranges that no later command can use; "
                                "use `minreal run ... --recover-int8`, whose INT8 export writes them")
-    config = build_config(method, opts, provider_defaults((target_provider,)), used)
-    _warn_aliases(used)
+    config = build_config(method, opts, provider_defaults((target_provider,)))
     net, calib, held = _load_inputs(model, weights, trust_pickle, data, None, holdout, preprocess)
     check = check_data(net, {"evaluation": held, "calibration": calib})  # compress warns; run and tune stop
     if writer:
@@ -662,7 +730,8 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, .
     con.result(result)
 
 
-def _shape_options(input_shape: tuple[str, ...], dynamic_axes: tuple[str, ...]) -> tuple[Any, dict[str, dict[int, str]]]:
+def _shape_options(input_shape: tuple[str, ...],
+                   dynamic_axes: tuple[str, ...]) -> tuple[Any, dict[str, dict[int, str]]]:
     """Parsed ``--input-shape`` (``None`` when not given) and ``--dynamic-axes``; bad values are usage errors."""
     from minreal.app.shapes import parse_dynamic_axes, parse_input_shapes
 
@@ -773,7 +842,6 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
     x = y = None
     if data:
         from minreal.app.data import load_dataset
-
         from minreal.export.verify import feeds_of
 
         # the user's evaluation data, all of it (named inputs keyed by graph input)
@@ -809,11 +877,14 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
                    "ONNX Runtime's profile); a failure names the nodes that fell back.")
 @click.option("--allow-hardware-mismatch", is_flag=True,
               help="Let --baseline come from another CPU or GPU model (a warning; it fails otherwise).")
+@click.option("--max-int8-drop", type=float,
+              help="Highest allowed accuracy drop of each INT8 file against its own fp32 source (NAME.int8 vs NAME), "
+                   "percentage points: the loss quantisation alone causes.")
 @common
 def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: float | None,
               min_agreement: float | None, baseline: str | None, max_regression: float | None,
-              allow_new_models: bool, min_on_provider: float | None, allow_hardware_mismatch: bool, quiet: bool,
-              as_json: bool) -> None:
+              allow_new_models: bool, min_on_provider: float | None, allow_hardware_mismatch: bool,
+              max_int8_drop: float | None, quiet: bool, as_json: bool) -> None:
     """Release gate: exit 0 when every criterion holds for REPORT, 1 otherwise.
 
     REPORT is a `minreal bench` JSON, a run directory's report.json (every case is checked) or a tune directory's
@@ -822,13 +893,14 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
     from minreal.app.gate import check_reports
 
     con = Console(quiet, as_json)
-    if all(v is None for v in (max_latency_ratio, max_accuracy_drop, min_agreement, max_regression, min_on_provider)):
+    if all(v is None for v in (max_latency_ratio, max_accuracy_drop, min_agreement, max_regression, min_on_provider,
+                                max_int8_drop)):
         raise click.UsageError("give at least one criterion (--max-latency-ratio, --max-accuracy-drop, "
-                               "--min-agreement, --max-regression, --min-on-provider); a gate with none would "
-                               "always pass")
+                               "--min-agreement, --max-regression, --min-on-provider, --max-int8-drop); a gate "
+                               "with none would always pass")
     results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
                             max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
-                            allow_hardware_mismatch)
+                            allow_hardware_mismatch, max_int8_drop)
     passed = all(r.passed for _, r in results)
     import minreal.runtime_bench as rb
 
@@ -929,7 +1001,8 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
             skip_unavailable_providers: bool, quiet: bool, as_json: bool, **opts: Any) -> None:
     """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 / FP16 → benchmark."""
     con = Console(quiet, as_json)
-    quant_target = quant_target or ("tensorrt" if "tensorrt" in _split_names(providers) else PipelineConfig.quant_target)
+    quant_target = quant_target or ("tensorrt" if "tensorrt" in _split_names(providers)
+                                    else PipelineConfig.quant_target)
     preprocess, allow_mismatch = _image_preprocess(opts), opts.pop("allow_data_mismatch")
     fixed_shapes = _fixed_shapes(opts.pop("fixed_shapes"))
     recovery = _recovery_config(opts, quant_target)
@@ -943,10 +1016,10 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     cfg = _pipeline_config(PipelineConfig(skip_unavailable_providers=skip_unavailable_providers, recovery=recovery,
                                           allow_data_mismatch=allow_mismatch),
                            batch, providers, no_int8, quant_target, quant_mode, min_seconds, repeats, fp16)
-    from minreal.compress.core.demo_case import DemoCase, DemoRun  # torch: after the option checks above
-    from minreal.app.method_options import build_config, provider_defaults
+    from minreal.app.method_options import build_configs, provider_defaults
     from minreal.app.pipeline import claim_run_dir, fill_run_dir
     from minreal.app.plan import load_plan
+    from minreal.compress.core.demo_case import DemoCase, DemoRun  # torch: after the option checks above
 
     _refuse_torchrun("run")
     cfg = _with_fixed_shapes(cfg, fixed_shapes)
@@ -955,11 +1028,10 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     _require_providers(cfg.providers, skip_unavailable_providers)  # fail fast, before any loading
     _, axes = _shape_options((), dynamic_axes)
     cfg = dataclasses.replace(cfg, axis_values=_axis_values_option(axis_values))
-    defaults, used = provider_defaults(cfg.providers), set()
-    runs = [DemoRun(m, m, build_config(m, opts, defaults, used)) for m in method]
-    runs += load_plan(plan, defaults, used) if plan else []
-    _warn_aliases(used)
-    _check_finetune_aliases(runs, recovery)
+    defaults = provider_defaults(cfg.providers)
+    configs = build_configs(method, opts, defaults)  # each option reaches the methods that declare it
+    runs = [DemoRun(m, m, config) for m, config in zip(method, configs)]
+    runs += load_plan(plan, defaults) if plan else []
     # --out is locked from its existence check to the commit: a concurrent run to it exits 1
     with claim_run_dir(Path(out), overwrite, _input_files(model, weights, data, eval_data, plan)) as claim:
         net, calib, held = _load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
@@ -999,17 +1071,6 @@ def _case_axes(given: dict[str, dict[int, str]], calib: Any, held: Any) -> dict[
     if inferred:
         logging.getLogger(__name__).info("dynamic axes inferred from differing data lengths: %s", inferred)
     return merge_axes(inferred, given)
-
-
-def _check_finetune_aliases(runs: list[Any], recovery: Any) -> None:
-    """Refuse, before any work, a variant whose deprecated ``finetune_epochs`` would run beside ``--recover-*``."""
-    if recovery is None or not recovery.enabled:
-        return
-    for run in runs:
-        steps = run.steps or ((run.method, run.config),)
-        if any(getattr(config, "finetune_epochs", 0) for _, config in steps):
-            raise click.UsageError(f"variant {run.label!r}: --finetune-epochs (deprecated; = --recover-epochs N "
-                                   "--recover-alpha 1) and --recover-epochs/--recover-steps both given; keep one")
 
 
 def _demo_keys_help() -> str:
@@ -1057,7 +1118,8 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
 @click.option("--batch", type=int, default=1, show_default=True, help="Batch size the latencies are measured at.")
 @click.option("--provider", default=BenchConfig.providers[0], show_default=True,
               help=f"Provider to measure on: {', '.join(PROVIDERS)}.")
-@click.option("--ranks-per-layer", type=int, default=6, show_default=True, help="Ranks measured per layer (--kind rank).")
+@click.option("--ranks-per-layer", type=int, default=6, show_default=True,
+              help="Ranks measured per layer (--kind rank).")
 @click.option("--width-multiple", type=click.IntRange(min=1), default=None,
               help="Widths measured in steps of this many channels (--kind width); default the provider's fast "
                    "multiple, as the width methods use it (cpu 16, GPU 8).")
@@ -1219,9 +1281,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
         from minreal.app.method_options import provider_defaults
         from minreal.app.plan import load_plan
 
-        used: set[tuple[str, str]] = set()
-        cfg = dataclasses.replace(cfg, plan=tuple(load_plan(plan, provider_defaults(cfg.providers), used)))
-        _warn_aliases(used)
+        cfg = dataclasses.replace(cfg, plan=tuple(load_plan(plan, provider_defaults(cfg.providers))))
     _require_providers(cfg.providers, False)
     remote = executor_kind == "ray"
     cache = Path(cache_dir) if cache_dir else _default_cache()
@@ -1303,15 +1363,19 @@ def _split_floats(text: str, flag: str) -> list[float]:
 
 
 def _usage_errors() -> tuple[type[BaseException], ...]:
-    from minreal.compress import CompressionError, UnknownMethodError
-    from minreal.app.method_options import MethodOptionError
-    from minreal.export.errors import SameFileError
     from minreal.app.callables import SpecError
+    from minreal.app.method_options import MethodOptionError
     from minreal.app.pipeline import RunDirError
-    from minreal.runtime_bench import (BenchInputError, CheckError, ModelFileError, ReportSchemaError,
-                               UnknownProviderError)
-
     from minreal.app.tune import TuneError
+    from minreal.compress import CompressionError, UnknownMethodError
+    from minreal.export.errors import SameFileError
+    from minreal.runtime_bench import (
+        BenchInputError,
+        CheckError,
+        ModelFileError,
+        ReportSchemaError,
+        UnknownProviderError,
+    )
 
     return (MethodOptionError, RunDirError, SpecError, UnknownMethodError, CompressionError, SameFileError, TuneError,
             BenchInputError, CheckError, ModelFileError, ReportSchemaError, UnknownProviderError)

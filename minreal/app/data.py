@@ -28,13 +28,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from minreal.app.callables import (
+    SpecError,
+    _CallableSpec,
+    _cause,
+    _describe,
+    _looks_like_path,
+    _parse_callable,
+    _resolve_callable,
+    _shape,
+)
+from minreal.app.preprocess import DEFAULT_SOURCE, IMAGENET_MEAN, IMAGENET_STD, ImagePreprocess
+from minreal.app.settings import HOLDOUT_FRACTION
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import Inputs, NamedInputs, sample_shapes
 from minreal.compress.datasets import digits, digits32, sequential_digits
-from minreal.app.callables import (SpecError, _CallableSpec, _cause, _describe, _looks_like_path, _parse_callable,
-                                  _resolve_callable, _shape)
-from minreal.app.settings import HOLDOUT_FRACTION
-from minreal.app.preprocess import DEFAULT_SOURCE, IMAGENET_MEAN, IMAGENET_STD, ImagePreprocess
 
 __all__ = [
     "BUILTIN_DATA",

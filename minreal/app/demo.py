@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 
-from minreal.compress import get_method, method_names
 from minreal.app.method_options import build_config, provider_defaults
-from minreal.compress.datasets import digits
-from minreal.compress.core.demo_case import DemoCase, DemoRun
-from minreal.compress.models import mlp, small_cnn
-from minreal.compress.core.train import TrainConfig, train
 from minreal.app.pipeline import PipelineConfig
+from minreal.compress import get_method, method_names
+from minreal.compress.core.demo_case import DemoCase, DemoRun
+from minreal.compress.core.train import TrainConfig, train
+from minreal.compress.datasets import digits
+from minreal.compress.models import mlp, small_cnn
 
 __all__ = ["demo_cases", "demo_factories", "DEMO_PIPELINE", "digits_cases"]
 

@@ -62,7 +62,8 @@ def _nothing_chosen(data: dict[str, Any]) -> rb.CheckResult:
 def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | None,
                   max_accuracy_drop: float | None, min_agreement: float | None,
                   max_regression: float | None, allow_new_models: bool = False, min_on_provider: float | None = None,
-                  allow_hardware_mismatch: bool = False) -> list[tuple[str, rb.CheckResult]]:
+                  allow_hardware_mismatch: bool = False, max_int8_drop: float | None = None
+                  ) -> list[tuple[str, rb.CheckResult]]:
     """Apply the thresholds to every bench report in ``path`` (baseline matched by case name).
 
     A case (or a model of a case) absent from ``baseline`` fails unless ``allow_new_models``; see
@@ -74,7 +75,8 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
         base = {next(iter(reports)): next(iter(base.values()))}
     results = []
     for name, rep in reports.items():
-        if isinstance(rep, dict) and rep.get("kind") == "tune":  # a tune that chose nothing: its report is passed on as it is
+        # a tune that chose nothing: its report is passed on as it is
+        if isinstance(rep, dict) and rep.get("kind") == "tune":
             results.append((name, _nothing_chosen(rep)))
             continue
         if baseline and name not in base and not allow_new_models:
@@ -83,7 +85,7 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
         results.append((name, rb.check_report(rep, max_latency_ratio, max_accuracy_drop, min_agreement,
                                               base.get(name, _without_latency(rep)) if baseline else None,
                                               max_regression, allow_new_models, min_on_provider,
-                                              allow_hardware_mismatch)))
+                                              allow_hardware_mismatch, max_int8_drop)))
     return results
 
 

@@ -2,11 +2,12 @@
 
 Every config field ``foo_bar`` becomes ``--foo-bar``; a field that several methods share must be declared once, in a
 shared base dataclass (``minreal.compress.core.options``), so that one flag has one type and one meaning -- two methods
-declaring the same name apart cannot register (``minreal.compress.registry``). A config's ``DEPRECATED_ALIASES``
-(``{old name: field or minreal.compress.core.options.Alias(field, note)}``) keeps old spellings working for one release. Each field documents itself in its metadata: ``field(default=..., metadata={"help": "...", "choices": (...)})``
+declaring the same name apart cannot register (``minreal.compress.registry``). Each field documents itself in its
+metadata: ``field(default=..., metadata={"help": "...", "choices": (...)})``
 -- the help text is required (a field without one is a build-time error), the choices are optional (the fixed set of
-strings the field accepts). Only options the user gave are passed on, and an option the chosen method does not have
-is an error.
+strings the field accepts). Only options the user gave are passed on: to one method, an option it does not have is
+an error (:func:`build_config`); to several, each option reaches the methods that declare it, and is an error only
+when none of them does (:func:`build_configs`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from types import MappingProxyType
 from typing import Any
 
 from minreal.compress import get_method, method_names
-from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS, aliases_of, field_clash
+from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS, field_clash
 
-__all__ = ["OptionSpec", "method_option_specs", "config_option_specs", "field_docs", "build_config",
-           "MethodOptionError", "provider_defaults", "deprecated_aliases", "alias_warning", "option_group"]
+__all__ = ["OptionSpec", "method_option_specs", "config_option_specs", "field_docs", "build_config", "build_configs",
+           "MethodOptionError", "provider_defaults", "option_group"]
 
 
 class MethodOptionError(ValueError):
@@ -161,41 +162,24 @@ def provider_defaults(providers: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def deprecated_aliases() -> dict[str, dict[str, str]]:
-    """``{old name: {method: new field}}`` over the registered methods' ``DEPRECATED_ALIASES``."""
-    out: dict[str, dict[str, str]] = {}
-    for name in method_names():
-        for old, alias in aliases_of(get_method(name).config_cls).items():
-            out.setdefault(old, {})[name] = alias.field
-    return out
+def build_configs(methods: typing.Sequence[str], given: dict[str, Any],
+                  defaults: dict[str, Any] | None = None) -> list[Any]:
+    """One config per entry of ``methods`` from options given once for all of them (``run -m svd -m fde``).
 
-
-def alias_warning(old: str, methods: typing.Iterable[str] | None = None) -> str:
-    """The one warning line for a deprecated spelling: its replacement and note (from each config's alias
-    declaration) for ``methods`` (default: every method that has the alias)."""
-    chosen = set(deprecated_aliases()[old]) if methods is None else set(methods)
-    targets: dict[tuple[str, str], list[str]] = {}
-    for method in method_names():
-        alias = aliases_of(get_method(method).config_cls).get(old)
-        if method in chosen and alias is not None:
-            targets.setdefault((alias.field, alias.note), []).append(method)
-    uses = "; or ".join(f"--{new.replace('_', '-')} ({', '.join(ms)}): {note}" for (new, note), ms in targets.items())
-    return f"--{old.replace('_', '-')} is deprecated; use {uses}. It will be removed in the next release."
-
-
-def _resolve_aliases(cls: type, given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` with the config's deprecated spellings renamed to their fields (both given is an error)."""
-    aliases = aliases_of(cls)
-    out = {k: v for k, v in given.items() if k not in aliases}
-    for old, alias in aliases.items():
-        new = alias.field
-        if given.get(old) in (None, ()):
-            continue
-        if out.get(new) not in (None, ()):
-            raise MethodOptionError(f"give --{new.replace('_', '-')} or its deprecated alias "
-                                    f"--{old.replace('_', '-')}, not both")
-        out[new] = given[old]
-    return out
+    Each option reaches the methods whose config declares it, so ``--merge-eps 0.1`` sets fde's tolerance and
+    leaves svd's config alone. An option that none of ``methods`` declares is a :class:`MethodOptionError` naming
+    the methods that do have it. Per-variant values (two fde variants with different ε) go in a plan file.
+    """
+    declared = {m: {f.name for f in dataclasses.fields(get_method(m).config_cls)} for m in dict.fromkeys(methods)}
+    set_ = {k: v for k, v in given.items() if v is not None and v != ()}
+    for key in set_:
+        if not any(key in own for own in declared.values()):
+            owners = [m for m in method_names()
+                      if key in {f.name for f in dataclasses.fields(get_method(m).config_cls)}]
+            flag = "--" + key.replace("_", "-")
+            raise MethodOptionError(f"option {flag} applies to none of the chosen methods ({', '.join(declared)}); "
+                                    f"it is an option of {', '.join(owners) or 'no registered method'}")
+    return [build_config(m, {k: v for k, v in set_.items() if k in declared[m]}, defaults) for m in methods]
 
 
 _KIND_WORDS = MappingProxyType({int: ("a whole number", "whole numbers"), float: ("a number", "numbers"),
@@ -227,18 +211,13 @@ def _convert(key: str, value: Any, kind: type, multiple: bool) -> Any:
     return kind(value)
 
 
-def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | None = None,
-                 aliases_used: set[tuple[str, str]] | None = None) -> Any:
+def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | None = None) -> Any:
     """The method's config from the options the user gave (None / empty = not given).
 
     ``defaults`` fill fields the user did not give, where the method has such a field. Each value must be of its
-    field's kind (see :func:`_convert`; a TOML plan file is not converted loosely). The deprecated spellings
-    the method resolved are added to ``aliases_used`` as ``(old name, method)`` (the CLI warns once per spelling).
+    field's kind (see :func:`_convert`; a TOML plan file is not converted loosely).
     """
     cls = get_method(method).config_cls
-    if aliases_used is not None:
-        aliases_used.update((k, method) for k in aliases_of(cls) if given.get(k) not in (None, ()))
-    given = _resolve_aliases(cls, given)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     kwargs = {k: v for k, v in (defaults or {}).items() if k in fields and given.get(k) in (None, ())}

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from minreal.app.callables import SpecError
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.evaluate import predict
-from minreal.app.callables import SpecError
 
 __all__ = ["CHECK_SAMPLES", "DataCheck", "DataMismatchError", "Z_SCORE", "chance_threshold", "check_data",
            "is_conclusive", "require_match"]

@@ -33,11 +33,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from minreal.app.callables import (
+    SpecError,
+    _CallableSpec,
+    _cause,
+    _describe,
+    _looks_like_path,
+    _parse_callable,
+    _resolve_callable,
+    _shape,
+)
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import Inputs, NamedInputs, PackedInputs, call
 from minreal.compress.models import resnet20_cifar
-from minreal.app.callables import (SpecError, _CallableSpec, _cause, _describe, _looks_like_path, _parse_callable,
-                                  _resolve_callable, _shape)
 
 __all__ = ["BUILTIN_MODELS", "SpecError", "check_input_shape", "load_model"]
 
@@ -50,7 +58,8 @@ WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet20_cifar": resnet20_cifar,
 }
-"""Built-in architectures by name: ``factory(num_classes=...)`` (plain torch modules from :mod:`minreal.compress.models`)."""
+"""Built-in architectures by name: ``factory(num_classes=...)`` (plain torch modules from
+:mod:`minreal.compress.models`)."""
 
 
 def _build_builtin(name: str, num_classes: int | None) -> nn.Module:
@@ -268,7 +277,8 @@ def _read_state_dict(path: Path) -> OrderedDict[str, torch.Tensor]:
         raise SpecError(f"weights file {path} holds pickled objects, not a plain state dict; save it with "
                         "torch.save(model.state_dict(), path)") from exc
     except Exception as exc:
-        raise SpecError(f"could not read weights file {path} ({_cause(exc)}); it must be written by torch.save") from exc
+        raise SpecError(f"could not read weights file {path} ({_cause(exc)}); "
+                        "it must be written by torch.save") from exc
     if not _is_state_dict(obj) and isinstance(obj, Mapping):
         inner = next((k for k in CHECKPOINT_KEYS if _is_state_dict(obj.get(k))), None)
         if inner is not None:

@@ -19,36 +19,46 @@ import glob
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from torch import nn
 
 import minreal.runtime_bench as rb
-from minreal.compress.core.demo_case import DemoCase, DemoRun
-from minreal.compress.core.evaluate import compare_outputs
-from minreal.compress.core.recover import RecoveryConfig
 from minreal.app.mismatch import DataCheck, check_data, require_match
 from minreal.app.plan import run_variant
 from minreal.app.report import cell_label, int8_cause, roundtrip_summary
 from minreal.app.settings import FP16_PROVIDERS, PipelineConfig
+from minreal.compress.core.demo_case import DemoCase, DemoRun
+from minreal.compress.core.evaluate import compare_outputs
+from minreal.compress.core.recover import RecoveryConfig
 from minreal.export.atomic import atomic_path, make_dirs, remove_empty_dirs
-from minreal.export.json_safe import write_json
 from minreal.export.errors import ParityError
+from minreal.export.json_safe import write_json
 from minreal.export.quantize import int8_skip_reason, target_text
 from minreal.export.serialize import save_program
+from minreal.export.variant import (
+    FP16_LABEL_SUFFIX,
+    PTQ_SUFFIX,
+    VariantRecord,
+    export_variant,
+    file_stem,
+    fp16_skip_reason,
+    fp16_variant,
+    layer_weights,
+    quantize_variant,
+    relative_to,
+    to_jsonable,
+    trained_ranges,
+)
 from minreal.export.verify import feeds_of
-from minreal.export.variant import (FP16_LABEL_SUFFIX, PTQ_SUFFIX, VariantRecord, export_variant, file_stem,
-                            fp16_skip_reason, fp16_variant, layer_weights, quantize_variant, relative_to, to_jsonable,
-                            trained_ranges)
 
 __all__ = ["PipelineConfig", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
            "run_pipeline", "fill_run_dir", "run_case", "claim_run_dir", "RunDirClaim", "prepare_run_dir",

@@ -21,19 +21,22 @@ for a repeated option, ``true``/``false`` for a switch). Every error is one line
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 from torch import nn
 
+from minreal.app.method_options import MethodOptionError, build_config
 from minreal.compress import compress, method_names
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.demo_case import DemoRun
 from minreal.compress.core.recover import RecoveryConfig
 from minreal.compress.core.report import CompressionReport
 from minreal.compress.registry import chain_label, compress_chain
-from minreal.app.method_options import MethodOptionError, build_config
 
 __all__ = ["PlanError", "load_plan", "run_variant"]
 
@@ -72,7 +75,7 @@ def _step_options(entry: dict[str, Any], methods: list[str], where: str) -> dict
     return {m: dict(rest.get(m, {})) for m in methods}
 
 
-def _variant(entry: Any, index: int, path: Path, defaults: dict[str, Any], used: set[tuple[str, str]]) -> DemoRun:
+def _variant(entry: Any, index: int, path: Path, defaults: dict[str, Any]) -> DemoRun:
     where = f"{path}: variant {index}"
     if not isinstance(entry, dict):
         raise PlanError(f"{where}: expected a table ([[variant]]), got {type(entry).__name__}")
@@ -84,7 +87,7 @@ def _variant(entry: Any, index: int, path: Path, defaults: dict[str, Any], used:
     steps = []
     for m, opts in _step_options(entry, methods, where).items():
         try:
-            steps.append((m, build_config(m, opts, defaults, used)))
+            steps.append((m, build_config(m, opts, defaults)))
         except MethodOptionError as exc:
             raise PlanError(f"{where}: {exc}") from None
     if len(steps) == 1:
@@ -92,10 +95,8 @@ def _variant(entry: Any, index: int, path: Path, defaults: dict[str, Any], used:
     return DemoRun(label, chain_label(methods), None, tuple(steps))
 
 
-def load_plan(path: str | Path, defaults: dict[str, Any] | None = None,
-              aliases_used: set[tuple[str, str]] | None = None) -> list[DemoRun]:
-    """The variants of a plan file, each validated (``defaults``: provider-dependent option defaults); the
-    deprecated spellings it uses are added to ``aliases_used`` as for the command line (see ``build_config``)."""
+def load_plan(path: str | Path, defaults: dict[str, Any] | None = None) -> list[DemoRun]:
+    """The variants of a plan file, each validated (``defaults``: provider-dependent option defaults)."""
     path = Path(path)
     try:
         doc = tomllib.loads(path.read_text())
@@ -109,8 +110,7 @@ def load_plan(path: str | Path, defaults: dict[str, Any] | None = None,
     variants = doc.get("variant")
     if not isinstance(variants, list) or not variants:
         raise PlanError(f"{path}: no variants; add at least one [[variant]] table with a 'method'")
-    used = set() if aliases_used is None else aliases_used
-    runs = [_variant(v, i, path, defaults or {}, used) for i, v in enumerate(variants, 1)]
+    runs = [_variant(v, i, path, defaults or {}) for i, v in enumerate(variants, 1)]
     labels = [r.label for r in runs]
     dup = next((lb for lb in labels if labels.count(lb) > 1), None)
     if dup is not None:

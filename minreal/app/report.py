@@ -7,10 +7,13 @@ from typing import Any
 
 from minreal.app.plots import plot_accuracy_latency  # re-exported: the run's plot.png
 
-__all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency", "plot_spectra",
-           "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS",
-           "int8_rows", "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows",
-           "tensorrt_lines"]
+__all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency",
+           "plot_spectra", "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery",
+           "INT8_HEADERS", "int8_rows", "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows",
+           "tensorrt_lines", "verdict_lines", "grouped_warnings", "VERDICT_MAX_DROP_PP"]
+
+#: The accuracy cost a verdict accepts: the fastest model within this many points of the original's held-out accuracy.
+VERDICT_MAX_DROP_PP = 1.0
 
 SUMMARY_HEADERS = ("case", "model", "params", "MACs", "MAC ratio", "file KB", "provider", "batch (shape)", "p50 ms",
                    "p90 ms", "p99 ms", "samples/s", "lat. ratio", "accuracy", "MSE", "agreement")
@@ -107,10 +110,75 @@ def format_compact(report: Any) -> str:
     return f"provider {first_provider}\n" + _text_table(headers, rows)
 
 
+def _within_budget(m: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether a model's held-out quality is within :data:`VERDICT_MAX_DROP_PP` of the original's, and its cost."""
+    if m.get("accuracy") is not None and base.get("accuracy") is not None:
+        drop = 100 * (base["accuracy"] - m["accuracy"])
+        return drop <= VERDICT_MAX_DROP_PP + 1e-9, f"accuracy {-drop:+.2f} pp"
+    if m.get("mse") is not None and base.get("mse") is not None:
+        rise = m["mse"] / base["mse"] - 1 if base["mse"] > 0 else 0.0
+        return rise <= 0.01 * VERDICT_MAX_DROP_PP + 1e-12, f"MSE {100 * rise:+.1f} %"
+    return False, "quality not measured"
+
+
+def verdict_lines(report: Any) -> list[str]:
+    """One line per case: the fastest model within :data:`VERDICT_MAX_DROP_PP` of the original's held-out quality,
+    against the original fp32 and the original's INT8 (or FP16), at each batch on the first provider; or, plainly,
+    that nothing compressed beats the original's low-precision file."""
+    out = []
+    for case in _get(report, "cases"):
+        bench = _get(case, "bench")
+        metrics = {m["model"]: m for m in bench.get("metrics") or ()}
+        lat = bench.get("latency") or []
+        if not lat or "original" not in metrics:
+            continue
+        provider = lat[0]["provider"]
+        p50 = {(r["model"], cell_label(r)): r["stats"]["p50_ms"] for r in lat if r["provider"] == provider}
+        cells = sorted({c for _, c in p50}, key=_cell_order)
+        ok = {m: _within_budget(metrics[m], metrics["original"]) for m in metrics}
+        fit = [m for m in metrics if ok[m][0] and all((m, c) in p50 for c in cells)]
+        if not fit:
+            out.append(f"- **{_get(case, 'name')}**: no model is within {VERDICT_MAX_DROP_PP:g} pp of the "
+                       "original's held-out quality")
+            continue
+        best = min(fit, key=lambda m: sum(p50[(m, c)] / p50[("original", c)] for c in cells))
+        low = next((b for b in ("original.int8", "original.fp16") if all((b, c) in p50 for c in cells)), None)
+        versus = "; ".join(f"batch {c}: {p50[('original', c)] / p50[(best, c)]:.2f}× the original fp32"
+                           + (f", {p50[(low, c)] / p50[(best, c)]:.2f}× {low}" if low and low != best else "")
+                           for c in cells)
+        compressed = not best.startswith("original")
+        head = (f"fastest within {VERDICT_MAX_DROP_PP:g} pp: **{best}**" if compressed else
+                f"nothing compressed beats the original within {VERDICT_MAX_DROP_PP:g} pp; fastest: **{best}**")
+        out.append(f"- **{_get(case, 'name')}** ({provider}): {head} ({ok[best][1]}); {versus} (speed-ups, p50)")
+    return out
+
+
+def grouped_warnings(warnings: list[str]) -> list[str]:
+    """One report.md line per kind of warning (the text before its first colon): how many, and the first; every
+    warning in full is in report.json (``cases[].warnings``)."""
+    kinds: dict[str, list[str]] = {}
+    for w in warnings:
+        kinds.setdefault(w.split(":", 1)[0], []).append(w)
+    return [f"- **WARNING** {items[0]}" if len(items) == 1 else
+            f"- **WARNING** {kind} ({len(items)}×; all in report.json), e.g. {items[0].split(':', 1)[1].strip()}"
+            for kind, items in kinds.items()]
+
+
+def _tensorrt_meant(report: Any, variant: Any) -> bool:
+    """Whether a file is meant for TensorRT: tensorrt among the run's providers, or INT8 in TensorRT's format."""
+    config = _optional(report, "config") or {}
+    q = _optional(variant, "quantization") or {}
+    return "tensorrt" in (config.get("providers") or ()) or q.get("target") == "tensorrt"
+
+
 def render_markdown(report: Any) -> str:
-    """``report.md``: summary table, per-case notes, unavailable providers, INT8 kernel counts."""
-    out = ["# minreal run report", "", f"Created {_get(report, 'created_utc')} UTC.", "",
-           "| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "---|" * len(SUMMARY_HEADERS)]
+    """``report.md``: one verdict line per case, the summary table, per-case notes, INT8 kernel counts, warnings
+    grouped by kind."""
+    out = ["# minreal run report", "", f"Created {_get(report, 'created_utc')} UTC.", ""]
+    verdicts = verdict_lines(report)
+    if verdicts:
+        out += ["## Verdict", "", *verdicts, ""]
+    out += ["| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "---|" * len(SUMMARY_HEADERS)]
     out += ["| " + " | ".join(r) + " |" for r in summary_rows(report)]
     rec_rows = recovery_rows(report)
     if rec_rows:
@@ -119,7 +187,8 @@ def render_markdown(report: Any) -> str:
         out += ["| " + " | ".join(r) + " |" for r in rec_rows]
     q_rows = int8_rows(report)
     if q_rows:
-        out += ["", "## INT8 of the quantisation-aware weights: calibrated afresh vs trained ranges (ORT, held-out data)",
+        out += ["", "## INT8 of the quantisation-aware weights: calibrated afresh vs trained ranges "
+                "(ORT, held-out data)",
                 "", "A float recovery with post-training INT8 at the same budget is what `run` gives without "
                 "`--recover-int8`.", "",
                 "| " + " | ".join(INT8_HEADERS) + " |", "|" + "---|" * len(INT8_HEADERS)]
@@ -156,11 +225,12 @@ def render_markdown(report: Any) -> str:
                            + _dropped_text(q.get("roundtrip_nodes") or [])
                            + _roundtrip_text(q.get("float_roundtrips") or {}))
         for v in _get(case, "variants"):
-            out += tensorrt_lines(_get(v, "label"), _get(v, "tensorrt_readiness"))
+            if _tensorrt_meant(report, v):
+                out += tensorrt_lines(_get(v, "label"), _get(v, "tensorrt_readiness"))
         for u in _get(case, "bench").get("unavailable", []):
             out.append(f"- provider **{u['provider']}** unavailable: {u['reason']}")
         out += [f"- note: {n}" for n in _get(case, "notes")]
-        out += [f"- **WARNING**: {w}" for w in _get(case, "warnings")]
+        out += grouped_warnings(list(_get(case, "warnings")))
     return "\n".join(out) + "\n"
 
 
@@ -198,8 +268,8 @@ def roundtrip_summary(roundtrips: Mapping[str, int]) -> str:
 
 def int8_cause(quantization: Mapping[str, Any]) -> str:
     """The likely cause of an INT8 file's accuracy loss, from its record's ``quantization`` (a
-    :class:`~minreal.export.quantize.QuantResult` as JSON): saturation on this CPU, non-finite scales, float round trips,
-    else the quantisation of its layers."""
+    :class:`~minreal.export.quantize.QuantResult` as JSON): saturation on this CPU, non-finite scales, float round
+    trips, else the quantisation of its layers."""
     if quantization.get("saturates_here") and quantization.get("target") == "tensorrt":
         return ("saturation of ONNX Runtime's int16 step on this CPU (x86 without VNNI), which TensorRT on a GPU "
                 "does not have: its accuracy here understates the GPU's")
@@ -223,8 +293,8 @@ def _roundtrip_text(roundtrips: Mapping[str, int]) -> str:
 
 
 def tensorrt_lines(label: str, readiness: Mapping[str, Any] | None) -> list[str]:
-    """report.md lines of one variant's TensorRT findings (:mod:`minreal.export.readiness`): a heading, then one line per
-    grouped finding; a report written before findings were grouped (one issue per node) shows its first few."""
+    """report.md lines of one variant's TensorRT findings (:mod:`minreal.export.readiness`): a heading, then one line
+    per grouped finding; a report written before findings were grouped (one issue per node) shows its first few."""
     from minreal.export.readiness import EXAMPLE_NODES
 
     if not readiness or readiness.get("ready", True):
@@ -306,7 +376,8 @@ def fp16_rows(report: Any) -> list[tuple[str, ...]]:
             parity, precisions = f["parity"], f.get("provider_precisions") or {}
             ran_fp32 = _counts(precisions["float32"]) if precisions else "-"
             rows.append((_get(case, "name"), _get(v, "label"), str(f["fp32_path"]),
-                         "fp32" if f.get("keep_io_types", True) else "fp16", f"{parity['status']} ({parity['provider']})",
+                         "fp32" if f.get("keep_io_types", True) else "fp16",
+                         f"{parity['status']} ({parity['provider']})",
                          _fmt(parity.get("max_scaled_err"), ".3g"), f"{parity['rtol']:.3g}",
                          f"{f['size_fp16_bytes'] / 1024:.1f}", f"{f['size_fp32_bytes'] / 1024:.1f}",
                          _counts(f.get("fp32_nodes") or {}), ran_fp32))
@@ -320,8 +391,9 @@ def _fp16_section(report: Any) -> list[str]:
         return []
     return ["", "## FP16 copies: parity against the fp32 file", "",
             "An element passes when |fp16 - fp32| <= rtol·|fp32| + atol_scale·max|fp32| of its output (both 10 × "
-            "float16's epsilon 2^-10 by default). ONNX Runtime's CPU provider runs most float16 ops in float32 (last column), so parity on "
-            "CPU checks the conversion and the weights' rounding, not float16 arithmetic.", "",
+            "float16's epsilon 2^-10 by default). ONNX Runtime's CPU provider runs most float16 ops in float32 "
+            "(last column), so parity on CPU checks the conversion and the weights' rounding, not float16 "
+            "arithmetic.", "",
             "| " + " | ".join(FP16_HEADERS) + " |", "|" + "---|" * len(FP16_HEADERS),
             *("| " + " | ".join(r) + " |" for r in rows)]
 

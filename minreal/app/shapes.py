@@ -22,8 +22,8 @@ import torch
 
 from minreal.compress.core.inputs import Inputs, NamedInputs
 
-__all__ = ["check_shape_names", "InputShapes", "parse_input_shapes", "parse_dynamic_axes", "parse_axis_values", "random_inputs",
-           "infer_dynamic_axes", "merge_axes", "axis_lengths", "DTYPES"]
+__all__ = ["check_shape_names", "InputShapes", "parse_input_shapes", "parse_dynamic_axes", "parse_axis_values",
+           "random_inputs", "infer_dynamic_axes", "merge_axes", "axis_lengths", "DTYPES"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float16": torch.float16, "float64": torch.float64, "int64": torch.int64,

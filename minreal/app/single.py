@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 import torch
-
-from minreal.compress.core.inputs import Inputs, NamedInputs
 
 from minreal.app import data as app_data
 from minreal.app.callables import SpecError
 from minreal.app.models import align_inputs, check_input_shape, checked_dataset, load_model, packed_model
 from minreal.app.preprocess import ImagePreprocess
+from minreal.app.report import int8_cause
 from minreal.app.shapes import InputShapes, check_shape_names, merge_axes, random_inputs
+from minreal.compress.core.inputs import Inputs, NamedInputs
 from minreal.export.fp16 import Fp16Config
 from minreal.export.quantize import int8_skip_reason, target_text
-from minreal.app.report import int8_cause
+from minreal.export.variant import (
+    PARITY_BATCH_SIZES,
+    VariantConfig,
+    VariantRecord,
+    export_variant,
+    fp16_variant,
+    quantize_variant,
+)
 from minreal.export.verify import feeds_of, output_agreement
-from minreal.export.variant import (PARITY_BATCH_SIZES, VariantConfig, VariantRecord, export_variant, fp16_variant,
-                            quantize_variant)
 
 __all__ = ["ExportOptions", "export_single"]
 
@@ -80,7 +85,8 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
                   opts: ExportOptions, progress: Callable[[str], None],
                   input_shape: InputShapes | tuple[int, ...] | None = None,
                   dynamic_axes: Mapping[str, Mapping[int, str]] | None = None) -> VariantRecord:
-    """Load, export, simplify, verify and optionally quantise one model (see :func:`minreal.export.variant.export_variant`).
+    """Load, export, simplify, verify and optionally quantise one model (see
+    :func:`minreal.export.variant.export_variant`).
 
     The record's paths are relative to ``out``'s folder; with INT8 its ``quantization`` describes ``NAME.int8.onnx``,
     with FP16 its ``fp16`` describes ``NAME.fp16.onnx``.

@@ -65,6 +65,36 @@ def test_methods_json(workdir: Path) -> None:
     assert "--layer-mac-ratio" in data["svd"]["options"] and "--mac-ratio" in data["svd"]["options"]
 
 
+def test_methods_name_lists_that_methods_options_budgets_and_defaults() -> None:
+    import dataclasses
+
+    from minreal.compress.methods.fde import FDEConfig
+
+    result = CliRunner().invoke(cli, ["methods", "fde", "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.output)
+    assert record["name"] == "fde" and record["budgets"] == ["mac_ratio", "param_ratio"]
+    options = {o["flag"]: o for o in record["options"]}
+    defaults = {f.name: f.default for f in dataclasses.fields(FDEConfig)}
+    assert options["--merge-eps"]["default"] == defaults["merge_eps"] and options["--merge-eps"]["help"]
+    assert options["--representative"]["choices"] and "--rank-multiple" not in options
+    page = CliRunner().invoke(cli, ["methods", "fde"]).output
+    assert page.startswith("fde: ") and "--merge-eps" in page and "budgets: --mac-ratio, --param-ratio" in page
+    bad = CliRunner().invoke(cli, ["methods", "nope"])
+    assert bad.exit_code == 2 and "unknown method 'nope'" in bad.output
+
+
+@pytest.mark.parametrize("command", ["compress", "run"])
+def test_help_shows_common_options_and_points_to_each_methods_own(command: str) -> None:
+    """``--help`` leaves each method's own options to ``minreal methods NAME`` (they stay accepted);
+    ``--help-all`` lists every option with its help."""
+    short = CliRunner().invoke(cli, [command, "--help"]).output
+    full = CliRunner().invoke(cli, [command, "--help-all"]).output
+    assert "minreal methods" in short and "--merge-eps" not in short and "--mac-ratio" in short
+    assert "--merge-eps" in full and "--recover-lr" in full
+    assert len(short.splitlines()) < len(full.splitlines()) / 2
+
+
 def test_compress_writes_program_and_report(workdir: Path) -> None:
     import torch
 
@@ -176,8 +206,8 @@ def test_export_without_calibration_refuses_int8(workdir: Path, capsys: pytest.C
 
 
 def test_run_pipeline_and_overwrite_guard(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--flops", "0.5", "--data", "digits-flat", "--out", "runs/a",
-            "--batch", "1", "-q", *QUICK_BENCH]
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--flops", "0.5", "--data", "digits-flat",
+            "--out", "runs/a", "--batch", "1", "-q", *QUICK_BENCH]
     code, _, err = run_main(args, capsys)
     assert code == 0, err
     text = Path("runs/a/report.json").read_text()
@@ -195,8 +225,8 @@ def test_run_pipeline_and_overwrite_guard(workdir: Path, capsys: pytest.CaptureF
 
 def test_unwritable_output_directory(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     Path("blocker").write_text("a file, not a directory")
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
-                             "blocker/run"], capsys)
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat",
+                             "--out", "blocker/run"], capsys)
     assert code == 2 and "blocker" in err
 
 
@@ -247,8 +277,8 @@ def test_int8_quality_warnings_name_the_likely_cause() -> None:
 
 
 def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/d", "--batch", "2",
-            "--quant-mode", "dynamic", "-q", *QUICK_BENCH]
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
+            "runs/d", "--batch", "2", "--quant-mode", "dynamic", "-q", *QUICK_BENCH]
     code, _, err = run_main(args, capsys)
     assert code == 0, err
     variants = json.loads(Path("runs/d/report.json").read_text())["cases"][0]["variants"]
@@ -295,15 +325,15 @@ def test_overwrite_replaces_only_run_directories(workdir: Path, capsys: pytest.C
     project = workdir / "proj"
     project.mkdir()
     (project / "notes.txt").write_text("keep me")
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "proj",
-                             "--overwrite"], capsys)
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat",
+                             "--out", "proj", "--overwrite"], capsys)
     assert code == 2 and "not a minreal run directory" in err
     assert (project / "notes.txt").read_text() == "keep me"
 
 
 def test_run_directory_may_not_contain_inputs(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "."],
-                            capsys)
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat",
+                             "--out", "."], capsys)
     assert code == 2 and "contains the input" in err
     assert Path("net.py").exists()
 
@@ -358,8 +388,9 @@ def test_recovery_flags_clash_is_an_error(workdir: Path, capsys: pytest.CaptureF
 
 
 def test_run_with_recovery_reports_zero_shot_and_recovered(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/r",
-            "--batch", "1", "--no-int8", "--recover-epochs", "1", "--recover-features", "auto", *QUICK_BENCH]
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data",
+            "digits-flat", "--out", "runs/r", "--batch", "1", "--no-int8", "--recover-epochs", "1",
+            "--recover-features", "auto", *QUICK_BENCH]
     code, out, err = run_main(args, capsys)
     assert code == 0, err
     report = json.loads(Path("runs/r/report.json").read_text())
@@ -374,20 +405,6 @@ def test_run_with_recovery_reports_zero_shot_and_recovered(workdir: Path, capsys
     md = Path("runs/r/report.md").read_text()
     assert "**svd** recovery: zero-shot → recovered" in md and "1 epochs" in md
     assert "## Recovery: zero-shot vs recovered" in md
-
-
-def test_deprecated_finetune_option_runs_label_only_recovery(workdir: Path, capsys: pytest.CaptureFixture,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
-    code, _, err = run_main(["compress", "net.py:make", "--method", "magnitude", "--param-ratio", "0.5", "--calib",
-                             "digits-flat", "--finetune-epochs", "1", "--report", "r.json", "-q"], capsys)
-    assert code == 0, err
-    assert "deprecated" in caplog.text and "--recover-alpha 1" in caplog.text
-    report = json.loads(Path("r.json").read_text())
-    assert report["recovery"]["epochs"] == 1
-    code, _, err = run_main(["compress", "net.py:make", "--method", "magnitude", "--param-ratio", "0.5", "--calib",
-                             "digits-flat", "--finetune-epochs", "1", "--recover-epochs", "1", "--out", "b.pt2"],
-                            capsys)
-    assert code != 0 and "not both" in err and not Path("b.pt2").exists()
 
 
 def test_first_ctrl_c_in_recovery_ends_it_and_the_run_goes_on(workdir: Path, capsys: pytest.CaptureFixture,
@@ -405,8 +422,8 @@ def test_first_ctrl_c_in_recovery_ends_it_and_the_run_goes_on(workdir: Path, cap
         step(*args)
 
     monkeypatch.setattr(recover_mod, "_step", interrupting)
-    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/i",
-            "--batch", "1", "--no-int8", "--recover-epochs", "50", *QUICK_BENCH]
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data",
+            "digits-flat", "--out", "runs/i", "--batch", "1", "--no-int8", "--recover-epochs", "50", *QUICK_BENCH]
     code, out, err = run_main(args, capsys)
     assert code == 0, err
     comp = json.loads(Path("runs/i/report.json").read_text())["cases"][0]["variants"][1]["compression"]
@@ -423,8 +440,8 @@ def test_second_ctrl_c_while_recovery_stops_aborts_and_leaves_nothing(workdir: P
 
     monkeypatch.setattr(recover_mod, "_step", interrupt)
     monkeypatch.setattr(recover_mod, "log_progress", interrupt)  # the second one arrives while stopping
-    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "--out", "runs/j",
-            "--batch", "1", "--no-int8", "--recover-epochs", "5", *QUICK_BENCH]
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data",
+            "digits-flat", "--out", "runs/j", "--batch", "1", "--no-int8", "--recover-epochs", "5", *QUICK_BENCH]
     code, _, err = run_main(args, capsys)
     assert code == 1 and "aborted" in err and "Traceback" not in err
     assert not Path("runs/j").exists()
@@ -440,21 +457,17 @@ def test_second_ctrl_c_in_the_next_variants_recovery_aborts(workdir: Path, capsy
         raise KeyboardInterrupt
 
     monkeypatch.setattr(recover_mod, "_step", interrupt)
-    args = ["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "factorize", "--mac-ratio", "0.5", "--data", "digits-flat",
-            "--out", "runs/k", "--batch", "1", "--no-int8", "--recover-epochs", "5", *QUICK_BENCH]
+    args = ["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "factorize", "--mac-ratio", "0.5",
+            "--data", "digits-flat", "--out", "runs/k", "--batch", "1", "--no-int8", "--recover-epochs", "5",
+            *QUICK_BENCH]
     code, _, err = run_main(args, capsys)
     assert code == 1 and "aborted" in err and "Traceback" not in err and not Path("runs/k").exists()
 
 
-def test_compress_refuses_int8_ranges_it_could_not_use_and_finetune_beside_recovery(workdir: Path,
-                                                                                   capsys: pytest.CaptureFixture) -> None:
+def test_compress_refuses_int8_ranges_it_could_not_use(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     code, _, err = run_main(["compress", "net.py:make", "-m", "svd", "--mac-ratio", "0.5", "--calib", "digits-flat",
                              "--recover-epochs", "1", "--recover-int8"], capsys)
     assert code == 2 and "minreal run" in err and not Path("compressed.pt2").exists()
-    Path("plan.toml").write_text('[[variant]]\nmethod = "magnitude"\nparam_ratio = 0.5\nfinetune_epochs = 1\n')
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--plan", "plan.toml", "--data", "digits-flat",
-                             "--out", "runs/p", "--recover-epochs", "1"], capsys)
-    assert code == 2 and "variant 'magnitude'" in err and not Path("runs/p").exists()
 
 
 def test_progress_without_a_terminal_is_one_throttled_line_per_task(capsys: pytest.CaptureFixture) -> None:
@@ -473,7 +486,8 @@ def test_progress_without_a_terminal_is_one_throttled_line_per_task(capsys: pyte
         setattr(record, PROGRESS_KEY, ("recovery (steps)", done, 5))
         bars.emit(record)
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["· recovery (steps): 1/5 (0 s)", "· recovery (steps): 3/5 (12 s)", "· recovery (steps): 5/5 (14 s)"]
+    assert lines == ["· recovery (steps): 1/5 (0 s)", "· recovery (steps): 3/5 (12 s)",
+                     "· recovery (steps): 5/5 (14 s)"]
     for done, t in ((1, 20.0), (2, 21.0)):  # an epoch's record carries its losses: never thinned out
         now[0] = t
         record = logging.LogRecord("x", logging.INFO, "", 0, "msg", (), None)

@@ -1,4 +1,5 @@
-"""CLI options with one meaning each: deprecated aliases, whole-model budgets, plan files."""
+"""CLI options with one meaning each: one spelling, options routed to the methods that declare them, whole-model
+budgets, plan files."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from minreal.app.cli import run
+from minreal.app.method_options import MethodOptionError, build_config, build_configs
+from minreal.app.plan import PlanError, load_plan
 from minreal.compress import compress
 from minreal.compress.core.errors import CompressionError
 from minreal.compress.methods.factorize import FactorizeConfig
 from minreal.compress.methods.magnitude import MagnitudeConfig
-from minreal.app.cli import run
-from minreal.app.method_options import alias_warning, build_config, deprecated_aliases
-from minreal.app.plan import PlanError, load_plan
 
 FACTORY = """
 import torch
@@ -23,11 +24,6 @@ def make():
     torch.manual_seed(0)
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
 """
-
-#: (method, deprecated spelling, new field): every alias of every registered method.
-ALIASES = [(m, old, new) for old, by_method in sorted(deprecated_aliases().items())
-           for m, new in sorted(by_method.items())]
-
 
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -42,41 +38,42 @@ def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, 
     return code, out.out, out.err
 
 
-def test_the_old_spellings_are_all_aliases() -> None:
-    assert {"flops", "params", "eps", "batch_size", "latency", "calib_samples"} <= set(deprecated_aliases())
+@pytest.mark.parametrize("old", ["--flops", "--params", "--eps", "--finetune-epochs", "--calibration-samples"])
+def test_the_old_spellings_are_gone(workdir: Path, capsys: pytest.CaptureFixture, old: str) -> None:
+    """No release shipped them: no hidden alias, no warning, a usage error naming the option."""
+    code, _, err = run_main(["compress", "net.py:make", "-m", "svd", old, "0.5", "--calib", "digits-flat",
+                             "--out", "a.pt2"], capsys)
+    assert code == 2 and f"No such option '{old}'" in err and not Path("a.pt2").exists()
 
 
-@pytest.mark.parametrize("method, old, new", ALIASES, ids=[f"{m}-{o}" for m, o, _ in ALIASES])
-def test_alias_gives_the_same_config_as_the_new_name(method: str, old: str, new: str) -> None:
-    value = 2 if new.endswith(("samples", "batch_size")) else 0.25
-    extra = {"latency_table": "t.json"} if "latency" in new else {}
-    used: set[str] = set()
-    via_alias = build_config(method, {old: value, **extra}, aliases_used=used)
-    assert via_alias == build_config(method, {new: value, **extra})
-    assert used == {(old, method)}
-    line = alias_warning(old, [method])
-    assert line.startswith(f"--{old.replace('_', '-')} is deprecated; use ") and "\n" not in line
-    assert f"--{new.replace('_', '-')} (" in line and method in line
+def test_an_option_reaches_only_the_methods_that_declare_it() -> None:
+    svd, fde, fde_again = build_configs(["svd", "fde", "fde"], {"merge_eps": 0.1, "mac_ratio": None, "exclude": ()})
+    assert fde.merge_eps == 0.1 and fde_again == fde
+    assert svd == build_config("svd", {})  # svd has no merge_eps: untouched, not refused
+    shared = build_configs(["svd", "factorize"], {"layer_mac_ratio": 0.4})
+    assert [c.layer_mac_ratio for c in shared] == [0.4, 0.4]
 
 
-def test_alias_and_new_name_together_is_an_error() -> None:
-    with pytest.raises(ValueError, match="--layer-mac-ratio or its deprecated alias --flops"):
-        build_config("svd", {"flops": 0.5, "layer_mac_ratio": 0.5})
+def test_an_option_no_chosen_method_declares_is_an_error_naming_its_owners() -> None:
+    with pytest.raises(MethodOptionError) as err:
+        build_configs(["svd", "factorize"], {"merge_eps": 0.1})
+    msg = str(err.value)
+    assert "--merge-eps applies to none of the chosen methods (svd, factorize)" in msg and "fde" in msg
+    assert "\n" not in msg
 
 
-def test_cli_alias_warns_exactly_once(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["compress", "net.py:make", "-m", "svd", "--flops", "0.5", "--calib", "digits-flat",
-                             "--out", "a.pt2", "--report", "a.json", "-q"], capsys)
+def test_run_with_two_methods_gives_each_its_own_options(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "fde", "--merge-eps",
+                             "0.1", "--data", "digits-flat", "--out", "runs/two", "--batch", "1", "--no-int8", "-q",
+                             "--min-seconds", "0.05", "--repeats", "1"], capsys)
     assert code == 0, err
-    warnings = [ln for ln in err.splitlines() if "deprecated" in ln]
-    assert warnings == [f"warning: {alias_warning('flops', ['svd'])}"]
-    assert "--layer-mac-ratio (svd)" in warnings[0] and "--mac-ratio" in warnings[0]
-    assert "factorize" not in warnings[0]  # only the chosen method's replacement
-    code, _, err = run_main(["compress", "net.py:make", "-m", "svd", "--layer-mac-ratio", "0.5", "--calib",
-                             "digits-flat", "--out", "b.pt2", "--report", "b.json", "-q"], capsys)
-    assert code == 0 and "deprecated" not in err
-    a, b = (json.loads(Path(f).read_text()) for f in ("a.json", "b.json"))
-    assert a["config"] == b["config"] and a["macs_after"] == b["macs_after"]
+    variants = json.loads(Path("runs/two/report.json").read_text())["cases"][0]["variants"]
+    config = {v["label"]: v["compression"]["config"] for v in variants if v.get("compression")}
+    assert config["fde"]["merge_eps"] == 0.1 and "merge_eps" not in config["svd"]
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--merge-eps", "0.1",
+                             "--data", "digits-flat", "--out", "runs/bad", "--no-int8", "-q"], capsys)
+    assert code == 2 and "--merge-eps applies to none of the chosen methods (svd)" in err
+    assert not Path("runs/bad").exists()
 
 
 def test_whole_model_mac_budget_is_met_and_reported(tiny_cnn, image_data) -> None:
@@ -114,8 +111,9 @@ factorize = { mac_ratio = 0.6 }
 
 def test_plan_with_a_chain_runs_both_variants(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     Path("plan.toml").write_text(PLAN)
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data", "digits-flat", "--out", "runs/p",
-                             "--batch", "1", "--no-int8", "-q", "--min-seconds", "0.05", "--repeats", "1"], capsys)
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data",
+                             "digits-flat", "--out", "runs/p", "--batch", "1", "--no-int8", "-q", "--min-seconds",
+                             "0.05", "--repeats", "1"], capsys)
     assert code == 0, err
     variants = json.loads(Path("runs/p/report.json").read_text())["cases"][0]["variants"]
     assert [v["label"] for v in variants] == ["original", "svd", "fde+factorize"]
@@ -146,7 +144,7 @@ def test_plan_errors_name_the_file_and_variant(tmp_path: Path, text: str, culpri
     ("svd", "mac_ratio = 'abc'", "mac_ratio (--mac-ratio) takes a number, got 'abc'"),
     ("svd", "mac_ratio = true", "mac_ratio (--mac-ratio) takes a number, got True"),
     ("fde", "scaling = 'no'", "scaling (--scaling) takes true or false, got 'no'"),
-    ("magnitude", "finetune_epochs = 1.9", "finetune_epochs (--finetune-epochs) takes a whole number, got 1.9"),
+    ("magnitude", "width_min = 1.9", "width_min (--width-min) takes a whole number, got 1.9"),
     ("svd", "exclude = 13", "exclude (--exclude) takes a list of strings, got 13"),
     ("magnitude", "widths = [8, '4']", "widths (--widths) takes a list of whole numbers"),
 ])
@@ -171,26 +169,14 @@ def test_plan_values_of_the_right_type_are_kept_exactly(tmp_path: Path) -> None:
 
 def test_bad_plan_value_exits_2_naming_the_key(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     Path("plan.toml").write_text("[[variant]]\nmethod = 'svd'\nmac_ratio = 'abc'\n")
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data", "digits-flat", "--out", "runs/p",
-                             "--no-int8", "-q"], capsys)
+    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data",
+                             "digits-flat", "--out", "runs/p", "--no-int8", "-q"], capsys)
     assert code == 2 and "plan.toml: variant 1 (svd): mac_ratio (--mac-ratio)" in err and "Traceback" not in err
-
-
-def test_plan_aliases_are_recorded_for_the_warning(tmp_path: Path) -> None:
-    path = tmp_path / "plan.toml"
-    path.write_text("[[variant]]\nmethod = 'fde'\neps = 0.05\n")
-    used: set[tuple[str, str]] = set()
-    [run] = load_plan(path, aliases_used=used)
-    assert run.config.merge_eps == 0.05 and used == {("eps", "fde")}
-    line = alias_warning("eps", [m for _, m in used])
-    assert "--merge-eps (fde)" in line and "cbalanced" not in line
 
 
 def test_no_flag_means_two_things() -> None:
     from minreal.app.method_options import method_option_specs
 
     fields = {s.field for s in method_option_specs()}
-    for old, targets in deprecated_aliases().items():
-        assert old not in fields, f"--{old} is both an option and a deprecated alias"
-    assert deprecated_aliases()["calib_samples"] == {"cbalanced": "gramian_samples", "ssm": "error_samples"}
+    assert "calib_samples" not in fields and {"gramian_samples", "error_samples"} <= fields
     assert "calibration_samples" not in fields and "norm_samples" in fields

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from minreal.compress.datasets import digits
 from minreal.app.callables import SpecError
 from minreal.app.data import load_data, load_dataset
+from minreal.compress.datasets import digits
 
 
 @pytest.mark.parametrize("spec, sample_shape", [

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from minreal.compress.core.data import Dataset
 from minreal.app.cli import run
-from minreal.app.mismatch import (DataMismatchError, chance_threshold, check_data, is_conclusive, require_match)
+from minreal.app.mismatch import DataMismatchError, chance_threshold, check_data, is_conclusive, require_match
+from minreal.compress.core.data import Dataset
 
 NETS = """
 import torch

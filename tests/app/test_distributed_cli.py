@@ -38,8 +38,9 @@ def test_two_ranks_write_once_what_one_process_computes(tmp_path: Path, monkeypa
     (tmp_path / "net.py").write_text(NET)
     monkeypatch.chdir(tmp_path)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-               str(_free_port()), "-m", "minreal.app.cli", "compress", *ARGS, "--out", "two.pt2", "--report", "two.json"]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+               str(_free_port()), "-m", "minreal.app.cli", "compress", *ARGS, "--out", "two.pt2", "--report",
+               "two.json"]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     # BatchNorm: the ranks keep its statistics frozen (re-estimated exactly each epoch); one process does so when asked

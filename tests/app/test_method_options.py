@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import pytest
 from click.testing import CliRunner
 
-from minreal.compress import get_method, method_names
-from minreal.compress.core.allocate import ALLOCATORS
 from minreal.app.cli import cli
 from minreal.app.method_options import config_option_specs, field_docs, method_option_specs
+from minreal.compress import get_method, method_names
+from minreal.compress.core.allocate import ALLOCATORS
 
 
 def _wide_help() -> list[str]:

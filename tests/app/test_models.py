@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import pathlib
 import pickle
-import re
 import zipfile
 from pathlib import Path
 

@@ -10,13 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from minreal.compress.core.inputs import NamedInputs
 from minreal.app.callables import SpecError
 from minreal.app.cli import run
 from minreal.app.data import load_data, load_dataset
 from minreal.app.models import align_inputs, load_model
-from minreal.app.shapes import (infer_dynamic_axes, parse_axis_values, parse_dynamic_axes, parse_input_shapes,
-                               random_inputs)
+from minreal.app.shapes import (
+    infer_dynamic_axes,
+    parse_axis_values,
+    parse_dynamic_axes,
+    parse_input_shapes,
+    random_inputs,
+)
+from minreal.compress.core.inputs import NamedInputs
 
 FACTORY = """
 import torch

@@ -12,8 +12,15 @@ import torch
 from minreal.app.callables import SpecError
 from minreal.app.cli import run
 from minreal.app.data import load_data, load_dataset
-from minreal.app.preprocess import (IMAGENET_MEAN, IMAGENET_STD, ImagePreprocess, parse_channel_stats,
-                                   parse_image_size, preprocess_from_options, weights_preprocess)
+from minreal.app.preprocess import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImagePreprocess,
+    parse_channel_stats,
+    parse_image_size,
+    preprocess_from_options,
+    weights_preprocess,
+)
 
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261)  # CIFAR-10's
 CIFAR_NET = """

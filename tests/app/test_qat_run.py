@@ -35,8 +35,8 @@ def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, 
 
 def test_run_reports_post_training_and_quantisation_aware_int8_side_by_side(workdir: Path,
                                                                             capsys: pytest.CaptureFixture) -> None:
-    args = ["run", "--allow-data-mismatch", *SVD, "--data", "digits-flat", "--out", "runs/r", "--batch", "1", "--recover-epochs", "1",
-            "--recover-int8", *QUICK_BENCH]
+    args = ["run", "--allow-data-mismatch", *SVD, "--data", "digits-flat", "--out", "runs/r", "--batch", "1",
+            "--recover-epochs", "1", "--recover-int8", *QUICK_BENCH]
     code, out, err = run_main(args, capsys)
     assert code == 0, err
     case = json.loads(Path("runs/r/report.json").read_text())["cases"][0]
@@ -63,8 +63,8 @@ def test_run_reports_post_training_and_quantisation_aware_int8_side_by_side(work
 ])
 def test_run_refuses_recover_int8_without_what_it_needs(workdir: Path, capsys: pytest.CaptureFixture,
                                                         extra: list[str], message: str) -> None:
-    code, _, err = run_main(["run", "--allow-data-mismatch", *SVD, "--data", "digits-flat", "--out", "runs/r", "--recover-int8", *extra],
-                            capsys)
+    code, _, err = run_main(["run", "--allow-data-mismatch", *SVD, "--data", "digits-flat", "--out", "runs/r",
+                             "--recover-int8", *extra], capsys)
     assert code == 2 and message in err and not Path("runs/r").exists()
 
 

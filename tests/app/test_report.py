@@ -30,3 +30,55 @@ def test_a_variant_without_a_bound_is_rendered_as_such() -> None:
 
     lines = _budget_and_bounds("fde-ft", {"bounds": {"output": None, "blocks.0": 0.25}})
     assert lines == ["- **fde-ft** error bounds: output=none (no bound holds for this variant), blocks.0=0.25"]
+
+
+def _bench_case(p50: dict[str, tuple[float, float]], accuracy: dict[str, float], warnings=(), quant=None) -> dict:
+    """A case whose models have p50 latencies (batch 1, batch 32) on cpu and held-out accuracies."""
+    latency = [{"model": m, "provider": "cpu", "batch_size": b,
+                "stats": {"p50_ms": ms, "p90_ms": ms, "p99_ms": ms, "throughput_sps": b / ms}}
+               for m, pair in p50.items() for b, ms in zip((1, 32), pair)]
+    variants = [{"label": m, "method": m, "params": 10, "macs": 100, "onnx_bytes": 2048, "compression": None,
+                 "quantization": (quant or {}).get(m),
+                 "tensorrt_readiness": {"ready": False, "issues": ["uint8 zero points"]}} for m in p50]
+    return {"name": "net", "bench": {"metrics": [{"model": m, "accuracy": a} for m, a in accuracy.items()],
+                                     "latency": latency, "ratios": []},
+            "variants": variants, "warnings": list(warnings), "notes": []}
+
+
+def test_verdict_names_the_fastest_model_within_one_point_against_fp32_and_int8() -> None:
+    from minreal.app.report import verdict_lines
+
+    case = _bench_case({"original": (4.0, 80.0), "original.int8": (2.0, 40.0), "svd": (3.0, 60.0),
+                        "svd.int8": (1.0, 20.0), "tiny.int8": (0.5, 10.0)},
+                       {"original": 0.90, "original.int8": 0.899, "svd": 0.895, "svd.int8": 0.8925, "tiny.int8": 0.80})
+    [line] = verdict_lines({"cases": [case]})
+    # tiny.int8 is fastest but 10 points down; svd.int8 (-0.75 pp) is the fastest within 1 pp
+    assert "fastest within 1 pp: **svd.int8** (accuracy -0.75 pp)" in line
+    assert "batch 1: 4.00× the original fp32, 2.00× original.int8" in line
+    assert "batch 32: 4.00× the original fp32, 2.00× original.int8" in line
+
+
+def test_verdict_says_plainly_when_nothing_compressed_beats_the_original() -> None:
+    from minreal.app.report import verdict_lines
+
+    case = _bench_case({"original": (4.0, 80.0), "original.int8": (2.0, 40.0), "svd.int8": (1.0, 20.0)},
+                       {"original": 0.90, "original.int8": 0.90, "svd.int8": 0.85})
+    [line] = verdict_lines({"cases": [case]})
+    assert "nothing compressed beats the original within 1 pp; fastest: **original.int8**" in line
+
+
+def test_warnings_are_one_line_per_kind_and_tensorrt_findings_only_for_tensorrt_files() -> None:
+    from minreal.app.report import grouped_warnings, render_markdown
+
+    warnings = [f"INT8 slower than fp32: m{i}.int8 2 ms vs m{i} 1 ms" for i in range(5)]
+    warnings.append("INT8 model loses quality: ssm.int8 -17.4 pp of ssm on the held-out data")
+    lines = grouped_warnings(warnings)
+    assert lines == ["- **WARNING** INT8 slower than fp32 (5×; all in report.json), e.g. m0.int8 2 ms vs m0 1 ms",
+                     "- **WARNING** INT8 model loses quality: ssm.int8 -17.4 pp of ssm on the held-out data"]
+    case = _bench_case({"original": (4.0, 80.0), "original.int8": (2.0, 40.0)}, {"original": 0.9,
+                                                                                 "original.int8": 0.9},
+                       quant={"original.int8": {"target": "cpu-vnni"}})
+    cpu_only = {"created_utc": "now", "config": {"providers": ["cpu"]}, "cases": [case]}
+    assert "TensorRT-ready" not in render_markdown(cpu_only)
+    for_trt = {"created_utc": "now", "config": {"providers": ["cpu", "tensorrt"]}, "cases": [case]}
+    assert "not TensorRT-ready" in render_markdown(for_trt)

@@ -14,7 +14,7 @@ from minreal.app.callables import SpecError
 from minreal.app.data import load_data
 from minreal.app.models import load_model
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 USER_SPEC = f"{ROOT / 'examples' / 'resnet20_user.py'}:resnet20"
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import copy
-
 import dataclasses
 import json
 import math
@@ -18,13 +17,24 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
+from minreal.app.cli import cli, run
+from minreal.app.tune import (
+    Constraint,
+    InlineExecutor,
+    Point,
+    Protocol,
+    Quality,
+    TuneConfig,
+    TuneError,
+    choose,
+    pareto_front,
+    parse_duration,
+    tune,
+)
+from minreal.app.tune.search import BudgetSearch
 from minreal.compress.core.smoke import digits_mlp, digits_subset
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
-from minreal.app.cli import cli, run
-from minreal.app.tune import (Constraint, InlineExecutor, Point, Protocol, Quality, TuneConfig, TuneError, choose,
-                             pareto_front, parse_duration, tune)
-from minreal.app.tune.search import BudgetSearch
 
 FAST = Protocol(min_seconds=0.02, repeats=1, min_runs=5, warmup=1)
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
@@ -211,9 +221,9 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(tmp_path: Path, monkeyp
                                                         capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "net.py").write_text(FACTORY)
     monkeypatch.chdir(tmp_path)
-    args = ["tune", "--allow-data-mismatch", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9", "--methods", "svd",
-            "--grid", "0.8,0.4", "--out", "t", "--cache-dir", "cache", "--screen-seconds", "0.02", "--min-seconds",
-            "0.02", "--repeats", "1", "-q"]
+    args = ["tune", "--allow-data-mismatch", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
+            "--methods", "svd", "--grid", "0.8,0.4", "--out", "t", "--cache-dir", "cache", "--screen-seconds", "0.02",
+            "--min-seconds", "0.02", "--repeats", "1", "-q"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert "verdict:" in result.output and "original.int8" in result.output
@@ -254,8 +264,8 @@ def test_cache_key_follows_weights_data_shapes_and_graph(trained_mlp) -> None:
 
     import torch
 
-    from minreal.compress.core.data import Dataset
     from minreal.app.tune.candidate import CandidateSpec, Job, LoadedSource, cache_key, fingerprint
+    from minreal.compress.core.data import Dataset
 
     model, tr, te = trained_mlp
     base = fingerprint(model, tr, te)
@@ -266,8 +276,8 @@ def test_cache_key_follows_weights_data_shapes_and_graph(trained_mlp) -> None:
     assert len({base, fingerprint(other, tr, te), fingerprint(model, flat, te)}) == 3
 
     def key(**kw: object) -> str:
-        job = Job(CandidateSpec("svd", 0.5), LoadedSource(model, tr, te), base, Path("."), Constraint(min_agreement=0.9),
-                  Quality(agreement=1.0), ("cpu",), "cpu", True, (), "graph-a")
+        job = Job(CandidateSpec("svd", 0.5), LoadedSource(model, tr, te), base, Path("."),
+                  Constraint(min_agreement=0.9), Quality(agreement=1.0), ("cpu",), "cpu", True, (), "graph-a")
         return cache_key(dataclasses.replace(job, **kw))
 
     assert key() == key(constraint=Constraint(max_accuracy_drop=9.0))  # results are re-judged, not recomputed
@@ -334,8 +344,8 @@ def test_halving_pool_races_a_zero_shot_model_once_whatever_budgets_realise_it()
     """magnitude on an option-A ResNet realised 0.9, 0.8 and 0.7 as one model: the pool keeps the largest of those
     budgets, gives the duplicate's place to no other budget and names it as a twin; different digests, or budgets
     without one (not probed), are different models."""
-    from minreal.compress.core.cache import model_key
     from minreal.app.tune.halving import halving_pool, halving_twins
+    from minreal.compress.core.cache import model_key
 
     torch.manual_seed(0)
     net = nn.Linear(4, 3)
@@ -465,15 +475,15 @@ def test_a_worker_s_progress_reaches_this_process_s_log(caplog: pytest.LogCaptur
     import functools
     import logging
 
-    from minreal.compress.core.progress import log_progress
     from minreal.app.tune.executor import ProcessExecutor
+    from minreal.compress.core.progress import log_progress
     from minreal.facts import PROGRESS_KEY
 
     with caplog.at_level(logging.INFO, logger="compress"):
         ex = ProcessExecutor(1)
         try:
-            ex.map(functools.partial(log_progress, logging.getLogger("minreal.compress.core.recover"), "recovery (epochs)",
-                                     1, detail="training loss 0.5"), [3])
+            ex.map(functools.partial(log_progress, logging.getLogger("minreal.compress.core.recover"),
+                                     "recovery (epochs)", 1, detail="training loss 0.5"), [3])
         finally:
             ex.close()
     found = [r for r in caplog.records if getattr(r, PROGRESS_KEY, None) == ("recovery (epochs)", 1, 3)]

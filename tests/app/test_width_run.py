@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
+from minreal.app.cli import run
+from minreal.app.models import load_model
 from minreal.compress.core.data import Dataset
 from minreal.compress.datasets import digits32
 from minreal.compress.methods.factorize.method import FactorizeConfig
 from minreal.compress.methods.magnitude import MagnitudeConfig
 from minreal.compress.registry import compress_chain
-from minreal.app.cli import run
-from minreal.app.models import load_model
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 QUICK_BENCH = ["--min-seconds", "0.05", "--repeats", "1"]
 
 

@@ -23,11 +23,11 @@ import pytest
 import torch
 from onnx import numpy_helper
 
+import minreal.export.accuracy_control as accuracy_control
+import minreal.export.quantize as quantize
 from minreal.compress.core.smoke import digits_mlp
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
-import minreal.export.accuracy_control as accuracy_control
-import minreal.export.quantize as quantize
 from minreal.export.accuracy_control import (
     AccuracyControlResult,
     metric_drop,

@@ -57,7 +57,6 @@ def test_ensure_distinct_refuses_to_overwrite_input(tmp_path: Path) -> None:
 
 def test_export_atomic_reexports_the_runtime_bench_writers() -> None:
     import minreal.runtime_bench.atomic as shared
-
     from minreal.export import atomic
 
     assert atomic.atomic_path is shared.atomic_path

@@ -1,4 +1,5 @@
-"""FP16 copies (minreal.export.fp16): conversion, float16-derived parity tolerances, what ORT's CPU provider runs in fp16."""
+"""FP16 copies (minreal.export.fp16): conversion, float16-derived parity tolerances, what ORT's CPU provider runs in
+fp16."""
 
 from __future__ import annotations
 
@@ -12,8 +13,16 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from minreal.export.errors import ParityError, SameFileError
-from minreal.export.fp16 import (FP16_EPS, FP16_RTOL, Fp16Config, convert_fp16, fp16_atol, fp16_parity, fp16_path,
-                         kernel_precisions)
+from minreal.export.fp16 import (
+    FP16_EPS,
+    FP16_RTOL,
+    Fp16Config,
+    convert_fp16,
+    fp16_atol,
+    fp16_parity,
+    fp16_path,
+    kernel_precisions,
+)
 from minreal.export.variant import PARITY_BATCH_SIZES, VariantConfig, export_variant, fp16_variant, parity_inputs
 from minreal.export.verify import feeds_of
 

@@ -11,12 +11,12 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
+from minreal.app.cli import cli
 from minreal.compress import CompressionError, compress
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.lowrank import matrix_view
 from minreal.compress.core.lowrank_plan import find_targets
 from minreal.compress.methods.factorize import FactorizeConfig
-from minreal.app.cli import cli
 from minreal.export.latency_table import build_latency_table, rank_grid
 
 FACTORY = """
@@ -84,7 +84,8 @@ def _table_ms(entry: dict, rank: int | None) -> float:
 def test_factorize_meets_latency_budget_of_table(tiny_cnn: nn.Module, image_data: Dataset, tmp_path: Path) -> None:
     path = tmp_path / "table.json"
     table = _synthetic_table(tiny_cnn, image_data.x, path)
-    new, report = compress(tiny_cnn, image_data, "factorize", FactorizeConfig(layer_latency_ratio=0.6, latency_table=str(path)))
+    new, report = compress(tiny_cnn, image_data, "factorize",
+                           FactorizeConfig(layer_latency_ratio=0.6, latency_table=str(path)))
     rows = {lr.name: lr for lr in report.layers if lr.name in table["layers"]}
     assert set(rows) == set(table["layers"])
     assert any(lr.action == "factorized" for lr in rows.values())
@@ -105,7 +106,8 @@ def test_latency_and_flops_together_rejected(tiny_mlp: nn.Module, mlp_data: Data
     path = tmp_path / "t.json"
     _synthetic_table(tiny_mlp, mlp_data.x, path)
     with pytest.raises(CompressionError, match="only one of"):
-        compress(tiny_mlp, mlp_data, "factorize", FactorizeConfig(layer_latency_ratio=0.5, layer_mac_ratio=0.5, latency_table=str(path)))
+        compress(tiny_mlp, mlp_data, "factorize", FactorizeConfig(layer_latency_ratio=0.5, layer_mac_ratio=0.5,
+                                                                  latency_table=str(path)))
 
 
 def test_table_missing_a_layer_is_an_error(tiny_mlp: nn.Module, mlp_data: Dataset, tmp_path: Path) -> None:

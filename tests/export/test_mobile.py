@@ -14,8 +14,16 @@ import pytest
 from minreal.app.cli import run
 from minreal.app.report import mobile_rows, render_markdown
 from minreal.export.errors import ParityError
-from minreal.export.mobile import (FixedShapes, ShapeSpec, check_fixed, fix_shapes, fix_verified, mobile_usability,
-                           mobile_verdict, parse_fixed_shapes)
+from minreal.export.mobile import (
+    FixedShapes,
+    ShapeSpec,
+    check_fixed,
+    fix_shapes,
+    fix_verified,
+    mobile_usability,
+    mobile_verdict,
+    parse_fixed_shapes,
+)
 from minreal.export.onnx_export import ExportResult
 from minreal.export.variant import VariantConfig, export_variant, quantize_variant
 from minreal.runtime_bench.sessions import create_session

@@ -1,5 +1,5 @@
-"""minreal.export.qdq_channels: convolutions widened to input channels on a multiple of 4 compute the same outputs, and in an
-x86 INT8 file the widened stem runs as an integer kernel on 4 channels with nothing left in float."""
+"""minreal.export.qdq_channels: convolutions widened to input channels on a multiple of 4 compute the same outputs, and
+in an x86 INT8 file the widened stem runs as an integer kernel on 4 channels with nothing left in float."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests for minreal.export.qdq_pools: a mean over every spatial axis, axes kept, becomes GlobalAveragePool, same values."""
+"""Tests for minreal.export.qdq_pools: a mean over every spatial axis, axes kept, becomes GlobalAveragePool, same
+values."""
 
 from __future__ import annotations
 

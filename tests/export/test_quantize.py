@@ -14,12 +14,19 @@ import pytest
 import torch
 from onnx import numpy_helper
 
+import minreal.export.quantize as quantize
+import minreal.runtime_bench.cpu as cpu_facts
 from minreal.export.errors import CalibrationError, QuantizationError, SameFileError
 from minreal.export.onnx_export import ExportResult
-import minreal.runtime_bench.cpu as cpu_facts
-import minreal.export.quantize as quantize
-from minreal.export.quantize import (ArrayCalibrationReader, QuantConfig, calibrate, optimized_op_counts, quantizable_nodes,
-                             quantize_int8, resolve_target)
+from minreal.export.quantize import (
+    ArrayCalibrationReader,
+    QuantConfig,
+    calibrate,
+    optimized_op_counts,
+    quantizable_nodes,
+    quantize_int8,
+    resolve_target,
+)
 from minreal.runtime_bench.cpu import CpuIsa
 
 

@@ -10,10 +10,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper, save
 
+from minreal.app.report import tensorrt_lines
 from minreal.export.onnx_export import ExportResult
 from minreal.export.quantize import QuantConfig, quantize_int8
 from minreal.export.readiness import tensorrt_readiness
-from minreal.app.report import tensorrt_lines
 
 
 def _graph_with(tmp_path: Path, op_type: str, domain: str = "") -> Path:

@@ -1,4 +1,5 @@
-"""A model recovered by distillation (minreal.compress.core.recover) keeps its architecture and exports with ORT parity."""
+"""A model recovered by distillation (minreal.compress.core.recover) keeps its architecture and exports with ORT
+parity."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ def test_recovered_svd_model_exports_with_parity(tmp_path: Path) -> None:
 
 def test_recovery_on_a_model_the_method_returns_unchanged_trains_a_copy() -> None:
     """A method may hand back the model itself; recovery must never train the original."""
-    from minreal.compress.registry import apply_recovery
     from minreal.compress.core.report import CompressionReport
+    from minreal.compress.registry import apply_recovery
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 3)).eval()

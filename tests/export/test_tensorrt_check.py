@@ -1,5 +1,5 @@
-"""Tests for minreal.export.tensorrt_check: the static fallback, and through a fake ``tensorrt`` module the calls made to
-TensorRT's API (parser errors by node, optimisation profiles, flags per precision, builds, parity)."""
+"""Tests for minreal.export.tensorrt_check: the static fallback, and through a fake ``tensorrt`` module the calls made
+to TensorRT's API (parser errors by node, optimisation profiles, flags per precision, builds, parity)."""
 
 from __future__ import annotations
 

@@ -13,13 +13,19 @@ import torch.nn.functional as F
 from torch import nn
 
 import minreal.export.latency_table as latency_table
+from minreal.app.cli import run
 from minreal.compress import CompressionError
 from minreal.compress.core.cache import model_key
 from minreal.compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER
 from minreal.compress.core.width import analyse
-from minreal.compress.core.width.allocate import (allocate_widths, calibrated_saving, check_width_table,
-                                           load_width_latency_table, saving_curve, segment_key)
-from minreal.app.cli import run
+from minreal.compress.core.width.allocate import (
+    allocate_widths,
+    calibrated_saving,
+    check_width_table,
+    load_width_latency_table,
+    saving_curve,
+    segment_key,
+)
 from minreal.export.latency_table import build_latency_table, build_width_latency_table
 
 MULTIPLE = 8

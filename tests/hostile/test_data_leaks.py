@@ -82,8 +82,8 @@ def test_canary_in_every_row_reaches_no_file_a_run_writes(tmp_path: Path, monkey
     calib, held = _canary_data(tmp_path / "calib.npz", 96, 0), _canary_data(tmp_path / "held.npz", 40, 1)
     quick = ["--min-seconds", "0.05", "--repeats", "1", "--batch", "1,4"]
     for args in (
-        ["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "fde", "--data", str(calib), "--eval-data", str(held),
-         "--out", "run", *quick],
+        ["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "fde", "--data", str(calib), "--eval-data",
+         str(held), "--out", "run", *quick],
         ["compress", "net.py:make", "-m", "svd", "--calib", str(calib), "--out", "c.pt2", "--report", "c.json"],
         ["export", "net.py:make", "--data", str(calib), "--out", "e.onnx", "--int8"],
     ):

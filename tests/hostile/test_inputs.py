@@ -13,8 +13,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from minreal.app.cli import run
 from minreal.app.callables import SpecError
+from minreal.app.cli import run
 from minreal.app.models import load_model
 
 FACTORY = """

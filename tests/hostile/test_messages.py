@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
+from minreal.app.cli import run
 from minreal.compress import CompressionError
 from minreal.compress.core.allocate import allocate, options_from_spectrum
 from minreal.compress.core.data import Dataset
-from minreal.compress.methods.cbalanced.empirical_gramians import reachability_gramians
-from minreal.compress.methods.cbalanced import CBalancedConfig
-from minreal.compress.methods.ssm import SSMConfig
 from minreal.compress.core.stats import collect_moments
-from minreal.app.cli import run
+from minreal.compress.methods.cbalanced import CBalancedConfig
+from minreal.compress.methods.cbalanced.empirical_gramians import reachability_gramians
+from minreal.compress.methods.ssm import SSMConfig
 
 FACTORY = """
 import torch

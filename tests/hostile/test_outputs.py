@@ -125,8 +125,8 @@ def test_bench_unavailable_provider_fails_fast(workdir: Path, capsys: pytest.Cap
 
 def test_run_unavailable_provider_fails_before_loading(workdir: Path, capsys: pytest.CaptureFixture,
                                                        cpu_only: None) -> None:
-    code, _, err = run_main(["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/a",
-                             "--providers", "tensorrt"], capsys)
+    code, _, err = run_main(["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data",
+                             "digits-flat", "--out", "runs/a", "--providers", "tensorrt"], capsys)
     assert code == 1
     (line,) = error_lines(err)
     assert "provider tensorrt is unavailable" in line and "pip install 'minreal[tensorrt]'" in line
@@ -188,7 +188,8 @@ def test_second_run_to_a_locked_out_exits_1(workdir: Path, capsys: pytest.Captur
     fd = _hold_lock(workdir / "runs" / ".a.lock")
     try:
         # the model does not exist: the lock must be checked before anything is loaded
-        args = ["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data", "digits-flat", "--out", "runs/a"]
+        args = ["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data", "digits-flat", "--out",
+                "runs/a"]
         code, _, err = run_main(args + (["--overwrite"] if overwrite else []), capsys)
     finally:
         os.close(fd)
@@ -210,8 +211,8 @@ def test_staging_left_by_a_killed_run_is_removed_by_the_next(workdir: Path, caps
     (stale / "case" / "half.onnx").write_bytes(b"partial")
     other = Path("runs/.b.staging-x")
     other.mkdir()
-    code, _, err = run_main(["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data", "digits-flat",
-                             "--out", "runs/a"], capsys)
+    code, _, err = run_main(["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data",
+                             "digits-flat", "--out", "runs/a"], capsys)
     assert code == 2 and "missing.py" in err  # failed later, but after claiming the lock
     assert not stale.exists() and other.exists()  # another --out's staging folder is not ours to delete
 

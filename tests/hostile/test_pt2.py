@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
+from minreal.app.callables import SpecError
 from minreal.app.cli import main
+from minreal.app.models import load_model
 from minreal.export.pickle_guard import UnpicklingRefused, no_unpickling
 from minreal.export.serialize import save_program
-from minreal.app.callables import SpecError
-from minreal.app.models import load_model
 
 WEIGHTS_CONFIG = "m/data/weights/model_weights_config.json"
 CONSTANTS_CONFIG = "m/data/constants/model_constants_config.json"

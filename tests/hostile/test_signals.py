@@ -22,8 +22,8 @@ def make():
     torch.manual_seed(0)
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
 """
-RUN = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.6", "--data", "digits-flat", "--out", "runs/a",
-       "--batch", "1", "-q", "--min-seconds", "0", "--repeats", "1"]
+RUN = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.6", "--data", "digits-flat",
+       "--out", "runs/a", "--batch", "1", "-q", "--min-seconds", "0", "--repeats", "1"]
 STAGES = ["export_original", "compress", "int8", "benchmark", "commit"]
 OLD_RUN = {"schema_version": 1, "cases": []}
 

@@ -11,7 +11,13 @@ import pytest
 
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
 from minreal.runtime_bench.bench import _spawn
-from minreal.runtime_bench.errors import BenchInputError, ModelFileError, SessionError, UnknownProviderError, WorkerError
+from minreal.runtime_bench.errors import (
+    BenchInputError,
+    ModelFileError,
+    SessionError,
+    UnknownProviderError,
+    WorkerError,
+)
 from minreal.runtime_bench.providers import available_providers
 from minreal.runtime_bench.worker import WorkerJob
 

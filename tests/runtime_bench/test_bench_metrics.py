@@ -9,7 +9,13 @@ import onnxruntime as ort
 import pytest
 
 from minreal.runtime_bench.errors import BenchInputError
-from minreal.runtime_bench.metrics import agreement_count, correct_count, evaluate_models, max_abs_diff, squared_error_sum
+from minreal.runtime_bench.metrics import (
+    agreement_count,
+    correct_count,
+    evaluate_models,
+    max_abs_diff,
+    squared_error_sum,
+)
 
 
 def _outputs(path: Path, x: np.ndarray) -> np.ndarray:

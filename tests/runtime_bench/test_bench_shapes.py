@@ -11,8 +11,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from minreal.runtime_bench import SCHEMA_VERSION, BenchConfig, ModelEntry, check_report, format_check, format_table, \
-    load_report, run_benchmark, write_json, write_markdown
+from minreal.runtime_bench import (
+    SCHEMA_VERSION,
+    BenchConfig,
+    ModelEntry,
+    check_report,
+    format_check,
+    format_table,
+    load_report,
+    run_benchmark,
+    write_json,
+    write_markdown,
+)
 from minreal.runtime_bench.errors import BenchInputError
 from minreal.runtime_bench.worker import WorkerJob, run_job, save_data
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from minreal.app.cli import run
+from minreal.facts import PROVIDERS
 from minreal.runtime_bench import SCHEMA_VERSION, check_report, format_check
 from minreal.runtime_bench.errors import CheckError
-from minreal.facts import PROVIDERS
 from minreal.runtime_bench.placement import parse_profile
 
 FIXTURE = Path(__file__).parent / "data" / "cuda_fallback_profile.json"  # hand-made, ORT's event format

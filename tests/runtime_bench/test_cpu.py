@@ -1,4 +1,5 @@
-"""minreal.runtime_bench.cpu: the instruction sets, the measurement of ONNX Runtime's U8S8 kernel, and the CPU format."""
+"""minreal.runtime_bench.cpu: the instruction sets, the measurement of ONNX Runtime's U8S8 kernel, and the CPU
+format."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import minreal.runtime_bench.cpu as cpu_facts
-from minreal.runtime_bench.cpu import CpuIsa, cpu_int8_target, isa_difference, parse_cpuinfo
 from minreal.facts import INTEGER_MATMUL_OP
+from minreal.runtime_bench.cpu import CpuIsa, cpu_int8_target, isa_difference, parse_cpuinfo
 from minreal.runtime_bench.sessions import create_session
 
 _AVX2 = CpuIsa("x86_64", ("avx2",), "/proc/cpuinfo")
@@ -51,7 +52,7 @@ Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp asim
 
 def test_cpuinfo_flags_decide_the_cpu_format() -> None:
     """An AVX2-only EPYC gets the 7-bit format; ARM with dot product (and i8mm) the 8-bit one."""
-    from minreal.runtime_bench.cpu import cpu_int8_target, parse_cpuinfo
+    from minreal.runtime_bench.cpu import cpu_int8_target
 
     epyc = parse_cpuinfo(X86_CPUINFO, "x86_64")
     assert (epyc.flags, epyc.saturates, cpu_int8_target(epyc, None)) == (("avx2",), True, "cpu-avx2")

@@ -11,8 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from minreal.runtime_bench.environment import (NVIDIA_SMI_QUERY, GpuInfo, collect_environment, gpus, parse_nvidia_smi,
-                                       wheel_versions)
+from minreal.runtime_bench.environment import (
+    NVIDIA_SMI_QUERY,
+    GpuInfo,
+    collect_environment,
+    gpus,
+    parse_nvidia_smi,
+    wheel_versions,
+)
 
 SMI_OUTPUT = "NVIDIA H200, 143771 MiB, 570.86.15\nNVIDIA H200, 143771 MiB, 570.86.15\n"
 

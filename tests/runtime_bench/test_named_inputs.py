@@ -150,5 +150,6 @@ def test_data_outside_an_embedding_table_or_of_mismatched_lengths_is_refused() -
     assert set(named_data(specs, ok, "m")) == {"input_ids", "attention_mask"}
     with pytest.raises(BenchInputError, match=r"'input_ids' holds values 0\.\.30, .* table of 30 rows"):
         named_data(specs, {**ok, "input_ids": np.array([[0, 1, 2, 3, 30]] * 2)}, "m")
-    with pytest.raises(BenchInputError, match=r"sharing axis 'seq' differ in its length \(input_ids 5, attention_mask 4"):
+    with pytest.raises(BenchInputError,
+                       match=r"sharing axis 'seq' differ in its length \(input_ids 5, attention_mask 4"):
         named_data(specs, {**ok, "attention_mask": np.ones((2, 4), np.int64)}, "m")

@@ -14,8 +14,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from minreal.facts import FLOAT_KERNEL_OPS, PROVIDERS
-from minreal.runtime_bench.placement import (MAC_RULES, describe_fallback, graph_macs, measure_placement, node_macs,
-                                     parse_profile, placement_from_dict)
+from minreal.runtime_bench.placement import (
+    MAC_RULES,
+    describe_fallback,
+    graph_macs,
+    measure_placement,
+    node_macs,
+    parse_profile,
+    placement_from_dict,
+)
 from minreal.runtime_bench.worker import WorkerJob, run_job
 
 CPU, CUDA = PROVIDERS["cpu"], PROVIDERS["cuda"]

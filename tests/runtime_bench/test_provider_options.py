@@ -115,12 +115,14 @@ def _graph(path: Path, qdq: bool) -> Path:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    inits = [numpy_helper.from_array(np.array(0.1, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "z")]
+    inits = [numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+             numpy_helper.from_array(np.array(0, np.int8), "z")]
     nodes = ([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
               helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]), helper.make_node("Relu", ["d"], ["y"])]
              if qdq else [helper.make_node("Relu", ["x"], ["y"])])
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], inits if qdq else [])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+                              inits if qdq else [])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
 
@@ -129,12 +131,14 @@ def test_tensorrt_runs_qdq_files_in_int8_and_shares_one_cache(tmp_path: Path) ->
     from minreal.runtime_bench.bench import _provider_options
     from minreal.runtime_bench.config import ModelEntry
 
-    models = [ModelEntry("fp32", _graph(tmp_path / "f.onnx", False)), ModelEntry("int8", _graph(tmp_path / "q.onnx", True))]
+    models = [ModelEntry("fp32", _graph(tmp_path / "f.onnx", False)),
+              ModelEntry("int8", _graph(tmp_path / "q.onnx", True))]
     config = BenchConfig(providers=("tensorrt",), batch_sizes=(1, 32))
     options = _provider_options("tensorrt", models, config, tmp_path)
     assert options["int8"]["trt_int8_enable"] == "1" and "trt_int8_enable" not in options["fp32"]
     assert {o["trt_engine_cache_path"] for o in options.values()} == {str(tmp_path / "trt-cache")}
-    assert options["fp32"]["trt_profile_min_shapes"] == "x:1x4" and options["fp32"]["trt_profile_max_shapes"] == "x:32x4"
+    assert (options["fp32"]["trt_profile_min_shapes"] == "x:1x4"
+            and options["fp32"]["trt_profile_max_shapes"] == "x:32x4")
     off = BenchConfig(providers=("tensorrt",), provider_settings={"tensorrt": ProviderSettings(int8=False)})
     assert _provider_options("tensorrt", models, off, tmp_path)["int8"]["trt_int8_enable"] == "0"  # the user's word
 

@@ -108,3 +108,20 @@ def test_accepts_a_bench_report_object(bench_report) -> None:
     assert {c.provider for c in failed} == unavailable
     assert all(f"provider {c.provider} was unavailable" in c.note for c in failed)
     assert result.passed == (not unavailable)
+
+
+def test_int8_drop_compares_each_int8_file_with_its_own_fp32_source() -> None:
+    """orig.int8 loses 0.5 pp against orig, svd.int8 loses 2 pp against svd (not against orig), and a
+    quantisation-aware svd.ptq.int8 is compared with svd."""
+    rep = _report(P50)
+    rep["metrics"] = [{"model": m, "accuracy": a, "top1_agreement": 1.0} for m, a in
+                      (("orig", 0.90), ("orig.int8", 0.895), ("svd", 0.88), ("svd.int8", 0.86),
+                       ("svd.ptq.int8", 0.875))]
+    rep["models"] = [{"name": m["model"]} for m in rep["metrics"]]
+    result = check_report(rep, max_int8_drop=1.0)
+    got = {c.model: (round(c.measured, 6), c.passed) for c in result.criteria}
+    assert got == {"orig.int8": (0.5, True), "svd.int8": (2.0, False), "svd.ptq.int8": (0.5, True)}
+    assert not result.passed and "int8_accuracy_drop_pp" in format_check(result)
+    rep["metrics"] = [m for m in rep["metrics"] if not m["model"].endswith(".int8")]
+    with pytest.raises(CheckError, match="--max-int8-drop"):
+        check_report(rep, max_int8_drop=1.0)

@@ -46,7 +46,8 @@ def test_module_entry_point_runs_in_its_own_process(tmp_path: Path, reference_mo
     job_path, result_path = tmp_path / "job.json", tmp_path / "result.json"
     job_path.write_text(json.dumps(asdict(_job([reference_model], min_runs=5))))
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    subprocess.run([sys.executable, "-m", "minreal.runtime_bench.worker", str(job_path), str(result_path)], check=True, env=env)
+    subprocess.run([sys.executable, "-m", "minreal.runtime_bench.worker", str(job_path), str(result_path)], check=True,
+                   env=env)
     result = json.loads(result_path.read_text())
     assert result["status"] == "ok" and result["pid"] != os.getpid()
     assert len(result["latencies_ms"]["reference"]) == 5

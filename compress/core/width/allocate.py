@@ -10,8 +10,9 @@ channel: ``--importance-weighting``), until the predicted cost meets the budget.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch

@@ -33,8 +33,9 @@ import copy
 import io
 import math
 import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import fx, nn

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import fx
+
 from ..inputs import args_of
 
 __all__ = ["capture", "channels_last"]

@@ -20,8 +20,8 @@ shapes) and attention layers whose heads or embedding channels shrink replaced b
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -178,7 +178,8 @@ def _refresh(gm: fx.GraphModule, wg: WidthGraph, touched: set[str], removed: set
             mod.num_groups = mod.num_channels // wg.norm_groups[target]
         elif isinstance(mod, nn.MultiheadAttention):
             heads = sum(1 for h in wg.heads[target] if wg.find(h) not in removed)
-            out_proj = nn.Linear(mod.out_proj.in_features, mod.out_proj.out_features, bias=mod.out_proj.bias is not None)
+            out_proj = nn.Linear(mod.out_proj.in_features, mod.out_proj.out_features,
+                                 bias=mod.out_proj.bias is not None)
             out_proj.weight = mod.out_proj.weight
             out_proj.in_features, out_proj.out_features = mod.out_proj.weight.shape[1], mod.out_proj.weight.shape[0]
             if mod.out_proj.bias is not None:

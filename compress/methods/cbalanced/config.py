@@ -4,7 +4,7 @@ method)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from ...core.errors import CompressionError
 from ...core.options import CostBudget, SeedOption, StateBudgetOption, WidthMultipleOption
@@ -33,13 +33,9 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
     ``width_multiple``: channel-group widths are C ranks rounded up to it (Sequential MLPs keep the exact ranks).
     """
 
-    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"eps": "energy_eps", "batch_size": "train_batch_size",
-                                                    "calib_samples": "gramian_samples"}
-
     energy_eps: float = field(
         default=1e-4,
-        metadata={"help": "Energy left out by each test's rank, in [0, 1); default 1e-4; ignored with --state-budget. "
-                          "Deprecated alias: --eps."})
+        metadata={"help": "Energy left out by each test's rank, in [0, 1); default 1e-4; ignored with --state-budget."})
     state_points: tuple[str, ...] = field(
         default=(),
         metadata={"help": "A state point: for Sequential MLPs a hidden activation's module name; for other models a "
@@ -71,8 +67,7 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
                           "more trainings: minutes on a CNN); default off."})
     gramian_samples: int = field(
         default=4000,
-        metadata={"help": "Training samples that estimate the Gramians, >= 1; default 4000. Deprecated alias: "
-                          "--calib-samples."})
+        metadata={"help": "Training samples that estimate the Gramians, >= 1; default 4000."})
     go_samples: int = field(
         default=2000,
         metadata={"help": "Samples of the observability-Gramian subsample, >= 1; default 2000."})
@@ -88,7 +83,7 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
         default=30,
         metadata={"help": "Maximum training epochs of the realised network, >= 0; default 30."})
     train_batch_size: int = field(
-        default=64, metadata={"help": "Training batch size, >= 1; default 64. Deprecated alias: --batch-size."})
+        default=64, metadata={"help": "Training batch size, >= 1; default 64."})
     lr: float = field(
         default=3e-3,
         metadata={"help": "Training learning rate (Adam, cosine schedule), > 0; default 3e-3."})

@@ -20,8 +20,8 @@ combined exactly (:meth:`Moments.all_reduce`), Go's sums are all-reduced and div
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -30,9 +30,9 @@ from ...core.data import Dataset
 from ...core.distributed import all_reduce_sum, parallel, rank_seed, shard, sum_count
 from ...core.errors import CompressionError, require_finite
 from ...core.evaluate import eval_mode
+from ...core.inputs import call
 from ...core.progress import tracked
 from ...models import ACTIVATIONS
-from ...core.inputs import call
 
 __all__ = ["StateGramians", "Moments", "gram_sum", "output_directions", "default_state_points", "collect_states",
            "reachability_gramians", "observability_gramians", "collect_gramians"]

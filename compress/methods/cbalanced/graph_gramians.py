@@ -18,8 +18,8 @@ the union over state points and slices, zero-filled to all ``d = group.size`` at
 - Go = (1/S') Σ_s J_sᵀ J_s, J_s = ∂z_n/∂h_s (z_n the outputs of the input n that sample s belongs to), over
   the S' samples of the ``go_samples`` subset; exact or by random output projections
   (:func:`~.empirical_gramians.output_directions`). Gradients flow through the traced module
-  (an :class:`torch.fx.Interpreter` keeps the state values, safe from later in-place operations), so J at one state point includes every path from
-  it to the outputs, through the group's later state points too.
+  (an :class:`torch.fx.Interpreter` keeps the state values, safe from later in-place operations), so J at one state
+  point includes every path from it to the outputs, through the group's later state points too.
 
 Under a process group (:mod:`minreal.compress.core.distributed`) each rank runs its shard of the data; every slice's
 moments are combined exactly (:meth:`~.empirical_gramians.Moments.all_reduce`) and Go's sums and sample counts
@@ -28,8 +28,9 @@ are all-reduced before the division.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import fx
@@ -38,9 +39,9 @@ from ...core.data import Dataset
 from ...core.distributed import all_reduce_sum, rank_seed, shard, sum_count
 from ...core.errors import CompressionError, require_finite
 from ...core.evaluate import eval_mode
+from ...core.inputs import Inputs, args_of
 from ...core.width import ChannelGroup, WidthGraph, channels_last
 from .empirical_gramians import Moments, StateGramians, gram_sum, output_directions
-from ...core.inputs import Inputs, args_of
 
 __all__ = ["StateSlice", "state_slices", "group_state_samples", "select_groups", "group_gramians"]
 

@@ -1,21 +1,21 @@
 """Realisation on channel groups: each analysed group of the traced graph shrinks to its width through the one
-cut of :mod:`minreal.compress.core.width` — a warm start (atoms kept by balanced leverage, every consumer refitted by least
-squares) or a fresh initialisation of the cut network. No model family needs surgery of its own.
+cut of :mod:`minreal.compress.core.width` — a warm start (atoms kept by balanced leverage, every consumer refitted by
+least squares) or a fresh initialisation of the cut network. No model family needs surgery of its own.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import fx, nn
 
 from ...core.errors import CompressionError
 from ...core.linalg import balanced_basis
+from ...core.width import ChannelGroup, Cut, WidthGraph, apply_cuts
 from ...core.width.allocate import allowed_widths
 from ...core.width.importance import magnitude_importance
-from ...core.width import ChannelGroup, Cut, WidthGraph, apply_cuts
 from .analysis import StateAnalysis
 from .realise import top_indices
 
@@ -84,7 +84,8 @@ def group_cuts(wg: WidthGraph, analyses: Mapping[str, StateAnalysis], widths: Ma
     """The warm start's cut of every group: the ``widths[g]`` atoms of highest score, and with ``refit`` the
     :func:`ls_merge` compensation of the removed ones. Scores: :func:`balanced_leverage` in the span of the
     C-rank dominant balanced directions (the exact rank; a width rounded up to the fast multiple keeps the
-    extra atoms that best cover that same span), or :func:`~minreal.compress.core.width.importance.magnitude_importance`."""
+    extra atoms that best cover that same span), or
+    :func:`~minreal.compress.core.width.importance.magnitude_importance`."""
     cuts = {}
     for name, width in widths.items():
         group, a = wg.group(name), analyses[name]

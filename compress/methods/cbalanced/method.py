@@ -27,8 +27,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,15 +40,22 @@ from ...core.demo_case import DemoCase, DemoRun
 from ...core.errors import CompressionError
 from ...core.evaluate import compare_outputs, predict
 from ...core.report import CompressionReport, LayerReport
-from .config import INITS, SELECTIONS, CBalancedConfig
 from ...core.train import TrainConfig, train
 from ...core.width import Cut, analyse, apply_cuts
 from .analysis import StateAnalysis, analyse_states, budget_ranks
+from .config import INITS, SELECTIONS, CBalancedConfig
 from .empirical_gramians import collect_gramians, default_state_points
 from .graph_gramians import group_gramians, select_groups
-from .realise import insert_projections, is_mlp, refit_linear_chain, resize_sequential, sequential_params, \
-    stage_producers, top_indices
 from .graph_realise import count_params, group_params, realise_groups, round_width
+from .realise import (
+    insert_projections,
+    is_mlp,
+    refit_linear_chain,
+    resize_sequential,
+    sequential_params,
+    stage_producers,
+    top_indices,
+)
 
 __all__ = ["CBalancedConfig", "StateAnalysis", "analyse_states", "budget_ranks", "cbalanced_compress",
            "realise", "closest_uniform_width", "demo_case", "INITS", "SELECTIONS"]
@@ -236,7 +244,8 @@ def _layer_reports(model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[s
     for p, a in plan.analyses.items():
         (kind, before, producer), (_, after, _) = plan.layer(model, p), plan.layer(new, p)
         rows.append(LayerReport(
-            p, kind, "resized", "width = C rank" + _rounding(a.rank_c, widths[p], a.dim, multiple, minimum), before, after,
+            p, kind, "resized", "width = C rank" + _rounding(a.rank_c, widths[p], a.dim, multiple, minimum),
+            before, after,
             rank=widths[p], full_rank=a.dim,
             details={"rank_a": a.rank_a, "rank_b": a.rank_b, "rank_c": a.rank_c, "producer": producer,
                      "energy_kept_c": a.energy_kept("C", widths[p])}))

@@ -10,7 +10,7 @@ of its traced graph (:mod:`.graph_realise`).
 from __future__ import annotations
 
 import copy
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn

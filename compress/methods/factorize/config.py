@@ -4,10 +4,9 @@ method)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from ...core.errors import CompressionError
-from ...core.options import DEFAULT_STATS_DTYPE, STATS_DTYPE_NAMES, Alias, Budget, BudgetOptions
+from ...core.options import DEFAULT_STATS_DTYPE, STATS_DTYPE_NAMES, Budget, BudgetOptions
 
 __all__ = ["FactorizeConfig"]
 
@@ -24,9 +23,6 @@ class FactorizeConfig(BudgetOptions):
     ``cache_dir`` caches moments and bases per layer, keyed by model, data and layer.
     """
 
-    DEPRECATED_ALIASES: ClassVar[dict[str, str | Alias]] = {**BudgetOptions.DEPRECATED_ALIASES, "latency": "layer_latency_ratio",
-                                                    "batch_size": "calib_batch_size"}
-
     eig_threshold: float = field(
         default=1e-10,
         metadata={"help": "Drop eigenvalues of the input moments below this fraction of the largest, in [0, 1); "
@@ -36,8 +32,7 @@ class FactorizeConfig(BudgetOptions):
         metadata={"help": "Bound in bytes on the activation rows held at once per layer, >= 1 MiB; default 1 GiB."})
     calib_batch_size: int = field(
         default=32,
-        metadata={"help": "Calibration samples per forward pass while collecting statistics, >= 1; default 32. "
-                          "Deprecated alias: --batch-size.",})
+        metadata={"help": "Calibration samples per forward pass while collecting statistics, >= 1; default 32."})
     stats_dtype: str = field(
         default=DEFAULT_STATS_DTYPE,
         metadata={"help": "Precision of the per-chunk XᵀX products, accumulated in float64; default "
@@ -51,7 +46,7 @@ class FactorizeConfig(BudgetOptions):
     layer_latency_ratio: float | None = field(
         default=None,
         metadata={"help": "Target ratio of the factorisable layers' measured latency (not the whole model's: see "
-                          "--latency-ratio), in (0, 1]; needs --latency-table. Deprecated alias: --latency."})
+                          "--latency-ratio), in (0, 1]; needs --latency-table."})
 
     def _layer_targets(self) -> tuple[str, ...]:
         return (*super()._layer_targets(), "layer_latency_ratio")
@@ -69,7 +64,8 @@ class FactorizeConfig(BudgetOptions):
         if self.memory_cap_bytes < 1 << 20:
             raise CompressionError(f"--memory-cap-bytes must be at least 1 MiB, got {self.memory_cap_bytes}")
         if self.stats_dtype not in STATS_DTYPE_NAMES:
-            raise CompressionError(f"--stats-dtype must be one of {sorted(STATS_DTYPE_NAMES)}, got {self.stats_dtype!r}")
+            raise CompressionError(f"--stats-dtype must be one of {sorted(STATS_DTYPE_NAMES)}, "
+                                   f"got {self.stats_dtype!r}")
         if self.layer_latency_ratio is not None and not self.latency_table:
-            raise CompressionError("--layer-latency-ratio needs --latency-table (per-layer latencies measured on the target "
-                                   "provider); build one with `minreal latency-table MODEL --out table.json`")
+            raise CompressionError("--layer-latency-ratio needs --latency-table (per-layer latencies measured on the "
+                                   "target provider); build one with `minreal latency-table MODEL --out table.json`")

@@ -20,19 +20,28 @@ import torch
 from torch import nn
 
 from ...core.allocate import KEEP, total_cost
+from ...core.attention import Unfused
 from ...core.cache import data_key, entry_key, load_entry, model_key, save_entry
+from ...core.costs import CostTable
 from ...core.data import Dataset
 from ...core.errors import CompressionError
-from ...core.lowrank import grouped_weight
-from ...core.lowrank_plan import (Target, apply_factors, factorisable_model, fill_report, find_targets,
-                                  load_latency_table, note_attention, plan_ranks, predicted_latency_ratio,
-                                  whole_model_total)
-from ...core.attention import Unfused
-from ...core.costs import CostTable
 from ...core.inputs import Inputs
+from ...core.lowrank import grouped_weight
+from ...core.lowrank_plan import (
+    Target,
+    apply_factors,
+    factorisable_model,
+    fill_report,
+    find_targets,
+    load_latency_table,
+    note_attention,
+    plan_ranks,
+    predicted_latency_ratio,
+    whole_model_total,
+)
 from ...core.report import CompressionReport, LayerReport
-from .config import FactorizeConfig
 from ...core.stats import collect_moments
+from .config import FactorizeConfig
 from .whiten import projected_factors, whitened_output_basis
 
 __all__ = ["FactorizeConfig", "FactorizePrepared", "LayerBasis", "factorize_compress", "factorize_prepare",

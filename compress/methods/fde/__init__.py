@@ -6,18 +6,18 @@ from ...core.lazy import lazy_exports
 from ...core.spec import MethodSpec
 from .config import FDEConfig
 
-__all__ = ["SPEC", "FDEConfig", "FDEPrepared", "demo_case", "fde_compress", "fde_prepare", "fde_realise", "input_box", "ActSpec", "Chain", "GroupPlan",
-           "MergeStep", "Partition", "Perturbation", "RefineResult", "box_samples", "build_sequential",
-           "chain_forward", "dead_atoms", "extract_chain", "fde_graph", "group_cuts", "interval_bounds",
-           "is_exported_program", "leader_clusters", "Lumper", "plan_groups", "refine", "remove_all_constant",
-           "remove_constant", "step_bound", "sum_merge", "value_merge"]
+__all__ = ["SPEC", "FDEConfig", "FDEPrepared", "demo_case", "fde_compress", "fde_prepare", "fde_realise", "input_box",
+           "ActSpec", "Chain", "GroupPlan", "MergeStep", "Partition", "Perturbation", "RefineResult", "box_samples",
+           "build_sequential", "chain_forward", "dead_atoms", "extract_chain", "fde_graph", "group_cuts",
+           "interval_bounds", "is_exported_program", "leader_clusters", "Lumper", "plan_groups", "refine",
+           "remove_all_constant", "remove_constant", "step_bound", "sum_merge", "value_merge"]
 
 _METHOD = "minreal.compress.methods.fde.method"
 SPEC = MethodSpec("fde", "ε-FDE merging of MLP neurons and of channels in any traceable model (lump equivalent "
                   "ones)", FDEConfig, f"{_METHOD}:fde_compress", demo_case=f"{_METHOD}:demo_case",
                   report_fields=("bounds",), smoke_case="minreal.compress.methods.fde.smoke:smoke_case",
                   budgets=("mac_ratio", "param_ratio"), prepare=f"{_METHOD}:fde_prepare",
-                  realise=f"{_METHOD}:fde_realise", realise_fields=("merge_eps", "finetune_epochs", "finetune_lr"))
+                  realise=f"{_METHOD}:fde_realise", realise_fields=("merge_eps",))
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("ActSpec", "Chain", "build_sequential", "chain_forward", "extract_chain"), "...core.chain"),

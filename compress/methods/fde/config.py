@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from ...core.errors import CompressionError
-from ...core.options import CostBudget, FinetuneOptions, flag_of
+from ...core.options import CostBudget, SeedOption, flag_of
 
 __all__ = ["FDEConfig", "REPRESENTATIVES"]
 
@@ -15,7 +14,7 @@ REPRESENTATIVES = ("leader", "mean", "lstsq")
 
 
 @dataclass
-class FDEConfig(FinetuneOptions, CostBudget):
+class FDEConfig(SeedOption, CostBudget):
     """Options of ``fde``: the merge tolerance, or a whole-model ``param_ratio``/``mac_ratio`` budget, sets the
     reduction (MLPs: widths per layer from the budget; other models: ε bisected until the budget is met).
 
@@ -27,15 +26,12 @@ class FDEConfig(FinetuneOptions, CostBudget):
     merge positive multiples (ReLU/LeakyReLU/identity; channel groups whose operations are all positively
     homogeneous); ``sum_merges``: forward (sum) equivalence on identity layers (MLPs);
     ``box_margin``: widen the calibration input box by this fraction of its range for the bound (MLPs);
-    ``finetune_epochs``/``finetune_lr``: deprecated, a label-only recovery (:func:`minreal.compress.registry.finetune_alias`).
     """
-
-    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"eps": "merge_eps"}
 
     merge_eps: float = field(
         default=0.0,
         metadata={"help": "Merge tolerance relative to each layer's (each channel writer's) largest coefficient, "
-                          ">= 0; default 0 (exact up to rounding). Deprecated alias: --eps."})
+                          ">= 0; default 0 (exact up to rounding)."})
     remove_dead: bool = field(
         default=True,
         metadata={"help": "First drop neurons that are constant on the calibration data (other models: channels "
@@ -77,7 +73,6 @@ class FDEConfig(FinetuneOptions, CostBudget):
                           "0.2."})
 
     def __post_init__(self) -> None:
-        FinetuneOptions.__post_init__(self)
         CostBudget.__post_init__(self)
         for flag, value in (("--merge-eps", self.merge_eps), ("--box-margin", self.box_margin)):
             if value < 0:

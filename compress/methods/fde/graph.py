@@ -1,4 +1,5 @@
-"""ε-FDE lumping over the channel groups of any traceable model (groups and cuts from :mod:`minreal.compress.core.width`).
+"""ε-FDE lumping over the channel groups of any traceable model (groups and cuts from
+:mod:`minreal.compress.core.width`).
 
 An *atom* of a channel group (a channel kept or removed everywhere at once) gets its values wherever a layer
 writes them: the rows of a dense conv/linear producing it (a BatchNorm right after it folded in:

@@ -24,8 +24,18 @@ from ...core.measuring import measuring
 from ...core.options import flag_of
 from ...core.report import CompressionReport, LayerReport
 from ...core.width import WidthGraph, analyse, apply_cuts, is_exported_program
-from .graph import MAX_EPS, WHOLE, GroupPlan, Lumper, LumpStats, Partition, blocks_of, dead_atoms, group_cuts, \
-    plan_groups
+from .graph import (
+    MAX_EPS,
+    WHOLE,
+    GroupPlan,
+    Lumper,
+    LumpStats,
+    Partition,
+    blocks_of,
+    dead_atoms,
+    group_cuts,
+    plan_groups,
+)
 
 if TYPE_CHECKING:
     from .method import FDEConfig
@@ -82,8 +92,8 @@ def _meet_budget(model: nn.Module, wg: WidthGraph, lumper: Lumper, cfg: "FDEConf
 
     best, ratio = attempt(MAX_EPS)
     if ratio > target:
-        raise CompressionError(f"{flag} {target:g} cannot be met: merging every channel fde may merge (ε = {MAX_EPS:g}) "
-                               f"reaches {ratio:.3g} at best; give {flag} >= {ratio:.3g}")
+        raise CompressionError(f"{flag} {target:g} cannot be met: merging every channel fde may merge "
+                               f"(ε = {MAX_EPS:g}) reaches {ratio:.3g} at best; give {flag} >= {ratio:.3g}")
     lo, hi = 0.0, MAX_EPS
     for step in range(_BISECTIONS + 1):
         eps = 0.0 if step == 0 else (lo + hi) / 2

@@ -6,8 +6,8 @@ the calibration data at every state point dropped, then ε-FDE merging in every 
 group's operations are positively homogeneous), no sum merges and no bound.
 
 MLP pipeline: fold BatchNorm → remove neurons constant on the calibration data (dead ReLUs; a separate, reported
-step, exact on that data) → partition refinement to a fixpoint → plain Linear stack (recovery, if asked for, is the shared stage after it).
-The report predicts a bound on ``max |N(x) − N'(x)|`` over the calibration input box (widened by
+step, exact on that data) → partition refinement to a fixpoint → plain Linear stack (recovery, if asked for, is the
+shared stage after it). The report predicts a bound on ``max |N(x) − N'(x)|`` over the calibration input box (widened by
 ``box_margin``) and measures the deviation on that box and on the data.
 """
 
@@ -25,13 +25,13 @@ from ...core.demo_case import DemoCase, DemoRun
 from ...core.errors import CompressionError
 from ...core.measuring import measuring
 from ...core.options import flag_of
+from ...core.prune import CHAIN_COSTS, widths_for_params
 from ...core.recover import RecoveryConfig
 from ...core.report import CompressionReport
+from .compensate import compensate, refit_bound
 from .config import FDEConfig
 from .graph_path import GraphPrepared, graph_prepare, graph_realise
-from .compensate import compensate, refit_bound
 from .partition import RefineResult, box_samples, merge_to_widths, refine, remove_all_constant
-from ...core.prune import CHAIN_COSTS, widths_for_params
 
 __all__ = ["FDEConfig", "FDEPrepared", "fde_compress", "fde_prepare", "fde_realise", "input_box", "demo_case"]
 
@@ -186,8 +186,8 @@ def fde_compress(model: nn.Module, data: Dataset, config: FDEConfig) -> tuple[nn
 
 def demo_case(quick: bool = True) -> DemoCase:
     """An over-parameterised ReLU MLP (4 → 256 → 256 → 4, seeded) trained on the reaction-network flow map,
-    with ``fde`` (ε = 0.3), the same merge recovered by distillation, and magnitude pruning to the same hidden widths (so all
-    three compressed variants have matched parameter counts)."""
+    with ``fde`` (ε = 0.3), the same merge recovered by distillation, and magnitude pruning to the same hidden widths
+    (so all three compressed variants have matched parameter counts)."""
     from ...core.train import TrainConfig, train
     from ...dynamics import flow_map
     from ...models import mlp

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .bound import Perturbation, step_bound
-from .config import REPRESENTATIVES
 from ...core.chain import Chain, chain_forward
 from ...core.linalg import ridge_lstsq
+from .bound import Perturbation, step_bound
+from .config import REPRESENTATIVES
 
 __all__ = ["REPRESENTATIVES", "leader_clusters", "rounding_tolerance", "input_blocks", "from_input_blocks",
            "value_merge", "lump", "layer_io", "outgoing_weights", "block_representatives", "block_error",
@@ -280,7 +280,8 @@ def block_representatives(v: torch.Tensor, leader: np.ndarray, rho: torch.Tensor
         return lead
     count = torch.zeros(blocks, dtype=torch.float64).index_add_(0, pos, torch.ones(len(pos), dtype=torch.float64))
     if kind == "mean":
-        return torch.zeros(blocks, v.shape[1], dtype=torch.float64).index_add_(0, pos, v / rho[:, None]) / count[:, None]
+        return (torch.zeros(blocks, v.shape[1], dtype=torch.float64).index_add_(0, pos, v / rho[:, None])
+                / count[:, None])
     if kind != "lstsq":
         raise ValueError(f"representative must be one of {REPRESENTATIVES}, got {kind!r}")
     num = torch.zeros(len(z), blocks, dtype=torch.float64).index_add_(1, pos, z * (weights * rho)[None, :])

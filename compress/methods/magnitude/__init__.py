@@ -17,8 +17,7 @@ SPEC = MethodSpec("magnitude",
                   provider_defaults=width_multiple_defaults,
                   budgets=("mac_ratio", "param_ratio", "latency_ratio"),
                   prepare=f"{_METHOD}:magnitude_prepare", realise="minreal.compress.core.prune:prune_realise",
-                  realise_fields=("widths", "width_multiple", "width_min", "importance_weighting", "latency_table",
-                                  "finetune_epochs", "finetune_lr"))
+                  realise_fields=("widths", "width_multiple", "width_min", "importance_weighting", "latency_table"))
 
 __getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(
     ("magnitude_scores", "magnitude_group_scores", "magnitude_prepare", "magnitude_prune"), ".method"))

@@ -13,5 +13,4 @@ __all__ = ["MagnitudeConfig"]
 @dataclass
 class MagnitudeConfig(PruneOptions):
     """``param_ratio``/``mac_ratio``: whole-model budget (uniform keep-fraction per hidden layer); ``widths``:
-    exact hidden widths instead (e.g. those another method reached); ``finetune_epochs``/``finetune_lr``:
-    deprecated, a label-only recovery (:func:`minreal.compress.registry.finetune_alias`)."""
+    exact hidden widths instead (e.g. those another method reached)."""

@@ -9,9 +9,9 @@ from ...core.chain import Chain
 from ...core.data import Dataset
 from ...core.prune import PrunePrepared, prune_prepare, prune_realise
 from ...core.report import CompressionReport
-from .config import MagnitudeConfig
 from ...core.width import ChannelGroup, WidthGraph
 from ...core.width.importance import magnitude_importance
+from .config import MagnitudeConfig
 
 __all__ = ["MagnitudeConfig", "magnitude_scores", "magnitude_group_scores", "magnitude_prepare",
            "magnitude_prune"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Mapping, Union
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -44,7 +44,7 @@ class SSMClassifier(nn.Module):
         return self.decoder(self.blocks(self.encoder(x)).mean(1))
 
 
-TargetOrder = Union[int, Mapping[str, int], None]
+TargetOrder = int | Mapping[str, int] | None
 
 
 def rotation_layers(model: nn.Module) -> dict[str, RotationSSM]:

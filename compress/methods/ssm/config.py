@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from ...core.errors import CompressionError
 from ...core.options import CostBudget, ExcludeOption, StateBudgetOption
@@ -17,8 +16,6 @@ class SSMConfig(CostBudget, StateBudgetOption, ExcludeOption):
     ``energy`` (fraction of each layer's HSV sum kept) or ``state_budget`` (total states across layers,
     shared at equal energy); with none, ``trunc=0.5``. ``max_cond`` bounds the condition number of the
     modal basis before the real Schur fallback; ``error_samples`` sequences measure per-layer errors."""
-
-    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {"calib_samples": "error_samples"}
 
     trunc: float | None = field(
         default=None,
@@ -36,8 +33,7 @@ class SSMConfig(CostBudget, StateBudgetOption, ExcludeOption):
         metadata={"help": "Kernel length (memory in steps) of a Schur-fallback layer, >= 1; default 4096."})
     error_samples: int = field(
         default=128,
-        metadata={"help": "Sequences that measure the per-layer output errors, >= 1; default 128. Deprecated "
-                          "alias: --calib-samples."})
+        metadata={"help": "Sequences that measure the per-layer output errors, >= 1; default 128."})
 
     def __post_init__(self) -> None:
         CostBudget.__post_init__(self)

@@ -139,7 +139,8 @@ def hankel_svdvals(p: torch.Tensor, q: torch.Tensor, jitter: float = 1e-9) -> to
 
 
 def hankel_nuclear_norm(p: torch.Tensor, q: torch.Tensor, jitter: float = 1e-9) -> torch.Tensor:
-    """Hankel nuclear norm Σ_i σ_i = ‖L_Qᵀ L_P‖_*, the training regulariser of Schwerdtner et al., "Hankel singular value regularization for highly compressible state space models".
+    """Hankel nuclear norm Σ_i σ_i = ‖L_Qᵀ L_P‖_*, the training regulariser of Schwerdtner et al., "Hankel singular
+    value regularization for highly compressible state space models".
 
     Cholesky factors of P + εI and Q + εI make it differentiable (see :func:`hankel_svdvals`).
 

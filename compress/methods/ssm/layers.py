@@ -169,7 +169,8 @@ class _RotationPairs(nn.Module):
 
 
 class RotationSSM(_RotationPairs):
-    """The stable layer of Schwerdtner et al. (Hankel singular value regularisation): A = diag(ρ_i R(α_i)), ρ = (1 + tanh a)/2 ∈ (0,1), α = π(1 + tanh b)/2 ∈ (0,π).
+    """The stable layer of Schwerdtner et al. (Hankel singular value regularisation): A = diag(ρ_i R(α_i)),
+    ρ = (1 + tanh a)/2 ∈ (0,1), α = π(1 + tanh b)/2 ∈ (0,π).
 
     B (n × h_in) and C (h_out × n) are dense, D is diagonal (h_in = h_out). ``n`` must be even.
     """

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Callable
 
 import torch
 from torch import nn
@@ -21,17 +21,17 @@ from ...core.demo_case import DemoCase, DemoRun
 from ...core.distributed import all_reduce_max, shard
 from ...core.errors import CompressionError, require_finite
 from ...core.evaluate import eval_mode, hooks_removed
+from ...core.inputs import call
 from ...core.report import CompressionReport, LayerReport
-from .config import SSMConfig
 from ...core.surgery import replace_modules
 from . import mac_rules  # noqa: F401  (registers the SSM MAC rules)
 from .balance import balanced_truncation, order_from_energy, order_from_trunc, orders_from_budget, truncation_bound
+from .config import SSMConfig
 from .gramians import dense_gramians, hankel_singular_values, rotation_gramians
 from .layers import SSM_LAYERS, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM
 from .modal import real_modal_form, real_schur_form
 from .system import StateSpace
 from .training import SSMTrainSpec, train_ssm_classifier
-from ...core.inputs import call
 
 __all__ = ["SSMConfig", "ssm_compress", "layer_gramians", "find_ssm_layers", "measured_gain_errors", "demo_case"]
 

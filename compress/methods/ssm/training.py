@@ -128,8 +128,8 @@ def controlled_weight(weight: float, tail: float, target_tail: float, gain: floa
 
 
 class _HankelHooks(TrainHooks):
-    """:class:`~minreal.compress.core.train.TrainHooks` of :func:`train_ssm_classifier`: the scheduled (and controlled) layer
-    weights of the penalty, running train accuracy and mean penalty, the per-epoch record and eligibility."""
+    """:class:`~minreal.compress.core.train.TrainHooks` of :func:`train_ssm_classifier`: the scheduled (and controlled)
+    layer weights of the penalty, running train accuracy and mean penalty, the per-epoch record and eligibility."""
 
     def __init__(self, model: SSMClassifier, spec: SSMTrainSpec, reg: HankelRegularisation, val: Dataset) -> None:
         self.spec, self.reg, self.val = spec, reg, val

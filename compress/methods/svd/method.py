@@ -18,9 +18,19 @@ from ...core.costs import CostTable, count_macs_torch
 from ...core.data import Dataset
 from ...core.inputs import Inputs
 from ...core.lowrank import grouped_weight
-from ...core.lowrank_plan import (Budget, Target, apply_factors, factorisable_model, fill_report, find_targets,
-                                  load_latency_table, note_attention, plan_ranks, predicted_latency_ratio,
-                                  whole_model_total)
+from ...core.lowrank_plan import (
+    Budget,
+    Target,
+    apply_factors,
+    factorisable_model,
+    fill_report,
+    find_targets,
+    load_latency_table,
+    note_attention,
+    plan_ranks,
+    predicted_latency_ratio,
+    whole_model_total,
+)
 from ...core.report import CompressionReport, LayerReport
 from .config import SVDConfig
 

@@ -14,8 +14,7 @@ SPEC = MethodSpec("wanda", "structured Wanda pruning (|W|·‖X‖) of MLP neuro
                   provider_defaults=width_multiple_defaults,
                   budgets=("mac_ratio", "param_ratio", "latency_ratio"),
                   prepare=f"{_METHOD}:wanda_prepare", realise="minreal.compress.core.prune:prune_realise",
-                  realise_fields=("widths", "width_multiple", "width_min", "importance_weighting", "latency_table",
-                                  "finetune_epochs", "finetune_lr"))
+                  realise_fields=("widths", "width_multiple", "width_min", "importance_weighting", "latency_table"))
 
 __getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(("activation_norms", "wanda_scores", "wanda_prepare",
                                                             "wanda_prune"), ".method"))

@@ -4,7 +4,6 @@ method)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from ...core.errors import CompressionError
 from ...core.options import PruneOptions
@@ -16,13 +15,9 @@ __all__ = ["WandaConfig"]
 class WandaConfig(PruneOptions):
     """As the ``magnitude`` options; ``norm_samples`` inputs of ``--calib`` give the activation norms ‖X_j‖."""
 
-    DEPRECATED_ALIASES: ClassVar[dict[str, str]] = {**PruneOptions.DEPRECATED_ALIASES,
-                                                    "calibration_samples": "norm_samples"}
-
     norm_samples: int = field(
         default=2048,
-        metadata={"help": "Inputs of --calib that give the activation norms ‖X_j‖, >= 1; default 2048. Deprecated "
-                          "alias: --calibration-samples."})
+        metadata={"help": "Inputs of --calib that give the activation norms ‖X_j‖, >= 1; default 2048."})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -10,8 +10,8 @@ from ...core.data import Dataset
 from ...core.distributed import all_reduce_sum, parallel, shard
 from ...core.prune import PrunePrepared, prune_prepare, prune_realise
 from ...core.report import CompressionReport
-from .config import WandaConfig
 from ...core.width.importance import wanda_importance
+from .config import WandaConfig
 
 __all__ = ["WandaConfig", "activation_norms", "wanda_scores", "wanda_prepare", "wanda_prune"]
 

@@ -25,6 +25,7 @@ from minreal.compress.core.cache import model_key
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import NamedInputs
 from minreal.export.variant import to_jsonable
+
 from .config import Constraint, Quality
 
 __all__ = ["CandidateSpec", "CandidateResult", "Job", "Source", "SpecSource", "LoadedSource", "evaluate_candidate",
@@ -43,8 +44,8 @@ class CandidateSpec:
     recover_epochs: int = 0
     qat: bool = False
     variant: Any = None
-    """A plan file's variant (:class:`minreal.compress.core.demo_case.DemoRun`, e.g. a chain of methods) evaluated as it is:
-    then ``method`` is its label and ``mac_ratio`` is not a search budget."""
+    """A plan file's variant (:class:`minreal.compress.core.demo_case.DemoRun`, e.g. a chain of methods) evaluated as it
+    is: then ``method`` is its label and ``mac_ratio`` is not a search budget."""
     fraction: float = 1.0
     """Share of the recovery cap (successive halving's short rungs): the same epochs on a seeded subsample of this
     fraction of the calibration data. One that meets the constraint is a candidate like any other (exported)."""
@@ -89,8 +90,9 @@ class CandidateResult:
     skipped: bool = False
     """Not evaluated: the tune's time budget had run out when the job came up (never cached)."""
     weights_digest: str | None = None
-    """A zero-shot model's :func:`minreal.compress.core.cache.model_key` (architecture and every parameter and buffer; None
-    for a recovered candidate or a plan variant): two budgets of a method with the same digest realised one model."""
+    """A zero-shot model's :func:`minreal.compress.core.cache.model_key` (architecture and every parameter and buffer;
+    None for a recovered candidate or a plan variant): two budgets of a method with the same digest realised one
+    model."""
 
 
 class Source(Protocol):
@@ -290,9 +292,9 @@ class InputsChangedError(RuntimeError):
 
 
 def _evaluate(job: Job, key: str) -> CandidateResult:
+    from minreal.app.method_options import MethodOptionError, build_config, provider_defaults
     from minreal.compress import CompressionError
     from minreal.compress.core.recover import RecoveryConfig, held_out_metrics
-    from minreal.app.method_options import MethodOptionError, build_config, provider_defaults
 
     model, calib, held_out = job.source.load()
     if not isinstance(job.source, LoadedSource) and fingerprint(model, calib, held_out) != job.fingerprint:
@@ -331,7 +333,7 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     result.seconds["measure"] = time.perf_counter() - t0
     result.feasible = job.constraint.holds(Quality.from_metrics(result.quality), job.reference)
     if result.feasible:
-        from minreal.export.errors import ExportError, ParityError, QuantizationError, CalibrationError
+        from minreal.export.errors import CalibrationError, ExportError, ParityError, QuantizationError
 
         t0 = time.perf_counter()
         try:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["Constraint", "Quality", "TuneConfig", "TuneError", "Protocol", "parse_duration", "SCREEN", "CONFIRM",
            "DEFAULT_GRID"]
@@ -29,7 +30,8 @@ class Quality:
 
     @classmethod
     def from_metrics(cls, m: Mapping[str, Any]) -> "Quality":
-        """From :func:`minreal.compress.core.recover.held_out_metrics` (``agreement``) or ORT metrics (``top1_agreement``)."""
+        """From :func:`minreal.compress.core.recover.held_out_metrics` (``agreement``) or ORT metrics
+        (``top1_agreement``)."""
         agreement = m.get("agreement", m.get("top1_agreement"))
         return cls(m.get("accuracy"), agreement, m.get("mse"))
 
@@ -173,7 +175,8 @@ class TuneConfig:
             raise TuneError(f"--stats-samples must be >= 0 (0: all the calibration data), got {self.stats_samples}")
         if self.halving_eta < 2 or self.halving_rungs < 1 or self.halving_per_method < 1:
             raise TuneError("successive halving needs eta >= 2, at least one rung and one budget per method, got "
-                            f"eta {self.halving_eta}, {self.halving_rungs} rung(s), {self.halving_per_method} per method")
+                            f"eta {self.halving_eta}, {self.halving_rungs} rung(s), "
+                            f"{self.halving_per_method} per method")
         if self.workers < 0:
             raise TuneError(f"--workers must be >= 0 (0: candidates in this process), got {self.workers}")
 

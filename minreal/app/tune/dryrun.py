@@ -16,8 +16,9 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,6 +26,7 @@ from torch import nn
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import call
 from minreal.compress.core.recover_options import RecoveryConfig
+
 from .config import TuneConfig
 from .halving import halving_pool, rung_fractions
 
@@ -130,8 +132,8 @@ def estimate_plan(cfg: TuneConfig, methods: Sequence[str], calib: int, held_out:
         if cfg.int8 and cfg.qat:
             qat = last * cfg.recover_epochs * train * (probe.train_s * 1.5 + probe.forward_s)
             est.seconds["quantisation-aware"] = qat
-            est.lines.append("quantisation-aware recovery (the full cap) for each recovered winner whose plain INT8 misses "
-                             "the constraint (counted here as if every one did)")
+            est.lines.append("quantisation-aware recovery (the full cap) for each recovered winner whose plain INT8 "
+                             "misses the constraint (counted here as if every one did)")
     est.seconds["recovery"] = recovered
     files = files_base + 2 * (len(methods) * (2 if cfg.recover_epochs else 1))
     est.seconds["ort_quality"] = files * fwd_held

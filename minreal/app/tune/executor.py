@@ -15,8 +15,9 @@ import logging
 import multiprocessing
 import os
 import signal
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 from .config import TuneError
 

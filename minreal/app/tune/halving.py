@@ -21,8 +21,9 @@ rung, its loss there and its fate.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any
 
 __all__ = ["Halving", "RungEntry", "HALVING_ETA", "HALVING_RUNGS", "HALVING_PER_METHOD", "halving_pool",
            "halving_twins", "rung_fractions"]

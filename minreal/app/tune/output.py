@@ -8,6 +8,7 @@ from typing import Any
 
 from minreal.export.atomic import atomic_path
 from minreal.export.variant import to_jsonable
+
 from .config import Constraint
 from .run import TuneReport
 

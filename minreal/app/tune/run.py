@@ -22,25 +22,41 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from torch import nn
 
 import minreal.runtime_bench as rb
-from minreal.runtime_bench.metrics import evaluate_models
 from minreal.compress import get_method, method_names
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.recover import held_out_metrics
 from minreal.export.quantize import QuantResult, resolve_target
-from minreal.facts import CPU_AVX2_TARGET
-from minreal.export.variant import VariantConfig, VariantRecord, export_variant, quantize_variant, relative_to, to_jsonable
+from minreal.export.variant import (
+    VariantConfig,
+    VariantRecord,
+    export_variant,
+    quantize_variant,
+    relative_to,
+    to_jsonable,
+)
 from minreal.export.verify import feeds_of
-from .candidate import (CandidateResult, CandidateSpec, Job, LoadedSource, evaluate_candidate, fingerprint,
-                        subsample_size)
+from minreal.facts import CPU_AVX2_TARGET
+from minreal.runtime_bench.metrics import evaluate_models
+
+from .candidate import (
+    CandidateResult,
+    CandidateSpec,
+    Job,
+    LoadedSource,
+    evaluate_candidate,
+    fingerprint,
+    subsample_size,
+)
 from .config import Constraint, Protocol, Quality, TuneConfig, TuneError
 from .executor import Executor, InlineExecutor
 from .front import Point, choose, pareto_front
@@ -137,7 +153,8 @@ class BenchOutcome:
 
 
 def bench_files(job: BenchJob, progress: Progress | None = None) -> BenchOutcome:
-    """Time ``job``'s files here with :func:`minreal.runtime_bench.run_benchmark` (fresh processes; providers must run)."""
+    """Time ``job``'s files here with :func:`minreal.runtime_bench.run_benchmark` (fresh processes; providers must
+    run)."""
     with tempfile.TemporaryDirectory(prefix="minreal-tune-bench-") as tmp:
         entries = []
         for i, (label, data) in enumerate(zip(job.labels, job.files)):

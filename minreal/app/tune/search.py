@@ -1,8 +1,8 @@
 """Bisection of one method's budget on accuracy: the smallest MAC ratio of a grid that meets the constraint.
 
 Accuracy is assumed to fall as the budget shrinks. The bisection checks that assumption with one extra probe: the
-first budget past the failed boundary that it did not evaluate; when a smaller budget passes where a larger one failed, it evaluates the rest of the grid
-instead (and says so).
+first budget past the failed boundary that it did not evaluate; when a smaller budget passes where a larger one failed,
+it evaluates the rest of the grid instead (and says so).
 """
 
 from __future__ import annotations

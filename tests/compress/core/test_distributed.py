@@ -21,7 +21,14 @@ from torch import nn
 from minreal.compress import compress
 from minreal.compress.core import distributed
 from minreal.compress.core.data import Dataset
-from minreal.compress.core.distributed import DistributedSetupError, all_reduce_sum, is_writer, shard, shard_bounds, world
+from minreal.compress.core.distributed import (
+    DistributedSetupError,
+    all_reduce_sum,
+    is_writer,
+    shard,
+    shard_bounds,
+    world,
+)
 from minreal.compress.methods.factorize.method import FactorizeConfig
 
 WORKER = Path(__file__).with_name("dist_stats_worker.py")

@@ -1,4 +1,5 @@
-"""Named model inputs (minreal.compress.core.inputs): indexing, concatenation, calls, and the methods on a two-input model."""
+"""Named model inputs (minreal.compress.core.inputs): indexing, concatenation, calls, and the methods on a two-input
+model."""
 
 from __future__ import annotations
 

@@ -7,15 +7,13 @@ import torch
 from torch import nn
 
 from minreal.compress import compress
-from minreal.compress.core.data import Dataset
-from minreal.compress.methods.fde import chain_forward, extract_chain
-from minreal.compress.methods.magnitude import MagnitudeConfig
-from minreal.compress.methods.wanda import WandaConfig
-from minreal.compress.models import mlp
-from minreal.compress.core.prune import prune_chain, widths_for_params
-from minreal.compress.methods.magnitude import magnitude_scores
-from minreal.compress.methods.wanda import wanda_scores
 from minreal.compress.core.chain import mlp_params
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.prune import prune_chain, widths_for_params
+from minreal.compress.methods.fde import chain_forward, extract_chain
+from minreal.compress.methods.magnitude import MagnitudeConfig, magnitude_scores
+from minreal.compress.methods.wanda import WandaConfig, wanda_scores
+from minreal.compress.models import mlp
 
 
 @pytest.fixture

@@ -189,20 +189,6 @@ def test_feature_matching_pulls_the_matched_point_towards_the_teacher(teacher: n
     assert point_error(matched) < point_error(plain) and point_error(matched) < point_error(base)
 
 
-def test_deprecated_finetune_maps_to_label_only_recovery() -> None:
-    from minreal.compress.methods.fde import FDEConfig
-    from minreal.compress.registry import finetune_alias
-
-    labelled = digits_subset(64)
-    rec = finetune_alias(FDEConfig(finetune_epochs=4, finetune_lr=3e-3, seed=2), None, labelled)
-    assert (rec.epochs, rec.lr, rec.alpha, rec.seed) == (4, 3e-3, 1.0, 2)
-    assert finetune_alias(FDEConfig(), None, labelled) is None
-    with pytest.raises(CompressionError, match="not both"):
-        finetune_alias(FDEConfig(finetune_epochs=1), RecoveryConfig(epochs=1), labelled)
-    with pytest.raises(CompressionError, match="--recover-epochs"):
-        finetune_alias(FDEConfig(finetune_epochs=1), None, Dataset(labelled.x))
-
-
 def test_multi_output_regressor_with_float_labels_is_distilled_by_mse() -> None:
     """Four float outputs are not logits: the loss and the metrics are those of a regressor."""
     torch.manual_seed(3)

@@ -181,7 +181,7 @@ def test_a_moved_unit_is_priced_exactly_as_a_full_evaluation(resnet, budget: str
     the cut model's own cost terms (:func:`_macs`)."""
     import random
 
-    from minreal.compress.core.width.allocate import _pricer, segment_ladders, segment_key
+    from minreal.compress.core.width.allocate import _pricer, segment_key, segment_ladders
 
     wg, groups, stream = resnet
     scores = _scores(groups, stream)

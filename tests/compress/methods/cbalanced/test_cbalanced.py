@@ -10,16 +10,29 @@ import pytest
 import torch
 from torch import nn
 
+from minreal.compress.core.chain import mlp_params
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
-from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians
 from minreal.compress.core.width import analyse
-from minreal.compress.methods.cbalanced import (CBalancedConfig, analyse_states, budget_ranks, closest_uniform_width,
-                                        group_gramians, realise, realise_groups, select_groups)
+from minreal.compress.methods.cbalanced import (
+    CBalancedConfig,
+    analyse_states,
+    budget_ranks,
+    closest_uniform_width,
+    group_gramians,
+    realise,
+    realise_groups,
+    select_groups,
+)
+from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians
+from minreal.compress.methods.cbalanced.realise import (
+    insert_projections,
+    refit_linear_chain,
+    resize_sequential,
+    sequential_params,
+    stage_producers,
+)
 from minreal.compress.models import mlp
-from minreal.compress.core.chain import mlp_params
-from minreal.compress.methods.cbalanced.realise import (insert_projections, refit_linear_chain, resize_sequential,
-                                                sequential_params, stage_producers)
 from minreal.compress.registry import compress, get_method
 from minreal.export.onnx_export import to_onnx
 from minreal.export.verify import verify_parity

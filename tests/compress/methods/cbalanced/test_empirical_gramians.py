@@ -8,8 +8,13 @@ import torch
 from torch import nn
 
 from minreal.compress.core.data import Dataset
-from minreal.compress.methods.cbalanced.empirical_gramians import (collect_gramians, collect_states, default_state_points, observability_gramians,
-                               reachability_gramians)
+from minreal.compress.methods.cbalanced.empirical_gramians import (
+    collect_gramians,
+    collect_states,
+    default_state_points,
+    observability_gramians,
+    reachability_gramians,
+)
 from minreal.compress.models import mlp
 
 

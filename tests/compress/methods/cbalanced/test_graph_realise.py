@@ -7,13 +7,22 @@ import pytest
 import torch
 from torch import nn
 
+from minreal.app.models import load_model
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
 from minreal.compress.core.width import analyse, apply_cuts
-from minreal.compress.methods.cbalanced import (CBalancedConfig, analyse_states, balanced_leverage, group_cuts,
-                                        group_gramians, ls_merge, realise_groups, round_width, select_groups)
+from minreal.compress.methods.cbalanced import (
+    CBalancedConfig,
+    analyse_states,
+    balanced_leverage,
+    group_cuts,
+    group_gramians,
+    ls_merge,
+    realise_groups,
+    round_width,
+    select_groups,
+)
 from minreal.compress.registry import compress
-from minreal.app.models import load_model
 from minreal.export.onnx_export import to_onnx
 from minreal.export.verify import verify_parity
 

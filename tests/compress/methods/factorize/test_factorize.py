@@ -8,17 +8,17 @@ import torch
 from torch import nn
 
 from minreal.compress import compress, method_names
-from minreal.compress.core.data import Dataset
-from minreal.compress.datasets import digits
 from minreal.compress.core.attention import PlainAttention
+from minreal.compress.core.data import Dataset
 from minreal.compress.core.lowrank import matrix_view
 from minreal.compress.core.lowrank_plan import apply_factors, find_targets
+from minreal.compress.core.report import CompressionReport
+from minreal.compress.core.train import TrainConfig, train
+from minreal.compress.datasets import digits
 from minreal.compress.methods.factorize import FactorizeConfig, layer_bases
 from minreal.compress.methods.factorize.method import _factors
 from minreal.compress.methods.svd import SVDConfig
 from minreal.compress.models import mlp, small_cnn
-from minreal.compress.core.report import CompressionReport
-from minreal.compress.core.train import TrainConfig, train
 
 
 def _conv_net() -> nn.Module:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import torch
 
 from minreal.compress.core.chain import chain_forward
-from minreal.compress.methods.fde import extract_chain
 from minreal.compress.core.prune import prune_chain
-from minreal.compress.methods.fde.compensate import (compensate, member_targets, pre_activations, refit_bound,
-                                             refit_consumers)
+from minreal.compress.methods.fde import extract_chain
+from minreal.compress.methods.fde.compensate import (
+    compensate,
+    member_targets,
+    pre_activations,
+    refit_bound,
+    refit_consumers,
+)
 from minreal.compress.methods.fde.partition import merge_to_widths
 from minreal.compress.models import mlp
 

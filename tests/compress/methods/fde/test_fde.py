@@ -7,11 +7,18 @@ import pytest
 import torch
 from torch import nn
 
-from minreal.compress import compress
+from minreal.compress import RecoveryConfig, compress
 from minreal.compress.core.data import Dataset
-from minreal.compress.methods.fde import (box_samples, build_sequential, chain_forward, extract_chain, leader_clusters,
-                                  refine)
-from minreal.compress.methods.fde import FDEConfig, input_box
+from minreal.compress.methods.fde import (
+    FDEConfig,
+    box_samples,
+    build_sequential,
+    chain_forward,
+    extract_chain,
+    input_box,
+    leader_clusters,
+    refine,
+)
 from minreal.compress.models import ACTIVATIONS, mlp, small_cnn
 
 
@@ -164,13 +171,14 @@ def test_build_sequential_roundtrip() -> None:
         assert torch.allclose(rebuilt(x), model(x), atol=1e-6)
 
 
-def test_finetune_after_merging_lowers_mse() -> None:
+def test_label_recovery_after_merging_lowers_mse() -> None:
     torch.manual_seed(29)
     g = torch.Generator().manual_seed(29)
     x = torch.rand(300, 3, generator=g)
     data = Dataset(x, torch.sin(3 * x).sum(1, keepdim=True))
     model = mlp(3, [64], 1).eval()
-    _, rep = compress(model, data, "fde", FDEConfig(merge_eps=0.5, finetune_epochs=10, finetune_lr=3e-3))
+    _, rep = compress(model, data, "fde", FDEConfig(merge_eps=0.5),
+                      RecoveryConfig(epochs=10, lr=3e-3, alpha=1.0))
     assert rep.recovery is not None and rep.recovery["before"]["mse"] > rep.recovery["after"]["mse"]
     assert rep.measured["recovered"]["mse_compressed"] < rep.measured["mse_compressed"]
 

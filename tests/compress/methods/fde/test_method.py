@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from minreal.compress import compress
+from minreal.compress import RecoveryConfig, compress
 from minreal.compress.core.chain import mlp_params
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.prune import mlp_macs
@@ -77,11 +77,12 @@ def test_bound_with_compensation_is_for_the_network_built(case) -> None:
 
 
 def test_bound_is_none_when_recovery_voids_it() -> None:
-    """The deprecated fine-tuning option now runs the shared recovery, which voids the bound the same way."""
+    """The shared recovery changes the merged model, so the merging bound no longer describes it."""
     torch.manual_seed(4)
     x = torch.rand(120, 3, generator=torch.Generator().manual_seed(4))
     data = Dataset(x, torch.sin(3 * x).sum(1, keepdim=True))
-    _, rep = compress(mlp(3, [24], 1).eval(), data, "fde", FDEConfig(merge_eps=0.3, finetune_epochs=2))
+    _, rep = compress(mlp(3, [24], 1).eval(), data, "fde", FDEConfig(merge_eps=0.3),
+                      RecoveryConfig(epochs=2, alpha=1.0))
     assert rep.bounds["output"] is None  # the exported (recovered) model has no bound
     assert rep.predicted["bounds_zero_shot"]["output"] is not None
     assert rep.recovery is not None and rep.recovery["epochs"] >= 1

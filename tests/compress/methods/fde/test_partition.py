@@ -7,8 +7,14 @@ import pytest
 import torch
 
 from minreal.compress.methods.fde import extract_chain
-from minreal.compress.methods.fde.partition import (block_error, block_representatives, blocks_to_count, input_blocks,
-                                            layer_io, outgoing_weights)
+from minreal.compress.methods.fde.partition import (
+    block_error,
+    block_representatives,
+    blocks_to_count,
+    input_blocks,
+    layer_io,
+    outgoing_weights,
+)
 from minreal.compress.models import mlp
 
 

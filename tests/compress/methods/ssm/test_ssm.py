@@ -9,11 +9,28 @@ import torch
 
 from minreal.compress import compress
 from minreal.compress.core.data import Dataset
-from minreal.compress.methods.ssm import SSMConfig
-from minreal.compress.methods.ssm import (DenseSSM, DiagonalSSM, ModalSSM, RotationSSM, SchurSSM, SSMClassifier,
-                          balanced_truncation, change_basis, dense_gramians, hankel_nuclear_norm,
-                          hankel_singular_values, impulse_response, order_from_energy, order_from_trunc,
-                          orders_from_budget, random_stable_system, real_modal_form, rotation_gramians, simulate)
+from minreal.compress.methods.ssm import (
+    DenseSSM,
+    DiagonalSSM,
+    ModalSSM,
+    RotationSSM,
+    SchurSSM,
+    SSMClassifier,
+    SSMConfig,
+    balanced_truncation,
+    change_basis,
+    dense_gramians,
+    hankel_nuclear_norm,
+    hankel_singular_values,
+    impulse_response,
+    order_from_energy,
+    order_from_trunc,
+    orders_from_budget,
+    random_stable_system,
+    real_modal_form,
+    rotation_gramians,
+    simulate,
+)
 from minreal.compress.methods.ssm.system import StateSpace
 
 

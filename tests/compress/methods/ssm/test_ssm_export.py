@@ -14,8 +14,14 @@ import torch
 
 from minreal.compress import compress
 from minreal.compress.core.data import Dataset
-from minreal.compress.methods.ssm import SSMConfig
-from minreal.compress.methods.ssm import ModalSSM, SSMClassifier, random_stable_system, real_modal_form, simulate
+from minreal.compress.methods.ssm import (
+    ModalSSM,
+    SSMClassifier,
+    SSMConfig,
+    random_stable_system,
+    real_modal_form,
+    simulate,
+)
 from minreal.export.onnx_export import to_onnx
 
 FORBIDDEN_OPS = {"Loop", "Scan", "If", "DFT", "STFT"}

@@ -6,9 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minreal.compress.methods.ssm import (RotationSSM, SSMClassifier, dense_gramians, hankel_nuclear_norm,
-                                  hankel_regulariser, hankel_singular_values, hankel_tail_norm, layer_gramians,
-                                  orders_from_budget, rotation_gramians, tail_energies, tail_energy, target_orders)
+from minreal.compress.methods.ssm import (
+    RotationSSM,
+    SSMClassifier,
+    dense_gramians,
+    hankel_nuclear_norm,
+    hankel_regulariser,
+    hankel_singular_values,
+    hankel_tail_norm,
+    layer_gramians,
+    orders_from_budget,
+    rotation_gramians,
+    tail_energies,
+    tail_energy,
+    target_orders,
+)
 
 
 def _layer(seed: int, features: int = 2, state: int = 8) -> RotationSSM:

@@ -7,8 +7,14 @@ import pytest
 import torch
 
 from minreal.compress.core.data import Dataset
-from minreal.compress.methods.ssm import (HankelRegularisation, SSMTrainSpec, controlled_weight, scheduled_weight,
-                                  tail_energies, train_ssm_classifier)
+from minreal.compress.methods.ssm import (
+    HankelRegularisation,
+    SSMTrainSpec,
+    controlled_weight,
+    scheduled_weight,
+    tail_energies,
+    train_ssm_classifier,
+)
 
 
 def test_schedule_is_zero_through_warmup_then_linear_to_the_weight() -> None:
