@@ -150,3 +150,26 @@ def test_provider_short_names_are_listed_in_one_module() -> None:
 
 def test_progress_key_is_written_in_one_module() -> None:
     assert _defining_modules(lambda tree: "minreal_progress" in _string_constants(tree)) == [FACTS]
+
+
+#: The most lines :mod:`minreal.app.cli` may hold: the group, its commands' registration and the entry points.
+CLI_MAX_LINES = 200
+
+
+def test_the_cli_module_is_only_the_group_and_its_entry_points() -> None:
+    """The application is a thin layer (STYLE.md): the commands live in ``minreal/app/commands/``, not in cli.py."""
+    lines = len((ROOT / "minreal" / "app" / "cli.py").read_text().splitlines())
+    assert lines < CLI_MAX_LINES, f"minreal/app/cli.py has {lines} lines; move command logic to minreal/app/commands"
+
+
+def test_each_command_is_defined_in_its_own_module() -> None:
+    """``minreal NAME`` is defined in ``minreal/app/commands/NAME.py`` (a dash in NAME is an underscore there)."""
+    from minreal.app.cli import cli
+
+    bad = []
+    for name, command in cli.commands.items():
+        module = name.replace("-", "_")
+        path = ROOT / "minreal" / "app" / "commands" / f"{module}.py"
+        if not path.is_file() or command.callback.__module__ != f"minreal.app.commands.{module}":
+            bad.append(f"{name}: defined in {command.callback.__module__}, expected {path.relative_to(ROOT)}")
+    assert len(cli.commands) > 5 and not bad, bad

@@ -98,7 +98,8 @@ def test_help_shows_common_options_and_points_to_each_methods_own(command: str) 
 def test_compress_writes_program_and_report(workdir: Path) -> None:
     import torch
 
-    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--flops", "0.5", "--calib",
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd",
+                                      "--layer-mac-ratio", "0.5", "--calib",
                                       "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q"])
     assert result.exit_code == 0, result.output
     report = json.loads(Path("r.json").read_text())
@@ -109,10 +110,10 @@ def test_compress_writes_program_and_report(workdir: Path) -> None:
 
 
 def test_option_not_of_method_is_usage_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat", "--eps",
+    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat", "--merge-eps",
                              "0.1"], capsys)
     assert code == 2
-    assert "--eps does not apply to method 'svd'" in err
+    assert "--merge-eps does not apply to method 'svd'" in err
     assert "Traceback" not in err
 
 
@@ -206,7 +207,8 @@ def test_export_without_calibration_refuses_int8(workdir: Path, capsys: pytest.C
 
 
 def test_run_pipeline_and_overwrite_guard(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--flops", "0.5", "--data", "digits-flat",
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd",
+            "--layer-mac-ratio", "0.5", "--data", "digits-flat",
             "--out", "runs/a", "--batch", "1", "-q", *QUICK_BENCH]
     code, _, err = run_main(args, capsys)
     assert code == 0, err
@@ -475,7 +477,7 @@ def test_progress_without_a_terminal_is_one_throttled_line_per_task(capsys: pyte
     injected clock), and always the last, with the elapsed time."""
     import logging
 
-    from minreal.app.cli import ProgressBars
+    from minreal.app.console import ProgressBars
     from minreal.facts import DETAIL_KEY, PROGRESS_KEY
 
     now = [0.0]

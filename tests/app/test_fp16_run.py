@@ -68,7 +68,8 @@ def test_export_fp16_option_errors(workdir: Path, cli: Callable) -> None:
 
 
 def test_run_fp16_on_cpu_benchmarks_and_reports_fp16_rows(workdir: Path, cli: Callable) -> None:
-    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--flops", "0.5", "--data",
+    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd",
+                        "--layer-mac-ratio", "0.5", "--data",
                              "digits-flat", "--out", "runs/f", "--fp16", *QUICK])
     assert code == 0, err
     case, folder = _case("runs/f")
@@ -90,7 +91,8 @@ def test_gpu_provider_asks_for_fp16_rows(workdir: Path, cli: Callable) -> None:
     assert not PipelineConfig().wants_fp16() and PipelineConfig(fp16=True).wants_fp16()
     assert PipelineConfig(providers=("cpu", "cuda")).wants_fp16()
     assert PipelineConfig(providers=("tensorrt",)).wants_fp16()
-    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--flops", "0.5", "--data",
+    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd",
+                        "--layer-mac-ratio", "0.5", "--data",
                              "digits-flat", "--out", "runs/g", "--no-int8", "--providers", "cpu,cuda",
                              "--skip-unavailable-providers", *QUICK])
     assert code == 0, err
@@ -100,7 +102,8 @@ def test_gpu_provider_asks_for_fp16_rows(workdir: Path, cli: Callable) -> None:
 
 
 def test_run_without_gpu_or_fp16_makes_no_fp16(workdir: Path, cli: Callable) -> None:
-    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--flops", "0.5", "--data",
+    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd",
+                        "--layer-mac-ratio", "0.5", "--data",
                              "digits-flat", "--out", "runs/n", "--no-int8", *QUICK])
     assert code == 0, err
     case, folder = _case("runs/n")
@@ -110,7 +113,8 @@ def test_run_without_gpu_or_fp16_makes_no_fp16(workdir: Path, cli: Callable) -> 
 
 
 def test_fp16_that_fails_parity_is_skipped_with_a_warning(workdir: Path, cli: Callable) -> None:
-    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:huge", "-m", "svd", "--flops", "0.5", "--data",
+    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:huge", "-m", "svd",
+                        "--layer-mac-ratio", "0.5", "--data",
                              "digits-flat", "--out", "runs/h", "--no-int8", "--fp16", *QUICK])
     assert code == 0, err
     case, folder = _case("runs/h")

@@ -172,6 +172,8 @@ def _trained(model: nn.Module, teacher: nn.Module, train_set: Dataset, val: Data
     def progress(epoch: int, total: int, metrics: dict) -> None:
         log.info("epoch %d/%d val_loss %.4f", epoch, total, metrics["val_loss"])
 
+    if cfg.epochs == 0:  # the realised network as built (warm: the kept neurons, refit); recovery may follow
+        return model, {"best_epoch": 0, "epochs_run": 0}
     result = train(model, train_set, val, cfg.train_config(), teacher if distill else None, progress=progress)
     return model, {"best_epoch": result.best_epoch, "epochs_run": len(result.history)}
 
@@ -255,8 +257,12 @@ def _layer_reports(model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[s
 def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig) -> tuple[nn.Module, CompressionReport]:
     """Rank every state point by the A/B/C Gramian tests and realise + train a network with the C widths."""
     cfg = config
-    if data.y is None:
-        raise CompressionError("cbalanced trains the realised network: give labelled data (targets y)")
+    if data.y is None and cfg.epochs > 0:
+        raise CompressionError("cbalanced trains the realised network on labels: give labelled data (targets y), "
+                               "or --epochs 0 --init warm (no training; the shared --recover-* distillation from "
+                               "the original needs inputs only)")
+    if cfg.epochs == 0 and cfg.init == "scratch":
+        raise CompressionError("--epochs 0 with --init scratch would ship an untrained network: use --init warm")
     report = CompressionReport("cbalanced", asdict(cfg))
     model.eval()
     train_set, val = data.split(cfg.val_fraction, cfg.seed)

@@ -113,6 +113,22 @@ def test_full_width_warm_start_with_refit_reproduces_the_original(tiny_mlp, mlp_
     torch.testing.assert_close(new(mlp_data.x), tiny_mlp(mlp_data.x), rtol=1e-4, atol=1e-4)
 
 
+def test_unlabelled_data_is_enough_when_nothing_trains(tiny_mlp, mlp_data) -> None:
+    """Gramians need inputs only: with --epochs 0 (warm start, no training) unlabelled data works and gives the
+    very network labelled data gives (labels play no part); training asks for labels, naming the way out."""
+    unlabelled = Dataset(mlp_data.x)
+    cfg = CBalancedConfig(energy_eps=1e-2, epochs=0, init="warm", controls=False, val_fraction=0.2)
+    new, rep = compress(tiny_mlp, unlabelled, "cbalanced", cfg)
+    same, _ = compress(tiny_mlp, mlp_data, "cbalanced", cfg)
+    torch.testing.assert_close(new(mlp_data.x), same(mlp_data.x), rtol=0, atol=0)
+    assert all(v.get("epochs_run", 0) == 0 for v in rep.measured["variants"].values())
+    assert rep.params_after < rep.params_before
+    with pytest.raises(CompressionError, match="--epochs 0 --init warm"):
+        compress(tiny_mlp, unlabelled, "cbalanced", CBalancedConfig(energy_eps=0.0, **FAST))
+    with pytest.raises(CompressionError, match="untrained network"):
+        compress(tiny_mlp, mlp_data, "cbalanced", CBalancedConfig(epochs=0, init="scratch", controls=False))
+
+
 def test_least_squares_refit_beats_copying_the_kept_neurons() -> None:
     """One hidden layer: the refitted output layer is the least-squares optimum on the calibration set."""
     torch.manual_seed(0)

@@ -1,0 +1,110 @@
+"""What several commands share beyond their options: input files and outputs, loading a model with its data,
+the data check's warning, dynamic axes, the torchrun refusal and a run directory's summary."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from minreal.app.console import Console
+
+__all__ = ["case_dynamic_axes", "finish_run", "input_files", "load_inputs", "prepare_outputs", "refuse_torchrun",
+           "warn_data_check"]
+
+def input_files(*specs: str | None) -> list[Path]:
+    """Files named by input specs (a path, or the file of a ``file.py:factory`` spec)."""
+    return [Path(p) for spec in filter(None, specs) for p in {spec, spec.rsplit(":", 1)[0]}]
+
+
+def prepare_outputs(outputs: list[str | Path | None], *inputs: str | None) -> None:
+    """Refuse an output that is one of the inputs or another output; create each output's folder or say why
+    it cannot be. Folders created here and still empty when the command ends (it failed) are removed."""
+    from minreal.app.callables import SpecError
+    from minreal.export.atomic import ensure_distinct, make_dirs, remove_empty_dirs
+
+    outs = [Path(out) for out in filter(None, outputs)]
+    _ensure_distinct_outputs(outs)
+    created: list[Path] = []
+    click.get_current_context().call_on_close(lambda: remove_empty_dirs(created))
+    for out in outs:
+        for path in input_files(*inputs):
+            ensure_distinct(path, out)
+        try:
+            created += make_dirs(out.parent)
+        except OSError as exc:
+            raise SpecError(f"cannot create the folder of output {out}: {exc.strerror or exc}") from None
+        if not os.access(out.parent, os.W_OK):
+            raise SpecError(f"output {out}: folder {out.parent} is not writable")
+
+
+def _ensure_distinct_outputs(outs: list[Path]) -> None:
+    """Two outputs of one command may not be the same file (the second would silently replace the first)."""
+    from minreal.export.errors import SameFileError
+
+    seen: dict[Path, Path] = {}
+    for out in outs:
+        first = seen.setdefault(out.resolve(), out)
+        if first is not out:
+            raise SameFileError(f"outputs {first} and {out} are the same file; give each output its own path")
+
+
+def load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None,
+                holdout: float | None = None, preprocess: Any = None) -> tuple[Any, Any, Any]:
+    """The model (packed for its inputs) and its checked calibration and held-out data (``None`` when nothing is
+    held out)."""
+    from minreal.app.data import load_data
+    from minreal.app.models import checked_dataset, load_model, packed_model
+
+    net = load_model(model, weights=weights, trust_pickle=trust_pickle)
+    loaded = load_data(data, eval_spec=eval_data, preprocess=preprocess,
+                       **({} if holdout is None else {"eval_fraction": holdout}))
+    net = packed_model(net, loaded.calib.x, model)
+    calib = checked_dataset(net, loaded.calib, model, data)
+    held = None if loaded.evaluation is None else checked_dataset(net, loaded.evaluation, model, eval_data or data)
+    return net, calib, held
+
+
+def warn_data_check(check: Any) -> None:
+    """A loud line on stderr when the original scores near chance on the labelled data."""
+    if check.near_chance:
+        allowed = " (--allow-data-mismatch)" if check.allowed else ""
+        click.echo(f"WARNING: data mismatch{allowed}: {check.message()}", err=True)
+
+
+def case_dynamic_axes(given: dict[str, dict[int, str]], calib: Any, held: Any) -> dict[str, dict[int, str]]:
+    """``--dynamic-axes`` plus the axes along which calibration and held-out inputs differ in length."""
+    from minreal.app.shapes import infer_dynamic_axes, merge_axes
+
+    inferred = {} if held is None else infer_dynamic_axes(calib, held)
+    if inferred:
+        logging.getLogger(__name__).info("dynamic axes inferred from differing data lengths: %s", inferred)
+    return merge_axes(inferred, given)
+
+
+def refuse_torchrun(command: str) -> None:
+    """``run``/``tune`` export and time in one process: under torchrun every rank would do it all again."""
+    from minreal.compress.core.distributed import launched_by_torchrun
+
+    if launched_by_torchrun():
+        raise click.UsageError(f"{command} does not run under torchrun (every rank would export and time): "
+                               "compress under torchrun with `minreal compress`, then pass its .pt2 to "
+                               f"`minreal {command}` in one process; tune scales out with --executor ray")
+
+
+def finish_run(con: Console, report: Any, out: str) -> None:
+    """Show a run directory's report: the compact table, recovery and INT8 tables, each case's warnings."""
+    from minreal.app.report import format_compact, format_int8, format_recovery
+
+    con.table(format_compact(report))
+    for table in (format_recovery(report), format_int8(report)):
+        if table:
+            con.table("\n" + table)
+    for case in report.cases:
+        for w in case.warnings:
+            click.echo(f"WARNING [{case.name}] {w}", err=True)
+    con.table(f"\nrun directory: {out} (full table in report.md; report.json, plot.png, ONNX files per case)")
+    con.result(report)

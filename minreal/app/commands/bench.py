@@ -1,0 +1,91 @@
+"""``minreal bench``: ONNX models side by side on ONNX Runtime, ratios against the first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from minreal.app.commands._shared import prepare_outputs
+from minreal.app.console import Console
+from minreal.app.options import (
+    axis_values_option,
+    common,
+    image_options,
+    image_preprocess,
+    provider_options,
+    provider_settings,
+    require_providers,
+    skip_unavailable_option,
+    split_ints,
+    split_names,
+)
+from minreal.app.settings import PipelineConfig
+from minreal.facts import PROVIDERS
+from minreal.runtime_bench.config import BenchConfig
+
+__all__ = ["bench_cmd"]
+
+
+@click.command("bench")
+@click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True,
+              help=f"Comma-separated: {', '.join(PROVIDERS)}.")
+@click.option("--batch", "batch", default=",".join(map(str, PipelineConfig.batch_sizes)), show_default=True,
+              help="Comma-separated batch sizes.")
+@click.option("--data", help="Evaluation data (labels give accuracy); random inputs without it.")
+@click.option("--warmup", type=int, default=BenchConfig.warmup, show_default=True,
+              help="Discarded warm-up runs per model.")
+@click.option("--min-runs", type=int, default=BenchConfig.min_runs, show_default=True, help="Minimum measured runs.")
+@click.option("--min-seconds", type=float, default=BenchConfig.min_seconds, show_default=True,
+              help="Minimum measuring time.")
+@click.option("--repeats", type=int, default=BenchConfig.repeats, show_default=True,
+              help="Fresh processes per provider/batch.")
+@click.option("--threads", type=int, help="Intra-op threads (default: physical cores).")
+@click.option("--out", type=click.Path(dir_okay=False), default="bench.json", show_default=True,
+              help="Report JSON; a Markdown copy is written next to it.")
+@click.option("--axis-values", "axis_values", multiple=True,
+              help="Lengths a dynamic (symbolic) axis is timed at, by its ONNX dimension name, repeatable: "
+                   "seq=32,128; each length is its own latency row. With --data, inputs are cut to each length.")
+@provider_options
+@skip_unavailable_option
+@image_options
+@common
+def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | None, warmup: int,
+              min_runs: int, min_seconds: float, repeats: int, threads: int | None, out: str,
+              axis_values: tuple[str, ...], provider_option: tuple[str, ...], provider_config: str | None,
+              io_binding: bool, skip_unavailable_providers: bool, quiet: bool, as_json: bool, **opts: Any) -> None:
+    """Benchmark ONNX MODELS side by side (ratios vs the first) with ONNX Runtime."""
+    import minreal.runtime_bench as rb
+
+    con = Console(quiet, as_json)
+    preprocess = image_preprocess(opts)
+    from minreal.app.data import require_image_folder
+
+    require_image_folder(preprocess, data)
+    settings = provider_settings(provider_option, provider_config, split_names(providers))
+    if io_binding and not set(split_names(providers)) - {"cpu"}:
+        click.echo("WARNING: --io-binding applies to GPU providers (cuda, tensorrt); --providers has none", err=True)
+    require_providers(split_names(providers), skip_unavailable_providers)  # fail fast, before any loading
+    prepare_outputs([out, Path(out).with_suffix(".md")], *models, data)
+    x = y = None
+    if data:
+        from minreal.app.data import load_dataset
+        from minreal.export.verify import feeds_of
+
+        # the user's evaluation data, all of it (named inputs keyed by graph input)
+        held = load_dataset(data, preprocess=preprocess)
+        x = feeds_of(held.x)
+        y = None if held.y is None else held.y.numpy()
+    cfg = rb.BenchConfig(providers=split_names(providers), batch_sizes=split_ints(batch, "--batch"),
+                         warmup=warmup, min_runs=min_runs, min_seconds=min_seconds, repeats=repeats,
+                         intra_op_threads=threads, axis_values=axis_values_option(axis_values),
+                         provider_settings=settings, io_binding=io_binding)
+    entries = [rb.ModelEntry(Path(m).stem, Path(m)) for m in models]
+    report = rb.run_benchmark(entries, cfg, x, y, progress=con.progress,
+                              fail_on_unavailable=not skip_unavailable_providers)
+    rb.write_json(report, Path(out))
+    rb.write_markdown(report, Path(out).with_suffix(".md"))
+    con.table(rb.format_table(report))
+    con.result(report)

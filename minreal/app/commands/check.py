@@ -1,0 +1,69 @@
+"""``minreal check``: the release gate over a bench, run or tune report (exit 0 when every criterion
+holds, 1 otherwise)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from minreal.app.console import Console
+from minreal.app.errors import FAIL_EXIT
+from minreal.app.options import common
+
+__all__ = ["check_cmd"]
+
+
+@click.command("check")
+@click.argument("report", type=click.Path(dir_okay=False))
+@click.option("--max-latency-ratio", type=float, help="Highest allowed latency ratio vs the first model.")
+@click.option("--max-accuracy-drop", type=float, help="Highest allowed accuracy drop, percentage points.")
+@click.option("--min-agreement", type=float, help="Lowest allowed top-1 agreement with the first model (0-1).")
+@click.option("--baseline", type=click.Path(dir_okay=False), help="Earlier report to compare latencies with.")
+@click.option("--max-regression", type=float,
+              help="Highest allowed latency regression vs --baseline, percent; a cell fails only when it is also "
+                   "beyond the measured noise (the two runs' per-process p50 ranges do not overlap).")
+@click.option("--allow-new-models", is_flag=True,
+              help="Let (model, provider, batch) cells absent from --baseline pass (they fail otherwise).")
+@click.option("--min-on-provider", type=float,
+              help="Lowest allowed share (0-1) of each model's nodes that ran on its requested provider (read from "
+                   "ONNX Runtime's profile); a failure names the nodes that fell back.")
+@click.option("--allow-hardware-mismatch", is_flag=True,
+              help="Let --baseline come from another CPU or GPU model (a warning; it fails otherwise).")
+@click.option("--max-int8-drop", type=float,
+              help="Highest allowed accuracy drop of each INT8 file against its own fp32 source (NAME.int8 vs NAME), "
+                   "percentage points: the loss quantisation alone causes.")
+@common
+def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: float | None,
+              min_agreement: float | None, baseline: str | None, max_regression: float | None,
+              allow_new_models: bool, min_on_provider: float | None, allow_hardware_mismatch: bool,
+              max_int8_drop: float | None, quiet: bool, as_json: bool) -> None:
+    """Release gate: exit 0 when every criterion holds for REPORT, 1 otherwise.
+
+    REPORT is a `minreal bench` JSON, a run directory's report.json (every case is checked) or a tune directory's
+    report.json (the chosen model, as `chosen`, against the original; a tune that chose nothing fails).
+    """
+    from minreal.app.gate import check_reports
+
+    con = Console(quiet, as_json)
+    if all(v is None for v in (max_latency_ratio, max_accuracy_drop, min_agreement, max_regression, min_on_provider,
+                                max_int8_drop)):
+        raise click.UsageError("give at least one criterion (--max-latency-ratio, --max-accuracy-drop, "
+                               "--min-agreement, --max-regression, --min-on-provider, --max-int8-drop); a gate "
+                               "with none would always pass")
+    results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
+                            max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
+                            allow_hardware_mismatch, max_int8_drop)
+    passed = all(r.passed for _, r in results)
+    import minreal.runtime_bench as rb
+
+    for name, res in results:
+        con.table(f"[{name}]\n{rb.format_check(res)}")
+    con.result({"passed": passed, "reports": {n: r for n, r in results}})
+    if not passed:
+        from minreal.runtime_bench.check import describe_criterion
+
+        failed = [f"{n}: {describe_criterion(c)}" for n, r in results for c in r.criteria if not c.passed]
+        click.echo("FAILED " + "; ".join(failed), err=True)
+        sys.exit(FAIL_EXIT)

@@ -1,0 +1,146 @@
+"""``minreal compress``: one method on one model, saved as a torch.export program with its report (under
+torchrun, every rank shares the statistics and the recovery; rank 0 writes)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import click
+
+from minreal.app.commands._shared import load_inputs, prepare_outputs, warn_data_check
+from minreal.app.console import Console
+from minreal.app.options import (
+    MethodCommand,
+    common,
+    image_options,
+    image_preprocess,
+    method_choice,
+    method_options,
+    recovery_config,
+    recovery_options,
+    shape_options,
+)
+from minreal.app.settings import HOLDOUT_FRACTION
+from minreal.facts import PROVIDERS
+from minreal.runtime_bench.config import BenchConfig
+
+__all__ = ["compress_cmd"]
+
+
+@click.command("compress", cls=MethodCommand)
+@click.argument("model")
+@click.option("--method", "-m", type=method_choice(), required=True, help="Registered compression method.")
+@click.option("--calib", "data", required=True, help="Calibration (and, for methods that train, training) data.")
+@click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
+@click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
+@click.option("--out", "out", type=click.Path(dir_okay=False), default="compressed.pt2", show_default=True,
+              help="Compressed model as a torch.export program (.pt2).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
+@click.option("--target-provider", type=click.Choice(list(PROVIDERS)), default=BenchConfig.providers[0],
+              show_default=True, help="Provider the model is for; sets the defaults of --rank-multiple (cpu 16, "
+                   "GPU 8), --width-multiple (cpu 16, GPU 8) and --width-min (cpu 16, GPU 0).")
+@click.option("--calib-holdout", "holdout", type=click.FloatRange(0.0, 1.0, max_open=True), default=HOLDOUT_FRACTION,
+              show_default=True, metavar="FRACTION",
+              help="Share of --calib held out (seeded) to measure the compressed model on (report: "
+                   "measured.held_out); 0 calibrates on all of --calib and makes no held-out measurement.")
+@click.option("--dynamic-axes", "dynamic_axes", multiple=True,
+              help="Dynamic axes of one input kept by the .pt2 program, in order ('_' = fixed), repeatable: "
+                   "input_ids:batch,seq.")
+@click.option("--distributed", is_flag=True,
+              help="Share the statistics passes and the recovery across the ranks of a torchrun launch (gloo on "
+                   "CPU, NCCL on GPU; automatic under torchrun); rank 0 writes the outputs.")
+@image_options
+@recovery_options
+@method_options
+@common
+def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
+                 report_path: str | None, target_provider: str, holdout: float, dynamic_axes: tuple[str, ...],
+                 distributed: bool, quiet: bool, as_json: bool,
+                 **opts: Any) -> None:
+    """Compress MODEL with one method and save it as a torch.export program.
+
+    Under ``torchrun`` (or with ``--distributed``) every rank runs this command: the statistics passes and the
+    recovery share the calibration data by rank, and rank 0 alone writes the program and the report.
+    """
+
+    from minreal.compress.core.distributed import is_writer, launched_by_torchrun, process_group
+
+    if distributed and not launched_by_torchrun():
+        raise click.UsageError("--distributed needs the torch.distributed environment (RANK, WORLD_SIZE, "
+                               "MASTER_ADDR, MASTER_PORT): start with torchrun --nproc-per-node N -m "
+                               "minreal.app.cli compress ...")
+    # the model stays on the CPU (statistics and recovery run there), so the collectives do too: gloo
+    group = process_group(backend="gloo") if launched_by_torchrun() else contextlib.nullcontext()
+    with group:
+        writer = is_writer()
+        _compress(model, method, data, weights, trust_pickle, out, report_path, target_provider, holdout,
+                  dynamic_axes, Console(quiet or not writer, as_json and writer), writer, opts)
+
+
+def _compress(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
+              report_path: str | None, target_provider: str, holdout: float, dynamic_axes: tuple[str, ...],
+              con: Console, writer: bool, opts: dict[str, Any]) -> None:
+    """The work of :func:`compress_cmd` on one rank; ``writer`` (rank 0, or a single process) writes the outputs."""
+    from minreal.app.method_options import build_config, provider_defaults
+    from minreal.app.mismatch import check_data
+    from minreal.compress import compress
+    from minreal.export.json_safe import write_json
+    from minreal.export.serialize import save_program
+
+    if writer:  # folders the outputs need are made (and removed again on failure) by the writing rank alone
+        prepare_outputs([out, report_path], model, weights, data)
+    preprocess = image_preprocess(opts)
+    recovery = recovery_config(opts, target_provider)
+    if recovery is not None and recovery.int8:
+        raise click.UsageError("compress --recover-int8 would train INT8 ranges that no later command can use; "
+                               "use `minreal run ... --recover-int8`, whose INT8 export writes them")
+    config = build_config(method, opts, provider_defaults((target_provider,)))
+    net, calib, held = load_inputs(model, weights, trust_pickle, data, None, holdout, preprocess)
+    check = check_data(net, {"evaluation": held, "calibration": calib})  # compress warns; run and tune stop
+    if writer:
+        warn_data_check(check)
+    held = held if held is not None and len(held) else None
+    con.progress(_calib_line(len(calib), held, holdout))
+    con.progress(f"compressing {model} with {method}")
+    small, report = compress(net, calib, method, config, recovery, held, measure=held is None)
+    _record_held_out(report, net, small, calib, held, holdout)
+    report.measured["data_check"] = asdict(check)
+    if not writer:  # another rank of a torchrun launch: rank 0 writes
+        return
+    save_program(small, calib.x[:2], Path(out), dynamic_axes=shape_options((), dynamic_axes)[1])
+    if report_path:
+        write_json(report, Path(report_path))
+    con.table(f"params {report.params_before} -> {report.params_after} ({report.param_ratio:.3f}), "
+              f"MACs {report.macs_before} -> {report.macs_after} ({report.mac_ratio:.3f}); saved {out}")
+    if "held_out_recovered" in report.measured:
+        zero, rec = report.measured["held_out_zero_shot"], report.measured["held_out_recovered"]
+        con.table("held out: " + "; ".join(f"{k} zero-shot {zero[k]:.4g} -> recovered {rec[k]:.4g}"
+                                           for k in rec if k in zero))
+    con.result(report)
+
+
+def _calib_line(calib_samples: int, held: Any, holdout: float) -> str:
+    """Progress line saying how --calib was used (nothing is held out silently)."""
+    if held is None:
+        return f"calibrating on all {calib_samples} samples of --calib (--calib-holdout 0: no held-out measurement)"
+    return (f"calibrating on {calib_samples} samples of --calib; {len(held)} ({holdout:.0%}, --calib-holdout) "
+            "held out to measure the compressed model")
+
+
+def _record_held_out(report: Any, net: Any, small: Any, calib: Any, held: Any, holdout: float) -> None:
+    """``report.measured["held_out"]``: the compressed model against the original on the held-out samples,
+    or None (with a note) when ``--calib-holdout 0`` held nothing out."""
+    from minreal.compress.core.evaluate import compare_outputs
+
+    if held is None:
+        report.measured["held_out"] = None
+        why = "--calib-holdout 0" if not holdout else f"--calib-holdout {holdout:g} of them rounds to no sample"
+        report.notes.append(f"no held-out measurement ({why}): all {len(calib)} samples of --calib were calibration "
+                            "data, and the models are compared on them")
+        return
+    report.measured["held_out"] = {"samples": len(held), **compare_outputs(net, small, held)}
+    report.notes.append(f"{len(held)} samples ({holdout:.0%} of --calib, seeded) held out for measured.held_out; "
+                        f"calibrated on the other {len(calib)}, on which the models are not compared again")

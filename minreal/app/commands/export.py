@@ -1,0 +1,87 @@
+"""``minreal export``: one model to ONNX (dynamic batch), simplified and checked for parity, with optional
+INT8 and FP16 copies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from minreal.app.commands._shared import prepare_outputs
+from minreal.app.console import Console
+from minreal.app.options import (
+    QUANT_TARGET_HELP,
+    common,
+    fixed_shapes_option,
+    fixed_shapes_spec,
+    image_options,
+    image_preprocess,
+    shape_options,
+)
+from minreal.export.settings import QUANT_MODES, QUANT_TARGETS, VariantConfig
+
+__all__ = ["export_cmd"]
+
+
+@click.command("export")
+@click.argument("model")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Destination .onnx file.")
+@click.option("--data", help="Data for the example input, parity check and INT8 calibration.")
+@click.option("--input-shape", "input_shape", multiple=True,
+              help="Per-sample input shape, e.g. 3,224,224 (random example; no --data); for several inputs, each "
+                   "named with batch and dtype, repeatable: input_ids:1x128:int64.")
+@click.option("--dynamic-axes", "dynamic_axes", multiple=True,
+              help="Dynamic axes of one input, in order ('_' = fixed), repeatable: input_ids:batch,seq. The batch "
+                   "is always dynamic.")
+@click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
+@click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
+@click.option("--opset", type=int, default=VariantConfig.opset, show_default=True, help="ONNX opset (>= 17).")
+@click.option("--rtol", type=float, default=VariantConfig.rtol, show_default=True, help="Parity relative tolerance.")
+@click.option("--atol", type=float, default=VariantConfig.atol, show_default=True, help="Parity absolute tolerance.")
+@click.option("--int8", is_flag=True, help="Also write OUT with suffix .int8.onnx (static QDQ by default).")
+@click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=VariantConfig.quant_target,
+              show_default=True, help=QUANT_TARGET_HELP)
+@click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=VariantConfig.quant_mode, show_default=True)
+@click.option("--allow-random-calibration", is_flag=True, help="Calibrate INT8 on random data (not advised).")
+@click.option("--int8-keep-roundtrips", is_flag=True,
+              help="Keep ONNX Runtime's Q/DQ placement around ops the CPU runs in float (by default such nodes are "
+                   "left in float when that removes Q/DQ pairs; one more quantisation pass).")
+@click.option("--fp16", is_flag=True, help="Also write OUT with suffix .fp16.onnx (fp32 inputs/outputs), checked "
+                                           "against OUT at float16 tolerances.")
+@click.option("--fp16-io", is_flag=True, help="With --fp16: float16 inputs and outputs instead.")
+@fixed_shapes_option
+@image_options
+@common
+def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, ...], dynamic_axes: tuple[str, ...],
+               weights: str | None, trust_pickle: bool, opset: int,
+               rtol: float, atol: float, int8: bool, quant_target: str, quant_mode: str,
+               allow_random_calibration: bool, int8_keep_roundtrips: bool, fp16: bool, fp16_io: bool,
+               fixed_shapes: str | None, quiet: bool, as_json: bool, **image: Any) -> None:
+    """Export MODEL to ONNX (dynamic batch), simplify, verify parity, optionally quantise to INT8 and write FP16."""
+    from minreal.app.single import ExportOptions, export_single
+    from minreal.export.fp16 import Fp16Config, fp16_path
+    from minreal.export.mobile import mobile_verdict
+
+    if fp16_io and not fp16:
+        raise click.UsageError("--fp16-io applies to the FP16 copy: add --fp16")
+    if fp16 and fixed_shapes:
+        raise click.UsageError("--fp16 checks parity at two batch sizes, which a --fixed-shapes file cannot take; "
+                               "drop one of them")
+    con = Console(quiet, as_json)
+    opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol, quant_target=quant_target,
+                                       quant_mode=quant_mode, allow_random_calibration=allow_random_calibration,
+                                       fixed_shapes=fixed_shapes_spec(fixed_shapes),
+                                       drop_roundtrips=not int8_keep_roundtrips),
+                         int8=int8, fp16=Fp16Config(keep_io_types=not fp16_io) if fp16 else None,
+                         preprocess=image_preprocess(image))
+    shape, axes = shape_options(input_shape, dynamic_axes)
+    prepare_outputs([out, Path(out).with_name(Path(out).stem + ".int8.onnx") if int8 else None,
+                     fp16_path(out) if fp16 else None], model, weights, data)
+    result = export_single(model, Path(out), data, weights, trust_pickle, opts, con.progress, shape, axes)
+    con.table(f"wrote {out} ({result.onnx_bytes} bytes, exporter {result.export['exporter']}); parity ok")
+    if result.fp16:
+        con.table(f"wrote {fp16_path(out)} ({result.fp16['size_fp16_bytes']} bytes); FP16 parity "
+                  f"{result.fp16['parity']['status']}")
+    con.table(mobile_verdict(result.mobile))
+    con.result(result)

@@ -1,0 +1,84 @@
+"""``minreal latency-table``: latencies measured on a provider, per factorisable layer (``--kind rank``)
+or per channel-group width (``--kind width``), for the latency-aware budgets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from minreal.app.commands._shared import prepare_outputs
+from minreal.app.console import Console
+from minreal.app.options import common, split_ints
+from minreal.facts import PROVIDERS
+from minreal.runtime_bench.config import BenchConfig
+
+__all__ = ["latency_table_cmd"]
+
+
+@click.command("latency-table")
+@click.argument("model")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Destination JSON table.")
+@click.option("--kind", type=click.Choice(["rank", "width"]), default="rank", show_default=True,
+              help="rank: per-layer factorised pairs (factorize --latency); width: the whole model with each channel "
+                   "group segment narrowed (--latency-ratio of the width methods).")
+@click.option("--data", help="Data for the example input.")
+@click.option("--input-shape", help="Per-sample input shape, e.g. 3,224,224 (random example; no --data).")
+@click.option("--batch", type=int, default=1, show_default=True, help="Batch size the latencies are measured at.")
+@click.option("--provider", default=BenchConfig.providers[0], show_default=True,
+              help=f"Provider to measure on: {', '.join(PROVIDERS)}.")
+@click.option("--ranks-per-layer", type=int, default=6, show_default=True,
+              help="Ranks measured per layer (--kind rank).")
+@click.option("--width-multiple", type=click.IntRange(min=1), default=None,
+              help="Widths measured in steps of this many channels (--kind width); default the provider's fast "
+                   "multiple, as the width methods use it (cpu 16, GPU 8).")
+@click.option("--width-min", type=click.IntRange(min=0), default=None,
+              help="No width measured below this many channels (--kind width); default the provider's, as the width "
+                   "methods use it (cpu 16, GPU 0). A table serves allocations whose --width-min is at least its own.")
+@click.option("--int8", is_flag=True,
+              help="Time each variant's INT8 file (static QDQ in this CPU's format, calibrated on the example batch) "
+                   "for a model that will run in INT8 (--kind width, cpu provider): int8 kernels favour other widths.")
+@click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
+@common
+def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_shape: str | None, batch: int,
+                      provider: str, ranks_per_layer: int, width_multiple: int | None, width_min: int | None,
+                      int8: bool, weights: str | None, quiet: bool, as_json: bool) -> None:
+    """Measure latencies on a provider: per factorisable layer for `compress -m factorize --latency` (--kind rank),
+    or per channel-group width for the width methods' --latency-ratio (--kind width)."""
+    if int8 and (kind != "width" or provider != "cpu"):
+        raise click.UsageError("--int8 measures a width table on the cpu provider: pass --kind width --provider cpu")
+    import torch
+
+    from minreal.app.callables import SpecError
+    from minreal.app.data import load_dataset
+    from minreal.app.models import check_input_shape, load_model
+    from minreal.export.latency_table import build_latency_table, build_width_latency_table
+
+    con = Console(quiet, as_json)
+    prepare_outputs([out], model, weights, data)
+    net = load_model(model, weights=weights)
+    if data:
+        x = load_dataset(data).x[:batch]
+    elif input_shape:
+        x = torch.randn(batch, *split_ints(input_shape, "--input-shape"))
+    else:
+        raise SpecError("latency-table needs an example input: pass --data SPEC or --input-shape C,H,W")
+    check_input_shape(net, x, model)
+    if kind == "width":
+        from minreal.compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER
+
+        width_multiple = width_multiple or WIDTH_MULTIPLE_BY_PROVIDER.get(provider, 8)
+        width_min = WIDTH_MIN_BY_PROVIDER.get(provider, 0) if width_min is None else width_min
+        precision = "int8" if int8 else "fp32"
+        con.progress(f"timing {model} with each channel-group segment narrowed on {provider} (whole-model exports, "
+                     f"{precision})")
+        table = build_width_latency_table(net, x, provider, width_multiple, out_path=Path(out),
+                                          progress=con.progress, precision=precision, minimum=width_min)
+        widths = sum(len(e["widths"]) - 1 for e in table["segments"].values())
+        con.table(f"wrote {out} ({len(table['segments'])} segments, {widths} narrower widths on {provider}; "
+                  f"whole model {table['model_ms']:.3f} ms at batch {table['batch']})")
+    else:
+        con.progress(f"timing the factorisable layers of {model} on {provider}")
+        table = build_latency_table(net, x, provider, ranks_per_layer, out_path=Path(out))
+        con.table(f"wrote {out} ({len(table['layers'])} layers on {provider})")
+    con.result(table)

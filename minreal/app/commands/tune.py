@@ -1,0 +1,225 @@
+"""``minreal tune``: search methods and budgets for the fastest deployable model within a quality budget,
+measured on the target runtime (local worker processes or a Ray cluster)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import click
+
+from minreal.app.commands._shared import (
+    case_dynamic_axes,
+    input_files,
+    load_inputs,
+    refuse_torchrun,
+    warn_data_check,
+)
+from minreal.app.console import Console
+from minreal.app.options import (
+    QUANT_TARGET_HELP,
+    common,
+    image_options,
+    image_preprocess,
+    mismatch_option,
+    require_providers,
+    shape_options,
+    split_ints,
+    split_names,
+)
+from minreal.export.settings import QUANT_TARGETS
+from minreal.facts import PROVIDERS
+
+__all__ = ["tune_cmd"]
+
+
+@click.command("tune")
+@click.argument("model")
+@click.option("--data", required=True, help="Calibration/training data (methods and recovery see only this).")
+@click.option("--eval-data", help="Held-out data every candidate is judged on (default: a split of --data).")
+@click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
+@click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
+@click.option("--out", default="runs/tune", show_default=True, type=click.Path(file_okay=False),
+              help="Tune directory (must not exist unless --overwrite).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing run or tune directory.")
+@click.option("--providers", default="cpu", show_default=True, help=f"Comma-separated: {', '.join(PROVIDERS)}.")
+@click.option("--batch", default="1", show_default=True,
+              help="Comma-separated batch sizes; the first (provider, batch) decides the choice.")
+@click.option("--max-accuracy-drop", type=float, metavar="PP",
+              help="Largest allowed accuracy drop vs the original, in percentage points (0.5 = half a point), as in "
+                   "`minreal check`.")
+@click.option("--min-agreement", type=float, metavar="FRACTION",
+              help="Lowest allowed top-1 agreement with the original (0-1), as in `minreal check`.")
+@click.option("--max-mse-increase", type=float, metavar="VALUE", help="Largest allowed MSE increase (regressors).")
+@click.option("--objective", type=click.Choice(["latency", "size"]), default="latency", show_default=True,
+              help="What the chosen model minimises among those that meet the constraint.")
+@click.option("--time-budget", metavar="DURATION",
+              help="Start no candidate after this (e.g. 90s, 20m); checked before every one.")
+@click.option("--stats-samples", type=click.IntRange(min=0), default=1024, show_default=True, metavar="N",
+              help="Calibration samples the methods' statistics see (a seeded subsample; 0: all). Recovery and the "
+                   "judgement use all the data.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the search plan and its estimated time (from a short probe of the model) and stop.")
+@click.option("--methods", help="Comma-separated methods to search (default: every method with a MAC budget, or none "
+                                "when --plan is given).")
+@click.option("--plan", type=click.Path(dir_okay=False),
+              help="TOML plan file whose variants (e.g. chains: width then factorise) are candidates as they are.")
+@click.option("--grid", help="Comma-separated MAC ratios to search (default 0.9,0.8,...,0.2).")
+@click.option("--recover-epochs", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Recovery cap: every method is bisected without recovery, then the budgets just below each "
+                   "boundary race with up to this many epochs (successive halving: 1/9, 1/3, all of it).")
+@click.option("--no-int8", is_flag=True, help="fp32 candidates only (the original's INT8 is then no baseline).")
+@click.option("--no-qat", is_flag=True, help="No quantisation-aware recovery candidates.")
+@click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=QUANT_TARGETS[0], show_default=True,
+              help=QUANT_TARGET_HELP)
+@click.option("--screen-seconds", type=click.FloatRange(min=0), default=None,
+              help="Timing window per model of the screening pass (short protocol, one process).")
+@click.option("--min-seconds", type=click.FloatRange(min=0), default=None,
+              help="Timing window per model of the confirmation (release protocol).")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Fresh processes per (provider, batch) in the confirmation.")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Candidate cache (default: $XDG_CACHE_HOME/minreal/tune or ~/.cache/minreal/tune). With "
+                   "--executor ray it must be shared storage every node mounts at the same path.")
+@click.option("--workers", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Local worker processes evaluating candidates (--executor local); 0 evaluates them in this "
+                   "process.")
+@click.option("--executor", "executor_kind", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where candidates run: local processes, or Ray tasks on a cluster (pip install 'minreal[ray]'; "
+                   "minreal on every node; --cache-dir and relative input paths on shared storage).")
+@click.option("--address", help="Ray cluster to join with --executor ray: auto (default) or the head's HOST:PORT.")
+@click.option("--bench-resource", metavar="NAME",
+              help="Ray custom resource of the target-hardware nodes: benchmarks run only on such a node, started "
+                   "with `ray start --resources '{\"NAME\": 1}'` (default minreal_bench; --executor ray).")
+@click.option("--dynamic-axes", "dynamic_axes", multiple=True,
+              help="Dynamic axes of one input, in order ('_' = fixed), repeatable: input_ids:batch,seq.")
+@image_options
+@mismatch_option
+@common
+def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, trust_pickle: bool, out: str,
+             overwrite: bool, providers: str, batch: str, max_accuracy_drop: float | None, min_agreement: float | None,
+             max_mse_increase: float | None, objective: str, time_budget: str | None, methods: str | None,
+             plan: str | None, grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool, quant_target: str,
+             screen_seconds: float | None, min_seconds: float | None, repeats: int | None, cache_dir: str | None,
+             workers: int, executor_kind: str, address: str | None, bench_resource: str | None,
+             dynamic_axes: tuple[str, ...], stats_samples: int, dry_run: bool, quiet: bool, as_json: bool,
+             **opts: Any) -> None:
+    """Find the fastest deployable model within a quality budget, measured on the target runtime, against the
+    original in fp32 and INT8. Writes report.json/.md, front.png and chosen.onnx (chosen.pt2) into --out."""
+    import dataclasses
+
+    batch_sizes = split_ints(batch, "--batch")  # option errors before the heavy imports below
+    grid_values = tuple(_split_floats(grid, "--grid")) if grid else None
+
+    from minreal.app.tune import CONFIRM, SCREEN, Constraint, TuneConfig, TuneError, parse_duration  # torch-free
+
+    con = Console(quiet, as_json)
+    preprocess, allow_mismatch = image_preprocess(opts), opts.pop("allow_data_mismatch")
+    screen = {"min_seconds": screen_seconds} if screen_seconds is not None else {}
+    confirm = {k: v for k, v in (("min_seconds", min_seconds), ("repeats", repeats)) if v is not None}
+    try:  # the options' errors are usage errors, told before any heavy import
+        cfg = TuneConfig(Constraint(max_accuracy_drop, min_agreement, max_mse_increase),
+                         providers=split_names(providers), batch_sizes=batch_sizes,
+                         objective=objective, methods=split_names(methods or ""),
+                         grid=TuneConfig.grid if grid_values is None else grid_values,
+                         recover_epochs=recover_epochs, int8=not no_int8, qat=not no_qat, quant_target=quant_target,
+                         time_budget_s=parse_duration(time_budget) if time_budget else None,
+                         screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),
+                         workers=workers, dynamic_axes=shape_options((), dynamic_axes)[1] if dynamic_axes else {},
+                         stats_samples=stats_samples)
+    except TuneError as exc:
+        raise click.UsageError(str(exc)) from None
+    refuse_torchrun("tune")
+    from minreal.app.mismatch import check_data, require_match
+    from minreal.app.pipeline import claim_run_dir, commit_run_dir
+    from minreal.app.tune import SpecSource, tune
+    from minreal.app.tune.output import format_tune, write_tune_dir
+
+    if plan:
+        from minreal.app.method_options import provider_defaults
+        from minreal.app.plan import load_plan
+
+        cfg = dataclasses.replace(cfg, plan=tuple(load_plan(plan, provider_defaults(cfg.providers))))
+    require_providers(cfg.providers, False)
+    remote = executor_kind == "ray"
+    cache = Path(cache_dir) if cache_dir else _default_cache()
+    cache = cache.resolve() if remote else cache  # the same folder for workers whatever their working directory
+    _check_executor_options(executor_kind, address, bench_resource)  # before any work: Ray may be absent
+    if dry_run:
+        _tune_dry_run(con, model, weights, trust_pickle, data, eval_data, preprocess, cfg)
+        return
+    with claim_run_dir(Path(out), overwrite, input_files(model, weights, data, eval_data, plan)) as claim:
+        net, calib, held = load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
+        check = require_match(check_data(net, {"evaluation": held, "calibration": calib}), allow_mismatch)
+        warn_data_check(check)
+        source = SpecSource(model, data, eval_data, weights, trust_pickle, preprocess) if workers or remote else None
+        cfg = dataclasses.replace(cfg, dynamic_axes=case_dynamic_axes(cfg.dynamic_axes, calib.x,
+                                                                      held.x if held else None))
+        executor = _tune_executor(executor_kind, workers, address, bench_resource)
+        report = tune(net, calib, held, cfg, claim.staging, cache, source, executor, con.progress)
+        executor.close()
+        report.reference["data_check"] = asdict(check)
+        report.notes += [f"--allow-data-mismatch: {check.message()}"] if check.allowed else []
+        write_tune_dir(report, claim.staging)
+        commit_run_dir(claim)
+    con.table(format_tune(report))
+    files = "report.md, report.json, front.png" + (", chosen.onnx" if report.chosen else "")
+    con.table(f"\ntune directory: {out} ({files}; candidate cache {cache})")
+    con.result(json.loads((Path(out) / "report.json").read_text()))  # paths relative to the tune directory
+
+
+def _tune_dry_run(con: Any, model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None,
+                  preprocess: Any, cfg: Any) -> None:
+    """`tune --dry-run`: the plan and its estimated time; nothing is written."""
+    from minreal.app.tune import default_methods
+    from minreal.app.tune.dryrun import estimate_plan, probe_model
+
+    net, calib, held = load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
+    methods = cfg.methods or (() if cfg.plan else default_methods())
+    est = estimate_plan(cfg, methods, len(calib), len(held) if held is not None else 0, probe_model(net, calib))
+    con.table("\n".join(["tune plan (dry run: nothing is compressed or written)", *[f"- {line}" for line in est.lines],
+                         "estimated time: " + ", ".join(f"{k} {v:.0f} s" for k, v in est.seconds.items())
+                         + f"; total about {est.total / 60:.1f} min"]))
+    con.result({"dry_run": True, "plan": est.lines, "estimated_s": {k: round(v, 1) for k, v in est.seconds.items()},
+                "estimated_total_s": round(est.total, 1)})
+
+
+def _check_executor_options(kind: str, address: str | None, bench_resource: str | None) -> None:
+    """Refuse options of the other executor, and --executor ray without Ray installed."""
+    from minreal.app.tune.executor import require_ray
+
+    if kind == "local" and (address or bench_resource):
+        raise click.UsageError("--address and --bench-resource are options of --executor ray")
+    if kind == "ray":
+        if click.get_current_context().get_parameter_source("workers") is not click.core.ParameterSource.DEFAULT:
+            raise click.UsageError("--workers is for --executor local; with --executor ray the cluster's CPUs decide "
+                                   "how many candidates run at once")
+        require_ray()
+
+
+def _tune_executor(kind: str, workers: int, address: str | None, bench_resource: str | None) -> Any:
+    """The executor of `minreal tune`: local processes (``--workers``; 0: this process) or a Ray cluster."""
+    from minreal.app.tune import InlineExecutor, ProcessExecutor
+    from minreal.app.tune.executor import BENCH_RESOURCE, RayExecutor
+
+    if kind == "ray":
+        return RayExecutor(address or "auto", bench_resource or BENCH_RESOURCE)
+    return ProcessExecutor(workers) if workers else InlineExecutor()
+
+
+def _default_cache() -> Path:
+    """``$XDG_CACHE_HOME/minreal/tune``, or ``~/.cache/minreal/tune``."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "minreal" / "tune"
+
+
+def _split_floats(text: str, flag: str) -> list[float]:
+    """The numbers of a comma-separated option value (``--grid 0.9,0.5``); otherwise a usage error."""
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, got {text!r}", param_hint=flag) from None

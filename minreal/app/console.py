@@ -1,0 +1,127 @@
+"""The command line's console: progress bars and lines on stderr, tables on stdout, ``--json`` documents, and
+the logging set-up that routes the library's progress records to them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+import click
+
+from minreal.facts import DETAIL_KEY, PROGRESS_KEY  # compress and runtime_bench log with this key
+
+__all__ = ["LIBRARY_LOGGERS", "Console", "ProgressBars", "plain", "setup_logging"]
+
+LIBRARY_LOGGERS = ("minreal.compress", "minreal.runtime_bench", "minreal.export")
+
+
+class ProgressBars(logging.Handler):
+    """Draws the library's progress log records as tqdm bars on stderr (one bar per task); where stderr is not a
+    terminal (a log file, CI), one line per task at most every :data:`LINE_EVERY_S` seconds and at its end, with
+    the elapsed time."""
+
+    LINE_EVERY_S = 10.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(logging.INFO)
+        self.bars: dict[str, Any] = {}
+        self.clock = clock
+        self.lines: dict[str, tuple[float, float, int]] = {}  # task -> (started, last line, done)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        info = getattr(record, PROGRESS_KEY, None)
+        if info is None:
+            return
+        detail = getattr(record, DETAIL_KEY, "")
+        if not sys.stderr.isatty():
+            self._line(*info, detail)
+            return
+        from tqdm import tqdm
+
+        task, done, total = info
+        if detail:
+            tqdm.write(f"· {task}: {done}/{total}: {detail}", file=sys.stderr)
+        bar = self.bars.get(task)
+        if bar is None or done <= bar.n:
+            if bar is not None:
+                bar.close()
+            bar = self.bars[task] = tqdm(total=total, desc=task, leave=False, file=sys.stderr, disable=None)
+        bar.update(done - bar.n)
+        if done >= total:
+            self.bars.pop(task).close()
+
+    def _line(self, task: str, done: int, total: int, detail: str = "") -> None:
+        """``· task: done/total (elapsed s)``, throttled per task; the last one, and one with a detail (an epoch's
+        losses), always."""
+        now = self.clock()
+        started, last, before = self.lines.get(task, (now, -math.inf, -1))
+        if done < before:  # the task began again (e.g. after an error): its own clock
+            started, last = now, -math.inf
+        if done < total and not detail and now - last < self.LINE_EVERY_S:
+            self.lines[task] = (started, last, done)
+            return
+        click.echo(f"· {task}: {done}/{total}: {detail}" if detail
+                   else f"· {task}: {done}/{total} ({now - started:.0f} s)",
+                   err=True)
+        if done >= total:
+            self.lines.pop(task, None)
+        else:
+            self.lines[task] = (started, now, done)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+        self.bars.clear()
+        self.lines.clear()
+        super().close()
+
+
+class Console:
+    """Where the CLI talks: progress and tables on stderr/stdout, or one JSON document with ``--json``."""
+
+    def __init__(self, quiet: bool, as_json: bool) -> None:
+        self.quiet, self.as_json = quiet, as_json
+        root = logging.getLogger()
+        for old in [h for h in root.handlers if isinstance(h, ProgressBars)]:
+            root.removeHandler(old)
+            old.close()
+        if not quiet:
+            root.addHandler(ProgressBars())
+            for name in LIBRARY_LOGGERS:
+                logging.getLogger(name).setLevel(logging.INFO)
+
+    def progress(self, msg: str) -> None:
+        """One ``· msg`` line on stderr, unless ``--quiet``."""
+        if not self.quiet:
+            click.echo(f"· {msg}", err=True)
+
+    def table(self, text: str) -> None:
+        """A human-readable result on stdout, unless ``--json``."""
+        if not self.as_json:  # --quiet silences progress only; results are still shown
+            click.echo(text)
+
+    def result(self, obj: Any) -> None:
+        """The result as one JSON document on stdout, with ``--json``."""
+        if self.as_json:
+            click.echo(json.dumps(plain(obj), indent=2))
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` (a dataclass or plain data) as JSON-ready values."""
+    from minreal.export.json_safe import to_jsonable  # one JSON conversion for the whole tool
+
+    return to_jsonable(asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj)
+
+
+def setup_logging() -> None:
+    """Warnings on stderr as ``LEVEL logger: message``; the library's INFO records reach only the progress bars."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, ProgressBars):
+            handler.setLevel(logging.WARNING)  # library INFO records reach only the progress bars

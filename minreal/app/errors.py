@@ -1,0 +1,64 @@
+"""The command line's error table: which exception leaves ``minreal`` with which exit code and one-line message
+(2 for usage errors, 1 for failures, 143 for SIGTERM; no tracebacks unless ``MINREAL_DEBUG=1``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import click
+
+from minreal.app.signals import Terminated
+
+__all__ = ["FAIL_EXIT", "TERM_EXIT", "USAGE_EXIT", "invoke", "usage_errors"]
+
+USAGE_EXIT, FAIL_EXIT = 2, 1
+TERM_EXIT = 128 + int(signal.SIGTERM)  # 143: what a shell reports for a process ended by SIGTERM
+
+
+def usage_errors() -> tuple[type[BaseException], ...]:
+    """The project errors that mean the command was given wrongly (exit 2, like click's usage errors)."""
+    from minreal.app.callables import SpecError
+    from minreal.app.method_options import MethodOptionError
+    from minreal.app.pipeline import RunDirError
+    from minreal.app.tune import TuneError
+    from minreal.compress import CompressionError, UnknownMethodError
+    from minreal.export.errors import SameFileError
+    from minreal.runtime_bench import (
+        BenchInputError,
+        CheckError,
+        ModelFileError,
+        ReportSchemaError,
+        UnknownProviderError,
+    )
+
+    return (MethodOptionError, RunDirError, SpecError, UnknownMethodError, CompressionError, SameFileError, TuneError,
+            BenchInputError, CheckError, ModelFileError, ReportSchemaError, UnknownProviderError)
+
+
+def invoke(group: click.Group, argv: list[str] | None) -> None:
+    """Run ``group`` on ``argv`` and turn whatever it raises into one line on stderr and :func:`sys.exit` with the
+    table's exit code."""
+    try:
+        group.main(args=argv, prog_name="minreal", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("minreal: aborted", err=True)
+        sys.exit(FAIL_EXIT)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(USAGE_EXIT if isinstance(exc, click.UsageError) else exc.exit_code)
+    except Terminated:
+        click.echo("minreal: terminated (SIGTERM); partial output removed", err=True)
+        sys.exit(TERM_EXIT)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the CLI's single place that turns errors into one line
+        if os.environ.get("MINREAL_DEBUG"):
+            raise
+        from minreal.facts import error_line
+
+        click.echo(f"minreal: error: {error_line(exc)}", err=True)
+        sys.exit(USAGE_EXIT if isinstance(exc, usage_errors()) else FAIL_EXIT)

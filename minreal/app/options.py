@@ -1,0 +1,419 @@
+"""Option groups the commands share, declared once with the same names everywhere: ``--quiet``/``--json``, the
+method options (``MethodCommand`` shows them by group), image folders, recovery, pipeline, runtime providers and
+shapes; each group's reader turns its values into the library's config."""
+
+from __future__ import annotations
+
+import logging
+import re
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from minreal.app.settings import PipelineConfig
+from minreal.export.settings import QUANT_MODES, QUANT_TARGETS
+from minreal.facts import PROVIDERS
+
+__all__ = ["HELP_ALL", "IMAGE_GROUP", "QUANT_TARGET_HELP", "RECOVERY_GROUP", "GroupedOption", "MethodCommand",
+           "axis_values_option", "common", "fixed_shapes_option", "fixed_shapes_spec", "image_options",
+           "image_preprocess", "method_choice", "method_options", "mismatch_option", "pipeline_config",
+           "pipeline_options", "provider_options", "provider_settings", "recovery_config", "recovery_options",
+           "require_providers", "shape_options", "skip_unavailable_option", "split_ints", "split_names"]
+
+#: ``--quant-target``'s help, the same in every command.
+QUANT_TARGET_HELP = ("INT8 format. cpu-vnni: uint8 activations, 8-bit weights (x86 with VNNI/AMX, ARM); cpu-avx2: "
+                     "7-bit weights, which cannot saturate ONNX Runtime's int16 step on x86 without VNNI; cpu: the "
+                     "one of the two this machine needs; tensorrt: symmetric int8, what TensorRT builds.")
+
+
+def common(fn: Callable) -> Callable:
+    """``--quiet`` and ``--json`` on every subcommand."""
+    fn = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")(fn)
+    return click.option("--quiet", "-q", is_flag=True, help="No progress messages.")(fn)
+
+
+class GroupedOption(click.Option):
+    """A click option that names the ``--help`` section it belongs to."""
+
+    def __init__(self, *args: Any, group: str = "", method_option: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = group
+        self.method_option = method_option  # declared by a method's config (minreal methods NAME lists it)
+
+
+HELP_ALL = "minreal_help_all"
+
+
+def _help_all(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        ctx.meta[HELP_ALL] = True
+        click.echo(ctx.get_help(), color=ctx.color)
+        ctx.exit()
+
+
+class MethodCommand(click.Command):
+    """A command whose ``--help`` lists its own options, then the budget and options every method shares; each
+    method's own options are accepted but listed by ``minreal methods NAME`` (one screen of help, not a hundred
+    lines)."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        extra = click.Option(["--help-all"], is_flag=True, expose_value=False, is_eager=True, callback=_help_all,
+                             help="Show every option with its help, grouped, and exit.")
+        return [*super().get_params(ctx), extra]
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS
+
+        budget = {"--" + f.replace("_", "-") for f in (*BUDGET_FIELDS, *(h for hs in BUDGET_HELPERS.values()
+                                                                             for h in hs))}
+        sections: dict[str, list[tuple[str, str]]] = {}
+        hidden, full = 0, ctx.meta.get(HELP_ALL, False)
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            own = getattr(param, "method_option", False) and not set(param.opts) & budget
+            if own and not full:
+                hidden += 1
+                continue
+            budget_row = getattr(param, "method_option", False) and not own and not full
+            title = "Budget (the methods that can meet it)" if budget_row else getattr(param, "group", "") or "Options"
+            sections.setdefault(title, []).append(record)
+        for title, rows in sections.items():
+            with formatter.section(title):
+                if full or title == "Options" or title.startswith("Budget"):
+                    formatter.write_dl(rows)
+                else:  # a group of its own (recovery, image folders): its flags; --help-all gives their help
+                    flags = " ".join(re.findall(r"--[\w-]+", flag)[0] for flag, _ in rows)
+                    width = max(40, (formatter.width or 80) - formatter.current_indent)
+                    formatter.write_text("\b\n" + "\n".join(textwrap.wrap(flags, width, break_on_hyphens=False)))
+        if not full:
+            with formatter.section("More"):
+                formatter.write_text("--help-all: every option with its help.")
+        if full:
+            return
+        with formatter.section("Method options"):
+            formatter.write_text(f"Each method also takes options of its own ({hidden} in all); `minreal methods "
+                                 "NAME` lists one method's options, budgets and defaults, e.g. `minreal methods "
+                                 "fde`. Given once for several -m methods, an option reaches the methods that "
+                                 "have it.")
+
+
+def method_options(fn: Callable) -> Callable:
+    """One option per config field of the registered methods (see minreal.app.method_options); ``--help`` lists
+    those every method shares and says how to see a method's own (``minreal methods NAME``)."""
+    from minreal.app.method_options import method_option_specs
+
+    for spec in reversed(method_option_specs()):
+        helptext = spec.help
+        if spec.kind is bool:
+            opt = click.option(f"{spec.flag}/--no-{spec.flag[2:]}", spec.field, default=None, help=helptext,
+                               cls=GroupedOption, group=spec.group,
+                               method_option=True)
+        else:
+            kind = click.Choice(spec.choices) if spec.choices else spec.kind
+            opt = click.option(spec.flag, spec.field, type=kind, default=None, multiple=spec.multiple,
+                               help=helptext + (" Repeat for several values." if spec.multiple else ""),
+                               cls=GroupedOption, group=spec.group,
+                               method_option=True)
+        fn = opt(fn)
+    return fn
+
+
+def method_choice() -> click.Choice:
+    """``--method``'s choices: the registered methods."""
+    from minreal.compress import method_names
+
+    return click.Choice(method_names())
+
+
+def split_ints(value: str, name: str) -> tuple[int, ...]:
+    """The positive integers of a comma-separated option value (``--batch 1,8``); otherwise a usage error."""
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}", param_hint=name) from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"expected positive integers, got {value!r}", param_hint=name)
+    return out
+
+
+def split_names(value: str) -> tuple[str, ...]:
+    """The names of a comma-separated option value (``--providers cpu,cuda``), blanks dropped."""
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def shape_options(input_shape: tuple[str, ...],
+                  dynamic_axes: tuple[str, ...]) -> tuple[Any, dict[str, dict[int, str]]]:
+    """Parsed ``--input-shape`` (``None`` when not given) and ``--dynamic-axes``; bad values are usage errors."""
+    from minreal.app.shapes import parse_dynamic_axes, parse_input_shapes
+
+    try:
+        return (parse_input_shapes(input_shape) if input_shape else None), parse_dynamic_axes(dynamic_axes)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def fixed_shapes_option(fn: Callable) -> Callable:
+    """``--fixed-shapes``, read back by :func:`fixed_shapes_spec`."""
+    return click.option(
+        "--fixed-shapes", "fixed_shapes", metavar="DIM=N|INPUT=AxB,...",
+        help="Fix symbolic dimensions in the written ONNX files for edge runtimes (NNAPI runs no node fed by a "
+             "dynamic shape): DIM=N fixes a dimension by name (batch=1; the exporter names axis 0 'batch'), "
+             "INPUT=AxBxC gives a graph input its whole shape (input_ids=1x128); comma-separated. Parity is checked "
+             "on the dynamic graph, then the fixed file against it at its shape. A fixed batch is the only batch "
+             "size a file runs at.")(fn)
+
+
+def fixed_shapes_spec(text: str | None) -> Any:
+    """The :class:`~minreal.export.mobile.ShapeSpec` of ``--fixed-shapes`` (``None`` when not given)."""
+    if not text:
+        return None
+    from minreal.export.mobile import parse_fixed_shapes
+
+    try:
+        return parse_fixed_shapes(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--fixed-shapes") from None
+
+
+IMAGE_GROUP = "Image folders (data given as a folder of images)"
+
+
+def image_options(fn: Callable) -> Callable:
+    """``--image-size``, ``--mean``, ``--std``, ``--preprocess``: how an image folder becomes inputs (see
+    :class:`minreal.app.preprocess.ImagePreprocess`); read back by :func:`image_preprocess`."""
+    for opt in reversed([
+        click.option("--image-size", "image_size", metavar="N|HxW", cls=GroupedOption, group=IMAGE_GROUP,
+                     help="Centre crop (height x width) after resizing the short side to its larger side; default "
+                          "224, ImageNet's. A model trained on 32x32 images (CIFAR) needs 32."),
+        click.option("--mean", "image_mean", metavar="R,G,B", cls=GroupedOption, group=IMAGE_GROUP,
+                     help="Per-channel mean the model was trained with, on [0, 1] pixels (default ImageNet's "
+                          "0.485,0.456,0.406)."),
+        click.option("--std", "image_std", metavar="R,G,B", cls=GroupedOption, group=IMAGE_GROUP,
+                     help="Per-channel standard deviation, positive (default ImageNet's 0.229,0.224,0.225)."),
+        click.option("--preprocess", "image_preprocess", metavar="WEIGHTS_ENTRY", cls=GroupedOption,
+                     group=IMAGE_GROUP,
+                     help="Resize, crop, mean and std of a torchvision weights entry's transforms(), e.g. "
+                          "ResNet18_Weights.IMAGENET1K_V1 (nothing is downloaded); not with "
+                          "--image-size/--mean/--std."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def image_preprocess(opts: dict[str, Any]) -> Any:
+    """Pop the image options from ``opts`` (the command's keyword arguments) and return the
+    :class:`~minreal.app.preprocess.ImagePreprocess` they ask for, or None when none was given (the defaults)."""
+    from minreal.app.preprocess import preprocess_from_options
+
+    return preprocess_from_options(opts.pop("image_size"), opts.pop("image_mean"), opts.pop("image_std"),
+                                   opts.pop("image_preprocess"))
+
+
+def mismatch_option(fn: Callable) -> Callable:
+    """``--allow-data-mismatch``: go on when the original scores near chance on the labelled data."""
+    return click.option("--allow-data-mismatch", is_flag=True,
+                        help="Go on, with a warning recorded in the report, when the original model scores near "
+                             "chance on the labelled data (which otherwise stops the command: the data most likely "
+                             "does not match the model's preprocessing or labels).")(fn)
+
+
+RECOVERY_GROUP = "Recovery (after any method)"
+
+
+def recovery_options(fn: Callable) -> Callable:
+    """``--recover-*``: distillation from the original after the method (see
+    :class:`minreal.compress.core.recover.RecoveryConfig`), off by default; read back by :func:`recovery_config`."""
+    from minreal.compress.core.recover_options import TASKS, RecoveryConfig
+
+    base = RecoveryConfig()
+    for opt in reversed([
+        click.option("--recover-epochs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Epochs of distillation from the original on the data after compressing; 0: none."),
+        click.option("--recover-steps", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Budget in optimiser steps instead of epochs (not with --recover-epochs)."),
+        click.option("--recover-alpha", type=click.FloatRange(0.0, 1.0), default=base.alpha, show_default=True,
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Weight of the label loss (when the data has labels); 0: pure distillation, 1: labels "
+                          "alone."),
+        click.option("--recover-lr", type=click.FloatRange(min=0.0, min_open=True), default=base.lr,
+                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="AdamW learning rate of the recovery (cosine schedule with warm-up)."),
+        click.option("--recover-temperature", type=click.FloatRange(min=0.0, min_open=True), default=base.temperature,
+                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Softmax temperature of the distillation loss (classifiers)."),
+        click.option("--recover-batch-size", type=click.IntRange(min=1), default=base.batch_size, show_default=True,
+                     cls=GroupedOption, group=RECOVERY_GROUP, help="Training batch size of the recovery."),
+        click.option("--recover-patience", type=click.IntRange(min=1), default=base.patience, show_default=True,
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Stop after this many epochs without improvement on the recovery's validation split."),
+        click.option("--recover-features", multiple=True, metavar="auto|MODULE", cls=GroupedOption,
+                     group=RECOVERY_GROUP,
+                     help="Also match intermediate features: 'auto' (the layers the method changed) or module names "
+                          "(repeat); points whose output shape changed are skipped and reported."),
+        click.option("--recover-feature-weight", type=click.FloatRange(min=0.0), default=base.feature_weight,
+                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Weight of the feature-matching term against the output loss."),
+        click.option("--recover-task", type=click.Choice(list(TASKS)), default=base.task, show_default=True,
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="auto: integer labels mean classification, float labels regression; without labels, "
+                          "outputs (batch, k>1) are taken for logits. Give regression for an unlabelled "
+                          "multi-output regressor."),
+        click.option("--recover-weight-decay", type=click.FloatRange(min=0.0), default=base.weight_decay,
+                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP, help="AdamW weight decay."),
+        click.option("--recover-warmup", type=click.FloatRange(0.0, 1.0, max_open=True), default=base.warmup,
+                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Share of the steps with a linear learning-rate warm-up."),
+        click.option("--recover-val-fraction", type=click.FloatRange(0.0, 1.0, max_open=True),
+                     default=base.val_fraction, show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Share of the data held out (seeded) as the recovery's validation split (early stopping)."),
+        click.option("--recover-seed", type=int, default=base.seed, show_default=True, cls=GroupedOption,
+                     group=RECOVERY_GROUP, help="Seed of the split, the batch order and the training."),
+        click.option("--recover-freeze-bn", "recover_freeze_batchnorm", flag_value=True, default=None,
+                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Keep BatchNorm statistics frozen while training (re-estimated exactly after each "
+                          "epoch), as a torchrun recovery always does: give it to one process to get the "
+                          "distributed result; default in one process: batch statistics."),
+        click.option("--recover-int8", is_flag=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     help="Quantisation-aware recovery: train with weights and layer inputs fake-quantised in the "
+                          "target's INT8 format (run: --quant-target; compress: --target-provider), learning the "
+                          "activation ranges; run's INT8 export then uses the trained ranges, beside a post-training "
+                          "INT8 (.ptq.int8) of the same weights."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
+    """Pop the ``recover_*`` options from ``opts`` (the command's keyword arguments) and return the
+    :class:`~minreal.compress.core.recover.RecoveryConfig` they ask for, or None when recovery is off;
+    ``--recover-int8`` fake-quantises in ``int8_target``'s INT8 format."""
+    from minreal.compress.core.recover_options import RecoveryConfig
+
+    given = {k[len("recover_"):]: opts.pop(k) for k in [k for k in opts if k.startswith("recover_")]}
+    int8 = given.pop("int8", False)
+    if not given.get("epochs") and not given.get("steps"):
+        if int8:
+            raise click.UsageError("--recover-int8 needs a recovery budget: give --recover-epochs or --recover-steps")
+        return None
+    given["features"] = tuple(given.get("features") or ())
+    if int8:
+        from minreal.export.quantize import (
+            resolve_target,  # onnx and onnxruntime: only for a quantisation-aware recovery
+        )
+
+        given["int8"] = resolve_target(int8_target)
+    return RecoveryConfig(**given)
+
+
+def pipeline_options(fn: Callable) -> Callable:
+    """The run directory, batch sizes, providers, INT8/FP16 and timing options of a pipeline run; read back by
+    :func:`pipeline_config`."""
+    for opt in reversed([
+        click.option("--out", default="runs/latest", show_default=True, type=click.Path(file_okay=False),
+                     help="Run directory (must not exist unless --overwrite)."),
+        click.option("--overwrite", is_flag=True, help="Replace an existing run directory."),
+        click.option("--batch", default=",".join(map(str, PipelineConfig.batch_sizes)), show_default=True,
+                     help="Comma-separated batch sizes."),
+        click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True,
+                     help=f"Comma-separated: {', '.join(PROVIDERS)}."),
+        click.option("--no-int8", is_flag=True, help="Skip INT8 quantisation."),
+        click.option("--fp16", is_flag=True, help="FP16 copies (LABEL.fp16) of the original and every variant even "
+                                                  "without a cuda/tensorrt provider (made anyway with one)."),
+        click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=None,
+                     help=QUANT_TARGET_HELP + " Default: tensorrt when --providers includes tensorrt, else cpu."),
+        click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=PipelineConfig.quant_mode,
+                     show_default=True,
+                     help="static: calibrated QDQ; dynamic: weights only, activations quantised at run time."),
+        click.option("--min-seconds", type=float,
+                     help=f"Minimum measuring time per model (default {PipelineConfig.min_seconds:g} s)."),
+        click.option("--repeats", type=int,
+                     help=f"Fresh processes per provider/batch (default {PipelineConfig.repeats})."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def pipeline_config(base: Any, batch: str, providers: str, no_int8: bool, quant_target: str, quant_mode: str,
+                    min_seconds: float | None, repeats: int | None, fp16: bool = False) -> Any:
+    """``base`` (a :class:`~minreal.app.settings.PipelineConfig`) with the values of :func:`pipeline_options`."""
+    from dataclasses import replace
+
+    cfg = replace(base, batch_sizes=split_ints(batch, "--batch"), providers=split_names(providers),
+                  int8=not no_int8, quant_target=quant_target, quant_mode=quant_mode, fp16=fp16)
+    if min_seconds is not None:
+        cfg = replace(cfg, min_seconds=min_seconds)
+    return replace(cfg, repeats=repeats) if repeats is not None else cfg
+
+
+def provider_options(fn: Callable) -> Callable:
+    """--provider-option / --provider-config / --io-binding (minreal.runtime_bench.provider_options)."""
+    for opt in reversed([
+        click.option("--provider-option", "provider_option", multiple=True,
+                     help="A provider setting, repeatable: tensorrt.fp16=true, tensorrt.int8=true, "
+                          "tensorrt.engine_cache=DIR, tensorrt.timing_cache=DIR, tensorrt.opt_level=0-5, "
+                          "tensorrt.workspace=4G, cuda.device_id=0 (wins over --provider-config)."),
+        click.option("--provider-config", type=click.Path(dir_okay=False),
+                     help="TOML file, one table per provider ([tensorrt], [tensorrt.profiles] input = "
+                          "[min, opt, max] shapes, [cuda]); see the README."),
+        click.option("--io-binding", is_flag=True,
+                     help="On GPU providers, also time with inputs and outputs bound on the device "
+                          "(device-only latency beside the with-copy latency)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def provider_settings(options: tuple[str, ...], config: str | None, providers: tuple[str, ...]) -> dict[str, Any]:
+    """The merged provider settings; settings of a provider not in ``--providers`` are a usage error (before
+    any work), since nothing would use them."""
+    from minreal.runtime_bench.provider_options import load_provider_config, merge_settings
+
+    from_file = load_provider_config(config) if config else {}
+    skipped = sorted(set(from_file) - set(providers))
+    if skipped:  # one shared file may hold every provider's table
+        logging.getLogger(__name__).info("--provider-config %s: tables %s unused (not in --providers)", config,
+                                         ", ".join(skipped))
+    settings = merge_settings({k: v for k, v in from_file.items() if k in providers}, options)
+    unused = sorted(set(settings) - set(providers))
+    if unused:
+        raise click.UsageError(f"--provider-option sets {', '.join(unused)}, which --providers "
+                               f"({', '.join(providers)}) does not request")
+    return settings
+
+
+def skip_unavailable_option(fn: Callable) -> Callable:
+    """``--skip-unavailable-providers``, read back by :func:`require_providers`."""
+    return click.option("--skip-unavailable-providers", is_flag=True,
+                        help="Benchmark the providers that can run and record the others as unavailable "
+                             "(default: a requested provider that cannot run is an error).")(fn)
+
+
+def require_providers(names: tuple[str, ...], skip_unavailable: bool) -> None:
+    """Exit 1 (before any work) naming each requested provider this onnxruntime cannot run, unless skipped."""
+    from minreal.runtime_bench import ProviderUnavailableError
+    from minreal.runtime_bench.providers import require_available, unavailable_reason
+
+    if skip_unavailable:
+        for name in names:
+            unavailable_reason(name)  # an unknown name is still a usage error
+        return
+    try:
+        require_available(names)
+    except ProviderUnavailableError as exc:
+        raise ProviderUnavailableError(f"{exc}; or pass --skip-unavailable-providers to run without it") from None
+
+
+def axis_values_option(values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    """Parsed ``--axis-values`` (``seq=32,128``); bad values are usage errors."""
+    from minreal.app.shapes import parse_axis_values
+
+    try:
+        return parse_axis_values(values)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
