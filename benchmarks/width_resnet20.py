@@ -35,8 +35,8 @@ from trained_models import resnet20_digits32  # noqa: E402
 
 from minreal.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
 from minreal.compress.core.data import Dataset  # noqa: E402
-from minreal.compress.core.demo_case import DemoCase, DemoRun  # noqa: E402
 from minreal.compress.core.recover import RecoveryConfig  # noqa: E402
+from minreal.compress.core.run_case import RunCase, VariantSpec  # noqa: E402
 from minreal.compress.datasets import digits32  # noqa: E402
 from minreal.compress.registry import register  # noqa: E402
 from minreal.export.latency_table import build_latency_table, build_width_latency_table  # noqa: E402
@@ -52,8 +52,8 @@ def _stream_layers(m: nn.Module) -> list[nn.Module]:
     return [m.linear, m.conv1] + [b.conv2 for stage in (m.layer1, m.layer2, m.layer3) for b in stage]
 
 
-def _feasible(model: nn.Module, data: Dataset, runs: list[DemoRun]
-              ) -> tuple[list[DemoRun], dict[str, str], dict[str, float]]:
+def _feasible(model: nn.Module, data: Dataset, runs: list[VariantSpec]
+              ) -> tuple[list[VariantSpec], dict[str, str], dict[str, float]]:
     """The runs whose method meets its budget on this model, the refusal of each other one (one line), and the
     whole-model MAC ratio each feasible run reached."""
     from minreal.compress.core.errors import CompressionError
@@ -123,15 +123,15 @@ def main() -> None:
         rank_table = Path(tmp) / "rank.json"
         build_latency_table(model, example, "cpu", ranks_per_layer=6, out_path=rank_table)
         tables_s = time.perf_counter() - t0
-        runs: list[DemoRun] = []
+        runs: list[VariantSpec] = []
         refused: dict[str, str] = {}
         for r in ratios:
             w = dict(latency_ratio=r, latency_table=str(width_table), width_multiple=MULTIPLE)
-            budgeted = [DemoRun(f"magnitude-{r:g}", "magnitude", MagnitudeConfig(**w)),
-                        DemoRun(f"wanda-{r:g}", "wanda", WandaConfig(**w)),
-                        DemoRun(f"factorize-{r:g}", "factorize",
+            budgeted = [VariantSpec(f"magnitude-{r:g}", "magnitude", MagnitudeConfig(**w)),
+                        VariantSpec(f"wanda-{r:g}", "wanda", WandaConfig(**w)),
+                        VariantSpec(f"factorize-{r:g}", "factorize",
                                 FactorizeConfig(latency_ratio=r, latency_table=str(rank_table))),
-                        DemoRun(f"magnitude+factorize-{r:g}", "magnitude+factorize", None,
+                        VariantSpec(f"magnitude+factorize-{r:g}", "magnitude+factorize", None,
                                 steps=(("magnitude", MagnitudeConfig(**{**w, "latency_ratio": min(1.0, r + 0.1)})),
                                        ("factorize", FactorizeConfig(mac_ratio=0.8))))]
             ok, no, macs = _feasible(model, calib, budgeted)
@@ -139,12 +139,12 @@ def main() -> None:
             refused.update(no)
             if f"magnitude-{r:g}" in macs:  # fde and Torch-Pruning at the MAC ratio magnitude reached there
                 m = round(macs[f"magnitude-{r:g}"], 3)
-                runs += [DemoRun(f"fde-mac{m:g}", "fde", FDEConfig(mac_ratio=m)),
-                         DemoRun(f"torch_pruning-mac{m:g}", "torch_pruning", TorchPruningConfig(mac_ratio=m))]
+                runs += [VariantSpec(f"fde-mac{m:g}", "fde", FDEConfig(mac_ratio=m)),
+                         VariantSpec(f"torch_pruning-mac{m:g}", "torch_pruning", TorchPruningConfig(mac_ratio=m))]
         for eps in (1e-2, 1e-3):  # widths from the energy tolerance; trained by the same recovery as the others
-            runs.append(DemoRun(f"cbalanced-eps{eps:g}", "cbalanced",
+            runs.append(VariantSpec(f"cbalanced-eps{eps:g}", "cbalanced",
                                 CBalancedConfig(energy_eps=eps, epochs=0, controls=False, width_multiple=MULTIPLE)))
-        case = DemoCase("resnet20_cifar@digits32", model, calib, held_out, runs,
+        case = RunCase("resnet20_cifar@digits32", model, calib, held_out, runs,
                         notes=[f"trained {record.epochs} epochs on the calibration split; held-out top-1 "
                                f"{record.heldout_top1:.4f}", TP_NOTE])
         cfg = PipelineConfig(batch_sizes=(1, 32), min_seconds=args.min_seconds, repeats=args.repeats,

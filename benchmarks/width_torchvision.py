@@ -34,7 +34,7 @@ from width_resnet20 import summarise  # noqa: E402
 
 from minreal.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
 from minreal.compress.core.data import Dataset  # noqa: E402
-from minreal.compress.core.demo_case import DemoCase, DemoRun  # noqa: E402
+from minreal.compress.core.run_case import RunCase, VariantSpec  # noqa: E402
 from minreal.compress.registry import register  # noqa: E402
 from minreal.export.latency_table import build_width_latency_table  # noqa: E402
 
@@ -101,10 +101,10 @@ def main() -> None:
                 except CompressionError as exc:
                     refused[f"magnitude-{r:g}"] = str(exc)
                     continue
-                runs.append(DemoRun(f"magnitude-{r:g}", "magnitude", cfg))
-                runs.append(DemoRun(f"torch_pruning-mac{rep.mac_ratio:.2f}", "torch_pruning",
+                runs.append(VariantSpec(f"magnitude-{r:g}", "magnitude", cfg))
+                runs.append(VariantSpec(f"torch_pruning-mac{rep.mac_ratio:.2f}", "torch_pruning",
                                     TorchPruningConfig(mac_ratio=rep.mac_ratio)))
-            case = DemoCase(f"{name}@224", model, data, held_out, runs, notes=["random weights: latency only"])
+            case = RunCase(f"{name}@224", model, data, held_out, runs, notes=["random weights: latency only"])
             cfg = PipelineConfig(batch_sizes=(1, 8), min_seconds=args.min_seconds, repeats=args.repeats)
             run_pipeline([case], Path(tmp) / "run", cfg, progress=lambda m: print(m, flush=True))
             doc = json.loads((Path(tmp) / "run" / "report.json").read_text())["cases"][0]

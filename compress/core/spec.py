@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from .data import Dataset
-    from .demo_case import DemoCase
     from .report import CompressionReport
+    from .run_case import RunCase
     from .smoke import SmokeCase
 
 __all__ = ["MethodSpec", "MethodFn", "PrepareFn", "RealiseFn", "ProviderDefaults", "no_provider_defaults",
@@ -57,7 +57,7 @@ class MethodSpec:
         ``run(model, data, config) -> (compressed module, report)``. The registry's :func:`compress` fills the
         shared cost fields and the output comparison afterwards; ``run`` records what is its own.
     demo_case : callable or None
-        ``demo_case(quick) -> DemoCase``: a trained model with the variants the embedded demo shows.
+        ``demo_case(quick) -> RunCase``: a trained model with the variants the embedded demo shows.
     provider_defaults : callable
         ``provider_defaults(provider_names) -> {field: value}``: option defaults that depend on the target
         execution providers (e.g. the rank multiple of the fast kernels).
@@ -87,7 +87,7 @@ class MethodSpec:
     summary: str
     config_cls: type
     run: MethodFn | str
-    demo_case: Callable[[bool], DemoCase] | str | None = None
+    demo_case: Callable[[bool], RunCase] | str | None = None
     provider_defaults: ProviderDefaults | str = no_provider_defaults
     report_fields: tuple[str, ...] = ()
     smoke_case: Callable[[], SmokeCase] | str | None = None

@@ -9,7 +9,7 @@ from torch import nn
 from minreal.app.method_options import build_config, provider_defaults
 from minreal.app.pipeline import PipelineConfig
 from minreal.compress import get_method, method_names
-from minreal.compress.core.demo_case import DemoCase, DemoRun
+from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
 from minreal.compress.models import mlp, small_cnn
@@ -21,41 +21,41 @@ __all__ = ["demo_cases", "demo_factories", "DEMO_PIPELINE", "digits_cases"]
 DEMO_PIPELINE = PipelineConfig(batch_sizes=(1, 32), min_runs=30, min_seconds=0.25, repeats=3, warmup=10)
 
 
-def _trained(model: nn.Module, name: str, flat: bool, epochs: int) -> DemoCase:
+def _trained(model: nn.Module, name: str, flat: bool, epochs: int) -> RunCase:
     tr, te = digits(seed=0, as_images=not flat)
     fit, val = tr.split(0.15, seed=1)
     train(model, fit, val, TrainConfig(epochs=epochs, seed=0))
-    return DemoCase(name, model.eval(), tr, te, [])
+    return RunCase(name, model.eval(), tr, te, [])
 
 
-def _lowrank_runs() -> list[DemoRun]:
+def _lowrank_runs() -> list[VariantSpec]:
     """SVD baseline and whitened factorisation at the same 0.5 MAC budget, ranks rounded for the CPU provider."""
     defaults = provider_defaults(DEMO_PIPELINE.providers)
-    return [DemoRun(f"{name}-0.5", name, build_config(name, {"layer_mac_ratio": 0.5}, defaults))
+    return [VariantSpec(f"{name}-0.5", name, build_config(name, {"layer_mac_ratio": 0.5}, defaults))
             for name in ("svd", "factorize")]
 
 
-def _digits_mlp(quick: bool = True) -> DemoCase:
+def _digits_mlp(quick: bool = True) -> RunCase:
     case = _trained(mlp(64, [128, 128], 10), "digits-mlp", flat=True, epochs=12 if quick else 40)
     case.runs = _lowrank_runs()
     return case
 
 
-def _digits_cnn(quick: bool = True) -> DemoCase:
+def _digits_cnn(quick: bool = True) -> RunCase:
     case = _trained(small_cnn(1, (32, 64, 64), 10), "digits-cnn", flat=False, epochs=12 if quick else 40)
     case.runs = _lowrank_runs()
     return case
 
 
-def digits_cases(quick: bool = True) -> list[DemoCase]:
+def digits_cases(quick: bool = True) -> list[RunCase]:
     """The MLP and CNN trained on scikit-learn's digits (seeded, held-out test split)."""
     return [_digits_mlp(quick), _digits_cnn(quick)]
 
 
-def demo_factories() -> dict[str, Callable[[bool], DemoCase]]:
+def demo_factories() -> dict[str, Callable[[bool], RunCase]]:
     """Demo cases by key: the two digits models, then each registered method's ``spec.demo_case`` (keyed by
     the method name)."""
-    factories: dict[str, Callable[[bool], DemoCase]] = {"digits-mlp": _digits_mlp, "digits-cnn": _digits_cnn}
+    factories: dict[str, Callable[[bool], RunCase]] = {"digits-mlp": _digits_mlp, "digits-cnn": _digits_cnn}
     for name in method_names():
         factory = get_method(name).demo_case
         if factory is not None:
@@ -63,7 +63,7 @@ def demo_factories() -> dict[str, Callable[[bool], DemoCase]]:
     return factories
 
 
-def demo_cases(quick: bool = True, only: tuple[str, ...] = ()) -> list[DemoCase]:
+def demo_cases(quick: bool = True, only: tuple[str, ...] = ()) -> list[RunCase]:
     """Build the demo cases (all, or only the keys in ``only``; see :func:`demo_factories`)."""
     factories = demo_factories()
     unknown = sorted(set(only) - set(factories))

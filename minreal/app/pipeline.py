@@ -36,9 +36,9 @@ from minreal.app.mismatch import DataCheck, check_data, require_match
 from minreal.app.plan import run_variant
 from minreal.app.report import cell_label, int8_cause, roundtrip_summary
 from minreal.app.settings import FP16_PROVIDERS, PipelineConfig
-from minreal.compress.core.demo_case import DemoCase, DemoRun
 from minreal.compress.core.evaluate import compare_outputs
 from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.export.atomic import atomic_path, make_dirs, remove_empty_dirs
 from minreal.export.errors import ParityError
 from minreal.export.json_safe import write_json
@@ -262,7 +262,7 @@ def commit_run_dir(claim: RunDirClaim) -> None:
         claim.staging.rename(out_dir)
 
 
-def _export(module: nn.Module, label: str, method: str, case: DemoCase, case_dir: Path,
+def _export(module: nn.Module, label: str, method: str, case: RunCase, case_dir: Path,
             cfg: PipelineConfig) -> VariantRecord:
     """One variant of ``case`` exported into ``case_dir``, checked on the case's held-out inputs."""
     return export_variant(module, case.test.x, case_dir / f"{file_stem(label)}.onnx", cfg.variant_config(),
@@ -276,7 +276,8 @@ class Interrupts:
     seen: bool = False
 
 
-def variant_recovery(run: DemoRun, recovery: RecoveryConfig | None, interrupts: Interrupts) -> RecoveryConfig | None:
+def variant_recovery(run: VariantSpec, recovery: RecoveryConfig | None,
+                     interrupts: Interrupts) -> RecoveryConfig | None:
     """The recovery of one variant: its own, else the run's; one that may not swallow a Ctrl-C after the first."""
     chosen = run.recovery or recovery
     if chosen is not None and interrupts.seen:
@@ -284,7 +285,7 @@ def variant_recovery(run: DemoRun, recovery: RecoveryConfig | None, interrupts: 
     return chosen
 
 
-def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Progress,
+def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progress,
              interrupts: Interrupts | None = None) -> CaseResult:
     """Compress each variant of ``case``, export everything, quantise, benchmark side by side."""
     interrupts = interrupts or Interrupts()
@@ -348,7 +349,7 @@ def run_case(case: DemoCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     return result
 
 
-def _data_check(case: DemoCase, cfg: PipelineConfig, progress: Progress) -> tuple[DataCheck, list[str]]:
+def _data_check(case: RunCase, cfg: PipelineConfig, progress: Progress) -> tuple[DataCheck, list[str]]:
     """The original's accuracy on the case's labelled data against chance, and the warning when it is near chance
     and ``cfg.allow_data_mismatch`` let the run go on.
 
@@ -363,7 +364,7 @@ def _data_check(case: DemoCase, cfg: PipelineConfig, progress: Progress) -> tupl
     return check, warnings
 
 
-def _axis_values(case: DemoCase, cfg: PipelineConfig) -> dict[str, tuple[int, ...]]:
+def _axis_values(case: RunCase, cfg: PipelineConfig) -> dict[str, tuple[int, ...]]:
     """Lengths each dynamic axis is timed at: the user's (``cfg.axis_values``), else the held-out data's length
     and half of it (so the report has latency per shape). Lengths longer than the data are refused by the
     benchmark (nothing is padded)."""
@@ -379,7 +380,7 @@ def _axis_values(case: DemoCase, cfg: PipelineConfig) -> dict[str, tuple[int, ..
     return out
 
 
-def _int8_records(records: list[VariantRecord], weights: dict[str, dict[str, Any]], case: DemoCase, case_dir: Path,
+def _int8_records(records: list[VariantRecord], weights: dict[str, dict[str, Any]], case: RunCase, case_dir: Path,
                   cfg: PipelineConfig) -> list[VariantRecord]:
     """INT8 copies of the fp32 ``records``, the original's too (the baseline a compressed model has to beat, not
     only the fp32 one). A variant recovered quantisation-aware gets its copy with the trained ranges and, beside
@@ -396,7 +397,7 @@ def _int8_records(records: list[VariantRecord], weights: dict[str, dict[str, Any
     return out
 
 
-def _fp16_records(records: list[VariantRecord], case: DemoCase, case_dir: Path,
+def _fp16_records(records: list[VariantRecord], case: RunCase, case_dir: Path,
                   cfg: PipelineConfig) -> tuple[list[VariantRecord], list[str]]:
     """FP16 copies (``LABEL.fp16``) of the fp32 ``records``, checked on the held-out inputs, and a warning for each
     one that failed parity: that variant's ``fp16`` says ``{"skipped": reason}`` and the run goes on without it."""
@@ -488,14 +489,14 @@ def slowdown_warnings(case: CaseResult) -> list[str]:
     return out
 
 
-def run_pipeline(cases: list[DemoCase], out_dir: Path, cfg: PipelineConfig, overwrite: bool = False,
+def run_pipeline(cases: list[RunCase], out_dir: Path, cfg: PipelineConfig, overwrite: bool = False,
                  progress: Progress | None = None, inputs: Sequence[Path] = ()) -> RunReport:
     """Run every case into ``out_dir`` (report.json, report.md, plot.png, ONNX files per case)."""
     with claim_run_dir(Path(out_dir), overwrite, inputs) as claim:
         return fill_run_dir(cases, claim, cfg, progress)
 
 
-def fill_run_dir(cases: list[DemoCase], claim: RunDirClaim, cfg: PipelineConfig,
+def fill_run_dir(cases: list[RunCase], claim: RunDirClaim, cfg: PipelineConfig,
                  progress: Progress | None = None) -> RunReport:
     """Run every case into the staging folder of ``claim`` and commit it as the run directory."""
     from minreal.app.report import plot_accuracy_latency, plot_spectra, render_markdown

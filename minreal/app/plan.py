@@ -33,9 +33,9 @@ from torch import nn
 from minreal.app.method_options import MethodOptionError, build_config
 from minreal.compress import compress, method_names
 from minreal.compress.core.data import Dataset
-from minreal.compress.core.demo_case import DemoRun
 from minreal.compress.core.recover import RecoveryConfig
 from minreal.compress.core.report import CompressionReport
+from minreal.compress.core.run_case import VariantSpec
 from minreal.compress.registry import chain_label, compress_chain
 
 __all__ = ["PlanError", "load_plan", "run_variant"]
@@ -75,7 +75,7 @@ def _step_options(entry: dict[str, Any], methods: list[str], where: str) -> dict
     return {m: dict(rest.get(m, {})) for m in methods}
 
 
-def _variant(entry: Any, index: int, path: Path, defaults: dict[str, Any]) -> DemoRun:
+def _variant(entry: Any, index: int, path: Path, defaults: dict[str, Any]) -> VariantSpec:
     where = f"{path}: variant {index}"
     if not isinstance(entry, dict):
         raise PlanError(f"{where}: expected a table ([[variant]]), got {type(entry).__name__}")
@@ -91,11 +91,11 @@ def _variant(entry: Any, index: int, path: Path, defaults: dict[str, Any]) -> De
         except MethodOptionError as exc:
             raise PlanError(f"{where}: {exc}") from None
     if len(steps) == 1:
-        return DemoRun(label, steps[0][0], steps[0][1])
-    return DemoRun(label, chain_label(methods), None, tuple(steps))
+        return VariantSpec(label, steps[0][0], steps[0][1])
+    return VariantSpec(label, chain_label(methods), None, tuple(steps))
 
 
-def load_plan(path: str | Path, defaults: dict[str, Any] | None = None) -> list[DemoRun]:
+def load_plan(path: str | Path, defaults: dict[str, Any] | None = None) -> list[VariantSpec]:
     """The variants of a plan file, each validated (``defaults``: provider-dependent option defaults)."""
     path = Path(path)
     try:
@@ -118,7 +118,7 @@ def load_plan(path: str | Path, defaults: dict[str, Any] | None = None) -> list[
     return runs
 
 
-def run_variant(model: nn.Module, data: Dataset, run: DemoRun, recovery: RecoveryConfig | None = None,
+def run_variant(model: nn.Module, data: Dataset, run: VariantSpec, recovery: RecoveryConfig | None = None,
                 held_out: Dataset | None = None) -> tuple[nn.Module, CompressionReport]:
     """Compress ``model`` as one variant: a single method, or its chain of steps; then ``recovery``, or else the
     variant's own, if enabled (zero-shot and recovered models measured on ``held_out`` when given)."""

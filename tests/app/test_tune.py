@@ -319,13 +319,13 @@ def test_gate_on_a_tune_report_names_the_chosen_model_and_fails_without_one(tmp_
 
 
 def test_tune_refuses_unmeasurable_constraints_and_path_like_plan_labels(trained_mlp, tmp_path: Path) -> None:
-    from minreal.compress.core.demo_case import DemoRun
+    from minreal.compress.core.run_case import VariantSpec
     from minreal.compress.methods.svd import SVDConfig
 
     model, tr, te = trained_mlp
     with pytest.raises(TuneError, match="--max-mse-increase needs float targets"):
         tune(model, tr, te, TuneConfig(Constraint(max_mse_increase=0.1)), tmp_path / "a", tmp_path / "c")
-    bad = TuneConfig(Constraint(min_agreement=0.9), plan=(DemoRun("../escape", "svd", SVDConfig(mac_ratio=0.5)),))
+    bad = TuneConfig(Constraint(min_agreement=0.9), plan=(VariantSpec("../escape", "svd", SVDConfig(mac_ratio=0.5)),))
     with pytest.raises(TuneError, match="path separators"):
         tune(model, tr, te, bad, tmp_path / "b", tmp_path / "c")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -36,10 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...core.data import Dataset
-from ...core.demo_case import DemoCase, DemoRun
 from ...core.errors import CompressionError
 from ...core.evaluate import compare_outputs, predict
 from ...core.report import CompressionReport, LayerReport
+from ...core.run_case import RunCase, VariantSpec
 from ...core.train import TrainConfig, train
 from ...core.width import Cut, analyse, apply_cuts
 from .analysis import StateAnalysis, analyse_states, budget_ranks
@@ -301,7 +301,7 @@ def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, plan: _Pl
         "energy_kept_c": {p: a.energy_kept("C", widths[p]) for p, a in analyses.items()}})
 
 
-def demo_case(quick: bool = True) -> DemoCase:
+def demo_case(quick: bool = True) -> RunCase:
     """The MNIST setting of the C-balanced experiments (4×256 SiLU MLP), on digits: a seeded MLP cut to its
     C-balanced widths."""
     from ...datasets import digits
@@ -312,8 +312,8 @@ def demo_case(quick: bool = True) -> DemoCase:
     model = mlp(64, [256] * 4, 10, "silu")
     train(model, train_set, None, TrainConfig(epochs=15 if quick else 40, batch_size=64, lr=2e-3, seed=0))
     cfg = CBalancedConfig(epochs=15 if quick else 40, controls=not quick)
-    return DemoCase("digits-mlp-4x256-silu", model.eval(), train_set, test,
-                    [DemoRun("C-balanced (warm start + distilled)", "cbalanced", cfg)],
+    return RunCase("digits-mlp-4x256-silu", model.eval(), train_set, test,
+                    [VariantSpec("C-balanced (warm start + distilled)", "cbalanced", cfg)],
                     notes=["widths = C ranks at eps=1e-4; warm start keeps neurons by balanced leverage and "
                            "refits the next layer by least squares"])
 

@@ -21,13 +21,13 @@ from torch import nn
 
 from ...core.chain import Chain, build_sequential, chain_forward, chain_layer_reports, extract_chain
 from ...core.data import Dataset
-from ...core.demo_case import DemoCase, DemoRun
 from ...core.errors import CompressionError
 from ...core.measuring import measuring
 from ...core.options import flag_of
 from ...core.prune import CHAIN_COSTS, widths_for_params
 from ...core.recover import RecoveryConfig
 from ...core.report import CompressionReport
+from ...core.run_case import RunCase, VariantSpec
 from .compensate import compensate, refit_bound
 from .config import FDEConfig
 from .graph_path import GraphPrepared, graph_prepare, graph_realise
@@ -184,7 +184,7 @@ def fde_compress(model: nn.Module, data: Dataset, config: FDEConfig) -> tuple[nn
     return fde_realise(fde_prepare(model, data, config), config)
 
 
-def demo_case(quick: bool = True) -> DemoCase:
+def demo_case(quick: bool = True) -> RunCase:
     """An over-parameterised ReLU MLP (4 → 256 → 256 → 4, seeded) trained on the reaction-network flow map,
     with ``fde`` (ε = 0.3), the same merge recovered by distillation, and magnitude pruning to the same hidden widths
     (so all three compressed variants have matched parameter counts)."""
@@ -200,8 +200,8 @@ def demo_case(quick: bool = True) -> DemoCase:
     cfg = FDEConfig(merge_eps=0.3)
     _, rep = fde_compress(model, tr, cfg)
     widths = tuple(rep.predicted["hidden_widths"])
-    runs = [DemoRun("fde ε=0.3", "fde", cfg),
-            DemoRun("fde ε=0.3 + recovery", "fde", cfg, recovery=RecoveryConfig(epochs=5 if quick else 15)),
-            DemoRun("magnitude (same widths)", "magnitude", get_method("magnitude").config_cls(widths=widths))]
-    return DemoCase("reaction-mlp", model.eval(), tr, te, runs,
+    runs = [VariantSpec("fde ε=0.3", "fde", cfg),
+            VariantSpec("fde ε=0.3 + recovery", "fde", cfg, recovery=RecoveryConfig(epochs=5 if quick else 15)),
+            VariantSpec("magnitude (same widths)", "magnitude", get_method("magnitude").config_cls(widths=widths))]
+    return RunCase("reaction-mlp", model.eval(), tr, te, runs,
                     notes=[f"ReLU MLP 4→256→256→4 on the A+B⇌C→D+B flow map (Δt = 0.1); fde keeps widths {widths}"])

@@ -17,12 +17,12 @@ from torch import nn
 
 from ...core.costs import count_costs
 from ...core.data import Dataset
-from ...core.demo_case import DemoCase, DemoRun
 from ...core.distributed import all_reduce_max, shard
 from ...core.errors import CompressionError, require_finite
 from ...core.evaluate import eval_mode, hooks_removed
 from ...core.inputs import call
 from ...core.report import CompressionReport, LayerReport
+from ...core.run_case import RunCase, VariantSpec
 from ...core.surgery import replace_modules
 from . import mac_rules  # noqa: F401  (registers the SSM MAC rules)
 from .balance import balanced_truncation, order_from_energy, order_from_trunc, orders_from_budget, truncation_bound
@@ -172,7 +172,7 @@ def _fill_report(report: CompressionReport, model: nn.Module, new: nn.Module, ca
                         "(minreal.compress.methods.ssm.mac_rules)")
 
 
-def demo_case(quick: bool = True) -> DemoCase:
+def demo_case(quick: bool = True) -> RunCase:
     """Seeded SSM classifier on sequential digits, trained with the HSV regulariser (short CPU schedule).
 
     Runs: balanced truncation at 50% and 70% of the states. Input (batch, 64, 1); the sequence axis is dynamic.
@@ -183,7 +183,7 @@ def demo_case(quick: bool = True) -> DemoCase:
     spec = SSMTrainSpec(epochs=12 if quick else 30)
     fit, val = train.split(0.15, seed=spec.seed)  # epochs selected on training data; the test split stays held out
     model, _ = train_ssm_classifier(fit, val, spec)
-    runs = [DemoRun(f"ssm trunc {t:.0%}", "ssm", SSMConfig(trunc=t)) for t in (0.5, 0.7)]
+    runs = [VariantSpec(f"ssm trunc {t:.0%}", "ssm", SSMConfig(trunc=t)) for t in (0.5, 0.7)]
     notes = [f"SSMClassifier(features={spec.features}, state={spec.state}, depth={spec.depth}) trained "
              f"{spec.epochs} epochs with Hankel nuclear-norm weight {spec.reg_weight} (seed {spec.seed})"]
-    return DemoCase("ssm-sequential-digits", model, train, test, runs, dynamic_dims={1: "seq"}, notes=notes)
+    return RunCase("ssm-sequential-digits", model, train, test, runs, dynamic_dims={1: "seq"}, notes=notes)

@@ -91,7 +91,7 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     from minreal.app.method_options import build_configs, provider_defaults
     from minreal.app.pipeline import claim_run_dir, fill_run_dir
     from minreal.app.plan import load_plan
-    from minreal.compress.core.demo_case import DemoCase, DemoRun  # torch: after the option checks above
+    from minreal.compress.core.run_case import RunCase, VariantSpec  # torch: after the option checks above
 
     refuse_torchrun("run")
     cfg = _with_fixed_shapes(cfg, fixed_shapes)
@@ -102,7 +102,7 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     cfg = dataclasses.replace(cfg, axis_values=axis_values_option(axis_values))
     defaults = provider_defaults(cfg.providers)
     configs = build_configs(method, opts, defaults)  # each option reaches the methods that declare it
-    runs = [DemoRun(m, m, config) for m, config in zip(method, configs)]
+    runs = [VariantSpec(m, m, config) for m, config in zip(method, configs)]
     runs += load_plan(plan, defaults) if plan else []
     # --out is locked from its existence check to the commit: a concurrent run to it exits 1
     with claim_run_dir(Path(out), overwrite, input_files(model, weights, data, eval_data, plan)) as claim:
@@ -111,7 +111,7 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
         from minreal.app.shapes import check_shape_names
 
         check_shape_names(calib.x, case_axes, cfg.fixed_shapes)  # a typo is a usage error, before any work
-        case = DemoCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs, dynamic_axes=case_axes)
+        case = RunCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs, dynamic_axes=case_axes)
         report = fill_run_dir([case], claim, cfg, con.progress)
     finish_run(con, report, out)
 

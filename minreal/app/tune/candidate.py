@@ -44,8 +44,8 @@ class CandidateSpec:
     recover_epochs: int = 0
     qat: bool = False
     variant: Any = None
-    """A plan file's variant (:class:`minreal.compress.core.demo_case.DemoRun`, e.g. a chain of methods) evaluated as it
-    is: then ``method`` is its label and ``mac_ratio`` is not a search budget."""
+    """A plan file's variant (:class:`minreal.compress.core.run_case.VariantSpec`, e.g. a chain of methods)
+    evaluated as it is: then ``method`` is its label and ``mac_ratio`` is not a search budget."""
     fraction: float = 1.0
     """Share of the recovery cap (successive halving's short rungs): the same epochs on a seeded subsample of this
     fraction of the calibration data. One that meets the constraint is a candidate like any other (exported)."""

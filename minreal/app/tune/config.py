@@ -139,8 +139,8 @@ class TuneConfig:
     confirm: Protocol = CONFIRM
     workers: int = 1
     plan: tuple[Any, ...] = ()
-    """Fixed variants from a plan file (:class:`minreal.compress.core.demo_case.DemoRun`, e.g. chains such as width then
-    factorise), each evaluated as it is at every recovery budget, next to the searched methods."""
+    """Fixed variants from a plan file (:class:`minreal.compress.core.run_case.VariantSpec`, e.g. chains such as
+    width then factorise), each evaluated as it is at every recovery budget, next to the searched methods."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Method options applied to every candidate where the method has them (e.g. ``rank_multiple``)."""
     dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)

@@ -1,4 +1,5 @@
-"""What the embedded demo needs from a method: a trained original model, its data, and configs to run."""
+"""What a run compresses: a trained model with its data (:class:`RunCase`) and the variants to make of it
+(:class:`VariantSpec`); the command line, plan files and the embedded demo all build these."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from torch import nn
 from .data import Dataset
 from .recover import RecoveryConfig
 
-__all__ = ["DemoCase", "DemoRun"]
+__all__ = ["RunCase", "VariantSpec"]
 
 
 @dataclass
-class DemoRun:
-    """One compressed variant in the demo: a label, a registered method name and its config; or, for a chain
+class VariantSpec:
+    """One compressed variant of a run: a label, a registered method name and its config; or, for a chain
     of methods run in sequence, ``steps`` ((method, config) pairs; ``method`` is then the chain's label and
     ``config`` None)."""
 
@@ -28,8 +29,8 @@ class DemoRun:
 
 
 @dataclass
-class DemoCase:
-    """A trained model on offline data with the compressed variants the demo shows for it.
+class RunCase:
+    """A trained model with its data and the compressed variants a run makes of it.
 
     ``dynamic_dims`` names input axes beyond the batch that the ONNX export keeps dynamic
     (e.g. ``{1: "seq"}`` for sequence models); ``dynamic_axes`` does so by input name for named inputs.
@@ -39,7 +40,7 @@ class DemoCase:
     model: nn.Module
     train: Dataset
     test: Dataset
-    runs: list[DemoRun]
+    runs: list[VariantSpec]
     dynamic_dims: dict[int, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
