@@ -64,8 +64,16 @@ def commands(work: Path) -> dict[str, list[str]]:
         raise SystemExit(f"tool_cost: {weights} is missing: run benchmarks/trained_models.py first")
     return {"help": ["--help"], "methods": ["methods"], "option_error": ["tune", "x", "--data", "y", "--grid", "a"],
             "compress_factorize": ["compress", "resnet20_cifar", "--weights", str(weights), "-m", "factorize",
-                                   "--calib", str(_calib(work)), "--mac-ratio", "0.5", "--out", "{out}",
+                                   "--data", str(_calib(work)), "--mac-ratio", "0.5", "--out", "{out}",
                                    "--report", "{out}.json", "-q"]}
+
+
+def _spelled_for(tree_name: str, args: list[str]) -> list[str]:
+    """``args`` as that tree's command line spells them: the code before the change (the default ``--before``)
+    took compress's data as ``--calib``, since renamed ``--data`` as in every other command."""
+    if tree_name != "before" or args[:1] != ["compress"]:
+        return args
+    return ["--calib" if a == "--data" else a for a in args]
 
 
 def _run(tree: Path, args: list[str], out: Path) -> tuple[float, int, dict[str, float]]:
@@ -109,7 +117,8 @@ def main() -> None:
             for i in range(repeats):
                 for tree_name, tree in (trees.items() if i % 2 == 0 else reversed(trees.items())):
                     before_run = cpu_times()
-                    seconds, code, phases = _run(tree, argv, args.work / f"out-{tree_name}.pt2")
+                    seconds, code, phases = _run(tree, _spelled_for(tree_name, argv),
+                                                 args.work / f"out-{tree_name}.pt2")
                     shares[name][tree_name].append(cpu_share(before_run, cpu_times()))
                     runs[name][tree_name].append(round(seconds, 3))
                     if phases:

@@ -171,7 +171,7 @@ def _multiple_hint(rank_multiple: int) -> str:
     """What a rank multiple above 1 adds to an unreachable-budget message (nothing for 1)."""
     if rank_multiple <= 1:
         return ""
-    return (f"; ranks are multiples of --rank-multiple {rank_multiple} (from --target-provider unless given), "
+    return (f"; ranks are multiples of --rank-multiple {rank_multiple} (from --providers unless given), "
             "a smaller multiple reaches lower")
 
 

@@ -491,7 +491,7 @@ def load_data(spec: str, *, eval_spec: str | None = None, eval_fraction: float =
     require_image_folder(preprocess, spec, eval_spec)
     options = {"seed": seed, "image_size": image_size, "max_samples": max_samples, "preprocess": preprocess}
     if eval_spec is None and not 0.0 <= eval_fraction < 1.0:
-        raise SpecError(f"eval_fraction (--calib-holdout) must lie in [0, 1), got {eval_fraction}")
+        raise SpecError(f"eval_fraction (--data-holdout) must lie in [0, 1), got {eval_fraction}")
     evaluation: Dataset | None
     if eval_spec is not None:
         calib, evaluation = load_dataset(spec, **options), load_dataset(eval_spec, **options)

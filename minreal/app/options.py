@@ -18,9 +18,10 @@ from minreal.facts import PROVIDERS
 
 __all__ = ["HELP_ALL", "IMAGE_GROUP", "QUANT_TARGET_HELP", "RECOVERY_GROUP", "GroupedOption", "MethodCommand",
            "axis_values_option", "common", "fixed_shapes_option", "fixed_shapes_spec", "image_options",
-           "image_preprocess", "method_choice", "method_options", "mismatch_option", "pipeline_config",
-           "pipeline_options", "provider_options", "provider_settings", "recovery_config", "recovery_options",
-           "require_providers", "shape_options", "skip_unavailable_option", "split_ints", "split_names"]
+           "image_preprocess", "known_providers", "method_choice", "method_options", "mismatch_option",
+           "pipeline_config", "pipeline_options", "provider_options", "provider_settings", "providers_option",
+           "quant_target_for", "quant_target_option", "recovery_config", "recovery_options", "require_providers",
+           "shape_options", "skip_unavailable_option", "split_ints", "split_names"]
 
 #: ``--quant-target``'s help, the same in every command.
 QUANT_TARGET_HELP = ("INT8 format. cpu-vnni: uint8 activations, 8-bit weights (x86 with VNNI/AMX, ARM); cpu-avx2: "
@@ -143,6 +144,35 @@ def split_ints(value: str, name: str) -> tuple[int, ...]:
 def split_names(value: str) -> tuple[str, ...]:
     """The names of a comma-separated option value (``--providers cpu,cuda``), blanks dropped."""
     return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def providers_option(help_text: str = f"Comma-separated: {', '.join(PROVIDERS)}.") -> Callable[[Callable], Callable]:
+    """``--providers``, the same option in every command: comma-separated provider names, default the pipeline's
+    (cpu); ``help_text`` says what the command does with them."""
+    return click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True, help=help_text)
+
+
+def known_providers(value: str) -> tuple[str, ...]:
+    """The names of a ``--providers`` value, each a known provider; otherwise a usage error naming the option (for
+    commands that only read the names; those that run the providers check them with :func:`require_providers`)."""
+    names = split_names(value)
+    if not names or set(names) - set(PROVIDERS):
+        raise click.BadParameter(f"expected comma-separated providers out of {', '.join(PROVIDERS)}, got {value!r}",
+                                 param_hint="--providers")
+    return names
+
+
+def quant_target_option(fn: Callable) -> Callable:
+    """``--quant-target``, default from the providers; read back by :func:`quant_target_for`."""
+    return click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=None,
+                        help=QUANT_TARGET_HELP + " Default: tensorrt when --providers includes tensorrt, else "
+                                                 f"{PipelineConfig.quant_target}.")(fn)
+
+
+def quant_target_for(given: str | None, providers: tuple[str, ...]) -> str:
+    """The INT8 format: ``--quant-target`` when given, else TensorRT's when tensorrt is among ``providers`` (what
+    TensorRT builds), else the pipeline's default."""
+    return given or ("tensorrt" if "tensorrt" in providers else PipelineConfig.quant_target)
 
 
 def shape_options(input_shape: tuple[str, ...],
@@ -281,7 +311,7 @@ def recovery_options(fn: Callable) -> Callable:
                           "distributed result; default in one process: batch statistics."),
         click.option("--recover-int8", is_flag=True, cls=GroupedOption, group=RECOVERY_GROUP,
                      help="Quantisation-aware recovery: train with weights and layer inputs fake-quantised in the "
-                          "target's INT8 format (run: --quant-target; compress: --target-provider), learning the "
+                          "target's INT8 format (--quant-target, by default from --providers), learning the "
                           "activation ranges; run's INT8 export then uses the trained ranges, beside a post-training "
                           "INT8 (.ptq.int8) of the same weights."),
     ]):
@@ -320,13 +350,11 @@ def pipeline_options(fn: Callable) -> Callable:
         click.option("--overwrite", is_flag=True, help="Replace an existing run directory."),
         click.option("--batch", default=",".join(map(str, PipelineConfig.batch_sizes)), show_default=True,
                      help="Comma-separated batch sizes."),
-        click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True,
-                     help=f"Comma-separated: {', '.join(PROVIDERS)}."),
+        providers_option(),
         click.option("--no-int8", is_flag=True, help="Skip INT8 quantisation."),
         click.option("--fp16", is_flag=True, help="FP16 copies (LABEL.fp16) of the original and every variant even "
                                                   "without a cuda/tensorrt provider (made anyway with one)."),
-        click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=None,
-                     help=QUANT_TARGET_HELP + " Default: tensorrt when --providers includes tensorrt, else cpu."),
+        quant_target_option,
         click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=PipelineConfig.quant_mode,
                      show_default=True,
                      help="static: calibrated QDQ; dynamic: weights only, activations quantised at run time."),

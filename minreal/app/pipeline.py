@@ -343,8 +343,8 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
     result = CaseResult(case.name, records, relative_to(to_jsonable(bench), case_dir), stages, list(case.notes))
     write_json(result.bench, case_dir / "bench.json")  # a `minreal bench` report, paths relative to the case
     slow = fp16_warnings + int8_quality_warnings(result) + slowdown_warnings(result)
-    for w in slow:
-        progress(f"[{case.name}] WARNING: {w}")
+    if slow:  # each warning is printed once, with the results (finish_run), and kept in report.json
+        progress(f"[{case.name}] {len(slow)} warning(s), listed with the results")
     result.warnings, result.data_check = mismatch + slow, dataclasses.asdict(check)
     return result
 
@@ -359,8 +359,8 @@ def _data_check(case: RunCase, cfg: PipelineConfig, progress: Progress) -> tuple
     check = require_match(check_data(case.model, {"evaluation": case.test, "calibration": case.train}),
                           cfg.allow_data_mismatch)
     warnings = [f"--allow-data-mismatch: {check.message()}"] if check.allowed else []
-    for w in warnings:
-        progress(f"[{case.name}] WARNING: {w}")
+    if warnings:  # the warning itself is printed once, with the results
+        progress(f"[{case.name}] going on despite a data mismatch (--allow-data-mismatch)")
     return check, warnings
 
 

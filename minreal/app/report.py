@@ -114,7 +114,7 @@ def _within_budget(m: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[bool,
     """Whether a model's held-out quality is within :data:`VERDICT_MAX_DROP_PP` of the original's, and its cost."""
     if m.get("accuracy") is not None and base.get("accuracy") is not None:
         drop = 100 * (base["accuracy"] - m["accuracy"])
-        return drop <= VERDICT_MAX_DROP_PP + 1e-9, f"accuracy {-drop:+.2f} pp"
+        return drop <= VERDICT_MAX_DROP_PP + 1e-9, f"accuracy {0.0 - drop:+.2f} pp".replace("-0.00", "+0.00")
     if m.get("mse") is not None and base.get("mse") is not None:
         rise = m["mse"] / base["mse"] - 1 if base["mse"] > 0 else 0.0
         return rise <= 0.01 * VERDICT_MAX_DROP_PP + 1e-12, f"MSE {100 * rise:+.1f} %"

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HOLDOUT_FRACTION", "FP16_PROVIDERS", "PipelineConfig"]
 
-#: Share of the data held out for measurement unless the user says otherwise (--calib-holdout, digits splits).
+#: Share of the data held out for measurement unless the user says otherwise (--data-holdout, digits splits).
 HOLDOUT_FRACTION = 0.25
 
 FP16_PROVIDERS: tuple[str, ...] = ("cuda", "tensorrt")

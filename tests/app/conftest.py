@@ -1,8 +1,8 @@
-"""Shared fixtures of the application tests: a factory file with model and data callables."""
+"""Shared fixtures of the application tests: a factory file with model and data callables (the working directory
+with ``net.py`` and the in-process CLI runner that every command-line test uses are in ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,27 +46,3 @@ def factory_file(tmp_path: Path) -> Path:
     path = tmp_path / "factory.py"
     path.write_text(FACTORY_SOURCE)
     return path
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture) -> Callable[[list[str]], tuple[int, str, str]]:
-    """Run the CLI in this process: ``cli(args)`` gives its exit code, stdout and stderr."""
-    from minreal.app.cli import run
-
-    def invoke(args: list[str]) -> tuple[int, str, str]:
-        code, out = run(args), capsys.readouterr()
-        return code, out.out, out.err
-
-    return invoke
-
-
-@pytest.fixture
-def in_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
-    """``in_folder(source)``: ``net.py`` holding ``source`` in a fresh working directory (returned)."""
-
-    def make(source: str) -> Path:
-        (tmp_path / "net.py").write_text(source)
-        monkeypatch.chdir(tmp_path)
-        return tmp_path
-
-    return make

@@ -3,39 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from minreal.app.cli import cli, run
+from minreal.app.cli import cli
 
-FACTORY = """
-import torch
-from torch import nn
-
-def make():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
-
-def broken():
-    return nn.Sequential(nn.Linear(3, 2))
-"""
 QUICK_BENCH = ["--min-seconds", "0.05", "--repeats", "1"]
-
-
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "net.py").write_text(FACTORY)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    """Exit code, stdout and stderr of the CLI run in this process."""
-    code, out = run(args), capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_help_lists_every_subcommand() -> None:
@@ -99,7 +76,7 @@ def test_compress_writes_program_and_report(workdir: Path) -> None:
     import torch
 
     result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd",
-                                      "--layer-mac-ratio", "0.5", "--calib",
+                                      "--layer-mac-ratio", "0.5", "--data",
                                       "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q"])
     assert result.exit_code == 0, result.output
     report = json.loads(Path("r.json").read_text())
@@ -109,61 +86,61 @@ def test_compress_writes_program_and_report(workdir: Path) -> None:
     assert out.shape == (3, 10)
 
 
-def test_option_not_of_method_is_usage_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat", "--merge-eps",
-                             "0.1"], capsys)
+def test_option_not_of_method_is_usage_error(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "digits-flat", "--merge-eps",
+                            "0.1"])
     assert code == 2
     assert "--merge-eps does not apply to method 'svd'" in err
     assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("args, culprit", [
-    (["compress", "missing.py:make", "--method", "svd", "--calib", "digits-flat"], "missing.py"),
-    (["compress", "net.py:nothere", "--method", "svd", "--calib", "digits-flat"], "nothere"),
-    (["compress", "net.py:make", "--method", "svd", "--calib", "nofile.npz"], "nofile.npz"),
-    (["compress", "net.py:broken", "--method", "svd", "--calib", "digits-flat"], "net.py:broken"),
-    (["compress", "net.py:make", "--method", "nosuch", "--calib", "digits-flat"], "nosuch"),
+    (["compress", "missing.py:make", "--method", "svd", "--data", "digits-flat"], "missing.py"),
+    (["compress", "net.py:nothere", "--method", "svd", "--data", "digits-flat"], "nothere"),
+    (["compress", "net.py:make", "--method", "svd", "--data", "nofile.npz"], "nofile.npz"),
+    (["compress", "net.py:broken", "--method", "svd", "--data", "digits-flat"], "net.py:broken"),
+    (["compress", "net.py:make", "--method", "nosuch", "--data", "digits-flat"], "nosuch"),
     (["bench", "absent.onnx"], "absent.onnx"),
     (["bench", "net.py", "--providers", "warp"], "warp"),
     (["check", "absent.json", "--min-agreement", "0.9"], "absent.json"),
 ])
-def test_bad_input_is_one_line_error(workdir: Path, capsys: pytest.CaptureFixture, args: list[str],
+def test_bad_input_is_one_line_error(workdir: Path, run_cli: Callable, args: list[str],
                                      culprit: str) -> None:
-    code, _, err = run_main(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 2
     assert culprit in err
     assert "Traceback" not in err
     assert len([line for line in err.strip().splitlines() if "error" in line.lower()]) == 1
 
 
-def test_data_of_wrong_shape(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_data_of_wrong_shape(workdir: Path, run_cli: Callable) -> None:
     np.savez(workdir / "bad.npz", x=np.zeros((10, 5), np.float32))
-    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "bad.npz"], capsys)
+    code, _, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "bad.npz"])
     assert code == 2 and "forward failed" in err and "(2, 5)" in err
 
 
-def test_export_bench_check_roundtrip(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, out, err = run_main(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--int8", "-q",
-                               "--json"], capsys)
+def test_export_bench_check_roundtrip(workdir: Path, run_cli: Callable) -> None:
+    code, out, err = run_cli(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--int8", "-q",
+                              "--json"])
     assert code == 0, err
     record = json.loads(out)  # --json: stdout holds exactly one JSON document
     assert record["macs"] == 64 * 48 + 48 * 10 and record["tensorrt_readiness"]["ready"]
     assert Path("m.onnx").exists() and Path("m.int8.onnx").exists()
     assert not list(workdir.glob(".*tmp*"))  # no temp files left behind
-    code, out, err = run_main(["bench", "m.onnx", "m.int8.onnx", "--data", "digits-flat", "--batch", "1,4",
-                               "--out", "b.json", "--json", "-q", *QUICK_BENCH], capsys)
+    code, out, err = run_cli(["bench", "m.onnx", "m.int8.onnx", "--data", "digits-flat", "--batch", "1,4",
+                              "--out", "b.json", "--json", "-q", *QUICK_BENCH])
     assert code == 0, err
     report = json.loads(out)
     assert {r["batch_size"] for r in report["latency"]} == {1, 4}
     assert Path("b.json").exists() and Path("b.md").exists()
-    code, _, _ = run_main(["check", "b.json", "--min-agreement", "0.5", "-q"], capsys)
+    code, _, _ = run_cli(["check", "b.json", "--min-agreement", "0.5", "-q"])
     assert code == 0
-    code, out, err = run_main(["check", "b.json", "--max-latency-ratio", "1e-6"], capsys)
+    code, out, err = run_cli(["check", "b.json", "--max-latency-ratio", "1e-6"])
     assert code == 1
     assert "FAIL" in out and "latency_ratio" in err and "allowed 1e-06" in err
 
 
-def test_export_int8_keep_roundtrips_reaches_the_quantiser(workdir: Path, capsys: pytest.CaptureFixture,
+def test_export_int8_keep_roundtrips_reaches_the_quantiser(workdir: Path, run_cli: Callable,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import minreal.export.quantize as quantize
     from minreal.export.variant import VariantConfig
@@ -172,14 +149,14 @@ def test_export_int8_keep_roundtrips_reaches_the_quantiser(workdir: Path, capsys
     real = quantize._drop_roundtrips
     monkeypatch.setattr(quantize, "_drop_roundtrips", lambda *a: seen.append(a) or real(*a))
     for out, flag in (("a.onnx", []), ("b.onnx", ["--int8-keep-roundtrips"])):
-        code, _, err = run_main(["export", "net.py:make", "--out", out, "--data", "digits-flat", "--int8", "-q",
-                                 *flag], capsys)
+        code, _, err = run_cli(["export", "net.py:make", "--out", out, "--data", "digits-flat", "--int8", "-q",
+                                *flag])
         assert code == 0, err
         assert len(seen) == 1  # the default pass runs; with the flag it is skipped
     assert VariantConfig(drop_roundtrips=False).quant_config().drop_roundtrips is False
 
 
-def test_export_int8_says_its_format_and_warns_where_it_saturates(workdir: Path, capsys: pytest.CaptureFixture,
+def test_export_int8_says_its_format_and_warns_where_it_saturates(workdir: Path, run_cli: Callable,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """``cpu`` is shown resolved; an 8-bit file on a (pretended) AVX2-only CPU is flagged with its cause; the INT8
     file's agreement with its fp32 source on --data is measured and recorded."""
@@ -187,12 +164,12 @@ def test_export_int8_says_its_format_and_warns_where_it_saturates(workdir: Path,
 
     monkeypatch.setattr(cpu_facts, "cpu_isa", lambda: cpu_facts.CpuIsa("x86_64", ("avx2",), "/proc/cpuinfo"))
     monkeypatch.setattr(cpu_facts, "u8s8_saturates", lambda: None)
-    code, _, err = run_main(["export", "net.py:make", "--out", "a.onnx", "--data", "digits-flat", "--int8"], capsys)
+    code, _, err = run_cli(["export", "net.py:make", "--out", "a.onnx", "--data", "digits-flat", "--int8"])
     assert code == 0, err
     assert "quantising to INT8 (static, cpu → cpu-avx2)" in err and "INT8 format: cpu-avx2 (uint8 activations, " \
         "7-bit weights)" in err and "top-1 agreement" in err
-    code, out, err = run_main(["export", "net.py:make", "--out", "b.onnx", "--data", "digits-flat", "--int8",
-                               "--quant-target", "cpu-vnni", "--json"], capsys)
+    code, out, err = run_cli(["export", "net.py:make", "--out", "b.onnx", "--data", "digits-flat", "--int8",
+                              "--quant-target", "cpu-vnni", "--json"])
     assert code == 0, err
     assert "WARNING: the INT8 file may be inaccurate here (likely cause: saturation" in err
     quantization = json.loads(out)["quantization"]
@@ -200,17 +177,17 @@ def test_export_int8_says_its_format_and_warns_where_it_saturates(workdir: Path,
     assert 0.0 <= quantization["fp32_agreement"] <= 1.0 and quantization["fp32_relative_mse"] >= 0.0
 
 
-def test_export_without_calibration_refuses_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["export", "net.py:make", "--out", "m.onnx", "--input-shape", "64", "--int8"], capsys)
+def test_export_without_calibration_refuses_int8(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["export", "net.py:make", "--out", "m.onnx", "--input-shape", "64", "--int8"])
     assert code == 2 and "calibration" in err
     assert not Path("m.onnx").exists()
 
 
-def test_run_pipeline_and_overwrite_guard(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_run_pipeline_and_overwrite_guard(workdir: Path, run_cli: Callable) -> None:
     args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd",
             "--layer-mac-ratio", "0.5", "--data", "digits-flat",
             "--out", "runs/a", "--batch", "1", "-q", *QUICK_BENCH]
-    code, _, err = run_main(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 0, err
     text = Path("runs/a/report.json").read_text()
     assert "staging" not in text and str(workdir) not in text  # paths are relative to the run directory
@@ -219,16 +196,16 @@ def test_run_pipeline_and_overwrite_guard(workdir: Path, capsys: pytest.CaptureF
     labels = [v["label"] for v in report["cases"][0]["variants"]]
     assert labels == ["original", "svd", "original.int8", "svd.int8"]  # INT8 of the original: the baseline
     assert Path("runs/a/report.md").exists() and Path("runs/a/plot.png").exists()
-    code, _, err = run_main(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 2 and "--overwrite" in err
-    code, _, _ = run_main(["check", "runs/a/report.json", "--min-agreement", "0.0", "-q"], capsys)
+    code, _, _ = run_cli(["check", "runs/a/report.json", "--min-agreement", "0.0", "-q"])
     assert code == 0
 
 
-def test_unwritable_output_directory(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_unwritable_output_directory(workdir: Path, run_cli: Callable) -> None:
     Path("blocker").write_text("a file, not a directory")
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat",
-                             "--out", "blocker/run"], capsys)
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat",
+                            "--out", "blocker/run"])
     assert code == 2 and "blocker" in err
 
 
@@ -278,10 +255,10 @@ def test_int8_quality_warnings_name_the_likely_cause() -> None:
     assert line.startswith("INT8 model loses quality: svd.int8 MSE 2.3 vs 2 (+15 %)") and "7-bit" in line
 
 
-def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, run_cli: Callable) -> None:
     args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
             "runs/d", "--batch", "2", "--quant-mode", "dynamic", "-q", *QUICK_BENCH]
-    code, _, err = run_main(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 0, err
     variants = json.loads(Path("runs/d/report.json").read_text())["cases"][0]["variants"]
     assert variants[0]["tensorrt_readiness"]["ready"] is True  # fp32 graph: standard ops only
@@ -290,16 +267,16 @@ def test_run_records_tensorrt_readiness_and_dynamic_int8(workdir: Path, capsys: 
     assert variants[3]["quantization"]["integer_kernels"] > 0
 
 
-def test_output_never_overwrites_an_input(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_output_never_overwrites_an_input(workdir: Path, run_cli: Callable) -> None:
     before = Path("net.py").read_text()
-    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat", "--out",
-                             "net.py"], capsys)
+    code, _, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
+                            "net.py"])
     assert code == 2 and "is the input file" in err
     assert Path("net.py").read_text() == before
 
 
-def test_demo_single_case_end_to_end(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, out, err = run_main(["demo", "--only", "digits-mlp", "--out", "runs/demo"], capsys)
+def test_demo_single_case_end_to_end(workdir: Path, run_cli: Callable) -> None:
+    code, out, err = run_cli(["demo", "--only", "digits-mlp", "--out", "runs/demo"])
     assert code == 0, err
     report = json.loads(Path("runs/demo/report.json").read_text())
     assert [c["name"] for c in report["cases"]] == ["digits-mlp"]
@@ -311,47 +288,46 @@ def test_demo_single_case_end_to_end(workdir: Path, capsys: pytest.CaptureFixtur
     assert Path("runs/demo/plot.png").exists() and Path("runs/demo/report.md").exists()
 
 
-def test_demo_unknown_case_is_usage_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["demo", "--only", "nosuch", "--out", "runs/x"], capsys)
+def test_demo_unknown_case_is_usage_error(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["demo", "--only", "nosuch", "--out", "runs/x"])
     assert code == 2 and "nosuch" in err and "digits-mlp" in err
     assert not Path("runs/x").exists()
 
 
-def test_check_without_criteria_is_usage_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_check_without_criteria_is_usage_error(workdir: Path, run_cli: Callable) -> None:
     Path("r.json").write_text("{}")
-    code, _, err = run_main(["check", "r.json"], capsys)
+    code, _, err = run_cli(["check", "r.json"])
     assert code == 2 and "at least one criterion" in err
 
 
-def test_overwrite_replaces_only_run_directories(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_overwrite_replaces_only_run_directories(workdir: Path, run_cli: Callable) -> None:
     project = workdir / "proj"
     project.mkdir()
     (project / "notes.txt").write_text("keep me")
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat",
-                             "--out", "proj", "--overwrite"], capsys)
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat",
+                            "--out", "proj", "--overwrite"])
     assert code == 2 and "not a minreal run directory" in err
     assert (project / "notes.txt").read_text() == "keep me"
 
 
-def test_run_directory_may_not_contain_inputs(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat",
-                             "--out", "."], capsys)
+def test_run_directory_may_not_contain_inputs(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat",
+                            "--out", "."])
     assert code == 2 and "contains the input" in err
     assert Path("net.py").exists()
 
 
-def test_bench_and_report_outputs_never_overwrite_inputs(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bench_and_report_outputs_never_overwrite_inputs(workdir: Path, run_cli: Callable) -> None:
     np.savez("d.npz", x=np.random.rand(8, 64).astype(np.float32))
     before = Path("d.npz").read_bytes()
-    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "d.npz", "--report", "d.npz"],
-                            capsys)
+    code, _, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "d.npz", "--report", "d.npz"])
     assert code == 2 and "is the input file" in err and Path("d.npz").read_bytes() == before
-    code, _, err = run_main(["bench", "net.py", "--out", "net.py"], capsys)
+    code, _, err = run_cli(["bench", "net.py", "--out", "net.py"])
     assert code == 2 and "is the input file" in err
 
 
 def test_compress_with_recovery_records_it(workdir: Path) -> None:
-    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--calib",
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data",
                                       "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q",
                                       "--recover-epochs", "1"])
     assert result.exit_code == 0, result.output
@@ -366,9 +342,9 @@ def test_compress_with_recovery_records_it(workdir: Path) -> None:
 
 
 def test_compress_without_held_out_compares_on_the_calibration_data(workdir: Path) -> None:
-    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--calib",
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data",
                                       "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q",
-                                      "--recover-epochs", "1", "--calib-holdout", "0"])
+                                      "--recover-epochs", "1", "--data-holdout", "0"])
     assert result.exit_code == 0, result.output
     report = json.loads(Path("r.json").read_text())
     assert "top1_agreement" in report["measured"]["recovered"] and report["measured"]["held_out"] is None
@@ -376,24 +352,24 @@ def test_compress_without_held_out_compares_on_the_calibration_data(workdir: Pat
 
 
 def test_compress_without_recovery_reports_none(workdir: Path) -> None:
-    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--calib",
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data",
                                       "digits-flat", "--out", "small.pt2", "--report", "r.json", "-q"])
     assert result.exit_code == 0, result.output
     report = json.loads(Path("r.json").read_text())
     assert report["recovery"] is None and "recovered" not in report["measured"]
 
 
-def test_recovery_flags_clash_is_an_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat",
-                             "--recover-epochs", "1", "--recover-steps", "3"], capsys)
+def test_recovery_flags_clash_is_an_error(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "digits-flat",
+                            "--recover-epochs", "1", "--recover-steps", "3"])
     assert code != 0 and "--recover-steps" in err and not Path("compressed.pt2").exists()
 
 
-def test_run_with_recovery_reports_zero_shot_and_recovered(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_run_with_recovery_reports_zero_shot_and_recovered(workdir: Path, run_cli: Callable) -> None:
     args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data",
             "digits-flat", "--out", "runs/r", "--batch", "1", "--no-int8", "--recover-epochs", "1",
             "--recover-features", "auto", *QUICK_BENCH]
-    code, out, err = run_main(args, capsys)
+    code, out, err = run_cli(args)
     assert code == 0, err
     report = json.loads(Path("runs/r/report.json").read_text())
     comp = report["cases"][0]["variants"][1]["compression"]
@@ -409,7 +385,7 @@ def test_run_with_recovery_reports_zero_shot_and_recovered(workdir: Path, capsys
     assert "## Recovery: zero-shot vs recovered" in md
 
 
-def test_first_ctrl_c_in_recovery_ends_it_and_the_run_goes_on(workdir: Path, capsys: pytest.CaptureFixture,
+def test_first_ctrl_c_in_recovery_ends_it_and_the_run_goes_on(workdir: Path, run_cli: Callable,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C arrives as KeyboardInterrupt in the training loop (here at the 4th step): the best weights so far are
     kept, the run finishes, exit 0, and the report says "interrupted"."""
@@ -426,14 +402,14 @@ def test_first_ctrl_c_in_recovery_ends_it_and_the_run_goes_on(workdir: Path, cap
     monkeypatch.setattr(recover_mod, "_step", interrupting)
     args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data",
             "digits-flat", "--out", "runs/i", "--batch", "1", "--no-int8", "--recover-epochs", "50", *QUICK_BENCH]
-    code, out, err = run_main(args, capsys)
+    code, out, err = run_cli(args)
     assert code == 0, err
     comp = json.loads(Path("runs/i/report.json").read_text())["cases"][0]["variants"][1]["compression"]
     assert comp["recovery"]["interrupted"] is True and comp["recovery"]["steps"] == 3
     assert "interrupted" in out and "INTERRUPTED" in Path("runs/i/report.md").read_text()
 
 
-def test_second_ctrl_c_while_recovery_stops_aborts_and_leaves_nothing(workdir: Path, capsys: pytest.CaptureFixture,
+def test_second_ctrl_c_while_recovery_stops_aborts_and_leaves_nothing(workdir: Path, run_cli: Callable,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     import minreal.compress.core.recover as recover_mod
 
@@ -444,13 +420,13 @@ def test_second_ctrl_c_while_recovery_stops_aborts_and_leaves_nothing(workdir: P
     monkeypatch.setattr(recover_mod, "log_progress", interrupt)  # the second one arrives while stopping
     args = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.5", "--data",
             "digits-flat", "--out", "runs/j", "--batch", "1", "--no-int8", "--recover-epochs", "5", *QUICK_BENCH]
-    code, _, err = run_main(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 1 and "aborted" in err and "Traceback" not in err
     assert not Path("runs/j").exists()
     assert not Path("runs").exists() or not list(Path("runs").iterdir())  # no staging folder, no lock file
 
 
-def test_second_ctrl_c_in_the_next_variants_recovery_aborts(workdir: Path, capsys: pytest.CaptureFixture,
+def test_second_ctrl_c_in_the_next_variants_recovery_aborts(workdir: Path, run_cli: Callable,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Each variant recovers separately: after the first Ctrl-C ended one recovery, the next one aborts the run."""
     import minreal.compress.core.recover as recover_mod
@@ -462,13 +438,13 @@ def test_second_ctrl_c_in_the_next_variants_recovery_aborts(workdir: Path, capsy
     args = ["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "factorize", "--mac-ratio", "0.5",
             "--data", "digits-flat", "--out", "runs/k", "--batch", "1", "--no-int8", "--recover-epochs", "5",
             *QUICK_BENCH]
-    code, _, err = run_main(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 1 and "aborted" in err and "Traceback" not in err and not Path("runs/k").exists()
 
 
-def test_compress_refuses_int8_ranges_it_could_not_use(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["compress", "net.py:make", "-m", "svd", "--mac-ratio", "0.5", "--calib", "digits-flat",
-                             "--recover-epochs", "1", "--recover-int8"], capsys)
+def test_compress_refuses_int8_ranges_it_could_not_use(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["compress", "net.py:make", "-m", "svd", "--mac-ratio", "0.5", "--data", "digits-flat",
+                            "--recover-epochs", "1", "--recover-int8"])
     assert code == 2 and "minreal run" in err and not Path("compressed.pt2").exists()
 
 

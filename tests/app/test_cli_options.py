@@ -4,11 +4,12 @@ budgets, plan files."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+import click
 import pytest
 
-from minreal.app.cli import run
 from minreal.app.method_options import MethodOptionError, build_config, build_configs
 from minreal.app.plan import PlanError, load_plan
 from minreal.compress import compress
@@ -16,33 +17,13 @@ from minreal.compress.core.errors import CompressionError
 from minreal.compress.methods.factorize import FactorizeConfig
 from minreal.compress.methods.magnitude import MagnitudeConfig
 
-FACTORY = """
-import torch
-from torch import nn
 
-def make():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
-"""
-
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "net.py").write_text(FACTORY)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    """Exit code, stdout and stderr of the CLI run in this process."""
-    code, out = run(args), capsys.readouterr()
-    return code, out.out, out.err
-
-
-@pytest.mark.parametrize("old", ["--flops", "--params", "--eps", "--finetune-epochs", "--calibration-samples"])
-def test_the_old_spellings_are_gone(workdir: Path, capsys: pytest.CaptureFixture, old: str) -> None:
+@pytest.mark.parametrize("old", ["--flops", "--params", "--eps", "--finetune-epochs", "--calibration-samples",
+                                 "--calib", "--calib-holdout", "--target-provider"])
+def test_the_old_spellings_are_gone(workdir: Path, run_cli: Callable, old: str) -> None:
     """No release shipped them: no hidden alias, no warning, a usage error naming the option."""
-    code, _, err = run_main(["compress", "net.py:make", "-m", "svd", old, "0.5", "--calib", "digits-flat",
-                             "--out", "a.pt2"], capsys)
+    code, _, err = run_cli(["compress", "net.py:make", "-m", "svd", old, "0.5", "--data", "digits-flat",
+                            "--out", "a.pt2"])
     assert code == 2 and f"No such option '{old}'" in err and not Path("a.pt2").exists()
 
 
@@ -62,16 +43,16 @@ def test_an_option_no_chosen_method_declares_is_an_error_naming_its_owners() -> 
     assert "\n" not in msg
 
 
-def test_run_with_two_methods_gives_each_its_own_options(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "fde", "--merge-eps",
-                             "0.1", "--data", "digits-flat", "--out", "runs/two", "--batch", "1", "--no-int8", "-q",
-                             "--min-seconds", "0.05", "--repeats", "1"], capsys)
+def test_run_with_two_methods_gives_each_its_own_options(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "fde", "--merge-eps",
+                            "0.1", "--data", "digits-flat", "--out", "runs/two", "--batch", "1", "--no-int8", "-q",
+                            "--min-seconds", "0.05", "--repeats", "1"])
     assert code == 0, err
     variants = json.loads(Path("runs/two/report.json").read_text())["cases"][0]["variants"]
     config = {v["label"]: v["compression"]["config"] for v in variants if v.get("compression")}
     assert config["fde"]["merge_eps"] == 0.1 and "merge_eps" not in config["svd"]
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--merge-eps", "0.1",
-                             "--data", "digits-flat", "--out", "runs/bad", "--no-int8", "-q"], capsys)
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--merge-eps", "0.1",
+                            "--data", "digits-flat", "--out", "runs/bad", "--no-int8", "-q"])
     assert code == 2 and "--merge-eps applies to none of the chosen methods (svd)" in err
     assert not Path("runs/bad").exists()
 
@@ -109,11 +90,11 @@ factorize = { mac_ratio = 0.6 }
 """
 
 
-def test_plan_with_a_chain_runs_both_variants(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_plan_with_a_chain_runs_both_variants(workdir: Path, run_cli: Callable) -> None:
     Path("plan.toml").write_text(PLAN)
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data",
-                             "digits-flat", "--out", "runs/p", "--batch", "1", "--no-int8", "-q", "--min-seconds",
-                             "0.05", "--repeats", "1"], capsys)
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data",
+                            "digits-flat", "--out", "runs/p", "--batch", "1", "--no-int8", "-q", "--min-seconds",
+                            "0.05", "--repeats", "1"])
     assert code == 0, err
     variants = json.loads(Path("runs/p/report.json").read_text())["cases"][0]["variants"]
     assert [v["label"] for v in variants] == ["original", "svd", "fde+factorize"]
@@ -167,10 +148,10 @@ def test_plan_values_of_the_right_type_are_kept_exactly(tmp_path: Path) -> None:
     assert ssm.config.exclude == ("a", "b") and fde.config.scaling is False
 
 
-def test_bad_plan_value_exits_2_naming_the_key(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bad_plan_value_exits_2_naming_the_key(workdir: Path, run_cli: Callable) -> None:
     Path("plan.toml").write_text("[[variant]]\nmethod = 'svd'\nmac_ratio = 'abc'\n")
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data",
-                             "digits-flat", "--out", "runs/p", "--no-int8", "-q"], capsys)
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data",
+                            "digits-flat", "--out", "runs/p", "--no-int8", "-q"])
     assert code == 2 and "plan.toml: variant 1 (svd): mac_ratio (--mac-ratio)" in err and "Traceback" not in err
 
 
@@ -180,3 +161,65 @@ def test_no_flag_means_two_things() -> None:
     fields = {s.field for s in method_option_specs()}
     assert "calib_samples" not in fields and {"gramian_samples", "error_samples"} <= fields
     assert "calibration_samples" not in fields and "norm_samples" in fields
+
+
+#: Spellings no command has: what they named is --data, --data-holdout and --providers in every command.
+RETIRED = {"--calib", "--calib-holdout", "--target-provider", "--provider"}
+#: Parameter names (click's destinations) that mean the data or the providers, however the flag is spelt.
+DATA_NAMES, PROVIDER_NAMES = {"data", "calib", "calibration", "dataset"}, {"providers", "provider", "target_provider"}
+
+
+def _options(command: click.Command) -> dict[str, click.Option]:
+    return {p.name: p for p in command.get_params(click.Context(command)) if isinstance(p, click.Option)}
+
+
+def test_every_command_names_the_data_and_the_providers_alike() -> None:
+    """One concept, one option name in every command: --data for the data, --providers (comma-separated, the same
+    default) for the providers; --quant-target is one shared option where it follows the providers."""
+    from minreal.app.cli import cli
+
+    takes_data, takes_providers, defaults = set(), set(), set()
+    for name, command in cli.commands.items():
+        options = _options(command)
+        flags = {flag for p in options.values() for flag in (*p.opts, *p.secondary_opts)}
+        assert not flags & RETIRED, (name, flags & RETIRED)
+        for param in options.values():
+            if param.name in DATA_NAMES:
+                assert param.opts == ["--data"], (name, param.opts)
+                takes_data.add(name)
+            if param.name in PROVIDER_NAMES:
+                assert param.opts == ["--providers"], (name, param.opts)
+                takes_providers.add(name)
+                defaults.add(param.default)
+    assert takes_data == {"compress", "export", "bench", "run", "tune", "latency-table"}
+    assert takes_providers == {"compress", "bench", "run", "tune", "latency-table"} and defaults == {"cpu"}
+    assert _options(cli.commands["compress"])["holdout"].opts == ["--data-holdout"]
+    run_target, tune_target = (_options(cli.commands[c])["quant_target"] for c in ("run", "tune"))
+    assert (run_target.default, run_target.help) == (tune_target.default, tune_target.help) == (None, run_target.help)
+
+
+@pytest.mark.parametrize(("providers", "given", "target"), [
+    ("cpu", None, "cpu"), ("cuda", None, "cpu"), ("cpu,tensorrt", None, "tensorrt"),
+    ("tensorrt", "cpu-vnni", "cpu-vnni"),
+])
+def test_tune_takes_its_int8_format_from_the_providers_as_run_does(workdir: Path, run_cli: Callable,
+                                                                   monkeypatch: pytest.MonkeyPatch, providers: str,
+                                                                   given: str | None, target: str) -> None:
+    """tensorrt's format when tensorrt is among --providers, else cpu's; a given --quant-target wins."""
+    import minreal.app.commands.tune as tune_command
+
+    seen = []
+    monkeypatch.setattr(tune_command, "require_providers", lambda names, skip: None)  # tensorrt need not be here
+    monkeypatch.setattr(tune_command, "_tune_dry_run", lambda *args: seen.append(args[-1]))  # the config, unused
+    code, _, err = run_cli(["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9", "--providers",
+                            providers, "--dry-run", "-q", *(["--quant-target", given] if given else [])])
+    assert code == 0, err
+    assert [cfg.quant_target for cfg in seen] == [target]
+
+
+def test_latency_table_takes_exactly_one_provider(workdir: Path, run_cli: Callable) -> None:
+    for providers, culprit in (("cpu,cuda", "one provider, got cpu, cuda"), ("warp", "'warp'"), (",", "','")):
+        code, _, err = run_cli(["latency-table", "net.py:make", "--input-shape", "64", "--out", "t.json",
+                                "--providers", providers])
+        assert code == 2 and "Invalid value for --providers" in err and culprit in err, err
+        assert "Traceback" not in err and not Path("t.json").exists()

@@ -4,55 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from minreal.app.cli import run
 from minreal.app.mismatch import DataMismatchError, chance_threshold, check_data, is_conclusive, require_match
 from minreal.compress.core.data import Dataset
 
-NETS = """
-import torch
-from torch import nn
-
-from minreal.compress.datasets import digits
-
-
-def constant():
-    # logits that do not depend on the input (every answer is class 9): accuracy at chance
-    net = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
-    with torch.no_grad():
-        net[2].weight.mul_(1e-6)
-        net[2].bias.copy_(torch.arange(10.0))
-    return net
-
-
-def centroid():
-    # nearest class mean of the calibration digits: an accurate classifier without training
-    train, _ = digits(seed=0, as_images=False)
-    means = torch.stack([train.x[train.y == k].mean(0) for k in range(10)])
-    net = nn.Sequential(nn.Linear(64, 10))
-    with torch.no_grad():
-        net[0].weight.copy_(means)
-        net[0].bias.copy_(-0.5 * (means ** 2).sum(1))
-    return net
-"""
 QUICK_RUN = ["--batch", "1", "--no-int8", "--min-seconds", "0.05", "--repeats", "1", "-q"]
-
-
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "nets.py").write_text(NETS)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def _run(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    code, out = run(args), capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_threshold_is_the_wider_of_the_relative_margin_and_three_standard_errors() -> None:
@@ -110,13 +72,13 @@ def test_an_accurate_classifier_matches(workdir: Path) -> None:
     from minreal.app.models import load_model
 
     data = load_data("digits-flat")
-    check = check_data(load_model("nets.py:centroid"), {"evaluation": data.evaluation, "calibration": data.calib})
+    check = check_data(load_model("net.py:centroid"), {"evaluation": data.evaluation, "calibration": data.calib})
     assert check.verdict == "match" and check.accuracy > 0.85 and check.data == ["evaluation", "calibration"]
 
 
-def test_run_stops_on_chance_accuracy_before_any_work(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = _run(["run", "nets.py:constant", "-m", "svd", "--mac-ratio", "0.5", "--data", "digits-flat",
-                         "--out", "runs/a", *QUICK_RUN], capsys)
+def test_run_stops_on_chance_accuracy_before_any_work(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["run", "net.py:constant", "-m", "svd", "--mac-ratio", "0.5", "--data", "digits-flat",
+                            "--out", "runs/a", *QUICK_RUN])
     assert code == 2 and "Traceback" not in err
     (line,) = err.strip().splitlines()
     assert line.startswith("minreal: error: the original model's accuracy on the labelled evaluation and")
@@ -124,9 +86,9 @@ def test_run_stops_on_chance_accuracy_before_any_work(workdir: Path, capsys: pyt
     assert not Path("runs/a").exists() and not list(Path("runs").glob(".a*"))
 
 
-def test_run_goes_on_with_allow_data_mismatch_and_records_it(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = _run(["run", "nets.py:constant", "-m", "svd", "--mac-ratio", "0.5", "--data", "digits-flat",
-                         "--out", "runs/b", "--allow-data-mismatch", *QUICK_RUN], capsys)
+def test_run_goes_on_with_allow_data_mismatch_and_records_it(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["run", "net.py:constant", "-m", "svd", "--mac-ratio", "0.5", "--data", "digits-flat",
+                            "--out", "runs/b", "--allow-data-mismatch", *QUICK_RUN])
     assert code == 0, err
     assert "WARNING" in err and "at chance level" in err
     case = json.loads(Path("runs/b/report.json").read_text())["cases"][0]
@@ -136,20 +98,20 @@ def test_run_goes_on_with_allow_data_mismatch_and_records_it(workdir: Path, caps
     assert "at chance level" in Path("runs/b/report.md").read_text()
 
 
-def test_compress_warns_and_records_but_goes_on(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["-m", "svd", "--mac-ratio", "0.5", "--calib", "digits-flat", "-q"]
-    code, _, err = _run(["compress", "nets.py:constant", *args, "--out", "c.pt2", "--report", "c.json"], capsys)
+def test_compress_warns_and_records_but_goes_on(workdir: Path, run_cli: Callable) -> None:
+    args = ["-m", "svd", "--mac-ratio", "0.5", "--data", "digits-flat", "-q"]
+    code, _, err = run_cli(["compress", "net.py:constant", *args, "--out", "c.pt2", "--report", "c.json"])
     assert code == 0, err
     assert "WARNING: data mismatch: the original model's accuracy" in err
     assert json.loads(Path("c.json").read_text())["measured"]["data_check"]["verdict"] == "near_chance"
-    code, _, err = _run(["compress", "nets.py:centroid", *args, "--out", "m.pt2", "--report", "m.json"], capsys)
+    code, _, err = run_cli(["compress", "net.py:centroid", *args, "--out", "m.pt2", "--report", "m.json"])
     assert code == 0, err
     assert "data mismatch" not in err
     assert json.loads(Path("m.json").read_text())["measured"]["data_check"]["verdict"] == "match"
 
 
-def test_tune_stops_on_chance_accuracy(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = _run(["tune", "nets.py:constant", "--data", "digits-flat", "--max-accuracy-drop", "1",
-                         "--out", "t", "--cache-dir", "cache", "-q"], capsys)
+def test_tune_stops_on_chance_accuracy(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["tune", "net.py:constant", "--data", "digits-flat", "--max-accuracy-drop", "1",
+                            "--out", "t", "--cache-dir", "cache", "-q"])
     assert code == 2 and "at chance level" in err and "--allow-data-mismatch" in err
     assert not Path("t").exists()

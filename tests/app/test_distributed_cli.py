@@ -23,7 +23,7 @@ def make():
     torch.manual_seed(0)
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.BatchNorm1d(48), nn.ReLU(), nn.Linear(48, 10))
 """
-ARGS = ["net.py:make", "-m", "factorize", "--mac-ratio", "0.5", "--calib", "digits-flat", "--recover-epochs", "1",
+ARGS = ["net.py:make", "-m", "factorize", "--mac-ratio", "0.5", "--data", "digits-flat", "--recover-epochs", "1",
         "-q"]
 
 

@@ -29,8 +29,8 @@ CASES = {
     "help": ([["--help"]], 0),
     "methods": ([["methods"], ["methods", "--json"]], 0),
     "every command's help": ([["*", "--help"]], 0),
-    "option errors": ([["compress", "model.py:f", "--calib", "digits", "--method", "nope"],
-                       ["compress", "model.py:f", "--calib", "digits", "--method", "svd", "--rank-fraction", "x"],
+    "option errors": ([["compress", "model.py:f", "--data", "digits", "--method", "nope"],
+                       ["compress", "model.py:f", "--data", "digits", "--method", "svd", "--rank-fraction", "x"],
                        ["tune", "--grid", "x"],
                        ["tune", "model.py:f", "--data", "digits", "--max-accuracy-drop", "1", "--grid", "x"],
                        ["tune", "model.py:f", "--data", "digits", "--max-accuracy-drop", "1", "--grid", "2"],
@@ -56,8 +56,8 @@ def test_the_command_line_starts_without_torch_or_onnxruntime(case: str, tmp_pat
 def test_compress_imports_no_onnx(tmp_path: Path, factory_file: Path) -> None:
     """``compress`` writes a torch program: it needs torch but neither onnx nor ONNX Runtime (about a second of
     imports on a 2-core machine)."""
-    calls = [["compress", f"{factory_file}:make", "--method", "factorize", "--mac-ratio", "0.8", "--calib",
-              f"{factory_file}:data", "--calib-holdout", "0", "--out", str(tmp_path / "small.pt2"),
+    calls = [["compress", f"{factory_file}:make", "--method", "factorize", "--mac-ratio", "0.8", "--data",
+              f"{factory_file}:data", "--data-holdout", "0", "--out", str(tmp_path / "small.pt2"),
               "--report", str(tmp_path / "r.json"), "-q"]]
     proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(calls), json.dumps(HEAVY)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
@@ -72,12 +72,12 @@ def test_the_console_script_exits_with_the_command_s_code_and_all_its_output(tmp
     """``console()`` skips the interpreter's teardown once torch is loaded: the exit code, stdout, stderr and the
     files a command wrote are all there (a success, and a failure after torch was loaded)."""
     entry = "from minreal.app.cli import console; console()"
-    base = ["compress", f"{factory_file}:make", "--method", "svd", "--mac-ratio", "0.8", "--calib-holdout", "0",
+    base = ["compress", f"{factory_file}:make", "--method", "svd", "--mac-ratio", "0.8", "--data-holdout", "0",
             "--out", str(tmp_path / "small.pt2")]
-    ok = subprocess.run([sys.executable, "-c", entry, *base, "--calib", f"{factory_file}:data", "--report",
+    ok = subprocess.run([sys.executable, "-c", entry, *base, "--data", f"{factory_file}:data", "--report",
                          str(tmp_path / "r.json")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
     assert "saved" in ok.stdout and json.loads((tmp_path / "r.json").read_text())["method"] == "svd"
-    bad = subprocess.run([sys.executable, "-c", entry, *base, "--calib", str(tmp_path / "missing.npz")],
+    bad = subprocess.run([sys.executable, "-c", entry, *base, "--data", str(tmp_path / "missing.npz")],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "missing.npz" in bad.stderr and bad.stderr.rstrip().count("\n") <= 3, bad.stderr

@@ -7,32 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import onnx
-import pytest
 from onnx import TensorProto
 
 from minreal.app.pipeline import CaseResult, PipelineConfig, slowdown_warnings
 from minreal.app.report import FP16_HEADERS, fp16_rows
 
-FACTORY = """
-import torch
-from torch import nn
-
-def make():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
-
-def huge():
-    net = make()
-    with torch.no_grad():
-        net[1].weight[0, 28] = 1e5  # beyond float16's 65504 (a central pixel)
-    return net
-"""
 QUICK = ["--min-seconds", "0.02", "--repeats", "1", "--batch", "2", "-q"]
-
-
-@pytest.fixture
-def workdir(in_folder) -> Path:
-    return in_folder(FACTORY)
 
 
 def _case(out: str) -> tuple[dict, Path]:
@@ -41,9 +21,9 @@ def _case(out: str) -> tuple[dict, Path]:
     return case, Path(out, case["name"])
 
 
-def test_export_fp16_writes_checked_copy_beside_out(workdir: Path, cli: Callable) -> None:
-    code, out, err = cli(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--fp16", "-q",
-                               "--json"])
+def test_export_fp16_writes_checked_copy_beside_out(workdir: Path, run_cli: Callable) -> None:
+    code, out, err = run_cli(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--fp16", "-q",
+                              "--json"])
     assert code == 0, err
     record = json.loads(out)
     assert record["fp16"]["parity"]["status"] == "passed" and record["fp16"]["out_path"] == "m.fp16.onnx"
@@ -51,26 +31,25 @@ def test_export_fp16_writes_checked_copy_beside_out(workdir: Path, cli: Callable
     graph = onnx.load("m.fp16.onnx").graph
     assert graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
     assert not list(workdir.glob(".*tmp*"))
-    code, out, err = cli(["export", "net.py:make", "--out", "h.onnx", "--data", "digits-flat", "--fp16",
-                               "--fp16-io", "-q", "--json"])
+    code, out, err = run_cli(["export", "net.py:make", "--out", "h.onnx", "--data", "digits-flat", "--fp16",
+                              "--fp16-io", "-q", "--json"])
     assert code == 0, err
     assert onnx.load("h.fp16.onnx").graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT16
     assert json.loads(out)["fp16"]["parity"]["passed"] is True
 
 
-def test_export_fp16_option_errors(workdir: Path, cli: Callable) -> None:
-    code, _, err = cli(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--fp16-io"])
+def test_export_fp16_option_errors(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--fp16-io"])
     assert code == 2 and "--fp16-io" in err and "--fp16" in err
-    code, _, err = cli(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--fp16",
-                             "--fixed-shapes", "batch=1"])
+    code, _, err = run_cli(["export", "net.py:make", "--out", "m.onnx", "--data", "digits-flat", "--fp16",
+                            "--fixed-shapes", "batch=1"])
     assert code == 2 and "--fixed-shapes" in err
     assert not Path("m.onnx").exists() and not Path("m.fp16.onnx").exists()
 
 
-def test_run_fp16_on_cpu_benchmarks_and_reports_fp16_rows(workdir: Path, cli: Callable) -> None:
-    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd",
-                        "--layer-mac-ratio", "0.5", "--data",
-                             "digits-flat", "--out", "runs/f", "--fp16", *QUICK])
+def test_run_fp16_on_cpu_benchmarks_and_reports_fp16_rows(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--layer-mac-ratio", "0.5",
+                            "--data", "digits-flat", "--out", "runs/f", "--fp16", *QUICK])
     assert code == 0, err
     case, folder = _case("runs/f")
     labels = [v["label"] for v in case["variants"]]
@@ -87,24 +66,22 @@ def test_run_fp16_on_cpu_benchmarks_and_reports_fp16_rows(workdir: Path, cli: Ca
     assert "original.fp16" in md and "passed (cpu)" in md
 
 
-def test_gpu_provider_asks_for_fp16_rows(workdir: Path, cli: Callable) -> None:
+def test_gpu_provider_asks_for_fp16_rows(workdir: Path, run_cli: Callable) -> None:
     assert not PipelineConfig().wants_fp16() and PipelineConfig(fp16=True).wants_fp16()
     assert PipelineConfig(providers=("cpu", "cuda")).wants_fp16()
     assert PipelineConfig(providers=("tensorrt",)).wants_fp16()
-    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd",
-                        "--layer-mac-ratio", "0.5", "--data",
-                             "digits-flat", "--out", "runs/g", "--no-int8", "--providers", "cpu,cuda",
-                             "--skip-unavailable-providers", *QUICK])
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--layer-mac-ratio", "0.5",
+                            "--data", "digits-flat", "--out", "runs/g", "--no-int8", "--providers", "cpu,cuda",
+                            "--skip-unavailable-providers", *QUICK])
     assert code == 0, err
     case, folder = _case("runs/g")
     assert [v["label"] for v in case["variants"]] == ["original", "svd", "original.fp16", "svd.fp16"]
     assert "fp16" in case["stage_seconds"]
 
 
-def test_run_without_gpu_or_fp16_makes_no_fp16(workdir: Path, cli: Callable) -> None:
-    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd",
-                        "--layer-mac-ratio", "0.5", "--data",
-                             "digits-flat", "--out", "runs/n", "--no-int8", *QUICK])
+def test_run_without_gpu_or_fp16_makes_no_fp16(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--layer-mac-ratio", "0.5",
+                            "--data", "digits-flat", "--out", "runs/n", "--no-int8", *QUICK])
     assert code == 0, err
     case, folder = _case("runs/n")
     assert [v["label"] for v in case["variants"]] == ["original", "svd"]
@@ -112,10 +89,9 @@ def test_run_without_gpu_or_fp16_makes_no_fp16(workdir: Path, cli: Callable) -> 
     assert "FP16" not in Path("runs/n/report.md").read_text()
 
 
-def test_fp16_that_fails_parity_is_skipped_with_a_warning(workdir: Path, cli: Callable) -> None:
-    code, _, err = cli(["run", "--allow-data-mismatch", "net.py:huge", "-m", "svd",
-                        "--layer-mac-ratio", "0.5", "--data",
-                             "digits-flat", "--out", "runs/h", "--no-int8", "--fp16", *QUICK])
+def test_fp16_that_fails_parity_is_skipped_with_a_warning(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:huge", "-m", "svd", "--layer-mac-ratio", "0.5",
+                            "--data", "digits-flat", "--out", "runs/h", "--no-int8", "--fp16", *QUICK])
     assert code == 0, err
     case, folder = _case("runs/h")
     original = case["variants"][0]

@@ -51,7 +51,7 @@ def test_help_groups_options_by_method_shared_first() -> None:
     assert _section_of(lines, "--latency-table") == "Options for factorize, magnitude, svd, wanda:"
     assert _section_of(lines, "--energy-eps") == "Options for cbalanced:"
     assert _section_of(lines, "--merge-eps") == "Options for fde:"
-    assert _section_of(lines, "--calib-holdout") == "Options:"
+    assert _section_of(lines, "--data-holdout") == "Options:"
 
 
 def test_budget_options_are_offered_only_by_methods_that_meet_them() -> None:

@@ -138,7 +138,7 @@ def test_cli_bad_options_are_one_line_usage_errors(cifar_dir: Path, capsys: pyte
 
 def test_cli_refuses_image_options_for_data_that_is_not_an_image_folder(cifar_dir: Path,
                                                                         capsys: pytest.CaptureFixture) -> None:
-    code = run(["compress", "net.py:make", "-m", "svd", "--calib", "digits32", "--image-size", "32"])
+    code = run(["compress", "net.py:make", "-m", "svd", "--data", "digits32", "--image-size", "32"])
     err = capsys.readouterr().err
     assert code == 2 and "apply to image folders, and data digits32 is not one" in err
 

@@ -3,41 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from minreal.app.cli import run
-
-FACTORY = """
-import torch
-from torch import nn
-
-def make():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
-"""
 QUICK_BENCH = ["--min-seconds", "0.05", "--repeats", "1"]
 SVD = ["net.py:make", "--method", "svd", "--mac-ratio", "0.5"]
 
 
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "net.py").write_text(FACTORY)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    code, out = run(args), capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_run_reports_post_training_and_quantisation_aware_int8_side_by_side(workdir: Path,
-                                                                            capsys: pytest.CaptureFixture) -> None:
+                                                                            run_cli: Callable) -> None:
     args = ["run", "--allow-data-mismatch", *SVD, "--data", "digits-flat", "--out", "runs/r", "--batch", "1",
             "--recover-epochs", "1", "--recover-int8", *QUICK_BENCH]
-    code, out, err = run_main(args, capsys)
+    code, out, err = run_cli(args)
     assert code == 0, err
     case = json.loads(Path("runs/r/report.json").read_text())["cases"][0]
     variants = {v["label"]: v for v in case["variants"]}
@@ -61,15 +40,24 @@ def test_run_reports_post_training_and_quantisation_aware_int8_side_by_side(work
     (["--recover-epochs", "1", "--no-int8"], "--recover-int8 trains ranges for static INT8"),
     (["--recover-epochs", "1", "--quant-mode", "dynamic"], "--recover-int8 trains ranges for static INT8"),
 ])
-def test_run_refuses_recover_int8_without_what_it_needs(workdir: Path, capsys: pytest.CaptureFixture,
+def test_run_refuses_recover_int8_without_what_it_needs(workdir: Path, run_cli: Callable,
                                                         extra: list[str], message: str) -> None:
-    code, _, err = run_main(["run", "--allow-data-mismatch", *SVD, "--data", "digits-flat", "--out", "runs/r",
-                             "--recover-int8", *extra], capsys)
+    code, _, err = run_cli(["run", "--allow-data-mismatch", *SVD, "--data", "digits-flat", "--out", "runs/r",
+                            "--recover-int8", *extra])
     assert code == 2 and message in err and not Path("runs/r").exists()
 
 
-def test_compress_needs_a_provider_with_an_int8_format(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["compress", *SVD, "--calib", "digits-flat", "--recover-epochs", "1", "--recover-int8",
-                             "--target-provider", "cuda"], capsys)
-    assert code != 0 and "--recover-int8 has no INT8 format for target 'cuda'" in err
-    assert not Path("compressed.pt2").exists()
+@pytest.mark.parametrize(("providers", "target"), [("cuda", "cpu"), ("cpu,tensorrt", "tensorrt")])
+def test_compress_takes_the_int8_format_from_the_providers_as_run_does(workdir: Path, run_cli: Callable,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       providers: str, target: str) -> None:
+    """--recover-int8 fake-quantises in the format run writes for the same --providers (tensorrt's with tensorrt
+    among them, else cpu's); compress then refuses ranges that no later command could use."""
+    import minreal.export.quantize as quantize
+
+    seen, resolve = [], quantize.resolve_target
+    monkeypatch.setattr(quantize, "resolve_target", lambda name: seen.append(name) or resolve(name))
+    code, _, err = run_cli(["compress", *SVD, "--data", "digits-flat", "--recover-epochs", "1", "--recover-int8",
+                            "--providers", providers])
+    assert seen == [target]
+    assert code == 2 and "use `minreal run ... --recover-int8`" in err and not Path("compressed.pt2").exists()

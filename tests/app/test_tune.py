@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -207,20 +208,7 @@ def test_a_job_past_the_deadline_is_skipped_and_never_cached(trained_mlp, tmp_pa
     assert not done.skipped and done.mac_ratio is not None
 
 
-FACTORY = """
-import torch
-from torch import nn
-
-def make():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
-"""
-
-
-def test_tune_cli_writes_a_directory_that_check_can_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture) -> None:
-    (tmp_path / "net.py").write_text(FACTORY)
-    monkeypatch.chdir(tmp_path)
+def test_tune_cli_writes_a_directory_that_check_can_gate(workdir: Path, run_cli: Callable) -> None:
     args = ["tune", "--allow-data-mismatch", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
             "--methods", "svd", "--grid", "0.8,0.4", "--out", "t", "--cache-dir", "cache", "--screen-seconds", "0.02",
             "--min-seconds", "0.02", "--repeats", "1", "-q"]
@@ -235,9 +223,8 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(tmp_path: Path, monkeyp
     assert gate.exit_code == 0, gate.output
     strict = CliRunner().invoke(cli, ["check", "t/report.json", "--min-agreement", "1.01"])
     assert strict.exit_code == 1
-    assert run(["tune", "net.py:make", "--data", "digits-flat", "--out", "u"]) == 2
-    err = capsys.readouterr().err
-    assert "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
+    code, _, err = run_cli(["tune", "net.py:make", "--data", "digits-flat", "--out", "u"])
+    assert code == 2 and "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
     plan = CliRunner().invoke(cli, ["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
                                     "--methods", "svd,factorize", "--recover-epochs", "2", "--out", "v", "--dry-run",
                                     "--json", "-q"])
@@ -285,16 +272,14 @@ def test_cache_key_follows_weights_data_shapes_and_graph(trained_mlp) -> None:
                 key(extra=(("rank_multiple", 8),)), key(spec=CandidateSpec("svd", 0.5, 1))}) == 6
 
 
-def test_a_worker_that_loads_other_inputs_stops_the_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_that_loads_other_inputs_stops_the_tune(workdir: Path) -> None:
     from minreal.app.tune.candidate import CandidateSpec, InputsChangedError, Job, SpecSource, evaluate_candidate
 
-    (tmp_path / "net.py").write_text(FACTORY)
-    monkeypatch.chdir(tmp_path)
     job = Job(CandidateSpec("svd", 0.5), SpecSource("net.py:make", "digits-flat"), "not-what-the-worker-loads",
-              tmp_path / "cache", Constraint(min_agreement=0.5), Quality(agreement=1.0), ("cpu",), "cpu", False)
+              workdir / "cache", Constraint(min_agreement=0.5), Quality(agreement=1.0), ("cpu",), "cpu", False)
     with pytest.raises(InputsChangedError, match="--workers 0"):
         evaluate_candidate(job)
-    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    assert not (workdir / "cache").exists() or not any((workdir / "cache").iterdir())
 
 
 def test_gate_on_a_tune_report_names_the_chosen_model_and_fails_without_one(tmp_path: Path,

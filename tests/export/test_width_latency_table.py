@@ -255,10 +255,11 @@ def test_cli_int8_table_is_a_cpu_width_table(tmp_path: Path, monkeypatch: pytest
                                              capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "net.py").write_text(PLAIN_CNN)
     monkeypatch.chdir(tmp_path)
-    for extra in (["--kind", "rank"], ["--kind", "width", "--provider", "cuda"]):
+    for extra in (["--kind", "rank"], ["--kind", "width", "--providers", "cuda"]):
         argv = ["latency-table", "net.py:make", *extra, "--int8", "--input-shape", "3,16,16", "--out", "t.json", "-q"]
         assert run(argv) == 2
-        assert "--int8 measures a width table on the cpu provider" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "--int8 measures a width table on the cpu provider: pass --kind width --providers cpu" in err
     assert not (tmp_path / "t.json").exists()
 
 

@@ -84,7 +84,7 @@ def test_canary_in_every_row_reaches_no_file_a_run_writes(tmp_path: Path, monkey
     for args in (
         ["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "fde", "--data", str(calib), "--eval-data",
          str(held), "--out", "run", *quick],
-        ["compress", "net.py:make", "-m", "svd", "--calib", str(calib), "--out", "c.pt2", "--report", "c.json"],
+        ["compress", "net.py:make", "-m", "svd", "--data", str(calib), "--out", "c.pt2", "--report", "c.json"],
         ["export", "net.py:make", "--data", str(calib), "--out", "e.onnx", "--int8"],
     ):
         with pytest.raises(SystemExit) as info:

@@ -4,12 +4,12 @@ lines that name the provider and batch size."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from minreal.app.cli import run
 from minreal.app.gate import check_reports
 from minreal.runtime_bench import SCHEMA_VERSION, check_report, format_check
 
@@ -37,12 +37,6 @@ BASE = {("orig", "cpu", 1): (2.0, 2.1, 2.2), ("small", "cpu", 1): (1.0, 1.05, 1.
         ("orig", "cpu", 32): (10.0, 10.2, 10.4), ("small", "cpu", 32): (8.0, 8.1, 8.2)}
 
 
-def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    """Exit code, stdout and stderr of the CLI run in this process."""
-    code, out = run(args), capsys.readouterr()
-    return code, out.out, out.err
-
-
 # --- a model absent from the baseline --------------------------------------------------------------------------
 
 def test_model_absent_from_baseline_fails_listing_every_cell() -> None:
@@ -55,13 +49,13 @@ def test_model_absent_from_baseline_fails_listing_every_cell() -> None:
     assert allowed.passed and sum("not in the baseline" in c.note for c in allowed.criteria) == 2
 
 
-def test_cli_allow_new_models(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_allow_new_models(tmp_path: Path, run_cli: Callable) -> None:
     (tmp_path / "now.json").write_text(json.dumps(report({**BASE, ("new", "cpu", 1): (3.0,)}, batches=(1,))))
     (tmp_path / "base.json").write_text(json.dumps(report(BASE)))
     args = ["check", str(tmp_path / "now.json"), "--baseline", str(tmp_path / "base.json"), "--max-regression", "10"]
-    code, _, err = run_main(args, capsys)
+    code, _, err = run_cli(args)
     assert code == 1 and "new cpu batch 1" in err and "not in the baseline" in err
-    code, out, err = run_main([*args, "--allow-new-models"], capsys)
+    code, out, err = run_cli([*args, "--allow-new-models"])
     assert code == 0, err
     assert "PASS  latency_regression_pct  new cpu batch 1" in out
 
@@ -140,9 +134,9 @@ def test_cell_that_did_not_run_fails_latency_and_regression_gates() -> None:
 
 # --- FAILED lines name provider and batch ----------------------------------------------------------------------
 
-def test_cli_failed_line_names_provider_and_batch(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_failed_line_names_provider_and_batch(tmp_path: Path, run_cli: Callable) -> None:
     (tmp_path / "r.json").write_text(json.dumps(report(BASE)))
-    code, _, err = run_main(["check", str(tmp_path / "r.json"), "--max-latency-ratio", "0.6"], capsys)
+    code, _, err = run_cli(["check", str(tmp_path / "r.json"), "--max-latency-ratio", "0.6"])
     assert code == 1
     failed = [line for line in err.splitlines() if line.startswith("FAILED")]
     assert len(failed) == 1 and "latency_ratio small cpu batch 32: 0.79" in failed[0]
@@ -152,13 +146,13 @@ def test_cli_failed_line_names_provider_and_batch(tmp_path: Path, capsys: pytest
 # --- malformed or shrinking baselines (review findings) ---------------------------------------------------------
 
 def test_nan_latency_in_the_baseline_is_a_schema_error_naming_the_cell(tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture) -> None:
+                                                                        run_cli: Callable) -> None:
     bad = report(BASE)
     bad["latency"][0]["stats"]["p50_ms"] = float("nan")
     (tmp_path / "now.json").write_text(json.dumps(report(BASE)))
     (tmp_path / "base.json").write_text(json.dumps(bad))
-    code, _, err = run_main(["check", str(tmp_path / "now.json"), "--baseline", str(tmp_path / "base.json"),
-                             "--max-regression", "10"], capsys)
+    code, _, err = run_cli(["check", str(tmp_path / "now.json"), "--baseline", str(tmp_path / "base.json"),
+                            "--max-regression", "10"])
     assert code == 2 and "base.json" in err and "orig cpu batch 1" in err and "p50_ms" in err
     assert len(err.strip().splitlines()) == 1
 

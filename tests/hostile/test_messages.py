@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from minreal.app.cli import run
 from minreal.compress import CompressionError
 from minreal.compress.core.allocate import allocate, options_from_spectrum
 from minreal.compress.core.data import Dataset
@@ -17,19 +17,6 @@ from minreal.compress.core.stats import collect_moments
 from minreal.compress.methods.cbalanced import CBalancedConfig
 from minreal.compress.methods.cbalanced.empirical_gramians import reachability_gramians
 from minreal.compress.methods.ssm import SSMConfig
-
-FACTORY = """
-import torch
-from torch import nn
-
-def make():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
-"""
-
-
-def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
-    return run(args), capsys.readouterr().err
 
 
 def one_error_line(err: str) -> str:
@@ -41,9 +28,9 @@ def one_error_line(err: str) -> str:
 @pytest.mark.parametrize("flag, value", [("--repeats", "0"), ("--min-runs", "0"), ("--warmup", "-1"),
                                          ("--min-seconds", "-1"), ("--threads", "0")])
 def test_bench_option_errors_name_the_flag(flag: str, value: str, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+                                           monkeypatch: pytest.MonkeyPatch, run_cli: Callable) -> None:
     monkeypatch.chdir(tmp_path)
-    code, err = run_main(["bench", "m.onnx", flag, value, "-q"], capsys)
+    code, _, err = run_cli(["bench", "m.onnx", flag, value, "-q"])
     assert code == 2
     assert f"({flag})" in one_error_line(err)
 
@@ -91,17 +78,13 @@ def test_overflowing_activations_name_the_layer_in_gramians() -> None:
 
 
 @pytest.mark.parametrize("method", ["factorize", "cbalanced"])
-def test_cli_refuses_overflowing_data_in_one_line(method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture) -> None:
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "net.py").write_text(FACTORY)
-    np.savez(tmp_path / "huge.npz", x=np.full((40, 64), 3e38, np.float32), y=np.zeros(40, np.int64))
-    code, err = run_main(["compress", "net.py:make", "-m", method, "--calib", "huge.npz", "--out", "o.pt2", "-q"],
-                         capsys)
+def test_cli_refuses_overflowing_data_in_one_line(method: str, workdir: Path, run_cli: Callable) -> None:
+    np.savez(workdir / "huge.npz", x=np.full((40, 64), 3e38, np.float32), y=np.zeros(40, np.int64))
+    code, _, err = run_cli(["compress", "net.py:make", "-m", method, "--data", "huge.npz", "--out", "o.pt2", "-q"])
     line = one_error_line(err)
     assert code == 2
     assert "layer '" in line and "NaN/inf" in line and "data scale" in line and "linalg" not in line
-    assert not (tmp_path / "o.pt2").exists()
+    assert not (workdir / "o.pt2").exists()
 
 
 def test_data_that_overflows_the_model_is_refused_before_compressing(tmp_path: Path,
@@ -118,7 +101,7 @@ def test_data_that_overflows_the_model_is_refused_before_compressing(tmp_path: P
                                      "    return net\n")
     np.savez(tmp_path / "big.npz", x=np.full((40, 8), 3e38, dtype=np.float32))
     factory, data = f"{tmp_path / 'net.py'}:make", str(tmp_path / "big.npz")
-    for args in (["compress", factory, "-m", "svd", "--calib", data, "--out", str(tmp_path / "o.pt2")],
+    for args in (["compress", factory, "-m", "svd", "--data", data, "--out", str(tmp_path / "o.pt2")],
                  ["export", factory, "--data", data, "--out", str(tmp_path / "o.onnx")]):
         with pytest.raises(SystemExit) as info:
             main(args)
@@ -136,7 +119,7 @@ def test_integer_data_for_a_float_model_names_the_data(tmp_path: Path, capsys: p
     (tmp_path / "net.py").write_text("from torch import nn\n\ndef make():\n    return nn.Linear(8, 3)\n")
     np.savez(tmp_path / "ints.npz", x=np.arange(80, dtype=np.int64).reshape(10, 8))
     with pytest.raises(SystemExit) as info:
-        main(["compress", f"{tmp_path / 'net.py'}:make", "-m", "svd", "--calib", str(tmp_path / "ints.npz"),
+        main(["compress", f"{tmp_path / 'net.py'}:make", "-m", "svd", "--data", str(tmp_path / "ints.npz"),
               "--out", str(tmp_path / "o.pt2")])
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and "ints.npz holds integers" in err and len(err.splitlines()) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,27 +14,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from minreal.app.cli import run
 from minreal.runtime_bench import BenchConfig, ModelEntry, ProviderUnavailableError, run_benchmark
 from minreal.runtime_bench.worker import WorkerResult
 
-FACTORY = """
-import torch
-from torch import nn
-
-def make():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
-"""
 QUICK_BENCH = ["--min-seconds", "0", "--min-runs", "3", "--warmup", "1", "--repeats", "1", "--batch", "1"]
 RUN = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat", "--batch", "1", "-q"]
-
-
-@pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "net.py").write_text(FACTORY)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 @pytest.fixture
@@ -42,12 +27,6 @@ def cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
     import onnxruntime
 
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
-
-
-def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    """Exit code, stdout and stderr of the CLI run in this process."""
-    code, out = run(args), capsys.readouterr()
-    return code, out.out, out.err
 
 
 def linear_onnx(path: Path, seed: int) -> Path:
@@ -71,41 +50,41 @@ def error_lines(err: str) -> list[str]:
 
 # --- two outputs of one command are the same file ------------------------------------------------------------
 
-def test_compress_out_and_report_same_file_is_usage_error(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat",
-                             "--out", "same.json", "--report", "same.json"], capsys)
+def test_compress_out_and_report_same_file_is_usage_error(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "digits-flat",
+                            "--out", "same.json", "--report", "same.json"])
     assert code == 2 and "same file" in err and "Traceback" not in err
     assert not Path("same.json").exists()
 
 
-def test_outputs_same_through_dotdot_and_symlink(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_outputs_same_through_dotdot_and_symlink(workdir: Path, run_cli: Callable) -> None:
     Path("real").mkdir()
     Path("link").symlink_to("real")
-    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "digits-flat",
-                             "--out", "link/m.pt2", "--report", "real/sub/../m.pt2"], capsys)
+    code, _, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "digits-flat",
+                            "--out", "link/m.pt2", "--report", "real/sub/../m.pt2"])
     assert code == 2 and "link/m.pt2" in err and "same file" in err
     assert list(Path("real").iterdir()) == []
 
 
-def test_bench_out_and_its_markdown_same_file(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["bench", "m.onnx", "--out", "b.md"], capsys)
+def test_bench_out_and_its_markdown_same_file(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["bench", "m.onnx", "--out", "b.md"])
     assert code == 2 and "b.md" in err and "same file" in err
 
 
 # --- a failed command removes the folders it created ---------------------------------------------------------
 
-def test_failed_compress_removes_created_output_folders(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_failed_compress_removes_created_output_folders(workdir: Path, run_cli: Callable) -> None:
     Path("keep").mkdir()
-    code, _, err = run_main(["compress", "net.py:make", "--method", "svd", "--calib", "nofile.npz",
-                             "--out", "new/deep/small.pt2", "--report", "keep/sub/r.json"], capsys)
+    code, _, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "nofile.npz",
+                            "--out", "new/deep/small.pt2", "--report", "keep/sub/r.json"])
     assert code == 2 and "nofile.npz" in err
     assert not Path("new").exists() and not Path("keep/sub").exists()
     assert Path("keep").is_dir()  # a folder the command did not create stays
 
 
-def test_failed_run_removes_created_parent_and_lock(workdir: Path, capsys: pytest.CaptureFixture) -> None:
-    code, _, err = run_main(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "nofile.npz",
-                             "--out", "runs/new/a"], capsys)
+def test_failed_run_removes_created_parent_and_lock(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "nofile.npz",
+                            "--out", "runs/new/a"])
     assert code == 2 and "nofile.npz" in err
     assert not Path("runs").exists()
     assert sorted(p.name for p in workdir.iterdir()) == ["net.py"]
@@ -113,9 +92,9 @@ def test_failed_run_removes_created_parent_and_lock(workdir: Path, capsys: pytes
 
 # --- a requested provider that cannot run --------------------------------------------------------------------
 
-def test_bench_unavailable_provider_fails_fast(workdir: Path, capsys: pytest.CaptureFixture, cpu_only: None) -> None:
+def test_bench_unavailable_provider_fails_fast(workdir: Path, run_cli: Callable, cpu_only: None) -> None:
     # the model does not exist: the provider error must come first, before anything is loaded
-    code, _, err = run_main(["bench", "absent.onnx", "--providers", "cpu,cuda", "--out", "out/b.json"], capsys)
+    code, _, err = run_cli(["bench", "absent.onnx", "--providers", "cpu,cuda", "--out", "out/b.json"])
     assert code == 1
     (line,) = error_lines(err)
     assert "provider cuda is unavailable" in line and "pip install 'minreal[gpu]'" in line
@@ -123,38 +102,37 @@ def test_bench_unavailable_provider_fails_fast(workdir: Path, capsys: pytest.Cap
     assert not Path("out").exists()
 
 
-def test_run_unavailable_provider_fails_before_loading(workdir: Path, capsys: pytest.CaptureFixture,
+def test_run_unavailable_provider_fails_before_loading(workdir: Path, run_cli: Callable,
                                                        cpu_only: None) -> None:
-    code, _, err = run_main(["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data",
-                             "digits-flat", "--out", "runs/a", "--providers", "tensorrt"], capsys)
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data",
+                            "digits-flat", "--out", "runs/a", "--providers", "tensorrt"])
     assert code == 1
     (line,) = error_lines(err)
     assert "provider tensorrt is unavailable" in line and "pip install 'minreal[tensorrt]'" in line
     assert not Path("runs").exists()
 
 
-def test_bench_skip_unavailable_providers_is_explicit(workdir: Path, capsys: pytest.CaptureFixture,
+def test_bench_skip_unavailable_providers_is_explicit(workdir: Path, run_cli: Callable,
                                                       cpu_only: None) -> None:
     linear_onnx(workdir / "a.onnx", 0)
     linear_onnx(workdir / "b.onnx", 1)
-    code, _, err = run_main(["bench", "a.onnx", "b.onnx", "--providers", "cpu,cuda", "--out", "b.json", "-q",
-                             "--skip-unavailable-providers", *QUICK_BENCH], capsys)
+    code, _, err = run_cli(["bench", "a.onnx", "b.onnx", "--providers", "cpu,cuda", "--out", "b.json", "-q",
+                            "--skip-unavailable-providers", *QUICK_BENCH])
     assert code == 0, err
     report = json.loads(Path("b.json").read_text())
     assert [u["provider"] for u in report["unavailable"]] == ["cuda"]
     assert {r["provider"] for r in report["latency"]} == {"cpu"}
     # the gate does not accept the missing cuda latencies
-    code, _, err = run_main(["check", "b.json", "--max-latency-ratio", "100"], capsys)
+    code, _, err = run_cli(["check", "b.json", "--max-latency-ratio", "100"])
     assert code == 1 and "latency_ratio b cuda batch 1: missing" in err and "unavailable" in err
 
 
-
-def test_bench_with_every_provider_skipped_is_a_failure(workdir: Path, capsys: pytest.CaptureFixture,
+def test_bench_with_every_provider_skipped_is_a_failure(workdir: Path, run_cli: Callable,
                                                        cpu_only: None) -> None:
     """Skipping unavailable providers may not turn "nothing was timed" into success."""
     linear_onnx(workdir / "a.onnx", 0)
-    code, _, err = run_main(["bench", "a.onnx", "--providers", "cuda", "--out", "b.json", "-q",
-                             "--skip-unavailable-providers", *QUICK_BENCH], capsys)
+    code, _, err = run_cli(["bench", "a.onnx", "--providers", "cuda", "--out", "b.json", "-q",
+                            "--skip-unavailable-providers", *QUICK_BENCH])
     assert code == 1 and "none of the requested providers can run" in err and "cuda" in err
     assert len(err.strip().splitlines()) == 1 and not Path("b.json").exists()
 
@@ -181,7 +159,7 @@ def _hold_lock(lock: Path) -> int:
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
-def test_second_run_to_a_locked_out_exits_1(workdir: Path, capsys: pytest.CaptureFixture, overwrite: bool) -> None:
+def test_second_run_to_a_locked_out_exits_1(workdir: Path, run_cli: Callable, overwrite: bool) -> None:
     if overwrite:  # an earlier run directory that a second --overwrite run must not touch
         Path("runs/a").mkdir(parents=True)
         Path("runs/a/report.json").write_text(json.dumps({"schema_version": 1, "cases": []}))
@@ -190,7 +168,7 @@ def test_second_run_to_a_locked_out_exits_1(workdir: Path, capsys: pytest.Captur
         # the model does not exist: the lock must be checked before anything is loaded
         args = ["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data", "digits-flat", "--out",
                 "runs/a"]
-        code, _, err = run_main(args + (["--overwrite"] if overwrite else []), capsys)
+        code, _, err = run_cli(args + (["--overwrite"] if overwrite else []))
     finally:
         os.close(fd)
     assert code == 1
@@ -203,21 +181,20 @@ def test_second_run_to_a_locked_out_exits_1(workdir: Path, capsys: pytest.Captur
         assert json.loads(Path("runs/a/report.json").read_text()) == {"schema_version": 1, "cases": []}
 
 
-
-def test_staging_left_by_a_killed_run_is_removed_by_the_next(workdir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_staging_left_by_a_killed_run_is_removed_by_the_next(workdir: Path, run_cli: Callable) -> None:
     """SIGKILL cannot be handled; the next run to the same --out cleans up once it holds the lock."""
     stale = Path("runs/.a.staging-killed")
     (stale / "case").mkdir(parents=True)
     (stale / "case" / "half.onnx").write_bytes(b"partial")
     other = Path("runs/.b.staging-x")
     other.mkdir()
-    code, _, err = run_main(["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data",
-                             "digits-flat", "--out", "runs/a"], capsys)
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "missing.py:make", "--method", "svd", "--data",
+                            "digits-flat", "--out", "runs/a"])
     assert code == 2 and "missing.py" in err  # failed later, but after claiming the lock
     assert not stale.exists() and other.exists()  # another --out's staging folder is not ours to delete
 
 def test_run_lock_is_held_until_commit_and_removed(workdir: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture) -> None:
+                                                   run_cli: Callable) -> None:
     import minreal.app.pipeline as pipeline
 
     seen: list[bool] = []
@@ -234,7 +211,7 @@ def test_run_lock_is_held_until_commit_and_removed(workdir: Path, monkeypatch: p
         commit(claim)
 
     monkeypatch.setattr(pipeline, "commit_run_dir", commit_checking_lock)
-    code, _, err = run_main([*RUN, "--out", "runs/a", "--no-int8", "--min-seconds", "0", "--repeats", "1"], capsys)
+    code, _, err = run_cli([*RUN, "--out", "runs/a", "--no-int8", "--min-seconds", "0", "--repeats", "1"])
     assert code == 0, err
     assert seen == [True]
     assert sorted(p.name for p in Path("runs").iterdir()) == ["a"]  # lock file and staging folder gone

@@ -115,7 +115,7 @@ def test_forged_archive_is_refused_and_runs_no_code(kind: str, genuine: Path, tm
 
 
 @pytest.mark.parametrize("command", [
-    ["compress", "{evil}", "-m", "svd", "--calib", "{data}", "--out", "{tmp}/o.pt2"],
+    ["compress", "{evil}", "-m", "svd", "--data", "{data}", "--out", "{tmp}/o.pt2"],
     ["export", "{evil}", "--data", "{data}", "--out", "{tmp}/o.onnx"],
     ["run", "{evil}", "-m", "svd", "--data", "{data}", "--out", "{tmp}/run"],
 ])
@@ -281,7 +281,7 @@ def test_program_written_by_compress_loads_in_a_fresh_process(tmp_path: Path) ->
     (tmp_path / "net.py").write_text("import torch\nfrom torch import nn\n\ndef make():\n    torch.manual_seed(0)\n"
                                      "    return nn.Sequential(nn.Linear(64, 24), nn.ReLU(), nn.Linear(24, 10))\n")
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    for args in (["compress", "net.py:make", "-m", "svd", "--calib", "digits-flat", "--out", "c.pt2", "-q"],
+    for args in (["compress", "net.py:make", "-m", "svd", "--data", "digits-flat", "--out", "c.pt2", "-q"],
                  ["export", "c.pt2", "--data", "digits-flat", "--out", "c.onnx", "-q"]):
         done = subprocess.run([sys.executable, "-m", "minreal.app.cli", *args], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)

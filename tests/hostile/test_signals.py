@@ -14,14 +14,6 @@ import pytest
 
 from minreal.app.pipeline import FAULT_ENV
 
-FACTORY = """
-import torch
-from torch import nn
-
-def make():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
-"""
 RUN = ["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--mac-ratio", "0.6", "--data", "digits-flat",
        "--out", "runs/a", "--batch", "1", "-q", "--min-seconds", "0", "--repeats", "1"]
 STAGES = ["export_original", "compress", "int8", "benchmark", "commit"]
@@ -38,12 +30,6 @@ def minreal(cwd: Path, args: list[str], fault: str) -> subprocess.CompletedProce
     env.pop("MINREAL_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "minreal.app.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300, preexec_fn=_default_sigint, check=False)
-
-
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    (tmp_path / "net.py").write_text(FACTORY)
-    return tmp_path
 
 
 def leftovers(root: Path) -> list[str]:

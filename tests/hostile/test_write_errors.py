@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from minreal.app.cli import run
 from minreal.runtime_bench import atomic
 
 QUICK_BENCH = ["--batch", "1", "--warmup", "0", "--min-runs", "1", "--min-seconds", "0", "--repeats", "1", "-q"]
@@ -28,10 +28,6 @@ def _matmul_model(path: Path) -> Path:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])], [w])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
-
-
-def _run(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
-    return run(args), capsys.readouterr().err
 
 
 def _fail_for(target: Path, real, err: int, match):
@@ -61,8 +57,7 @@ def _temp_of_target(args, kwargs, target: Path) -> bool:
     ("open", errno.ENOSPC),
 ])
 def test_write_failure_is_one_line_naming_the_output(where: str, err: int, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture) -> None:
+                                                     monkeypatch: pytest.MonkeyPatch, run_cli: Callable) -> None:
     monkeypatch.chdir(tmp_path)
     model = _matmul_model(tmp_path / "m.onnx")
     target = tmp_path / "out" / "b.json"
@@ -73,7 +68,7 @@ def test_write_failure_is_one_line_naming_the_output(where: str, err: int, tmp_p
         monkeypatch.setattr(atomic.os, "replace", _fail_for(target, atomic.os.replace, err, _onto_target))
     else:
         monkeypatch.setattr(atomic, "open", _fail_for(target, open, err, _temp_of_target), raising=False)
-    code, stderr = _run(["bench", str(model), "--out", str(target), *QUICK_BENCH], capsys)
+    code, _, stderr = run_cli(["bench", str(model), "--out", str(target), *QUICK_BENCH])
     assert code == 1
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in stderr

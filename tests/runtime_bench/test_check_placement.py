@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from minreal.app.cli import run
 from minreal.facts import PROVIDERS
 from minreal.runtime_bench import SCHEMA_VERSION, check_report, format_check
 from minreal.runtime_bench.errors import CheckError
@@ -48,11 +48,6 @@ def report(providers: tuple[str, ...] = ("cpu", "cuda"), cpu: str = "test cpu", 
             else []}
 
 
-def run_main(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
-    code, out = run(args), capsys.readouterr()
-    return code, out.out, out.err
-
-
 # --- --min-on-provider ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("allowed", "passed"), [(0.99, False), (0.41, False), (0.4, True), (0.1, True)])
@@ -84,12 +79,12 @@ def test_missing_placement_fails_or_is_an_error() -> None:
         check_report(report(), min_on_provider=99)
 
 
-def test_cli_min_on_provider(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_min_on_provider(tmp_path: Path, run_cli: Callable) -> None:
     (tmp_path / "r.json").write_text(json.dumps(report(("cuda",))))
-    code, out, err = run_main(["check", str(tmp_path / "r.json"), "--min-on-provider", "0.99"], capsys)
+    code, out, err = run_cli(["check", str(tmp_path / "r.json"), "--min-on-provider", "0.99"])
     assert code == 1 and "FAIL  on_provider_share  orig cuda: 0.4 (allowed 0.99)" in out
     assert "FAILED" in err and "shape1 (Shape on" in err
-    code, out, _ = run_main(["check", str(tmp_path / "r.json"), "--min-on-provider", "0.4"], capsys)
+    code, out, _ = run_cli(["check", str(tmp_path / "r.json"), "--min-on-provider", "0.4"])
     assert code == 0 and "release gate passed" in out
 
 
@@ -129,16 +124,16 @@ def test_same_hardware_adds_no_criterion() -> None:
     assert older.passed and "same_hardware" not in {c.name for c in older.criteria}
 
 
-def test_cli_refuses_a_baseline_from_another_cpu(tmp_path: Path, capsys: pytest.CaptureFixture,
+def test_cli_refuses_a_baseline_from_another_cpu(tmp_path: Path, run_cli: Callable,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "r.json").write_text(json.dumps(report()))
     (tmp_path / "base.json").write_text(json.dumps(report(cpu="other cpu")))
     args = ["check", str(tmp_path / "r.json"), "--baseline", str(tmp_path / "base.json"), "--max-regression", "10"]
-    code, out, err = run_main(args, capsys)
+    code, out, err = run_cli(args)
     assert code == 1 and "FAIL  same_hardware  baseline ran on different hardware" in out
     assert "same_hardware baseline ran on different hardware (CPU 'other cpu'" in err
     with caplog.at_level(logging.WARNING, logger="minreal.runtime_bench.check"):
-        code, out, _ = run_main([*args, "--allow-hardware-mismatch"], capsys)
+        code, out, _ = run_cli([*args, "--allow-hardware-mismatch"])
     assert code == 0 and "PASS  same_hardware  different hardware" in out and "release gate passed" in out
     assert "ran on different hardware" in caplog.text  # the warning stays
 

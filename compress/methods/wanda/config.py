@@ -13,11 +13,11 @@ __all__ = ["WandaConfig"]
 
 @dataclass
 class WandaConfig(PruneOptions):
-    """As the ``magnitude`` options; ``norm_samples`` inputs of ``--calib`` give the activation norms ‖X_j‖."""
+    """As the ``magnitude`` options; ``norm_samples`` inputs of ``--data`` give the activation norms ‖X_j‖."""
 
     norm_samples: int = field(
         default=2048,
-        metadata={"help": "Inputs of --calib that give the activation norms ‖X_j‖, >= 1; default 2048."})
+        metadata={"help": "Inputs of --data that give the activation norms ‖X_j‖, >= 1; default 2048."})
 
     def __post_init__(self) -> None:
         super().__post_init__()

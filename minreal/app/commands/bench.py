@@ -16,13 +16,13 @@ from minreal.app.options import (
     image_preprocess,
     provider_options,
     provider_settings,
+    providers_option,
     require_providers,
     skip_unavailable_option,
     split_ints,
     split_names,
 )
 from minreal.app.settings import PipelineConfig
-from minreal.facts import PROVIDERS
 from minreal.runtime_bench.config import BenchConfig
 
 __all__ = ["bench_cmd"]
@@ -30,8 +30,7 @@ __all__ = ["bench_cmd"]
 
 @click.command("bench")
 @click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True,
-              help=f"Comma-separated: {', '.join(PROVIDERS)}.")
+@providers_option()
 @click.option("--batch", "batch", default=",".join(map(str, PipelineConfig.batch_sizes)), show_default=True,
               help="Comma-separated batch sizes.")
 @click.option("--data", help="Evaluation data (labels give accuracy); random inputs without it.")

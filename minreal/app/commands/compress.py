@@ -17,15 +17,17 @@ from minreal.app.options import (
     common,
     image_options,
     image_preprocess,
+    known_providers,
     method_choice,
     method_options,
+    providers_option,
+    quant_target_for,
     recovery_config,
     recovery_options,
     shape_options,
 )
 from minreal.app.settings import HOLDOUT_FRACTION
 from minreal.facts import PROVIDERS
-from minreal.runtime_bench.config import BenchConfig
 
 __all__ = ["compress_cmd"]
 
@@ -33,19 +35,19 @@ __all__ = ["compress_cmd"]
 @click.command("compress", cls=MethodCommand)
 @click.argument("model")
 @click.option("--method", "-m", type=method_choice(), required=True, help="Registered compression method.")
-@click.option("--calib", "data", required=True, help="Calibration (and, for methods that train, training) data.")
+@click.option("--data", required=True, help="Calibration (and, for methods that train, training) data.")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default="compressed.pt2", show_default=True,
               help="Compressed model as a torch.export program (.pt2).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
-@click.option("--target-provider", type=click.Choice(list(PROVIDERS)), default=BenchConfig.providers[0],
-              show_default=True, help="Provider the model is for; sets the defaults of --rank-multiple (cpu 16, "
-                   "GPU 8), --width-multiple (cpu 16, GPU 8) and --width-min (cpu 16, GPU 0).")
-@click.option("--calib-holdout", "holdout", type=click.FloatRange(0.0, 1.0, max_open=True), default=HOLDOUT_FRACTION,
+@providers_option(f"Comma-separated: {', '.join(PROVIDERS)}; the providers the model is for, as in run. They set "
+                  "the defaults of --rank-multiple (cpu 16, GPU 8), --width-multiple (cpu 16, GPU 8) and --width-min "
+                  "(cpu 16, GPU 0), the coarsest of several.")
+@click.option("--data-holdout", "holdout", type=click.FloatRange(0.0, 1.0, max_open=True), default=HOLDOUT_FRACTION,
               show_default=True, metavar="FRACTION",
-              help="Share of --calib held out (seeded) to measure the compressed model on (report: "
-                   "measured.held_out); 0 calibrates on all of --calib and makes no held-out measurement.")
+              help="Share of --data held out (seeded) to measure the compressed model on (report: "
+                   "measured.held_out); 0 calibrates on all of --data and makes no held-out measurement.")
 @click.option("--dynamic-axes", "dynamic_axes", multiple=True,
               help="Dynamic axes of one input kept by the .pt2 program, in order ('_' = fixed), repeatable: "
                    "input_ids:batch,seq.")
@@ -57,7 +59,7 @@ __all__ = ["compress_cmd"]
 @method_options
 @common
 def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
-                 report_path: str | None, target_provider: str, holdout: float, dynamic_axes: tuple[str, ...],
+                 report_path: str | None, providers: str, holdout: float, dynamic_axes: tuple[str, ...],
                  distributed: bool, quiet: bool, as_json: bool,
                  **opts: Any) -> None:
     """Compress MODEL with one method and save it as a torch.export program.
@@ -68,6 +70,7 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
 
     from minreal.compress.core.distributed import is_writer, launched_by_torchrun, process_group
 
+    names = known_providers(providers)
     if distributed and not launched_by_torchrun():
         raise click.UsageError("--distributed needs the torch.distributed environment (RANK, WORLD_SIZE, "
                                "MASTER_ADDR, MASTER_PORT): start with torchrun --nproc-per-node N -m "
@@ -76,12 +79,12 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
     group = process_group(backend="gloo") if launched_by_torchrun() else contextlib.nullcontext()
     with group:
         writer = is_writer()
-        _compress(model, method, data, weights, trust_pickle, out, report_path, target_provider, holdout,
+        _compress(model, method, data, weights, trust_pickle, out, report_path, names, holdout,
                   dynamic_axes, Console(quiet or not writer, as_json and writer), writer, opts)
 
 
 def _compress(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
-              report_path: str | None, target_provider: str, holdout: float, dynamic_axes: tuple[str, ...],
+              report_path: str | None, providers: tuple[str, ...], holdout: float, dynamic_axes: tuple[str, ...],
               con: Console, writer: bool, opts: dict[str, Any]) -> None:
     """The work of :func:`compress_cmd` on one rank; ``writer`` (rank 0, or a single process) writes the outputs."""
     from minreal.app.method_options import build_config, provider_defaults
@@ -93,11 +96,11 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     if writer:  # folders the outputs need are made (and removed again on failure) by the writing rank alone
         prepare_outputs([out, report_path], model, weights, data)
     preprocess = image_preprocess(opts)
-    recovery = recovery_config(opts, target_provider)
+    recovery = recovery_config(opts, quant_target_for(None, providers))
     if recovery is not None and recovery.int8:
         raise click.UsageError("compress --recover-int8 would train INT8 ranges that no later command can use; "
                                "use `minreal run ... --recover-int8`, whose INT8 export writes them")
-    config = build_config(method, opts, provider_defaults((target_provider,)))
+    config = build_config(method, opts, provider_defaults(providers))
     net, calib, held = load_inputs(model, weights, trust_pickle, data, None, holdout, preprocess)
     check = check_data(net, {"evaluation": held, "calibration": calib})  # compress warns; run and tune stop
     if writer:
@@ -123,24 +126,24 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
 
 
 def _calib_line(calib_samples: int, held: Any, holdout: float) -> str:
-    """Progress line saying how --calib was used (nothing is held out silently)."""
+    """Progress line saying how --data was used (nothing is held out silently)."""
     if held is None:
-        return f"calibrating on all {calib_samples} samples of --calib (--calib-holdout 0: no held-out measurement)"
-    return (f"calibrating on {calib_samples} samples of --calib; {len(held)} ({holdout:.0%}, --calib-holdout) "
+        return f"calibrating on all {calib_samples} samples of --data (--data-holdout 0: no held-out measurement)"
+    return (f"calibrating on {calib_samples} samples of --data; {len(held)} ({holdout:.0%}, --data-holdout) "
             "held out to measure the compressed model")
 
 
 def _record_held_out(report: Any, net: Any, small: Any, calib: Any, held: Any, holdout: float) -> None:
     """``report.measured["held_out"]``: the compressed model against the original on the held-out samples,
-    or None (with a note) when ``--calib-holdout 0`` held nothing out."""
+    or None (with a note) when ``--data-holdout 0`` held nothing out."""
     from minreal.compress.core.evaluate import compare_outputs
 
     if held is None:
         report.measured["held_out"] = None
-        why = "--calib-holdout 0" if not holdout else f"--calib-holdout {holdout:g} of them rounds to no sample"
-        report.notes.append(f"no held-out measurement ({why}): all {len(calib)} samples of --calib were calibration "
+        why = "--data-holdout 0" if not holdout else f"--data-holdout {holdout:g} of them rounds to no sample"
+        report.notes.append(f"no held-out measurement ({why}): all {len(calib)} samples of --data were calibration "
                             "data, and the models are compared on them")
         return
     report.measured["held_out"] = {"samples": len(held), **compare_outputs(net, small, held)}
-    report.notes.append(f"{len(held)} samples ({holdout:.0%} of --calib, seeded) held out for measured.held_out; "
+    report.notes.append(f"{len(held)} samples ({holdout:.0%} of --data, seeded) held out for measured.held_out; "
                         f"calibrated on the other {len(calib)}, on which the models are not compared again")

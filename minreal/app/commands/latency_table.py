@@ -9,9 +9,8 @@ import click
 
 from minreal.app.commands._shared import prepare_outputs
 from minreal.app.console import Console
-from minreal.app.options import common, split_ints
+from minreal.app.options import common, known_providers, providers_option, split_ints
 from minreal.facts import PROVIDERS
-from minreal.runtime_bench.config import BenchConfig
 
 __all__ = ["latency_table_cmd"]
 
@@ -25,8 +24,8 @@ __all__ = ["latency_table_cmd"]
 @click.option("--data", help="Data for the example input.")
 @click.option("--input-shape", help="Per-sample input shape, e.g. 3,224,224 (random example; no --data).")
 @click.option("--batch", type=int, default=1, show_default=True, help="Batch size the latencies are measured at.")
-@click.option("--provider", default=BenchConfig.providers[0], show_default=True,
-              help=f"Provider to measure on: {', '.join(PROVIDERS)}.")
+@providers_option(f"The one provider to measure on: {', '.join(PROVIDERS)} (a table holds one provider's "
+                  "latencies; run once per provider).")
 @click.option("--ranks-per-layer", type=int, default=6, show_default=True,
               help="Ranks measured per layer (--kind rank).")
 @click.option("--width-multiple", type=click.IntRange(min=1), default=None,
@@ -41,12 +40,13 @@ __all__ = ["latency_table_cmd"]
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @common
 def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_shape: str | None, batch: int,
-                      provider: str, ranks_per_layer: int, width_multiple: int | None, width_min: int | None,
+                      providers: str, ranks_per_layer: int, width_multiple: int | None, width_min: int | None,
                       int8: bool, weights: str | None, quiet: bool, as_json: bool) -> None:
     """Measure latencies on a provider: per factorisable layer for `compress -m factorize --latency` (--kind rank),
     or per channel-group width for the width methods' --latency-ratio (--kind width)."""
+    provider = _one_provider(providers)
     if int8 and (kind != "width" or provider != "cpu"):
-        raise click.UsageError("--int8 measures a width table on the cpu provider: pass --kind width --provider cpu")
+        raise click.UsageError("--int8 measures a width table on the cpu provider: pass --kind width --providers cpu")
     import torch
 
     from minreal.app.callables import SpecError
@@ -82,3 +82,12 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
         table = build_latency_table(net, x, provider, ranks_per_layer, out_path=Path(out))
         con.table(f"wrote {out} ({len(table['layers'])} layers on {provider})")
     con.result(table)
+
+
+def _one_provider(value: str) -> str:
+    """The single provider of ``--providers``; several are a usage error (a table holds one provider's latencies)."""
+    names = known_providers(value)
+    if len(names) != 1:
+        raise click.BadParameter(f"latency-table measures on one provider, got {', '.join(names)}: run it once per "
+                                 "provider, each with its own --out", param_hint="--providers")
+    return names[0]

@@ -26,6 +26,7 @@ from minreal.app.options import (
     pipeline_options,
     provider_options,
     provider_settings,
+    quant_target_for,
     recovery_config,
     recovery_options,
     require_providers,
@@ -73,8 +74,7 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
             skip_unavailable_providers: bool, quiet: bool, as_json: bool, **opts: Any) -> None:
     """One-shot pipeline: compress MODEL → export → simplify → verify → INT8 / FP16 → benchmark."""
     con = Console(quiet, as_json)
-    quant_target = quant_target or ("tensorrt" if "tensorrt" in split_names(providers)
-                                    else PipelineConfig.quant_target)
+    quant_target = quant_target_for(quant_target, split_names(providers))
     preprocess, allow_mismatch = image_preprocess(opts), opts.pop("allow_data_mismatch")
     fixed_shapes = fixed_shapes_spec(opts.pop("fixed_shapes"))
     recovery = recovery_config(opts, quant_target)

@@ -19,18 +19,18 @@ from minreal.app.commands._shared import (
 )
 from minreal.app.console import Console
 from minreal.app.options import (
-    QUANT_TARGET_HELP,
     common,
     image_options,
     image_preprocess,
     mismatch_option,
+    providers_option,
+    quant_target_for,
+    quant_target_option,
     require_providers,
     shape_options,
     split_ints,
     split_names,
 )
-from minreal.export.settings import QUANT_TARGETS
-from minreal.facts import PROVIDERS
 
 __all__ = ["tune_cmd"]
 
@@ -44,7 +44,7 @@ __all__ = ["tune_cmd"]
 @click.option("--out", default="runs/tune", show_default=True, type=click.Path(file_okay=False),
               help="Tune directory (must not exist unless --overwrite).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing run or tune directory.")
-@click.option("--providers", default="cpu", show_default=True, help=f"Comma-separated: {', '.join(PROVIDERS)}.")
+@providers_option()
 @click.option("--batch", default="1", show_default=True,
               help="Comma-separated batch sizes; the first (provider, batch) decides the choice.")
 @click.option("--max-accuracy-drop", type=float, metavar="PP",
@@ -72,8 +72,7 @@ __all__ = ["tune_cmd"]
                    "boundary race with up to this many epochs (successive halving: 1/9, 1/3, all of it).")
 @click.option("--no-int8", is_flag=True, help="fp32 candidates only (the original's INT8 is then no baseline).")
 @click.option("--no-qat", is_flag=True, help="No quantisation-aware recovery candidates.")
-@click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=QUANT_TARGETS[0], show_default=True,
-              help=QUANT_TARGET_HELP)
+@quant_target_option
 @click.option("--screen-seconds", type=click.FloatRange(min=0), default=None,
               help="Timing window per model of the screening pass (short protocol, one process).")
 @click.option("--min-seconds", type=click.FloatRange(min=0), default=None,
@@ -101,7 +100,8 @@ __all__ = ["tune_cmd"]
 def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, trust_pickle: bool, out: str,
              overwrite: bool, providers: str, batch: str, max_accuracy_drop: float | None, min_agreement: float | None,
              max_mse_increase: float | None, objective: str, time_budget: str | None, methods: str | None,
-             plan: str | None, grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool, quant_target: str,
+             plan: str | None, grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool,
+             quant_target: str | None,
              screen_seconds: float | None, min_seconds: float | None, repeats: int | None, cache_dir: str | None,
              workers: int, executor_kind: str, address: str | None, bench_resource: str | None,
              dynamic_axes: tuple[str, ...], stats_samples: int, dry_run: bool, quiet: bool, as_json: bool,
@@ -124,7 +124,8 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
                          providers=split_names(providers), batch_sizes=batch_sizes,
                          objective=objective, methods=split_names(methods or ""),
                          grid=TuneConfig.grid if grid_values is None else grid_values,
-                         recover_epochs=recover_epochs, int8=not no_int8, qat=not no_qat, quant_target=quant_target,
+                         recover_epochs=recover_epochs, int8=not no_int8, qat=not no_qat,
+                         quant_target=quant_target_for(quant_target, split_names(providers)),
                          time_budget_s=parse_duration(time_budget) if time_budget else None,
                          screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),
                          workers=workers, dynamic_axes=shape_options((), dynamic_axes)[1] if dynamic_axes else {},

@@ -48,7 +48,7 @@ def test_cli_param_ratio_hits_the_budget(tmp_path: Path, monkeypatch: pytest.Mon
                                      "    torch.manual_seed(0)\n    return mlp(8, [32, 24], 2).eval()\n")
     np.savez(tmp_path / "data.npz", x=np.random.default_rng(0).standard_normal((80, 8)).astype(np.float32))
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(cli, ["compress", "net.py:make", "-m", "fde", "--param-ratio", "0.3", "--calib",
+    result = CliRunner().invoke(cli, ["compress", "net.py:make", "-m", "fde", "--param-ratio", "0.3", "--data",
                                       "data.npz", "--out", "small.pt2", "--report", "r.json", "-q"])
     assert result.exit_code == 0, result.output
     report = json.loads(Path("r.json").read_text())
