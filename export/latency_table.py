@@ -1,6 +1,6 @@
 """Latency tables measured on the target provider, reused when they already exist for the same model and settings.
 
-*Rank* tables (``factorize --latency``): each factorisable layer and its factorised pair at a geometric grid of
+*Rank* tables (``factorize --latency-ratio``): each factorisable layer and its factorised pair at a geometric grid of
 ranks, exported alone to ONNX and timed in isolation. JSON: ``{"provider", "model_hash", "input_shape",
 "model_ms", "layers": {name: {"keep_ms", "ranks", "ms"}}}`` (median latencies in milliseconds).
 

@@ -139,12 +139,12 @@ class WidthMultipleOption:
     width_multiple: int = field(
         default=8,
         metadata={"help": "Channel groups keep widths on this multiple (the kernels' fast channel block; a group of "
-                          "one segment no wider than it halves it), >= 1; in the CLI, run and tune the target "
+                          "one segment no wider than it halves it), >= 1; in compress, run and tune the --providers "
                           "provider's (16 on the CPU, 8 on GPUs); 8 in the Python API."})
     width_min: int = field(
         default=0,
         metadata={"help": "No channel segment is cut narrower than this (one no wider stays whole; a minimum off "
-                          "the multiple acts as the next multiple up), >= 0; in the CLI, run and tune the target "
+                          "the multiple acts as the next multiple up), >= 0; in compress, run and tune the --providers "
                           "provider's (16 on the CPU: ONNX Runtime's x86 int8 convolutions leave their fast kernel "
                           "below 16 output channels; 0 on GPUs); 0 in the Python API."})
 

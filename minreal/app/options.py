@@ -73,7 +73,7 @@ class MethodCommand(click.Command):
         hidden, full = 0, ctx.meta.get(HELP_ALL, False)
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
-            if record is None:
+            if record is None or isinstance(param, click.Argument):  # arguments are in the usage line
                 continue
             own = getattr(param, "method_option", False) and not set(param.opts) & budget
             if own and not full:
@@ -96,10 +96,11 @@ class MethodCommand(click.Command):
         if full:
             return
         with formatter.section("Method options"):
+            several = (" Given once for several -m methods, an option reaches the methods that have it."
+                       if ctx.command.name == "run" else "")
             formatter.write_text(f"Each method also takes options of its own ({hidden} in all); `minreal methods "
                                  "NAME` lists one method's options, budgets and defaults, e.g. `minreal methods "
-                                 "fde`. Given once for several -m methods, an option reaches the methods that "
-                                 "have it.")
+                                 f"fde`.{several}")
 
 
 def method_options(fn: Callable) -> Callable:

@@ -343,8 +343,8 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
     result = CaseResult(case.name, records, relative_to(to_jsonable(bench), case_dir), stages, list(case.notes))
     write_json(result.bench, case_dir / "bench.json")  # a `minreal bench` report, paths relative to the case
     slow = fp16_warnings + int8_quality_warnings(result) + slowdown_warnings(result)
-    if slow:  # each warning is printed once, with the results (finish_run), and kept in report.json
-        progress(f"[{case.name}] {len(slow)} warning(s), listed with the results")
+    if mismatch or slow:  # each warning is printed once, with the results (finish_run), and kept in report.json
+        progress(f"[{case.name}] {len(mismatch) + len(slow)} warning(s), listed with the results")
     result.warnings, result.data_check = mismatch + slow, dataclasses.asdict(check)
     return result
 

@@ -118,6 +118,9 @@ def _within_budget(m: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[bool,
     if m.get("mse") is not None and base.get("mse") is not None:
         rise = m["mse"] / base["mse"] - 1 if base["mse"] > 0 else 0.0
         return rise <= 0.01 * VERDICT_MAX_DROP_PP + 1e-12, f"MSE {100 * rise:+.1f} %"
+    if m.get("top1_agreement") is not None:  # unlabelled data: agreement with the original stands in
+        agreement = m["top1_agreement"]
+        return agreement >= 1 - 0.01 * VERDICT_MAX_DROP_PP - 1e-12, f"agreement {100 * agreement:.2f} %"
     return False, "quality not measured"
 
 
@@ -136,7 +139,9 @@ def verdict_lines(report: Any) -> list[str]:
         p50 = {(r["model"], cell_label(r)): r["stats"]["p50_ms"] for r in lat if r["provider"] == provider}
         cells = sorted({c for _, c in p50}, key=_cell_order)
         ok = {m: _within_budget(metrics[m], metrics["original"]) for m in metrics}
-        fit = [m for m in metrics if ok[m][0] and all((m, c) in p50 for c in cells)]
+        timed = [m for m in metrics if all((m, c) in p50 for c in cells)]
+        measured = any(cost != "quality not measured" for _, cost in ok.values())
+        fit = [m for m in timed if ok[m][0] or not measured]
         if not fit:
             out.append(f"- **{_get(case, 'name')}**: no model is within {VERDICT_MAX_DROP_PP:g} pp of the "
                        "original's held-out quality")
@@ -149,7 +154,8 @@ def verdict_lines(report: Any) -> list[str]:
         compressed = not best.startswith("original")
         head = (f"fastest within {VERDICT_MAX_DROP_PP:g} pp: **{best}**" if compressed else
                 f"nothing compressed beats the original within {VERDICT_MAX_DROP_PP:g} pp; fastest: **{best}**")
-        out.append(f"- **{_get(case, 'name')}** ({provider}): {head} ({ok[best][1]}); {versus} (speed-ups, p50)")
+        cost = ok[best][1] if measured else "quality not measured: the fastest model overall"
+        out.append(f"- **{_get(case, 'name')}** ({provider}): {head} ({cost}); {versus} (speed-ups, p50)")
     return out
 
 
@@ -158,10 +164,10 @@ def grouped_warnings(warnings: list[str]) -> list[str]:
     warning in full is in report.json (``cases[].warnings``)."""
     kinds: dict[str, list[str]] = {}
     for w in warnings:
-        kinds.setdefault(w.split(":", 1)[0], []).append(w)
+        kinds.setdefault(w.partition(":")[0], []).append(w)
     return [f"- **WARNING** {items[0]}" if len(items) == 1 else
-            f"- **WARNING** {kind} ({len(items)}×; all in report.json), e.g. {items[0].split(':', 1)[1].strip()}"
-            for kind, items in kinds.items()]
+            f"- **WARNING** {kind} ({len(items)}×; all in report.json), e.g. "
+            f"{items[0].partition(':')[2].strip() or items[0]}" for kind, items in kinds.items()]
 
 
 def _tensorrt_meant(report: Any, variant: Any) -> bool:

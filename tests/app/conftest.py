@@ -1,5 +1,5 @@
 """Shared fixtures of the application tests: a factory file with model and data callables (the working directory
-with ``net.py`` and the in-process CLI runner that every command-line test uses are in ``tests/conftest.py``)."""
+with ``net.py`` and the in-process CLI runner, ``run_cli``, are in ``tests/conftest.py``)."""
 
 from __future__ import annotations
 

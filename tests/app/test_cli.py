@@ -55,6 +55,9 @@ def test_methods_name_lists_that_methods_options_budgets_and_defaults() -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(FDEConfig)}
     assert options["--merge-eps"]["default"] == defaults["merge_eps"] and options["--merge-eps"]["help"]
     assert options["--representative"]["choices"] and "--rank-multiple" not in options
+    svd = json.loads(CliRunner().invoke(cli, ["methods", "svd", "--json"]).output)
+    rank = next(o for o in svd["options"] if o["flag"] == "--rank-multiple")
+    assert rank["default_by_provider"]["cpu"] == 16 and rank["default"] == 1  # the CLI's and the Python API's
     page = CliRunner().invoke(cli, ["methods", "fde"]).output
     assert page.startswith("fde: ") and "--merge-eps" in page and "budgets: --mac-ratio, --param-ratio" in page
     bad = CliRunner().invoke(cli, ["methods", "nope"])

@@ -223,3 +223,14 @@ def test_latency_table_takes_exactly_one_provider(workdir: Path, run_cli: Callab
                                 "--providers", providers])
         assert code == 2 and "Invalid value for --providers" in err and culprit in err, err
         assert "Traceback" not in err and not Path("t.json").exists()
+
+
+def test_compress_takes_one_method_and_run_each_method_once(workdir: Path, run_cli) -> None:
+    """Click keeps the last of a repeated option: compress refuses two methods instead of running one silently;
+    run refuses a method given twice before any work (per-variant settings go in a plan file)."""
+    code, _, err = run_cli(["compress", "net.py:make", "-m", "svd", "-m", "fde", "--data", "digits-flat",
+                            "--out", "a.pt2"])
+    assert code == 2 and "compress takes one --method, got svd, fde" in err and not Path("a.pt2").exists()
+    code, _, err = run_cli(["run", "net.py:make", "-m", "svd", "-m", "svd", "--data", "digits-flat",
+                            "--out", "runs/twice"])
+    assert code == 2 and "-m svd given twice" in err and not Path("runs/twice").exists()

@@ -1,4 +1,5 @@
-"""Run-report views: spectra plot written only when a method reports spectra."""
+"""Run-report views: the verdict per case, warnings grouped by kind, TensorRT findings only for TensorRT files,
+the spectra plot only when a method reports spectra."""
 
 from pathlib import Path
 
@@ -82,3 +83,33 @@ def test_warnings_are_one_line_per_kind_and_tensorrt_findings_only_for_tensorrt_
     assert "TensorRT-ready" not in render_markdown(cpu_only)
     for_trt = {"created_utc": "now", "config": {"providers": ["cpu", "tensorrt"]}, "cases": [case]}
     assert "not TensorRT-ready" in render_markdown(for_trt)
+
+
+def test_verdict_without_labels_uses_agreement_or_says_quality_was_not_measured() -> None:
+    from minreal.app.report import verdict_lines
+
+    case = _bench_case({"original": (4.0, 80.0), "svd": (2.0, 40.0), "tiny": (1.0, 20.0)}, {})
+    case["bench"]["metrics"] = [{"model": m, "accuracy": None, "top1_agreement": a}
+                                for m, a in (("original", 1.0), ("svd", 0.995), ("tiny", 0.90))]
+    [line] = verdict_lines({"cases": [case]})
+    assert "fastest within 1 pp: **svd** (agreement 99.50 %)" in line
+    for m in case["bench"]["metrics"]:
+        m["top1_agreement"] = None
+    [line] = verdict_lines({"cases": [case]})
+    assert "**tiny**" in line and "quality not measured" in line and "no model is within" not in line
+
+
+def test_verdict_of_a_regressor_allows_one_percent_more_error() -> None:
+    from minreal.app.report import verdict_lines
+
+    case = _bench_case({"original": (4.0, 80.0), "svd": (2.0, 40.0), "tiny": (1.0, 20.0)}, {})
+    case["bench"]["metrics"] = [{"model": m, "accuracy": None, "mse": e}
+                                for m, e in (("original", 1.0), ("svd", 1.005), ("tiny", 1.2))]
+    [line] = verdict_lines({"cases": [case]})
+    assert "fastest within 1 pp: **svd** (MSE +0.5 %)" in line
+
+
+def test_warnings_without_a_colon_are_grouped_by_their_whole_text() -> None:
+    from minreal.app.report import grouped_warnings
+
+    assert grouped_warnings(["odd one", "odd one"]) == ["- **WARNING** odd one (2×; all in report.json), e.g. odd one"]

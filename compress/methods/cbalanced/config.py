@@ -106,6 +106,8 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
         WidthMultipleOption.__post_init__(self)
         if self.init not in INITS:
             raise CompressionError(f"--init must be one of {INITS}, got {self.init!r}")
+        if self.epochs == 0 and self.init == "scratch":
+            raise CompressionError("--epochs 0 with --init scratch would ship an untrained network: use --init warm")
         if self.selection not in SELECTIONS:
             raise CompressionError(f"--selection must be one of {SELECTIONS}, got {self.selection!r}")
         if not 0.0 <= self.energy_eps < 1.0:

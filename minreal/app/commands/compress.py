@@ -34,7 +34,8 @@ __all__ = ["compress_cmd"]
 
 @click.command("compress", cls=MethodCommand)
 @click.argument("model")
-@click.option("--method", "-m", type=method_choice(), required=True, help="Registered compression method.")
+@click.option("--method", "-m", type=method_choice(), required=True, multiple=True,
+              help="Registered compression method (one; `minreal run` compares several).")
 @click.option("--data", required=True, help="Calibration (and, for methods that train, training) data.")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
@@ -58,7 +59,7 @@ __all__ = ["compress_cmd"]
 @recovery_options
 @method_options
 @common
-def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
+def compress_cmd(model: str, method: tuple[str, ...], data: str, weights: str | None, trust_pickle: bool, out: str,
                  report_path: str | None, providers: str, holdout: float, dynamic_axes: tuple[str, ...],
                  distributed: bool, quiet: bool, as_json: bool,
                  **opts: Any) -> None:
@@ -70,6 +71,9 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
 
     from minreal.compress.core.distributed import is_writer, launched_by_torchrun, process_group
 
+    if len(method) != 1:
+        raise click.UsageError(f"compress takes one --method, got {', '.join(method)}: use `minreal run -m A -m B` "
+                               "to compare several, or a plan file's chain to run them in sequence")
     names = known_providers(providers)
     if distributed and not launched_by_torchrun():
         raise click.UsageError("--distributed needs the torch.distributed environment (RANK, WORLD_SIZE, "
@@ -79,7 +83,7 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
     group = process_group(backend="gloo") if launched_by_torchrun() else contextlib.nullcontext()
     with group:
         writer = is_writer()
-        _compress(model, method, data, weights, trust_pickle, out, report_path, names, holdout,
+        _compress(model, method[0], data, weights, trust_pickle, out, report_path, names, holdout,
                   dynamic_axes, Console(quiet or not writer, as_json and writer), writer, opts)
 
 
@@ -96,10 +100,10 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     if writer:  # folders the outputs need are made (and removed again on failure) by the writing rank alone
         prepare_outputs([out, report_path], model, weights, data)
     preprocess = image_preprocess(opts)
-    recovery = recovery_config(opts, quant_target_for(None, providers))
-    if recovery is not None and recovery.int8:
+    if opts.get("recover_int8"):  # before anything else about recovery: compress can never use it
         raise click.UsageError("compress --recover-int8 would train INT8 ranges that no later command can use; "
                                "use `minreal run ... --recover-int8`, whose INT8 export writes them")
+    recovery = recovery_config(opts, quant_target_for(None, providers))
     config = build_config(method, opts, provider_defaults(providers))
     net, calib, held = load_inputs(model, weights, trust_pickle, data, None, holdout, preprocess)
     check = check_data(net, {"evaluation": held, "calibration": calib})  # compress warns; run and tune stop

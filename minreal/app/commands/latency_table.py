@@ -19,8 +19,9 @@ __all__ = ["latency_table_cmd"]
 @click.argument("model")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Destination JSON table.")
 @click.option("--kind", type=click.Choice(["rank", "width"]), default="rank", show_default=True,
-              help="rank: per-layer factorised pairs (factorize --latency); width: the whole model with each channel "
-                   "group segment narrowed (--latency-ratio of the width methods).")
+              help="rank: per-layer factorised pairs (factorize --layer-latency-ratio or --latency-ratio); width: "
+                   "the whole model with each channel group segment narrowed (--latency-ratio of the width "
+                   "methods).")
 @click.option("--data", help="Data for the example input.")
 @click.option("--input-shape", help="Per-sample input shape, e.g. 3,224,224 (random example; no --data).")
 @click.option("--batch", type=int, default=1, show_default=True, help="Batch size the latencies are measured at.")
@@ -42,8 +43,8 @@ __all__ = ["latency_table_cmd"]
 def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_shape: str | None, batch: int,
                       providers: str, ranks_per_layer: int, width_multiple: int | None, width_min: int | None,
                       int8: bool, weights: str | None, quiet: bool, as_json: bool) -> None:
-    """Measure latencies on a provider: per factorisable layer for `compress -m factorize --latency` (--kind rank),
-    or per channel-group width for the width methods' --latency-ratio (--kind width)."""
+    """Measure latencies on a provider: per factorisable layer for `compress -m factorize --latency-ratio`
+    (--kind rank), or per channel-group width for the width methods' --latency-ratio (--kind width)."""
     provider = _one_provider(providers)
     if int8 and (kind != "width" or provider != "cpu"):
         raise click.UsageError("--int8 measures a width table on the cpu provider: pass --kind width --providers cpu")

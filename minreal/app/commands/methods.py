@@ -11,6 +11,7 @@ import click
 
 from minreal.app.console import Console, plain
 from minreal.app.options import common
+from minreal.facts import PROVIDERS
 
 __all__ = ["methods_cmd"]
 
@@ -47,8 +48,11 @@ def _method_record(name: str, specs: list[Any]) -> dict[str, Any]:
     defaults = {f.name: f.default if f.default is not dataclasses.MISSING else None
                 for f in dataclasses.fields(method.config_cls)}
     helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(method.config_cls)}
+    by_provider = {p: method.provider_defaults((p,)) for p in PROVIDERS}
     options = [{"flag": s.flag, "default": plain(defaults.get(s.field)), "help": helps.get(s.field, s.help),
-                "choices": list(s.choices) if s.choices else None} for s in specs if name in s.methods]
+                "choices": list(s.choices) if s.choices else None,
+                "default_by_provider": {p: plain(d[s.field]) for p, d in by_provider.items() if s.field in d} or None}
+               for s in specs if name in s.methods]
     return {"name": name, "summary": method.summary, "budgets": list(method.budgets),
             "two_phase": method.two_phase, "options": options}
 
@@ -61,7 +65,19 @@ def _method_page(name: str, specs: list[Any]) -> str:
              "prepares once and realises each budget cheaply" if record["two_phase"] else
              "all its work depends on the budget", "", "options (default):"]
     for o in record["options"]:
-        lines.append(f"  {o['flag']} ({o['default']!r})"
-                     + (f" one of {', '.join(o['choices'])}" if o["choices"] else ""))
+        shown = _shown(o["default"])
+        if o["default_by_provider"]:  # the command line's default follows --providers; the Python API's is fixed
+            per = ", ".join(f"{p} {_shown(v)}" for p, v in o["default_by_provider"].items())
+            shown = f"--providers: {per}; Python API {shown}"
+        lines.append(f"  {o['flag']} ({shown})" + (f" one of {', '.join(o['choices'])}" if o["choices"] else ""))
         lines += ["      " + ln for ln in textwrap.wrap(o["help"], 100)]
     return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    """A default as a user types it: on/off, none, a plain number or word."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None or value == [] or value == ():
+        return "none"
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)

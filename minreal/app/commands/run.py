@@ -82,6 +82,10 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
         raise click.UsageError("--recover-int8 trains ranges for static INT8: drop --no-int8 / --quant-mode dynamic")
     if not method and not plan:
         raise click.UsageError("give --method/-m (repeat for several) or --plan FILE")
+    twice = sorted({m for m in method if method.count(m) > 1})
+    if twice:
+        raise click.UsageError(f"-m {twice[0]} given twice: a variant per method here; several settings of one "
+                               "method go in a plan file (--plan), each with its own label")
     if plan and not method and any(v not in (None, ()) for v in opts.values()):
         raise click.UsageError("method options on the command line apply to -m variants; put the options of "
                                "--plan variants in the plan file")
