@@ -14,15 +14,15 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from fde_common import grow_by_duplication, mean_ci, mse, trained_mlp  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+from fde_common import grow_by_duplication, mean_ci, mse, trained_mlp
 
-from minreal.compress import RecoveryConfig, compress  # noqa: E402
-from minreal.compress.dynamics import REGRESSION_DATASETS, regression_dataset  # noqa: E402
-from minreal.compress.methods.fde import FDEConfig  # noqa: E402
-from minreal.compress.methods.magnitude import MagnitudeConfig  # noqa: E402
-from minreal.compress.methods.wanda import WandaConfig  # noqa: E402
+from minreal.compress import RecoveryConfig, compress
+from minreal.compress.dynamics import REGRESSION_DATASETS, regression_dataset
+from minreal.compress.methods.fde import FDEConfig
+from minreal.compress.methods.magnitude import MagnitudeConfig
+from minreal.compress.methods.wanda import WandaConfig
 
 EPS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7)
 FINETUNE_EPS = (0.3, 0.7)

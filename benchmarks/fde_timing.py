@@ -15,12 +15,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from fde_common import grow_by_duplication  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+from fde_common import grow_by_duplication
 
-from minreal.compress.methods.fde import extract_chain, refine  # noqa: E402
-from minreal.compress.models import mlp  # noqa: E402
+from minreal.compress.methods.fde import extract_chain, refine
+from minreal.compress.models import mlp
 
 EPS = (0.0, 0.05, 0.2, 0.5)
 

@@ -15,24 +15,24 @@ from collections.abc import Callable
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _common import write_json  # noqa: E402
-from torch import nn  # noqa: E402
+import numpy as np
+import torch
+from _common import write_json
+from torch import nn
 
-from minreal.compress import compress  # noqa: E402
-from minreal.compress.core.chain import build_sequential, extract_chain  # noqa: E402
-from minreal.compress.core.data import Dataset  # noqa: E402
-from minreal.compress.core.evaluate import predict  # noqa: E402
-from minreal.compress.core.prune import prune_chain  # noqa: E402
-from minreal.compress.core.train import TrainConfig, train  # noqa: E402
-from minreal.compress.datasets import digits  # noqa: E402
-from minreal.compress.methods.fde import FDEConfig  # noqa: E402
-from minreal.compress.methods.fde.compensate import compensate  # noqa: E402
-from minreal.compress.methods.fde.partition import REPRESENTATIVES  # noqa: E402
-from minreal.compress.methods.wanda import WandaConfig, wanda_scores  # noqa: E402
-from minreal.compress.models import mlp  # noqa: E402
-from minreal.compress.registry import get_method  # noqa: E402
+from minreal.compress import compress
+from minreal.compress.core.chain import build_sequential, extract_chain
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.evaluate import predict
+from minreal.compress.core.prune import prune_chain
+from minreal.compress.core.train import TrainConfig, train
+from minreal.compress.datasets import digits
+from minreal.compress.methods.fde import FDEConfig
+from minreal.compress.methods.fde.compensate import compensate
+from minreal.compress.methods.fde.partition import REPRESENTATIVES
+from minreal.compress.methods.wanda import WandaConfig, wanda_scores
+from minreal.compress.models import mlp
+from minreal.compress.registry import get_method
 
 Case = Callable[[], tuple[nn.Module, Dataset, Dataset, str]]
 RATIOS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)

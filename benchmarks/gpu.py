@@ -51,9 +51,9 @@ import numpy as np
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from _common import write_json  # noqa: E402
+from _common import write_json
 
-from minreal.facts import error_line  # noqa: E402
+from minreal.facts import error_line
 
 OUT = Path(__file__).with_suffix(".json")
 MODELS = ("digits-mlp", "digits-cnn", "resnet18", "mobilenet_v2")

@@ -28,18 +28,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import onnx  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-from _common import cpu_share, cpu_times, write_json  # noqa: E402
-from int8_formats import CIFAR, RESNET32, cifar_case  # noqa: E402
-from int8_width import environment  # noqa: E402
-from onnx import numpy_helper  # noqa: E402
+import numpy as np
+import onnx
+import onnxruntime as ort
+from _common import cpu_share, cpu_times, write_json
+from int8_formats import CIFAR, RESNET32, cifar_case
+from int8_width import environment
+from onnx import numpy_helper
 
-from minreal.export.quantize import QuantConfig, quantize_int8  # noqa: E402
-from minreal.export.variant import VariantConfig, export_variant  # noqa: E402
-from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark  # noqa: E402
-from minreal.runtime_bench.timing import ratio_summary  # noqa: E402
+from minreal.export.quantize import QuantConfig, quantize_int8
+from minreal.export.variant import VariantConfig, export_variant
+from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
+from minreal.runtime_bench.timing import ratio_summary
 
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/int8_align.py --out benchmarks/int8_align.json"
 BATCHES = (1, 32)

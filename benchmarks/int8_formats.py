@@ -56,20 +56,20 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _ort_eval  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _common import write_json  # noqa: E402
-from torch import nn  # noqa: E402
+import _ort_eval
+import numpy as np
+import torch
+from _common import write_json
+from torch import nn
 
-from minreal.compress.core.inputs import Inputs, NamedInputs  # noqa: E402
-from minreal.compress.models import CifarResNet  # noqa: E402
-from minreal.export.quantize import QuantConfig, QuantizationError, quantize_int8  # noqa: E402
-from minreal.export.variant import VariantConfig, export_variant  # noqa: E402
-from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark  # noqa: E402
-from minreal.runtime_bench.cpu import cpu_isa, u8s8_saturates  # noqa: E402
-from minreal.runtime_bench.environment import cpu_model  # noqa: E402
-from minreal.runtime_bench.timing import ratio_summary  # noqa: E402
+from minreal.compress.core.inputs import Inputs, NamedInputs
+from minreal.compress.models import CifarResNet
+from minreal.export.quantize import QuantConfig, QuantizationError, quantize_int8
+from minreal.export.variant import VariantConfig, export_variant
+from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
+from minreal.runtime_bench.cpu import cpu_isa, u8s8_saturates
+from minreal.runtime_bench.environment import cpu_model
+from minreal.runtime_bench.timing import ratio_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"

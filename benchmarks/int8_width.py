@@ -76,28 +76,28 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import onnx  # noqa: E402
-import torch  # noqa: E402
-from _common import cpu_share, cpu_times, write_json  # noqa: E402
-from int8_formats import CIFAR, RESNET32, cifar_case, quant_record  # noqa: E402
-from torch import nn  # noqa: E402
+import numpy as np
+import onnx
+import torch
+from _common import cpu_share, cpu_times, write_json
+from int8_formats import CIFAR, RESNET32, cifar_case, quant_record
+from torch import nn
 
-from minreal.compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER  # noqa: E402
-from minreal.compress.core.width import Cut, WidthGraph, analyse, apply_cuts  # noqa: E402
-from minreal.compress.core.width.allocate import segment_key  # noqa: E402
-from minreal.compress.core.width.cost import cost_terms  # noqa: E402
-from minreal.compress.core.width.importance import magnitude_importance  # noqa: E402
-from minreal.compress.models import CifarResNet  # noqa: E402
-from minreal.export.quantize import QuantConfig, quantize_int8  # noqa: E402
-from minreal.export.variant import VariantConfig, export_variant  # noqa: E402
-from minreal.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS  # noqa: E402
-from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark  # noqa: E402
-from minreal.runtime_bench.cpu import cpu_int8_target, cpu_isa, u8s8_saturates  # noqa: E402
-from minreal.runtime_bench.environment import cpu_model  # noqa: E402
-from minreal.runtime_bench.model_info import float_roundtrips, optimized_graph  # noqa: E402
-from minreal.runtime_bench.node_profile import KernelTime, op_totals, profile_kernels  # noqa: E402
-from minreal.runtime_bench.timing import ratio_summary  # noqa: E402
+from minreal.compress.core.options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER
+from minreal.compress.core.width import Cut, WidthGraph, analyse, apply_cuts
+from minreal.compress.core.width.allocate import segment_key
+from minreal.compress.core.width.cost import cost_terms
+from minreal.compress.core.width.importance import magnitude_importance
+from minreal.compress.models import CifarResNet
+from minreal.export.quantize import QuantConfig, quantize_int8
+from minreal.export.variant import VariantConfig, export_variant
+from minreal.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS
+from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
+from minreal.runtime_bench.cpu import cpu_int8_target, cpu_isa, u8s8_saturates
+from minreal.runtime_bench.environment import cpu_model
+from minreal.runtime_bench.model_info import float_roundtrips, optimized_graph
+from minreal.runtime_bench.node_profile import KernelTime, op_totals, profile_kernels
+from minreal.runtime_bench.timing import ratio_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "int8_width.json"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from _common import write_json  # noqa: E402
+from _common import write_json
 
-from minreal.app.demo import digits_cases  # noqa: E402
-from minreal.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
+from minreal.app.demo import digits_cases
+from minreal.app.pipeline import PipelineConfig, run_pipeline
 
 
 def main() -> None:

@@ -43,17 +43,17 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from _common import write_json  # noqa: E402
-from torch import nn  # noqa: E402
-from trained_models import resnet20_digits32  # noqa: E402
+import torch
+from _common import write_json
+from torch import nn
+from trained_models import resnet20_digits32
 
-from minreal.compress.core.data import Dataset  # noqa: E402
-from minreal.compress.core.errors import CompressionError  # noqa: E402
-from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover  # noqa: E402
-from minreal.compress.core.train import distillation_loss, task_loss  # noqa: E402
-from minreal.compress.registry import compress, get_method  # noqa: E402
-from minreal.export.quantize import resolve_target  # noqa: E402
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover
+from minreal.compress.core.train import distillation_loss, task_loss
+from minreal.compress.registry import compress, get_method
+from minreal.export.quantize import resolve_target
 
 METHODS = ("svd", "factorize", "magnitude", "wanda", "fde", "cbalanced")
 RATIOS = (0.7, 0.5, 0.3)

@@ -60,15 +60,15 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-import tune as tb  # noqa: E402  (benchmarks/tune.py; benchmarks/ is on sys.path: this file runs as a script)
-from recovery import Compressed  # noqa: E402  (benchmarks/recovery.py: a method's model at one ratio, its record)
-from torch import nn  # noqa: E402
+import torch
+import tune as tb
+from recovery import Compressed
+from torch import nn
 
-from minreal.compress.core.data import Dataset  # noqa: E402
-from minreal.compress.core.errors import CompressionError  # noqa: E402
-from minreal.compress.core.evaluate import predict  # noqa: E402
-from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover  # noqa: E402
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.evaluate import predict
+from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover
 
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recovery_real.py --out benchmarks/recovery_real.json"
 MODELS = ("resnet32", "resnet44")

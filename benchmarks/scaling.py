@@ -38,9 +38,9 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from _common import write_json  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from _common import write_json
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/scaling.py --out benchmarks/scaling.json"

@@ -19,13 +19,13 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-from _common import pyplot, save_figure, write_json  # noqa: E402
+import torch
+from _common import pyplot, save_figure, write_json
 
-from minreal.compress import compress  # noqa: E402
-from minreal.compress.datasets import sequential_digits, synthetic_sequences  # noqa: E402
-from minreal.compress.methods.ssm import SSMConfig  # noqa: E402
-from minreal.compress.methods.ssm.training import SSMTrainSpec, train_ssm_classifier  # noqa: E402
+from minreal.compress import compress
+from minreal.compress.datasets import sequential_digits, synthetic_sequences
+from minreal.compress.methods.ssm import SSMConfig
+from minreal.compress.methods.ssm.training import SSMTrainSpec, train_ssm_classifier
 
 TRUNCS = (0.5, 0.6, 0.7, 0.8, 0.9)
 PAPER_SMNIST = {"with_reg": {0.6: 99.45, 0.7: 99.22, 0.8: 98.90, 0.9: 86.95},

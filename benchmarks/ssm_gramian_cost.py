@@ -15,18 +15,18 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _common import pyplot, save_figure, write_json  # noqa: E402
+import numpy as np
+import torch
+from _common import pyplot, save_figure, write_json
 
-from minreal.compress.methods.ssm import (  # noqa: E402
+from minreal.compress.methods.ssm import (
     RotationSSM,
     dense_gramians,
     hankel_nuclear_norm,
     hankel_singular_values,
     rotation_gramians,
 )
-from minreal.runtime_bench.timing import time_interleaved  # noqa: E402
+from minreal.runtime_bench.timing import time_interleaved
 
 SIZES = (64, 128, 256, 512)
 

@@ -25,15 +25,15 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-from _common import write_json  # noqa: E402
+import torch
+from _common import write_json
 
-from minreal.compress import compress  # noqa: E402
-from minreal.compress.datasets import sequential_digits  # noqa: E402
-from minreal.compress.methods.ssm import SSMConfig, SSMTrainSpec, train_ssm_classifier  # noqa: E402
-from minreal.export.onnx_export import to_onnx  # noqa: E402
-from minreal.export.quantize import QuantConfig, quantize_int8  # noqa: E402
-from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark  # noqa: E402
+from minreal.compress import compress
+from minreal.compress.datasets import sequential_digits
+from minreal.compress.methods.ssm import SSMConfig, SSMTrainSpec, train_ssm_classifier
+from minreal.export.onnx_export import to_onnx
+from minreal.export.quantize import QuantConfig, quantize_int8
+from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
 
 
 def _models(folder: Path) -> tuple[list[ModelEntry], dict, torch.Tensor, torch.Tensor]:

@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass, replace
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-from _common import write_json  # noqa: E402
+import torch
+from _common import write_json
 
-from minreal.compress import compress  # noqa: E402
-from minreal.compress.core.data import Dataset  # noqa: E402
-from minreal.compress.datasets import sequential_digits, synthetic_sequences  # noqa: E402
-from minreal.compress.methods.ssm import (  # noqa: E402
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.datasets import sequential_digits, synthetic_sequences
+from minreal.compress.methods.ssm import (
     HankelRegularisation,
     SSMConfig,
     SSMTrainSpec,

@@ -17,19 +17,19 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-import torch  # noqa: E402
-from _common import pyplot, save_figure, write_json  # noqa: E402
+import numpy as np
+import onnxruntime as ort
+import torch
+from _common import pyplot, save_figure, write_json
 
-from minreal.compress import compress  # noqa: E402
-from minreal.compress.core.data import Dataset  # noqa: E402
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
 from minreal.compress.methods.ssm import (
-    SSMClassifier,  # noqa: E402
-    SSMConfig,  # noqa: E402
+    SSMClassifier,
+    SSMConfig,
 )
-from minreal.export.onnx_export import to_onnx  # noqa: E402
-from minreal.runtime_bench.timing import time_interleaved  # noqa: E402
+from minreal.export.onnx_export import to_onnx
+from minreal.runtime_bench.timing import time_interleaved
 
 TRUNCS = (0.5, 0.6, 0.7, 0.8, 0.9)
 LENGTHS = (64, 1024)

@@ -47,23 +47,23 @@ from unittest import mock
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _common import write_json  # noqa: E402
-from torch import nn  # noqa: E402
+import numpy as np
+import torch
+from _common import write_json
+from torch import nn
 
-from minreal.compress.core.data import Dataset  # noqa: E402
-from minreal.compress.core.stats import collect_moments  # noqa: E402
-from minreal.compress.core.width import analyse  # noqa: E402
-from minreal.compress.datasets import digits32  # noqa: E402
-from minreal.compress.methods.cbalanced import empirical_gramians, graph_gramians  # noqa: E402
-from minreal.compress.methods.cbalanced.analysis import analyse_states  # noqa: E402
-from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians, default_state_points  # noqa: E402
-from minreal.compress.methods.cbalanced.graph_gramians import group_gramians, select_groups  # noqa: E402
-from minreal.compress.methods.cbalanced.method import CBalancedConfig  # noqa: E402
-from minreal.compress.methods.cbalanced.realise import is_mlp  # noqa: E402
-from minreal.compress.methods.factorize import FactorizeConfig  # noqa: E402
-from minreal.compress.registry import Prepared, prepare, realise  # noqa: E402
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.stats import collect_moments
+from minreal.compress.core.width import analyse
+from minreal.compress.datasets import digits32
+from minreal.compress.methods.cbalanced import empirical_gramians, graph_gramians
+from minreal.compress.methods.cbalanced.analysis import analyse_states
+from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians, default_state_points
+from minreal.compress.methods.cbalanced.graph_gramians import group_gramians, select_groups
+from minreal.compress.methods.cbalanced.method import CBalancedConfig
+from minreal.compress.methods.cbalanced.realise import is_mlp
+from minreal.compress.methods.factorize import FactorizeConfig
+from minreal.compress.registry import Prepared, prepare, realise
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).with_suffix(".json")

@@ -42,11 +42,11 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _common import write_json  # noqa: E402
+import numpy as np
+import torch
+from _common import write_json
 
-from minreal.runtime_bench.timing import ratio_summary  # noqa: E402
+from minreal.runtime_bench.timing import ratio_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "bert_encoder.py"

@@ -32,11 +32,11 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import recovery_real as rr  # noqa: E402  (benchmarks/recovery_real.py: the real-data cases and recovery cells)
-from _common import cpu_share, cpu_times, write_json  # noqa: E402
+import recovery_real as rr
+from _common import cpu_share, cpu_times, write_json
 
-from minreal.compress.core.errors import CompressionError  # noqa: E402
-from minreal.compress.core.width.allocate import WEIGHTINGS  # noqa: E402  (cost, none: auto is one of them per method)
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.width.allocate import WEIGHTINGS
 
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/width_allocation.py --out benchmarks/width_allocation.json"
 METHODS = ("magnitude", "wanda")

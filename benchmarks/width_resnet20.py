@@ -28,18 +28,18 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import write_json  # noqa: E402
-from torch import nn  # noqa: E402
-from tp_baseline import TorchPruningConfig, torch_pruning_spec  # noqa: E402
-from trained_models import resnet20_digits32  # noqa: E402
+from _common import write_json
+from torch import nn
+from tp_baseline import TorchPruningConfig, torch_pruning_spec
+from trained_models import resnet20_digits32
 
-from minreal.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
-from minreal.compress.core.data import Dataset  # noqa: E402
-from minreal.compress.core.recover import RecoveryConfig  # noqa: E402
-from minreal.compress.core.run_case import RunCase, VariantSpec  # noqa: E402
-from minreal.compress.datasets import digits32  # noqa: E402
-from minreal.compress.registry import register  # noqa: E402
-from minreal.export.latency_table import build_latency_table, build_width_latency_table  # noqa: E402
+from minreal.app.pipeline import PipelineConfig, run_pipeline
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.run_case import RunCase, VariantSpec
+from minreal.compress.datasets import digits32
+from minreal.compress.registry import register
+from minreal.export.latency_table import build_latency_table, build_width_latency_table
 
 MULTIPLE = 8  # the CPU provider's width multiple (minreal.compress.core.width.allocate.WIDTH_MULTIPLE_BY_PROVIDER)
 TP_NOTE = ("torch-pruning 1.6.1 DepGraph treats the option-A F.pad as elementwise and ties the 16/32/64 streams "

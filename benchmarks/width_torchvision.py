@@ -25,18 +25,18 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torchvision  # noqa: E402
-from _common import write_json  # noqa: E402
-from torch import nn  # noqa: E402
-from tp_baseline import TorchPruningConfig, torch_pruning_spec  # noqa: E402
-from width_resnet20 import summarise  # noqa: E402
+import torch
+import torchvision
+from _common import write_json
+from torch import nn
+from tp_baseline import TorchPruningConfig, torch_pruning_spec
+from width_resnet20 import summarise
 
-from minreal.app.pipeline import PipelineConfig, run_pipeline  # noqa: E402
-from minreal.compress.core.data import Dataset  # noqa: E402
-from minreal.compress.core.run_case import RunCase, VariantSpec  # noqa: E402
-from minreal.compress.registry import register  # noqa: E402
-from minreal.export.latency_table import build_width_latency_table  # noqa: E402
+from minreal.app.pipeline import PipelineConfig, run_pipeline
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.run_case import RunCase, VariantSpec
+from minreal.compress.registry import register
+from minreal.export.latency_table import build_width_latency_table
 
 MULTIPLE = 16  # the CPU provider's width multiple
 

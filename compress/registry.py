@@ -113,7 +113,7 @@ def _entry_point_specs() -> list[tuple[Any, MethodSpec]]:
             spec = getattr(spec, "SPEC", spec)  # a module exporting SPEC, or the MethodSpec itself
             if not isinstance(spec, MethodSpec):
                 raise TypeError(f"it loads a {type(spec).__name__}, not a MethodSpec")
-        except Exception as exc:  # noqa: BLE001  (third-party code: any failure is reported, never fatal)
+        except Exception as exc:
             first = error_line(exc)
             log.warning("skipping method entry point %r (%s): %s", ep.name, ep.value, first)
             continue

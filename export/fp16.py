@@ -253,7 +253,7 @@ def fp16_parity(fp32_path: str | Path, fp16_file: str | Path, feeds: Sequence[Fe
         pairs = [pair for f in feeds for pair in _check_feed(reference, session, f, config)]
     except ParityError:
         raise
-    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types; the reason is recorded
+    except Exception as exc:
         status = f"not checked on {_provider_label(config.provider)}: {error_line(exc)}"
         logger.warning("%s: FP16 parity %s", Path(fp16_file).name, status)
         return replace(base, status=status)

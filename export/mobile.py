@@ -419,7 +419,7 @@ def mobile_usability(path: str | os.PathLike[str]) -> MobileUsability:
     try:
         with tempfile.TemporaryDirectory(prefix=".minreal-mobile-") as tmp, captured_output() as printed:
             return _analyse(Path(path), Path(tmp))
-    except Exception as exc:  # noqa: BLE001 - the verdict is advice; it must never fail an export
+    except Exception as exc:
         logger.debug("mobile-usability check of %s failed: %s\n%s", path, exc, printed.text)
         return MobileUsability(error=f"mobile-usability check failed: {error_line(exc, with_type=True)}")
 

@@ -178,7 +178,7 @@ def _locate_op(module: nn.Module, example: Inputs, op: str) -> str | None:
     try:
         with captured_output():
             program = torch.export.export(module, args_of(example), strict=False)
-    except Exception:  # noqa: BLE001 - locating is a courtesy; the export error is raised anyway
+    except Exception:
         return None
     for node in program.graph.nodes:
         target = getattr(node.target, "name", None)
@@ -330,7 +330,7 @@ def to_onnx(
                     model = _check_written(staged, external_data, want)
                     _check_inputs(model, names[0], exporter)
                 break
-            except Exception as exc:  # noqa: BLE001 - any exporter failure triggers the fallback
+            except Exception as exc:
                 reason = _one_line(exc, printed.text)
                 logger.info("%s exporter failed for %s: %s", exporter, type(module).__name__, reason)
                 errors.append(exc)

@@ -448,7 +448,7 @@ def _preprocess(fp32_path: Path, out: Path, align: bool = False) -> tuple[Path, 
         try:
             with _working_directory(out.parent):
                 quant_pre_process(source, dest, **options)
-        except Exception as exc:  # noqa: BLE001 - pre-processing is an optimisation; fall back
+        except Exception as exc:
             note = f"quant_pre_process{' without symbolic shapes' if options else ''} failed: {error_line(exc)}"
             logger.warning("%s", note)
             continue

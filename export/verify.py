@@ -157,7 +157,7 @@ def _check_batch(
     module itself fails on these inputs (e.g. one input cut to another length and its partner not)."""
     try:
         expected = [t.detach().cpu().numpy() for t in flatten_outputs(call(module, x))]
-    except Exception as exc:  # noqa: BLE001 - the user's forward; one line naming the inputs instead of a trace
+    except Exception as exc:
         hint = ("; when inputs share a dynamic axis, name it on each of them (--dynamic-axes input_ids:batch,seq "
                 "--dynamic-axes attention_mask:batch,seq)" if isinstance(x, NamedInputs) else "")
         raise ParityError(f"the torch module fails on the parity inputs {_describe(x)}: {error_line(exc)}{hint}") \

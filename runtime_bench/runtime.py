@@ -74,6 +74,6 @@ def _preload(ort: ModuleType) -> None:
         return
     try:
         ort.preload_dlls()
-    except Exception as exc:  # noqa: BLE001 - missing libraries surface again, with ORT's reason, at session creation
+    except Exception as exc:
         logging.getLogger(__name__).info("onnxruntime.preload_dlls failed (%s); relying on the loader's search path",
                                          exc)

@@ -363,7 +363,7 @@ def _read(path: Path, key: str, model: nn.Module) -> Any:
         if type(payload) is not dict or payload.get("schema") != SCHEMA or payload.get("key") != key:
             raise _Foreign("not a prepared state of this schema and key")
         return _decode(payload["state"], model)
-    except Exception as exc:  # noqa: BLE001  (a torn, corrupt or foreign file, whatever it raises, is a miss)
+    except Exception as exc:
         log.warning("ignoring unreadable prepared state %s: %s", path, str(exc).splitlines()[0] if str(exc) else exc)
         return None
 

@@ -55,7 +55,7 @@ def invoke(group: click.Group, argv: list[str] | None) -> None:
         sys.exit(TERM_EXIT)
     except SystemExit:
         raise
-    except BaseException as exc:  # noqa: BLE001 - the CLI's single place that turns errors into one line
+    except BaseException as exc:
         if os.environ.get("MINREAL_DEBUG"):
             raise
         from minreal.facts import error_line

@@ -161,14 +161,14 @@ def test_bisection_prepares_each_method_once_and_reuses_zero_shot_models(trained
     sizes: set[int] = set()
     real_prepare, real_realise = registry.prepare, registry.realise
 
-    def counting_prepare(model, data, method, config=None, cache_dir=None):  # noqa: ANN001, ANN202 - wrapped
+    def counting_prepare(model, data, method, config=None, cache_dir=None):
         prepared[method] += 1
         sizes.add(len(data))
         result = real_prepare(model, data, method, config, cache_dir=cache_dir)
         from_disk[method] += result.cached
         return result
 
-    def counting_realise(prep, config=None, recovery=None, held_out=None, measure=True):  # noqa: ANN001, ANN202
+    def counting_realise(prep, config=None, recovery=None, held_out=None, measure=True):
         realised[(prep.method, config.mac_ratio)] += 1
         return real_realise(prep, config, recovery, held_out, measure)
 
@@ -416,7 +416,7 @@ def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_m
     checked = []
     real = tune_run._int8_meets
 
-    def meets(res, held_out, original, base):  # noqa: ANN001, ANN202 - the wrapped signature
+    def meets(res, held_out, original, base):
         checked.append(res.spec.label)
         return real(res, held_out, original, base)
 

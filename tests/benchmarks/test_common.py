@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from _common import cpu_share, cpu_times  # noqa: E402
+from _common import cpu_share, cpu_times
 
 
 def _stat(tmp_path: Path, name: str, line: str) -> Path:

@@ -13,11 +13,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import int8_width as iw  # noqa: E402
+import int8_width as iw
 
-from minreal.compress.core.costs import count_costs  # noqa: E402
-from minreal.compress.core.width import WidthGraph, analyse  # noqa: E402
-from minreal.compress.models import resnet20_cifar  # noqa: E402
+from minreal.compress.core.costs import count_costs
+from minreal.compress.core.width import WidthGraph, analyse
+from minreal.compress.models import resnet20_cifar
 
 X = torch.zeros(2, 3, 32, 32)
 

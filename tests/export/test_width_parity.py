@@ -27,7 +27,7 @@ if "minreal_width_zoo" not in sys.modules:  # the width tests' model zoo, loaded
     sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules[_spec.name])
 
-import minreal_width_zoo as zoo  # noqa: E402
+import minreal_width_zoo as zoo
 
 MODELS = [pytest.param(name, marks=pytest.mark.slow) if name in zoo.BIG else name for name in zoo.MODELS]
 

@@ -156,7 +156,7 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     root = copy.deepcopy(model)
     try:
         graph = _Tracer().trace(root)
-    except Exception as exc:  # noqa: BLE001 - FX raises many types; the user needs one line
+    except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CompressionError(f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be "
                                f"traced ({type(exc).__name__}: {first[:200]})") from None
@@ -167,7 +167,7 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:  # ShapeProp prints a traceback of its own on failure; the user gets the one line below
             ShapeProp(gm).propagate(*args_of(example))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CompressionError(f"cannot run the traced {type(model).__name__} on an example input of shape "
                                    f"{_shapes(example)}: {first[:200]}") from None
@@ -284,7 +284,7 @@ def analyse(model: nn.Module, example: torch.Tensor) -> WidthGraph:
             _visit(wg, node, modules)
         except CompressionError:
             raise
-        except Exception as exc:  # noqa: BLE001 - an unexpected pattern: leave its channels whole
+        except Exception as exc:
             wg.unsupported.append((node.name, f"analysis failed ({type(exc).__name__}: {exc})"))
             for arg in _tensor_args(node):
                 chan = wg.values.get(arg.name)

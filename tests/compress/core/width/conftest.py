@@ -20,7 +20,7 @@ if "minreal_width_zoo" not in sys.modules:  # the tests folder is not a package:
     sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules[_spec.name])
 
-import minreal_width_zoo as zoo  # noqa: E402
+import minreal_width_zoo as zoo
 
 
 @dataclass
