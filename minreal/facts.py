@@ -16,6 +16,7 @@ from types import MappingProxyType
 __all__ = [
     "INT8_SUFFIX",
     "PTQ_SUFFIX",
+    "int8_source",
     "PROGRESS_KEY",
     "DETAIL_KEY",
     "PROVIDERS",
@@ -135,3 +136,11 @@ def error_line(exc: BaseException, *, with_type: bool = False, max_chars: int | 
 #: quantisation-aware ranges and quantised afresh is ``svd.ptq`` (:data:`PTQ_SUFFIX`).
 INT8_SUFFIX = ".int8"
 PTQ_SUFFIX = ".ptq"
+
+
+def int8_source(name: str) -> str | None:
+    """The fp32 model an INT8 file was quantised from (``svd`` for ``svd.int8`` and ``svd.ptq.int8``); None for a
+    name that is not an INT8 file's."""
+    if not name.endswith(INT8_SUFFIX):
+        return None
+    return name[: -len(INT8_SUFFIX)].removesuffix(PTQ_SUFFIX)

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from minreal.facts import INT8_SUFFIX, PTQ_SUFFIX
+from minreal.facts import INT8_SUFFIX, int8_source
 
 from .config import shape_grid, shape_label
 from .cpu import isa_difference
@@ -205,8 +205,7 @@ def _accuracy_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
 def _int8_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
     """Each INT8 file against its fp32 source: the accuracy lost by quantisation alone."""
     metrics = {m["model"]: m for m in data["metrics"]}
-    pairs = [(name, name[: -len(INT8_SUFFIX)]) for name in metrics if name.endswith(INT8_SUFFIX)]
-    pairs = [(q, s if s in metrics else s.removesuffix(PTQ_SUFFIX)) for q, s in pairs]
+    pairs = [(q, int8_source(q)) for q in metrics]
     pairs = [(q, s) for q, s in pairs if s in metrics and metrics[s].get("accuracy") is not None
              and metrics[q].get("accuracy") is not None]
     if not pairs:

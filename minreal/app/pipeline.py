@@ -46,7 +46,6 @@ from minreal.export.quantize import int8_skip_reason, target_text
 from minreal.export.serialize import save_program
 from minreal.export.variant import (
     FP16_LABEL_SUFFIX,
-    PTQ_SUFFIX,
     VariantRecord,
     export_variant,
     file_stem,
@@ -59,6 +58,7 @@ from minreal.export.variant import (
     trained_ranges,
 )
 from minreal.export.verify import feeds_of
+from minreal.facts import int8_source
 
 __all__ = ["PipelineConfig", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
            "run_pipeline", "fill_run_dir", "run_case", "claim_run_dir", "RunDirClaim", "prepare_run_dir",
@@ -416,8 +416,9 @@ def _fp16_records(records: list[VariantRecord], case: RunCase, case_dir: Path,
 
 def _source(model: str) -> tuple[str, str]:
     """The fp32 model a benchmarked model is compared with, and the warning's wording."""
-    if model.endswith(".int8"):
-        return model[: -len(".int8")].removesuffix(PTQ_SUFFIX), "INT8 model slower than its fp32 source"
+    source = int8_source(model)
+    if source is not None:
+        return source, "INT8 model slower than its fp32 source"
     if model.endswith(FP16_LABEL_SUFFIX):
         return model[: -len(FP16_LABEL_SUFFIX)], "FP16 model slower than its fp32 source"
     return "original", "compressed model not faster than the original"
@@ -459,7 +460,7 @@ def int8_quality_warnings(case: CaseResult) -> list[str]:
     records = {v.label: v for v in case.variants}
     out = []
     for model, m in metrics.items():
-        source = _source(model)[0] if model.endswith(".int8") else None
+        source = int8_source(model)
         if source is None or source not in metrics or (loss := _int8_loss(m, metrics[source])) is None:
             continue
         quantization = getattr(records.get(model), "quantization", None) or {}
@@ -481,7 +482,7 @@ def slowdown_warnings(case: CaseResult) -> list[str]:
         ref = p50.get((source, provider, batch))
         if ref is not None and ms >= ref:
             out.append(f"{kind}: {model} {ms:.4g} ms vs {source} {ref:.4g} ms ({provider}, batch {batch})"
-                       + (causes.get(model, "") if model.endswith(".int8") else ""))
+                       + (causes.get(model, "") if int8_source(model) else ""))
         baseline = p50.get(("original.int8", provider, batch))
         if not model.startswith("original") and baseline is not None and ms >= baseline:
             out.append(f"not faster than simply quantising the original: {model} {ms:.4g} ms vs original.int8 "
