@@ -30,6 +30,7 @@ from torch.nn.utils import prune
 
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.recover import RecoveryConfig
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
 from minreal.compress.methods.cbalanced import CBalancedConfig, analyse_states, realise
@@ -103,14 +104,15 @@ def _linear_classifier(train_set: Dataset, val: Dataset) -> nn.Module:
 
 def _models(model: nn.Module, train_set: Dataset, val: Dataset) -> tuple[dict[str, nn.Module], dict]:
     """All compared torch models and the cbalanced report (as a dict)."""
-    cfg = CBalancedConfig(epochs=EPOCHS, patience=12, lr=2e-3, controls=True)
-    realised, rep = compress(model, train_set, "cbalanced", cfg)
+    cfg = CBalancedConfig(controls=True)
+    recovery = RecoveryConfig(epochs=EPOCHS, lr=2e-3, patience=12, seed=0)  # the run's shared --recover-* knobs
+    realised, rep = compress(model, train_set, "cbalanced", cfg, recovery)
     analyses = analyse_states(collect_gramians(model, train_set.take(cfg.gramian_samples)), cfg.energy_eps)
     widths = {layer.name: layer.rank for layer in rep.layers}
     structured = realise(model, analyses, widths, "warm", selection="magnitude", refit=False)
     svd, _ = compress(model, train_set, "svd", SVDConfig(rank_fraction=0.5))
     at_paper, rep_paper = compress(model, train_set, "cbalanced", CBalancedConfig(
-        state_budget=PAPER["mnist"]["states"][1], epochs=EPOCHS, patience=12, lr=2e-3, controls=True))
+        state_budget=PAPER["mnist"]["states"][1], controls=True), recovery)
     models = {"original": model, "cbalanced (warm+distill)": realised,
               "cbalanced @ paper's 277 states": at_paper,
               "magnitude 50% (unstructured)": _magnitude_50(model),
@@ -118,12 +120,14 @@ def _models(model: nn.Module, train_set: Dataset, val: Dataset) -> tuple[dict[st
               "structured to C ranks + fine-tune": _fit(copy.deepcopy(structured), train_set, val),
               "svd rank 0.5": svd.eval(), "linear classifier": _linear_classifier(train_set, val)}
     return models, {"predicted": rep.predicted, "measured": rep.measured, "timings_s": rep.timings_s,
+                    "recovery": rep.recovery,
                     "params_before": rep.params_before, "params_after": rep.params_after,
                     "layers": [{"name": l.name, "rank_a": l.details["rank_a"], "rank_b": l.details["rank_b"],
                                 "rank_c": l.details["rank_c"], "spectra": l.details["spectra"]} for l in rep.layers],
                     "at_paper_state_order": {"ranks_c": rep_paper.predicted["ranks_c"],
                                              "params_after": rep_paper.params_after,
-                                             "variants": rep_paper.measured["variants"]}}
+                                             "variants": rep_paper.measured["variants"],
+                                             "recovery": rep_paper.recovery}}
 
 
 def _table(models: dict[str, nn.Module], test: Dataset, workdir: Path) -> list[dict]:

@@ -187,7 +187,7 @@ def _cbalanced(case: Case, data: Dataset, ratio: float, memo: dict[float, float]
     from minreal.compress.methods.cbalanced import CBalancedConfig
 
     def cfg(eps: float, **extra: Any) -> Any:
-        return CBalancedConfig(energy_eps=eps, epochs=0, controls=False, width_multiple=WIDTH_MULTIPLE, **extra)
+        return CBalancedConfig(energy_eps=eps, controls=False, width_multiple=WIDTH_MULTIPLE, **extra)
 
     if known is not None:
         new, info = _run_method(case, data, "cbalanced", cfg(known))

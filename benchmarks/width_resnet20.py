@@ -143,7 +143,7 @@ def main() -> None:
                          VariantSpec(f"torch_pruning-mac{m:g}", "torch_pruning", TorchPruningConfig(mac_ratio=m))]
         for eps in (1e-2, 1e-3):  # widths from the energy tolerance; trained by the same recovery as the others
             runs.append(VariantSpec(f"cbalanced-eps{eps:g}", "cbalanced",
-                                CBalancedConfig(energy_eps=eps, epochs=0, controls=False, width_multiple=MULTIPLE)))
+                                CBalancedConfig(energy_eps=eps, controls=False, width_multiple=MULTIPLE)))
         case = RunCase("resnet20_cifar@digits32", model, calib, held_out, runs,
                         notes=[f"trained {record.epochs} epochs on the calibration split; held-out top-1 "
                                f"{record.heldout_top1:.4f}", TP_NOTE])

@@ -314,7 +314,12 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
     budget = _requested_budget(spec, cfg)
     t0 = time.perf_counter()
     with method_measurements(measure):
-        new, report = spec.realise(prepared.state, cfg) if spec.two_phase else spec.run(model, data, cfg)
+        if spec.two_phase:
+            new, report = spec.realise(prepared.state, cfg)
+        elif spec.takes_recovery:
+            new, report = spec.run(model, data, cfg, recovery if recovery is not None and recovery.enabled else None)
+        else:
+            new, report = spec.run(model, data, cfg)
     if spec.two_phase:
         report.timings_s.update(prepare=prepared.seconds, realise=time.perf_counter() - t0)
     fill_costs(report, model, new, data.x[: min(len(data), 8)])

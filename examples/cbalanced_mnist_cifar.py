@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from minreal.compress.core.data import Dataset
+from minreal.compress.core.recover import RecoveryConfig
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.methods.cbalanced import CBalancedConfig
 from minreal.compress.models import mlp
@@ -86,13 +87,14 @@ def main() -> None:
     torch.manual_seed(0)
     model = mlp(d_in, widths, 10, "silu")
     train(model, rest, val, TrainConfig(epochs=args.epochs, batch_size=128, lr=1e-3, seed=0))
-    cfg = CBalancedConfig(energy_eps=args.eps, epochs=args.epochs, train_batch_size=128, lr=1e-3,
-                          gramian_samples=4000, go_samples=2000, controls=True)
-    realised, report = compress(model.eval(), train_set, "cbalanced", cfg)
+    cfg = CBalancedConfig(energy_eps=args.eps, gramian_samples=4000, go_samples=2000, controls=True)
+    recovery = RecoveryConfig(epochs=args.epochs, batch_size=128, lr=1e-3, seed=0)  # trains the realised network
+    realised, report = compress(model.eval(), train_set, "cbalanced", cfg, recovery)
     summary = {"ranks_c": report.predicted["ranks_c"], "state_order": report.predicted["state_order"],
                "params": [report.params_before, report.params_after],
                "test_accuracy": [accuracy(model, test), accuracy(realised, test)],
-               "variants (validation)": report.measured["variants"], "timings_s": report.timings_s}
+               "variants (validation)": report.measured["variants"], "recovery": report.recovery,
+               "timings_s": report.timings_s}
     print(json.dumps(summary, indent=1))
 
 

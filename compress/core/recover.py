@@ -69,7 +69,7 @@ from .qat import FakeQuant, fake_quant
 from .recover_options import RecoveryConfig
 from .train import distillation_loss, task_loss
 
-__all__ = ["RecoveryConfig", "RecoveryResult", "recover", "held_out_metrics", "feature_points",
+__all__ = ["RecoveryConfig", "RecoveryResult", "recover", "recovery_split", "held_out_metrics", "feature_points",
            "recalibrate_batchnorm"]
 
 log = logging.getLogger(__name__)
@@ -397,8 +397,10 @@ def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def _split(data: Dataset, cfg: RecoveryConfig) -> tuple[Dataset, Dataset, bool]:
-    """(training split, held-out split, whether the held-out split is the training data itself)."""
+def recovery_split(data: Dataset, cfg: RecoveryConfig) -> tuple[Dataset, Dataset, bool]:
+    """(training split, held-out split, whether the held-out split is the training data itself): the split
+    :func:`recover` makes of ``data`` (seeded by ``cfg.seed``), for a caller that must keep its held-out part out of
+    its own statistics."""
     if cfg.val_fraction == 0 or len(data) < MIN_SPLIT:
         return data, data, True
     train, val = data.split(cfg.val_fraction, cfg.seed)
@@ -572,7 +574,7 @@ def _recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: 
     for p in teacher.parameters():
         p.requires_grad_(False)
     _require_same_everywhere(data, teacher)
-    train, val, same = _split(data, config)
+    train, val, same = recovery_split(data, config)
     config = _resolved(config, teacher, data, min(len(train), len(val)))
     val_part = shard(val)  # this rank's part of the held-out split (all of it in one process)
     result = RecoveryResult(held_out_samples=len(val), held_out_is_training_data=same, world_size=_world_size(),

@@ -77,6 +77,11 @@ class MethodSpec:
     realise_fields : tuple of str
         Config fields besides the whole-model budgets that only ``realise`` reads (layer budgets, the allocator):
         a prepared state serves every value of them.
+    takes_recovery : bool
+        ``run(model, data, config, recovery)`` also receives the run's recovery config (the shared ``--recover-*``
+        knobs; None when no recovery follows) and trains with it what it trains itself (cbalanced: its controls;
+        it refuses a start that only training makes usable when none follows). The result is then recovered like
+        every method's. A method with two phases cannot take it.
 
     Each function (:data:`CALLABLE_FIELDS`) may be given as its ``"package.module:function"`` name instead: it
     is then a :class:`~minreal.compress.core.lazy.LazyCallable`, imported on its first call. The built-in methods name
@@ -95,6 +100,7 @@ class MethodSpec:
     prepare: PrepareFn | str | None = None
     realise: RealiseFn | str | None = None
     realise_fields: tuple[str, ...] = ()
+    takes_recovery: bool = False
 
     def __post_init__(self) -> None:
         for key in CALLABLE_FIELDS:
@@ -111,6 +117,8 @@ class MethodSpec:
             raise ValueError(f"method {self.name!r}: unknown budgets {unknown}; known: {list(BUDGET_FIELDS)}")
         if (self.prepare is None) != (self.realise is None):
             raise ValueError(f"method {self.name!r}: give both prepare and realise, or neither")
+        if self.takes_recovery and self.prepare is not None:
+            raise ValueError(f"method {self.name!r}: a two-phase method cannot take the recovery config")
 
     @property
     def two_phase(self) -> bool:

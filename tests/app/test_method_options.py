@@ -171,8 +171,10 @@ def test_registered_methods_share_no_name_apart() -> None:
     specs = method_option_specs()  # raises on a clash
     flags = {s.flag for s in specs}
     assert {"--mac-ratio", "--param-ratio", "--latency-ratio", "--energy-eps", "--merge-eps",
-            "--calib-batch-size", "--train-batch-size"} <= flags
+            "--calib-batch-size"} <= flags
     assert not {"--eps", "--flops", "--params", "--batch-size"} & flags
+    # training goes through the shared --recover-* knobs only (cbalanced has none of its own)
+    assert not {"--epochs", "--lr", "--alpha", "--temperature", "--train-batch-size", "--distill"} & flags
 
 
 def test_config_defaults_and_field_order() -> None:

@@ -4,13 +4,9 @@ method)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ...core.errors import CompressionError
 from ...core.options import CostBudget, SeedOption, StateBudgetOption, WidthMultipleOption
-
-if TYPE_CHECKING:
-    from ...core.train import TrainConfig
 
 __all__ = ["CBalancedConfig", "INITS", "SELECTIONS"]
 
@@ -26,8 +22,10 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
 
     ``energy_eps``: energy left out by each test's rank (ignored when ``state_budget`` gives the total state order).
     ``init``: ``"scratch"`` or ``"warm"`` (kept neurons copied, then least-squares refit when ``refit``).
-    ``distill``: train against the original (``alpha``, ``temperature``) instead of labels alone.
-    ``controls``: also train the other inits, the uniform-width control and the projected diagnostic.
+    The method trains nothing itself: the run's recovery (the shared ``--recover-*`` knobs: budget, optimiser,
+    distillation from the original mixed with the labels by ``--recover-alpha``) trains the realised network, so a
+    scratch start needs a recovery budget. ``controls``: also train the other start and the uniform-width control
+    with that same recovery, and measure the projected diagnostic.
     ``go_samples``/``probes``/``max_exact_outputs``: observability Gramian on a subsample, exact Jacobians up to
     that many outputs, else a random-projection estimate.
     ``width_multiple``: channel-group widths are C ranks rounded up to it (Sequential MLPs keep the exact ranks).
@@ -43,12 +41,9 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
                           "every channel group that can be resized."})
     init: str = field(
         default="warm",
-        metadata={"help": "Start of the realised network: warm (kept neurons copied) or scratch; default warm.",
+        metadata={"help": "Start of the realised network: warm (kept neurons copied) or scratch (needs a recovery "
+                          "budget, --recover-epochs, which trains it); default warm.",
                   "choices": INITS})
-    distill: bool = field(
-        default=True,
-        metadata={"help": "Train against the original's outputs (--alpha, --temperature) instead of labels alone; "
-                          "default on."})
     selection: str = field(
         default="leverage",
         metadata={"help": "Which neurons/channels a warm start keeps: by balanced leverage or by the L1 norm of the "
@@ -63,8 +58,8 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
         metadata={"help": "Ridge regularisation of the least-squares refit, >= 0; default 1e-6."})
     controls: bool = field(
         default=False,
-        metadata={"help": "Also train the other inits, the uniform-width control and the projected diagnostic (four "
-                          "more trainings: minutes on a CNN); default off."})
+        metadata={"help": "Also train the other start and the uniform-width control with the run's recovery, and "
+                          "measure the projected diagnostic (two more trainings: minutes on a CNN); default off."})
     gramian_samples: int = field(
         default=4000,
         metadata={"help": "Training samples that estimate the Gramians, >= 1; default 4000."})
@@ -79,26 +74,6 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
         default=16,
         metadata={"help": "Random projections of that estimate when the outputs exceed --max-exact-outputs; default "
                           "16."})
-    epochs: int = field(
-        default=30,
-        metadata={"help": "Maximum training epochs of the realised network, >= 0; default 30."})
-    train_batch_size: int = field(
-        default=64, metadata={"help": "Training batch size, >= 1; default 64."})
-    lr: float = field(
-        default=3e-3,
-        metadata={"help": "Training learning rate (Adam, cosine schedule), > 0; default 3e-3."})
-    patience: int = field(
-        default=8,
-        metadata={"help": "Stop training after this many epochs without validation improvement; default 8."})
-    alpha: float = field(
-        default=0.7,
-        metadata={"help": "Weight of the distillation loss against the label loss, in [0, 1]; default 0.7."})
-    temperature: float = field(
-        default=4.0,
-        metadata={"help": "Softmax temperature of the distillation loss, > 0; default 4."})
-    val_fraction: float = field(
-        default=0.15,
-        metadata={"help": "Fraction of the data held out (seeded) for validation, in (0, 1); default 0.15."})
 
     def __post_init__(self) -> None:
         CostBudget.__post_init__(self)
@@ -106,23 +81,11 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
         WidthMultipleOption.__post_init__(self)
         if self.init not in INITS:
             raise CompressionError(f"--init must be one of {INITS}, got {self.init!r}")
-        if self.epochs == 0 and self.init == "scratch":
-            raise CompressionError("--epochs 0 with --init scratch would ship an untrained network: use --init warm")
         if self.selection not in SELECTIONS:
             raise CompressionError(f"--selection must be one of {SELECTIONS}, got {self.selection!r}")
         if not 0.0 <= self.energy_eps < 1.0:
             raise CompressionError(f"--energy-eps must lie in [0, 1), got {self.energy_eps}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise CompressionError(f"--val-fraction must lie in (0, 1), got {self.val_fraction}")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise CompressionError(f"--alpha must lie in [0, 1], got {self.alpha}")
         for flag, value in (("--gramian-samples", self.gramian_samples), ("--go-samples", self.go_samples),
-                            ("--train-batch-size", self.train_batch_size), ("--probes", self.probes)):
+                            ("--probes", self.probes)):
             if value < 1:
                 raise CompressionError(f"{flag} must be >= 1, got {value}")
-
-    def train_config(self) -> TrainConfig:
-        from ...core.train import TrainConfig  # torch: only when the method runs
-
-        return TrainConfig(self.epochs, self.train_batch_size, self.lr, 0.0, self.patience, self.alpha,
-                           self.temperature, self.seed)

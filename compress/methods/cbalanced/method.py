@@ -18,8 +18,10 @@ Two realisations, chosen by the model:
   and refits every consumer of a cut group by least squares (:mod:`.graph_realise`). No family needs
   hand-written surgery. ``torch.export`` programs (.pt2) are refused: their layers cannot be resized.
 
-The realised network is trained from scratch or warm-started, with cross-entropy or distillation; a
-uniform-width network of the same parameter count, trained the same way, is the control.
+The realised network starts warm (kept neurons copied and refit) or from scratch; the run's recovery (the shared
+``--recover-*`` knobs: distillation from the original mixed with the labels) trains it after the method, as it
+trains every method's result. With ``controls`` the other start and a uniform-width network of the same parameter
+count are trained here with that same recovery config.
 """
 
 from __future__ import annotations
@@ -32,12 +34,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...core.data import Dataset
 from ...core.errors import CompressionError
-from ...core.evaluate import compare_outputs, predict
+from ...core.recover import RecoveryConfig, held_out_metrics, recover, recovery_split
 from ...core.report import CompressionReport, LayerReport
 from ...core.run_case import RunCase, VariantSpec
 from ...core.train import TrainConfig, train
@@ -158,45 +159,37 @@ def _plan(model: nn.Module, calib: Dataset, cfg: CBalancedConfig) -> _Plan:
 
 
 @torch.no_grad()
-def _quality(model: nn.Module, data: Dataset) -> dict[str, float]:
-    out = predict(model, data)
-    res = {"params": sum(p.numel() for p in model.parameters())}
-    if data.y is not None and data.y.dtype in (torch.int64, torch.int32):
-        res["accuracy"] = float((out.argmax(1) == data.y).double().mean())
-        res["cross_entropy"] = float(F.cross_entropy(out.double(), data.y))
-    return res
+def _quality(original: nn.Module, model: nn.Module, data: Dataset) -> dict[str, float]:
+    """Parameters and :func:`~minreal.compress.core.recover.held_out_metrics` against ``original`` (accuracy with
+    labels, agreement, KL), the measures the run's recovery reports."""
+    return {"params": sum(p.numel() for p in model.parameters()), **held_out_metrics(original, model, data)}
 
 
-def _trained(model: nn.Module, teacher: nn.Module, train_set: Dataset, val: Dataset, cfg: CBalancedConfig,
-             distill: bool) -> tuple[nn.Module, dict]:
-    def progress(epoch: int, total: int, metrics: dict) -> None:
-        log.info("epoch %d/%d val_loss %.4f", epoch, total, metrics["val_loss"])
-
-    if cfg.epochs == 0:  # the realised network as built (warm: the kept neurons, refit); recovery may follow
-        return model, {"best_epoch": 0, "epochs_run": 0}
-    result = train(model, train_set, val, cfg.train_config(), teacher if distill else None, progress=progress)
-    return model, {"best_epoch": result.best_epoch, "epochs_run": len(result.history)}
+def _trained(model: nn.Module, teacher: nn.Module, data: Dataset, recovery: RecoveryConfig) -> dict:
+    """Train ``model`` in place with the run's recovery (distillation from ``teacher`` mixed with the labels by
+    ``--recover-alpha``), as the run trains the chosen start afterwards."""
+    t0 = time.perf_counter()
+    result = recover(teacher, model, data, recovery)
+    return {"best_epoch": result.best_epoch, "epochs_run": result.epochs, "steps": result.steps,
+            "train_s": time.perf_counter() - t0}
 
 
-def _variants(model: nn.Module, plan: _Plan, widths: dict[str, int], train_set: Dataset, val: Dataset,
-              cfg: CBalancedConfig) -> tuple[nn.Module, dict[str, dict]]:
-    """Train the configured variant and, with ``controls``, the other inits and the uniform-width control."""
-    runs = [(cfg.init, cfg.distill)]
-    if cfg.controls:
-        runs += [(i, d) for i in INITS for d in (False, True) if (i, d) != (cfg.init, cfg.distill)]
+def _variants(model: nn.Module, plan: _Plan, widths: dict[str, int], data: Dataset, val: Dataset,
+              cfg: CBalancedConfig, recovery: RecoveryConfig | None) -> tuple[nn.Module, dict[str, dict]]:
+    """The configured start, untrained (the run's recovery trains it); with ``controls``, the other start and the
+    uniform-width control trained by that recovery here, all measured on ``val``."""
+    chosen = plan.build(widths, cfg.init)
     results: dict[str, dict] = {}
-    chosen = None
-    for init, distill in runs:
-        t0 = time.perf_counter()
-        net = plan.build(widths, init)
-        if init == "warm":
-            results["warm_untrained"] = _quality(net, val)
-        net, info = _trained(net, model, train_set, val, cfg, distill)
-        key = f"{init}{'_distill' if distill else ''}"
-        results[key] = {**_quality(net, val), **info, "train_s": time.perf_counter() - t0}
-        chosen = net if chosen is None else chosen
+    if cfg.init == "warm":
+        results["warm_untrained"] = _quality(model, chosen, val)
     if cfg.controls:
-        results.update(_uniform_control(model, plan, widths, train_set, val, cfg))
+        assert recovery is not None  # checked by cbalanced_compress
+        for init in INITS:
+            if init != cfg.init:
+                net = plan.build(widths, init)
+                info = _trained(net, model, data, recovery)
+                results[init] = {**_quality(model, net, val), **info}
+        results.update(_uniform_control(model, plan, widths, data, val, cfg, recovery))
     return chosen, results
 
 
@@ -213,21 +206,22 @@ def closest_uniform_width(params: Callable[[int], int], target: int, hi: int) ->
     return min(sorted({max(lo - 1, 1), lo}), key=lambda w: abs(params(w) - target))
 
 
-def _uniform_control(model: nn.Module, plan: _Plan, widths: dict[str, int], train_set: Dataset, val: Dataset,
-                     cfg: CBalancedConfig) -> dict[str, dict]:
-    """One width at every state point (capped at its size) with the realised parameter count, trained the same
-    way."""
+def _uniform_control(model: nn.Module, plan: _Plan, widths: dict[str, int], data: Dataset, val: Dataset,
+                     cfg: CBalancedConfig, recovery: RecoveryConfig) -> dict[str, dict]:
+    """One width at every state point (capped at its size) with the realised parameter count, from the same start
+    and trained by the same recovery."""
     uniform = lambda w: {p: min(w, plan.analyses[p].dim) if plan.kind == "channel groups" else w  # noqa: E731
                          for p in widths}
     w = closest_uniform_width(lambda v: plan.params(uniform(v)), plan.params(widths), plan.max_uniform)
-    net, info = _trained(plan.build(uniform(w), cfg.init), model, train_set, val, cfg, cfg.distill)
-    return {"uniform": {**_quality(net, val), **info, "width": w, "init": cfg.init, "distill": cfg.distill}}
+    net = plan.build(uniform(w), cfg.init)
+    info = _trained(net, model, data, recovery)
+    return {"uniform": {**_quality(model, net, val), **info, "width": w, "init": cfg.init}}
 
 
 def _projected(model: nn.Module, analyses: dict[str, StateAnalysis], val: Dataset) -> dict[str, float] | None:
     """Diagnostic projected model (MLP states only); larger than the original by construction."""
     proj = insert_projections(model, {p: (a.basis(), a.mean) for p, a in analyses.items()}).eval()
-    return _quality(proj, val)
+    return _quality(model, proj, val)
 
 
 def _rounding(rank: int, width: int, size: int, multiple: int, minimum: int) -> str:
@@ -254,16 +248,22 @@ def _layer_reports(model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[s
     return rows
 
 
-def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig) -> tuple[nn.Module, CompressionReport]:
-    """Rank every state point by the A/B/C Gramian tests and realise + train a network with the C widths."""
+def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig,
+                       recovery: RecoveryConfig | None = None) -> tuple[nn.Module, CompressionReport]:
+    """Rank every state point by the A/B/C Gramian tests and realise a network with the C widths, warm-started
+    (kept neurons copied and refit) or from scratch. ``recovery`` is the run's (None when none follows): it trains
+    the result afterwards, and here the controls; a scratch start without it is refused."""
     cfg = config
-    if data.y is None and cfg.epochs > 0:
-        raise CompressionError("cbalanced trains the realised network on labels: give labelled data (targets y), "
-                               "or --epochs 0 --init warm (no training; the shared --recover-* distillation from "
-                               "the original needs inputs only)")
+    if cfg.init == "scratch" and recovery is None:
+        raise CompressionError("cbalanced --init scratch builds an untrained network: give a recovery budget "
+                               "(--recover-epochs N or --recover-steps N), which trains it, or use --init warm")
+    if cfg.controls and recovery is None:
+        raise CompressionError("cbalanced --controls trains the other start and the uniform-width control with the "
+                               "run's recovery: give a recovery budget (--recover-epochs N or --recover-steps N)")
     report = CompressionReport("cbalanced", asdict(cfg))
     model.eval()
-    train_set, val = data.split(cfg.val_fraction, cfg.seed)
+    # the Gramians never see the samples the recovery holds out for its early stopping and metrics
+    train_set, val = (data, data) if recovery is None else recovery_split(data, recovery)[:2]
     calib = train_set.take(cfg.gramian_samples)
     t0 = time.perf_counter()
     plan = _plan(model, calib, cfg)
@@ -271,15 +271,17 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig)
     multiple, minimum = (cfg.width_multiple, cfg.width_min) if plan.kind == "channel groups" else (1, 0)
     widths = {p: round_width(a.rank_c, a.dim, multiple, minimum) for p, a in plan.analyses.items()}
     t0 = time.perf_counter()
-    new, variants = _variants(model, plan, widths, train_set, val, cfg)
-    report.timings_s["realise_and_train"] = time.perf_counter() - t0
+    new, variants = _variants(model, plan, widths, data, val, cfg, recovery)
+    report.timings_s["realise" if not cfg.controls else "realise_and_controls"] = time.perf_counter() - t0
     _fill(report, model, new, plan, widths, multiple, minimum)
-    report.measured.update(compare_outputs(model, new, val))
-    report.measured["original"] = _quality(model, val)
-    report.measured["variants"] = variants
+    if variants:
+        report.measured["variants"] = variants
     if cfg.controls and plan.kind == "sequential MLP":
         report.measured["projected"] = _projected(model, plan.analyses, val)
-    report.notes.append(f"measured on a seeded {cfg.val_fraction:.0%} validation split of the given data")
+    if variants:
+        where = "the given data" if val is data else f"the recovery's held-out split ({len(val)} samples)"
+        report.notes.append(f"variants measured on {where}; the {cfg.init} start itself is trained afterwards by "
+                            "the run's recovery (see the report's recovery)")
     report.notes.extend(plan.notes)
     return new, report
 
@@ -301,7 +303,7 @@ def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, plan: _Pl
 
 def demo_case(quick: bool = True) -> RunCase:
     """The MNIST setting of the C-balanced experiments (4×256 SiLU MLP), on digits: a seeded MLP cut to its
-    C-balanced widths."""
+    C-balanced widths, warm-started and distilled by the run's recovery."""
     from ...datasets import digits
     from ...models import mlp
 
@@ -309,11 +311,12 @@ def demo_case(quick: bool = True) -> RunCase:
     torch.manual_seed(0)
     model = mlp(64, [256] * 4, 10, "silu")
     train(model, train_set, None, TrainConfig(epochs=15 if quick else 40, batch_size=64, lr=2e-3, seed=0))
-    cfg = CBalancedConfig(epochs=15 if quick else 40, controls=not quick)
+    cfg = CBalancedConfig(controls=not quick)
+    recovery = RecoveryConfig(epochs=15 if quick else 40)
     return RunCase("digits-mlp-4x256-silu", model.eval(), train_set, test,
-                    [VariantSpec("C-balanced (warm start + distilled)", "cbalanced", cfg)],
+                    [VariantSpec("C-balanced (warm start + distilled)", "cbalanced", cfg, recovery=recovery)],
                     notes=["widths = C ranks at eps=1e-4; warm start keeps neurons by balanced leverage and "
-                           "refits the next layer by least squares"])
+                           "refits the next layer by least squares, then the recovery distils the original into it"])
 
 
 # The package exports this module's ``realise`` (the function) lazily; importing the submodule ``realise`` above

@@ -6,9 +6,8 @@ from ...core.smoke import SmokeCase, digits_mlp, digits_subset
 
 
 def smoke_case() -> SmokeCase:
-    """Seeded digits MLP on 240 digits; 1% energy left out, two training epochs, no controls."""
+    """Seeded digits MLP on 240 digits; 1% energy left out, warm start, no controls."""
     from .method import CBalancedConfig
 
-    config = CBalancedConfig(energy_eps=1e-2, epochs=2, controls=False, val_fraction=0.2, gramian_samples=200,
-                             go_samples=100)
+    config = CBalancedConfig(energy_eps=1e-2, controls=False, gramian_samples=200, go_samples=100)
     return SmokeCase(digits_mlp(), digits_subset(), config)

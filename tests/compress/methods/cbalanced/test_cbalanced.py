@@ -13,6 +13,7 @@ from torch import nn
 from minreal.compress.core.chain import mlp_params
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.recover import RecoveryConfig
 from minreal.compress.core.width import analyse
 from minreal.compress.methods.cbalanced import (
     CBalancedConfig,
@@ -37,7 +38,8 @@ from minreal.compress.registry import compress, get_method
 from minreal.export.onnx_export import to_onnx
 from minreal.export.verify import verify_parity
 
-FAST = dict(epochs=2, controls=False, val_fraction=0.2)
+FAST = dict(controls=False)
+TRAIN = RecoveryConfig(epochs=2)
 
 
 def _analyses(model: nn.Module, data: Dataset, eps: float, budget: int | None = None):
@@ -47,7 +49,10 @@ def _analyses(model: nn.Module, data: Dataset, eps: float, budget: int | None = 
 def test_registered_with_cli_fields() -> None:
     m = get_method("cbalanced")
     names = {f.name for f in fields(m.config_cls)}
-    assert {"energy_eps", "distill", "state_budget", "init", "epochs", "train_batch_size"} <= names
+    assert {"energy_eps", "state_budget", "init", "selection", "controls"} <= names
+    # its training is the run's recovery (the shared --recover-* knobs), not options of its own
+    assert not {"epochs", "lr", "alpha", "temperature", "distill", "train_batch_size", "val_fraction"} & names
+    assert m.takes_recovery
 
 
 def test_subspace_data_gives_ra_equal_to_its_dimension() -> None:
@@ -113,20 +118,50 @@ def test_full_width_warm_start_with_refit_reproduces_the_original(tiny_mlp, mlp_
     torch.testing.assert_close(new(mlp_data.x), tiny_mlp(mlp_data.x), rtol=1e-4, atol=1e-4)
 
 
-def test_unlabelled_data_is_enough_when_nothing_trains(tiny_mlp, mlp_data) -> None:
-    """Gramians need inputs only: with --epochs 0 (warm start, no training) unlabelled data works and gives the
-    very network labelled data gives (labels play no part); training asks for labels, naming the way out."""
+def test_unlabelled_data_is_enough(tiny_mlp, mlp_data) -> None:
+    """Gramians need inputs only and the recovery distils from the original: unlabelled data gives the very
+    network labelled data gives (labels play no part in the method), with or without a recovery after it."""
     unlabelled = Dataset(mlp_data.x)
-    cfg = CBalancedConfig(energy_eps=1e-2, epochs=0, init="warm", controls=False, val_fraction=0.2)
+    cfg = CBalancedConfig(energy_eps=1e-2, init="warm", controls=False)
     new, rep = compress(tiny_mlp, unlabelled, "cbalanced", cfg)
     same, _ = compress(tiny_mlp, mlp_data, "cbalanced", cfg)
     torch.testing.assert_close(new(mlp_data.x), same(mlp_data.x), rtol=0, atol=0)
-    assert all(v.get("epochs_run", 0) == 0 for v in rep.measured["variants"].values())
-    assert rep.params_after < rep.params_before
-    with pytest.raises(CompressionError, match="--epochs 0 --init warm"):
-        compress(tiny_mlp, unlabelled, "cbalanced", CBalancedConfig(energy_eps=0.0, **FAST))
-    with pytest.raises(CompressionError, match="untrained network"):
-        compress(tiny_mlp, mlp_data, "cbalanced", CBalancedConfig(epochs=0, init="scratch", controls=False))
+    assert rep.params_after < rep.params_before and rep.recovery is None
+    recovered, rep = compress(tiny_mlp, unlabelled, "cbalanced", cfg, TRAIN)
+    assert rep.recovery["epochs"] == 2 and "accuracy" not in rep.recovery["after"]
+
+
+def test_scratch_and_controls_need_the_runs_recovery(tiny_mlp, mlp_data) -> None:
+    """A scratch start is an untrained network and the controls are trainings: without a recovery budget both are
+    refused in one line naming the shared knob."""
+    for cfg in (CBalancedConfig(init="scratch", controls=False), CBalancedConfig(controls=True)):
+        with pytest.raises(CompressionError, match="--recover-epochs") as info:
+            compress(tiny_mlp, mlp_data, "cbalanced", cfg)
+        assert len(str(info.value).splitlines()) == 1
+    new, rep = compress(tiny_mlp, mlp_data, "cbalanced", CBalancedConfig(init="scratch", controls=False), TRAIN)
+    assert rep.recovery["epochs"] == 2
+
+
+def test_gramians_never_see_the_recoverys_held_out_split(tiny_mlp, mlp_data) -> None:
+    """With a recovery the Gramians come from its training split only: changing the held-out samples' inputs
+    changes nothing the method computes."""
+    from minreal.compress.core.recover import recovery_split
+
+    cfg = CBalancedConfig(energy_eps=1e-2, controls=False)
+    _, val, _ = recovery_split(mlp_data, TRAIN)
+    held = {tuple(row.tolist()) for row in val.x}
+    x = mlp_data.x.clone()
+    for i in range(len(x)):
+        if tuple(x[i].tolist()) in held:
+            x[i] = 100.0 * torch.randn_like(x[i])
+    moved = Dataset(x, mlp_data.y)
+    assert not torch.equal(x, mlp_data.x)
+    spec = get_method("cbalanced")  # the method alone: the recovery that follows it would train on the split
+    a, _ = spec.run(tiny_mlp, mlp_data, cfg, TRAIN)
+    b, _ = spec.run(tiny_mlp, moved, cfg, TRAIN)
+    torch.testing.assert_close(a(mlp_data.x), b(mlp_data.x), rtol=0, atol=0)
+    c, _ = spec.run(tiny_mlp, moved, cfg, None)  # without a recovery every sample counts
+    assert not torch.equal(a(mlp_data.x), c(mlp_data.x))
 
 
 def test_least_squares_refit_beats_copying_the_kept_neurons() -> None:
@@ -158,11 +193,14 @@ def test_uniform_width_is_the_closest_parameter_match(tiny_mlp) -> None:
     assert gap(w) <= min(gap(w - 1), gap(w + 1))
 
 
-def test_warm_distilled_report_lists_controls(tiny_mlp, mlp_data) -> None:
-    cfg = CBalancedConfig(energy_eps=1e-2, epochs=2, controls=True, val_fraction=0.2)
-    _, rep = compress(tiny_mlp, mlp_data, "cbalanced", cfg)
+def test_warm_report_lists_controls(tiny_mlp, mlp_data) -> None:
+    """The controls (the other start, the uniform-width network) are trained by the run's own recovery config;
+    the warm start itself is left to the recovery that follows the method."""
+    cfg = CBalancedConfig(energy_eps=1e-2, controls=True)
+    _, rep = compress(tiny_mlp, mlp_data, "cbalanced", cfg, TRAIN)
     variants = rep.measured["variants"]
-    assert {"scratch", "scratch_distill", "warm", "warm_distill", "warm_untrained", "uniform"} <= set(variants)
+    assert set(variants) == {"scratch", "warm_untrained", "uniform"}
+    assert variants["scratch"]["epochs_run"] == variants["uniform"]["epochs_run"] == rep.recovery["epochs"] == 2
     target = rep.params_after
     assert abs(variants["uniform"]["params"] - target) <= 2 * (12 + 5 + 2) + target // 10
     assert rep.measured["projected"]["params"] > rep.params_before
@@ -175,7 +213,7 @@ def _cnn_closed_form(w: list[int], cin: int = 3, classes: int = 4) -> int:
 
 def test_realised_cnn_has_reported_channel_widths(tiny_cnn, image_data) -> None:
     cfg = CBalancedConfig(energy_eps=1e-2, init="scratch", width_multiple=1, **FAST)
-    new, rep = compress(tiny_cnn, image_data, "cbalanced", cfg)
+    new, rep = compress(tiny_cnn, image_data, "cbalanced", cfg, TRAIN)
     assert isinstance(new, nn.Sequential) and rep.predicted["realisation"] == "channel groups"
     convs = [m.out_channels for m in new if isinstance(m, nn.Conv2d)]
     bns = [m.num_features for m in new if isinstance(m, nn.BatchNorm2d)]
@@ -304,7 +342,7 @@ def test_full_width_resnet_warm_start_reproduces_the_original(selection, tiny_re
 
 
 def test_realised_resnet_exports_with_parity(tiny_resnet, resnet_data, tmp_path) -> None:
-    cfg = CBalancedConfig(energy_eps=1e-2, epochs=1, controls=False, val_fraction=0.25, go_samples=8)
+    cfg = CBalancedConfig(energy_eps=1e-2, controls=False, go_samples=8)
     new, rep = compress(tiny_resnet, resnet_data, "cbalanced", cfg)
     assert [layer.name for layer in rep.layers] == RESNET_GROUPS
     block = new.get_submodule("layer2.0")
