@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...core.errors import CompressionError
 from ...core.options import CostBudget, SeedOption, flag_of
@@ -58,12 +58,14 @@ class FDEConfig(SeedOption, CostBudget):
         default="leader",
         metadata={"help": "Incoming weights a merged block keeps: its leader (classic ε-FDE), the block mean, or "
                           "lstsq (least squares of the members' pre-activations on the calibration data, weighted "
-                          "by their outgoing weights); MLPs only; default leader.",
+                          "by their outgoing weights); mean and lstsq on MLPs only; default leader (with the "
+                          "compensation, the best measured: benchmarks/fde_vs_pruning.json).",
                   "choices": REPRESENTATIVES})
-    compensation: bool = field(
-        default=False,
+    compensation: bool | None = field(
+        default=None,
         metadata={"help": "Refit the Linear layers after the first by least squares on calibration activations, "
-                          "kept only if it lowers the output error on a held-out split; MLPs only; default off."})
+                          "kept only if it lowers the output error on a held-out split; MLPs only; default on for "
+                          "MLPs (the best measured, benchmarks/fde_vs_pruning.json), off on other models."})
     compensation_ridge: float = field(
         default=1e-3,
         metadata={"help": "Relative ridge of the compensation refit, >= 0; default 1e-3."})
@@ -89,3 +91,12 @@ class FDEConfig(SeedOption, CostBudget):
         if self.budget_given and self.merge_eps > 0:
             raise CompressionError(f"give --merge-eps or {flag_of(self.budget_given[0])}, not both (the budget "
                                    "sets the tolerance)")
+
+    def for_mlp(self) -> FDEConfig:
+        """This config with its MLP default resolved: no ``compensation`` given is on (the held-out check keeps the
+        refit only where it helps)."""
+        return replace(self, compensation=True if self.compensation is None else self.compensation)
+
+    def graph_options_given(self) -> bool:
+        """Whether an MLP-only option was asked for explicitly (the graph path merges into leaders, uncompensated)."""
+        return self.representative != "leader" or bool(self.compensation)

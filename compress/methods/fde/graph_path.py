@@ -216,9 +216,9 @@ def graph_prepare(model: nn.Module, data: Dataset, cfg: "FDEConfig") -> GraphPre
     if is_exported_program(model):
         raise CompressionError("fde needs the Python model (path/to/file.py:factory or a torchvision name): the "
                                "layers of a torch.export program (.pt2) cannot be resized")
-    if cfg.representative != "leader" or cfg.compensation:
-        raise CompressionError("--representative and --compensation are for MLPs; fde merges channels of other "
-                               "models into their leader (the default --representative leader, no --compensation)")
+    if cfg.graph_options_given():
+        raise CompressionError("--representative mean/lstsq and --compensation are for MLPs; fde merges channels of "
+                               "other models into their leader (--representative leader, no --compensation)")
     timings = {}
     t0 = time.perf_counter()
     wg = analyse(model, data.x[:2])

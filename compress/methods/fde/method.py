@@ -105,6 +105,7 @@ def _compensate(original: Chain, merged: Chain, data: Dataset, cfg: FDEConfig,
 def _fde_mlp(model: nn.Module, data: Dataset, cfg: FDEConfig, report: CompressionReport) -> nn.Module:
     """The MLP path: dead neurons, value/scaled/sum merges (or a budget), optional compensation, and the
     output-deviation bound over the input box for the network actually built."""
+    cfg = cfg.for_mlp()
     original = extract_chain(model)
     box = input_box(data.x, cfg.box_margin)
     t0 = time.perf_counter()
@@ -130,7 +131,7 @@ def _fde_mlp(model: nn.Module, data: Dataset, cfg: FDEConfig, report: Compressio
         "input_box": {"low": box[0].tolist(), "high": box[1].tolist()},
         "hidden_widths": final.widths, "hidden_widths_before": original.widths,
         "dead_removed": sum(original.widths) - sum(dead.chain.widths),
-        "sweeps": merged.sweeps, "representative": cfg.representative,
+        "sweeps": merged.sweeps, "representative": cfg.representative, "compensation_tried": cfg.compensation,
     })
     report.bounds["output"] = report.predicted["output_deviation_bound"]
     report.measured["max_output_deviation_box_float64"] = float((y0 - y1).abs().max())

@@ -100,6 +100,21 @@ def test_measured_deviation_within_bound(activation: str) -> None:
     assert rep.measured["max_output_deviation_box_float64"] <= bound + 1e-6 * max(bound, 1.0)
 
 
+def test_mlp_defaults_are_the_measured_best(calib: Dataset) -> None:
+    """On an MLP the defaults are the leader representative with the held-out-checked compensation (the best on
+    average in benchmarks/fde_vs_pruning.json): the very network those options give when named."""
+    torch.manual_seed(3)
+    model = mlp(6, [40, 24], 3, "tanh").eval()
+    data = Dataset(torch.rand(300, 6) * 2 - 1)
+    auto, rep = compress(model, data, "fde", FDEConfig(param_ratio=0.5))
+    named, _ = compress(model, data, "fde", FDEConfig(param_ratio=0.5, representative="leader", compensation=True))
+    assert rep.predicted["representative"] == "leader" and rep.predicted["compensation_tried"] is True
+    assert "compensation" in rep.predicted
+    torch.testing.assert_close(auto(data.x), named(data.x), rtol=0, atol=0)
+    _, classic = compress(model, data, "fde", FDEConfig(param_ratio=0.5, compensation=False))
+    assert classic.predicted["compensation_tried"] is False and "compensation" not in classic.predicted
+
+
 def test_leader_clusters_every_member_near_its_leader_no_chaining() -> None:
     line = np.array([[0.0], [0.6], [1.2], [1.8]])
     leader = leader_clusters(line, 1.0)

@@ -398,5 +398,13 @@ def test_exported_program_refused_in_one_line() -> None:
 
 
 def test_mlp_only_options_refused_on_other_models() -> None:
-    with pytest.raises(CompressionError, match="--representative and --compensation are for MLPs"):
-        compress(_planted_plain(nn.ReLU()), Dataset(_images()), "fde", FDEConfig(representative="mean"))
+    """Asked for explicitly, the MLP-only options are refused; by default (compensation not given) the graph path
+    merges into leaders uncompensated, exactly as saying so does."""
+    model, data = _planted_plain(nn.ReLU()), Dataset(_images())
+    for cfg in (FDEConfig(representative="mean"), FDEConfig(representative="lstsq"), FDEConfig(compensation=True)):
+        with pytest.raises(CompressionError, match="--representative mean/lstsq and --compensation are for MLPs"):
+            compress(model, data, "fde", cfg)
+    auto, _ = compress(model, data, "fde", FDEConfig(merge_eps=0.05))
+    classic, _ = compress(model, data, "fde", FDEConfig(merge_eps=0.05, representative="leader", compensation=False))
+    x = data.x[:8]
+    torch.testing.assert_close(auto(x), classic(x), rtol=0, atol=0)
