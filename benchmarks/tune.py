@@ -237,7 +237,7 @@ def cli_line(case: Case, drop: float, cache: Path, cfg: Any, workers: int = 1) -
             f"{','.join(map(str, BATCHES))} --max-accuracy-drop {drop:g} --recover-epochs {case.recover_epochs} "
             f"--cache-dir {cache} --workers {workers}")
     if cfg.methods:
-        line += (f" --methods {','.join(cfg.methods)} --grid {','.join(f'{g:g}' for g in cfg.grid)} "
+        line += (f" {' '.join(f'-m {m}' for m in cfg.methods)} --grid {','.join(f'{g:g}' for g in cfg.grid)} "
                  f"--screen-seconds {cfg.screen.min_seconds:g} --min-seconds {cfg.confirm.min_seconds:g} "
                  f"--repeats {cfg.confirm.repeats}")
     return line

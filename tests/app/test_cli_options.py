@@ -234,3 +234,8 @@ def test_compress_takes_one_method_and_run_each_method_once(workdir: Path, run_c
     code, _, err = run_cli(["run", "net.py:make", "-m", "svd", "-m", "svd", "--data", "digits-flat",
                             "--out", "runs/twice"])
     assert code == 2 and "-m svd given twice" in err and not Path("runs/twice").exists()
+    code, _, err = run_cli(["tune", "net.py:make", "-m", "svd", "-m", "svd", "--data", "digits-flat",
+                            "--max-accuracy-drop", "1", "--out", "runs/tune-twice"])
+    assert code == 2 and "-m svd given twice" in err and not Path("runs/tune-twice").exists()
+    code, _, err = run_cli(["tune", "net.py:make", "--methods", "svd", "--data", "digits-flat"])
+    assert code == 2 and "No such option '--methods'" in err  # one spelling in every command: -m/--method

@@ -192,7 +192,7 @@ def test_forward_taking_a_dict_or_tuple_gets_one_graph_input_per_tensor(tmp_path
 def test_tune_takes_a_model_with_two_named_inputs(workdir: Path, capsys: pytest.CaptureFixture) -> None:
     """The baselines (INT8 with accuracy control included) and a candidate are judged on named held-out inputs."""
     code = run(["tune", "pair.py:make", "--data", "train.npz", "--eval-data", "held.npz", "--allow-data-mismatch",
-                "--min-agreement", "0.5", "--methods", "factorize", "--grid", "0.5", "--batch", "1", "--out", "t",
+                "--min-agreement", "0.5", "-m", "factorize", "--grid", "0.5", "--batch", "1", "--out", "t",
                 "--screen-seconds", "0.02", "--cache-dir", "cache", "--workers", "1", *QUICK, "-q"])
     captured = capsys.readouterr()
     assert code == 0, captured.err

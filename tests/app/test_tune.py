@@ -210,7 +210,7 @@ def test_a_job_past_the_deadline_is_skipped_and_never_cached(trained_mlp, tmp_pa
 
 def test_tune_cli_writes_a_directory_that_check_can_gate(workdir: Path, run_cli: Callable) -> None:
     args = ["tune", "--allow-data-mismatch", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
-            "--methods", "svd", "--grid", "0.8,0.4", "--out", "t", "--cache-dir", "cache", "--screen-seconds", "0.02",
+            "-m", "svd", "--grid", "0.8,0.4", "--out", "t", "--cache-dir", "cache", "--screen-seconds", "0.02",
             "--min-seconds", "0.02", "--repeats", "1", "-q"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
@@ -226,7 +226,7 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(workdir: Path, run_cli:
     code, _, err = run_cli(["tune", "net.py:make", "--data", "digits-flat", "--out", "u"])
     assert code == 2 and "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
     plan = CliRunner().invoke(cli, ["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
-                                    "--methods", "svd,factorize", "--recover-epochs", "2", "--out", "v", "--dry-run",
+                                    "-m", "svd", "-m", "factorize", "--recover-epochs", "2", "--out", "v", "--dry-run",
                                     "--json", "-q"])
     assert plan.exit_code == 0, plan.output
     dry = json.loads(plan.output)

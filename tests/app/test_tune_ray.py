@@ -35,7 +35,7 @@ def make():
     return net
 """
 TUNE = ["tune", "--allow-data-mismatch", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
-        "--methods", "svd", "--grid", "0.8,0.1", "--objective", "size", "--no-int8", "--screen-seconds", "0.02",
+        "-m", "svd", "--grid", "0.8,0.1", "--objective", "size", "--no-int8", "--screen-seconds", "0.02",
         "--min-seconds", "0.02", "--repeats", "1", "-q"]
 
 

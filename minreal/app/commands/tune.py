@@ -22,6 +22,7 @@ from minreal.app.options import (
     common,
     image_options,
     image_preprocess,
+    method_choice,
     mismatch_option,
     providers_option,
     quant_target_for,
@@ -62,8 +63,9 @@ __all__ = ["tune_cmd"]
                    "judgement use all the data.")
 @click.option("--dry-run", is_flag=True,
               help="Print the search plan and its estimated time (from a short probe of the model) and stop.")
-@click.option("--methods", help="Comma-separated methods to search (default: every method with a MAC budget, or none "
-                                "when --plan is given).")
+@click.option("--method", "-m", "method", type=method_choice(), multiple=True,
+              help="A method to search, repeat for several, as in `run` (default: every method with a MAC budget, "
+                   "or none when --plan is given).")
 @click.option("--plan", type=click.Path(dir_okay=False),
               help="TOML plan file whose variants (e.g. chains: width then factorise) are candidates as they are.")
 @click.option("--grid", help="Comma-separated MAC ratios to search (default 0.9,0.8,...,0.2).")
@@ -99,7 +101,7 @@ __all__ = ["tune_cmd"]
 @common
 def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, trust_pickle: bool, out: str,
              overwrite: bool, providers: str, batch: str, max_accuracy_drop: float | None, min_agreement: float | None,
-             max_mse_increase: float | None, objective: str, time_budget: str | None, methods: str | None,
+             max_mse_increase: float | None, objective: str, time_budget: str | None, method: tuple[str, ...],
              plan: str | None, grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool,
              quant_target: str | None,
              screen_seconds: float | None, min_seconds: float | None, repeats: int | None, cache_dir: str | None,
@@ -111,6 +113,9 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     import dataclasses
 
     batch_sizes = split_ints(batch, "--batch")  # option errors before the heavy imports below
+    twice = sorted({m for m in method if method.count(m) > 1})
+    if twice:
+        raise click.UsageError(f"-m {twice[0]} given twice: tune searches each method's budgets itself")
     grid_values = tuple(_split_floats(grid, "--grid")) if grid else None
 
     from minreal.app.tune import CONFIRM, SCREEN, Constraint, TuneConfig, TuneError, parse_duration  # torch-free
@@ -122,7 +127,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     try:  # the options' errors are usage errors, told before any heavy import
         cfg = TuneConfig(Constraint(max_accuracy_drop, min_agreement, max_mse_increase),
                          providers=split_names(providers), batch_sizes=batch_sizes,
-                         objective=objective, methods=split_names(methods or ""),
+                         objective=objective, methods=tuple(method),
                          grid=TuneConfig.grid if grid_values is None else grid_values,
                          recover_epochs=recover_epochs, int8=not no_int8, qat=not no_qat,
                          quant_target=quant_target_for(quant_target, split_names(providers)),
