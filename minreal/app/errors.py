@@ -47,9 +47,15 @@ def invoke(group: click.Group, argv: list[str] | None) -> None:
     except click.Abort:
         click.echo("minreal: aborted", err=True)
         sys.exit(FAIL_EXIT)
+    except click.UsageError as exc:  # one line, as every other error: what is wrong, and where the help is
+        path = exc.ctx.command_path if exc.ctx is not None else "minreal"
+        hint = f" (see `{path} --help`)" if exc.ctx is not None else ""
+        message = " ".join(exc.format_message().split())
+        click.echo(f"{path}: error: {message}{hint}", err=True)
+        sys.exit(USAGE_EXIT)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(USAGE_EXIT if isinstance(exc, click.UsageError) else exc.exit_code)
+        sys.exit(exc.exit_code)
     except Terminated:
         click.echo("minreal: terminated (SIGTERM); partial output removed", err=True)
         sys.exit(TERM_EXIT)

@@ -239,3 +239,6 @@ def test_compress_takes_one_method_and_run_each_method_once(workdir: Path, run_c
     assert code == 2 and "-m svd given twice" in err and not Path("runs/tune-twice").exists()
     code, _, err = run_cli(["tune", "net.py:make", "--methods", "svd", "--data", "digits-flat"])
     assert code == 2 and "No such option '--methods'" in err  # one spelling in every command: -m/--method
+    # click's own usage errors are one line too, naming the command and where its help is
+    assert err.strip() == ("minreal tune: error: No such option '--methods'. (Did you mean one of: '--method', "
+                           "'--min-seconds'?) (see `minreal tune --help`)")
