@@ -359,9 +359,9 @@ def pipeline_options(fn: Callable) -> Callable:
         click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=PipelineConfig.quant_mode,
                      show_default=True,
                      help="static: calibrated QDQ; dynamic: weights only, activations quantised at run time."),
-        click.option("--min-seconds", type=float,
+        click.option("--min-seconds", type=click.FloatRange(min=0),
                      help=f"Minimum measuring time per model (default {PipelineConfig.min_seconds:g} s)."),
-        click.option("--repeats", type=int,
+        click.option("--repeats", type=click.IntRange(min=1),
                      help=f"Fresh processes per provider/batch (default {PipelineConfig.repeats})."),
     ]):
         fn = opt(fn)

@@ -242,3 +242,17 @@ def test_compress_takes_one_method_and_run_each_method_once(workdir: Path, run_c
     # click's own usage errors are one line too, naming the command and where its help is
     assert err.strip() == ("minreal tune: error: No such option '--methods'. (Did you mean one of: '--method', "
                            "'--min-seconds'?) (see `minreal tune --help`)")
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "net.py:make", "-m", "svd", "--data", "digits-flat", "--repeats", "0"],
+    ["run", "net.py:make", "-m", "svd", "--data", "digits-flat", "--min-seconds", "-1"],
+    ["tune", "net.py:make", "--data", "digits-flat", "--max-accuracy-drop", "1", "--repeats", "0"],
+    ["tune", "net.py:make", "--data", "digits-flat", "--max-accuracy-drop", "1", "--min-seconds", "-1"],
+])
+def test_run_and_tune_range_check_their_timing_options(argv: list[str], workdir: Path, run_cli) -> None:
+    """A timing protocol that cannot measure is a usage error in one line naming the option, before any work (bench
+    checks its own through BenchConfig: tests/hostile/test_messages.py)."""
+    code, _, err = run_cli(argv)
+    flag = next(a for a in argv if a.startswith("--") and a not in ("--data",))
+    assert code == 2 and f"Invalid value for '{flag}'" in err and len(err.strip().splitlines()) == 1, err
