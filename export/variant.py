@@ -33,6 +33,7 @@ from minreal.export.simplify import simplify
 from minreal.export.tensorrt_check import tensorrt_check
 from minreal.export.verify import feeds_of, verify_parity
 from minreal.facts import PTQ_SUFFIX
+from minreal.runtime_bench.model_info import gzip_bytes, model_files
 
 __all__ = ["PARITY_BATCH_SIZES", "CALIB_SAMPLES", "PTQ_SUFFIX", "VariantConfig", "VariantRecord", "export_variant",
            "quantize_variant", "fp16_variant", "fp16_skip_reason", "FP16_LABEL_SUFFIX", "trained_ranges",
@@ -69,6 +70,8 @@ class VariantRecord:
     fixed_shapes: dict[str, Any] | None = None
     mobile: dict[str, Any] = field(default_factory=dict)
     fp16: dict[str, Any] = field(default_factory=dict)
+    gzip_bytes: int = 0
+    """The file (with its external data) gzip-compressed (:func:`minreal.runtime_bench.model_info.gzip_bytes`)."""
 
 
 def relative_to(obj: Any, root: Path) -> Any:
@@ -179,7 +182,7 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
     costs = count_costs(module, x[:2])
     return VariantRecord(label or out.stem, method, costs.total_params, costs.macs, out.name, onnx_size(out),
                          *results, tensorrt_readiness=_readiness(out, cfg), fixed_shapes=to_jsonable(fixed),
-                         mobile=to_jsonable(mobile_usability(out)))
+                         mobile=to_jsonable(mobile_usability(out)), gzip_bytes=gzip_bytes(model_files(out)))
 
 
 def trained_ranges(record: VariantRecord) -> dict[str, dict[str, Any]]:
@@ -223,7 +226,7 @@ def quantize_variant(record: VariantRecord, folder: Path, calib: Inputs | None, 
     return VariantRecord(f"{record.label}{infix}.int8", f"{record.method}+int8", record.params, record.macs,
                          out.name, out.stat().st_size, quantization=relative_to(to_jsonable(q), folder),
                          tensorrt_readiness=_readiness(out, cfg), fixed_shapes=record.fixed_shapes,
-                         mobile=to_jsonable(mobile_usability(out)))
+                         mobile=to_jsonable(mobile_usability(out)), gzip_bytes=gzip_bytes(model_files(out)))
 
 
 def fp16_skip_reason(record: VariantRecord) -> str | None:
@@ -266,4 +269,5 @@ def fp16_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantCon
     out = Path(result.out_path)
     return VariantRecord(f"{record.label}{FP16_LABEL_SUFFIX}", f"{record.method}+fp16", record.params, record.macs,
                          out.name, result.size_fp16_bytes, fp16=relative_to(to_jsonable(result), folder),
-                         tensorrt_readiness=_readiness(out, cfg), mobile=to_jsonable(mobile_usability(out)))
+                         tensorrt_readiness=_readiness(out, cfg), mobile=to_jsonable(mobile_usability(out)),
+                         gzip_bytes=gzip_bytes(model_files(out)))

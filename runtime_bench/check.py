@@ -66,6 +66,8 @@ def check_report(
     min_on_provider: float | None = None,
     allow_hardware_mismatch: bool = False,
     max_int8_drop: float | None = None,
+    max_size_kb: float | None = None,
+    max_size_ratio: float | None = None,
 ) -> CheckResult:
     """Apply release thresholds to a report (a :func:`load_report` dict or a :class:`BenchReport`).
 
@@ -85,6 +87,9 @@ def check_report(
             fails otherwise: its latencies are not comparable).
         max_int8_drop: Highest allowed accuracy drop of each INT8 file (``X.int8``) against its fp32 source
             (``X``, or ``X.ptq`` for ``X.ptq.int8``) in the same report, in percentage points.
+        max_size_kb: Largest allowed file size in KiB (the graph with its external data, on disk) of every model
+            but the first (the reference); of the one model of a one-model report.
+        max_size_ratio: Largest allowed file size of every model but the first relative to the first's.
 
     Every latency criterion also fails, with a note, for each requested (model, provider, batch size, shape)
     the report has no latency for (a provider recorded as unavailable, a cell that did not run).
@@ -104,6 +109,10 @@ def check_report(
         criteria += _on_provider(data, min_on_provider)
     if max_int8_drop is not None:
         criteria += _int8_drop(data, max_int8_drop)
+    if max_size_kb is not None:
+        criteria += _size(data, max_size_kb)
+    if max_size_ratio is not None:
+        criteria += _size_ratio(data, max_size_ratio)
     if (baseline is None) != (max_regression is None):
         raise CheckError("baseline (--baseline) and max_regression (--max-regression) must be given together")
     if baseline is not None and max_regression is not None:
@@ -213,6 +222,31 @@ def _int8_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
                          "with an accuracy beside its fp32 source")
     drops = [(q, 100.0 * (metrics[s]["accuracy"] - metrics[q]["accuracy"])) for q, s in pairs]
     return [Criterion("int8_accuracy_drop_pp", q, None, None, drop, allowed, drop <= allowed) for q, drop in drops]
+
+
+def _sized_models(data: dict[str, Any], flag: str) -> list[dict[str, Any]]:
+    models = [m for m in data.get("models", []) if m.get("file_size_bytes") is not None]
+    if not models:
+        raise CheckError(f"{flag} given but the report lists no model file with its size")
+    return models
+
+
+def _size(data: dict[str, Any], allowed_kb: float) -> list[Criterion]:
+    """Every model but the reference (the one model of a one-model report) against a size in KiB."""
+    models = _sized_models(data, "max_size_kb (--max-size)")
+    return [Criterion("size_kb", m["name"], None, None, m["file_size_bytes"] / 1024, allowed_kb,
+                      m["file_size_bytes"] <= allowed_kb * 1024) for m in models[1:] or models]
+
+
+def _size_ratio(data: dict[str, Any], allowed: float) -> list[Criterion]:
+    """Every model but the reference against the reference's size."""
+    models = _sized_models(data, "max_size_ratio (--max-size-ratio)")
+    if len(models) < 2:
+        raise CheckError("max_size_ratio (--max-size-ratio) given but the report has one model (the ratio is to the "
+                         "first)")
+    ref = max(models[0]["file_size_bytes"], 1)
+    return [Criterion("size_ratio", m["name"], None, None, m["file_size_bytes"] / ref, allowed,
+                      m["file_size_bytes"] / ref <= allowed) for m in models[1:]]
 
 
 def _agreement(data: dict[str, Any], allowed: float) -> list[Criterion]:

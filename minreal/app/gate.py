@@ -62,7 +62,8 @@ def _nothing_chosen(data: dict[str, Any]) -> rb.CheckResult:
 def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | None,
                   max_accuracy_drop: float | None, min_agreement: float | None,
                   max_regression: float | None, allow_new_models: bool = False, min_on_provider: float | None = None,
-                  allow_hardware_mismatch: bool = False, max_int8_drop: float | None = None
+                  allow_hardware_mismatch: bool = False, max_int8_drop: float | None = None,
+                  max_size_kb: float | None = None, max_size_ratio: float | None = None
                   ) -> list[tuple[str, rb.CheckResult]]:
     """Apply the thresholds to every bench report in ``path`` (baseline matched by case name).
 
@@ -85,7 +86,8 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
         results.append((name, rb.check_report(rep, max_latency_ratio, max_accuracy_drop, min_agreement,
                                               base.get(name, _without_latency(rep)) if baseline else None,
                                               max_regression, allow_new_models, min_on_provider,
-                                              allow_hardware_mismatch, max_int8_drop)))
+                                              allow_hardware_mismatch, max_int8_drop, max_size_kb,
+                                              max_size_ratio)))
     return results
 
 

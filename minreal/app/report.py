@@ -16,7 +16,7 @@ __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown"
 VERDICT_MAX_DROP_PP = 1.0
 
 SUMMARY_HEADERS = ("case", "model", "params", "MACs", "MAC ratio", "file KB", "provider", "batch (shape)", "p50 ms",
-                   "p90 ms", "p99 ms", "samples/s", "lat. ratio", "accuracy", "MSE", "agreement")
+                   "p90 ms", "p99 ms", "samples/s", "lat. ratio", "accuracy", "MSE", "agreement", "gzip KB")
 
 RECOVERY_HEADERS = ("case", "model", "metric", "zero-shot", "recovered", "agreement zero-shot", "agreement recovered",
                     "KL zero-shot", "KL recovered", "epochs", "steps", "samples seen", "wall s", "status")
@@ -33,6 +33,12 @@ FP16_HEADERS = ("case", "FP16 model", "fp32 model", "I/O", "parity", "max err / 
 
 def _get(obj: Any, key: str) -> Any:
     return obj[key] if isinstance(obj, dict) else getattr(obj, key)
+
+
+def _gzip_kb(variant: Any) -> float | None:
+    """A variant's gzip-compressed KB, or None for a report written before sizes were compressed."""
+    value = variant.get("gzip_bytes") if isinstance(variant, dict) else getattr(variant, "gzip_bytes", 0)
+    return value / 1024 if value else None
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -62,7 +68,8 @@ def summary_rows(report: Any) -> list[tuple[str, ...]]:
                          f"{s['p50_ms']:.3f}", f"{s['p90_ms']:.3f}", f"{s['p99_ms']:.3f}",
                          f"{s['throughput_sps']:.0f}", _fmt(ratio and ratio["median"], ".3f"),
                          _fmt(None if acc is None else 100 * acc, ".2f"), _fmt(m.get("mse"), ".4g"),
-                         _fmt(m.get("top1_agreement"), ".4f")))
+                         _fmt(m.get("top1_agreement"), ".4f"),
+                         _fmt(_gzip_kb(v), ".1f")))
     return rows
 
 

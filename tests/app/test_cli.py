@@ -141,6 +141,17 @@ def test_export_bench_check_roundtrip(workdir: Path, run_cli: Callable) -> None:
     code, out, err = run_cli(["check", "b.json", "--max-latency-ratio", "1e-6"])
     assert code == 1
     assert "FAIL" in out and "latency_ratio" in err and "allowed 1e-06" in err
+    models = {m["name"]: m for m in report["models"]}
+    small = models["m.int8"]
+    assert small["file_size_bytes"] == Path("m.int8.onnx").stat().st_size and 0 < small["gzip_bytes"]
+    limit = small["file_size_bytes"] / 1024
+    code, _, err = run_cli(["check", "b.json", "--max-size", f"{limit:.6f}", "-q"])
+    assert code == 0, err
+    code, _, err = run_cli(["check", "b.json", "--max-size", f"{limit - 0.01:.6f}", "-q"])
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "size_kb m.int8" in err, err
+    ratio = small["file_size_bytes"] / models["m"]["file_size_bytes"]
+    code, _, err = run_cli(["check", "b.json", "--max-size-ratio", f"{ratio * 0.99:.6f}", "-q"])
+    assert code == 1 and "size_ratio m.int8" in err, err
 
 
 def test_export_int8_keep_roundtrips_reaches_the_quantiser(workdir: Path, run_cli: Callable,

@@ -155,6 +155,10 @@ def test_int8_is_refused_in_one_line(external_mlp: Path) -> None:
 def test_model_info_reads_the_graph_only(external_mlp: Path) -> None:
     data = external_mlp.with_name("mlp.onnx.data")
     assert model_info("mlp", external_mlp).file_size_bytes == external_mlp.stat().st_size + data.stat().st_size
+    from minreal.runtime_bench.model_info import gzip_bytes, model_files
+
+    assert model_files(external_mlp) == [external_mlp, data]  # the compressed size counts the weights too
+    assert model_info("mlp", external_mlp).gzip_bytes == gzip_bytes([external_mlp, data]) > gzip_bytes([external_mlp])
     data.unlink()  # reading the weights would now fail
     info = model_info("mlp", external_mlp)
     assert info.file_size_bytes == external_mlp.stat().st_size and info.node_count > 0

@@ -77,3 +77,21 @@ def test_float_roundtrips_are_the_float_ops_between_dequantise_and_quantise() ->
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("q0", TensorProto.UINT8, [1, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
     assert float_roundtrips(graph) == {"Pad": 1}
+
+
+def test_gzip_bytes_is_gzips_payload_streamed(reference_model: Path, tmp_path: Path) -> None:
+    """Streamed in small pieces, the deflate stream is the one gzip writes for the same bytes: exactly 18 bytes
+    (gzip's header and trailer) shorter than ``gzip.compress`` of the file, and of several files their
+    concatenation."""
+    import gzip
+
+    from minreal.runtime_bench.model_info import GZIP_LEVEL, gzip_bytes, model_files
+
+    data = reference_model.read_bytes()
+    assert gzip_bytes([reference_model], chunk=1000) + 18 == len(gzip.compress(data, GZIP_LEVEL, mtime=0))
+    other = tmp_path / "other.bin"
+    other.write_bytes(bytes(range(256)) * 50)
+    both = gzip.compress(data + other.read_bytes(), GZIP_LEVEL, mtime=0)
+    assert gzip_bytes([reference_model, other], chunk=777) + 18 == len(both)
+    assert model_files(reference_model) == [reference_model]
+    assert model_info("m", reference_model).gzip_bytes == gzip_bytes([reference_model])

@@ -125,3 +125,22 @@ def test_int8_drop_compares_each_int8_file_with_its_own_fp32_source() -> None:
     rep["metrics"] = [m for m in rep["metrics"] if not m["model"].endswith(".int8")]
     with pytest.raises(CheckError, match="--max-int8-drop"):
         check_report(rep, max_int8_drop=1.0)
+
+
+def test_size_gates_every_model_but_the_reference() -> None:
+    """--max-size judges each model but the first in KiB (1 KiB = 1024 bytes, the limit itself passes);
+    --max-size-ratio against the first's size; a one-model report's model is judged by --max-size itself."""
+    rep = _report(P50)
+    rep["models"] = [{"name": "orig", "file_size_bytes": 8192}, {"name": "small", "file_size_bytes": 3072}]
+    (crit,) = check_report(rep, max_size_kb=3.0).criteria
+    assert (crit.name, crit.model, crit.measured, crit.passed) == ("size_kb", "small", 3.0, True)
+    assert not check_report(rep, max_size_kb=2.999).passed
+    (ratio,) = check_report(rep, max_size_ratio=0.375).criteria
+    assert ratio.measured == 0.375 and ratio.passed and not check_report(rep, max_size_ratio=0.37).passed
+    one = {**rep, "models": rep["models"][:1]}
+    assert [c.model for c in check_report(one, max_size_kb=8.0).criteria] == ["orig"]
+    assert not check_report(one, max_size_kb=7.9).passed
+    with pytest.raises(CheckError, match="--max-size-ratio"):
+        check_report(one, max_size_ratio=1.0)
+    with pytest.raises(CheckError, match="--max-size"):
+        check_report(_report(P50), max_size_kb=1.0)  # models without sizes

@@ -34,11 +34,17 @@ __all__ = ["check_cmd"]
 @click.option("--max-int8-drop", type=float,
               help="Highest allowed accuracy drop of each INT8 file against its own fp32 source (NAME.int8 vs NAME), "
                    "percentage points: the loss quantisation alone causes.")
+@click.option("--max-size", "max_size_kb", type=click.FloatRange(min=0), metavar="KB",
+              help="Largest allowed file size in KiB (graph and external data on disk) of every model but the first "
+                   "(of the one model of a one-model report).")
+@click.option("--max-size-ratio", type=click.FloatRange(min=0, min_open=True),
+              help="Largest allowed file size of every model relative to the first model's.")
 @common
 def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: float | None,
               min_agreement: float | None, baseline: str | None, max_regression: float | None,
               allow_new_models: bool, min_on_provider: float | None, allow_hardware_mismatch: bool,
-              max_int8_drop: float | None, quiet: bool, as_json: bool) -> None:
+              max_int8_drop: float | None, max_size_kb: float | None, max_size_ratio: float | None, quiet: bool,
+              as_json: bool) -> None:
     """Release gate: exit 0 when every criterion holds for REPORT, 1 otherwise.
 
     REPORT is a `minreal bench` JSON, a run directory's report.json (every case is checked) or a tune directory's
@@ -48,13 +54,13 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
 
     con = Console(quiet, as_json)
     if all(v is None for v in (max_latency_ratio, max_accuracy_drop, min_agreement, max_regression, min_on_provider,
-                                max_int8_drop)):
+                                max_int8_drop, max_size_kb, max_size_ratio)):
         raise click.UsageError("give at least one criterion (--max-latency-ratio, --max-accuracy-drop, "
-                               "--min-agreement, --max-regression, --min-on-provider, --max-int8-drop); a gate "
-                               "with none would always pass")
+                               "--min-agreement, --max-regression, --min-on-provider, --max-int8-drop, --max-size, "
+                               "--max-size-ratio); a gate with none would always pass")
     results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
                             max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
-                            allow_hardware_mismatch, max_int8_drop)
+                            allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio)
     passed = all(r.passed for _, r in results)
     import minreal.runtime_bench as rb
 
