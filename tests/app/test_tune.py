@@ -246,6 +246,29 @@ def test_size_objective_picks_the_smallest_feasible_file_of_all(trained_mlp, tmp
     assert report.chosen == min(feasible, key=lambda c: (c.onnx_bytes, c.screen_ms["cpu/b1"])).label
 
 
+def test_max_size_is_a_constraint_on_every_file_the_original_s_included(trained_mlp, tmp_path: Path,
+                                                                        shared_cache: Path) -> None:
+    """--max-size below the original's fp32 file: it cannot be chosen, whatever its speed; every file over the limit
+    is infeasible and named in the notes, the chosen one fits and meets the quality constraint too."""
+    model, tr, te = trained_mlp
+    base = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd",), grid=(0.8, 0.5), screen=FAST,
+                      confirm=FAST)
+    free = tune(model, tr, te, base, tmp_path / "free", shared_cache, executor=InlineExecutor())
+    original = next(c for c in free.candidates if c.label == "original")
+    limit = (original.onnx_bytes - 1) / 1024
+    report = tune(model, tr, te, dataclasses.replace(base, max_size_kb=limit), tmp_path / "small", shared_cache,
+                  executor=InlineExecutor())
+    over = [c for c in report.candidates if c.onnx_bytes > limit * 1024]
+    assert over and all(not c.feasible for c in over)
+    assert any("exceed --max-size" in n and "original" in n for n in report.notes)
+    assert report.chosen != "original" and f"file <= {limit:g} KB" in report.constraint
+    if report.chosen is not None:
+        chosen = next(c for c in report.candidates if c.label == report.chosen)
+        assert chosen.feasible and chosen.onnx_bytes <= limit * 1024
+    with pytest.raises(TuneError, match="--max-size"):
+        dataclasses.replace(base, max_size_kb=0.0)
+
+
 def test_cache_key_follows_weights_data_shapes_and_graph(trained_mlp) -> None:
     import copy
 

@@ -54,6 +54,9 @@ __all__ = ["tune_cmd"]
 @click.option("--min-agreement", type=float, metavar="FRACTION",
               help="Lowest allowed top-1 agreement with the original (0-1), as in `minreal check`.")
 @click.option("--max-mse-increase", type=float, metavar="VALUE", help="Largest allowed MSE increase (regressors).")
+@click.option("--max-size", "max_size_kb", type=click.FloatRange(min=0, min_open=True), metavar="KB",
+              help="Largest deployable file in KiB (on disk, with external data): a constraint beside the quality "
+                   "one, on every file including the original's.")
 @click.option("--objective", type=click.Choice(["latency", "size"]), default="latency", show_default=True,
               help="What the chosen model minimises among those that meet the constraint.")
 @click.option("--time-budget", metavar="DURATION",
@@ -101,7 +104,8 @@ __all__ = ["tune_cmd"]
 @common
 def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, trust_pickle: bool, out: str,
              overwrite: bool, providers: str, batch: str, max_accuracy_drop: float | None, min_agreement: float | None,
-             max_mse_increase: float | None, objective: str, time_budget: str | None, method: tuple[str, ...],
+             max_mse_increase: float | None, max_size_kb: float | None, objective: str, time_budget: str | None,
+             method: tuple[str, ...],
              plan: str | None, grid: str | None, recover_epochs: int, no_int8: bool, no_qat: bool,
              quant_target: str | None,
              screen_seconds: float | None, min_seconds: float | None, repeats: int | None, cache_dir: str | None,
@@ -129,7 +133,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
                          providers=split_names(providers), batch_sizes=batch_sizes,
                          objective=objective, methods=tuple(method),
                          grid=TuneConfig.grid if grid_values is None else grid_values,
-                         recover_epochs=recover_epochs, int8=not no_int8, qat=not no_qat,
+                         recover_epochs=recover_epochs, max_size_kb=max_size_kb, int8=not no_int8, qat=not no_qat,
                          quant_target=quant_target_for(quant_target, split_names(providers)),
                          time_budget_s=parse_duration(time_budget) if time_budget else None,
                          screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),

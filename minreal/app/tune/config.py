@@ -130,6 +130,9 @@ class TuneConfig:
     methods: tuple[str, ...] = ()
     grid: tuple[float, ...] = DEFAULT_GRID
     recover_epochs: int = 0
+    max_size_kb: float | None = None
+    """Largest deployable file in KiB (on disk, external data included; ``--max-size``): a constraint beside the
+    quality one, judged on every file, the original's included; None: no limit."""
     int8: bool = True
     qat: bool = True
     accuracy_control: bool = True
@@ -169,6 +172,8 @@ class TuneConfig:
         object.__setattr__(self, "grid", grid)
         if self.recover_epochs < 0:
             raise TuneError(f"--recover-epochs must be >= 0, got {self.recover_epochs}")
+        if self.max_size_kb is not None and not (math.isfinite(self.max_size_kb) and self.max_size_kb > 0):
+            raise TuneError(f"--max-size must be a positive number of KiB, got {self.max_size_kb}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise TuneError(f"--time-budget must be positive, got {self.time_budget_s} s")
         if self.stats_samples < 0:
@@ -179,6 +184,15 @@ class TuneConfig:
                             f"{self.halving_per_method} per method")
         if self.workers < 0:
             raise TuneError(f"--workers must be >= 0 (0: candidates in this process), got {self.workers}")
+
+    def describe_limits(self) -> str:
+        """The quality constraint, and the size limit when there is one, in words."""
+        size = f" and file <= {self.max_size_kb:g} KB" if self.max_size_kb is not None else ""
+        return self.constraint.describe() + size
+
+    def fits(self, onnx_bytes: int) -> bool:
+        """Whether a file of ``onnx_bytes`` bytes meets ``max_size_kb``."""
+        return self.max_size_kb is None or onnx_bytes <= self.max_size_kb * 1024
 
     @property
     def recovery_budgets(self) -> tuple[int, ...]:

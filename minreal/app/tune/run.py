@@ -223,6 +223,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
         candidates = baselines + _structural(results, models_dir, cfg)
         t0 = time.perf_counter()
         _ort_quality(candidates, held_out, cfg.constraint, folder, say)
+        _size_limit(candidates, cfg, notes, say)
         phases["ort_quality"] = time.perf_counter() - t0
         report = _measure_and_choose(candidates, held_out, cfg, folder, say, notes, run, phases)
     except BaseException:
@@ -622,6 +623,20 @@ def _ort_quality(candidates: list[Candidate], held_out: Dataset, constraint: Con
         c.feasible = c.label == "original" or constraint.holds(q, reference)
 
 
+def _size_limit(candidates: list[Candidate], cfg: TuneConfig, notes: list[str], say: Progress) -> None:
+    """``--max-size``: a file over it is infeasible whatever its quality, the original's included (baselines are
+    still timed, as references)."""
+    over = [c for c in candidates if not cfg.fits(c.onnx_bytes)]
+    for c in over:
+        c.feasible = False
+    if over:
+        note = (f"{len(over)} of {len(candidates)} files exceed --max-size {cfg.max_size_kb:g} KB: "
+                + ", ".join(f"{c.label} ({c.onnx_bytes / 1024:.1f} KB)" for c in over[:8])
+                + (", ..." if len(over) > 8 else ""))
+        notes.append(note)
+        say(f"[tune] {note}")
+
+
 def _bench(candidates: list[Candidate], held_out: Dataset, cfg: TuneConfig, protocol: Protocol, say: Progress,
            run: Executor) -> BenchOutcome:
     """One timing pass on the target hardware (``run.on_target``); the report names the files in ``models/``."""
@@ -683,7 +698,7 @@ def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: Tun
     if chosen is not None:
         _write_chosen(chosen, folder)
     return TuneReport(TUNE_SCHEMA_VERSION, "tune", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
-                      to_jsonable(cfg), cfg.constraint.describe(), {}, [], candidates, front,
+                      to_jsonable(cfg), cfg.describe_limits(), {}, [], candidates, front,
                       None if chosen is None else chosen.label, verdict, {}, 0.0,
                       relative_to(screen, folder), relative_to(confirm, folder),
                       measured_on={name: {"host": o.host, "pid": o.pid}
@@ -713,7 +728,7 @@ def _choose(confirmed: list[Candidate], candidates: list[Candidate], cell: str, 
     baseline is a tie, and a tie goes to the baseline."""
     best = choose(_points(confirmed, cell, "confirm_ms", cfg.constraint), cfg.objective)
     if best is None:
-        return None, f"no model meets {cfg.constraint.describe()} on the held-out data, not even the original's"
+        return None, f"no model meets {cfg.describe_limits()} on the held-out data, not even the original's"
     by_label = {c.label: c for c in confirmed}
     win, size = by_label[best.label], cfg.objective == "size"
     base = [c for c in confirmed if c.kind == "baseline" and c.feasible and cell in c.confirm_ms]
@@ -728,7 +743,7 @@ def _choose(confirmed: list[Candidate], candidates: list[Candidate], cell: str, 
         margins = ", ".join(f"{value(win) / value(b):.2f}x of {b.label}" for b in base)
         spread = "" if size else "; faster in every confirmation process"
         return win, (f"{win.label} wins: {value(win):.4g} {unit} ({margins or 'no baseline measured'}), loss "
-                     f"{win.loss:.3g} within {cfg.constraint.describe()}{spread}")
+                     f"{win.loss:.3g} within {cfg.describe_limits()}{spread}")
     if tied:
         fallback = min(tied, key=value)
         notes.append(f"{win.label} had the lowest p50 ({value(win):.4g} ms) but not in every confirmation process "
