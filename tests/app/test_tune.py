@@ -260,6 +260,7 @@ def test_max_size_is_a_constraint_on_every_file_the_original_s_included(trained_
                   executor=InlineExecutor())
     over = [c for c in report.candidates if c.onnx_bytes > limit * 1024]
     assert over and all(not c.feasible for c in over)
+    assert all(0 < c.gzip_bytes for c in report.candidates)  # every file's compressed size is reported
     assert any("exceed --max-size" in n and "original" in n for n in report.notes)
     assert report.chosen != "original" and f"file <= {limit:g} KB" in report.constraint
     if report.chosen is not None:

@@ -14,8 +14,8 @@ from .run import TuneReport
 
 __all__ = ["write_tune_dir", "plot_tune", "candidate_rows", "format_tune", "render_tune_markdown", "CANDIDATE_HEADERS"]
 
-CANDIDATE_HEADERS = ("model", "kind", "precision", "MAC ratio", "recovery", "KB", "accuracy", "agreement", "MSE",
-                     "loss", "meets", "screen p50 ms", "confirmed p50 ms", "front", "chosen")
+CANDIDATE_HEADERS = ("model", "kind", "precision", "MAC ratio", "recovery", "KB", "gzip KB", "accuracy", "agreement",
+                     "MSE", "loss", "meets", "screen p50 ms", "confirmed p50 ms", "front", "chosen")
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -30,7 +30,8 @@ def candidate_rows(report: TuneReport) -> list[tuple[str, ...]]:
     for c in report.candidates:
         acc = c.quality.get("accuracy")
         rows.append((c.label, c.kind, c.precision, f"{c.mac_ratio:.3f}", str(c.recover_epochs),
-                     f"{c.onnx_bytes / 1024:.1f}", _fmt(None if acc is None else 100 * acc, ".2f"),
+                     f"{c.onnx_bytes / 1024:.1f}", _fmt(c.gzip_bytes / 1024 if c.gzip_bytes else None, ".1f"),
+                     _fmt(None if acc is None else 100 * acc, ".2f"),
                      _fmt(c.quality.get("top1_agreement"), ".4f"), _fmt(c.quality.get("mse"), ".4g"),
                      _fmt(c.loss, ".3g"), "yes" if c.feasible else "no", _fmt(c.screen_ms.get(cell), ".4g"),
                      _fmt(c.confirm_ms.get(cell), ".4g"), "*" if c.label in on_front else "",

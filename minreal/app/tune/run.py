@@ -98,6 +98,8 @@ class Candidate:
     confirm_range_ms: dict[str, list[float]] = field(default_factory=dict)
     """[lowest, highest] per-process p50 by cell in the confirmation (the spread over fresh processes)."""
     pt2: str | None = None
+    gzip_bytes: int = 0
+    """The file (with its external data) gzip-compressed (:func:`minreal.runtime_bench.model_info.gzip_bytes`)."""
 
 
 @dataclass
@@ -223,7 +225,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
         candidates = baselines + _structural(results, models_dir, cfg)
         t0 = time.perf_counter()
         _ort_quality(candidates, held_out, cfg.constraint, folder, say)
-        _size_limit(candidates, cfg, notes, say)
+        _sizes(candidates, cfg, notes, say)
         phases["ort_quality"] = time.perf_counter() - t0
         report = _measure_and_choose(candidates, held_out, cfg, folder, say, notes, run, phases)
     except BaseException:
@@ -623,9 +625,13 @@ def _ort_quality(candidates: list[Candidate], held_out: Dataset, constraint: Con
         c.feasible = c.label == "original" or constraint.holds(q, reference)
 
 
-def _size_limit(candidates: list[Candidate], cfg: TuneConfig, notes: list[str], say: Progress) -> None:
-    """``--max-size``: a file over it is infeasible whatever its quality, the original's included (baselines are
-    still timed, as references)."""
+def _sizes(candidates: list[Candidate], cfg: TuneConfig, notes: list[str], say: Progress) -> None:
+    """Each file's gzip-compressed bytes; ``--max-size``: a file over it is infeasible whatever its quality, the
+    original's included (baselines are still timed, as references)."""
+    from minreal.runtime_bench.model_info import gzip_bytes, model_files
+
+    for c in candidates:
+        c.gzip_bytes = gzip_bytes(model_files(Path(c.onnx)))
     over = [c for c in candidates if not cfg.fits(c.onnx_bytes)]
     for c in over:
         c.feasible = False
