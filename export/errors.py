@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "CalibrationError",
     "ExportError",
+    "OrtConversionError",
     "ParityError",
     "QuantizationError",
     "SameFileError",
@@ -17,6 +18,10 @@ __all__ = [
 
 class ExportError(RuntimeError):
     """Neither ONNX exporter could convert the module (names the module and the op)."""
+
+
+class OrtConversionError(RuntimeError):
+    """ONNX Runtime's converter could not write an ORT-format model (names the file and the converter's error)."""
 
 
 class ParityError(RuntimeError):

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from minreal.export.mobile import ShapeSpec
     from minreal.export.quantize import QuantConfig
 
-__all__ = ["AUTO_TARGET", "QUANT_TARGETS", "QUANT_MODES", "DROP_ROUNDTRIPS", "CALIB_SAMPLES", "VariantConfig"]
+__all__ = ["AUTO_TARGET", "QUANT_TARGETS", "QUANT_MODES", "DROP_ROUNDTRIPS", "CALIB_SAMPLES", "FORMATS",
+           "ORT_OPTIMIZATIONS", "ORT_STYLES", "ORT_PLATFORMS", "OrtConfig", "VariantConfig"]
 
 AUTO_TARGET = "cpu"
 """``--quant-target cpu``: the one of ``cpu-vnni``/``cpu-avx2`` this machine needs
@@ -30,6 +31,47 @@ DROP_ROUNDTRIPS = True
 
 CALIB_SAMPLES = 256
 """Samples INT8 calibration uses (the first ones of the calibration data)."""
+
+
+FORMATS: tuple[str, ...] = ("onnx", "ort")
+"""File formats ``--format`` writes: the ``.onnx`` file (always written: the ``.ort`` file is converted from it) and
+ONNX Runtime's ORT format (``.ort``, loadable by a minimal build) with its required-operators configuration."""
+
+ORT_OPTIMIZATIONS: tuple[str, ...] = ("disable", "basic", "extended", "layout", "all")
+"""Graph optimisation levels of ONNX Runtime's ORT-format converter (``--ort-optimization``), lowest first."""
+
+ORT_STYLES: tuple[str, ...] = ("fixed", "runtime")
+"""The converter's optimisation styles (``--ort-style``): ``fixed`` applies the optimisations before saving;
+``runtime`` applies basic ones and saves the others to be replayed at run time (for NNAPI/CoreML)."""
+
+ORT_PLATFORMS: tuple[str, ...] = ("arm", "amd64")
+"""The converter's target platforms (``--ort-platform``): ``arm`` allows int8 QDQ fusions (``QDQIsInt8Allowed``),
+``amd64`` keeps x86-only NCHWc layouts; neither by default (a file that runs anywhere)."""
+
+
+@dataclass(frozen=True)
+class OrtConfig:
+    """How an ONNX file becomes an ORT-format model (:func:`minreal.export.ort_format.convert_to_ort`).
+
+    Attributes:
+        optimization: graph optimisation level baked into the file, one of :data:`ORT_OPTIMIZATIONS`.
+        style: ``fixed`` or ``runtime`` (:data:`ORT_STYLES`).
+        target_platform: ``arm``, ``amd64`` or ``None`` (:data:`ORT_PLATFORMS`).
+        type_reduction: record the types each operator needs in the configuration, so a minimal build can also
+            drop kernels' unused types (``--enable_type_reduction``).
+    """
+
+    optimization: str = "all"
+    style: str = "fixed"
+    target_platform: str | None = None
+    type_reduction: bool = False
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("optimization", self.optimization, ORT_OPTIMIZATIONS),
+                                     ("style", self.style, ORT_STYLES),
+                                     ("target_platform", self.target_platform, (None, *ORT_PLATFORMS))):
+            if value not in allowed:
+                raise ValueError(f"ORT {name} {value!r} is not one of {', '.join(map(str, allowed))}")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from minreal.runtime_bench.model_info import gzip_bytes, model_files
 
 __all__ = ["PARITY_BATCH_SIZES", "CALIB_SAMPLES", "PTQ_SUFFIX", "VariantConfig", "VariantRecord", "export_variant",
            "quantize_variant", "fp16_variant", "fp16_skip_reason", "FP16_LABEL_SUFFIX", "trained_ranges",
-           "layer_weights", "parity_inputs", "to_jsonable", "relative_to", "file_stem"]
+           "layer_weights", "parity_inputs", "record_axes", "to_jsonable", "relative_to", "file_stem"]
 
 PARITY_BATCH_SIZES: tuple[int, ...] = (1, 16)
 """Batch sizes ONNX Runtime is compared with torch at (data smaller than a batch is repeated to fill it)."""
@@ -52,7 +52,8 @@ class VariantRecord:
     """One model of a case (original, compressed, INT8, FP16) with its costs and export results.
 
     ``fp16`` is the :class:`minreal.export.fp16.Fp16Result` of an FP16 copy, or ``{"skipped": reason}`` on an fp32
-    variant that got none; empty otherwise.
+    variant that got none; empty otherwise. ``ort`` describes the variant's ORT-format copy ``NAME.ort`` and its
+    parity (:func:`minreal.export.ort_format.ort_variant`); empty when none was written.
     """
 
     label: str
@@ -72,6 +73,7 @@ class VariantRecord:
     fp16: dict[str, Any] = field(default_factory=dict)
     gzip_bytes: int = 0
     """The file (with its external data) gzip-compressed (:func:`minreal.runtime_bench.model_info.gzip_bytes`)."""
+    ort: dict[str, Any] = field(default_factory=dict)
 
 
 def relative_to(obj: Any, root: Path) -> Any:
@@ -238,7 +240,7 @@ def fp16_skip_reason(record: VariantRecord) -> str | None:
             "export without --fixed-shapes for GPU providers")
 
 
-def _record_axes(record: VariantRecord) -> Axes:
+def record_axes(record: VariantRecord) -> Axes:
     """The dynamic axes the export recorded (JSON keys back to ints)."""
     axes = (record.export or {}).get("dynamic_axes") or {}
     return {name: {int(axis): dim for axis, dim in per.items()} for name, per in axes.items()}
@@ -264,7 +266,7 @@ def fp16_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantCon
     """
     folder = Path(folder)
     source = folder / record.onnx
-    feeds = [feeds_of(batch) for batch in parity_inputs(x, _record_axes(record))]
+    feeds = [feeds_of(batch) for batch in parity_inputs(x, record_axes(record))]
     result = convert_fp16(source, feeds, fp16_path(source), fp16)
     out = Path(result.out_path)
     return VariantRecord(f"{record.label}{FP16_LABEL_SUFFIX}", f"{record.method}+fp16", record.params, record.macs,

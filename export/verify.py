@@ -36,6 +36,7 @@ __all__ = [
     "feed_rows",
     "feeds_of",
     "run_ort",
+    "verify_files",
     "verify_parity",
     "output_agreement",
 ]
@@ -191,12 +192,12 @@ def _summarise(path: str, rtol: float, atol: float, batches: list[int], checks: 
     )  # fmt: skip
 
 
-def _raise_worst(result: ParityResult) -> None:
+def _raise_worst(result: ParityResult, against: str = "torch") -> None:
     """Raise :class:`ParityError` naming the worst failing output, batch size, measured and allowed."""
     failing = [c for c in result.checks if not c.passed]
     worst = max(failing, key=lambda c: c.worst_measured / c.worst_allowed if c.worst_allowed else float("inf"))
     raise ParityError(
-        f"ONNX output {worst.output!r} at batch size {worst.batch_size} differs from torch in "
+        f"ONNX output {worst.output!r} at batch size {worst.batch_size} differs from {against} in "
         f"{Path(result.onnx_path).name}: |diff| {worst.worst_measured:.3g} > allowed {worst.worst_allowed:.3g} "
         f"(rtol={result.rtol:g}, atol={result.atol:g}; {len(failing)} of {len(result.checks)} checks failed)",
         result,
@@ -210,8 +211,10 @@ def verify_parity(
     rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
     provider: str = PROVIDERS["cpu"],
+    fixed_batch: bool = False,
 ) -> ParityResult:
-    """Check that ONNX Runtime reproduces ``module`` on inputs of at least two batch sizes.
+    """Check that ONNX Runtime reproduces ``module`` on inputs of at least two batch sizes (one for a file whose
+    batch is fixed).
 
     Args:
         module: the torch module (run in eval mode under ``no_grad``; flags restored after).
@@ -222,16 +225,17 @@ def verify_parity(
         atol: absolute tolerance (default ``1e-5``).
         provider: ONNX Runtime execution provider (full name); the session opens in
             :func:`minreal.runtime_bench.sessions.create_session`.
+        fixed_batch: the file runs at one batch size only (``--fixed-shapes batch=1``): one is enough.
 
     Returns:
         A :class:`ParityResult` with max abs/rel error and top-1 agreement per batch size.
 
     Raises:
-        ValueError: fewer than two distinct batch sizes.
+        ValueError: fewer than two distinct batch sizes (none, with ``fixed_batch``).
         ParityError: an output (or the output count/shape) differs beyond tolerance.
     """
     batches = [len(x) for x in inputs]
-    if len(set(batches)) < 2:
+    if len(set(batches)) < (1 if fixed_batch else 2):
         raise ValueError(f"parity needs inputs at two or more batch sizes, got batch sizes {batches}")
     session = create_session(Path(onnx_path), provider)
     with eval_mode(module), torch.no_grad():
@@ -240,6 +244,29 @@ def verify_parity(
     if not result.passed:
         _raise_worst(result)
     logger.info("parity ok for %s at batch sizes %s (max abs err %.3g)", onnx_path, batches, result.max_abs_err)
+    return result
+
+
+def verify_files(reference: str | Path, candidate: str | Path, feeds: Sequence[Feeds], rtol: float = DEFAULT_RTOL,
+                 atol: float = DEFAULT_ATOL) -> ParityResult:
+    """Check that ``candidate`` (e.g. the ORT-format copy of an INT8 file) reproduces ``reference``, both run by ONNX
+    Runtime's CPU provider on each of ``feeds``, with :func:`verify_parity`'s rule and result.
+
+    Raises:
+        ParityError: an output differs beyond tolerance, or in count or shape.
+    """
+    want_session, got_session = create_session(Path(reference)), create_session(Path(candidate))
+    names = [o.name for o in got_session.get_outputs()]
+    checks: list[OutputParity] = []
+    for x in feeds:
+        want, got = run_ort(want_session, x), run_ort(got_session, x)
+        if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want)):
+            raise ParityError(f"{Path(candidate).name} gives outputs of shapes {[g.shape for g in got]}, "
+                              f"{Path(reference).name} {[w.shape for w in want]}")
+        checks += [compare_output(n, feed_rows(x), g, w, rtol, atol) for n, g, w in zip(names, got, want)]
+    result = _summarise(str(candidate), rtol, atol, [feed_rows(x) for x in feeds], checks)
+    if not result.passed:
+        _raise_worst(result, Path(reference).name)
     return result
 
 

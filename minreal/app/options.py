@@ -13,12 +13,13 @@ from typing import Any
 import click
 
 from minreal.app.settings import PipelineConfig
-from minreal.export.settings import QUANT_MODES, QUANT_TARGETS
+from minreal.export.settings import FORMATS, ORT_OPTIMIZATIONS, ORT_PLATFORMS, ORT_STYLES, QUANT_MODES, QUANT_TARGETS
 from minreal.facts import PROVIDERS
 
 __all__ = ["HELP_ALL", "IMAGE_GROUP", "QUANT_TARGET_HELP", "RECOVERY_GROUP", "GroupedOption", "MethodCommand",
            "axis_values_option", "common", "fixed_shapes_option", "fixed_shapes_spec", "image_options",
-           "image_preprocess", "known_providers", "method_choice", "method_options", "mismatch_option",
+           "image_preprocess", "known_providers", "method_choice", "method_options", "mismatch_option", "ort_config",
+           "ort_options",
            "pipeline_config", "pipeline_options", "provider_options", "provider_settings", "providers_option",
            "quant_target_for", "quant_target_option", "recovery_config", "recovery_options", "require_providers",
            "shape_options", "skip_unavailable_option", "split_ints", "split_names"]
@@ -208,6 +209,58 @@ def fixed_shapes_spec(text: str | None) -> Any:
         return parse_fixed_shapes(text)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--fixed-shapes") from None
+
+
+ORT_GROUP = "ORT format (--format onnx,ort)"
+#: :func:`ort_options`' parameters → the :class:`~minreal.export.settings.OrtConfig` fields they set.
+_ORT_FIELDS = {"ort_optimization": "optimization", "ort_style": "style", "ort_platform": "target_platform",
+               "ort_type_reduction": "type_reduction"}
+
+
+def ort_options(fn: Callable) -> Callable:
+    """``--format`` and the ORT-format converter's settings; read back by :func:`ort_config`."""
+    for opt in reversed([
+        click.option("--format", "formats", default=FORMATS[0], show_default=True, metavar="onnx[,ort]",
+                     help="Comma-separated file formats: onnx (always written), ort: also NAME.ort, ONNX Runtime's "
+                          "ORT format for its minimal build, converted from the .onnx file (after --fixed-shapes) "
+                          "with onnxruntime.tools, with NAME.required_operators.config, the operators a minimal build "
+                          "needs (--include_ops_by_config), and parity checked by loading the .ort file."),
+        click.option("--ort-optimization", type=click.Choice(ORT_OPTIMIZATIONS), default=None, cls=GroupedOption,
+                     group=ORT_GROUP, help="Graph optimisation level baked into the .ort file (default all; 'layout' "
+                                           "and 'all' skip x86-only NCHWc layouts unless --ort-platform amd64)."),
+        click.option("--ort-style", type=click.Choice(ORT_STYLES), default=None, cls=GroupedOption, group=ORT_GROUP,
+                     help="fixed (default): optimise before saving, for the CPU EP; runtime: basic optimisations "
+                          "saved, the others replayed at run time (for NNAPI/CoreML, with "
+                          "session.enable_saved_runtime_optimizations=1)."),
+        click.option("--ort-platform", type=click.Choice(ORT_PLATFORMS), default=None, cls=GroupedOption,
+                     group=ORT_GROUP, help="Target platform of the optimisations: arm allows int8 QDQ fusions, amd64 "
+                                           "x86 NCHWc layouts; default neither (runs anywhere)."),
+        click.option("--ort-type-reduction", is_flag=True, cls=GroupedOption, group=ORT_GROUP,
+                     help="Record the types each operator needs (NAME.required_operators_and_types.config), so a "
+                          "minimal build also drops unused type kernels."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def ort_config(opts: dict[str, Any]) -> Any:
+    """Pop :func:`ort_options`' values from ``opts`` (the command's keyword arguments) and return the
+    :class:`~minreal.export.settings.OrtConfig` they ask for, or None without ``ort`` in ``--format``; a bad format,
+    or a converter setting without ``ort``, is a usage error naming the option."""
+    from minreal.export.settings import OrtConfig
+
+    text = opts.pop("formats")
+    formats = split_names(text)
+    given = {key: value for key in _ORT_FIELDS if (value := opts.pop(key)) not in (None, False)}
+    if not formats or set(formats) - set(FORMATS):
+        raise click.BadParameter(f"expected comma-separated formats out of {', '.join(FORMATS)}, got {text!r}",
+                                 param_hint="--format")
+    if "ort" not in formats:
+        if given:
+            raise click.UsageError(f"--{next(iter(given)).replace('_', '-')} applies to the ORT-format file: add "
+                                   "--format onnx,ort")
+        return None
+    return OrtConfig(**{_ORT_FIELDS[key]: value for key, value in given.items()})
 
 
 IMAGE_GROUP = "Image folders (data given as a folder of images)"

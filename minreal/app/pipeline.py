@@ -42,6 +42,7 @@ from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.export.atomic import atomic_path, make_dirs, remove_empty_dirs
 from minreal.export.errors import ParityError
 from minreal.export.json_safe import write_json
+from minreal.export.ort_format import merge_operator_configs, ort_variant
 from minreal.export.quantize import int8_skip_reason, target_text
 from minreal.export.serialize import save_program
 from minreal.export.variant import (
@@ -107,6 +108,9 @@ class CaseResult:
     warnings: list[str] = field(default_factory=list)
     data_check: dict[str, Any] | None = None
     """The original's accuracy on the labelled data against chance (:class:`minreal.app.mismatch.DataCheck`)."""
+    ort_config: str | None = None
+    """With ORT-format files: the union of their required-operators configurations (``required_operators.config``
+    in the case folder), for one minimal build that runs every file of the case."""
 
 
 @dataclass
@@ -264,9 +268,26 @@ def commit_run_dir(claim: RunDirClaim) -> None:
 
 def _export(module: nn.Module, label: str, method: str, case: RunCase, case_dir: Path,
             cfg: PipelineConfig) -> VariantRecord:
-    """One variant of ``case`` exported into ``case_dir``, checked on the case's held-out inputs."""
-    return export_variant(module, case.test.x, case_dir / f"{file_stem(label)}.onnx", cfg.variant_config(),
-                          label, method, dynamic_axes=case.axes() or None)
+    """One variant of ``case`` exported into ``case_dir``, checked on the case's held-out inputs (its ORT-format
+    copy too, with ``cfg.ort``)."""
+    record = export_variant(module, case.test.x, case_dir / f"{file_stem(label)}.onnx", cfg.variant_config(),
+                            label, method, dynamic_axes=case.axes() or None)
+    if cfg.ort is not None:
+        record.ort = ort_variant(record, case_dir, case.test.x, cfg.variant_config(), cfg.ort, module)
+    return record
+
+
+def _ort_int8(records: list[VariantRecord], case: RunCase, case_dir: Path, cfg: PipelineConfig) -> str | None:
+    """With ``cfg.ort``: the ORT-format copies of the INT8 ``records`` (each checked against its ``.onnx`` file) and
+    the case's merged operator configuration, of these and the fp32 ``.ort`` files (its name), else ``None``."""
+    if cfg.ort is None:
+        return None
+    for r in records:
+        if r.method.endswith("+int8"):
+            r.ort = ort_variant(r, case_dir, case.test.x, cfg.variant_config(), cfg.ort)
+    merged = case_dir / "required_operators.config"
+    merge_operator_configs([case_dir / r.ort["config_path"] for r in records if r.ort], merged)
+    return merged.name
 
 
 @dataclass
@@ -332,6 +353,10 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
         fp16_records, fp16_warnings = _fp16_records(fp32_records, case, case_dir, cfg)
         records += fp16_records
         stages["fp16"] = time.perf_counter() - t
+    if cfg.ort is not None:
+        int8 = "converting the INT8 files to ORT format, " if any(r.method.endswith("+int8") for r in records) else ""
+        progress(f"[{case.name}] {int8}merging the required-operators configurations")
+    ort_config = _ort_int8(records, case, case_dir, cfg)
     t = time.perf_counter()
     _fault_point("benchmark")
     progress(f"[{case.name}] benchmarking {len(records)} models")
@@ -346,6 +371,7 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
     if mismatch or slow:  # each warning is printed once, with the results (finish_run), and kept in report.json
         progress(f"[{case.name}] {len(mismatch) + len(slow)} warning(s), listed with the results")
     result.warnings, result.data_check = mismatch + slow, dataclasses.asdict(check)
+    result.ort_config = ort_config
     return result
 
 

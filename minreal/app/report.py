@@ -10,7 +10,8 @@ from minreal.app.plots import plot_accuracy_latency  # re-exported: the run's pl
 __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency",
            "plot_spectra", "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery",
            "INT8_HEADERS", "int8_rows", "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows",
-           "tensorrt_lines", "verdict_lines", "grouped_warnings", "VERDICT_MAX_DROP_PP"]
+           "tensorrt_lines", "verdict_lines", "grouped_warnings", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
+           "ort_line"]
 
 #: The accuracy cost a verdict accepts: the fastest model within this many points of the original's held-out accuracy.
 VERDICT_MAX_DROP_PP = 1.0
@@ -26,6 +27,9 @@ MOBILE_HEADERS = ("case", "model", "input shapes", "NNAPI", "CoreML NeuralNetwor
 
 INT8_HEADERS = ("case", "fp32 model", "target", "post-training INT8", "quantisation-aware INT8", "accuracy PTQ",
                 "accuracy QAT", "agreement PTQ", "agreement QAT", "MSE PTQ", "MSE QAT", "trained tensors")
+
+ORT_HEADERS = ("case", "model", ".ort file", "file KB", ".onnx KB", "optimisation", "operators", "parity against",
+               "max abs err", "batch sizes")
 
 FP16_HEADERS = ("case", "FP16 model", "fp32 model", "I/O", "parity", "max err / output scale", "rtol", "file KB",
                 "fp32 KB", "kept fp32 by converter", "run in fp32 by provider")
@@ -207,6 +211,7 @@ def render_markdown(report: Any) -> str:
                 "| " + " | ".join(INT8_HEADERS) + " |", "|" + "---|" * len(INT8_HEADERS)]
         out += ["| " + " | ".join(r) + " |" for r in q_rows]
     out += _mobile_section(report)
+    out += _ort_section(report)
     out += _fp16_section(report)
     for case in _get(report, "cases"):
         out += ["", f"## {_get(case, 'name')}", ""]
@@ -369,6 +374,48 @@ def _mobile_section(report: Any) -> list[str]:
             "check_onnx_model_mobile_usability`); NNAPI runs no node fed by a dynamic shape: export with "
             "`--fixed-shapes batch=1` for a phone.", "",
             "| " + " | ".join(MOBILE_HEADERS) + " |", "|" + "---|" * len(MOBILE_HEADERS),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def ort_rows(report: Any) -> list[tuple[str, ...]]:
+    """One row per ORT-format copy (:mod:`minreal.export.ort_format`): its file and size beside the ``.onnx`` file's,
+    the converter's level and style, how many operators its configuration lists, and its parity."""
+    rows = []
+    for case in _get(report, "cases"):
+        for v in _get(case, "variants"):
+            o = _optional(v, "ort")
+            if not o:
+                continue
+            p = o["parity"]
+            rows.append((_get(case, "name"), _get(v, "label"), o["path"], f"{o['bytes'] / 1024:.1f}",
+                         f"{_get(v, 'onnx_bytes') / 1024:.1f}", f"{o['optimization']}, {o['style']}",
+                         str(len(o["operators"])), p["against"], f"{p['max_abs_err']:.3g}",
+                         ", ".join(map(str, p["batch_sizes"]))))
+    return rows
+
+
+def ort_line(case: Any) -> str | None:
+    """One console line on a case's ORT-format files and their merged configuration (``None`` without)."""
+    files = [_optional(v, "ort") for v in _get(case, "variants")]
+    names = [o["path"] for o in files if o]
+    config = _optional(case, "ort_config")
+    if not names or not config:
+        return None
+    return f"[{_get(case, 'name')}] ORT format: {', '.join(names)} (parity ok); operators of all of them: {config}"
+
+
+def _ort_section(report: Any) -> list[str]:
+    """report.md lines of :func:`ort_rows` and each case's merged configuration (none without ORT-format files)."""
+    rows = ort_rows(report)
+    if not rows:
+        return []
+    merged = [f"- {_get(c, 'name')}: `{_get(c, 'name')}/{_optional(c, 'ort_config')}`"
+              for c in _get(report, "cases") if _optional(c, "ort_config")]
+    return ["", "## ORT format: files for ONNX Runtime's minimal build", "",
+            "Each `.ort` file was loaded by ONNX Runtime and checked against torch (INT8: against its `.onnx` file); "
+            "its operators are in `NAME.required_operators.config`, those of every file of a case in one "
+            "configuration (build with `--minimal_build --include_ops_by_config FILE`):", "", *merged, "",
+            "| " + " | ".join(ORT_HEADERS) + " |", "|" + "---|" * len(ORT_HEADERS),
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 

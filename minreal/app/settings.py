@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import minreal.runtime_bench as rb
-from minreal.export.settings import VariantConfig
+from minreal.export.settings import OrtConfig, VariantConfig
 
 if TYPE_CHECKING:
     from minreal.compress.core.recover_options import RecoveryConfig
@@ -70,6 +70,9 @@ class PipelineConfig:
     ``--provider-config``; :mod:`minreal.runtime_bench.provider_options`)."""
     io_binding: bool = False
     """On GPU providers, also time with inputs and outputs bound on the device (``--io-binding``)."""
+    ort: OrtConfig | None = None
+    """ORT-format copies (``NAME.ort``) of every fp32 and INT8 file, with their operator configurations and the
+    case's merged one (``--format onnx,ort``); ``None``: ONNX only."""
 
     def bench_config(self, axis_values: Mapping[str, tuple[int, ...]] | None = None) -> rb.BenchConfig:
         """Timing settings for :func:`minreal.runtime_bench.run_benchmark` (``axis_values``: the shapes to time)."""

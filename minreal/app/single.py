@@ -16,7 +16,9 @@ from minreal.app.report import int8_cause
 from minreal.app.shapes import InputShapes, check_shape_names, merge_axes, random_inputs
 from minreal.compress.core.inputs import Inputs, NamedInputs
 from minreal.export.fp16 import Fp16Config
+from minreal.export.ort_format import ort_variant
 from minreal.export.quantize import int8_skip_reason, target_text
+from minreal.export.settings import OrtConfig
 from minreal.export.variant import (
     PARITY_BATCH_SIZES,
     VariantConfig,
@@ -40,6 +42,8 @@ class ExportOptions:
     """Write ``NAME.fp16.onnx`` with these options (``None``: no FP16 copy)."""
     preprocess: ImagePreprocess | None = None
     """How an image folder given as ``--data`` becomes inputs (None: 224x224, ImageNet statistics)."""
+    ort: OrtConfig | None = None
+    """Also write ``NAME.ort`` (and ``NAME.int8.ort`` with INT8) with these settings (``None``: ONNX only)."""
 
 
 def _example(module: torch.nn.Module, model_spec: str, data_spec: str | None, opts: ExportOptions,
@@ -89,7 +93,8 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
     :func:`minreal.export.variant.export_variant`).
 
     The record's paths are relative to ``out``'s folder; with INT8 its ``quantization`` describes ``NAME.int8.onnx``,
-    with FP16 its ``fp16`` describes ``NAME.fp16.onnx``.
+    with FP16 its ``fp16`` describes ``NAME.fp16.onnx``; with ``opts.ort`` its ``ort`` describes ``NAME.ort`` (parity
+    against torch) and ``quantization["ort"]`` ``NAME.int8.ort`` (parity against ``NAME.int8.onnx``).
     ``dynamic_axes`` (``{input: {axis: name}}``) adds dynamic axes besides the batch, as do the axes along which
     repeated named ``input_shape`` entries differ.
     """
@@ -102,6 +107,10 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
     axes = merge_axes(input_shape.dynamic if input_shape else {}, dynamic_axes or {})
     check_shape_names(x, axes, opts.variant.fixed_shapes)  # a typo is a usage error, before any export
     record = export_variant(module, x, out, opts.variant, dynamic_axes=axes or None)
+    if opts.ort is not None:
+        progress(f"converting {out.name} to ORT format ({opts.ort.optimization}, {opts.ort.style}); checking it "
+                 "against torch with ONNX Runtime")
+        record.ort = ort_variant(record, out.parent, x, opts.variant, opts.ort, module)
     if opts.int8 and (skip := int8_skip_reason(out)):
         progress(f"INT8 skipped: {skip}")
         record.quantization = {"skipped": skip}
@@ -112,6 +121,9 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
         record.quantization = {**q.quantization, "mobile": q.mobile}
         for line in _int8_lines(out, out.parent / q.onnx, record.quantization, calib):
             progress(line)
+        if opts.ort is not None:
+            progress(f"converting {q.onnx} to ORT format; checking it against {q.onnx} with ONNX Runtime")
+            record.quantization["ort"] = ort_variant(q, out.parent, x, opts.variant, opts.ort)
     if opts.fp16 is not None:
         progress(f"converting to FP16 ({'fp32' if opts.fp16.keep_io_types else 'fp16'} inputs and outputs)")
         record.fp16 = fp16_variant(record, out.parent, x, opts.variant, opts.fp16).fp16

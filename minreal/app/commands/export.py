@@ -17,6 +17,8 @@ from minreal.app.options import (
     fixed_shapes_spec,
     image_options,
     image_preprocess,
+    ort_config,
+    ort_options,
     shape_options,
 )
 from minreal.export.settings import QUANT_MODES, QUANT_TARGETS, VariantConfig
@@ -51,35 +53,43 @@ __all__ = ["export_cmd"]
                                            "against OUT at float16 tolerances.")
 @click.option("--fp16-io", is_flag=True, help="With --fp16: float16 inputs and outputs instead.")
 @fixed_shapes_option
+@ort_options
 @image_options
 @common
 def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, ...], dynamic_axes: tuple[str, ...],
                weights: str | None, trust_pickle: bool, opset: int,
                rtol: float, atol: float, int8: bool, quant_target: str, quant_mode: str,
                allow_random_calibration: bool, int8_keep_roundtrips: bool, fp16: bool, fp16_io: bool,
-               fixed_shapes: str | None, quiet: bool, as_json: bool, **image: Any) -> None:
+               fixed_shapes: str | None, quiet: bool, as_json: bool, **grouped: Any) -> None:
     """Export MODEL to ONNX (dynamic batch), simplify, verify parity, optionally quantise to INT8 and write FP16."""
     from minreal.app.single import ExportOptions, export_single
     from minreal.export.fp16 import Fp16Config, fp16_path
     from minreal.export.mobile import mobile_verdict
+    from minreal.export.ort_format import ort_paths, ort_summary
 
     if fp16_io and not fp16:
         raise click.UsageError("--fp16-io applies to the FP16 copy: add --fp16")
     if fp16 and fixed_shapes:
         raise click.UsageError("--fp16 checks parity at two batch sizes, which a --fixed-shapes file cannot take; "
                                "drop one of them")
+    ort = ort_config(grouped)
     con = Console(quiet, as_json)
     opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol, quant_target=quant_target,
                                        quant_mode=quant_mode, allow_random_calibration=allow_random_calibration,
                                        fixed_shapes=fixed_shapes_spec(fixed_shapes),
                                        drop_roundtrips=not int8_keep_roundtrips),
                          int8=int8, fp16=Fp16Config(keep_io_types=not fp16_io) if fp16 else None,
-                         preprocess=image_preprocess(image))
+                         preprocess=image_preprocess(grouped), ort=ort)
     shape, axes = shape_options(input_shape, dynamic_axes)
-    prepare_outputs([out, Path(out).with_name(Path(out).stem + ".int8.onnx") if int8 else None,
-                     fp16_path(out) if fp16 else None], model, weights, data)
+    int8_out = Path(out).with_name(Path(out).stem + ".int8.onnx") if int8 else None
+    prepare_outputs([out, int8_out, fp16_path(out) if fp16 else None,
+                     *(p for path in (out, int8_out) if path and ort for p in ort_paths(path, ort))], model, weights,
+                    data)
     result = export_single(model, Path(out), data, weights, trust_pickle, opts, con.progress, shape, axes)
     con.table(f"wrote {out} ({result.onnx_bytes} bytes, exporter {result.export['exporter']}); parity ok")
+    for record in (result.ort, result.quantization.get("ort")):
+        if record:
+            con.table(ort_summary(record, Path(out).parent))
     if result.fp16:
         con.table(f"wrote {fp16_path(out)} ({result.fp16['size_fp16_bytes']} bytes); FP16 parity "
                   f"{result.fp16['parity']['status']}")

@@ -22,6 +22,8 @@ from minreal.app.options import (
     method_choice,
     method_options,
     mismatch_option,
+    ort_config,
+    ort_options,
     pipeline_config,
     pipeline_options,
     provider_options,
@@ -61,6 +63,7 @@ __all__ = ["run_cmd"]
 @pipeline_options
 @provider_options
 @fixed_shapes_option
+@ort_options
 @skip_unavailable_option
 @image_options
 @recovery_options
@@ -77,6 +80,7 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     quant_target = quant_target_for(quant_target, split_names(providers))
     preprocess, allow_mismatch = image_preprocess(opts), opts.pop("allow_data_mismatch")
     fixed_shapes = fixed_shapes_spec(opts.pop("fixed_shapes"))
+    ort = ort_config(opts)
     recovery = recovery_config(opts, quant_target)
     if recovery is not None and recovery.int8 and (no_int8 or quant_mode != "static"):
         raise click.UsageError("--recover-int8 trains ranges for static INT8: drop --no-int8 / --quant-mode dynamic")
@@ -103,7 +107,7 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
                                                                        cfg.providers), io_binding=io_binding)
     require_providers(cfg.providers, skip_unavailable_providers)  # fail fast, before any loading
     _, axes = shape_options((), dynamic_axes)
-    cfg = dataclasses.replace(cfg, axis_values=axis_values_option(axis_values))
+    cfg = dataclasses.replace(cfg, axis_values=axis_values_option(axis_values), ort=ort)
     defaults = provider_defaults(cfg.providers)
     configs = build_configs(method, opts, defaults)  # each option reaches the methods that declare it
     runs = [VariantSpec(m, m, config) for m, config in zip(method, configs)]

@@ -1,0 +1,373 @@
+"""ONNX Runtime's ORT format: an ``.onnx`` file converted to ``.ort``, with its required-operators configuration.
+
+What an app ships with ONNX Runtime's minimal build is an ORT-format model (``.ort``) and a runtime that holds only
+the kernels the model needs, built with ``build.sh --minimal_build --include_ops_by_config NAME.config``.
+
+- :func:`convert_to_ort` runs ONNX Runtime's own converter (``onnxruntime.tools.convert_onnx_models_to_ort``, what
+  ``python -m onnxruntime.tools.convert_onnx_models_to_ort`` runs) in-process on one file, into a temporary folder
+  beside the destination; the ``.ort`` file and its configuration reach their paths only once both are written.
+- :func:`parse_operator_config`, :func:`format_operator_config` and :func:`merge_operator_configs` read, write and
+  merge configurations in the format of ``onnxruntime/tools/reduced_build_config_parser.py``: one
+  ``DOMAIN;OPSETS;Op1,Op2`` line per domain and opset, each operator optionally followed by the types it needs as
+  JSON (``Cast{"inputs": {"0": ["float"]}}``; an operator without types needs all of them).
+- :func:`ort_variant` converts a verified variant and checks the ``.ort`` file's parity, loaded by ONNX Runtime: against
+  the torch module (:func:`minreal.export.verify.verify_parity`) or, for a file torch does not reproduce within the
+  tolerance (INT8), against its source ``.onnx`` file (:func:`minreal.export.verify.verify_files`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from minreal.compress.core.inputs import Inputs, repeat_to
+from minreal.export.atomic import atomic_path, ensure_distinct
+from minreal.export.errors import OrtConversionError
+from minreal.export.json_safe import to_jsonable
+from minreal.export.quiet import Captured, captured_output
+from minreal.export.settings import OrtConfig, VariantConfig
+from minreal.export.variant import PARITY_BATCH_SIZES, VariantRecord, parity_inputs, record_axes, relative_to
+from minreal.export.verify import feeds_of, verify_files, verify_parity
+from minreal.facts import error_line
+from minreal.runtime_bench.errors import ModelFileError
+
+__all__ = ["OrtFile", "Operators", "convert_to_ort", "config_path_for", "parse_operator_config",
+           "read_operator_config", "format_operator_config", "union_operators", "merge_operator_configs",
+           "operator_names", "ort_paths", "ort_summary", "ort_variant"]
+
+logger = logging.getLogger(__name__)
+
+Operators = dict[str, dict[int, dict[str, str | None]]]
+"""A required-operators configuration: domain → opset → operator → its required types as JSON (``None``: all)."""
+
+_LEVEL_VARIABLE = "ORT_CONVERT_ONNX_MODELS_TO_ORT_OPTIMIZATION_LEVEL"
+"""The only way to give ONNX Runtime's converter its optimisation level (its ``convert_onnx_models_to_ort``)."""
+
+
+@dataclass(frozen=True)
+class OrtFile:
+    """An ORT-format model written by :func:`convert_to_ort`.
+
+    Attributes:
+        path: the ``.ort`` file.
+        config_path: its required-operators configuration (``--include_ops_by_config`` of a minimal build).
+        source: the ``.onnx`` file it was converted from.
+        bytes: size of the ``.ort`` file.
+        optimization, style, target_platform, type_reduction: the converter's settings (:class:`OrtConfig`).
+        operators: the operators the configuration lists, ``domain:Op`` (sorted).
+        optimized_onnx: the ONNX file with the same optimisations (for viewing in Netron), when asked for.
+    """
+
+    path: str
+    config_path: str
+    source: str
+    bytes: int
+    optimization: str
+    style: str
+    target_platform: str | None
+    type_reduction: bool
+    operators: list[str]
+    optimized_onnx: str | None = None
+
+
+def config_path_for(ort_path: str | os.PathLike[str], type_reduction: bool = False) -> Path:
+    """The configuration beside an ``.ort`` file: ``NAME.required_operators.config`` (the converter's name;
+    ``NAME.required_operators_and_types.config`` with type reduction)."""
+    kind = "required_operators_and_types" if type_reduction else "required_operators"
+    return Path(ort_path).with_suffix(f".{kind}.config")
+
+
+@contextlib.contextmanager
+def _converter_level(level: str) -> Iterator[None]:
+    """Set the converter's optimisation level (read from the environment only) for the block, then restore it."""
+    saved = os.environ.get(_LEVEL_VARIABLE)
+    os.environ[_LEVEL_VARIABLE] = level
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(_LEVEL_VARIABLE, None)
+        else:
+            os.environ[_LEVEL_VARIABLE] = saved
+
+
+def _run_converter(src: Path, out_dir: Path, config: OrtConfig, optimized_onnx: bool) -> None:
+    """ONNX Runtime's converter on one file into ``out_dir``, silent; its failure as :class:`OrtConversionError`."""
+    from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
+
+    printed = Captured()
+    try:
+        with _converter_level(config.optimization), captured_output() as printed:
+            convert_onnx_models_to_ort(src, output_dir=out_dir,
+                                       optimization_styles=[OptimizationStyle[config.style.title()]],
+                                       target_platform=config.target_platform,
+                                       save_optimized_onnx_model=optimized_onnx,
+                                       enable_type_reduction=config.type_reduction)
+    except Exception as exc:  # the converter re-raises whatever ONNX Runtime raised
+        logger.debug("ORT-format conversion of %s failed; the converter printed:\n%s", src, printed.text)
+        raise OrtConversionError(f"ONNX Runtime cannot convert {src} to ORT format: {error_line(exc)}") from None
+
+
+def _one(folder: Path, pattern: str) -> Path:
+    """The one file of ``folder`` matching ``pattern`` (what the converter wrote)."""
+    found = sorted(folder.glob(pattern))
+    if len(found) != 1:
+        raise OrtConversionError(f"ONNX Runtime's converter wrote {[f.name for f in found]} for {pattern}, "
+                                 "expected one file; check the onnxruntime version")
+    return found[0]
+
+
+def convert_to_ort(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None = None,
+                   config: OrtConfig | None = None, optimized_onnx: bool = False) -> OrtFile:
+    """Convert an ONNX file to ORT format with ONNX Runtime's converter, and write its operator configuration.
+
+    Args:
+        src: the ``.onnx`` file (never changed; external data beside it is read in place).
+        dst: the ``.ort`` file (default ``src`` with suffix ``.ort``); its configuration goes beside it
+            (:func:`config_path_for`) and names it by file name.
+        config: optimisation level and style, target platform, type reduction (default :class:`OrtConfig`).
+        optimized_onnx: also write ``NAME.optimized.onnx``, the ONNX graph with the same optimisations.
+
+    Returns:
+        An :class:`OrtFile`.
+
+    Raises:
+        ModelFileError: ``src`` does not exist.
+        ValueError: ``dst`` does not end in ``.ort`` (ONNX Runtime picks the format by it).
+        SameFileError: an output would overwrite ``src``.
+        OrtConversionError: the converter failed (its error in one line).
+    """
+    config = config or OrtConfig()
+    src = Path(src)
+    dst = Path(dst) if dst is not None else src.with_suffix(".ort")
+    if not src.is_file():
+        raise ModelFileError(f"ONNX file not found: {src}")
+    if dst.suffix != ".ort":
+        raise ValueError(f"an ORT-format file's name ends in .ort (ONNX Runtime picks the format by it), got {dst}")
+    outputs = {"ort": dst, "config": config_path_for(dst, config.type_reduction)}
+    if optimized_onnx:
+        outputs["optimized"] = dst.with_suffix(".optimized.onnx")
+    for out in outputs.values():
+        ensure_distinct(src, out)
+    with tempfile.TemporaryDirectory(prefix=".minreal-ort-", dir=dst.parent) as tmp:
+        _run_converter(src, Path(tmp), config, optimized_onnx)
+        made = {"ort": _one(Path(tmp), "*.ort"), "config": _one(Path(tmp), "*.config")}
+        if optimized_onnx:
+            made["optimized"] = _one(Path(tmp), "*.optimized.onnx")
+        operators = read_operator_config(made["config"])
+        made["config"].write_text(format_operator_config(operators, ["Generated from model/s:", f"- {dst.name}"]))
+        for key, path in made.items():
+            with atomic_path(outputs[key]) as target:
+                os.replace(path, target)
+    return OrtFile(str(dst), str(outputs["config"]), str(src), dst.stat().st_size, config.optimization, config.style,
+                   config.target_platform, config.type_reduction, operator_names(operators),
+                   str(outputs["optimized"]) if optimized_onnx else None)
+
+
+def _closing_brace(text: str, start: int) -> int:
+    """Index just past the brace that closes the one at ``text[start]``."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return i + 1
+    raise ValueError(f"unbalanced braces in {text[start:]!r}")
+
+
+def _operators(body: str) -> Iterator[tuple[str, str | None]]:
+    """``(operator, types JSON or None)`` of the operator list of one configuration line."""
+    cur = 0
+    while cur < len(body):
+        stop = min((i for i in (body.find(",", cur), body.find("{", cur)) if i >= 0), default=len(body))
+        name = body[cur:stop].strip()
+        if not name:
+            raise ValueError(f"empty operator name in {body!r}")
+        if stop < len(body) and body[stop] == "{":
+            end = _closing_brace(body, stop)
+            if end < len(body) and body[end] != ",":
+                raise ValueError(f"expected ',' after the types of {name} in {body!r}")
+            yield name, body[stop:end]
+            cur = end + 1
+        else:
+            yield name, None
+            cur = stop + 1
+
+
+def _union_json(a: Any, b: Any) -> Any:
+    """Union of two type descriptions: maps key by key, lists as sorted sets."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _union_json(a[k], b[k]) if k in a and k in b else a.get(k, b.get(k)) for k in {**a, **b}}
+    if isinstance(a, list) and isinstance(b, list):
+        items = {json.dumps(v): v for v in [*a, *b]}
+        return [items[k] for k in sorted(items)]
+    if a != b:
+        raise ValueError(f"cannot merge the type descriptions {a!r} and {b!r}")
+    return a
+
+
+def _union_types(a: str | None, b: str | None) -> str | None:
+    """The types an operator needs in either configuration (``None``, all types, wins)."""
+    if a is None or b is None:
+        return None
+    return json.dumps(_union_json(json.loads(a), json.loads(b)))
+
+
+def _add(ops: Operators, domain: str, opset: int, op: str, types: str | None) -> None:
+    """Add one operator (with its types) to ``ops`` in place, merging with what is there."""
+    table = ops.setdefault(domain, {}).setdefault(opset, {})
+    table[op] = _union_types(table[op], types) if op in table else types
+
+
+def parse_operator_config(text: str) -> Operators:
+    """The operators of a required-operators configuration (comments and blank lines skipped).
+
+    Raises:
+        ValueError: a line that is not ``DOMAIN;OPSETS;OPERATORS``, or a ``!`` directive (global type lists are
+            not merged here: write them by hand after merging).
+    """
+    ops: Operators = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = [p.strip() for p in line.split(";", 2)]
+        if line.startswith("!") or len(parts) != 3:
+            raise ValueError(f"configuration line {number} is not DOMAIN;OPSETS;Op1,Op2: {line[:80]!r}")
+        domain, opsets, body = parts
+        try:
+            versions = [int(v) for v in opsets.split(",")]
+        except ValueError:
+            raise ValueError(f"configuration line {number}: opsets {opsets!r} are not integers") from None
+        for opset in versions:
+            for op, types in _operators(body):
+                _add(ops, domain, opset, op, types)
+    return ops
+
+
+def read_operator_config(path: str | os.PathLike[str]) -> Operators:
+    """:func:`parse_operator_config` of a file; a bad line names the file."""
+    try:
+        return parse_operator_config(Path(path).read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def format_operator_config(ops: Operators, header: Sequence[str] = ()) -> str:
+    """A configuration's text: ``header`` lines as comments, then one sorted line per domain and opset."""
+    lines = [f"# {line}" for line in header]
+    for domain in sorted(ops):
+        for opset in sorted(ops[domain]):
+            table = ops[domain][opset]
+            if table:
+                lines.append(f"{domain};{opset};" + ",".join(op + (table[op] or "") for op in sorted(table)))
+    return "\n".join(lines) + "\n"
+
+
+def union_operators(*configs: Operators) -> Operators:
+    """Every operator of every configuration, at each of its opsets, with the union of the types it needs."""
+    ops: Operators = {}
+    for config in configs:
+        for domain, opsets in config.items():
+            for opset, table in opsets.items():
+                for op, types in table.items():
+                    _add(ops, domain, opset, op, types)
+    return ops
+
+
+def merge_operator_configs(paths: Sequence[str | os.PathLike[str]], dst: str | os.PathLike[str]) -> Path:
+    """Write ``dst`` (atomically): the union of the configurations ``paths`` (a minimal build for several models).
+
+    Raises:
+        ValueError: no configuration given, or one that cannot be parsed (the message names it).
+        SameFileError: ``dst`` is one of ``paths``.
+    """
+    if not paths:
+        raise ValueError("no required-operators configuration to merge")
+    for path in paths:
+        ensure_distinct(path, dst)
+    merged = union_operators(*(read_operator_config(p) for p in paths))
+    header = ["Merged from:", *(f"- {Path(p).name}" for p in paths)]
+    with atomic_path(dst) as tmp:
+        tmp.write_text(format_operator_config(merged, header))
+    return Path(dst)
+
+
+def operator_names(ops: Operators) -> list[str]:
+    """``domain:Op`` of every operator in ``ops``, sorted."""
+    return sorted({f"{domain}:{op}" for domain, opsets in ops.items() for table in opsets.values() for op in table})
+
+
+def ort_paths(onnx_path: str | os.PathLike[str], config: OrtConfig) -> tuple[Path, Path]:
+    """The ``.ort`` file and configuration :func:`ort_variant` writes for ``onnx_path`` (``NAME.ort``,
+    ``NAME.required_operators.config``)."""
+    ort = Path(onnx_path).with_suffix(".ort")
+    return ort, config_path_for(ort, config.type_reduction)
+
+
+def _parity_inputs(record: VariantRecord, x: Inputs, cfg: VariantConfig) -> tuple[list[Inputs], bool]:
+    """The inputs a variant's ``.ort`` file is checked on, and whether its batch is fixed: the export's parity
+    inputs, or for a fixed-shape file the example rows at its fixed batch (at each parity batch size when only
+    other dimensions are fixed)."""
+    if not record.fixed_shapes:
+        return parity_inputs(x, record_axes(record)), False
+    batch = cfg.fixed_shapes.batch() if cfg.fixed_shapes is not None else None
+    return [repeat_to(x, b) for b in ((batch,) if batch else PARITY_BATCH_SIZES)], batch is not None
+
+
+def ort_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantConfig, ort: OrtConfig,
+                module: nn.Module | None = None) -> dict[str, Any]:
+    """``NAME.ort`` and its configuration beside a verified variant's file, written once its parity passed.
+
+    Args:
+        record: the variant (from :func:`minreal.export.variant.export_variant` or ``quantize_variant``); its file
+            lies in ``folder`` (with fixed shapes, the fixed file: the ``.ort`` file is converted from it).
+        folder: where the variant's file lies and the ``.ort`` file is written.
+        x: example inputs, batch first (the export's parity inputs are drawn from them).
+        cfg: the variant's tolerances and fixed shapes.
+        ort: the converter's settings.
+        module: the torch module the variant was exported from: parity against torch; ``None`` (an INT8 file)
+            compares the ``.ort`` file with its ``.onnx`` source instead, both run by ONNX Runtime.
+
+    Returns:
+        The :class:`OrtFile` as a dict with ``parity`` (a :class:`~minreal.export.verify.ParityResult` and
+        ``against``: ``torch`` or the source file), paths relative to ``folder``.
+
+    Raises:
+        ParityError: the ``.ort`` file's outputs differ beyond ``cfg.rtol``/``cfg.atol`` (nothing is written).
+        OrtConversionError: the converter failed.
+    """
+    folder, source = Path(folder), Path(folder) / record.onnx
+    inputs, fixed_batch = _parity_inputs(record, x, cfg)
+    with tempfile.TemporaryDirectory(prefix=".minreal-ort-", dir=folder) as tmp:
+        made = convert_to_ort(source, Path(tmp) / ort_paths(source, ort)[0].name, ort)
+        if module is None:
+            parity = verify_files(source, made.path, [feeds_of(i) for i in inputs], cfg.rtol, cfg.atol)
+        else:
+            parity = verify_parity(module, made.path, inputs, cfg.rtol, cfg.atol, fixed_batch=fixed_batch)
+        final = replace(made, path=str(folder / Path(made.path).name),
+                        config_path=str(folder / Path(made.config_path).name))
+        for temporary, path in ((made.config_path, final.config_path), (made.path, final.path)):
+            with atomic_path(path) as target:
+                os.replace(temporary, target)
+        found = relative_to(to_jsonable(parity), Path(tmp))
+    return relative_to({**to_jsonable(final), "parity": {**found, "against": "torch" if module else record.onnx}},
+                       folder)
+
+
+def ort_summary(ort: dict[str, Any], folder: str | os.PathLike[str] = ".") -> str:
+    """One line on an :func:`ort_variant` record (paths relative to ``folder``): both files, the settings and the
+    parity."""
+    parity = ort["parity"]
+    batches = ", ".join(map(str, parity["batch_sizes"]))
+    return (f"wrote {Path(folder) / ort['path']} ({ort['bytes']} bytes, optimisation {ort['optimization']}, "
+            f"{ort['style']}) and {Path(folder) / ort['config_path']} ({len(ort['operators'])} operators); ORT parity "
+            f"ok against {parity['against']} (max abs err {parity['max_abs_err']:.3g} at batch sizes {batches})")

@@ -1,0 +1,28 @@
+"""``minreal run --format onnx,ort``: an ORT-format copy of every fp32 and INT8 file, checked, with one operator
+configuration for the case."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from minreal.export.ort_format import read_operator_config, union_operators
+
+
+def test_run_writes_an_ort_file_per_model_and_one_merged_config(workdir: Path, run_cli: Callable) -> None:
+    code, out, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--layer-mac-ratio", "0.5",
+                              "--data", "digits-flat", "--out", "r", "--batch", "1", "--min-seconds", "0.02",
+                              "--repeats", "1", "--format", "onnx,ort", "--ort-optimization", "basic"])
+    assert code == 0, err
+    case = json.loads(Path("r/report.json").read_text())["cases"][0]
+    records = {v["label"]: v["ort"] for v in case["variants"]}
+    assert sorted(records) == ["original", "original.int8", "svd", "svd.int8"]
+    assert {r["parity"]["against"] for r in records.values()} == {"torch", "original.int8.onnx", "svd.int8.onnx"}
+    assert all(r["optimization"] == "basic" and (Path("r/make") / r["path"]).stat().st_size == r["bytes"]
+               for r in records.values())
+    merged = read_operator_config(Path("r/make") / case["ort_config"])
+    assert merged == union_operators(*(read_operator_config(Path("r/make") / r["config_path"])
+                                       for r in records.values()))
+    assert "[make] ORT format: original.ort, svd.ort, original.int8.ort, svd.int8.ort (parity ok)" in out
+    assert "## ORT format" in Path("r/report.md").read_text()
