@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -270,12 +270,32 @@ def verify_files(reference: str | Path, candidate: str | Path, feeds: Sequence[F
     return result
 
 
+def _run_fitting(session: Any, feeds: Feeds) -> np.ndarray:
+    """The first output (float64) on ``feeds``, in pieces of the file's batch where its batch is fixed
+    (``--fixed-shapes batch=1``): the rows beyond the last whole piece are left out."""
+    batch = session.get_inputs()[0].shape[0] if session.get_inputs()[0].shape else None
+    rows = len(next(iter(feeds.values()))) if isinstance(feeds, Mapping) else len(feeds)
+    if not isinstance(batch, int) or batch <= 0 or batch == rows:
+        return run_ort(session, feeds)[0].astype(np.float64)
+    if rows < batch:
+        raise ValueError(f"the file's batch is fixed at {batch} but only {rows} rows were given")
+
+    def piece(i: int) -> Feeds:
+        if isinstance(feeds, Mapping):
+            return {k: np.asarray(v)[i:i + batch] for k, v in feeds.items()}
+        return np.asarray(feeds)[i:i + batch]
+
+    return np.concatenate([run_ort(session, piece(i))[0] for i in range(0, rows - batch + 1, batch)]).astype(np.float64)
+
+
 def output_agreement(reference: str | Path, candidate: str | Path, x: Feeds, rows: int = 512
                      ) -> tuple[float | None, float]:
     """(top-1 agreement, relative mean squared error ``‖c − r‖² / ‖r‖²``) of ``candidate``'s first output against
     ``reference``'s, both run with ONNX Runtime's CPU provider on the first ``rows`` rows of ``x`` (e.g. an INT8 file
     against its fp32 source). The agreement is ``None`` for outputs under 2-d or with one column."""
     part = {k: np.asarray(v)[:rows] for k, v in x.items()} if isinstance(x, Mapping) else np.asarray(x)[:rows]
-    ref, out = (run_ort(create_session(Path(p)), part)[0].astype(np.float64) for p in (reference, candidate))
+    ref, out = (_run_fitting(create_session(Path(p)), part) for p in (reference, candidate))
+    n = min(len(ref), len(out))  # a fixed-batch file leaves the last partial piece out: compare the same rows
+    ref, out = ref[:n], out[:n]
     agreement = _top1(out, ref) if ref.ndim >= 2 and ref.shape[-1] > 1 else None
     return agreement, float(np.sum((out - ref) ** 2) / max(float(np.sum(ref**2)), 1e-300))
