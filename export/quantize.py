@@ -6,11 +6,25 @@ array. The activation type follows the target (a table, overridable in :class:`Q
 
 - ``cpu-vnni``: uint8, asymmetric (QUInt8) activations, 8-bit weights ("U8S8"). ORT's CPU provider fuses
   DQ→Conv→(Relu)→Q into integer kernels (QLinearConv, QGemm); measured about 2x faster than int8 activations on
-  x86. Right for x86 CPUs with VNNI or AMX and for ARM, whose kernels accumulate in int32.
+  x86. Right for x86 CPUs with VNNI or AMX (ARM runs it too, but ``arm64`` is its own format).
 - ``cpu-avx2``: the same with 7-bit weights (``reduce_range``: [-64, 64]). On x86 without VNNI ORT's U8S8 kernel
   adds two u8·s8 products into a saturating int16 (``VPMADDUBSW``); with 7-bit weights a pair is at most
   2·255·64 = 32640 < 2^15, so it cannot saturate (:mod:`minreal.runtime_bench.cpu`).
 - ``cpu``: whichever of the two is right for the machine that quantises (:func:`resolve_target`).
+- ``arm64``: int8, symmetric (QInt8, zero point 0) activations and per-channel symmetric 8-bit int8 weights ("S8S8"),
+  int32 biases. ONNX Runtime's quantisation guide (docs/performance/model-optimizations/quantization.md) calls S8S8 in
+  QDQ "the first choice" and says U8S8 saturation, the one reason for 7-bit weights, does not occur on ARM; MLAS's
+  ARM64 build has int8-input symmetric convolution kernels (``MlasConvSymS8DispatchNeon``/``...Dot`` in
+  ``core/mlas/lib/convsym.cpp``; its uint8 dispatches shift the input zero point by 128, ``FixupInputZeroPoint``) and
+  an S8S8 GEMM (``MlasGemmS8S8DispatchSdot`` in ``core/mlas/lib/platform.cpp``); ARM's graph optimiser keeps int8 Q/DQ
+  as they are (``QDQIsInt8Allowed()`` is true only for ARM builds). On x86 ONNX Runtime's ``QDQS8ToU8Transformer``
+  turns the int8 activations into uint8 (zero point 128), so the file runs here in U8S8, computing the same QDQ
+  function: parity and accuracy are measured here, latency on ARM is not. Its kernels are counted in the graph ONNX
+  Runtime builds for ARM (``session.qdqisint8allowed=1``, :data:`minreal.runtime_bench.cpu.ARM_GRAPH_CONFIG`). Not
+  quantised with x86's rules: no input-channel widening, no round-trip dropping (both are about x86 kernels or a graph
+  optimised here). A cost of symmetric activations: ORT folds a ReLU into the preceding quantiser only when the zero
+  point is the type's minimum (``ReluQuantFusion``), so each ReLU runs in float between a dequantise and a
+  re-quantise, on ARM too.
 - ``tensorrt``: int8, symmetric (QInt8, ``ActivationSymmetric``/``WeightSymmetric``), biases left
   in float (``QuantizeBias=False``): what TensorRT's explicit-quantisation mode expects.
 
@@ -62,8 +76,9 @@ from minreal.export.qdq_channels import align_conv_inputs, channel_pads
 from minreal.export.qdq_pads import integer_pads
 from minreal.export.qdq_pools import global_average_pools
 from minreal.export.settings import AUTO_TARGET as _AUTO_TARGET
-from minreal.export.settings import DROP_ROUNDTRIPS, QUANT_MODES, QUANT_TARGETS
+from minreal.export.settings import DROP_ROUNDTRIPS, QUANT_MODES, QUANT_TARGETS, int8_format
 from minreal.facts import (
+    ARM64_TARGET,
     CPU_AVX2_TARGET,
     CPU_VNNI_TARGET,
     FLOAT_KERNEL_OPS,
@@ -97,6 +112,7 @@ __all__ = [
     "resolve_target",
     "target_text",
     "saturates_here",
+    "target_format",
 ]
 
 logger = logging.getLogger(__name__)
@@ -114,8 +130,15 @@ class _Target(NamedTuple):
 _TARGETS = {
     CPU_VNNI_TARGET: _Target("uint8", False, True),
     CPU_AVX2_TARGET: _Target("uint8", False, True, reduce_range=True),
+    ARM64_TARGET: _Target("int8", True, True),
     "tensorrt": _Target("int8", True, False),
 }
+#: Targets whose files ONNX Runtime's CPU provider runs (zero pads on quantised tensors, :func:`_pad_quantised`).
+_ORT_CPU_TARGETS = (*cpu_facts.CPU_TARGETS, ARM64_TARGET)
+#: Session config of the CPU graph whose kernels a target's result counts (this machine's graph for the others): an
+#: arm64 file's is the graph ONNX Runtime builds for ARM. On x86 ORT's own graph of it runs a ResNet's residual
+#: convolutions and additions in float (uint8-converted and int8 Q/DQ meet there), which ARM's fuses into int8 kernels.
+_TARGET_GRAPHS = {ARM64_TARGET: cpu_facts.ARM_GRAPH_CONFIG}
 _WEIGHT_TYPES = ("int8", "uint8")
 _QUANT_TYPES = {"uint8": "QUInt8", "int8": "QInt8"}  # onnxruntime.quantization.QuantType members
 _CALIBRATION_METHODS = {  # onnxruntime.quantization.CalibrationMethod members
@@ -132,7 +155,8 @@ class QuantConfig:
     Attributes:
         mode: ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``quantize_dynamic``, no calibration).
         target: one of :data:`QUANT_TARGETS`; picks the activation type, symmetry and weight range. ``"cpu"`` is
-            resolved to ``"cpu-vnni"`` or ``"cpu-avx2"`` for the machine that quantises (:func:`resolve_target`).
+            resolved to ``"cpu-vnni"`` or ``"cpu-avx2"`` for the machine that quantises (:func:`resolve_target`);
+            ``"arm64"`` is symmetric int8 activations for ONNX Runtime's ARM64 kernels, on any machine.
         activation_type: ``"uint8"`` or ``"int8"``; ``None`` follows the target.
         activation_symmetric: symmetric activation ranges; ``None`` follows the target.
         weight_type: ``"int8"`` (the default) or ``"uint8"`` (ONNX Runtime's U8U8, which does not saturate on x86
@@ -144,14 +168,19 @@ class QuantConfig:
         allow_random_calibration: calibrate on standard-normal data when no data is given.
         random_samples: number of random samples in that case.
         seed: seed of the random calibration data.
-        drop_roundtrips: target ``cpu``, static mode: leave in float the nodes that ONNX Runtime's optimised CPU
-            graph runs in float between a DequantizeLinear and a QuantizeLinear (no integer kernel: Pad,
-            ConvTranspose, a Conv with computed weights, ...) and quantise again, keeping an exclusion only where
-            it removes the dequantise/re-quantise pair and the result only if ORT's graph has fewer Q/DQ nodes and
-            no fewer integer kernels (:func:`_drop_roundtrips`).
+        drop_roundtrips: x86 CPU targets (``cpu``), static mode: leave in float the nodes that ONNX Runtime's
+            optimised CPU graph runs in float between a DequantizeLinear and a QuantizeLinear (no integer kernel:
+            Pad, ConvTranspose, a Conv with computed weights, ...) and quantise again, keeping an exclusion only
+            where it removes the dequantise/re-quantise pair and the result only if ORT's graph has fewer Q/DQ nodes
+            and no fewer integer kernels (:func:`_drop_roundtrips`). ``arm64`` ignores it: it would change the file
+            on the strength of a graph optimised here, not on ARM. ORT's x86 graph of an arm64 file is built after
+            ``QDQS8ToU8Transformer`` (x86 only) and runs a ResNet's residual convolutions and additions in float
+            where ARM's fuses them into int8 kernels; the ARM graph built here (the one the result counts) still
+            has x86-only rewrites (NCHWc layouts).
         align_channels: x86 CPU targets: widen every ungrouped convolution whose input channels are not a multiple
             of 4 (an RGB stem) with zero channels, which changes no output and puts it on ONNX Runtime's fast int8
-            kernel (:func:`minreal.export.qdq_channels.align_conv_inputs`); other targets, and quantising on an ARM
+            kernel (:func:`minreal.export.qdq_channels.align_conv_inputs`); other targets (``arm64``, ``tensorrt``), and
+            quantising on an ARM
             machine, ignore it. A trained range of a widened layer's input holds for the ``Pad`` before it too. On by
             default: the CIFAR ResNet-32's INT8 file ran 0.982x / 0.960x as long at batch 1 / 32 with it, lower in
             18 and 20 of 20 processes, with bit-identical outputs (``benchmarks/int8_align.json``, AVX-512 VNNI).
@@ -217,6 +246,15 @@ def target_text(target: str) -> str:
     return target if resolved == target else f"{target} → {resolved}"
 
 
+def target_format(target: str) -> str:
+    """The static INT8 format ``target`` writes, in words (:func:`minreal.export.settings.int8_format`), ``cpu``
+    resolved for this machine: ``S8S8: symmetric int8 activations, 8-bit per-channel int8 weights`` for ``arm64``."""
+    config = QuantConfig(target=target).resolved()
+    act_type, symmetric = config.activation()
+    return int8_format(act_type, symmetric, _WEIGHT_BITS[_weight_qmax(config)], config.weight_type,
+                       config.per_channel)
+
+
 def saturates_here(weight_type: str, reduce_range: bool) -> bool:
     """Whether a file of this format can saturate in ONNX Runtime's CPU kernels on this machine: 8-bit int8
     weights (with uint8 activations, or int8 ones, which ORT's x86 graph turns into uint8) on a CPU whose kernel
@@ -232,7 +270,7 @@ class QuantResult:
         fp32_path: the float model (not modified).
         out_path: the quantised model.
         mode: ``"static"`` or ``"dynamic"``.
-        target: the explicit target written (``"cpu-vnni"``, ``"cpu-avx2"`` or ``"tensorrt"``).
+        target: the explicit target written (``"cpu-vnni"``, ``"cpu-avx2"``, ``"arm64"`` or ``"tensorrt"``).
         requested_target: the target asked for (``"cpu"`` is resolved for this machine into ``target``).
         quant_format: ``"QDQ"`` (static) or ``"QOperator"`` (dynamic: integer ops written directly).
         activation_type: ``"uint8"`` or ``"int8"`` (dynamic mode: ``"uint8"``, computed at run time).
@@ -241,14 +279,16 @@ class QuantResult:
         weight_bits: 8, or 7 for reduced-range weights ([-64, 64]).
         saturates_here: this file's format can saturate in ONNX Runtime's CPU kernels on the machine that
             quantised it (8-bit int8 weights on x86 without VNNI): its accuracy measured here is not what a VNNI
-            CPU gets, and a saturation-free target (``cpu-avx2``) is the remedy.
+            CPU gets, and a saturation-free target (``cpu-avx2``) is the remedy. For ``arm64`` and ``tensorrt``
+            files it only says the accuracy measured here understates their device's.
         per_channel: per-channel weight scales.
         quantized_bias: biases stored as int32 behind a DequantizeLinear (``False``: float biases).
         calibration_samples: samples used for calibration (0 in dynamic mode).
         random_calibration: calibrated on random data (``allow_random_calibration``).
         preprocess_note: ``None`` if ``quant_pre_process`` ran fully, else what was skipped and why.
         node_counts: op type → count in the written graph.
-        optimized_ops: op type → count in the ORT-optimised CPU graph (``domain:op`` outside ai.onnx).
+        optimized_ops: op type → count in the ORT-optimised CPU graph (``domain:op`` outside ai.onnx); for
+            ``arm64`` the graph ONNX Runtime builds for ARM (:data:`minreal.runtime_bench.cpu.ARM_GRAPH_CONFIG`).
         integer_kernels: Conv/MatMul/Gemm nodes running as integer kernels in that graph.
         float_kernels: Conv/MatMul/Gemm nodes still in floating point in that graph.
         size_fp32_bytes: size of the float file.
@@ -472,8 +512,9 @@ def _rewrite(path: Path, align: bool) -> None:
 
 
 def _aligns(config: QuantConfig) -> bool:
-    """Whether ``config`` (resolved) widens convolution inputs: static mode, a CPU target on an x86 machine (the
-    rule is MLAS's x86 kernel's; ARM's differs), not turned off."""
+    """Whether ``config`` (resolved) widens convolution inputs: static mode, an x86 CPU target (``cpu-vnni``,
+    ``cpu-avx2``; not ``arm64``) on an x86 machine (the rule is MLAS's x86 kernel's; ARM's differs), not turned
+    off."""
     return (config.align_channels and config.mode == "static" and config.target in cpu_facts.CPU_TARGETS
             and not cpu_facts.cpu_isa().is_arm)
 
@@ -704,7 +745,7 @@ def _run_static(source: Path, dest: Path, ranges: _RangeSource, config: QuantCon
             _quantize_static(source, dest, ranges, config, act_type, symmetric, list(excluded), overrides or {})
     finally:
         logging.getLogger().removeFilter(noise)
-    if config.target in cpu_facts.CPU_TARGETS:
+    if config.target in _ORT_CPU_TARGETS:
         _pad_quantised(dest)
 
 
@@ -1041,7 +1082,7 @@ def quantize_int8(
             else:
                 nonfinite = []
                 _run_dynamic(source, tmp, config, excluded)
-            graph = optimized_graph(tmp, "cpu")
+            graph = optimized_graph(tmp, "cpu", config=_TARGET_GRAPHS.get(config.target))
             if static and config.drop_roundtrips and config.target in cpu_facts.CPU_TARGETS:
                 roundtrip, graph = _drop_roundtrips(source, tmp, calibrated, config, overrides,
                                                     [*excluded, *nonfinite], graph)

@@ -6,22 +6,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from minreal.facts import CPU_AVX2_TARGET, CPU_VNNI_TARGET
+from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET
 
 if TYPE_CHECKING:
     from minreal.export.mobile import ShapeSpec
     from minreal.export.quantize import QuantConfig
 
 __all__ = ["AUTO_TARGET", "QUANT_TARGETS", "QUANT_MODES", "DROP_ROUNDTRIPS", "CALIB_SAMPLES", "FORMATS",
-           "ORT_OPTIMIZATIONS", "ORT_STYLES", "ORT_PLATFORMS", "OrtConfig", "VariantConfig"]
+           "ORT_OPTIMIZATIONS", "ORT_STYLES", "ORT_PLATFORMS", "OrtConfig", "VariantConfig", "int8_format"]
 
 AUTO_TARGET = "cpu"
 """``--quant-target cpu``: the one of ``cpu-vnni``/``cpu-avx2`` this machine needs
 (:func:`minreal.export.quantize.resolve_target`)."""
 
-QUANT_TARGETS: tuple[str, ...] = (AUTO_TARGET, CPU_VNNI_TARGET, CPU_AVX2_TARGET, "tensorrt")
+QUANT_TARGETS: tuple[str, ...] = (AUTO_TARGET, CPU_VNNI_TARGET, CPU_AVX2_TARGET, ARM64_TARGET, "tensorrt")
 """INT8 formats here (``--quant-target``): ``cpu`` (the right one of ``cpu-vnni``/``cpu-avx2`` for this machine),
-``cpu-vnni``, ``cpu-avx2`` and ``tensorrt``; each picks an activation type, symmetry and weight range."""
+``cpu-vnni``, ``cpu-avx2``, ``arm64`` (symmetric int8 activations and per-channel weights, for ONNX Runtime's ARM64
+kernels) and ``tensorrt``; each picks an activation type, symmetry and weight range."""
 
 QUANT_MODES: tuple[str, ...] = ("static", "dynamic")
 """``--quant-mode``: calibrated QDQ, or weights only with activations quantised at run time."""
@@ -72,6 +73,16 @@ class OrtConfig:
                                      ("target_platform", self.target_platform, (None, *ORT_PLATFORMS))):
             if value not in allowed:
                 raise ValueError(f"ORT {name} {value!r} is not one of {', '.join(map(str, allowed))}")
+
+
+def int8_format(activation_type: str, activation_symmetric: bool, weight_bits: int, weight_type: str = "int8",
+                per_channel: bool = True) -> str:
+    """An INT8 format in words for a report, with ONNX Runtime's shorthand (activation then weight signedness):
+    ``S8S8: symmetric int8 activations, 8-bit per-channel int8 weights``."""
+    code = "".join("S8" if t == "int8" else "U8" for t in (activation_type, weight_type))
+    symmetry = "symmetric" if activation_symmetric else "asymmetric"
+    channels = "per-channel " if per_channel else ""
+    return f"{code}: {symmetry} {activation_type} activations, {weight_bits}-bit {channels}{weight_type} weights"
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ __all__ = [
     "INTEGER_KERNEL_OPERANDS",
     "CPU_VNNI_TARGET",
     "CPU_AVX2_TARGET",
+    "ARM64_TARGET",
     "WEIGHT_QMAX",
     "REDUCED_WEIGHT_QMAX",
     "ANSI_ESCAPE",
@@ -74,6 +75,11 @@ CPU_VNNI_TARGET, CPU_AVX2_TARGET = "cpu-vnni", "cpu-avx2"
 kernels cannot saturate (x86 with VNNI or AMX, ARM), and with 7-bit weights, which cannot saturate anywhere
 (:mod:`minreal.runtime_bench.cpu`); ``cpu`` means the one the machine needs. QAT (``minreal.compress.core.qat``),
 quantisation and tune share these names."""
+
+ARM64_TARGET = "arm64"
+"""The INT8 format for ONNX Runtime's ARM64 CPU kernels (``--quant-target arm64``): symmetric int8 activations and
+per-channel symmetric 8-bit int8 weights (S8S8), which MLAS's ARM64 symmetric convolution and GEMM kernels take as
+they are. QAT, quantisation and tune share this name."""
 
 WEIGHT_QMAX, REDUCED_WEIGHT_QMAX = 127, 64
 """Largest weight magnitude on ONNX Runtime's symmetric int8 weight grid: full range, and ``reduce_range`` (7-bit

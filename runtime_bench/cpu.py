@@ -23,15 +23,17 @@ from __future__ import annotations
 import functools
 import platform
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from minreal.facts import CPU_AVX2_TARGET, CPU_VNNI_TARGET, INTEGER_MATMUL_OP, PROVIDERS
 
 __all__ = [
     "ISA_FLAGS",
     "CPU_TARGETS",
+    "ARM_GRAPH_CONFIG",
     "CpuIsa",
     "parse_cpuinfo",
     "cpuinfo_text",
@@ -52,6 +54,12 @@ ISA_FLAGS: tuple[str, ...] = (
 _NON_SATURATING = frozenset({"avx512_vnni", "avx_vnni", "avx_vnni_int8", "amx_int8"})
 #: The explicit CPU INT8 formats (:data:`minreal.facts.CPU_VNNI_TARGET`, ``CPU_AVX2_TARGET``).
 CPU_TARGETS: tuple[str, ...] = (CPU_VNNI_TARGET, CPU_AVX2_TARGET)
+#: Session config entries with which ONNX Runtime builds, on any machine, the CPU graph its ARM builds run: int8 Q/DQ
+#: activations kept as int8 and fused into int8 kernels (``QDQIsInt8Allowed()`` is true only in ARM builds,
+#: ``qdq_selector_action_transformer.h``; elsewhere ``QDQS8ToU8Transformer`` turns them into uint8 first). ONNX
+#: Runtime documents the key for "an ORT format model for use on ARM platforms"
+#: (``onnxruntime_session_options_config_keys.h``).
+ARM_GRAPH_CONFIG: Mapping[str, str] = MappingProxyType({"session.qdqisint8allowed": "1"})
 #: macOS ``sysctl`` keys → the Linux flag they stand for.
 _SYSCTL_FLAGS = {"hw.optional.avx2_0": "avx2", "hw.optional.avx512f": "avx512f", "hw.optional.avx512bw": "avx512bw",
                  "hw.optional.avx512vnni": "avx512_vnni", "hw.optional.arm.FEAT_DotProd": "asimddp",

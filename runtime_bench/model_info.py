@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +133,8 @@ def optimized_graph_ops(path: Path, provider: str = "cpu", threads: int = 1) -> 
     return dict(op_counts(optimized_graph(path, provider, threads)))
 
 
-def optimized_graph(path: Path, provider: str = "cpu", threads: int = 1) -> onnx.GraphProto:
+def optimized_graph(path: Path, provider: str = "cpu", threads: int = 1,
+                    config: Mapping[str, str] | None = None) -> onnx.GraphProto:
     """The graph onnxruntime actually runs after its optimisations: a session is created with
     ``optimized_model_filepath`` set and the written graph is read back.
 
@@ -144,11 +145,13 @@ def optimized_graph(path: Path, provider: str = "cpu", threads: int = 1) -> onnx
         path: ONNX model file.
         provider: Provider short name (``"cpu"``, ``"cuda"``, ...).
         threads: Intra-op threads for the temporary session.
+        config: More session config entries, e.g. ``{"session.qdqisint8allowed": "1"}`` for the graph ONNX Runtime
+            builds for an ARM CPU (:data:`minreal.runtime_bench.cpu.ARM_GRAPH_CONFIG`).
     """
     with tempfile.TemporaryDirectory(prefix="minreal-opt-") as tmp:
         optimized = Path(tmp) / "optimized.onnx"
         full = provider_name(provider)
-        session = create_session(Path(path), full, threads, optimized_model_path=optimized)
+        session = create_session(Path(path), full, threads, optimized_model_path=optimized, config=config)
         mismatch = provider_mismatch(full, session.get_providers())
         if mismatch is not None:
             raise ProviderUnavailableError(f"{path}: {mismatch}")

@@ -21,12 +21,14 @@ SPINNING_ENTRIES: tuple[tuple[str, str], ...] = (
 )
 
 
-def session_options(threads: int | None, optimized_model_path: Path | None = None) -> Any:
+def session_options(threads: int | None, optimized_model_path: Path | None = None,
+                    config: Mapping[str, str] | None = None) -> Any:
     """Session options: explicit intra-op threads, one inter-op thread, sequential, no spinning.
 
     Args:
         threads: Intra-op thread count; None leaves onnxruntime's default (the physical cores).
         optimized_model_path: If given, onnxruntime writes the optimised graph there.
+        config: More session config entries (e.g. ``session.qdqisint8allowed``), added after the defaults.
     """
     ort = onnxruntime_module()
     options = ort.SessionOptions()
@@ -36,6 +38,8 @@ def session_options(threads: int | None, optimized_model_path: Path | None = Non
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
     for key, value in SPINNING_ENTRIES:
+        options.add_session_config_entry(key, value)
+    for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
     if optimized_model_path is not None:
         options.optimized_model_filepath = str(optimized_model_path)
@@ -48,6 +52,7 @@ def create_session(
     threads: int | None = None,
     optimized_model_path: Path | None = None,
     provider_options: Mapping[str, str] | None = None,
+    config: Mapping[str, str] | None = None,
 ) -> Any:
     """Create an inference session on ``provider`` (full onnxruntime name): the project's one session factory.
 
@@ -62,6 +67,7 @@ def create_session(
         optimized_model_path: If given, onnxruntime writes the optimised graph there.
         provider_options: ONNX Runtime options of ``provider`` (strings; see
             :func:`minreal.runtime_bench.provider_options.ort_options`).
+        config: More session config entries (:func:`session_options`).
 
     Raises:
         ModelFileError: the file does not exist.
@@ -74,7 +80,7 @@ def create_session(
         if not path.is_file():
             raise ModelFileError(f"model file not found: {path}")
         source, where = str(path), str(path)
-    options = session_options(threads, optimized_model_path)
+    options = session_options(threads, optimized_model_path, config)
     providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
     try:
         return onnxruntime_module().InferenceSession(source, sess_options=options, providers=providers)

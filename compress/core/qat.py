@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minreal.facts import CPU_AVX2_TARGET, CPU_VNNI_TARGET, REDUCED_WEIGHT_QMAX, WEIGHT_QMAX
+from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET, REDUCED_WEIGHT_QMAX, WEIGHT_QMAX
 
 from .errors import CompressionError
 from .evaluate import eval_mode
@@ -82,12 +82,13 @@ class Int8Format:
 INT8_FORMATS: Mapping[str, Int8Format] = types.MappingProxyType({
     CPU_VNNI_TARGET: Int8Format("uint8", symmetric=False),
     CPU_AVX2_TARGET: Int8Format("uint8", symmetric=False, weight_qmax=REDUCED_WEIGHT_QMAX),
+    ARM64_TARGET: Int8Format("int8", symmetric=True),
     "tensorrt": Int8Format("int8", symmetric=True),
 })
-"""INT8 format per explicit target: uint8 asymmetric activations for ONNX Runtime's CPU kernels (8-bit weights for
-CPUs whose int8 kernels cannot saturate, 7-bit ones for x86 without VNNI), symmetric int8 for TensorRT's explicit
-quantisation (the same table as ``minreal.export.quantize``'s targets; its ``cpu`` is resolved to one of the two CPU
-formats before it reaches here)."""
+"""INT8 format per explicit target: uint8 asymmetric activations for ONNX Runtime's x86 CPU kernels (8-bit weights
+for CPUs whose int8 kernels cannot saturate, 7-bit ones for x86 without VNNI), symmetric int8 for its ARM64 kernels
+and for TensorRT's explicit quantisation (the same table as ``minreal.export.quantize``'s targets; its ``cpu`` is
+resolved to one of the two x86 formats before it reaches here)."""
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from minreal.app.plots import plot_accuracy_latency  # re-exported: the run's plot.png
+from minreal.export.settings import int8_format
+from minreal.facts import ARM64_TARGET
 
 __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency",
            "plot_spectra", "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery",
            "INT8_HEADERS", "int8_rows", "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows",
-           "tensorrt_lines", "verdict_lines", "grouped_warnings", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
-           "ort_line"]
+           "tensorrt_lines", "verdict_lines", "grouped_warnings", "int8_format_text", "VERDICT_MAX_DROP_PP",
+           "ORT_HEADERS", "ort_rows", "ort_line"]
 
 #: The accuracy cost a verdict accepts: the fastest model within this many points of the original's held-out accuracy.
 VERDICT_MAX_DROP_PP = 1.0
@@ -252,13 +254,23 @@ def render_markdown(report: Any) -> str:
     return "\n".join(out) + "\n"
 
 
+def int8_format_text(q: Mapping[str, Any]) -> str:
+    """An INT8 record's format in words (:func:`minreal.export.settings.int8_format`), e.g. ``S8S8: symmetric int8
+    activations, 8-bit per-channel int8 weights``; ``""`` for a record without its format."""
+    if "weight_bits" not in q:
+        return ""
+    return int8_format(q.get("activation_type", "uint8"), bool(q.get("activation_symmetric")), q["weight_bits"],
+                       q.get("weight_type", "int8"), bool(q.get("per_channel", True)))
+
+
 def _format_text(q: Mapping[str, Any]) -> str:
-    """`` (uint8 activations, 7-bit weights; cpu resolved for this CPU)`` for an INT8 line: the file's format."""
+    """`` (U8S8: asymmetric uint8 activations, 7-bit per-channel int8 weights; cpu resolved for this CPU)`` for an
+    INT8 line: the file's format."""
     if "weight_bits" not in q:
         return ""
     resolved = "; `cpu` resolved for this CPU" if q.get("requested_target") == "cpu" else ""
     saturates = "; CAN SATURATE on this CPU (x86 without VNNI)" if q.get("saturates_here") else ""
-    return f" ({q.get('activation_type')} activations, {q['weight_bits']}-bit weights{resolved}{saturates})"
+    return f" ({int8_format_text(q)}{resolved}{saturates})"
 
 
 def _names(nodes: list[str], first: int = 5) -> str:
@@ -291,6 +303,9 @@ def int8_cause(quantization: Mapping[str, Any]) -> str:
     if quantization.get("saturates_here") and quantization.get("target") == "tensorrt":
         return ("saturation of ONNX Runtime's int16 step on this CPU (x86 without VNNI), which TensorRT on a GPU "
                 "does not have: its accuracy here understates the GPU's")
+    if quantization.get("saturates_here") and quantization.get("target") == ARM64_TARGET:
+        return ("saturation of ONNX Runtime's int16 step on this CPU (x86 without VNNI, where the int8 activations "
+                "run as uint8), which ARM's kernels do not have: its accuracy here understates ARM's")
     if quantization.get("saturates_here"):
         return ("saturation: its 8-bit weights overflow ONNX Runtime's int16 step on this CPU (x86 without VNNI), "
                 "so its accuracy here is not a VNNI CPU's; quantise with --quant-target cpu-avx2 (what cpu picks here)")

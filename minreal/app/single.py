@@ -12,7 +12,7 @@ from minreal.app import data as app_data
 from minreal.app.callables import SpecError
 from minreal.app.models import align_inputs, check_input_shape, checked_dataset, load_model, packed_model
 from minreal.app.preprocess import ImagePreprocess
-from minreal.app.report import int8_cause
+from minreal.app.report import int8_cause, int8_format_text
 from minreal.app.shapes import InputShapes, check_shape_names, merge_axes, random_inputs
 from minreal.compress.core.inputs import Inputs, NamedInputs
 from minreal.export.fp16 import Fp16Config
@@ -140,9 +140,7 @@ def _int8_lines(fp32: Path, int8: Path, quantization: dict, calib: Inputs | None
     """The INT8 file's format (``cpu`` resolved), and a warning when it can saturate on this CPU or its outputs
     depart from the fp32 file's on the given data (the calibration data: an optimistic check; ``run`` and ``tune``
     judge INT8 on held-out data). Records the agreement and relative MSE in ``quantization``."""
-    bits = quantization.get("weight_bits")
-    lines = [f"INT8 format: {quantization.get('target')} ({quantization.get('activation_type')} activations"
-             + (f", {bits}-bit weights)" if bits else ")")]
+    lines = [f"INT8 format: {quantization.get('target')} ({int8_format_text(quantization) or 'unknown'})"]
     departs = False
     if calib is not None:
         agreement, rel_mse = output_agreement(fp32, int8, feeds_of(calib))

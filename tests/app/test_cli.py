@@ -180,8 +180,8 @@ def test_export_int8_says_its_format_and_warns_where_it_saturates(workdir: Path,
     monkeypatch.setattr(cpu_facts, "u8s8_saturates", lambda: None)
     code, _, err = run_cli(["export", "net.py:make", "--out", "a.onnx", "--data", "digits-flat", "--int8"])
     assert code == 0, err
-    assert "quantising to INT8 (static, cpu → cpu-avx2)" in err and "INT8 format: cpu-avx2 (uint8 activations, " \
-        "7-bit weights)" in err and "top-1 agreement" in err
+    assert "quantising to INT8 (static, cpu → cpu-avx2)" in err and "INT8 format: cpu-avx2 (U8S8: asymmetric uint8 " \
+        "activations, 7-bit per-channel int8 weights)" in err and "top-1 agreement" in err
     code, out, err = run_cli(["export", "net.py:make", "--out", "b.onnx", "--data", "digits-flat", "--int8",
                               "--quant-target", "cpu-vnni", "--json"])
     assert code == 0, err
@@ -189,6 +189,25 @@ def test_export_int8_says_its_format_and_warns_where_it_saturates(workdir: Path,
     quantization = json.loads(out)["quantization"]
     assert quantization["saturates_here"] and quantization["weight_bits"] == 8
     assert 0.0 <= quantization["fp32_agreement"] <= 1.0 and quantization["fp32_relative_mse"] >= 0.0
+
+
+def test_export_int8_for_arm64_writes_signed_symmetric_activations(workdir: Path, run_cli: Callable) -> None:
+    """``--quant-target arm64``: the file's every activation quantiser is int8 with zero point 0, its weights int8;
+    the command says the format, and the record keeps it."""
+    import onnx
+    from onnx import numpy_helper
+
+    code, out, err = run_cli(["export", "net.py:make", "--out", "a.onnx", "--data", "digits-flat", "--int8",
+                              "--quant-target", "arm64", "--json"])
+    assert code == 0, err
+    assert "INT8 format: arm64 (S8S8: symmetric int8 activations, 8-bit per-channel int8 weights)" in err
+    quantization = json.loads(out)["quantization"]
+    assert (quantization["target"], quantization["activation_type"], quantization["activation_symmetric"],
+            quantization["weight_bits"]) == ("arm64", "int8", True, 8)
+    model = onnx.load("a.int8.onnx")
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    zeros = [values[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert zeros and all(z.dtype == np.int8 and not z.any() for z in zeros)
 
 
 def test_export_without_calibration_refuses_int8(workdir: Path, run_cli: Callable) -> None:

@@ -113,3 +113,19 @@ def test_warnings_without_a_colon_are_grouped_by_their_whole_text() -> None:
     from minreal.app.report import grouped_warnings
 
     assert grouped_warnings(["odd one", "odd one"]) == ["- **WARNING** odd one (2×; all in report.json), e.g. odd one"]
+
+
+def test_an_int8_line_names_its_format_and_an_arm64_files_saturation_here_is_not_arms() -> None:
+    """The run report says which format each INT8 file has; a saturating arm64 file is blamed on this CPU, not
+    sent to cpu-avx2."""
+    from minreal.app.report import int8_cause, render_markdown
+
+    arm64 = {"target": "arm64", "mode": "static", "activation_type": "int8", "activation_symmetric": True,
+             "weight_type": "int8", "per_channel": True, "weight_bits": 8, "saturates_here": False}
+    case = _bench_case({"original": (4.0, 80.0), "original.int8": (2.0, 40.0)}, {"original": 0.9,
+                                                                                 "original.int8": 0.9},
+                       quant={"original.int8": arm64})
+    text = render_markdown({"created_utc": "now", "config": {"providers": ["cpu"]}, "cases": [case]})
+    assert "static for arm64 (S8S8: symmetric int8 activations, 8-bit per-channel int8 weights)" in text
+    cause = int8_cause({**arm64, "saturates_here": True})
+    assert "ARM's kernels do not have" in cause and "cpu-avx2" not in cause

@@ -529,3 +529,33 @@ def test_accuracy_control_starts_from_the_original_s_int8_of_its_format(saturate
     else:
         assert quantised == [] and Path(plain.out_path) == models / "original.int8.onnx"
         assert Path(plain.fp32_path) == models / "original.onnx" and plain.target == "cpu-vnni"
+
+
+def test_an_arm64_tune_keeps_its_format_where_this_cpu_saturates_and_names_it(trained_mlp, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An arm64 file can saturate only in x86's int16 step (ARM's kernels have none): accuracy control starts from
+    the original's arm64 INT8 (no switch to cpu-avx2) and a note says the accuracy here can understate ARM's; the
+    report names the format of the INT8 files."""
+    from types import SimpleNamespace
+
+    import minreal.export.accuracy_control as accuracy_control
+    import minreal.runtime_bench.cpu as cpu_facts
+    from minreal.app.tune.output import int8_format_line
+    from minreal.app.tune.run import _baselines
+
+    monkeypatch.setattr(cpu_facts, "kernel_saturates", lambda: True)
+    given = []
+    real_control = accuracy_control.quantize_with_accuracy_control
+    monkeypatch.setattr(accuracy_control, "quantize_with_accuracy_control",
+                        lambda *a, **k: given.append(k["int8"]) or real_control(*a, **k))
+    model, tr, te = trained_mlp
+    models = tmp_path / "models"
+    models.mkdir()
+    notes: list[str] = []
+    _baselines(model, tr, te, TuneConfig(Constraint(max_accuracy_drop=100.0), quant_target="arm64"), models,
+               Quality(0.9), notes, lambda line: None)
+    (plain,) = given
+    assert plain.target == "arm64" and plain.saturates_here and Path(plain.out_path) == models / "original.int8.onnx"
+    assert any("understate ARM's" in note for note in notes) and not any("cpu-avx2" in note for note in notes)
+    line = int8_format_line(SimpleNamespace(config={"int8": True, "quant_target": "arm64"}))
+    assert line == "INT8 files: arm64 (S8S8: symmetric int8 activations, 8-bit per-channel int8 weights)"

@@ -120,7 +120,7 @@ def test_no_widening_where_the_pad_buys_nothing_or_cannot_be_written(opset: int,
     assert [tuple(t.dims) for t in model.graph.initializer if t.name == "stem.weight"] == [(stem_out, 3, 3, 3)]
 
 
-@pytest.mark.parametrize("target", ["tensorrt"])
+@pytest.mark.parametrize("target", ["tensorrt", "arm64"])
 def test_targets_other_than_x86_cpus_are_not_widened(target: str, tmp_path: Path) -> None:
     src = tmp_path / "fp32.onnx"
     onnx.save(_conv_graph(), str(src))

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -95,11 +96,13 @@ def test_activation_type_can_be_overridden(
     assert result.activation_type == "int8" and _input_zero_point(result.out_path).dtype == np.int8
 
 
+@pytest.mark.parametrize("int8_file", ["cpu_int8", "arm64_int8"])
 def test_int8_agrees_with_fp32(
-    cpu_int8, convnet_onnx: ExportResult, make_images: Callable[[int, int], torch.Tensor]
+    int8_file: str, convnet_onnx: ExportResult, make_images: Callable[[int, int], torch.Tensor],
+    request: pytest.FixtureRequest
 ) -> None:
     held_out = make_images(128, 99).numpy()
-    fp32, int8 = _run(convnet_onnx.path, held_out), _run(cpu_int8.out_path, held_out)
+    fp32, int8 = _run(convnet_onnx.path, held_out), _run(request.getfixturevalue(int8_file).out_path, held_out)
     agreement = np.mean(fp32.argmax(1) == int8.argmax(1))
     relative_error = np.linalg.norm(int8 - fp32) / np.linalg.norm(fp32)
     assert agreement >= 0.85, agreement
@@ -307,6 +310,128 @@ def test_avx2_target_writes_weights_that_cannot_saturate(convnet_onnx: ExportRes
     assert np.linalg.norm(_run(avx2.out_path, calib_images) - ref) / np.linalg.norm(ref) < 0.1
 
 
+@pytest.fixture(scope="module")
+def arm64_int8(convnet_onnx: ExportResult, calib_images: np.ndarray, tmp_path_factory: pytest.TempPathFactory):
+    return quantize_int8(convnet_onnx.path, tmp_path_factory.mktemp("q") / "arm64.int8.onnx", calib_images,
+                         QuantConfig(target="arm64"))
+
+
+def _dequantize_inputs(model: onnx.ModelProto) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """DequantizeLinear output → (stored integers or ``None`` for a computed input, scale, zero point)."""
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return {n.output[0]: (values.get(n.input[0]), values[n.input[1]], values[n.input[2]])
+            for n in model.graph.node if n.op_type == "DequantizeLinear"}
+
+
+def test_arm64_target_writes_symmetric_int8_activations_and_per_channel_int8_weights(arm64_int8) -> None:
+    """S8S8 for ONNX Runtime's ARM64 kernels: every activation quantiser int8 with zero point 0 (symmetric), every
+    weight int8, per output channel, zero point 0, each channel's largest weight on ±127 (8 bits, no reduce_range);
+    biases int32 on the grid s_x·s_w (zero point 0); the RGB stem not widened (an x86 rule)."""
+    assert (arm64_int8.target, arm64_int8.requested_target, arm64_int8.quant_format) == ("arm64", "arm64", "QDQ")
+    assert (arm64_int8.activation_type, arm64_int8.activation_symmetric) == ("int8", True)
+    assert (arm64_int8.weight_type, arm64_int8.weight_bits, arm64_int8.per_channel) == ("int8", 8, True)
+    assert arm64_int8.quantized_bias and arm64_int8.roundtrip_nodes == []
+    model = onnx.load(arm64_int8.out_path)
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    quantizers = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert len(quantizers) == 8
+    for n in quantizers:
+        zero = values[n.input[2]]
+        assert zero.dtype == np.int8 and zero.shape == () and zero == 0
+    dq = _dequantize_inputs(model)
+    layers = [n for n in model.graph.node if n.op_type in ("Conv", "Gemm")]
+    assert len(layers) == 3
+    for n in layers:
+        weight, w_scale, w_zero = dq[n.input[1]]
+        assert weight.dtype == np.int8 and w_zero.dtype == np.int8 and not w_zero.any()
+        assert w_scale.shape == (weight.shape[0],)  # one scale per output channel
+        assert np.array_equal(np.abs(weight.reshape(len(weight), -1).astype(np.int32)).max(1),
+                              np.full(len(weight), 127))
+        bias, b_scale, b_zero = dq[n.input[2]]
+        x_scale = dq[n.input[0]][1]
+        assert bias.dtype == np.int32 and not b_zero.any()
+        np.testing.assert_allclose(b_scale, x_scale * w_scale, rtol=1e-6)
+    assert dq[layers[0].input[1]][0].shape[1] == 3 and "Pad" not in arm64_int8.node_counts
+
+
+_FLOAT32_STEPS = 1e-4
+"""How far, in quantisation steps, float32 requantisation can move a value: a value below 128 steps carries relative
+rounding of a few 2^-24 (multiplier, product, division), under 1e-4 steps; the reference is float64."""
+
+
+def _attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
+    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _quantize(u: torch.Tensor, slack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(round(u) clipped to int8's [-128, 127], bound in steps on |round(u') - round(u)| for any |u' - u| <= slack).
+
+    With r = |u - round(u)|: round(u') = round(u) unless slack >= 1/2 - r (u' can cross a tie), and in any case
+    |round(u') - round(u)| <= slack + r + 1/2, an integer, so at most its floor; clipping changes no bound."""
+    r = (u - torch.round(u)).abs()
+    crosses = slack >= 0.5 - r
+    return torch.round(u).clamp(-128, 127), torch.where(crosses, torch.floor(slack + r + 0.5), torch.zeros_like(u))
+
+
+def _qdq_reference(model: onnx.ModelProto, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The QDQ graph evaluated in float64, as its nodes say (dequantised weights and biases, every quantiser
+    rounding half to even): what ONNX Runtime's integer kernels compute (exact int32 sums, one requantisation per
+    quantiser) up to float32 rounding. Returns the output and a bound on |ONNX Runtime - reference| at each output
+    element: zero unless a rounding on its path lies within float32 error (plus what reaches it from upstream) of a
+    tie (:func:`_quantize`); a difference propagates through a layer by |W|, through a mean by the mean."""
+    consts = {t.name: torch.from_numpy(numpy_helper.to_array(t).astype(np.float64)) for t in model.graph.initializer}
+    value = {model.graph.input[0].name: torch.from_numpy(x.astype(np.float64))}
+    error = {model.graph.input[0].name: torch.zeros_like(value[model.graph.input[0].name])}
+    get = lambda name: (value[name], error[name]) if name in value else (consts[name], 0.0)  # noqa: E731
+    for n in model.graph.node:
+        (a, e), out = get(n.input[0]), n.output[0]
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            scale = consts[n.input[1]]
+            if scale.ndim:  # per channel along the weight's axis
+                scale = scale.reshape([-1 if d == _attribute(n, "axis", 1) else 1 for d in range(a.ndim)])
+            if n.op_type == "QuantizeLinear":
+                value[out], error[out] = _quantize(a / scale, e / scale + _FLOAT32_STEPS)
+            else:
+                value[out], error[out] = a * scale, e * scale
+        elif n.op_type == "Conv":
+            w, b = value[n.input[1]], value[n.input[2]]
+            pad, stride = _attribute(n, "pads", [0, 0, 0, 0])[:2], _attribute(n, "strides", [1, 1])
+            conv = functools.partial(torch.nn.functional.conv2d, stride=stride, padding=pad)
+            value[out], error[out] = conv(a, w, b), conv(e, w.abs())
+        elif n.op_type == "Gemm":
+            w = value[n.input[1]].T if _attribute(n, "transB", 0) else value[n.input[1]]
+            value[out], error[out] = a @ w + value[n.input[2]], e @ w.abs()
+        elif n.op_type == "Relu":
+            value[out], error[out] = a.clamp(min=0), e
+        elif n.op_type == "GlobalAveragePool":
+            value[out], error[out] = a.mean((2, 3), keepdim=True), e.mean((2, 3), keepdim=True)
+        elif n.op_type == "Reshape":
+            shape = [int(d) for d in consts[n.input[1]]]
+            value[out], error[out] = a.reshape(shape), e.reshape(shape)
+        else:
+            raise AssertionError(f"no reference for {n.op_type}")
+    name = model.graph.output[0].name
+    return value[name].numpy(), error[name].numpy()
+
+
+def test_arm64_file_runs_here_as_its_qdq_graph_says(arm64_int8, calib_images: np.ndarray) -> None:
+    """ONNX Runtime on this x86 CPU runs the arm64 file (its int8 activations turned into uint8 by ORT's x86 graph)
+    as its QDQ graph computes with dequantised weights (:func:`_qdq_reference`), on two batch sizes: bit for bit but
+    where a rounding sits within float32 error of a tie, and there within the propagated bound. The session asks
+    for ONNX Runtime's x64 precision mode (``session.x64quantprecision``: uint8 weights where the CPU's u8·s8 kernel
+    could saturate an int16), so the integer sums are exact on any x86 CPU, with or without VNNI."""
+    model = onnx.load(arm64_int8.out_path)
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.x64quantprecision", "1")
+    session = ort.InferenceSession(arm64_int8.out_path, options, providers=["CPUExecutionProvider"])
+    for x in (calib_images, calib_images[:1]):
+        (int8,) = session.run(None, {session.get_inputs()[0].name: x})
+        reference, bound = _qdq_reference(model, x)
+        assert int8.shape == reference.shape
+        assert np.all(np.abs(int8 - reference) <= bound + 1e-6 * np.abs(reference)), np.abs(int8 - reference).max()
+        assert np.mean(bound == 0) >= 0.5  # most outputs are bit-exact: the bound is not vacuous
+
+
 _AVX2 = CpuIsa("x86_64", ("avx2",), "/proc/cpuinfo")
 @pytest.mark.parametrize("saturates", [True, False])
 def test_cpu_target_resolves_by_the_detected_cpu(saturates: bool, convnet_onnx: ExportResult,
@@ -488,5 +613,24 @@ def test_width_cut_resnet_int8_keeps_shortcuts_and_convolutions_in_integers(targ
     assert not {n.op_type for n in float_roundtrip_nodes(graph)}  # the pooling runs quantised too
     assert ops["QuantizeLinear"] == 1 and ops["DequantizeLinear"] == 1  # the graph's input and output only
     assert result.float_roundtrips == {}
+    reference = _run(path, x)
+    assert np.linalg.norm(_run(result.out_path, x) - reference) / np.linalg.norm(reference) < 0.1
+
+
+def test_arm64_resnet_counts_the_kernels_of_the_graph_onnx_runtime_builds_for_arm(cut_resnet, tmp_path: Path) -> None:
+    """An arm64 file's kernels are those of ONNX Runtime's ARM graph (``session.qdqisint8allowed=1``, what an ARM
+    build does by itself): every convolution, the classifier and every residual sum in int8, the shortcuts' zero
+    pads on quantised tensors. Only the ReLUs run in float between a dequantise and a re-quantise: with symmetric
+    activations their zero point is 0, not int8's minimum, so ONNX Runtime cannot fold them into the convolution
+    (``ReluQuantFusion``); round-trip dropping, which reads a graph optimised here, is not applied."""
+    from minreal.runtime_bench.cpu import ARM_GRAPH_CONFIG
+    from minreal.runtime_bench.model_info import op_counts, optimized_graph
+
+    path, x, convs = cut_resnet
+    result = quantize_int8(path, tmp_path / "cut.arm64.onnx", x, QuantConfig(target="arm64"))
+    ops = op_counts(optimized_graph(Path(result.out_path), "cpu", config=ARM_GRAPH_CONFIG))
+    assert result.integer_kernels == convs + 1 and result.float_kernels == 0  # the Linear head: QGemm
+    assert ops["QLinearConv"] == convs and ops["QLinearAdd"] == 3 and ops["Pad"] == 2
+    assert set(result.float_roundtrips) == {"Relu"} and result.roundtrip_nodes == []
     reference = _run(path, x)
     assert np.linalg.norm(_run(result.out_path, x) - reference) / np.linalg.norm(reference) < 0.1

@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from minreal.export.atomic import atomic_path
+from minreal.export.quantize import target_format
 from minreal.export.variant import to_jsonable
 
 from .config import Constraint
 from .run import TuneReport
 
-__all__ = ["write_tune_dir", "plot_tune", "candidate_rows", "format_tune", "render_tune_markdown", "CANDIDATE_HEADERS"]
+__all__ = ["write_tune_dir", "plot_tune", "candidate_rows", "format_tune", "render_tune_markdown", "int8_format_line",
+           "CANDIDATE_HEADERS"]
 
 CANDIDATE_HEADERS = ("model", "kind", "precision", "MAC ratio", "recovery", "KB", "gzip KB", "accuracy", "agreement",
                      "MSE", "loss", "meets", "screen p50 ms", "confirmed p50 ms", "front", "chosen")
@@ -45,11 +47,23 @@ def _text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return table(headers, rows)
 
 
+def int8_format_line(report: TuneReport) -> str:
+    """``INT8 files: arm64 (S8S8: symmetric int8 activations, ...)``: the format of the tune's INT8 files (its
+    ``quant_target``, ``cpu`` already resolved; a note says when accuracy control fell back to cpu-avx2); ``""``
+    without INT8."""
+    if not report.config.get("int8"):
+        return ""
+    target = report.config["quant_target"]
+    return f"INT8 files: {target} ({target_format(target)})"
+
+
 def format_tune(report: TuneReport) -> str:
-    """Console view: the candidates table, the fronts and the verdict."""
+    """Console view: the candidates table, the INT8 format, the fronts and the verdict."""
     first = f"{report.config['providers'][0]}/b{report.config['batch_sizes'][0]}"
     lines = [f"tune: {report.constraint}; latencies on {first} (loss: pp of accuracy, 1 - agreement, or MSE "
              "increase vs the original)", _text_table(CANDIDATE_HEADERS, candidate_rows(report))]
+    if line := int8_format_line(report):
+        lines.append(line)
     lines += [f"front {cell}: {' < '.join(labels) or '-'}" for cell, labels in report.front.items()]
     lines.append(f"verdict: {report.verdict}")
     return "\n".join(lines)
@@ -61,6 +75,8 @@ def render_tune_markdown(report: TuneReport) -> str:
            f"objective: {report.config['objective']}; {report.wall_s:.0f} s.", "", f"**Verdict:** {report.verdict}", "",
            "| " + " | ".join(CANDIDATE_HEADERS) + " |", "|" + "---|" * len(CANDIDATE_HEADERS)]
     out += ["| " + " | ".join(r) + " |" for r in candidate_rows(report)]
+    if line := int8_format_line(report):
+        out += ["", line]
     out += ["", "## Pareto fronts (screened latency vs quality, candidates that meet the constraint)", ""]
     out += [f"- {cell}: {' < '.join(labels) or '-'}" for cell, labels in report.front.items()]
     out += ["", "## Searches (MAC-ratio bisection on held-out quality in torch)", ""]

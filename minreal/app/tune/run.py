@@ -45,7 +45,7 @@ from minreal.export.variant import (
     to_jsonable,
 )
 from minreal.export.verify import feeds_of
-from minreal.facts import CPU_AVX2_TARGET
+from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET
 from minreal.runtime_bench.metrics import evaluate_models
 
 from .candidate import (
@@ -286,8 +286,15 @@ def _baselines(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneCon
 
 def _saturation_free(q: VariantRecord, vcfg: VariantConfig, notes: list[str], say: Progress) -> VariantConfig:
     """``vcfg``, or with target ``cpu-avx2`` when the original's INT8 file ``q`` can saturate on this CPU (an explicit
-    ``--quant-target cpu-vnni`` on x86 without VNNI): accuracy control then starts from the format that cannot."""
-    if not (q.quantization or {}).get("saturates_here") or vcfg.quant_target == "tensorrt":
+    ``--quant-target cpu-vnni`` on x86 without VNNI): accuracy control then starts from the format that cannot. An
+    ``arm64`` or ``tensorrt`` file keeps its format (its device does not saturate); ``arm64`` gets a note."""
+    if not (q.quantization or {}).get("saturates_here"):
+        return vcfg
+    if vcfg.quant_target == ARM64_TARGET:
+        notes.append("the arm64 INT8 files run here with their int8 activations turned into uint8 (ONNX Runtime on "
+                     "x86) and can saturate its int16 step on this CPU (x86 without VNNI), which ARM's kernels do "
+                     "not have: the accuracy measured here can understate ARM's")
+    if vcfg.quant_target != CPU_VNNI_TARGET:
         return vcfg
     say(f"[tune] the original's INT8 ({vcfg.quant_target}) can saturate on this CPU: accuracy control starts from "
         "cpu-avx2 (7-bit weights, no saturation)")
