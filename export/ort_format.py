@@ -37,7 +37,7 @@ from minreal.export.quiet import Captured, captured_output
 from minreal.export.settings import OrtConfig, VariantConfig
 from minreal.export.variant import PARITY_BATCH_SIZES, VariantRecord, parity_inputs, record_axes, relative_to
 from minreal.export.verify import feeds_of, verify_files, verify_parity
-from minreal.facts import error_line
+from minreal.facts import ARM64_TARGET, error_line
 from minreal.runtime_bench.errors import ModelFileError
 
 __all__ = ["OrtFile", "Operators", "convert_to_ort", "config_path_for", "parse_operator_config",
@@ -346,6 +346,9 @@ def ort_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantConf
         OrtConversionError: the converter failed.
     """
     folder, source = Path(folder), Path(folder) / record.onnx
+    if ort.target_platform is None and record.quantization.get("target") == ARM64_TARGET:
+        # an arm64 INT8 file keeps its int8 QDQ fusions (ARM's graph), not the x86 uint8 rewrite of this machine
+        ort = replace(ort, target_platform="arm")
     inputs, fixed_batch = _parity_inputs(record, x, cfg)
     with tempfile.TemporaryDirectory(prefix=".minreal-ort-", dir=folder) as tmp:
         made = convert_to_ort(source, Path(tmp) / ort_paths(source, ort)[0].name, ort)
@@ -368,6 +371,8 @@ def ort_summary(ort: dict[str, Any], folder: str | os.PathLike[str] = ".") -> st
     parity."""
     parity = ort["parity"]
     batches = ", ".join(map(str, parity["batch_sizes"]))
+    platform = f", for {ort['target_platform']}" if ort.get("target_platform") else ""
     return (f"wrote {Path(folder) / ort['path']} ({ort['bytes']} bytes, optimisation {ort['optimization']}, "
-            f"{ort['style']}) and {Path(folder) / ort['config_path']} ({len(ort['operators'])} operators); ORT parity "
-            f"ok against {parity['against']} (max abs err {parity['max_abs_err']:.3g} at batch sizes {batches})")
+            f"{ort['style']}{platform}) and {Path(folder) / ort['config_path']} ({len(ort['operators'])} operators); "
+            f"ORT parity ok against {parity['against']} (max abs err {parity['max_abs_err']:.3g} at batch sizes "
+            f"{batches})")

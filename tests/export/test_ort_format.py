@@ -174,6 +174,19 @@ def test_cli_export_int8_and_fixed_shapes_in_ort_format(workdir: Path, run_cli: 
     assert session.get_inputs()[0].shape == [1, 3, 8, 8]  # the fixed file was converted
 
 
+def test_an_arm64_int8_file_is_converted_for_arm(workdir: Path, run_cli: Callable) -> None:
+    """An arm64 INT8 file keeps ARM's int8 fusions in its .ort file (the converter's arm platform), not the uint8
+    rewrite of this x86 machine's graph, unless a platform is asked for; and it still matches its .onnx source."""
+    code, out, err = run_cli(["export", "net.py:bn_net", "--out", "m.onnx", "--input-shape", "3,8,8", "--int8",
+                              "--allow-random-calibration", "--quant-target", "arm64", "--format", "onnx,ort",
+                              "--json", "-q"])
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["ort"]["target_platform"] is None  # the fp32 file runs anywhere
+    int8 = record["quantization"]["ort"]
+    assert int8["target_platform"] == "arm" and int8["parity"]["passed"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--format", "bogus"], "Invalid value for --format: expected comma-separated formats out of onnx, ort, got "
                             "'bogus'"),
