@@ -245,7 +245,7 @@ def test_without_catching_the_first_interrupt_aborts(teacher: nn.Module, unlabel
 
 
 def _held_out_split(data: Dataset, cfg: RecoveryConfig) -> Dataset:
-    return recover_mod._split(data, cfg)[1]
+    return recover_mod.recovery_split(data, cfg)[1]
 
 
 def test_cached_teacher_outputs_give_the_same_recovery(teacher: nn.Module, unlabelled: Dataset,
@@ -314,7 +314,7 @@ def test_batchnorm_is_recalibrated_on_a_bounded_seeded_subset(monkeypatch: pytes
     passes.clear()
     recover(net, copy.deepcopy(net), data, RecoveryConfig(epochs=2, batch_size=16, freeze_batchnorm=True))
     assert len(passes) == 3 and all(torch.equal(x, passes[0]) for x in passes)  # before the first epoch, after each
-    train = recover_mod._split(data, RecoveryConfig(epochs=1))[0]
+    train = recover_mod.recovery_split(data, RecoveryConfig(epochs=1))[0]
     assert len(passes[0]) == 30 and all(any(torch.equal(row, t) for t in train.x) for row in passes[0])
 
 
