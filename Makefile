@@ -8,7 +8,7 @@ GPU_WHEEL := $(or $(GPU),$(TRT))
 EXTRAS := test,$(if $(GPU_WHEEL),gpu,cpu)$(if $(TRT),$(comma)tensorrt,)
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install install-test demo lint test bench clean
+.PHONY: install install-test demo lint test test-all bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,9 @@ demo: install
 	$(BIN)/minreal demo --overwrite
 
 test: install lint
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+test-all: install lint
 	$(BIN)/python -m pytest -q tests
 
 lint: install
