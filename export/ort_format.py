@@ -12,7 +12,8 @@ the kernels the model needs, built with ``build.sh --minimal_build --include_ops
   JSON (``Cast{"inputs": {"0": ["float"]}}``; an operator without types needs all of them).
 - :func:`ort_variant` converts a verified variant and checks the ``.ort`` file's parity, loaded by ONNX Runtime: against
   the torch module (:func:`minreal.export.verify.verify_parity`) or, for a file torch does not reproduce within the
-  tolerance (INT8), against its source ``.onnx`` file (:func:`minreal.export.verify.verify_files`).
+  tolerance (INT8), against its source ``.onnx`` file (:func:`minreal.export.verify.verify_files`);
+  :func:`ort_copy` converts any ``.onnx`` file (a tune's ``chosen.onnx``) and checks it against that file.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,13 +37,20 @@ from minreal.export.json_safe import to_jsonable
 from minreal.export.quiet import Captured, captured_output
 from minreal.export.settings import OrtConfig, VariantConfig
 from minreal.export.variant import PARITY_BATCH_SIZES, VariantRecord, parity_inputs, record_axes, relative_to
-from minreal.export.verify import feeds_of, verify_files, verify_parity
+from minreal.export.verify import (
+    Feeds,
+    ParityResult,
+    feeds_of,
+    verify_files,
+    verify_parity,
+)
 from minreal.facts import ARM64_TARGET, error_line
+from minreal.runtime_bench.cpu import ARM_GRAPH_CONFIG
 from minreal.runtime_bench.errors import ModelFileError
 
 __all__ = ["OrtFile", "Operators", "convert_to_ort", "config_path_for", "parse_operator_config",
            "read_operator_config", "format_operator_config", "union_operators", "merge_operator_configs",
-           "operator_names", "ort_paths", "ort_summary", "ort_variant"]
+           "operator_names", "ort_copy", "ort_for_target", "ort_paths", "ort_summary", "ort_variant"]
 
 logger = logging.getLogger(__name__)
 
@@ -346,24 +354,82 @@ def ort_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantConf
         OrtConversionError: the converter failed.
     """
     folder, source = Path(folder), Path(folder) / record.onnx
-    if ort.target_platform is None and record.quantization.get("target") == ARM64_TARGET:
-        # an arm64 INT8 file keeps its int8 QDQ fusions (ARM's graph), not the x86 uint8 rewrite of this machine
-        ort = replace(ort, target_platform="arm")
+    ort = ort_for_target(ort, record.quantization.get("target"))
     inputs, fixed_batch = _parity_inputs(record, x, cfg)
+    if module is None:
+        check, against = _source_check(source, [feeds_of(i) for i in inputs], ort, cfg.rtol, cfg.atol)
+    else:
+        def check(path: str) -> ParityResult:
+            return verify_parity(module, path, inputs, cfg.rtol, cfg.atol, fixed_batch=fixed_batch)
+
+        against = {"against": "torch"}
+    return _checked_conversion(source, folder, ort, check, against)
+
+
+def ort_for_target(ort: OrtConfig, quant_target: str | None) -> OrtConfig:
+    """``ort`` for a file in ``quant_target``'s INT8 format (``None``: fp32): an arm64 INT8 file keeps its int8 QDQ
+    fusions (ARM's graph, the converter's ``arm`` platform), not the x86 uint8 rewrite of this machine, unless a
+    platform was asked for."""
+    if ort.target_platform is None and quant_target == ARM64_TARGET:
+        return replace(ort, target_platform="arm")
+    return ort
+
+
+def ort_copy(source: str | os.PathLike[str], feeds: Sequence[Feeds], ort: OrtConfig, rtol: float = VariantConfig.rtol,
+             atol: float = VariantConfig.atol, quant_target: str | None = None) -> dict[str, Any]:
+    """``NAME.ort`` and its configuration beside the ONNX file ``source``, written once the ``.ort`` file reproduces
+    ``source`` on each of ``feeds``, both run by ONNX Runtime (:func:`minreal.export.verify.verify_files`).
+
+    Args:
+        source: the ``.onnx`` file (e.g. a tune's ``chosen.onnx``).
+        feeds: inputs the two files are compared on (e.g. held-out rows at two batch sizes).
+        ort: the converter's settings.
+        rtol, atol: parity tolerances (default: an exported variant's, as :func:`ort_variant` checks).
+        quant_target: the INT8 format of ``source`` (``None``: fp32); an arm64 file is converted for the arm
+            platform (:func:`ort_for_target`).
+
+    Returns:
+        The :class:`OrtFile` as a dict with ``parity`` (``against``: ``source``'s name), paths relative to
+        ``source``'s folder.
+
+    Raises:
+        ParityError: the ``.ort`` file's outputs differ beyond the tolerance (nothing is written).
+        OrtConversionError: the converter failed.
+    """
+    source, ort = Path(source), ort_for_target(ort, quant_target)
+    check, against = _source_check(source, feeds, ort, rtol, atol)
+    return _checked_conversion(source, source.parent, ort, check, against)
+
+
+def _source_check(source: Path, feeds: Sequence[Feeds], ort: OrtConfig, rtol: float,
+                  atol: float) -> tuple[Callable[[str], ParityResult], dict[str, str]]:
+    """The parity check of an ``.ort`` file against its ``.onnx`` source, both run by ONNX Runtime, and what the record
+    says it was checked against. For an ``.ort`` file optimised for the arm platform the source runs in ONNX Runtime's
+    ARM graph (:data:`~minreal.runtime_bench.cpu.ARM_GRAPH_CONFIG`: the same int8 QDQ fusions, so the two agree
+    exactly); this x86 machine's own graph rewrites int8 activations to uint8, and the logits of trained arm64
+    ResNet-32 and SSM files differed from the ``.ort`` file's by up to 0.24 there (``benchmarks/edge.py``)."""
+    config = ARM_GRAPH_CONFIG if ort.target_platform == "arm" else None
+
+    def check(path: str) -> ParityResult:
+        return verify_files(source, path, feeds, rtol, atol, reference_config=config)
+
+    return check, {"against": source.name, **({"reference_graph": "arm"} if config else {})}
+
+
+def _checked_conversion(source: Path, folder: Path, ort: OrtConfig, check: Callable[[str], ParityResult],
+                        against: dict[str, str]) -> dict[str, Any]:
+    """Convert ``source`` in a temporary folder inside ``folder``, ``check`` the ``.ort`` file there, then move it and
+    its configuration into ``folder``: the record of :func:`ort_variant` and :func:`ort_copy`."""
     with tempfile.TemporaryDirectory(prefix=".minreal-ort-", dir=folder) as tmp:
         made = convert_to_ort(source, Path(tmp) / ort_paths(source, ort)[0].name, ort)
-        if module is None:
-            parity = verify_files(source, made.path, [feeds_of(i) for i in inputs], cfg.rtol, cfg.atol)
-        else:
-            parity = verify_parity(module, made.path, inputs, cfg.rtol, cfg.atol, fixed_batch=fixed_batch)
+        parity = check(made.path)
         final = replace(made, path=str(folder / Path(made.path).name),
                         config_path=str(folder / Path(made.config_path).name))
         for temporary, path in ((made.config_path, final.config_path), (made.path, final.path)):
             with atomic_path(path) as target:
                 os.replace(temporary, target)
         found = relative_to(to_jsonable(parity), Path(tmp))
-    return relative_to({**to_jsonable(final), "parity": {**found, "against": "torch" if module else record.onnx}},
-                       folder)
+    return relative_to({**to_jsonable(final), "parity": {**found, **against}}, folder)
 
 
 def ort_summary(ort: dict[str, Any], folder: str | os.PathLike[str] = ".") -> str:
@@ -372,7 +438,8 @@ def ort_summary(ort: dict[str, Any], folder: str | os.PathLike[str] = ".") -> st
     parity = ort["parity"]
     batches = ", ".join(map(str, parity["batch_sizes"]))
     platform = f", for {ort['target_platform']}" if ort.get("target_platform") else ""
+    graph = " in ONNX Runtime's ARM graph" if parity.get("reference_graph") == "arm" else ""
     return (f"wrote {Path(folder) / ort['path']} ({ort['bytes']} bytes, optimisation {ort['optimization']}, "
             f"{ort['style']}{platform}) and {Path(folder) / ort['config_path']} ({len(ort['operators'])} operators); "
-            f"ORT parity ok against {parity['against']} (max abs err {parity['max_abs_err']:.3g} at batch sizes "
+            f"ORT parity ok against {parity['against']}{graph} (max abs err {parity['max_abs_err']:.3g} at batch sizes "
             f"{batches})")

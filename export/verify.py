@@ -248,14 +248,17 @@ def verify_parity(
 
 
 def verify_files(reference: str | Path, candidate: str | Path, feeds: Sequence[Feeds], rtol: float = DEFAULT_RTOL,
-                 atol: float = DEFAULT_ATOL) -> ParityResult:
+                 atol: float = DEFAULT_ATOL, reference_config: Mapping[str, str] | None = None) -> ParityResult:
     """Check that ``candidate`` (e.g. the ORT-format copy of an INT8 file) reproduces ``reference``, both run by ONNX
-    Runtime's CPU provider on each of ``feeds``, with :func:`verify_parity`'s rule and result.
+    Runtime's CPU provider on each of ``feeds``, with :func:`verify_parity`'s rule and result; ``reference_config``:
+    session config entries of the reference's session (e.g. ONNX Runtime's ARM graph,
+    :data:`minreal.runtime_bench.cpu.ARM_GRAPH_CONFIG`, for a candidate optimised for ARM).
 
     Raises:
         ParityError: an output differs beyond tolerance, or in count or shape.
     """
-    want_session, got_session = create_session(Path(reference)), create_session(Path(candidate))
+    want_session = create_session(Path(reference), config=reference_config)
+    got_session = create_session(Path(candidate))
     names = [o.name for o in got_session.get_outputs()]
     checks: list[OutputParity] = []
     for x in feeds:

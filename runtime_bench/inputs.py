@@ -1,4 +1,5 @@
-"""Model input specifications (read from the ONNX file) and timing inputs built from them.
+"""Model input specifications (read from the ONNX file, or an ORT-format file's session) and timing inputs built
+from them.
 
 Data ``x`` is either one array (for single-input models) or a mapping from graph input name to array; every
 array holds the same number of rows along axis 0.
@@ -20,11 +21,16 @@ from .errors import BenchInputError, ModelFileError
 
 __all__ = ["InputSpec", "Data", "has_qdq", "input_specs", "index_bounds", "timing_inputs", "batch_inputs", "named_data",
            "check_values", "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto",
-           "check_external_data", "external_tensors"]
+           "check_external_data", "external_tensors", "ORT_SUFFIX"]
 
 Dim = int | str | None
 #: Evaluation/timing data: one array (single-input models) or arrays keyed by graph input name.
 Data = np.ndarray | Mapping[str, np.ndarray]
+ORT_SUFFIX = ".ort"
+"""The suffix by which ONNX Runtime loads a file in its ORT format (flatbuffers) rather than as ONNX."""
+#: ONNX Runtime's tensor type names (``tensor(float)``) → numpy dtype names, for an ``.ort`` file's inputs.
+_ORT_TYPES = {"float": "float32", "double": "float64", "float16": "float16", "int64": "int64", "int32": "int32",
+              "int16": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool"}
 #: Ops an index tensor may pass through unchanged on its way to a Gather (see :func:`index_bounds`).
 _INDEX_PASS_THROUGH = ("Cast", "Identity")
 
@@ -105,11 +111,28 @@ def has_qdq(path: Path) -> bool:
 
 
 def input_specs(path: Path) -> list[InputSpec]:
-    """Graph inputs of the model at ``path`` that are not initializers."""
+    """Graph inputs of the model at ``path`` that are not initializers; of an ORT-format file (``.ort``, which the
+    onnx package cannot read), as ONNX Runtime's session reports them (no embedding bounds)."""
+    if Path(path).suffix == ORT_SUFFIX:
+        return _ort_input_specs(Path(path))
     graph = load_model_proto(path).graph
     initializers = {init.name for init in graph.initializer}
     bounds = index_bounds(graph)
     return [_spec(value, bounds.get(value.name)) for value in graph.input if value.name not in initializers]
+
+
+def _ort_input_specs(path: Path) -> list[InputSpec]:
+    """The inputs of an ORT-format file, read from a CPU session."""
+    from .sessions import create_session
+
+    specs = []
+    for arg in create_session(path).get_inputs():
+        dtype = arg.type.removeprefix("tensor(").removesuffix(")")
+        if dtype not in _ORT_TYPES:
+            raise BenchInputError(f"{path}: input {arg.name!r} has type {arg.type}, which the benchmark cannot feed")
+        specs.append(InputSpec(arg.name, _ORT_TYPES[dtype], tuple(d if isinstance(d, int) else d or None
+                                                                  for d in arg.shape)))
+    return specs
 
 
 def index_bounds(graph: onnx.GraphProto) -> dict[str, int]:

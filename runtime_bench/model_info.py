@@ -13,8 +13,8 @@ import onnx
 
 from minreal.facts import INTEGER_OPS
 
-from .errors import ProviderUnavailableError
-from .inputs import external_tensors, load_model_proto
+from .errors import ModelFileError, ProviderUnavailableError
+from .inputs import ORT_SUFFIX, external_tensors, load_model_proto
 from .providers import provider_mismatch, provider_name
 from .sessions import create_session
 
@@ -36,15 +36,20 @@ class ModelInfo:
     name: str
     path: str
     file_size_bytes: int
-    node_count: int
+    node_count: int | None
+    """Nodes of the ONNX graph; None for an ORT-format file (``.ort``), whose graph the onnx package cannot read."""
     opset: int | None
     gzip_bytes: int = 0
     """The graph and its external data files compressed (:func:`gzip_bytes`): what the model adds to a download."""
 
 
 def model_info(name: str, path: Path) -> ModelInfo:
-    """Read size, node count and default-domain opset of the model at ``path``."""
+    """Read size, node count and default-domain opset of the model at ``path`` (of an ``.ort`` file: its size)."""
     path = Path(path)
+    if path.suffix == ORT_SUFFIX:
+        if not path.is_file():
+            raise ModelFileError(f"model file not found: {path}")
+        return ModelInfo(name, str(path), path.stat().st_size, None, None, gzip_bytes([path]))
     model = load_model_proto(path)
     opsets = {o.domain: o.version for o in model.opset_import}
     return ModelInfo(
@@ -60,7 +65,7 @@ def model_info(name: str, path: Path) -> ModelInfo:
 def model_files(path: Path, model: onnx.ModelProto | None = None) -> list[Path]:
     """The graph file at ``path`` and every external data file it names that exists (each once)."""
     path = Path(path)
-    if path.suffix != ".onnx":  # an .ort file (flatbuffers) has no external data
+    if path.suffix == ORT_SUFFIX:  # an .ort file (flatbuffers) has no external data
         return [path]
     model = load_model_proto(path) if model is None else model
     locations = {next((e.value for e in t.external_data if e.key == "location"), "") for t in external_tensors(model)}

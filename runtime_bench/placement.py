@@ -23,7 +23,7 @@ import onnx
 
 from minreal.facts import INTEGER_KERNEL_OPS, PROVIDERS
 
-from .inputs import load_model_proto
+from .inputs import ORT_SUFFIX, load_model_proto
 from .runtime import onnxruntime_module
 from .sessions import session_options
 
@@ -147,7 +147,10 @@ def node_macs(op_type: str, inputs: Sequence[Shape | None], outputs: Sequence[Sh
 def graph_macs(path: Path, input_shapes: Mapping[str, Shape]) -> dict[str, int | None]:
     """MACs of the named Conv/Gemm/MatMul nodes of the model at ``path``, from onnx shape inference with its
     inputs fixed to ``input_shapes``; ``{}`` when shape inference fails. Only nodes onnxruntime did not rename
-    while optimising match a profile's kernel names, so :func:`parse_profile` prefers the profile's own shapes."""
+    while optimising match a profile's kernel names, so :func:`parse_profile` prefers the profile's own shapes. An
+    ORT-format file (``.ort``), which the onnx package cannot read, gives ``{}`` too."""
+    if Path(path).suffix == ORT_SUFFIX:
+        return {}
     model = load_model_proto(Path(path))
     for value in model.graph.input:
         for dim, n in zip(value.type.tensor_type.shape.dim, input_shapes.get(value.name, ())):

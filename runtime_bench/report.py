@@ -278,7 +278,8 @@ def _environment_lines(env: dict[str, Any]) -> str:
 
 def _model_rows(report: BenchReport) -> Rows:
     headers = ["model", "path", "size bytes", "gzip bytes", "nodes", "opset"]
-    rows = [[m.name, m.path, str(m.file_size_bytes), str(m.gzip_bytes), str(m.node_count), str(m.opset)]
+    rows = [[m.name, m.path, str(m.file_size_bytes), str(m.gzip_bytes),
+             _opt(m.node_count, "{}"), _opt(m.opset, "{}")]
             for m in report.models]
     return headers, rows
 

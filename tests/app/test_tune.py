@@ -235,6 +235,59 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(workdir: Path, run_cli:
     assert dry["estimated_total_s"] == pytest.approx(sum(dry["estimated_s"].values()), abs=0.5)
 
 
+def test_tune_format_ort_converts_the_chosen_file_and_checks_it_against_chosen_onnx(workdir: Path,
+                                                                                    run_cli: Callable) -> None:
+    """``--format onnx,ort``: chosen.ort and chosen.required_operators.config beside chosen.onnx, the .ort file loads
+    in ONNX Runtime and gives chosen.onnx's outputs, and the report, report.md and console name it; with nothing
+    chosen nothing is converted and the console says so; an --ort-* option without ort in --format is a usage error."""
+    from minreal.export.ort_format import read_operator_config
+    from minreal.export.variant import PARITY_BATCH_SIZES
+
+    args = ["tune", "--allow-data-mismatch", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
+            "-m", "svd", "--grid", "0.5", "--cache-dir", "cache", "--screen-seconds", "0.02", "--min-seconds", "0.02",
+            "--repeats", "1", "--no-qat"]
+    code, out, err = run_cli([*args, "--out", "t", "--format", "onnx,ort", "--ort-optimization", "basic"])
+    assert code == 0, err
+    report = json.loads(Path("t/report.json").read_text())
+    record = report["chosen_ort"]
+    assert record["path"] == "chosen.ort" and record["config_path"] == "chosen.required_operators.config"
+    assert record["optimization"] == "basic" and Path("t/chosen.ort").stat().st_size == record["bytes"]
+    assert record["parity"]["against"] == "chosen.onnx" and record["parity"]["passed"]
+    assert record["parity"]["batch_sizes"] == list(PARITY_BATCH_SIZES) and 0 < record["gzip_bytes"]
+    assert read_operator_config("t/chosen.required_operators.config")  # the operators a minimal build needs
+    x = np.random.default_rng(0).normal(size=(5, 64)).astype(np.float32)
+    got, want = (ort.InferenceSession(f"t/chosen.{ext}", providers=["CPUExecutionProvider"]) for ext in ("ort", "onnx"))
+    np.testing.assert_allclose(got.run(None, {got.get_inputs()[0].name: x})[0],
+                               want.run(None, {want.get_inputs()[0].name: x})[0], rtol=1e-4, atol=1e-5)
+    assert "ORT format: wrote chosen.ort" in out
+    assert "chosen.ort, chosen.required_operators.config; candidate cache" in out
+    assert "--include_ops_by_config chosen.required_operators.config" in Path("t/report.md").read_text()
+    code, out, err = run_cli([*args, "--out", "n", "--format", "onnx,ort", "--max-size", "0.01"])
+    assert code == 0, err
+    assert "ORT format: no model was chosen, so nothing was converted" in out
+    assert not Path("n/chosen.onnx").exists() and not Path("n/chosen.ort").exists()
+    assert json.loads(Path("n/report.json").read_text())["chosen_ort"] is None
+    code, _, err = run_cli([*args, "--out", "u", "--ort-platform", "arm"])
+    assert code == 2 and "--ort-platform applies to the ORT-format file: add --format onnx,ort" in err
+    assert not Path("u").exists()
+
+
+def test_an_arm64_int8_choice_is_converted_for_the_arm_platform(trained_mlp, tmp_path: Path,
+                                                                shared_cache: Path) -> None:
+    """An INT8 file in the arm64 format keeps ARM's int8 fusions in chosen.ort (the converter's arm platform), as
+    ``run`` and ``export`` convert it, and still matches chosen.onnx."""
+    from minreal.export.settings import OrtConfig
+
+    model, tr, te = trained_mlp
+    cfg = TuneConfig(Constraint(max_accuracy_drop=100.0), objective="size", methods=("svd",), grid=(0.9,),
+                     quant_target="arm64", qat=False, screen=FAST, confirm=FAST, ort=OrtConfig())
+    report = tune(model, tr, te, cfg, tmp_path / "a", shared_cache, executor=InlineExecutor())
+    chosen = next(c for c in report.candidates if c.label == report.chosen)
+    assert chosen.precision == "int8"  # the smallest file that meets a 100-point drop is an INT8 one
+    assert report.chosen_ort["target_platform"] == "arm" and report.chosen_ort["parity"]["passed"]
+    assert (tmp_path / "a" / "chosen.ort").is_file()
+
+
 def test_size_objective_picks_the_smallest_feasible_file_of_all(trained_mlp, tmp_path: Path,
                                                                shared_cache: Path) -> None:
     """Size needs no timing: the smallest file that meets the constraint wins even off the latency front."""

@@ -83,6 +83,24 @@ def test_without_data_uses_random_inputs(reference_model: Path, perturbed_model:
     assert len(report.ratios) == 1
 
 
+def test_an_ort_format_file_is_timed_beside_its_onnx_file(tmp_path: Path, reference_model: Path, data) -> None:
+    """An ``.ort`` file (ONNX Runtime's ORT format, which the onnx package cannot read): its size and gzip bytes, its
+    inputs from its session, its agreement with the ``.onnx`` file and its latency in fresh processes."""
+    from minreal.runtime_bench.inputs import input_specs
+    from minreal.runtime_bench.sessions import create_session
+
+    ort_file = tmp_path / "reference.ort"
+    create_session(reference_model, optimized_model_path=ort_file)  # ONNX Runtime saves ORT format by the suffix
+    assert input_specs(ort_file) == input_specs(reference_model)
+    x, y = data
+    report = run_benchmark([ModelEntry("onnx", reference_model), ModelEntry("ort", ort_file)], BenchConfig(**FAST),
+                           x, y)
+    info = report.models[1]
+    assert info.file_size_bytes == ort_file.stat().st_size and 0 < info.gzip_bytes and info.node_count is None
+    assert report.metrics[1].top1_agreement == 1.0 and report.metrics[1].accuracy == 1.0
+    assert {r.model for r in report.latency} == {"onnx", "ort"}
+
+
 def test_missing_model_file_is_one_line_naming_it(tmp_path: Path, reference_model: Path) -> None:
     missing = tmp_path / "compressed.onnx"
     with pytest.raises(ModelFileError) as info:

@@ -130,6 +130,19 @@ def test_graph_macs_from_shape_inference(cnn: Path) -> None:
     assert graph_macs(cnn, {}) == {"conv": None, "head": None}  # the symbolic batch stays unknown
 
 
+def test_an_ort_format_file_has_no_graph_to_count_and_is_still_placed(cnn: Path, tmp_path: Path) -> None:
+    """An ``.ort`` file (which the onnx package cannot read): no MACs from shape inference, and its placement comes
+    from the profile alone."""
+    from minreal.runtime_bench.sessions import create_session
+
+    ort_file = tmp_path / "cnn.ort"
+    create_session(cnn, optimized_model_path=ort_file)  # ONNX Runtime saves ORT format by the suffix
+    assert graph_macs(ort_file, {"x": (BATCH, C, HW, HW)}) == {}
+    feeds = {"x": np.ones((BATCH, C, HW, HW), np.float32)}
+    placed = measure_placement(ort_file, CPU, 1, feeds)
+    assert placed.node_share == 1.0 and not placed.fallback
+
+
 @pytest.mark.parametrize("placement", [True, False])
 def test_worker_measures_placement_only_when_asked(cnn: Path, placement: bool) -> None:
     job = WorkerJob(names=["a", "b"], paths=[str(cnn)] * 2, provider=CPU, batch_size=BATCH, threads=1, warmup=1,

@@ -24,6 +24,8 @@ from minreal.app.options import (
     image_preprocess,
     method_choice,
     mismatch_option,
+    ort_config,
+    ort_options,
     providers_option,
     quant_target_for,
     quant_target_option,
@@ -78,6 +80,7 @@ __all__ = ["tune_cmd"]
 @click.option("--no-int8", is_flag=True, help="fp32 candidates only (the original's INT8 is then no baseline).")
 @click.option("--no-qat", is_flag=True, help="No quantisation-aware recovery candidates.")
 @quant_target_option
+@ort_options
 @click.option("--screen-seconds", type=click.FloatRange(min=0), default=None,
               help="Timing window per model of the screening pass (short protocol, one process).")
 @click.option("--min-seconds", type=click.FloatRange(min=0), default=None,
@@ -113,7 +116,8 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
              dynamic_axes: tuple[str, ...], stats_samples: int, dry_run: bool, quiet: bool, as_json: bool,
              **opts: Any) -> None:
     """Find the fastest deployable model within a quality budget, measured on the target runtime, against the
-    original in fp32 and INT8. Writes report.json/.md, front.png and chosen.onnx (chosen.pt2) into --out."""
+    original in fp32 and INT8. Writes report.json/.md, front.png and chosen.onnx (chosen.pt2; with --format onnx,ort
+    also chosen.ort and chosen.required_operators.config) into --out."""
     import dataclasses
 
     batch_sizes = split_ints(batch, "--batch")  # option errors before the heavy imports below
@@ -126,6 +130,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
 
     con = Console(quiet, as_json)
     preprocess, allow_mismatch = image_preprocess(opts), opts.pop("allow_data_mismatch")
+    ort = ort_config(opts)
     screen = {"min_seconds": screen_seconds} if screen_seconds is not None else {}
     confirm = {k: v for k, v in (("min_seconds", min_seconds), ("repeats", repeats)) if v is not None}
     try:  # the options' errors are usage errors, told before any heavy import
@@ -138,7 +143,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
                          time_budget_s=parse_duration(time_budget) if time_budget else None,
                          screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),
                          workers=workers, dynamic_axes=shape_options((), dynamic_axes)[1] if dynamic_axes else {},
-                         stats_samples=stats_samples)
+                         stats_samples=stats_samples, ort=ort)
     except TuneError as exc:
         raise click.UsageError(str(exc)) from None
     refuse_torchrun("tune")
@@ -176,6 +181,8 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
         commit_run_dir(claim)
     con.table(format_tune(report))
     files = "report.md, report.json, front.png" + (", chosen.onnx" if report.chosen else "")
+    if report.chosen_ort:
+        files += f", {report.chosen_ort['path']}, {report.chosen_ort['config_path']}"
     con.table(f"\ntune directory: {out} ({files}; candidate cache {cache})")
     con.result(json.loads((Path(out) / "report.json").read_text()))  # paths relative to the tune directory
 

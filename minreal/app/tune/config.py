@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from minreal.export.settings import OrtConfig
+
 __all__ = ["Constraint", "Quality", "TuneConfig", "TuneError", "Protocol", "parse_duration", "SCREEN", "CONFIRM",
            "DEFAULT_GRID"]
 
@@ -155,6 +157,9 @@ class TuneConfig:
     pretrained ResNet-32 and real CIFAR-10 images: factorize's prepare took 24.5 s on 1,024 images and 189 s on
     all 7,000; at MAC ratios 0.9, 0.7 and 0.5 every layer's rank is the same, at 0.3 two of 31 differ by one, and
     held-out top-1 differs by at most 0.7 pp (0.2 pp above a ratio of 0.5)."""
+    ort: OrtConfig | None = None
+    """``--format onnx,ort``: the converter's settings for ``chosen.ort`` (ONNX Runtime's ORT format of the chosen
+    file, with ``chosen.required_operators.config``); None: ``chosen.onnx`` only."""
     halving_eta: int = 3
     """Successive halving of the recovered candidates (:mod:`.halving`): each rung keeps ``1/eta`` of its
     candidates and gives them ``eta`` times the recovery."""

@@ -14,7 +14,7 @@ from .config import Constraint
 from .run import TuneReport
 
 __all__ = ["write_tune_dir", "plot_tune", "candidate_rows", "format_tune", "render_tune_markdown", "int8_format_line",
-           "CANDIDATE_HEADERS"]
+           "ort_line", "CANDIDATE_HEADERS"]
 
 CANDIDATE_HEADERS = ("model", "kind", "precision", "MAC ratio", "recovery", "KB", "gzip KB", "accuracy", "agreement",
                      "MSE", "loss", "meets", "screen p50 ms", "confirmed p50 ms", "front", "chosen")
@@ -57,6 +57,19 @@ def int8_format_line(report: TuneReport) -> str:
     return f"INT8 files: {target} ({target_format(target)})"
 
 
+def ort_line(report: TuneReport) -> str:
+    """``ORT format: wrote chosen.ort (...)``: the chosen file's ORT-format copy, its configuration and parity
+    (``--format onnx,ort``), or that nothing was chosen and so nothing converted; ``""`` without ``--format ort``."""
+    from minreal.export.ort_format import ort_summary
+
+    if report.chosen_ort:
+        gz = report.chosen_ort.get("gzip_bytes")
+        return f"ORT format: {ort_summary(report.chosen_ort)}" + (f"; gzip {gz / 1024:.1f} KB" if gz else "")
+    if report.config.get("ort"):
+        return "ORT format: no model was chosen, so nothing was converted"
+    return ""
+
+
 def format_tune(report: TuneReport) -> str:
     """Console view: the candidates table, the INT8 format, the fronts and the verdict."""
     first = f"{report.config['providers'][0]}/b{report.config['batch_sizes'][0]}"
@@ -66,6 +79,8 @@ def format_tune(report: TuneReport) -> str:
         lines.append(line)
     lines += [f"front {cell}: {' < '.join(labels) or '-'}" for cell, labels in report.front.items()]
     lines.append(f"verdict: {report.verdict}")
+    if line := ort_line(report):
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -77,6 +92,7 @@ def render_tune_markdown(report: TuneReport) -> str:
     out += ["| " + " | ".join(r) + " |" for r in candidate_rows(report)]
     if line := int8_format_line(report):
         out += ["", line]
+    out += _ort_section(report)
     out += ["", "## Pareto fronts (screened latency vs quality, candidates that meet the constraint)", ""]
     out += [f"- {cell}: {' < '.join(labels) or '-'}" for cell, labels in report.front.items()]
     out += ["", "## Searches (MAC-ratio bisection on held-out quality in torch)", ""]
@@ -97,6 +113,17 @@ def render_tune_markdown(report: TuneReport) -> str:
     out += ["", "## Counts", "", ", ".join(f"{k} {v}" for k, v in report.counts.items())]
     out += [f"- note: {n}" for n in report.notes]
     return "\n".join(out) + "\n"
+
+
+def _ort_section(report: TuneReport) -> list[str]:
+    """report.md lines on ``chosen.ort`` (``--format onnx,ort``): the file, its parity and the minimal build's
+    option; none without ``--format ort``."""
+    line = ort_line(report)
+    if not line:
+        return []
+    build = ("" if not report.chosen_ort else f" A minimal build of ONNX Runtime that runs it: `./build.sh "
+             f"--minimal_build --include_ops_by_config {report.chosen_ort['config_path']}`.")
+    return ["", "## ORT format (the chosen model)", "", line + "." + build]
 
 
 def _halving_lines(halving: dict[str, Any] | None) -> list[str]:

@@ -132,6 +132,9 @@ class TuneReport:
     (summed over candidates, so with several workers they can exceed the search's wall time), and the tune's own
     ``baselines`` (export, quantisation, accuracy control), ``search`` (wall time of all candidate rounds),
     ``ort_quality``, ``screen`` and ``confirm``."""
+    chosen_ort: dict[str, Any] | None = None
+    """With ``--format onnx,ort`` and a chosen model: ``chosen.ort`` and its configuration
+    (:func:`minreal.export.ort_format.ort_copy`'s record, with ``gzip_bytes``), checked against ``chosen.onnx``."""
 
 
 @dataclass(frozen=True)
@@ -710,12 +713,14 @@ def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: Tun
     say(f"[tune] {verdict}")
     if chosen is not None:
         _write_chosen(chosen, folder)
+    chosen_ort = _chosen_ort(chosen, folder, held_out, cfg, notes, say) if cfg.ort is not None else None
     return TuneReport(TUNE_SCHEMA_VERSION, "tune", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
                       to_jsonable(cfg), cfg.describe_limits(), {}, [], candidates, front,
                       None if chosen is None else chosen.label, verdict, {}, 0.0,
                       relative_to(screen, folder), relative_to(confirm, folder),
                       measured_on={name: {"host": o.host, "pid": o.pid}
-                                   for name, o in (("screen", screened), ("confirm", confirmed_run))})
+                                   for name, o in (("screen", screened), ("confirm", confirmed_run))},
+                      chosen_ort=chosen_ort)
 
 
 def _record_confirmation(confirmed: list[Candidate], confirm: dict[str, Any]) -> None:
@@ -732,6 +737,25 @@ def _write_chosen(c: Candidate, folder: Path) -> None:
     pt2 = c.pt2 if c.precision == "fp32" else None
     if pt2:
         shutil.copyfile(pt2, folder / "chosen.pt2")
+
+
+def _chosen_ort(chosen: Candidate | None, folder: Path, held_out: Dataset, cfg: TuneConfig, notes: list[str],
+                say: Progress) -> dict[str, Any] | None:
+    """``chosen.ort`` and ``chosen.required_operators.config`` (``--format onnx,ort``), checked against
+    ``chosen.onnx`` on held-out rows at the parity batch sizes; an INT8 file in the tune's format (arm64: for the
+    arm platform). Nothing chosen: nothing converted, and a note says so."""
+    from minreal.export.ort_format import ort_copy
+    from minreal.export.variant import parity_inputs
+    from minreal.runtime_bench.model_info import gzip_bytes
+
+    if chosen is None:
+        notes.append("--format onnx,ort: no model was chosen, so nothing was converted to ORT format")
+        return None
+    say("[tune] converting chosen.onnx to ORT format (chosen.ort) and checking it against chosen.onnx")
+    feeds = [feeds_of(x) for x in parity_inputs(held_out.x, cfg.dynamic_axes or None)]
+    target = None if chosen.precision == "fp32" else cfg.quant_target
+    record = ort_copy(folder / "chosen.onnx", feeds, cfg.ort, quant_target=target)
+    return {**record, "gzip_bytes": gzip_bytes([folder / record["path"]])}
 
 
 def _choose(confirmed: list[Candidate], candidates: list[Candidate], cell: str, cfg: TuneConfig,
