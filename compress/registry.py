@@ -292,7 +292,8 @@ def prepare(model: nn.Module, data: Dataset, method: str, config: Any = None,
 
 
 def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | None = None,
-            held_out: Dataset | None = None, measure: bool = True) -> tuple[nn.Module, CompressionReport]:
+            held_out: Dataset | None = None, measure: bool = True, recover_after: bool = True
+            ) -> tuple[nn.Module, CompressionReport]:
     """The per-budget phase: the compressed module for ``config``'s budget from ``prepared``, with the shared cost
     fields, the output comparison on the prepared data and an optional recovery, as :func:`compress` gives.
     ``measure=False`` skips the output comparison on the prepared data (a pass of both models over all of it) for a
@@ -331,12 +332,14 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
         t0 = time.perf_counter()
         report.measured.update(compare_outputs(model, new, data))
         report.timings_s["measure"] = time.perf_counter() - t0
+    if not recover_after:
+        return new, report
     return apply_recovery(report, model, new, data, recovery, held_out, measure), report
 
 
 def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
-             recovery: RecoveryConfig | None = None, held_out: Dataset | None = None, measure: bool = True
-             ) -> tuple[nn.Module, CompressionReport]:
+             recovery: RecoveryConfig | None = None, held_out: Dataset | None = None, measure: bool = True,
+             recover_after: bool = True) -> tuple[nn.Module, CompressionReport]:
     """Run a registered method (:func:`prepare`, then :func:`realise`), then fill the shared cost fields and the
     output comparison on ``data`` (unless ``measure`` is off: a caller that measures on its own held-out data
     saves a pass of both models over ``data``).
@@ -345,9 +348,10 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
     ``__post_init__``), so fields changed after construction are checked too. A method that measured the
     comparison itself (on a held-out split, or before fine-tuning) keeps its own numbers. An enabled
     ``recovery`` then distils ``model`` into the result on ``data`` (:func:`apply_recovery`, which also measures
-    both models on ``held_out`` when given).
+    both models on ``held_out`` when given). ``recover_after=False`` only hands ``recovery`` to a method that takes it
+    (a chain's last step: the chain recovers once, at its end).
     """
-    return realise(prepare(model, data, method, config), config, recovery, held_out, measure)
+    return realise(prepare(model, data, method, config), config, recovery, held_out, measure, recover_after)
 
 
 def chain_label(methods: Sequence[str]) -> str:
@@ -367,8 +371,10 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
     original ``model``.
     """
     current, summaries, reports = model, [], []
-    for method, config in steps:
-        current, rep = compress(current, data, method, config)
+    for i, (method, config) in enumerate(steps):
+        # the recovery trains the last step's result: a method that takes it (cbalanced) sees it there alone
+        last = i == len(steps) - 1 and get_method(method).takes_recovery
+        current, rep = compress(current, data, method, config, recovery if last else None, recover_after=False)
         reports.append(rep)
         summaries.append({"method": method, "config": rep.config, "mac_ratio": rep.mac_ratio,
                           "param_ratio": rep.param_ratio, "budget": rep.predicted.get("budget")})

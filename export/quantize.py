@@ -214,6 +214,9 @@ class QuantConfig:
                 raise ValueError(f"QuantConfig.{name}={value!r} is not one of {allowed}")
         if self.mode == "dynamic" and self.target == "tensorrt":
             raise ValueError("mode='dynamic' emits integer ops TensorRT cannot read; use mode='static' for tensorrt")
+        if self.mode == "dynamic" and self.target == ARM64_TARGET:
+            raise ValueError("mode='dynamic' quantises activations to uint8 at run time, not arm64's symmetric int8 "
+                             "(S8S8); use mode='static' for arm64")
         if self.batch_size < 1 or self.random_samples < 1:
             raise ValueError("QuantConfig.batch_size and random_samples must be positive")
 

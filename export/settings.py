@@ -118,6 +118,12 @@ class VariantConfig:
     tensorrt_batch: tuple[int, int, int] = (1, 32, 32)
     drop_roundtrips: bool = DROP_ROUNDTRIPS
 
+    def __post_init__(self) -> None:
+        if self.quant_mode == "dynamic" and self.quant_target in ("tensorrt", ARM64_TARGET):
+            # told before any export: dynamic INT8 has uint8 activations quantised at run time, neither format's
+            raise ValueError(f"--quant-mode dynamic cannot write the {self.quant_target} INT8 format (its "
+                             "activations are quantised to uint8 at run time); use --quant-mode static")
+
     def quant_config(self) -> QuantConfig:
         """The :class:`QuantConfig` these settings ask for."""
         from minreal.export.quantize import QuantConfig  # onnx and onnxruntime: only when a variant is quantised

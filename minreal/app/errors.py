@@ -37,6 +37,10 @@ def usage_errors() -> tuple[type[BaseException], ...]:
             BenchInputError, CheckError, ModelFileError, ReportSchemaError, UnknownProviderError)
 
 
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+"""What click (>= 8.2) raises for a group called without arguments; older versions print the help themselves."""
+
+
 def invoke(group: click.Group, argv: list[str] | None) -> None:
     """Run ``group`` on ``argv`` and turn whatever it raises into one line on stderr and :func:`sys.exit` with the
     table's exit code."""
@@ -47,6 +51,9 @@ def invoke(group: click.Group, argv: list[str] | None) -> None:
     except click.Abort:
         click.echo("minreal: aborted", err=True)
         sys.exit(FAIL_EXIT)
+    except _NO_ARGS_IS_HELP as exc:  # `minreal` alone: the help itself, not an error line
+        exc.show()
+        sys.exit(USAGE_EXIT)
     except click.UsageError as exc:  # one line, as every other error: what is wrong, and where the help is
         path = exc.ctx.command_path if exc.ctx is not None else "minreal"
         hint = f" (see `{path} --help`)" if exc.ctx is not None else ""

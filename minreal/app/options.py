@@ -127,11 +127,12 @@ def method_options(fn: Callable) -> Callable:
     return fn
 
 
-def method_choice() -> click.Choice:
-    """``--method``'s choices: the registered methods."""
-    from minreal.compress import method_names
+def method_choice(budget: str | None = None) -> click.Choice:
+    """``--method``'s choices: the registered methods (those that take ``budget``, a whole-model budget field such
+    as ``mac_ratio``, when given: what ``tune`` can search)."""
+    from minreal.compress import get_method, method_names
 
-    return click.Choice(method_names())
+    return click.Choice([n for n in method_names() if budget is None or budget in get_method(n).budgets])
 
 
 def split_ints(value: str, name: str) -> tuple[int, ...]:

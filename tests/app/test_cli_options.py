@@ -237,6 +237,9 @@ def test_compress_takes_one_method_and_run_each_method_once(workdir: Path, run_c
     code, _, err = run_cli(["tune", "net.py:make", "-m", "svd", "-m", "svd", "--data", "digits-flat",
                             "--max-accuracy-drop", "1", "--out", "runs/tune-twice"])
     assert code == 2 and "-m svd given twice" in err and not Path("runs/tune-twice").exists()
+    code, _, err = run_cli(["tune", "net.py:make", "-m", "cbalanced", "--data", "digits-flat",
+                            "--max-accuracy-drop", "1"])
+    assert code == 2 and "'cbalanced' is not one of" in err  # tune searches MAC budgets; cbalanced has none
     code, _, err = run_cli(["tune", "net.py:make", "--methods", "svd", "--data", "digits-flat"])
     assert code == 2 and "No such option '--methods'" in err  # one spelling in every command: -m/--method
     # click's own usage errors are one line too, naming the command and where its help is
@@ -256,3 +259,8 @@ def test_run_and_tune_range_check_their_timing_options(argv: list[str], workdir:
     code, _, err = run_cli(argv)
     flag = argv[-2]
     assert code == 2 and f"Invalid value for '{flag}'" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_minreal_alone_prints_its_help_not_an_error(run_cli) -> None:
+    code, out, err = run_cli([])
+    assert "Usage: minreal" in out + err and "error:" not in out + err and "Commands:" in out + err

@@ -228,3 +228,14 @@ def test_cli_bad_format_options_are_one_line(workdir: Path, run_cli: Callable, a
     code, out, err = run_cli(["export", "net.py:bn_net", "--out", "m.onnx", "--input-shape", "3,8,8", *args])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and not out
     assert sorted(p.name for p in workdir.iterdir()) == ["net.py"]
+
+
+def test_dynamic_int8_cannot_be_arm64_or_tensorrt() -> None:
+    """Dynamic INT8 quantises activations to uint8 at run time: neither arm64's nor TensorRT's format, refused when
+    the settings are made (before any export)."""
+    from minreal.export.settings import VariantConfig
+
+    for target in ("arm64", "tensorrt"):
+        with pytest.raises(ValueError, match="--quant-mode dynamic cannot write the"):
+            VariantConfig(quant_target=target, quant_mode="dynamic")
+    assert VariantConfig(quant_target="arm64").quant_mode == "static"

@@ -256,10 +256,12 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig,
     cfg = config
     if cfg.init == "scratch" and recovery is None:
         raise CompressionError("cbalanced --init scratch builds an untrained network: give a recovery budget "
-                               "(--recover-epochs N or --recover-steps N), which trains it, or use --init warm")
+                               "(--recover-epochs N or --recover-steps N), which trains it (in a plan chain, as its "
+                               "last step), or use --init warm")
     if cfg.controls and recovery is None:
         raise CompressionError("cbalanced --controls trains the other start and the uniform-width control with the "
-                               "run's recovery: give a recovery budget (--recover-epochs N or --recover-steps N)")
+                               "run's recovery: give a recovery budget (--recover-epochs N or --recover-steps N; in a "
+                               "plan chain, as its last step)")
     report = CompressionReport("cbalanced", asdict(cfg))
     model.eval()
     # the Gramians never see the samples the recovery holds out for its early stopping and metrics

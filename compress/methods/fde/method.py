@@ -173,9 +173,11 @@ def fde_prepare(model: nn.Module, data: Dataset, config: FDEConfig) -> FDEPrepar
 
 def fde_realise(prep: FDEPrepared, config: FDEConfig) -> tuple[nn.Module, CompressionReport]:
     """The per-ε (per-budget) phase: merges at ``merge_eps`` or to the budget, the merged model and its report."""
-    report = CompressionReport("fde", asdict(config))
     if prep.graph is None:
+        config = config.for_mlp()  # the report records the options the MLP path runs with (compensation on)
+        report = CompressionReport("fde", asdict(config))
         return _fde_mlp(prep.model, prep.data, config, report), report
+    report = CompressionReport("fde", asdict(config))
     return graph_realise(prep.graph, config, report), report
 
 

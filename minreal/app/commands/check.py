@@ -34,9 +34,9 @@ __all__ = ["check_cmd"]
 @click.option("--max-int8-drop", type=float,
               help="Highest allowed accuracy drop of each INT8 file against its own fp32 source (NAME.int8 vs NAME), "
                    "percentage points: the loss quantisation alone causes.")
-@click.option("--max-size", "max_size_kb", type=click.FloatRange(min=0), metavar="KB",
-              help="Largest allowed file size in KiB (graph and external data on disk) of every model but the first "
-                   "(of the one model of a one-model report).")
+@click.option("--max-size", "max_size_kb", type=click.FloatRange(min=0, min_open=True), metavar="KB",
+              help="Largest allowed file size in KB (KiB, 1024 bytes; graph and external data on disk) of every model "
+                   "but the first (of the one model of a one-model report).")
 @click.option("--max-size-ratio", type=click.FloatRange(min=0, min_open=True),
               help="Largest allowed file size of every model relative to the first model's.")
 @common

@@ -57,8 +57,8 @@ __all__ = ["tune_cmd"]
               help="Lowest allowed top-1 agreement with the original (0-1), as in `minreal check`.")
 @click.option("--max-mse-increase", type=float, metavar="VALUE", help="Largest allowed MSE increase (regressors).")
 @click.option("--max-size", "max_size_kb", type=click.FloatRange(min=0, min_open=True), metavar="KB",
-              help="Largest deployable file in KiB (on disk, with external data): a constraint beside the quality "
-                   "one, on every file including the original's.")
+              help="Largest deployable file in KB (KiB, 1024 bytes; on disk, with external data): a constraint "
+                   "beside the quality one, on every file including the original's.")
 @click.option("--objective", type=click.Choice(["latency", "size"]), default="latency", show_default=True,
               help="What the chosen model minimises among those that meet the constraint.")
 @click.option("--time-budget", metavar="DURATION",
@@ -68,9 +68,9 @@ __all__ = ["tune_cmd"]
                    "judgement use all the data.")
 @click.option("--dry-run", is_flag=True,
               help="Print the search plan and its estimated time (from a short probe of the model) and stop.")
-@click.option("--method", "-m", "method", type=method_choice(), multiple=True,
-              help="A method to search, repeat for several, as in `run` (default: every method with a MAC budget, "
-                   "or none when --plan is given).")
+@click.option("--method", "-m", "method", type=method_choice("mac_ratio"), multiple=True,
+              help="A method to search, repeat for several, as in `run`: one with a MAC budget (default: all of "
+                   "them, or none when --plan is given; others, e.g. a chain, go in a plan file).")
 @click.option("--plan", type=click.Path(dir_okay=False),
               help="TOML plan file whose variants (e.g. chains: width then factorise) are candidates as they are.")
 @click.option("--grid", help="Comma-separated MAC ratios to search (default 0.9,0.8,...,0.2).")

@@ -142,6 +142,19 @@ def test_scratch_and_controls_need_the_runs_recovery(tiny_mlp, mlp_data) -> None
     assert rep.recovery["epochs"] == 2
 
 
+def test_a_chain_hands_its_recovery_to_cbalanced_as_its_last_step(tiny_mlp, mlp_data) -> None:
+    """In a plan chain the recovery trains the last step's result: a scratch cbalanced runs there, and is refused
+    earlier in the chain (a later method would read an untrained network)."""
+    from minreal.compress.methods.fde import FDEConfig
+    from minreal.compress.registry import compress_chain
+
+    scratch = CBalancedConfig(init="scratch", controls=False)
+    new, rep = compress_chain(tiny_mlp, mlp_data, [("fde", FDEConfig(merge_eps=0.0)), ("cbalanced", scratch)], TRAIN)
+    assert rep.recovery["epochs"] == 2
+    with pytest.raises(CompressionError, match="as its last step"):
+        compress_chain(tiny_mlp, mlp_data, [("cbalanced", scratch), ("fde", FDEConfig(merge_eps=0.0))], TRAIN)
+
+
 def test_gramians_never_see_the_recoverys_held_out_split(tiny_mlp, mlp_data) -> None:
     """With a recovery the Gramians come from its training split only: changing the held-out samples' inputs
     changes nothing the method computes."""

@@ -109,6 +109,7 @@ def test_mlp_defaults_are_the_measured_best(calib: Dataset) -> None:
     auto, rep = compress(model, data, "fde", FDEConfig(param_ratio=0.5))
     named, _ = compress(model, data, "fde", FDEConfig(param_ratio=0.5, representative="leader", compensation=True))
     assert rep.predicted["representative"] == "leader" and rep.predicted["compensation_tried"] is True
+    assert rep.config["compensation"] is True  # the report records what ran, not the unresolved default
     assert "compensation" in rep.predicted
     torch.testing.assert_close(auto(data.x), named(data.x), rtol=0, atol=0)
     _, classic = compress(model, data, "fde", FDEConfig(param_ratio=0.5, compensation=False))
