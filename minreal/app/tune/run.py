@@ -755,6 +755,12 @@ def _chosen_ort(chosen: Candidate | None, folder: Path, held_out: Dataset, cfg: 
     feeds = [feeds_of(x) for x in parity_inputs(held_out.x, cfg.dynamic_axes or None)]
     target = None if chosen.precision == "fp32" else cfg.quant_target
     record = ort_copy(folder / "chosen.onnx", feeds, cfg.ort, quant_target=target)
+    if not cfg.fits(record["bytes"]):  # the limit judged the .onnx files; the .ort file is what ships
+        note = (f"WARNING: chosen.ort is {record['bytes'] / 1024:.1f} KB, over --max-size {cfg.max_size_kb:g} KB "
+                f"(chosen.onnx, which the search judged, is {chosen.onnx_bytes / 1024:.1f} KB): lower --max-size by "
+                "the difference to fit the .ort file")
+        notes.append(note)
+        say(f"[tune] {note}")
     return {**record, "gzip_bytes": gzip_bytes([folder / record["path"]])}
 
 
