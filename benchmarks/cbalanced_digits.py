@@ -123,7 +123,7 @@ def _models(model: nn.Module, train_set: Dataset, val: Dataset) -> tuple[dict[st
                     "recovery": rep.recovery,
                     "params_before": rep.params_before, "params_after": rep.params_after,
                     "layers": [{"name": l.name, "rank_a": l.details["rank_a"], "rank_b": l.details["rank_b"],
-                                "rank_c": l.details["rank_c"], "spectra": l.details["spectra"]} for l in rep.layers],
+                                "rank_c": l.details["rank_c"], "spectra": rep.spectra[l.name]} for l in rep.layers],
                     "at_paper_state_order": {"ranks_c": rep_paper.predicted["ranks_c"],
                                              "params_after": rep_paper.params_after,
                                              "variants": rep_paper.measured["variants"],
