@@ -4,6 +4,8 @@ machine's CPU shares over a run (how much of it a virtual machine's host took ba
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -64,3 +66,14 @@ def cpu_share(start: dict[str, int] | None, end: dict[str, int] | None) -> dict[
     busy = d["user"] + d["nice"] + d["system"] + d["irq"] + d["softirq"]
     return {"busy": round(busy / total, 3), "idle": round((d["idle"] + d["iowait"]) / total, 3),
             "steal": round(d["steal"] / total, 3)}
+
+
+def stop_without_shared_data(script: str, models: Mapping[str, Any], only: Sequence[str], shared: Path) -> None:
+    """One line and exit status 2 when a selected model needs a file of ``shared`` (``../shared/data``) that is
+    absent (a user's clone); each of ``models`` lists the files it needs in ``.needs``."""
+    missing = sorted({p for name in only for p in models[name].needs if not p.is_file()})
+    if missing:
+        print(f"{script}: {missing[0]} is missing ({shared} is absent or incomplete, as in a user's clone); nothing "
+              f"measured; --only {','.join(n for n, m in models.items() if not m.needs)} needs none of it",
+              file=sys.stderr)
+        sys.exit(2)

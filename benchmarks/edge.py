@@ -283,16 +283,6 @@ def settings(args: argparse.Namespace, config: Any) -> dict[str, Any]:
                      "quick": args.quick}}
 
 
-def stop_without_shared_data(only: Sequence[str]) -> None:
-    """One line and exit status 2 when a selected model needs ../shared/data and it is absent (a user's clone)."""
-    missing = sorted({p for name in only for p in MODELS[name].needs if not p.is_file()})
-    if missing:
-        print(f"edge: {missing[0]} is missing ({tb.SHARED} is absent or incomplete, as in a user's clone); nothing "
-              f"measured; --only {','.join(n for n, m in MODELS.items() if not m.needs)} needs none of it",
-              file=sys.stderr)
-        sys.exit(2)
-
-
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -312,10 +302,10 @@ def parse() -> argparse.Namespace:
 
 
 def main() -> None:
-    from _common import cpu_share, cpu_times, write_json
+    from _common import cpu_share, cpu_times, stop_without_shared_data, write_json
 
     args = parse()
-    stop_without_shared_data(args.only)
+    stop_without_shared_data("edge", MODELS, args.only, tb.SHARED)
     config = bench_config(args)
     doc: dict[str, Any] = {"usage": USAGE, "issue": "30: shipping to edge devices (ORT format, INT8 for ARM, size)",
                            "quick": args.quick, "header": tb.header(), "settings": settings(args, config),

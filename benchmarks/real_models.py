@@ -396,16 +396,6 @@ def new_document(quick: bool, drops: tuple[float, ...]) -> dict[str, Any]:
             "summary_legend": base["summary_legend"], "summary": {}, "runs": {}}
 
 
-def stop_without_shared_data(only: list[str]) -> None:
-    """One line and exit status 2 when a selected model needs ../shared/data and it is absent (a user's clone)."""
-    missing = sorted({p for name in only for p in MODELS[name].needs if not p.is_file()})
-    if missing:
-        print(f"real_models: {missing[0]} is missing ({tb.SHARED} is absent or incomplete, as in a user's clone); "
-              f"nothing measured; --only {','.join(n for n, m in MODELS.items() if not m.needs)} needs none of it",
-              file=sys.stderr)
-        sys.exit(2)
-
-
 def load_document(args: argparse.Namespace) -> dict[str, Any]:
     """The JSON at ``--out`` to go on with, else a new one: a run replaces the cells of the models it tunes (all of
     them, or with ``--resume`` the unfinished ones) and keeps every other model's."""
@@ -462,8 +452,10 @@ def parse() -> argparse.Namespace:
 
 
 def main() -> None:
+    from _common import stop_without_shared_data
+
     args = parse()
-    stop_without_shared_data(args.only)
+    stop_without_shared_data("real_models", MODELS, args.only, tb.SHARED)
     if args.plan:
         done = finished(json.loads(args.out.read_text())) if args.resume and args.out.is_file() else set()
         print_plan(args, done)
