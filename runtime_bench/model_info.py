@@ -94,9 +94,7 @@ def _gzip_bytes(files: tuple[tuple[str, int, int], ...], chunk: int) -> int:
 
 def _size_with_data(model: onnx.ModelProto, path: Path) -> int:
     """Bytes of the graph file plus every external data file it names (each counted once)."""
-    locations = {next((e.value for e in t.external_data if e.key == "location"), "") for t in external_tensors(model)}
-    return path.stat().st_size + sum((path.parent / loc).stat().st_size for loc in locations
-                                     if loc and (path.parent / loc).is_file())
+    return sum(f.stat().st_size for f in model_files(path, model))
 
 
 def count_nodes(path: Path) -> int:
