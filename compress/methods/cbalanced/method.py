@@ -26,7 +26,6 @@ count are trained here with that same recovery config.
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from collections.abc import Callable
@@ -61,7 +60,6 @@ from .realise import (
 __all__ = ["CBalancedConfig", "StateAnalysis", "analyse_states", "budget_ranks", "cbalanced_compress",
            "realise", "closest_uniform_width", "demo_case", "INITS", "SELECTIONS"]
 
-log = logging.getLogger(__name__)
 
 
 def _mlp_scores(model: nn.Sequential, analysis: StateAnalysis, producer: int, width: int, selection: str
@@ -168,10 +166,9 @@ def _quality(original: nn.Module, model: nn.Module, data: Dataset) -> dict[str, 
 def _trained(model: nn.Module, teacher: nn.Module, data: Dataset, recovery: RecoveryConfig) -> dict:
     """Train ``model`` in place with the run's recovery (distillation from ``teacher`` mixed with the labels by
     ``--recover-alpha``), as the run trains the chosen start afterwards."""
-    t0 = time.perf_counter()
     result = recover(teacher, model, data, recovery)
     return {"best_epoch": result.best_epoch, "epochs_run": result.epochs, "steps": result.steps,
-            "train_s": time.perf_counter() - t0}
+            "train_s": result.wall_s}
 
 
 def _variants(model: nn.Module, plan: _Plan, widths: dict[str, int], data: Dataset, val: Dataset,
