@@ -277,7 +277,7 @@ def _run_fitting(session: Any, feeds: Feeds) -> np.ndarray:
     """The first output (float64) on ``feeds``, in pieces of the file's batch where its batch is fixed
     (``--fixed-shapes batch=1``): the rows beyond the last whole piece are left out."""
     batch = session.get_inputs()[0].shape[0] if session.get_inputs()[0].shape else None
-    rows = len(next(iter(feeds.values()))) if isinstance(feeds, Mapping) else len(feeds)
+    rows = feed_rows(feeds)
     if not isinstance(batch, int) or batch <= 0 or batch == rows:
         return run_ort(session, feeds)[0].astype(np.float64)
     if rows < batch:
