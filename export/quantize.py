@@ -82,6 +82,7 @@ from minreal.facts import (
     CPU_AVX2_TARGET,
     CPU_VNNI_TARGET,
     FLOAT_KERNEL_OPS,
+    INT8_TARGET_KEY,
     INTEGER_KERNEL_OPS,
     REDUCED_WEIGHT_QMAX,
     WEIGHT_QMAX,
@@ -222,25 +223,29 @@ class QuantConfig:
 
     def activation(self) -> tuple[str, bool]:
         """Return (activation type, symmetric) after applying the target's defaults."""
-        default = _TARGETS[resolve_target(self.target)]
+        default = _TARGETS[resolve_target(self.target, self.mode)]
         symmetric = default.activation_symmetric if self.activation_symmetric is None else self.activation_symmetric
         return self.activation_type or default.activation_type, symmetric
 
     def weights_reduced(self) -> bool:
         """7-bit weights, after applying the target's default."""
-        default = _TARGETS[resolve_target(self.target)].reduce_range
+        default = _TARGETS[resolve_target(self.target, self.mode)].reduce_range
         return default if self.reduce_range is None else self.reduce_range
 
     def resolved(self) -> QuantConfig:
         """This config with ``target="cpu"`` replaced by the explicit target for this machine."""
-        return dataclasses.replace(self, target=resolve_target(self.target))
+        return dataclasses.replace(self, target=resolve_target(self.target, self.mode))
 
 
-def resolve_target(target: str) -> str:
-    """``cpu`` → ``cpu-vnni`` where this machine's ONNX Runtime U8S8 kernel cannot saturate (x86 with VNNI or AMX,
-    ARM), else ``cpu-avx2`` (:func:`minreal.runtime_bench.cpu.cpu_int8_target`); an explicit target is returned as
-    is."""
-    return cpu_facts.cpu_int8_target() if target == _AUTO_TARGET else target
+def resolve_target(target: str, mode: str = "static") -> str:
+    """``cpu`` → ``arm64`` on an ARM64 CPU, ``cpu-vnni`` where this machine's ONNX Runtime U8S8 kernel cannot saturate
+    (x86 with VNNI or AMX), else ``cpu-avx2`` (:func:`minreal.runtime_bench.cpu.cpu_int8_target`); in ``dynamic``
+    mode (uint8 activations quantised at run time, never ARM's S8S8) ``cpu-vnni`` on ARM. An explicit target is
+    returned as is."""
+    if target != _AUTO_TARGET:
+        return target
+    found = cpu_facts.cpu_int8_target()
+    return CPU_VNNI_TARGET if found == ARM64_TARGET and mode == "dynamic" else found
 
 
 def target_text(target: str) -> str:
@@ -752,6 +757,17 @@ def _run_static(source: Path, dest: Path, ranges: _RangeSource, config: QuantCon
         _pad_quantised(dest)
 
 
+def _stamp_target(path: Path, target: str) -> None:
+    """Record the file's explicit INT8 target in its metadata (:data:`minreal.facts.INT8_TARGET_KEY`), so every
+    ONNX Runtime session of it runs the graph its target's builds make (an ``arm64`` file: ARM's int8 fusions)."""
+    model = onnx.load(str(path), load_external_data=False)
+    kept = [p for p in model.metadata_props if p.key != INT8_TARGET_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    model.metadata_props.add(key=INT8_TARGET_KEY, value=target)
+    onnx.save(model, str(path))
+
+
 def _pad_quantised(path: Path) -> None:
     """Run the file's constant zero pads between a dequantise and a re-quantise of one scale on the quantised tensors
     (:func:`minreal.export.qdq_pads.integer_pads`; ONNX Runtime's CPU graph would run them in float)."""
@@ -1094,6 +1110,7 @@ def quantize_int8(
         except Exception as exc:
             raise QuantizationError(f"{config.mode} quantisation of {fp32_path.name} failed: "
                                     f"{error_line(exc)}") from exc
+        _stamp_target(tmp, config.target)
     trained, untrained = _applied(out_path, direct, ranges) if ranges else (0, [])
     if untrained:
         logger.warning("%s: the trained activation ranges of %s are not in the graph; calibrated instead",

@@ -29,6 +29,7 @@ __all__ = [
     "CPU_VNNI_TARGET",
     "CPU_AVX2_TARGET",
     "ARM64_TARGET",
+    "INT8_TARGET_KEY",
     "WEIGHT_QMAX",
     "REDUCED_WEIGHT_QMAX",
     "ANSI_ESCAPE",
@@ -80,6 +81,11 @@ ARM64_TARGET = "arm64"
 """The INT8 format for ONNX Runtime's ARM64 CPU kernels (``--quant-target arm64``): symmetric int8 activations and
 per-channel symmetric 8-bit int8 weights (S8S8), which MLAS's ARM64 symmetric convolution and GEMM kernels take as
 they are. QAT, quantisation and tune share this name."""
+
+INT8_TARGET_KEY = "minreal.int8_target"
+"""Metadata key (``metadata_props``) of every INT8 file minreal writes: its explicit ``--quant-target`` (``cpu-vnni``,
+``cpu-avx2``, ``arm64``, ``tensorrt``). ONNX Runtime sessions of an ``arm64`` file run the graph ONNX Runtime builds
+for ARM (:func:`minreal.runtime_bench.sessions.create_session`), wherever they are created."""
 
 WEIGHT_QMAX, REDUCED_WEIGHT_QMAX = 127, 64
 """Largest weight magnitude on ONNX Runtime's symmetric int8 weight grid: full range, and ``reduce_range`` (7-bit

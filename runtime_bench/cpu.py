@@ -15,7 +15,8 @@ Two sources tell which case a machine is in, both recorded in every report's env
   result no saturating kernel can produce (it also tells the truth where the flags cannot be read, or under an
   emulator that reports the host's flags).
 
-:func:`cpu_int8_target` turns them into the ``--quant-target`` that ``cpu`` means on this machine.
+:func:`cpu_int8_target` turns them into the ``--quant-target`` that ``cpu`` means on this machine (on an ARM64 CPU:
+``arm64``, ARM's own S8S8 format).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from minreal.facts import CPU_AVX2_TARGET, CPU_VNNI_TARGET, INTEGER_MATMUL_OP, PROVIDERS
+from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET, INTEGER_MATMUL_OP, PROVIDERS
 
 __all__ = [
     "ISA_FLAGS",
@@ -198,8 +199,11 @@ def kernel_saturates() -> bool:
 
 def cpu_int8_target(isa: CpuIsa | None = None, measured: bool | None = None) -> str:
     """The explicit CPU target that ``--quant-target cpu`` means for ``isa`` and the measurement ``measured`` (each
-    defaults to this machine's): ``cpu-vnni`` where U8S8 cannot saturate (x86 with VNNI or AMX, ARM), else
-    ``cpu-avx2`` (7-bit weights)."""
+    defaults to this machine's): ``arm64`` on an ARM64 CPU (ARM's S8S8 format, which ONNX Runtime's ARM builds run as
+    int8 kernels), else ``cpu-vnni`` where U8S8 cannot saturate (x86 with VNNI or AMX), else ``cpu-avx2`` (7-bit
+    weights)."""
+    if (cpu_isa() if isa is None else isa).is_arm:
+        return ARM64_TARGET
     saturates = kernel_saturates() if isa is None and measured is None else saturating_kernel(
         cpu_isa() if isa is None else isa, measured)
     return CPU_AVX2_TARGET if saturates else CPU_VNNI_TARGET

@@ -6,12 +6,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from minreal.facts import PROVIDERS, error_line
+from minreal.facts import ARM64_TARGET, INT8_TARGET_KEY, PROVIDERS, error_line
 
+from .cpu import ARM_GRAPH_CONFIG
 from .errors import ModelFileError, SessionError
 from .runtime import onnxruntime_module
 
-__all__ = ["SPINNING_ENTRIES", "session_options", "create_session"]
+__all__ = ["SPINNING_ENTRIES", "session_options", "create_session", "target_graph_config"]
 
 #: Session config entries that stop idle thread pools from spinning. With one pool per session,
 #: spinning threads of idle sessions steal cores from the timed one when models are interleaved.
@@ -67,7 +68,9 @@ def create_session(
         optimized_model_path: If given, onnxruntime writes the optimised graph there.
         provider_options: ONNX Runtime options of ``provider`` (strings; see
             :func:`minreal.runtime_bench.provider_options.ort_options`).
-        config: More session config entries (:func:`session_options`).
+        config: More session config entries (:func:`session_options`). ``None`` on the CPU provider: those its
+            INT8 target's graph needs (:func:`target_graph_config` of the file's ``minreal.int8_target`` metadata:
+            an ``arm64`` file runs ARM's graph); ``{}``: none, this machine's own graph whatever the file says.
 
     Raises:
         ModelFileError: the file does not exist.
@@ -80,10 +83,27 @@ def create_session(
         if not path.is_file():
             raise ModelFileError(f"model file not found: {path}")
         source, where = str(path), str(path)
-    options = session_options(threads, optimized_model_path, config)
     providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
-    try:
-        return onnxruntime_module().InferenceSession(source, sess_options=options, providers=providers)
-    except Exception as exc:  # onnxruntime raises its own pybind exception types
-        raise SessionError(f"onnxruntime cannot create a session for {where} on {provider}: "
-                           f"{error_line(exc)}") from None
+
+    def make(entries: Mapping[str, str] | None) -> Any:
+        options = session_options(threads, optimized_model_path, entries)
+        try:
+            return onnxruntime_module().InferenceSession(source, sess_options=options, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own pybind exception types
+            raise SessionError(f"onnxruntime cannot create a session for {where} on {provider}: "
+                               f"{error_line(exc)}") from None
+
+    session = make(config)
+    if config is None and provider == PROVIDERS["cpu"]:
+        target = session.get_modelmeta().custom_metadata_map.get(INT8_TARGET_KEY)
+        if entries := target_graph_config(target):
+            session = make(entries)  # the optimiser ran at load: only a new session runs the target's graph
+    return session
+
+
+def target_graph_config(target: str | None) -> Mapping[str, str] | None:
+    """The session config entries with which ONNX Runtime's CPU provider builds, on this machine, the graph a file of
+    INT8 ``target`` (its :data:`~minreal.facts.INT8_TARGET_KEY` metadata) runs on its device: for ``arm64``
+    :data:`~minreal.runtime_bench.cpu.ARM_GRAPH_CONFIG` (int8 Q/DQ kept and fused into int8 kernels, as in ONNX
+    Runtime's ARM builds, instead of this machine's uint8 rewrite); ``None`` for any other target."""
+    return ARM_GRAPH_CONFIG if target == ARM64_TARGET else None

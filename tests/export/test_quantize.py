@@ -354,6 +354,30 @@ def test_arm64_target_writes_symmetric_int8_activations_and_per_channel_int8_wei
     assert dq[layers[0].input[1]][0].shape[1] == 3 and "Pad" not in arm64_int8.node_counts
 
 
+def test_every_session_of_an_arm64_file_runs_arm_s_graph(arm64_int8, convnet_onnx: ExportResult) -> None:
+    """An INT8 file names its target in its metadata, and every session minreal opens of an arm64 file (accuracy,
+    parity, timing) runs the graph ONNX Runtime builds for ARM: int8 activations kept (no uint8 QuantizeLinear left),
+    as with ``ARM_GRAPH_CONFIG`` given; ``config={}`` runs this machine's own graph, where an x86 build rewrites them to
+    uint8. A fp32 file gets neither."""
+    from minreal.facts import INT8_TARGET_KEY
+    from minreal.runtime_bench.cpu import ARM_GRAPH_CONFIG
+    from minreal.runtime_bench.model_info import optimized_graph
+
+    meta = {p.key: p.value for p in onnx.load(arm64_int8.out_path).metadata_props}
+    assert meta[INT8_TARGET_KEY] == "arm64"
+
+    def quantised_types(config: dict[str, str] | None) -> set[int]:
+        graph = optimized_graph(Path(arm64_int8.out_path), config=config)
+        zeros = {t.name: t.data_type for t in graph.initializer}
+        return {zeros[n.input[2]] for n in graph.node if n.op_type == "QuantizeLinear" and len(n.input) > 2}
+
+    arm = quantised_types(dict(ARM_GRAPH_CONFIG))
+    assert quantised_types(None) == arm == {onnx.TensorProto.INT8}
+    if cpu_facts.cpu_isa().is_x86:
+        assert onnx.TensorProto.UINT8 in quantised_types({})
+    assert INT8_TARGET_KEY not in {p.key for p in onnx.load(convnet_onnx.path).metadata_props}
+
+
 _FLOAT32_STEPS = 1e-4
 """How far, in quantisation steps, float32 requantisation can move a value: a value below 128 steps carries relative
 rounding of a few 2^-24 (multiplier, product, division), under 1e-4 steps; the reference is float64."""

@@ -22,7 +22,7 @@ _AVX512 = CpuIsa("x86_64", ("avx2", "avx512f", "avx512bw"), "/proc/cpuinfo")
     (CpuIsa("x86_64", ("avx2", "avx_vnni"), "/proc/cpuinfo"), None, "cpu-vnni"),
     (CpuIsa("x86_64", ("avx2", "avx512f", "avx512bw", "avx512_vnni"), "/proc/cpuinfo"), None, "cpu-vnni"),
     (CpuIsa("x86_64", ("avx2", "amx_tile", "amx_int8"), "/proc/cpuinfo"), None, "cpu-vnni"),
-    (CpuIsa("aarch64", ("asimddp",), "/proc/cpuinfo"), None, "cpu-vnni"),
+    (CpuIsa("aarch64", ("asimddp",), "/proc/cpuinfo"), None, "arm64"),  # ARM: its own S8S8 format
     (CpuIsa("x86_64", (), "unknown"), None, "cpu-avx2"),  # nothing known: the format that cannot saturate
     (_AVX2, False, "cpu-vnni"),  # a measurement of ORT's kernel wins over the flags (e.g. under an emulator)
     (CpuIsa("x86_64", ("avx2", "avx512_vnni"), "/proc/cpuinfo"), True, "cpu-avx2"),
@@ -57,7 +57,7 @@ def test_cpuinfo_flags_decide_the_cpu_format() -> None:
     epyc = parse_cpuinfo(X86_CPUINFO, "x86_64")
     assert (epyc.flags, epyc.saturates, cpu_int8_target(epyc, None)) == (("avx2",), True, "cpu-avx2")
     arm = parse_cpuinfo(ARM_CPUINFO, "aarch64")
-    assert (arm.flags, arm.saturates, cpu_int8_target(arm, None)) == (("asimddp", "i8mm"), False, "cpu-vnni")
+    assert (arm.flags, arm.saturates, cpu_int8_target(arm, None)) == (("asimddp", "i8mm"), False, "arm64")
     assert parse_cpuinfo("processor: 0\n", "x86_64").source == "unknown"
 
 
