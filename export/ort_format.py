@@ -35,7 +35,7 @@ from minreal.export.atomic import atomic_path, ensure_distinct
 from minreal.export.errors import OrtConversionError
 from minreal.export.json_safe import to_jsonable
 from minreal.export.quiet import Captured, captured_output
-from minreal.export.settings import OrtConfig, VariantConfig
+from minreal.export.settings import AUTO_TARGET, OrtConfig, VariantConfig
 from minreal.export.variant import PARITY_BATCH_SIZES, VariantRecord, parity_inputs, record_axes, relative_to
 from minreal.export.verify import (
     Feeds,
@@ -44,13 +44,14 @@ from minreal.export.verify import (
     verify_files,
     verify_parity,
 )
-from minreal.facts import ARM64_TARGET, error_line
-from minreal.runtime_bench.cpu import ARM_GRAPH_CONFIG
+from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET, error_line
+from minreal.runtime_bench.cpu import ARM_GRAPH_CONFIG, cpu_int8_target
 from minreal.runtime_bench.errors import ModelFileError
 
 __all__ = ["OrtFile", "Operators", "convert_to_ort", "config_path_for", "parse_operator_config",
            "read_operator_config", "format_operator_config", "union_operators", "merge_operator_configs",
-           "operator_names", "ort_copy", "ort_for_target", "ort_paths", "ort_summary", "ort_variant"]
+           "operator_names", "ort_copy", "ort_for_target", "converter_platform", "TARGET_PLATFORMS", "ort_paths",
+           "ort_summary", "ort_variant"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def _run_converter(src: Path, out_dir: Path, config: OrtConfig, optimized_onnx: 
         with _converter_level(config.optimization), captured_output() as printed:
             convert_onnx_models_to_ort(src, output_dir=out_dir,
                                        optimization_styles=[OptimizationStyle[config.style.title()]],
-                                       target_platform=config.target_platform,
+                                       target_platform=converter_platform(config),
                                        save_optimized_onnx_model=optimized_onnx,
                                        enable_type_reduction=config.type_reduction)
     except Exception as exc:  # the converter re-raises whatever ONNX Runtime raised
@@ -354,7 +355,7 @@ def ort_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantConf
         OrtConversionError: the converter failed.
     """
     folder, source = Path(folder), Path(folder) / record.onnx
-    ort = ort_for_target(ort, record.quantization.get("target"))
+    ort = ort_for_target(ort, record.quantization.get("target") or cfg.quant_target)
     inputs, fixed_batch = _parity_inputs(record, x, cfg)
     if module is None:
         check, against = _source_check(source, [feeds_of(i) for i in inputs], ort, cfg.rtol, cfg.atol)
@@ -366,13 +367,28 @@ def ort_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantConf
     return _checked_conversion(source, folder, ort, check, against)
 
 
+#: The converter's platform for the files of each explicit INT8 target (``--quant-target``): the CPU those files are
+#: made for. ``arm``: int8 QDQ fusions kept (ARM's graph); ``amd64``: x86's NCHWc convolution layouts, which ONNX
+#: Runtime applies to an ``.onnx`` file on x86 at load but the converter keeps only for ``amd64`` (without them the
+#: fp32 ``.ort`` files of the digits CNN and ResNet-32 ran 1.5x and 1.3x as long as their ``.onnx`` files at batch 1,
+#: ``benchmarks/edge.json``); ``any``: neither (TensorRT files: no CPU of their own).
+TARGET_PLATFORMS = {ARM64_TARGET: "arm", CPU_VNNI_TARGET: "amd64", CPU_AVX2_TARGET: "amd64", "tensorrt": "any"}
+
+
 def ort_for_target(ort: OrtConfig, quant_target: str | None) -> OrtConfig:
-    """``ort`` for a file in ``quant_target``'s INT8 format (``None``: fp32): an arm64 INT8 file keeps its int8 QDQ
-    fusions (ARM's graph, the converter's ``arm`` platform), not the x86 uint8 rewrite of this machine, unless a
-    platform was asked for."""
-    if ort.target_platform is None and quant_target == ARM64_TARGET:
-        return replace(ort, target_platform="arm")
-    return ort
+    """``ort`` with its platform decided for files of INT8 target ``quant_target`` (the run's ``--quant-target``, for
+    its fp32 files too; ``cpu``: this machine's, :func:`minreal.runtime_bench.cpu.cpu_int8_target`): an asked-for
+    platform is kept, else :data:`TARGET_PLATFORMS` (an arm64 file keeps its int8 QDQ fusions, not this machine's
+    uint8 rewrite; an x86 one gets NCHWc layouts); ``any`` without a target."""
+    if ort.target_platform is not None:
+        return ort
+    target = cpu_int8_target() if quant_target == AUTO_TARGET else quant_target
+    return replace(ort, target_platform=TARGET_PLATFORMS.get(target or "", "any"))
+
+
+def converter_platform(ort: OrtConfig) -> str | None:
+    """The ``target_platform`` argument ONNX Runtime's converter takes for ``ort`` (``any`` and ``None``: none)."""
+    return None if ort.target_platform in (None, "any") else ort.target_platform
 
 
 def ort_copy(source: str | os.PathLike[str], feeds: Sequence[Feeds], ort: OrtConfig, rtol: float = VariantConfig.rtol,
@@ -385,8 +401,9 @@ def ort_copy(source: str | os.PathLike[str], feeds: Sequence[Feeds], ort: OrtCon
         feeds: inputs the two files are compared on (e.g. held-out rows at two batch sizes).
         ort: the converter's settings.
         rtol, atol: parity tolerances (default: an exported variant's, as :func:`ort_variant` checks).
-        quant_target: the INT8 format of ``source`` (``None``: fp32); an arm64 file is converted for the arm
-            platform (:func:`ort_for_target`).
+        quant_target: the INT8 target the file is made for (``source``'s own, or for an fp32 file the run's
+            ``--quant-target``; ``None``: none): it decides the converter's platform (:func:`ort_for_target`; an
+            arm64 file: ``arm``).
 
     Returns:
         The :class:`OrtFile` as a dict with ``parity`` (``against``: ``source``'s name), paths relative to
@@ -437,7 +454,7 @@ def ort_summary(ort: dict[str, Any], folder: str | os.PathLike[str] = ".") -> st
     parity."""
     parity = ort["parity"]
     batches = ", ".join(map(str, parity["batch_sizes"]))
-    platform = f", for {ort['target_platform']}" if ort.get("target_platform") else ""
+    platform = f", for {ort['target_platform']}" if ort.get("target_platform") not in (None, "any") else ""
     graph = " in ONNX Runtime's ARM graph" if parity.get("reference_graph") == "arm" else ""
     return (f"wrote {Path(folder) / ort['path']} ({ort['bytes']} bytes, optimisation {ort['optimization']}, "
             f"{ort['style']}{platform}) and {Path(folder) / ort['config_path']} ({len(ort['operators'])} operators); "

@@ -45,9 +45,10 @@ ORT_STYLES: tuple[str, ...] = ("fixed", "runtime")
 """The converter's optimisation styles (``--ort-style``): ``fixed`` applies the optimisations before saving;
 ``runtime`` applies basic ones and saves the others to be replayed at run time (for NNAPI/CoreML)."""
 
-ORT_PLATFORMS: tuple[str, ...] = ("arm", "amd64")
+ORT_PLATFORMS: tuple[str, ...] = ("arm", "amd64", "any")
 """The converter's target platforms (``--ort-platform``): ``arm`` allows int8 QDQ fusions (``QDQIsInt8Allowed``),
-``amd64`` keeps x86-only NCHWc layouts; neither by default (a file that runs anywhere)."""
+``amd64`` x86's NCHWc convolution layouts, ``any`` neither (a file that runs anywhere, with neither). By default the
+platform of the INT8 target (:func:`minreal.export.ort_format.ort_for_target`)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ class OrtConfig:
     Attributes:
         optimization: graph optimisation level baked into the file, one of :data:`ORT_OPTIMIZATIONS`.
         style: ``fixed`` or ``runtime`` (:data:`ORT_STYLES`).
-        target_platform: ``arm``, ``amd64`` or ``None`` (:data:`ORT_PLATFORMS`).
+        target_platform: ``arm``, ``amd64``, ``any`` (:data:`ORT_PLATFORMS`), or ``None``: the platform of the
+            files' INT8 target (``--quant-target``; :func:`minreal.export.ort_format.ort_for_target`).
         type_reduction: record the types each operator needs in the configuration, so a minimal build can also
             drop kernels' unused types (``--enable_type_reduction``).
     """

@@ -230,14 +230,15 @@ def ort_options(fn: Callable) -> Callable:
                           "needs (--include_ops_by_config), and parity checked by loading the .ort file."),
         click.option("--ort-optimization", type=click.Choice(ORT_OPTIMIZATIONS), default=None, cls=GroupedOption,
                      group=ORT_GROUP, help="Graph optimisation level baked into the .ort file (default all; 'layout' "
-                                           "and 'all' skip x86-only NCHWc layouts unless --ort-platform amd64)."),
+                                           "and 'all' add x86's NCHWc layouts only for --ort-platform amd64)."),
         click.option("--ort-style", type=click.Choice(ORT_STYLES), default=None, cls=GroupedOption, group=ORT_GROUP,
                      help="fixed (default): optimise before saving, for the CPU EP; runtime: basic optimisations "
                           "saved, the others replayed at run time (for NNAPI/CoreML, with "
                           "session.enable_saved_runtime_optimizations=1)."),
         click.option("--ort-platform", type=click.Choice(ORT_PLATFORMS), default=None, cls=GroupedOption,
                      group=ORT_GROUP, help="Target platform of the optimisations: arm allows int8 QDQ fusions, amd64 "
-                                           "x86 NCHWc layouts; default neither (runs anywhere)."),
+                                           "x86 NCHWc layouts, any neither (runs anywhere). Default: the platform of "
+                                           "--quant-target (arm64: arm; x86 targets, and cpu on x86: amd64)."),
         click.option("--ort-type-reduction", is_flag=True, cls=GroupedOption, group=ORT_GROUP,
                      help="Record the types each operator needs (NAME.required_operators_and_types.config), so a "
                           "minimal build also drops unused type kernels."),

@@ -742,8 +742,8 @@ def _write_chosen(c: Candidate, folder: Path) -> None:
 def _chosen_ort(chosen: Candidate | None, folder: Path, held_out: Dataset, cfg: TuneConfig, notes: list[str],
                 say: Progress) -> dict[str, Any] | None:
     """``chosen.ort`` and ``chosen.required_operators.config`` (``--format onnx,ort``), checked against
-    ``chosen.onnx`` on held-out rows at the parity batch sizes; an INT8 file in the tune's format (arm64: for the
-    arm platform). Nothing chosen: nothing converted, and a note says so."""
+    ``chosen.onnx`` on held-out rows at the parity batch sizes, converted for the platform of the tune's INT8 target
+    (arm64: ``arm``; x86: ``amd64``), fp32 or INT8. Nothing chosen: nothing converted, and a note says so."""
     from minreal.export.ort_format import ort_copy
     from minreal.export.variant import parity_inputs
     from minreal.runtime_bench.model_info import gzip_bytes
@@ -753,8 +753,7 @@ def _chosen_ort(chosen: Candidate | None, folder: Path, held_out: Dataset, cfg: 
         return None
     say("[tune] converting chosen.onnx to ORT format (chosen.ort) and checking it against chosen.onnx")
     feeds = [feeds_of(x) for x in parity_inputs(held_out.x, cfg.dynamic_axes or None)]
-    target = None if chosen.precision == "fp32" else cfg.quant_target
-    record = ort_copy(folder / "chosen.onnx", feeds, cfg.ort, quant_target=target)
+    record = ort_copy(folder / "chosen.onnx", feeds, cfg.ort, quant_target=cfg.quant_target)
     if not cfg.fits(record["bytes"]):  # the limit judged the .onnx files; the .ort file is what ships
         note = (f"WARNING: chosen.ort is {record['bytes'] / 1024:.1f} KB, over --max-size {cfg.max_size_kb:g} KB "
                 f"(chosen.onnx, which the search judged, is {chosen.onnx_bytes / 1024:.1f} KB): lower --max-size by "
