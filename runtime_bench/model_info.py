@@ -12,7 +12,7 @@ from pathlib import Path
 
 import onnx
 
-from minreal.facts import INTEGER_OPS
+from minreal.facts import INT8_TARGET_KEY, INTEGER_OPS
 
 from .errors import ModelFileError, ProviderUnavailableError
 from .inputs import ORT_SUFFIX, external_tensors, load_model_proto
@@ -42,6 +42,9 @@ class ModelInfo:
     opset: int | None
     gzip_bytes: int = 0
     """The graph and its external data files compressed (:func:`gzip_bytes`): what the model adds to a download."""
+    int8_target: str | None = None
+    """The INT8 target a minreal INT8 file names in its metadata (:data:`minreal.facts.INT8_TARGET_KEY`); an
+    ``arm64`` file runs ONNX Runtime's ARM graph in every session (``sessions.create_session``)."""
 
 
 def model_info(name: str, path: Path) -> ModelInfo:
@@ -60,6 +63,7 @@ def model_info(name: str, path: Path) -> ModelInfo:
         node_count=sum(op_counts(model.graph).values()),
         opset=opsets.get("", opsets.get("ai.onnx")),
         gzip_bytes=gzip_bytes(model_files(path, model)),
+        int8_target=next((p.value for p in model.metadata_props if p.key == INT8_TARGET_KEY), None),
     )
 
 

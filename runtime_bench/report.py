@@ -281,6 +281,10 @@ def _model_rows(report: BenchReport) -> Rows:
     rows = [[m.name, m.path, str(m.file_size_bytes), str(m.gzip_bytes),
              _opt(m.node_count, "{}"), _opt(m.opset, "{}")]
             for m in report.models]
+    if any(m.int8_target for m in report.models):  # an arm64 file ran ARM's graph: the table says which files
+        headers.append("INT8 target")
+        for row, m in zip(rows, report.models):
+            row.append(_opt(m.int8_target, "{}") + (" (ARM graph)" if m.int8_target == "arm64" else ""))
     return headers, rows
 
 

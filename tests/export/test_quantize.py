@@ -361,10 +361,10 @@ def test_every_session_of_an_arm64_file_runs_arm_s_graph(arm64_int8, convnet_onn
     uint8. A fp32 file gets neither."""
     from minreal.facts import INT8_TARGET_KEY
     from minreal.runtime_bench.cpu import ARM_GRAPH_CONFIG
-    from minreal.runtime_bench.model_info import optimized_graph
+    from minreal.runtime_bench.model_info import model_info, optimized_graph
 
     meta = {p.key: p.value for p in onnx.load(arm64_int8.out_path).metadata_props}
-    assert meta[INT8_TARGET_KEY] == "arm64"
+    assert meta[INT8_TARGET_KEY] == "arm64" == model_info("q", Path(arm64_int8.out_path)).int8_target
 
     def quantised_types(config: dict[str, str] | None) -> set[int]:
         graph = optimized_graph(Path(arm64_int8.out_path), config=config)
