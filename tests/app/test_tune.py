@@ -32,6 +32,7 @@ from minreal.app.tune import (
     parse_duration,
     tune,
 )
+from minreal.app.tune.output import format_tune
 from minreal.app.tune.search import BudgetSearch
 from minreal.compress.core.smoke import digits_mlp, digits_subset
 from minreal.compress.core.train import TrainConfig, train
@@ -321,6 +322,38 @@ def test_max_size_is_a_constraint_on_every_file_the_original_s_included(trained_
         assert chosen.feasible and chosen.onnx_bytes <= limit * 1024
     with pytest.raises(TuneError, match="--max-size"):
         dataclasses.replace(base, max_size_kb=0.0)
+
+
+def test_max_size_with_format_ort_judges_the_ort_file_of_every_feasible_file(trained_mlp, tmp_path: Path,
+                                                                            shared_cache: Path) -> None:
+    """--format onnx,ort with --max-size: each feasible file is converted (in a scratch folder, gone after) and its
+    .ort size recorded; at a limit of the smallest .ort file, a file whose .onnx file fits but whose .ort file does
+    not is infeasible, the notes say why, and the chosen file fits as .onnx and as .ort."""
+    from minreal.export.ort_format import convert_to_ort, ort_for_target
+    from minreal.export.settings import OrtConfig
+
+    model, tr, te = trained_mlp
+    base = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd",), grid=(0.8,), screen=FAST, confirm=FAST,
+                      ort=OrtConfig())
+    free = tune(model, tr, te, base, tmp_path / "free", shared_cache, executor=InlineExecutor())
+    assert all(c.ort_bytes is None for c in free.candidates)  # no --max-size: only chosen.onnx is converted
+    feasible, target = [c for c in free.candidates if c.feasible], free.config["quant_target"]
+    ort_bytes = {c.label: convert_to_ort(c.onnx, tmp_path / f"{c.label}.ort",
+                                         ort_for_target(base.ort, None if c.precision == "fp32" else target)).bytes
+                 for c in feasible}
+    keeper = min(feasible, key=lambda c: ort_bytes[c.label])
+    limit = ort_bytes[keeper.label]
+    victims = [c.label for c in feasible if c.onnx_bytes <= limit < ort_bytes[c.label]]
+    assert victims  # the limit lies between a file's .onnx and .ort sizes
+    report = tune(model, tr, te, dataclasses.replace(base, max_size_kb=limit / 1024), tmp_path / "small",
+                  shared_cache, executor=InlineExecutor())
+    by_label = {c.label: c for c in report.candidates}
+    assert all(by_label[v].ort_bytes == ort_bytes[v] and not by_label[v].feasible for v in victims)
+    assert any("exceed it as .ort" in n and all(v in n for v in victims) for n in report.notes), report.notes
+    assert report.chosen == keeper.label and report.chosen_ort["bytes"] == by_label[keeper.label].ort_bytes == limit
+    assert "(.onnx and .ort)" in report.constraint and ".ort KB" in format_tune(report)
+    assert [p.name for p in (tmp_path / "small").glob(".minreal-ort*")] == []  # the scratch folder is gone
+    assert "ort_sizes" in report.phases_s and not any("conversion --max-size judged" in n for n in report.notes)
 
 
 def test_cache_key_follows_weights_data_shapes_and_graph(trained_mlp) -> None:
