@@ -228,11 +228,12 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(workdir: Path, run_cli:
     assert code == 2 and "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
     plan = CliRunner().invoke(cli, ["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
                                     "-m", "svd", "-m", "factorize", "--recover-epochs", "2", "--out", "v", "--dry-run",
-                                    "--json", "-q"])
+                                    "--format", "onnx,ort", "--max-size", "300", "--json", "-q"])
     assert plan.exit_code == 0, plan.output
     dry = json.loads(plan.output)
     assert dry["dry_run"] and not Path("v").exists()  # a plan writes nothing
     assert any("successive halving of up to 4 candidate(s)" in line for line in dry["plan"]), dry["plan"]
+    assert any("chosen.ort" in line and "judges the .ort files too" in line for line in dry["plan"]), dry["plan"]
     assert dry["estimated_total_s"] == pytest.approx(sum(dry["estimated_s"].values()), abs=0.5)
 
 
@@ -562,6 +563,27 @@ def test_dry_run_estimate_counts_each_phase_in_the_probe_s_units() -> None:
     files = 3 + 2 * 2 * 2
     assert est.seconds["screen"] == pytest.approx(files * 1 * (FAST.min_seconds * FAST.repeats + PROCESS_START_S))
     assert est.total == pytest.approx(sum(est.seconds.values()))
+
+
+def test_dry_run_plan_names_the_ort_conversions_of_format_ort() -> None:
+    """--format onnx,ort: the plan names chosen.ort and its check; with --max-size, also that every feasible file is
+    converted to judge its .ort size; without --format ort, no ORT line."""
+    from minreal.app.tune.dryrun import Probe, estimate_plan
+    from minreal.export.settings import OrtConfig
+
+    probe = Probe(forward_s=0.001, train_s=0.004, samples=64)
+    cfg = TuneConfig(Constraint(max_accuracy_drop=1.0), methods=("svd",), grid=(0.5,), screen=FAST, confirm=FAST)
+
+    def ort_lines(**kw: object) -> list[str]:
+        est = estimate_plan(dataclasses.replace(cfg, **kw), cfg.methods, calib=100, held_out=50, probe=probe)
+        return [line for line in est.lines if "ORT" in line or ".ort" in line]
+
+    assert ort_lines() == [] and ort_lines(max_size_kb=300.0) == []
+    [chosen] = ort_lines(ort=OrtConfig())
+    assert "chosen.ort" in chosen and "checked against chosen.onnx" in chosen and "--max-size" not in chosen
+    [both] = ort_lines(ort=OrtConfig(), max_size_kb=300.0)
+    assert both.startswith(chosen) and "--max-size 300 KB judges the .ort files too" in both
+    assert "every file that meets the quality constraint and fits as .onnx is converted" in both
 
 
 def test_a_worker_s_progress_reaches_this_process_s_log(caplog: pytest.LogCaptureFixture) -> None:
