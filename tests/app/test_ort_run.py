@@ -26,3 +26,12 @@ def test_run_writes_an_ort_file_per_model_and_one_merged_config(workdir: Path, r
                                        for r in records.values()))
     assert "[make] ORT format: original.ort, svd.ort, original.int8.ort, svd.int8.ort (parity ok)" in out
     assert "## ORT format" in Path("r/report.md").read_text()
+    models = {m["name"]: m for m in case["bench"]["models"]}
+    assert all(models[label]["ort_size_bytes"] == r["bytes"] for label, r in records.items())
+    gated = [(f"{name}{ext}", m[key]) for name, m in models.items() if name != "original"  # the reference
+             for ext, key in (("", "file_size_bytes"), (".ort", "ort_size_bytes"))]
+    (largest, size), (_, below) = sorted(gated, key=lambda f: -f[1])[:2]
+    assert largest.endswith(".ort") and below < size  # the largest file that ships is an .ort file
+    code, _, err = run_cli(["check", "r/report.json", "--max-size", f"{(below + size) / 2048:.6f}", "-q"])
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("FAILED make: size_kb ") and f"size_kb {largest}:" in err and err.count("size_kb") == 1

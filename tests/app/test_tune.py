@@ -412,6 +412,14 @@ def test_gate_on_a_tune_report_names_the_chosen_model_and_fails_without_one(tmp_
     (tmp_path / "n.json").write_text(json.dumps({"kind": "tune", "chosen": None, "verdict": "nothing met it"}))
     assert run(["check", str(tmp_path / "n.json"), "--max-accuracy-drop", "1"]) == 1
     assert "nothing met it" in capsys.readouterr().out
+    sized = {**confirm, "models": [{"name": "original", "file_size_bytes": 4096},
+                                   {"name": "a@0.5", "file_size_bytes": 2048}]}
+    (tmp_path / "s.json").write_text(json.dumps({"kind": "tune", "chosen": "a@0.5", "confirm": sized,
+                                                 "chosen_ort": {"path": "chosen.ort", "bytes": 3072}}))
+    assert run(["check", str(tmp_path / "s.json"), "--max-size", "3"]) == 0  # chosen.onnx 2 KB, chosen.ort 3 KB
+    assert run(["check", str(tmp_path / "s.json"), "--max-size", "2.5"]) == 1
+    [failed] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("FAILED")]
+    assert "size_kb chosen.ort: 3 (allowed 2.5)" in failed and "chosen:" not in failed
 
 
 def test_tune_refuses_unmeasurable_constraints_and_path_like_plan_labels(trained_mlp, tmp_path: Path) -> None:
