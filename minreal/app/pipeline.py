@@ -279,7 +279,8 @@ def _export(module: nn.Module, label: str, method: str, case: RunCase, case_dir:
 
 def _ort_int8(records: list[VariantRecord], case: RunCase, case_dir: Path, cfg: PipelineConfig) -> str | None:
     """With ``cfg.ort``: the ORT-format copies of the INT8 ``records`` (each checked against its ``.onnx`` file) and
-    the case's merged operator configuration, of these and the fp32 ``.ort`` files (its name), else ``None``."""
+    the case's merged operator configuration, of these and the fp32 ``.ort`` files (its name), else ``None``. FP16
+    records get none (:data:`minreal.app.report.ORT_FP16_NOTE` says why, in the run's report)."""
     if cfg.ort is None:
         return None
     for r in records:
