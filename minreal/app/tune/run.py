@@ -693,8 +693,8 @@ def _ort_sizes(candidates: list[Candidate], cfg: TuneConfig, folder: Path, notes
     say(f"[tune] converted {len(todo)} feasible file(s) to ORT format to judge --max-size on their .ort files: "
         f"{len(over)} over it, {time.perf_counter() - t0:.1f} s; {clock.elapsed()}")
     if over:
-        notes.append(f"{len(over)} of {len(todo)} files within --max-size {cfg.max_size_kb:g} KB as .onnx exceed it "
-                     "as .ort (what ships with --format onnx,ort): "
+        notes.append(f"{len(over)} of {len(todo)} files exceed --max-size {cfg.max_size_kb:g} KB as .ort (what "
+                     "ships with --format onnx,ort), though their .onnx files fit: "
                      + ", ".join(f"{c.label} (.ort {c.ort_bytes / 1024:.1f} KB, .onnx {c.onnx_bytes / 1024:.1f} KB)"
                                  for c in over[:8]) + (", ..." if len(over) > 8 else ""))
         say(f"[tune] {notes[-1]}")
