@@ -13,6 +13,7 @@ from minreal.facts import INT8_SUFFIX, int8_source
 from .config import shape_grid, shape_label
 from .cpu import isa_difference
 from .errors import CheckError
+from .inputs import ORT_SUFFIX
 from .placement import describe_fallback, placement_from_dict
 from .report import BenchReport, validate_report
 
@@ -88,8 +89,11 @@ def check_report(
         max_int8_drop: Highest allowed accuracy drop of each INT8 file (``X.int8``) against its fp32 source
             (``X``, or ``X.ptq`` for ``X.ptq.int8``) in the same report, in percentage points.
         max_size_kb: Largest allowed file size in KiB (the graph with its external data, on disk) of every model
-            but the first (the reference); of the one model of a one-model report.
-        max_size_ratio: Largest allowed file size of every model but the first relative to the first's.
+            but the first (the reference); of the one model of a one-model report. A model with an ORT-format file
+            (``ort_size_bytes``: a run's or tune's ``--format onnx,ort``) is judged on it too, as ``NAME.ort``.
+        max_size_ratio: Largest allowed file size of every model but the first relative to the first's; an
+            ORT-format file (``NAME.ort``) relative to the first's ``.onnx`` file too (what ships against what was
+            exported, so the ratio shows the ORT format's own cost as well).
 
     Every latency criterion also fails, with a note, for each requested (model, provider, batch size, shape)
     the report has no latency for (a provider recorded as unavailable, a cell that did not run).
@@ -231,22 +235,34 @@ def _sized_models(data: dict[str, Any], flag: str) -> list[dict[str, Any]]:
     return models
 
 
+def _files(models: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
+    """``(name, bytes)`` of each model's file and, after it, of its ORT-format file where it has one
+    (``ort_size_bytes``), named ``NAME.ort``."""
+    out = []
+    for m in models:
+        out.append((m["name"], m["file_size_bytes"]))
+        if m.get("ort_size_bytes") is not None:
+            out.append((m["name"] + ORT_SUFFIX, m["ort_size_bytes"]))
+    return out
+
+
 def _size(data: dict[str, Any], allowed_kb: float) -> list[Criterion]:
-    """Every model but the reference (the one model of a one-model report) against a size in KiB."""
+    """Every model but the reference (the one model of a one-model report), and its ``.ort`` file, against a size in
+    KiB."""
     models = _sized_models(data, "max_size_kb (--max-size)")
-    return [Criterion("size_kb", m["name"], None, None, m["file_size_bytes"] / 1024, allowed_kb,
-                      m["file_size_bytes"] <= allowed_kb * 1024) for m in models[1:] or models]
+    return [Criterion("size_kb", name, None, None, size / 1024, allowed_kb, size <= allowed_kb * 1024)
+            for name, size in _files(models[1:] or models)]
 
 
 def _size_ratio(data: dict[str, Any], allowed: float) -> list[Criterion]:
-    """Every model but the reference against the reference's size."""
+    """Every model but the reference, and its ``.ort`` file, against the reference's (``.onnx``) size."""
     models = _sized_models(data, "max_size_ratio (--max-size-ratio)")
     if len(models) < 2:
         raise CheckError("max_size_ratio (--max-size-ratio) given but the report has one model (the ratio is to the "
                          "first)")
     ref = max(models[0]["file_size_bytes"], 1)
-    return [Criterion("size_ratio", m["name"], None, None, m["file_size_bytes"] / ref, allowed,
-                      m["file_size_bytes"] / ref <= allowed) for m in models[1:]]
+    return [Criterion("size_ratio", name, None, None, size / ref, allowed, size / ref <= allowed)
+            for name, size in _files(models[1:])]
 
 
 def _agreement(data: dict[str, Any], allowed: float) -> list[Criterion]:

@@ -31,7 +31,9 @@ CHOSEN = "chosen"
 
 def tune_bench(data: dict[str, Any], path: Path) -> dict[str, Any] | None:
     """The confirmation benchmark of a tune report cut to the original and the chosen model, the latter renamed
-    ``chosen`` (so gates and ``--baseline`` compare tunes whatever they chose); None when the tune chose nothing."""
+    ``chosen`` (so gates and ``--baseline`` compare tunes whatever they chose); None when the tune chose nothing.
+    With ``chosen.ort`` (``--format onnx,ort``) the chosen model has its size as ``ort_size_bytes``, which the size
+    gates judge too."""
     chosen = data.get("chosen")
     if not chosen:
         return None
@@ -49,6 +51,9 @@ def tune_bench(data: dict[str, Any], path: Path) -> dict[str, Any] | None:
         bench["ratios"] = [{"model": CHOSEN, "reference": "original", "provider": r["provider"],
                             "batch_size": r["batch_size"], "statistic": "p50_ms", "median": 1.0, "min": 1.0, "max": 1.0,
                             "per_process": [1.0]} for r in bench["latency"] if r["model"] == "original"]
+    if ort := data.get("chosen_ort"):
+        bench["models"] = [{**m, "ort_size_bytes": ort["bytes"]} if m["name"] == CHOSEN else m
+                           for m in bench["models"]]
     return bench
 
 

@@ -279,7 +279,8 @@ def _export(module: nn.Module, label: str, method: str, case: RunCase, case_dir:
 
 def _ort_int8(records: list[VariantRecord], case: RunCase, case_dir: Path, cfg: PipelineConfig) -> str | None:
     """With ``cfg.ort``: the ORT-format copies of the INT8 ``records`` (each checked against its ``.onnx`` file) and
-    the case's merged operator configuration, of these and the fp32 ``.ort`` files (its name), else ``None``."""
+    the case's merged operator configuration, of these and the fp32 ``.ort`` files (its name), else ``None``. FP16
+    records get none (:data:`minreal.app.report.ORT_FP16_NOTE` says why, in the run's report)."""
     if cfg.ort is None:
         return None
     for r in records:
@@ -288,6 +289,15 @@ def _ort_int8(records: list[VariantRecord], case: RunCase, case_dir: Path, cfg: 
     merged = case_dir / "required_operators.config"
     merge_operator_configs([case_dir / r.ort["config_path"] for r in records if r.ort], merged)
     return merged.name
+
+
+def _add_ort_sizes(bench: dict[str, Any], records: list[VariantRecord]) -> None:
+    """``ort_size_bytes`` beside ``file_size_bytes`` of each benchmarked model that has an ORT-format file, in place:
+    ``minreal check --max-size`` and ``--max-size-ratio`` judge that file too (what ships)."""
+    sizes = {r.label: r.ort["bytes"] for r in records if r.ort}
+    for model in bench["models"]:
+        if model["name"] in sizes:
+            model["ort_size_bytes"] = sizes[model["name"]]
 
 
 @dataclass
@@ -366,6 +376,7 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
                              progress=progress, fail_on_unavailable=not cfg.skip_unavailable_providers)
     stages["benchmark"] = time.perf_counter() - t
     result = CaseResult(case.name, records, relative_to(to_jsonable(bench), case_dir), stages, list(case.notes))
+    _add_ort_sizes(result.bench, records)
     write_json(result.bench, case_dir / "bench.json")  # a `minreal bench` report, paths relative to the case
     slow = fp16_warnings + int8_quality_warnings(result) + slowdown_warnings(result)
     if mismatch or slow:  # each warning is printed once, with the results (finish_run), and kept in report.json

@@ -13,7 +13,7 @@ __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown"
            "plot_spectra", "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery",
            "INT8_HEADERS", "int8_rows", "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows",
            "tensorrt_lines", "verdict_lines", "grouped_warnings", "int8_format_text", "VERDICT_MAX_DROP_PP",
-           "ORT_HEADERS", "ort_rows", "ort_line"]
+           "ORT_HEADERS", "ort_rows", "ort_line", "ORT_FP16_NOTE", "ort_fp16_note"]
 
 #: The accuracy cost a verdict accepts: the fastest model within this many points of the original's held-out accuracy.
 VERDICT_MAX_DROP_PP = 1.0
@@ -32,6 +32,12 @@ INT8_HEADERS = ("case", "fp32 model", "target", "post-training INT8", "quantisat
 
 ORT_HEADERS = ("case", "model", ".ort file", "file KB", ".onnx KB", "optimisation", "operators", "parity against",
                "max abs err", "batch sizes")
+
+ORT_FP16_NOTE = ("FP16 files are not converted to ORT format: ONNX Runtime's converter optimises the graph for its "
+                 "CPU execution provider, which has no float16 Conv/Gemm kernels, so it bakes Casts to float into the "
+                 "file (an fp16 CNN converted that way ran Cast, Conv and Gemm in float), and ORT-format minimal "
+                 "builds serve the CPU and mobile providers, not the CUDA/TensorRT providers FP16 files are made for")
+"""Why a run with ``--format onnx,ort`` writes no ``.ort`` file of its FP16 files (:func:`ort_fp16_note`)."""
 
 FP16_HEADERS = ("case", "FP16 model", "fp32 model", "I/O", "parity", "max err / output scale", "rtol", "file KB",
                 "fp32 KB", "kept fp32 by converter", "run in fp32 by provider")
@@ -419,6 +425,14 @@ def ort_line(case: Any) -> str | None:
     return f"[{_get(case, 'name')}] ORT format: {', '.join(names)} (parity ok); operators of all of them: {config}"
 
 
+def ort_fp16_note(report: Any) -> str | None:
+    """:data:`ORT_FP16_NOTE` for a run that wrote ORT-format files and FP16 files (once for the run), else ``None``."""
+    variants = [v for case in _get(report, "cases") for v in _get(case, "variants")]
+    if any(_optional(v, "ort") for v in variants) and any(_get(v, "method").endswith("+fp16") for v in variants):
+        return ORT_FP16_NOTE
+    return None
+
+
 def _ort_section(report: Any) -> list[str]:
     """report.md lines of :func:`ort_rows` and each case's merged configuration (none without ORT-format files)."""
     rows = ort_rows(report)
@@ -426,12 +440,13 @@ def _ort_section(report: Any) -> list[str]:
         return []
     merged = [f"- {_get(c, 'name')}: `{_get(c, 'name')}/{_optional(c, 'ort_config')}`"
               for c in _get(report, "cases") if _optional(c, "ort_config")]
+    fp16 = ["", f"{note}."] if (note := ort_fp16_note(report)) else []
     return ["", "## ORT format: files for ONNX Runtime's minimal build", "",
             "Each `.ort` file was loaded by ONNX Runtime and checked against torch (INT8: against its `.onnx` file); "
             "its operators are in `NAME.required_operators.config`, those of every file of a case in one "
             "configuration (build with `--minimal_build --include_ops_by_config FILE`):", "", *merged, "",
             "| " + " | ".join(ORT_HEADERS) + " |", "|" + "---|" * len(ORT_HEADERS),
-            *("| " + " | ".join(r) + " |" for r in rows)]
+            *("| " + " | ".join(r) + " |" for r in rows), *fp16]
 
 
 def _counts(ops: dict[str, int]) -> str:

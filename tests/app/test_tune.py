@@ -32,6 +32,7 @@ from minreal.app.tune import (
     parse_duration,
     tune,
 )
+from minreal.app.tune.output import format_tune
 from minreal.app.tune.search import BudgetSearch
 from minreal.compress.core.smoke import digits_mlp, digits_subset
 from minreal.compress.core.train import TrainConfig, train
@@ -227,11 +228,12 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(workdir: Path, run_cli:
     assert code == 2 and "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
     plan = CliRunner().invoke(cli, ["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
                                     "-m", "svd", "-m", "factorize", "--recover-epochs", "2", "--out", "v", "--dry-run",
-                                    "--json", "-q"])
+                                    "--format", "onnx,ort", "--max-size", "300", "--json", "-q"])
     assert plan.exit_code == 0, plan.output
     dry = json.loads(plan.output)
     assert dry["dry_run"] and not Path("v").exists()  # a plan writes nothing
     assert any("successive halving of up to 4 candidate(s)" in line for line in dry["plan"]), dry["plan"]
+    assert any("chosen.ort" in line and "judges the .ort files too" in line for line in dry["plan"]), dry["plan"]
     assert dry["estimated_total_s"] == pytest.approx(sum(dry["estimated_s"].values()), abs=0.5)
 
 
@@ -323,6 +325,38 @@ def test_max_size_is_a_constraint_on_every_file_the_original_s_included(trained_
         dataclasses.replace(base, max_size_kb=0.0)
 
 
+def test_max_size_with_format_ort_judges_the_ort_file_of_every_feasible_file(trained_mlp, tmp_path: Path,
+                                                                            shared_cache: Path) -> None:
+    """--format onnx,ort with --max-size: each feasible file is converted (in a scratch folder, gone after) and its
+    .ort size recorded; at a limit of the smallest .ort file, a file whose .onnx file fits but whose .ort file does
+    not is infeasible, the notes say why, and the chosen file fits as .onnx and as .ort."""
+    from minreal.export.ort_format import convert_to_ort, ort_for_target
+    from minreal.export.settings import OrtConfig
+
+    model, tr, te = trained_mlp
+    base = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd",), grid=(0.8,), screen=FAST, confirm=FAST,
+                      ort=OrtConfig())
+    free = tune(model, tr, te, base, tmp_path / "free", shared_cache, executor=InlineExecutor())
+    assert all(c.ort_bytes is None for c in free.candidates)  # no --max-size: only chosen.onnx is converted
+    feasible, target = [c for c in free.candidates if c.feasible], free.config["quant_target"]
+    ort_bytes = {c.label: convert_to_ort(c.onnx, tmp_path / f"{c.label}.ort",
+                                         ort_for_target(base.ort, None if c.precision == "fp32" else target)).bytes
+                 for c in feasible}
+    keeper = min(feasible, key=lambda c: ort_bytes[c.label])
+    limit = ort_bytes[keeper.label]
+    victims = [c.label for c in feasible if c.onnx_bytes <= limit < ort_bytes[c.label]]
+    assert victims  # the limit lies between a file's .onnx and .ort sizes
+    report = tune(model, tr, te, dataclasses.replace(base, max_size_kb=limit / 1024), tmp_path / "small",
+                  shared_cache, executor=InlineExecutor())
+    by_label = {c.label: c for c in report.candidates}
+    assert all(by_label[v].ort_bytes == ort_bytes[v] and not by_label[v].feasible for v in victims)
+    assert any("exceed --max-size" in n and "as .ort" in n and all(v in n for v in victims) for n in report.notes)
+    assert report.chosen == keeper.label and report.chosen_ort["bytes"] == by_label[keeper.label].ort_bytes == limit
+    assert "(.onnx and .ort)" in report.constraint and ".ort KB" in format_tune(report)
+    assert [p.name for p in (tmp_path / "small").glob(".minreal-ort*")] == []  # the scratch folder is gone
+    assert "ort_sizes" in report.phases_s and not any("conversion --max-size judged" in n for n in report.notes)
+
+
 def test_cache_key_follows_weights_data_shapes_and_graph(trained_mlp) -> None:
     import copy
 
@@ -378,6 +412,14 @@ def test_gate_on_a_tune_report_names_the_chosen_model_and_fails_without_one(tmp_
     (tmp_path / "n.json").write_text(json.dumps({"kind": "tune", "chosen": None, "verdict": "nothing met it"}))
     assert run(["check", str(tmp_path / "n.json"), "--max-accuracy-drop", "1"]) == 1
     assert "nothing met it" in capsys.readouterr().out
+    sized = {**confirm, "models": [{"name": "original", "file_size_bytes": 4096},
+                                   {"name": "a@0.5", "file_size_bytes": 2048}]}
+    (tmp_path / "s.json").write_text(json.dumps({"kind": "tune", "chosen": "a@0.5", "confirm": sized,
+                                                 "chosen_ort": {"path": "chosen.ort", "bytes": 3072}}))
+    assert run(["check", str(tmp_path / "s.json"), "--max-size", "3"]) == 0  # chosen.onnx 2 KB, chosen.ort 3 KB
+    assert run(["check", str(tmp_path / "s.json"), "--max-size", "2.5"]) == 1
+    [failed] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("FAILED")]
+    assert "size_kb chosen.ort: 3 (allowed 2.5)" in failed and "chosen:" not in failed
 
 
 def test_tune_refuses_unmeasurable_constraints_and_path_like_plan_labels(trained_mlp, tmp_path: Path) -> None:
@@ -529,6 +571,27 @@ def test_dry_run_estimate_counts_each_phase_in_the_probe_s_units() -> None:
     files = 3 + 2 * 2 * 2
     assert est.seconds["screen"] == pytest.approx(files * 1 * (FAST.min_seconds * FAST.repeats + PROCESS_START_S))
     assert est.total == pytest.approx(sum(est.seconds.values()))
+
+
+def test_dry_run_plan_names_the_ort_conversions_of_format_ort() -> None:
+    """--format onnx,ort: the plan names chosen.ort and its check; with --max-size, also that every feasible file is
+    converted to judge its .ort size; without --format ort, no ORT line."""
+    from minreal.app.tune.dryrun import Probe, estimate_plan
+    from minreal.export.settings import OrtConfig
+
+    probe = Probe(forward_s=0.001, train_s=0.004, samples=64)
+    cfg = TuneConfig(Constraint(max_accuracy_drop=1.0), methods=("svd",), grid=(0.5,), screen=FAST, confirm=FAST)
+
+    def ort_lines(**kw: object) -> list[str]:
+        est = estimate_plan(dataclasses.replace(cfg, **kw), cfg.methods, calib=100, held_out=50, probe=probe)
+        return [line for line in est.lines if "ORT" in line or ".ort" in line]
+
+    assert ort_lines() == [] and ort_lines(max_size_kb=300.0) == []
+    [chosen] = ort_lines(ort=OrtConfig())
+    assert "chosen.ort" in chosen and "checked against chosen.onnx" in chosen and "--max-size" not in chosen
+    [both] = ort_lines(ort=OrtConfig(), max_size_kb=300.0)
+    assert both.startswith(chosen) and "--max-size 300 KB judges the .ort files too" in both
+    assert "every file that meets the quality constraint and fits as .onnx is converted" in both
 
 
 def test_a_worker_s_progress_reaches_this_process_s_log(caplog: pytest.LogCaptureFixture) -> None:

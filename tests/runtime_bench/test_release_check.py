@@ -144,3 +144,20 @@ def test_size_gates_every_model_but_the_reference() -> None:
         check_report(one, max_size_ratio=1.0)
     with pytest.raises(CheckError, match="--max-size"):
         check_report(_report(P50), max_size_kb=1.0)  # models without sizes
+
+
+def test_size_gates_judge_a_model_s_ort_file_as_a_second_row() -> None:
+    """A model with an ORT-format file (``ort_size_bytes``) gets a second row, ``NAME.ort``, under --max-size and
+    --max-size-ratio (against the reference's .onnx size); the reference's own .ort file is not judged, as its .onnx
+    file is not; a one-model report's .ort file is."""
+    rep = _report(P50)
+    rep["models"] = [{"name": "orig", "file_size_bytes": 8192, "ort_size_bytes": 9216},
+                     {"name": "small", "file_size_bytes": 3072, "ort_size_bytes": 4096}]
+    rows = check_report(rep, max_size_kb=3.5).criteria
+    assert [(c.model, c.measured, c.passed) for c in rows] == [("small", 3.0, True), ("small.ort", 4.0, False)]
+    assert [(c.model, c.measured) for c in check_report(rep, max_size_ratio=0.5).criteria] == [
+        ("small", 0.375), ("small.ort", 0.5)]
+    assert check_report(rep, max_size_kb=4.0).passed and check_report(rep, max_size_ratio=0.5).passed
+    assert not check_report(rep, max_size_ratio=0.49).passed
+    one = {**rep, "models": rep["models"][:1]}
+    assert [c.model for c in check_report(one, max_size_kb=9.0).criteria] == ["orig", "orig.ort"]

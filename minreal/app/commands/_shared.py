@@ -97,7 +97,7 @@ def refuse_torchrun(command: str) -> None:
 
 def finish_run(con: Console, report: Any, out: str) -> None:
     """Show a run directory's report: the compact table, recovery and INT8 tables, each case's warnings."""
-    from minreal.app.report import format_compact, format_int8, format_recovery, ort_line
+    from minreal.app.report import format_compact, format_int8, format_recovery, ort_fp16_note, ort_line
 
     con.table(format_compact(report))
     for table in (format_recovery(report), format_int8(report)):
@@ -106,7 +106,7 @@ def finish_run(con: Console, report: Any, out: str) -> None:
     for case in report.cases:
         for w in case.warnings:
             click.echo(f"WARNING [{case.name}] {w}", err=True)
-    for line in filter(None, map(ort_line, report.cases)):
+    for line in filter(None, [*map(ort_line, report.cases), ort_fp16_note(report)]):
         con.table("\n" + line)
     con.table(f"\nrun directory: {out} (full table in report.md; report.json, plot.png, ONNX files per case)")
     con.result(report)

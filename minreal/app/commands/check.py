@@ -36,9 +36,11 @@ __all__ = ["check_cmd"]
                    "percentage points: the loss quantisation alone causes.")
 @click.option("--max-size", "max_size_kb", type=click.FloatRange(min=0, min_open=True), metavar="KB",
               help="Largest allowed file size in KB (KiB, 1024 bytes; graph and external data on disk) of every model "
-                   "but the first (of the one model of a one-model report).")
+                   "but the first (of the one model of a one-model report), and of its .ort file where it has one "
+                   "(--format onnx,ort; judged as NAME.ort).")
 @click.option("--max-size-ratio", type=click.FloatRange(min=0, min_open=True),
-              help="Largest allowed file size of every model relative to the first model's.")
+              help="Largest allowed file size of every model, and of its .ort file, relative to the first model's "
+                   ".onnx file.")
 @common
 def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: float | None,
               min_agreement: float | None, baseline: str | None, max_regression: float | None,

@@ -58,7 +58,8 @@ __all__ = ["tune_cmd"]
 @click.option("--max-mse-increase", type=float, metavar="VALUE", help="Largest allowed MSE increase (regressors).")
 @click.option("--max-size", "max_size_kb", type=click.FloatRange(min=0, min_open=True), metavar="KB",
               help="Largest deployable file in KB (KiB, 1024 bytes; on disk, with external data): a constraint "
-                   "beside the quality one, on every file including the original's.")
+                   "beside the quality one, on every file including the original's (with --format onnx,ort, on its "
+                   ".ort file too).")
 @click.option("--objective", type=click.Choice(["latency", "size"]), default="latency", show_default=True,
               help="What the chosen model minimises among those that meet the constraint.")
 @click.option("--time-budget", metavar="DURATION",

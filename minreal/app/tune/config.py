@@ -134,7 +134,8 @@ class TuneConfig:
     recover_epochs: int = 0
     max_size_kb: float | None = None
     """Largest deployable file in KiB (on disk, external data included; ``--max-size``): a constraint beside the
-    quality one, judged on every file, the original's included; None: no limit."""
+    quality one, judged on every file, the original's included (with ``ort``, on its ``.onnx`` and its ``.ort``
+    file); None: no limit."""
     int8: bool = True
     qat: bool = True
     accuracy_control: bool = True
@@ -192,12 +193,13 @@ class TuneConfig:
 
     def describe_limits(self) -> str:
         """The quality constraint, and the size limit when there is one, in words."""
-        size = f" and file <= {self.max_size_kb:g} KB" if self.max_size_kb is not None else ""
+        files = " (.onnx and .ort)" if self.ort is not None else ""
+        size = f" and file <= {self.max_size_kb:g} KB{files}" if self.max_size_kb is not None else ""
         return self.constraint.describe() + size
 
-    def fits(self, onnx_bytes: int) -> bool:
-        """Whether a file of ``onnx_bytes`` bytes meets ``max_size_kb``."""
-        return self.max_size_kb is None or onnx_bytes <= self.max_size_kb * 1024
+    def fits(self, size_bytes: int) -> bool:
+        """Whether a file of ``size_bytes`` bytes (an ``.onnx`` or an ``.ort`` file) meets ``max_size_kb``."""
+        return self.max_size_kb is None or size_bytes <= self.max_size_kb * 1024
 
     @property
     def recovery_budgets(self) -> tuple[int, ...]:

@@ -13,31 +13,52 @@ from minreal.export.variant import to_jsonable
 from .config import Constraint
 from .run import TuneReport
 
-__all__ = ["write_tune_dir", "plot_tune", "candidate_rows", "format_tune", "render_tune_markdown", "int8_format_line",
-           "ort_line", "CANDIDATE_HEADERS"]
+__all__ = ["write_tune_dir", "plot_tune", "candidate_headers", "candidate_rows", "format_tune", "render_tune_markdown",
+           "int8_format_line", "ort_line", "CANDIDATE_HEADERS", "ORT_KB_HEADER"]
 
 CANDIDATE_HEADERS = ("model", "kind", "precision", "MAC ratio", "recovery", "KB", "gzip KB", "accuracy", "agreement",
                      "MSE", "loss", "meets", "screen p50 ms", "confirmed p50 ms", "front", "chosen")
+ORT_KB_HEADER = ".ort KB"
+"""The column after ``gzip KB`` of a tune whose files were converted to judge ``--max-size`` on their ``.ort`` size
+(``--format onnx,ort`` with ``--max-size``); absent otherwise."""
+_AFTER = CANDIDATE_HEADERS.index("gzip KB") + 1
 
 
 def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _has_ort_sizes(report: TuneReport) -> bool:
+    return any(c.ort_bytes is not None for c in report.candidates)
+
+
+def candidate_headers(report: TuneReport) -> tuple[str, ...]:
+    """:data:`CANDIDATE_HEADERS`, with :data:`ORT_KB_HEADER` after ``gzip KB`` where files have an ``.ort`` size."""
+    if not _has_ort_sizes(report):
+        return CANDIDATE_HEADERS
+    return (*CANDIDATE_HEADERS[:_AFTER], ORT_KB_HEADER, *CANDIDATE_HEADERS[_AFTER:])
+
+
 def candidate_rows(report: TuneReport) -> list[tuple[str, ...]]:
-    """One row per deployable file, in the report's order; latencies of the first (provider, batch) cell."""
+    """One row per deployable file, in the report's order, under :func:`candidate_headers`; latencies of the first
+    (provider, batch) cell."""
     cells = [f"{p}/b{b}" for p in report.config["providers"] for b in report.config["batch_sizes"]]
     cell, on_front = cells[0], {lb for labels in report.front.values() for lb in labels}
+    ort = _has_ort_sizes(report)
     rows = []
     for c in report.candidates:
         acc = c.quality.get("accuracy")
-        rows.append((c.label, c.kind, c.precision, f"{c.mac_ratio:.3f}", str(c.recover_epochs),
-                     f"{c.onnx_bytes / 1024:.1f}", _fmt(c.gzip_bytes / 1024 if c.gzip_bytes else None, ".1f"),
-                     _fmt(None if acc is None else 100 * acc, ".2f"),
-                     _fmt(c.quality.get("top1_agreement"), ".4f"), _fmt(c.quality.get("mse"), ".4g"),
-                     _fmt(c.loss, ".3g"), "yes" if c.feasible else "no", _fmt(c.screen_ms.get(cell), ".4g"),
-                     _fmt(c.confirm_ms.get(cell), ".4g"), "*" if c.label in on_front else "",
-                     "<==" if c.label == report.chosen else ""))
+        row = (c.label, c.kind, c.precision, f"{c.mac_ratio:.3f}", str(c.recover_epochs),
+               f"{c.onnx_bytes / 1024:.1f}", _fmt(c.gzip_bytes / 1024 if c.gzip_bytes else None, ".1f"),
+               _fmt(None if acc is None else 100 * acc, ".2f"),
+               _fmt(c.quality.get("top1_agreement"), ".4f"), _fmt(c.quality.get("mse"), ".4g"),
+               _fmt(c.loss, ".3g"), "yes" if c.feasible else "no", _fmt(c.screen_ms.get(cell), ".4g"),
+               _fmt(c.confirm_ms.get(cell), ".4g"), "*" if c.label in on_front else "",
+               "<==" if c.label == report.chosen else "")
+        if ort:
+            kb = _fmt(None if c.ort_bytes is None else c.ort_bytes / 1024, ".1f")
+            row = (*row[:_AFTER], kb, *row[_AFTER:])
+        rows.append(row)
     return rows
 
 
@@ -74,7 +95,7 @@ def format_tune(report: TuneReport) -> str:
     """Console view: the candidates table, the INT8 format, the fronts and the verdict."""
     first = f"{report.config['providers'][0]}/b{report.config['batch_sizes'][0]}"
     lines = [f"tune: {report.constraint}; latencies on {first} (loss: pp of accuracy, 1 - agreement, or MSE "
-             "increase vs the original)", _text_table(CANDIDATE_HEADERS, candidate_rows(report))]
+             "increase vs the original)", _text_table(candidate_headers(report), candidate_rows(report))]
     if line := int8_format_line(report):
         lines.append(line)
     lines += [f"front {cell}: {' < '.join(labels) or '-'}" for cell, labels in report.front.items()]
@@ -88,7 +109,7 @@ def render_tune_markdown(report: TuneReport) -> str:
     """``report.md`` of a tune."""
     out = ["# minreal tune report", "", f"Created {report.created_utc} UTC; constraint: {report.constraint}; "
            f"objective: {report.config['objective']}; {report.wall_s:.0f} s.", "", f"**Verdict:** {report.verdict}", "",
-           "| " + " | ".join(CANDIDATE_HEADERS) + " |", "|" + "---|" * len(CANDIDATE_HEADERS)]
+           "| " + " | ".join(candidate_headers(report)) + " |", "|" + "---|" * len(candidate_headers(report))]
     out += ["| " + " | ".join(r) + " |" for r in candidate_rows(report)]
     if line := int8_format_line(report):
         out += ["", line]
