@@ -12,7 +12,7 @@ from minreal.app import data as app_data
 from minreal.app.callables import SpecError
 from minreal.app.models import align_inputs, check_input_shape, checked_dataset, load_model, packed_model
 from minreal.app.preprocess import ImagePreprocess
-from minreal.app.report import int8_cause, int8_format_text
+from minreal.app.report import ORT_FP16_NOTE, int8_cause, int8_format_text
 from minreal.app.shapes import InputShapes, check_shape_names, merge_axes, random_inputs
 from minreal.compress.core.inputs import Inputs, NamedInputs
 from minreal.export.fp16 import Fp16Config
@@ -127,6 +127,8 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
     if opts.fp16 is not None:
         progress(f"converting to FP16 ({'fp32' if opts.fp16.keep_io_types else 'fp16'} inputs and outputs)")
         record.fp16 = fp16_variant(record, out.parent, x, opts.variant, opts.fp16).fp16
+        if opts.ort is not None:
+            progress(f"note: {ORT_FP16_NOTE}")
     return record
 
 

@@ -260,3 +260,13 @@ def test_dynamic_int8_cannot_be_arm64_or_tensorrt() -> None:
         with pytest.raises(ValueError, match="--quant-mode dynamic cannot write the"):
             VariantConfig(quant_target=target, quant_mode="dynamic")
     assert VariantConfig(quant_target="arm64").quant_mode == "static"
+
+
+def test_export_says_why_an_fp16_file_gets_no_ort_file(workdir: Path, run_cli: Callable) -> None:
+    """``export --fp16 --format onnx,ort``: the fp32 file gets its ``.ort`` pair, the FP16 file none, and the output
+    says why (once) instead of leaving it out silently."""
+    code, out, err = run_cli(["export", "net.py:bn_net", "--out", "m.onnx", "--input-shape", "3,8,8", "--fp16",
+                              "--format", "onnx,ort"])
+    assert code == 0, err
+    assert Path("m.ort").is_file() and Path("m.fp16.onnx").is_file() and not Path("m.fp16.ort").exists()
+    assert (out + err).count("FP16 files are not converted to ORT format") == 1
