@@ -26,7 +26,7 @@ from minreal.facts import INTEGER_KERNEL_OPERANDS
 from .inputs import load_model_proto
 from .placement import _event_shapes, _prod, node_macs
 from .runtime import onnxruntime_module
-from .sessions import session_options
+from .sessions import in_target_graph, session_options
 
 __all__ = ["KernelTime", "kernel_macs", "parse_kernel_times", "profile_kernels", "op_totals"]
 
@@ -127,12 +127,16 @@ def profile_kernels(path: Path, provider: str, threads: int | None, feeds: Mappi
     if runs < 1 or warmup < 0:
         raise ValueError(f"profile_kernels needs runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     with tempfile.TemporaryDirectory(prefix="minreal-profile-") as tmp:
-        options = session_options(threads)
-        options.enable_profiling = True
-        options.profile_file_prefix = str(Path(tmp) / "profile")
-        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
         providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
-        session = onnxruntime_module().InferenceSession(str(path), sess_options=options, providers=providers)
+
+        def make(config: Mapping[str, str] | None) -> Any:  # the timed sessions' options, and their graph
+            options = session_options(threads, config=config)
+            options.enable_profiling = True
+            options.profile_file_prefix = str(Path(tmp) / "profile")
+            options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+            return onnxruntime_module().InferenceSession(str(path), sess_options=options, providers=providers)
+
+        session = in_target_graph(make, provider)
         for _ in range(warmup + runs):
             session.run(None, dict(feeds))
         events = json.loads(Path(session.end_profiling()).read_text())

@@ -25,7 +25,7 @@ from minreal.facts import INTEGER_KERNEL_OPS, PROVIDERS
 
 from .inputs import ORT_SUFFIX, load_model_proto
 from .runtime import onnxruntime_module
-from .sessions import session_options
+from .sessions import in_target_graph, session_options
 
 __all__ = [
     "PlacedNode",
@@ -241,11 +241,15 @@ def measure_placement(
         provider_options: ONNX Runtime options of ``provider``, as the timed session had them.
     """
     with tempfile.TemporaryDirectory(prefix="minreal-profile-") as tmp:
-        options = session_options(threads)
-        options.enable_profiling = True
-        options.profile_file_prefix = str(Path(tmp) / "profile")
         providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
-        session = onnxruntime_module().InferenceSession(str(path), sess_options=options, providers=providers)
+
+        def make(config: Mapping[str, str] | None) -> Any:  # the timed sessions' options, and their graph
+            options = session_options(threads, config=config)
+            options.enable_profiling = True
+            options.profile_file_prefix = str(Path(tmp) / "profile")
+            return onnxruntime_module().InferenceSession(str(path), sess_options=options, providers=providers)
+
+        session = in_target_graph(make, provider)
         session.run(None, dict(feeds))
         events = json.loads(Path(session.end_profiling()).read_text())
     shapes = {k: v.shape for k, v in feeds.items()}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ from .cpu import ARM_GRAPH_CONFIG
 from .errors import ModelFileError, SessionError
 from .runtime import onnxruntime_module
 
-__all__ = ["SPINNING_ENTRIES", "session_options", "create_session", "target_graph_config"]
+__all__ = ["SPINNING_ENTRIES", "session_options", "create_session", "in_target_graph", "target_graph_config"]
 
 #: Session config entries that stop idle thread pools from spinning. With one pool per session,
 #: spinning threads of idle sessions steal cores from the timed one when models are interleaved.
@@ -93,11 +93,21 @@ def create_session(
             raise SessionError(f"onnxruntime cannot create a session for {where} on {provider}: "
                                f"{error_line(exc)}") from None
 
+    return in_target_graph(make, provider, config)
+
+
+def in_target_graph(make: Callable[[Mapping[str, str] | None], Any], provider: str,
+                    config: Mapping[str, str] | None = None) -> Any:
+    """``make(config)``, a session; with ``config`` ``None`` on the CPU provider, re-made with the entries of the
+    graph its file's INT8 target runs (:func:`target_graph_config` of its ``minreal.int8_target`` metadata; the
+    optimiser runs at load, so only a new session runs that graph). Only such files (``arm64``) pay for two
+    sessions, the first released before the second is built."""
     session = make(config)
     if config is None and provider == PROVIDERS["cpu"]:
-        target = session.get_modelmeta().custom_metadata_map.get(INT8_TARGET_KEY)
-        if entries := target_graph_config(target):
-            session = make(entries)  # the optimiser ran at load: only a new session runs the target's graph
+        entries = target_graph_config(session.get_modelmeta().custom_metadata_map.get(INT8_TARGET_KEY))
+        if entries:
+            del session
+            session = make(entries)
     return session
 
 
