@@ -15,16 +15,16 @@ Files, per model (``minreal.export``, as ``minreal export`` writes them): ``fp32
 batch, simplified, checked against torch); ``int8_cpu.onnx`` and ``int8_arm64.onnx`` (``quantize_variant``: static
 QDQ calibrated on the calibration data, in the resolved ``cpu`` format and in ``arm64``'s); each converted to
 ``.ort`` with its ``.required_operators.config`` (``ort_variant``: the default converter settings, each file for the
-platform of its INT8 target: ``amd64`` for fp32 and ``cpu`` on x86, ``arm`` for arm64); and ``fp32_any.ort``, the fp32
-file converted for no platform (``--ort-platform any``, the converter's own default), the cell behind the default.
+platform of its INT8 target: ``arm`` for arm64, no platform (``any``) for fp32 and ``cpu``); and ``fp32_amd64.ort``, the
+fp32 file converted for ``--ort-platform amd64`` (x86's NCHWc layouts, opt-in: they tie the file to this CPU's block).
 Per file: bytes on disk and gzip-compressed bytes (``minreal.runtime_bench.model_info``); parity (``fp32.onnx`` and
-``fp32.ort`` against torch, ``fp32_any.ort`` against ``fp32.onnx``, each INT8 ``.ort`` against its ``.onnx``, at the
+``fp32.ort`` against torch, ``fp32_amd64.ort`` against ``fp32.onnx``, each INT8 ``.ort`` against its ``.onnx``, at the
 export's parity batch sizes; the arm64 ``.ort`` file against its ``.onnx`` run in ONNX Runtime's ARM graph); held-out
 accuracy and top-1 agreement with ``fp32.onnx`` in ONNX Runtime (the INT8 files' accuracy next to fp32's).
 
 Latency: ``minreal.runtime_bench.run_benchmark`` on the CPU provider at batch 1: all seven files interleaved in each of
 ``--processes`` fresh processes (default 5; the project's default intra-op threads), pooled p50 per file and, per
-``.onnx``/``.ort`` pair (``fp32_any.ort`` against ``fp32.onnx``), the ``.ort`` file's p50 over the ``.onnx`` file's
+``.onnx``/``.ort`` pair (``fp32_amd64.ort`` against ``fp32.onnx``), the ``.ort`` file's p50 over the ``.onnx`` file's
 in each process (median, min, max). The arm64 files run here on x86 in the graph ONNX Runtime builds for ARM (int8
 fusions; minreal's sessions do that for every file whose metadata names the arm64 target): their accuracy is ARM's,
 their latency here says nothing about an ARM device's.
@@ -68,9 +68,9 @@ DEFAULT_OUT = tb.ROOT / "benchmarks" / "edge.json"
 TARGETS = ("cpu", "arm64")
 """INT8 formats: ``--quant-target cpu`` (resolved for this CPU) and ``arm64``."""
 FORMATS = ("onnx", "ort")
-ANY_STEM = "fp32_any"
-"""``fp32_any.ort``: the fp32 file converted for no platform (``--ort-platform any``), against ``fp32.ort`` converted
-for this machine's (the default: ``amd64`` on x86, with NCHWc layouts)."""
+AMD64_STEM = "fp32_amd64"
+"""``fp32_amd64.ort``: the fp32 file converted for ``--ort-platform amd64`` (x86's NCHWc layouts, with this CPU's block
+baked in), against ``fp32.ort`` converted for no platform (the default on x86)."""
 DROP_PP = 1.0
 SIZE_SHARE = 0.5
 """The tune's ``--max-size``: this share of the fp32 ``.onnx`` file."""
@@ -126,13 +126,13 @@ def write_fp32(net: Any, held: Any, folder: Path) -> tuple[Any, dict[str, dict[s
 
     record = export_variant(net, held.x, folder / "fp32.onnx", VariantConfig(), "fp32")
     ort = ort_variant(record, folder, held.x, VariantConfig(), OrtConfig(), net)
-    anywhere = convert_to_ort(folder / "fp32.onnx", folder / f"{ANY_STEM}.ort", OrtConfig(target_platform="any"))
-    parity = verify_files(folder / "fp32.onnx", anywhere.path, [feeds_of(x) for x in parity_inputs(held.x, None)])
+    amd64 = convert_to_ort(folder / "fp32.onnx", folder / f"{AMD64_STEM}.ort", OrtConfig(target_platform="amd64"))
+    parity = verify_files(folder / "fp32.onnx", amd64.path, [feeds_of(x) for x in parity_inputs(held.x, None)])
     return record, {"fp32.onnx": {"parity": parity_record(record.parity, "torch")},
                     "fp32.ort": {"parity": parity_record(ort["parity"], "torch"), "operators": len(ort["operators"]),
                                  "target_platform": ort["target_platform"]},
-                    f"{ANY_STEM}.ort": {"parity": parity_record(dataclasses.asdict(parity), "fp32.onnx"),
-                                        "operators": len(anywhere.operators), "target_platform": "any"}}
+                    f"{AMD64_STEM}.ort": {"parity": parity_record(dataclasses.asdict(parity), "fp32.onnx"),
+                                          "operators": len(amd64.operators), "target_platform": "amd64"}}
 
 
 def write_int8(record: Any, calib: Any, held: Any, folder: Path, target: str) -> dict[str, dict[str, Any]]:
@@ -197,7 +197,7 @@ def ort_vs_onnx(files: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]
 
     out = {}
     for stem in sorted({n.rsplit(".", 1)[0] for n in files}):
-        source = "fp32" if stem == ANY_STEM else stem
+        source = "fp32" if stem == AMD64_STEM else stem
         onnx, ort = (files[f"{s}.{ext}"]["latency_b1"]["process_p50_ms"] for s, ext in zip((source, stem), FORMATS))
         s = ratio_summary(ort, onnx)
         out[stem] = {"median": round(s.median, 3), "min": round(s.min, 3), "max": round(s.max, 3),
@@ -271,7 +271,7 @@ def run_model(name: str, args: argparse.Namespace, config: Any) -> dict[str, Any
     load_start = list(os.getloadavg())
     files = write_files(net, calib, held, folder)
     names = [f"{stem}.{ext}" for stem in ("fp32", *(f"int8_{t}" for t in TARGETS)) for ext in FORMATS]
-    names.insert(2, f"{ANY_STEM}.ort")
+    names.insert(2, f"{AMD64_STEM}.ort")
     say(f"{name}: timing {len(names)} files at batch 1 in {config.repeats} fresh processes")
     for file, measured in time_files(folder, names, held, config).items():
         files[file] |= measured
@@ -288,8 +288,8 @@ def settings(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     from minreal.export.settings import OrtConfig
 
     return {"int8_targets": {t: resolve_target(t) for t in TARGETS}, "ort": dataclasses.asdict(OrtConfig()),
-            "ort_platform": "the default: the platform of each file's INT8 target (arm64: arm; cpu on x86: amd64); "
-                            f"{ANY_STEM}.ort: fp32 with --ort-platform any",
+            "ort_platform": "the default: the platform of each file's INT8 target (arm64: arm; others: any); "
+                            f"{AMD64_STEM}.ort: fp32 with --ort-platform amd64",
             "timing": {"provider": "cpu", "batch": 1, "processes": config.repeats, "warmup": config.warmup,
                        "min_runs": config.min_runs, "min_seconds": config.min_seconds,
                        "intra_op_threads": config.threads(),

@@ -367,19 +367,20 @@ def ort_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantConf
     return _checked_conversion(source, folder, ort, check, against)
 
 
-#: The converter's platform for the files of each explicit INT8 target (``--quant-target``): the CPU those files are
-#: made for. ``arm``: int8 QDQ fusions kept (ARM's graph); ``amd64``: x86's NCHWc convolution layouts, which ONNX
-#: Runtime applies to an ``.onnx`` file on x86 at load but the converter keeps only for ``amd64`` (without them the
-#: fp32 ``.ort`` files of the digits CNN and ResNet-32 ran 1.5x and 1.3x as long as their ``.onnx`` files at batch 1,
-#: ``benchmarks/edge.json``); ``any``: neither (TensorRT files: no CPU of their own).
-TARGET_PLATFORMS = {ARM64_TARGET: "arm", CPU_VNNI_TARGET: "amd64", CPU_AVX2_TARGET: "amd64", "tensorrt": "any"}
+#: The converter's platform for the files of each explicit INT8 target (``--quant-target``). ``arm`` for ``arm64``:
+#: int8 QDQ fusions kept (ARM's graph), the graph ARM's builds make of the file anyway. ``any`` for the x86 targets:
+#: ``amd64`` would add x86's NCHWc convolution layouts (which an ``.onnx`` session on x86 builds at load, so the fp32
+#: ``.ort`` files without them ran 1.5x (digits CNN) and 1.3x (ResNet-32) as long as their ``.onnx`` files at batch 1,
+#: ``benchmarks/edge.json``), but it bakes this machine's NCHWc block into the file (16 channels on AVX-512, 8 on
+#: AVX2; ONNX Runtime's converter warns that such a file belongs to the machine that made it), so it stays opt-in.
+TARGET_PLATFORMS = {ARM64_TARGET: "arm", CPU_VNNI_TARGET: "any", CPU_AVX2_TARGET: "any", "tensorrt": "any"}
 
 
 def ort_for_target(ort: OrtConfig, quant_target: str | None) -> OrtConfig:
     """``ort`` with its platform decided for files of INT8 target ``quant_target`` (the run's ``--quant-target``, for
     its fp32 files too; ``cpu``: this machine's, :func:`minreal.runtime_bench.cpu.cpu_int8_target`): an asked-for
     platform is kept, else :data:`TARGET_PLATFORMS` (an arm64 file keeps its int8 QDQ fusions, not this machine's
-    uint8 rewrite; an x86 one gets NCHWc layouts); ``any`` without a target."""
+    uint8 rewrite; any other file gets no platform's); ``any`` without a target."""
     if ort.target_platform is not None:
         return ort
     target = cpu_int8_target() if quant_target == AUTO_TARGET else quant_target
@@ -454,7 +455,8 @@ def ort_summary(ort: dict[str, Any], folder: str | os.PathLike[str] = ".") -> st
     parity."""
     parity = ort["parity"]
     batches = ", ".join(map(str, parity["batch_sizes"]))
-    platform = f", for {ort['target_platform']}" if ort.get("target_platform") not in (None, "any") else ""
+    platform = {"arm": ", for arm", "amd64": ", for amd64 (this CPU's NCHWc block)", "any": ", for any CPU"}.get(
+        ort.get("target_platform") or "any")
     graph = " in ONNX Runtime's ARM graph" if parity.get("reference_graph") == "arm" else ""
     return (f"wrote {Path(folder) / ort['path']} ({ort['bytes']} bytes, optimisation {ort['optimization']}, "
             f"{ort['style']}{platform}) and {Path(folder) / ort['config_path']} ({len(ort['operators'])} operators); "

@@ -16,11 +16,11 @@ __all__ = ["AUTO_TARGET", "QUANT_TARGETS", "QUANT_MODES", "DROP_ROUNDTRIPS", "CA
            "ORT_OPTIMIZATIONS", "ORT_STYLES", "ORT_PLATFORMS", "OrtConfig", "VariantConfig", "int8_format"]
 
 AUTO_TARGET = "cpu"
-"""``--quant-target cpu``: the one of ``cpu-vnni``/``cpu-avx2`` this machine needs
-(:func:`minreal.export.quantize.resolve_target`)."""
+"""``--quant-target cpu``: the format this machine needs, ``cpu-vnni``/``cpu-avx2`` on x86 and ``arm64`` on an ARM64
+CPU (:func:`minreal.export.quantize.resolve_target`)."""
 
 QUANT_TARGETS: tuple[str, ...] = (AUTO_TARGET, CPU_VNNI_TARGET, CPU_AVX2_TARGET, ARM64_TARGET, "tensorrt")
-"""INT8 formats here (``--quant-target``): ``cpu`` (the right one of ``cpu-vnni``/``cpu-avx2`` for this machine),
+"""INT8 formats here (``--quant-target``): ``cpu`` (the right one for this machine, :data:`AUTO_TARGET`),
 ``cpu-vnni``, ``cpu-avx2``, ``arm64`` (symmetric int8 activations and per-channel weights, for ONNX Runtime's ARM64
 kernels) and ``tensorrt``; each picks an activation type, symmetry and weight range."""
 
@@ -59,7 +59,9 @@ class OrtConfig:
         optimization: graph optimisation level baked into the file, one of :data:`ORT_OPTIMIZATIONS`.
         style: ``fixed`` or ``runtime`` (:data:`ORT_STYLES`).
         target_platform: ``arm``, ``amd64``, ``any`` (:data:`ORT_PLATFORMS`), or ``None``: the platform of the
-            files' INT8 target (``--quant-target``; :func:`minreal.export.ort_format.ort_for_target`).
+            files' INT8 target where a run, export or tune decides it (``--quant-target``;
+            :func:`minreal.export.ort_format.ort_for_target`); none for a bare
+            :func:`~minreal.export.ort_format.convert_to_ort`.
         type_reduction: record the types each operator needs in the configuration, so a minimal build can also
             drop kernels' unused types (``--enable_type_reduction``).
     """
