@@ -248,9 +248,9 @@ def resolve_target(target: str, mode: str = "static") -> str:
     return CPU_VNNI_TARGET if found == ARM64_TARGET and mode == "dynamic" else found
 
 
-def target_text(target: str) -> str:
-    """``target`` for a progress line: ``cpu → cpu-avx2`` where ``cpu`` is resolved for this machine."""
-    resolved = resolve_target(target)
+def target_text(target: str, mode: str = "static") -> str:
+    """``target`` for a progress line: ``cpu → cpu-avx2`` where ``cpu`` is resolved for this machine (in ``mode``)."""
+    resolved = resolve_target(target, mode)
     return target if resolved == target else f"{target} → {resolved}"
 
 

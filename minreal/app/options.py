@@ -27,9 +27,9 @@ __all__ = ["HELP_ALL", "IMAGE_GROUP", "QUANT_TARGET_HELP", "RECOVERY_GROUP", "Gr
 #: ``--quant-target``'s help, the same in every command.
 QUANT_TARGET_HELP = ("INT8 format. cpu-vnni: uint8 activations, 8-bit weights (x86 with VNNI/AMX); cpu-avx2: "
                      "7-bit weights, which cannot saturate ONNX Runtime's int16 step on x86 without VNNI; cpu: the "
-                     "one of the two this machine needs; arm64: symmetric int8 activations and per-channel int8 "
-                     "weights (S8S8), what ONNX Runtime's ARM64 kernels run (checked here, not timed on ARM); "
-                     "tensorrt: symmetric int8, what TensorRT builds.")
+                     "one this machine needs (of those two on x86, arm64 on an ARM64 CPU); arm64: symmetric int8 "
+                     "activations and per-channel int8 weights (S8S8), what ONNX Runtime's ARM64 kernels run "
+                     "(checked here, not timed on ARM); tensorrt: symmetric int8, what TensorRT builds.")
 
 
 def common(fn: Callable) -> Callable:

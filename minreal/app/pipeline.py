@@ -352,7 +352,8 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
     if cfg.int8:
         t = time.perf_counter()
         _fault_point("int8")
-        progress(f"[{case.name}] quantising to INT8 ({target_text(cfg.quant_target)}, {cfg.quant_mode})")
+        target = target_text(cfg.quant_target, cfg.quant_mode)
+        progress(f"[{case.name}] quantising to INT8 ({target}, {cfg.quant_mode})")
         records += _int8_records(records, weights, case, case_dir, cfg)
         stages["int8"] = time.perf_counter() - t
     fp16_warnings: list[str] = []

@@ -115,7 +115,8 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
         progress(f"INT8 skipped: {skip}")
         record.quantization = {"skipped": skip}
     elif opts.int8:
-        progress(f"quantising to INT8 ({opts.variant.quant_mode}, {target_text(opts.variant.quant_target)})")
+        target = target_text(opts.variant.quant_target, opts.variant.quant_mode)
+        progress(f"quantising to INT8 ({opts.variant.quant_mode}, {target})")
         calib = x if data_spec else None
         q = quantize_variant(record, out.parent, calib, opts.variant)
         record.quantization = {**q.quantization, "mobile": q.mobile}
@@ -127,7 +128,8 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
     if opts.fp16 is not None:
         progress(f"converting to FP16 ({'fp32' if opts.fp16.keep_io_types else 'fp16'} inputs and outputs)")
         record.fp16 = fp16_variant(record, out.parent, x, opts.variant, opts.fp16).fp16
-        if opts.ort is not None:
+        if opts.ort is not None:  # in the record too: --json and -q must not lose it
+            record.fp16 = {**record.fp16, "ort": {"skipped": ORT_FP16_NOTE}}
             progress(f"note: {ORT_FP16_NOTE}")
     return record
 

@@ -340,7 +340,7 @@ def test_max_size_with_format_ort_judges_the_ort_file_of_every_feasible_file(tra
     assert all(c.ort_bytes is None for c in free.candidates)  # no --max-size: only chosen.onnx is converted
     feasible, target = [c for c in free.candidates if c.feasible], free.config["quant_target"]
     ort_bytes = {c.label: convert_to_ort(c.onnx, tmp_path / f"{c.label}.ort",
-                                         ort_for_target(base.ort, None if c.precision == "fp32" else target)).bytes
+                                         ort_for_target(base.ort, target)).bytes  # the tune's platform
                  for c in feasible}
     keeper = min(feasible, key=lambda c: ort_bytes[c.label])
     limit = ort_bytes[keeper.label]

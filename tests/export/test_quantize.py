@@ -67,7 +67,8 @@ def test_cpu_target_is_qdq_with_uint8_activations_and_integer_kernels(cpu_int8, 
     assert cpu_int8.target == resolve_target("cpu") and not cpu_int8.saturates_here
     assert cpu_int8.node_counts["QuantizeLinear"] > 0 and cpu_int8.node_counts["DequantizeLinear"] > 0
     assert cpu_int8.node_counts["Conv"] == 2  # QDQ keeps float ops between Q/DQ pairs
-    assert (cpu_int8.activation_type, cpu_int8.activation_symmetric) == ("uint8", False)
+    arm = cpu_int8.target == "arm64"  # cpu on an ARM64 CPU: ARM's S8S8 format
+    assert (cpu_int8.activation_type, cpu_int8.activation_symmetric) == (("int8", True) if arm else ("uint8", False))
     assert _input_zero_point(cpu_int8.out_path).dtype == np.uint8
     assert cpu_int8.calibration_samples == 64 and not cpu_int8.random_calibration
     # Both convolutions and the classifier run as integer kernels in ORT's CPU graph.

@@ -684,8 +684,8 @@ def _ort_sizes(candidates: list[Candidate], cfg: TuneConfig, folder: Path, notes
     over = [c for c in todo if c.ort_bytes is not None and not cfg.fits(c.ort_bytes)]
     for c in over:
         c.feasible = False
-    say(f"[tune] converted {len(todo)} feasible file(s) to ORT format to judge --max-size on their .ort files: "
-        f"{len(over)} over it, {time.perf_counter() - t0:.1f} s; {clock.elapsed()}")
+    say(f"[tune] converted {len(todo) - len(refused)} feasible file(s) to ORT format to judge --max-size on their "
+        f".ort files: {len(over)} over it, {time.perf_counter() - t0:.1f} s; {clock.elapsed()}")
     if over:
         notes.append(f"{len(over)} of {len(todo)} files exceed --max-size {cfg.max_size_kb:g} KB as .ort (what "
                      "ships with --format onnx,ort), though their .onnx files fit: "
