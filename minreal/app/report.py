@@ -400,7 +400,7 @@ def _mobile_section(report: Any) -> list[str]:
 
 def ort_rows(report: Any) -> list[tuple[str, ...]]:
     """One row per ORT-format copy (:mod:`minreal.export.ort_format`): its file and size beside the ``.onnx`` file's,
-    the converter's level and style, how many operators its configuration lists, and its parity."""
+    the converter's level, style and platform, how many operators its configuration lists, and its parity."""
     rows = []
     for case in _get(report, "cases"):
         for v in _get(case, "variants"):
@@ -409,7 +409,8 @@ def ort_rows(report: Any) -> list[tuple[str, ...]]:
                 continue
             p = o["parity"]
             rows.append((_get(case, "name"), _get(v, "label"), o["path"], f"{o['bytes'] / 1024:.1f}",
-                         f"{_get(v, 'onnx_bytes') / 1024:.1f}", f"{o['optimization']}, {o['style']}",
+                         f"{_get(v, 'onnx_bytes') / 1024:.1f}",
+                         f"{o['optimization']}, {o['style']}, for {o.get('target_platform') or 'any'}",
                          str(len(o["operators"])), p["against"], f"{p['max_abs_err']:.3g}",
                          ", ".join(map(str, p["batch_sizes"]))))
     return rows

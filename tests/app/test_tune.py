@@ -288,6 +288,9 @@ def test_an_arm64_int8_choice_is_converted_for_the_arm_platform(trained_mlp, tmp
     assert chosen.precision == "int8"  # the smallest file that meets a 100-point drop is an INT8 one
     assert report.chosen_ort["target_platform"] == "arm" and report.chosen_ort["parity"]["passed"]
     assert (tmp_path / "a" / "chosen.ort").is_file()
+    feasible = [c for c in report.candidates if c.feasible]  # --objective size ranks what ships: the .ort files
+    assert all(c.ort_bytes for c in feasible) and chosen.ort_bytes == min(c.ort_bytes for c in feasible)
+    assert report.chosen_ort["bytes"] == chosen.ort_bytes
 
 
 def test_size_objective_picks_the_smallest_feasible_file_of_all(trained_mlp, tmp_path: Path,
@@ -592,6 +595,8 @@ def test_dry_run_plan_names_the_ort_conversions_of_format_ort() -> None:
     [both] = ort_lines(ort=OrtConfig(), max_size_kb=300.0)
     assert both.startswith(chosen) and "--max-size 300 KB judges the .ort files too" in both
     assert "every file that meets the quality constraint and fits as .onnx is converted" in both
+    [ranked] = ort_lines(ort=OrtConfig(), objective="size")
+    assert ranked.startswith(chosen) and "--objective size ranks the .ort files" in ranked
 
 
 def test_a_worker_s_progress_reaches_this_process_s_log(caplog: pytest.LogCaptureFixture) -> None:

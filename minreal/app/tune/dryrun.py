@@ -153,10 +153,13 @@ def estimate_plan(cfg: TuneConfig, methods: Sequence[str], calib: int, held_out:
 
 
 def _ort_line(cfg: TuneConfig) -> str:
-    """What ``--format onnx,ort`` adds to the plan: the chosen file's conversion and, with ``--max-size``, every
-    feasible file's."""
+    """What ``--format onnx,ort`` adds to the plan: the chosen file's conversion and, with ``--max-size`` or
+    ``--objective size``, every feasible file's."""
     line = ("ORT format (--format onnx,ort): chosen.onnx converted to chosen.ort with its required-operators "
             "configuration, and checked against chosen.onnx")
+    if cfg.max_size_kb is None and cfg.objective == "size":
+        return (f"{line}; --objective size ranks the .ort files: every file that meets the quality constraint is "
+                "converted to ORT format first (in a scratch folder)")
     if cfg.max_size_kb is None:
         return line
     return (f"{line}; --max-size {cfg.max_size_kb:g} KB judges the .ort files too: every file that meets the quality "

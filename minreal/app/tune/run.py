@@ -101,8 +101,14 @@ class Candidate:
     gzip_bytes: int = 0
     """The file (with its external data) gzip-compressed (:func:`minreal.runtime_bench.model_info.gzip_bytes`)."""
     ort_bytes: int | None = None
-    """``--format onnx,ort`` with ``--max-size``: the size of its ORT-format file, which ``--max-size`` judges too
-    (converted in a scratch folder); None: not converted (no such options, or already infeasible)."""
+    """``--format onnx,ort`` with ``--max-size`` or ``--objective size``: the size of its ORT-format file, which
+    ``--max-size`` judges too and ``--objective size`` ranks by (converted in a scratch folder); None: not converted
+    (no such options, or already infeasible)."""
+
+    @property
+    def shipped_bytes(self) -> int:
+        """The bytes of the file that ships: the ``.ort`` file where it was converted, else the ``.onnx`` file."""
+        return self.onnx_bytes if self.ort_bytes is None else self.ort_bytes
 
 
 @dataclass
@@ -234,7 +240,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
         _ort_quality(candidates, held_out, cfg.constraint, folder, say)
         _sizes(candidates, cfg, notes, say)
         phases["ort_quality"] = time.perf_counter() - t0
-        if cfg.ort is not None and cfg.max_size_kb is not None:  # what ships is the .ort file: it must fit too
+        if cfg.ort is not None and (cfg.max_size_kb is not None or cfg.objective == "size"):  # the .ort file ships
             t0 = time.perf_counter()
             _ort_sizes(candidates, cfg, folder, notes, say, clock)
             phases["ort_sizes"] = time.perf_counter() - t0
@@ -663,10 +669,11 @@ def _sizes(candidates: list[Candidate], cfg: TuneConfig, notes: list[str], say: 
 
 def _ort_sizes(candidates: list[Candidate], cfg: TuneConfig, folder: Path, notes: list[str], say: Progress,
                clock: "_Clock") -> None:
-    """``--format onnx,ort`` with ``--max-size``: each file still feasible converted to ORT format in a scratch
-    folder inside ``folder`` (removed after; no parity check: :func:`_chosen_ort` checks the chosen file's copy) with
-    the settings :func:`_chosen_ort` uses; its ``.ort`` bytes recorded, and a file whose ``.ort`` file is over the
-    limit, or that the converter refuses, is infeasible (what ships is the ``.ort`` file)."""
+    """``--format onnx,ort`` with ``--max-size`` or ``--objective size``: each file still feasible converted to ORT
+    format in a scratch folder inside ``folder`` (removed after; no parity check: :func:`_chosen_ort` checks the
+    chosen file's copy) with the settings :func:`_chosen_ort` uses; its ``.ort`` bytes recorded (what ``--objective
+    size`` ranks), and a file whose ``.ort`` file is over the limit, or that the converter refuses, is infeasible
+    (what ships is the ``.ort`` file)."""
     from minreal.export.errors import OrtConversionError
     from minreal.export.ort_format import convert_to_ort, ort_for_target
 
@@ -684,8 +691,10 @@ def _ort_sizes(candidates: list[Candidate], cfg: TuneConfig, folder: Path, notes
     over = [c for c in todo if c.ort_bytes is not None and not cfg.fits(c.ort_bytes)]
     for c in over:
         c.feasible = False
-    say(f"[tune] converted {len(todo) - len(refused)} feasible file(s) to ORT format to judge --max-size on their "
-        f".ort files: {len(over)} over it, {time.perf_counter() - t0:.1f} s; {clock.elapsed()}")
+    why = "judge --max-size on" if cfg.max_size_kb is not None else "rank --objective size by"
+    over_text = f"{len(over)} over it, " if cfg.max_size_kb is not None else ""
+    say(f"[tune] converted {len(todo) - len(refused)} feasible file(s) to ORT format to {why} their .ort files: "
+        f"{over_text}{time.perf_counter() - t0:.1f} s; {clock.elapsed()}")
     if over:
         notes.append(f"{len(over)} of {len(todo)} files exceed --max-size {cfg.max_size_kb:g} KB as .ort (what "
                      "ships with --format onnx,ort), though their .onnx files fit: "
@@ -724,7 +733,7 @@ def _points(candidates: list[Candidate], cell: str, which: str, constraint: Cons
         ms = getattr(c, which).get(cell)
         score = constraint.score(Quality.from_metrics(c.quality))
         if ms is not None and score is not None:
-            out.append(Point(c.label, ms, score, c.onnx_bytes, c.feasible))
+            out.append(Point(c.label, ms, score, c.shipped_bytes, c.feasible))
     return out
 
 
@@ -825,7 +834,7 @@ def _choose(confirmed: list[Candidate], candidates: list[Candidate], cell: str, 
     unit = "KB" if size else f"ms p50 on {cell}"
 
     def value(c: Candidate) -> float:
-        return c.onnx_bytes / 1024 if size else c.confirm_ms[cell]
+        return c.shipped_bytes / 1024 if size else c.confirm_ms[cell]
 
     tied = [] if size else [b for b in base if win.kind == "structural"
                             and win.confirm_range_ms[cell][1] >= b.confirm_range_ms[cell][0]]
