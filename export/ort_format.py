@@ -370,9 +370,10 @@ def ort_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantConf
 #: The converter's platform for the files of each explicit INT8 target (``--quant-target``). ``arm`` for ``arm64``:
 #: int8 QDQ fusions kept (ARM's graph), the graph ARM's builds make of the file anyway. ``any`` for the x86 targets:
 #: ``amd64`` would add x86's NCHWc convolution layouts (which an ``.onnx`` session on x86 builds at load, so the fp32
-#: ``.ort`` files without them ran 1.5x (digits CNN) and 1.3x (ResNet-32) as long as their ``.onnx`` files at batch 1,
-#: ``benchmarks/edge.json``), but it bakes this machine's NCHWc block into the file (16 channels on AVX-512, 8 on
-#: AVX2; ONNX Runtime's converter warns that such a file belongs to the machine that made it), so it stays opt-in.
+#: ``.ort`` files without them ran 1.52x (digits CNN) and 1.57x (ResNet-32) as long as their ``.onnx`` files at batch
+#: 1, with them 0.97x and 0.95x, ``benchmarks/edge.json``), but it bakes this machine's NCHWc block into the file (16
+#: channels on AVX-512, 8 on AVX2; ONNX Runtime's converter warns that such a file belongs to the machine that made
+#: it), so it stays opt-in.
 TARGET_PLATFORMS = {ARM64_TARGET: "arm", CPU_VNNI_TARGET: "any", CPU_AVX2_TARGET: "any", "tensorrt": "any"}
 
 
