@@ -31,6 +31,9 @@ JSON. ``--refresh`` re-derives the winners and tables of the runs already in the
 needs its own ``--out``.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/tune.py --out benchmarks/tune.json
+The cell behind tune's default recovery cap (0): the same models at caps 0 and 1 into one JSON,
+    for cap in 0 1; do OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/tune.py --only mlp,cnn,resnet20 \
+        --recover-epochs $cap --resume --out benchmarks/tune_recovery_cap.json; done
 """
 
 from __future__ import annotations
@@ -435,8 +438,9 @@ def refresh(doc: dict[str, Any], quick: bool) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------- runs
-def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) -> dict[str, Any]:
-    """One tune of ``case`` under ``drop``; its folder under ``work`` is rewritten, its cache shared per model."""
+def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1, suffix: str = "") -> dict[str, Any]:
+    """One tune of ``case`` under ``drop``; its folder under ``work`` is rewritten, its cache shared per model (and
+    ``suffix``: ``_capN`` for a ``--recover-epochs`` override, which gets its own folders and cache)."""
     from _common import cpu_share, cpu_times  # benchmarks/ is on sys.path when this file runs as a script
 
     from minreal.app.data import load_data
@@ -444,7 +448,7 @@ def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) 
     from minreal.app.tune import ProcessExecutor, SpecSource, tune
     from minreal.app.tune.output import write_tune_dir
 
-    tag = "" if workers == 1 else f"_workers{workers}"
+    tag = ("" if workers == 1 else f"_workers{workers}") + suffix
     folder, cache = work / f"{case.name}_drop{drop:g}{tag}", work / "cache" / f"{case.name}{tag}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -486,8 +490,11 @@ def run_one(case: Case, drop: float, work: Path, quick: bool, workers: int = 1) 
 def run_model(doc: dict[str, Any], name: str, args: argparse.Namespace, save: Callable[[], None]) -> None:
     """Both drops of one model; the first that has to run with an empty cache starts from a fresh cache folder."""
     case = CASES[name](args.work)
-    doc["models"][name] = dataclasses.asdict(case)
-    tag = "" if args.workers == 1 else f"/workers{args.workers}"
+    cap = "" if args.recover_epochs is None else f"/cap{args.recover_epochs}"
+    if cap:  # every run of the model at this recovery cap, keyed and cached apart from the model's own cap
+        case = dataclasses.replace(case, recover_epochs=args.recover_epochs)
+    doc["models"][name + cap] = dataclasses.asdict(case)
+    tag = ("" if args.workers == 1 else f"/workers{args.workers}") + cap
     for i, drop in enumerate(case.drops):
         key = f"{name}/drop{drop:g}{tag}"
         if args.resume and key in doc["runs"] and "error" not in doc["runs"][key]:
@@ -497,7 +504,7 @@ def run_model(doc: dict[str, Any], name: str, args: argparse.Namespace, save: Ca
             shutil.rmtree(args.work / "cache" / (name + tag.replace("/", "_")), ignore_errors=True)
         say(f"{key}: tuning ({case.model}, data {case.data}), load {os.getloadavg()[0]:.1f}")
         try:
-            doc["runs"][key] = run_one(case, drop, args.work, args.quick, args.workers)
+            doc["runs"][key] = run_one(case, drop, args.work, args.quick, args.workers, cap.replace("/", "_"))
         except Exception as exc:  # one failed run must not cost the others
             doc["runs"][key] = {"model": name, "max_accuracy_drop_pp": drop,
                                 "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
@@ -603,6 +610,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=1,
                     help="candidate worker processes (runs with more than one are recorded as "
                          "<model>/drop<D>/workers<N>, with their own cold cache)")
+    ap.add_argument("--recover-epochs", type=int, default=None, metavar="N",
+                    help="recovery cap of every selected model instead of its own (runs recorded as "
+                         "<model>/drop<D>/capN, with their own cold cache): the cell behind tune's default cap")
     ap.add_argument("--refresh", action="store_true",
                     help="re-derive the runs in --out from their tune folders' report.json (no tuning)")
     ap.add_argument("--quick", action="store_true", help="smoke test: svd only, grid 0.8/0.5, short protocols")
