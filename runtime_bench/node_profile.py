@@ -25,8 +25,7 @@ from minreal.facts import INTEGER_KERNEL_OPERANDS
 
 from .inputs import load_model_proto
 from .placement import _event_shapes, _prod, node_macs
-from .runtime import onnxruntime_module
-from .sessions import in_target_graph, session_options
+from .sessions import create_session
 
 __all__ = ["KernelTime", "kernel_macs", "parse_kernel_times", "profile_kernels", "op_totals"]
 
@@ -119,24 +118,16 @@ def parse_kernel_times(events: Sequence[Mapping[str, Any]], skip: int = 0,
 
 def profile_kernels(path: Path, provider: str, threads: int | None, feeds: Mapping[str, np.ndarray], runs: int,
                     warmup: int = 5, provider_options: Mapping[str, str] | None = None) -> list[KernelTime]:
-    """Run the model at ``path`` ``warmup + runs`` times in a separate, profiled session and return each
-    kernel's median time over the last ``runs`` (:func:`parse_kernel_times`; the shapes of pre-packed weights from
-    the optimised graph the session writes). The session has the timed
-    sessions' options (:func:`minreal.runtime_bench.sessions.session_options`) plus profiling, which adds a little time
-    per kernel: compare kernels within one profile, not a profile's sum with a timed latency."""
+    """Run the model at ``path`` ``warmup + runs`` times in a separate, profiled session and return each kernel's median
+    time over the last ``runs`` (:func:`parse_kernel_times`; the shapes of pre-packed weights from the optimised graph
+    the session writes). The session has the timed sessions' options and graph
+    (:func:`minreal.runtime_bench.sessions.create_session`) plus profiling, which adds a little time per kernel: compare
+    kernels within one profile, not a profile's sum with a timed latency."""
     if runs < 1 or warmup < 0:
         raise ValueError(f"profile_kernels needs runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     with tempfile.TemporaryDirectory(prefix="minreal-profile-") as tmp:
-        providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
-
-        def make(config: Mapping[str, str] | None) -> Any:  # the timed sessions' options, and their graph
-            options = session_options(threads, config=config)
-            options.enable_profiling = True
-            options.profile_file_prefix = str(Path(tmp) / "profile")
-            options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-            return onnxruntime_module().InferenceSession(str(path), sess_options=options, providers=providers)
-
-        session = in_target_graph(make, provider)
+        session = create_session(Path(path), provider, threads, Path(tmp) / "optimized.onnx", provider_options,
+                                 profile_prefix=Path(tmp) / "profile")  # the timed sessions' options and graph
         for _ in range(warmup + runs):
             session.run(None, dict(feeds))
         events = json.loads(Path(session.end_profiling()).read_text())

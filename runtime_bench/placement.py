@@ -24,8 +24,7 @@ import onnx
 from minreal.facts import INTEGER_KERNEL_OPS, PROVIDERS
 
 from .inputs import ORT_SUFFIX, load_model_proto
-from .runtime import onnxruntime_module
-from .sessions import in_target_graph, session_options
+from .sessions import create_session
 
 __all__ = [
     "PlacedNode",
@@ -230,8 +229,8 @@ def measure_placement(
 ) -> Placement:
     """Run the model at ``path`` once in a separate, profiled session on ``provider`` and read its placement.
 
-    The session has the timed sessions' options (:func:`minreal.runtime_bench.sessions.session_options`, the same
-    provider options) plus profiling; the profile is written to, and removed with, a temporary folder.
+    The session has the timed sessions' options and graph (:func:`minreal.runtime_bench.sessions.create_session`, the
+    same provider options) plus profiling; the profile is written to, and removed with, a temporary folder.
 
     Args:
         path: ONNX model file.
@@ -241,15 +240,8 @@ def measure_placement(
         provider_options: ONNX Runtime options of ``provider``, as the timed session had them.
     """
     with tempfile.TemporaryDirectory(prefix="minreal-profile-") as tmp:
-        providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
-
-        def make(config: Mapping[str, str] | None) -> Any:  # the timed sessions' options, and their graph
-            options = session_options(threads, config=config)
-            options.enable_profiling = True
-            options.profile_file_prefix = str(Path(tmp) / "profile")
-            return onnxruntime_module().InferenceSession(str(path), sess_options=options, providers=providers)
-
-        session = in_target_graph(make, provider)
+        session = create_session(Path(path), provider, threads, provider_options=provider_options,
+                                 profile_prefix=Path(tmp) / "profile")  # the timed sessions' options and graph
         session.run(None, dict(feeds))
         events = json.loads(Path(session.end_profiling()).read_text())
     shapes = {k: v.shape for k, v in feeds.items()}

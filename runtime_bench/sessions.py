@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ from .cpu import ARM_GRAPH_CONFIG
 from .errors import ModelFileError, SessionError
 from .runtime import onnxruntime_module
 
-__all__ = ["SPINNING_ENTRIES", "session_options", "create_session", "in_target_graph", "target_graph_config"]
+__all__ = ["SPINNING_ENTRIES", "session_options", "create_session", "target_graph_config"]
 
 #: Session config entries that stop idle thread pools from spinning. With one pool per session,
 #: spinning threads of idle sessions steal cores from the timed one when models are interleaved.
@@ -23,13 +23,14 @@ SPINNING_ENTRIES: tuple[tuple[str, str], ...] = (
 
 
 def session_options(threads: int | None, optimized_model_path: Path | None = None,
-                    config: Mapping[str, str] | None = None) -> Any:
+                    config: Mapping[str, str] | None = None, profile_prefix: Path | None = None) -> Any:
     """Session options: explicit intra-op threads, one inter-op thread, sequential, no spinning.
 
     Args:
         threads: Intra-op thread count; None leaves onnxruntime's default (the physical cores).
         optimized_model_path: If given, onnxruntime writes the optimised graph there.
         config: More session config entries (e.g. ``session.qdqisint8allowed``), added after the defaults.
+        profile_prefix: If given, profiling is on and its file starts with this path (``session.end_profiling()``).
     """
     ort = onnxruntime_module()
     options = ort.SessionOptions()
@@ -44,6 +45,9 @@ def session_options(threads: int | None, optimized_model_path: Path | None = Non
         options.add_session_config_entry(key, value)
     if optimized_model_path is not None:
         options.optimized_model_filepath = str(optimized_model_path)
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_prefix)
     return options
 
 
@@ -54,10 +58,12 @@ def create_session(
     optimized_model_path: Path | None = None,
     provider_options: Mapping[str, str] | None = None,
     config: Mapping[str, str] | None = None,
+    profile_prefix: Path | None = None,
 ) -> Any:
     """Create an inference session on ``provider`` (full onnxruntime name): the project's one session factory.
 
-    The benchmark, the parity check and the simplifier's before/after comparison all open sessions here.
+    The benchmark, its placement and kernel profiles, the parity check and the simplifier's before/after comparison
+    all open sessions here.
     The caller must compare ``session.get_providers()`` with the request
     (:func:`minreal.runtime_bench.providers.provider_mismatch`): onnxruntime may fall back to CPU.
 
@@ -71,6 +77,7 @@ def create_session(
         config: More session config entries (:func:`session_options`). ``None`` on the CPU provider: those its
             INT8 target's graph needs (:func:`target_graph_config` of the file's ``minreal.int8_target`` metadata:
             an ``arm64`` file runs ARM's graph); ``{}``: none, this machine's own graph whatever the file says.
+        profile_prefix: If given, a profiled session (:func:`session_options`).
 
     Raises:
         ModelFileError: the file does not exist.
@@ -86,22 +93,16 @@ def create_session(
     providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
 
     def make(entries: Mapping[str, str] | None) -> Any:
-        options = session_options(threads, optimized_model_path, entries)
+        options = session_options(threads, optimized_model_path, entries, profile_prefix)
         try:
             return onnxruntime_module().InferenceSession(source, sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own pybind exception types
             raise SessionError(f"onnxruntime cannot create a session for {where} on {provider}: "
                                f"{error_line(exc)}") from None
 
-    return in_target_graph(make, provider, config)
-
-
-def in_target_graph(make: Callable[[Mapping[str, str] | None], Any], provider: str,
-                    config: Mapping[str, str] | None = None) -> Any:
-    """``make(config)``, a session; with ``config`` ``None`` on the CPU provider, re-made with the entries of the
-    graph its file's INT8 target runs (:func:`target_graph_config` of its ``minreal.int8_target`` metadata; the
-    optimiser runs at load, so only a new session runs that graph). Only such files (``arm64``) pay for two
-    sessions, the first released before the second is built."""
+    # With config None on the CPU provider, the session is re-made with the entries of the graph its file's INT8
+    # target runs: the optimiser runs at load, so only a new session runs that graph. Only such files (arm64) pay for
+    # two sessions, the first released before the second is built.
     session = make(config)
     if config is None and provider == PROVIDERS["cpu"]:
         entries = target_graph_config(session.get_modelmeta().custom_metadata_map.get(INT8_TARGET_KEY))
