@@ -34,8 +34,9 @@ from minreal.compress.core.inputs import Inputs, repeat_to
 from minreal.export.atomic import atomic_path, ensure_distinct
 from minreal.export.errors import OrtConversionError
 from minreal.export.json_safe import to_jsonable
+from minreal.export.quantize import resolve_target
 from minreal.export.quiet import Captured, captured_output
-from minreal.export.settings import AUTO_TARGET, OrtConfig, VariantConfig
+from minreal.export.settings import OrtConfig, VariantConfig
 from minreal.export.variant import PARITY_BATCH_SIZES, VariantRecord, parity_inputs, record_axes, relative_to
 from minreal.export.verify import (
     Feeds,
@@ -45,7 +46,7 @@ from minreal.export.verify import (
     verify_parity,
 )
 from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET, error_line
-from minreal.runtime_bench.cpu import ARM_GRAPH_CONFIG, cpu_int8_target
+from minreal.runtime_bench.cpu import ARM_GRAPH_CONFIG
 from minreal.runtime_bench.errors import ModelFileError
 
 __all__ = ["OrtFile", "Operators", "convert_to_ort", "config_path_for", "parse_operator_config",
@@ -379,13 +380,13 @@ TARGET_PLATFORMS = {ARM64_TARGET: "arm", CPU_VNNI_TARGET: "any", CPU_AVX2_TARGET
 
 def ort_for_target(ort: OrtConfig, quant_target: str | None) -> OrtConfig:
     """``ort`` with its platform decided for files of INT8 target ``quant_target`` (the run's ``--quant-target``, for
-    its fp32 files too; ``cpu``: this machine's, :func:`minreal.runtime_bench.cpu.cpu_int8_target`): an asked-for
+    its fp32 files too; ``cpu``: this machine's, :func:`minreal.export.quantize.resolve_target`): an asked-for
     platform is kept, else :data:`TARGET_PLATFORMS` (an arm64 file keeps its int8 QDQ fusions, not this machine's
     uint8 rewrite; any other file gets no platform's); ``any`` without a target."""
     if ort.target_platform is not None:
         return ort
-    target = cpu_int8_target() if quant_target == AUTO_TARGET else quant_target
-    return replace(ort, target_platform=TARGET_PLATFORMS.get(target or "", "any"))
+    target = resolve_target(quant_target) if quant_target else ""
+    return replace(ort, target_platform=TARGET_PLATFORMS.get(target, "any"))
 
 
 def converter_platform(ort: OrtConfig) -> str | None:

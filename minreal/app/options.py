@@ -237,8 +237,9 @@ def ort_options(fn: Callable) -> Callable:
                           "session.enable_saved_runtime_optimizations=1)."),
         click.option("--ort-platform", type=click.Choice(ORT_PLATFORMS), default=None, cls=GroupedOption,
                      group=ORT_GROUP, help="Target platform of the optimisations: arm allows int8 QDQ fusions, amd64 "
-                                           "x86 NCHWc layouts, any neither (runs anywhere). Default: the platform of "
-                                           "--quant-target (arm64: arm; x86 targets, and cpu on x86: amd64)."),
+                                           "x86 NCHWc layouts (with this CPU's NCHWc block: for a fleet of the same "
+                                           "CPU), any neither (runs anywhere). Default: arm for --quant-target arm64 "
+                                           "(cpu on ARM), any otherwise."),
         click.option("--ort-type-reduction", is_flag=True, cls=GroupedOption, group=ORT_GROUP,
                      help="Record the types each operator needs (NAME.required_operators_and_types.config), so a "
                           "minimal build also drops unused type kernels."),

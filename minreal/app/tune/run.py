@@ -795,11 +795,11 @@ def _write_chosen(c: Candidate, folder: Path) -> None:
 
 def _chosen_ort(chosen: Candidate | None, folder: Path, held_out: Dataset, cfg: TuneConfig, notes: list[str],
                 say: Progress) -> dict[str, Any] | None:
-    """``chosen.ort`` and ``chosen.required_operators.config`` (``--format onnx,ort``), checked against
-    ``chosen.onnx`` on held-out rows at the parity batch sizes, converted for the platform of the tune's INT8 target
-    (arm64: ``arm``; x86: ``amd64``), fp32 or INT8. Nothing chosen: nothing converted, and a note says so. With
-    ``--max-size`` the chosen file's ``.ort`` size was judged already (:func:`_ort_sizes`); a note says if this
-    conversion's size differs."""
+    """``chosen.ort`` and ``chosen.required_operators.config`` (``--format onnx,ort``), checked against ``chosen.onnx``
+    on held-out rows at the parity batch sizes, converted for the platform of the tune's INT8 target
+    (:func:`minreal.export.ort_format.ort_for_target`: ``arm`` for arm64, none otherwise), fp32 or INT8. Nothing chosen:
+    nothing converted, and a note says so. With ``--max-size`` the chosen file's ``.ort`` size was judged already
+    (:func:`_ort_sizes`); a note says if this conversion's size differs."""
     from minreal.export.ort_format import ort_copy
     from minreal.export.variant import parity_inputs
     from minreal.runtime_bench.model_info import gzip_bytes
