@@ -21,6 +21,13 @@ def _resnet() -> nn.Module:
     return CifarResNet(blocks_per_stage=1).eval()
 
 
+def _resnet2() -> nn.Module:
+    from minreal.compress.models import CifarResNet
+
+    torch.manual_seed(0)
+    return CifarResNet(blocks_per_stage=2).eval()
+
+
 def _images() -> Dataset:
     from minreal.compress.datasets import digits32
 
@@ -47,6 +54,9 @@ CASES = [
      ["activation_norms"]),
     ("wanda", _resnet, _images, [{"mac_ratio": 0.7}, {"param_ratio": 0.6}], ["wanda_importance"]),
     ("fde", _resnet, _images, [{"merge_eps": 1.0}, {"merge_eps": 1.5}], ["graph_prepare"]),
+    ("depth", _resnet2, _images, [{"mac_ratio": 0.9, "score_samples": 8}, {"mac_ratio": 0.6, "score_samples": 8},
+                                  {"param_ratio": 0.9, "score_samples": 8}],
+     ["energy_scores", "removal_scores", "greedy_order", "_costs"]),
 ]
 
 

@@ -1,0 +1,258 @@
+"""Residual blocks on a traced graph, and their removal.
+
+A *residual block* is a sum ``y = s + f(x)`` (``operator.add``/``iadd``, ``torch.add`` or ``Tensor.add`` of two
+tensors of ``y``'s shape) where ``f``, the *branch*, is a set of nodes that all descend from the block input ``x``,
+feed nothing but ``y`` and each other, and hold at least one layer with parameters; other inputs of the branch
+(an attention mask, constants) must not descend from ``x``. The skip ``s`` is ``x`` itself, reached through
+identity operations only (``nn.Identity``, dropout, ``contiguous``), or a *shortcut*: parameter-free operations
+of one tensor (the option-A subsample-and-pad of a CIFAR ResNet, a scaled skip). A block with a shortcut is
+removable only when its branch is exactly zero (``y`` then *is* its shortcut); a skip through a layer with
+parameters (a projection) is not a skip here and such a sum is not a block.
+
+This finds ResNet basic and bottleneck blocks, MobileNetV2 inverted residuals and the attention and MLP
+sub-blocks of pre- and post-LN transformer layers (removing both sub-blocks of a layer removes the layer). A sum
+whose branch holds other blocks is left alone (its inner blocks are removed one by one).
+
+Removal replaces ``y`` by ``s``; the branch's nodes become dead and go, with the submodules nothing else calls. A
+ReLU of a value that a ReLU produced goes too (``relu(relu(v)) = relu(v)``), so a removed ResNet block (``relu(x +
+f(x))`` with ``x`` itself a ReLU output) leaves no node at all.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+__all__ = ["Block", "find_blocks", "remove_blocks", "graph_nodes", "blocks_named"]
+
+_ADDS = {operator.add, operator.iadd, torch.add}
+_IDENTITY_MODULES = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+_IDENTITY_METHODS = {"contiguous", "clone", "detach"}
+_RELU_FUNCTIONS = {F.relu, torch.relu, torch.relu_}
+_RELU_METHODS = {"relu", "relu_"}
+
+
+@dataclass(frozen=True)
+class Block:
+    """One residual block of a traced graph, by node names (stable across traces of the same model).
+
+    ``add``: the residual sum; ``skip``: its operand that stays; ``branch``: the nodes removed with it (the branch
+    output last); ``modules``: qualified names of the layers the branch calls; ``shortcut``: empty when the skip is
+    the block input through identity operations, else the shortcut's operations (``"getitem, pad"``).
+    """
+
+    name: str
+    add: str
+    skip: str
+    branch: tuple[str, ...]
+    modules: tuple[str, ...]
+    shortcut: str = ""
+
+    @property
+    def identity(self) -> bool:
+        """Whether the skip is the block input itself (the branch can go, whatever it computes)."""
+        return not self.shortcut
+
+
+def graph_nodes(gm: fx.GraphModule) -> dict[str, fx.Node]:
+    """The graph's nodes by name."""
+    return {n.name: n for n in gm.graph.nodes}
+
+
+def _shape(node: fx.Node) -> tuple[int, ...] | None:
+    meta = node.meta.get("tensor_meta")
+    return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
+
+
+def _sum_operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """The two tensor operands of a residual sum node of equal shapes, or None."""
+    is_add = ((node.op == "call_function" and node.target in _ADDS)
+              or (node.op == "call_method" and node.target in ("add", "add_")))
+    if not is_add or len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
+    if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
+        return None
+    shape = _shape(node)
+    return (a, b) if shape is not None and _shape(a) == shape == _shape(b) else None
+
+
+def _is_identity(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    if node.op == "call_module":
+        return type(modules[node.target]) in _IDENTITY_MODULES
+    return node.op == "call_method" and node.target in _IDENTITY_METHODS
+
+
+def _single_input(node: fx.Node, modules: dict[str, nn.Module]) -> fx.Node | None:
+    """The one tensor input of a parameter-free operation, or None."""
+    if node.op not in ("call_function", "call_method", "call_module"):
+        return None
+    if node.op == "call_module" and any(True for _ in modules[node.target].parameters()):
+        return None
+    inputs = node.all_input_nodes
+    return inputs[0] if len(inputs) == 1 else None
+
+
+def _descendants(start: fx.Node) -> set[fx.Node]:
+    seen, stack = set(), [start]
+    while stack:
+        for user in stack.pop().users:
+            if user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return seen
+
+
+def _branch(add: fx.Node, out: fx.Node, below: set[fx.Node]) -> list[fx.Node] | None:
+    """The nodes of the branch ending at ``out`` (those of its ancestors that descend from the block input,
+    ``below``), in graph order, or None when one of them feeds anything outside the branch."""
+    members, stack = {out}, [out]
+    while stack:
+        for arg in stack.pop().all_input_nodes:
+            if arg in below and arg not in members:
+                members.add(arg)
+                stack.append(arg)
+    if any(user not in members and user is not add for n in members for user in n.users):
+        return None
+    if any(n.op in ("placeholder", "output") for n in members):
+        return None
+    return [n for n in add.graph.nodes if n in members]
+
+
+def _candidate(add: fx.Node, skip: fx.Node, out: fx.Node, modules: dict[str, nn.Module]
+               ) -> tuple[list[fx.Node], str] | None:
+    """(branch nodes, shortcut description) when ``add = skip + out`` is a residual block, else None."""
+    chain, x = [], skip
+    while x is not None:
+        below = _descendants(x)
+        if out in below:
+            branch = _branch(add, out, below)
+            if branch is None or not any(n.op == "call_module" and any(True for _ in modules[n.target].parameters())
+                                         for n in branch):
+                return None
+            shortcut = [n for n in chain if not _is_identity(n, modules)]
+            return branch, ", ".join(_describe(n) for n in shortcut)
+        chain.append(x)
+        x = _single_input(x, modules)
+    return None
+
+
+def _describe(node: fx.Node) -> str:
+    target = node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+def _block_names(found: list[tuple[fx.Node, fx.Node, list[fx.Node], str]]) -> list[str]:
+    """Each block's name: the longest common module prefix of the layers its branch calls, with the layers below
+    that prefix when two blocks share it (a transformer layer's attention and MLP sub-blocks)."""
+    prefixes, children = [], []
+    for add, _, branch, _ in found:
+        targets = [n.target.split(".") for n in branch if n.op == "call_module"]
+        common: list[str] = []
+        for parts in zip(*targets):
+            if len(set(parts)) != 1:
+                break
+            common.append(parts[0])
+        prefixes.append(".".join(common) or add.name)
+        kids = dict.fromkeys(t[len(common)] for t in targets if len(t) > len(common))
+        children.append("+".join(kids))
+    counts = {p: prefixes.count(p) for p in prefixes}
+    return [p if counts[p] == 1 or not c else f"{p}/{c}" for p, c in zip(prefixes, children)]
+
+
+def find_blocks(gm: fx.GraphModule) -> tuple[list[Block], list[tuple[str, str]]]:
+    """The residual blocks of a traced, shape-propagated graph (see the module docstring), in graph order, and the
+    residual sums left alone, as (add node, reason)."""
+    modules = dict(gm.named_modules())
+    found = []
+    for node in gm.graph.nodes:
+        operands = _sum_operands(node)
+        if operands is None:
+            continue
+        for skip, out in (operands, operands[::-1]):
+            hit = _candidate(node, skip, out, modules)
+            if hit is not None:
+                found.append((node, skip, *hit))
+                break
+    adds = {add for add, *_ in found}
+    kept, left = [], []
+    for entry in found:
+        nested = [a.name for a in adds if a in entry[2]]
+        if nested:
+            left.append((entry[0].name, f"its branch holds the residual blocks at {', '.join(nested)}"))
+        else:
+            kept.append(entry)
+    names = _block_names(kept)
+    blocks = [Block(name, add.name, skip.name, tuple(n.name for n in branch),
+                    tuple(dict.fromkeys(n.target for n in branch if n.op == "call_module")), shortcut)
+              for name, (add, skip, branch, shortcut) in zip(names, kept)]
+    return blocks, left
+
+
+def _is_relu(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    if node.op == "call_module":
+        return type(modules.get(node.target)) is nn.ReLU
+    if node.op == "call_method":
+        return node.target in _RELU_METHODS
+    return node.op == "call_function" and node.target in _RELU_FUNCTIONS
+
+
+def _through_identity(node: fx.Node, modules: dict[str, nn.Module]) -> fx.Node:
+    while _is_identity(node, modules) and len(node.all_input_nodes) == 1:
+        node = node.all_input_nodes[0]
+    return node
+
+
+def _drop_repeated_relus(gm: fx.GraphModule) -> None:
+    """Replace each ReLU whose input is (through identity operations) a ReLU's output by that input."""
+    modules = dict(gm.named_modules())
+    for node in list(gm.graph.nodes):
+        if _is_relu(node, modules) and len(node.all_input_nodes) == 1:
+            source = node.all_input_nodes[0]
+            if _is_relu(_through_identity(source, modules), modules):
+                node.replace_all_uses_with(source)
+                _erase_dead(gm.graph, [node])
+
+
+def remove_blocks(gm: fx.GraphModule, blocks: Iterable[Block]) -> fx.GraphModule:
+    """A copy of ``gm`` with each block's sum replaced by its skip and the dead branch, unused layers and repeated
+    ReLUs gone. Exact for identity skips: the result computes the original with those branches set to zero."""
+    new = copy.deepcopy(gm)
+    nodes = graph_nodes(new)
+    dead: list[fx.Node] = []
+    instead: dict[str, fx.Node] = {}  # a removed sum -> what replaced it (the skip of one block can be another's sum)
+    for block in sorted(blocks, key=lambda b: list(nodes).index(b.add)):
+        add, skip = nodes[block.add], instead.get(block.skip, nodes[block.skip])
+        add.replace_all_uses_with(skip)
+        instead[block.add] = skip
+        dead.append(add)
+    _erase_dead(new.graph, dead)
+    _drop_repeated_relus(new)
+    new.graph.lint()
+    new.delete_all_unused_submodules()
+    new.recompile()
+    return new
+
+
+def _erase_dead(graph: fx.Graph, dead: list[fx.Node]) -> None:
+    """Erase the ``dead`` nodes, then every input of an erased node left without users (a removed branch goes
+    whole, with what only it used; nodes that were unused before are not touched)."""
+    while dead:
+        node = dead.pop()
+        if node.users or node.op in ("placeholder", "output") or getattr(node, "_erased", False):
+            continue
+        inputs = node.all_input_nodes
+        graph.erase_node(node)
+        dead.extend(inputs)
+
+
+def blocks_named(blocks: Sequence[Block], names: Iterable[str]) -> list[Block]:
+    """The blocks with those names, in the given order."""
+    by_name = {b.name: b for b in blocks}
+    return [by_name[n] for n in names]

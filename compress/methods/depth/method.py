@@ -1,0 +1,250 @@
+"""The ``depth`` method's two phases: ``depth_prepare`` finds and scores the residual blocks once; ``depth_realise``
+removes blocks in that order until the budget holds."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from ...core.costs import count_macs_torch
+from ...core.data import Dataset
+from ...core.errors import CompressionError
+from ...core.inputs import Inputs
+from ...core.options import flag_of
+from ...core.recover import resolve_task
+from ...core.report import CompressionReport, LayerReport
+from ...core.width.graph import is_exported_program, trace
+from .config import DEFAULT_MAC_RATIO, DepthConfig
+from .criteria import energy_scores, greedy_order, observability_scores, outputs, removal_scores
+from .graph import Block, blocks_named, find_blocks, remove_blocks
+
+__all__ = ["DepthPrepared", "depth_prepare", "depth_realise", "depth_compress", "removable_blocks"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DepthPrepared:
+    """What ``depth`` computes once for a model and calibration data, whatever the budget.
+
+    ``model``: the original (a reference); ``example``: two calibration inputs on which ``realise`` traces it again
+    (node names are stable across traces); ``blocks``: every residual block found; ``left``: residual sums left
+    alone, with the reason; ``removable``: the names of the blocks that may go (identity skip, or a shortcut whose
+    branch was exactly zero on the scoring samples; none excluded); ``macs``/``params``: what removing each alone
+    saves, of ``total_macs``/``total_params``; ``scores``: per criterion computed, each block's score;
+    ``order``: the removable blocks in the criterion's removal order; ``divergence``: the greedy divergence on the
+    scoring samples after each removal (None where not computed); ``timings_s``: the preparation's timings.
+    """
+
+    model: nn.Module
+    example: Inputs
+    criterion: str
+    blocks: list[Block]
+    left: list[tuple[str, str]]
+    removable: list[str]
+    macs: dict[str, int]
+    params: dict[str, int]
+    total_macs: int
+    total_params: int
+    scores: dict[str, dict[str, float]]
+    order: list[str]
+    divergence: list[float | None] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+def _scoring_samples(data: Dataset, n: int, seed: int) -> tuple[Inputs, torch.Tensor | None]:
+    """A seeded subset of ``n`` calibration samples (all of them when fewer)."""
+    if len(data) <= n:
+        return data.x, data.y
+    idx = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))[:n].sort().values
+    return data.x[idx], None if data.y is None else data.y[idx]
+
+
+def _traced(model: nn.Module, example: Inputs) -> fx.GraphModule:
+    if is_exported_program(model):
+        raise CompressionError("depth needs the model's Python modules (file.py:factory or a torchvision name with "
+                               "--weights): a torch.export program (.pt2) holds ATen operations, whose residual blocks "
+                               "cannot be found")
+    gm = trace(model, example)
+    return gm.eval()
+
+
+def _excluded(blocks: list[Block], exclude: tuple[str, ...]) -> set[str]:
+    """Names of the blocks ``exclude`` keeps (a block name, or a layer inside the branch); CompressionError for a
+    name that matches no block."""
+    kept = set()
+    for name in exclude:
+        hits = [b.name for b in blocks
+                if b.name == name or any(m == name or m.startswith(name + ".") for m in b.modules)]
+        if not hits:
+            raise CompressionError(f"{flag_of('exclude')} {name}: no residual block has that name or a layer of that "
+                                   f"name; blocks: {', '.join(b.name for b in blocks)}")
+        kept.update(hits)
+    return kept
+
+
+def _costs(gm: fx.GraphModule, blocks: list[Block], example: Inputs) -> tuple[dict[str, int], dict[str, int], int]:
+    """MACs and parameters each block's removal alone saves, and the whole model's MACs (torch's count)."""
+    total = count_macs_torch(gm, example).macs
+    params = sum(p.numel() for p in gm.parameters())
+    macs, saved = {}, {}
+    for b in blocks:
+        new = remove_blocks(gm, [b])
+        macs[b.name] = total - count_macs_torch(new, example).macs
+        saved[b.name] = params - sum(p.numel() for p in new.parameters())
+    return macs, saved, total
+
+
+def removable_blocks(gm: fx.GraphModule, blocks: list[Block], peaks: dict[str, float], exclude: tuple[str, ...]
+                     ) -> tuple[list[str], dict[str, str]]:
+    """The blocks that may go, and why each other one stays: excluded, or a shortcut whose branch is not exactly
+    zero (removing it would not leave what the block computes)."""
+    excluded = _excluded(blocks, exclude)
+    names, reasons = [], {}
+    for b in blocks:
+        if b.name in excluded:
+            reasons[b.name] = f"excluded ({flag_of('exclude')})"
+        elif not b.identity and peaks[b.name] != 0.0:
+            reasons[b.name] = (f"its skip is a shortcut ({b.shortcut}), not the identity, and its branch is not "
+                               "exactly zero")
+        else:
+            names.append(b.name)
+    return names, reasons
+
+
+def _order(names: list[str], scores: dict[str, float], macs: dict[str, int]) -> list[str]:
+    """Cheapest first: score per MAC saved, ties by name."""
+    return sorted(names, key=lambda n: (scores[n] / max(macs[n], 1), n))
+
+
+def depth_prepare(model: nn.Module, data: Dataset, config: DepthConfig) -> DepthPrepared:
+    """The budget-free phase: trace, find the residual blocks, cost each one's removal, score and order them."""
+    t0 = time.perf_counter()
+    example = data.x[: min(len(data), 2)]
+    gm = _traced(model, example)
+    blocks, left = find_blocks(gm)
+    if not blocks:
+        raise CompressionError(f"depth: {type(model).__name__} has no removable residual block (a sum y = x + f(x) "
+                               "whose branch f reads only x and holds a layer with parameters); use a width or rank "
+                               "method instead")
+    timings = {"trace": time.perf_counter() - t0}
+    x, y = _scoring_samples(data, config.score_samples, config.seed)
+    t0 = time.perf_counter()
+    energy, peaks = energy_scores(gm, blocks, x)
+    timings["energy"] = time.perf_counter() - t0
+    names, reasons = removable_blocks(gm, blocks, peaks, config.exclude)
+    if not names:
+        why = "; ".join(f"{n}: {r}" for n, r in reasons.items())
+        raise CompressionError(f"depth: no residual block of {type(model).__name__} may be removed ({why[:300]})")
+    chosen = blocks_named(blocks, names)
+    t0 = time.perf_counter()
+    macs, params, total = _costs(gm, chosen, example)
+    timings["costs"] = time.perf_counter() - t0
+    scores: dict[str, dict[str, float]] = {"energy": {n: energy[n] for n in names}}
+    t0 = time.perf_counter()
+    order, divergence = _criterion_order(config, gm, chosen, x, y, macs, total, scores)
+    timings["score"] = time.perf_counter() - t0
+    return DepthPrepared(model, example, config.criterion, blocks, left, names, macs, params, total,
+                         sum(p.numel() for p in gm.parameters()), scores, order, divergence, reasons, timings)
+
+
+def _criterion_order(config: DepthConfig, gm: fx.GraphModule, blocks: list[Block], x: Inputs,
+                     y: torch.Tensor | None, macs: dict[str, int], total: int, scores: dict[str, dict[str, float]]
+                     ) -> tuple[list[str], list[float | None]]:
+    """The removal order of ``config.criterion`` (its scores added to ``scores``), and the divergence after each
+    greedy removal."""
+    names = [b.name for b in blocks]
+    if config.criterion == "energy":
+        return _order(names, scores["energy"], macs), []
+    if config.criterion == "observability":
+        scores["observability"] = observability_scores(gm, blocks, x, config.observability_probes, config.seed)
+        return _order(names, scores["observability"], macs), []
+    ref = outputs(gm, x)
+    classification = resolve_task("auto", y, ref) == "classification"
+    scores["removal"] = removal_scores(gm, blocks, x, ref, classification)
+    if config.criterion == "removal":
+        return _order(names, scores["removal"], macs), []
+    return greedy_order(gm, blocks, x, ref, classification, macs, total, scores["removal"],
+                                 config.greedy_candidates, progress=log.info)
+
+
+def _budget(cfg: DepthConfig) -> tuple[str, float]:
+    given = cfg.budget_given
+    if not given:
+        return "mac_ratio", DEFAULT_MAC_RATIO
+    if given[0] == "latency_ratio":
+        raise CompressionError(f"depth: {flag_of('latency_ratio')} is not supported yet; give {flag_of('mac_ratio')}")
+    return given[0], getattr(cfg, given[0])
+
+
+def _prefix(prep: DepthPrepared, kind: str, target: float) -> tuple[list[str], float]:
+    """The shortest prefix of the removal order that meets the budget, and the ratio it reaches."""
+    cost, total = (prep.macs, prep.total_macs) if kind == "mac_ratio" else (prep.params, prep.total_params)
+    left, chosen = total, []
+    for name in prep.order:
+        if left <= target * total * (1 + 1e-9):
+            break
+        chosen.append(name)
+        left -= cost[name]
+    ratio = left / max(total, 1)
+    if ratio > target * (1 + 1e-9):
+        raise CompressionError(f"depth: removing all {len(prep.order)} removable residual blocks leaves "
+                               f"{flag_of(kind)} {ratio:.3f}, above the requested {target:g}; ask for at least "
+                               f"{ratio:.3f}, or chain depth with a width method (-m depth -m magnitude)")
+    return chosen, ratio
+
+
+def depth_realise(prep: DepthPrepared, config: DepthConfig) -> tuple[nn.Module, CompressionReport]:
+    """Remove blocks in the prepared order until the budget holds (see :class:`DepthConfig`)."""
+    kind, target = _budget(config)
+    chosen, ratio = _prefix(prep, kind, target)
+    gm = _traced(prep.model, prep.example)
+    new = remove_blocks(gm, blocks_named(prep.blocks, chosen))
+    new.train(prep.model.training)
+    return new, _report(prep, config, chosen, kind, target, ratio)
+
+
+def _report(prep: DepthPrepared, config: DepthConfig, chosen: list[str], kind: str, target: float, ratio: float
+            ) -> CompressionReport:
+    report = CompressionReport("depth", {k: getattr(config, k) for k in config.__dataclass_fields__})
+    rank = {n: i for i, n in enumerate(prep.order)}
+    for b in prep.blocks:
+        removed = b.name in chosen
+        macs, params = prep.macs.get(b.name, 0), prep.params.get(b.name, 0)
+        scores = {c: s[b.name] for c, s in prep.scores.items() if b.name in s}
+        report.layers.append(LayerReport(
+            b.name, "residual block" if b.identity else f"residual block (shortcut: {b.shortcut})",
+            "removed" if removed else "kept", reason=prep.reasons.get(b.name, ""),
+            params_before=params, params_after=0 if removed else params,
+            macs_before=macs, macs_after=0 if removed else macs,
+            details={"scores": scores, "order": rank.get(b.name), "layers": list(b.modules)}))
+    step = len(chosen) - 1
+    report.predicted.update(
+        criterion=prep.criterion, blocks_found=len(prep.blocks), blocks_removable=len(prep.removable),
+        blocks_removed=len(chosen), removed=list(chosen), order=list(prep.order),
+        block_budget={"kind": kind, "requested": target, "reached": ratio},
+        divergence_on_scoring_samples=prep.divergence[step] if 0 <= step < len(prep.divergence) else None)
+    if prep.left:
+        report.notes.append("residual sums left alone: " + "; ".join(f"{a} ({r})" for a, r in prep.left))
+    report.timings_s.update({f"prepare:{k}": v for k, v in prep.timings_s.items()})
+    return report
+
+
+def depth_compress(model: nn.Module, data: Dataset, config: DepthConfig) -> tuple[nn.Module, CompressionReport]:
+    """:func:`depth_prepare`, then :func:`depth_realise`."""
+    return depth_realise(depth_prepare(model, data, config), config)
+
+
+def block_summary(prep: DepthPrepared) -> list[dict[str, Any]]:
+    """One row per block: name, removable, MACs and parameters saved, scores, place in the order."""
+    rank = {n: i for i, n in enumerate(prep.order)}
+    return [{"block": b.name, "removable": b.name in prep.removable, "shortcut": b.shortcut,
+             "macs": prep.macs.get(b.name), "params": prep.params.get(b.name),
+             "scores": {c: s[b.name] for c, s in prep.scores.items() if b.name in s}, "order": rank.get(b.name),
+             "reason": prep.reasons.get(b.name, "")} for b in prep.blocks]

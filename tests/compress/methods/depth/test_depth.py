@@ -1,0 +1,198 @@
+"""The ``depth`` method: which residual blocks it finds, that removing a zero branch is exact (torch and ONNX
+Runtime), that each criterion ranks known dead blocks first and known vital ones last, and its refusals."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.width.graph import trace
+from minreal.compress.methods.depth import CRITERIA, DepthConfig, find_blocks, remove_blocks
+from minreal.compress.methods.depth.method import depth_prepare, depth_realise
+from minreal.compress.models import CifarResNet, small_cnn
+from minreal.export.onnx_export import to_onnx
+
+
+def _resnet(blocks: int = 3, seed: int = 0) -> CifarResNet:
+    torch.manual_seed(seed)
+    model = CifarResNet(blocks_per_stage=blocks, in_channels=1).eval()
+    for m in model.modules():  # non-trivial BN statistics, so that a branch is not zero by accident
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def _images(n: int = 48, seed: int = 0) -> Dataset:
+    g = torch.Generator().manual_seed(seed)
+    return Dataset(torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g))
+
+
+def _zero_branch(block: nn.Module) -> None:
+    with torch.no_grad():
+        block.bn2.weight.zero_()
+        block.bn2.bias.zero_()
+
+
+def _blocks(model: nn.Module, x: torch.Tensor):
+    gm = trace(model, x[:2]).eval()
+    return gm, *find_blocks(gm)
+
+
+def _ort(path: Path, x: torch.Tensor) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+
+
+def test_resnet_blocks_identity_and_option_a_shortcuts_are_told_apart() -> None:
+    data = _images()
+    _, blocks, left = _blocks(_resnet(), data.x)
+    assert [b.name for b in blocks] == [f"layer{s}.{i}" for s in (1, 2, 3) for i in range(3)]
+    assert not left
+    shortcut = {b.name for b in blocks if not b.identity}
+    assert shortcut == {"layer2.0", "layer3.0"}  # option A: subsample and zero-pad, not the identity
+    assert all("conv1" in " ".join(b.modules) and "bn2" in " ".join(b.modules) for b in blocks)
+
+
+def test_removing_a_zero_branch_is_exact_in_torch_and_leaves_no_node_in_onnx(tmp_path: Path) -> None:
+    model, data = _resnet(), _images()
+    _zero_branch(model.layer1[1])
+    _zero_branch(model.layer3[2])
+    gm, blocks, _ = _blocks(model, data.x)
+    gone = [b for b in blocks if b.name in ("layer1.1", "layer3.2")]
+    new = remove_blocks(gm, gone).eval()
+    with torch.no_grad():
+        ref, out = model(data.x), new(data.x)
+    assert torch.equal(out, ref)  # relu(0 + x) is x for x = relu(...): bit for bit
+    to_onnx(model, data.x[:2], tmp_path / "a.onnx", dynamic_batch=True)
+    to_onnx(new, data.x[:2], tmp_path / "b.onnx", dynamic_batch=True)
+    ops = [[n.op_type for n in onnx.load(tmp_path / f).graph.node] for f in ("a.onnx", "b.onnx")]
+    for op, gone_per_block in (("Conv", 2), ("Relu", 2), ("Add", 1)):
+        assert ops[1].count(op) == ops[0].count(op) - 2 * gone_per_block, op
+    for n in (3, 7):
+        np.testing.assert_allclose(_ort(tmp_path / "b.onnx", data.x[:n]), ref[:n].numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_shortcut_block_is_removed_only_when_its_branch_is_exactly_zero() -> None:
+    model, data = _resnet(), _images()
+    prep = depth_prepare(model, data, DepthConfig(criterion="energy", mac_ratio=0.5))
+    assert "layer2.0" not in prep.removable and "layer3.0" not in prep.removable
+    assert "shortcut" in prep.reasons["layer2.0"]
+    zeroed = copy.deepcopy(model)
+    _zero_branch(zeroed.layer2[0])
+    prep = depth_prepare(zeroed, data, DepthConfig(criterion="energy", mac_ratio=0.5))
+    assert "layer2.0" in prep.removable and "layer3.0" not in prep.removable
+    assert prep.order[0] == "layer2.0"  # zero energy: the first to go
+    new, report = depth_realise(prep, DepthConfig(criterion="energy", mac_ratio=0.95))
+    assert report.predicted["removed"] == ["layer2.0"]
+    with torch.no_grad():
+        torch.testing.assert_close(new(data.x), zeroed(data.x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("criterion", CRITERIA)
+def test_each_criterion_ranks_dead_blocks_first_and_vital_blocks_last(criterion: str) -> None:
+    model, data = _resnet(), _images(64)
+    with torch.no_grad():
+        model.layer1[2].bn2.weight.mul_(1e-3)  # nearly dead: its branch adds almost nothing
+        model.layer1[2].bn2.bias.mul_(1e-3)
+        model.layer3[1].bn2.weight.mul_(30.0)  # vital: its branch dominates the stream
+        model.layer3[1].bn2.bias.mul_(30.0)
+    prep = depth_prepare(model, data, DepthConfig(criterion=criterion, greedy_candidates=10))
+    assert prep.order[0] == "layer1.2"
+    assert prep.order[-1] == "layer3.1"
+
+
+def test_budget_is_met_by_the_shortest_prefix_and_refused_when_out_of_reach() -> None:
+    model, data = _resnet(), _images()
+    prep = depth_prepare(model, data, DepthConfig(criterion="removal"))
+    for ratio in (0.9, 0.7):
+        new, report = depth_realise(prep, DepthConfig(criterion="removal", mac_ratio=ratio))
+        reached = report.predicted["block_budget"]["reached"]
+        removed = report.predicted["removed"]
+        assert reached <= ratio and removed == prep.order[:len(removed)]
+        before = reached + prep.macs[removed[-1]] / prep.total_macs  # one block fewer would not do
+        assert before > ratio
+    with pytest.raises(CompressionError, match="removing all 7 removable residual blocks leaves --mac-ratio"):
+        depth_realise(prep, DepthConfig(criterion="removal", mac_ratio=0.05))
+
+
+def test_registry_costs_agree_with_the_prepared_block_costs() -> None:
+    model, data = _resnet(), _images()
+    new, report = compress(model, data, "depth", DepthConfig(criterion="energy", mac_ratio=0.7))
+    assert report.mac_ratio == pytest.approx(report.predicted["block_budget"]["reached"], abs=1e-9)
+    assert report.mac_ratio <= 0.7
+
+
+def test_excluded_blocks_stay_and_an_unknown_name_is_refused() -> None:
+    model, data = _resnet(), _images()
+    prep = depth_prepare(model, data, DepthConfig(criterion="energy", exclude=("layer1.0", "layer3.2.conv1")))
+    assert {"layer1.0", "layer3.2"}.isdisjoint(prep.removable)
+    with pytest.raises(CompressionError, match="--exclude layer9.0: no residual block"):
+        depth_prepare(model, data, DepthConfig(exclude=("layer9.0",)))
+
+
+def test_a_model_without_residual_blocks_is_refused_in_one_line() -> None:
+    data = Dataset(torch.rand(16, 1, 8, 8))
+    with pytest.raises(CompressionError) as err:
+        compress(small_cnn(1, (8, 16)).eval(), data, "depth", DepthConfig(mac_ratio=0.8))
+    assert "no removable residual block" in str(err.value) and "\n" not in str(err.value)
+
+
+class _Layer(nn.Module):
+    """A transformer layer, pre-LN or post-LN."""
+
+    def __init__(self, d: int, norm_first: bool) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.attn = nn.MultiheadAttention(d, 2, batch_first=True)
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.norm_first:
+            a = self.norm1(h)
+            h = h + self.attn(a, a, a, need_weights=False)[0]
+            return h + self.mlp(self.norm2(h))
+        h = self.norm1(h + self.attn(h, h, h, need_weights=False)[0])
+        return self.norm2(h + self.mlp(h))
+
+
+class _Encoder(nn.Module):
+    def __init__(self, norm_first: bool, layers: int = 3, d: int = 16) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Layer(d, norm_first) for _ in range(layers))
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h.mean(1))
+
+
+@pytest.mark.parametrize("norm_first", [True, False], ids=["pre-LN", "post-LN"])
+def test_transformer_attention_and_mlp_sub_blocks_are_blocks(norm_first: bool) -> None:
+    torch.manual_seed(0)
+    model = _Encoder(norm_first).eval()
+    x = torch.randn(8, 5, 16)
+    gm, blocks, _ = _blocks(model, x)
+    parts = ("/norm1+attn", "/norm2+mlp") if norm_first else (".attn", ".mlp")
+    assert [b.name for b in blocks] == [f"layers.{i}{part}" for i in range(3) for part in parts]
+    new = remove_blocks(gm, [b for b in blocks if b.name.startswith("layers.1")]).eval()
+    shorter = copy.deepcopy(model)
+    if norm_first:  # a pre-LN layer without its two branches is the identity: the layer is gone
+        del shorter.layers[1]
+    else:  # a post-LN layer keeps its two LayerNorms
+        shorter.layers[1] = nn.Sequential(shorter.layers[1].norm1, shorter.layers[1].norm2)
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), shorter(x), rtol=1e-6, atol=1e-6)
