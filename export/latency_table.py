@@ -49,7 +49,8 @@ from minreal.runtime_bench.providers import provider_name, unavailable_reason
 from minreal.runtime_bench.sessions import create_session
 from minreal.runtime_bench.timing import latency_stats, time_interleaved
 
-__all__ = ["TIMING", "WIDTH_PRECISIONS", "rank_grid", "build_latency_table", "build_width_latency_table"]
+__all__ = ["TIMING", "WIDTH_PRECISIONS", "rank_grid", "build_latency_table", "build_width_latency_table",
+           "build_depth_latency_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -341,6 +342,57 @@ def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, pro
             segments[segment_key(g.name, k)] = {"size": len(segment), "widths": [len(segment)] + widths,
                                                 "ms": [model_ms] + [model_ms * t / full_ms for t in times]}
     table = {**header, "model_ms": model_ms, "segments": segments, "uniform": uniform}
+    if out_path is not None:
+        with atomic_path(Path(out_path)) as tmp_file:
+            tmp_file.write_text(json.dumps(table, indent=1))
+    return table
+
+
+def build_depth_latency_table(model: nn.Module, example_input: torch.Tensor, provider: str = "cpu",
+                              out_path: str | Path | None = None, threads: int | None = None,
+                              progress: Callable[[str], None] | None = None, precision: str = "fp32"
+                              ) -> dict[str, Any]:
+    """Measure (or reuse) the depth latency table of ``model`` on ``provider``: the whole model with each residual
+    block whose skip is the identity removed alone (:mod:`minreal.compress.methods.depth`), exported (and, for
+    ``precision="int8"``, quantised in this CPU's format, calibrated on ``example_input``), all timed in one
+    interleaved run with the full model. JSON: ``{"kind": "depth", "provider", "model_hash", "input_shape" (per
+    sample), "batch", "precision", "model_ms", "blocks": {name: {"ms": whole model without it, "saving_ms"}}}``.
+
+    Raises:
+        CompressionError: the model has no residual block.
+        ValueError: an unknown precision, or INT8 on a provider other than ``cpu``.
+    """
+    from minreal.compress.core.width.graph import trace
+    from minreal.compress.methods.depth import find_blocks, remove_blocks
+
+    if precision not in WIDTH_PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {WIDTH_PRECISIONS}")
+    if precision == "int8" and provider != "cpu":
+        raise ValueError(f"INT8 depth tables are measured on the cpu provider, not {provider!r}")
+    shape = tuple(example_input.shape)
+    header = {"kind": "depth", "provider": provider, "model_hash": model_key(model), "input_shape": list(shape[1:]),
+              "batch": shape[0], "precision": precision}
+    hit = _reusable(Path(out_path) if out_path is not None else None, header)
+    if hit is not None:
+        return hit
+    gm = trace(model.eval(), example_input[:2]).eval()
+    blocks = [b for b in find_blocks(gm)[0] if b.identity]
+    if not blocks:
+        raise CompressionError(f"{type(model).__name__} has no residual block whose skip is the identity: nothing "
+                               "for a depth latency table to time")
+    say = progress or logger.info
+    with tempfile.TemporaryDirectory(prefix="minreal-depth-latency-") as tmp:
+        calib = example_input.detach().cpu().numpy() if precision == "int8" else None
+        bench = _Bench(shape, provider_name(provider), threads or default_threads(), Path(tmp), calib)
+        paths = [bench.file(gm, "full")]
+        for i, b in enumerate(blocks, 1):
+            say(f"[{i}/{len(blocks)}] exporting the model without residual block {b.name} ({precision})")
+            paths.append(bench.file(remove_blocks(gm, [b]), f"b{i}"))
+        say(f"timing the full model and {len(blocks)} variants interleaved on {provider}")
+        medians = bench.time(paths)
+    model_ms = medians[0]
+    table = {**header, "model_ms": model_ms,
+             "blocks": {b.name: {"ms": ms, "saving_ms": model_ms - ms} for b, ms in zip(blocks, medians[1:])}}
     if out_path is not None:
         with atomic_path(Path(out_path)) as tmp_file:
             tmp_file.write_text(json.dumps(table, indent=1))

@@ -91,7 +91,7 @@ class CostBudget:
         if self.latency_ratio is not None and not self.latency_table:
             raise CompressionError("--latency-ratio needs --latency-table (latencies measured on the target "
                                    "provider); build one with `minreal latency-table MODEL --out table.json` (add "
-                                   "--kind width for magnitude/wanda)")
+                                   "--kind width for magnitude/wanda, --kind depth for depth)")
 
     @property
     def budget_given(self) -> list[str]:

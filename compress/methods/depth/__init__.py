@@ -14,8 +14,9 @@ SPEC = MethodSpec("depth",
                   "held-out output change); keeps INT8's kernel rates",
                   DepthConfig, f"{_METHOD}:depth_compress",
                   smoke_case="minreal.compress.methods.depth.smoke:smoke_case",
-                  budgets=("mac_ratio", "param_ratio"),
-                  prepare=f"{_METHOD}:depth_prepare", realise=f"{_METHOD}:depth_realise")
+                  budgets=("mac_ratio", "param_ratio", "latency_ratio"),
+                  prepare=f"{_METHOD}:depth_prepare", realise=f"{_METHOD}:depth_realise",
+                  realise_fields=("latency_table",))
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("DepthPrepared", "depth_prepare", "depth_realise", "depth_compress"), ".method"),

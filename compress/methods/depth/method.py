@@ -3,14 +3,17 @@ removes blocks in that order until the budget holds."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import fx, nn
 
+from ...core.cache import model_key
 from ...core.costs import count_macs_torch
 from ...core.data import Dataset
 from ...core.errors import CompressionError
@@ -23,7 +26,8 @@ from .config import DEFAULT_MAC_RATIO, DepthConfig
 from .criteria import energy_scores, greedy_order, observability_scores, outputs, removal_scores
 from .graph import Block, blocks_named, find_blocks, remove_blocks
 
-__all__ = ["DepthPrepared", "depth_prepare", "depth_realise", "depth_compress", "removable_blocks"]
+__all__ = ["DepthPrepared", "depth_prepare", "depth_realise", "depth_compress", "removable_blocks", "latency_savings",
+           "block_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -176,23 +180,49 @@ def _criterion_order(config: DepthConfig, gm: fx.GraphModule, blocks: list[Block
 
 def _budget(cfg: DepthConfig) -> tuple[str, float]:
     given = cfg.budget_given
-    if not given:
-        return "mac_ratio", DEFAULT_MAC_RATIO
-    if given[0] == "latency_ratio":
-        raise CompressionError(f"depth: {flag_of('latency_ratio')} is not supported yet; give {flag_of('mac_ratio')}")
-    return given[0], getattr(cfg, given[0])
+    return (given[0], getattr(cfg, given[0])) if given else ("mac_ratio", DEFAULT_MAC_RATIO)
 
 
-def _prefix(prep: DepthPrepared, kind: str, target: float) -> tuple[list[str], float]:
-    """The shortest prefix of the removal order that meets the budget, and the ratio it reaches."""
-    cost, total = (prep.macs, prep.total_macs) if kind == "mac_ratio" else (prep.params, prep.total_params)
+def latency_savings(path: str, prep: DepthPrepared) -> tuple[dict[str, float], float]:
+    """Per removable block, the latency its removal alone saved in a depth latency table (``minreal latency-table
+    --kind depth``), and the whole model's; CompressionError naming the file when it does not fit the model."""
+    try:
+        table = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise CompressionError(f"{flag_of('latency_table')} {path}: cannot read it ({type(exc).__name__})") from None
+    if not isinstance(table, dict) or table.get("kind") != "depth":
+        raise CompressionError(f"{flag_of('latency_table')} {path} is not a depth table; build one with `minreal "
+                               "latency-table MODEL --kind depth --out table.json`")
+    if table.get("model_hash") != model_key(prep.model):
+        raise CompressionError(f"{flag_of('latency_table')} {path} was measured on another model (or other "
+                               "weights); build it again for this one")
+    blocks = table.get("blocks", {})
+    missing = [n for n in prep.removable if n not in blocks]
+    if missing:
+        raise CompressionError(f"{flag_of('latency_table')} {path} has no latency for the residual blocks "
+                               f"{', '.join(missing[:4])}; build it again for this model")
+    return {n: max(float(blocks[n]["saving_ms"]), 0.0) for n in prep.removable}, float(table["model_ms"])
+
+
+def _costs_of(prep: DepthPrepared, kind: str, table: str | None) -> tuple[dict[str, float], float]:
+    if kind == "latency_ratio":
+        return latency_savings(table or "", prep)
+    if kind == "param_ratio":
+        return {k: float(v) for k, v in prep.params.items()}, float(prep.total_params)
+    return {k: float(v) for k, v in prep.macs.items()}, float(prep.total_macs)
+
+
+def _prefix(prep: DepthPrepared, kind: str, target: float, table: str | None) -> tuple[list[str], float]:
+    """The shortest prefix of the removal order that meets the budget, and the ratio it reaches (for a latency
+    budget, predicted from the table: the whole model's latency less each removed block's saving)."""
+    cost, total = _costs_of(prep, kind, table)
     left, chosen = total, []
     for name in prep.order:
         if left <= target * total * (1 + 1e-9):
             break
         chosen.append(name)
         left -= cost[name]
-    ratio = left / max(total, 1)
+    ratio = left / max(total, 1e-30)
     if ratio > target * (1 + 1e-9):
         raise CompressionError(f"depth: removing all {len(prep.order)} removable residual blocks leaves "
                                f"{flag_of(kind)} {ratio:.3f}, above the requested {target:g}; ask for at least "
@@ -203,7 +233,7 @@ def _prefix(prep: DepthPrepared, kind: str, target: float) -> tuple[list[str], f
 def depth_realise(prep: DepthPrepared, config: DepthConfig) -> tuple[nn.Module, CompressionReport]:
     """Remove blocks in the prepared order until the budget holds (see :class:`DepthConfig`)."""
     kind, target = _budget(config)
-    chosen, ratio = _prefix(prep, kind, target)
+    chosen, ratio = _prefix(prep, kind, target, config.latency_table)
     gm = _traced(prep.model, prep.example)
     new = remove_blocks(gm, blocks_named(prep.blocks, chosen))
     new.train(prep.model.training)
@@ -230,6 +260,8 @@ def _report(prep: DepthPrepared, config: DepthConfig, chosen: list[str], kind: s
         blocks_removed=len(chosen), removed=list(chosen), order=list(prep.order),
         block_budget={"kind": kind, "requested": target, "reached": ratio},
         divergence_on_scoring_samples=prep.divergence[step] if 0 <= step < len(prep.divergence) else None)
+    if kind == "latency_ratio":
+        report.predicted["whole_model_latency_ratio"] = ratio
     if prep.left:
         report.notes.append("residual sums left alone: " + "; ".join(f"{a} ({r})" for a, r in prep.left))
     report.timings_s.update({f"prepare:{k}": v for k, v in prep.timings_s.items()})

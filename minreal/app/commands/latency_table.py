@@ -18,10 +18,10 @@ __all__ = ["latency_table_cmd"]
 @click.command("latency-table")
 @click.argument("model")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Destination JSON table.")
-@click.option("--kind", type=click.Choice(["rank", "width"]), default="rank", show_default=True,
+@click.option("--kind", type=click.Choice(["rank", "width", "depth"]), default="rank", show_default=True,
               help="rank: per-layer factorised pairs (factorize --layer-latency-ratio or --latency-ratio); width: "
                    "the whole model with each channel group segment narrowed (--latency-ratio of the width "
-                   "methods).")
+                   "methods); depth: the whole model with each residual block removed (depth --latency-ratio).")
 @click.option("--data", help="Data for the example input.")
 @click.option("--input-shape", help="Per-sample input shape, e.g. 3,224,224 (random example; no --data).")
 @click.option("--batch", type=int, default=1, show_default=True, help="Batch size the latencies are measured at.")
@@ -37,7 +37,8 @@ __all__ = ["latency_table_cmd"]
                    "methods use it (cpu 16, GPU 0). A table serves allocations whose --width-min is at least its own.")
 @click.option("--int8", is_flag=True,
               help="Time each variant's INT8 file (static QDQ in this CPU's format, calibrated on the example batch) "
-                   "for a model that will run in INT8 (--kind width, cpu provider): int8 kernels favour other widths.")
+                   "for a model that will run in INT8 (--kind width or depth, cpu provider): int8 kernels favour other "
+                   "widths.")
 @click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
 @common
 def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_shape: str | None, batch: int,
@@ -46,14 +47,15 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
     """Measure latencies on a provider: per factorisable layer for `compress -m factorize --latency-ratio`
     (--kind rank), or per channel-group width for the width methods' --latency-ratio (--kind width)."""
     provider = _one_provider(providers)
-    if int8 and (kind != "width" or provider != "cpu"):
-        raise click.UsageError("--int8 measures a width table on the cpu provider: pass --kind width --providers cpu")
+    if int8 and (kind == "rank" or provider != "cpu"):
+        raise click.UsageError("--int8 measures a width or depth table on the cpu provider: pass --kind width (or "
+                               "depth) --providers cpu")
     import torch
 
     from minreal.app.callables import SpecError
     from minreal.app.data import load_dataset
     from minreal.app.models import check_input_shape, load_model
-    from minreal.export.latency_table import build_latency_table, build_width_latency_table
+    from minreal.export.latency_table import build_depth_latency_table, build_latency_table, build_width_latency_table
 
     con = Console(quiet, as_json)
     prepare_outputs([out], model, weights, data)
@@ -78,6 +80,14 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
         widths = sum(len(e["widths"]) - 1 for e in table["segments"].values())
         con.table(f"wrote {out} ({len(table['segments'])} segments, {widths} narrower widths on {provider}; "
                   f"whole model {table['model_ms']:.3f} ms at batch {table['batch']})")
+    elif kind == "depth":
+        precision = "int8" if int8 else "fp32"
+        con.progress(f"timing {model} with each residual block removed on {provider} (whole-model exports, "
+                     f"{precision})")
+        table = build_depth_latency_table(net, x, provider, out_path=Path(out), progress=con.progress,
+                                          precision=precision)
+        con.table(f"wrote {out} ({len(table['blocks'])} residual blocks on {provider}; whole model "
+                  f"{table['model_ms']:.3f} ms at batch {table['batch']})")
     else:
         con.progress(f"timing the factorisable layers of {model} on {provider}")
         table = build_latency_table(net, x, provider, ranks_per_layer, out_path=Path(out))

@@ -196,3 +196,25 @@ def test_transformer_attention_and_mlp_sub_blocks_are_blocks(norm_first: bool) -
         shorter.layers[1] = nn.Sequential(shorter.layers[1].norm1, shorter.layers[1].norm2)
     with torch.no_grad():
         torch.testing.assert_close(new(x), shorter(x), rtol=1e-6, atol=1e-6)
+
+
+def test_latency_budget_removes_blocks_until_the_table_predicts_it(tmp_path: Path) -> None:
+    import json
+
+    from minreal.compress.core.cache import model_key
+
+    model, data = _resnet(), _images()
+    prep = depth_prepare(model, data, DepthConfig(criterion="energy"))
+    savings = {n: 1.0 + i for i, n in enumerate(prep.removable)}  # made-up savings, ms; the whole model 40 ms
+    table = tmp_path / "depth.json"
+    table.write_text(json.dumps({"kind": "depth", "model_hash": model_key(model), "model_ms": 40.0,
+                                 "blocks": {n: {"ms": 40.0 - s, "saving_ms": s} for n, s in savings.items()}}))
+    cfg = DepthConfig(criterion="energy", latency_ratio=0.8, latency_table=str(table))
+    _, report = depth_realise(prep, cfg)
+    removed = report.predicted["removed"]
+    predicted = (40.0 - sum(savings[n] for n in removed)) / 40.0
+    assert report.predicted["whole_model_latency_ratio"] == pytest.approx(predicted) and predicted <= 0.8
+    assert (40.0 - sum(savings[n] for n in removed[:-1])) / 40.0 > 0.8
+    table.write_text(json.dumps({"kind": "width", "model_hash": model_key(model)}))
+    with pytest.raises(CompressionError, match="is not a depth table"):
+        depth_realise(prep, cfg)

@@ -1,0 +1,42 @@
+"""Depth latency tables (``minreal latency-table --kind depth``): one whole-model variant per residual block whose
+skip is the identity, reused for the same model, and the budget ``depth --latency-ratio`` meets from them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import minreal.export.latency_table as lt
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.methods.depth import DepthConfig
+from minreal.compress.models import CifarResNet
+
+
+def _resnet() -> CifarResNet:
+    torch.manual_seed(0)
+    return CifarResNet(blocks_per_stage=2, in_channels=1).eval()
+
+
+def test_depth_table_times_each_identity_block_and_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    model, x = _resnet(), torch.rand(4, 1, 8, 8)
+    table = lt.build_depth_latency_table(model, x, "cpu", out_path=tmp_path / "t.json")
+    assert table["kind"] == "depth" and table["batch"] == 4 and table["input_shape"] == [1, 8, 8]
+    assert sorted(table["blocks"]) == ["layer1.0", "layer1.1", "layer2.1", "layer3.1"]  # option-A blocks: none
+    assert table["model_ms"] > 0 and all(b["ms"] > 0 for b in table["blocks"].values())
+    assert all(b["saving_ms"] == pytest.approx(table["model_ms"] - b["ms"]) for b in table["blocks"].values())
+    monkeypatch.setattr(lt, "_time_files", lambda *a, **k: pytest.fail("a reusable table was measured again"))
+    assert lt.build_depth_latency_table(model, x, "cpu", out_path=tmp_path / "t.json") == table
+    # the budget reads the savings (here made up: timings of a tiny model are noise) and the whole model's time
+    table = {**table, "model_ms": 10.0, "blocks": {n: {"ms": 9.0, "saving_ms": 1.0} for n in table["blocks"]}}
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    data = Dataset(torch.rand(32, 1, 8, 8))
+    cfg = DepthConfig(criterion="energy", latency_ratio=0.9, latency_table=str(tmp_path / "t.json"))
+    _, report = compress(model, data, "depth", cfg)
+    assert report.predicted["whole_model_latency_ratio"] == pytest.approx(0.9)  # one block of 1 ms in 10
+    assert report.predicted["budget"] == {"kind": "latency_ratio", "requested": 0.9,
+                                          "achieved": report.predicted["whole_model_latency_ratio"]}
