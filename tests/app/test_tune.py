@@ -680,3 +680,43 @@ def test_an_arm64_tune_keeps_its_format_where_this_cpu_saturates_and_names_it(tr
     assert any("understate ARM's" in note for note in notes) and not any("cpu-avx2" in note for note in notes)
     line = int8_format_line(SimpleNamespace(config={"int8": True, "quant_target": "arm64"}))
     assert line == "INT8 files: arm64 (S8S8: symmetric int8 activations, 8-bit per-channel int8 weights)"
+
+
+@pytest.fixture(scope="module")
+def trained_resnet():
+    from minreal.compress.models import CifarResNet
+
+    torch.manual_seed(0)
+    model = CifarResNet(blocks_per_stage=2, in_channels=1)
+    tr, te = digits()
+    train(model, tr, None, TrainConfig(epochs=2))
+    return model.eval(), tr, te
+
+
+def test_tune_searches_depth_and_the_depth_width_chain_preparing_depth_once(trained_resnet, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Depth and magnitude searched: the chain depth+magnitude joins without being asked; depth's state is prepared
+    once for its own search and the chain's (counted), the chain's width step once per depth cut."""
+    import minreal.compress.registry as registry
+    from minreal.app.tune import candidate
+
+    model, tr, te = trained_resnet
+    monkeypatch.setattr(candidate, "_PREPARED", {})
+    monkeypatch.setattr(candidate, "_ZERO_SHOT", {})
+    prepared: collections.Counter = collections.Counter()
+    real_prepare = registry.prepare
+
+    def counting_prepare(model, data, method, config=None, cache_dir=None):
+        prepared[method] += 1
+        return real_prepare(model, data, method, config, cache_dir=cache_dir)
+
+    monkeypatch.setattr(registry, "prepare", counting_prepare)
+    cfg = TuneConfig(Constraint(max_accuracy_drop=50.0), methods=("depth", "magnitude"), grid=(0.8, 0.6),
+                     int8=False, screen=FAST, confirm=FAST)
+    report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
+    searched = {s["method"] for s in report.searches}
+    assert searched == {"depth", "magnitude", "depth+magnitude"}
+    chain = [c for c in report.candidates if c.label.startswith("depth+magnitude@")]
+    assert chain and all(c.mac_ratio <= float(c.label.split("@")[1]) + 1e-9 for c in chain)
+    depth_cuts = {p["budget"] for s in report.searches if s["method"] == "depth+magnitude" for p in s["probes"]}
+    assert prepared["depth"] == 1 and 1 <= prepared["magnitude"] <= 1 + len(depth_cuts)

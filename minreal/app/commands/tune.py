@@ -191,11 +191,11 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
 def _tune_dry_run(con: Any, model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None,
                   preprocess: Any, cfg: Any) -> None:
     """`tune --dry-run`: the plan and its estimated time; nothing is written."""
-    from minreal.app.tune import default_methods
     from minreal.app.tune.dryrun import estimate_plan, probe_model
+    from minreal.app.tune.run import default_methods, with_chains
 
     net, calib, held = load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
-    methods = cfg.methods or (() if cfg.plan else default_methods())
+    methods = with_chains(cfg.methods or (() if cfg.plan else default_methods()))
     est = estimate_plan(cfg, methods, len(calib), len(held) if held is not None else 0, probe_model(net, calib))
     con.table("\n".join(["tune plan (dry run: nothing is compressed or written)", *[f"- {line}" for line in est.lines],
                          "estimated time: " + ", ".join(f"{k} {v:.0f} s" for k, v in est.seconds.items())

@@ -312,10 +312,13 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
 
             small, report = run_variant(model, calib, spec.variant, recovery)
         else:
-            config = build_config(spec.method, {"mac_ratio": spec.mac_ratio, **dict(job.extra)},
-                                  provider_defaults(job.providers))
-            small, report, phases = _compressed(job, model, calib, config, recovery,
-                                                subsample(calib, spec.fraction) if spec.short else calib)
+            train = subsample(calib, spec.fraction) if spec.short else calib
+            if "+" in spec.method:
+                small, report, phases = _chained(job, model, calib, recovery, train)
+            else:
+                config = build_config(spec.method, {"mac_ratio": spec.mac_ratio, **dict(job.extra)},
+                                      provider_defaults(job.providers))
+                small, report, phases = _compressed(job, model, calib, config, recovery, train)
             result.seconds.update(phases)
     except (CompressionError, MethodOptionError) as exc:
         result.error = str(exc).splitlines()[0]
@@ -373,10 +376,20 @@ def _compressed(job: Job, model: nn.Module, calib: Dataset, config: Any, recover
     and quantisation-aware candidates of that budget start from a copy), then the recovery on ``train`` (the
     calibration data, or a short rung's subsample of it). Also the seconds this job spent preparing and realising
     (0 when it found them done)."""
-    from minreal.compress.registry import apply_recovery, prepare, prepared_key, realise
+    from minreal.compress.registry import apply_recovery
 
-    method, t0 = job.spec.method, time.perf_counter()
-    key = (job.fingerprint, job.stats_samples, method, prepared_key(method, config))
+    small, report, phases = _zero_shot(job, model, job.fingerprint, calib, job.spec.method, config)
+    return apply_recovery(report, model, small, train, recovery, measure=False), report, phases
+
+
+def _zero_shot(job: Job, model: nn.Module, model_id: str, calib: Dataset, method: str, config: Any
+               ) -> tuple[nn.Module, Any, dict[str, float]]:
+    """A copy of ``method``'s zero-shot model of ``model`` (``model_id``: its fingerprint) at ``config``, prepared
+    and realised once per worker (:func:`_compressed`), and the seconds spent preparing and realising now."""
+    from minreal.compress.registry import prepare, prepared_key, realise
+
+    t0 = time.perf_counter()
+    key = (model_id, job.stats_samples, method, prepared_key(method, config))
     stats = first_of_shuffle(calib, job.stats_samples) if job.stats_samples else calib
     prepared, made = _remember(_PREPARED, key, lambda: _outcome(
         lambda: prepare(model, stats, method, config, cache_dir=job.cache_dir)))
@@ -386,7 +399,48 @@ def _compressed(job: Job, model: nn.Module, calib: Dataset, config: Any, recover
                                     _ZERO_SHOT_SIZE)
     phases = {"prepare": t1 - t0 if made else 0.0, "realise": time.perf_counter() - t1 if realised else 0.0}
     small, report = copy.deepcopy(_value(zero_shot))
+    return small, report, phases
+
+
+CHAIN_FIRST_SHARE = 0.5
+"""Share of a chain candidate's MAC cut its first method (depth) takes; the second method takes the rest of it, on
+the model the first one left (:func:`_chained`)."""
+
+
+def _chained(job: Job, model: nn.Module, calib: Dataset, recovery: Any, train: Dataset
+             ) -> tuple[nn.Module, Any, dict[str, float]]:
+    """A chain candidate (``depth+magnitude`` at MAC ratio ``r``): the first method cuts the MACs to
+    ``1 - CHAIN_FIRST_SHARE * (1 - r)`` from its one preparation (shared with its own search), the second cuts what
+    that left to ``r`` of the original (prepared once per first model), then one recovery from the original."""
+    import dataclasses as dc
+
+    from minreal.app.method_options import build_config, provider_defaults
+    from minreal.compress.registry import apply_recovery, fill_costs
+
+    first, second = job.spec.method.split("+")
+    r, defaults, extra = job.spec.mac_ratio, provider_defaults(job.providers), dict(job.extra)
+    own = {m: {k: v for k, v in extra.items() if k in _fields(m)} for m in (first, second)}
+    config = build_config(first, {"mac_ratio": 1 - CHAIN_FIRST_SHARE * (1 - r), **own[first]}, defaults)
+    mid, head, phases = _zero_shot(job, model, job.fingerprint, calib, first, config)
+    steps = [{"method": first, "mac_ratio": head.mac_ratio}]
+    small, report = mid, head
+    if head.mac_ratio > r:
+        config = build_config(second, {"mac_ratio": min(1.0, r / head.mac_ratio), **own[second]}, defaults)
+        small, report, more = _zero_shot(job, mid, model_key(mid), calib, second, config)
+        phases = {k: phases[k] + more[k] for k in phases}
+        steps.append({"method": second, "mac_ratio": report.mac_ratio})
+    report = dc.replace(report, method=job.spec.method, predicted={**report.predicted, "steps": steps},
+                        notes=[*head.notes, *report.notes] if report is not head else list(head.notes))
+    fill_costs(report, model, small, calib.x[: min(len(calib), 8)])
     return apply_recovery(report, model, small, train, recovery, measure=False), report, phases
+
+
+def _fields(method: str) -> set[str]:
+    import dataclasses as dc
+
+    from minreal.compress import get_method
+
+    return {f.name for f in dc.fields(get_method(method).config_cls)}
 
 
 _TEACHER: dict[str, Any] = {}

@@ -63,7 +63,8 @@ from .front import Point, choose, pareto_front
 from .halving import Halving, RungEntry, halving_pool, halving_twins, rung_fractions
 from .search import BudgetSearch, Probe
 
-__all__ = ["tune", "TuneReport", "Candidate", "TUNE_SCHEMA_VERSION", "default_methods", "BASELINES", "BenchJob",
+__all__ = ["tune", "TuneReport", "Candidate", "TUNE_SCHEMA_VERSION", "default_methods", "with_chains", "CHAINS",
+           "BASELINES", "BenchJob",
            "BenchOutcome", "bench_files"]
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,18 @@ def default_methods() -> tuple[str, ...]:
     return tuple(n for n in method_names() if "mac_ratio" in get_method(n).budgets)
 
 
+CHAINS = ("depth+magnitude",)
+"""Chains tune searches beside the methods whenever all their parts are searched, with no option: depth, then a
+width method on what depth left, each taking half of the MAC cut (:data:`.candidate.CHAIN_FIRST_SHARE`). With depth
+alone (all of the cut by depth) and the width method alone (none of it), tune measures three allocations of each
+budget on the target, and its measured latency and held-out quality choose among them."""
+
+
+def with_chains(methods: Sequence[str]) -> tuple[str, ...]:
+    """``methods`` and the :data:`CHAINS` whose parts are all among them."""
+    return (*methods, *(c for c in CHAINS if c not in methods and all(p in methods for p in c.split("+"))))
+
+
 def _cell(provider: str, batch: int) -> str:
     return f"{provider}/b{batch}"
 
@@ -209,6 +222,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
             raise TuneError(f"method {m!r} has no whole-model MAC budget, so tune cannot search it; choose from "
                             f"{', '.join(default_methods())}")
     _check_plan_labels(cfg)
+    methods = with_chains(methods)
     reference = Quality.from_metrics(held_out_metrics(model, model, held_out))
     if cfg.constraint.score(reference) is None:
         raise TuneError(f"the constraint ({cfg.constraint.describe()}) cannot be measured on this held-out data: "
