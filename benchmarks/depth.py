@@ -54,6 +54,7 @@ import torch
 from _common import write_json
 from recovery_real import Case, load_case, missing_data
 
+from minreal.app.tune.candidate import CHAIN_FIRST_SHARE
 from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover
 from minreal.compress.methods.depth import CRITERIA, DEFAULT_CRITERION, DepthConfig
 from minreal.compress.registry import prepare, realise
@@ -62,8 +63,11 @@ USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/depth.py --out benc
 MODELS = ("resnet32", "resnet44")
 RATIOS = (0.8, 0.7, 0.6)
 EPOCHS, SEED = 10, 0
-PHASES = ("zero_shot", "recovered", "latency")
+PHASES = ("zero_shot", "recovered", "latency", "bert")
+BERT_EPOCHS = 1
 GOAL_PP, GOAL_SPEEDUP, INT8_SLACK = 1.0, 1.35, 0.05
+CHAIN = "depth+magnitude"
+"""A recovered cell's "criterion" for tune's chain candidate (depth, then magnitude)."""
 BASELINES = Path(__file__).with_name("recovery_real.json")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,7 +112,25 @@ class Runner:
         return self.prepared[key]
 
     def cut(self, model: str, criterion: str, ratio: float) -> tuple[torch.nn.Module, Any]:
+        if criterion == CHAIN:
+            return self.chain(model, ratio)
         return realise(self.prep(model, criterion), DepthConfig(criterion=criterion, mac_ratio=ratio), measure=False)
+
+    def chain(self, model: str, ratio: float) -> tuple[torch.nn.Module, Any]:
+        """``tune``'s chain candidate: depth (default criterion) takes half of the MAC cut, magnitude the rest on
+        depth's model (``minreal.app.tune.candidate._chained``)."""
+        from minreal.compress.core.costs import count_macs_torch
+        from minreal.compress.methods.magnitude import MagnitudeConfig
+
+        case = self.case(model)
+        mid, head = self.cut(model, DEFAULT_CRITERION, 1 - CHAIN_FIRST_SHARE * (1 - ratio))
+        new, report = realise(prepare(mid, case.calib, "magnitude", MagnitudeConfig(mac_ratio=ratio / head.mac_ratio)),
+                              MagnitudeConfig(mac_ratio=ratio / head.mac_ratio), measure=False)
+        example = case.calib.x[:1]
+        report.predicted["removed"] = head.predicted["removed"]
+        report.macs_after = count_macs_torch(new, example).macs
+        report.macs_before = count_macs_torch(case.model, example).macs
+        return new, report
 
     def save(self) -> None:
         self.doc["summary"] = summarise(self.doc)
@@ -170,6 +192,45 @@ def recovered(run: Runner) -> None:
         run.save()
 
 
+def bert(run: Runner) -> None:
+    """The BERT-style encoder of ``benchmarks/real_models.py`` (4 pre-LN layers: 8 sub-blocks): every criterion
+    zero-shot and the default one recovered for :data:`BERT_EPOCHS` epoch, at each ratio; which sub-blocks went,
+    and which layers went whole."""
+    from real_models import bert_case
+
+    from minreal.app.data import load_data
+    from minreal.app.models import load_model
+
+    done = {(c["criterion"], c["ratio"], c["epochs"]) for c in run.doc["bert"].get("cells", [])}
+    case = bert_case(run.args.work)
+    model = load_model(case.model, weights=case.weights).eval()
+    loaded = load_data(case.data, eval_spec=case.eval_data)
+    calib, test = loaded.calib, loaded.evaluation
+    refs = held_out_metrics(model, model, test)
+    run.doc["bert"].update(note=case.describe, accuracy=refs["accuracy"])
+    for criterion in CRITERIA:
+        prep = prepare(model, calib, "depth", DepthConfig(criterion=criterion))
+        for ratio in run.args.ratios:
+            for epochs in (0, BERT_EPOCHS) if criterion == DEFAULT_CRITERION else (0,):
+                if (criterion, ratio, epochs) in done:
+                    continue
+                new, report = realise(prep, DepthConfig(criterion=criterion, mac_ratio=ratio), measure=False)
+                if epochs:
+                    recover(model, new, calib, RecoveryConfig(epochs=epochs, seed=SEED))
+                test_m = held_out_metrics(model, new, test)
+                removed = report.predicted["removed"]
+                layers = sorted({n.split("/")[0] for n in removed if sum(m.startswith(n.split("/")[0] + "/")
+                                                                         for m in removed) == 2})
+                run.doc["bert"].setdefault("cells", []).append({
+                    "criterion": criterion, "ratio": ratio, "epochs": epochs,
+                    "mac_ratio_reached": round(report.mac_ratio, 4), "removed": removed, "whole_layers": layers,
+                    "test": test_m, "prepare_s": round(prep.seconds, 2), "loadavg": _load()})
+                run.say(f"bert {criterion}@{ratio} +{epochs} epoch(s): MAC {report.mac_ratio:.3f}, held-out "
+                        f"{100 * test_m['accuracy']:.2f} % (original {100 * refs['accuracy']:.2f} %), removed "
+                        f"{', '.join(removed)}")
+                run.save()
+
+
 def latency(run: Runner) -> None:
     import int8_width as iw
 
@@ -179,7 +240,7 @@ def latency(run: Runner) -> None:
         if model in run.doc["latency"]:
             continue
         case = run.case(model)
-        cuts = [c for c in run.doc["recovered"] if c["model"] == model and c["criterion"] == DEFAULT_CRITERION]
+        cuts = [c for c in run.doc["recovered"] if c["model"] == model and c["criterion"] in (DEFAULT_CRITERION, CHAIN)]
         if not cuts:
             continue
         folder = run.args.work / "depth" / f"{model}-files"
@@ -190,7 +251,8 @@ def latency(run: Runner) -> None:
         for c in cuts:
             new, _ = run.cut(model, c["criterion"], c["ratio"])
             new.load_state_dict(torch.load(_weights_path(run, model, c["criterion"], c["ratio"]), weights_only=True))
-            files[f"depth@{c['ratio']:g}"] = iw.write_variant(f"depth@{c['ratio']:g}", new.eval(), calib, folder)
+            name = f"{'depth' if c['criterion'] == DEFAULT_CRITERION else 'chain'}@{c['ratio']:g}"
+            files[name] = iw.write_variant(name, new.eval(), calib, folder)
         config = BenchConfig(providers=("cpu",), batch_sizes=iw.BATCHES, repeats=run.args.processes,
                              min_seconds=run.args.min_seconds)
         procs, pooled, top1 = iw.time_files(files, case.test.x, case.test.y.numpy(), config)
@@ -270,7 +332,7 @@ def _recover_cells(text: str | None, models: tuple[str, ...], ratios: tuple[floa
     for item in text.split(","):
         model, _, rest = item.partition(":")
         criterion, _, ratio = rest.partition("@")
-        if model not in MODELS or criterion not in CRITERIA:
+        if model not in MODELS or criterion not in (*CRITERIA, CHAIN):
             raise SystemExit(f"depth benchmark: --recover {item!r}: give model:criterion@ratio, e.g. "
                              "resnet32:greedy@0.7")
         cells.append((model, criterion, float(ratio)))
@@ -318,7 +380,7 @@ def main() -> None:
         print(f"depth benchmark: {missing} is missing (../shared/data); nothing was measured", file=sys.stderr)
         raise SystemExit(2)
     doc: dict[str, Any] = {"usage": USAGE, "issue": 42, "header": header(), "models": {}, "prepare_s": {},
-                           "zero_shot": [], "recovered": [], "latency": {}}
+                           "zero_shot": [], "recovered": [], "latency": {}, "bert": {}}
     if args.resume and args.out.is_file():
         doc = {**doc, **json.loads(args.out.read_text()), "header": doc["header"]}
     doc["settings"] = {"ratios": list(args.ratios), "criteria": list(CRITERIA), "default": DEFAULT_CRITERION,
@@ -328,7 +390,7 @@ def main() -> None:
     doc["baselines"] = baselines()
     run = Runner(doc, args, say_to(time.time()))
     for phase in args.phases:
-        {"zero_shot": zero_shot, "recovered": recovered, "latency": latency}[phase](run)
+        {"zero_shot": zero_shot, "recovered": recovered, "latency": latency, "bert": bert}[phase](run)
     run.save()
 
 
