@@ -353,7 +353,7 @@ def build_depth_latency_table(model: nn.Module, example_input: torch.Tensor, pro
                               progress: Callable[[str], None] | None = None, precision: str = "fp32"
                               ) -> dict[str, Any]:
     """Measure (or reuse) the depth latency table of ``model`` on ``provider``: the whole model with each residual
-    block whose skip is the identity removed alone (:mod:`minreal.compress.methods.depth`), exported (and, for
+    block removed alone (:mod:`minreal.compress.methods.depth`), exported (and, for
     ``precision="int8"``, quantised in this CPU's format, calibrated on ``example_input``), all timed in one
     interleaved run with the full model. JSON: ``{"kind": "depth", "provider", "model_hash", "input_shape" (per
     sample), "batch", "precision", "model_ms", "blocks": {name: {"ms": whole model without it, "saving_ms"}}}``.
@@ -363,7 +363,7 @@ def build_depth_latency_table(model: nn.Module, example_input: torch.Tensor, pro
         ValueError: an unknown precision, or INT8 on a provider other than ``cpu``.
     """
     from minreal.compress.core.width.graph import trace
-    from minreal.compress.methods.depth import find_blocks, remove_blocks
+    from minreal.compress.methods.depth.graph import drop_unused_results, find_blocks, remove_blocks
 
     if precision not in WIDTH_PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {WIDTH_PRECISIONS}")
@@ -375,11 +375,11 @@ def build_depth_latency_table(model: nn.Module, example_input: torch.Tensor, pro
     hit = _reusable(Path(out_path) if out_path is not None else None, header)
     if hit is not None:
         return hit
-    gm = trace(model.eval(), example_input[:2]).eval()
-    blocks = [b for b in find_blocks(gm)[0] if b.identity]
+    gm = drop_unused_results(trace(model.eval(), example_input[:2]).eval())
+    blocks = find_blocks(gm)[0]  # shortcut blocks too: depth removes one whose branch is zero on the data
     if not blocks:
-        raise CompressionError(f"{type(model).__name__} has no residual block whose skip is the identity: nothing "
-                               "for a depth latency table to time")
+        raise CompressionError(f"{type(model).__name__} has no residual block: nothing for a depth latency table to "
+                               "time")
     say = progress or logger.info
     with tempfile.TemporaryDirectory(prefix="minreal-depth-latency-") as tmp:
         calib = example_input.detach().cpu().numpy() if precision == "int8" else None

@@ -47,8 +47,8 @@ def test_help_groups_options_by_method_shared_first() -> None:
     for name in ("factorize", "fde", "cbalanced", "ssm"):
         assert f"Options for {name}:" in titles
     assert _section_of(lines, "--mac-ratio") == "Options for depth, factorize, fde, magnitude, svd, wanda:"
-    assert _section_of(lines, "--latency-ratio") == "Options for factorize, magnitude, svd, wanda:"
-    assert _section_of(lines, "--latency-table") == "Options for factorize, magnitude, svd, wanda:"
+    assert _section_of(lines, "--latency-ratio") == "Options for depth, factorize, magnitude, svd, wanda:"
+    assert _section_of(lines, "--latency-table") == "Options for depth, factorize, magnitude, svd, wanda:"
     assert _section_of(lines, "--energy-eps") == "Options for cbalanced:"
     assert _section_of(lines, "--merge-eps") == "Options for fde:"
     assert _section_of(lines, "--criterion") == "Options for depth:"

@@ -1,5 +1,5 @@
-"""Depth latency tables (``minreal latency-table --kind depth``): one whole-model variant per residual block whose
-skip is the identity, reused for the same model, and the budget ``depth --latency-ratio`` meets from them."""
+"""Depth latency tables (``minreal latency-table --kind depth``): one whole-model variant per residual block, reused
+for the same model, and the budget ``depth --latency-ratio`` meets from them."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def test_depth_table_times_each_identity_block_and_is_reused(tmp_path: Path, mon
     model, x = _resnet(), torch.rand(4, 1, 8, 8)
     table = lt.build_depth_latency_table(model, x, "cpu", out_path=tmp_path / "t.json")
     assert table["kind"] == "depth" and table["batch"] == 4 and table["input_shape"] == [1, 8, 8]
-    assert sorted(table["blocks"]) == ["layer1.0", "layer1.1", "layer2.1", "layer3.1"]  # option-A blocks: none
+    # every block, the option-A ones too (depth removes one whose branch is zero on the data)
+    assert sorted(table["blocks"]) == ["layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1"]
     assert table["model_ms"] > 0 and all(b["ms"] > 0 for b in table["blocks"].values())
     assert all(b["saving_ms"] == pytest.approx(table["model_ms"] - b["ms"]) for b in table["blocks"].values())
     monkeypatch.setattr(lt, "_time_files", lambda *a, **k: pytest.fail("a reusable table was measured again"))

@@ -10,8 +10,8 @@ __all__ = ["SPEC", "DepthConfig", "CRITERIA", "DEFAULT_CRITERION", "DepthPrepare
 
 _METHOD = "minreal.compress.methods.depth.method"
 SPEC = MethodSpec("depth",
-                  f"remove whole residual blocks in the order of a criterion (default {DEFAULT_CRITERION}: re-scored "
-                  "held-out output change); keeps INT8's kernel rates",
+                  f"remove whole residual blocks in the order of a criterion (default {DEFAULT_CRITERION}); every "
+                  "kernel that stays keeps its width and its INT8 rate",
                   DepthConfig, f"{_METHOD}:depth_compress",
                   smoke_case="minreal.compress.methods.depth.smoke:smoke_case",
                   budgets=("mac_ratio", "param_ratio", "latency_ratio"),

@@ -3,7 +3,7 @@
 All run the traced original (:class:`Masked`: an interpreter that can skip branches, so that no copy of the model
 is made per candidate) on the scoring samples:
 
-- ``energy``: ``E‖f(x)‖² / E‖s‖²``, the branch's share of the block output (the plain criterion);
+- ``energy``: ``E‖f(x)‖² / E‖s‖²``, the branch's energy relative to the skip's (the plain criterion);
 - ``observability``: ``E‖J f(x)‖² / E‖y_out‖²`` with ``J`` the Jacobian of the model output with respect to the
   block output -- the branch's energy weighted by what the output observes of it, as C-balanced's observability
   Gramian ``Go = E[JᵀJ]`` weights states (``tr(Go Gc)`` restricted to the branch); removing the branch changes the
@@ -106,19 +106,20 @@ def energy_scores(gm: fx.GraphModule, blocks: Sequence[Block], x: Inputs, batch_
 def observability_scores(gm: fx.GraphModule, blocks: Sequence[Block], x: Inputs, probes: int, seed: int,
                          batch_size: int = 64) -> dict[str, float]:
     """``E‖J f‖² / E‖y_out‖²`` of each block, ``J = ∂ output / ∂ block output`` (Hutchinson, ``probes`` directions
-    per batch)."""
+    per batch; the gradient is taken at the branch output ``f``, equal to that at the sum)."""
     gen = torch.Generator().manual_seed(seed)
-    record = {n for b in blocks for n in (b.branch[-1], b.add)}
+    record = {b.branch[-1] for b in blocks}
     seen = dict.fromkeys((b.name for b in blocks), 0.0)
     total = 0.0
     for xb in _batches(x, batch_size):
         runner = Masked(gm, record=record)
         with torch.enable_grad():
             out = _flat(runner.run(*args_of(xb)))
-            sums = [runner.values[b.add] for b in blocks]
+            # ∂out/∂f = ∂out/∂y for y = s + f; f feeds only the sum, so no in-place op after it has changed it
+            branches = [runner.values[b.branch[-1]] for b in blocks]
             for _ in range(probes):
-                v = torch.randn(out.shape, generator=gen, dtype=out.dtype)
-                grads = torch.autograd.grad((out * v).sum(), sums, retain_graph=True, allow_unused=True)
+                v = torch.randn(out.shape, generator=gen, dtype=out.dtype).to(out.device)
+                grads = torch.autograd.grad((out * v).sum(), branches, retain_graph=True, allow_unused=True)
                 for b, g in zip(blocks, grads):
                     if g is not None:
                         f = runner.values[b.branch[-1]].detach()

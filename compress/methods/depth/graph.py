@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-__all__ = ["Block", "find_blocks", "remove_blocks", "graph_nodes", "blocks_named"]
+__all__ = ["Block", "find_blocks", "remove_blocks", "graph_nodes", "blocks_named", "drop_unused_results"]
 
 _ADDS = {operator.add, operator.iadd, torch.add}
 _IDENTITY_MODULES = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
@@ -99,6 +99,27 @@ def _single_input(node: fx.Node, modules: dict[str, nn.Module]) -> fx.Node | Non
     return inputs[0] if len(inputs) == 1 else None
 
 
+def _in_place(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """Whether the operation writes into its first input (``relu_``, ``inplace=True``, ``nn.ReLU(inplace=True)``)."""
+    if node.op == "call_module":
+        return bool(getattr(modules.get(node.target), "inplace", False))
+    if node.op == "call_method":
+        return node.target.endswith("_") and not node.target.startswith("_")
+    if node.op == "call_function":
+        return bool(node.kwargs.get("inplace")) or getattr(node.target, "__name__", "").endswith("_")
+    return False
+
+
+def drop_unused_results(gm: fx.GraphModule) -> fx.GraphModule:
+    """Erase the ``getitem`` nodes nothing uses (``x, _ = attn(...)`` leaves one per unused output), so that they do
+    not count as readers outside a branch. In place; returns ``gm``."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is operator.getitem and not node.users:
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
 def _descendants(start: fx.Node) -> set[fx.Node]:
     seen, stack = set(), [start]
     while stack:
@@ -109,9 +130,11 @@ def _descendants(start: fx.Node) -> set[fx.Node]:
     return seen
 
 
-def _branch(add: fx.Node, out: fx.Node, below: set[fx.Node]) -> list[fx.Node] | None:
+def _branch(add: fx.Node, out: fx.Node, below: set[fx.Node], modules: dict[str, nn.Module]
+            ) -> list[fx.Node] | None:
     """The nodes of the branch ending at ``out`` (those of its ancestors that descend from the block input,
-    ``below``), in graph order, or None when one of them feeds anything outside the branch."""
+    ``below``), in graph order, or None when one of them feeds anything outside the branch or writes in place into
+    a value from outside it (removing the branch would then change what the rest reads)."""
     members, stack = {out}, [out]
     while stack:
         for arg in stack.pop().all_input_nodes:
@@ -121,6 +144,8 @@ def _branch(add: fx.Node, out: fx.Node, below: set[fx.Node]) -> list[fx.Node] | 
     if any(user not in members and user is not add for n in members for user in n.users):
         return None
     if any(n.op in ("placeholder", "output") for n in members):
+        return None
+    if any(_in_place(n, modules) and n.all_input_nodes and n.all_input_nodes[0] not in members for n in members):
         return None
     return [n for n in add.graph.nodes if n in members]
 
@@ -132,11 +157,11 @@ def _candidate(add: fx.Node, skip: fx.Node, out: fx.Node, modules: dict[str, nn.
     while x is not None:
         below = _descendants(x)
         if out in below:
-            branch = _branch(add, out, below)
+            branch = _branch(add, out, below, modules)
             if branch is None or not any(n.op == "call_module" and any(True for _ in modules[n.target].parameters())
                                          for n in branch):
                 return None
-            shortcut = [n for n in chain if not _is_identity(n, modules)]
+            shortcut = [n for n in reversed(chain) if not _is_identity(n, modules)]
             return branch, ", ".join(_describe(n) for n in shortcut)
         chain.append(x)
         x = _single_input(x, modules)
@@ -163,7 +188,9 @@ def _block_names(found: list[tuple[fx.Node, fx.Node, list[fx.Node], str]]) -> li
         kids = dict.fromkeys(t[len(common)] for t in targets if len(t) > len(common))
         children.append("+".join(kids))
     counts = {p: prefixes.count(p) for p in prefixes}
-    return [p if counts[p] == 1 or not c else f"{p}/{c}" for p, c in zip(prefixes, children)]
+    names = [p if counts[p] == 1 or not c else f"{p}/{c}" for p, c in zip(prefixes, children)]
+    seen = {n: names.count(n) for n in names}  # a layer applied twice (shared weights): one block per application
+    return [n if seen[n] == 1 else f"{n}@{add.name}" for n, (add, *_) in zip(names, found)]
 
 
 def find_blocks(gm: fx.GraphModule) -> tuple[list[Block], list[tuple[str, str]]]:
@@ -227,8 +254,16 @@ def remove_blocks(gm: fx.GraphModule, blocks: Iterable[Block]) -> fx.GraphModule
     nodes = graph_nodes(new)
     dead: list[fx.Node] = []
     instead: dict[str, fx.Node] = {}  # a removed sum -> what replaced it (the skip of one block can be another's sum)
-    for block in sorted(blocks, key=lambda b: list(nodes).index(b.add)):
+    modules = dict(new.named_modules())
+    blocks = sorted(blocks, key=lambda b: list(nodes).index(b.add))
+    gone = {n for b in blocks for n in (b.add, *b.branch)}
+    for block in blocks:
         add, skip = nodes[block.add], instead.get(block.skip, nodes[block.skip])
+        writers = [u for u in add.users if _in_place(u, modules) and u.args and u.args[0] is add]
+        readers = [u for u in skip.users if u.name not in gone]
+        if writers and readers:  # the in-place op would now write into a value others still read
+            with new.graph.inserting_after(skip):
+                skip = new.graph.call_method("clone", (skip,))
         add.replace_all_uses_with(skip)
         instead[block.add] = skip
         dead.append(add)

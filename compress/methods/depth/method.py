@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import fx, nn
@@ -24,10 +24,10 @@ from ...core.report import CompressionReport, LayerReport
 from ...core.width.graph import is_exported_program, trace
 from .config import DEFAULT_MAC_RATIO, DepthConfig
 from .criteria import energy_scores, greedy_order, observability_scores, outputs, removal_scores
-from .graph import Block, blocks_named, find_blocks, remove_blocks
+from .graph import Block, blocks_named, drop_unused_results, find_blocks, remove_blocks
 
-__all__ = ["DepthPrepared", "depth_prepare", "depth_realise", "depth_compress", "removable_blocks", "latency_savings",
-           "block_summary"]
+__all__ = ["DepthPrepared", "depth_prepare", "depth_realise", "depth_compress", "removable_blocks",
+           "latency_savings"]
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,11 @@ def _traced(model: nn.Module, example: Inputs) -> fx.GraphModule:
         raise CompressionError("depth needs the model's Python modules (file.py:factory or a torchvision name with "
                                "--weights): a torch.export program (.pt2) holds ATen operations, whose residual blocks "
                                "cannot be found")
-    gm = trace(model, example)
-    return gm.eval()
+    try:
+        gm = trace(model, example)
+    except CompressionError as exc:
+        raise CompressionError(str(exc).replace("width surgery needs", "depth needs")) from None
+    return drop_unused_results(gm.eval())
 
 
 def _excluded(blocks: list[Block], exclude: tuple[str, ...]) -> set[str]:
@@ -105,7 +108,7 @@ def _costs(gm: fx.GraphModule, blocks: list[Block], example: Inputs) -> tuple[di
     return macs, saved, total
 
 
-def removable_blocks(gm: fx.GraphModule, blocks: list[Block], peaks: dict[str, float], exclude: tuple[str, ...]
+def removable_blocks(blocks: list[Block], peaks: dict[str, float], exclude: tuple[str, ...]
                      ) -> tuple[list[str], dict[str, str]]:
     """The blocks that may go, and why each other one stays: excluded, or a shortcut whose branch is not exactly
     zero (removing it would not leave what the block computes)."""
@@ -134,15 +137,19 @@ def depth_prepare(model: nn.Module, data: Dataset, config: DepthConfig) -> Depth
     gm = _traced(model, example)
     blocks, left = find_blocks(gm)
     if not blocks:
+        whole = sorted({type(m).__name__ for m in model.modules()
+                        if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))})
+        inside = (f" ({', '.join(whole)} is traced as one layer, its residual sums inside it: write the layer in "
+                  "plain modules to cut its sub-blocks)") if whole else ""
         raise CompressionError(f"depth: {type(model).__name__} has no removable residual block (a sum y = x + f(x) "
-                               "whose branch f reads only x and holds a layer with parameters); use a width or rank "
-                               "method instead")
+                               f"whose branch f starts from x and holds a layer with parameters){inside}; use a "
+                               "width or rank method instead")
     timings = {"trace": time.perf_counter() - t0}
     x, y = _scoring_samples(data, config.score_samples, config.seed)
     t0 = time.perf_counter()
     energy, peaks = energy_scores(gm, blocks, x)
     timings["energy"] = time.perf_counter() - t0
-    names, reasons = removable_blocks(gm, blocks, peaks, config.exclude)
+    names, reasons = removable_blocks(blocks, peaks, config.exclude)
     if not names:
         why = "; ".join(f"{n}: {r}" for n, r in reasons.items())
         raise CompressionError(f"depth: no residual block of {type(model).__name__} may be removed ({why[:300]})")
@@ -216,17 +223,23 @@ def _prefix(prep: DepthPrepared, kind: str, target: float, table: str | None) ->
     """The shortest prefix of the removal order that meets the budget, and the ratio it reaches (for a latency
     budget, predicted from the table: the whole model's latency less each removed block's saving)."""
     cost, total = _costs_of(prep, kind, table)
+    order = prep.order
+    if kind != "mac_ratio" and prep.criterion in prep.scores:  # scores per unit of the budget's own cost
+        scores = prep.scores[prep.criterion]
+        order = sorted(prep.order, key=lambda n: (scores[n] / max(cost[n], 1e-12), n))
     left, chosen = total, []
-    for name in prep.order:
+    for name in order:
         if left <= target * total * (1 + 1e-9):
             break
         chosen.append(name)
         left -= cost[name]
     ratio = left / max(total, 1e-30)
     if ratio > target * (1 + 1e-9):
+        least = math.ceil(ratio * 1000) / 1000
         raise CompressionError(f"depth: removing all {len(prep.order)} removable residual blocks leaves "
-                               f"{flag_of(kind)} {ratio:.3f}, above the requested {target:g}; ask for at least "
-                               f"{ratio:.3f}, or chain depth with a width method (-m depth -m magnitude)")
+                               f"{flag_of(kind)} {ratio:.4f}, above the requested {target:g}; ask for at least "
+                               f"{least:g}, or chain depth with a width method (a plan file's method = [\"depth\", "
+                               "\"magnitude\"]; tune searches depth+magnitude by itself)")
     return chosen, ratio
 
 
@@ -271,12 +284,3 @@ def _report(prep: DepthPrepared, config: DepthConfig, chosen: list[str], kind: s
 def depth_compress(model: nn.Module, data: Dataset, config: DepthConfig) -> tuple[nn.Module, CompressionReport]:
     """:func:`depth_prepare`, then :func:`depth_realise`."""
     return depth_realise(depth_prepare(model, data, config), config)
-
-
-def block_summary(prep: DepthPrepared) -> list[dict[str, Any]]:
-    """One row per block: name, removable, MACs and parameters saved, scores, place in the order."""
-    rank = {n: i for i, n in enumerate(prep.order)}
-    return [{"block": b.name, "removable": b.name in prep.removable, "shortcut": b.shortcut,
-             "macs": prep.macs.get(b.name), "params": prep.params.get(b.name),
-             "scores": {c: s[b.name] for c, s in prep.scores.items() if b.name in s}, "order": rank.get(b.name),
-             "reason": prep.reasons.get(b.name, "")} for b in prep.blocks]

@@ -17,6 +17,7 @@ from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
 from minreal.compress.core.width.graph import trace
 from minreal.compress.methods.depth import CRITERIA, DepthConfig, find_blocks, remove_blocks
+from minreal.compress.methods.depth.graph import drop_unused_results
 from minreal.compress.methods.depth.method import depth_prepare, depth_realise
 from minreal.compress.models import CifarResNet, small_cnn
 from minreal.export.onnx_export import to_onnx
@@ -44,7 +45,7 @@ def _zero_branch(block: nn.Module) -> None:
 
 
 def _blocks(model: nn.Module, x: torch.Tensor):
-    gm = trace(model, x[:2]).eval()
+    gm = drop_unused_results(trace(model, x[:2]).eval())  # as depth traces
     return gm, *find_blocks(gm)
 
 
@@ -60,8 +61,8 @@ def test_resnet_blocks_identity_and_option_a_shortcuts_are_told_apart() -> None:
     _, blocks, left = _blocks(_resnet(), data.x)
     assert [b.name for b in blocks] == [f"layer{s}.{i}" for s in (1, 2, 3) for i in range(3)]
     assert not left
-    shortcut = {b.name for b in blocks if not b.identity}
-    assert shortcut == {"layer2.0", "layer3.0"}  # option A: subsample and zero-pad, not the identity
+    shortcut = {b.name: b.shortcut for b in blocks if not b.identity}
+    assert shortcut == {"layer2.0": "getitem, pad", "layer3.0": "getitem, pad"}  # option A: subsample, zero-pad
     assert all("conv1" in " ".join(b.modules) and "bn2" in " ".join(b.modules) for b in blocks)
 
 
@@ -218,3 +219,80 @@ def test_latency_budget_removes_blocks_until_the_table_predicts_it(tmp_path: Pat
     table.write_text(json.dumps({"kind": "width", "model_hash": model_key(model)}))
     with pytest.raises(CompressionError, match="is not a depth table"):
         depth_realise(prep, cfg)
+
+
+class _Unpacked(nn.Module):
+    """Pre-LN attention written ``h, _ = attn(...)``: the unused second output must not hide the block."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, 3)
+        self.attn = nn.MultiheadAttention(d, 2, batch_first=True)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        a = self.norm(h)
+        out, _ = self.attn(a, a, a)
+        return self.head((h + out).mean(1))
+
+
+def test_an_unused_second_output_does_not_hide_an_attention_block() -> None:
+    torch.manual_seed(0)
+    model, x = _Unpacked().eval(), torch.randn(4, 5, 16)
+    gm, blocks, _ = _blocks(model, x)
+    assert [b.modules for b in blocks] == [("norm", "attn")]
+    new = remove_blocks(gm, blocks).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), model.head(x.mean(1)), rtol=1e-6, atol=1e-6)
+
+
+class _Shared(nn.Module):
+    """One block applied twice (shared weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blk = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.blk(x)
+        x = x + self.blk(x)
+        return self.head(x)
+
+
+def test_a_block_applied_twice_is_two_blocks_with_two_names() -> None:
+    torch.manual_seed(0)
+    gm, blocks, _ = _blocks(_Shared().eval(), torch.randn(4, 8))
+    assert len(blocks) == 2 and len({b.name for b in blocks}) == 2
+
+
+class _InPlace(nn.Module):
+    """``y = relu_(h + c(h))`` while ``h`` is read again later; and a branch that starts by writing into its input."""
+
+    def __init__(self, write_input: bool) -> None:
+        super().__init__()
+        self.write_input = write_input
+        self.c, self.h1, self.h2 = nn.Linear(8, 8), nn.Linear(8, 2), nn.Linear(8, 2)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 1.0
+        if self.write_input:
+            return self.h1(h + self.c(torch.relu_(h)))
+        y = self.act(h + self.c(h))
+        return self.h1(y) + self.h2(h)
+
+
+def test_in_place_writes_never_make_a_removal_inexact() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(6, 8)
+    model = _InPlace(write_input=False).eval()
+    with torch.no_grad():
+        model.c.weight.zero_()
+        model.c.bias.zero_()
+    gm, blocks, _ = _blocks(model, x)
+    assert len(blocks) == 1
+    new = remove_blocks(gm, blocks).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), model(x), rtol=0, atol=0)  # the in-place ReLU gets a copy of h
+    _, blocks, _ = _blocks(_InPlace(write_input=True).eval(), x)
+    assert blocks == []  # removing that branch would also undo its write into h
