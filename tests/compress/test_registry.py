@@ -225,7 +225,7 @@ def test_chain_report_keeps_each_steps_budget(tiny_mlp: nn.Module, mlp_data: Dat
 
 #: Two-phase methods and a config field their preparation reads (changing it must be refused by realise).
 PREPARED_FIELDS = {"factorize": ("eig_threshold", 1e-3), "svd": ("exclude", ("1",)), "magnitude": ("seed", 1),
-                   "wanda": ("norm_samples", 100), "fde": ("max_sweeps", 3), "depth": ("criterion", "energy")}
+                   "wanda": ("norm_samples", 100), "fde": ("max_sweeps", 3), "depth": ("criterion", "greedy")}
 #: Fields a method's smoke config sets that a whole-model budget excludes.
 BUDGET_EXCLUDES = {"fde": {"merge_eps": 0.0}}
 

@@ -259,7 +259,8 @@ def test_cli_int8_table_is_a_cpu_width_table(tmp_path: Path, monkeypatch: pytest
         argv = ["latency-table", "net.py:make", *extra, "--int8", "--input-shape", "3,16,16", "--out", "t.json", "-q"]
         assert run(argv) == 2
         err = capsys.readouterr().err
-        assert "--int8 measures a width table on the cpu provider: pass --kind width --providers cpu" in err
+        assert ("--int8 measures a width or depth table on the cpu provider: pass --kind width (or depth) --providers "
+                "cpu") in err
     assert not (tmp_path / "t.json").exists()
 
 

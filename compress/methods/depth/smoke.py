@@ -16,4 +16,4 @@ def smoke_case() -> SmokeCase:
     torch.manual_seed(0)
     model = CifarResNet(blocks_per_stage=2, in_channels=1).eval()
     train, _ = digits(seed=0)
-    return SmokeCase(model, train.take(240), DepthConfig(mac_ratio=0.8, score_samples=64, greedy_candidates=3))
+    return SmokeCase(model, train.take(240), DepthConfig(mac_ratio=0.8, score_samples=64))

@@ -54,8 +54,9 @@ CASES = [
      ["activation_norms"]),
     ("wanda", _resnet, _images, [{"mac_ratio": 0.7}, {"param_ratio": 0.6}], ["wanda_importance"]),
     ("fde", _resnet, _images, [{"merge_eps": 1.0}, {"merge_eps": 1.5}], ["graph_prepare"]),
-    ("depth", _resnet2, _images, [{"mac_ratio": 0.9, "score_samples": 8}, {"mac_ratio": 0.6, "score_samples": 8},
-                                  {"param_ratio": 0.9, "score_samples": 8}],
+    ("depth", _resnet2, _images, [{"mac_ratio": 0.9, "score_samples": 8, "criterion": "greedy"},
+                                  {"mac_ratio": 0.6, "score_samples": 8, "criterion": "greedy"},
+                                  {"param_ratio": 0.9, "score_samples": 8, "criterion": "greedy"}],
      ["energy_scores", "removal_scores", "greedy_order", "_costs"]),
 ]
 
