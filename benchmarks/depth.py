@@ -134,6 +134,7 @@ class Runner:
 
     def save(self) -> None:
         self.doc["summary"] = summarise(self.doc)
+        self.doc["table_markdown"] = table_markdown(self.doc)
         write_json(self.args.out, self.doc)
 
 
@@ -321,6 +322,40 @@ def summarise(doc: dict[str, Any]) -> dict[str, Any]:
                     entry["batch1"]["speedup"], entry["batch32"]["speedup"]) >= GOAL_SPEEDUP)
             out.setdefault(model, {})[f"{ratio:g}"] = entry
     return out
+
+
+def _acc(cells: list[dict[str, Any]], model: str, criterion: str, ratio: float) -> str:
+    cell = next((c for c in cells if (c["model"], c["criterion"], c["ratio"]) == (model, criterion, ratio)), None)
+    return "-" if cell is None else f"{100 * cell['test']['accuracy']:.2f}"
+
+
+def _times(s: dict[str, Any] | None) -> str:
+    return "-" if s is None else f"{s['speedup']:.2f}x ({s['speedup_range'][0]:.2f}-{s['speedup_range'][1]:.2f})"
+
+
+def table_markdown(doc: dict[str, Any]) -> str:
+    """The README's depth table: per model and ratio, the MAC ratio reached, held-out top-1 zero-shot by criterion
+    and after recovery, the baselines after the same recovery, and the INT8 speed-ups over the original's INT8."""
+    base = doc.get("baselines", {})
+    head = ("| model | MAC asked (reached) | zero-shot top-1 %: energy / observability / removal / greedy | recovered "
+            f"top-1 %: {DEFAULT_CRITERION} (original, factorize, magnitude at 0.7) | INT8 speed-up vs original.int8, "
+            "b1 / b32 |")
+    rows = [head, "| --- | --- | --- | --- | --- |"]
+    for model in doc["models"]:
+        b = base.get(model, {})
+        for ratio in doc["settings"]["ratios"]:
+            reached = next((c["mac_ratio_reached"] for c in doc["zero_shot"]
+                            if c["model"] == model and c["ratio"] == ratio), None)
+            if reached is None:
+                continue
+            zs = " / ".join(_acc(doc["zero_shot"], model, c, ratio) for c in ("energy", "observability", "removal",
+                                                                                "greedy"))
+            refs = [b.get(k) for k in (f"original@1/{EPOCHS}", f"factorize@0.7/{EPOCHS}", f"magnitude@0.7/{EPOCHS}")]
+            ref = ", ".join("-" if r is None else f"{100 * r['accuracy']:.2f}" for r in refs)
+            rec = f"{_acc(doc['recovered'], model, DEFAULT_CRITERION, ratio)} ({ref})"
+            speed = " / ".join(_times(_speedup(doc, model, ratio, batch)) for batch in (1, 32))
+            rows.append(f"| {model} | {ratio:g} ({reached:.3f}) | {zs} | {rec} | {speed} |")
+    return "\n".join(rows)
 
 
 # ------------------------------------------------------------------------------------------------------- main
