@@ -155,7 +155,7 @@ def depth_prepare(model: nn.Module, data: Dataset, config: DepthConfig) -> Depth
         raise CompressionError(f"depth: no residual block of {type(model).__name__} may be removed ({why[:300]})")
     chosen = blocks_named(blocks, names)
     t0 = time.perf_counter()
-    macs, params, total = _costs(gm, chosen, example)
+    macs, params, total = _costs(gm, blocks, example)  # every block's, for the report; removable ones are chosen
     timings["costs"] = time.perf_counter() - t0
     scores: dict[str, dict[str, float]] = {"energy": {n: energy[n] for n in names}}
     t0 = time.perf_counter()

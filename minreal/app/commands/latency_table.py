@@ -1,5 +1,6 @@
-"""``minreal latency-table``: latencies measured on a provider, per factorisable layer (``--kind rank``)
-or per channel-group width (``--kind width``), for the latency-aware budgets."""
+"""``minreal latency-table``: latencies measured on a provider, per factorisable layer (``--kind rank``), per
+channel-group width (``--kind width``) or per residual block removed (``--kind depth``), for the latency-aware
+budgets."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_s
                       providers: str, ranks_per_layer: int, width_multiple: int | None, width_min: int | None,
                       int8: bool, weights: str | None, quiet: bool, as_json: bool) -> None:
     """Measure latencies on a provider: per factorisable layer for `compress -m factorize --latency-ratio`
-    (--kind rank), or per channel-group width for the width methods' --latency-ratio (--kind width)."""
+    (--kind rank), per channel-group width for the width methods' --latency-ratio (--kind width), or the whole model
+    without each residual block for depth's --latency-ratio (--kind depth)."""
     provider = _one_provider(providers)
     if int8 and (kind == "rank" or provider != "cpu"):
         raise click.UsageError("--int8 measures a width or depth table on the cpu provider: pass --kind width (or "
