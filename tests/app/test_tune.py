@@ -720,3 +720,20 @@ def test_tune_searches_depth_and_the_depth_width_chain_preparing_depth_once(trai
     assert chain and all(c.mac_ratio <= float(c.label.split("@")[1]) + 1e-9 for c in chain)
     depth_cuts = {p["budget"] for s in report.searches if s["method"] == "depth+magnitude" for p in s["probes"]}
     assert prepared["depth"] == 1 and 1 <= prepared["magnitude"] <= 1 + len(depth_cuts)
+
+
+def test_a_chain_s_depth_step_takes_what_it_can_when_its_share_is_out_of_reach() -> None:
+    """``_least_mac_ratio``: the MAC ratio with every removable block gone, from the prepared state alone."""
+    from minreal.app.tune.candidate import _least_mac_ratio
+    from minreal.compress.core.data import Dataset as Data
+    from minreal.compress.methods.depth import DepthConfig
+    from minreal.compress.models import CifarResNet
+    from minreal.compress.registry import prepare, realise
+
+    torch.manual_seed(0)
+    model = CifarResNet(blocks_per_stage=1, in_channels=1).eval()  # one removable block (layer1.0)
+    prep = prepare(model, Data(torch.rand(16, 1, 8, 8)), "depth", DepthConfig())
+    least = _least_mac_ratio(prep.state)
+    assert 0.5 < least < 1.0 and _least_mac_ratio(object()) is None
+    _, report = realise(prep, DepthConfig(mac_ratio=least * (1 + 1e-9)))
+    assert report.mac_ratio == pytest.approx(least) and report.predicted["removed"] == ["layer1.0"]

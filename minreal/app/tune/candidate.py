@@ -386,13 +386,10 @@ def _zero_shot(job: Job, model: nn.Module, model_id: str, calib: Dataset, method
                ) -> tuple[nn.Module, Any, dict[str, float]]:
     """A copy of ``method``'s zero-shot model of ``model`` (``model_id``: its fingerprint) at ``config``, prepared
     and realised once per worker (:func:`_compressed`), and the seconds spent preparing and realising now."""
-    from minreal.compress.registry import prepare, prepared_key, realise
+    from minreal.compress.registry import realise
 
     t0 = time.perf_counter()
-    key = (model_id, job.stats_samples, method, prepared_key(method, config))
-    stats = first_of_shuffle(calib, job.stats_samples) if job.stats_samples else calib
-    prepared, made = _remember(_PREPARED, key, lambda: _outcome(
-        lambda: prepare(model, stats, method, config, cache_dir=job.cache_dir)))
+    key, prepared, made = _prepared(job, model, model_id, calib, method, config)
     t1 = time.perf_counter()
     zero_shot, realised = _remember(_ZERO_SHOT, (*key, repr(config)),
                                     lambda: _outcome(lambda: realise(_value(prepared), config, measure=False)),
@@ -400,6 +397,25 @@ def _zero_shot(job: Job, model: nn.Module, model_id: str, calib: Dataset, method
     phases = {"prepare": t1 - t0 if made else 0.0, "realise": time.perf_counter() - t1 if realised else 0.0}
     small, report = copy.deepcopy(_value(zero_shot))
     return small, report, phases
+
+
+def _prepared(job: Job, model: nn.Module, model_id: str, calib: Dataset, method: str, config: Any
+              ) -> tuple[tuple[Any, ...], tuple[Any, Exception | None], bool]:
+    """The memo key, the :func:`_outcome` of ``method``'s ``prepare`` (once per worker), and whether it ran now."""
+    from minreal.compress.registry import prepare, prepared_key
+
+    key = (model_id, job.stats_samples, method, prepared_key(method, config))
+    stats = first_of_shuffle(calib, job.stats_samples) if job.stats_samples else calib
+    prepared, made = _remember(_PREPARED, key, lambda: _outcome(
+        lambda: prepare(model, stats, method, config, cache_dir=job.cache_dir)))
+    return key, prepared, made
+
+
+def _least_mac_ratio(state: Any) -> float | None:
+    """The smallest MAC ratio a prepared depth state reaches (every removable block gone); None for other states."""
+    if not all(hasattr(state, k) for k in ("macs", "total_macs", "removable")):
+        return None
+    return (state.total_macs - sum(state.macs[n] for n in state.removable)) / max(state.total_macs, 1)
 
 
 CHAIN_FIRST_SHARE = 0.5
@@ -410,8 +426,9 @@ the model the first one left (:func:`_chained`)."""
 def _chained(job: Job, model: nn.Module, calib: Dataset, recovery: Any, train: Dataset
              ) -> tuple[nn.Module, Any, dict[str, float]]:
     """A chain candidate (``depth+magnitude`` at MAC ratio ``r``): the first method cuts the MACs to
-    ``1 - CHAIN_FIRST_SHARE * (1 - r)`` from its one preparation (shared with its own search), the second cuts what
-    that left to ``r`` of the original (prepared once per first model), then one recovery from the original."""
+    ``1 - CHAIN_FIRST_SHARE * (1 - r)`` (or as far as it can, when less) from its one preparation (shared with its
+    own search), the second cuts what that left to ``r`` of the original (prepared once per first model), then one
+    recovery from the original."""
     import dataclasses as dc
 
     from minreal.app.method_options import build_config, provider_defaults
@@ -421,6 +438,10 @@ def _chained(job: Job, model: nn.Module, calib: Dataset, recovery: Any, train: D
     r, defaults, extra = job.spec.mac_ratio, provider_defaults(job.providers), dict(job.extra)
     own = {m: {k: v for k, v in extra.items() if k in _fields(m)} for m in (first, second)}
     config = build_config(first, {"mac_ratio": 1 - CHAIN_FIRST_SHARE * (1 - r), **own[first]}, defaults)
+    _, prepared, _ = _prepared(job, model, job.fingerprint, calib, first, config)
+    least = _least_mac_ratio(_value(prepared).state)
+    if least is not None and least > config.mac_ratio:  # the first method cannot take its share: all it can
+        config = build_config(first, {"mac_ratio": min(1.0, least * (1 + 1e-9)), **own[first]}, defaults)
     mid, head, phases = _zero_shot(job, model, job.fingerprint, calib, first, config)
     steps = [{"method": first, "mac_ratio": head.mac_ratio}]
     small, report = mid, head
