@@ -5,7 +5,7 @@
 # what is left of the budget, and a hard limit stops it (gpu.json then says which cells were cut).
 #
 # Usage: benchmarks/gpu.sh [--python PATH] [--wheelhouse DIR] [gpu.py options: --budget-s S, --dry-run, --out F]
-#   --python PATH     the Python environment to run in (default .venv/bin/python)
+#   --python PATH     the Python to run in: a path or a command on PATH (default .venv/bin/python)
 #   --wheelhouse DIR  first install minreal with its GPU extras from DIR, with no index:
 #                     pip install --no-index --find-links DIR '.[gpu,tensorrt]' (into --python's environment;
 #                     without --python into a new .venv-gpu)
@@ -37,6 +37,8 @@ if [[ -n "$wheelhouse" ]]; then
   "$py" -m pip install --no-index --find-links "$wheelhouse" '.[gpu,tensorrt]'
 fi
 py=${py:-.venv/bin/python}
+# a command name (python3) is looked up on PATH, as a shell would
+if [[ "$py" != */* ]] && command -v "$py" >/dev/null; then py=$(command -v "$py"); fi
 if [[ ! -x "$py" ]]; then
   echo "gpu.sh: no Python at $py; give --python PATH or --wheelhouse DIR" >&2
   exit 2
