@@ -1,5 +1,7 @@
 """GPU benchmark (issue 16): the demo models and torchvision resnet18 / mobilenet_v2 (random weights, 224×224), each
-original and factorised to half its MACs, on CUDA and TensorRT in fp32, fp16 and INT8 at batch 1 and 32.
+original, factorised to half its MACs and (resnet18, mobilenet_v2: the models with residual blocks) cut to 0.7 of its
+MACs by ``depth`` (whole residual blocks removed: fewer kernels, each at its full width), on CUDA and TensorRT in
+fp32, fp16 and INT8 at batch 1 and 32.
 
 Backends (every cell is one model × variant × backend × precision × batch size):
 
@@ -58,7 +60,10 @@ from minreal.facts import error_line
 OUT = Path(__file__).with_suffix(".json")
 MODELS = ("digits-mlp", "digits-cnn", "resnet18", "mobilenet_v2")
 WEIGHT = {"digits-mlp": 1, "digits-cnn": 1, "resnet18": 3, "mobilenet_v2": 3}  # shares of the time budget
-VARIANTS = ("original", "factorize-mac0.5")
+DEPTH_VARIANT = "depth-mac0.7"
+VARIANTS = ("original", "factorize-mac0.5", DEPTH_VARIANT)
+#: Models with residual blocks, the only ones ``depth`` can cut; the others are measured without the depth variant.
+DEPTH_MODELS = ("resnet18", "mobilenet_v2")
 BATCHES = (1, 32)
 #: Steps of one model, in the order they run, and the precisions each measures.
 BACKENDS: dict[str, tuple[str, ...]] = {
@@ -96,9 +101,14 @@ class Cell:
         return self.model, self.variant, self.backend, self.precision, self.batch
 
 
+def variants(model: str) -> tuple[str, ...]:
+    """The variants measured of ``model``: the original, factorize, and depth where the model has residual blocks."""
+    return ("original", "factorize-mac0.5", *((DEPTH_VARIANT,) if model in DEPTH_MODELS else ()))
+
+
 def plan(models: tuple[str, ...]) -> list[Cell]:
     """Every cell of the run, pending."""
-    return [Cell(m, v, b, p, n) for m in models for b, precisions in BACKENDS.items() for v in VARIANTS
+    return [Cell(m, v, b, p, n) for m in models for b, precisions in BACKENDS.items() for v in variants(m)
             for p in precisions for n in BATCHES]
 
 
@@ -345,6 +355,11 @@ def prepare(model: str, workdir: Path) -> Prepared:
     config = build_config("factorize", {"mac_ratio": 0.5}, provider_defaults(("cuda", "tensorrt")))
     small = _attempt(errors, VARIANTS[1], lambda: compress(module, calib, "factorize", config))
     modules = {VARIANTS[0]: module, **({VARIANTS[1]: small[0]} if small else {})}
+    shallow = None
+    if DEPTH_VARIANT in variants(model):  # whole residual blocks removed: fewer kernels, each at its full width
+        depth_config = build_config("depth", {"mac_ratio": 0.7}, provider_defaults(("cuda", "tensorrt")))
+        shallow = _attempt(errors, DEPTH_VARIANT, lambda: compress(module, calib, "depth", depth_config))
+        modules.update({DEPTH_VARIANT: shallow[0]} if shallow else {})
     workdir.mkdir(parents=True, exist_ok=True)
     files, x = {}, calib.x[:16].numpy()
     for variant, m in modules.items():
@@ -357,7 +372,9 @@ def prepare(model: str, workdir: Path) -> Prepared:
         h = _attempt(errors, f"{variant}.fp16", lambda: convert_fp16(fp32, [x[:1], x[:4]]))
         files.update({(variant, p): Path(r.out_path) for p, r in (("int8", q), ("fp16", h)) if r is not None})
     notes = {"prepare_s": round(time.perf_counter() - t, 2), "errors": errors,
-             "mac_ratio": small[1].mac_ratio if small else None, "files": sorted(f"{v}.{p}" for v, p in files)}
+             "mac_ratio": small[1].mac_ratio if small else None,
+             **({"depth_mac_ratio": shallow[1].mac_ratio} if shallow else {}),
+             "files": sorted(f"{v}.{p}" for v, p in files)}
     return Prepared(modules, files, rows, x, errors, notes)
 
 
@@ -529,6 +546,8 @@ def _time_engines(prep: Prepared, precision: str, engines: dict[tuple[str, str],
 
 def child(args: argparse.Namespace) -> None:
     """Run one model's steps (``--backends``) until ``--until``, writing ``--result`` whenever a step yields."""
+    global VARIANTS  # this process measures one model: every step below reads that model's variants
+    VARIANTS = variants(args.child)
     until, workdir, result = float(args.until), Path(args.workdir), Path(args.result)
     state: dict[str, Any] = {"cells": [], "prepare": {}, "tensorrt_checks": [], "step": "prepare"}
     write_json(result, state)
