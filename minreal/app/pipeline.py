@@ -41,9 +41,9 @@ from minreal.compress.core.recover import RecoveryConfig
 from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.export.atomic import atomic_path, make_dirs, remove_empty_dirs
 from minreal.export.errors import ParityError
+from minreal.export.int8 import int8_skip_reason, target_text
 from minreal.export.json_safe import write_json
 from minreal.export.ort_format import merge_operator_configs, ort_variant
-from minreal.export.quantize import int8_skip_reason, target_text
 from minreal.export.serialize import save_program
 from minreal.export.variant import (
     FP16_LABEL_SUFFIX,

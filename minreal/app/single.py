@@ -16,8 +16,8 @@ from minreal.app.report import ORT_FP16_NOTE, int8_cause, int8_format_text
 from minreal.app.shapes import InputShapes, check_shape_names, merge_axes, random_inputs
 from minreal.compress.core.inputs import Inputs, NamedInputs
 from minreal.export.fp16 import Fp16Config
+from minreal.export.int8 import int8_skip_reason, target_text
 from minreal.export.ort_format import ort_variant
-from minreal.export.quantize import int8_skip_reason, target_text
 from minreal.export.settings import OrtConfig
 from minreal.export.variant import (
     PARITY_BATCH_SIZES,
