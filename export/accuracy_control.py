@@ -201,10 +201,10 @@ class _Quantiser:
     instead of quantised.
     """
 
-    def __init__(self, fp32_path: Path, workdir: Path, calib: np.ndarray | None, config: QuantConfig | None,
+    def __init__(self, fp32_path: Path, workdir: Path, calib: np.ndarray | None, config: QuantConfig,
                  measure: Callable[[Path], float], plain: QuantResult | None = None) -> None:
         self.fp32_path, self.workdir, self.calib, self.measure = fp32_path, workdir, calib, measure
-        self.config, self.plain = config or QuantConfig(), plain
+        self.config, self.plain = config, plain
         self.calibration: Calibration | None = None
         self.done: dict[frozenset[str], tuple[QuantResult, float]] = {}
         self.runs = 0
@@ -225,10 +225,9 @@ class _Quantiser:
                              calibration=self.calibration)
 
 
-def _check_plain(int8: QuantResult, fp32_path: Path, config: QuantConfig | None, calib: Data | None) -> None:
-    """``int8`` is a calibrated quantisation of ``fp32_path`` in ``config``'s format, on as many samples as
-    ``calib`` has (ranges trained by quantisation-aware recovery are not the plain INT8's)."""
-    config = (config or QuantConfig()).resolved()
+def _check_plain(int8: QuantResult, fp32_path: Path, config: QuantConfig, calib: Data | None) -> None:
+    """``int8`` is a calibrated quantisation of ``fp32_path`` in ``config``'s format (its target explicit), on as many
+    samples as ``calib`` has (ranges trained by quantisation-aware recovery are not the plain INT8's)."""
     act_type, symmetric = config.activation() if config.mode == "static" else ("uint8", False)
     wanted = (fp32_path.resolve(), config.mode, config.target, act_type, symmetric, config.weight_type,
               config.per_channel)
@@ -314,6 +313,7 @@ def quantize_with_accuracy_control(
     spec = _check_arguments(metric, max_drop, max_fallback, eval_x, eval_y)
     ensure_distinct(fp32_path, out_path)
     fp32_path, out_path, say = Path(fp32_path), Path(out_path), progress or logger.info
+    config = (config or QuantConfig()).resolved()  # once: every quantisation below receives the explicit target
     if int8 is not None:
         _check_plain(int8, fp32_path, config, calib)
     measure = _measurer(spec, fp32_path, eval_x if isinstance(eval_x, Mapping) else np.asarray(eval_x), eval_y,

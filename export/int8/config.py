@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import minreal.runtime_bench.cpu as cpu_facts
-from minreal.export.int8.target import TARGETS, resolve_target
+from minreal.export.int8.target import TARGETS, TargetFormat, resolve_target
 from minreal.export.settings import AUTO_TARGET, DROP_ROUNDTRIPS, QUANT_MODES, QUANT_TARGETS, int8_format
 from minreal.facts import ARM64_TARGET, REDUCED_WEIGHT_QMAX, WEIGHT_QMAX
 
@@ -94,26 +94,40 @@ class QuantConfig:
         if self.batch_size < 1 or self.random_samples < 1:
             raise ValueError("QuantConfig.batch_size and random_samples must be positive")
 
+    def target_defaults(self) -> TargetFormat:
+        """The defaults of this config's explicit target (:data:`~minreal.export.int8.target.TARGETS`).
+
+        Raises:
+            ValueError: the target is ``cpu``, not yet resolved (:meth:`resolved`, at the entry of
+                :func:`~minreal.export.int8.quantize_int8` and :func:`~minreal.export.int8.calibrate`).
+        """
+        if self.target not in TARGETS:
+            raise ValueError(f"QuantConfig.target={self.target!r} is not resolved for this machine; "
+                             "QuantConfig.resolved() gives the explicit target")
+        return TARGETS[self.target]
+
     def activation(self) -> tuple[str, bool]:
-        """Return (activation type, symmetric) after applying the target's defaults."""
-        default = TARGETS[resolve_target(self.target, self.mode)]
+        """Return (activation type, symmetric) after applying the (explicit) target's defaults."""
+        default = self.target_defaults()
         symmetric = default.activation_symmetric if self.activation_symmetric is None else self.activation_symmetric
         return self.activation_type or default.activation_type, symmetric
 
     def weights_reduced(self) -> bool:
-        """7-bit weights, after applying the target's default."""
-        default = TARGETS[resolve_target(self.target, self.mode)].reduce_range
+        """7-bit weights, after applying the (explicit) target's default."""
+        default = self.target_defaults().reduce_range
         return default if self.reduce_range is None else self.reduce_range
 
     def resolved(self) -> QuantConfig:
-        """This config with ``target="cpu"`` replaced by the explicit target for this machine."""
+        """This config with ``target="cpu"`` replaced by the explicit target for this machine
+        (:func:`~minreal.export.int8.target.resolve_target`); an explicit target is kept. The library's entry points
+        call it once; everything below them receives the explicit target."""
         return dataclasses.replace(self, target=resolve_target(self.target, self.mode))
 
 
 def target_format(target: str) -> str:
-    """The static INT8 format ``target`` writes, in words (:func:`minreal.export.settings.int8_format`), ``cpu``
-    resolved for this machine: ``S8S8: symmetric int8 activations, 8-bit per-channel int8 weights`` for ``arm64``."""
-    config = QuantConfig(target=target).resolved()
+    """The static INT8 format the explicit ``target`` writes, in words (:func:`minreal.export.settings.int8_format`):
+    ``S8S8: symmetric int8 activations, 8-bit per-channel int8 weights`` for ``arm64``."""
+    config = QuantConfig(target=target)
     act_type, symmetric = config.activation()
     return int8_format(act_type, symmetric, WEIGHT_BITS[weight_qmax(config)], config.weight_type,
                        config.per_channel)

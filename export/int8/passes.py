@@ -17,7 +17,7 @@ import onnx
 from minreal.export.int8.calibration import ArrayCalibrationReader, RangeSource
 from minreal.export.int8.config import CALIBRATION_METHODS, QUANT_TYPES, QuantConfig
 from minreal.export.int8.preprocess import ort_quantization
-from minreal.export.int8.target import ORT_CPU_TARGETS, TARGETS
+from minreal.export.int8.target import ORT_CPU_TARGETS
 from minreal.export.qdq_channels import channel_pads
 from minreal.export.qdq_pads import integer_pads
 from minreal.facts import INT8_TARGET_KEY
@@ -95,7 +95,7 @@ def _quantize_static(source: Path, dest: Path, ranges: RangeSource, config: Quan
         calibrate_method=getattr(q.CalibrationMethod, CALIBRATION_METHODS[config.calibration_method]),
         extra_options={
             "ActivationSymmetric": symmetric, "WeightSymmetric": config.weight_type == "int8",
-            "QuantizeBias": TARGETS[config.target].quantize_bias,
+            "QuantizeBias": config.target_defaults().quantize_bias,
             **({"TensorQuantOverrides": dict(overrides)} if overrides else {}),
         },
     )  # fmt: skip

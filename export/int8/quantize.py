@@ -40,7 +40,7 @@ from minreal.export.int8.ops import dynamic_weight_nodes, kernel_counts
 from minreal.export.int8.overrides import applied_ranges, check_ranges, trained_overrides
 from minreal.export.int8.passes import run_dynamic, stamp_target
 from minreal.export.int8.preprocess import int8_skip_reason, preprocess
-from minreal.export.int8.target import TARGET_GRAPHS, TARGETS, saturates_here
+from minreal.export.int8.target import TARGET_GRAPHS, saturates_here
 from minreal.facts import error_line
 from minreal.runtime_bench.model_info import float_roundtrips, op_counts, optimized_graph
 
@@ -178,7 +178,7 @@ def _result(
         weight_type=config.weight_type, per_channel=config.per_channel,
         weight_bits=WEIGHT_BITS[weight_qmax(config)],
         saturates_here=saturates_here(config.weight_type, config.weights_reduced()),
-        quantized_bias=static and TARGETS[config.target].quantize_bias, calibration_samples=samples,
+        quantized_bias=static and config.target_defaults().quantize_bias, calibration_samples=samples,
         random_calibration=is_random,
         preprocess_note=note, node_counts=dict(collections.Counter(n.op_type for n in written.graph.node)),
         optimized_ops=optimized, integer_kernels=integer, float_kernels=floating, float_roundtrips=roundtrips,

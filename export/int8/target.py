@@ -78,10 +78,10 @@ def resolve_target(target: str, mode: str = "static") -> str:
     return CPU_VNNI_TARGET if found == ARM64_TARGET and mode == "dynamic" else found
 
 
-def target_text(target: str, mode: str = "static") -> str:
-    """``target`` for a progress line: ``cpu → cpu-avx2`` where ``cpu`` is resolved for this machine (in ``mode``)."""
-    resolved = resolve_target(target, mode)
-    return target if resolved == target else f"{target} → {resolved}"
+def target_text(requested: str, target: str) -> str:
+    """The target for a progress line: ``cpu → cpu-avx2`` where ``requested`` was resolved into ``target``
+    (:func:`resolve_target`), else ``target``."""
+    return target if requested == target else f"{requested} → {target}"
 
 
 def saturates_here(weight_type: str, reduce_range: bool) -> bool:
