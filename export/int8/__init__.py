@@ -28,6 +28,9 @@ _EXPORTS = {
     **dict.fromkeys(("quantize_int8",), ".quantize"),
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["ArrayCalibrationReader", "Calib", "Calibration", "QuantConfig", "QuantResult", "TARGETS", "calibrate",
+           "dynamic_weight_nodes", "int8_skip_reason", "module_inputs", "nonfinite_scale_nodes", "optimized_op_counts",
+           "quantizable_nodes", "quantize_int8", "resolve_target", "reusable_calibration", "saturates_here",
+           "target_format", "target_text", "trained_overrides"]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -29,8 +29,9 @@ class QuantConfig:
     Attributes:
         mode: ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``quantize_dynamic``, no calibration).
         target: one of :data:`QUANT_TARGETS`; picks the activation type, symmetry and weight range. ``"cpu"`` is
-            resolved to ``"cpu-vnni"`` or ``"cpu-avx2"`` for the machine that quantises (:func:`resolve_target`);
-            ``"arm64"`` is symmetric int8 activations for ONNX Runtime's ARM64 kernels, on any machine.
+            resolved to this machine's format (``"cpu-vnni"``, ``"cpu-avx2"`` or ``"arm64"``) by :meth:`resolved`, once,
+            at the entry of :func:`quantize_int8` and :func:`calibrate`; ``"arm64"`` is symmetric int8 activations for
+            ONNX Runtime's ARM64 kernels, on any machine.
         activation_type: ``"uint8"`` or ``"int8"``; ``None`` follows the target.
         activation_symmetric: symmetric activation ranges; ``None`` follows the target.
         weight_type: ``"int8"`` (the default) or ``"uint8"`` (ONNX Runtime's U8U8, which does not saturate on x86
