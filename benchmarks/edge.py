@@ -137,8 +137,8 @@ def write_fp32(net: Any, held: Any, folder: Path) -> tuple[Any, dict[str, dict[s
 
 def write_int8(record: Any, calib: Any, held: Any, folder: Path, target: str) -> dict[str, dict[str, Any]]:
     """``int8_TARGET.onnx`` (static QDQ in ``target``'s format) and its ``.ort`` file, checked against it."""
+    from minreal.export.int8 import resolve_target
     from minreal.export.ort_format import ort_variant
-    from minreal.export.quantize import resolve_target
     from minreal.export.settings import OrtConfig
     from minreal.export.variant import VariantConfig, quantize_variant
 
@@ -284,7 +284,7 @@ def run_model(name: str, args: argparse.Namespace, config: Any) -> dict[str, Any
 
 def settings(args: argparse.Namespace, config: Any) -> dict[str, Any]:
     """The document's settings block."""
-    from minreal.export.quantize import resolve_target
+    from minreal.export.int8 import resolve_target
     from minreal.export.settings import OrtConfig
 
     return {"int8_targets": {t: resolve_target(t) for t in TARGETS}, "ort": dataclasses.asdict(OrtConfig()),

@@ -346,8 +346,8 @@ def prepare(model: str, workdir: Path) -> Prepared:
     from minreal.app.method_options import build_config, provider_defaults
     from minreal.compress import compress
     from minreal.export.fp16 import convert_fp16
+    from minreal.export.int8 import QuantConfig, quantize_int8
     from minreal.export.onnx_export import to_onnx
-    from minreal.export.quantize import QuantConfig, quantize_int8
 
     t = time.perf_counter()
     module, calib, rows = _case(model)

@@ -36,7 +36,7 @@ from int8_formats import CIFAR, RESNET32, cifar_case
 from int8_width import environment
 from onnx import numpy_helper
 
-from minreal.export.quantize import QuantConfig, quantize_int8
+from minreal.export.int8 import QuantConfig, quantize_int8
 from minreal.export.variant import VariantConfig, export_variant
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
 from minreal.runtime_bench.timing import ratio_summary

@@ -3,7 +3,7 @@
 ONNX Runtime's x86 kernels without VNNI add pairs of uint8 x int8 products in a saturating int16 (``VPMADDUBSW``),
 so 8-bit int8 weights can clip there; a VNNI/AMX CPU accumulates in int32 and cannot (:mod:`minreal.runtime_bench.cpu`).
 Each model is exported in fp32 (``minreal.export.variant.export_variant``) and quantised by
-``minreal.export.quantize.quantize_int8`` (static, per-channel, min-max calibration on 256 samples) into four formats:
+``minreal.export.int8.quantize_int8`` (static, per-channel, min-max calibration on 256 samples) into four formats:
 
 - ``u8s8``: ``QuantConfig(target="cpu-vnni")``, uint8 activations x 8-bit int8 weights;
 - ``u8s8-7bit``: ``QuantConfig(target="cpu-avx2")``, the same with ``reduce_range`` (7-bit weights, [-64, 64]);
@@ -64,7 +64,8 @@ from torch import nn
 
 from minreal.compress.core.inputs import Inputs, NamedInputs
 from minreal.compress.models import CifarResNet
-from minreal.export.quantize import QuantConfig, QuantizationError, quantize_int8
+from minreal.export.errors import QuantizationError
+from minreal.export.int8 import QuantConfig, quantize_int8
 from minreal.export.variant import VariantConfig, export_variant
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
 from minreal.runtime_bench.cpu import cpu_isa, u8s8_saturates

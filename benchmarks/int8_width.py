@@ -38,7 +38,7 @@ segment keeps its channels of largest L1 norm (``magnitude_importance``), with n
 accuracy; every file's held-out top-1 (no recovery) is recorded only as a check that it computes what it should.
 
 Files: ``minreal.export.variant.export_variant`` (ONNX, simplified, verified against torch), then
-``minreal.export.quantize.quantize_int8`` with the default ``QuantConfig`` (static QDQ in this CPU's format, recorded),
+``minreal.export.int8.quantize_int8`` with the default ``QuantConfig`` (static QDQ in this CPU's format, recorded),
 calibrated on 256 images drawn (seed 0) from the first 7,000 of ``../shared/data``'s CIFAR-10 JPEG test images; the
 last 2,000 are held out (``benchmarks/int8_formats.py``'s ``cifar_case``). Per file, ONNX Runtime's optimised CPU graph
 (``ORT_ENABLE_ALL``, as runtime_bench's sessions): op counts, Conv/MatMul/Gemm as integer and as float kernels, NCHWc
@@ -89,7 +89,7 @@ from minreal.compress.core.width.allocate import segment_key
 from minreal.compress.core.width.cost import cost_terms
 from minreal.compress.core.width.importance import magnitude_importance
 from minreal.compress.models import CifarResNet
-from minreal.export.quantize import QuantConfig, quantize_int8
+from minreal.export.int8 import QuantConfig, quantize_int8
 from minreal.export.variant import VariantConfig, export_variant
 from minreal.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
@@ -599,7 +599,7 @@ def settings(args: argparse.Namespace, config: BenchConfig) -> dict[str, Any]:
     return {"ladders": {k: asdict(LADDERS[k]) for k in args.ladders}, "targets": list(args.targets),
             "slack": SLACK, "goal_batch": GOAL_BATCH, "reached_within": REACHED,
             "fractions": [FRACTIONS[0], FRACTIONS[-1], round(FRACTIONS[1] - FRACTIONS[0], 3)],
-            "quantization": "minreal.export.quantize.quantize_int8(QuantConfig()): static QDQ, this CPU's format, "
+            "quantization": "minreal.export.int8.quantize_int8(QuantConfig()): static QDQ, this CPU's format, "
                             "calibrated on 256 images (seed 0) of the first 7,000",
             "weights": "highest-L1 channels per segment (magnitude_importance), no recovery",
             "timing": {"provider": "cpu", "batch_sizes": list(BATCHES), "processes": config.repeats,

@@ -53,7 +53,7 @@ from minreal.compress.core.errors import CompressionError
 from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover
 from minreal.compress.core.train import distillation_loss, task_loss
 from minreal.compress.registry import compress, get_method
-from minreal.export.quantize import resolve_target
+from minreal.export.int8 import resolve_target
 
 METHODS = ("svd", "factorize", "magnitude", "wanda", "fde", "cbalanced")
 RATIOS = (0.7, 0.5, 0.3)
@@ -461,12 +461,12 @@ def compile_section(runner: Runner, models: tuple[str, ...], out: Path, runs: in
 # ----------------------------------------------------------------------------------------------------------- int8
 def qat_missing() -> str | None:
     """Why quantisation-aware recovery cannot run yet, or None when its interface exists."""
-    from minreal.export.quantize import quantize_int8
+    from minreal.export.int8 import quantize_int8
 
     if "int8" not in {f.name for f in dataclasses.fields(RecoveryConfig)}:
         return "RecoveryConfig has no int8 field (quantisation-aware recovery not available in this tree)"
     if "activation_ranges" not in inspect.signature(quantize_int8).parameters:
-        return "minreal.export.quantize.quantize_int8 takes no activation_ranges"
+        return "minreal.export.int8.quantize_int8 takes no activation_ranges"
     return None
 
 
@@ -489,7 +489,7 @@ def _onnx_pair(case: Case, module: nn.Module, folder: Path, stem: str, ranges: d
                ) -> dict[str, Any]:
     """Export ``module`` (verified against torch), quantise it to INT8 (with trained ranges when given); held-out
     metrics of both files under ONNX Runtime against the original in torch."""
-    from minreal.export.quantize import quantize_int8
+    from minreal.export.int8 import quantize_int8
     from minreal.export.variant import VariantConfig, export_variant
 
     cfg = VariantConfig()

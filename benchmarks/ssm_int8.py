@@ -2,7 +2,7 @@
 
 The demo's model (SSMClassifier, 24 features, 32 states, 2 layers, trained 12 epochs on sequential digits with the
 Hankel regulariser; trained here, no downloaded weights) and its balanced truncation at 70 % of the states. Each is
-exported with a dynamic sequence axis and quantised twice by export.quantize_int8: with the Q/DQ placement as ONNX
+exported with a dynamic sequence axis and quantised twice by quantize_int8: with the Q/DQ placement as ONNX
 Runtime's quantiser writes it (``drop_roundtrips=False``: Pad, the computed-kernel Conv/ConvTranspose of the
 chunked convolution and the ops around them run in float between a dequantise and a re-quantise) and with the
 default, which leaves those nodes in float and quantises again. All six files are timed with runtime_bench's
@@ -31,8 +31,8 @@ from _common import write_json
 from minreal.compress import compress
 from minreal.compress.datasets import sequential_digits
 from minreal.compress.methods.ssm import SSMConfig, SSMTrainSpec, train_ssm_classifier
+from minreal.export.int8 import QuantConfig, quantize_int8
 from minreal.export.onnx_export import to_onnx
-from minreal.export.quantize import QuantConfig, quantize_int8
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
 
 

@@ -14,8 +14,8 @@ from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
 from minreal.compress.methods.factorize import FactorizeConfig
 from minreal.compress.models import small_cnn
+from minreal.export.int8 import QuantConfig, quantize_int8
 from minreal.export.onnx_export import to_onnx
-from minreal.export.quantize import QuantConfig, quantize_int8
 from minreal.export.simplify import simplify
 from minreal.export.verify import verify_parity
 

@@ -4,10 +4,10 @@ After NNCF's ``quantize_with_accuracy_control``: quantise everything; if the met
 rank the quantised operations by how much of the drop reverting each one alone recovers, then revert them to
 float one at a time, most harmful first, re-measuring after each, until the drop is within the limit. Here an
 operation is one Conv/Gemm/MatMul node of the graph ONNX Runtime's quantiser sees
-(:func:`minreal.export.quantize.quantizable_nodes`), reverting it is :func:`minreal.export.quantize.quantize_int8`'s
+(:func:`minreal.export.int8.quantizable_nodes`), reverting it is :func:`minreal.export.int8.quantize_int8`'s
 ``exclude``, and its sensitivity is measured exactly: the metric of the INT8 model with only that node in float (one
 quantisation per ranked node, no proxy). The activation ranges do not depend on which nodes are in float, so the
-model is calibrated once (:func:`minreal.export.quantize.calibrate`) for all those quantisations.
+model is calibrated once (:func:`minreal.export.int8.calibrate`) for all those quantisations.
 
 Units (as in :class:`minreal.runtime_bench.metrics.ModelMetrics` and ``minreal check --max-accuracy-drop``): accuracy
 (top-1 against integer labels) and agreement (top-1 agreement with the fp32 model) are fractions in [0, 1] and
@@ -31,7 +31,7 @@ import numpy as np
 
 from minreal.export.atomic import atomic_write_bytes, ensure_distinct
 from minreal.export.errors import CalibrationError
-from minreal.export.quantize import (
+from minreal.export.int8 import (
     Calibration,
     QuantConfig,
     QuantResult,
@@ -105,7 +105,7 @@ class AccuracyControlResult:
         final_metric: metric of the written model.
         drop: its drop.
         met: ``drop <= max_drop``.
-        quant: the written model's :class:`~minreal.export.quantize.QuantResult`.
+        quant: the written model's :class:`~minreal.export.int8.QuantResult`.
         excluded: the nodes returned to float, in order, each with the metric after its exclusion.
         sensitivities: ranked node → metric of the INT8 model with only that node in float, most harmful
             (largest recovery) first; empty when the full INT8 model met the target.
@@ -197,14 +197,14 @@ class _Quantiser:
     """Quantises with a given set of float nodes into a work folder, measures, and remembers each set's result.
 
     Static mode calibrates once, at the first quantisation, for every set (where ONNX Runtime can reuse ranges,
-    :func:`~minreal.export.quantize.reusable_calibration`); ``plain``, the INT8 file with no node in float, is measured
+    :func:`~minreal.export.int8.reusable_calibration`); ``plain``, the INT8 file with no node in float, is measured
     instead of quantised.
     """
 
-    def __init__(self, fp32_path: Path, workdir: Path, calib: np.ndarray | None, config: QuantConfig | None,
+    def __init__(self, fp32_path: Path, workdir: Path, calib: np.ndarray | None, config: QuantConfig,
                  measure: Callable[[Path], float], plain: QuantResult | None = None) -> None:
         self.fp32_path, self.workdir, self.calib, self.measure = fp32_path, workdir, calib, measure
-        self.config, self.plain = config or QuantConfig(), plain
+        self.config, self.plain = config, plain
         self.calibration: Calibration | None = None
         self.done: dict[frozenset[str], tuple[QuantResult, float]] = {}
         self.runs = 0
@@ -225,10 +225,9 @@ class _Quantiser:
                              calibration=self.calibration)
 
 
-def _check_plain(int8: QuantResult, fp32_path: Path, config: QuantConfig | None, calib: Data | None) -> None:
-    """``int8`` is a calibrated quantisation of ``fp32_path`` in ``config``'s format, on as many samples as
-    ``calib`` has (ranges trained by quantisation-aware recovery are not the plain INT8's)."""
-    config = (config or QuantConfig()).resolved()
+def _check_plain(int8: QuantResult, fp32_path: Path, config: QuantConfig, calib: Data | None) -> None:
+    """``int8`` is a calibrated quantisation of ``fp32_path`` in ``config``'s format (its target explicit), on as many
+    samples as ``calib`` has (ranges trained by quantisation-aware recovery are not the plain INT8's)."""
     act_type, symmetric = config.activation() if config.mode == "static" else ("uint8", False)
     wanted = (fp32_path.resolve(), config.mode, config.target, act_type, symmetric, config.weight_type,
               config.per_channel)
@@ -289,17 +288,17 @@ def quantize_with_accuracy_control(
     Args:
         fp32_path: float model (not modified).
         out_path: destination (must differ from ``fp32_path``); written atomically, also when the target is missed.
-        calib: calibration inputs for :func:`~minreal.export.quantize.quantize_int8`.
+        calib: calibration inputs for :func:`~minreal.export.int8.quantize_int8`.
         eval_x: held-out inputs, batch along axis 0: one array, or arrays by graph input name.
         eval_y: integer labels (accuracy), float targets (mse), or ``None`` (agreement ignores it).
         max_drop: allowed drop vs the fp32 model: percentage points for accuracy/agreement (a bare 1.0 = 1 pp,
             as ``minreal check --max-accuracy-drop``), absolute increase for mse.
-        config: quantisation options; default :class:`~minreal.export.quantize.QuantConfig`.
+        config: quantisation options; default :class:`~minreal.export.int8.QuantConfig`.
         metric: a name in :data:`METRICS`.
         max_fallback: most nodes ranked (so most returned to float), visited :func:`outside_in`; ``None`` ranks all.
         progress: called with one line per ranked node and per fallback step (default: this module's logger).
         threads: intra-op threads of the evaluation sessions; ``None`` leaves ONNX Runtime's default.
-        int8: the plain INT8 of ``fp32_path`` (no node excluded) that :func:`~minreal.export.quantize.quantize_int8`
+        int8: the plain INT8 of ``fp32_path`` (no node excluded) that :func:`~minreal.export.int8.quantize_int8`
             already wrote with this ``calib`` and ``config``: measured as the starting point instead of quantised again.
 
     Returns:
@@ -314,6 +313,7 @@ def quantize_with_accuracy_control(
     spec = _check_arguments(metric, max_drop, max_fallback, eval_x, eval_y)
     ensure_distinct(fp32_path, out_path)
     fp32_path, out_path, say = Path(fp32_path), Path(out_path), progress or logger.info
+    config = (config or QuantConfig()).resolved()  # once: every quantisation below receives the explicit target
     if int8 is not None:
         _check_plain(int8, fp32_path, config, calib)
     measure = _measurer(spec, fp32_path, eval_x if isinstance(eval_x, Mapping) else np.asarray(eval_x), eval_y,

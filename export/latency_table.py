@@ -134,7 +134,7 @@ class _Bench:
         path = _export(module, self.shape, self.folder / f"{stem}.onnx")
         if self.calib is None:
             return path
-        from minreal.export.quantize import quantize_int8  # onnxruntime.quantization: only for INT8 tables
+        from minreal.export.int8 import quantize_int8  # onnxruntime.quantization: only for INT8 tables
 
         return Path(quantize_int8(path, path.with_suffix(".int8.onnx"), self.calib).out_path)
 

@@ -33,8 +33,8 @@ from torch import nn
 from minreal.compress.core.inputs import Inputs, repeat_to
 from minreal.export.atomic import atomic_path, ensure_distinct
 from minreal.export.errors import OrtConversionError
+from minreal.export.int8 import resolve_target
 from minreal.export.json_safe import to_jsonable
-from minreal.export.quantize import resolve_target
 from minreal.export.quiet import Captured, captured_output
 from minreal.export.settings import OrtConfig, VariantConfig
 from minreal.export.variant import PARITY_BATCH_SIZES, VariantRecord, parity_inputs, record_axes, relative_to
@@ -380,7 +380,7 @@ TARGET_PLATFORMS = {ARM64_TARGET: "arm", CPU_VNNI_TARGET: "any", CPU_AVX2_TARGET
 
 def ort_for_target(ort: OrtConfig, quant_target: str | None) -> OrtConfig:
     """``ort`` with its platform decided for files of INT8 target ``quant_target`` (the run's ``--quant-target``, for
-    its fp32 files too; ``cpu``: this machine's, :func:`minreal.export.quantize.resolve_target`): an asked-for
+    its fp32 files too; ``cpu``: this machine's, :func:`minreal.export.int8.resolve_target`): an asked-for
     platform is kept, else :data:`TARGET_PLATFORMS` (an arm64 file keeps its int8 QDQ fusions, not this machine's
     uint8 rewrite; any other file gets no platform's); ``any`` without a target."""
     if ort.target_platform is not None:

@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING
 from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET
 
 if TYPE_CHECKING:
+    from minreal.export.int8 import QuantConfig
     from minreal.export.mobile import ShapeSpec
-    from minreal.export.quantize import QuantConfig
 
 __all__ = ["AUTO_TARGET", "QUANT_TARGETS", "QUANT_MODES", "DROP_ROUNDTRIPS", "CALIB_SAMPLES", "FORMATS",
            "ORT_OPTIMIZATIONS", "ORT_STYLES", "ORT_PLATFORMS", "OrtConfig", "VariantConfig", "int8_format"]
 
 AUTO_TARGET = "cpu"
 """``--quant-target cpu``: the format this machine needs, ``cpu-vnni``/``cpu-avx2`` on x86 and ``arm64`` on an ARM64
-CPU (:func:`minreal.export.quantize.resolve_target`)."""
+CPU (:func:`minreal.export.int8.resolve_target`)."""
 
 QUANT_TARGETS: tuple[str, ...] = (AUTO_TARGET, CPU_VNNI_TARGET, CPU_AVX2_TARGET, ARM64_TARGET, "tensorrt")
 """INT8 formats here (``--quant-target``): ``cpu`` (the right one for this machine, :data:`AUTO_TARGET`),
@@ -28,7 +28,7 @@ QUANT_MODES: tuple[str, ...] = ("static", "dynamic")
 """``--quant-mode``: calibrated QDQ, or weights only with activations quantised at run time."""
 
 DROP_ROUNDTRIPS = True
-"""Default of :attr:`minreal.export.quantize.QuantConfig.drop_roundtrips` (``--int8-keep-roundtrips`` turns it off)."""
+"""Default of :attr:`minreal.export.int8.QuantConfig.drop_roundtrips` (``--int8-keep-roundtrips`` turns it off)."""
 
 CALIB_SAMPLES = 256
 """Samples INT8 calibration uses (the first ones of the calibration data)."""
@@ -107,7 +107,7 @@ class VariantConfig:
             otherwise and when this is off. The pipeline turns it on when ``--providers`` includes tensorrt.
         tensorrt_batch: (min, opt, max) batch of the optimisation profile of that validation.
         drop_roundtrips: leave in float the nodes ORT's CPU graph would run between a dequantise and a re-quantise
-            (:attr:`minreal.export.quantize.QuantConfig.drop_roundtrips`; ``--int8-keep-roundtrips`` turns it off).
+            (:attr:`minreal.export.int8.QuantConfig.drop_roundtrips`; ``--int8-keep-roundtrips`` turns it off).
     """
 
     opset: int = 18
@@ -130,7 +130,7 @@ class VariantConfig:
 
     def quant_config(self) -> QuantConfig:
         """The :class:`QuantConfig` these settings ask for."""
-        from minreal.export.quantize import QuantConfig  # onnx and onnxruntime: only when a variant is quantised
+        from minreal.export.int8 import QuantConfig  # onnx and onnxruntime: only when a variant is quantised
 
         return QuantConfig(target=self.quant_target, mode=self.quant_mode,
                            allow_random_calibration=self.allow_random_calibration,

@@ -243,7 +243,7 @@ def _precisions(asked: Sequence[str] | None, kind: str, path: Path) -> tuple[str
         raise ValueError(f"unknown precision {unknown}; choose from {', '.join(PRECISIONS)}")
     if "int8" in asked and kind != "int8":
         raise ValueError(f"int8 needs an explicit QDQ file, but {path.name} has no Q/DQ nodes; quantise it first "
-                         "(minreal.export.quantize.quantize_int8 with QuantConfig(target='tensorrt'))")
+                         "(minreal.export.int8.quantize_int8 with QuantConfig(target='tensorrt'))")
     return tuple(asked)
 
 

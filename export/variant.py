@@ -22,11 +22,11 @@ from torch import nn
 from minreal.compress import count_costs
 from minreal.compress.core.inputs import Inputs, NamedInputs, repeat_to, slice_axis
 from minreal.export.fp16 import Fp16Config, convert_fp16, fp16_path
+from minreal.export.int8 import quantize_int8
 from minreal.export.json_safe import to_jsonable
 from minreal.export.mobile import fix_verified, mobile_usability
 from minreal.export.onnx_export import Axes, to_onnx
 from minreal.export.onnx_files import data_files, move_onnx, onnx_size
-from minreal.export.quantize import quantize_int8
 from minreal.export.readiness import tensorrt_readiness
 from minreal.export.settings import CALIB_SAMPLES, VariantConfig
 from minreal.export.simplify import simplify

@@ -6,7 +6,7 @@ weights and its input activation rounded to the integer grid they will have afte
 (eq. 1); gradients pass the rounding unchanged inside the range and are zero outside it (the straight-through
 estimator, Bengio et al. 2013, "Estimating or Propagating Gradients Through Stochastic Neurons").
 
-The grids are exactly those ONNX Runtime's static QDQ quantisation writes (``minreal.export.quantize``): weights per
+The grids are exactly those ONNX Runtime's static QDQ quantisation writes (``minreal.export.int8``): weights per
 output channel, symmetric int8, ``S = max|w|/127`` (``max|w|/64`` for the 7-bit weights of ``cpu-avx2``: ORT's
 ``reduce_range``; computed in float64, stored in float32), ``Z = 0``;
 activations per tensor in the provider's format (:data:`INT8_FORMATS`), scale and zero point from the range
@@ -87,7 +87,7 @@ INT8_FORMATS: Mapping[str, Int8Format] = types.MappingProxyType({
 })
 """INT8 format per explicit target: uint8 asymmetric activations for ONNX Runtime's x86 CPU kernels (8-bit weights
 for CPUs whose int8 kernels cannot saturate, 7-bit ones for x86 without VNNI), symmetric int8 for its ARM64 kernels
-and for TensorRT's explicit quantisation (the same table as ``minreal.export.quantize``'s targets; its ``cpu`` is
+and for TensorRT's explicit quantisation (the same table as ``minreal.export.int8.target``'s targets; its ``cpu`` is
 resolved to one of the two x86 formats before it reaches here)."""
 
 

@@ -392,9 +392,7 @@ def recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
         return None
     given["features"] = tuple(given.get("features") or ())
     if int8:
-        from minreal.export.quantize import (
-            resolve_target,  # onnx and onnxruntime: only for a quantisation-aware recovery
-        )
+        from minreal.export.int8.target import resolve_target
 
         given["int8"] = resolve_target(int8_target)
     return RecoveryConfig(**given)

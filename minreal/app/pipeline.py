@@ -41,9 +41,10 @@ from minreal.compress.core.recover import RecoveryConfig
 from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.export.atomic import atomic_path, make_dirs, remove_empty_dirs
 from minreal.export.errors import ParityError
+from minreal.export.int8 import int8_skip_reason
+from minreal.export.int8.target import resolve_target
 from minreal.export.json_safe import write_json
 from minreal.export.ort_format import merge_operator_configs, ort_variant
-from minreal.export.quantize import int8_skip_reason, target_text
 from minreal.export.serialize import save_program
 from minreal.export.variant import (
     FP16_LABEL_SUFFIX,
@@ -352,8 +353,7 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
     if cfg.int8:
         t = time.perf_counter()
         _fault_point("int8")
-        target = target_text(cfg.quant_target, cfg.quant_mode)
-        progress(f"[{case.name}] quantising to INT8 ({target}, {cfg.quant_mode})")
+        progress(f"[{case.name}] quantising to INT8 ({cfg.quant_target}, {cfg.quant_mode})")
         records += _int8_records(records, weights, case, case_dir, cfg)
         stages["int8"] = time.perf_counter() - t
     fp16_warnings: list[str] = []
@@ -537,12 +537,14 @@ def run_pipeline(cases: list[RunCase], out_dir: Path, cfg: PipelineConfig, overw
 
 def fill_run_dir(cases: list[RunCase], claim: RunDirClaim, cfg: PipelineConfig,
                  progress: Progress | None = None) -> RunReport:
-    """Run every case into the staging folder of ``claim`` and commit it as the run directory."""
+    """Run every case into the staging folder of ``claim`` and commit it as the run directory; ``cfg``'s INT8 target
+    is resolved here, once (the report keeps the one asked for)."""
     from minreal.app.report import plot_accuracy_latency, plot_spectra, render_markdown
 
     notify, staging = progress or log.info, claim.staging
     interrupts = Interrupts()
-    results = [run_case(c, staging / c.name, cfg, notify, interrupts) for c in cases]
+    resolved = dataclasses.replace(cfg, quant_target=resolve_target(cfg.quant_target, cfg.quant_mode))
+    results = [run_case(c, staging / c.name, resolved, notify, interrupts) for c in cases]
     report = RunReport(RUN_SCHEMA_VERSION, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
                        to_jsonable(cfg), results)
     write_json(report, staging / "report.json")

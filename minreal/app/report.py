@@ -304,7 +304,7 @@ def roundtrip_summary(roundtrips: Mapping[str, int]) -> str:
 
 def int8_cause(quantization: Mapping[str, Any]) -> str:
     """The likely cause of an INT8 file's accuracy loss, from its record's ``quantization`` (a
-    :class:`~minreal.export.quantize.QuantResult` as JSON): saturation on this CPU, non-finite scales, float round
+    :class:`~minreal.export.int8.QuantResult` as JSON): saturation on this CPU, non-finite scales, float round
     trips, else the quantisation of its layers."""
     if quantization.get("saturates_here") and quantization.get("target") == "tensorrt":
         return ("saturation of ONNX Runtime's int16 step on this CPU (x86 without VNNI), which TensorRT on a GPU "

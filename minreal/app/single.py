@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -16,8 +16,9 @@ from minreal.app.report import ORT_FP16_NOTE, int8_cause, int8_format_text
 from minreal.app.shapes import InputShapes, check_shape_names, merge_axes, random_inputs
 from minreal.compress.core.inputs import Inputs, NamedInputs
 from minreal.export.fp16 import Fp16Config
+from minreal.export.int8 import int8_skip_reason
+from minreal.export.int8.target import resolve_target, target_text
 from minreal.export.ort_format import ort_variant
-from minreal.export.quantize import int8_skip_reason, target_text
 from minreal.export.settings import OrtConfig
 from minreal.export.variant import (
     PARITY_BATCH_SIZES,
@@ -100,34 +101,35 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
     """
     if isinstance(input_shape, tuple):
         input_shape = InputShapes(per_sample=input_shape)
+    requested, mode = opts.variant.quant_target, opts.variant.quant_mode
+    variant = replace(opts.variant, quant_target=resolve_target(requested, mode))  # everything below: explicit
     module = load_model(model_spec, weights=weights, trust_pickle=trust_pickle)
     module, x = _example(module, model_spec, data_spec, opts, input_shape, progress)
     batches = " and ".join(map(str, PARITY_BATCH_SIZES))
     progress(f"exporting {model_spec}; verifying parity with ONNX Runtime at batch sizes {batches}")
     axes = merge_axes(input_shape.dynamic if input_shape else {}, dynamic_axes or {})
-    check_shape_names(x, axes, opts.variant.fixed_shapes)  # a typo is a usage error, before any export
-    record = export_variant(module, x, out, opts.variant, dynamic_axes=axes or None)
+    check_shape_names(x, axes, variant.fixed_shapes)  # a typo is a usage error, before any export
+    record = export_variant(module, x, out, variant, dynamic_axes=axes or None)
     if opts.ort is not None:
         progress(f"converting {out.name} to ORT format ({opts.ort.optimization}, {opts.ort.style}); checking it "
                  "against torch with ONNX Runtime")
-        record.ort = ort_variant(record, out.parent, x, opts.variant, opts.ort, module)
+        record.ort = ort_variant(record, out.parent, x, variant, opts.ort, module)
     if opts.int8 and (skip := int8_skip_reason(out)):
         progress(f"INT8 skipped: {skip}")
         record.quantization = {"skipped": skip}
     elif opts.int8:
-        target = target_text(opts.variant.quant_target, opts.variant.quant_mode)
-        progress(f"quantising to INT8 ({opts.variant.quant_mode}, {target})")
+        progress(f"quantising to INT8 ({mode}, {target_text(requested, variant.quant_target)})")
         calib = x if data_spec else None
-        q = quantize_variant(record, out.parent, calib, opts.variant)
+        q = quantize_variant(record, out.parent, calib, variant)
         record.quantization = {**q.quantization, "mobile": q.mobile}
         for line in _int8_lines(out, out.parent / q.onnx, record.quantization, calib):
             progress(line)
         if opts.ort is not None:
             progress(f"converting {q.onnx} to ORT format; checking it against {q.onnx} with ONNX Runtime")
-            record.quantization["ort"] = ort_variant(q, out.parent, x, opts.variant, opts.ort)
+            record.quantization["ort"] = ort_variant(q, out.parent, x, variant, opts.ort)
     if opts.fp16 is not None:
         progress(f"converting to FP16 ({'fp32' if opts.fp16.keep_io_types else 'fp16'} inputs and outputs)")
-        record.fp16 = fp16_variant(record, out.parent, x, opts.variant, opts.fp16).fp16
+        record.fp16 = fp16_variant(record, out.parent, x, variant, opts.fp16).fp16
         if opts.ort is not None:  # in the record too: --json and -q must not lose it
             record.fp16 = {**record.fp16, "ort": {"skipped": ORT_FP16_NOTE}}
             progress(f"note: {ORT_FP16_NOTE}")

@@ -156,12 +156,12 @@ def test_export_bench_check_roundtrip(workdir: Path, run_cli: Callable) -> None:
 
 def test_export_int8_keep_roundtrips_reaches_the_quantiser(workdir: Path, run_cli: Callable,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import minreal.export.quantize as quantize
+    import minreal.export.int8.cleanup as int8_cleanup
     from minreal.export.variant import VariantConfig
 
     seen = []
-    real = quantize._drop_roundtrips
-    monkeypatch.setattr(quantize, "_drop_roundtrips", lambda *a: seen.append(a) or real(*a))
+    real = int8_cleanup.drop_roundtrips
+    monkeypatch.setattr(int8_cleanup, "drop_roundtrips", lambda *a: seen.append(a) or real(*a))
     for out, flag in (("a.onnx", []), ("b.onnx", ["--int8-keep-roundtrips"])):
         code, _, err = run_cli(["export", "net.py:make", "--out", out, "--data", "digits-flat", "--int8", "-q",
                                 *flag])

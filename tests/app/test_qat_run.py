@@ -52,10 +52,10 @@ def test_compress_refuses_recover_int8_first(workdir: Path, run_cli: Callable, m
                                             providers: str) -> None:
     """compress writes a torch program, so INT8 ranges trained by --recover-int8 could never be used: refused
     before any other check of the recovery options (even without a recovery budget) and before any work."""
-    import minreal.export.quantize as quantize
+    import minreal.export.int8.target as int8_target
 
-    seen, resolve = [], quantize.resolve_target
-    monkeypatch.setattr(quantize, "resolve_target", lambda name: seen.append(name) or resolve(name))
+    seen, resolve = [], int8_target.resolve_target
+    monkeypatch.setattr(int8_target, "resolve_target", lambda name: seen.append(name) or resolve(name))
     for budget in (["--recover-epochs", "1"], []):
         code, _, err = run_cli(["compress", *SVD, "--data", "digits-flat", *budget, "--recover-int8",
                                 "--providers", providers])

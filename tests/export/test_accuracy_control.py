@@ -24,7 +24,7 @@ import torch
 from onnx import numpy_helper
 
 import minreal.export.accuracy_control as accuracy_control
-import minreal.export.quantize as quantize
+import minreal.export.int8.calibration as int8_calibration
 from minreal.compress.core.smoke import digits_mlp
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
@@ -35,8 +35,8 @@ from minreal.export.accuracy_control import (
     quantize_with_accuracy_control,
 )
 from minreal.export.errors import CalibrationError
+from minreal.export.int8 import QuantConfig, quantizable_nodes, quantize_int8
 from minreal.export.onnx_export import to_onnx
-from minreal.export.quantize import QuantConfig, quantizable_nodes, quantize_int8
 
 OUTLIER = 1000.0
 
@@ -176,7 +176,7 @@ def test_one_run_calibrates_once(case: Case, tmp_path: Path, monkeypatch: pytest
             return real(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(quantize, "_calibrated", counting("ours", quantize._calibrated))
+    monkeypatch.setattr(int8_calibration, "_calibrated", counting("ours", int8_calibration._calibrated))
     monkeypatch.setattr(ort_quantize, "create_calibrator", counting("onnxruntime", ort_quantize.create_calibrator))
     result = quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, case.y, 2.0)
     assert result.quantizations == 1 + len(quantizable_nodes(case.path)) >= 3

@@ -22,7 +22,7 @@ from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
 from minreal.compress.models import small_cnn
 from minreal.export.errors import QuantizationError
-from minreal.export.quantize import QuantConfig, module_inputs, quantize_int8, resolve_target
+from minreal.export.int8 import QuantConfig, module_inputs, quantize_int8, resolve_target
 from minreal.export.variant import VariantConfig, export_variant
 
 #: The CPU format this machine needs (cpu-avx2 where ONNX Runtime's U8S8 kernel saturates): the INT8 file's

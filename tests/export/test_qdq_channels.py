@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from minreal.export.int8 import QuantConfig, quantize_int8
 from minreal.export.qdq_channels import align_conv_inputs
-from minreal.export.quantize import QuantConfig, quantize_int8
 from minreal.runtime_bench.model_info import float_roundtrips, optimized_graph
 
 
@@ -74,7 +74,7 @@ def test_int8_stem_runs_on_four_channels_with_the_same_outputs(tmp_path: Path) -
     QLinearConv with 4 input channels, its pad runs on the quantised input (no float round trip), and the outputs are
     the unwidened file's exactly (the same integer sums; the CPU target never saturates its int16 step). Calibrating
     once and quantising with that calibration sees the same widened graph."""
-    from minreal.export.quantize import calibrate
+    from minreal.export.int8 import calibrate
 
     src = tmp_path / "fp32.onnx"
     onnx.save(_conv_graph(), str(src))

@@ -1,4 +1,4 @@
-"""Tests for minreal.export.quantize: calibration rules, QDQ per target, integer kernels, accuracy, dynamic mode."""
+"""Tests for minreal.export.int8: calibration rules, QDQ per target, integer kernels, accuracy, dynamic mode."""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-import minreal.export.quantize as quantize
+import minreal.export.int8.calibration as int8_calibration
 import minreal.runtime_bench.cpu as cpu_facts
 from minreal.export.errors import CalibrationError, QuantizationError, SameFileError
-from minreal.export.onnx_export import ExportResult
-from minreal.export.quantize import (
+from minreal.export.int8 import (
     ArrayCalibrationReader,
     QuantConfig,
     calibrate,
@@ -28,6 +27,7 @@ from minreal.export.quantize import (
     quantize_int8,
     resolve_target,
 )
+from minreal.export.onnx_export import ExportResult
 from minreal.runtime_bench.cpu import CpuIsa
 
 
@@ -194,8 +194,8 @@ def test_convolution_with_generated_weights_stays_float(tmp_path: Path) -> None:
     import torch
     from torch import nn
 
+    from minreal.export.int8 import dynamic_weight_nodes
     from minreal.export.onnx_export import to_onnx
-    from minreal.export.quantize import dynamic_weight_nodes
 
     class GeneratedKernel(nn.Module):
         def __init__(self) -> None:
@@ -532,8 +532,8 @@ def test_ranges_calibrated_once_give_the_file_of_a_fresh_calibration(target: str
 
     config = QuantConfig(target=target)
     calibrations, rounds = [], []
-    real_calibrated, real_static = quantize._calibrated, ort_quantization.quantize_static
-    monkeypatch.setattr(quantize, "_calibrated", lambda *a: calibrations.append(a) or real_calibrated(*a))
+    real_calibrated, real_static = int8_calibration._calibrated, ort_quantization.quantize_static
+    monkeypatch.setattr(int8_calibration, "_calibrated", lambda *a: calibrations.append(a) or real_calibrated(*a))
     monkeypatch.setattr(ort_quantization, "quantize_static",
                         functools.wraps(real_static)(lambda *a, **k: rounds.append(k) or real_static(*a, **k)))
     calibration = calibrate(mean_head_onnx.path, calib_images, config)
@@ -547,7 +547,7 @@ def test_ranges_calibrated_once_give_the_file_of_a_fresh_calibration(target: str
         if target == "cpu" and not exclude:
             assert len(rounds) > 1  # the float round trips were tried in float: more quantisations, no calibration
         with monkeypatch.context() as patch:
-            patch.setattr(quantize, "reusable_calibration", lambda: False)
+            patch.setattr(int8_calibration, "reusable_calibration", lambda: False)
             inline = quantize_int8(mean_head_onnx.path, tmp_path / "inline.onnx", calib_images, config,
                                    exclude=exclude)
         assert len(calibrations) == 2  # only the fresh file was calibrated here: ONNX Runtime calibrated the inline one
@@ -573,7 +573,7 @@ def test_ranges_of_another_graph_or_method_are_refused(convnet_onnx: ExportResul
                       calibration=calibration)
     with pytest.raises(ValueError, match="mode='dynamic' calibrates nothing"):
         calibrate(convnet_onnx.path, calib_images, QuantConfig(mode="dynamic"))
-    monkeypatch.setattr(quantize, "reusable_calibration", lambda: False)
+    monkeypatch.setattr(int8_calibration, "reusable_calibration", lambda: False)
     with pytest.raises(QuantizationError, match="calibration_cache_path"):
         calibrate(convnet_onnx.path, calib_images)
     with pytest.raises(QuantizationError, match="calibration_cache_path"):

@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper, save
 
 from minreal.app.report import tensorrt_lines
+from minreal.export.int8 import QuantConfig, quantize_int8
 from minreal.export.onnx_export import ExportResult
-from minreal.export.quantize import QuantConfig, quantize_int8
 from minreal.export.readiness import tensorrt_readiness
 
 

@@ -45,7 +45,7 @@ def test_cli_without_a_runtime_prints_one_line_not_a_traceback(tmp_path: Path) -
 
 
 def test_library_imports_without_a_runtime(tmp_path: Path) -> None:
-    code = ("import runtime_bench, minreal.runtime_bench.bench, minreal.runtime_bench.worker, minreal.export.quantize, "
-            "minreal.export.verify, minreal.app.pipeline; print('ok')")
+    code = ("import runtime_bench, minreal.runtime_bench.bench, minreal.runtime_bench.worker, "
+            "minreal.export.int8.quantize, minreal.export.verify, minreal.app.pipeline; print('ok')")
     done = _without_ort(tmp_path, "-c", code)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from minreal.export.atomic import atomic_path
-from minreal.export.quantize import target_format
+from minreal.export.int8 import target_format
 from minreal.export.variant import to_jsonable
 
 from .config import Constraint

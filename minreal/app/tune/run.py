@@ -35,7 +35,7 @@ import minreal.runtime_bench as rb
 from minreal.compress import get_method, method_names
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.recover import held_out_metrics
-from minreal.export.quantize import QuantResult, resolve_target
+from minreal.export.int8 import QuantResult, resolve_target
 from minreal.export.variant import (
     VariantConfig,
     VariantRecord,

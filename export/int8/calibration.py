@@ -1,0 +1,261 @@
+"""Calibration data for static INT8 and the activation ranges ONNX Runtime measures on it.
+
+Calibration runs once per :func:`~minreal.export.int8.quantize.quantize_int8` call (its later rounds, which leave more
+nodes in float, reuse the ranges), or once for many calls: :func:`calibrate` measures the ranges, which do not depend
+on the nodes left in float, and ``quantize_int8(..., calibration=...)`` quantises with them (ORT's calibration cache),
+giving the same file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from minreal.export.errors import CalibrationError, QuantizationError
+from minreal.export.int8.config import CALIBRATION_METHODS, QuantConfig, aligns
+from minreal.export.int8.preprocess import int8_skip_reason, ort_quantization, preprocess
+from minreal.facts import error_line
+
+__all__ = ["Calib", "Calibration", "ArrayCalibrationReader", "RangeSource", "calibration_array",
+           "calibration_reader", "reusable_calibration", "require_reusable", "check_calibration", "range_source",
+           "calibrate"]
+
+logger = logging.getLogger(__name__)
+
+
+Calib = np.ndarray | Mapping[str, np.ndarray]
+"""Calibration inputs: one array for a one-input graph, or arrays by graph input name (same row count)."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Activation ranges ONNX Runtime's calibrator measured on one model (:func:`calibrate`), for static
+    :func:`quantize_int8` to use instead of calibrating again.
+
+    Attributes:
+        ranges: ``onnxruntime.quantization.TensorsData``: tensor name → calibrated range (and histogram).
+        samples: calibration samples the ranges come from.
+        random: the samples were random (``QuantConfig.allow_random_calibration``).
+        method: ``QuantConfig.calibration_method`` used.
+        graph_sha256: SHA-256 of the pre-processed graph calibrated, to refuse the ranges for another model.
+    """
+
+    ranges: Any
+    samples: int
+    random: bool
+    method: str
+    graph_sha256: str
+
+
+class ArrayCalibrationReader:
+    """Feed arrays (by graph input name) to ONNX Runtime's calibrator in batches along axis 0 (an
+    ``onnxruntime.quantization.CalibrationDataReader`` by its ``get_next``; ONNX Runtime checks no more)."""
+
+    def __init__(self, data: Mapping[str, np.ndarray], batch_size: int, drop_last: bool = False) -> None:
+        """Batches of ``batch_size``; ``drop_last`` skips a short final batch (for a static batch axis)."""
+        self.data = dict(data)
+        self.rows = len(next(iter(self.data.values())))
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self._start = 0
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        """Return the next batch as ``{input_name: array}``, or ``None`` when exhausted."""
+        end = self.rows - (self.rows % self.batch_size if self.drop_last else 0)
+        if self._start >= end:
+            return None
+        batch = {n: a[self._start : self._start + self.batch_size] for n, a in self.data.items()}
+        self._start += self.batch_size
+        return batch
+
+    def rewind(self) -> None:
+        """Start again from the first batch."""
+        self._start = 0
+
+    def __iter__(self) -> ArrayCalibrationReader:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = self.get_next()
+        if batch is None:
+            raise StopIteration
+        return batch
+
+
+Spec = tuple[str, list[int | None], np.dtype]
+
+
+def _input_specs(model: onnx.ModelProto) -> list[Spec]:
+    """Every graph input's name, shape (``None`` for symbolic dims) and numpy dtype."""
+    initializers = {t.name for t in model.graph.initializer}
+    specs = []
+    for value in (i for i in model.graph.input if i.name not in initializers):
+        tensor_type = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+        specs.append((value.name, shape, onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)))
+    return specs
+
+
+def _random_calibration(spec: Spec, config: QuantConfig) -> np.ndarray:
+    """Standard-normal calibration data for a float input whose only symbolic dim is the batch."""
+    name, shape, dtype = spec
+    if np.dtype(dtype).kind != "f":
+        raise CalibrationError(f"input {name!r} is {np.dtype(dtype)}: random values would be out of range (token "
+                               "ids, masks); give calibration data")
+    if any(d is None for d in shape[1:]):
+        raise CalibrationError(f"input {name!r} has symbolic dims {shape}; random calibration needs static ones")
+    samples = max(config.random_samples, shape[0] or 0)
+    return np.random.default_rng(config.seed).standard_normal((samples, *shape[1:])).astype(dtype)
+
+
+def _by_name(calib: Calib, specs: list[Spec]) -> dict[str, np.ndarray]:
+    """Calibration arrays keyed by input name (one array feeds a one-input graph)."""
+    names = [n for n, _, _ in specs]
+    if not isinstance(calib, Mapping):
+        if len(specs) != 1:
+            raise CalibrationError(f"the graph has inputs {names}; give calibration data by input name")
+        return {names[0]: np.asarray(calib)}
+    if sorted(calib) != sorted(names):
+        raise CalibrationError(f"calibration data names inputs {sorted(calib)} but the graph's are {names}")
+    rows = {n: len(calib[n]) for n in names}
+    if len(set(rows.values())) > 1:
+        raise CalibrationError(f"calibration inputs have different sample counts {rows}")
+    return {n: np.asarray(calib[n]) for n in names}
+
+
+def calibration_array(
+    calib: Calib | None, model: onnx.ModelProto, config: QuantConfig
+) -> tuple[dict[str, np.ndarray], bool]:
+    """Check (or, if allowed, generate) calibration data; return it cast to the inputs' dtypes and a random flag."""
+    specs = _input_specs(model)
+    if calib is None:
+        if not config.allow_random_calibration:
+            raise CalibrationError(
+                "static INT8 quantisation needs calibration data (a few hundred representative inputs); "
+                "pass calib=array or set QuantConfig(allow_random_calibration=True) to accept random data"
+            )
+        logger.warning("calibrating %s on random data: INT8 ranges will not match real inputs",
+                       ", ".join(repr(n) for n, _, _ in specs))
+        return {spec[0]: _random_calibration(spec, config) for spec in specs}, True
+    arrays = _by_name(calib, specs)
+    for name, shape, _ in specs:
+        a = arrays[name]
+        fits = a.ndim == len(shape) and all(d is None or d == c for d, c in zip(shape[1:], a.shape[1:]))
+        if not fits or len(a) == 0:
+            raise CalibrationError(f"calibration data of shape {a.shape} does not fit input {name!r} of shape {shape}")
+    return {name: arrays[name].astype(dtype, copy=False) for name, _, dtype in specs}, False
+
+
+def calibration_reader(model: onnx.ModelProto, data: Mapping[str, np.ndarray],
+                       config: QuantConfig) -> ArrayCalibrationReader:
+    """Calibration reader; a static batch axis fixes the batch size (and drops a short last batch)."""
+    name, shape, _ = _input_specs(model)[0]
+    rows = len(next(iter(data.values())))
+    if shape[0] is not None and rows < shape[0]:
+        raise CalibrationError(f"{rows} calibration samples < static batch {shape[0]} of input {name!r}")
+    return ArrayCalibrationReader(data, shape[0] or config.batch_size, drop_last=shape[0] is not None)
+
+
+RangeSource = Path | ArrayCalibrationReader
+"""Where static quantisation takes its activation ranges from: a file of ONNX Runtime's calibration cache
+(:func:`range_source`), or a reader it calibrates on (again in every quantisation)."""
+
+
+def reusable_calibration() -> bool:
+    """Whether this ONNX Runtime quantises with ranges calibrated before (``quantize_static``'s
+    ``calibration_cache_path``; onnxruntime 1.32 has it): :func:`calibrate` needs it; without it, every static
+    quantisation calibrates again (also each round of one :func:`quantize_int8`)."""
+    return "calibration_cache_path" in inspect.signature(ort_quantization().quantize_static).parameters
+
+
+def require_reusable() -> None:
+    if not reusable_calibration():
+        raise QuantizationError("reusing calibrated ranges needs onnxruntime.quantization.quantize_static's "
+                                "calibration_cache_path (onnxruntime 1.32 has it); upgrade onnxruntime, or quantise "
+                                "without calibration= (each quantisation then calibrates)")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _calibrated(source: Path, reader: ArrayCalibrationReader, config: QuantConfig, random: bool) -> Calibration:
+    """ONNX Runtime's calibration of ``source`` on ``reader``, set up as ``quantize_static`` sets up its own: the
+    calibrator of ``config.calibration_method`` over the op types its quantisers handle, no extra options."""
+    q = ort_quantization()
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    method = getattr(q.CalibrationMethod, CALIBRATION_METHODS[config.calibration_method])
+    with tempfile.TemporaryDirectory() as workdir:
+        calibrator = q.create_calibrator(source, sorted({*QLinearOpsRegistry, *QDQRegistry}),
+                                         augmented_model_path=str(Path(workdir) / "augmented_model.onnx"),
+                                         calibrate_method=method)
+        reader.rewind()
+        calibrator.collect_data(reader)
+        ranges = calibrator.compute_data()
+    return Calibration(ranges, reader.rows, random, config.calibration_method, _sha256(source))
+
+
+def check_calibration(calibration: Calibration, source: Path, config: QuantConfig) -> None:
+    """``calibration`` was measured on the graph ``source`` with ``config``'s calibration method."""
+    if calibration.method != config.calibration_method:
+        raise ValueError(f"the ranges were calibrated with {calibration.method!r} but the config asks for "
+                         f"{config.calibration_method!r}; calibrate with the same QuantConfig")
+    if calibration.graph_sha256 != _sha256(source):
+        raise ValueError("the ranges were calibrated on another graph; calibrate this model "
+                         "(minreal.export.int8.calibrate)")
+
+
+def range_source(source: Path, workdir: Path, reader: ArrayCalibrationReader | None, calibration: Calibration | None,
+                 config: QuantConfig, random: bool) -> RangeSource:
+    """The ranges of every static quantisation of one :func:`quantize_int8`: ``calibration`` (else a calibration of
+    ``source`` on ``reader``) in a cache file in ``workdir``; ``reader`` itself where ONNX Runtime reads no cache."""
+    if calibration is None and not reusable_calibration():
+        return reader
+    calibration = calibration or _calibrated(source, reader, config, random)
+    path = workdir / "ranges.json"
+    ort_quantization().save_tensors_data(calibration.ranges, path)
+    return path
+
+
+def calibrate(fp32_path: str | Path, calib: Calib | None = None, config: QuantConfig | None = None) -> Calibration:
+    """The activation ranges static :func:`quantize_int8` calibrates for ``fp32_path`` on ``calib``: pass them as its
+    ``calibration`` to quantise the model many times (e.g. with different nodes left in float) calibrating once.
+
+    Args:
+        fp32_path: float model (not modified).
+        calib: calibration inputs, as for :func:`quantize_int8`.
+        config: options (static mode); the quantisations must use the same ``calibration_method``.
+
+    Raises:
+        CalibrationError: no or ill-shaped calibration data.
+        ValueError: ``config`` is for dynamic mode (nothing is calibrated).
+        QuantizationError: ONNX Runtime could not calibrate the model, the model keeps its weights in external data,
+            or this ONNX Runtime cannot quantise with precomputed ranges (:func:`reusable_calibration`).
+    """
+    config = (config or QuantConfig()).resolved()
+    if config.mode != "static":
+        raise ValueError("mode='dynamic' calibrates nothing; calibrate for mode='static'")
+    require_reusable()
+    fp32_path = Path(fp32_path)
+    skip = int8_skip_reason(fp32_path)
+    if skip:
+        raise QuantizationError(f"cannot calibrate {fp32_path.name} for INT8: {skip}")
+    model = onnx.load(str(fp32_path))
+    data, is_random = calibration_array(calib, model, config)
+    reader = calibration_reader(model, data, config)
+    with tempfile.TemporaryDirectory() as workdir:
+        source, _ = preprocess(fp32_path, Path(workdir) / "preprocessed.onnx", aligns(config))
+        try:
+            return _calibrated(source, reader, config, is_random)
+        except Exception as exc:
+            raise QuantizationError(f"calibration of {fp32_path.name} failed: {error_line(exc)}") from exc
