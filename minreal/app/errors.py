@@ -88,5 +88,9 @@ def _elsewhere(group: click.Group, exc: click.UsageError) -> str | None:
               and any(name in (*p.opts, *p.secondary_opts) for p in cmd.get_params(exc.ctx))]
     if not others:
         return None
+    names = ", ".join(c.name or "" for c in others)
+    longer = [p for p in exc.possibilities or () if p.startswith(name)]  # this command's own spelling of it
+    if longer:
+        return f"No such option '{name}': did you mean '{longer[0]}'? ({name} is an option of {names})"
     uses = " or ".join(f"`minreal {cmd.name} ... {name}`" for cmd in others)
-    return f"No such option '{name}': it is an option of {', '.join(c.name or '' for c in others)}: use {uses}"
+    return f"No such option '{name}': it is an option of {names}: use {uses}"

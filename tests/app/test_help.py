@@ -103,10 +103,13 @@ def test_first_sentence_stops_outside_parentheses() -> None:
     assert first_sentence("No stop") == "No stop"
 
 
-def test_one_meaning_per_option_name() -> None:
-    """tune's recovery cap is not run's recovery count: each has its own name."""
+def test_one_meaning_per_option_name(run_cli: Callable) -> None:
+    """tune's recovery cap is not run's recovery count: each has its own name, and the other spelling is pointed
+    to."""
     tune, run = ({o.opts[0] for o in _options(n)} for n in ("tune", "run"))
     assert "--recover-epochs-max" in tune and "--recover-epochs" not in tune and "--recover-epochs" in run
+    code, _, err = run_cli(["tune", "m.py:f", "--data", "digits", "--max-accuracy-drop", "1", "--recover-epochs", "1"])
+    assert code == 2 and "did you mean '--recover-epochs-max'? (--recover-epochs is an option of compress, run)" in err
 
 
 def test_compress_method_is_single_valued_and_a_second_is_a_usage_error(tmp_path: Path) -> None:
