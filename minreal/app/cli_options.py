@@ -96,15 +96,18 @@ def batch_option(use: str, default: str, several: bool = True) -> Decorator:
                    help=("Comma-separated batch sizes" if several else "Batch size") + f" {use}")
 
 
-def min_seconds_option(use: str, default: float | None = None) -> Decorator:
-    """``--min-seconds``: a timing window."""
-    return _option("--min-seconds", type=click.FloatRange(min=0), default=default, show_default=default is not None,
+def min_seconds_option(use: str, default: float | None = None, checked: bool = True) -> Decorator:
+    """``--min-seconds``: a timing window, range-checked by click unless the command's config checks it
+    (``checked=False``: ``bench``'s :class:`~minreal.runtime_bench.config.BenchConfig`, which names the flag)."""
+    return _option("--min-seconds", type=click.FloatRange(min=0) if checked else float, default=default,
+                   show_default=default is not None,
                    metavar="S", group=BENCHMARK, help=f"Minimum measuring time per model, in seconds, {use}")
 
 
-def repeats_option(use: str, default: int | None = None) -> Decorator:
-    """``--repeats``: fresh processes per provider and batch."""
-    return _option("--repeats", type=click.IntRange(min=1), default=default, show_default=default is not None,
+def repeats_option(use: str, default: int | None = None, checked: bool = True) -> Decorator:
+    """``--repeats``: fresh processes per provider and batch, range-checked as ``--min-seconds`` is."""
+    return _option("--repeats", type=click.IntRange(min=1) if checked else int, default=default,
+                   show_default=default is not None,
                    metavar="N", group=BENCHMARK, help=f"Fresh processes per (provider, batch), {use}")
 
 

@@ -51,8 +51,8 @@ def _bench_option(*decls: str, **kwargs: Any) -> Any:
                help="Discarded warm-up runs per model.")
 @_bench_option("--min-runs", type=int, default=BenchConfig.min_runs, show_default=True,
                help="Minimum measured runs.")
-@min_seconds_option("in one process.", BenchConfig.min_seconds)
-@repeats_option("each timing the models in turn.", BenchConfig.repeats)
+@min_seconds_option("in one process.", BenchConfig.min_seconds, checked=False)  # BenchConfig checks them
+@repeats_option("each timing the models in turn.", BenchConfig.repeats, checked=False)
 @_bench_option("--threads", type=int, help="Intra-op threads (default: physical cores).")
 @out_option("the report JSON; a Markdown copy is written next to it.", "bench.json")
 @axis_values_decl("Symbolic axes by their ONNX dimension name; with --data, inputs are cut to each length.")
