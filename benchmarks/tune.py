@@ -237,7 +237,7 @@ def cli_line(case: Case, drop: float, cache: Path, cfg: Any, workers: int = 1) -
     """The `minreal tune` command that runs the same tune."""
     line = (f"minreal tune {case.model} --weights {case.weights} --data {case.data}"
             f"{f' --eval-data {case.eval_data}' if case.eval_data else ''} --batch "
-            f"{','.join(map(str, BATCHES))} --max-accuracy-drop {drop:g} --recover-epochs {case.recover_epochs} "
+            f"{','.join(map(str, BATCHES))} --max-accuracy-drop {drop:g} --recover-epochs-max {case.recover_epochs} "
             f"--cache-dir {cache} --workers {workers}")
     if cfg.methods:
         line += (f" {' '.join(f'-m {m}' for m in cfg.methods)} --grid {','.join(f'{g:g}' for g in cfg.grid)} "

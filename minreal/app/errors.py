@@ -57,7 +57,7 @@ def invoke(group: click.Group, argv: list[str] | None) -> None:
     except click.UsageError as exc:  # one line, as every other error: what is wrong, and where the help is
         path = exc.ctx.command_path if exc.ctx is not None else "minreal"
         hint = f" (see `{path} --help`)" if exc.ctx is not None else ""
-        message = " ".join(exc.format_message().split())
+        message = _elsewhere(group, exc) or " ".join(exc.format_message().split())
         click.echo(f"{path}: error: {message}{hint}", err=True)
         sys.exit(USAGE_EXIT)
     except click.ClickException as exc:
@@ -75,3 +75,22 @@ def invoke(group: click.Group, argv: list[str] | None) -> None:
 
         click.echo(f"minreal: error: {error_line(exc)}", err=True)
         sys.exit(USAGE_EXIT if isinstance(exc, usage_errors()) else FAIL_EXIT)
+
+
+def _elsewhere(group: click.Group, exc: click.UsageError) -> str | None:
+    """For an option this command does not take but others do (``compress --recover-int8``): the message naming
+    them, instead of click's guess at a near spelling; None otherwise."""
+    if not isinstance(exc, click.NoSuchOption) or exc.ctx is None:
+        return None
+    name = exc.option_name
+    others = [cmd for cmd_name, cmd in sorted(group.commands.items())
+              if cmd_name != exc.ctx.command.name
+              and any(name in (*p.opts, *p.secondary_opts) for p in cmd.get_params(exc.ctx))]
+    if not others:
+        return None
+    names = ", ".join(c.name or "" for c in others)
+    longer = [p for p in exc.possibilities or () if p.startswith(name)]  # this command's own spelling of it
+    if longer:
+        return f"No such option '{name}': did you mean '{longer[0]}'? ({name} is an option of {names})"
+    uses = " or ".join(f"`minreal {cmd.name} ... {name}`" for cmd in others)
+    return f"No such option '{name}': it is an option of {names}: use {uses}"

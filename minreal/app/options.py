@@ -1,28 +1,37 @@
-"""Option groups the commands share, declared once with the same names everywhere: ``--quiet``/``--json``, the
-method options (``MethodCommand`` shows them by group), image folders, recovery, pipeline, runtime providers and
-shapes; each group's reader turns its values into the library's config."""
+"""Option groups the commands share, declared once with the same names everywhere: the method options
+(:class:`~minreal.app.cli_help.MethodCommand` shows them by group), image folders, recovery, pipeline, runtime
+providers and shapes; each group's reader turns its values into the library's config. Single shared options
+(``--data``, ``--out``, ...) are in :mod:`minreal.app.cli_options`."""
 
 from __future__ import annotations
 
 import logging
-import re
-import textwrap
 from collections.abc import Callable
 from typing import Any
 
 import click
 
+from minreal.app.cli_help import BENCHMARK, EXPORT, MODEL_DATA, RECOVERY, GroupedOption
+from minreal.app.cli_options import (
+    batch_option,
+    fp16_option,
+    min_seconds_option,
+    no_int8_option,
+    out_option,
+    overwrite_option,
+    quant_mode_option,
+    repeats_option,
+)
 from minreal.app.settings import PipelineConfig
-from minreal.export.settings import FORMATS, ORT_OPTIMIZATIONS, ORT_PLATFORMS, ORT_STYLES, QUANT_MODES, QUANT_TARGETS
+from minreal.export.settings import FORMATS, ORT_OPTIMIZATIONS, ORT_PLATFORMS, ORT_STYLES, QUANT_TARGETS
 from minreal.facts import PROVIDERS
 
-__all__ = ["HELP_ALL", "IMAGE_GROUP", "QUANT_TARGET_HELP", "RECOVERY_GROUP", "GroupedOption", "MethodCommand",
-           "axis_values_option", "common", "fixed_shapes_option", "fixed_shapes_spec", "image_options",
-           "image_preprocess", "known_providers", "method_choice", "method_options", "mismatch_option", "ort_config",
-           "ort_options",
-           "pipeline_config", "pipeline_options", "provider_options", "provider_settings", "providers_option",
-           "quant_target_for", "quant_target_option", "recovery_config", "recovery_options", "require_providers",
-           "shape_options", "skip_unavailable_option", "split_ints", "split_names"]
+__all__ = ["IMAGE_GROUP", "ORT_GROUP", "QUANT_TARGET_HELP", "axis_values_option", "fixed_shapes_option",
+           "fixed_shapes_spec", "image_options", "image_preprocess", "known_providers", "method_choice",
+           "method_options", "mismatch_option", "ort_config", "ort_options", "pipeline_config", "pipeline_options",
+           "provider_options", "provider_settings", "providers_option", "qat_recovery_option", "quant_target_for",
+           "quant_target_option", "recovery_config", "recovery_options", "require_providers", "shape_options",
+           "skip_unavailable_option", "split_ints", "split_names"]
 
 #: ``--quant-target``'s help, the same in every command.
 QUANT_TARGET_HELP = ("INT8 format. cpu-vnni: uint8 activations, 8-bit weights (x86 with VNNI/AMX); cpu-avx2: "
@@ -30,80 +39,6 @@ QUANT_TARGET_HELP = ("INT8 format. cpu-vnni: uint8 activations, 8-bit weights (x
                      "one this machine needs (of those two on x86, arm64 on an ARM64 CPU); arm64: symmetric int8 "
                      "activations and per-channel int8 weights (S8S8), what ONNX Runtime's ARM64 kernels run "
                      "(checked here, not timed on ARM); tensorrt: symmetric int8, what TensorRT builds.")
-
-
-def common(fn: Callable) -> Callable:
-    """``--quiet`` and ``--json`` on every subcommand."""
-    fn = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")(fn)
-    return click.option("--quiet", "-q", is_flag=True, help="No progress messages.")(fn)
-
-
-class GroupedOption(click.Option):
-    """A click option that names the ``--help`` section it belongs to."""
-
-    def __init__(self, *args: Any, group: str = "", method_option: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.group = group
-        self.method_option = method_option  # declared by a method's config (minreal methods NAME lists it)
-
-
-HELP_ALL = "minreal_help_all"
-
-
-def _help_all(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    if value and not ctx.resilient_parsing:
-        ctx.meta[HELP_ALL] = True
-        click.echo(ctx.get_help(), color=ctx.color)
-        ctx.exit()
-
-
-class MethodCommand(click.Command):
-    """A command whose ``--help`` lists its own options, then the budget and options every method shares; each
-    method's own options are accepted but listed by ``minreal methods NAME`` (one screen of help, not a hundred
-    lines)."""
-
-    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        extra = click.Option(["--help-all"], is_flag=True, expose_value=False, is_eager=True, callback=_help_all,
-                             help="Show every option with its help, grouped, and exit.")
-        return [*super().get_params(ctx), extra]
-
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS
-
-        budget = {"--" + f.replace("_", "-") for f in (*BUDGET_FIELDS, *(h for hs in BUDGET_HELPERS.values()
-                                                                             for h in hs))}
-        sections: dict[str, list[tuple[str, str]]] = {}
-        hidden, full = 0, ctx.meta.get(HELP_ALL, False)
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is None or isinstance(param, click.Argument):  # arguments are in the usage line
-                continue
-            own = getattr(param, "method_option", False) and not set(param.opts) & budget
-            if own and not full:
-                hidden += 1
-                continue
-            budget_row = getattr(param, "method_option", False) and not own and not full
-            title = "Budget (the methods that can meet it)" if budget_row else getattr(param, "group", "") or "Options"
-            sections.setdefault(title, []).append(record)
-        for title, rows in sections.items():
-            with formatter.section(title):
-                if full or title == "Options" or title.startswith("Budget"):
-                    formatter.write_dl(rows)
-                else:  # a group of its own (recovery, image folders): its flags; --help-all gives their help
-                    flags = " ".join(re.findall(r"--[\w-]+", flag)[0] for flag, _ in rows)
-                    width = max(40, (formatter.width or 80) - formatter.current_indent)
-                    formatter.write_text("\b\n" + "\n".join(textwrap.wrap(flags, width, break_on_hyphens=False)))
-        if not full:
-            with formatter.section("More"):
-                formatter.write_text("--help-all: every option with its help.")
-        if full:
-            return
-        with formatter.section("Method options"):
-            several = (" Given once for several -m methods, an option reaches the methods that have it."
-                       if ctx.command.name == "run" else "")
-            formatter.write_text(f"Each method also takes options of its own ({hidden} in all); `minreal methods "
-                                 "NAME` lists one method's options, budgets and defaults, e.g. `minreal methods "
-                                 f"fde`.{several}")
 
 
 def method_options(fn: Callable) -> Callable:
@@ -154,7 +89,8 @@ def split_names(value: str) -> tuple[str, ...]:
 def providers_option(help_text: str = f"Comma-separated: {', '.join(PROVIDERS)}.") -> Callable[[Callable], Callable]:
     """``--providers``, the same option in every command: comma-separated provider names, default the pipeline's
     (cpu); ``help_text`` says what the command does with them."""
-    return click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True, help=help_text)
+    return click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True, metavar="NAMES",
+                        cls=GroupedOption, group=BENCHMARK, brief=True, help=help_text)
 
 
 def known_providers(value: str) -> tuple[str, ...]:
@@ -169,7 +105,8 @@ def known_providers(value: str) -> tuple[str, ...]:
 
 def quant_target_option(fn: Callable) -> Callable:
     """``--quant-target``, default from the providers; read back by :func:`quant_target_for`."""
-    return click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=None,
+    return click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=None, cls=GroupedOption,
+                        group=EXPORT,
                         help=QUANT_TARGET_HELP + " Default: tensorrt when --providers includes tensorrt, else "
                                                  f"{PipelineConfig.quant_target}.")(fn)
 
@@ -194,7 +131,7 @@ def shape_options(input_shape: tuple[str, ...],
 def fixed_shapes_option(fn: Callable) -> Callable:
     """``--fixed-shapes``, read back by :func:`fixed_shapes_spec`."""
     return click.option(
-        "--fixed-shapes", "fixed_shapes", metavar="DIM=N|INPUT=AxB,...",
+        "--fixed-shapes", "fixed_shapes", metavar="DIM=N|INPUT=AxB,...", cls=GroupedOption, group=EXPORT,
         help="Fix symbolic dimensions in the written ONNX files for edge runtimes (NNAPI runs no node fed by a "
              "dynamic shape): DIM=N fixes a dimension by name (batch=1; the exporter names axis 0 'batch'), "
              "INPUT=AxBxC gives a graph input its whole shape (input_ids=1x128); comma-separated. Parity is checked "
@@ -224,6 +161,7 @@ def ort_options(fn: Callable) -> Callable:
     """``--format`` and the ORT-format converter's settings; read back by :func:`ort_config`."""
     for opt in reversed([
         click.option("--format", "formats", default=FORMATS[0], show_default=True, metavar="onnx[,ort]",
+                     cls=GroupedOption, group=EXPORT,
                      help="Comma-separated file formats: onnx (always written), ort: also NAME.ort, ONNX Runtime's "
                           "ORT format for its minimal build, converted from the .onnx file (after --fixed-shapes) "
                           "with onnxruntime.tools, with NAME.required_operators.config, the operators a minimal build "
@@ -304,13 +242,10 @@ def image_preprocess(opts: dict[str, Any]) -> Any:
 
 def mismatch_option(fn: Callable) -> Callable:
     """``--allow-data-mismatch``: go on when the original scores near chance on the labelled data."""
-    return click.option("--allow-data-mismatch", is_flag=True,
+    return click.option("--allow-data-mismatch", is_flag=True, cls=GroupedOption, group=MODEL_DATA,
                         help="Go on, with a warning recorded in the report, when the original model scores near "
                              "chance on the labelled data (which otherwise stops the command: the data most likely "
                              "does not match the model's preprocessing or labels).")(fn)
-
-
-RECOVERY_GROUP = "Recovery (after any method)"
 
 
 def recovery_options(fn: Callable) -> Callable:
@@ -321,61 +256,66 @@ def recovery_options(fn: Callable) -> Callable:
     base = RecoveryConfig()
     for opt in reversed([
         click.option("--recover-epochs", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
-                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     cls=GroupedOption, group=RECOVERY, brief=True,
                      help="Epochs of distillation from the original on the data after compressing; 0: none."),
         click.option("--recover-steps", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
-                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     cls=GroupedOption, group=RECOVERY,
                      help="Budget in optimiser steps instead of epochs (not with --recover-epochs)."),
         click.option("--recover-alpha", type=click.FloatRange(0.0, 1.0), default=base.alpha, show_default=True,
-                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     cls=GroupedOption, group=RECOVERY,
                      help="Weight of the label loss (when the data has labels); 0: pure distillation, 1: labels "
                           "alone."),
         click.option("--recover-lr", type=click.FloatRange(min=0.0, min_open=True), default=base.lr,
-                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     show_default=True, cls=GroupedOption, group=RECOVERY,
                      help="AdamW learning rate of the recovery (cosine schedule with warm-up)."),
         click.option("--recover-temperature", type=click.FloatRange(min=0.0, min_open=True), default=base.temperature,
-                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     show_default=True, cls=GroupedOption, group=RECOVERY,
                      help="Softmax temperature of the distillation loss (classifiers)."),
         click.option("--recover-batch-size", type=click.IntRange(min=1), default=base.batch_size, show_default=True,
-                     cls=GroupedOption, group=RECOVERY_GROUP, help="Training batch size of the recovery."),
+                     cls=GroupedOption, group=RECOVERY, help="Training batch size of the recovery."),
         click.option("--recover-patience", type=click.IntRange(min=1), default=base.patience, show_default=True,
-                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     cls=GroupedOption, group=RECOVERY,
                      help="Stop after this many epochs without improvement on the recovery's validation split."),
         click.option("--recover-features", multiple=True, metavar="auto|MODULE", cls=GroupedOption,
-                     group=RECOVERY_GROUP,
+                     group=RECOVERY,
                      help="Also match intermediate features: 'auto' (the layers the method changed) or module names "
                           "(repeat); points whose output shape changed are skipped and reported."),
         click.option("--recover-feature-weight", type=click.FloatRange(min=0.0), default=base.feature_weight,
-                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     show_default=True, cls=GroupedOption, group=RECOVERY,
                      help="Weight of the feature-matching term against the output loss."),
         click.option("--recover-task", type=click.Choice(list(TASKS)), default=base.task, show_default=True,
-                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     cls=GroupedOption, group=RECOVERY,
                      help="auto: integer labels mean classification, float labels regression; without labels, "
                           "outputs (batch, k>1) are taken for logits. Give regression for an unlabelled "
                           "multi-output regressor."),
         click.option("--recover-weight-decay", type=click.FloatRange(min=0.0), default=base.weight_decay,
-                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP, help="AdamW weight decay."),
+                     show_default=True, cls=GroupedOption, group=RECOVERY, help="AdamW weight decay."),
         click.option("--recover-warmup", type=click.FloatRange(0.0, 1.0, max_open=True), default=base.warmup,
-                     show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     show_default=True, cls=GroupedOption, group=RECOVERY,
                      help="Share of the steps with a linear learning-rate warm-up."),
         click.option("--recover-val-fraction", type=click.FloatRange(0.0, 1.0, max_open=True),
-                     default=base.val_fraction, show_default=True, cls=GroupedOption, group=RECOVERY_GROUP,
+                     default=base.val_fraction, show_default=True, cls=GroupedOption, group=RECOVERY,
                      help="Share of the data held out (seeded) as the recovery's validation split (early stopping)."),
         click.option("--recover-seed", type=int, default=base.seed, show_default=True, cls=GroupedOption,
-                     group=RECOVERY_GROUP, help="Seed of the split, the batch order and the training."),
+                     group=RECOVERY, help="Seed of the split, the batch order and the training."),
         click.option("--recover-freeze-bn", "recover_freeze_batchnorm", flag_value=True, default=None,
-                     cls=GroupedOption, group=RECOVERY_GROUP,
+                     cls=GroupedOption, group=RECOVERY,
                      help="Keep BatchNorm statistics frozen while training (re-estimated exactly after each "
                           "epoch), as a torchrun recovery always does: give it to one process to get the "
                           "distributed result; default in one process: batch statistics."),
-        click.option("--recover-int8", is_flag=True, cls=GroupedOption, group=RECOVERY_GROUP,
-                     help="Quantisation-aware recovery: train with weights and layer inputs fake-quantised in the "
-                          "target's INT8 format (--quant-target, by default from --providers), learning the "
-                          "activation ranges; run's INT8 export then uses the trained ranges, beside a post-training "
-                          "INT8 (.ptq.int8) of the same weights."),
     ]):
         fn = opt(fn)
     return fn
+
+
+def qat_recovery_option(fn: Callable) -> Callable:
+    """``--recover-int8``: a quantisation-aware recovery, for the commands that export INT8 with its trained ranges
+    (``run``); read back by :func:`recovery_config`."""
+    return click.option("--recover-int8", is_flag=True, cls=GroupedOption, group=RECOVERY,
+                        help="Quantisation-aware recovery: train with weights and layer inputs fake-quantised in the "
+                             "target's INT8 format (--quant-target, by default from --providers), learning the "
+                             "activation ranges; run's INT8 export then uses the trained ranges, beside a "
+                             "post-training INT8 (.ptq.int8) of the same weights.")(fn)
 
 
 def recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
@@ -402,23 +342,17 @@ def pipeline_options(fn: Callable) -> Callable:
     """The run directory, batch sizes, providers, INT8/FP16 and timing options of a pipeline run; read back by
     :func:`pipeline_config`."""
     for opt in reversed([
-        click.option("--out", default="runs/latest", show_default=True, type=click.Path(file_okay=False),
-                     help="Run directory (must not exist unless --overwrite)."),
-        click.option("--overwrite", is_flag=True, help="Replace an existing run directory."),
-        click.option("--batch", default=",".join(map(str, PipelineConfig.batch_sizes)), show_default=True,
-                     help="Comma-separated batch sizes."),
+        out_option("the run directory.", "runs/latest", directory=True),
+        overwrite_option,
+        batch_option("to time.", ",".join(map(str, PipelineConfig.batch_sizes))),
         providers_option(),
-        click.option("--no-int8", is_flag=True, help="Skip INT8 quantisation."),
-        click.option("--fp16", is_flag=True, help="FP16 copies (LABEL.fp16) of the original and every variant even "
-                                                  "without a cuda/tensorrt provider (made anyway with one)."),
+        no_int8_option("fp32 files only."),
+        fp16_option("LABEL.fp16 of the original and every variant even without a cuda/tensorrt provider (made "
+                    "anyway with one)."),
         quant_target_option,
-        click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=PipelineConfig.quant_mode,
-                     show_default=True,
-                     help="static: calibrated QDQ; dynamic: weights only, activations quantised at run time."),
-        click.option("--min-seconds", type=click.FloatRange(min=0),
-                     help=f"Minimum measuring time per model (default {PipelineConfig.min_seconds:g} s)."),
-        click.option("--repeats", type=click.IntRange(min=1),
-                     help=f"Fresh processes per provider/batch (default {PipelineConfig.repeats})."),
+        quant_mode_option(PipelineConfig.quant_mode),
+        min_seconds_option(f"default {PipelineConfig.min_seconds:g}."),
+        repeats_option(f"default {PipelineConfig.repeats}."),
     ]):
         fn = opt(fn)
     return fn
@@ -439,14 +373,15 @@ def pipeline_config(base: Any, batch: str, providers: str, no_int8: bool, quant_
 def provider_options(fn: Callable) -> Callable:
     """--provider-option / --provider-config / --io-binding (minreal.runtime_bench.provider_options)."""
     for opt in reversed([
-        click.option("--provider-option", "provider_option", multiple=True,
+        click.option("--provider-option", "provider_option", multiple=True, metavar="PROVIDER.KEY=VALUE",
+                     cls=GroupedOption, group=BENCHMARK,
                      help="A provider setting, repeatable: tensorrt.fp16=true, tensorrt.int8=true, "
                           "tensorrt.engine_cache=DIR, tensorrt.timing_cache=DIR, tensorrt.opt_level=0-5, "
                           "tensorrt.workspace=4G, cuda.device_id=0 (wins over --provider-config)."),
-        click.option("--provider-config", type=click.Path(dir_okay=False),
+        click.option("--provider-config", type=click.Path(dir_okay=False), cls=GroupedOption, group=BENCHMARK,
                      help="TOML file, one table per provider ([tensorrt], [tensorrt.profiles] input = "
                           "[min, opt, max] shapes, [cuda]); see the README."),
-        click.option("--io-binding", is_flag=True,
+        click.option("--io-binding", is_flag=True, cls=GroupedOption, group=BENCHMARK,
                      help="On GPU providers, also time with inputs and outputs bound on the device "
                           "(device-only latency beside the with-copy latency)."),
     ]):
@@ -474,7 +409,7 @@ def provider_settings(options: tuple[str, ...], config: str | None, providers: t
 
 def skip_unavailable_option(fn: Callable) -> Callable:
     """``--skip-unavailable-providers``, read back by :func:`require_providers`."""
-    return click.option("--skip-unavailable-providers", is_flag=True,
+    return click.option("--skip-unavailable-providers", is_flag=True, cls=GroupedOption, group=BENCHMARK,
                         help="Benchmark the providers that can run and record the others as unavailable "
                              "(default: a requested provider that cannot run is an error).")(fn)
 

@@ -227,8 +227,8 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(workdir: Path, run_cli:
     code, _, err = run_cli(["tune", "net.py:make", "--data", "digits-flat", "--out", "u"])
     assert code == 2 and "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
     plan = CliRunner().invoke(cli, ["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
-                                    "-m", "svd", "-m", "factorize", "--recover-epochs", "2", "--out", "v", "--dry-run",
-                                    "--format", "onnx,ort", "--max-size", "300", "--json", "-q"])
+                                    "-m", "svd", "-m", "factorize", "--recover-epochs-max", "2", "--out", "v",
+                                    "--dry-run", "--format", "onnx,ort", "--max-size", "300", "--json", "-q"])
     assert plan.exit_code == 0, plan.output
     dry = json.loads(plan.output)
     assert dry["dry_run"] and not Path("v").exists()  # a plan writes nothing

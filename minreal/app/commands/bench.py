@@ -7,11 +7,20 @@ from typing import Any
 
 import click
 
+from minreal.app.cli_help import BENCHMARK, GroupedCommand, GroupedOption
+from minreal.app.cli_options import (
+    axis_values_decl,
+    batch_option,
+    common,
+    data_option,
+    min_seconds_option,
+    out_option,
+    repeats_option,
+)
 from minreal.app.commands._shared import prepare_outputs
 from minreal.app.console import Console
 from minreal.app.options import (
     axis_values_option,
-    common,
     image_options,
     image_preprocess,
     provider_options,
@@ -28,25 +37,25 @@ from minreal.runtime_bench.config import BenchConfig
 __all__ = ["bench_cmd"]
 
 
-@click.command("bench")
+def _bench_option(*decls: str, **kwargs: Any) -> Any:
+    """An option of bench alone, in the Benchmark section of ``--help``."""
+    return click.option(*decls, cls=GroupedOption, group=BENCHMARK, brief=True, **kwargs)
+
+
+@click.command("bench", cls=GroupedCommand)
 @click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @providers_option()
-@click.option("--batch", "batch", default=",".join(map(str, PipelineConfig.batch_sizes)), show_default=True,
-              help="Comma-separated batch sizes.")
-@click.option("--data", help="Evaluation data (labels give accuracy); random inputs without it.")
-@click.option("--warmup", type=int, default=BenchConfig.warmup, show_default=True,
-              help="Discarded warm-up runs per model.")
-@click.option("--min-runs", type=int, default=BenchConfig.min_runs, show_default=True, help="Minimum measured runs.")
-@click.option("--min-seconds", type=float, default=BenchConfig.min_seconds, show_default=True,
-              help="Minimum measuring time.")
-@click.option("--repeats", type=int, default=BenchConfig.repeats, show_default=True,
-              help="Fresh processes per provider/batch.")
-@click.option("--threads", type=int, help="Intra-op threads (default: physical cores).")
-@click.option("--out", type=click.Path(dir_okay=False), default="bench.json", show_default=True,
-              help="Report JSON; a Markdown copy is written next to it.")
-@click.option("--axis-values", "axis_values", multiple=True,
-              help="Lengths a dynamic (symbolic) axis is timed at, by its ONNX dimension name, repeatable: "
-                   "seq=32,128; each length is its own latency row. With --data, inputs are cut to each length.")
+@batch_option("to time.", ",".join(map(str, PipelineConfig.batch_sizes)))
+@data_option("Evaluation data (labels give accuracy); random inputs without it.")
+@_bench_option("--warmup", type=int, default=BenchConfig.warmup, show_default=True,
+               help="Discarded warm-up runs per model.")
+@_bench_option("--min-runs", type=int, default=BenchConfig.min_runs, show_default=True,
+               help="Minimum measured runs.")
+@min_seconds_option("in one process.", BenchConfig.min_seconds, checked=False)  # BenchConfig checks them
+@repeats_option("each timing the models in turn.", BenchConfig.repeats, checked=False)
+@_bench_option("--threads", type=int, help="Intra-op threads (default: physical cores).")
+@out_option("the report JSON; a Markdown copy is written next to it.", "bench.json")
+@axis_values_decl("Symbolic axes by their ONNX dimension name; with --data, inputs are cut to each length.")
 @provider_options
 @skip_unavailable_option
 @image_options

@@ -5,42 +5,47 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
+from minreal.app.cli_help import CRITERIA, GroupedCommand, GroupedOption
+from minreal.app.cli_options import common, max_accuracy_drop_option, max_size_option, min_agreement_option
 from minreal.app.console import Console
 from minreal.app.errors import FAIL_EXIT
-from minreal.app.options import common
 
 __all__ = ["check_cmd"]
 
 
-@click.command("check")
+def _check_option(*decls: str, **kwargs: Any) -> Any:
+    """A criterion of check alone, in the Criteria section of ``--help``."""
+    return click.option(*decls, cls=GroupedOption, group=CRITERIA, brief=True, **kwargs)
+
+
+@click.command("check", cls=GroupedCommand)
 @click.argument("report", type=click.Path(dir_okay=False))
-@click.option("--max-latency-ratio", type=float, help="Highest allowed latency ratio vs the first model.")
-@click.option("--max-accuracy-drop", type=float, help="Highest allowed accuracy drop, percentage points.")
-@click.option("--min-agreement", type=float, help="Lowest allowed top-1 agreement with the first model (0-1).")
-@click.option("--baseline", type=click.Path(dir_okay=False), help="Earlier report to compare latencies with.")
-@click.option("--max-regression", type=float,
-              help="Highest allowed latency regression vs --baseline, percent; a cell fails only when it is also "
-                   "beyond the measured noise (the two runs' per-process p50 ranges do not overlap).")
-@click.option("--allow-new-models", is_flag=True,
-              help="Let (model, provider, batch) cells absent from --baseline pass (they fail otherwise).")
-@click.option("--min-on-provider", type=float,
-              help="Lowest allowed share (0-1) of each model's nodes that ran on its requested provider (read from "
-                   "ONNX Runtime's profile); a failure names the nodes that fell back.")
-@click.option("--allow-hardware-mismatch", is_flag=True,
-              help="Let --baseline come from another CPU or GPU model (a warning; it fails otherwise).")
-@click.option("--max-int8-drop", type=float,
-              help="Highest allowed accuracy drop of each INT8 file against its own fp32 source (NAME.int8 vs NAME), "
-                   "percentage points: the loss quantisation alone causes.")
-@click.option("--max-size", "max_size_kb", type=click.FloatRange(min=0, min_open=True), metavar="KB",
-              help="Largest allowed file size in KB (KiB, 1024 bytes; graph and external data on disk) of every model "
-                   "but the first (of the one model of a one-model report), and of its .ort file where it has one "
-                   "(--format onnx,ort; judged as NAME.ort).")
-@click.option("--max-size-ratio", type=click.FloatRange(min=0, min_open=True),
-              help="Largest allowed file size of every model, and of its .ort file, relative to the first model's "
-                   ".onnx file.")
+@_check_option("--max-latency-ratio", type=float, help="Highest allowed latency ratio vs the first model.")
+@max_accuracy_drop_option
+@min_agreement_option
+@_check_option("--baseline", type=click.Path(dir_okay=False), help="Earlier report to compare latencies with.")
+@_check_option("--max-regression", type=float,
+               help="Highest allowed latency regression vs --baseline, percent; a cell fails only when it is also "
+                    "beyond the measured noise (the two runs' per-process p50 ranges do not overlap).")
+@_check_option("--allow-new-models", is_flag=True,
+               help="Let (model, provider, batch) cells absent from --baseline pass (they fail otherwise).")
+@_check_option("--min-on-provider", type=float,
+               help="Lowest allowed share (0-1) of each model's nodes that ran on its requested provider (read from "
+                    "ONNX Runtime's profile); a failure names the nodes that fell back.")
+@_check_option("--allow-hardware-mismatch", is_flag=True,
+               help="Let --baseline come from another CPU or GPU model (a warning; it fails otherwise).")
+@_check_option("--max-int8-drop", type=float,
+               help="Highest allowed accuracy drop of each INT8 file against its own fp32 source (NAME.int8 vs "
+                    "NAME), percentage points: the loss quantisation alone causes.")
+@max_size_option("of every model but the first (of the one model of a one-model report), judged as NAME and "
+                 "NAME.ort.")
+@_check_option("--max-size-ratio", type=click.FloatRange(min=0, min_open=True),
+               help="Largest allowed file size of every model, and of its .ort file, relative to the first model's "
+                    ".onnx file.")
 @common
 def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: float | None,
               min_agreement: float | None, baseline: str | None, max_regression: float | None,

@@ -10,11 +10,19 @@ from typing import Any
 
 import click
 
+from minreal.app.cli_help import MODEL_DATA, OUTPUT, GroupedOption, MethodCommand
+from minreal.app.cli_options import (
+    common,
+    data_option,
+    dynamic_axes_option,
+    method_option,
+    out_option,
+    trust_pickle_option,
+    weights_option,
+)
 from minreal.app.commands._shared import load_inputs, prepare_outputs, warn_data_check
 from minreal.app.console import Console
 from minreal.app.options import (
-    MethodCommand,
-    common,
     image_options,
     image_preprocess,
     known_providers,
@@ -34,32 +42,31 @@ __all__ = ["compress_cmd"]
 
 @click.command("compress", cls=MethodCommand)
 @click.argument("model")
-@click.option("--method", "-m", type=method_choice(), required=True, multiple=True,
-              help="Registered compression method (one; `minreal run` compares several).")
-@click.option("--data", required=True, help="Calibration (and, for methods that train, training) data.")
-@click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
-@click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
-@click.option("--out", "out", type=click.Path(dir_okay=False), default="compressed.pt2", show_default=True,
-              help="Compressed model as a torch.export program (.pt2).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the report as JSON.")
+@method_option(method_choice(), "to apply, given once (`minreal run` compares several).", once=True,
+               once_hint="use `minreal run -m A -m B` to compare several, or a plan file's chain to run them in "
+                     "sequence")
+@data_option("Calibration (and, for methods that train, training) data.", required=True)
+@weights_option
+@trust_pickle_option
+@out_option("the compressed model as a torch.export program (.pt2).", "compressed.pt2")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), cls=GroupedOption, group=OUTPUT,
+              help="Write the report as JSON.")
 @providers_option(f"Comma-separated: {', '.join(PROVIDERS)}; the providers the model is for, as in run. They set "
                   "the defaults of --rank-multiple (cpu 16, GPU 8), --width-multiple (cpu 16, GPU 8) and --width-min "
                   "(cpu 16, GPU 0), the coarsest of several.")
 @click.option("--data-holdout", "holdout", type=click.FloatRange(0.0, 1.0, max_open=True), default=HOLDOUT_FRACTION,
-              show_default=True, metavar="FRACTION",
+              show_default=True, metavar="FRACTION", cls=GroupedOption, group=MODEL_DATA,
               help="Share of --data held out (seeded) to measure the compressed model on (report: "
                    "measured.held_out); 0 calibrates on all of --data and makes no held-out measurement.")
-@click.option("--dynamic-axes", "dynamic_axes", multiple=True,
-              help="Dynamic axes of one input kept by the .pt2 program, in order ('_' = fixed), repeatable: "
-                   "input_ids:batch,seq.")
-@click.option("--distributed", is_flag=True,
+@dynamic_axes_option("The .pt2 program keeps them.")
+@click.option("--distributed", is_flag=True, cls=GroupedOption, group=MODEL_DATA,
               help="Share the statistics passes and the recovery across the ranks of a torchrun launch (gloo on "
                    "CPU, NCCL on GPU; automatic under torchrun); rank 0 writes the outputs.")
 @image_options
 @recovery_options
 @method_options
 @common
-def compress_cmd(model: str, method: tuple[str, ...], data: str, weights: str | None, trust_pickle: bool, out: str,
+def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_pickle: bool, out: str,
                  report_path: str | None, providers: str, holdout: float, dynamic_axes: tuple[str, ...],
                  distributed: bool, quiet: bool, as_json: bool,
                  **opts: Any) -> None:
@@ -71,9 +78,6 @@ def compress_cmd(model: str, method: tuple[str, ...], data: str, weights: str | 
 
     from minreal.compress.core.distributed import is_writer, launched_by_torchrun, process_group
 
-    if len(method) != 1:
-        raise click.UsageError(f"compress takes one --method, got {', '.join(method)}: use `minreal run -m A -m B` "
-                               "to compare several, or a plan file's chain to run them in sequence")
     names = known_providers(providers)
     if distributed and not launched_by_torchrun():
         raise click.UsageError("--distributed needs the torch.distributed environment (RANK, WORLD_SIZE, "
@@ -83,7 +87,7 @@ def compress_cmd(model: str, method: tuple[str, ...], data: str, weights: str | 
     group = process_group(backend="gloo") if launched_by_torchrun() else contextlib.nullcontext()
     with group:
         writer = is_writer()
-        _compress(model, method[0], data, weights, trust_pickle, out, report_path, names, holdout,
+        _compress(model, method, data, weights, trust_pickle, out, report_path, names, holdout,
                   dynamic_axes, Console(quiet or not writer, as_json and writer), writer, opts)
 
 
@@ -100,9 +104,6 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     if writer:  # folders the outputs need are made (and removed again on failure) by the writing rank alone
         prepare_outputs([out, report_path], model, weights, data)
     preprocess = image_preprocess(opts)
-    if opts.get("recover_int8"):  # before anything else about recovery: compress can never use it
-        raise click.UsageError("compress --recover-int8 would train INT8 ranges that no later command can use; "
-                               "use `minreal run ... --recover-int8`, whose INT8 export writes them")
     recovery = recovery_config(opts, quant_target_for(None, providers))
     config = build_config(method, opts, provider_defaults(providers))
     net, calib, held = load_inputs(model, weights, trust_pickle, data, None, holdout, preprocess)

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import click
 
+from minreal.app.cli_help import MODEL_DATA, GroupedCommand, GroupedOption
+from minreal.app.cli_options import common, out_option, overwrite_option
 from minreal.app.commands._shared import finish_run
 from minreal.app.console import Console
-from minreal.app.options import common, split_names
+from minreal.app.options import split_names
 
 __all__ = ["demo_cmd"]
 
@@ -23,11 +25,12 @@ def _demo_keys_help() -> str:
             "method's own case.")
 
 
-@click.command("demo")
-@click.option("--out", default="runs/demo", show_default=True, type=click.Path(file_okay=False))
-@click.option("--overwrite", is_flag=True, help="Replace an existing run directory.")
-@click.option("--only", help=_demo_keys_help())
-@click.option("--full", is_flag=True, help="Longer training and the full 2 s timing protocol.")
+@click.command("demo", cls=GroupedCommand)
+@out_option("the run directory.", "runs/demo", directory=True)
+@overwrite_option
+@click.option("--only", cls=GroupedOption, group=MODEL_DATA, brief=True, help=_demo_keys_help())
+@click.option("--full", is_flag=True, cls=GroupedOption, group=MODEL_DATA, brief=True,
+              help="Longer training and the full 2 s timing protocol.")
 @common
 def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: bool, as_json: bool) -> None:
     """Embedded demo on scikit-learn's digits: train, compress, export, quantise, benchmark."""

@@ -8,57 +8,71 @@ from typing import Any
 
 import click
 
+from minreal.app.cli_help import EXPORT, GroupedCommand, GroupedOption
+from minreal.app.cli_options import (
+    common,
+    data_option,
+    dynamic_axes_option,
+    fp16_option,
+    input_shape_option,
+    int8_option,
+    out_option,
+    quant_mode_option,
+    trust_pickle_option,
+    weights_option,
+)
 from minreal.app.commands._shared import prepare_outputs
 from minreal.app.console import Console
 from minreal.app.options import (
-    QUANT_TARGET_HELP,
-    common,
     fixed_shapes_option,
     fixed_shapes_spec,
     image_options,
     image_preprocess,
     ort_config,
     ort_options,
+    quant_target_for,
+    quant_target_option,
     shape_options,
 )
-from minreal.export.settings import QUANT_MODES, QUANT_TARGETS, VariantConfig
+from minreal.export.settings import VariantConfig
 
 __all__ = ["export_cmd"]
 
 
-@click.command("export")
+def _export_option(*decls: str, **kwargs: Any) -> Any:
+    """An option of export alone, in the Export section of ``--help``."""
+    return click.option(*decls, cls=GroupedOption, group=EXPORT, **kwargs)
+
+
+@click.command("export", cls=GroupedCommand)
 @click.argument("model")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Destination .onnx file.")
-@click.option("--data", help="Data for the example input, parity check and INT8 calibration.")
-@click.option("--input-shape", "input_shape", multiple=True,
-              help="Per-sample input shape, e.g. 3,224,224 (random example; no --data); for several inputs, each "
-                   "named with batch and dtype, repeatable: input_ids:1x128:int64.")
-@click.option("--dynamic-axes", "dynamic_axes", multiple=True,
-              help="Dynamic axes of one input, in order ('_' = fixed), repeatable: input_ids:batch,seq. The batch "
-                   "is always dynamic.")
-@click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
-@click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
-@click.option("--opset", type=int, default=VariantConfig.opset, show_default=True, help="ONNX opset (>= 17).")
-@click.option("--rtol", type=float, default=VariantConfig.rtol, show_default=True, help="Parity relative tolerance.")
-@click.option("--atol", type=float, default=VariantConfig.atol, show_default=True, help="Parity absolute tolerance.")
-@click.option("--int8", is_flag=True, help="Also write OUT with suffix .int8.onnx (static QDQ by default).")
-@click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=VariantConfig.quant_target,
-              show_default=True, help=QUANT_TARGET_HELP)
-@click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=VariantConfig.quant_mode, show_default=True)
-@click.option("--allow-random-calibration", is_flag=True, help="Calibrate INT8 on random data (not advised).")
-@click.option("--int8-keep-roundtrips", is_flag=True,
-              help="Keep ONNX Runtime's Q/DQ placement around ops the CPU runs in float (by default such nodes are "
-                   "left in float when that removes Q/DQ pairs; one more quantisation pass).")
-@click.option("--fp16", is_flag=True, help="Also write OUT with suffix .fp16.onnx (fp32 inputs/outputs), checked "
-                                           "against OUT at float16 tolerances.")
-@click.option("--fp16-io", is_flag=True, help="With --fp16: float16 inputs and outputs instead.")
+@out_option("the .onnx file.", required=True)
+@data_option("Data for the example input, parity check and INT8 calibration.")
+@input_shape_option("For several inputs, each named with batch and dtype, repeatable: input_ids:1x128:int64.")
+@dynamic_axes_option("The batch is always dynamic.")
+@weights_option
+@trust_pickle_option
+@_export_option("--opset", type=int, default=VariantConfig.opset, show_default=True, help="ONNX opset (>= 17).")
+@_export_option("--rtol", type=float, default=VariantConfig.rtol, show_default=True,
+                help="Parity relative tolerance.")
+@_export_option("--atol", type=float, default=VariantConfig.atol, show_default=True,
+                help="Parity absolute tolerance.")
+@int8_option("OUT with suffix .int8.onnx (static QDQ by default).")
+@quant_target_option
+@quant_mode_option(VariantConfig.quant_mode)
+@_export_option("--allow-random-calibration", is_flag=True, help="Calibrate INT8 on random data (not advised).")
+@_export_option("--int8-keep-roundtrips", is_flag=True,
+                help="Keep ONNX Runtime's Q/DQ placement around ops the CPU runs in float (by default such nodes are "
+                     "left in float when that removes Q/DQ pairs; one more quantisation pass).")
+@fp16_option("OUT with suffix .fp16.onnx (fp32 inputs/outputs), checked against OUT at float16 tolerances.")
+@_export_option("--fp16-io", is_flag=True, help="With --fp16: float16 inputs and outputs instead.")
 @fixed_shapes_option
 @ort_options
 @image_options
 @common
 def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, ...], dynamic_axes: tuple[str, ...],
                weights: str | None, trust_pickle: bool, opset: int,
-               rtol: float, atol: float, int8: bool, quant_target: str, quant_mode: str,
+               rtol: float, atol: float, int8: bool, quant_target: str | None, quant_mode: str,
                allow_random_calibration: bool, int8_keep_roundtrips: bool, fp16: bool, fp16_io: bool,
                fixed_shapes: str | None, quiet: bool, as_json: bool, **grouped: Any) -> None:
     """Export MODEL to ONNX (dynamic batch), simplify, verify parity, optionally quantise to INT8 and write FP16."""
@@ -74,7 +88,8 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, .
                                "drop one of them")
     ort = ort_config(grouped)
     con = Console(quiet, as_json)
-    opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol, quant_target=quant_target,
+    opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol,
+                                       quant_target=quant_target_for(quant_target, ()),
                                        quant_mode=quant_mode, allow_random_calibration=allow_random_calibration,
                                        fixed_shapes=fixed_shapes_spec(fixed_shapes),
                                        drop_roundtrips=not int8_keep_roundtrips),

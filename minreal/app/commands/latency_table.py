@@ -5,42 +5,58 @@ budgets."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
+from minreal.app.cli_help import BENCHMARK, GroupedCommand, GroupedOption
+from minreal.app.cli_options import (
+    batch_option,
+    common,
+    data_option,
+    input_shape_option,
+    int8_option,
+    out_option,
+    weights_option,
+)
 from minreal.app.commands._shared import prepare_outputs
 from minreal.app.console import Console
-from minreal.app.options import common, known_providers, providers_option, split_ints
+from minreal.app.options import known_providers, providers_option, split_ints
 from minreal.facts import PROVIDERS
 
 __all__ = ["latency_table_cmd"]
 
 
-@click.command("latency-table")
+def _table_option(*decls: str, **kwargs: Any) -> Any:
+    """An option of latency-table alone, in the Benchmark section of ``--help``."""
+    return click.option(*decls, cls=GroupedOption, group=BENCHMARK, **kwargs)
+
+
+@click.command("latency-table", cls=GroupedCommand)
 @click.argument("model")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Destination JSON table.")
-@click.option("--kind", type=click.Choice(["rank", "width", "depth"]), default="rank", show_default=True,
-              help="rank: per-layer factorised pairs (factorize --layer-latency-ratio or --latency-ratio); width: "
-                   "the whole model with each channel group segment narrowed (--latency-ratio of the width "
-                   "methods); depth: the whole model with each residual block removed (depth --latency-ratio).")
-@click.option("--data", help="Data for the example input.")
-@click.option("--input-shape", help="Per-sample input shape, e.g. 3,224,224 (random example; no --data).")
-@click.option("--batch", type=int, default=1, show_default=True, help="Batch size the latencies are measured at.")
+@out_option("the JSON table.", required=True)
+@_table_option("--kind", type=click.Choice(["rank", "width", "depth"]), default="rank", show_default=True, brief=True,
+               help="rank: per-layer factorised pairs (factorize --layer-latency-ratio or --latency-ratio); width: "
+                    "the whole model with each channel group segment narrowed (--latency-ratio of the width "
+                    "methods); depth: the whole model with each residual block removed (depth --latency-ratio).")
+@data_option("Data for the example input.")
+@input_shape_option("", several=False)
+@batch_option("the latencies are measured at.", "1", several=False)
 @providers_option(f"The one provider to measure on: {', '.join(PROVIDERS)} (a table holds one provider's "
                   "latencies; run once per provider).")
-@click.option("--ranks-per-layer", type=int, default=6, show_default=True,
-              help="Ranks measured per layer (--kind rank).")
-@click.option("--width-multiple", type=click.IntRange(min=1), default=None,
-              help="Widths measured in steps of this many channels (--kind width); default the provider's fast "
-                   "multiple, as the width methods use it (cpu 16, GPU 8).")
-@click.option("--width-min", type=click.IntRange(min=0), default=None,
-              help="No width measured below this many channels (--kind width); default the provider's, as the width "
-                   "methods use it (cpu 16, GPU 0). A table serves allocations whose --width-min is at least its own.")
-@click.option("--int8", is_flag=True,
-              help="Time each variant's INT8 file (static QDQ in this CPU's format, calibrated on the example batch) "
-                   "for a model that will run in INT8 (--kind width or depth, cpu provider): int8 kernels favour other "
-                   "widths.")
-@click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
+@_table_option("--ranks-per-layer", type=int, default=6, show_default=True,
+               help="Ranks measured per layer (--kind rank).")
+@_table_option("--width-multiple", type=click.IntRange(min=1), default=None,
+               help="Widths measured in steps of this many channels (--kind width); default the provider's fast "
+                    "multiple, as the width methods use it (cpu 16, GPU 8).")
+@_table_option("--width-min", type=click.IntRange(min=0), default=None,
+               help="No width measured below this many channels (--kind width); default the provider's, as the "
+                    "width methods use it (cpu 16, GPU 0). A table serves allocations whose --width-min is at least "
+                    "its own.")
+@int8_option("time each variant's INT8 file (static QDQ in this CPU's format, calibrated on the example batch) "
+             "for a model that will run in INT8 (--kind width or depth, cpu provider): int8 kernels favour other "
+             "widths.")
+@weights_option
 @common
 def latency_table_cmd(model: str, out: str, kind: str, data: str | None, input_shape: str | None, batch: int,
                       providers: str, ranks_per_layer: int, width_multiple: int | None, width_min: int | None,

@@ -9,14 +9,15 @@ from typing import Any
 
 import click
 
+from minreal.app.cli_help import GroupedCommand
+from minreal.app.cli_options import common
 from minreal.app.console import Console, plain
-from minreal.app.options import common
 from minreal.facts import PROVIDERS
 
 __all__ = ["methods_cmd"]
 
 
-@click.command("methods")
+@click.command("methods", cls=GroupedCommand)
 @click.argument("name", required=False)
 @common
 def methods_cmd(name: str | None, quiet: bool, as_json: bool) -> None:

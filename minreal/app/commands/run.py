@@ -9,12 +9,22 @@ from typing import Any
 
 import click
 
+from minreal.app.cli_help import MethodCommand
+from minreal.app.cli_options import (
+    axis_values_decl,
+    common,
+    data_option,
+    dynamic_axes_option,
+    eval_data_option,
+    method_option,
+    plan_option,
+    trust_pickle_option,
+    weights_option,
+)
 from minreal.app.commands._shared import case_dynamic_axes, finish_run, input_files, load_inputs, refuse_torchrun
 from minreal.app.console import Console
 from minreal.app.options import (
-    MethodCommand,
     axis_values_option,
-    common,
     fixed_shapes_option,
     fixed_shapes_spec,
     image_options,
@@ -28,6 +38,7 @@ from minreal.app.options import (
     pipeline_options,
     provider_options,
     provider_settings,
+    qat_recovery_option,
     quant_target_for,
     recovery_config,
     recovery_options,
@@ -43,22 +54,14 @@ __all__ = ["run_cmd"]
 
 @click.command("run", cls=MethodCommand)
 @click.argument("model")
-@click.option("--method", "-m", "method", type=method_choice(), multiple=True,
-              help="Method(s) to compare, each with the method options given here; repeat for several.")
-@click.option("--plan", "plan", type=click.Path(dir_okay=False),
-              help="TOML plan file: [[variant]] tables, each a method or a chain (method = [\"fde\", \"factorize\"]) "
-                   "with its own options; combines with -m.")
-@click.option("--data", required=True, help="Calibration/training data.")
-@click.option("--eval-data", help="Held-out evaluation data (default: a split of --data).")
-@click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
-@click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
-@click.option("--dynamic-axes", "dynamic_axes", multiple=True,
-              help="Dynamic axes of one input, in order ('_' = fixed), repeatable: input_ids:batch,seq (an unnamed "
-                   "input is called 'input'). Axes whose length differs between --data and --eval-data are dynamic "
-                   "anyway.")
-@click.option("--axis-values", "axis_values", multiple=True,
-              help="Lengths a dynamic axis is timed at, repeatable: seq=32,128 (default: the held-out data's "
-                   "length and half of it).")
+@method_option(method_choice(), "to compare, repeat for several; each takes the method options given here.")
+@plan_option("its variants join the -m ones.")
+@data_option("Calibration/training data.", required=True)
+@eval_data_option
+@weights_option
+@trust_pickle_option
+@dynamic_axes_option("Axes whose length differs between --data and --eval-data are dynamic anyway.")
+@axis_values_decl("Default: the held-out data's length and half of it.")
 @mismatch_option
 @pipeline_options
 @provider_options
@@ -67,6 +70,7 @@ __all__ = ["run_cmd"]
 @skip_unavailable_option
 @image_options
 @recovery_options
+@qat_recovery_option
 @method_options
 @common
 def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, eval_data: str | None,

@@ -10,6 +10,26 @@ from typing import Any
 
 import click
 
+from minreal.app.cli_help import BENCHMARK, CRITERIA, OUTPUT, RECOVERY, SEARCH, GroupedCommand, GroupedOption
+from minreal.app.cli_options import (
+    batch_option,
+    common,
+    data_option,
+    dynamic_axes_option,
+    eval_data_option,
+    max_accuracy_drop_option,
+    max_size_option,
+    method_option,
+    min_agreement_option,
+    min_seconds_option,
+    no_int8_option,
+    out_option,
+    overwrite_option,
+    plan_option,
+    repeats_option,
+    trust_pickle_option,
+    weights_option,
+)
 from minreal.app.commands._shared import (
     case_dynamic_axes,
     input_files,
@@ -19,7 +39,6 @@ from minreal.app.commands._shared import (
 )
 from minreal.app.console import Console
 from minreal.app.options import (
-    common,
     image_options,
     image_preprocess,
     method_choice,
@@ -37,72 +56,70 @@ from minreal.app.options import (
 
 __all__ = ["tune_cmd"]
 
+EXECUTOR = "Executor (where candidates run)"
 
-@click.command("tune")
+
+def _tune_option(*decls: str, group: str = SEARCH, **kwargs: Any) -> Any:
+    """An option of tune alone, in its ``--help`` section (``group``)."""
+    return click.option(*decls, cls=GroupedOption, group=group, **kwargs)
+
+
+@click.command("tune", cls=GroupedCommand)
 @click.argument("model")
-@click.option("--data", required=True, help="Calibration/training data (methods and recovery see only this).")
-@click.option("--eval-data", help="Held-out data every candidate is judged on (default: a split of --data).")
-@click.option("--weights", help="Local weights file (state dict) for a torchvision name or factory.")
-@click.option("--trust-pickle", is_flag=True, help="Allow loading a pickled full nn.Module (unsafe).")
-@click.option("--out", default="runs/tune", show_default=True, type=click.Path(file_okay=False),
-              help="Tune directory (must not exist unless --overwrite).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing run or tune directory.")
+@data_option("Calibration/training data (methods and recovery see only this).", required=True)
+@eval_data_option
+@weights_option
+@trust_pickle_option
+@out_option("the tune directory.", "runs/tune", directory=True)
+@overwrite_option
 @providers_option()
-@click.option("--batch", default="1", show_default=True,
-              help="Comma-separated batch sizes; the first (provider, batch) decides the choice.")
-@click.option("--max-accuracy-drop", type=float, metavar="PP",
-              help="Largest allowed accuracy drop vs the original, in percentage points (0.5 = half a point), as in "
-                   "`minreal check`.")
-@click.option("--min-agreement", type=float, metavar="FRACTION",
-              help="Lowest allowed top-1 agreement with the original (0-1), as in `minreal check`.")
-@click.option("--max-mse-increase", type=float, metavar="VALUE", help="Largest allowed MSE increase (regressors).")
-@click.option("--max-size", "max_size_kb", type=click.FloatRange(min=0, min_open=True), metavar="KB",
-              help="Largest deployable file in KB (KiB, 1024 bytes; on disk, with external data): a constraint "
-                   "beside the quality one, on every file including the original's (with --format onnx,ort, on its "
-                   ".ort file too).")
-@click.option("--objective", type=click.Choice(["latency", "size"]), default="latency", show_default=True,
+@batch_option("to time; the first (provider, batch) decides the choice.", "1")
+@max_accuracy_drop_option
+@min_agreement_option
+@_tune_option("--max-mse-increase", type=float, metavar="VALUE", group=CRITERIA,
+              help="Largest allowed MSE increase against the original (regressors).")
+@max_size_option("a constraint beside the quality one, on every deployable file including the original's.")
+@_tune_option("--objective", type=click.Choice(["latency", "size"]), default="latency", show_default=True,
               help="What the chosen model minimises among those that meet the constraint.")
-@click.option("--time-budget", metavar="DURATION",
+@_tune_option("--time-budget", metavar="DURATION",
               help="Start no candidate after this (e.g. 90s, 20m); checked before every one.")
-@click.option("--stats-samples", type=click.IntRange(min=0), default=1024, show_default=True, metavar="N",
+@_tune_option("--stats-samples", type=click.IntRange(min=0), default=1024, show_default=True, metavar="N",
               help="Calibration samples the methods' statistics see (a seeded subsample; 0: all). Recovery and the "
                    "judgement use all the data.")
-@click.option("--dry-run", is_flag=True,
+@_tune_option("--dry-run", is_flag=True, group=OUTPUT,
               help="Print the search plan and its estimated time (from a short probe of the model) and stop.")
-@click.option("--method", "-m", "method", type=method_choice("mac_ratio"), multiple=True,
-              help="A method to search, repeat for several, as in `run`: one with a MAC budget (default: all of "
-                   "them, or none when --plan is given; others, e.g. a chain, go in a plan file).")
-@click.option("--plan", type=click.Path(dir_okay=False),
-              help="TOML plan file whose variants (e.g. chains: width then factorise) are candidates as they are.")
-@click.option("--grid", help="Comma-separated MAC ratios to search (default 0.9,0.8,...,0.2).")
-@click.option("--recover-epochs", type=click.IntRange(min=0), default=0, show_default=True,
+@method_option(method_choice("mac_ratio"), "to search, repeat for several: one with a MAC budget "
+               "(default: all of them, or none when --plan is given; others, e.g. a chain, go in a plan file).")
+@plan_option("its variants are candidates as they are.")
+@_tune_option("--grid", metavar="R,R...", help="Comma-separated MAC ratios to search (default 0.9,0.8,...,0.2).")
+@_tune_option("--recover-epochs-max", "recover_epochs", type=click.IntRange(min=0), default=0, show_default=True,
+              metavar="N", group=RECOVERY,
               help="Recovery cap: every method is bisected without recovery, then the budgets just below each "
-                   "boundary race with up to this many epochs (successive halving: 1/9, 1/3, all of it).")
-@click.option("--no-int8", is_flag=True, help="fp32 candidates only (the original's INT8 is then no baseline).")
-@click.option("--no-qat", is_flag=True, help="No quantisation-aware recovery candidates.")
+                   "boundary race with up to this many epochs of recovery (successive halving: 1/9, 1/3, all of it).")
+@no_int8_option("fp32 candidates only (the original's INT8 is then no baseline).")
+@_tune_option("--no-qat", is_flag=True, group=RECOVERY, help="No quantisation-aware recovery candidates.")
 @quant_target_option
 @ort_options
-@click.option("--screen-seconds", type=click.FloatRange(min=0), default=None,
+@_tune_option("--screen-seconds", type=click.FloatRange(min=0), default=None, metavar="S", group=BENCHMARK,
               help="Timing window per model of the screening pass (short protocol, one process).")
-@click.option("--min-seconds", type=click.FloatRange(min=0), default=None,
-              help="Timing window per model of the confirmation (release protocol).")
-@click.option("--repeats", type=click.IntRange(min=1), default=None,
-              help="Fresh processes per (provider, batch) in the confirmation.")
-@click.option("--cache-dir", type=click.Path(file_okay=False),
+@min_seconds_option("of the confirmation (release protocol).")
+@repeats_option("in the confirmation.")
+@_tune_option("--cache-dir", type=click.Path(file_okay=False), group=EXECUTOR,
               help="Candidate cache (default: $XDG_CACHE_HOME/minreal/tune or ~/.cache/minreal/tune). With "
                    "--executor ray it must be shared storage every node mounts at the same path.")
-@click.option("--workers", type=click.IntRange(min=0), default=1, show_default=True,
+@_tune_option("--workers", type=click.IntRange(min=0), default=1, show_default=True, group=EXECUTOR,
               help="Local worker processes evaluating candidates (--executor local); 0 evaluates them in this "
                    "process.")
-@click.option("--executor", "executor_kind", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+@_tune_option("--executor", "executor_kind", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              group=EXECUTOR,
               help="Where candidates run: local processes, or Ray tasks on a cluster (pip install 'minreal[ray]'; "
                    "minreal on every node; --cache-dir and relative input paths on shared storage).")
-@click.option("--address", help="Ray cluster to join with --executor ray: auto (default) or the head's HOST:PORT.")
-@click.option("--bench-resource", metavar="NAME",
+@_tune_option("--address", group=EXECUTOR,
+              help="Ray cluster to join with --executor ray: auto (default) or the head's HOST:PORT.")
+@_tune_option("--bench-resource", metavar="NAME", group=EXECUTOR,
               help="Ray custom resource of the target-hardware nodes: benchmarks run only on such a node, started "
                    "with `ray start --resources '{\"NAME\": 1}'` (default minreal_bench; --executor ray).")
-@click.option("--dynamic-axes", "dynamic_axes", multiple=True,
-              help="Dynamic axes of one input, in order ('_' = fixed), repeatable: input_ids:batch,seq.")
+@dynamic_axes_option()
 @image_options
 @mismatch_option
 @common
