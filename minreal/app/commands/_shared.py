@@ -95,17 +95,27 @@ def refuse_torchrun(command: str) -> None:
                                f"`minreal {command}` in one process; tune scales out with --executor ray")
 
 
-def finish_run(con: Console, report: Any, out: str) -> None:
-    """Show a run directory's report: the compact table, recovery and INT8 tables, each case's warnings."""
+def finish_run(con: Console, report: Any, out: str, digest: bool = False) -> None:
+    """Show a run directory's report: the compact table, recovery and INT8 tables, each case's warnings (in full;
+    with ``digest``, grouped per case and kind, then one line per case saying what won and why)."""
+    from minreal.app.digest import WarningDigest, winner_lines
     from minreal.app.report import format_compact, format_int8, format_recovery, ort_fp16_note, ort_line
 
     con.table(format_compact(report))
     for table in (format_recovery(report), format_int8(report)):
         if table:
             con.table("\n" + table)
-    for case in report.cases:
-        for w in case.warnings:
-            click.echo(f"WARNING [{case.name}] {w}", err=True)
+    if not digest:
+        for case in report.cases:
+            for w in case.warnings:
+                click.echo(f"WARNING [{case.name}] {w}", err=True)
+    else:
+        warnings = WarningDigest()
+        for case in report.cases:
+            warnings.add(case.name, case.warnings)
+        for line in warnings.lines():
+            click.echo(line, err=True)
+        con.table("\n" + "\n".join(winner_lines(report)))
     for line in filter(None, [*map(ort_line, report.cases), ort_fp16_note(report)]):
         con.table("\n" + line)
     con.table(f"\nrun directory: {out} (full table in report.md; report.json, plot.png, ONNX files per case)")

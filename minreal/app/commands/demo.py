@@ -45,4 +45,4 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
             raise click.BadParameter(str(exc), param_hint="--only") from None
         cfg = PipelineConfig() if full else DEMO_PIPELINE
         report = fill_run_dir(cases, claim, replace(cfg), con.progress)
-    finish_run(con, report, out)
+    finish_run(con, report, out, digest=True)

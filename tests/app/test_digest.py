@@ -1,0 +1,68 @@
+"""The console's end-of-run digest: warnings grouped per case and kind with exact counts, one winner line per case,
+every warning in full in report.md."""
+
+from minreal.app.digest import WarningDigest, verdict_text, winner_lines
+from minreal.app.report import case_verdict, render_markdown
+
+
+def _slow(model: str, batch: str) -> str:
+    return f"INT8 model slower than its fp32 source: {model}.int8 2 ms vs {model} 1 ms (cpu, batch {batch})"
+
+
+def test_warnings_are_counted_per_case_and_kind() -> None:
+    digest = WarningDigest()
+    digest.add("mlp", [_slow("svd", "1"), _slow("svd", "32"), _slow("original", "1"),
+                       "compressed model not faster than the original: svd 1 ms vs original 1 ms (cpu, batch 32)"])
+    digest.add("cnn", [_slow("svd", "1")])
+    digest.add("ssm", [_slow("ssm", "32 seq=64") + " (likely cause: 3 node(s) run in float (BatchNormalization 2))",
+                       _slow("ssm", "1 seq=32"), "no FP16 copy of ssm: parity failed"])
+    assert digest.count("mlp", "INT8 model slower than its fp32 source") == 3
+    assert digest.count("mlp", "compressed model not faster than the original") == 1
+    assert digest.count("cnn", "INT8 model slower than its fp32 source") == 1
+    assert digest.count("cnn", "compressed model not faster than the original") == 0
+    assert digest.lines() == [
+        "WARNING mlp: INT8 model slower than its fp32 source (3×, at batch 1 and 32; details in report.md)",
+        "WARNING mlp: compressed model not faster than the original (1×, at batch 32; details in report.md)",
+        "WARNING cnn: INT8 model slower than its fp32 source (1×, at batch 1; details in report.md)",
+        "WARNING ssm: INT8 model slower than its fp32 source (2×, at batch 1 seq=32 and 32 seq=64; details in "
+        "report.md)",
+        "WARNING ssm: no FP16 copy of ssm (1×; details in report.md)"]
+
+
+def _case(p50: dict[str, tuple[float, float]], accuracy: dict[str, float], warnings: tuple[str, ...] = ()) -> dict:
+    """A case whose models have p50 latencies (batch 1, batch 32) on cpu and held-out accuracies."""
+    latency = [{"model": m, "provider": "cpu", "batch_size": b, "stats": {"p50_ms": ms, "p90_ms": ms, "p99_ms": ms,
+                                                                          "throughput_sps": b / ms}}
+               for m, pair in p50.items() for b, ms in zip((1, 32), pair)]
+    variants = [{"label": m, "method": m, "params": 10, "macs": 100, "onnx_bytes": 2048, "compression": None,
+                 "quantization": None, "tensorrt_readiness": None} for m in p50]
+    return {"name": "net", "bench": {"metrics": [{"model": m, "accuracy": a} for m, a in accuracy.items()],
+                                     "latency": latency, "ratios": []},
+            "variants": variants, "warnings": list(warnings), "notes": []}
+
+
+def test_a_compressed_winner_is_named_with_its_mean_speed_ups() -> None:
+    case = _case({"original": (4.0, 80.0), "original.int8": (2.0, 40.0), "svd": (1.0, 40.0), "tiny": (0.5, 10.0)},
+                 {"original": 0.90, "original.int8": 0.90, "svd": 0.895, "tiny": 0.80})
+    # svd: 4× and 2× the original fp32 (mean 3×), 2× and 1× original.int8 (mean 1.5×); tiny is 10 points down
+    assert winner_lines({"cases": [case]}) == [
+        "net: svd won (accuracy -0.50 pp): 3.00× faster than the original fp32, 1.50× than original.int8 (mean p50, "
+        "cpu)"]
+
+
+def test_an_original_winner_says_what_kept_the_compressed_models_out() -> None:
+    too_lossy = _case({"original": (4.0, 80.0), "svd": (1.0, 20.0)}, {"original": 0.90, "svd": 0.85})
+    assert verdict_text(case_verdict(too_lossy)) == (
+        "net: original won; the fastest compressed model, svd (0.25× the original's p50 latency), costs accuracy "
+        "-5.00 pp, past 1 pp")
+    too_slow = _case({"original": (4.0, 80.0), "svd": (5.0, 120.0)}, {"original": 0.90, "svd": 0.90})
+    assert verdict_text(case_verdict(too_slow)) == (
+        "net: original won; the fastest compressed model within 1 pp, svd (accuracy +0.00 pp), is not faster: "
+        "1.38× the original's p50 latency")
+
+
+def test_report_md_keeps_every_warning_in_full() -> None:
+    warnings = tuple(_slow(f"m{i}", "1") for i in range(3))
+    case = _case({"original": (4.0, 80.0)}, {"original": 0.9}, warnings)
+    text = render_markdown({"created_utc": "now", "config": {"providers": ["cpu"]}, "cases": [case]})
+    assert all(text.count(f"- {w}") == 1 for w in warnings)
