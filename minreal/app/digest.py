@@ -77,7 +77,7 @@ def verdict_text(v: CaseVerdict) -> str:
         return f"{head}; no compressed model was timed"
     if v.rival_within:
         return (f"{head}; the fastest compressed model within {budget}, {v.rival} ({v.rival_cost}), is not faster: "
-                f"{v.rival_ratio:.2f}× the original's p50 latency")
+                f"{v.rival_vs_best:.2f}× the p50 latency of {v.best}")
     return (f"{head}; the fastest compressed model, {v.rival} ({v.rival_ratio:.2f}× the original's p50 latency), "
             f"costs {v.rival_cost}, past {budget}")
 

@@ -160,6 +160,7 @@ class CaseVerdict(NamedTuple):
     rival_cost: str
     rival_within: bool
     rival_ratio: float  # its mean latency ratio to the original fp32 across the cells
+    rival_vs_best: float  # its mean latency ratio to ``best`` (1.0 without a best)
 
 
 def case_verdict(case: Any) -> CaseVerdict | None:
@@ -176,8 +177,8 @@ def case_verdict(case: Any) -> CaseVerdict | None:
     timed = [m for m in metrics if all((m, c) in p50 for c in cells)]
     measured = any(cost != "quality not measured" for _, cost in ok.values())
 
-    def ratio(m: str) -> float:  # mean latency ratio to the original fp32 across the cells
-        return sum(p50[(m, c)] / p50[("original", c)] for c in cells) / len(cells)
+    def ratio(m: str, to: str = "original") -> float:  # mean latency ratio across the cells
+        return sum(p50[(m, c)] / p50[(to, c)] for c in cells) / len(cells)
 
     fit = [m for m in timed if ok[m][0] or not measured]
     best = min(fit, key=ratio, default=None)
@@ -191,7 +192,8 @@ def case_verdict(case: Any) -> CaseVerdict | None:
                        "" if best is None else ok[best][1] if measured else
                        "quality not measured: the fastest model overall", measured, speedups, low, rival,
                        "" if rival is None else ok[rival][1], rival is not None and ok[rival][0],
-                       1.0 if rival is None else ratio(rival))
+                       1.0 if rival is None else ratio(rival),
+                       1.0 if rival is None or best is None else ratio(rival, best))
 
 
 def verdict_lines(report: Any) -> list[str]:

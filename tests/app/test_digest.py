@@ -1,5 +1,5 @@
 """The console's end-of-run digest: warnings grouped per case and kind with exact counts, one winner line per case,
-every warning in full in report.md."""
+every warning in full in report.md, a library warning repeated word for word shown once."""
 
 from minreal.app.digest import WarningDigest, verdict_text, winner_lines
 from minreal.app.report import case_verdict, render_markdown
@@ -58,7 +58,13 @@ def test_an_original_winner_says_what_kept_the_compressed_models_out() -> None:
     too_slow = _case({"original": (4.0, 80.0), "svd": (5.0, 120.0)}, {"original": 0.90, "svd": 0.90})
     assert verdict_text(case_verdict(too_slow)) == (
         "net: original won; the fastest compressed model within 1 pp, svd (accuracy +0.00 pp), is not faster: "
-        "1.38× the original's p50 latency")
+        "1.38× the p50 latency of original")
+    # faster than the original fp32 (2/4 and 40/80) but not than its INT8 file (2/1 and 40/20): 2× the winner's
+    beaten_by_int8 = _case({"original": (4.0, 80.0), "original.int8": (1.0, 20.0), "svd": (2.0, 40.0)},
+                           {"original": 0.90, "original.int8": 0.90, "svd": 0.90})
+    assert verdict_text(case_verdict(beaten_by_int8)) == (
+        "net: original.int8 won; the fastest compressed model within 1 pp, svd (accuracy +0.00 pp), is not faster: "
+        "2.00× the p50 latency of original.int8")
 
 
 def test_report_md_keeps_every_warning_in_full() -> None:
@@ -66,3 +72,20 @@ def test_report_md_keeps_every_warning_in_full() -> None:
     case = _case({"original": (4.0, 80.0)}, {"original": 0.9}, warnings)
     text = render_markdown({"created_utc": "now", "config": {"providers": ["cpu"]}, "cases": [case]})
     assert all(text.count(f"- {w}") == 1 for w in warnings)
+
+
+def test_a_repeated_log_warning_is_shown_once_and_counted() -> None:
+    import logging
+
+    from minreal.app.console import RepeatFilter
+
+    def record(name: str, msg: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, msg, args, None)
+
+    repeats = RepeatFilter()
+    shown = [repeats.filter(record("minreal.export.quantize", "pre-processing failed: %s", "shape inference"))
+             for _ in range(3)]
+    shown.append(repeats.filter(record("minreal.export.quantize", "pre-processing failed: %s", "another cause")))
+    shown.append(repeats.filter(record("minreal.compress", "pre-processing failed: %s", "shape inference")))
+    assert shown == [True, False, False, True, True]
+    assert repeats.seen[("minreal.export.quantize", "pre-processing failed: shape inference")] == 3
