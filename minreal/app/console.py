@@ -16,7 +16,7 @@ import click
 
 from minreal.facts import DETAIL_KEY, PROGRESS_KEY  # compress and runtime_bench log with this key
 
-__all__ = ["LIBRARY_LOGGERS", "Console", "ProgressBars", "plain", "setup_logging"]
+__all__ = ["LIBRARY_LOGGERS", "Console", "ProgressBars", "RepeatFilter", "plain", "setup_logging"]
 
 LIBRARY_LOGGERS = ("minreal.compress", "minreal.runtime_bench", "minreal.export")
 
@@ -119,9 +119,26 @@ def plain(obj: Any) -> Any:
     return to_jsonable(asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj)
 
 
+class RepeatFilter(logging.Filter):
+    """Lets a record through the first time its logger says its text; repeats (the same step failing the same way
+    on every file of a run) are counted in :attr:`seen`, not shown again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[tuple[str, str], int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.getMessage())
+        self.seen[key] = self.seen.get(key, 0) + 1
+        return self.seen[key] == 1
+
+
 def setup_logging() -> None:
-    """Warnings on stderr as ``LEVEL logger: message``; the library's INFO records reach only the progress bars."""
+    """Warnings on stderr as ``LEVEL logger: message``, each text once per logger (:class:`RepeatFilter`); the
+    library's INFO records reach only the progress bars."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         if not isinstance(handler, ProgressBars):
             handler.setLevel(logging.WARNING)  # library INFO records reach only the progress bars
+        if type(handler) is logging.StreamHandler and not any(isinstance(f, RepeatFilter) for f in handler.filters):
+            handler.addFilter(RepeatFilter())  # the console's own handler, not a test's capturing subclass
