@@ -28,19 +28,21 @@ class ProgressBars(logging.Handler):
 
     LINE_EVERY_S = 10.0
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, brief: bool = False) -> None:
         super().__init__(logging.INFO)
         self.bars: dict[str, Any] = {}
         self.clock = clock
+        self.brief = brief  # bars only where stderr is a terminal, and no detail lines (an epoch's losses)
         self.lines: dict[str, tuple[float, float, int]] = {}  # task -> (started, last line, done)
 
     def emit(self, record: logging.LogRecord) -> None:
         info = getattr(record, PROGRESS_KEY, None)
         if info is None:
             return
-        detail = getattr(record, DETAIL_KEY, "")
+        detail = "" if self.brief else getattr(record, DETAIL_KEY, "")
         if not sys.stderr.isatty():
-            self._line(*info, detail)
+            if not self.brief:
+                self._line(*info, detail)
             return
         from tqdm import tqdm
 
@@ -83,16 +85,17 @@ class ProgressBars(logging.Handler):
 
 
 class Console:
-    """Where the CLI talks: progress and tables on stderr/stdout, or one JSON document with ``--json``."""
+    """Where the CLI talks: progress and tables on stderr/stdout, or one JSON document with ``--json``. A ``brief``
+    console (the demo's) shows the library's progress as bars on a terminal only, without detail lines."""
 
-    def __init__(self, quiet: bool, as_json: bool) -> None:
+    def __init__(self, quiet: bool, as_json: bool, brief: bool = False) -> None:
         self.quiet, self.as_json = quiet, as_json
         root = logging.getLogger()
         for old in [h for h in root.handlers if isinstance(h, ProgressBars)]:
             root.removeHandler(old)
             old.close()
         if not quiet:
-            root.addHandler(ProgressBars())
+            root.addHandler(ProgressBars(brief=brief))
             for name in LIBRARY_LOGGERS:
                 logging.getLogger(name).setLevel(logging.INFO)
 

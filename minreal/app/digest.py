@@ -5,13 +5,17 @@ case's warnings grouped by kind with a count, one line per group; every warning 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from minreal.app.report import VERDICT_MAX_DROP_PP, CaseVerdict, case_verdict
 
-__all__ = ["WarningDigest", "verdict_text", "winner_lines", "warning_kind"]
+__all__ = ["CaseProgress", "SCREEN_LINES", "WarningDigest", "verdict_models", "verdict_text", "winner_lines",
+           "warning_kind"]
+
+SCREEN_LINES = 50
+"""What a brief console (the demo's) aims to fit its end-of-run output in: one screen."""
 
 #: The timed cell a slowdown warning names: "(cpu, batch 1)", "(cpu, batch 1 seq=32)".
 _CELL = re.compile(r"\([^(),]+, batch (\d+)((?: [^()]+)?)\)")
@@ -86,3 +90,27 @@ def winner_lines(report: Any) -> list[str]:
     """:func:`verdict_text` of every case of a run report (an object or its JSON) that has a timed original."""
     cases = report["cases"] if isinstance(report, dict) else report.cases
     return [verdict_text(v) for v in filter(None, map(case_verdict, cases))]
+
+
+def verdict_models(report: Any) -> set[tuple[str, str]]:
+    """The (case, model) pairs the verdicts name: the original, its low-precision file, the winner and the fastest
+    compressed rival."""
+    cases = report["cases"] if isinstance(report, dict) else report.cases
+    return {(v.case, m) for v in filter(None, map(case_verdict, cases))
+            for m in ("original", v.low, v.best, v.rival) if m is not None}
+
+
+@dataclass
+class CaseProgress:
+    """A pipeline progress callback for a brief console: one line as each case starts (the pipeline's messages
+    begin ``[case]``), none for its steps or for the benchmark's processes."""
+
+    say: Callable[[str], None]
+    total: int
+    started: list[str] = field(default_factory=list)
+
+    def __call__(self, message: str) -> None:
+        case = re.match(r"\[([^\]]+)\] ", message)
+        if case and case[1] not in self.started:
+            self.started.append(case[1])
+            self.say(f"{case[1]} ({len(self.started)}/{self.total}): compressing, exporting, quantising, timing")

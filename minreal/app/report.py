@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from minreal.app.plots import plot_accuracy_latency  # re-exported: the run's plot.png
@@ -109,24 +109,31 @@ def format_summary(report: Any) -> str:
     return _text_table(SUMMARY_HEADERS, summary_rows(report))
 
 
-def format_compact(report: Any) -> str:
+def format_compact(report: Any, keep: Callable[[str, str], bool] | None = None) -> str:
     """One line per (case, model): params, MAC ratio, file size, p50 latency and its ratio per batch size on
-    the first provider, accuracy or MSE, agreement. The full table is in report.md."""
+    the first provider, accuracy or MSE, agreement; only the (case, model) pairs ``keep`` accepts when given. Cases
+    timed at different cells (batch sizes, or shapes of a dynamic axis) get a table each. The full table is in
+    report.md."""
     full = summary_rows(report)
     first_provider = full[0][6] if full else "cpu"
-    batches = sorted({r[7] for r in full if r[6] == first_provider}, key=_cell_order)
-    headers = ("case", "model", "params", "MAC ratio", "KB",
-               *(h for b in batches for h in (f"p50 ms b{b}", f"ratio b{b}")), "accuracy", "MSE", "agreement")
     grouped: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
     for r in full:
-        if r[6] == first_provider:
+        if r[6] == first_provider and (keep is None or keep(r[0], r[1])):
             grouped.setdefault((r[0], r[1]), {})[r[7]] = r
-    rows = []
+    cells_of: dict[str, set[str]] = {}
+    for (case, _), by_batch in grouped.items():
+        cells_of.setdefault(case, set()).update(by_batch)
+    tables: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
     for (case, model), by_batch in grouped.items():
+        batches = tuple(sorted(cells_of[case], key=_cell_order))
         any_row = next(iter(by_batch.values()))
         cells = [c for b in batches for c in ((by_batch[b][8], by_batch[b][12]) if b in by_batch else ("-", "-"))]
-        rows.append((case, model, any_row[2], any_row[4], any_row[5], *cells, *any_row[13:16]))
-    return f"provider {first_provider}\n" + _text_table(headers, rows)
+        tables.setdefault(batches, []).append((case, model, any_row[2], any_row[4], any_row[5], *cells,
+                                               *any_row[13:16]))
+    texts = [_text_table(("case", "model", "params", "MAC ratio", "KB",
+                          *(h for b in batches for h in (f"p50 ms b{b}", f"ratio b{b}")), "accuracy", "MSE",
+                          "agreement"), rows) for batches, rows in tables.items()]
+    return f"provider {first_provider}\n" + "\n\n".join(texts or [_text_table(("case", "model"), [])])
 
 
 def _within_budget(m: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[bool, str]:

@@ -89,3 +89,45 @@ def test_a_repeated_log_warning_is_shown_once_and_counted() -> None:
     shown.append(repeats.filter(record("minreal.compress", "pre-processing failed: %s", "shape inference")))
     assert shown == [True, False, False, True, True]
     assert repeats.seen[("minreal.export.quantize", "pre-processing failed: shape inference")] == 3
+
+
+def test_brief_progress_says_one_line_per_case() -> None:
+    from minreal.app.digest import CaseProgress
+
+    said: list[str] = []
+    progress = CaseProgress(said.append, 2)
+    for message in ("[mlp] exporting original", "[mlp] compressing with svd (svd-0.5)", "timing cpu batch 1",
+                    "[cnn] exporting original", "[cnn] 3 warning(s), listed with the results"):
+        progress(message)
+    assert said == ["mlp (1/2): compressing, exporting, quantising, timing",
+                    "cnn (2/2): compressing, exporting, quantising, timing"]
+
+
+def test_the_short_table_keeps_the_models_the_verdicts_name() -> None:
+    from minreal.app.digest import verdict_models
+    from minreal.app.report import format_compact
+
+    case = _case({"original": (4.0, 80.0), "original.int8": (2.0, 40.0), "svd": (1.0, 40.0), "tiny": (0.5, 10.0),
+                  "tiny.int8": (0.4, 8.0)},
+                 {"original": 0.90, "original.int8": 0.90, "svd": 0.895, "tiny": 0.80, "tiny.int8": 0.80})
+    report = {"cases": [case]}
+    names = verdict_models(report)
+    assert names == {("net", "original"), ("net", "original.int8"), ("net", "svd")}  # svd wins and is the rival
+    rows = format_compact(report, keep=lambda c, m: (c, m) in names).splitlines()[3:]
+    assert [r.split()[1] for r in rows] == ["original", "original.int8", "svd"]
+
+
+def test_cases_timed_at_different_cells_get_a_table_each() -> None:
+    from minreal.app.report import format_compact
+
+    flat = _case({"original": (4.0, 80.0), "svd": (2.0, 40.0)}, {"original": 0.9, "svd": 0.9})
+    seq = _case({"original": (4.0, 80.0)}, {"original": 0.9})
+    seq["name"] = "ssm"
+    for row in seq["bench"]["latency"]:
+        row["shape"] = "seq=32"
+    lines = format_compact({"cases": [flat, seq]}).splitlines()
+    headers = [line for line in lines if line.split()[:2] == ["case", "model"]]
+    assert len(headers) == 2 and "ratio b32" in headers[0] and "seq=32" not in headers[0]
+    assert headers[1].split().count("seq=32") == 4  # p50 and ratio at b1 seq=32 and b32 seq=32, nothing else
+    assert "ratio b32 seq=32" in headers[1] and "b32 " not in headers[1].replace("b32 seq=32", "")
+    assert sum(line.split()[:1] in (["net"], ["ssm"]) for line in lines) == 3
