@@ -1,6 +1,8 @@
 """The console's end-of-run digest: warnings grouped per case and kind with exact counts, one winner line per case,
 every warning in full in report.md, a library warning repeated word for word shown once."""
 
+import pytest
+
 from minreal.app.digest import WarningDigest, verdict_text, winner_lines
 from minreal.app.report import case_verdict, render_markdown
 
@@ -131,3 +133,32 @@ def test_cases_timed_at_different_cells_get_a_table_each() -> None:
     assert headers[1].split().count("seq=32") == 4  # p50 and ratio at b1 seq=32 and b32 seq=32, nothing else
     assert "ratio b32 seq=32" in headers[1] and "b32 " not in headers[1].replace("b32 seq=32", "")
     assert sum(line.split()[:1] in (["net"], ["ssm"]) for line in lines) == 3
+
+
+def test_a_demo_with_many_models_ends_within_a_screen(capsys: pytest.CaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from minreal.app.commands._shared import finish_run
+    from minreal.app.console import Console
+    from minreal.app.digest import SCREEN_LINES
+
+    models = ["original", "original.int8", *(f"m{i}" for i in range(6)), *(f"m{i}.int8" for i in range(6))]
+    cases = []
+    for k in range(5):
+        case = _case({m: (4.0 - 0.1 * i, 80.0 - i) for i, m in enumerate(models)}, dict.fromkeys(models, 0.9),
+                     tuple(_slow(m, "1") for m in models[1:]))
+        case["name"] = f"net{k}"
+        cases.append(SimpleNamespace(**case, ort_config=None))
+    report = SimpleNamespace(cases=cases, config={"providers": ["cpu"]}, created_utc="now")
+    finish_run(Console(quiet=True, as_json=False), report, "runs/demo", digest=True)
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) + len(err.splitlines()) + 1 + len(cases) <= SCREEN_LINES  # + the progress lines
+    assert err.splitlines() == [f"WARNING net{k}: INT8 model slower than its fp32 source (13×, at batch 1; details "
+                                "in report.md)" for k in range(5)]
+    # 14 models a case would not fit: the original, its INT8 and the winner (the fastest, m5.int8, also the rival)
+    rows = [line.split()[:2] for line in out.splitlines() if line.split()[:1] in ([c.name] for c in cases)]
+    assert rows == [[f"net{k}", m] for k in range(5) for m in ("original", "original.int8", "m5.int8")]
+    # m5.int8 at (2.7, 67) ms: (4.0/2.7 + 80/67)/2 = 1.338 over the original, (3.9/2.7 + 79/67)/2 = 1.312 over its INT8
+    assert [line for line in out.splitlines() if line.startswith("net0:")] == [
+        "net0: m5.int8 won (accuracy +0.00 pp): 1.34× faster than the original fp32, 1.31× than original.int8 (mean "
+        "p50, cpu)"]
