@@ -61,28 +61,31 @@ def _cells_text(warnings: list[str]) -> str:
     return f", at batch {listed}"
 
 
-def _mean(values: Iterable[float | None]) -> float | None:
-    got = [v for v in values if v is not None]
-    return sum(got) / len(got) if got else None
+def _per_cell(speedups: Iterable[float | None]) -> str:
+    """``0.87×/1.53×``: one speed-up per timed cell."""
+    return "/".join(f"{s:.2f}×" for s in speedups)
 
 
 def verdict_text(v: CaseVerdict) -> str:
     """One console line: which model won the case (fastest within :data:`VERDICT_MAX_DROP_PP` of the original's
-    quality) and why: its mean p50 speed-ups over the timed cells, or what kept each compressed model out."""
+    quality) and why: its p50 speed-up at each timed cell, or what kept each compressed model out."""
     budget = f"{VERDICT_MAX_DROP_PP:g} pp"
     if v.best is None:
         return f"{v.case}: no model is within {budget} of the original's held-out quality"
     if not v.best.startswith("original"):
-        fp32, low = _mean(s for _, s, _ in v.speedups), _mean(s for _, _, s in v.speedups)
-        versus = f"{fp32:.2f}× faster than the original fp32" + (f", {low:.2f}× than {v.low}" if low else "")
-        return f"{v.case}: {v.best} won ({v.cost}): {versus} (mean p50, {v.provider})"
+        cells = "/".join(c for c, _, _ in v.speedups)
+        versus = f"{_per_cell(s for _, s, _ in v.speedups)} the original fp32's speed"
+        if all(s is not None for _, _, s in v.speedups):
+            versus += f", {_per_cell(s for _, _, s in v.speedups)} {v.low}'s"
+        return f"{v.case}: {v.best} won ({v.cost}): {versus} (batch {cells}, p50, {v.provider})"
     head = f"{v.case}: {v.best} won"
     if v.rival is None:
         return f"{head}; no compressed model was timed"
     if v.rival_within:
         return (f"{head}; the fastest compressed model within {budget}, {v.rival} ({v.rival_cost}), is not faster: "
-                f"{v.rival_vs_best:.2f}× the p50 latency of {v.best}")
-    return (f"{head}; the fastest compressed model, {v.rival} ({v.rival_ratio:.2f}× the original's p50 latency), "
+                f"on average {v.rival_vs_best:.2f}× the p50 latency of {v.best}")
+    return (f"{head}; the fastest compressed model, {v.rival} (on average {v.rival_ratio:.2f}× the original's p50 "
+            f"latency), "
             f"costs {v.rival_cost}, past {budget}")
 
 

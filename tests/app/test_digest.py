@@ -46,27 +46,27 @@ def _case(p50: dict[str, tuple[float, float]], accuracy: dict[str, float], warni
 def test_a_compressed_winner_is_named_with_its_mean_speed_ups() -> None:
     case = _case({"original": (4.0, 80.0), "original.int8": (2.0, 40.0), "svd": (1.0, 40.0), "tiny": (0.5, 10.0)},
                  {"original": 0.90, "original.int8": 0.90, "svd": 0.895, "tiny": 0.80})
-    # svd: 4× and 2× the original fp32 (mean 3×), 2× and 1× original.int8 (mean 1.5×); tiny is 10 points down
+    # svd: 4× and 2× the original fp32's speed, 2× and 1× original.int8's; tiny is 10 points down
     assert winner_lines({"cases": [case]}) == [
-        "net: svd won (accuracy -0.50 pp): 3.00× faster than the original fp32, 1.50× than original.int8 (mean p50, "
-        "cpu)"]
+        "net: svd won (accuracy -0.50 pp): 4.00×/2.00× the original fp32's speed, 2.00×/1.00× original.int8's "
+        "(batch 1/32, p50, cpu)"]
 
 
 def test_an_original_winner_says_what_kept_the_compressed_models_out() -> None:
     too_lossy = _case({"original": (4.0, 80.0), "svd": (1.0, 20.0)}, {"original": 0.90, "svd": 0.85})
     assert verdict_text(case_verdict(too_lossy)) == (
-        "net: original won; the fastest compressed model, svd (0.25× the original's p50 latency), costs accuracy "
-        "-5.00 pp, past 1 pp")
+        "net: original won; the fastest compressed model, svd (on average 0.25× the original's p50 latency), costs "
+        "accuracy -5.00 pp, past 1 pp")
     too_slow = _case({"original": (4.0, 80.0), "svd": (5.0, 120.0)}, {"original": 0.90, "svd": 0.90})
     assert verdict_text(case_verdict(too_slow)) == (
         "net: original won; the fastest compressed model within 1 pp, svd (accuracy +0.00 pp), is not faster: "
-        "1.38× the p50 latency of original")
+        "on average 1.38× the p50 latency of original")
     # faster than the original fp32 (2/4 and 40/80) but not than its INT8 file (2/1 and 40/20): 2× the winner's
     beaten_by_int8 = _case({"original": (4.0, 80.0), "original.int8": (1.0, 20.0), "svd": (2.0, 40.0)},
                            {"original": 0.90, "original.int8": 0.90, "svd": 0.90})
     assert verdict_text(case_verdict(beaten_by_int8)) == (
         "net: original.int8 won; the fastest compressed model within 1 pp, svd (accuracy +0.00 pp), is not faster: "
-        "2.00× the p50 latency of original.int8")
+        "on average 2.00× the p50 latency of original.int8")
 
 
 def test_report_md_keeps_every_warning_in_full() -> None:
@@ -158,7 +158,7 @@ def test_a_demo_with_many_models_ends_within_a_screen(capsys: pytest.CaptureFixt
     # 14 models a case would not fit: the original, its INT8 and the winner (the fastest, m5.int8, also the rival)
     rows = [line.split()[:2] for line in out.splitlines() if line.split()[:1] in ([c.name] for c in cases)]
     assert rows == [[f"net{k}", m] for k in range(5) for m in ("original", "original.int8", "m5.int8")]
-    # m5.int8 at (2.7, 67) ms: (4.0/2.7 + 80/67)/2 = 1.338 over the original, (3.9/2.7 + 79/67)/2 = 1.312 over its INT8
+    # m5.int8 at (2.7, 67) ms: 4.0/2.7 = 1.48 and 80/67 = 1.19 over the original; 3.9/2.7 = 1.44, 79/67 = 1.18
     assert [line for line in out.splitlines() if line.startswith("net0:")] == [
-        "net0: m5.int8 won (accuracy +0.00 pp): 1.34× faster than the original fp32, 1.31× than original.int8 (mean "
-        "p50, cpu)"]
+        "net0: m5.int8 won (accuracy +0.00 pp): 1.48×/1.19× the original fp32's speed, 1.44×/1.18× original.int8's "
+        "(batch 1/32, p50, cpu)"]
