@@ -61,7 +61,7 @@ def _cells_text(warnings: list[str]) -> str:
     return f", at batch {listed}"
 
 
-def _per_cell(speedups: Iterable[float | None]) -> str:
+def _per_cell(speedups: Iterable[float]) -> str:
     """``0.87×/1.53×``: one speed-up per timed cell."""
     return "/".join(f"{s:.2f}×" for s in speedups)
 
@@ -75,8 +75,9 @@ def verdict_text(v: CaseVerdict) -> str:
     if not v.best.startswith("original"):
         cells = "/".join(c for c, _, _ in v.speedups)
         versus = f"{_per_cell(s for _, s, _ in v.speedups)} the original fp32's speed"
-        if all(s is not None for _, _, s in v.speedups):
-            versus += f", {_per_cell(s for _, _, s in v.speedups)} {v.low}'s"
+        lows = [s for _, _, s in v.speedups if s is not None]
+        if lows and len(lows) == len(v.speedups):
+            versus += f", {_per_cell(lows)} {v.low}'s"
         return f"{v.case}: {v.best} won ({v.cost}): {versus} (batch {cells}, p50, {v.provider})"
     head = f"{v.case}: {v.best} won"
     if v.rival is None:
@@ -85,8 +86,7 @@ def verdict_text(v: CaseVerdict) -> str:
         return (f"{head}; the fastest compressed model within {budget}, {v.rival} ({v.rival_cost}), is not faster: "
                 f"on average {v.rival_vs_best:.2f}× the p50 latency of {v.best}")
     return (f"{head}; the fastest compressed model, {v.rival} (on average {v.rival_ratio:.2f}× the original's p50 "
-            f"latency), "
-            f"costs {v.rival_cost}, past {budget}")
+            f"latency), costs {v.rival_cost}, past {budget}")
 
 
 def winner_lines(report: Any) -> list[str]:

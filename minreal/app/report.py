@@ -160,10 +160,9 @@ class CaseVerdict(NamedTuple):
     provider: str
     best: str | None
     cost: str
-    measured: bool
     speedups: list[tuple[str, float, float | None]]  # (cell, × the original fp32, × low)
     low: str | None
-    rival: str | None  # the fastest compressed model, within the budget or not
+    rival: str | None  # the fastest compressed model within the budget, else the fastest compressed model
     rival_cost: str
     rival_within: bool
     rival_ratio: float  # its mean latency ratio to the original fp32 across the cells
@@ -197,7 +196,7 @@ def case_verdict(case: Any) -> CaseVerdict | None:
     rival = min(rivals, key=lambda m: (not ok[m][0], ratio(m)), default=None)
     return CaseVerdict(_get(case, "name"), provider, best,
                        "" if best is None else ok[best][1] if measured else
-                       "quality not measured: the fastest model overall", measured, speedups, low, rival,
+                       "quality not measured: the fastest model overall", speedups, low, rival,
                        "" if rival is None else ok[rival][1], rival is not None and ok[rival][0],
                        1.0 if rival is None else ratio(rival),
                        1.0 if rival is None or best is None else ratio(rival, best))
