@@ -16,7 +16,7 @@ import click
 
 from minreal.facts import DETAIL_KEY, PROGRESS_KEY  # compress and runtime_bench log with this key
 
-__all__ = ["LIBRARY_LOGGERS", "Console", "ProgressBars", "plain", "setup_logging"]
+__all__ = ["LIBRARY_LOGGERS", "Console", "ProgressBars", "RepeatFilter", "plain", "setup_logging"]
 
 LIBRARY_LOGGERS = ("minreal.compress", "minreal.runtime_bench", "minreal.export")
 
@@ -28,19 +28,21 @@ class ProgressBars(logging.Handler):
 
     LINE_EVERY_S = 10.0
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, brief: bool = False) -> None:
         super().__init__(logging.INFO)
         self.bars: dict[str, Any] = {}
         self.clock = clock
+        self.brief = brief  # bars only where stderr is a terminal, and no detail lines (an epoch's losses)
         self.lines: dict[str, tuple[float, float, int]] = {}  # task -> (started, last line, done)
 
     def emit(self, record: logging.LogRecord) -> None:
         info = getattr(record, PROGRESS_KEY, None)
         if info is None:
             return
-        detail = getattr(record, DETAIL_KEY, "")
+        detail = "" if self.brief else getattr(record, DETAIL_KEY, "")
         if not sys.stderr.isatty():
-            self._line(*info, detail)
+            if not self.brief:
+                self._line(*info, detail)
             return
         from tqdm import tqdm
 
@@ -83,16 +85,17 @@ class ProgressBars(logging.Handler):
 
 
 class Console:
-    """Where the CLI talks: progress and tables on stderr/stdout, or one JSON document with ``--json``."""
+    """Where the CLI talks: progress and tables on stderr/stdout, or one JSON document with ``--json``. A ``brief``
+    console (the demo's) shows the library's progress as bars on a terminal only, without detail lines."""
 
-    def __init__(self, quiet: bool, as_json: bool) -> None:
+    def __init__(self, quiet: bool, as_json: bool, brief: bool = False) -> None:
         self.quiet, self.as_json = quiet, as_json
         root = logging.getLogger()
         for old in [h for h in root.handlers if isinstance(h, ProgressBars)]:
             root.removeHandler(old)
             old.close()
         if not quiet:
-            root.addHandler(ProgressBars())
+            root.addHandler(ProgressBars(brief=brief))
             for name in LIBRARY_LOGGERS:
                 logging.getLogger(name).setLevel(logging.INFO)
 
@@ -119,9 +122,26 @@ def plain(obj: Any) -> Any:
     return to_jsonable(asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj)
 
 
+class RepeatFilter(logging.Filter):
+    """Lets a record through the first time its logger says its text; repeats (the same step failing the same way
+    on every file of a run) are counted in :attr:`seen`, not shown again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[tuple[str, str], int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.getMessage())
+        self.seen[key] = self.seen.get(key, 0) + 1
+        return self.seen[key] == 1
+
+
 def setup_logging() -> None:
-    """Warnings on stderr as ``LEVEL logger: message``; the library's INFO records reach only the progress bars."""
+    """Warnings on stderr as ``LEVEL logger: message``, each text once per logger (:class:`RepeatFilter`); the
+    library's INFO records reach only the progress bars."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         if not isinstance(handler, ProgressBars):
             handler.setLevel(logging.WARNING)  # library INFO records reach only the progress bars
+        if type(handler) is logging.StreamHandler and not any(isinstance(f, RepeatFilter) for f in handler.filters):
+            handler.addFilter(RepeatFilter())  # the console's own handler, not a test's capturing subclass

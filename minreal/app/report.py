@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from minreal.app.plots import plot_accuracy_latency  # re-exported: the run's plot.png
 from minreal.export.settings import int8_format
@@ -109,24 +109,31 @@ def format_summary(report: Any) -> str:
     return _text_table(SUMMARY_HEADERS, summary_rows(report))
 
 
-def format_compact(report: Any) -> str:
+def format_compact(report: Any, keep: Callable[[str, str], bool] | None = None) -> str:
     """One line per (case, model): params, MAC ratio, file size, p50 latency and its ratio per batch size on
-    the first provider, accuracy or MSE, agreement. The full table is in report.md."""
+    the first provider, accuracy or MSE, agreement; only the (case, model) pairs ``keep`` accepts when given. Cases
+    timed at different cells (batch sizes, or shapes of a dynamic axis) get a table each. The full table is in
+    report.md."""
     full = summary_rows(report)
     first_provider = full[0][6] if full else "cpu"
-    batches = sorted({r[7] for r in full if r[6] == first_provider}, key=_cell_order)
-    headers = ("case", "model", "params", "MAC ratio", "KB",
-               *(h for b in batches for h in (f"p50 ms b{b}", f"ratio b{b}")), "accuracy", "MSE", "agreement")
     grouped: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
     for r in full:
-        if r[6] == first_provider:
+        if r[6] == first_provider and (keep is None or keep(r[0], r[1])):
             grouped.setdefault((r[0], r[1]), {})[r[7]] = r
-    rows = []
+    cells_of: dict[str, set[str]] = {}
+    for (case, _), by_batch in grouped.items():
+        cells_of.setdefault(case, set()).update(by_batch)
+    tables: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
     for (case, model), by_batch in grouped.items():
+        batches = tuple(sorted(cells_of[case], key=_cell_order))
         any_row = next(iter(by_batch.values()))
         cells = [c for b in batches for c in ((by_batch[b][8], by_batch[b][12]) if b in by_batch else ("-", "-"))]
-        rows.append((case, model, any_row[2], any_row[4], any_row[5], *cells, *any_row[13:16]))
-    return f"provider {first_provider}\n" + _text_table(headers, rows)
+        tables.setdefault(batches, []).append((case, model, any_row[2], any_row[4], any_row[5], *cells,
+                                               *any_row[13:16]))
+    texts = [_text_table(("case", "model", "params", "MAC ratio", "KB",
+                          *(h for b in batches for h in (f"p50 ms b{b}", f"ratio b{b}")), "accuracy", "MSE",
+                          "agreement"), rows) for batches, rows in tables.items()]
+    return f"provider {first_provider}\n" + "\n\n".join(texts or [_text_table(("case", "model"), [])])
 
 
 def _within_budget(m: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[bool, str]:
@@ -143,38 +150,73 @@ def _within_budget(m: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[bool,
     return False, "quality not measured"
 
 
+class CaseVerdict(NamedTuple):
+    """One case's verdict on the first provider (:func:`case_verdict`): the fastest model within
+    :data:`VERDICT_MAX_DROP_PP` of the original's quality (``best``, ``None`` when none is), its quality cost, its
+    speed-ups per timed cell against the original fp32 and the original's low-precision file ``low``; and the
+    compressed model that came closest, to say why nothing compressed won."""
+
+    case: str
+    provider: str
+    best: str | None
+    cost: str
+    speedups: list[tuple[str, float, float | None]]  # (cell, × the original fp32, × low)
+    low: str | None
+    rival: str | None  # the fastest compressed model within the budget, else the fastest compressed model
+    rival_cost: str
+    rival_within: bool
+    rival_ratio: float  # its mean latency ratio to the original fp32 across the cells
+    rival_vs_best: float  # its mean latency ratio to ``best`` (1.0 without a best)
+
+
+def case_verdict(case: Any) -> CaseVerdict | None:
+    """The verdict of one case of a run report (``None`` without a timed original): see :class:`CaseVerdict`."""
+    bench = _get(case, "bench")
+    metrics = {m["model"]: m for m in bench.get("metrics") or ()}
+    lat = bench.get("latency") or []
+    if not lat or "original" not in metrics:
+        return None
+    provider = lat[0]["provider"]
+    p50 = {(r["model"], cell_label(r)): r["stats"]["p50_ms"] for r in lat if r["provider"] == provider}
+    cells = sorted({c for _, c in p50}, key=_cell_order)
+    ok = {m: _within_budget(metrics[m], metrics["original"]) for m in metrics}
+    timed = [m for m in metrics if all((m, c) in p50 for c in cells)]
+    measured = any(cost != "quality not measured" for _, cost in ok.values())
+
+    def ratio(m: str, to: str = "original") -> float:  # mean latency ratio across the cells
+        return sum(p50[(m, c)] / p50[(to, c)] for c in cells) / len(cells)
+
+    fit = [m for m in timed if ok[m][0] or not measured]
+    best = min(fit, key=ratio, default=None)
+    low = next((b for b in ("original.int8", "original.fp16") if all((b, c) in p50 for c in cells)), None)
+    speedups = [] if best is None else [
+        (c, p50[("original", c)] / p50[(best, c)],
+         p50[(low, c)] / p50[(best, c)] if low and low != best else None) for c in cells]
+    rivals = [m for m in timed if not m.startswith("original")]
+    rival = min(rivals, key=lambda m: (not ok[m][0], ratio(m)), default=None)
+    return CaseVerdict(_get(case, "name"), provider, best,
+                       "" if best is None else ok[best][1] if measured else
+                       "quality not measured: the fastest model overall", speedups, low, rival,
+                       "" if rival is None else ok[rival][1], rival is not None and ok[rival][0],
+                       1.0 if rival is None else ratio(rival),
+                       1.0 if rival is None or best is None else ratio(rival, best))
+
+
 def verdict_lines(report: Any) -> list[str]:
     """One line per case: the fastest model within :data:`VERDICT_MAX_DROP_PP` of the original's held-out quality,
     against the original fp32 and the original's INT8 (or FP16), at each batch on the first provider; or, plainly,
     that nothing compressed beats the original's low-precision file."""
     out = []
-    for case in _get(report, "cases"):
-        bench = _get(case, "bench")
-        metrics = {m["model"]: m for m in bench.get("metrics") or ()}
-        lat = bench.get("latency") or []
-        if not lat or "original" not in metrics:
-            continue
-        provider = lat[0]["provider"]
-        p50 = {(r["model"], cell_label(r)): r["stats"]["p50_ms"] for r in lat if r["provider"] == provider}
-        cells = sorted({c for _, c in p50}, key=_cell_order)
-        ok = {m: _within_budget(metrics[m], metrics["original"]) for m in metrics}
-        timed = [m for m in metrics if all((m, c) in p50 for c in cells)]
-        measured = any(cost != "quality not measured" for _, cost in ok.values())
-        fit = [m for m in timed if ok[m][0] or not measured]
-        if not fit:
-            out.append(f"- **{_get(case, 'name')}**: no model is within {VERDICT_MAX_DROP_PP:g} pp of the "
+    for v in filter(None, map(case_verdict, _get(report, "cases"))):
+        if v.best is None:
+            out.append(f"- **{v.case}**: no model is within {VERDICT_MAX_DROP_PP:g} pp of the "
                        "original's held-out quality")
             continue
-        best = min(fit, key=lambda m: sum(p50[(m, c)] / p50[("original", c)] for c in cells))
-        low = next((b for b in ("original.int8", "original.fp16") if all((b, c) in p50 for c in cells)), None)
-        versus = "; ".join(f"batch {c}: {p50[('original', c)] / p50[(best, c)]:.2f}× the original fp32"
-                           + (f", {p50[(low, c)] / p50[(best, c)]:.2f}× {low}" if low and low != best else "")
-                           for c in cells)
-        compressed = not best.startswith("original")
-        head = (f"fastest within {VERDICT_MAX_DROP_PP:g} pp: **{best}**" if compressed else
-                f"nothing compressed beats the original within {VERDICT_MAX_DROP_PP:g} pp; fastest: **{best}**")
-        cost = ok[best][1] if measured else "quality not measured: the fastest model overall"
-        out.append(f"- **{_get(case, 'name')}** ({provider}): {head} ({cost}); {versus} (speed-ups, p50)")
+        versus = "; ".join(f"batch {c}: {fp32:.2f}× the original fp32" + (f", {low:.2f}× {v.low}" if low else "")
+                           for c, fp32, low in v.speedups)
+        head = (f"fastest within {VERDICT_MAX_DROP_PP:g} pp: **{v.best}**" if not v.best.startswith("original") else
+                f"nothing compressed beats the original within {VERDICT_MAX_DROP_PP:g} pp; fastest: **{v.best}**")
+        out.append(f"- **{v.case}** ({v.provider}): {head} ({v.cost}); {versus} (speed-ups, p50)")
     return out
 
 
@@ -187,6 +229,14 @@ def grouped_warnings(warnings: list[str]) -> list[str]:
     return [f"- **WARNING** {items[0]}" if len(items) == 1 else
             f"- **WARNING** {kind} ({len(items)}×; all in report.json), e.g. "
             f"{items[0].partition(':')[2].strip() or items[0]}" for kind, items in kinds.items()]
+
+
+def _warnings_in_full(warnings: list[str]) -> list[str]:
+    """Every warning of a case, in full, folded under one line (the console shows only counts per kind)."""
+    if not warnings:
+        return []
+    return ["", f"<details><summary>All {len(warnings)} warning(s) in full</summary>", "",
+            *(f"- {w}" for w in warnings), "", "</details>"]
 
 
 def _tensorrt_meant(report: Any, variant: Any) -> bool:
@@ -257,6 +307,7 @@ def render_markdown(report: Any) -> str:
             out.append(f"- provider **{u['provider']}** unavailable: {u['reason']}")
         out += [f"- note: {n}" for n in _get(case, "notes")]
         out += grouped_warnings(list(_get(case, "warnings")))
+        out += _warnings_in_full(list(_get(case, "warnings")))
     return "\n".join(out) + "\n"
 
 

@@ -95,18 +95,50 @@ def refuse_torchrun(command: str) -> None:
                                f"`minreal {command}` in one process; tune scales out with --executor ray")
 
 
-def finish_run(con: Console, report: Any, out: str) -> None:
-    """Show a run directory's report: the compact table, recovery and INT8 tables, each case's warnings."""
+def finish_run(con: Console, report: Any, out: str, digest: bool = False) -> None:
+    """Show a run directory's report: the compact table, recovery and INT8 tables, each case's warnings. With
+    ``digest`` (the demo), warnings grouped per case and kind and one line per case saying what won and why; when
+    all would not fit :data:`~minreal.app.digest.SCREEN_LINES`, the compact table keeps only the models those lines
+    name, and the recovery and INT8 tables are left to report.md."""
     from minreal.app.report import format_compact, format_int8, format_recovery, ort_fp16_note, ort_line
 
-    con.table(format_compact(report))
-    for table in (format_recovery(report), format_int8(report)):
-        if table:
-            con.table("\n" + table)
-    for case in report.cases:
-        for w in case.warnings:
-            click.echo(f"WARNING [{case.name}] {w}", err=True)
-    for line in filter(None, [*map(ort_line, report.cases), ort_fp16_note(report)]):
+    tables = [t for t in (format_recovery(report), format_int8(report)) if t]
+    ort = list(filter(None, [*map(ort_line, report.cases), ort_fp16_note(report)]))
+    compact, warnings, verdicts = format_compact(report), [], []
+    if digest:
+        compact, tables, warnings, verdicts = _digest(report, compact, tables, len(ort))
+    con.table(compact)
+    for table in tables:
+        con.table("\n" + table)
+    if digest:
+        for line in warnings:
+            click.echo(line, err=True)
+        if verdicts:
+            con.table("\n" + "\n".join(verdicts))
+    else:
+        for case in report.cases:
+            for w in case.warnings:
+                click.echo(f"WARNING [{case.name}] {w}", err=True)
+    for line in ort:
         con.table("\n" + line)
     con.table(f"\nrun directory: {out} (full table in report.md; report.json, plot.png, ONNX files per case)")
     con.result(report)
+
+
+def _digest(report: Any, compact: str, tables: list[str],
+            ort_lines: int) -> tuple[str, list[str], list[str], list[str]]:
+    """The demo's end of run: the compact table and the other tables (cut to fit a screen), the grouped warnings
+    and the verdict lines."""
+    from minreal.app.digest import SCREEN_LINES, WarningDigest, verdict_models, winner_lines
+    from minreal.app.report import format_compact
+
+    warnings = WarningDigest()
+    for case in report.cases:
+        warnings.add(case.name, case.warnings)
+    verdicts = winner_lines(report)
+    fixed = len(report.cases) + len(warnings.lines()) + len(verdicts) + 2 * ort_lines + 4  # progress, blank lines
+    if compact.count("\n") + 1 + sum(t.count("\n") + 2 for t in tables) + fixed > SCREEN_LINES:
+        names = verdict_models(report)
+        head, _, body = format_compact(report, keep=lambda case, model: (case, model) in names).partition("\n")
+        compact, tables = f"{head}: the models the verdicts below name (every model in report.md)\n{body}", []
+    return compact, tables, warnings.lines(), verdicts

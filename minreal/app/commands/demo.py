@@ -37,9 +37,10 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
     from dataclasses import replace
 
     from minreal.app.demo import DEMO_PIPELINE, demo_cases
+    from minreal.app.digest import CaseProgress
     from minreal.app.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
 
-    con = Console(quiet, as_json)
+    con = Console(quiet, as_json, brief=True)
     with claim_run_dir(Path(out), overwrite) as claim:  # locked until the run directory is committed
         con.progress("training demo models (seeded)")
         try:
@@ -47,5 +48,5 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--only") from None
         cfg = PipelineConfig() if full else DEMO_PIPELINE
-        report = fill_run_dir(cases, claim, replace(cfg), con.progress)
-    finish_run(con, report, out)
+        report = fill_run_dir(cases, claim, replace(cfg), CaseProgress(con.progress, len(cases)))
+    finish_run(con, report, out, digest=True)

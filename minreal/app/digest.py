@@ -1,0 +1,119 @@
+"""What a person reads at the end of a run on the console: one line per case saying what won and why, and each
+case's warnings grouped by kind with a count, one line per group; every warning in full is in ``report.md`` (and
+``report.json``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from minreal.app.report import VERDICT_MAX_DROP_PP, CaseVerdict, case_verdict
+
+__all__ = ["CaseProgress", "SCREEN_LINES", "WarningDigest", "verdict_models", "verdict_text", "winner_lines",
+           "warning_kind"]
+
+SCREEN_LINES = 50
+"""What a brief console (the demo's) aims to fit its end-of-run output in: one screen."""
+
+#: The timed cell a slowdown warning names: "(cpu, batch 1)", "(cpu, batch 1 seq=32)".
+_CELL = re.compile(r"\([^(),]+, batch (\d+)((?: [^()]+)?)\)")
+
+
+def warning_kind(warning: str) -> str:
+    """A warning's kind: the text before its first colon (the whole text when it has none), as report.md groups."""
+    return warning.partition(":")[0].strip()
+
+
+@dataclass
+class WarningDigest:
+    """Warnings collected per (case, kind): how many, and at which timed cells (``batch 1``, ``batch 32 seq=64``)
+    the slowdown warnings were measured."""
+
+    where: str = "report.md"
+    groups: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+    def add(self, case: str, warnings: Iterable[str]) -> None:
+        """Collect ``case``'s warnings."""
+        for w in warnings:
+            self.groups.setdefault((case, warning_kind(w)), []).append(w)
+
+    def count(self, case: str, kind: str) -> int:
+        """How many warnings of ``kind`` ``case`` had."""
+        return len(self.groups.get((case, kind), ()))
+
+    def lines(self) -> list[str]:
+        """``WARNING case: kind (N×, at batch 1 and 32; details in report.md)``, one line per group, in the order
+        the groups were first met."""
+        return [f"WARNING {case}: {kind} ({len(items)}×{_cells_text(items)}; details in {self.where})"
+                for (case, kind), items in self.groups.items()]
+
+
+def _cells_text(warnings: list[str]) -> str:
+    """``, at batch 1 and 32`` for the timed cells the warnings name, batch sizes in increasing order; ``""``
+    without any."""
+    found = {(int(batch), shape) for w in warnings for batch, shape in _CELL.findall(w)}
+    cells = [f"{batch}{shape}" for batch, shape in sorted(found)]
+    if not cells:
+        return ""
+    listed = cells[0] if len(cells) == 1 else f"{', '.join(cells[:-1])} and {cells[-1]}"
+    return f", at batch {listed}"
+
+
+def _per_cell(speedups: Iterable[float]) -> str:
+    """``0.87×/1.53×``: one speed-up per timed cell."""
+    return "/".join(f"{s:.2f}×" for s in speedups)
+
+
+def verdict_text(v: CaseVerdict) -> str:
+    """One console line: which model won the case (fastest within :data:`VERDICT_MAX_DROP_PP` of the original's
+    quality) and why: its p50 speed-up at each timed cell, or what kept each compressed model out."""
+    budget = f"{VERDICT_MAX_DROP_PP:g} pp"
+    if v.best is None:
+        return f"{v.case}: no model is within {budget} of the original's held-out quality"
+    if not v.best.startswith("original"):
+        cells = "/".join(c for c, _, _ in v.speedups)
+        versus = f"{_per_cell(s for _, s, _ in v.speedups)} the original fp32's speed"
+        lows = [s for _, _, s in v.speedups if s is not None]
+        if lows and len(lows) == len(v.speedups):
+            versus += f", {_per_cell(lows)} {v.low}'s"
+        return f"{v.case}: {v.best} won ({v.cost}): {versus} (batch {cells}, p50, {v.provider})"
+    head = f"{v.case}: {v.best} won"
+    if v.rival is None:
+        return f"{head}; no compressed model was timed"
+    if v.rival_within:
+        return (f"{head}; the fastest compressed model within {budget}, {v.rival} ({v.rival_cost}), is not faster: "
+                f"on average {v.rival_vs_best:.2f}× the p50 latency of {v.best}")
+    return (f"{head}; the fastest compressed model, {v.rival} (on average {v.rival_ratio:.2f}× the original's p50 "
+            f"latency), costs {v.rival_cost}, past {budget}")
+
+
+def winner_lines(report: Any) -> list[str]:
+    """:func:`verdict_text` of every case of a run report (an object or its JSON) that has a timed original."""
+    cases = report["cases"] if isinstance(report, dict) else report.cases
+    return [verdict_text(v) for v in filter(None, map(case_verdict, cases))]
+
+
+def verdict_models(report: Any) -> set[tuple[str, str]]:
+    """The (case, model) pairs the verdicts name: the original, its low-precision file, the winner and the fastest
+    compressed rival."""
+    cases = report["cases"] if isinstance(report, dict) else report.cases
+    return {(v.case, m) for v in filter(None, map(case_verdict, cases))
+            for m in ("original", v.low, v.best, v.rival) if m is not None}
+
+
+@dataclass
+class CaseProgress:
+    """A pipeline progress callback for a brief console: one line as each case starts (the pipeline's messages
+    begin ``[case]``), none for its steps or for the benchmark's processes."""
+
+    say: Callable[[str], None]
+    total: int
+    started: list[str] = field(default_factory=list)
+
+    def __call__(self, message: str) -> None:
+        case = re.match(r"\[([^\]]+)\] ", message)
+        if case and case[1] not in self.started:
+            self.started.append(case[1])
+            self.say(f"{case[1]} ({len(self.started)}/{self.total}): compressing, exporting, quantising, timing")
