@@ -69,7 +69,7 @@ import onnx
 from onnx import numpy_helper
 
 import minreal.runtime_bench.cpu as cpu_facts
-from minreal.export.atomic import atomic_path, ensure_distinct
+from minreal.export.atomic import ensure_distinct
 from minreal.export.errors import CalibrationError, QuantizationError
 from minreal.export.onnx_files import data_files
 from minreal.export.qdq_channels import align_conv_inputs, channel_pads
@@ -89,6 +89,7 @@ from minreal.facts import (
     error_line,
 )
 from minreal.runtime_bench import optimized_graph_ops
+from minreal.runtime_bench.atomic import atomic_path
 from minreal.runtime_bench.model_info import float_roundtrip_nodes, float_roundtrips, op_counts, optimized_graph
 from minreal.runtime_bench.runtime import onnxruntime_module
 

@@ -315,7 +315,8 @@ RECOVERY_GROUP = "Recovery (after any method)"
 
 def recovery_options(fn: Callable) -> Callable:
     """``--recover-*``: distillation from the original after the method (see
-    :class:`minreal.compress.core.recover.RecoveryConfig`), off by default; read back by :func:`recovery_config`."""
+    :class:`minreal.compress.core.recover_options.RecoveryConfig`), off by default; read back by
+    :func:`recovery_config`."""
     from minreal.compress.core.recover_options import TASKS, RecoveryConfig
 
     base = RecoveryConfig()
@@ -380,7 +381,7 @@ def recovery_options(fn: Callable) -> Callable:
 
 def recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
     """Pop the ``recover_*`` options from ``opts`` (the command's keyword arguments) and return the
-    :class:`~minreal.compress.core.recover.RecoveryConfig` they ask for, or None when recovery is off;
+    :class:`~minreal.compress.core.recover_options.RecoveryConfig` they ask for, or None when recovery is off;
     ``--recover-int8`` fake-quantises in ``int8_target``'s INT8 format."""
     from minreal.compress.core.recover_options import RecoveryConfig
 

@@ -35,13 +35,13 @@ import minreal.runtime_bench as rb
 from minreal.app.mismatch import DataCheck, check_data, require_match
 from minreal.app.plan import run_variant
 from minreal.app.report import cell_label, int8_cause, roundtrip_summary
-from minreal.app.settings import FP16_PROVIDERS, PipelineConfig
+from minreal.app.settings import PipelineConfig
 from minreal.compress.core.evaluate import compare_outputs
-from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.run_case import RunCase, VariantSpec
-from minreal.export.atomic import atomic_path, make_dirs, remove_empty_dirs
+from minreal.export.atomic import make_dirs, remove_empty_dirs
 from minreal.export.errors import ParityError
-from minreal.export.json_safe import write_json
+from minreal.export.json_safe import to_jsonable, write_json
 from minreal.export.ort_format import merge_operator_configs, ort_variant
 from minreal.export.quantize import int8_skip_reason, target_text
 from minreal.export.serialize import save_program
@@ -55,15 +55,14 @@ from minreal.export.variant import (
     layer_weights,
     quantize_variant,
     relative_to,
-    to_jsonable,
     trained_ranges,
 )
 from minreal.export.verify import feeds_of
 from minreal.facts import int8_source
+from minreal.runtime_bench.atomic import atomic_path
 
-__all__ = ["PipelineConfig", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
-           "run_pipeline", "fill_run_dir", "run_case", "claim_run_dir", "RunDirClaim", "prepare_run_dir",
-           "RunDirError", "RunDirBusyError", "commit_run_dir", "FP16_PROVIDERS"]
+__all__ = ["CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV", "run_pipeline", "fill_run_dir", "run_case",
+           "claim_run_dir", "RunDirClaim", "prepare_run_dir", "RunDirError", "RunDirBusyError", "commit_run_dir"]
 
 log = logging.getLogger(__name__)
 RUN_SCHEMA_VERSION = 1
@@ -538,7 +537,8 @@ def run_pipeline(cases: list[RunCase], out_dir: Path, cfg: PipelineConfig, overw
 def fill_run_dir(cases: list[RunCase], claim: RunDirClaim, cfg: PipelineConfig,
                  progress: Progress | None = None) -> RunReport:
     """Run every case into the staging folder of ``claim`` and commit it as the run directory."""
-    from minreal.app.report import plot_accuracy_latency, plot_spectra, render_markdown
+    from minreal.app.plots import plot_accuracy_latency
+    from minreal.app.report import plot_spectra, render_markdown
 
     notify, staging = progress or log.info, claim.staging
     interrupts = Interrupts()

@@ -306,7 +306,7 @@ def plot_front(points: Sequence[PlotPoint], path: str | Path, title: str | None 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from minreal.export.atomic import atomic_path
+    from minreal.runtime_bench.atomic import atomic_path
 
     _check(points)
     panels = _panels(points)

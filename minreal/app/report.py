@@ -5,15 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from minreal.app.plots import plot_accuracy_latency  # re-exported: the run's plot.png
 from minreal.export.settings import int8_format
 from minreal.facts import ARM64_TARGET
 
-__all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency",
-           "plot_spectra", "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery",
-           "INT8_HEADERS", "int8_rows", "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows",
-           "tensorrt_lines", "verdict_lines", "grouped_warnings", "int8_format_text", "VERDICT_MAX_DROP_PP",
-           "ORT_HEADERS", "ort_rows", "ort_line", "ORT_FP16_NOTE", "ort_fp16_note"]
+__all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_spectra", "spectra_layers",
+           "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS", "int8_rows",
+           "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows", "tensorrt_lines",
+           "verdict_lines", "grouped_warnings", "int8_format_text", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
+           "ort_line", "ORT_FP16_NOTE", "ort_fp16_note"]
 
 #: The accuracy cost a verdict accepts: the fastest model within this many points of the original's held-out accuracy.
 VERDICT_MAX_DROP_PP = 1.0
@@ -627,7 +626,7 @@ def plot_spectra(report: Any, path: Any) -> bool:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from minreal.export.atomic import atomic_path
+    from minreal.runtime_bench.atomic import atomic_path
 
     fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.2), squeeze=False)
     for ax, (case, name, spectra) in zip(axes[0], layers):

@@ -18,15 +18,8 @@ from minreal.compress.core.inputs import Inputs, NamedInputs
 from minreal.export.fp16 import Fp16Config
 from minreal.export.ort_format import ort_variant
 from minreal.export.quantize import int8_skip_reason, target_text
-from minreal.export.settings import OrtConfig
-from minreal.export.variant import (
-    PARITY_BATCH_SIZES,
-    VariantConfig,
-    VariantRecord,
-    export_variant,
-    fp16_variant,
-    quantize_variant,
-)
+from minreal.export.settings import OrtConfig, VariantConfig
+from minreal.export.variant import PARITY_BATCH_SIZES, VariantRecord, export_variant, fp16_variant, quantize_variant
 from minreal.export.verify import feeds_of, output_agreement
 
 __all__ = ["ExportOptions", "export_single"]
