@@ -537,8 +537,8 @@ def run_pipeline(cases: list[RunCase], out_dir: Path, cfg: PipelineConfig, overw
 def fill_run_dir(cases: list[RunCase], claim: RunDirClaim, cfg: PipelineConfig,
                  progress: Progress | None = None) -> RunReport:
     """Run every case into the staging folder of ``claim`` and commit it as the run directory."""
-    from minreal.app.plots import plot_accuracy_latency
-    from minreal.app.report import plot_spectra, render_markdown
+    from minreal.app.plots import plot_accuracy_latency, plot_spectra
+    from minreal.app.report import render_markdown
 
     notify, staging = progress or log.info, claim.staging
     interrupts = Interrupts()
