@@ -1,4 +1,5 @@
-"""Human-readable views of a run: the summary table (console and Markdown) and the accuracy/latency plot."""
+"""Human-readable views of a run: the summary tables (console and Markdown) and report.md; its plots are in
+:mod:`minreal.app.plots`."""
 
 from __future__ import annotations
 
