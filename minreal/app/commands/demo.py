@@ -34,7 +34,8 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
     from dataclasses import replace
 
     from minreal.app.demo import DEMO_PIPELINE, demo_cases
-    from minreal.app.pipeline import claim_run_dir, fill_run_dir
+    from minreal.app.pipeline import fill_run_dir
+    from minreal.app.rundir import claim_run_dir
     from minreal.app.settings import PipelineConfig
 
     con = Console(quiet, as_json)

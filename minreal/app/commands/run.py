@@ -97,8 +97,9 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
                                          allow_data_mismatch=allow_mismatch),
                           batch, providers, no_int8, quant_target, quant_mode, min_seconds, repeats, fp16)
     from minreal.app.method_options import build_configs, provider_defaults
-    from minreal.app.pipeline import claim_run_dir, fill_run_dir
+    from minreal.app.pipeline import fill_run_dir
     from minreal.app.plan import load_plan
+    from minreal.app.rundir import claim_run_dir
     from minreal.compress.core.run_case import RunCase, VariantSpec  # torch: after the option checks above
 
     refuse_torchrun("run")
