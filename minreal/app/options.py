@@ -13,7 +13,15 @@ from typing import Any
 import click
 
 from minreal.app.settings import PipelineConfig
-from minreal.export.settings import FORMATS, ORT_OPTIMIZATIONS, ORT_PLATFORMS, ORT_STYLES, QUANT_MODES, QUANT_TARGETS
+from minreal.export.settings import (
+    FORMATS,
+    ORT_OPTIMIZATIONS,
+    ORT_PLATFORMS,
+    ORT_STYLES,
+    QUANT_MODES,
+    QUANT_TARGETS,
+    VariantConfig,
+)
 from minreal.facts import PROVIDERS
 
 __all__ = ["HELP_ALL", "IMAGE_GROUP", "QUANT_TARGET_HELP", "RECOVERY_GROUP", "GroupedOption", "MethodCommand",
@@ -171,13 +179,13 @@ def quant_target_option(fn: Callable) -> Callable:
     """``--quant-target``, default from the providers; read back by :func:`quant_target_for`."""
     return click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=None,
                         help=QUANT_TARGET_HELP + " Default: tensorrt when --providers includes tensorrt, else "
-                                                 f"{PipelineConfig.quant_target}.")(fn)
+                                                 f"{VariantConfig.quant_target}.")(fn)
 
 
 def quant_target_for(given: str | None, providers: tuple[str, ...]) -> str:
     """The INT8 format: ``--quant-target`` when given, else TensorRT's when tensorrt is among ``providers`` (what
     TensorRT builds), else the pipeline's default."""
-    return given or ("tensorrt" if "tensorrt" in providers else PipelineConfig.quant_target)
+    return given or ("tensorrt" if "tensorrt" in providers else VariantConfig.quant_target)
 
 
 def shape_options(input_shape: tuple[str, ...],
@@ -415,7 +423,7 @@ def pipeline_options(fn: Callable) -> Callable:
         click.option("--fp16", is_flag=True, help="FP16 copies (LABEL.fp16) of the original and every variant even "
                                                   "without a cuda/tensorrt provider (made anyway with one)."),
         quant_target_option,
-        click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=PipelineConfig.quant_mode,
+        click.option("--quant-mode", type=click.Choice(QUANT_MODES), default=VariantConfig.quant_mode,
                      show_default=True,
                      help="static: calibrated QDQ; dynamic: weights only, activations quantised at run time."),
         click.option("--min-seconds", type=click.FloatRange(min=0),
@@ -433,7 +441,8 @@ def pipeline_config(base: Any, batch: str, providers: str, no_int8: bool, quant_
     from dataclasses import replace
 
     cfg = replace(base, batch_sizes=split_ints(batch, "--batch"), providers=split_names(providers),
-                  int8=not no_int8, quant_target=quant_target, quant_mode=quant_mode, fp16=fp16)
+                  int8=not no_int8, variant=replace(base.variant, quant_target=quant_target, quant_mode=quant_mode),
+                  fp16=fp16)
     if min_seconds is not None:
         cfg = replace(cfg, min_seconds=min_seconds)
     return replace(cfg, repeats=repeats) if repeats is not None else cfg

@@ -182,8 +182,8 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
     if cfg.int8:
         t = time.perf_counter()
         _fault_point("int8")
-        target = target_text(cfg.quant_target, cfg.quant_mode)
-        progress(f"[{case.name}] quantising to INT8 ({target}, {cfg.quant_mode})")
+        target = target_text(cfg.variant.quant_target, cfg.variant.quant_mode)
+        progress(f"[{case.name}] quantising to INT8 ({target}, {cfg.variant.quant_mode})")
         records += _int8_records(records, weights, case, case_dir, cfg)
         stages["int8"] = time.perf_counter() - t
     fp16_warnings: list[str] = []
@@ -238,7 +238,7 @@ def _axis_values(case: RunCase, cfg: PipelineConfig) -> dict[str, tuple[int, ...
     benchmark (nothing is padded)."""
     from minreal.app.shapes import axis_lengths
 
-    fixed = cfg.fixed_shapes
+    fixed = cfg.variant.fixed_shapes
     frozen = set() if fixed is None else {name for name, _ in fixed.dims} | {
         dim for name, _ in fixed.inputs for dim in case.axes().get(name, {}).values()}  # --fixed-shapes
     out = {}
