@@ -64,7 +64,8 @@ from torch import nn
 
 from minreal.compress.core.inputs import Inputs, NamedInputs
 from minreal.compress.models import CifarResNet
-from minreal.export.quantize import QuantConfig, QuantizationError, quantize_int8
+from minreal.export.errors import QuantizationError
+from minreal.export.quantize import QuantConfig, quantize_int8
 from minreal.export.settings import VariantConfig
 from minreal.export.variant import export_variant
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark

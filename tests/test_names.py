@@ -4,15 +4,18 @@ A module that is not a package's ``__init__`` lists only what it defines itself 
 assignment at its top level; an import does not count), so each public name has one module to import it from and
 no module re-exports another's names. A package's ``__init__`` may gather names from its modules: every name it
 lists resolves, and comes from a module that defines it (or from a package that lists it in turn), whether the
-``__init__`` imports it at once or on first use (:func:`minreal.compress.core.lazy.lazy_exports`).
+``__init__`` imports it at once or on first use (:func:`minreal.compress.core.lazy.lazy_exports`). The tool, its
+tests, benchmarks and examples import each name from its home, or from a package that gathers it.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 import inspect
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +38,7 @@ def _sources() -> Iterator[tuple[str, Path]]:
             yield ".".join([package, *(parts[:-1] if parts[-1] == "__init__" else parts)]), path
 
 
+@functools.cache
 def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
@@ -122,6 +126,46 @@ def test_a_package_gathers_names_from_their_homes(package: str) -> None:
     assert not missing, f"{package} lists names that do not resolve: {missing}"
     bad = {name: sources[name] for name in listed if name in sources and not _provides(sources[name], name)}
     assert not bad, f"{package} takes names from a module that is not their home: {bad}"
+
+
+def _module_of(path: Path) -> list[str]:
+    """The import name of any tracked file's package, as a list (``tests/app`` stays ``tests.app``)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for package, folder in PACKAGES.items():
+        if path.is_relative_to(folder):
+            parts = [*package.split("."), *path.relative_to(folder).with_suffix("").parts]
+            break
+    return parts[:-1]
+
+
+def _imports_from_the_tool(path: Path) -> Iterator[tuple[int, str, str]]:
+    """(line, module, name) of every ``from minreal... import name`` in ``path``, relative imports resolved."""
+    package = _module_of(path)
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, node.module] if node.module else base)
+            if module == "minreal" or module.startswith("minreal."):
+                yield from ((node.lineno, module, alias.name) for alias in node.names)
+
+
+@functools.cache
+def _home_or_gatherer(module: str, name: str) -> bool:
+    """Whether ``from module import name`` takes ``name`` from its home, a package that gathers it, or is a
+    submodule import (``from minreal.app.tune import run``)."""
+    origin = Path(importlib.util.find_spec(module).origin)
+    return _provides(module, name) or (origin.name == "__init__.py"
+                                       and importlib.util.find_spec(f"{module}.{name}") is not None)
+
+
+def test_every_import_takes_a_name_from_its_home() -> None:
+    """Not ``from minreal.export.quantize import QuantizationError``: ``from minreal.export.errors import ...``."""
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+    bad = [f"{name}:{line}: from {module} import {imported}" for name in tracked.stdout.split()
+           if (ROOT / name).is_file()
+           for line, module, imported in _imports_from_the_tool(ROOT / name)
+           if not _home_or_gatherer(module, imported)]
+    assert not bad, bad
 
 
 @pytest.mark.parametrize("path", sorted(PENDING))
