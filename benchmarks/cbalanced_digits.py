@@ -30,7 +30,7 @@ from torch.nn.utils import prune
 
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
-from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
 from minreal.compress.methods.cbalanced import CBalancedConfig, analyse_states, realise

@@ -55,7 +55,8 @@ from _common import write_json
 from recovery_real import Case, load_case, missing_data
 
 from minreal.app.tune.candidate import CHAIN_FIRST_SHARE
-from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover
+from minreal.compress.core.recover import held_out_metrics, recover
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.methods.depth import CRITERIA, DEFAULT_CRITERION, DepthConfig
 from minreal.compress.registry import prepare, realise
 

@@ -120,8 +120,8 @@ def parity_record(parity: Mapping[str, Any], against: str) -> dict[str, Any]:
 def write_fp32(net: Any, held: Any, folder: Path) -> tuple[Any, dict[str, dict[str, Any]]]:
     """``fp32.onnx`` and ``fp32.ort``, both checked against torch: the export's record and the files' records."""
     from minreal.export.ort_format import convert_to_ort, ort_variant
-    from minreal.export.settings import OrtConfig
-    from minreal.export.variant import VariantConfig, export_variant, parity_inputs
+    from minreal.export.settings import OrtConfig, VariantConfig
+    from minreal.export.variant import export_variant, parity_inputs
     from minreal.export.verify import feeds_of, verify_files
 
     record = export_variant(net, held.x, folder / "fp32.onnx", VariantConfig(), "fp32")
@@ -139,8 +139,8 @@ def write_int8(record: Any, calib: Any, held: Any, folder: Path, target: str) ->
     """``int8_TARGET.onnx`` (static QDQ in ``target``'s format) and its ``.ort`` file, checked against it."""
     from minreal.export.int8 import resolve_target
     from minreal.export.ort_format import ort_variant
-    from minreal.export.settings import OrtConfig
-    from minreal.export.variant import VariantConfig, quantize_variant
+    from minreal.export.settings import OrtConfig, VariantConfig
+    from minreal.export.variant import quantize_variant
 
     cfg = VariantConfig(quant_target=resolve_target(target))
     q = quantize_variant(record, folder, calib.x, cfg)

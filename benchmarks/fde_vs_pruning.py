@@ -29,7 +29,7 @@ from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
 from minreal.compress.methods.fde import FDEConfig
 from minreal.compress.methods.fde.compensate import compensate
-from minreal.compress.methods.fde.partition import REPRESENTATIVES
+from minreal.compress.methods.fde.config import REPRESENTATIVES
 from minreal.compress.methods.wanda import WandaConfig, wanda_scores
 from minreal.compress.models import mlp
 from minreal.compress.registry import get_method

@@ -484,8 +484,8 @@ def step_tensorrt(prep: Prepared, workdir: Path, until: float,
                   checks: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
     """Engines from the fp32 file (fp32, fp16) and the QDQ file (int8), checked (each check yielded as it is made,
     with no cell, so that it is saved), then timed interleaved per precision."""
+    from minreal.export.json_safe import to_jsonable
     from minreal.export.tensorrt_check import tensorrt_check
-    from minreal.export.variant import to_jsonable
 
     engines: dict[tuple[str, str], tuple[str, dict[str, Any], str | None] | str] = {}
     for (variant, source), path in sorted(prep.files.items()):

@@ -37,7 +37,8 @@ from int8_width import environment
 from onnx import numpy_helper
 
 from minreal.export.int8 import QuantConfig, quantize_int8
-from minreal.export.variant import VariantConfig, export_variant
+from minreal.export.settings import VariantConfig
+from minreal.export.variant import export_variant
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
 from minreal.runtime_bench.timing import ratio_summary
 

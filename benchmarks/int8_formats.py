@@ -66,7 +66,8 @@ from minreal.compress.core.inputs import Inputs, NamedInputs
 from minreal.compress.models import CifarResNet
 from minreal.export.errors import QuantizationError
 from minreal.export.int8 import QuantConfig, quantize_int8
-from minreal.export.variant import VariantConfig, export_variant
+from minreal.export.settings import VariantConfig
+from minreal.export.variant import export_variant
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
 from minreal.runtime_bench.cpu import cpu_isa, u8s8_saturates
 from minreal.runtime_bench.environment import cpu_model

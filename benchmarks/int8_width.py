@@ -90,7 +90,8 @@ from minreal.compress.core.width.cost import cost_terms
 from minreal.compress.core.width.importance import magnitude_importance
 from minreal.compress.models import CifarResNet
 from minreal.export.int8 import QuantConfig, quantize_int8
-from minreal.export.variant import VariantConfig, export_variant
+from minreal.export.settings import VariantConfig
+from minreal.export.variant import export_variant
 from minreal.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
 from minreal.runtime_bench.cpu import cpu_int8_target, cpu_isa, u8s8_saturates

@@ -17,7 +17,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from _common import write_json
 
 from minreal.app.demo import digits_cases
-from minreal.app.pipeline import PipelineConfig, run_pipeline
+from minreal.app.pipeline import run_pipeline
+from minreal.app.settings import PipelineConfig
 
 
 def main() -> None:

@@ -50,7 +50,8 @@ from trained_models import resnet20_digits32
 
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
-from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover
+from minreal.compress.core.recover import held_out_metrics, recover
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.train import distillation_loss, task_loss
 from minreal.compress.registry import compress, get_method
 from minreal.export.int8 import resolve_target
@@ -490,7 +491,8 @@ def _onnx_pair(case: Case, module: nn.Module, folder: Path, stem: str, ranges: d
     """Export ``module`` (verified against torch), quantise it to INT8 (with trained ranges when given); held-out
     metrics of both files under ONNX Runtime against the original in torch."""
     from minreal.export.int8 import quantize_int8
-    from minreal.export.variant import VariantConfig, export_variant
+    from minreal.export.settings import VariantConfig
+    from minreal.export.variant import export_variant
 
     cfg = VariantConfig()
     fp32 = folder / f"{stem}.onnx"

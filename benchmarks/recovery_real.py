@@ -68,7 +68,8 @@ from torch import nn
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
 from minreal.compress.core.evaluate import predict
-from minreal.compress.core.recover import RecoveryConfig, held_out_metrics, recover
+from minreal.compress.core.recover import held_out_metrics, recover
+from minreal.compress.core.recover_options import RecoveryConfig
 
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/recovery_real.py --out benchmarks/recovery_real.json"
 MODELS = ("resnet32", "resnet44")

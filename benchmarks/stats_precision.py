@@ -58,9 +58,9 @@ from minreal.compress.core.width import analyse
 from minreal.compress.datasets import digits32
 from minreal.compress.methods.cbalanced import empirical_gramians, graph_gramians
 from minreal.compress.methods.cbalanced.analysis import analyse_states
+from minreal.compress.methods.cbalanced.config import CBalancedConfig
 from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians, default_state_points
 from minreal.compress.methods.cbalanced.graph_gramians import group_gramians, select_groups
-from minreal.compress.methods.cbalanced.method import CBalancedConfig
 from minreal.compress.methods.cbalanced.realise import is_mlp
 from minreal.compress.methods.factorize import FactorizeConfig
 from minreal.compress.registry import Prepared, prepare, realise

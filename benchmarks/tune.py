@@ -110,7 +110,7 @@ def _demo_weights(key: str, work: Path, prepare: bool = True) -> Path:
     path = work / f"{key}.pt"
     if prepare and not path.is_file():
         from minreal.app.demo import demo_factories
-        from minreal.export.atomic import atomic_path
+        from minreal.runtime_bench.atomic import atomic_path
 
         work.mkdir(parents=True, exist_ok=True)
         model = demo_factories()[key](True).model
@@ -191,7 +191,7 @@ def pretrained_cifar_case(name: str, work: Path, prepare: bool = True) -> Case:
 
 def _write_pretrained(checkpoint: Path, model: nn.Module, weights: Path) -> None:
     """akamaster's checkpoint as a plain state dict of ``model`` (``module.`` prefixes dropped)."""
-    from minreal.export.atomic import atomic_path
+    from minreal.runtime_bench.atomic import atomic_path
 
     weights.parent.mkdir(parents=True, exist_ok=True)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
@@ -204,7 +204,7 @@ def _write_cifar_split(calib: Path, held: Path) -> None:
     """The first :data:`CIFAR_CALIB` and the last :data:`CIFAR_HELDOUT` images of :data:`CIFAR` as ``.npz``."""
     import numpy as np
 
-    from minreal.export.atomic import atomic_path
+    from minreal.runtime_bench.atomic import atomic_path
 
     calib.parent.mkdir(parents=True, exist_ok=True)
     with np.load(CIFAR) as data:

@@ -33,15 +33,16 @@ from torch import nn
 from tp_baseline import TorchPruningConfig, torch_pruning_spec
 from trained_models import resnet20_digits32
 
-from minreal.app.pipeline import PipelineConfig, run_pipeline
+from minreal.app.pipeline import run_pipeline
+from minreal.app.settings import PipelineConfig
 from minreal.compress.core.data import Dataset
-from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.compress.datasets import digits32
 from minreal.compress.registry import register
 from minreal.export.latency_table import build_latency_table, build_width_latency_table
 
-MULTIPLE = 8  # the CPU provider's width multiple (minreal.compress.core.width.allocate.WIDTH_MULTIPLE_BY_PROVIDER)
+MULTIPLE = 8  # the CPU provider's width multiple (minreal.compress.core.options.WIDTH_MULTIPLE_BY_PROVIDER)
 TP_NOTE = ("torch-pruning 1.6.1 DepGraph treats the option-A F.pad as elementwise and ties the 16/32/64 streams "
            "position by position; pruned that way the model fails to run (mat1 and mat2 shapes cannot be "
            "multiplied). Its rows prune block-internal channels only: conv1 and every block's conv2 are ignored.")
@@ -110,7 +111,7 @@ def main() -> None:
     calib, held_out = digits32(0, 0.25)
     register(torch_pruning_spec(_stream_layers, round_to=8, note=TP_NOTE))
     from minreal.compress.methods.cbalanced import CBalancedConfig
-    from minreal.compress.methods.factorize.method import FactorizeConfig
+    from minreal.compress.methods.factorize.config import FactorizeConfig
     from minreal.compress.methods.fde import FDEConfig
     from minreal.compress.methods.magnitude import MagnitudeConfig
     from minreal.compress.methods.wanda import WandaConfig

@@ -32,7 +32,8 @@ from torch import nn
 from tp_baseline import TorchPruningConfig, torch_pruning_spec
 from width_resnet20 import summarise
 
-from minreal.app.pipeline import PipelineConfig, run_pipeline
+from minreal.app.pipeline import run_pipeline
+from minreal.app.settings import PipelineConfig
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.compress.registry import register

@@ -13,11 +13,11 @@ _EXPORTS = {"CostTable": ".core.costs", "count_costs": ".core.costs", "Dataset":
             "CompressionError": ".core.errors", "UnknownMethodError": ".core.errors",
             "RecoveryConfig": ".core.recover_options", "RecoveryResult": ".core.recover",
             "CompressionReport": ".core.report", "LayerReport": ".core.report", "MethodSpec": ".core.spec",
-            **{name: ".registry" for name in ("Method", "compress", "get_method", "method_names", "register",
+            **{name: ".registry" for name in ("compress", "get_method", "method_names", "register",
                                              "register_method")}}
 
 __all__ = ["CompressionError", "UnknownMethodError", "CompressionReport", "LayerReport", "CostTable",
-           "Dataset", "Method", "MethodSpec", "RecoveryConfig", "RecoveryResult", "compress", "count_costs",
+           "Dataset", "MethodSpec", "RecoveryConfig", "RecoveryResult", "compress", "count_costs",
            "get_method", "method_names", "register", "register_method"]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -30,15 +30,13 @@ if TYPE_CHECKING:
 
     from .core.data import Dataset
 
-__all__ = ["Method", "MethodFn", "MethodSpec", "MethodRegistry", "ENTRY_POINT_GROUP", "register",
-           "register_method", "get_method", "method_names", "compress", "compress_chain", "chain_label", "fill_costs",
-           "apply_recovery", "state_points", "Prepared", "prepare", "realise", "prepared_key"]
+__all__ = ["MethodRegistry", "ENTRY_POINT_GROUP", "register", "register_method", "get_method", "method_names",
+           "compress", "compress_chain", "chain_label", "fill_costs", "apply_recovery", "state_points", "Prepared",
+           "prepare", "realise", "prepared_key"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
 BUILTIN_PACKAGE = "minreal.compress.methods"
-Method = MethodSpec  # the name export/ and older code use
-
 # torch's side, imported on first call: looking methods up (names, configs, the CLI's options) imports no torch
 count_costs = LazyCallable("minreal.compress.core.costs:count_costs")
 count_macs_torch = LazyCallable("minreal.compress.core.costs:count_macs_torch")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from minreal.compress.core.data import Dataset
-from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.methods.cbalanced import CBalancedConfig
 from minreal.compress.models import mlp

@@ -27,7 +27,7 @@ def make() -> nn.Module:
 def main() -> None:
     from minreal.compress.core.train import TrainConfig, train
     from minreal.compress.datasets import digits
-    from minreal.export.atomic import atomic_path
+    from minreal.runtime_bench.atomic import atomic_path
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="digits_cnn.pt", help="Where the trained state dict goes.")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minreal.export.atomic import atomic_write_bytes, ensure_distinct
+from minreal.export.atomic import ensure_distinct
 from minreal.export.errors import CalibrationError
 from minreal.export.int8 import (
     Calibration,
@@ -41,6 +41,7 @@ from minreal.export.int8 import (
     reusable_calibration,
 )
 from minreal.runtime_bench import BenchInputError
+from minreal.runtime_bench.atomic import atomic_write_bytes
 from minreal.runtime_bench.inputs import Data, data_rows
 from minreal.runtime_bench.metrics import ModelMetrics, evaluate_models, is_classification
 

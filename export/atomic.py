@@ -1,8 +1,7 @@
-"""Atomic file output for the export stages, plus a guard against overwriting the input.
+"""Folders for the export stages' output, plus a guard against overwriting the input.
 
-The atomic writers live in :mod:`minreal.runtime_bench.atomic` (which never imports torch) and are
-re-exported here, so ``from minreal.export.atomic import atomic_path`` keeps working. Other stages reuse
-:func:`atomic_path` for every file they produce.
+The atomic writers themselves live in :mod:`minreal.runtime_bench.atomic` (which never imports torch); every stage
+imports :func:`~minreal.runtime_bench.atomic.atomic_path` from there for each file it produces.
 """
 
 from __future__ import annotations
@@ -13,10 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from minreal.export.errors import SameFileError
-from minreal.runtime_bench.atomic import atomic_path, atomic_write_bytes, atomic_write_text
 
-__all__ = ["SameFileError", "atomic_path", "atomic_write_bytes", "atomic_write_text", "ensure_distinct", "make_dirs",
-           "remove_empty_dirs"]
+__all__ = ["ensure_distinct", "make_dirs", "remove_empty_dirs"]
 
 
 def ensure_distinct(path_in: str | os.PathLike[str], path_out: str | os.PathLike[str]) -> None:

@@ -43,7 +43,7 @@ from minreal.compress.core.lowrank_plan import find_targets
 from minreal.compress.core.width import Cut, WidthGraph, analyse, apply_cuts
 from minreal.compress.core.width.allocate import segment_key, segment_ladders
 from minreal.compress.core.width.graph import ChannelGroup
-from minreal.export.atomic import atomic_path
+from minreal.runtime_bench.atomic import atomic_path
 from minreal.runtime_bench.config import default_threads
 from minreal.runtime_bench.providers import provider_name, unavailable_reason
 from minreal.runtime_bench.sessions import create_session

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from minreal.export.atomic import atomic_path
 from minreal.export.errors import ParityError
 from minreal.export.quiet import Captured, captured_output
 from minreal.export.verify import compare_output
 from minreal.facts import error_line
+from minreal.runtime_bench.atomic import atomic_path
 from minreal.runtime_bench.sessions import create_session
 
 __all__ = ["ShapeSpec", "parse_fixed_shapes", "FixedCheck", "FixedShapes", "fix_shapes", "check_fixed",

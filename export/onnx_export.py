@@ -40,8 +40,7 @@ from minreal.export.quiet import Captured, captured_output
 from minreal.export.serialize import export_dims
 from minreal.facts import ANSI_ESCAPE, first_line
 
-__all__ = ["DEFAULT_OPSET", "EXTERNAL_DATA_BYTES", "MIN_OPSET", "Axes", "ExportResult", "eval_mode",
-           "graph_axes", "to_onnx"]
+__all__ = ["DEFAULT_OPSET", "EXTERNAL_DATA_BYTES", "MIN_OPSET", "Axes", "ExportResult", "graph_axes", "to_onnx"]
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from typing import Any
 from torch import nn
 
 from minreal.compress.core.inputs import Inputs, repeat_to
-from minreal.export.atomic import atomic_path, ensure_distinct
+from minreal.export.atomic import ensure_distinct
 from minreal.export.errors import OrtConversionError
 from minreal.export.int8 import resolve_target
 from minreal.export.json_safe import to_jsonable
@@ -46,6 +46,7 @@ from minreal.export.verify import (
     verify_parity,
 )
 from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET, error_line
+from minreal.runtime_bench.atomic import atomic_path
 from minreal.runtime_bench.cpu import ARM_GRAPH_CONFIG
 from minreal.runtime_bench.errors import ModelFileError
 

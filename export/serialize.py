@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from minreal.compress.core.inputs import Inputs, NamedInputs, args_of, takes_varargs
-from minreal.export.atomic import atomic_path
+from minreal.runtime_bench.atomic import atomic_path
 
 __all__ = ["export_dims", "save_program", "synthetic_example"]
 

@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from minreal.export.atomic import atomic_path, ensure_distinct
+from minreal.export.atomic import ensure_distinct
 from minreal.export.onnx_files import copy_onnx, data_files, onnx_size
 from minreal.export.verify import DEFAULT_ATOL, DEFAULT_RTOL, Feeds, compare_output, feed_rows, run_ort
 from minreal.facts import error_line
+from minreal.runtime_bench.atomic import atomic_path
 from minreal.runtime_bench.sessions import create_session
 
 __all__ = ["SimplifyResult", "simplify"]

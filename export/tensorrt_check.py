@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from minreal.export.atomic import atomic_write_bytes
 from minreal.export.readiness import ReadinessReport, tensorrt_readiness
 from minreal.export.verify import OutputParity, compare_output, run_ort
 from minreal.facts import error_line, first_line
+from minreal.runtime_bench.atomic import atomic_write_bytes
 from minreal.runtime_bench.inputs import Data, input_specs, timing_inputs
 from minreal.runtime_bench.sessions import create_session
 

@@ -28,16 +28,16 @@ from minreal.export.mobile import fix_verified, mobile_usability
 from minreal.export.onnx_export import Axes, to_onnx
 from minreal.export.onnx_files import data_files, move_onnx, onnx_size
 from minreal.export.readiness import tensorrt_readiness
-from minreal.export.settings import CALIB_SAMPLES, VariantConfig
+from minreal.export.settings import VariantConfig
 from minreal.export.simplify import simplify
 from minreal.export.tensorrt_check import tensorrt_check
 from minreal.export.verify import feeds_of, verify_parity
 from minreal.facts import PTQ_SUFFIX
 from minreal.runtime_bench.model_info import gzip_bytes, model_files
 
-__all__ = ["PARITY_BATCH_SIZES", "CALIB_SAMPLES", "PTQ_SUFFIX", "VariantConfig", "VariantRecord", "export_variant",
-           "quantize_variant", "fp16_variant", "fp16_skip_reason", "FP16_LABEL_SUFFIX", "trained_ranges",
-           "layer_weights", "parity_inputs", "record_axes", "to_jsonable", "relative_to", "file_stem"]
+__all__ = ["PARITY_BATCH_SIZES", "VariantRecord", "export_variant", "quantize_variant", "fp16_variant",
+           "fp16_skip_reason", "FP16_LABEL_SUFFIX", "trained_ranges", "layer_weights", "parity_inputs", "record_axes",
+           "relative_to", "file_stem"]
 
 PARITY_BATCH_SIZES: tuple[int, ...] = (1, 16)
 """Batch sizes ONNX Runtime is compared with torch at (data smaller than a batch is repeated to fill it)."""

@@ -10,21 +10,21 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-#: Public name -> submodule that defines it.
+#: Public name -> the module that defines it (relative to this package, as in an import statement).
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("atomic_path", "atomic_write_bytes", "atomic_write_text"), "atomic"),
-    **dict.fromkeys(("Progress", "run_benchmark"), "bench"),
-    **dict.fromkeys(("CheckResult", "Criterion", "check_report", "format_check"), "check"),
-    **dict.fromkeys(("BenchConfig", "ModelEntry"), "config"),
+    **dict.fromkeys(("atomic_path", "atomic_write_bytes", "atomic_write_text"), ".atomic"),
+    **dict.fromkeys(("Progress", "run_benchmark"), ".bench"),
+    **dict.fromkeys(("CheckResult", "Criterion", "check_report", "format_check"), ".check"),
+    **dict.fromkeys(("BenchConfig", "ModelEntry"), ".config"),
     **dict.fromkeys(("BenchInputError", "CheckError", "ModelFileError", "ProviderUnavailableError",
-                     "ReportSchemaError", "SessionError", "UnknownProviderError", "WorkerError"), "errors"),
+                     "ReportSchemaError", "SessionError", "UnknownProviderError", "WorkerError"), ".errors"),
     **dict.fromkeys(("INTEGER_OP_TYPES", "ModelInfo", "count_nodes", "model_info", "optimized_graph_ops"),
-                    "model_info"),
-    **dict.fromkeys(("Placement", "PlacedNode", "measure_placement", "parse_profile"), "placement"),
-    **dict.fromkeys(("PROVIDERS", "available_providers"), "providers"),
+                    ".model_info"),
+    **dict.fromkeys(("Placement", "PlacedNode", "measure_placement", "parse_profile"), ".placement"),
+    "PROVIDERS": "minreal.facts", "available_providers": ".providers",
     **dict.fromkeys(("SCHEMA_VERSION", "BenchReport", "PlacementResult", "format_table", "load_report", "write_json",
-                     "write_markdown"), "report"),
-    **dict.fromkeys(("LatencyStats", "latency_stats", "time_interleaved"), "timing"),
+                     "write_markdown"), ".report"),
+    **dict.fromkeys(("LatencyStats", "latency_stats", "time_interleaved"), ".timing"),
 }
 
 
@@ -32,7 +32,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'runtime_bench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value
 

@@ -2,7 +2,7 @@
 
 A reader never sees a half-written file, and a writer that raises leaves nothing behind. The
 written file gets the usual permissions (``0o666`` less the process umask), not ``mkstemp``'s 0600.
-This module imports only the standard library; :mod:`minreal.export.atomic` re-exports it.
+This module imports only the standard library, and every layer above imports its writers from here.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class BenchConfig:
     Validation messages name each field with the CLI flag that sets it, e.g. ``repeats (--repeats)``.
 
     Attributes:
-        providers: Provider short names (see :data:`minreal.runtime_bench.providers.PROVIDERS`).
+        providers: Provider short names (see :data:`minreal.facts.PROVIDERS`).
         batch_sizes: Batch sizes; each (provider, batch size) is timed in fresh processes.
         warmup: Runs per model discarded before measuring.
         min_runs: Minimum measured runs per model.

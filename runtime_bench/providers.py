@@ -10,8 +10,6 @@ from .errors import ProviderUnavailableError, UnknownProviderError
 from .runtime import onnxruntime_module, wheel_conflict
 
 __all__ = [
-    "PROVIDERS",
-    "INSTALL_HINTS",
     "provider_name",
     "available_providers",
     "unavailable_reason",

@@ -94,13 +94,6 @@ def test_everything_imports_through_the_minreal_namespace() -> None:
     assert not bad, bad
 
 
-def test_no_module_is_a_former_home() -> None:
-    """No re-export shims before a release exists (STYLE.md)."""
-    phrase = "former" + " home"  # split so this file does not name itself
-    bad = [str(p.relative_to(ROOT)) for p in _python_files() if phrase in p.read_text().lower()]
-    assert not bad, bad
-
-
 def test_importing_compress_loads_no_onnx_and_runtime_bench_no_torch() -> None:
     """What the AST check cannot see: packages' ``__init__`` modules load lazily."""
     code = ("import sys, minreal.compress as c, minreal.compress.registry; c.method_names(); "

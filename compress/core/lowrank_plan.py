@@ -31,13 +31,12 @@ from .errors import CompressionError
 from .evaluate import eval_mode
 from .inputs import Inputs, call
 from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_macs, pair_params
-from .options import RANK_MULTIPLE_BY_PROVIDER, Budget, BudgetOptions, rank_multiple_defaults
+from .options import Budget
 from .report import CompressionReport, LayerReport
 from .surgery import parent_weight_readers, replace_modules
 
-__all__ = ["Budget", "BudgetOptions", "Target", "factorisable_model", "find_targets", "note_attention", "plan_ranks",
-           "apply_factors", "fill_report", "load_latency_table", "whole_model_total", "layer_target",
-           "predicted_latency_ratio", "RANK_MULTIPLE_BY_PROVIDER", "rank_multiple_defaults"]
+__all__ = ["Target", "factorisable_model", "find_targets", "note_attention", "plan_ranks", "apply_factors",
+           "fill_report", "load_latency_table", "whole_model_total", "layer_target", "predicted_latency_ratio"]
 
 CostFn = Callable[[int], float]
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from minreal.facts import DETAIL_KEY, PROGRESS_KEY
 
-__all__ = ["PROGRESS_KEY", "DETAIL_KEY", "log_progress", "tracked"]
+__all__ = ["log_progress", "tracked"]
 
 T = TypeVar("T")
 

@@ -22,8 +22,8 @@ from .report import CompressionReport
 from .width import Cut, WidthGraph, analyse, apply_cuts
 from .width.allocate import allocate_widths, check_width_table, load_width_latency_table
 
-__all__ = ["PruneOptions", "Scorer", "widths_for_params", "mlp_macs", "CHAIN_COSTS", "prune_chain", "GraphScorer",
-           "PrunePrepared", "prune_prepare", "prune_realise"]
+__all__ = ["Scorer", "widths_for_params", "mlp_macs", "CHAIN_COSTS", "prune_chain", "GraphScorer", "PrunePrepared",
+           "prune_prepare", "prune_realise"]
 
 Scorer = Callable[[Chain, torch.Tensor], list[torch.Tensor]]
 #: Channel importance on a traced graph: (analysis, groups that may shrink, calibration inputs) → per group.

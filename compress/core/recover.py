@@ -69,8 +69,7 @@ from .qat import FakeQuant, fake_quant
 from .recover_options import RecoveryConfig
 from .train import distillation_loss, task_loss
 
-__all__ = ["RecoveryConfig", "RecoveryResult", "recover", "recovery_split", "held_out_metrics", "feature_points",
-           "recalibrate_batchnorm"]
+__all__ = ["RecoveryResult", "recover", "recovery_split", "held_out_metrics", "feature_points", "recalibrate_batchnorm"]
 
 log = logging.getLogger(__name__)
 TASK = "recovery (steps)"

@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from .data import Dataset
-from .recover import RecoveryConfig
+from .recover_options import RecoveryConfig
 
 __all__ = ["RunCase", "VariantSpec"]
 

@@ -32,8 +32,7 @@ from .lowrank import matrix_view
 from .options import DEFAULT_STATS_DTYPE, STATS_DTYPE_NAMES
 from .progress import tracked
 
-__all__ = ["MomentStats", "conv_patches", "layer_rows", "shifted_moments", "collect_moments", "STATS_DTYPES",
-           "DEFAULT_STATS_DTYPE"]
+__all__ = ["MomentStats", "conv_patches", "layer_rows", "shifted_moments", "collect_moments", "STATS_DTYPES"]
 
 log = logging.getLogger(__name__)
 

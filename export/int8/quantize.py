@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 import minreal.runtime_bench.cpu as cpu_facts
-from minreal.export.atomic import atomic_path, ensure_distinct
+from minreal.export.atomic import ensure_distinct
 from minreal.export.errors import QuantizationError
 from minreal.export.int8 import cleanup
 from minreal.export.int8.calibration import (
@@ -42,6 +42,7 @@ from minreal.export.int8.passes import run_dynamic, stamp_target
 from minreal.export.int8.preprocess import int8_skip_reason, preprocess
 from minreal.export.int8.target import TARGET_GRAPHS, saturates_here
 from minreal.facts import error_line
+from minreal.runtime_bench.atomic import atomic_path
 from minreal.runtime_bench.model_info import float_roundtrips, op_counts, optimized_graph
 
 __all__ = ["quantize_int8"]

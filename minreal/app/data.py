@@ -38,7 +38,7 @@ from minreal.app.callables import (
     _resolve_callable,
     _shape,
 )
-from minreal.app.preprocess import DEFAULT_SOURCE, IMAGENET_MEAN, IMAGENET_STD, ImagePreprocess
+from minreal.app.preprocess import DEFAULT_SOURCE, ImagePreprocess
 from minreal.app.settings import HOLDOUT_FRACTION
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import Inputs, NamedInputs, sample_shapes
@@ -46,12 +46,8 @@ from minreal.compress.datasets import digits, digits32, sequential_digits
 
 __all__ = [
     "BUILTIN_DATA",
-    "HOLDOUT_FRACTION",
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
     "LoadedData",
     "MIN_EVAL_SAMPLES",
-    "SpecError",
     "load_data",
     "load_dataset",
     "require_image_folder",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from torch import nn
 
 from minreal.app.method_options import build_config, provider_defaults
-from minreal.app.pipeline import PipelineConfig
+from minreal.app.settings import PipelineConfig
 from minreal.compress import get_method, method_names
 from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.compress.core.train import TrainConfig, train

@@ -21,7 +21,7 @@ def usage_errors() -> tuple[type[BaseException], ...]:
     """The project errors that mean the command was given wrongly (exit 2, like click's usage errors)."""
     from minreal.app.callables import SpecError
     from minreal.app.method_options import MethodOptionError
-    from minreal.app.pipeline import RunDirError
+    from minreal.app.rundir import RunDirError
     from minreal.app.tune import TuneError
     from minreal.compress import CompressionError, UnknownMethodError
     from minreal.export.errors import SameFileError

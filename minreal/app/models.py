@@ -47,7 +47,7 @@ from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import Inputs, NamedInputs, PackedInputs, call
 from minreal.compress.models import resnet20_cifar
 
-__all__ = ["BUILTIN_MODELS", "SpecError", "check_input_shape", "load_model"]
+__all__ = ["BUILTIN_MODELS", "check_input_shape", "load_model"]
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from minreal.app.cli_options import (
     repeats_option,
 )
 from minreal.app.settings import PipelineConfig
-from minreal.export.settings import FORMATS, ORT_OPTIMIZATIONS, ORT_PLATFORMS, ORT_STYLES, QUANT_TARGETS
+from minreal.export.settings import FORMATS, ORT_OPTIMIZATIONS, ORT_PLATFORMS, ORT_STYLES, QUANT_TARGETS, VariantConfig
 from minreal.facts import PROVIDERS
 
 __all__ = ["IMAGE_GROUP", "ORT_GROUP", "QUANT_TARGET_HELP", "axis_values_option", "fixed_shapes_option",
@@ -108,13 +108,13 @@ def quant_target_option(fn: Callable) -> Callable:
     return click.option("--quant-target", type=click.Choice(QUANT_TARGETS), default=None, cls=GroupedOption,
                         group=EXPORT,
                         help=QUANT_TARGET_HELP + " Default: tensorrt when --providers includes tensorrt, else "
-                                                 f"{PipelineConfig.quant_target}.")(fn)
+                                                 f"{VariantConfig.quant_target}.")(fn)
 
 
 def quant_target_for(given: str | None, providers: tuple[str, ...]) -> str:
     """The INT8 format: ``--quant-target`` when given, else TensorRT's when tensorrt is among ``providers`` (what
     TensorRT builds), else the pipeline's default."""
-    return given or ("tensorrt" if "tensorrt" in providers else PipelineConfig.quant_target)
+    return given or ("tensorrt" if "tensorrt" in providers else VariantConfig.quant_target)
 
 
 def shape_options(input_shape: tuple[str, ...],
@@ -250,7 +250,8 @@ def mismatch_option(fn: Callable) -> Callable:
 
 def recovery_options(fn: Callable) -> Callable:
     """``--recover-*``: distillation from the original after the method (see
-    :class:`minreal.compress.core.recover.RecoveryConfig`), off by default; read back by :func:`recovery_config`."""
+    :class:`minreal.compress.core.recover_options.RecoveryConfig`), off by default; read back by
+    :func:`recovery_config`."""
     from minreal.compress.core.recover_options import TASKS, RecoveryConfig
 
     base = RecoveryConfig()
@@ -320,7 +321,7 @@ def qat_recovery_option(fn: Callable) -> Callable:
 
 def recovery_config(opts: dict[str, Any], int8_target: str) -> Any:
     """Pop the ``recover_*`` options from ``opts`` (the command's keyword arguments) and return the
-    :class:`~minreal.compress.core.recover.RecoveryConfig` they ask for, or None when recovery is off;
+    :class:`~minreal.compress.core.recover_options.RecoveryConfig` they ask for, or None when recovery is off;
     ``--recover-int8`` fake-quantises in ``int8_target``'s INT8 format."""
     from minreal.compress.core.recover_options import RecoveryConfig
 
@@ -350,7 +351,7 @@ def pipeline_options(fn: Callable) -> Callable:
         fp16_option("LABEL.fp16 of the original and every variant even without a cuda/tensorrt provider (made "
                     "anyway with one)."),
         quant_target_option,
-        quant_mode_option(PipelineConfig.quant_mode),
+        quant_mode_option(VariantConfig.quant_mode),
         min_seconds_option(f"default {PipelineConfig.min_seconds:g}."),
         repeats_option(f"default {PipelineConfig.repeats}."),
     ]):
@@ -364,7 +365,8 @@ def pipeline_config(base: Any, batch: str, providers: str, no_int8: bool, quant_
     from dataclasses import replace
 
     cfg = replace(base, batch_sizes=split_ints(batch, "--batch"), providers=split_names(providers),
-                  int8=not no_int8, quant_target=quant_target, quant_mode=quant_mode, fp16=fp16)
+                  int8=not no_int8, variant=replace(base.variant, quant_target=quant_target, quant_mode=quant_mode),
+                  fp16=fp16)
     if min_seconds is not None:
         cfg = replace(cfg, min_seconds=min_seconds)
     return replace(cfg, repeats=repeats) if repeats is not None else cfg

@@ -1,10 +1,8 @@
 """End-to-end pipeline: compress → export → simplify → verify → INT8 / FP16 → benchmark → run directory.
 
 Each stage is a plain function with a dataclass result; the CLI and the demo are thin shells over
-:func:`run_pipeline`. The whole run directory is written into a staging folder next to the target and
-renamed into place at the end, so a failed run leaves no half-written output. The run directory is
-claimed with an exclusive lock on a sibling ``.NAME.lock`` file from the existence check to the commit,
-so two runs never write the same directory.
+:func:`run_pipeline`. The run is written into the staging folder of a claimed run directory and committed at the
+end (:mod:`minreal.app.rundir`), so a failed run leaves no half-written output.
 
 Test hook: ``MINREAL_FAULT_INJECT=STAGE:SIGNAL`` makes the process send itself SIGNAL (``SIGINT``,
 ``SIGTERM``) when STAGE starts (``export_original``, ``compress``, ``int8``, ``fp16``, ``benchmark``, ``commit``).
@@ -12,18 +10,12 @@ Test hook: ``MINREAL_FAULT_INJECT=STAGE:SIGNAL`` makes the process send itself S
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
-import glob
-import json
 import logging
 import os
-import shutil
 import signal
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,15 +27,15 @@ import minreal.runtime_bench as rb
 from minreal.app.mismatch import DataCheck, check_data, require_match
 from minreal.app.plan import run_variant
 from minreal.app.report import cell_label, int8_cause, roundtrip_summary
-from minreal.app.settings import FP16_PROVIDERS, PipelineConfig
+from minreal.app.rundir import RunDirClaim, claim_run_dir, commit_run_dir
+from minreal.app.settings import PipelineConfig
 from minreal.compress.core.evaluate import compare_outputs
-from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.run_case import RunCase, VariantSpec
-from minreal.export.atomic import atomic_path, make_dirs, remove_empty_dirs
 from minreal.export.errors import ParityError
 from minreal.export.int8 import int8_skip_reason
 from minreal.export.int8.target import resolve_target
-from minreal.export.json_safe import write_json
+from minreal.export.json_safe import to_jsonable, write_json
 from minreal.export.ort_format import merge_operator_configs, ort_variant
 from minreal.export.serialize import save_program
 from minreal.export.variant import (
@@ -56,37 +48,18 @@ from minreal.export.variant import (
     layer_weights,
     quantize_variant,
     relative_to,
-    to_jsonable,
     trained_ranges,
 )
 from minreal.export.verify import feeds_of
 from minreal.facts import int8_source
+from minreal.runtime_bench.atomic import atomic_path
 
-__all__ = ["PipelineConfig", "CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV",
-           "run_pipeline", "fill_run_dir", "run_case", "claim_run_dir", "RunDirClaim", "prepare_run_dir",
-           "RunDirError", "RunDirBusyError", "commit_run_dir", "FP16_PROVIDERS"]
+__all__ = ["CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV", "run_pipeline", "fill_run_dir", "run_case"]
 
 log = logging.getLogger(__name__)
 RUN_SCHEMA_VERSION = 1
 FAULT_ENV = "MINREAL_FAULT_INJECT"
 Progress = Callable[[str], None]
-
-
-class RunDirError(ValueError):
-    """The output directory cannot be used as asked."""
-
-
-class RunDirBusyError(RuntimeError):
-    """Another process holds the lock of the output directory (it is writing the same run)."""
-
-
-@dataclass(frozen=True)
-class RunDirClaim:
-    """A run directory this process holds the lock of, and the staging folder the run is written into."""
-
-    out_dir: Path
-    staging: Path
-    overwrite: bool
 
 
 def _fault_point(stage: str) -> None:
@@ -122,149 +95,6 @@ class RunReport:
     created_utc: str
     config: dict[str, Any]
     cases: list[CaseResult]
-
-
-def _is_run_dir(path: Path) -> bool:
-    """A directory minreal wrote: its report.json has this tool's run schema (or it is empty)."""
-    if not any(path.iterdir()):
-        return True
-    try:
-        data = json.loads((path / "report.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "schema_version" in data and ("cases" in data or data.get("kind") == "tune")
-
-
-@contextlib.contextmanager
-def claim_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Iterator[RunDirClaim]:
-    """Hold ``out_dir`` for this process until the block ends, with a staging folder to write the run into.
-
-    Creates the parent folder, takes a non-blocking exclusive lock on ``.NAME.lock`` beside ``out_dir``
-    (:class:`RunDirBusyError` if another process holds it), then checks ``out_dir`` may be written
-    (:func:`prepare_run_dir`). The lock spans that check and the commit (:func:`fill_run_dir`). On leaving,
-    the lock file is removed, and so are an uncommitted staging folder and the parent folders this call
-    created that are still empty.
-    """
-    out_dir = Path(out_dir)
-    _check_not_input(out_dir, inputs)
-    try:
-        created = make_dirs(out_dir.resolve().parent)
-    except OSError as exc:
-        raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
-    try:
-        with _locked(out_dir):
-            _remove_stale_staging(out_dir)
-            staging = prepare_run_dir(out_dir, overwrite, inputs)
-            try:
-                yield RunDirClaim(out_dir, staging, overwrite)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)  # gone already once committed
-    finally:
-        remove_empty_dirs(created)
-
-
-def _remove_stale_staging(out_dir: Path) -> None:
-    """Staging folders of ``out_dir`` left by a killed run (SIGKILL, power loss): safe to delete once we hold
-    the lock, since any run writing into one would hold it."""
-    for stale in out_dir.resolve().parent.glob(f".{glob.escape(out_dir.resolve().name)}.staging-*"):
-        log.info("removing %s, left by an interrupted run", stale)
-        shutil.rmtree(stale, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _locked(out_dir: Path) -> Iterator[None]:
-    """Hold the lock file of ``out_dir`` for the block, then remove it."""
-    lock = out_dir.resolve().with_name(f".{out_dir.resolve().name}.lock")
-    fd = _acquire(lock, out_dir)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            lock.unlink()
-        os.close(fd)
-
-
-def _acquire(lock: Path, out_dir: Path) -> int:
-    """Open and lock ``lock`` without waiting; retry if a finishing holder removed the file meanwhile."""
-    busy = RunDirBusyError(f"output directory {out_dir} is being written by another minreal run (lock file {lock} "
-                           "is held); wait for it to finish or choose another --out")
-    for _ in range(3):
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as exc:
-            raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise busy from None
-        if _same_file(fd, lock):
-            return fd
-        os.close(fd)
-    raise busy
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        st, here = os.fstat(fd), os.stat(path)
-    except FileNotFoundError:
-        return False
-    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
-
-
-def _check_not_input(out_dir: Path, inputs: Sequence[Path]) -> None:
-    resolved = out_dir.resolve()
-    for path in inputs:
-        if resolved == Path(path).resolve() or resolved in Path(path).resolve().parents:
-            raise RunDirError(f"output directory {out_dir} contains the input {path}; choose another --out")
-
-
-def _check_target(out_dir: Path, overwrite: bool) -> None:
-    """``out_dir`` is absent, or (with ``overwrite``) an earlier run directory."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise RunDirError(f"output path {out_dir} exists and is not a directory")
-    if out_dir.exists() and not overwrite:
-        raise RunDirError(f"output directory {out_dir} already exists; pass --overwrite to replace it")
-    if out_dir.exists() and not _is_run_dir(out_dir):
-        raise RunDirError(f"{out_dir} is not a minreal run directory (no run report.json); --overwrite replaces "
-                          "only earlier runs, choose another --out")
-
-
-def prepare_run_dir(out_dir: Path, overwrite: bool, inputs: Sequence[Path] = ()) -> Path:
-    """Check that ``out_dir`` may be written and return a fresh staging folder beside it.
-
-    ``--overwrite`` replaces only an earlier run directory (never a folder of other files), and the run
-    directory may not contain any of ``inputs``. Call it under :func:`claim_run_dir` (which does), so the
-    answer still holds at the commit.
-    """
-    out_dir = Path(out_dir)
-    _check_not_input(out_dir, inputs)
-    _check_target(out_dir, overwrite)
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
-    except OSError as exc:
-        raise RunDirError(f"cannot write output directory {out_dir}: {exc.strerror or exc}") from None
-    mask = os.umask(0)
-    os.umask(mask)
-    staging.chmod(0o777 & ~mask)  # mkdtemp makes it private; a run directory follows the user's umask
-    return staging
-
-
-def commit_run_dir(claim: RunDirClaim) -> None:
-    """Move the finished staging folder onto the run directory (replacing an old run only now).
-
-    ``rename`` silently replaces an empty directory, so the target is checked again first: something
-    that is not this tool (which respects the lock) may have created it meanwhile.
-    """
-    out_dir = claim.out_dir
-    _check_target(out_dir, claim.overwrite)
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{int(time.time())}")
-        out_dir.rename(old)
-        claim.staging.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        claim.staging.rename(out_dir)
 
 
 def _export(module: nn.Module, label: str, method: str, case: RunCase, case_dir: Path,
@@ -353,7 +183,7 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
     if cfg.int8:
         t = time.perf_counter()
         _fault_point("int8")
-        progress(f"[{case.name}] quantising to INT8 ({cfg.quant_target}, {cfg.quant_mode})")
+        progress(f"[{case.name}] quantising to INT8 ({cfg.variant.quant_target}, {cfg.variant.quant_mode})")
         records += _int8_records(records, weights, case, case_dir, cfg)
         stages["int8"] = time.perf_counter() - t
     fp16_warnings: list[str] = []
@@ -408,7 +238,7 @@ def _axis_values(case: RunCase, cfg: PipelineConfig) -> dict[str, tuple[int, ...
     benchmark (nothing is padded)."""
     from minreal.app.shapes import axis_lengths
 
-    fixed = cfg.fixed_shapes
+    fixed = cfg.variant.fixed_shapes
     frozen = set() if fixed is None else {name for name, _ in fixed.dims} | {
         dim for name, _ in fixed.inputs for dim in case.axes().get(name, {}).values()}  # --fixed-shapes
     out = {}
@@ -539,11 +369,13 @@ def fill_run_dir(cases: list[RunCase], claim: RunDirClaim, cfg: PipelineConfig,
                  progress: Progress | None = None) -> RunReport:
     """Run every case into the staging folder of ``claim`` and commit it as the run directory; ``cfg``'s INT8 target
     is resolved here, once (the report keeps the one asked for)."""
-    from minreal.app.report import plot_accuracy_latency, plot_spectra, render_markdown
+    from minreal.app.plots import plot_accuracy_latency, plot_spectra
+    from minreal.app.report import render_markdown
 
     notify, staging = progress or log.info, claim.staging
     interrupts = Interrupts()
-    resolved = dataclasses.replace(cfg, quant_target=resolve_target(cfg.quant_target, cfg.quant_mode))
+    target = resolve_target(cfg.variant.quant_target, cfg.variant.quant_mode)
+    resolved = dataclasses.replace(cfg, variant=dataclasses.replace(cfg.variant, quant_target=target))
     results = [run_case(c, staging / c.name, resolved, notify, interrupts) for c in cases]
     report = RunReport(RUN_SCHEMA_VERSION, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
                        to_jsonable(cfg), results)

@@ -33,7 +33,7 @@ from torch import nn
 from minreal.app.method_options import MethodOptionError, build_config
 from minreal.compress import compress, method_names
 from minreal.compress.core.data import Dataset
-from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.report import CompressionReport
 from minreal.compress.core.run_case import VariantSpec
 from minreal.compress.registry import chain_label, compress_chain

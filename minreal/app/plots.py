@@ -2,7 +2,8 @@
 baselines, the chosen model and the Pareto front.
 
 The maths (:func:`pareto_front`, :func:`axis_scale`) is pure; :func:`plot_front` draws given points;
-:func:`report_points` reads them off a run report; :func:`plot_accuracy_latency` is the run's ``plot.png``.
+:func:`report_points` reads them off a run report; :func:`plot_accuracy_latency` is the run's ``plot.png``, and
+:func:`plot_spectra` its ``spectra.png`` (the per-layer spectra a method reports, e.g. C-balanced's tests A, B, C).
 Matplotlib is imported only where a figure is drawn.
 """
 
@@ -14,8 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from minreal.app.report import spectra_layers
+
 __all__ = ["PlotPoint", "PanelInfo", "PlotInfo", "ROLES", "QUALITY_NAMES", "better_direction", "dominates",
-           "pareto_front", "axis_scale", "report_points", "plot_front", "plot_accuracy_latency"]
+           "pareto_front", "axis_scale", "report_points", "plot_front", "plot_accuracy_latency",
+           "plot_spectra"]
 
 Role = Literal["baseline-fp32", "baseline-int8", "baseline-other", "candidate", "chosen"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -306,7 +310,7 @@ def plot_front(points: Sequence[PlotPoint], path: str | Path, title: str | None 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from minreal.export.atomic import atomic_path
+    from minreal.runtime_bench.atomic import atomic_path
 
     _check(points)
     panels = _panels(points)
@@ -334,3 +338,33 @@ def plot_accuracy_latency(report: Any, path: str | Path) -> PlotInfo:
     """The run's ``plot.png``: quality vs p50 latency of every model, one panel per (case, provider, batch
     size); see :func:`plot_front`."""
     return plot_front(report_points(report), path, "quality vs latency (p50) per case, provider and batch size")
+
+
+def plot_spectra(report: Any, path: Any) -> bool:
+    """PNG of the per-layer spectra (e.g. C-balanced tests A, B, C), one panel per layer; False if none."""
+    layers = spectra_layers(report)
+    if not layers:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from minreal.runtime_bench.atomic import atomic_path
+
+    fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.2), squeeze=False)
+    for ax, (case, name, spectra) in zip(axes[0], layers):
+        for test, values in spectra.items():
+            lam = np.clip(np.asarray(values, dtype=float), 1e-30, None)
+            ax.semilogy(lam / lam.max(), label=test)
+        ax.set_title(f"{case}\n{name}", fontsize=8)
+        ax.set_xlabel("index")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("eigenvalue / largest")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return True

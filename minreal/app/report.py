@@ -1,19 +1,19 @@
-"""Human-readable views of a run: the summary table (console and Markdown) and the accuracy/latency plot."""
+"""Human-readable views of a run: the summary tables (console and Markdown) and report.md; its plots are in
+:mod:`minreal.app.plots`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from minreal.app.plots import plot_accuracy_latency  # re-exported: the run's plot.png
 from minreal.export.settings import int8_format
 from minreal.facts import ARM64_TARGET
 
-__all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "plot_accuracy_latency",
-           "plot_spectra", "spectra_layers", "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery",
-           "INT8_HEADERS", "int8_rows", "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows",
-           "tensorrt_lines", "verdict_lines", "grouped_warnings", "int8_format_text", "VERDICT_MAX_DROP_PP",
-           "ORT_HEADERS", "ort_rows", "ort_line", "ORT_FP16_NOTE", "ort_fp16_note"]
+__all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "spectra_layers",
+           "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS", "int8_rows",
+           "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows", "tensorrt_lines",
+           "verdict_lines", "grouped_warnings", "int8_format_text", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
+           "ort_line", "ORT_FP16_NOTE", "ort_fp16_note"]
 
 #: The accuracy cost a verdict accepts: the fastest model within this many points of the original's held-out accuracy.
 VERDICT_MAX_DROP_PP = 1.0
@@ -665,33 +665,3 @@ def spectra_layers(report: Any) -> list[tuple[str, str, dict[str, list[float]]]]
                 if spectra:
                     out.append((_get(case, "name"), f"{_get(v, 'label')}: {layer}", spectra))
     return out
-
-
-def plot_spectra(report: Any, path: Any) -> bool:
-    """PNG of the per-layer spectra (e.g. C-balanced tests A, B, C), one panel per layer; False if none."""
-    layers = spectra_layers(report)
-    if not layers:
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from minreal.export.atomic import atomic_path
-
-    fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.2), squeeze=False)
-    for ax, (case, name, spectra) in zip(axes[0], layers):
-        for test, values in spectra.items():
-            lam = np.clip(np.asarray(values, dtype=float), 1e-30, None)
-            ax.semilogy(lam / lam.max(), label=test)
-        ax.set_title(f"{case}\n{name}", fontsize=8)
-        ax.set_xlabel("index")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("eigenvalue / largest")
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-    return True

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import minreal.runtime_bench as rb
@@ -13,7 +13,6 @@ from minreal.export.settings import OrtConfig, VariantConfig
 if TYPE_CHECKING:
     from minreal.compress.core.recover_options import RecoveryConfig
     from minreal.export.fp16 import Fp16Config
-    from minreal.export.mobile import ShapeSpec
     from minreal.runtime_bench.provider_options import ProviderSettings
 
 __all__ = ["HOLDOUT_FRACTION", "FP16_PROVIDERS", "PipelineConfig"]
@@ -24,26 +23,25 @@ HOLDOUT_FRACTION = 0.25
 FP16_PROVIDERS: tuple[str, ...] = ("cuda", "tensorrt")
 """Providers whose request gives every fp32 variant an FP16 copy in the run (``--fp16`` forces them elsewhere)."""
 
-_VARIANT, _BENCH = VariantConfig(), rb.BenchConfig()  # the defaults below come from these two
+_BENCH = rb.BenchConfig()  # the timing defaults below are minreal bench's
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
     """Export, quantisation and benchmark settings shared by every case of a run (``report.json``'s config).
 
-    Export/INT8 defaults are :class:`minreal.export.variant.VariantConfig`'s, timing defaults
-    :class:`minreal.runtime_bench.BenchConfig`'s; only the batch sizes differ (a run also times a large batch).
+    Export/INT8 settings are one :class:`minreal.export.settings.VariantConfig` (``variant``; :meth:`variant_config`
+    adds what the run's providers and batch sizes decide); timing defaults are
+    :class:`minreal.runtime_bench.BenchConfig`'s, but for the batch sizes (a run also times a large batch).
     """
 
     batch_sizes: tuple[int, ...] = (1, 32)
     providers: tuple[str, ...] = _BENCH.providers
     int8: bool = True
-    quant_target: str = _VARIANT.quant_target
-    quant_mode: str = _VARIANT.quant_mode
-    calib_samples: int = _VARIANT.calib_samples
-    rtol: float = _VARIANT.rtol
-    atol: float = _VARIANT.atol
-    opset: int = _VARIANT.opset
+    variant: VariantConfig = field(default_factory=VariantConfig)
+    """Opset, parity tolerances, INT8 target, mode and calibration samples, and the symbolic dimensions fixed in
+    every exported file (``--fixed-shapes``, for NNAPI/CoreML; a fixed batch must then be the only batch size
+    timed)."""
     warmup: int = _BENCH.warmup
     min_runs: int = _BENCH.min_runs
     min_seconds: float = _BENCH.min_seconds
@@ -54,9 +52,6 @@ class PipelineConfig:
     allow_data_mismatch: bool = False
     """Go on (with a warning) when the original scores near chance on the labelled data
     (:mod:`minreal.app.mismatch`); by default that stops the run before any work."""
-    fixed_shapes: ShapeSpec | None = None
-    """Symbolic dimensions fixed in every exported file (``--fixed-shapes``, for NNAPI/CoreML); a fixed batch
-    must then be the only batch size timed."""
     fp16: bool = False
     """FP16 copies of the original and every variant even when no provider of :data:`FP16_PROVIDERS` is asked for
     (``--fp16``); with one, they are made anyway."""
@@ -95,7 +90,5 @@ class PipelineConfig:
 
     def variant_config(self) -> VariantConfig:
         """Export, parity and INT8 settings for :func:`minreal.export.variant.export_variant`."""
-        return VariantConfig(opset=self.opset, rtol=self.rtol, atol=self.atol, quant_target=self.quant_target,
-                             quant_mode=self.quant_mode, calib_samples=self.calib_samples,
-                             fixed_shapes=self.fixed_shapes, tensorrt_validation="tensorrt" in self.providers,
-                             tensorrt_batch=(min(self.batch_sizes), max(self.batch_sizes), max(self.batch_sizes)))
+        return replace(self.variant, tensorrt_validation="tensorrt" in self.providers,
+                       tensorrt_batch=(min(self.batch_sizes), max(self.batch_sizes), max(self.batch_sizes)))

@@ -157,7 +157,7 @@ def test_export_bench_check_roundtrip(workdir: Path, run_cli: Callable) -> None:
 def test_export_int8_keep_roundtrips_reaches_the_quantiser(workdir: Path, run_cli: Callable,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import minreal.export.int8.cleanup as int8_cleanup
-    from minreal.export.variant import VariantConfig
+    from minreal.export.settings import VariantConfig
 
     seen = []
     real = int8_cleanup.drop_roundtrips

@@ -179,7 +179,7 @@ def test_registered_methods_share_no_name_apart() -> None:
 
 
 def test_config_defaults_and_field_order() -> None:
-    from minreal.compress.core.lowrank_plan import BudgetOptions
+    from minreal.compress.core.options import BudgetOptions
 
     assert [(f.name, f.default) for f in dataclasses.fields(BudgetOptions)] == [
         ("exclude", ()), ("mac_ratio", None), ("param_ratio", None), ("latency_ratio", None),

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from minreal.app.plots import PlotPoint, axis_scale, pareto_front, plot_front, report_points
-from minreal.app.report import plot_accuracy_latency
+from minreal.app.plots import PlotPoint, axis_scale, pareto_front, plot_accuracy_latency, plot_front, report_points
 
 
 def _pt(label: str, latency: float, quality: float, name: str = "accuracy") -> PlotPoint:

@@ -3,7 +3,8 @@ the spectra plot only when a method reports spectra."""
 
 from pathlib import Path
 
-from minreal.app.report import plot_spectra, spectra_layers
+from minreal.app.plots import plot_spectra
+from minreal.app.report import spectra_layers
 
 
 def _report(spectra: dict | None) -> dict:

@@ -16,7 +16,7 @@ from minreal.app.cli import run
 from minreal.app.models import load_model
 from minreal.compress.core.data import Dataset
 from minreal.compress.datasets import digits32
-from minreal.compress.methods.factorize.method import FactorizeConfig
+from minreal.compress.methods.factorize.config import FactorizeConfig
 from minreal.compress.methods.magnitude import MagnitudeConfig
 from minreal.compress.registry import compress_chain
 

@@ -23,7 +23,8 @@ from minreal.export.fp16 import (
     fp16_path,
     kernel_precisions,
 )
-from minreal.export.variant import PARITY_BATCH_SIZES, VariantConfig, export_variant, fp16_variant, parity_inputs
+from minreal.export.settings import VariantConfig
+from minreal.export.variant import PARITY_BATCH_SIZES, export_variant, fp16_variant, parity_inputs
 from minreal.export.verify import feeds_of
 
 

@@ -26,8 +26,9 @@ from minreal.export.errors import QuantizationError
 from minreal.export.int8 import int8_skip_reason, quantize_int8
 from minreal.export.onnx_export import EXTERNAL_DATA_BYTES, to_onnx
 from minreal.export.onnx_files import PROTOBUF_LIMIT, data_files, onnx_size
+from minreal.export.settings import VariantConfig
 from minreal.export.simplify import simplify
-from minreal.export.variant import VariantConfig, export_variant
+from minreal.export.variant import export_variant
 from minreal.export.verify import verify_parity
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
 from minreal.runtime_bench.model_info import model_info

@@ -25,7 +25,8 @@ from minreal.export.mobile import (
     parse_fixed_shapes,
 )
 from minreal.export.onnx_export import ExportResult
-from minreal.export.variant import VariantConfig, export_variant, quantize_variant
+from minreal.export.settings import VariantConfig
+from minreal.export.variant import export_variant, quantize_variant
 from minreal.runtime_bench.sessions import create_session
 
 RTOL, ATOL = 1e-5, 1e-6

@@ -15,7 +15,8 @@ from minreal.compress.core.inputs import NamedInputs
 from minreal.export.errors import CalibrationError
 from minreal.export.int8 import QuantConfig, quantize_int8
 from minreal.export.onnx_export import to_onnx
-from minreal.export.variant import PARITY_BATCH_SIZES, VariantConfig, export_variant, parity_inputs, quantize_variant
+from minreal.export.settings import VariantConfig
+from minreal.export.variant import PARITY_BATCH_SIZES, export_variant, parity_inputs, quantize_variant
 from minreal.runtime_bench.sessions import create_session
 
 SEQ = {"input_ids": {1: "seq"}, "attention_mask": {1: "seq"}}

@@ -17,13 +17,15 @@ from torch import nn
 
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.qat import fake_quant
-from minreal.compress.core.recover import RecoveryConfig, RecoveryResult, recover
+from minreal.compress.core.recover import RecoveryResult, recover
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
 from minreal.compress.models import small_cnn
 from minreal.export.errors import QuantizationError
 from minreal.export.int8 import QuantConfig, module_inputs, quantize_int8, resolve_target
-from minreal.export.variant import VariantConfig, export_variant
+from minreal.export.settings import VariantConfig
+from minreal.export.variant import export_variant
 
 #: The CPU format this machine needs (cpu-avx2 where ONNX Runtime's U8S8 kernel saturates): the INT8 file's
 #: outputs can then be compared with the fake-quantised model on any x86 CPU.

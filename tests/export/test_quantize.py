@@ -590,7 +590,8 @@ def cut_resnet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarr
     from minreal.compress.methods.magnitude import MagnitudeConfig
     from minreal.compress.models import CifarResNet
     from minreal.compress.registry import compress
-    from minreal.export.variant import VariantConfig, export_variant
+    from minreal.export.settings import VariantConfig
+    from minreal.export.variant import export_variant
 
     torch.manual_seed(0)
     model = CifarResNet(blocks_per_stage=1).eval()

@@ -10,7 +10,7 @@ from torch import nn
 
 from minreal.compress import compress
 from minreal.compress.core.data import Dataset
-from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.smoke import digits_mlp, digits_subset
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.methods.svd import SVDConfig

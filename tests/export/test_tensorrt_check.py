@@ -301,7 +301,8 @@ def test_variant_readiness_says_which_check_decided(monkeypatch: pytest.MonkeyPa
     """export_variant records the static check unless validation is asked for; then TensorRT decides when it is
     importable (its parser's verdict lands in the record and in report.md), the static check when not."""
     from minreal.app.report import tensorrt_lines
-    from minreal.export.variant import VariantConfig, export_variant
+    from minreal.export.settings import VariantConfig
+    from minreal.export.variant import export_variant
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).eval()

@@ -5,14 +5,9 @@ from __future__ import annotations
 import onnxruntime as ort
 import pytest
 
+from minreal.facts import PROVIDERS
 from minreal.runtime_bench.errors import UnknownProviderError
-from minreal.runtime_bench.providers import (
-    PROVIDERS,
-    available_providers,
-    provider_mismatch,
-    provider_name,
-    unavailable_reason,
-)
+from minreal.runtime_bench.providers import available_providers, provider_mismatch, provider_name, unavailable_reason
 
 
 def test_short_names_map_to_ort_names() -> None:

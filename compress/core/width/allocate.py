@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import CompressionError
-from ..options import WIDTH_MIN_BY_PROVIDER, WIDTH_MULTIPLE_BY_PROVIDER, flag_of, width_multiple_defaults
+from ..options import flag_of
 from .cost import cost_terms
 from .graph import ChannelGroup, WidthGraph
 
@@ -27,9 +27,8 @@ WEIGHTINGS = ("cost", "none")
 """The allocator's weightings (:data:`minreal.compress.core.options.IMPORTANCE_WEIGHTINGS` less ``auto``, which the
 pruning methods resolve per method)."""
 
-__all__ = ["WEIGHTINGS", "WIDTH_MULTIPLE_BY_PROVIDER", "WIDTH_MIN_BY_PROVIDER", "width_multiple_defaults",
-           "allowed_widths", "segment_ladders", "allocate_widths", "segment_key", "load_width_latency_table",
-           "saving_curve", "calibrated_saving", "check_width_table", "BUDGET_COST"]
+__all__ = ["WEIGHTINGS", "allowed_widths", "segment_ladders", "allocate_widths", "segment_key",
+           "load_width_latency_table", "saving_curve", "calibrated_saving", "check_width_table", "BUDGET_COST"]
 
 #: Which predicted cost each whole-model budget field prices.
 BUDGET_COST = {"mac_ratio": "macs", "param_ratio": "params"}

@@ -37,13 +37,14 @@ from torch import nn
 
 from ...core.data import Dataset
 from ...core.errors import CompressionError
-from ...core.recover import RecoveryConfig, held_out_metrics, recover, recovery_split
+from ...core.recover import held_out_metrics, recover, recovery_split
+from ...core.recover_options import RecoveryConfig
 from ...core.report import CompressionReport, LayerReport
 from ...core.run_case import RunCase, VariantSpec
 from ...core.train import TrainConfig, train
 from ...core.width import Cut, analyse, apply_cuts
-from .analysis import StateAnalysis, analyse_states, budget_ranks
-from .config import INITS, SELECTIONS, CBalancedConfig
+from .analysis import StateAnalysis, analyse_states
+from .config import INITS, CBalancedConfig
 from .empirical_gramians import collect_gramians, default_state_points
 from .graph_gramians import group_gramians, select_groups
 from .graph_realise import count_params, group_params, realise_groups, round_width
@@ -57,8 +58,7 @@ from .realise import (
     top_indices,
 )
 
-__all__ = ["CBalancedConfig", "StateAnalysis", "analyse_states", "budget_ranks", "cbalanced_compress",
-           "realise", "closest_uniform_width", "demo_case", "INITS", "SELECTIONS"]
+__all__ = ["cbalanced_compress", "realise", "closest_uniform_width", "demo_case"]
 
 
 

@@ -44,8 +44,8 @@ from ...core.stats import collect_moments
 from .config import FactorizeConfig
 from .whiten import projected_factors, whitened_output_basis
 
-__all__ = ["FactorizeConfig", "FactorizePrepared", "LayerBasis", "factorize_compress", "factorize_prepare",
-           "factorize_realise", "layer_bases"]
+__all__ = ["FactorizePrepared", "LayerBasis", "factorize_compress", "factorize_prepare", "factorize_realise",
+           "layer_bases"]
 
 log = logging.getLogger(__name__)
 

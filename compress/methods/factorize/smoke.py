@@ -7,6 +7,6 @@ from ...core.smoke import SmokeCase, digits_mlp, digits_subset
 
 def smoke_case() -> SmokeCase:
     """Seeded digits MLP, 240 digits, half the factorisable layers' MACs (the config's default budget)."""
-    from .method import FactorizeConfig
+    from .config import FactorizeConfig
 
     return SmokeCase(digits_mlp(), digits_subset(), FactorizeConfig())

@@ -23,7 +23,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("ActSpec", "Chain", "build_sequential", "chain_forward", "extract_chain"), "...core.chain"),
     **dict.fromkeys(("Perturbation", "interval_bounds", "step_bound"), ".bound"),
     **dict.fromkeys(("GroupPlan", "Lumper", "Partition", "dead_atoms", "group_cuts", "plan_groups"), ".graph"),
-    **dict.fromkeys(("fde_graph", "is_exported_program"), ".graph_path"),
+    "fde_graph": ".graph_path", "is_exported_program": "...core.width",
     **dict.fromkeys(("demo_case", "fde_compress", "fde_prepare", "fde_realise", "FDEPrepared", "input_box"), ".method"),
     **dict.fromkeys(("MergeStep", "RefineResult", "box_samples", "leader_clusters", "refine",
                      "remove_all_constant", "remove_constant", "sum_merge", "value_merge"), ".partition")})

@@ -38,9 +38,9 @@ from .graph import (
 )
 
 if TYPE_CHECKING:
-    from .method import FDEConfig
+    from .config import FDEConfig
 
-__all__ = ["GraphPrepared", "fde_graph", "graph_prepare", "graph_realise", "is_exported_program"]
+__all__ = ["GraphPrepared", "fde_graph", "graph_prepare", "graph_realise"]
 
 #: Bisection steps on ε in [0, MAX_EPS] for a budget (resolution MAX_EPS / 2¹⁴ ≈ 1e-4).
 _BISECTIONS = 14

@@ -25,7 +25,7 @@ from ...core.errors import CompressionError
 from ...core.measuring import measuring
 from ...core.options import flag_of
 from ...core.prune import CHAIN_COSTS, widths_for_params
-from ...core.recover import RecoveryConfig
+from ...core.recover_options import RecoveryConfig
 from ...core.report import CompressionReport
 from ...core.run_case import RunCase, VariantSpec
 from .compensate import compensate, refit_bound
@@ -33,7 +33,7 @@ from .config import FDEConfig
 from .graph_path import GraphPrepared, graph_prepare, graph_realise
 from .partition import RefineResult, box_samples, merge_to_widths, refine, remove_all_constant
 
-__all__ = ["FDEConfig", "FDEPrepared", "fde_compress", "fde_prepare", "fde_realise", "input_box", "demo_case"]
+__all__ = ["FDEPrepared", "fde_compress", "fde_prepare", "fde_realise", "input_box", "demo_case"]
 
 
 def input_box(x: torch.Tensor, margin: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,10 +33,10 @@ from ...core.linalg import ridge_lstsq
 from .bound import Perturbation, step_bound
 from .config import REPRESENTATIVES
 
-__all__ = ["REPRESENTATIVES", "leader_clusters", "rounding_tolerance", "input_blocks", "from_input_blocks",
-           "value_merge", "lump", "layer_io", "outgoing_weights", "block_representatives", "block_error",
-           "block_positions", "blocks_to_count", "merge_to_widths", "sum_merge",
-           "remove_constant", "remove_all_constant", "box_samples", "MergeStep", "RefineResult", "refine"]
+__all__ = ["leader_clusters", "rounding_tolerance", "input_blocks", "from_input_blocks", "value_merge", "lump",
+           "layer_io", "outgoing_weights", "block_representatives", "block_error", "block_positions", "blocks_to_count",
+           "merge_to_widths", "sum_merge", "remove_constant", "remove_all_constant", "box_samples", "MergeStep",
+           "RefineResult", "refine"]
 
 
 @dataclass

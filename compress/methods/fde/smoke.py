@@ -27,6 +27,6 @@ def duplicated_mlp() -> nn.Module:
 
 def smoke_case() -> SmokeCase:
     """The duplicated MLP on 240 digits, merge tolerance 0.05."""
-    from .method import FDEConfig
+    from .config import FDEConfig
 
     return SmokeCase(duplicated_mlp(), digits_subset(), FDEConfig(merge_eps=0.05))

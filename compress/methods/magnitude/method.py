@@ -13,8 +13,7 @@ from ...core.width import ChannelGroup, WidthGraph
 from ...core.width.importance import magnitude_importance
 from .config import MagnitudeConfig
 
-__all__ = ["MagnitudeConfig", "magnitude_scores", "magnitude_group_scores", "magnitude_prepare",
-           "magnitude_prune"]
+__all__ = ["magnitude_scores", "magnitude_group_scores", "magnitude_prepare", "magnitude_prune"]
 
 
 def magnitude_scores(chain: Chain, x: torch.Tensor | None = None) -> list[torch.Tensor]:

@@ -33,7 +33,7 @@ from .modal import real_modal_form, real_schur_form
 from .system import StateSpace
 from .training import SSMTrainSpec, train_ssm_classifier
 
-__all__ = ["SSMConfig", "ssm_compress", "layer_gramians", "find_ssm_layers", "measured_gain_errors", "demo_case"]
+__all__ = ["ssm_compress", "layer_gramians", "find_ssm_layers", "measured_gain_errors", "demo_case"]
 
 log = logging.getLogger(__name__)
 Gramians = tuple[torch.Tensor, torch.Tensor]

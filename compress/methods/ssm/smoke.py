@@ -12,7 +12,7 @@ def smoke_case() -> SmokeCase:
     """Seeded one-block SSM classifier (2 inputs, 6 features, 8 states, 3 classes) on 24 random sequences of
     length 16; half the states truncated; the sequence axis stays dynamic in the export."""
     from .classifier import SSMClassifier
-    from .method import SSMConfig
+    from .config import SSMConfig
 
     torch.manual_seed(13)
     model = SSMClassifier(2, 6, 8, 1, 3).eval()

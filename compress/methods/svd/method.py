@@ -19,7 +19,6 @@ from ...core.data import Dataset
 from ...core.inputs import Inputs
 from ...core.lowrank import grouped_weight
 from ...core.lowrank_plan import (
-    Budget,
     Target,
     apply_factors,
     factorisable_model,
@@ -31,11 +30,11 @@ from ...core.lowrank_plan import (
     predicted_latency_ratio,
     whole_model_total,
 )
+from ...core.options import Budget
 from ...core.report import CompressionReport, LayerReport
 from .config import SVDConfig
 
-__all__ = ["SVDConfig", "SVDPrepared", "LayerSVD", "layer_svd", "svd_compress", "svd_prepare", "svd_realise",
-           "svd_spectra"]
+__all__ = ["SVDPrepared", "LayerSVD", "layer_svd", "svd_compress", "svd_prepare", "svd_realise", "svd_spectra"]
 
 
 def svd_spectra(layers: dict[str, nn.Module]) -> dict[str, np.ndarray]:

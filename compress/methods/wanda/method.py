@@ -13,7 +13,7 @@ from ...core.report import CompressionReport
 from ...core.width.importance import wanda_importance
 from .config import WandaConfig
 
-__all__ = ["WandaConfig", "activation_norms", "wanda_scores", "wanda_prepare", "wanda_prune"]
+__all__ = ["activation_norms", "wanda_scores", "wanda_prepare", "wanda_prune"]
 
 
 def activation_norms(chain: Chain, x: torch.Tensor) -> list[torch.Tensor]:

@@ -38,7 +38,9 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
 
     from minreal.app.demo import DEMO_PIPELINE, demo_cases
     from minreal.app.digest import CaseProgress
-    from minreal.app.pipeline import PipelineConfig, claim_run_dir, fill_run_dir
+    from minreal.app.pipeline import fill_run_dir
+    from minreal.app.rundir import claim_run_dir
+    from minreal.app.settings import PipelineConfig
 
     con = Console(quiet, as_json, brief=True)
     with claim_run_dir(Path(out), overwrite) as claim:  # locked until the run directory is committed

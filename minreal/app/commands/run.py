@@ -101,8 +101,9 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
                                          allow_data_mismatch=allow_mismatch),
                           batch, providers, no_int8, quant_target, quant_mode, min_seconds, repeats, fp16)
     from minreal.app.method_options import build_configs, provider_defaults
-    from minreal.app.pipeline import claim_run_dir, fill_run_dir
+    from minreal.app.pipeline import fill_run_dir
     from minreal.app.plan import load_plan
+    from minreal.app.rundir import claim_run_dir
     from minreal.compress.core.run_case import RunCase, VariantSpec  # torch: after the option checks above
 
     refuse_torchrun("run")
@@ -122,7 +123,7 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
         case_axes = case_dynamic_axes(axes, calib.x, None if held is None else held.x)
         from minreal.app.shapes import check_shape_names
 
-        check_shape_names(calib.x, case_axes, cfg.fixed_shapes)  # a typo is a usage error, before any work
+        check_shape_names(calib.x, case_axes, cfg.variant.fixed_shapes)  # a typo is a usage error, before any work
         case = RunCase(Path(model.split(":")[-1]).stem or "model", net, calib, held, runs, dynamic_axes=case_axes)
         report = fill_run_dir([case], claim, cfg, con.progress)
     finish_run(con, report, out)
@@ -140,4 +141,4 @@ def _with_fixed_shapes(cfg: Any, spec: Any) -> Any:
                                    f"(batch {fixed}): a fixed-batch model runs only at batch {fixed}; pass --batch "
                                    f"{fixed} or leave --batch out")
         cfg = replace(cfg, batch_sizes=(fixed,))
-    return cfg if spec is None else replace(cfg, fixed_shapes=spec)
+    return cfg if spec is None else replace(cfg, variant=replace(cfg.variant, fixed_shapes=spec))

@@ -166,7 +166,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
         raise click.UsageError(str(exc)) from None
     refuse_torchrun("tune")
     from minreal.app.mismatch import check_data, require_match
-    from minreal.app.pipeline import claim_run_dir, commit_run_dir
+    from minreal.app.rundir import claim_run_dir, commit_run_dir
     from minreal.app.tune import SpecSource, tune
     from minreal.app.tune.output import format_tune, write_tune_dir
 

@@ -24,7 +24,7 @@ from torch import nn
 from minreal.compress.core.cache import model_key
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import NamedInputs
-from minreal.export.variant import to_jsonable
+from minreal.export.json_safe import to_jsonable
 
 from .config import Constraint, Quality
 
@@ -294,7 +294,8 @@ class InputsChangedError(RuntimeError):
 def _evaluate(job: Job, key: str) -> CandidateResult:
     from minreal.app.method_options import MethodOptionError, build_config, provider_defaults
     from minreal.compress import CompressionError
-    from minreal.compress.core.recover import RecoveryConfig, held_out_metrics
+    from minreal.compress.core.recover import held_out_metrics
+    from minreal.compress.core.recover_options import RecoveryConfig
 
     model, calib, held_out = job.source.load()
     if not isinstance(job.source, LoadedSource) and fingerprint(model, calib, held_out) != job.fingerprint:
@@ -510,8 +511,10 @@ def _export(small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, jo
 
 def _export_into(folder: Path, small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, job: Job
                  ) -> dict[str, str]:
+    from minreal.export.json_safe import to_jsonable
     from minreal.export.serialize import save_program
-    from minreal.export.variant import VariantConfig, export_variant, layer_weights, quantize_variant, to_jsonable
+    from minreal.export.settings import VariantConfig
+    from minreal.export.variant import export_variant, layer_weights, quantize_variant
 
     cfg = VariantConfig(quant_target=job.quant_target)
     record = export_variant(small, held_out.x, folder / FILES["fp32"], cfg, job.spec.label, job.spec.method,

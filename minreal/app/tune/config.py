@@ -8,10 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from minreal.export.settings import OrtConfig
+from minreal.export.settings import AUTO_TARGET, OrtConfig
+from minreal.runtime_bench.config import BenchConfig
 
 __all__ = ["Constraint", "Quality", "TuneConfig", "TuneError", "Protocol", "parse_duration", "SCREEN", "CONFIRM",
            "DEFAULT_GRID"]
+
+_BENCH = BenchConfig()  # minreal bench's defaults: the cells timed and the release protocol
 
 DEFAULT_GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
 """Whole-model MAC ratios a method's budget is searched over (descending)."""
@@ -110,7 +113,8 @@ class Protocol:
 
 SCREEN = Protocol(min_seconds=0.25, repeats=1, min_runs=20, warmup=5)
 """Short protocol: ranks candidates that met the constraint; only the front goes on to :data:`CONFIRM`."""
-CONFIRM = Protocol(min_seconds=2.0, repeats=3, min_runs=50, warmup=10)
+CONFIRM = Protocol(min_seconds=_BENCH.min_seconds, repeats=_BENCH.repeats, min_runs=_BENCH.min_runs,
+                   warmup=_BENCH.warmup)
 """Release protocol (``minreal bench``'s defaults): the front and the baselines, in fresh processes."""
 
 
@@ -126,8 +130,8 @@ class TuneConfig:
     """
 
     constraint: Constraint
-    providers: tuple[str, ...] = ("cpu",)
-    batch_sizes: tuple[int, ...] = (1,)
+    providers: tuple[str, ...] = _BENCH.providers
+    batch_sizes: tuple[int, ...] = _BENCH.batch_sizes
     objective: str = "latency"
     methods: tuple[str, ...] = ()
     grid: tuple[float, ...] = DEFAULT_GRID
@@ -139,7 +143,7 @@ class TuneConfig:
     int8: bool = True
     qat: bool = True
     accuracy_control: bool = True
-    quant_target: str = "cpu"
+    quant_target: str = AUTO_TARGET
     time_budget_s: float | None = None
     screen: Protocol = SCREEN
     confirm: Protocol = CONFIRM

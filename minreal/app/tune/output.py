@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from minreal.export.atomic import atomic_path
 from minreal.export.int8 import target_format
-from minreal.export.variant import to_jsonable
+from minreal.export.json_safe import to_jsonable
+from minreal.runtime_bench.atomic import atomic_path
 
 from .config import Constraint
 from .run import TuneReport

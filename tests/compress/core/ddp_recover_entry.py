@@ -23,7 +23,8 @@ from torch import nn
 import minreal.compress.core.recover as recover_mod
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.distributed import is_writer
-from minreal.compress.core.recover import RecoveryConfig, recover
+from minreal.compress.core.recover import recover
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.datasets import digits
 from minreal.compress.models import small_cnn
 

@@ -24,7 +24,7 @@ from minreal.compress.core.width import analyse
 from minreal.compress.core.width.importance import wanda_importance
 from minreal.compress.methods.cbalanced import group_gramians, select_groups
 from minreal.compress.methods.cbalanced.empirical_gramians import collect_gramians
-from minreal.compress.methods.factorize.method import FactorizeConfig
+from minreal.compress.methods.factorize.config import FactorizeConfig
 from minreal.compress.methods.fde.graph import dead_atoms, plan_groups
 from minreal.compress.methods.ssm import SSMClassifier, SSMConfig
 from minreal.compress.methods.ssm.method import ssm_compress

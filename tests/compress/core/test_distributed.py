@@ -29,7 +29,7 @@ from minreal.compress.core.distributed import (
     shard_bounds,
     world,
 )
-from minreal.compress.methods.factorize.method import FactorizeConfig
+from minreal.compress.methods.factorize.config import FactorizeConfig
 
 WORKER = Path(__file__).with_name("dist_stats_worker.py")
 EPS32 = torch.finfo(torch.float32).eps

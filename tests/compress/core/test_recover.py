@@ -13,7 +13,8 @@ import minreal.compress.core.recover as recover_mod
 from minreal.compress import compress
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
-from minreal.compress.core.recover import RecoveryConfig, feature_points, recalibrate_batchnorm, recover
+from minreal.compress.core.recover import feature_points, recalibrate_batchnorm, recover
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.smoke import digits_mlp, digits_subset
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.methods.svd import SVDConfig
@@ -268,7 +269,7 @@ def test_cached_teacher_outputs_give_the_same_recovery(teacher: nn.Module, unlab
 
 def test_one_progress_line_per_epoch_with_losses_and_metrics(teacher: nn.Module, caplog: pytest.LogCaptureFixture
                                                              ) -> None:
-    from minreal.compress.core.progress import DETAIL_KEY, PROGRESS_KEY
+    from minreal.facts import DETAIL_KEY, PROGRESS_KEY
 
     data = digits_subset(256)
     with caplog.at_level("INFO", logger="minreal.compress.core.recover"):
@@ -286,7 +287,7 @@ def test_one_progress_line_per_epoch_with_losses_and_metrics(teacher: nn.Module,
 
 def test_early_stop_closes_the_epoch_task_and_says_why(teacher: nn.Module, unlabelled: Dataset,
                                                        caplog: pytest.LogCaptureFixture) -> None:
-    from minreal.compress.core.progress import DETAIL_KEY, PROGRESS_KEY
+    from minreal.facts import DETAIL_KEY, PROGRESS_KEY
 
     with caplog.at_level("INFO", logger="minreal.compress.core.recover"):
         recover(teacher, _svd(teacher, unlabelled), unlabelled,

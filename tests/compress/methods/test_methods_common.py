@@ -20,7 +20,7 @@ from torch import fx, nn
 import minreal.compress.registry as registry
 from minreal.compress import MethodSpec, compress, get_method, method_names
 from minreal.compress.core.data import Dataset
-from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.smoke import SmokeCase
 from minreal.compress.methods.ssm import SSMClassifier
 from minreal.compress.methods.ssm.classifier import SSMBlock

@@ -13,7 +13,7 @@ from torch import nn
 from minreal.compress.core.chain import mlp_params
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
-from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.width import analyse
 from minreal.compress.methods.cbalanced import (
     CBalancedConfig,

@@ -10,7 +10,7 @@ from torch import nn
 from minreal.app.models import load_model
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
-from minreal.compress.core.recover import RecoveryConfig
+from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.width import analyse, apply_cuts
 from minreal.compress.methods.cbalanced import (
     CBalancedConfig,
