@@ -322,11 +322,11 @@ def _r(v: float | None, digits: int) -> float | None:
 def tune_choice(report: Any, cell: str, cfg: Any) -> tuple[str | None, str]:
     """The tune's own choice and verdict on ``cell`` from its confirmed latencies, tie rule included (a structural
     win that does not hold in every confirmation process against a baseline goes to the baseline): the tune's
-    private ``_choose``, called here so that the rule has one definition."""
-    from minreal.app.tune.run import _choose
+    :func:`minreal.app.tune.choice.choose_candidate`, called here so that the rule has one definition."""
+    from minreal.app.tune.choice import choose_candidate
 
     confirmed = [c for c in report.candidates if cell in c.confirm_ms]
-    chosen, verdict = _choose(confirmed, report.candidates, cell, cfg, [])
+    chosen, verdict = choose_candidate(confirmed, report.candidates, cell, cfg, [])
     return None if chosen is None else chosen.label, verdict
 
 
@@ -584,12 +584,13 @@ def new_document(quick: bool) -> dict[str, Any]:
                         "executor": "ProcessExecutor(1) with SpecSource: as `minreal tune --workers 1`",
                         "goal_s": "per model (models.*.goal_s)"},
             "method": "one tune per (model, drop) at batch sizes 1 and 32: the tune chooses on batch 1; the batch-32 "
-                      "winner is the tune's own rule (minreal.app.tune.run._choose, tie rule included) over the same "
-                      "confirmed p50s (fronts of both cells and the baselines are confirmed at both); fastest = the "
-                      "lowest confirmed p50 per cell (minreal.app.tune.front.choose, no tie rule). The first drop of a "
-                      "model starts from an empty cache (cold wall time); the second reuses it (warm). p50 in ms; "
-                      "accuracy in % (ONNX Runtime, held-out split); loss_pp = accuracy drop vs the original fp32 "
-                      "file in ONNX Runtime; x_of_* = winner p50 / baseline p50 on the same cell (confirmed protocol).",
+                      "winner is the tune's own rule (minreal.app.tune.choice.choose_candidate, tie rule included) "
+                      "over the same confirmed p50s (fronts of both cells and the baselines are confirmed at both); "
+                      "fastest = the lowest confirmed p50 per cell (minreal.app.tune.front.choose, no tie rule). The "
+                      "first drop of a model starts from an empty cache (cold wall time); the second reuses it (warm). "
+                      "p50 in ms; accuracy in % (ONNX Runtime, held-out split); loss_pp = accuracy drop vs the "
+                      "original fp32 file in ONNX Runtime; x_of_* = winner p50 / baseline p50 on the same cell "
+                      "(confirmed protocol).",
             "summary_legend": "winners: cell -> [label, confirmed p50 ms, p50 / original.int8's p50], the tune's "
                               "choice on that cell (a structural p50 win that does not hold in every confirmation "
                               "process against a baseline is a tie, which goes to the baseline); fastest: the same "

@@ -151,7 +151,7 @@ def _imports_from_the_tool(path: Path) -> Iterator[tuple[int, str, str]]:
 @functools.cache
 def _home_or_gatherer(module: str, name: str) -> bool:
     """Whether ``from module import name`` takes ``name`` from its home, a package that gathers it, or is a
-    submodule import (``from minreal.app.tune import run``)."""
+    submodule import (``from minreal.app.tune import search``)."""
     origin = Path(importlib.util.find_spec(module).origin)
     return _provides(module, name) or (origin.name == "__init__.py"
                                        and importlib.util.find_spec(f"{module}.{name}") is not None)

@@ -530,19 +530,19 @@ def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_m
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """QAT changes the ranges, not the structure: where the recovered winner's post-training INT8 meets the
     constraint in ONNX Runtime no QAT candidate is trained (and the report says so); where it misses, one is."""
-    from minreal.app.tune import run as tune_run
+    from minreal.app.tune import search as tune_search
 
     model, tr, te = trained_mlp
     cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd",), grid=(0.9, 0.6, 0.5, 0.4),
                      recover_epochs=1, screen=FAST, confirm=FAST)
     checked = []
-    real = tune_run._int8_meets
+    real = tune_search._int8_meets
 
     def meets(res, held_out, original, base):
         checked.append(res.spec.label)
         return real(res, held_out, original, base)
 
-    monkeypatch.setattr(tune_run, "_int8_meets", meets)
+    monkeypatch.setattr(tune_search, "_int8_meets", meets)
     report = tune(model, tr, te, cfg, tmp_path / "a", tmp_path / "cache", executor=InlineExecutor())
     recovered = [s for s in report.searches if s["recover_epochs"] and s["smallest_feasible"] is not None]
     assert recovered, report.searches  # the race found a recovered winner, whose INT8 was checked
@@ -550,7 +550,7 @@ def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_m
     qat = [c for c in report.candidates if c.precision == "int8-qat"]
     skipped = [n for n in report.notes if n.startswith("no quantisation-aware recovery")]
     assert bool(qat) != bool(skipped)  # exactly one of them: trained because INT8 missed, or skipped because it met
-    monkeypatch.setattr(tune_run, "_int8_meets", lambda *a: False)
+    monkeypatch.setattr(tune_search, "_int8_meets", lambda *a: False)
     again = tune(model, tr, te, cfg, tmp_path / "b", tmp_path / "cache", executor=InlineExecutor())
     assert [c.label for c in again.candidates if c.precision == "int8-qat"] == [f"{checked[0]}+qat.int8"]
 
@@ -627,7 +627,7 @@ def test_accuracy_control_starts_from_the_original_s_int8_of_its_format(saturate
     saturate on this (pretended) CPU accuracy control starts from cpu-avx2, another file, which it quantises."""
     import minreal.export.accuracy_control as accuracy_control
     import minreal.runtime_bench.cpu as cpu_facts
-    from minreal.app.tune.run import _baselines
+    from minreal.app.tune.orchestrate import _baselines
 
     monkeypatch.setattr(cpu_facts, "kernel_saturates", lambda: saturates)
     given, quantised = [], []
@@ -661,8 +661,8 @@ def test_an_arm64_tune_keeps_its_format_where_this_cpu_saturates_and_names_it(tr
 
     import minreal.export.accuracy_control as accuracy_control
     import minreal.runtime_bench.cpu as cpu_facts
+    from minreal.app.tune.orchestrate import _baselines
     from minreal.app.tune.output import int8_format_line
-    from minreal.app.tune.run import _baselines
 
     monkeypatch.setattr(cpu_facts, "kernel_saturates", lambda: True)
     given = []

@@ -58,7 +58,7 @@ def test_executor_ray_without_ray_is_one_line_naming_the_extra(tmp_path: Path, m
 def test_a_candidate_file_the_driver_cannot_see_names_shared_storage(tmp_path: Path) -> None:
     """A worker on another machine wrote the cache entry where the driver cannot read it: say what to share."""
     from minreal.app.tune.candidate import CandidateResult, CandidateSpec
-    from minreal.app.tune.run import _structural
+    from minreal.app.tune.orchestrate import _structural
 
     res = CandidateResult(CandidateSpec("svd", 0.5), "key", feasible=True,
                           files={"fp32": str(tmp_path / "elsewhere" / "model.onnx")})

@@ -209,7 +209,7 @@ def _tune_dry_run(con: Any, model: str, weights: str | None, trust_pickle: bool,
                   preprocess: Any, cfg: Any) -> None:
     """`tune --dry-run`: the plan and its estimated time; nothing is written."""
     from minreal.app.tune.dryrun import estimate_plan, probe_model
-    from minreal.app.tune.run import default_methods, with_chains
+    from minreal.app.tune.search import default_methods, with_chains
 
     net, calib, held = load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
     methods = with_chains(cfg.methods or (() if cfg.plan else default_methods()))

@@ -1,7 +1,10 @@
 """`minreal tune`: search structure × precision × recovery for the fastest model within a quality constraint.
 
-The options (:mod:`.config`) import no torch, so the CLI checks them before the heavy imports; the rest loads on
-first use.
+One module per concern: the options (:mod:`.config`), what a tune finds (:mod:`.model`), the search (:mod:`.search`,
+:mod:`.halving`, :mod:`.candidate`), what ONNX Runtime measures of the files (:mod:`.measure`), the choice
+(:mod:`.front`, :mod:`.choice`), what it writes (:mod:`.output`), and the entry point that orders them
+(:mod:`.orchestrate`). The options import no torch, so the CLI checks them before the heavy imports; the rest loads
+on first use.
 """
 
 from minreal.compress.core.lazy import lazy_exports
@@ -16,5 +19,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("CandidateSpec", "LoadedSource", "SpecSource"), ".candidate"),
     **dict.fromkeys(("Executor", "InlineExecutor", "ProcessExecutor"), ".executor"),
     **dict.fromkeys(("Point", "choose", "pareto_front"), ".front"),
-    **dict.fromkeys(("BASELINES", "Candidate", "TuneReport", "default_methods", "tune"), ".run"),
+    **dict.fromkeys(("BASELINES", "Candidate", "TuneReport"), ".model"),
+    "default_methods": ".search",
+    "tune": ".orchestrate",
 })

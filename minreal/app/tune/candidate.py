@@ -26,10 +26,10 @@ from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import NamedInputs
 from minreal.export.json_safe import to_jsonable
 
-from .config import Constraint, Quality
+from .config import Constraint, Quality, TuneError
 
 __all__ = ["CandidateSpec", "CandidateResult", "Job", "Source", "SpecSource", "LoadedSource", "evaluate_candidate",
-           "fingerprint", "cache_key"]
+           "fingerprint", "cache_key", "cached_file"]
 
 RESULT_FILE = "result.json"
 FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "pt2": "model.pt2"}
@@ -549,3 +549,11 @@ def _store(entry: Path, result: CandidateResult) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
+
+def cached_file(res: CandidateResult, kind: str) -> str:
+    """A result's file in the candidate cache, which a worker on another machine may have written."""
+    path = res.files[kind]
+    if not Path(path).is_file():
+        raise TuneError(f"{res.spec.label}'s {kind} file {path} is not visible on this machine: a worker elsewhere "
+                        "wrote it, so --cache-dir must be on storage that every node mounts at the same path")
+    return path

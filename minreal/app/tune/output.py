@@ -1,20 +1,24 @@
-"""What a tune leaves in its directory: ``report.json``, ``report.md``, ``front.png``, and the console table."""
+"""What a tune leaves in its directory: ``report.json``, ``report.md``, ``front.png``, the chosen files
+(``chosen.onnx``, ``chosen.pt2``, ``chosen.ort``), and the console table."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+from minreal.compress.core.data import Dataset
 from minreal.export.int8 import target_format
 from minreal.export.json_safe import to_jsonable
+from minreal.export.verify import feeds_of
 from minreal.runtime_bench.atomic import atomic_path
 
-from .config import Constraint
-from .run import TuneReport
+from .config import Constraint, TuneConfig
+from .model import Candidate, Progress, TuneReport
 
 __all__ = ["write_tune_dir", "plot_tune", "candidate_headers", "candidate_rows", "format_tune", "render_tune_markdown",
-           "int8_format_line", "ort_line", "CANDIDATE_HEADERS", "ORT_KB_HEADER"]
+           "int8_format_line", "ort_line", "CANDIDATE_HEADERS", "ORT_KB_HEADER", "write_chosen", "write_chosen_ort"]
 
 CANDIDATE_HEADERS = ("model", "kind", "precision", "MAC ratio", "recovery", "KB", "gzip KB", "accuracy", "agreement",
                      "MSE", "loss", "meets", "screen p50 ms", "confirmed p50 ms", "front", "chosen")
@@ -199,3 +203,38 @@ def write_tune_dir(report: TuneReport, folder: Path) -> None:
     with atomic_path(folder / "report.md") as tmp:
         tmp.write_text(render_tune_markdown(report))
     plot_tune(report, folder / "front.png")
+
+
+def write_chosen(c: Candidate, folder: Path) -> None:
+    """``chosen.onnx`` and, for an fp32 file with a program, ``chosen.pt2``: copies of the chosen file's."""
+    shutil.copyfile(c.onnx, folder / "chosen.onnx")
+    pt2 = c.pt2 if c.precision == "fp32" else None
+    if pt2:
+        shutil.copyfile(pt2, folder / "chosen.pt2")
+
+
+def write_chosen_ort(chosen: Candidate | None, folder: Path, held_out: Dataset, cfg: TuneConfig,
+                     notes: list[str], say: Progress) -> dict[str, Any] | None:
+    """``chosen.ort`` and ``chosen.required_operators.config`` (``--format onnx,ort``), checked against ``chosen.onnx``
+    on held-out rows at the parity batch sizes, converted for the platform of the tune's INT8 target
+    (:func:`minreal.export.ort_format.ort_for_target`: ``arm`` for arm64, none otherwise), fp32 or INT8. Nothing chosen:
+    nothing converted, and a note says so. With ``--max-size`` the chosen file's ``.ort`` size was judged already
+    (:func:`.measure.ort_sizes`); a note says if this conversion's size differs."""
+    from minreal.export.ort_format import ort_copy
+    from minreal.export.variant import parity_inputs
+    from minreal.runtime_bench.model_info import gzip_bytes
+
+    if chosen is None:
+        notes.append("--format onnx,ort: no model was chosen, so nothing was converted to ORT format")
+        return None
+    say("[tune] converting chosen.onnx to ORT format (chosen.ort) and checking it against chosen.onnx")
+    feeds = [feeds_of(x) for x in parity_inputs(held_out.x, cfg.dynamic_axes or None)]
+    record = ort_copy(folder / "chosen.onnx", feeds, cfg.ort, quant_target=cfg.quant_target)
+    if chosen.ort_bytes is not None and record["bytes"] != chosen.ort_bytes:  # same file, same settings: the
+        # converter is not known to vary, but --max-size judged the scratch copy, so a difference is told
+        fits = "within" if cfg.fits(record["bytes"]) else "WARNING: over"
+        note = (f"chosen.ort is {record['bytes']} bytes, not the {chosen.ort_bytes} bytes of the conversion --max-size "
+                f"judged ({fits} --max-size {cfg.max_size_kb:g} KB)")
+        notes.append(note)
+        say(f"[tune] {note}")
+    return {**record, "gzip_bytes": gzip_bytes([folder / record["path"]])}

@@ -1,15 +1,37 @@
-"""Bisection of one method's budget on accuracy: the smallest MAC ratio of a grid that meets the constraint.
+"""The search: which methods tune searches (:func:`default_methods`, :func:`with_chains`), and the rounds that search
+them through the executor (:func:`search_rounds`): the plan's fixed variants, zero-shot bisection of every method's
+MAC budget, successive halving of the recovered candidates (:mod:`.halving`), and quantisation-aware recovery where
+plain INT8 misses (:func:`qat_candidates`), with a progress line per probe (:class:`Clock`).
 
-Accuracy is assumed to fall as the budget shrinks. The bisection checks that assumption with one extra probe: the
-first budget past the failed boundary that it did not evaluate; when a smaller budget passes where a larger one failed,
-it evaluates the rest of the grid instead (and says so).
+:class:`BudgetSearch` is one method's bisection on accuracy: the smallest MAC ratio of a grid that meets the
+constraint. Accuracy is assumed to fall as the budget shrinks. The bisection checks that assumption with one extra
+probe: the first budget past the failed boundary that it did not evaluate; when a smaller budget passes where a
+larger one failed, it evaluates the rest of the grid instead (and says so).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-__all__ = ["BudgetSearch", "Probe"]
+import minreal.runtime_bench as rb
+from minreal.compress import get_method, method_names
+from minreal.compress.core.data import Dataset
+from minreal.export.verify import feeds_of
+from minreal.runtime_bench.metrics import evaluate_models
+
+from .candidate import CandidateResult, CandidateSpec, Job, cached_file, evaluate_candidate, subsample_size
+from .config import Quality, TuneConfig
+from .executor import Executor
+from .halving import Halving, RungEntry, halving_pool, halving_twins, rung_fractions
+from .model import Progress
+
+__all__ = ["BudgetSearch", "Probe", "default_methods", "CHAINS", "with_chains", "search_rounds", "qat_candidates",
+           "search_record", "Clock"]
 
 
 @dataclass
@@ -86,3 +108,259 @@ class BudgetSearch:
         """The smallest budget that met the constraint (None: none did)."""
         passing = self.passing()
         return passing[0] if passing else None
+
+
+def default_methods() -> tuple[str, ...]:
+    """Every registered method that takes a whole-model MAC budget."""
+    return tuple(n for n in method_names() if "mac_ratio" in get_method(n).budgets)
+
+
+CHAINS = ("depth+magnitude",)
+"""Chains tune searches beside the methods whenever all their parts are searched, with no option: depth, then a
+width method on what depth left, each taking half of the MAC cut (:data:`.candidate.CHAIN_FIRST_SHARE`). With depth
+alone (all of the cut by depth) and the width method alone (none of it), tune measures three allocations of each
+budget on the target, and its measured latency and held-out quality choose among them."""
+
+
+def with_chains(methods: Sequence[str]) -> tuple[str, ...]:
+    """``methods`` and the :data:`CHAINS` whose parts are all among them."""
+    return (*methods, *(c for c in CHAINS if c not in methods and all(p in methods for p in c.split("+"))))
+
+
+def search_rounds(methods: Sequence[str], cfg: TuneConfig, base: Job, run: Executor, t_start: float,
+                  notes: list[str], say: Progress, clock: Clock
+                  ) -> tuple[dict[tuple[str, int], BudgetSearch], Halving | None, list[CandidateResult]]:
+    """The plan's fixed variants, then rounds of zero-shot bisection (one step of every unfinished method's search a
+    round: every budget realises from the method's one prepared state, so a probe costs a realise, a measurement
+    and, when it meets the constraint, an export), then successive halving of the recovered candidates
+    (:mod:`.halving`)."""
+    searches = {(m, 0): BudgetSearch(cfg.grid) for m in methods}
+    fixed = [dataclasses.replace(base, spec=CandidateSpec(v.label, 1.0, e, variant=v))
+             for v in cfg.plan for e in cfg.recovery_budgets]
+    results: list[CandidateResult] = clock.run_round(run, fixed, "plan variants", base) if fixed else []
+    while not _stopped(cfg, t_start, results, notes, say):
+        steps = [(k, b) for k, s in searches.items() if (b := s.next_budget()) is not None]
+        if not steps:
+            break
+        jobs = [dataclasses.replace(base, spec=CandidateSpec(m, b, e)) for (m, e), b in steps]
+        outcomes = clock.run_round(run, jobs, "zero-shot search round", base)
+        for ((m, e), b), res in zip(steps, outcomes):
+            if res.skipped:
+                continue
+            results.append(res)
+            search = searches[(m, e)]
+            search.record(b, res.feasible, base.constraint.score(Quality.from_metrics(res.quality)))
+            if res.error and len(search.probes) >= 2 and all(p.score is None for p in search.probes.values()):
+                search.abandoned = res.error
+        if _note_skipped(outcomes, notes, say):
+            return searches, None, results
+    halving = None
+    if cfg.recover_epochs and methods and not _stopped(cfg, t_start, results, notes, say):
+        halving = _halve(methods, searches, cfg, base, run, clock, results, t_start, notes, say)
+    return searches, halving, results
+
+
+def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch], cfg: TuneConfig, base: Job,
+           run: Executor, clock: Clock, results: list[CandidateResult], t_start: float, notes: list[str],
+           say: Progress) -> Halving:
+    """Successive halving of the recovered candidates below each method's zero-shot boundary."""
+    fractions = rung_fractions(cfg.halving_eta, cfg.halving_rungs)
+    zero_shot = {(r.spec.method, r.spec.mac_ratio): r for r in results
+                 if r.spec.variant is None and not r.spec.recover_epochs and not r.error}
+    models = {k: r.weights_digest for k, r in zero_shot.items()}
+    boundaries = {m: searches[(m, 0)].smallest() for m in methods}
+    pool = halving_pool(cfg.grid, boundaries, cfg.halving_per_method, models)
+    twins = halving_twins(cfg.grid, boundaries, cfg.halving_per_method, models)
+    for m, b, twin in twins:
+        notes.append(f"{m}@{b:g} realises the same model as {m}@{twin:g} (MAC ratio "
+                     f"{zero_shot[(m, b)].mac_ratio:.3g}): it is recovered once, as {m}@{twin:g}")
+        say(f"[tune] {notes[-1]}")
+    halving = Halving(fractions, cfg.halving_eta, pool, twins=twins)
+    n_calib = clock.calib_samples
+    say(f"[tune] recovery by successive halving: {len(pool)} candidate(s) below the zero-shot boundaries, rungs of "
+        f"{', '.join(_fraction_text(f) for f in fractions)} of the {cfg.recover_epochs}-epoch recovery cap")
+    todo = pool
+    for i, fraction in enumerate(fractions):
+        if not todo:
+            break
+        if _stopped(cfg, t_start, results, notes, say):
+            break
+        jobs = [dataclasses.replace(base, spec=CandidateSpec(m, b, cfg.recover_epochs, fraction=fraction))
+                for m, b in todo]
+        outcomes = clock.run_round(run, jobs, f"recovery rung {i + 1}/{len(fractions)} "
+                                   f"({_fraction_text(fraction)} of the cap)", base)
+        entries = []
+        for (m, b), res in zip(todo, outcomes):
+            samples = n_calib if fraction >= 1 else subsample_size(n_calib, fraction)
+            if not res.skipped:
+                results.append(res)
+            quality = Quality.from_metrics(res.quality)
+            loss = None if res.error else base.constraint.loss(quality, base.reference)
+            entries.append(RungEntry(m, b, fraction, samples, loss, res.feasible, sum(res.seconds.values()),
+                                     "skipped" if res.skipped else "refused" if res.error else "",
+                                     None if res.error else base.constraint.score(quality)))
+        todo = halving.promote(entries)
+        met = [f"{e.method}@{e.budget:g}" for e in entries if e.outcome == "met"]
+        say(f"[tune] rung {i + 1}: {', '.join(met) or 'none'} met the constraint"
+            + (f"; {', '.join(f'{m}@{b:g}' for m, b in todo)} go on" if todo else ""))
+        if _note_skipped(outcomes, notes, say):
+            break
+    for m in methods:  # each budget's last word: met, or missed at the full cap
+        last = [e for rung in halving.rungs for e in rung if e.method == m and e.outcome in ("met", "missed")]
+        search = searches.setdefault((m, cfg.recover_epochs), BudgetSearch(cfg.grid))
+        for e in sorted(last, key=lambda e: -e.budget):
+            search.probes[e.budget] = Probe(e.budget, e.meets, e.score)
+    return halving
+
+
+def _fraction_text(f: float) -> str:
+    return "all" if f >= 1 else f"1/{round(1 / f)}" if abs(1 / f - round(1 / f)) < 1e-9 else f"{f:.2g}"
+
+
+def _stopped(cfg: TuneConfig, t_start: float, results: list[CandidateResult], notes: list[str],
+             say: Progress) -> bool:
+    """Whether the time budget has run out (noted once)."""
+    if not _over_budget(cfg, t_start):
+        return False
+    if not any("time budget" in n for n in notes):
+        notes.append(f"time budget of {cfg.time_budget_s:.0f} s reached: the search stopped early and the "
+                     "candidates measured so far were compared")
+        say("[tune] time budget reached; comparing what was measured")
+    return True
+
+
+class Clock:
+    """Progress of the search: a line when each probe starts and ends (its phases, its time, the elapsed time and
+    an estimate of what is left of the round, from the probes measured so far)."""
+
+    def __init__(self, t_start: float, say: Progress, workers: int = 1, calib_samples: int = 0) -> None:
+        self.t_start, self.say, self.workers, self.calib_samples = t_start, say, max(1, workers), calib_samples
+        self.fixed: list[float] = []
+        """Seconds of finished probes outside recovery (prepare excluded)."""
+        self.per_sample_epoch: list[float] = []
+        """Recovery seconds per (sample x epoch) of finished recoveries."""
+
+    def estimate(self, job: Job) -> float | None:
+        """Seconds ``job`` should take, from the probes so far (None before any)."""
+        if not self.fixed:
+            return None
+        spec = job.spec
+        rest = sum(self.fixed) / len(self.fixed)
+        if not spec.recover_epochs:
+            return rest
+        if not self.per_sample_epoch:
+            return None
+        samples = self.calib_samples if not spec.short else subsample_size(self.calib_samples, spec.fraction)
+        return rest + sorted(self.per_sample_epoch)[len(self.per_sample_epoch) // 2] * samples * spec.recover_epochs
+
+    def run_round(self, run: Executor, jobs: list[Job], what: str, base: Job) -> list[CandidateResult]:
+        guesses = [self.estimate(j) for j in jobs]
+        known = [g for g in guesses if g is not None]
+        guess = (f", about {sum(known) / self.workers:.0f} s" + ("" if len(known) == len(guesses) else " + unknown")
+                 if known else "")
+        self.say(f"[tune] {what}: {len(jobs)} probe(s){guess}; {self.elapsed()}")
+        imap = getattr(run, "imap", None)
+        stream = imap(evaluate_candidate, jobs) if imap is not None else iter(run.map(evaluate_candidate, jobs))
+        for job in jobs[: self.workers]:
+            self.say(f"[tune] start {job.spec.label}")
+        out = []
+        for i, res in enumerate(stream):
+            out.append(res)
+            self._learn(res)
+            left = [g for g in guesses[i + 1:] if g is not None]
+            eta = f", about {sum(left) / self.workers:.0f} s left in the round" if left else ""
+            self.say(f"[tune] end {res.spec.label}: {_probe_line(res, base)}{_phases(res)}; {self.elapsed()}{eta}")
+            nxt = i + self.workers
+            if nxt < len(jobs):
+                self.say(f"[tune] start {jobs[nxt].spec.label}")
+        return out
+
+    def _learn(self, res: CandidateResult) -> None:
+        if res.skipped or res.cached or res.error:
+            return
+        sec = res.seconds
+        self.fixed.append(sum(v for k, v in sec.items() if k not in ("prepare", "recover")))
+        samples = self.calib_samples if not res.spec.short else subsample_size(self.calib_samples, res.spec.fraction)
+        if res.spec.recover_epochs and sec.get("recover") and samples:
+            self.per_sample_epoch.append(sec["recover"] / (samples * res.spec.recover_epochs))
+
+    def elapsed(self) -> str:
+        return f"{time.perf_counter() - self.t_start:.0f} s elapsed"
+
+
+def _phases(res: CandidateResult) -> str:
+    if res.skipped or res.cached:
+        return ""
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in res.seconds.items() if v >= 0.05)
+    return f" [{sum(res.seconds.values()):.1f} s{': ' + parts if parts else ''}]"
+
+
+def _note_skipped(outcomes: list[CandidateResult], notes: list[str], say: Progress) -> bool:
+    """Whether the time budget ran out during a round (some jobs skipped); notes which were skipped."""
+    skipped = [r.spec.label for r in outcomes if r.skipped]
+    if skipped:
+        notes.append(f"time budget reached during the search: {len(skipped)} probe(s) not started "
+                     f"({', '.join(skipped)}); the candidates measured so far were compared")
+        say(f"[tune] time budget reached: {len(skipped)} probe(s) skipped; comparing what was measured")
+    return bool(skipped)
+
+
+def _probe_line(res: CandidateResult, base: Job) -> str:
+    if res.error:
+        return f"refused: {res.error}"
+    loss = base.constraint.loss(Quality.from_metrics(res.quality), base.reference)
+    verdict = "meets" if res.feasible else "misses"
+    cached = " (cached)" if res.cached else ""
+    return (f"MAC ratio {res.mac_ratio:.3f}, loss {loss:.4g} -> {verdict} {base.constraint.describe()}{cached}"
+            if loss is not None else f"no {base.constraint.metric} measured")
+
+
+def _over_budget(cfg: TuneConfig, t_start: float) -> bool:
+    return cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
+
+
+def qat_candidates(searches: dict[tuple[str, int], BudgetSearch], results: list[CandidateResult],
+                   held_out: Dataset, original: Path, cfg: TuneConfig, base: Job, run: Executor, t_start: float,
+                   notes: list[str], say: Progress, clock: Clock) -> list[CandidateResult]:
+    """Quantisation-aware recovery at each recovered search's smallest feasible budget (its INT8 only), where the
+    post-training INT8 of that recovered model misses the constraint in ONNX Runtime: quantisation-aware training
+    changes the ranges, not the structure, so where plain INT8 already meets the constraint it could not give a
+    faster file, and its recovery (the full cap again) is not spent."""
+    if not (cfg.int8 and cfg.qat and cfg.recover_epochs) or _over_budget(cfg, t_start):
+        return []
+    specs = []
+    for (m, e), s in searches.items():
+        if e == 0 or s.smallest() is None:
+            continue
+        done = next((r for r in results if r.feasible and r.spec.variant is None and not r.spec.qat
+                     and (r.spec.method, r.spec.mac_ratio, r.spec.recover_epochs) == (m, s.smallest(), e)), None)
+        if done is None:
+            continue
+        spec = done.spec  # the rung it met the constraint at: its quantisation-aware copy gets the same recovery
+        if "int8" in done.files and _int8_meets(done, held_out, original, base):
+            notes.append(f"no quantisation-aware recovery for {spec.label}: its post-training INT8 already meets "
+                         f"{base.constraint.describe()} in ONNX Runtime")
+            continue
+        specs.append(dataclasses.replace(spec, qat=True))
+    if not specs:
+        return []
+    results = clock.run_round(run, [dataclasses.replace(base, spec=spec) for spec in specs],
+                              "quantisation-aware recovery", base)
+    _note_skipped(results, notes, say)
+    return [r for r in results if not r.skipped]
+
+
+def _int8_meets(res: CandidateResult, held_out: Dataset, original: Path, base: Job) -> bool:
+    """Whether ``res``'s post-training INT8 file meets the constraint on the held-out data in ONNX Runtime, against
+    the ``original`` fp32 file (as the tune judges every file)."""
+    y = None if held_out.y is None else held_out.y.numpy()
+    ref, m = evaluate_models(["original", res.spec.label], [original, Path(cached_file(res, "int8"))],
+                             feeds_of(held_out.x), y, 64, rb.BenchConfig().threads())
+    return base.constraint.holds(Quality.from_metrics(dataclasses.asdict(m)),
+                                 Quality.from_metrics(dataclasses.asdict(ref)))
+
+
+def search_record(key: tuple[str, int], s: BudgetSearch) -> dict[str, Any]:
+    return {"method": key[0], "recover_epochs": key[1], "monotone": s.monotone, "smallest_feasible": s.smallest(),
+            "abandoned": s.abandoned,
+            "probes": [dataclasses.asdict(p) for p in sorted(s.probes.values(), key=lambda p: -p.budget)]}

@@ -1,0 +1,167 @@
+"""What ONNX Runtime measures of a tune's deployable files: their quality on the held-out data, which decides
+feasibility (:func:`ort_quality`), their sizes (:func:`file_sizes`, and :func:`ort_sizes` for the ``.ort`` files that
+ship), and their latency in one timing pass on the target hardware (:func:`bench_on_target` hands a :class:`BenchJob`,
+the files as bytes, to the executor's ``on_target``, which runs :func:`bench_files` there)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import minreal.runtime_bench as rb
+from minreal.compress.core.data import Dataset
+from minreal.export.json_safe import to_jsonable
+from minreal.export.verify import feeds_of
+from minreal.runtime_bench.metrics import evaluate_models
+
+from .config import Constraint, Protocol, Quality, TuneConfig
+from .executor import Executor
+from .model import Candidate, Progress, cell_name
+from .search import Clock
+
+__all__ = ["BenchJob", "BenchOutcome", "bench_files", "bench_on_target", "p50_by_cell", "record_confirmation",
+           "ort_quality", "file_sizes", "ort_sizes"]
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    """One timing pass for :meth:`Executor.on_target`: the files travel as bytes (no shared storage needed)."""
+
+    labels: tuple[str, ...]
+    files: tuple[bytes, ...]
+    config: rb.BenchConfig
+    x: Any
+    y: np.ndarray | None
+
+
+@dataclass
+class BenchOutcome:
+    """The benchmark report (JSON-safe, model paths as in the job's temporary folder) and where it was measured."""
+
+    report: dict[str, Any]
+    host: str
+    pid: int
+
+
+def bench_files(job: BenchJob, progress: Progress | None = None) -> BenchOutcome:
+    """Time ``job``'s files here with :func:`minreal.runtime_bench.run_benchmark` (fresh processes; providers must
+    run)."""
+    with tempfile.TemporaryDirectory(prefix="minreal-tune-bench-") as tmp:
+        entries = []
+        for i, (label, data) in enumerate(zip(job.labels, job.files)):
+            path = Path(tmp) / f"{i}.onnx"
+            path.write_bytes(data)
+            entries.append(rb.ModelEntry(label, path))
+        report = rb.run_benchmark(entries, job.config, job.x, job.y, progress=progress, fail_on_unavailable=True)
+        return BenchOutcome(to_jsonable(report), socket.gethostname(), os.getpid())
+
+
+def bench_on_target(candidates: list[Candidate], held_out: Dataset, cfg: TuneConfig, protocol: Protocol,
+                    say: Progress, run: Executor) -> BenchOutcome:
+    """One timing pass on the target hardware (``run.on_target``); the report names the files in ``models/``."""
+    bench_cfg = rb.BenchConfig(providers=cfg.providers, batch_sizes=cfg.batch_sizes, warmup=protocol.warmup,
+                               min_runs=protocol.min_runs, min_seconds=protocol.min_seconds, repeats=protocol.repeats)
+    y = None if held_out.y is None else held_out.y.numpy()
+    job = BenchJob(tuple(c.label for c in candidates), tuple(Path(c.onnx).read_bytes() for c in candidates),
+                   bench_cfg, feeds_of(held_out.x), y)
+    outcome = run.on_target(functools.partial(bench_files, progress=say), job)
+    paths = {c.label: c.onnx for c in candidates}
+    for model in outcome.report["models"]:
+        model["path"] = paths[model["name"]]
+    return outcome
+
+
+def p50_by_cell(bench: dict[str, Any]) -> dict[tuple[str, str], float]:
+    return {(lat["model"], cell_name(lat["provider"], lat["batch_size"])): lat["stats"]["p50_ms"]
+            for lat in bench["latency"]}
+
+
+def record_confirmation(confirmed: list[Candidate], confirm: dict[str, Any]) -> None:
+    """Each confirmed file's p50 and its [fastest, slowest] per-process p50 by cell."""
+    by_label = {c.label: c for c in confirmed}
+    for lat in confirm["latency"]:
+        c, cell = by_label[lat["model"]], cell_name(lat["provider"], lat["batch_size"])
+        per = lat.get("process_p50_ms") or [lat["stats"]["p50_ms"]]
+        c.confirm_ms[cell], c.confirm_range_ms[cell] = lat["stats"]["p50_ms"], [min(per), max(per)]
+
+
+def ort_quality(candidates: list[Candidate], held_out: Dataset, constraint: Constraint, folder: Path,
+                say: Progress) -> None:
+    """ONNX Runtime's quality of every file on the held-out data; feasibility judged on it (what deploys)."""
+    say(f"[tune] measuring {len(candidates)} files with ONNX Runtime on {len(held_out)} held-out samples")
+    y = None if held_out.y is None else held_out.y.numpy()
+    metrics = evaluate_models([c.label for c in candidates], [Path(c.onnx) for c in candidates],
+                                 feeds_of(held_out.x), y, 64, rb.BenchConfig().threads())
+    reference = Quality.from_metrics(dataclasses.asdict(metrics[0]))
+    for c, m in zip(candidates, metrics):
+        c.quality = {k: v for k, v in dataclasses.asdict(m).items() if k in ("accuracy", "top1_agreement", "mse")}
+        q = Quality.from_metrics(c.quality)
+        c.loss = constraint.loss(q, reference)
+        c.feasible = c.label == "original" or constraint.holds(q, reference)
+
+
+def file_sizes(candidates: list[Candidate], cfg: TuneConfig, notes: list[str], say: Progress) -> None:
+    """Each file's gzip-compressed bytes; ``--max-size``: a file over it is infeasible whatever its quality, the
+    original's included (baselines are still timed, as references)."""
+    from minreal.runtime_bench.model_info import gzip_bytes, model_files
+
+    for c in candidates:
+        c.gzip_bytes = gzip_bytes(model_files(Path(c.onnx)))
+    over = [c for c in candidates if not cfg.fits(c.onnx_bytes)]
+    for c in over:
+        c.feasible = False
+    if over:
+        note = (f"{len(over)} of {len(candidates)} files exceed --max-size {cfg.max_size_kb:g} KB: "
+                + ", ".join(f"{c.label} ({c.onnx_bytes / 1024:.1f} KB)" for c in over[:8])
+                + (", ..." if len(over) > 8 else ""))
+        notes.append(note)
+        say(f"[tune] {note}")
+
+
+def ort_sizes(candidates: list[Candidate], cfg: TuneConfig, folder: Path, notes: list[str], say: Progress,
+              clock: Clock) -> None:
+    """``--format onnx,ort`` with ``--max-size`` or ``--objective size``: each file still feasible converted to ORT
+    format in a scratch folder inside ``folder`` (removed after; no parity check: :func:`.output.write_chosen_ort`
+    checks the chosen file's copy) with the settings :func:`.output.write_chosen_ort` uses; its ``.ort`` bytes
+    recorded (what ``--objective size`` ranks), and a file whose ``.ort`` file is over the limit, or that the converter
+    refuses, is infeasible (what ships is the ``.ort`` file)."""
+    from minreal.export.errors import OrtConversionError
+    from minreal.export.ort_format import convert_to_ort, ort_for_target
+
+    todo, refused, t0 = [c for c in candidates if c.feasible], [], time.perf_counter()
+    if not todo:  # every file is out already (the .onnx files' own size, or their quality)
+        return
+    with tempfile.TemporaryDirectory(prefix=".minreal-ort-sizes-", dir=folder) as scratch:
+        for c in todo:
+            dst = Path(scratch) / Path(c.onnx).with_suffix(".ort").name
+            try:
+                c.ort_bytes = convert_to_ort(c.onnx, dst, ort_for_target(cfg.ort, cfg.quant_target)).bytes
+            except OrtConversionError as exc:
+                c.feasible = False
+                refused.append(f"{c.label} ({exc})")
+    over = [c for c in todo if c.ort_bytes is not None and not cfg.fits(c.ort_bytes)]
+    for c in over:
+        c.feasible = False
+    why = "judge --max-size on" if cfg.max_size_kb is not None else "rank --objective size by"
+    over_text = f"{len(over)} over it, " if cfg.max_size_kb is not None else ""
+    say(f"[tune] converted {len(todo) - len(refused)} feasible file(s) to ORT format to {why} their .ort files: "
+        f"{over_text}{time.perf_counter() - t0:.1f} s; {clock.elapsed()}")
+    if over:
+        notes.append(f"{len(over)} of {len(todo)} files exceed --max-size {cfg.max_size_kb:g} KB as .ort (what "
+                     "ships with --format onnx,ort), though their .onnx files fit: "
+                     + ", ".join(f"{c.label} (.ort {c.ort_bytes / 1024:.1f} KB, .onnx {c.onnx_bytes / 1024:.1f} KB)"
+                                 for c in over[:8]) + (", ..." if len(over) > 8 else ""))
+        say(f"[tune] {notes[-1]}")
+    if refused:
+        notes.append(f"ONNX Runtime's converter refused {len(refused)} file(s), so they cannot ship as .ort: "
+                     + "; ".join(refused))
+        say(f"[tune] {notes[-1]}")
