@@ -24,9 +24,10 @@ from typing import Any
 from torch import nn
 
 import minreal.runtime_bench as rb
+from minreal.app.int8_text import int8_cause, roundtrip_summary
 from minreal.app.mismatch import DataCheck, check_data, require_match
 from minreal.app.plan import run_variant
-from minreal.app.report import cell_label, int8_cause, roundtrip_summary
+from minreal.app.report import cell_label
 from minreal.app.rundir import RunDirClaim, claim_run_dir, commit_run_dir
 from minreal.app.settings import PipelineConfig
 from minreal.compress.core.evaluate import compare_outputs

@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from minreal.export.settings import int8_format
-from minreal.facts import ARM64_TARGET
+from minreal.app.int8_text import dropped_suffix, format_suffix, node_names, roundtrip_suffix
 
 __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "spectra_layers",
            "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS", "int8_rows",
            "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows", "tensorrt_lines",
-           "verdict_lines", "grouped_warnings", "int8_format_text", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
+           "verdict_lines", "grouped_warnings", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
            "ort_line", "ORT_FP16_NOTE", "ort_fp16_note"]
 
 #: The accuracy cost a verdict accepts: the fastest model within this many points of the original's held-out accuracy.
@@ -294,12 +293,12 @@ def render_markdown(report: Any) -> str:
             elif q:
                 nonfinite = q.get("nonfinite_nodes") or []
                 out.append(f"- **{_get(v, 'label')}**: {_int8_kind(q)} {q.get('mode', '')} for {q.get('target', '')}"
-                           f"{_format_text(q)}, integer kernels {q.get('integer_kernels', '-')}, float kernels left "
+                           f"{format_suffix(q)}, integer kernels {q.get('integer_kernels', '-')}, float kernels left "
                            f"{q.get('float_kernels', '-')}"
                            + (f"; left in float because calibration met an infinite value (e.g. a -inf attention "
-                              f"mask): {_names(nonfinite)}" if nonfinite else "")
-                           + _dropped_text(q.get("roundtrip_nodes") or [])
-                           + _roundtrip_text(q.get("float_roundtrips") or {}))
+                              f"mask): {node_names(nonfinite)}" if nonfinite else "")
+                           + dropped_suffix(q.get("roundtrip_nodes") or [])
+                           + roundtrip_suffix(q.get("float_roundtrips") or {}))
         for v in _get(case, "variants"):
             if _tensorrt_meant(report, v):
                 out += tensorrt_lines(_get(v, "label"), _get(v, "tensorrt_readiness"))
@@ -309,77 +308,6 @@ def render_markdown(report: Any) -> str:
         out += grouped_warnings(list(_get(case, "warnings")))
         out += _warnings_in_full(list(_get(case, "warnings")))
     return "\n".join(out) + "\n"
-
-
-def int8_format_text(q: Mapping[str, Any]) -> str:
-    """An INT8 record's format in words (:func:`minreal.export.settings.int8_format`), e.g. ``S8S8: symmetric int8
-    activations, 8-bit per-channel int8 weights``; ``""`` for a record without its format."""
-    if "weight_bits" not in q:
-        return ""
-    return int8_format(q.get("activation_type", "uint8"), bool(q.get("activation_symmetric")), q["weight_bits"],
-                       q.get("weight_type", "int8"), bool(q.get("per_channel", True)))
-
-
-def _format_text(q: Mapping[str, Any]) -> str:
-    """`` (U8S8: asymmetric uint8 activations, 7-bit per-channel int8 weights; cpu resolved for this CPU)`` for an
-    INT8 line: the file's format."""
-    if "weight_bits" not in q:
-        return ""
-    resolved = "; `cpu` resolved for this CPU" if q.get("requested_target") == "cpu" else ""
-    saturates = "; CAN SATURATE on this CPU (x86 without VNNI)" if q.get("saturates_here") else ""
-    return f" ({int8_format_text(q)}{resolved}{saturates})"
-
-
-def _names(nodes: list[str], first: int = 5) -> str:
-    """The first ``first`` node names, then how many there are in all."""
-    return ", ".join(nodes[:first]) + (f", ... ({len(nodes)} in all)" if len(nodes) > first else "")
-
-
-def _dropped_text(nodes: list[str]) -> str:
-    """``; left in float ...`` for an INT8 line: nodes a first quantisation ran in float between a dequantise and a
-    re-quantise, whose Q/DQ pairs a second quantisation removed (``QuantConfig.drop_roundtrips``); ``""`` for none."""
-    if not nodes:
-        return ""
-    return f"; left in float without Q/DQ pairs (no integer kernel; the pairs only cost time): {_names(nodes)}"
-
-
-def roundtrip_summary(roundtrips: Mapping[str, int]) -> str:
-    """``N node(s) run in float between a dequantise and a re-quantise: Pad 3, ...`` from an INT8 record's
-    ``float_roundtrips`` (ops that ORT's CPU graph runs in float between a DequantizeLinear and a QuantizeLinear:
-    pure overhead, why such a file can be slower than fp32); ``""`` when there are none."""
-    if not roundtrips:
-        return ""
-    ops = ", ".join(f"{op} {n}" for op, n in roundtrips.items())
-    return f"{sum(roundtrips.values())} node(s) run in float between a dequantise and a re-quantise: {ops}"
-
-
-def int8_cause(quantization: Mapping[str, Any]) -> str:
-    """The likely cause of an INT8 file's accuracy loss, from its record's ``quantization`` (a
-    :class:`~minreal.export.int8.QuantResult` as JSON): saturation on this CPU, non-finite scales, float round
-    trips, else the quantisation of its layers."""
-    if quantization.get("saturates_here") and quantization.get("target") == "tensorrt":
-        return ("saturation of ONNX Runtime's int16 step on this CPU (x86 without VNNI), which TensorRT on a GPU "
-                "does not have: its accuracy here understates the GPU's")
-    if quantization.get("saturates_here") and quantization.get("target") == ARM64_TARGET:
-        return ("saturation of ONNX Runtime's int16 step on this CPU (x86 without VNNI, where the int8 activations "
-                "run as uint8), which ARM's kernels do not have: its accuracy here understates ARM's")
-    if quantization.get("saturates_here"):
-        return ("saturation: its 8-bit weights overflow ONNX Runtime's int16 step on this CPU (x86 without VNNI), "
-                "so its accuracy here is not a VNNI CPU's; quantise with --quant-target cpu-avx2 (what cpu picks here)")
-    if quantization.get("nonfinite_nodes"):
-        return (f"non-finite calibration scales (an infinite value such as a -inf mask) around "
-                f"{len(quantization['nonfinite_nodes'])} node(s), left in float")
-    if summary := roundtrip_summary(quantization.get("float_roundtrips") or {}):
-        return f"{summary} (each adds a dequantise/re-quantise error)"
-    bits = " with 7-bit weights (cpu-avx2)" if quantization.get("weight_bits") == 7 else ""
-    return (f"the rounding of its layers{bits}; `minreal tune` leaves the most sensitive layers in float "
-            "(accuracy control)")
-
-
-def _roundtrip_text(roundtrips: Mapping[str, int]) -> str:
-    """``; N node(s) run in float ...`` for an INT8 line (:func:`roundtrip_summary`); ``""`` when there are none."""
-    summary = roundtrip_summary(roundtrips)
-    return f"; {summary}" if summary else ""
 
 
 def tensorrt_lines(label: str, readiness: Mapping[str, Any] | None) -> list[str]:

@@ -10,9 +10,10 @@ import torch
 
 from minreal.app import data as app_data
 from minreal.app.callables import SpecError
+from minreal.app.int8_text import int8_cause, int8_format_text
 from minreal.app.models import align_inputs, check_input_shape, checked_dataset, load_model, packed_model
 from minreal.app.preprocess import ImagePreprocess
-from minreal.app.report import ORT_FP16_NOTE, int8_cause, int8_format_text
+from minreal.app.report import ORT_FP16_NOTE
 from minreal.app.shapes import InputShapes, check_shape_names, merge_axes, random_inputs
 from minreal.compress.core.inputs import Inputs, NamedInputs
 from minreal.export.fp16 import Fp16Config

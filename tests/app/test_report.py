@@ -119,7 +119,8 @@ def test_warnings_without_a_colon_are_grouped_by_their_whole_text() -> None:
 def test_an_int8_line_names_its_format_and_an_arm64_files_saturation_here_is_not_arms() -> None:
     """The run report says which format each INT8 file has; a saturating arm64 file is blamed on this CPU, not
     sent to cpu-avx2."""
-    from minreal.app.report import int8_cause, render_markdown
+    from minreal.app.int8_text import int8_cause
+    from minreal.app.report import render_markdown
 
     arm64 = {"target": "arm64", "mode": "static", "activation_type": "int8", "activation_symmetric": True,
              "weight_type": "int8", "per_channel": True, "weight_bits": 8, "saturates_here": False}
