@@ -16,7 +16,7 @@ from typing import Any
 
 from minreal.facts import PROVIDERS
 
-from .errors import CompressionError
+from .errors import CompressionError, field_error
 
 __all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateBudgetOption", "WidthMultipleOption",
            "flag_of", "field_clash", "BUDGET_HELPERS", "PruneOptions", "Budget",
@@ -84,14 +84,15 @@ class CostBudget:
     def __post_init__(self) -> None:
         given = self.budget_given
         if len(given) > 1:
-            raise CompressionError(f"give only one of {', '.join(flag_of(k) for k in given)}")
+            raise CompressionError(f"give only one of {', '.join(f'`{k}`' for k in given)}", fields=given)
         for k in given:
             if not 0.0 < getattr(self, k) <= 1.0:
-                raise CompressionError(f"{flag_of(k)} must lie in (0, 1], got {getattr(self, k)}")
+                raise field_error(self, k, f"must lie in (0, 1], got {getattr(self, k)}")
         if self.latency_ratio is not None and not self.latency_table:
-            raise CompressionError("--latency-ratio needs --latency-table (latencies measured on the target "
+            raise CompressionError("`latency_ratio` needs `latency_table` (latencies measured on the target "
                                    "provider); build one with `minreal latency-table MODEL --out table.json` (add "
-                                   "--kind width for magnitude/wanda, --kind depth for depth)")
+                                   "--kind width for magnitude/wanda, --kind depth for depth)",
+                                   fields=("latency_ratio", "latency_table"))
 
     @property
     def budget_given(self) -> list[str]:
@@ -150,9 +151,9 @@ class WidthMultipleOption:
 
     def __post_init__(self) -> None:
         if self.width_multiple < 1:
-            raise CompressionError(f"--width-multiple must be >= 1, got {self.width_multiple}")
+            raise field_error(self, "width_multiple", f"must be >= 1, got {self.width_multiple}")
         if self.width_min < 0:
-            raise CompressionError(f"--width-min must be >= 0, got {self.width_min}")
+            raise field_error(self, "width_min", f"must be >= 0, got {self.width_min}")
 
 
 #: How the width allocator compares channel importance across channel groups
@@ -189,12 +190,13 @@ class PruneOptions(SeedOption, CostBudget, WidthMultipleOption):
         CostBudget.__post_init__(self)
         WidthMultipleOption.__post_init__(self)
         if any(w < 1 for w in self.widths):
-            raise CompressionError(f"--widths must be positive neuron counts, got {self.widths}")
+            raise field_error(self, "widths", f"must be positive neuron counts, got {self.widths}")
         if self.importance_weighting not in IMPORTANCE_WEIGHTINGS:
-            raise CompressionError(f"--importance-weighting must be one of {', '.join(IMPORTANCE_WEIGHTINGS)}, "
-                                   f"got {self.importance_weighting!r}")
+            raise field_error(self, "importance_weighting", f"must be one of {', '.join(IMPORTANCE_WEIGHTINGS)}, "
+                                                            f"got {self.importance_weighting!r}")
         if self.widths and self.budget_given:
-            raise CompressionError(f"give --widths or {flag_of(self.budget_given[0])}, not both")
+            budget = self.budget_given[0]
+            raise CompressionError(f"give `widths` or `{budget}`, not both", fields=("widths", budget))
 
     def target(self) -> tuple[str, float]:
         """(budget field, ratio): the configured whole-model budget, ``param_ratio`` 0.5 when none is given."""
@@ -287,8 +289,8 @@ class BudgetOptions(CostBudget, ExcludeOption):
         CostBudget.__post_init__(self)
         layer = [k for k in self._layer_targets() if getattr(self, k) is not None]
         if self.budget_given and layer:
-            raise CompressionError(f"give only one of {flag_of(self.budget_given[0])} and "
-                                   f"{flag_of(layer[0])}")
+            both = (self.budget_given[0], layer[0])
+            raise CompressionError(f"give only one of `{both[0]}` and `{both[1]}`", fields=both)
         self.budget()  # validates the budget fields, naming the flags
 
     def _layer_targets(self) -> tuple[str, ...]:
