@@ -235,9 +235,10 @@ class Budget:
             if not 0.0 < v <= 1.0:
                 raise CompressionError(f"{self.flag(k)} must lie in (0, 1], got {v}")
         if self.rank_multiple < 1:
-            raise CompressionError(f"--rank-multiple must be >= 1, got {self.rank_multiple}")
+            raise CompressionError(f"`rank_multiple` must be >= 1, got {self.rank_multiple}", fields=("rank_multiple",))
         if self.allocator not in ALLOCATOR_NAMES:
-            raise CompressionError(f"--allocator must be one of {sorted(ALLOCATOR_NAMES)}, got {self.allocator!r}")
+            raise CompressionError(f"`allocator` must be one of {sorted(ALLOCATOR_NAMES)}, got {self.allocator!r}",
+                                   fields=("allocator",))
 
     def flag(self, key: str) -> str:
         """The CLI flag of target ``key`` in this budget's scope."""
