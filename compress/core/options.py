@@ -204,12 +204,12 @@ class PruneOptions(SeedOption, CostBudget, WidthMultipleOption):
         return (given[0], getattr(self, given[0])) if given else ("param_ratio", 0.5)
 
 
-#: CLI flag of each :class:`Budget` target, by scope (``layers``: the factorisable layers' cost; ``model``:
+#: Config field of each :class:`Budget` target, by scope (``layers``: the factorisable layers' cost; ``model``:
 #: the whole model's).
-_FLAGS = {"layers": {"flops": "--layer-mac-ratio", "params": "--layer-param-ratio",
-                     "latency": "--layer-latency-ratio", "rank_fraction": "--rank-fraction"},
-          "model": {"flops": "--mac-ratio", "params": "--param-ratio", "latency": "--latency-ratio",
-                    "rank_fraction": "--rank-fraction"}}
+_FIELDS = {"layers": {"flops": "layer_mac_ratio", "params": "layer_param_ratio",
+                      "latency": "layer_latency_ratio", "rank_fraction": "rank_fraction"},
+           "model": {"flops": "mac_ratio", "params": "param_ratio", "latency": "latency_ratio",
+                     "rank_fraction": "rank_fraction"}}
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,8 @@ class Budget:
     def __post_init__(self) -> None:
         given = self.given
         if len(given) > 1:
-            raise CompressionError("give only one of " + ", ".join(self.flag(k) for k in given))
+            names = [self.field(k) for k in given]
+            raise CompressionError("give only one of " + ", ".join(f"`{n}`" for n in names), fields=names)
         for k in given:
             v = getattr(self, k)
             if not 0.0 < v <= 1.0:
@@ -242,7 +243,11 @@ class Budget:
 
     def flag(self, key: str) -> str:
         """The CLI flag of target ``key`` in this budget's scope."""
-        return _FLAGS[self.scope][key]
+        return flag_of(self.field(key))
+
+    def field(self, key: str) -> str:
+        """The config field of target ``key`` in this budget's scope (``flops`` -> ``layer_mac_ratio``)."""
+        return _FIELDS[self.scope][key]
 
     @property
     def given(self) -> list[str]:
