@@ -7,7 +7,8 @@ metadata: ``field(default=..., metadata={"help": "...", "choices": (...)})``
 -- the help text is required (a field without one is a build-time error), the choices are optional (the fixed set of
 strings the field accepts). Only options the user gave are passed on: to one method, an option it does not have is
 an error (:func:`build_config`); to several, each option reaches the methods that declare it, and is an error only
-when none of them does (:func:`build_configs`).
+when none of them does (:func:`build_configs`). The library's errors name config fields; :func:`flag_spelled` gives
+their flags back.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from minreal.compress import get_method, method_names
+from minreal.compress import CompressionError, get_method, method_names
 from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS, field_clash, flag_of
 
 __all__ = ["OptionSpec", "method_option_specs", "config_option_specs", "field_docs", "build_config", "build_configs",
@@ -223,7 +224,7 @@ def flag_spelled(exc: BaseException, text: str | None = None) -> str:
     with its config class (`` `mac_ratio` `` and `` `DepthConfig.mac_ratio` `` -> ``--mac-ratio``,
     `` `RecoveryConfig.epochs` `` -> ``--recover-epochs``). Nothing else in the text changes."""
     text = str(exc) if text is None else text
-    fields = getattr(exc, "fields", ())
+    fields = exc.fields if isinstance(exc, CompressionError) else ()
     if not fields:
         return text
     mention = re.compile(r"`(?:(\w+)\.)?(" + "|".join(re.escape(f) for f in fields) + r")`")
