@@ -254,8 +254,8 @@ def load_model_latency(path: str | Path | None) -> float:
     try:
         return float(json.loads(Path(str(path)).read_text())["model_ms"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CompressionError(f"latency table {path} has no whole-model latency ({exc}), which --latency-ratio "
-                               "needs; rebuild it with `minreal latency-table`") from None
+        raise CompressionError(f"latency table {path} has no whole-model latency ({exc}), which `latency_ratio` "
+                               "needs; rebuild it with `minreal latency-table`", fields=("latency_ratio",)) from None
 
 
 def apply_factors(model: nn.Module, targets: list[Target], factors: dict[str, tuple[torch.Tensor, torch.Tensor]]

@@ -16,7 +16,7 @@ from typing import Any
 
 from minreal.facts import PROVIDERS
 
-from .errors import CompressionError
+from .errors import CompressionError, field_error
 
 __all__ = ["CostBudget", "BUDGET_FIELDS", "SeedOption", "ExcludeOption", "StateBudgetOption", "WidthMultipleOption",
            "flag_of", "field_clash", "BUDGET_HELPERS", "PruneOptions", "Budget",
@@ -84,14 +84,15 @@ class CostBudget:
     def __post_init__(self) -> None:
         given = self.budget_given
         if len(given) > 1:
-            raise CompressionError(f"give only one of {', '.join(flag_of(k) for k in given)}")
+            raise CompressionError(f"give only one of {', '.join(f'`{k}`' for k in given)}", fields=given)
         for k in given:
             if not 0.0 < getattr(self, k) <= 1.0:
-                raise CompressionError(f"{flag_of(k)} must lie in (0, 1], got {getattr(self, k)}")
+                raise field_error(self, k, f"must lie in (0, 1], got {getattr(self, k)}")
         if self.latency_ratio is not None and not self.latency_table:
-            raise CompressionError("--latency-ratio needs --latency-table (latencies measured on the target "
+            raise CompressionError("`latency_ratio` needs `latency_table` (latencies measured on the target "
                                    "provider); build one with `minreal latency-table MODEL --out table.json` (add "
-                                   "--kind width for magnitude/wanda, --kind depth for depth)")
+                                   "--kind width for magnitude/wanda, --kind depth for depth)",
+                                   fields=("latency_ratio", "latency_table"))
 
     @property
     def budget_given(self) -> list[str]:
@@ -150,9 +151,9 @@ class WidthMultipleOption:
 
     def __post_init__(self) -> None:
         if self.width_multiple < 1:
-            raise CompressionError(f"--width-multiple must be >= 1, got {self.width_multiple}")
+            raise field_error(self, "width_multiple", f"must be >= 1, got {self.width_multiple}")
         if self.width_min < 0:
-            raise CompressionError(f"--width-min must be >= 0, got {self.width_min}")
+            raise field_error(self, "width_min", f"must be >= 0, got {self.width_min}")
 
 
 #: How the width allocator compares channel importance across channel groups
@@ -189,12 +190,13 @@ class PruneOptions(SeedOption, CostBudget, WidthMultipleOption):
         CostBudget.__post_init__(self)
         WidthMultipleOption.__post_init__(self)
         if any(w < 1 for w in self.widths):
-            raise CompressionError(f"--widths must be positive neuron counts, got {self.widths}")
+            raise field_error(self, "widths", f"must be positive neuron counts, got {self.widths}")
         if self.importance_weighting not in IMPORTANCE_WEIGHTINGS:
-            raise CompressionError(f"--importance-weighting must be one of {', '.join(IMPORTANCE_WEIGHTINGS)}, "
-                                   f"got {self.importance_weighting!r}")
+            raise field_error(self, "importance_weighting", f"must be one of {', '.join(IMPORTANCE_WEIGHTINGS)}, "
+                                                            f"got {self.importance_weighting!r}")
         if self.widths and self.budget_given:
-            raise CompressionError(f"give --widths or {flag_of(self.budget_given[0])}, not both")
+            budget = self.budget_given[0]
+            raise CompressionError(f"give `widths` or `{budget}`, not both", fields=("widths", budget))
 
     def target(self) -> tuple[str, float]:
         """(budget field, ratio): the configured whole-model budget, ``param_ratio`` 0.5 when none is given."""
@@ -202,12 +204,12 @@ class PruneOptions(SeedOption, CostBudget, WidthMultipleOption):
         return (given[0], getattr(self, given[0])) if given else ("param_ratio", 0.5)
 
 
-#: CLI flag of each :class:`Budget` target, by scope (``layers``: the factorisable layers' cost; ``model``:
+#: Config field of each :class:`Budget` target, by scope (``layers``: the factorisable layers' cost; ``model``:
 #: the whole model's).
-_FLAGS = {"layers": {"flops": "--layer-mac-ratio", "params": "--layer-param-ratio",
-                     "latency": "--layer-latency-ratio", "rank_fraction": "--rank-fraction"},
-          "model": {"flops": "--mac-ratio", "params": "--param-ratio", "latency": "--latency-ratio",
-                    "rank_fraction": "--rank-fraction"}}
+_FIELDS = {"layers": {"flops": "layer_mac_ratio", "params": "layer_param_ratio",
+                      "latency": "layer_latency_ratio", "rank_fraction": "rank_fraction"},
+           "model": {"flops": "mac_ratio", "params": "param_ratio", "latency": "latency_ratio",
+                     "rank_fraction": "rank_fraction"}}
 
 
 @dataclass(frozen=True)
@@ -227,19 +229,25 @@ class Budget:
     def __post_init__(self) -> None:
         given = self.given
         if len(given) > 1:
-            raise CompressionError("give only one of " + ", ".join(self.flag(k) for k in given))
+            names = [self.field(k) for k in given]
+            raise CompressionError("give only one of " + ", ".join(f"`{n}`" for n in names), fields=names)
         for k in given:
             v = getattr(self, k)
             if not 0.0 < v <= 1.0:
                 raise CompressionError(f"{self.flag(k)} must lie in (0, 1], got {v}")
         if self.rank_multiple < 1:
-            raise CompressionError(f"--rank-multiple must be >= 1, got {self.rank_multiple}")
+            raise CompressionError(f"`rank_multiple` must be >= 1, got {self.rank_multiple}", fields=("rank_multiple",))
         if self.allocator not in ALLOCATOR_NAMES:
-            raise CompressionError(f"--allocator must be one of {sorted(ALLOCATOR_NAMES)}, got {self.allocator!r}")
+            raise CompressionError(f"`allocator` must be one of {sorted(ALLOCATOR_NAMES)}, got {self.allocator!r}",
+                                   fields=("allocator",))
 
     def flag(self, key: str) -> str:
         """The CLI flag of target ``key`` in this budget's scope."""
-        return _FLAGS[self.scope][key]
+        return flag_of(self.field(key))
+
+    def field(self, key: str) -> str:
+        """The config field of target ``key`` in this budget's scope (``flops`` -> ``layer_mac_ratio``)."""
+        return _FIELDS[self.scope][key]
 
     @property
     def given(self) -> list[str]:
@@ -287,8 +295,8 @@ class BudgetOptions(CostBudget, ExcludeOption):
         CostBudget.__post_init__(self)
         layer = [k for k in self._layer_targets() if getattr(self, k) is not None]
         if self.budget_given and layer:
-            raise CompressionError(f"give only one of {flag_of(self.budget_given[0])} and "
-                                   f"{flag_of(layer[0])}")
+            both = (self.budget_given[0], layer[0])
+            raise CompressionError(f"give only one of `{both[0]}` and `{both[1]}`", fields=both)
         self.budget()  # validates the budget fields, naming the flags
 
     def _layer_targets(self) -> tuple[str, ...]:

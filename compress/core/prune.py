@@ -49,10 +49,11 @@ def widths_for_params(in_features: int, widths: list[int], out_features: int, ra
     when ``ratio`` is below it.
     """
     if budget not in CHAIN_COSTS:
-        raise CompressionError(f"pruning does not support {flag_of(budget)}; use --param-ratio or --mac-ratio")
+        raise CompressionError(f"pruning does not support `{budget}`; use `param_ratio` or `mac_ratio`",
+                               fields=(budget, "param_ratio", "mac_ratio"))
     cost = CHAIN_COSTS[budget]
     if not 0.0 < ratio <= 1.0:
-        raise CompressionError(f"{flag_of(budget)} must lie in (0, 1], got {ratio}")
+        raise CompressionError(f"`{budget}` must lie in (0, 1], got {ratio}", fields=(budget,))
     full = cost(in_features, widths, out_features)
     smallest = cost(in_features, [1] * len(widths), out_features) / full
     if ratio < smallest - 1e-12:
@@ -101,8 +102,8 @@ class PrunePrepared:
 
 def _refuse_widths(cfg: PruneOptions) -> None:
     if cfg.widths:
-        raise CompressionError("--widths sets the hidden widths of an MLP; for other models give --param-ratio or "
-                               "--mac-ratio")
+        raise CompressionError("`widths` sets the hidden widths of an MLP; for other models give `param_ratio` or "
+                               "`mac_ratio`", fields=("widths", "param_ratio", "mac_ratio"))
 
 
 def _cuttable(name: str, model: nn.Module, example: torch.Tensor) -> tuple[WidthGraph, list]:

@@ -260,7 +260,7 @@ def _layers(model: nn.Module) -> dict[str, nn.Module]:
     layers = {name: m for name, m in model.named_modules() if type(m) in _LAYERS}
     if not layers:
         raise CompressionError(f"{type(model).__name__} has no nn.Conv1d/2d/3d or nn.Linear layer to fake-quantise "
-                               "for --recover-int8")
+                               "for `RecoveryConfig.int8`", fields=("int8",))
     busy = [name for name, m in layers.items() if hasattr(m, _RANGE_BUFFERS[0]) or "forward" in m.__dict__]
     if busy:
         raise CompressionError(f"layer {busy[0]!r} already has an instance-level forward (nested fake_quant?); "

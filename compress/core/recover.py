@@ -627,8 +627,8 @@ def _resolved(config: RecoveryConfig, teacher: nn.Module, data: Dataset, smalles
                                "one process")
     if size > 1 and smallest_split < size:
         raise CompressionError(f"a recovery split of {smallest_split} samples cannot be shared out among {size} "
-                               f"ranks; give at least {size} samples per split (see --recover-val-fraction) or "
-                               "use fewer ranks")
+                               f"ranks; give at least {size} samples per split (see `RecoveryConfig.val_fraction`) "
+                               "or use fewer ranks", fields=("val_fraction",))
     with torch.no_grad(), eval_mode(teacher):
         probe = call(teacher, data.x[:2])
     freeze = size > 1 if config.freeze_batchnorm is None else config.freeze_batchnorm

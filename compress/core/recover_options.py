@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import CompressionError
+from .errors import CompressionError, field_error
 
 __all__ = ["RecoveryConfig", "TASKS"]
 
@@ -54,7 +54,7 @@ class RecoveryConfig:
     (a process group of more than one rank, which requires it), batch statistics in a single process."""
 
     def __post_init__(self) -> None:
-        checks = [
+        flagged = [  # sentences in the flags' words, as tests/compress/core/test_recover.py reads them
             (self.epochs >= 0, f"--recover-epochs must be >= 0, got {self.epochs}"),
             (self.steps >= 0, f"--recover-steps must be >= 0, got {self.steps}"),
             (not (self.epochs and self.steps),
@@ -62,25 +62,30 @@ class RecoveryConfig:
             (0.0 <= self.alpha <= 1.0, f"--recover-alpha must lie in [0, 1], got {self.alpha}"),
             (self.temperature > 0, f"--recover-temperature must be > 0, got {self.temperature}"),
             (self.lr > 0, f"--recover-lr must be > 0, got {self.lr}"),
-            (self.weight_decay >= 0, f"--recover-weight-decay must be >= 0, got {self.weight_decay}"),
-            (self.batch_size >= 1, f"--recover-batch-size must be >= 1, got {self.batch_size}"),
-            (0.0 <= self.warmup < 1.0, f"--recover-warmup must lie in [0, 1), got {self.warmup}"),
             (0.0 <= self.val_fraction < 1.0, f"--recover-val-fraction must lie in [0, 1), got {self.val_fraction}"),
             (self.patience >= 1, f"--recover-patience must be >= 1, got {self.patience}"),
-            (self.feature_weight >= 0, f"--recover-feature-weight must be >= 0, got {self.feature_weight}"),
-            ("auto" not in self.features or len(self.features) == 1,
-             f"--recover-features takes 'auto' alone or module names, got {list(self.features)}"),
-            (self.task in TASKS, f"--recover-task must be one of {', '.join(TASKS)}, got {self.task!r}"),
         ]
-        for ok, message in checks:
+        for ok, message in flagged:
             if not ok:
                 raise CompressionError(message)
+        checks = [  # (holds, field, what is wrong with it)
+            (self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}"),
+            (self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}"),
+            (0.0 <= self.warmup < 1.0, "warmup", f"must lie in [0, 1), got {self.warmup}"),
+            (self.feature_weight >= 0, "feature_weight", f"must be >= 0, got {self.feature_weight}"),
+            ("auto" not in self.features or len(self.features) == 1,
+             "features", f"takes 'auto' alone or module names, got {list(self.features)}"),
+            (self.task in TASKS, "task", f"must be one of {', '.join(TASKS)}, got {self.task!r}"),
+        ]
+        for ok, name, problem in checks:
+            if not ok:
+                raise field_error(self, name, problem)
         if self.int8 is not None:
             from .qat import INT8_FORMATS  # torch: only for a quantisation-aware recovery
 
             if self.int8 not in INT8_FORMATS:
-                raise CompressionError(f"--recover-int8 has no INT8 format for target {self.int8!r}; choose one of "
-                                       f"{', '.join(INT8_FORMATS)}")
+                raise field_error(self, "int8", f"has no INT8 format for target {self.int8!r}; choose one of "
+                                                f"{', '.join(INT8_FORMATS)}")
 
     @property
     def enabled(self) -> bool:

@@ -71,9 +71,10 @@ def invoke(group: click.Group, argv: list[str] | None) -> None:
     except BaseException as exc:
         if os.environ.get("MINREAL_DEBUG"):
             raise
+        from minreal.app.method_options import flag_spelled
         from minreal.facts import error_line
 
-        click.echo(f"minreal: error: {error_line(exc)}", err=True)
+        click.echo(f"minreal: error: {flag_spelled(exc, error_line(exc))}", err=True)
         sys.exit(USAGE_EXIT if isinstance(exc, usage_errors()) else FAIL_EXIT)
 
 

@@ -7,23 +7,25 @@ metadata: ``field(default=..., metadata={"help": "...", "choices": (...)})``
 -- the help text is required (a field without one is a build-time error), the choices are optional (the fixed set of
 strings the field accepts). Only options the user gave are passed on: to one method, an option it does not have is
 an error (:func:`build_config`); to several, each option reaches the methods that declare it, and is an error only
-when none of them does (:func:`build_configs`).
+when none of them does (:func:`build_configs`). The library's errors name config fields; :func:`flag_spelled` gives
+their flags back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from minreal.compress import get_method, method_names
-from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS, field_clash
+from minreal.compress import CompressionError, get_method, method_names
+from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS, field_clash, flag_of
 
 __all__ = ["OptionSpec", "method_option_specs", "config_option_specs", "field_docs", "build_config", "build_configs",
-           "MethodOptionError", "provider_defaults", "option_group"]
+           "MethodOptionError", "provider_defaults", "option_group", "flag_spelled"]
 
 
 class MethodOptionError(ValueError):
@@ -211,6 +213,24 @@ def _convert(key: str, value: Any, kind: type, multiple: bool) -> Any:
     return kind(value)
 
 
+#: Config classes whose fields the command line spells with a prefix (``RecoveryConfig.epochs`` is
+#: ``--recover-epochs``: :func:`minreal.app.options.recovery_config`).
+_FLAG_PREFIX = MappingProxyType({"RecoveryConfig": "recover_"})
+
+
+def flag_spelled(exc: BaseException, text: str | None = None) -> str:
+    """``text`` (``str(exc)`` when None) with the command line's flag in place of each config field that ``exc``
+    names: a backticked mention of one of its ``fields`` (:class:`minreal.compress.CompressionError`), bare or
+    with its config class (`` `mac_ratio` `` and `` `DepthConfig.mac_ratio` `` -> ``--mac-ratio``,
+    `` `RecoveryConfig.epochs` `` -> ``--recover-epochs``). Nothing else in the text changes."""
+    text = str(exc) if text is None else text
+    fields = exc.fields if isinstance(exc, CompressionError) else ()
+    if not fields:
+        return text
+    mention = re.compile(r"`(?:(\w+)\.)?(" + "|".join(re.escape(f) for f in fields) + r")`")
+    return mention.sub(lambda m: flag_of(_FLAG_PREFIX.get(m[1] or "", "") + m[2]), text)
+
+
 def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | None = None) -> Any:
     """The method's config from the options the user gave (None / empty = not given).
 
@@ -232,4 +252,4 @@ def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | 
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:
-        raise MethodOptionError(f"invalid options for method {method!r}: {exc}") from None
+        raise MethodOptionError(f"invalid options for method {method!r}: {flag_spelled(exc)}") from None

@@ -52,3 +52,15 @@ def test_a_resnet_is_cut_to_the_budget(tmp_path: Path, monkeypatch: pytest.Monke
     assert code == 0, capsys.readouterr().err
     report = json.loads((tmp_path / "r.json").read_text())
     assert (tmp_path / "cut.pt2").is_file() and report["macs_after"] <= 0.8 * report["macs_before"]
+
+
+def test_a_missing_latency_table_is_named_by_its_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    """The library names the field (`latency_table`); the command line prints the flag instead."""
+    (tmp_path / "net.py").write_text(RESNET)
+    monkeypatch.chdir(tmp_path)
+    code = run(["compress", "net.py:make", "-m", "depth", "--latency-ratio", "0.8", "--latency-table", "none.json",
+                "--data", "digits", "--out", "cut.pt2", "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and "minreal: error: --latency-table none.json: cannot read it (FileNotFoundError)" in err, err
+    assert "latency_table" not in err and not (tmp_path / "cut.pt2").exists()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -201,3 +203,36 @@ def test_width_methods_take_the_target_providers_width_defaults_and_the_users_va
         assert (gpu.width_multiple, gpu.width_min) == (8, 0)
         mine = build_config(method, {"width_multiple": 8, "width_min": 0}, provider_defaults(("cpu",)))
         assert (mine.width_multiple, mine.width_min) == (8, 0)
+
+
+def test_flag_spelled_puts_flags_in_place_of_the_declared_fields_only() -> None:
+    from minreal.app.method_options import flag_spelled
+    from minreal.compress import CompressionError
+
+    exc = CompressionError("`DepthConfig.criterion` and `mac_ratio`; `RecoveryConfig.epochs`; `other`, mac_ratio, "
+                           "`minreal latency-table --kind width`", fields=("criterion", "mac_ratio", "epochs"))
+    assert flag_spelled(exc) == ("--criterion and --mac-ratio; --recover-epochs; `other`, mac_ratio, "
+                                 "`minreal latency-table --kind width`")
+    assert flag_spelled(exc, "first line `mac_ratio`") == "first line --mac-ratio"
+    assert flag_spelled(ValueError("`mac_ratio` is no field here")) == "`mac_ratio` is no field here"
+
+
+def test_a_config_error_names_the_field_in_python_and_the_flag_on_the_command_line(workdir: Path,
+                                                                                   run_cli: Callable) -> None:
+    from minreal.compress import CompressionError
+    from minreal.compress.methods.depth import DepthConfig
+
+    with pytest.raises(CompressionError, match=r"^`DepthConfig\.score_samples` must be >= 8, got 4$"):
+        DepthConfig(score_samples=4)
+    code, _, err = run_cli(["compress", "net.py:make", "-m", "depth", "--score-samples", "4", "--data", "digits-flat",
+                            "--out", "cut.pt2", "-q"])
+    assert code == 2 and "invalid options for method 'depth': --score-samples must be >= 8, got 4" in err, err
+    assert "score_samples" not in err and "`" not in err and "Traceback" not in err
+
+
+def test_a_plan_files_config_error_names_the_flag(workdir: Path, run_cli: Callable) -> None:
+    Path("plan.toml").write_text("[[variant]]\nmethod = 'svd'\nmac_ratio = 1.5\n")
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data",
+                            "digits-flat", "--out", "runs/p", "--no-int8", "-q"])
+    assert code == 2 and "--mac-ratio must lie in (0, 1], got 1.5" in err, err
+    assert "mac_ratio" not in err and "Traceback" not in err

@@ -331,8 +331,9 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
         raise CompressionError(f"--importance-weighting must be one of {', '.join(WEIGHTINGS)} here (auto is "
                                f"resolved by the method), got {weighting!r}")
     if budget not in BUDGET_COST and not (budget == "latency_ratio" and latency is not None):
-        raise CompressionError(f"width pruning meets {', '.join(flag_of(b) for b in BUDGET_COST)}; "
-                               f"{flag_of(budget)} needs a width latency table (minreal latency-table --kind width)")
+        raise CompressionError(f"width pruning meets {', '.join(f'`{b}`' for b in BUDGET_COST)}; `{budget}` needs a "
+                               "width latency table (minreal latency-table --kind width)",
+                               fields=(*BUDGET_COST, budget))
     units: list[tuple[str, list[int], torch.Tensor, list[int]]] = []  # group, atoms by score, norm, ladder
     keys: list[str] = []  # each unit's key in a width latency table
     for name, s in scores.items():

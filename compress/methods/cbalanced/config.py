@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core.errors import CompressionError
+from ...core.errors import CompressionError, field_error
 from ...core.options import CostBudget, SeedOption, StateBudgetOption, WidthMultipleOption
 
 __all__ = ["CBalancedConfig", "INITS", "SELECTIONS"]
@@ -80,12 +80,11 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
         StateBudgetOption.__post_init__(self)
         WidthMultipleOption.__post_init__(self)
         if self.init not in INITS:
-            raise CompressionError(f"--init must be one of {INITS}, got {self.init!r}")
+            raise field_error(self, "init", f"must be one of {INITS}, got {self.init!r}")
         if self.selection not in SELECTIONS:
-            raise CompressionError(f"--selection must be one of {SELECTIONS}, got {self.selection!r}")
+            raise field_error(self, "selection", f"must be one of {SELECTIONS}, got {self.selection!r}")
         if not 0.0 <= self.energy_eps < 1.0:
             raise CompressionError(f"--energy-eps must lie in [0, 1), got {self.energy_eps}")
-        for flag, value in (("--gramian-samples", self.gramian_samples), ("--go-samples", self.go_samples),
-                            ("--probes", self.probes)):
-            if value < 1:
-                raise CompressionError(f"{flag} must be >= 1, got {value}")
+        for name in ("gramian_samples", "go_samples", "probes"):
+            if getattr(self, name) < 1:
+                raise field_error(self, name, f"must be >= 1, got {getattr(self, name)}")

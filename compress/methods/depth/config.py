@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core.errors import CompressionError
+from ...core.errors import field_error
 from ...core.options import CostBudget, ExcludeOption, SeedOption
 
 __all__ = ["DepthConfig", "CRITERIA", "DEFAULT_CRITERION", "DEFAULT_MAC_RATIO"]
@@ -50,10 +50,10 @@ class DepthConfig(CostBudget, SeedOption, ExcludeOption):
     def __post_init__(self) -> None:
         CostBudget.__post_init__(self)
         if self.criterion not in CRITERIA:
-            raise CompressionError(f"--criterion must be one of {', '.join(CRITERIA)}, got {self.criterion!r}")
+            raise field_error(self, "criterion", f"must be one of {', '.join(CRITERIA)}, got {self.criterion!r}")
         if self.score_samples < 8:
-            raise CompressionError(f"--score-samples must be >= 8, got {self.score_samples}")
+            raise field_error(self, "score_samples", f"must be >= 8, got {self.score_samples}")
         if self.greedy_candidates < 1:
-            raise CompressionError(f"--greedy-candidates must be >= 1, got {self.greedy_candidates}")
+            raise field_error(self, "greedy_candidates", f"must be >= 1, got {self.greedy_candidates}")
         if self.observability_probes < 1:
-            raise CompressionError(f"--observability-probes must be >= 1, got {self.observability_probes}")
+            raise field_error(self, "observability_probes", f"must be >= 1, got {self.observability_probes}")

@@ -196,18 +196,19 @@ def latency_savings(path: str, prep: DepthPrepared) -> tuple[dict[str, float], f
     try:
         table = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise CompressionError(f"{flag_of('latency_table')} {path}: cannot read it ({type(exc).__name__})") from None
+        raise CompressionError(f"`latency_table` {path}: cannot read it ({type(exc).__name__})",
+                               fields=("latency_table",)) from None
     if not isinstance(table, dict) or table.get("kind") != "depth":
-        raise CompressionError(f"{flag_of('latency_table')} {path} is not a depth table; build one with `minreal "
-                               "latency-table MODEL --kind depth --out table.json`")
+        raise CompressionError(f"`latency_table` {path} is not a depth table; build one with `minreal "
+                               "latency-table MODEL --kind depth --out table.json`", fields=("latency_table",))
     if table.get("model_hash") != model_key(prep.model):
-        raise CompressionError(f"{flag_of('latency_table')} {path} was measured on another model (or other "
-                               "weights); build it again for this one")
+        raise CompressionError(f"`latency_table` {path} was measured on another model (or other weights); build it "
+                               "again for this one", fields=("latency_table",))
     blocks = table.get("blocks", {})
     missing = [n for n in prep.removable if n not in blocks]
     if missing:
-        raise CompressionError(f"{flag_of('latency_table')} {path} has no latency for the residual blocks "
-                               f"{', '.join(missing[:4])}; build it again for this model")
+        raise CompressionError(f"`latency_table` {path} has no latency for the residual blocks "
+                               f"{', '.join(missing[:4])}; build it again for this model", fields=("latency_table",))
     return {n: max(float(blocks[n]["saving_ms"]), 0.0) for n in prep.removable}, float(table["model_ms"])
 
 

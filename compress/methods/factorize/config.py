@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core.errors import CompressionError
+from ...core.errors import CompressionError, field_error
 from ...core.options import DEFAULT_STATS_DTYPE, STATS_DTYPE_NAMES, Budget, BudgetOptions
 
 __all__ = ["FactorizeConfig"]
@@ -58,14 +58,14 @@ class FactorizeConfig(BudgetOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.calib_batch_size < 1:
-            raise CompressionError(f"--calib-batch-size must be >= 1, got {self.calib_batch_size}")
+            raise field_error(self, "calib_batch_size", f"must be >= 1, got {self.calib_batch_size}")
         if not 0.0 <= self.eig_threshold < 1.0:
-            raise CompressionError(f"--eig-threshold must lie in [0, 1), got {self.eig_threshold}")
+            raise field_error(self, "eig_threshold", f"must lie in [0, 1), got {self.eig_threshold}")
         if self.memory_cap_bytes < 1 << 20:
-            raise CompressionError(f"--memory-cap-bytes must be at least 1 MiB, got {self.memory_cap_bytes}")
+            raise field_error(self, "memory_cap_bytes", f"must be at least 1 MiB, got {self.memory_cap_bytes}")
         if self.stats_dtype not in STATS_DTYPE_NAMES:
-            raise CompressionError(f"--stats-dtype must be one of {sorted(STATS_DTYPE_NAMES)}, "
-                                   f"got {self.stats_dtype!r}")
+            raise field_error(self, "stats_dtype", f"must be one of {sorted(STATS_DTYPE_NAMES)}, "
+                                                   f"got {self.stats_dtype!r}")
         if self.layer_latency_ratio is not None and not self.latency_table:
             raise CompressionError("--layer-latency-ratio needs --latency-table (per-layer latencies measured on the "
                                    "target provider); build one with `minreal latency-table MODEL --out table.json`")

@@ -122,7 +122,7 @@ def _moments(model: nn.Module, data: Dataset, targets: list[Target], cfg: Factor
         for name, s in stats.items():
             if s.rows == 0:
                 raise CompressionError(f"layer {name!r} was not reached by the calibration data; "
-                                       "exclude it with --exclude")
+                                       "exclude it with `exclude`", fields=("exclude",))
             found[name] = s.moment
             if cfg.cache_dir:
                 save_entry(cfg.cache_dir, keys[name], {"moment": found[name]})

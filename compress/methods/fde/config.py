@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ...core.errors import CompressionError
-from ...core.options import CostBudget, SeedOption, flag_of
+from ...core.errors import CompressionError, field_error
+from ...core.options import CostBudget, SeedOption
 
 __all__ = ["FDEConfig", "REPRESENTATIVES"]
 
@@ -76,21 +76,18 @@ class FDEConfig(SeedOption, CostBudget):
 
     def __post_init__(self) -> None:
         CostBudget.__post_init__(self)
-        for flag, value in (("--merge-eps", self.merge_eps), ("--box-margin", self.box_margin)):
-            if value < 0:
-                raise CompressionError(f"{flag} must be >= 0, got {value}")
-        for flag, value in (("--max-sweeps", self.max_sweeps), ("--bound-samples", self.bound_samples)):
-            if value < 1:
-                raise CompressionError(f"{flag} must be >= 1, got {value}")
+        for name, least in (("merge_eps", 0), ("box_margin", 0), ("max_sweeps", 1), ("bound_samples", 1),
+                            ("compensation_ridge", 0)):
+            if getattr(self, name) < least:
+                raise field_error(self, name, f"must be >= {least}, got {getattr(self, name)}")
         if self.representative not in REPRESENTATIVES:
-            raise CompressionError(f"--representative must be one of {REPRESENTATIVES}, got {self.representative!r}")
-        if self.compensation_ridge < 0:
-            raise CompressionError(f"--compensation-ridge must be >= 0, got {self.compensation_ridge}")
+            raise field_error(self, "representative", f"must be one of {REPRESENTATIVES}, got {self.representative!r}")
         if not 0.0 < self.compensation_holdout < 1.0:
-            raise CompressionError(f"--compensation-holdout must lie in (0, 1), got {self.compensation_holdout}")
+            raise field_error(self, "compensation_holdout", f"must lie in (0, 1), got {self.compensation_holdout}")
         if self.budget_given and self.merge_eps > 0:
-            raise CompressionError(f"give --merge-eps or {flag_of(self.budget_given[0])}, not both (the budget "
-                                   "sets the tolerance)")
+            budget = self.budget_given[0]
+            raise CompressionError(f"give `merge_eps` or `{budget}`, not both (the budget sets the tolerance)",
+                                   fields=("merge_eps", budget))
 
     def for_mlp(self) -> FDEConfig:
         """This config with its MLP default resolved: no ``compensation`` given is on (the held-out check keeps the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core.errors import CompressionError
+from ...core.errors import CompressionError, field_error
 from ...core.options import CostBudget, ExcludeOption, StateBudgetOption
 
 __all__ = ["SSMConfig"]
@@ -42,10 +42,10 @@ class SSMConfig(CostBudget, StateBudgetOption, ExcludeOption):
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
             raise CompressionError(f"give only one of --trunc / --energy / --state-budget, got {flags}")
         if self.trunc is not None and not 0.0 <= self.trunc < 1.0:
-            raise CompressionError(f"--trunc must lie in [0, 1), got {self.trunc}")
+            raise field_error(self, "trunc", f"must lie in [0, 1), got {self.trunc}")
         if self.energy is not None and not 0.0 < self.energy <= 1.0:
-            raise CompressionError(f"--energy must lie in (0, 1], got {self.energy}")
-        for flag, value in (("--state-budget", self.state_budget), ("--max-len", self.max_len),
-                            ("--error-samples", self.error_samples)):
+            raise field_error(self, "energy", f"must lie in (0, 1], got {self.energy}")
+        for name in ("state_budget", "max_len", "error_samples"):
+            value = getattr(self, name)
             if value is not None and value < 1:
-                raise CompressionError(f"{flag} must be >= 1, got {value}")
+                raise field_error(self, name, f"must be >= 1, got {value}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core.errors import CompressionError
+from ...core.errors import field_error
 from ...core.options import PruneOptions
 
 __all__ = ["WandaConfig"]
@@ -22,4 +22,4 @@ class WandaConfig(PruneOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.norm_samples < 1:
-            raise CompressionError(f"--norm-samples must be >= 1, got {self.norm_samples}")
+            raise field_error(self, "norm_samples", f"must be >= 1, got {self.norm_samples}")

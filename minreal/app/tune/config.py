@@ -181,7 +181,7 @@ class TuneConfig:
             raise TuneError(f"--grid takes MAC ratios in (0, 1], got {list(self.grid)}")
         object.__setattr__(self, "grid", grid)
         if self.recover_epochs < 0:
-            raise TuneError(f"--recover-epochs must be >= 0, got {self.recover_epochs}")
+            raise TuneError(f"`TuneConfig.recover_epochs` must be >= 0, got {self.recover_epochs}")
         if self.max_size_kb is not None and not (math.isfinite(self.max_size_kb) and self.max_size_kb > 0):
             raise TuneError(f"--max-size must be a positive number of KiB, got {self.max_size_kb}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
