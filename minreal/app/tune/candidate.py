@@ -292,7 +292,7 @@ class InputsChangedError(RuntimeError):
 
 
 def _evaluate(job: Job, key: str) -> CandidateResult:
-    from minreal.app.method_options import MethodOptionError, build_config, provider_defaults
+    from minreal.app.method_options import MethodOptionError, build_config, flag_spelled, provider_defaults
     from minreal.compress import CompressionError
     from minreal.compress.core.recover import held_out_metrics
     from minreal.compress.core.recover_options import RecoveryConfig
@@ -321,8 +321,8 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
                                       provider_defaults(job.providers))
                 small, report, phases = _compressed(job, model, calib, config, recovery, train)
             result.seconds.update(phases)
-    except (CompressionError, MethodOptionError) as exc:
-        result.error = str(exc).splitlines()[0]
+    except (CompressionError, MethodOptionError) as exc:  # a refusal, in the command line's words (its flags)
+        result.error = flag_spelled(exc).splitlines()[0]
         return result
     recovered = report.timings_s.get("recover", 0.0)
     if spec.variant is not None:
