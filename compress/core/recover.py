@@ -59,17 +59,19 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from .batchnorm import recalibrate_batchnorm
 from .data import Dataset
 from .distributed import all_reduce_max, all_reduce_sum, is_writer, rank_seed, shard, shard_bounds, world
 from .errors import CompressionError
 from .evaluate import eval_mode, predict
+from .heldout import held_out_of, output_metrics, resolve_task
 from .inputs import Inputs, args_of, call, count
 from .progress import log_progress
 from .qat import FakeQuant, fake_quant
 from .recover_options import RecoveryConfig
 from .train import distillation_loss, task_loss
 
-__all__ = ["RecoveryResult", "recover", "recovery_split", "held_out_metrics", "feature_points", "recalibrate_batchnorm"]
+__all__ = ["RecoveryResult", "recover", "recovery_split", "held_out_metrics", "feature_points"]
 
 log = logging.getLogger(__name__)
 TASK = "recovery (steps)"
@@ -111,20 +113,6 @@ class RecoveryResult:
     batchnorm_frozen: bool = False
     """BatchNorm statistics were kept frozen while training (re-estimated after each epoch): always under DDP,
     in one process with ``freeze_batchnorm=True`` (``--recover-freeze-bn``), the way to get the DDP result."""
-
-
-def _has_class_labels(y: torch.Tensor | None) -> bool:
-    return y is not None and y.dtype in (torch.int64, torch.int32)
-
-
-def resolve_task(task: str, y: torch.Tensor | None, out: torch.Tensor) -> str:
-    """``classification`` or ``regression`` for ``task`` (see :attr:`RecoveryConfig.task`), from the labels ``y``
-    when there are any, else from the shape of the original's outputs ``out``."""
-    if task != "auto":
-        return task
-    if y is not None:
-        return "classification" if _has_class_labels(y) else "regression"
-    return "classification" if out.dim() == 2 and out.shape[1] > 1 else "regression"
 
 
 def _loss(out: torch.Tensor, ref: torch.Tensor, y: torch.Tensor | None, cfg: RecoveryConfig,
@@ -192,50 +180,6 @@ def feature_points(teacher: nn.Module, student: nn.Module, names: list[str], pro
     return kept, skipped
 
 
-def _metric_sums(ref: torch.Tensor, out: torch.Tensor, y: torch.Tensor | None, task: str
-                 ) -> dict[str, tuple[float, int]]:
-    """Each metric of :func:`held_out_metrics` as (sum, count): its value is sum / count, over any union of parts."""
-    ref, out = ref.double(), out.double()
-    sums: dict[str, tuple[float, int]] = {}
-    if resolve_task(task, y, ref) == "classification":
-        sums["agreement"] = (float((out.argmax(1) == ref.argmax(1)).double().sum()), len(out))
-        sums["kl"] = (float(F.kl_div(F.log_softmax(out, 1), F.log_softmax(ref, 1), log_target=True,
-                                     reduction="sum")), len(out))
-    else:
-        sums["mse_to_original"] = (float(((out - ref) ** 2).sum()), out.numel())
-    if _has_class_labels(y) and out.dim() == 2:
-        sums["accuracy"] = (float((out.argmax(1) == y).double().sum()), len(out))
-    elif y is not None:
-        sums["mse"] = (float(((out - y.double().reshape(out.shape)) ** 2).sum()), out.numel())
-    return sums
-
-
-@torch.no_grad()
-def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batch_size: int = 256,
-                     task: str = "auto", teacher_outputs: torch.Tensor | None = None) -> dict[str, float]:
-    """Agreement and KL (T=1) with the teacher for classifiers, MSE to it otherwise; accuracy or MSE with labels
-    (``task`` as :attr:`RecoveryConfig.task`). Under a process group ``data`` is this rank's part and the metrics
-    are those of all ranks' parts together (sums and counts all-reduced). ``teacher_outputs``: the teacher's
-    ``predict`` on ``data`` computed once by a caller that judges many students on the same data."""
-    ref = predict(teacher, data, batch_size) if teacher_outputs is None else teacher_outputs
-    return _metrics(ref, predict(student, data, batch_size), data.y, task)
-
-
-def _metrics(ref: torch.Tensor, out: torch.Tensor, y: torch.Tensor | None, task: str) -> dict[str, float]:
-    """:func:`held_out_metrics` from the two models' outputs ``ref`` and ``out`` (all ranks' parts together)."""
-    sums = _metric_sums(ref, out, y, task)
-    totals = all_reduce_sum(torch.tensor([v for pair in sums.values() for v in pair], dtype=torch.float64))
-    return {name: float(totals[2 * i] / totals[2 * i + 1]) for i, name in enumerate(sums)}
-
-
-def _held_out(teacher: nn.Module, student: nn.Module, data: Dataset, task: str, refs: torch.Tensor | None,
-              outputs: torch.Tensor | None = None) -> dict[str, float]:
-    """:func:`held_out_metrics`, taking the teacher's outputs ``refs`` and the student's ``outputs`` where already
-    known (None: predicted here)."""
-    refs = predict(teacher, data) if refs is None else refs
-    return _metrics(refs, predict(student, data) if outputs is None else outputs, data.y, task)
-
-
 CACHE_LIMIT = 50_000_000
 """Largest number of teacher output values kept in memory for a whole split (beyond it, recomputed per batch)."""
 
@@ -300,51 +244,6 @@ def _schedule(total_steps: int, warmup: float) -> Callable[[int], float]:
     return factor
 
 
-@torch.no_grad()
-def recalibrate_batchnorm(model: nn.Module, data: Dataset, batch_size: int) -> None:
-    """Re-estimate BatchNorm running statistics as exact averages over ``data`` (momentum=None), then eval. A last
-    batch of one sample (which BatchNorm cannot normalise in training mode) joins the one before.
-
-    Under a process group ``data`` is the whole data on every rank: the batches are dealt out to the ranks in
-    turn and each layer's averages, weighted by its number of batches, are all-reduced (the same statistics)."""
-    if len(data) > 1 and len(data) % batch_size == 1:
-        batch_size += 1
-    bns = [m for m in model.modules() if isinstance(m, _BatchNorm)]
-    if not bns:
-        return
-    saved = [m.momentum for m in bns]
-    for m in bns:
-        m.reset_running_stats()
-        m.momentum = None
-    model.train()
-    rank, size = world() or (0, 1)
-    try:
-        for idx in torch.arange(len(data)).split(batch_size)[rank::size]:
-            call(model, data.x[idx])
-    finally:
-        for m, momentum in zip(bns, saved):
-            m.momentum = momentum
-        model.eval()
-    if size > 1:
-        _average_batchnorm([m for m in bns if m.running_mean is not None])
-
-
-def _average_batchnorm(bns: list[_BatchNorm]) -> None:
-    """Each rank's cumulative averages over its own k batches, weighted by k and all-reduced: the average over
-    every rank's batches (a rank with none contributes nothing)."""
-    counts = torch.tensor([float(m.num_batches_tracked) for m in bns], dtype=torch.float64)
-    parts = [torch.cat([m.running_mean, m.running_var]).double() * k for m, k in zip(bns, counts)]
-    flat = all_reduce_sum(torch.cat([counts, *parts]))
-    offset = len(bns)
-    for m, k in zip(bns, flat[:len(bns)]):
-        n = m.running_mean.numel()
-        block = flat[offset:offset + 2 * n] / k.clamp_min(1)
-        offset += 2 * n
-        m.running_mean.copy_(block[:n])
-        m.running_var.copy_(block[n:])
-        m.num_batches_tracked.fill_(int(k))
-
-
 def _step(student: nn.Module, teacher: nn.Module, xb: torch.Tensor, yb: torch.Tensor | None,
           opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler, cfg: RecoveryConfig,
           features: _FeatureMatch | None = None, ref: torch.Tensor | None = None, weight: float = 1.0,
@@ -394,6 +293,17 @@ def _recalibration_set(train: Dataset, seed: int) -> Dataset:
 
 def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batch_size: int = 256,
+                     task: str = "auto", teacher_outputs: torch.Tensor | None = None) -> dict[str, float]:
+    """Agreement and KL (T=1) with the teacher for classifiers, MSE to it otherwise; accuracy or MSE with labels
+    (``task`` as :attr:`RecoveryConfig.task`). Under a process group ``data`` is this rank's part and the metrics
+    are those of all ranks' parts together (sums and counts all-reduced). ``teacher_outputs``: the teacher's
+    ``predict`` on ``data`` computed once by a caller that judges many students on the same data."""
+    ref = predict(teacher, data, batch_size) if teacher_outputs is None else teacher_outputs
+    return output_metrics(ref, predict(student, data, batch_size), data.y, task)
 
 
 def recovery_split(data: Dataset, cfg: RecoveryConfig) -> tuple[Dataset, Dataset, bool]:
@@ -581,7 +491,7 @@ def _recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: 
     val_refs = _teacher_outputs(teacher, val_part, len(val))  # for the metrics and the held-out objective alike
     reuse = config.enabled and config.int8 is None  # float training: its held-out passes give the student's outputs
     if not reuse:
-        result.before = _held_out(teacher, compressed, val_part, config.task, val_refs)
+        result.before = held_out_of(teacher, compressed, val_part, config.task, val_refs)
     outputs: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
     if config.enabled:
         result.feature_points, result.feature_points_skipped = _matched_points(teacher, compressed, config,
@@ -596,8 +506,8 @@ def _recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: 
         raise CompressionError("internal error: recovery changed the model's architecture (state-dict keys or "
                                "shapes); please report it")
     if reuse:  # without an output from before the first step no step was taken: the weights are the starting ones
-        result.before = _held_out(teacher, compressed, val_part, config.task, val_refs, outputs[0])
-    result.after = _held_out(teacher, compressed, val_part, config.task, val_refs, outputs[1] if reuse else None)
+        result.before = held_out_of(teacher, compressed, val_part, config.task, val_refs, outputs[0])
+    result.after = held_out_of(teacher, compressed, val_part, config.task, val_refs, outputs[1] if reuse else None)
     return result
 
 
@@ -733,7 +643,7 @@ class _EpochReport:
 
     def epoch(self, epoch: int, train_loss: float, val_loss: float, outputs: torch.Tensor) -> None:
         """Report epoch ``epoch`` (from 1): its mean training loss, held-out objective and held-out outputs."""
-        metrics = {} if self.refs is None else _metrics(self.refs, outputs, self.val.y, self.task)
+        metrics = {} if self.refs is None else output_metrics(self.refs, outputs, self.val.y, self.task)
         parts = [f"training loss {train_loss:.4g}", f"validation loss {val_loss:.4g}",
                  *(f"{name} {value:.4g}" for name, value in metrics.items()),
                  f"{time.perf_counter() - self.started:.0f} s"]

@@ -17,9 +17,9 @@ from ...core.cache import model_key
 from ...core.costs import count_macs_torch
 from ...core.data import Dataset
 from ...core.errors import CompressionError
+from ...core.heldout import resolve_task
 from ...core.inputs import Inputs
 from ...core.options import flag_of
-from ...core.recover import resolve_task
 from ...core.report import CompressionReport, LayerReport
 from ...core.width.graph import is_exported_program, trace
 from .config import DEFAULT_MAC_RATIO, DepthConfig

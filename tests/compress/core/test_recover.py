@@ -11,9 +11,10 @@ from torch import nn
 
 import minreal.compress.core.recover as recover_mod
 from minreal.compress import compress
+from minreal.compress.core.batchnorm import recalibrate_batchnorm
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
-from minreal.compress.core.recover import feature_points, recalibrate_batchnorm, recover
+from minreal.compress.core.recover import feature_points, recover
 from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.smoke import digits_mlp, digits_subset
 from minreal.compress.core.train import TrainConfig, train
