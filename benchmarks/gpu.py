@@ -404,7 +404,8 @@ def _timed(fns: list[Callable[[], Any]], batch: int, stream: Any) -> list[dict[s
 
 
 def _cells(backend: str, precision: str, batch: int, results: dict[str, dict[str, Any] | str]) -> list[dict[str, Any]]:
-    """Cell dicts of both variants: latency stats (ok), or a reason string (failed)."""
+    """Cell dicts of the variants this process measures (:func:`variants`): latency stats (ok), or a reason string
+    (failed)."""
     out = []
     for v in VARIANTS:
         r = results.get(v, "not made: see the model's preparation errors")

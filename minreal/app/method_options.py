@@ -216,6 +216,13 @@ def _convert(key: str, value: Any, kind: type, multiple: bool) -> Any:
 #: Config classes whose fields the command line spells with a prefix (``RecoveryConfig.epochs`` is
 #: ``--recover-epochs``: :func:`minreal.app.options.recovery_config`).
 _FLAG_PREFIX = MappingProxyType({"RecoveryConfig": "recover_"})
+#: Fields whose flag is not their prefixed name (``RecoveryConfig.freeze_batchnorm`` is ``--recover-freeze-bn``).
+_FLAG_NAMES = MappingProxyType({("RecoveryConfig", "freeze_batchnorm"): "--recover-freeze-bn"})
+
+
+def _spelled(config: str, name: str) -> str:
+    """The flag of field ``name`` of config class ``config`` (``""``: a method's config, no prefix)."""
+    return _FLAG_NAMES.get((config, name)) or flag_of(_FLAG_PREFIX.get(config, "") + name)
 
 
 def flag_spelled(exc: BaseException, text: str | None = None) -> str:
@@ -228,7 +235,7 @@ def flag_spelled(exc: BaseException, text: str | None = None) -> str:
     if not fields:
         return text
     mention = re.compile(r"`(?:(\w+)\.)?(" + "|".join(re.escape(f) for f in fields) + r")`")
-    return mention.sub(lambda m: flag_of(_FLAG_PREFIX.get(m[1] or "", "") + m[2]), text)
+    return mention.sub(lambda m: _spelled(m[1] or "", m[2]), text)
 
 
 def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | None = None) -> Any:

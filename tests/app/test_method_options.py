@@ -217,6 +217,24 @@ def test_flag_spelled_puts_flags_in_place_of_the_declared_fields_only() -> None:
     assert flag_spelled(ValueError("`mac_ratio` is no field here")) == "`mac_ratio` is no field here"
 
 
+def test_every_recovery_field_an_error_names_is_spelled_as_a_flag_of_run() -> None:
+    # a RecoveryConfig field in an error reaches the command line as a flag that `minreal run` declares
+    import dataclasses
+
+    from minreal.app.commands.run import run_cmd
+    from minreal.app.method_options import flag_spelled
+    from minreal.compress import CompressionError
+    from minreal.compress.core.recover_options import RecoveryConfig
+
+    declared = {flag for p in run_cmd.params for flag in getattr(p, "opts", ())}
+    internal = {"catch_interrupt"}  # set by the library's callers, never by a user
+    for f in dataclasses.fields(RecoveryConfig):
+        if f.name in internal:
+            continue
+        spelled = flag_spelled(CompressionError(f"`RecoveryConfig.{f.name}`", fields=(f.name,)))
+        assert spelled in declared, (f.name, spelled)
+
+
 def test_a_config_error_names_the_field_in_python_and_the_flag_on_the_command_line(workdir: Path,
                                                                                    run_cli: Callable) -> None:
     from minreal.compress import CompressionError

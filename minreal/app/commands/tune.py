@@ -93,7 +93,7 @@ def _tune_option(*decls: str, group: str = SEARCH, **kwargs: Any) -> Any:
 @plan_option("its variants are candidates as they are.")
 @_tune_option("--grid", metavar="R,R...", help="Comma-separated MAC ratios to search (default 0.9,0.8,...,0.2).")
 @_tune_option("--recover-epochs-max", "recover_epochs", type=click.IntRange(min=0), default=0, show_default=True,
-              metavar="N", group=RECOVERY,
+              metavar="N", group=RECOVERY, brief=True,
               help="Recovery cap: every method is bisected without recovery, then the budgets just below each "
                    "boundary race with up to this many epochs of recovery (successive halving: 1/9, 1/3, all of it).")
 @no_int8_option("fp32 candidates only (the original's INT8 is then no baseline).")
