@@ -3,6 +3,7 @@ the logging set-up that routes the library's progress records to them."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -135,6 +136,23 @@ class RepeatFilter(logging.Filter):
         self.seen[key] = self.seen.get(key, 0) + 1
         return self.seen[key] == 1
 
+    def summary(self) -> str | None:
+        """The line that says how many repeats were not shown (``None``: none were), printed when the command ends."""
+        repeated = {k: n - 1 for k, n in self.seen.items() if n > 1}
+        if not repeated:
+            return None
+        return (f"WARNING minreal: {sum(repeated.values())} repeat(s) of {len(repeated)} warning(s) above not shown "
+                "(each text is shown once)")
+
+
+def _print_summary(repeats: RepeatFilter, stream: Any) -> None:
+    """At exit: how many repeated warnings :class:`RepeatFilter` held back, if any."""
+    if line := repeats.summary():
+        try:
+            print(line, file=stream)
+        except (OSError, ValueError):  # stderr closed or a broken pipe: nothing left to tell
+            pass
+
 
 def setup_logging() -> None:
     """Warnings on stderr as ``LEVEL logger: message``, each text once per logger (:class:`RepeatFilter`); the
@@ -144,4 +162,6 @@ def setup_logging() -> None:
         if not isinstance(handler, ProgressBars):
             handler.setLevel(logging.WARNING)  # library INFO records reach only the progress bars
         if type(handler) is logging.StreamHandler and not any(isinstance(f, RepeatFilter) for f in handler.filters):
-            handler.addFilter(RepeatFilter())  # the console's own handler, not a test's capturing subclass
+            repeats = RepeatFilter()
+            handler.addFilter(repeats)  # the console's own handler, not a test's capturing subclass
+            atexit.register(_print_summary, repeats, handler.stream)

@@ -93,6 +93,20 @@ def test_a_repeated_log_warning_is_shown_once_and_counted() -> None:
     assert repeats.seen[("minreal.export.quantize", "pre-processing failed: shape inference")] == 3
 
 
+def test_the_repeats_held_back_are_counted_in_one_line() -> None:
+    import logging
+
+    from minreal.app.console import RepeatFilter
+
+    repeats = RepeatFilter()
+    assert repeats.summary() is None
+    for name, text in [("a", "x")] * 3 + [("a", "y")] * 2 + [("b", "x")]:
+        repeats.filter(logging.LogRecord(name, logging.WARNING, __file__, 1, text, None, None))
+    # ("a", "x") repeated twice and ("a", "y") once: 3 repeats of 2 warnings; ("b", "x") was shown once only
+    assert repeats.summary() == ("WARNING minreal: 3 repeat(s) of 2 warning(s) above not shown (each text is shown "
+                                 "once)")
+
+
 def test_brief_progress_says_one_line_per_case() -> None:
     from minreal.app.digest import CaseProgress
 
