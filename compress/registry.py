@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MethodRegistry", "ENTRY_POINT_GROUP", "register", "register_method", "get_method", "method_names",
            "compress", "compress_chain", "chain_label", "fill_costs", "apply_recovery", "state_points", "Prepared",
-           "prepare", "realise", "prepared_key"]
+           "prepare", "realise", "prepared_key", "BUDGET_SLACK", "budget_shortfall"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
@@ -183,6 +183,26 @@ def _requested_budget(spec: MethodSpec, cfg: Any) -> tuple[str, float] | None:
 
 UNCHANGED_ACTIONS = ("kept", "skipped")
 
+BUDGET_SLACK = 0.01
+"""How far above its MAC or parameter budget a result's measured ratio may land before its report says the budget
+was missed (``predicted["budget_missed"]`` and a note): methods budget their per-layer cost rules, and the ops those
+rules do not cover (attention's matmuls, a shifted window's rolls) can leave the whole model above the budget."""
+
+
+def budget_shortfall(report: CompressionReport, kind: str, requested: float, achieved: float) -> str | None:
+    """The note saying that ``report``'s measured ``kind`` ratio missed its budget, and why as far as the costs
+    tell; ``None`` within :data:`BUDGET_SLACK` (or for a latency budget, which the method measures itself)."""
+    if kind not in ("mac_ratio", "param_ratio") or achieved <= requested + BUDGET_SLACK:
+        return None
+    why = ""
+    if kind == "mac_ratio" and report.rule_macs_before:
+        rules = report.rule_macs_after / report.rule_macs_before
+        outside = ", ".join(report.not_covered_by_rules[:3]) + (", ..." if len(report.not_covered_by_rules) > 3
+                                                                 else "")
+        why = (f": the method budgets the MACs of its per-layer rules, which reached {rules:.3f}"
+               + (f"; MACs no rule covers (e.g. {outside}) stay" if outside else ""))
+    return f"budget missed: `{kind}` {requested:g} was asked, {achieved:.3f} was reached{why}"
+
 
 def state_points(report: CompressionReport) -> list[str]:
     """The layers (state points) the method changed, in report order: what ``--recover-features auto`` matches."""
@@ -326,6 +346,9 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
         achieved = {"mac_ratio": report.mac_ratio, "param_ratio": report.param_ratio,
                     "latency_ratio": report.predicted.get("whole_model_latency_ratio")}.get(budget[0])
         report.predicted["budget"] = {"kind": budget[0], "requested": budget[1], "achieved": achieved}
+        if achieved is not None and (note := budget_shortfall(report, budget[0], budget[1], achieved)):
+            report.predicted["budget_missed"] = note
+            report.notes.append(note)
     if measure and "relative_output_error" not in report.measured:
         t0 = time.perf_counter()
         report.measured.update(compare_outputs(model, new, data))

@@ -258,3 +258,18 @@ def test_prepare_once_then_realise_each_budget_is_compress(method: str) -> None:
     other, value = PREPARED_FIELDS[method]
     with pytest.raises(ValueError, match=f"differs from the prepared one in {other}"):
         realise(prepared, dataclasses.replace(budgets[0], **{other: value}))
+
+
+def test_a_missed_budget_is_stated_with_the_rules_share() -> None:
+    from minreal.compress.core.report import CompressionReport
+
+    # rules cut 1000 -> 500 MACs (0.500) while 1000 MACs outside them stay: 1500 / 2000 = 0.75 was reached
+    report = CompressionReport("m", {}, macs_before=2000, macs_after=1500, rule_macs_before=1000, rule_macs_after=500,
+                               not_covered_by_rules=["attn.matmul"])
+    assert registry.budget_shortfall(report, "mac_ratio", 0.5, report.mac_ratio) == (
+        "budget missed: `mac_ratio` 0.5 was asked, 0.750 was reached: the method budgets the MACs of its per-layer "
+        "rules, which reached 0.500; MACs no rule covers (e.g. attn.matmul) stay")
+    assert registry.budget_shortfall(report, "mac_ratio", 0.5, 0.5 + registry.BUDGET_SLACK) is None  # within slack
+    assert registry.budget_shortfall(report, "param_ratio", 0.5, 0.75) == (
+        "budget missed: `param_ratio` 0.5 was asked, 0.750 was reached")
+    assert registry.budget_shortfall(report, "latency_ratio", 0.5, 0.75) is None  # measured by the method itself

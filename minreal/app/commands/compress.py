@@ -123,6 +123,11 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
         write_json(report, Path(report_path))
     con.table(f"params {report.params_before} -> {report.params_after} ({report.param_ratio:.3f}), "
               f"MACs {report.macs_before} -> {report.macs_after} ({report.mac_ratio:.3f}); saved {out}")
+    if missed := report.predicted.get("budget_missed"):  # stated, never missed in silence
+        from minreal.compress.core.options import flag_of
+
+        kind = report.predicted["budget"]["kind"]
+        click.echo(f"WARNING: {missed.replace(f'`{kind}`', flag_of(kind))}", err=True)
     if "held_out_recovered" in report.measured:
         zero, rec = report.measured["held_out_zero_shot"], report.measured["held_out_recovered"]
         con.table("held out: " + "; ".join(f"{k} zero-shot {zero[k]:.4g} -> recovered {rec[k]:.4g}"
