@@ -4,6 +4,7 @@ the logging set-up that routes the library's progress records to them."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
@@ -148,10 +149,8 @@ class RepeatFilter(logging.Filter):
 def _print_summary(repeats: RepeatFilter, stream: Any) -> None:
     """At exit: how many repeated warnings :class:`RepeatFilter` held back, if any."""
     if line := repeats.summary():
-        try:
+        with contextlib.suppress(OSError, ValueError):  # stderr closed or a broken pipe: nothing left to tell
             print(line, file=stream)
-        except (OSError, ValueError):  # stderr closed or a broken pipe: nothing left to tell
-            pass
 
 
 def setup_logging() -> None:

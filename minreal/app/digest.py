@@ -9,21 +9,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from minreal.app.report import VERDICT_MAX_DROP_PP, CaseVerdict, case_verdict
+from minreal.app.report import VERDICT_MAX_DROP_PP, CaseVerdict, case_verdict, warning_kind
 
-__all__ = ["CaseProgress", "SCREEN_LINES", "WarningDigest", "verdict_models", "verdict_text", "winner_lines",
-           "warning_kind"]
+__all__ = ["CaseProgress", "SCREEN_LINES", "WarningDigest", "verdict_models", "verdict_text", "winner_lines"]
 
 SCREEN_LINES = 50
 """What a brief console (the demo's) aims to fit its end-of-run output in: one screen."""
 
 #: The timed cell a slowdown warning names: "(cpu, batch 1)", "(cpu, batch 1 seq=32)".
 _CELL = re.compile(r"\([^(),]+, batch (\d+)((?: [^()]+)?)\)")
-
-
-def warning_kind(warning: str) -> str:
-    """A warning's kind: the text before its first colon (the whole text when it has none), as report.md groups."""
-    return warning.partition(":")[0].strip()
 
 
 @dataclass

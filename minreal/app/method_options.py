@@ -25,7 +25,7 @@ from minreal.compress import CompressionError, get_method, method_names
 from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS, field_clash, flag_of
 
 __all__ = ["OptionSpec", "method_option_specs", "config_option_specs", "field_docs", "build_config", "build_configs",
-           "MethodOptionError", "provider_defaults", "option_group", "flag_spelled"]
+           "MethodOptionError", "provider_defaults", "option_group", "flag_spelled", "fields_spelled"]
 
 
 class MethodOptionError(ValueError):
@@ -227,11 +227,15 @@ def _spelled(config: str, name: str) -> str:
 
 def flag_spelled(exc: BaseException, text: str | None = None) -> str:
     """``text`` (``str(exc)`` when None) with the command line's flag in place of each config field that ``exc``
-    names: a backticked mention of one of its ``fields`` (:class:`minreal.compress.CompressionError`), bare or
-    with its config class (`` `mac_ratio` `` and `` `DepthConfig.mac_ratio` `` -> ``--mac-ratio``,
+    names (its ``fields``, :class:`minreal.compress.CompressionError`): :func:`fields_spelled`."""
+    return fields_spelled(str(exc) if text is None else text,
+                          exc.fields if isinstance(exc, CompressionError) else ())
+
+
+def fields_spelled(text: str, fields: tuple[str, ...]) -> str:
+    """``text`` with the command line's flag in place of each backticked mention of one of ``fields``, bare or with
+    its config class (`` `mac_ratio` `` and `` `DepthConfig.mac_ratio` `` -> ``--mac-ratio``,
     `` `RecoveryConfig.epochs` `` -> ``--recover-epochs``). Nothing else in the text changes."""
-    text = str(exc) if text is None else text
-    fields = exc.fields if isinstance(exc, CompressionError) else ()
     if not fields:
         return text
     mention = re.compile(r"`(?:(\w+)\.)?(" + "|".join(re.escape(f) for f in fields) + r")`")

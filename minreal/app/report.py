@@ -11,7 +11,7 @@ from minreal.app.int8_text import dropped_suffix, format_suffix, node_names, rou
 __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "spectra_layers",
            "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS", "int8_rows",
            "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows", "tensorrt_lines",
-           "verdict_lines", "grouped_warnings", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
+           "verdict_lines", "grouped_warnings", "warning_kind", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
            "ort_line", "ORT_FP16_NOTE", "ort_fp16_note"]
 
 #: The accuracy cost a verdict accepts: the fastest model within this many points of the original's held-out accuracy.
@@ -219,12 +219,17 @@ def verdict_lines(report: Any) -> list[str]:
     return out
 
 
+def warning_kind(warning: str) -> str:
+    """A warning's kind: the text before its first colon (the whole text when it has none)."""
+    return warning.partition(":")[0].strip()
+
+
 def grouped_warnings(warnings: list[str]) -> list[str]:
-    """One report.md line per kind of warning (the text before its first colon): how many, and the first; every
-    warning in full is in report.json (``cases[].warnings``)."""
+    """One report.md line per kind of warning (:func:`warning_kind`): how many, and the first; every warning in full
+    is in report.json (``cases[].warnings``)."""
     kinds: dict[str, list[str]] = {}
     for w in warnings:
-        kinds.setdefault(w.partition(":")[0], []).append(w)
+        kinds.setdefault(warning_kind(w), []).append(w)
     return [f"- **WARNING** {items[0]}" if len(items) == 1 else
             f"- **WARNING** {kind} ({len(items)}×; all in report.json), e.g. "
             f"{items[0].partition(':')[2].strip() or items[0]}" for kind, items in kinds.items()]

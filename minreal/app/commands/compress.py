@@ -95,7 +95,7 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
               report_path: str | None, providers: tuple[str, ...], holdout: float, dynamic_axes: tuple[str, ...],
               con: Console, writer: bool, opts: dict[str, Any]) -> None:
     """The work of :func:`compress_cmd` on one rank; ``writer`` (rank 0, or a single process) writes the outputs."""
-    from minreal.app.method_options import build_config, provider_defaults
+    from minreal.app.method_options import build_config, fields_spelled, provider_defaults
     from minreal.app.mismatch import check_data
     from minreal.compress import compress
     from minreal.export.json_safe import write_json
@@ -124,10 +124,7 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     con.table(f"params {report.params_before} -> {report.params_after} ({report.param_ratio:.3f}), "
               f"MACs {report.macs_before} -> {report.macs_after} ({report.mac_ratio:.3f}); saved {out}")
     if missed := report.predicted.get("budget_missed"):  # stated, never missed in silence
-        from minreal.compress.core.options import flag_of
-
-        kind = report.predicted["budget"]["kind"]
-        click.echo(f"WARNING: {missed.replace(f'`{kind}`', flag_of(kind))}", err=True)
+        click.echo(f"WARNING: {fields_spelled(missed, (report.predicted['budget']['kind'],))}", err=True)
     if "held_out_recovered" in report.measured:
         zero, rec = report.measured["held_out_zero_shot"], report.measured["held_out_recovered"]
         con.table("held out: " + "; ".join(f"{k} zero-shot {zero[k]:.4g} -> recovered {rec[k]:.4g}"
