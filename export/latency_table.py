@@ -362,7 +362,7 @@ def build_depth_latency_table(model: nn.Module, example_input: torch.Tensor, pro
         CompressionError: the model has no residual block.
         ValueError: an unknown precision, or INT8 on a provider other than ``cpu``.
     """
-    from minreal.compress.core.width.graph import trace
+    from minreal.compress.core.width.tracing import trace
     from minreal.compress.methods.depth.graph import drop_unused_results, find_blocks, remove_blocks
 
     if precision not in WIDTH_PRECISIONS:
