@@ -71,10 +71,14 @@ _SYSCTL_FLAGS = {"hw.optional.avx2_0": "avx2", "hw.optional.avx512f": "avx512f",
 class CpuIsa:
     """The int8-relevant instruction sets of a CPU.
 
-    Attributes:
-        arch: ``platform.machine()`` (``x86_64``, ``AMD64``, ``arm64``, ``aarch64``, ...).
-        flags: the :data:`ISA_FLAGS` present, in that order.
-        source: where the flags were read (``/proc/cpuinfo``, ``sysctl``), or ``unknown`` when nowhere.
+    Attributes
+    ----------
+    arch : str
+        ``platform.machine()`` (``x86_64``, ``AMD64``, ``arm64``, ``aarch64``, ...).
+    flags : tuple[str, ...]
+        the :data:`ISA_FLAGS` present, in that order.
+    source : str
+        where the flags were read (``/proc/cpuinfo``, ``sysctl``), or ``unknown`` when nowhere.
     """
 
     arch: str
