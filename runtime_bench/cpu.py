@@ -17,6 +17,13 @@ Two sources tell which case a machine is in, both recorded in every report's env
 
 :func:`cpu_int8_target` turns them into the ``--quant-target`` that ``cpu`` means on this machine (on an ARM64 CPU:
 ``arm64``, ARM's own S8S8 format).
+
+References
+----------
+.. [1] ONNX Runtime, ``docs/performance/model-optimizations/quantization.md``: U8S8 saturation without VNNI and its
+       remedies (``reduce_range``, U8U8).
+.. [2] ONNX Runtime, ``qdq_selector_action_transformer.h`` (``QDQIsInt8Allowed()``) and
+       ``onnxruntime_session_options_config_keys.h`` (``session.qdqisint8allowed``): :data:`ARM_GRAPH_CONFIG`.
 """
 
 from __future__ import annotations

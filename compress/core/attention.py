@@ -10,6 +10,10 @@ Need", eq. 1 and §3.2.2) — with the same call signature and the same results.
 weights explicitly, exactly as nn.MultiheadAttention does; ``need_weights=False`` (torchvision's ViT,
 nn.TransformerEncoderLayer) runs :func:`torch.nn.functional.scaled_dot_product_attention`. Both export to ONNX
 with either exporter (opset 18). Dropout on the attention weights acts in training only.
+
+References
+----------
+.. [1] Vaswani et al. 2017, "Attention Is All You Need", eq. 1 and §3.2.2.
 """
 
 from __future__ import annotations

@@ -26,6 +26,13 @@ Ranges start as exact minima/maxima over calibration batches run through the flo
 calibrator measures), then follow an exponential moving average of each batch's minimum and maximum
 (``r ← (1 − m)·r + m·r_batch``, ``m`` = :data:`EMA_MOMENTUM`, Jacob et al. §3.1) on forward passes in training
 mode with autograd on, i.e. optimiser steps; in eval mode or under ``torch.no_grad`` they are frozen.
+
+References
+----------
+.. [1] Jacob et al. (2018), "Quantization and Training of Neural Networks for Efficient Integer-Arithmetic-Only
+       Inference" (CVPR), §3, eq. 1–2.
+.. [2] Bengio et al. 2013, "Estimating or Propagating Gradients Through Stochastic Neurons": the straight-through
+       estimator.
 """
 
 from __future__ import annotations

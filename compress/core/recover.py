@@ -22,6 +22,11 @@ returned for the INT8 export to reuse.
 
 Under ``torch.distributed`` the recovery runs data-parallel: how the ranks share the data, the statistics and the
 decisions is told in :mod:`minreal.compress.core.recover_parallel`.
+
+References
+----------
+.. [1] Loshchilov & Hutter 2017, eq. 5: the cosine schedule after the warm-up.
+.. [2] Hinton et al. (2015): the distillation loss (:mod:`minreal.compress.core.train`).
 """
 
 from __future__ import annotations
