@@ -319,8 +319,10 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
     that data (:func:`~minreal.compress.core.measuring.measuring`: fde's float64 output deviation on the graph path);
     the measurements a method's result rests on (fde's bound on an MLP) stay.
 
-    Raises:
-        ValueError: ``config`` differs from the prepared one in a field the prepared state depends on.
+    Raises
+    ------
+    ValueError
+        ``config`` differs from the prepared one in a field the prepared state depends on.
     """
     spec = get_method(prepared.method)
     cfg = _checked_config(spec, config)

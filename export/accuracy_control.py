@@ -58,13 +58,20 @@ EVAL_BATCH = 64
 class MetricSpec:
     """How one metric is read and compared.
 
-    Attributes:
-        read: the value in a :class:`~minreal.runtime_bench.metrics.ModelMetrics` (``None`` if not computable).
-        higher_is_better: accuracy-like (drop = decrease) or error-like (drop = increase).
-        drop_scale: drop units per metric unit: 100 turns fractions into percentage points.
-        unit: unit of the drop, for messages.
-        labels: ``True`` needs integer labels, ``False`` float targets, ``None`` no labels.
-        reference: measured against the fp32 model's outputs (so the fp32 model runs beside each candidate).
+    Attributes
+    ----------
+    read : Callable[[ModelMetrics], float | None]
+        the value in a :class:`~minreal.runtime_bench.metrics.ModelMetrics` (``None`` if not computable).
+    higher_is_better : bool
+        accuracy-like (drop = decrease) or error-like (drop = increase).
+    drop_scale : float
+        drop units per metric unit: 100 turns fractions into percentage points.
+    unit : str
+        unit of the drop, for messages.
+    labels : bool | None
+        ``True`` needs integer labels, ``False`` float targets, ``None`` no labels.
+    reference : bool
+        measured against the fp32 model's outputs (so the fp32 model runs beside each candidate).
     """
 
     read: Callable[[ModelMetrics], float | None]
@@ -96,23 +103,38 @@ class FallbackStep:
 class AccuracyControlResult:
     """What :func:`quantize_with_accuracy_control` wrote and how it got there.
 
-    Attributes:
-        path: the written INT8 model.
-        metric: ``"accuracy"``, ``"agreement"`` or ``"mse"``.
-        max_drop: the allowed drop (percentage points for accuracy/agreement, absolute increase for mse).
-        fp32_metric: metric of the float model (agreement: 1.0).
-        int8_metric: metric of the fully quantised model.
-        int8_drop: its drop.
-        final_metric: metric of the written model.
-        drop: its drop.
-        met: ``drop <= max_drop``.
-        quant: the written model's :class:`~minreal.export.int8.QuantResult`.
-        excluded: the nodes returned to float, in order, each with the metric after its exclusion.
-        sensitivities: ranked node → metric of the INT8 model with only that node in float, most harmful
-            (largest recovery) first; empty when the full INT8 model met the target.
-        quantizations: quantisations run (intermediate models are written in a temporary folder; a plain INT8
-            file given as ``int8`` is not one).
-        seconds: wall time.
+    Attributes
+    ----------
+    path : str
+        the written INT8 model.
+    metric : str
+        ``"accuracy"``, ``"agreement"`` or ``"mse"``.
+    max_drop : float
+        the allowed drop (percentage points for accuracy/agreement, absolute increase for mse).
+    fp32_metric : float
+        metric of the float model (agreement: 1.0).
+    int8_metric : float
+        metric of the fully quantised model.
+    int8_drop : float
+        its drop.
+    final_metric : float
+        metric of the written model.
+    drop : float
+        its drop.
+    met : bool
+        ``drop <= max_drop``.
+    quant : QuantResult
+        the written model's :class:`~minreal.export.int8.QuantResult`.
+    excluded : list[FallbackStep]
+        the nodes returned to float, in order, each with the metric after its exclusion.
+    sensitivities : dict[str, float]
+        ranked node → metric of the INT8 model with only that node in float, most harmful
+        (largest recovery) first; empty when the full INT8 model met the target.
+    quantizations : int
+        quantisations run (intermediate models are written in a temporary folder; a plain INT8
+        file given as ``int8`` is not one).
+    seconds : float
+        wall time.
     """
 
     path: str
@@ -286,29 +308,48 @@ def quantize_with_accuracy_control(
     """INT8 quantisation that returns the most sensitive Conv/Gemm/MatMul nodes to float until the metric drop
     is within ``max_drop`` (NNCF's accuracy-control loop; see the module docstring).
 
-    Args:
-        fp32_path: float model (not modified).
-        out_path: destination (must differ from ``fp32_path``); written atomically, also when the target is missed.
-        calib: calibration inputs for :func:`~minreal.export.int8.quantize_int8`.
-        eval_x: held-out inputs, batch along axis 0: one array, or arrays by graph input name.
-        eval_y: integer labels (accuracy), float targets (mse), or ``None`` (agreement ignores it).
-        max_drop: allowed drop vs the fp32 model: percentage points for accuracy/agreement (a bare 1.0 = 1 pp,
-            as ``minreal check --max-accuracy-drop``), absolute increase for mse.
-        config: quantisation options; default :class:`~minreal.export.int8.QuantConfig`.
-        metric: a name in :data:`METRICS`.
-        max_fallback: most nodes ranked (so most returned to float), visited :func:`outside_in`; ``None`` ranks all.
-        progress: called with one line per ranked node and per fallback step (default: this module's logger).
-        threads: intra-op threads of the evaluation sessions; ``None`` leaves ONNX Runtime's default.
-        int8: the plain INT8 of ``fp32_path`` (no node excluded) that :func:`~minreal.export.int8.quantize_int8`
-            already wrote with this ``calib`` and ``config``: measured as the starting point instead of quantised again.
+    Parameters
+    ----------
+    fp32_path : str | Path
+        float model (not modified).
+    out_path : str | Path
+        destination (must differ from ``fp32_path``); written atomically, also when the target is missed.
+    calib : np.ndarray | None
+        calibration inputs for :func:`~minreal.export.int8.quantize_int8`.
+    eval_x : Data
+        held-out inputs, batch along axis 0: one array, or arrays by graph input name.
+    eval_y : np.ndarray | None
+        integer labels (accuracy), float targets (mse), or ``None`` (agreement ignores it).
+    max_drop : float
+        allowed drop vs the fp32 model: percentage points for accuracy/agreement (a bare 1.0 = 1 pp,
+        as ``minreal check --max-accuracy-drop``), absolute increase for mse.
+    config : QuantConfig | None
+        quantisation options; default :class:`~minreal.export.int8.QuantConfig`.
+    metric : str
+        a name in :data:`METRICS`.
+    max_fallback : int | None
+        most nodes ranked (so most returned to float), visited :func:`outside_in`; ``None`` ranks all.
+    progress : Callable[[str], None] | None
+        called with one line per ranked node and per fallback step (default: this module's logger).
+    threads : int | None
+        intra-op threads of the evaluation sessions; ``None`` leaves ONNX Runtime's default.
+    int8 : QuantResult | None
+        the plain INT8 of ``fp32_path`` (no node excluded) that :func:`~minreal.export.int8.quantize_int8`
+        already wrote with this ``calib`` and ``config``: measured as the starting point instead of quantised again.
 
-    Returns:
+    Returns
+    -------
+    AccuracyControlResult
         An :class:`AccuracyControlResult`; ``met`` says whether the drop is within ``max_drop``.
 
-    Raises:
-        ValueError: unknown metric, negative ``max_drop`` or ``max_fallback``; ``int8`` of another model or format.
-        CalibrationError: evaluation data that does not fit the model or the metric (or bad calibration data).
-        QuantizationError: ONNX Runtime could not quantise the model.
+    Raises
+    ------
+    ValueError
+        unknown metric, negative ``max_drop`` or ``max_fallback``; ``int8`` of another model or format.
+    CalibrationError
+        evaluation data that does not fit the model or the metric (or bad calibration data).
+    QuantizationError
+        ONNX Runtime could not quantise the model.
     """
     start = time.perf_counter()
     spec = _check_arguments(metric, max_drop, max_fallback, eval_x, eval_y)

@@ -27,8 +27,10 @@ class OrtConversionError(RuntimeError):
 class ParityError(RuntimeError):
     """ONNX Runtime outputs differ from the torch module beyond the stated tolerance.
 
-    Attributes:
-        result: the full :class:`minreal.export.verify.ParityResult` with every measured check.
+    Attributes
+    ----------
+    result
+        the full :class:`minreal.export.verify.ParityResult` with every measured check.
     """
 
     def __init__(self, message: str, result: object | None = None) -> None:

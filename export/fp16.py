@@ -86,13 +86,20 @@ _NON_FLOAT_OUTPUT_OPS = frozenset({"Shape", "Size", "ArgMax", "ArgMin", "Equal",
 class Fp16Config:
     """Options of :func:`convert_fp16`.
 
-    Attributes:
-        keep_io_types: keep float32 graph inputs and outputs (Casts inside the graph); ``False`` makes them float16.
-        keep_fp32_ops: op types left in float32 besides ONNX Runtime's default block list.
-        keep_fp32_nodes: node names left in float32 (e.g. nodes whose activations overflow float16).
-        rtol: relative parity tolerance.
-        atol_scale: absolute parity tolerance as a fraction of each output's largest ``|fp32|`` value.
-        provider: short provider name the FP16 file is checked on (the fp32 reference always runs on CPU).
+    Attributes
+    ----------
+    keep_io_types : bool
+        keep float32 graph inputs and outputs (Casts inside the graph); ``False`` makes them float16.
+    keep_fp32_ops : tuple[str, ...]
+        op types left in float32 besides ONNX Runtime's default block list.
+    keep_fp32_nodes : tuple[str, ...]
+        node names left in float32 (e.g. nodes whose activations overflow float16).
+    rtol : float
+        relative parity tolerance.
+    atol_scale : float
+        absolute parity tolerance as a fraction of each output's largest ``|fp32|`` value.
+    provider : str
+        short provider name the FP16 file is checked on (the fp32 reference always runs on CPU).
     """
 
     keep_io_types: bool = True
@@ -113,16 +120,25 @@ class Fp16Config:
 class Fp16Parity:
     """The FP16 file against its fp32 file on the same inputs.
 
-    Attributes:
-        status: ``"passed"``, ``"failed"`` or ``"not checked on CPU: <reason>"`` (no session, or it did not run).
-        provider: short name of the provider the FP16 file ran on.
-        rtol, atol_scale: tolerances (``atol = atol_scale * max|fp32|`` per output and batch size).
-        batch_sizes: batch sizes checked.
-        checks: one :class:`minreal.export.verify.OutputParity` per output and batch size (``worst_allowed`` holds the
-            derived atol at the worst element).
-        max_abs_err: worst ``|fp16 - fp32|``.
-        max_scaled_err: worst ``|fp16 - fp32| / max|fp32|`` of an output: error on the output's scale.
-        passed: every check passed; ``None`` when not checked.
+    Attributes
+    ----------
+    status : str
+        ``"passed"``, ``"failed"`` or ``"not checked on CPU: <reason>"`` (no session, or it did not run).
+    provider : str
+        short name of the provider the FP16 file ran on.
+    rtol, atol_scale : float
+        tolerances (``atol = atol_scale * max|fp32|`` per output and batch size).
+    batch_sizes : list[int]
+        batch sizes checked.
+    checks : list[OutputParity]
+        one :class:`minreal.export.verify.OutputParity` per output and batch size (``worst_allowed`` holds the
+        derived atol at the worst element).
+    max_abs_err : float | None
+        worst ``|fp16 - fp32|``.
+    max_scaled_err : float | None
+        worst ``|fp16 - fp32| / max|fp32|`` of an output: error on the output's scale.
+    passed : bool | None
+        every check passed; ``None`` when not checked.
     """
 
     status: str
@@ -145,17 +161,27 @@ class Fp16Parity:
 class Fp16Result:
     """What :func:`convert_fp16` wrote.
 
-    Attributes:
-        fp32_path: the float32 model (not modified).
-        out_path: the FP16 model.
-        keep_io_types: graph inputs and outputs stayed float32.
-        size_fp32_bytes, size_fp16_bytes: file sizes (with external data).
-        nodes_fp32, nodes_fp16: node counts of the two graphs (the FP16 one includes the Casts added).
-        node_counts: op type → count in the FP16 graph.
-        fp32_nodes: nodes of the FP16 graph the block lists kept in float32, by op type.
-        provider_precisions: ``{"float16": {op: n}, "float32": {op: n}}``: what the parity provider actually runs
-            in each precision after its own optimisations (:func:`kernel_precisions`; empty when not checked).
-        parity: :class:`Fp16Parity`.
+    Attributes
+    ----------
+    fp32_path : str
+        the float32 model (not modified).
+    out_path : str
+        the FP16 model.
+    keep_io_types : bool
+        graph inputs and outputs stayed float32.
+    size_fp32_bytes, size_fp16_bytes : int
+        file sizes (with external data).
+    nodes_fp32, nodes_fp16 : int
+        node counts of the two graphs (the FP16 one includes the Casts added).
+    node_counts : dict[str, int]
+        op type → count in the FP16 graph.
+    fp32_nodes : dict[str, int]
+        nodes of the FP16 graph the block lists kept in float32, by op type.
+    provider_precisions : dict[str, dict[str, int]]
+        ``{"float16": {op: n}, "float32": {op: n}}``: what the parity provider actually runs
+        in each precision after its own optimisations (:func:`kernel_precisions`; empty when not checked).
+    parity : Fp16Parity
+        :class:`Fp16Parity`.
     """
 
     fp32_path: str
@@ -235,13 +261,18 @@ def fp16_parity(fp32_path: str | Path, fp16_file: str | Path, feeds: Sequence[Fe
     The fp32 file runs on CPU; the FP16 file on ``config.provider``. Float inputs are cast to float16 for a graph
     that takes float16 inputs; outputs are compared in float64 with the rule of :func:`fp16_atol`.
 
-    Returns:
+    Returns
+    -------
+    Fp16Parity
         An :class:`Fp16Parity`; when either session cannot be created or run, its status is
         ``"not checked on <provider>: <reason>"`` and ``passed`` is ``None`` (never a silent pass).
 
-    Raises:
-        ValueError: fewer than two distinct batch sizes.
-        ParityError: an output changes shape.
+    Raises
+    ------
+    ValueError
+        fewer than two distinct batch sizes.
+    ParityError
+        an output changes shape.
     """
     config = config or Fp16Config()
     batches = [feed_rows(f) for f in feeds]
@@ -417,8 +448,10 @@ def kernel_precisions(path: str | Path, provider: str = "cpu") -> dict[str, dict
     ``provider`` after all its optimisations, by the precision of their first float input, traced from the graph
     inputs, initializers and Casts (nodes of subgraphs are not counted).
 
-    Raises:
-        RuntimeError: no session on ``provider`` (or it fell back to another provider).
+    Raises
+    ------
+    RuntimeError
+        no session on ``provider`` (or it fell back to another provider).
     """
     with tempfile.TemporaryDirectory(prefix="minreal-fp16-") as tmp:
         optimized = Path(tmp) / "optimized.onnx"
@@ -458,22 +491,33 @@ def convert_fp16(fp32_path: str | Path, feeds: Sequence[Feeds], out_path: str | 
                  config: Fp16Config | None = None) -> Fp16Result:
     """Convert a verified fp32 ONNX file to FP16 and check it against the fp32 file.
 
-    Args:
-        fp32_path: the float32 model (not modified); its external data, if any, is converted too.
-        feeds: inputs at two or more batch sizes (one array for a one-input graph, or arrays by input name), e.g.
-            ``[feeds_of(b) for b in minreal.export.variant.parity_inputs(x)]``.
-        out_path: destination (default :func:`fp16_path`, ``NAME.fp16.onnx`` beside the input); written
-            atomically, only once parity passed or could not be checked on the provider.
-        config: options; default :class:`Fp16Config` (fp32 I/O, checked on CPU).
+    Parameters
+    ----------
+    fp32_path : str | Path
+        the float32 model (not modified); its external data, if any, is converted too.
+    feeds : Sequence[Feeds]
+        inputs at two or more batch sizes (one array for a one-input graph, or arrays by input name), e.g.
+        ``[feeds_of(b) for b in minreal.export.variant.parity_inputs(x)]``.
+    out_path : str | Path | None
+        destination (default :func:`fp16_path`, ``NAME.fp16.onnx`` beside the input); written
+        atomically, only once parity passed or could not be checked on the provider.
+    config : Fp16Config | None
+        options; default :class:`Fp16Config` (fp32 I/O, checked on CPU).
 
-    Returns:
+    Returns
+    -------
+    Fp16Result
         An :class:`Fp16Result`; ``parity.status`` says ``"not checked on CPU: <reason>"`` when no session could
         run the files there (the file is still written: another provider may run it).
 
-    Raises:
-        SameFileError: ``out_path`` is the input (or one of its data files).
-        ValueError: ``config.keep_fp32_nodes`` names a node that is not in the graph, or fewer than two batch sizes.
-        ParityError: an output differs beyond the tolerance of :func:`fp16_atol` (the file is not written).
+    Raises
+    ------
+    SameFileError
+        ``out_path`` is the input (or one of its data files).
+    ValueError
+        ``config.keep_fp32_nodes`` names a node that is not in the graph, or fewer than two batch sizes.
+    ParityError
+        an output differs beyond the tolerance of :func:`fp16_atol` (the file is not written).
     """
     config = config or Fp16Config()
     fp32_path = Path(fp32_path)

@@ -179,14 +179,22 @@ def build_latency_table(model: nn.Module, example_input: torch.Tensor, provider:
                         threads: int | None = None) -> dict[str, Any]:
     """Measure (or reuse) the per-layer latency table of ``model`` on ``provider`` and write it to ``out_path``.
 
-    Args:
-        model: the torch model; its factorisable layers are those ``factorize`` would target.
-        example_input: a batch at the batch size to optimise for (fixes each layer's input shape).
-        provider: short provider name (``cpu``, ``cuda``, ``tensorrt``).
-        ranks_per_layer: points of the geometric rank grid per layer.
-        rank_multiple: round grid ranks up to this multiple.
-        out_path: JSON destination; an existing table for the same model and settings is returned as is.
-        threads: intra-op threads (default: physical cores).
+    Parameters
+    ----------
+    model : nn.Module
+        the torch model; its factorisable layers are those ``factorize`` would target.
+    example_input : torch.Tensor
+        a batch at the batch size to optimise for (fixes each layer's input shape).
+    provider : str
+        short provider name (``cpu``, ``cuda``, ``tensorrt``).
+    ranks_per_layer : int
+        points of the geometric rank grid per layer.
+    rank_multiple : int
+        round grid ranks up to this multiple.
+    out_path : str | Path
+        JSON destination; an existing table for the same model and settings is returned as is.
+    threads : int | None
+        intra-op threads (default: physical cores).
     """
     out_path = Path(out_path)
     header = {"provider": provider, "model_hash": model_key(model), "input_shape": list(example_input.shape),
@@ -286,27 +294,40 @@ def build_width_latency_table(model: nn.Module, example_input: torch.Tensor, pro
                               minimum: int = 0) -> dict[str, Any]:
     """Measure (or reuse) the width latency table of ``model`` on ``provider`` (format: see the module doc).
 
-    Args:
-        model: the torch model; its cuttable channel groups are found by :func:`minreal.compress.core.width.analyse`.
-        example_input: a batch at the batch size to optimise for (its first two samples drive the analysis; an
-            INT8 table calibrates every variant on it).
-        provider: short provider name (``cpu``, ``cuda``, ``tensorrt``).
-        multiple: widths measured per segment: ``segment_ladders(...)`` below the full width. The Python default is
-            the GPUs' 8; the CLI takes the provider's
-            (:data:`~minreal.compress.core.options.WIDTH_MULTIPLE_BY_PROVIDER`).
-        out_path: JSON destination, written atomically; an existing table for the same model and settings is
-            returned as is. ``None``: measure and return without writing.
-        threads: intra-op threads (default: physical cores).
-        progress: called with one line per channel group (default: the module's logger).
-        precision: one of :data:`WIDTH_PRECISIONS`: time the variants' fp32 files, or their INT8 files (static QDQ
-            in this CPU's format; CPU provider only), for a model that will run in INT8.
-        minimum: no segment measured narrower than this (``segment_ladders``' minimum); the width methods refuse a
-            table whose minimum is above theirs. The CLI takes the provider's
-            (:data:`~minreal.compress.core.options.WIDTH_MIN_BY_PROVIDER`: 16 on the CPU).
+    Parameters
+    ----------
+    model : nn.Module
+        the torch model; its cuttable channel groups are found by :func:`minreal.compress.core.width.analyse`.
+    example_input : torch.Tensor
+        a batch at the batch size to optimise for (its first two samples drive the analysis; an
+        INT8 table calibrates every variant on it).
+    provider : str
+        short provider name (``cpu``, ``cuda``, ``tensorrt``).
+    multiple : int
+        widths measured per segment: ``segment_ladders(...)`` below the full width. The Python default is
+        the GPUs' 8; the CLI takes the provider's
+        (:data:`~minreal.compress.core.options.WIDTH_MULTIPLE_BY_PROVIDER`).
+    out_path : str | Path | None
+        JSON destination, written atomically; an existing table for the same model and settings is
+        returned as is. ``None``: measure and return without writing.
+    threads : int | None
+        intra-op threads (default: physical cores).
+    progress : Callable[[str], None] | None
+        called with one line per channel group (default: the module's logger).
+    precision : str
+        one of :data:`WIDTH_PRECISIONS`: time the variants' fp32 files, or their INT8 files (static QDQ
+        in this CPU's format; CPU provider only), for a model that will run in INT8.
+    minimum : int
+        no segment measured narrower than this (``segment_ladders``' minimum); the width methods refuse a
+        table whose minimum is above theirs. The CLI takes the provider's
+        (:data:`~minreal.compress.core.options.WIDTH_MIN_BY_PROVIDER`: 16 on the CPU).
 
-    Raises:
-        CompressionError: the model has no cuttable channel group.
-        ValueError: an unknown precision, or INT8 on a provider other than ``cpu``.
+    Raises
+    ------
+    CompressionError
+        the model has no cuttable channel group.
+    ValueError
+        an unknown precision, or INT8 on a provider other than ``cpu``.
     """
     if precision not in WIDTH_PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {WIDTH_PRECISIONS}")
@@ -358,11 +379,14 @@ def build_depth_latency_table(model: nn.Module, example_input: torch.Tensor, pro
     interleaved run with the full model. JSON: ``{"kind": "depth", "provider", "model_hash", "input_shape" (per
     sample), "batch", "precision", "model_ms", "blocks": {name: {"ms": whole model without it, "saving_ms"}}}``.
 
-    Raises:
-        CompressionError: the model has no residual block.
-        ValueError: an unknown precision, or INT8 on a provider other than ``cpu``.
+    Raises
+    ------
+    CompressionError
+        the model has no residual block.
+    ValueError
+        an unknown precision, or INT8 on a provider other than ``cpu``.
     """
-    from minreal.compress.core.width.graph import trace
+    from minreal.compress.core.width.tracing import trace
     from minreal.compress.methods.depth.graph import drop_unused_results, find_blocks, remove_blocks
 
     if precision not in WIDTH_PRECISIONS:

@@ -59,9 +59,12 @@ _SHAPE_VALUE = re.compile(r"[1-9][0-9]*(?:x[1-9][0-9]*)+")
 class ShapeSpec:
     """What to fix: symbolic dimensions by name, whole input shapes by input name (pairs, so it stays hashable).
 
-    Attributes:
-        dims: ``(dimension name, size)`` pairs, e.g. ``(("batch", 1),)``; minreal's exporter names axis 0 ``batch``.
-        inputs: ``(graph input name, full shape)`` pairs, e.g. ``(("input_ids", (1, 128)),)``.
+    Attributes
+    ----------
+    dims : tuple[tuple[str, int], ...]
+        ``(dimension name, size)`` pairs, e.g. ``(("batch", 1),)``; minreal's exporter names axis 0 ``batch``.
+    inputs : tuple[tuple[str, tuple[int, ...]], ...]
+        ``(graph input name, full shape)`` pairs, e.g. ``(("input_ids", (1, 128)),)``.
     """
 
     dims: tuple[tuple[str, int], ...] = ()
@@ -87,8 +90,10 @@ class ShapeSpec:
 def parse_fixed_shapes(text: str) -> ShapeSpec:
     """Parse the command-line form: ``NAME=N`` (a dimension) or ``INPUT=AxBxC`` (an input), comma separated.
 
-    Raises:
-        ValueError: an item that is neither form, a repeated name, or an empty spec; the message shows the syntax.
+    Raises
+    ------
+    ValueError
+        an item that is neither form, a repeated name, or an empty spec; the message shows the syntax.
     """
     dims: list[tuple[str, int]] = []
     inputs: list[tuple[str, tuple[int, ...]]] = []
@@ -108,11 +113,16 @@ def parse_fixed_shapes(text: str) -> ShapeSpec:
 class FixedCheck:
     """ONNX Runtime's outputs of the fixed file against the dynamic one at the fixed shape.
 
-    Attributes:
-        shapes: graph input name → the shape fed.
-        max_abs_err: max ``|fixed - dynamic|`` over every output.
-        rtol, atol: tolerances (``numpy.allclose``'s rule).
-        passed: every output within tolerance.
+    Attributes
+    ----------
+    shapes : dict[str, list[int]]
+        graph input name → the shape fed.
+    max_abs_err : float
+        max ``|fixed - dynamic|`` over every output.
+    rtol, atol : float
+        tolerances (``numpy.allclose``'s rule).
+    passed : bool
+        every output within tolerance.
     """
 
     shapes: dict[str, list[int]]
@@ -126,12 +136,18 @@ class FixedCheck:
 class FixedShapes:
     """What :func:`fix_shapes` fixed.
 
-    Attributes:
-        dims: dimension name → size, as asked.
-        inputs: graph input name → full shape, as asked.
-        input_shapes: every graph input's shape in the written file (a string for a dimension left symbolic).
-        dynamic_inputs: graph inputs that still have a symbolic dimension (NNAPI cannot run nodes fed by them).
-        check: the fixed file checked against the dynamic one (:func:`fix_verified`), else ``None``.
+    Attributes
+    ----------
+    dims : dict[str, int]
+        dimension name → size, as asked.
+    inputs : dict[str, list[int]]
+        graph input name → full shape, as asked.
+    input_shapes : dict[str, list[int | str]]
+        every graph input's shape in the written file (a string for a dimension left symbolic).
+    dynamic_inputs : list[str]
+        graph inputs that still have a symbolic dimension (NNAPI cannot run nodes fed by them).
+    check : FixedCheck | None
+        the fixed file checked against the dynamic one (:func:`fix_verified`), else ``None``.
     """
 
     dims: dict[str, int]
@@ -184,19 +200,28 @@ def fix_shapes(src: str | os.PathLike[str], dst: str | os.PathLike[str], dims: M
                inputs: Mapping[str, tuple[int, ...]] | None = None) -> FixedShapes:
     """Write ``dst``: ``src`` with symbolic dimensions fixed, then ONNX shape inference (written atomically).
 
-    Args:
-        src: ONNX file (``dst`` may be the same path).
-        dst: destination ``.onnx``.
-        dims: dimension name → size, fixed wherever the name appears (``{"batch": 1}``).
-        inputs: graph input name → full shape (``{"input_ids": (1, 128)}``); a symbolic dimension it replaces
-            is fixed everywhere else too.
+    Parameters
+    ----------
+    src : str | os.PathLike[str]
+        ONNX file (``dst`` may be the same path).
+    dst : str | os.PathLike[str]
+        destination ``.onnx``.
+    dims : Mapping[str, int] | None
+        dimension name → size, fixed wherever the name appears (``{"batch": 1}``).
+    inputs : Mapping[str, tuple[int, ...]] | None
+        graph input name → full shape (``{"input_ids": (1, 128)}``); a symbolic dimension it replaces
+        is fixed everywhere else too.
 
-    Returns:
+    Returns
+    -------
+    FixedShapes
         A :class:`FixedShapes` with the written inputs' shapes and those still dynamic.
 
-    Raises:
-        ValueError: an unknown dimension or input name (the message lists the model's), a rank that differs, or
-            a size that contradicts a dimension already fixed.
+    Raises
+    ------
+    ValueError
+        an unknown dimension or input name (the message lists the model's), a rank that differs, or
+        a size that contradicts a dimension already fixed.
     """
     from onnxruntime.tools.onnx_model_utils import make_dim_param_fixed, make_input_shape_fixed
 
@@ -245,15 +270,23 @@ def check_fixed(dynamic: str | os.PathLike[str], fixed: str | os.PathLike[str], 
                 rtol: float, atol: float) -> FixedCheck:
     """Run both files with ONNX Runtime at the fixed shape and compare every output.
 
-    Args:
-        dynamic: the verified file with symbolic dimensions.
-        fixed: its copy from :func:`fix_shapes`.
-        examples: example rows (repeated or cut to a fixed batch).
-        rtol, atol: tolerances, ``|fixed - dynamic| <= atol + rtol * |dynamic|``.
+    Parameters
+    ----------
+    dynamic : str | os.PathLike[str]
+        the verified file with symbolic dimensions.
+    fixed : str | os.PathLike[str]
+        its copy from :func:`fix_shapes`.
+    examples : Examples
+        example rows (repeated or cut to a fixed batch).
+    rtol, atol : float
+        tolerances, ``|fixed - dynamic| <= atol + rtol * |dynamic|``.
 
-    Raises:
-        ParityError: an output differs beyond the tolerance (or in shape).
-        ValueError: the examples do not fit the fixed shape.
+    Raises
+    ------
+    ParityError
+        an output differs beyond the tolerance (or in shape).
+    ValueError
+        the examples do not fit the fixed shape.
     """
     feeds = _fixed_feeds(onnx.load(str(fixed), load_external_data=False), examples)
     want = create_session(Path(dynamic)).run(None, feeds)
@@ -279,7 +312,9 @@ def fix_verified(path: str | os.PathLike[str], spec: ShapeSpec | None, examples:
     Parity at two batch sizes cannot run on a fixed-batch file, so it is checked on the dynamic graph first
     (:func:`minreal.export.verify.verify_parity`); this checks the fixed copy against that graph at the fixed shape.
 
-    Returns:
+    Returns
+    -------
+    FixedShapes | None
         ``None`` without a spec (``path`` untouched), else the :class:`FixedShapes` with its check.
     """
     if spec is None:
@@ -294,16 +329,25 @@ def fix_verified(path: str | os.PathLike[str], spec: ShapeSpec | None, examples:
 class EpUsability:
     """ONNX Runtime's mobile-usability analysis of one execution provider (op support by type, as the checker).
 
-    Attributes:
-        ep: the checker's name for it (``NNAPI``, ``CoreML NeuralNetwork``, ``CoreML MLProgram``).
-        partitions: node groups the provider would take (each a device round trip).
-        partition_sizes: nodes per partition.
-        supported_nodes, nodes: nodes the provider would run, of all nodes (after basic optimisation).
-        unsupported_ops: op → nodes the provider cannot run because of the op (``domain:op`` outside ai.onnx).
-        dynamic_shape_nodes: nodes it cannot run only because an input has a symbolic dimension.
-        suitability: the checker's verdict for the file as it is: ``YES``, ``MAYBE`` or ``NO``.
-        supported_nodes_if_fixed, partitions_if_fixed, suitability_if_fixed: the same with every shape fixed
-            (``None`` when the file has no dynamic input).
+    Attributes
+    ----------
+    ep : str
+        the checker's name for it (``NNAPI``, ``CoreML NeuralNetwork``, ``CoreML MLProgram``).
+    partitions : int
+        node groups the provider would take (each a device round trip).
+    partition_sizes : list[int]
+        nodes per partition.
+    supported_nodes, nodes : int
+        nodes the provider would run, of all nodes (after basic optimisation).
+    unsupported_ops : dict[str, int]
+        op → nodes the provider cannot run because of the op (``domain:op`` outside ai.onnx).
+    dynamic_shape_nodes : int
+        nodes it cannot run only because an input has a symbolic dimension.
+    suitability : str
+        the checker's verdict for the file as it is: ``YES``, ``MAYBE`` or ``NO``.
+    supported_nodes_if_fixed, partitions_if_fixed, suitability_if_fixed
+        the same with every shape fixed
+        (``None`` when the file has no dynamic input).
     """
 
     ep: str
@@ -323,13 +367,19 @@ class EpUsability:
 class MobileUsability:
     """ONNX Runtime's mobile-usability verdict of one ONNX file.
 
-    Attributes:
-        eps: ``nnapi``, ``coreml`` (NeuralNetwork format) and ``coreml_mlprogram`` → :class:`EpUsability`.
-        dynamic_inputs: graph inputs with a symbolic dimension.
-        try_accelerator: the checker's overall recommendation: ``True`` when NNAPI or CoreML may pay (compare
-            it with the CPU EP on the device), ``False`` for the CPU EP.
-        recommendation: that recommendation in one line.
-        error: why the analysis failed (one line), else ``None``; the other fields are then empty.
+    Attributes
+    ----------
+    eps : dict[str, EpUsability]
+        ``nnapi``, ``coreml`` (NeuralNetwork format) and ``coreml_mlprogram`` → :class:`EpUsability`.
+    dynamic_inputs : list[str]
+        graph inputs with a symbolic dimension.
+    try_accelerator : bool
+        the checker's overall recommendation: ``True`` when NNAPI or CoreML may pay (compare
+        it with the CPU EP on the device), ``False`` for the CPU EP.
+    recommendation : str
+        that recommendation in one line.
+    error : str | None
+        why the analysis failed (one line), else ``None``; the other fields are then empty.
     """
 
     eps: dict[str, EpUsability] = field(default_factory=dict)
@@ -412,7 +462,9 @@ def mobile_usability(path: str | os.PathLike[str]) -> MobileUsability:
     checker's lists); caveats such as "only 2-D Conv" are not checked. The checker sets ``onnx.NodeProto``'s
     hash to the object id (process-wide; protobuf messages are otherwise unhashable).
 
-    Returns:
+    Returns
+    -------
+    MobileUsability
         A :class:`MobileUsability`; never raises: a failure is its ``error`` line (and a debug log record).
     """
     printed = Captured()

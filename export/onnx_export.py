@@ -67,20 +67,33 @@ _OP_PATTERNS = (
 class ExportResult:
     """What :func:`to_onnx` wrote.
 
-    Attributes:
-        path: the ONNX graph file (weights embedded, or in ``data_files`` beside it).
-        exporter: ``"dynamo"`` (torch.export-based) or ``"torchscript"``.
-        opset: default-domain opset of the written file (may exceed ``requested_opset``).
-        requested_opset: opset asked for.
-        input_name: name of the (first) graph input.
-        output_names: names of the graph outputs, in the module's output order.
-        dynamic_dims: axis → symbolic name of every dynamic axis of the first input.
-        fallback_reason: one line: why the dynamo exporter was not used (``None`` if it was).
-        num_nodes: nodes in the main graph.
-        file_size_bytes: size of the written graph file.
-        data_files: external data files the graph names (``[PATH.data]`` for a model exported with external
-            data, else empty).
-        total_size_bytes: graph plus data files.
+    Attributes
+    ----------
+    path : str
+        the ONNX graph file (weights embedded, or in ``data_files`` beside it).
+    exporter : str
+        ``"dynamo"`` (torch.export-based) or ``"torchscript"``.
+    opset : int
+        default-domain opset of the written file (may exceed ``requested_opset``).
+    requested_opset : int
+        opset asked for.
+    input_name : str
+        name of the (first) graph input.
+    output_names : list[str]
+        names of the graph outputs, in the module's output order.
+    dynamic_dims : dict[int, str]
+        axis → symbolic name of every dynamic axis of the first input.
+    fallback_reason : str | None
+        one line: why the dynamo exporter was not used (``None`` if it was).
+    num_nodes : int
+        nodes in the main graph.
+    file_size_bytes : int
+        size of the written graph file.
+    data_files : list[str]
+        external data files the graph names (``[PATH.data]`` for a model exported with external
+        data, else empty).
+    total_size_bytes : int
+        graph plus data files.
     """
 
     path: str
@@ -124,9 +137,11 @@ def graph_axes(example: Inputs, dynamic_batch: bool = True, dynamic_dims: Mappin
     """Dynamic axes of every graph input: the batch (axis 0) plus ``dynamic_axes[name]`` (or, for a one-tensor
     input, ``dynamic_dims``).
 
-    Raises:
-        ValueError: an axis outside an input, a name that is not an identifier, an unknown input name, or a
-            dimension name used on two inputs whose example sizes differ.
+    Raises
+    ------
+    ValueError
+        an axis outside an input, a name that is not an identifier, an unknown input name, or a
+        dimension name used on two inputs whose example sizes differ.
     """
     tensors = dict(example.items()) if isinstance(example, NamedInputs) else {input_name: example}
     extra = {k: dict(v) for k, v in (dynamic_axes or {}).items()}
@@ -285,30 +300,46 @@ def to_onnx(
     exporter is tried first, then the TorchScript exporter; the graph (and its data file) are written
     atomically (:func:`minreal.export.onnx_files.staged_onnx`).
 
-    Args:
-        module: module taking one tensor (or, for :class:`~minreal.compress.core.inputs.NamedInputs`, one positional
-            tensor per named input) and returning a tensor or a tuple/list/dict of tensors.
-        example_input: an input of the right shape and dtype (any batch size, 1 included), or named inputs
-            (their names become the graph input names, in order).
-        path: destination ``.onnx`` file.
-        opset: default-domain opset to ask for (>= 17; the dynamo exporter writes at least 18).
-        dynamic_batch: make axis 0 of every input (and outputs) dynamic, named ``"batch"``.
-        dynamic_dims: extra dynamic axes of a one-tensor input (or of the first named input), e.g. ``{1: "seq"}``.
-        dynamic_axes: extra dynamic axes by input name, e.g. ``{"input_ids": {1: "seq"}, "attention_mask":
-            {1: "seq"}}``; one dimension name on several inputs is one dimension. Example sizes of a dynamic
-            axis other than the batch should not be 1 (the exporter would specialise them).
-        input_name: graph input name of a one-tensor input.
-        output_names: graph output names (default ``output`` or ``output_0``, ``output_1``, ...).
-        external_data: keep the weights in ``PATH.data`` beside the graph (ONNX external data, location relative
-            to the graph): ``None`` (default) when parameters and buffers exceed :data:`EXTERNAL_DATA_BYTES` or
-            the exporter needs it, ``True`` always, ``False`` never (a model too large for one file then fails).
+    Parameters
+    ----------
+    module : nn.Module
+        module taking one tensor (or, for :class:`~minreal.compress.core.inputs.NamedInputs`, one positional
+        tensor per named input) and returning a tensor or a tuple/list/dict of tensors.
+    example_input : Inputs
+        an input of the right shape and dtype (any batch size, 1 included), or named inputs
+        (their names become the graph input names, in order).
+    path : str | Path
+        destination ``.onnx`` file.
+    opset : int
+        default-domain opset to ask for (>= 17; the dynamo exporter writes at least 18).
+    dynamic_batch : bool
+        make axis 0 of every input (and outputs) dynamic, named ``"batch"``.
+    dynamic_dims : Mapping[int, str] | None
+        extra dynamic axes of a one-tensor input (or of the first named input), e.g. ``{1: "seq"}``.
+    dynamic_axes : Mapping[str, Mapping[int, str]] | None
+        extra dynamic axes by input name, e.g. ``{"input_ids": {1: "seq"}, "attention_mask":
+        {1: "seq"}}``; one dimension name on several inputs is one dimension. Example sizes of a dynamic
+        axis other than the batch should not be 1 (the exporter would specialise them).
+    input_name : str
+        graph input name of a one-tensor input.
+    output_names : Sequence[str] | None
+        graph output names (default ``output`` or ``output_0``, ``output_1``, ...).
+    external_data : bool | None
+        keep the weights in ``PATH.data`` beside the graph (ONNX external data, location relative
+        to the graph): ``None`` (default) when parameters and buffers exceed :data:`EXTERNAL_DATA_BYTES` or
+        the exporter needs it, ``True`` always, ``False`` never (a model too large for one file then fails).
 
-    Returns:
+    Returns
+    -------
+    ExportResult
         An :class:`ExportResult` naming the exporter used and why the first one failed, if it did.
 
-    Raises:
-        ValueError: bad opset, axes or names.
-        ExportError: neither exporter could convert the module (names the op and submodule).
+    Raises
+    ------
+    ValueError
+        bad opset, axes or names.
+    ExportError
+        neither exporter could convert the module (names the op and submodule).
     """
     if opset < MIN_OPSET:
         raise ValueError(f"opset {opset} is below the supported minimum {MIN_OPSET}")

@@ -157,8 +157,10 @@ def staged_onnx(path: str | os.PathLike[str]) -> Iterator[Path]:
     before the graph; an existing ``path`` (and its ``path.data``) is set aside first and put back if publishing
     fails. If the block raises, nothing is published and the temporary folder is removed.
 
-    Raises:
-        OutputWriteError: the temporary folder or a move failed for lack of permission or space; names ``path``.
+    Raises
+    ------
+    OutputWriteError
+        the temporary folder or a move failed for lack of permission or space; names ``path``.
     """
     final = Path(path)
     try:
@@ -236,9 +238,12 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 def copy_onnx(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
     """Copy an ONNX file and its external data to ``dst`` (data in ``dst.data``), published atomically.
 
-    Raises:
-        SameFileError: ``dst`` (or ``dst.data``) is the input graph or one of its data files.
-        ModelFileError: ``src`` is missing, unreadable, or names data outside its folder.
+    Raises
+    ------
+    SameFileError
+        ``dst`` (or ``dst.data``) is the input graph or one of its data files.
+    ModelFileError
+        ``src`` is missing, unreadable, or names data outside its folder.
     """
     src, dst = Path(src), Path(dst)
     files = data_files(src)

@@ -68,14 +68,22 @@ _LEVEL_VARIABLE = "ORT_CONVERT_ONNX_MODELS_TO_ORT_OPTIMIZATION_LEVEL"
 class OrtFile:
     """An ORT-format model written by :func:`convert_to_ort`.
 
-    Attributes:
-        path: the ``.ort`` file.
-        config_path: its required-operators configuration (``--include_ops_by_config`` of a minimal build).
-        source: the ``.onnx`` file it was converted from.
-        bytes: size of the ``.ort`` file.
-        optimization, style, target_platform, type_reduction: the converter's settings (:class:`OrtConfig`).
-        operators: the operators the configuration lists, ``domain:Op`` (sorted).
-        optimized_onnx: the ONNX file with the same optimisations (for viewing in Netron), when asked for.
+    Attributes
+    ----------
+    path : str
+        the ``.ort`` file.
+    config_path : str
+        its required-operators configuration (``--include_ops_by_config`` of a minimal build).
+    source : str
+        the ``.onnx`` file it was converted from.
+    bytes : int
+        size of the ``.ort`` file.
+    optimization, style, target_platform, type_reduction
+        the converter's settings (:class:`OrtConfig`).
+    operators : list[str]
+        the operators the configuration lists, ``domain:Op`` (sorted).
+    optimized_onnx : str | None
+        the ONNX file with the same optimisations (for viewing in Netron), when asked for.
     """
 
     path: str
@@ -141,21 +149,33 @@ def convert_to_ort(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
                    config: OrtConfig | None = None, optimized_onnx: bool = False) -> OrtFile:
     """Convert an ONNX file to ORT format with ONNX Runtime's converter, and write its operator configuration.
 
-    Args:
-        src: the ``.onnx`` file (never changed; external data beside it is read in place).
-        dst: the ``.ort`` file (default ``src`` with suffix ``.ort``); its configuration goes beside it
-            (:func:`config_path_for`) and names it by file name.
-        config: optimisation level and style, target platform, type reduction (default :class:`OrtConfig`).
-        optimized_onnx: also write ``NAME.optimized.onnx``, the ONNX graph with the same optimisations.
+    Parameters
+    ----------
+    src : str | os.PathLike[str]
+        the ``.onnx`` file (never changed; external data beside it is read in place).
+    dst : str | os.PathLike[str] | None
+        the ``.ort`` file (default ``src`` with suffix ``.ort``); its configuration goes beside it
+        (:func:`config_path_for`) and names it by file name.
+    config : OrtConfig | None
+        optimisation level and style, target platform, type reduction (default :class:`OrtConfig`).
+    optimized_onnx : bool
+        also write ``NAME.optimized.onnx``, the ONNX graph with the same optimisations.
 
-    Returns:
+    Returns
+    -------
+    OrtFile
         An :class:`OrtFile`.
 
-    Raises:
-        ModelFileError: ``src`` does not exist.
-        ValueError: ``dst`` does not end in ``.ort`` (ONNX Runtime picks the format by it).
-        SameFileError: an output would overwrite ``src``.
-        OrtConversionError: the converter failed (its error in one line).
+    Raises
+    ------
+    ModelFileError
+        ``src`` does not exist.
+    ValueError
+        ``dst`` does not end in ``.ort`` (ONNX Runtime picks the format by it).
+    SameFileError
+        an output would overwrite ``src``.
+    OrtConversionError
+        the converter failed (its error in one line).
     """
     config = config or OrtConfig()
     src = Path(src)
@@ -241,9 +261,11 @@ def _add(ops: Operators, domain: str, opset: int, op: str, types: str | None) ->
 def parse_operator_config(text: str) -> Operators:
     """The operators of a required-operators configuration (comments and blank lines skipped).
 
-    Raises:
-        ValueError: a line that is not ``DOMAIN;OPSETS;OPERATORS``, or a ``!`` directive (global type lists are
-            not merged here: write them by hand after merging).
+    Raises
+    ------
+    ValueError
+        a line that is not ``DOMAIN;OPSETS;OPERATORS``, or a ``!`` directive (global type lists are
+        not merged here: write them by hand after merging).
     """
     ops: Operators = {}
     for number, raw in enumerate(text.splitlines(), 1):
@@ -297,9 +319,12 @@ def union_operators(*configs: Operators) -> Operators:
 def merge_operator_configs(paths: Sequence[str | os.PathLike[str]], dst: str | os.PathLike[str]) -> Path:
     """Write ``dst`` (atomically): the union of the configurations ``paths`` (a minimal build for several models).
 
-    Raises:
-        ValueError: no configuration given, or one that cannot be parsed (the message names it).
-        SameFileError: ``dst`` is one of ``paths``.
+    Raises
+    ------
+    ValueError
+        no configuration given, or one that cannot be parsed (the message names it).
+    SameFileError
+        ``dst`` is one of ``paths``.
     """
     if not paths:
         raise ValueError("no required-operators configuration to merge")
@@ -338,23 +363,35 @@ def ort_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantConf
                 module: nn.Module | None = None) -> dict[str, Any]:
     """``NAME.ort`` and its configuration beside a verified variant's file, written once its parity passed.
 
-    Args:
-        record: the variant (from :func:`minreal.export.variant.export_variant` or ``quantize_variant``); its file
-            lies in ``folder`` (with fixed shapes, the fixed file: the ``.ort`` file is converted from it).
-        folder: where the variant's file lies and the ``.ort`` file is written.
-        x: example inputs, batch first (the export's parity inputs are drawn from them).
-        cfg: the variant's tolerances and fixed shapes.
-        ort: the converter's settings.
-        module: the torch module the variant was exported from: parity against torch; ``None`` (an INT8 file)
-            compares the ``.ort`` file with its ``.onnx`` source instead, both run by ONNX Runtime.
+    Parameters
+    ----------
+    record : VariantRecord
+        the variant (from :func:`minreal.export.variant.export_variant` or ``quantize_variant``); its file
+        lies in ``folder`` (with fixed shapes, the fixed file: the ``.ort`` file is converted from it).
+    folder : Path
+        where the variant's file lies and the ``.ort`` file is written.
+    x : Inputs
+        example inputs, batch first (the export's parity inputs are drawn from them).
+    cfg : VariantConfig
+        the variant's tolerances and fixed shapes.
+    ort : OrtConfig
+        the converter's settings.
+    module : nn.Module | None
+        the torch module the variant was exported from: parity against torch; ``None`` (an INT8 file)
+        compares the ``.ort`` file with its ``.onnx`` source instead, both run by ONNX Runtime.
 
-    Returns:
+    Returns
+    -------
+    dict[str, Any]
         The :class:`OrtFile` as a dict with ``parity`` (a :class:`~minreal.export.verify.ParityResult` and
         ``against``: ``torch`` or the source file), paths relative to ``folder``.
 
-    Raises:
-        ParityError: the ``.ort`` file's outputs differ beyond ``cfg.rtol``/``cfg.atol`` (nothing is written).
-        OrtConversionError: the converter failed.
+    Raises
+    ------
+    ParityError
+        the ``.ort`` file's outputs differ beyond ``cfg.rtol``/``cfg.atol`` (nothing is written).
+    OrtConversionError
+        the converter failed.
     """
     folder, source = Path(folder), Path(folder) / record.onnx
     ort = ort_for_target(ort, record.quantization.get("target") or cfg.quant_target)
@@ -400,22 +437,33 @@ def ort_copy(source: str | os.PathLike[str], feeds: Sequence[Feeds], ort: OrtCon
     """``NAME.ort`` and its configuration beside the ONNX file ``source``, written once the ``.ort`` file reproduces
     ``source`` on each of ``feeds``, both run by ONNX Runtime (:func:`minreal.export.verify.verify_files`).
 
-    Args:
-        source: the ``.onnx`` file (e.g. a tune's ``chosen.onnx``).
-        feeds: inputs the two files are compared on (e.g. held-out rows at two batch sizes).
-        ort: the converter's settings.
-        rtol, atol: parity tolerances (default: an exported variant's, as :func:`ort_variant` checks).
-        quant_target: the INT8 target the file is made for (``source``'s own, or for an fp32 file the run's
-            ``--quant-target``; ``None``: none): it decides the converter's platform (:func:`ort_for_target`; an
-            arm64 file: ``arm``).
+    Parameters
+    ----------
+    source : str | os.PathLike[str]
+        the ``.onnx`` file (e.g. a tune's ``chosen.onnx``).
+    feeds : Sequence[Feeds]
+        inputs the two files are compared on (e.g. held-out rows at two batch sizes).
+    ort : OrtConfig
+        the converter's settings.
+    rtol, atol : float
+        parity tolerances (default: an exported variant's, as :func:`ort_variant` checks).
+    quant_target : str | None
+        the INT8 target the file is made for (``source``'s own, or for an fp32 file the run's
+        ``--quant-target``; ``None``: none): it decides the converter's platform (:func:`ort_for_target`; an
+        arm64 file: ``arm``).
 
-    Returns:
+    Returns
+    -------
+    dict[str, Any]
         The :class:`OrtFile` as a dict with ``parity`` (``against``: ``source``'s name), paths relative to
         ``source``'s folder.
 
-    Raises:
-        ParityError: the ``.ort`` file's outputs differ beyond the tolerance (nothing is written).
-        OrtConversionError: the converter failed.
+    Raises
+    ------
+    ParityError
+        the ``.ort`` file's outputs differ beyond the tolerance (nothing is written).
+    OrtConversionError
+        the converter failed.
     """
     source, ort = Path(source), ort_for_target(ort, quant_target)
     check, against = _source_check(source, feeds, ort, rtol, atol)

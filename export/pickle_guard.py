@@ -159,12 +159,16 @@ class _ImportlibView:
 def no_unpickling() -> Iterator[list[str]]:
     """Within the block, only torch's weights-only unpickler may run; any other unpickling raises.
 
-    Yields:
+    Yields
+    ------
+    list[str]
         The list of refused calls, filled as they happen. Check it after the block: code inside may have
         caught :class:`UnpicklingRefused` and carried on (``torch.export.load`` catches ``RuntimeError``).
 
-    Raises:
-        UnpicklingRefused: (inside the block) when code calls a full unpickler.
+    Raises
+    ------
+    UnpicklingRefused
+        (inside the block) when code calls a full unpickler.
     """
     refusals: list[str] = []
     guarded_load = _weights_only(torch.serialization.load, refusals)

@@ -17,6 +17,11 @@ Measured (``benchmarks/int8_align.json``, both files timed in 20 fresh processes
 Xeon): the CIFAR ResNet-32's INT8 file runs 0.982x as long at batch 1 and 0.960x at batch 32 with its stem widened,
 lower in 18 and 20 of 20 processes, with bit-identical outputs; the ``Pad`` takes back part of what the faster stem
 saves. On by default for the x86 CPU targets (``QuantConfig.align_channels``); an AVX2-only CPU was not measured.
+
+References
+----------
+.. [1] ONNX Runtime, ``core/mlas/lib/convsym.cpp`` (``MlasConvSymPackWSize``): the symmetric int8 convolution takes
+       input channels in multiples of 4.
 """
 
 from __future__ import annotations

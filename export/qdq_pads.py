@@ -9,6 +9,11 @@ shortcut of a CIFAR ResNet (stride-2 subsample, then zero channels on each side)
 
 The rewrite is exact: ``Q(Pad(DQ(x), 0)) = Pad(x, zero_point)`` elementwise, since ``Q(DQ(x)) = x`` for one scale
 and zero point and ``Q(0) = zero_point``. ONNX Runtime's CPU ``Pad`` takes uint8 and int8 tensors.
+
+References
+----------
+.. [1] ONNX Runtime, ``qdq_selector_action_transformer.cc`` (``DropQDQNodesRules``): the ops whose Q/DQ pair the CPU
+       graph optimiser drops, Pad not among them.
 """
 
 from __future__ import annotations

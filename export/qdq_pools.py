@@ -6,6 +6,11 @@ CPU graph optimiser fuses ``DequantizeLinear → GlobalAveragePool → QuantizeL
 ``QLinearGlobalAveragePool`` (``UnaryOpQDQRules`` in ``qdq_selector_action_transformer.cc``) but has no such rule
 for ``ReduceMean``, which then runs in float between a dequantise and a re-quantise. Both ops compute the same
 values when the mean is over every axis after the first two and the reduced axes are kept.
+
+References
+----------
+.. [1] ONNX Runtime, ``qdq_selector_action_transformer.cc`` (``UnaryOpQDQRules``): the fusion into
+       ``QLinearGlobalAveragePool``, with no rule for ``ReduceMean``.
 """
 
 from __future__ import annotations

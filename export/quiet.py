@@ -64,15 +64,18 @@ def _fd_capture(sink: int) -> Iterator[None]:
 def captured_output() -> Iterator[Captured]:
     """Capture stdout and stderr (Python objects and fds 1/2) of the block.
 
-    Yields:
+    Yields
+    ------
+    Captured
         A :class:`Captured` whose ``text`` holds everything printed (Python output first, then
         fd-level output), available once the block has exited.
 
-    Example:
-        >>> with captured_output() as out:
-        ...     print("noise")
-        >>> out.text
-        'noise\\n'
+    Examples
+    --------
+    >>> with captured_output() as out:
+    ...     print("noise")
+    >>> out.text
+    'noise\\n'
     """
     captured = Captured()
     buffer = io.StringIO()

@@ -181,12 +181,17 @@ def _graph_finding(kind: str, message: str) -> Finding:
 def tensorrt_readiness(path: str | Path, opset: int | None = None) -> ReadinessReport:
     """Check that an ONNX file is what TensorRT's ONNX parser can build, without TensorRT.
 
-    Args:
-        path: ONNX file (float or INT8).
-        opset: the opset the graph was meant to use (e.g. ``ExportResult.opset``); ``None``
-            accepts the file's own.
+    Parameters
+    ----------
+    path : str | Path
+        ONNX file (float or INT8).
+    opset : int | None
+        the opset the graph was meant to use (e.g. ``ExportResult.opset``); ``None``
+        accepts the file's own.
 
-    Returns:
+    Returns
+    -------
+    ReadinessReport
         A :class:`ReadinessReport` dict; ``ready`` is ``False`` with one grouped finding per kind of problem.
     """
     model = onnx.load(str(path), load_external_data=False)

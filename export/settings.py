@@ -55,15 +55,20 @@ platform of the INT8 target (:func:`minreal.export.ort_format.ort_for_target`)."
 class OrtConfig:
     """How an ONNX file becomes an ORT-format model (:func:`minreal.export.ort_format.convert_to_ort`).
 
-    Attributes:
-        optimization: graph optimisation level baked into the file, one of :data:`ORT_OPTIMIZATIONS`.
-        style: ``fixed`` or ``runtime`` (:data:`ORT_STYLES`).
-        target_platform: ``arm``, ``amd64``, ``any`` (:data:`ORT_PLATFORMS`), or ``None``: the platform of the
-            files' INT8 target where a run, export or tune decides it (``--quant-target``;
-            :func:`minreal.export.ort_format.ort_for_target`); none for a bare
-            :func:`~minreal.export.ort_format.convert_to_ort`.
-        type_reduction: record the types each operator needs in the configuration, so a minimal build can also
-            drop kernels' unused types (``--enable_type_reduction``).
+    Attributes
+    ----------
+    optimization : str
+        graph optimisation level baked into the file, one of :data:`ORT_OPTIMIZATIONS`.
+    style : str
+        ``fixed`` or ``runtime`` (:data:`ORT_STYLES`).
+    target_platform : str | None
+        ``arm``, ``amd64``, ``any`` (:data:`ORT_PLATFORMS`), or ``None``: the platform of the
+        files' INT8 target where a run, export or tune decides it (``--quant-target``;
+        :func:`minreal.export.ort_format.ort_for_target`); none for a bare
+        :func:`~minreal.export.ort_format.convert_to_ort`.
+    type_reduction : bool
+        record the types each operator needs in the configuration, so a minimal build can also
+        drop kernels' unused types (``--enable_type_reduction``).
     """
 
     optimization: str = "all"
@@ -93,21 +98,32 @@ def int8_format(activation_type: str, activation_symmetric: bool, weight_bits: i
 class VariantConfig:
     """Export, parity and INT8 settings of a variant.
 
-    Attributes:
-        opset: ONNX opset (>= 17).
-        rtol, atol: parity (and simplification) tolerances, ``|onnx - torch| <= atol + rtol * |torch|``.
-        quant_target: provider whose INT8 format is written (``--quant-target``).
-        quant_mode: ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``--quant-mode``).
-        calib_samples: samples of the calibration data used for static INT8.
-        allow_random_calibration: calibrate on random data when there is none (not advised).
-        fixed_shapes: symbolic dimensions to fix in the written file once parity passed (``--fixed-shapes``; for
-            NNAPI/CoreML), or ``None`` to keep them dynamic.
-        tensorrt_validation: validate each file with TensorRT itself (parse, engine builds, parity with ONNX
-            Runtime; :func:`minreal.export.tensorrt_check.tensorrt_check`) when it is importable; the static check
-            otherwise and when this is off. The pipeline turns it on when ``--providers`` includes tensorrt.
-        tensorrt_batch: (min, opt, max) batch of the optimisation profile of that validation.
-        drop_roundtrips: leave in float the nodes ORT's CPU graph would run between a dequantise and a re-quantise
-            (:attr:`minreal.export.int8.QuantConfig.drop_roundtrips`; ``--int8-keep-roundtrips`` turns it off).
+    Attributes
+    ----------
+    opset : int
+        ONNX opset (>= 17).
+    rtol, atol : float
+        parity (and simplification) tolerances, ``|onnx - torch| <= atol + rtol * |torch|``.
+    quant_target : str
+        provider whose INT8 format is written (``--quant-target``).
+    quant_mode : str
+        ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``--quant-mode``).
+    calib_samples : int
+        samples of the calibration data used for static INT8.
+    allow_random_calibration : bool
+        calibrate on random data when there is none (not advised).
+    fixed_shapes : ShapeSpec | None
+        symbolic dimensions to fix in the written file once parity passed (``--fixed-shapes``; for
+        NNAPI/CoreML), or ``None`` to keep them dynamic.
+    tensorrt_validation : bool
+        validate each file with TensorRT itself (parse, engine builds, parity with ONNX
+        Runtime; :func:`minreal.export.tensorrt_check.tensorrt_check`) when it is importable; the static check
+        otherwise and when this is off. The pipeline turns it on when ``--providers`` includes tensorrt.
+    tensorrt_batch : tuple[int, int, int]
+        (min, opt, max) batch of the optimisation profile of that validation.
+    drop_roundtrips : bool
+        leave in float the nodes ORT's CPU graph would run between a dequantise and a re-quantise
+        (:attr:`minreal.export.int8.QuantConfig.drop_roundtrips`; ``--int8-keep-roundtrips`` turns it off).
     """
 
     opset: int = 18

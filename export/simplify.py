@@ -36,16 +36,26 @@ logger = logging.getLogger(__name__)
 class SimplifyResult:
     """What :func:`simplify` wrote.
 
-    Attributes:
-        path_in: the input graph (never modified).
-        path_out: the written graph.
-        simplified: ``True`` if ``path_out`` holds the onnxsim graph, ``False`` if the original was kept.
-        reason: one line: why the original was kept (``None`` when simplified).
-        nodes_before: nodes in the input's main graph.
-        nodes_after: nodes in the written graph.
-        size_before_bytes: size of the input file (with its external data, if any).
-        size_after_bytes: size of the written file (with its external data, if any).
-        max_abs_diff: largest ``|simplified - original|`` over the check inputs (``None`` if not run).
+    Attributes
+    ----------
+    path_in : str
+        the input graph (never modified).
+    path_out : str
+        the written graph.
+    simplified : bool
+        ``True`` if ``path_out`` holds the onnxsim graph, ``False`` if the original was kept.
+    reason : str | None
+        one line: why the original was kept (``None`` when simplified).
+    nodes_before : int
+        nodes in the input's main graph.
+    nodes_after : int
+        nodes in the written graph.
+    size_before_bytes : int
+        size of the input file (with its external data, if any).
+    size_after_bytes : int
+        size of the written file (with its external data, if any).
+    max_abs_diff : float | None
+        largest ``|simplified - original|`` over the check inputs (``None`` if not run).
     """
 
     path_in: str
@@ -120,14 +130,22 @@ def simplify(
 ) -> SimplifyResult:
     """Simplify an ONNX graph with onnxsim, keeping the original if that fails or changes outputs.
 
-    Args:
-        path_in: input ``.onnx`` file with one graph input (not modified).
-        path_out: destination; must differ from ``path_in``; written atomically.
-        check_inputs: arrays fed to the graph input (e.g. two batch sizes) to compare ORT outputs.
-        rtol: relative tolerance of the before/after comparison (default ``1e-4``).
-        atol: absolute tolerance of the before/after comparison (default ``1e-5``).
+    Parameters
+    ----------
+    path_in : str | Path
+        input ``.onnx`` file with one graph input (not modified).
+    path_out : str | Path
+        destination; must differ from ``path_in``; written atomically.
+    check_inputs : Sequence[Feeds]
+        arrays fed to the graph input (e.g. two batch sizes) to compare ORT outputs.
+    rtol : float
+        relative tolerance of the before/after comparison (default ``1e-4``).
+    atol : float
+        absolute tolerance of the before/after comparison (default ``1e-5``).
 
-    Returns:
+    Returns
+    -------
+    SimplifyResult
         A :class:`SimplifyResult` with node counts and file sizes before and after; for an input with external
         data, a copy of it (data in ``path_out.data``) and the reason it was not simplified.
     """

@@ -111,18 +111,30 @@ class ParserIssue:
 class EngineBuild:
     """One engine built (or not) at one precision, and its outputs against ONNX Runtime's.
 
-    Attributes:
-        precision: ``fp32``, ``fp16`` or ``int8``.
-        flags: the builder flags set (``["FP16"]``, ``["INT8"]``; fp32 clears ``TF32``).
-        built: the engine was built.
-        build_seconds: wall time of ``build_serialized_network`` alone (``None`` when not called).
-        error: why it was not built, or why its run failed (one line).
-        engine_bytes: size of the serialized engine.
-        engine_path: where it was written (``None`` without ``engine_dir``).
-        tolerances: output name → the tolerance its parity used.
-        parity: one check per output and shape (``batch_size`` is the shape's axis 0).
-        parity_skipped: why the engine was not run (no CUDA device for torch), or ``None``.
-        passed: built, and every parity check passed (``False`` when the run was skipped).
+    Attributes
+    ----------
+    precision : str
+        ``fp32``, ``fp16`` or ``int8``.
+    flags : list[str]
+        the builder flags set (``["FP16"]``, ``["INT8"]``; fp32 clears ``TF32``).
+    built : bool
+        the engine was built.
+    build_seconds : float | None
+        wall time of ``build_serialized_network`` alone (``None`` when not called).
+    error : str | None
+        why it was not built, or why its run failed (one line).
+    engine_bytes : int
+        size of the serialized engine.
+    engine_path : str | None
+        where it was written (``None`` without ``engine_dir``).
+    tolerances : dict[str, Tolerance]
+        output name → the tolerance its parity used.
+    parity : list[OutputParity]
+        one check per output and shape (``batch_size`` is the shape's axis 0).
+    parity_skipped : str | None
+        why the engine was not run (no CUDA device for torch), or ``None``.
+    passed : bool
+        built, and every parity check passed (``False`` when the run was skipped).
     """
 
     precision: str
@@ -142,18 +154,30 @@ class EngineBuild:
 class TensorRTCheck:
     """What :func:`tensorrt_check` found.
 
-    Attributes:
-        path: the ONNX file.
-        checker: ``"tensorrt <version>"`` when TensorRT ran, else ``"static check: <why TensorRT did not>"``.
-        used_tensorrt: TensorRT parsed the file (and built what it could).
-        ready: TensorRT ran: parsed, and every engine built and matched ONNX Runtime; static check: no finding.
-        kind: ``"fp32"`` or ``"int8"`` (Q/DQ or integer ops in the file).
-        parsed: the parser accepted the file (``None`` for the static check).
-        parse_seconds: wall time of the parse (``None`` for the static check).
-        unsupported: the parser's errors, by node.
-        profile: input name → ``{"min", "opt", "max"}`` shapes of the optimisation profile (dynamic inputs).
-        builds: one :class:`EngineBuild` per precision asked for.
-        static: the static check's report (also kept when TensorRT ran).
+    Attributes
+    ----------
+    path : str
+        the ONNX file.
+    checker : str
+        ``"tensorrt <version>"`` when TensorRT ran, else ``"static check: <why TensorRT did not>"``.
+    used_tensorrt : bool
+        TensorRT parsed the file (and built what it could).
+    ready : bool
+        TensorRT ran: parsed, and every engine built and matched ONNX Runtime; static check: no finding.
+    kind : str
+        ``"fp32"`` or ``"int8"`` (Q/DQ or integer ops in the file).
+    parsed : bool | None
+        the parser accepted the file (``None`` for the static check).
+    parse_seconds : float | None
+        wall time of the parse (``None`` for the static check).
+    unsupported : list[ParserIssue]
+        the parser's errors, by node.
+    profile : dict[str, dict[str, list[int]]]
+        input name → ``{"min", "opt", "max"}`` shapes of the optimisation profile (dynamic inputs).
+    builds : list[EngineBuild]
+        one :class:`EngineBuild` per precision asked for.
+    static : ReadinessReport | None
+        the static check's report (also kept when TensorRT ran).
     """
 
     path: str
@@ -193,21 +217,34 @@ def tensorrt_check(
 ) -> TensorRTCheck:
     """Validate an ONNX file with TensorRT when it is importable, else with the static check.
 
-    Args:
-        path: ONNX file, float or explicit QDQ INT8.
-        shapes: input name → :class:`ShapeRange`; required for inputs dynamic beyond axis 0.
-        batch: (min, opt, max) of axis 0 for dynamic inputs not in ``shapes``.
-        precisions: engines to build; default ``("fp32", "fp16")`` for a float file, ``("int8",)`` for a QDQ file.
-        tolerances: precision → output name → :class:`Tolerance`; others use :data:`DEFAULT_TOLERANCES`.
-        data: parity inputs (rows along axis 0, tiled or cut to each shape), default seeded random values.
-        opset: the opset the static check holds the file to (see :func:`minreal.export.readiness.tensorrt_readiness`).
-        engine_dir: write each engine there as ``<stem>.<precision>.engine``.
-        workspace_bytes: the builder's workspace pool limit.
-        seed: seed of the random parity inputs.
+    Parameters
+    ----------
+    path : str | Path
+        ONNX file, float or explicit QDQ INT8.
+    shapes : Mapping[str, ShapeRange] | None
+        input name → :class:`ShapeRange`; required for inputs dynamic beyond axis 0.
+    batch : tuple[int, int, int]
+        (min, opt, max) of axis 0 for dynamic inputs not in ``shapes``.
+    precisions : Sequence[str] | None
+        engines to build; default ``("fp32", "fp16")`` for a float file, ``("int8",)`` for a QDQ file.
+    tolerances : Mapping[str, Mapping[str, Tolerance]] | None
+        precision → output name → :class:`Tolerance`; others use :data:`DEFAULT_TOLERANCES`.
+    data : Data | None
+        parity inputs (rows along axis 0, tiled or cut to each shape), default seeded random values.
+    opset : int | None
+        the opset the static check holds the file to (see :func:`minreal.export.readiness.tensorrt_readiness`).
+    engine_dir : str | Path | None
+        write each engine there as ``<stem>.<precision>.engine``.
+    workspace_bytes : int
+        the builder's workspace pool limit.
+    seed : int
+        seed of the random parity inputs.
 
-    Raises:
-        ValueError: an unknown precision, int8 for a file without Q/DQ nodes, or a dynamic input whose shapes
-            cannot be derived (give ``shapes``).
+    Raises
+    ------
+    ValueError
+        an unknown precision, int8 for a file without Q/DQ nodes, or a dynamic input whose shapes
+        cannot be derived (give ``shapes``).
     """
     path = Path(path)
     static = tensorrt_readiness(path, opset)
@@ -335,9 +372,11 @@ def profile_shapes(network: Any, shapes: Mapping[str, ShapeRange],
     """One :class:`ShapeRange` per dynamic network input (``-1`` in its dims): the caller's, else ``batch`` on
     axis 0 with the other axes as the network states them.
 
-    Raises:
-        ValueError: ``shapes`` names no input or disagrees with an input's rank or fixed axes; an input is dynamic
-            beyond axis 0 and ``shapes`` omits it.
+    Raises
+    ------
+    ValueError
+        ``shapes`` names no input or disagrees with an input's rank or fixed axes; an input is dynamic
+        beyond axis 0 and ``shapes`` omits it.
     """
     out = {}
     inputs = {network.get_input(i).name: tuple(network.get_input(i).shape) for i in range(network.num_inputs)}

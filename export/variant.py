@@ -146,27 +146,41 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
                    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None) -> VariantRecord:
     """Export ``module`` to ``out``: ONNX (dynamic batch), simplified, verified against torch.
 
-    Args:
-        module: the torch module (put in eval mode).
-        x: example data, batch first (a tensor, or named inputs for a several-input model): two rows are
-            exported, three check the simplification, and parity is verified at :data:`PARITY_BATCH_SIZES` and at
-            half the length of every other dynamic axis (:func:`parity_inputs`).
-        out: destination ``.onnx``; written only once parity passed.
-        cfg: opset and tolerances.
-        label: the record's label (default ``out``'s stem).
-        method: the compression method that made ``module`` (``"none"`` for an original).
-        dynamic_dims: extra dynamic axes (axis → name) of a one-tensor input besides the batch.
-        dynamic_axes: extra dynamic axes by input name (``{"input_ids": {1: "seq"}}``).
+    Parameters
+    ----------
+    module : nn.Module
+        the torch module (put in eval mode).
+    x : Inputs
+        example data, batch first (a tensor, or named inputs for a several-input model): two rows are
+        exported, three check the simplification, and parity is verified at :data:`PARITY_BATCH_SIZES` and at
+        half the length of every other dynamic axis (:func:`parity_inputs`).
+    out : Path
+        destination ``.onnx``; written only once parity passed.
+    cfg : VariantConfig
+        opset and tolerances.
+    label : str | None
+        the record's label (default ``out``'s stem).
+    method : str
+        the compression method that made ``module`` (``"none"`` for an original).
+    dynamic_dims : dict[int, str] | None
+        extra dynamic axes (axis → name) of a one-tensor input besides the batch.
+    dynamic_axes : Mapping[str, Mapping[int, str]] | None
+        extra dynamic axes by input name (``{"input_ids": {1: "seq"}}``).
 
-    Returns:
+    Returns
+    -------
+    VariantRecord
         A :class:`VariantRecord` with costs and the export, simplification, parity and TensorRT-readiness
         results, the dimensions fixed by ``cfg.fixed_shapes`` (the fixed file checked against the dynamic one at
         its shape, :func:`minreal.export.mobile.fix_verified`) and ONNX Runtime's NNAPI/CoreML verdict; paths relative
         to ``out``'s folder.
 
-    Raises:
-        ExportError: no exporter produced a graph.
-        ParityError: ONNX Runtime's outputs differ from torch's beyond ``cfg.rtol``/``cfg.atol``.
+    Raises
+    ------
+    ExportError
+        no exporter produced a graph.
+    ParityError
+        ONNX Runtime's outputs differ from torch's beyond ``cfg.rtol``/``cfg.atol``.
     """
     out = Path(out)
     module = module.eval()
@@ -206,18 +220,27 @@ def quantize_variant(record: VariantRecord, folder: Path, calib: Inputs | None, 
     A variant recovered with quantisation-aware training keeps its trained activation ranges (:func:`trained_ranges`)
     for its layers' inputs; its record's ``quantization.range_source`` says ``"trained"`` (else ``"calibrated"``).
 
-    Args:
-        record: the fp32 variant (from :func:`export_variant`); its file lies in ``folder``.
-        folder: where the variant's file lies and the INT8 file is written.
-        calib: calibration inputs, batch first, a tensor or named inputs (``None``: only with
-            ``cfg.allow_random_calibration`` or dynamic mode).
-        cfg: INT8 target, mode and sample count.
-        weights: the variant's layer weights by module name (:func:`layer_weights`), to place trained ranges
-            whose initializers the exporter renamed.
-        post_training: calibrate every tensor afresh, ignoring trained ranges: the post-training copy
-            ``NAME.ptq.int8.onnx`` (label ``LABEL.ptq.int8``) to compare with the quantisation-aware one.
+    Parameters
+    ----------
+    record : VariantRecord
+        the fp32 variant (from :func:`export_variant`); its file lies in ``folder``.
+    folder : Path
+        where the variant's file lies and the INT8 file is written.
+    calib : Inputs | None
+        calibration inputs, batch first, a tensor or named inputs (``None``: only with
+        ``cfg.allow_random_calibration`` or dynamic mode).
+    cfg : VariantConfig
+        INT8 target, mode and sample count.
+    weights : Mapping[str, np.ndarray] | None
+        the variant's layer weights by module name (:func:`layer_weights`), to place trained ranges
+        whose initializers the exporter renamed.
+    post_training : bool
+        calibrate every tensor afresh, ignoring trained ranges: the post-training copy
+        ``NAME.ptq.int8.onnx`` (label ``LABEL.ptq.int8``) to compare with the quantisation-aware one.
 
-    Returns:
+    Returns
+    -------
+    VariantRecord
         The INT8 variant's record (label ``LABEL.int8``, method ``METHOD+int8``), paths relative to ``folder``.
     """
     folder, infix = Path(folder), PTQ_SUFFIX if post_training else ""
@@ -251,18 +274,28 @@ def fp16_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantCon
     """FP16 copy ``NAME.fp16.onnx`` of an exported variant, checked against its fp32 file on ``x`` at
     :data:`PARITY_BATCH_SIZES` (and half of every other dynamic axis, :func:`parity_inputs`).
 
-    Args:
-        record: the fp32 variant (from :func:`export_variant`); its file lies in ``folder``.
-        folder: where the variant's file lies and the FP16 file is written.
-        x: example inputs, batch first (a tensor or named inputs).
-        cfg: the variant settings (opset for the TensorRT-readiness check).
-        fp16: conversion and tolerance options (default :class:`minreal.export.fp16.Fp16Config`: fp32 I/O, CPU).
+    Parameters
+    ----------
+    record : VariantRecord
+        the fp32 variant (from :func:`export_variant`); its file lies in ``folder``.
+    folder : Path
+        where the variant's file lies and the FP16 file is written.
+    x : Inputs
+        example inputs, batch first (a tensor or named inputs).
+    cfg : VariantConfig
+        the variant settings (opset for the TensorRT-readiness check).
+    fp16 : Fp16Config | None
+        conversion and tolerance options (default :class:`minreal.export.fp16.Fp16Config`: fp32 I/O, CPU).
 
-    Returns:
+    Returns
+    -------
+    VariantRecord
         The FP16 variant's record (label ``LABEL.fp16``, method ``METHOD+fp16``), paths relative to ``folder``.
 
-    Raises:
-        ParityError: the FP16 file differs from the fp32 one beyond the float16 tolerance (nothing is written).
+    Raises
+    ------
+    ParityError
+        the FP16 file differs from the fp32 one beyond the float16 tolerance (nothing is written).
     """
     folder = Path(folder)
     source = folder / record.onnx

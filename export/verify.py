@@ -51,15 +51,24 @@ DEFAULT_ATOL = 1e-5
 class OutputParity:
     """One output at one batch size.
 
-    Attributes:
-        output: graph output name.
-        batch_size: batch size of the input.
-        max_abs_err: max ``|onnx - torch|``.
-        max_rel_err: max ``|onnx - torch| / max(|torch|, atol)`` (the floor keeps zeros finite).
-        worst_measured: ``|onnx - torch|`` at the element that breaks the tolerance most.
-        worst_allowed: ``atol + rtol * |torch|`` at that element.
-        top1_agreement: share of rows whose argmax over the last axis agrees (``None`` for <2-d outputs).
-        passed: every element within tolerance and shapes equal.
+    Attributes
+    ----------
+    output : str
+        graph output name.
+    batch_size : int
+        batch size of the input.
+    max_abs_err : float
+        max ``|onnx - torch|``.
+    max_rel_err : float
+        max ``|onnx - torch| / max(|torch|, atol)`` (the floor keeps zeros finite).
+    worst_measured : float
+        ``|onnx - torch|`` at the element that breaks the tolerance most.
+    worst_allowed : float
+        ``atol + rtol * |torch|`` at that element.
+    top1_agreement : float | None
+        share of rows whose argmax over the last axis agrees (``None`` for <2-d outputs).
+    passed : bool
+        every element within tolerance and shapes equal.
     """
 
     output: str
@@ -76,14 +85,22 @@ class OutputParity:
 class ParityResult:
     """Parity of an ONNX file against its module over several batch sizes.
 
-    Attributes:
-        onnx_path: the file checked.
-        rtol, atol: tolerances used.
-        batch_sizes: batch sizes checked, in input order.
-        checks: one :class:`OutputParity` per output and batch size.
-        max_abs_err, max_rel_err: worst values over all checks.
-        top1_agreement: batch size → top-1 agreement of the first output (``None`` if not 2-d+).
-        passed: all checks passed.
+    Attributes
+    ----------
+    onnx_path : str
+        the file checked.
+    rtol, atol : float
+        tolerances used.
+    batch_sizes : list[int]
+        batch sizes checked, in input order.
+    checks : list[OutputParity]
+        one :class:`OutputParity` per output and batch size.
+    max_abs_err, max_rel_err : float
+        worst values over all checks.
+    top1_agreement : dict[int, float | None]
+        batch size → top-1 agreement of the first output (``None`` if not 2-d+).
+    passed : bool
+        all checks passed.
     """
 
     onnx_path: str
@@ -216,23 +233,36 @@ def verify_parity(
     """Check that ONNX Runtime reproduces ``module`` on inputs of at least two batch sizes (one for a file whose
     batch is fixed).
 
-    Args:
-        module: the torch module (run in eval mode under ``no_grad``; flags restored after).
-        onnx_path: its exported ONNX file (outputs in the module's flattened order).
-        inputs: one tensor (or named inputs) per checked shape; at least two distinct batch sizes (a further
-            entry may repeat a batch size at another length of a dynamic axis).
-        rtol: relative tolerance (default ``1e-4``).
-        atol: absolute tolerance (default ``1e-5``).
-        provider: ONNX Runtime execution provider (full name); the session opens in
-            :func:`minreal.runtime_bench.sessions.create_session`.
-        fixed_batch: the file runs at one batch size only (``--fixed-shapes batch=1``): one is enough.
+    Parameters
+    ----------
+    module : nn.Module
+        the torch module (run in eval mode under ``no_grad``; flags restored after).
+    onnx_path : str | Path
+        its exported ONNX file (outputs in the module's flattened order).
+    inputs : Sequence[Inputs]
+        one tensor (or named inputs) per checked shape; at least two distinct batch sizes (a further
+        entry may repeat a batch size at another length of a dynamic axis).
+    rtol : float
+        relative tolerance (default ``1e-4``).
+    atol : float
+        absolute tolerance (default ``1e-5``).
+    provider : str
+        ONNX Runtime execution provider (full name); the session opens in
+        :func:`minreal.runtime_bench.sessions.create_session`.
+    fixed_batch : bool
+        the file runs at one batch size only (``--fixed-shapes batch=1``): one is enough.
 
-    Returns:
+    Returns
+    -------
+    ParityResult
         A :class:`ParityResult` with max abs/rel error and top-1 agreement per batch size.
 
-    Raises:
-        ValueError: fewer than two distinct batch sizes (none, with ``fixed_batch``).
-        ParityError: an output (or the output count/shape) differs beyond tolerance.
+    Raises
+    ------
+    ValueError
+        fewer than two distinct batch sizes (none, with ``fixed_batch``).
+    ParityError
+        an output (or the output count/shape) differs beyond tolerance.
     """
     batches = [len(x) for x in inputs]
     if len(set(batches)) < (1 if fixed_batch else 2):
@@ -254,8 +284,10 @@ def verify_files(reference: str | Path, candidate: str | Path, feeds: Sequence[F
     session config entries of the reference's session (e.g. ONNX Runtime's ARM graph,
     :data:`minreal.runtime_bench.cpu.ARM_GRAPH_CONFIG`, for a candidate optimised for ARM).
 
-    Raises:
-        ParityError: an output differs beyond tolerance, or in count or shape.
+    Raises
+    ------
+    ParityError
+        an output differs beyond tolerance, or in count or shape.
     """
     want_session = create_session(Path(reference), config=reference_config)
     got_session = create_session(Path(candidate))

@@ -129,12 +129,18 @@ def first_line(text: str) -> str:
 def error_line(exc: BaseException, *, with_type: bool = False, max_chars: int | None = None) -> str:
     """One line saying what ``exc`` is about: the first line of its message.
 
-    Args:
-        exc: the exception.
-        with_type: prefix the exception's type name (``"ValueError: bad shape"``).
-        max_chars: cut longer lines to this many characters (ending in ``"..."``).
+    Parameters
+    ----------
+    exc : BaseException
+        the exception.
+    with_type : bool
+        prefix the exception's type name (``"ValueError: bad shape"``).
+    max_chars : int | None
+        cut longer lines to this many characters (ending in ``"..."``).
 
-    Returns:
+    Returns
+    -------
+    str
         The line; the type name alone when the message is empty.
     """
     line, name = first_line(str(exc)), type(exc).__name__

@@ -66,19 +66,26 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     destination's suffix (so tools that infer a format from it behave). If the block raises, the
     temporary file (and a ``.data`` sidecar next to it) is deleted and ``path`` is left untouched.
 
-    Args:
-        path: final destination; its parent folder must exist.
+    Parameters
+    ----------
+    path : str | os.PathLike[str]
+        final destination; its parent folder must exist.
 
-    Yields:
+    Yields
+    ------
+    Path
         The temporary path to write to (it exists, empty, when the block starts).
 
-    Raises:
-        OutputWriteError: creating, filling or moving the file failed for lack of permission, space or a
-            writable file system (errno EACCES, EPERM, EROFS, ENOSPC, EDQUOT, EFBIG); the message names ``path``.
+    Raises
+    ------
+    OutputWriteError
+        creating, filling or moving the file failed for lack of permission, space or a
+        writable file system (errno EACCES, EPERM, EROFS, ENOSPC, EDQUOT, EFBIG); the message names ``path``.
 
-    Example:
-        >>> with atomic_path("model.onnx") as tmp:  # doctest: +SKIP
-        ...     onnx.save(model, tmp)
+    Examples
+    --------
+    >>> with atomic_path("model.onnx") as tmp:  # doctest: +SKIP
+    ...     onnx.save(model, tmp)
     """
     final = Path(path)
     try:

@@ -37,27 +37,41 @@ class BenchConfig:
 
     Validation messages name each field with the CLI flag that sets it, e.g. ``repeats (--repeats)``.
 
-    Attributes:
-        providers: Provider short names (see :data:`minreal.facts.PROVIDERS`).
-        batch_sizes: Batch sizes; each (provider, batch size) is timed in fresh processes.
-        warmup: Runs per model discarded before measuring.
-        min_runs: Minimum measured runs per model.
-        min_seconds: Minimum wall time of the measurement window (runs continue until both
-            ``min_runs`` and ``min_seconds`` are met).
-        repeats: Fresh worker processes per (provider, batch size); ratios report median and spread.
-        intra_op_threads: onnxruntime intra-op threads; None means the physical core count.
-        eval_batch_size: Batch size for the accuracy/agreement pass.
-        seed: Seed for random timing inputs when no data is given.
-        worker_timeout_s: Wall-clock limit of one worker process.
-        axis_values: Values for symbolic input dimensions beyond batch, by ONNX ``dim_param`` name, e.g.
-            ``{"seq": (32, 128)}``; every combination is timed as its own shape (label ``"seq=32"``). With
-            data, inputs are cut to these lengths along those axes; without data, random inputs take them.
-        provider_settings: Per provider short name, what the user set (device, TensorRT precision flags, caches,
-            optimisation profiles; :mod:`minreal.runtime_bench.provider_options`). TensorRT's engine and timing caches
-            default to a directory shared by the run's timing processes, its profile to one covering every
-            timed batch size and axis value.
-        io_binding: On GPU providers, also time each model with inputs and outputs bound on the device
-            (device-only latency) beside the host-copy latency.
+    Attributes
+    ----------
+    providers : tuple[str, ...]
+        Provider short names (see :data:`minreal.facts.PROVIDERS`).
+    batch_sizes : tuple[int, ...]
+        Batch sizes; each (provider, batch size) is timed in fresh processes.
+    warmup : int
+        Runs per model discarded before measuring.
+    min_runs : int
+        Minimum measured runs per model.
+    min_seconds : float
+        Minimum wall time of the measurement window (runs continue until both
+        ``min_runs`` and ``min_seconds`` are met).
+    repeats : int
+        Fresh worker processes per (provider, batch size); ratios report median and spread.
+    intra_op_threads : int | None
+        onnxruntime intra-op threads; None means the physical core count.
+    eval_batch_size : int
+        Batch size for the accuracy/agreement pass.
+    seed : int
+        Seed for random timing inputs when no data is given.
+    worker_timeout_s : float
+        Wall-clock limit of one worker process.
+    axis_values : Mapping[str, tuple[int, ...]]
+        Values for symbolic input dimensions beyond batch, by ONNX ``dim_param`` name, e.g.
+        ``{"seq": (32, 128)}``; every combination is timed as its own shape (label ``"seq=32"``). With
+        data, inputs are cut to these lengths along those axes; without data, random inputs take them.
+    provider_settings : Mapping[str, ProviderSettings]
+        Per provider short name, what the user set (device, TensorRT precision flags, caches,
+        optimisation profiles; :mod:`minreal.runtime_bench.provider_options`). TensorRT's engine and timing caches
+        default to a directory shared by the run's timing processes, its profile to one covering every
+        timed batch size and axis value.
+    io_binding : bool
+        On GPU providers, also time each model with inputs and outputs bound on the device
+        (device-only latency) beside the host-copy latency.
     """
 
     providers: tuple[str, ...] = ("cpu",)

@@ -17,6 +17,13 @@ Two sources tell which case a machine is in, both recorded in every report's env
 
 :func:`cpu_int8_target` turns them into the ``--quant-target`` that ``cpu`` means on this machine (on an ARM64 CPU:
 ``arm64``, ARM's own S8S8 format).
+
+References
+----------
+.. [1] ONNX Runtime, ``docs/performance/model-optimizations/quantization.md``: U8S8 saturation without VNNI and its
+       remedies (``reduce_range``, U8U8).
+.. [2] ONNX Runtime, ``qdq_selector_action_transformer.h`` (``QDQIsInt8Allowed()``) and
+       ``onnxruntime_session_options_config_keys.h`` (``session.qdqisint8allowed``): :data:`ARM_GRAPH_CONFIG`.
 """
 
 from __future__ import annotations
@@ -71,10 +78,14 @@ _SYSCTL_FLAGS = {"hw.optional.avx2_0": "avx2", "hw.optional.avx512f": "avx512f",
 class CpuIsa:
     """The int8-relevant instruction sets of a CPU.
 
-    Attributes:
-        arch: ``platform.machine()`` (``x86_64``, ``AMD64``, ``arm64``, ``aarch64``, ...).
-        flags: the :data:`ISA_FLAGS` present, in that order.
-        source: where the flags were read (``/proc/cpuinfo``, ``sysctl``), or ``unknown`` when nowhere.
+    Attributes
+    ----------
+    arch : str
+        ``platform.machine()`` (``x86_64``, ``AMD64``, ``arm64``, ``aarch64``, ...).
+    flags : tuple[str, ...]
+        the :data:`ISA_FLAGS` present, in that order.
+    source : str
+        where the flags were read (``/proc/cpuinfo``, ``sysctl``), or ``unknown`` when nowhere.
     """
 
     arch: str

@@ -204,13 +204,20 @@ def timing_inputs(
     ``[0, spec.high)`` where the graph bounds them (indices of an embedding table), else ones (e.g. an
     attention mask with every position valid); booleans True. A symbolic axis without a value is an error.
 
-    Args:
-        specs: The model's inputs (:func:`input_specs`).
-        batch_size: Rows per run.
-        x: Data (one array for a single-input model, or arrays keyed by input name), or None.
-        seed: Seed of the random inputs.
-        model: Model name, for error messages.
-        axis_values: One value per symbolic axis name (``dim_param``) to time at.
+    Parameters
+    ----------
+    specs : list[InputSpec]
+        The model's inputs (:func:`input_specs`).
+    batch_size : int
+        Rows per run.
+    x : Data | None
+        Data (one array for a single-input model, or arrays keyed by input name), or None.
+    seed : int
+        Seed of the random inputs.
+    model : str
+        Model name, for error messages.
+    axis_values : Mapping[str, int] | None
+        One value per symbolic axis name (``dim_param``) to time at.
     """
     check_batch(specs, batch_size, model)
     values = axis_values or {}
@@ -230,9 +237,11 @@ def batch_inputs(specs: list[InputSpec], rows: Data, model: str) -> dict[str, np
 def named_data(specs: list[InputSpec], x: Data, model: str) -> dict[str, np.ndarray]:
     """``x`` keyed by the model's input names: an array feeds a single-input model; a mapping names each input.
 
-    Raises:
-        BenchInputError: an array for a model with several inputs, or a mapping missing an input or holding
-            a name the model has no input for.
+    Raises
+    ------
+    BenchInputError
+        an array for a model with several inputs, or a mapping missing an input or holding
+        a name the model has no input for.
     """
     if not isinstance(x, Mapping):
         single = {_single_input(specs, model).name: np.asarray(x)}
@@ -256,8 +265,10 @@ def check_values(specs: list[InputSpec], named: Mapping[str, np.ndarray], model:
     """Refuse data the graph cannot take, before ONNX Runtime meets it: indices outside an embedding table the
     graph bounds (:func:`index_bounds`), and inputs that share a symbolic axis but differ in its length.
 
-    Raises:
-        BenchInputError: naming the input, the values or lengths found and what the graph allows.
+    Raises
+    ------
+    BenchInputError
+        naming the input, the values or lengths found and what the graph allows.
     """
     for spec in specs:
         array = named[spec.name]

@@ -153,15 +153,22 @@ def optimized_graph(path: Path, provider: str = "cpu", threads: int = 1,
     """The graph onnxruntime actually runs after its optimisations: a session is created with
     ``optimized_model_filepath`` set and the written graph is read back.
 
-    Raises:
-        ProviderUnavailableError: the session does not run on ``provider``.
+    Raises
+    ------
+    ProviderUnavailableError
+        the session does not run on ``provider``.
 
-    Args:
-        path: ONNX model file.
-        provider: Provider short name (``"cpu"``, ``"cuda"``, ...).
-        threads: Intra-op threads for the temporary session.
-        config: More session config entries, e.g. ``{"session.qdqisint8allowed": "1"}`` for the graph ONNX Runtime
-            builds for an ARM CPU (:data:`minreal.runtime_bench.cpu.ARM_GRAPH_CONFIG`).
+    Parameters
+    ----------
+    path : Path
+        ONNX model file.
+    provider : str
+        Provider short name (``"cpu"``, ``"cuda"``, ...).
+    threads : int
+        Intra-op threads for the temporary session.
+    config : Mapping[str, str] | None
+        More session config entries, e.g. ``{"session.qdqisint8allowed": "1"}`` for the graph ONNX Runtime
+        builds for an ARM CPU (:data:`minreal.runtime_bench.cpu.ARM_GRAPH_CONFIG`).
     """
     with tempfile.TemporaryDirectory(prefix="minreal-opt-") as tmp:
         optimized = Path(tmp) / "optimized.onnx"

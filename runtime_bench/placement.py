@@ -201,10 +201,14 @@ def parse_profile(
     loop bodies). A kernel's MACs come from the shapes the profile recorded for it; without them, from
     ``graph`` (:func:`graph_macs`, keyed by node name).
 
-    Args:
-        events: The profile's events.
-        requested: Full name of the provider the session was asked for (``"CUDAExecutionProvider"``, ...).
-        graph: MACs per node name of the model's graph, for kernels whose event records no shapes.
+    Parameters
+    ----------
+    events : Sequence[Mapping[str, Any]]
+        The profile's events.
+    requested : str
+        Full name of the provider the session was asked for (``"CUDAExecutionProvider"``, ...).
+    graph : Mapping[str, int | None] | None
+        MACs per node name of the model's graph, for kernels whose event records no shapes.
     """
     kernels: dict[str, PlacedNode] = {}
     for event in events:
@@ -232,12 +236,18 @@ def measure_placement(
     The session has the timed sessions' options and graph (:func:`minreal.runtime_bench.sessions.create_session`, the
     same provider options) plus profiling; the profile is written to, and removed with, a temporary folder.
 
-    Args:
-        path: ONNX model file.
-        provider: Full execution-provider name.
-        threads: Intra-op threads (None: onnxruntime's default).
-        feeds: Inputs by name for the one run.
-        provider_options: ONNX Runtime options of ``provider``, as the timed session had them.
+    Parameters
+    ----------
+    path : Path
+        ONNX model file.
+    provider : str
+        Full execution-provider name.
+    threads : int | None
+        Intra-op threads (None: onnxruntime's default).
+    feeds : Mapping[str, np.ndarray]
+        Inputs by name for the one run.
+    provider_options : Mapping[str, str] | None
+        ONNX Runtime options of ``provider``, as the timed session had them.
     """
     with tempfile.TemporaryDirectory(prefix="minreal-profile-") as tmp:
         session = create_session(Path(path), provider, threads, provider_options=provider_options,

@@ -63,15 +63,24 @@ _SHAPE = re.compile(r"^\d+(x\d+)*$")
 class ProviderSettings:
     """What a user may set for one provider (``None``: ONNX Runtime's default).
 
-    Attributes:
-        device_id: GPU ordinal (cuda, tensorrt).
-        fp16: let TensorRT choose fp16 kernels.
-        int8: let TensorRT run int8 (needed for Q/DQ graphs).
-        engine_cache: directory of TensorRT's engine cache (shared by a run's timing processes).
-        timing_cache: directory of TensorRT's timing cache.
-        opt_level: TensorRT builder optimisation level, 0-5.
-        workspace: TensorRT workspace limit in bytes.
-        profiles: input name -> (min, opt, max) shapes, each ``"1x3x224x224"``.
+    Attributes
+    ----------
+    device_id : int | None
+        GPU ordinal (cuda, tensorrt).
+    fp16 : bool | None
+        let TensorRT choose fp16 kernels.
+    int8 : bool | None
+        let TensorRT run int8 (needed for Q/DQ graphs).
+    engine_cache : str | None
+        directory of TensorRT's engine cache (shared by a run's timing processes).
+    timing_cache : str | None
+        directory of TensorRT's timing cache.
+    opt_level : int | None
+        TensorRT builder optimisation level, 0-5.
+    workspace : int | None
+        TensorRT workspace limit in bytes.
+    profiles : Mapping[str, tuple[str, str, str]]
+        input name -> (min, opt, max) shapes, each ``"1x3x224x224"``.
     """
 
     device_id: int | None = None
@@ -162,8 +171,10 @@ def _settings(provider: str, values: Mapping[str, Any], where: str) -> ProviderS
 def parse_provider_option(text: str) -> tuple[str, str, str]:
     """``"tensorrt.fp16=true"`` -> ``("tensorrt", "fp16", "true")``; ``profiles`` only come from a config file.
 
-    Raises:
-        BenchInputError: not of the form ``PROVIDER.KEY=VALUE``.
+    Raises
+    ------
+    BenchInputError
+        not of the form ``PROVIDER.KEY=VALUE``.
     """
     head, sep, value = text.partition("=")
     provider, dot, key = head.strip().partition(".")
@@ -177,8 +188,10 @@ def parse_provider_option(text: str) -> tuple[str, str, str]:
 def load_provider_config(path: str | Path) -> dict[str, ProviderSettings]:
     """Read a TOML file of one table per provider (module docstring) into validated settings.
 
-    Raises:
-        BenchInputError: the file is missing, not TOML, or has an unknown provider, key or bad value.
+    Raises
+    ------
+    BenchInputError
+        the file is missing, not TOML, or has an unknown provider, key or bad value.
     """
     path = Path(path)
     try:

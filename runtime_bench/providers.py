@@ -21,8 +21,10 @@ __all__ = [
 def provider_name(short: str) -> str:
     """Return the onnxruntime provider name for a short name such as ``"cuda"``.
 
-    Raises:
-        UnknownProviderError: ``short`` is not in :data:`PROVIDERS`.
+    Raises
+    ------
+    UnknownProviderError
+        ``short`` is not in :data:`PROVIDERS`.
     """
     try:
         return PROVIDERS[short]
@@ -54,9 +56,12 @@ def unavailable_reason(short: str) -> str | None:
 def require_available(shorts: Sequence[str]) -> None:
     """Fail before any work when a requested provider cannot run with this onnxruntime build.
 
-    Raises:
-        UnknownProviderError: a name is not in :data:`PROVIDERS`.
-        ProviderUnavailableError: one line naming each unavailable provider, why, and what installs it.
+    Raises
+    ------
+    UnknownProviderError
+        a name is not in :data:`PROVIDERS`.
+    ProviderUnavailableError
+        one line naming each unavailable provider, why, and what installs it.
     """
     reasons = [f"provider {s} is unavailable: {r}" for s in shorts if (r := unavailable_reason(s)) is not None]
     if reasons:
@@ -66,7 +71,9 @@ def require_available(shorts: Sequence[str]) -> None:
 def provider_mismatch(requested: str, actual: list[str]) -> str | None:
     """Compare a requested provider with ``session.get_providers()``.
 
-    Returns:
+    Returns
+    -------
+    str | None
         None when ``requested`` is the session's primary provider, else a one-line reason
         (onnxruntime silently falls back to CPU when a provider fails to initialise).
     """

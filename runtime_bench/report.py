@@ -139,8 +139,10 @@ def format_table(report: BenchReport) -> str:
 def load_report(path: Path) -> dict[str, Any]:
     """Read a report JSON file and check its schema version.
 
-    Raises:
-        ReportSchemaError: missing file, invalid JSON, or a schema version this code does not read.
+    Raises
+    ------
+    ReportSchemaError
+        missing file, invalid JSON, or a schema version this code does not read.
     """
     path = Path(path)
     if not path.is_file():

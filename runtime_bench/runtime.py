@@ -55,8 +55,10 @@ def wheel_conflict(wheels: list[str] | None = None) -> str | None:
 def onnxruntime_module() -> ModuleType:
     """``import onnxruntime``, or :class:`RuntimeMissingError` naming the extra to install.
 
-    Raises:
-        RuntimeMissingError: no ONNX Runtime wheel can be imported.
+    Raises
+    ------
+    RuntimeMissingError
+        no ONNX Runtime wheel can be imported.
     """
     try:
         ort = importlib.import_module("onnxruntime")

@@ -26,11 +26,16 @@ def session_options(threads: int | None, optimized_model_path: Path | None = Non
                     config: Mapping[str, str] | None = None, profile_prefix: Path | None = None) -> Any:
     """Session options: explicit intra-op threads, one inter-op thread, sequential, no spinning.
 
-    Args:
-        threads: Intra-op thread count; None leaves onnxruntime's default (the physical cores).
-        optimized_model_path: If given, onnxruntime writes the optimised graph there.
-        config: More session config entries (e.g. ``session.qdqisint8allowed``), added after the defaults.
-        profile_prefix: If given, profiling is on and its file starts with this path (``session.end_profiling()``).
+    Parameters
+    ----------
+    threads : int | None
+        Intra-op thread count; None leaves onnxruntime's default (the physical cores).
+    optimized_model_path : Path | None
+        If given, onnxruntime writes the optimised graph there.
+    config : Mapping[str, str] | None
+        More session config entries (e.g. ``session.qdqisint8allowed``), added after the defaults.
+    profile_prefix : Path | None
+        If given, profiling is on and its file starts with this path (``session.end_profiling()``).
     """
     ort = onnxruntime_module()
     options = ort.SessionOptions()
@@ -67,21 +72,32 @@ def create_session(
     The caller must compare ``session.get_providers()`` with the request
     (:func:`minreal.runtime_bench.providers.provider_mismatch`): onnxruntime may fall back to CPU.
 
-    Args:
-        model: An ONNX file, or a serialized model.
-        provider: Full execution-provider name (``"CPUExecutionProvider"``, ...).
-        threads: Intra-op threads; None leaves onnxruntime's default.
-        optimized_model_path: If given, onnxruntime writes the optimised graph there.
-        provider_options: ONNX Runtime options of ``provider`` (strings; see
-            :func:`minreal.runtime_bench.provider_options.ort_options`).
-        config: More session config entries (:func:`session_options`). ``None`` on the CPU provider: those its
-            INT8 target's graph needs (:func:`target_graph_config` of the file's ``minreal.int8_target`` metadata:
-            an ``arm64`` file runs ARM's graph); ``{}``: none, this machine's own graph whatever the file says.
-        profile_prefix: If given, a profiled session (:func:`session_options`).
+    Parameters
+    ----------
+    model : Path | bytes
+        An ONNX file, or a serialized model.
+    provider : str
+        Full execution-provider name (``"CPUExecutionProvider"``, ...).
+    threads : int | None
+        Intra-op threads; None leaves onnxruntime's default.
+    optimized_model_path : Path | None
+        If given, onnxruntime writes the optimised graph there.
+    provider_options : Mapping[str, str] | None
+        ONNX Runtime options of ``provider`` (strings; see
+        :func:`minreal.runtime_bench.provider_options.ort_options`).
+    config : Mapping[str, str] | None
+        More session config entries (:func:`session_options`). ``None`` on the CPU provider: those its
+        INT8 target's graph needs (:func:`target_graph_config` of the file's ``minreal.int8_target`` metadata:
+        an ``arm64`` file runs ARM's graph); ``{}``: none, this machine's own graph whatever the file says.
+    profile_prefix : Path | None
+        If given, a profiled session (:func:`session_options`).
 
-    Raises:
-        ModelFileError: the file does not exist.
-        SessionError: onnxruntime rejects the model.
+    Raises
+    ------
+    ModelFileError
+        the file does not exist.
+    SessionError
+        onnxruntime rejects the model.
     """
     if isinstance(model, bytes):
         source, where = model, "an in-memory model"

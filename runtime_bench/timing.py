@@ -27,14 +27,22 @@ def time_interleaved(
     one timed call per callable run until at least ``min_runs`` rounds are done *and* the
     measurement window has lasted at least ``min_seconds``.
 
-    Args:
-        run_fns: Zero-argument callables, one per model.
-        warmup: Discarded calls per callable.
-        min_runs: Minimum measured calls per callable.
-        min_seconds: Minimum wall time of the measurement window, in seconds.
-        clock: Monotonic clock in seconds (injectable for tests).
+    Parameters
+    ----------
+    run_fns : Sequence[Callable[[], object]]
+        Zero-argument callables, one per model.
+    warmup : int
+        Discarded calls per callable.
+    min_runs : int
+        Minimum measured calls per callable.
+    min_seconds : float
+        Minimum wall time of the measurement window, in seconds.
+    clock : Callable[[], float]
+        Monotonic clock in seconds (injectable for tests).
 
-    Returns:
+    Returns
+    -------
+    list[list[float]]
         Per callable, the measured latencies in milliseconds (warm-up excluded).
     """
     for _ in range(warmup):

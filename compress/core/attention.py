@@ -10,6 +10,10 @@ Need", eq. 1 and §3.2.2) — with the same call signature and the same results.
 weights explicitly, exactly as nn.MultiheadAttention does; ``need_weights=False`` (torchvision's ViT,
 nn.TransformerEncoderLayer) runs :func:`torch.nn.functional.scaled_dot_product_attention`. Both export to ONNX
 with either exporter (opset 18). Dropout on the attention weights acts in training only.
+
+References
+----------
+.. [1] Vaswani et al. 2017, "Attention Is All You Need", eq. 1 and §3.2.2.
 """
 
 from __future__ import annotations
@@ -68,15 +72,23 @@ def multihead_attention(q: Tensor, k: Tensor, v: Tensor, heads: int, mask: Tenso
                         need_weights: bool = False, dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
     """softmax(q kᵀ/√d + mask) v per head (Vaswani et al. 2017, eq. 1) on projected batch-first tensors.
 
-    Args:
-        q: queries (N, L, heads·d); k: keys (N, S, heads·d); v: values (N, S, heads·d_v).
-        heads: number of heads the last axes split into.
-        mask: additive float mask broadcastable to (N, heads, L, S) (see :func:`additive_mask`).
-        need_weights: also return the per-head attention weights (N, heads, L, S), after dropout as
-            nn.MultiheadAttention returns them; computed explicitly instead of by SDPA.
-        dropout_p: dropout probability on the attention weights (pass 0 outside training).
+    Parameters
+    ----------
+    q, k, v : Tensor
+        queries (N, L, heads·d), keys (N, S, heads·d) and values (N, S, heads·d_v).
+    heads : int
+        number of heads the last axes split into.
+    mask : Tensor | None
+        additive float mask broadcastable to (N, heads, L, S) (see :func:`additive_mask`).
+    need_weights : bool
+        also return the per-head attention weights (N, heads, L, S), after dropout as
+        nn.MultiheadAttention returns them; computed explicitly instead of by SDPA.
+    dropout_p : float
+        dropout probability on the attention weights (pass 0 outside training).
 
-    Returns:
+    Returns
+    -------
+    tuple[Tensor, Tensor | None]
         The heads' outputs concatenated, (N, L, heads·d_v), and the weights or None.
     """
     qh, kh, vh = _heads(q, heads), _heads(k, heads), _heads(v, heads)

@@ -65,8 +65,10 @@ def is_writer() -> bool:
 def shard_bounds(n: int) -> tuple[int, int]:
     """This rank's contiguous ``[start, stop)`` of ``n`` samples; the ranks' ranges, in rank order, tile ``0..n``.
 
-    Raises:
-        DistributedSetupError: fewer samples than processes (a rank would hold none).
+    Raises
+    ------
+    DistributedSetupError
+        fewer samples than processes (a rank would hold none).
     """
     w = world()
     if w is None:
@@ -147,16 +149,21 @@ def default_backend() -> str:
 def init_from_env(backend: str | None = None, timeout_s: float = 1800.0) -> tuple[int, int]:
     """Initialise the default process group from the ``torchrun`` environment; returns ``(rank, world size)``.
 
-    Args:
-        backend: ``"gloo"`` or ``"nccl"``; default :func:`default_backend`. With NCCL the process uses the CUDA
-            device ``LOCAL_RANK``.
-        timeout_s: how long a collective waits for the other ranks before failing.
+    Parameters
+    ----------
+    backend : str | None
+        ``"gloo"`` or ``"nccl"``; default :func:`default_backend`. With NCCL the process uses the CUDA
+        device ``LOCAL_RANK``.
+    timeout_s : float
+        how long a collective waits for the other ranks before failing.
 
     An already initialised group is kept as it is. Call this when the user asks for a distributed run, or when
     :func:`launched_by_torchrun` says the process was started by ``torchrun``.
 
-    Raises:
-        DistributedSetupError: torch.distributed is unavailable or the ``torchrun`` variables are missing.
+    Raises
+    ------
+    DistributedSetupError
+        torch.distributed is unavailable or the ``torchrun`` variables are missing.
     """
     w = world()
     if w is not None:

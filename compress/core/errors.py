@@ -20,9 +20,12 @@ class CompressionError(ValueError):
     a caller with other spellings of them (the command line's flags) can put its own in their place: only a
     backticked mention of a listed field is such a mention.
 
-    Args:
-        message: what is wrong and what to do.
-        fields: the config fields the message names (bare field names, e.g. ``("mac_ratio",)``).
+    Parameters
+    ----------
+    message
+        what is wrong and what to do.
+    fields
+        the config fields the message names (bare field names, e.g. ``("mac_ratio",)``).
     """
 
     def __init__(self, message: str, *, fields: Sequence[str] = ()) -> None:

@@ -24,11 +24,15 @@ __all__ = ["Inputs", "NamedInputs", "call", "cat", "args_of", "count", "sample_s
 class NamedInputs:
     """Several named tensors with the samples along axis 0 (same count in each).
 
-    Args:
-        tensors: ``name → tensor`` in the order of the model's ``forward`` parameters.
+    Parameters
+    ----------
+    tensors
+        ``name → tensor`` in the order of the model's ``forward`` parameters.
 
-    Raises:
-        ValueError: no tensors, a 0-d tensor, or tensors with different sample counts.
+    Raises
+    ------
+    ValueError
+        no tensors, a 0-d tensor, or tensors with different sample counts.
     """
 
     __slots__ = ("_tensors",)

@@ -1,4 +1,12 @@
-"""Dense linear algebra shared by the methods (float64, tensors in, tensors out)."""
+"""Dense linear algebra shared by the methods (float64, tensors in, tensors out).
+
+References
+----------
+.. [1] Eckart & Young (1936): truncated SVD (:func:`truncated_svd_factors`).
+.. [2] Moore 1981, "Principal component analysis in linear systems: controllability, observability, and model
+       reduction", IEEE Trans. Automatic Control 26(1): balanced truncation (:func:`balanced_gramian`).
+.. [3] Hoerl & Kennard 1970, eq. 2.2: ridge regression (:func:`ridge_lstsq`).
+"""
 
 from __future__ import annotations
 

@@ -65,10 +65,14 @@ def layer_macs(layer: nn.Module, positions: int) -> int:
 def build_pair(layer: nn.Module, first: torch.Tensor, second: torch.Tensor) -> nn.Sequential:
     """Two plain layers computing ``second @ first`` per group, plus the original bias.
 
-    Args:
-        layer: the original nn.Linear or nn.ConvNd.
-        first: (groups, rank, fan_in) factor applied first (the k×k conv / first Linear).
-        second: (groups, out/groups, rank) factor applied second (the 1×1 conv / second Linear).
+    Parameters
+    ----------
+    layer : nn.Module
+        the original nn.Linear or nn.ConvNd.
+    first : torch.Tensor
+        (groups, rank, fan_in) factor applied first (the k×k conv / first Linear).
+    second : torch.Tensor
+        (groups, out/groups, rank) factor applied second (the 1×1 conv / second Linear).
     """
     g, r = first.shape[0], first.shape[1]
     dtype, device = layer.weight.dtype, layer.weight.device

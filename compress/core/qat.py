@@ -26,6 +26,13 @@ Ranges start as exact minima/maxima over calibration batches run through the flo
 calibrator measures), then follow an exponential moving average of each batch's minimum and maximum
 (``r ← (1 − m)·r + m·r_batch``, ``m`` = :data:`EMA_MOMENTUM`, Jacob et al. §3.1) on forward passes in training
 mode with autograd on, i.e. optimiser steps; in eval mode or under ``torch.no_grad`` they are frozen.
+
+References
+----------
+.. [1] Jacob et al. (2018), "Quantization and Training of Neural Networks for Efficient Integer-Arithmetic-Only
+       Inference" (CVPR), §3, eq. 1–2.
+.. [2] Bengio et al. 2013, "Estimating or Propagating Gradients Through Stochastic Neurons": the straight-through
+       estimator.
 """
 
 from __future__ import annotations
@@ -298,21 +305,29 @@ def fake_quant(model: nn.Module, target: str = CPU_VNNI_TARGET, calibration: Ite
                momentum: float = EMA_MOMENTUM) -> Iterator[FakeQuant]:
     """Fake-quantise ``model``'s Conv/Linear layers in ``target``'s INT8 format for the block (Jacob et al. 2018).
 
-    Args:
-        model: changed in place while the block runs; afterwards exactly as before (same module types,
-            state-dict keys and values as left by the block, no hooks or attributes left).
-        target: a key of :data:`INT8_FORMATS`.
-        calibration: input batches whose exact min/max start the ranges (float model); ``None``: ``ranges``,
-            else each layer's first batch.
-        ranges: starting ranges by module name (e.g. a recovery's ``activation_ranges``), used without
-            ``calibration``.
-        momentum: weight of a training batch in the ranges' moving average.
+    Parameters
+    ----------
+    model : nn.Module
+        changed in place while the block runs; afterwards exactly as before (same module types,
+        state-dict keys and values as left by the block, no hooks or attributes left).
+    target : str
+        a key of :data:`INT8_FORMATS`.
+    calibration : Iterable[torch.Tensor] | None
+        input batches whose exact min/max start the ranges (float model); ``None``: ``ranges``,
+        else each layer's first batch.
+    ranges : Mapping[str, ActivationRange | Mapping[str, Any]] | None
+        starting ranges by module name (e.g. a recovery's ``activation_ranges``), used without
+        ``calibration``.
+    momentum : float
+        weight of a training batch in the ranges' moving average.
 
     The ranges are buffers of the layers while the block runs, so a state dict saved and loaded inside the
     block (e.g. best weights kept by early stopping) carries the ranges that went with those weights. Do not
     copy the model inside the block: a copy keeps the temporary ``forward``.
 
-    Yields:
+    Yields
+    ------
+    FakeQuant
         A :class:`FakeQuant`; its ``ranges()`` are keyed by the qualified name of each fake-quantised layer.
     """
     if target not in INT8_FORMATS:

@@ -13,31 +13,20 @@ recovery's); the best weights are copied once per improving epoch. Each epoch en
 :data:`EPOCH_TASK` carrying its training loss, validation loss and metrics and the elapsed seconds as its detail
 (:mod:`minreal.compress.core.progress`).
 
-Optionally the student also matches the teacher's intermediate features at named state points (FitNets, Romero
-et al. 2015, eq. 3, without a regressor: only points whose outputs keep their shape are matched), each term an
-MSE normalised by the teacher feature's variance so that points of different scale weigh alike.
+Optionally the student also matches the teacher's intermediate features at named state points
+(:mod:`minreal.compress.core.recover_features`).
 
 With ``int8`` set the recovery is quantisation-aware (:mod:`minreal.compress.core.qat`): the student trains with weights
 and layer inputs fake-quantised in that target's INT8 format, and the activation ranges kept with the best weights are
 returned for the INT8 export to reuse.
 
-Under ``torch.distributed`` (a process group of more than one rank, from ``torchrun`` and
-:func:`minreal.compress.core.distributed.init_from_env`, or set up by the caller) the recovery runs data-parallel. Every
-rank passes the same whole data; each epoch draws one seeded permutation, the same on every rank, and cuts it into
-the single-process batches of ``batch_size``; each rank trains on its contiguous share of every batch
-(``batch_size / world`` samples; when that does not divide, the shares differ by one sample and each rank's loss is
-weighted by its share of the batch, so the gradient DistributedDataParallel averages is still the batch's mean);
-a batch with fewer samples than ranks is skipped. Two things agree with a single process only in distribution: dropout
-masks (each rank draws its own) and the variance normalising a matched feature (each rank's share's). The
-teacher's outputs are computed once, for each rank's share
-of each split only, the held-out objective and metrics are all-reduced as sums and counts, and every decision
-(early stopping, the first Ctrl-C) is the same on all ranks. BatchNorm statistics are *frozen* during the steps
-(:attr:`RecoveryConfig.freeze_batchnorm`): SyncBatchNorm runs on GPUs only, and frozen statistics need no
-collective per layer and no minimum share size; they are re-estimated exactly over the recalibration set before
-the first epoch and after each (batches dealt out to the ranks, averages all-reduced). The recovery writes no
-files; a caller saving its result does so on :func:`minreal.compress.core.distributed.is_writer` only. An exception on
-one rank is logged with its rank and raised; the others fail at their next collective (at the latest after the
-process group's timeout), so every rank exits non-zero.
+Under ``torch.distributed`` the recovery runs data-parallel: how the ranks share the data, the statistics and the
+decisions is told in :mod:`minreal.compress.core.recover_parallel`.
+
+References
+----------
+.. [1] Loshchilov & Hutter 2017, eq. 5: the cosine schedule after the warm-up.
+.. [2] Hinton et al. (2015): the distillation loss (:mod:`minreal.compress.core.train`).
 """
 
 from __future__ import annotations
@@ -48,30 +37,38 @@ import dataclasses
 import logging
 import math
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .batchnorm import recalibrate_batchnorm
 from .data import Dataset
-from .distributed import all_reduce_max, all_reduce_sum, is_writer, rank_seed, shard, shard_bounds, world
+from .distributed import all_reduce_sum, is_writer, rank_seed, shard, shard_bounds
 from .errors import CompressionError
 from .evaluate import eval_mode, predict
 from .heldout import held_out_of, output_metrics, resolve_task
-from .inputs import Inputs, args_of, call, count
+from .inputs import Inputs, call, count
 from .progress import log_progress
 from .qat import FakeQuant, fake_quant
+from .recover_features import _FeatureMatch, feature_points
 from .recover_options import RecoveryConfig
+from .recover_parallel import (
+    StopRequest,
+    agree_ranges,
+    data_parallel,
+    mean_over_ranks,
+    rank_share,
+    reported,
+    require_same_everywhere,
+    world_size,
+)
 from .train import distillation_loss, task_loss
 
-__all__ = ["RecoveryResult", "recover", "recovery_split", "held_out_metrics", "feature_points"]
+__all__ = ["RecoveryResult", "recover", "recovery_split", "held_out_metrics"]
 
 log = logging.getLogger(__name__)
 TASK = "recovery (steps)"
@@ -126,60 +123,6 @@ def _loss(out: torch.Tensor, ref: torch.Tensor, y: torch.Tensor | None, cfg: Rec
     return loss
 
 
-class _FeatureMatch:
-    """Forward hooks recording the outputs of the same named modules in teacher and student (while entered)."""
-
-    def __init__(self, teacher: nn.Module, student: nn.Module, points: list[str]) -> None:
-        self.points, self.nets = points, (teacher, student)
-        self.outputs: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] = ({}, {})
-        self.handles: list[torch.utils.hooks.RemovableHandle] = []
-
-    def __enter__(self) -> "_FeatureMatch":
-        for net, store in zip(self.nets, self.outputs):
-            modules = dict(net.named_modules())
-            for name in self.points:
-                self.handles.append(modules[name].register_forward_hook(
-                    lambda _m, _i, out, name=name, store=store: store.__setitem__(name, out)))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-
-    def loss(self) -> torch.Tensor:
-        """Mean over the points of MSE(student, teacher) / Var(teacher) on the last forward of each net."""
-        teacher, student = self.outputs
-        terms = [F.mse_loss(student[n], teacher[n].detach()) / (teacher[n].detach().var() + 1e-12)
-                 for n in self.points]
-        return torch.stack(terms).mean()
-
-
-@torch.no_grad()
-def feature_points(teacher: nn.Module, student: nn.Module, names: list[str], probe: torch.Tensor
-                   ) -> tuple[list[str], dict[str, str]]:
-    """(points to match, {skipped point: reason}): the names present in both models whose outputs are single
-    tensors of equal shape on ``probe``."""
-    have = [dict(teacher.named_modules()), dict(student.named_modules())]
-    present = [n for n in names if n and all(n in h for h in have)]
-    skipped = {n: "not a submodule of both models" for n in names if n not in present}
-    if not present:
-        return [], skipped
-    with eval_mode(teacher), eval_mode(student), _FeatureMatch(teacher, student, present) as fm:
-        teacher(probe)
-        student(probe)
-    kept = []
-    for n in present:
-        t, s = fm.outputs[0].get(n), fm.outputs[1].get(n)
-        if not (isinstance(t, torch.Tensor) and isinstance(s, torch.Tensor)):
-            skipped[n] = "output is not a single tensor (or the module did not run)"
-        elif t.shape != s.shape:
-            skipped[n] = f"output shape differs ({tuple(t.shape)} vs {tuple(s.shape)})"
-        else:
-            kept.append(n)
-    return kept, skipped
-
-
 CACHE_LIMIT = 50_000_000
 """Largest number of teacher output values kept in memory for a whole split (beyond it, recomputed per batch)."""
 
@@ -194,7 +137,7 @@ def _teacher_outputs(teacher: nn.Module, data: Dataset, whole: int, gather: bool
         probe = call(teacher, data.x[:1])
     if probe.numel() * whole > CACHE_LIMIT:
         return None
-    if not gather or _world_size() == 1:
+    if not gather or world_size() == 1:
         return predict(teacher, data, 256)
     start, stop = shard_bounds(len(data))
     whole_out = torch.zeros((len(data), *probe.shape[1:]), dtype=torch.float64)
@@ -222,13 +165,7 @@ def _validate(teacher: nn.Module, student: nn.Module, val: Dataset, cfg: Recover
             outputs.append(call(student, xb))
             total += float(_loss(outputs[-1], ref, yb, cfg, features)) * len(xb)
             n += len(xb)
-    return _mean(total, n), torch.cat(outputs)
-
-
-def _mean(total: float, n: int) -> float:
-    """``total / n`` over all ranks (sums all-reduced under a process group)."""
-    total, n = all_reduce_sum(torch.tensor([total, n], dtype=torch.float64)).tolist()
-    return total / max(n, 1)
+    return mean_over_ranks(total, n), torch.cat(outputs)
 
 
 def _schedule(total_steps: int, warmup: float) -> Callable[[int], float]:
@@ -273,7 +210,7 @@ class _Tally:
         self.total, self.n = self.total + mean * n, self.n + n
 
     def mean(self) -> float:
-        return _mean(self.total, self.n)
+        return mean_over_ranks(self.total, self.n)
 
 
 RECALIBRATION_SAMPLES = 2048
@@ -343,21 +280,6 @@ def _epochs(n: int, cfg: RecoveryConfig, ranks: int = 1) -> Iterator[tuple[int, 
         yield epoch, (idx for idx in order.split(cfg.batch_size)[:min(left, per_epoch)] if len(idx) >= least)
 
 
-def _share(train: Dataset, idx: torch.Tensor, refs: torch.Tensor | None
-           ) -> tuple[Inputs, torch.Tensor | None, torch.Tensor | None, float]:
-    """This rank's contiguous share of the batch ``idx`` of ``train`` (all of it in one process): inputs, labels,
-    cached teacher outputs, and the loss weight share/batch × world, so that DistributedDataParallel's average of
-    the ranks' gradients is the gradient of the batch's mean loss."""
-    mine = shard(idx)
-    weight = len(mine) * _world_size() / len(idx)
-    return train.x[mine], None if train.y is None else train.y[mine], None if refs is None else refs[mine], weight
-
-
-def _world_size() -> int:
-    w = world()
-    return 1 if w is None else w[1]
-
-
 def _train_mode(model: nn.Module, freeze_batchnorm: bool) -> None:
     """Training mode; BatchNorm layers stay in eval mode (normalising by their running statistics) when frozen."""
     model.train()
@@ -365,96 +287,6 @@ def _train_mode(model: nn.Module, freeze_batchnorm: bool) -> None:
         for m in model.modules():
             if isinstance(m, _BatchNorm):
                 m.eval()
-
-
-def _parallel(student: nn.Module, probe: Inputs) -> nn.Module:
-    """``student`` in DistributedDataParallel under a process group (rank 0's weights and buffers broadcast, its
-    buffers again before each step's forward: a few small tensors, equal on every rank anyway since BatchNorm
-    statistics are frozen and averaged by the recalibration and fake-quantisation ranges agreed after each step;
-    gradients averaged), else itself."""
-    if _world_size() == 1:
-        return student
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(student, find_unused_parameters=_has_unused_parameters(student, probe))
-
-
-def _has_unused_parameters(model: nn.Module, probe: Inputs) -> bool:
-    """Whether a trainable parameter gets no gradient from the output (DDP must then look for them at each step)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    with torch.enable_grad(), eval_mode(model):
-        grads = torch.autograd.grad(call(model, probe).sum(), params, allow_unused=True)
-    return any(g is None for g in grads)
-
-
-def _agree_ranges(quant: FakeQuant | None) -> None:
-    """Under DDP, each fake-quantised layer's range becomes the union of the ranks' (least minimum, greatest
-    maximum). After calibration on the shards that is the exact range over all of them; after a step it is the
-    single-process moving average, since every rank moved from the same range towards its share's extremes (only
-    within the step each rank quantised with its own share's update)."""
-    if quant is None or _world_size() == 1:
-        return
-    lows, highs = quant.range_buffers()
-    both = all_reduce_max(torch.cat([-torch.stack(lows), torch.stack(highs)]).double())
-    for buf, value in zip(lows + highs, torch.cat([-both[:len(lows)], both[len(lows):]])):
-        buf.fill_(value)
-
-
-class _StopRequest:
-    """Under DDP, the first SIGINT on any rank ends the training on every rank after the same step: the handler
-    only records it, the ranks agree on it after each step (a max all-reduce), and a second SIGINT raises a
-    KeyboardInterrupt that aborts (``aborted``)."""
-
-    def __init__(self, active: bool) -> None:
-        self.active, self.requested, self.aborted, self.installed = active, False, False, False
-
-    def __enter__(self) -> "_StopRequest":
-        if self.active and threading.current_thread() is threading.main_thread():
-            self.saved, self.installed = signal.signal(signal.SIGINT, self._handle), True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.installed:
-            signal.signal(signal.SIGINT, self.saved)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.requested:
-            self.aborted = True
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def agreed(self) -> bool:
-        """Whether any rank was asked to stop (a collective under DDP: every rank calls it after every step)."""
-        if not self.active:
-            return False
-        return bool(all_reduce_max(torch.tensor([int(self.requested)], dtype=torch.int64)).item())
-
-
-@contextlib.contextmanager
-def _reported() -> Iterator[None]:
-    """Under a process group, log an exception with this rank's number before it propagates."""
-    try:
-        yield
-    except Exception as exc:
-        w = world()
-        if w is not None and w[1] > 1:
-            log.error("recovery failed on rank %d of %d: %s: %s; the other ranks fail at their next collective (at "
-                      "the latest after the process group's timeout)", w[0], w[1], type(exc).__name__, exc)
-        raise
-
-
-def _require_same_everywhere(data: Dataset, teacher: nn.Module) -> None:
-    """Under a process group, refuse different data or originals on the ranks (their shares would not tile one
-    dataset): sample counts and float64 checksums of the inputs and of the original's parameters are compared."""
-    if _world_size() == 1:
-        return
-    local = torch.tensor([len(data), sum(float(t.double().sum()) for t in args_of(data.x)),
-                          sum(float(p.double().sum()) for p in teacher.parameters())], dtype=torch.float64)
-    extremes = all_reduce_max(torch.cat([local, -local]))
-    if not torch.allclose(extremes[:3], -extremes[3:], rtol=1e-9, atol=0.0, equal_nan=True):
-        raise CompressionError("recovery under torch.distributed needs the same whole data and the same original "
-                               "model on every rank (each rank takes its share itself), but their sample counts or "
-                               "checksums differ; pass every rank all of the data")
 
 
 def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: RecoveryConfig,
@@ -470,7 +302,7 @@ def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: R
     and it trains data-parallel (see the module's notes); every rank ends with the same weights and result.
     """
     t0 = time.perf_counter()
-    with _reported():
+    with reported():
         result = _recover(original, compressed, data, config, state_points)
     result.wall_s = time.perf_counter() - t0
     return result
@@ -482,11 +314,11 @@ def _recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: 
     teacher = copy.deepcopy(original).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    _require_same_everywhere(data, teacher)
+    require_same_everywhere(data, teacher)
     train, val, same = recovery_split(data, config)
     config = _resolved(config, teacher, data, min(len(train), len(val)))
     val_part = shard(val)  # this rank's part of the held-out split (all of it in one process)
-    result = RecoveryResult(held_out_samples=len(val), held_out_is_training_data=same, world_size=_world_size(),
+    result = RecoveryResult(held_out_samples=len(val), held_out_is_training_data=same, world_size=world_size(),
                             batchnorm_frozen=bool(config.freeze_batchnorm) and config.enabled)
     val_refs = _teacher_outputs(teacher, val_part, len(val))  # for the metrics and the held-out objective alike
     reuse = config.enabled and config.int8 is None  # float training: its held-out passes give the student's outputs
@@ -530,7 +362,7 @@ def _resolved(config: RecoveryConfig, teacher: nn.Module, data: Dataset, smalles
     if config.enabled and config.alpha == 1.0 and data.y is None:
         raise CompressionError("--recover-alpha 1 trains on the labels alone and the data has none; lower it "
                                "(0 = distillation from the original, which needs inputs only)")
-    size = _world_size()
+    size = world_size()
     if size > 1 and config.freeze_batchnorm is False and config.enabled:
         raise CompressionError(f"recovery under torch.distributed ({size} ranks) freezes BatchNorm statistics "
                                "(SyncBatchNorm runs on GPUs only); leave freeze_batchnorm unset or True, or run in "
@@ -556,7 +388,7 @@ def _quantisation_aware(student: nn.Module, train: Dataset, cfg: RecoveryConfig,
         yield None
         return
     with fake_quant(student, cfg.int8, calibration=shard(train).inputs(256)) as fq:
-        _agree_ranges(fq)
+        agree_ranges(fq)
         yield fq
         result.activation_ranges = {name: asdict(r) for name, r in fq.ranges().items()}
     result.int8_target = cfg.int8
@@ -571,7 +403,7 @@ def _train(teacher: nn.Module, student: nn.Module, train: Dataset, val: Dataset,
     and with the weights kept (None where an interrupt came first)."""
     per_epoch = math.ceil(len(train) / cfg.batch_size)
     total = cfg.steps or cfg.epochs * per_epoch
-    net, writer = _parallel(student, train.x[:2]), is_writer()
+    net, writer = data_parallel(student, train.x[:2]), is_writer()
     opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(total, cfg.warmup))
     recalibration = _recalibration_set(train, cfg.seed)
@@ -579,7 +411,7 @@ def _train(teacher: nn.Module, student: nn.Module, train: Dataset, val: Dataset,
     report = _EpochReport(math.ceil(total / per_epoch), val, val_refs, cfg.task)
     best_loss, best_state = math.inf, copy.deepcopy(student.state_dict())
     outputs: list[torch.Tensor | None] = [None, None]  # before the first step, of the best epoch
-    with _StopRequest(_world_size() > 1 and cfg.catch_interrupt) as stop:
+    with StopRequest(world_size() > 1 and cfg.catch_interrupt) as stop:
         try:
             report.start()
             refs = None if features.points else _teacher_outputs(teacher, train, len(train), gather=True)
@@ -587,13 +419,13 @@ def _train(teacher: nn.Module, student: nn.Module, train: Dataset, val: Dataset,
             outputs[1] = outputs[0]
             if cfg.freeze_batchnorm:  # the statistics the steps normalise by: those of the starting weights
                 recalibrate_batchnorm(student, recalibration, cfg.batch_size)
-            for epoch, batches in _epochs(len(train), cfg, _world_size()):
+            for epoch, batches in _epochs(len(train), cfg, world_size()):
                 _train_mode(student, bool(cfg.freeze_batchnorm))
                 tally = _Tally()
                 for idx in batches:
-                    xb, yb, ref, weight = _share(train, idx, refs)
+                    xb, yb, ref, weight = rank_share(train, idx, refs)
                     _step(net, teacher, xb, yb, opt, sched, cfg, features, ref, weight, tally)
-                    _agree_ranges(quant)
+                    agree_ranges(quant)
                     result.steps += 1
                     result.samples_seen += len(idx)
                     _progress(result.steps, total)

@@ -198,7 +198,9 @@ def shifted_moments(layer: nn.modules.conv._ConvNd, x: torch.Tensor,
     (lexicographically) are computed; the others are transposes. Cost: about (2k−1)ⁿ/2 products of C×C over the
     input instead of one (Ckⁿ)² over the patches.
 
-    Returns:
+    Returns
+    -------
+    tuple[torch.Tensor, int]
         The sum, (1, fan_in, fan_in) in ``dtype`` in the column order of :func:`conv_patches`, and the number of
         patches summed.
     """
@@ -302,13 +304,18 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
                     memory_cap_bytes: int = 1 << 30, dtype: str = DEFAULT_STATS_DTYPE) -> dict[str, MomentStats]:
     """Uncentered second moments of each named layer's input rows over ``data`` (model in eval mode).
 
-    Args:
-        model: the model to run; ``layers`` are its submodules by qualified name.
-        batch_size: samples per forward pass.
-        memory_cap_bytes: bound on the extra memory held at once per layer (unfolded rows and their cast, or a
-            padded copy of the input).
-        dtype: precision of the per-chunk products XᵀX (default :data:`DEFAULT_STATS_DTYPE`; "float64" where an
-            identity is checked); accumulation across chunks is always float64.
+    Parameters
+    ----------
+    model : nn.Module
+        the model to run; ``layers`` are its submodules by qualified name.
+    batch_size : int
+        samples per forward pass.
+    memory_cap_bytes : int
+        bound on the extra memory held at once per layer (unfolded rows and their cast, or a
+        padded copy of the input).
+    dtype : str
+        precision of the per-chunk products XᵀX (default :data:`DEFAULT_STATS_DTYPE`; "float64" where an
+        identity is checked); accumulation across chunks is always float64.
 
     Under a process group each rank runs its :func:`~minreal.compress.core.distributed.shard` of ``data`` and the
     sums and counts are all-reduced (every rank must call this with the same arguments).

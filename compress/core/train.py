@@ -1,4 +1,9 @@
-"""Training and distillation loop shared by the methods that train (seeded, early stopping, progress)."""
+"""Training and distillation loop shared by the methods that train (seeded, early stopping, progress).
+
+References
+----------
+.. [1] Hinton et al. (2015), eq. 1–2: the distillation loss of :func:`distillation_loss` and its mix with the task loss.
+"""
 
 from __future__ import annotations
 

@@ -41,12 +41,18 @@ class Calibration:
     """Activation ranges ONNX Runtime's calibrator measured on one model (:func:`calibrate`), for static
     :func:`quantize_int8` to use instead of calibrating again.
 
-    Attributes:
-        ranges: ``onnxruntime.quantization.TensorsData``: tensor name → calibrated range (and histogram).
-        samples: calibration samples the ranges come from.
-        random: the samples were random (``QuantConfig.allow_random_calibration``).
-        method: ``QuantConfig.calibration_method`` used.
-        graph_sha256: SHA-256 of the pre-processed graph calibrated, to refuse the ranges for another model.
+    Attributes
+    ----------
+    ranges : Any
+        ``onnxruntime.quantization.TensorsData``: tensor name → calibrated range (and histogram).
+    samples : int
+        calibration samples the ranges come from.
+    random : bool
+        the samples were random (``QuantConfig.allow_random_calibration``).
+    method : str
+        ``QuantConfig.calibration_method`` used.
+    graph_sha256 : str
+        SHA-256 of the pre-processed graph calibrated, to refuse the ranges for another model.
     """
 
     ranges: Any
@@ -231,16 +237,24 @@ def calibrate(fp32_path: str | Path, calib: Calib | None = None, config: QuantCo
     """The activation ranges static :func:`quantize_int8` calibrates for ``fp32_path`` on ``calib``: pass them as its
     ``calibration`` to quantise the model many times (e.g. with different nodes left in float) calibrating once.
 
-    Args:
-        fp32_path: float model (not modified).
-        calib: calibration inputs, as for :func:`quantize_int8`.
-        config: options (static mode); the quantisations must use the same ``calibration_method``.
+    Parameters
+    ----------
+    fp32_path : str | Path
+        float model (not modified).
+    calib : Calib | None
+        calibration inputs, as for :func:`quantize_int8`.
+    config : QuantConfig | None
+        options (static mode); the quantisations must use the same ``calibration_method``.
 
-    Raises:
-        CalibrationError: no or ill-shaped calibration data.
-        ValueError: ``config`` is for dynamic mode (nothing is calibrated).
-        QuantizationError: ONNX Runtime could not calibrate the model, the model keeps its weights in external data,
-            or this ONNX Runtime cannot quantise with precomputed ranges (:func:`reusable_calibration`).
+    Raises
+    ------
+    CalibrationError
+        no or ill-shaped calibration data.
+    ValueError
+        ``config`` is for dynamic mode (nothing is calibrated).
+    QuantizationError
+        ONNX Runtime could not calibrate the model, the model keeps its weights in external data,
+        or this ONNX Runtime cannot quantise with precomputed ranges (:func:`reusable_calibration`).
     """
     config = (config or QuantConfig()).resolved()
     if config.mode != "static":

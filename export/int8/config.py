@@ -26,39 +26,54 @@ CALIBRATION_METHODS = {  # onnxruntime.quantization.CalibrationMethod members
 class QuantConfig:
     """Options of :func:`quantize_int8`.
 
-    Attributes:
-        mode: ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``quantize_dynamic``, no calibration).
-        target: one of :data:`QUANT_TARGETS`; picks the activation type, symmetry and weight range. ``"cpu"`` is
-            resolved to this machine's format (``"cpu-vnni"``, ``"cpu-avx2"`` or ``"arm64"``) by :meth:`resolved`, once,
-            at the entry of :func:`quantize_int8` and :func:`calibrate`; ``"arm64"`` is symmetric int8 activations for
-            ONNX Runtime's ARM64 kernels, on any machine.
-        activation_type: ``"uint8"`` or ``"int8"``; ``None`` follows the target.
-        activation_symmetric: symmetric activation ranges; ``None`` follows the target.
-        weight_type: ``"int8"`` (the default) or ``"uint8"`` (ONNX Runtime's U8U8, which does not saturate on x86
-            without VNNI but runs a slower kernel there; per-channel uint8 weights are centred on zero point 128).
-        reduce_range: 7-bit weights ([-64, 64]); ``None`` follows the target.
-        per_channel: per-output-channel weight scales.
-        calibration_method: ``"minmax"``, ``"entropy"`` or ``"percentile"``.
-        batch_size: calibration batch size.
-        allow_random_calibration: calibrate on standard-normal data when no data is given.
-        random_samples: number of random samples in that case.
-        seed: seed of the random calibration data.
-        drop_roundtrips: x86 CPU targets (``cpu``), static mode: leave in float the nodes that ONNX Runtime's
-            optimised CPU graph runs in float between a DequantizeLinear and a QuantizeLinear (no integer kernel:
-            Pad, ConvTranspose, a Conv with computed weights, ...) and quantise again, keeping an exclusion only
-            where it removes the dequantise/re-quantise pair and the result only if ORT's graph has fewer Q/DQ nodes
-            and no fewer integer kernels (:func:`drop_roundtrips`). ``arm64`` ignores it: it would change the file
-            on the strength of a graph optimised here, not on ARM. ORT's x86 graph of an arm64 file is built after
-            ``QDQS8ToU8Transformer`` (x86 only) and runs a ResNet's residual convolutions and additions in float
-            where ARM's fuses them into int8 kernels; the ARM graph built here (the one the result counts) still
-            has x86-only rewrites (NCHWc layouts).
-        align_channels: x86 CPU targets: widen every ungrouped convolution whose input channels are not a multiple
-            of 4 (an RGB stem) with zero channels, which changes no output and puts it on ONNX Runtime's fast int8
-            kernel (:func:`minreal.export.qdq_channels.align_conv_inputs`); other targets (``arm64``, ``tensorrt``), and
-            quantising on an ARM
-            machine, ignore it. A trained range of a widened layer's input holds for the ``Pad`` before it too. On by
-            default: the CIFAR ResNet-32's INT8 file ran 0.982x / 0.960x as long at batch 1 / 32 with it, lower in
-            18 and 20 of 20 processes, with bit-identical outputs (``benchmarks/int8_align.json``, AVX-512 VNNI).
+    Attributes
+    ----------
+    mode : str
+        ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``quantize_dynamic``, no calibration).
+    target : str
+        one of :data:`QUANT_TARGETS`; picks the activation type, symmetry and weight range. ``"cpu"`` is
+        resolved to this machine's format (``"cpu-vnni"``, ``"cpu-avx2"`` or ``"arm64"``) by :meth:`resolved`, once,
+        at the entry of :func:`quantize_int8` and :func:`calibrate`; ``"arm64"`` is symmetric int8 activations for
+        ONNX Runtime's ARM64 kernels, on any machine.
+    activation_type : str | None
+        ``"uint8"`` or ``"int8"``; ``None`` follows the target.
+    activation_symmetric : bool | None
+        symmetric activation ranges; ``None`` follows the target.
+    weight_type : str
+        ``"int8"`` (the default) or ``"uint8"`` (ONNX Runtime's U8U8, which does not saturate on x86
+        without VNNI but runs a slower kernel there; per-channel uint8 weights are centred on zero point 128).
+    reduce_range : bool | None
+        7-bit weights ([-64, 64]); ``None`` follows the target.
+    per_channel : bool
+        per-output-channel weight scales.
+    calibration_method : str
+        ``"minmax"``, ``"entropy"`` or ``"percentile"``.
+    batch_size : int
+        calibration batch size.
+    allow_random_calibration : bool
+        calibrate on standard-normal data when no data is given.
+    random_samples : int
+        number of random samples in that case.
+    seed : int
+        seed of the random calibration data.
+    drop_roundtrips : bool
+        x86 CPU targets (``cpu``), static mode: leave in float the nodes that ONNX Runtime's
+        optimised CPU graph runs in float between a DequantizeLinear and a QuantizeLinear (no integer kernel:
+        Pad, ConvTranspose, a Conv with computed weights, ...) and quantise again, keeping an exclusion only
+        where it removes the dequantise/re-quantise pair and the result only if ORT's graph has fewer Q/DQ nodes
+        and no fewer integer kernels (:func:`drop_roundtrips`). ``arm64`` ignores it: it would change the file
+        on the strength of a graph optimised here, not on ARM. ORT's x86 graph of an arm64 file is built after
+        ``QDQS8ToU8Transformer`` (x86 only) and runs a ResNet's residual convolutions and additions in float
+        where ARM's fuses them into int8 kernels; the ARM graph built here (the one the result counts) still
+        has x86-only rewrites (NCHWc layouts).
+    align_channels : bool
+        x86 CPU targets: widen every ungrouped convolution whose input channels are not a multiple
+        of 4 (an RGB stem) with zero channels, which changes no output and puts it on ONNX Runtime's fast int8
+        kernel (:func:`minreal.export.qdq_channels.align_conv_inputs`); other targets (``arm64``, ``tensorrt``), and
+        quantising on an ARM
+        machine, ignore it. A trained range of a widened layer's input holds for the ``Pad`` before it too. On by
+        default: the CIFAR ResNet-32's INT8 file ran 0.982x / 0.960x as long at batch 1 / 32 with it, lower in
+        18 and 20 of 20 processes, with bit-identical outputs (``benchmarks/int8_align.json``, AVX-512 VNNI).
     """
 
     mode: str = QUANT_MODES[0]
@@ -98,9 +113,11 @@ class QuantConfig:
     def target_defaults(self) -> TargetFormat:
         """The defaults of this config's explicit target (:data:`~minreal.export.int8.target.TARGETS`).
 
-        Raises:
-            ValueError: the target is ``cpu``, not yet resolved (:meth:`resolved`, at the entry of
-                :func:`~minreal.export.int8.quantize_int8` and :func:`~minreal.export.int8.calibrate`).
+        Raises
+        ------
+        ValueError
+            the target is ``cpu``, not yet resolved (:meth:`resolved`, at the entry of
+            :func:`~minreal.export.int8.quantize_int8` and :func:`~minreal.export.int8.calibrate`).
         """
         if self.target not in TARGETS:
             raise ValueError(f"QuantConfig.target={self.target!r} is not resolved for this machine; "
@@ -138,48 +155,78 @@ def target_format(target: str) -> str:
 class QuantResult:
     """What :func:`quantize_int8` wrote.
 
-    Attributes:
-        fp32_path: the float model (not modified).
-        out_path: the quantised model.
-        mode: ``"static"`` or ``"dynamic"``.
-        target: the explicit target written (``"cpu-vnni"``, ``"cpu-avx2"``, ``"arm64"`` or ``"tensorrt"``).
-        requested_target: the target asked for (``"cpu"`` is resolved for this machine into ``target``).
-        quant_format: ``"QDQ"`` (static) or ``"QOperator"`` (dynamic: integer ops written directly).
-        activation_type: ``"uint8"`` or ``"int8"`` (dynamic mode: ``"uint8"``, computed at run time).
-        activation_symmetric: symmetric activation ranges.
-        weight_type: ``"int8"`` (symmetric) or ``"uint8"`` (U8U8; per-channel weights centred on zero point 128).
-        weight_bits: 8, or 7 for reduced-range weights ([-64, 64]).
-        saturates_here: this file's format can saturate in ONNX Runtime's CPU kernels on the machine that
-            quantised it (8-bit int8 weights on x86 without VNNI): its accuracy measured here is not what a VNNI
-            CPU gets, and a saturation-free target (``cpu-avx2``) is the remedy. For ``arm64`` and ``tensorrt``
-            files it only says the accuracy measured here understates their device's.
-        per_channel: per-channel weight scales.
-        quantized_bias: biases stored as int32 behind a DequantizeLinear (``False``: float biases).
-        calibration_samples: samples used for calibration (0 in dynamic mode).
-        random_calibration: calibrated on random data (``allow_random_calibration``).
-        preprocess_note: ``None`` if ``quant_pre_process`` ran fully, else what was skipped and why.
-        node_counts: op type → count in the written graph.
-        optimized_ops: op type → count in the ORT-optimised CPU graph (``domain:op`` outside ai.onnx); for
-            ``arm64`` the graph ONNX Runtime builds for ARM (:data:`minreal.runtime_bench.cpu.ARM_GRAPH_CONFIG`).
-        integer_kernels: Conv/MatMul/Gemm nodes running as integer kernels in that graph.
-        float_kernels: Conv/MatMul/Gemm nodes still in floating point in that graph.
-        size_fp32_bytes: size of the float file.
-        size_int8_bytes: size of the quantised file.
-        excluded_nodes: nodes left in float: those whose weights are computed in the graph (e.g. an SSM's
-            generated convolution kernel; quantising them only adds Q/DQ work), then the caller's ``exclude``.
-        range_source: ``"trained"`` when some activation scales came from quantisation-aware recovery,
-            else ``"calibrated"``.
-        trained_ranges: layer-input tensors whose written scale and zero point are the trained ones.
-        untrained_modules: modules whose trained range could not be placed in the graph (calibrated instead).
-        float_roundtrips: op type → nodes of the ORT-optimised CPU graph that run in float between a
-            DequantizeLinear and a QuantizeLinear (:func:`minreal.runtime_bench.model_info.float_roundtrips`): each
-            costs a dequantise and a re-quantise with nothing gained, the usual reason an INT8 file is slower than fp32.
-        nonfinite_nodes: nodes left in float because calibration gave a tensor they read or write a scale that is
-            not finite (e.g. a 0/-inf attention mask and the masked scores): quantised, such a tensor flattens
-            everything downstream. Also listed in ``excluded_nodes``.
-        roundtrip_nodes: nodes left in float by ``QuantConfig.drop_roundtrips`` (a first quantisation ran them in
-            float between a dequantise and a re-quantise); also listed in ``excluded_nodes``. ``float_roundtrips``
-            counts what is left after that.
+    Attributes
+    ----------
+    fp32_path : str
+        the float model (not modified).
+    out_path : str
+        the quantised model.
+    mode : str
+        ``"static"`` or ``"dynamic"``.
+    target : str
+        the explicit target written (``"cpu-vnni"``, ``"cpu-avx2"``, ``"arm64"`` or ``"tensorrt"``).
+    requested_target : str
+        the target asked for (``"cpu"`` is resolved for this machine into ``target``).
+    quant_format : str
+        ``"QDQ"`` (static) or ``"QOperator"`` (dynamic: integer ops written directly).
+    activation_type : str
+        ``"uint8"`` or ``"int8"`` (dynamic mode: ``"uint8"``, computed at run time).
+    activation_symmetric : bool
+        symmetric activation ranges.
+    weight_type : str
+        ``"int8"`` (symmetric) or ``"uint8"`` (U8U8; per-channel weights centred on zero point 128).
+    weight_bits : int
+        8, or 7 for reduced-range weights ([-64, 64]).
+    saturates_here : bool
+        this file's format can saturate in ONNX Runtime's CPU kernels on the machine that
+        quantised it (8-bit int8 weights on x86 without VNNI): its accuracy measured here is not what a VNNI
+        CPU gets, and a saturation-free target (``cpu-avx2``) is the remedy. For ``arm64`` and ``tensorrt``
+        files it only says the accuracy measured here understates their device's.
+    per_channel : bool
+        per-channel weight scales.
+    quantized_bias : bool
+        biases stored as int32 behind a DequantizeLinear (``False``: float biases).
+    calibration_samples : int
+        samples used for calibration (0 in dynamic mode).
+    random_calibration : bool
+        calibrated on random data (``allow_random_calibration``).
+    preprocess_note : str | None
+        ``None`` if ``quant_pre_process`` ran fully, else what was skipped and why.
+    node_counts : dict[str, int]
+        op type → count in the written graph.
+    optimized_ops : dict[str, int]
+        op type → count in the ORT-optimised CPU graph (``domain:op`` outside ai.onnx); for
+        ``arm64`` the graph ONNX Runtime builds for ARM (:data:`minreal.runtime_bench.cpu.ARM_GRAPH_CONFIG`).
+    integer_kernels : int
+        Conv/MatMul/Gemm nodes running as integer kernels in that graph.
+    float_kernels : int
+        Conv/MatMul/Gemm nodes still in floating point in that graph.
+    size_fp32_bytes : int
+        size of the float file.
+    size_int8_bytes : int
+        size of the quantised file.
+    excluded_nodes : list[str]
+        nodes left in float: those whose weights are computed in the graph (e.g. an SSM's
+        generated convolution kernel; quantising them only adds Q/DQ work), then the caller's ``exclude``.
+    range_source : str
+        ``"trained"`` when some activation scales came from quantisation-aware recovery,
+        else ``"calibrated"``.
+    trained_ranges : int
+        layer-input tensors whose written scale and zero point are the trained ones.
+    untrained_modules : list[str]
+        modules whose trained range could not be placed in the graph (calibrated instead).
+    float_roundtrips : dict[str, int]
+        op type → nodes of the ORT-optimised CPU graph that run in float between a
+        DequantizeLinear and a QuantizeLinear (:func:`minreal.runtime_bench.model_info.float_roundtrips`): each
+        costs a dequantise and a re-quantise with nothing gained, the usual reason an INT8 file is slower than fp32.
+    nonfinite_nodes : list[str]
+        nodes left in float because calibration gave a tensor they read or write a scale that is
+        not finite (e.g. a 0/-inf attention mask and the masked scores): quantised, such a tensor flattens
+        everything downstream. Also listed in ``excluded_nodes``.
+    roundtrip_nodes : list[str]
+        nodes left in float by ``QuantConfig.drop_roundtrips`` (a first quantisation ran them in
+        float between a dequantise and a re-quantise); also listed in ``excluded_nodes``. ``float_roundtrips``
+        counts what is left after that.
     """
 
     fp32_path: str

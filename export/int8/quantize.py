@@ -73,34 +73,49 @@ def quantize_int8(
 ) -> QuantResult:
     """Quantise a float ONNX model to INT8 with ONNX Runtime and count its integer kernels.
 
-    Args:
-        fp32_path: float model (not modified).
-        out_path: destination (must differ from ``fp32_path``); written atomically.
-        calib: calibration inputs, batch along axis 0 (static mode): one array, or arrays by graph input name
-            for several inputs (integer inputs such as token ids feed the calibration as they are; only float
-            tensors get ranges). ``None`` is refused unless ``config.allow_random_calibration`` (and every input
-            is float).
-        config: options; default :class:`QuantConfig` (static, cpu target).
-        activation_ranges: trained input ranges by module name (a recovery's ``activation_ranges``: ``scale``,
-            ``zero_point``, ``dtype``, ``symmetric``); their layers' input tensors get exactly these parameters,
-            all other tensors are calibrated on ``calib``.
-        weights: module name → weight array, to find a module whose initializer the exporter renamed.
-        exclude: nodes to leave in float, named as in the pre-processed graph (:func:`quantizable_nodes`);
-            added to those whose weights the graph computes.
-        calibration: ranges from :func:`calibrate` of this model with this config's ``calibration_method`` (static
-            mode): used instead of calibrating, for the same file; ``calib`` is then not read.
+    Parameters
+    ----------
+    fp32_path : str | Path
+        float model (not modified).
+    out_path : str | Path
+        destination (must differ from ``fp32_path``); written atomically.
+    calib : Calib | None
+        calibration inputs, batch along axis 0 (static mode): one array, or arrays by graph input name
+        for several inputs (integer inputs such as token ids feed the calibration as they are; only float
+        tensors get ranges). ``None`` is refused unless ``config.allow_random_calibration`` (and every input
+        is float).
+    config : QuantConfig | None
+        options; default :class:`QuantConfig` (static, cpu target).
+    activation_ranges : Mapping[str, Mapping[str, Any]] | None
+        trained input ranges by module name (a recovery's ``activation_ranges``: ``scale``,
+        ``zero_point``, ``dtype``, ``symmetric``); their layers' input tensors get exactly these parameters,
+        all other tensors are calibrated on ``calib``.
+    weights : Mapping[str, np.ndarray] | None
+        module name → weight array, to find a module whose initializer the exporter renamed.
+    exclude : Sequence[str]
+        nodes to leave in float, named as in the pre-processed graph (:func:`quantizable_nodes`);
+        added to those whose weights the graph computes.
+    calibration : Calibration | None
+        ranges from :func:`calibrate` of this model with this config's ``calibration_method`` (static
+        mode): used instead of calibrating, for the same file; ``calib`` is then not read.
 
-    Returns:
+    Returns
+    -------
+    QuantResult
         A :class:`QuantResult`.
 
-    Raises:
-        CalibrationError: no or ill-shaped calibration data.
-        ValueError: ``exclude`` names a node that is not in the pre-processed graph, or ``calibration`` is of
-            another graph or calibration method, or given in dynamic mode.
-        QuantizationError: ONNX Runtime could not quantise the model, the trained ranges are for another
-            activation format (or for dynamic mode), the model keeps its weights in external data
-            (:func:`int8_skip_reason`), or ``calibration`` is given to an ONNX Runtime that cannot use it
-            (:func:`reusable_calibration`).
+    Raises
+    ------
+    CalibrationError
+        no or ill-shaped calibration data.
+    ValueError
+        ``exclude`` names a node that is not in the pre-processed graph, or ``calibration`` is of
+        another graph or calibration method, or given in dynamic mode.
+    QuantizationError
+        ONNX Runtime could not quantise the model, the trained ranges are for another
+        activation format (or for dynamic mode), the model keeps its weights in external data
+        (:func:`int8_skip_reason`), or ``calibration`` is given to an ONNX Runtime that cannot use it
+        (:func:`reusable_calibration`).
     """
     requested = (config or QuantConfig()).target
     config = (config or QuantConfig()).resolved()

@@ -29,6 +29,15 @@ Each target picks the activation type, its symmetry, whether biases are int32 an
   in float (``QuantizeBias=False``): what TensorRT's explicit-quantisation mode expects.
 
 No onnx or onnxruntime here: the command line resolves a target before it imports either.
+
+References
+----------
+.. [1] ONNX Runtime, ``docs/performance/model-optimizations/quantization.md``: S8S8 in QDQ "the first choice" and U8S8
+       saturation on x86 without VNNI.
+.. [2] ONNX Runtime, ``core/mlas/lib/convsym.cpp`` (``MlasConvSymS8DispatchNeon``, ``FixupInputZeroPoint``) and
+       ``core/mlas/lib/platform.cpp`` (``MlasGemmS8S8DispatchSdot``): ARM64's int8 kernels.
+.. [3] ONNX Runtime, ``qdq_selector_action_transformer.h`` (``QDQIsInt8Allowed()``), ``QDQS8ToU8Transformer`` and
+       ``ReluQuantFusion``: how x86 and ARM graphs treat int8 Q/DQ.
 """
 
 from __future__ import annotations

@@ -64,11 +64,15 @@ MIN_EVAL_SAMPLES = 2  # parity is verified at two batch sizes
 class LoadedData:
     """Calibration (and training) data, held-out evaluation data, and a one-line account of both.
 
-    Attributes:
-        calib: samples handed to compression methods.
-        evaluation: held-out samples used to measure what compression changed (None when nothing is
-            held out).
-        source: where both came from (for reports), e.g. ``"digits (seed 0, 25% held out)"``.
+    Attributes
+    ----------
+    calib : Dataset
+        samples handed to compression methods.
+    evaluation : Dataset | None
+        held-out samples used to measure what compression changed (None when nothing is
+        held out).
+    source : str
+        where both came from (for reports), e.g. ``"digits (seed 0, 25% held out)"``.
     """
 
     calib: Dataset
@@ -399,20 +403,29 @@ def load_dataset(spec: str, *, seed: int = 0, input_shape: tuple[int, ...] | Non
                  preprocess: ImagePreprocess | None = None) -> Dataset:
     """Every sample one data spec names (no split).
 
-    Args:
-        spec: ``digits``/``digits-flat``/``digits-seq``/``digits32``, a ``.npz``/``.npy`` file, an image folder,
-            or ``file.py:fn``/``package.module:fn``.
-        seed: picks the subset when an image folder or batch iterable is capped.
-        input_shape: reshape every sample to this shape (e.g. ``(1, 8, 8)``); sample count unchanged.
-        image_size: without ``preprocess``, image folders are resized and centre-cropped to ``image_size`` ×
-            ``image_size`` and ImageNet-normalised (with a warning when that upscales every image ≥ 2×).
-        max_samples: cap for image folders and batch iterables (arrays already in memory are not capped).
-        preprocess: how image folders become inputs (size, resize, mean, std); other specs ignore it (see
-            :func:`require_image_folder`).
+    Parameters
+    ----------
+    spec : str
+        ``digits``/``digits-flat``/``digits-seq``/``digits32``, a ``.npz``/``.npy`` file, an image folder,
+        or ``file.py:fn``/``package.module:fn``.
+    seed : int
+        picks the subset when an image folder or batch iterable is capped.
+    input_shape : tuple[int, ...] | None
+        reshape every sample to this shape (e.g. ``(1, 8, 8)``); sample count unchanged.
+    image_size : int
+        without ``preprocess``, image folders are resized and centre-cropped to ``image_size`` ×
+        ``image_size`` and ImageNet-normalised (with a warning when that upscales every image ≥ 2×).
+    max_samples : int
+        cap for image folders and batch iterables (arrays already in memory are not capped).
+    preprocess : ImagePreprocess | None
+        how image folders become inputs (size, resize, mean, std); other specs ignore it (see
+        :func:`require_image_folder`).
 
-    Raises:
-        SpecError: the data cannot be loaded or fails validation (empty, NaN/inf, non-numeric, labels
-            of the wrong length); the message names the file or spec and the array key.
+    Raises
+    ------
+    SpecError
+        the data cannot be loaded or fails validation (empty, NaN/inf, non-numeric, labels
+        of the wrong length); the message names the file or spec and the array key.
     """
     target = _parse_callable(spec)
     if spec in BUILTIN_DATA:
@@ -467,22 +480,32 @@ def load_data(spec: str, *, eval_spec: str | None = None, eval_fraction: float =
               max_samples: int = 2048, preprocess: ImagePreprocess | None = None) -> LoadedData:
     """Calibration and evaluation data from one spec (seeded split) or two specs.
 
-    Args:
-        spec: the calibration data (see :func:`load_dataset`); without ``eval_spec`` a seeded
-            ``eval_fraction`` of it is held out (the built-in digits use ``minreal.compress.datasets.digits``'s split).
-        eval_spec: separate evaluation data; then all of ``spec`` is calibration data.
-        eval_fraction: share held out when ``eval_spec`` is None, in [0, 1); 0 holds nothing out (all of
-            ``spec`` is calibration data and ``evaluation`` is None).
-        seed: seed of the split (and of capped subsets).
-        input_shape, image_size, max_samples, preprocess: as in :func:`load_dataset`, applied to both parts;
-            ``preprocess`` when neither part is an image folder is an error.
+    Parameters
+    ----------
+    spec : str
+        the calibration data (see :func:`load_dataset`); without ``eval_spec`` a seeded
+        ``eval_fraction`` of it is held out (the built-in digits use ``minreal.compress.datasets.digits``'s split).
+    eval_spec : str | None
+        separate evaluation data; then all of ``spec`` is calibration data.
+    eval_fraction : float
+        share held out when ``eval_spec`` is None, in [0, 1); 0 holds nothing out (all of
+        ``spec`` is calibration data and ``evaluation`` is None).
+    seed : int
+        seed of the split (and of capped subsets).
+    input_shape, image_size, max_samples, preprocess
+        as in :func:`load_dataset`, applied to both parts;
+        ``preprocess`` when neither part is an image folder is an error.
 
-    Returns:
+    Returns
+    -------
+    LoadedData
         :class:`LoadedData` with ``calib``, ``evaluation`` and a ``source`` line.
 
-    Raises:
-        SpecError: as :func:`load_dataset`, when the two parts disagree in per-sample shape, or when the
-            evaluation data has fewer than :data:`MIN_EVAL_SAMPLES` samples.
+    Raises
+    ------
+    SpecError
+        as :func:`load_dataset`, when the two parts disagree in per-sample shape, or when the
+        evaluation data has fewer than :data:`MIN_EVAL_SAMPLES` samples.
     """
     require_image_folder(preprocess, spec, eval_spec)
     options = {"seed": seed, "image_size": image_size, "max_samples": max_samples, "preprocess": preprocess}

@@ -48,16 +48,25 @@ class DataMismatchError(SpecError):
 class DataCheck:
     """The original model's accuracy on labelled data against chance (``report.json``: ``data_check``).
 
-    Attributes:
-        verdict: ``match``, ``near_chance``, ``inconclusive`` (too few samples to tell) or ``skipped``.
-        reason: why the check was skipped or inconclusive.
-        data: the parts measured (``calibration``, ``evaluation``).
-        samples: labelled samples the original was run on.
-        num_classes: width of the model's output.
-        accuracy, chance, threshold: the original's accuracy, chance level and the highest accuracy counted as
-            chance (fractions in [0, 1]).
-        labels_out_of_range: labels that no output of the model can predict (negative or >= num_classes).
-        allowed: near chance, and the command went on because ``--allow-data-mismatch`` was given.
+    Attributes
+    ----------
+    verdict : str
+        ``match``, ``near_chance``, ``inconclusive`` (too few samples to tell) or ``skipped``.
+    reason : str
+        why the check was skipped or inconclusive.
+    data : list[str]
+        the parts measured (``calibration``, ``evaluation``).
+    samples : int
+        labelled samples the original was run on.
+    num_classes : int
+        width of the model's output.
+    accuracy, chance, threshold : float | None
+        the original's accuracy, chance level and the highest accuracy counted as
+        chance (fractions in [0, 1]).
+    labels_out_of_range : int
+        labels that no output of the model can predict (negative or >= num_classes).
+    allowed : bool
+        near chance, and the command went on because ``--allow-data-mismatch`` was given.
     """
 
     verdict: str
@@ -159,8 +168,10 @@ def check_data(model: nn.Module, parts: Mapping[str, Dataset | None], max_sample
 def require_match(check: DataCheck, allow: bool) -> DataCheck:
     """``check`` as it is, or marked ``allowed`` when near chance and ``allow``; near chance otherwise raises.
 
-    Raises:
-        DataMismatchError: the accuracy is near chance and ``allow`` is False (one line, naming the way out).
+    Raises
+    ------
+    DataMismatchError
+        the accuracy is near chance and ``allow`` is False (one line, naming the way out).
     """
     if not check.near_chance:
         return check

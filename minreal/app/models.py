@@ -348,23 +348,32 @@ def load_model(spec: str, weights: str | Path | None = None, trust_pickle: bool 
                num_classes: int | None = None) -> nn.Module:
     """Build or load the model a spec names, on CPU and in eval mode.
 
-    Args:
-        spec: a built-in architecture name (``"resnet20_cifar"``, see :data:`BUILTIN_MODELS`), a torchvision
-            architecture name (``"resnet18"``), ``path/to/file.py:factory``,
-            ``package.module:factory``, a ``torch.export`` program ``*.pt2``, or a pickled module
-            ``*.pt``/``*.pth`` (only with ``trust_pickle``).
-        weights: a local state-dict file (``torch.save(model.state_dict(), path)``) loaded with
-            ``weights_only=True`` into a built-in, torchvision or factory's model; keys and shapes must match
-            as ``load_state_dict`` would accept them (old checkpoints without BatchNorm's ``num_batches_tracked``
-            included).
-        trust_pickle: allow unpickling a whole module from ``*.pt``/``*.pth`` (can run arbitrary code).
-        num_classes: passed as ``num_classes=`` to the built-in or torchvision builder or the factory.
+    Parameters
+    ----------
+    spec : str
+        a built-in architecture name (``"resnet20_cifar"``, see :data:`BUILTIN_MODELS`), a torchvision
+        architecture name (``"resnet18"``), ``path/to/file.py:factory``,
+        ``package.module:factory``, a ``torch.export`` program ``*.pt2``, or a pickled module
+        ``*.pt``/``*.pth`` (only with ``trust_pickle``).
+    weights : str | Path | None
+        a local state-dict file (``torch.save(model.state_dict(), path)``) loaded with
+        ``weights_only=True`` into a built-in, torchvision or factory's model; keys and shapes must match
+        as ``load_state_dict`` would accept them (old checkpoints without BatchNorm's ``num_batches_tracked``
+        included).
+    trust_pickle : bool
+        allow unpickling a whole module from ``*.pt``/``*.pth`` (can run arbitrary code).
+    num_classes : int | None
+        passed as ``num_classes=`` to the built-in or torchvision builder or the factory.
 
-    Returns:
+    Returns
+    -------
+    nn.Module
         The model. A ``.pt2`` program keeps the mode it was exported in; its ``eval()`` only sets the flag.
 
-    Raises:
-        SpecError: the spec, weights or file cannot be used; the message names it and what to do.
+    Raises
+    ------
+    SpecError
+        the spec, weights or file cannot be used; the message names it and what to do.
     """
     target = _parse_callable(spec)
     is_file = target is None and (_looks_like_path(spec) or Path(spec).exists())
@@ -421,9 +430,11 @@ def align_inputs(model: nn.Module, x: Inputs, model_spec: str = "model", data_sp
     The names must be the first parameters of ``forward`` in some order (later parameters keep their defaults).
     One tensor, or a model whose parameters cannot be read, is returned unchanged.
 
-    Raises:
-        SpecError: a name that is not a ``forward`` parameter, or a gap (a parameter before a given one is
-            missing), naming the parameters ``forward`` takes.
+    Raises
+    ------
+    SpecError
+        a name that is not a ``forward`` parameter, or a gap (a parameter before a given one is
+        missing), naming the parameters ``forward`` takes.
     """
     params = forward_parameters(model)
     if isinstance(model, PackedInputs):
@@ -459,9 +470,11 @@ def _required_parameters(model: nn.Module) -> list[str]:
 def check_input_shape(model: nn.Module, x: Inputs, model_spec: str = "model", data_spec: str = "the data") -> Any:
     """Run ``model`` on the first two samples of ``x`` and return its output, which must be finite.
 
-    Raises:
-        SpecError: ``"<model_spec>: model forward failed on input of shape (2, 1, 8, 8): <cause>"``, or the
-            outputs are NaN/inf (the data overflows inside the model).
+    Raises
+    ------
+    SpecError
+        ``"<model_spec>: model forward failed on input of shape (2, 1, 8, 8): <cause>"``, or the
+        outputs are NaN/inf (the data overflows inside the model).
     """
     batch = x[:2]
     try:

@@ -222,8 +222,10 @@ def _data_check(case: RunCase, cfg: PipelineConfig, progress: Progress) -> tuple
     """The original's accuracy on the case's labelled data against chance, and the warning when it is near chance
     and ``cfg.allow_data_mismatch`` let the run go on.
 
-    Raises:
-        DataMismatchError: near chance, and not allowed.
+    Raises
+    ------
+    DataMismatchError
+        near chance, and not allowed.
     """
     check = require_match(check_data(case.model, {"evaluation": case.test, "calibration": case.train}),
                           cfg.allow_data_mismatch)

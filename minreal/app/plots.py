@@ -302,8 +302,10 @@ def plot_front(points: Sequence[PlotPoint], path: str | Path, title: str | None 
     model ringed and in bold, the Pareto front as a dashed step line, and a log axis where values span a
     decade or more. The figure grows with the number of panels.
 
-    Raises:
-        ValueError: a point has an unknown role or quality measure, or a panel mixes measures.
+    Raises
+    ------
+    ValueError
+        a point has an unknown role or quality measure, or a panel mixes measures.
     """
     import matplotlib
 

@@ -32,13 +32,19 @@ class ImagePreprocess:
     """Resize the short side to ``resize`` (None: the crop's larger side), centre-crop to ``size`` (height,
     width), scale to [0, 1] and normalise each RGB channel as ``(x - mean) / std``.
 
-    Attributes:
-        size: the crop, ``(height, width)``; the model's input is ``(3, *size)``.
-        resize: short side before the crop (torchvision presets: 256 for a 224 crop); None resizes to the
-            crop's larger side, so an image already of that size is left as it is.
-        mean, std: per-channel statistics (R, G, B) of the data the model was trained on.
-        interpolation: ``nearest``, ``bilinear`` or ``bicubic`` (of the resize).
-        source: where these values came from (``default``, ``options``, or a weights entry's name).
+    Attributes
+    ----------
+    size : tuple[int, int]
+        the crop, ``(height, width)``; the model's input is ``(3, *size)``.
+    resize : int | None
+        short side before the crop (torchvision presets: 256 for a 224 crop); None resizes to the
+        crop's larger side, so an image already of that size is left as it is.
+    mean, std : tuple[float, float, float]
+        per-channel statistics (R, G, B) of the data the model was trained on.
+    interpolation : str
+        ``nearest``, ``bilinear`` or ``bicubic`` (of the resize).
+    source : str
+        where these values came from (``default``, ``options``, or a weights entry's name).
     """
 
     size: tuple[int, int] = (224, 224)
@@ -123,8 +129,10 @@ def weights_preprocess(entry: str) -> ImagePreprocess:
     """The preprocessing of torchvision weights ``entry`` (e.g. ``ResNet18_Weights.IMAGENET1K_V1``): its
     ``transforms()`` preset's crop, resize, mean, std and interpolation; the weights are not downloaded.
 
-    Raises:
-        SpecError: unknown entry (with close matches), or an entry whose preset is not image classification.
+    Raises
+    ------
+    SpecError
+        unknown entry (with close matches), or an entry whose preset is not image classification.
     """
     from torchvision.models import get_weight
     from torchvision.transforms._presets import ImageClassification

@@ -36,10 +36,14 @@ DTYPES: dict[str, torch.dtype] = {
 class InputShapes:
     """What ``--input-shape`` said.
 
-    Attributes:
-        per_sample: the unnamed form's per-sample shape (``None`` when inputs are named).
-        named: input name → (full shape with batch, dtype), in the order given (first occurrence).
-        dynamic: axes that differ between repeated shapes of one input (:func:`merge_axes` form).
+    Attributes
+    ----------
+    per_sample : tuple[int, ...] | None
+        the unnamed form's per-sample shape (``None`` when inputs are named).
+    named : dict[str, tuple[tuple[int, ...], torch.dtype]]
+        input name → (full shape with batch, dtype), in the order given (first occurrence).
+    dynamic : dict[str, dict[int, str]]
+        axes that differ between repeated shapes of one input (:func:`merge_axes` form).
     """
 
     per_sample: tuple[int, ...] | None = None
@@ -70,9 +74,11 @@ def _named_shape(value: str) -> tuple[str, tuple[int, ...], torch.dtype]:
 def parse_input_shapes(values: Sequence[str]) -> InputShapes:
     """Parse every ``--input-shape`` (see the module docstring).
 
-    Raises:
-        ValueError: a malformed value, an unnamed shape mixed with named ones or given twice, or one input given
-            two dtypes or ranks; the message quotes the value.
+    Raises
+    ------
+    ValueError
+        a malformed value, an unnamed shape mixed with named ones or given twice, or one input given
+        two dtypes or ranks; the message quotes the value.
     """
     unnamed = [v for v in values if ":" not in v]
     if unnamed and (len(unnamed) > 1 or len(values) > 1):
@@ -104,8 +110,10 @@ def _axis_name(axis: int, rank: int) -> str:
 def parse_dynamic_axes(values: Sequence[str]) -> dict[str, dict[int, str]]:
     """``NAME:ax0,ax1,...`` per value → ``{name: {axis: dim name}}``; ``_`` (or empty) keeps an axis fixed.
 
-    Raises:
-        ValueError: a malformed value, a dimension name that is not an identifier, or an input named twice.
+    Raises
+    ------
+    ValueError
+        a malformed value, a dimension name that is not an identifier, or an input named twice.
     """
     out: dict[str, dict[int, str]] = {}
     for value in values:
@@ -187,8 +195,10 @@ def check_shape_names(x: Inputs, axes: Mapping[str, Mapping[int, str]], fixed: o
     """Refuse, before any export, ``--dynamic-axes`` or ``--fixed-shapes`` entries naming an input the model does
     not take or a dimension no input has (``fixed``: an :class:`minreal.export.mobile.ShapeSpec`).
 
-    Raises:
-        SpecError: naming the option, the unknown names and the model's inputs.
+    Raises
+    ------
+    SpecError
+        naming the option, the unknown names and the model's inputs.
     """
     from minreal.app.callables import SpecError
 

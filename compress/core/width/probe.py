@@ -28,7 +28,7 @@ class _Probe(fx.Interpreter):
 def capture(gm: fx.GraphModule, x: torch.Tensor, nodes: Iterable[str]) -> dict[str, torch.Tensor]:
     """Run ``gm`` on ``x`` (no gradients, eval mode) and return the values of ``nodes`` by name.
 
-    The traced module's node names are those of :func:`~minreal.compress.core.width.graph.analyse` (a deep copy made
+    The traced module's node names are those of :func:`~minreal.compress.core.width.analysis.analyse` (a deep copy made
     with :func:`copy.deepcopy` keeps them), so a resized copy can be probed at the same points.
     """
     probe = _Probe(gm, set(nodes))

@@ -22,6 +22,16 @@ The realised network starts warm (kept neurons copied and refit) or from scratch
 ``--recover-*`` knobs: distillation from the original mixed with the labels) trains it after the method, as it
 trains every method's result. With ``controls`` the other start and a uniform-width network of the same parameter
 count are trained here with that same recovery config.
+
+References
+----------
+.. [1] Moore (1981), "Principal component analysis in linear systems: controllability, observability, and model
+       reduction", IEEE Trans. Automatic Control 26(1): balanced truncation, here applied to empirical Gramians.
+.. [2] Chan, Golub & LeVeque (1979), "Updating formulae and a pairwise algorithm for computing sample variances": the
+       pairwise merge of moments (:mod:`.empirical_gramians`, :mod:`.graph_gramians`).
+.. [3] Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance: analysis and recommendations": the
+       shifted data of :class:`~.empirical_gramians.Moments`.
+.. [4] Hoerl & Kennard 1970, eq. 2.2: the ridge least squares of the refit (:mod:`.graph_realise`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from ...core.heldout import resolve_task
 from ...core.inputs import Inputs
 from ...core.options import flag_of
 from ...core.report import CompressionReport, LayerReport
-from ...core.width.graph import is_exported_program, trace
+from ...core.width.tracing import is_exported_program, trace
 from .config import DEFAULT_MAC_RATIO, DepthConfig
 from .criteria import energy_scores, greedy_order, observability_scores, outputs, removal_scores
 from .graph import Block, blocks_named, drop_unused_results, find_blocks, remove_blocks

@@ -1,6 +1,12 @@
 """Activation-aware (whitened) low-rank maths: the output basis that minimises E‖(W − Ŵ)x‖² and its factors.
 
 Pure linear algebra in float64: tensors in, tensors out.
+
+References
+----------
+.. [1] Wang et al. 2024, SVD-LLM, eq. 3–5: truncation-aware whitening, the basis of :func:`whitened_output_basis` (with
+       a pseudo-inverse square root instead of a Cholesky factor).
+.. [2] Eckart & Young (1936): the truncated SVD of the whitened matrix ``WS`` is the optimum.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ perturbed: ``z' = z − ΔW (h − c) − Δb`` (``h`` the layer input, ``c`` a 
 ``N``; the deviation then grows at most by each later activation's Lipschitz constant on the widened
 interval and by ``|W|`` of each later layer (Weng et al. 2018, "Towards fast computation of certified
 robustness", §3: layer-wise bounds). Steps add up by the triangle inequality.
+
+References
+----------
+.. [1] Weng et al. 2018, "Towards fast computation of certified robustness", §3: layer-wise bounds.
 """
 
 from __future__ import annotations

@@ -19,6 +19,14 @@ never of another member (no chaining). ``ε = 0`` means equal up to the rounding
 (``4·u`` in the unit-scale coordinates above). Merging in layer ``l`` sums columns of ``W_{l+1}`` and can
 make rows of layer ``l+1`` equal; sum-merging changes rows too: :func:`refine` sweeps until no block changes
 (the coarsest partition the greedy criteria reach; for ε = 0 the value blocks are exact equivalence classes).
+
+References
+----------
+.. [1] Cardelli et al. 2017, "Maximal aggregation of polynomial dynamical systems", Def. 3: forward differential
+       equivalence (FDE).
+.. [2] Cardelli et al. 2021, "Approximate reductions of rational dynamical systems": its ε-relaxation.
+.. [3] Cardelli, Tribastone, Tschaikowski & Vandin, "Symbolic computation of differential equivalences", POPL 2016:
+       partition refinement to the greatest fixpoint (:func:`refine`).
 """
 
 from __future__ import annotations

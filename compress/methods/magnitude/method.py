@@ -1,4 +1,11 @@
-"""The ``magnitude`` method's functions (the package exports its ``SPEC`` and options)."""
+"""The ``magnitude`` method's functions (the package exports its ``SPEC`` and options).
+
+References
+----------
+.. [1] Li et al. 2017, "Pruning filters for efficient ConvNets", §3.1: the L1 norm of a filter's weights, here of a
+       neuron's incoming weights (:func:`magnitude_scores`) or a channel group's
+       (:mod:`minreal.compress.core.width.importance`).
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,13 @@
 Balanced truncation: Moore (1981); square-root form: Tombs & Postlethwaite (1987), with eigh-based
 square roots so that a semidefinite P or Q is handled. Error bound: ‖G − G_r‖_∞ ≤ 2 Σ_{i>r} σ_i
 (Enns 1984; Glover 1984), hence ‖y − ŷ‖₂ ≤ 2‖u‖₂ Σ_{i>r} σ_i from zero state.
+
+References
+----------
+.. [1] Moore (1981), "Principal component analysis in linear systems: controllability, observability, and model
+       reduction", IEEE Trans. Automatic Control 26(1): balanced truncation.
+.. [2] Tombs & Postlethwaite (1987): the square-root form of balanced truncation.
+.. [3] Enns 1984; Glover 1984: the error bound ‖G − G_r‖_∞ ≤ 2 Σ_{i>r} σ_i.
 """
 
 from __future__ import annotations

@@ -3,6 +3,12 @@
 Schwerdtner et al., "Hankel singular value regularization for highly compressible state space models":
 train with Σσ (Hankel nuclear norm) as a regulariser, then reduce each layer by balanced truncation and
 diagonalise it. Scoring (Gramians, HSVs, orders) is kept apart from surgery (``_emit`` + replace).
+
+References
+----------
+.. [1] Schwerdtner et al., "Hankel singular value regularization for highly compressible state space models": the Hankel
+       nuclear norm regulariser and the reduction this method applies.
+.. [2] Moore (1981): balanced truncation (:mod:`.balance`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """Baseline: plain truncated-SVD factorisation of Linear/Conv weights (Eckart–Young per layer).
 
 Not activation-aware; every later method must beat it at the same budget.
+
+References
+----------
+.. [1] Eckart & Young (1936): the truncated SVD is the best rank-r approximation of a matrix (named in
+       :func:`minreal.compress.core.linalg.truncated_svd_factors`).
 """
 
 from __future__ import annotations

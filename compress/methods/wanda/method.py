@@ -1,4 +1,11 @@
-"""The ``wanda`` method's functions (the package exports its ``SPEC`` and options)."""
+"""The ``wanda`` method's functions (the package exports its ``SPEC`` and options).
+
+References
+----------
+.. [1] Sun et al. 2023, "A simple and effective pruning approach for large language models", eq. 1: the score
+       ``|W_ij|·‖X_j‖₂`` that :func:`wanda_scores` sums per neuron (per channel:
+       :mod:`minreal.compress.core.width.importance`).
+"""
 
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ from minreal.compress import compress
 from minreal.compress.core.batchnorm import recalibrate_batchnorm
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
-from minreal.compress.core.recover import feature_points, recover
+from minreal.compress.core.recover import recover
+from minreal.compress.core.recover_features import feature_points
 from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.smoke import digits_mlp, digits_subset
 from minreal.compress.core.train import TrainConfig, train

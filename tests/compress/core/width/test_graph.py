@@ -36,7 +36,7 @@ def test_option_a_shortcut_joins_the_16_32_64_channel_streams_in_one_group(analy
 
 
 def test_width_analysis_does_not_use_torch_pruning(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Torch-Pruning's DepGraph ties F.pad's streams position by position (see graph.py): not a dependency.
+    """Torch-Pruning's DepGraph ties F.pad's streams position by position (see analysis.py): not a dependency.
     A ``None`` entry in ``sys.modules`` makes any import of it fail while the analysis and a cut run."""
     monkeypatch.setitem(sys.modules, "torch_pruning", None)
     model, x = zoo.build("resnet20"), zoo.example("resnet20")

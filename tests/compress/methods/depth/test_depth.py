@@ -15,7 +15,7 @@ from torch import nn
 from minreal.compress import compress
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
-from minreal.compress.core.width.graph import trace
+from minreal.compress.core.width.tracing import trace
 from minreal.compress.methods.depth import CRITERIA, DepthConfig, find_blocks, remove_blocks
 from minreal.compress.methods.depth.graph import drop_unused_results
 from minreal.compress.methods.depth.method import depth_prepare, depth_realise

@@ -1,0 +1,68 @@
+"""Tracing a model for the width analysis: a :mod:`torch.fx` graph of a copy of it with shapes propagated.
+
+``torch.nn`` layers stay whole as ``call_module`` nodes; user code such as a ResNet's option-A shortcut lambda is
+traced through. A ``torch.export`` program is refused: its layers are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from ..errors import CompressionError
+from ..inputs import Inputs, args_of, repeat_to, sample_shapes
+
+__all__ = ["trace", "is_exported_program"]
+
+
+def is_exported_program(model: nn.Module) -> bool:
+    """Whether ``model`` is a loaded ``torch.export`` program (``ExportedProgram.module()``): a graph of ATen
+    operators in which the layers are gone."""
+    return isinstance(model, fx.GraphModule) and any(
+        n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) for n in model.graph.nodes)
+
+
+
+class _Tracer(fx.Tracer):
+    """Keeps every ``torch.nn`` layer (and nothing else) whole; user modules are traced through."""
+
+
+
+def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
+    """A :class:`torch.fx.GraphModule` of a deep copy of ``model`` with shapes propagated on ``example``.
+
+    Raises CompressionError with one line when the model cannot be traced (data-dependent control flow).
+    """
+    if is_exported_program(model):
+        raise CompressionError("width methods need the model's Python modules (file.py:factory or a torchvision "
+                               "name with --weights): a torch.export program (.pt2) holds ATen operations, whose "
+                               "layers cannot be resized")
+    root = copy.deepcopy(model)
+    try:
+        graph = _Tracer().trace(root)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CompressionError(f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be "
+                               f"traced ({type(exc).__name__}: {first[:200]})") from None
+    gm = fx.GraphModule(root, graph, class_name=type(model).__name__)
+    if len(example) == 1:  # a batch of 2 keeps the batch dimension unambiguous
+        example = repeat_to(example, 2)
+    gm.eval() if not model.training else gm.train()
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:  # ShapeProp prints a traceback of its own on failure; the user gets the one line below
+            ShapeProp(gm).propagate(*args_of(example))
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CompressionError(f"cannot run the traced {type(model).__name__} on an example input of shape "
+                                   f"{_shapes(example)}: {first[:200]}") from None
+    return gm
+
+
+
+def _shapes(example: Inputs) -> str:
+    return ", ".join(f"{n} {s}" for n, s in sample_shapes(example).items())
