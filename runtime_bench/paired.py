@@ -1,0 +1,61 @@
+"""Paired, interleaved fresh processes of a reference and a candidate model, decided at a stated error rate.
+
+Pair ``i`` is one fresh worker process that times both models interleaved (:func:`time_interleaved`), the
+reference first in even pairs and the candidate first in odd ones (ABAB..., BABA...); its ratio is the candidate's
+p50 over the reference's in that process. :func:`minreal.runtime_bench.decision.sequential_decision` adds pairs
+until the verdict is decided, the cap or the time budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from .bench import _provider_options, _spawn
+from .config import BenchConfig, ModelEntry
+from .decision import DecisionPlan, LatencyDecision, sequential_decision
+from .errors import ProviderUnavailableError
+from .providers import provider_name
+from .worker import WorkerJob
+
+__all__ = ["paired_decision"]
+
+logger = logging.getLogger(__name__)
+
+
+def paired_decision(reference: ModelEntry, candidate: ModelEntry, config: BenchConfig, allowed: float,
+                    plan: DecisionPlan, progress: Callable[[str], None] | None = None) -> LatencyDecision:
+    """Decide whether ``candidate``'s latency is within ``allowed`` times ``reference``'s on the first provider, batch
+    size and shape of ``config`` (each process measures for ``plan.pair_seconds`` per model, seeded random inputs).
+
+    Raises:
+        ProviderUnavailableError: The provider did not run in a worker.
+    """
+    notify = progress or logger.info
+    provider, batch, shape = config.providers[0], config.batch_sizes[0], config.shapes()[0]
+    pair = (ModelEntry("reference", reference.path), ModelEntry("candidate", candidate.path))
+    with tempfile.TemporaryDirectory(prefix="minreal-gate-") as tmp:
+        options = _provider_options(provider, pair, config, Path(tmp))
+
+        def next_ratio(i: int) -> float:
+            order = pair if i % 2 == 0 else pair[::-1]
+            job = WorkerJob(names=[m.name for m in order],
+                            paths=[str(m.path) for m in order], provider=provider_name(provider), batch_size=batch,
+                            threads=config.threads(), warmup=config.warmup, min_runs=config.min_runs,
+                            min_seconds=plan.pair_seconds, seed=config.seed, axis_values=shape,
+                            provider_options=[options[m.name] for m in order])
+            notify(f"paired process {i + 1} (of at most {plan.max_pairs}): {candidate.name} vs {reference.name}")
+            return _ratio(_spawn(job, Path(tmp) / f"pair-{i}", config.worker_timeout_s).latencies_ms, provider)
+
+        return sequential_decision(next_ratio, allowed, plan)
+
+
+def _ratio(latencies_ms: Mapping[str, list[float]], provider: str) -> float:
+    """The candidate's p50 over the reference's in one process."""
+    if not latencies_ms:
+        raise ProviderUnavailableError(f"provider {provider} did not run in the paired gate's worker")
+    return float(np.median(latencies_ms["candidate"]) / np.median(latencies_ms["reference"]))
