@@ -185,13 +185,15 @@ def _advice(d: LatencyDecision, plan: DecisionPlan) -> str:
 def sequential_decision(next_ratio: Callable[[int], float], allowed: float, plan: DecisionPlan,
                         clock: Callable[[], float] = time.monotonic) -> LatencyDecision:
     """Add pairs (``next_ratio(i)`` measures pair ``i``) and look at ``plan.schedule()`` until decided, the cap, or
-    the time budget; then the pairs so far get the next look of the schedule (still one of at most ``looks``)."""
+    the time budget (no pair is started that would overrun it at the mean pair time so far); then the pairs so far
+    get the next look of the schedule (still one of at most ``looks``, so the Bonferroni bound holds)."""
     start, ratios = clock(), []
     schedule = list(plan.schedule())
     looks = 0
     while schedule:
         ratios.append(float(next_ratio(len(ratios))))
-        out_of_time = clock() - start >= plan.time_budget_s
+        elapsed = clock() - start
+        out_of_time = elapsed + elapsed / len(ratios) > plan.time_budget_s  # the next pair would overrun the budget
         if len(ratios) < schedule[0] and not out_of_time:
             continue
         schedule.pop(0)

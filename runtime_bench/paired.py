@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from .errors import ProviderUnavailableError
 from .providers import provider_name
 from .worker import WorkerJob
 
-__all__ = ["paired_decision"]
+__all__ = ["paired_decision", "pair_ratios"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,20 @@ def paired_decision(reference: ModelEntry, candidate: ModelEntry, config: BenchC
         ProviderUnavailableError: The provider did not run in a worker.
     """
     notify = progress or logger.info
+    with pair_ratios(reference, candidate, config, plan.pair_seconds) as next_ratio:
+
+        def measured(i: int) -> float:
+            notify(f"paired process {i + 1} (of at most {plan.max_pairs}): {candidate.name} vs {reference.name}")
+            return next_ratio(i)
+
+        return sequential_decision(measured, allowed, plan)
+
+
+@contextmanager
+def pair_ratios(reference: ModelEntry, candidate: ModelEntry, config: BenchConfig,
+                pair_seconds: float) -> Iterator[Callable[[int], float]]:
+    """A function that measures pair ``i`` in a fresh process (reference first for even ``i``, candidate first for odd)
+    and returns its ratio, on the first provider, batch size and shape of ``config``; valid inside the ``with``."""
     provider, batch, shape = config.providers[0], config.batch_sizes[0], config.shapes()[0]
     pair = (ModelEntry("reference", reference.path), ModelEntry("candidate", candidate.path))
     with tempfile.TemporaryDirectory(prefix="minreal-gate-") as tmp:
@@ -46,12 +61,11 @@ def paired_decision(reference: ModelEntry, candidate: ModelEntry, config: BenchC
             job = WorkerJob(names=[m.name for m in order],
                             paths=[str(m.path) for m in order], provider=provider_name(provider), batch_size=batch,
                             threads=config.threads(), warmup=config.warmup, min_runs=config.min_runs,
-                            min_seconds=plan.pair_seconds, seed=config.seed, axis_values=shape,
+                            min_seconds=pair_seconds, seed=config.seed, axis_values=shape,
                             provider_options=[options[m.name] for m in order])
-            notify(f"paired process {i + 1} (of at most {plan.max_pairs}): {candidate.name} vs {reference.name}")
             return _ratio(_spawn(job, Path(tmp) / f"pair-{i}", config.worker_timeout_s).latencies_ms, provider)
 
-        return sequential_decision(next_ratio, allowed, plan)
+        yield next_ratio
 
 
 def _ratio(latencies_ms: Mapping[str, list[float]], provider: str) -> float:
