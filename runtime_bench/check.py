@@ -16,7 +16,7 @@ from .cpu import isa_difference
 from .decision import PASS, UNDECIDED, DecisionPlan, LatencyDecision, describe_decision
 from .errors import CheckError
 from .inputs import ORT_SUFFIX
-from .load import compare_load
+from .load import compare_load, describe_load, machine_load
 from .placement import describe_fallback, placement_from_dict
 from .report import BenchReport, validate_report
 
@@ -28,6 +28,7 @@ ReportLike = Mapping[str, Any] | BenchReport
 #: (model, provider, batch size, shape label)
 Cell = tuple[str, str, int, str]
 REGRESSION = "latency_regression_pct"
+LATENCY_RATIO = "latency_ratio"
 HEURISTIC_NOTE = ("latency judged on medians (a regression beyond the threshold fails only when the per-process p50 "
                   "ranges do not overlap): a heuristic with no stated error rate; pass a decision plan (--paired) to "
                   "decide on paired fresh processes at a stated confidence")
@@ -155,6 +156,8 @@ def check_report(
         notes += filter(None, [compare_load(_load_of(base), _load_of(data))])
     if plan is None and (max_latency_ratio is not None or max_regression is not None):
         notes.append(HEURISTIC_NOTE)
+    elif plan is not None and any(c.name in (LATENCY_RATIO, REGRESSION) for c in criteria):
+        notes.append(f"machine load after the paired processes: {describe_load(asdict(machine_load()))}")
     return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria), notes=tuple(notes))
 
 
@@ -196,9 +199,9 @@ def _latency_ratio(data: dict[str, Any], allowed: float) -> list[Criterion]:
     if not expected or not (ratios or data.get("unavailable")):
         raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has no latency ratios "
                          "(one model or no provider ran)")
-    criteria = [_criterion("latency_ratio", _cell(r), r["median"], allowed, r["median"] <= allowed) for r in ratios]
+    criteria = [_criterion(LATENCY_RATIO, _cell(r), r["median"], allowed, r["median"] <= allowed) for r in ratios]
     have = {_cell(r) for r in ratios}
-    return criteria + _missing("latency_ratio", data, [c for c in expected if c not in have], allowed)
+    return criteria + _missing(LATENCY_RATIO, data, [c for c in expected if c not in have], allowed)
 
 
 def _cell(row: Mapping[str, Any]) -> Cell:
@@ -452,7 +455,7 @@ def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
             raise CheckError(f"the paired gate re-measures the report's model files, but {', '.join(missing)} is not "
                              "readable here; run check where the files are, or without --paired")
         d = decide_cell(reference, candidate, data, cell, allowed, plan, progress)
-        criteria.append(_decided("latency_ratio", cell, d, d.median_ratio, allowed))
+        criteria.append(_decided(LATENCY_RATIO, cell, d, d.median_ratio, allowed))
     return criteria
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["MachineLoad", "cpu_counters", "machine_load", "compare_load"]
+__all__ = ["MachineLoad", "cpu_counters", "machine_load", "compare_load", "describe_load"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def compare_load(baseline: dict | None, report: dict | None) -> str:
     busier machine; ``""`` when either lacks it."""
     if not baseline or not report:
         return ""
-    parts = [f"{label} {_load_text(d)}" for label, d in (("baseline", baseline), ("report", report))]
+    parts = [f"{label} {describe_load(d)}" for label, d in (("baseline", baseline), ("report", report))]
     before, now = baseline["load_avg"][0], report["load_avg"][0]
     cores = max(report.get("logical_cores") or 1, 1)
     busier = ""
@@ -65,7 +65,8 @@ def compare_load(baseline: dict | None, report: dict | None) -> str:
     return "machine load: " + "; ".join(parts) + busier
 
 
-def _load_text(d: dict) -> str:
+def describe_load(d: dict) -> str:
+    """``load 1/5/15 on N cores, steal S%, F MHz`` for a :class:`MachineLoad` as a dict."""
     steal = "steal n/a" if d.get("steal_pct") is None else f"steal {d['steal_pct']:.2g}%"
     mhz = "" if d.get("cpu_mhz") is None else f", {d['cpu_mhz']:.0f} MHz"
     one, five, fifteen = d["load_avg"]

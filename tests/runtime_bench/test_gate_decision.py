@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from minreal.runtime_bench import check_report, format_check
+from minreal.runtime_bench.check_paired import remeasure_problem
 from minreal.runtime_bench.decision import (
     FAIL,
     PASS,
@@ -23,7 +25,8 @@ from minreal.runtime_bench.decision import (
     pairs_needed,
     sequential_decision,
 )
-from minreal.runtime_bench.load import compare_load, machine_load
+from minreal.runtime_bench.environment import collect_environment
+from minreal.runtime_bench.load import compare_load, cpu_counters, describe_load, machine_load
 
 TRIALS = 2000
 ALLOWED = 1.07
@@ -219,3 +222,24 @@ def test_check_paired_runs_real_processes(tmp_path: Path, make_linear: Callable,
     code, _, err = run_cli(["check", str(report), "--max-latency-ratio", "1.1", "--paired", "--max-pairs", "2",
                             "--pair-seconds", "0.01", "-q"])
     assert code == 3 and "over 2 paired processes" in err
+
+
+def test_a_baseline_file_is_remeasured_only_while_it_is_the_baselines(tmp_path: Path, make_linear: Callable,
+                                                                      weights: tuple) -> None:
+    report = _paired_report(tmp_path, make_linear, weights)
+    elsewhere = tmp_path / "old"
+    elsewhere.mkdir()
+    baseline = _paired_report(elsewhere, make_linear, weights)
+    assert remeasure_problem(baseline, report, "small") == ""
+    assert "same file" in remeasure_problem(report, report, "small")
+    (elsewhere / "small.onnx").write_bytes((elsewhere / "small.onnx").read_bytes() + b"\0")
+    assert "changed since the baseline" in remeasure_problem(baseline, report, "small")
+    (elsewhere / "small.onnx").unlink()
+    assert "not readable here" in remeasure_problem(baseline, report, "small")
+    assert "records no file" in remeasure_problem({"models": [{"name": "small"}]}, report, "small")
+
+
+def test_bench_environment_records_the_machine_load() -> None:
+    env = collect_environment(1, cpu_counters())
+    assert env.machine_load is not None and len(env.machine_load.load_avg) == 3
+    assert "load " in describe_load(asdict(env.machine_load))
