@@ -18,8 +18,9 @@ per cell; exit status and wall time) confirms them.
 Protocols: ``default`` is ``check --paired`` as it comes; ``ci`` is what the README recommends for CI
 (shorter processes, more of them, in the same 60 s budget).
 
-Writes the JSON atomically. ``--quick`` is a smoke run (< 2 min: two candidates, widths from MACs instead of fitted,
-few pairs, one end-to-end check). The full run takes about 20 minutes on 2 cores; run it alone on a quiet machine.
+Writes the JSON atomically. ``--quick`` is a smoke run (< 2 min on a quiet machine: two candidates, widths from MACs
+instead of fitted, few pairs, one end-to-end check with a 20 s budget). The full run takes about 20 minutes on 2
+cores; run it alone on a quiet machine.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/gate_power.py --out benchmarks/gate_power.json
 """
@@ -185,9 +186,10 @@ def wilson(hits: int, n: int, z: float = 1.96) -> list[float]:
     return [round(max(0.0, centre - half), 5), round(min(1.0, centre + half), 5)]
 
 
-def end_to_end(reference: Path, candidate: Path, protocol: str, work: Path, runs: int) -> list[dict[str, Any]]:
-    """``minreal check REPORT --max-latency-ratio ALLOWED`` with the protocol's flags, ``runs`` times: exit status
-    (0 pass, 1 fail, 3 undecided) and wall time."""
+def end_to_end(reference: Path, candidate: Path, protocol: str, work: Path, runs: int,
+               extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """``minreal check REPORT --max-latency-ratio ALLOWED`` with the protocol's flags (and ``extra``), ``runs`` times:
+    exit status (0 pass, 1 fail, 3 undecided) and wall time."""
     report = work / f"report-{candidate.stem}.json"
     models = [("reference", reference), ("candidate", candidate)]
     report.write_text(json.dumps({
@@ -196,7 +198,7 @@ def end_to_end(reference: Path, candidate: Path, protocol: str, work: Path, runs
         "latency": [{"model": n, "provider": "cpu", "batch_size": BATCH, "stats": {"p50_ms": 1.0}} for n, _ in models],
         "ratios": [], "metrics": []}))
     command = [sys.executable, "-m", "minreal", "check", str(report), "--max-latency-ratio", str(ALLOWED), "-q",
-               *PROTOCOL_FLAGS[protocol]]
+               *PROTOCOL_FLAGS[protocol], *extra]
     out = []
     for _ in range(runs):
         t0 = time.perf_counter()
@@ -246,7 +248,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for target in (1.0, max(targets)) if args.e2e else ():
                         if args.quick and (state, target) != ("quiet", 1.0):
                             continue
-                        runs = end_to_end(reference, candidates[target]["path"], protocol, work, args.e2e)
+                        runs = end_to_end(reference, candidates[target]["path"], protocol, work, args.e2e,
+                                          ("--gate-seconds", "20") if args.quick else ())
                         e2e.append({"machine": state, "protocol": protocol, "target_ratio": target, "runs": runs})
                         say(f"{state} {protocol} end to end +{100 * (target - 1):.0f}%: exit "
                             f"{[r['exit_status'] for r in runs]}")

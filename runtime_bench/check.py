@@ -114,7 +114,6 @@ def check_report(
         max_size_ratio: Largest allowed file size of every model but the first relative to the first's; an
             ORT-format file (``NAME.ort``) relative to the first's ``.onnx`` file too (what ships against what was
             exported, so the ratio shows the ORT format's own cost as well).
-
         plan: Decide the latency criteria statistically (:mod:`minreal.runtime_bench.decision`): each candidate
             against the report's first model, and each model against the baseline's file of it, re-measured now
             in paired fresh processes (ABAB...) until decided at ``plan.alpha``, the cap or the time budget. A
@@ -446,8 +445,10 @@ def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
         raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has one model (the ratio is "
                          "to the first)")
     reference = model_path(data, names[0])
-    criteria = []
-    for cell in (c for c in _expected_cells(data) if c[0] != names[0]):
+    unavailable = {u["provider"] for u in data.get("unavailable", [])}
+    cells = [c for c in _expected_cells(data) if c[0] != names[0]]
+    criteria = _missing(LATENCY_RATIO, data, [c for c in cells if c[1] in unavailable], allowed)
+    for cell in (c for c in cells if c[1] not in unavailable):
         candidate = model_path(data, cell[0])
         missing = [str(p) if p else "a file the report does not record" for p in (reference, candidate)
                    if p is None or not p.is_file()]

@@ -243,3 +243,15 @@ def test_bench_environment_records_the_machine_load() -> None:
     env = collect_environment(1, cpu_counters())
     assert env.machine_load is not None and len(env.machine_load.load_avg) == 3
     assert "load " in describe_load(asdict(env.machine_load))
+
+
+def test_paired_check_fails_a_cell_whose_provider_did_not_run(tmp_path: Path, make_linear: Callable, weights: tuple,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    data = _paired_report(tmp_path, make_linear, weights)
+    data["config"]["providers"] = ["cpu", "cuda"]
+    data["unavailable"] = [{"provider": "cuda", "reason": "no GPU"}]
+    monkeypatch.setattr("minreal.runtime_bench.check.decide_cell", _scripted(1.0, 60))
+    result = check_report(data, max_latency_ratio=1.1, plan=DecisionPlan())
+    verdicts = {c.provider: (c.passed, c.undecided) for c in result.criteria}
+    assert verdicts == {"cpu": (True, False), "cuda": (False, False)}
+    assert "no latency: provider cuda was unavailable (no GPU)" in format_check(result)
