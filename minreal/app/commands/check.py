@@ -88,14 +88,14 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
                             max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
                             allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio, plan, con.progress)
     passed = all(r.passed for _, r in results)
+    undecided = not passed and all(r.passed or r.undecided for _, r in results)
 
     for name, res in results:
         con.table(f"[{name}]\n{rb.format_check(res)}")
-    con.result({"passed": passed, "reports": {n: r for n, r in results}})
+    con.result({"passed": passed, "undecided": undecided, "reports": {n: r for n, r in results}})
     if not passed:
         from minreal.runtime_bench.check import describe_criterion
 
         failed = [f"{n}: {describe_criterion(c)}" for n, r in results for c in r.criteria if not c.passed]
-        undecided = all(r.passed or r.undecided for _, r in results)
         click.echo(("UNDECIDED " if undecided else "FAILED ") + "; ".join(failed), err=True)
         sys.exit(UNDECIDED_EXIT if undecided else FAIL_EXIT)
