@@ -16,7 +16,7 @@ from .cpu import isa_difference
 from .decision import PASS, UNDECIDED, DecisionPlan, LatencyDecision, describe_decision
 from .errors import CheckError
 from .inputs import ORT_SUFFIX
-from .load import compare_load, describe_load, machine_load
+from .load import compare_load, cpu_counters, describe_load, machine_load
 from .placement import describe_fallback, placement_from_dict
 from .report import BenchReport, validate_report
 
@@ -130,6 +130,7 @@ def check_report(
     data = _as_dict(report, "report")
     criteria: list[Criterion] = []
     notes: list[str] = []
+    started = cpu_counters()
     if max_latency_ratio is not None:
         criteria += (_latency_ratio(data, max_latency_ratio) if plan is None
                      else _paired_ratio(data, max_latency_ratio, plan, progress))
@@ -156,7 +157,7 @@ def check_report(
     if plan is None and (max_latency_ratio is not None or max_regression is not None):
         notes.append(HEURISTIC_NOTE)
     elif plan is not None and any(c.name in (LATENCY_RATIO, REGRESSION) for c in criteria):
-        notes.append(f"machine load after the paired processes: {describe_load(asdict(machine_load()))}")
+        notes.append(f"machine load over the paired processes: {describe_load(asdict(machine_load(started)))}")
     return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria), notes=tuple(notes))
 
 
