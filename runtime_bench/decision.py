@@ -13,8 +13,9 @@ order-statistic confidence bounds for a median):
 - **undecided** otherwise.
 
 Looking again after adding pairs inflates the error rates, so the pairs are examined at a fixed schedule of at most
-``looks`` pair counts, each test at ``alpha / looks`` (a Bonferroni bound over the looks: the chance of any wrong
-verdict over the whole sequence stays at most ``alpha`` per direction; Jennison & Turnbull, *Group Sequential
+``looks`` pair counts, each test at ``alpha`` divided by the number of scheduled looks (a Bonferroni bound over the
+looks: the chance of any wrong verdict over the whole sequence stays at most ``alpha`` per direction; Jennison &
+Turnbull, *Group Sequential
 Methods with Applications to Clinical Trials*, 2000, sec. 1.3 and 2.3, on repeated significance tests). The bound
 is exact for the scheduled looks; a look forced by the time budget comes at a pair count the pairs' wall times choose
 (not their ratios), and counts as one of the ``looks``.
@@ -45,8 +46,8 @@ class DecisionPlan:
             likewise on the rate of passing a real regression; over all looks together.
         min_pairs: Pairs (fresh processes) before the first look.
         max_pairs: Cap on the pairs; undecided at the cap is a verdict of its own.
-        looks: Number of looks, spread geometrically from ``min_pairs`` to ``max_pairs`` (each test at
-            ``alpha / looks``).
+        looks: Most looks, spread geometrically from ``min_pairs`` to ``max_pairs`` (each test at ``alpha`` divided
+            by the number of distinct scheduled pair counts: :attr:`level`).
         time_budget_s: Wall-time budget per decision (one model, one cell); when it runs out the pairs so far get
             the next look of the schedule, and no more are added.
         pair_seconds: Measurement window per model in each process (the bench's ``min_seconds``).
@@ -69,8 +70,9 @@ class DecisionPlan:
 
     @property
     def level(self) -> float:
-        """The one-sided level of each test at each look (Bonferroni: ``alpha / looks``)."""
-        return self.alpha / self.looks
+        """The one-sided level of each test at each look (Bonferroni: ``alpha`` over the scheduled looks, at most
+        ``looks``: fewer where the cap leaves fewer distinct pair counts)."""
+        return self.alpha / len(self.schedule())
 
     def schedule(self) -> tuple[int, ...]:
         """The pair counts at which the pairs are examined: ``looks`` counts, geometric, ending at ``max_pairs``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from .config import BenchConfig, ModelEntry
 from .decision import DecisionPlan, LatencyDecision, sequential_decision
 from .errors import ProviderUnavailableError
 from .providers import provider_name
-from .worker import WorkerJob
+from .worker import WorkerJob, WorkerResult
 
 __all__ = ["paired_decision", "pair_ratios"]
 
@@ -63,13 +63,15 @@ def pair_ratios(reference: ModelEntry, candidate: ModelEntry, config: BenchConfi
                             threads=config.threads(), warmup=config.warmup, min_runs=config.min_runs,
                             min_seconds=pair_seconds, seed=config.seed, axis_values=shape,
                             provider_options=[options[m.name] for m in order])
-            return _ratio(_spawn(job, Path(tmp) / f"pair-{i}", config.worker_timeout_s).latencies_ms, provider)
+            return _ratio(_spawn(job, Path(tmp) / f"pair-{i}", config.worker_timeout_s), provider)
 
         yield next_ratio
 
 
-def _ratio(latencies_ms: Mapping[str, list[float]], provider: str) -> float:
+def _ratio(result: WorkerResult, provider: str) -> float:
     """The candidate's p50 over the reference's in one process."""
-    if not latencies_ms:
-        raise ProviderUnavailableError(f"provider {provider} did not run in the paired gate's worker")
-    return float(np.median(latencies_ms["candidate"]) / np.median(latencies_ms["reference"]))
+    if result.status != "ok":
+        raise ProviderUnavailableError(f"provider {provider} did not run in the paired gate's worker: "
+                                       f"{result.reason or 'no reason given'}")
+    latencies = result.latencies_ms
+    return float(np.median(latencies["candidate"]) / np.median(latencies["reference"]))

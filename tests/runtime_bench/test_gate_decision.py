@@ -81,7 +81,9 @@ def test_schedule_is_increasing_and_ends_at_the_cap() -> None:
     schedule = plan.schedule()
     assert schedule[0] == 12 and schedule[-1] == 60 and len(schedule) <= plan.looks
     assert list(schedule) == sorted(set(schedule))
-    assert plan.level == pytest.approx(plan.alpha / plan.looks)
+    assert plan.level == pytest.approx(plan.alpha / len(schedule))
+    assert DecisionPlan(min_pairs=9, max_pairs=9).schedule() == (9,)  # one possible look: the whole alpha on it
+    assert DecisionPlan(min_pairs=9, max_pairs=9).level == pytest.approx(0.01)
 
 
 @pytest.mark.parametrize("noise", [_normal, _heavy])
