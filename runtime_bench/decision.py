@@ -15,10 +15,9 @@ order-statistic confidence bounds for a median):
 Looking again after adding pairs inflates the error rates, so the pairs are examined at a fixed schedule of at most
 ``looks`` pair counts, each test at ``alpha`` divided by the number of scheduled looks (a Bonferroni bound over the
 looks: the chance of any wrong verdict over the whole sequence stays at most ``alpha`` per direction; Jennison &
-Turnbull, *Group Sequential
-Methods with Applications to Clinical Trials*, 2000, sec. 1.3 and 2.3, on repeated significance tests). The bound
-is exact for the scheduled looks; a look forced by the time budget comes at a pair count the pairs' wall times choose
-(not their ratios), and counts as one of the ``looks``.
+Turnbull, *Group Sequential Methods with Applications to Clinical Trials*, 2000, sec. 1.3 and 2.3, on repeated
+significance tests). The bound is exact for the scheduled looks; a look forced by the time budget comes at a pair
+count the pairs' wall times choose (not their ratios), and takes the place of the next scheduled one.
 """
 
 from __future__ import annotations
