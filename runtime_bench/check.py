@@ -32,6 +32,7 @@ LATENCY_RATIO = "latency_ratio"
 HEURISTIC_NOTE = ("latency judged on medians (a regression beyond the threshold fails only when the per-process p50 "
                   "ranges do not overlap): a heuristic with no stated error rate; pass a decision plan (--paired) to "
                   "decide on paired fresh processes at a stated confidence")
+HEURISTIC_ONLY = "only the medians heuristic is possible"
 ON_PROVIDER = "on_provider_share"
 SAME_HARDWARE = "same_hardware"
 
@@ -117,7 +118,8 @@ def check_report(
         plan: Decide the latency criteria statistically (:mod:`minreal.runtime_bench.decision`): each candidate
             against the report's first model, and each model against the baseline's file of it, re-measured now
             in paired fresh processes (ABAB...) until decided at ``plan.alpha``, the cap or the time budget. A
-            baseline whose model file is gone, or changed, is judged by the medians heuristic, with a note saying so.
+            baseline whose model file is gone, or changed, is judged by the medians heuristic, with a note saying so
+            (and only then does the baseline's hardware matter: re-measured cells compare two files on this machine).
             Without ``plan`` the latency criteria compare medians (no stated error rate; a note says so).
         progress: Called with one-line progress messages while the paired processes run.
 
@@ -150,9 +152,12 @@ def check_report(
         raise CheckError("baseline (--baseline) and max_regression (--max-regression) must be given together")
     if baseline is not None and max_regression is not None:
         base = _as_dict(baseline, "baseline")
-        criteria += _hardware(data, base, allow_hardware_mismatch)
-        criteria += (_regression(data, base, max_regression, allow_new_models) if plan is None
-                     else _paired_regression(data, base, max_regression, allow_new_models, plan, progress))
+        regression = (_regression(data, base, max_regression, allow_new_models) if plan is None
+                      else _paired_regression(data, base, max_regression, allow_new_models, plan, progress))
+        # re-measured cells compare two files on this machine: the baseline's hardware matters only to the others
+        if plan is None or any(HEURISTIC_ONLY in c.note for c in regression):
+            criteria += _hardware(data, base, allow_hardware_mismatch)
+        criteria += regression
         notes += filter(None, [compare_load(_load_of(base), _load_of(data))])
     if plan is None and (max_latency_ratio is not None or max_regression is not None):
         notes.append(HEURISTIC_NOTE)
@@ -473,8 +478,7 @@ def _paired_regression(data: dict[str, Any], baseline: dict[str, Any], allowed: 
         problem = remeasure_problem(baseline, data, c.model) if math.isfinite(c.measured) else "not compared"
         if problem or candidate is None or not candidate.is_file():
             why = problem or f"the report's model file {candidate} is not readable here"
-            out.append(c if not math.isfinite(c.measured) else
-                       replace(c, note=f"{c.note}; only the medians heuristic is possible: {why}"))
+            out.append(c if not math.isfinite(c.measured) else replace(c, note=f"{c.note}; {HEURISTIC_ONLY}: {why}"))
             continue
         d = decide_cell(model_path(baseline, c.model), candidate, data, cell, 1.0 + allowed / 100.0, plan, progress)
         out.append(_decided(REGRESSION, cell, d, 100.0 * (d.median_ratio - 1.0), allowed))

@@ -257,3 +257,17 @@ def test_paired_check_fails_a_cell_whose_provider_did_not_run(tmp_path: Path, ma
     verdicts = {c.provider: (c.passed, c.undecided) for c in result.criteria}
     assert verdicts == {"cpu": (True, False), "cuda": (False, False)}
     assert "no latency: provider cuda was unavailable (no GPU)" in format_check(result)
+
+
+def test_paired_regression_on_other_hardware_needs_no_allowance_when_remeasured(
+        tmp_path: Path, make_linear: Callable, weights: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _paired_report(tmp_path, make_linear, weights)
+    elsewhere = tmp_path / "old"
+    elsewhere.mkdir()
+    baseline = {**_paired_report(elsewhere, make_linear, weights), "environment": {"cpu_model": "another cpu"}}
+    monkeypatch.setattr("minreal.runtime_bench.check.decide_cell", _scripted(1.0, 60))
+    result = check_report(report, baseline=baseline, max_regression=10, plan=DecisionPlan())
+    assert result.passed and {c.name for c in result.criteria} == {"latency_regression_pct"}
+    (elsewhere / "small.onnx").unlink()  # one cell falls back to the heuristic: the hardware matters again
+    result = check_report(report, baseline=baseline, max_regression=10, plan=DecisionPlan())
+    assert not result.passed and "same_hardware" in {c.name for c in result.criteria if not c.passed}
