@@ -16,6 +16,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Progress", "run_benchmark"), ".bench"),
     **dict.fromkeys(("CheckResult", "Criterion", "check_report", "format_check"), ".check"),
     **dict.fromkeys(("BenchConfig", "ModelEntry"), ".config"),
+    **dict.fromkeys(("DecisionPlan", "LatencyDecision", "sequential_decision"), ".decision"),
+    "MachineLoad": ".load", "paired_decision": ".paired",
     **dict.fromkeys(("BenchInputError", "CheckError", "ModelFileError", "ProviderUnavailableError",
                      "ReportSchemaError", "SessionError", "UnknownProviderError", "WorkerError"), ".errors"),
     **dict.fromkeys(("INTEGER_OP_TYPES", "ModelInfo", "count_nodes", "model_info", "optimized_graph_ops"),
@@ -82,4 +84,9 @@ __all__ = [
     "ReportSchemaError",
     "SessionError",
     "CheckError",
+    "DecisionPlan",
+    "LatencyDecision",
+    "sequential_decision",
+    "paired_decision",
+    "MachineLoad",
 ]

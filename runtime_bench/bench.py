@@ -35,6 +35,7 @@ from .inputs import (
     take_rows,
     timing_inputs,
 )
+from .load import cpu_counters
 from .metrics import ModelMetrics, evaluate_models
 from .model_info import model_info
 from .placement import placement_from_dict
@@ -83,6 +84,7 @@ def run_benchmark(
             that cannot run.
     """
     notify = progress or logger.info
+    started = cpu_counters()
     _check_models(models)
     if (conflict := wheel_conflict()) is not None:
         logger.warning("%s", conflict)
@@ -106,7 +108,7 @@ def run_benchmark(
     return BenchReport(
         schema_version=SCHEMA_VERSION,
         created_utc=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
-        environment=collect_environment(threads),
+        environment=collect_environment(threads, started),
         config=config,
         models=infos,
         latency=latency,

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from minreal.facts import INT8_SUFFIX, int8_source
 
+from .check_paired import decide_cell, model_path, remeasure_problem
 from .config import shape_grid, shape_label
 from .cpu import isa_difference
+from .decision import PASS, UNDECIDED, DecisionPlan, LatencyDecision, describe_decision
 from .errors import CheckError
 from .inputs import ORT_SUFFIX
+from .load import compare_load, cpu_counters, describe_load, machine_load
 from .placement import describe_fallback, placement_from_dict
 from .report import BenchReport, validate_report
 
@@ -25,6 +28,11 @@ ReportLike = Mapping[str, Any] | BenchReport
 #: (model, provider, batch size, shape label)
 Cell = tuple[str, str, int, str]
 REGRESSION = "latency_regression_pct"
+LATENCY_RATIO = "latency_ratio"
+HEURISTIC_NOTE = ("latency judged on medians (a regression beyond the threshold fails only when the per-process p50 "
+                  "ranges do not overlap): a heuristic with no stated error rate; pass a decision plan (--paired) to "
+                  "decide on paired fresh processes at a stated confidence")
+HEURISTIC_ONLY = "only the medians heuristic is possible"
 ON_PROVIDER = "on_provider_share"
 SAME_HARDWARE = "same_hardware"
 
@@ -34,7 +42,9 @@ class Criterion:
     """One threshold applied to one model (and provider / batch size / shape where latency is concerned).
 
     ``measured`` is NaN when the report has no value for the subject (a missing latency); ``note``
-    says what decided the verdict when the value alone does not (missing cells, measurement noise).
+    says what decided the verdict when the value alone does not (missing cells, measurement noise). ``undecided``
+    marks a paired latency decision that could not be made within its cap (``passed`` is then False: never a silent
+    pass).
     """
 
     name: str
@@ -46,14 +56,23 @@ class Criterion:
     passed: bool
     note: str = ""
     shape: str = ""
+    undecided: bool = False
 
 
 @dataclass(frozen=True)
 class CheckResult:
-    """All criteria checked; ``passed`` is True when every criterion passed."""
+    """All criteria checked; ``passed`` is True when every criterion passed. ``notes`` are lines that judge nothing
+    but qualify the verdict (how the latency was judged, the machine load of baseline and report)."""
 
     criteria: tuple[Criterion, ...]
     passed: bool
+    notes: tuple[str, ...] = ()
+
+    @property
+    def undecided(self) -> bool:
+        """Not passed, and every criterion that did not pass is an undecided latency decision."""
+        failing = [c for c in self.criteria if not c.passed]
+        return bool(failing) and all(c.undecided for c in failing)
 
 
 def check_report(
@@ -69,6 +88,8 @@ def check_report(
     max_int8_drop: float | None = None,
     max_size_kb: float | None = None,
     max_size_ratio: float | None = None,
+    plan: DecisionPlan | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> CheckResult:
     """Apply release thresholds to a report (a :func:`load_report` dict or a :class:`BenchReport`).
 
@@ -94,6 +115,13 @@ def check_report(
         max_size_ratio: Largest allowed file size of every model but the first relative to the first's; an
             ORT-format file (``NAME.ort``) relative to the first's ``.onnx`` file too (what ships against what was
             exported, so the ratio shows the ORT format's own cost as well).
+        plan: Decide the latency criteria statistically (:mod:`minreal.runtime_bench.decision`): each candidate
+            against the report's first model, and each model against the baseline's file of it, re-measured now
+            in paired fresh processes (ABAB...) until decided at ``plan.alpha``, the cap or the time budget. A
+            baseline whose model file is gone, or changed, is judged by the medians heuristic, with a note saying so
+            (and only then does the baseline's hardware matter: re-measured cells compare two files on this machine).
+            Without ``plan`` the latency criteria compare medians (no stated error rate; a note says so).
+        progress: Called with one-line progress messages while the paired processes run.
 
     Every latency criterion also fails, with a note, for each requested (model, provider, batch size, shape)
     the report has no latency for (a provider recorded as unavailable, a cell that did not run).
@@ -103,8 +131,11 @@ def check_report(
     """
     data = _as_dict(report, "report")
     criteria: list[Criterion] = []
+    notes: list[str] = []
+    started = cpu_counters()
     if max_latency_ratio is not None:
-        criteria += _latency_ratio(data, max_latency_ratio)
+        criteria += (_latency_ratio(data, max_latency_ratio) if plan is None
+                     else _paired_ratio(data, max_latency_ratio, plan, progress))
     if max_accuracy_drop is not None:
         criteria += _accuracy_drop(data, max_accuracy_drop)
     if min_agreement is not None:
@@ -121,16 +152,30 @@ def check_report(
         raise CheckError("baseline (--baseline) and max_regression (--max-regression) must be given together")
     if baseline is not None and max_regression is not None:
         base = _as_dict(baseline, "baseline")
-        criteria += _hardware(data, base, allow_hardware_mismatch)
-        criteria += _regression(data, base, max_regression, allow_new_models)
-    return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria))
+        regression = (_regression(data, base, max_regression, allow_new_models) if plan is None
+                      else _paired_regression(data, base, max_regression, allow_new_models, plan, progress))
+        # re-measured cells compare two files on this machine: the baseline's hardware matters only to the others
+        if plan is None or any(HEURISTIC_ONLY in c.note for c in regression):
+            criteria += _hardware(data, base, allow_hardware_mismatch)
+        criteria += regression
+        notes += filter(None, [compare_load(_load_of(base), _load_of(data))])
+    if plan is None and (max_latency_ratio is not None or max_regression is not None):
+        notes.append(HEURISTIC_NOTE)
+    elif plan is not None and any(c.name in (LATENCY_RATIO, REGRESSION) for c in criteria):
+        notes.append(f"machine load over the paired processes: {describe_load(asdict(machine_load(started)))}")
+    return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria), notes=tuple(notes))
 
 
 def format_check(result: CheckResult) -> str:
     """One line per criterion (PASS/FAIL, name, subject, measured vs allowed) and a verdict."""
-    lines = [f"{'PASS' if c.passed else 'FAIL'}  {c.name}  {_verdict(c)}" for c in result.criteria]
-    lines.append("release gate " + ("passed" if result.passed else "FAILED"))
+    lines = [f"{_mark(c)}  {c.name}  {_verdict(c)}" for c in result.criteria]
+    lines += [f"NOTE  {n}" for n in result.notes]
+    lines.append("release gate " + ("passed" if result.passed else "UNDECIDED" if result.undecided else "FAILED"))
     return "\n".join(lines)
+
+
+def _mark(c: Criterion) -> str:
+    return "PASS" if c.passed else "UNDECIDED" if c.undecided else "FAIL"
 
 
 def describe_criterion(c: Criterion) -> str:
@@ -159,9 +204,9 @@ def _latency_ratio(data: dict[str, Any], allowed: float) -> list[Criterion]:
     if not expected or not (ratios or data.get("unavailable")):
         raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has no latency ratios "
                          "(one model or no provider ran)")
-    criteria = [_criterion("latency_ratio", _cell(r), r["median"], allowed, r["median"] <= allowed) for r in ratios]
+    criteria = [_criterion(LATENCY_RATIO, _cell(r), r["median"], allowed, r["median"] <= allowed) for r in ratios]
     have = {_cell(r) for r in ratios}
-    return criteria + _missing("latency_ratio", data, [c for c in expected if c not in have], allowed)
+    return criteria + _missing(LATENCY_RATIO, data, [c for c in expected if c not in have], allowed)
 
 
 def _cell(row: Mapping[str, Any]) -> Cell:
@@ -384,3 +429,57 @@ def _regression_criterion(key: Cell, row: dict[str, Any], base: dict[str, Any], 
                           f"{over} but within noise: per-process p50 ranges overlap {spread}")
     return _criterion(REGRESSION, key, pct, allowed, False,
                       f"{over} and beyond noise: per-process p50 ranges do not overlap {spread}")
+
+
+def _load_of(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The machine load a report recorded (``environment.machine_load``); None for older reports."""
+    return (data.get("environment") or {}).get("machine_load")
+
+
+def _decided(name: str, cell: Cell, d: LatencyDecision, measured: float, allowed: float) -> Criterion:
+    """A criterion from a paired decision: passed only on a ``pass`` verdict; undecided marked as such."""
+    model, provider, batch, shape = cell
+    return Criterion(name, model, provider, batch, measured, allowed, d.verdict == PASS, describe_decision(d), shape,
+                     undecided=d.verdict == UNDECIDED)
+
+
+def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
+                  progress: Callable[[str], None] | None) -> list[Criterion]:
+    """Every candidate cell against the report's first model, decided on paired fresh processes."""
+    names = _model_names(data)
+    if len(names) < 2:
+        raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has one model (the ratio is "
+                         "to the first)")
+    reference = model_path(data, names[0])
+    unavailable = {u["provider"] for u in data.get("unavailable", [])}
+    cells = [c for c in _expected_cells(data) if c[0] != names[0]]
+    criteria = _missing(LATENCY_RATIO, data, [c for c in cells if c[1] in unavailable], allowed)
+    for cell in (c for c in cells if c[1] not in unavailable):
+        candidate = model_path(data, cell[0])
+        missing = [str(p) if p else "a file the report does not record" for p in (reference, candidate)
+                   if p is None or not p.is_file()]
+        if missing:
+            raise CheckError(f"the paired gate re-measures the report's model files, but {', '.join(missing)} is not "
+                             "readable here; run check where the files are, or without --paired")
+        d = decide_cell(reference, candidate, data, cell, allowed, plan, progress)
+        criteria.append(_decided(LATENCY_RATIO, cell, d, d.median_ratio, allowed))
+    return criteria
+
+
+def _paired_regression(data: dict[str, Any], baseline: dict[str, Any], allowed: float, allow_new: bool,
+                       plan: DecisionPlan, progress: Callable[[str], None] | None) -> list[Criterion]:
+    """Each cell of the report against the baseline's file of its model, re-measured now in paired fresh processes
+    (allowed ratio ``1 + allowed / 100``); where that file is gone or changed, the medians heuristic with a note."""
+    heuristic = _regression(data, baseline, allowed, allow_new)
+    out = []
+    for c in heuristic:
+        cell = (c.model, c.provider or "", c.batch_size or 0, c.shape)
+        candidate = model_path(data, c.model)
+        problem = remeasure_problem(baseline, data, c.model) if math.isfinite(c.measured) else "not compared"
+        if problem or candidate is None or not candidate.is_file():
+            why = problem or f"the report's model file {candidate} is not readable here"
+            out.append(c if not math.isfinite(c.measured) else replace(c, note=f"{c.note}; {HEURISTIC_ONLY}: {why}"))
+            continue
+        d = decide_cell(model_path(baseline, c.model), candidate, data, cell, 1.0 + allowed / 100.0, plan, progress)
+        out.append(_decided(REGRESSION, cell, d, 100.0 * (d.median_ratio - 1.0), allowed))
+    return out

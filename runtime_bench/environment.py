@@ -16,6 +16,7 @@ import onnx
 import psutil
 
 from .cpu import cpu_int8_target, cpu_isa, cpuinfo_text, u8s8_saturates
+from .load import MachineLoad, machine_load
 from .runtime import installed_wheels, onnxruntime_module, wheel_conflict
 
 __all__ = ["GpuInfo", "Environment", "collect_environment", "cpu_model", "gpus", "parse_nvidia_smi",
@@ -69,6 +70,9 @@ class Environment:
     (:func:`minreal.runtime_bench.cpu.u8s8_saturates`)."""
     cpu_int8_target: str | None = None
     """What ``--quant-target cpu`` means on this machine (``cpu-vnni`` or ``cpu-avx2``)."""
+    machine_load: MachineLoad | None = None
+    """How busy the machine was over the run (:class:`minreal.runtime_bench.load.MachineLoad`); a release gate
+    compares it between a baseline and a report."""
 
 
 def cpu_model() -> str:
@@ -125,8 +129,11 @@ def _onnxruntime_cuda_build() -> str | None:
     return str(version) if version else None
 
 
-def collect_environment(intra_op_threads: int) -> Environment:
+def collect_environment(intra_op_threads: int, since: tuple[float, float | None] | None = None) -> Environment:
     """Snapshot of this host for a run using ``intra_op_threads`` (spinning is always disabled).
+
+    ``since`` is the run's :func:`minreal.runtime_bench.load.cpu_counters` at its start: the machine load then
+    covers the run (steal time between the two readings).
 
     GPUs, CUDA, cuDNN and TensorRT are read without torch: ``nvidia-smi``, the NVIDIA library wheels' metadata
     and onnxruntime's build info; each is None where it cannot be found.
@@ -158,4 +165,5 @@ def collect_environment(intra_op_threads: int) -> Environment:
         cpu_flags_source=isa.source,
         int8_u8s8_saturates=saturates,
         cpu_int8_target=cpu_int8_target(isa, saturates),
+        machine_load=machine_load(since),
     )

@@ -14,6 +14,7 @@ from .atomic import atomic_write_text
 from .config import BenchConfig
 from .environment import Environment
 from .errors import ReportSchemaError
+from .load import describe_load
 from .metrics import ModelMetrics
 from .model_info import ModelInfo
 from .placement import Placement, describe_fallback
@@ -273,6 +274,8 @@ def _environment_lines(env: dict[str, Any]) -> str:
         if key == "gpus" and value:
             return ", ".join(f"{g['name']} ({_opt(g['memory_mib'], '{} MiB')}, driver {g['driver_version']})"
                              for g in value)
+        if key == "machine_load" and value:
+            return describe_load(value)
         return _plain(value)
 
     return "\n".join(f"- {key}: {shown(key, value)}" for key, value in env.items())

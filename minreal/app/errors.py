@@ -1,5 +1,6 @@
 """The command line's error table: which exception leaves ``minreal`` with which exit code and one-line message
-(2 for usage errors, 1 for failures, 143 for SIGTERM; no tracebacks unless ``MINREAL_DEBUG=1``)."""
+(2 for usage errors, 1 for failures, 3 for a release gate left undecided, 143 for SIGTERM; no tracebacks unless
+``MINREAL_DEBUG=1``)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import click
 
 from minreal.app.signals import Terminated
 
-__all__ = ["FAIL_EXIT", "TERM_EXIT", "USAGE_EXIT", "invoke", "usage_errors"]
+__all__ = ["FAIL_EXIT", "TERM_EXIT", "UNDECIDED_EXIT", "USAGE_EXIT", "invoke", "usage_errors"]
 
 USAGE_EXIT, FAIL_EXIT = 2, 1
+UNDECIDED_EXIT = 3  # `check --paired`: a latency decision not made within its cap (neither passed nor failed)
 TERM_EXIT = 128 + int(signal.SIGTERM)  # 143: what a shell reports for a process ended by SIGTERM
 
 

@@ -68,12 +68,14 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
                   max_accuracy_drop: float | None, min_agreement: float | None,
                   max_regression: float | None, allow_new_models: bool = False, min_on_provider: float | None = None,
                   allow_hardware_mismatch: bool = False, max_int8_drop: float | None = None,
-                  max_size_kb: float | None = None, max_size_ratio: float | None = None
+                  max_size_kb: float | None = None, max_size_ratio: float | None = None,
+                  plan: rb.DecisionPlan | None = None, progress: rb.Progress | None = None,
                   ) -> list[tuple[str, rb.CheckResult]]:
     """Apply the thresholds to every bench report in ``path`` (baseline matched by case name).
 
     A case (or a model of a case) absent from ``baseline`` fails unless ``allow_new_models``; see
-    :func:`minreal.runtime_bench.check_report` for ``min_on_provider`` and ``allow_hardware_mismatch``.
+    :func:`minreal.runtime_bench.check_report` for ``min_on_provider``, ``allow_hardware_mismatch`` and ``plan``
+    (latency decided on paired fresh processes re-measured now).
     """
     reports = bench_reports(path)
     base = bench_reports(baseline) if baseline else {}
@@ -92,7 +94,7 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
                                               base.get(name, _without_latency(rep)) if baseline else None,
                                               max_regression, allow_new_models, min_on_provider,
                                               allow_hardware_mismatch, max_int8_drop, max_size_kb,
-                                              max_size_ratio)))
+                                              max_size_ratio, plan, progress)))
     return results
 
 

@@ -1,5 +1,5 @@
 """``minreal check``: the release gate over a bench, run or tune report (exit 0 when every criterion
-holds, 1 otherwise)."""
+holds, 1 when one fails, 3 when a paired latency decision is undecided and nothing failed)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import click
 from minreal.app.cli_help import CRITERIA, GroupedCommand, GroupedOption
 from minreal.app.cli_options import common, max_accuracy_drop_option, max_size_option, min_agreement_option
 from minreal.app.console import Console
-from minreal.app.errors import FAIL_EXIT
+from minreal.app.errors import FAIL_EXIT, UNDECIDED_EXIT
 
 __all__ = ["check_cmd"]
 
@@ -41,6 +41,19 @@ def _check_option(*decls: str, **kwargs: Any) -> Any:
 @_check_option("--max-int8-drop", type=float,
                help="Highest allowed accuracy drop of each INT8 file against its own fp32 source (NAME.int8 vs "
                     "NAME), percentage points: the loss quantisation alone causes.")
+@_check_option("--paired", is_flag=True,
+               help="Decide the latency criteria (--max-latency-ratio, --max-regression) at a stated error rate: re-"
+                    "measure each candidate against its reference (the report's first model; the --baseline's file of "
+                    "the model) in paired, interleaved fresh processes until a sign test decides, the cap or the "
+                    "time budget; undecided exits 3 with what would decide it.")
+@_check_option("--alpha", type=click.FloatRange(0, 0.5, min_open=True, max_open=True), default=0.01,
+               show_default=True, help="With --paired: bound on the false-alarm rate (and on passing a regression).")
+@_check_option("--max-pairs", type=click.IntRange(min=1), default=60, show_default=True,
+               help="With --paired: most paired processes per model and cell.")
+@_check_option("--gate-seconds", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+               help="With --paired: time budget per model and cell, seconds.")
+@_check_option("--pair-seconds", type=click.FloatRange(min=0, min_open=True), default=0.25, show_default=True,
+               help="With --paired: measurement window per model in each process, seconds.")
 @max_size_option("of every model but the first (of the one model of a one-model report), judged as NAME and "
                  "NAME.ort.")
 @_check_option("--max-size-ratio", type=click.FloatRange(min=0, min_open=True),
@@ -50,9 +63,11 @@ def _check_option(*decls: str, **kwargs: Any) -> Any:
 def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: float | None,
               min_agreement: float | None, baseline: str | None, max_regression: float | None,
               allow_new_models: bool, min_on_provider: float | None, allow_hardware_mismatch: bool,
-              max_int8_drop: float | None, max_size_kb: float | None, max_size_ratio: float | None, quiet: bool,
+              max_int8_drop: float | None, max_size_kb: float | None, max_size_ratio: float | None, paired: bool,
+              alpha: float, max_pairs: int, gate_seconds: float, pair_seconds: float, quiet: bool,
               as_json: bool) -> None:
-    """Release gate: exit 0 when every criterion holds for REPORT, 1 otherwise.
+    """Release gate: exit 0 when every criterion holds for REPORT, 1 when one fails, 3 when (with --paired) a latency
+    decision is undecided and nothing failed.
 
     REPORT is a `minreal bench` JSON, a run directory's report.json (every case is checked) or a tune directory's
     report.json (the chosen model, as `chosen`, against the original; a tune that chose nothing fails).
@@ -65,18 +80,22 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
         raise click.UsageError("give at least one criterion (--max-latency-ratio, --max-accuracy-drop, "
                                "--min-agreement, --max-regression, --min-on-provider, --max-int8-drop, --max-size, "
                                "--max-size-ratio); a gate with none would always pass")
+    import minreal.runtime_bench as rb
+
+    plan = rb.DecisionPlan(alpha=alpha, min_pairs=min(12, max_pairs), max_pairs=max_pairs, time_budget_s=gate_seconds,
+                           pair_seconds=pair_seconds) if paired else None
     results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
                             max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
-                            allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio)
+                            allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio, plan, con.progress)
     passed = all(r.passed for _, r in results)
-    import minreal.runtime_bench as rb
+    undecided = not passed and all(r.passed or r.undecided for _, r in results)
 
     for name, res in results:
         con.table(f"[{name}]\n{rb.format_check(res)}")
-    con.result({"passed": passed, "reports": {n: r for n, r in results}})
+    con.result({"passed": passed, "undecided": undecided, "reports": {n: r for n, r in results}})
     if not passed:
         from minreal.runtime_bench.check import describe_criterion
 
         failed = [f"{n}: {describe_criterion(c)}" for n, r in results for c in r.criteria if not c.passed]
-        click.echo("FAILED " + "; ".join(failed), err=True)
-        sys.exit(FAIL_EXIT)
+        click.echo(("UNDECIDED " if undecided else "FAILED ") + "; ".join(failed), err=True)
+        sys.exit(UNDECIDED_EXIT if undecided else FAIL_EXIT)
