@@ -73,15 +73,22 @@ def run_benchmark(
     Accuracy (with ``y``) and agreement are computed first, here on CPU, on ``x`` as given (or seeded
     random inputs at the first shape), so incompatible models fail before any timing.
 
-    Args:
-        models: Models to compare; the first is the reference.
-        config: Timing protocol, providers, batch sizes and symbolic axis values.
-        x: Evaluation inputs (rows along axis 0), also used as timing inputs (cut along symbolic axes to
-            each shape): one array for single-input models, or arrays keyed by graph input name.
-        y: Labels (integers: accuracy) or targets (floats: MSE) for ``x``.
-        progress: Called with one-line progress messages (default: ``logging.info``).
-        fail_on_unavailable: Raise :class:`ProviderUnavailableError` instead of reporting a provider
-            that cannot run.
+    Parameters
+    ----------
+    models
+        Models to compare; the first is the reference.
+    config
+        Timing protocol, providers, batch sizes and symbolic axis values.
+    x
+        Evaluation inputs (rows along axis 0), also used as timing inputs (cut along symbolic axes to
+        each shape): one array for single-input models, or arrays keyed by graph input name.
+    y
+        Labels (integers: accuracy) or targets (floats: MSE) for ``x``.
+    progress
+        Called with one-line progress messages (default: ``logging.info``).
+    fail_on_unavailable
+        Raise :class:`ProviderUnavailableError` instead of reporting a provider
+        that cannot run.
     """
     notify = progress or logger.info
     started = cpu_counters()
@@ -302,8 +309,9 @@ def _metrics(
 
     Random rows are those of :func:`minreal.runtime_bench.inputs.timing_inputs` for the first model's inputs.
 
-    Returns:
-        The metrics and a description of the data they were computed on.
+    Returns
+    -------
+    The metrics and a description of the data they were computed on.
     """
     names, paths = [m.name for m in models], [m.path for m in models]
     if x is not None:

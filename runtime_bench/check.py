@@ -93,41 +93,58 @@ def check_report(
 ) -> CheckResult:
     """Apply release thresholds to a report (a :func:`load_report` dict or a :class:`BenchReport`).
 
-    Args:
-        report: The report to judge; its first model is the reference.
-        max_latency_ratio: Highest allowed median latency ratio vs the first model, per cell.
-        max_accuracy_drop: Highest allowed accuracy drop vs the first model, in percentage points.
-        min_agreement: Lowest allowed top-1 agreement with the first model (fraction 0..1).
-        baseline: An earlier report; cells are matched by (model, provider, batch size, shape).
-        max_regression: Highest allowed p50 latency increase vs ``baseline``, in percent. A cell fails
-            only when its increase exceeds this and the per-process p50 ranges of the two runs do not
-            overlap (an increase inside the measured noise passes, with a note saying so).
-        allow_new_models: Cells of ``report`` absent from ``baseline`` pass (they fail otherwise).
-        min_on_provider: Lowest allowed share (0..1) of each model's kernels that ran on its requested provider
-            (the report's placement); a failing criterion names the kernels that fell back.
-        allow_hardware_mismatch: A ``baseline`` from another CPU model or other GPU model(s) only warns (it
-            fails otherwise: its latencies are not comparable).
-        max_int8_drop: Highest allowed accuracy drop of each INT8 file (``X.int8``) against its fp32 source
-            (``X``, or ``X.ptq`` for ``X.ptq.int8``) in the same report, in percentage points.
-        max_size_kb: Largest allowed file size in KiB (the graph with its external data, on disk) of every model
-            but the first (the reference); of the one model of a one-model report. A model with an ORT-format file
-            (``ort_size_bytes``: a run's or tune's ``--format onnx,ort``) is judged on it too, as ``NAME.ort``.
-        max_size_ratio: Largest allowed file size of every model but the first relative to the first's; an
-            ORT-format file (``NAME.ort``) relative to the first's ``.onnx`` file too (what ships against what was
-            exported, so the ratio shows the ORT format's own cost as well).
-        plan: Decide the latency criteria statistically (:mod:`minreal.runtime_bench.decision`): each candidate
-            against the report's first model, and each model against the baseline's file of it, re-measured now
-            in paired fresh processes (ABAB...) until decided at ``plan.alpha``, the cap or the time budget. A
-            baseline whose model file is gone, or changed, is judged by the medians heuristic, with a note saying so
-            (and only then does the baseline's hardware matter: re-measured cells compare two files on this machine).
-            Without ``plan`` the latency criteria compare medians (no stated error rate; a note says so).
-        progress: Called with one-line progress messages while the paired processes run.
+    Parameters
+    ----------
+    report
+        The report to judge; its first model is the reference.
+    max_latency_ratio
+        Highest allowed median latency ratio vs the first model, per cell.
+    max_accuracy_drop
+        Highest allowed accuracy drop vs the first model, in percentage points.
+    min_agreement
+        Lowest allowed top-1 agreement with the first model (fraction 0..1).
+    baseline
+        An earlier report; cells are matched by (model, provider, batch size, shape).
+    max_regression
+        Highest allowed p50 latency increase vs ``baseline``, in percent. A cell fails
+        only when its increase exceeds this and the per-process p50 ranges of the two runs do not
+        overlap (an increase inside the measured noise passes, with a note saying so).
+    allow_new_models
+        Cells of ``report`` absent from ``baseline`` pass (they fail otherwise).
+    min_on_provider
+        Lowest allowed share (0..1) of each model's kernels that ran on its requested provider
+        (the report's placement); a failing criterion names the kernels that fell back.
+    allow_hardware_mismatch
+        A ``baseline`` from another CPU model or other GPU model(s) only warns (it
+        fails otherwise: its latencies are not comparable).
+    max_int8_drop
+        Highest allowed accuracy drop of each INT8 file (``X.int8``) against its fp32 source
+        (``X``, or ``X.ptq`` for ``X.ptq.int8``) in the same report, in percentage points.
+    max_size_kb
+        Largest allowed file size in KiB (the graph with its external data, on disk) of every model
+        but the first (the reference); of the one model of a one-model report. A model with an ORT-format file
+        (``ort_size_bytes``: a run's or tune's ``--format onnx,ort``) is judged on it too, as ``NAME.ort``.
+    max_size_ratio
+        Largest allowed file size of every model but the first relative to the first's; an
+        ORT-format file (``NAME.ort``) relative to the first's ``.onnx`` file too (what ships against what was
+        exported, so the ratio shows the ORT format's own cost as well).
+    plan
+        Decide the latency criteria statistically (:mod:`minreal.runtime_bench.decision`): each candidate
+        against the report's first model, and each model against the baseline's file of it, re-measured now
+        in paired fresh processes (ABAB...) until decided at ``plan.alpha``, the cap or the time budget. A
+        baseline whose model file is gone, or changed, is judged by the medians heuristic, with a note saying so
+        (and only then does the baseline's hardware matter: re-measured cells compare two files on this machine).
+        Without ``plan`` the latency criteria compare medians (no stated error rate; a note says so).
+    progress
+        Called with one-line progress messages while the paired processes run.
 
     Every latency criterion also fails, with a note, for each requested (model, provider, batch size, shape)
     the report has no latency for (a provider recorded as unavailable, a cell that did not run).
 
-    Raises:
-        CheckError: a threshold was given but the report holds nothing it could apply to.
+    Raises
+    ------
+    CheckError
+        a threshold was given but the report holds nothing it could apply to.
     """
     data = _as_dict(report, "report")
     criteria: list[Criterion] = []

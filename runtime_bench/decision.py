@@ -40,16 +40,23 @@ PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
 class DecisionPlan:
     """How a paired latency decision is run.
 
-    Attributes:
-        alpha: Bound on the false-alarm rate (fail although the median ratio is within the allowed one), and
-            likewise on the rate of passing a real regression; over all looks together.
-        min_pairs: Pairs (fresh processes) before the first look.
-        max_pairs: Cap on the pairs; undecided at the cap is a verdict of its own.
-        looks: Most looks, spread geometrically from ``min_pairs`` to ``max_pairs`` (each test at ``alpha`` divided
-            by the number of distinct scheduled pair counts: :attr:`level`).
-        time_budget_s: Wall-time budget per decision (one model, one cell); when it runs out the pairs so far get
-            the next look of the schedule, and no more are added.
-        pair_seconds: Measurement window per model in each process (the bench's ``min_seconds``).
+    Attributes
+    ----------
+    alpha
+        Bound on the false-alarm rate (fail although the median ratio is within the allowed one), and
+        likewise on the rate of passing a real regression; over all looks together.
+    min_pairs
+        Pairs (fresh processes) before the first look.
+    max_pairs
+        Cap on the pairs; undecided at the cap is a verdict of its own.
+    looks
+        Most looks, spread geometrically from ``min_pairs`` to ``max_pairs`` (each test at ``alpha`` divided
+        by the number of distinct scheduled pair counts: :attr:`level`).
+    time_budget_s
+        Wall-time budget per decision (one model, one cell); when it runs out the pairs so far get
+        the next look of the schedule, and no more are added.
+    pair_seconds
+        Measurement window per model in each process (the bench's ``min_seconds``).
     """
 
     alpha: float = 0.01
@@ -129,8 +136,9 @@ def median_bounds(values: Sequence[float], level: float) -> tuple[float, float]:
 def decide(ratios: Sequence[float], allowed: float, level: float) -> tuple[str, float, float]:
     """The verdict on per-pair ``ratios`` against ``allowed`` with each one-sided test at ``level``.
 
-    Returns:
-        ``(verdict, lower, upper)``: PASS, FAIL or UNDECIDED and the confidence bounds of the median ratio.
+    Returns
+    -------
+    ``(verdict, lower, upper)``: PASS, FAIL or UNDECIDED and the confidence bounds of the median ratio.
     """
     if allowed <= 0 or not all(r > 0 and math.isfinite(r) for r in ratios):
         raise ValueError("ratios and the allowed ratio must be positive and finite")

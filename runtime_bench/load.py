@@ -14,12 +14,17 @@ __all__ = ["MachineLoad", "cpu_counters", "machine_load", "compare_load", "descr
 class MachineLoad:
     """The machine's load around a measurement.
 
-    Attributes:
-        load_avg: 1-, 5- and 15-minute load averages (runnable processes), when the run ended.
-        logical_cores: Logical cores, to read the load averages against.
-        steal_pct: Share of CPU time stolen by the hypervisor during the run (``/proc/stat``'s steal column,
-            between the run's start and end), percent; None where the kernel does not report it.
-        cpu_mhz: Current CPU frequency when the run ended, MHz; None where unreadable.
+    Attributes
+    ----------
+    load_avg
+        1-, 5- and 15-minute load averages (runnable processes), when the run ended.
+    logical_cores
+        Logical cores, to read the load averages against.
+    steal_pct
+        Share of CPU time stolen by the hypervisor during the run (``/proc/stat``'s steal column,
+        between the run's start and end), percent; None where the kernel does not report it.
+    cpu_mhz
+        Current CPU frequency when the run ended, MHz; None where unreadable.
     """
 
     load_avg: tuple[float, float, float]

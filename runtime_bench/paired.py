@@ -33,8 +33,10 @@ def paired_decision(reference: ModelEntry, candidate: ModelEntry, config: BenchC
     """Decide whether ``candidate``'s latency is within ``allowed`` times ``reference``'s on the first provider, batch
     size and shape of ``config`` (each process measures for ``plan.pair_seconds`` per model, seeded random inputs).
 
-    Raises:
-        ProviderUnavailableError: The provider did not run in a worker.
+    Raises
+    ------
+    ProviderUnavailableError
+        The provider did not run in a worker.
     """
     notify = progress or logger.info
     with pair_ratios(reference, candidate, config, plan.pair_seconds) as next_ratio:

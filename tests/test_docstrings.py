@@ -24,10 +24,6 @@ NUMPYDOC = frozenset({"Parameters", "Returns", "Yields", "Receives", "Other Para
 #: A Google-style section header: the name and a colon alone on a line.
 GOOGLE = re.compile(r"^\s*(Args|Arguments|Keyword Args|Returns|Raises|Yields|Example|Examples|Attributes|Note|Notes"
                     r"|Todo|Warning|Warnings|See Also|References)\s*:\s*$")
-#: Files another change of issue 43 is rewriting (runtime_bench/check.py and runtime_bench/bench.py, the release gate
-#: and the benchmark driver); they still hold Google-style sections. The last test fails once one of them no longer
-#: does, so that its exemption goes with it.
-PENDING = frozenset({"runtime_bench/check.py", "runtime_bench/bench.py"})
 
 
 def _sources() -> list[Path]:
@@ -66,7 +62,7 @@ def _underline_errors(doc: str) -> Iterator[str]:
             yield f"line {k}: {line!r} is underlined by {len(below)} dashes, not {len(line)}"
 
 
-@pytest.mark.parametrize("path", [p for p in _sources() if str(p.relative_to(ROOT)) not in PENDING],
+@pytest.mark.parametrize("path", _sources(),
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_google_style_section_headers(path: Path) -> None:
     assert _google_headers(path) == []
@@ -92,10 +88,3 @@ def test_the_checks_see_what_they_look_for() -> None:
     assert list(_underline_errors("x\n\nReturns\n-------\nint\n    one\n")) == []
     assert len(list(_underline_errors("x\n\nReturns\n------\nint\n"))) == 1
     assert len(list(_underline_errors("x\n\nReturns\nint\n"))) == 1
-
-
-@pytest.mark.parametrize("name", sorted(PENDING))
-def test_pending_exemptions_are_still_needed(name: str) -> None:
-    """An exempted file that no longer holds a Google-style header (or is gone) must leave :data:`PENDING`."""
-    path = ROOT / name
-    assert path.is_file() and _google_headers(path), f"{name} needs no exemption any more: remove it from PENDING"
