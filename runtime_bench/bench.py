@@ -171,6 +171,7 @@ def _run_workers(
     runs: dict[Cell, list[WorkerResult]] = defaultdict(list)
     shapes = config.shapes()
     options = {p: _provider_options(p, models, config, workdir) for p in config.providers}
+    specs = {m.name: input_specs(m.path) for m in models}  # read here once: the workers then never import onnx
     done, total = 0, config.repeats * len(config.providers) * len(config.batch_sizes) * len(shapes)
     for repeat in range(config.repeats):
         order = [models[(i + repeat) % len(models)] for i in range(len(models))]
@@ -186,6 +187,7 @@ def _run_workers(
                     provider_options=[options[provider][m.name] for m in order],
                     io_binding=config.io_binding and provider != "cpu",
                     placement=repeat == 0 and batch == config.batch_sizes[0] and index == 0,
+                    specs=[specs[m.name] for m in order],
                 )
                 label = shape_label(shape)
                 notify(f"timing {provider} batch {batch}{' ' + label if label else ''} "

@@ -11,13 +11,16 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
 
 from minreal.facts import error_line
 
 from .errors import BenchInputError, ModelFileError
+
+if TYPE_CHECKING:  # onnx (1-2 s with ml_dtypes) is imported where a file is read, not by a timing worker
+    import onnx
 
 __all__ = ["InputSpec", "Data", "has_qdq", "input_specs", "index_bounds", "timing_inputs", "batch_inputs", "named_data",
            "check_values", "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto",
@@ -56,6 +59,8 @@ class InputSpec:
 
 def load_model_proto(path: Path, load_external_data: bool = False) -> onnx.ModelProto:
     """Load an ONNX model, raising :class:`ModelFileError` naming the file on any failure."""
+    import onnx
+
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"model file not found: {path}")
@@ -88,6 +93,8 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 
 def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
     """Tensors (subgraphs included) whose data lives in another file."""
+    import onnx
+
     return [t for t in _tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL]
 
 
@@ -169,12 +176,16 @@ def _gather_bound(name: str, consumers: Mapping[str, list[onnx.NodeProto]],
 
 def _axis_length(gather: onnx.NodeProto, dims: tuple[int, ...]) -> int | None:
     """Length of the table ``dims`` along the Gather's ``axis`` (default 0); None if out of range."""
+    import onnx
+
     axis = next((onnx.helper.get_attribute_value(a) for a in gather.attribute if a.name == "axis"), 0)
     axis = axis + len(dims) if axis < 0 else axis
     return dims[axis] if 0 <= axis < len(dims) else None
 
 
 def _spec(value: onnx.ValueInfoProto, high: int | None = None) -> InputSpec:
+    import onnx
+
     tensor = value.type.tensor_type
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
     shape = tuple(_dim(d) for d in tensor.shape.dim)

@@ -20,6 +20,7 @@ from .bench import _provider_options, _spawn
 from .config import BenchConfig, ModelEntry
 from .decision import DecisionPlan, LatencyDecision, sequential_decision
 from .errors import ProviderUnavailableError
+from .inputs import input_specs
 from .providers import provider_name
 from .worker import WorkerJob, WorkerResult
 
@@ -57,6 +58,7 @@ def pair_ratios(reference: ModelEntry, candidate: ModelEntry, config: BenchConfi
     pair = (ModelEntry("reference", reference.path), ModelEntry("candidate", candidate.path))
     with tempfile.TemporaryDirectory(prefix="minreal-gate-") as tmp:
         options = _provider_options(provider, pair, config, Path(tmp))
+        specs = {m.name: input_specs(m.path) for m in pair}  # read here once: the workers then never import onnx
 
         def next_ratio(i: int) -> float:
             order = pair if i % 2 == 0 else pair[::-1]
@@ -64,7 +66,7 @@ def pair_ratios(reference: ModelEntry, candidate: ModelEntry, config: BenchConfi
                             paths=[str(m.path) for m in order], provider=provider_name(provider), batch_size=batch,
                             threads=config.threads(), warmup=config.warmup, min_runs=config.min_runs,
                             min_seconds=pair_seconds, seed=config.seed, axis_values=shape,
-                            provider_options=[options[m.name] for m in order])
+                            provider_options=[options[m.name] for m in order], specs=[specs[m.name] for m in order])
             return _ratio(_spawn(job, Path(tmp) / f"pair-{i}", config.worker_timeout_s), provider)
 
         yield next_ratio

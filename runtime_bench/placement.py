@@ -16,15 +16,17 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 
 from minreal.facts import INTEGER_KERNEL_OPS, PROVIDERS
 
 from .inputs import ORT_SUFFIX, load_model_proto
 from .sessions import create_session
+
+if TYPE_CHECKING:  # imported where a graph is read (MAC counts), not when a timing worker imports this module
+    import onnx
 
 __all__ = [
     "PlacedNode",
@@ -140,6 +142,8 @@ def node_macs(op_type: str, inputs: Sequence[Shape | None], outputs: Sequence[Sh
         return MAC_RULES[op_type](inputs, outputs)
     if op_type in UNCOUNTED_OPS:
         return None
+    import onnx
+
     return 0 if op_type in MAC_FREE_CONTRIB_OPS or op_type in COPY_OPS or onnx.defs.has(op_type) else None
 
 
@@ -150,6 +154,8 @@ def graph_macs(path: Path, input_shapes: Mapping[str, Shape]) -> dict[str, int |
     ORT-format file (``.ort``), which the onnx package cannot read, gives ``{}`` too."""
     if Path(path).suffix == ORT_SUFFIX:
         return {}
+    import onnx
+
     model = load_model_proto(Path(path))
     for value in model.graph.input:
         for dim, n in zip(value.type.tensor_type.shape.dim, input_shapes.get(value.name, ())):

@@ -1,7 +1,8 @@
 """Worker process: times one (provider, batch size) for all models, interleaved.
 
 Run as ``python -m minreal.runtime_bench.worker JOB.json RESULT.json``. A fresh process per job keeps
-allocator and thread-pool state of one batch size from leaking into the next.
+allocator and thread-pool state of one batch size from leaking into the next. Its start-up is part of every paired
+gate's time, so a job whose input specs the parent read imports neither onnx nor torch.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ import numpy as np
 
 from minreal.facts import PROVIDERS
 
-from .inputs import Data, input_specs, timing_inputs
+from .inputs import Data, InputSpec, input_specs, timing_inputs
 from .placement import measure_placements
 from .providers import provider_mismatch
 from .runtime import onnxruntime_module
 from .sessions import create_session
 from .timing import time_interleaved
 
-__all__ = ["WorkerJob", "WorkerResult", "run_job", "main", "save_data", "load_data"]
+__all__ = ["WorkerJob", "WorkerResult", "run_job", "main", "save_data", "load_data", "job_from_dict"]
 
 #: In a saved ``.npz`` of named inputs: the array of input names; the arrays are ``arr_0``, ``arr_1``, ...
 _NAMES_KEY = "names"
@@ -42,7 +43,9 @@ class WorkerJob:
     ``axis_values`` gives each symbolic axis its length for this shape (``{}`` when there are none);
     ``data_path`` is a file written by :func:`save_data`, or None for random inputs. With ``placement``,
     each model also runs once, after the timing, in a separate profiled session
-    (:func:`minreal.runtime_bench.placement.measure_placement`).
+    (:func:`minreal.runtime_bench.placement.measure_placement`). ``specs`` holds each model's inputs
+    (:func:`minreal.runtime_bench.inputs.input_specs`) as the parent read them, so the worker need not import onnx
+    to read them again; empty, the worker reads them from the files.
     """
 
     names: list[str]
@@ -59,6 +62,13 @@ class WorkerJob:
     provider_options: list[dict[str, str]] = field(default_factory=list)
     io_binding: bool = False
     placement: bool = False
+    specs: list[list[InputSpec]] = field(default_factory=list)
+
+
+def job_from_dict(fields: Mapping[str, Any]) -> WorkerJob:
+    """The :class:`WorkerJob` that ``asdict(job)`` (as JSON) came from, its input specs rebuilt."""
+    specs = [[InputSpec(**{**s, "shape": tuple(s["shape"])}) for s in model] for model in fields.get("specs", [])]
+    return WorkerJob(**{**fields, "specs": specs})
 
 
 @dataclass(frozen=True)
@@ -131,8 +141,9 @@ def run_job(job: WorkerJob) -> WorkerResult:
     x = load_data(job.data_path)
     run_fns, device_fns, first_run_ms, all_feeds = [], [], {}, []
     options = job.provider_options or [{} for _ in job.paths]
-    for name, path, session, opts in zip(job.names, job.paths, sessions, options):
-        feeds = timing_inputs(input_specs(Path(path)), job.batch_size, x, job.seed, name, job.axis_values)
+    specs = job.specs or [input_specs(Path(path)) for path in job.paths]
+    for name, model_specs, session, opts in zip(job.names, specs, sessions, options):
+        feeds = timing_inputs(model_specs, job.batch_size, x, job.seed, name, job.axis_values)
         run_fns.append(lambda s=session, f=feeds: s.run(None, f))
         all_feeds.append(feeds)
         first_run_ms[name] = _timed_once(run_fns[-1])
@@ -187,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         sys.stderr.write("usage: python -m minreal.runtime_bench.worker JOB.json RESULT.json\n")
         return 2
-    job = WorkerJob(**json.loads(Path(args[0]).read_text()))
+    job = job_from_dict(json.loads(Path(args[0]).read_text()))
     result = run_job(job)
     tmp = Path(args[1]).with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(result)))

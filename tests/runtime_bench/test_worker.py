@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from minreal.runtime_bench.inputs import input_specs
 from minreal.runtime_bench.providers import available_providers
-from minreal.runtime_bench.worker import WorkerJob, run_job
+from minreal.runtime_bench.worker import WorkerJob, job_from_dict, run_job
 
 
 def _job(paths: list[Path], provider: str = "CPUExecutionProvider", **overrides) -> WorkerJob:
@@ -57,6 +58,29 @@ def test_benchmark_processes_never_import_torch() -> None:
     code = "import sys, runtime_bench, minreal.runtime_bench.worker; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_worker_module_does_not_import_onnx() -> None:
+    code = "import sys, minreal.runtime_bench.worker; print('onnx' in sys.modules, 'ml_dtypes' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False False"
+
+
+def test_job_with_input_specs_round_trips_through_json(reference_model: Path) -> None:
+    job = _job([reference_model] * 2, names=["a", "b"], specs=[input_specs(reference_model)] * 2)
+    again = job_from_dict(json.loads(json.dumps(asdict(job))))
+    assert again == job
+    assert isinstance(again.specs[1][0].shape, tuple)
+
+
+def test_worker_given_input_specs_times_without_importing_onnx(tmp_path: Path, reference_model: Path) -> None:
+    job_path, result_path = tmp_path / "job.json", tmp_path / "result.json"
+    job_path.write_text(json.dumps(asdict(_job([reference_model], min_runs=4, specs=[input_specs(reference_model)]))))
+    code = "import sys; from minreal.runtime_bench.worker import main; print(main(sys.argv[1:]), 'onnx' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code, str(job_path), str(result_path)], capture_output=True,
+                          text=True, check=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert done.stdout.strip() == "0 False"
+    assert len(json.loads(result_path.read_text())["latencies_ms"]["reference"]) == 4
 
 
 class _SlowFirstRun:
