@@ -174,7 +174,7 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
         t = time.perf_counter()
         rec = _export(small, run.label, run.method, case, case_dir, cfg)
         # Methods measure on the data they were given (calibration); the run also measures on held-out data.
-        report.measured["held_out"] = compare_outputs(case.model, small, case.test)
+        report.measured.held_out = compare_outputs(case.model, small, case.test)
         rec.compression = to_jsonable(report)
         records.append(rec)
         weights[run.label] = layer_weights(small, trained_ranges(rec))
