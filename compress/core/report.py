@@ -334,7 +334,8 @@ class CompressionReport:
         known = {k: v for k, v in data.items() if k in names}
         known.setdefault("method", "")
         known.setdefault("config", {})
-        return cls(**known, layers=[LayerReport(**layer) for layer in data.get("layers") or ()],
+        layers = [LayerReport(**{"kind": "", "action": "", **layer}) for layer in data.get("layers") or ()]
+        return cls(**known, layers=layers,
                    predicted=Predicted.from_json(data.get("predicted") or {}),
                    measured=Measured.from_json(data.get("measured") or {}))
 
