@@ -131,7 +131,8 @@ def _field_names(cls: type) -> set[str]:
 class Predicted(_Record):
     """What a method predicts before any data is measured (costs, bounds, widths, budgets); UNSET when not set.
 
-    Shared (:mod:`minreal.compress.registry`):
+    The first fields are set by :mod:`minreal.compress.registry` for every method (costs, budget, a chain's steps),
+    the others by the methods named in the comments above them.
     """
 
     whole_model_mac_ratio: float = _unset()
