@@ -9,6 +9,7 @@ read-only mappings too (``report.predicted["mac_ratio"]``, ``"recovered" in repo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -99,6 +100,11 @@ class _Record(Mapping[str, Any]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _field_names(type(self)):  # a misspelt key would vanish from the JSON
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}; a key of your own goes in .extra")
+        object.__setattr__(self, name, value)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({dict(self.items())!r})"
 
@@ -123,8 +129,9 @@ class _Record(Mapping[str, Any]):
         return cls(**known, extra=extra)
 
 
-def _field_names(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 @dataclass(eq=False, repr=False)

@@ -129,6 +129,8 @@ def test_predicted_and_measured_are_read_only_mappings_of_their_set_fields() -> 
         predicted["budget"]
     with pytest.raises(TypeError):
         predicted["budget"] = {}  # type: ignore[index]
+    with pytest.raises(AttributeError, match="no field 'budgett'"):
+        predicted.budgett = {}  # type: ignore[attr-defined]
     assert predicted == {"whole_model_mac_ratio": 0.5, "output_deviation_bound": None}
     # copies and pickles keep UNSET (a cached prepared report is deep-copied, a tune worker's is pickled)
     for again in (copy.deepcopy(predicted), pickle.loads(pickle.dumps(predicted))):
