@@ -128,7 +128,7 @@ class Runner:
         new, report = realise(prepare(mid, case.calib, "magnitude", MagnitudeConfig(mac_ratio=ratio / head.mac_ratio)),
                               MagnitudeConfig(mac_ratio=ratio / head.mac_ratio), measure=False)
         example = case.calib.x[:1]
-        report.predicted["removed"] = head.predicted["removed"]
+        report.predicted.removed = head.predicted.removed
         report.macs_after = count_macs_torch(new, example).macs
         report.macs_before = count_macs_torch(case.model, example).macs
         return new, report

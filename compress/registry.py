@@ -21,7 +21,7 @@ from .core.lazy import LazyCallable
 from .core.measuring import method_measurements
 from .core.options import BUDGET_FIELDS, field_clash, flag_of
 from .core.recover_options import RecoveryConfig
-from .core.report import CompressionReport
+from .core.report import UNSET, CompressionReport, Measured
 from .core.spec import MethodFn, MethodSpec
 
 if TYPE_CHECKING:
@@ -165,8 +165,8 @@ def fill_costs(report: CompressionReport, model: nn.Module, new: nn.Module, exam
     report.not_covered_by_rules = sorted(set(uncovered_modules(model, torch_before))
                                          | set(uncovered_modules(new, torch_after)))
     report.not_counted_by_torch = sorted(set(torch_before.uncounted_ops) | set(torch_after.uncounted_ops))
-    report.predicted["whole_model_mac_ratio"] = report.mac_ratio
-    report.predicted["whole_model_param_ratio"] = report.param_ratio
+    report.predicted.whole_model_mac_ratio = report.mac_ratio
+    report.predicted.whole_model_param_ratio = report.param_ratio
 
 
 def _requested_budget(spec: MethodSpec, cfg: Any) -> tuple[str, float] | None:
@@ -185,7 +185,7 @@ UNCHANGED_ACTIONS = ("kept", "skipped")
 
 BUDGET_SLACK = 0.01
 """How far above its MAC or parameter budget a result's measured ratio may land before its report says the budget
-was missed (``predicted["budget_missed"]`` and a note): methods budget their per-layer cost rules, and the ops those
+was missed (``predicted.budget_missed`` and a note): methods budget their per-layer cost rules, and the ops those
 rules do not cover (attention's matmuls, a shifted window's rolls) can leave the whole model above the budget."""
 
 
@@ -213,29 +213,31 @@ def apply_recovery(report: CompressionReport, model: nn.Module, new: nn.Module, 
                    recovery: RecoveryConfig | None, held_out: Dataset | None = None, measure: bool = True
                    ) -> nn.Module:
     """Recover ``new`` from ``model`` on ``data`` when ``recovery`` is enabled: ``report.recovery`` and
-    ``report.measured["recovered"]`` filled (without ``measure``, which a caller that measures on its own data
-    turns off, ``measured["recovered"]`` stays empty), the zero-shot measurements kept. With ``held_out`` (data
-    neither the method nor the recovery saw), ``measured["held_out_zero_shot"]`` and
-    ``measured["held_out_recovered"]`` hold :func:`~minreal.compress.core.recover.held_out_metrics` of both models on
+    ``report.measured.recovered`` filled (without ``measure``, which a caller that measures on its own data
+    turns off, ``measured.recovered`` stays UNSET), the zero-shot measurements kept. With ``held_out`` (data
+    neither the method nor the recovery saw), ``measured.held_out_zero_shot`` and
+    ``measured.held_out_recovered`` hold :func:`~minreal.compress.core.recover.held_out_metrics` of both models on
     it. Returns the model to use (a copy when the method returned ``model`` itself, which is never trained)."""
     if recovery is None or not recovery.enabled:
         return new
     if new is model:
         new = copy.deepcopy(model)
     if held_out is not None:
-        report.measured["held_out_zero_shot"] = held_out_metrics(model, new, held_out, task=recovery.task)
+        report.measured.held_out_zero_shot = held_out_metrics(model, new, held_out, task=recovery.task)
     result = recover(model, new, data, recovery, state_points(report))
     report.recovery = dataclasses.asdict(result)
     report.timings_s["recover"] = result.wall_s
     if measure:
-        report.measured["recovered"] = compare_outputs(model, new, data)
+        report.measured.recovered = compare_outputs(model, new, data)
     if held_out is not None:
-        report.measured["held_out_recovered"] = held_out_metrics(model, new, held_out, task=recovery.task)
-    predicted_bounds = {k: v for k, v in report.predicted.items() if k.endswith("_bound") and v is not None}
+        report.measured.held_out_recovered = held_out_metrics(model, new, held_out, task=recovery.task)
+    bound = report.predicted.output_deviation_bound  # the one whole-model bound a method predicts
+    predicted_bounds = {} if bound is None or bound is UNSET else {"output_deviation_bound": bound}
     if predicted_bounds or any(v is not None for v in report.bounds.values()):
-        report.predicted["bounds_zero_shot"] = {**report.bounds, **predicted_bounds}
+        report.predicted.bounds_zero_shot = {**report.bounds, **predicted_bounds}
         report.bounds = {k: None for k in report.bounds}
-        report.predicted.update({k: None for k in predicted_bounds})
+        if predicted_bounds:
+            report.predicted.output_deviation_bound = None
         report.notes.append("no bound: recovery moves the weights by data-driven steps the error bounds do not cover; "
                             "predicted.bounds_zero_shot holds them for the model before recovery")
     if result.interrupted:
@@ -347,13 +349,13 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
     if budget is not None:
         achieved = {"mac_ratio": report.mac_ratio, "param_ratio": report.param_ratio,
                     "latency_ratio": report.predicted.get("whole_model_latency_ratio")}.get(budget[0])
-        report.predicted["budget"] = {"kind": budget[0], "requested": budget[1], "achieved": achieved}
+        report.predicted.budget = {"kind": budget[0], "requested": budget[1], "achieved": achieved}
         if achieved is not None and (note := budget_shortfall(report, budget[0], budget[1], achieved)):
-            report.predicted["budget_missed"] = note
+            report.predicted.budget_missed = note
             report.notes.append(note)
     if measure and "relative_output_error" not in report.measured:
         t0 = time.perf_counter()
-        report.measured.update(compare_outputs(model, new, data))
+        report.measured = dataclasses.replace(report.measured, **compare_outputs(model, new, data))
         report.timings_s["measure"] = time.perf_counter() - t0
     if not recover_after:
         return new, report
@@ -388,8 +390,8 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
     """Run registered methods in sequence through :func:`compress`, each on the previous result.
 
     The report is the last step's layers, with the whole-model costs and the output comparison against the
-    original ``model``; ``predicted["steps"]`` keeps each step's method, config, cost ratios and budget (each
-    step's budget is relative to the model it received), and ``predicted["budget"]`` is the last budgeted step's,
+    original ``model``; ``predicted.steps`` keeps each step's method, config, cost ratios and budget (each
+    step's budget is relative to the model it received), and ``predicted.budget`` is the last budgeted step's,
     with that step's method under ``"step"``. An enabled ``recovery`` runs once, after the last step, from the
     original ``model``.
     """
@@ -403,9 +405,7 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
                           "param_ratio": rep.param_ratio, "budget": rep.predicted.get("budget")})
     last = reports[-1]
     budgets = [{**s["budget"], "step": s["method"]} for s in summaries if s["budget"] is not None]
-    predicted = {**{k: v for k, v in last.predicted.items() if k != "budget"}, "steps": summaries}
-    if budgets:
-        predicted["budget"] = budgets[-1]
+    predicted = dataclasses.replace(last.predicted, steps=summaries, budget=budgets[-1] if budgets else UNSET)
     report = dataclasses.replace(last, method=chain_label([m for m, _ in steps]),
                                  config={m: r.config for (m, _), r in zip(steps, reports)},
                                  predicted=predicted,
@@ -413,10 +413,10 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
                                  spectra={k: v for r in reports for k, v in r.spectra.items()},
                                  bounds={f"{m}:{k}": v for (m, _), r in zip(steps, reports)
                                          for k, v in r.bounds.items()},
-                                 measured={})
+                                 measured=Measured())
     fill_costs(report, model, current, data.x[: min(len(data), 8)])
     t0 = time.perf_counter()
-    report.measured.update(compare_outputs(model, current, data))
+    report.measured = Measured(**compare_outputs(model, current, data))
     report.timings_s = {f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.timings_s.items()}
     report.timings_s["measure"] = time.perf_counter() - t0
     return apply_recovery(report, model, current, data, recovery, held_out), report

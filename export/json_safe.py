@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, is_dataclass
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +15,12 @@ __all__ = ["to_jsonable", "write_json"]
 
 
 def to_jsonable(obj: Any) -> Any:
-    """JSON-safe copy of dataclasses, paths, tuples and numpy scalars."""
+    """JSON-safe copy of dataclasses, paths, tuples and numpy scalars; an object with a ``to_json`` method (a
+    :class:`~minreal.compress.core.report.CompressionReport`) is written as that method says."""
+    if callable(getattr(obj, "to_json", None)) and not isinstance(obj, type):
+        return to_jsonable(obj.to_json())
     if is_dataclass(obj) and not isinstance(obj, type):
-        return to_jsonable(asdict(obj))
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in fields(obj)}
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

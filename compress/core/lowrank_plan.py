@@ -287,6 +287,6 @@ def fill_report(report: CompressionReport, table: CostTable, targets: list[Targe
     report.layers.extend(skipped)
     fact = [lr for lr in report.layers if lr.name in ranks]
     keep_total = sum(lr.macs_before for lr in fact)
-    report.predicted["factorizable_mac_ratio"] = sum(lr.macs_after for lr in fact) / max(keep_total, 1)
-    report.predicted["factorizable_param_ratio"] = (sum(lr.params_after for lr in fact)
+    report.predicted.factorizable_mac_ratio = sum(lr.macs_after for lr in fact) / max(keep_total, 1)
+    report.predicted.factorizable_param_ratio = (sum(lr.params_after for lr in fact)
                                                      / max(sum(lr.params_before for lr in fact), 1))

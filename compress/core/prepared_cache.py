@@ -42,6 +42,7 @@ from .cache import data_key, model_key
 from .data import Dataset
 from .distributed import all_agree, is_writer
 from .inputs import NamedInputs
+from .report import UNSET
 
 __all__ = ["SCHEMA", "prepared_cache_key", "prepared_path", "package_versions", "save_prepared", "load_prepared"]
 
@@ -229,6 +230,8 @@ def _encode_leaf(obj: Any, path: str) -> Any:
         return {"__dtype__": str(obj).removeprefix("torch.")}
     if type(obj) is torch.device:
         return {"__device__": str(obj)}
+    if obj is UNSET:  # a report field nothing set
+        return {"__unset__": None}
     return None
 
 
@@ -293,6 +296,7 @@ _DECODERS: types.MappingProxyType[str, Callable[[Any, nn.Module], Any]] = types.
     "__npscalar__": lambda v, model: _tensor(v).numpy()[()],
     "__dtype__": lambda v, model: _dtype(v),
     "__device__": lambda v, model: torch.device(v),
+    "__unset__": lambda v, model: UNSET,
 })
 
 

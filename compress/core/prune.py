@@ -163,17 +163,17 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
         weighting = IMPORTANCE_WEIGHTING_AUTO.get(prep.name, "cost")
     keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple, latency, allocation, weighting,
                            cfg.width_min)
-    report.predicted["importance_weighting"] = weighting
-    report.predicted[f"allocator_{budget}"] = allocation["predicted_ratio"]
+    report.predicted.importance_weighting = weighting
+    setattr(report.predicted, f"allocator_{budget}", allocation["predicted_ratio"])  # a field per BUDGET_FIELDS
     if budget == "latency_ratio":
-        report.predicted["whole_model_latency_ratio"] = allocation["predicted_ratio"]
-        report.predicted["latency_table_precision"] = latency.get("precision", "fp32")  # older tables: fp32
+        report.predicted.whole_model_latency_ratio = allocation["predicted_ratio"]
+        report.predicted.latency_table_precision = latency.get("precision", "fp32")  # older tables: fp32
     cuts = {n: Cut(k) for n, k in keep.items() if len(k) < wg.group(n).size}
     new = apply_cuts(wg, cuts)
     report.timings_s["prune"] = time.perf_counter() - t0
-    report.predicted["group_widths"] = {g.name: [g.size, len(keep.get(g.name, g.atoms))] for g in groups}
+    report.predicted.group_widths = {g.name: [g.size, len(keep.get(g.name, g.atoms))] for g in groups}
     kept = {n: set(k) for n, k in keep.items()}
-    report.predicted["segment_widths"] = {  # e.g. the 16/32/64 streams of one option-A ResNet group
+    report.predicted.segment_widths = {  # e.g. the 16/32/64 streams of one option-A ResNet group
         g.name: [[len(seg), len(kept[g.name] & set(seg))] for seg in wg.segments(g)]
         for g in groups if len(wg.segments(g)) > 1}
     frozen = [g for g in wg.groups if g.frozen and g.size > 1]
@@ -192,7 +192,7 @@ def _prune_chain(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
     pruned = prune_chain(chain, prep.neuron_scores, widths)
     report.timings_s["prune"] = time.perf_counter() - t0
     report.layers = chain_layer_reports(chain, pruned, "pruned", [])
-    report.predicted["hidden_widths"] = widths
+    report.predicted.hidden_widths = widths
     return build_sequential(pruned)
 
 

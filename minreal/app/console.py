@@ -11,7 +11,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import click
@@ -121,7 +120,7 @@ def plain(obj: Any) -> Any:
     """``obj`` (a dataclass or plain data) as JSON-ready values."""
     from minreal.export.json_safe import to_jsonable  # one JSON conversion for the whole tool
 
-    return to_jsonable(asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj)
+    return to_jsonable(obj)
 
 
 class RepeatFilter(logging.Filter):

@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from minreal.app.int8_text import int8_cause, roundtrip_summary
 from minreal.app.mismatch import DataCheck, check_data, require_match
 from minreal.app.plan import run_variant
 from minreal.app.report import cell_label
+from minreal.app.run_report import RUN_SCHEMA_VERSION, CaseResult, RunReport
 from minreal.app.rundir import RunDirClaim, claim_run_dir, commit_run_dir
 from minreal.app.settings import PipelineConfig
 from minreal.compress.core.evaluate import compare_outputs
@@ -55,10 +56,9 @@ from minreal.export.verify import feeds_of
 from minreal.facts import int8_source
 from minreal.runtime_bench.atomic import atomic_path
 
-__all__ = ["CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "FAULT_ENV", "run_pipeline", "fill_run_dir", "run_case"]
+__all__ = ["FAULT_ENV", "run_pipeline", "fill_run_dir", "run_case"]
 
 log = logging.getLogger(__name__)
-RUN_SCHEMA_VERSION = 1
 FAULT_ENV = "MINREAL_FAULT_INJECT"
 Progress = Callable[[str], None]
 
@@ -69,33 +69,6 @@ def _fault_point(stage: str) -> None:
     name = name.upper()
     if where == stage and name:
         os.kill(os.getpid(), signal.Signals[name if name.startswith("SIG") else f"SIG{name}"])
-
-
-@dataclass
-class CaseResult:
-    """Everything measured for one model and its compressed variants."""
-
-    name: str
-    variants: list[VariantRecord]
-    bench: dict[str, Any]
-    stage_seconds: dict[str, float]
-    notes: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    data_check: dict[str, Any] | None = None
-    """The original's accuracy on the labelled data against chance (:class:`minreal.app.mismatch.DataCheck`)."""
-    ort_config: str | None = None
-    """With ORT-format files: the union of their required-operators configurations (``required_operators.config``
-    in the case folder), for one minimal build that runs every file of the case."""
-
-
-@dataclass
-class RunReport:
-    """The versioned ``report.json`` of a run directory."""
-
-    schema_version: int
-    created_utc: str
-    config: dict[str, Any]
-    cases: list[CaseResult]
 
 
 def _export(module: nn.Module, label: str, method: str, case: RunCase, case_dir: Path,
@@ -174,7 +147,7 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
         t = time.perf_counter()
         rec = _export(small, run.label, run.method, case, case_dir, cfg)
         # Methods measure on the data they were given (calibration); the run also measures on held-out data.
-        report.measured["held_out"] = compare_outputs(case.model, small, case.test)
+        report.measured.held_out = compare_outputs(case.model, small, case.test)
         rec.compression = to_jsonable(report)
         records.append(rec)
         weights[run.label] = layer_weights(small, trained_ranges(rec))

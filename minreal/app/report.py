@@ -4,15 +4,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 from minreal.app.int8_text import dropped_suffix, format_suffix, node_names, roundtrip_suffix
+from minreal.app.run_report import CaseResult, RunReport, case_result, run_report, variant_compression
+from minreal.compress.core.report import CompressionReport
+
+if TYPE_CHECKING:
+    from minreal.export.variant import VariantRecord
 
 __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "spectra_layers",
            "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS", "int8_rows",
            "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows", "tensorrt_lines",
            "verdict_lines", "grouped_warnings", "warning_kind", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
            "ort_line", "ORT_FP16_NOTE", "ort_fp16_note"]
+
+ReportLike: TypeAlias = "RunReport | Mapping[str, Any]"
+"""A run report, or its JSON (read through :meth:`~minreal.app.run_report.RunReport.from_json`)."""
+CaseLike: TypeAlias = "CaseResult | Mapping[str, Any]"
 
 #: The accuracy cost a verdict accepts: the fastest model within this many points of the original's held-out accuracy.
 VERDICT_MAX_DROP_PP = 1.0
@@ -42,39 +51,35 @@ FP16_HEADERS = ("case", "FP16 model", "fp32 model", "I/O", "parity", "max err / 
                 "fp32 KB", "kept fp32 by converter", "run in fp32 by provider")
 
 
-def _get(obj: Any, key: str) -> Any:
-    return obj[key] if isinstance(obj, dict) else getattr(obj, key)
-
-
-def _gzip_kb(variant: Any) -> float | None:
+def _gzip_kb(variant: VariantRecord) -> float | None:
     """A variant's gzip-compressed KB, or None for a report written before sizes were compressed."""
-    value = variant.get("gzip_bytes") if isinstance(variant, dict) else getattr(variant, "gzip_bytes", 0)
-    return value / 1024 if value else None
+    return variant.gzip_bytes / 1024 if variant.gzip_bytes else None
 
 
 def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def summary_rows(report: Any) -> list[tuple[str, ...]]:
+def summary_rows(report: ReportLike) -> list[tuple[str, ...]]:
     """One row per (case, model, provider, batch size) with costs, latency, quality and agreement.
 
     The MAC ratio (predicted saving) sits next to the measured latency ratio, both vs the original.
     """
+    report = run_report(report)
     rows = []
-    for case in _get(report, "cases"):
-        bench = _get(case, "bench")
+    for case in report.cases:
+        bench = case.bench
         metrics = {m["model"]: m for m in bench["metrics"]}
         ratios = {(r["model"], r["provider"], r["batch_size"], r.get("shape", "")): r for r in bench["ratios"]
                   if r.get("statistic", "p50") in ("p50", "median", "p50_ms")}
-        variants = {_get(v, "label"): v for v in _get(case, "variants")}
-        base_macs = max(_get(_get(case, "variants")[0], "macs"), 1)
+        variants = {v.label: v for v in case.variants}
+        base_macs = max(case.variants[0].macs, 1)
         for lat in bench["latency"]:
             v, m, s = variants[lat["model"]], metrics.get(lat["model"], {}), lat["stats"]
             ratio = ratios.get((lat["model"], lat["provider"], lat["batch_size"], lat.get("shape", "")))
             acc = m.get("accuracy")
-            rows.append((_get(case, "name"), lat["model"], str(_get(v, "params")), str(_get(v, "macs")),
-                         f"{_get(v, 'macs') / base_macs:.3f}", f"{_get(v, 'onnx_bytes') / 1024:.1f}",
+            rows.append((case.name, lat["model"], str(v.params), str(v.macs),
+                         f"{v.macs / base_macs:.3f}", f"{v.onnx_bytes / 1024:.1f}",
                          lat["provider"], cell_label(lat),
                          f"{s['p50_ms']:.3f}", f"{s['p90_ms']:.3f}", f"{s['p99_ms']:.3f}",
                          f"{s['throughput_sps']:.0f}", _fmt(ratio and ratio["median"], ".3f"),
@@ -103,16 +108,17 @@ def _text_table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
-def format_summary(report: Any) -> str:
+def format_summary(report: ReportLike) -> str:
     """Fixed-width console table with every (case, model, provider, batch) row."""
     return _text_table(SUMMARY_HEADERS, summary_rows(report))
 
 
-def format_compact(report: Any, keep: Callable[[str, str], bool] | None = None) -> str:
+def format_compact(report: ReportLike, keep: Callable[[str, str], bool] | None = None) -> str:
     """One line per (case, model): params, MAC ratio, file size, p50 latency and its ratio per batch size on
     the first provider, accuracy or MSE, agreement; only the (case, model) pairs ``keep`` accepts when given. Cases
     timed at different cells (batch sizes, or shapes of a dynamic axis) get a table each. The full table is in
     report.md."""
+    report = run_report(report)
     full = summary_rows(report)
     first_provider = full[0][6] if full else "cpu"
     grouped: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
@@ -168,9 +174,10 @@ class CaseVerdict(NamedTuple):
     rival_vs_best: float  # its mean latency ratio to ``best`` (1.0 without a best)
 
 
-def case_verdict(case: Any) -> CaseVerdict | None:
+def case_verdict(case: CaseLike) -> CaseVerdict | None:
     """The verdict of one case of a run report (``None`` without a timed original): see :class:`CaseVerdict`."""
-    bench = _get(case, "bench")
+    case = case_result(case)
+    bench = case.bench
     metrics = {m["model"]: m for m in bench.get("metrics") or ()}
     lat = bench.get("latency") or []
     if not lat or "original" not in metrics:
@@ -193,7 +200,7 @@ def case_verdict(case: Any) -> CaseVerdict | None:
          p50[(low, c)] / p50[(best, c)] if low and low != best else None) for c in cells]
     rivals = [m for m in timed if not m.startswith("original")]
     rival = min(rivals, key=lambda m: (not ok[m][0], ratio(m)), default=None)
-    return CaseVerdict(_get(case, "name"), provider, best,
+    return CaseVerdict(case.name, provider, best,
                        "" if best is None else ok[best][1] if measured else
                        "quality not measured: the fastest model overall", speedups, low, rival,
                        "" if rival is None else ok[rival][1], rival is not None and ok[rival][0],
@@ -201,12 +208,13 @@ def case_verdict(case: Any) -> CaseVerdict | None:
                        1.0 if rival is None or best is None else ratio(rival, best))
 
 
-def verdict_lines(report: Any) -> list[str]:
+def verdict_lines(report: ReportLike) -> list[str]:
     """One line per case: the fastest model within :data:`VERDICT_MAX_DROP_PP` of the original's held-out quality,
     against the original fp32 and the original's INT8 (or FP16), at each batch on the first provider; or, plainly,
     that nothing compressed beats the original's low-precision file."""
+    report = run_report(report)
     out = []
-    for v in filter(None, map(case_verdict, _get(report, "cases"))):
+    for v in filter(None, map(case_verdict, report.cases)):
         if v.best is None:
             out.append(f"- **{v.case}**: no model is within {VERDICT_MAX_DROP_PP:g} pp of the "
                        "original's held-out quality")
@@ -243,17 +251,18 @@ def _warnings_in_full(warnings: list[str]) -> list[str]:
             *(f"- {w}" for w in warnings), "", "</details>"]
 
 
-def _tensorrt_meant(report: Any, variant: Any) -> bool:
+def _tensorrt_meant(report: RunReport, variant: VariantRecord) -> bool:
     """Whether a file is meant for TensorRT: tensorrt among the run's providers, or INT8 in TensorRT's format."""
-    config = _optional(report, "config") or {}
-    q = _optional(variant, "quantization") or {}
+    config = report.config or {}
+    q = variant.quantization or {}
     return "tensorrt" in (config.get("providers") or ()) or q.get("target") == "tensorrt"
 
 
-def render_markdown(report: Any) -> str:
+def render_markdown(report: ReportLike) -> str:
     """``report.md``: one verdict line per case, the summary table, per-case notes, INT8 kernel counts, warnings
     grouped by kind."""
-    out = ["# minreal run report", "", f"Created {_get(report, 'created_utc')} UTC.", ""]
+    report = run_report(report)
+    out = ["# minreal run report", "", f"Created {report.created_utc} UTC.", ""]
     verdicts = verdict_lines(report)
     if verdicts:
         out += ["## Verdict", "", *verdicts, ""]
@@ -275,43 +284,43 @@ def render_markdown(report: Any) -> str:
     out += _mobile_section(report)
     out += _ort_section(report)
     out += _fp16_section(report)
-    for case in _get(report, "cases"):
-        out += ["", f"## {_get(case, 'name')}", ""]
-        for v in _get(case, "variants"):
-            comp = _get(v, "compression")
+    for case in report.cases:
+        out += ["", f"## {case.name}", ""]
+        for v in case.variants:
+            comp = variant_compression(v)
             if comp:
-                pred = ", ".join(f"{k}={val:.4g}" for k, val in comp.get("predicted", {}).items()
+                pred = ", ".join(f"{k}={val:.4g}" for k, val in comp.predicted.items()
                                  if isinstance(val, (int, float)))
-                meas = ", ".join(f"{k}={val:.4g}" for k, val in comp.get("measured", {}).items()
+                meas = ", ".join(f"{k}={val:.4g}" for k, val in comp.measured.items()
                                  if isinstance(val, (int, float)))
-                held = ", ".join(f"{k}={val:.4g}" for k, val in comp.get("measured", {}).get("held_out", {}).items())
-                out.append(f"- **{_get(v, 'label')}** ({_get(v, 'method')}): predicted {pred or '-'}; "
+                held = ", ".join(f"{k}={val:.4g}" for k, val in (comp.measured.held_out or {}).items())
+                out.append(f"- **{v.label}** ({v.method}): predicted {pred or '-'}; "
                            f"measured on calibration data {meas or '-'}; on held-out data {held or '-'}")
-                out += _budget_and_bounds(_get(v, "label"), comp)
-                out += _recovery_line(_get(v, "label"), comp.get("recovery"))
-            skipped_fp16 = (_optional(v, "fp16") or {}).get("skipped")
+                out += _budget_and_bounds(v.label, comp)
+                out += _recovery_line(v.label, comp.recovery)
+            skipped_fp16 = (v.fp16 or {}).get("skipped")
             if skipped_fp16:
-                out.append(f"- **{_get(v, 'label')}**: FP16 skipped: {skipped_fp16}")
-            q = _get(v, "quantization")
+                out.append(f"- **{v.label}**: FP16 skipped: {skipped_fp16}")
+            q = v.quantization
             if q and "skipped" in q:
-                out.append(f"- **{_get(v, 'label')}**: INT8 skipped: {q['skipped']}")
+                out.append(f"- **{v.label}**: INT8 skipped: {q['skipped']}")
             elif q:
                 nonfinite = q.get("nonfinite_nodes") or []
-                out.append(f"- **{_get(v, 'label')}**: {_int8_kind(q)} {q.get('mode', '')} for {q.get('target', '')}"
+                out.append(f"- **{v.label}**: {_int8_kind(q)} {q.get('mode', '')} for {q.get('target', '')}"
                            f"{format_suffix(q)}, integer kernels {q.get('integer_kernels', '-')}, float kernels left "
                            f"{q.get('float_kernels', '-')}"
                            + (f"; left in float because calibration met an infinite value (e.g. a -inf attention "
                               f"mask): {node_names(nonfinite)}" if nonfinite else "")
                            + dropped_suffix(q.get("roundtrip_nodes") or [])
                            + roundtrip_suffix(q.get("float_roundtrips") or {}))
-        for v in _get(case, "variants"):
+        for v in case.variants:
             if _tensorrt_meant(report, v):
-                out += tensorrt_lines(_get(v, "label"), _get(v, "tensorrt_readiness"))
-        for u in _get(case, "bench").get("unavailable", []):
+                out += tensorrt_lines(v.label, v.tensorrt_readiness)
+        for u in case.bench.get("unavailable", []):
             out.append(f"- provider **{u['provider']}** unavailable: {u['reason']}")
-        out += [f"- note: {n}" for n in _get(case, "notes")]
-        out += grouped_warnings(list(_get(case, "warnings")))
-        out += _warnings_in_full(list(_get(case, "warnings")))
+        out += [f"- note: {n}" for n in case.notes]
+        out += grouped_warnings(list(case.warnings))
+        out += _warnings_in_full(list(case.warnings))
     return "\n".join(out) + "\n"
 
 
@@ -338,38 +347,34 @@ def tensorrt_lines(label: str, readiness: Mapping[str, Any] | None) -> list[str]
     return [f"- **{label}** not TensorRT-ready{checker}:", *(f"  - {line}" for line in lines)]
 
 
-def _optional(obj: Any, key: str) -> Any:
-    """``key`` of a record, ``None`` when the record predates the field."""
-    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
-
-
-def _shapes_cell(v: Any, dynamic: list[str]) -> str:
+def _shapes_cell(v: VariantRecord, dynamic: list[str]) -> str:
     """``input 1x3x32x32`` for a fixed-shape file, else which inputs are dynamic."""
-    fixed = _optional(v, "fixed_shapes")
+    fixed = v.fixed_shapes
     if fixed:
         return ", ".join(f"{n} {'x'.join(map(str, s))}" for n, s in fixed["input_shapes"].items())
     return f"dynamic ({', '.join(dynamic)})" if dynamic else "fixed"
 
 
-def mobile_rows(report: Any) -> list[tuple[str, ...]]:
+def mobile_rows(report: ReportLike) -> list[tuple[str, ...]]:
     """One row per exported model with ONNX Runtime's mobile-usability verdict (:mod:`minreal.export.mobile`): nodes
     NNAPI and CoreML would run and in how many partitions, the ops they lack, and the checker's advice."""
+    report = run_report(report)
     from minreal.export.mobile import ep_summary, unsupported_summary, usability_from_dict
 
     rows = []
-    for case in _get(report, "cases"):
-        for v in _get(case, "variants"):
-            raw = _optional(v, "mobile")
+    for case in report.cases:
+        for v in case.variants:
+            raw = v.mobile
             if not raw:
                 continue
             m = usability_from_dict(raw)
             cells = [ep_summary(e) for e in m.eps.values()] if not m.error else ["-"] * 3
-            rows.append((_get(case, "name"), _get(v, "label"), _shapes_cell(v, m.dynamic_inputs), *cells,
+            rows.append((case.name, v.label, _shapes_cell(v, m.dynamic_inputs), *cells,
                          unsupported_summary(m), m.error or m.recommendation))
     return rows
 
 
-def _mobile_section(report: Any) -> list[str]:
+def _mobile_section(report: RunReport) -> list[str]:
     """report.md lines of :func:`mobile_rows` (none when no record has a verdict)."""
     rows = mobile_rows(report)
     if not rows:
@@ -382,49 +387,52 @@ def _mobile_section(report: Any) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def ort_rows(report: Any) -> list[tuple[str, ...]]:
+def ort_rows(report: ReportLike) -> list[tuple[str, ...]]:
     """One row per ORT-format copy (:mod:`minreal.export.ort_format`): its file and size beside the ``.onnx`` file's,
     the converter's level, style and platform, how many operators its configuration lists, and its parity."""
+    report = run_report(report)
     rows = []
-    for case in _get(report, "cases"):
-        for v in _get(case, "variants"):
-            o = _optional(v, "ort")
+    for case in report.cases:
+        for v in case.variants:
+            o = v.ort
             if not o:
                 continue
             p = o["parity"]
-            rows.append((_get(case, "name"), _get(v, "label"), o["path"], f"{o['bytes'] / 1024:.1f}",
-                         f"{_get(v, 'onnx_bytes') / 1024:.1f}",
+            rows.append((case.name, v.label, o["path"], f"{o['bytes'] / 1024:.1f}",
+                         f"{v.onnx_bytes / 1024:.1f}",
                          f"{o['optimization']}, {o['style']}, for {o.get('target_platform') or 'any'}",
                          str(len(o["operators"])), p["against"], f"{p['max_abs_err']:.3g}",
                          ", ".join(map(str, p["batch_sizes"]))))
     return rows
 
 
-def ort_line(case: Any) -> str | None:
+def ort_line(case: CaseLike) -> str | None:
     """One console line on a case's ORT-format files and their merged configuration (``None`` without)."""
-    files = [_optional(v, "ort") for v in _get(case, "variants")]
+    case = case_result(case)
+    files = [v.ort for v in case.variants]
     names = [o["path"] for o in files if o]
-    config = _optional(case, "ort_config")
+    config = case.ort_config
     if not names or not config:
         return None
-    return f"[{_get(case, 'name')}] ORT format: {', '.join(names)} (parity ok); operators of all of them: {config}"
+    return f"[{case.name}] ORT format: {', '.join(names)} (parity ok); operators of all of them: {config}"
 
 
-def ort_fp16_note(report: Any) -> str | None:
+def ort_fp16_note(report: ReportLike) -> str | None:
     """:data:`ORT_FP16_NOTE` for a run that wrote ORT-format files and FP16 files (once for the run), else ``None``."""
-    variants = [v for case in _get(report, "cases") for v in _get(case, "variants")]
-    if any(_optional(v, "ort") for v in variants) and any(_get(v, "method").endswith("+fp16") for v in variants):
+    report = run_report(report)
+    variants = [v for case in report.cases for v in case.variants]
+    if any(v.ort for v in variants) and any(v.method.endswith("+fp16") for v in variants):
         return ORT_FP16_NOTE
     return None
 
 
-def _ort_section(report: Any) -> list[str]:
+def _ort_section(report: RunReport) -> list[str]:
     """report.md lines of :func:`ort_rows` and each case's merged configuration (none without ORT-format files)."""
     rows = ort_rows(report)
     if not rows:
         return []
-    merged = [f"- {_get(c, 'name')}: `{_get(c, 'name')}/{_optional(c, 'ort_config')}`"
-              for c in _get(report, "cases") if _optional(c, "ort_config")]
+    merged = [f"- {c.name}: `{c.name}/{c.ort_config}`"
+              for c in report.cases if c.ort_config]
     fp16 = ["", f"{note}."] if (note := ort_fp16_note(report)) else []
     return ["", "## ORT format: files for ONNX Runtime's minimal build", "",
             "Each `.ort` file was loaded by ONNX Runtime and checked against torch (INT8: against its `.onnx` file); "
@@ -438,19 +446,20 @@ def _counts(ops: dict[str, int]) -> str:
     return ", ".join(f"{op} {n}" for op, n in sorted(ops.items())) or "none"
 
 
-def fp16_rows(report: Any) -> list[tuple[str, ...]]:
+def fp16_rows(report: ReportLike) -> list[tuple[str, ...]]:
     """One row per FP16 copy (:mod:`minreal.export.fp16`): its parity against the fp32 file (status, worst error on the
     output's scale, rtol), sizes, the nodes the converter kept in float32 and what the parity provider runs in
     float32 anyway (ONNX Runtime's CPU provider casts most float16 ops to float32)."""
+    report = run_report(report)
     rows = []
-    for case in _get(report, "cases"):
-        for v in _get(case, "variants"):
-            f = _optional(v, "fp16") or {}
+    for case in report.cases:
+        for v in case.variants:
+            f = v.fp16 or {}
             if "parity" not in f:
                 continue
             parity, precisions = f["parity"], f.get("provider_precisions") or {}
             ran_fp32 = _counts(precisions["float32"]) if precisions else "-"
-            rows.append((_get(case, "name"), _get(v, "label"), str(f["fp32_path"]),
+            rows.append((case.name, v.label, str(f["fp32_path"]),
                          "fp32" if f.get("keep_io_types", True) else "fp16",
                          f"{parity['status']} ({parity['provider']})",
                          _fmt(parity.get("max_scaled_err"), ".3g"), f"{parity['rtol']:.3g}",
@@ -459,7 +468,7 @@ def fp16_rows(report: Any) -> list[tuple[str, ...]]:
     return rows
 
 
-def _fp16_section(report: Any) -> list[str]:
+def _fp16_section(report: RunReport) -> list[str]:
     """report.md lines of :func:`fp16_rows` (none when the run made no FP16 copy)."""
     rows = fp16_rows(report)
     if not rows:
@@ -482,20 +491,21 @@ def _metric(before: dict[str, float], after: dict[str, float]) -> tuple[str, str
     return "-", "-", "-"
 
 
-def recovery_rows(report: Any) -> list[tuple[str, ...]]:
+def recovery_rows(report: ReportLike) -> list[tuple[str, ...]]:
     """One row per recovered variant: its zero-shot and recovered quality side by side on the run's held-out
     data (``measured.held_out_zero_shot``/``held_out_recovered``), and what the recovery cost."""
+    report = run_report(report)
     rows = []
-    for case in _get(report, "cases"):
-        for v in _get(case, "variants"):
-            comp = _get(v, "compression") or {}
-            rec, measured = comp.get("recovery"), comp.get("measured", {})
-            if not rec or "held_out_recovered" not in measured:
+    for case in report.cases:
+        for v in case.variants:
+            comp = variant_compression(v)
+            rec = comp.recovery if comp else None
+            if not comp or not rec or not comp.measured.held_out_recovered:
                 continue
-            before, after = measured["held_out_zero_shot"], measured["held_out_recovered"]
+            before, after = comp.measured.held_out_zero_shot, comp.measured.held_out_recovered
             status = ("interrupted" if rec.get("interrupted") else "stopped early" if rec.get("stopped_early")
                       else "budget spent")
-            rows.append((_get(case, "name"), _get(v, "label"), *_metric(before, after),
+            rows.append((case.name, v.label, *_metric(before, after),
                          _fmt(before.get("agreement"), ".4f"), _fmt(after.get("agreement"), ".4f"),
                          _fmt(before.get("kl"), ".4g"), _fmt(after.get("kl"), ".4g"), str(rec.get("epochs", 0)),
                          str(rec.get("steps", 0)), str(rec.get("samples_seen", 0)), f"{rec.get('wall_s', 0.0):.1f}",
@@ -508,7 +518,7 @@ def _titled_table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ..
     return f"{title}\n{_text_table(headers, rows)}" if rows else ""
 
 
-def format_recovery(report: Any) -> str:
+def format_recovery(report: ReportLike) -> str:
     """Console table of :func:`recovery_rows` ("" when no variant was recovered)."""
     return _titled_table("recovery: zero-shot vs recovered on the held-out data (torch)", RECOVERY_HEADERS,
                          recovery_rows(report))
@@ -525,28 +535,29 @@ def _percent(fraction: float | None) -> str:
     return _fmt(None if fraction is None else 100 * fraction, ".2f")
 
 
-def int8_rows(report: Any) -> list[tuple[str, ...]]:
+def int8_rows(report: ReportLike) -> list[tuple[str, ...]]:
     """One row per variant recovered quantisation-aware: its post-training INT8 copy (calibrated afresh) and its
     quantisation-aware one (trained ranges), both of the same recovered weights, side by side as measured by the
     benchmark (accuracy, top-1 agreement, MSE)."""
+    report = run_report(report)
     rows = []
-    for case in _get(report, "cases"):
-        metrics = {m["model"]: m for m in _get(case, "bench")["metrics"]}
-        quantized = [(_get(v, "label"), q) for v in _get(case, "variants") if (q := _get(v, "quantization"))]
+    for case in report.cases:
+        metrics = {m["model"]: m for m in case.bench["metrics"]}
+        quantized = [(v.label, q) for v in case.variants if (q := v.quantization)]
         for label, q in quantized:
             ptq = [lab for lab, other in quantized if other.get("fp32_path") == q.get("fp32_path")
                    and other.get("range_source") != "trained"]
             if q.get("range_source") != "trained" or not ptq:
                 continue
             a, b = metrics.get(ptq[0], {}), metrics.get(label, {})
-            rows.append((_get(case, "name"), str(q.get("fp32_path")), str(q.get("target")), ptq[0], label,
+            rows.append((case.name, str(q.get("fp32_path")), str(q.get("target")), ptq[0], label,
                          _percent(a.get("accuracy")), _percent(b.get("accuracy")),
                          _fmt(a.get("top1_agreement"), ".4f"), _fmt(b.get("top1_agreement"), ".4f"),
                          _fmt(a.get("mse"), ".4g"), _fmt(b.get("mse"), ".4g"), str(q.get("trained_ranges", 0))))
     return rows
 
 
-def format_int8(report: Any) -> str:
+def format_int8(report: ReportLike) -> str:
     """Console table of :func:`int8_rows` ("" when no variant was recovered quantisation-aware)."""
     return _titled_table("INT8 of the same quantisation-aware weights: ranges calibrated afresh vs trained (a float "
                          "recovery + post-training INT8 is what run gives without --recover-int8)", INT8_HEADERS,
@@ -573,15 +584,18 @@ def _recovery_line(label: str, rec: dict[str, Any] | None) -> list[str]:
             "recovered one", *notes]
 
 
-def _budget_and_bounds(label: str, comp: dict[str, Any]) -> list[str]:
-    """Report lines: the whole-model budget asked for and reached, and the typed error bounds."""
+def _budget_and_bounds(label: str, comp: CompressionReport | Mapping[str, Any]) -> list[str]:
+    """Report lines: the whole-model budget asked for and reached, and the typed error bounds (of a report or its
+    JSON)."""
+    if not isinstance(comp, CompressionReport):
+        comp = CompressionReport.from_json(comp)
     out = []
-    budget = comp.get("predicted", {}).get("budget")
+    budget = comp.predicted.budget
     if budget:
         flag = "--" + budget["kind"].replace("_", "-")
         out.append(f"- **{label}** budget {flag} {budget['requested']:g}: whole-model ratio reached "
                    f"{_fmt(budget.get('achieved'), '.4f')}")
-    bounds = comp.get("bounds") or {}
+    bounds = comp.bounds
     if bounds:
         shown = (f"{k}={v:.4g}" if v is not None else f"{k}=none (no bound holds for this variant)"
                  for k, v in bounds.items())
@@ -589,12 +603,14 @@ def _budget_and_bounds(label: str, comp: dict[str, Any]) -> list[str]:
     return out
 
 
-def spectra_layers(report: Any) -> list[tuple[str, str, dict[str, list[float]]]]:
+def spectra_layers(report: ReportLike) -> list[tuple[str, str, dict[str, list[float]]]]:
     """(case, layer, {test: eigenvalues}) for every layer in a compression report's typed ``spectra`` field."""
+    report = run_report(report)
     out = []
-    for case in _get(report, "cases"):
-        for v in _get(case, "variants"):
-            for layer, spectra in ((_get(v, "compression") or {}).get("spectra") or {}).items():
+    for case in report.cases:
+        for v in case.variants:
+            comp = variant_compression(v)
+            for layer, spectra in (comp.spectra if comp else {}).items():
                 if spectra:
-                    out.append((_get(case, "name"), f"{_get(v, 'label')}: {layer}", spectra))
+                    out.append((case.name, f"{v.label}: {layer}", spectra))
     return out

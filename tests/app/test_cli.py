@@ -243,7 +243,8 @@ def test_unwritable_output_directory(workdir: Path, run_cli: Callable) -> None:
 
 
 def test_slowdown_warnings_flag_int8_and_compressed() -> None:
-    from minreal.app.pipeline import CaseResult, slowdown_warnings
+    from minreal.app.pipeline import slowdown_warnings
+    from minreal.app.run_report import CaseResult
 
     lat = lambda m, ms: {"model": m, "provider": "cpu", "batch_size": 1, "stats": {"p50_ms": ms}}  # noqa: E731
     bench = {"latency": [lat("original", 1.0), lat("svd", 1.2), lat("svd.int8", 1.5), lat("fz", 0.5),
@@ -265,7 +266,8 @@ def test_slowdown_warnings_flag_int8_and_compressed() -> None:
 def test_int8_quality_warnings_name_the_likely_cause() -> None:
     """An INT8 file more than 1 pp (accuracy or agreement) or 10 % (MSE) below its fp32 source is flagged, with the
     cause its quantisation record points to: saturation on this CPU first, then non-finite scales, round trips."""
-    from minreal.app.pipeline import CaseResult, int8_quality_warnings
+    from minreal.app.pipeline import int8_quality_warnings
+    from minreal.app.run_report import CaseResult
     from minreal.export.variant import VariantRecord
 
     def rec(label: str, **quantization: object) -> VariantRecord:

@@ -9,8 +9,9 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from minreal.app.pipeline import CaseResult, slowdown_warnings
+from minreal.app.pipeline import slowdown_warnings
 from minreal.app.report import FP16_HEADERS, fp16_rows
+from minreal.app.run_report import CaseResult
 from minreal.app.settings import PipelineConfig
 
 QUICK = ["--min-seconds", "0.02", "--repeats", "1", "--batch", "2", "-q"]

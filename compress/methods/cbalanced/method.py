@@ -39,7 +39,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -284,9 +284,9 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig,
     report.timings_s["realise" if not cfg.controls else "realise_and_controls"] = time.perf_counter() - t0
     _fill(report, model, new, plan, widths, multiple, minimum)
     if variants:
-        report.measured["variants"] = variants
+        report.measured.variants = variants
     if cfg.controls and plan.kind == "sequential MLP":
-        report.measured["projected"] = _projected(model, plan.analyses, val)
+        report.measured.projected = _projected(model, plan.analyses, val)
     if variants:
         where = "the given data" if val is data else f"the recovery's held-out split ({len(val)} samples)"
         report.notes.append(f"variants measured on {where}; the {cfg.init} start itself is trained afterwards by "
@@ -301,13 +301,12 @@ def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, plan: _Pl
     report.layers = _layer_reports(model, new, plan, widths, multiple, minimum)
     report.spectra = {p: {k: v.tolist() for k, v in a.spectra.items()} for p, a in analyses.items()}
     full, order = sum(a.dim for a in analyses.values()), sum(widths.values())
-    report.predicted.update({
-        "realisation": plan.kind, "ranks_a": [a.rank_a for a in analyses.values()],
-        "ranks_b": [a.rank_b for a in analyses.values()], "ranks_c": [a.rank_c for a in analyses.values()],
-        "widths": list(widths.values()), "width_multiple": multiple, "width_min": minimum,
-        "state_order": order,
-        "state_order_full": full, "state_compression": 1.0 - order / full, "go_method": plan.go_method,
-        "energy_kept_c": {p: a.energy_kept("C", widths[p]) for p, a in analyses.items()}})
+    report.predicted = replace(
+        report.predicted, realisation=plan.kind, ranks_a=[a.rank_a for a in analyses.values()],
+        ranks_b=[a.rank_b for a in analyses.values()], ranks_c=[a.rank_c for a in analyses.values()],
+        widths=list(widths.values()), width_multiple=multiple, width_min=minimum, state_order=order,
+        state_order_full=full, state_compression=1.0 - order / full, go_method=plan.go_method,
+        energy_kept_c={p: a.energy_kept("C", widths[p]) for p, a in analyses.items()})
 
 
 def demo_case(quick: bool = True) -> RunCase:

@@ -7,7 +7,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -269,13 +269,13 @@ def _report(prep: DepthPrepared, config: DepthConfig, chosen: list[str], kind: s
             macs_before=macs, macs_after=0 if removed else macs,
             details={"scores": scores, "order": rank.get(b.name), "layers": list(b.modules)}))
     step = len(chosen) - 1
-    report.predicted.update(
-        criterion=prep.criterion, blocks_found=len(prep.blocks), blocks_removable=len(prep.removable),
+    report.predicted = replace(
+        report.predicted, criterion=prep.criterion, blocks_found=len(prep.blocks), blocks_removable=len(prep.removable),
         blocks_removed=len(chosen), removed=list(chosen), order=list(prep.order),
         block_budget={"kind": kind, "requested": target, "reached": ratio},
         divergence_on_scoring_samples=prep.divergence[step] if 0 <= step < len(prep.divergence) else None)
     if kind == "latency_ratio":
-        report.predicted["whole_model_latency_ratio"] = ratio
+        report.predicted.whole_model_latency_ratio = ratio
     if prep.left:
         report.notes.append("residual sums left alone: " + "; ".join(f"{a} ({r})" for a, r in prep.left))
     report.timings_s.update({f"prepare:{k}": v for k, v in prep.timings_s.items()})

@@ -92,7 +92,7 @@ def layer_bases(model: nn.Module, data: Dataset, targets: list[Target], cfg: Fac
         if hit is not None:
             out[t.name] = LayerBasis(hit["basis"], hit["sq_values"], ("cached",), bool(hit["fell_back"]))
     missing = [t for t in targets if t.name not in out]
-    report.predicted["cache_hits"] = len(out)
+    report.predicted.cache_hits = len(out)
     moments = _moments(model, data, missing, cfg, stats_keys, report)
     t0 = time.perf_counter()
     for t in missing:
@@ -194,7 +194,7 @@ def factorize_realise(prep: FactorizePrepared, config: FactorizeConfig) -> tuple
     latency = budget.cost_kind == "latency"
     tables, keeps = load_latency_table(config.latency_table) if latency else (None, None)
     report = CompressionReport("factorize", asdict(config), timings_s=dict(prep.report.timings_s),
-                               notes=list(prep.report.notes), predicted=dict(prep.report.predicted))
+                               notes=list(prep.report.notes), predicted=copy.deepcopy(prep.report.predicted))
     model, targets, bases = prep.unfused.model, prep.targets, prep.bases
     spectra = {n: b.spectrum for n, b in bases.items()}
     t0 = time.perf_counter()
@@ -206,10 +206,10 @@ def factorize_realise(prep: FactorizePrepared, config: FactorizeConfig) -> tuple
     note_attention(report, prep.unfused)
     _annotate(report, bases, ranks, config)
     if tables is not None:
-        report.predicted["factorizable_table_latency_ratio"] = (total_cost(options, ranks)
+        report.predicted.factorizable_table_latency_ratio = (total_cost(options, ranks)
                                                                 / max(sum(o.keep_cost for o in options), 1e-300))
     if latency and whole is not None:
-        report.predicted["whole_model_latency_ratio"] = predicted_latency_ratio(options, ranks, whole)
+        report.predicted.whole_model_latency_ratio = predicted_latency_ratio(options, ranks, whole)
     return new, report
 
 

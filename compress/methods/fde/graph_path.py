@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -106,7 +106,7 @@ def _meet_budget(model: nn.Module, wg: WidthGraph, lumper: Lumper, cfg: "FDEConf
             break
     if best is None:  # the cut at ``hi`` was a memo hit (costed at another ε): build it, with the merges of ``hi``
         best = _lump(wg, lumper, hi)
-    report.predicted.update({"merge_eps_reached": hi, "budget_cost_ratio": ratio})
+    report.predicted.merge_eps_reached, report.predicted.budget_cost_ratio = hi, ratio
     report.notes.append(f"{flag} {target:g}: merge tolerance bisected to ε = {hi:.4g} (cost ratio {ratio:.3g}); "
                         "channels merge in blocks, so the ratio can land below the budget")
     return best
@@ -162,12 +162,11 @@ def _fill_report(report: CompressionReport, plans: dict[str, GroupPlan], lumped:
     dead = sum(lr.details["dead_removed"] for lr in report.layers)
     merged = sum(lr.details["merged"] for lr in report.layers)
     whole = {name: plans[name].reason for name in cut if plans[name].mode == WHOLE}
-    report.predicted.update({
-        "output_deviation_bound": None, "hidden_widths_before": [w[0] for w in widths.values()],
-        "hidden_widths": [w[1] for w in widths.values()], "group_widths": widths, "dead_removed": dead,
-        "merged_channels": merged, "sweeps": lumped.stats.sweeps, "block_splits": lumped.stats.splits,
-        "block_merges": lumped.stats.merges,
-        "merge_eps": lumped.eps, "groups_left_whole": whole})
+    report.predicted = replace(
+        report.predicted, output_deviation_bound=None, hidden_widths_before=[w[0] for w in widths.values()],
+        hidden_widths=[w[1] for w in widths.values()], group_widths=widths, dead_removed=dead,
+        merged_channels=merged, sweeps=lumped.stats.sweeps, block_splits=lumped.stats.splits,
+        block_merges=lumped.stats.merges, merge_eps=lumped.eps, groups_left_whole=whole)
     report.notes += [
         "graph path: no output-deviation bound (the interval bound is MLP-only); " + (
             "the deviation is measured on the calibration data" if measuring() else
@@ -250,7 +249,7 @@ def graph_realise(prep: GraphPrepared, cfg: "FDEConfig", report: CompressionRepo
     new = _like_input(model, lumped.model)
     if measuring():  # off when the caller measures on its own held-out data (tune): 62 % of this phase's time
         key, dev = _max_deviation(model, new, data)
-        report.measured[key] = dev
+        setattr(report.measured, key, dev)  # a field of Measured: max_output_deviation_data[_float64]
     return new
 
 

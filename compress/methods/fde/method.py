@@ -14,7 +14,7 @@ shared stage after it). The report predicts a bound on ``max |N(x) − N'(x)|`` 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -76,8 +76,8 @@ def _merge(chain: Chain, original: Chain, data: Dataset, cfg: FDEConfig, box: tu
         raise CompressionError(f"{flag_of(kind)} {getattr(cfg, kind):g} not met: the merge reached a cost ratio of "
                                f"{reached:.3g} (hidden widths {merged.chain.widths}, target {widths}); give a "
                                f"larger {flag_of(kind)} or use --merge-eps")
-    report.predicted.update({"budget_widths": widths, "merge_eps_per_layer": merged.tolerances,
-                             "budget_cost_ratio": reached})
+    report.predicted = replace(report.predicted, budget_widths=widths,
+                                           merge_eps_per_layer=merged.tolerances, budget_cost_ratio=reached)
     report.notes.append(f"{flag_of(kind)} {getattr(cfg, kind):g}: widths {merged.chain.widths}, each layer cut at "
                         f"its own ε {[round(t, 4) for t in merged.tolerances]} (bisected on the count per layer; "
                         "greedy leader blocks are not monotone in ε)")
@@ -88,7 +88,7 @@ def _compensate(original: Chain, merged: Chain, data: Dataset, cfg: FDEConfig,
                 box: tuple[torch.Tensor, torch.Tensor], report: CompressionReport) -> tuple[Chain, torch.Tensor | None]:
     """The held-out-checked refit; returns the chain kept and the bound of its change (None when not kept)."""
     comp = compensate(original, merged, data.x, cfg.compensation_ridge, cfg.compensation_holdout, cfg.seed)
-    report.predicted["compensation"] = {
+    report.predicted.compensation = {
         "accepted": comp.accepted, "heldout_mse_merged": comp.heldout_mse_merged,
         "heldout_mse_refit": comp.heldout_mse_refit, "fit_samples": comp.fit_samples,
         "heldout_samples": comp.heldout_samples}
@@ -124,19 +124,18 @@ def _fde_mlp(model: nn.Module, data: Dataset, cfg: FDEConfig, report: Compressio
     bound = sum(b for b in (dead.bound, merged.bound, extra) if b is not None)
     probe = box_samples(*box, cfg.bound_samples, cfg.seed)
     y0, y1 = chain_forward(original, probe), chain_forward(final, probe)
-    report.predicted.update({
-        "output_deviation_bound": float(bound.max()) if torch.is_tensor(bound) else 0.0,
-        "bound_dead_step": float(dead.bound.max()) if dead.bound is not None else 0.0,
-        "bound_compensation_step": float(extra.max()) if extra is not None else 0.0,
-        "input_box": {"low": box[0].tolist(), "high": box[1].tolist()},
-        "hidden_widths": final.widths, "hidden_widths_before": original.widths,
-        "dead_removed": sum(original.widths) - sum(dead.chain.widths),
-        "sweeps": merged.sweeps, "representative": cfg.representative, "compensation_tried": cfg.compensation,
-    })
-    report.bounds["output"] = report.predicted["output_deviation_bound"]
-    report.measured["max_output_deviation_box_float64"] = float((y0 - y1).abs().max())
+    report.predicted = replace(
+        report.predicted, output_deviation_bound=float(bound.max()) if torch.is_tensor(bound) else 0.0,
+        bound_dead_step=float(dead.bound.max()) if dead.bound is not None else 0.0,
+        bound_compensation_step=float(extra.max()) if extra is not None else 0.0,
+        input_box={"low": box[0].tolist(), "high": box[1].tolist()},
+        hidden_widths=final.widths, hidden_widths_before=original.widths,
+        dead_removed=sum(original.widths) - sum(dead.chain.widths),
+        sweeps=merged.sweeps, representative=cfg.representative, compensation_tried=cfg.compensation)
+    report.bounds["output"] = report.predicted.output_deviation_bound
+    report.measured.max_output_deviation_box_float64 = float((y0 - y1).abs().max())
     if measuring():  # off when the caller measures on its own held-out data (the bound above is what counts)
-        report.measured["max_output_deviation_data_float64"] = float(
+        report.measured.max_output_deviation_data_float64 = float(
             (chain_forward(original, data.x) - chain_forward(final, data.x)).abs().max())
     report.notes.append(f"{len(merged.steps)} merge steps in {merged.sweeps} sweeps; bound over the input box "
                         f"(representative {cfg.representative}"
@@ -202,7 +201,7 @@ def demo_case(quick: bool = True) -> RunCase:
     train(model, tr, te, TrainConfig(epochs=15 if quick else 40, batch_size=128, lr=3e-3, patience=100))
     cfg = FDEConfig(merge_eps=0.3)
     _, rep = fde_compress(model, tr, cfg)
-    widths = tuple(rep.predicted["hidden_widths"])
+    widths = tuple(rep.predicted.hidden_widths)
     runs = [VariantSpec("fde ε=0.3", "fde", cfg),
             VariantSpec("fde ε=0.3 + recovery", "fde", cfg, recovery=RecoveryConfig(epochs=5 if quick else 15)),
             VariantSpec("magnitude (same widths)", "magnitude", get_method("magnitude").config_cls(widths=widths))]

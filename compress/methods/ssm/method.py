@@ -170,8 +170,9 @@ def _fill_report(report: CompressionReport, model: nn.Module, new: nn.Module, ca
             name, type(layer).__name__, "reduced", params_before=sum(p.numel() for p in layer.parameters()),
             params_after=sum(p.numel() for p in new_layer.parameters()), macs_before=mb, macs_after=ma,
             rank=r, full_rank=n, details=details))
-        report.bounds[name] = report.predicted[f"{name}.bound"] = truncation_bound(hsv, r)
-        report.measured[f"{name}.gain_error"] = measured
+        report.bounds[name] = bound = truncation_bound(hsv, r)
+        report.predicted.state_bounds = {**(report.predicted.state_bounds or {}), name: bound}
+        report.measured.gain_errors = {**(report.measured.gain_errors or {}), name: measured}
     report.notes.append("bound: ‖y − ŷ‖₂ ≤ 2‖u‖₂ Σ_{i>r} σ_i per layer (zero initial state); "
                         "measured: max over calibration sequences of ‖y − ŷ‖₂/‖u‖₂ at the layer's own input")
     report.notes.append(f"SSM MACs: the recurrence's cost per time step × sequence length {calib.x.shape[1]} "

@@ -134,7 +134,7 @@ def svd_realise(prep: SVDPrepared, config: SVDConfig) -> tuple[nn.Module, Compre
     fill_report(report, prep.table, targets, copy.deepcopy(prep.skipped), ranks, prep.spectra)
     note_attention(report, unfused)
     if budget.cost_kind == "latency" and whole is not None:
-        report.predicted["whole_model_latency_ratio"] = predicted_latency_ratio(options, ranks, whole)
+        report.predicted.whole_model_latency_ratio = predicted_latency_ratio(options, ranks, whole)
     return new, report
 
 

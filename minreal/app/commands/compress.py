@@ -35,6 +35,7 @@ from minreal.app.options import (
     shape_options,
 )
 from minreal.app.settings import HOLDOUT_FRACTION
+from minreal.compress.core.report import CompressionReport
 from minreal.facts import PROVIDERS
 
 __all__ = ["compress_cmd"]
@@ -115,7 +116,7 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     con.progress(f"compressing {model} with {method}")
     small, report = compress(net, calib, method, config, recovery, held, measure=held is None)
     _record_held_out(report, net, small, calib, held, holdout)
-    report.measured["data_check"] = asdict(check)
+    report.measured.data_check = asdict(check)
     if not writer:  # another rank of a torchrun launch: rank 0 writes
         return
     save_program(small, calib.x[:2], Path(out), dynamic_axes=shape_options((), dynamic_axes)[1])
@@ -124,9 +125,9 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     con.table(f"params {report.params_before} -> {report.params_after} ({report.param_ratio:.3f}), "
               f"MACs {report.macs_before} -> {report.macs_after} ({report.mac_ratio:.3f}); saved {out}")
     if missed := report.predicted.get("budget_missed"):  # stated, never missed in silence
-        click.echo(f"WARNING: {fields_spelled(missed, (report.predicted['budget']['kind'],))}", err=True)
-    if "held_out_recovered" in report.measured:
-        zero, rec = report.measured["held_out_zero_shot"], report.measured["held_out_recovered"]
+        click.echo(f"WARNING: {fields_spelled(missed, (report.predicted.budget['kind'],))}", err=True)
+    if report.measured.held_out_recovered:
+        zero, rec = report.measured.held_out_zero_shot, report.measured.held_out_recovered
         con.table("held out: " + "; ".join(f"{k} zero-shot {zero[k]:.4g} -> recovered {rec[k]:.4g}"
                                            for k in rec if k in zero))
     con.result(report)
@@ -140,17 +141,17 @@ def _calib_line(calib_samples: int, held: Any, holdout: float) -> str:
             "held out to measure the compressed model")
 
 
-def _record_held_out(report: Any, net: Any, small: Any, calib: Any, held: Any, holdout: float) -> None:
-    """``report.measured["held_out"]``: the compressed model against the original on the held-out samples,
+def _record_held_out(report: CompressionReport, net: Any, small: Any, calib: Any, held: Any, holdout: float) -> None:
+    """``report.measured.held_out``: the compressed model against the original on the held-out samples,
     or None (with a note) when ``--data-holdout 0`` held nothing out."""
     from minreal.compress.core.evaluate import compare_outputs
 
     if held is None:
-        report.measured["held_out"] = None
+        report.measured.held_out = None
         why = "--data-holdout 0" if not holdout else f"--data-holdout {holdout:g} of them rounds to no sample"
         report.notes.append(f"no held-out measurement ({why}): all {len(calib)} samples of --data were calibration "
                             "data, and the models are compared on them")
         return
-    report.measured["held_out"] = {"samples": len(held), **compare_outputs(net, small, held)}
+    report.measured.held_out = {"samples": len(held), **compare_outputs(net, small, held)}
     report.notes.append(f"{len(held)} samples ({holdout:.0%} of --data, seeded) held out for measured.held_out; "
                         f"calibrated on the other {len(calib)}, on which the models are not compared again")

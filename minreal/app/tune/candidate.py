@@ -451,7 +451,7 @@ def _chained(job: Job, model: nn.Module, calib: Dataset, recovery: Any, train: D
         small, report, more = _zero_shot(job, mid, model_key(mid), calib, second, config)
         phases = {k: phases[k] + more[k] for k in phases}
         steps.append({"method": second, "mac_ratio": report.mac_ratio})
-    report = dc.replace(report, method=job.spec.method, predicted={**report.predicted, "steps": steps},
+    report = dc.replace(report, method=job.spec.method, predicted=dc.replace(report.predicted, steps=steps),
                         notes=[*head.notes, *report.notes] if report is not head else list(head.notes))
     fill_costs(report, model, small, calib.x[: min(len(calib), 8)])
     return apply_recovery(report, model, small, train, recovery, measure=False), report, phases
