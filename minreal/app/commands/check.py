@@ -3,7 +3,9 @@ holds, 1 otherwise)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +67,10 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
         raise click.UsageError("give at least one criterion (--max-latency-ratio, --max-accuracy-drop, "
                                "--min-agreement, --max-regression, --min-on-provider, --max-int8-drop, --max-size, "
                                "--max-size-ratio); a gate with none would always pass")
-    results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
-                            max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
-                            allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio)
+    with malformed_reports(report, baseline):
+        results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
+                                max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
+                                allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio)
     passed = all(r.passed for _, r in results)
     import minreal.runtime_bench as rb
 
@@ -80,3 +83,21 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
         failed = [f"{n}: {describe_criterion(c)}" for n, r in results for c in r.criteria if not c.passed]
         click.echo("FAILED " + "; ".join(failed), err=True)
         sys.exit(FAIL_EXIT)
+
+
+@contextlib.contextmanager
+def malformed_reports(report: str, baseline: str | None) -> Iterator[None]:
+    """A report or baseline whose JSON lacks a field or holds one of another type (what the schema checks do not
+    catch) is refused in one line naming the files, as a usage error, not an internal one."""
+    from minreal.app.errors import usage_errors
+    from minreal.facts import error_line
+    from minreal.runtime_bench import ReportSchemaError
+
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+        if isinstance(exc, usage_errors()):
+            raise
+        files = f"{report}" + (f" or baseline {baseline}" if baseline else "")
+        raise ReportSchemaError(f"report {files} is malformed ({error_line(exc, with_type=True, max_chars=200)}); "
+                                "regenerate it with minreal bench, run or tune") from exc
