@@ -429,6 +429,35 @@ def _build_cache(folder: Path) -> None:
         raise RuntimeError(f"compress --cache-dir for the fuzz template failed ({code})")
 
 
+PREPARE = "@prepare"
+"""The "command" of the prepared-state cache, which no command reads alone (tune does, among much else): see
+:func:`prepare_from_cache`."""
+
+
+def prepare_from_cache() -> int:
+    """What tune does with its prepared-state cache: prepare wanda for ``net.py:make`` on ``d.npz`` with the
+    cache in ``cache/``, in the current folder; its exit status as the command line would give it (a damaged
+    cache file is a miss, so anything but 0 is a failure)."""
+    from minreal.app.commands._shared import load_inputs
+    from minreal.compress.registry import prepare
+
+    try:
+        net, calib, _ = load_inputs("net.py:make", None, False, "d.npz", None, 0.0)
+        prepare(net, calib, "wanda", cache_dir="cache")
+    except Exception as exc:  # reported as the command line would, so that the outcome says what went wrong
+        print(f"minreal: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _build_prepared(folder: Path) -> None:
+    _build_npz(folder)
+    with _cwd(folder), _quiet():
+        code = prepare_from_cache()
+    if code != 0 or not any(p.is_file() for p in (folder / "cache").rglob("*")):
+        raise RuntimeError(f"the prepared-state cache for the fuzz template was not written ({code})")
+
+
 COMPRESS = ("compress", "net.py:make", "-m", "svd", "--data", "d.npz", "--out", "o.pt2", "-q")
 READERS: dict[str, Reader] = {r.name: r for r in (
     Reader("npz", "zip", "d.npz", COMPRESS, _build_npz),
@@ -449,6 +478,7 @@ READERS: dict[str, Reader] = {r.name: r for r in (
                                                "o.pt2", "-q"), _build_table),
     Reader("factorize_cache", "zip", "cache", ("compress", "net.py:make", "-m", "factorize", "--cache-dir", "cache",
                                                "--data", "d.npz", "--out", "o.pt2", "-q"), _build_cache),
+    Reader("prepared_cache", "zip", "cache", (PREPARE,), _build_prepared),
 )}
 
 
@@ -578,7 +608,7 @@ def run_case(case: Case, root: Path, timeout_s: float = TIMEOUT_S) -> Outcome:
         _Opens.armed = True
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
-            code = run(list(case.args))
+            code = prepare_from_cache() if case.args == (PREPARE,) else run(list(case.args))
         except _Hang:
             code = 124
         finally:

@@ -25,7 +25,8 @@ from minreal.app.data import load_dataset
 from tests.hostile.test_inputs import refused
 
 SLICE_CASES = {"onnx": 1, "ort": 1, "pt2": 4, "npz": 16, "weights": 6, "plan": 12, "images": 8, "report": 20,
-               "baseline": 20, "latency_table": 6, "factorize_cache": 4}
+               "baseline": 20, "latency_table": 6, "factorize_cache": 4,
+               "prepared_cache": 4}
 """Cases per reader in `make test`'s slice (about a minute on two cores; benchmarks/fuzz.py runs longer)."""
 
 
@@ -186,3 +187,26 @@ def test_latency_table_with_impossible_values_is_refused(edit: Callable, says: s
     (workdir / "net.py").write_text(fuzz.FACTORY)
     refused(run_cli, ["compress", "net.py:make", "-m", "factorize", "--latency-table", "t.json", "--latency-ratio",
                       "0.8", "--data", "d.npz", "--out", "o.pt2", "-q"], "t.json", says)
+
+
+@pytest.mark.parametrize("content", ["pickle", "list", "no_moment", "nan"])
+def test_forged_or_foreign_factorize_cache_entry_is_a_miss(content: str, tmp_path: Path) -> None:
+    """A cache entry is recomputed when it is a pickle that would run code (never run), not a dict of tensors, or
+    lacks the field its reader needs."""
+    import torch
+
+    from minreal.compress.core.cache import load_entry, save_entry
+
+    marker = tmp_path / "pwned"
+    save_entry(tmp_path, "k", {"moment": torch.ones(2)})
+    path = next(p for p in tmp_path.rglob("*") if p.is_file())
+    if content == "pickle":
+        path.write_bytes(fuzz.pickle_payload(marker))
+    elif content == "list":
+        torch.save([torch.ones(2)], path)
+    elif content == "nan":
+        torch.save({"moment": torch.tensor([1.0, float("nan")])}, path)
+    else:
+        torch.save({"other": torch.ones(2)}, path)
+    assert load_entry(tmp_path, "k", ("moment",)) is None
+    assert not marker.exists()
