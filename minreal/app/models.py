@@ -287,6 +287,11 @@ def _read_state_dict(path: Path) -> OrderedDict[str, torch.Tensor]:
     if not _is_state_dict(obj):
         raise SpecError(f"weights file {path} holds {_describe(obj)}, not a state dict (names → tensors); "
                         "save it with torch.save(model.state_dict(), path)")
+    nan = next((k for k, v in obj.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+                and bool(torch.isnan(v).any())), None)
+    if nan is not None:
+        raise SpecError(f"weights file {path}: {nan!r} holds NaN values (a damaged file or a training that "
+                        "diverged); give weights without NaN")
     return _with_metadata(obj.items(), getattr(obj, "_metadata", None))
 
 

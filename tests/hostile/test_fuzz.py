@@ -210,3 +210,19 @@ def test_forged_or_foreign_factorize_cache_entry_is_a_miss(content: str, tmp_pat
         torch.save({"other": torch.ones(2)}, path)
     assert load_entry(tmp_path, "k", ("moment",)) is None
     assert not marker.exists()
+
+
+def test_plan_that_is_not_text_is_refused(workdir: Path, run_cli: Callable) -> None:
+    (workdir / "p.toml").write_bytes(b'[[variant]]\nmethod = "svd\xff"\n')
+    refused(run_cli, ["tune", "net.py:make", "--plan", "p.toml", "--data", "digits-flat", "--dry-run",
+                      "--max-accuracy-drop", "5", "-q"], "p.toml", "not UTF-8")
+
+
+def test_weights_holding_nan_are_refused_by_name(workdir: Path, run_cli: Callable) -> None:
+    import torch
+
+    state = fuzz._load_factory(workdir, "make").state_dict()
+    state["3.weight"][2, 5] = float("nan")
+    torch.save(state, workdir / "w.pt")
+    refused(run_cli, ["compress", "net.py:make", "--weights", "w.pt", "-m", "svd", "--data", "digits-flat", "--out",
+                      "o.pt2", "-q"], "w.pt", "'3.weight' holds NaN")
