@@ -226,3 +226,28 @@ def test_weights_holding_nan_are_refused_by_name(workdir: Path, run_cli: Callabl
     torch.save(state, workdir / "w.pt")
     refused(run_cli, ["compress", "net.py:make", "--weights", "w.pt", "-m", "svd", "--data", "digits-flat", "--out",
                       "o.pt2", "-q"], "w.pt", "'3.weight' holds NaN")
+
+
+@pytest.mark.parametrize("field, value", [("quality", "high"), ("quality", {"accuracy": "x"}), ("macs", "many"),
+                                          ("mac_ratio", [0.5]), ("seconds", None), ("error", 3)])
+def test_tune_cache_entry_of_wrong_types_is_a_miss(field: str, value: object, tmp_path: Path) -> None:
+    """A tune cache entry whose result.json holds a field of another type (damaged, edited) is computed again,
+    not an internal error of the whole tune."""
+    from dataclasses import asdict
+    from types import SimpleNamespace
+
+    from minreal.app.tune import Constraint
+    from minreal.app.tune.candidate import RESULT_FILE, CandidateResult, CandidateSpec, _from_cache
+    from minreal.app.tune.config import Quality
+
+    spec = CandidateSpec("svd", 0.5)
+    genuine = asdict(CandidateResult(spec, "k", quality={"accuracy": 0.9}, mac_ratio=0.5, params=10, macs=10))
+    job = SimpleNamespace(spec=spec, constraint=Constraint(max_accuracy_drop=5.0), reference=Quality(0.9, None, None),
+                          int8=False)
+    for name in ("model.onnx", "model.pt2"):  # the files a cached fp32 candidate needs beside its result
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / RESULT_FILE).write_text(json.dumps({**genuine, "spec": None}))
+    cached = _from_cache(tmp_path, job)
+    assert cached is not None and cached.cached and cached.feasible  # the genuine entry is a hit
+    (tmp_path / RESULT_FILE).write_text(json.dumps({**genuine, "spec": None, field: value}))
+    assert _from_cache(tmp_path, job) is None
