@@ -247,8 +247,43 @@ def _zip(data: bytes, rng: random.Random, marker: Path) -> tuple[str, bytes]:
     return how, out.getvalue()
 
 
+def _onnx_field(data: bytes, rng: random.Random) -> tuple[str, bytes]:
+    """An ONNX model with one field set to what a hostile or damaged file could hold: a huge declared size (a
+    tensor's or an input's dimension), external data at a missing or escaping place, an unknown operator or
+    opset; or its bytes mutated."""
+    import onnx
+
+    try:
+        model = onnx.load_from_string(data)
+    except Exception:  # not parseable: bytes it is
+        return _bytes(data, rng)
+    graph = model.graph
+    how = rng.choice(("tensor_dims", "input_dim", "external", "op_type", "opset"))
+    if how == "tensor_dims" and graph.initializer:
+        tensor = rng.choice(graph.initializer)
+        tensor.dims[0] = rng.choice((10**12, 2**62, 0))
+    elif how == "input_dim" and graph.input:
+        dims = graph.input[0].type.tensor_type.shape.dim
+        dims[rng.randrange(len(dims))].dim_value = rng.choice((10**12, 2**62))
+    elif how == "external" and graph.initializer:
+        tensor = rng.choice(graph.initializer)
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", rng.choice(("missing.bin", "../../outside/secret", "/etc/hostname", "."))),
+                           ("offset", rng.choice(("0", "-1", str(2**62)))), ("length", rng.choice(("40", str(2**62))))):
+            tensor.external_data.add(key=key, value=value)
+        tensor.ClearField("raw_data")
+    elif how == "op_type" and graph.node:
+        rng.choice(graph.node).op_type = rng.choice(("NoSuchOp", "", "Loop"))
+    else:
+        model.opset_import[0].version = rng.choice((0, 10**6))
+    return f"onnx_{how}", model.SerializeToString()
+
+
 def mutate(kind: str, data: bytes, rng: random.Random, marker: Path) -> tuple[str, bytes]:
-    """``data`` mutated as a file of ``kind`` (``bytes``, ``json``, ``toml``, ``zip``); the mutation's name too."""
+    """``data`` mutated as a file of ``kind`` (``bytes``, ``json``, ``toml``, ``zip``, ``onnx``, ``image``); the
+    mutation's name too."""
+    if kind == "onnx" and rng.random() < 0.6:
+        return _onnx_field(data, rng)
     if kind == "json" and rng.random() < 0.8:
         return _json(data, rng)
     if kind == "toml":
@@ -429,9 +464,6 @@ def _build_cache(folder: Path) -> None:
         raise RuntimeError(f"compress --cache-dir for the fuzz template failed ({code})")
 
 
-PREPARE = "@prepare"
-"""The "command" of the prepared-state cache, which no command reads alone (tune does, among much else): see
-:func:`prepare_from_cache`."""
 
 
 def prepare_from_cache() -> int:
@@ -450,6 +482,41 @@ def prepare_from_cache() -> int:
     return 0
 
 
+def tune_cache_entry() -> int:
+    """What tune does with an entry of its cache (``entry/``): read the candidate's result, re-judged against the
+    constraint; exit status 0 for a hit or a miss (a damaged entry is computed again), 1 on an error."""
+    from types import SimpleNamespace
+
+    from minreal.app.tune import Constraint
+    from minreal.app.tune.candidate import CandidateSpec, _from_cache
+    from minreal.app.tune.config import Quality
+
+    job = SimpleNamespace(spec=CandidateSpec("svd", 0.5), constraint=Constraint(max_accuracy_drop=5.0),
+                          reference=Quality(0.9, None, None), int8=False)
+    try:
+        _from_cache(Path("entry"), job)  # type: ignore[arg-type]
+    except Exception as exc:  # reported as the command line would, so that the outcome says what went wrong
+        print(f"minreal: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _build_tune_cache(folder: Path) -> None:
+    from minreal.app.tune.candidate import FILES, RESULT_FILE, CandidateResult, CandidateSpec
+
+    (folder / "entry").mkdir()
+    result = CandidateResult(CandidateSpec("svd", 0.5), "k", quality={"accuracy": 0.9, "agreement": 0.95},
+                             mac_ratio=0.5, param_ratio=0.5, params=100, macs=100, seconds={"realise": 0.1},
+                             weights_digest="0" * 24)
+    (folder / "entry" / RESULT_FILE).write_text(json.dumps(asdict(result), indent=1))
+    for name in (FILES["fp32"], FILES["pt2"]):
+        (folder / "entry" / name).write_bytes(b"")
+
+
+LIBRARY_COMMANDS: dict[str, Callable[[], int]] = {"@prepare": prepare_from_cache, "@tune_cache": tune_cache_entry}
+"""Readers no command runs alone (tune does, among much else): their "command" is the library call tune makes."""
+
+
 def _build_prepared(folder: Path) -> None:
     _build_npz(folder)
     with _cwd(folder), _quiet():
@@ -461,7 +528,7 @@ def _build_prepared(folder: Path) -> None:
 COMPRESS = ("compress", "net.py:make", "-m", "svd", "--data", "d.npz", "--out", "o.pt2", "-q")
 READERS: dict[str, Reader] = {r.name: r for r in (
     Reader("npz", "zip", "d.npz", COMPRESS, _build_npz),
-    Reader("onnx", "bytes", "m.onnx", ("bench", "m.onnx", "--data", "d.npz", "--out", "b.json", *QUICK_BENCH),
+    Reader("onnx", "onnx", "m.onnx", ("bench", "m.onnx", "--data", "d.npz", "--out", "b.json", *QUICK_BENCH),
            _build_onnx),
     Reader("ort", "bytes", "m.ort", ("bench", "m.ort", "--out", "b.json", *QUICK_BENCH), _build_ort),
     Reader("pt2", "zip", "m.pt2", ("export", "m.pt2", "--input-shape", "64", "--out", "e.onnx", "-q"), _build_pt2),
@@ -478,7 +545,8 @@ READERS: dict[str, Reader] = {r.name: r for r in (
                                                "o.pt2", "-q"), _build_table),
     Reader("factorize_cache", "zip", "cache", ("compress", "net.py:make", "-m", "factorize", "--cache-dir", "cache",
                                                "--data", "d.npz", "--out", "o.pt2", "-q"), _build_cache),
-    Reader("prepared_cache", "zip", "cache", (PREPARE,), _build_prepared),
+    Reader("prepared_cache", "zip", "cache", ("@prepare",), _build_prepared),
+    Reader("tune_cache", "json", "entry/result.json", ("@tune_cache",), _build_tune_cache),
 )}
 
 
@@ -608,7 +676,8 @@ def run_case(case: Case, root: Path, timeout_s: float = TIMEOUT_S) -> Outcome:
         _Opens.armed = True
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
-            code = prepare_from_cache() if case.args == (PREPARE,) else run(list(case.args))
+            library = LIBRARY_COMMANDS.get(case.args[0])
+            code = library() if library is not None else run(list(case.args))
         except _Hang:
             code = 124
         finally:

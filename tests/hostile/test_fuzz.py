@@ -24,9 +24,8 @@ from minreal.app.callables import SpecError
 from minreal.app.data import load_dataset
 from tests.hostile.test_inputs import refused
 
-SLICE_CASES = {"onnx": 1, "ort": 1, "pt2": 4, "npz": 16, "weights": 6, "plan": 12, "images": 8, "report": 20,
-               "baseline": 20, "latency_table": 6, "factorize_cache": 4,
-               "prepared_cache": 4}
+SLICE_CASES = {"onnx": 4, "ort": 2, "pt2": 8, "npz": 30, "weights": 12, "plan": 24, "images": 16, "report": 40,
+               "baseline": 40, "latency_table": 12, "factorize_cache": 8, "prepared_cache": 8, "tune_cache": 40}
 """Cases per reader in `make test`'s slice (about a minute on two cores; benchmarks/fuzz.py runs longer)."""
 
 
