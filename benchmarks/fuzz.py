@@ -620,7 +620,7 @@ class _Opens:
     @classmethod
     def hook(cls, event: str, args: tuple) -> None:
         if cls.armed and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-            cls.seen.append(os.fsdecode(args[0]))
+            cls.seen.append(os.path.join(os.getcwd(), os.fsdecode(args[0])))  # relative to the case folder
 
 
 _HOOKED: list[bool] = []

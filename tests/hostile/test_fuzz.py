@@ -72,6 +72,13 @@ def test_external_data_escape_is_refused(case: int, fuzz_root: Path) -> None:
     assert "m.onnx" in outcome.line and "outside the model's folder" in outcome.line
 
 
+def test_harness_sees_a_read_outside_the_case_folder(fuzz_root: Path) -> None:
+    """The read_outside invariant is live: a command told to read the file beside the case folder is caught."""
+    secret = str((fuzz_root / "outside" / "secret").resolve())
+    outcome = run_case(Case("self", "none", ("check", secret, "--max-latency-ratio", "2"), {}, "secret"), fuzz_root)
+    assert "read_outside" in outcome.broken, outcome
+
+
 def _npz_declaring(path: Path, shape: tuple[int, ...]) -> Path:
     """A 2-row .npz whose ``x`` header declares ``shape``: the few bytes of two rows behind a huge header."""
     np.savez(path, x=np.zeros((2, 4), np.float32), y=np.zeros(2, np.int64))
