@@ -657,24 +657,20 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_case(case: Case, root: Path, timeout_s: float = TIMEOUT_S) -> Outcome:
-    """Run ``case`` in a fresh folder under ``root`` (beside a canary file no case may open) and check the
-    invariants (see the module's docstring)."""
+def _raise_hang(*_: object) -> None:
+    raise _Hang(124)
+
+
+def _execute(case: Case, folder: Path, timeout_s: float) -> tuple[int, str, str]:
+    """Run the case's command in ``folder`` under an alarm (the alarm of whoever called, such as pytest-timeout's,
+    is put back after); its exit status (124 for a hang), stdout and stderr."""
     from minreal.app.cli import run
 
-    _install_hook()
-    folder = Path(tempfile.mkdtemp(prefix="case-", dir=root))
-    secret = root / "outside" / "secret"
-    marker = root / "pwned"
-    _materialise(case, folder)
-    before = _listing(folder)
-    rss = _peak_rss_mb()
-    previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(_Hang(124)))
-    start = time.perf_counter()
-    _Opens.seen.clear()
+    previous = signal.signal(signal.SIGALRM, _raise_hang)
+    start = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, timeout_s)
     with _cwd(folder), _quiet() as (out, err):
         _Opens.armed = True
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
             library = LIBRARY_COMMANDS.get(case.args[0])
             code = library() if library is not None else run(list(case.args))
@@ -684,26 +680,44 @@ def run_case(case: Case, root: Path, timeout_s: float = TIMEOUT_S) -> Outcome:
             signal.setitimer(signal.ITIMER_REAL, 0)
             _Opens.armed = False
     signal.signal(signal.SIGALRM, previous)
-    seconds = time.perf_counter() - start
-    text = out.getvalue() + err.getvalue()
-    after = _listing(folder)
+    if outer:
+        signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
+    return code, out.getvalue(), err.getvalue()
+
+
+def _broken(case: Case, root: Path, code: int, text: str, new: set[str], rss_growth_mb: float) -> list[str]:
+    """The invariants the case broke (see the module's docstring); ``new``: paths the command left in its folder."""
+    secret = os.path.realpath(root / "outside" / "secret")
     broken = []
     if code not in (0, 1, 2):
         broken.append("hang" if code == 124 else f"exit_{code}")
     if "Traceback" in text:
         broken.append("traceback")
-    if any(os.path.realpath(p) == str(secret.resolve()) for p in _Opens.seen) or CANARY in text.encode():
+    opened = any(os.path.realpath(p) == secret for p in _Opens.seen) or CANARY in text.encode()
+    if opened or (case.must_fail and code == 0):
         broken.append("read_outside")
-    if case.must_fail and code == 0:
-        broken.append("read_outside")
-    if (code != 0 and after != before) or _staging(after - before):
+    if (code != 0 and new) or _staging(new):
         broken.append("partial_output")
-    if marker.exists():
+    if (root / "pwned").exists():
         broken.append("code_ran")
-        marker.unlink()
-    if _peak_rss_mb() - rss > MAX_RSS_GROWTH_MB:
+        (root / "pwned").unlink()
+    if rss_growth_mb > MAX_RSS_GROWTH_MB:
         broken.append("memory")
-    lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+    return broken
+
+
+def run_case(case: Case, root: Path, timeout_s: float = TIMEOUT_S) -> Outcome:
+    """Run ``case`` in a fresh folder under ``root`` (beside a canary file no case may open) and check the
+    invariants (see the module's docstring)."""
+    _install_hook()
+    folder = Path(tempfile.mkdtemp(prefix="case-", dir=root))
+    _materialise(case, folder)
+    before, rss, start = _listing(folder), _peak_rss_mb(), time.perf_counter()
+    _Opens.seen.clear()
+    code, out, err = _execute(case, folder, timeout_s)
+    seconds = time.perf_counter() - start
+    broken = _broken(case, root, code, out + err, _listing(folder) - before, _peak_rss_mb() - rss)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
     line = lines[-1] if code != 0 and lines else ""
     unnamed = code != 0 and Path(case.target).name not in line
     shutil.rmtree(folder, ignore_errors=True)
