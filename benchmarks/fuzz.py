@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import io
 import json
+import logging
 import os
 import pickle
 import random
@@ -657,18 +658,31 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class _Records(logging.Handler):
+    """Log records of one case, formatted with their tracebacks (a logged traceback breaks the invariant too)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
 def _raise_hang(*_: object) -> None:
     raise _Hang(124)
 
 
 def _execute(case: Case, folder: Path, timeout_s: float) -> tuple[int, str, str]:
     """Run the case's command in ``folder`` under an alarm (the alarm of whoever called, such as pytest-timeout's,
-    is put back after); its exit status (124 for a hang), stdout and stderr."""
+    is put back after); its exit status (124 for a hang), stdout with the log records, and stderr."""
     from minreal.app.cli import run
 
     previous = signal.signal(signal.SIGALRM, _raise_hang)
     start = time.monotonic()
     outer, _ = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    records = _Records()
+    logging.getLogger().addHandler(records)
     with _cwd(folder), _quiet() as (out, err):
         _Opens.armed = True
         try:
@@ -679,10 +693,11 @@ def _execute(case: Case, folder: Path, timeout_s: float) -> tuple[int, str, str]
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             _Opens.armed = False
+    logging.getLogger().removeHandler(records)
     signal.signal(signal.SIGALRM, previous)
     if outer:
         signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3))
-    return code, out.getvalue(), err.getvalue()
+    return code, out.getvalue() + "\n".join(records.lines), err.getvalue()
 
 
 def _broken(case: Case, root: Path, code: int, text: str, new: set[str], rss_growth_mb: float) -> list[str]:
