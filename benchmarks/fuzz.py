@@ -15,8 +15,8 @@ A case breaks an invariant (:func:`run_case` lists them in ``broken``) when:
 - a forged pickle ran (``code_ran``: its marker file exists);
 - the process's peak resident memory grew by more than :data:`MAX_RSS_GROWTH_MB` (``memory``).
 
-A non-zero exit whose error line does not name the file (``unnamed``) is counted too: every refusal should say
-which file is at fault.
+A non-zero exit whose error line does not name the file (``unnamed``; a model may be named by its stem, as
+``bench`` names it) is counted too: every refusal should say which file is at fault.
 
 ``python benchmarks/fuzz.py --seconds N --seed S --out benchmarks/fuzz.json`` fuzzes the readers in turn for N
 seconds and writes the cases and their outcomes by exit status per reader (atomically); the tests run a slice
@@ -734,7 +734,8 @@ def run_case(case: Case, root: Path, timeout_s: float = TIMEOUT_S) -> Outcome:
     broken = _broken(case, root, code, out + err, _listing(folder) - before, _peak_rss_mb() - rss)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     line = lines[-1] if code != 0 and lines else ""
-    unnamed = code != 0 and Path(case.target).name not in line
+    target = Path(case.target)
+    unnamed = code != 0 and target.name not in line and f"'{target.stem}'" not in line  # bench names models by stem
     shutil.rmtree(folder, ignore_errors=True)
     return Outcome(case.reader, case.mutation, case.target, code, round(seconds, 3), line[:300], broken, unnamed)
 
