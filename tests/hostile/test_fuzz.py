@@ -140,7 +140,8 @@ def _bench_report(made: dict[str, Path]) -> dict:
     lambda r: r["latency"][0].update(model=["a"]),
     lambda r: r["latency"][0].update(batch_size={"b": 1}),
     lambda r: r["latency"][0].pop("provider"),
-], ids=["row_a_list", "model_a_list", "batch_a_dict", "row_without_provider"])
+    lambda r: r["latency"][1].update(model=7),
+], ids=["row_a_list", "model_a_list", "batch_a_dict", "row_without_provider", "model_a_number"])
 def test_malformed_baseline_is_refused_in_one_line(edit: Callable, made: dict[str, Path], workdir: Path,
                                                    run_cli: Callable) -> None:
     report = _bench_report(made)

@@ -67,20 +67,20 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
         raise click.UsageError("give at least one criterion (--max-latency-ratio, --max-accuracy-drop, "
                                "--min-agreement, --max-regression, --min-on-provider, --max-int8-drop, --max-size, "
                                "--max-size-ratio); a gate with none would always pass")
-    with malformed_reports(report, baseline):
+    import minreal.runtime_bench as rb
+    from minreal.runtime_bench.check import describe_criterion
+
+    with malformed_reports(report, baseline):  # the verdict's text is made of the reports' fields too
         results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
                                 max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
                                 allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio)
+        tables = [f"[{name}]\n{rb.format_check(res)}" for name, res in results]
+        failed = [f"{n}: {describe_criterion(c)}" for n, r in results for c in r.criteria if not c.passed]
     passed = all(r.passed for _, r in results)
-    import minreal.runtime_bench as rb
-
-    for name, res in results:
-        con.table(f"[{name}]\n{rb.format_check(res)}")
+    for table in tables:
+        con.table(table)
     con.result({"passed": passed, "reports": {n: r for n, r in results}})
     if not passed:
-        from minreal.runtime_bench.check import describe_criterion
-
-        failed = [f"{n}: {describe_criterion(c)}" for n, r in results for c in r.criteria if not c.passed]
         click.echo("FAILED " + "; ".join(failed), err=True)
         sys.exit(FAIL_EXIT)
 
