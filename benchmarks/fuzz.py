@@ -15,8 +15,9 @@ A case breaks an invariant (:func:`run_case` lists them in ``broken``) when:
 - a forged pickle ran (``code_ran``: its marker file exists);
 - the process's peak resident memory grew by more than :data:`MAX_RSS_GROWTH_MB` (``memory``).
 
-A non-zero exit whose error line does not name the file (``unnamed``; a model may be named by its stem, as
-``bench`` names it) is counted too: every refusal should say which file is at fault.
+An error line (non-zero exit) that does not name the file (``unnamed``; a model may be named by its stem, as
+``bench`` names it) is counted too: every refusal should say which file is at fault. ``check``'s exit 1 with its
+``FAILED`` line is a verdict, not an error.
 
 ``python benchmarks/fuzz.py --seconds N --seed S --out benchmarks/fuzz.json`` fuzzes the readers in turn for N
 seconds and writes the cases and their outcomes by exit status per reader (atomically); the tests run a slice
@@ -735,7 +736,8 @@ def run_case(case: Case, root: Path, timeout_s: float = TIMEOUT_S) -> Outcome:
     lines = [ln for ln in err.splitlines() if ln.strip()]
     line = lines[-1] if code != 0 and lines else ""
     target = Path(case.target)
-    unnamed = code != 0 and target.name not in line and f"'{target.stem}'" not in line  # bench names models by stem
+    named = target.name in line or f"'{target.stem}'" in line  # bench names models by their stem
+    unnamed = code != 0 and "error:" in line and not named  # check's "FAILED ..." (exit 1) is a verdict
     shutil.rmtree(folder, ignore_errors=True)
     return Outcome(case.reader, case.mutation, case.target, code, round(seconds, 3), line[:300], broken, unnamed)
 
