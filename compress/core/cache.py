@@ -62,23 +62,31 @@ def _path(cache_dir: str | Path, key: str) -> Path:
     return Path(cache_dir) / f"{key}.pt"
 
 
-def load_entry(cache_dir: str | Path | None, key: str) -> dict[str, torch.Tensor] | None:
-    """The cached dict of tensors, or None when absent or unreadable (on any rank, under a process group:
-    every rank must call this with the same key)."""
+def load_entry(cache_dir: str | Path | None, key: str, fields: tuple[str, ...] = ()) -> dict[str, torch.Tensor] | None:
+    """The cached dict of tensors (holding every name in ``fields``), or None when absent, unreadable or of
+    another shape of entry (on any rank, under a process group: every rank must call this with the same key)."""
     if cache_dir is None:
         return None
-    entry = _read(_path(cache_dir, key))
+    entry = _read(_path(cache_dir, key), fields)
     return entry if all_agree(entry is not None) else None
 
 
-def _read(path: Path) -> dict[str, torch.Tensor] | None:
+def _read(path: Path, fields: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
     if not path.is_file():
         return None
     try:
-        return torch.load(path, weights_only=True)
-    except (RuntimeError, OSError, EOFError) as exc:  # a torn write: recompute
-        log.warning("ignoring unreadable cache entry %s: %s", path, exc)
+        entry = torch.load(path, weights_only=True)
+    except Exception as exc:  # a torn write, or a foreign or forged file (refused unpickling): recompute
+        log.warning("ignoring unreadable cache entry %s: %s", path, str(exc).splitlines()[0] if str(exc) else exc)
         return None
+    if type(entry) is not dict or not all(isinstance(v, torch.Tensor) for v in entry.values()) \
+            or not set(fields) <= entry.keys():
+        log.warning("ignoring cache entry %s: not a dict of tensors holding %s", path, ", ".join(fields) or "any")
+        return None
+    if not all(torch.isfinite(v).all() for v in entry.values() if v.is_floating_point()):
+        log.warning("ignoring cache entry %s: it holds NaN/inf values (a damaged file)", path)
+        return None
+    return entry
 
 
 def save_entry(cache_dir: str | Path | None, key: str, entry: dict[str, torch.Tensor]) -> None:

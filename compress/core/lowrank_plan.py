@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -235,14 +237,31 @@ def _interpolated(ranks: list[float], ms: list[float]) -> CostFn:
     return lambda r: float(np.interp(r, grid, times))  # clipped to the end values outside the grid
 
 
+def _positive(value: Any, what: str) -> float:
+    """``value`` as a float when it is a finite, positive number (a measured time or a rank)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} is {value!r}, not a finite positive number")
+    return float(value)
+
+
+def _checked_grid(name: str, ranks: Any, ms: Any) -> tuple[list[float], list[float]]:
+    """A layer's measured grid: increasing positive ranks and as many finite positive times."""
+    if not isinstance(ranks, list) or not isinstance(ms, list) or not ranks or len(ranks) != len(ms):
+        raise ValueError(f"layer {name!r} needs equally long, non-empty lists ranks and ms")
+    grid = [_positive(r, f"a rank of layer {name!r}") for r in ranks]
+    if any(b <= a for a, b in zip(grid, grid[1:])):
+        raise ValueError(f"the ranks of layer {name!r} do not increase")
+    return grid, [_positive(t, f"a time of layer {name!r}") for t in ms]
+
+
 def load_latency_table(path: str | Path) -> tuple[dict[str, CostFn], dict[str, float]]:
     """Per-layer latency cost functions (linear interpolation over the measured rank grid, clipped) and
     keep latencies from a JSON table ``{"provider", "layers": {name: {"keep_ms", "ranks", "ms"}}}``."""
     try:
         layers = json.loads(Path(path).read_text())["layers"]
-        tables = {n: _interpolated(e["ranks"], e["ms"]) for n, e in layers.items()}
-        keeps = {n: float(e["keep_ms"]) for n, e in layers.items()}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        tables = {n: _interpolated(*_checked_grid(n, e["ranks"], e["ms"])) for n, e in layers.items()}
+        keeps = {n: _positive(e["keep_ms"], f"layer {n!r} keep_ms") for n, e in layers.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CompressionError(f"cannot read latency table {path}: {exc}; build one with "
                                "`minreal latency-table`") from None
     return tables, keeps
@@ -252,7 +271,7 @@ def load_model_latency(path: str | Path | None) -> float:
     """The whole-model latency (``model_ms``) of a latency table; tables built before it was recorded say
     to rebuild."""
     try:
-        return float(json.loads(Path(str(path)).read_text())["model_ms"])
+        return _positive(json.loads(Path(str(path)).read_text())["model_ms"], "model_ms")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CompressionError(f"latency table {path} has no whole-model latency ({exc}), which `latency_ratio` "
                                "needs; rebuild it with `minreal latency-table`", fields=("latency_ratio",)) from None

@@ -19,11 +19,12 @@ from __future__ import annotations
 import difflib
 import logging
 import math
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -169,12 +170,44 @@ def _pick_key(keys: list[str], candidates: tuple[str, ...], path: Path, role: st
     return found[0] if found else None
 
 
-def _read_npz_array(archive: Any, key: str, path: Path) -> np.ndarray:
+def _check_declared_size(fp: BinaryIO, room: int, what: str) -> None:
+    """Refuse an ``.npy`` stream (``fp`` at its start, ``room`` bytes long) whose header declares more data than
+    the stream holds: read before the array is allocated, so a few bytes declaring 10^12 elements allocate nothing.
+    Object arrays pass (they are refused as pickles when read)."""
     try:
+        version = np.lib.format.read_magic(fp)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(fp)
+    except Exception as exc:
+        raise SpecError(f"{what} has no valid .npy header ({_cause(exc)}); write it again with np.save(z)") from exc
+    if dtype.hasobject:
+        return
+    declared, held = math.prod(shape) * dtype.itemsize, room - fp.tell()
+    if declared > held:
+        raise SpecError(f"{what} declares shape {tuple(shape)} of {dtype} ({declared} bytes) but holds {held} bytes "
+                        "of data; the file is corrupt or truncated: write it again with np.save(z)")
+
+
+def _read_npz_array(archive: Any, key: str, path: Path) -> np.ndarray:
+    what = f"array {key!r} in {path}"
+    member = f"{key}.npy" if f"{key}.npy" in archive.zip.namelist() else key
+    info = archive.zip.getinfo(member)
+    room = info.file_size if info.compress_type != zipfile.ZIP_STORED else min(info.file_size, info.compress_size)
+    try:
+        with archive.zip.open(member) as fp:
+            _check_declared_size(fp, room, what)
         return archive[key]
+    except SpecError:
+        raise
     except ValueError as exc:
-        raise SpecError(f"array {key!r} in {path} holds pickled objects (dtype object), which are not loaded; "
+        if "pickle" not in str(exc).lower():
+            raise SpecError(f"could not read {what} ({_cause(exc)}); write it again with np.savez") from exc
+        raise SpecError(f"{what} holds pickled objects (dtype object), which are not loaded; "
                         "save a numeric array") from exc
+    except Exception as exc:  # a damaged archive: bad CRC, short member, bad compressed data
+        raise SpecError(f"could not read {what} ({_cause(exc)}); the file is corrupt or truncated: write it "
+                        "again with np.savez") from exc
 
 
 def _load_npz(path: Path) -> Dataset:
@@ -206,6 +239,10 @@ def _load_npz(path: Path) -> Dataset:
 
 def _load_npy(path: Path) -> Dataset:
     """A single input array, no labels."""
+    with path.open("rb") as fp:
+        if fp.read(6) == b"\x93NUMPY":
+            fp.seek(0)
+            _check_declared_size(fp, path.stat().st_size, str(path))
     try:
         x = np.load(path, allow_pickle=False)
     except ValueError as exc:

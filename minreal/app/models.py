@@ -47,7 +47,7 @@ from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import Inputs, NamedInputs, PackedInputs, call
 from minreal.compress.models import resnet20_cifar
 
-__all__ = ["BUILTIN_MODELS", "check_input_shape", "load_model"]
+__all__ = ["BUILTIN_MODELS", "check_input_shape", "load_model", "refuse_labels_outside"]
 
 logger = logging.getLogger(__name__)
 
@@ -287,6 +287,11 @@ def _read_state_dict(path: Path) -> OrderedDict[str, torch.Tensor]:
     if not _is_state_dict(obj):
         raise SpecError(f"weights file {path} holds {_describe(obj)}, not a state dict (names → tensors); "
                         "save it with torch.save(model.state_dict(), path)")
+    nan = next((k for k, v in obj.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+                and bool(torch.isnan(v).any())), None)
+    if nan is not None:
+        raise SpecError(f"weights file {path}: {nan!r} holds NaN values (a damaged file or a training that "
+                        "diverged); give weights without NaN")
     return _with_metadata(obj.items(), getattr(obj, "_metadata", None))
 
 
@@ -493,8 +498,30 @@ def checked_dataset(model: nn.Module, data: Dataset, model_spec: str = "model", 
     """``data`` with its named inputs in ``forward`` order (:func:`align_inputs`), after a forward pass on its
     first samples (:func:`check_input_shape`)."""
     x = align_inputs(model, data.x, model_spec, data_spec)
-    check_input_shape(model, x, model_spec, data_spec)
+    refuse_labels_outside(check_input_shape(model, x, model_spec, data_spec), data.y, data_spec)
     return data if x is data.x else Dataset(x, data.y)
+
+
+def refuse_labels_outside(out: Any, y: torch.Tensor | None, data_spec: str = "the data") -> None:
+    """Refuse integer class labels ``y`` that no output of the model can predict: ``out`` (the model's output on
+    a few samples) holds class scores ``(N, K)``, ``K > 1``, and a label is negative or at least ``K``. The one
+    rule of every command that reads labelled data (``compress``, ``run``, ``tune``, ``export``); outputs that
+    are not class scores, and labels that are not integer classes, pass.
+
+    Raises:
+        SpecError: one line naming ``data_spec``, how many labels lie outside and the first of them.
+    """
+    if y is None or y.ndim != 1 or y.dtype not in (torch.int64, torch.int32) or not isinstance(out, torch.Tensor):
+        return
+    if out.dim() != 2 or out.shape[1] < 2:
+        return
+    k = out.shape[1]
+    outside = ((y < 0) | (y >= k)).nonzero().flatten()
+    if len(outside):
+        values = sorted({int(v) for v in y[outside[:1000]]})
+        shown = ", ".join(map(str, values[:3])) + (", ..." if len(values) > 3 else "")
+        raise SpecError(f"{data_spec}: {len(outside)} of {len(y)} labels ({shown}) lie outside the model's {k} "
+                        f"outputs (0-{k - 1}); give class labels the model can output, in the order of its outputs")
 
 
 def _shapes(x: Inputs) -> str:

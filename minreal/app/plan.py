@@ -102,6 +102,8 @@ def load_plan(path: str | Path, defaults: dict[str, Any] | None = None) -> list[
         doc = tomllib.loads(path.read_text())
     except OSError as exc:
         raise PlanError(f"cannot read plan file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"{path}: not UTF-8 text (byte {exc.start}), so not a TOML plan") from None
     except tomllib.TOMLDecodeError as exc:
         raise PlanError(f"{path}: not valid TOML: {exc}") from None
     unknown = sorted(set(doc) - {"variant"})

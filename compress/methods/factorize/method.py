@@ -48,6 +48,8 @@ __all__ = ["FactorizePrepared", "LayerBasis", "factorize_compress", "factorize_p
            "layer_bases"]
 
 log = logging.getLogger(__name__)
+BASIS_FIELDS = ("basis", "sq_values", "fell_back")
+"""What a cached basis entry holds (an entry without them is a miss)."""
 
 
 @dataclass
@@ -88,7 +90,7 @@ def layer_bases(model: nn.Module, data: Dataset, targets: list[Target], cfg: Fac
     report.timings_s["cache_keys"] = time.perf_counter() - t0
     out: dict[str, LayerBasis] = {}
     for t in targets:
-        hit = load_entry(cfg.cache_dir, basis_keys[t.name]) if cfg.cache_dir else None
+        hit = load_entry(cfg.cache_dir, basis_keys[t.name], BASIS_FIELDS) if cfg.cache_dir else None
         if hit is not None:
             out[t.name] = LayerBasis(hit["basis"], hit["sq_values"], ("cached",), bool(hit["fell_back"]))
     missing = [t for t in targets if t.name not in out]
@@ -99,8 +101,8 @@ def layer_bases(model: nn.Module, data: Dataset, targets: list[Target], cfg: Fac
         lb = _decompose(t.layer, moments[t.name], cfg.eig_threshold)
         out[t.name] = lb
         if cfg.cache_dir:
-            save_entry(cfg.cache_dir, basis_keys[t.name], {"basis": lb.basis, "sq_values": lb.sq_values,
-                                                          "fell_back": torch.tensor(lb.eigh_fell_back)})
+            save_entry(cfg.cache_dir, basis_keys[t.name], dict(zip(BASIS_FIELDS, (
+                lb.basis, lb.sq_values, torch.tensor(lb.eigh_fell_back)))))
     report.timings_s["decompose"] = time.perf_counter() - t0
     return out
 
@@ -110,7 +112,7 @@ def _moments(model: nn.Module, data: Dataset, targets: list[Target], cfg: Factor
     t0 = time.perf_counter()
     found = {}
     for t in targets:
-        hit = load_entry(cfg.cache_dir, keys[t.name]) if cfg.cache_dir else None
+        hit = load_entry(cfg.cache_dir, keys[t.name], ("moment",)) if cfg.cache_dir else None
         if hit is not None:
             found[t.name] = hit["moment"]
     todo = {t.name: t.layer for t in targets if t.name not in found}

@@ -3,7 +3,9 @@ holds, 1 when one fails, 3 when a paired latency decision is undecided and nothi
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,21 +83,39 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
                                "--min-agreement, --max-regression, --min-on-provider, --max-int8-drop, --max-size, "
                                "--max-size-ratio); a gate with none would always pass")
     import minreal.runtime_bench as rb
+    from minreal.runtime_bench.check import describe_criterion
 
     plan = rb.DecisionPlan(alpha=alpha, min_pairs=min(12, max_pairs), max_pairs=max_pairs, time_budget_s=gate_seconds,
                            pair_seconds=pair_seconds) if paired else None
-    results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
-                            max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
-                            allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio, plan, con.progress)
+    with malformed_reports(report, baseline):  # the verdict's text is made of the reports' fields too
+        results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
+                                max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
+                                allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio, plan, con.progress)
+        tables = [f"[{name}]\n{rb.format_check(res)}" for name, res in results]
+        failed = [f"{n}: {describe_criterion(c)}" for n, r in results for c in r.criteria if not c.passed]
     passed = all(r.passed for _, r in results)
     undecided = not passed and all(r.passed or r.undecided for _, r in results)
-
-    for name, res in results:
-        con.table(f"[{name}]\n{rb.format_check(res)}")
+    for table in tables:
+        con.table(table)
     con.result({"passed": passed, "undecided": undecided, "reports": {n: r for n, r in results}})
     if not passed:
-        from minreal.runtime_bench.check import describe_criterion
-
-        failed = [f"{n}: {describe_criterion(c)}" for n, r in results for c in r.criteria if not c.passed]
         click.echo(("UNDECIDED " if undecided else "FAILED ") + "; ".join(failed), err=True)
         sys.exit(UNDECIDED_EXIT if undecided else FAIL_EXIT)
+
+
+@contextlib.contextmanager
+def malformed_reports(report: str, baseline: str | None) -> Iterator[None]:
+    """A report or baseline whose JSON lacks a field or holds one of another type (what the schema checks do not
+    catch) is refused in one line naming the files, as a usage error, not an internal one."""
+    from minreal.app.errors import usage_errors
+    from minreal.facts import error_line
+    from minreal.runtime_bench import ReportSchemaError
+
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+        if isinstance(exc, usage_errors()):
+            raise
+        files = f"{report}" + (f" or baseline {baseline}" if baseline else "")
+        raise ReportSchemaError(f"report {files} is malformed ({error_line(exc, with_type=True, max_chars=200)}); "
+                                "regenerate it with minreal bench, run or tune") from exc

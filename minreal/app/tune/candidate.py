@@ -228,6 +228,8 @@ def _from_cache(entry: Path, job: Job) -> CandidateResult | None:
         result = CandidateResult(**data)
     except (OSError, ValueError, TypeError):  # absent, torn or from another schema: computed again
         return None
+    if not _well_typed(result):  # damaged or edited by hand: computed again
+        return None
     result.feasible = result.error is None and job.constraint.holds(Quality.from_metrics(result.quality),
                                                                     job.reference)
     if result.feasible and not all((entry / FILES[k]).is_file() for k in _needed(job)):
@@ -235,6 +237,18 @@ def _from_cache(entry: Path, job: Job) -> CandidateResult | None:
     result.files = {k: str(entry / f) for k, f in FILES.items() if (entry / f).is_file()}
     result.cached = True
     return result
+
+
+def _well_typed(result: CandidateResult) -> bool:
+    """Whether a cached result's fields hold what a fresh one would (numbers where numbers go, and so on)."""
+    def numbers(d: Any) -> bool:
+        return isinstance(d, dict) and all(isinstance(v, (int, float)) or v is None for v in d.values())
+
+    return (numbers(result.quality) and numbers(result.seconds) and isinstance(result.files, dict)
+            and isinstance(result.error, (str, type(None))) and isinstance(result.recovery, (dict, type(None)))
+            and isinstance(result.weights_digest, (str, type(None)))
+            and all(isinstance(getattr(result, f), (int, float, type(None))) for f in ("mac_ratio", "param_ratio"))
+            and all(isinstance(getattr(result, f), int) for f in ("params", "macs")))
 
 
 def _needed(job: Job) -> list[str]:
