@@ -508,8 +508,10 @@ def refuse_labels_outside(out: Any, y: torch.Tensor | None, data_spec: str = "th
     rule of every command that reads labelled data (``compress``, ``run``, ``tune``, ``export``); outputs that
     are not class scores, and labels that are not integer classes, pass.
 
-    Raises:
-        SpecError: one line naming ``data_spec``, how many labels lie outside and the first of them.
+    Raises
+    ------
+    SpecError
+        One line naming ``data_spec``, how many labels lie outside and the first of them.
     """
     if y is None or y.ndim != 1 or y.dtype not in (torch.int64, torch.int32) or not isinstance(out, torch.Tensor):
         return
