@@ -1,5 +1,8 @@
 """Human-readable views of a run: the summary tables (console and Markdown) and report.md; its plots are in
-:mod:`minreal.app.plots`."""
+:mod:`minreal.app.plots`.
+
+At a little over 600 lines this module is one concern (a run's report rendered as text); its sections share the
+row and table helpers, and each section is a pair of functions (rows for the console, a section for report.md)."""
 
 from __future__ import annotations
 
