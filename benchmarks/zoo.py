@@ -397,7 +397,7 @@ def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: 
     for method in todo:
         stages = method_row(model, method, doc["models"][model.name], args.work, args.timeout)
         doc["rows"].append({"model": model.name, "family": model.family, "method": method, "stages": stages,
-                            "loadavg": _load()})
+                            "loadavg": _load(), "commit": doc["header"]["commit"][:12]})
         say(f"{model.name} {method}: " + ", ".join(f"{k} {v['outcome']}" for k, v in stages.items())
             + "".join(f"\n    {k}: {v['reason']}" for k, v in stages.items()
                       if v["outcome"] in ("refused", "failed")))
