@@ -175,11 +175,13 @@ def _cli(argv: list[str]) -> dict[str, Any]:
 
 
 def _seeded(name: str) -> Any:
+    """The model as ``minreal`` builds it from its name (random weights, no backbone download), seeded."""
     import torch
-    import torchvision
+
+    from minreal.app.models import load_model
 
     torch.manual_seed(0)
-    return torchvision.models.get_model(name).eval()
+    return load_model(name)
 
 
 def _calib_file(work: Path, shape: tuple[int, ...]) -> Path:
