@@ -358,6 +358,8 @@ def method_row(model: Model, method: str, base: dict[str, Any], work: Path, time
     spec = {"work": str(folder / method), "name": model.name, "method": method, "weights": str(folder / "weights.pt"),
             "calib": str(_calib_file(work, model.shape)), "pt2": str(folder / method / "compressed.pt2"),
             "onnx": str(folder / method / "compressed.onnx")}
+    if not Path(spec["weights"]).is_file():
+        return {k: _skipped(f"the model was not built: {base.get('reason', 'no weights')}") for k in STAGES}
     stages: dict[str, Any] = {"compress": run_stage("compress", spec, timeout)}
     if stages["compress"]["outcome"] != "ok":
         return {k: stages.get(k, _skipped("compress did not pass")) for k in STAGES}
