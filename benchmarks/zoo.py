@@ -437,7 +437,12 @@ def table_markdown(doc: dict[str, Any]) -> str:
     """The README's coverage table: per family and method, how many models pass each stage; then the refusals and
     failures grouped by reason (their first 100 characters), with the models they hit."""
     rows = [r for r in doc["rows"] if r["method"] is not None]
-    lines = ["| family | method | models | " + " | ".join(STAGES) + " |", "|---" * (3 + len(STAGES)) + "|"]
+    head = doc["header"]
+    ran = sorted({r["model"] for r in rows})
+    lines = [f"`benchmarks/zoo.json` at commit {head['commit'][:7]}: {len(ran)} of {head['models_listed']} models "
+             f"run{' (partial: ' + ', '.join(ran) + ')' if head.get('partial') else ''}, MAC ratio "
+             f"{doc['mac_ratio']}; load: {doc.get('load') or 'not stated'}.", "",
+             "| family | method | models | " + " | ".join(STAGES) + " |", "|---" * (3 + len(STAGES)) + "|"]
     for key in sorted({(r["family"], r["method"]) for r in rows}):
         cell = [r for r in rows if (r["family"], r["method"]) == key]
         passed = [sum(r["stages"][s]["outcome"] == "ok" for r in cell) for s in STAGES]
