@@ -398,6 +398,7 @@ def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: 
                                       "shape": list(model.shape)}, args.timeout)
         doc["models"][model.name] = {"family": model.family, "input": list(model.shape), **base}
         say(f"{model.name}: baseline {base['outcome']} in {base['wall_s']} s {base.get('reason', '')}")
+        save(doc, args.out)
     for method in todo:
         stages = method_row(model, method, doc["models"][model.name], args.work, args.timeout)
         doc["rows"].append({"model": model.name, "family": model.family, "method": method, "stages": stages,
