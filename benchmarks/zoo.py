@@ -442,7 +442,8 @@ def table_markdown(doc: dict[str, Any]) -> str:
     ran = sorted({r["model"] for r in rows})
     lines = [f"`benchmarks/zoo.json` at commit {head['commit'][:7]}: {len(ran)} of {head['models_listed']} models "
              f"run{' (partial: ' + ', '.join(ran) + ')' if head.get('partial') else ''}, MAC ratio "
-             f"{doc['mac_ratio']}; load: {doc.get('load') or 'not stated'}.", "",
+             f"{doc['mac_ratio']}; rows from commit(s) {', '.join(sorted({r.get('commit', '?')[:7] for r in rows}))}"
+             f"; load: {doc.get('load') or 'not stated'}.", "",
              "| family | method | models | " + " | ".join(STAGES) + " |", "|---" * (3 + len(STAGES)) + "|"]
     for key in sorted({(r["family"], r["method"]) for r in rows}):
         cell = [r for r in rows if (r["family"], r["method"]) == key]
@@ -456,6 +457,8 @@ def table_markdown(doc: dict[str, Any]) -> str:
             s = r["stages"][stage]
             if s["outcome"] in ("refused", "failed"):
                 grouped.setdefault((s["outcome"], stage, s["reason"][:100]), []).append(f"{r['model']}/{r['method']}")
+    if not grouped:
+        return "\n".join([*lines, "", "No stage was refused or failed."])
     lines += ["", "| outcome | stage | reason | count | models |", "|---|---|---|---|---|"]
     for (outcome, stage, why), hit in sorted(grouped.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         shown = ", ".join(hit[:6]) + (f", … ({len(hit) - 6} more)" if len(hit) > 6 else "")
