@@ -414,6 +414,7 @@ def save(doc: dict[str, Any], path: Path) -> None:
 
     ran = sorted({r["model"] for r in doc["rows"] if r["method"] is not None})
     doc["header"]["models_ran"] = len(ran)
+    doc["header"]["models_run"] = ran
     doc["header"]["partial"] = len({r["model"] for r in doc["rows"]}) < doc["header"]["models_listed"]
     write_json(path, doc)
 
