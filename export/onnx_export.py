@@ -32,7 +32,7 @@ import onnx
 import torch
 from torch import nn
 
-from minreal.compress.core.evaluate import eval_mode, flatten_outputs
+from minreal.compress.core.evaluate import eval_mode, output_paths
 from minreal.compress.core.inputs import Inputs, NamedInputs, args_of, call, input_names
 from minreal.export.errors import ExportError
 from minreal.export.onnx_files import data_files, externalize, onnx_size, staged_onnx
@@ -256,10 +256,15 @@ def _check_written(path: Path, external_data: bool | None, want: bool) -> onnx.M
 
 
 def _output_names(module: nn.Module, example: Inputs, output_names: Sequence[str] | None) -> list[str]:
-    """Run the module once and return one name per flattened output."""
+    """Run the module once and return one name per flattened output: by default the outputs' dict keys where the
+    module returns a dict (a segmentation model's ``out``/``aux``, a Hugging Face ``ModelOutput``'s fields), else
+    ``output`` or ``output_0``, ``output_1``, ..."""
     with torch.no_grad():
-        count = len(flatten_outputs(call(module, example)))
+        paths = output_paths(call(module, example))
+    count = len(paths)
     if output_names is None:
+        if any(keyed for _, keyed in paths) and len({p for p, _ in paths}) == count:
+            return [p for p, _ in paths]
         return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
     if len(output_names) != count:
         raise ValueError(f"{len(output_names)} output names given for {type(module).__name__} with {count} outputs")

@@ -12,7 +12,7 @@ from .data import Dataset
 from .errors import CompressionError
 from .inputs import call
 
-__all__ = ["eval_mode", "hooks_removed", "flatten_outputs", "predict", "compare_outputs"]
+__all__ = ["eval_mode", "hooks_removed", "flatten_outputs", "output_paths", "output_rows", "predict", "compare_outputs"]
 
 
 @contextlib.contextmanager
@@ -48,11 +48,52 @@ def flatten_outputs(outputs: object) -> list[torch.Tensor]:
     raise TypeError(f"module output of type {type(outputs).__name__} is not a tensor or a tuple/list/dict of tensors")
 
 
+def output_rows(outputs: object) -> torch.Tensor:
+    """One tensor of a batch's outputs: a tensor as it is; a tuple, list or dict of tensors (a segmentation model's
+    ``{"out": ..., "aux": ...}``, a Hugging Face ``ModelOutput``) as each output flattened per sample and
+    concatenated in their order, shape ``(batch, total)``.
+
+    Raises:
+        CompressionError: the outputs do not all have one row per sample (a detection model's per-image boxes).
+    """
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    tensors = flatten_outputs(outputs)
+    rows = {t.shape[0] if t.dim() else None for t in tensors}
+    if len(rows) != 1 or None in rows:
+        raise CompressionError(f"the model returns {type(outputs).__name__} of {len(tensors)} tensors whose first "
+                               "dimensions are not all the batch; comparing outputs needs one row per sample in "
+                               "every output: wrap the model so that it returns tensors of the batch's rows")
+    return torch.cat([t.reshape(t.shape[0], -1) for t in tensors], dim=1)
+
+
+def output_paths(outputs: object, prefix: str = "") -> list[tuple[str, bool]]:
+    """Where each tensor of :func:`flatten_outputs` sits in ``outputs``, in the same order: its dict keys and
+    sequence positions joined by ``.`` (``"out"``, ``"aux"``, ``"past.0.1"``; ``""`` for a lone tensor), and
+    whether a dict key is among them (then the path is a name worth giving the graph output)."""
+    if isinstance(outputs, torch.Tensor):
+        return [(prefix, False)]
+    if isinstance(outputs, Mapping):
+        return [(path, True) for key, item in outputs.items()
+                for path, _ in output_paths(item, f"{prefix}.{key}" if prefix else str(key))]
+    if isinstance(outputs, (tuple, list)):
+        return [pair for i, item in enumerate(outputs) for pair in output_paths(item, f"{prefix}.{i}" if prefix
+                                                                                 else str(i))]
+    raise TypeError(f"module output of type {type(outputs).__name__} is not a tensor or a tuple/list/dict of tensors")
+
+
 @torch.no_grad()
 def predict(model: nn.Module, data: Dataset, batch_size: int = 256) -> torch.Tensor:
-    """Concatenated model outputs over ``data`` in eval mode."""
+    """Concatenated model outputs over ``data`` in eval mode (several outputs as :func:`output_rows` joins them)."""
     with eval_mode(model):
-        return torch.cat([call(model, xb) for xb in data.inputs(batch_size)])
+        return torch.cat([output_rows(call(model, xb)) for xb in data.inputs(batch_size)])
+
+
+@torch.no_grad()
+def _one_tensor(model: nn.Module, data: Dataset) -> bool:
+    """Whether ``model`` returns a single tensor (not a tuple, list or dict of them) on ``data``'s first sample."""
+    with eval_mode(model):
+        return isinstance(call(model, next(iter(data.inputs(1)))), torch.Tensor)
 
 
 def _require_finite_outputs(ref: torch.Tensor, out: torch.Tensor) -> None:
@@ -74,7 +115,7 @@ def compare_outputs(original: nn.Module, compressed: nn.Module, data: Dataset,
         "relative_output_error": float((out - ref).norm() / ref.norm().clamp_min(1e-30)),
         "max_abs_diff": float((out - ref).abs().max()),
     }
-    if ref.dim() == 2 and ref.shape[1] > 1:
+    if ref.dim() == 2 and ref.shape[1] > 1 and _one_tensor(original, data):
         res["top1_agreement"] = float((out.argmax(1) == ref.argmax(1)).double().mean())
     if data.y is not None:
         if data.y.dtype in (torch.int64, torch.int32) and ref.dim() == 2:

@@ -1,0 +1,523 @@
+"""The model zoo (issue 44): every torchvision model, the timm and Hugging Face families the environment has, each
+compressed by each method at 0.7 of the MACs and taken through export, parity, INT8 and a short benchmark, with
+each stage's outcome, wall time and peak memory.
+
+Models: every name of ``torchvision.models.list_models()`` (classification, quantisation-ready, segmentation,
+detection, video, optical flow), built with **seeded random weights** (``torch.manual_seed(0)``; nothing is
+downloaded) and saved as a state dict that the product loads with ``--weights``; the most used timm architectures
+when ``timm`` is installed and the Hugging Face families the ``[hf]`` extra builds from a config (BERT, DistilBERT,
+RoBERTa, GPT-2, ViT, Whisper's encoder) when ``transformers`` is: without them, one row per family says so.
+Image models calibrate on real CIFAR-10 test images of ``../shared/data`` (the first :data:`CALIB` images,
+resized to the model's input with bilinear interpolation, ImageNet mean and std; a video clip repeats one image
+along time), written once per input shape as an ``.npz`` in the work folder; without ``../shared/data`` the script
+prints one line and exits with status 2.
+
+Per model, a ``baseline`` stage (build, parameters, MACs, the original exported to ONNX and quantised to INT8);
+per model and method (``--methods``, default ``factorize,wanda,depth``) at MAC ratio :data:`MAC_RATIO`:
+``compress`` (``minreal compress``), ``export`` and ``parity`` (``minreal export``, which checks parity against
+torch), ``int8`` (``minreal.export.int8.quantize_int8``, static, this CPU's format) and ``bench`` (``minreal
+bench`` of the original's fp32 and INT8 and the compressed model's fp32 and INT8, batch 1, one fresh process,
+:data:`BENCH_SECONDS` s per model). Every stage runs in a fresh process of this script (``--stage``), so the peak
+resident memory of a stage is its own (``os.wait4``). A stage's outcome is ``ok``, ``refused`` (the product's own
+error: its one line), ``failed`` (any other exception: its type and first line; never a traceback) or ``skipped``
+(an earlier stage did not pass).
+
+``--only`` takes model names or families (``classification``, ``quantization``, ``segmentation``, ``detection``,
+``video``, ``optical_flow``, ``timm``, ``hf``); ``--list`` prints them; ``--resume`` keeps the rows the JSON holds;
+the JSON is written atomically after every row. ``--table`` prints the README's coverage table from the JSON.
+
+The timing columns are only as good as the machine was quiet: the header records the load average at the start and
+each row its own; a run on a shared machine says so in ``load``.
+
+Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/zoo.py --out benchmarks/zoo.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data"
+IMAGES = SHARED / "cifar10" / "cifar10_test_jpeg_1000_9999.npz"
+USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/zoo.py --out benchmarks/zoo.json"
+MAC_RATIO = 0.7
+METHODS = ("factorize", "wanda", "depth")
+STAGES = ("compress", "export", "parity", "int8", "bench")
+CALIB = 32
+BENCH_SECONDS = 0.5
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+TV_FAMILIES = {"": "classification", "quantization": "quantization", "segmentation": "segmentation",
+               "detection": "detection", "video": "video", "optical_flow": "optical_flow"}
+TIMM = ("resnet50", "efficientnet_b0", "convnext_tiny", "vit_small_patch16_224", "mobilenetv3_large_100",
+        "regnety_016", "deit_small_patch16_224", "swin_tiny_patch4_window7_224", "resnet18", "efficientnet_b3")
+HF = ("bert", "distilbert", "roberta", "gpt2", "vit", "whisper_encoder")
+SEQ = 128
+MAX_LINE = 300
+
+
+@dataclass(frozen=True)
+class Model:
+    """One zoo entry: ``name`` as ``minreal`` takes it (a torchvision name) or None where the family cannot be
+    built here, its family, its input shape (without the batch) and why it is skipped, if it is."""
+
+    name: str
+    family: str
+    shape: tuple[int, ...] = ()
+    skip: str | None = None
+
+
+# ------------------------------------------------------------------------------------------------------ models
+def _tv_shape(name: str, family: str) -> tuple[int, ...]:
+    """The input a torchvision model's own preprocessing gives (its weights' transforms, read without a download):
+    (3, H, W) for images, (3, T, H, W) for clips."""
+    import torchvision
+
+    try:
+        transforms = torchvision.models.get_model_weights(name).DEFAULT.transforms()
+        crop = getattr(transforms, "crop_size", None) or getattr(transforms, "resize_size", None) or [224]
+        size = int(crop[0])
+    except (ValueError, AttributeError, TypeError):
+        size = 224
+    size = min(size, 520) if family == "segmentation" else size
+    if family == "video":
+        return (3, 16, size, size)
+    return (3, size, size)
+
+
+def torchvision_models() -> list[Model]:
+    import torchvision.models as tvm
+    from torchvision.models import list_models
+
+    by_family = {}
+    for sub, family in TV_FAMILIES.items():
+        module = getattr(tvm, sub) if sub else tvm
+        for name in list_models(module=module):
+            by_family.setdefault(name, family)
+    return [Model(n, f, _tv_shape(n, f)) for n, f in sorted(by_family.items(), key=lambda kv: (kv[1], kv[0]))]
+
+
+def optional_models() -> list[Model]:
+    """The timm and Hugging Face rows: skipped with the reason where their package is missing."""
+    rows = []
+    timm = importlib.util.find_spec("timm") is not None
+    hf = importlib.util.find_spec("transformers") is not None
+    for name in TIMM:
+        rows.append(Model(f"timm:{name}", "timm", (3, 224, 224),
+                          None if timm else "timm is not installed in this environment (pip install timm)"))
+    for name in HF:
+        rows.append(Model(f"hf:{name}", "hf", (SEQ,),
+                          None if hf else "transformers is not installed in this environment "
+                                          "(pip install 'minreal[hf]')"))
+    return rows
+
+
+def all_models() -> list[Model]:
+    return torchvision_models() + optional_models()
+
+
+def select(models: Sequence[Model], only: str | None) -> list[Model]:
+    if not only:
+        return list(models)
+    wanted = [w for w in only.split(",") if w]
+    names = {m.name for m in models} | {m.family for m in models}
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise SystemExit(f"zoo: unknown model or family {unknown[0]!r}; `--list` prints them")
+    return [m for m in models if m.name in wanted or m.family in wanted]
+
+
+# ------------------------------------------------------------------------------------------------------- stages
+def _child_outcome(exc: BaseException) -> dict[str, str]:
+    """``refused`` for the product's own errors (their one line), ``failed`` with the type for any other and for a
+    parity mismatch."""
+    from minreal.export.errors import ParityError
+    from minreal.facts import error_line
+
+    own = type(exc).__module__.startswith("minreal.") and not isinstance(exc, ParityError)
+    line = error_line(exc, with_type=not own, max_chars=MAX_LINE)
+    return {"outcome": "refused" if own else "failed", "reason": line}
+
+
+def _cli(argv: list[str]) -> dict[str, Any]:
+    """Run ``minreal`` in this process with ``MINREAL_DEBUG=1`` so that its exceptions reach :func:`_child_outcome`."""
+    import contextlib
+    import io
+
+    from minreal.app.cli import run
+
+    os.environ["MINREAL_DEBUG"] = "1"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run(argv)
+    if code:
+        said = [ln for ln in err.getvalue().splitlines() if ln.strip()][-1:] or [f"exit status {code}"]
+        return {"outcome": "refused", "reason": said[0][:MAX_LINE]}
+    text = out.getvalue().strip()
+    try:
+        return {"outcome": "ok", "result": json.loads(text) if text else None}
+    except json.JSONDecodeError:
+        return {"outcome": "ok", "result": None}
+
+
+def _seeded(name: str) -> Any:
+    """The model as ``minreal`` builds it from its name (random weights, no backbone download), seeded."""
+    import torch
+
+    from minreal.app.models import load_model
+
+    torch.manual_seed(0)
+    return load_model(name)
+
+
+def _calib_file(work: Path, shape: tuple[int, ...]) -> Path:
+    """The first :data:`CALIB` CIFAR-10 test images at ``shape`` (bilinear, ImageNet-normalised), written once."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    path = work / f"calib-{'x'.join(map(str, shape))}.npz"
+    if path.is_file():
+        return path
+    x = torch.from_numpy(np.load(IMAGES)["x"][:CALIB]).permute(0, 3, 1, 2).float() / 255
+    x = F.interpolate(x, size=shape[-2:], mode="bilinear", align_corners=False)
+    x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+    if len(shape) == 4:
+        x = x.unsqueeze(2).expand(-1, -1, shape[1], -1, -1).contiguous()
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=work, suffix=".npz", delete=False) as f:
+        np.savez(f, x=x.numpy())
+    os.replace(f.name, path)
+    return path
+
+
+def stage_baseline(spec: dict[str, Any]) -> dict[str, Any]:
+    """Build the seeded model, save its state dict, count parameters and MACs, export and quantise the original."""
+    import numpy as np
+    import torch
+
+    from minreal.compress.core.costs import count_macs_torch
+
+    work = Path(spec["work"])
+    model = _seeded(spec["name"])
+    weights = work / "weights.pt"
+    torch.save(model.state_dict(), weights)
+    calib = _calib_file(work.parent, tuple(spec["shape"]))
+    facts: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
+    try:
+        example = torch.from_numpy(np.load(calib)["x"][:1])
+        facts["macs"] = count_macs_torch(model, example).macs
+    except Exception as exc:  # a model the counter cannot trace still gets its other stages
+        facts["macs_error"] = _child_outcome(exc)["reason"]
+    out = _cli(["export", spec["name"], "--weights", str(weights), "--data", str(calib), "--out",
+                str(work / "original.onnx"), "--quiet"])
+    if out["outcome"] == "ok":
+        out = stage_int8({"onnx": str(work / "original.onnx"), "calib": str(calib)})
+    return {**out, **facts}
+
+
+def stage_compress(spec: dict[str, Any]) -> dict[str, Any]:
+    out = _cli(["compress", spec["name"], "--weights", spec["weights"], "--data", spec["calib"], "-m", spec["method"],
+                "--mac-ratio", str(MAC_RATIO), "--out", spec["pt2"], "--json", "--quiet"])
+    report = out.pop("result", None) or {}
+    for key in ("macs", "params"):
+        if report.get(f"{key}_before"):
+            out[f"{key[:-1]}_ratio_reached"] = round(report[f"{key}_after"] / report[f"{key}_before"], 4)
+    missed = (report.get("predicted") or {}).get("budget_missed")
+    if missed:
+        out["budget_missed"] = missed
+    return out
+
+
+def stage_export(spec: dict[str, Any]) -> dict[str, Any]:
+    out = _cli(["export", spec["pt2"], "--data", spec["calib"], "--out", spec["onnx"], "--json", "--quiet"])
+    result = out.pop("result", None) or {}
+    if isinstance(result, dict) and isinstance(result.get("export"), dict):
+        out["outputs"] = result["export"].get("output_names")
+    return out
+
+
+def stage_int8(spec: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+
+    from minreal.export.int8 import quantize_int8
+
+    x = np.load(spec["calib"])["x"]
+    try:
+        quantize_int8(spec["onnx"], Path(spec["onnx"]).with_suffix(".int8.onnx"), calib=x)
+    except Exception as exc:  # the stage's outcome is the exception, recorded in one line
+        return _child_outcome(exc)
+    return {"outcome": "ok"}
+
+
+def stage_bench(spec: dict[str, Any]) -> dict[str, Any]:
+    report = Path(spec["work"]) / f"bench-{spec['method']}.json"
+    out = _cli(["bench", *spec["files"], "--batch", "1", "--repeats", "1", "--warmup", "3", "--min-runs", "10",
+                "--min-seconds", str(BENCH_SECONDS), "--out", str(report), "--quiet"])
+    out.pop("result", None)
+    if out["outcome"] == "ok" and report.is_file():
+        out["p50_ms"] = _p50s(json.loads(report.read_text()))
+    return out
+
+
+def _p50s(report: dict[str, Any]) -> dict[str, float]:
+    """Model label → median latency (ms) at batch 1 from a ``minreal bench`` report (best effort over its shape)."""
+    found: dict[str, float] = {}
+    for row in report.get("latency", []):
+        p50 = (row.get("stats") or {}).get("p50_ms")
+        if row.get("batch_size") == 1 and isinstance(p50, (int, float)):
+            found[str(row["model"])] = round(p50, 3)
+    return found
+
+
+STAGE_FUNCTIONS = {"baseline": stage_baseline, "compress": stage_compress, "export": stage_export,
+                   "int8": stage_int8, "bench": stage_bench}
+
+
+def child(stage: str, spec_path: Path, result_path: Path) -> None:
+    """The ``--stage`` process: run one stage and write its outcome as JSON."""
+    spec = json.loads(spec_path.read_text())
+    try:
+        result = STAGE_FUNCTIONS[stage](spec)
+    except Exception as exc:  # the stage's outcome is the exception, recorded in one line
+        result = _child_outcome(exc)
+    result["peak_rss_mib"] = _peak_mib()
+    result_path.write_text(json.dumps(result))
+
+
+def _peak_mib() -> float:
+    """This process's peak resident memory, or its children's (``minreal bench`` times in fresh processes) where
+    larger, in MiB (Linux reports KiB)."""
+    import resource
+
+    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return round(peak / 1024, 1)
+
+
+def run_stage(stage: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run ``stage`` in a fresh process: its outcome, wall time and peak resident memory (MiB)."""
+    work = Path(spec["work"])
+    work.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path = work / f"{stage}.spec.json", work / f"{stage}.result.json"
+    spec_path.write_text(json.dumps(spec))
+    result_path.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--stage", stage, str(spec_path), str(result_path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"outcome": "failed", "reason": f"TimeoutExpired: {stage} ran past {timeout:.0f} s",
+                "wall_s": round(time.perf_counter() - t0, 1)}
+    wall = round(time.perf_counter() - t0, 2)
+    if result_path.is_file():
+        result = json.loads(result_path.read_text())
+    else:
+        tail = [ln for ln in (err or "").splitlines() if ln.strip()][-1:] or [f"exit status {proc.returncode}"]
+        result = {"outcome": "failed", "reason": f"process died: {tail[0][:MAX_LINE]}"}
+    return {**result, "wall_s": wall}
+
+
+
+
+# ------------------------------------------------------------------------------------------------------ the run
+def _skipped(reason: str) -> dict[str, str]:
+    return {"outcome": "skipped", "reason": reason}
+
+
+def _split_parity(export: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``minreal export`` checks parity itself: a parity mismatch is an ``ok`` export and a ``failed`` parity; an
+    ``ok`` export passed parity (its time is the export's)."""
+    if export["outcome"] == "failed" and export.get("reason", "").startswith("ParityError"):
+        return {"outcome": "ok", "wall_s": export["wall_s"]}, {k: v for k, v in export.items() if k != "wall_s"}
+    if export["outcome"] == "ok":
+        return export, {"outcome": "ok", "note": "checked inside export (its time and memory)"}
+    return export, _skipped("export did not pass")
+
+
+def method_row(model: Model, method: str, base: dict[str, Any], work: Path, timeout: float) -> dict[str, Any]:
+    """compress → export → parity → INT8 → bench of one model by one method, each stage in a fresh process."""
+    folder = work / model.name
+    spec = {"work": str(folder / method), "name": model.name, "method": method, "weights": str(folder / "weights.pt"),
+            "calib": str(_calib_file(work, model.shape)), "pt2": str(folder / method / "compressed.pt2"),
+            "onnx": str(folder / method / "compressed.onnx")}
+    if not Path(spec["weights"]).is_file():
+        return {k: _skipped(f"the model was not built: {base.get('reason', 'no weights')}") for k in STAGES}
+    stages: dict[str, Any] = {"compress": run_stage("compress", spec, timeout)}
+    if stages["compress"]["outcome"] != "ok":
+        return {k: stages.get(k, _skipped("compress did not pass")) for k in STAGES}
+    stages["export"], stages["parity"] = _split_parity(run_stage("export", spec, timeout))
+    if stages["parity"]["outcome"] != "ok":
+        return {k: stages.get(k, _skipped("export or parity did not pass")) for k in STAGES}
+    stages["int8"] = run_stage("int8", spec, timeout)
+    if stages["int8"]["outcome"] != "ok" or base["outcome"] != "ok":
+        why = "INT8 did not pass" if stages["int8"]["outcome"] != "ok" else "the original's export or INT8 did not pass"
+        return {**stages, "bench": _skipped(why)}
+    original = folder / "original.onnx"
+    files = [str(original), str(original.with_suffix(".int8.onnx")), spec["onnx"],
+             str(Path(spec["onnx"]).with_suffix(".int8.onnx"))]
+    stages["bench"] = run_stage("bench", {**spec, "files": files}, timeout)
+    return stages
+
+
+def _load() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: Any) -> None:
+    done = {(r["model"], r["method"]) for r in doc["rows"]}
+    if model.skip is not None:
+        if (model.name, None) not in done:
+            doc["rows"].append({"model": model.name, "family": model.family, "method": None,
+                                "stages": {k: _skipped(model.skip) for k in STAGES}})
+            save(doc, args.out)
+        return
+    todo = [m for m in args.methods if (model.name, m) not in done]
+    if not todo:
+        return
+    base = doc["models"].get(model.name)
+    if base is None or not args.resume:
+        base = run_stage("baseline", {"work": str(args.work / model.name), "name": model.name,
+                                      "shape": list(model.shape)}, args.timeout)
+        doc["models"][model.name] = {"family": model.family, "input": list(model.shape), **base}
+        say(f"{model.name}: baseline {base['outcome']} in {base['wall_s']} s {base.get('reason', '')}")
+        save(doc, args.out)
+    for method in todo:
+        stages = method_row(model, method, doc["models"][model.name], args.work, args.timeout)
+        doc["rows"].append({"model": model.name, "family": model.family, "method": method, "stages": stages,
+                            "loadavg": _load(), "commit": doc["header"]["commit"][:12]})
+        say(f"{model.name} {method}: " + ", ".join(f"{k} {v['outcome']}" for k, v in stages.items())
+            + "".join(f"\n    {k}: {v['reason']}" for k, v in stages.items()
+                      if v["outcome"] in ("refused", "failed")))
+        save(doc, args.out)
+
+
+def save(doc: dict[str, Any], path: Path) -> None:
+    from _common import write_json
+
+    ran = sorted({r["model"] for r in doc["rows"] if r["method"] is not None})
+    doc["header"]["models_ran"] = len(ran)
+    doc["header"]["models_run"] = ran
+    doc["header"]["partial"] = len({r["model"] for r in doc["rows"]}) < doc["header"]["models_listed"]
+    write_json(path, doc)
+
+
+def header(models_listed: int) -> dict[str, Any]:
+    import onnxruntime
+    import torch
+    import torchvision
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else \
+        platform.processor()
+    return {"commit": commit, "machine": {"cpu": cpu, "cpus": os.cpu_count(), "system": platform.platform()},
+            "load_at_start": _load(), "torch": torch.__version__, "torchvision": torchvision.__version__,
+            "onnxruntime": onnxruntime.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "models_listed": models_listed}
+
+
+# -------------------------------------------------------------------------------------------------------- table
+def table_markdown(doc: dict[str, Any]) -> str:
+    """The README's coverage table: per family and method, how many models pass each stage; then the refusals and
+    failures grouped by reason (their first 100 characters), with the models they hit."""
+    rows = [r for r in doc["rows"] if r["method"] is not None]
+    head = doc["header"]
+    ran = sorted({r["model"] for r in rows})
+    lines = [f"`benchmarks/zoo.json` at commit {head['commit'][:7]}: {len(ran)} of {head['models_listed']} models "
+             f"run{' (partial: ' + ', '.join(ran) + ')' if head.get('partial') else ''}, MAC ratio "
+             f"{doc['mac_ratio']}; rows from commit(s) {', '.join(sorted({r.get('commit', '?')[:7] for r in rows}))}"
+             f"; load: {doc.get('load') or 'not stated'}.", "",
+             "| family | method | models | " + " | ".join(STAGES) + " |", "|---" * (3 + len(STAGES)) + "|"]
+    for key in sorted({(r["family"], r["method"]) for r in rows}):
+        cell = [r for r in rows if (r["family"], r["method"]) == key]
+        passed = [sum(r["stages"][s]["outcome"] == "ok" for r in cell) for s in STAGES]
+        lines.append(f"| {key[0]} | {key[1]} | {len(cell)} | " + " | ".join(map(str, passed)) + " |")
+    skipped = Counter((r["family"], r["stages"]["compress"]["reason"]) for r in doc["rows"] if r["method"] is None)
+    lines += ["", *(f"- {family}: {n} model(s) not run: {why}" for (family, why), n in sorted(skipped.items()))]
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for r in rows:
+        for stage in STAGES:
+            s = r["stages"][stage]
+            if s["outcome"] in ("refused", "failed"):
+                grouped.setdefault((s["outcome"], stage, s["reason"][:100]), []).append(f"{r['model']}/{r['method']}")
+    if not grouped:
+        return "\n".join([*lines, "", "No stage was refused or failed."])
+    lines += ["", "| outcome | stage | reason | count | models |", "|---|---|---|---|---|"]
+    for (outcome, stage, why), hit in sorted(grouped.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        shown = ", ".join(hit[:6]) + (f", … ({len(hit) - 6} more)" if len(hit) > 6 else "")
+        lines.append(f"| {outcome} | {stage} | {why.replace('|', '/')} | {len(hit)} | {shown} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------- main
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "zoo.json")
+    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-zoo")
+    ap.add_argument("--only", default=None, help="comma-separated model names or families (see --list)")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--resume", action="store_true", help="keep the rows the JSON holds and run the others")
+    ap.add_argument("--list", action="store_true", help="print the models and their families, and exit")
+    ap.add_argument("--table", action="store_true", help="print the README's coverage table from --out, and exit")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds one stage may run")
+    ap.add_argument("--load", default=None, help="what else ran on the machine (recorded in the header)")
+    args = ap.parse_args(argv)
+    args.methods = tuple(m for m in args.methods.split(",") if m)
+    return args
+
+
+def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--stage":
+        child(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))
+        return
+    args = parse()
+    if args.table:
+        print(table_markdown(json.loads(args.out.read_text())))
+        return
+    models = all_models()
+    if args.list:
+        for m in models:
+            print(f"{m.family:14s} {m.name}" + (f"  (not run: {m.skip})" if m.skip else ""))
+        return
+    chosen = select(models, args.only)
+    if not IMAGES.is_file():
+        print(f"zoo: {IMAGES} is missing (../shared/data is absent, as in a user's clone); nothing measured",
+              file=sys.stderr)
+        raise SystemExit(2)
+    doc: dict[str, Any] = {"usage": USAGE, "issue": 44, "header": header(len(models)), "mac_ratio": MAC_RATIO,
+                           "methods": list(args.methods), "models": {}, "rows": []}
+    if args.resume and args.out.is_file():
+        old = json.loads(args.out.read_text())
+        doc["models"], doc["rows"] = old.get("models", {}), old.get("rows", [])
+        doc["header"]["resumed_from"] = old.get("header", {})
+    doc["load"] = args.load
+    t0 = time.time()
+
+    def say(line: str) -> None:
+        print(f"[{time.time() - t0:7.0f} s] {line}", file=sys.stderr, flush=True)
+
+    for model in chosen:
+        run_model(doc, model, args, say)
+    save(doc, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""benchmarks/zoo.py without running the zoo (hours): it lists every torchvision model under its family, and its
+coverage table counts the stages each family passes and groups the refusals by reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "zoo.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+
+
+def test_list_names_every_torchvision_model_once_under_its_family() -> None:
+    from torchvision.models import list_models
+
+    done = _run("--list")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split()[:2] for line in done.stdout.splitlines()]
+    tv = [name for family, name in rows if family not in ("timm", "hf")]
+    assert sorted(tv) == sorted(list_models())
+    family = dict((name, fam) for fam, name in rows)
+    assert family["deeplabv3_mobilenet_v3_large"] == "segmentation"
+    assert family["fasterrcnn_resnet50_fpn"] == "detection" and family["r3d_18"] == "video"
+    assert family["resnet18"] == "classification"
+
+
+def _stage(outcome: str, reason: str = "") -> dict[str, str]:
+    return {"outcome": outcome, "reason": reason} if reason else {"outcome": outcome}
+
+
+def test_table_counts_passes_per_family_and_groups_refusals(tmp_path: Path) -> None:
+    ok = {s: _stage("ok") for s in ("compress", "export", "parity", "int8", "bench")}
+    refused = {"compress": _stage("refused", "depth: no removable residual block"),
+               **{s: _stage("skipped", "compress did not pass") for s in ("export", "parity", "int8", "bench")}}
+    doc = {"header": {"commit": "0123456789", "models_listed": 3, "partial": True}, "mac_ratio": 0.7,
+           "load": "busy", "rows": [
+               {"model": "a", "family": "classification", "method": "wanda", "stages": ok},
+               {"model": "b", "family": "classification", "method": "wanda", "stages": ok},
+               {"model": "a", "family": "classification", "method": "depth", "stages": refused},
+               {"model": "b", "family": "classification", "method": "depth", "stages": refused},
+               {"model": "hf:bert", "family": "hf", "method": None,
+                "stages": {s: _stage("skipped", "transformers is not installed") for s in ok}}]}
+    path = tmp_path / "zoo.json"
+    path.write_text(json.dumps(doc))
+    done = _run("--table", "--out", str(path))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "| classification | wanda | 2 | 2 | 2 | 2 | 2 | 2 |" in lines
+    assert "| classification | depth | 2 | 0 | 0 | 0 | 0 | 0 |" in lines
+    assert "| refused | compress | depth: no removable residual block | 2 | a/depth, b/depth |" in lines
+    assert "- hf: 1 model(s) not run: transformers is not installed" in lines
+    assert "2 of 3 models run (partial: a, b)" in lines[0]

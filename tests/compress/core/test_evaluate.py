@@ -1,0 +1,81 @@
+"""Tests for minreal.compress.core.evaluate on models that return several outputs (issue 44: torchvision's
+segmentation models return an OrderedDict, Hugging Face models a ModelOutput)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import pytest
+import torch
+from torch import nn
+
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.evaluate import compare_outputs, output_paths, output_rows, predict
+
+
+class DictNet(nn.Module):
+    """The shape of deeplabv3_mobilenet_v3_large's output in miniature: ``OrderedDict(out=..., aux=...)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.head, self.aux = nn.Conv2d(8, 5, 1), nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> OrderedDict[str, torch.Tensor]:
+        f = self.body(x)
+        return OrderedDict(out=self.head(f), aux=self.aux(f))
+
+
+@pytest.fixture
+def dict_net() -> nn.Module:
+    torch.manual_seed(0)
+    return DictNet().eval()
+
+
+@pytest.fixture
+def images() -> Dataset:
+    g = torch.Generator().manual_seed(0)
+    return Dataset(torch.randn(6, 3, 4, 4, generator=g), None)
+
+
+def test_output_rows_joins_dict_outputs_per_sample_in_order() -> None:
+    out, aux = torch.arange(24.0).reshape(2, 3, 4), torch.arange(4.0).reshape(2, 2)
+    rows = output_rows(OrderedDict(out=out, aux=aux))
+    assert rows.shape == (2, 12 + 2)
+    assert torch.equal(rows[1], torch.cat([out[1].flatten(), aux[1]]))
+
+
+def test_output_rows_keeps_a_lone_tensor() -> None:
+    t = torch.randn(3, 2, 2)
+    assert output_rows(t) is t
+
+
+def test_outputs_without_a_row_per_sample_are_refused_in_one_line() -> None:
+    boxes = [{"boxes": torch.zeros(3, 4)}, {"boxes": torch.zeros(5, 4)}]  # a detection model's per-image boxes
+    with pytest.raises(CompressionError, match="one row per sample"):
+        output_rows(boxes)
+
+
+def test_output_paths_name_dict_keys_and_positions() -> None:
+    t = torch.zeros(1)
+    assert output_paths(t) == [("", False)]
+    assert output_paths((t, t)) == [("0", False), ("1", False)]
+    assert output_paths({"logits": t, "past": (t, [t])}) == [("logits", True), ("past.0", True), ("past.1.0", True)]
+
+
+def test_predict_and_compare_outputs_take_a_dict_output(dict_net: nn.Module, images: Dataset) -> None:
+    ref = predict(dict_net, images, batch_size=4)  # two batches (4 + 2)
+    assert ref.shape == (6, 5 * 16 + 2 * 16)
+    with torch.no_grad():
+        direct = dict_net(images.x)
+    assert torch.allclose(ref, torch.cat([direct["out"].flatten(1), direct["aux"].flatten(1)], dim=1))
+    same = compare_outputs(dict_net, dict_net, images)
+    assert same["relative_output_error"] == 0.0 and same["max_abs_diff"] == 0.0
+    assert "top1_agreement" not in same  # an argmax across two joined outputs means nothing
+
+
+def test_top1_agreement_stays_for_a_classifier(images: Dataset) -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(48, 4)).eval()
+    assert compare_outputs(net, net, images)["top1_agreement"] == 1.0
