@@ -53,8 +53,10 @@ def output_rows(outputs: object) -> torch.Tensor:
     ``{"out": ..., "aux": ...}``, a Hugging Face ``ModelOutput``) as each output flattened per sample and
     concatenated in their order, shape ``(batch, total)``.
 
-    Raises:
-        CompressionError: the outputs do not all have one row per sample (a detection model's per-image boxes).
+    Raises
+    ------
+    CompressionError
+        The outputs do not all have one row per sample (a detection model's per-image boxes).
     """
     if isinstance(outputs, torch.Tensor):
         return outputs
