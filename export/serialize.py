@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
@@ -14,6 +16,8 @@ import torch
 from torch import nn
 
 from minreal.compress.core.inputs import Inputs, NamedInputs, args_of, takes_varargs
+from minreal.export.errors import ExportError
+from minreal.facts import error_line
 from minreal.runtime_bench.atomic import atomic_path
 
 __all__ = ["export_dims", "save_program", "synthetic_example"]
@@ -60,6 +64,38 @@ def _no_suffix_warning() -> Iterator[None]:
         package_log.removeFilter(drop)
 
 
+@contextlib.contextmanager
+def _quiet_solver() -> Iterator[io.StringIO]:
+    """When a data-dependent value defeats torch's shape solver, torch logs a WARNING and prints the graph to stderr
+    (twice); the one-line error raised after them says what matters. The caller writes what was held back to stderr
+    when the trace succeeds."""
+    solver_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    level = solver_log.level
+    solver_log.setLevel(logging.ERROR)
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield held
+    finally:
+        solver_log.setLevel(level)
+
+
+def _traced_program(module: nn.Module, example: tuple, shapes: tuple | None,
+                    path: Path) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``module``, or one line saying why it cannot be a program with a dynamic batch."""
+    try:
+        with _quiet_solver() as held:
+            program = torch.export.export(module, example, dynamic_shapes=shapes)
+    except Exception as exc:  # torch.export raises many types (UserError, GuardOnDataDependentSymNode, ...)
+        raise ExportError(
+            f"cannot save {type(module).__name__} as the program {path.name}: torch.export could not trace its "
+            f"forward with a dynamic batch ({error_line(exc, with_type=True, max_chars=160)}); a forward whose "
+            "shapes or branches depend on the values of the data (a detection model's post-processing, .item(), "
+            "nonzero) cannot be one program: compress a module without that step (its backbone and heads)") from exc
+    sys.stderr.write(held.getvalue())
+    return program
+
+
 def save_program(module: nn.Module, example: Inputs, path: Path, dynamic_dims: Mapping[int, str] | None = None,
                  dynamic_axes: Mapping[str, Mapping[int, str]] | None = None) -> Path:
     """``torch.export`` ``module`` with a dynamic batch (and ``dynamic_dims`` of a one-tensor input, or
@@ -74,7 +110,7 @@ def save_program(module: nn.Module, example: Inputs, path: Path, dynamic_dims: M
     axes[names[0]].update(dynamic_dims or {})
     shapes = export_dims(axes, names, module, min_size=1)
     fresh = tuple(synthetic_example(t) for t in args_of(example))
-    program = torch.export.export(module, fresh, dynamic_shapes=shapes)
+    program = _traced_program(module, fresh, shapes, path)
     with atomic_path(path) as tmp, tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as work, \
             warnings.catch_warnings(), _no_suffix_warning():
         # torch warns about tied tensors ("No complete tensor found in the group") on CPU-only weights.

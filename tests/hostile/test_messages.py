@@ -137,3 +137,31 @@ def test_comparison_refuses_non_finite_outputs_instead_of_reporting_null() -> No
     with pytest.raises(CompressionError, match=r"compressed model's outputs are NaN/inf on 6 of 6 samples"):
         compare_outputs(nn.Identity(), Overflows(), data)
     assert compare_outputs(nn.Identity(), nn.Identity(), data)["max_abs_diff"] == 0.0
+
+
+class _ValueShaped(nn.Module):
+    """A forward whose output shape depends on the data's values (as a detection model's post-processing does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        return y[:, : 4 - int((y[0] > 0).sum()) % 2]
+
+
+def test_a_forward_that_torch_export_cannot_trace_is_refused_in_one_line(tmp_path: Path,
+                                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    """issue 44's ssdlite: torch.export's data-dependent guard became one line naming the module, the cause and the
+    way out, with torch's graph dumps held back and nothing written."""
+    from minreal.export.errors import ExportError
+    from minreal.export.serialize import save_program
+
+    out = tmp_path / "m.pt2"
+    with pytest.raises(ExportError) as info:
+        save_program(_ValueShaped().eval(), torch.randn(4, 8), out)
+    message = str(info.value)
+    assert "\n" not in message and "_ValueShaped" in message and "m.pt2" in message
+    assert "data-dependent" in message and "backbone" in message
+    assert "def forward" not in capfd.readouterr().err and not list(tmp_path.iterdir())
