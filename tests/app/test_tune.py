@@ -689,7 +689,7 @@ def trained_resnet():
     torch.manual_seed(0)
     model = CifarResNet(blocks_per_stage=2, in_channels=1)
     tr, te = digits()
-    train(model, tr, None, TrainConfig(epochs=2))
+    train(model, tr, None, TrainConfig(epochs=1))
     return model.eval(), tr, te
 
 
