@@ -711,7 +711,7 @@ def test_tune_searches_depth_and_the_depth_width_chain_preparing_depth_once(trai
         return real_prepare(model, data, method, config, cache_dir=cache_dir)
 
     monkeypatch.setattr(registry, "prepare", counting_prepare)
-    cfg = TuneConfig(Constraint(max_accuracy_drop=50.0), methods=("depth", "magnitude"), grid=(0.6,),
+    cfg = TuneConfig(Constraint(max_accuracy_drop=50.0), methods=("depth", "magnitude"), grid=(0.8, 0.6),
                      int8=False, screen=FAST, confirm=FAST)
     report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
     searched = {s["method"] for s in report.searches}
