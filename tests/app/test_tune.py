@@ -247,7 +247,7 @@ def test_tune_format_ort_converts_the_chosen_file_and_checks_it_against_chosen_o
 
     args = ["tune", "--allow-data-mismatch", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
             "-m", "svd", "--grid", "0.5", "--cache-dir", "cache", "--screen-seconds", "0.02", "--min-seconds", "0.02",
-            "--repeats", "1", "--no-qat"]
+            "--repeats", "1", "--no-qat", "--workers", "0"]  # in this process: the spawned workers are tested above
     code, out, err = run_cli([*args, "--out", "t", "--format", "onnx,ort", "--ort-optimization", "basic"])
     assert code == 0, err
     report = json.loads(Path("t/report.json").read_text())
@@ -689,7 +689,7 @@ def trained_resnet():
     torch.manual_seed(0)
     model = CifarResNet(blocks_per_stage=2, in_channels=1)
     tr, te = digits()
-    train(model, tr, None, TrainConfig(epochs=2))
+    train(model, tr, None, TrainConfig(epochs=1))
     return model.eval(), tr, te
 
 
