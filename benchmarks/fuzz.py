@@ -37,6 +37,7 @@ import random
 import resource
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -838,6 +839,18 @@ def summary(outcomes: list[Outcome], seed: int, seconds: float) -> dict[str, Any
             "unnamed": [asdict(o) for o in outcomes if o.unnamed][:50]}
 
 
+USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/fuzz.py --seconds 480 --seed 0 --out benchmarks/fuzz.json"
+
+
+def _commit() -> str:
+    """The commit this run's code is at (a working tree with changes is marked ``+dirty``)."""
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                           text=True).stdout.strip()
+    return head + ("+dirty" if dirty else "")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60)
@@ -853,7 +866,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="minreal-fuzz-") as tmp:
         outcomes = fuzz(Path(tmp), args.seed, seconds=args.seconds, readers=args.reader,
                         say=lambda line: print(line, file=sys.stderr, flush=True))
-    document = summary(outcomes, args.seed, time.monotonic() - start)
+    document = {"usage": USAGE, "issue": 45, "commit": _commit(),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                **summary(outcomes, args.seed, time.monotonic() - start)}
     write_json(out, document)
     print(f"{document['cases']} cases, {len(document['broken'])} broke an invariant, "
           f"{sum(r['unnamed'] for r in document['readers'].values())} named no file; wrote {out}")
