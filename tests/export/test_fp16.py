@@ -3,6 +3,7 @@ fp16."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,22 @@ def _exported(module: nn.Module, x: torch.Tensor, folder: Path, name: str = "mod
     return out
 
 
+@pytest.fixture(scope="module")
+def export_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder for the exports made once per module, which tests copy into their own folder."""
+    return tmp_path_factory.mktemp("exports")
+
+
+@pytest.fixture
+def mlp_onnx(tiny_mlp: nn.Module, export_cache: Path, tmp_path: Path) -> Path:
+    """``tmp_path / "model.onnx"``: conftest's tiny_mlp as :func:`_exported` writes it (exported once per module,
+    then copied; the global random state after this fixture is tiny_mlp's, as before)."""
+    cached = export_cache / "model.onnx"
+    if not cached.exists():
+        _exported(tiny_mlp, torch.randn(24, 12, generator=torch.Generator().manual_seed(0)), export_cache)
+    return Path(shutil.copy(cached, tmp_path / "model.onnx"))
+
+
 def _feeds(x: torch.Tensor) -> list[np.ndarray]:
     return [feeds_of(b) for b in parity_inputs(x)]
 
@@ -76,9 +93,9 @@ def test_fp16_copy_of_mlp_and_cnn_passes_parity_on_cpu(kind: str, tiny_mlp: nn.M
     assert not list(tmp_path.glob(".*tmp*"))  # nothing left of the staging
 
 
-def test_fp16_io_takes_and_returns_float16(tiny_mlp: nn.Module, tmp_path: Path) -> None:
+def test_fp16_io_takes_and_returns_float16(mlp_onnx: Path) -> None:
     x = torch.randn(24, 12)
-    result = convert_fp16(_exported(tiny_mlp, x, tmp_path), _feeds(x), config=Fp16Config(keep_io_types=False))
+    result = convert_fp16(mlp_onnx, _feeds(x), config=Fp16Config(keep_io_types=False))
     model = onnx.load(result.out_path)
     assert _elem_types(list(model.graph.input)) == _elem_types(list(model.graph.output)) == {TensorProto.FLOAT16}
     assert "Cast" not in result.node_counts and not result.keep_io_types
@@ -106,9 +123,9 @@ def _corrupt_largest_weight(path: Path, out: Path) -> float:
     return float(abs(array[i]))
 
 
-def test_a_corrupted_fp16_weight_fails_parity(tiny_mlp: nn.Module, tmp_path: Path) -> None:
+def test_a_corrupted_fp16_weight_fails_parity(mlp_onnx: Path, tmp_path: Path) -> None:
     x = torch.randn(24, 12)
-    src = _exported(tiny_mlp, x, tmp_path)
+    src = mlp_onnx
     good = convert_fp16(src, _feeds(x))
     bad_file = tmp_path / "corrupt.onnx"
     _corrupt_largest_weight(Path(good.out_path), bad_file)
@@ -193,9 +210,9 @@ def test_a_model_cpu_cannot_run_is_written_but_marked_not_checked(tmp_path: Path
     assert ".tmp" not in result.parity.status  # names the files, not the staging folder
 
 
-def test_keep_fp32_nodes_leaves_them_in_float32(tiny_mlp: nn.Module, tmp_path: Path) -> None:
+def test_keep_fp32_nodes_leaves_them_in_float32(mlp_onnx: Path, tmp_path: Path) -> None:
     x = torch.randn(24, 12)
-    src = _exported(tiny_mlp, x, tmp_path)
+    src = mlp_onnx
     first = onnx.load(str(src)).graph.node[0]
     result = convert_fp16(src, _feeds(x), config=Fp16Config(keep_fp32_nodes=(first.name,)))
     model = onnx.load(result.out_path)
@@ -205,9 +222,9 @@ def test_keep_fp32_nodes_leaves_them_in_float32(tiny_mlp: nn.Module, tmp_path: P
         convert_fp16(src, _feeds(x), tmp_path / "other.onnx", Fp16Config(keep_fp32_nodes=("no_such_node",)))
 
 
-def test_refuses_to_overwrite_its_input_and_bad_options(tiny_mlp: nn.Module, tmp_path: Path) -> None:
+def test_refuses_to_overwrite_its_input_and_bad_options(mlp_onnx: Path) -> None:
     x = torch.randn(24, 12)
-    src = _exported(tiny_mlp, x, tmp_path)
+    src = mlp_onnx
     before = src.read_bytes()
     with pytest.raises(SameFileError):
         convert_fp16(src, _feeds(x), src)
@@ -231,11 +248,11 @@ def test_fp16_variant_record(tiny_cnn: nn.Module, tmp_path: Path) -> None:
     assert half.tensorrt_readiness and half.quantization == {}
 
 
-def test_external_data_is_converted_and_published_beside_the_graph(tiny_mlp: nn.Module, tmp_path: Path) -> None:
+def test_external_data_is_converted_and_published_beside_the_graph(mlp_onnx: Path, tmp_path: Path) -> None:
     from minreal.export.onnx_files import data_files, externalize
 
     x = torch.randn(24, 12)
-    src = _exported(tiny_mlp, x, tmp_path)
+    src = mlp_onnx
     externalize(src)
     result = convert_fp16(src, _feeds(x))
     out = Path(result.out_path)

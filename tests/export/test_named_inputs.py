@@ -14,7 +14,7 @@ from torch import nn
 from minreal.compress.core.inputs import NamedInputs
 from minreal.export.errors import CalibrationError
 from minreal.export.int8 import QuantConfig, quantize_int8
-from minreal.export.onnx_export import to_onnx
+from minreal.export.onnx_export import ExportResult, to_onnx
 from minreal.export.settings import VariantConfig
 from minreal.export.variant import PARITY_BATCH_SIZES, export_variant, parity_inputs, quantize_variant
 from minreal.runtime_bench.sessions import create_session
@@ -51,13 +51,22 @@ def encoder() -> nn.Module:
     return TinyEncoder().eval()
 
 
-def test_graph_inputs_are_named_and_share_the_sequence_dimension(encoder: nn.Module, tmp_path: Path) -> None:
-    result = to_onnx(encoder, _tokens(2, 12), tmp_path / "enc.onnx", dynamic_axes=SEQ)
+@pytest.fixture(scope="module")
+def exported(encoder: nn.Module, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ExportResult]:
+    """The encoder exported once with a dynamic sequence axis (from 48 sequences of 16 tokens), shared by the
+    tests that only read the file."""
+    path = tmp_path_factory.mktemp("named") / "enc.onnx"
+    return path, to_onnx(encoder, _tokens(48, 16), path, dynamic_axes=SEQ)
+
+
+def test_graph_inputs_are_named_and_share_the_sequence_dimension(encoder: nn.Module,
+                                                                 exported: tuple[Path, ExportResult]) -> None:
+    path, result = exported
     assert result.input_names == ["input_ids", "attention_mask"]
-    graph = onnx.load(str(tmp_path / "enc.onnx"))
+    graph = onnx.load(str(path))
     dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.graph.input}
     assert dims == {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "seq"]}
-    session = create_session(tmp_path / "enc.onnx")
+    session = create_session(path)
     for seq in (5, 21):  # lengths the export never saw
         x = _tokens(3, seq, seed=seq)
         got = session.run(None, x.numpy())[0]
@@ -122,16 +131,16 @@ def _nonfinite_scales(path: Path) -> list[str]:
             if i.name.endswith("scale") and not np.isfinite(numpy_helper.to_array(i)).all()]
 
 
-def test_int8_leaves_the_infinite_mask_path_in_float(encoder: nn.Module, tmp_path: Path) -> None:
+def test_int8_leaves_the_infinite_mask_path_in_float(exported: tuple[Path, ExportResult], tmp_path: Path) -> None:
     """The key padding mask is 0/-inf: a calibrated range over it has an infinite scale, which flattens every
     attention row it touches. quantize_int8 must leave those nodes in float and keep the INT8 model close to fp32."""
     x = _tokens(48, 16)
-    to_onnx(encoder, x, tmp_path / "enc.onnx", dynamic_axes=SEQ)
-    result = quantize_int8(tmp_path / "enc.onnx", tmp_path / "q.onnx", x.numpy(), QuantConfig())
+    fp32, _ = exported
+    result = quantize_int8(fp32, tmp_path / "q.onnx", x.numpy(), QuantConfig())
     assert result.nonfinite_nodes and set(result.nonfinite_nodes) <= set(result.excluded_nodes)
     assert _nonfinite_scales(tmp_path / "q.onnx") == []
     feed = _tokens(30, 12, seed=1).numpy()
-    ref = create_session(tmp_path / "enc.onnx").run(None, feed)[0]
+    ref = create_session(fp32).run(None, feed)[0]
     out = create_session(tmp_path / "q.onnx").run(None, feed)[0]
     # Masked rows (every third) must differ from unmasked ones as in fp32; INT8 error well below the signal.
     assert np.abs(out - ref).max() < 0.1 * np.abs(ref).max()
