@@ -494,19 +494,22 @@ def check_input_shape(model: nn.Module, x: Inputs, model_spec: str = "model", da
     return out
 
 
-def checked_dataset(model: nn.Module, data: Dataset, model_spec: str = "model", data_spec: str = "the data") -> Dataset:
+def checked_dataset(model: nn.Module, data: Dataset, model_spec: str = "model", data_spec: str = "the data",
+                    allow_mismatch: bool = False) -> Dataset:
     """``data`` with its named inputs in ``forward`` order (:func:`align_inputs`), after a forward pass on its
-    first samples (:func:`check_input_shape`)."""
+    first samples (:func:`check_input_shape`) and :func:`refuse_labels_outside` (a warning with
+    ``allow_mismatch``)."""
     x = align_inputs(model, data.x, model_spec, data_spec)
-    refuse_labels_outside(check_input_shape(model, x, model_spec, data_spec), data.y, data_spec)
+    refuse_labels_outside(check_input_shape(model, x, model_spec, data_spec), data.y, data_spec, allow_mismatch)
     return data if x is data.x else Dataset(x, data.y)
 
 
-def refuse_labels_outside(out: Any, y: torch.Tensor | None, data_spec: str = "the data") -> None:
+def refuse_labels_outside(out: Any, y: torch.Tensor | None, data_spec: str = "the data", allow: bool = False) -> None:
     """Refuse integer class labels ``y`` that no output of the model can predict: ``out`` (the model's output on
     a few samples) holds class scores ``(N, K)``, ``K > 1``, and a label is negative or at least ``K``. The one
     rule of every command that reads labelled data (``compress``, ``run``, ``tune``, ``export``); outputs that
-    are not class scores, and labels that are not integer classes, pass.
+    are not class scores, and labels that are not integer classes, pass. With ``allow`` (``--allow-data-mismatch``
+    of ``run`` and ``tune``) the same line is a WARNING and the command goes on.
 
     Raises
     ------
@@ -522,8 +525,12 @@ def refuse_labels_outside(out: Any, y: torch.Tensor | None, data_spec: str = "th
     if len(outside):
         values = sorted({int(v) for v in y[outside[:1000]]})
         shown = ", ".join(map(str, values[:3])) + (", ..." if len(values) > 3 else "")
-        raise SpecError(f"{data_spec}: {len(outside)} of {len(y)} labels ({shown}) lie outside the model's {k} "
-                        f"outputs (0-{k - 1}); give class labels the model can output, in the order of its outputs")
+        message = (f"{data_spec}: {len(outside)} of {len(y)} labels ({shown}) lie outside the model's {k} outputs "
+                   f"(0-{k - 1})")
+        if allow:
+            logger.warning("%s; going on (--allow-data-mismatch): accuracy on these labels means nothing", message)
+            return
+        raise SpecError(f"{message}; give class labels the model can output, in the order of its outputs")
 
 
 def _shapes(x: Inputs) -> str:

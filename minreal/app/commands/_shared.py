@@ -53,9 +53,11 @@ def _ensure_distinct_outputs(outs: list[Path]) -> None:
 
 
 def load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None,
-                holdout: float | None = None, preprocess: Any = None) -> tuple[Any, Any, Any]:
+                holdout: float | None = None, preprocess: Any = None,
+                allow_mismatch: bool = False) -> tuple[Any, Any, Any]:
     """The model (packed for its inputs) and its checked calibration and held-out data (``None`` when nothing is
-    held out)."""
+    held out); ``allow_mismatch`` (``--allow-data-mismatch``) lets labels outside the model's outputs through with a
+    warning."""
     from minreal.app.data import load_data
     from minreal.app.models import checked_dataset, load_model, packed_model
 
@@ -63,8 +65,9 @@ def load_inputs(model: str, weights: str | None, trust_pickle: bool, data: str, 
     loaded = load_data(data, eval_spec=eval_data, preprocess=preprocess,
                        **({} if holdout is None else {"eval_fraction": holdout}))
     net = packed_model(net, loaded.calib.x, model)
-    calib = checked_dataset(net, loaded.calib, model, data)
-    held = None if loaded.evaluation is None else checked_dataset(net, loaded.evaluation, model, eval_data or data)
+    calib = checked_dataset(net, loaded.calib, model, data, allow_mismatch)
+    held = None if loaded.evaluation is None else checked_dataset(net, loaded.evaluation, model, eval_data or data,
+                                                                  allow_mismatch)
     return net, calib, held
 
 

@@ -119,7 +119,8 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
     runs += load_plan(plan, defaults) if plan else []
     # --out is locked from its existence check to the commit: a concurrent run to it exits 1
     with claim_run_dir(Path(out), overwrite, input_files(model, weights, data, eval_data, plan)) as claim:
-        net, calib, held = load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
+        net, calib, held = load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess,
+                                       allow_mismatch=allow_mismatch)
         case_axes = case_dynamic_axes(axes, calib.x, None if held is None else held.x)
         from minreal.app.shapes import check_shape_names
 

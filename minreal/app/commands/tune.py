@@ -184,10 +184,12 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
         _tune_dry_run(con, model, weights, trust_pickle, data, eval_data, preprocess, cfg)
         return
     with claim_run_dir(Path(out), overwrite, input_files(model, weights, data, eval_data, plan)) as claim:
-        net, calib, held = load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess)
+        net, calib, held = load_inputs(model, weights, trust_pickle, data, eval_data, preprocess=preprocess,
+                                       allow_mismatch=allow_mismatch)
         check = require_match(check_data(net, {"evaluation": held, "calibration": calib}), allow_mismatch)
         warn_data_check(check)
-        source = SpecSource(model, data, eval_data, weights, trust_pickle, preprocess) if workers or remote else None
+        source = (SpecSource(model, data, eval_data, weights, trust_pickle, preprocess, allow_mismatch)
+                  if workers or remote else None)
         cfg = dataclasses.replace(cfg, dynamic_axes=case_dynamic_axes(cfg.dynamic_axes, calib.x,
                                                                       held.x if held else None))
         executor = _tune_executor(executor_kind, workers, address, bench_resource)

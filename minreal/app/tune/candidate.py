@@ -112,6 +112,8 @@ class SpecSource:
     trust_pickle: bool = False
     preprocess: Any = None
     """How an image folder becomes inputs (:class:`minreal.app.preprocess.ImagePreprocess`; None: the defaults)."""
+    allow_mismatch: bool = False
+    """``--allow-data-mismatch``: labels outside the model's outputs pass with a warning, as in the parent."""
 
     def load(self) -> tuple[nn.Module, Dataset, Dataset]:
         return _load_specs(self)
@@ -130,8 +132,9 @@ def _load_specs(src: SpecSource) -> tuple[nn.Module, Dataset, Dataset]:
         loaded = load_data(src.data, eval_spec=src.eval_data, preprocess=src.preprocess)
         _LOADED.clear()
         net = packed_model(net, loaded.calib.x, src.model)
-        held = None if loaded.evaluation is None else checked_dataset(net, loaded.evaluation, src.model, src.data)
-        _LOADED[src] = (net, checked_dataset(net, loaded.calib, src.model, src.data), held)
+        held = None if loaded.evaluation is None else checked_dataset(net, loaded.evaluation, src.model, src.data,
+                                                                      src.allow_mismatch)
+        _LOADED[src] = (net, checked_dataset(net, loaded.calib, src.model, src.data, src.allow_mismatch), held)
     return _LOADED[src]
 
 
