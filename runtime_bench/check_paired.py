@@ -92,12 +92,14 @@ def decide_cell(reference: Path, candidate: Path, data: Mapping[str, Any], cell:
     """Re-measure ``candidate`` against ``reference`` on ``cell`` in paired fresh processes and decide.
 
     A measurement that could not be made (a worker that crashed, outlasted its timeout or lacked the provider, a model
-    file that no longer reads) is an undecided verdict whose advice gives the reason: neither a pass nor a failure.
+    file that no longer reads, a worker result without the latencies) is an undecided verdict whose advice gives the
+    reason: neither a pass nor a failure, nor blamed on the report.
     """
+    config = cell_config(data, cell, plan)  # the report's fields: a malformed one is the report's fault
     try:
-        return paired_decision(ModelEntry(str(reference), reference), ModelEntry(cell[0], candidate),
-                               cell_config(data, cell, plan), allowed, plan, progress)
-    except (WorkerError, ProviderUnavailableError, OSError, ValueError) as exc:
+        return paired_decision(ModelEntry(str(reference), reference), ModelEntry(cell[0], candidate), config, allowed,
+                               plan, progress)
+    except (WorkerError, ProviderUnavailableError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         reason = error_line(exc, with_type=not isinstance(exc, (WorkerError, ProviderUnavailableError)),
                             max_chars=200)
         return LatencyDecision(UNDECIDED, allowed, 0, math.nan, 0.0, math.inf, plan.alpha, plan.level, 0, (),

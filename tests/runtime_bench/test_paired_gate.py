@@ -247,6 +247,18 @@ def test_a_worker_that_timed_out_leaves_the_cell_undecided(tmp_path: Path, make_
     assert crit["undecided"] and crit["evidence"]["pairs"] == 0
 
 
+def test_an_error_inside_the_measurement_is_not_blamed_on_the_report(
+        tmp_path: Path, make_linear: Callable, weights: tuple, run_cli: Callable,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object, **__: object) -> LatencyDecision:
+        raise KeyError("candidate")
+
+    (tmp_path / "r.json").write_text(json.dumps(_report(tmp_path, make_linear, weights)))
+    monkeypatch.setattr("minreal.runtime_bench.check_paired.paired_decision", broken)
+    code, _, err = run_cli(["check", str(tmp_path / "r.json"), "--max-latency-ratio", "1.1", "--paired"])
+    assert code == 3 and "malformed" not in err and "could not be made (KeyError" in err
+
+
 # --- 8. the evidence in --json, short stderr -----------------------------------------------------------------------
 
 def test_the_decision_evidence_is_in_the_json(tmp_path: Path, make_linear: Callable, weights: tuple,
