@@ -53,7 +53,7 @@ def with_model_folder(data: Mapping[str, Any], folder: Path) -> dict[str, Any]:
     that names no file there is left as it is (read from the working directory, where ``bench`` was run)."""
     def resolved(m: Mapping[str, Any]) -> Mapping[str, Any]:
         path = m.get("path") if isinstance(m, Mapping) else None
-        if not isinstance(path, str) or not path or Path(path).is_absolute() or not (folder / path).is_file():
+        if not isinstance(path, str) or not path or Path(path).is_absolute() or not _is_file(folder / path):
             return m
         return {**m, "path": str(folder / path)}
 
@@ -61,6 +61,14 @@ def with_model_folder(data: Mapping[str, Any], folder: Path) -> dict[str, Any]:
     if not isinstance(models, list):
         return dict(data)
     return {**data, "models": [resolved(m) for m in models]}
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a readable file's name; False for a name the system refuses (too long, a NUL byte)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def remeasure_problem(baseline: Mapping[str, Any], report: Mapping[str, Any], name: str) -> str:

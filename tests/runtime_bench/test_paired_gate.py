@@ -94,7 +94,8 @@ def test_a_baseline_elsewhere_naming_the_same_relative_file_is_not_the_reports(
 
 
 def test_relative_paths_that_name_no_file_beside_the_report_are_kept(tmp_path: Path) -> None:
-    data = {"models": [{"name": "a", "path": "gone.onnx"}, {"name": "b", "path": "/abs/b.onnx"}, {"name": "c"}]}
+    data = {"models": [{"name": "a", "path": "gone.onnx"}, {"name": "b", "path": "/abs/b.onnx"}, {"name": "c"},
+                       {"name": "d", "path": "x" * 5000}, {"name": "e", "path": "a\0b"}, "not a model"]}
     assert with_model_folder(data, tmp_path) == data
 
 
