@@ -79,9 +79,11 @@ def _first_look_note(pair_s: float, plan: DecisionPlan, what: str) -> str:
     if pair_s <= 0 or first * pair_s <= plan.time_budget_s:
         return ""
     fit = max(int(math.floor(plan.time_budget_s / pair_s)), 1)
+    outcome = ("expect undecided: fewer than the sign test needs to decide at all" if fit < plan.least_pairs()
+               else "the look comes early, on fewer pairs")
     return (f"one pair of {what} took {pair_s:.3g} s: the first look needs {first} pairs "
-            f"(about {first * pair_s:.3g} s), but --gate-seconds {plan.time_budget_s:g} fits about {fit}; expect "
-            "undecided (raise --gate-seconds, or lower --pair-seconds)")
+            f"(about {first * pair_s:.3g} s), but --gate-seconds {plan.time_budget_s:g} fits about {fit}; {outcome} "
+            "(raise --gate-seconds, or lower --pair-seconds)")
 
 
 @contextmanager

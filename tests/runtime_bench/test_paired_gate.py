@@ -142,7 +142,8 @@ def test_each_worker_gets_the_budget_left_and_a_slow_first_pair_is_announced(
     # the second pair starts with 10 - 4 s left; a third (8 + 4 s > 10 s) is not started
     assert limits == [10.0 + paired.TIMEOUT_MARGIN_S, 6.0 + paired.TIMEOUT_MARGIN_S]
     assert d.pairs == 2 and d.verdict == "undecided"
-    assert any("the first look needs 12 pairs" in line and "fits about 2" in line for line in lines)
+    assert any("the first look needs 12 pairs" in line and "fits about 2; expect undecided" in line
+               for line in lines)
     assert all("b vs a (cpu batch 1)" in line for line in lines if line.startswith("paired process"))
 
 
