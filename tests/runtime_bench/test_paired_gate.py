@@ -93,6 +93,21 @@ def test_a_baseline_elsewhere_naming_the_same_relative_file_is_not_the_reports(
     assert "same file" in remeasure_problem(report, report, "small")
 
 
+def test_check_remeasures_a_baseline_elsewhere_against_its_own_file(
+        tmp_path: Path, make_linear: Callable, weights: tuple, run_cli: Callable,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "old").mkdir()
+    (tmp_path / "r.json").write_text(json.dumps(_report(tmp_path, make_linear, weights, True)))
+    (tmp_path / "old" / "b.json").write_text(json.dumps(_report(tmp_path / "old", make_linear, weights, True)))
+    monkeypatch.chdir(tmp_path)
+    seen: list = []
+    monkeypatch.setattr(DECIDE, _scripted(1.0, 60, seen))
+    code, out, err = run_cli(["check", "r.json", "--baseline", "old/b.json", "--max-regression", "10", "--paired"])
+    assert code == 0 and "heuristic" not in out, err
+    assert sorted((r.resolve(), c.resolve()) for r, c in seen) == [
+        (tmp_path / "old" / f"{n}.onnx", tmp_path / f"{n}.onnx") for n in ("orig", "small")]
+
+
 def test_relative_paths_that_name_no_file_beside_the_report_are_kept(tmp_path: Path) -> None:
     data = {"models": [{"name": "a", "path": "gone.onnx"}, {"name": "b", "path": "/abs/b.onnx"}, {"name": "c"},
                        {"name": "d", "path": "x" * 5000}, {"name": "e", "path": "a\0b"}, "not a model"]}
