@@ -136,7 +136,8 @@ def check_report(
         against the report's first model, and each model against the baseline's file of it, re-measured now
         in paired fresh processes (ABAB...) until decided at ``plan.alpha``, the cap or the time budget. A
         baseline whose model file is gone, or changed, is judged by the medians heuristic, with a note saying so
-        (and only then does the baseline's hardware matter: re-measured cells compare two files on this machine).
+        (and only then does the baseline's hardware matter: re-measured cells compare two files on this machine),
+        or left undecided (``allow_heuristic`` False). A pair that could not be measured leaves its cell undecided.
         Without ``plan`` the latency criteria compare medians (no stated error rate; a note says so).
     progress
         Called with one-line progress messages while the paired processes run.
@@ -499,7 +500,8 @@ def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
                    if p is None or not p.is_file()]
         if missing:
             raise CheckError(f"the paired gate re-measures the report's model files, but {', '.join(missing)} is not "
-                             "readable here; run check where the files are, or without --paired")
+                             "readable here (nor beside the report); run check where the files are, or without "
+                             "--paired")
         d = decide_cell(reference, candidate, data, cell, allowed, plan, progress)
         criteria.append(_decided(LATENCY_RATIO, cell, d, d.median_ratio, allowed))
     return criteria
