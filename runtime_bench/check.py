@@ -13,14 +13,14 @@ from minreal.facts import INT8_SUFFIX, int8_source
 from .check_paired import decide_cell, model_path, remeasure_problem
 from .config import shape_grid, shape_label
 from .cpu import isa_difference
-from .decision import PASS, UNDECIDED, DecisionPlan, LatencyDecision, describe_decision
+from .decision import PASS, UNDECIDED, DecisionPlan, LatencyDecision, decision_evidence, describe_decision
 from .errors import CheckError
 from .inputs import ORT_SUFFIX
 from .load import compare_load, cpu_counters, describe_load, machine_load
 from .placement import describe_fallback, placement_from_dict
 from .report import BenchReport, validate_report
 
-__all__ = ["Criterion", "CheckResult", "check_report", "format_check", "describe_criterion"]
+__all__ = ["Criterion", "CheckResult", "check_report", "format_check", "describe_criterion", "brief_criterion"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ class Criterion:
     ``measured`` is NaN when the report has no value for the subject (a missing latency); ``note``
     says what decided the verdict when the value alone does not (missing cells, measurement noise). ``undecided``
     marks a paired latency decision that could not be made within its cap (``passed`` is then False: never a silent
-    pass).
+    pass). ``evidence`` holds a paired decision's evidence as plain fields
+    (:func:`~minreal.runtime_bench.decision.decision_evidence`); None for a criterion not decided on paired processes.
     """
 
     name: str
@@ -57,6 +58,7 @@ class Criterion:
     note: str = ""
     shape: str = ""
     undecided: bool = False
+    evidence: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ def check_report(
     max_size_ratio: float | None = None,
     plan: DecisionPlan | None = None,
     progress: Callable[[str], None] | None = None,
+    allow_heuristic: bool = True,
 ) -> CheckResult:
     """Apply release thresholds to a report (a :func:`load_report` dict or a :class:`BenchReport`).
 
@@ -133,10 +136,15 @@ def check_report(
         against the report's first model, and each model against the baseline's file of it, re-measured now
         in paired fresh processes (ABAB...) until decided at ``plan.alpha``, the cap or the time budget. A
         baseline whose model file is gone, or changed, is judged by the medians heuristic, with a note saying so
-        (and only then does the baseline's hardware matter: re-measured cells compare two files on this machine).
+        (and only then does the baseline's hardware matter: re-measured cells compare two files on this machine),
+        or left undecided (``allow_heuristic`` False). A pair that could not be measured leaves its cell undecided.
         Without ``plan`` the latency criteria compare medians (no stated error rate; a note says so).
     progress
         Called with one-line progress messages while the paired processes run.
+    allow_heuristic
+        With ``plan``: a baseline cell that cannot be re-measured (its model file gone or changed) is judged by the
+        medians heuristic, with a note; when False it is undecided, its note saying why and that the baseline's
+        model file would decide it (``minreal check --paired`` passes False unless ``--allow-heuristic``).
 
     Every latency criterion also fails, with a note, for each requested (model, provider, batch size, shape)
     the report has no latency for (a provider recorded as unavailable, a cell that did not run).
@@ -170,7 +178,8 @@ def check_report(
     if baseline is not None and max_regression is not None:
         base = _as_dict(baseline, "baseline")
         regression = (_regression(data, base, max_regression, allow_new_models) if plan is None
-                      else _paired_regression(data, base, max_regression, allow_new_models, plan, progress))
+                      else _paired_regression(data, base, max_regression, allow_new_models, plan, progress,
+                                              allow_heuristic))
         # re-measured cells compare two files on this machine: the baseline's hardware matters only to the others
         if plan is None or any(HEURISTIC_ONLY in c.note for c in regression):
             criteria += _hardware(data, base, allow_hardware_mismatch)
@@ -178,7 +187,7 @@ def check_report(
         notes += filter(None, [compare_load(_load_of(base), _load_of(data))])
     if plan is None and (max_latency_ratio is not None or max_regression is not None):
         notes.append(HEURISTIC_NOTE)
-    elif plan is not None and any(c.name in (LATENCY_RATIO, REGRESSION) for c in criteria):
+    elif plan is not None and any(c.evidence and c.evidence["pairs"] for c in criteria):
         notes.append(f"machine load over the paired processes: {describe_load(asdict(machine_load(started)))}")
     return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria), notes=tuple(notes))
 
@@ -189,6 +198,17 @@ def format_check(result: CheckResult) -> str:
     lines += [f"NOTE  {n}" for n in result.notes]
     lines.append("release gate " + ("passed" if result.passed else "UNDECIDED" if result.undecided else "FAILED"))
     return "\n".join(lines)
+
+
+def brief_criterion(c: Criterion) -> str:
+    """:func:`describe_criterion` with one clause of the note, cut to 120 characters (for an undecided criterion what
+    would decide it, else the note's first clause): one short clause per criterion, for the one-line FAILED/UNDECIDED
+    summary."""
+    head, _, rest = c.note.partition("; ")
+    clause = f"undecided: {rest}" if c.undecided and rest else head.strip()
+    if len(clause) > 120:
+        clause = clause[:117] + "..."
+    return describe_criterion(replace(c, note=clause))
 
 
 def _mark(c: Criterion) -> str:
@@ -457,7 +477,7 @@ def _decided(name: str, cell: Cell, d: LatencyDecision, measured: float, allowed
     """A criterion from a paired decision: passed only on a ``pass`` verdict; undecided marked as such."""
     model, provider, batch, shape = cell
     return Criterion(name, model, provider, batch, measured, allowed, d.verdict == PASS, describe_decision(d), shape,
-                     undecided=d.verdict == UNDECIDED)
+                     undecided=d.verdict == UNDECIDED, evidence=decision_evidence(d))
 
 
 def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
@@ -470,6 +490,9 @@ def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
     reference = model_path(data, names[0])
     unavailable = {u["provider"] for u in data.get("unavailable", [])}
     cells = [c for c in _expected_cells(data) if c[0] != names[0]]
+    if not cells:
+        raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has no latency cells to "
+                         "re-measure (no provider, batch size or latency recorded)")
     criteria = _missing(LATENCY_RATIO, data, [c for c in cells if c[1] in unavailable], allowed)
     for cell in (c for c in cells if c[1] not in unavailable):
         candidate = model_path(data, cell[0])
@@ -477,16 +500,19 @@ def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
                    if p is None or not p.is_file()]
         if missing:
             raise CheckError(f"the paired gate re-measures the report's model files, but {', '.join(missing)} is not "
-                             "readable here; run check where the files are, or without --paired")
+                             "readable here (nor beside the report); run check where the files are, or without "
+                             "--paired")
         d = decide_cell(reference, candidate, data, cell, allowed, plan, progress)
         criteria.append(_decided(LATENCY_RATIO, cell, d, d.median_ratio, allowed))
     return criteria
 
 
 def _paired_regression(data: dict[str, Any], baseline: dict[str, Any], allowed: float, allow_new: bool,
-                       plan: DecisionPlan, progress: Callable[[str], None] | None) -> list[Criterion]:
+                       plan: DecisionPlan, progress: Callable[[str], None] | None,
+                       allow_heuristic: bool = True) -> list[Criterion]:
     """Each cell of the report against the baseline's file of its model, re-measured now in paired fresh processes
-    (allowed ratio ``1 + allowed / 100``); where that file is gone or changed, the medians heuristic with a note."""
+    (allowed ratio ``1 + allowed / 100``); where that file is gone or changed, the medians heuristic with a note
+    (``allow_heuristic``) or an undecided criterion saying what would decide it."""
     heuristic = _regression(data, baseline, allowed, allow_new)
     out = []
     for c in heuristic:
@@ -495,7 +521,14 @@ def _paired_regression(data: dict[str, Any], baseline: dict[str, Any], allowed: 
         problem = remeasure_problem(baseline, data, c.model) if math.isfinite(c.measured) else "not compared"
         if problem or candidate is None or not candidate.is_file():
             why = problem or f"the report's model file {candidate} is not readable here"
-            out.append(c if not math.isfinite(c.measured) else replace(c, note=f"{c.note}; {HEURISTIC_ONLY}: {why}"))
+            if not math.isfinite(c.measured):
+                out.append(c)
+            elif allow_heuristic:
+                out.append(replace(c, note=f"{c.note}; {HEURISTIC_ONLY}: {why}"))
+            else:
+                out.append(replace(c, passed=False, undecided=True, note=(
+                    f"undecided: not re-measured, {why}; the baseline's model file, where the baseline names it, "
+                    "would decide it (or --allow-heuristic to judge on medians, no stated error rate)")))
             continue
         d = decide_cell(model_path(baseline, c.model), candidate, data, cell, 1.0 + allowed / 100.0, plan, progress)
         out.append(_decided(REGRESSION, cell, d, 100.0 * (d.median_ratio - 1.0), allowed))

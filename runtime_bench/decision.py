@@ -16,8 +16,10 @@ Looking again after adding pairs inflates the error rates, so the pairs are exam
 ``looks`` pair counts, each test at ``alpha`` divided by the number of scheduled looks (a Bonferroni bound over the
 looks: the chance of any wrong verdict over the whole sequence stays at most ``alpha`` per direction; Jennison &
 Turnbull, *Group Sequential Methods with Applications to Clinical Trials*, 2000, sec. 1.3 and 2.3, on repeated
-significance tests). The bound is exact for the scheduled looks; a look forced by the time budget comes at a pair
-count the pairs' wall times choose (not their ratios), and takes the place of the next scheduled one.
+significance tests). Bonferroni is conservative: the error rates are at most ``alpha``, often well below it (the
+looks are correlated, and the sign test's levels are discrete). A look forced by the time budget comes at a pair
+count the pairs' wall times choose (not their ratios), and takes the place of the next scheduled one, so the bound
+still holds.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from statistics import NormalDist
 import numpy as np
 
 __all__ = ["PASS", "FAIL", "UNDECIDED", "DecisionPlan", "LatencyDecision", "median_bounds", "decide", "pairs_needed",
-           "describe_decision", "sequential_decision"]
+           "describe_decision", "sequential_decision", "decision_evidence"]
 
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
 
@@ -79,6 +81,14 @@ class DecisionPlan:
         """The one-sided level of each test at each look (Bonferroni: ``alpha`` over the scheduled looks, at most
         ``looks``: fewer where the cap leaves fewer distinct pair counts)."""
         return self.alpha / len(self.schedule())
+
+    def least_pairs(self) -> int:
+        """The fewest pairs whose sign test bounds the median at all at :attr:`level` (``2**-n <= level``): no look
+        with fewer pairs can decide."""
+        n = 1
+        while 0.5 ** n > self.level:
+            n += 1
+        return n
 
     def schedule(self) -> tuple[int, ...]:
         """The pair counts at which the pairs are examined: ``looks`` counts, geometric, ending at ``max_pairs``."""
@@ -172,12 +182,26 @@ def pairs_needed(ratios: Sequence[float], allowed: float, level: float) -> int |
 def describe_decision(d: LatencyDecision) -> str:
     """One line: the verdict, the median ratio with its bounds against the allowed one, and for an undecided verdict
     what would decide it."""
-    bounds = f"{d.lower:.4g}-{d.upper:.4g}" if d.lower > 0 and math.isfinite(d.upper) else "unbounded (too few pairs)"
+    if d.pairs == 0:
+        head = f"{d.verdict}: no paired process measured, allowed {d.allowed:.4g}"
+        return f"{head}; {d.advice}" if d.advice else head
+    bounds = f"{d.lower:.4g}-{d.upper:.4g}" if d.lower > 0 and math.isfinite(d.upper) else "too few pairs for any bound"
     head = (f"{d.verdict}: median ratio {d.median_ratio:.4g} over {d.pairs} paired processes, "
             f"bounds {bounds} at {100 * (1 - d.level):.4g}% each side (alpha {d.alpha:g} split over the planned looks, "
             f"{d.looks} taken), "
             f"allowed {d.allowed:.4g}")
     return f"{head}; {d.advice}" if d.advice else head
+
+
+def decision_evidence(d: LatencyDecision) -> dict[str, object]:
+    """The evidence of a decision as plain fields (for ``--json``): verdict, pairs, median ratio, its bounds (None
+    where too few pairs bound it), the level of each test, alpha, looks taken, wall time in seconds."""
+    def finite(v: float) -> float | None:
+        return v if math.isfinite(v) and v > 0 else None
+
+    return {"verdict": d.verdict, "pairs": d.pairs, "median_ratio": finite(d.median_ratio), "lower": finite(d.lower),
+            "upper": finite(d.upper), "allowed_ratio": d.allowed, "level": d.level, "alpha": d.alpha,
+            "looks": d.looks, "wall_s": finite(d.wall_s)}
 
 
 def _advice(d: LatencyDecision, plan: DecisionPlan) -> str:

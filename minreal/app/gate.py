@@ -12,7 +12,12 @@ __all__ = ["check_reports", "bench_reports", "tune_bench"]
 
 
 def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
-    """Bench reports in ``path`` by name: the report itself, or each case of a run report."""
+    """Bench reports in ``path`` by name: the report itself, or each case of a run report; relative model paths that
+    name files beside the report (in the case's folder, ``<run>/<case>/``, for a run report) are made to point there,
+    so the paired gate finds the files whatever the working directory."""
+    from minreal.runtime_bench.check_paired import with_model_folder
+
+    folder = Path(path).parent
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -20,10 +25,19 @@ def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
     except (OSError, json.JSONDecodeError) as exc:
         raise rb.ReportSchemaError(f"report {path} is not readable JSON: {exc}") from None
     if isinstance(data, dict) and data.get("kind") == "tune":
-        return {"tune": tune_bench(data, path) or data}
+        bench = tune_bench(data, path)
+        return {"tune": with_model_folder(bench, folder) if bench else data}
     if isinstance(data, dict) and "cases" in data:
-        return {c["name"]: c["bench"] for c in data["cases"]}
-    return {Path(path).stem: rb.load_report(path)}
+        return {c["name"]: _in_folder(c["bench"], folder / str(c["name"])) for c in data["cases"]}
+    return {Path(path).stem: with_model_folder(rb.load_report(path), folder)}
+
+
+def _in_folder(bench: Any, folder: Path) -> Any:
+    """A run report case's bench report with its model paths relative to the case's folder resolved; a malformed
+    case (not a JSON object) is passed on as it is, for the gate to refuse."""
+    from minreal.runtime_bench.check_paired import with_model_folder
+
+    return with_model_folder(bench, folder) if isinstance(bench, dict) else bench
 
 
 CHOSEN = "chosen"
@@ -70,12 +84,12 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
                   allow_hardware_mismatch: bool = False, max_int8_drop: float | None = None,
                   max_size_kb: float | None = None, max_size_ratio: float | None = None,
                   plan: rb.DecisionPlan | None = None, progress: rb.Progress | None = None,
-                  ) -> list[tuple[str, rb.CheckResult]]:
+                  allow_heuristic: bool = True) -> list[tuple[str, rb.CheckResult]]:
     """Apply the thresholds to every bench report in ``path`` (baseline matched by case name).
 
     A case (or a model of a case) absent from ``baseline`` fails unless ``allow_new_models``; see
-    :func:`minreal.runtime_bench.check_report` for ``min_on_provider``, ``allow_hardware_mismatch`` and ``plan``
-    (latency decided on paired fresh processes re-measured now).
+    :func:`minreal.runtime_bench.check_report` for ``min_on_provider``, ``allow_hardware_mismatch``, ``plan``
+    (latency decided on paired fresh processes re-measured now) and ``allow_heuristic``.
     """
     reports = bench_reports(path)
     base = bench_reports(baseline) if baseline else {}
@@ -94,7 +108,7 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
                                               base.get(name, _without_latency(rep)) if baseline else None,
                                               max_regression, allow_new_models, min_on_provider,
                                               allow_hardware_mismatch, max_int8_drop, max_size_kb,
-                                              max_size_ratio, plan, progress)))
+                                              max_size_ratio, plan, progress, allow_heuristic)))
     return results
 
 

@@ -26,11 +26,12 @@ def _check_option(*decls: str, **kwargs: Any) -> Any:
 
 @click.command("check", cls=GroupedCommand)
 @click.argument("report", type=click.Path(dir_okay=False))
-@_check_option("--max-latency-ratio", type=float, help="Highest allowed latency ratio vs the first model.")
+@_check_option("--max-latency-ratio", type=click.FloatRange(min=0, min_open=True),
+               help="Highest allowed latency ratio vs the first model.")
 @max_accuracy_drop_option
 @min_agreement_option
 @_check_option("--baseline", type=click.Path(dir_okay=False), help="Earlier report to compare latencies with.")
-@_check_option("--max-regression", type=float,
+@_check_option("--max-regression", type=click.FloatRange(min=-100, min_open=True),
                help="Highest allowed latency regression vs --baseline, percent; a cell fails only when it is also "
                     "beyond the measured noise (the two runs' per-process p50 ranges do not overlap).")
 @_check_option("--allow-new-models", is_flag=True,
@@ -56,6 +57,9 @@ def _check_option(*decls: str, **kwargs: Any) -> Any:
                help="With --paired: time budget per model and cell, seconds.")
 @_check_option("--pair-seconds", type=click.FloatRange(min=0, min_open=True), default=0.25, show_default=True,
                help="With --paired: measurement window per model in each process, seconds.")
+@_check_option("--allow-heuristic", is_flag=True,
+               help="With --paired: judge a baseline cell that cannot be re-measured (the baseline's model file gone "
+                    "or changed) on medians, with no stated error rate, instead of leaving it undecided (exit 3).")
 @max_size_option("of every model but the first (of the one model of a one-model report), judged as NAME and "
                  "NAME.ort.")
 @_check_option("--max-size-ratio", type=click.FloatRange(min=0, min_open=True),
@@ -66,8 +70,8 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
               min_agreement: float | None, baseline: str | None, max_regression: float | None,
               allow_new_models: bool, min_on_provider: float | None, allow_hardware_mismatch: bool,
               max_int8_drop: float | None, max_size_kb: float | None, max_size_ratio: float | None, paired: bool,
-              alpha: float, max_pairs: int, gate_seconds: float, pair_seconds: float, quiet: bool,
-              as_json: bool) -> None:
+              alpha: float, max_pairs: int, gate_seconds: float, pair_seconds: float, allow_heuristic: bool,
+              quiet: bool, as_json: bool) -> None:
     """Release gate: exit 0 when every criterion holds for REPORT, 1 when one fails, 3 when (with --paired) a latency
     decision is undecided and nothing failed.
 
@@ -83,16 +87,21 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
                                "--min-agreement, --max-regression, --min-on-provider, --max-int8-drop, --max-size, "
                                "--max-size-ratio); a gate with none would always pass")
     import minreal.runtime_bench as rb
-    from minreal.runtime_bench.check import describe_criterion
+    from minreal.runtime_bench.check import brief_criterion
 
+    _warn_unused(click.get_current_context(), paired, max_latency_ratio is not None or max_regression is not None)
     plan = rb.DecisionPlan(alpha=alpha, min_pairs=min(12, max_pairs), max_pairs=max_pairs, time_budget_s=gate_seconds,
                            pair_seconds=pair_seconds) if paired else None
+    if plan is not None and plan.least_pairs() > max_pairs:
+        raise click.UsageError(f"--max-pairs {max_pairs} cannot decide at --alpha {alpha:g}: at least "
+                               f"{_least_cap(alpha)} pairs are needed")
     with malformed_reports(report, baseline):  # the verdict's text is made of the reports' fields too
         results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
                                 max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
-                                allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio, plan, con.progress)
+                                allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio, plan, con.progress,
+                                allow_heuristic or not paired)
         tables = [f"[{name}]\n{rb.format_check(res)}" for name, res in results]
-        failed = [f"{n}: {describe_criterion(c)}" for n, r in results for c in r.criteria if not c.passed]
+        failed = [f"{n}: {brief_criterion(c)}" for n, r in results for c in r.criteria if not c.passed]
     passed = all(r.passed for _, r in results)
     undecided = not passed and all(r.passed or r.undecided for _, r in results)
     for table in tables:
@@ -101,6 +110,33 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
     if not passed:
         click.echo(("UNDECIDED " if undecided else "FAILED ") + "; ".join(failed), err=True)
         sys.exit(UNDECIDED_EXIT if undecided else FAIL_EXIT)
+
+
+_PAIRED_ONLY = ("alpha", "max_pairs", "gate_seconds", "pair_seconds", "allow_heuristic")
+
+
+def _warn_unused(ctx: click.Context, paired: bool, latency: bool) -> None:
+    """One warning line on stderr for paired-gate flags that judge nothing: without a latency criterion, or (all but
+    --paired itself) without --paired."""
+    given = [name for name in ("paired", *_PAIRED_ONLY)
+             if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)]
+    flags = ", ".join("--" + name.replace("_", "-") for name in given)
+    if given and not latency:
+        click.echo(f"warning: {flags} ignored: no latency criterion (--max-latency-ratio, --max-regression) to decide",
+                   err=True)
+    elif not paired and (unused := [g for g in given if g != "paired"]):
+        names = ", ".join("--" + name.replace("_", "-") for name in unused)
+        click.echo(f"warning: {names} ignored without --paired", err=True)
+
+
+def _least_cap(alpha: float) -> int:
+    """The smallest --max-pairs whose plan (first look at min(12, cap)) can decide at ``alpha``."""
+    import minreal.runtime_bench as rb
+
+    cap = 1
+    while rb.DecisionPlan(alpha=alpha, min_pairs=min(12, cap), max_pairs=cap).least_pairs() > cap:
+        cap += 1
+    return cap
 
 
 @contextlib.contextmanager
