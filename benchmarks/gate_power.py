@@ -287,6 +287,11 @@ def e2e_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _by_model(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """``key`` of each row's resampled gate, by the candidate's target ratio."""
+    return {str(r["target_ratio"]): r["resampled"][key] for r in rows}
+
+
 def goal_met(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's goal for one (machine state, protocol), on the resampled rates. A false alarm is a red build on
     the identical model: fail (exit 1) or undecided (exit 3), reported apart and judged together; detection of the
@@ -297,7 +302,9 @@ def goal_met(rows: list[dict[str, Any]]) -> dict[str, Any]:
                            "false_alarm_undecided_rate": same["undecided_rate"],
                            "false_alarm_rate": same["fail_or_undecided_rate"],
                            "false_alarm_rate_95ci": same["fail_or_undecided_rate_95ci"],
-                           "gate_seconds_p95": max(r["resampled"]["gate_seconds_p95"] for r in rows)}
+                           "gate_seconds_p95": max(r["resampled"]["gate_seconds_p95"] for r in rows),
+                           "gate_seconds_median_by_model": _by_model(rows, "gate_seconds_median"),
+                           "gate_seconds_max_by_model": _by_model(rows, "gate_seconds_max")}
     out["false_alarms_ok"] = out["false_alarm_rate"] <= GOAL["false_alarm_max"]
     out["time_ok"] = out["gate_seconds_p95"] <= GOAL["gate_seconds_max"]
     if GOAL["detect_ratio"] in by:
@@ -388,7 +395,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None, runner: Callable[[argparse.Namespace], dict[str, Any]] = run) -> None:
     args = parse(argv)
-    document = runner(args)
+    try:
+        document = runner(args)
+    except HarnessError as exc:  # no verdict from `check`: every rate would be void, so nothing is written
+        say(f"ABORTED, nothing written: {exc}")
+        raise SystemExit(2) from exc
     write_json(args.out, document)
     say(f"wrote {args.out}")
 

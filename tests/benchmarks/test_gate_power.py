@@ -62,7 +62,7 @@ def test_e2e_summary_counts_verdicts_with_exact_intervals_and_wall_time() -> Non
 
 def _rows(same: dict[str, float], caught: dict[str, float]) -> list[dict]:
     def resampled(rates: dict[str, float]) -> dict:
-        out = {"gate_seconds_p95": 30.0}
+        out = {"gate_seconds_p95": 30.0, "gate_seconds_median": 20.0, "gate_seconds_max": 50.0}
         for name in ("fail", "pass", "undecided"):
             out[f"{name}_rate"] = rates[name]
             out[f"{name}_rate_95ci"] = wilson(round(rates[name] * 1000), 1000)
@@ -82,6 +82,7 @@ def test_undecided_on_the_identical_model_is_a_false_alarm_and_on_a_regression_i
     good = goal_met(_rows({"fail": 0.004, "pass": 0.992, "undecided": 0.004},
                           {"fail": 0.97, "pass": 0.0, "undecided": 0.03}))
     assert good["false_alarms_ok"] and good["detection_ok"] and good["time_ok"]
+    assert good["gate_seconds_max_by_model"] == {"1.0": 50.0, str(GOAL["detect_ratio"]): 50.0}
 
 
 def test_resampling_keeps_a_drift_that_independent_draws_would_erase() -> None:
@@ -97,3 +98,15 @@ def test_resampling_keeps_a_drift_that_independent_draws_would_erase() -> None:
     assert blocked["gate_seconds_max"] == 12.0 and blocked["mean_pairs"] == 12.0
     independent = resample(ratios, walls, plan, 400, seed=0, block=1)
     assert independent["fail_rate"] < 0.05
+
+
+def test_a_check_that_gives_no_verdict_aborts_the_run_and_writes_nothing(tmp_path: Path) -> None:
+    import gate_power
+
+    def runner(_: object) -> dict:
+        gate_power.verdict_of(2, "Error: No such option: --pair-seconds")
+        return {}
+
+    with pytest.raises(SystemExit) as info:
+        gate_power.main(["--out", str(tmp_path / "g.json")], runner=runner)
+    assert info.value.code == 2 and not (tmp_path / "g.json").exists()
