@@ -2,18 +2,23 @@
 
 Each reader (:data:`READERS`) builds genuine input files once (a template folder), and each case copies the template
 into a fresh folder, mutates one file with a seeded mutation (byte flips, truncation, splices, huge declared sizes,
-type confusions in JSON and TOML, members of a zip archive edited, dropped or replaced by a pickle that would run
-code) and runs the real ``minreal`` command on it in this process (:func:`minreal.app.cli.run`), under an alarm.
+type confusions in JSON and TOML, paths pointing at the file beside the case folders, members of a zip archive
+edited, dropped, replaced by a pickle that would run code or by an object ``.npy`` holding that pickle) and runs the
+real ``minreal`` command on it in this process (:func:`minreal.app.cli.run`), under an alarm.
 A case breaks an invariant (:func:`run_case` lists them in ``broken``) when:
 
 - the exit status is not 0, 1 or 2, or the output holds a raw traceback;
 - the command did not end within the time limit (``hang``);
-- a file outside the case folder was opened (``read_outside``: an audit hook sees every ``open`` of Python code;
-  ONNX Runtime reads external data in C++, so its cases are fixed ones, :func:`escape_cases`, whose escaping data
-  is valid: reading it would make the command succeed);
+- a file outside the case folder was opened (``read_outside``, :func:`reads_outside`: an audit hook sees every
+  ``open`` of Python code; any path under the fuzzing root outside the case folder counts, and any file outside the
+  root that existed before the case and is not the interpreter's or a library's; ONNX Runtime reads external data
+  in C++, so its cases are fixed ones, :func:`escape_cases`, whose escaping data is valid: reading it would make the
+  command succeed);
 - a failed command left files behind, or a successful one left staging or temporary files (``partial_output``);
 - a forged pickle ran (``code_ran``: its marker file exists);
-- the process's peak resident memory grew by more than :data:`MAX_RSS_GROWTH_MB` (``memory``).
+- the process's peak resident memory grew by more than :data:`MAX_RSS_GROWTH_MB`, or the output tells of an
+  allocation that was tried and failed (``MemoryError``, numpy's "Unable to allocate"), whatever the exit status:
+  a declared size must be refused before it is allocated (``memory``).
 
 An error line (non-zero exit) that does not name the file (``unnamed``; a model may be named by its stem, as
 ``bench`` names it) is counted too: every refusal should say which file is at fault. ``check``'s exit 1 with its
@@ -42,15 +47,15 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["READERS", "Case", "Outcome", "Reader", "escape_cases", "fuzz", "mutate", "npy_declaring", "pickle_payload",
-           "run_case", "templates"]
+__all__ = ["READERS", "Case", "Outcome", "Reader", "escape_cases", "fuzz", "mutate", "npy_declaring", "npy_object",
+           "pickle_payload", "reads_outside", "run_case", "templates"]
 
 TIMEOUT_S = 60
 """Seconds a case may run before it counts as a hang."""
@@ -79,8 +84,10 @@ QUICK_BENCH = ["--min-seconds", "0", "--min-runs", "3", "--warmup", "1", "--repe
 # --- mutations ------------------------------------------------------------------------------------------------
 
 HUGE = (10**12, 2**31, 2**63 - 1, -1, 0)
-CONFUSIONS: tuple[Any, ...] = (None, "", "x", "../../outside/secret", [], {}, [1, "a"], True, -1, 0, 1e308, 10**30,
+CONFUSIONS: tuple[Any, ...] = (None, "", "x", "../outside/secret", [], {}, [1, "a"], True, -1, 0, 1e308, 10**30,
                                float("nan"), float("inf"), "NaN", {"nested": {"deep": [None]}})
+"""Values of another type; ``../outside/secret`` is, from a case folder ``root/case-X/``, the file beside it that no
+case may read (:func:`mutate` adds that file's absolute path too)."""
 
 
 def _flip(data: bytes, rng: random.Random) -> bytes:
@@ -120,8 +127,10 @@ BYTE_MUTATIONS: dict[str, Callable[[bytes, random.Random], bytes]] = {
     "flip": _flip, "truncate": _truncate, "splice": _splice, "huge_int": _huge_int}
 
 
-def _confuse(doc: Any, rng: random.Random) -> Any:
-    """``doc`` (parsed JSON/TOML) with one value somewhere replaced by a value of another type, or one key removed."""
+def _confuse(doc: Any, rng: random.Random, lures: tuple[str, ...] = ()) -> Any:
+    """``doc`` (parsed JSON/TOML) with one value somewhere replaced by a value of another type (or by one of
+    ``lures``, paths no case may read), or one key removed."""
+    values = CONFUSIONS + lures
     paths: list[tuple[Any, Any]] = []
 
     def walk(node: Any) -> None:
@@ -132,23 +141,23 @@ def _confuse(doc: Any, rng: random.Random) -> Any:
 
     walk(doc)
     if not paths:
-        return rng.choice(CONFUSIONS)
+        return rng.choice(values)
     parent, key = rng.choice(paths)
     if isinstance(parent, dict) and rng.random() < 0.25:
         del parent[key]
     elif isinstance(parent[key], (int, float)) and not isinstance(parent[key], bool) and rng.random() < 0.5:
         parent[key] = rng.choice(HUGE) * rng.choice((1, -1))
     else:
-        parent[key] = rng.choice(CONFUSIONS)
+        parent[key] = rng.choice(values)
     return doc
 
 
-def _json(data: bytes, rng: random.Random) -> tuple[str, bytes]:
+def _json(data: bytes, rng: random.Random, lures: tuple[str, ...] = ()) -> tuple[str, bytes]:
     try:
         doc = json.loads(data)
     except ValueError:
         return _bytes(data, rng)
-    return "json_confuse", json.dumps(_confuse(doc, rng)).encode()
+    return "json_confuse", json.dumps(_confuse(doc, rng, lures)).encode()
 
 
 def _toml_value(value: Any) -> str:
@@ -169,7 +178,7 @@ def _toml_value(value: Any) -> str:
     return '""'  # None has no TOML spelling
 
 
-def _toml(data: bytes, rng: random.Random) -> tuple[str, bytes]:
+def _toml(data: bytes, rng: random.Random, lures: tuple[str, ...] = ()) -> tuple[str, bytes]:
     """A ``key = value`` line's value replaced by another type, a line dropped or doubled, or a byte mutation."""
     lines = data.decode(errors="replace").splitlines()
     keyed = [i for i, line in enumerate(lines) if "=" in line and not line.lstrip().startswith("#")]
@@ -179,7 +188,7 @@ def _toml(data: bytes, rng: random.Random) -> tuple[str, bytes]:
     i = rng.choice(keyed)
     if roll < 0.8:
         key = lines[i].split("=", 1)[0]
-        lines[i] = f"{key}= {_toml_value(rng.choice(CONFUSIONS + HUGE))}"
+        lines[i] = f"{key}= {_toml_value(rng.choice(CONFUSIONS + HUGE + lures))}"
         return "toml_confuse", "\n".join(lines).encode()
     if roll < 0.9:
         del lines[i]
@@ -217,9 +226,32 @@ def npy_declaring(shape: tuple[int, ...], payload: bytes) -> bytes:
     return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + payload
 
 
+def npy_object(payload: bytes) -> bytes:
+    """An ``.npy`` file of one Python object (``dtype=object``), whose data is the pickle ``payload``: reading it with
+    ``allow_pickle=True`` runs whatever the pickle says."""
+    header = b"{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + payload
+
+
+def _member_mutation(name: str, rng: random.Random) -> str:
+    """How a zip member called ``name`` is mutated, chosen first (so that every one is reachable for every member):
+    dropped, replaced by a pickle, its bytes or JSON mutated; an ``.npy`` member also given a huge declared shape or
+    made an object array holding the pickle; a pickle member (``.pkl``, ``.pt``) mostly replaced by the pickle."""
+    if name.endswith((".pkl", ".pt")) and rng.random() < 0.7:
+        return "member_pickle"
+    choices = ["member_dropped", "member_pickle", "member_bytes"]
+    if name.endswith(".npy"):
+        choices += ["npy_huge_shape", "npy_huge_shape", "npy_object_pickle"]
+    if name.endswith(".json"):
+        choices += ["member_json", "member_json"]
+    return rng.choice(choices)
+
+
 def _zip(data: bytes, rng: random.Random, marker: Path) -> tuple[str, bytes]:
-    """One member of a zip archive (``.npz``, ``.pt2``, ``torch.save``) mutated, dropped, given a huge ``.npy``
-    header or replaced by a pickle that runs code; or the archive's bytes themselves mutated."""
+    """One member of a zip archive (``.npz``, ``.pt2``, ``torch.save``) mutated (:func:`_member_mutation`): dropped,
+    given a huge ``.npy`` header, replaced by a pickle that runs code or by an object ``.npy`` holding it; or the
+    archive's bytes themselves mutated."""
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zin:
             members = [(info.filename, zin.read(info)) for info in zin.infolist()]
@@ -229,18 +261,17 @@ def _zip(data: bytes, rng: random.Random, marker: Path) -> tuple[str, bytes]:
         return _bytes(data, rng)
     i = rng.randrange(len(members))
     name, member = members[i]
-    roll = rng.random()
-    if name.endswith(".npy") and roll < 0.4:
-        how, members[i] = "npy_huge_shape", (name, npy_declaring(rng.choice(HUGE_SHAPES), member[-64:]))
-    elif roll < 0.15:
-        how, members[i] = "member_dropped", (name, None)  # type: ignore[assignment]
-    elif roll < 0.35 or name.endswith((".pkl", ".pt")):
-        how, members[i] = "member_pickle", (name, pickle_payload(marker))
-    elif name.endswith(".json") and roll < 0.7:
-        how, mutated = _json(member, rng)
-        how, members[i] = f"member_{how}", (name, mutated)
+    how = _member_mutation(name, rng)
+    if how == "npy_huge_shape":
+        members[i] = (name, npy_declaring(rng.choice(HUGE_SHAPES), member[-64:]))
+    elif how == "npy_object_pickle":
+        members[i] = (name, npy_object(pickle_payload(marker)))
+    elif how == "member_dropped":
+        members[i] = (name, None)  # type: ignore[assignment]
+    elif how == "member_pickle":
+        members[i] = (name, pickle_payload(marker))
     else:
-        how, mutated = _bytes(member, rng)
+        how, mutated = _json(member, rng) if how == "member_json" else _bytes(member, rng)
         how, members[i] = f"member_{how}", (name, mutated)
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as zout:
@@ -250,7 +281,7 @@ def _zip(data: bytes, rng: random.Random, marker: Path) -> tuple[str, bytes]:
     return how, out.getvalue()
 
 
-def _onnx_field(data: bytes, rng: random.Random) -> tuple[str, bytes]:
+def _onnx_field(data: bytes, rng: random.Random, lures: tuple[str, ...] = ()) -> tuple[str, bytes]:
     """An ONNX model with one field set to what a hostile or damaged file could hold: a huge declared size (a
     tensor's or an input's dimension), external data at a missing or escaping place, an unknown operator or
     opset; or its bytes mutated."""
@@ -271,7 +302,7 @@ def _onnx_field(data: bytes, rng: random.Random) -> tuple[str, bytes]:
     elif how == "external" and graph.initializer:
         tensor = rng.choice(graph.initializer)
         tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", rng.choice(("missing.bin", "../../outside/secret", "/etc/hostname", "."))),
+        for key, value in (("location", rng.choice(("missing.bin", "../outside/secret", ".", *lures))),
                            ("offset", rng.choice(("0", "-1", str(2**62)))), ("length", rng.choice(("40", str(2**62))))):
             tensor.external_data.add(key=key, value=value)
         tensor.ClearField("raw_data")
@@ -284,13 +315,15 @@ def _onnx_field(data: bytes, rng: random.Random) -> tuple[str, bytes]:
 
 def mutate(kind: str, data: bytes, rng: random.Random, marker: Path) -> tuple[str, bytes]:
     """``data`` mutated as a file of ``kind`` (``bytes``, ``json``, ``toml``, ``zip``, ``onnx``, ``image``); the
-    mutation's name too."""
+    mutation's name too. ``marker`` (``root/pwned``) is the file a forged pickle creates; paths put into files point
+    at ``root/outside/secret``, relatively from a case folder and absolutely."""
+    lures = (str((marker.parent / "outside" / "secret").resolve()),)
     if kind == "onnx" and rng.random() < 0.6:
-        return _onnx_field(data, rng)
+        return _onnx_field(data, rng, lures)
     if kind == "json" and rng.random() < 0.8:
-        return _json(data, rng)
+        return _json(data, rng, lures)
     if kind == "toml":
-        return _toml(data, rng)
+        return _toml(data, rng, lures)
     if kind == "zip":
         return _zip(data, rng, marker)
     if kind == "image" and rng.random() < 0.5:
@@ -702,23 +735,67 @@ def _execute(case: Case, folder: Path, timeout_s: float) -> tuple[int, str, str]
     return code, out.getvalue() + "\n".join(records.lines), err.getvalue()
 
 
-def _broken(case: Case, root: Path, code: int, text: str, new: set[str], rss_growth_mb: float) -> list[str]:
-    """The invariants the case broke (see the module's docstring); ``new``: paths the command left in its folder."""
-    secret = os.path.realpath(root / "outside" / "secret")
+SYSTEM_FILES = ("/etc/os-release", "/etc/mime.types", "/etc/localtime", "/etc/passwd", "/etc/nsswitch.conf",
+                "/etc/hosts", "/etc/resolv.conf", "/etc/ld.so.cache", "/etc/timezone")
+"""Files under ``/etc`` that Python's and its libraries' own code may read (platform, mimetypes, time zones, name
+lookup); any other file there (``/etc/hostname``) is outside what a case names."""
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Real paths of the folders whose files the interpreter and its libraries read whatever the user names: Python's
+    prefixes and import path, the project's source, the system's (``/usr``, ``/lib*``, ``/proc``, ``/sys``, ``/dev``,
+    ``/opt``; of ``/etc`` only :data:`SYSTEM_FILES`) and the user's cache and configuration folders (library caches,
+    minreal's tune cache)."""
+    home = Path.home()
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path, str(Path(__file__).resolve().parents[1]),
+            "/usr", "/lib", "/lib32", "/lib64", "/proc", "/sys", "/dev", "/opt", *SYSTEM_FILES,
+            os.environ.get("XDG_CACHE_HOME") or str(home / ".cache"),
+            os.environ.get("XDG_CONFIG_HOME") or str(home / ".config")}
+    return tuple(os.path.realpath(d) for d in dirs if d)
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def reads_outside(opened: list[str], root: Path, folder: Path, since: float) -> list[str]:
+    """The real paths among ``opened`` that a case in ``folder`` (under ``root``) had no business opening: any under
+    ``root`` but outside ``folder`` (the file beside the case folders, the templates, the marker); and any regular
+    file outside ``root`` that existed before the case (``since``, a ``time.time()``) and lies in none of
+    :func:`_library_dirs` (the tool's own temporary files are newer; those of the interpreter are there)."""
+    root_real, folder_real, libraries = os.path.realpath(root), os.path.realpath(folder), _library_dirs()
+    out = []
+    for path in dict.fromkeys(os.path.realpath(p) for p in opened):
+        if _under(path, root_real):
+            if not _under(path, folder_real):
+                out.append(path)
+        elif (os.path.isfile(path) and os.stat(path).st_mtime < since and os.stat(path).st_ctime < since
+              and not any(_under(path, d) for d in libraries)):
+            out.append(path)
+    return out
+
+
+MEMORY_ERRORS = ("MemoryError", "Unable to allocate")
+"""What an allocation that was tried and failed prints (numpy's, Python's): a size not bounded before allocating."""
+
+
+def _broken(case: Case, root: Path, code: int, text: str, new: set[str], rss_growth_mb: float,
+            outside: Sequence[str] = ()) -> list[str]:
+    """The invariants the case broke (see the module's docstring); ``new``: paths the command left in its folder;
+    ``outside``: paths it opened outside what it was given (:func:`reads_outside`)."""
     broken = []
     if code not in (0, 1, 2):
         broken.append("hang" if code == 124 else f"exit_{code}")
     if "Traceback" in text:
         broken.append("traceback")
-    opened = any(os.path.realpath(p) == secret for p in _Opens.seen) or CANARY in text.encode()
-    if opened or (case.must_fail and code == 0):
+    if outside or CANARY in text.encode() or (case.must_fail and code == 0):
         broken.append("read_outside")
     if (code != 0 and new) or _staging(new):
         broken.append("partial_output")
     if (root / "pwned").exists():
         broken.append("code_ran")
         (root / "pwned").unlink()
-    if rss_growth_mb > MAX_RSS_GROWTH_MB:
+    if rss_growth_mb > MAX_RSS_GROWTH_MB or any(m in text for m in MEMORY_ERRORS):
         broken.append("memory")
     return broken
 
@@ -729,11 +806,13 @@ def run_case(case: Case, root: Path, timeout_s: float = TIMEOUT_S) -> Outcome:
     _install_hook()
     folder = Path(tempfile.mkdtemp(prefix="case-", dir=root))
     _materialise(case, folder)
+    since = time.time() - 1.0  # files outside root older than this existed before the case (mtime granularity)
     before, rss, start = _listing(folder), _peak_rss_mb(), time.perf_counter()
     _Opens.seen.clear()
     code, out, err = _execute(case, folder, timeout_s)
     seconds = time.perf_counter() - start
-    broken = _broken(case, root, code, out + err, _listing(folder) - before, _peak_rss_mb() - rss)
+    outside = reads_outside(_Opens.seen, root, folder, since)
+    broken = _broken(case, root, code, out + err, _listing(folder) - before, _peak_rss_mb() - rss, outside)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     line = lines[-1] if code != 0 and lines else ""
     target = Path(case.target)

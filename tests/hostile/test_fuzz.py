@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import sys
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -286,3 +288,76 @@ def test_npz_declaring_1e12_elements_in_a_fresh_process_stays_small(tmp_path: Pa
     assert len(err.strip().splitlines()) == 1
     assert usage.ru_maxrss / 1024 < 2048, usage.ru_maxrss
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.npz", "net.py"]
+
+
+def test_path_mutations_point_at_the_file_beside_the_case_folders(fuzz_root: Path) -> None:
+    """The paths the mutations write into JSON, TOML and ONNX files lead from a case folder (``root/case-X/``) to
+    ``root/outside/secret``, relatively and absolutely (not above the root, where nothing is watched)."""
+    secret = (fuzz_root / "outside" / "secret").resolve()
+    case_folder = fuzz_root / "case-x"
+    written: set[str] = set()
+    for seed in range(400):
+        how, data = fuzz.mutate("json", json.dumps({"a": "b"}).encode(), random.Random(seed), fuzz_root / "pwned")
+        if how == "json_confuse":  # (the others mutate bytes)
+            written |= {v for v in json.loads(data).values() if isinstance(v, str) and "secret" in v}
+    assert written == {"../outside/secret", str(secret)}
+    assert all((case_folder / p).resolve() == secret for p in written)
+
+
+def test_reads_outside_flags_the_root_beyond_the_case_and_unnamed_files_elsewhere(tmp_path: Path) -> None:
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    case, old = root / "case-a", elsewhere / "old.txt"
+    for folder in (case, root / "outside", root / "templates", elsewhere):
+        folder.mkdir(parents=True)
+    for path in (case / "d.npz", root / "outside" / "secret", root / "templates" / "d.npz", old):
+        path.write_text("x")
+    since = old.stat().st_mtime + 1
+    new = elsewhere / "new.txt"  # the command's own temporary file: written during the case
+    new.write_text("x")
+    os.utime(new, (since + 1, since + 1))
+    library = np.__file__  # the interpreter's: read whatever the case names
+    opened = [str(case / "d.npz"), str(case / ".." / "outside" / "secret"), str(root / "templates" / "d.npz"),
+              str(old), str(new), library, str(root / "pwned")]
+    assert fuzz.reads_outside(opened, root, case, since) == [
+        str((root / "outside" / "secret").resolve()), str((root / "templates" / "d.npz").resolve()),
+        str(old.resolve()), str((root / "pwned").resolve())]
+    if Path("/etc/hostname").is_file():
+        assert fuzz.reads_outside(["/etc/hostname"], root, case, time.time()) == ["/etc/hostname"]
+
+
+def test_every_member_mutation_is_reached_for_an_npy_member() -> None:
+    rng = random.Random(0)
+    assert {fuzz._member_mutation("x.npy", rng) for _ in range(400)} == {
+        "member_dropped", "member_pickle", "member_bytes", "npy_huge_shape", "npy_object_pickle"}
+
+
+def test_object_npy_member_runs_no_code(fuzz_root: Path, made: dict[str, Path]) -> None:
+    """An .npz whose ``x.npy`` is an object array holding a pickle that would create a file: refused, nothing run
+    (the .npy itself would run it if read with allow_pickle=True, which the harness checks first)."""
+    marker = fuzz_root / "pwned"
+    forged = fuzz.npy_object(fuzz.pickle_payload(marker))
+    with pytest.raises(ValueError, match="allow_pickle"):
+        np.load(io.BytesIO(forged))
+    files = fuzz._template_files(made["npz"])
+    with zipfile.ZipFile(io.BytesIO(files["d.npz"])) as zin:
+        members = {i.filename: zin.read(i) for i in zin.infolist()}
+    members["x.npy"] = forged
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zout:
+        for name, data in members.items():
+            zout.writestr(name, data)
+    files["d.npz"] = out.getvalue()
+    outcome = run_case(Case("npz", "npy_object_pickle", fuzz.COMPRESS, files, "d.npz"), fuzz_root)
+    assert outcome.code == 2 and not outcome.broken, outcome
+    assert not marker.exists()
+    np.load(io.BytesIO(forged), allow_pickle=True)  # the payload is live: read as a pickle, it runs
+    assert marker.exists()
+    marker.unlink()
+
+
+def test_a_failed_allocation_is_broken_whatever_the_exit_status(fuzz_root: Path) -> None:
+    case = Case("npz", "none", ("check",), {}, "d.npz")
+    for text in ("minreal: error: MemoryError", "numpy._core._exceptions: Unable to allocate 3.64 TiB for an array"):
+        for code in (1, 2):
+            assert "memory" in fuzz._broken(case, fuzz_root, code, text, set(), 0.0)
+    assert fuzz._broken(case, fuzz_root, 2, "minreal: error: d.npz declares 4 TB", set(), 0.0) == []
