@@ -54,6 +54,7 @@ from onnx import TensorProto, helper, numpy_helper
 from scipy.stats import beta
 
 from minreal.runtime_bench import BenchConfig, DecisionPlan, ModelEntry, sequential_decision
+from minreal.runtime_bench.check_paired import PAIR_MIN_RUNS, PAIR_WARMUP
 from minreal.runtime_bench.decision import FAIL, PASS, UNDECIDED
 from minreal.runtime_bench.environment import collect_environment
 from minreal.runtime_bench.paired import pair_ratios
@@ -130,8 +131,9 @@ def machine(state: str) -> Iterator[None]:
 
 
 def record(reference: Path, candidate: Path, plan: DecisionPlan, pairs: int) -> tuple[list[float], list[float]]:
-    """``pairs`` real per-pair ratios of ``candidate`` over ``reference`` and each process's wall time."""
-    config = BenchConfig(batch_sizes=(BATCH,))
+    """``pairs`` real per-pair ratios of ``candidate`` over ``reference`` and each process's wall time, each pair
+    measured as ``check --paired`` measures it (its warm-up and least runs; ``plan.pair_seconds`` per model)."""
+    config = BenchConfig(batch_sizes=(BATCH,), warmup=PAIR_WARMUP, min_runs=PAIR_MIN_RUNS)
     ratios, walls = [], []
     with pair_ratios(ModelEntry("reference", reference), ModelEntry("candidate", candidate), config,
                      plan.pair_seconds) as next_ratio:

@@ -218,12 +218,13 @@ def test_check_exits_3_when_undecided(tmp_path: Path, make_linear: Callable, wei
 @pytest.mark.slow
 def test_check_paired_runs_real_processes(tmp_path: Path, make_linear: Callable, weights: tuple,
                                           run_cli: Callable) -> None:
-    """Two real paired processes cannot decide at alpha 0.01: undecided, exit 3 (the processes are counted)."""
+    """A time budget that ends before the pairs a sign test needs at alpha 0.01: undecided, exit 3, the real
+    processes counted (a cap under that number is refused before any work: tests/runtime_bench/test_paired_gate.py)."""
     report = tmp_path / "r.json"
     report.write_text(json.dumps(_paired_report(tmp_path, make_linear, weights)))
-    code, _, err = run_cli(["check", str(report), "--max-latency-ratio", "1.1", "--paired", "--max-pairs", "2",
-                            "--pair-seconds", "0.01", "-q"])
-    assert code == 3 and "over 2 paired processes" in err
+    code, _, err = run_cli(["check", str(report), "--max-latency-ratio", "1.1", "--paired", "--max-pairs", "12",
+                            "--gate-seconds", "0.5", "--pair-seconds", "0.01", "-q"])
+    assert code == 3 and "UNDECIDED" in err and "the time budget stopped at 1" in err
 
 
 def test_a_baseline_file_is_remeasured_only_while_it_is_the_baselines(tmp_path: Path, make_linear: Callable,
