@@ -224,7 +224,7 @@ def test_check_paired_runs_real_processes(tmp_path: Path, make_linear: Callable,
     report.write_text(json.dumps(_paired_report(tmp_path, make_linear, weights)))
     code, _, err = run_cli(["check", str(report), "--max-latency-ratio", "1.1", "--paired", "--max-pairs", "12",
                             "--gate-seconds", "0.5", "--pair-seconds", "0.01", "-q"])
-    assert code == 3 and "UNDECIDED" in err and "the time budget stopped at 1" in err
+    assert code == 3 and "UNDECIDED" in err and "the time budget stopped at" in err
 
 
 def test_a_baseline_file_is_remeasured_only_while_it_is_the_baselines(tmp_path: Path, make_linear: Callable,
