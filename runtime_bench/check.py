@@ -10,7 +10,7 @@ from typing import Any
 
 from minreal.facts import INT8_SUFFIX, int8_source
 
-from .check_paired import decide_cell, model_path, remeasure_problem
+from .check_paired import Cell, decide_cell, model_path, remeasure_problem
 from .config import shape_grid, shape_label
 from .cpu import isa_difference
 from .decision import PASS, UNDECIDED, DecisionPlan, LatencyDecision, decision_evidence, describe_decision
@@ -25,8 +25,6 @@ __all__ = ["Criterion", "CheckResult", "check_report", "format_check", "describe
 logger = logging.getLogger(__name__)
 
 ReportLike = Mapping[str, Any] | BenchReport
-#: (model, provider, batch size, shape label)
-Cell = tuple[str, str, int, str]
 REGRESSION = "latency_regression_pct"
 LATENCY_RATIO = "latency_ratio"
 HEURISTIC_NOTE = ("latency judged on medians (a regression beyond the threshold fails only when the per-process p50 "
