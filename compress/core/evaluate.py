@@ -37,15 +37,23 @@ def hooks_removed(handles: list[torch.utils.hooks.RemovableHandle]) -> Iterator[
             h.remove()
 
 
+def _leaves(outputs: object, prefix: str = "", keyed: bool = False) -> Iterator[tuple[str, bool, torch.Tensor]]:
+    """Each tensor of a module's output(s) in order, with its path (dict keys and sequence positions joined by ``.``)
+    and whether a dict key is on that path."""
+    if isinstance(outputs, torch.Tensor):
+        yield prefix, keyed, outputs
+    elif isinstance(outputs, (Mapping, tuple, list)):
+        items = outputs.items() if isinstance(outputs, Mapping) else enumerate(outputs)
+        for key, item in items:
+            yield from _leaves(item, f"{prefix}.{key}" if prefix else str(key), keyed or isinstance(outputs, Mapping))
+    else:
+        raise TypeError(f"module output of type {type(outputs).__name__} is not a tensor or a tuple/list/dict of "
+                        "tensors")
+
+
 def flatten_outputs(outputs: object) -> list[torch.Tensor]:
     """Return a module's output(s) as a flat list of tensors (tensor, or tuple/list/dict of them)."""
-    if isinstance(outputs, torch.Tensor):
-        return [outputs]
-    if isinstance(outputs, Mapping):
-        outputs = list(outputs.values())
-    if isinstance(outputs, (tuple, list)):
-        return [t for item in outputs for t in flatten_outputs(item)]
-    raise TypeError(f"module output of type {type(outputs).__name__} is not a tensor or a tuple/list/dict of tensors")
+    return [t for _, _, t in _leaves(outputs)]
 
 
 def output_rows(outputs: object) -> torch.Tensor:
@@ -69,19 +77,11 @@ def output_rows(outputs: object) -> torch.Tensor:
     return torch.cat([t.reshape(t.shape[0], -1) for t in tensors], dim=1)
 
 
-def output_paths(outputs: object, prefix: str = "") -> list[tuple[str, bool]]:
+def output_paths(outputs: object) -> list[tuple[str, bool]]:
     """Where each tensor of :func:`flatten_outputs` sits in ``outputs``, in the same order: its dict keys and
     sequence positions joined by ``.`` (``"out"``, ``"aux"``, ``"past.0.1"``; ``""`` for a lone tensor), and
     whether a dict key is among them (then the path is a name worth giving the graph output)."""
-    if isinstance(outputs, torch.Tensor):
-        return [(prefix, False)]
-    if isinstance(outputs, Mapping):
-        return [(path, True) for key, item in outputs.items()
-                for path, _ in output_paths(item, f"{prefix}.{key}" if prefix else str(key))]
-    if isinstance(outputs, (tuple, list)):
-        return [pair for i, item in enumerate(outputs) for pair in output_paths(item, f"{prefix}.{i}" if prefix
-                                                                                 else str(i))]
-    raise TypeError(f"module output of type {type(outputs).__name__} is not a tensor or a tuple/list/dict of tensors")
+    return [(path, keyed) for path, keyed, _ in _leaves(outputs)]
 
 
 @torch.no_grad()
