@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import sys
@@ -17,6 +16,7 @@ from torch import nn
 
 from minreal.compress.core.inputs import Inputs, NamedInputs, args_of, takes_varargs
 from minreal.export.errors import ExportError
+from minreal.export.quiet import captured_output
 from minreal.facts import error_line
 from minreal.runtime_bench.atomic import atomic_path
 
@@ -64,27 +64,14 @@ def _no_suffix_warning() -> Iterator[None]:
         package_log.removeFilter(drop)
 
 
-@contextlib.contextmanager
-def _quiet_solver() -> Iterator[io.StringIO]:
-    """When a data-dependent value defeats torch's shape solver, torch logs a WARNING and prints the graph to stderr
-    (twice); the one-line error raised after them says what matters. The caller writes what was held back to stderr
-    when the trace succeeds."""
-    solver_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
-    level = solver_log.level
-    solver_log.setLevel(logging.ERROR)
-    held = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(held):
-            yield held
-    finally:
-        solver_log.setLevel(level)
-
-
 def _traced_program(module: nn.Module, example: tuple, shapes: tuple | None,
                     path: Path) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``module``, or one line saying why it cannot be a program with a dynamic batch."""
+    """``torch.export`` of ``module``, or one line saying why it cannot be a program with a dynamic batch. When a
+    data-dependent value defeats torch's shape solver, torch logs a warning and prints the graph to stderr (twice)
+    before raising: that output is held back and the one-line error says what matters; after a successful trace it
+    is written out as it came."""
     try:
-        with _quiet_solver() as held:
+        with captured_output() as held:
             program = torch.export.export(module, example, dynamic_shapes=shapes)
     except Exception as exc:  # torch.export raises many types (UserError, GuardOnDataDependentSymNode, ...)
         raise ExportError(
@@ -92,7 +79,7 @@ def _traced_program(module: nn.Module, example: tuple, shapes: tuple | None,
             f"forward with a dynamic batch ({error_line(exc, with_type=True, max_chars=160)}); a forward whose "
             "shapes or branches depend on the values of the data (a detection model's post-processing, .item(), "
             "nonzero) cannot be one program: compress a module without that step (its backbone and heads)") from exc
-    sys.stderr.write(held.getvalue())
+    sys.stderr.write(held.text)
     return program
 
 
