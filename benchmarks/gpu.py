@@ -85,7 +85,9 @@ SCHEMA = 1
 class Cell:
     """One measurement: status ``pending``/``ok``/``skipped``/``failed``, the reason when not ``ok`` (on an ``ok``
     tensorrt cell: the warning that its engine failed parity), the latency statistics
-    (:class:`minreal.runtime_bench.timing.LatencyStats` as a dict) when ``ok``."""
+    (:class:`minreal.runtime_bench.timing.LatencyStats` as a dict) when ``ok``. ONNX Runtime cells are timed with
+    I/O binding: ``latency`` includes copying the inputs from and the outputs to the host (what a caller holding
+    numpy arrays pays), ``device_latency`` has inputs and outputs already on the GPU (the model alone)."""
 
     model: str
     variant: str
@@ -95,6 +97,7 @@ class Cell:
     status: str = "pending"
     reason: str | None = None
     latency: dict[str, float] | None = None
+    device_latency: dict[str, float] | None = None
 
     @property
     def key(self) -> tuple[str, str, str, str, int]:
@@ -237,6 +240,7 @@ def merge(run: Run, model: str, result: dict[str, Any], exit_note: str | None) -
     for d in result.get("cells", []):
         cell = by_key[(model, d["variant"], d["backend"], d["precision"], d["batch"])]
         cell.status, cell.reason, cell.latency = d["status"], d["reason"], d["latency"]
+        cell.device_latency = d.get("device_latency")
     run.models[model] = result.get("prepare", {})
     run.tensorrt_checks += result.get("tensorrt_checks", [])
     step = result.get("step")
@@ -433,10 +437,16 @@ def step_torch_cuda(prep: Prepared) -> Iterator[list[dict[str, Any]]]:
 def _ort_cells(report: Any, backend: str, labels: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
     """Cells from a :class:`minreal.runtime_bench.BenchReport`: each latency row of a labelled model."""
     found: dict[tuple[str, int], dict[str, Any]] = {}
+    device: dict[tuple[str, int, str], dict[str, Any]] = {}
     for row in report.latency:
         variant, precision = labels[row.model]
         found.setdefault((precision, row.batch_size), {})[variant] = asdict(row.stats)
-    return [c for (precision, batch), results in found.items() for c in _cells(backend, precision, batch, results)]
+        if row.device_stats is not None:
+            device[(precision, row.batch_size, variant)] = asdict(row.device_stats)
+    cells = [c for (precision, batch), results in found.items() for c in _cells(backend, precision, batch, results)]
+    for c in cells:
+        c["device_latency"] = device.get((c["precision"], c["batch"], c["variant"]))
+    return cells
 
 
 def _bench(files: dict[tuple[str, str], Path], provider: str, precisions: tuple[str, ...], until: float,
@@ -451,7 +461,7 @@ def _bench(files: dict[tuple[str, str], Path], provider: str, precisions: tuple[
     extra = {"provider_settings": {provider: settings}} if settings is not None else {}
     config = rb.BenchConfig(providers=(provider,), batch_sizes=BATCHES, warmup=TIMING["warmup"],
                             min_runs=TIMING["min_runs"], min_seconds=TIMING["min_seconds"], repeats=repeats,
-                            worker_timeout_s=max(10.0, until - time.time()), **extra)
+                            io_binding=True, worker_timeout_s=max(10.0, until - time.time()), **extra)
     report = rb.run_benchmark(entries, config, fail_on_unavailable=True, progress=lambda m: None)
     cells = _ort_cells(report, f"ort-{provider}", labels)
     made = {(c["precision"], c["batch"]) for c in cells}

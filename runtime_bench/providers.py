@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from minreal.facts import INSTALL_HINTS, PROVIDERS
 
 from .errors import ProviderUnavailableError, UnknownProviderError
-from .runtime import onnxruntime_module, wheel_conflict
+from .runtime import onnxruntime_module, tensorrt_library_problem, wheel_conflict
 
 __all__ = [
     "provider_name",
@@ -40,12 +40,16 @@ def available_providers() -> tuple[str, ...]:
 
 
 def unavailable_reason(short: str) -> str | None:
-    """Why provider ``short`` cannot run with this onnxruntime build, or None if it is built in."""
+    """Why provider ``short`` cannot run with this onnxruntime build, or None if it can.
+
+    A built-in TensorRT provider can still not run: its TensorRT library must load too
+    (:func:`~minreal.runtime_bench.runtime.tensorrt_library_problem`), else onnxruntime falls back to the CPU.
+    """
     full = provider_name(short)
     ort = onnxruntime_module()
     built = ort.get_available_providers()
     if full in built:
-        return None
+        return tensorrt_library_problem() if short == "tensorrt" else None
     conflict = wheel_conflict()
     return (
         f"{full} is not in this onnxruntime {ort.__version__} build "
@@ -79,4 +83,6 @@ def provider_mismatch(requested: str, actual: list[str]) -> str | None:
     """
     if actual and actual[0] == requested:
         return None
-    return f"requested {requested} but the session runs on {actual} (onnxruntime fell back)"
+    why = tensorrt_library_problem() if requested == PROVIDERS["tensorrt"] else None
+    reason = f"requested {requested} but the session runs on {actual} (onnxruntime fell back)"
+    return f"{reason}: {why}" if why else reason

@@ -9,21 +9,28 @@ and everything that needs no runtime keep working without one.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 import importlib.metadata
 import logging
+import sys
 from types import ModuleType
 
-from minreal.facts import PROVIDERS
+from minreal.facts import INSTALL_HINTS, PROVIDERS
 
-__all__ = ["RUNTIME_WHEELS", "RuntimeMissingError", "onnxruntime_module", "installed_wheels", "wheel_conflict"]
+__all__ = ["RUNTIME_WHEELS", "RuntimeMissingError", "TENSORRT_LIBRARY", "onnxruntime_module", "installed_wheels",
+           "wheel_conflict", "tensorrt_library_problem"]
 
 #: Distribution name -> the minreal extra that installs it.
 RUNTIME_WHEELS: dict[str, str] = {"onnxruntime": "cpu", "onnxruntime-gpu": "gpu"}
 
 _MISSING = ("ONNX Runtime is not installed (minreal's base install has no runtime wheel): "
             "pip install 'minreal[cpu]' for the CPU provider, or 'minreal[gpu]' for CUDA/TensorRT")
+
+
+#: TensorRT's core library, which ONNX Runtime's TensorRT provider (built against TensorRT 10) needs by this name.
+TENSORRT_LIBRARY = "libnvinfer.so.10"
 
 
 class RuntimeMissingError(ImportError):
@@ -79,3 +86,33 @@ def _preload(ort: ModuleType) -> None:
     except Exception as exc:
         logging.getLogger(__name__).info("onnxruntime.preload_dlls failed (%s); relying on the loader's search path",
                                          exc)
+
+
+@functools.cache
+def tensorrt_library_problem() -> str | None:
+    """Load TensorRT's libraries for ONNX Runtime's TensorRT provider, once per process.
+
+    The provider's library needs :data:`TENSORRT_LIBRARY` from the loader's search path. TensorRT's wheels keep it
+    in their ``tensorrt_libs`` package, off that path, and ``import tensorrt`` loads it from there (TensorRT's own
+    loader); once a library of that name is in the process, the provider finds it. Without it onnxruntime lists the
+    provider as available, logs an error when a session asks for it and silently runs on the CPU instead (seen on an
+    H200 machine with onnxruntime-gpu 1.31 and no TensorRT, ``benchmarks/gpu.json``).
+
+    Returns
+    -------
+    str | None
+        None when the library is loaded (or on a platform other than Linux, where it is not checked), else one line
+        saying why not and what installs it.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        importlib.import_module("tensorrt")
+    except Exception:  # not installed, or its own loader failed: the check below says what is missing
+        pass
+    try:
+        ctypes.CDLL(TENSORRT_LIBRARY)
+    except OSError as exc:
+        return (f"TensorRT's library {TENSORRT_LIBRARY} cannot be loaded ({exc}), so onnxruntime would run the "
+                f"session on the CPU instead; install TensorRT 10: {INSTALL_HINTS['tensorrt']}")
+    return None

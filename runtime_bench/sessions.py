@@ -10,7 +10,7 @@ from minreal.facts import ARM64_TARGET, INT8_TARGET_KEY, PROVIDERS, error_line
 
 from .cpu import ARM_GRAPH_CONFIG
 from .errors import ModelFileError, SessionError
-from .runtime import onnxruntime_module
+from .runtime import onnxruntime_module, tensorrt_library_problem
 
 __all__ = ["SPINNING_ENTRIES", "session_options", "create_session", "target_graph_config"]
 
@@ -107,6 +107,8 @@ def create_session(
             raise ModelFileError(f"model file not found: {path}")
         source, where = str(path), str(path)
     providers: list[Any] = [(provider, dict(provider_options))] if provider_options else [provider]
+    if provider == PROVIDERS["tensorrt"]:
+        tensorrt_library_problem()  # loads TensorRT's libraries where its wheels keep them; a fallback is reported
 
     def make(entries: Mapping[str, str] | None) -> Any:
         options = session_options(threads, optimized_model_path, entries, profile_prefix)
