@@ -29,6 +29,7 @@ FLAG_NAMES = MappingProxyType({
     ("check_report", "plan"): "--paired",
     # a TensorRT profile is a table, which only the --provider-config file holds (not --provider-option)
     ("BenchConfig", "provider_settings"): "--provider-config",
+    ("BenchConfig", "intra_op_threads"): "--threads",
 })
 
 
