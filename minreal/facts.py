@@ -1,16 +1,16 @@
 """Facts that ``compress``, ``export`` and ``runtime_bench`` share, each written once.
 
-Provider names, the ONNX op sets that run in integer arithmetic, the progress-record key and the one-line
-form of an error. This module imports only the standard library (and ``runtime_bench/__init__`` loads its
-names lazily), so every side may import it cheaply: it is the one module of ``runtime_bench`` that
-``compress`` may import. ``tests/test_layering.py`` checks both, and that these literals are defined
-nowhere else.
+Provider names, the ONNX op sets that run in integer arithmetic, the progress-record key, the one-line form of an
+error and the base of the errors that name a Python API's fields (:class:`FieldError`). This module imports only the
+standard library (and ``runtime_bench/__init__`` loads its names lazily), so every side may import it cheaply: it is
+the one module of ``runtime_bench`` that ``compress`` may import. ``tests/test_layering.py`` checks both, and that
+these literals are defined nowhere else.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "WEIGHT_QMAX",
     "REDUCED_WEIGHT_QMAX",
     "ANSI_ESCAPE",
+    "FieldError",
     "first_line",
     "error_line",
 ]
@@ -116,6 +117,26 @@ INTEGER_OPS: frozenset[str] = INTEGER_KERNEL_OPS | frozenset(
 """Every op type (ONNX and com.microsoft) that executes an integer kernel: the integer Conv/MatMul/Gemm
 kernels plus element-wise, pooling and activation QLinear ops and run-time activation quantisation.
 TensorRT reads none of them (it wants explicit QuantizeLinear/DequantizeLinear around float ops)."""
+
+class FieldError(ValueError):
+    """An option given wrongly to the library, in the Python API's words: the message names each field or parameter
+    in backticks, bare (`` `mac_ratio` ``) or with its owner, a config class or a function
+    (`` `DepthConfig.criterion` ``, `` `check_report.plan` ``), and :attr:`fields` lists their bare names, so that a
+    caller with other spellings of them (the command line's flags, ``minreal.app.field_flags``) can put its own in
+    their place: only a backticked mention of a listed field is such a mention.
+
+    Parameters
+    ----------
+    message : str
+        what is wrong and what to do.
+    fields : Sequence[str]
+        the fields the message names (bare names, e.g. ``("mac_ratio",)``).
+    """
+
+    def __init__(self, message: str, *, fields: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.fields: tuple[str, ...] = tuple(fields)
+
 
 #: Terminal colour codes (some libraries colour their exception messages).
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")

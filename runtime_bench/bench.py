@@ -234,12 +234,14 @@ def _check_profiles(profiles: Mapping[str, tuple[str, str, str]], dims: Mapping[
     inside a worker)."""
     for name, shapes in profiles.items():
         if name not in dims:
-            raise BenchInputError(f"TensorRT profile (--provider-config) names input {name!r}, which model "
-                                  f"{model.name!r} does not have (its inputs: {', '.join(dims)})")
+            raise BenchInputError(f"TensorRT profile (`BenchConfig.provider_settings`) names input {name!r}, which "
+                                  f"model {model.name!r} does not have (its inputs: {', '.join(dims)})",
+                                  fields=("provider_settings",))
         rank = len(shapes[0].split("x"))
         if rank != len(dims[name]):
-            raise BenchInputError(f"TensorRT profile (--provider-config) of input {name!r} has rank {rank}, but "
-                                  f"model {model.name!r} input {name!r} has shape {list(dims[name])}")
+            raise BenchInputError(f"TensorRT profile (`BenchConfig.provider_settings`) of input {name!r} has rank "
+                                  f"{rank}, but model {model.name!r} input {name!r} has shape {list(dims[name])}",
+                                  fields=("provider_settings",))
 
 
 def file_digest(path: Path) -> str:

@@ -172,7 +172,8 @@ def check_report(
     if max_size_ratio is not None:
         criteria += _size_ratio(data, max_size_ratio)
     if (baseline is None) != (max_regression is None):
-        raise CheckError("baseline (--baseline) and max_regression (--max-regression) must be given together")
+        raise CheckError("`baseline` and `max_regression` must be given together",
+                         fields=("baseline", "max_regression"))
     if baseline is not None and max_regression is not None:
         base = _as_dict(baseline, "baseline")
         regression = (_regression(data, base, max_regression, allow_new_models) if plan is None
@@ -237,8 +238,8 @@ def _latency_ratio(data: dict[str, Any], allowed: float) -> list[Criterion]:
     reference = _model_names(data)[:1]
     expected = [c for c in _expected_cells(data) if [c[0]] != reference]
     if not expected or not (ratios or data.get("unavailable")):
-        raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has no latency ratios "
-                         "(one model or no provider ran)")
+        raise CheckError("`max_latency_ratio` given but the report has no latency ratios (one model or no provider "
+                         "ran)", fields=("max_latency_ratio",))
     criteria = [_criterion(LATENCY_RATIO, _cell(r), r["median"], allowed, r["median"] <= allowed) for r in ratios]
     have = {_cell(r) for r in ratios}
     return criteria + _missing(LATENCY_RATIO, data, [c for c in expected if c not in have], allowed)
@@ -288,8 +289,8 @@ def _missing(name: str, data: dict[str, Any], cells: Sequence[Cell], allowed: fl
 def _accuracy_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
     metrics = data["metrics"]
     if not metrics or metrics[0]["accuracy"] is None:
-        raise CheckError("max_accuracy_drop (--max-accuracy-drop) given but the report has no accuracy "
-                         "(benchmark with integer labels y)")
+        raise CheckError("`max_accuracy_drop` given but the report has no accuracy (benchmark with integer labels y)",
+                         fields=("max_accuracy_drop",))
     ref = metrics[0]["accuracy"]
     drops = [(m["model"], 100.0 * (ref - m["accuracy"])) for m in metrics[1:]]
     return [Criterion("accuracy_drop_pp", model, None, None, drop, allowed, drop <= allowed) for model, drop in drops]
@@ -348,8 +349,8 @@ def _size_ratio(data: dict[str, Any], allowed: float) -> list[Criterion]:
 def _agreement(data: dict[str, Any], allowed: float) -> list[Criterion]:
     rows = [m for m in data["metrics"][1:] if m["top1_agreement"] is not None]
     if not rows:
-        raise CheckError("min_agreement (--min-agreement) given but the report has no top-1 agreement "
-                         "(needs 2+ models, class outputs)")
+        raise CheckError("`min_agreement` given but the report has no top-1 agreement (needs 2+ models, class "
+                         "outputs)", fields=("min_agreement",))
     return [Criterion("top1_agreement", m["model"], None, None, m["top1_agreement"], allowed,
                       m["top1_agreement"] >= allowed) for m in rows]
 
@@ -483,14 +484,14 @@ def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
     """Every candidate cell against the report's first model, decided on paired fresh processes."""
     names = _model_names(data)
     if len(names) < 2:
-        raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has one model (the ratio is "
-                         "to the first)")
+        raise CheckError("`max_latency_ratio` given but the report has one model (the ratio is to the first)",
+                         fields=("max_latency_ratio",))
     reference = model_path(data, names[0])
     unavailable = {u["provider"] for u in data.get("unavailable", [])}
     cells = [c for c in _expected_cells(data) if c[0] != names[0]]
     if not cells:
-        raise CheckError("max_latency_ratio (--max-latency-ratio) given but the report has no latency cells to "
-                         "re-measure (no provider, batch size or latency recorded)")
+        raise CheckError("`max_latency_ratio` given but the report has no latency cells to re-measure (no "
+                         "provider, batch size or latency recorded)", fields=("max_latency_ratio",))
     criteria = _missing(LATENCY_RATIO, data, [c for c in cells if c[1] in unavailable], allowed)
     for cell in (c for c in cells if c[1] not in unavailable):
         candidate = model_path(data, cell[0])
@@ -499,7 +500,7 @@ def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
         if missing:
             raise CheckError(f"the paired gate re-measures the report's model files, but {', '.join(missing)} is not "
                              "readable here (nor beside the report); run check where the files are, or without "
-                             "--paired")
+                             "the paired decision (`check_report.plan`)", fields=("plan",))
         d = decide_cell(reference, candidate, data, cell, allowed, plan, progress)
         criteria.append(_decided(LATENCY_RATIO, cell, d, d.median_ratio, allowed))
     return criteria

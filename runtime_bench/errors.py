@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from minreal.facts import FieldError
+
 __all__ = [
     "BenchInputError",
     "ModelFileError",
@@ -14,8 +16,9 @@ __all__ = [
 ]
 
 
-class BenchInputError(ValueError):
-    """Bad benchmark input: data, shapes, dtypes or configuration values."""
+class BenchInputError(FieldError):
+    """Bad benchmark input: data, shapes, dtypes or configuration values (a :class:`minreal.facts.FieldError`: a
+    configuration value's message names its field)."""
 
 
 class ModelFileError(BenchInputError):
@@ -42,5 +45,6 @@ class ReportSchemaError(ValueError):
     """A report file is missing, unreadable or has an unsupported schema version."""
 
 
-class CheckError(ValueError):
-    """A release-gate threshold cannot be evaluated against the given report."""
+class CheckError(FieldError):
+    """A release-gate threshold cannot be evaluated against the given report (a :class:`minreal.facts.FieldError`:
+    the message names the threshold's parameter)."""

@@ -93,8 +93,8 @@ class ProviderSettings:
     profiles: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
 
 
-def _fail(where: str, message: str) -> None:
-    raise BenchInputError(f"{where}: {message}")
+def _fail(where: str, message: str, fields: tuple[str, ...] = ()) -> None:
+    raise BenchInputError(f"{where}: {message}", fields=fields)
 
 
 def _bool(where: str, value: Any) -> bool:
@@ -163,7 +163,8 @@ def _settings(provider: str, values: Mapping[str, Any], where: str) -> ProviderS
     for key, value in values.items():
         if key not in allowed:
             _fail(f"{where} {provider}.{key}", f"not a setting of {provider}; settings: "
-                  f"{', '.join(allowed) or 'none (the cpu provider takes --threads)'}")
+                  f"{', '.join(allowed) or 'none (the cpu provider takes `BenchConfig.intra_op_threads`)'}",
+                  fields=("intra_op_threads",))
         converted[key] = _CONVERT[key](f"{where} {provider}.{key}", value)
     return ProviderSettings(**converted)
 
@@ -194,17 +195,18 @@ def load_provider_config(path: str | Path) -> dict[str, ProviderSettings]:
         the file is missing, not TOML, or has an unknown provider, key or bad value.
     """
     path = Path(path)
+    where = f"provider config {path}"  # the file named, as the Python API and --provider-config alike give it
     try:
         doc = tomllib.loads(path.read_text())
     except OSError as exc:
-        _fail(f"--provider-config {path}", f"cannot read it: {exc.strerror or exc}")
+        _fail(where, f"cannot read it: {exc.strerror or exc}")
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        _fail(f"--provider-config {path}", f"not valid TOML: {exc}")
+        _fail(where, f"not valid TOML: {exc}")
     out = {}
     for provider, values in doc.items():
         if not isinstance(values, Mapping):
-            _fail(f"--provider-config {path}", f"{provider!r} must be a table, e.g. [{provider}]")
-        out[provider] = _settings(provider, values, f"--provider-config {path}")
+            _fail(where, f"{provider!r} must be a table, e.g. [{provider}]")
+        out[provider] = _settings(provider, values, where)
     return out
 
 

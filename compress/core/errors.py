@@ -4,33 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from collections.abc import Sequence
+from minreal.facts import FieldError
 
+if TYPE_CHECKING:
     import torch
 
 __all__ = ["CompressionError", "UnknownMethodError", "field_error", "require_finite"]
 
 
-class CompressionError(ValueError):
+class CompressionError(FieldError):
     """A model, layer or option cannot be compressed as asked; the message says which and what to do.
 
     An error about config fields names them as the Python API spells them, in backticks (`` `mac_ratio` ``, or
-    with their config class, `` `DepthConfig.criterion` ``), and lists their bare names in :attr:`fields`, so that
-    a caller with other spellings of them (the command line's flags) can put its own in their place: only a
-    backticked mention of a listed field is such a mention.
-
-    Parameters
-    ----------
-    message
-        what is wrong and what to do.
-    fields
-        the config fields the message names (bare field names, e.g. ``("mac_ratio",)``).
+    with their config class, `` `DepthConfig.criterion` ``), and lists their bare names in ``fields``
+    (:class:`minreal.facts.FieldError`), so that the command line can put its flags in their place.
     """
-
-    def __init__(self, message: str, *, fields: Sequence[str] = ()) -> None:
-        super().__init__(message)
-        self.fields: tuple[str, ...] = tuple(fields)
 
 
 def field_error(config: object, name: str, problem: str) -> CompressionError:

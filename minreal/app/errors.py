@@ -73,7 +73,7 @@ def invoke(group: click.Group, argv: list[str] | None) -> None:
     except BaseException as exc:
         if os.environ.get("MINREAL_DEBUG"):
             raise
-        from minreal.app.method_options import flag_spelled
+        from minreal.app.field_flags import flag_spelled
         from minreal.facts import error_line
 
         click.echo(f"minreal: error: {flag_spelled(exc, error_line(exc))}", err=True)

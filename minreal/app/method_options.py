@@ -7,25 +7,25 @@ metadata: ``field(default=..., metadata={"help": "...", "choices": (...)})``
 -- the help text is required (a field without one is a build-time error), the choices are optional (the fixed set of
 strings the field accepts). Only options the user gave are passed on: to one method, an option it does not have is
 an error (:func:`build_config`); to several, each option reaches the methods that declare it, and is an error only
-when none of them does (:func:`build_configs`). The library's errors name config fields; :func:`flag_spelled` gives
-their flags back.
+when none of them does (:func:`build_configs`). The library's errors name config fields;
+:func:`minreal.app.field_flags.flag_spelled` gives their flags back.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from minreal.compress import CompressionError, get_method, method_names
-from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS, field_clash, flag_of
+from minreal.app.field_flags import flag_spelled
+from minreal.compress import get_method, method_names
+from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS, field_clash
 
 __all__ = ["OptionSpec", "method_option_specs", "config_option_specs", "field_docs", "build_config", "build_configs",
-           "MethodOptionError", "provider_defaults", "option_group", "flag_spelled", "fields_spelled"]
+           "MethodOptionError", "provider_defaults", "option_group"]
 
 
 class MethodOptionError(ValueError):
@@ -211,35 +211,6 @@ def _convert(key: str, value: Any, kind: type, multiple: bool) -> Any:
     if not _is_kind(value, kind):
         raise MethodOptionError(f"{what} takes {_KIND_WORDS[kind][0]}, got {value!r}")
     return kind(value)
-
-
-#: Config classes whose fields the command line spells with a prefix (``RecoveryConfig.epochs`` is
-#: ``--recover-epochs``: :func:`minreal.app.options.recovery_config`).
-_FLAG_PREFIX = MappingProxyType({"RecoveryConfig": "recover_"})
-#: Fields whose flag is not their prefixed name (``RecoveryConfig.freeze_batchnorm`` is ``--recover-freeze-bn``).
-_FLAG_NAMES = MappingProxyType({("RecoveryConfig", "freeze_batchnorm"): "--recover-freeze-bn"})
-
-
-def _spelled(config: str, name: str) -> str:
-    """The flag of field ``name`` of config class ``config`` (``""``: a method's config, no prefix)."""
-    return _FLAG_NAMES.get((config, name)) or flag_of(_FLAG_PREFIX.get(config, "") + name)
-
-
-def flag_spelled(exc: BaseException, text: str | None = None) -> str:
-    """``text`` (``str(exc)`` when None) with the command line's flag in place of each config field that ``exc``
-    names (its ``fields``, :class:`minreal.compress.CompressionError`): :func:`fields_spelled`."""
-    return fields_spelled(str(exc) if text is None else text,
-                          exc.fields if isinstance(exc, CompressionError) else ())
-
-
-def fields_spelled(text: str, fields: tuple[str, ...]) -> str:
-    """``text`` with the command line's flag in place of each backticked mention of one of ``fields``, bare or with
-    its config class (`` `mac_ratio` `` and `` `DepthConfig.mac_ratio` `` -> ``--mac-ratio``,
-    `` `RecoveryConfig.epochs` `` -> ``--recover-epochs``). Nothing else in the text changes."""
-    if not fields:
-        return text
-    mention = re.compile(r"`(?:(\w+)\.)?(" + "|".join(re.escape(f) for f in fields) + r")`")
-    return mention.sub(lambda m: _spelled(m[1] or "", m[2]), text)
 
 
 def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | None = None) -> Any:

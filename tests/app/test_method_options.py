@@ -206,7 +206,7 @@ def test_width_methods_take_the_target_providers_width_defaults_and_the_users_va
 
 
 def test_flag_spelled_puts_flags_in_place_of_the_declared_fields_only() -> None:
-    from minreal.app.method_options import flag_spelled
+    from minreal.app.field_flags import flag_spelled
     from minreal.compress import CompressionError
 
     exc = CompressionError("`DepthConfig.criterion` and `mac_ratio`; `RecoveryConfig.epochs`; `other`, mac_ratio, "
@@ -222,7 +222,7 @@ def test_every_recovery_field_an_error_names_is_spelled_as_a_flag_of_run() -> No
     import dataclasses
 
     from minreal.app.commands.run import run_cmd
-    from minreal.app.method_options import flag_spelled
+    from minreal.app.field_flags import flag_spelled
     from minreal.compress import CompressionError
     from minreal.compress.core.recover_options import RecoveryConfig
 

@@ -39,9 +39,9 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     Raises CompressionError with one line when the model cannot be traced (data-dependent control flow).
     """
     if is_exported_program(model):
-        raise CompressionError("width methods need the model's Python modules (file.py:factory or a torchvision "
-                               "name with --weights): a torch.export program (.pt2) holds ATen operations, whose "
-                               "layers cannot be resized")
+        raise CompressionError("width methods need the model's Python modules (an nn.Module built by its code, e.g. "
+                               "file.py:factory or a torchvision name): a torch.export program (.pt2) holds ATen "
+                               "operations, whose layers cannot be resized")
     root = copy.deepcopy(model)
     try:
         graph = _Tracer().trace(root)

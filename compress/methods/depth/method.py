@@ -72,9 +72,9 @@ def _scoring_samples(data: Dataset, n: int, seed: int) -> tuple[Inputs, torch.Te
 
 def _traced(model: nn.Module, example: Inputs) -> fx.GraphModule:
     if is_exported_program(model):
-        raise CompressionError("depth needs the model's Python modules (file.py:factory or a torchvision name with "
-                               "--weights): a torch.export program (.pt2) holds ATen operations, whose residual blocks "
-                               "cannot be found")
+        raise CompressionError("depth needs the model's Python modules (an nn.Module built by its code, e.g. "
+                               "file.py:factory or a torchvision name): a torch.export program (.pt2) holds ATen "
+                               "operations, whose residual blocks cannot be found")
     try:
         gm = trace(model, example)
     except CompressionError as exc:

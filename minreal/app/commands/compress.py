@@ -96,7 +96,8 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
               report_path: str | None, providers: tuple[str, ...], holdout: float, dynamic_axes: tuple[str, ...],
               con: Console, writer: bool, opts: dict[str, Any]) -> None:
     """The work of :func:`compress_cmd` on one rank; ``writer`` (rank 0, or a single process) writes the outputs."""
-    from minreal.app.method_options import build_config, fields_spelled, provider_defaults
+    from minreal.app.field_flags import fields_spelled
+    from minreal.app.method_options import build_config, provider_defaults
     from minreal.app.mismatch import check_data
     from minreal.compress import compress
     from minreal.export.json_safe import write_json

@@ -309,7 +309,8 @@ class InputsChangedError(RuntimeError):
 
 
 def _evaluate(job: Job, key: str) -> CandidateResult:
-    from minreal.app.method_options import MethodOptionError, build_config, flag_spelled, provider_defaults
+    from minreal.app.field_flags import flag_spelled
+    from minreal.app.method_options import MethodOptionError, build_config, provider_defaults
     from minreal.compress import CompressionError
     from minreal.compress.core.recover import held_out_metrics
     from minreal.compress.core.recover_options import RecoveryConfig

@@ -1,0 +1,54 @@
+"""The command line's spelling of the library's fields: the one table from a field or parameter that a library error
+names (:class:`minreal.facts.FieldError`) to the flag that sets it, and the rewrite that puts the flags in place of
+the fields in an error's message when the command line shows it (:func:`minreal.app.errors.invoke`).
+
+A field is spelled by its owner, as the message names it (`` `RecoveryConfig.epochs` ``, `` `check_report.plan` ``;
+a bare `` `mac_ratio` `` is a method's config field or a parameter whose flag is its own name): a field ``foo_bar``
+is ``--foo-bar``, with the owner's prefix where it has one (:data:`OWNER_PREFIX`), unless :data:`FLAG_NAMES` says
+otherwise. ``tests/app/test_field_flags.py`` checks that every field a library error names is spelled as a flag some
+command declares.
+"""
+
+from __future__ import annotations
+
+import re
+from types import MappingProxyType
+
+from minreal.compress.core.options import flag_of
+from minreal.facts import FieldError
+
+__all__ = ["OWNER_PREFIX", "FLAG_NAMES", "flag_for", "flag_spelled", "fields_spelled"]
+
+#: Owners whose fields the command line spells with a prefix (``RecoveryConfig.epochs`` is ``--recover-epochs``:
+#: :func:`minreal.app.options.recovery_config`).
+OWNER_PREFIX = MappingProxyType({"RecoveryConfig": "recover_"})
+#: ``(owner, field)`` -> its flag, where that is not the field's (prefixed) name.
+FLAG_NAMES = MappingProxyType({
+    ("RecoveryConfig", "freeze_batchnorm"): "--recover-freeze-bn",
+    # `minreal check --paired` builds the decision plan (minreal.app.commands.check)
+    ("check_report", "plan"): "--paired",
+    # a TensorRT profile is a table, which only the --provider-config file holds (not --provider-option)
+    ("BenchConfig", "provider_settings"): "--provider-config",
+    ("BenchConfig", "intra_op_threads"): "--threads",
+})
+
+
+def flag_for(owner: str, name: str) -> str:
+    """The flag of field ``name`` of ``owner`` (a config class or a function; ``""``: a bare mention)."""
+    return FLAG_NAMES.get((owner, name)) or flag_of(OWNER_PREFIX.get(owner, "") + name)
+
+
+def flag_spelled(exc: BaseException, text: str | None = None) -> str:
+    """``text`` (``str(exc)`` when None) with the command line's flag in place of each field that ``exc`` names (its
+    ``fields``, :class:`minreal.facts.FieldError`): :func:`fields_spelled`."""
+    return fields_spelled(str(exc) if text is None else text, exc.fields if isinstance(exc, FieldError) else ())
+
+
+def fields_spelled(text: str, fields: tuple[str, ...]) -> str:
+    """``text`` with the command line's flag in place of each backticked mention of one of ``fields``, bare or with
+    its owner (`` `mac_ratio` `` and `` `DepthConfig.mac_ratio` `` -> ``--mac-ratio``, `` `RecoveryConfig.epochs` ``
+    -> ``--recover-epochs``). Nothing else in the text changes."""
+    if not fields:
+        return text
+    mention = re.compile(r"`(?:(\w+)\.)?(" + "|".join(re.escape(f) for f in fields) + r")`")
+    return mention.sub(lambda m: flag_for(m[1] or "", m[2]), text)

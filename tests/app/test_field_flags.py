@@ -1,0 +1,214 @@
+"""Library errors name the Python API's fields; the command line shows its flags in their place
+(:mod:`minreal.app.field_flags`), and its table spells every field a library error names as a flag some command has."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from minreal.app.cli import cli
+from minreal.app.field_flags import fields_spelled, flag_for, flag_spelled
+from minreal.runtime_bench import SCHEMA_VERSION, check_report
+from minreal.runtime_bench.errors import BenchInputError, CheckError
+
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ("compress", "export", "runtime_bench")
+#: A flag in a message: two dashes and a letter, not inside a word (``cpu-vnni``) or a longer dash run.
+FLAG = re.compile(r"(?<![\w-])--[a-z]")
+#: Library messages that still name a flag in Python too, because a test of the library (not of the command line)
+#: asserts the flag's text and keeps its assertion (issue 43): "file stem:function" -> the test that pins it.
+#: Converting one means the maintainers change that assertion first.
+PINNED = {
+    "recover_options:__post_init__": "tests/compress/core/test_recover.py: RecoveryConfig(epochs=-1) matches "
+                                     "--recover-epochs (and steps, alpha, lr, temperature, val_fraction, patience)",
+    "recover:_matched_points": "tests/compress/core/test_recover.py: --recover-features 'nowhere'",
+    "recover:_resolved": "tests/compress/core/test_recover.py: --recover-alpha 1",
+    "options:__post_init__": "tests/hostile/test_messages.py: CBalancedConfig(state_budget=0) matches --state-budget",
+    "config:__post_init__": "tests/hostile/test_messages.py: --energy-eps (cbalanced), --trunc (ssm); "
+                            "tests/export/test_latency_table.py: --latency-table (factorize); "
+                            "tests/runtime_bench/test_bench.py: warmup (--warmup) and the other BenchConfig fields",
+    "lowrank_plan:layer_target": "tests/app/test_cli_options.py: --mac-ratio 0.001 cannot be reached (a library call)",
+    "lowrank_plan:_check_layer_target": "tests/compress/core/test_lowrank_plan.py: --layer-mac-ratio 0.01 cannot be "
+                                        "reached",
+    "lowrank_plan:_multiple_hint": "tests/compress/core/test_lowrank_plan.py: --rank-multiple 16",
+    "allocate:allocate_widths": "tests/compress/core/width/test_allocate.py: --importance-weighting",
+    "allocate:_floor_hint": "tests/compress/core/width/test_allocate.py: --width-min 16: --width-min 0 ...",
+    "allocate:check_width_table": "tests/export/test_width_latency_table.py: --width-min is 0, --width-multiple is 16",
+    "prune:widths_for_params": "tests/app/test_cli_options.py: --param-ratio 0.001 cannot be reached (a library call)",
+    "registry:_requested_budget": "tests/app/test_cli_options.py: does not support --latency-ratio (a library call)",
+    "method:cbalanced_compress": "tests/compress/methods/cbalanced/test_cbalanced.py: --recover-epochs",
+    "method:_merge": "tests/compress/methods/fde/test_method.py: --param-ratio 0.3 not met",
+    "method:_excluded": "tests/compress/methods/depth/test_depth.py: --exclude layer9.0: no residual block",
+    "method:_prefix": "tests/compress/methods/depth/test_depth.py: leaves --mac-ratio",
+    "graph_path:graph_prepare": "tests/compress/methods/fde/test_graph.py: --representative mean/lstsq and "
+                                "--compensation are for MLPs",
+    "graph_path:_meet_budget": "tests/compress/methods/fde/test_graph.py: --param-ratio 0.01 cannot be met",
+    "check:_int8_drop": "tests/runtime_bench/test_release_check.py: --max-int8-drop",
+    "check:_size": "tests/runtime_bench/test_release_check.py: --max-size",
+    "check:_size_ratio": "tests/runtime_bench/test_release_check.py: --max-size-ratio",
+    "check:_sized_models": "tests/runtime_bench/test_release_check.py: --max-size, --max-size-ratio",
+    "check:_on_provider": "tests/runtime_bench/test_check_placement.py: min_on_provider (--min-on-provider)",
+    "bench:_check_inputs": "tests/runtime_bench/test_bench_shapes.py: axis_values (--axis-values) names",
+    "provider_options:parse_provider_option": "tests/runtime_bench/test_provider_options.py: --provider-option in "
+                                              "each message (it parses that option's PROVIDER.KEY=VALUE text)",
+    "provider_options:merge_settings": "tests/runtime_bench/test_provider_options.py: --provider-option in each "
+                                       "message",
+    "settings:__post_init__": "tests/export/test_ort_format.py: --quant-mode dynamic cannot write the",
+}
+
+
+def _report(agreement: float | None) -> dict[str, Any]:
+    """A two-model bench report ('orig', 'small') on one cpu cell; ``agreement`` None: no top-1 agreement."""
+    cell = {"provider": "cpu", "batch_size": 1}
+    return {"schema_version": SCHEMA_VERSION, "environment": {"cpu_model": "test cpu"},
+            "models": [{"name": "orig"}, {"name": "small"}],
+            "latency": [{"model": m, **cell, "stats": {"p50_ms": v}} for m, v in (("orig", 2.0), ("small", 1.0))],
+            "ratios": [{"model": "small", **cell, "median": 0.5}],
+            "metrics": [{"model": "orig", "accuracy": None, "top1_agreement": 1.0},
+                        {"model": "small", "accuracy": None, "top1_agreement": agreement}]}
+
+
+def test_a_check_error_names_the_parameter_in_python() -> None:
+    with pytest.raises(CheckError, match=r"^`min_agreement` given but the report has no top-1 agreement") as info:
+        check_report(_report(None), min_agreement=0.9)
+    assert info.value.fields == ("min_agreement",) and not FLAG.search(str(info.value))
+    with pytest.raises(CheckError, match=r"^`baseline` and `max_regression` must be given together$") as info:
+        check_report(_report(0.9), max_regression=5.0)
+    assert info.value.fields == ("baseline", "max_regression")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--min-agreement", "0.9"], "--min-agreement given but the report has no top-1 agreement"),
+    (["--max-accuracy-drop", "1"], "--max-accuracy-drop given but the report has no accuracy"),
+    (["--max-regression", "5"], "--baseline and --max-regression must be given together"),
+])
+def test_a_check_error_names_the_flag_on_the_command_line(args: list[str], line: str, tmp_path: Path,
+                                                         run_cli: Callable) -> None:
+    (tmp_path / "r.json").write_text(json.dumps(_report(None)))
+    code, _, err = run_cli(["check", str(tmp_path / "r.json"), *args])
+    (shown,) = err.strip().splitlines()
+    assert code == 2 and shown.startswith(f"minreal: error: {line}") and "`" not in shown, err
+
+
+def test_a_tensorrt_profile_error_names_the_config_field_and_its_flag() -> None:
+    from minreal.runtime_bench.bench import _check_profiles
+    from minreal.runtime_bench.config import ModelEntry
+
+    with pytest.raises(BenchInputError, match=r"^TensorRT profile \(`BenchConfig\.provider_settings`\) names "
+                                              r"input 'nope'") as info:
+        _check_profiles({"nope": ("1x4", "8x4", "8x4")}, {"x": (None, 4)}, ModelEntry("a", Path("a.onnx")))
+    assert not FLAG.search(str(info.value))
+    assert flag_spelled(info.value).startswith("TensorRT profile (--provider-config) names input 'nope'")
+
+
+def test_the_table_spells_owners_prefixes_and_exceptions() -> None:
+    assert flag_for("", "mac_ratio") == "--mac-ratio"
+    assert flag_for("DepthConfig", "score_samples") == "--score-samples"
+    assert flag_for("RecoveryConfig", "epochs") == "--recover-epochs"
+    assert flag_for("RecoveryConfig", "freeze_batchnorm") == "--recover-freeze-bn"
+    assert flag_for("check_report", "plan") == "--paired"
+    assert fields_spelled("without the paired decision (`check_report.plan`)", ("plan",)) == \
+        "without the paired decision (--paired)"
+
+
+def _declared_flags() -> set[str]:
+    """Every long option of every command (and of the groups' subcommands)."""
+
+    def walk(cmd: click.Command) -> Iterator[str]:
+        for p in cmd.params:
+            yield from (o for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ())) if o.startswith("--"))
+        for sub in getattr(cmd, "commands", {}).values():
+            yield from walk(sub)
+
+    return set(walk(cli))
+
+
+def _strings(node: ast.AST) -> str:
+    """The literal text of an expression: its string constants (f-string parts too), in order."""
+    return "".join(c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str))
+
+
+def _library_trees() -> Iterator[tuple[Path, ast.AST]]:
+    for folder in LIBRARY:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            yield path, ast.parse(path.read_text(), str(path))
+
+
+def _named_fields() -> Iterator[tuple[str, str, str]]:
+    """``(where, owner, field)`` of every field a library error names with a literal: the backticked mentions of
+    the literal ``fields=`` of a call, and :func:`minreal.compress.core.errors.field_error`'s field of its class."""
+    for path, tree in _library_trees():
+        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+            for call in [n for n in ast.walk(cls) if isinstance(n, ast.Call)]:
+                name = getattr(call.func, "id", "")
+                if name == "field_error" and len(call.args) > 1 and isinstance(call.args[1], ast.Constant):
+                    yield f"{path.name}:{call.lineno}", cls.name, call.args[1].value
+        for call in [n for n in ast.walk(tree) if isinstance(n, ast.Call)]:
+            literal = [k.value for k in call.keywords if k.arg == "fields"]
+            if not literal or not isinstance(literal[0], (ast.Tuple, ast.List)):
+                continue
+            text = "".join(_strings(a) for a in call.args)  # the message, or its pieces (``_fail(where, message)``)
+            for elt in literal[0].elts:
+                if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
+                    mentions = re.findall(r"`(?:(\w+)\.)?" + re.escape(elt.value) + "`", text)
+                    assert mentions, f"{path.name}:{call.lineno}: field {elt.value!r} listed but not named in backticks"
+                    yield from ((f"{path.name}:{call.lineno}", owner, elt.value) for owner in mentions)
+
+
+def test_every_field_a_library_error_names_is_a_flag_of_some_command() -> None:
+    declared = _declared_flags()
+    named = list(_named_fields())
+    assert len(named) > 20  # the scan finds the library's field errors
+    missing = [(where, owner, field, flag_for(owner, field)) for where, owner, field in named
+               if flag_for(owner, field) not in declared]
+    assert not missing
+
+
+def _names_a_flag(node: ast.AST) -> bool:
+    """Whether an expression's literal text names a flag outside backticks (`` `minreal latency-table --kind width` ``
+    is a command to run, not a flag of this call), or it spells one (``flag_of(...)``, ``budget.flag(...)``, a
+    variable ``flag``)."""
+    spells = any((isinstance(c, ast.Call) and "flag" in (getattr(c.func, "id", ""), getattr(c.func, "attr", "")))
+                 or (isinstance(c, ast.Call) and getattr(c.func, "id", "") == "flag_of")
+                 or (isinstance(c, ast.Name) and c.id == "flag") for c in ast.walk(node))
+    return spells or bool(FLAG.search(re.sub(r"`[^`]*`", "", _strings(node))))
+
+
+#: Library helpers that build an error message from their arguments.
+MESSAGE_HELPERS = ("_require", "_fail", "_settings", "_sized_models")
+
+
+def _flagged_messages() -> Iterator[str]:
+    """"file stem:function" of each library ``raise`` (and each call of a message-building helper, each ``*_hint``
+    function's returned piece of a message) that names a flag; a ``raise`` of a message held in a variable is judged
+    by every string of its function."""
+    for path, tree in _library_trees():
+        for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args \
+                        and isinstance(node.exc.args[0], ast.Name):
+                    judged: ast.AST = ast.Module(body=fn.body[1:] if ast.get_docstring(fn) else fn.body,
+                                                 type_ignores=[])
+                elif isinstance(node, ast.Raise) and node.exc is not None:
+                    judged = node.exc
+                elif isinstance(node, ast.Return) and node.value is not None and fn.name.endswith("_hint"):
+                    judged = node.value
+                elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in MESSAGE_HELPERS:
+                    judged = node
+                else:
+                    continue
+                if _names_a_flag(judged):
+                    yield f"{path.stem}:{fn.name}"
+
+
+def test_library_errors_name_no_flag_but_the_pinned_ones() -> None:
+    flagged = set(_flagged_messages())
+    assert not flagged - set(PINNED), "a library error names a flag: name the field (minreal.facts.FieldError)"
+    assert not set(PINNED) - flagged, "a pinned message names no flag any more: drop it from PINNED"
