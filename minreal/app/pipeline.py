@@ -209,7 +209,7 @@ def _data_check(case: RunCase, cfg: PipelineConfig, progress: Progress) -> tuple
 
 
 def _axis_values(case: RunCase, cfg: PipelineConfig) -> dict[str, tuple[int, ...]]:
-    """Lengths each dynamic axis is timed at: the user's (``cfg.axis_values``), else the held-out data's length
+    """Lengths each dynamic axis is timed at: the user's (``cfg.bench.axis_values``), else the held-out data's length
     and half of it (so the report has latency per shape). Lengths longer than the data are refused by the
     benchmark (nothing is padded)."""
     from minreal.app.shapes import axis_lengths
@@ -220,7 +220,7 @@ def _axis_values(case: RunCase, cfg: PipelineConfig) -> dict[str, tuple[int, ...
     out = {}
     for dim, length in axis_lengths(case.test.x, case.axes()).items():
         if dim not in frozen:
-            out[dim] = tuple(cfg.axis_values.get(dim) or sorted({max(1, length // 2), length}))
+            out[dim] = tuple(cfg.bench.axis_values.get(dim) or sorted({max(1, length // 2), length}))
     return out
 
 
