@@ -39,10 +39,10 @@ from minreal.export.int8 import int8_skip_reason
 from minreal.export.int8.target import resolve_target
 from minreal.export.json_safe import to_jsonable, write_json
 from minreal.export.ort_format import merge_operator_configs, ort_variant
+from minreal.export.record import VariantRecord
 from minreal.export.serialize import save_program
 from minreal.export.variant import (
     FP16_LABEL_SUFFIX,
-    VariantRecord,
     export_variant,
     file_stem,
     fp16_skip_reason,
@@ -148,7 +148,7 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
         rec = _export(small, run.label, run.method, case, case_dir, cfg)
         # Methods measure on the data they were given (calibration); the run also measures on held-out data.
         report.measured.held_out = compare_outputs(case.model, small, case.test)
-        rec.compression = to_jsonable(report)
+        rec.compression = report
         records.append(rec)
         weights[run.label] = layer_weights(small, trained_ranges(rec))
         save_program(small, case.test.x[:2], case_dir / f"{file_stem(run.label)}.pt2", dynamic_axes=case.axes())

@@ -14,7 +14,7 @@ from minreal.app.run_report import CaseResult, RunReport, case_result, run_repor
 from minreal.compress.core.report import CompressionReport
 
 if TYPE_CHECKING:
-    from minreal.export.variant import VariantRecord
+    from minreal.export.record import VariantRecord
 
 __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "spectra_layers",
            "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS", "int8_rows",
