@@ -1,8 +1,9 @@
 """The versioned ``report.json`` of a run directory: :class:`RunReport` and its cases, written by
 :func:`minreal.app.pipeline.run_pipeline` through :meth:`RunReport.to_json` and read back by :meth:`RunReport.from_json`
-without torch, onnx or onnxruntime (the views of :mod:`minreal.app.report` take either). Each compressed variant's
-``compression`` is a typed :class:`~minreal.compress.core.report.CompressionReport`, read from its versioned JSON
-here."""
+without torch, onnx or onnxruntime. The views (:mod:`minreal.app.report`, :mod:`minreal.app.plots`,
+:mod:`minreal.app.digest`, :mod:`minreal.app.gate`) read a :class:`RunReport`; :func:`run_report` is their boundary,
+where a report's JSON becomes one. Each compressed variant's ``compression`` is a typed
+:class:`~minreal.compress.core.report.CompressionReport`, read from its versioned JSON here."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from minreal.compress.core.report import CompressionReport, ReportVersionError
 from minreal.export.record import VariantRecord
 
-__all__ = ["CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "variant_compression", "run_report", "case_result"]
+__all__ = ["CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "variant_compression", "run_report", "case_result",
+           "ReportLike", "CaseLike"]
 
 RUN_SCHEMA_VERSION = 1
 """Version of the run report's layout; a report written without ``schema_version`` reads as version 1."""
@@ -108,12 +110,19 @@ class RunReport:
         return cls.from_json(json.loads(Path(path).read_text()), str(path))
 
 
-def run_report(report: RunReport | Mapping[str, Any] | Any) -> RunReport:
-    """``report`` itself, or the :class:`RunReport` of its JSON: the boundary of the views that take either."""
+ReportLike: TypeAlias = "RunReport | Mapping[str, Any]"
+"""A run report, or its JSON (read through :meth:`RunReport.from_json`)."""
+CaseLike: TypeAlias = "CaseResult | Mapping[str, Any]"
+"""A case of a run report, or its JSON (read through :meth:`CaseResult.from_json`)."""
+
+
+def run_report(report: ReportLike) -> RunReport:
+    """``report`` itself, or the :class:`RunReport` of its JSON: the boundary of the views that take either (they
+    read only the typed report past it)."""
     return report if isinstance(report, RunReport) else RunReport.from_json(report)
 
 
-def case_result(case: CaseResult | Mapping[str, Any] | Any) -> CaseResult:
+def case_result(case: CaseLike) -> CaseResult:
     """``case`` itself, or the :class:`CaseResult` of its JSON."""
     return case if isinstance(case, CaseResult) else CaseResult.from_json(case)
 

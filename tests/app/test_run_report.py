@@ -12,6 +12,9 @@ from typing import Any
 import torch
 
 import minreal.runtime_bench as rb
+from minreal.app.digest import verdict_models, winner_lines
+from minreal.app.gate import check_reports
+from minreal.app.plots import report_points
 from minreal.app.report import recovery_rows, render_markdown, spectra_layers
 from minreal.app.run_report import CaseResult, RunReport, variant_compression
 from minreal.compress import compress
@@ -94,3 +97,21 @@ def test_a_run_report_read_from_json_is_typed_throughout_and_torch_free(tmp_path
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["CompressionReport", "100", "None", "[]"]
 
+
+def test_gate_plots_and_digest_give_the_same_results_for_a_report_and_its_json(tmp_path: Path) -> None:
+    report = _typed_report()
+    write_json(report, tmp_path / "report.json")
+    data = json.loads((tmp_path / "report.json").read_text())
+    loaded = RunReport.load(tmp_path / "report.json")
+    assert loaded.cases[1].variants[2].compression == report.cases[1].variants[2].compression
+    lines = winner_lines(report)
+    assert lines == winner_lines(data) == winner_lines(loaded) and len(lines) == 2
+    assert lines[0].startswith("mlp: svd won (accuracy -0.50 pp)") and lines[1].startswith("cnn: original.int8 won")
+    assert verdict_models(report) == verdict_models(data) == verdict_models(loaded)
+    points = report_points(report)
+    assert points == report_points(data) == report_points(loaded) and len(points) == 2 * 2 * 3
+    assert spectra_layers(report) == spectra_layers(data) == [("mlp", "svd: 0", {"energy": [4.0, 2.0, 1.0]}),
+                                                               ("cnn", "svd: 0", {"energy": [4.0, 2.0, 1.0]})]
+    in_memory = [(c.name, rb.check_report(c.bench, 2.0, 1.0)) for c in report.cases]
+    assert check_reports(tmp_path / "report.json", None, 2.0, 1.0, None, None) == in_memory
+    assert [r.passed for _, r in in_memory] == [True, False]  # cnn's svd is 5 points down
