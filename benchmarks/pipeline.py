@@ -19,6 +19,7 @@ from _common import write_json
 from minreal.app.demo import digits_cases
 from minreal.app.pipeline import run_pipeline
 from minreal.app.settings import PipelineConfig
+from minreal.runtime_bench import BenchConfig
 
 
 def main() -> None:
@@ -29,10 +30,10 @@ def main() -> None:
     t0 = time.perf_counter()
     cases = digits_cases(quick=True)
     train_s = time.perf_counter() - t0
-    cfg = PipelineConfig(batch_sizes=(1, 32), min_seconds=args.min_seconds, repeats=3)
+    cfg = PipelineConfig(bench=BenchConfig(batch_sizes=(1, 32), min_seconds=args.min_seconds, repeats=3))
     with tempfile.TemporaryDirectory() as tmp:
         report = run_pipeline(cases, Path(tmp) / "run", cfg, progress=lambda m: print(m, flush=True))
-    out = {"train_seconds": train_s, "config": {"min_seconds": cfg.min_seconds, "repeats": cfg.repeats},
+    out = {"train_seconds": train_s, "config": {"min_seconds": cfg.bench.min_seconds, "repeats": cfg.bench.repeats},
            "cases": {}}
     for case in report.cases:
         ratios = {f"{r['model']}@{r['provider']}/b{r['batch_size']}": {k: r[k] for k in ("median", "min", "max")}

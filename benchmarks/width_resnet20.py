@@ -41,6 +41,7 @@ from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.compress.datasets import digits32
 from minreal.compress.registry import register
 from minreal.export.latency_table import build_latency_table, build_width_latency_table
+from minreal.runtime_bench import BenchConfig
 
 MULTIPLE = 8  # the CPU provider's width multiple (minreal.compress.core.options.WIDTH_MULTIPLE_BY_PROVIDER)
 TP_NOTE = ("torch-pruning 1.6.1 DepGraph treats the option-A F.pad as elementwise and ties the 16/32/64 streams "
@@ -148,7 +149,7 @@ def main() -> None:
         case = RunCase("resnet20_cifar@digits32", model, calib, held_out, runs,
                         notes=[f"trained {record.epochs} epochs on the calibration split; held-out top-1 "
                                f"{record.heldout_top1:.4f}", TP_NOTE])
-        cfg = PipelineConfig(batch_sizes=(1, 32), min_seconds=args.min_seconds, repeats=args.repeats,
+        cfg = PipelineConfig(bench=BenchConfig(batch_sizes=(1, 32), min_seconds=args.min_seconds, repeats=args.repeats),
                              recovery=RecoveryConfig(epochs=args.recover_epochs))
         report = run_pipeline([case], Path(tmp) / "run", cfg, progress=lambda m: print(m, flush=True))
         doc = json.loads((Path(tmp) / "run" / "report.json").read_text())

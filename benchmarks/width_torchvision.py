@@ -38,6 +38,7 @@ from minreal.compress.core.data import Dataset
 from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.compress.registry import register
 from minreal.export.latency_table import build_width_latency_table
+from minreal.runtime_bench import BenchConfig
 
 MULTIPLE = 16  # the CPU provider's width multiple
 
@@ -106,7 +107,8 @@ def main() -> None:
                 runs.append(VariantSpec(f"torch_pruning-mac{rep.mac_ratio:.2f}", "torch_pruning",
                                     TorchPruningConfig(mac_ratio=rep.mac_ratio)))
             case = RunCase(f"{name}@224", model, data, held_out, runs, notes=["random weights: latency only"])
-            cfg = PipelineConfig(batch_sizes=(1, 8), min_seconds=args.min_seconds, repeats=args.repeats)
+            timing = BenchConfig(batch_sizes=(1, 8), min_seconds=args.min_seconds, repeats=args.repeats)
+            cfg = PipelineConfig(bench=timing)
             run_pipeline([case], Path(tmp) / "run", cfg, progress=lambda m: print(m, flush=True))
             doc = json.loads((Path(tmp) / "run" / "report.json").read_text())["cases"][0]
             width_table = json.loads(table.read_text())

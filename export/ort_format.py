@@ -36,8 +36,9 @@ from minreal.export.errors import OrtConversionError
 from minreal.export.int8 import resolve_target
 from minreal.export.json_safe import to_jsonable
 from minreal.export.quiet import Captured, captured_output
+from minreal.export.record import VariantRecord
 from minreal.export.settings import OrtConfig, VariantConfig
-from minreal.export.variant import PARITY_BATCH_SIZES, VariantRecord, parity_inputs, record_axes, relative_to
+from minreal.export.variant import PARITY_BATCH_SIZES, parity_inputs, record_axes, relative_to
 from minreal.export.verify import (
     Feeds,
     ParityResult,

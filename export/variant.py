@@ -12,7 +12,6 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from minreal.export.mobile import fix_verified, mobile_usability
 from minreal.export.onnx_export import Axes, to_onnx
 from minreal.export.onnx_files import data_files, move_onnx, onnx_size
 from minreal.export.readiness import tensorrt_readiness
+from minreal.export.record import VariantRecord
 from minreal.export.settings import VariantConfig
 from minreal.export.simplify import simplify
 from minreal.export.tensorrt_check import tensorrt_check
@@ -35,7 +35,7 @@ from minreal.export.verify import feeds_of, verify_parity
 from minreal.facts import PTQ_SUFFIX
 from minreal.runtime_bench.model_info import gzip_bytes, model_files
 
-__all__ = ["PARITY_BATCH_SIZES", "VariantRecord", "export_variant", "quantize_variant", "fp16_variant",
+__all__ = ["PARITY_BATCH_SIZES", "export_variant", "quantize_variant", "fp16_variant",
            "fp16_skip_reason", "FP16_LABEL_SUFFIX", "trained_ranges", "layer_weights", "parity_inputs", "record_axes",
            "relative_to", "file_stem"]
 
@@ -45,35 +45,6 @@ PARITY_BATCH_SIZES: tuple[int, ...] = (1, 16)
 
 FP16_LABEL_SUFFIX = ".fp16"
 """Appended to a variant's label for its FP16 copy (``original.fp16``); its file is ``NAME.fp16.onnx``."""
-
-
-@dataclass
-class VariantRecord:
-    """One model of a case (original, compressed, INT8, FP16) with its costs and export results.
-
-    ``fp16`` is the :class:`minreal.export.fp16.Fp16Result` of an FP16 copy, or ``{"skipped": reason}`` on an fp32
-    variant that got none; empty otherwise. ``ort`` describes the variant's ORT-format copy ``NAME.ort`` and its
-    parity (:func:`minreal.export.ort_format.ort_variant`); empty when none was written.
-    """
-
-    label: str
-    method: str
-    params: int
-    macs: int
-    onnx: str
-    onnx_bytes: int
-    export: dict[str, Any] = field(default_factory=dict)
-    simplify: dict[str, Any] = field(default_factory=dict)
-    parity: dict[str, Any] = field(default_factory=dict)
-    quantization: dict[str, Any] = field(default_factory=dict)
-    compression: dict[str, Any] = field(default_factory=dict)
-    tensorrt_readiness: dict[str, Any] = field(default_factory=dict)
-    fixed_shapes: dict[str, Any] | None = None
-    mobile: dict[str, Any] = field(default_factory=dict)
-    fp16: dict[str, Any] = field(default_factory=dict)
-    gzip_bytes: int = 0
-    """The file (with its external data) gzip-compressed (:func:`minreal.runtime_bench.model_info.gzip_bytes`)."""
-    ort: dict[str, Any] = field(default_factory=dict)
 
 
 def relative_to(obj: Any, root: Path) -> Any:
@@ -203,7 +174,7 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
 
 def trained_ranges(record: VariantRecord) -> dict[str, dict[str, Any]]:
     """The activation ranges quantisation-aware recovery trained for a variant (``{}`` when none)."""
-    recovery = (record.compression or {}).get("recovery") or {}
+    recovery = (record.compression.recovery if record.compression is not None else None) or {}
     return dict(recovery.get("activation_ranges") or {})
 
 

@@ -13,12 +13,14 @@ from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
 from minreal.compress.models import mlp, small_cnn
+from minreal.runtime_bench import BenchConfig
 
 __all__ = ["demo_cases", "demo_factories", "DEMO_PIPELINE", "digits_cases"]
 
 # A shorter timing protocol than the default keeps the demo under 3 minutes on 2 cores; it is recorded
 # in report.json (config) so nobody mistakes it for a release measurement.
-DEMO_PIPELINE = PipelineConfig(batch_sizes=(1, 32), min_runs=30, min_seconds=0.25, repeats=3, warmup=10)
+DEMO_PIPELINE = PipelineConfig(bench=BenchConfig(batch_sizes=(1, 32), min_runs=30, min_seconds=0.25, repeats=3,
+                                                warmup=10))
 
 
 def _trained(model: nn.Module, name: str, flat: bool, epochs: int) -> RunCase:
@@ -31,7 +33,7 @@ def _trained(model: nn.Module, name: str, flat: bool, epochs: int) -> RunCase:
 def _lowrank_runs(ratio: float) -> list[VariantSpec]:
     """SVD baseline and whitened factorisation at the same per-layer MAC budget, ranks rounded for the CPU
     provider."""
-    defaults = provider_defaults(DEMO_PIPELINE.providers)
+    defaults = provider_defaults(DEMO_PIPELINE.bench.providers)
     return [VariantSpec(f"{name}-{ratio:g}", name, build_config(name, {"layer_mac_ratio": ratio}, defaults))
             for name in ("svd", "factorize")]
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from minreal.app.report import VERDICT_MAX_DROP_PP, CaseVerdict, case_verdict, warning_kind
+from minreal.app.run_report import ReportLike, run_report
 
 __all__ = ["CaseProgress", "SCREEN_LINES", "WarningDigest", "verdict_models", "verdict_text", "winner_lines"]
 
@@ -83,18 +83,21 @@ def verdict_text(v: CaseVerdict) -> str:
             f"latency), costs {v.rival_cost}, past {budget}")
 
 
-def winner_lines(report: Any) -> list[str]:
-    """:func:`verdict_text` of every case of a run report (an object or its JSON) that has a timed original."""
-    cases = report["cases"] if isinstance(report, dict) else report.cases
-    return [verdict_text(v) for v in filter(None, map(case_verdict, cases))]
+def _verdicts(report: ReportLike) -> list[CaseVerdict]:
+    """The verdict of every case of a run report (its JSON read at the boundary, :func:`run_report`) that has a
+    timed original."""
+    return [v for v in map(case_verdict, run_report(report).cases) if v is not None]
 
 
-def verdict_models(report: Any) -> set[tuple[str, str]]:
+def winner_lines(report: ReportLike) -> list[str]:
+    """:func:`verdict_text` of every case of a run report that has a timed original."""
+    return [verdict_text(v) for v in _verdicts(report)]
+
+
+def verdict_models(report: ReportLike) -> set[tuple[str, str]]:
     """The (case, model) pairs the verdicts name: the original, its low-precision file, the winner and the fastest
     compressed rival."""
-    cases = report["cases"] if isinstance(report, dict) else report.cases
-    return {(v.case, m) for v in filter(None, map(case_verdict, cases))
-            for m in ("original", v.low, v.best, v.rival) if m is not None}
+    return {(v.case, m) for v in _verdicts(report) for m in ("original", v.low, v.best, v.rival) if m is not None}
 
 
 @dataclass

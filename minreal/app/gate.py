@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import minreal.runtime_bench as rb
+from minreal.app.run_report import RunReport
 
 __all__ = ["check_reports", "bench_reports", "tune_bench"]
 
@@ -27,17 +28,10 @@ def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
     if isinstance(data, dict) and data.get("kind") == "tune":
         bench = tune_bench(data, path)
         return {"tune": with_model_folder(bench, folder) if bench else data}
-    if isinstance(data, dict) and "cases" in data:
-        return {c["name"]: _in_folder(c["bench"], folder / str(c["name"])) for c in data["cases"]}
+    if isinstance(data, dict) and "cases" in data:  # a run report, read as one (RunReport.from_json)
+        cases = RunReport.from_json(data, str(path)).cases
+        return {c.name: with_model_folder(c.bench, folder / c.name) for c in cases}
     return {Path(path).stem: with_model_folder(rb.load_report(path), folder)}
-
-
-def _in_folder(bench: Any, folder: Path) -> Any:
-    """A run report case's bench report with its model paths relative to the case's folder resolved; a malformed
-    case (not a JSON object) is passed on as it is, for the gate to refuse."""
-    from minreal.runtime_bench.check_paired import with_model_folder
-
-    return with_model_folder(bench, folder) if isinstance(bench, dict) else bench
 
 
 CHOSEN = "chosen"

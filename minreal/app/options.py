@@ -22,7 +22,7 @@ from minreal.app.cli_options import (
     quant_mode_option,
     repeats_option,
 )
-from minreal.app.settings import PipelineConfig
+from minreal.app.settings import RUN_BENCH
 from minreal.export.settings import FORMATS, ORT_OPTIMIZATIONS, ORT_PLATFORMS, ORT_STYLES, QUANT_TARGETS, VariantConfig
 from minreal.facts import PROVIDERS
 
@@ -89,7 +89,7 @@ def split_names(value: str) -> tuple[str, ...]:
 def providers_option(help_text: str = f"Comma-separated: {', '.join(PROVIDERS)}.") -> Callable[[Callable], Callable]:
     """``--providers``, the same option in every command: comma-separated provider names, default the pipeline's
     (cpu); ``help_text`` says what the command does with them."""
-    return click.option("--providers", default=",".join(PipelineConfig.providers), show_default=True, metavar="NAMES",
+    return click.option("--providers", default=",".join(RUN_BENCH.providers), show_default=True, metavar="NAMES",
                         cls=GroupedOption, group=BENCHMARK, brief=True, help=help_text)
 
 
@@ -345,15 +345,15 @@ def pipeline_options(fn: Callable) -> Callable:
     for opt in reversed([
         out_option("the run directory.", "runs/latest", directory=True),
         overwrite_option,
-        batch_option("to time.", ",".join(map(str, PipelineConfig.batch_sizes))),
+        batch_option("to time.", ",".join(map(str, RUN_BENCH.batch_sizes))),
         providers_option(),
         no_int8_option("fp32 files only."),
         fp16_option("LABEL.fp16 of the original and every variant even without a cuda/tensorrt provider (made "
                     "anyway with one)."),
         quant_target_option,
         quant_mode_option(VariantConfig.quant_mode),
-        min_seconds_option(f"default {PipelineConfig.min_seconds:g}."),
-        repeats_option(f"default {PipelineConfig.repeats}."),
+        min_seconds_option(f"default {RUN_BENCH.min_seconds:g}."),
+        repeats_option(f"default {RUN_BENCH.repeats}."),
     ]):
         fn = opt(fn)
     return fn
@@ -364,12 +364,10 @@ def pipeline_config(base: Any, batch: str, providers: str, no_int8: bool, quant_
     """``base`` (a :class:`~minreal.app.settings.PipelineConfig`) with the values of :func:`pipeline_options`."""
     from dataclasses import replace
 
-    cfg = replace(base, batch_sizes=split_ints(batch, "--batch"), providers=split_names(providers),
-                  int8=not no_int8, variant=replace(base.variant, quant_target=quant_target, quant_mode=quant_mode),
-                  fp16=fp16)
-    if min_seconds is not None:
-        cfg = replace(cfg, min_seconds=min_seconds)
-    return replace(cfg, repeats=repeats) if repeats is not None else cfg
+    timing = {k: v for k, v in (("min_seconds", min_seconds), ("repeats", repeats)) if v is not None}
+    cfg = base.with_bench(batch_sizes=split_ints(batch, "--batch"), providers=split_names(providers), **timing)
+    return replace(cfg, int8=not no_int8, variant=replace(base.variant, quant_target=quant_target,
+                                                           quant_mode=quant_mode), fp16=fp16)
 
 
 def provider_options(fn: Callable) -> Callable:

@@ -39,10 +39,10 @@ from minreal.export.int8 import int8_skip_reason
 from minreal.export.int8.target import resolve_target
 from minreal.export.json_safe import to_jsonable, write_json
 from minreal.export.ort_format import merge_operator_configs, ort_variant
+from minreal.export.record import VariantRecord
 from minreal.export.serialize import save_program
 from minreal.export.variant import (
     FP16_LABEL_SUFFIX,
-    VariantRecord,
     export_variant,
     file_stem,
     fp16_skip_reason,
@@ -148,7 +148,7 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
         rec = _export(small, run.label, run.method, case, case_dir, cfg)
         # Methods measure on the data they were given (calibration); the run also measures on held-out data.
         report.measured.held_out = compare_outputs(case.model, small, case.test)
-        rec.compression = to_jsonable(report)
+        rec.compression = report
         records.append(rec)
         weights[run.label] = layer_weights(small, trained_ranges(rec))
         save_program(small, case.test.x[:2], case_dir / f"{file_stem(run.label)}.pt2", dynamic_axes=case.axes())
@@ -209,7 +209,7 @@ def _data_check(case: RunCase, cfg: PipelineConfig, progress: Progress) -> tuple
 
 
 def _axis_values(case: RunCase, cfg: PipelineConfig) -> dict[str, tuple[int, ...]]:
-    """Lengths each dynamic axis is timed at: the user's (``cfg.axis_values``), else the held-out data's length
+    """Lengths each dynamic axis is timed at: the user's (``cfg.bench.axis_values``), else the held-out data's length
     and half of it (so the report has latency per shape). Lengths longer than the data are refused by the
     benchmark (nothing is padded)."""
     from minreal.app.shapes import axis_lengths
@@ -220,7 +220,7 @@ def _axis_values(case: RunCase, cfg: PipelineConfig) -> dict[str, tuple[int, ...
     out = {}
     for dim, length in axis_lengths(case.test.x, case.axes()).items():
         if dim not in frozen:
-            out[dim] = tuple(cfg.axis_values.get(dim) or sorted({max(1, length // 2), length}))
+            out[dim] = tuple(cfg.bench.axis_values.get(dim) or sorted({max(1, length // 2), length}))
     return out
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from minreal.app.report import spectra_layers
+from minreal.app.run_report import ReportLike, run_report
 
 __all__ = ["PlotPoint", "PanelInfo", "PlotInfo", "ROLES", "QUALITY_NAMES", "better_direction", "dominates",
            "pareto_front", "axis_scale", "report_points", "plot_front", "plot_accuracy_latency",
@@ -133,18 +134,14 @@ def _quality_name(metrics: Iterable[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def _case_benches(report: Any) -> list[tuple[str, Mapping[str, Any]]]:
-    """(name, bench) of every case of a run report, a :class:`RunReport` or its JSON."""
-    cases = report["cases"] if isinstance(report, Mapping) else report.cases
-    return [(c["name"], c["bench"]) if isinstance(c, Mapping) else (c.name, c.bench) for c in cases]
-
-
-def report_points(report: Any) -> list[PlotPoint]:
-    """Every (case, model, provider, batch size) of a run report with its p50 latency and quality; models
-    without a value of the case's quality measure are left out. Roles: baselines by label, else candidate."""
+def report_points(report: ReportLike) -> list[PlotPoint]:
+    """Every (case, model, provider, batch size) of a run report (its JSON read at the boundary,
+    :func:`~minreal.app.run_report.run_report`) with its p50 latency and quality; models without a value of the
+    case's quality measure are left out. Roles: baselines by label, else candidate."""
     key_of = {"accuracy": "accuracy", "mse": "mse", "agreement": "top1_agreement"}
     points = []
-    for case, bench in _case_benches(report):
+    for case in run_report(report).cases:
+        bench = case.bench
         metrics = {m["model"]: m for m in bench.get("metrics", [])}
         name = _quality_name(metrics.values())
         if name is None:
@@ -152,7 +149,7 @@ def report_points(report: Any) -> list[PlotPoint]:
         for lat in bench.get("latency", []):
             value = metrics.get(lat["model"], {}).get(key_of[name])
             if value is not None and lat["stats"].get("p50_ms") is not None:
-                points.append(PlotPoint(case, lat["model"], lat["provider"], int(lat["batch_size"]),
+                points.append(PlotPoint(case.name, lat["model"], lat["provider"], int(lat["batch_size"]),
                                         float(lat["stats"]["p50_ms"]), float(value), name, _role(lat["model"])))
     return points
 
@@ -336,13 +333,13 @@ def plot_front(points: Sequence[PlotPoint], path: str | Path, title: str | None 
     return PlotInfo(Path(path), (round(width), round(height)), tuple(infos))
 
 
-def plot_accuracy_latency(report: Any, path: str | Path) -> PlotInfo:
+def plot_accuracy_latency(report: ReportLike, path: str | Path) -> PlotInfo:
     """The run's ``plot.png``: quality vs p50 latency of every model, one panel per (case, provider, batch
     size); see :func:`plot_front`."""
     return plot_front(report_points(report), path, "quality vs latency (p50) per case, provider and batch size")
 
 
-def plot_spectra(report: Any, path: Any) -> bool:
+def plot_spectra(report: ReportLike, path: str | Path) -> bool:
     """PNG of the per-layer spectra (e.g. C-balanced tests A, B, C), one panel per layer; False if none."""
     layers = spectra_layers(report)
     if not layers:

@@ -7,24 +7,20 @@ row and table helpers, and each section is a pair of functions (rows for the con
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from minreal.app.int8_text import dropped_suffix, format_suffix, node_names, roundtrip_suffix
-from minreal.app.run_report import CaseResult, RunReport, case_result, run_report, variant_compression
+from minreal.app.run_report import CaseLike, ReportLike, RunReport, case_result, run_report, variant_compression
 from minreal.compress.core.report import CompressionReport
 
 if TYPE_CHECKING:
-    from minreal.export.variant import VariantRecord
+    from minreal.export.record import VariantRecord
 
 __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "spectra_layers",
            "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS", "int8_rows",
            "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows", "tensorrt_lines",
            "verdict_lines", "grouped_warnings", "warning_kind", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
            "ort_line", "ORT_FP16_NOTE", "ort_fp16_note"]
-
-ReportLike: TypeAlias = "RunReport | Mapping[str, Any]"
-"""A run report, or its JSON (read through :meth:`~minreal.app.run_report.RunReport.from_json`)."""
-CaseLike: TypeAlias = "CaseResult | Mapping[str, Any]"
 
 #: The accuracy cost a verdict accepts: the fastest model within this many points of the original's held-out accuracy.
 VERDICT_MAX_DROP_PP = 1.0

@@ -1,7 +1,9 @@
 """The versioned ``report.json`` of a run directory: :class:`RunReport` and its cases, written by
 :func:`minreal.app.pipeline.run_pipeline` through :meth:`RunReport.to_json` and read back by :meth:`RunReport.from_json`
-(the views of :mod:`minreal.app.report` take either). Each compressed variant's ``compression`` is a
-:class:`~minreal.compress.core.report.CompressionReport`'s JSON (:func:`variant_compression` reads it)."""
+without torch, onnx or onnxruntime. The views (:mod:`minreal.app.report`, :mod:`minreal.app.plots`,
+:mod:`minreal.app.digest`, :mod:`minreal.app.gate`) read a :class:`RunReport`; :func:`run_report` is their boundary,
+where a report's JSON becomes one. Each compressed variant's ``compression`` is a typed
+:class:`~minreal.compress.core.report.CompressionReport`, read from its versioned JSON here."""
 
 from __future__ import annotations
 
@@ -10,14 +12,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias
 
 from minreal.compress.core.report import CompressionReport, ReportVersionError
+from minreal.export.record import VariantRecord
 
-if TYPE_CHECKING:
-    from minreal.export.variant import VariantRecord
-
-__all__ = ["CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "variant_compression", "run_report", "case_result"]
+__all__ = ["CaseResult", "RunReport", "RUN_SCHEMA_VERSION", "variant_compression", "run_report", "case_result",
+           "ReportLike", "CaseLike"]
 
 RUN_SCHEMA_VERSION = 1
 """Version of the run report's layout; a report written without ``schema_version`` reads as version 1."""
@@ -53,17 +54,27 @@ class CaseResult:
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | Any) -> CaseResult:
         """A case of a run report's JSON (or a record object with its attributes); fields the report predates take
-        their defaults, unknown keys are dropped."""
-        from minreal.export.variant import VariantRecord
-
+        their defaults, unknown keys are dropped, each variant's ``compression`` becomes a typed report."""
         data = _as_mapping(data)
-        names = {f.name for f in dataclasses.fields(VariantRecord)}
-        variants = [raw if isinstance(raw, VariantRecord) else
-                    VariantRecord(**{**_VARIANT_REQUIRED, **{k: v for k, v in _as_mapping(raw).items() if k in names}})
-                    for raw in data.get("variants") or ()]
+        variants = [_variant_record(raw) for raw in data.get("variants") or ()]
         return cls(str(data.get("name", "")), variants, dict(data.get("bench") or {}),
                    dict(data.get("stage_seconds") or {}), list(data.get("notes") or ()),
                    list(data.get("warnings") or ()), data.get("data_check"), data.get("ort_config"))
+
+
+def _variant_record(raw: VariantRecord | Mapping[str, Any] | Any) -> VariantRecord:
+    """A variant of a case's JSON (or a record object with its attributes) as a :class:`VariantRecord`, its
+    ``compression`` typed (``None`` when empty)."""
+    if isinstance(raw, VariantRecord):
+        return raw
+    names = {f.name for f in dataclasses.fields(VariantRecord)}
+    given = {k: v for k, v in _as_mapping(raw).items() if k in names}
+    comp = given.get("compression")
+    if not comp:
+        given["compression"] = None
+    elif not isinstance(comp, CompressionReport):
+        given["compression"] = CompressionReport.from_json(comp, f"variant {given.get('label', '')}")
+    return VariantRecord(**{**_VARIANT_REQUIRED, **given})
 
 
 @dataclass
@@ -99,19 +110,23 @@ class RunReport:
         return cls.from_json(json.loads(Path(path).read_text()), str(path))
 
 
-def run_report(report: RunReport | Mapping[str, Any] | Any) -> RunReport:
-    """``report`` itself, or the :class:`RunReport` of its JSON: the boundary of the views that take either."""
+ReportLike: TypeAlias = "RunReport | Mapping[str, Any]"
+"""A run report, or its JSON (read through :meth:`RunReport.from_json`)."""
+CaseLike: TypeAlias = "CaseResult | Mapping[str, Any]"
+"""A case of a run report, or its JSON (read through :meth:`CaseResult.from_json`)."""
+
+
+def run_report(report: ReportLike) -> RunReport:
+    """``report`` itself, or the :class:`RunReport` of its JSON: the boundary of the views that take either (they
+    read only the typed report past it)."""
     return report if isinstance(report, RunReport) else RunReport.from_json(report)
 
 
-def case_result(case: CaseResult | Mapping[str, Any] | Any) -> CaseResult:
+def case_result(case: CaseLike) -> CaseResult:
     """``case`` itself, or the :class:`CaseResult` of its JSON."""
     return case if isinstance(case, CaseResult) else CaseResult.from_json(case)
 
 
 def variant_compression(variant: VariantRecord) -> CompressionReport | None:
     """The compression report of a variant (``None`` for the original and its INT8/FP16 copies)."""
-    raw: Any = variant.compression
-    if not raw:
-        return None
-    return raw if isinstance(raw, CompressionReport) else CompressionReport.from_json(raw, f"variant {variant.label}")
+    return variant.compression

@@ -20,8 +20,9 @@ from minreal.export.fp16 import Fp16Config
 from minreal.export.int8 import int8_skip_reason
 from minreal.export.int8.target import resolve_target, target_text
 from minreal.export.ort_format import ort_variant
+from minreal.export.record import VariantRecord
 from minreal.export.settings import OrtConfig, VariantConfig
-from minreal.export.variant import PARITY_BATCH_SIZES, VariantRecord, export_variant, fp16_variant, quantize_variant
+from minreal.export.variant import PARITY_BATCH_SIZES, export_variant, fp16_variant, quantize_variant
 from minreal.export.verify import feeds_of, output_agreement
 
 __all__ = ["ExportOptions", "export_single"]

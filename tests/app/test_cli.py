@@ -268,7 +268,7 @@ def test_int8_quality_warnings_name_the_likely_cause() -> None:
     cause its quantisation record points to: saturation on this CPU first, then non-finite scales, round trips."""
     from minreal.app.pipeline import int8_quality_warnings
     from minreal.app.run_report import CaseResult
-    from minreal.export.variant import VariantRecord
+    from minreal.export.record import VariantRecord
 
     def rec(label: str, **quantization: object) -> VariantRecord:
         return VariantRecord(label, "m", 1, 1, f"{label}.onnx", 1, quantization=quantization)

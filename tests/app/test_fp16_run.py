@@ -13,6 +13,7 @@ from minreal.app.pipeline import slowdown_warnings
 from minreal.app.report import FP16_HEADERS, fp16_rows
 from minreal.app.run_report import CaseResult
 from minreal.app.settings import PipelineConfig
+from minreal.runtime_bench import BenchConfig
 
 QUICK = ["--min-seconds", "0.02", "--repeats", "1", "--batch", "2", "-q"]
 
@@ -70,8 +71,8 @@ def test_run_fp16_on_cpu_benchmarks_and_reports_fp16_rows(workdir: Path, run_cli
 
 def test_gpu_provider_asks_for_fp16_rows(workdir: Path, run_cli: Callable) -> None:
     assert not PipelineConfig().wants_fp16() and PipelineConfig(fp16=True).wants_fp16()
-    assert PipelineConfig(providers=("cpu", "cuda")).wants_fp16()
-    assert PipelineConfig(providers=("tensorrt",)).wants_fp16()
+    assert PipelineConfig(bench=BenchConfig(providers=("cpu", "cuda"))).wants_fp16()
+    assert PipelineConfig(bench=BenchConfig(providers=("tensorrt",))).wants_fp16()
     code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--layer-mac-ratio", "0.5",
                             "--data", "digits-flat", "--out", "runs/g", "--no-int8", "--providers", "cpu,cuda",
                             "--skip-unavailable-providers", *QUICK])

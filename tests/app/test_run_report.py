@@ -4,17 +4,25 @@ are the same text, and each compressed variant's record is a typed compression r
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
+import minreal.runtime_bench as rb
+from minreal.app.digest import verdict_models, winner_lines
+from minreal.app.gate import check_reports
+from minreal.app.plots import report_points
 from minreal.app.report import recovery_rows, render_markdown, spectra_layers
 from minreal.app.run_report import CaseResult, RunReport, variant_compression
 from minreal.compress import compress
 from minreal.compress.core.data import Dataset
+from minreal.compress.core.report import CompressionReport
 from minreal.compress.methods.svd import SVDConfig
-from minreal.export.json_safe import to_jsonable, write_json
-from minreal.export.variant import VariantRecord
+from minreal.export.json_safe import write_json
+from minreal.export.record import VariantRecord
 
 
 def _run_report(tiny_mlp: torch.nn.Module, mlp_data: Dataset) -> RunReport:
@@ -26,7 +34,7 @@ def _run_report(tiny_mlp: torch.nn.Module, mlp_data: Dataset) -> RunReport:
     bench = {"metrics": [{"model": "original", "accuracy": 0.9}, {"model": "svd", "accuracy": 0.895}],
              "latency": lat, "ratios": []}
     variants = [VariantRecord("original", "none", 100, 200, "original.onnx", 4096),
-                VariantRecord("svd", "svd", 60, 100, "svd.onnx", 2048, compression=to_jsonable(comp))]
+                VariantRecord("svd", "svd", 60, 100, "svd.onnx", 2048, compression=comp)]
     case = CaseResult("mlp", variants, bench, {"benchmark": 1.0}, ["a note"], ["odd: one warning"])
     return RunReport(1, "now", {"providers": ["cpu"]}, [case])
 
@@ -44,3 +52,66 @@ def test_a_report_and_its_json_read_back_render_the_same(tiny_mlp: torch.nn.Modu
     comp = variant_compression(loaded.cases[0].variants[1])
     assert comp is not None and comp.predicted.budget["kind"] == "mac_ratio" and comp.measured.held_out is not None
     assert variant_compression(loaded.cases[0].variants[0]) is None
+
+
+def _bench(p50: dict[str, tuple[float, float]], accuracy: dict[str, float]) -> dict[str, Any]:
+    """A case's benchmark on cpu: each model's p50 latency at batch 1 and 32 (three processes alike) and held-out
+    accuracy; the first model is the reference of the ratios."""
+    ref = next(iter(p50))
+    cells = [(m, b, ms, ms / p50[ref][i]) for m, pair in p50.items() for i, (b, ms) in enumerate(zip((1, 32), pair))]
+    return {"schema_version": rb.SCHEMA_VERSION, "environment": {"cpu_model": "test cpu"},
+            "config": {"providers": ["cpu"], "batch_sizes": [1, 32]},
+            "models": [{"name": m, "path": f"{m}.onnx"} for m in p50],
+            "latency": [{"model": m, "provider": "cpu", "batch_size": b, "process_p50_ms": [ms] * 3,
+                         "stats": {"p50_ms": ms, "p90_ms": ms, "p99_ms": ms, "throughput_sps": b / ms * 1e3}}
+                        for m, b, ms, _ in cells],
+            "ratios": [{"model": m, "reference": ref, "provider": "cpu", "batch_size": b, "statistic": "p50_ms",
+                        "median": r, "min": r, "max": r, "per_process": [r] * 3} for m, b, _, r in cells if m != ref],
+            "metrics": [{"model": m, "accuracy": a} for m, a in accuracy.items()], "unavailable": []}
+
+
+def _typed_report() -> RunReport:
+    """A two-case run report in memory, as the pipeline returns it: a typed compression report on each compressed
+    variant."""
+    def case(name: str, svd_ms: tuple[float, float], svd_accuracy: float) -> CaseResult:
+        comp = CompressionReport("svd", {"mac_ratio": 0.5}, params_before=100, params_after=60, macs_before=200,
+                                 macs_after=100, spectra={"0": {"energy": [4.0, 2.0, 1.0]}})
+        variants = [VariantRecord("original", "none", 100, 200, "original.onnx", 4096),
+                    VariantRecord("original.int8", "none+int8", 100, 200, "original.int8.onnx", 1024),
+                    VariantRecord("svd", "svd", 60, 100, "svd.onnx", 2048, compression=comp)]
+        bench = _bench({"original": (4.0, 80.0), "original.int8": (2.0, 40.0), "svd": svd_ms},
+                       {"original": 0.90, "original.int8": 0.90, "svd": svd_accuracy})
+        return CaseResult(name, variants, bench, {"benchmark": 1.0}, [], [f"odd: a warning of {name}"])
+
+    return RunReport(1, "now", {"providers": ["cpu"]}, [case("mlp", (1.0, 40.0), 0.895), case("cnn", (1.0, 20.0),
+                                                                                                  0.85)])
+
+
+def test_a_run_report_read_from_json_is_typed_throughout_and_torch_free(tmp_path: Path) -> None:
+    write_json(_typed_report(), tmp_path / "report.json")
+    code = ("import sys; from minreal.app.run_report import RunReport; "
+            f"r = RunReport.load({str(tmp_path / 'report.json')!r}); "
+            "c = r.cases[0].variants[2].compression; "
+            "print(type(c).__name__, c.macs_after, r.cases[0].variants[0].compression, "
+            "[m for m in ('torch', 'onnx', 'onnxruntime') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["CompressionReport", "100", "None", "[]"]
+
+
+def test_gate_plots_and_digest_give_the_same_results_for_a_report_and_its_json(tmp_path: Path) -> None:
+    report = _typed_report()
+    write_json(report, tmp_path / "report.json")
+    data = json.loads((tmp_path / "report.json").read_text())
+    loaded = RunReport.load(tmp_path / "report.json")
+    assert loaded.cases[1].variants[2].compression == report.cases[1].variants[2].compression
+    lines = winner_lines(report)
+    assert lines == winner_lines(data) == winner_lines(loaded) and len(lines) == 2
+    assert lines[0].startswith("mlp: svd won (accuracy -0.50 pp)") and lines[1].startswith("cnn: original.int8 won")
+    assert verdict_models(report) == verdict_models(data) == verdict_models(loaded)
+    points = report_points(report)
+    assert points == report_points(data) == report_points(loaded) and len(points) == 2 * 2 * 3
+    assert spectra_layers(report) == spectra_layers(data) == [("mlp", "svd: 0", {"energy": [4.0, 2.0, 1.0]}),
+                                                               ("cnn", "svd: 0", {"energy": [4.0, 2.0, 1.0]})]
+    in_memory = [(c.name, rb.check_report(c.bench, 2.0, 1.0)) for c in report.cases]
+    assert check_reports(tmp_path / "report.json", None, 2.0, 1.0, None, None) == in_memory
+    assert [r.passed for _, r in in_memory] == [True, False]  # cnn's svd is 5 points down

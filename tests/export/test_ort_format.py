@@ -27,8 +27,9 @@ from minreal.export.ort_format import (
     parse_operator_config,
     read_operator_config,
 )
+from minreal.export.record import VariantRecord
 from minreal.export.settings import OrtConfig, VariantConfig
-from minreal.export.variant import VariantRecord, quantize_variant
+from minreal.export.variant import quantize_variant
 from minreal.export.verify import verify_parity
 from minreal.runtime_bench.cpu import cpu_int8_target, cpu_isa
 from minreal.runtime_bench.errors import ModelFileError

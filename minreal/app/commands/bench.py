@@ -31,7 +31,7 @@ from minreal.app.options import (
     split_ints,
     split_names,
 )
-from minreal.app.settings import PipelineConfig
+from minreal.app.settings import RUN_BENCH
 from minreal.runtime_bench.config import BenchConfig
 
 __all__ = ["bench_cmd"]
@@ -45,7 +45,7 @@ def _bench_option(*decls: str, **kwargs: Any) -> Any:
 @click.command("bench", cls=GroupedCommand)
 @click.argument("models", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @providers_option()
-@batch_option("to time.", ",".join(map(str, PipelineConfig.batch_sizes)))
+@batch_option("to time.", ",".join(map(str, RUN_BENCH.batch_sizes)))
 @data_option("Evaluation data (labels give accuracy); random inputs without it.")
 @_bench_option("--warmup", type=int, default=BenchConfig.warmup, show_default=True,
                help="Discarded warm-up runs per model.")

@@ -108,12 +108,12 @@ def run_cmd(model: str, method: tuple[str, ...], plan: str | None, data: str, ev
 
     refuse_torchrun("run")
     cfg = _with_fixed_shapes(cfg, fixed_shapes)
-    cfg = dataclasses.replace(cfg, provider_settings=provider_settings(provider_option, provider_config,
-                                                                       cfg.providers), io_binding=io_binding)
-    require_providers(cfg.providers, skip_unavailable_providers)  # fail fast, before any loading
+    cfg = cfg.with_bench(provider_settings=provider_settings(provider_option, provider_config, cfg.bench.providers),
+                         io_binding=io_binding)
+    require_providers(cfg.bench.providers, skip_unavailable_providers)  # fail fast, before any loading
     _, axes = shape_options((), dynamic_axes)
-    cfg = dataclasses.replace(cfg, axis_values=axis_values_option(axis_values), ort=ort)
-    defaults = provider_defaults(cfg.providers)
+    cfg = dataclasses.replace(cfg.with_bench(axis_values=axis_values_option(axis_values)), ort=ort)
+    defaults = provider_defaults(cfg.bench.providers)
     configs = build_configs(method, opts, defaults)  # each option reaches the methods that declare it
     runs = [VariantSpec(m, m, config) for m, config in zip(method, configs)]
     runs += load_plan(plan, defaults) if plan else []
@@ -136,10 +136,10 @@ def _with_fixed_shapes(cfg: Any, spec: Any) -> Any:
     from dataclasses import replace
 
     fixed = spec.batch() if spec is not None else None
-    if fixed is not None and set(cfg.batch_sizes) != {fixed}:
+    if fixed is not None and set(cfg.bench.batch_sizes) != {fixed}:
         if click.get_current_context().get_parameter_source("batch") is not click.core.ParameterSource.DEFAULT:
-            raise click.UsageError(f"--batch {','.join(map(str, cfg.batch_sizes))} conflicts with --fixed-shapes "
+            raise click.UsageError(f"--batch {','.join(map(str, cfg.bench.batch_sizes))} conflicts with --fixed-shapes "
                                    f"(batch {fixed}): a fixed-batch model runs only at batch {fixed}; pass --batch "
                                    f"{fixed} or leave --batch out")
-        cfg = replace(cfg, batch_sizes=(fixed,))
+        cfg = cfg.with_bench(batch_sizes=(fixed,))
     return cfg if spec is None else replace(cfg, variant=replace(cfg.variant, fixed_shapes=spec))

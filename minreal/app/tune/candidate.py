@@ -529,7 +529,6 @@ def _export(small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, jo
 
 def _export_into(folder: Path, small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, job: Job
                  ) -> dict[str, str]:
-    from minreal.export.json_safe import to_jsonable
     from minreal.export.serialize import save_program
     from minreal.export.settings import VariantConfig
     from minreal.export.variant import export_variant, layer_weights, quantize_variant
@@ -539,7 +538,7 @@ def _export_into(folder: Path, small: nn.Module, report: Any, calib: Dataset, he
                             dynamic_axes=job.axes() or None)
     files = {"fp32": str(folder / FILES["fp32"])}
     if job.int8:
-        record.compression = to_jsonable(report)
+        record.compression = report
         ranges = (report.recovery or {}).get("activation_ranges") or {}
         q = quantize_variant(record, folder, calib.x, cfg, layer_weights(small, ranges) if ranges else None)
         os.replace(folder / q.onnx, folder / FILES["int8"])

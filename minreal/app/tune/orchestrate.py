@@ -32,8 +32,9 @@ from minreal.compress.core.data import Dataset
 from minreal.compress.core.recover import held_out_metrics
 from minreal.export.int8 import QuantResult, resolve_target
 from minreal.export.json_safe import to_jsonable
+from minreal.export.record import VariantRecord
 from minreal.export.settings import VariantConfig
-from minreal.export.variant import VariantRecord, export_variant, quantize_variant, relative_to
+from minreal.export.variant import export_variant, quantize_variant, relative_to
 from minreal.export.verify import feeds_of
 from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET
 
