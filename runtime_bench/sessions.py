@@ -43,9 +43,10 @@ def session_options(threads: int | None, optimized_model_path: Path | None = Non
     """
     ort = onnxruntime_module()
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 0 if shared_pool else threads or 0  # a size here is ignored, with a warning
+    # on the shared pool its own sizes hold: sizes here would be ignored, with a warning on stderr
+    options.intra_op_num_threads = 0 if shared_pool else threads or 0
+    options.inter_op_num_threads = 0 if shared_pool else 1
     options.use_per_session_threads = not shared_pool
-    options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
@@ -143,9 +144,10 @@ def share_thread_pool(threads: int | None) -> None:
     Sessions on pools of their own run on threads of their own, which the scheduler places apart: beside a process
     that keeps one core busy, two identical models timed interleaved in one process came out 1.4-1.8x apart, one way
     or the other by chance per process (``benchmarks/gate_power.json`` before issue 45's fix: the paired gate then
-    could decide almost nothing on a loaded machine). On one shared pool both models run on the same threads,
-    wherever they are. onnxruntime's shared pool may spin while idle (its Python API sets sizes only); with one pool
-    for every session, no idle pool spins beside a timed one.
+    could decide almost nothing on a loaded machine); pinning the two sessions' pool threads to different cores
+    beside a busy one gave the same 0.65 and 1.6-1.9, pinning both to one core ratios within 0.87-1.14. On one
+    shared pool both models run on the same threads, wherever they are. onnxruntime's shared pool may spin while
+    idle (its Python API sets sizes only); with one pool for every session, no idle pool spins beside a timed one.
 
     Raises
     ------

@@ -64,7 +64,8 @@ def test_missing_model_names_the_file(tmp_path: Path) -> None:
 def test_shared_pool_options_leave_the_size_to_the_pool() -> None:
     options = session_options(threads=3, shared_pool=True)
     assert options.use_per_session_threads is False
-    assert options.intra_op_num_threads == 0  # the shared pool's size holds; a size here would be ignored
+    # the shared pool's sizes hold; sizes here would be ignored, with a warning
+    assert options.intra_op_num_threads == 0 and options.inter_op_num_threads == 0
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts the process's threads in /proc")
