@@ -5,8 +5,8 @@ reference first in even pairs and the candidate first in odd ones (ABAB..., BABA
 shared intra-op thread pool (:func:`minreal.runtime_bench.sessions.share_thread_pool`: with a pool per session, a
 loaded machine slows whichever model's threads the scheduler left beside the load); its ratio is the candidate's p50
 over the reference's in that process. The pairs are independent (each a fresh process), as the sign test's bounds
-assume. :func:`minreal.runtime_bench.decision.sequential_decision` adds pairs
-until the verdict is decided, the cap or the time budget.
+assume. :func:`minreal.runtime_bench.decision.sequential_decision` adds pairs until the verdict is decided, the cap
+or the time budget.
 """
 
 from __future__ import annotations
