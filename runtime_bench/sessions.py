@@ -148,6 +148,9 @@ def share_thread_pool(threads: int | None) -> None:
     beside a busy one gave the same 0.65 and 1.6-1.9, pinning both to one core ratios within 0.87-1.14. On one
     shared pool both models run on the same threads, wherever they are. onnxruntime's shared pool may spin while
     idle (its Python API sets sizes only); with one pool for every session, no idle pool spins beside a timed one.
+    Its latencies are not a bench's: on a busy 2-core machine an MLP at batch 32 on 2 threads had a lower p50 there
+    (0.37-0.59 ms against 0.63-0.70 ms on pools of its own) and a heavier tail (mean 1.5-2.2 ms against 0.6-1.0 ms);
+    the paired gate uses only the ratio of the two models' p50s in one process.
 
     Raises
     ------
