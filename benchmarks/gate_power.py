@@ -5,7 +5,8 @@ The models are MLPs (512 inputs, one ReLU hidden layer, 10 outputs) timed at bat
 calibrated so that their measured latency is +5, +10, +15 and +20 % (the width is fitted to ratios measured in paired
 processes; the JSON records each candidate's width and its ratio as measured in the recorded pairs, its true ratio).
 Each (machine state, protocol, candidate) records ``--pairs`` real per-pair ratios, each from one fresh process timing
-both models interleaved (:func:`minreal.runtime_bench.paired.pair_ratios`), with each process's wall time; the machine
+both models interleaved on one shared thread pool (:func:`minreal.runtime_bench.paired.pair_ratios`), with each
+process's wall time and the ratios split by which model each process timed first (:func:`by_order`); the machine
 is quiet, or loaded by a busy-loop process this script spawns (one core kept busy, as beside another job on a shared
 runner).
 
@@ -73,8 +74,9 @@ BLOCK = 5  # moving-block bootstrap: consecutive recorded pairs drawn together (
 GOAL = {"false_alarm_max": 0.01, "detect_ratio": 1.15, "detect_min": 0.95, "gate_seconds_max": 60.0}
 METHOD = (
     "Rates by resampling real per-pair ratios. Each cell records real fresh processes (one per pair, both models "
-    "timed interleaved, in order): {pairs} pairs for the identical and +15 % candidates, {other} for the others. Each "
-    "trial runs the gate's own sequential decision on ratios drawn by a moving-block bootstrap (Kuensch 1989): blocks "
+    "timed interleaved on one shared thread pool, in order): {pairs} pairs for the identical and +15 % candidates, "
+    "{other} for the others. Each trial runs the gate's own sequential decision on ratios drawn by a moving-block "
+    "bootstrap (Kuensch 1989): blocks "
     "of {block} consecutive recorded pairs, order kept within a block, so the drift of load between neighbouring pairs "
     "(what the loaded machine produces) is kept within a block; its clock is advanced by the drawn processes' wall "
     "times. Limits: a trial can only see ratios that were recorded, so a rate below about 1/(pairs recorded) (here "
@@ -142,6 +144,18 @@ def record(reference: Path, candidate: Path, plan: DecisionPlan, pairs: int) -> 
             ratios.append(next_ratio(i))
             walls.append(time.perf_counter() - t0)
     return ratios, walls
+
+
+def by_order(ratios: list[float], off: float = 1.2) -> dict[str, float]:
+    """The recorded ratios by which model their process timed first (pair ``i``: the reference for even ``i``): each
+    order's median ratio, and the share of all pairs more than ``off`` times off their median either way. A position
+    effect parts the two medians; an effect by process (one model's threads beside the load, by chance) leaves them
+    together and puts many pairs far off."""
+    logs = np.log(np.asarray(ratios, dtype=float))
+    far = np.abs(logs - np.median(logs)) > math.log(off)
+    return {"reference_first_median": float(np.exp(np.median(logs[0::2]))),
+            "candidate_first_median": float(np.exp(np.median(logs[1::2]))) if len(logs) > 1 else math.nan,
+            f"share_off_{round(100 * (off - 1))}pct": float(np.mean(far))}
 
 
 def calibrate(work: Path, targets: tuple[float, ...], pairs: int, quick: bool) -> dict[float, dict[str, Any]]:
@@ -341,7 +355,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         rows.append({"machine": state, "protocol": protocol, "target_ratio": target,
                                      "hidden_width": candidates[target]["width"],
                                      "true_ratio": float(np.median(ratios)), "pair_ratios": ratios,
-                                     "pair_wall_s": walls,
+                                     "pair_wall_s": walls, "by_order": by_order(ratios),
                                      "resampled": resample(ratios, walls, plan, args.trials,
                                                            seed=args.seed + len(results), block=args.block)})
                         results.append(rows[-1])

@@ -1,9 +1,12 @@
 """Paired, interleaved fresh processes of a reference and a candidate model, decided at a stated error rate.
 
 Pair ``i`` is one fresh worker process that times both models interleaved (:func:`time_interleaved`), the
-reference first in even pairs and the candidate first in odd ones (ABAB..., BABA...); its ratio is the candidate's
-p50 over the reference's in that process. :func:`minreal.runtime_bench.decision.sequential_decision` adds pairs
-until the verdict is decided, the cap or the time budget.
+reference first in even pairs and the candidate first in odd ones (ABAB..., BABA...), both on the process's one
+shared intra-op thread pool (:func:`minreal.runtime_bench.sessions.share_thread_pool`: with a pool per session, a
+loaded machine slows whichever model's threads the scheduler left beside the load); its ratio is the candidate's p50
+over the reference's in that process. The pairs are independent (each a fresh process), as the sign test's bounds
+assume. :func:`minreal.runtime_bench.decision.sequential_decision` adds pairs until the verdict is decided, the cap
+or the time budget.
 """
 
 from __future__ import annotations
@@ -89,8 +92,9 @@ def _first_look_note(pair_s: float, plan: DecisionPlan, what: str) -> str:
 @contextmanager
 def pair_ratios(reference: ModelEntry, candidate: ModelEntry, config: BenchConfig, pair_seconds: float,
                 timeout: Callable[[], float] | None = None) -> Iterator[Callable[[int], float]]:
-    """A function that measures pair ``i`` in a fresh process (reference first for even ``i``, candidate first for odd)
-    and returns its ratio, on the first provider, batch size and shape of ``config``; valid inside the ``with``.
+    """A function that measures pair ``i`` in a fresh process (reference first for even ``i``, candidate first for odd;
+    both on the process's shared thread pool) and returns its ratio, on the first provider, batch size and shape of
+    ``config``; valid inside the ``with``.
     ``timeout()`` gives each worker's time limit when it starts (else ``config.worker_timeout_s``)."""
     provider, batch, shape = config.providers[0], config.batch_sizes[0], config.shapes()[0]
     pair = (ModelEntry("reference", reference.path), ModelEntry("candidate", candidate.path))
@@ -104,7 +108,8 @@ def pair_ratios(reference: ModelEntry, candidate: ModelEntry, config: BenchConfi
                             paths=[str(m.path) for m in order], provider=provider_name(provider), batch_size=batch,
                             threads=config.threads(), warmup=config.warmup, min_runs=config.min_runs,
                             min_seconds=pair_seconds, seed=config.seed, axis_values=shape,
-                            provider_options=[options[m.name] for m in order], specs=[specs[m.name] for m in order])
+                            provider_options=[options[m.name] for m in order], specs=[specs[m.name] for m in order],
+                            shared_pool=True)
             limit = timeout() if timeout is not None else config.worker_timeout_s
             return _ratio(_spawn(job, Path(tmp) / f"pair-{i}", limit), provider)
 

@@ -12,7 +12,7 @@ from .cpu import ARM_GRAPH_CONFIG
 from .errors import ModelFileError, SessionError
 from .runtime import onnxruntime_module, tensorrt_library_problem
 
-__all__ = ["SPINNING_ENTRIES", "session_options", "create_session", "target_graph_config"]
+__all__ = ["SPINNING_ENTRIES", "session_options", "create_session", "share_thread_pool", "target_graph_config"]
 
 #: Session config entries that stop idle thread pools from spinning. With one pool per session,
 #: spinning threads of idle sessions steal cores from the timed one when models are interleaved.
@@ -23,24 +23,30 @@ SPINNING_ENTRIES: tuple[tuple[str, str], ...] = (
 
 
 def session_options(threads: int | None, optimized_model_path: Path | None = None,
-                    config: Mapping[str, str] | None = None, profile_prefix: Path | None = None) -> Any:
+                    config: Mapping[str, str] | None = None, profile_prefix: Path | None = None,
+                    shared_pool: bool = False) -> Any:
     """Session options: explicit intra-op threads, one inter-op thread, sequential, no spinning.
 
     Parameters
     ----------
     threads : int | None
-        Intra-op thread count; None leaves onnxruntime's default (the physical cores).
+        Intra-op thread count; None leaves onnxruntime's default (the physical cores). Unused with ``shared_pool``.
     optimized_model_path : Path | None
         If given, onnxruntime writes the optimised graph there.
     config : Mapping[str, str] | None
         More session config entries (e.g. ``session.qdqisint8allowed``), added after the defaults.
     profile_prefix : Path | None
         If given, profiling is on and its file starts with this path (``session.end_profiling()``).
+    shared_pool : bool
+        Run on the process's one shared thread pool (:func:`share_thread_pool`, whose size holds) instead of the
+        session's own.
     """
     ort = onnxruntime_module()
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or 0
-    options.inter_op_num_threads = 1
+    # on the shared pool its own sizes hold: sizes here would be ignored, with a warning on stderr
+    options.intra_op_num_threads = 0 if shared_pool else threads or 0
+    options.inter_op_num_threads = 0 if shared_pool else 1
+    options.use_per_session_threads = not shared_pool
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
@@ -64,6 +70,7 @@ def create_session(
     provider_options: Mapping[str, str] | None = None,
     config: Mapping[str, str] | None = None,
     profile_prefix: Path | None = None,
+    shared_pool: bool = False,
 ) -> Any:
     """Create an inference session on ``provider`` (full onnxruntime name): the project's one session factory.
 
@@ -91,6 +98,8 @@ def create_session(
         an ``arm64`` file runs ARM's graph); ``{}``: none, this machine's own graph whatever the file says.
     profile_prefix : Path | None
         If given, a profiled session (:func:`session_options`).
+    shared_pool : bool
+        Run on the process's shared thread pool (:func:`share_thread_pool` first), not the session's own.
 
     Raises
     ------
@@ -111,7 +120,7 @@ def create_session(
         tensorrt_library_problem()  # loads TensorRT's libraries where its wheels keep them; a fallback is reported
 
     def make(entries: Mapping[str, str] | None) -> Any:
-        options = session_options(threads, optimized_model_path, entries, profile_prefix)
+        options = session_options(threads, optimized_model_path, entries, profile_prefix, shared_pool)
         try:
             return onnxruntime_module().InferenceSession(source, sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own pybind exception types
@@ -128,6 +137,34 @@ def create_session(
             del session
             session = make(entries)
     return session
+
+
+def share_thread_pool(threads: int | None) -> None:
+    """Give this process one intra-op thread pool of ``threads`` threads (None: onnxruntime's default, the physical
+    cores) for its sessions opened with ``shared_pool``; once per process, before the first of them.
+
+    Sessions on pools of their own run on threads of their own, which the scheduler places apart: beside a process
+    that keeps one core busy, two identical models timed interleaved in one process came out 1.4-1.8x apart, one way
+    or the other by chance per process (``benchmarks/gate_power.json`` before issue 45's fix: the paired gate then
+    could decide almost nothing on a loaded machine); pinning the two sessions' pool threads to different cores
+    beside a busy one gave the same 0.65 and 1.6-1.9, pinning both to one core ratios within 0.87-1.14. On one
+    shared pool both models run on the same threads, wherever they are. onnxruntime's shared pool may spin while
+    idle (its Python API sets sizes only); with one pool for every session, no idle pool spins beside a timed one.
+    Its latencies are not a bench's: on a busy 2-core machine an MLP at batch 32 on 2 threads had a lower p50 there
+    (0.37-0.59 ms against 0.63-0.70 ms on pools of its own) and a heavier tail (mean 1.5-2.2 ms against 0.6-1.0 ms);
+    the paired gate uses only the ratio of the two models' p50s in one process.
+
+    Raises
+    ------
+    SessionError
+        This process already has its shared pool (onnxruntime makes it once per process): run each job that needs
+        one in a fresh process.
+    """
+    try:
+        onnxruntime_module().set_global_thread_pool_sizes(threads or 0, 1)
+    except Exception as exc:  # onnxruntime raises its own pybind exception types
+        raise SessionError(f"this process cannot make a shared thread pool ({error_line(exc)}): run the job in a "
+                           "fresh worker process") from None
 
 
 def target_graph_config(target: str | None) -> Mapping[str, str] | None:

@@ -25,7 +25,7 @@ from .inputs import Data, InputSpec, input_specs, timing_inputs
 from .placement import measure_placements
 from .providers import provider_mismatch
 from .runtime import onnxruntime_module
-from .sessions import create_session
+from .sessions import create_session, share_thread_pool
 from .timing import time_interleaved
 
 __all__ = ["WorkerJob", "WorkerResult", "run_job", "main", "save_data", "load_data", "job_from_dict"]
@@ -45,7 +45,10 @@ class WorkerJob:
     each model also runs once, after the timing, in a separate profiled session
     (:func:`minreal.runtime_bench.placement.measure_placement`). ``specs`` holds each model's inputs
     (:func:`minreal.runtime_bench.inputs.input_specs`) as the parent read them, so the worker need not import onnx
-    to read them again; empty, the worker reads them from the files.
+    to read them again; empty, the worker reads them from the files. With ``shared_pool``, all models run on one
+    intra-op thread pool of ``threads`` threads (:func:`minreal.runtime_bench.sessions.share_thread_pool`; once per
+    process, so only in a fresh worker process): the paired gate's jobs, whose ratio must not depend on where the
+    scheduler put each session's own threads.
     """
 
     names: list[str]
@@ -63,6 +66,7 @@ class WorkerJob:
     io_binding: bool = False
     placement: bool = False
     specs: list[list[InputSpec]] = field(default_factory=list)
+    shared_pool: bool = False
 
 
 def job_from_dict(fields: Mapping[str, Any]) -> WorkerJob:
@@ -94,12 +98,16 @@ class WorkerResult:
 
 
 def _open(job: WorkerJob) -> tuple[list[Any], dict[str, float]]:
-    """One session per model with its provider options; seconds each took to create."""
+    """One session per model with its provider options (on the process's shared thread pool with ``shared_pool``);
+    seconds each took to create."""
     sessions, seconds = [], {}
     options = job.provider_options or [{} for _ in job.paths]
+    if job.shared_pool:
+        share_thread_pool(job.threads)
     for name, path, opts in zip(job.names, job.paths, options):
         t0 = time.perf_counter()
-        sessions.append(create_session(Path(path), job.provider, job.threads, provider_options=opts))
+        sessions.append(create_session(Path(path), job.provider, job.threads, provider_options=opts,
+                                       shared_pool=job.shared_pool))
         seconds[name] = time.perf_counter() - t0
     return sessions, seconds
 

@@ -1,6 +1,7 @@
 """benchmarks/gate_power.py's statistics, checked against facts: the moving-block bootstrap keeps consecutive pairs
 together, the exact binomial interval matches its textbook values, exit statuses map to verdicts (anything else
-aborts), and a red build on the identical model (fail or undecided) counts as a false alarm."""
+aborts), a red build on the identical model (fail or undecided) counts as a false alarm, and the recorded ratios
+split by order tell a position effect from an effect by process."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gate_power import (
     GOAL,
     HarnessError,
     block_indices,
+    by_order,
     clopper_pearson,
     e2e_summary,
     goal_met,
@@ -110,3 +112,14 @@ def test_a_check_that_gives_no_verdict_aborts_the_run_and_writes_nothing(tmp_pat
     with pytest.raises(SystemExit) as info:
         gate_power.main(["--out", str(tmp_path / "g.json")], runner=runner)
     assert info.value.code == 2 and not (tmp_path / "g.json").exists()
+
+
+def test_by_order_tells_a_position_effect_from_an_effect_by_process() -> None:
+    position = by_order([1.1, 0.9] * 10)  # the model timed first is 10 % slower in every process
+    assert position["reference_first_median"] == pytest.approx(1.1)
+    assert position["candidate_first_median"] == pytest.approx(0.9)
+    assert position["share_off_20pct"] == 0.0
+    by_process = by_order([1.7, 0.6, 0.6, 1.7, 1.0, 1.0])  # one model 1.7x slower in a process, either one by chance
+    assert by_process["reference_first_median"] == pytest.approx(1.0)
+    assert by_process["candidate_first_median"] == pytest.approx(1.0)
+    assert by_process["share_off_20pct"] == pytest.approx(4 / 6)

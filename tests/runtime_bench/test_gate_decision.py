@@ -70,6 +70,17 @@ def test_median_bounds_are_the_exact_sign_test_order_statistics(n: int, level: f
     assert upper == values[n - k]
 
 
+@pytest.mark.parametrize("n", [9, 12, 21, 35, 60, 80])
+@pytest.mark.parametrize("level", [0.0025, 0.01, 0.05])
+def test_median_bounds_cover_the_median_at_the_binomial_level(n: int, level: float) -> None:
+    """For any continuous distribution, the lower bound (the k-th smallest of n) exceeds the median with probability
+    P(Bin(n, 1/2) <= k - 1): at most ``level``, and the largest such k (scipy's binomial as the reference)."""
+    from scipy.stats import binom
+
+    k = int(median_bounds(np.arange(n, dtype=float), level)[0]) + 1
+    assert binom.cdf(k - 1, n, 0.5) <= level < binom.cdf(k, n, 0.5)
+
+
 def test_too_few_values_have_no_bounds() -> None:
     # 2**-8 = 0.0039 > 0.0025: eight pairs cannot bound a median at that level
     assert median_bounds(np.ones(8), 0.0025) == (-math.inf, math.inf)
@@ -107,6 +118,40 @@ def test_a_large_regression_is_caught() -> None:
     rates = _trials(1.15, DecisionPlan(alpha=0.01), _normal)
     assert rates[FAIL] >= 0.95 - _margin(0.95)
     assert rates[PASS] <= 0.01 + _margin(0.01)
+
+
+def _alternating(true_ratio: float, bias: float, seed: int = 0) -> dict[str, float]:
+    """Share of each verdict over TRIALS decisions on pairs whose process times the model it runs first ``bias`` (log)
+    slower, the order alternating with the pair as the gate alternates it (pair ``i``: the reference first for even
+    ``i``), at the quiet pair spread."""
+    rng = np.random.default_rng(seed)
+
+    def ratio(i: int) -> float:
+        first = 1.0 if i % 2 == 0 else -1.0  # reference first: the reference slower, the ratio lower
+        return true_ratio * math.exp(-first * bias + _normal(rng))
+
+    plan = DecisionPlan(alpha=0.01)
+    verdicts = [sequential_decision(ratio, ALLOWED, plan, clock=lambda: FIXED_CLOCK).verdict for _ in range(TRIALS)]
+    return {v: verdicts.count(v) / TRIALS for v in (PASS, FAIL, UNDECIDED)}
+
+
+def test_a_position_bias_cancels_in_the_median_of_alternating_pairs() -> None:
+    """A model timed first 5 % slower in every process: the alternating order puts half the pairs on each side of the
+    true ratio, so the identical model still passes and a +15 % regression still fails."""
+    same, slower = _alternating(1.0, 0.05), _alternating(1.15, 0.05)
+    assert same[FAIL] <= 0.01 + _margin(0.01) and same[PASS] >= 0.95
+    assert slower[PASS] <= 0.01 + _margin(0.01) and slower[FAIL] >= 0.95
+
+
+def test_pairs_off_by_chance_per_process_are_undecided_never_failed() -> None:
+    """The loaded machine's pairs with a thread pool per model: one model 1.7x slower in each process, which one by
+    chance. The identical model is then never failed nor passed, only undecided: why the gate shares one pool."""
+    rng = np.random.default_rng(0)
+    plan = DecisionPlan(alpha=0.01)
+    verdicts = [sequential_decision(lambda _: 1.7 ** rng.choice((-1.0, 1.0)) * math.exp(_normal(rng)), ALLOWED, plan,
+                                    clock=lambda: FIXED_CLOCK).verdict for _ in range(TRIALS // 4)]
+    assert verdicts.count(FAIL) == 0 and verdicts.count(PASS) / len(verdicts) <= 0.01 + _margin(0.01, TRIALS // 4)
+    assert verdicts.count(UNDECIDED) / len(verdicts) >= 0.95
 
 
 def test_identical_samples_are_not_failed_even_at_a_ratio_of_one() -> None:

@@ -162,6 +162,27 @@ def test_each_worker_gets_the_budget_left_and_a_slow_first_pair_is_announced(
     assert all("b vs a (cpu batch 1)" in line for line in lines if line.startswith("paired process"))
 
 
+def test_both_models_of_a_pair_run_on_one_shared_pool_in_alternating_order(
+        tmp_path: Path, make_linear: Callable, weights: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    from minreal.runtime_bench import paired
+    from minreal.runtime_bench.config import BenchConfig, ModelEntry
+
+    jobs = []
+
+    def spawn(job, stem, timeout_s) -> WorkerResult:
+        jobs.append(job)
+        return WorkerResult(0, "ok", ["CPUExecutionProvider"], {"reference": [2.0], "candidate": [3.0]})
+
+    monkeypatch.setattr(paired, "_spawn", spawn)
+    a, b = (make_linear(tmp_path / f"{n}.onnx", *weights) for n in "ab")
+    config = BenchConfig(providers=("cpu",), intra_op_threads=2)
+    with paired.pair_ratios(ModelEntry("a", a), ModelEntry("b", b), config, 0.01) as next_ratio:
+        assert [next_ratio(i) for i in range(3)] == [1.5] * 3
+    ab, ba = ["reference", "candidate"], ["candidate", "reference"]
+    assert [job.names for job in jobs] == [ab, ba, ab]
+    assert all(job.shared_pool and job.threads == 2 for job in jobs)
+
+
 # --- 3. nothing to check is refused --------------------------------------------------------------------------------
 
 def test_paired_refuses_a_report_with_no_cell(tmp_path: Path, make_linear: Callable, weights: tuple,

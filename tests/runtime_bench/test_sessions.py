@@ -1,13 +1,38 @@
-"""Session options guard: explicit threads, no spinning (idle sessions must not steal cores)."""
+"""Session options guard: explicit threads, no spinning (idle sessions must not steal cores), and the shared pool
+the paired gate's models run on."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from minreal.runtime_bench.errors import ModelFileError
 from minreal.runtime_bench.sessions import SPINNING_ENTRIES, create_session, session_options
+
+#: Run in a fresh process (the shared pool is made once per process): how many threads two sessions of
+#: ``sys.argv[1]`` at 2 intra-op threads start, on their own pools (``own``) or on the shared one (``shared``);
+#: then, with ``shared``, what a second shared pool raises.
+_THREADS = """
+import os, sys
+from pathlib import Path
+import onnxruntime  # the threads its import starts are not the sessions'
+from minreal.runtime_bench.errors import SessionError
+from minreal.runtime_bench.sessions import create_session, share_thread_pool
+shared = sys.argv[2] == "shared"
+if shared:
+    share_thread_pool(2)
+before = len(os.listdir("/proc/self/task"))
+sessions = [create_session(Path(sys.argv[1]), threads=2, shared_pool=shared) for _ in range(2)]
+print(len(os.listdir("/proc/self/task")) - before)
+if shared:
+    try:
+        share_thread_pool(2)
+    except SessionError as exc:
+        print("refused", "fresh worker process" in str(exc))
+"""
 
 
 def test_spinning_disabled_in_options() -> None:
@@ -34,3 +59,21 @@ def test_missing_model_names_the_file(tmp_path: Path) -> None:
     assert str(missing) in str(info.value)
     assert "\n" not in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def test_shared_pool_options_leave_the_size_to_the_pool() -> None:
+    options = session_options(threads=3, shared_pool=True)
+    assert options.use_per_session_threads is False
+    # the shared pool's sizes hold; sizes here would be ignored, with a warning
+    assert options.intra_op_num_threads == 0 and options.inter_op_num_threads == 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts the process's threads in /proc")
+@pytest.mark.parametrize(("mode", "lines"), [("own", ["2"]), ("shared", ["0", "refused True"])])
+def test_sessions_on_the_shared_pool_start_no_threads_of_their_own(reference_model: Path, mode: str,
+                                                                   lines: list[str]) -> None:
+    # a pool of 2 intra-op threads is its caller and one thread more: one per session on their own pools, none on
+    # the shared pool (made before), which a process makes once
+    done = subprocess.run([sys.executable, "-c", _THREADS, str(reference_model), mode], capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.split("\n")[:-1] == lines

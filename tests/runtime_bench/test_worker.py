@@ -83,6 +83,19 @@ def test_worker_given_input_specs_times_without_importing_onnx(tmp_path: Path, r
     assert len(json.loads(result_path.read_text())["latencies_ms"]["reference"]) == 4
 
 
+def test_a_shared_pool_job_times_every_model_in_a_fresh_process(tmp_path: Path, reference_model: Path,
+                                                                perturbed_model: Path) -> None:
+    job = _job([reference_model, perturbed_model], threads=2, min_runs=6, shared_pool=True)
+    assert job_from_dict(json.loads(json.dumps(asdict(job)))) == job
+    job_path, result_path = tmp_path / "job.json", tmp_path / "result.json"
+    job_path.write_text(json.dumps(asdict(job)))
+    subprocess.run([sys.executable, "-m", "minreal.runtime_bench.worker", str(job_path), str(result_path)], check=True,
+                   env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    result = json.loads(result_path.read_text())
+    assert result["status"] == "ok"
+    assert {name: len(v) for name, v in result["latencies_ms"].items()} == {"reference": 6, "perturbed": 6}
+
+
 class _SlowFirstRun:
     """A session whose creation and first call are slow, like a TensorRT session building its engine."""
 
@@ -104,7 +117,7 @@ def test_engine_build_is_timed_apart_from_the_latency(reference_model: Path, mon
 
     real, seen = worker.create_session, []
 
-    def fake(path, provider, threads, provider_options=None):
+    def fake(path, provider, threads, provider_options=None, shared_pool=False):
         seen.append(provider_options)
         time.sleep(0.3)
         return _SlowFirstRun(real(path, provider, threads), build_s=0.25)

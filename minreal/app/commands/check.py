@@ -47,12 +47,13 @@ def _check_option(*decls: str, **kwargs: Any) -> Any:
 @_check_option("--paired", is_flag=True,
                help="Decide the latency criteria (--max-latency-ratio, --max-regression) at a stated error rate: re-"
                     "measure each candidate against its reference (the report's first model; the --baseline's file of "
-                    "the model) in paired, interleaved fresh processes until a sign test decides, the cap or the "
-                    "time budget; undecided exits 3 with what would decide it.")
+                    "the model) in paired, interleaved fresh processes (a pair: one process timing both models on "
+                    "one shared thread pool, which model first alternating) until a sign test decides, the cap or "
+                    "the time budget; undecided exits 3 with what would decide it.")
 @_check_option("--alpha", type=click.FloatRange(0, 0.5, min_open=True, max_open=True), default=0.01,
                show_default=True, help="With --paired: bound on the false-alarm rate (and on passing a regression).")
 @_check_option("--max-pairs", type=click.IntRange(min=1), default=60, show_default=True,
-               help="With --paired: most paired processes per model and cell.")
+               help="With --paired: most pairs (one process each) per model and cell.")
 @_check_option("--gate-seconds", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
                help="With --paired: time budget per model and cell, seconds.")
 @_check_option("--pair-seconds", type=click.FloatRange(min=0, min_open=True), default=0.25, show_default=True,
