@@ -125,7 +125,7 @@ def input_specs(path: Path) -> list[InputSpec]:
     graph = load_model_proto(path).graph
     initializers = {init.name for init in graph.initializer}
     bounds = index_bounds(graph)
-    return [_spec(value, bounds.get(value.name)) for value in graph.input if value.name not in initializers]
+    return [_spec(value, bounds.get(value.name), path) for value in graph.input if value.name not in initializers]
 
 
 def _ort_input_specs(path: Path) -> list[InputSpec]:
@@ -183,11 +183,15 @@ def _axis_length(gather: onnx.NodeProto, dims: tuple[int, ...]) -> int | None:
     return dims[axis] if 0 <= axis < len(dims) else None
 
 
-def _spec(value: onnx.ValueInfoProto, high: int | None = None) -> InputSpec:
+def _spec(value: onnx.ValueInfoProto, high: int | None = None, path: Path | None = None) -> InputSpec:
     import onnx
 
     tensor = value.type.tensor_type
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+    except (KeyError, TypeError, ValueError):  # 0 (UNDEFINED), or a number no ONNX type has: a damaged file
+        raise BenchInputError(f"ONNX model {path}: input {value.name!r} has element type {tensor.elem_type}, which "
+                              "is no ONNX tensor type the benchmark can feed (is the file damaged?)") from None
     shape = tuple(_dim(d) for d in tensor.shape.dim)
     return InputSpec(name=value.name, dtype=dtype, shape=shape, high=high)
 

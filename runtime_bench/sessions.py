@@ -122,10 +122,16 @@ def create_session(
     def make(entries: Mapping[str, str] | None) -> Any:
         options = session_options(threads, optimized_model_path, entries, profile_prefix, shared_pool)
         try:
-            return onnxruntime_module().InferenceSession(source, sess_options=options, providers=providers)
+            made = onnxruntime_module().InferenceSession(source, sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own pybind exception types
             raise SessionError(f"onnxruntime cannot create a session for {where} on {provider}: "
                                f"{error_line(exc)}") from None
+        try:  # names are decoded on first use, by every run: a damaged file would fail there, naming nothing
+            [arg.name for arg in (*made.get_inputs(), *made.get_outputs())]
+        except UnicodeDecodeError as exc:
+            raise SessionError(f"onnxruntime cannot use {where}: an input or output name is not UTF-8 text "
+                               f"({exc.reason}); is the file damaged?") from None
+        return made
 
     # With config None on the CPU provider, the session is re-made with the entries of the graph its file's INT8
     # target runs: the optimiser runs at load, so only a new session runs that graph. Only such files (arm64) pay for

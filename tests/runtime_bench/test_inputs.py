@@ -60,3 +60,19 @@ def test_missing_and_corrupt_files(tmp_path: Path) -> None:
     bad.write_bytes(b"not a model at all")
     with pytest.raises(ModelFileError, match="cannot read ONNX model .*bad.onnx"):
         input_specs(bad)
+
+
+@pytest.mark.parametrize("elem_type", [0, 99])
+def test_an_input_of_no_onnx_type_is_refused_naming_the_file(tmp_path: Path, elem_type: int) -> None:
+    """Element type 0 (UNDEFINED) or a number no ONNX type has, as a flipped bit leaves it (benchmarks/fuzz.py): one
+    line naming the file and the input, not onnx's bare ``KeyError: 0``."""
+    from onnx import TensorProto, helper, save
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])
+    x.type.tensor_type.elem_type = elem_type
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
+    path = tmp_path / "flipped.onnx"
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(BenchInputError, match=rf"flipped\.onnx: input 'x' has element type {elem_type}"):
+        input_specs(path)

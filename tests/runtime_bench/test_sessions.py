@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from minreal.runtime_bench.errors import ModelFileError
+from minreal.runtime_bench.errors import ModelFileError, SessionError
 from minreal.runtime_bench.sessions import SPINNING_ENTRIES, create_session, session_options
 
 #: Run in a fresh process (the shared pool is made once per process): how many threads two sessions of
@@ -77,3 +77,19 @@ def test_sessions_on_the_shared_pool_start_no_threads_of_their_own(reference_mod
     done = subprocess.run([sys.executable, "-c", _THREADS, str(reference_model), mode], capture_output=True,
                           text=True, check=True)
     assert done.stdout.split("\n")[:-1] == lines
+
+
+def test_a_name_that_is_not_utf8_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """A damaged file whose output name is not UTF-8 opens in onnxruntime but fails on every run, in Python's
+    decoder, naming nothing (found by benchmarks/fuzz.py on an .ort file): it is refused when the session is made."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["yq"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("yq", TensorProto.FLOAT, [1, 2])])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    assert data.count(b"yq") == 2
+    path = tmp_path / "damaged.onnx"
+    path.write_bytes(data.replace(b"yq", b"\xf9q"))  # the same length: the protobuf stays well formed
+    with pytest.raises(SessionError, match=r"damaged\.onnx.*not UTF-8"):
+        create_session(path)
