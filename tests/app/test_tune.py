@@ -737,3 +737,39 @@ def test_a_chain_s_depth_step_takes_what_it_can_when_its_share_is_out_of_reach()
     assert 0.5 < least < 1.0 and _least_mac_ratio(object()) is None
     _, report = realise(prep, DepthConfig(mac_ratio=least * (1 + 1e-9)))
     assert report.mac_ratio == pytest.approx(least) and report.predicted["removed"] == ["layer1.0"]
+
+
+def test_halving_extends_a_method_whose_smallest_budget_meets_early() -> None:
+    """The pool comes from zero-shot losses, which undersell structures that recover well (depth): when a method's
+    smallest raced budget meets the constraint before the full cap, its next grid budget below enters the next
+    rung; a method whose smaller budget missed, or one that meets only at the full cap, does not extend."""
+    from minreal.app.tune.halving import Halving, RungEntry
+
+    grid = (0.9, 0.8, 0.7, 0.6, 0.5)
+    h = Halving((1 / 9, 1 / 3, 1.0), 3, [("depth", 0.9), ("depth", 0.8), ("svd", 0.9), ("svd", 0.8)], grid=grid)
+
+    def entry(method: str, budget: float, fraction: float, loss: float, meets: bool) -> RungEntry:
+        return RungEntry(method, budget, fraction, 100, loss, meets, 1.0)
+
+    # rung 1: depth@0.9 meets but depth@0.8 (smaller) is still racing: no extension yet; svd@0.8 meets, and svd@0.9
+    # is dominated by it, so svd's smallest raced budget met early: svd@0.7 enters rung 2
+    first = [entry("depth", 0.9, 1 / 9, 0.5, True), entry("depth", 0.8, 1 / 9, 3.0, False),
+             entry("svd", 0.9, 1 / 9, 0.2, True), entry("svd", 0.8, 1 / 9, 0.8, True)]
+    assert h.promote(first) == [("depth", 0.8), ("svd", 0.7)]
+    assert h.extended == [("svd", 0.7, 1)]
+    # rung 2: depth@0.8 meets (its method's smallest): depth@0.7 enters the last rung; svd@0.7 misses and goes on
+    second = [entry("depth", 0.8, 1 / 3, 0.9, True), entry("svd", 0.7, 1 / 3, 2.0, False)]
+    assert h.promote(second) == [("svd", 0.7), ("depth", 0.7)]
+    assert h.extended == [("svd", 0.7, 1), ("depth", 0.7, 2)]
+    # the last rung: whatever meets is done and nothing extends (there is no next rung)
+    last = [entry("svd", 0.7, 1.0, 1.5, False), entry("depth", 0.7, 1.0, 0.95, True)]
+    assert h.promote(last) == [] and [e.outcome for e in last] == ["missed", "met"]
+    # depth@0.9 met at rung 1, before any smaller depth budget had: it stays a candidate (only the timing decides)
+    assert [(e.method, e.budget) for e in h.met()] == [("depth", 0.9), ("svd", 0.8), ("depth", 0.8), ("depth", 0.7)]
+    assert h.record()["extended"] == [["svd", 0.7, 1], ["depth", 0.7, 2]]
+    # no grid (the default): the race never extends
+    plain = Halving((1 / 3, 1.0), 3, [("svd", 0.8)])
+    assert plain.promote([entry("svd", 0.8, 1 / 3, 0.1, True)]) == [] and plain.extended == []
+    # the grid's smallest budget has nothing below it
+    edge = Halving((1 / 3, 1.0), 3, [("svd", 0.5)], grid=grid)
+    assert edge.promote([entry("svd", 0.5, 1 / 3, 0.1, True)]) == []

@@ -124,13 +124,14 @@ def estimate_plan(cfg: TuneConfig, methods: Sequence[str], calib: int, held_out:
         pool = len(halving_pool(cfg.grid, {m: None for m in methods}, cfg.halving_per_method))
         train = calib * (1 - VAL_FRACTION)
         alive, parts, last = pool, [], pool
-        for f in fractions:  # as if no candidate met the constraint before the full cap: an upper bound
+        for f in fractions:  # as if no candidate met the constraint before the full cap (then none extends)
             recovered += alive * f * cfg.recover_epochs * train * (probe.train_s + probe.forward_s) + alive * fwd_held
             parts.append(f"{alive} at {f:.2g}")
             last, alive = alive, math.ceil(alive / cfg.halving_eta)
         est.lines.append(f"recovery: successive halving of up to {pool} candidate(s) ({cfg.halving_per_method} budgets "
                          f"per method below its zero-shot boundary), {cfg.recover_epochs}-epoch cap: "
-                         f"{'; '.join(parts)} of the cap")
+                         f"{'; '.join(parts)} of the cap; a method whose smallest raced budget meets the constraint "
+                         "early races its next budget at the next rung (not counted here)")
         if cfg.int8 and cfg.qat:
             qat = last * cfg.recover_epochs * train * (probe.train_s * 1.5 + probe.forward_s)
             est.seconds["quantisation-aware"] = qat

@@ -164,6 +164,10 @@ def _halving_lines(halving: dict[str, Any] | None) -> list[str]:
         share = rung[0]["fraction"]
         entries = "; ".join(f"{e['method']}@{e['budget']:g} loss {_fmt(e['loss'], '.3g')} {e['outcome']}" for e in rung)
         out.append(f"- rung {i + 1} ({share:.2g} of the cap, {rung[0]['samples']} samples): {entries}")
+    extended = halving.get("extended") or []
+    if extended:
+        out.append("- by extension (the smallest budget of its method met the constraint before the full cap): "
+                   + "; ".join(f"{m}@{b:g} entered rung {rung + 1}" for m, b, rung in extended))
     return out
 
 

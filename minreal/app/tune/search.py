@@ -175,7 +175,7 @@ def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch]
         notes.append(f"{m}@{b:g} realises the same model as {m}@{twin:g} (MAC ratio "
                      f"{zero_shot[(m, b)].mac_ratio:.3g}): it is recovered once, as {m}@{twin:g}")
         say(f"[tune] {notes[-1]}")
-    halving = Halving(fractions, cfg.halving_eta, pool, twins=twins)
+    halving = Halving(fractions, cfg.halving_eta, pool, twins=twins, grid=tuple(cfg.grid))
     n_calib = clock.calib_samples
     say(f"[tune] recovery by successive halving: {len(pool)} candidate(s) below the zero-shot boundaries, rungs of "
         f"{', '.join(_fraction_text(f) for f in fractions)} of the {cfg.recover_epochs}-epoch recovery cap")
@@ -201,8 +201,11 @@ def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch]
                                      None if res.error else base.constraint.score(quality)))
         todo = halving.promote(entries)
         met = [f"{e.method}@{e.budget:g}" for e in entries if e.outcome == "met"]
+        extended = [f"{m}@{b:g}" for m, b, rung in halving.extended if rung == i + 1]
         say(f"[tune] rung {i + 1}: {', '.join(met) or 'none'} met the constraint"
-            + (f"; {', '.join(f'{m}@{b:g}' for m, b in todo)} go on" if todo else ""))
+            + (f"; {', '.join(f'{m}@{b:g}' for m, b in todo)} go on" if todo else "")
+            + (f" ({', '.join(extended)} by extension: the smallest budget of its method met early)"
+               if extended else ""))
         if _note_skipped(outcomes, notes, say):
             break
     for m in methods:  # each budget's last word: met, or missed at the full cap
