@@ -187,11 +187,15 @@ def _spec(value: onnx.ValueInfoProto, high: int | None = None, path: Path | None
     import onnx
 
     tensor = value.type.tensor_type
+    where = f"ONNX model {path}" if path is not None else "the ONNX model"
+    if value.type.WhichOneof("value") != "tensor_type":
+        raise BenchInputError(f"{where}: input {value.name!r} is a {value.type.WhichOneof('value') or 'typeless'} "
+                              "value, not a tensor; the benchmark feeds tensors only")
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
     except (KeyError, TypeError, ValueError):  # 0 (UNDEFINED), or a number no ONNX type has: a damaged file
-        raise BenchInputError(f"ONNX model {path}: input {value.name!r} has element type {tensor.elem_type}, which "
-                              "is no ONNX tensor type the benchmark can feed (is the file damaged?)") from None
+        raise BenchInputError(f"{where}: input {value.name!r} has element type {tensor.elem_type}, which is no "
+                              "ONNX tensor type the benchmark can feed (is the file damaged?)") from None
     shape = tuple(_dim(d) for d in tensor.shape.dim)
     return InputSpec(name=value.name, dtype=dtype, shape=shape, high=high)
 

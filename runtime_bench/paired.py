@@ -4,8 +4,11 @@ Pair ``i`` is one fresh worker process that times both models interleaved (:func
 reference first in even pairs and the candidate first in odd ones (ABAB..., BABA...), both on the process's one
 shared intra-op thread pool (:func:`minreal.runtime_bench.sessions.share_thread_pool`: with a pool per session, a
 loaded machine slows whichever model's threads the scheduler left beside the load); its ratio is the candidate's p50
-over the reference's in that process. The pairs are independent (each a fresh process), as the sign test's bounds
-assume. :func:`minreal.runtime_bench.decision.sequential_decision` adds pairs until the verdict is decided, the cap
+over the reference's in that process. The sign test's bounds assume independent pairs: each pair is a fresh
+process, but load that drifts between neighbouring pairs weakens that (``benchmarks/gate_power.py`` resamples blocks
+of neighbouring pairs to keep such drift in its error rates). An order effect (whichever model a process times
+first) only makes the bounds conservative: the order alternates, so such pairs fall on each side of the true ratio
+as often. :func:`minreal.runtime_bench.decision.sequential_decision` adds pairs until the verdict is decided, the cap
 or the time budget.
 """
 

@@ -34,9 +34,9 @@ def provider_name(short: str) -> str:
 
 
 def available_providers() -> tuple[str, ...]:
-    """Short names of the table's providers that this onnxruntime build contains."""
-    built = set(onnxruntime_module().get_available_providers())
-    return tuple(short for short, full in PROVIDERS.items() if full in built)
+    """Short names of the table's providers that can run here: built into this onnxruntime, and for TensorRT with
+    its library loadable (:func:`unavailable_reason` is None for exactly these)."""
+    return tuple(short for short in PROVIDERS if unavailable_reason(short) is None)
 
 
 def unavailable_reason(short: str) -> str | None:

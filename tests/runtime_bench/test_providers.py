@@ -77,6 +77,7 @@ def test_tensorrt_built_in_without_its_library_is_unavailable(monkeypatch: pytes
         reason = unavailable_reason("tensorrt")
         assert reason is not None and runtime.TENSORRT_LIBRARY in reason and "minreal[tensorrt]" in reason
         assert unavailable_reason("cuda") is None
+        assert providers.available_providers() == ("cpu", "cuda")  # the two functions agree
         fallback = provider_mismatch("TensorrtExecutionProvider", ["CPUExecutionProvider"])
         assert fallback is not None and "fell back" in fallback and runtime.TENSORRT_LIBRARY in fallback
     finally:
