@@ -163,8 +163,7 @@ def _settings(provider: str, values: Mapping[str, Any], where: str) -> ProviderS
     for key, value in values.items():
         if key not in allowed:
             _fail(f"{where} {provider}.{key}", f"not a setting of {provider}; settings: "
-                  f"{', '.join(allowed) or 'none (the cpu provider takes `BenchConfig.intra_op_threads`)'}",
-                  fields=("intra_op_threads",))
+                  f"{', '.join(allowed) or 'none (its thread count is a benchmark setting, not a provider one)'}")
         converted[key] = _CONVERT[key](f"{where} {provider}.{key}", value)
     return ProviderSettings(**converted)
 
