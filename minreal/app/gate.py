@@ -28,8 +28,8 @@ def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
     if isinstance(data, dict) and data.get("kind") == "tune":
         bench = tune_bench(data, path)
         return {"tune": with_model_folder(bench, folder) if bench else data}
-    if isinstance(data, dict) and "cases" in data:  # a run report, read as one (RunReport.from_json)
-        cases = RunReport.from_json(data, str(path)).cases
+    if isinstance(data, dict) and "cases" in data:  # a run report, read as one; the gate reads no compression report
+        cases = RunReport.from_json(data, str(path), compression=False).cases
         return {c.name: with_model_folder(c.bench, folder / c.name) for c in cases}
     return {Path(path).stem: with_model_folder(rb.load_report(path), folder)}
 
