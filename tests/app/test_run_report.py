@@ -149,3 +149,18 @@ def test_a_refused_compression_report_names_the_file_case_and_variant(tmp_path: 
     assert err.type is ValueError
     assert str(err.value) == (f"{path}: case mlp, variant svd: unknown layer key(s) colour (layer '0') in the "
                               "compression report")
+
+
+@pytest.mark.parametrize("bench", ["missing", None, {}])
+def test_the_gate_refuses_a_case_without_a_benchmark_naming_the_file_and_case(tmp_path: Path, bench: Any) -> None:
+    write_json(_typed_report(), tmp_path / "report.json")
+    data = json.loads((tmp_path / "report.json").read_text())
+    if bench == "missing":
+        del data["cases"][1]["bench"]
+    else:
+        data["cases"][1]["bench"] = bench
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    with pytest.raises(rb.ReportSchemaError) as err:
+        check_reports(tmp_path / "report.json", None, 2.0, 1.0, None, None)
+    assert str(err.value) == (f"report {tmp_path / 'report.json'}: case(s) cnn have no benchmark (bench); "
+                              "regenerate the report with minreal run")
