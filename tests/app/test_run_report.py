@@ -164,3 +164,15 @@ def test_the_gate_refuses_a_case_without_a_benchmark_naming_the_file_and_case(tm
         check_reports(tmp_path / "report.json", None, 2.0, 1.0, None, None)
     assert str(err.value) == (f"report {tmp_path / 'report.json'}: case(s) cnn have no benchmark (bench); "
                               "regenerate the report with minreal run")
+
+
+def test_a_variant_without_compression_is_written_as_an_empty_object_and_null_reads_as_none(tmp_path: Path) -> None:
+    write_json(_typed_report(), tmp_path / "report.json")
+    data = json.loads((tmp_path / "report.json").read_text())
+    variants = data["cases"][0]["variants"]
+    assert [v["compression"] == {} for v in variants] == [True, True, False]  # original and its INT8 copy: none
+    assert variants[2]["compression"]["method"] == "svd" and variants[2]["compression"]["macs_after"] == 100
+    variants[1]["compression"] = None  # as the merged branch wrote it
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    assert [v.compression is None for v in RunReport.load(tmp_path / "report.json").cases[0].variants] == [True,
+                                                                                                           True, False]
