@@ -273,7 +273,10 @@ class LayerReport:
 
 def _layer_report(layer: Mapping[str, Any], source: str) -> LayerReport:
     """A layer of a compression report's JSON; an unknown key or a missing name is refused (ValueError naming
-    ``source``, the layer and the key), not left to the constructor's TypeError."""
+    ``source``, the layer and the key), as is a layer that is not a JSON object, not left to the constructor's
+    TypeError."""
+    if not isinstance(layer, Mapping):
+        raise ValueError(f"{source}: a layer of the compression report is {type(layer).__name__}, not an object")
     unknown = sorted(set(layer) - _field_names(LayerReport))
     if unknown or "name" not in layer:
         problem = f"unknown layer key(s) {', '.join(map(str, unknown))}" if unknown else "a layer without a name"
