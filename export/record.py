@@ -4,7 +4,7 @@ the records."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from minreal.compress.core.report import CompressionReport
@@ -41,3 +41,10 @@ class VariantRecord:
     gzip_bytes: int = 0
     """The file (with its external data) gzip-compressed (:func:`minreal.runtime_bench.model_info.gzip_bytes`)."""
     ort: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON object (values still to pass through
+        :func:`~minreal.export.json_safe.to_jsonable`); no compression report is written ``{}``, as before it was
+        typed, so readers of run report schema_version 1 keep reading it (both ``{}`` and ``null`` read as none)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**data, "compression": {} if self.compression is None else self.compression}

@@ -39,7 +39,7 @@ def session_options(threads: int | None, optimized_model_path: Path | None = Non
         If given, profiling is on and its file starts with this path (``session.end_profiling()``).
     shared_pool : bool
         Run on the process's one shared thread pool (:func:`share_thread_pool`, whose size holds) instead of the
-        session's own.
+        session's own; once the process has the shared pool, every session must set it.
     """
     ort = onnxruntime_module()
     options = ort.SessionOptions()
@@ -99,14 +99,16 @@ def create_session(
     profile_prefix : Path | None
         If given, a profiled session (:func:`session_options`).
     shared_pool : bool
-        Run on the process's shared thread pool (:func:`share_thread_pool` first), not the session's own.
+        Run on the process's shared thread pool (:func:`share_thread_pool` first), not the session's own; once the
+        process has the shared pool, every session must set it.
 
     Raises
     ------
     ModelFileError
         the file does not exist.
     SessionError
-        onnxruntime rejects the model.
+        onnxruntime rejects the model, or ``shared_pool`` does not match the process (it has the shared pool and
+        ``shared_pool`` is False, or the reverse): the message then says what to do and names no file.
     """
     if isinstance(model, bytes):
         source, where = model, "an in-memory model"
@@ -124,8 +126,8 @@ def create_session(
         try:
             made = onnxruntime_module().InferenceSession(source, sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own pybind exception types
-            raise SessionError(f"onnxruntime cannot create a session for {where} on {provider}: "
-                               f"{error_line(exc)}") from None
+            raise SessionError(_pool_problem(str(exc), shared_pool) or f"onnxruntime cannot create a session for "
+                               f"{where} on {provider}: {error_line(exc)}") from None
         try:  # names are decoded on first use, by every run: a damaged file would fail there, naming nothing
             [arg.name for arg in (*made.get_inputs(), *made.get_outputs())]
         except UnicodeDecodeError as exc:
@@ -145,9 +147,29 @@ def create_session(
     return session
 
 
+#: What onnxruntime says when a session's ``shared_pool`` does not match the process (its shared pool made or not).
+_OWN_POOL_REFUSED = "use_per_session_threads must be false when using a global thread pool"
+_NO_SHARED_POOL = "EnvCreatedWithGlobalThreadPools() was false"
+
+
+def _pool_problem(message: str, shared_pool: bool) -> str | None:
+    """One line saying what to do when onnxruntime refused a session for its thread pool, not for its model; None
+    for any other refusal."""
+    if _OWN_POOL_REFUSED in message and not shared_pool:
+        return ("this process has a shared thread pool (share_thread_pool), so every session in it must be opened "
+                "with shared_pool=True; open sessions on pools of their own in another process")
+    if _NO_SHARED_POOL in message and shared_pool:
+        return ("a session with shared_pool=True needs the process's shared thread pool: call share_thread_pool "
+                "first (once, in a fresh process)")
+    return None
+
+
 def share_thread_pool(threads: int | None) -> None:
     """Give this process one intra-op thread pool of ``threads`` threads (None: onnxruntime's default, the physical
-    cores) for its sessions opened with ``shared_pool``; once per process, before the first of them.
+    cores) for its sessions opened with ``shared_pool``, before the first of them. Every session the process opens
+    after it must use ``shared_pool=True`` (onnxruntime refuses one on a pool of its own). onnxruntime makes the
+    shared pool at most once per process: a second call is refused; a call after sessions on pools of their own were
+    opened succeeds (those keep their pools).
 
     Sessions on pools of their own run on threads of their own, which the scheduler places apart: beside a process
     that keeps one core busy, two identical models timed interleaved in one process came out 1.4-1.8x apart, one way
@@ -163,8 +185,8 @@ def share_thread_pool(threads: int | None) -> None:
     Raises
     ------
     SessionError
-        This process already has its shared pool (onnxruntime makes it once per process): run each job that needs
-        one in a fresh process.
+        This process already has its shared pool (onnxruntime makes it at most once per process): run each job that
+        needs one in a fresh process.
     """
     try:
         onnxruntime_module().set_global_thread_pool_sizes(threads or 0, 1)

@@ -21,6 +21,7 @@ import numpy as np
 
 from minreal.facts import PROVIDERS
 
+from .errors import BenchInputError
 from .inputs import Data, InputSpec, input_specs, timing_inputs
 from .placement import measure_placements
 from .providers import provider_mismatch
@@ -46,9 +47,11 @@ class WorkerJob:
     (:func:`minreal.runtime_bench.placement.measure_placement`). ``specs`` holds each model's inputs
     (:func:`minreal.runtime_bench.inputs.input_specs`) as the parent read them, so the worker need not import onnx
     to read them again; empty, the worker reads them from the files. With ``shared_pool``, all models run on one
-    intra-op thread pool of ``threads`` threads (:func:`minreal.runtime_bench.sessions.share_thread_pool`; once per
-    process, so only in a fresh worker process): the paired gate's jobs, whose ratio must not depend on where the
-    scheduler put each session's own threads.
+    intra-op thread pool of ``threads`` threads (:func:`minreal.runtime_bench.sessions.share_thread_pool`; a process
+    makes it at most once, and every later session of that process must run on it, so only in a fresh worker
+    process): the paired gate's jobs, whose ratio must not depend on where the scheduler put each session's own
+    threads. ``shared_pool`` with ``placement`` is refused (BenchInputError): placement's profiled sessions run on
+    pools of their own, which onnxruntime refuses in a process with the shared pool.
     """
 
     names: list[str]
@@ -67,6 +70,13 @@ class WorkerJob:
     placement: bool = False
     specs: list[list[InputSpec]] = field(default_factory=list)
     shared_pool: bool = False
+
+    def __post_init__(self) -> None:
+        if self.shared_pool and self.placement:
+            raise BenchInputError("`WorkerJob.shared_pool` with `WorkerJob.placement`: placement's profiled sessions "
+                                  "run on pools of their own, which onnxruntime refuses beside the shared pool; "
+                                  "measure placement in a job without shared_pool",
+                                  fields=("shared_pool", "placement"))
 
 
 def job_from_dict(fields: Mapping[str, Any]) -> WorkerJob:

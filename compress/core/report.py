@@ -271,6 +271,19 @@ class LayerReport:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def _layer_report(layer: Mapping[str, Any], source: str) -> LayerReport:
+    """A layer of a compression report's JSON; an unknown key or a missing name is refused (ValueError naming
+    ``source``, the layer and the key), as is a layer that is not a JSON object, not left to the constructor's
+    TypeError."""
+    if not isinstance(layer, Mapping):
+        raise ValueError(f"{source}: a layer of the compression report is {type(layer).__name__}, not an object")
+    unknown = sorted(set(layer) - _field_names(LayerReport))
+    if unknown or "name" not in layer:
+        problem = f"unknown layer key(s) {', '.join(map(str, unknown))}" if unknown else "a layer without a name"
+        raise ValueError(f"{source}: {problem} (layer {layer.get('name', '?')!r}) in the compression report")
+    return LayerReport(**{"kind": "", "action": "", **layer})
+
+
 @dataclass
 class CompressionReport:
     """Result of one method on one model: costs before/after, per-layer actions, predicted vs measured."""
@@ -329,7 +342,7 @@ class CompressionReport:
         newer version is refused (:class:`ReportVersionError`, one line naming ``source`` and the version). Keys a
         report predates take their defaults; unknown keys of ``predicted``/``measured`` are kept in their ``extra``
         (they are open: a third-party method adds its own), an unknown top-level key is refused (ValueError naming
-        ``source`` and the key)."""
+        ``source`` and the key), as is a layer with an unknown key or no name."""
         version = data.get("schema_version", 1)
         if not isinstance(version, int) or version > REPORT_SCHEMA_VERSION:
             raise ReportVersionError(f"{source}: compression report schema_version {version!r} is newer than this "
@@ -342,7 +355,7 @@ class CompressionReport:
         known = {k: v for k, v in data.items() if k in names}
         known.setdefault("method", "")
         known.setdefault("config", {})
-        layers = [LayerReport(**{"kind": "", "action": "", **layer}) for layer in data.get("layers") or ()]
+        layers = [_layer_report(layer, source) for layer in data.get("layers") or ()]
         return cls(**known, layers=layers,
                    predicted=Predicted.from_json(data.get("predicted") or {}),
                    measured=Measured.from_json(data.get("measured") or {}))

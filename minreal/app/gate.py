@@ -28,8 +28,11 @@ def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
     if isinstance(data, dict) and data.get("kind") == "tune":
         bench = tune_bench(data, path)
         return {"tune": with_model_folder(bench, folder) if bench else data}
-    if isinstance(data, dict) and "cases" in data:  # a run report, read as one (RunReport.from_json)
-        cases = RunReport.from_json(data, str(path)).cases
+    if isinstance(data, dict) and "cases" in data:  # a run report, read as one; the gate reads no compression report
+        cases = RunReport.from_json(data, str(path), compression=False).cases
+        if missing := [c.name for c in cases if not c.bench]:  # CaseResult reads a missing or null bench as {}
+            raise rb.ReportSchemaError(f"report {path}: case(s) {', '.join(missing)} have no benchmark (bench); "
+                                       "regenerate the report with minreal run")
         return {c.name: with_model_folder(c.bench, folder / c.name) for c in cases}
     return {Path(path).stem: with_model_folder(rb.load_report(path), folder)}
 

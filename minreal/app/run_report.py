@@ -52,28 +52,34 @@ class CaseResult:
     in the case folder), for one minimal build that runs every file of the case."""
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | Any) -> CaseResult:
+    def from_json(cls, data: Mapping[str, Any] | Any, source: str = "run report", *,
+                  compression: bool = True) -> CaseResult:
         """A case of a run report's JSON (or a record object with its attributes); fields the report predates take
-        their defaults, unknown keys are dropped, each variant's ``compression`` becomes a typed report."""
+        their defaults, unknown keys are dropped, each variant's ``compression`` becomes a typed report (a refusal
+        names ``source``, the case and the variant). ``compression=False`` leaves every variant's compression
+        ``None`` unread, for a reader of the benchmarks only (the gate), which then does not depend on it."""
         data = _as_mapping(data)
-        variants = [_variant_record(raw) for raw in data.get("variants") or ()]
+        where = f"{source}: case {data.get('name', '')}"
+        variants = [_variant_record(raw, where, compression) for raw in data.get("variants") or ()]
         return cls(str(data.get("name", "")), variants, dict(data.get("bench") or {}),
                    dict(data.get("stage_seconds") or {}), list(data.get("notes") or ()),
                    list(data.get("warnings") or ()), data.get("data_check"), data.get("ort_config"))
 
 
-def _variant_record(raw: VariantRecord | Mapping[str, Any] | Any) -> VariantRecord:
+def _variant_record(raw: VariantRecord | Mapping[str, Any] | Any, where: str = "run report",
+                    compression: bool = True) -> VariantRecord:
     """A variant of a case's JSON (or a record object with its attributes) as a :class:`VariantRecord`, its
-    ``compression`` typed (``None`` when empty)."""
+    ``compression`` typed (``None`` when empty, or unread with ``compression=False``); a refused compression report
+    names ``where`` and the variant."""
     if isinstance(raw, VariantRecord):
         return raw
     names = {f.name for f in dataclasses.fields(VariantRecord)}
     given = {k: v for k, v in _as_mapping(raw).items() if k in names}
     comp = given.get("compression")
-    if not comp:
+    if not comp or not compression:
         given["compression"] = None
     elif not isinstance(comp, CompressionReport):
-        given["compression"] = CompressionReport.from_json(comp, f"variant {given.get('label', '')}")
+        given["compression"] = CompressionReport.from_json(comp, f"{where}, variant {given.get('label', '')}")
     return VariantRecord(**{**_VARIANT_REQUIRED, **given})
 
 
@@ -92,17 +98,20 @@ class RunReport:
                 "cases": self.cases}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | Any, source: str = "run report") -> RunReport:
+    def from_json(cls, data: Mapping[str, Any] | Any, source: str = "run report", *,
+                  compression: bool = True) -> RunReport:
         """The report of :meth:`to_json`'s object; a missing ``schema_version`` is version 1, a newer one is refused
         (:class:`~minreal.compress.core.report.ReportVersionError`, one line naming ``source`` and the version).
-        ``data`` may also be a record object with the same attributes."""
+        ``data`` may also be a record object with the same attributes. ``compression=False`` reads no variant's
+        compression report (:meth:`CaseResult.from_json`)."""
         data = _as_mapping(data)
         version = data.get("schema_version", 1)
         if not isinstance(version, int) or version > RUN_SCHEMA_VERSION:
             raise ReportVersionError(f"{source}: run report schema_version {version!r} is newer than this minreal "
                                      f"reads ({RUN_SCHEMA_VERSION}); upgrade minreal to read it")
         return cls(version, str(data.get("created_utc", "")), dict(data.get("config") or {}),
-                   [case_result(c) for c in data.get("cases") or ()])
+                   [c if isinstance(c, CaseResult) else CaseResult.from_json(c, source, compression=compression)
+                    for c in data.get("cases") or ()])
 
     @classmethod
     def load(cls, path: str | Path) -> RunReport:

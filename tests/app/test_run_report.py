@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import minreal.runtime_bench as rb
@@ -19,7 +20,7 @@ from minreal.app.report import recovery_rows, render_markdown, spectra_layers
 from minreal.app.run_report import CaseResult, RunReport, variant_compression
 from minreal.compress import compress
 from minreal.compress.core.data import Dataset
-from minreal.compress.core.report import CompressionReport
+from minreal.compress.core.report import CompressionReport, ReportVersionError
 from minreal.compress.methods.svd import SVDConfig
 from minreal.export.json_safe import write_json
 from minreal.export.record import VariantRecord
@@ -115,3 +116,63 @@ def test_gate_plots_and_digest_give_the_same_results_for_a_report_and_its_json(t
     in_memory = [(c.name, rb.check_report(c.bench, 2.0, 1.0)) for c in report.cases]
     assert check_reports(tmp_path / "report.json", None, 2.0, 1.0, None, None) == in_memory
     assert [r.passed for _, r in in_memory] == [True, False]  # cnn's svd is 5 points down
+
+
+def _with_compression(tmp_path: Path, **changes: Any) -> Path:
+    """The typed report written to ``tmp_path/report.json`` with mlp's svd variant's compression report changed."""
+    write_json(_typed_report(), tmp_path / "report.json")
+    data = json.loads((tmp_path / "report.json").read_text())
+    data["cases"][0]["variants"][2]["compression"].update(changes)
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    return tmp_path / "report.json"
+
+
+def test_the_gate_does_not_read_compression_reports(tmp_path: Path, run_cli: Any) -> None:
+    expected = [(c.name, rb.check_report(c.bench, 2.0, 1.0)) for c in _typed_report().cases]
+    bad_layer = [{"name": "0", "kind": "Linear", "action": "factorized", "colour": "red"}]
+    for changes in ({"schema_version": 99}, {"a_later_key": 1}, {"layers": bad_layer}):
+        path = _with_compression(tmp_path, **changes)
+        assert check_reports(path, None, 2.0, 1.0, None, None) == expected, changes
+        code, _, err = run_cli(["check", str(path), "--max-accuracy-drop", "50"])
+        assert code == 0, (changes, err)
+
+
+def test_a_refused_compression_report_names_the_file_case_and_variant(tmp_path: Path) -> None:
+    path = _with_compression(tmp_path, schema_version=99)
+    with pytest.raises(ReportVersionError) as err:
+        RunReport.load(path)
+    assert f"{path}: case mlp, variant svd: compression report schema_version 99" in str(err.value)
+    assert "upgrade minreal" in str(err.value)
+    path = _with_compression(tmp_path, layers=[{"name": "0", "kind": "Linear", "action": "kept", "colour": "red"}])
+    with pytest.raises(ValueError) as err:
+        RunReport.load(path)
+    assert err.type is ValueError
+    assert str(err.value) == (f"{path}: case mlp, variant svd: unknown layer key(s) colour (layer '0') in the "
+                              "compression report")
+
+
+@pytest.mark.parametrize("bench", ["missing", None, {}])
+def test_the_gate_refuses_a_case_without_a_benchmark_naming_the_file_and_case(tmp_path: Path, bench: Any) -> None:
+    write_json(_typed_report(), tmp_path / "report.json")
+    data = json.loads((tmp_path / "report.json").read_text())
+    if bench == "missing":
+        del data["cases"][1]["bench"]
+    else:
+        data["cases"][1]["bench"] = bench
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    with pytest.raises(rb.ReportSchemaError) as err:
+        check_reports(tmp_path / "report.json", None, 2.0, 1.0, None, None)
+    assert str(err.value) == (f"report {tmp_path / 'report.json'}: case(s) cnn have no benchmark (bench); "
+                              "regenerate the report with minreal run")
+
+
+def test_a_variant_without_compression_is_written_as_an_empty_object_and_null_reads_as_none(tmp_path: Path) -> None:
+    write_json(_typed_report(), tmp_path / "report.json")
+    data = json.loads((tmp_path / "report.json").read_text())
+    variants = data["cases"][0]["variants"]
+    assert [v["compression"] == {} for v in variants] == [True, True, False]  # original and its INT8 copy: none
+    assert variants[2]["compression"]["method"] == "svd" and variants[2]["compression"]["macs_after"] == 100
+    variants[1]["compression"] = None  # as the merged branch wrote it
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    assert [v.compression is None for v in RunReport.load(tmp_path / "report.json").cases[0].variants] == [True,
+                                                                                                           True, False]

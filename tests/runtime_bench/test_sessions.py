@@ -93,3 +93,41 @@ def test_a_name_that_is_not_utf8_is_refused_naming_the_file(tmp_path: Path) -> N
     path.write_bytes(data.replace(b"yq", b"\xf9q"))  # the same length: the protobuf stays well formed
     with pytest.raises(SessionError, match=r"damaged\.onnx.*not UTF-8"):
         create_session(path)
+
+
+#: Run in a fresh process per case: what a session of ``sys.argv[1]`` whose ``shared_pool`` does not match the process
+#: raises (``own``: an own-pool session after the shared pool; ``shared``: a shared-pool one without it), or, with
+#: ``late``, whether the shared pool is made after an own-pool session and a shared-pool session then runs.
+_MISMATCH = """
+import sys
+from pathlib import Path
+from minreal.runtime_bench.errors import SessionError
+from minreal.runtime_bench.sessions import create_session, share_thread_pool
+case, path = sys.argv[2], Path(sys.argv[1])
+if case == "late":
+    create_session(path, threads=1)
+    share_thread_pool(1)
+    print("made", type(create_session(path, shared_pool=True)).__name__)
+    raise SystemExit
+if case == "own":
+    share_thread_pool(1)
+try:
+    create_session(path, threads=1, shared_pool=case == "shared")
+except SessionError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize(("case", "says"), [
+    ("own", "this process has a shared thread pool (share_thread_pool), so every session in it must be opened with "
+            "shared_pool=True; open sessions on pools of their own in another process"),
+    ("shared", "a session with shared_pool=True needs the process's shared thread pool: call share_thread_pool first "
+               "(once, in a fresh process)"),
+    ("late", "made InferenceSession"),
+])
+def test_a_session_whose_pool_does_not_match_the_process_says_what_to_do(reference_model: Path, case: str,
+                                                                          says: str) -> None:
+    done = subprocess.run([sys.executable, "-c", _MISMATCH, str(reference_model), case], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == says  # onnxruntime prints its own retry banner before it

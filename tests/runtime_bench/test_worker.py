@@ -148,3 +148,12 @@ def test_device_runner_computes_what_run_computes(reference_model: Path) -> None
     feeds = {name: np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}
     binding = device_runner(session, feeds, ("cpu", 0))()
     np.testing.assert_array_equal(binding.copy_outputs_to_cpu()[0], session.run(None, feeds)[0])
+
+
+def test_a_shared_pool_job_with_placement_is_refused(reference_model: Path) -> None:
+    from minreal.runtime_bench.errors import BenchInputError
+
+    with pytest.raises(BenchInputError, match="measure placement in a job without shared_pool") as err:
+        _job([reference_model], shared_pool=True, placement=True)
+    assert err.value.fields == ("shared_pool", "placement")
+    assert _job([reference_model], shared_pool=True).shared_pool and _job([reference_model], placement=True).placement

@@ -145,13 +145,14 @@ def malformed_reports(report: str, baseline: str | None) -> Iterator[None]:
     """A report or baseline whose JSON lacks a field or holds one of another type (what the schema checks do not
     catch) is refused in one line naming the files, as a usage error, not an internal one."""
     from minreal.app.errors import usage_errors
+    from minreal.compress.core.report import ReportVersionError
     from minreal.facts import error_line
     from minreal.runtime_bench import ReportSchemaError
 
     try:
         yield
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
-        if isinstance(exc, usage_errors()):
+        if isinstance(exc, (*usage_errors(), ReportVersionError)):  # a newer report says "upgrade minreal"
             raise
         files = f"{report}" + (f" or baseline {baseline}" if baseline else "")
         raise ReportSchemaError(f"report {files} is malformed ({error_line(exc, with_type=True, max_chars=200)}); "

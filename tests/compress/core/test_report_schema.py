@@ -197,3 +197,14 @@ def test_every_key_of_the_output_comparison_is_a_typed_field(tiny_mlp: torch.nn.
     assert keys == {"relative_output_error", "max_abs_diff", "top1_agreement", "accuracy_original",
                     "accuracy_compressed", "mse_original", "mse_compressed"}
     assert keys <= measured
+
+
+@pytest.mark.parametrize(("layer", "says"), [
+    ({"name": "fc", "kind": "Linear", "action": "kept", "colour": "red"}, "unknown layer key(s) colour (layer 'fc')"),
+    ({"kind": "Linear", "action": "kept"}, "a layer without a name (layer '?')"),
+    ("fc", "a layer of the compression report is str, not an object"),
+])
+def test_a_bad_layer_is_refused_as_a_value_error_naming_the_source(layer: object, says: str) -> None:
+    with pytest.raises(ValueError) as err:
+        CompressionReport.from_json({"method": "svd", "config": {}, "layers": [layer]}, "mine.json")
+    assert err.type is ValueError and str(err.value).startswith(f"mine.json: {says}")
