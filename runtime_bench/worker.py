@@ -75,8 +75,7 @@ class WorkerJob:
         if self.shared_pool and self.placement:
             raise BenchInputError("`WorkerJob.shared_pool` with `WorkerJob.placement`: placement's profiled sessions "
                                   "run on pools of their own, which onnxruntime refuses beside the shared pool; "
-                                  "measure placement in a job without shared_pool",
-                                  fields=("shared_pool", "placement"))
+                                  "measure placement in a job without shared_pool")
 
 
 def job_from_dict(fields: Mapping[str, Any]) -> WorkerJob:
