@@ -1,11 +1,18 @@
-"""Shared output of the benchmark scripts: JSON documents, figures rendered off-screen (Agg backend), and the
-machine's CPU shares over a run (how much of it a virtual machine's host took back)."""
+"""Shared output of the benchmark scripts: JSON documents, figures rendered off-screen (Agg backend), the machine's
+CPU shares over a run (how much of it a virtual machine's host took back), and a command's own peak resident memory
+(:func:`run_measured`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -16,7 +23,19 @@ from minreal.runtime_bench import atomic_write_text
 
 _STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
-__all__ = ["cpu_share", "cpu_times", "pyplot", "save_figure", "write_json"]
+__all__ = ["Measured", "cpu_share", "cpu_times", "pyplot", "run_measured", "save_figure", "stop_without_shared_data",
+           "write_json"]
+
+_LAUNCHER = """\
+import os, sys
+pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}")
+"""
+"""Starts the command (``argv[2:]``) and writes its exit code and peak resident memory (``wait4``'s ``ru_maxrss``: the
+command's, and that of the processes it waited for) to ``argv[1]``; run as ``python -I -S``, it imports nothing
+beyond the interpreter's built-in modules."""
 
 
 def write_json(path: str | Path, document: Any, indent: int = 1) -> None:
@@ -77,3 +96,53 @@ def stop_without_shared_data(script: str, models: Mapping[str, Any], only: Seque
               f"measured; --only {','.join(n for n, m in models.items() if not m.needs)} needs none of it",
               file=sys.stderr)
         sys.exit(2)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A command run by :func:`run_measured`: its exit code (``-N`` for signal N), output, peak resident memory in MiB
+    (None where it was killed before it ended) and whether it ran past its time limit."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    peak_mib: float | None
+    timed_out: bool = False
+
+
+def run_measured(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None,
+                 cwd: str | Path | None = None) -> Measured:
+    """Run ``argv`` and measure its own peak resident memory: the largest resident set of the command and of the
+    processes it waited for (``wait4``).
+
+    Linux keeps a process's peak resident memory across fork and exec, so a command started straight from a large
+    process (a driver holding models, a test process) would report at least that process's size. The command is
+    started instead by a small launcher (:data:`_LAUNCHER`, a Python that imports nothing) whose own size is all it
+    inherits. On timeout, or when the caller is interrupted, the launcher's whole process group (the command and its
+    children) is killed."""
+    with tempfile.TemporaryDirectory(prefix="run-measured-") as tmp:
+        report = Path(tmp) / "peak"
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _LAUNCHER, str(report), *argv],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                env=None if env is None else dict(env), cwd=cwd)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            out, err = proc.communicate()
+            return Measured(-signal.SIGKILL, out, err, None, timed_out=True)
+        except BaseException:  # an interrupted caller (Ctrl-C) leaves nothing running behind it
+            _kill_group(proc)
+            raise
+        if not report.is_file():
+            return Measured(proc.returncode, out, err, None)
+        code, peak = (int(v) for v in report.read_text().split())
+    kib = peak / 1024 if sys.platform == "darwin" else peak  # macOS reports bytes, Linux KiB
+    return Measured(code, out, err, round(kib / 1024, 1))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the process group that ``proc`` leads (:func:`run_measured` starts it in a session of its own)."""
+    with contextlib.suppress(ProcessLookupError):  # the group ended meanwhile
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

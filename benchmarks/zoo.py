@@ -17,17 +17,23 @@ per model and method (``--methods``, default ``factorize,wanda,depth``) at MAC r
 ``compress`` (``minreal compress``), ``export`` and ``parity`` (``minreal export``, which checks parity against
 torch), ``int8`` (``minreal.export.int8.quantize_int8``, static, this CPU's format) and ``bench`` (``minreal
 bench`` of the original's fp32 and INT8 and the compressed model's fp32 and INT8, batch 1, one fresh process,
-:data:`BENCH_SECONDS` s per model). Every stage runs in a fresh process of this script (``--stage``), so the peak
-resident memory of a stage is its own (``os.wait4``). A stage's outcome is ``ok``, ``refused`` (the product's own
-error: its one line), ``failed`` (any other exception: its type and first line; never a traceback) or ``skipped``
-(an earlier stage did not pass).
+:data:`BENCH_SECONDS` s per model). Every stage runs in a fresh process of this script (``--stage``) started by a
+small launcher (``_common.run_measured``), so its peak resident memory (``peak_rss_mib``) is its own: the largest
+resident set of the stage's process and of the processes it ran (``minreal bench``'s fresh processes), not the
+driver's (Linux keeps a process's peak across fork and exec, so a stage started straight from this driver would
+report at least the driver's size). A stage's outcome is ``ok``, ``refused`` (the product's own error: its one line),
+``failed`` (any other exception: its type and first line; never a traceback) or ``skipped`` (an earlier stage did
+not pass).
 
 ``--only`` takes model names or families (``classification``, ``quantization``, ``segmentation``, ``detection``,
-``video``, ``optical_flow``, ``timm``, ``hf``); ``--list`` prints them; ``--resume`` keeps the rows the JSON holds;
-the JSON is written atomically after every row. ``--table`` prints the README's coverage table from the JSON.
+``video``, ``optical_flow``, ``timm``, ``hf``), run in the order named; ``--list`` prints them; ``--resume`` keeps
+the rows the JSON holds; the JSON is written atomically after every row. ``--table`` prints the README's coverage
+table from the JSON.
 
 The timing columns are only as good as the machine was quiet: the header records the load average at the start and
-each row its own; a run on a shared machine says so in ``load``.
+each row its own and the machine's CPU shares over the row (``cpu_share``: busy, idle and steal from ``/proc/stat``,
+this run's own work included); a run on a shared machine says so in ``load`` (``--load``): its times are not the
+tool's cost, only its outcomes are results.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/zoo.py --out benchmarks/zoo.json
 """
@@ -68,6 +74,11 @@ TIMM = ("resnet50", "efficientnet_b0", "convnext_tiny", "vit_small_patch16_224",
 HF = ("bert", "distilbert", "roberta", "gpt2", "vit", "whisper_encoder")
 SEQ = 128
 MAX_LINE = 300
+PEAK_OWN = "own: the stage's process and the processes it ran, started by a small launcher"
+PEAK_UPPER_BOUND = ("an upper bound: the stage was started straight from the driver, whose peak Linux hands down "
+                    "across fork and exec")
+"""What a row's ``peak_rss_mib`` values are (its ``peak_rss``): rows of earlier commits, kept by ``--resume``, have
+the upper bound."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +149,8 @@ def select(models: Sequence[Model], only: str | None) -> list[Model]:
     unknown = [w for w in wanted if w not in names]
     if unknown:
         raise SystemExit(f"zoo: unknown model or family {unknown[0]!r}; `--list` prints them")
-    return [m for m in models if m.name in wanted or m.family in wanted]
+    chosen = [m for w in wanted for m in models if w in (m.name, m.family)]
+    return list(dict.fromkeys(chosen))  # in the order named (a run cut short has done the first ones)
 
 
 # ------------------------------------------------------------------------------------------------------- stages
@@ -295,44 +307,32 @@ def child(stage: str, spec_path: Path, result_path: Path) -> None:
         result = STAGE_FUNCTIONS[stage](spec)
     except Exception as exc:  # the stage's outcome is the exception, recorded in one line
         result = _child_outcome(exc)
-    result["peak_rss_mib"] = _peak_mib()
     result_path.write_text(json.dumps(result))
 
 
-def _peak_mib() -> float:
-    """This process's peak resident memory, or its children's (``minreal bench`` times in fresh processes) where
-    larger, in MiB (Linux reports KiB)."""
-    import resource
-
-    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    return round(peak / 1024, 1)
-
-
 def run_stage(stage: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run ``stage`` in a fresh process: its outcome, wall time and peak resident memory (MiB)."""
+    """Run ``stage`` in a fresh process: its outcome, wall time and peak resident memory (MiB, its own:
+    ``_common.run_measured``)."""
+    from _common import run_measured
+
     work = Path(spec["work"])
     work.mkdir(parents=True, exist_ok=True)
     spec_path, result_path = work / f"{stage}.spec.json", work / f"{stage}.result.json"
     spec_path.write_text(json.dumps(spec))
     result_path.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "--stage", stage, str(spec_path), str(result_path)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return {"outcome": "failed", "reason": f"TimeoutExpired: {stage} ran past {timeout:.0f} s",
-                "wall_s": round(time.perf_counter() - t0, 1)}
+    done = run_measured([sys.executable, __file__, "--stage", stage, str(spec_path), str(result_path)], timeout,
+                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     wall = round(time.perf_counter() - t0, 2)
+    if done.timed_out:
+        return {"outcome": "failed", "reason": f"TimeoutExpired: {stage} ran past {timeout:.0f} s", "wall_s": wall}
     if result_path.is_file():
         result = json.loads(result_path.read_text())
     else:
-        tail = [ln for ln in (err or "").splitlines() if ln.strip()][-1:] or [f"exit status {proc.returncode}"]
-        result = {"outcome": "failed", "reason": f"process died: {tail[0][:MAX_LINE]}"}
-    return {**result, "wall_s": wall}
+        status = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
+        tail = "".join(f": {ln}" for ln in [ln for ln in done.stderr.splitlines() if ln.strip()][-1:])
+        result = {"outcome": "failed", "reason": f"process died ({status}){tail}"[:MAX_LINE]}
+    return {**result, "peak_rss_mib": done.peak_mib, "wall_s": wall}
 
 
 
@@ -382,6 +382,8 @@ def _load() -> list[float]:
 
 
 def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: Any) -> None:
+    from _common import cpu_share, cpu_times
+
     done = {(r["model"], r["method"]) for r in doc["rows"]}
     if model.skip is not None:
         if (model.name, None) not in done:
@@ -396,13 +398,16 @@ def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: 
     if base is None or not args.resume:
         base = run_stage("baseline", {"work": str(args.work / model.name), "name": model.name,
                                       "shape": list(model.shape)}, args.timeout)
-        doc["models"][model.name] = {"family": model.family, "input": list(model.shape), **base}
+        doc["models"][model.name] = {"family": model.family, "input": list(model.shape), **base,
+                                     "peak_rss": PEAK_OWN}
         say(f"{model.name}: baseline {base['outcome']} in {base['wall_s']} s {base.get('reason', '')}")
         save(doc, args.out)
     for method in todo:
+        before = cpu_times()
         stages = method_row(model, method, doc["models"][model.name], args.work, args.timeout)
         doc["rows"].append({"model": model.name, "family": model.family, "method": method, "stages": stages,
-                            "loadavg": _load(), "commit": doc["header"]["commit"][:12]})
+                            "loadavg": _load(), "cpu_share": cpu_share(before, cpu_times()), "peak_rss": PEAK_OWN,
+                            "commit": doc["header"]["commit"][:12]})
         say(f"{model.name} {method}: " + ", ".join(f"{k} {v['outcome']}" for k, v in stages.items())
             + "".join(f"\n    {k}: {v['reason']}" for k, v in stages.items()
                       if v["outcome"] in ("refused", "failed")))
@@ -508,6 +513,8 @@ def main() -> None:
         old = json.loads(args.out.read_text())
         doc["models"], doc["rows"] = old.get("models", {}), old.get("rows", [])
         doc["header"]["resumed_from"] = old.get("header", {})
+        for kept in [*doc["models"].values(), *(r for r in doc["rows"] if r["method"] is not None)]:
+            kept.setdefault("peak_rss", PEAK_UPPER_BOUND)
     doc["load"] = args.load
     t0 = time.time()
 

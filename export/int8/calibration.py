@@ -25,9 +25,9 @@ from minreal.export.int8.config import CALIBRATION_METHODS, QuantConfig, aligns
 from minreal.export.int8.preprocess import int8_skip_reason, ort_quantization, preprocess
 from minreal.facts import error_line
 
-__all__ = ["Calib", "Calibration", "ArrayCalibrationReader", "RangeSource", "calibration_array",
-           "calibration_reader", "reusable_calibration", "require_reusable", "check_calibration", "range_source",
-           "calibrate"]
+__all__ = ["CALIBRATION_BATCH_ELEMENTS", "Calib", "Calibration", "ArrayCalibrationReader", "RangeSource",
+           "calibration_array", "calibration_batch", "calibration_reader", "reusable_calibration", "require_reusable",
+           "check_calibration", "range_source", "calibrate"]
 
 logger = logging.getLogger(__name__)
 
@@ -161,14 +161,42 @@ def calibration_array(
     return {name: arrays[name].astype(dtype, copy=False) for name, _, dtype in specs}, False
 
 
+CALIBRATION_BATCH_ELEMENTS = 16 * 3 * 224 * 224
+"""Most input elements in one batch of a min/max calibration (16 images of 3×224×224). ONNX Runtime's calibration
+session holds one batch's activations, which grow with the input: ``lraspp_mobilenet_v3_large`` at 3×520×520 (32
+samples) peaked at 11.0 GB resident in batches of 16 and at 2.1 GB in batches of 2, writing the same file. Larger
+inputs are calibrated in smaller batches, down to one sample; the ranges (minima and maxima over every batch) do not
+depend on the split."""
+
+
+def calibration_batch(data: Mapping[str, np.ndarray], config: QuantConfig) -> int:
+    """The batch size of a calibration on ``data`` with a dynamic batch axis: ``config.batch_size``, lowered for a
+    min/max calibration so that a batch holds at most :data:`CALIBRATION_BATCH_ELEMENTS` input elements. The
+    histogram methods (entropy, percentile) are left at ``config.batch_size``: ONNX Runtime keeps every batch's
+    tensors for them until the last batch, so the split bounds nothing there and could move their histograms."""
+    if config.calibration_method != "minmax":
+        return config.batch_size
+    return max(1, min(config.batch_size, CALIBRATION_BATCH_ELEMENTS // max(_sample_elements(data), 1)))
+
+
+def _sample_elements(data: Mapping[str, np.ndarray]) -> int:
+    """Input elements of one calibration sample, over every input."""
+    return sum(int(np.prod(a.shape[1:])) for a in data.values())
+
+
 def calibration_reader(model: onnx.ModelProto, data: Mapping[str, np.ndarray],
                        config: QuantConfig) -> ArrayCalibrationReader:
-    """Calibration reader; a static batch axis fixes the batch size (and drops a short last batch)."""
+    """Calibration reader; a static batch axis fixes the batch size (and drops a short last batch), a dynamic one
+    takes :func:`calibration_batch`."""
     name, shape, _ = _input_specs(model)[0]
     rows = len(next(iter(data.values())))
     if shape[0] is not None and rows < shape[0]:
         raise CalibrationError(f"{rows} calibration samples < static batch {shape[0]} of input {name!r}")
-    return ArrayCalibrationReader(data, shape[0] or config.batch_size, drop_last=shape[0] is not None)
+    batch = shape[0] or calibration_batch(data, config)
+    if shape[0] is None and batch < config.batch_size:
+        logger.info("calibrating in batches of %d (of %d asked): one sample has %d input elements", batch,
+                    config.batch_size, _sample_elements(data))
+    return ArrayCalibrationReader(data, batch, drop_last=shape[0] is not None)
 
 
 RangeSource = Path | ArrayCalibrationReader

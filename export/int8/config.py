@@ -49,7 +49,8 @@ class QuantConfig:
     calibration_method : str
         ``"minmax"``, ``"entropy"`` or ``"percentile"``.
     batch_size : int
-        calibration batch size.
+        calibration batch size; a min/max calibration of large inputs takes smaller batches
+        (:func:`~minreal.export.int8.calibration.calibration_batch`), which changes no range.
     allow_random_calibration : bool
         calibrate on standard-normal data when no data is given.
     random_samples : int

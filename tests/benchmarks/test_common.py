@@ -1,16 +1,19 @@
 """benchmarks/_common.py's CPU shares: the busy, idle and steal shares between two readings of /proc/stat, checked
-by hand on written files (the shares of a real machine are whatever it did)."""
+by hand on written files (the shares of a real machine are whatever it did); and a command's own peak resident
+memory, read through a small launcher (run_measured)."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from _common import cpu_share, cpu_times
+from _common import cpu_share, cpu_times, run_measured
 
 
 def _stat(tmp_path: Path, name: str, line: str) -> Path:
@@ -36,3 +39,51 @@ def test_missing_or_foreign_files_and_no_elapsed_time_give_none(tmp_path: Path) 
     short = cpu_times(_stat(tmp_path, "d", "cpu  1 2 3 4"))  # an old kernel: no iowait, irq, softirq, steal
     assert short == {"user": 1, "nice": 2, "system": 3, "idle": 4, "iowait": 0, "irq": 0, "softirq": 0, "steal": 0}
     assert cpu_share(short, short) is None and cpu_share(None, short) is None and cpu_share(short, None) is None
+
+
+def _python(code: str) -> list[str]:
+    """A bare interpreter (no site, no environment) running ``code``: a few MiB before ``code`` allocates."""
+    return [sys.executable, "-I", "-S", "-c", code]
+
+
+def test_peak_is_the_commands_own_not_its_callers() -> None:
+    """A command that writes 128 MiB, started while this process holds 512 MiB more: its peak is its 128 MiB plus a
+    bare interpreter, far below this process's, which Linux hands down to a child started straight from here."""
+    held = b"\x01" * (512 << 20)  # written, so resident, while the command runs
+    done = run_measured(_python("b = b'\\x01' * (128 << 20)"), timeout=120)
+    assert len(held) == 512 << 20
+    assert done.returncode == 0 and not done.timed_out, done.stderr
+    assert done.peak_mib is not None and 128 <= done.peak_mib <= 128 + 32, done.peak_mib
+
+
+def test_exit_code_output_and_a_signal_come_back() -> None:
+    done = run_measured(_python("import sys; print('out'); sys.stderr.write('err'); sys.exit(3)"), timeout=120)
+    assert (done.returncode, done.stdout, done.stderr, done.timed_out) == (3, "out\n", "err", False)
+    assert done.peak_mib is not None and done.peak_mib < 64
+    killed = run_measured(_python("import os, signal; os.kill(os.getpid(), signal.SIGTERM)"), timeout=120)
+    assert killed.returncode == -signal.SIGTERM
+
+
+def test_timeout_kills_the_command_and_its_children(tmp_path: Path) -> None:
+    """The command starts a child that would outlive it; both are killed with the launcher's process group."""
+    pid_file = tmp_path / "pid"
+    code = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+            f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+            "time.sleep(300)\n")
+    done = run_measured(_python(code), timeout=10)
+    assert done.timed_out and done.returncode == -signal.SIGKILL and done.peak_mib is None
+    assert _gone(int(pid_file.read_text()))
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (no such process, or a zombie awaiting its reaper) within a few seconds."""
+    for _ in range(50):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.1)
+    return False

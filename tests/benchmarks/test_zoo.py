@@ -9,8 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "zoo.py"
+sys.path.insert(0, str(SCRIPT.parent))
+
+import zoo  # noqa: E402 (benchmarks/ is on sys.path only from the line above)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -58,3 +63,14 @@ def test_table_counts_passes_per_family_and_groups_refusals(tmp_path: Path) -> N
     assert "| refused | compress | depth: no removable residual block | 2 | a/depth, b/depth |" in lines
     assert "- hf: 1 model(s) not run: transformers is not installed" in lines
     assert "2 of 3 models run (partial: a, b)" in lines[0]
+
+
+def test_only_runs_models_in_the_order_named_and_refuses_an_unknown_name() -> None:
+    """A run cut short (a deadline, a shared machine) has done the models named first; a family brings its models
+    in the listed order, each model once."""
+    models = [zoo.Model("a", "x"), zoo.Model("b", "y"), zoo.Model("c", "x")]
+    assert [m.name for m in zoo.select(models, "b,x")] == ["b", "a", "c"]
+    assert [m.name for m in zoo.select(models, "c,x,c")] == ["c", "a"]
+    assert zoo.select(models, None) == models
+    with pytest.raises(SystemExit, match="unknown model or family 'd'"):
+        zoo.select(models, "a,d")

@@ -167,6 +167,44 @@ def test_calibration_reader_batches_and_rewinds() -> None:
     assert [len(b["x"]) for b in iter(fixed.get_next, None)] == [4, 4]
 
 
+def test_minmax_calibration_batches_hold_at_most_16_imagenet_images_of_input() -> None:
+    """At most 16 × 3×224×224 input elements a batch: 16 samples of 3×12×12 or 3×224×224, 8 of Inception's
+    3×299×299 (2408448 // 268203), 2 of a segmentation input of 3×520×520 (// 811200), 1 of a 16-frame clip; every
+    input of a sample counts; a smaller batch asked for is kept, and the histogram methods keep theirs."""
+
+    def batch(*shapes: tuple[int, ...], **config: Any) -> int:
+        data = {f"x{k}": np.zeros((1, *shape), np.float32) for k, shape in enumerate(shapes)}
+        return int8_calibration.calibration_batch(data, QuantConfig(**config))
+
+    assert batch((3, 12, 12)) == batch((3, 224, 224)) == 16
+    assert batch((3, 299, 299)) == 8 and batch((3, 520, 520)) == 2 and batch((3, 16, 224, 224)) == 1
+    assert batch((3, 224, 224), (3, 224, 224)) == 8
+    assert batch((3, 12, 12), batch_size=4) == 4 and batch((3, 520, 520), batch_size=1) == 1
+    assert batch((3, 520, 520), calibration_method="entropy") == batch((3, 520, 520), calibration_method="percentile")
+    assert batch((3, 520, 520), calibration_method="entropy") == 16
+
+
+def test_minmax_ranges_and_file_do_not_depend_on_the_calibration_batch(convnet_onnx: ExportResult,
+                                                                      calib_images: np.ndarray, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The minimum and maximum over batches of one sample are those over batches of 16: the same ranges, and the same
+    file when the batch is bounded to one sample's elements."""
+    whole = calibrate(convnet_onnx.path, calib_images)
+    single = calibrate(convnet_onnx.path, calib_images, QuantConfig(batch_size=1))
+    assert sorted(whole.ranges.keys()) == sorted(single.ranges.keys()) and len(whole.ranges.keys()) > 3
+    for name in whole.ranges.keys():
+        for a, b in zip(whole.ranges[name].range_value, single.ranges[name].range_value, strict=True):
+            assert np.array_equal(a, b), name
+    quantize_int8(convnet_onnx.path, tmp_path / "whole.onnx", calib_images)
+    readers: list[ArrayCalibrationReader] = []
+    monkeypatch.setattr(int8_calibration, "CALIBRATION_BATCH_ELEMENTS", calib_images[0].size)
+    monkeypatch.setattr(int8_calibration, "ArrayCalibrationReader",
+                        lambda *a, **k: readers.append(ArrayCalibrationReader(*a, **k)) or readers[-1])
+    quantize_int8(convnet_onnx.path, tmp_path / "split.onnx", calib_images)
+    assert [r.batch_size for r in readers] == [1]
+    assert (tmp_path / "split.onnx").read_bytes() == (tmp_path / "whole.onnx").read_bytes()
+
+
 def _static_batch_matmul(path: Path) -> Path:
     """y = x @ W with a static batch of 2 in the input's shape."""
     weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32), "w")

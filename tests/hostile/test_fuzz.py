@@ -20,6 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import fuzz
+from _common import run_measured
 from fuzz import READERS, Case, escape_cases, mutated_case, run_case, templates
 
 from minreal.app.callables import SpecError
@@ -266,21 +267,13 @@ def test_npz_declaring_1e12_elements_in_a_fresh_process_stays_small(tmp_path: Pa
     """The command in its own process: refused in one line, and its peak resident memory (its own, from wait4)
     stays that of a process that imported torch: 4 TB are declared, 2 GiB is far below anything allocating them
     would touch. Linux keeps a process's peak across fork and exec, so a child of this (large) test process would
-    report this process's peak: a small launcher starts the command and reports the command's own peak."""
-    import subprocess
-
+    report this process's peak: run_measured's small launcher starts the command and reports the command's own."""
     _npz_declaring(tmp_path / "d.npz", (10**12,))
     (tmp_path / "net.py").write_text(fuzz.FACTORY)
-    launcher = ("import os, subprocess, sys\n"
-                "child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)\n"
-                "err = child.stderr.read()\n"
-                "_, status, usage = os.wait4(child.pid, 0)\n"
-                "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)\n"
-                "sys.stderr.write(err)\n")
-    done = subprocess.run([sys.executable, "-c", launcher, sys.executable, "-m", "minreal.app.cli", *fuzz.COMPRESS],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
-    code, maxrss_kib = (int(v) for v in done.stdout.split())
+    done = run_measured([sys.executable, "-m", "minreal.app.cli", *fuzz.COMPRESS], timeout=300, cwd=tmp_path,
+                        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert done.peak_mib is not None, done.stderr
+    code, maxrss_kib = done.returncode, done.peak_mib * 1024
     err = done.stderr
     assert code == 2 and "declares shape (1000000000000,)" in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1
