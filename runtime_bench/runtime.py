@@ -9,6 +9,7 @@ and everything that needs no runtime keep working without one.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib
@@ -106,10 +107,8 @@ def tensorrt_library_problem() -> str | None:
     """
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        importlib.import_module("tensorrt")
-    except Exception:  # not installed, or its own loader failed: the check below says what is missing
-        pass
+    with contextlib.suppress(Exception):  # not installed, or its own loader failed: the check below says what
+        importlib.import_module("tensorrt")  # is missing
     try:
         ctypes.CDLL(TENSORRT_LIBRARY)
     except OSError as exc:
