@@ -176,7 +176,7 @@ def test_bisection_prepares_each_method_once_and_reuses_zero_shot_models(trained
     monkeypatch.setattr(registry, "prepare", counting_prepare)
     monkeypatch.setattr(registry, "realise", counting_realise)
     cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd", "factorize"), grid=(0.8, 0.5, 0.3),
-                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST)
+                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST, structure_screen=False)
     report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
     probes = [(s["method"], p["budget"]) for s in report.searches if s["recover_epochs"] == 0 for p in s["probes"]]
     raced = [(e["method"], e["budget"]) for rung in report.halving["rungs"] for e in rung]
@@ -506,7 +506,7 @@ def test_short_rungs_recover_on_a_subsample_and_only_what_meets_is_exported(trai
     assert CandidateSpec("svd", 0.5, 2, fraction=1 / 3).label == "svd@0.5+r2~0.33"
     assert CandidateSpec("svd", 0.5, 0, fraction=1 / 3).short is False  # nothing to shorten without recovery
     cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd",), grid=(0.9, 0.6, 0.5, 0.4),
-                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST)
+                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST, structure_screen=False)
     report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
     rungs = report.halving["rungs"]
     # the budgets below the zero-shot boundary race once per distinct zero-shot model: a twin (the same model as a
@@ -534,7 +534,7 @@ def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_m
 
     model, tr, te = trained_mlp
     cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd",), grid=(0.9, 0.6, 0.5, 0.4),
-                     recover_epochs=1, screen=FAST, confirm=FAST)
+                     recover_epochs=1, screen=FAST, confirm=FAST, structure_screen=False)
     checked = []
     real = tune_search._int8_meets
 
@@ -773,3 +773,81 @@ def test_halving_extends_a_method_whose_smallest_budget_meets_early() -> None:
     # the grid's smallest budget has nothing below it
     edge = Halving((1 / 3, 1.0), 3, [("svd", 0.5)], grid=grid)
     assert edge.promote([entry("svd", 0.5, 1 / 3, 0.1, True)]) == []
+
+
+def test_a_structure_file_is_the_recovered_candidates_graph_with_other_weights(trained_mlp, tmp_path: Path) -> None:
+    """The structure screen times a budget's zero-shot model before recovery: its file must have exactly the graph
+    of the recovered candidate's file (node for node, every initializer's shape), the weights being all that
+    recovery changes; and a ``files_only`` result is never a candidate (no quality, not feasible, no program)."""
+    import onnx
+
+    from minreal.app.tune.candidate import CandidateSpec, Job, LoadedSource, evaluate_candidate, fingerprint
+
+    model, tr, te = trained_mlp
+    job = Job(CandidateSpec("svd", 0.5, files_only=True), LoadedSource(model, tr, te), fingerprint(model, tr, te),
+              tmp_path / "cache", Constraint(max_accuracy_drop=100.0), Quality(0.9), ("cpu",), "cpu-avx2", True)
+    structure = evaluate_candidate(job)
+    assert structure.error is None and not structure.feasible and structure.quality == {}
+    assert sorted(structure.files) == ["fp32", "int8"] and structure.spec.label == "svd@0.5~structure"
+    recovered = evaluate_candidate(dataclasses.replace(job, spec=CandidateSpec("svd", 0.5, 1)))
+    assert recovered.feasible and "pt2" in recovered.files  # a loose constraint: every candidate is a file
+    for kind in ("fp32", "int8"):
+        a, b = (onnx.load(r.files[kind]).graph for r in (structure, recovered))
+        assert [(n.op_type, list(n.input), list(n.output)) for n in a.node] == \
+            [(n.op_type, list(n.input), list(n.output)) for n in b.node]
+        assert {i.name: list(i.dims) for i in a.initializer} == {i.name: list(i.dims) for i in b.initializer}
+    first = onnx.load(structure.files["fp32"]).graph.initializer
+    second = {i.name: i for i in onnx.load(recovered.files["fp32"]).graph.initializer}
+    assert any(onnx.numpy_helper.to_array(i).tolist() != onnx.numpy_helper.to_array(second[i.name]).tolist()
+               for i in first)  # the recovery did train
+    again = evaluate_candidate(job)  # cached: the files again, still no candidate
+    assert again.cached and not again.feasible and sorted(again.files) == ["fp32", "int8"]
+    with pytest.raises(ValueError, match="files_only"):
+        CandidateSpec("svd", 0.5, 1, files_only=True)
+
+
+def test_the_race_recovers_only_structures_faster_than_a_baseline_that_meets(trained_mlp, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The structure screen before the race: every pool budget is timed once beside the baselines that meet the
+    constraint; a budget whose fastest file is not faster than the fastest of them in any cell never races (nor
+    extends), one faster in some cell races; the report, report.md and the notes say which, with the ratios."""
+    from minreal.app.tune import measure, orchestrate
+
+    model, tr, te = trained_mlp
+    seen: list[list[str]] = []
+    real = measure.structure_screen
+
+    def screen(results, baselines, held_out, cfg, say, run):  # the real timing, with a known verdict on top
+        out = real(results, baselines, held_out, cfg, say, run)
+        seen.append(sorted(r.spec.label for r in results))
+        assert {c.label for c in baselines if c.feasible} >= {"original"}
+        assert all(set(cells) == {"cpu/b1", "cpu/b32"} and all(v > 0 for v in cells.values())
+                   for cells in out.values()) and len(out) == len(results)
+        # the measured ratios decide; to know the answer, make svd@0.4 slower than the baseline everywhere and
+        # magnitude@0.6 faster at batch 32 only
+        out[("svd", 0.4)] = {cell: 1.2 for cell in out[("svd", 0.4)]}
+        out[("magnitude", 0.6)] = {"cpu/b1": 1.1, "cpu/b32": 0.8}
+        return out
+
+    monkeypatch.setattr(orchestrate, "structure_screen", screen)
+    cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd", "magnitude"), grid=(0.9, 0.6, 0.4),
+                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST, batch_sizes=(1, 32))
+    report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
+    h = report.halving
+    assert seen == [["magnitude@0.4~structure", "magnitude@0.6~structure", "svd@0.4~structure"]]  # timed once
+    raced = {(e["method"], e["budget"]): e["raced"] for e in h["screened"]}
+    mag = next(e for e in h["screened"] if (e["method"], e["budget"]) == ("magnitude", 0.4))
+    assert raced == {("svd", 0.4): False, ("magnitude", 0.6): True,
+                     ("magnitude", 0.4): min(mag["ratio"].values()) < 1.0}
+    assert h["pool"] == [[m, b] for (m, b), keep in raced.items() if keep]
+    assert not any(e["method"] == "svd" for r in h["rungs"] for e in r) and not any(m == "svd" for m, *_ in
+                                                                                    h["extended"])
+    assert not any("~structure" in c.label for c in report.candidates)  # files to time, never candidates
+    assert any("svd@0.4 (1.20x)" in n for n in report.notes)
+    from minreal.app.tune.output import render_tune_markdown
+
+    md = render_tune_markdown(report)
+    assert "structure screen" in md and "svd@0.4 cpu/b1 1.20x, cpu/b32 1.20x (not raced)" in md
+    assert {"structure_files", "structure_screen"} <= set(report.phases_s)
+    # the baselines' ONNX Runtime quality was measured before the search, and kept
+    assert report.candidates[0].quality and report.candidates[0].feasible

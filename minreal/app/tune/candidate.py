@@ -49,10 +49,16 @@ class CandidateSpec:
     fraction: float = 1.0
     """Share of the recovery cap (successive halving's short rungs): the same epochs on a seeded subsample of this
     fraction of the calibration data. One that meets the constraint is a candidate like any other (exported)."""
+    files_only: bool = False
+    """Not a candidate: the zero-shot model's deployable files (fp32, and INT8 when the tune makes INT8 files),
+    exported whatever its quality and with no quality measured, so that the race can time its structure before
+    recovering it (recovery changes the weights, not the structure, so it does not change what the file costs)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
             raise ValueError(f"a candidate's recovery fraction is in (0, 1], got {self.fraction}")
+        if self.files_only and (self.recover_epochs or self.qat or self.variant is not None):
+            raise ValueError("files_only is for a searched method's zero-shot model (no recovery, no plan variant)")
 
     @property
     def short(self) -> bool:
@@ -64,7 +70,7 @@ class CandidateSpec:
         rec = f"+r{self.recover_epochs}" if self.recover_epochs else ""
         part = f"~{self.fraction:.2g}" if self.short else ""
         budget = "" if self.variant is not None else f"@{self.mac_ratio:g}"
-        return f"{self.method}{budget}{rec}{part}{'+qat' if self.qat else ''}"
+        return f"{self.method}{budget}{rec}{part}{'+qat' if self.qat else ''}{'~structure' if self.files_only else ''}"
 
 
 @dataclass
@@ -233,8 +239,10 @@ def _from_cache(entry: Path, job: Job) -> CandidateResult | None:
         return None
     if not _well_typed(result):  # damaged or edited by hand: computed again
         return None
-    result.feasible = result.error is None and job.constraint.holds(Quality.from_metrics(result.quality),
-                                                                    job.reference)
+    result.feasible = (result.error is None and not job.spec.files_only
+                       and job.constraint.holds(Quality.from_metrics(result.quality), job.reference))
+    if job.spec.files_only and result.error is None and not all((entry / FILES[k]).is_file() for k in _needed(job)):
+        return None
     if result.feasible and not all((entry / FILES[k]).is_file() for k in _needed(job)):
         return None
     result.files = {k: str(entry / f) for k, f in FILES.items() if (entry / f).is_file()}
@@ -255,7 +263,7 @@ def _well_typed(result: CandidateResult) -> bool:
 
 
 def _needed(job: Job) -> list[str]:
-    return ["fp32", "pt2", *(["int8"] if job.int8 else [])]
+    return ["fp32", *([] if job.spec.files_only else ["pt2"]), *(["int8"] if job.int8 else [])]
 
 
 SUBSAMPLE_SEED = 0
@@ -350,6 +358,8 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     result.params, result.macs, result.recovery = report.params_after, report.macs_after, report.recovery
     if spec.variant is None and not spec.recover_epochs:
         result.weights_digest = model_key(small)
+    if spec.files_only:
+        return _structure_files(result, small, report, calib, held_out, job)
     t0 = time.perf_counter()
     result.quality = held_out_metrics(model, small, held_out, teacher_outputs=_teacher_outputs(job, model, held_out))
     result.seconds["measure"] = time.perf_counter() - t0
@@ -363,6 +373,20 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
         except (ExportError, ParityError, QuantizationError, CalibrationError) as exc:
             result.error, result.feasible = f"export failed: {str(exc).splitlines()[0]}", False
         result.seconds["export"] = time.perf_counter() - t0
+    return result
+
+
+def _structure_files(result: CandidateResult, small: nn.Module, report: Any, calib: Dataset, held_out: Dataset,
+                     job: Job) -> CandidateResult:
+    """A ``files_only`` job's result: the zero-shot model's fp32 and INT8 files (no ``.pt2`` program, no quality)."""
+    from minreal.export.errors import CalibrationError, ExportError, ParityError, QuantizationError
+
+    t0 = time.perf_counter()
+    try:
+        result.files = _export(small, report, calib, held_out, job, program=False)
+    except (ExportError, ParityError, QuantizationError, CalibrationError) as exc:
+        result.error = f"export failed: {str(exc).splitlines()[0]}"
+    result.seconds["export"] = time.perf_counter() - t0
     return result
 
 
@@ -516,19 +540,21 @@ def _value(outcome: tuple[Any, Exception | None]) -> Any:
     return value
 
 
-def _export(small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, job: Job) -> dict[str, str]:
-    """fp32 ONNX (parity verified), INT8 copy, .pt2 program into a temporary folder; ``{kind: path}``."""
+def _export(small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, job: Job, program: bool = True
+            ) -> dict[str, str]:
+    """fp32 ONNX (parity verified), INT8 copy, .pt2 program (``program``) into a temporary folder; ``{kind:
+    path}``."""
     Path(job.cache_dir).mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=".export-", dir=job.cache_dir))  # in the cache: never litters /tmp
     try:
-        return _export_into(folder, small, report, calib, held_out, job)
+        return _export_into(folder, small, report, calib, held_out, job, program)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
 
 
-def _export_into(folder: Path, small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, job: Job
-                 ) -> dict[str, str]:
+def _export_into(folder: Path, small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, job: Job,
+                 program: bool = True) -> dict[str, str]:
     from minreal.export.serialize import save_program
     from minreal.export.settings import VariantConfig
     from minreal.export.variant import export_variant, layer_weights, quantize_variant
@@ -543,8 +569,9 @@ def _export_into(folder: Path, small: nn.Module, report: Any, calib: Dataset, he
         q = quantize_variant(record, folder, calib.x, cfg, layer_weights(small, ranges) if ranges else None)
         os.replace(folder / q.onnx, folder / FILES["int8"])
         files["int8"] = str(folder / FILES["int8"])
-    save_program(small, held_out.x[:2], folder / FILES["pt2"], dynamic_axes=job.axes())
-    files["pt2"] = str(folder / FILES["pt2"])
+    if program:
+        save_program(small, held_out.x[:2], folder / FILES["pt2"], dynamic_axes=job.axes())
+        files["pt2"] = str(folder / FILES["pt2"])
     return files
 
 

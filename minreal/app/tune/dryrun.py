@@ -131,7 +131,10 @@ def estimate_plan(cfg: TuneConfig, methods: Sequence[str], calib: int, held_out:
         est.lines.append(f"recovery: successive halving of up to {pool} candidate(s) ({cfg.halving_per_method} budgets "
                          f"per method below its zero-shot boundary), {cfg.recover_epochs}-epoch cap: "
                          f"{'; '.join(parts)} of the cap; a method whose smallest raced budget meets the constraint "
-                         "early races its next budget at the next rung (not counted here)")
+                         "early races its next budget at the next rung (not counted here)"
+                         + ("; first, the pool's structures are exported and timed beside the baselines, and one "
+                            "not faster than a baseline that meets the constraint does not race (counted here as if "
+                            "every one raced)" if cfg.objective == "latency" else ""))
         if cfg.int8 and cfg.qat:
             qat = last * cfg.recover_epochs * train * (probe.train_s * 1.5 + probe.forward_s)
             est.seconds["quantisation-aware"] = qat

@@ -23,6 +23,16 @@ constraint before the full cap, its next grid budget below enters the next rung 
 recovery that sufficed for the milder cut). A method whose smaller budget missed or was cut does not extend: the
 race already found where its recovery stops. The report says which candidate got which rung, its loss there and its
 fate, and which budgets entered by extension.
+
+Recovery changes a candidate's weights, not its structure, so what its file costs on the target is known before it
+is recovered. With the latency objective the race first **screens structures**: each pool budget's zero-shot model
+is exported and timed on the target beside the baselines (the short protocol, fresh processes), and a structure
+whose fastest file (fp32 or INT8) is not faster than the fastest baseline that meets the constraint, in any
+(provider, batch) cell, does not race: no recovery could make it the answer. On a pretrained CIFAR ResNet-44 that
+takes out the rank factorisations and neuron merging, whose INT8 files run at 1.13-1.9x the original's INT8 whatever
+their budget (``benchmarks/real_models_halving.json``), before they cost any recovery. Extensions need no screen of
+their own: a method extends only below a budget that raced, so below a structure that was faster than a baseline,
+and a smaller budget of the same method is no slower (its layers are the same or thinner, or fewer).
 """
 
 from __future__ import annotations
@@ -122,6 +132,10 @@ class Halving:
     """The tune's grid budgets, from which the race extends (empty: it never extends)."""
     extended: list[tuple[str, float, int]] = field(default_factory=list)
     """``(method, budget, rung)``: budgets that entered the race at rung index ``rung`` by extension."""
+    screened: list[dict[str, Any]] = field(default_factory=list)
+    """The structure screen before the race: per pool budget (``method``, ``budget``), the p50 ratio of its fastest
+    file to the fastest baseline that meets the constraint by cell (``ratio``; None: not timed) and whether it
+    ``raced`` (faster than that baseline in some cell, or not timed)."""
 
     def promote(self, entries: list[RungEntry]) -> list[tuple[str, float]]:
         """Mark ``entries`` (one rung) and return the candidates that go on to the next rung."""
@@ -170,7 +184,7 @@ class Halving:
         """JSON-safe: the fractions, and each rung's candidates with their loss and outcome."""
         return {"eta": self.eta, "fractions": list(self.fractions),
                 "pool": [[m, b] for m, b in self.pool], "twins": [list(t) for t in self.twins],
-                "extended": [list(t) for t in self.extended],
+                "extended": [list(t) for t in self.extended], "screened": self.screened,
                 "rungs": [[{"method": e.method, "budget": e.budget, "fraction": e.fraction, "samples": e.samples,
                             "loss": e.loss, "meets": e.meets, "seconds": round(e.seconds, 2), "outcome": e.outcome}
                            for e in rung] for rung in self.rungs]}

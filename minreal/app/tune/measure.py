@@ -23,13 +23,14 @@ from minreal.export.json_safe import to_jsonable
 from minreal.export.verify import feeds_of
 from minreal.runtime_bench.metrics import evaluate_models
 
+from .candidate import CandidateResult, cached_file
 from .config import Constraint, Protocol, Quality, TuneConfig
 from .executor import Executor
 from .model import Candidate, Progress, cell_name
 from .search import Clock
 
 __all__ = ["BenchJob", "BenchOutcome", "bench_files", "bench_on_target", "p50_by_cell", "record_confirmation",
-           "ort_quality", "file_sizes", "ort_sizes"]
+           "ort_quality", "file_sizes", "ort_sizes", "structure_screen"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,27 @@ def bench_on_target(candidates: list[Candidate], held_out: Dataset, cfg: TuneCon
     return outcome
 
 
+def structure_screen(results: list[CandidateResult], baselines: list[Candidate], held_out: Dataset, cfg: TuneConfig,
+                     say: Progress, run: Executor) -> dict[tuple[str, float], dict[str, float]]:
+    """Time the files of ``files_only`` results beside the ``baselines`` that meet the constraint (their ONNX Runtime
+    quality measured already, and within ``--max-size``) in one pass of the short protocol on the target; for each
+    ``(method, budget)``, by cell, the p50 of its fastest file over that of the fastest such baseline. Empty when no
+    baseline meets the constraint (nothing to compare with)."""
+    refs = [c for c in baselines if c.feasible and cfg.fits(c.onnx_bytes)]
+    if not refs or not results:
+        return {}
+    files = [Candidate(f"{r.spec.label}.{kind}", "structure", kind, cached_file(r, kind), 0)
+             for r in results for kind in ("fp32", "int8") if kind in r.files]
+    say(f"[tune] structure screen: {len(files)} files of {len(results)} zero-shot structures beside "
+        f"{len(refs)} baseline(s) ({cfg.screen.min_seconds:g} s per model, 1 process)")
+    p50 = p50_by_cell(bench_on_target(refs + files, held_out, cfg, cfg.screen, say, run).report)
+    cells = sorted({cell for _, cell in p50})
+    best = {cell: min(p50[(c.label, cell)] for c in refs) for cell in cells}
+    return {(r.spec.method, r.spec.mac_ratio):
+            {cell: min(p50[(f"{r.spec.label}.{k}", cell)] for k in ("fp32", "int8") if k in r.files) / best[cell]
+             for cell in cells} for r in results}
+
+
 def p50_by_cell(bench: dict[str, Any]) -> dict[tuple[str, str], float]:
     return {(lat["model"], cell_name(lat["provider"], lat["batch_size"])): lat["stats"]["p50_ms"]
             for lat in bench["latency"]}
@@ -96,13 +118,23 @@ def record_confirmation(confirmed: list[Candidate], confirm: dict[str, Any]) -> 
 
 def ort_quality(candidates: list[Candidate], held_out: Dataset, constraint: Constraint, folder: Path,
                 say: Progress) -> None:
-    """ONNX Runtime's quality of every file on the held-out data; feasibility judged on it (what deploys)."""
-    say(f"[tune] measuring {len(candidates)} files with ONNX Runtime on {len(held_out)} held-out samples")
+    """ONNX Runtime's quality on the held-out data of every file not measured yet (the first of ``candidates`` is
+    the original, the reference); feasibility judged on it (what deploys)."""
+    todo = [c for c in candidates if not c.quality]
+    if not todo:
+        return
+    if candidates[0].quality:  # measured before (with the baselines, for the structure screen): it runs again
+        todo = [candidates[0], *todo]  # only as the reference of top-1 agreement; its quality stays as measured
+    say(f"[tune] measuring {len(todo)} files with ONNX Runtime on {len(held_out)} held-out samples")
     y = None if held_out.y is None else held_out.y.numpy()
-    metrics = evaluate_models([c.label for c in candidates], [Path(c.onnx) for c in candidates],
-                                 feeds_of(held_out.x), y, 64, rb.BenchConfig().threads())
-    reference = Quality.from_metrics(dataclasses.asdict(metrics[0]))
-    for c, m in zip(candidates, metrics):
+    metrics = evaluate_models([c.label for c in todo], [Path(c.onnx) for c in todo],
+                              feeds_of(held_out.x), y, 64, rb.BenchConfig().threads())
+    if candidates[0].quality:
+        todo, metrics = todo[1:], metrics[1:]
+        reference = Quality.from_metrics(candidates[0].quality)
+    else:
+        reference = Quality.from_metrics(dataclasses.asdict(metrics[0]))
+    for c, m in zip(todo, metrics):
         c.quality = {k: v for k, v in dataclasses.asdict(m).items() if k in ("accuracy", "top1_agreement", "mse")}
         q = Quality.from_metrics(c.quality)
         c.loss = constraint.loss(q, reference)

@@ -83,8 +83,9 @@ class TuneReport:
     """Wall time by phase: the candidates' ``prepare``, ``realise``, ``recover``, ``measure`` and ``export``
     (summed over candidates, so with several workers they can exceed the search's wall time), and the tune's own
     ``baselines`` (export, quantisation, accuracy control), ``search`` (wall time of all candidate rounds),
-    ``ort_quality``, ``ort_sizes`` (``--format onnx,ort`` with ``--max-size``: the feasible files converted to judge
-    their ``.ort`` size), ``screen`` and ``confirm``."""
+    ``structure_files`` and ``structure_screen`` (the race's structure screen: exporting the pool's zero-shot
+    models, timing them; inside ``search``), ``ort_quality``, ``ort_sizes`` (``--format onnx,ort`` with
+    ``--max-size``: the feasible files converted to judge their ``.ort`` size), ``screen`` and ``confirm``."""
     chosen_ort: dict[str, Any] | None = None
     """With ``--format onnx,ort`` and a chosen model: ``chosen.ort`` and its configuration
     (:func:`minreal.export.ort_format.ort_copy`'s record, with ``gzip_bytes``), checked against ``chosen.onnx``."""

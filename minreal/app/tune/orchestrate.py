@@ -42,7 +42,15 @@ from .candidate import CandidateResult, CandidateSpec, Job, LoadedSource, cached
 from .choice import choose_candidate, fronts, to_confirm
 from .config import Constraint, Quality, TuneConfig, TuneError
 from .executor import Executor, InlineExecutor
-from .measure import bench_on_target, file_sizes, ort_quality, ort_sizes, p50_by_cell, record_confirmation
+from .measure import (
+    bench_on_target,
+    file_sizes,
+    ort_quality,
+    ort_sizes,
+    p50_by_cell,
+    record_confirmation,
+    structure_screen,
+)
 from .model import TUNE_SCHEMA_VERSION, Candidate, Progress, TuneReport, cell_name
 from .output import write_chosen, write_chosen_ort
 from .search import Clock, default_methods, qat_candidates, search_record, search_rounds, with_chains
@@ -95,7 +103,8 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     try:
         t0 = time.perf_counter()
         clock = Clock(t_start, say, cfg.workers, len(calib))
-        searches, halving, results = search_rounds(methods, cfg, job_base, run, t_start, notes, say, clock)
+        screen = _structure_screen(baselines, held_out, cfg, folder, say, run, phases)
+        searches, halving, results = search_rounds(methods, cfg, job_base, run, t_start, notes, say, clock, screen)
         results += qat_candidates(searches, results, held_out, models_dir / "original.onnx", cfg, job_base, run,
                                    t_start, notes, say, clock)
         phases["search"] = time.perf_counter() - t0
@@ -103,7 +112,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
         t0 = time.perf_counter()
         ort_quality(candidates, held_out, cfg.constraint, folder, say)
         file_sizes(candidates, cfg, notes, say)
-        phases["ort_quality"] = time.perf_counter() - t0
+        phases["ort_quality"] = phases.get("ort_quality", 0.0) + time.perf_counter() - t0
         if cfg.ort is not None and (cfg.max_size_kb is not None or cfg.objective == "size"):  # the .ort file ships
             t0 = time.perf_counter()
             ort_sizes(candidates, cfg, folder, notes, say, clock)
@@ -126,6 +135,29 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     report.counts = _counts(results, candidates)
     report.wall_s = time.perf_counter() - t_start
     return report
+
+
+def _structure_screen(baselines: list[Candidate], held_out: Dataset, cfg: TuneConfig, folder: Path, say: Progress,
+                      run: Executor, phases: dict[str, float]) -> Any:
+    """The race's structure screen (:func:`.measure.structure_screen`) for the latency objective with recovery, or
+    None. It compares with the baselines that meet the constraint, so their ONNX Runtime quality is measured now (and
+    not again later); its seconds go to ``phases`` (``structure_files``: exporting the zero-shot structures,
+    ``structure_screen``: timing them)."""
+    if cfg.objective != "latency" or not cfg.recover_epochs or not cfg.structure_screen:
+        return None
+
+    def screen(results: list[CandidateResult]) -> dict[tuple[str, float], dict[str, float]]:
+        t0 = time.perf_counter()
+        if not baselines[0].quality:
+            ort_quality(baselines, held_out, cfg.constraint, folder, say)
+        phases["ort_quality"] = phases.get("ort_quality", 0.0) + time.perf_counter() - t0
+        phases["structure_files"] = sum(sum(r.seconds.values()) for r in results if not r.cached)
+        t0 = time.perf_counter()
+        out = structure_screen(results, baselines, held_out, cfg, say, run)
+        phases["structure_screen"] = time.perf_counter() - t0
+        return out
+
+    return screen
 
 
 def _limit_pp(c: Constraint) -> float:

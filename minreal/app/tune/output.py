@@ -158,6 +158,14 @@ def _halving_lines(halving: dict[str, Any] | None) -> list[str]:
     eta = halving["eta"]
     out = ["", f"## Recovery by successive halving (eta {eta}: a candidate that meets the constraint is done; of "
            f"the others, 1/{eta} go on with {eta} times the recovery)", ""]
+    screened = halving.get("screened") or []
+    if screened:
+        out.append("- structure screen (p50 of the structure's fastest file over the fastest baseline that meets "
+                   "the constraint, by cell; only a structure faster in some cell races): "
+                   + "; ".join(f"{e['method']}@{e['budget']:g} "
+                               + (", ".join(f"{c} {r:.2f}x" for c, r in e["ratio"].items()) if e["ratio"]
+                                  else "not timed")
+                               + ("" if e["raced"] else " (not raced)") for e in screened))
     for i, rung in enumerate(halving["rungs"]):
         if not rung:
             continue

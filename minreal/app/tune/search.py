@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,11 @@ from .halving import Halving, RungEntry, halving_pool, halving_twins, rung_fract
 from .model import Progress
 
 __all__ = ["BudgetSearch", "Probe", "default_methods", "CHAINS", "with_chains", "search_rounds", "qat_candidates",
-           "search_record", "Clock"]
+           "search_record", "Clock", "StructureScreen"]
+
+StructureScreen = Callable[[list[CandidateResult]], dict[tuple[str, float], dict[str, float]]]
+"""Times the files of ``files_only`` results on the target (:func:`.measure.structure_screen`): for each ``(method,
+budget)``, by cell, the p50 of its fastest file over that of the fastest baseline that meets the constraint."""
 
 
 @dataclass
@@ -128,12 +132,12 @@ def with_chains(methods: Sequence[str]) -> tuple[str, ...]:
 
 
 def search_rounds(methods: Sequence[str], cfg: TuneConfig, base: Job, run: Executor, t_start: float,
-                  notes: list[str], say: Progress, clock: Clock
+                  notes: list[str], say: Progress, clock: Clock, screen: StructureScreen | None = None
                   ) -> tuple[dict[tuple[str, int], BudgetSearch], Halving | None, list[CandidateResult]]:
     """The plan's fixed variants, then rounds of zero-shot bisection (one step of every unfinished method's search a
     round: every budget realises from the method's one prepared state, so a probe costs a realise, a measurement
     and, when it meets the constraint, an export), then successive halving of the recovered candidates
-    (:mod:`.halving`)."""
+    (:mod:`.halving`), whose pool ``screen`` first times (None: every structure of the pool races)."""
     searches = {(m, 0): BudgetSearch(cfg.grid) for m in methods}
     fixed = [dataclasses.replace(base, spec=CandidateSpec(v.label, 1.0, e, variant=v))
              for v in cfg.plan for e in cfg.recovery_budgets]
@@ -156,14 +160,15 @@ def search_rounds(methods: Sequence[str], cfg: TuneConfig, base: Job, run: Execu
             return searches, None, results
     halving = None
     if cfg.recover_epochs and methods and not _stopped(cfg, t_start, results, notes, say):
-        halving = _halve(methods, searches, cfg, base, run, clock, results, t_start, notes, say)
+        halving = _halve(methods, searches, cfg, base, run, clock, results, t_start, notes, say, screen)
     return searches, halving, results
 
 
 def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch], cfg: TuneConfig, base: Job,
            run: Executor, clock: Clock, results: list[CandidateResult], t_start: float, notes: list[str],
-           say: Progress) -> Halving:
-    """Successive halving of the recovered candidates below each method's zero-shot boundary."""
+           say: Progress, screen: StructureScreen | None = None) -> Halving:
+    """Successive halving of the recovered candidates below each method's zero-shot boundary, of those whose
+    structure ``screen`` finds faster than a baseline (:func:`_screened`)."""
     fractions = rung_fractions(cfg.halving_eta, cfg.halving_rungs)
     zero_shot = {(r.spec.method, r.spec.mac_ratio): r for r in results
                  if r.spec.variant is None and not r.spec.recover_epochs and not r.error}
@@ -176,6 +181,8 @@ def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch]
                      f"{zero_shot[(m, b)].mac_ratio:.3g}): it is recovered once, as {m}@{twin:g}")
         say(f"[tune] {notes[-1]}")
     halving = Halving(fractions, cfg.halving_eta, pool, twins=twins, grid=tuple(cfg.grid))
+    if screen is not None and pool:
+        halving.pool = pool = _screened(halving, base, run, clock, screen, notes, say)
     n_calib = clock.calib_samples
     say(f"[tune] recovery by successive halving: {len(pool)} candidate(s) below the zero-shot boundaries, rungs of "
         f"{', '.join(_fraction_text(f) for f in fractions)} of the {cfg.recover_epochs}-epoch recovery cap")
@@ -214,6 +221,33 @@ def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch]
         for e in sorted(last, key=lambda e: -e.budget):
             search.probes[e.budget] = Probe(e.budget, e.meets, e.score)
     return halving
+
+
+def _screened(halving: Halving, base: Job, run: Executor, clock: Clock, screen: StructureScreen, notes: list[str],
+              say: Progress) -> list[tuple[str, float]]:
+    """The pool less the structures that are not faster than the fastest baseline that meets the constraint in any
+    cell: each pool budget's zero-shot model is exported (``files_only``) and ``screen`` times its files beside the
+    baselines. A structure no recovery can make faster than a file the user already has is not recovered. A budget
+    whose files could not be made races as before (its refusal is the race's to record)."""
+    jobs = [dataclasses.replace(base, spec=CandidateSpec(m, b, files_only=True)) for m, b in halving.pool]
+    made = [r for r in clock.run_round(run, jobs, "structure files of the race's pool", base)
+            if not r.skipped and not r.error]
+    ratios = screen(made) if made else {}
+    kept = []
+    for m, b in halving.pool:
+        cells = ratios.get((m, b))
+        keep = cells is None or not cells or min(cells.values()) < 1.0
+        halving.screened.append({"method": m, "budget": b, "ratio": cells, "raced": keep})
+        if keep:
+            kept.append((m, b))
+    out = [f"{e['method']}@{e['budget']:g} ({min(e['ratio'].values()):.2f}x)" for e in halving.screened
+           if not e["raced"]]
+    if out:
+        notes.append(f"{len(out)} of {len(halving.pool)} structures of the race's pool are not faster than the fastest "
+                     f"baseline that meets the constraint in any cell (p50 ratio to it, their fastest file): "
+                     f"{', '.join(out)}; recovery changes weights, not structure, so they were not recovered")
+        say(f"[tune] {notes[-1]}")
+    return kept
 
 
 def _fraction_text(f: float) -> str:
@@ -279,7 +313,7 @@ class Clock:
         return out
 
     def _learn(self, res: CandidateResult) -> None:
-        if res.skipped or res.cached or res.error:
+        if res.skipped or res.cached or res.error or res.spec.files_only:
             return
         sec = res.seconds
         self.fixed.append(sum(v for k, v in sec.items() if k not in ("prepare", "recover")))
@@ -311,6 +345,9 @@ def _note_skipped(outcomes: list[CandidateResult], notes: list[str], say: Progre
 def _probe_line(res: CandidateResult, base: Job) -> str:
     if res.error:
         return f"refused: {res.error}"
+    if res.spec.files_only:
+        return f"MAC ratio {res.mac_ratio:.3f}, {' and '.join(sorted(res.files))} files to time its structure" + (
+            " (cached)" if res.cached else "")
     loss = base.constraint.loss(Quality.from_metrics(res.quality), base.reference)
     verdict = "meets" if res.feasible else "misses"
     cached = " (cached)" if res.cached else ""
