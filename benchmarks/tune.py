@@ -65,6 +65,8 @@ RECOVER_EPOCHS = 1
 GOAL_S = 15 * 60
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/tune.py --out benchmarks/tune.json"
 STAGES = (("ort_quality", "[tune] measuring"), ("screen", "[tune] screening"), ("confirm", "[tune] confirming"))
+"""Stages the progress lines mark: a stage starts at the LAST line that starts with its text (the race's structure
+screen measures the baselines' quality early, with the same words, inside the search)."""
 """Stages the tune announces, by the progress line that starts them."""
 
 
@@ -262,7 +264,7 @@ class StageClock:
         t = self.now()
         for stage, start in STAGES:
             if line.startswith(start):
-                self.marks.setdefault(stage, t)
+                self.marks[stage] = t
         self.log.write(f"{t:8.1f} {line}\n")
         self.log.flush()
         print(f"{self.prefix} {t:6.0f}s {line}", file=sys.stderr, flush=True)
@@ -426,14 +428,35 @@ def load_report(folder: Path) -> Any:
     return TuneReport(**data)
 
 
+def restaged(run: dict[str, Any]) -> dict[str, float]:
+    """``run``'s ``stage_s`` again, the log-marked stages (:data:`STAGES`) read from its folder's ``progress.log`` and
+    the others (baselines, accuracy control, the start of the search) kept from the record (for records whose
+    clock marked a stage at its first line rather than its last); the record's own when there is no log."""
+    log, old = Path(run["folder"]) / "progress.log", run.get("stage_s") or {}
+    if not log.is_file() or "wall_s" not in run:
+        return old
+    marks: dict[str, float] = {}
+    for line in log.read_text().splitlines():
+        t, _, text = line.strip().partition(" ")
+        for stage, start in STAGES:
+            if text.startswith(start):
+                marks[stage] = float(t)
+    head = [n for n in ("baselines", "accuracy_control", "search") if n in old]
+    times = [sum(old[m] for m in head[:i]) for i in range(len(head))]
+    known = [*zip(head, times), *sorted(marks.items(), key=lambda kv: kv[1]), ("end", run["wall_s"])]
+    return {n: round(b - a, 1) for (n, a), (_, b) in zip(known, known[1:])}
+
+
 def refresh(doc: dict[str, Any], quick: bool) -> None:
-    """Re-derive every finished run's record from its tune folder's ``report.json`` (measurements untouched)."""
+    """Re-derive every finished run's record from its tune folder's ``report.json`` (measurements untouched) and
+    its ``stage_s`` from its ``progress.log`` (:func:`restaged`)."""
     fresh = new_document(quick)
     doc["method"], doc["summary_legend"] = fresh["method"], fresh["summary_legend"]
     for key, run in doc["runs"].items():
         if "error" not in run:
             cfg = tune_config(run["max_accuracy_drop_pp"], quick, run.get("recover_epochs", RECOVER_EPOCHS))
             run.update(derived(load_report(Path(run["folder"])), cfg))
+            run["stage_s"] = restaged(run)
             say(f"{key}: re-derived from {run['folder']}/report.json")
 
 
