@@ -173,9 +173,9 @@ class TuneConfig:
     halving_per_method: int = 2
     """Grid budgets per method that enter the first rung (the largest below its zero-shot boundary)."""
     structure_screen: bool = True
-    """With the latency objective, time each raced budget's structure (its zero-shot model's files) beside the
-    baselines first, and race only those faster than a baseline that meets the constraint in some cell
-    (:mod:`.halving`); False: every budget of the pool races."""
+    """With the latency objective, time each method's fastest structure in the race's pool (its smallest budget's
+    zero-shot model) beside the baselines first, and race only the methods faster than a baseline that meets the
+    constraint in some cell (:mod:`.halving`); False: every budget of the pool races."""
 
     def __post_init__(self) -> None:
         if self.objective not in ("latency", "size"):

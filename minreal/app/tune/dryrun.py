@@ -132,9 +132,10 @@ def estimate_plan(cfg: TuneConfig, methods: Sequence[str], calib: int, held_out:
                          f"per method below its zero-shot boundary), {cfg.recover_epochs}-epoch cap: "
                          f"{'; '.join(parts)} of the cap; a method whose smallest raced budget meets the constraint "
                          "early races its next budget at the next rung (not counted here)"
-                         + ("; first, the pool's structures are exported and timed beside the baselines, and one "
-                            "not faster than a baseline that meets the constraint does not race (counted here as if "
-                            "every one raced)" if cfg.objective == "latency" else ""))
+                         + ("; first, each method's smallest pool budget is exported and timed beside the "
+                            "baselines, and a method whose structure there is not faster than a baseline that meets "
+                            "the constraint does not race (counted here as if every one raced)"
+                            if cfg.objective == "latency" and cfg.structure_screen else ""))
         if cfg.int8 and cfg.qat:
             qat = last * cfg.recover_epochs * train * (probe.train_s * 1.5 + probe.forward_s)
             est.seconds["quantisation-aware"] = qat

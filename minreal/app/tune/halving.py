@@ -25,14 +25,14 @@ race already found where its recovery stops. The report says which candidate got
 fate, and which budgets entered by extension.
 
 Recovery changes a candidate's weights, not its structure, so what its file costs on the target is known before it
-is recovered. With the latency objective the race first **screens structures**: each pool budget's zero-shot model
-is exported and timed on the target beside the baselines (the short protocol, fresh processes), and a structure
-whose fastest file (fp32 or INT8) is not faster than the fastest baseline that meets the constraint, in any
-(provider, batch) cell, does not race: no recovery could make it the answer. On a pretrained CIFAR ResNet-44 that
-takes out the rank factorisations and neuron merging, whose INT8 files run at 1.13-1.9x the original's INT8 whatever
-their budget (``benchmarks/real_models_halving.json``), before they cost any recovery. Extensions need no screen of
-their own: a method extends only below a budget that raced, so below a structure that was faster than a baseline,
-and a smaller budget of the same method is no slower (its layers are the same or thinner, or fewer).
+is recovered. With the latency objective the race first **screens structures**: each method's smallest pool
+budget (its fastest structure in the pool) is exported as its zero-shot model and timed on the target beside the
+baselines (the short protocol, fresh processes), and a method whose fastest file there (fp32 or INT8) is not faster
+than the fastest baseline that meets the constraint, in any (provider, batch) cell, races none of its budgets: no
+recovery could make them the answer, and its larger budgets are no faster (their layers are the same or wider, or
+more of them). On a pretrained CIFAR ResNet-44 that takes out the rank factorisations and neuron merging, whose
+INT8 files run at 1.2-2.1x the original's INT8 (``benchmarks/real_models_screen.json``), before they cost any
+recovery. Extensions need no screen of their own: a method extends only if it raced, and below a budget of it.
 """
 
 from __future__ import annotations
@@ -134,8 +134,9 @@ class Halving:
     """``(method, budget, rung)``: budgets that entered the race at rung index ``rung`` by extension."""
     screened: list[dict[str, Any]] = field(default_factory=list)
     """The structure screen before the race: per pool budget (``method``, ``budget``), the p50 ratio of its fastest
-    file to the fastest baseline that meets the constraint by cell (``ratio``; None: not timed) and whether it
-    ``raced`` (faster than that baseline in some cell, or not timed)."""
+    file to the fastest baseline that meets the constraint by cell (``ratio``; None: not timed, as a method's larger
+    budgets are not) and whether it ``raced`` (its method's smallest pool budget was faster than that baseline in
+    some cell, or was not timed)."""
 
     def promote(self, entries: list[RungEntry]) -> list[tuple[str, float]]:
         """Mark ``entries`` (one rung) and return the candidates that go on to the next rung."""

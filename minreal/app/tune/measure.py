@@ -67,13 +67,17 @@ def bench_files(job: BenchJob, progress: Progress | None = None) -> BenchOutcome
 
 
 def bench_on_target(candidates: list[Candidate], held_out: Dataset, cfg: TuneConfig, protocol: Protocol,
-                    say: Progress, run: Executor) -> BenchOutcome:
-    """One timing pass on the target hardware (``run.on_target``); the report names the files in ``models/``."""
+                    say: Progress, run: Executor, quality: bool = True) -> BenchOutcome:
+    """One timing pass on the target hardware (``run.on_target``); the report names the files in ``models/``.
+    ``quality``: the report's metrics on all the held-out data, with its labels (the confirmation: the release gate
+    reads them); False for a pass that only ranks by latency (the files' quality is :func:`ort_quality`'s): the
+    inputs are the rows the largest batch needs, and the metrics only the agreement on those."""
     bench_cfg = rb.BenchConfig(providers=cfg.providers, batch_sizes=cfg.batch_sizes, warmup=protocol.warmup,
                                min_runs=protocol.min_runs, min_seconds=protocol.min_seconds, repeats=protocol.repeats)
-    y = None if held_out.y is None else held_out.y.numpy()
+    x = held_out.x if quality else held_out.x[: max(cfg.batch_sizes)]
+    y = None if held_out.y is None or not quality else held_out.y.numpy()
     job = BenchJob(tuple(c.label for c in candidates), tuple(Path(c.onnx).read_bytes() for c in candidates),
-                   bench_cfg, feeds_of(held_out.x), y)
+                   bench_cfg, feeds_of(x), y)
     outcome = run.on_target(functools.partial(bench_files, progress=say), job)
     paths = {c.label: c.onnx for c in candidates}
     for model in outcome.report["models"]:
@@ -94,7 +98,7 @@ def structure_screen(results: list[CandidateResult], baselines: list[Candidate],
              for r in results for kind in ("fp32", "int8") if kind in r.files]
     say(f"[tune] structure screen: {len(files)} files of {len(results)} zero-shot structures beside "
         f"{len(refs)} baseline(s) ({cfg.screen.min_seconds:g} s per model, 1 process)")
-    p50 = p50_by_cell(bench_on_target(refs + files, held_out, cfg, cfg.screen, say, run).report)
+    p50 = p50_by_cell(bench_on_target(refs + files, held_out, cfg, cfg.screen, say, run, quality=False).report)
     cells = sorted({cell for _, cell in p50})
     best = {cell: min(p50[(c.label, cell)] for c in refs) for cell in cells}
     return {(r.spec.method, r.spec.mac_ratio):

@@ -283,7 +283,7 @@ def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: Tun
     feasible = [c for c in candidates if c.feasible or c.kind == "baseline"]
     say(f"[tune] screening {len(feasible)} files ({cfg.screen.min_seconds:g} s per model, 1 process)")
     t0 = time.perf_counter()
-    screened = bench_on_target(feasible, held_out, cfg, cfg.screen, say, run)
+    screened = bench_on_target(feasible, held_out, cfg, cfg.screen, say, run, quality=False)
     phases["screen"] = time.perf_counter() - t0
     screen = screened.report
     for (label, cell), ms in p50_by_cell(screen).items():

@@ -160,8 +160,8 @@ def _halving_lines(halving: dict[str, Any] | None) -> list[str]:
            f"the others, 1/{eta} go on with {eta} times the recovery)", ""]
     screened = halving.get("screened") or []
     if screened:
-        out.append("- structure screen (p50 of the structure's fastest file over the fastest baseline that meets "
-                   "the constraint, by cell; only a structure faster in some cell races): "
+        out.append("- structure screen (each method's smallest budget: p50 of its fastest file over the fastest "
+                   "baseline that meets the constraint, by cell; a method faster in some cell races): "
                    + "; ".join(f"{e['method']}@{e['budget']:g} "
                                + (", ".join(f"{c} {r:.2f}x" for c, r in e["ratio"].items()) if e["ratio"]
                                   else "not timed")

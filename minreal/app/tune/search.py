@@ -225,29 +225,28 @@ def _halve(methods: Sequence[str], searches: dict[tuple[str, int], BudgetSearch]
 
 def _screened(halving: Halving, base: Job, run: Executor, clock: Clock, screen: StructureScreen, notes: list[str],
               say: Progress) -> list[tuple[str, float]]:
-    """The pool less the structures that are not faster than the fastest baseline that meets the constraint in any
-    cell: each pool budget's zero-shot model is exported (``files_only``) and ``screen`` times its files beside the
-    baselines. A structure no recovery can make faster than a file the user already has is not recovered. A budget
-    whose files could not be made races as before (its refusal is the race's to record)."""
-    jobs = [dataclasses.replace(base, spec=CandidateSpec(m, b, files_only=True)) for m, b in halving.pool]
-    made = [r for r in clock.run_round(run, jobs, "structure files of the race's pool", base)
-            if not r.skipped and not r.error]
+    """The pool less the methods whose structure is not faster than the fastest baseline that meets the constraint
+    in any cell: each method's smallest pool budget (its fastest structure there: a larger budget of a method keeps
+    the same layers or wider ones, or more of them) is exported as its zero-shot model (``files_only``), and
+    ``screen`` times its files beside the baselines. A method whose fastest raced structure no recovery can make
+    faster than a file the user already has races none of its budgets. A method whose files could not be made
+    races as before (its refusal is the race's to record)."""
+    smallest = {m: min(b for k, b in halving.pool if k == m) for m, _ in halving.pool}
+    jobs = [dataclasses.replace(base, spec=CandidateSpec(m, b, files_only=True)) for m, b in smallest.items()]
+    made = [r for r in clock.run_round(run, jobs, "structure files of the race's pool (each method's smallest "
+                                       "budget)", base) if not r.skipped and not r.error]
     ratios = screen(made) if made else {}
-    kept = []
-    for m, b in halving.pool:
-        cells = ratios.get((m, b))
-        keep = cells is None or not cells or min(cells.values()) < 1.0
-        halving.screened.append({"method": m, "budget": b, "ratio": cells, "raced": keep})
-        if keep:
-            kept.append((m, b))
-    out = [f"{e['method']}@{e['budget']:g} ({min(e['ratio'].values()):.2f}x)" for e in halving.screened
-           if not e["raced"]]
+    out = {m for m, b in smallest.items() if ratios.get((m, b)) and min(ratios[(m, b)].values()) >= 1.0}
+    halving.screened = [{"method": m, "budget": b, "ratio": ratios.get((m, b)), "raced": m not in out}
+                        for m, b in halving.pool]
     if out:
-        notes.append(f"{len(out)} of {len(halving.pool)} structures of the race's pool are not faster than the fastest "
-                     f"baseline that meets the constraint in any cell (p50 ratio to it, their fastest file): "
-                     f"{', '.join(out)}; recovery changes weights, not structure, so they were not recovered")
+        timed = [f"{m}@{smallest[m]:g} ({min(ratios[(m, smallest[m])].values()):.2f}x)" for m in sorted(out)]
+        notes.append(f"{len(out)} of {len(smallest)} methods race none of their budgets: their fastest structure in "
+                     "the race's pool is not faster than the fastest baseline that meets the constraint in any cell "
+                     f"(p50 ratio to it, their fastest file): {', '.join(timed)}; recovery changes weights, not "
+                     "structure")
         say(f"[tune] {notes[-1]}")
-    return kept
+    return [(m, b) for m, b in halving.pool if m not in out]
 
 
 def _fraction_text(f: float) -> str:
