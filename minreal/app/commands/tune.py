@@ -144,22 +144,23 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
         raise click.UsageError(f"-m {twice[0]} given twice: tune searches each method's budgets itself")
     grid_values = tuple(_split_floats(grid, "--grid")) if grid else None
 
-    from minreal.app.tune import CONFIRM, SCREEN, Constraint, TuneConfig, TuneError, parse_duration  # torch-free
+    from minreal.app.tune import SCREEN, Constraint, TuneConfig, TuneError, parse_duration  # torch-free
+    from minreal.runtime_bench.config import BenchConfig
 
     con = Console(quiet, as_json)
     preprocess, allow_mismatch = image_preprocess(opts), opts.pop("allow_data_mismatch")
     ort = ort_config(opts)
     screen = {"min_seconds": screen_seconds} if screen_seconds is not None else {}
     confirm = {k: v for k, v in (("min_seconds", min_seconds), ("repeats", repeats)) if v is not None}
+    bench = BenchConfig(providers=split_names(providers), batch_sizes=batch_sizes, **confirm)
     try:  # the options' errors are usage errors, told before any heavy import
-        cfg = TuneConfig(Constraint(max_accuracy_drop, min_agreement, max_mse_increase),
-                         providers=split_names(providers), batch_sizes=batch_sizes,
+        cfg = TuneConfig(Constraint(max_accuracy_drop, min_agreement, max_mse_increase), bench,
                          objective=objective, methods=tuple(method),
                          grid=TuneConfig.grid if grid_values is None else grid_values,
                          recover_epochs=recover_epochs, max_size_kb=max_size_kb, int8=not no_int8, qat=not no_qat,
                          quant_target=quant_target_for(quant_target, split_names(providers)),
                          time_budget_s=parse_duration(time_budget) if time_budget else None,
-                         screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),
+                         screen=dataclasses.replace(SCREEN, **screen),
                          workers=workers, dynamic_axes=shape_options((), dynamic_axes)[1] if dynamic_axes else {},
                          stats_samples=stats_samples, ort=ort)
     except TuneError as exc:
@@ -174,8 +175,8 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
         from minreal.app.method_options import provider_defaults
         from minreal.app.plan import load_plan
 
-        cfg = dataclasses.replace(cfg, plan=tuple(load_plan(plan, provider_defaults(cfg.providers))))
-    require_providers(cfg.providers, False)
+        cfg = dataclasses.replace(cfg, plan=tuple(load_plan(plan, provider_defaults(cfg.bench.providers))))
+    require_providers(cfg.bench.providers, False)
     remote = executor_kind == "ray"
     cache = Path(cache_dir) if cache_dir else _default_cache()
     cache = cache.resolve() if remote else cache  # the same folder for workers whatever their working directory

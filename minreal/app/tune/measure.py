@@ -68,8 +68,7 @@ def bench_files(job: BenchJob, progress: Progress | None = None) -> BenchOutcome
 def bench_on_target(candidates: list[Candidate], held_out: Dataset, cfg: TuneConfig, protocol: Protocol,
                     say: Progress, run: Executor) -> BenchOutcome:
     """One timing pass on the target hardware (``run.on_target``); the report names the files in ``models/``."""
-    bench_cfg = rb.BenchConfig(providers=cfg.providers, batch_sizes=cfg.batch_sizes, warmup=protocol.warmup,
-                               min_runs=protocol.min_runs, min_seconds=protocol.min_seconds, repeats=protocol.repeats)
+    bench_cfg = cfg.bench_config(protocol)
     y = None if held_out.y is None else held_out.y.numpy()
     job = BenchJob(tuple(c.label for c in candidates), tuple(Path(c.onnx).read_bytes() for c in candidates),
                    bench_cfg, feeds_of(held_out.x), y)
