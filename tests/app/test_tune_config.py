@@ -7,8 +7,10 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+import click
 import pytest
 
+from minreal.app.cli import cli
 from minreal.app.tune import SCREEN, Constraint, Protocol, TuneConfig
 from minreal.export.json_safe import to_jsonable
 from minreal.runtime_bench import BenchConfig, BenchInputError
@@ -87,3 +89,14 @@ def test_the_command_line_fills_the_bench_config(workdir: Path, run_cli: Callabl
     assert [cfg.bench for cfg in seen] == [BenchConfig(providers=("cpu",), batch_sizes=(1, 4), min_seconds=0.5,
                                                        repeats=2)]
     assert seen[0].screen == Protocol(min_seconds=0.1, repeats=1, min_runs=20, warmup=5)
+
+
+def test_tune_s_option_defaults_are_the_config_s() -> None:
+    """The command line shows and passes the defaults TuneConfig declares, rather than copies of them."""
+    command = cli.commands["tune"]
+    with click.Context(command, info_name="tune") as ctx:
+        defaults = {p.name: p.default for p in command.get_params(ctx) if isinstance(p, click.Option)}
+    declared = {f.name: f.default for f in dataclasses.fields(TuneConfig)}
+    names = ("objective", "stats_samples", "recover_epochs", "workers")
+    assert [defaults[n] for n in names] == [declared[n] for n in names] == ["latency", 1024, 0, 1]
+    assert defaults["batch"] == "1" and TuneConfig.bench.batch_sizes == BenchConfig().batch_sizes == (1,)
