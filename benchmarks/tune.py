@@ -227,12 +227,14 @@ CASES: dict[str, Callable[[Path], Case]] = {"mlp": mlp_case, "cnn": cnn_case, "r
 # ------------------------------------------------------------------------------------------------- configuration
 def tune_config(drop: float, quick: bool, recover_epochs: int = RECOVER_EPOCHS) -> Any:
     from minreal.app.tune import Constraint, Protocol, TuneConfig
+    from minreal.runtime_bench import BenchConfig
 
-    cfg = TuneConfig(Constraint(max_accuracy_drop=drop), (PROVIDER,), BATCHES, recover_epochs=recover_epochs)
+    cfg = TuneConfig(Constraint(max_accuracy_drop=drop), BenchConfig(providers=(PROVIDER,), batch_sizes=BATCHES),
+                     recover_epochs=recover_epochs)
     if not quick:
         return cfg
-    return dataclasses.replace(cfg, methods=("svd",), grid=(0.8, 0.5), screen=Protocol(0.05, 1, 5, 2),
-                               confirm=Protocol(0.1, 1, 5, 2))
+    return dataclasses.replace(cfg, methods=("svd",), grid=(0.8, 0.5), screen=Protocol(0.05, 1, 5, 2)).with_bench(
+        min_seconds=0.1, repeats=1, min_runs=5, warmup=2)
 
 
 def cli_line(case: Case, drop: float, cache: Path, cfg: Any, workers: int = 1) -> str:

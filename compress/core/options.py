@@ -91,7 +91,7 @@ class CostBudget:
         if self.latency_ratio is not None and not self.latency_table:
             raise CompressionError("`latency_ratio` needs `latency_table` (latencies measured on the target "
                                    "provider); build one with `minreal latency-table MODEL --out table.json` (add "
-                                   "--kind width for magnitude/wanda, --kind depth for depth)",
+                                   "`--kind width` for magnitude/wanda, `--kind depth` for depth)",
                                    fields=("latency_ratio", "latency_table"))
 
     @property
@@ -234,7 +234,7 @@ class Budget:
         for k in given:
             v = getattr(self, k)
             if not 0.0 < v <= 1.0:
-                raise CompressionError(f"{self.flag(k)} must lie in (0, 1], got {v}")
+                raise CompressionError(f"`{self.field(k)}` must lie in (0, 1], got {v}", fields=(self.field(k),))
         if self.rank_multiple < 1:
             raise CompressionError(f"`rank_multiple` must be >= 1, got {self.rank_multiple}", fields=("rank_multiple",))
         if self.allocator not in ALLOCATOR_NAMES:
@@ -297,7 +297,7 @@ class BudgetOptions(CostBudget, ExcludeOption):
         if self.budget_given and layer:
             both = (self.budget_given[0], layer[0])
             raise CompressionError(f"give only one of `{both[0]}` and `{both[1]}`", fields=both)
-        self.budget()  # validates the budget fields, naming the flags
+        self.budget()  # validates the budget fields, naming them
 
     def _layer_targets(self) -> tuple[str, ...]:
         return ("layer_mac_ratio", "layer_param_ratio", "rank_fraction")

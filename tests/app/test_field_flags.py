@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import ast
+import collections
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,44 +24,64 @@ LIBRARY = ("compress", "export", "runtime_bench")
 #: A flag in a message: two dashes and a letter, not inside a word (``cpu-vnni``) or a longer dash run.
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
 #: Library messages that still name a flag in Python too, because a test of the library (not of the command line)
-#: asserts the flag's text and keeps its assertion (issue 43): "file stem:function" -> the test that pins it.
-#: Converting one means the maintainers change that assertion first.
+#: asserts the flag's text and keeps its assertion (issue 43): "module path (from the repository root):function
+#: (its qualified name: Class.method for a method)" -> the test that pins it. Converting one means the maintainers
+#: change that assertion first.
 PINNED = {
-    "recover_options:__post_init__": "tests/compress/core/test_recover.py: RecoveryConfig(epochs=-1) matches "
-                                     "--recover-epochs (and steps, alpha, lr, temperature, val_fraction, patience)",
-    "recover:_matched_points": "tests/compress/core/test_recover.py: --recover-features 'nowhere'",
-    "recover:_resolved": "tests/compress/core/test_recover.py: --recover-alpha 1",
-    "options:__post_init__": "tests/hostile/test_messages.py: CBalancedConfig(state_budget=0) matches --state-budget",
-    "config:__post_init__": "tests/hostile/test_messages.py: --energy-eps (cbalanced), --trunc (ssm); "
-                            "tests/export/test_latency_table.py: --latency-table (factorize); "
-                            "tests/runtime_bench/test_bench.py: warmup (--warmup) and the other BenchConfig fields",
-    "lowrank_plan:layer_target": "tests/app/test_cli_options.py: --mac-ratio 0.001 cannot be reached (a library call)",
-    "lowrank_plan:_check_layer_target": "tests/compress/core/test_lowrank_plan.py: --layer-mac-ratio 0.01 cannot be "
-                                        "reached",
-    "lowrank_plan:_multiple_hint": "tests/compress/core/test_lowrank_plan.py: --rank-multiple 16",
-    "allocate:allocate_widths": "tests/compress/core/width/test_allocate.py: --importance-weighting",
-    "allocate:_floor_hint": "tests/compress/core/width/test_allocate.py: --width-min 16: --width-min 0 ...",
-    "allocate:check_width_table": "tests/export/test_width_latency_table.py: --width-min is 0, --width-multiple is 16",
-    "prune:widths_for_params": "tests/app/test_cli_options.py: --param-ratio 0.001 cannot be reached (a library call)",
-    "registry:_requested_budget": "tests/app/test_cli_options.py: does not support --latency-ratio (a library call)",
-    "method:cbalanced_compress": "tests/compress/methods/cbalanced/test_cbalanced.py: --recover-epochs",
-    "method:_merge": "tests/compress/methods/fde/test_method.py: --param-ratio 0.3 not met",
-    "method:_excluded": "tests/compress/methods/depth/test_depth.py: --exclude layer9.0: no residual block",
-    "method:_prefix": "tests/compress/methods/depth/test_depth.py: leaves --mac-ratio",
-    "graph_path:graph_prepare": "tests/compress/methods/fde/test_graph.py: --representative mean/lstsq and "
-                                "--compensation are for MLPs",
-    "graph_path:_meet_budget": "tests/compress/methods/fde/test_graph.py: --param-ratio 0.01 cannot be met",
-    "check:_int8_drop": "tests/runtime_bench/test_release_check.py: --max-int8-drop",
-    "check:_size": "tests/runtime_bench/test_release_check.py: --max-size",
-    "check:_size_ratio": "tests/runtime_bench/test_release_check.py: --max-size-ratio",
-    "check:_sized_models": "tests/runtime_bench/test_release_check.py: --max-size, --max-size-ratio",
-    "check:_on_provider": "tests/runtime_bench/test_check_placement.py: min_on_provider (--min-on-provider)",
-    "bench:_check_inputs": "tests/runtime_bench/test_bench_shapes.py: axis_values (--axis-values) names",
-    "provider_options:parse_provider_option": "tests/runtime_bench/test_provider_options.py: --provider-option in "
-                                              "each message (it parses that option's PROVIDER.KEY=VALUE text)",
-    "provider_options:merge_settings": "tests/runtime_bench/test_provider_options.py: --provider-option in each "
-                                       "message",
-    "settings:__post_init__": "tests/export/test_ort_format.py: --quant-mode dynamic cannot write the",
+    "compress/core/recover_options.py:RecoveryConfig.__post_init__":
+        "tests/compress/core/test_recover.py: RecoveryConfig(epochs=-1) matches --recover-epochs (and steps, alpha, "
+        "lr, temperature, val_fraction, patience)",
+    "compress/core/recover.py:_matched_points": "tests/compress/core/test_recover.py: --recover-features 'nowhere'",
+    "compress/core/recover.py:_resolved": "tests/compress/core/test_recover.py: --recover-alpha 1",
+    "compress/core/options.py:StateBudgetOption.__post_init__":
+        "tests/hostile/test_messages.py: CBalancedConfig(state_budget=0) matches --state-budget",
+    "compress/methods/cbalanced/config.py:CBalancedConfig.__post_init__":
+        "tests/hostile/test_messages.py: --energy-eps (cbalanced)",
+    "compress/methods/ssm/config.py:SSMConfig.__post_init__": "tests/hostile/test_messages.py: --trunc (ssm)",
+    "compress/methods/factorize/config.py:FactorizeConfig.__post_init__":
+        "tests/export/test_latency_table.py: --latency-table (factorize)",
+    "runtime_bench/config.py:BenchConfig.__post_init__":
+        "tests/runtime_bench/test_bench.py: warmup (--warmup) and the other BenchConfig fields",
+    "compress/core/lowrank_plan.py:layer_target":
+        "tests/app/test_cli_options.py: --mac-ratio 0.001 cannot be reached (a library call)",
+    "compress/core/lowrank_plan.py:_check_layer_target":
+        "tests/compress/core/test_lowrank_plan.py: --layer-mac-ratio 0.01 cannot be reached",
+    "compress/core/lowrank_plan.py:_multiple_hint": "tests/compress/core/test_lowrank_plan.py: --rank-multiple 16",
+    "compress/core/width/allocate.py:allocate_widths":
+        "tests/compress/core/width/test_allocate.py: --importance-weighting",
+    "compress/core/width/allocate.py:_floor_hint":
+        "tests/compress/core/width/test_allocate.py: --width-min 16: --width-min 0 ...",
+    "compress/core/width/allocate.py:check_width_table":
+        "tests/export/test_width_latency_table.py: --width-min is 0, --width-multiple is 16",
+    "compress/core/prune.py:widths_for_params":
+        "tests/app/test_cli_options.py: --param-ratio 0.001 cannot be reached (a library call)",
+    "compress/registry.py:_requested_budget":
+        "tests/app/test_cli_options.py: does not support --latency-ratio (a library call)",
+    "compress/methods/cbalanced/method.py:cbalanced_compress":
+        "tests/compress/methods/cbalanced/test_cbalanced.py: --recover-epochs",
+    "compress/methods/fde/method.py:_merge": "tests/compress/methods/fde/test_method.py: --param-ratio 0.3 not met",
+    "compress/methods/depth/method.py:_excluded":
+        "tests/compress/methods/depth/test_depth.py: --exclude layer9.0: no residual block",
+    "compress/methods/depth/method.py:_prefix": "tests/compress/methods/depth/test_depth.py: leaves --mac-ratio",
+    "compress/methods/fde/graph_path.py:graph_prepare":
+        "tests/compress/methods/fde/test_graph.py: --representative mean/lstsq and --compensation are for MLPs",
+    "compress/methods/fde/graph_path.py:_meet_budget":
+        "tests/compress/methods/fde/test_graph.py: --param-ratio 0.01 cannot be met",
+    "runtime_bench/check.py:_int8_drop": "tests/runtime_bench/test_release_check.py: --max-int8-drop",
+    "runtime_bench/check.py:_size": "tests/runtime_bench/test_release_check.py: --max-size",
+    "runtime_bench/check.py:_size_ratio": "tests/runtime_bench/test_release_check.py: --max-size-ratio",
+    "runtime_bench/check.py:_sized_models": "tests/runtime_bench/test_release_check.py: --max-size, --max-size-ratio",
+    "runtime_bench/check.py:_on_provider":
+        "tests/runtime_bench/test_check_placement.py: min_on_provider (--min-on-provider)",
+    "runtime_bench/bench.py:_check_inputs":
+        "tests/runtime_bench/test_bench_shapes.py: axis_values (--axis-values) names",
+    "runtime_bench/provider_options.py:parse_provider_option":
+        "tests/runtime_bench/test_provider_options.py: --provider-option in each message (it parses that option's "
+        "PROVIDER.KEY=VALUE text)",
+    "runtime_bench/provider_options.py:merge_settings":
+        "tests/runtime_bench/test_provider_options.py: --provider-option in each message",
+    "export/settings.py:VariantConfig.__post_init__":
+        "tests/export/test_ort_format.py: --quant-mode dynamic cannot write the",
 }
 
 
@@ -185,12 +206,27 @@ def _names_a_flag(node: ast.AST) -> bool:
 MESSAGE_HELPERS = ("_require", "_fail", "_settings", "_sized_models")
 
 
-def _flagged_messages() -> Iterator[str]:
-    """"file stem:function" of each library ``raise`` (and each call of a message-building helper, each ``*_hint``
-    function's returned piece of a message) that names a flag; a ``raise`` of a message held in a variable is judged
-    by every string of its function."""
+def _functions(node: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Every function under ``node`` with its qualified name, as Python spells ``__qualname__`` (``Class.method``,
+    ``outer.<locals>.inner``)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + child.name, child
+            yield from _functions(child, f"{prefix}{child.name}.<locals>.")
+        elif isinstance(child, ast.ClassDef):
+            yield from _functions(child, f"{prefix}{child.name}.")
+        else:
+            yield from _functions(child, prefix)
+
+
+def _flagged_messages() -> Iterator[tuple[str, tuple[str, int]]]:
+    """``(key, where)`` of each library ``raise`` (and each call of a message-building helper, each ``*_hint``
+    function's returned piece of a message) that names a flag: ``key`` is :data:`PINNED`'s "module path:qualified
+    function name", ``where`` the module's path and the line of the function's ``def`` (what the key stands for); a
+    ``raise`` of a message held in a variable is judged by every string of its function."""
     for path, tree in _library_trees():
-        for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        module = path.relative_to(ROOT).as_posix()
+        for qualname, fn in _functions(tree):
             for node in ast.walk(fn):
                 if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args \
                         and isinstance(node.exc.args[0], ast.Name):
@@ -205,10 +241,33 @@ def _flagged_messages() -> Iterator[str]:
                 else:
                     continue
                 if _names_a_flag(judged):
-                    yield f"{path.stem}:{fn.name}"
+                    yield f"{module}:{qualname}", (module, fn.lineno)
+
+
+def _clashes(found: Iterable[tuple[str, tuple[str, int]]]) -> dict[str, set[tuple[str, int]]]:
+    """The keys that stand for more than one function (two modules, or two definitions in one module)."""
+    where: dict[str, set[tuple[str, int]]] = collections.defaultdict(set)
+    for key, origin in found:
+        where[key].add(origin)
+    return {key: origins for key, origins in where.items() if len(origins) > 1}
+
+
+def test_a_pinned_key_stands_for_one_function_of_one_module() -> None:
+    """Each key names one function: keyed by file stem, as it once was, the BenchConfig and the method configs (all
+    ``config.py``) would have shared one key, and the clash check says so."""
+    assert not _clashes(_flagged_messages())
+    stem = [(f"{Path(key.split(':')[0]).stem}:{key.split(':')[1].split('.')[-1]}", origin)
+            for key, origin in _flagged_messages()]
+    configs = {"compress/methods/cbalanced/config.py", "compress/methods/ssm/config.py",
+               "compress/methods/factorize/config.py", "runtime_bench/config.py"}
+    assert {module for module, _ in _clashes(stem)["config:__post_init__"]} == configs
+    for key in PINNED:
+        module, qualname = key.split(":")
+        names = {q for q, _ in _functions(ast.parse((ROOT / module).read_text()))}
+        assert qualname in names, f"{key}: no such function in {module}"
 
 
 def test_library_errors_name_no_flag_but_the_pinned_ones() -> None:
-    flagged = set(_flagged_messages())
+    flagged = {key for key, _ in _flagged_messages()}
     assert not flagged - set(PINNED), "a library error names a flag: name the field (minreal.facts.FieldError)"
     assert not set(PINNED) - flagged, "a pinned message names no flag any more: drop it from PINNED"

@@ -254,3 +254,11 @@ def test_a_plan_files_config_error_names_the_flag(workdir: Path, run_cli: Callab
                             "digits-flat", "--out", "runs/p", "--no-int8", "-q"])
     assert code == 2 and "--mac-ratio must lie in (0, 1], got 1.5" in err, err
     assert "mac_ratio" not in err and "Traceback" not in err
+
+
+def test_a_layer_budget_error_names_the_flag(workdir: Path, run_cli: Callable) -> None:
+    """The library names the field (tests/compress/core/test_errors.py); the command line shows its flag."""
+    code, _, err = run_cli(["compress", "net.py:make", "-m", "svd", "--layer-mac-ratio", "1.5", "--data",
+                            "digits-flat", "--out", "cut.pt2", "-q"])
+    assert code == 2 and "invalid options for method 'svd': --layer-mac-ratio must lie in (0, 1], got 1.5" in err, err
+    assert "layer_mac_ratio" not in err and "`" not in err and not Path("cut.pt2").exists()

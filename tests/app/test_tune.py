@@ -37,8 +37,10 @@ from minreal.app.tune.search import BudgetSearch
 from minreal.compress.core.smoke import digits_mlp, digits_subset
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
+from minreal.runtime_bench import BenchConfig
 
 FAST = Protocol(min_seconds=0.02, repeats=1, min_runs=5, warmup=1)
+FAST_BENCH = BenchConfig(**dataclasses.asdict(FAST))  # FAST confirms too; the cells: minreal bench's defaults
 GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
 
 
@@ -122,7 +124,7 @@ def test_tune_chooses_a_model_that_meets_the_constraint_and_resumes_from_cache(t
                                                                               shared_cache: Path) -> None:
     model, tr, te = trained_mlp
     cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd", "factorize"), grid=(0.8, 0.5, 0.3),
-                     recover_epochs=1, screen=FAST, confirm=FAST)
+                     recover_epochs=1, screen=FAST, bench=FAST_BENCH)
     report = tune(model, tr, te, cfg, tmp_path / "a", shared_cache, executor=InlineExecutor())
     labels = [c.label for c in report.candidates]
     assert labels[:2] == ["original", "original.int8"]  # the rows to beat are always there
@@ -176,7 +178,7 @@ def test_bisection_prepares_each_method_once_and_reuses_zero_shot_models(trained
     monkeypatch.setattr(registry, "prepare", counting_prepare)
     monkeypatch.setattr(registry, "realise", counting_realise)
     cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd", "factorize"), grid=(0.8, 0.5, 0.3),
-                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST, structure_screen=False)
+                     recover_epochs=1, int8=False, screen=FAST, bench=FAST_BENCH, structure_screen=False)
     report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
     probes = [(s["method"], p["budget"]) for s in report.searches if s["recover_epochs"] == 0 for p in s["probes"]]
     raced = [(e["method"], e["budget"]) for rung in report.halving["rungs"] for e in rung]
@@ -282,7 +284,7 @@ def test_an_arm64_int8_choice_is_converted_for_the_arm_platform(trained_mlp, tmp
 
     model, tr, te = trained_mlp
     cfg = TuneConfig(Constraint(max_accuracy_drop=100.0), objective="size", methods=("svd",), grid=(0.9,),
-                     quant_target="arm64", qat=False, screen=FAST, confirm=FAST, ort=OrtConfig())
+                     quant_target="arm64", qat=False, screen=FAST, bench=FAST_BENCH, ort=OrtConfig())
     report = tune(model, tr, te, cfg, tmp_path / "a", shared_cache, executor=InlineExecutor())
     chosen = next(c for c in report.candidates if c.label == report.chosen)
     assert chosen.precision == "int8"  # the smallest file that meets a 100-point drop is an INT8 one
@@ -298,7 +300,7 @@ def test_size_objective_picks_the_smallest_feasible_file_of_all(trained_mlp, tmp
     """Size needs no timing: the smallest file that meets the constraint wins even off the latency front."""
     model, tr, te = trained_mlp
     cfg = TuneConfig(Constraint(max_accuracy_drop=2.0), objective="size", methods=("svd", "factorize"),
-                     grid=(0.8, 0.5, 0.3), recover_epochs=1, screen=FAST, confirm=FAST)
+                     grid=(0.8, 0.5, 0.3), recover_epochs=1, screen=FAST, bench=FAST_BENCH)
     report = tune(model, tr, te, cfg, tmp_path / "s", shared_cache, executor=InlineExecutor())
     feasible = [c for c in report.candidates if c.feasible]
     assert report.chosen == min(feasible, key=lambda c: (c.onnx_bytes, c.screen_ms["cpu/b1"])).label
@@ -310,7 +312,7 @@ def test_max_size_is_a_constraint_on_every_file_the_original_s_included(trained_
     is infeasible and named in the notes, the chosen one fits and meets the quality constraint too."""
     model, tr, te = trained_mlp
     base = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd",), grid=(0.8, 0.5), screen=FAST,
-                      confirm=FAST)
+                      bench=FAST_BENCH)
     free = tune(model, tr, te, base, tmp_path / "free", shared_cache, executor=InlineExecutor())
     original = next(c for c in free.candidates if c.label == "original")
     limit = (original.onnx_bytes - 1) / 1024
@@ -337,7 +339,7 @@ def test_max_size_with_format_ort_judges_the_ort_file_of_every_feasible_file(tra
     from minreal.export.settings import OrtConfig
 
     model, tr, te = trained_mlp
-    base = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd",), grid=(0.8,), screen=FAST, confirm=FAST,
+    base = TuneConfig(Constraint(max_accuracy_drop=2.0), methods=("svd",), grid=(0.8,), screen=FAST, bench=FAST_BENCH,
                       ort=OrtConfig())
     free = tune(model, tr, te, base, tmp_path / "free", shared_cache, executor=InlineExecutor())
     assert all(c.ort_bytes is None for c in free.candidates)  # no --max-size: only chosen.onnx is converted
@@ -506,7 +508,7 @@ def test_short_rungs_recover_on_a_subsample_and_only_what_meets_is_exported(trai
     assert CandidateSpec("svd", 0.5, 2, fraction=1 / 3).label == "svd@0.5+r2~0.33"
     assert CandidateSpec("svd", 0.5, 0, fraction=1 / 3).short is False  # nothing to shorten without recovery
     cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd",), grid=(0.9, 0.6, 0.5, 0.4),
-                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST, structure_screen=False)
+                     recover_epochs=1, int8=False, screen=FAST, bench=FAST_BENCH, structure_screen=False)
     report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
     rungs = report.halving["rungs"]
     # the budgets below the zero-shot boundary race once per distinct zero-shot model: a twin (the same model as a
@@ -534,7 +536,7 @@ def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_m
 
     model, tr, te = trained_mlp
     cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd",), grid=(0.9, 0.6, 0.5, 0.4),
-                     recover_epochs=1, screen=FAST, confirm=FAST, structure_screen=False)
+                     recover_epochs=1, screen=FAST, bench=FAST_BENCH, structure_screen=False)
     checked = []
     real = tune_search._int8_meets
 
@@ -563,7 +565,7 @@ def test_dry_run_estimate_counts_each_phase_in_the_probe_s_units() -> None:
 
     probe = Probe(forward_s=0.001, train_s=0.004, samples=64)
     cfg = TuneConfig(Constraint(max_accuracy_drop=1.0), methods=("factorize", "svd"), grid=(0.9, 0.7, 0.5),
-                     recover_epochs=3, stats_samples=500, screen=FAST, confirm=FAST)
+                     recover_epochs=3, stats_samples=500, screen=FAST, bench=FAST_BENCH)
     est = estimate_plan(cfg, cfg.methods, calib=1000, held_out=200, probe=probe)
     assert est.seconds["prepare"] == pytest.approx(PREPARE_PASSES["factorize"] * 0.001 * 500)  # svd reads weights
     assert est.seconds["zero-shot"] == pytest.approx(2 * 3 * (0.2 + EXPORT_S / 2))  # ceil(log2(4)) + 1 = 3 probes
@@ -583,7 +585,7 @@ def test_dry_run_plan_names_the_ort_conversions_of_format_ort() -> None:
     from minreal.export.settings import OrtConfig
 
     probe = Probe(forward_s=0.001, train_s=0.004, samples=64)
-    cfg = TuneConfig(Constraint(max_accuracy_drop=1.0), methods=("svd",), grid=(0.5,), screen=FAST, confirm=FAST)
+    cfg = TuneConfig(Constraint(max_accuracy_drop=1.0), methods=("svd",), grid=(0.5,), screen=FAST, bench=FAST_BENCH)
 
     def ort_lines(**kw: object) -> list[str]:
         est = estimate_plan(dataclasses.replace(cfg, **kw), cfg.methods, calib=100, held_out=50, probe=probe)
@@ -712,7 +714,7 @@ def test_tune_searches_depth_and_the_depth_width_chain_preparing_depth_once(trai
 
     monkeypatch.setattr(registry, "prepare", counting_prepare)
     cfg = TuneConfig(Constraint(max_accuracy_drop=50.0), methods=("depth", "magnitude"), grid=(0.8, 0.6),
-                     int8=False, screen=FAST, confirm=FAST)
+                     int8=False, screen=FAST, bench=FAST_BENCH)
     report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
     searched = {s["method"] for s in report.searches}
     assert searched == {"depth", "magnitude", "depth+magnitude"}
@@ -832,7 +834,8 @@ def test_the_race_recovers_only_structures_faster_than_a_baseline_that_meets(tra
 
     monkeypatch.setattr(orchestrate, "structure_screen", screen)
     cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd", "magnitude"), grid=(0.9, 0.6, 0.4),
-                     recover_epochs=1, int8=False, screen=FAST, confirm=FAST, batch_sizes=(1, 32))
+                     recover_epochs=1, int8=False, screen=FAST,
+                     bench=dataclasses.replace(FAST_BENCH, batch_sizes=(1, 32)))
     report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
     h = report.halving
     assert seen == [["magnitude@0.4~structure", "svd@0.4~structure"]]  # each method's smallest budget, once

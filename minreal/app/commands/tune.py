@@ -53,6 +53,7 @@ from minreal.app.options import (
     split_ints,
     split_names,
 )
+from minreal.app.tune.config import DEFAULT_GRID, SCREEN, Constraint, TuneConfig, TuneError, parse_duration  # no torch
 
 __all__ = ["tune_cmd"]
 
@@ -73,17 +74,20 @@ def _tune_option(*decls: str, group: str = SEARCH, **kwargs: Any) -> Any:
 @out_option("the tune directory.", "runs/tune", directory=True)
 @overwrite_option
 @providers_option()
-@batch_option("to time; the first (provider, batch) decides the choice.", "1")
+@batch_option("to time; the first (provider, batch) decides the choice.",
+              ",".join(map(str, TuneConfig.bench.batch_sizes)))
 @max_accuracy_drop_option
 @min_agreement_option
 @_tune_option("--max-mse-increase", type=float, metavar="VALUE", group=CRITERIA,
               help="Largest allowed MSE increase against the original (regressors).")
 @max_size_option("a constraint beside the quality one, on every deployable file including the original's.")
-@_tune_option("--objective", type=click.Choice(["latency", "size"]), default="latency", show_default=True,
+@_tune_option("--objective", type=click.Choice(["latency", "size"]), default=TuneConfig.objective,
+              show_default=True,
               help="What the chosen model minimises among those that meet the constraint.")
 @_tune_option("--time-budget", metavar="DURATION",
               help="Start no candidate after this (e.g. 90s, 20m); checked before every one.")
-@_tune_option("--stats-samples", type=click.IntRange(min=0), default=1024, show_default=True, metavar="N",
+@_tune_option("--stats-samples", type=click.IntRange(min=0), default=TuneConfig.stats_samples, show_default=True,
+              metavar="N",
               help="Calibration samples the methods' statistics see (a seeded subsample; 0: all). Recovery and the "
                    "judgement use all the data.")
 @_tune_option("--dry-run", is_flag=True, group=OUTPUT,
@@ -91,8 +95,10 @@ def _tune_option(*decls: str, group: str = SEARCH, **kwargs: Any) -> Any:
 @method_option(method_choice("mac_ratio"), "to search, repeat for several: one with a MAC budget "
                "(default: all of them, or none when --plan is given; others, e.g. a chain, go in a plan file).")
 @plan_option("its variants are candidates as they are.")
-@_tune_option("--grid", metavar="R,R...", help="Comma-separated MAC ratios to search (default 0.9,0.8,...,0.2).")
-@_tune_option("--recover-epochs-max", "recover_epochs", type=click.IntRange(min=0), default=0, show_default=True,
+@_tune_option("--grid", metavar="R,R...", help="Comma-separated MAC ratios to search (default "
+              f"{DEFAULT_GRID[0]:g},{DEFAULT_GRID[1]:g},...,{DEFAULT_GRID[-1]:g}).")
+@_tune_option("--recover-epochs-max", "recover_epochs", type=click.IntRange(min=0),
+              default=TuneConfig.recover_epochs, show_default=True,
               metavar="N", group=RECOVERY, brief=True,
               help="Recovery cap: every method is bisected without recovery, then the budgets just below each "
                    "boundary race with up to this many epochs of recovery (successive halving: 1/9, 1/3, all of it).")
@@ -107,7 +113,7 @@ def _tune_option(*decls: str, group: str = SEARCH, **kwargs: Any) -> Any:
 @_tune_option("--cache-dir", type=click.Path(file_okay=False), group=EXECUTOR,
               help="Candidate cache (default: $XDG_CACHE_HOME/minreal/tune or ~/.cache/minreal/tune). With "
                    "--executor ray it must be shared storage every node mounts at the same path.")
-@_tune_option("--workers", type=click.IntRange(min=0), default=1, show_default=True, group=EXECUTOR,
+@_tune_option("--workers", type=click.IntRange(min=0), default=TuneConfig.workers, show_default=True, group=EXECUTOR,
               help="Local worker processes evaluating candidates (--executor local); 0 evaluates them in this "
                    "process.")
 @_tune_option("--executor", "executor_kind", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -144,22 +150,22 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
         raise click.UsageError(f"-m {twice[0]} given twice: tune searches each method's budgets itself")
     grid_values = tuple(_split_floats(grid, "--grid")) if grid else None
 
-    from minreal.app.tune import CONFIRM, SCREEN, Constraint, TuneConfig, TuneError, parse_duration  # torch-free
+    from minreal.runtime_bench.config import BenchConfig
 
     con = Console(quiet, as_json)
     preprocess, allow_mismatch = image_preprocess(opts), opts.pop("allow_data_mismatch")
     ort = ort_config(opts)
     screen = {"min_seconds": screen_seconds} if screen_seconds is not None else {}
     confirm = {k: v for k, v in (("min_seconds", min_seconds), ("repeats", repeats)) if v is not None}
+    bench = BenchConfig(providers=split_names(providers), batch_sizes=batch_sizes, **confirm)
     try:  # the options' errors are usage errors, told before any heavy import
-        cfg = TuneConfig(Constraint(max_accuracy_drop, min_agreement, max_mse_increase),
-                         providers=split_names(providers), batch_sizes=batch_sizes,
+        cfg = TuneConfig(Constraint(max_accuracy_drop, min_agreement, max_mse_increase), bench,
                          objective=objective, methods=tuple(method),
                          grid=TuneConfig.grid if grid_values is None else grid_values,
                          recover_epochs=recover_epochs, max_size_kb=max_size_kb, int8=not no_int8, qat=not no_qat,
                          quant_target=quant_target_for(quant_target, split_names(providers)),
                          time_budget_s=parse_duration(time_budget) if time_budget else None,
-                         screen=dataclasses.replace(SCREEN, **screen), confirm=dataclasses.replace(CONFIRM, **confirm),
+                         screen=dataclasses.replace(SCREEN, **screen),
                          workers=workers, dynamic_axes=shape_options((), dynamic_axes)[1] if dynamic_axes else {},
                          stats_samples=stats_samples, ort=ort)
     except TuneError as exc:
@@ -174,8 +180,8 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
         from minreal.app.method_options import provider_defaults
         from minreal.app.plan import load_plan
 
-        cfg = dataclasses.replace(cfg, plan=tuple(load_plan(plan, provider_defaults(cfg.providers))))
-    require_providers(cfg.providers, False)
+        cfg = dataclasses.replace(cfg, plan=tuple(load_plan(plan, provider_defaults(cfg.bench.providers))))
+    require_providers(cfg.bench.providers, False)
     remote = executor_kind == "ray"
     cache = Path(cache_dir) if cache_dir else _default_cache()
     cache = cache.resolve() if remote else cache  # the same folder for workers whatever their working directory

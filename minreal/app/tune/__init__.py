@@ -9,9 +9,9 @@ on first use.
 
 from minreal.compress.core.lazy import lazy_exports
 
-from .config import CONFIRM, DEFAULT_GRID, SCREEN, Constraint, Protocol, Quality, TuneConfig, TuneError, parse_duration
+from .config import DEFAULT_GRID, SCREEN, Constraint, Protocol, Quality, TuneConfig, TuneError, parse_duration
 
-__all__ = ["tune", "TuneConfig", "TuneReport", "Candidate", "Constraint", "Quality", "Protocol", "SCREEN", "CONFIRM",
+__all__ = ["tune", "TuneConfig", "TuneReport", "Candidate", "Constraint", "Quality", "Protocol", "SCREEN",
            "DEFAULT_GRID", "TuneError", "parse_duration", "Executor", "InlineExecutor", "ProcessExecutor", "Point",
            "choose", "pareto_front", "CandidateSpec", "SpecSource", "LoadedSource", "BASELINES", "default_methods"]
 

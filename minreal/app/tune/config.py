@@ -5,16 +5,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from minreal.export.settings import AUTO_TARGET, OrtConfig
 from minreal.runtime_bench.config import BenchConfig
 
-__all__ = ["Constraint", "Quality", "TuneConfig", "TuneError", "Protocol", "parse_duration", "SCREEN", "CONFIRM",
-           "DEFAULT_GRID"]
-
-_BENCH = BenchConfig()  # minreal bench's defaults: the cells timed and the release protocol
+__all__ = ["Constraint", "Quality", "TuneConfig", "TuneError", "Protocol", "parse_duration", "SCREEN", "DEFAULT_GRID"]
 
 DEFAULT_GRID = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
 """Whole-model MAC ratios a method's budget is searched over (descending)."""
@@ -110,17 +107,23 @@ class Protocol:
     min_runs: int
     warmup: int
 
+    @classmethod
+    def of(cls, bench: BenchConfig) -> Protocol:
+        """The protocol ``bench`` times with."""
+        return cls(*(getattr(bench, f.name) for f in fields(cls)))
+
 
 SCREEN = Protocol(min_seconds=0.25, repeats=1, min_runs=20, warmup=5)
-"""Short protocol: ranks candidates that met the constraint; only the front goes on to :data:`CONFIRM`."""
-CONFIRM = Protocol(min_seconds=_BENCH.min_seconds, repeats=_BENCH.repeats, min_runs=_BENCH.min_runs,
-                   warmup=_BENCH.warmup)
-"""Release protocol (``minreal bench``'s defaults): the front and the baselines, in fresh processes."""
+"""Short protocol: ranks candidates that met the constraint; only the front goes on to the release protocol
+(:attr:`TuneConfig.confirm`)."""
 
 
 @dataclass(frozen=True)
 class TuneConfig:
     """Options of :func:`minreal.app.tune.tune`.
+
+    It composes the timing settings rather than repeating their fields: one :class:`~minreal.runtime_bench.BenchConfig`
+    (``bench``; :meth:`with_bench` changes it, :meth:`bench_config` gives one pass's settings).
 
     ``methods`` empty: every registered method with a whole-model MAC budget. ``recover_epochs``: the recovery cap;
     every method is bisected without recovery and, when > 0, its budgets just below that search's boundary race
@@ -130,8 +133,11 @@ class TuneConfig:
     """
 
     constraint: Constraint
-    providers: tuple[str, ...] = _BENCH.providers
-    batch_sizes: tuple[int, ...] = _BENCH.batch_sizes
+    bench: BenchConfig = BenchConfig()
+    """What is timed and how (``minreal bench``'s defaults): the cells, ``providers`` x ``batch_sizes`` (the first
+    decides the choice), and the release protocol the fronts and the baselines are confirmed with (``min_seconds``,
+    ``repeats``, ``min_runs``, ``warmup``: :attr:`confirm`). The screening pass times the same cells with
+    :attr:`screen`."""
     objective: str = "latency"
     methods: tuple[str, ...] = ()
     grid: tuple[float, ...] = DEFAULT_GRID
@@ -146,7 +152,7 @@ class TuneConfig:
     quant_target: str = AUTO_TARGET
     time_budget_s: float | None = None
     screen: Protocol = SCREEN
-    confirm: Protocol = CONFIRM
+    """The short protocol that ranks the files that met the constraint (one process each)."""
     workers: int = 1
     plan: tuple[Any, ...] = ()
     """Fixed variants from a plan file (:class:`minreal.compress.core.run_case.VariantSpec`, e.g. chains such as
@@ -198,6 +204,34 @@ class TuneConfig:
                             f"{self.halving_per_method} per method")
         if self.workers < 0:
             raise TuneError(f"--workers must be >= 0 (0: candidates in this process), got {self.workers}")
+
+    @property
+    def confirm(self) -> Protocol:
+        """The release protocol of the fronts and the baselines, in fresh processes: :attr:`bench`'s."""
+        return Protocol.of(self.bench)
+
+    def with_bench(self, **changes: Any) -> TuneConfig:
+        """This config with ``changes`` made to :attr:`bench` (checked by :class:`~minreal.runtime_bench.BenchConfig`,
+        whose errors name the field and its flag)."""
+        return replace(self, bench=replace(self.bench, **changes))
+
+    def bench_config(self, protocol: Protocol) -> BenchConfig:
+        """Timing settings of one pass: :attr:`bench` timed with ``protocol`` (:attr:`screen` or :attr:`confirm`)."""
+        return replace(self.bench, **asdict(protocol))
+
+    def to_json(self) -> dict[str, Any]:
+        """``report.json``'s config, laid out as before the config composed :attr:`bench`: ``providers`` and
+        ``batch_sizes`` in its place, ``confirm`` (the release protocol) after ``screen``; values still to pass through
+        :func:`~minreal.export.json_safe.to_jsonable`."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "bench":
+                out.update(providers=self.bench.providers, batch_sizes=self.bench.batch_sizes)
+            else:
+                out[f.name] = getattr(self, f.name)
+            if f.name == "screen":
+                out["confirm"] = self.confirm
+        return out
 
     def describe_limits(self) -> str:
         """The quality constraint, and the size limit when there is one, in words."""

@@ -101,7 +101,7 @@ class PlanEstimate:
 def estimate_plan(cfg: TuneConfig, methods: Sequence[str], calib: int, held_out: int, probe: Probe) -> PlanEstimate:
     """What the tune will run and about how long each phase takes (``calib``/``held_out``: sample counts)."""
     est = PlanEstimate()
-    cells = len(cfg.providers) * len(cfg.batch_sizes)
+    cells = len(cfg.bench.providers) * len(cfg.bench.batch_sizes)
     fwd_held = probe.forward_s * held_out
     files_base = 1 + (2 if cfg.int8 else 0)
     est.lines.append(f"probe: forward {1e3 * probe.forward_s:.3g} ms/sample, training step "

@@ -72,9 +72,8 @@ def bench_on_target(candidates: list[Candidate], held_out: Dataset, cfg: TuneCon
     ``quality``: the report's metrics on all the held-out data, with its labels (the confirmation: the release gate
     reads them); False for a pass that only ranks by latency (the files' quality is :func:`ort_quality`'s): the
     inputs are the rows the largest batch needs, and the metrics only the agreement on those."""
-    bench_cfg = rb.BenchConfig(providers=cfg.providers, batch_sizes=cfg.batch_sizes, warmup=protocol.warmup,
-                               min_runs=protocol.min_runs, min_seconds=protocol.min_seconds, repeats=protocol.repeats)
-    x = held_out.x if quality else held_out.x[: max(cfg.batch_sizes)]
+    bench_cfg = cfg.bench_config(protocol)
+    x = held_out.x if quality else held_out.x[: max(bench_cfg.batch_sizes)]
     y = None if held_out.y is None or not quality else held_out.y.numpy()
     job = BenchJob(tuple(c.label for c in candidates), tuple(Path(c.onnx).read_bytes() for c in candidates),
                    bench_cfg, feeds_of(x), y)

@@ -92,7 +92,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     t_baselines = time.perf_counter()
     baselines = _baselines(model, calib, held_out, cfg, models_dir, reference, notes, say)
     job_base = Job(CandidateSpec("", 1.0), source or LoadedSource(model, calib, held_out),
-                   fingerprint(model, calib, held_out), Path(cache_dir), cfg.constraint, reference, cfg.providers,
+                   fingerprint(model, calib, held_out), Path(cache_dir), cfg.constraint, reference, cfg.bench.providers,
                    cfg.quant_target, cfg.int8, tuple(sorted(cfg.extra.items())),
                    hashlib.sha256((models_dir / "original.onnx").read_bytes()).hexdigest(),
                    tuple((n, tuple(sorted(per.items()))) for n, per in sorted(cfg.dynamic_axes.items())),
@@ -288,7 +288,7 @@ def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: Tun
     screen = screened.report
     for (label, cell), ms in p50_by_cell(screen).items():
         next(c for c in feasible if c.label == label).screen_ms[cell] = ms
-    cells = [cell_name(p, b) for p in cfg.providers for b in cfg.batch_sizes]
+    cells = [cell_name(p, b) for p in cfg.bench.providers for b in cfg.bench.batch_sizes]
     front = fronts(feasible, cells, cfg.constraint)
     confirmed = to_confirm(feasible, front, cells[0], cfg)
     say(f"[tune] confirming {len(confirmed)} files (front and baselines) with the release protocol")

@@ -4,6 +4,7 @@ list it in ``CompressionError.fields`` (the CLI puts its flags in their place: t
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import Callable
 
 import pytest
@@ -46,6 +47,29 @@ def test_config_errors_name_the_field_not_the_flag(make: Callable[[], object], s
     message = str(info.value)
     assert message.startswith(start) and "--" not in message, message
     assert info.value.fields == fields
+
+
+@pytest.mark.parametrize("config, field, value", [
+    (lambda: SVDConfig(layer_mac_ratio=1.5), "layer_mac_ratio", "1.5"),
+    (lambda: SVDConfig(layer_param_ratio=0.0), "layer_param_ratio", "0.0"),
+    (lambda: FactorizeConfig(rank_fraction=2.0), "rank_fraction", "2.0"),
+])
+def test_a_layer_budget_outside_the_unit_interval_names_its_field(config: Callable[[], object], field: str,
+                                                                  value: str) -> None:
+    """A factorisable-layer budget is a ratio in (0, 1] (the whole-model ones are checked as config fields above)."""
+    with pytest.raises(CompressionError) as info:
+        config()
+    assert str(info.value) == f"`{field}` must lie in (0, 1], got {value}"
+    assert info.value.fields == (field,)
+
+
+def test_a_latency_budget_without_a_table_names_the_fields_and_the_table_command_in_backticks() -> None:
+    with pytest.raises(CompressionError) as info:
+        MagnitudeConfig(latency_ratio=0.5)
+    message = str(info.value)
+    assert message.startswith("`latency_ratio` needs `latency_table`") and "`--kind width` for magnitude" in message
+    assert "--" not in re.sub(r"`[^`]*`", "", message), message  # flags only inside the command to run
+    assert info.value.fields == ("latency_ratio", "latency_table")
 
 
 def test_a_refusal_while_compressing_names_the_field(tiny_cnn: nn.Module, image_data: Dataset) -> None:

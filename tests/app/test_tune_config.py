@@ -1,0 +1,102 @@
+"""A tune's :class:`~minreal.app.tune.TuneConfig` composes one :class:`~minreal.runtime_bench.BenchConfig` (the cells
+timed and the release protocol) instead of repeating its fields, and ``report.json`` keeps the config's layout."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import pytest
+
+from minreal.app.cli import cli
+from minreal.app.tune import SCREEN, Constraint, Protocol, TuneConfig
+from minreal.export.json_safe import to_jsonable
+from minreal.runtime_bench import BenchConfig, BenchInputError
+
+#: The keys of ``report.json``'s config as a tune wrote them before the config composed its BenchConfig: the fields
+#: of TuneConfig then, in their order (providers, batch_sizes and the release protocol, confirm, among them).
+KEYS_BEFORE = ("constraint", "providers", "batch_sizes", "objective", "methods", "grid", "recover_epochs",
+               "max_size_kb", "int8", "qat", "accuracy_control", "quant_target", "time_budget_s", "screen", "confirm",
+               "workers", "plan", "extra", "dynamic_axes", "stats_samples", "ort", "halving_eta", "halving_rungs",
+               "halving_per_method")
+PROTOCOL_FIELDS = ("min_seconds", "repeats", "min_runs", "warmup")
+DROP = Constraint(max_accuracy_drop=1.0)
+
+
+def _names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_no_field_is_declared_both_in_the_tune_config_and_in_the_bench_config() -> None:
+    assert not _names(TuneConfig) & _names(BenchConfig)
+    assert "bench" in _names(TuneConfig)
+    assert {f.name for f in dataclasses.fields(Protocol)} == set(PROTOCOL_FIELDS) <= _names(BenchConfig)
+
+
+def test_the_tune_config_holds_the_very_bench_config_it_was_given() -> None:
+    bench = BenchConfig(providers=("cpu", "cuda"), batch_sizes=(4, 1), warmup=2, min_runs=7, min_seconds=0.5,
+                        repeats=5)
+    assert TuneConfig(DROP, bench=bench).bench is bench
+    assert TuneConfig(DROP, bench).bench is bench  # second positional, where providers was
+    assert TuneConfig(DROP).bench == BenchConfig()  # minreal bench's defaults, as before: cpu at batch 1
+
+
+def test_confirmation_uses_the_bench_config_and_screening_its_cells_with_the_short_protocol() -> None:
+    bench = BenchConfig(providers=("cpu", "cuda"), batch_sizes=(4, 1), warmup=2, min_runs=7, min_seconds=0.5,
+                        repeats=5, intra_op_threads=3)
+    cfg = TuneConfig(DROP, bench)
+    assert cfg.confirm == Protocol(min_seconds=0.5, repeats=5, min_runs=7, warmup=2)
+    assert cfg.bench_config(cfg.confirm) == bench
+    screened = cfg.bench_config(cfg.screen)
+    assert [getattr(screened, k) for k in PROTOCOL_FIELDS] == [0.25, 1, 20, 5] == [getattr(SCREEN, k)
+                                                                                  for k in PROTOCOL_FIELDS]
+    assert dataclasses.replace(screened, min_seconds=0.5, repeats=5, min_runs=7, warmup=2) == bench
+
+
+def test_with_bench_changes_only_the_timing_and_is_checked_by_the_bench_config() -> None:
+    cfg = TuneConfig(DROP, int8=False, workers=2)
+    changed = cfg.with_bench(repeats=7, batch_sizes=(2,))
+    assert (changed.bench.repeats, changed.bench.batch_sizes, changed.int8, changed.workers) == (7, (2,), False, 2)
+    assert cfg.bench.repeats == BenchConfig().repeats == 3  # the original is untouched (frozen)
+    with pytest.raises(BenchInputError, match=r"repeats \(--repeats\) must be >= 1"):
+        cfg.with_bench(repeats=0)
+
+
+def test_report_json_keeps_the_config_keys_a_tune_wrote_before() -> None:
+    bench = BenchConfig(providers=("cpu",), batch_sizes=(1, 8), min_seconds=0.25, repeats=2, min_runs=9, warmup=4)
+    data = to_jsonable(TuneConfig(DROP, bench, methods=("svd",)))
+    assert tuple(data) == KEYS_BEFORE and len(KEYS_BEFORE) == 24  # the same keys, in the same order
+    assert (data["providers"], data["batch_sizes"]) == (["cpu"], [1, 8])
+    assert data["confirm"] == {"min_seconds": 0.25, "repeats": 2, "min_runs": 9, "warmup": 4}
+    assert data["screen"] == {"min_seconds": 0.25, "repeats": 1, "min_runs": 20, "warmup": 5}
+    assert data["constraint"] == {"max_accuracy_drop": 1.0, "min_agreement": None, "max_mse_increase": None}
+    assert data["methods"] == ["svd"] and data["grid"] == [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
+
+
+def test_the_command_line_fills_the_bench_config(workdir: Path, run_cli: Callable,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """--providers, --batch, --min-seconds and --repeats reach the one BenchConfig; --screen-seconds the screen."""
+    import minreal.app.commands.tune as tune_command
+
+    seen = []
+    monkeypatch.setattr(tune_command, "_tune_dry_run", lambda *args: seen.append(args[-1]))  # the config, unused
+    code, _, err = run_cli(["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9", "--providers",
+                            "cpu", "--batch", "1,4", "--min-seconds", "0.5", "--repeats", "2", "--screen-seconds",
+                            "0.1", "--dry-run", "-q"])
+    assert code == 0, err
+    assert [cfg.bench for cfg in seen] == [BenchConfig(providers=("cpu",), batch_sizes=(1, 4), min_seconds=0.5,
+                                                       repeats=2)]
+    assert seen[0].screen == Protocol(min_seconds=0.1, repeats=1, min_runs=20, warmup=5)
+
+
+def test_tune_s_option_defaults_are_the_config_s() -> None:
+    """The command line shows and passes the defaults TuneConfig declares, rather than copies of them."""
+    command = cli.commands["tune"]
+    with click.Context(command, info_name="tune") as ctx:
+        defaults = {p.name: p.default for p in command.get_params(ctx) if isinstance(p, click.Option)}
+    declared = {f.name: f.default for f in dataclasses.fields(TuneConfig)}
+    names = ("objective", "stats_samples", "recover_epochs", "workers")
+    assert [defaults[n] for n in names] == [declared[n] for n in names] == ["latency", 1024, 0, 1]
+    assert defaults["batch"] == "1" and TuneConfig.bench.batch_sizes == BenchConfig().batch_sizes == (1,)
