@@ -28,7 +28,8 @@ not pass).
 ``--only`` takes model names or families (``classification``, ``quantization``, ``segmentation``, ``detection``,
 ``video``, ``optical_flow``, ``timm``, ``hf``), run in the order named; ``--list`` prints them; ``--resume`` keeps
 the rows the JSON holds; the JSON is written atomically after every row. ``--table`` prints the README's coverage
-table from the JSON.
+table from the JSON. SIGTERM or SIGINT (Ctrl-C) stops the run: the running stage's processes are killed, the rows
+finished so far are saved and the driver exits with 128 + the signal after one line saying so (:func:`run_all`).
 
 The timing columns are only as good as the machine was quiet: the header records the load average at the start and
 each row its own and the machine's CPU shares over the row (``cpu_share``: busy, idle and steal from ``/proc/stat``,
@@ -45,14 +46,16 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -414,6 +417,45 @@ def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: 
         save(doc, args.out)
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGINT reached the driver. A ``BaseException``, like ``KeyboardInterrupt``: it unwinds through
+    ``_common.run_measured`` (which kills the running stage's process group on the way) to :func:`run_all`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    """The driver's SIGTERM and SIGINT handler: later signals are ignored (the rows are being saved), this one
+    unwinds the run."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+def run_all(doc: dict[str, Any], chosen: Sequence[Model], args: argparse.Namespace, say: Callable[[str], None],
+            run: Callable[..., None] | None = None) -> None:
+    """Run ``chosen`` (each through ``run``, default :func:`run_model`) and save the JSON. On SIGTERM or SIGINT the
+    running stage's processes are killed, the rows finished so far are saved (atomically) and the driver exits
+    with ``128 + signal`` after one line saying so."""
+    run = run or run_model
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _raise_stopped)
+    current = None
+    try:
+        for model in chosen:
+            current = model.name
+            run(doc, model, args, say)
+    except Stopped as stop:
+        save(doc, args.out)
+        print(f"zoo: stopped by {signal.Signals(stop.signum).name} during {current}: its running stage was killed, "
+              f"{len(doc['rows'])} finished row(s) saved to {args.out}; --resume goes on from there",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + stop.signum) from None
+    save(doc, args.out)
+
+
 def save(doc: dict[str, Any], path: Path) -> None:
     from _common import write_json
 
@@ -521,9 +563,7 @@ def main() -> None:
     def say(line: str) -> None:
         print(f"[{time.time() - t0:7.0f} s] {line}", file=sys.stderr, flush=True)
 
-    for model in chosen:
-        run_model(doc, model, args, say)
-    save(doc, args.out)
+    run_all(doc, chosen, args, say)
 
 
 if __name__ == "__main__":
