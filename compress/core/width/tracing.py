@@ -1,7 +1,8 @@
 """Tracing a model for the width analysis: a :mod:`torch.fx` graph of a copy of it with shapes propagated.
 
-``torch.nn`` layers stay whole as ``call_module`` nodes; user code such as a ResNet's option-A shortcut lambda is
-traced through. A ``torch.export`` program is refused: its layers are gone.
+``torch.nn`` layers (and subclasses that keep their ``forward``) stay whole as ``call_module`` nodes; user code
+such as a ResNet's option-A shortcut lambda is traced through. A ``torch.export`` program is refused: its layers
+are gone.
 """
 
 from __future__ import annotations
@@ -29,8 +30,18 @@ def is_exported_program(model: nn.Module) -> bool:
 
 
 class _Tracer(fx.Tracer):
-    """Keeps every ``torch.nn`` layer (and nothing else) whole; user modules are traced through."""
+    """Keeps every ``torch.nn`` layer whole, a subclass defined elsewhere that keeps the layer's ``forward``
+    included (torchvision's video ``Conv3DSimple(nn.Conv3d)``); other user modules are traced through."""
 
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return super().is_leaf_module(m, module_qualified_name) or _keeps_layer_forward(m)
+
+
+def _keeps_layer_forward(m: nn.Module) -> bool:
+    """Whether ``m``'s ``forward`` is a ``torch.nn`` layer's own (not a container's, not ``nn.Module``'s): a subclass
+    that changes only how the layer is built, whose parameters the width rules read as the layer's."""
+    owner = next(c for c in type(m).__mro__ if "forward" in vars(c))
+    return owner.__module__.startswith("torch.nn.") and owner not in (nn.Module, nn.Sequential)
 
 
 def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:

@@ -176,3 +176,18 @@ def test_data_dependent_control_flow_is_one_line_error() -> None:
     with pytest.raises(CompressionError, match="cannot be traced") as info:
         analyse(_Branches(), torch.randn(2, 4))
     assert "\n" not in str(info.value) and "_Branches" in str(info.value)
+
+
+def test_a_layer_subclass_that_keeps_its_forward_is_traced_as_the_layer(analysed) -> None:
+    """torchvision's video ResNets build their convolutions as subclasses of ``nn.Conv3d`` defined in torchvision
+    (mc3_18's ``Conv3DNoTemporal``): traced through, they were bare ``conv3d`` calls the rules did not understand,
+    every group of the model was frozen and width methods refused it. Traced whole, they shrink like ``nn.Conv3d``:
+    the stem, the block's first convolution and the residual stream (the block's second convolution tied to its
+    1×1×1 shortcut by the sum) are groups, and the 3-D pooling before the head keeps the channels."""
+    a = analysed("tiny_video")
+    modules = {n.target for n in a.wg.gm.graph.nodes if n.op == "call_module"}
+    assert {"conv1.0", "conv2.0", "pool"} <= modules
+    assert a.wg.unsupported == [("x", "model input"), ("fc", "model output")]
+    assert {g.name: g.size for g in a.wg.cuttable()} == {"stem.0": 8, "conv1.0": 12, "conv2.0": 12}
+    stream = a.wg.group("conv2.0")
+    assert {u.target for u in stream.uses if u.role == "producer"} == {"conv2.0", "downsample.0"}
