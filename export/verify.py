@@ -35,6 +35,7 @@ __all__ = [
     "compare_output",
     "feed_rows",
     "feeds_of",
+    "ort_errors",
     "run_ort",
     "verify_files",
     "verify_parity",
@@ -126,6 +127,15 @@ def feeds_of(x: Inputs) -> Feeds:
 def feed_rows(x: Feeds) -> int:
     """Rows (batch size) of a feed."""
     return len(next(iter(x.values()))) if isinstance(x, Mapping) else len(x)
+
+
+def ort_errors() -> tuple[type[Exception], ...]:
+    """The exception types ONNX Runtime raises when it cannot load or run a graph (``Fail``, ``InvalidArgument``,
+    ...: each derives from ``Exception`` alone, so none can be caught by a built-in type short of ``Exception``)."""
+    from minreal.runtime_bench.runtime import onnxruntime_module
+
+    state = vars(onnxruntime_module().capi.onnxruntime_pybind11_state)
+    return tuple(v for v in state.values() if isinstance(v, type) and issubclass(v, Exception))
 
 
 def run_ort(session: ort.InferenceSession, x: Feeds) -> list[np.ndarray]:
