@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import traceback
+from pathlib import Path
 
 import torch
 from torch import fx, nn
@@ -57,9 +59,7 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     try:
         graph = _Tracer().trace(root)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CompressionError(f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be "
-                               f"traced ({type(exc).__name__}: {first[:200]})") from None
+        raise _untraceable(model, exc) from None
     gm = fx.GraphModule(root, graph, class_name=type(model).__name__)
     if len(example) == 1:  # a batch of 2 keeps the batch dimension unambiguous
         example = repeat_to(example, 2)
@@ -73,6 +73,32 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
                                    f"{_shapes(example)}: {first[:200]}") from None
     return gm
 
+
+
+def _untraceable(model: nn.Module, exc: Exception) -> CompressionError:
+    """One line for a model torch.fx cannot trace: where in the model's code (the innermost frame outside torch and
+    this package), torch's first sentence, and what to do instead."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    where = _model_frame(exc)
+    return CompressionError(
+        f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced"
+        f"{f' at {where}' if where else ''}: {type(exc).__name__}: {first.split('. ')[0].rstrip('.')[:160]} (Python "
+        "control flow on a tensor); give a factory returning the part that traces (e.g. the backbone) or use "
+        "factorize, which needs no trace")
+
+
+def _model_frame(exc: BaseException) -> str | None:
+    """``file.py:line (function)`` of the innermost traceback frame outside torch and ``minreal.compress`` (the
+    model's own code), the path from its package folder; None when there is none."""
+    skip = (Path(torch.__file__).resolve().parent, Path(__file__).resolve().parents[2])
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not any(Path(f.filename).resolve().is_relative_to(d) for d in skip)]
+    if not frames:
+        return None
+    frame = frames[-1]
+    path = frame.filename.rpartition("site-packages/")[2] if "site-packages/" in frame.filename else \
+        Path(frame.filename).name
+    return f"{path}:{frame.lineno} ({frame.name})"
 
 
 def _shapes(example: Inputs) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -176,6 +177,21 @@ def test_data_dependent_control_flow_is_one_line_error() -> None:
     with pytest.raises(CompressionError, match="cannot be traced") as info:
         analyse(_Branches(), torch.randn(2, 4))
     assert "\n" not in str(info.value) and "_Branches" in str(info.value)
+
+
+def test_an_untraceable_model_is_refused_with_the_line_of_its_code_and_a_way_out() -> None:
+    """zoo (issue 44): torchvision's detection models were refused in torch.fx's words, cut mid-word ("Proxy object
+    cannot be iterated. This can be attempted when ... for a more detailed explanatio"): the refusal names the line
+    of the model's own code where tracing stopped, torch's first sentence, and what to do instead."""
+    lines, start = inspect.getsourcelines(_Branches.forward)
+    line = start + next(i for i, text in enumerate(lines) if "y.sum() > 0" in text)
+    with pytest.raises(CompressionError) as info:
+        analyse(_Branches(), torch.randn(2, 4))
+    said = str(info.value)
+    assert f"_Branches cannot be traced at {Path(__file__).name}:{line} (forward): TraceError: " in said
+    assert said.endswith("give a factory returning the part that traces (e.g. the backbone) or use factorize, "
+                         "which needs no trace")
+    assert "\n" not in said
 
 
 def test_a_layer_subclass_that_keeps_its_forward_is_traced_as_the_layer(analysed) -> None:
