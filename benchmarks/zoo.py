@@ -332,10 +332,21 @@ def run_stage(stage: str, spec: dict[str, Any], timeout: float) -> dict[str, Any
     if result_path.is_file():
         result = json.loads(result_path.read_text())
     else:
-        status = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
         tail = "".join(f": {ln}" for ln in [ln for ln in done.stderr.splitlines() if ln.strip()][-1:])
-        result = {"outcome": "failed", "reason": f"process died ({status}){tail}"[:MAX_LINE]}
+        result = {"outcome": "failed", "reason": f"process died ({_death(done)}){tail}"[:MAX_LINE]}
     return {**result, "peak_rss_mib": done.peak_mib, "wall_s": wall}
+
+
+def _death(done: Any, memory_mib: float | None = None) -> str:
+    """How a stage's process ended without a result: its exit status or signal; a SIGKILL the driver did not send
+    with the peak beside the machine's memory (the kernel's out-of-memory killer sends SIGKILL)."""
+    if done.returncode >= 0:
+        return f"exit status {done.returncode}"
+    if done.returncode != -signal.SIGKILL or done.peak_mib is None:
+        return f"killed by signal {-done.returncode}"
+    total = memory_mib or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    return (f"killed by signal 9 at a peak of {done.peak_mib:.0f} MiB of the machine's {total:.0f} MiB: out of "
+            "memory" if done.peak_mib >= 0.8 * total else f"killed by signal 9 at a peak of {done.peak_mib:.0f} MiB")
 
 
 

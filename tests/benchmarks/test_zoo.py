@@ -130,3 +130,17 @@ def test_a_signal_kills_the_running_stage_saves_the_finished_rows_and_exits_nonz
     assert process_gone(stage) and process_gone(child)
     assert [r["model"] for r in json.loads(out.read_text())["rows"]] == ["done"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pids", "zoo.json"]
+
+
+def test_a_stage_killed_near_the_machines_memory_is_said_to_be_out_of_memory() -> None:
+    """zoo (issue 44): s3d's bench stage died by SIGKILL at a peak of 23358 MiB on a machine of 23 GiB, recorded as
+    "killed by signal 9" alone; a SIGKILL at 80 % of the machine's memory or more says out of memory."""
+    from _common import Measured
+
+    machine = 23 * 1024
+    assert zoo._death(Measured(-9, "", "", 23358.4), memory_mib=machine) == \
+        "killed by signal 9 at a peak of 23358 MiB of the machine's 23552 MiB: out of memory"
+    assert zoo._death(Measured(-9, "", "", 900.0), memory_mib=machine) == "killed by signal 9 at a peak of 900 MiB"
+    assert zoo._death(Measured(-9, "", "", None), memory_mib=machine) == "killed by signal 9"
+    assert zoo._death(Measured(-15, "", "", 900.0)) == "killed by signal 15"
+    assert zoo._death(Measured(3, "", "", 900.0)) == "exit status 3"
