@@ -28,7 +28,8 @@ not pass).
 ``--only`` takes model names or families (``classification``, ``quantization``, ``segmentation``, ``detection``,
 ``video``, ``optical_flow``, ``timm``, ``hf``), run in the order named; ``--list`` prints them; ``--resume`` keeps
 the rows the JSON holds; the JSON is written atomically after every row. ``--table`` prints the README's coverage
-table from the JSON.
+table from the JSON. SIGTERM or SIGINT (Ctrl-C) stops the run: the running stage's processes are killed, the rows
+finished so far are saved and the driver exits with 128 + the signal after one line saying so (:func:`run_all`).
 
 The timing columns are only as good as the machine was quiet: the header records the load average at the start and
 each row its own and the machine's CPU shares over the row (``cpu_share``: busy, idle and steal from ``/proc/stat``,
@@ -45,14 +46,16 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -329,10 +332,21 @@ def run_stage(stage: str, spec: dict[str, Any], timeout: float) -> dict[str, Any
     if result_path.is_file():
         result = json.loads(result_path.read_text())
     else:
-        status = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
         tail = "".join(f": {ln}" for ln in [ln for ln in done.stderr.splitlines() if ln.strip()][-1:])
-        result = {"outcome": "failed", "reason": f"process died ({status}){tail}"[:MAX_LINE]}
+        result = {"outcome": "failed", "reason": f"process died ({_death(done)}){tail}"[:MAX_LINE]}
     return {**result, "peak_rss_mib": done.peak_mib, "wall_s": wall}
+
+
+def _death(done: Any, memory_mib: float | None = None) -> str:
+    """How a stage's process ended without a result: its exit status or signal; a SIGKILL the driver did not send
+    with the peak beside the machine's memory (the kernel's out-of-memory killer sends SIGKILL)."""
+    if done.returncode >= 0:
+        return f"exit status {done.returncode}"
+    if done.returncode != -signal.SIGKILL or done.peak_mib is None:
+        return f"killed by signal {-done.returncode}"
+    total = memory_mib or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    return (f"killed by signal 9 at a peak of {done.peak_mib:.0f} MiB of the machine's {total:.0f} MiB: out of "
+            "memory" if done.peak_mib >= 0.8 * total else f"killed by signal 9 at a peak of {done.peak_mib:.0f} MiB")
 
 
 
@@ -412,6 +426,45 @@ def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: 
             + "".join(f"\n    {k}: {v['reason']}" for k, v in stages.items()
                       if v["outcome"] in ("refused", "failed")))
         save(doc, args.out)
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT reached the driver. A ``BaseException``, like ``KeyboardInterrupt``: it unwinds through
+    ``_common.run_measured`` (which kills the running stage's process group on the way) to :func:`run_all`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    """The driver's SIGTERM and SIGINT handler: later signals are ignored (the rows are being saved), this one
+    unwinds the run."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+def run_all(doc: dict[str, Any], chosen: Sequence[Model], args: argparse.Namespace, say: Callable[[str], None],
+            run: Callable[..., None] | None = None) -> None:
+    """Run ``chosen`` (each through ``run``, default :func:`run_model`) and save the JSON. On SIGTERM or SIGINT the
+    running stage's processes are killed, the rows finished so far are saved (atomically) and the driver exits
+    with ``128 + signal`` after one line saying so."""
+    run = run or run_model
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _raise_stopped)
+    current = None
+    try:
+        for model in chosen:
+            current = model.name
+            run(doc, model, args, say)
+    except Stopped as stop:
+        save(doc, args.out)
+        print(f"zoo: stopped by {signal.Signals(stop.signum).name} during {current}: its running stage was killed, "
+              f"{len(doc['rows'])} finished row(s) saved to {args.out}; --resume goes on from there",
+              file=sys.stderr, flush=True)
+        raise SystemExit(128 + stop.signum) from None
+    save(doc, args.out)
 
 
 def save(doc: dict[str, Any], path: Path) -> None:
@@ -521,9 +574,7 @@ def main() -> None:
     def say(line: str) -> None:
         print(f"[{time.time() - t0:7.0f} s] {line}", file=sys.stderr, flush=True)
 
-    for model in chosen:
-        run_model(doc, model, args, say)
-    save(doc, args.out)
+    run_all(doc, chosen, args, say)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from torch import nn
 
 from minreal.compress import count_costs
 from minreal.compress.core.inputs import Inputs, NamedInputs, repeat_to, slice_axis
+from minreal.export.errors import ExportError
 from minreal.export.fp16 import Fp16Config, convert_fp16, fp16_path
 from minreal.export.int8 import quantize_int8
 from minreal.export.json_safe import to_jsonable
@@ -29,9 +30,9 @@ from minreal.export.onnx_files import data_files, move_onnx, onnx_size
 from minreal.export.readiness import tensorrt_readiness
 from minreal.export.record import VariantRecord
 from minreal.export.settings import VariantConfig
-from minreal.export.simplify import simplify
+from minreal.export.simplify import SimplifyResult, simplify
 from minreal.export.tensorrt_check import tensorrt_check
-from minreal.export.verify import feeds_of, verify_parity
+from minreal.export.verify import feeds_of, ort_errors, verify_parity
 from minreal.facts import PTQ_SUFFIX
 from minreal.runtime_bench.model_info import gzip_bytes, model_files
 
@@ -159,7 +160,7 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
         raw, checked = Path(tmp) / f"{out.stem}.raw.onnx", Path(tmp) / out.name
         exp = to_onnx(module, x[:2], raw, opset=cfg.opset, dynamic_dims=dynamic_dims or None,
                       dynamic_axes=dynamic_axes or None)
-        simp = simplify(raw, checked, check_inputs=[feeds_of(x[:3])], rtol=cfg.rtol, atol=cfg.atol)
+        simp = _simplified(module, raw, checked, x, cfg)
         parity = verify_parity(module, checked, parity_inputs(x, exp.dynamic_axes), rtol=cfg.rtol, atol=cfg.atol)
         fixed = fix_verified(checked, cfg.fixed_shapes, feeds_of(x), cfg.rtol, cfg.atol)
         move_onnx(checked, out)  # only a verified graph (with its external data, if any) reaches the output path
@@ -170,6 +171,23 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
     return VariantRecord(label or out.stem, method, costs.total_params, costs.macs, out.name, onnx_size(out),
                          *results, tensorrt_readiness=_readiness(out, cfg), fixed_shapes=to_jsonable(fixed),
                          mobile=to_jsonable(mobile_usability(out)), gzip_bytes=gzip_bytes(model_files(out)))
+
+
+def _simplified(module: nn.Module, raw: Path, checked: Path, x: Inputs, cfg: VariantConfig) -> SimplifyResult:
+    """:func:`simplify` of the graph exported from two rows of ``x``, checked on three; ExportError in one line when
+    ONNX Runtime cannot run the exported graph there (a forward that fixes the batch size)."""
+    try:
+        return simplify(raw, checked, check_inputs=[feeds_of(x[:3])], rtol=cfg.rtol, atol=cfg.atol)
+    except ort_errors() as exc:
+        said = " ".join(str(exc).split())[:240]
+        name, exported, checked_rows = type(module).__name__, len(x[:2]), len(x[:3])
+        if exported == checked_rows:
+            raise ExportError(f"ONNX Runtime cannot run the graph exported from {name}: {said}") from None
+        raise ExportError(
+            f"{name} exported at batch {exported} does not run at batch {checked_rows} in ONNX Runtime: its forward "
+            "fixes the batch size (e.g. a Python loop over the images, as in torchvision's detection models) and "
+            f"minreal exports a dynamic batch; give a forward that takes the batch as one tensor (ONNX Runtime: {said})"
+        ) from None
 
 
 def trained_ranges(record: VariantRecord) -> dict[str, dict[str, Any]]:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the runtime wheel is imported on first use (minreal.runtime
     import onnxruntime as ort
 
 __all__ = [
+    "COMPARE_CHUNK",
     "DEFAULT_ATOL",
     "DEFAULT_RTOL",
     "OutputParity",
@@ -35,6 +36,7 @@ __all__ = [
     "compare_output",
     "feed_rows",
     "feeds_of",
+    "ort_errors",
     "run_ort",
     "verify_files",
     "verify_parity",
@@ -128,6 +130,15 @@ def feed_rows(x: Feeds) -> int:
     return len(next(iter(x.values()))) if isinstance(x, Mapping) else len(x)
 
 
+def ort_errors() -> tuple[type[Exception], ...]:
+    """The exception types ONNX Runtime raises when it cannot load or run a graph (``Fail``, ``InvalidArgument``,
+    ...: each derives from ``Exception`` alone, so none can be caught by a built-in type short of ``Exception``)."""
+    from minreal.runtime_bench.runtime import onnxruntime_module
+
+    state = vars(onnxruntime_module().capi.onnxruntime_pybind11_state)
+    return tuple(v for v in state.values() if isinstance(v, type) and issubclass(v, Exception))
+
+
 def run_ort(session: ort.InferenceSession, x: Feeds) -> list[np.ndarray]:
     """Run a session on ``x`` (one array for a one-input graph, or arrays by input name); all outputs in graph
     order."""
@@ -148,23 +159,36 @@ def _top1(onnx_out: np.ndarray, torch_out: np.ndarray) -> float | None:
     return float(np.mean(onnx_out.argmax(-1) == torch_out.argmax(-1)))
 
 
+COMPARE_CHUNK = 1 << 22
+"""Elements of one output compared at a time by :func:`compare_output` (its float64 temporaries are 32 MiB each, not
+the size of the output: a segmentation model's batch-16 parity output at 520×520 is 91 M elements)."""
+
+
 def compare_output(
     name: str, batch: int, onnx_out: np.ndarray, torch_out: np.ndarray, rtol: float, atol: float
 ) -> OutputParity:
-    """Measure one output against its reference (same shape) with ``numpy.allclose``'s rule."""
-    ref = torch_out.astype(np.float64)
-    diff = np.abs(onnx_out.astype(np.float64) - ref)
-    allowed = atol + rtol * np.abs(ref)
-    if diff.size == 0:
+    """Measure one output against its reference (same shape) with ``numpy.allclose``'s rule, in float64, over
+    :data:`COMPARE_CHUNK` elements at a time (the same figures as over the whole output at once)."""
+    if torch_out.size == 0:
         return OutputParity(name, batch, 0.0, 0.0, 0.0, atol, _top1(onnx_out, torch_out), True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(diff == 0, 0.0, diff / allowed)
-    worst = int(np.argmax(np.nan_to_num(ratio, nan=np.inf)))
-    rel = diff / np.maximum(np.abs(ref), max(atol, np.finfo(np.float32).tiny))
-    passed = bool(np.all(diff <= allowed))
+    got, want = onnx_out.reshape(-1), torch_out.reshape(-1)
+    floor = max(atol, np.finfo(np.float32).tiny)
+    abs_max, rel_max, passed = [], [], True
+    worst_ratio, worst = -1.0, (0.0, atol)
+    for start in range(0, want.size, COMPARE_CHUNK):
+        ref = want[start:start + COMPARE_CHUNK].astype(np.float64)
+        diff = np.abs(got[start:start + COMPARE_CHUNK].astype(np.float64) - ref)
+        allowed = atol + rtol * np.abs(ref)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.nan_to_num(np.where(diff == 0, 0.0, diff / allowed), nan=np.inf)
+        i = int(np.argmax(ratio))  # the first worst element of the chunk; a later chunk must be strictly worse
+        if ratio[i] > worst_ratio:
+            worst_ratio, worst = float(ratio[i]), (float(diff[i]), float(allowed[i]))
+        abs_max.append(diff.max())
+        rel_max.append((diff / np.maximum(np.abs(ref), floor)).max())
+        passed = passed and bool(np.all(diff <= allowed))
     return OutputParity(
-        name, batch, float(diff.max()), float(rel.max()), float(diff.flat[worst]), float(allowed.flat[worst]),
-        _top1(onnx_out, torch_out), passed,
+        name, batch, float(np.max(abs_max)), float(np.max(rel_max)), *worst, _top1(onnx_out, torch_out), passed,
     )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,7 +64,7 @@ def test_exit_code_output_and_a_signal_come_back() -> None:
     assert killed.returncode == -signal.SIGTERM
 
 
-def test_timeout_kills_the_command_and_its_children(tmp_path: Path) -> None:
+def test_timeout_kills_the_command_and_its_children(tmp_path: Path, process_gone: Callable[[int], bool]) -> None:
     """The command starts a child that would outlive it; both are killed with the launcher's process group."""
     pid_file = tmp_path / "pid"
     code = ("import subprocess, sys, time\n"
@@ -73,17 +73,4 @@ def test_timeout_kills_the_command_and_its_children(tmp_path: Path) -> None:
             "time.sleep(300)\n")
     done = run_measured(_python(code), timeout=10)
     assert done.timed_out and done.returncode == -signal.SIGKILL and done.peak_mib is None
-    assert _gone(int(pid_file.read_text()))
-
-
-def _gone(pid: int) -> bool:
-    """Whether ``pid`` has ended (no such process, or a zombie awaiting its reaper) within a few seconds."""
-    for _ in range(50):
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.1)
-    return False
+    assert process_gone(int(pid_file.read_text()))

@@ -1,12 +1,16 @@
 """benchmarks/zoo.py without running the zoo (hours): it lists every torchvision model under its family, and its
-coverage table counts the stages each family passes and groups the refusals by reason."""
+coverage table counts the stages each family passes and groups the refusals by reason; signalled, the driver kills
+the running stage, keeps the finished rows and exits non-zero."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -74,3 +78,69 @@ def test_only_runs_models_in_the_order_named_and_refuses_an_unknown_name() -> No
     assert zoo.select(models, None) == models
     with pytest.raises(SystemExit, match="unknown model or family 'd'"):
         zoo.select(models, "a,d")
+
+
+_DRIVER = """\
+import argparse, subprocess, sys, time
+from pathlib import Path
+sys.path.insert(0, {bench!r})
+import zoo
+from _common import run_measured
+
+STAGE = ("import os, subprocess, sys, time\\n"
+         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\\n"
+         "open({pids!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\\n"
+         "time.sleep(300)\\n")
+
+def run(doc, model, args, say):
+    if model.name == "running":  # a stage that runs (with a child of its own) until it is killed
+        run_measured([sys.executable, "-c", STAGE], timeout=300)
+    doc["rows"].append({{"model": model.name, "family": "x", "method": "wanda", "stages": {{}}}})
+    zoo.save(doc, args.out)
+
+doc = {{"header": {{"models_listed": 3}}, "models": {{}}, "rows": []}}
+zoo.run_all(doc, [zoo.Model(n, "x") for n in ("done", "running", "never")],
+            argparse.Namespace(out=Path({out!r})), print, run=run)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_kills_the_running_stage_saves_the_finished_rows_and_exits_nonzero(
+        tmp_path: Path, sig: signal.Signals, process_gone: Callable[[int], bool]) -> None:
+    """The driver, signalled while a stage (started by ``run_measured``, with a child of its own) runs: the stage
+    and its child are gone, the JSON holds the row finished before (written atomically: no temporary file is left)
+    and the driver exits with 128 + the signal after one line naming it."""
+    out, pids = tmp_path / "zoo.json", tmp_path / "pids"
+    code = _DRIVER.format(bench=str(SCRIPT.parent), pids=str(pids), out=str(out))
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=tmp_path)
+    try:
+        for _ in range(600):  # the stage writes its pids once it runs (a few seconds on a loaded machine)
+            if pids.is_file() and len(pids.read_text().split()) == 2 or driver.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert driver.poll() is None, driver.communicate()
+        driver.send_signal(sig)
+        _, err = driver.communicate(timeout=60)
+    finally:
+        driver.kill()
+    assert driver.returncode == 128 + sig
+    assert err.strip().splitlines()[-1].startswith(f"zoo: stopped by {sig.name} during running: its running stage")
+    stage, child = (int(p) for p in pids.read_text().split())
+    assert process_gone(stage) and process_gone(child)
+    assert [r["model"] for r in json.loads(out.read_text())["rows"]] == ["done"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pids", "zoo.json"]
+
+
+def test_a_stage_killed_near_the_machines_memory_is_said_to_be_out_of_memory() -> None:
+    """zoo (issue 44): s3d's bench stage died by SIGKILL at a peak of 23358 MiB on a machine of 23 GiB, recorded as
+    "killed by signal 9" alone; a SIGKILL at 80 % of the machine's memory or more says out of memory."""
+    from _common import Measured
+
+    machine = 23 * 1024
+    assert zoo._death(Measured(-9, "", "", 23358.4), memory_mib=machine) == \
+        "killed by signal 9 at a peak of 23358 MiB of the machine's 23552 MiB: out of memory"
+    assert zoo._death(Measured(-9, "", "", 900.0), memory_mib=machine) == "killed by signal 9 at a peak of 900 MiB"
+    assert zoo._death(Measured(-9, "", "", None), memory_mib=machine) == "killed by signal 9"
+    assert zoo._death(Measured(-15, "", "", 900.0)) == "killed by signal 15"
+    assert zoo._death(Measured(3, "", "", 900.0)) == "exit status 3"

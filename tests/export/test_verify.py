@@ -89,6 +89,61 @@ def test_compare_output_measures_with_allclose_rule() -> None:
     assert compare_output("y", 2, reference, reference, 1e-4, 1e-5).passed
 
 
+def test_compare_output_over_chunks_finds_the_first_worst_element_and_keeps_a_nan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 4 elements over 3 × 5, checked against the allclose rule by hand: breaks of ratio 10 (chunk 1),
+    500 (chunk 2: a 0 reference, allowed atol alone, relative error floored at atol) and 100 twice (chunk 3, the
+    largest |diff|); then, the ratio-500 break undone, the first ratio-100 break is the worst; a NaN anywhere fails
+    and is the maximum, as over the whole output at once."""
+    import minreal.export.verify as verify
+
+    monkeypatch.setattr(verify, "COMPARE_CHUNK", 4)
+    reference = np.ones((3, 5), dtype=np.float32)
+    reference[0, 4] = 0.0
+    candidate = reference.copy()
+    allowed = 1e-5 + 1e-4 * 1.0
+    candidate[0, 1] += np.float32(10 * allowed)  # chunk 1
+    candidate[1, 4] += np.float32(100 * allowed)  # chunk 3 (elements 8..11): the worst
+    candidate[2, 1] += np.float32(100 * allowed)  # chunk 3 as well, same ratio: not the first
+    candidate[0, 4] = np.float32(5e-3)  # 0 reference: allowed 1e-5, ratio 500, relative error 5e-3 / 1e-5
+    check = compare_output("y", 3, candidate, reference, rtol=1e-4, atol=1e-5)
+    assert not check.passed
+    assert check.worst_measured == pytest.approx(5e-3, rel=1e-6) and check.worst_allowed == pytest.approx(1e-5)
+    assert check.max_abs_err == pytest.approx(float(candidate[1, 4]) - 1.0, rel=1e-9)
+    assert check.max_rel_err == pytest.approx(5e-3 / 1e-5, rel=1e-6)
+    reference[0, 4], candidate[0, 4] = 1.0, 1.0  # now the element of chunk 3 is the worst
+    check = compare_output("y", 3, candidate, reference, rtol=1e-4, atol=1e-5)
+    assert check.worst_measured == pytest.approx(float(candidate[1, 4] - 1.0), rel=1e-9)
+    assert check.worst_allowed == pytest.approx(allowed)
+    candidate[2, 3] = np.nan
+    check = compare_output("y", 3, candidate, reference, rtol=1e-4, atol=1e-5)
+    assert not check.passed and np.isnan(check.max_abs_err) and np.isnan(check.worst_measured)
+
+
+def test_compare_output_holds_chunk_sized_temporaries_not_copies_of_the_output(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """lraspp_mobilenet_v3_large's export peaked at 6.5 GB (zoo, issue 44): its batch-16 parity output at 520×520
+    (91 M elements) was compared through several whole float64 copies at once. Over an output of 64 chunks, numpy's
+    allocations (traced by tracemalloc) stay within a few float64 chunks, far under one float64 copy of the
+    output."""
+    import tracemalloc
+
+    import minreal.export.verify as verify
+
+    chunk = 1 << 16
+    monkeypatch.setattr(verify, "COMPARE_CHUNK", chunk)
+    reference = np.random.default_rng(0).standard_normal((64, chunk), dtype=np.float32)
+    candidate = reference + np.float32(1e-6)
+    tracemalloc.start()
+    try:
+        check = compare_output("y", 32, candidate, reference, rtol=1e-4, atol=1e-5)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert check.passed and check.top1_agreement == 1.0
+    assert peak < 16 * 8 * chunk <= 8 * reference.size / 4  # 16 float64 chunks, a quarter of one float64 copy
+
+
 def test_output_agreement_feeds_a_fixed_batch_file_that_many_rows_at_a_time(tmp_path) -> None:
     """A file whose batch is fixed (``--fixed-shapes batch=4``) is compared on whole pieces of 4 rows: against
     itself, agreement 1 and relative MSE 0 on the 8 rows of 10 that fit; against its dynamic twin, the same."""

@@ -32,13 +32,16 @@ __all__ = ["apply_rules"]
 
 # Layers whose output keeps the input's channels (one per position) and which own no per-channel parameters.
 _PASS_MODULES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh,
-                 nn.LeakyReLU, nn.ELU, nn.Mish, nn.PReLU, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Identity,
-                 nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d,
-                 nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.Upsample, nn.Softplus)
+                 nn.LeakyReLU, nn.ELU, nn.Mish, nn.PReLU, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d,
+                 nn.Identity,
+                 nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d,
+                 nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool1d,
+                 nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d, nn.Upsample, nn.Softplus)
 _PASS_FUNCTIONS = {"relu", "relu_", "relu6", "gelu", "silu", "hardswish", "hardsigmoid", "sigmoid", "tanh",
-                   "leaky_relu", "elu", "mish", "dropout", "dropout1d", "dropout2d", "max_pool1d", "max_pool2d",
-                   "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
-                   "adaptive_max_pool1d", "adaptive_max_pool2d", "interpolate", "contiguous", "clone", "float",
+                   "leaky_relu", "elu", "mish", "dropout", "dropout1d", "dropout2d", "dropout3d", "max_pool1d",
+                   "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d",
+                   "adaptive_avg_pool2d", "adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+                   "adaptive_max_pool3d", "interpolate", "contiguous", "clone", "float",
                    "detach", "stochastic_depth", "hardtanh", "softplus", "abs", "neg", "exp", "sqrt"}
 _ELEMENTWISE = {operator.add, operator.iadd, operator.mul, operator.imul, operator.sub, operator.isub,
                 operator.truediv, operator.itruediv}

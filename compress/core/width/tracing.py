@@ -1,7 +1,8 @@
 """Tracing a model for the width analysis: a :mod:`torch.fx` graph of a copy of it with shapes propagated.
 
-``torch.nn`` layers stay whole as ``call_module`` nodes; user code such as a ResNet's option-A shortcut lambda is
-traced through. A ``torch.export`` program is refused: its layers are gone.
+``torch.nn`` layers (and subclasses that keep their ``forward``) stay whole as ``call_module`` nodes; user code
+such as a ResNet's option-A shortcut lambda is traced through. A ``torch.export`` program is refused: its layers
+are gone.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import traceback
+from pathlib import Path
 
 import torch
 from torch import fx, nn
@@ -29,8 +32,18 @@ def is_exported_program(model: nn.Module) -> bool:
 
 
 class _Tracer(fx.Tracer):
-    """Keeps every ``torch.nn`` layer (and nothing else) whole; user modules are traced through."""
+    """Keeps every ``torch.nn`` layer whole, a subclass defined elsewhere that keeps the layer's ``forward``
+    included (torchvision's video ``Conv3DSimple(nn.Conv3d)``); other user modules are traced through."""
 
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return super().is_leaf_module(m, module_qualified_name) or _keeps_layer_forward(m)
+
+
+def _keeps_layer_forward(m: nn.Module) -> bool:
+    """Whether ``m``'s ``forward`` is a ``torch.nn`` layer's own (not a container's, not ``nn.Module``'s): a subclass
+    that changes only how the layer is built, whose parameters the width rules read as the layer's."""
+    owner = next(c for c in type(m).__mro__ if "forward" in vars(c))
+    return owner.__module__.startswith("torch.nn.") and owner not in (nn.Module, nn.Sequential)
 
 
 def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
@@ -46,9 +59,7 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     try:
         graph = _Tracer().trace(root)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CompressionError(f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be "
-                               f"traced ({type(exc).__name__}: {first[:200]})") from None
+        raise _untraceable(model, exc) from None
     gm = fx.GraphModule(root, graph, class_name=type(model).__name__)
     if len(example) == 1:  # a batch of 2 keeps the batch dimension unambiguous
         example = repeat_to(example, 2)
@@ -62,6 +73,32 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
                                    f"{_shapes(example)}: {first[:200]}") from None
     return gm
 
+
+
+def _untraceable(model: nn.Module, exc: Exception) -> CompressionError:
+    """One line for a model torch.fx cannot trace: where in the model's code (the innermost frame outside torch and
+    this package), torch's first sentence, and what to do instead."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    where = _model_frame(exc)
+    return CompressionError(
+        f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced"
+        f"{f' at {where}' if where else ''}: {type(exc).__name__}: {first.split('. ')[0].rstrip('.')[:160]} (Python "
+        "control flow on a tensor); give a factory returning the part that traces (e.g. the backbone) or use "
+        "factorize, which needs no trace")
+
+
+def _model_frame(exc: BaseException) -> str | None:
+    """``file.py:line (function)`` of the innermost traceback frame outside torch and ``minreal.compress`` (the
+    model's own code), the path from its package folder; None when there is none."""
+    skip = (Path(torch.__file__).resolve().parent, Path(__file__).resolve().parents[2])
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not any(Path(f.filename).resolve().is_relative_to(d) for d in skip)]
+    if not frames:
+        return None
+    frame = frames[-1]
+    path = frame.filename.rpartition("site-packages/")[2] if "site-packages/" in frame.filename else \
+        Path(frame.filename).name
+    return f"{path}:{frame.lineno} ({frame.name})"
 
 
 def _shapes(example: Inputs) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -176,3 +177,33 @@ def test_data_dependent_control_flow_is_one_line_error() -> None:
     with pytest.raises(CompressionError, match="cannot be traced") as info:
         analyse(_Branches(), torch.randn(2, 4))
     assert "\n" not in str(info.value) and "_Branches" in str(info.value)
+
+
+def test_an_untraceable_model_is_refused_with_the_line_of_its_code_and_a_way_out() -> None:
+    """zoo (issue 44): torchvision's detection models were refused in torch.fx's words, cut mid-word ("Proxy object
+    cannot be iterated. This can be attempted when ... for a more detailed explanatio"): the refusal names the line
+    of the model's own code where tracing stopped, torch's first sentence, and what to do instead."""
+    lines, start = inspect.getsourcelines(_Branches.forward)
+    line = start + next(i for i, text in enumerate(lines) if "y.sum() > 0" in text)
+    with pytest.raises(CompressionError) as info:
+        analyse(_Branches(), torch.randn(2, 4))
+    said = str(info.value)
+    assert f"_Branches cannot be traced at {Path(__file__).name}:{line} (forward): TraceError: " in said
+    assert said.endswith("give a factory returning the part that traces (e.g. the backbone) or use factorize, "
+                         "which needs no trace")
+    assert "\n" not in said
+
+
+def test_a_layer_subclass_that_keeps_its_forward_is_traced_as_the_layer(analysed) -> None:
+    """torchvision's video ResNets build their convolutions as subclasses of ``nn.Conv3d`` defined in torchvision
+    (mc3_18's ``Conv3DNoTemporal``): traced through, they were bare ``conv3d`` calls the rules did not understand,
+    every group of the model was frozen and width methods refused it. Traced whole, they shrink like ``nn.Conv3d``:
+    the stem, the block's first convolution and the residual stream (the block's second convolution tied to its
+    1×1×1 shortcut by the sum) are groups, and the 3-D pooling before the head keeps the channels."""
+    a = analysed("tiny_video")
+    modules = {n.target for n in a.wg.gm.graph.nodes if n.op == "call_module"}
+    assert {"conv1.0", "conv2.0", "pool"} <= modules
+    assert a.wg.unsupported == [("x", "model input"), ("fc", "model output")]
+    assert {g.name: g.size for g in a.wg.cuttable()} == {"stem.0": 8, "conv1.0": 12, "conv2.0": 12}
+    stream = a.wg.group("conv2.0")
+    assert {u.target for u in stream.uses if u.role == "producer"} == {"conv2.0", "downsample.0"}

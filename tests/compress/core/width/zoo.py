@@ -27,7 +27,7 @@ UNIT_ROUNDOFF = 2.0**-24
 
 TORCHVISION = ("resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "densenet121",
                "regnet_x_400mf", "convnext_tiny", "vit_b_16")
-SMALL = ("resnet20", "mlp", "small_cnn", "flat_cnn", "tiny_attention")
+SMALL = ("resnet20", "mlp", "small_cnn", "flat_cnn", "tiny_attention", "tiny_video")
 MODELS = TORCHVISION + SMALL
 BIG = frozenset({"resnet50", "densenet121", "convnext_tiny", "vit_b_16", "efficientnet_b0", "mobilenet_v2"})
 """The models whose ONNX parity test takes 20–40 s each on 2 cores (the largest, 25–86 M parameters, and
@@ -76,6 +76,35 @@ class TinyAttention(nn.Module):
         return self.head(out)
 
 
+class SpatialConv3d(nn.Conv3d):
+    """A 1×3×3 ``nn.Conv3d`` built by a constructor of its own that keeps ``nn.Conv3d.forward``, as torchvision's
+    video ``Conv3DNoTemporal`` and ``Conv3DSimple`` are."""
+
+    def __init__(self, in_planes: int, out_planes: int, stride: int = 1) -> None:
+        super().__init__(in_planes, out_planes, kernel_size=(1, 3, 3), stride=(1, stride, stride),
+                         padding=(0, 1, 1), bias=False)
+
+
+class TinyVideo(nn.Module):
+    """torchvision's ``VideoResNet`` in small (mc3_18's structure): a Conv3d stem, one basic block of two
+    :class:`SpatialConv3d` with BatchNorm3d and a strided 1×1×1 shortcut, 3-D average pooling and a Linear head, on
+    ``[batch, 3, frames, height, width]`` clips."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv3d(3, 8, (3, 3, 3), padding=1, bias=False), nn.BatchNorm3d(8), nn.ReLU())
+        self.conv1 = nn.Sequential(SpatialConv3d(8, 12, stride=2), nn.BatchNorm3d(12), nn.ReLU())
+        self.conv2 = nn.Sequential(SpatialConv3d(12, 12), nn.BatchNorm3d(12))
+        self.downsample = nn.Sequential(nn.Conv3d(8, 12, 1, stride=(1, 2, 2), bias=False), nn.BatchNorm3d(12))
+        self.pool = nn.AdaptiveAvgPool3d(1)
+        self.fc = nn.Linear(12, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = torch.relu(self.conv2(self.conv1(x)) + self.downsample(x))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
 def randomise_norms(model: nn.Module, seed: int = 0) -> nn.Module:
     """BatchNorm running statistics and affine parameters drawn at random, so BN is not the identity."""
     g = torch.Generator().manual_seed(seed)
@@ -114,6 +143,8 @@ def build(name: str, seed: int = 0) -> nn.Module:
         model = FlatCNN()
     elif name == "tiny_attention":
         model = TinyAttention()
+    elif name == "tiny_video":
+        model = TinyVideo()
     else:
         raise KeyError(name)
     return randomise_norms(model, seed).eval()
@@ -122,7 +153,7 @@ def build(name: str, seed: int = 0) -> nn.Module:
 def example(name: str, batch: int = 2, seed: int = 0) -> torch.Tensor:
     """A seeded standard-normal input for model ``name``."""
     shape = {"resnet20": (3, 32, 32), "mlp": (12,), "small_cnn": (3, 16, 16), "flat_cnn": (3, 8, 8),
-             "tiny_attention": (5, 6)}.get(name, (3, 64, 64))
+             "tiny_attention": (5, 6), "tiny_video": (3, 4, 8, 8)}.get(name, (3, 64, 64))
     return torch.randn(batch, *shape, generator=torch.Generator().manual_seed(seed))
 
 
