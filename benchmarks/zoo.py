@@ -477,6 +477,15 @@ def save(doc: dict[str, Any], path: Path) -> None:
     write_json(path, doc)
 
 
+def earlier_runs(head: dict[str, Any]) -> list[dict[str, Any]]:
+    """The headers of the runs a resumed JSON holds rows of, oldest first and flat: ``head``'s own list (or an older
+    JSON's nested ``resumed_from`` chain, unrolled), then ``head`` itself without it."""
+    if not head:
+        return []
+    before = head["earlier_runs"] if "earlier_runs" in head else earlier_runs(head.get("resumed_from") or {})
+    return [*before, {k: v for k, v in head.items() if k not in ("resumed_from", "earlier_runs")}]
+
+
 def header(models_listed: int) -> dict[str, Any]:
     import onnxruntime
     import torch
@@ -565,7 +574,7 @@ def main() -> None:
     if args.resume and args.out.is_file():
         old = json.loads(args.out.read_text())
         doc["models"], doc["rows"] = old.get("models", {}), old.get("rows", [])
-        doc["header"]["resumed_from"] = old.get("header", {})
+        doc["header"]["earlier_runs"] = earlier_runs(old.get("header", {}))
         for kept in [*doc["models"].values(), *(r for r in doc["rows"] if r["method"] is not None)]:
             kept.setdefault("peak_rss", PEAK_UPPER_BOUND)
     doc["load"] = args.load
