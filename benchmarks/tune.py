@@ -65,9 +65,9 @@ RECOVER_EPOCHS = 1
 GOAL_S = 15 * 60
 USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/tune.py --out benchmarks/tune.json"
 STAGES = (("ort_quality", "[tune] measuring"), ("screen", "[tune] screening"), ("confirm", "[tune] confirming"))
-"""Stages the progress lines mark: a stage starts at the LAST line that starts with its text (the race's structure
-screen measures the baselines' quality early, with the same words, inside the search)."""
-"""Stages the tune announces, by the progress line that starts them."""
+"""Stages the progress lines mark: a stage starts at the last line that starts with its text (runs of 2026-12-04
+measured the baselines' quality for the race's structure screen with the same words, inside the search; the tune
+now words that line differently, so the first and the last agree)."""
 
 
 # -------------------------------------------------------------------------- factories (workers load them by path)

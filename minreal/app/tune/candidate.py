@@ -57,7 +57,7 @@ class CandidateSpec:
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
             raise ValueError(f"a candidate's recovery fraction is in (0, 1], got {self.fraction}")
-        if self.files_only and (self.recover_epochs or self.qat or self.variant is not None):
+        if self.files_only and (self.recover_epochs or self.qat or self.variant is not None or self.fraction < 1):
             raise ValueError("files_only is for a searched method's zero-shot model (no recovery, no plan variant)")
 
     @property
@@ -204,11 +204,20 @@ def fingerprint(model: nn.Module, calib: Dataset, held_out: Dataset) -> str:
 def cache_key(job: Job) -> str:
     """Key of a candidate's cache entry: the inputs, the candidate and what shapes its files (not the constraint)."""
     blob = json.dumps({"v": 2, "versions": _versions(), "inputs": job.fingerprint, "graph": job.graph,
-                       "spec": dataclasses.asdict(job.spec), "stats_samples": job.stats_samples,
+                       "spec": _spec_key(job.spec), "stats_samples": job.stats_samples,
                        "providers": list(job.providers), "quant_target": job.quant_target, "int8": job.int8,
                        "axes": [[n, [list(a) for a in per]] for n, per in job.dynamic_axes],
                        "extra": [list(kv) for kv in job.extra]}, sort_keys=True, default=repr)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _spec_key(spec: CandidateSpec) -> dict[str, Any]:
+    """The spec's fields in the cache key; ``files_only`` only when set, so the keys of candidates cached before
+    the field existed stay what they were."""
+    out = dataclasses.asdict(spec)
+    if not out["files_only"]:
+        del out["files_only"]
+    return out
 
 
 def _versions() -> dict[str, str]:

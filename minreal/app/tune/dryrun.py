@@ -136,6 +136,10 @@ def estimate_plan(cfg: TuneConfig, methods: Sequence[str], calib: int, held_out:
                             "baselines, and a method whose structure there is not faster than a baseline that meets "
                             "the constraint does not race (counted here as if every one raced)"
                             if cfg.objective == "latency" and cfg.structure_screen else ""))
+        if cfg.objective == "latency" and cfg.structure_screen:  # one export per method, one timing pass
+            timed = files_base + len(methods) * (2 if cfg.int8 else 1)
+            est.seconds["structure screen"] = (len(methods) * EXPORT_S + timed * cells
+                                               * (cfg.screen.min_seconds * cfg.screen.repeats + PROCESS_START_S))
         if cfg.int8 and cfg.qat:
             qat = last * cfg.recover_epochs * train * (probe.train_s * 1.5 + probe.forward_s)
             est.seconds["quantisation-aware"] = qat

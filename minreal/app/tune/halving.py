@@ -171,7 +171,8 @@ class Halving:
         for e in entries:
             if e.outcome != "met" or e.budget != min(b for m, b in raced if m == e.method):
                 continue
-            below = [b for b in self.grid if b < e.budget]
+            left_out = {b for m, b, _ in self.twins if m == e.method}  # the same model as a raced budget
+            below = [b for b in self.grid if b < e.budget and b not in left_out]
             if below and (e.method, max(below)) not in raced:
                 out.append((e.method, max(below)))
                 self.extended.append((e.method, max(below), len(self.rungs)))

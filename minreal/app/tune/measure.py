@@ -120,15 +120,18 @@ def record_confirmation(confirmed: list[Candidate], confirm: dict[str, Any]) -> 
 
 
 def ort_quality(candidates: list[Candidate], held_out: Dataset, constraint: Constraint, folder: Path,
-                say: Progress) -> None:
+                say: Progress, what: str | None = None) -> None:
     """ONNX Runtime's quality on the held-out data of every file not measured yet (the first of ``candidates`` is
-    the original, the reference); feasibility judged on it (what deploys)."""
+    the original, the reference); feasibility judged on it (what deploys). ``what``: the progress line's words for
+    an early measurement (the baselines', for the race's structure screen), which a log reader must not take for
+    the tune's own ``[tune] measuring`` stage."""
     todo = [c for c in candidates if not c.quality]
     if not todo:
         return
     if candidates[0].quality:  # measured before (with the baselines, for the structure screen): it runs again
         todo = [candidates[0], *todo]  # only as the reference of top-1 agreement; its quality stays as measured
-    say(f"[tune] measuring {len(todo)} files with ONNX Runtime on {len(held_out)} held-out samples")
+    say(f"[tune] {what} in ONNX Runtime: {len(todo)} files on {len(held_out)} held-out samples" if what else
+        f"[tune] measuring {len(todo)} files with ONNX Runtime on {len(held_out)} held-out samples")
     y = None if held_out.y is None else held_out.y.numpy()
     metrics = evaluate_models([c.label for c in todo], [Path(c.onnx) for c in todo],
                               feeds_of(held_out.x), y, 64, rb.BenchConfig().threads())

@@ -137,27 +137,41 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     return report
 
 
-def _structure_screen(baselines: list[Candidate], held_out: Dataset, cfg: TuneConfig, folder: Path, say: Progress,
-                      run: Executor, phases: dict[str, float]) -> Any:
-    """The race's structure screen (:func:`.measure.structure_screen`) for the latency objective with recovery, or
-    None. It compares with the baselines that meet the constraint, so their ONNX Runtime quality is measured now (and
-    not again later); its seconds go to ``phases`` (``structure_files``: exporting the zero-shot structures,
+class _Screen:
+    """The race's structure screen (:class:`.search.StructureScreen`): it compares with the baselines that meet the
+    constraint, so their ONNX Runtime quality is measured first (once: the later measurement keeps it); its seconds
+    go to ``phases`` (``structure_files``: the jobs exporting the zero-shot structures, summed over jobs;
     ``structure_screen``: timing them)."""
-    if cfg.objective != "latency" or not cfg.recover_epochs or not cfg.structure_screen:
-        return None
 
-    def screen(results: list[CandidateResult]) -> dict[tuple[str, float], dict[str, float]]:
+    def __init__(self, baselines: list[Candidate], held_out: Dataset, cfg: TuneConfig, folder: Path, say: Progress,
+                 run: Executor, phases: dict[str, float]) -> None:
+        self.baselines, self.held_out, self.cfg, self.folder = baselines, held_out, cfg, folder
+        self.say, self.run, self.phases = say, run, phases
+
+    def ready(self) -> str | None:
         t0 = time.perf_counter()
-        if not baselines[0].quality:
-            ort_quality(baselines, held_out, cfg.constraint, folder, say)
-        phases["ort_quality"] = phases.get("ort_quality", 0.0) + time.perf_counter() - t0
-        phases["structure_files"] = sum(sum(r.seconds.values()) for r in results if not r.cached)
+        if not self.baselines[0].quality:
+            ort_quality(self.baselines, self.held_out, self.cfg.constraint, self.folder, self.say,
+                        what="the baselines' quality")
+        self.phases["ort_quality"] = self.phases.get("ort_quality", 0.0) + time.perf_counter() - t0
+        if any(c.feasible and self.cfg.fits(c.onnx_bytes) for c in self.baselines):
+            return None
+        return "no baseline meets the constraint" + (" within --max-size" if self.cfg.max_size_kb is not None else "")
+
+    def __call__(self, results: list[CandidateResult]) -> dict[tuple[str, float], dict[str, float]]:
+        self.phases["structure_files"] = float(sum(sum(r.seconds.values()) for r in results if not r.cached))
         t0 = time.perf_counter()
-        out = structure_screen(results, baselines, held_out, cfg, say, run)
-        phases["structure_screen"] = time.perf_counter() - t0
+        out = structure_screen(results, self.baselines, self.held_out, self.cfg, self.say, self.run)
+        self.phases["structure_screen"] = time.perf_counter() - t0
         return out
 
-    return screen
+
+def _structure_screen(baselines: list[Candidate], held_out: Dataset, cfg: TuneConfig, folder: Path, say: Progress,
+                      run: Executor, phases: dict[str, float]) -> _Screen | None:
+    """The race's structure screen for the latency objective with recovery (:class:`_Screen`), or None."""
+    if cfg.objective != "latency" or not cfg.recover_epochs or not cfg.structure_screen:
+        return None
+    return _Screen(baselines, held_out, cfg, folder, say, run, phases)
 
 
 def _limit_pp(c: Constraint) -> float:
