@@ -893,7 +893,7 @@ def test_the_structure_screen_divides_each_structures_fastest_file_by_the_fastes
                for m in ("depth", "svd")]
     held_out = Dataset(torch.zeros(100, 4), torch.zeros(100, dtype=torch.long))
     cfg = TuneConfig(Constraint(max_accuracy_drop=1.0), screen=FAST,
-                     confirm=FAST, batch_sizes=(1, 32))
+                     bench=dataclasses.replace(FAST_BENCH, batch_sizes=(1, 32)))
     ratios = structure_screen(results, baselines, held_out, cfg, lambda line: None, Run())
     assert ratios[("depth", 0.8)] == pytest.approx({"cpu/b1": 0.8 / 1.0, "cpu/b32": 8.5 / 10.0})
     assert ratios[("svd", 0.8)] == pytest.approx({"cpu/b1": 0.9 / 1.0, "cpu/b32": 16.0 / 10.0})  # its fp32 at b1
@@ -908,7 +908,7 @@ def test_no_structure_screen_without_a_baseline_that_meets(trained_mlp, tmp_path
     no structure is exported, every budget of the pool races, and the notes say why."""
     model, tr, te = trained_mlp
     cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd",), grid=(0.9, 0.6, 0.4), recover_epochs=1,
-                     int8=False, screen=FAST, confirm=FAST, max_size_kb=0.001)
+                     int8=False, screen=FAST, bench=FAST_BENCH, max_size_kb=0.001)
     lines: list[str] = []
     report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor(),
                   progress=lines.append)
