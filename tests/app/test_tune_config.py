@@ -67,7 +67,9 @@ def test_with_bench_changes_only_the_timing_and_is_checked_by_the_bench_config()
 def test_report_json_keeps_the_config_keys_a_tune_wrote_before() -> None:
     bench = BenchConfig(providers=("cpu",), batch_sizes=(1, 8), min_seconds=0.25, repeats=2, min_runs=9, warmup=4)
     data = to_jsonable(TuneConfig(DROP, bench, methods=("svd",)))
-    assert tuple(data) == KEYS_BEFORE and len(KEYS_BEFORE) == 24  # the same keys, in the same order
+    # the same keys, in the same order, and after them the one the structure screen added (its switch)
+    assert tuple(data) == (*KEYS_BEFORE, "structure_screen") and len(KEYS_BEFORE) == 24
+    assert data["structure_screen"] is True
     assert (data["providers"], data["batch_sizes"]) == (["cpu"], [1, 8])
     assert data["confirm"] == {"min_seconds": 0.25, "repeats": 2, "min_runs": 9, "warmup": 4}
     assert data["screen"] == {"min_seconds": 0.25, "repeats": 1, "min_runs": 20, "warmup": 5}
