@@ -395,6 +395,15 @@ def _load() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
 
+def _baseline_kept(folder: Path, base: dict[str, Any]) -> bool:
+    """Whether a resumed baseline's files are still in the work folder (the weights, and the original's fp32 and
+    INT8 files where it passed): a row kept from a run whose work folder is gone is built again, not taken for a
+    model that could not be built."""
+    needed = [folder / "weights.pt"] + ([folder / "original.onnx", folder / "original.int8.onnx"]
+                                        if base.get("outcome") == "ok" else [])
+    return all(p.is_file() for p in needed)
+
+
 def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: Any) -> None:
     from _common import cpu_share, cpu_times
 
@@ -409,7 +418,7 @@ def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: 
     if not todo:
         return
     base = doc["models"].get(model.name)
-    if base is None or not args.resume:
+    if base is None or not args.resume or not _baseline_kept(args.work / model.name, base):
         base = run_stage("baseline", {"work": str(args.work / model.name), "name": model.name,
                                       "shape": list(model.shape)}, args.timeout)
         doc["models"][model.name] = {"family": model.family, "input": list(model.shape), **base,

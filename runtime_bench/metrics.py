@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,8 @@ __all__ = [
     "agreement_count",
     "max_abs_diff",
     "evaluate_models",
+    "eval_step",
+    "EVAL_STEP_BYTES",
 ]
 
 
@@ -129,7 +131,7 @@ def evaluate_models(
         raise BenchInputError(f"x has {rows} rows but y has {len(y)}")
     specs = [input_specs(Path(p)) for p in paths]
     fixed = {s.fixed_batch() for spec in specs for s in spec} - {None}
-    step = fixed.pop() if len(fixed) == 1 else batch_size
+    step = fixed.pop() if len(fixed) == 1 else eval_step(batch_size, x)
     for name, spec in zip(names, specs):
         check_batch(spec, step, name)
     sessions = [create_session(Path(p), provider_name("cpu"), threads) for p in paths]
@@ -144,6 +146,19 @@ def evaluate_models(
                 raise BenchInputError(f"model {name!r} output shape {shapes}")
             acc.update(out, outs[0], labels)
     return [acc.result(name, y) for acc, name in zip(running, names)]
+
+
+EVAL_STEP_BYTES = 64 << 20
+"""Input bytes one evaluation step feeds every model at most: a row of a video model (3×16×224×224 floats, 9.2 MiB)
+at the default 64 rows made each session's arena grow by gigabytes (s3d: four sessions, 23 GiB)."""
+
+
+def eval_step(batch_size: int, x: Data) -> int:
+    """Rows per evaluation step: ``batch_size``, fewer where one row's inputs are large (at most
+    :data:`EVAL_STEP_BYTES` of input per step, one row at least)."""
+    arrays = [np.asarray(v) for v in x.values()] if isinstance(x, Mapping) else [np.asarray(x)]
+    row = sum(a.nbytes // max(len(a), 1) for a in arrays)
+    return max(1, min(batch_size, EVAL_STEP_BYTES // max(row, 1)))
 
 
 def _run_padded(session, specs: list[InputSpec], rows: Data, step: int, name: str) -> np.ndarray:

@@ -144,3 +144,32 @@ def test_a_stage_killed_near_the_machines_memory_is_said_to_be_out_of_memory() -
     assert zoo._death(Measured(-9, "", "", None), memory_mib=machine) == "killed by signal 9"
     assert zoo._death(Measured(-15, "", "", 900.0)) == "killed by signal 15"
     assert zoo._death(Measured(3, "", "", 900.0)) == "exit status 3"
+
+
+def test_resume_builds_again_a_baseline_whose_files_are_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """zoo (issue 44): a resumed run kept quantized_resnet18's baseline from an earlier run whose work folder was
+    gone, and recorded every method as skipped ("the model was not built: no weights"). Its baseline runs again;
+    a kept baseline whose files are there does not."""
+    import argparse
+
+    stages: list[str] = []
+
+    def fake_stage(stage: str, spec: dict, timeout: float) -> dict:
+        stages.append(stage)
+        folder = Path(spec["work"])
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("weights.pt", "original.onnx", "original.int8.onnx"):
+            (folder / name).write_bytes(b"")
+        return {"outcome": "ok", "wall_s": 0.0}
+
+    monkeypatch.setattr(zoo, "run_stage", fake_stage)
+    monkeypatch.setattr(zoo, "method_row", lambda *a: {s: {"outcome": "ok"} for s in zoo.STAGES})
+    monkeypatch.setattr(zoo, "save", lambda doc, path: None)
+    kept = {"family": "x", "input": [3, 8, 8], "outcome": "ok", "wall_s": 1.0}
+    doc = {"header": {"commit": "0123456789ab"}, "models": {"m": dict(kept)}, "rows": []}
+    args = argparse.Namespace(methods=("wanda",), resume=True, work=tmp_path, timeout=60, out=tmp_path / "zoo.json")
+    zoo.run_model(doc, zoo.Model("m", "x", (3, 8, 8)), args, lambda line: None)
+    assert stages == ["baseline"] and [r["method"] for r in doc["rows"]] == ["wanda"]
+    doc["rows"].clear()
+    zoo.run_model(doc, zoo.Model("m", "x", (3, 8, 8)), args, lambda line: None)
+    assert stages == ["baseline"] and [r["method"] for r in doc["rows"]] == ["wanda"]

@@ -88,3 +88,17 @@ def test_label_count_must_match(reference_model: Path, data) -> None:
     x, y = data
     with pytest.raises(BenchInputError, match="x has 100 rows but y has 99"):
         evaluate_models(["ref"], [reference_model], x, y[:99], batch_size=10, threads=1)
+
+
+def test_the_evaluation_step_feeds_at_most_its_bytes_of_input_whatever_a_row_weighs() -> None:
+    """zoo (issue 44): `minreal bench` of s3d (clips of 3×16×224×224 floats, 9.2 MiB a row) ran the agreement on 64
+    rows at once in each of four sessions, whose arenas grew to 23 GiB together and the kernel killed it. A step
+    feeds at most EVAL_STEP_BYTES (64 MiB) of input: 6 such clips; small rows keep the whole batch; one row always."""
+    from minreal.runtime_bench.metrics import EVAL_STEP_BYTES, eval_step
+
+    clip = 3 * 16 * 224 * 224 * 4
+    clips = np.zeros((8, 3, 16, 224, 224), dtype=np.float32)
+    assert eval_step(64, clips) == EVAL_STEP_BYTES // clip == 6
+    assert eval_step(64, np.zeros((100, 3, 32, 32), dtype=np.float32)) == 64
+    assert eval_step(64, {"ids": np.zeros((4, 128), dtype=np.int64), "mask": np.ones((4, 128), dtype=np.int64)}) == 64
+    assert eval_step(64, np.zeros((2, 17 << 20), dtype=np.float32)) == 1

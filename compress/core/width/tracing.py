@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import re
 import traceback
 from pathlib import Path
 
@@ -68,9 +69,7 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
         try:  # ShapeProp prints a traceback of its own on failure; the user gets the one line below
             ShapeProp(gm).propagate(*args_of(example))
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise CompressionError(f"cannot run the traced {type(model).__name__} on an example input of shape "
-                                   f"{_shapes(example)}: {first[:200]}") from None
+            raise _unreplayable(model, example, exc) from None
     return gm
 
 
@@ -85,6 +84,18 @@ def _untraceable(model: nn.Module, exc: Exception) -> CompressionError:
         f"{f' at {where}' if where else ''}: {type(exc).__name__}: {first.split('. ')[0].rstrip('.')[:160]} (Python "
         "control flow on a tensor); give a factory returning the part that traces (e.g. the backbone) or use "
         "factorize, which needs no trace")
+
+
+def _unreplayable(model: nn.Module, example: Inputs, exc: Exception) -> CompressionError:
+    """One line for a traced graph that fails where the model itself runs: the graph's operation (ShapeProp names it
+    in its own wrapper), the underlying error's first sentence, and what to do instead."""
+    cause = exc.__cause__ or exc
+    node = re.search(r"node=%(\w+)", str(exc))
+    first = (str(cause).strip().splitlines() or [type(cause).__name__])[0].split(". ")[0].rstrip(".")
+    return CompressionError(
+        f"cannot run the traced {type(model).__name__} on an example input of shape {_shapes(example)}"
+        f"{f' at its operation {node.group(1)}' if node else ''}: {type(cause).__name__}: {first[:160]} (torch.fx's "
+        "graph does not replay the model's code there); use factorize, which needs no trace")
 
 
 def _model_frame(exc: BaseException) -> str | None:

@@ -194,6 +194,35 @@ def test_an_untraceable_model_is_refused_with_the_line_of_its_code_and_a_way_out
     assert "\n" not in said
 
 
+def _scaled(sizes: list) -> list:
+    sizes[0] = 2  # changes its argument, as torchvision's video Swin changes its window sizes
+    return sizes
+
+
+torch.fx.wrap("_scaled")  # a leaf of the trace, as torchvision wraps _get_window_and_shift_size
+
+
+class _ChangesItsArgument(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * _scaled([1, x.shape[1]])[0]
+
+
+def test_a_graph_that_does_not_replay_the_model_is_refused_with_its_operation_and_cause() -> None:
+    """zoo (issue 44): swin3d_t was refused with torch.fx's wrapper ("ShapeProp error for: node=%... : [num_users=2]
+    = call_function[target=...") cut at 200 characters: the refusal names the graph's operation, the underlying
+    error and the way out."""
+    with pytest.raises(CompressionError) as info:
+        analyse(_ChangesItsArgument(), torch.randn(2, 4))
+    said = str(info.value)
+    assert said.startswith("cannot run the traced _ChangesItsArgument on an example input of shape input (4,) at "
+                           "its operation _scaled: TypeError: 'immutable_list' object does not support mutation")
+    assert said.endswith("use factorize, which needs no trace") and "\n" not in said
+
+
 def test_a_layer_subclass_that_keeps_its_forward_is_traced_as_the_layer(analysed) -> None:
     """torchvision's video ResNets build their convolutions as subclasses of ``nn.Conv3d`` defined in torchvision
     (mc3_18's ``Conv3DNoTemporal``): traced through, they were bare ``conv3d`` calls the rules did not understand,
