@@ -234,7 +234,7 @@ class Budget:
         for k in given:
             v = getattr(self, k)
             if not 0.0 < v <= 1.0:
-                raise CompressionError(f"`{self.field(k)}` must lie in (0, 1], got {v}", fields=(self.field(k),))
+                raise CompressionError(f"{self.flag(k)} must lie in (0, 1], got {v}")
         if self.rank_multiple < 1:
             raise CompressionError(f"`rank_multiple` must be >= 1, got {self.rank_multiple}", fields=("rank_multiple",))
         if self.allocator not in ALLOCATOR_NAMES:

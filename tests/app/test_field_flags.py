@@ -33,6 +33,8 @@ PINNED = {
         "lr, temperature, val_fraction, patience)",
     "compress/core/recover.py:_matched_points": "tests/compress/core/test_recover.py: --recover-features 'nowhere'",
     "compress/core/recover.py:_resolved": "tests/compress/core/test_recover.py: --recover-alpha 1",
+    "compress/core/options.py:Budget.__post_init__":
+        "tests/compress/methods/svd/test_svd.py: SVDConfig(layer_mac_ratio=1.5) matches --layer-mac-ratio",
     "compress/core/options.py:StateBudgetOption.__post_init__":
         "tests/hostile/test_messages.py: CBalancedConfig(state_budget=0) matches --state-budget",
     "compress/methods/cbalanced/config.py:CBalancedConfig.__post_init__":

@@ -49,20 +49,6 @@ def test_config_errors_name_the_field_not_the_flag(make: Callable[[], object], s
     assert info.value.fields == fields
 
 
-@pytest.mark.parametrize("config, field, value", [
-    (lambda: SVDConfig(layer_mac_ratio=1.5), "layer_mac_ratio", "1.5"),
-    (lambda: SVDConfig(layer_param_ratio=0.0), "layer_param_ratio", "0.0"),
-    (lambda: FactorizeConfig(rank_fraction=2.0), "rank_fraction", "2.0"),
-])
-def test_a_layer_budget_outside_the_unit_interval_names_its_field(config: Callable[[], object], field: str,
-                                                                  value: str) -> None:
-    """A factorisable-layer budget is a ratio in (0, 1] (the whole-model ones are checked as config fields above)."""
-    with pytest.raises(CompressionError) as info:
-        config()
-    assert str(info.value) == f"`{field}` must lie in (0, 1], got {value}"
-    assert info.value.fields == (field,)
-
-
 def test_a_latency_budget_without_a_table_names_the_fields_and_the_table_command_in_backticks() -> None:
     with pytest.raises(CompressionError) as info:
         MagnitudeConfig(latency_ratio=0.5)
