@@ -367,36 +367,30 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     result.params, result.macs, result.recovery = report.params_after, report.macs_after, report.recovery
     if spec.variant is None and not spec.recover_epochs:
         result.weights_digest = model_key(small)
-    if spec.files_only:
-        return _structure_files(result, small, report, calib, held_out, job)
+    if spec.files_only:  # the structure's files, to time: no quality, no .pt2 program, never a candidate
+        _export_files(result, small, report, calib, held_out, job, program=False)
+        return result
     t0 = time.perf_counter()
     result.quality = held_out_metrics(model, small, held_out, teacher_outputs=_teacher_outputs(job, model, held_out))
     result.seconds["measure"] = time.perf_counter() - t0
     result.feasible = job.constraint.holds(Quality.from_metrics(result.quality), job.reference)
     if result.feasible:
-        from minreal.export.errors import CalibrationError, ExportError, ParityError, QuantizationError
-
-        t0 = time.perf_counter()
-        try:
-            result.files = _export(small, report, calib, held_out, job)
-        except (ExportError, ParityError, QuantizationError, CalibrationError) as exc:
-            result.error, result.feasible = f"export failed: {str(exc).splitlines()[0]}", False
-        result.seconds["export"] = time.perf_counter() - t0
+        _export_files(result, small, report, calib, held_out, job)
     return result
 
 
-def _structure_files(result: CandidateResult, small: nn.Module, report: Any, calib: Dataset, held_out: Dataset,
-                     job: Job) -> CandidateResult:
-    """A ``files_only`` job's result: the zero-shot model's fp32 and INT8 files (no ``.pt2`` program, no quality)."""
+def _export_files(result: CandidateResult, small: nn.Module, report: Any, calib: Dataset, held_out: Dataset,
+                  job: Job, program: bool = True) -> None:
+    """``result``'s files (:func:`_export`) and their seconds; an export the exporter refuses makes ``result`` a
+    refusal (not feasible) in one line."""
     from minreal.export.errors import CalibrationError, ExportError, ParityError, QuantizationError
 
     t0 = time.perf_counter()
     try:
-        result.files = _export(small, report, calib, held_out, job, program=False)
+        result.files = _export(small, report, calib, held_out, job, program)
     except (ExportError, ParityError, QuantizationError, CalibrationError) as exc:
-        result.error = f"export failed: {str(exc).splitlines()[0]}"
+        result.error, result.feasible = f"export failed: {str(exc).splitlines()[0]}", False
     result.seconds["export"] = time.perf_counter() - t0
-    return result
 
 
 _MEMO_SIZE = 8

@@ -30,7 +30,7 @@ from .model import Candidate, Progress, cell_name
 from .search import Clock
 
 __all__ = ["BenchJob", "BenchOutcome", "bench_files", "bench_on_target", "p50_by_cell", "record_confirmation",
-           "ort_quality", "file_sizes", "ort_sizes", "structure_screen"]
+           "ort_quality", "file_sizes", "ort_sizes", "screen_references", "structure_screen"]
 
 
 @dataclass(frozen=True)
@@ -84,13 +84,19 @@ def bench_on_target(candidates: list[Candidate], held_out: Dataset, cfg: TuneCon
     return outcome
 
 
+def screen_references(baselines: list[Candidate], cfg: TuneConfig) -> list[Candidate]:
+    """The baselines a structure must beat: those that meet the constraint (ONNX Runtime's quality, measured) and
+    ``--max-size``."""
+    return [c for c in baselines if c.feasible and cfg.fits(c.onnx_bytes)]
+
+
 def structure_screen(results: list[CandidateResult], baselines: list[Candidate], held_out: Dataset, cfg: TuneConfig,
                      say: Progress, run: Executor) -> dict[tuple[str, float], dict[str, float]]:
     """Time the files of ``files_only`` results beside the ``baselines`` that meet the constraint (their ONNX Runtime
     quality measured already, and within ``--max-size``) in one pass of the short protocol on the target; for each
     ``(method, budget)``, by cell, the p50 of its fastest file over that of the fastest such baseline. Empty when no
     baseline meets the constraint (nothing to compare with)."""
-    refs = [c for c in baselines if c.feasible and cfg.fits(c.onnx_bytes)]
+    refs = screen_references(baselines, cfg)
     if not refs or not results:
         return {}
     files = [Candidate(f"{r.spec.label}.{kind}", "structure", kind, cached_file(r, kind), 0)

@@ -49,6 +49,7 @@ from .measure import (
     ort_sizes,
     p50_by_cell,
     record_confirmation,
+    screen_references,
     structure_screen,
 )
 from .model import TUNE_SCHEMA_VERSION, Candidate, Progress, TuneReport, cell_name
@@ -154,7 +155,7 @@ class _Screen:
             ort_quality(self.baselines, self.held_out, self.cfg.constraint, self.folder, self.say,
                         what="the baselines' quality")
         self.phases["ort_quality"] = self.phases.get("ort_quality", 0.0) + time.perf_counter() - t0
-        if any(c.feasible and self.cfg.fits(c.onnx_bytes) for c in self.baselines):
+        if screen_references(self.baselines, self.cfg):
             return None
         return "no baseline meets the constraint" + (" within --max-size" if self.cfg.max_size_kb is not None else "")
 
