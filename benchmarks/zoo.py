@@ -252,6 +252,8 @@ def stage_compress(spec: dict[str, Any]) -> dict[str, Any]:
     for key in ("macs", "params"):
         if report.get(f"{key}_before"):
             out[f"{key[:-1]}_ratio_reached"] = round(report[f"{key}_after"] / report[f"{key}_before"], 4)
+    if report.get("timings_s"):  # the method's own phases (statistics, analysis, realisation ...), for the cost fit
+        out["phases_s"] = {k: round(v, 3) for k, v in report["timings_s"].items()}
     missed = (report.get("predicted") or {}).get("budget_missed")
     if missed:
         out["budget_missed"] = missed
