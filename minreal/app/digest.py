@@ -103,6 +103,11 @@ def _speeds(speedups: Iterable[float]) -> str:
     return "/".join(map(_speed, speedups)) + "×"
 
 
+def _short(cost: str) -> str:
+    """A quality cost as a screen line says it: ``acc -0.67 pp``."""
+    return cost.replace("accuracy ", "acc ")
+
+
 def _brief(v: CaseVerdict) -> list[str]:
     """Shorter wordings of :func:`verdict_text` for a screen (:data:`VERDICT_LEGEND` above them), longest first:
     speed-ups per cell over the original fp32 and its low-precision file (cells as the screen table names them), the
@@ -111,11 +116,11 @@ def _brief(v: CaseVerdict) -> list[str]:
         return []
     if v.best.startswith("original"):
         if v.rival_within:
-            return [f"{v.case}: {v.best} won; {v.rival} ({v.rival_cost}) is not faster: {v.rival_vs_best:.2f}× its "
-                    "p50 latency"]
+            head = f"{v.case}: {v.best} won; {v.rival} ({_short(v.rival_cost)}) is not faster: {v.rival_vs_best:.2f}×"
+            return [f"{head} the p50 latency of {v.best}", f"{head} {v.best}'s p50"]
         return [f"{v.case}: {v.best} won; {v.rival} is {v.rival_ratio:.2f}× the original's p50 latency but costs "
-                f"{v.rival_cost}"]
-    head = f"{v.case}: {v.best} won ({v.cost.replace('accuracy ', 'acc ')})"
+                f"{_short(v.rival_cost)}"]
+    head = f"{v.case}: {v.best} won ({_short(v.cost)})"
     low = (v.low or "").rpartition(".")[2].upper()
     fp32, lows = [s for _, s, _ in v.speedups], [s for _, _, s in v.speedups if s is not None]
     lows = lows if len(lows) == len(fp32) else []

@@ -115,3 +115,17 @@ def test_a_demo_like_run_ends_within_one_screen(capsys: pytest.CaptureFixture) -
     # digits-mlp: svd-0.5 at (0.0131, 0.0692) ms against (0.0406, 0.179): 3.1× and 2.6×; INT8 at 1.1× those: 3.4/2.8×
     assert verdicts[0] == "digits-mlp: svd-0.5 won (acc +0.00 pp): 3.1/2.6× fp32, 3.4/2.8× INT8 (b1/b32)"
     assert "all models and warnings in report.md" in out.splitlines()[-1]
+
+
+def test_an_original_winner_on_a_screen_names_the_rival_and_why_it_lost() -> None:
+    from minreal.app.digest import fitted_verdict
+    from minreal.app.report import case_verdict
+
+    # svd at (0.0105, 0.042) ms against the original's (0.01, 0.04): 1.05× its latency at both cells, same accuracy
+    models = {"original": (100, 100, [0.01, 0.04]), "svd-0.5": (50, 50, [0.0105, 0.042])}
+    quality = {"original": {"accuracy": 0.9}, "svd-0.5": {"accuracy": 0.9}}
+    assert fitted_verdict(case_verdict(_case("digits-mlp", models, quality)), SCREEN_COLUMNS) == (
+        "digits-mlp: original won; svd-0.5 (acc +0.00 pp) is not faster: 1.05× the p50 latency of original")
+    longer = _case("digits-mlp-4x256-silu-longer-name", models, quality)
+    assert fitted_verdict(case_verdict(longer), SCREEN_COLUMNS) == (
+        "digits-mlp-4x256-silu-longer-name: original won; svd-0.5 (acc +0.00 pp) is not faster: 1.05× original's p50")
