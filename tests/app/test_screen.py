@@ -126,6 +126,6 @@ def test_an_original_winner_on_a_screen_names_the_rival_and_why_it_lost() -> Non
     quality = {"original": {"accuracy": 0.9}, "svd-0.5": {"accuracy": 0.9}}
     assert fitted_verdict(case_verdict(_case("digits-mlp", models, quality)), SCREEN_COLUMNS) == (
         "digits-mlp: original won; svd-0.5 (acc +0.00 pp) is not faster: 1.05× the p50 latency of original")
-    longer = _case("digits-mlp-4x256-silu-longer-name", models, quality)
+    longer = _case("digits-mlp-4x256-silu", models, quality)
     assert fitted_verdict(case_verdict(longer), SCREEN_COLUMNS) == (
-        "digits-mlp-4x256-silu-longer-name: original won; svd-0.5 (acc +0.00 pp) is not faster: 1.05× original's p50")
+        "digits-mlp-4x256-silu: original won; svd-0.5 (acc +0.00 pp) is not faster: 1.05× original's p50")
