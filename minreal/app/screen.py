@@ -66,10 +66,10 @@ def _thousands(n: int) -> str:
 
 def _millis(ms: float | None) -> str:
     """A p50 latency in ms to about three significant digits, at most four decimals: ``0.0079``, ``0.315``, ``9.96``,
-    ``51.4``."""
+    ``51.4``, ``581``."""
     if ms is None:
         return "-"
-    return f"{ms:.{min(4, max(1, 2 - math.floor(math.log10(ms))))}f}" if ms > 0 else "0"
+    return f"{ms:.{min(4, max(0, 2 - math.floor(math.log10(ms))))}f}" if ms > 0 else "0"
 
 
 def cell_header(label: str) -> str:

@@ -59,6 +59,14 @@ def test_width_counts_bytes_and_clip_keeps_within_it() -> None:
     assert first_fitting(["a long wording", "still too long"], 10) == "still t…"  # … is three bytes
 
 
+def test_latencies_and_counts_are_rounded_to_what_a_reader_compares() -> None:
+    from minreal.app.screen import _millis, _thousands
+
+    assert [_millis(ms) for ms in (0.00791, 0.0366, 0.315, 9.957, 51.43, 581.2, None)] == [
+        "0.0079", "0.0366", "0.315", "9.96", "51.4", "581", "-"]
+    assert [_thousands(n) for n in (950, 4778, 26122, 216586, 2_500_000)] == ["950", "4.78k", "26.1k", "217k", "2.5M"]
+
+
 def test_a_clipped_label_keeps_its_ends_and_precision_suffix() -> None:
     assert clip_label("ssm trunc 50%.int8", 15) == "ssm t… 50%.int8"
     assert clip_label("ssm trunc 70%.ptq.int8", 19) == "ssm t… 70%.ptq.int8"
