@@ -64,7 +64,8 @@ def preprocess(fp32_path: Path, out: Path, align: bool = False) -> tuple[Path, s
                 quant_pre_process(source, dest, **options)
         except Exception as exc:
             note = f"quant_pre_process{' without symbolic shapes' if options else ''} failed: {error_line(exc)}"
-            logger.warning("%s", note)
+            then = "quantising the file as exported" if options else "retrying without symbolic shape inference"
+            logger.warning("%s (%s; %s)", note, fp32_path.name, then)
             continue
         _rewrite(out, align)
         return out, note

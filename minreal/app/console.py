@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from minreal.app.case_warnings import HeldForResults
 from minreal.facts import DETAIL_KEY, PROGRESS_KEY  # compress and runtime_bench log with this key
 
 __all__ = ["LIBRARY_LOGGERS", "Console", "ProgressBars", "RepeatFilter", "plain", "setup_logging"]
@@ -153,13 +154,15 @@ def _print_summary(repeats: RepeatFilter, stream: Any) -> None:
 
 
 def setup_logging() -> None:
-    """Warnings on stderr as ``LEVEL logger: message``, each text once per logger (:class:`RepeatFilter`); the
-    library's INFO records reach only the progress bars."""
+    """Warnings on stderr as ``LEVEL logger: message``, each text once per logger (:class:`RepeatFilter`), except
+    those a running case collects as its own (:class:`~minreal.app.case_warnings.HeldForResults`: shown with the
+    results); the library's INFO records reach only the progress bars."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         if not isinstance(handler, ProgressBars):
             handler.setLevel(logging.WARNING)  # library INFO records reach only the progress bars
         if type(handler) is logging.StreamHandler and not any(isinstance(f, RepeatFilter) for f in handler.filters):
             repeats = RepeatFilter()
+            handler.addFilter(HeldForResults())  # a case's warning is shown with its results, not counted here
             handler.addFilter(repeats)  # the console's own handler, not a test's capturing subclass
             atexit.register(_print_summary, repeats, handler.stream)

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 
 from minreal.app.report import VERDICT_MAX_DROP_PP, CaseVerdict, case_verdict, warning_kind
 from minreal.app.run_report import ReportLike, run_report
+from minreal.app.screen import cell_header, first_fitting
 
-__all__ = ["CaseProgress", "SCREEN_LINES", "WarningDigest", "verdict_models", "verdict_text", "winner_lines"]
+__all__ = ["CaseProgress", "SCREEN_LINES", "VERDICT_LEGEND", "WarningDigest", "fitted_verdict", "verdict_models",
+           "verdict_text", "winner_lines"]
 
 SCREEN_LINES = 50
 """What a brief console (the demo's) aims to fit its end-of-run output in: one screen."""
@@ -37,20 +39,28 @@ class WarningDigest:
         """How many warnings of ``kind`` ``case`` had."""
         return len(self.groups.get((case, kind), ()))
 
-    def lines(self) -> list[str]:
+    def lines(self, columns: int | None = None) -> list[str]:
         """``WARNING case: kind (N×, at batch 1 and 32; details in report.md)``, one line per group, in the order
-        the groups were first met."""
-        return [f"WARNING {case}: {kind} ({len(items)}×{_cells_text(items)}; details in {self.where})"
+        the groups were first met. Within ``columns`` (a screen whose last line says where the details are), without
+        the details' place, and shorter where that does not fit (``(N×: b1, b32 s64)``, then ``(N×)``, then
+        clipped)."""
+        return [first_fitting((*[f"WARNING {case}: {kind} ({len(items)}×{_cells_text(items)}; details in "
+                                 f"{self.where})"] * (columns is None),
+                               f"WARNING {case}: {kind} ({len(items)}×{_cells_text(items)})",
+                               f"WARNING {case}: {kind} ({len(items)}×{_cells_text(items, short=True)})",
+                               f"WARNING {case}: {kind} ({len(items)}×)"), columns)
                 for (case, kind), items in self.groups.items()]
 
 
-def _cells_text(warnings: list[str]) -> str:
-    """``, at batch 1 and 32`` for the timed cells the warnings name, batch sizes in increasing order; ``""``
-    without any."""
+def _cells_text(warnings: list[str], short: bool = False) -> str:
+    """``, at batch 1 and 32`` for the timed cells the warnings name, batch sizes in increasing order (``short``:
+    ``: b1, b32``, as the screen table's columns are named); ``""`` without any."""
     found = {(int(batch), shape) for w in warnings for batch, shape in _CELL.findall(w)}
     cells = [f"{batch}{shape}" for batch, shape in sorted(found)]
     if not cells:
         return ""
+    if short:
+        return f": {', '.join(map(cell_header, cells))}"
     listed = cells[0] if len(cells) == 1 else f"{', '.join(cells[:-1])} and {cells[-1]}"
     return f", at batch {listed}"
 
@@ -83,15 +93,65 @@ def verdict_text(v: CaseVerdict) -> str:
             f"latency), costs {v.rival_cost}, past {budget}")
 
 
+def _speed(s: float) -> str:
+    """A speed-up to two significant digits: ``0.86``, ``1.0``, ``3.1``, ``12``."""
+    return f"{s:.2f}" if s < 1 else f"{s:.1f}" if s < 10 else f"{s:.0f}"
+
+
+def _speeds(speedups: Iterable[float]) -> str:
+    """``3.1/0.86×``: one speed-up per timed cell."""
+    return "/".join(map(_speed, speedups)) + "×"
+
+
+def _short(cost: str) -> str:
+    """A quality cost as a screen line says it: ``acc -0.67 pp``."""
+    return cost.replace("accuracy ", "acc ")
+
+
+def _brief(v: CaseVerdict) -> list[str]:
+    """Shorter wordings of :func:`verdict_text` for a screen (:data:`VERDICT_LEGEND` above them), longest first:
+    speed-ups per cell over the original fp32 and its low-precision file (cells as the screen table names them), the
+    same without the cells, then their means; none where :func:`verdict_text` is short already."""
+    if v.best is None or v.rival is None:
+        return []
+    if v.best.startswith("original"):
+        if v.rival_within:
+            head = f"{v.case}: {v.best} won; {v.rival} ({_short(v.rival_cost)}) is not faster: {v.rival_vs_best:.2f}×"
+            return [f"{head} the p50 latency of {v.best}", f"{head} {v.best}'s p50"]
+        return [f"{v.case}: {v.best} won; {v.rival} is {v.rival_ratio:.2f}× the original's p50 latency but costs "
+                f"{_short(v.rival_cost)}"]
+    head = f"{v.case}: {v.best} won ({_short(v.cost)})"
+    low = (v.low or "").rpartition(".")[2].upper()
+    fp32, lows = [s for _, s, _ in v.speedups], [s for _, _, s in v.speedups if s is not None]
+    lows = lows if len(lows) == len(fp32) else []
+    cells = "/".join(cell_header(c) for c, _, _ in v.speedups)
+    versus = [f"{_speeds(fp32)} fp32", *([f"{_speeds(lows)} {low}"] if lows else [])]
+    means = [f"{_speed(sum(x) / len(x))}× {name}" for x, name in ((fp32, "fp32"), (lows, low)) if x]
+    return [f"{head}: {', '.join(versus)} ({cells})", f"{head}: {', '.join(versus)}",
+            f"{head}: {', '.join(means)} (mean of {len(fp32)} cells)"]
+
+
+VERDICT_LEGEND = (f"winner: fastest within {VERDICT_MAX_DROP_PP:g} pp of the original; N× fp32/INT8: p50 speed-up over "
+                  "the original/its INT8")
+"""The line above the verdicts on a screen (:func:`fitted_verdict` with ``columns``)."""
+
+
+def fitted_verdict(v: CaseVerdict, columns: int | None) -> str:
+    """:func:`verdict_text`; within ``columns`` (a screen), the longest of its shorter wordings that fits (clipped at
+    last)."""
+    return first_fitting((_brief(v) if columns is not None else []) or [verdict_text(v)], columns)
+
+
 def _verdicts(report: ReportLike) -> list[CaseVerdict]:
     """The verdict of every case of a run report (its JSON read at the boundary, :func:`run_report`) that has a
     timed original."""
     return [v for v in map(case_verdict, run_report(report).cases) if v is not None]
 
 
-def winner_lines(report: ReportLike) -> list[str]:
-    """:func:`verdict_text` of every case of a run report that has a timed original."""
-    return [verdict_text(v) for v in _verdicts(report)]
+def winner_lines(report: ReportLike, columns: int | None = None) -> list[str]:
+    """:func:`verdict_text` of every case of a run report that has a timed original (:func:`fitted_verdict` within
+    ``columns``)."""
+    return [fitted_verdict(v, columns) for v in _verdicts(report)]
 
 
 def verdict_models(report: ReportLike) -> set[tuple[str, str]]:

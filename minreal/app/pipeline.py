@@ -24,6 +24,7 @@ from typing import Any
 from torch import nn
 
 import minreal.runtime_bench as rb
+from minreal.app.case_warnings import collected_warnings
 from minreal.app.int8_text import int8_cause, roundtrip_summary
 from minreal.app.mismatch import DataCheck, check_data, require_match
 from minreal.app.plan import run_variant
@@ -123,8 +124,18 @@ def variant_recovery(run: VariantSpec, recovery: RecoveryConfig | None,
 
 def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progress,
              interrupts: Interrupts | None = None) -> CaseResult:
-    """Compress each variant of ``case``, export everything, quantise, benchmark side by side."""
-    interrupts = interrupts or Interrupts()
+    """Compress each variant of ``case``, export everything, quantise, benchmark side by side. What the case logs at
+    WARNING or raises as a Python warning on the way (ONNX Runtime's quantisation pre-processing, an exporter's
+    fallback) is one of its warnings too, after those of the run's own checks (:func:`collected_warnings`)."""
+    with collected_warnings() as raised:
+        result = _run_case(case, case_dir, cfg, progress, interrupts or Interrupts())
+    result.warnings += [w for w in raised if w not in result.warnings]
+    return result
+
+
+def _run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progress,
+              interrupts: Interrupts) -> CaseResult:
+    """:func:`run_case` without collecting the warnings raised on the way."""
     check, mismatch = _data_check(case, cfg, progress)  # before any work: near chance stops the run
     case_dir.mkdir(parents=True, exist_ok=True)
     stages: dict[str, float] = {}

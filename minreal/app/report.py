@@ -20,7 +20,7 @@ __all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown"
            "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS", "int8_rows",
            "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows", "tensorrt_lines",
            "verdict_lines", "grouped_warnings", "warning_kind", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
-           "ort_line", "ORT_FP16_NOTE", "ort_fp16_note"]
+           "ort_line", "ORT_FP16_NOTE", "ort_fp16_note", "cell_label", "cell_order", "CaseVerdict", "case_verdict"]
 
 #: The accuracy cost a verdict accepts: the fastest model within this many points of the original's held-out accuracy.
 VERDICT_MAX_DROP_PP = 1.0
@@ -94,7 +94,8 @@ def cell_label(row: Mapping[str, Any]) -> str:
     return f"{row['batch_size']} {shape}" if shape else str(row["batch_size"])
 
 
-def _cell_order(label: str) -> tuple[int, str]:
+def cell_order(label: str) -> tuple[int, str]:
+    """The sort key of a :func:`cell_label`: batch size first, then shape."""
     batch, _, shape = label.partition(" ")
     return int(batch), shape
 
@@ -129,7 +130,7 @@ def format_compact(report: ReportLike, keep: Callable[[str, str], bool] | None =
         cells_of.setdefault(case, set()).update(by_batch)
     tables: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
     for (case, model), by_batch in grouped.items():
-        batches = tuple(sorted(cells_of[case], key=_cell_order))
+        batches = tuple(sorted(cells_of[case], key=cell_order))
         any_row = next(iter(by_batch.values()))
         cells = [c for b in batches for c in ((by_batch[b][8], by_batch[b][12]) if b in by_batch else ("-", "-"))]
         tables.setdefault(batches, []).append((case, model, any_row[2], any_row[4], any_row[5], *cells,
@@ -183,7 +184,7 @@ def case_verdict(case: CaseLike) -> CaseVerdict | None:
         return None
     provider = lat[0]["provider"]
     p50 = {(r["model"], cell_label(r)): r["stats"]["p50_ms"] for r in lat if r["provider"] == provider}
-    cells = sorted({c for _, c in p50}, key=_cell_order)
+    cells = sorted({c for _, c in p50}, key=cell_order)
     ok = {m: _within_budget(metrics[m], metrics["original"]) for m in metrics}
     timed = [m for m in metrics if all((m, c) in p50 for c in cells)]
     measured = any(cost != "quality not measured" for _, cost in ok.values())

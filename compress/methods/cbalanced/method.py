@@ -324,7 +324,7 @@ def demo_case(quick: bool = True) -> RunCase:
     cfg = CBalancedConfig(controls=not quick, state_budget=400)
     recovery = RecoveryConfig(epochs=15 if quick else 40)
     return RunCase("digits-mlp-4x256-silu", model.eval(), train_set, test,
-                    [VariantSpec("C-balanced (warm start + distilled)", "cbalanced", cfg, recovery=recovery)],
+                    [VariantSpec("C-balanced + distilled", "cbalanced", cfg, recovery=recovery)],
                     notes=["widths = C ranks sharing 400 neurons; warm start keeps neurons by balanced leverage and "
                            "refits the next layer by least squares, then the recovery distils the original into it"])
 

@@ -98,18 +98,21 @@ def refuse_torchrun(command: str) -> None:
                                f"`minreal {command}` in one process; tune scales out with --executor ray")
 
 
-def finish_run(con: Console, report: Any, out: str, digest: bool = False) -> None:
+def finish_run(con: Console, report: Any, out: str, digest: bool = False, columns: int | None = None) -> None:
     """Show a run directory's report: the compact table, recovery and INT8 tables, each case's warnings. With
     ``digest`` (the demo), warnings grouped per case and kind and one line per case saying what won and why; when
     all would not fit :data:`~minreal.app.digest.SCREEN_LINES`, the compact table keeps only the models those lines
-    name, and the recovery and INT8 tables are left to report.md."""
+    name, and the recovery and INT8 tables are left to report.md. With ``columns`` too, every line fits that many
+    columns: the table is :func:`~minreal.app.screen.screen_table`, the recovery and INT8 tables (wider) are left to
+    report.md, and warnings and verdicts take shorter wordings where the full ones do not fit."""
     from minreal.app.report import format_compact, format_int8, format_recovery, ort_fp16_note, ort_line
+    from minreal.app.screen import clip, first_fitting
 
     tables = [t for t in (format_recovery(report), format_int8(report)) if t]
-    ort = list(filter(None, [*map(ort_line, report.cases), ort_fp16_note(report)]))
+    ort = [clip(line, columns) for line in filter(None, [*map(ort_line, report.cases), ort_fp16_note(report)])]
     compact, warnings, verdicts = format_compact(report), [], []
     if digest:
-        compact, tables, warnings, verdicts = _digest(report, compact, tables, len(ort))
+        compact, tables, warnings, verdicts = _digest(report, tables, len(ort), columns)
     con.table(compact)
     for table in tables:
         con.table("\n" + table)
@@ -124,24 +127,39 @@ def finish_run(con: Console, report: Any, out: str, digest: bool = False) -> Non
                 click.echo(f"WARNING [{case.name}] {w}", err=True)
     for line in ort:
         con.table("\n" + line)
-    con.table(f"\nrun directory: {out} (full table in report.md; report.json, plot.png, ONNX files per case)")
+    where = f"\nrun directory: {out}"
+    con.table(f"{where} (full table in report.md; report.json, plot.png, ONNX files per case)" if columns is None else
+              first_fitting([f"{where} (all models and warnings in report.md; report.json, plot.png, ONNX files)",
+                             f"{where} (all models and warnings in report.md)"], columns + 1))  # + its blank line
     con.result(report)
 
 
-def _digest(report: Any, compact: str, tables: list[str],
-            ort_lines: int) -> tuple[str, list[str], list[str], list[str]]:
+def _digest(report: Any, tables: list[str], ort_lines: int,
+            columns: int | None) -> tuple[str, list[str], list[str], list[str]]:
     """The demo's end of run: the compact table and the other tables (cut to fit a screen), the grouped warnings
-    and the verdict lines."""
-    from minreal.app.digest import SCREEN_LINES, WarningDigest, verdict_models, winner_lines
+    and the verdict lines (within ``columns``, when given: see :func:`finish_run`)."""
+    from minreal.app.digest import SCREEN_LINES, VERDICT_LEGEND, WarningDigest, verdict_models, winner_lines
     from minreal.app.report import format_compact
+    from minreal.app.screen import clip, screen_table
 
     warnings = WarningDigest()
     for case in report.cases:
         warnings.add(case.name, case.warnings)
-    verdicts = winner_lines(report)
+    verdicts = winner_lines(report, columns)
+    if columns is not None and verdicts:
+        verdicts = [clip(VERDICT_LEGEND, columns), *verdicts]
+    if columns is not None:
+        tables = []  # the recovery and INT8 tables are wider than a screen: report.md has them
+
+    def table(keep: Any = None) -> str:
+        return format_compact(report, keep) if columns is None else screen_table(report, keep, columns)
+
+    compact = table()
     fixed = len(report.cases) + len(warnings.lines()) + len(verdicts) + 2 * ort_lines + 4  # progress, blank lines
     if compact.count("\n") + 1 + sum(t.count("\n") + 2 for t in tables) + fixed > SCREEN_LINES:
         names = verdict_models(report)
-        head, _, body = format_compact(report, keep=lambda case, model: (case, model) in names).partition("\n")
-        compact, tables = f"{head}: the models the verdicts below name (every model in report.md)\n{body}", []
-    return compact, tables, warnings.lines(), verdicts
+        compact, tables = table(lambda case, model: (case, model) in names), []
+        if columns is None:
+            head, _, body = compact.partition("\n")
+            compact = f"{head}: the models the verdicts below name (every model in report.md)\n{body}"
+    return compact, tables, warnings.lines(columns), verdicts

@@ -40,6 +40,7 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
     from minreal.app.digest import CaseProgress
     from minreal.app.pipeline import fill_run_dir
     from minreal.app.rundir import claim_run_dir
+    from minreal.app.screen import SCREEN_COLUMNS
     from minreal.app.settings import PipelineConfig
 
     con = Console(quiet, as_json, brief=True)
@@ -51,4 +52,4 @@ def demo_cmd(out: str, overwrite: bool, only: str | None, full: bool, quiet: boo
             raise click.BadParameter(str(exc), param_hint="--only") from None
         cfg = PipelineConfig() if full else DEMO_PIPELINE
         report = fill_run_dir(cases, claim, replace(cfg), CaseProgress(con.progress, len(cases)))
-    finish_run(con, report, out, digest=True)
+    finish_run(con, report, out, digest=True, columns=SCREEN_COLUMNS)
