@@ -15,7 +15,19 @@ TASKS = ("auto", "classification", "regression")
 
 @dataclass
 class RecoveryConfig:
-    """Budget and schedule of the recovery; ``epochs`` and ``steps`` both 0 (the default) turn it off."""
+    """Budget and schedule of the recovery; ``epochs`` and ``steps`` both 0 (the default) turn it off.
+
+    Notes
+    -----
+    Eight fields share their names with :class:`minreal.compress.core.train.TrainConfig` (``epochs``, ``batch_size``,
+    ``lr``, ``weight_decay``, ``patience``, ``alpha``, ``temperature``, ``seed``) and are left declared in both on
+    purpose: they configure two loops and do not hold the same facts. ``alpha`` weighs the label loss here,
+    ``(1 - alpha)·distillation + alpha·labels`` (``--recover-alpha 1``: the labels alone), and the distillation there
+    (``alpha·distillation + (1 - alpha)·labels``); ``weight_decay`` is AdamW's decoupled decay here and Adam's L2 term
+    there; ``epochs``, ``lr``, ``patience`` and ``alpha`` have other defaults (a recovery is off unless asked for and
+    starts from trained weights; a method's own training starts from scratch). A shared class would give one name to
+    two meanings.
+    """
 
     epochs: int = 0
     steps: int = 0
