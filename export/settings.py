@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET
+from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET, FieldError
 
 if TYPE_CHECKING:
     from minreal.export.int8 import QuantConfig
@@ -166,8 +166,9 @@ class VariantConfig(Int8Policy):
     def __post_init__(self) -> None:
         if self.quant_mode == "dynamic" and self.quant_target in ("tensorrt", ARM64_TARGET):
             # told before any export: dynamic INT8 has uint8 activations quantised at run time, neither format's
-            raise ValueError(f"--quant-mode dynamic cannot write the {self.quant_target} INT8 format (its "
-                             "activations are quantised to uint8 at run time); use --quant-mode static")
+            raise FieldError(f"`VariantConfig.quant_mode`: --quant-mode dynamic cannot write the {self.quant_target} "
+                             "INT8 format (its activations are quantised to uint8 at run time); use `quant_mode` "
+                             "(--quant-mode static)", fields=("quant_mode",))
 
     def quant_config(self) -> QuantConfig:
         """The :class:`QuantConfig` these settings ask for: their target, mode and :class:`Int8Policy`."""
