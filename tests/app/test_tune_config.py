@@ -12,7 +12,7 @@ import click
 import pytest
 
 from minreal.app.cli import cli
-from minreal.app.tune import SCREEN, Constraint, Protocol, Quality, TuneConfig
+from minreal.app.tune import SCREEN, Constraint, Protocol, Quality, TuneConfig, TuneError
 from minreal.export.json_safe import to_jsonable
 from minreal.export.settings import VariantConfig
 from minreal.runtime_bench import BenchConfig, BenchInputError
@@ -128,6 +128,9 @@ def test_with_variant_changes_only_the_export_settings_and_is_checked_by_the_var
     assert changed.bench is cfg.bench and cfg.variant == VariantConfig()  # the original is untouched (frozen)
     with pytest.raises(ValueError, match="--quant-mode dynamic cannot write the tensorrt INT8 format"):
         cfg.with_variant(quant_target="tensorrt", quant_mode="dynamic")
+    with pytest.raises(TuneError, match=r"static INT8 files .* must be 'static', got 'dynamic'"):
+        TuneConfig(DROP).with_variant(quant_mode="dynamic")  # int8 on
+    assert TuneConfig(DROP, variant=VariantConfig(quant_mode="dynamic"), int8=False).variant.quant_mode == "dynamic"
 
 
 def test_report_json_records_the_variant_s_target_in_its_old_place() -> None:

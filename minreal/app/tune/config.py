@@ -154,7 +154,8 @@ class TuneConfig:
     variant: VariantConfig = VariantConfig()
     """How every file is exported, checked and quantised, the baselines' and the candidates' alike: opset, parity
     tolerances, the INT8 target (``--quant-target``; ``cpu`` is resolved on the machine that times the files when the
-    tune starts), mode and calibration samples. ``report.json``'s config records its ``quant_target`` in this
+    tune starts), calibration samples; the mode is static (what accuracy control and quantisation-aware recovery
+    work on). ``report.json``'s config records its ``quant_target`` in this
     field's place."""
     time_budget_s: float | None = None
     screen: Protocol = SCREEN
@@ -210,6 +211,10 @@ class TuneConfig:
                             f"{self.halving_per_method} per method")
         if self.workers < 0:
             raise TuneError(f"--workers must be >= 0 (0: candidates in this process), got {self.workers}")
+        if self.int8 and self.variant.quant_mode != "static":
+            raise TuneError("a tune writes static INT8 files (accuracy control and quantisation-aware recovery work "
+                            "on calibrated ranges): `TuneConfig.variant.quant_mode` must be 'static', got "
+                            f"{self.variant.quant_mode!r} (or int8=False)")
 
     @property
     def quant_target(self) -> str:
