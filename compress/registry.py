@@ -177,7 +177,8 @@ def _requested_budget(spec: MethodSpec, cfg: Any) -> tuple[str, float] | None:
         return None
     if given[0] not in spec.budgets:
         can = ", ".join(flag_of(k) for k in spec.budgets) or "none; use its own options (minreal methods)"
-        raise CompressionError(f"method {spec.name!r} does not support {flag_of(given[0])} (its budgets: {can})")
+        raise CompressionError(f"`{given[0]}`: method {spec.name!r} does not support {flag_of(given[0])} (its "
+                               f"budgets: {can})", fields=(given[0],))
     return given[0], getattr(cfg, given[0])
 
 

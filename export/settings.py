@@ -3,17 +3,18 @@ and the defaults of a variant (:class:`VariantConfig`). No torch, onnx or onnxru
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET
+from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET, FieldError
 
 if TYPE_CHECKING:
     from minreal.export.int8 import QuantConfig
     from minreal.export.mobile import ShapeSpec
 
 __all__ = ["AUTO_TARGET", "QUANT_TARGETS", "QUANT_MODES", "DROP_ROUNDTRIPS", "CALIB_SAMPLES", "FORMATS",
-           "ORT_OPTIMIZATIONS", "ORT_STYLES", "ORT_PLATFORMS", "OrtConfig", "VariantConfig", "int8_format"]
+           "ORT_OPTIMIZATIONS", "ORT_STYLES", "ORT_PLATFORMS", "OrtConfig", "Int8Policy", "VariantConfig",
+           "int8_format"]
 
 AUTO_TARGET = "cpu"
 """``--quant-target cpu``: the format this machine needs, ``cpu-vnni``/``cpu-avx2`` on x86 and ``arm64`` on an ARM64
@@ -28,7 +29,7 @@ QUANT_MODES: tuple[str, ...] = ("static", "dynamic")
 """``--quant-mode``: calibrated QDQ, or weights only with activations quantised at run time."""
 
 DROP_ROUNDTRIPS = True
-"""Default of :attr:`minreal.export.int8.QuantConfig.drop_roundtrips` (``--int8-keep-roundtrips`` turns it off)."""
+"""Default of :attr:`Int8Policy.drop_roundtrips` (``--int8-keep-roundtrips`` turns it off)."""
 
 CALIB_SAMPLES = 256
 """Samples INT8 calibration uses (the first ones of the calibration data)."""
@@ -94,9 +95,40 @@ def int8_format(activation_type: str, activation_symmetric: bool, weight_bits: i
     return f"{code}: {symmetry} {activation_type} activations, {weight_bits}-bit {channels}{weight_type} weights"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Int8Policy:
+    """What an INT8 quantisation may do besides writing its target's format: the fields that a variant's settings
+    (:class:`VariantConfig`) and the quantiser's (:class:`minreal.export.int8.QuantConfig`) share, declared here once;
+    both are one (keyword-only fields, after their own in the order of construction).
+
+    The target and the mode are shared too but spelled apart, ``quant_target``/``quant_mode`` beside the
+    variant's opset and tolerances and ``target``/``mode`` in the quantiser, where nothing else is one:
+    :meth:`VariantConfig.quant_config` maps them, with every field of this class.
+
+    Attributes
+    ----------
+    allow_random_calibration : bool
+        calibrate on random data when no calibration data is given (not advised: the ranges are those of noise).
+    drop_roundtrips : bool
+        x86 CPU targets (``cpu``), static mode: leave in float the nodes that ONNX Runtime's optimised CPU graph runs
+        in float between a DequantizeLinear and a QuantizeLinear (no integer kernel: Pad, ConvTranspose, a Conv with
+        computed weights, ...) and quantise again, keeping an exclusion only where it removes the
+        dequantise/re-quantise pair and the result only if ORT's graph has fewer Q/DQ nodes and no fewer integer
+        kernels (:func:`minreal.export.int8.cleanup.drop_roundtrips`; ``--int8-keep-roundtrips`` turns it off).
+        ``arm64`` ignores it: it would change the file on the strength of a graph optimised here, not on ARM. ORT's
+        x86 graph of an arm64 file is built after ``QDQS8ToU8Transformer`` (x86 only) and runs a ResNet's residual
+        convolutions and additions in float where ARM's fuses them into int8 kernels; the ARM graph built here (the
+        one the result counts) still has x86-only rewrites (NCHWc layouts).
+    """
+
+    allow_random_calibration: bool = False
+    drop_roundtrips: bool = DROP_ROUNDTRIPS
+
+
 @dataclass(frozen=True)
-class VariantConfig:
-    """Export, parity and INT8 settings of a variant.
+class VariantConfig(Int8Policy):
+    """Export, parity and INT8 settings of a variant; what an INT8 quantisation may do besides writing its target's
+    format (``allow_random_calibration``, ``drop_roundtrips``) is :class:`Int8Policy`'s.
 
     Attributes
     ----------
@@ -110,8 +142,6 @@ class VariantConfig:
         ``"static"`` (calibrated QDQ) or ``"dynamic"`` (``--quant-mode``).
     calib_samples : int
         samples of the calibration data used for static INT8.
-    allow_random_calibration : bool
-        calibrate on random data when there is none (not advised).
     fixed_shapes : ShapeSpec | None
         symbolic dimensions to fix in the written file once parity passed (``--fixed-shapes``; for
         NNAPI/CoreML), or ``None`` to keep them dynamic.
@@ -121,9 +151,6 @@ class VariantConfig:
         otherwise and when this is off. The pipeline turns it on when ``--providers`` includes tensorrt.
     tensorrt_batch : tuple[int, int, int]
         (min, opt, max) batch of the optimisation profile of that validation.
-    drop_roundtrips : bool
-        leave in float the nodes ORT's CPU graph would run between a dequantise and a re-quantise
-        (:attr:`minreal.export.int8.QuantConfig.drop_roundtrips`; ``--int8-keep-roundtrips`` turns it off).
     """
 
     opset: int = 18
@@ -132,22 +159,20 @@ class VariantConfig:
     quant_target: str = AUTO_TARGET
     quant_mode: str = QUANT_MODES[0]
     calib_samples: int = CALIB_SAMPLES
-    allow_random_calibration: bool = False
     fixed_shapes: ShapeSpec | None = None
     tensorrt_validation: bool = False
     tensorrt_batch: tuple[int, int, int] = (1, 32, 32)
-    drop_roundtrips: bool = DROP_ROUNDTRIPS
 
     def __post_init__(self) -> None:
         if self.quant_mode == "dynamic" and self.quant_target in ("tensorrt", ARM64_TARGET):
             # told before any export: dynamic INT8 has uint8 activations quantised at run time, neither format's
-            raise ValueError(f"--quant-mode dynamic cannot write the {self.quant_target} INT8 format (its "
-                             "activations are quantised to uint8 at run time); use --quant-mode static")
+            raise FieldError(f"`VariantConfig.quant_mode`: --quant-mode dynamic cannot write the {self.quant_target} "
+                             "INT8 format (its activations are quantised to uint8 at run time); use `quant_mode` "
+                             "(--quant-mode static)", fields=("quant_mode",))
 
     def quant_config(self) -> QuantConfig:
-        """The :class:`QuantConfig` these settings ask for."""
+        """The :class:`QuantConfig` these settings ask for: their target, mode and :class:`Int8Policy`."""
         from minreal.export.int8 import QuantConfig  # onnx and onnxruntime: only when a variant is quantised
 
-        return QuantConfig(target=self.quant_target, mode=self.quant_mode,
-                           allow_random_calibration=self.allow_random_calibration,
-                           drop_roundtrips=self.drop_roundtrips)
+        policy = {f.name: getattr(self, f.name) for f in fields(Int8Policy)}
+        return QuantConfig(target=self.quant_target, mode=self.quant_mode, **policy)

@@ -303,16 +303,18 @@ def _int8_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
     pairs = [(q, s) for q, s in pairs if s in metrics and metrics[s].get("accuracy") is not None
              and metrics[q].get("accuracy") is not None]
     if not pairs:
-        raise CheckError(f"max_int8_drop (--max-int8-drop) given but the report has no INT8 file (NAME{INT8_SUFFIX}) "
-                         "with an accuracy beside its fp32 source")
+        raise CheckError(f"`max_int8_drop` (--max-int8-drop) given but the report has no INT8 file "
+                         f"(NAME{INT8_SUFFIX}) with an accuracy beside its fp32 source", fields=("max_int8_drop",))
     drops = [(q, 100.0 * (metrics[s]["accuracy"] - metrics[q]["accuracy"])) for q, s in pairs]
     return [Criterion("int8_accuracy_drop_pp", q, None, None, drop, allowed, drop <= allowed) for q, drop in drops]
 
 
-def _sized_models(data: dict[str, Any], flag: str) -> list[dict[str, Any]]:
+def _sized_models(data: dict[str, Any], field: str, mention: str) -> list[dict[str, Any]]:
+    """The report's models with a file size; CheckError naming ``field`` (by ``mention``: the field in backticks, its
+    flag beside it) when none has one."""
     models = [m for m in data.get("models", []) if m.get("file_size_bytes") is not None]
     if not models:
-        raise CheckError(f"{flag} given but the report lists no model file with its size")
+        raise CheckError(f"{mention} given but the report lists no model file with its size", fields=(field,))
     return models
 
 
@@ -330,17 +332,17 @@ def _files(models: Sequence[Mapping[str, Any]]) -> list[tuple[str, int]]:
 def _size(data: dict[str, Any], allowed_kb: float) -> list[Criterion]:
     """Every model but the reference (the one model of a one-model report), and its ``.ort`` file, against a size in
     KiB."""
-    models = _sized_models(data, "max_size_kb (--max-size)")
+    models = _sized_models(data, "max_size_kb", "`check_report.max_size_kb` (--max-size)")
     return [Criterion("size_kb", name, None, None, size / 1024, allowed_kb, size <= allowed_kb * 1024)
             for name, size in _files(models[1:] or models)]
 
 
 def _size_ratio(data: dict[str, Any], allowed: float) -> list[Criterion]:
     """Every model but the reference, and its ``.ort`` file, against the reference's (``.onnx``) size."""
-    models = _sized_models(data, "max_size_ratio (--max-size-ratio)")
+    models = _sized_models(data, "max_size_ratio", "`max_size_ratio` (--max-size-ratio)")
     if len(models) < 2:
-        raise CheckError("max_size_ratio (--max-size-ratio) given but the report has one model (the ratio is to the "
-                         "first)")
+        raise CheckError("`max_size_ratio` (--max-size-ratio) given but the report has one model (the ratio is to the "
+                         "first)", fields=("max_size_ratio",))
     ref = max(models[0]["file_size_bytes"], 1)
     return [Criterion("size_ratio", name, None, None, size / ref, allowed, size / ref <= allowed)
             for name, size in _files(models[1:])]

@@ -172,8 +172,13 @@ def _multiple_hint(rank_multiple: int) -> str:
     """What a rank multiple above 1 adds to an unreachable-budget message (nothing for 1)."""
     if rank_multiple <= 1:
         return ""
-    return (f"; ranks are multiples of --rank-multiple {rank_multiple} (from --providers unless given), "
-            "a smaller multiple reaches lower")
+    return (f"; ranks are multiples of `rank_multiple` (--rank-multiple {rank_multiple}) (from --providers unless "
+            "given), a smaller multiple reaches lower")
+
+
+def _hint_fields(rank_multiple: int) -> tuple[str, ...]:
+    """The field :func:`_multiple_hint` names (none for a multiple of 1)."""
+    return ("rank_multiple",) if rank_multiple > 1 else ()
 
 
 def _check_layer_target(options: list[RankOptions], target: float, budget: Budget) -> None:
@@ -183,7 +188,7 @@ def _check_layer_target(options: list[RankOptions], target: float, budget: Budge
         raise CompressionError(
             f"{budget.flag(budget.given[0])} {budget.ratio:g} cannot be reached: the smallest ratio of the "
             f"factorisable layers' cost is {floor / max(full, 1e-300):.4f} ({smallest_ranks(options)}); raise the "
-            f"ratio{_multiple_hint(budget.rank_multiple)}")
+            f"ratio{_multiple_hint(budget.rank_multiple)}", fields=_hint_fields(budget.rank_multiple))
 
 
 def predicted_latency_ratio(options: list[RankOptions], ranks: dict[str, int], whole_total: float) -> float:
@@ -212,10 +217,11 @@ def layer_target(options: list[RankOptions], whole_total: float, ratio: float, f
     rest = whole_total - layers
     smallest = (rest + cheapest_cost(options)) / max(whole_total, 1e-300)
     if ratio < smallest - 1e-12:
-        raise CompressionError(f"{flag} {ratio:g} cannot be reached: the smallest whole-model ratio this method can "
-                               f"reach is {smallest:.4f} (every factorisable layer at its lowest rank; "
+        field = flag.removeprefix("--").replace("-", "_")
+        raise CompressionError(f"`{field}`: {flag} {ratio:g} cannot be reached: the smallest whole-model ratio this "
+                               f"method can reach is {smallest:.4f} (every factorisable layer at its lowest rank; "
                                f"{rest / max(whole_total, 1e-300):.4f} of the cost is in layers it does not "
-                               f"factorise{_multiple_hint(multiple)})")
+                               f"factorise{_multiple_hint(multiple)})", fields=(field, *_hint_fields(multiple)))
     return ratio * whole_total - rest
 
 

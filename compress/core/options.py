@@ -129,7 +129,8 @@ class StateBudgetOption:
 
     def __post_init__(self) -> None:
         if self.state_budget is not None and self.state_budget < 1:
-            raise CompressionError(f"--state-budget must be a positive state count, got {self.state_budget}")
+            raise CompressionError(f"`state_budget` (--state-budget) must be a positive state count, got "
+                                   f"{self.state_budget}", fields=("state_budget",))
 
 
 @dataclass
@@ -234,7 +235,8 @@ class Budget:
         for k in given:
             v = getattr(self, k)
             if not 0.0 < v <= 1.0:
-                raise CompressionError(f"{self.flag(k)} must lie in (0, 1], got {v}")
+                raise CompressionError(f"`{self.field(k)}` ({self.flag(k)}) must lie in (0, 1], got {v}",
+                                       fields=(self.field(k),))
         if self.rank_multiple < 1:
             raise CompressionError(f"`rank_multiple` must be >= 1, got {self.rank_multiple}", fields=("rank_multiple",))
         if self.allocator not in ALLOCATOR_NAMES:

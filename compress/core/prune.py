@@ -57,8 +57,9 @@ def widths_for_params(in_features: int, widths: list[int], out_features: int, ra
     full = cost(in_features, widths, out_features)
     smallest = cost(in_features, [1] * len(widths), out_features) / full
     if ratio < smallest - 1e-12:
-        raise CompressionError(f"{flag_of(budget)} {ratio:g} cannot be reached: the smallest whole-model ratio "
-                               f"pruning can reach is {smallest:.4f} (one neuron per hidden layer)")
+        raise CompressionError(f"`{budget}`: {flag_of(budget)} {ratio:g} cannot be reached: the smallest "
+                               f"whole-model ratio pruning can reach is {smallest:.4f} (one neuron per hidden layer)",
+                               fields=(budget,))
     target = ratio * full
     at = lambda f: [max(1, int(f * w)) for w in widths]  # noqa: E731
     lo, hi = 0.0, 1.0

@@ -351,8 +351,9 @@ def _matched_points(teacher: nn.Module, student: nn.Module, config: RecoveryConf
     kept, skipped = feature_points(teacher, student, names, train.x[:2])
     absent = [n for n, why in skipped.items() if n in config.features and why.startswith("not a submodule")]
     if absent:
-        raise CompressionError(f"--recover-features {absent[0]!r} is not a module of both the original and the "
-                               "compressed model; give module names as in model.named_modules(), or 'auto'")
+        raise CompressionError(f"`RecoveryConfig.features` (--recover-features {absent[0]!r}) is not a module of "
+                               "both the original and the compressed model; give module names as in "
+                               "model.named_modules(), or 'auto'", fields=("features",))
     return kept, skipped
 
 
@@ -360,8 +361,9 @@ def _resolved(config: RecoveryConfig, teacher: nn.Module, data: Dataset, smalles
     """``config`` with its task decided (:func:`resolve_task`) and its BatchNorm treatment; refuses a label-only
     loss without labels, and under DDP batch statistics or a split smaller than the number of ranks."""
     if config.enabled and config.alpha == 1.0 and data.y is None:
-        raise CompressionError("--recover-alpha 1 trains on the labels alone and the data has none; lower it "
-                               "(0 = distillation from the original, which needs inputs only)")
+        raise CompressionError("`RecoveryConfig.alpha` (--recover-alpha 1) trains on the labels alone and the data "
+                               "has none; lower it (0 = distillation from the original, which needs inputs only)",
+                               fields=("alpha",))
     size = world_size()
     if size > 1 and config.freeze_batchnorm is False and config.enabled:
         raise CompressionError(f"recovery under torch.distributed ({size} ranks) freezes BatchNorm statistics "

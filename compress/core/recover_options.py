@@ -15,7 +15,19 @@ TASKS = ("auto", "classification", "regression")
 
 @dataclass
 class RecoveryConfig:
-    """Budget and schedule of the recovery; ``epochs`` and ``steps`` both 0 (the default) turn it off."""
+    """Budget and schedule of the recovery; ``epochs`` and ``steps`` both 0 (the default) turn it off.
+
+    Notes
+    -----
+    Eight fields share their names with :class:`minreal.compress.core.train.TrainConfig` (``epochs``, ``batch_size``,
+    ``lr``, ``weight_decay``, ``patience``, ``alpha``, ``temperature``, ``seed``) and are left declared in both on
+    purpose: they configure two loops and do not hold the same facts. ``alpha`` weighs the label loss here,
+    ``(1 - alpha)·distillation + alpha·labels`` (``--recover-alpha 1``: the labels alone), and the distillation there
+    (``alpha·distillation + (1 - alpha)·labels``); ``weight_decay`` is AdamW's decoupled decay here and Adam's L2 term
+    there; ``epochs``, ``lr``, ``patience`` and ``alpha`` have other defaults (a recovery is off unless asked for and
+    starts from trained weights; a method's own training starts from scratch). A shared class would give one name to
+    two meanings.
+    """
 
     epochs: int = 0
     steps: int = 0
@@ -54,21 +66,16 @@ class RecoveryConfig:
     (a process group of more than one rank, which requires it), batch statistics in a single process."""
 
     def __post_init__(self) -> None:
-        flagged = [  # sentences in the flags' words, as tests/compress/core/test_recover.py reads them
-            (self.epochs >= 0, f"--recover-epochs must be >= 0, got {self.epochs}"),
-            (self.steps >= 0, f"--recover-steps must be >= 0, got {self.steps}"),
-            (not (self.epochs and self.steps),
-             f"give --recover-epochs or --recover-steps, not both (got {self.epochs} and {self.steps})"),
-            (0.0 <= self.alpha <= 1.0, f"--recover-alpha must lie in [0, 1], got {self.alpha}"),
-            (self.temperature > 0, f"--recover-temperature must be > 0, got {self.temperature}"),
-            (self.lr > 0, f"--recover-lr must be > 0, got {self.lr}"),
-            (0.0 <= self.val_fraction < 1.0, f"--recover-val-fraction must lie in [0, 1), got {self.val_fraction}"),
-            (self.patience >= 1, f"--recover-patience must be >= 1, got {self.patience}"),
-        ]
-        for ok, message in flagged:
-            if not ok:
-                raise CompressionError(message)
-        checks = [  # (holds, field, what is wrong with it)
+        checks = [  # (holds, field, what is wrong with it); the flag too where tests/compress/core/test_recover.py
+            # reads it (the command line shows the flag once)
+            (self.epochs >= 0, "epochs", f"(--recover-epochs) must be >= 0, got {self.epochs}"),
+            (self.steps >= 0, "steps", f"(--recover-steps) must be >= 0, got {self.steps}"),
+            (0.0 <= self.alpha <= 1.0, "alpha", f"(--recover-alpha) must lie in [0, 1], got {self.alpha}"),
+            (self.temperature > 0, "temperature", f"(--recover-temperature) must be > 0, got {self.temperature}"),
+            (self.lr > 0, "lr", f"(--recover-lr) must be > 0, got {self.lr}"),
+            (0.0 <= self.val_fraction < 1.0, "val_fraction",
+             f"(--recover-val-fraction) must lie in [0, 1), got {self.val_fraction}"),
+            (self.patience >= 1, "patience", f"(--recover-patience) must be >= 1, got {self.patience}"),
             (self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}"),
             (self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}"),
             (0.0 <= self.warmup < 1.0, "warmup", f"must lie in [0, 1), got {self.warmup}"),
@@ -80,6 +87,10 @@ class RecoveryConfig:
         for ok, name, problem in checks:
             if not ok:
                 raise field_error(self, name, problem)
+        if self.epochs and self.steps:
+            raise CompressionError("give `RecoveryConfig.epochs` (--recover-epochs) or `RecoveryConfig.steps` "
+                                   f"(--recover-steps), not both (got {self.epochs} and {self.steps})",
+                                   fields=("epochs", "steps"))
         if self.int8 is not None:
             from .qat import INT8_FORMATS  # torch: only for a quantisation-aware recovery
 

@@ -28,7 +28,17 @@ ProgressFn = Callable[[int, int, dict], None]  # (epoch, total epochs, metrics)
 
 @dataclass
 class TrainConfig:
-    """Optimiser schedule; ``alpha``/``temperature`` apply only when a teacher is given."""
+    """Optimiser schedule; ``alpha``/``temperature`` apply only when a teacher is given.
+
+    Notes
+    -----
+    The names ``epochs``, ``batch_size``, ``lr``, ``weight_decay``, ``patience``, ``alpha``, ``temperature`` and
+    ``seed`` are :class:`minreal.compress.core.recover_options.RecoveryConfig`'s too, for another loop and not the
+    same facts: ``alpha`` weighs the distillation here (``alpha·distillation + (1 - alpha)·labels``, Hinton et al.
+    eq. 1) and the labels there, ``weight_decay`` is Adam's L2 term here and AdamW's decoupled decay there, and the
+    defaults of ``epochs``, ``lr``, ``patience`` and ``alpha`` differ (training from scratch, not a recovery of
+    trained weights). They are declared in each on purpose (its docstring says the same).
+    """
 
     epochs: int = 30
     batch_size: int = 64

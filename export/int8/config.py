@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import minreal.runtime_bench.cpu as cpu_facts
 from minreal.export.int8.target import TARGETS, TargetFormat, resolve_target
-from minreal.export.settings import AUTO_TARGET, DROP_ROUNDTRIPS, QUANT_MODES, QUANT_TARGETS, int8_format
+from minreal.export.settings import AUTO_TARGET, QUANT_MODES, QUANT_TARGETS, Int8Policy, int8_format
 from minreal.facts import ARM64_TARGET, REDUCED_WEIGHT_QMAX, WEIGHT_QMAX
 
 __all__ = ["QUANT_TYPES", "CALIBRATION_METHODS", "WEIGHT_BITS", "QuantConfig", "QuantResult", "target_format",
@@ -23,8 +23,10 @@ CALIBRATION_METHODS = {  # onnxruntime.quantization.CalibrationMethod members
 
 
 @dataclass(frozen=True)
-class QuantConfig:
-    """Options of :func:`quantize_int8`.
+class QuantConfig(Int8Policy):
+    """Options of :func:`quantize_int8`; what it may do besides writing the target's format
+    (``allow_random_calibration``, ``drop_roundtrips``) is :class:`~minreal.export.settings.Int8Policy`'s, which a
+    variant's settings share (:meth:`minreal.export.settings.VariantConfig.quant_config`).
 
     Attributes
     ----------
@@ -51,22 +53,10 @@ class QuantConfig:
     batch_size : int
         calibration batch size; a min/max calibration of large inputs takes smaller batches
         (:func:`~minreal.export.int8.calibration.calibration_batch`), which changes no range.
-    allow_random_calibration : bool
-        calibrate on standard-normal data when no data is given.
     random_samples : int
-        number of random samples in that case.
+        number of standard-normal samples calibrated on with ``allow_random_calibration`` and no data.
     seed : int
         seed of the random calibration data.
-    drop_roundtrips : bool
-        x86 CPU targets (``cpu``), static mode: leave in float the nodes that ONNX Runtime's
-        optimised CPU graph runs in float between a DequantizeLinear and a QuantizeLinear (no integer kernel:
-        Pad, ConvTranspose, a Conv with computed weights, ...) and quantise again, keeping an exclusion only
-        where it removes the dequantise/re-quantise pair and the result only if ORT's graph has fewer Q/DQ nodes
-        and no fewer integer kernels (:func:`drop_roundtrips`). ``arm64`` ignores it: it would change the file
-        on the strength of a graph optimised here, not on ARM. ORT's x86 graph of an arm64 file is built after
-        ``QDQS8ToU8Transformer`` (x86 only) and runs a ResNet's residual convolutions and additions in float
-        where ARM's fuses them into int8 kernels; the ARM graph built here (the one the result counts) still
-        has x86-only rewrites (NCHWc layouts).
     align_channels : bool
         x86 CPU targets: widen every ungrouped convolution whose input channels are not a multiple
         of 4 (an RGB stem) with zero channels, which changes no output and puts it on ONNX Runtime's fast int8
@@ -86,10 +76,8 @@ class QuantConfig:
     per_channel: bool = True
     calibration_method: str = "minmax"
     batch_size: int = 16
-    allow_random_calibration: bool = False
     random_samples: int = 32
     seed: int = 0
-    drop_roundtrips: bool = DROP_ROUNDTRIPS
     align_channels: bool = True
 
     def __post_init__(self) -> None:

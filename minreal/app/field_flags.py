@@ -5,8 +5,13 @@ the fields in an error's message when the command line shows it (:func:`minreal.
 A field is spelled by its owner, as the message names it (`` `RecoveryConfig.epochs` ``, `` `check_report.plan` ``;
 a bare `` `mac_ratio` `` is a method's config field or a parameter whose flag is its own name): a field ``foo_bar``
 is ``--foo-bar``, with the owner's prefix where it has one (:data:`OWNER_PREFIX`), unless :data:`FLAG_NAMES` says
-otherwise. ``tests/app/test_field_flags.py`` checks that every field a library error names is spelled as a flag some
-command declares.
+otherwise. A library message that names the flag too, for a test that pins the flag's text (``PINNED`` in
+``tests/app/test_field_flags.py``), names the field first, in one of two forms the rewrite turns into the flag alone:
+`` `layer_mac_ratio` (--layer-mac-ratio) must lie in (0, 1] `` (the flag, and what follows it inside the
+parentheses, in place of the mention), or a lead `` `exclude`: --exclude layer9.0: no residual block ... `` (the
+mentions before a colon dropped, where the rest of the message names each one's flag).
+``tests/app/test_field_flags.py`` checks that every field a library error names is spelled as a flag some command
+declares.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ FLAG_NAMES = MappingProxyType({
     # a TensorRT profile is a table, which only the --provider-config file holds (not --provider-option)
     ("BenchConfig", "provider_settings"): "--provider-config",
     ("BenchConfig", "intra_op_threads"): "--threads",
+    # `minreal check --max-size` takes KiB, as check_report's max_size_kb does
+    ("check_report", "max_size_kb"): "--max-size",
 })
 
 
@@ -47,8 +54,29 @@ def flag_spelled(exc: BaseException, text: str | None = None) -> str:
 def fields_spelled(text: str, fields: tuple[str, ...]) -> str:
     """``text`` with the command line's flag in place of each backticked mention of one of ``fields``, bare or with
     its owner (`` `mac_ratio` `` and `` `DepthConfig.mac_ratio` `` -> ``--mac-ratio``, `` `RecoveryConfig.epochs` ``
-    -> ``--recover-epochs``). Nothing else in the text changes."""
+    -> ``--recover-epochs``), the flag named once where the message names it beside the field (the module's two
+    forms: `` `f` (--f ...) `` -> ``--f ...``, and a lead `` `f`: `` dropped before a text that names ``--f``).
+    Nothing else in the text changes."""
     if not fields:
         return text
-    mention = re.compile(r"`(?:(\w+)\.)?(" + "|".join(re.escape(f) for f in fields) + r")`")
-    return mention.sub(lambda m: flag_for(m[1] or "", m[2]), text)
+    name = r"`(?:(\w+)\.)?(" + "|".join(re.escape(f) for f in fields) + r")`"
+
+    def lead(m: re.Match[str]) -> str:  # `a` and `b`: ... --a ... --b  ->  ... --a ... --b
+        flags = [flag_for(owner, f) for owner, f in re.findall(name, m[1])]
+        return "" if all(_names(text[m.end():], f) for f in flags) else m[0]
+
+    def beside(m: re.Match[str]) -> str:  # `a` (--a 1)  ->  --a 1
+        flag = flag_for(m[1] or "", m[2])
+        inside = m[3]
+        return inside if inside is not None and _names(inside, flag, at_start=True) else \
+            flag + ("" if inside is None else f" ({inside})")
+
+    text = re.sub(rf"((?:{name}(?:, | and | or )?)+): ", lead, text)
+    return re.sub(name + r"(?: \(([^()]*)\))?", beside, text)
+
+
+def _names(text: str, flag: str, at_start: bool = False) -> bool:
+    """Whether ``text`` names ``flag`` as a whole flag (not ``--max-size`` inside ``--max-size-ratio``), at its start
+    when ``at_start``."""
+    pattern = ("^" if at_start else r"(?<![\w-])") + re.escape(flag) + r"(?![\w-])"
+    return re.search(pattern, text) is not None

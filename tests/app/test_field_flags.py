@@ -25,8 +25,11 @@ LIBRARY = ("compress", "export", "runtime_bench")
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
 #: Library messages that still name a flag in Python too, because a test of the library (not of the command line)
 #: asserts the flag's text and keeps its assertion (issue 43): "module path (from the repository root):function
-#: (its qualified name: Class.method for a method)" -> the test that pins it. Converting one means the maintainers
-#: change that assertion first.
+#: (its qualified name: Class.method for a method)" -> the test that pins it. Each names its Python field first, in
+#: backticks, in one of the two forms the command line turns into the flag alone (:mod:`minreal.app.field_flags`:
+#: `` `layer_mac_ratio` (--layer-mac-ratio) must ...``, or a lead `` `exclude`: --exclude layer9.0: ...`` where the
+#: pinned text runs on past the flag), unless its explanation says "flag only" and why. Converting one fully means the
+#: maintainers change that assertion first.
 PINNED = {
     "compress/core/recover_options.py:RecoveryConfig.__post_init__":
         "tests/compress/core/test_recover.py: RecoveryConfig(epochs=-1) matches --recover-epochs (and steps, alpha, "
@@ -43,18 +46,23 @@ PINNED = {
     "compress/methods/factorize/config.py:FactorizeConfig.__post_init__":
         "tests/export/test_latency_table.py: --latency-table (factorize)",
     "runtime_bench/config.py:BenchConfig.__post_init__":
-        "tests/runtime_bench/test_bench.py: warmup (--warmup) and the other BenchConfig fields",
+        "tests/runtime_bench/test_bench.py: warmup (--warmup) and the other BenchConfig fields; flag only: it names "
+        "the field first already, without backticks, as that test ('warmup (--warmup) must be >= 0') and the command "
+        "line's '(--warmup)' (tests/hostile/test_messages.py) read it",
     "compress/core/lowrank_plan.py:layer_target":
         "tests/app/test_cli_options.py: --mac-ratio 0.001 cannot be reached (a library call)",
     "compress/core/lowrank_plan.py:_check_layer_target":
-        "tests/compress/core/test_lowrank_plan.py: --layer-mac-ratio 0.01 cannot be reached",
+        "tests/compress/core/test_lowrank_plan.py: --layer-mac-ratio 0.01 cannot be reached; flag only: that test "
+        "anchors the message at the flag ('^--layer-mac-ratio 0.01 cannot be reached')",
     "compress/core/lowrank_plan.py:_multiple_hint": "tests/compress/core/test_lowrank_plan.py: --rank-multiple 16",
     "compress/core/width/allocate.py:allocate_widths":
         "tests/compress/core/width/test_allocate.py: --importance-weighting",
     "compress/core/width/allocate.py:_floor_hint":
         "tests/compress/core/width/test_allocate.py: --width-min 16: --width-min 0 ...",
     "compress/core/width/allocate.py:check_width_table":
-        "tests/export/test_width_latency_table.py: --width-min is 0, --width-multiple is 16",
+        "tests/export/test_width_latency_table.py: --width-min is 0, --width-multiple is 16; flag only: that test "
+        "pins the message from its start through the flag ('^width latency table t.json measured no width below 16 "
+        "channels but --width-min is 0')",
     "compress/core/prune.py:widths_for_params":
         "tests/app/test_cli_options.py: --param-ratio 0.001 cannot be reached (a library call)",
     "compress/registry.py:_requested_budget":
@@ -68,20 +76,24 @@ PINNED = {
     "compress/methods/fde/graph_path.py:graph_prepare":
         "tests/compress/methods/fde/test_graph.py: --representative mean/lstsq and --compensation are for MLPs",
     "compress/methods/fde/graph_path.py:_meet_budget":
-        "tests/compress/methods/fde/test_graph.py: --param-ratio 0.01 cannot be met",
+        "tests/compress/methods/fde/test_graph.py: --param-ratio 0.01 cannot be met; flag only: that test anchors the "
+        "message at the flag ('^--param-ratio 0.01 cannot be met')",
     "runtime_bench/check.py:_int8_drop": "tests/runtime_bench/test_release_check.py: --max-int8-drop",
     "runtime_bench/check.py:_size": "tests/runtime_bench/test_release_check.py: --max-size",
     "runtime_bench/check.py:_size_ratio": "tests/runtime_bench/test_release_check.py: --max-size-ratio",
-    "runtime_bench/check.py:_sized_models": "tests/runtime_bench/test_release_check.py: --max-size, --max-size-ratio",
     "runtime_bench/check.py:_on_provider":
-        "tests/runtime_bench/test_check_placement.py: min_on_provider (--min-on-provider)",
+        "tests/runtime_bench/test_check_placement.py: min_on_provider (--min-on-provider); flag only: it names the "
+        "field first already, without backticks, as that test reads it",
     "runtime_bench/bench.py:_check_inputs":
-        "tests/runtime_bench/test_bench_shapes.py: axis_values (--axis-values) names",
+        "tests/runtime_bench/test_bench_shapes.py: axis_values (--axis-values) names; flag only: it names the field "
+        "first already, without backticks, as that test reads it",
     "runtime_bench/provider_options.py:parse_provider_option":
         "tests/runtime_bench/test_provider_options.py: --provider-option in each message (it parses that option's "
-        "PROVIDER.KEY=VALUE text)",
+        "PROVIDER.KEY=VALUE text); flag only: a command-line concept with no Python field (the Python API passes "
+        "ProviderSettings)",
     "runtime_bench/provider_options.py:merge_settings":
-        "tests/runtime_bench/test_provider_options.py: --provider-option in each message",
+        "tests/runtime_bench/test_provider_options.py: --provider-option in each message; flag only: the option's "
+        "texts are the command line's, with no Python field",
     "export/settings.py:VariantConfig.__post_init__":
         "tests/export/test_ort_format.py: --quant-mode dynamic cannot write the",
 }
@@ -226,6 +238,13 @@ def _flagged_messages() -> Iterator[tuple[str, tuple[str, int]]]:
     function's returned piece of a message) that names a flag: ``key`` is :data:`PINNED`'s "module path:qualified
     function name", ``where`` the module's path and the line of the function's ``def`` (what the key stands for); a
     ``raise`` of a message held in a variable is judged by every string of its function."""
+    for key, module, fn, _ in _flagged_nodes():
+        yield key, (module, fn.lineno)
+
+
+def _flagged_nodes() -> Iterator[tuple[str, str, ast.FunctionDef | ast.AsyncFunctionDef, ast.AST]]:
+    """``(key, module, function, judged)`` of each message :func:`_flagged_messages` finds, with what it judged: the
+    raised expression, the helper's call, the returned piece, or the function's body."""
     for path, tree in _library_trees():
         module = path.relative_to(ROOT).as_posix()
         for qualname, fn in _functions(tree):
@@ -243,7 +262,7 @@ def _flagged_messages() -> Iterator[tuple[str, tuple[str, int]]]:
                 else:
                     continue
                 if _names_a_flag(judged):
-                    yield f"{module}:{qualname}", (module, fn.lineno)
+                    yield f"{module}:{qualname}", module, fn, judged
 
 
 def _clashes(found: Iterable[tuple[str, tuple[str, int]]]) -> dict[str, set[tuple[str, int]]]:
@@ -273,3 +292,117 @@ def test_library_errors_name_no_flag_but_the_pinned_ones() -> None:
     flagged = {key for key, _ in _flagged_messages()}
     assert not flagged - set(PINNED), "a library error names a flag: name the field (minreal.facts.FieldError)"
     assert not set(PINNED) - flagged, "a pinned message names no flag any more: drop it from PINNED"
+
+
+#: A field named in backticks in a message's template: literal (`` `mac_ratio` ``, `` `DepthConfig.criterion` ``) or
+#: formatted (`` `{kind}` ``).
+MENTION = re.compile(r"`(?:\{[^{}`]*\}|\w+(?:\.\w+)?)`")
+#: A flag in a message's template: literal, or spelled by a formatted value (``{flag}``, ``{flag_of(kind)}``).
+TEMPLATE_FLAG = re.compile(r"(?<![\w-])--[a-z]|\{[^{}]*flag[^{}]*\}")
+
+
+def _template(node: ast.AST) -> str:
+    """A string's text with each formatted value as its source in braces (``"`{kind}`: {flag_of(kind)} ..."``)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                       for v in node.values)
+    return ""
+
+
+def _templates(node: ast.AST) -> list[str]:
+    """The templates of every string under ``node`` (an f-string whole, not its pieces)."""
+    inner = {id(c) for n in ast.walk(node) if isinstance(n, ast.JoinedStr) for c in ast.walk(n) if c is not n}
+    return [t for n in ast.walk(node) if id(n) not in inner and (t := _template(n))]
+
+
+def _field_first(template: str, via_field_error: bool) -> bool:
+    """Whether a template that names a flag names a field in backticks before it; a problem given to
+    :func:`~minreal.compress.core.errors.field_error` (``"(--energy-eps) must ..."``) has its field put before it."""
+    plain = re.sub(r"`[^`]*`", lambda m: "_" * len(m[0]), template)  # a backticked command is not a flag
+    flag = TEMPLATE_FLAG.search(plain)
+    if flag is None:
+        return True
+    if via_field_error and template.lstrip().startswith("(--"):
+        return True
+    mention = MENTION.search(template)
+    return mention is not None and mention.start() < flag.start()
+
+
+def _flag_only(key: str) -> bool:
+    return "flag only:" in PINNED[key]
+
+
+def test_every_pinned_message_names_its_python_field_first() -> None:
+    """A Python API user reads the field they passed before the pinned flag (``minreal.app.field_flags``' forms)."""
+    checked, late = set(), []
+    for key, _, fn, judged in _flagged_nodes():
+        if _flag_only(key):
+            continue
+        checked.add(key)
+        calls_field_error = any(isinstance(n, ast.Call) and getattr(n.func, "id", "") == "field_error"
+                                for n in ast.walk(fn))
+        late += [(key, t) for t in _templates(judged) if not _field_first(t, calls_field_error)]
+    assert not late
+    assert checked == {k for k in PINNED if not _flag_only(k)} and len(checked) == 23
+    # the rule bites: a message left flag first fails it
+    unconverted = {key for key, _, _, judged in _flagged_nodes()
+                   if _flag_only(key) and not all(_field_first(t, False) for t in _templates(judged))}
+    assert {"compress/core/lowrank_plan.py:_check_layer_target", "compress/methods/fde/graph_path.py:_meet_budget",
+            "runtime_bench/provider_options.py:parse_provider_option"} <= unconverted
+
+
+def test_the_command_line_shows_a_field_named_beside_its_flag_as_the_flag_once() -> None:
+    assert fields_spelled("`layer_mac_ratio` (--layer-mac-ratio) must lie in (0, 1], got 1.5", ("layer_mac_ratio",)) \
+        == "--layer-mac-ratio must lie in (0, 1], got 1.5"
+    assert fields_spelled("`RecoveryConfig.features` (--recover-features 'x') is not a module", ("features",)) == \
+        "--recover-features 'x' is not a module"
+    assert fields_spelled("`exclude`: --exclude a.b: no residual block", ("exclude",)) == \
+        "--exclude a.b: no residual block"
+    assert fields_spelled("depth: `mac_ratio`: removing all 7 blocks leaves --mac-ratio 0.9", ("mac_ratio",)) == \
+        "depth: removing all 7 blocks leaves --mac-ratio 0.9"
+    assert fields_spelled("`a_b` and `c`: --a-b x and --c are for MLPs", ("a_b", "c")) == "--a-b x and --c are for MLPs"
+    # a lead whose flag the rest does not name, a parenthesis that is not the flag, a longer flag: kept
+    assert fields_spelled("`DepthConfig.criterion`: unknown", ("criterion",)) == "--criterion: unknown"
+    assert fields_spelled("see `RecoveryConfig.val_fraction` (or fewer ranks)", ("val_fraction",)) == \
+        "see --recover-val-fraction (or fewer ranks)"
+    assert fields_spelled("`check_report.max_size_kb` (--max-size) given", ("max_size_kb",)) == "--max-size given"
+    assert fields_spelled("`max_size`: --max-size-ratio 2", ("max_size",)) == "--max-size: --max-size-ratio 2"
+
+
+def test_a_pinned_message_names_the_field_in_python_and_the_flag_once_on_the_command_line(
+        tmp_path: Path, workdir: Path, run_cli: Callable) -> None:
+    from minreal.compress import CompressionError
+    from minreal.compress.core.recover_options import RecoveryConfig
+    from minreal.compress.methods.svd import SVDConfig
+
+    with pytest.raises(CompressionError) as info:
+        SVDConfig(layer_mac_ratio=1.5)
+    assert str(info.value) == "`layer_mac_ratio` (--layer-mac-ratio) must lie in (0, 1], got 1.5"
+    assert info.value.fields == ("layer_mac_ratio",)
+    with pytest.raises(CompressionError) as info:
+        RecoveryConfig(epochs=1, steps=3)
+    assert str(info.value) == ("give `RecoveryConfig.epochs` (--recover-epochs) or `RecoveryConfig.steps` "
+                               "(--recover-steps), not both (got 1 and 3)")
+    assert info.value.fields == ("epochs", "steps")
+    with pytest.raises(CompressionError) as info:
+        RecoveryConfig(alpha=1.5)
+    assert str(info.value) == "`RecoveryConfig.alpha` (--recover-alpha) must lie in [0, 1], got 1.5"
+    with pytest.raises(CheckError, match=r"^`max_int8_drop` \(--max-int8-drop\) given but") as check:
+        check_report(_report(0.9), max_int8_drop=1.0)
+    assert check.value.fields == ("max_int8_drop",)
+
+    cut = ["compress", "net.py:make", "-m", "svd", "--data", "digits-flat", "--out", "cut.pt2", "-q"]
+    (tmp_path / "r.json").write_text(json.dumps(_report(0.9)))
+    for argv, line, flags in [
+        ([*cut, "--layer-mac-ratio", "1.5"], "--layer-mac-ratio must lie in (0, 1], got 1.5", ["--layer-mac-ratio"]),
+        ([*cut, "--mac-ratio", "0.5", "--recover-epochs", "1", "--recover-steps", "3"],
+         "give --recover-epochs or --recover-steps, not both (got 1 and 3)", ["--recover-epochs", "--recover-steps"]),
+        (["check", str(tmp_path / "r.json"), "--max-int8-drop", "1"],
+         "--max-int8-drop given but the report has no INT8 file", ["--max-int8-drop"]),
+    ]:
+        code, _, err = run_cli(argv)
+        (shown,) = err.strip().splitlines()
+        assert code == 2 and line in shown and "`" not in shown, err
+        assert [len(re.findall(re.escape(f) + r"(?![\w-])", shown)) for f in flags] == [1] * len(flags), shown

@@ -37,6 +37,7 @@ from minreal.app.tune.search import BudgetSearch
 from minreal.compress.core.smoke import digits_mlp, digits_subset
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
+from minreal.export.settings import VariantConfig
 from minreal.runtime_bench import BenchConfig
 
 FAST = Protocol(min_seconds=0.02, repeats=1, min_runs=5, warmup=1)
@@ -284,7 +285,8 @@ def test_an_arm64_int8_choice_is_converted_for_the_arm_platform(trained_mlp, tmp
 
     model, tr, te = trained_mlp
     cfg = TuneConfig(Constraint(max_accuracy_drop=100.0), objective="size", methods=("svd",), grid=(0.9,),
-                     quant_target="arm64", qat=False, screen=FAST, bench=FAST_BENCH, ort=OrtConfig())
+                     variant=VariantConfig(quant_target="arm64"), qat=False, screen=FAST, bench=FAST_BENCH,
+                     ort=OrtConfig())
     report = tune(model, tr, te, cfg, tmp_path / "a", shared_cache, executor=InlineExecutor())
     chosen = next(c for c in report.candidates if c.label == report.chosen)
     assert chosen.precision == "int8"  # the smallest file that meets a 100-point drop is an INT8 one
@@ -641,7 +643,7 @@ def test_accuracy_control_starts_from_the_original_s_int8_of_its_format(saturate
     model, tr, te = trained_mlp
     models = tmp_path / "models"
     models.mkdir()
-    cfg = TuneConfig(Constraint(max_accuracy_drop=100.0), quant_target="cpu-vnni")
+    cfg = TuneConfig(Constraint(max_accuracy_drop=100.0), variant=VariantConfig(quant_target="cpu-vnni"))
     notes: list[str] = []
     baselines = _baselines(model, tr, te, cfg, models, Quality(0.9), notes, lambda line: None)
     assert [c.label for c in baselines[:2]] == ["original", "original.int8"]
@@ -675,7 +677,8 @@ def test_an_arm64_tune_keeps_its_format_where_this_cpu_saturates_and_names_it(tr
     models = tmp_path / "models"
     models.mkdir()
     notes: list[str] = []
-    _baselines(model, tr, te, TuneConfig(Constraint(max_accuracy_drop=100.0), quant_target="arm64"), models,
+    arm64 = VariantConfig(quant_target="arm64")
+    _baselines(model, tr, te, TuneConfig(Constraint(max_accuracy_drop=100.0), variant=arm64), models,
                Quality(0.9), notes, lambda line: None)
     (plain,) = given
     assert plain.target == "arm64" and plain.saturates_here and Path(plain.out_path) == models / "original.int8.onnx"

@@ -1,5 +1,6 @@
 """A tune's :class:`~minreal.app.tune.TuneConfig` composes one :class:`~minreal.runtime_bench.BenchConfig` (the cells
-timed and the release protocol) instead of repeating its fields, and ``report.json`` keeps the config's layout."""
+timed and the release protocol) and one :class:`~minreal.export.settings.VariantConfig` (how every file is exported and
+quantised) instead of repeating their fields, and ``report.json`` keeps the config's layout."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import click
 import pytest
 
 from minreal.app.cli import cli
-from minreal.app.tune import SCREEN, Constraint, Protocol, TuneConfig
+from minreal.app.tune import SCREEN, Constraint, Protocol, Quality, TuneConfig, TuneError
 from minreal.export.json_safe import to_jsonable
+from minreal.export.settings import VariantConfig
 from minreal.runtime_bench import BenchConfig, BenchInputError
 
 #: The keys of ``report.json``'s config as a tune wrote them before the config composed its BenchConfig: the fields
@@ -102,3 +104,65 @@ def test_tune_s_option_defaults_are_the_config_s() -> None:
     names = ("objective", "stats_samples", "recover_epochs", "workers")
     assert [defaults[n] for n in names] == [declared[n] for n in names] == ["latency", 1024, 0, 1]
     assert defaults["batch"] == "1" and TuneConfig.bench.batch_sizes == BenchConfig().batch_sizes == (1,)
+
+
+def test_no_field_is_declared_both_in_the_tune_config_and_in_the_variant_config() -> None:
+    """The INT8 target (and every other export setting) lives in the composed VariantConfig only."""
+    assert not _names(TuneConfig) & _names(VariantConfig)
+    assert not _names(VariantConfig) & _names(BenchConfig)
+    assert "variant" in _names(TuneConfig) and "quant_target" in _names(VariantConfig)
+
+
+def test_the_tune_config_holds_the_very_variant_config_it_was_given() -> None:
+    variant = VariantConfig(opset=17, quant_target="arm64", calib_samples=64)
+    cfg = TuneConfig(DROP, variant=variant)
+    assert cfg.variant is variant and cfg.quant_target == "arm64"
+    assert TuneConfig(DROP).variant == VariantConfig() and TuneConfig(DROP).quant_target == "cpu"
+
+
+def test_with_variant_changes_only_the_export_settings_and_is_checked_by_the_variant_config() -> None:
+    cfg = TuneConfig(DROP, int8=False, workers=2)
+    changed = cfg.with_variant(quant_target="cpu-avx2", opset=17)
+    assert (changed.variant.quant_target, changed.variant.opset, changed.int8, changed.workers) == \
+        ("cpu-avx2", 17, False, 2)
+    assert changed.bench is cfg.bench and cfg.variant == VariantConfig()  # the original is untouched (frozen)
+    with pytest.raises(ValueError, match="--quant-mode dynamic cannot write the tensorrt INT8 format"):
+        cfg.with_variant(quant_target="tensorrt", quant_mode="dynamic")
+    with pytest.raises(TuneError, match=r"static INT8 files .* must be 'static', got 'dynamic'"):
+        TuneConfig(DROP).with_variant(quant_mode="dynamic")  # int8 on
+    assert TuneConfig(DROP, variant=VariantConfig(quant_mode="dynamic"), int8=False).variant.quant_mode == "dynamic"
+
+
+def test_report_json_records_the_variant_s_target_in_its_old_place() -> None:
+    data = to_jsonable(TuneConfig(DROP, variant=VariantConfig(quant_target="arm64", opset=17)))
+    assert tuple(data) == (*KEYS_BEFORE, "structure_screen")
+    assert data["quant_target"] == "arm64" and "variant" not in data and "opset" not in data
+
+
+def test_a_candidate_job_exports_with_the_tune_s_variant() -> None:
+    """The candidates' files follow the same variant as the baselines' (not VariantConfig's defaults with the
+    target), and a default variant keeps the cache key it had before the config composed one."""
+    from minreal.app.tune.candidate import CandidateSpec, Job, cache_key, export_settings
+
+    assert export_settings(VariantConfig(quant_target="arm64")) == ()
+    variant = VariantConfig(quant_target="arm64", opset=17, atol=1e-3)
+    assert export_settings(variant) == (("opset", 17), ("atol", 1e-3))
+    job = Job(CandidateSpec("svd", 0.5), None, "inputs", Path("."), DROP, Quality(0.9), ("cpu",), "arm64", True)
+    assert job.variant() == VariantConfig(quant_target="arm64")
+    with_export = dataclasses.replace(job, export=export_settings(variant))
+    assert with_export.variant() == variant
+    assert cache_key(with_export) != cache_key(job)
+    assert cache_key(job) == cache_key(dataclasses.replace(job, export=export_settings(VariantConfig(
+        quant_target="tensorrt")))) != cache_key(dataclasses.replace(job, quant_target="tensorrt"))
+
+
+def test_the_command_line_fills_the_variant_config(workdir: Path, run_cli: Callable,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import minreal.app.commands.tune as tune_command
+
+    seen = []
+    monkeypatch.setattr(tune_command, "_tune_dry_run", lambda *args: seen.append(args[-1]))  # the config, unused
+    code, _, err = run_cli(["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
+                            "--quant-target", "cpu-avx2", "--dry-run", "-q"])
+    assert code == 0, err
+    assert [cfg.variant for cfg in seen] == [VariantConfig(quant_target="cpu-avx2")]

@@ -282,7 +282,7 @@ def _floor_hint(multiple: int, minimum: int) -> str:
     if not minimum:
         return ""
     finer = " --width-multiple 8" if multiple > 8 else ""
-    return (f", --width-min {minimum}: --width-min 0{finer} cuts further, but on the CPU an INT8 "
+    return (f", `width_min`: --width-min {minimum}: --width-min 0{finer} cuts further, but on the CPU an INT8 "
             "convolution narrower than 16 channels leaves ONNX Runtime's fast kernel and can run slower than "
             "the wider one")
 
@@ -328,8 +328,9 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
     Raises CompressionError naming the flag and the smallest reachable ratio when the budget cannot be met.
     """
     if weighting not in WEIGHTINGS:  # "auto" is the pruning methods' to resolve (minreal.compress.core.prune)
-        raise CompressionError(f"--importance-weighting must be one of {', '.join(WEIGHTINGS)} here (auto is "
-                               f"resolved by the method), got {weighting!r}")
+        raise CompressionError(f"`importance_weighting` (--importance-weighting) must be one of "
+                               f"{', '.join(WEIGHTINGS)} here (auto is resolved by the method), got {weighting!r}",
+                               fields=("importance_weighting",))
     if budget not in BUDGET_COST and not (budget == "latency_ratio" and latency is not None):
         raise CompressionError(f"width pruning meets {', '.join(f'`{b}`' for b in BUDGET_COST)}; `{budget}` needs a "
                                "width latency table (minreal latency-table --kind width)",
@@ -372,10 +373,10 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
                         best, best_rate, best_cost = (u, j), rate, cost
         if best is None:
             step = [len(units[u][3]) - 1 for u in range(len(units))]
-            raise CompressionError(f"{flag_of(budget)} {ratio:g} cannot be reached by width cuts: the smallest "
-                                   f"predicted ratio is {price(widths()) / full:.4f} (every group at its "
+            raise CompressionError(f"`{budget}`: {flag_of(budget)} {ratio:g} cannot be reached by width cuts: the "
+                                   f"smallest predicted ratio is {price(widths()) / full:.4f} (every group at its "
                                    f"narrowest allowed width{_floor_hint(multiple, minimum)}; frozen groups stay "
-                                   "whole)")
+                                   "whole)", fields=(budget, *(("width_min",) if minimum else ())))
         step[best[0]] = best[1]
         current = best_cost
     while True:  # refill: widen back, most importance regained per cost first, while the budget still holds

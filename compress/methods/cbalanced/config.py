@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core.errors import CompressionError, field_error
+from ...core.errors import field_error
 from ...core.options import CostBudget, SeedOption, StateBudgetOption, WidthMultipleOption
 
 __all__ = ["CBalancedConfig", "INITS", "SELECTIONS"]
@@ -84,7 +84,7 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
         if self.selection not in SELECTIONS:
             raise field_error(self, "selection", f"must be one of {SELECTIONS}, got {self.selection!r}")
         if not 0.0 <= self.energy_eps < 1.0:
-            raise CompressionError(f"--energy-eps must lie in [0, 1), got {self.energy_eps}")
+            raise field_error(self, "energy_eps", f"(--energy-eps) must lie in [0, 1), got {self.energy_eps}")
         for name in ("gramian_samples", "go_samples", "probes"):
             if getattr(self, name) < 1:
                 raise field_error(self, name, f"must be >= 1, got {getattr(self, name)}")

@@ -262,13 +262,17 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig,
     the result afterwards, and here the controls; a scratch start without it is refused."""
     cfg = config
     if cfg.init == "scratch" and recovery is None:
-        raise CompressionError("cbalanced --init scratch builds an untrained network: give a recovery budget "
-                               "(--recover-epochs N or --recover-steps N), which trains it (in a plan chain, as its "
-                               "last step), or use --init warm")
+        raise CompressionError("cbalanced with `CBalancedConfig.init` (--init scratch) builds an untrained network: "
+                               "give a recovery budget (`RecoveryConfig.epochs` (--recover-epochs N) or "
+                               "`RecoveryConfig.steps` (--recover-steps N)), which trains it (in a plan chain, as its "
+                               "last step), or use `CBalancedConfig.init` (--init warm)",
+                               fields=("init", "epochs", "steps"))
     if cfg.controls and recovery is None:
-        raise CompressionError("cbalanced --controls trains the other start and the uniform-width control with the "
-                               "run's recovery: give a recovery budget (--recover-epochs N or --recover-steps N; in a "
-                               "plan chain, as its last step)")
+        raise CompressionError("cbalanced with `CBalancedConfig.controls` (--controls) trains the other start and "
+                               "the uniform-width control with the run's recovery: give a recovery budget "
+                               "(`RecoveryConfig.epochs` (--recover-epochs N) or `RecoveryConfig.steps` "
+                               "(--recover-steps N); in a plan chain, as its last step)",
+                               fields=("controls", "epochs", "steps"))
     report = CompressionReport("cbalanced", asdict(cfg))
     model.eval()
     # the Gramians never see the samples the recovery holds out for its early stopping and metrics

@@ -90,8 +90,9 @@ def _excluded(blocks: list[Block], exclude: tuple[str, ...]) -> set[str]:
         hits = [b.name for b in blocks
                 if b.name == name or any(m == name or m.startswith(name + ".") for m in b.modules)]
         if not hits:
-            raise CompressionError(f"{flag_of('exclude')} {name}: no residual block has that name or a layer of that "
-                                   f"name; blocks: {', '.join(b.name for b in blocks)}")
+            raise CompressionError(f"`exclude`: {flag_of('exclude')} {name}: no residual block has that name or a "
+                                   f"layer of that name; blocks: {', '.join(b.name for b in blocks)}",
+                                   fields=("exclude",))
         kept.update(hits)
     return kept
 
@@ -237,10 +238,10 @@ def _prefix(prep: DepthPrepared, kind: str, target: float, table: str | None) ->
     ratio = left / max(total, 1e-30)
     if ratio > target * (1 + 1e-9):
         least = math.ceil(ratio * 1000) / 1000
-        raise CompressionError(f"depth: removing all {len(prep.order)} removable residual blocks leaves "
+        raise CompressionError(f"depth: `{kind}`: removing all {len(prep.order)} removable residual blocks leaves "
                                f"{flag_of(kind)} {ratio:.4f}, above the requested {target:g}; ask for at least "
                                f"{least:g}, or chain depth with a width method (a plan file's method = [\"depth\", "
-                               "\"magnitude\"]; tune searches depth+magnitude by itself)")
+                               "\"magnitude\"]; tune searches depth+magnitude by itself)", fields=(kind,))
     return chosen, ratio
 
 

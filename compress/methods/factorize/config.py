@@ -67,5 +67,7 @@ class FactorizeConfig(BudgetOptions):
             raise field_error(self, "stats_dtype", f"must be one of {sorted(STATS_DTYPE_NAMES)}, "
                                                    f"got {self.stats_dtype!r}")
         if self.layer_latency_ratio is not None and not self.latency_table:
-            raise CompressionError("--layer-latency-ratio needs --latency-table (per-layer latencies measured on the "
-                                   "target provider); build one with `minreal latency-table MODEL --out table.json`")
+            raise CompressionError("`layer_latency_ratio` (--layer-latency-ratio) needs `latency_table` "
+                                   "(--latency-table) (per-layer latencies measured on the target provider); build "
+                                   "one with `minreal latency-table MODEL --out table.json`",
+                                   fields=("layer_latency_ratio", "latency_table"))

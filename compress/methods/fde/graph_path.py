@@ -216,8 +216,10 @@ def graph_prepare(model: nn.Module, data: Dataset, cfg: "FDEConfig") -> GraphPre
         raise CompressionError("fde needs the Python model (path/to/file.py:factory or a torchvision name): the "
                                "layers of a torch.export program (.pt2) cannot be resized")
     if cfg.graph_options_given():
-        raise CompressionError("--representative mean/lstsq and --compensation are for MLPs; fde merges channels of "
-                               "other models into their leader (--representative leader, no --compensation)")
+        raise CompressionError("`representative` and `compensation`: --representative mean/lstsq and --compensation "
+                               "are for MLPs; fde merges channels of other models into their leader "
+                               "(--representative leader, no --compensation)",
+                               fields=("representative", "compensation"))
     timings = {}
     t0 = time.perf_counter()
     wg = analyse(model, data.x[:2])

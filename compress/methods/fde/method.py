@@ -73,9 +73,9 @@ def _merge(chain: Chain, original: Chain, data: Dataset, cfg: FDEConfig, box: tu
     cost, full = CHAIN_COSTS[kind], CHAIN_COSTS[kind](n_in, original.widths, n_out)
     reached = cost(n_in, merged.chain.widths, n_out) / full
     if reached > cost(n_in, [w + 1 for w in widths], n_out) / full:
-        raise CompressionError(f"{flag_of(kind)} {getattr(cfg, kind):g} not met: the merge reached a cost ratio of "
-                               f"{reached:.3g} (hidden widths {merged.chain.widths}, target {widths}); give a "
-                               f"larger {flag_of(kind)} or use --merge-eps")
+        raise CompressionError(f"`{kind}`: {flag_of(kind)} {getattr(cfg, kind):g} not met: the merge reached a cost "
+                               f"ratio of {reached:.3g} (hidden widths {merged.chain.widths}, target {widths}); give "
+                               f"a larger {flag_of(kind)} or use `merge_eps` (--merge-eps)", fields=(kind, "merge_eps"))
     report.predicted = replace(report.predicted, budget_widths=widths,
                                            merge_eps_per_layer=merged.tolerances, budget_cost_ratio=reached)
     report.notes.append(f"{flag_of(kind)} {getattr(cfg, kind):g}: widths {merged.chain.widths}, each layer cut at "

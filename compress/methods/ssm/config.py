@@ -39,8 +39,9 @@ class SSMConfig(CostBudget, StateBudgetOption, ExcludeOption):
         CostBudget.__post_init__(self)
         given = [k for k in ("trunc", "energy", "state_budget") if getattr(self, k) is not None]
         if len(given) > 1:
-            flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise CompressionError(f"give only one of --trunc / --energy / --state-budget, got {flags}")
+            raise CompressionError("give only one of `trunc` (--trunc), `energy` (--energy) or `state_budget` "
+                                   f"(--state-budget), got {', '.join(f'`{k}`' for k in given)}",
+                                   fields=("trunc", "energy", "state_budget"))
         if self.trunc is not None and not 0.0 <= self.trunc < 1.0:
             raise field_error(self, "trunc", f"must lie in [0, 1), got {self.trunc}")
         if self.energy is not None and not 0.0 < self.energy <= 1.0:

@@ -150,6 +150,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
         raise click.UsageError(f"-m {twice[0]} given twice: tune searches each method's budgets itself")
     grid_values = tuple(_split_floats(grid, "--grid")) if grid else None
 
+    from minreal.export.settings import VariantConfig
     from minreal.runtime_bench.config import BenchConfig
 
     con = Console(quiet, as_json)
@@ -163,7 +164,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
                          objective=objective, methods=tuple(method),
                          grid=TuneConfig.grid if grid_values is None else grid_values,
                          recover_epochs=recover_epochs, max_size_kb=max_size_kb, int8=not no_int8, qat=not no_qat,
-                         quant_target=quant_target_for(quant_target, split_names(providers)),
+                         variant=VariantConfig(quant_target=quant_target_for(quant_target, split_names(providers))),
                          time_budget_s=parse_duration(time_budget) if time_budget else None,
                          screen=dataclasses.replace(SCREEN, **screen),
                          workers=workers, dynamic_axes=shape_options((), dynamic_axes)[1] if dynamic_axes else {},

@@ -25,11 +25,12 @@ from minreal.compress.core.cache import model_key
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import NamedInputs
 from minreal.export.json_safe import to_jsonable
+from minreal.export.settings import VariantConfig
 
 from .config import Constraint, Quality, TuneError
 
 __all__ = ["CandidateSpec", "CandidateResult", "Job", "Source", "SpecSource", "LoadedSource", "evaluate_candidate",
-           "fingerprint", "cache_key", "cached_file"]
+           "fingerprint", "cache_key", "cached_file", "export_settings"]
 
 RESULT_FILE = "result.json"
 FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx", "pt2": "model.pt2"}
@@ -179,10 +180,26 @@ class Job:
     deadline: float | None = None
     """Wall-clock time (``time.time()``) after which the job is skipped instead of started (``--time-budget``:
     checked before every job, in whichever process runs it); not part of the cache key."""
+    export: tuple[tuple[str, Any], ...] = ()
+    """The tune's export settings besides the target, where they differ from
+    :class:`~minreal.export.settings.VariantConfig`'s defaults (``(field, value)`` pairs, :func:`export_settings`);
+    part of the cache key only when there is one, so the keys of the defaults stay what they were."""
 
     def axes(self) -> dict[str, dict[int, str]]:
         """:attr:`dynamic_axes` as ``{name: {axis: dim}}``."""
         return {name: dict(per) for name, per in self.dynamic_axes}
+
+    def variant(self) -> VariantConfig:
+        """The export, parity and INT8 settings of the candidate's files: :attr:`quant_target` and :attr:`export`."""
+        return VariantConfig(quant_target=self.quant_target, **dict(self.export))
+
+
+def export_settings(variant: VariantConfig) -> tuple[tuple[str, Any], ...]:
+    """``variant``'s fields that differ from :class:`~minreal.export.settings.VariantConfig`'s defaults, but its
+    ``quant_target`` (a :class:`Job` holds the resolved target apart), as :attr:`Job.export` holds them."""
+    default = VariantConfig()
+    return tuple((f.name, getattr(variant, f.name)) for f in dataclasses.fields(variant)
+                 if f.name != "quant_target" and getattr(variant, f.name) != getattr(default, f.name))
 
 
 def fingerprint(model: nn.Module, calib: Dataset, held_out: Dataset) -> str:
@@ -207,7 +224,9 @@ def cache_key(job: Job) -> str:
                        "spec": _spec_key(job.spec), "stats_samples": job.stats_samples,
                        "providers": list(job.providers), "quant_target": job.quant_target, "int8": job.int8,
                        "axes": [[n, [list(a) for a in per]] for n, per in job.dynamic_axes],
-                       "extra": [list(kv) for kv in job.extra]}, sort_keys=True, default=repr)
+                       "extra": [list(kv) for kv in job.extra],
+                       **({"export": [list(kv) for kv in job.export]} if job.export else {})},
+                      sort_keys=True, default=repr)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -559,10 +578,9 @@ def _export(small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, jo
 def _export_into(folder: Path, small: nn.Module, report: Any, calib: Dataset, held_out: Dataset, job: Job,
                  program: bool = True) -> dict[str, str]:
     from minreal.export.serialize import save_program
-    from minreal.export.settings import VariantConfig
     from minreal.export.variant import export_variant, layer_weights, quantize_variant
 
-    cfg = VariantConfig(quant_target=job.quant_target)
+    cfg = job.variant()
     record = export_variant(small, held_out.x, folder / FILES["fp32"], cfg, job.spec.label, job.spec.method,
                             dynamic_axes=job.axes() or None)
     files = {"fp32": str(folder / FILES["fp32"])}

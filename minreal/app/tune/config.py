@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from minreal.export.settings import AUTO_TARGET, OrtConfig
+from minreal.export.settings import OrtConfig, VariantConfig
 from minreal.runtime_bench.config import BenchConfig
 
 __all__ = ["Constraint", "Quality", "TuneConfig", "TuneError", "Protocol", "parse_duration", "SCREEN", "DEFAULT_GRID"]
@@ -122,8 +122,10 @@ SCREEN = Protocol(min_seconds=0.25, repeats=1, min_runs=20, warmup=5)
 class TuneConfig:
     """Options of :func:`minreal.app.tune.tune`.
 
-    It composes the timing settings rather than repeating their fields: one :class:`~minreal.runtime_bench.BenchConfig`
-    (``bench``; :meth:`with_bench` changes it, :meth:`bench_config` gives one pass's settings).
+    It composes the settings of the stages it drives rather than repeating their fields: the timing settings are one
+    :class:`~minreal.runtime_bench.BenchConfig` (``bench``; :meth:`with_bench` changes it, :meth:`bench_config` gives
+    one pass's settings), the export, parity and INT8 settings of every file one
+    :class:`~minreal.export.settings.VariantConfig` (``variant``; :meth:`with_variant` changes it).
 
     ``methods`` empty: every registered method with a whole-model MAC budget. ``recover_epochs``: the recovery cap;
     every method is bisected without recovery and, when > 0, its budgets just below that search's boundary race
@@ -149,7 +151,12 @@ class TuneConfig:
     int8: bool = True
     qat: bool = True
     accuracy_control: bool = True
-    quant_target: str = AUTO_TARGET
+    variant: VariantConfig = VariantConfig()
+    """How every file is exported, checked and quantised, the baselines' and the candidates' alike: opset, parity
+    tolerances, the INT8 target (``--quant-target``; ``cpu`` is resolved on the machine that times the files when the
+    tune starts), calibration samples; the mode is static (what accuracy control and quantisation-aware recovery
+    work on). ``report.json``'s config records its ``quant_target`` in this
+    field's place."""
     time_budget_s: float | None = None
     screen: Protocol = SCREEN
     """The short protocol that ranks the files that met the constraint (one process each)."""
@@ -204,6 +211,15 @@ class TuneConfig:
                             f"{self.halving_per_method} per method")
         if self.workers < 0:
             raise TuneError(f"--workers must be >= 0 (0: candidates in this process), got {self.workers}")
+        if self.int8 and self.variant.quant_mode != "static":
+            raise TuneError("a tune writes static INT8 files (accuracy control and quantisation-aware recovery work "
+                            "on calibrated ranges): `TuneConfig.variant.quant_mode` must be 'static', got "
+                            f"{self.variant.quant_mode!r} (or int8=False)")
+
+    @property
+    def quant_target(self) -> str:
+        """The INT8 target of every file: :attr:`variant`'s."""
+        return self.variant.quant_target
 
     @property
     def confirm(self) -> Protocol:
@@ -215,18 +231,26 @@ class TuneConfig:
         whose errors name the field and its flag)."""
         return replace(self, bench=replace(self.bench, **changes))
 
+    def with_variant(self, **changes: Any) -> TuneConfig:
+        """This config with ``changes`` made to :attr:`variant` (checked by
+        :class:`~minreal.export.settings.VariantConfig`)."""
+        return replace(self, variant=replace(self.variant, **changes))
+
     def bench_config(self, protocol: Protocol) -> BenchConfig:
         """Timing settings of one pass: :attr:`bench` timed with ``protocol`` (:attr:`screen` or :attr:`confirm`)."""
         return replace(self.bench, **asdict(protocol))
 
     def to_json(self) -> dict[str, Any]:
-        """``report.json``'s config, laid out as before the config composed :attr:`bench`: ``providers`` and
-        ``batch_sizes`` in its place, ``confirm`` (the release protocol) after ``screen``; values still to pass through
+        """``report.json``'s config, laid out as before the config composed :attr:`bench` and :attr:`variant`:
+        ``providers`` and ``batch_sizes`` in the place of :attr:`bench`, ``quant_target`` in that of :attr:`variant`,
+        ``confirm`` (the release protocol) after ``screen``; values still to pass through
         :func:`~minreal.export.json_safe.to_jsonable`."""
         out: dict[str, Any] = {}
         for f in fields(self):
             if f.name == "bench":
                 out.update(providers=self.bench.providers, batch_sizes=self.bench.batch_sizes)
+            elif f.name == "variant":
+                out["quant_target"] = self.variant.quant_target
             else:
                 out[f.name] = getattr(self, f.name)
             if f.name == "screen":

@@ -38,7 +38,7 @@ from minreal.export.variant import export_variant, quantize_variant, relative_to
 from minreal.export.verify import feeds_of
 from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET
 
-from .candidate import CandidateResult, CandidateSpec, Job, LoadedSource, cached_file, fingerprint
+from .candidate import CandidateResult, CandidateSpec, Job, LoadedSource, cached_file, export_settings, fingerprint
 from .choice import choose_candidate, fronts, to_confirm
 from .config import Constraint, Quality, TuneConfig, TuneError
 from .executor import Executor, InlineExecutor
@@ -72,7 +72,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     t_start, say = time.perf_counter(), progress or log.info
     run = executor or InlineExecutor()
     # "cpu" is the format of the machine the latency is measured on (a Ray cluster's bench node, not this driver)
-    cfg = dataclasses.replace(cfg, quant_target=run.on_target(resolve_target, cfg.quant_target))
+    cfg = cfg.with_variant(quant_target=run.on_target(resolve_target, cfg.quant_target))
     if held_out is None or len(held_out) == 0:
         raise TuneError("tune needs held-out data: pass --eval-data (or data with room for a held-out split)")
     methods = cfg.methods or (() if cfg.plan else default_methods())
@@ -97,7 +97,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
                    cfg.quant_target, cfg.int8, tuple(sorted(cfg.extra.items())),
                    hashlib.sha256((models_dir / "original.onnx").read_bytes()).hexdigest(),
                    tuple((n, tuple(sorted(per.items()))) for n, per in sorted(cfg.dynamic_axes.items())),
-                   stats_samples=cfg.stats_samples,
+                   stats_samples=cfg.stats_samples, export=export_settings(cfg.variant),
                    deadline=None if cfg.time_budget_s is None
                    else time.time() + cfg.time_budget_s - (time.perf_counter() - t_start))
     phases = {"baselines": time.perf_counter() - t_baselines}
@@ -198,7 +198,7 @@ def _check_plan_labels(cfg: TuneConfig) -> None:
 def _baselines(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, models_dir: Path,
                reference: Quality, notes: list[str], say: Progress) -> list[Candidate]:
     """The original in fp32 and INT8 and, when INT8 misses the constraint, INT8 with accuracy control."""
-    vcfg = VariantConfig(quant_target=cfg.quant_target)
+    vcfg = cfg.variant
     rec = export_variant(model, held_out.x, models_dir / "original.onnx", vcfg, "original",
                          dynamic_axes=cfg.dynamic_axes or None)
     out = [Candidate("original", "baseline", "fp32", str(models_dir / rec.onnx), rec.onnx_bytes, feasible=True)]
