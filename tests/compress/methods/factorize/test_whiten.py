@@ -95,3 +95,20 @@ def test_wide_route_is_the_svd_of_the_whitened_weight(o: int, d: int, duplicate:
     for r in gaps:
         torch.testing.assert_close(wb.basis[:, :r] @ wb.basis[:, :r].T, u_ref[:, :r] @ u_ref[:, :r].T,
                                    atol=1e-8, rtol=0)
+
+
+def test_a_singular_square_weight_is_reproduced_at_full_rank_and_its_tail_is_measured() -> None:
+    """A square W of rank 4 (its basis spans all of R^o, the directions outside W's columns with zero values)."""
+    _, x, m = _problem(9, 9, duplicate=True)
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(9, 4, generator=g, dtype=torch.float64) @ torch.randn(4, 9, generator=g, dtype=torch.float64)
+    wb = whitened_output_basis(w, m)
+    torch.testing.assert_close(wb.basis.T @ wb.basis, torch.eye(9, dtype=torch.float64), atol=1e-10, rtol=0)
+    assert (wb.sq_values[4:] == 0).all()
+    scale = float(wb.sq_values.sum())
+    for r in range(1, 10):
+        first, second = projected_factors(w, wb.basis, r)
+        measured = float(((x @ (w - second @ first).T) ** 2).sum(1).mean())
+        assert measured == pytest.approx(float(wb.sq_values[r:].sum()), rel=1e-7, abs=1e-10 * scale)
+    first, second = projected_factors(w, wb.basis, 9)
+    torch.testing.assert_close(second @ first, w, atol=1e-10, rtol=0)
