@@ -18,8 +18,9 @@ ResNet-50 (seeded random weights, the zoo's calibration set: :data:`zoo.CALIB` C
 224 × 224) and on BERT-base (:func:`bert_base`, built from ``transformers``' default ``BertConfig`` with seeded
 random weights, :data:`zoo.CALIB` sequences of :data:`zoo.SEQ` seeded random token ids), each :data:`RUNS` times in
 fresh processes; each run's ``prepare`` (the report's ``timings_s["prepare"]``: the statistics and the
-decompositions), whole process time and peak memory, the median and min–max against the goal, and the load average
-and the machine's CPU shares over each run. ``--load`` states what else ran on the machine.
+decompositions), whole process time, peak memory beside the size of the fp32 weights, the MAC ratio reached, the
+median and min–max against the goal, and the load average and the machine's CPU shares over each run. ``--load``
+states what else ran on the machine.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/zoo_cost.py --zoo benchmarks/zoo.json [--goals]
 """
@@ -260,15 +261,18 @@ def goal_run(spec: dict[str, Any], out: Path, timeout: float) -> dict[str, Any]:
     before, t0 = cpu_times(), time.perf_counter()
     done = run_measured(argv, timeout, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}, cwd=ROOT)
     wall = time.perf_counter() - t0
-    facts = {"process_s": round(wall, 2), "peak_rss_mib": done.peak_mib, "loadavg": list(os.getloadavg()),
-             "cpu_share": cpu_share(before, cpu_times())}
+    facts = {"process_s": round(wall, 2), "peak_rss_mib": done.peak_mib,
+             "loadavg": [round(v, 2) for v in os.getloadavg()], "cpu_share": cpu_share(before, cpu_times())}
     if done.returncode != 0:
         tail = [ln for ln in done.stderr.splitlines() if ln.strip()][-1:]
         return {**facts, "error": f"exit status {done.returncode}" + "".join(f": {t}" for t in tail)}
     report = json.loads(done.stdout)
     timings = report.get("timings_s", {})
+    params = report.get("params_before") or 0
     return {**facts, "prepare_s": round(timings["prepare"], 2), "realise_s": round(timings.get("realise", 0.0), 2),
-            "phases_s": {k: round(v, 3) for k, v in timings.items()}, "mac_ratio": report.get("mac_ratio")}
+            "phases_s": {k: round(v, 3) for k, v in timings.items()},
+            "mac_ratio_reached": round(report["macs_after"] / report["macs_before"], 4) if report.get("macs_before")
+            else None, "params": params, "fp32_weights_mib": round(params * 4 / 2**20, 1)}
 
 
 def summarise(runs: list[dict[str, Any]], goal: float) -> dict[str, Any]:
