@@ -10,8 +10,9 @@ stage passed (``ok``): the exponent ``b`` with its standard error and 95 % inter
 of freedom), the residual spread (the standard deviation of the log residuals, n − 2 in the denominator; a factor
 e^spread either way covers about two thirds of the rows) and n. A fit whose interval lies wholly above
 :data:`SUPERLINEAR` is flagged ``superlinear``: that stage's cost grows faster than the model. Fewer than
-:data:`MIN_ROWS` rows give no fit. The JSON says which zoo.json it read (path, SHA-256, its commit, the commits of
-its rows, its load statement). A zoo run on a shared machine gives outcomes, not costs: its times carry the load.
+:data:`MIN_ROWS` rows, or rows whose parameter counts span less than a factor :data:`MIN_SPAN`, give no fit. The
+JSON says which zoo.json it read (path, SHA-256, its commit, the commits of its rows, its load statement). A zoo run
+on a shared machine gives outcomes, not costs: its times carry the load.
 
 **The goals** (``--goals``): ``minreal compress <model> -m factorize --mac-ratio 0.7 --json`` on torchvision's
 ResNet-50 (seeded random weights, the zoo's calibration set: :data:`zoo.CALIB` CIFAR-10 test images resized to
@@ -49,6 +50,9 @@ SUPERLINEAR = 1.1
 """An exponent whose 95 % interval lies wholly above this is flagged: the stage's cost grows faster than the model."""
 MIN_ROWS = 3
 """Fewest rows a fit takes (two parameters, and one degree of freedom left for the spread)."""
+MIN_SPAN = 4.0
+"""Least ratio of the largest to the smallest parameter count a fit takes: over a narrower range (three DenseNets of
+14 to 20 M parameters) a slope says more about the architectures than about size."""
 RUNS = 3
 GOALS_S = {"resnet50": 60.0, "bert_base": 120.0}
 """The issue's goals on 2 cores: factorize ``prepare`` seconds."""
@@ -136,12 +140,12 @@ def cost_points(doc: dict[str, Any]) -> dict[tuple[str, str, str], list[tuple[fl
 
 
 def fit_all(points: dict[tuple[str, str, str], list[tuple[float, float]]]) -> list[dict[str, Any]]:
-    """One record per (stage, method, metric) with at least :data:`MIN_ROWS` rows and two model sizes: the fit and
-    the range of parameters it covers."""
+    """One record per (stage, method, metric) with at least :data:`MIN_ROWS` rows whose parameters span a factor of
+    :data:`MIN_SPAN`: the fit and the range of parameters it covers."""
     fits = []
     for (stage, method, metric), pts in sorted(points.items()):
         xs, ys = [p for p, _ in pts], [v for _, v in pts]
-        if len(pts) < MIN_ROWS or len(set(xs)) < 2:
+        if len(pts) < MIN_ROWS or max(xs) < MIN_SPAN * min(xs):
             continue
         fit = fit_power(xs, ys)
         fits.append({"stage": stage, "method": method, "metric": metric, **_rounded(asdict(fit)),

@@ -100,3 +100,10 @@ def test_goal_summary_takes_the_median_of_the_runs_that_finished() -> None:
     assert zoo_cost.summarise(runs, 60.0) == {"goal_s": 60.0, "prepare_median_s": 55.0,
                                               "prepare_min_max_s": [50.0, 70.0], "runs_ok": 3, "met": True}
     assert zoo_cost.summarise([{"error": "x"}], 60.0)["met"] is None
+
+
+def test_rows_of_too_narrow_a_size_range_give_no_fit() -> None:
+    narrow = [(1.4e7, 30.0), (1.7e7, 45.0), (2.0e7, 80.0)]  # a factor 1.4: three DenseNets, not a size trend
+    wide = [(1.4e7, 30.0), (2.8e7, 60.0), (5.6e7, 120.0)]  # a factor 4: exactly linear
+    fits = zoo_cost.fit_all({("compress", "factorize", "wall_s"): narrow, ("export", "factorize", "wall_s"): wide})
+    assert [(f["stage"], f["exponent"]) for f in fits] == [("export", pytest.approx(1.0))]
