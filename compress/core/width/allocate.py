@@ -160,6 +160,10 @@ class _Price:
         widths[u] = w
         return self._full(widths)
 
+    def moved_all(self, u: int, ws: list[int]) -> np.ndarray:
+        """``moved(u, w)`` for each of ``ws``."""
+        return np.asarray([self.moved(u, w) for w in ws], dtype=np.float64)
+
 
 class _CountPrice(_Price):
     """MACs or parameters of unit widths, summed over the cost terms (layer positions): a term costs
@@ -196,6 +200,7 @@ class _CountPrice(_Price):
             touched = np.union1d(self.out[0][o], self.ins[0][i])
             self.per_unit.append((touched, (np.searchsorted(touched, self.out[0][o]), self.out[2][o]),
                                   (np.searchsorted(touched, self.ins[0][i]), self.ins[2][i])))
+        self._below_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         super().__init__(self._evaluate)
 
     def _count(self, side: tuple[np.ndarray, np.ndarray, np.ndarray], w: np.ndarray) -> np.ndarray:
@@ -229,6 +234,33 @@ class _CountPrice(_Price):
         cost = self.terms_cost.copy()
         cost[touched] = self._contributions(n_out, n_in, touched)
         return float(cost.sum())
+
+    def moved_all(self, u: int, ws: list[int]) -> np.ndarray:
+        """``moved(u, w)`` for each of ``ws`` at once: the same counts (integers, exact in any order) and the same
+        per-term array summed row by row, so each is the float ``moved`` gives (numpy sums a row as a 1-D array)."""
+        touched = self.per_unit[u][0]
+        below_out, below_in = self._below(u)
+        last = below_out.shape[1] - 1
+        w, now = np.minimum(np.asarray(ws, dtype=np.int64), last), min(self._widths[u], last)
+        n_out = self.n_out[touched] + (below_out[:, w] - below_out[:, [now]]).T
+        n_in = self.n_in[touched] + (below_in[:, w] - below_in[:, [now]]).T
+        cost = np.repeat(self.terms_cost[None, :], len(ws), axis=0)
+        cost[:, touched] = self._contributions(n_out, n_in, touched)
+        return cost.sum(axis=1)
+
+    def _below(self, u: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per term unit ``u`` touches and width w, how many of its (term, atom) pairs on the output and the input
+        side have a rank below w: (touched terms, largest rank + 2) counts, computed once per unit."""
+        if u not in self._below_cache:
+            touched, (o_at, o_rank), (i_at, i_rank) = self.per_unit[u]
+            size = int(max(o_rank.max(initial=-1), i_rank.max(initial=-1))) + 2
+
+            def below(at: np.ndarray, rank: np.ndarray) -> np.ndarray:
+                per_rank = np.bincount(at * size + rank + 1, minlength=len(touched) * size)
+                return np.cumsum(per_rank.reshape(len(touched), size), axis=1)
+
+            self._below_cache[u] = (below(o_at, o_rank), below(i_at, i_rank))
+        return self._below_cache[u]
 
 
 def _pricer(wg: WidthGraph, units: list[tuple[str, list[int], torch.Tensor, list[int]]], keys: list[str],
@@ -356,17 +388,19 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
         mean = sum(scale) / max(sum(w > 0 for w in scale), 1) or 1.0
         units = [(name, ranked, norm * (w / mean), ladder) for (name, ranked, norm, ladder), w in zip(units, scale)]
 
+    ordered = [norm[ranked] for _, ranked, norm, _ in units]  # each unit's scores, most important first
+
     def lost(u: int, wide: int, narrow: int) -> float:
-        _, ranked, norm, _ = units[u]
-        return float(norm[ranked[narrow:wide]].sum())
+        return float(ordered[u][narrow:wide].sum())
 
     while current > target + 1e-9 * full:  # narrow where it costs least importance per saving; a move may
         best, best_rate, best_cost = None, float("inf"), current  # jump several steps past a flat stretch
         price.set(widths())
         for u, (_, _, _, ladder) in enumerate(units):
             now = step[u]
-            for j in range(now + 1, len(ladder)):
-                cost = price.moved(u, ladder[j])
+            if now + 1 >= len(ladder):
+                continue
+            for j, cost in enumerate(price.moved_all(u, ladder[now + 1:]).tolist(), start=now + 1):
                 if current - cost > 1e-12 * full:
                     rate = lost(u, ladder[now], ladder[j]) / (current - cost)
                     if rate < best_rate:

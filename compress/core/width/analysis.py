@@ -69,13 +69,11 @@ def _build_groups(wg: WidthGraph) -> None:
             ra, rb = cfind(first), cfind(r)
             if ra != rb:
                 comp[max(ra, rb)] = min(ra, rb)
-    order: dict[int, list[int]] = {}
+    order: dict[int, dict[int, None]] = {}  # component → its atoms (a dict: a set in first-seen order)
     for _, slots, _, _ in lists:
         for s in slots:
             r = wg.find(s)
-            atoms = order.setdefault(cfind(r), [])
-            if r not in atoms:
-                atoms.append(r)
+            order.setdefault(cfind(r), {})[r] = None
     by_comp: dict[int, ChannelGroup] = {}
     for c, atoms in order.items():
         by_comp[c] = ChannelGroup("", sorted(atoms))

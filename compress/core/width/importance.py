@@ -7,7 +7,7 @@ from torch import fx
 
 from ..distributed import all_reduce_sum, shard
 from .graph import ChannelGroup, Use, WidthGraph, param_owner
-from .probe import capture, channels_last
+from .probe import channels_last, visit
 
 __all__ = ["magnitude_importance", "wanda_importance"]
 
@@ -47,11 +47,14 @@ def wanda_importance(wg: WidthGraph, groups: list[ChannelGroup], x: torch.Tensor
     back to :func:`magnitude_importance`."""
     sources = sorted({u.source for g in groups for u in g.uses if u.role == "consumer"})
     squares: dict[str, torch.Tensor] = {}
+
+    def add(node: str, value: torch.Tensor) -> None:  # reduced as the value is computed: no copy of it is held
+        sq = channels_last(value.double(), wg.values[node].dim).pow(2).sum(0)
+        squares[node] = squares[node] + sq if node in squares else sq
+
     x = shard(x)  # under torch.distributed: this rank's samples; the sums of squares are all-reduced below
     for start in range(0, len(x), batch_size):
-        for node, value in capture(wg.gm, x[start:start + batch_size], sources).items():
-            sq = channels_last(value.double(), wg.values[node].dim).pow(2).sum(0)
-            squares[node] = squares[node] + sq if node in squares else sq
+        visit(wg.gm, x[start:start + batch_size], sources, add)
     for node in sources:  # same order on every rank: the collectives pair up
         if node in squares:
             all_reduce_sum(squares[node])

@@ -4,8 +4,8 @@ Pure linear algebra in float64: tensors in, tensors out.
 
 References
 ----------
-.. [1] Wang et al. 2024, SVD-LLM, eq. 3–5: truncation-aware whitening, the basis of :func:`whitened_output_basis` (with
-       a pseudo-inverse square root instead of a Cholesky factor).
+.. [1] Wang et al. 2024, SVD-LLM, eq. 3–5: truncation-aware whitening, the basis of :func:`whitened_output_basis` (from
+       the Gram matrix WMWᵀ of the whitened weight instead of a Cholesky factor of M).
 .. [2] Eckart & Young (1936): the truncated SVD of the whitened matrix ``WS`` is the optimum.
 """
 
@@ -32,15 +32,17 @@ class WhitenedBasis:
 
 def whitened_output_basis(w: torch.Tensor, moment: torch.Tensor, rel_threshold: float = 1e-10
                           ) -> WhitenedBasis:
-    """Activation-aware low-rank basis of one weight matrix (SVD-LLM, Wang et al. 2024, eq. 3–5, with a
-    pseudo-inverse square root instead of a Cholesky factor).
+    """Activation-aware low-rank basis of one weight matrix (SVD-LLM, Wang et al. 2024, eq. 3–5, from the Gram
+    matrix WMWᵀ of the whitened weight instead of a Cholesky factor of M).
 
     Minimising E‖(W − Ŵ)x‖² = ‖(W − Ŵ)S‖²_F over rank-r Ŵ, with M = E[xxᵀ] = SSᵀ, is Eckart–Young on
     A = WS = UΣVᵀ: the optimum is Ŵ = U_r U_rᵀ W (no inverse needed) and the distortion is Σ_{i>r} σ_i².
-    ``A`` is formed from whichever side is smaller: o < d uses AAᵀ = WMWᵀ (o×o eigh), otherwise
-    S = Q_k Λ_k^{1/2} from ``eigh(M)`` keeping eigenvalues above ``rel_threshold``·λ_max (exact for
-    rank-deficient M, no diagonal shift), W = Q_w R_w and a full SVD of the d×k matrix R_w S, so that the
-    basis Q_w U' spans W's column space and full rank reproduces W even where M is singular.
+    ``A`` is formed from whichever side is smaller: o < d uses AAᵀ = WMWᵀ (o×o eigh), otherwise W = Q_w R_w
+    (Q_w = I for a square W) and AAᵀ = Q_w (R_w M R_wᵀ) Q_wᵀ, so U = Q_w U' with U' from the d×d eigh of
+    R_w M R_wᵀ: one eigh of the smaller side either way (no square root of M, no SVD: an eigh and an SVD of d×d
+    cost about three times one eigh), exact for rank-deficient M (no diagonal shift), and the basis lies in W's
+    column space (all of R^o for a square W), so full rank reproduces W even where M is singular. Eigenvalues
+    below ``rel_threshold``·λ_max are treated as zero.
 
     Parameters
     ----------
@@ -64,13 +66,12 @@ def whitened_output_basis(w: torch.Tensor, moment: torch.Tensor, rel_threshold: 
         lam, u, fell_back = eigh_desc(w @ m @ w.T)
         sq = torch.where(lam > rel_threshold * lam[0].clamp_min(0), lam, torch.zeros_like(lam))
         return WhitenedBasis(u, sq, "output", fell_back)
-    lam, q, fell_back = eigh_desc(m)
-    keep = lam > rel_threshold * lam[0].clamp_min(0)
-    q_w, r_w = torch.linalg.qr(w)  # WS = Q_w (R_w S): only a d×k SVD, and U stays inside W's column space
-    u, sig, _ = torch.linalg.svd(r_w @ (q[:, keep] * lam[keep].sqrt()), full_matrices=True)
-    sq = torch.zeros(d, dtype=w.dtype)
-    sq[: sig.numel()] = sig ** 2
-    return WhitenedBasis(q_w @ u, sq, "whiten", fell_back)
+    # AAᵀ = Q_w (R_w M R_wᵀ) Q_wᵀ: a d×d eigh, and U stays inside W's column space; a square W is its own R_w
+    # (Q_w = I: U spans all of R^o, and the directions outside W's column space get zero eigenvalues)
+    q_w, r_w = (None, w) if o == d else torch.linalg.qr(w)
+    lam, u, fell_back = eigh_desc(r_w @ m @ r_w.T)
+    sq = torch.where(lam > rel_threshold * lam[0].clamp_min(0), lam, torch.zeros_like(lam))
+    return WhitenedBasis(u if q_w is None else q_w @ u, sq, "whiten", fell_back)
 
 
 def projected_factors(w: torch.Tensor, basis: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:

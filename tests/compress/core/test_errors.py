@@ -70,3 +70,25 @@ def test_fields_survive_pickling() -> None:
     exc = pickle.loads(pickle.dumps(CompressionError("`mac_ratio` too small", fields=("mac_ratio",))))
     assert str(exc) == "`mac_ratio` too small" and exc.fields == ("mac_ratio",)
     assert CompressionError("a plain sentence").fields == ()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_require_finite_refuses_any_nan_or_infinity_and_names_the_layer(bad: float) -> None:
+    import torch
+
+    from minreal.compress.core.errors import require_finite
+
+    for values in ([1.0, bad, 2.0], [bad] * 3, [bad, -bad]):  # inf and -inf together: a NaN sum
+        with pytest.raises(CompressionError, match="layer 'fc1': input activations contain NaN/inf"):
+            require_finite(torch.tensor(values), "fc1", "input activations")
+
+
+def test_require_finite_passes_finite_values_whose_sum_overflows() -> None:
+    import torch
+
+    from minreal.compress.core.errors import require_finite
+
+    big = torch.full((4, 3), 3e38, dtype=torch.float32)
+    assert not bool(big.sum().isfinite())  # the quick test cannot decide: the elementwise one must
+    require_finite(big, "fc1", "input activations")
+    require_finite(torch.randn(2, 3, 5), "fc1", "input activations")

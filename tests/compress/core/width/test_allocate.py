@@ -205,6 +205,8 @@ def test_a_moved_unit_is_priced_exactly_as_a_full_evaluation(resnet, budget: str
             for (name, ranked, _, _), w in zip(units, widths):
                 keep[name] += ranked[:w]
             assert price(widths) == pytest.approx(_macs(wg, keep), rel=1e-12)
+        for u, unit in enumerate(units):  # every width of a unit priced at once: the same floats, bit for bit
+            assert price.moved_all(u, unit[3]).tolist() == [price.moved(u, w) for w in unit[3]]
 
 
 def test_incremental_pricing_chooses_what_full_pricing_chooses(resnet, monkeypatch: pytest.MonkeyPatch) -> None:

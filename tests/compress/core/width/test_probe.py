@@ -36,3 +36,16 @@ def test_channels_last_is_samples_by_channels() -> None:
     assert matrix.shape == (2 * 4 * 5, 3)
     assert torch.equal(matrix[1 * 20 + 2 * 5 + 3], value[1, :, 2, 3])  # sample (n=1, h=2, w=3)
     assert torch.equal(channels_last(value, 3), value.reshape(-1, 5))
+
+
+def test_visit_sees_each_node_once_in_run_order_with_the_value_capture_copies(analysed) -> None:
+    from minreal.compress.core.width.probe import visit
+
+    a = analysed("small_cnn")
+    points = sorted({p for g in a.wg.cuttable() for p in g.state_points()})
+    seen: list[tuple[str, torch.Tensor]] = []
+    visit(a.wg.gm, a.x, points, lambda name, value: seen.append((name, value.clone())))
+    order = [n.name for n in a.wg.gm.graph.nodes if n.name in points]
+    assert [name for name, _ in seen] == order and len(order) == len(points) > 1
+    found = capture(a.wg.gm, a.x, points)
+    assert all(torch.equal(value, found[name]) for name, value in seen)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from minreal.compress.core.linalg import psd_sqrt, truncated_svd_factors
+from minreal.compress.core.linalg import eigh_desc, psd_sqrt, truncated_svd_factors
 from minreal.compress.methods.factorize.whiten import activation_distortion, projected_factors, whitened_output_basis
 
 
@@ -64,3 +64,51 @@ def test_zero_and_singular_moments_give_no_nan() -> None:
         wb = whitened_output_basis(w, m)
         assert torch.isfinite(wb.basis).all() and torch.isfinite(wb.sq_values).all()
         assert (wb.sq_values >= 0).all()
+
+
+@pytest.mark.parametrize("o,d,duplicate", [(15, 6, False), (9, 9, False), (40, 12, True), (12, 12, True)])
+def test_wide_route_is_the_svd_of_the_whitened_weight(o: int, d: int, duplicate: bool) -> None:
+    """o ≥ d: the squared singular values and every rank's projector U_r U_rᵀ of A = W M^½ (computed here by an SVD
+    of A), from one d×d eigh and no SVD at all (issue 44: an eigh and an SVD of d×d cost about three eighs)."""
+    import minreal.compress.methods.factorize.whiten as whiten
+
+    w, _, m = _problem(o, d, duplicate=duplicate)
+    u_ref, sig, _ = torch.linalg.svd(w @ psd_sqrt(m), full_matrices=False)
+    calls = []
+
+    def counted(a: torch.Tensor):
+        calls.append(a.shape)
+        return eigh_desc(a)
+
+    def no_svd(*args, **kwargs):
+        raise AssertionError("the wide route takes no SVD")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(whiten, "eigh_desc", counted)
+        mp.setattr(torch.linalg, "svd", no_svd)
+        wb = whitened_output_basis(w, m)
+    assert calls == [(d, d)] and wb.route == "whiten"
+    scale = float(sig[0] ** 2)
+    torch.testing.assert_close(wb.sq_values[: sig.numel()], sig**2, atol=1e-10 * scale, rtol=1e-9)
+    gaps = [r for r in range(1, d) if sig[r - 1] ** 2 - sig[r] ** 2 > 1e-6 * scale]  # a unique rank-r subspace
+    assert gaps
+    for r in gaps:
+        torch.testing.assert_close(wb.basis[:, :r] @ wb.basis[:, :r].T, u_ref[:, :r] @ u_ref[:, :r].T,
+                                   atol=1e-8, rtol=0)
+
+
+def test_a_singular_square_weight_is_reproduced_at_full_rank_and_its_tail_is_measured() -> None:
+    """A square W of rank 4 (its basis spans all of R^o, the directions outside W's columns with zero values)."""
+    _, x, m = _problem(9, 9, duplicate=True)
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(9, 4, generator=g, dtype=torch.float64) @ torch.randn(4, 9, generator=g, dtype=torch.float64)
+    wb = whitened_output_basis(w, m)
+    torch.testing.assert_close(wb.basis.T @ wb.basis, torch.eye(9, dtype=torch.float64), atol=1e-10, rtol=0)
+    assert (wb.sq_values[4:] == 0).all()
+    scale = float(wb.sq_values.sum())
+    for r in range(1, 10):
+        first, second = projected_factors(w, wb.basis, r)
+        measured = float(((x @ (w - second @ first).T) ** 2).sum(1).mean())
+        assert measured == pytest.approx(float(wb.sq_values[r:].sum()), rel=1e-7, abs=1e-10 * scale)
+    first, second = projected_factors(w, wb.basis, 9)
+    torch.testing.assert_close(second @ first, w, atol=1e-10, rtol=0)

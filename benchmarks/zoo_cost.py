@@ -1,0 +1,347 @@
+"""The tool's own cost against the model's size (issue 44, item 3): from the model zoo's rows, per stage and method,
+a power law fitted to the wall time and the peak memory against the parameter count; with ``--goals``, the issue's
+two goals measured on their own.
+
+**The fit.** For each stage of ``benchmarks/zoo.json`` that has its own time (``compress``, each of the method's
+phases that a compress row keeps in ``phases_s`` as ``compress:<phase>``, ``export``, ``int8``, ``bench``, and the
+``baseline`` build, export and INT8 of the original), for each method and each of ``wall_s`` and ``peak_rss_mib``
+(the phases have no memory of their own), the least-squares line log y = log a + b · log(params) over the rows whose
+stage passed (``ok``): the exponent ``b`` with its standard error and 95 % interval (Student's t with n − 2 degrees
+of freedom), the residual spread (the standard deviation of the log residuals, n − 2 in the denominator; a factor
+e^spread either way covers about two thirds of the rows) and n. A fit whose interval lies wholly above
+:data:`SUPERLINEAR` is flagged ``superlinear``: that stage's cost grows faster than the model. Fewer than
+:data:`MIN_ROWS` rows, or rows whose parameter counts span less than a factor :data:`MIN_SPAN`, give no fit. The
+JSON says which zoo.json it read (path, SHA-256, its commit, the commits of its rows, its load statement). A zoo run
+on a shared machine gives outcomes, not costs: its times carry the load.
+
+**The goals** (``--goals``): ``minreal compress <model> -m factorize --mac-ratio 0.7 --json`` on torchvision's
+ResNet-50 (seeded random weights, the zoo's calibration set: :data:`zoo.CALIB` CIFAR-10 test images resized to
+224 × 224) and on BERT-base (:func:`bert_base`, built from ``transformers``' default ``BertConfig`` with seeded
+random weights, :data:`zoo.CALIB` sequences of :data:`zoo.SEQ` seeded random token ids), each :data:`RUNS` times in
+fresh processes; each run's ``prepare`` (the report's ``timings_s["prepare"]``: the statistics and the
+decompositions), whole process time, peak memory beside the size of the fp32 weights, the MAC ratio reached, the
+median and min–max against the goal, and the load average and the machine's CPU shares over each run. ``--load``
+states what else ran on the machine.
+
+Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/zoo_cost.py --zoo benchmarks/zoo.json [--goals]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+USAGE = "OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/zoo_cost.py --zoo benchmarks/zoo.json [--goals]"
+STAGES = ("compress", "export", "int8", "bench")
+METRICS = ("wall_s", "peak_rss_mib")
+SUPERLINEAR = 1.1
+"""An exponent whose 95 % interval lies wholly above this is flagged: the stage's cost grows faster than the model."""
+MIN_ROWS = 3
+"""Fewest rows a fit takes (two parameters, and one degree of freedom left for the spread)."""
+MIN_SPAN = 4.0
+"""Least ratio of the largest to the smallest parameter count a fit takes: over a narrower range (three DenseNets of
+14 to 20 M parameters) a slope says more about the architectures than about size."""
+RUNS = 3
+GOALS_S = {"resnet50": 60.0, "bert_base": 120.0}
+"""The issue's goals on 2 cores: factorize ``prepare`` seconds."""
+VOCAB = 30522
+"""BERT's default vocabulary size (``BertConfig().vocab_size``)."""
+
+__all__ = ["PowerFit", "bert_base", "cost_points", "fit_all", "fit_power"]
+
+
+@dataclass(frozen=True)
+class PowerFit:
+    """y ≈ ``prefactor`` · params^``exponent`` over ``n`` rows, with the exponent's standard error and 95 % interval,
+    the residual spread of log y (natural log) and whether the interval lies above :data:`SUPERLINEAR`."""
+
+    exponent: float
+    exponent_se: float
+    exponent_ci95: tuple[float, float]
+    prefactor: float
+    residual_sd: float
+    n: int
+    superlinear: bool
+
+
+# --------------------------------------------------------------------------------------------------------- the fit
+def fit_power(x: Sequence[float], y: Sequence[float]) -> PowerFit:
+    """Least-squares fit of log y = log a + b log x (ordinary least squares on the logs; the exponent's standard
+    error s / √Σ(log x − mean)², s² = Σ residual² / (n − 2), and its 95 % interval with Student's t).
+
+    Raises
+    ------
+    ValueError
+        Fewer than :data:`MIN_ROWS` points, a value that is not positive, or all x equal.
+    """
+    import numpy as np
+    from scipy import stats
+
+    lx, ly = np.log(np.asarray(x, dtype=np.float64)), np.log(np.asarray(y, dtype=np.float64))
+    n = len(lx)
+    if n < MIN_ROWS or n != len(ly):
+        raise ValueError(f"a power fit needs at least {MIN_ROWS} (x, y) pairs, got {n} and {len(ly)}")
+    if not (np.isfinite(lx).all() and np.isfinite(ly).all()):
+        raise ValueError("a power fit needs positive, finite x and y")
+    dx = lx - lx.mean()
+    sxx = float(dx @ dx)
+    if sxx == 0.0:
+        raise ValueError("a power fit needs at least two different x")
+    b = float(dx @ (ly - ly.mean())) / sxx
+    log_a = float(ly.mean() - b * lx.mean())
+    resid = ly - (log_a + b * lx)
+    s = math.sqrt(float(resid @ resid) / (n - 2))
+    se = s / math.sqrt(sxx)
+    half = float(stats.t.ppf(0.975, n - 2)) * se
+    return PowerFit(b, se, (b - half, b + half), math.exp(log_a), s, n, b - half > SUPERLINEAR)
+
+
+def cost_points(doc: dict[str, Any]) -> dict[tuple[str, str, str], list[tuple[float, float]]]:
+    """(stage, method, metric) → [(params, value)] over the zoo rows whose stage passed (``ok``) and whose model's
+    parameter count is known; the method's phases as ``compress:<phase>`` (wall time only) and the original's build,
+    export and INT8 as stage ``baseline``, method ``original``."""
+    params = {name: m.get("params") for name, m in doc.get("models", {}).items()}
+    out: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+
+    def add(stage: str, method: str, p: float | None, facts: dict[str, Any]) -> None:
+        for metric in METRICS:
+            value = facts.get(metric)
+            if p and isinstance(value, (int, float)) and value > 0:
+                out.setdefault((stage, method, metric), []).append((float(p), float(value)))
+
+    for name, model in doc.get("models", {}).items():
+        if model.get("outcome") == "ok":
+            add("baseline", "original", params.get(name), model)
+    for row in doc.get("rows", []):
+        if row.get("method") is None:
+            continue
+        p = params.get(row["model"])
+        for stage in STAGES:
+            facts = row["stages"].get(stage, {})
+            if facts.get("outcome") == "ok":
+                add(stage, row["method"], p, facts)
+        compress = row["stages"].get("compress", {})
+        if compress.get("outcome") == "ok":
+            for phase, seconds in (compress.get("phases_s") or {}).items():
+                add(f"compress:{phase}", row["method"], p, {"wall_s": seconds})
+    return out
+
+
+def fit_all(points: dict[tuple[str, str, str], list[tuple[float, float]]]) -> list[dict[str, Any]]:
+    """One record per (stage, method, metric) with at least :data:`MIN_ROWS` rows whose parameters span a factor of
+    :data:`MIN_SPAN`: the fit and the range of parameters it covers."""
+    fits = []
+    for (stage, method, metric), pts in sorted(points.items()):
+        xs, ys = [p for p, _ in pts], [v for _, v in pts]
+        if len(pts) < MIN_ROWS or max(xs) < MIN_SPAN * min(xs):
+            continue
+        fit = fit_power(xs, ys)
+        fits.append({"stage": stage, "method": method, "metric": metric, **_rounded(asdict(fit)),
+                     "params_range": [int(min(xs)), int(max(xs))]})
+    return fits
+
+
+def _rounded(d: dict[str, Any]) -> dict[str, Any]:
+    def r(v: Any) -> Any:
+        if isinstance(v, float):
+            return float(f"{v:.4g}")
+        return [r(u) for u in v] if isinstance(v, (list, tuple)) else v
+
+    return {k: r(v) for k, v in d.items()}
+
+
+def zoo_source(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """Which zoo.json the fit read: its path, SHA-256, the run's commit and load, and the commits of its rows."""
+    head = doc.get("header", {})
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "commit": head.get("commit"), "started": head.get("started"), "load": doc.get("load"),
+            "load_at_start": head.get("load_at_start"), "machine": head.get("machine"),
+            "row_commits": sorted({r.get("commit", "?") for r in doc.get("rows", []) if r.get("method")}),
+            "rows": sum(1 for r in doc.get("rows", []) if r.get("method")), "models": len(doc.get("models", {}))}
+
+
+# -------------------------------------------------------------------------------------------------------- the plot
+def plot(points: dict[tuple[str, str, str], list[tuple[float, float]]], fits: Iterable[dict[str, Any]],
+         path: Path) -> None:
+    """Log-log panels, time then memory: each stage and method's rows and fitted line (phases left out)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import pyplot, save_figure
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    keyed = {(f["stage"], f["method"], f["metric"]): f for f in fits}
+    series = sorted({(s, m) for s, m, _ in points if ":" not in s})
+    colours = {key: plt.cm.tab20(i % 20) for i, key in enumerate(series)}
+    for ax, metric, label in zip(axes, METRICS, ("wall time (s)", "peak resident memory (MiB)")):
+        for stage, method in series:
+            pts = points.get((stage, method, metric))
+            if not pts:
+                continue
+            fit = keyed.get((stage, method, metric))
+            name = f"{stage}/{method}" + (f": b={fit['exponent']:.2f}±{fit['exponent_se']:.2f}" if fit else "")
+            xs, ys = zip(*pts)
+            ax.scatter(xs, ys, s=12, color=colours[(stage, method)], label=name)
+            if fit:
+                lo, hi = fit["params_range"]
+                ax.plot([lo, hi], [fit["prefactor"] * lo ** fit["exponent"], fit["prefactor"] * hi ** fit["exponent"]],
+                        color=colours[(stage, method)], lw=1)
+        ax.set(xscale="log", yscale="log", xlabel="parameters", ylabel=label, title=f"{label} against model size")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------- the goals
+def bert_base() -> Any:
+    """BERT-base from ``transformers``' default ``BertConfig`` (12 layers, hidden 768), seeded random weights, no
+    download: token ids in, the last hidden state out. A ``minreal`` factory (``benchmarks/zoo_cost.py:bert_base``)."""
+    import torch
+    from torch import nn
+    from transformers import BertConfig, BertModel
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = BertModel(BertConfig(), add_pooling_layer=False)
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.bert(input_ids=input_ids).last_hidden_state
+
+    torch.manual_seed(0)
+    return Encoder().eval()
+
+
+def _token_file(work: Path, rows: int, seq: int) -> Path:
+    """``rows`` sequences of ``seq`` seeded random token ids (int64) as an ``.npz``, written once."""
+    import numpy as np
+
+    path = work / f"calib-ids-{rows}x{seq}.npz"
+    if not path.is_file():
+        ids = np.random.default_rng(0).integers(0, VOCAB, size=(rows, seq), dtype=np.int64)
+        np.savez(path, x=ids)
+    return path
+
+
+def goal_specs(work: Path) -> dict[str, dict[str, Any]]:
+    """The two goal models as ``minreal compress`` takes them: spec, weights (or none), calibration file."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import zoo
+
+    work.mkdir(parents=True, exist_ok=True)
+    weights = work / "resnet50.pt"
+    if not weights.is_file():
+        torch.save(zoo._seeded("resnet50").state_dict(), weights)
+    images = zoo._calib_file(work, (3, 224, 224))
+    return {"resnet50": {"model": "resnet50", "weights": str(weights), "data": str(images), "calib": zoo.CALIB},
+            "bert_base": {"model": f"{Path(__file__).resolve()}:bert_base", "weights": None,
+                          "data": str(_token_file(work, zoo.CALIB, zoo.SEQ)), "calib": zoo.CALIB, "seq": zoo.SEQ}}
+
+
+def goal_run(spec: dict[str, Any], out: Path, timeout: float) -> dict[str, Any]:
+    """One fresh ``minreal compress -m factorize --mac-ratio 0.7 --json`` process: its ``prepare`` and ``realise``
+    seconds from the report, its whole time, peak memory, load average and the machine's CPU shares."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import cpu_share, cpu_times, run_measured
+
+    argv = [sys.executable, "-m", "minreal", "compress", spec["model"], "--data", spec["data"], "-m", "factorize",
+            "--mac-ratio", "0.7", "--out", str(out), "--json", "--quiet"]
+    if spec["weights"]:
+        argv += ["--weights", spec["weights"]]
+    before, t0 = cpu_times(), time.perf_counter()
+    done = run_measured(argv, timeout, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    facts = {"process_s": round(wall, 2), "peak_rss_mib": done.peak_mib,
+             "loadavg": [round(v, 2) for v in os.getloadavg()], "cpu_share": cpu_share(before, cpu_times())}
+    if done.returncode != 0:
+        tail = [ln for ln in done.stderr.splitlines() if ln.strip()][-1:]
+        return {**facts, "error": f"exit status {done.returncode}" + "".join(f": {t}" for t in tail)}
+    report = json.loads(done.stdout)
+    timings = report.get("timings_s", {})
+    params = report.get("params_before") or 0
+    return {**facts, "prepare_s": round(timings["prepare"], 2), "realise_s": round(timings.get("realise", 0.0), 2),
+            "phases_s": {k: round(v, 3) for k, v in timings.items()},
+            "mac_ratio_reached": round(report["macs_after"] / report["macs_before"], 4) if report.get("macs_before")
+            else None, "params": params, "fp32_weights_mib": round(params * 4 / 2**20, 1)}
+
+
+def summarise(runs: list[dict[str, Any]], goal: float) -> dict[str, Any]:
+    """Median and min–max of the runs' ``prepare`` seconds against ``goal``."""
+    s = [r["prepare_s"] for r in runs if "prepare_s" in r]
+    if not s:
+        return {"goal_s": goal, "met": None, "runs_ok": 0}
+    med = statistics.median(s)
+    return {"goal_s": goal, "prepare_median_s": med, "prepare_min_max_s": [min(s), max(s)], "runs_ok": len(s),
+            "met": med <= goal}
+
+
+def measure_goals(work: Path, timeout: float, load: str | None) -> dict[str, Any]:
+    """Each goal model :data:`RUNS` times, alternated (ResNet-50, BERT, ResNet-50, …) so that both see the
+    same machine; the load stated and measured."""
+    specs = goal_specs(work)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in specs}
+    for i in range(RUNS):
+        for name, spec in specs.items():
+            runs[name].append(goal_run(spec, work / f"{name}.pt2", timeout))
+            print(f"zoo_cost: {name} run {i + 1}: {runs[name][-1]}", file=sys.stderr, flush=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return {"commit": commit, "load": load or "not stated", "cpus": os.cpu_count(), "runs": RUNS,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": "minreal compress MODEL -m factorize --mac-ratio 0.7 --json (fresh process each run)",
+            "models": {name: {**{k: v for k, v in specs[name].items() if k not in ("weights", "data")},
+                              **summarise(runs[name], GOALS_S[name]), "each": runs[name]} for name in specs}}
+
+
+# -------------------------------------------------------------------------------------------------------- main
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--zoo", type=Path, default=ROOT / "benchmarks" / "zoo.json", help="the zoo run to fit")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "zoo_cost.json")
+    ap.add_argument("--png", type=Path, default=ROOT / "benchmarks" / "zoo_cost.png")
+    ap.add_argument("--goals", action="store_true", help="also measure the issue's two prepare goals (minutes)")
+    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-zoo-cost")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds one goal run may take")
+    ap.add_argument("--load", default=None, help="what else ran on the machine during --goals (recorded)")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(argv)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import write_json
+
+    doc = json.loads(args.zoo.read_text())
+    points = cost_points(doc)
+    fits = fit_all(points)
+    out: dict[str, Any] = {"usage": USAGE, "issue": 44, "zoo": zoo_source(args.zoo, doc),
+                           "superlinear_above": SUPERLINEAR, "fits": fits,
+                           "superlinear": [f"{f['stage']}/{f['method']}/{f['metric']}" for f in fits
+                                           if f["superlinear"]]}
+    if args.out.is_file():  # goals measured earlier stay unless measured again
+        kept = json.loads(args.out.read_text()).get("goals")
+        if kept:
+            out["goals"] = kept
+    if args.goals:
+        out["goals"] = measure_goals(args.work, args.timeout, args.load)
+    write_json(args.out, out)
+    plot(points, fits, args.png)
+    print(f"zoo_cost: {len(fits)} fit(s), {len(out['superlinear'])} superlinear; {args.out}, {args.png}",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

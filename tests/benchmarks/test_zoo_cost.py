@@ -1,0 +1,109 @@
+"""benchmarks/zoo_cost.py without a zoo run: the power fit recovers a known exponent exactly from noise-free rows and
+agrees with scipy's regression on noisy ones; the zoo's rows become points only where their stage passed."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import zoo_cost  # noqa: E402 (benchmarks/ is on sys.path only from the line above)
+
+PARAMS = [1.2e6, 3.5e6, 1.1e7, 2.5e7, 4.4e7, 8.6e7, 1.4e8]
+
+
+@pytest.mark.parametrize("exponent", [0.5, 1.0, 1.6])
+def test_noise_free_rows_give_the_exponent_exactly(exponent: float) -> None:
+    y = [3e-6 * p**exponent for p in PARAMS]
+    fit = zoo_cost.fit_power(PARAMS, y)
+    assert fit.exponent == pytest.approx(exponent, abs=1e-10)
+    assert fit.prefactor == pytest.approx(3e-6, rel=1e-8)
+    assert fit.exponent_se == pytest.approx(0.0, abs=1e-9) and fit.residual_sd == pytest.approx(0.0, abs=1e-9)
+    assert fit.exponent_ci95 == pytest.approx((exponent, exponent), abs=1e-8)
+    assert fit.n == len(PARAMS)
+    assert fit.superlinear is (exponent > zoo_cost.SUPERLINEAR)
+
+
+def test_noisy_rows_match_scipys_regression_on_the_logs() -> None:
+    rng = np.random.default_rng(0)
+    x = np.geomspace(1e6, 2e8, 40)
+    y = 2e-5 * x**1.3 * np.exp(rng.normal(0, 0.2, x.size))
+    fit = zoo_cost.fit_power(x, y)
+    ref = stats.linregress(np.log(x), np.log(y))
+    t = stats.t.ppf(0.975, x.size - 2)
+    assert fit.exponent == pytest.approx(ref.slope, rel=1e-12)
+    assert fit.exponent_se == pytest.approx(ref.stderr, rel=1e-10)
+    assert fit.exponent_ci95 == pytest.approx((ref.slope - t * ref.stderr, ref.slope + t * ref.stderr), rel=1e-10)
+    assert math.log(fit.prefactor) == pytest.approx(ref.intercept, rel=1e-12)
+    resid = np.log(y) - (ref.intercept + ref.slope * np.log(x))
+    assert fit.residual_sd == pytest.approx(math.sqrt(resid @ resid / (x.size - 2)), rel=1e-10)
+    assert fit.exponent_ci95[0] < 1.3 < fit.exponent_ci95[1]
+
+
+def test_an_interval_that_reaches_linear_is_not_flagged() -> None:
+    rng = np.random.default_rng(1)
+    x = np.geomspace(1e6, 1e7, 4)
+    fit = zoo_cost.fit_power(x, 1e-4 * x**1.3 * np.exp(rng.normal(0, 0.5, x.size)))
+    assert fit.exponent_ci95[0] <= zoo_cost.SUPERLINEAR and not fit.superlinear
+
+
+@pytest.mark.parametrize(("x", "y"), [([1, 2], [1, 2]), ([1, 2, 3], [1, 0, 3]), ([5, 5, 5], [1, 2, 3])])
+def test_too_few_rows_a_non_positive_value_or_one_size_is_refused(x: list[float], y: list[float]) -> None:
+    with np.errstate(divide="ignore"), pytest.raises(ValueError, match="power fit needs"):
+        zoo_cost.fit_power(x, y)
+
+
+def _row(model: str, method: str, compress: str, wall: float, phases: dict[str, float] | None = None) -> dict:
+    c = {"outcome": compress, "wall_s": wall, "peak_rss_mib": 10 * wall, **({"phases_s": phases} if phases else {})}
+    later = {"outcome": "ok", "wall_s": 1.0, "peak_rss_mib": 5.0} if compress == "ok" else {"outcome": "skipped"}
+    return {"model": model, "method": method, "stages": {"compress": c, "export": later, "parity": {"outcome": "ok"},
+                                                          "int8": later, "bench": later}}
+
+
+def test_points_come_from_passed_stages_with_known_parameters(tmp_path: Path) -> None:
+    doc = {"header": {"commit": "abc"}, "load": "quiet",
+           "models": {"a": {"outcome": "ok", "params": 100, "wall_s": 2.0, "peak_rss_mib": 50.0},
+                      "b": {"outcome": "ok", "params": 400, "wall_s": 4.0, "peak_rss_mib": 80.0},
+                      "c": {"outcome": "failed", "params": 900, "wall_s": 1.0},
+                      "d": {"outcome": "ok", "params": 1600, "wall_s": 8.0, "peak_rss_mib": 110.0}},
+           "rows": [_row("a", "factorize", "ok", 3.0, {"statistics": 1.0, "decompose": 0.5}),
+                    _row("b", "factorize", "ok", 6.0, {"statistics": 2.0, "decompose": 2.0}),
+                    _row("c", "factorize", "refused", 1.0),
+                    _row("d", "factorize", "ok", 12.0, {"statistics": 4.0, "decompose": 8.0}),
+                    {"model": "hf:x", "method": None, "stages": {}}]}
+    points = zoo_cost.cost_points(doc)
+    assert points[("compress", "factorize", "wall_s")] == [(100.0, 3.0), (400.0, 6.0), (1600.0, 12.0)]
+    assert points[("compress:decompose", "factorize", "wall_s")] == [(100.0, 0.5), (400.0, 2.0), (1600.0, 8.0)]
+    assert ("compress:decompose", "factorize", "peak_rss_mib") not in points
+    assert [p for p, _ in points[("export", "factorize", "wall_s")]] == [100.0, 400.0, 1600.0]
+    assert points[("baseline", "original", "wall_s")] == [(100.0, 2.0), (400.0, 4.0), (1600.0, 8.0)]
+    fits = {(f["stage"], f["metric"]): f for f in zoo_cost.fit_all(points)}
+    assert fits[("compress", "wall_s")]["exponent"] == pytest.approx(0.5)  # 3, 6, 12 over 100, 400, 1600
+    assert fits[("compress:decompose", "wall_s")]["exponent"] == pytest.approx(1.0)
+    assert fits[("compress:statistics", "wall_s")]["exponent"] == pytest.approx(0.5)
+    path = tmp_path / "zoo.json"
+    path.write_text(json.dumps(doc))
+    source = zoo_cost.zoo_source(path, doc)
+    assert (source["commit"], source["load"], source["rows"], source["models"]) == ("abc", "quiet", 4, 4)
+
+
+def test_goal_summary_takes_the_median_of_the_runs_that_finished() -> None:
+    runs = [{"prepare_s": 50.0}, {"prepare_s": 70.0}, {"error": "exit status 1"}, {"prepare_s": 55.0}]
+    assert zoo_cost.summarise(runs, 60.0) == {"goal_s": 60.0, "prepare_median_s": 55.0,
+                                              "prepare_min_max_s": [50.0, 70.0], "runs_ok": 3, "met": True}
+    assert zoo_cost.summarise([{"error": "x"}], 60.0)["met"] is None
+
+
+def test_rows_of_too_narrow_a_size_range_give_no_fit() -> None:
+    narrow = [(1.4e7, 30.0), (1.7e7, 45.0), (2.0e7, 80.0)]  # a factor 1.4: three DenseNets, not a size trend
+    wide = [(1.4e7, 30.0), (2.8e7, 60.0), (5.6e7, 120.0)]  # a factor 4: exactly linear
+    fits = zoo_cost.fit_all({("compress", "factorize", "wall_s"): narrow, ("export", "factorize", "wall_s"): wide})
+    assert [(f["stage"], f["exponent"]) for f in fits] == [("export", pytest.approx(1.0))]
