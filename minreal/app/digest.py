@@ -115,8 +115,10 @@ def _brief(v: CaseVerdict) -> list[str]:
     if v.best is None or v.rival is None:
         return []
     if v.best.startswith("original"):
-        if v.rival_within:
-            head = f"{v.case}: {v.best} won; {v.rival} ({_short(v.rival_cost)}) is not faster: {v.rival_vs_best:.2f}×"
+        if v.rival_within:  # a rival faster at some cell is said to be slower on average, as the table shows it
+            mean = "mean " if v.rival_faster_somewhere else ""
+            head = (f"{v.case}: {v.best} won; {v.rival} ({_short(v.rival_cost)}) is not faster: "
+                    f"{mean}{v.rival_vs_best:.2f}×")
             return [f"{head} the p50 latency of {v.best}", f"{head} {v.best}'s p50"]
         return [f"{v.case}: {v.best} won; {v.rival} is {v.rival_ratio:.2f}× the original's p50 latency but costs "
                 f"{_short(v.rival_cost)}"]
