@@ -169,9 +169,9 @@ class VariantConfig(Int8Policy):
     def __post_init__(self) -> None:
         if self.quant_mode == "dynamic" and self.quant_target in ("tensorrt", ARM64_TARGET):
             # told before any export: dynamic INT8 has uint8 activations quantised at run time, neither format's
-            raise FieldError(f"`VariantConfig.quant_mode`: --quant-mode dynamic cannot write the {self.quant_target} "
-                             "INT8 format (its activations are quantised to uint8 at run time); use `quant_mode` "
-                             "(--quant-mode static)", fields=("quant_mode",))
+            raise FieldError(f"`VariantConfig.quant_mode`='dynamic': --quant-mode dynamic cannot write the "
+                             f"{self.quant_target} INT8 format (its activations are quantised to uint8 at run time); "
+                             "use `quant_mode`='static' (--quant-mode static)", fields=("quant_mode",))
 
     def quant_config(self) -> QuantConfig:
         """The :class:`QuantConfig` these settings ask for: their target, mode and :class:`Int8Policy`."""
