@@ -150,3 +150,10 @@ def test_a_rival_faster_at_one_cell_is_said_to_be_slower_on_average() -> None:
     assert verdict is not None and verdict.rival_faster_somewhere
     assert fitted_verdict(verdict, SCREEN_COLUMNS) == (
         "digits-mlp: original won; svd-0.5 (acc +0.00 pp) is not faster: mean 1.05× original's p50")
+
+
+def test_a_latency_is_rounded_to_three_digits_before_its_decimals_are_chosen() -> None:
+    from minreal.app.screen import _millis
+
+    # 99.97 is 100 to three significant digits (not "100.0", four); 9.996 is 10.0 (not "10.00"); 0.09996 is 0.100
+    assert [_millis(ms) for ms in (99.97, 9.996, 0.09996, 999.7)] == ["100", "10.0", "0.100", "1000"]
