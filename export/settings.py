@@ -3,7 +3,7 @@ and the defaults of a variant (:class:`VariantConfig`). No torch, onnx or onnxru
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import TYPE_CHECKING
 
 from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET, FieldError
@@ -99,7 +99,9 @@ def int8_format(activation_type: str, activation_symmetric: bool, weight_bits: i
 class Int8Policy:
     """What an INT8 quantisation may do besides writing its target's format: the fields that a variant's settings
     (:class:`VariantConfig`) and the quantiser's (:class:`minreal.export.int8.QuantConfig`) share, declared here once;
-    both are one (keyword-only fields, after their own in the order of construction).
+    both subclass it. Its fields are keyword-only and so are those a subclass declares after the place these had
+    among its own (a positional argument there is a ``TypeError``, not a value shifted onto the next field); a
+    subclass's :func:`dataclasses.asdict` (``report.json``'s ``config.variant``) lists these two first.
 
     The target and the mode are shared too but spelled apart, ``quant_target``/``quant_mode`` beside the
     variant's opset and tolerances and ``target``/``mode`` in the quantiser, where nothing else is one:
@@ -159,6 +161,7 @@ class VariantConfig(Int8Policy):
     quant_target: str = AUTO_TARGET
     quant_mode: str = QUANT_MODES[0]
     calib_samples: int = CALIB_SAMPLES
+    _: KW_ONLY  # allow_random_calibration was the next positional field: what follows it is keyword-only
     fixed_shapes: ShapeSpec | None = None
     tensorrt_validation: bool = False
     tensorrt_batch: tuple[int, int, int] = (1, 32, 32)
@@ -166,9 +169,9 @@ class VariantConfig(Int8Policy):
     def __post_init__(self) -> None:
         if self.quant_mode == "dynamic" and self.quant_target in ("tensorrt", ARM64_TARGET):
             # told before any export: dynamic INT8 has uint8 activations quantised at run time, neither format's
-            raise FieldError(f"`VariantConfig.quant_mode`: --quant-mode dynamic cannot write the {self.quant_target} "
-                             "INT8 format (its activations are quantised to uint8 at run time); use `quant_mode` "
-                             "(--quant-mode static)", fields=("quant_mode",))
+            raise FieldError(f"`VariantConfig.quant_mode`='dynamic': --quant-mode dynamic cannot write the "
+                             f"{self.quant_target} INT8 format (its activations are quantised to uint8 at run time); "
+                             "use `quant_mode`='static' (--quant-mode static)", fields=("quant_mode",))
 
     def quant_config(self) -> QuantConfig:
         """The :class:`QuantConfig` these settings ask for: their target, mode and :class:`Int8Policy`."""

@@ -42,8 +42,8 @@ OTHER_DEFAULTS = {"epochs", "lr", "patience", "alpha"}
 
 
 def _declared(cls: type) -> set[str]:
-    """The fields ``cls`` declares itself (not those of a base class)."""
-    return set(cls.__dict__.get("__annotations__", {}))
+    """The fields ``cls`` declares itself (not those of a base class, nor a ``KW_ONLY`` marker)."""
+    return set(cls.__dict__.get("__annotations__", {})) & {f.name for f in dataclasses.fields(cls)}
 
 
 def _group(cls: type) -> list[type]:
@@ -106,3 +106,14 @@ def test_alpha_weighs_the_labels_in_a_recovery_and_the_teacher_in_a_training() -
     assert torch.allclose(recovered, task_loss(out, y))
     assert torch.allclose(trained, distillation_loss(out, teacher, 4.0, classifier=True))
     assert not torch.allclose(task_loss(out, y), distillation_loss(out, teacher, 4.0, classifier=True))
+
+
+def test_a_positional_argument_where_the_int8_policy_was_is_refused_not_shifted() -> None:
+    # the former order: ..., calib_samples, allow_random_calibration, fixed_shapes, ... (VariantConfig) and
+    # ..., batch_size, allow_random_calibration, random_samples, ... (QuantConfig)
+    with pytest.raises(TypeError):
+        VariantConfig(18, 1e-4, 1e-5, "cpu", "static", 256, True)
+    with pytest.raises(TypeError):
+        QuantConfig("static", "cpu", None, None, "int8", None, True, "minmax", 16, True)
+    assert VariantConfig(18, 1e-4, 1e-5, "cpu", "static", 256).calib_samples == 256  # the fields before it still are
+    assert QuantConfig("static", "cpu", None, None, "int8", None, True, "minmax", 16).batch_size == 16

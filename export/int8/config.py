@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import minreal.runtime_bench.cpu as cpu_facts
 from minreal.export.int8.target import TARGETS, TargetFormat, resolve_target
@@ -76,6 +76,7 @@ class QuantConfig(Int8Policy):
     per_channel: bool = True
     calibration_method: str = "minmax"
     batch_size: int = 16
+    _: KW_ONLY  # allow_random_calibration was the next positional field: what follows it is keyword-only
     random_samples: int = 32
     seed: int = 0
     align_channels: bool = True

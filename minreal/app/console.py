@@ -18,7 +18,7 @@ import click
 from minreal.app.case_warnings import HeldForResults
 from minreal.facts import DETAIL_KEY, PROGRESS_KEY  # compress and runtime_bench log with this key
 
-__all__ = ["LIBRARY_LOGGERS", "Console", "ProgressBars", "RepeatFilter", "plain", "setup_logging"]
+__all__ = ["LIBRARY_LOGGERS", "Console", "ProgressBars", "RepeatFilter", "plain", "setup_logging", "shown_live"]
 
 LIBRARY_LOGGERS = ("minreal.compress", "minreal.runtime_bench", "minreal.export")
 
@@ -88,7 +88,9 @@ class ProgressBars(logging.Handler):
 
 class Console:
     """Where the CLI talks: progress and tables on stderr/stdout, or one JSON document with ``--json``. A ``brief``
-    console (the demo's) shows the library's progress as bars on a terminal only, without detail lines."""
+    console (the demo's) shows the library's progress as bars on a terminal only, without detail lines, and holds a
+    running case's warnings back for its results (:class:`~minreal.app.case_warnings.HeldForResults`); any other
+    console shows them live."""
 
     def __init__(self, quiet: bool, as_json: bool, brief: bool = False) -> None:
         self.quiet, self.as_json = quiet, as_json
@@ -100,6 +102,7 @@ class Console:
             root.addHandler(ProgressBars(brief=brief))
             for name in LIBRARY_LOGGERS:
                 logging.getLogger(name).setLevel(logging.INFO)
+        _hold_case_warnings(root, brief)
 
     def progress(self, msg: str) -> None:
         """One ``· msg`` line on stderr, unless ``--quiet``."""
@@ -115,6 +118,17 @@ class Console:
         """The result as one JSON document on stdout, with ``--json``."""
         if self.as_json:
             click.echo(json.dumps(plain(obj), indent=2))
+
+
+def _hold_case_warnings(root: logging.Logger, hold: bool) -> None:
+    """Install (``hold``) or remove :class:`~minreal.app.case_warnings.HeldForResults` on the console's own handler
+    (the one :func:`setup_logging` gave a :class:`RepeatFilter`), before its repeat filter: a held record is not
+    counted as a repeat."""
+    for handler in root.handlers:
+        if any(isinstance(f, RepeatFilter) for f in handler.filters):
+            handler.filters = [f for f in handler.filters if not isinstance(f, HeldForResults)]
+            if hold:
+                handler.filters.insert(0, HeldForResults())
 
 
 def plain(obj: Any) -> Any:
@@ -146,6 +160,14 @@ class RepeatFilter(logging.Filter):
                 "(each text is shown once)")
 
 
+def shown_live(text: str) -> bool:
+    """Whether the console's own handler already printed a record that says ``text`` (its :class:`RepeatFilter` let
+    it through): a console that does not hold a case's warnings back shows them as they come, and its results need
+    not repeat them."""
+    return any(text == said for handler in logging.getLogger().handlers for f in handler.filters
+               if isinstance(f, RepeatFilter) for (_, said), n in f.seen.items() if n)
+
+
 def _print_summary(repeats: RepeatFilter, stream: Any) -> None:
     """At exit: how many repeated warnings :class:`RepeatFilter` held back, if any."""
     if line := repeats.summary():
@@ -154,15 +176,14 @@ def _print_summary(repeats: RepeatFilter, stream: Any) -> None:
 
 
 def setup_logging() -> None:
-    """Warnings on stderr as ``LEVEL logger: message``, each text once per logger (:class:`RepeatFilter`), except
-    those a running case collects as its own (:class:`~minreal.app.case_warnings.HeldForResults`: shown with the
-    results); the library's INFO records reach only the progress bars."""
+    """Warnings on stderr as ``LEVEL logger: message``, each text once per logger (:class:`RepeatFilter`); the
+    library's INFO records reach only the progress bars. A brief :class:`Console` holds a running case's warnings
+    back for its results."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         if not isinstance(handler, ProgressBars):
             handler.setLevel(logging.WARNING)  # library INFO records reach only the progress bars
         if type(handler) is logging.StreamHandler and not any(isinstance(f, RepeatFilter) for f in handler.filters):
             repeats = RepeatFilter()
-            handler.addFilter(HeldForResults())  # a case's warning is shown with its results, not counted here
             handler.addFilter(repeats)  # the console's own handler, not a test's capturing subclass
             atexit.register(_print_summary, repeats, handler.stream)

@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from minreal.app.case_warnings import split_level
 from minreal.app.report import VERDICT_MAX_DROP_PP, CaseVerdict, case_verdict, warning_kind
 from minreal.app.run_report import ReportLike, run_report
 from minreal.app.screen import cell_header, first_fitting
@@ -29,11 +30,18 @@ class WarningDigest:
 
     where: str = "report.md"
     groups: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    levels: dict[tuple[str, str], str] = field(default_factory=dict)
+    """A group's level where it is not WARNING: a log record collected at ERROR (``ERROR: text``,
+    :func:`~minreal.app.case_warnings.split_level`) is grouped by its text's kind and shown as an ERROR."""
 
     def add(self, case: str, warnings: Iterable[str]) -> None:
         """Collect ``case``'s warnings."""
         for w in warnings:
-            self.groups.setdefault((case, warning_kind(w)), []).append(w)
+            level, text = split_level(w)
+            key = (case, warning_kind(text))
+            self.groups.setdefault(key, []).append(w)
+            if level != "WARNING":
+                self.levels[key] = level
 
     def count(self, case: str, kind: str) -> int:
         """How many warnings of ``kind`` ``case`` had."""
@@ -44,12 +52,13 @@ class WarningDigest:
         the groups were first met. Within ``columns`` (a screen whose last line says where the details are), without
         the details' place, and shorter where that does not fit (``(N×: b1, b32 s64)``, then ``(N×)``, then
         clipped)."""
-        return [first_fitting((*[f"WARNING {case}: {kind} ({len(items)}×{_cells_text(items)}; details in "
-                                 f"{self.where})"] * (columns is None),
-                               f"WARNING {case}: {kind} ({len(items)}×{_cells_text(items)})",
-                               f"WARNING {case}: {kind} ({len(items)}×{_cells_text(items, short=True)})",
-                               f"WARNING {case}: {kind} ({len(items)}×)"), columns)
-                for (case, kind), items in self.groups.items()]
+        out = []
+        for (case, kind), items in self.groups.items():
+            head = f"{self.levels.get((case, kind), 'WARNING')} {case}: {kind} ({len(items)}×"
+            out.append(first_fitting((*[f"{head}{_cells_text(items)}; details in {self.where})"] * (columns is None),
+                                      f"{head}{_cells_text(items)})", f"{head}{_cells_text(items, short=True)})",
+                                      f"{head})"), columns))
+        return out
 
 
 def _cells_text(warnings: list[str], short: bool = False) -> str:
@@ -115,8 +124,10 @@ def _brief(v: CaseVerdict) -> list[str]:
     if v.best is None or v.rival is None:
         return []
     if v.best.startswith("original"):
-        if v.rival_within:
-            head = f"{v.case}: {v.best} won; {v.rival} ({_short(v.rival_cost)}) is not faster: {v.rival_vs_best:.2f}×"
+        if v.rival_within:  # a rival faster at some cell is said to be slower on average, as the table shows it
+            mean = "mean " if v.rival_faster_somewhere else ""
+            head = (f"{v.case}: {v.best} won; {v.rival} ({_short(v.rival_cost)}) is not faster: "
+                    f"{mean}{v.rival_vs_best:.2f}×")
             return [f"{head} the p50 latency of {v.best}", f"{head} {v.best}'s p50"]
         return [f"{v.case}: {v.best} won; {v.rival} is {v.rival_ratio:.2f}× the original's p50 latency but costs "
                 f"{_short(v.rival_cost)}"]

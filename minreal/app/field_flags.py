@@ -9,7 +9,9 @@ otherwise. A library message that names the flag too, for a test that pins the f
 ``tests/app/test_field_flags.py``), names the field first, in one of two forms the rewrite turns into the flag alone:
 `` `layer_mac_ratio` (--layer-mac-ratio) must lie in (0, 1] `` (the flag, and what follows it inside the
 parentheses, in place of the mention), or a lead `` `exclude`: --exclude layer9.0: no residual block ... `` (the
-mentions before a colon dropped, where the rest of the message names each one's flag).
+mentions before a colon dropped, where the rest of the message names each one's flag). In either form the mention
+may carry the value the Python call gave it (`` `quant_mode`='dynamic': --quant-mode dynamic cannot ... ``,
+`` `width_min`=16 (--width-min 16: ...) ``), which the flag's text says again.
 ``tests/app/test_field_flags.py`` checks that every field a library error names is spelled as a flag some command
 declares.
 """
@@ -60,19 +62,21 @@ def fields_spelled(text: str, fields: tuple[str, ...]) -> str:
     if not fields:
         return text
     name = r"`(?:(\w+)\.)?(" + "|".join(re.escape(f) for f in fields) + r")`"
+    value = r"=('[^']*'|[\w.+-]+)"  # `f`='static': the Python value the mention was given
 
-    def lead(m: re.Match[str]) -> str:  # `a` and `b`: ... --a ... --b  ->  ... --a ... --b
+    def lead(m: re.Match[str]) -> str:  # `a`=1 and `b`: ... --a 1 ... --b  ->  ... --a 1 ... --b
         flags = [flag_for(owner, f) for owner, f in re.findall(name, m[1])]
         return "" if all(_names(text[m.end():], f) for f in flags) else m[0]
 
-    def beside(m: re.Match[str]) -> str:  # `a` (--a 1)  ->  --a 1
-        flag = flag_for(m[1] or "", m[2])
-        inside = m[3]
-        return inside if inside is not None and _names(inside, flag, at_start=True) else \
-            flag + ("" if inside is None else f" ({inside})")
+    def beside(m: re.Match[str]) -> str:  # `a`=1 (--a 1)  ->  --a 1
+        flag, given, inside = flag_for(m[1] or "", m[2]), m[3], m[4]
+        if inside is not None and _names(inside, flag, at_start=True):
+            return inside
+        shown = "" if given is None else " " + given.strip("'")
+        return flag + shown + ("" if inside is None else f" ({inside})")
 
-    text = re.sub(rf"((?:{name}(?:, | and | or )?)+): ", lead, text)
-    return re.sub(name + r"(?: \(([^()]*)\))?", beside, text)
+    text = re.sub(rf"((?:{name}(?:{value})?(?:, | and | or )?)+): ", lead, text)
+    return re.sub(rf"{name}(?:{value})?(?: \(([^()]*)\))?", beside, text)
 
 
 def _names(text: str, flag: str, at_start: bool = False) -> bool:

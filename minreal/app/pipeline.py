@@ -126,10 +126,13 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
              interrupts: Interrupts | None = None) -> CaseResult:
     """Compress each variant of ``case``, export everything, quantise, benchmark side by side. What the case logs at
     WARNING or raises as a Python warning on the way (ONNX Runtime's quantisation pre-processing, an exporter's
-    fallback) is one of its warnings too, after those of the run's own checks (:func:`collected_warnings`)."""
+    fallback) is one of its warnings too, after those of the run's own checks (:func:`collected_warnings`); when the
+    case fails, those a brief console held back are shown before the error goes on."""
     with collected_warnings() as raised:
         result = _run_case(case, case_dir, cfg, progress, interrupts or Interrupts())
     result.warnings += [w for w in raised if w not in result.warnings]
+    if result.warnings:  # each warning is printed once, with the results (finish_run), and kept in report.json
+        progress(f"[{case.name}] {len(result.warnings)} warning(s), listed with the results")
     return result
 
 
@@ -195,8 +198,6 @@ def _run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     _add_ort_sizes(result.bench, records)
     write_json(result.bench, case_dir / "bench.json")  # a `minreal bench` report, paths relative to the case
     slow = fp16_warnings + int8_quality_warnings(result) + slowdown_warnings(result)
-    if mismatch or slow:  # each warning is printed once, with the results (finish_run), and kept in report.json
-        progress(f"[{case.name}] {len(mismatch) + len(slow)} warning(s), listed with the results")
     result.warnings, result.data_check = mismatch + slow, dataclasses.asdict(check)
     result.ort_config = ort_config
     return result

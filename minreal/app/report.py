@@ -172,6 +172,7 @@ class CaseVerdict(NamedTuple):
     rival_within: bool
     rival_ratio: float  # its mean latency ratio to the original fp32 across the cells
     rival_vs_best: float  # its mean latency ratio to ``best`` (1.0 without a best)
+    rival_faster_somewhere: bool = False  # faster than ``best`` at one timed cell at least (not on average)
 
 
 def case_verdict(case: CaseLike) -> CaseVerdict | None:
@@ -205,7 +206,8 @@ def case_verdict(case: CaseLike) -> CaseVerdict | None:
                        "quality not measured: the fastest model overall", speedups, low, rival,
                        "" if rival is None else ok[rival][1], rival is not None and ok[rival][0],
                        1.0 if rival is None else ratio(rival),
-                       1.0 if rival is None or best is None else ratio(rival, best))
+                       1.0 if rival is None or best is None else ratio(rival, best),
+                       rival is not None and best is not None and any(p50[(rival, c)] < p50[(best, c)] for c in cells))
 
 
 def verdict_lines(report: ReportLike) -> list[str]:

@@ -66,10 +66,13 @@ def _thousands(n: int) -> str:
 
 def _millis(ms: float | None) -> str:
     """A p50 latency in ms to about three significant digits, at most four decimals: ``0.0079``, ``0.315``, ``9.96``,
-    ``51.4``, ``581``."""
+    ``51.4``, ``581``; rounded before the decimals are chosen (``99.97`` is ``100``, ``9.996`` is ``10.0``)."""
     if ms is None:
         return "-"
-    return f"{ms:.{min(4, max(0, 2 - math.floor(math.log10(ms))))}f}" if ms > 0 else "0"
+    if ms <= 0:
+        return "0"
+    ms = float(f"{ms:.3g}")
+    return f"{ms:.{min(4, max(0, 2 - math.floor(math.log10(ms))))}f}"
 
 
 def cell_header(label: str) -> str:

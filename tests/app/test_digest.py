@@ -176,3 +176,13 @@ def test_a_demo_with_many_models_ends_within_a_screen(capsys: pytest.CaptureFixt
     assert [line for line in out.splitlines() if line.startswith("net0:")] == [
         "net0: m5.int8 won (accuracy +0.00 pp): 1.48×/1.19× the original fp32's speed, 1.44×/1.18× original.int8's "
         "(batch 1/32, p50, cpu)"]
+
+
+def test_an_error_a_case_logged_is_grouped_by_its_kind_and_shown_as_an_error() -> None:
+    digest = WarningDigest()
+    digest.add("mlp", ["ERROR: ORT conversion failed: no kernel", "ERROR: ORT conversion failed: no file",
+                       _slow("svd", "1")])
+    assert digest.count("mlp", "ORT conversion failed") == 2
+    assert digest.lines() == ["ERROR mlp: ORT conversion failed (2×; details in report.md)",
+                              "WARNING mlp: INT8 model slower than its fp32 source (1×, at batch 1; details in "
+                              "report.md)"]

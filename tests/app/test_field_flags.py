@@ -406,3 +406,22 @@ def test_a_pinned_message_names_the_field_in_python_and_the_flag_once_on_the_com
         (shown,) = err.strip().splitlines()
         assert code == 2 and line in shown and "`" not in shown, err
         assert [len(re.findall(re.escape(f) + r"(?![\w-])", shown)) for f in flags] == [1] * len(flags), shown
+
+
+def test_a_mention_with_its_python_value_reads_well_in_python_and_as_the_flag_once_on_the_command_line() -> None:
+    from minreal.compress.core.width.allocate import _floor_hint
+    from minreal.export.settings import VariantConfig
+
+    with pytest.raises(ValueError) as info:
+        VariantConfig(quant_target="arm64", quant_mode="dynamic")
+    assert str(info.value) == ("`VariantConfig.quant_mode`='dynamic': --quant-mode dynamic cannot write the arm64 INT8 "
+                               "format (its activations are quantised to uint8 at run time); use `quant_mode`='static' "
+                               "(--quant-mode static)")
+    assert flag_spelled(info.value) == ("--quant-mode dynamic cannot write the arm64 INT8 format (its activations are "
+                                        "quantised to uint8 at run time); use --quant-mode static")
+    hint = _floor_hint(16, 16)  # inside the refusal's parenthesis: "(every group at its narrowest allowed width...)"
+    assert hint.startswith(", `width_min`=16 (--width-min 16: --width-min 0 --width-multiple 8 cuts further, but ")
+    assert hint.endswith("can run slower than the wider one)")
+    assert fields_spelled(hint, ("width_min",)) == hint.replace(", `width_min`=16 (", ", ")[:-1]
+    assert fields_spelled("`opset`=17 is too old; `rtol`='x' (see the docs)", ("opset", "rtol")) == \
+        "--opset 17 is too old; --rtol x (see the docs)"

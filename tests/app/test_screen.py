@@ -137,3 +137,23 @@ def test_an_original_winner_on_a_screen_names_the_rival_and_why_it_lost() -> Non
     longer = _case("digits-mlp-4x256-silu", models, quality)
     assert fitted_verdict(case_verdict(longer), SCREEN_COLUMNS) == (
         "digits-mlp-4x256-silu: original won; svd-0.5 (acc +0.00 pp) is not faster: 1.05× original's p50")
+
+
+def test_a_rival_faster_at_one_cell_is_said_to_be_slower_on_average() -> None:
+    from minreal.app.digest import fitted_verdict
+    from minreal.app.report import case_verdict
+
+    # svd at (0.009, 0.048) ms against the original's (0.01, 0.04): 0.90× its latency at b1, 1.20× at b32, mean 1.05×
+    models = {"original": (100, 100, [0.01, 0.04]), "svd-0.5": (50, 50, [0.009, 0.048])}
+    quality = {"original": {"accuracy": 0.9}, "svd-0.5": {"accuracy": 0.9}}
+    verdict = case_verdict(_case("digits-mlp", models, quality))
+    assert verdict is not None and verdict.rival_faster_somewhere
+    assert fitted_verdict(verdict, SCREEN_COLUMNS) == (
+        "digits-mlp: original won; svd-0.5 (acc +0.00 pp) is not faster: mean 1.05× original's p50")
+
+
+def test_a_latency_is_rounded_to_three_digits_before_its_decimals_are_chosen() -> None:
+    from minreal.app.screen import _millis
+
+    # 99.97 is 100 to three significant digits (not "100.0", four); 9.996 is 10.0 (not "10.00"); 0.09996 is 0.100
+    assert [_millis(ms) for ms in (99.97, 9.996, 0.09996, 999.7)] == ["100", "10.0", "0.100", "1000"]

@@ -929,3 +929,23 @@ def test_an_extension_skips_a_budget_that_realises_the_model_already_raced() -> 
     h = Halving((1 / 3, 1.0), 3, [("svd", 0.9)], twins=[("svd", 0.8, 0.9)], grid=(0.9, 0.8, 0.7, 0.6))
     assert h.promote([RungEntry("svd", 0.9, 1 / 3, 100, 0.1, True, 1.0)]) == [("svd", 0.7)]
     assert h.extended == [("svd", 0.7, 1)]
+
+
+def test_a_tune_s_candidates_follow_its_variant_and_its_report_says_so(trained_mlp, tmp_path: Path) -> None:
+    """A non-default export setting (opset 17, not 18) reaches the candidates' files, not only the baselines', and
+    report.json's config names it under ``export``."""
+    import onnx
+
+    from minreal.app.tune.orchestrate import _config_json
+
+    model, tr, te = trained_mlp
+    cfg = TuneConfig(Constraint(max_accuracy_drop=100.0), methods=("svd",), grid=(0.5,), int8=False, qat=False,
+                     accuracy_control=False, variant=VariantConfig(opset=17), screen=FAST, bench=FAST_BENCH)
+    report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor())
+    assert report.config["export"] == {"opset": 17}  # report.json's config
+    assert "export" not in _config_json(dataclasses.replace(cfg, variant=VariantConfig()))  # the default layout
+    files = [Path(c.onnx) for c in report.candidates]
+    assert len(files) >= 2 and any(c.kind != "baseline" for c in report.candidates)
+    for f in files:
+        opsets = {o.domain: o.version for o in onnx.load(str(f), load_external_data=False).opset_import}
+        assert opsets[""] == 17, f

@@ -166,3 +166,13 @@ def test_the_command_line_fills_the_variant_config(workdir: Path, run_cli: Calla
                             "--quant-target", "cpu-avx2", "--dry-run", "-q"])
     assert code == 0, err
     assert [cfg.variant for cfg in seen] == [VariantConfig(quant_target="cpu-avx2")]
+
+
+def test_without_int8_the_int8_only_settings_shape_no_file_and_no_cache_key() -> None:
+    from minreal.app.tune.candidate import export_settings
+
+    variant = VariantConfig(opset=17, calib_samples=64, drop_roundtrips=False, allow_random_calibration=True)
+    assert export_settings(variant, int8=False) == (("opset", 17),)
+    assert dict(export_settings(variant)) == {"opset": 17, "calib_samples": 64, "drop_roundtrips": False,
+                                              "allow_random_calibration": True}
+    assert export_settings(VariantConfig(quant_mode="dynamic"), int8=False) == ()

@@ -314,9 +314,9 @@ def _floor_hint(multiple: int, minimum: int) -> str:
     if not minimum:
         return ""
     finer = " --width-multiple 8" if multiple > 8 else ""
-    return (f", `width_min`: --width-min {minimum}: --width-min 0{finer} cuts further, but on the CPU an INT8 "
-            "convolution narrower than 16 channels leaves ONNX Runtime's fast kernel and can run slower than "
-            "the wider one")
+    return (f", `width_min`={minimum} (--width-min {minimum}: --width-min 0{finer} cuts further, but on the CPU an "
+            "INT8 convolution narrower than 16 channels leaves ONNX Runtime's fast kernel and can run slower than "
+            "the wider one)")
 
 
 def _cost_weights(units: list, price: Callable[[list[int]], float], full: float) -> list[float]:

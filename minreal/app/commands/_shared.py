@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from minreal.app.console import Console
+from minreal.app.console import Console, shown_live
 
 __all__ = ["case_dynamic_axes", "finish_run", "input_files", "load_inputs", "prepare_outputs", "refuse_torchrun",
            "warn_data_check"]
@@ -105,6 +105,7 @@ def finish_run(con: Console, report: Any, out: str, digest: bool = False, column
     name, and the recovery and INT8 tables are left to report.md. With ``columns`` too, every line fits that many
     columns: the table is :func:`~minreal.app.screen.screen_table`, the recovery and INT8 tables (wider) are left to
     report.md, and warnings and verdicts take shorter wordings where the full ones do not fit."""
+    from minreal.app.case_warnings import split_level
     from minreal.app.report import format_compact, format_int8, format_recovery, ort_fp16_note, ort_line
     from minreal.app.screen import clip, first_fitting
 
@@ -123,8 +124,9 @@ def finish_run(con: Console, report: Any, out: str, digest: bool = False, column
             con.table("\n" + "\n".join(verdicts))
     else:
         for case in report.cases:
-            for w in case.warnings:
-                click.echo(f"WARNING [{case.name}] {w}", err=True)
+            for level, text in map(split_level, case.warnings):
+                if not shown_live(text):  # a log record the console printed as it came is not printed twice
+                    click.echo(f"{level} [{case.name}] {text}", err=True)
     for line in ort:
         con.table("\n" + line)
     where = f"\nrun directory: {out}"

@@ -25,7 +25,7 @@ from minreal.compress.core.cache import model_key
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import NamedInputs
 from minreal.export.json_safe import to_jsonable
-from minreal.export.settings import VariantConfig
+from minreal.export.settings import Int8Policy, VariantConfig
 
 from .config import Constraint, Quality, TuneError
 
@@ -194,12 +194,18 @@ class Job:
         return VariantConfig(quant_target=self.quant_target, **dict(self.export))
 
 
-def export_settings(variant: VariantConfig) -> tuple[tuple[str, Any], ...]:
+_INT8_ONLY = frozenset({"quant_mode", "calib_samples", *(f.name for f in dataclasses.fields(Int8Policy))})
+"""The :class:`~minreal.export.settings.VariantConfig` fields that only an INT8 file depends on."""
+
+
+def export_settings(variant: VariantConfig, int8: bool = True) -> tuple[tuple[str, Any], ...]:
     """``variant``'s fields that differ from :class:`~minreal.export.settings.VariantConfig`'s defaults, but its
-    ``quant_target`` (a :class:`Job` holds the resolved target apart), as :attr:`Job.export` holds them."""
+    ``quant_target`` (a :class:`Job` holds the resolved target apart) and, without ``int8``, those only INT8 files
+    depend on (they change no file then, so no cache key either), as :attr:`Job.export` holds them."""
     default = VariantConfig()
     return tuple((f.name, getattr(variant, f.name)) for f in dataclasses.fields(variant)
-                 if f.name != "quant_target" and getattr(variant, f.name) != getattr(default, f.name))
+                 if f.name != "quant_target" and (int8 or f.name not in _INT8_ONLY)
+                 and getattr(variant, f.name) != getattr(default, f.name))
 
 
 def fingerprint(model: nn.Module, calib: Dataset, held_out: Dataset) -> str:
@@ -219,7 +225,11 @@ def fingerprint(model: nn.Module, calib: Dataset, held_out: Dataset) -> str:
 
 
 def cache_key(job: Job) -> str:
-    """Key of a candidate's cache entry: the inputs, the candidate and what shapes its files (not the constraint)."""
+    """Key of a candidate's cache entry: the inputs, the candidate and what shapes its files (not the constraint).
+
+    Bump ``v`` when a default that shapes the files changes, a
+    :class:`~minreal.export.settings.VariantConfig` default above all: :attr:`Job.export` holds only the settings
+    that differ from the defaults of the day, so an entry written under an old default would be found again."""
     blob = json.dumps({"v": 2, "versions": _versions(), "inputs": job.fingerprint, "graph": job.graph,
                        "spec": _spec_key(job.spec), "stats_samples": job.stats_samples,
                        "providers": list(job.providers), "quant_target": job.quant_target, "int8": job.int8,

@@ -97,7 +97,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
                    cfg.quant_target, cfg.int8, tuple(sorted(cfg.extra.items())),
                    hashlib.sha256((models_dir / "original.onnx").read_bytes()).hexdigest(),
                    tuple((n, tuple(sorted(per.items()))) for n, per in sorted(cfg.dynamic_axes.items())),
-                   stats_samples=cfg.stats_samples, export=export_settings(cfg.variant),
+                   stats_samples=cfg.stats_samples, export=export_settings(cfg.variant, cfg.int8),
                    deadline=None if cfg.time_budget_s is None
                    else time.time() + cfg.time_budget_s - (time.perf_counter() - t_start))
     phases = {"baselines": time.perf_counter() - t_baselines}
@@ -318,12 +318,20 @@ def _measure_and_choose(candidates: list[Candidate], held_out: Dataset, cfg: Tun
         write_chosen(chosen, folder)
     chosen_ort = write_chosen_ort(chosen, folder, held_out, cfg, notes, say) if cfg.ort is not None else None
     return TuneReport(TUNE_SCHEMA_VERSION, "tune", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
-                      to_jsonable(cfg), cfg.describe_limits(), {}, [], candidates, front,
+                      _config_json(cfg), cfg.describe_limits(), {}, [], candidates, front,
                       None if chosen is None else chosen.label, verdict, {}, 0.0,
                       relative_to(screen, folder), relative_to(confirm, folder),
                       measured_on={name: {"host": o.host, "pid": o.pid}
                                    for name, o in (("screen", screened), ("confirm", confirmed_run))},
                       chosen_ort=chosen_ort)
+
+
+def _config_json(cfg: TuneConfig) -> dict[str, Any]:
+    """``report.json``'s config: :meth:`TuneConfig.to_json`'s layout and, only where the tune's export settings
+    differ from the defaults (:func:`export_settings`: those its files depend on), ``export`` after them, so that a
+    default tune's report keeps its layout."""
+    export = export_settings(cfg.variant, cfg.int8)
+    return {**to_jsonable(cfg), **({"export": to_jsonable(dict(export))} if export else {})}
 
 
 def _candidate_phases(results: list[CandidateResult]) -> dict[str, float]:
