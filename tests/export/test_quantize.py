@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -203,6 +205,64 @@ def test_minmax_ranges_and_file_do_not_depend_on_the_calibration_batch(convnet_o
     quantize_int8(convnet_onnx.path, tmp_path / "split.onnx", calib_images)
     assert [r.batch_size for r in readers] == [1]
     assert (tmp_path / "split.onnx").read_bytes() == (tmp_path / "whole.onnx").read_bytes()
+
+
+def _kernel_order(session_options: ort.SessionOptions, model: Path, x: np.ndarray, tmp_path: Path) -> list[str]:
+    """Names of the nodes in the order ONNX Runtime ran them once on ``x`` (its profile, kernel events)."""
+    session_options.enable_profiling = True
+    session_options.profile_file_prefix = str(tmp_path / "profile")
+    session = ort.InferenceSession(str(model), session_options, providers=["CPUExecutionProvider"])
+    session.run(None, {session.get_inputs()[0].name: x})
+    events = json.loads(Path(session.end_profiling()).read_text())
+    suffix = "_kernel_time"
+    return [e["name"][: -len(suffix)] for e in events if e.get("cat") == "Node" and e["name"].endswith(suffix)]
+
+
+def test_calibration_reduces_each_tensor_before_the_next_layer_with_the_ranges_of_the_default_order(
+    convnet_onnx: ExportResult, calib_images: np.ndarray, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calibration session runs each tensor's ReduceMin and ReduceMax before the next node of the network (so the
+    tensor is freed there, not kept to the end of the batch as in ONNX Runtime's default order), and the ranges are
+    those of ONNX Runtime's own calibration session, to the bit."""
+    sessions: list[Any] = []
+    augmented = tmp_path / "augmented.onnx"
+    real_session = int8_calibration.calibration_session
+
+    def kept(path: Path, providers: list[str]) -> Any:  # the augmented file lives in a folder removed at the end
+        shutil.copyfile(path, augmented)
+        sessions.append(real_session(path, providers))
+        return sessions[-1]
+
+    monkeypatch.setattr(int8_calibration, "calibration_session", kept)
+    ours = calibrate(convnet_onnx.path, calib_images)
+    (session,) = sessions
+    monkeypatch.setattr(int8_calibration, "calibration_session",
+                        lambda path, providers: ort.InferenceSession(str(path), providers=providers,
+                                                                     sess_options=_no_optimisation()))
+    default = calibrate(convnet_onnx.path, calib_images)
+    assert sorted(ours.ranges.keys()) == sorted(default.ranges.keys()) and len(ours.ranges.keys()) > 3
+    for name in ours.ranges.keys():
+        for a, b in zip(ours.ranges[name].range_value, default.ranges[name].range_value, strict=True):
+            assert np.array_equal(a, b), name
+    order = _kernel_order(session.get_session_options(), augmented, calib_images[:1], tmp_path)
+    network = [n for n in order if not n.endswith(("_ReduceMin", "_ReduceMax", "_Reshape"))]
+    produced = {o: n.name for n in onnx.load(augmented).graph.node for o in n.output}
+    reduced = [n for n in order if n.endswith(("_ReduceMin", "_ReduceMax"))]
+    assert len(reduced) == 2 * len(ours.ranges.keys())
+    for reduction in reduced:
+        tensor = reduction.rpartition("_")[0]
+        ran_before = [n for n in network if order.index(n) < order.index(reduction)]
+        assert ran_before[-1:] == ([produced[tensor]] if tensor in produced else []), reduction
+    default_order = _kernel_order(_no_optimisation(), augmented, calib_images[:1], tmp_path)
+    assert order.index(reduced[0]) < order.index(network[-1])
+    assert all(default_order.index(r) > default_order.index(network[-1]) for r in reduced)  # the default: at the end
+
+
+def _no_optimisation() -> ort.SessionOptions:
+    """ONNX Runtime's own calibration session options (``CalibraterBase.create_inference_session``)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return options
 
 
 def _static_batch_matmul(path: Path) -> Path:
