@@ -29,6 +29,7 @@ from minreal.export.int8 import (
     quantize_int8,
     resolve_target,
 )
+from minreal.export.int8.preprocess import ort_quantization
 from minreal.export.onnx_export import ExportResult
 from minreal.runtime_bench.cpu import CpuIsa
 
@@ -263,6 +264,51 @@ def _no_optimisation() -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     return options
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_histogram_calibration_called_one_batch_at_a_time_counts_every_value_once(
+    method: str, convnet_onnx: ExportResult, calib_images: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The histogram methods read one batch per ``collect_data`` call (4 calls for 64 images in batches of 16), so
+    ONNX Runtime holds one batch's tensors, not the calibration set's. Against one call over every batch (ONNX
+    Runtime's own way), each tensor's histogram has the same minimum and maximum and reaches at least as far (its
+    bins, set by the first batch, are extended by whole bins); entropy's counts every value, percentile's (of |x|,
+    whose bins start at the first batch's smallest |x| and are extended upwards only) leaves out the later values
+    below that start, exactly those; on one batch of data the two give the same histograms and ranges."""
+    config = QuantConfig(calibration_method=method)
+    q = ort_quantization()
+    made: list[Any] = []
+    real_create = q.create_calibrator
+    monkeypatch.setattr(q, "create_calibrator", lambda *a, **k: made.append(real_create(*a, **k)) or made[-1])
+    calls: list[int] = []
+    real_calls = int8_calibration.calibration_calls
+    monkeypatch.setattr(int8_calibration, "calibration_calls",
+                        lambda *a: [calls.append(p.rows) or p for p in real_calls(*a)])
+    chunked = [calibrate(convnet_onnx.path, x, config) for x in (calib_images, calib_images[:16])]
+    assert calls == [16, 16, 16, 16, 16]
+    monkeypatch.setattr(int8_calibration, "calibration_calls", lambda reader, _: [reader])
+    whole = [calibrate(convnet_onnx.path, x, config) for x in (calib_images, calib_images[:16])]
+    histograms = [c.collector.histogram_dict for c in made]  # tensor → (counts, edges, min, max[, threshold])
+    assert sorted(histograms[0]) == sorted(histograms[2]) and len(histograms[0]) > 3
+    for name, (counts, edges, low, high, *_) in histograms[0].items():
+        counts_all, edges_all, low_all, high_all, *_ = histograms[2][name]
+        assert (low, high) == (low_all, high_all) and edges[-1] >= edges_all[-1] > 0, name
+        if method == "entropy":
+            assert counts.sum() == counts_all.sum() and edges[0] <= edges_all[0], name
+        else:
+            assert counts.sum() <= counts_all.sum() and edges[0] >= edges_all[0], name
+        one, one_all = histograms[1][name], histograms[3][name]
+        assert all(np.array_equal(a, b) for a, b in zip(one, one_all, strict=True)), name
+    graph = onnx.load(convnet_onnx.path).graph
+    for name, values in ((graph.input[0].name, calib_images), (graph.output[0].name, _run(convnet_onnx.path,
+                                                                                          calib_images))):
+        counts, edges = histograms[0][name][:2]
+        left_out = int(np.sum(np.abs(values[16:]) < edges[0])) if method == "percentile" else 0
+        assert counts.sum() == values.size - left_out, name
+        assert left_out > 0 or method == "entropy" or name == graph.input[0].name  # the outputs' smallest |x| moves
+    for a, b in zip(chunked[1].ranges.values(), whole[1].ranges.values(), strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(a.range_value, b.range_value, strict=True))
 
 
 def _static_batch_matmul(path: Path) -> Path:
