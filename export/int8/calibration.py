@@ -165,9 +165,10 @@ def calibration_array(
 CALIBRATION_BATCH_ELEMENTS = 16 * 3 * 224 * 224
 """Most input elements in one batch of a min/max calibration (16 images of 3×224×224). ONNX Runtime's calibration
 session holds one batch's activations, which grow with the input: ``lraspp_mobilenet_v3_large`` at 3×520×520 (32
-samples) peaked at 11.0 GB resident in batches of 16 and at 2.1 GB in batches of 2, writing the same file. Larger
-inputs are calibrated in smaller batches, down to one sample; the ranges (minima and maxima over every batch) do not
-depend on the split."""
+samples) peaked at 11.0 GB resident in batches of 16 and at 2.1 GB in batches of 2, writing the same file (both in
+ONNX Runtime's default node order, which kept every activation of a batch to its end; :func:`calibration_session`
+frees each after its reduction). Larger inputs are calibrated in smaller batches, down to one sample; the ranges
+(minima and maxima over every batch) do not depend on the split."""
 
 
 def calibration_batch(data: Mapping[str, np.ndarray], config: QuantConfig) -> int:
