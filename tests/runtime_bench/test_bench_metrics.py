@@ -104,6 +104,24 @@ def test_one_session_open_at_a_time_with_the_metrics_of_batches_run_side_by_side
     assert metrics[2].max_abs_diff == 0.0 and metrics[1].max_abs_diff > 0.0
 
 
+def test_max_abs_diff_over_chunks_is_the_whole_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 7 elements over 4×5×3 outputs give numpy's figure over the whole array at once, exactly: the worst
+    element in a later chunk, a NaN anywhere, and empty outputs (0.0)."""
+    rng = np.random.default_rng(3)
+    out, ref = rng.standard_normal((4, 5, 3)).astype(np.float32), rng.standard_normal((4, 5, 3)).astype(np.float32)
+    out[3, 4, 2] = 50.0  # the last element, in the last (short) chunk
+
+    def whole(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)), initial=0.0))
+
+    monkeypatch.setattr(metrics_module, "DIFF_CHUNK", 7)
+    assert max_abs_diff(out, ref) == whole(out, ref) == abs(50.0 - float(ref[3, 4, 2]))
+    out[0, 0, 1] = np.nan
+    assert np.isnan(max_abs_diff(out, ref)) and np.isnan(whole(out, ref))
+    empty = np.zeros((0, 5), np.float32)
+    assert max_abs_diff(empty, empty) == whole(empty, empty) == 0.0
+
+
 def test_single_output_has_no_top1_agreement() -> None:
     out = np.ones((5, 1))
     assert agreement_count(out, out) is None
