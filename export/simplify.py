@@ -86,7 +86,7 @@ def _compare(
     candidate: bytes, check_inputs: Sequence[Feeds], reference: list[list[np.ndarray]], rtol: float, atol: float
 ) -> tuple[float, str | None]:
     """Run the candidate on every input; return the max abs difference and the first violation, if any."""
-    session = create_session(candidate)
+    session = create_session(candidate, arena=False)
     names = [o.name for o in session.get_outputs()]
     worst, problem = 0.0, None
     for x, expected in zip(check_inputs, reference):
@@ -156,8 +156,9 @@ def simplify(
     if data_files(path_in):
         return _copied_unsimplified(path_in, path_out)
     model = onnx.load(str(path_in))
-    original = create_session(path_in)
+    original = create_session(path_in, arena=False)
     reference = [run_ort(original, x) for x in check_inputs]
+    del original  # closed before the candidate's session opens: one session's memory at a time
     candidate, reason, diff = _simplified_or_reason(model, check_inputs, reference, rtol, atol)
     with atomic_path(path_out) as tmp:
         if candidate is None:

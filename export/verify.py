@@ -291,7 +291,7 @@ def verify_parity(
     batches = [len(x) for x in inputs]
     if len(set(batches)) < (1 if fixed_batch else 2):
         raise ValueError(f"parity needs inputs at two or more batch sizes, got batch sizes {batches}")
-    session = create_session(Path(onnx_path), provider)
+    session = create_session(Path(onnx_path), provider, arena=False)
     with eval_mode(module), torch.no_grad():
         checks = [c for x in inputs for c in _check_batch(module, session, x, rtol, atol)]
     result = _summarise(str(onnx_path), rtol, atol, batches, checks)
@@ -313,8 +313,8 @@ def verify_files(reference: str | Path, candidate: str | Path, feeds: Sequence[F
     ParityError
         an output differs beyond tolerance, or in count or shape.
     """
-    want_session = create_session(Path(reference), config=reference_config)
-    got_session = create_session(Path(candidate))
+    want_session = create_session(Path(reference), config=reference_config, arena=False)
+    got_session = create_session(Path(candidate), arena=False)
     names = [o.name for o in got_session.get_outputs()]
     checks: list[OutputParity] = []
     for x in feeds:

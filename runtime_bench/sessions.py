@@ -24,7 +24,7 @@ SPINNING_ENTRIES: tuple[tuple[str, str], ...] = (
 
 def session_options(threads: int | None, optimized_model_path: Path | None = None,
                     config: Mapping[str, str] | None = None, profile_prefix: Path | None = None,
-                    shared_pool: bool = False) -> Any:
+                    shared_pool: bool = False, arena: bool = True) -> Any:
     """Session options: explicit intra-op threads, one inter-op thread, sequential, no spinning.
 
     Parameters
@@ -40,6 +40,10 @@ def session_options(threads: int | None, optimized_model_path: Path | None = Non
     shared_pool : bool
         Run on the process's one shared thread pool (:func:`share_thread_pool`, whose size holds) instead of the
         session's own; once the process has the shared pool, every session must set it.
+    arena : bool
+        Keep onnxruntime's CPU memory arena (timing: each run reuses the memory of the last). False returns a run's
+        memory when the run ends, for a pass that runs each batch once: an arena grows in powers of two and keeps
+        its memory until the session closes, and the C library may keep it in the process after that.
     """
     ort = onnxruntime_module()
     options = ort.SessionOptions()
@@ -50,6 +54,7 @@ def session_options(threads: int | None, optimized_model_path: Path | None = Non
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
+    options.enable_cpu_mem_arena = arena
     for key, value in SPINNING_ENTRIES:
         options.add_session_config_entry(key, value)
     for key, value in (config or {}).items():
@@ -71,6 +76,7 @@ def create_session(
     config: Mapping[str, str] | None = None,
     profile_prefix: Path | None = None,
     shared_pool: bool = False,
+    arena: bool = True,
 ) -> Any:
     """Create an inference session on ``provider`` (full onnxruntime name): the project's one session factory.
 
@@ -101,6 +107,8 @@ def create_session(
     shared_pool : bool
         Run on the process's shared thread pool (:func:`share_thread_pool` first), not the session's own; once the
         process has the shared pool, every session must set it.
+    arena : bool
+        Keep onnxruntime's CPU memory arena (:func:`session_options`); False for a pass that runs each batch once.
 
     Raises
     ------
@@ -122,7 +130,7 @@ def create_session(
         tensorrt_library_problem()  # loads TensorRT's libraries where its wheels keep them; a fallback is reported
 
     def make(entries: Mapping[str, str] | None) -> Any:
-        options = session_options(threads, optimized_model_path, entries, profile_prefix, shared_pool)
+        options = session_options(threads, optimized_model_path, entries, profile_prefix, shared_pool, arena)
         try:
             made = onnxruntime_module().InferenceSession(source, sess_options=options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own pybind exception types

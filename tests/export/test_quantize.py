@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from minreal.export.int8 import (
     quantize_int8,
     resolve_target,
 )
+from minreal.export.int8.preprocess import ort_quantization
 from minreal.export.onnx_export import ExportResult
 from minreal.runtime_bench.cpu import CpuIsa
 
@@ -203,6 +206,109 @@ def test_minmax_ranges_and_file_do_not_depend_on_the_calibration_batch(convnet_o
     quantize_int8(convnet_onnx.path, tmp_path / "split.onnx", calib_images)
     assert [r.batch_size for r in readers] == [1]
     assert (tmp_path / "split.onnx").read_bytes() == (tmp_path / "whole.onnx").read_bytes()
+
+
+def _kernel_order(session_options: ort.SessionOptions, model: Path, x: np.ndarray, tmp_path: Path) -> list[str]:
+    """Names of the nodes in the order ONNX Runtime ran them once on ``x`` (its profile, kernel events)."""
+    session_options.enable_profiling = True
+    session_options.profile_file_prefix = str(tmp_path / "profile")
+    session = ort.InferenceSession(str(model), session_options, providers=["CPUExecutionProvider"])
+    session.run(None, {session.get_inputs()[0].name: x})
+    events = json.loads(Path(session.end_profiling()).read_text())
+    suffix = "_kernel_time"
+    return [e["name"][: -len(suffix)] for e in events if e.get("cat") == "Node" and e["name"].endswith(suffix)]
+
+
+def test_calibration_reduces_each_tensor_before_the_next_layer_with_the_ranges_of_the_default_order(
+    convnet_onnx: ExportResult, calib_images: np.ndarray, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calibration session runs each tensor's ReduceMin and ReduceMax before the next node of the network (so the
+    tensor is freed there, not kept to the end of the batch as in ONNX Runtime's default order), and the ranges are
+    those of ONNX Runtime's own calibration session, to the bit."""
+    sessions: list[Any] = []
+    augmented = tmp_path / "augmented.onnx"
+    real_session = int8_calibration.calibration_session
+
+    def kept(path: Path, providers: list[str]) -> Any:  # the augmented file lives in a folder removed at the end
+        shutil.copyfile(path, augmented)
+        sessions.append(real_session(path, providers))
+        return sessions[-1]
+
+    monkeypatch.setattr(int8_calibration, "calibration_session", kept)
+    ours = calibrate(convnet_onnx.path, calib_images)
+    (session,) = sessions
+    monkeypatch.setattr(int8_calibration, "calibration_session",
+                        lambda path, providers: ort.InferenceSession(str(path), providers=providers,
+                                                                     sess_options=_no_optimisation()))
+    default = calibrate(convnet_onnx.path, calib_images)
+    assert sorted(ours.ranges.keys()) == sorted(default.ranges.keys()) and len(ours.ranges.keys()) > 3
+    for name in ours.ranges.keys():
+        for a, b in zip(ours.ranges[name].range_value, default.ranges[name].range_value, strict=True):
+            assert np.array_equal(a, b), name
+    order = _kernel_order(session.get_session_options(), augmented, calib_images[:1], tmp_path)
+    network = [n for n in order if not n.endswith(("_ReduceMin", "_ReduceMax", "_Reshape"))]
+    produced = {o: n.name for n in onnx.load(augmented).graph.node for o in n.output}
+    reduced = [n for n in order if n.endswith(("_ReduceMin", "_ReduceMax"))]
+    assert len(reduced) == 2 * len(ours.ranges.keys())
+    for reduction in reduced:
+        tensor = reduction.rpartition("_")[0]
+        ran_before = [n for n in network if order.index(n) < order.index(reduction)]
+        assert ran_before[-1:] == ([produced[tensor]] if tensor in produced else []), reduction
+    default_order = _kernel_order(_no_optimisation(), augmented, calib_images[:1], tmp_path)
+    assert order.index(reduced[0]) < order.index(network[-1])
+    assert all(default_order.index(r) > default_order.index(network[-1]) for r in reduced)  # the default: at the end
+
+
+def _no_optimisation() -> ort.SessionOptions:
+    """ONNX Runtime's own calibration session options (``CalibraterBase.create_inference_session``)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return options
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_histogram_calibration_called_one_batch_at_a_time_counts_every_value_once(
+    method: str, convnet_onnx: ExportResult, calib_images: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The histogram methods read one batch per ``collect_data`` call (4 calls for 64 images in batches of 16), so
+    ONNX Runtime holds one batch's tensors, not the calibration set's. Against one call over every batch (ONNX
+    Runtime's own way), each tensor's histogram has the same minimum and maximum and reaches at least as far (its
+    bins, set by the first batch, are extended by whole bins); entropy's counts every value, percentile's (of |x|,
+    whose bins start at the first batch's smallest |x| and are extended upwards only) leaves out the later values
+    below that start, exactly those; on one batch of data the two give the same histograms and ranges."""
+    config = QuantConfig(calibration_method=method)
+    q = ort_quantization()
+    made: list[Any] = []
+    real_create = q.create_calibrator
+    monkeypatch.setattr(q, "create_calibrator", lambda *a, **k: made.append(real_create(*a, **k)) or made[-1])
+    calls: list[int] = []
+    real_calls = int8_calibration.calibration_calls
+    monkeypatch.setattr(int8_calibration, "calibration_calls",
+                        lambda *a: [calls.append(p.rows) or p for p in real_calls(*a)])
+    chunked = [calibrate(convnet_onnx.path, x, config) for x in (calib_images, calib_images[:16])]
+    assert calls == [16, 16, 16, 16, 16]
+    monkeypatch.setattr(int8_calibration, "calibration_calls", lambda reader, _: [reader])
+    whole = [calibrate(convnet_onnx.path, x, config) for x in (calib_images, calib_images[:16])]
+    histograms = [c.collector.histogram_dict for c in made]  # tensor → (counts, edges, min, max[, threshold])
+    assert sorted(histograms[0]) == sorted(histograms[2]) and len(histograms[0]) > 3
+    for name, (counts, edges, low, high, *_) in histograms[0].items():
+        counts_all, edges_all, low_all, high_all, *_ = histograms[2][name]
+        assert (low, high) == (low_all, high_all) and edges[-1] >= edges_all[-1] > 0, name
+        if method == "entropy":
+            assert counts.sum() == counts_all.sum() and edges[0] <= edges_all[0], name
+        else:
+            assert counts.sum() <= counts_all.sum() and edges[0] >= edges_all[0], name
+        one, one_all = histograms[1][name], histograms[3][name]
+        assert all(np.array_equal(a, b) for a, b in zip(one, one_all, strict=True)), name
+    graph = onnx.load(convnet_onnx.path).graph
+    for name, values in ((graph.input[0].name, calib_images), (graph.output[0].name, _run(convnet_onnx.path,
+                                                                                          calib_images))):
+        counts, edges = histograms[0][name][:2]
+        left_out = int(np.sum(np.abs(values[16:]) < edges[0])) if method == "percentile" else 0
+        assert counts.sum() == values.size - left_out, name
+        assert left_out > 0 or method == "entropy" or name == graph.input[0].name  # the outputs' smallest |x| moves
+    for a, b in zip(chunked[1].ranges.values(), whole[1].ranges.values(), strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(a.range_value, b.range_value, strict=True))
 
 
 def _static_batch_matmul(path: Path) -> Path:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -10,6 +12,7 @@ import onnxsim
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import minreal.export.simplify as simplify_module
 from minreal.export.errors import SameFileError
 from minreal.export.simplify import simplify
 
@@ -55,6 +58,26 @@ def test_simplify_keeps_exported_cnn_outputs(convnet_onnx, tmp_path: Path, make_
     assert result.simplified
     assert 0 < result.nodes_after <= result.nodes_before
     assert result.max_abs_diff is not None and result.max_abs_diff <= 1e-5
+
+
+def test_one_session_at_a_time_without_the_arena(redundant_graph: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The original's session is closed before the simplified graph's opens, and neither keeps onnxruntime's memory
+    arena: one session's memory at a time, returned after each run."""
+    open_now, most, arenas = [0], [0], []
+    real = simplify_module.create_session
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        session = real(*args, **kwargs)
+        arenas.append(session.get_session_options().enable_cpu_mem_arena)
+        open_now[0] += 1
+        most[0] = max(most[0], open_now[0])
+        weakref.finalize(session, lambda: open_now.__setitem__(0, open_now[0] - 1))
+        return session
+
+    monkeypatch.setattr(simplify_module, "create_session", counted)
+    assert simplify(redundant_graph, tmp_path / "simple.onnx", CHECK_INPUTS).simplified
+    assert (arenas, most[0], open_now[0]) == ([False, False], 1, 0)
 
 
 def test_onnxsim_failure_keeps_original(redundant_graph: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+import minreal.export.verify as verify_module
 from minreal.export.errors import ParityError
 from minreal.export.onnx_export import ExportResult
 from minreal.export.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare_output, verify_parity
@@ -38,6 +39,20 @@ def test_parity_passes_on_two_batch_sizes(
     assert result.top1_agreement == {1: 1.0, 7: 1.0}
     assert 0.0 <= result.max_abs_err <= DEFAULT_ATOL
     assert all(c.worst_measured <= c.worst_allowed for c in result.checks)
+
+
+def test_parity_sessions_run_without_the_memory_arena(
+    convnet: nn.Module, convnet_onnx: ExportResult, make_images: Callable[[int, int], torch.Tensor],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parity session returns each batch's memory after the run (no onnxruntime arena kept at the largest batch
+    until the session closes): a one-off check holds no more than its largest batch needs."""
+    arenas: list[bool] = []
+    real = verify_module.create_session
+    monkeypatch.setattr(verify_module, "create_session", lambda *a, **k: arenas.append(
+        (made := real(*a, **k)).get_session_options().enable_cpu_mem_arena) or made)
+    assert verify_parity(convnet, convnet_onnx.path, [make_images(1, 3), make_images(7, 4)]).passed
+    assert arenas == [False]
 
 
 def test_parity_covers_every_output(two_heads: nn.Module, two_heads_onnx: ExportResult) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
+import minreal.runtime_bench.metrics as metrics_module
 from minreal.runtime_bench.errors import BenchInputError
 from minreal.runtime_bench.metrics import (
     agreement_count,
@@ -65,6 +68,58 @@ def test_fixed_batch_model_is_padded(tmp_path: Path, weights, reference_model: P
     # same weights; the padded last batch runs at another shape than the reference's: float32 spread only
     assert metrics[1].accuracy == 1.0
     assert metrics[1].max_abs_diff <= float(float32_spread["reference"].max())
+
+
+def test_one_session_open_at_a_time_with_the_metrics_of_batches_run_side_by_side(
+    reference_model: Path, perturbed_model: Path, data, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each model runs every batch in a session of its own, without onnxruntime's memory arena, before the next
+    session is created (so at most one session's memory is held, and only while a batch runs), and its metrics are
+    those of the same batches of 7 run model beside model: the same sessions on the same batches give the same
+    outputs, to the bit."""
+    x, y = data
+    open_now, most = [0], [0]
+    real = metrics_module.create_session
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        session = real(*args, **kwargs)
+        assert not session.get_session_options().enable_cpu_mem_arena
+        open_now[0] += 1
+        most[0] = max(most[0], open_now[0])
+        weakref.finalize(session, lambda: open_now.__setitem__(0, open_now[0] - 1))
+        return session
+
+    monkeypatch.setattr(metrics_module, "create_session", counted)
+    paths = [reference_model, perturbed_model, reference_model]
+    metrics = evaluate_models(["ref", "pert", "again"], paths, x, y, batch_size=7, threads=1)
+    assert most[0] == 1 and open_now[0] == 0
+    sessions = [real(p, "CPUExecutionProvider", 1) for p in paths]
+    batches = [[s.run(None, {"x": x[i : i + 7]})[0] for i in range(0, 100, 7)] for s in sessions]
+    ref = np.concatenate(batches[0])
+    for m, outs in zip(metrics, batches):
+        out = np.concatenate(outs)
+        assert m.samples == 100 and m.accuracy == np.mean(out.argmax(1) == y)
+        assert m.top1_agreement == np.mean(out.argmax(1) == ref.argmax(1))
+        assert m.max_abs_diff == float(np.abs(out.astype(np.float64) - ref).max())
+    assert metrics[2].max_abs_diff == 0.0 and metrics[1].max_abs_diff > 0.0
+
+
+def test_max_abs_diff_over_chunks_is_the_whole_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 7 elements over 4×5×3 outputs give numpy's figure over the whole array at once, exactly: the worst
+    element in a later chunk, a NaN anywhere, and empty outputs (0.0)."""
+    rng = np.random.default_rng(3)
+    out, ref = rng.standard_normal((4, 5, 3)).astype(np.float32), rng.standard_normal((4, 5, 3)).astype(np.float32)
+    out[3, 4, 2] = 50.0  # the last element, in the last (short) chunk
+
+    def whole(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)), initial=0.0))
+
+    monkeypatch.setattr(metrics_module, "DIFF_CHUNK", 7)
+    assert max_abs_diff(out, ref) == whole(out, ref) == abs(50.0 - float(ref[3, 4, 2]))
+    out[0, 0, 1] = np.nan
+    assert np.isnan(max_abs_diff(out, ref)) and np.isnan(whole(out, ref))
+    empty = np.zeros((0, 5), np.float32)
+    assert max_abs_diff(empty, empty) == whole(empty, empty) == 0.0
 
 
 def test_single_output_has_no_top1_agreement() -> None:
