@@ -33,7 +33,7 @@ class ModelMetrics:
     """Quality of one model on the evaluation data, and its agreement with the first model.
 
     ``accuracy`` (fraction) is set for integer labels, ``mse`` for float targets; both None without
-    labels. ``top1_agreement`` is None when outputs have fewer than two classes.
+    labels. ``top1_agreement`` is None when outputs have fewer than two classes or are not ``(batch, classes)``.
     ``max_abs_diff`` compares the first output with the first model's first output.
     """
 
@@ -66,8 +66,10 @@ def squared_error_sum(outputs: np.ndarray, targets: np.ndarray) -> tuple[float, 
 
 
 def agreement_count(outputs: np.ndarray, reference: np.ndarray) -> int | None:
-    """Rows whose argmax equals the reference's argmax; None if there are fewer than two classes."""
-    if outputs.ndim < 2 or outputs.shape[-1] < 2:
+    """Rows whose argmax equals the reference's argmax; None if there are fewer than two classes, or if the output
+    is not ``(batch, classes)``: a segmentation map ``(N, C, H, W)`` or a sequence's ``(N, T, D)`` has no one class
+    axis a row could agree on (the argmax over the last axis counted each row W or T times, an agreement above 1)."""
+    if outputs.ndim != 2 or outputs.shape[-1] < 2:
         return None
     return int(np.sum(np.argmax(outputs, axis=-1) == np.argmax(reference, axis=-1)))
 

@@ -128,6 +128,15 @@ def test_single_output_has_no_top1_agreement() -> None:
     assert agreement_count(np.eye(3), np.eye(3)[[0, 2, 1]]) == 1
 
 
+def test_a_map_or_a_sequence_has_no_top1_agreement() -> None:
+    """A (N, C, H, W) map or (N, T, D) sequence agrees per position, not per row: counting its last axis's argmax
+    gave 3 rows of a 4-wide map 12 agreements (agreement 4.0); such outputs get None, as a single output does."""
+    seg = np.random.default_rng(0).normal(size=(3, 5, 4, 4))
+    assert agreement_count(seg, seg) is None
+    assert agreement_count(seg[:, :, 0], seg[:, :, 0]) is None
+    assert agreement_count(seg[:, :, 0, 0], seg[:, :, 0, 0]) == 3
+
+
 def test_batch_functions() -> None:
     out = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]])
     assert correct_count(out, np.array([1, 0, 0])) == 2
