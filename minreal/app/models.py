@@ -3,15 +3,16 @@
 - ``resnet18`` — a torchvision architecture, built with random weights unless ``weights`` names a local
   state dict (nothing is ever downloaded);
 - ``resnet20_cifar`` — a built-in architecture (:data:`BUILTIN_MODELS`), random or ``weights`` as above;
-- ``timm:resnet50`` — a timm architecture (:mod:`minreal.app.hub`), random or ``weights`` as above;
+- ``timm:resnet50`` — a timm architecture, ``hf:bert`` — a Hugging Face family at its base size, its outputs a
+  dict of named tensors (both :mod:`minreal.app.hub`, nothing downloaded), random or ``weights`` as above;
 - ``path/to/file.py:factory`` — a callable in a file, imported by path (``sys.path`` is left alone);
 - ``package.module:factory`` — a callable in an importable module;
 - ``model.pt2`` — a program written by ``torch.export.save``, loaded under a guard that lets only torch's
   weights-only unpickler run (see :mod:`minreal.export.pickle_guard`), unless trusted;
 - ``model.pt`` / ``model.pth`` — a whole pickled ``nn.Module``, loaded only with ``trust_pickle=True``.
 
-A spec is read in this order: a hub prefix (``timm:``) first, so that ``timm:NAME`` is never taken for
-``module:factory`` (a user's own module of that name is given as ``path/to/timm.py:make`` or
+A spec is read in this order: a hub prefix (``timm:``, ``hf:``) first, so that ``timm:NAME`` is never taken
+for ``module:factory`` (a user's own module of that name is given as ``path/to/timm.py:make`` or
 ``mypkg.timm:make``); then ``source:factory``; then a file; then a built-in or torchvision name.
 
 A state dict is never a model on its own: it goes in ``weights`` next to a factory, built-in or torchvision name.
@@ -363,11 +364,12 @@ def load_model(spec: str, weights: str | Path | None = None, trust_pickle: bool 
     ----------
     spec : str
         a built-in architecture name (``"resnet20_cifar"``, see :data:`BUILTIN_MODELS`), a torchvision
-        architecture name (``"resnet18"``), a hub model (``"timm:resnet50"``, see :mod:`minreal.app.hub`),
+        architecture name (``"resnet18"``), a hub model (``"timm:resnet50"``, ``"hf:bert"``, see
+        :mod:`minreal.app.hub`),
         ``path/to/file.py:factory``, ``package.module:factory``, a ``torch.export`` program ``*.pt2``, or a
         pickled module ``*.pt``/``*.pth`` (only with ``trust_pickle``). A hub prefix is read before
-        ``module:factory``: ``timm:NAME`` is always timm's model; a module of your own named ``timm`` is given
-        as ``path/to/timm.py:factory`` or ``package.timm:factory``.
+        ``module:factory``: ``timm:NAME`` and ``hf:FAMILY`` are always the hub's; a module of your own named
+        ``timm`` or ``hf`` is given as ``path/to/timm.py:factory`` or ``package.timm:factory``.
     weights : str | Path | None
         a local state-dict file (``torch.save(model.state_dict(), path)``) loaded with
         ``weights_only=True`` into a built-in, torchvision, hub or factory's model; keys and shapes must match
