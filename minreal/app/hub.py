@@ -68,17 +68,29 @@ class HFEncoder(nn.Module):
     """A Hugging Face model called with plain tensors whose ``forward`` returns the ``ModelOutput``'s tensor fields
     as a plain dict (``last_hidden_state``, ``pooler_output``, ...), whose keys name the ONNX graph's outputs. The
     subclasses name ``forward``'s parameters as the model does, so that named inputs (an ``.npz`` keyed
-    ``input_ids`` and ``attention_mask``) reach it."""
+    ``input_ids`` and ``attention_mask``) reach it. Its state dict is the model's under ``model.``; the model's own
+    (``AutoModel``'s ``state_dict()``, keys without ``model.``) loads too."""
 
     input_name = ""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        self._register_load_state_dict_pre_hook(_bare_keys_under_model)
 
     def _outputs(self, **inputs: torch.Tensor | None) -> dict[str, torch.Tensor]:
         out = self.model(**{k: v for k, v in inputs.items() if v is not None}, return_dict=True)
         return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+def _bare_keys_under_model(state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    """A load-state-dict pre-hook of :class:`HFEncoder`: when no key is under ``model.``, every key is moved there
+    (the wrapped model's own state dict)."""
+    inner = f"{prefix}model."
+    if any(k.startswith(inner) for k in state_dict):
+        return
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
 
 
 class HFTextEncoder(HFEncoder):

@@ -201,6 +201,13 @@ def test_hf_model_takes_a_local_state_dict(hf_calls: list, tmp_path: Path) -> No
     torch.save(state, tmp_path / "w.pt")
     model = load_model("hf:gpt2", weights=tmp_path / "w.pt")
     assert torch.equal(model.model.embed.weight, state["model.embed.weight"])
+    bare = {k.removeprefix("model."): v + 1 for k, v in state.items()}  # the Hugging Face model's own state dict
+    torch.save(bare, tmp_path / "bare.pt")
+    model = load_model("hf:gpt2", weights=tmp_path / "bare.pt")
+    assert torch.equal(model.model.embed.weight, bare["embed.weight"])
+    torch.save({**bare, "extra": torch.zeros(1)}, tmp_path / "extra.pt")
+    with pytest.raises(SpecError, match=r"unexpected key 'model\.extra'"):
+        load_model("hf:gpt2", weights=tmp_path / "extra.pt")
 
 
 @pytest.mark.parametrize("spec, kwargs, pattern", [
