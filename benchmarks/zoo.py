@@ -6,10 +6,14 @@ Models: every name of ``torchvision.models.list_models()`` (classification, quan
 detection, video, optical flow), built with **seeded random weights** (``torch.manual_seed(0)``; nothing is
 downloaded) and saved as a state dict that the product loads with ``--weights``; the most used timm architectures
 when ``timm`` is installed and the Hugging Face families the ``[hf]`` extra builds from a config (BERT, DistilBERT,
-RoBERTa, GPT-2, ViT, Whisper's encoder) when ``transformers`` is: without them, one row per family says so.
-Image models calibrate on real CIFAR-10 test images of ``../shared/data`` (the first :data:`CALIB` images,
-resized to the model's input with bilinear interpolation, ImageNet mean and std; a video clip repeats one image
-along time), written once per input shape as an ``.npz`` in the work folder; without ``../shared/data`` the script
+RoBERTa, GPT-2, ViT, Whisper's encoder) when ``transformers`` is: without them, one row per family says so. Both
+are built by the product itself (``minreal`` takes ``timm:NAME`` and ``hf:FAMILY``, :mod:`minreal.app.hub`).
+Image models (ViT included) calibrate on real CIFAR-10 test images of ``../shared/data`` (the first :data:`CALIB`
+images, resized to the model's input with bilinear interpolation, ImageNet mean and std; a video clip repeats one
+image along time), written once per input shape as an ``.npz`` in the work folder; Hugging Face text models on
+seeded synthetic token ids (int64, :data:`SEQ` per sample, uniform over the config's vocabulary) and Whisper's
+encoder on seeded synthetic log-mel features (standard normal, the config's mel bins and frames), one ``.npz`` per
+model whose array ``x`` ``minreal --data`` passes as the model's one input; without ``../shared/data`` the script
 prints one line and exits with status 2.
 
 Per model, a ``baseline`` stage (build, parameters, MACs, the original exported to ONNX and quantised to INT8);
@@ -86,13 +90,15 @@ the upper bound."""
 
 @dataclass(frozen=True)
 class Model:
-    """One zoo entry: ``name`` as ``minreal`` takes it (a torchvision name) or None where the family cannot be
-    built here, its family, its input shape (without the batch) and why it is skipped, if it is."""
+    """One zoo entry: ``name`` as ``minreal`` takes it (a torchvision name, ``timm:NAME``, ``hf:FAMILY``), its
+    family, its input shape (without the batch), why it is skipped, if it is, and what its calibration data is
+    (a key of :data:`CALIB_MAKERS`: ``images``, ``tokens`` or ``features``)."""
 
     name: str
     family: str
     shape: tuple[int, ...] = ()
     skip: str | None = None
+    inputs: str = "images"
 
 
 # ------------------------------------------------------------------------------------------------------ models
@@ -125,6 +131,21 @@ def torchvision_models() -> list[Model]:
     return [Model(n, f, _tv_shape(n, f)) for n, f in sorted(by_family.items(), key=lambda kv: (kv[1], kv[0]))]
 
 
+def _hf_model(family: str) -> Model:
+    """A Hugging Face row as ``hf:FAMILY`` builds it: token ids of :data:`SEQ`, images at the config's size, or
+    Whisper's log-mel features (its encoder takes exactly twice ``max_source_positions`` frames)."""
+    from minreal.app.hub import HF_FAMILIES, hf_config
+
+    name = f"hf:{family}"
+    takes = HF_FAMILIES[family].wrapper.input_name
+    if takes == "input_ids":
+        return Model(name, "hf", (SEQ,), inputs="tokens")
+    config = hf_config(family)
+    if takes == "pixel_values":
+        return Model(name, "hf", (config.num_channels, config.image_size, config.image_size))
+    return Model(name, "hf", (config.num_mel_bins, 2 * config.max_source_positions), inputs="features")
+
+
 def optional_models() -> list[Model]:
     """The timm and Hugging Face rows: skipped with the reason where their package is missing."""
     rows = []
@@ -134,9 +155,9 @@ def optional_models() -> list[Model]:
         rows.append(Model(f"timm:{name}", "timm", (3, 224, 224),
                           None if timm else "timm is not installed in this environment (pip install timm)"))
     for name in HF:
-        rows.append(Model(f"hf:{name}", "hf", (SEQ,),
-                          None if hf else "transformers is not installed in this environment "
-                                          "(pip install 'minreal[hf]')"))
+        rows.append(_hf_model(name) if hf else
+                    Model(f"hf:{name}", "hf", (SEQ,), "transformers is not installed in this environment "
+                                                       "(pip install 'minreal[hf]')"))
     return rows
 
 
@@ -207,23 +228,55 @@ def _seeded(name: str) -> Any:
     return model
 
 
-def _calib_file(work: Path, shape: tuple[int, ...]) -> Path:
-    """The first :data:`CALIB` CIFAR-10 test images at ``shape`` (bilinear, ImageNet-normalised), written once."""
+def _images(model: Model) -> Any:
+    """The first :data:`CALIB` CIFAR-10 test images at the model's shape (bilinear, ImageNet-normalised)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
 
-    path = work / f"calib-{'x'.join(map(str, shape))}.npz"
-    if path.is_file():
-        return path
+    shape = model.shape
     x = torch.from_numpy(np.load(IMAGES)["x"][:CALIB]).permute(0, 3, 1, 2).float() / 255
     x = F.interpolate(x, size=shape[-2:], mode="bilinear", align_corners=False)
     x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
     if len(shape) == 4:
         x = x.unsqueeze(2).expand(-1, -1, shape[1], -1, -1).contiguous()
+    return x.numpy()
+
+
+def _token_ids(model: Model) -> Any:
+    """:data:`CALIB` rows of seeded token ids, int64, uniform over the vocabulary of ``hf:FAMILY``'s config."""
+    import numpy as np
+
+    from minreal.app.hub import hf_config
+
+    vocab = hf_config(model.name.removeprefix("hf:")).vocab_size
+    return np.random.default_rng(0).integers(0, vocab, size=(CALIB, *model.shape), dtype=np.int64)
+
+
+def _features(model: Model) -> Any:
+    """:data:`CALIB` seeded standard normal feature maps of the model's shape (log-mel scale), float32."""
+    import numpy as np
+
+    return np.random.default_rng(0).standard_normal((CALIB, *model.shape), dtype=np.float32)
+
+
+CALIB_MAKERS: dict[str, Callable[[Model], Any]] = {"images": _images, "tokens": _token_ids, "features": _features}
+"""A model's ``inputs`` → its calibration array ``x`` (``CALIB`` samples of its shape)."""
+
+
+def _calib_file(work: Path, model: Model) -> Path:
+    """The model's calibration data (:data:`CALIB_MAKERS`) as an ``.npz`` holding ``x``, written once: per input
+    shape for images, per model otherwise (token ids depend on the vocabulary)."""
+    import numpy as np
+
+    own = "" if model.inputs == "images" else f"{model.name.replace(':', '_')}-"
+    path = work / f"calib-{own}{'x'.join(map(str, model.shape))}.npz"
+    if path.is_file():
+        return path
+    x = CALIB_MAKERS[model.inputs](model)
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=work, suffix=".npz", delete=False) as f:
-        np.savez(f, x=x.numpy())
+        np.savez(f, x=x)
     os.replace(f.name, path)
     return path
 
@@ -239,7 +292,8 @@ def stage_baseline(spec: dict[str, Any]) -> dict[str, Any]:
     model = _seeded(spec["name"])
     weights = work / "weights.pt"
     torch.save(model.state_dict(), weights)
-    calib = _calib_file(work.parent, tuple(spec["shape"]))
+    row = Model(spec["name"], spec.get("family", ""), tuple(spec["shape"]), inputs=spec.get("inputs", "images"))
+    calib = _calib_file(work.parent, row)
     facts: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
     try:
         example = torch.from_numpy(np.load(calib)["x"][:1])
@@ -380,7 +434,7 @@ def method_row(model: Model, method: str, base: dict[str, Any], work: Path, time
     """compress → export → parity → INT8 → bench of one model by one method, each stage in a fresh process."""
     folder = work / model.name
     spec = {"work": str(folder / method), "name": model.name, "method": method, "weights": str(folder / "weights.pt"),
-            "calib": str(_calib_file(work, model.shape)), "pt2": str(folder / method / "compressed.pt2"),
+            "calib": str(_calib_file(work, model)), "pt2": str(folder / method / "compressed.pt2"),
             "onnx": str(folder / method / "compressed.onnx")}
     if not Path(spec["weights"]).is_file():
         return {k: _skipped(f"the model was not built: {base.get('reason', 'no weights')}") for k in STAGES}
@@ -429,8 +483,8 @@ def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: 
         return
     base = doc["models"].get(model.name)
     if base is None or not args.resume or not _baseline_kept(args.work / model.name, base):
-        base = run_stage("baseline", {"work": str(args.work / model.name), "name": model.name,
-                                      "shape": list(model.shape)}, args.timeout)
+        base = run_stage("baseline", {"work": str(args.work / model.name), "name": model.name, "family": model.family,
+                                      "shape": list(model.shape), "inputs": model.inputs}, args.timeout)
         doc["models"][model.name] = {"family": model.family, "input": list(model.shape), **base,
                                      "peak_rss": PEAK_OWN}
         say(f"{model.name}: baseline {base['outcome']} in {base['wall_s']} s {base.get('reason', '')}")

@@ -3,11 +3,17 @@
 - ``resnet18`` — a torchvision architecture, built with random weights unless ``weights`` names a local
   state dict (nothing is ever downloaded);
 - ``resnet20_cifar`` — a built-in architecture (:data:`BUILTIN_MODELS`), random or ``weights`` as above;
+- ``timm:resnet50`` — a timm architecture, ``hf:bert`` — a Hugging Face family at its base size, its outputs a
+  dict of named tensors (both :mod:`minreal.app.hub`, nothing downloaded), random or ``weights`` as above;
 - ``path/to/file.py:factory`` — a callable in a file, imported by path (``sys.path`` is left alone);
 - ``package.module:factory`` — a callable in an importable module;
 - ``model.pt2`` — a program written by ``torch.export.save``, loaded under a guard that lets only torch's
   weights-only unpickler run (see :mod:`minreal.export.pickle_guard`), unless trusted;
 - ``model.pt`` / ``model.pth`` — a whole pickled ``nn.Module``, loaded only with ``trust_pickle=True``.
+
+A spec is read in this order: a hub prefix (``timm:``, ``hf:``) first, so that ``timm:NAME`` is never taken
+for ``module:factory`` (a user's own module of that name is given as ``path/to/timm.py:make`` or
+``mypkg.timm:make``); then ``source:factory``; then a file; then a built-in or torchvision name.
 
 A state dict is never a model on its own: it goes in ``weights`` next to a factory, built-in or torchvision name.
 Untrusted files are never unpickled: ``torch.load(..., weights_only=True)`` unless the caller passes
@@ -43,6 +49,7 @@ from minreal.app.callables import (
     _resolve_callable,
     _shape,
 )
+from minreal.app.hub import build_hub, hub_spec
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.inputs import Inputs, NamedInputs, PackedInputs, call
 from minreal.compress.models import resnet20_cifar
@@ -357,18 +364,21 @@ def load_model(spec: str, weights: str | Path | None = None, trust_pickle: bool 
     ----------
     spec : str
         a built-in architecture name (``"resnet20_cifar"``, see :data:`BUILTIN_MODELS`), a torchvision
-        architecture name (``"resnet18"``), ``path/to/file.py:factory``,
-        ``package.module:factory``, a ``torch.export`` program ``*.pt2``, or a pickled module
-        ``*.pt``/``*.pth`` (only with ``trust_pickle``).
+        architecture name (``"resnet18"``), a hub model (``"timm:resnet50"``, ``"hf:bert"``, see
+        :mod:`minreal.app.hub`),
+        ``path/to/file.py:factory``, ``package.module:factory``, a ``torch.export`` program ``*.pt2``, or a
+        pickled module ``*.pt``/``*.pth`` (only with ``trust_pickle``). A hub prefix is read before
+        ``module:factory``: ``timm:NAME`` and ``hf:FAMILY`` are always the hub's; a module of your own named
+        ``timm`` or ``hf`` is given as ``path/to/timm.py:factory`` or ``package.timm:factory``.
     weights : str | Path | None
         a local state-dict file (``torch.save(model.state_dict(), path)``) loaded with
-        ``weights_only=True`` into a built-in, torchvision or factory's model; keys and shapes must match
+        ``weights_only=True`` into a built-in, torchvision, hub or factory's model; keys and shapes must match
         as ``load_state_dict`` would accept them (old checkpoints without BatchNorm's ``num_batches_tracked``
         included).
     trust_pickle : bool
         allow unpickling a whole module from ``*.pt``/``*.pth`` (can run arbitrary code).
     num_classes : int | None
-        passed as ``num_classes=`` to the built-in or torchvision builder or the factory.
+        passed as ``num_classes=`` to the built-in, torchvision or hub builder or the factory.
 
     Returns
     -------
@@ -380,8 +390,9 @@ def load_model(spec: str, weights: str | Path | None = None, trust_pickle: bool 
     SpecError
         the spec, weights or file cannot be used; the message names it and what to do.
     """
-    target = _parse_callable(spec)
-    is_file = target is None and (_looks_like_path(spec) or Path(spec).exists())
+    hub = hub_spec(spec)
+    target = None if hub is not None else _parse_callable(spec)
+    is_file = hub is None and target is None and (_looks_like_path(spec) or Path(spec).exists())
     if is_file and (num_classes is not None or (weights is not None and spec.endswith(".pt2"))):
         raise SpecError(f"model file {spec} already fixes its architecture and weights; drop num_classes/weights "
                         "or give a factory, built-in or torchvision name instead")
@@ -390,7 +401,7 @@ def load_model(spec: str, weights: str | Path | None = None, trust_pickle: bool 
     elif is_file:
         model = _load_model_file(spec, trust_pickle)
     else:
-        build = _build_builtin if spec in BUILTIN_MODELS else _build_torchvision
+        build = build_hub if hub is not None else _build_builtin if spec in BUILTIN_MODELS else _build_torchvision
         model = build(spec, num_classes)
         if weights is None:
             logger.warning("%s has random weights: no weights file given (minreal never downloads); pass a "

@@ -13,7 +13,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "zoo.py"
@@ -173,3 +175,51 @@ def test_resume_builds_again_a_baseline_whose_files_are_gone(tmp_path: Path, mon
     doc["rows"].clear()
     zoo.run_model(doc, zoo.Model("m", "x", (3, 8, 8)), args, lambda line: None)
     assert stages == ["baseline"] and [r["method"] for r in doc["rows"]] == ["wanda"]
+
+
+def _fake_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers as far as ``hf_config`` reads it: each family's config with a small vocabulary, ViT's image size
+    and Whisper's mel bins and source positions."""
+    from types import ModuleType, SimpleNamespace
+
+    configs = {"bert": {"vocab_size": 50}, "gpt2": {"vocab_size": 7}, "vit": {"num_channels": 3, "image_size": 224},
+               "whisper": {"num_mel_bins": 80, "max_source_positions": 1500}}
+    fake = ModuleType("transformers")
+    fake.AutoConfig = SimpleNamespace(  # type: ignore[attr-defined]
+        for_model=lambda model_type, **kw: SimpleNamespace(**configs.get(model_type, {}), **kw))
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+
+
+def test_hf_rows_take_token_ids_images_or_whisper_features(monkeypatch: pytest.MonkeyPatch) -> None:
+    """zoo (issue 44): every hf row had the shape (SEQ,) and image calibration; ViT takes 224x224 images and
+    Whisper's encoder 80 mel bins of 2 x 1500 frames (its convolution halves them to its 1500 positions)."""
+    _fake_transformers(monkeypatch)
+    monkeypatch.setattr(zoo.importlib.util, "find_spec", lambda name: object())
+    rows = {m.name: m for m in zoo.optional_models() if m.family == "hf"}
+    assert [rows[f"hf:{f}"].inputs for f in zoo.HF] == ["tokens"] * 4 + ["images", "features"]
+    assert rows["hf:bert"].shape == (zoo.SEQ,) and rows["hf:vit"].shape == (3, 224, 224)
+    assert rows["hf:whisper_encoder"].shape == (80, 3000) and all(m.skip is None for m in rows.values())
+
+
+def test_token_ids_are_seeded_int64_in_the_vocabulary_and_load_as_one_input(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from minreal.app.data import load_dataset
+
+    _fake_transformers(monkeypatch)
+    bert, gpt2 = zoo.Model("hf:bert", "hf", (16,), inputs="tokens"), zoo.Model("hf:gpt2", "hf", (16,), inputs="tokens")
+    path = zoo._calib_file(tmp_path, bert)
+    x = np.load(path)["x"]
+    assert x.dtype == np.int64 and x.shape == (zoo.CALIB, 16) and x.min() >= 0 and x.max() <= 49
+    assert len(np.unique(x)) > 40  # spread over the 50 ids, not a constant
+    assert np.array_equal(np.load(zoo._calib_file(tmp_path / "again", bert))["x"], x)  # seeded
+    small = np.load(zoo._calib_file(tmp_path, gpt2))["x"]  # one file per model: vocabularies differ
+    assert small.max() <= 6 and zoo._calib_file(tmp_path, gpt2) != path
+    data = load_dataset(str(path))
+    assert isinstance(data.x, torch.Tensor) and data.x.dtype == torch.int64 and tuple(data.x.shape) == x.shape
+
+
+def test_whisper_features_are_seeded_float32(tmp_path: Path) -> None:
+    model = zoo.Model("hf:whisper_encoder", "hf", (4, 6), inputs="features")
+    x = np.load(zoo._calib_file(tmp_path, model))["x"]
+    assert x.dtype == np.float32 and x.shape == (zoo.CALIB, 4, 6) and abs(float(x.std()) - 1) < 0.2
+    assert np.array_equal(np.load(zoo._calib_file(tmp_path / "again", model))["x"], x)
