@@ -32,11 +32,16 @@ def _fake_timm(calls: list[tuple[str, dict[str, Any]]]) -> ModuleType:
     return timm
 
 
+def _installed(monkeypatch: pytest.MonkeyPatch, name: str, fake: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The calls list of a fake package ``fake(calls)`` put in ``sys.modules`` as ``name`` for one test."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setitem(sys.modules, name, fake(calls))
+    return calls
+
+
 @pytest.fixture
 def timm_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
-    calls: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setitem(sys.modules, "timm", _fake_timm(calls))
-    return calls
+    return _installed(monkeypatch, "timm", _fake_timm)
 
 
 @pytest.mark.parametrize("spec, parsed", [
@@ -153,9 +158,7 @@ def _fake_transformers(calls: list[tuple[str, dict[str, Any]]]) -> ModuleType:
 
 @pytest.fixture
 def hf_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
-    calls: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setitem(sys.modules, "transformers", _fake_transformers(calls))
-    return calls
+    return _installed(monkeypatch, "transformers", _fake_transformers)
 
 
 def test_hf_family_is_built_from_its_config_without_cache_and_with_eager_attention(hf_calls: list) -> None:
