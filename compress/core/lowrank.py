@@ -63,7 +63,12 @@ def layer_macs(layer: nn.Module, positions: int) -> int:
 
 
 def build_pair(layer: nn.Module, first: torch.Tensor, second: torch.Tensor) -> nn.Sequential:
-    """Two plain layers computing ``second @ first`` per group, plus the original bias.
+    """Two plain layers computing ``second @ first`` per group, plus the original bias, as an ``nn.Sequential``.
+
+    The Sequential also holds ``weight``, an empty non-persistent buffer of the replaced layer's dtype and device
+    (cast and moved with the pair, absent from its state dict), for a model whose own ``forward`` reads the
+    replaced layer's weight only for those (transformers' ViT casts its input to
+    ``patch_embeddings.projection.weight.dtype``). It holds no values: arithmetic with it fails loudly.
 
     Parameters
     ----------
@@ -92,7 +97,9 @@ def build_pair(layer: nn.Module, first: torch.Tensor, second: torch.Tensor) -> n
         b.weight.data.copy_(second.reshape(b.weight.shape))
     if has_bias:
         b.bias.data.copy_(layer.bias.detach())
-    return nn.Sequential(a, b)
+    pair = nn.Sequential(a, b)
+    pair.register_buffer("weight", torch.empty(0, dtype=dtype, device=device), persistent=False)
+    return pair
 
 
 def output_positions(out: torch.Tensor, layer: nn.Module) -> int:

@@ -111,8 +111,18 @@ def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ..
         else:
             targets.append(Target(name, mod, cost.positions))
     if not targets:
-        raise CompressionError("model has no Linear/Conv layer that can be factorised")
+        raise CompressionError(f"model has no Linear/Conv layer that can be factorised{_conv1d_hint(model)}")
     return targets, skipped, table
+
+
+def _conv1d_hint(model: nn.Module) -> str:
+    """The refusal's tail naming transformers' ``Conv1D`` layers (GPT-2's projections): a Linear with its weight
+    stored in × out (``y = x @ W + b``), which no method reads as a Linear; empty where the model has none."""
+    count = sum(type(m).__name__ == "Conv1D" for m in model.modules())
+    if not count:
+        return ""
+    return (f"; it has {count} Conv1D layers (transformers' transposed Linear, weight stored in × out): replace "
+            "each by an nn.Linear with weight = Conv1D.weight.T and the same bias, then compress")
 
 
 def _cost_fn(t: Target, kind: str):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from torch import nn
 
 from minreal.compress import compress
@@ -16,6 +17,7 @@ from minreal.compress.core.allocate import options_from_spectrum
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
 from minreal.compress.core.lowrank_plan import find_targets, layer_target, predicted_latency_ratio
+from minreal.compress.methods.factorize import FactorizeConfig
 from minreal.compress.methods.svd import SVDConfig
 
 
@@ -68,3 +70,22 @@ def test_unreachable_layer_budget_names_its_flag(tiny_mlp: nn.Module, mlp_data: 
     with pytest.raises(CompressionError, match="--rank-multiple 16") as err:
         compress(tiny_mlp, mlp_data, "svd", SVDConfig(rank_multiple=16, **given))
     assert str(err.value).startswith(f"{flag} cannot be reached")
+
+
+class Conv1D(nn.Module):
+    """transformers' Conv1D as GPT-2 uses it: a Linear whose weight is stored in × out (y = x @ W + b)."""
+
+    def __init__(self, nf: int, nx: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(nx, nf))
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight + self.bias
+
+
+def test_a_model_of_conv1d_layers_is_refused_naming_them_and_the_conversion() -> None:
+    model = nn.Sequential(Conv1D(8, 12), nn.ReLU(), Conv1D(5, 8))
+    data = Dataset(torch.randn(16, 12))
+    with pytest.raises(CompressionError, match=r"it has 2 Conv1D layers .*weight = Conv1D\.weight\.T"):
+        compress(model, data, "factorize", FactorizeConfig())
