@@ -185,8 +185,13 @@ def _child_outcome(exc: BaseException) -> dict[str, str]:
     from minreal.facts import error_line
 
     own = type(exc).__module__.startswith("minreal.") and not isinstance(exc, ParityError)
-    line = error_line(exc, with_type=not own, max_chars=MAX_LINE)
-    return {"outcome": "refused" if own else "failed", "reason": line}
+    if not own:
+        return {"outcome": "failed", "reason": error_line(exc, with_type=True, max_chars=MAX_LINE)}
+    from minreal.app.field_flags import flag_spelled
+
+    # the stages run `minreal` commands, so a refusal reads as the command line prints it: flags, not fields
+    line = flag_spelled(exc, error_line(exc))
+    return {"outcome": "refused", "reason": line if len(line) <= MAX_LINE else line[: MAX_LINE - 1] + "…"}
 
 
 def _cli(argv: list[str]) -> dict[str, Any]:

@@ -223,3 +223,15 @@ def test_whisper_features_are_seeded_float32(tmp_path: Path) -> None:
     x = np.load(zoo._calib_file(tmp_path, model))["x"]
     assert x.dtype == np.float32 and x.shape == (zoo.CALIB, 4, 6) and abs(float(x.std()) - 1) < 0.2
     assert np.array_equal(np.load(zoo._calib_file(tmp_path / "again", model))["x"], x)
+
+
+def test_a_refusal_reads_as_the_command_line_prints_it_and_a_foreign_error_is_a_failure() -> None:
+    """The stages run `minreal` commands: a library error that names its field reads with the flag in its place
+    (as the command line shows it), another library's error is ``failed`` with its type."""
+    from minreal.facts import FieldError
+
+    exc = FieldError("`mac_ratio` (--mac-ratio 0.7) cannot be reached by width cuts", fields=("mac_ratio",))
+    assert zoo._child_outcome(exc) == {"outcome": "refused",
+                                       "reason": "--mac-ratio 0.7 cannot be reached by width cuts"}
+    out = zoo._child_outcome(KeyError("x"))
+    assert out["outcome"] == "failed" and out["reason"].startswith("KeyError")
