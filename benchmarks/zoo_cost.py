@@ -246,7 +246,7 @@ def goal_specs(work: Path) -> dict[str, dict[str, Any]]:
     weights = work / "resnet50.pt"
     if not weights.is_file():
         torch.save(zoo._seeded("resnet50").state_dict(), weights)
-    images = zoo._calib_file(work, (3, 224, 224))
+    images = zoo._calib_file(work, zoo.Model("resnet50", "classification", (3, 224, 224)))
     return {"resnet50": {"model": "resnet50", "weights": str(weights), "data": str(images), "calib": zoo.CALIB},
             "bert_base": {"model": f"{Path(__file__).resolve()}:bert_base", "weights": None,
                           "data": str(_token_file(work, zoo.CALIB, zoo.SEQ)), "calib": zoo.CALIB, "seq": zoo.SEQ}}
