@@ -16,7 +16,7 @@ on a shared machine gives outcomes, not costs: its times carry the load.
 
 **The goals** (``--goals``): ``minreal compress <model> -m factorize --mac-ratio 0.7 --json`` on torchvision's
 ResNet-50 (seeded random weights, the zoo's calibration set: :data:`zoo.CALIB` CIFAR-10 test images resized to
-224 × 224) and on BERT-base (:func:`bert_base`, built from ``transformers``' default ``BertConfig`` with seeded
+224 × 224) and on BERT-base (``hf:bert``, :mod:`minreal.app.hub`: ``transformers``' default BERT config with seeded
 random weights, :data:`zoo.CALIB` sequences of :data:`zoo.SEQ` seeded random token ids), each :data:`RUNS` times in
 fresh processes; each run's ``prepare`` (the report's ``timings_s["prepare"]``: the statistics and the
 decompositions), whole process time, peak memory beside the size of the fp32 weights, the MAC ratio reached, the
@@ -56,10 +56,8 @@ MIN_SPAN = 4.0
 RUNS = 3
 GOALS_S = {"resnet50": 60.0, "bert_base": 120.0}
 """The issue's goals on 2 cores: factorize ``prepare`` seconds."""
-VOCAB = 30522
-"""BERT's default vocabulary size (``BertConfig().vocab_size``)."""
 
-__all__ = ["PowerFit", "bert_base", "cost_points", "fit_all", "fit_power"]
+__all__ = ["PowerFit", "cost_points", "fit_all", "fit_power"]
 
 
 @dataclass(frozen=True)
@@ -205,36 +203,6 @@ def plot(points: dict[tuple[str, str, str], list[tuple[float, float]]], fits: It
 
 
 # ------------------------------------------------------------------------------------------------------- the goals
-def bert_base() -> Any:
-    """BERT-base from ``transformers``' default ``BertConfig`` (12 layers, hidden 768), seeded random weights, no
-    download: token ids in, the last hidden state out. A ``minreal`` factory (``benchmarks/zoo_cost.py:bert_base``)."""
-    import torch
-    from torch import nn
-    from transformers import BertConfig, BertModel
-
-    class Encoder(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = BertModel(BertConfig(), add_pooling_layer=False)
-
-        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-            return self.bert(input_ids=input_ids).last_hidden_state
-
-    torch.manual_seed(0)
-    return Encoder().eval()
-
-
-def _token_file(work: Path, rows: int, seq: int) -> Path:
-    """``rows`` sequences of ``seq`` seeded random token ids (int64) as an ``.npz``, written once."""
-    import numpy as np
-
-    path = work / f"calib-ids-{rows}x{seq}.npz"
-    if not path.is_file():
-        ids = np.random.default_rng(0).integers(0, VOCAB, size=(rows, seq), dtype=np.int64)
-        np.savez(path, x=ids)
-    return path
-
-
 def goal_specs(work: Path) -> dict[str, dict[str, Any]]:
     """The two goal models as ``minreal compress`` takes them: spec, weights (or none), calibration file."""
     import torch
@@ -247,9 +215,9 @@ def goal_specs(work: Path) -> dict[str, dict[str, Any]]:
     if not weights.is_file():
         torch.save(zoo._seeded("resnet50").state_dict(), weights)
     images = zoo._calib_file(work, zoo.Model("resnet50", "classification", (3, 224, 224)))
+    tokens = zoo._calib_file(work, zoo._hf_model("bert"))
     return {"resnet50": {"model": "resnet50", "weights": str(weights), "data": str(images), "calib": zoo.CALIB},
-            "bert_base": {"model": f"{Path(__file__).resolve()}:bert_base", "weights": None,
-                          "data": str(_token_file(work, zoo.CALIB, zoo.SEQ)), "calib": zoo.CALIB, "seq": zoo.SEQ}}
+            "bert_base": {"model": "hf:bert", "weights": None, "data": str(tokens), "calib": zoo.CALIB, "seq": zoo.SEQ}}
 
 
 def goal_run(spec: dict[str, Any], out: Path, timeout: float) -> dict[str, Any]:
