@@ -30,15 +30,17 @@ report at least the driver's size). A stage's outcome is ``ok``, ``refused`` (th
 not pass).
 
 ``--only`` takes model names or families (``classification``, ``quantization``, ``segmentation``, ``detection``,
-``video``, ``optical_flow``, ``timm``, ``hf``), run in the order named; ``--list`` prints them; ``--resume`` keeps
-the rows the JSON holds; the JSON is written atomically after every row. ``--table`` prints the README's coverage
-table from the JSON. SIGTERM or SIGINT (Ctrl-C) stops the run: the running stage's processes are killed, the rows
-finished so far are saved and the driver exits with 128 + the signal after one line saying so (:func:`run_all`).
+``video``, ``optical_flow``, ``timm``, ``hf``), run in the order named; ``--list`` prints them; ``--resume`` keeps the
+rows the JSON holds; the JSON is written atomically after every row. ``--table`` prints the README's coverage table from
+the JSON; ``--merge A.json B.json ...`` writes ``--out`` from the JSONs of runs made at once (shards of the list) or on
+several machines (:func:`merge`). SIGTERM or SIGINT (Ctrl-C) stops the run: the running stage's processes are killed,
+the rows finished so far are saved and the driver exits with 128 + the signal after one line saying so
+(:func:`run_all`).
 
-The timing columns are only as good as the machine was quiet: the header records the load average at the start and
-each row its own and the machine's CPU shares over the row (``cpu_share``: busy, idle and steal from ``/proc/stat``,
-this run's own work included); a run on a shared machine says so in ``load`` (``--load``): its times are not the
-tool's cost, only its outcomes are results.
+The timing columns are only as good as the machine was quiet: the header records the load average at the start and each
+row its own and the machine's CPU shares over the row (``cpu_share``: busy, idle and steal from ``/proc/stat``, this
+run's own work included); a run on a shared machine says so in ``load`` (``--load``): its times are not the tool's cost,
+only its outcomes are results.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/zoo.py --out benchmarks/zoo.json
 """
@@ -564,6 +566,32 @@ def earlier_runs(head: dict[str, Any]) -> list[dict[str, Any]]:
     return [*before, {k: v for k, v in head.items() if k not in ("resumed_from", "earlier_runs")}]
 
 
+def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One zoo JSON from several runs' (shards of the list run at once, or on several machines): the first
+    document's, plus every other's models and rows it lacks (a (model, method) pair both hold keeps the first's
+    row), and their run headers under ``earlier_runs``."""
+    if not docs:
+        raise SystemExit("zoo: --merge needs at least one JSON file")
+    out = json.loads(json.dumps(docs[0]))
+    head = out["header"]
+    head["earlier_runs"] = list(head.get("earlier_runs") or [])
+    seen = {json.dumps(h, sort_keys=True) for h in head["earlier_runs"]}
+    have = {(r["model"], r["method"]) for r in out["rows"]}
+    for doc in docs[1:]:
+        if doc.get("mac_ratio") != out.get("mac_ratio"):
+            raise SystemExit(f"zoo: --merge: MAC ratio {doc.get('mac_ratio')} differs from {out.get('mac_ratio')}")
+        for name, base in doc["models"].items():
+            out["models"].setdefault(name, base)
+        out["rows"] += [r for r in doc["rows"] if (r["model"], r["method"]) not in have]
+        have |= {(r["model"], r["method"]) for r in doc["rows"]}
+        for run in earlier_runs(doc["header"]):
+            if json.dumps(run, sort_keys=True) not in seen:
+                seen.add(json.dumps(run, sort_keys=True))
+                head["earlier_runs"].append(run)
+        out["methods"] = list(dict.fromkeys([*out.get("methods", []), *doc.get("methods", [])]))
+    return out
+
+
 def header(models_listed: int) -> dict[str, Any]:
     import onnxruntime
     import torch
@@ -624,6 +652,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--table", action="store_true", help="print the README's coverage table from --out, and exit")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one stage may run")
     ap.add_argument("--load", default=None, help="what else ran on the machine (recorded in the header)")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="write --out from these zoo JSONs (shards run at once): the first's rows, then the others' "
+                         "rows it lacks, and exit")
     args = ap.parse_args(argv)
     args.methods = tuple(m for m in args.methods.split(",") if m)
     return args
@@ -636,6 +667,19 @@ def main() -> None:
     args = parse()
     if args.table:
         print(table_markdown(json.loads(args.out.read_text())))
+        return
+    if args.merge:
+        docs = []
+        for path in args.merge:
+            try:
+                docs.append(json.loads(path.read_text()))
+            except (OSError, ValueError) as exc:
+                raise SystemExit(f"zoo: --merge: cannot read {path}: {type(exc).__name__}: {exc}") from None
+        doc = merge(docs)
+        if args.load:
+            doc["load"] = args.load
+        save(doc, args.out)
+        print(f"zoo: {len(doc['rows'])} rows of {doc['header']['models_ran']} models merged into {args.out}")
         return
     models = all_models()
     if args.list:

@@ -235,3 +235,37 @@ def test_a_refusal_reads_as_the_command_line_prints_it_and_a_foreign_error_is_a_
                                        "reason": "--mac-ratio 0.7 cannot be reached by width cuts"}
     out = zoo._child_outcome(KeyError("x"))
     assert out["outcome"] == "failed" and out["reason"].startswith("KeyError")
+
+
+def test_merge_keeps_the_first_runs_rows_and_adds_the_others_models_rows_and_headers(tmp_path: Path) -> None:
+    """Shards of the list run at once (or on several machines) make one JSON: a (model, method) pair both hold keeps
+    the first's row; every shard's run header is kept."""
+    def doc(commit: str, rows: list[tuple[str, str]]) -> dict:
+        return {"header": {"commit": commit, "started": commit, "models_listed": 4}, "mac_ratio": 0.7,
+                "methods": ["factorize", "wanda"], "models": {m: {"family": "x", "by": commit} for m, _ in rows},
+                "rows": [{"model": m, "family": "x", "method": k, "stages": {}, "by": commit} for m, k in rows]}
+
+    a = doc("a", [("m1", "factorize"), ("m2", "factorize")])
+    b = doc("b", [("m2", "factorize"), ("m2", "wanda"), ("m3", "factorize")])
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for p, d in zip(paths, (a, b)):
+        p.write_text(json.dumps(d))
+    out = tmp_path / "zoo.json"
+    done = _run("--merge", *map(str, paths), "--out", str(out), "--load", "two shards at once")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(out.read_text())
+    assert [(r["model"], r["method"], r["by"]) for r in got["rows"]] == [
+        ("m1", "factorize", "a"), ("m2", "factorize", "a"), ("m2", "wanda", "b"), ("m3", "factorize", "b")]
+    assert {m: v["by"] for m, v in got["models"].items()} == {"m1": "a", "m2": "a", "m3": "b"}
+    assert [h["commit"] for h in got["header"]["earlier_runs"]] == ["b"]
+    assert got["header"]["models_ran"] == 3 and got["header"]["partial"] and got["load"] == "two shards at once"
+    assert paths[0].read_text() == json.dumps(a)  # inputs are never overwritten
+
+    b["mac_ratio"] = 0.5
+    paths[1].write_text(json.dumps(b))
+    refused = _run("--merge", *map(str, paths), "--out", str(tmp_path / "z2.json"))
+    assert refused.returncode != 0 and "MAC ratio 0.5 differs from 0.7" in refused.stderr
+    assert not (tmp_path / "z2.json").exists()
+    paths[1].write_text("{not json")
+    bad = _run("--merge", *map(str, paths), "--out", str(tmp_path / "z2.json"))
+    assert bad.returncode != 0 and f"cannot read {paths[1]}" in bad.stderr and "Traceback" not in bad.stderr
