@@ -4,7 +4,8 @@ Every tensor with a channel dimension gets a *slot list*: one slot id per channe
 constrain slots:
 
 - conv/linear outputs get fresh slots (the producer's rows); their inputs are read by the consumer's columns;
-- per-channel operations (BatchNorm, activations, pools, dropout, LayerNorm over the channels) keep the list;
+- per-channel operations (BatchNorm, also called as `F.batch_norm`, activations, pools, dropout, LayerNorm over the
+  channels) keep the list;
 - elementwise operations of several tensors (residual additions, squeeze-excitation products) tie the slots
   position by position (a broadcast size-1 dimension ties nothing);
 - ``torch.cat`` on the channel dimension concatenates the lists (channel offsets);
@@ -23,6 +24,7 @@ import math
 import operator
 from typing import Any
 
+import torch
 from torch import fx, nn
 
 from ..errors import CompressionError
@@ -139,6 +141,8 @@ def _visit(wg: WidthGraph, node: fx.Node, modules: dict[str, nn.Module]) -> None
         _visit_reduce(wg, node)
     elif name == "layer_norm":
         _visit_functional_layer_norm(wg, node)
+    elif name == "batch_norm":
+        _visit_functional_batch_norm(wg, node)
     elif name in ("softmax", "log_softmax"):
         _visit_softmax(wg, node)
     elif name in ("size", "dim", "getattr"):
@@ -535,4 +539,33 @@ def _visit_functional_layer_norm(wg: WidthGraph, node: fx.Node) -> None:
             _unknown(wg, node, "layer_norm with computed weights")
             return
     wg.rewrites.append(Rewrite(node.name, "norm_shape", 1, chan.slots))
+    _set(wg, node, chan)
+
+
+def _visit_functional_batch_norm(wg: WidthGraph, node: fx.Node) -> None:
+    """``F.batch_norm(input, running_mean, running_var, weight, bias, ...)`` or ``torch.batch_norm(input, weight,
+    bias, running_mean, running_var, ...)`` (timm's ``BatchNormAct2d`` calls the functional form from its own
+    ``forward``): per channel over dimension 1, so its four tensors are cut with the channels, as
+    ``nn.BatchNorm2d``'s are."""
+    x = node.args[0]
+    chan = _chan_of(wg, x)
+    if chan is None:
+        return
+    if chan.dim != 1:
+        _unknown(wg, node, "batch_norm over a dimension that is not the channel dimension")
+        return
+    aten = node.target is torch.batch_norm
+    keys = ((1, "weight"), (2, "bias"), (3, "running_mean"), (4, "running_var")) if aten else \
+        ((1, "running_mean"), (2, "running_var"), (3, "weight"), (4, "bias"))
+    params = []
+    for i, key in keys:
+        p = _arg(node, i, key)
+        if p is None:
+            continue
+        if not (isinstance(p, fx.Node) and p.op == "get_attr" and len(p.users) == 1):
+            _unknown(wg, node, "batch_norm with computed or shared statistics or affine parameters")
+            return
+        params.append(p)
+    for p in params:
+        wg.uses.append(Use("", p.target, 0, chan.slots, "affine", node.name))
     _set(wg, node, chan)

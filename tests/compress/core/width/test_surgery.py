@@ -356,3 +356,44 @@ def test_attention_cut_by_embedding_or_heads_is_exact(batch_first: bool) -> None
         assert isinstance(cut.attn, SlimAttention) and cut.attn.num_heads == len(cuts.get(heads, Cut(range(4))).keep)
         assert cut.attn.in_proj_weight.shape == (3 * 4 * cut.attn.num_heads, 12)
         _assert_same_function(cut, dead.gm, x)
+
+
+class _FunctionalBatchNorm(nn.BatchNorm2d):
+    """timm's ``BatchNormAct2d`` in small: a BatchNorm subclass whose own ``forward`` calls ``F.batch_norm`` (traced
+    through, so the graph holds the functional call and its four tensors as attributes), then an activation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0,
+                                     self.eps)
+        return torch.relu(x)
+
+
+class _AtenBatchNorm(nn.BatchNorm2d):
+    """The same through ``torch.batch_norm``, whose arguments come in ATen's order (weight and bias first)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var, False, 0.0, self.eps,
+                                False)
+
+
+@pytest.mark.parametrize("norm", [_FunctionalBatchNorm, _AtenBatchNorm])
+def test_functional_batch_norm_is_cut_with_its_channels(norm: type[nn.BatchNorm2d]) -> None:
+    """zoo (issue 44): timm's EfficientNet, MobileNetV3 and RegNetY froze almost every group (width cuts reached 0.99
+    of the MACs at best) because the functional batch_norm their BatchNormAct2d calls was not understood; its
+    channels are now cut with their running statistics and affine parameters, exactly."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), norm(8), nn.Conv2d(8, 8, 3, groups=8), norm(8),
+                          nn.Conv2d(8, 4, 1)).eval()
+    with torch.no_grad():
+        for bn in (model[1], model[3]):
+            bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2)
+            bn.weight.uniform_(0.5, 1.5), bn.bias.uniform_(-1, 1)
+    x = torch.randn(2, 3, 10, 10)
+    wg = analyse(model, x)
+    assert [g.name for g in wg.cuttable()] == ["0"]  # the depthwise conv ties both norms to conv 0's channels
+    cuts = {"0": Cut(zoo.three_quarters(8))}
+    dead = zoo.dead_copy(wg, cuts)
+    cut = apply_cuts(dead, cuts)
+    assert all(cut.get_submodule(f"{i}").get_buffer("running_mean").shape == (6,) for i in (1, 3))
+    assert cut.get_submodule("2").weight.shape[0] == 6 and cut.get_submodule("4").in_channels == 6
+    _assert_same_function(cut, dead.gm, x)
