@@ -2,19 +2,19 @@
 compressed by each method at 0.7 of the MACs and taken through export, parity, INT8 and a short benchmark, with
 each stage's outcome, wall time and peak memory.
 
-Models: every name of ``torchvision.models.list_models()`` (classification, quantisation-ready, segmentation,
-detection, video, optical flow), built with **seeded random weights** (``torch.manual_seed(0)``; nothing is
-downloaded) and saved as a state dict that the product loads with ``--weights``; the most used timm architectures
-when ``timm`` is installed and the Hugging Face families the ``[hf]`` extra builds from a config (BERT, DistilBERT,
-RoBERTa, GPT-2, ViT, Whisper's encoder) when ``transformers`` is: without them, one row per family says so. Both
-are built by the product itself (``minreal`` takes ``timm:NAME`` and ``hf:FAMILY``, :mod:`minreal.app.hub`).
-Image models (ViT included) calibrate on real CIFAR-10 test images of ``../shared/data`` (the first :data:`CALIB`
-images, resized to the model's input with bilinear interpolation, ImageNet mean and std; a video clip repeats one
-image along time), written once per input shape as an ``.npz`` in the work folder; Hugging Face text models on
-seeded synthetic token ids (int64, :data:`SEQ` per sample, uniform over the config's vocabulary) and Whisper's
-encoder on seeded synthetic log-mel features (standard normal, the config's mel bins and frames), one ``.npz`` per
-model whose array ``x`` ``minreal --data`` passes as the model's one input; without ``../shared/data`` the script
-prints one line and exits with status 2.
+Models: every name of ``torchvision.models.list_models()`` (classification, quantisation-ready, segmentation, detection,
+video, optical flow), built with **seeded random weights** (``torch.manual_seed(0)``; nothing is downloaded; where their
+outputs explode, BatchNorm statistics estimated on the calibration images) and saved as a state dict that the product
+loads with ``--weights``; the most used timm architectures when ``timm`` is installed and the Hugging Face families the
+``[hf]`` extra builds from a config (BERT, DistilBERT, RoBERTa, GPT-2, ViT, Whisper's encoder) when ``transformers`` is:
+without them, one row per family says so. Both are built by the product itself (``minreal`` takes ``timm:NAME`` and
+``hf:FAMILY``, :mod:`minreal.app.hub`). Image models (ViT included) calibrate on real CIFAR-10 test images of
+``../shared/data`` (the first :data:`CALIB` images, resized to the model's input with bilinear interpolation, ImageNet
+mean and std; a video clip repeats one image along time), written once per input shape as an ``.npz`` in the work
+folder; Hugging Face text models on seeded synthetic token ids (int64, :data:`SEQ` per sample, uniform over the config's
+vocabulary) and Whisper's encoder on seeded synthetic log-mel features (standard normal, the config's mel bins and
+frames), one ``.npz`` per model whose array ``x`` ``minreal --data`` passes as the model's one input; without
+``../shared/data`` the script prints one line and exits with status 2.
 
 Per model, a ``baseline`` stage (build, parameters, MACs, the original exported to ONNX and quantised to INT8);
 per model and method (``--methods``, default ``factorize,wanda,depth``) at MAC ratio :data:`MAC_RATIO`:
@@ -83,6 +83,9 @@ TIMM = ("resnet50", "efficientnet_b0", "convnext_tiny", "vit_small_patch16_224",
 HF = ("bert", "distilbert", "roberta", "gpt2", "vit", "whisper_encoder")
 SEQ = 128
 MAX_LINE = 300
+EXPLODING = 1e4
+"""A seeded model whose outputs exceed this magnitude gets its BatchNorm statistics estimated
+(:func:`_estimate_batch_norm`)."""
 PEAK_OWN = "own: the stage's process and the processes it ran, started by a small launcher"
 PEAK_UPPER_BOUND = ("an upper bound: the stage was started straight from the driver, whose peak Linux hands down "
                     "across fork and exec")
@@ -235,6 +238,48 @@ def _seeded(name: str) -> Any:
     return model
 
 
+def _tensors(value: Any) -> list[Any]:
+    """The tensors of a model's output (a tensor, or tuples, lists and dicts of them)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [t for v in value for t in _tensors(v)] if isinstance(value, (list, tuple)) else []
+
+
+def _estimate_batch_norm(model: Any, x: Any) -> float | None:
+    """Where a seeded model's outputs exceed :data:`EXPLODING` in magnitude on the calibration images (Inception v3:
+    torchvision's N(0, 0.1²) convolutions under BatchNorm's identity statistics reach about 2·10⁷, and float32
+    rounding through 90 layers then fails any parity tolerance, the original's too), its BatchNorm statistics are
+    estimated on those images as training would have left them (cumulative averages over batches of 8, no weight
+    changes), so that the zoo tests the tool and not a network no one trains. Returns the magnitude that triggered
+    it, or None where nothing was done."""
+    import torch
+
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+             and m.track_running_stats]
+    if not norms:
+        return None
+    with torch.no_grad():
+        peak = max((float(t.detach().abs().max()) for t in _tensors(model.eval()(x[:8])) if t.is_floating_point()),
+                   default=0.0)
+        if peak <= EXPLODING:
+            return None
+        momenta = [m.momentum for m in norms]
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over the batches
+        model.train()
+        for batch in x.split(8):
+            model(batch)
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+    model.eval()
+    return peak
+
+
 def _images(model: Model) -> Any:
     """The first :data:`CALIB` CIFAR-10 test images at the model's shape (bilinear, ImageNet-normalised)."""
     import numpy as np
@@ -297,11 +342,16 @@ def stage_baseline(spec: dict[str, Any]) -> dict[str, Any]:
 
     work = Path(spec["work"])
     model = _seeded(spec["name"])
-    weights = work / "weights.pt"
-    torch.save(model.state_dict(), weights)
     row = Model(spec["name"], spec.get("family", ""), tuple(spec["shape"]), inputs=spec.get("inputs", "images"))
     calib = _calib_file(work.parent, row)
     facts: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
+    if row.inputs == "images":
+        peak = _estimate_batch_norm(model, torch.from_numpy(np.load(calib)["x"]))
+        if peak is not None:
+            facts["batch_norm_estimated"] = (f"seeded outputs reached {peak:.2g}: BatchNorm statistics estimated on "
+                                             f"the {CALIB} calibration images")
+    weights = work / "weights.pt"
+    torch.save(model.state_dict(), weights)
     try:
         example = torch.from_numpy(np.load(calib)["x"][:1])
         facts["macs"] = count_macs_torch(model, example).macs

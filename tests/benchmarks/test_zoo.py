@@ -269,3 +269,25 @@ def test_merge_keeps_the_first_runs_rows_and_adds_the_others_models_rows_and_hea
     paths[1].write_text("{not json")
     bad = _run("--merge", *map(str, paths), "--out", str(tmp_path / "z2.json"))
     assert bad.returncode != 0 and f"cannot read {paths[1]}" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_batch_norm_is_estimated_only_where_seeded_outputs_explode() -> None:
+    """Inception v3's seeded outputs reach about 2e7 and fail parity in float32 (the original's too): a model whose
+    outputs exceed EXPLODING gets the BatchNorm statistics training would leave (the first BN's running mean is the
+    mean of its input over every image, exactly, as a cumulative average over equal batches); a tame model is left
+    as it was."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 3, 8, 8)
+    wild = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Linear(6, 3))
+    with torch.no_grad():
+        wild[0].weight.mul_(1e6)
+    assert zoo._estimate_batch_norm(wild, x) > zoo.EXPLODING
+    with torch.no_grad():
+        torch.testing.assert_close(wild[1].running_mean, wild[0](x).mean((0, 2, 3)), rtol=1e-5, atol=0)
+        assert float(wild(x).abs().max()) < zoo.EXPLODING
+    assert not wild.training and wild[1].momentum == 0.1
+
+    tame = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    before = {k: v.clone() for k, v in tame.state_dict().items()}
+    assert zoo._estimate_batch_norm(tame, x) is None
+    assert all(torch.equal(before[k], v) for k, v in tame.state_dict().items())
