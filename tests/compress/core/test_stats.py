@@ -64,7 +64,7 @@ def test_chunked_moments_equal_direct_moments(dtype: str) -> None:
     tol = 1e-12 if dtype == "float64" else 1e-5
     for name, rows in direct.items():
         s = big[name]
-        grouped = rows.reshape(rows.shape[0], s.groups, s.fan_in).transpose(0, 1)
+        grouped = rows.reshape(rows.shape[0], s.groups, s.size).transpose(0, 1)
         expect = grouped.transpose(1, 2) @ grouped / rows.shape[0]
         assert s.rows == tiny[name].rows == rows.shape[0]
         assert tiny[name].chunks == 10 and big[name].chunks == 3  # one sample per chunk under the 1-byte cap
