@@ -342,6 +342,7 @@ def measure_goals(work: Path, timeout: float, load: str | None, models: Sequence
     """Each goal model of ``models`` :data:`RUNS` times, alternated (ResNet-50, BERT, ResNet-50, …) so that both
     see the same machine, after one memory probe each (:func:`memory_run`); the load stated and measured. The other
     models of ``kept`` (an earlier ``goals``) stay, each with the commit, start and load it was measured at."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     specs = goal_specs(work, models)
     probes = {name: memory_run(spec, timeout) for name, spec in specs.items()}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in specs}
@@ -350,7 +351,6 @@ def measure_goals(work: Path, timeout: float, load: str | None, models: Sequence
             runs[name].append(goal_run(spec, work / f"{name}.pt2", timeout))
             print(f"zoo_cost: {name} run {i + 1}: {runs[name][-1]}", file=sys.stderr, flush=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     measured = {"commit": commit, "started": started, "load": load or "not stated"}
     out = {name: {**{k: v for k, v in specs[name].items() if k not in ("weights", "data")},
                   **summarise(runs[name], GOALS_S[name]), "memory": memory_goal(probes[name], runs[name]),
