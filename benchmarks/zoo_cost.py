@@ -64,10 +64,10 @@ MIN_SPAN = 4.0
 RUNS = 3
 GOALS_S = {"resnet50": 60.0, "bert_base": 120.0}
 """The issue's goals on 2 cores: factorize ``prepare`` seconds."""
-PROBE_IMPORTS = ("minreal.app.cli", "minreal.app.commands.compress", "minreal.app.pipeline",
-                 "minreal.compress.methods.factorize.method")
+PROBE_IMPORTS = ("minreal.app.cli", "minreal.app.commands.compress", "minreal.compress.methods.factorize.method")
 """What :func:`probe_memory` imports before it loads the model (with ``torchvision``, or ``transformers`` for an
-``hf:`` model): the modules ``minreal compress -m factorize`` runs on."""
+``hf:`` model): the modules ``minreal compress -m factorize`` runs on (``python -X importtime`` of a compress run:
+not ``minreal.app.pipeline``, which would add ``onnx``)."""
 MEMORY_GOAL = "RSS after imports + 3 x the fp32 weights + one calibration batch's activations (no_grad forward)"
 
 __all__ = ["PowerFit", "cost_points", "fit_all", "fit_power"]
