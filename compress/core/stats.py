@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from .data import Dataset
 from .distributed import all_reduce_max, all_reduce_sum, shard, sum_count
@@ -319,8 +320,9 @@ class _Collector:
     dtype: torch.dtype
     stats: dict[str, MomentStats] = field(default_factory=dict)
 
-    def hook(self, name: str):
-        """The pre-hook (input side) or forward hook (output side) that adds one call's rows to ``name``'s sums."""
+    def hook(self, name: str) -> RemovableHandle:
+        """Register on ``name``'s layer the pre-hook (input side) or forward hook (output side) that adds each call's
+        rows to its sums; returns the hook's handle."""
         layer, stats = self.layers[name], self.stats[name]
 
         def pre_hook(_mod: nn.Module, args: tuple) -> None:

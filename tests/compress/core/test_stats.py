@@ -227,3 +227,28 @@ def test_output_side_of_an_unknown_layer_is_refused() -> None:
     lin = nn.Linear(3, 2)
     with pytest.raises(ValueError, match="output_side names layers not in `layers`: other"):
         collect_moments(nn.Sequential(lin), {"0": lin}, Dataset(torch.randn(2, 3)), output_side=["other"])
+
+
+class _OneByOne(nn.Module):
+    """Calls ``layer`` on one unbatched sample at a time."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.layer(v) for v in x])
+
+
+@pytest.mark.parametrize("layer", [nn.Linear(6, 3), nn.Conv1d(4, 2, 3, groups=2)], ids=["linear", "conv1d"])
+def test_output_side_takes_unbatched_calls(layer: nn.Module) -> None:
+    """A layer called on one sample without a batch dim (a Linear on a vector, a ConvNd on (C, *spatial)) adds the
+    same rows as a batched call."""
+    torch.manual_seed(4)
+    layer = layer.double()
+    data = Dataset(torch.randn(5, *((6,) if isinstance(layer, nn.Linear) else (4, 7)), dtype=torch.float64))
+    batched = collect_moments(nn.Sequential(layer), {"0": layer}, data, 5, dtype="float64", output_side=["0"])["0"]
+    single = _OneByOne(layer)
+    each = collect_moments(single, {"layer": layer}, data, 5, dtype="float64", output_side=["layer"])["layer"]
+    assert each.rows == batched.rows == (5 if isinstance(layer, nn.Linear) else 25)
+    torch.testing.assert_close(each.total, batched.total, rtol=1e-12, atol=1e-12)
