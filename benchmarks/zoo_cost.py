@@ -21,7 +21,15 @@ random weights, :data:`zoo.CALIB` sequences of :data:`zoo.SEQ` seeded random tok
 fresh processes; each run's ``prepare`` (the report's ``timings_s["prepare"]``: the statistics and the
 decompositions), whole process time, peak memory beside the size of the fp32 weights, the MAC ratio reached, the
 median and min–max against the goal, and the load average and the machine's CPU shares over each run. ``--load``
-states what else ran on the machine.
+states what else ran on the machine; ``--goal-models`` measures some of the models only (the others' earlier
+figures stay, with the commit, start and load they were measured at).
+
+**The memory goal** (issue 44: peak memory ≤ 3 × the fp32 model plus one batch of activations), stated per model
+from one more fresh process (:func:`probe_memory`): its resident memory after the command line's imports
+(:data:`PROBE_IMPORTS` and the model's library, before the model is loaded), 3 × the fp32 weights (4 bytes per
+parameter), one batch of activations (the peak resident growth of one ``torch.no_grad()`` forward of the first
+calibration batch, ``calib_batch_size`` samples, measured by resetting the process's high-water mark through
+``/proc/self/clear_refs``: Linux only), their sum (the goal) against the runs' median peak, and whether it is within.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/zoo_cost.py --zoo benchmarks/zoo.json [--goals]
 """
@@ -56,6 +64,11 @@ MIN_SPAN = 4.0
 RUNS = 3
 GOALS_S = {"resnet50": 60.0, "bert_base": 120.0}
 """The issue's goals on 2 cores: factorize ``prepare`` seconds."""
+PROBE_IMPORTS = ("minreal.app.cli", "minreal.app.commands.compress", "minreal.compress.methods.factorize.method")
+"""What :func:`probe_memory` imports before it loads the model (with ``torchvision``, or ``transformers`` for an
+``hf:`` model): the modules ``minreal compress -m factorize`` runs on (``python -X importtime`` of a compress run:
+not ``minreal.app.pipeline``, which would add ``onnx``)."""
+MEMORY_GOAL = "RSS after imports + 3 x the fp32 weights + one calibration batch's activations (no_grad forward)"
 
 __all__ = ["PowerFit", "cost_points", "fit_all", "fit_power"]
 
@@ -203,21 +216,27 @@ def plot(points: dict[tuple[str, str, str], list[tuple[float, float]]], fits: It
 
 
 # ------------------------------------------------------------------------------------------------------- the goals
-def goal_specs(work: Path) -> dict[str, dict[str, Any]]:
-    """The two goal models as ``minreal compress`` takes them: spec, weights (or none), calibration file."""
+def goal_specs(work: Path, models: Sequence[str] = tuple(GOALS_S)) -> dict[str, dict[str, Any]]:
+    """The goal models of ``models`` as ``minreal compress`` takes them: spec, weights (or none), calibration
+    file."""
     import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import zoo
 
     work.mkdir(parents=True, exist_ok=True)
-    weights = work / "resnet50.pt"
-    if not weights.is_file():
-        torch.save(zoo._seeded("resnet50").state_dict(), weights)
-    images = zoo._calib_file(work, zoo.Model("resnet50", "classification", (3, 224, 224)))
-    tokens = zoo._calib_file(work, zoo._hf_model("bert"))
-    return {"resnet50": {"model": "resnet50", "weights": str(weights), "data": str(images), "calib": zoo.CALIB},
-            "bert_base": {"model": "hf:bert", "weights": None, "data": str(tokens), "calib": zoo.CALIB, "seq": zoo.SEQ}}
+    specs = {}
+    if "resnet50" in models:
+        weights = work / "resnet50.pt"
+        if not weights.is_file():
+            torch.save(zoo._seeded("resnet50").state_dict(), weights)
+        images = zoo._calib_file(work, zoo.Model("resnet50", "classification", (3, 224, 224)))
+        specs["resnet50"] = {"model": "resnet50", "weights": str(weights), "data": str(images), "calib": zoo.CALIB}
+    if "bert_base" in models:
+        tokens = zoo._calib_file(work, zoo._hf_model("bert"))
+        specs["bert_base"] = {"model": "hf:bert", "weights": None, "data": str(tokens), "calib": zoo.CALIB,
+                              "seq": zoo.SEQ}
+    return specs
 
 
 def goal_run(spec: dict[str, Any], out: Path, timeout: float) -> dict[str, Any]:
@@ -247,6 +266,67 @@ def goal_run(spec: dict[str, Any], out: Path, timeout: float) -> dict[str, Any]:
             else None, "params": params, "fp32_weights_mib": round(params * 4 / 2**20, 1)}
 
 
+def _status_mib(field: str) -> float:
+    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field} (the memory probe needs Linux)")
+
+
+def probe_memory(spec: dict[str, Any]) -> dict[str, Any]:
+    """In this (fresh) process: resident memory after :data:`PROBE_IMPORTS`, the fp32 weights, and the peak resident
+    growth of one ``torch.no_grad()`` forward of the first calibration batch (the high-water mark reset through
+    ``/proc/self/clear_refs`` just before it)."""
+    import importlib
+
+    import torch
+
+    for module in (*PROBE_IMPORTS, "transformers" if spec["model"].startswith("hf:") else "torchvision"):
+        importlib.import_module(module)
+    from minreal.app.data import load_data
+    from minreal.app.models import load_model
+    from minreal.compress.core.inputs import call
+    from minreal.compress.methods.factorize.config import FactorizeConfig
+
+    imports = _status_mib("VmRSS")
+    model = load_model(spec["model"], spec["weights"])
+    batch_size = FactorizeConfig().calib_batch_size
+    batch = next(iter(load_data(spec["data"]).calib.inputs(batch_size)))
+    params = sum(p.numel() for p in model.parameters())
+    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark restarts at the current resident size
+    before = _status_mib("VmRSS")
+    with torch.no_grad():
+        call(model, batch)
+    return {"rss_after_imports_mib": round(imports, 1), "fp32_weights_mib": round(params * 4 / 2**20, 1),
+            "one_batch_activations_mib": round(_status_mib("VmHWM") - before, 1), "batch": batch_size}
+
+
+def memory_run(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """:func:`probe_memory` in a fresh process (this script with ``--probe-memory``); its own peak beside."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import run_measured
+
+    argv = [sys.executable, str(Path(__file__).resolve()), "--probe-memory", json.dumps(spec)]
+    done = run_measured(argv, timeout, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}, cwd=ROOT)
+    if done.returncode != 0:
+        tail = [ln for ln in done.stderr.splitlines() if ln.strip()][-1:]
+        return {"error": f"exit status {done.returncode}" + "".join(f": {t}" for t in tail)}
+    return {**json.loads(done.stdout), "probe_peak_rss_mib": done.peak_mib}
+
+
+def memory_goal(probe: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The memory goal (:data:`MEMORY_GOAL`) from the probe against the runs' median peak resident memory."""
+    peaks = [r["peak_rss_mib"] for r in runs if "prepare_s" in r and r.get("peak_rss_mib")]
+    if "error" in probe or not peaks:
+        return {"goal": MEMORY_GOAL, **probe, "within": None}
+    three = 3 * probe["fp32_weights_mib"]
+    goal = probe["rss_after_imports_mib"] + three + probe["one_batch_activations_mib"]
+    med = statistics.median(peaks)
+    return {"goal": MEMORY_GOAL, **probe, "three_fp32_weights_mib": round(three, 1), "goal_mib": round(goal, 1),
+            "peak_median_mib": med, "peak_min_max_mib": [min(peaks), max(peaks)], "within": med <= goal}
+
+
 def summarise(runs: list[dict[str, Any]], goal: float) -> dict[str, Any]:
     """Median and min–max of the runs' ``prepare`` seconds against ``goal``."""
     s = [r["prepare_s"] for r in runs if "prepare_s" in r]
@@ -257,21 +337,31 @@ def summarise(runs: list[dict[str, Any]], goal: float) -> dict[str, Any]:
             "met": med <= goal}
 
 
-def measure_goals(work: Path, timeout: float, load: str | None) -> dict[str, Any]:
-    """Each goal model :data:`RUNS` times, alternated (ResNet-50, BERT, ResNet-50, …) so that both see the
-    same machine; the load stated and measured."""
-    specs = goal_specs(work)
+def measure_goals(work: Path, timeout: float, load: str | None, models: Sequence[str] = tuple(GOALS_S),
+                  kept: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Each goal model of ``models`` :data:`RUNS` times, alternated (ResNet-50, BERT, ResNet-50, …) so that both
+    see the same machine, after one memory probe each (:func:`memory_run`); the load stated and measured. The other
+    models of ``kept`` (an earlier ``goals``) stay, each with the commit, start and load it was measured at."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    specs = goal_specs(work, models)
+    probes = {name: memory_run(spec, timeout) for name, spec in specs.items()}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in specs}
     for i in range(RUNS):
         for name, spec in specs.items():
             runs[name].append(goal_run(spec, work / f"{name}.pt2", timeout))
             print(f"zoo_cost: {name} run {i + 1}: {runs[name][-1]}", file=sys.stderr, flush=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    return {"commit": commit, "load": load or "not stated", "cpus": os.cpu_count(), "runs": RUNS,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    measured = {"commit": commit, "started": started, "load": load or "not stated"}
+    out = {name: {**{k: v for k, v in specs[name].items() if k not in ("weights", "data")},
+                  **summarise(runs[name], GOALS_S[name]), "memory": memory_goal(probes[name], runs[name]),
+                  "measured": measured, "each": runs[name]} for name in specs}
+    earlier = {k: (kept or {}).get(k) for k in ("commit", "started", "load")}
+    for name, entry in ((kept or {}).get("models") or {}).items():
+        if name not in out:
+            out[name] = {**entry, "measured": entry.get("measured") or earlier}
+    return {**measured, "cpus": os.cpu_count(), "runs": RUNS,
             "command": "minreal compress MODEL -m factorize --mac-ratio 0.7 --json (fresh process each run)",
-            "models": {name: {**{k: v for k, v in specs[name].items() if k not in ("weights", "data")},
-                              **summarise(runs[name], GOALS_S[name]), "each": runs[name]} for name in specs}}
+            "memory_goal": MEMORY_GOAL, "models": {name: out[name] for name in GOALS_S if name in out}}
 
 
 # -------------------------------------------------------------------------------------------------------- main
@@ -284,11 +374,17 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-zoo-cost")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one goal run may take")
     ap.add_argument("--load", default=None, help="what else ran on the machine during --goals (recorded)")
+    ap.add_argument("--goal-models", nargs="+", choices=tuple(GOALS_S), default=list(GOALS_S),
+                    help="the goal models --goals measures (the others' earlier figures stay); default both")
+    ap.add_argument("--probe-memory", metavar="SPEC_JSON", default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(argv)
+    if args.probe_memory is not None:  # the fresh process of memory_run
+        print(json.dumps(probe_memory(json.loads(args.probe_memory))))
+        return
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from _common import write_json
 
@@ -299,12 +395,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                            "superlinear_above": SUPERLINEAR, "fits": fits,
                            "superlinear": [f"{f['stage']}/{f['method']}/{f['metric']}" for f in fits
                                            if f["superlinear"]]}
-    if args.out.is_file():  # goals measured earlier stay unless measured again
-        kept = json.loads(args.out.read_text()).get("goals")
-        if kept:
-            out["goals"] = kept
+    kept = json.loads(args.out.read_text()).get("goals") if args.out.is_file() else None
+    if kept:  # goals measured earlier stay unless measured again
+        out["goals"] = kept
     if args.goals:
-        out["goals"] = measure_goals(args.work, args.timeout, args.load)
+        out["goals"] = measure_goals(args.work, args.timeout, args.load, args.goal_models, kept)
     write_json(args.out, out)
     plot(points, fits, args.png)
     print(f"zoo_cost: {len(fits)} fit(s), {len(out['superlinear'])} superlinear; {args.out}, {args.png}",

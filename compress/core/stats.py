@@ -1,11 +1,14 @@
-"""Second moments E[x xᵀ] of layer input rows, per group, collected with forward hooks.
+"""Second moments E[x xᵀ] of layer input rows, or E[y₀ y₀ᵀ] of bias-free output rows, per group, collected with
+forward hooks.
 
 A Linear layer's rows are all leading positions of its input; a ConvNd layer's rows are its im2col patches
 (batch × output positions, stride/padding/dilation respected). A stride-1, zero-padded, ungrouped convolution's
 patch moments are summed from shifted views of its input instead (:func:`shifted_moments`: exact, 1.3–2.4× faster
-on ResNet-20's layers); the others are unfolded. Samples are processed in chunks so the extra memory stays under a
-cap; each chunk's products run in :data:`DEFAULT_STATS_DTYPE` unless asked otherwise, and the chunks are
-accumulated in float64 on the CPU. Under a process group
+on ResNet-20's layers); the others are unfolded. A layer asked for on the output side gets the Gram of its output
+rows without the bias instead, y₀ = W x (out/groups per group and row, one row per output position): W E[x xᵀ] Wᵀ
+from its forward output, without the d × d moment or the im2col rows. Samples are processed in chunks so the extra
+memory stays under a cap; each chunk's products run in :data:`DEFAULT_STATS_DTYPE` unless asked otherwise, and the
+chunks are accumulated in float64 on the CPU. Under a process group
 (:mod:`minreal.compress.core.distributed`) each rank runs its shard of the data and the sums and row counts are
 all-reduced, so every rank ends with the statistics of all the data.
 """
@@ -16,12 +19,13 @@ import functools
 import itertools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from .data import Dataset
 from .distributed import all_reduce_max, all_reduce_sum, shard, sum_count
@@ -32,31 +36,39 @@ from .lowrank import matrix_view
 from .options import DEFAULT_STATS_DTYPE, STATS_DTYPE_NAMES
 from .progress import tracked
 
-__all__ = ["MomentStats", "conv_patches", "layer_rows", "shifted_moments", "collect_moments", "STATS_DTYPES"]
+__all__ = ["MomentStats", "conv_patches", "layer_rows", "output_rows", "shifted_moments", "collect_moments",
+           "SIDES", "STATS_DTYPES"]
 
 log = logging.getLogger(__name__)
 
 STATS_DTYPES = {name: getattr(torch, name) for name in STATS_DTYPE_NAMES}
+SIDES = ("input", "output")
+"""What a :class:`MomentStats` sums: the layer's input rows x (size fan_in) or its bias-free output rows y₀ = W x
+(size out/groups)."""
 
 
 @dataclass
 class MomentStats:
-    """Running sum of xxᵀ per group, shape (groups, d, d) float64, over ``rows`` rows."""
+    """Running sum of zzᵀ per group, shape (groups, size, size) float64, over ``rows`` rows z: the layer's input rows
+    (``side`` "input", size = fan_in) or its bias-free output rows (``side`` "output", size = out/groups)."""
 
     groups: int
-    fan_in: int
+    size: int
+    side: str = "input"
     total: torch.Tensor = None  # type: ignore[assignment]
     rows: int = 0
     chunks: int = 0
     over_cap: bool = False
 
     def __post_init__(self) -> None:
+        if self.side not in SIDES:
+            raise ValueError(f"MomentStats side must be one of {SIDES}, got {self.side!r}")
         if self.total is None:
-            self.total = torch.zeros(self.groups, self.fan_in, self.fan_in, dtype=torch.float64)
+            self.total = torch.zeros(self.groups, self.size, self.size, dtype=torch.float64)
 
     @property
     def moment(self) -> torch.Tensor:
-        """E[xxᵀ] per group."""
+        """E[zzᵀ] per group: E[xxᵀ] on the input side, the output Gram E[y₀y₀ᵀ] = W E[xxᵀ] Wᵀ on the output side."""
         return self.total / max(self.rows, 1)
 
 
@@ -95,6 +107,16 @@ def layer_rows(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(layer, nn.Linear):
         return x.reshape(-1, layer.in_features)
     return conv_patches(layer, x)
+
+
+def output_rows(layer: nn.Module, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bias-free output rows y₀ = y − b of a Linear (any leading dims) or ConvNd output ``y``, in ``dtype``:
+    (rows, out_features) or (batch · output positions, out_channels), rows in the order of :func:`layer_rows`."""
+    if isinstance(layer, nn.Linear):
+        rows = y.reshape(-1, layer.out_features).to(dtype)
+    else:
+        rows = y.movedim(1, -1).reshape(-1, layer.out_channels).to(dtype)
+    return rows if layer.bias is None else rows - layer.bias.detach().to(dtype)
 
 
 def _shift_structured(layer: nn.Module) -> bool:
@@ -257,19 +279,27 @@ def _bytes_per_sample(layer: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> 
 
 
 def _accumulate(stats: MomentStats, layer: nn.Module, x: torch.Tensor, cap: int, dtype: torch.dtype) -> None:
+    """Add the rows of ``x`` (the layer's input, or its output for ``side`` "output") to ``stats``, in chunks of
+    samples whose extra memory stays under ``cap``."""
     x = x.detach()
     if x.dim() == 0 or len(x) == 0:
         return
-    per_sample = _bytes_per_sample(layer, x, dtype)
+    output = stats.side == "output"
+    shifted = not output and _shift_structured(layer)
+    if output:  # the cast rows and the bias-free copy
+        per_sample = x[:1].numel() * (x.element_size() + 2 * (torch.finfo(dtype).bits // 8))
+    else:
+        per_sample = _bytes_per_sample(layer, x, dtype)
     step = max(1, cap // max(per_sample, 1))
     stats.over_cap |= step == 1 and per_sample > cap
-    g, d = stats.groups, stats.fan_in
+    g, d = stats.groups, stats.size
     for start in range(0, len(x), step):
         chunk = x[start:start + step]
-        if _shift_structured(layer):
+        if shifted:
             total, rows = shifted_moments(layer, chunk, dtype)
         else:
-            grouped = layer_rows(layer, chunk).to(dtype).reshape(-1, g, d).transpose(0, 1)  # (g, n, d)
+            flat = output_rows(layer, chunk, dtype) if output else layer_rows(layer, chunk).to(dtype)
+            grouped = flat.reshape(-1, g, d).transpose(0, 1)  # (g, n, d)
             total, rows = torch.bmm(grouped.transpose(1, 2), grouped), grouped.shape[1]
         stats.total += total.double()
         stats.rows += rows
@@ -290,19 +320,31 @@ class _Collector:
     dtype: torch.dtype
     stats: dict[str, MomentStats] = field(default_factory=dict)
 
-    def hook(self, name: str):
-        layer = self.layers[name]
+    def hook(self, name: str) -> RemovableHandle:
+        """Register on ``name``'s layer the pre-hook (input side) or forward hook (output side) that adds each call's
+        rows to its sums; returns the hook's handle."""
+        layer, stats = self.layers[name], self.stats[name]
 
         def pre_hook(_mod: nn.Module, args: tuple) -> None:
             require_finite(args[0], name, "input activations")
-            _accumulate(self.stats[name], layer, args[0], self.cap, self.dtype)
-        return pre_hook
+            _accumulate(stats, layer, args[0], self.cap, self.dtype)
+
+        def out_hook(_mod: nn.Module, _args: tuple, out: torch.Tensor) -> None:
+            require_finite(out, name, "output activations")
+            unbatched = out.dim() == (1 if isinstance(layer, nn.Linear) else 1 + len(layer.kernel_size))
+            _accumulate(stats, layer, out[None] if unbatched else out, self.cap, self.dtype)
+
+        if stats.side == "output":
+            return layer.register_forward_hook(out_hook)
+        return layer.register_forward_pre_hook(pre_hook)
 
 
 @torch.no_grad()
 def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Dataset, batch_size: int = 32,
-                    memory_cap_bytes: int = 1 << 30, dtype: str = DEFAULT_STATS_DTYPE) -> dict[str, MomentStats]:
-    """Uncentered second moments of each named layer's input rows over ``data`` (model in eval mode).
+                    memory_cap_bytes: int = 1 << 30, dtype: str = DEFAULT_STATS_DTYPE,
+                    output_side: Collection[str] = ()) -> dict[str, MomentStats]:
+    """Uncentered second moments of each named layer's input rows over ``data`` (model in eval mode), or for the
+    layers named in ``output_side`` the Gram of their bias-free output rows, in the same pass.
 
     Parameters
     ----------
@@ -312,21 +354,28 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
         samples per forward pass.
     memory_cap_bytes : int
         bound on the extra memory held at once per layer (unfolded rows and their cast, or a
-        padded copy of the input).
+        padded copy of the input; for the output side, the output rows cast and without the bias).
     dtype : str
         precision of the per-chunk products XᵀX (default :data:`DEFAULT_STATS_DTYPE`; "float64" where an
         identity is checked); accumulation across chunks is always float64.
+    output_side : Collection[str]
+        names of ``layers`` whose output Gram E[y₀y₀ᵀ] (groups, out/groups, out/groups) is summed from a forward
+        hook instead (:attr:`MomentStats.side` "output"): no d × d moment, no im2col rows.
 
     Under a process group each rank runs its :func:`~minreal.compress.core.distributed.shard` of ``data`` and the
     sums and counts are all-reduced (every rank must call this with the same arguments).
     """
     if dtype not in STATS_DTYPES:
         raise ValueError(f"unknown statistics dtype {dtype!r}; choose one of {sorted(STATS_DTYPES)}")
+    unknown = sorted(set(output_side) - layers.keys())
+    if unknown:
+        raise ValueError(f"output_side names layers not in `layers`: {', '.join(unknown)}")
     col = _Collector(layers, memory_cap_bytes, STATS_DTYPES[dtype])
     for name, layer in layers.items():
         v = matrix_view(layer)
-        col.stats[name] = MomentStats(v.groups, v.fan_in)
-    hooks = [layer.register_forward_pre_hook(col.hook(name)) for name, layer in layers.items()]
+        col.stats[name] = (MomentStats(v.groups, v.out_per_group, "output") if name in output_side
+                           else MomentStats(v.groups, v.fan_in))
+    hooks = [col.hook(name) for name in layers]
     local = shard(data)
     with hooks_removed(hooks), eval_mode(model):
         total = -(-len(local) // batch_size)
@@ -334,5 +383,5 @@ def collect_moments(model: nn.Module, layers: dict[str, nn.Module], data: Datase
             call(model, xb)
     for name, st in col.stats.items():
         _all_reduce(st)
-        require_finite(st.total, name, f"input second moments ({dtype} products)")
+        require_finite(st.total, name, f"{st.side} second moments ({dtype} products)")
     return col.stats

@@ -107,3 +107,15 @@ def test_rows_of_too_narrow_a_size_range_give_no_fit() -> None:
     wide = [(1.4e7, 30.0), (2.8e7, 60.0), (5.6e7, 120.0)]  # a factor 4: exactly linear
     fits = zoo_cost.fit_all({("compress", "factorize", "wall_s"): narrow, ("export", "factorize", "wall_s"): wide})
     assert [(f["stage"], f["exponent"]) for f in fits] == [("export", pytest.approx(1.0))]
+
+
+def test_memory_goal_is_imports_three_weights_and_one_batch_against_the_median_peak() -> None:
+    probe = {"rss_after_imports_mib": 600.0, "fp32_weights_mib": 100.0, "one_batch_activations_mib": 300.0}
+    runs = [{"prepare_s": 1.0, "peak_rss_mib": 1300.0}, {"prepare_s": 1.0, "peak_rss_mib": 1100.0},
+            {"error": "exit status 1", "peak_rss_mib": 9000.0}, {"prepare_s": 1.0, "peak_rss_mib": 1150.0}]
+    got = zoo_cost.memory_goal(probe, runs)
+    assert got["three_fp32_weights_mib"] == 300.0 and got["goal_mib"] == 600.0 + 300.0 + 300.0
+    assert got["peak_median_mib"] == 1150.0 and got["peak_min_max_mib"] == [1100.0, 1300.0]
+    assert got["within"] is True
+    assert zoo_cost.memory_goal(probe, runs[:1] * 3)["within"] is False  # 1300 > 1200
+    assert zoo_cost.memory_goal({"error": "exit status 1"}, runs)["within"] is None

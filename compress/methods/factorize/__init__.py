@@ -6,7 +6,7 @@ from ...core.spec import MethodSpec
 from .config import FactorizeConfig
 
 __all__ = ["SPEC", "FactorizeConfig", "LayerBasis", "factorize_compress", "layer_bases", "WhitenedBasis",
-           "activation_distortion", "projected_factors", "whitened_output_basis"]
+           "activation_distortion", "output_gram_basis", "projected_factors", "whitened_output_basis"]
 
 _METHOD = "minreal.compress.methods.factorize.method"
 SPEC = MethodSpec("factorize",
@@ -21,5 +21,5 @@ SPEC = MethodSpec("factorize",
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("LayerBasis", "factorize_compress", "layer_bases"), ".method"),
-    **dict.fromkeys(("WhitenedBasis", "activation_distortion", "projected_factors", "whitened_output_basis"),
-                    ".whiten")})
+    **dict.fromkeys(("WhitenedBasis", "activation_distortion", "output_gram_basis", "projected_factors",
+                     "whitened_output_basis"), ".whiten")})

@@ -2,7 +2,9 @@
 
 Each target layer is a batched matrix product per group, y_g = W_g x_g over its input rows (tokens, or
 im2col patches). With M_g = E[x_g x_gᵀ] from calibration data, the rank-r Ŵ_g minimising the output
-distortion E‖(W_g − Ŵ_g)x_g‖² is U_r U_rᵀ W_g, U from the SVD of W_g M_g^½ (see :mod:`.whiten`).
+distortion E‖(W_g − Ŵ_g)x_g‖² is U_r U_rᵀ W_g, U from the SVD of W_g M_g^½ (see :mod:`.whiten`). A layer with
+fewer outputs than inputs per group (o < d) needs only W_g M_g W_gᵀ = E[y₀ y₀ᵀ], the Gram of its bias-free
+outputs: it is summed from the layer's outputs (o × o) and never from the d × d input moment.
 The split emitted is first = U_rᵀ W_g (the k×k conv / first Linear), second = U_r (the 1×1 conv / second
 Linear, carrying the original bias). One rank is shared by all groups; ranks come from the same allocators
 as the plain-SVD baseline, fed with the whitened spectra. No training step.
@@ -26,7 +28,7 @@ from ...core.costs import CostTable
 from ...core.data import Dataset
 from ...core.errors import CompressionError
 from ...core.inputs import Inputs
-from ...core.lowrank import grouped_weight
+from ...core.lowrank import grouped_weight, matrix_view
 from ...core.lowrank_plan import (
     Target,
     apply_factors,
@@ -42,14 +44,17 @@ from ...core.lowrank_plan import (
 from ...core.report import CompressionReport, LayerReport
 from ...core.stats import collect_moments
 from .config import FactorizeConfig
-from .whiten import projected_factors, whitened_output_basis
+from .whiten import output_gram_basis, projected_factors, whitened_output_basis
 
 __all__ = ["FactorizePrepared", "LayerBasis", "factorize_compress", "factorize_prepare", "factorize_realise",
-           "layer_bases"]
+           "layer_bases", "statistics_side"]
 
 log = logging.getLogger(__name__)
 BASIS_FIELDS = ("basis", "sq_values", "fell_back")
 """What a cached basis entry holds (an entry without them is a miss)."""
+STATS_ENTRIES = {"input": ("moments", "moment"), "output": ("output_gram", "gram")}
+"""Per side of the statistics (:func:`statistics_side`): the kind of its cache entry (hashed into the key) and the
+field the entry holds, so an input moment is never read as an output Gram nor the other way round."""
 
 
 @dataclass
@@ -67,9 +72,22 @@ class LayerBasis:
         return self.sq_values.sum(0).numpy()
 
 
-def _decompose(layer: nn.Module, moment: torch.Tensor, threshold: float) -> LayerBasis:
-    w = grouped_weight(layer)
-    parts = [whitened_output_basis(w[g], moment[g], threshold) for g in range(w.shape[0])]
+def statistics_side(layer: nn.Module) -> str:
+    """"output" when the layer has fewer outputs than inputs per group (its basis needs only the o × o output Gram,
+    :func:`~.whiten.output_gram_basis`), else "input" (the d × d input moment,
+    :func:`~.whiten.whitened_output_basis`)."""
+    v = matrix_view(layer)
+    return "output" if v.out_per_group < v.fan_in else "input"
+
+
+def _decompose(layer: nn.Module, stat: torch.Tensor, threshold: float) -> LayerBasis:
+    """Per-group bases of ``layer`` from its statistic, the output Gram or the input moment
+    (:func:`statistics_side`)."""
+    if statistics_side(layer) == "output":
+        parts = [output_gram_basis(stat[g], threshold) for g in range(stat.shape[0])]
+    else:
+        w = grouped_weight(layer)
+        parts = [whitened_output_basis(w[g], stat[g], threshold) for g in range(w.shape[0])]
     return LayerBasis(torch.stack([p.basis for p in parts]), torch.stack([p.sq_values for p in parts]),
                       tuple(sorted({p.route for p in parts})), any(p.eigh_fell_back for p in parts))
 
@@ -77,7 +95,8 @@ def _decompose(layer: nn.Module, moment: torch.Tensor, threshold: float) -> Laye
 def _keys(model: nn.Module, data: Dataset, targets: list[Target], cfg: FactorizeConfig
           ) -> tuple[dict[str, str], dict[str, str]]:
     mk, dk = model_key(model), data_key(data.x)
-    stats = {t.name: entry_key("moments", mk, dk, t.name, cfg.stats_dtype) for t in targets}
+    stats = {t.name: entry_key(STATS_ENTRIES[statistics_side(t.layer)][0], mk, dk, t.name, cfg.stats_dtype)
+             for t in targets}
     bases = {t.name: entry_key("basis", stats[t.name], cfg.eig_threshold) for t in targets}
     return stats, bases
 
@@ -109,25 +128,29 @@ def layer_bases(model: nn.Module, data: Dataset, targets: list[Target], cfg: Fac
 
 def _moments(model: nn.Module, data: Dataset, targets: list[Target], cfg: FactorizeConfig,
              keys: dict[str, str], report: CompressionReport) -> dict[str, torch.Tensor]:
+    """Each target's statistic (:func:`statistics_side`: output Gram or input moment), cached or from one pass."""
     t0 = time.perf_counter()
-    found = {}
+    found, fields = {}, {t.name: STATS_ENTRIES[statistics_side(t.layer)][1] for t in targets}
     for t in targets:
-        hit = load_entry(cfg.cache_dir, keys[t.name], ("moment",)) if cfg.cache_dir else None
+        hit = load_entry(cfg.cache_dir, keys[t.name], (fields[t.name],)) if cfg.cache_dir else None
         if hit is not None:
-            found[t.name] = hit["moment"]
+            found[t.name] = hit[fields[t.name]]
     todo = {t.name: t.layer for t in targets if t.name not in found}
     if todo:
-        stats = collect_moments(model, todo, data, cfg.calib_batch_size, cfg.memory_cap_bytes, cfg.stats_dtype)
+        outputs = [n for n, layer in todo.items() if statistics_side(layer) == "output"]
+        stats = collect_moments(model, todo, data, cfg.calib_batch_size, cfg.memory_cap_bytes, cfg.stats_dtype,
+                                output_side=outputs)
         over = sorted(n for n, s in stats.items() if s.over_cap)
         if over:
-            report.notes.append(f"one sample's unfolded rows exceeded the memory cap in: {', '.join(over)}")
+            report.notes.append(f"one sample's rows (unfolded inputs or outputs) exceeded the memory cap in: "
+                                f"{', '.join(over)}")
         for name, s in stats.items():
             if s.rows == 0:
                 raise CompressionError(f"layer {name!r} was not reached by the calibration data; "
                                        "exclude it with `exclude`", fields=("exclude",))
             found[name] = s.moment
             if cfg.cache_dir:
-                save_entry(cfg.cache_dir, keys[name], {"moment": found[name]})
+                save_entry(cfg.cache_dir, keys[name], {fields[name]: found[name]})
     report.timings_s["statistics"] = time.perf_counter() - t0
     return found
 

@@ -17,7 +17,8 @@ import torch
 
 from ...core.linalg import eigh_desc
 
-__all__ = ["WhitenedBasis", "whitened_output_basis", "projected_factors", "activation_distortion"]
+__all__ = ["WhitenedBasis", "whitened_output_basis", "output_gram_basis", "projected_factors",
+           "activation_distortion"]
 
 
 @dataclass(frozen=True)
@@ -63,15 +64,36 @@ def whitened_output_basis(w: torch.Tensor, moment: torch.Tensor, rel_threshold: 
     w, m = w.double(), moment.double()
     o, d = w.shape
     if o < d:
-        lam, u, fell_back = eigh_desc(w @ m @ w.T)
-        sq = torch.where(lam > rel_threshold * lam[0].clamp_min(0), lam, torch.zeros_like(lam))
-        return WhitenedBasis(u, sq, "output", fell_back)
+        return output_gram_basis(w @ m @ w.T, rel_threshold)
     # AAᵀ = Q_w (R_w M R_wᵀ) Q_wᵀ: a d×d eigh, and U stays inside W's column space; a square W is its own R_w
     # (Q_w = I: U spans all of R^o, and the directions outside W's column space get zero eigenvalues)
     q_w, r_w = (None, w) if o == d else torch.linalg.qr(w)
     lam, u, fell_back = eigh_desc(r_w @ m @ r_w.T)
     sq = torch.where(lam > rel_threshold * lam[0].clamp_min(0), lam, torch.zeros_like(lam))
     return WhitenedBasis(u if q_w is None else q_w @ u, sq, "whiten", fell_back)
+
+
+def output_gram_basis(gram: torch.Tensor, rel_threshold: float = 1e-10) -> WhitenedBasis:
+    """Activation-aware low-rank basis from the output Gram G = E[y₀y₀ᵀ] = W M Wᵀ (y₀ = W x, the bias-free output)
+    directly: the route "output" of :func:`whitened_output_basis` (SVD-LLM, Wang et al. 2024, eq. 3–5), whose o × o
+    eigh is of exactly this matrix, so a Gram summed from a layer's outputs gives its basis without M (d × d).
+
+    Parameters
+    ----------
+    gram : torch.Tensor
+        Output Gram G (o, o) of one group of the layer, for o < d (otherwise use :func:`whitened_output_basis`).
+    rel_threshold : float, optional
+        Eigenvalues of G below this fraction of the largest are treated as zero.
+
+    Returns
+    -------
+    WhitenedBasis
+        ``basis`` (o, o) with orthonormal columns, ``sq_values`` (o,) the eigenvalues of G descending (the squared
+        whitened singular values), ``route`` ``"output"`` and ``eigh_fell_back``.
+    """
+    lam, u, fell_back = eigh_desc(gram.double())
+    sq = torch.where(lam > rel_threshold * lam[0].clamp_min(0), lam, torch.zeros_like(lam))
+    return WhitenedBasis(u, sq, "output", fell_back)
 
 
 def projected_factors(w: torch.Tensor, basis: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:

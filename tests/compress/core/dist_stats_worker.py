@@ -82,6 +82,10 @@ def run_cases(cache_dir: Path) -> dict[str, torch.Tensor]:
             out[f"moments.{stats}.{name}.total"] = st.total
             out[f"moments.{stats}.{name}.rows"] = torch.tensor(float(st.rows), dtype=torch.float64)
     model, data = mlp_case(torch.float64)
+    layers = linears(model)
+    for name, st in collect_moments(model, layers, data, BATCH, dtype="float64", output_side=layers).items():
+        out[f"grams.float64.{name}.total"] = st.total
+        out[f"grams.float64.{name}.rows"] = torch.tensor(float(st.rows), dtype=torch.float64)
     for p, g in collect_gramians(model, data, batch_size=BATCH).items():
         out[f"gramians.{p}.mean"], out[f"gramians.{p}.gc"], out[f"gramians.{p}.go"] = g.mean, g.gc, g.go
     for l, n in enumerate(activation_norms(extract_chain(model), data.x)):

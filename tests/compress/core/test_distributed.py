@@ -113,7 +113,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
-@pytest.mark.parametrize("prefix", ["moments.float64.", "gramians.", "groups.", "wanda.", "ssm."])
+@pytest.mark.parametrize("prefix", ["moments.float64.", "grams.float64.", "gramians.", "groups.", "wanda.", "ssm."])
 def test_float64_statistics_equal_single_process(prefix: str, dist_stats: dict, single_stats: tuple) -> None:
     """Sums of float64 terms in another order (and float64 activations of other batch shapes): rounding only."""
     ref = {k: v for k, v in single_stats[0].items() if k.startswith(prefix)}

@@ -1,5 +1,5 @@
 """Second-moment collection: im2col matches the convolution, shifted views match im2col, chunking under a memory
-cap changes nothing."""
+cap changes nothing, output Grams equal W M Wᵀ without the input side."""
 
 import math
 
@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minreal.compress.core import stats
 from minreal.compress.core.data import Dataset
+from minreal.compress.core.lowrank import grouped_weight, matrix_view
 from minreal.compress.core.stats import collect_moments, conv_patches, layer_rows, shifted_moments
 
 CONVS = [
@@ -64,7 +66,7 @@ def test_chunked_moments_equal_direct_moments(dtype: str) -> None:
     tol = 1e-12 if dtype == "float64" else 1e-5
     for name, rows in direct.items():
         s = big[name]
-        grouped = rows.reshape(rows.shape[0], s.groups, s.fan_in).transpose(0, 1)
+        grouped = rows.reshape(rows.shape[0], s.groups, s.size).transpose(0, 1)
         expect = grouped.transpose(1, 2) @ grouped / rows.shape[0]
         assert s.rows == tiny[name].rows == rows.shape[0]
         assert tiny[name].chunks == 10 and big[name].chunks == 3  # one sample per chunk under the 1-byte cap
@@ -146,7 +148,6 @@ def test_shifted_path_under_a_tiny_memory_cap_is_chunked_and_exact() -> None:
 
 def test_collect_moments_sums_stride_one_convolutions_from_shifts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A stride-1 ungrouped conv goes through shifted_moments; a strided or grouped one is unfolded; both exact."""
-    import minreal.compress.core.stats as stats
 
     calls = []
     spy = stats.shifted_moments
@@ -165,3 +166,89 @@ def test_collect_moments_sums_stride_one_convolutions_from_shifts(monkeypatch: p
         grouped = rows.reshape(rows.shape[0], g, -1).transpose(0, 1)
         torch.testing.assert_close(got[name].moment, grouped.transpose(1, 2) @ grouped / rows.shape[0],
                                    rtol=1e-12, atol=1e-12)
+
+
+# ---- the output side: E[y₀y₀ᵀ] from the layer's outputs equals W E[xxᵀ] Wᵀ from its inputs ------------------------
+
+OUTPUT_LAYERS = [
+    nn.Linear(7, 5),
+    nn.Linear(7, 5, bias=False),
+    nn.Conv1d(4, 6, 3, stride=2, padding=1, dilation=2),
+    nn.Conv1d(4, 6, 3, padding="same", dilation=2, padding_mode="reflect", bias=False),
+    nn.Conv2d(4, 6, 3, stride=2, padding=1),
+    nn.Conv2d(4, 8, (3, 2), stride=(1, 2), padding=(2, 1), dilation=(2, 1), groups=2),
+    nn.Conv2d(4, 6, 3, padding=1, padding_mode="circular", bias=False),
+    nn.Conv3d(4, 6, 3, stride=(1, 2, 2), padding=1, dilation=(1, 2, 1), groups=2),
+]
+
+
+def _input_shape(layer: nn.Module) -> tuple[int, ...]:
+    return (2, 3, 7) if isinstance(layer, nn.Linear) else (4, *([9] * (layer.weight.dim() - 2)))
+
+
+@pytest.mark.parametrize("layer", OUTPUT_LAYERS,
+                         ids=lambda m: f"{type(m).__name__}-g{getattr(m, 'groups', 1)}-bias{m.bias is not None}")
+@pytest.mark.parametrize("cap", [1 << 30, 1])
+def test_output_gram_equals_the_weight_times_the_input_moment(layer: nn.Module, cap: int) -> None:
+    """G = E[y₀y₀ᵀ] summed from the outputs is W_g M_g W_gᵀ, M_g the input moment of the same pass, per group,
+    with the same row count, whole or one sample per chunk (a Linear's leading dims are rows)."""
+    torch.manual_seed(3)
+    layer = layer.double()
+    with torch.no_grad():
+        if layer.bias is not None:
+            layer.bias.uniform_(1.0, 3.0)  # a bias that would show if it were not subtracted
+    data = Dataset(torch.randn(6, *_input_shape(layer), dtype=torch.float64))
+    model = nn.Sequential(layer)
+    grams = collect_moments(model, {"0": layer}, data, 4, cap, "float64", output_side=["0"])["0"]
+    moments = collect_moments(model, {"0": layer}, data, 4, cap, "float64")["0"]
+    v = matrix_view(layer)
+    w = grouped_weight(layer)
+    assert grams.side == "output" and grams.total.shape == (v.groups, v.out_per_group, v.out_per_group)
+    assert grams.rows == moments.rows and grams.over_cap == (cap == 1)
+    torch.testing.assert_close(grams.moment, w @ moments.moment @ w.transpose(1, 2), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", [nn.Linear(4096, 8), nn.Conv2d(64, 4, 3, padding=1)], ids=["linear", "conv"])
+def test_output_side_never_unfolds_nor_builds_the_input_moment(layer: nn.Module,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wide layer's output statistic is o × o: neither the im2col rows nor the shifted d × d sums are formed."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the input side was used for an output-side layer")
+
+    for helper in ("layer_rows", "conv_patches", "shifted_moments", "_bytes_per_sample"):
+        monkeypatch.setattr(stats, helper, refuse)
+    shape = (3, 4096) if isinstance(layer, nn.Linear) else (3, 64, 6, 6)
+    got = collect_moments(nn.Sequential(layer), {"0": layer}, Dataset(torch.randn(*shape)), 2, output_side={"0"})
+    o = matrix_view(layer).out_per_group
+    assert got["0"].total.shape == (1, o, o) and got["0"].rows == (3 if isinstance(layer, nn.Linear) else 108)
+
+
+def test_output_side_of_an_unknown_layer_is_refused() -> None:
+    lin = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="output_side names layers not in `layers`: other"):
+        collect_moments(nn.Sequential(lin), {"0": lin}, Dataset(torch.randn(2, 3)), output_side=["other"])
+
+
+class _OneByOne(nn.Module):
+    """Calls ``layer`` on one unbatched sample at a time."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.layer(v) for v in x])
+
+
+@pytest.mark.parametrize("layer", [nn.Linear(6, 3), nn.Conv1d(4, 2, 3, groups=2)], ids=["linear", "conv1d"])
+def test_output_side_takes_unbatched_calls(layer: nn.Module) -> None:
+    """A layer called on one sample without a batch dim (a Linear on a vector, a ConvNd on (C, *spatial)) adds the
+    same rows as a batched call."""
+    torch.manual_seed(4)
+    layer = layer.double()
+    data = Dataset(torch.randn(5, *((6,) if isinstance(layer, nn.Linear) else (4, 7)), dtype=torch.float64))
+    batched = collect_moments(nn.Sequential(layer), {"0": layer}, data, 5, dtype="float64", output_side=["0"])["0"]
+    single = _OneByOne(layer)
+    each = collect_moments(single, {"layer": layer}, data, 5, dtype="float64", output_side=["layer"])["layer"]
+    assert each.rows == batched.rows == (5 if isinstance(layer, nn.Linear) else 25)
+    torch.testing.assert_close(each.total, batched.total, rtol=1e-12, atol=1e-12)

@@ -1,4 +1,5 @@
-"""factorize: layer reproduction at full rank, predicted = measured distortion, beats SVD, caching, ONNX parity."""
+"""factorize: layer reproduction at full rank, predicted = measured distortion, beats SVD, caching, ONNX parity,
+statistics from the output side equal to those from the input moments."""
 
 from dataclasses import replace
 
@@ -7,7 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+import minreal.compress.methods.factorize.method as factorize_method
 from minreal.compress import compress, method_names
+from minreal.compress.core import stats
 from minreal.compress.core.attention import PlainAttention
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.lowrank import matrix_view
@@ -16,7 +19,7 @@ from minreal.compress.core.report import CompressionReport
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
 from minreal.compress.methods.factorize import FactorizeConfig, layer_bases
-from minreal.compress.methods.factorize.method import _factors
+from minreal.compress.methods.factorize.method import _factors, statistics_side
 from minreal.compress.methods.svd import SVDConfig
 from minreal.compress.models import mlp, small_cnn
 
@@ -194,3 +197,113 @@ def _assert_ort_parity(model: nn.Module, path, inputs: list[torch.Tensor], rtol:
         for x in inputs:
             got = sess.run(None, {"input": x.numpy()})[0]
             np.testing.assert_allclose(got, model(x).numpy(), rtol=rtol, atol=atol)
+
+
+# ---- statistics from the output side (o < d): the same bases, ranks and model as from the input moments ----------
+
+def _vol_net() -> nn.Module:
+    torch.manual_seed(10)
+    return nn.Sequential(nn.Conv3d(2, 6, 3, stride=(1, 2, 2), padding=1, dilation=(2, 1, 1), bias=False), nn.ReLU(),
+                         nn.Conv3d(6, 8, 1), nn.Flatten(), nn.Linear(8 * 4 * 3 * 3, 5, bias=False)).eval()
+
+
+def _float64_case(make) -> tuple[nn.Module, Dataset]:
+    model = make().double()
+    if make is _vol_net:
+        return model, Dataset(torch.randn(20, 2, 6, 6, 6, generator=torch.Generator().manual_seed(9)).double())
+    return model, Dataset(_inputs(model).x.double())
+
+
+def _input_side_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every layer's statistic from its input moment, as before the output side existed."""
+    monkeypatch.setattr(factorize_method, "statistics_side", lambda layer: "input")
+
+
+SIDED = [_conv_net, _seq_net, _vol_net]  # Linear, Conv1d/2d/3d; stride, padding, dilation, groups; bias or not
+
+
+@pytest.mark.parametrize("make", SIDED)
+def test_output_side_bases_equal_those_of_the_input_moments(make, monkeypatch, projectors_agree) -> None:
+    model, data = _float64_case(make)
+    targets, _, _ = find_targets(model, data.x[:4])
+    assert "output" in {statistics_side(t.layer) for t in targets}
+    cfg = FactorizeConfig(stats_dtype="float64")
+    new = layer_bases(model, data, targets, cfg, CompressionReport("factorize", {}))
+    _input_side_only(monkeypatch)
+    old = layer_bases(model, data, targets, cfg, CompressionReport("factorize", {}))
+    for t in targets:
+        a, b = new[t.name], old[t.name]
+        assert a.routes == b.routes and a.basis.shape == b.basis.shape
+        torch.testing.assert_close(a.sq_values, b.sq_values, rtol=0, atol=1e-10 * float(b.sq_values.max()))
+        for g in range(len(b.basis)):
+            projectors_agree(a.basis[g], b.basis[g], b.sq_values[g], 1e-6)
+
+
+@pytest.mark.parametrize("make", SIDED)
+def test_whole_model_is_factorised_the_same_from_either_side(make, monkeypatch) -> None:
+    model, data = _float64_case(make)
+    cfg = FactorizeConfig(layer_mac_ratio=0.5, stats_dtype="float64")
+    new, after = compress(model, data, "factorize", cfg)
+    _input_side_only(monkeypatch)
+    old, before = compress(model, data, "factorize", cfg)
+    assert [(lr.name, lr.action, lr.rank) for lr in after.layers] == [(lr.name, lr.action, lr.rank)
+                                                                      for lr in before.layers]
+    assert any(lr.action == "factorized" for lr in after.layers)
+    with torch.no_grad():
+        torch.testing.assert_close(new(data.x), old(data.x), rtol=1e-9, atol=1e-9)
+
+
+def test_wide_layers_take_o_by_o_statistics_and_never_unfold(monkeypatch) -> None:
+    """d ≫ o: the statistic collected is o × o per layer; the im2col rows, the shifted d × d sums and the input
+    moment's helpers are never called."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the input side was used for a layer with o < d")
+
+    for helper in ("layer_rows", "conv_patches", "shifted_moments", "_bytes_per_sample"):
+        monkeypatch.setattr(stats, helper, refuse)
+    collected = {}
+    real = factorize_method.collect_moments
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        collected.update({n: (s.side, tuple(s.total.shape)) for n, s in out.items()})
+        return out
+
+    monkeypatch.setattr(factorize_method, "collect_moments", spy)
+    torch.manual_seed(12)
+    model = nn.Sequential(nn.Conv2d(64, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 64, 3)).eval()
+    _, report = compress(model, Dataset(torch.randn(12, 64, 8, 8)), "factorize", FactorizeConfig(rank_fraction=0.5))
+    assert collected == {"0": ("output", (1, 4, 4)), "3": ("output", (1, 3, 3))}
+    assert {lr.details["whitening"] for lr in report.layers if lr.action == "factorized"} == {"output"}
+
+
+def test_output_grams_are_cached_under_a_kind_of_their_own(tmp_path, monkeypatch) -> None:
+    """A cache written with input moments for every layer (before the output side) serves the input-side layers
+    only: the output-side layers miss, are collected from their outputs, and their entries hold an o × o "gram"."""
+    model, data = _float64_case(_conv_net)
+    targets, _, _ = find_targets(model, data.x[:4])
+    sides = {t.name: statistics_side(t.layer) for t in targets}
+    assert set(sides.values()) == {"input", "output"}
+    cfg = FactorizeConfig(stats_dtype="float64", cache_dir=str(tmp_path))
+    with monkeypatch.context() as m:
+        _input_side_only(m)
+        old = layer_bases(model, data, targets, cfg, CompressionReport("factorize", {}))
+    collected = []
+    real = factorize_method.collect_moments
+    monkeypatch.setattr(factorize_method, "collect_moments",
+                        lambda *a, **k: collected.append((sorted(a[1]), sorted(k["output_side"]))) or real(*a, **k))
+    report = CompressionReport("factorize", {})
+    new = layer_bases(model, data, targets, cfg, report)
+    outputs = sorted(n for n, side in sides.items() if side == "output")
+    assert collected == [(outputs, outputs)] and report.predicted.cache_hits == len(targets) - len(outputs)
+    for t in targets:
+        torch.testing.assert_close(new[t.name].sq_values, old[t.name].sq_values, rtol=0,
+                                   atol=1e-10 * float(old[t.name].sq_values.max()))
+    stats_keys, _ = factorize_method._keys(model, data, targets, cfg)
+    for name in outputs:
+        entry = torch.load(tmp_path / f"{stats_keys[name]}.pt", weights_only=True)
+        v = matrix_view(model.get_submodule(name))
+        assert set(entry) == {"gram"} and entry["gram"].shape == (v.groups, v.out_per_group, v.out_per_group)
+    again = CompressionReport("factorize", {})
+    layer_bases(model, data, targets, cfg, again)
+    assert len(collected) == 1 and again.predicted.cache_hits == len(targets)

@@ -4,7 +4,12 @@ import pytest
 import torch
 
 from minreal.compress.core.linalg import eigh_desc, psd_sqrt, truncated_svd_factors
-from minreal.compress.methods.factorize.whiten import activation_distortion, projected_factors, whitened_output_basis
+from minreal.compress.methods.factorize.whiten import (
+    activation_distortion,
+    output_gram_basis,
+    projected_factors,
+    whitened_output_basis,
+)
 
 
 def _problem(o: int, d: int, n: int = 400, duplicate: bool = False, seed: int = 0):
@@ -112,3 +117,21 @@ def test_a_singular_square_weight_is_reproduced_at_full_rank_and_its_tail_is_mea
         assert measured == pytest.approx(float(wb.sq_values[r:].sum()), rel=1e-7, abs=1e-10 * scale)
     first, second = projected_factors(w, wb.basis, 9)
     torch.testing.assert_close(second @ first, w, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("n,duplicate", [(400, False), (400, True), (5, False)])  # full, singular M, rank 5 < o
+def test_output_gram_gives_the_output_route_basis(n: int, duplicate: bool, projectors_agree) -> None:
+    """The basis and spectrum from G = E[y₀y₀ᵀ] of the outputs y₀ = W x equal whitened_output_basis(W, E[xxᵀ]) for
+    o < d: the same matrix W M Wᵀ summed in another order, and the same threshold (zeros where M is singular)."""
+    w, x, m = _problem(9, 20, n=n, duplicate=duplicate, seed=5)
+    y0 = x @ w.T
+    ref = whitened_output_basis(w, m)
+    exact = output_gram_basis(w @ m @ w.T)
+    assert exact.route == ref.route == "output"
+    assert torch.equal(exact.basis, ref.basis) and torch.equal(exact.sq_values, ref.sq_values)
+    got = output_gram_basis(y0.T @ y0 / n)
+    assert got.route == "output" and got.basis.shape == ref.basis.shape == (9, 9)
+    scale = float(ref.sq_values[0])
+    torch.testing.assert_close(got.sq_values, ref.sq_values, rtol=0, atol=1e-11 * scale)
+    assert torch.equal(got.sq_values > 0, ref.sq_values > 0)
+    projectors_agree(got.basis, ref.basis, ref.sq_values, 1e-8)
