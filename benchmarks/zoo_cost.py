@@ -176,7 +176,8 @@ def _rounded(d: dict[str, Any]) -> dict[str, Any]:
 def zoo_source(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
     """Which zoo.json the fit read: its path, SHA-256, the run's commit and load, and the commits of its rows."""
     head = doc.get("header", {})
-    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+    return {"path": str(shown), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
             "commit": head.get("commit"), "started": head.get("started"), "load": doc.get("load"),
             "load_at_start": head.get("load_at_start"), "machine": head.get("machine"),
             "row_commits": sorted({r.get("commit", "?") for r in doc.get("rows", []) if r.get("method")}),
