@@ -32,10 +32,10 @@ not pass).
 ``--only`` takes model names or families (``classification``, ``quantization``, ``segmentation``, ``detection``,
 ``video``, ``optical_flow``, ``timm``, ``hf``), run in the order named; ``--list`` prints them; ``--resume`` keeps the
 rows the JSON holds; the JSON is written atomically after every row. ``--table`` prints the README's coverage table from
-the JSON; ``--merge A.json B.json ...`` writes ``--out`` from the JSONs of runs made at once (shards of the list) or on
-several machines (:func:`merge`). SIGTERM or SIGINT (Ctrl-C) stops the run: the running stage's processes are killed,
-the rows finished so far are saved and the driver exits with 128 + the signal after one line saying so
-(:func:`run_all`).
+the JSON; ``--merge BASE.json A.json B.json ...`` writes ``--out`` from a base JSON and the runs that resumed from it at
+once (shards of the list) or on several machines, their new and rerun rows replacing the base's (:func:`merge`). SIGTERM
+or SIGINT (Ctrl-C) stops the run: the running stage's processes are killed, the rows finished so far are saved and the
+driver exits with 128 + the signal after one line saying so (:func:`run_all`).
 
 The timing columns are only as good as the machine was quiet: the header records the load average at the start and each
 row its own and the machine's CPU shares over the row (``cpu_share``: busy, idle and steal from ``/proc/stat``, this
@@ -254,8 +254,8 @@ def _estimate_batch_norm(model: Any, x: Any) -> float | None:
     torchvision's N(0, 0.1²) convolutions under BatchNorm's identity statistics reach about 2·10⁷, and float32
     rounding through 90 layers then fails any parity tolerance, the original's too), its BatchNorm statistics are
     estimated on those images as training would have left them (cumulative averages over batches of 8, no weight
-    changes), so that the zoo tests the tool and not a network no one trains. Returns the magnitude that triggered
-    it, or None where nothing was done."""
+    changes; only the norms in training mode, so dropout stays off), so that the zoo tests the tool and not a
+    network no one trains. Returns the magnitude that triggered it, or None where nothing was done."""
     import torch
 
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
@@ -268,15 +268,17 @@ def _estimate_batch_norm(model: Any, x: Any) -> float | None:
         if peak <= EXPLODING:
             return None
         momenta = [m.momentum for m in norms]
-        for m in norms:
-            m.reset_running_stats()
-            m.momentum = None  # a cumulative average over the batches
-        model.train()
-        for batch in x.split(8):
-            model(batch)
-        for m, momentum in zip(norms, momenta):
-            m.momentum = momentum
-    model.eval()
+        try:
+            for m in norms:  # only the norms train: dropout and the rest stay as inference runs them
+                m.reset_running_stats()
+                m.momentum = None  # a cumulative average over the batches
+                m.train()
+            for batch in x.split(8):
+                model(batch)
+        finally:
+            for m, momentum in zip(norms, momenta):
+                m.momentum = momentum
+            model.eval()
     return peak
 
 
@@ -346,7 +348,11 @@ def stage_baseline(spec: dict[str, Any]) -> dict[str, Any]:
     calib = _calib_file(work.parent, row)
     facts: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
     if row.inputs == "images":
-        peak = _estimate_batch_norm(model, torch.from_numpy(np.load(calib)["x"]))
+        try:
+            peak = _estimate_batch_norm(model, torch.from_numpy(np.load(calib)["x"]))
+        except Exception as exc:  # the model as built goes on to the other stages; the row says why
+            peak = None
+            facts["batch_norm_estimated"] = f"not estimated: {_child_outcome(exc)['reason']}"
         if peak is not None:
             facts["batch_norm_estimated"] = (f"seeded outputs reached {peak:.2g}: BatchNorm statistics estimated on "
                                              f"the {CALIB} calibration images")
@@ -616,29 +622,45 @@ def earlier_runs(head: dict[str, Any]) -> list[dict[str, Any]]:
     return [*before, {k: v for k, v in head.items() if k not in ("resumed_from", "earlier_runs")}]
 
 
-def merge(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One zoo JSON from several runs' (shards of the list run at once, or on several machines): the first
-    document's, plus every other's models and rows it lacks (a (model, method) pair both hold keeps the first's
-    row), and their run headers under ``earlier_runs``."""
-    if not docs:
-        raise SystemExit("zoo: --merge needs at least one JSON file")
-    out = json.loads(json.dumps(docs[0]))
+def merge(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One zoo JSON from a base and the runs that resumed from it at once (shards of the list, or other machines):
+    ``docs`` are (name, document) pairs, the base first. A shard's row (or baseline) that differs from the base's
+    for the same (model, method) replaces it (it was run again), a new one is added; two shards that ran the same
+    pair differently are refused in one line naming both. Every run's header is kept under ``earlier_runs``."""
+    for name, doc in docs:
+        missing = [k for k in ("header", "models", "rows", "mac_ratio") if not isinstance(doc, dict) or k not in doc]
+        if missing:
+            raise SystemExit(f"zoo: --merge: {name} has no {missing[0]!r} (not a zoo JSON)")
+        if doc["mac_ratio"] != docs[0][1]["mac_ratio"]:
+            raise SystemExit(f"zoo: --merge: {name} is at MAC ratio {doc['mac_ratio']}, {docs[0][0]} at "
+                             f"{docs[0][1]['mac_ratio']}")
+    base_name, base = docs[0]
+    out = json.loads(json.dumps(base))
     head = out["header"]
     head["earlier_runs"] = list(head.get("earlier_runs") or [])
     seen = {json.dumps(h, sort_keys=True) for h in head["earlier_runs"]}
-    have = {(r["model"], r["method"]) for r in out["rows"]}
-    for doc in docs[1:]:
-        if doc.get("mac_ratio") != out.get("mac_ratio"):
-            raise SystemExit(f"zoo: --merge: MAC ratio {doc.get('mac_ratio')} differs from {out.get('mac_ratio')}")
-        for name, base in doc["models"].items():
-            out["models"].setdefault(name, base)
-        out["rows"] += [r for r in doc["rows"] if (r["model"], r["method"]) not in have]
-        have |= {(r["model"], r["method"]) for r in doc["rows"]}
+    rows = {(r["model"], r["method"]): r for r in out["rows"]}
+    base_rows, base_models = dict(rows), dict(out["models"])
+    changed: dict[tuple[str, Any], str] = {}
+    for name, doc in docs[1:]:
+        for r in doc["rows"]:
+            key = (r["model"], r["method"])
+            if key in base_rows and r == base_rows[key]:
+                continue
+            if key in changed and rows[key] != r:
+                raise SystemExit(f"zoo: --merge: {key[0]}/{key[1]} was run in both {changed[key]} and {name}, with "
+                                 "different rows; merge one of them")
+            rows[key], changed[key] = r, name
+        for model, entry in doc["models"].items():
+            if base_models.get(model) != entry:
+                out["models"][model] = entry
         for run in earlier_runs(doc["header"]):
             if json.dumps(run, sort_keys=True) not in seen:
                 seen.add(json.dumps(run, sort_keys=True))
                 head["earlier_runs"].append(run)
+        head["models_listed"] = max(head.get("models_listed", 0), doc["header"].get("models_listed", 0))
         out["methods"] = list(dict.fromkeys([*out.get("methods", []), *doc.get("methods", [])]))
+    out["rows"] = list(rows.values())
     return out
 
 
@@ -703,8 +725,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one stage may run")
     ap.add_argument("--load", default=None, help="what else ran on the machine (recorded in the header)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
-                    help="write --out from these zoo JSONs (shards run at once): the first's rows, then the others' "
-                         "rows it lacks, and exit")
+                    help="write --out from a base zoo JSON and the runs that resumed from it at once (shards): their "
+                         "new or rerun rows replace the base's, and exit")
     args = ap.parse_args(argv)
     args.methods = tuple(m for m in args.methods.split(",") if m)
     return args
@@ -722,7 +744,7 @@ def main() -> None:
         docs = []
         for path in args.merge:
             try:
-                docs.append(json.loads(path.read_text()))
+                docs.append((str(path), json.loads(path.read_text())))
             except (OSError, ValueError) as exc:
                 raise SystemExit(f"zoo: --merge: cannot read {path}: {type(exc).__name__}: {exc}") from None
         doc = merge(docs)

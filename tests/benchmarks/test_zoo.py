@@ -237,38 +237,59 @@ def test_a_refusal_reads_as_the_command_line_prints_it_and_a_foreign_error_is_a_
     assert out["outcome"] == "failed" and out["reason"].startswith("KeyError")
 
 
-def test_merge_keeps_the_first_runs_rows_and_adds_the_others_models_rows_and_headers(tmp_path: Path) -> None:
-    """Shards of the list run at once (or on several machines) make one JSON: a (model, method) pair both hold keeps
-    the first's row; every shard's run header is kept."""
-    def doc(commit: str, rows: list[tuple[str, str]]) -> dict:
+def test_merge_takes_each_shards_new_and_rerun_rows_over_the_base_and_refuses_a_conflict(tmp_path: Path) -> None:
+    """Shards that resumed from one base JSON at once make one JSON: rows every file shares stay once; a shard's new
+    row is added and its rerun of a base pair (a row that differs from the base's) replaces it, whatever the order of
+    the shards; two shards that reran one pair differently are refused in one line naming both files."""
+    def row(model: str, method: str, by: str) -> dict:
+        return {"model": model, "family": "x", "method": method, "stages": {}, "by": by}
+
+    def doc(commit: str, rows: list[dict], models: dict) -> dict:
         return {"header": {"commit": commit, "started": commit, "models_listed": 4}, "mac_ratio": 0.7,
-                "methods": ["factorize", "wanda"], "models": {m: {"family": "x", "by": commit} for m, _ in rows},
-                "rows": [{"model": m, "family": "x", "method": k, "stages": {}, "by": commit} for m, k in rows]}
+                "methods": ["factorize", "wanda"], "models": models, "rows": rows}
 
-    a = doc("a", [("m1", "factorize"), ("m2", "factorize")])
-    b = doc("b", [("m2", "factorize"), ("m2", "wanda"), ("m3", "factorize")])
-    paths = [tmp_path / "a.json", tmp_path / "b.json"]
-    for p, d in zip(paths, (a, b)):
+    base_rows = [row("m1", "factorize", "base"), row("m2", "factorize", "base")]
+    base = doc("base", base_rows, {"m1": {"by": "base"}, "m2": {"by": "base"}})
+    a = doc("a", [*base_rows, row("m3", "factorize", "a")], {**base["models"], "m3": {"by": "a"}})
+    b = doc("b", [base_rows[0], row("m2", "factorize", "b"), row("m2", "wanda", "b")],
+            {"m1": {"by": "base"}, "m2": {"by": "b"}})
+    paths = [tmp_path / f"{n}.json" for n in ("base", "a", "b")]
+    for p, d in zip(paths, (base, a, b)):
         p.write_text(json.dumps(d))
-    out = tmp_path / "zoo.json"
-    done = _run("--merge", *map(str, paths), "--out", str(out), "--load", "two shards at once")
-    assert done.returncode == 0, done.stderr
-    got = json.loads(out.read_text())
-    assert [(r["model"], r["method"], r["by"]) for r in got["rows"]] == [
-        ("m1", "factorize", "a"), ("m2", "factorize", "a"), ("m2", "wanda", "b"), ("m3", "factorize", "b")]
-    assert {m: v["by"] for m, v in got["models"].items()} == {"m1": "a", "m2": "a", "m3": "b"}
-    assert [h["commit"] for h in got["header"]["earlier_runs"]] == ["b"]
-    assert got["header"]["models_ran"] == 3 and got["header"]["partial"] and got["load"] == "two shards at once"
-    assert paths[0].read_text() == json.dumps(a)  # inputs are never overwritten
+    for order in (paths, [paths[0], paths[2], paths[1]]):
+        out = tmp_path / "zoo.json"
+        done = _run("--merge", *map(str, order), "--out", str(out), "--load", "two shards at once")
+        assert done.returncode == 0, done.stderr
+        got = json.loads(out.read_text())
+        assert sorted((r["model"], r["method"], r["by"]) for r in got["rows"]) == [
+            ("m1", "factorize", "base"), ("m2", "factorize", "b"), ("m2", "wanda", "b"), ("m3", "factorize", "a")]
+        assert {m: v["by"] for m, v in got["models"].items()} == {"m1": "base", "m2": "b", "m3": "a"}
+        assert sorted(h["commit"] for h in got["header"]["earlier_runs"]) == ["a", "b"]
+        assert got["header"]["models_ran"] == 3 and got["header"]["partial"] and got["load"] == "two shards at once"
+    assert paths[0].read_text() == json.dumps(base)  # inputs are never overwritten
 
-    b["mac_ratio"] = 0.5
-    paths[1].write_text(json.dumps(b))
-    refused = _run("--merge", *map(str, paths), "--out", str(tmp_path / "z2.json"))
-    assert refused.returncode != 0 and "MAC ratio 0.5 differs from 0.7" in refused.stderr
+    a["rows"].append(row("m2", "factorize", "a"))
+    paths[1].write_text(json.dumps(a))
+    clash = _run("--merge", *map(str, paths), "--out", str(tmp_path / "z2.json"))
+    assert clash.returncode != 0 and "Traceback" not in clash.stderr
+    assert f"m2/factorize was run in both {paths[1]} and {paths[2]}" in clash.stderr
     assert not (tmp_path / "z2.json").exists()
-    paths[1].write_text("{not json")
-    bad = _run("--merge", *map(str, paths), "--out", str(tmp_path / "z2.json"))
-    assert bad.returncode != 0 and f"cannot read {paths[1]}" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("{not json", "cannot read {path}: JSONDecodeError"), ("[1, 2]", "{path} has no 'header' (not a zoo JSON)"),
+    ('{"header": {}, "models": {}, "rows": []}', "{path} has no 'mac_ratio' (not a zoo JSON)"),
+    ('{"header": {}, "models": {}, "rows": [], "mac_ratio": 0.5}', "{path} is at MAC ratio 0.5, {base} at 0.7")])
+def test_merge_refuses_a_file_that_is_not_a_zoo_json_of_the_same_ratio_in_one_line(tmp_path: Path, text: str,
+                                                                                 says: str) -> None:
+    base, bad = tmp_path / "base.json", tmp_path / "bad.json"
+    base.write_text(json.dumps({"header": {"models_listed": 1}, "models": {}, "rows": [], "mac_ratio": 0.7}))
+    bad.write_text(text)
+    done = _run("--merge", str(base), str(bad), "--out", str(tmp_path / "z.json"))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"zoo: --merge: {says.format(path=bad, base=base)}")
+    assert not (tmp_path / "z.json").exists()
 
 
 def test_batch_norm_is_estimated_only_where_seeded_outputs_explode() -> None:
@@ -283,9 +304,28 @@ def test_batch_norm_is_estimated_only_where_seeded_outputs_explode() -> None:
         wild[0].weight.mul_(1e6)
     assert zoo._estimate_batch_norm(wild, x) > zoo.EXPLODING
     with torch.no_grad():
-        torch.testing.assert_close(wild[1].running_mean, wild[0](x).mean((0, 2, 3)), rtol=1e-5, atol=0)
+        h = wild[0](x)
+        torch.testing.assert_close(wild[1].running_mean, h.mean((0, 2, 3)), rtol=1e-5, atol=0)
+        # the cumulative average of the batches' unbiased variances: (1/4) Σ_b var_b, each over 8 × 6 × 6 values
+        var = torch.stack([c.var((0, 2, 3), unbiased=True) for c in h.split(8)]).mean(0)
+        torch.testing.assert_close(wild[1].running_var, var, rtol=1e-4, atol=0)
         assert float(wild(x).abs().max()) < zoo.EXPLODING
     assert not wild.training and wild[1].momentum == 0.1
+
+    class Fails(torch.nn.Module):  # a forward that breaks in training (a detection model wants targets there)
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.body[1].training:
+                raise RuntimeError("targets should be passed in training mode")
+            return self.body(x) * 1e6
+
+    failing = Fails()
+    with pytest.raises(RuntimeError, match="targets"):
+        zoo._estimate_batch_norm(failing, x)
+    assert not any(m.training for m in failing.modules()) and failing.body[1].momentum == 0.1
 
     tame = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
     before = {k: v.clone() for k, v in tame.state_dict().items()}
