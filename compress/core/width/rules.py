@@ -519,7 +519,7 @@ def _visit_softmax(wg: WidthGraph, node: fx.Node, dim: int | None = None) -> Non
 
 
 def _visit_functional_layer_norm(wg: WidthGraph, node: fx.Node) -> None:
-    x = node.args[0]
+    x = _arg(node, 0, "input")
     chan = _chan_of(wg, x)
     if chan is None:
         return
@@ -547,7 +547,7 @@ def _visit_functional_batch_norm(wg: WidthGraph, node: fx.Node) -> None:
     bias, running_mean, running_var, ...)`` (timm's ``BatchNormAct2d`` calls the functional form from its own
     ``forward``): per channel over dimension 1, so its four tensors are cut with the channels, as
     ``nn.BatchNorm2d``'s are."""
-    x = node.args[0]
+    x = _arg(node, 0, "input")
     chan = _chan_of(wg, x)
     if chan is None:
         return

@@ -376,7 +376,15 @@ class _AtenBatchNorm(nn.BatchNorm2d):
                                 False)
 
 
-@pytest.mark.parametrize("norm", [_FunctionalBatchNorm, _AtenBatchNorm])
+class _KeywordBatchNorm(nn.BatchNorm2d):
+    """The functional form with every tensor passed by keyword."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.batch_norm(input=x, running_mean=self.running_mean, running_var=self.running_var,
+                                        weight=self.weight, bias=self.bias, training=False, eps=self.eps)
+
+
+@pytest.mark.parametrize("norm", [_FunctionalBatchNorm, _AtenBatchNorm, _KeywordBatchNorm])
 def test_functional_batch_norm_is_cut_with_its_channels(norm: type[nn.BatchNorm2d]) -> None:
     """zoo (issue 44): timm's EfficientNet, MobileNetV3 and RegNetY froze almost every group (width cuts reached 0.99
     of the MACs at best) because the functional batch_norm their BatchNormAct2d calls was not understood; its
