@@ -18,15 +18,17 @@ class FactorizeConfig(BudgetOptions):
     layers) or ``rank_fraction``; with none, ``layer_mac_ratio=0.5``. Latency budgets rank by measured
     per-layer latency and need ``latency_table`` (a JSON table written by ``minreal latency-table``).
 
-    ``eig_threshold`` zeroes eigenvalues below that fraction of the largest (pseudo-inverse square root);
-    ``stats_dtype`` is the precision of the per-chunk XᵀX products (accumulation is always float64);
-    ``cache_dir`` caches moments and bases per layer, keyed by model, data and layer.
+    ``eig_threshold`` zeroes eigenvalues of each layer's statistic below that fraction of the largest (the input
+    moment, or the output Gram of a layer with fewer outputs than inputs per group); ``stats_dtype`` is the
+    precision of the per-chunk products (accumulation is always float64; an output Gram's rows are the model's
+    own forward outputs, so they carry the model's precision whatever this is); ``cache_dir`` caches statistics and
+    bases per layer, keyed by model, data and layer.
     """
 
     eig_threshold: float = field(
         default=1e-10,
-        metadata={"help": "Drop eigenvalues of the input moments below this fraction of the largest, in [0, 1); "
-                          "default 1e-10."})
+        metadata={"help": "Drop eigenvalues of each layer's statistic (input moment, or output Gram where "
+                          "outputs < inputs) below this fraction of the largest, in [0, 1); default 1e-10."})
     memory_cap_bytes: int = field(
         default=1 << 30,
         metadata={"help": "Bound in bytes on the activation rows held at once per layer, >= 1 MiB; default 1 GiB."})
@@ -35,14 +37,15 @@ class FactorizeConfig(BudgetOptions):
         metadata={"help": "Calibration samples per forward pass while collecting statistics, >= 1; default 32."})
     stats_dtype: str = field(
         default=DEFAULT_STATS_DTYPE,
-        metadata={"help": "Precision of the per-chunk XᵀX products, accumulated in float64; default "
+        metadata={"help": "Precision of the per-chunk products (output Grams keep the model's own precision), "
+                          "accumulated in float64; default "
                           f"{DEFAULT_STATS_DTYPE} (benchmarks/stats_precision.json: the same ranks, half the time; "
                           "float64 for identity checks).",
                   "choices": STATS_DTYPE_NAMES})
     cache_dir: str | None = field(
         default=None,
-        metadata={"help": "Directory caching moments and bases per layer, keyed by model, data and layer; default no "
-                          "cache."})
+        metadata={"help": "Directory caching statistics and bases per layer, keyed by model, data and layer; "
+                          "default no cache."})
     layer_latency_ratio: float | None = field(
         default=None,
         metadata={"help": "Target ratio of the factorisable layers' measured latency (not the whole model's: see "
