@@ -307,3 +307,29 @@ def test_output_grams_are_cached_under_a_kind_of_their_own(tmp_path, monkeypatch
     again = CompressionReport("factorize", {})
     layer_bases(model, data, targets, cfg, again)
     assert len(collected) == 1 and again.predicted.cache_hits == len(targets)
+
+
+class _StandardisedConv(nn.Conv2d):
+    """timm's ``StdConv2d`` in small: the weight is standardised inside ``forward``, so the output is not W x + b for
+    the W the layer stores."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        w = (w - w.mean((1, 2, 3), keepdim=True)) / (w.std((1, 2, 3), keepdim=True) + 1e-5)
+        return nn.functional.conv2d(x, w, self.bias, self.stride, self.padding)
+
+
+def test_a_layer_with_a_forward_of_its_own_is_left_whole(image_data) -> None:
+    """Review (issue 44): factorising the stored weight of a layer whose own forward transforms it (weight
+    standardisation) would replace what it computes, and its output Gram would not be W M Wᵀ: such a layer is no
+    target (the cost table attributes only torch.nn's own layers) and stays whole, computing exactly what it did."""
+    torch.manual_seed(0)
+    model = nn.Sequential(_StandardisedConv(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(16 * 144, 4)).eval()
+    targets, _, _ = find_targets(model, image_data.x[:2])
+    assert [t.name for t in targets] == ["2", "5"]
+    new, report = compress(model, image_data, "factorize", FactorizeConfig(layer_mac_ratio=0.6))
+    assert "0" not in {lr.name for lr in report.layers}
+    assert type(new[0]) is _StandardisedConv and torch.equal(new[0].weight, model[0].weight)
+    with torch.no_grad():
+        torch.testing.assert_close(new[0](image_data.x), model[0](image_data.x), rtol=0, atol=0)
