@@ -106,10 +106,17 @@ def test_int8_agrees_with_fp32(
     request: pytest.FixtureRequest
 ) -> None:
     held_out = make_images(128, 99).numpy()
-    fp32, int8 = _run(convnet_onnx.path, held_out), _run(request.getfixturevalue(int8_file).out_path, held_out)
+    result = request.getfixturevalue(int8_file)
+    fp32, int8 = _run(convnet_onnx.path, held_out), _run(result.out_path, held_out)
     agreement = np.mean(fp32.argmax(1) == int8.argmax(1))
     relative_error = np.linalg.norm(int8 - fp32) / np.linalg.norm(fp32)
     assert agreement >= 0.85, agreement
+    if result.saturates_here:
+        # ARM's 8-bit S8S8 file run on an x86 CPU whose u8·s8 kernel adds pairs in int16 (AVX2 without VNNI): the
+        # sums can saturate, so no error bound holds here (0.27 measured on an AMD EPYC with AVX2 only); the product
+        # must say so, and `cpu` never writes such a file for this CPU (test_cpu_target_is_qdq_...)
+        assert int8_file == "arm64_int8" and cpu_facts.kernel_saturates()
+        return
     assert relative_error < 0.1, relative_error
 
 
