@@ -238,17 +238,6 @@ def _seeded(name: str) -> Any:
     return model
 
 
-def _tensors(value: Any) -> list[Any]:
-    """The tensors of a model's output (a tensor, or tuples, lists and dicts of them)."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    return [t for v in value for t in _tensors(v)] if isinstance(value, (list, tuple)) else []
-
-
 def _estimate_batch_norm(model: Any, x: Any) -> float | None:
     """Where a seeded model's outputs exceed :data:`EXPLODING` in magnitude on the calibration images (Inception v3:
     torchvision's N(0, 0.1²) convolutions under BatchNorm's identity statistics reach about 2·10⁷, and float32
@@ -258,13 +247,15 @@ def _estimate_batch_norm(model: Any, x: Any) -> float | None:
     network no one trains. Returns the magnitude that triggered it, or None where nothing was done."""
     import torch
 
+    from minreal.compress.core.evaluate import flatten_outputs
+
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
              and m.track_running_stats]
     if not norms:
         return None
     with torch.no_grad():
-        peak = max((float(t.detach().abs().max()) for t in _tensors(model.eval()(x[:8])) if t.is_floating_point()),
-                   default=0.0)
+        outputs = flatten_outputs(model.eval()(x[:8]))
+        peak = max((float(t.abs().max()) for t in outputs if t.is_floating_point()), default=0.0)
         if peak <= EXPLODING:
             return None
         momenta = [m.momentum for m in norms]
