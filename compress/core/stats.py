@@ -36,7 +36,7 @@ from .lowrank import matrix_view
 from .options import DEFAULT_STATS_DTYPE, STATS_DTYPE_NAMES
 from .progress import tracked
 
-__all__ = ["MomentStats", "conv_patches", "layer_rows", "output_rows", "shifted_moments", "collect_moments",
+__all__ = ["MomentStats", "conv_patches", "layer_rows", "layer_output_rows", "shifted_moments", "collect_moments",
            "SIDES", "STATS_DTYPES"]
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def layer_rows(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return conv_patches(layer, x)
 
 
-def output_rows(layer: nn.Module, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def layer_output_rows(layer: nn.Module, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The bias-free output rows y₀ = y − b of a Linear (any leading dims) or ConvNd output ``y``, in ``dtype``:
     (rows, out_features) or (batch · output positions, out_channels), rows in the order of :func:`layer_rows`."""
     if isinstance(layer, nn.Linear):
@@ -298,7 +298,7 @@ def _accumulate(stats: MomentStats, layer: nn.Module, x: torch.Tensor, cap: int,
         if shifted:
             total, rows = shifted_moments(layer, chunk, dtype)
         else:
-            flat = output_rows(layer, chunk, dtype) if output else layer_rows(layer, chunk).to(dtype)
+            flat = layer_output_rows(layer, chunk, dtype) if output else layer_rows(layer, chunk).to(dtype)
             grouped = flat.reshape(-1, g, d).transpose(0, 1)  # (g, n, d)
             total, rows = torch.bmm(grouped.transpose(1, 2), grouped), grouped.shape[1]
         stats.total += total.double()
