@@ -12,7 +12,7 @@ or CPU fused attention, which :class:`TorchCount` lists in ``uncounted_ops``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,8 @@ from .evaluate import eval_mode, hooks_removed
 from .inputs import Inputs, call
 
 __all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule",
-           "attention_macs", "TorchCount", "count_macs_torch", "uncovered_modules", "whole_model_macs"]
+           "attention_macs", "TorchCount", "count_macs_torch", "uncovered_modules", "whole_model_macs", "mac_rule",
+           "computes_as"]
 
 
 @dataclass
@@ -98,6 +99,32 @@ def register_mac_rule(module_type: type, rule: MacRule) -> None:
     _MAC_RULES[module_type] = rule
 
 
+#: The methods in which a layer's computation lives: a subclass inheriting them computes what its base does.
+_COMPUTATION = ("forward", "_conv_forward")
+
+
+def computes_as(module: nn.Module, kinds: Container[type]) -> type | None:
+    """The class among ``kinds`` whose computation ``module`` runs, or None.
+
+    That is ``module``'s nearest class in its MRO that is among ``kinds`` (its own class first), provided the
+    module's class inherits that class's ``forward`` and, for convolutions, ``_conv_forward`` unchanged: a
+    subclass that only builds the layer its own way (torchvision's video ``Conv3DSimple(nn.Conv3d)``) computes as
+    its base; one overriding either (timm's ``StdConv2d``, which standardises its weight) does not.
+    """
+    cls = type(module)
+    base = next((c for c in cls.__mro__ if c in kinds), None)
+    if base is None or any(getattr(cls, f, None) is not getattr(base, f, None) for f in _COMPUTATION):
+        return None
+    return base
+
+
+def mac_rule(module: nn.Module) -> MacRule | None:
+    """The MAC rule that counts ``module``: its class's, or that of the registered base it computes as
+    (:func:`computes_as`); None for a layer with no rule."""
+    base = computes_as(module, _MAC_RULES)
+    return None if base is None else _MAC_RULES[base]
+
+
 def _own_params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters(recurse=False))
 
@@ -105,7 +132,8 @@ def _own_params(module: nn.Module) -> int:
 def count_costs(model: nn.Module, example_input: Inputs) -> CostTable:
     """Count params and per-sample MACs of every layer with a MAC rule by running ``example_input`` once.
 
-    Linear/Conv have rules here; other packages add theirs with :func:`register_mac_rule` (SSM layers).
+    Linear/Conv have rules here; other packages add theirs with :func:`register_mac_rule` (SSM layers). A
+    subclass of a ruled layer is counted by its base's rule when it computes as its base (:func:`mac_rule`).
     MACs are divided by the batch size of ``example_input``. Modules with their own parameters and no
     rule (BatchNorm, ...) are listed in ``not_counted``.
     """
@@ -126,7 +154,7 @@ def count_costs(model: nn.Module, example_input: Inputs) -> CostTable:
         return hook
 
     for name, mod in model.named_modules():
-        rule = _MAC_RULES.get(type(mod))
+        rule = mac_rule(mod)
         if rule is not None:
             hooks.append(mod.register_forward_hook(make_hook(name, rule)))
         elif _own_params(mod) > 0:
@@ -236,7 +264,7 @@ def uncovered_modules(model: nn.Module, count: TorchCount) -> list[str]:
     A module with a rule (and everything inside it) is covered; ``""`` names work done by the root itself.
     ``nn.MultiheadAttention``'s rule counts its projections only, so its score and value products stay uncovered.
     """
-    ruled = [name for name, mod in model.named_modules() if type(mod) in _MAC_RULES
+    ruled = [name for name, mod in model.named_modules() if mac_rule(mod) is not None
              and not isinstance(mod, nn.MultiheadAttention)]
     inside = lambda name: any(name == r or name.startswith(r + ".") or not r for r in ruled)  # noqa: E731
     return sorted(name or type(model).__name__ for name in count.own_macs if not inside(name))

@@ -14,6 +14,7 @@ __all__ = ["MatrixView", "matrix_view", "grouped_weight", "pair_params", "pair_m
            "build_pair", "output_positions", "FACTORIZABLE"]
 
 FACTORIZABLE = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_PLAIN_CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ def layer_macs(layer: nn.Module, positions: int) -> int:
 def build_pair(layer: nn.Module, first: torch.Tensor, second: torch.Tensor) -> nn.Sequential:
     """Two plain layers computing ``second @ first`` per group, plus the original bias, as an ``nn.Sequential``.
 
+    The pair is torch.nn's own Linear or ConvNd whatever subclass ``layer`` is (torchvision's ``Conv3DSimple``
+    has a constructor of its own), so it exports as any plain layer does.
+
     The Sequential also holds ``weight``, an empty non-persistent buffer of the replaced layer's dtype and device
     (cast and moved with the pair, absent from its state dict), for a model whose own ``forward`` reads the
     replaced layer's weight only for those (transformers' ViT casts its input to
@@ -88,7 +92,7 @@ def build_pair(layer: nn.Module, first: torch.Tensor, second: torch.Tensor) -> n
         a.weight.data.copy_(first[0])
         b.weight.data.copy_(second[0])
     else:
-        conv = type(layer)
+        conv = _PLAIN_CONV[len(layer.kernel_size)]  # torch.nn's own, also for a subclass built its own way
         a = conv(layer.in_channels, r * g, layer.kernel_size, stride=layer.stride, padding=layer.padding,
                  dilation=layer.dilation, groups=g, bias=False, padding_mode=layer.padding_mode,
                  device=device, dtype=dtype)

@@ -28,7 +28,7 @@ from .allocate import (
     total_cost,
 )
 from .attention import PlainAttention, Unfused, unfuse_attention
-from .costs import CostTable, count_costs, count_macs_torch
+from .costs import CostTable, computes_as, count_costs, count_macs_torch
 from .errors import CompressionError
 from .evaluate import eval_mode
 from .inputs import Inputs, call
@@ -90,7 +90,11 @@ def note_attention(report: CompressionReport, unfused: Unfused) -> None:
 
 def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ...] = ()
                  ) -> tuple[list[Target], list[LayerReport], CostTable]:
-    """Factorisable layers of ``model`` and the layers skipped with their reasons."""
+    """Factorisable layers of ``model`` and the layers skipped with their reasons.
+
+    A target is a Linear or ConvNd, or a subclass computing as one (:func:`~minreal.compress.core.costs.computes_as`:
+    torchvision's video ``Conv3DSimple``); a subclass with a computation of its own (timm's ``StdConv2d``) is not.
+    """
     table = count_costs(model, example)
     readers = parent_weight_readers(model)
     targets, skipped = [], []
@@ -99,7 +103,7 @@ def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ..
             own = sum(p.numel() for p in mod.parameters(recurse=False))
             skipped.append(LayerReport(name, type(mod).__name__, "skipped", readers[name], own, own))
             continue
-        if not isinstance(mod, FACTORIZABLE) or name not in table.layers:
+        if computes_as(mod, FACTORIZABLE) is None or name not in table.layers:  # a forward of its own: not W x + b
             continue
         cost = table.layers[name]
         reason = "excluded by option" if name in exclude else ""

@@ -52,6 +52,75 @@ def test_duplicate_mac_rule_is_an_error() -> None:
         register_mac_rule(nn.Linear, lambda m, out: 0)
 
 
+# --- subclasses of ruled layers (issue 44: torchvision's video Conv3DSimple/Conv3DNoTemporal) ----------------
+
+
+class _VideoConv(nn.Conv3d):
+    """torchvision's ``Conv3DSimple`` in small: a constructor of its own, ``nn.Conv3d``'s computation."""
+
+    def __init__(self, in_planes: int, out_planes: int, stride: int = 1, groups: int = 1) -> None:
+        super().__init__(in_planes, out_planes, kernel_size=(3, 3, 3), stride=stride, padding=1, groups=groups,
+                         bias=False)
+
+
+class _Head(nn.Linear):
+    """A Linear built its own way (bias-free), ``nn.Linear``'s forward."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+
+
+class _StandardisedConv(nn.Conv3d):
+    """timm's ``StdConv2d`` in 3-D: the weight is standardised inside ``forward``; not W x."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        return self._conv_forward(x, (w - w.mean((1, 2, 3, 4), keepdim=True)) / w.std((1, 2, 3, 4), keepdim=True),
+                                  self.bias)
+
+
+class _OwnConvForward(nn.Conv3d):
+    """Keeps ``nn.Conv3d.forward`` but computes the convolution its own way (doubled weight)."""
+
+    def _conv_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return super()._conv_forward(x, 2 * weight, bias)
+
+
+def test_a_subclass_computing_as_its_layer_is_counted_as_the_layer() -> None:
+    """Conv3DSimple-like layers (only ``__init__`` differs) cost what the same nn.Conv3d/nn.Linear cost: output
+    positions × C_out × C_in/groups × prod(kernel), per layer, and the rules again cover torch's whole count."""
+    from minreal.compress.core.costs import count_macs_torch, uncovered_modules
+
+    sub = nn.Sequential(_VideoConv(3, 8), nn.ReLU(), _VideoConv(8, 12, stride=2, groups=4), nn.ReLU(),
+                        nn.AdaptiveAvgPool3d(1), nn.Flatten(), _Head(12, 5))
+    plain = nn.Sequential(nn.Conv3d(3, 8, 3, padding=1, bias=False), nn.ReLU(),
+                          nn.Conv3d(8, 12, 3, stride=2, padding=1, groups=4, bias=False), nn.ReLU(),
+                          nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(12, 5, bias=False))
+    x = torch.randn(2, 3, 4, 6, 6)
+    got, want = count_costs(sub, x), count_costs(plain, x)
+    expected = {"0": 4 * 6 * 6 * 8 * 3 * 27, "2": 2 * 3 * 3 * 12 * 2 * 27, "6": 12 * 5}
+    assert {n: c.macs for n, c in got.layers.items()} == {n: c.macs for n, c in want.layers.items()} == expected
+    assert [c.positions for c in got.layers.values()] == [4 * 6 * 6, 2 * 3 * 3, 1] and got.not_counted == []
+    count = count_macs_torch(sub, x)
+    assert count.macs == got.macs == sum(expected.values()) and uncovered_modules(sub, count) == []
+
+
+def test_a_subclass_with_a_computation_of_its_own_is_not_counted() -> None:
+    """A subclass overriding ``forward`` (weight standardisation) or ``_conv_forward`` is not W x: no rule counts it,
+    and torch's count of its convolution is listed as uncovered."""
+    from minreal.compress.core.costs import computes_as, count_macs_torch, mac_rule, uncovered_modules
+
+    for own in (_StandardisedConv, _OwnConvForward):
+        model = nn.Sequential(own(3, 4, 3), nn.Flatten(), nn.Linear(4 * 8, 2))
+        x = torch.randn(2, 3, 4, 4, 4)
+        table = count_costs(model, x)
+        assert list(table.layers) == ["2"] and table.not_counted == ["0"]
+        assert computes_as(model[0], (nn.Conv3d,)) is None and mac_rule(model[0]) is None
+        assert uncovered_modules(model, count_macs_torch(model, x)) == ["0"]
+    assert computes_as(_VideoConv(3, 4), (nn.Linear, nn.Conv3d)) is nn.Conv3d
+    assert computes_as(_VideoConv(3, 4), (nn.Conv2d,)) is None
+
+
 # --- whole-model MACs counted by torch (FlopCounterMode) against the per-layer rules -------------------------
 
 
