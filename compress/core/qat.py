@@ -50,6 +50,7 @@ from torch import nn
 
 from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET, REDUCED_WEIGHT_QMAX, WEIGHT_QMAX
 
+from .costs import computes_as
 from .errors import CompressionError
 from .evaluate import eval_mode
 from .inputs import call
@@ -181,7 +182,8 @@ _LAYERS: Mapping[type, Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.T
     nn.Conv2d: lambda m, x, w: m._conv_forward(x, w, m.bias),
     nn.Conv3d: lambda m, x, w: m._conv_forward(x, w, m.bias),
 })
-"""Layers fake-quantised (exact types: a subclass may compute something else) and how each applies a weight."""
+"""Layers fake-quantised (and subclasses computing as one, :func:`~minreal.compress.core.costs.computes_as`; not one
+with a forward of its own, which may compute something else) and how each applies a weight."""
 
 
 class _Mode:
@@ -215,7 +217,7 @@ def _qat_forward(fmt: Int8Format, mode: _Mode, momentum: float) -> Callable[[nn.
     """The temporary ``forward`` of a fake-quantised layer (bound to it; its state lives in its buffers)."""
 
     def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        apply = _LAYERS[type(self)]
+        apply = _LAYERS[computes_as(self, _LAYERS)]
         if mode.observing:
             _observe(self, x, exact=True, momentum=momentum)
             return apply(self, x, self.weight)
@@ -264,7 +266,7 @@ class FakeQuant:
 
 def _layers(model: nn.Module) -> dict[str, nn.Module]:
     """The layers :data:`_LAYERS` handles, by qualified name; an error if the model has none or is already wrapped."""
-    layers = {name: m for name, m in model.named_modules() if type(m) in _LAYERS}
+    layers = {name: m for name, m in model.named_modules() if computes_as(m, _LAYERS) is not None}
     if not layers:
         raise CompressionError(f"{type(model).__name__} has no nn.Conv1d/2d/3d or nn.Linear layer to fake-quantise "
                                "for `RecoveryConfig.int8`", fields=("int8",))

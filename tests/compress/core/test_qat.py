@@ -113,3 +113,32 @@ def test_seeded_ranges_and_errors() -> None:
     with pytest.raises(CompressionError, match="no nn.Conv1d/2d/3d or nn.Linear"):
         with fake_quant(nn.Sequential(nn.ReLU())):
             pass
+
+
+class _BuiltItsOwnWay(nn.Conv2d):
+    """A 3×3 ``nn.Conv2d`` with a constructor of its own (as torchvision's video ``Conv3DSimple``), same computation."""
+
+    def __init__(self, in_planes: int, out_planes: int) -> None:
+        super().__init__(in_planes, out_planes, kernel_size=3, padding=1)
+
+
+class _Standardised(nn.Conv2d):
+    """A forward of its own (timm's ``StdConv2d``): not the layer ORT would quantise as a plain Conv."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        return self._conv_forward(x, (w - w.mean((1, 2, 3), keepdim=True)) / w.std((1, 2, 3), keepdim=True), self.bias)
+
+
+def test_a_subclass_computing_as_its_layer_is_fake_quantised_as_the_layer(image_data) -> None:
+    """It exports as the same Conv node, so it is quantised like one: the same outputs, bit for bit, as nn.Conv2d
+    with its weights under fake quantisation; a subclass with a forward of its own is left float."""
+    torch.manual_seed(0)
+    sub = nn.Sequential(_BuiltItsOwnWay(3, 8), nn.ReLU(), _Standardised(8, 4, 3), nn.Flatten(), nn.Linear(4 * 100, 2))
+    plain = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), _Standardised(8, 4, 3), nn.Flatten(),
+                          nn.Linear(4 * 100, 2))
+    plain.load_state_dict(sub.state_dict())
+    x = image_data.x
+    with fake_quant(sub, "cpu-vnni", calibration=[x]) as fq_sub, fake_quant(plain, "cpu-vnni", calibration=[x]) as fq:
+        assert set(fq_sub.ranges()) == set(fq.ranges()) == {"0", "4"}
+        assert torch.equal(sub.eval()(x), plain.eval()(x))
