@@ -41,10 +41,12 @@ class _Tracer(fx.Tracer):
 
 
 def _keeps_layer_forward(m: nn.Module) -> bool:
-    """Whether ``m``'s ``forward`` is a ``torch.nn`` layer's own (not a container's, not ``nn.Module``'s): a subclass
-    that changes only how the layer is built, whose parameters the width rules read as the layer's."""
-    owner = next(c for c in type(m).__mro__ if "forward" in vars(c))
-    return owner.__module__.startswith("torch.nn.") and owner not in (nn.Module, nn.Sequential)
+    """Whether ``m``'s ``forward`` (and a convolution's ``_conv_forward``) is a ``torch.nn`` layer's own (not a
+    container's, not ``nn.Module``'s): a subclass that changes only how the layer is built, whose parameters the
+    width rules read as the layer's."""
+    owners = [next(c for c in type(m).__mro__ if f in vars(c)) for f in ("forward", "_conv_forward")
+              if hasattr(type(m), f)]
+    return all(o.__module__.startswith("torch.nn.") for o in owners) and owners[0] not in (nn.Module, nn.Sequential)
 
 
 def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:

@@ -236,3 +236,26 @@ def test_a_layer_subclass_that_keeps_its_forward_is_traced_as_the_layer(analysed
     assert {g.name: g.size for g in a.wg.cuttable()} == {"stem.0": 8, "conv1.0": 12, "conv2.0": 12}
     stream = a.wg.group("conv2.0")
     assert {u.target for u in stream.uses if u.role == "producer"} == {"conv2.0", "downsample.0"}
+
+
+class _DoubledConv(nn.Conv2d):
+    """Keeps ``nn.Conv2d.forward`` but convolves with twice its weight in ``_conv_forward``: not the layer the width
+    rules read."""
+
+    def _conv_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return super()._conv_forward(x, 2 * weight, bias)
+
+
+def test_a_layer_subclass_with_a_convolution_of_its_own_is_traced_through() -> None:
+    """Only a subclass that keeps both ``forward`` and ``_conv_forward`` is a whole layer node; one overriding
+    ``_conv_forward`` is traced into its operations (the doubled weight and the convolution), as user code is."""
+    from minreal.compress.core.width.tracing import trace
+
+    torch.manual_seed(0)
+    model = nn.Sequential(_DoubledConv(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 1)).eval()
+    gm = trace(model, torch.randn(2, 3, 6, 6))
+    assert {n.target for n in gm.graph.nodes if n.op == "call_module"} == {"1", "2"}
+    assert {n.target for n in gm.graph.nodes if n.op == "get_attr"} == {"0.weight", "0.bias"}
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x), rtol=0, atol=0)
