@@ -19,6 +19,7 @@ from minreal.facts import error_line
 from .core.errors import CompressionError, UnknownMethodError
 from .core.lazy import LazyCallable
 from .core.measuring import method_measurements
+from .core.memory import release_freed_memory
 from .core.options import BUDGET_FIELDS, field_clash, flag_of
 from .core.recover_options import RecoveryConfig
 from .core.report import UNSET, CompressionReport, Measured
@@ -327,6 +328,15 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
     ValueError
         ``config`` differs from the prepared one in a field the prepared state depends on.
     """
+    spec, cfg, budget, new, report = _realised(prepared, config, recovery, measure)
+    return _finished(spec, cfg, budget, prepared.model, prepared.data, new, report, recovery, held_out, measure,
+                     recover_after)
+
+
+def _realised(prepared: Prepared, config: Any, recovery: RecoveryConfig | None, measure: bool
+              ) -> tuple[MethodSpec, Any, Any, nn.Module, CompressionReport]:
+    """The method's own per-budget step of :func:`realise`: its spec, checked config, requested budget, the new
+    module and the method's report."""
     spec = get_method(prepared.method)
     cfg = _checked_config(spec, config)
     key = prepared_key(prepared.method, cfg)
@@ -346,6 +356,14 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
             new, report = spec.run(model, data, cfg)
     if spec.two_phase:
         report.timings_s.update(prepare=prepared.seconds, realise=time.perf_counter() - t0)
+    return spec, cfg, budget, new, report
+
+
+def _finished(spec: MethodSpec, cfg: Any, budget: Any, model: nn.Module, data: Dataset, new: nn.Module,
+              report: CompressionReport, recovery: RecoveryConfig | None, held_out: Dataset | None, measure: bool,
+              recover_after: bool) -> tuple[nn.Module, CompressionReport]:
+    """What :func:`realise` does after the method: the shared cost fields, the budget check, the output
+    comparison and the optional recovery."""
     fill_costs(report, model, new, data.x[: min(len(data), 8)])
     if budget is not None:
         achieved = {"mac_ratio": report.mac_ratio, "param_ratio": report.param_ratio,
@@ -377,7 +395,13 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
     both models on ``held_out`` when given). ``recover_after=False`` only hands ``recovery`` to a method that takes it
     (a chain's last step: the chain recovers once, at its end).
     """
-    return realise(prepare(model, data, method, config), config, recovery, held_out, measure, recover_after)
+    prepared = prepare(model, data, method, config)
+    spec, cfg, budget, new, report = _realised(prepared, config, recovery, measure)
+    # one budget only: the method's state (statistics, bases) is freed before the measuring passes and whatever the
+    # caller does next (an export), instead of living as long as this call
+    del prepared
+    release_freed_memory()
+    return _finished(spec, cfg, budget, model, data, new, report, recovery, held_out, measure, recover_after)
 
 
 def chain_label(methods: Sequence[str]) -> str:

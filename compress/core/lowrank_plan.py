@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -297,11 +297,17 @@ def load_model_latency(path: str | Path | None) -> float:
                                "needs; rebuild it with `minreal latency-table`", fields=("latency_ratio",)) from None
 
 
-def apply_factors(model: nn.Module, targets: list[Target], factors: dict[str, tuple[torch.Tensor, torch.Tensor]]
-                  ) -> nn.Module:
-    """A copy of ``model`` with each factorised layer replaced by its pair (factors: first, second)."""
+def apply_factors(model: nn.Module, targets: list[Target],
+                  factors: Mapping[str, tuple[torch.Tensor, torch.Tensor]]
+                  | Iterable[tuple[str, tuple[torch.Tensor, torch.Tensor]]]) -> nn.Module:
+    """A copy of ``model`` with each factorised layer replaced by its pair (factors: first, second).
+
+    ``factors`` is a mapping, or an iterable of ``(name, (first, second))`` consumed one layer at a time, so only
+    one layer's (float64) factors are alive beside the pairs already built.
+    """
     by_name = {t.name: t for t in targets}
-    pairs = {n: build_pair(by_name[n].layer, a, b) for n, (a, b) in factors.items()}
+    items = factors.items() if isinstance(factors, Mapping) else factors
+    pairs = {n: build_pair(by_name[n].layer, a, b) for n, (a, b) in items}
     return replace_modules(model, pairs)
 
 

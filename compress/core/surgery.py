@@ -19,8 +19,17 @@ def get_module(model: nn.Module, name: str) -> nn.Module:
 
 
 def replace_modules(model: nn.Module, replacements: Mapping[str, nn.Module], inplace: bool = False) -> nn.Module:
-    """Return ``model`` (a deep copy unless ``inplace``) with each named submodule replaced."""
-    target = model if inplace else copy.deepcopy(model)
+    """Return ``model`` (a deep copy unless ``inplace``) with each named submodule replaced.
+
+    The copy never copies a module it replaces: the deep copy's memo maps each replaced module to its
+    replacement, so the replaced weights (most of a factorised model's) are not duplicated on the way; a module
+    that is reached twice (shared) is replaced at each place, as it would be in the original.
+    """
+    if inplace:
+        target = model
+    else:
+        memo: dict[int, object] = {id(get_module(model, name)): new for name, new in replacements.items()}
+        target = copy.deepcopy(model, memo)
     for name, new in replacements.items():
         get_module(target, name)  # validates the name
         parent_name, _, child = name.rpartition(".")

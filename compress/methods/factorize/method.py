@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -41,6 +42,7 @@ from ...core.lowrank_plan import (
     predicted_latency_ratio,
     whole_model_total,
 )
+from ...core.memory import release_freed_memory
 from ...core.report import CompressionReport, LayerReport
 from ...core.stats import collect_moments
 from .config import FactorizeConfig
@@ -115,13 +117,15 @@ def layer_bases(model: nn.Module, data: Dataset, targets: list[Target], cfg: Fac
     missing = [t for t in targets if t.name not in out]
     report.predicted.cache_hits = len(out)
     moments = _moments(model, data, missing, cfg, stats_keys, report)
+    release_freed_memory()  # the statistics pass's activations and unfolded rows, freed on its return
     t0 = time.perf_counter()
-    for t in missing:
-        lb = _decompose(t.layer, moments[t.name], cfg.eig_threshold)
+    for t in missing:  # each statistic is dropped once decomposed: never all statistics and all bases at once
+        lb = _decompose(t.layer, moments.pop(t.name), cfg.eig_threshold)
         out[t.name] = lb
         if cfg.cache_dir:
             save_entry(cfg.cache_dir, basis_keys[t.name], dict(zip(BASIS_FIELDS, (
                 lb.basis, lb.sq_values, torch.tensor(lb.eigh_fell_back)))))
+    release_freed_memory()  # the statistics and the decompositions' workspaces, before the bases are used
     report.timings_s["decompose"] = time.perf_counter() - t0
     return out
 
@@ -156,16 +160,16 @@ def _moments(model: nn.Module, data: Dataset, targets: list[Target], cfg: Factor
 
 
 def _factors(targets: list[Target], bases: dict[str, LayerBasis], ranks: dict[str, int]
-             ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    out = {}
+             ) -> Iterator[tuple[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """``(name, (first, second))`` of each factorised target, computed when asked for (float64), so that
+    :func:`~...core.lowrank_plan.apply_factors` holds one layer's factors at a time."""
     for t in targets:
         r = ranks[t.name]
         if r == KEEP:
             continue
         w, u = grouped_weight(t.layer), bases[t.name].basis
         pairs = [projected_factors(w[g], u[g], r) for g in range(w.shape[0])]
-        out[t.name] = (torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs]))
-    return out
+        yield t.name, (torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs]))
 
 
 def _annotate(report: CompressionReport, bases: dict[str, LayerBasis], ranks: dict[str, int],
