@@ -401,7 +401,8 @@ def ort_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantConf
         check, against = _source_check(source, [feeds_of(i) for i in inputs], ort, cfg.rtol, cfg.atol)
     else:
         def check(path: str) -> ParityResult:
-            return verify_parity(module, path, inputs, cfg.rtol, cfg.atol, fixed_batch=fixed_batch)
+            return verify_parity(module, path, inputs, cfg.rtol, cfg.atol, fixed_batch=fixed_batch,
+                                 atol_scale=cfg.atol_scale)
 
         against = {"against": "torch"}
     return _checked_conversion(source, folder, ort, check, against)

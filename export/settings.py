@@ -138,6 +138,9 @@ class VariantConfig(Int8Policy):
         ONNX opset (>= 17).
     rtol, atol : float
         parity (and simplification) tolerances, ``|onnx - torch| <= atol + rtol * |torch|``.
+    atol_scale : float
+        torch-against-ONNX parity adds this part of each output's largest magnitude to ``atol``
+        (``--atol-scale``; :data:`minreal.export.verify.DEFAULT_ATOL_SCALE`, 0 for ``numpy.allclose``'s rule).
     quant_target : str
         provider whose INT8 format is written (``--quant-target``).
     quant_mode : str
@@ -165,6 +168,7 @@ class VariantConfig(Int8Policy):
     fixed_shapes: ShapeSpec | None = None
     tensorrt_validation: bool = False
     tensorrt_batch: tuple[int, int, int] = (1, 32, 32)
+    atol_scale: float = 1e-4
 
     def __post_init__(self) -> None:
         if self.quant_mode == "dynamic" and self.quant_target in ("tensorrt", ARM64_TARGET):

@@ -161,7 +161,8 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
         exp = to_onnx(module, x[:2], raw, opset=cfg.opset, dynamic_dims=dynamic_dims or None,
                       dynamic_axes=dynamic_axes or None)
         simp = _simplified(module, raw, checked, x, cfg)
-        parity = verify_parity(module, checked, parity_inputs(x, exp.dynamic_axes), rtol=cfg.rtol, atol=cfg.atol)
+        parity = verify_parity(module, checked, parity_inputs(x, exp.dynamic_axes), rtol=cfg.rtol, atol=cfg.atol,
+                               atol_scale=cfg.atol_scale)
         fixed = fix_verified(checked, cfg.fixed_shapes, feeds_of(x), cfg.rtol, cfg.atol)
         move_onnx(checked, out)  # only a verified graph (with its external data, if any) reaches the output path
         results = relative_to(to_jsonable([exp, simp, parity]), Path(tmp))

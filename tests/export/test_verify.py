@@ -13,18 +13,21 @@ from torch import nn
 import minreal.export.verify as verify_module
 from minreal.export.errors import ParityError
 from minreal.export.onnx_export import ExportResult
-from minreal.export.verify import DEFAULT_ATOL, DEFAULT_RTOL, compare_output, verify_parity
+from minreal.export.settings import VariantConfig
+from minreal.export.verify import DEFAULT_ATOL, DEFAULT_ATOL_SCALE, DEFAULT_RTOL, compare_output, verify_parity
 
 
 def _assert_clear_top1(model: nn.Module, inputs: list[torch.Tensor]) -> None:
-    """Every output's top logit leads by more than twice the parity allowance (atol + rtol·|y|), so outputs
+    """Every output's top logit leads by more than twice the parity allowance (atol + atol_scale·max|y| + rtol·|y|),
+    so outputs
     that pass parity (ORT vs torch: other kernels, float32 rounding) must agree on top-1 exactly."""
     for x in inputs:
         with torch.no_grad():
             out = model(x)
         for y in out if isinstance(out, tuple) else (out,):
             top2 = y.topk(2, dim=-1).values
-            assert (top2[..., 0] - top2[..., 1] > 2 * (DEFAULT_ATOL + DEFAULT_RTOL * y.abs().max())).all()
+            allowance = DEFAULT_ATOL + (DEFAULT_ATOL_SCALE + DEFAULT_RTOL) * y.abs().max()
+            assert (top2[..., 0] - top2[..., 1] > 2 * allowance).all()
 
 
 def test_parity_passes_on_two_batch_sizes(
@@ -181,3 +184,38 @@ def test_output_agreement_feeds_a_fixed_batch_file_that_many_rows_at_a_time(tmp_
     assert output_agreement(fixed, fixed, x.numpy()) == (1.0, 0.0)
     agreement, rel = output_agreement(dynamic, fixed, x.numpy())
     assert agreement == 1.0 and rel < 1e-12
+
+
+def test_atol_scale_holds_near_zero_elements_to_the_output_s_roundoff() -> None:
+    # a large output with one element near zero: float32 roundoff of the whole graph (here 1.6e-4, 3e-6 of the
+    # output's largest magnitude) breaks allclose's rule at that element and only there
+    reference = np.array([[50.0, 1e-3, -20.0]], dtype=np.float32)
+    candidate = reference + np.array([[0.0, 1.6e-4, 0.0]], dtype=np.float32)
+    strict = compare_output("y", 1, candidate, reference, rtol=1e-3, atol=1e-4)
+    assert not strict.passed and strict.worst_allowed == pytest.approx(1e-4 + 1e-3 * 1e-3)
+    scaled = compare_output("y", 1, candidate, reference, rtol=1e-3, atol=1e-4, atol_scale=1e-5)
+    assert scaled.passed
+    assert scaled.worst_allowed == pytest.approx(1e-4 + 1e-5 * 50.0 + 1e-3 * 1e-3, rel=1e-6)
+    # a real regression is still caught: 1e-2 is 200 x the output's allowance of 5.1e-4
+    moved = reference + np.array([[0.0, 1e-2, 0.0]], dtype=np.float32)
+    assert not compare_output("y", 1, moved, reference, rtol=1e-3, atol=1e-4, atol_scale=1e-5).passed
+
+
+def test_atol_scale_reads_the_largest_finite_magnitude(monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = np.array([np.inf, 2.0, np.nan, -4.0, -np.inf], dtype=np.float32)
+    assert verify_module._finite_abs_max(reference) == 4.0
+    assert verify_module._finite_abs_max(np.array([np.nan], dtype=np.float32)) == 0.0
+    monkeypatch.setattr(verify_module, "COMPARE_CHUNK", 2)  # the largest sits in the second of three chunks
+    assert verify_module._finite_abs_max(np.array([1.0, -2.0, 7.5, np.nan, 3.0], dtype=np.float32)) == 7.5
+
+
+def test_parity_defaults_add_the_output_scale_and_say_so(two_heads: nn.Module, two_heads_onnx: ExportResult) -> None:
+    assert VariantConfig().atol_scale == DEFAULT_ATOL_SCALE > 0
+    changed = copy.deepcopy(two_heads)
+    with torch.no_grad():
+        changed.embed.weight.add_(0.05)
+    with pytest.raises(ParityError, match=r"\+ 0.0001 x max\|output\|") as info:
+        verify_parity(changed, two_heads_onnx.path, [torch.randn(2, 10), torch.randn(5, 10)])
+    assert info.value.result.atol_scale == DEFAULT_ATOL_SCALE
+    result = verify_parity(two_heads, two_heads_onnx.path, [torch.randn(2, 10), torch.randn(5, 10)], atol_scale=0.0)
+    assert result.passed and result.atol_scale == 0.0

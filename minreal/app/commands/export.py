@@ -57,6 +57,9 @@ def _export_option(*decls: str, **kwargs: Any) -> Any:
                 help="Parity relative tolerance.")
 @_export_option("--atol", type=float, default=VariantConfig.atol, show_default=True,
                 help="Parity absolute tolerance.")
+@_export_option("--atol-scale", type=float, default=VariantConfig.atol_scale, show_default=True,
+                help="Part of each output's largest magnitude added to --atol in the parity check with torch "
+                     "(float32 roundoff grows with a graph's magnitudes; 0: numpy.allclose's rule alone).")
 @int8_option("OUT with suffix .int8.onnx (static QDQ by default).")
 @quant_target_option
 @quant_mode_option(VariantConfig.quant_mode)
@@ -72,7 +75,7 @@ def _export_option(*decls: str, **kwargs: Any) -> Any:
 @common
 def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, ...], dynamic_axes: tuple[str, ...],
                weights: str | None, trust_pickle: bool, opset: int,
-               rtol: float, atol: float, int8: bool, quant_target: str | None, quant_mode: str,
+               rtol: float, atol: float, atol_scale: float, int8: bool, quant_target: str | None, quant_mode: str,
                allow_random_calibration: bool, int8_keep_roundtrips: bool, fp16: bool, fp16_io: bool,
                fixed_shapes: str | None, quiet: bool, as_json: bool, **grouped: Any) -> None:
     """Export MODEL to ONNX (dynamic batch), simplify, verify parity, optionally quantise to INT8 and write FP16."""
@@ -88,7 +91,9 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, .
                                "drop one of them")
     ort = ort_config(grouped)
     con = Console(quiet, as_json)
-    opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol,
+    if atol_scale < 0:
+        raise click.BadParameter(f"must be >= 0, got {atol_scale:g}", param_hint="--atol-scale")
+    opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol, atol_scale=atol_scale,
                                        quant_target=quant_target_for(quant_target, ()),
                                        quant_mode=quant_mode, allow_random_calibration=allow_random_calibration,
                                        fixed_shapes=fixed_shapes_spec(fixed_shapes),
