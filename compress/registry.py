@@ -191,6 +191,22 @@ was missed (``predicted.budget_missed`` and a note): methods budget their per-la
 rules do not cover (attention's matmuls, a shifted window's rolls) can leave the whole model above the budget."""
 
 
+OVERSHOOT = 0.05
+"""How far below its MAC or parameter budget a result's measured ratio may land before its report says so
+(``predicted.budget_overshot`` and a note): a method whose steps are coarse (depth removes whole blocks, width
+surgery keeps channel counts at multiples of ``--width-min``) can cut much more than asked."""
+
+
+def budget_overshoot(report: CompressionReport, kind: str, requested: float, achieved: float) -> str | None:
+    """The note saying that ``report``'s measured ``kind`` ratio landed more than :data:`OVERSHOOT` below its
+    budget, naming the method; ``None`` otherwise (and for a latency budget, which the method measures itself)."""
+    if kind not in ("mac_ratio", "param_ratio") or achieved >= requested - OVERSHOOT:
+        return None
+    return (f"budget overshot: `{kind}` {requested:g} was asked, {achieved:.3f} was reached: {report.method}'s "
+            f"steps are coarser than the budget here (more was cut than asked); check the accuracy, or ask "
+            f"for a larger `{kind}`")
+
+
 def budget_shortfall(report: CompressionReport, kind: str, requested: float, achieved: float) -> str | None:
     """The note saying that ``report``'s measured ``kind`` ratio missed its budget, and why as far as the costs
     tell; ``None`` within :data:`BUDGET_SLACK` (or for a latency budget, which the method measures itself)."""
@@ -371,6 +387,9 @@ def _finished(spec: MethodSpec, cfg: Any, budget: Any, model: nn.Module, data: D
         report.predicted.budget = {"kind": budget[0], "requested": budget[1], "achieved": achieved}
         if achieved is not None and (note := budget_shortfall(report, budget[0], budget[1], achieved)):
             report.predicted.budget_missed = note
+            report.notes.append(note)
+        if achieved is not None and (note := budget_overshoot(report, budget[0], budget[1], achieved)):
+            report.predicted.budget_overshot = note
             report.notes.append(note)
     if measure and "relative_output_error" not in report.measured:
         t0 = time.perf_counter()

@@ -149,6 +149,9 @@ class Predicted(_Record):
     budget: dict[str, Any] = _unset()
     """``{"kind", "requested", "achieved"}`` of the whole-model budget (a chain adds ``"step"``)."""
     budget_missed: str = _unset()
+    budget_overshot: str = _unset()
+    """The note that the measured ratio landed well below the budget (:data:`~minreal.compress.registry.OVERSHOOT`):
+    more was cut than asked, which costs accuracy the budget did not ask to spend."""
     bounds_zero_shot: dict[str, float | None] = _unset()
     """The error bounds of the model before recovery (recovery voids them)."""
     steps: list[dict[str, Any]] = _unset()

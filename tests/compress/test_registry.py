@@ -273,3 +273,22 @@ def test_a_missed_budget_is_stated_with_the_rules_share() -> None:
     assert registry.budget_shortfall(report, "param_ratio", 0.5, 0.75) == (
         "budget missed: `param_ratio` 0.5 was asked, 0.750 was reached")
     assert registry.budget_shortfall(report, "latency_ratio", 0.5, 0.75) is None  # measured by the method itself
+
+
+def test_an_overshot_budget_is_stated_in_the_report(tiny_mlp: nn.Module, mlp_data: Dataset,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from minreal.compress.core.report import CompressionReport
+    from minreal.compress.methods.svd import SVDConfig
+
+    report = CompressionReport("wanda", {})
+    assert registry.budget_overshoot(report, "mac_ratio", 0.7, 0.535) == (
+        "budget overshot: `mac_ratio` 0.7 was asked, 0.535 was reached: wanda's steps are coarser than the budget "
+        "here (more was cut than asked); check the accuracy, or ask for a larger `mac_ratio`")
+    assert registry.budget_overshoot(report, "mac_ratio", 0.7, 0.7 - registry.OVERSHOOT) is None  # at the limit
+    assert registry.budget_overshoot(report, "mac_ratio", 0.7, 0.72) is None  # above: budget_shortfall's business
+    assert registry.budget_overshoot(report, "latency_ratio", 0.7, 0.3) is None  # measured by the method itself
+    # through compress: a method that cut more than asked gets the note and the field, with the reached ratio
+    monkeypatch.setattr(registry, "OVERSHOOT", -1.0)  # any result counts as overshot: the wiring is what is tested
+    _, rep = compress(tiny_mlp, mlp_data, "svd", SVDConfig(mac_ratio=0.6))
+    assert rep.predicted.budget_overshot == registry.budget_overshoot(rep, "mac_ratio", 0.6, rep.mac_ratio)
+    assert rep.predicted.budget_overshot in rep.notes and f"{rep.mac_ratio:.3f} was reached" in rep.notes[-1]

@@ -127,6 +127,8 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
               f"MACs {report.macs_before} -> {report.macs_after} ({report.mac_ratio:.3f}); saved {out}")
     if missed := report.predicted.get("budget_missed"):  # stated, never missed in silence
         click.echo(f"WARNING: {fields_spelled(missed, (report.predicted.budget['kind'],))}", err=True)
+    if overshot := report.predicted.get("budget_overshot"):  # nor overshot in silence
+        click.echo(f"note: {fields_spelled(overshot, (report.predicted.budget['kind'],))}", err=True)
     if report.measured.held_out_recovered:
         zero, rec = report.measured.held_out_zero_shot, report.measured.held_out_recovered
         con.table("held out: " + "; ".join(f"{k} zero-shot {zero[k]:.4g} -> recovered {rec[k]:.4g}"
