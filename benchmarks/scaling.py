@@ -1,7 +1,8 @@
 """Statistics on one vs two processes (issue 17), and what more workers would give: a measured scaling model.
 
 Workload: the second moments E[xxᵀ] of every Conv/Linear input of torchvision's resnet18 at 224x224 (the
-statistics ``factorize`` spends most of its time on: 63 of 65 s for 256 images), over 512 images. The weights are
+statistics ``factorize`` spent most of its time on: 63 of 65 s for 256 images, before it took layers with fewer
+outputs than inputs from the o × o Gram of their outputs), over 512 images. The weights are
 random (seeded) and so are the images: the cost of the pass does not depend on their values, and nothing can be
 downloaded here.
 

@@ -8,6 +8,9 @@ For each benchmark model the statistics are computed in both precisions and what
   spectrum (relative to its top value); and the time of the statistics pass
   (:func:`minreal.compress.core.stats.collect_moments` alone) in each precision, alternated in one process, with the
   spread.
+  factorize now takes a layer with fewer outputs than inputs from the o × o Gram of its outputs instead; this
+  benchmark still measures the input moment of every layer (``collect_moments`` without ``output_side``), as its
+  committed figures were.
 - ``cbalanced``: its Gramian products (``Moments.update`` and ``gram_sum``) have no precision option; the benchmark
   times their share of the Gramian pass (float64, as shipped) and reruns the pass with those two functions replaced
   by float32-product versions (float64 centring and accumulation) to see whether the C ranks (the widths it

@@ -37,7 +37,9 @@ __all__ = ["Probe", "PlanEstimate", "probe_model", "estimate_plan"]
 PREPARE_PASSES = {"factorize": 27.0, "svd": 0.0, "magnitude": 0.0}
 """Forward passes over the statistics samples a method's ``prepare`` costs, where measured: factorize's float64
 second moments of every conv's im2col patches cost 27 plain forward passes on the pretrained ResNet-32 (242 s for
-7,000 CIFAR images, forward 1.27 ms per image, 2 cores); svd and magnitude read only the weights."""
+7,000 CIFAR images, forward 1.27 ms per image, 2 cores); svd and magnitude read only the weights. Measured before
+factorize took layers with fewer outputs than inputs from the o × o Gram of their outputs (no im2col): an upper
+bound since, not remeasured."""
 DEFAULT_PREPARE_PASSES = 3.0
 """Other methods: importances and partitions from about one to three passes with hooks."""
 EXPORT_S = 4.0
