@@ -370,9 +370,9 @@ def stage_compress(spec: dict[str, Any]) -> dict[str, Any]:
             out[f"{key[:-1]}_ratio_reached"] = round(report[f"{key}_after"] / report[f"{key}_before"], 4)
     if report.get("timings_s"):  # the method's own phases (statistics, analysis, realisation ...), for the cost fit
         out["phases_s"] = {k: round(v, 3) for k, v in report["timings_s"].items()}
-    missed = (report.get("predicted") or {}).get("budget_missed")
-    if missed:
-        out["budget_missed"] = missed
+    for key in ("budget_missed", "budget_overshot"):  # the report's own words where the ratio left its budget
+        if note := (report.get("predicted") or {}).get(key):
+            out[key] = note
     return out
 
 
