@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from torch import nn
 
@@ -23,8 +23,18 @@ def replace_modules(model: nn.Module, replacements: Mapping[str, nn.Module], inp
 
     The copy never copies a module it replaces: the deep copy's memo maps each replaced module to its
     replacement, so the replaced weights (most of a factorised model's) are not duplicated on the way; a module
-    that is reached twice (shared) is replaced at each place, as it would be in the original.
+    that is reached twice (shared) is replaced at each place, as it would be in the original. The name ``""``
+    (a model that is one layer) replaces the model itself: the result is that replacement.
+
+    Raises
+    ------
+    ValueError
+        a name is not a submodule of ``model``, or one name lies inside another (``a`` and ``a.b``): the
+        replacement of ``a`` would be changed in place, or ``a.b``'s would be lost.
     """
+    _check_disjoint(replacements)
+    if "" in replacements:
+        return replacements[""]
     if inplace:
         target = model
     else:
@@ -36,6 +46,18 @@ def replace_modules(model: nn.Module, replacements: Mapping[str, nn.Module], inp
         parent = get_module(target, parent_name)
         setattr(parent, child, new)
     return target
+
+
+def _check_disjoint(names: Iterable[str]) -> None:
+    """ValueError naming two replacement names of which one lies inside the other (``""`` holds every name)."""
+    given = set(names)
+    for name in given:
+        parent = name
+        while parent:
+            parent = parent.rpartition(".")[0]
+            if parent in given:
+                raise ValueError(f"replacement names {parent!r} and {name!r} nest: the second lies inside the "
+                                 "first; replace one of the two modules, not both")
 
 
 def parent_weight_readers(model: nn.Module) -> dict[str, str]:
