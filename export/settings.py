@@ -3,6 +3,7 @@ and the defaults of a variant (:class:`VariantConfig`). No torch, onnx or onnxru
 
 from __future__ import annotations
 
+import math
 from dataclasses import KW_ONLY, dataclass, fields
 from typing import TYPE_CHECKING
 
@@ -171,6 +172,9 @@ class VariantConfig(Int8Policy):
     atol_scale: float = 1e-4
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.atol_scale) and self.atol_scale >= 0):  # nan fails every element, inf none
+            raise FieldError(f"`VariantConfig.atol_scale`={self.atol_scale!r}: --atol-scale must be a finite number "
+                             ">= 0 (0: numpy.allclose's rule alone)", fields=("atol_scale",))
         if self.quant_mode == "dynamic" and self.quant_target in ("tensorrt", ARM64_TARGET):
             # told before any export: dynamic INT8 has uint8 activations quantised at run time, neither format's
             raise FieldError(f"`VariantConfig.quant_mode`='dynamic': --quant-mode dynamic cannot write the "

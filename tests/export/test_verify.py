@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -219,3 +220,14 @@ def test_parity_defaults_add_the_output_scale_and_say_so(two_heads: nn.Module, t
     assert info.value.result.atol_scale == DEFAULT_ATOL_SCALE
     result = verify_parity(two_heads, two_heads_onnx.path, [torch.randn(2, 10), torch.randn(5, 10)], atol_scale=0.0)
     assert result.passed and result.atol_scale == 0.0
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_atol_scale_must_be_finite_and_non_negative(bad: float, workdir: Path, run_cli: Callable) -> None:
+    # nan would fail every element ("allowed nan"), inf pass every one: both refused before any export
+    with pytest.raises(ValueError, match=r"`VariantConfig.atol_scale`=.*must be a finite number >= 0"):
+        VariantConfig(atol_scale=bad)
+    code, out, err = run_cli(["export", "net.py:bn_net", "--out", "m.onnx", "--input-shape", "3,8,8",
+                              "--atol-scale", str(bad)])
+    assert code == 2 and "--atol-scale" in err and "finite number >= 0" in err and not out
+    assert len(err.strip().splitlines()) == 1 and sorted(p.name for p in workdir.iterdir()) == ["net.py"]

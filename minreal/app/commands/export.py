@@ -3,6 +3,7 @@ INT8 and FP16 copies."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,8 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, .
                                "drop one of them")
     ort = ort_config(grouped)
     con = Console(quiet, as_json)
-    if atol_scale < 0:
-        raise click.BadParameter(f"must be >= 0, got {atol_scale:g}", param_hint="--atol-scale")
+    if not (math.isfinite(atol_scale) and atol_scale >= 0):  # nan would fail every element, inf pass every one
+        raise click.BadParameter(f"must be a finite number >= 0, got {atol_scale:g}", param_hint="--atol-scale")
     opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol, atol_scale=atol_scale,
                                        quant_target=quant_target_for(quant_target, ()),
                                        quant_mode=quant_mode, allow_random_calibration=allow_random_calibration,
