@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MethodRegistry", "ENTRY_POINT_GROUP", "register", "register_method", "get_method", "method_names",
            "compress", "compress_chain", "chain_label", "fill_costs", "apply_recovery", "state_points", "Prepared",
-           "prepare", "realise", "prepared_key", "BUDGET_SLACK", "budget_shortfall"]
+           "prepare", "realise", "prepared_key", "BUDGET_SLACK", "budget_shortfall", "OVERSHOOT",
+           "budget_overshoot"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
