@@ -162,7 +162,7 @@ def _moments(model: nn.Module, data: Dataset, targets: list[Target], cfg: Factor
 def _factors(targets: list[Target], bases: dict[str, LayerBasis], ranks: dict[str, int]
              ) -> Iterator[tuple[str, tuple[torch.Tensor, torch.Tensor]]]:
     """``(name, (first, second))`` of each factorised target, computed when asked for (float64), so that
-    :func:`~...core.lowrank_plan.apply_factors` holds one layer's factors at a time."""
+    :func:`~minreal.compress.core.lowrank_plan.apply_factors` holds one layer's factors at a time."""
     for t in targets:
         r = ranks[t.name]
         if r == KEEP:
