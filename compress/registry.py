@@ -345,15 +345,14 @@ def realise(prepared: Prepared, config: Any = None, recovery: RecoveryConfig | N
     ValueError
         ``config`` differs from the prepared one in a field the prepared state depends on.
     """
-    spec, cfg, budget, new, report = _realised(prepared, config, recovery, measure)
-    return _finished(spec, cfg, budget, prepared.model, prepared.data, new, report, recovery, held_out, measure,
-                     recover_after)
+    budget, new, report = _realised(prepared, config, recovery, measure)
+    return _finished(budget, prepared.model, prepared.data, new, report, recovery, held_out, measure, recover_after)
 
 
 def _realised(prepared: Prepared, config: Any, recovery: RecoveryConfig | None, measure: bool
-              ) -> tuple[MethodSpec, Any, Any, nn.Module, CompressionReport]:
-    """The method's own per-budget step of :func:`realise`: its spec, checked config, requested budget, the new
-    module and the method's report."""
+              ) -> tuple[tuple[str, float] | None, nn.Module, CompressionReport]:
+    """The method's own per-budget step of :func:`realise`: the requested budget (:func:`_requested_budget`), the
+    new module and the method's report."""
     spec = get_method(prepared.method)
     cfg = _checked_config(spec, config)
     key = prepared_key(prepared.method, cfg)
@@ -373,10 +372,10 @@ def _realised(prepared: Prepared, config: Any, recovery: RecoveryConfig | None, 
             new, report = spec.run(model, data, cfg)
     if spec.two_phase:
         report.timings_s.update(prepare=prepared.seconds, realise=time.perf_counter() - t0)
-    return spec, cfg, budget, new, report
+    return budget, new, report
 
 
-def _finished(spec: MethodSpec, cfg: Any, budget: Any, model: nn.Module, data: Dataset, new: nn.Module,
+def _finished(budget: tuple[str, float] | None, model: nn.Module, data: Dataset, new: nn.Module,
               report: CompressionReport, recovery: RecoveryConfig | None, held_out: Dataset | None, measure: bool,
               recover_after: bool) -> tuple[nn.Module, CompressionReport]:
     """What :func:`realise` does after the method: the shared cost fields, the budget check, the output
@@ -416,12 +415,12 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
     (a chain's last step: the chain recovers once, at its end).
     """
     prepared = prepare(model, data, method, config)
-    spec, cfg, budget, new, report = _realised(prepared, config, recovery, measure)
+    budget, new, report = _realised(prepared, config, recovery, measure)
     # one budget only: the method's state (statistics, bases) is freed before the measuring passes and whatever the
     # caller does next (an export), instead of living as long as this call
     del prepared
     release_freed_memory()
-    return _finished(spec, cfg, budget, model, data, new, report, recovery, held_out, measure, recover_after)
+    return _finished(budget, model, data, new, report, recovery, held_out, measure, recover_after)
 
 
 def chain_label(methods: Sequence[str]) -> str:
