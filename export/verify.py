@@ -72,7 +72,8 @@ class OutputParity:
     max_abs_err : float
         max ``|onnx - torch|``.
     max_rel_err : float
-        max ``|onnx - torch| / max(|torch|, atol)`` (the floor keeps zeros finite).
+        max ``|onnx - torch| / max(|torch|, atol)`` (the floor keeps zeros finite; ``atol`` here and below
+        includes ``atol_scale * max|torch|`` where :func:`compare_output` was given an ``atol_scale``).
     worst_measured : float
         ``|onnx - torch|`` at the element that breaks the tolerance most.
     worst_allowed : float
