@@ -22,9 +22,10 @@ def replace_modules(model: nn.Module, replacements: Mapping[str, nn.Module], inp
     """Return ``model`` (a deep copy unless ``inplace``) with each named submodule replaced.
 
     The copy never copies a module it replaces: the deep copy's memo maps each replaced module to its
-    replacement, so the replaced weights (most of a factorised model's) are not duplicated on the way; a module
-    that is reached twice (shared) is replaced at each place, as it would be in the original. The name ``""``
-    (a model that is one layer) replaces the model itself: the result is that replacement.
+    replacement, so the replaced weights (most of a factorised model's) are not duplicated on the way; in the copy
+    a module that is reached twice (shared) is replaced at each place (``inplace`` replaces it at the named place
+    only). The name ``""`` (a model that is one layer) replaces the model itself: the result is that
+    replacement.
 
     Raises
     ------
