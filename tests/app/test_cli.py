@@ -509,3 +509,21 @@ def test_progress_without_a_terminal_is_one_throttled_line_per_task(capsys: pyte
         bars.emit(record)
     assert capsys.readouterr().err.splitlines() == ["· recovery (epochs): 1/3: training loss 1",
                                                     "· recovery (epochs): 2/3: training loss 2"]
+
+
+def test_compress_states_an_overshot_budget_on_the_console(workdir: Path, run_cli: Callable) -> None:
+    """svd's ranks on this 64-16-10 MLP are coarse (multiples of the provider's rank step): 0.6 of the MACs asked,
+    well under 0.55 reached. The report's ``predicted.budget_overshot`` reaches stderr as one ``note:`` line
+    naming the flag, never the Python field."""
+    import minreal.compress.registry as registry
+
+    code, _, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "digits-flat", "--mac-ratio",
+                            "0.6", "--data-holdout", "0", "--out", "c.pt2", "--report", "r.json"])
+    assert code == 0, err
+    predicted = json.loads(Path("r.json").read_text())["predicted"]
+    reached = predicted["budget"]["achieved"]
+    assert reached < 0.6 - registry.OVERSHOOT and "`mac_ratio` 0.6 was asked" in predicted["budget_overshot"]
+    notes = [line for line in err.splitlines() if line.startswith("note: budget overshot")]
+    assert notes == [f"note: budget overshot: --mac-ratio 0.6 was asked, {reached:.3f} was reached: svd's steps are "
+                     "coarser than the budget here (more was cut than asked); check the accuracy, or ask for a "
+                     "larger --mac-ratio"]
