@@ -61,7 +61,9 @@ field the entry holds, so an input moment is never read as an output Gram nor th
 
 @dataclass
 class LayerBasis:
-    """Per-group whitened output bases (groups, o/groups, max_rank) and squared singular values."""
+    """Per-group whitened output bases (groups, o/groups, max_rank) in the layer's own precision (float32 for a
+    float32 layer: its factors are rounded to that anyway, and BERT-base's 73 bases take 245 MiB instead of 491 MiB
+    for as long as the prepared state lives) and squared singular values (float64)."""
 
     basis: torch.Tensor
     sq_values: torch.Tensor
@@ -90,7 +92,8 @@ def _decompose(layer: nn.Module, stat: torch.Tensor, threshold: float) -> LayerB
     else:
         w = grouped_weight(layer)
         parts = [whitened_output_basis(w[g], stat[g], threshold) for g in range(w.shape[0])]
-    return LayerBasis(torch.stack([p.basis for p in parts]), torch.stack([p.sq_values for p in parts]),
+    keep = layer.weight.dtype if layer.weight.dtype in (torch.float32, torch.float64) else torch.float64
+    return LayerBasis(torch.stack([p.basis.to(keep) for p in parts]), torch.stack([p.sq_values for p in parts]),
                       tuple(sorted({p.route for p in parts})), any(p.eigh_fell_back for p in parts))
 
 
