@@ -72,12 +72,13 @@ class OutputParity:
     max_abs_err : float
         max ``|onnx - torch|``.
     max_rel_err : float
-        max ``|onnx - torch| / max(|torch|, atol)`` (the floor keeps zeros finite; ``atol`` here and below
-        includes ``atol_scale * max|torch|`` where :func:`compare_output` was given an ``atol_scale``).
+        max ``|onnx - torch| / max(|torch|, atol)`` (the floor keeps zeros finite; the ``atol`` given, without the
+        ``atol_scale`` part, so the figure reads as before that part existed).
     worst_measured : float
         ``|onnx - torch|`` at the element that breaks the tolerance most.
     worst_allowed : float
-        ``atol + rtol * |torch|`` at that element.
+        ``atol + atol_scale * max|torch| + rtol * |torch|`` at that element (no scale part where
+        :func:`compare_output` was given no ``atol_scale``).
     top1_agreement : float | None
         share of rows whose argmax over the last axis agrees (``None`` for <2-d outputs).
     passed : bool
@@ -199,9 +200,9 @@ def compare_output(
     if torch_out.size == 0:
         return OutputParity(name, batch, 0.0, 0.0, 0.0, atol, _top1(onnx_out, torch_out), True)
     got, want = onnx_out.reshape(-1), torch_out.reshape(-1)
+    floor = max(atol, np.finfo(np.float32).tiny)  # max_rel_err's floor: the given atol, as before atol_scale
     if atol_scale:
         atol = atol + atol_scale * _finite_abs_max(want)
-    floor = max(atol, np.finfo(np.float32).tiny)
     abs_max, rel_max, passed = [], [], True
     worst_ratio, worst = -1.0, (0.0, atol)
     for start in range(0, want.size, COMPARE_CHUNK):

@@ -231,3 +231,12 @@ def test_atol_scale_must_be_finite_and_non_negative(bad: float, workdir: Path, r
                               "--atol-scale", str(bad)])
     assert code == 2 and "--atol-scale" in err and "finite number >= 0" in err and not out
     assert len(err.strip().splitlines()) == 1 and sorted(p.name for p in workdir.iterdir()) == ["net.py"]
+
+
+def test_max_rel_err_keeps_the_given_atol_as_its_floor() -> None:
+    reference = np.array([0.0, 50.0], dtype=np.float32)
+    candidate = np.array([2e-4, 50.0], dtype=np.float32)
+    plain = compare_output("y", 1, candidate, reference, rtol=1e-3, atol=1e-4)
+    scaled = compare_output("y", 1, candidate, reference, rtol=1e-3, atol=1e-4, atol_scale=1e-4)
+    assert plain.max_rel_err == pytest.approx(2e-4 / 1e-4, rel=1e-6) == scaled.max_rel_err  # |diff| / atol at 0
+    assert not plain.passed and scaled.passed  # 2e-4 <= 1e-4 + 1e-4 * 50
