@@ -4,12 +4,13 @@ the records."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from minreal.compress.core.report import CompressionReport
 
-__all__ = ["VariantRecord"]
+__all__ = ["Laps", "VariantRecord"]
 
 
 @dataclass
@@ -41,6 +42,11 @@ class VariantRecord:
     gzip_bytes: int = 0
     """The file (with its external data) gzip-compressed (:func:`minreal.runtime_bench.model_info.gzip_bytes`)."""
     ort: dict[str, Any] = field(default_factory=dict)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    """Wall time (s) by phase of the export that made this record: ``export``, ``simplify``, ``parity``,
+    ``fixed_shapes`` (with the move to the output path), ``costs``, ``checks`` (TensorRT readiness, NNAPI/CoreML,
+    gzip size), and, added by ``minreal export``, ``load``, ``ort``, ``int8`` and ``fp16`` when they ran; empty in
+    reports written before."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON object (values still to pass through
@@ -48,3 +54,25 @@ class VariantRecord:
         typed, so readers of run report schema_version 1 keep reading it (both ``{}`` and ``null`` read as none)."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         return {**data, "compression": {} if self.compression is None else self.compression}
+
+
+class Laps:
+    """Wall time by phase: each :meth:`lap` adds the seconds since the previous lap (or since the start) to its phase
+    in :attr:`timings` (seconds, rounded to the millisecond)."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._since = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """Close ``phase``: the time since the previous lap goes to it (added, when the phase ran before)."""
+        now = time.perf_counter()
+        self.timings[phase] = round(self.timings.get(phase, 0.0) + now - self._since, 3)
+        self._since = now
+
+    def take(self, timings: dict[str, float]) -> None:
+        """Add phases timed elsewhere (a callee's :attr:`timings`) and restart the clock: their time is not counted
+        again in the next lap."""
+        for phase, seconds in timings.items():
+            self.timings[phase] = round(self.timings.get(phase, 0.0) + seconds, 3)
+        self._since = time.perf_counter()

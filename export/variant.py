@@ -28,7 +28,7 @@ from minreal.export.mobile import fix_verified, mobile_usability
 from minreal.export.onnx_export import Axes, to_onnx
 from minreal.export.onnx_files import data_files, move_onnx, onnx_size
 from minreal.export.readiness import tensorrt_readiness
-from minreal.export.record import VariantRecord
+from minreal.export.record import Laps, VariantRecord
 from minreal.export.settings import VariantConfig
 from minreal.export.simplify import SimplifyResult, simplify
 from minreal.export.tensorrt_check import tensorrt_check
@@ -156,22 +156,31 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
     """
     out = Path(out)
     module = module.eval()
+    laps = Laps()
     with tempfile.TemporaryDirectory(prefix=".minreal-export-", dir=out.parent) as tmp:
         raw, checked = Path(tmp) / f"{out.stem}.raw.onnx", Path(tmp) / out.name
         exp = to_onnx(module, x[:2], raw, opset=cfg.opset, dynamic_dims=dynamic_dims or None,
                       dynamic_axes=dynamic_axes or None)
+        laps.lap("export")
         simp = _simplified(module, raw, checked, x, cfg)
+        laps.lap("simplify")
         parity = verify_parity(module, checked, parity_inputs(x, exp.dynamic_axes), rtol=cfg.rtol, atol=cfg.atol,
                                atol_scale=cfg.atol_scale)
+        laps.lap("parity")
         fixed = fix_verified(checked, cfg.fixed_shapes, feeds_of(x), cfg.rtol, cfg.atol)
         move_onnx(checked, out)  # only a verified graph (with its external data, if any) reaches the output path
         results = relative_to(to_jsonable([exp, simp, parity]), Path(tmp))
+        laps.lap("fixed_shapes")
     # the exporter's record names its own raw file's data; the written graph's sit beside ``out``
     results[0]["data_files"] = [str(f.relative_to(out.parent)) for f in data_files(out)]
     costs = count_costs(module, x[:2])
-    return VariantRecord(label or out.stem, method, costs.total_params, costs.macs, out.name, onnx_size(out),
-                         *results, tensorrt_readiness=_readiness(out, cfg), fixed_shapes=to_jsonable(fixed),
-                         mobile=to_jsonable(mobile_usability(out)), gzip_bytes=gzip_bytes(model_files(out)))
+    laps.lap("costs")
+    record = VariantRecord(label or out.stem, method, costs.total_params, costs.macs, out.name, onnx_size(out),
+                           *results, tensorrt_readiness=_readiness(out, cfg), fixed_shapes=to_jsonable(fixed),
+                           mobile=to_jsonable(mobile_usability(out)), gzip_bytes=gzip_bytes(model_files(out)))
+    laps.lap("checks")
+    record.timings_s = laps.timings
+    return record
 
 
 def _simplified(module: nn.Module, raw: Path, checked: Path, x: Inputs, cfg: VariantConfig) -> SimplifyResult:

@@ -20,7 +20,7 @@ from minreal.export.fp16 import Fp16Config
 from minreal.export.int8 import int8_skip_reason
 from minreal.export.int8.target import resolve_target, target_text
 from minreal.export.ort_format import ort_variant
-from minreal.export.record import VariantRecord
+from minreal.export.record import Laps, VariantRecord
 from minreal.export.settings import OrtConfig, VariantConfig
 from minreal.export.variant import PARITY_BATCH_SIZES, export_variant, fp16_variant, quantize_variant
 from minreal.export.verify import feeds_of, output_agreement
@@ -98,17 +98,21 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
         input_shape = InputShapes(per_sample=input_shape)
     requested, mode = opts.variant.quant_target, opts.variant.quant_mode
     variant = replace(opts.variant, quant_target=resolve_target(requested, mode))  # everything below: explicit
+    laps = Laps()
     module = load_model(model_spec, weights=weights, trust_pickle=trust_pickle)
     module, x = _example(module, model_spec, data_spec, opts, input_shape, progress)
+    laps.lap("load")
     batches = " and ".join(map(str, PARITY_BATCH_SIZES))
     progress(f"exporting {model_spec}; verifying parity with ONNX Runtime at batch sizes {batches}")
     axes = merge_axes(input_shape.dynamic if input_shape else {}, dynamic_axes or {})
     check_shape_names(x, axes, variant.fixed_shapes)  # a typo is a usage error, before any export
     record = export_variant(module, x, out, variant, dynamic_axes=axes or None)
+    laps.take(record.timings_s)
     if opts.ort is not None:
         progress(f"converting {out.name} to ORT format ({opts.ort.optimization}, {opts.ort.style}); checking it "
                  "against torch with ONNX Runtime")
         record.ort = ort_variant(record, out.parent, x, variant, opts.ort, module)
+        laps.lap("ort")
     if opts.int8 and (skip := int8_skip_reason(out)):
         progress(f"INT8 skipped: {skip}")
         record.quantization = {"skipped": skip}
@@ -119,15 +123,20 @@ def export_single(model_spec: str, out: Path, data_spec: str | None, weights: st
         record.quantization = {**q.quantization, "mobile": q.mobile}
         for line in _int8_lines(out, out.parent / q.onnx, record.quantization, calib):
             progress(line)
+        laps.lap("int8")
         if opts.ort is not None:
             progress(f"converting {q.onnx} to ORT format; checking it against {q.onnx} with ONNX Runtime")
             record.quantization["ort"] = ort_variant(q, out.parent, x, variant, opts.ort)
+            laps.lap("ort")
     if opts.fp16 is not None:
         progress(f"converting to FP16 ({'fp32' if opts.fp16.keep_io_types else 'fp16'} inputs and outputs)")
         record.fp16 = fp16_variant(record, out.parent, x, variant, opts.fp16).fp16
         if opts.ort is not None:  # in the record too: --json and -q must not lose it
             record.fp16 = {**record.fp16, "ort": {"skipped": ORT_FP16_NOTE}}
             progress(f"note: {ORT_FP16_NOTE}")
+        laps.lap("fp16")
+    record.timings_s = laps.timings
+    progress("wall time by phase: " + ", ".join(f"{phase} {s:.1f} s" for phase, s in laps.timings.items()))
     return record
 
 

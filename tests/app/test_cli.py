@@ -128,6 +128,9 @@ def test_export_bench_check_roundtrip(workdir: Path, run_cli: Callable) -> None:
     assert code == 0, err
     record = json.loads(out)  # --json: stdout holds exactly one JSON document
     assert record["macs"] == 64 * 48 + 48 * 10 and record["tensorrt_readiness"]["ready"]
+    # wall time by phase: loading first, the export's own phases, then INT8 (no ORT format, no FP16 asked for)
+    assert list(record["timings_s"]) == ["load", "export", "simplify", "parity", "fixed_shapes", "costs", "checks",
+                                         "int8"]
     assert Path("m.onnx").exists() and Path("m.int8.onnx").exists()
     assert not list(workdir.glob(".*tmp*"))  # no temp files left behind
     code, out, err = run_cli(["bench", "m.onnx", "m.int8.onnx", "--data", "digits-flat", "--batch", "1,4",

@@ -38,3 +38,34 @@ def test_a_forward_that_fixes_the_batch_size_is_refused_in_one_line(tmp_path: Pa
                            "forward fixes the batch size")
     assert "give a forward that takes the batch as one tensor" in line and "\n" not in line
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_record_holds_the_wall_time_of_each_phase(tmp_path: Path) -> None:
+    """The tool's own cost by phase: every phase of an export is timed once, in order, and together they account
+    for no more than the call's wall time (each phase rounded to the millisecond)."""
+    import time
+
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    record = export_variant(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval(), x, tmp_path / "m.onnx",
+                            VariantConfig())
+    wall = time.perf_counter() - start
+    phases = ["export", "simplify", "parity", "fixed_shapes", "costs", "checks"]
+    assert list(record.timings_s) == phases and all(s >= 0 for s in record.timings_s.values())
+    assert sum(record.timings_s.values()) <= wall + 0.0005 * len(phases)
+    assert record.to_json()["timings_s"] == record.timings_s
+
+
+def test_laps_add_up_and_taken_phases_are_not_counted_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Laps``: a lap closes the time since the previous one; phases taken from a callee are added, and the clock
+    restarts so the next lap does not count their time again."""
+    from minreal.export import record
+
+    now = iter([10.0, 11.5, 14.0, 20.0, 20.25, 21.0])
+    monkeypatch.setattr(record.time, "perf_counter", lambda: next(now))
+    laps = record.Laps()  # 10.0
+    laps.lap("load")  # 11.5: 1.5 s
+    laps.lap("int8")  # 14.0: 2.5 s
+    laps.take({"export": 5.0, "int8": 0.5})  # the callee's 6 s (14.0 → 20.0); clock restarts at 20.0
+    laps.lap("load")  # 20.25: 0.25 s more
+    assert laps.timings == {"load": 1.75, "int8": 3.0, "export": 5.0}
