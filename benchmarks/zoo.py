@@ -384,6 +384,8 @@ def stage_export(spec: dict[str, Any]) -> dict[str, Any]:
     result = out.pop("result", None) or {}
     if isinstance(result, dict) and isinstance(result.get("export"), dict):
         out["outputs"] = result["export"].get("output_names")
+    if isinstance(result, dict) and result.get("timings_s"):  # the export's own phases (load, export, parity ...)
+        out["phases_s"] = result["timings_s"]
     return out
 
 
