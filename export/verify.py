@@ -12,6 +12,7 @@ atol=1e-5`` suit float32 graphs whose ops were fused or reordered by the exporte
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from minreal.compress.core.evaluate import eval_mode, flatten_outputs
-from minreal.compress.core.inputs import Inputs, NamedInputs, call
+from minreal.compress.core.inputs import Inputs, NamedInputs, as_floating, call
 from minreal.export.errors import ParityError
 from minreal.facts import PROVIDERS, error_line
 from minreal.runtime_bench.sessions import create_session
@@ -36,6 +37,7 @@ __all__ = [
     "DEFAULT_ATOL",
     "DEFAULT_ATOL_SCALE",
     "DEFAULT_RTOL",
+    "ROUNDOFF_FACTOR",
     "OutputParity",
     "ParityResult",
     "Feeds",
@@ -57,6 +59,12 @@ DEFAULT_ATOL_SCALE = 1e-4
 """Part of an output's largest magnitude added to ``atol`` by :func:`verify_parity` (0.01 %: 2.5 x what moved a
 seeded ResNet-101's near-zero logit, about 1 % of one int8 step of the same output), so near-zero elements of
 a large output are held to that output's roundoff, not to ``atol`` alone."""
+ROUNDOFF_FACTOR = 2.0
+"""Where an output misses the rule above, :func:`verify_parity` runs the module in float64 and widens that output's
+tolerance by this many times torch's own float32 error (its largest ``|torch32 - torch64|``): when ONNX Runtime is
+no further from the exact (float64) result than torch is, ``|onnx - torch32| <= |onnx - torch64| + |torch32 -
+torch64| <= 2 x`` torch's error (the triangle inequality). A seeded ResNet-152's batch-1 output differed by 2.75e-4
+in ONNX Runtime, 1 % beyond the rule, while torch's own float32 result was 3.1e-4 from float64."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,9 @@ class OutputParity:
         share of rows whose argmax over the last axis agrees (``None`` for <2-d outputs).
     passed : bool
         every element within tolerance and shapes equal.
+    roundoff : float
+        torch's own float32 error on this output, ``max |torch32 - torch64|``, of which :data:`ROUNDOFF_FACTOR`
+        times was added to the tolerance; 0 where the rule held without it (no float64 run).
     """
 
     output: str
@@ -93,6 +104,7 @@ class OutputParity:
     worst_allowed: float
     top1_agreement: float | None
     passed: bool
+    roundoff: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -192,17 +204,20 @@ def _finite_abs_max(x: np.ndarray) -> float:
 
 def compare_output(
     name: str, batch: int, onnx_out: np.ndarray, torch_out: np.ndarray, rtol: float, atol: float,
-    atol_scale: float = 0.0,
+    atol_scale: float = 0.0, roundoff: float = 0.0,
 ) -> OutputParity:
     """Measure one output against its reference (same shape) with ``numpy.allclose``'s rule, in float64, over
     :data:`COMPARE_CHUNK` elements at a time (the same figures as over the whole output at once); ``atol_scale``
-    adds that part of the reference's largest finite magnitude to ``atol`` (:data:`DEFAULT_ATOL_SCALE`)."""
+    adds that part of the reference's largest finite magnitude to ``atol`` (:data:`DEFAULT_ATOL_SCALE`), and
+    ``roundoff`` (the reference's own float32 error, measured against float64) adds :data:`ROUNDOFF_FACTOR` times
+    itself."""
     if torch_out.size == 0:
         return OutputParity(name, batch, 0.0, 0.0, 0.0, atol, _top1(onnx_out, torch_out), True)
     got, want = onnx_out.reshape(-1), torch_out.reshape(-1)
     floor = max(atol, np.finfo(np.float32).tiny)  # max_rel_err's floor: the given atol, as before atol_scale
     if atol_scale:
         atol = atol + atol_scale * _finite_abs_max(want)
+    atol = atol + ROUNDOFF_FACTOR * roundoff
     abs_max, rel_max, passed = [], [], True
     worst_ratio, worst = -1.0, (0.0, atol)
     for start in range(0, want.size, COMPARE_CHUNK):
@@ -219,6 +234,7 @@ def compare_output(
         passed = passed and bool(np.all(diff <= allowed))
     return OutputParity(
         name, batch, float(np.max(abs_max)), float(np.max(rel_max)), *worst, _top1(onnx_out, torch_out), passed,
+        roundoff,
     )  # fmt: skip
 
 
@@ -243,7 +259,34 @@ def _check_batch(
         if g.shape != e.shape:
             raise ParityError(f"ONNX output {name!r} at batch size {batch} has shape {g.shape}, torch {e.shape} "
                               f"(input {_describe(x)})")
-    return [compare_output(name, batch, g, e, rtol, atol, atol_scale) for name, g, e in zip(names, got, expected)]
+    checks = [compare_output(name, batch, g, e, rtol, atol, atol_scale) for name, g, e in zip(names, got, expected)]
+    if all(c.passed for c in checks):
+        return checks
+    roundoffs = _float32_roundoff(module, x, expected)  # only where the rule alone did not hold: a float64 run
+    if roundoffs is None:
+        return checks
+    return [c if c.passed else compare_output(name, batch, g, e, rtol, atol, atol_scale, r)
+            for c, name, g, e, r in zip(checks, names, got, expected, roundoffs)]
+
+
+def _float32_roundoff(module: nn.Module, x: Inputs, expected: list[np.ndarray]) -> list[float] | None:
+    """Torch's own float32 error per output, ``max |torch32 - torch64|`` (finite elements), from a float64 copy of
+    ``module`` on ``x`` (floating inputs in float64, integer ones as they are); ``None`` when the module does not
+    run in float64 (a quantised or fixed-dtype layer) or gives other outputs there."""
+    try:
+        exact = [t.detach().cpu().double().numpy()
+                 for t in flatten_outputs(call(copy.deepcopy(module).double(), as_floating(x, torch.float64)))]
+    except Exception as exc:  # any failure of the float64 run leaves the float32 rule as it was
+        logger.info("no float64 reference for the parity tolerance: %s", error_line(exc))
+        return None
+    if len(exact) != len(expected) or any(a.shape != e.shape for a, e in zip(exact, expected)):
+        return None
+    out = []
+    for e, a in zip(expected, exact):
+        diff = np.abs(e.astype(np.float64) - a)
+        finite = diff[np.isfinite(diff)]
+        out.append(float(finite.max()) if finite.size else 0.0)
+    return out
 
 
 def _describe(x: Inputs) -> str:
@@ -268,11 +311,12 @@ def _raise_worst(result: ParityResult, against: str = "torch") -> None:
     """Raise :class:`ParityError` naming the worst failing output, batch size, measured and allowed."""
     failing = [c for c in result.checks if not c.passed]
     worst = max(failing, key=lambda c: c.worst_measured / c.worst_allowed if c.worst_allowed else float("inf"))
+    roundoff = f" + {ROUNDOFF_FACTOR:g} x torch's float32 error {worst.roundoff:.2g}" if worst.roundoff else ""
     raise ParityError(
         f"ONNX output {worst.output!r} at batch size {worst.batch_size} differs from {against} in "
         f"{Path(result.onnx_path).name}: |diff| {worst.worst_measured:.3g} > allowed {worst.worst_allowed:.3g} "
         f"(rtol={result.rtol:g}, atol={result.atol:g}"
-        f"{f' + {result.atol_scale:g} x max|output|' if result.atol_scale else ''}; "
+        f"{f' + {result.atol_scale:g} x max|output|' if result.atol_scale else ''}{roundoff}; "
         f"{len(failing)} of {len(result.checks)} checks failed)",
         result,
     )
@@ -289,7 +333,9 @@ def verify_parity(
     atol_scale: float = DEFAULT_ATOL_SCALE,
 ) -> ParityResult:
     """Check that ONNX Runtime reproduces ``module`` on inputs of at least two batch sizes (one for a file whose
-    batch is fixed).
+    batch is fixed): each element within ``atol + atol_scale * max|output| + rtol * |torch|``, and, for an output
+    that misses it, within that plus :data:`ROUNDOFF_FACTOR` x torch's own float32 error on it (measured against a
+    float64 copy of the module, run only then), which deep networks' roundoff can exceed the first rule by.
 
     Parameters
     ----------
