@@ -318,3 +318,42 @@ def test_a_module_that_does_not_run_in_float64_keeps_the_rule_alone(monkeypatch:
     with pytest.raises(ParityError) as info:
         verify_parity(model, "unused.onnx", [torch.randn(1, 4), torch.randn(2, 4)])
     assert "float32 error" not in str(info.value) and all(c.roundoff == 0 for c in info.value.result.checks)
+
+
+class _MaskedLogits(nn.Module):
+    """Logits of the last two classes set to the dtype's lowest value (a logits processor's mask): a constant of the
+    dtype, -3.4e38 in float32 and -1.8e308 in float64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(4)
+        self.lin = nn.Linear(64, 10)
+        self.register_buffer("keep", torch.arange(10) < 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y.masked_fill(~self.keep, torch.finfo(y.dtype).min)
+
+
+def test_a_constant_of_the_dtype_is_not_roundoff_and_does_not_open_the_tolerance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A float64 value beyond float32's range (``torch.finfo(dtype).min`` as a mask) is the dtype's constant, not
+    torch's float32 error: counted, it made the roundoff 1.8e308 and the tolerance infinite, so a runtime 1.0 off
+    on every kept logit passed. The roundoff is the largest error over the kept logits, and that runtime fails."""
+    model = _MaskedLogits().eval()
+    x1, x2 = torch.randn(1, 64), torch.randn(2, 64)
+
+    def off_by_one(feeds: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            y = model(torch.from_numpy(feeds)).numpy().copy()
+        y[:, :8] += 1.0
+        return y
+
+    _runtime_giving(monkeypatch, off_by_one)
+    with pytest.raises(ParityError, match="2 of 2 checks failed") as info:
+        verify_parity(model, "unused.onnx", [x1, x2], atol_scale=0.0)
+    with torch.no_grad():
+        kept = [float((model.lin(x).double() - copy.deepcopy(model.lin).double()(x.double()))[:, :8].abs().max())
+                for x in (x1, x2)]
+    assert [c.roundoff for c in info.value.result.checks] == kept
