@@ -288,8 +288,11 @@ def _max_error(got: np.ndarray, exact: np.ndarray) -> float:
     """Largest finite ``|got - exact|`` where ``exact`` lies within the range of ``got``'s dtype (0 when none), over
     :data:`COMPARE_CHUNK` elements at a time: a float64 value beyond float32's is a constant of the dtype
     (``torch.finfo(dtype).min`` as a mask: -3.4e38 against -1.8e308), not roundoff, and would open the tolerance
-    to infinity."""
-    limit = float(np.finfo(got.dtype).max) if np.issubdtype(got.dtype, np.floating) else np.inf
+    to infinity. 0 for an integer (or boolean) output: it has no roundoff, and a float64 run that flips a near-tie
+    (an argmax's class id) differs by a jump that bounds nothing."""
+    if not np.issubdtype(got.dtype, np.floating):
+        return 0.0
+    limit = float(np.finfo(got.dtype).max)
     got, exact = got.reshape(-1), exact.reshape(-1)
     best = 0.0
     for start in range(0, got.size, COMPARE_CHUNK):

@@ -357,3 +357,33 @@ def test_a_constant_of_the_dtype_is_not_roundoff_and_does_not_open_the_tolerance
         kept = [float((model.lin(x).double() - copy.deepcopy(model.lin).double()(x.double()))[:, :8].abs().max())
                 for x in (x1, x2)]
     assert [c.roundoff for c in info.value.result.checks] == kept
+
+
+class _ClassIds(nn.Module):
+    """Class ids (argmax of 10 logits), as deployment wrappers return them. On ``[1, 1e-8]`` logits 0 and 9 tie in
+    float32 (``1 + 1e-8`` rounds to 1: class 0) and not in float64 (class 9)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 10, bias=False)
+        with torch.no_grad():
+            self.lin.weight.zero_()
+            self.lin.weight[0, 0] = self.lin.weight[9, 0] = self.lin.weight[9, 1] = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).argmax(-1)
+
+
+def test_an_integer_output_gets_no_roundoff_from_a_flip_in_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An integer output has no float32 error: where float64 flips a near-tie (class 0 → 9), the difference is a
+    jump, not a bound on the runtime's error; counted, it widened the tolerance to 18 and a runtime that answers
+    class 0 for a row torch puts in class 9 passed."""
+    model = _ClassIds().eval()
+    tie = torch.tensor([[1.0, 1e-8]])
+    x1, x2 = tie, torch.cat([tie, torch.tensor([[0.0, 1.0]])])
+    with torch.no_grad():
+        assert model(x2).tolist() == [0, 9] and copy.deepcopy(model).double()(x2.double()).tolist() == [9, 9]
+    _runtime_giving(monkeypatch, lambda feeds: np.zeros(len(feeds), dtype=np.int64))
+    with pytest.raises(ParityError, match="'y' at batch size 2 .*1 of 2 checks failed") as info:
+        verify_parity(model, "unused.onnx", [x1, x2])
+    assert [(c.max_abs_err, c.roundoff) for c in info.value.result.checks] == [(0.0, 0.0), (9.0, 0.0)]
