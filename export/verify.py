@@ -93,7 +93,7 @@ class OutputParity:
         every element within tolerance and shapes equal.
     roundoff : float
         torch's own float32 error on this output, ``max |torch32 - torch64|``, of which :data:`ROUNDOFF_FACTOR`
-        times was added to the tolerance; 0 where the rule held without it (no float64 run).
+        times was added to the tolerance; 0 where the rule held without it (no float64 run) and for an integer output.
     """
 
     output: str
