@@ -318,3 +318,72 @@ def test_a_module_that_does_not_run_in_float64_keeps_the_rule_alone(monkeypatch:
     with pytest.raises(ParityError) as info:
         verify_parity(model, "unused.onnx", [torch.randn(1, 4), torch.randn(2, 4)])
     assert "float32 error" not in str(info.value) and all(c.roundoff == 0 for c in info.value.result.checks)
+
+
+class _MaskedLogits(nn.Module):
+    """Logits of the last two classes set to the dtype's lowest value (a logits processor's mask): a constant of the
+    dtype, -3.4e38 in float32 and -1.8e308 in float64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(4)
+        self.lin = nn.Linear(64, 10)
+        self.register_buffer("keep", torch.arange(10) < 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y.masked_fill(~self.keep, torch.finfo(y.dtype).min)
+
+
+def test_a_constant_of_the_dtype_is_not_roundoff_and_does_not_open_the_tolerance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A float64 value beyond float32's range (``torch.finfo(dtype).min`` as a mask) is the dtype's constant, not
+    torch's float32 error: counted, it made the roundoff 1.8e308 and the tolerance infinite, so a runtime 1.0 off
+    on every kept logit passed. The roundoff is the largest error over the kept logits, and that runtime fails."""
+    model = _MaskedLogits().eval()
+    x1, x2 = torch.randn(1, 64), torch.randn(2, 64)
+
+    def off_by_one(feeds: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            y = model(torch.from_numpy(feeds)).numpy().copy()
+        y[:, :8] += 1.0
+        return y
+
+    _runtime_giving(monkeypatch, off_by_one)
+    with pytest.raises(ParityError, match="2 of 2 checks failed") as info:
+        verify_parity(model, "unused.onnx", [x1, x2], atol_scale=0.0)
+    with torch.no_grad():
+        kept = [float((model.lin(x).double() - copy.deepcopy(model.lin).double()(x.double()))[:, :8].abs().max())
+                for x in (x1, x2)]
+    assert [c.roundoff for c in info.value.result.checks] == kept
+
+
+class _ClassIds(nn.Module):
+    """Class ids (argmax of 10 logits), as deployment wrappers return them. On ``[1, 1e-8]`` logits 0 and 9 tie in
+    float32 (``1 + 1e-8`` rounds to 1: class 0) and not in float64 (class 9)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 10, bias=False)
+        with torch.no_grad():
+            self.lin.weight.zero_()
+            self.lin.weight[0, 0] = self.lin.weight[9, 0] = self.lin.weight[9, 1] = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).argmax(-1)
+
+
+def test_an_integer_output_gets_no_roundoff_from_a_flip_in_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An integer output has no float32 error: where float64 flips a near-tie (class 0 → 9), the difference is a
+    jump, not a bound on the runtime's error; counted, it widened the tolerance to 18 and a runtime that answers
+    class 0 for a row torch puts in class 9 passed."""
+    model = _ClassIds().eval()
+    tie = torch.tensor([[1.0, 1e-8]])
+    x1, x2 = tie, torch.cat([tie, torch.tensor([[0.0, 1.0]])])
+    with torch.no_grad():
+        assert model(x2).tolist() == [0, 9] and copy.deepcopy(model).double()(x2.double()).tolist() == [9, 9]
+    _runtime_giving(monkeypatch, lambda feeds: np.zeros(len(feeds), dtype=np.int64))
+    with pytest.raises(ParityError, match="'y' at batch size 2 .*1 of 2 checks failed") as info:
+        verify_parity(model, "unused.onnx", [x1, x2])
+    assert [(c.max_abs_err, c.roundoff) for c in info.value.result.checks] == [(0.0, 0.0), (9.0, 0.0)]
