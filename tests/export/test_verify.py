@@ -387,3 +387,31 @@ def test_an_integer_output_gets_no_roundoff_from_a_flip_in_float64(monkeypatch: 
     with pytest.raises(ParityError, match="'y' at batch size 2 .*1 of 2 checks failed") as info:
         verify_parity(model, "unused.onnx", [x1, x2])
     assert [(c.max_abs_err, c.roundoff) for c in info.value.result.checks] == [(0.0, 0.0), (9.0, 0.0)]
+
+
+class _TablePick(_ClassIds):
+    """A float per class picked by the argmax (a box coordinate chosen by top-k or NMS): float values, a discrete
+    choice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.linspace(0.0, 500.0, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.table[super().forward(x)]
+
+
+def test_a_float_picked_by_a_flipped_choice_is_not_roundoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where float64 flips the near-tie, torch32 and torch64 differ by 500 on an output of magnitude 500: far beyond
+    ROUNDOFF_MAX_SHARE of the output (float32 roundoff is 6e-8 of it), so it widens nothing, and a runtime that
+    answers 0 for a row torch puts at 500 still fails."""
+    model = _TablePick().eval()
+    tie = torch.tensor([[1.0, 1e-8]])
+    x1, x2 = tie, torch.cat([tie, torch.tensor([[0.0, 1.0]])])
+    with torch.no_grad():
+        assert model(x2).tolist() == [0.0, 500.0] and copy.deepcopy(model).double()(x2.double()).tolist() == [500.0,
+                                                                                                            500.0]
+    _runtime_giving(monkeypatch, lambda feeds: np.zeros(len(feeds), dtype=np.float32))
+    with pytest.raises(ParityError, match="'y' at batch size 2 .*1 of 2 checks failed") as info:
+        verify_parity(model, "unused.onnx", [x1, x2])
+    assert [(c.max_abs_err, c.roundoff) for c in info.value.result.checks] == [(0.0, 0.0), (500.0, 0.0)]
