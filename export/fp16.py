@@ -44,7 +44,7 @@ from onnx import TensorProto
 from minreal.export.atomic import ensure_distinct
 from minreal.export.errors import ParityError, SameFileError
 from minreal.export.onnx_files import data_file_name, data_files, onnx_size, staged_onnx
-from minreal.export.verify import Feeds, OutputParity, compare_output, feed_rows
+from minreal.export.verify import Feeds, OutputParity, compare_output, feed_rows, finite_abs_max
 from minreal.facts import PROVIDERS, error_line
 
 __all__ = [
@@ -204,8 +204,9 @@ def fp16_path(fp32_path: str | Path) -> Path:
 
 
 def _scale(reference: np.ndarray) -> float:
-    """``max|reference|``, at least float16's smallest normal number (an all-zero output still allows rounding)."""
-    magnitude = float(np.max(np.abs(reference))) if reference.size else 0.0
+    """Largest finite ``|reference|``, at least float16's smallest normal number (an all-zero output still allows
+    rounding); an inf element would make every tolerance infinite, a NaN every tolerance NaN."""
+    magnitude = finite_abs_max(reference)
     return max(magnitude, float(np.finfo(np.float16).tiny))
 
 

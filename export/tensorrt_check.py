@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 
 from minreal.export.readiness import ReadinessReport, tensorrt_readiness
-from minreal.export.verify import OutputParity, compare_output, run_ort
+from minreal.export.verify import OutputParity, compare_output, finite_abs_max, run_ort
 from minreal.facts import error_line, first_line
 from minreal.runtime_bench.atomic import atomic_write_bytes
 from minreal.runtime_bench.inputs import Data, input_specs, timing_inputs
@@ -78,8 +78,9 @@ class Tolerance:
     atol_scale: float = 0.0
 
     def atol_for(self, reference: np.ndarray) -> float:
-        """The absolute tolerance for one output: ``atol`` plus ``atol_scale`` times its largest magnitude."""
-        scale = float(np.abs(reference).max()) if reference.size else 0.0
+        """The absolute tolerance for one output: ``atol`` plus ``atol_scale`` times its largest finite magnitude
+        (an inf element would make the tolerance infinite, a NaN make it NaN)."""
+        scale = finite_abs_max(reference)
         return self.atol + self.atol_scale * scale
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "compare_output",
     "feed_rows",
     "feeds_of",
+    "finite_abs_max",
     "ort_errors",
     "run_ort",
     "verify_files",
@@ -192,7 +193,7 @@ COMPARE_CHUNK = 1 << 22
 the size of the output: a segmentation model's batch-16 parity output at 520×520 is 91 M elements)."""
 
 
-def _finite_abs_max(x: np.ndarray) -> float:
+def finite_abs_max(x: np.ndarray) -> float:
     """Largest finite ``|x|`` (0 when none is finite), :data:`COMPARE_CHUNK` elements at a time."""
     best = 0.0
     for start in range(0, x.size, COMPARE_CHUNK):
@@ -217,7 +218,7 @@ def compare_output(
     got, want = onnx_out.reshape(-1), torch_out.reshape(-1)
     floor = max(atol, np.finfo(np.float32).tiny)  # max_rel_err's floor: the given atol, as before atol_scale
     if atol_scale:
-        atol = atol + atol_scale * _finite_abs_max(want)
+        atol = atol + atol_scale * finite_abs_max(want)
     atol = atol + ROUNDOFF_FACTOR * roundoff
     abs_max, rel_max, passed = [], [], True
     worst_ratio, worst = -1.0, (0.0, atol)

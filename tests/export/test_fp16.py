@@ -259,3 +259,13 @@ def test_external_data_is_converted_and_published_beside_the_graph(mlp_onnx: Pat
     assert data_files(out) == [tmp_path / "model.fp16.onnx.data"] and result.parity.passed
     assert result.size_fp16_bytes == out.stat().st_size + (tmp_path / "model.fp16.onnx.data").stat().st_size
     assert result.size_fp16_bytes < 0.7 * result.size_fp32_bytes
+
+
+def test_fp16_tolerance_reads_the_largest_finite_magnitude() -> None:
+    """An inf in the fp32 reference made every FP16 tolerance infinite (anything passed) and a NaN made it NaN
+    (nothing passed): the scale is the largest finite magnitude."""
+    from minreal.export.fp16 import FP16_RTOL, fp16_atol
+
+    reference = np.array([1.0, -4.0, np.inf, np.nan, 2.0], dtype=np.float32)
+    assert fp16_atol(reference) == FP16_RTOL * 4.0
+    assert fp16_atol(np.array([np.nan], dtype=np.float32)) == FP16_RTOL * float(np.finfo(np.float16).tiny)

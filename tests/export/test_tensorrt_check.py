@@ -320,3 +320,13 @@ def test_variant_readiness_says_which_check_decided(monkeypatch: pytest.MonkeyPa
     lines = tensorrt_lines("small", record)
     assert lines[0] == "- **small** not TensorRT-ready (decided by tensorrt 10.3.0):"
     assert any("TensorRT parser: node" in line and "No importer registered" in line for line in lines[1:])
+
+
+def test_tolerance_scale_reads_the_largest_finite_magnitude() -> None:
+    """TensorRT's per-output tolerance: an inf in ONNX Runtime's output made ``atol`` infinite and a NaN made it NaN;
+    the scale is the largest finite magnitude."""
+    from minreal.export.tensorrt_check import Tolerance
+
+    tol = Tolerance(rtol=1e-2, atol=1e-3, atol_scale=1e-2)
+    assert tol.atol_for(np.array([0.5, -3.0, np.inf, np.nan], dtype=np.float32)) == 1e-3 + 1e-2 * 3.0
+    assert tol.atol_for(np.array([np.nan, -np.inf], dtype=np.float32)) == 1e-3
