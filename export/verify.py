@@ -240,8 +240,25 @@ def compare_output(
     )  # fmt: skip
 
 
+class _Float64Twin:
+    """A float64 copy of a module, made when first needed and kept for every later batch size (the copy, about three
+    times the weights, is made at most once per :func:`verify_parity`)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self._copy: nn.Module | None = None
+
+    def outputs(self, x: Inputs) -> list[np.ndarray]:
+        """The copy's outputs on ``x`` (floating inputs in float64, integer ones as they are), float64 arrays."""
+        if self._copy is None:
+            self._copy = copy.deepcopy(self.module).double()
+        return [t.detach().cpu().double().numpy()
+                for t in flatten_outputs(call(self._copy, as_floating(x, torch.float64)))]
+
+
 def _check_batch(
-    module: nn.Module, session: ort.InferenceSession, x: Inputs, rtol: float, atol: float, atol_scale: float
+    module: nn.Module, session: ort.InferenceSession, x: Inputs, rtol: float, atol: float, atol_scale: float,
+    twin: _Float64Twin,
 ) -> list[OutputParity]:
     """Compare every output of ``module(x)`` with ONNX Runtime's; raise on a count or shape mismatch, or when the
     module itself fails on these inputs (e.g. one input cut to another length and its partner not)."""
@@ -264,20 +281,20 @@ def _check_batch(
     checks = [compare_output(name, batch, g, e, rtol, atol, atol_scale) for name, g, e in zip(names, got, expected)]
     if all(c.passed for c in checks):
         return checks
-    roundoffs = _float32_roundoff(module, x, expected)  # only where the rule alone did not hold: a float64 run
+    # only where the rule alone did not hold: a float64 run
+    roundoffs = _float32_roundoff(twin, x, expected)
     if roundoffs is None:
         return checks
     return [c if c.passed else compare_output(name, batch, g, e, rtol, atol, atol_scale, r)
             for c, name, g, e, r in zip(checks, names, got, expected, roundoffs)]
 
 
-def _float32_roundoff(module: nn.Module, x: Inputs, expected: list[np.ndarray]) -> list[float] | None:
-    """Torch's own float32 error per output, ``max |torch32 - torch64|`` (:func:`_max_error`), from a float64 copy of
-    ``module`` on ``x`` (floating inputs in float64, integer ones as they are); ``None`` when the module does not
-    run in float64 (a quantised or fixed-dtype layer) or gives other outputs there."""
+def _float32_roundoff(twin: _Float64Twin, x: Inputs, expected: list[np.ndarray]) -> list[float] | None:
+    """Torch's own float32 error per output, ``max |torch32 - torch64|`` (:func:`_max_error`), from the module's
+    float64 ``twin`` on ``x``; ``None`` when the module does not run in float64 (a quantised or fixed-dtype layer) or
+    gives other outputs there."""
     try:
-        exact = [t.detach().cpu().double().numpy()
-                 for t in flatten_outputs(call(copy.deepcopy(module).double(), as_floating(x, torch.float64)))]
+        exact = twin.outputs(x)
     except Exception as exc:  # any failure of the float64 run leaves the float32 rule as it was
         logger.info("no float64 reference for the parity tolerance: %s", error_line(exc))
         return None
@@ -401,7 +418,8 @@ def verify_parity(
         raise ValueError(f"parity needs inputs at two or more batch sizes, got batch sizes {batches}")
     session = create_session(Path(onnx_path), provider, arena=False)
     with eval_mode(module), torch.no_grad():
-        checks = [c for x in inputs for c in _check_batch(module, session, x, rtol, atol, atol_scale)]
+        twin = _Float64Twin(module)
+        checks = [c for x in inputs for c in _check_batch(module, session, x, rtol, atol, atol_scale, twin)]
     result = _summarise(str(onnx_path), rtol, atol, batches, checks, atol_scale)
     if not result.passed:
         _raise_worst(result)

@@ -415,3 +415,18 @@ def test_a_float_picked_by_a_flipped_choice_is_not_roundoff(monkeypatch: pytest.
     with pytest.raises(ParityError, match="'y' at batch size 2 .*1 of 2 checks failed") as info:
         verify_parity(model, "unused.onnx", [x1, x2])
     assert [(c.max_abs_err, c.roundoff) for c in info.value.result.checks] == [(0.0, 0.0), (500.0, 0.0)]
+
+
+def test_the_float64_copy_is_made_once_for_every_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both batch sizes miss the rule (all tolerances 0), and each gets its float64 roundoff from the same copy:
+    the model is deep-copied once, not once per batch size."""
+    model = _deep_chain()
+    exact = copy.deepcopy(model).double()
+    _runtime_giving(monkeypatch, lambda feeds: exact(torch.from_numpy(feeds).double()).detach().numpy())
+    copies = []
+    real = copy.deepcopy
+    monkeypatch.setattr(verify_module.copy, "deepcopy", lambda obj, *a: copies.append(obj) or real(obj, *a))
+    result = verify_parity(model, "unused.onnx", [torch.randn(1, 64), torch.randn(3, 64)], rtol=0.0, atol=0.0,
+                           atol_scale=0.0)
+    assert result.passed and all(c.roundoff > 0 for c in result.checks)
+    assert copies == [model]
