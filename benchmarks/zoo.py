@@ -670,11 +670,16 @@ def header(models_listed: int) -> dict[str, Any]:
     import torch
     import torchvision
 
+    from runtime_bench.cpu import cpu_int8_target, cpu_isa
+
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else \
         platform.processor()
-    return {"commit": commit, "machine": {"cpu": cpu, "cpus": os.cpu_count(), "system": platform.platform()},
+    # the int8-relevant instruction sets and the INT8 format they pick: the INT8 rows' timings depend on both
+    machine = {"cpu": cpu, "cpus": os.cpu_count(), "system": platform.platform(), "isa": list(cpu_isa().flags),
+               "int8_target": cpu_int8_target()}
+    return {"commit": commit, "machine": machine,
             "load_at_start": _load(), "torch": torch.__version__, "torchvision": torchvision.__version__,
             "onnxruntime": onnxruntime.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "models_listed": models_listed}
