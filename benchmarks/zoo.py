@@ -670,7 +670,7 @@ def header(models_listed: int) -> dict[str, Any]:
     import torch
     import torchvision
 
-    from runtime_bench.cpu import cpu_int8_target, cpu_isa
+    from minreal.runtime_bench.cpu import cpu_int8_target, cpu_isa
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()

@@ -331,3 +331,17 @@ def test_batch_norm_is_estimated_only_where_seeded_outputs_explode() -> None:
     before = {k: v.clone() for k, v in tame.state_dict().items()}
     assert zoo._estimate_batch_norm(tame, x) is None
     assert all(torch.equal(before[k], v) for k, v in tame.state_dict().items())
+
+
+def test_the_header_records_the_cpus_int8_instruction_sets_as_the_script_sees_them(tmp_path: Path) -> None:
+    """Run as the script runs (only ``benchmarks/`` on the path, from another folder): the header's ``isa`` is this
+    CPU's int8 flags and ``int8_target`` the INT8 format they pick (an import that works only from the repository
+    root broke the zoo once)."""
+    from minreal.runtime_bench.cpu import cpu_int8_target, cpu_isa
+
+    code = (f"import sys, json; sys.path[0] = {str(SCRIPT.parent)!r}; import zoo; "
+            "print(json.dumps(zoo.header(3)['machine']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    machine = json.loads(done.stdout)
+    assert machine["isa"] == list(cpu_isa().flags) and machine["int8_target"] == cpu_int8_target()
