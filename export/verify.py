@@ -67,6 +67,11 @@ tolerance by this many times torch's own float32 error (its largest ``|torch32 -
 no further from the exact (float64) result than torch is, ``|onnx - torch32| <= |onnx - torch64| + |torch32 -
 torch64| <= 2 x`` torch's error (the triangle inequality). A seeded ResNet-152's batch-1 output differed by 2.75e-4
 in ONNX Runtime, 1 % beyond the rule, while torch's own float32 result was 3.1e-4 from float64."""
+ROUNDOFF_MAX_SHARE = 1e-3
+"""Torch's float32 error on an output counts as roundoff up to this share of the output's largest magnitude (16,000
+float32 units): beyond it, the float64 run took another discrete branch (a near-tie picked by an argmax, top-k or
+NMS, the others' values gathered by it), and its difference bounds nothing; the rule alone stands. A seeded
+ResNet-152's was 2.2e-4 of its output's largest magnitude."""
 
 
 @dataclass(frozen=True)
@@ -301,13 +306,6 @@ def _float32_roundoff(twin: _Float64Twin, x: Inputs, expected: list[np.ndarray])
     if len(exact) != len(expected) or any(a.shape != e.shape for a, e in zip(exact, expected)):
         return None
     return [_max_error(e, a) for e, a in zip(expected, exact)]
-
-
-ROUNDOFF_MAX_SHARE = 1e-3
-"""Torch's float32 error on an output counts as roundoff up to this share of the output's largest magnitude (16,000
-float32 units): beyond it, the float64 run took another discrete branch (a near-tie picked by an argmax, top-k or
-NMS, the others' values gathered by it), and its difference bounds nothing; the rule alone stands. A seeded
-ResNet-152's was 2.2e-4 of its output's largest magnitude."""
 
 
 def _max_error(got: np.ndarray, exact: np.ndarray) -> float:
