@@ -23,8 +23,8 @@ from minreal.runtime_bench import atomic_write_text
 
 _STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
-__all__ = ["Measured", "cpu_share", "cpu_times", "pyplot", "run_measured", "save_figure", "stop_without_shared_data",
-           "write_json"]
+__all__ = ["Measured", "child_env", "cpu_share", "cpu_times", "pyplot", "run_measured", "save_figure",
+           "stop_without_shared_data", "write_json"]
 
 _LAUNCHER = """\
 import os, sys
@@ -36,6 +36,14 @@ with open(sys.argv[1], "w") as f:
 """Starts the command (``argv[2:]``) and writes its exit code and peak resident memory (``wait4``'s ``ru_maxrss``: the
 command's, and that of the processes it waited for) to ``argv[1]``; run as ``python -I -S``, it imports nothing
 beyond the interpreter's built-in modules."""
+
+
+def child_env(first: str | Path, **extra: str) -> dict[str, str]:
+    """This process's environment for a child that must import minreal from the tree ``first``: ``first`` goes
+    before the ``PYTHONPATH`` already set (packages a user put there, such as timm or transformers, stay
+    importable), and ``extra`` variables are set on top."""
+    path = [str(first), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
 
 
 def write_json(path: str | Path, document: Any, indent: int = 1) -> None:

@@ -79,7 +79,9 @@ def _spelled_for(tree_name: str, args: list[str]) -> list[str]:
 def _run(tree: Path, args: list[str], out: Path) -> tuple[float, int, dict[str, float]]:
     """Seconds from process start to exit of ``minreal ARGS`` with ``tree`` first on the path, the exit code, and
     the phases' seconds of a compress report (``timings_s``; empty for other commands)."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_WAIT_POLICY": "PASSIVE"}
+    from _common import child_env
+
+    env = child_env(tree, OMP_WAIT_POLICY="PASSIVE")
     entry = "import sys; import minreal.app.cli as c; sys.argv[0] = 'minreal'; getattr(c, 'console', c.main)()"
     argv = [sys.executable, "-c", entry,  # the console script: console() where the tree has it (after), else main()
             *[a.replace("{out}", str(out)) for a in args]]

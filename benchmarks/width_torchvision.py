@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 import torchvision
-from _common import write_json
+from _common import child_env, write_json
 from torch import nn
 from tp_baseline import TorchPruningConfig, torch_pruning_spec
 from width_resnet20 import summarise
@@ -58,7 +58,7 @@ def _analysis_cost(name: str) -> dict:
         "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "print(s, base, peak, len(wg.groups), len(wg.cuttable()))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                         env=child_env(Path(__file__).resolve().parents[1]))
     s, base, peak, groups, cuttable = out.stdout.split()
     return {"seconds": float(s), "peak_rss_mb": int(peak) / 1024, "rss_before_mb": int(base) / 1024,
             "groups": int(groups), "cuttable": int(cuttable)}

@@ -444,7 +444,7 @@ def child(stage: str, spec_path: Path, result_path: Path) -> None:
 def run_stage(stage: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run ``stage`` in a fresh process: its outcome, wall time and peak resident memory (MiB, its own:
     ``_common.run_measured``)."""
-    from _common import run_measured
+    from _common import child_env, run_measured
 
     work = Path(spec["work"])
     work.mkdir(parents=True, exist_ok=True)
@@ -453,7 +453,7 @@ def run_stage(stage: str, spec: dict[str, Any], timeout: float) -> dict[str, Any
     result_path.unlink(missing_ok=True)
     t0 = time.perf_counter()
     done = run_measured([sys.executable, __file__, "--stage", stage, str(spec_path), str(result_path)], timeout,
-                        env={**os.environ, "PYTHONPATH": str(ROOT)})
+                        env=child_env(ROOT))
     wall = round(time.perf_counter() - t0, 2)
     if done.timed_out:
         return {"outcome": "failed", "reason": f"TimeoutExpired: {stage} ran past {timeout:.0f} s", "wall_s": wall}

@@ -1,10 +1,12 @@
 """benchmarks/_common.py's CPU shares: the busy, idle and steal shares between two readings of /proc/stat, checked
 by hand on written files (the shares of a real machine are whatever it did); and a command's own peak resident
-memory, read through a small launcher (run_measured)."""
+memory, read through a small launcher (run_measured); and a child's environment (child_env)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from _common import cpu_share, cpu_times, run_measured
+from _common import child_env, cpu_share, cpu_times, run_measured
 
 
 def _stat(tmp_path: Path, name: str, line: str) -> Path:
@@ -74,3 +76,24 @@ def test_timeout_kills_the_command_and_its_children(tmp_path: Path, process_gone
     done = run_measured(_python(code), timeout=10)
     assert done.timed_out and done.returncode == -signal.SIGKILL and done.peak_mib is None
     assert process_gone(int(pid_file.read_text()))
+
+
+def test_a_childs_path_puts_the_tree_first_and_keeps_the_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zoo once replaced PYTHONPATH with the tree alone: a timm or transformers the user had put on PYTHONPATH
+    was importable in the driver (which listed the rows) but not in the stages (which refused them)."""
+    monkeypatch.setenv("PYTHONPATH", f"/site/a{os.pathsep}{os.pathsep}/site/b")
+    env = child_env(Path("/tree"), OMP_WAIT_POLICY="PASSIVE")
+    assert env["PYTHONPATH"].split(os.pathsep) == ["/tree", "/site/a", "/site/b"]
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["HOME"] == os.environ["HOME"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert child_env("/tree")["PYTHONPATH"] == "/tree"
+
+
+def test_a_child_imports_a_package_only_the_users_path_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "only_here.py").write_text("VALUE = 7\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    done = subprocess.run([sys.executable, "-c", "import only_here; print(only_here.VALUE)"],
+                          env=child_env(tmp_path / "tree"), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "7"

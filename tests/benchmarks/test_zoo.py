@@ -345,3 +345,21 @@ def test_the_header_records_the_cpus_int8_instruction_sets_as_the_script_sees_th
     assert done.returncode == 0, done.stderr
     machine = json.loads(done.stdout)
     assert machine["isa"] == list(cpu_isa().flags) and machine["int8_target"] == cpu_int8_target()
+
+
+def test_a_stage_runs_with_the_users_python_path_behind_the_tree(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver lists timm and Hugging Face rows when their packages import; the stage processes must import them
+    from the same place (a PYTHONPATH the user set), or every such row is refused as "not installed"."""
+    import _common
+
+    seen: dict[str, str] = {}
+
+    def fake(argv: list[str], timeout: float, env: dict[str, str]) -> _common.Measured:
+        seen.update(env)
+        return _common.Measured(0, "", "", 1.0, False)
+
+    monkeypatch.setenv("PYTHONPATH", "/user/site")
+    monkeypatch.setattr(_common, "run_measured", fake)
+    zoo.run_stage("baseline", {"work": str(tmp_path / "w")}, 10.0)
+    assert seen["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/user/site"]
