@@ -681,8 +681,21 @@ def header(models_listed: int) -> dict[str, Any]:
                "int8_target": cpu_int8_target()}
     return {"commit": commit, "machine": machine,
             "load_at_start": _load(), "torch": torch.__version__, "torchvision": torchvision.__version__,
-            "onnxruntime": onnxruntime.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "models_listed": models_listed}
+            "onnxruntime": onnxruntime.__version__, **_optional_versions(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "models_listed": models_listed}
+
+
+def _optional_versions() -> dict[str, str | None]:
+    """The timm and transformers versions the timm and Hugging Face rows were built with (None: not installed)."""
+    import importlib.metadata
+
+    versions: dict[str, str | None] = {}
+    for package in ("timm", "transformers"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
 
 
 # -------------------------------------------------------------------------------------------------------- table

@@ -347,6 +347,19 @@ def test_the_header_records_the_cpus_int8_instruction_sets_as_the_script_sees_th
     assert machine["isa"] == list(cpu_isa().flags) and machine["int8_target"] == cpu_int8_target()
 
 
+def test_the_header_names_the_timm_and_transformers_versions_or_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    def version(package: str) -> str:
+        if package == "timm":
+            return "9.9.9"
+        raise importlib.metadata.PackageNotFoundError(package)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    head = zoo.header(3)
+    assert head["timm"] == "9.9.9" and head["transformers"] is None
+
+
 def test_a_stage_runs_with_the_users_python_path_behind_the_tree(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver lists timm and Hugging Face rows when their packages import; the stage processes must import them
