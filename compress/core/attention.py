@@ -225,11 +225,14 @@ def unfuse_refusal(mha: nn.Module) -> str | None:
 @dataclass
 class Unfused:
     """Result of :func:`unfuse_attention`: the model, the attention layers now :class:`PlainAttention` and the
-    ones left as nn.MultiheadAttention with the reason."""
+    ones left as nn.MultiheadAttention with the reason; ``conv1d``: the layers
+    :func:`~minreal.compress.core.lowrank_plan.factorisable_model` rewrote from transformers' ``Conv1D`` into
+    nn.Linear."""
 
     model: nn.Module
     unfused: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
+    conv1d: list[str] = field(default_factory=list)
 
 
 def unfuse_attention(model: nn.Module, inplace: bool = False) -> Unfused:

@@ -38,7 +38,8 @@ from .report import CompressionReport, LayerReport
 from .surgery import parent_weight_readers, replace_modules
 
 __all__ = ["Target", "factorisable_model", "find_targets", "note_attention", "plan_ranks", "apply_factors",
-           "fill_report", "load_latency_table", "whole_model_total", "layer_target", "predicted_latency_ratio"]
+           "fill_report", "load_latency_table", "whole_model_total", "layer_target", "predicted_latency_ratio",
+           "transposed_linears"]
 
 CostFn = Callable[[int], float]
 log = logging.getLogger(__name__)
@@ -53,11 +54,21 @@ class Target:
 
 
 def factorisable_model(model: nn.Module, example: Inputs) -> Unfused:
-    """``model`` with its nn.MultiheadAttention layers rewritten as
-    :class:`~minreal.compress.core.attention.PlainAttention` (a copy; same function, see
-    :func:`~minreal.compress.core.attention.unfuse_attention`), so that their q/k/v/out projections are plain Linear
-    targets; ``model`` itself when it has none. Should the rewritten model fail on ``example`` with an AttributeError (a
-    parent reading the fused weights itself), ``model`` is kept and every attention layer reported as refused."""
+    """``model`` with its transformers ``Conv1D`` layers rewritten as nn.Linear (:func:`transposed_linears`) and its
+    nn.MultiheadAttention layers as :class:`~minreal.compress.core.attention.PlainAttention` (a copy; same
+    function, see :func:`~minreal.compress.core.attention.unfuse_attention`), so that GPT-2's projections and the
+    q/k/v/out projections are plain Linear targets; ``model`` itself when it has neither. Should the rewritten
+    model fail on ``example`` with an AttributeError (a parent reading the fused weights itself), the attention is
+    kept fused and every attention layer reported as refused."""
+    linears = transposed_linears(model)
+    if linears:
+        model = replace_modules(model, linears)
+    result = _unfused_attention(model, example)
+    result.conv1d = sorted(linears)
+    return result
+
+
+def _unfused_attention(model: nn.Module, example: Inputs) -> Unfused:
     if not any(isinstance(m, nn.MultiheadAttention) for m in model.modules()):
         return Unfused(model)
     result = unfuse_attention(model)
@@ -72,9 +83,58 @@ def factorisable_model(model: nn.Module, example: Inputs) -> Unfused:
     return result
 
 
+def transposed_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """The layers of ``model`` that are Linears with their weight stored in × out (transformers' ``Conv1D``,
+    GPT-2's projections: ``y = x @ W + b``), each as the nn.Linear computing the same function (weight ``W.T``,
+    the same bias; parameters copied, the layer itself untouched), by qualified name.
+
+    A layer qualifies when its class is named ``Conv1D``, it has no children, its weight is 2-D, its bias (if any)
+    has one element per column of the weight, and on a seeded probe input of shape (2, 3, in) it returns
+    ``x @ W + b`` (within float32 roundoff): a layer of that name that computes anything else is left as it is.
+    """
+    return {name: _as_linear(mod) for name, mod in model.named_modules()
+            if type(mod).__name__ == "Conv1D" and _computes_transposed_linear(mod)}
+
+
+def _computes_transposed_linear(layer: nn.Module) -> bool:
+    weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or next(layer.children(), None) is not None:
+        return False
+    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (weight.shape[1],)):
+        return False
+    gen = torch.Generator(device=weight.device).manual_seed(0)
+    probe = torch.randn(2, 3, weight.shape[0], generator=gen, device=weight.device).to(weight.dtype)
+    with torch.no_grad():
+        try:
+            got = layer(probe)
+        except Exception:  # any failure on the probe means: not a transposed Linear
+            return False
+        want = probe @ weight + (0 if bias is None else bias)
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        return False
+    tol = 1e-4 * max(float(want.abs().max()), 1.0)
+    return bool(torch.allclose(got.float(), want.float(), rtol=1e-4, atol=tol))
+
+
+def _as_linear(layer: nn.Module) -> nn.Linear:
+    """The nn.Linear of a transposed Linear (:func:`transposed_linears`): no random initialisation, the weight
+    transposed into a contiguous copy, the bias copied."""
+    weight, bias = layer.weight, layer.bias
+    linear = nn.Linear(weight.shape[0], weight.shape[1], bias=bias is not None, device="meta")
+    linear.weight = nn.Parameter(weight.detach().t().contiguous(), requires_grad=weight.requires_grad)
+    if bias is not None:
+        linear.bias = nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)
+    return linear.train(layer.training)
+
+
 def note_attention(report: CompressionReport, unfused: Unfused) -> None:
     """Mark each layer of ``report`` that is a projection of an unfused attention layer (``details["attention"]``:
-    that layer's name) and note which attention layers were unfused or left fused, and why."""
+    that layer's name) and note which attention layers were unfused or left fused, and why, and which ``Conv1D``
+    layers became nn.Linear."""
+    if unfused.conv1d:
+        report.notes.append(f"{len(unfused.conv1d)} Conv1D layer(s) (transformers' Linear with its weight stored "
+                            "in × out) rewritten as nn.Linear (weight transposed, same function) so that they are "
+                            f"candidates: {', '.join(n or '(the model)' for n in unfused.conv1d)}")
     parents = set(unfused.unfused)
     for lr in report.layers:
         parent, _, child = lr.name.rpartition(".")
@@ -120,13 +180,14 @@ def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ..
 
 
 def _conv1d_hint(model: nn.Module) -> str:
-    """The refusal's tail naming transformers' ``Conv1D`` layers (GPT-2's projections): a Linear with its weight
-    stored in × out (``y = x @ W + b``), which no method reads as a Linear; empty where the model has none."""
+    """The refusal's tail naming layers called ``Conv1D`` that :func:`transposed_linears` did not take for
+    transformers' transposed Linear (``y = x @ W + b``); empty where the model has none."""
     count = sum(type(m).__name__ == "Conv1D" for m in model.modules())
     if not count:
         return ""
-    return (f"; it has {count} Conv1D layers (transformers' transposed Linear, weight stored in × out): replace "
-            "each by an nn.Linear with weight = Conv1D.weight.T and the same bias, then compress")
+    return (f"; it has {count} layer(s) named Conv1D that do not compute x @ W + b with a 2-D weight W stored "
+            "in × out (transformers' Conv1D, which is read as a Linear): replace each by an nn.Linear or a "
+            "ConvNd computing the same function, then compress")
 
 
 def _cost_fn(t: Target, kind: str):

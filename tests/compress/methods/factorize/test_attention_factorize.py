@@ -203,3 +203,27 @@ def test_hugging_face_bert_projections_are_targets() -> None:
     with torch.no_grad():
         torch.testing.assert_close(new(ids).last_hidden_state, model(ids).last_hidden_state, rtol=1e-10,
                                    atol=1e-10)
+
+
+def test_hugging_face_gpt2_conv1d_projections_become_linear_targets() -> None:
+    """A tiny Hugging Face GPT2Model (random weights): its projections are transformers' Conv1D (weight stored
+    in × out); they are rewritten as nn.Linear on a copy, found as targets, and factorize at full rank reproduces
+    the original model's output."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=2, n_head=2, n_positions=16)
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(config).double().eval()
+    ids = torch.randint(0, 50, (24, 6), generator=torch.Generator().manual_seed(3))
+    unfused = factorisable_model(model, ids[:4])
+    wanted = {f"h.{i}.{p}" for i in range(2) for p in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+    assert set(unfused.conv1d) == wanted and unfused.model is not model
+    assert all(type(model.get_submodule(n)).__name__ == "Conv1D" for n in wanted)  # the original is untouched
+    targets, _, _ = find_targets(unfused.model, ids[:4])
+    assert wanted <= {t.name for t in targets}
+    bases = layer_bases(unfused.model, Dataset(ids), targets, FactorizeConfig(stats_dtype="float64"),
+                        CompressionReport("factorize", {}))
+    new = apply_factors(unfused.model, targets, _factors(targets, bases, {t.name: matrix_view(t.layer).max_rank
+                                                                          for t in targets}))
+    with torch.no_grad():
+        torch.testing.assert_close(new(ids).last_hidden_state, model(ids).last_hidden_state, rtol=1e-10,
+                                   atol=1e-10)
