@@ -138,10 +138,12 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "roberta": HFFamily("roberta", HFTextEncoder),
     "gpt2": HFFamily("gpt2", HFTextEncoder),
     "vit": HFFamily("vit", HFImageEncoder),
-    # the default WhisperConfig is whisper-tiny's (d_model 384, 4 layers); these are whisper-base's encoder sizes
+    # the default WhisperConfig is whisper-tiny's (d_model 384, 4 layers, 6 heads); these are whisper-base's sizes,
+    # the decoder's too: AutoModel builds the whole model before the encoder is kept, and a decoder left at 6 heads
+    # cannot split d_model 512
     "whisper_encoder": HFFamily("whisper", HFAudioEncoder, {
-        "d_model": 512, "encoder_layers": 6, "encoder_attention_heads": 8, "encoder_ffn_dim": 2048},
-        encoder_only=True),
+        "d_model": 512, "encoder_layers": 6, "encoder_attention_heads": 8, "encoder_ffn_dim": 2048,
+        "decoder_layers": 6, "decoder_attention_heads": 8, "decoder_ffn_dim": 2048}, encoder_only=True),
 }
 """``hf:FAMILY`` → how it is built: base sizes, random weights, eager attention, no cache."""
 

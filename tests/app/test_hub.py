@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from minreal.app.callables import SpecError
-from minreal.app.hub import HFEncoder, hf_config, hub_spec
+from minreal.app.hub import HF_FAMILIES, HFEncoder, hf_config, hub_spec
 from minreal.app.models import forward_parameters, load_model
 
 
@@ -187,6 +187,9 @@ def test_whisper_encoder_keeps_the_encoder_at_base_size(hf_calls: list) -> None:
     model = load_model("hf:whisper_encoder")
     (model_type, overrides), = hf_calls
     assert model_type == "whisper" and overrides["d_model"] == 512 and overrides["encoder_layers"] == 6
+    # the whole model is built before the encoder is kept: every attention of it splits d_model into its heads
+    assert overrides["d_model"] % overrides["encoder_attention_heads"] == 0
+    assert overrides["d_model"] % overrides["decoder_attention_heads"] == 0
     assert forward_parameters(model) == ["input_features"] and isinstance(model.model, _FakeEncoder)
     assert not any(name.startswith("decoder") for name in model.state_dict())
 
@@ -243,3 +246,12 @@ def test_real_transformers_distilbert_exports_with_named_outputs(tmp_path: Path)
     result = to_onnx(model, ids, tmp_path / "d.onnx")
     assert result.output_names == ["last_hidden_state"]
     assert model(ids)["last_hidden_state"].shape == (2, 12, 768)
+
+
+@pytest.mark.parametrize("family", list(HF_FAMILIES))
+def test_every_hf_family_builds_with_the_real_transformers(family: str) -> None:
+    """The stand-in above records the overrides; this builds each family with transformers itself where it is
+    installed (hf:whisper_encoder once failed to build: its decoder kept whisper-tiny's 6 heads for d_model 512)."""
+    pytest.importorskip("transformers")
+    model = load_model(f"hf:{family}")
+    assert isinstance(model, HFEncoder) and sum(p.numel() for p in model.parameters()) > 10_000_000
