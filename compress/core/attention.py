@@ -227,12 +227,14 @@ class Unfused:
     """Result of :func:`unfuse_attention`: the model, the attention layers now :class:`PlainAttention` and the
     ones left as nn.MultiheadAttention with the reason; ``conv1d``: the layers
     :func:`~minreal.compress.core.lowrank_plan.factorisable_model` rewrote from transformers' ``Conv1D`` into
-    nn.Linear."""
+    nn.Linear, and ``conv1d_left`` the layers of that name it left, with the reason
+    (:func:`~minreal.compress.core.conv1d.rewrite_conv1d`)."""
 
     model: nn.Module
     unfused: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
     conv1d: list[str] = field(default_factory=list)
+    conv1d_left: dict[str, str] = field(default_factory=dict)
 
 
 def unfuse_attention(model: nn.Module, inplace: bool = False) -> Unfused:

@@ -37,23 +37,26 @@ def hooks_removed(handles: list[torch.utils.hooks.RemovableHandle]) -> Iterator[
             h.remove()
 
 
-def _leaves(outputs: object, prefix: str = "", keyed: bool = False) -> Iterator[tuple[str, bool, torch.Tensor]]:
+def _leaves(outputs: object, prefix: str = "", keyed: bool = False, skip_other: bool = False
+            ) -> Iterator[tuple[str, bool, torch.Tensor]]:
     """Each tensor of a module's output(s) in order, with its path (dict keys and sequence positions joined by ``.``)
-    and whether a dict key is on that path."""
+    and whether a dict key is on that path; any other object is a TypeError, or passed over with ``skip_other``."""
     if isinstance(outputs, torch.Tensor):
         yield prefix, keyed, outputs
     elif isinstance(outputs, (Mapping, tuple, list)):
         items = outputs.items() if isinstance(outputs, Mapping) else enumerate(outputs)
         for key, item in items:
-            yield from _leaves(item, f"{prefix}.{key}" if prefix else str(key), keyed or isinstance(outputs, Mapping))
-    else:
+            yield from _leaves(item, f"{prefix}.{key}" if prefix else str(key), keyed or isinstance(outputs, Mapping),
+                               skip_other)
+    elif not skip_other:
         raise TypeError(f"module output of type {type(outputs).__name__} is not a tensor or a tuple/list/dict of "
                         "tensors")
 
 
-def flatten_outputs(outputs: object) -> list[torch.Tensor]:
-    """Return a module's output(s) as a flat list of tensors (tensor, or tuple/list/dict of them)."""
-    return [t for _, _, t in _leaves(outputs)]
+def flatten_outputs(outputs: object, skip_other: bool = False) -> list[torch.Tensor]:
+    """Return a module's output(s) as a flat list of tensors (tensor, or tuple/list/dict of them); an output of
+    another type (a Hugging Face key/value cache) is a TypeError, or left out with ``skip_other``."""
+    return [t for _, _, t in _leaves(outputs, skip_other=skip_other)]
 
 
 def output_rows(outputs: object) -> torch.Tensor:

@@ -28,6 +28,7 @@ from .allocate import (
     total_cost,
 )
 from .attention import PlainAttention, Unfused, unfuse_attention
+from .conv1d import rewrite_conv1d
 from .costs import CostTable, computes_as, count_costs, count_macs_torch
 from .errors import CompressionError
 from .evaluate import eval_mode
@@ -38,8 +39,7 @@ from .report import CompressionReport, LayerReport
 from .surgery import parent_weight_readers, replace_modules
 
 __all__ = ["Target", "factorisable_model", "find_targets", "note_attention", "plan_ranks", "apply_factors",
-           "fill_report", "load_latency_table", "whole_model_total", "layer_target", "predicted_latency_ratio",
-           "transposed_linears"]
+           "fill_report", "load_latency_table", "whole_model_total", "layer_target", "predicted_latency_ratio"]
 
 CostFn = Callable[[int], float]
 log = logging.getLogger(__name__)
@@ -54,17 +54,16 @@ class Target:
 
 
 def factorisable_model(model: nn.Module, example: Inputs) -> Unfused:
-    """``model`` with its transformers ``Conv1D`` layers rewritten as nn.Linear (:func:`transposed_linears`) and its
-    nn.MultiheadAttention layers as :class:`~minreal.compress.core.attention.PlainAttention` (a copy; same
-    function, see :func:`~minreal.compress.core.attention.unfuse_attention`), so that GPT-2's projections and the
-    q/k/v/out projections are plain Linear targets; ``model`` itself when it has neither. Should the rewritten
-    model fail on ``example`` with an AttributeError (a parent reading the fused weights itself), the attention is
-    kept fused and every attention layer reported as refused."""
-    linears = transposed_linears(model)
-    if linears:
-        model = replace_modules(model, linears)
+    """``model`` with its transformers ``Conv1D`` layers rewritten as nn.Linear
+    (:func:`~minreal.compress.core.conv1d.rewrite_conv1d`) and its nn.MultiheadAttention layers as
+    :class:`~minreal.compress.core.attention.PlainAttention` (a copy; same function, see
+    :func:`~minreal.compress.core.attention.unfuse_attention`), so that GPT-2's projections and the q/k/v/out
+    projections are plain Linear targets; ``model`` itself when it has neither. Should the rewritten model fail on
+    ``example`` with an AttributeError (a parent reading the fused weights itself), the attention is kept fused and
+    every attention layer reported as refused."""
+    model, rewritten, left = rewrite_conv1d(model, example)
     result = _unfused_attention(model, example)
-    result.conv1d = sorted(linears)
+    result.conv1d, result.conv1d_left = rewritten, left
     return result
 
 
@@ -83,50 +82,6 @@ def _unfused_attention(model: nn.Module, example: Inputs) -> Unfused:
     return result
 
 
-def transposed_linears(model: nn.Module) -> dict[str, nn.Linear]:
-    """The layers of ``model`` that are Linears with their weight stored in × out (transformers' ``Conv1D``,
-    GPT-2's projections: ``y = x @ W + b``), each as the nn.Linear computing the same function (weight ``W.T``,
-    the same bias; parameters copied, the layer itself untouched), by qualified name.
-
-    A layer qualifies when its class is named ``Conv1D``, it has no children, its weight is 2-D, its bias (if any)
-    has one element per column of the weight, and on a seeded probe input of shape (2, 3, in) it returns
-    ``x @ W + b`` (within float32 roundoff): a layer of that name that computes anything else is left as it is.
-    """
-    return {name: _as_linear(mod) for name, mod in model.named_modules()
-            if type(mod).__name__ == "Conv1D" and _computes_transposed_linear(mod)}
-
-
-def _computes_transposed_linear(layer: nn.Module) -> bool:
-    weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or next(layer.children(), None) is not None:
-        return False
-    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (weight.shape[1],)):
-        return False
-    gen = torch.Generator(device=weight.device).manual_seed(0)
-    probe = torch.randn(2, 3, weight.shape[0], generator=gen, device=weight.device).to(weight.dtype)
-    with torch.no_grad():
-        try:
-            got = layer(probe)
-        except Exception:  # any failure on the probe means: not a transposed Linear
-            return False
-        want = probe @ weight + (0 if bias is None else bias)
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
-        return False
-    tol = 1e-4 * max(float(want.abs().max()), 1.0)
-    return bool(torch.allclose(got.float(), want.float(), rtol=1e-4, atol=tol))
-
-
-def _as_linear(layer: nn.Module) -> nn.Linear:
-    """The nn.Linear of a transposed Linear (:func:`transposed_linears`): no random initialisation, the weight
-    transposed into a contiguous copy, the bias copied."""
-    weight, bias = layer.weight, layer.bias
-    linear = nn.Linear(weight.shape[0], weight.shape[1], bias=bias is not None, device="meta")
-    linear.weight = nn.Parameter(weight.detach().t().contiguous(), requires_grad=weight.requires_grad)
-    if bias is not None:
-        linear.bias = nn.Parameter(bias.detach().clone(), requires_grad=bias.requires_grad)
-    return linear.train(layer.training)
-
-
 def note_attention(report: CompressionReport, unfused: Unfused) -> None:
     """Mark each layer of ``report`` that is a projection of an unfused attention layer (``details["attention"]``:
     that layer's name) and note which attention layers were unfused or left fused, and why, and which ``Conv1D``
@@ -135,6 +90,9 @@ def note_attention(report: CompressionReport, unfused: Unfused) -> None:
         report.notes.append(f"{len(unfused.conv1d)} Conv1D layer(s) (transformers' Linear with its weight stored "
                             "in × out) rewritten as nn.Linear (weight transposed, same function) so that they are "
                             f"candidates: {', '.join(n or '(the model)' for n in unfused.conv1d)}")
+    for reason, names in _by_reason(unfused.conv1d_left).items():
+        report.notes.append(f"{len(names)} layer(s) named Conv1D left as they are, not factorised ({reason}): "
+                            f"{', '.join(n or '(the model)' for n in names)}")
     parents = set(unfused.unfused)
     for lr in report.layers:
         parent, _, child = lr.name.rpartition(".")
@@ -148,15 +106,16 @@ def note_attention(report: CompressionReport, unfused: Unfused) -> None:
         report.notes.append(f"attention layer {name!r} left fused, its projections not factorised: {reason}")
 
 
-def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ...] = ()
-                 ) -> tuple[list[Target], list[LayerReport], CostTable]:
-    """Factorisable layers of ``model`` and the layers skipped with their reasons.
+def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ...] = (),
+                 conv1d_left: Mapping[str, str] | None = None) -> tuple[list[Target], list[LayerReport], CostTable]:
+    """Factorisable layers of ``model`` and the layers skipped with their reasons (``conv1d_left``: layers named
+    ``Conv1D`` that :func:`factorisable_model` left, with the reason; reported as skipped).
 
     A target is a Linear or ConvNd, or a subclass computing as one (:func:`~minreal.compress.core.costs.computes_as`:
     torchvision's video ``Conv3DSimple``); a subclass with a computation of its own (timm's ``StdConv2d``) is not.
     """
     table = count_costs(model, example)
-    readers = parent_weight_readers(model)
+    readers = {**parent_weight_readers(model), **(conv1d_left or {})}
     targets, skipped = [], []
     for name, mod in model.named_modules():
         if name in readers:
@@ -175,19 +134,26 @@ def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ..
         else:
             targets.append(Target(name, mod, cost.positions))
     if not targets:
-        raise CompressionError(f"model has no Linear/Conv layer that can be factorised{_conv1d_hint(model)}")
+        raise CompressionError(f"model has no Linear/Conv layer that can be factorised{_conv1d_hint(conv1d_left)}")
     return targets, skipped, table
 
 
-def _conv1d_hint(model: nn.Module) -> str:
-    """The refusal's tail naming layers called ``Conv1D`` that :func:`transposed_linears` did not take for
-    transformers' transposed Linear (``y = x @ W + b``); empty where the model has none."""
-    count = sum(type(m).__name__ == "Conv1D" for m in model.modules())
-    if not count:
+def _by_reason(left: Mapping[str, str]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for name, reason in left.items():
+        grouped.setdefault(reason, []).append(name)
+    return grouped
+
+
+def _conv1d_hint(left: Mapping[str, str] | None) -> str:
+    """The refusal's tail naming the layers called ``Conv1D`` that were not read as transformers' transposed Linear
+    (``y = x @ W + b``), the first three by name, with the first reason; empty where there are none."""
+    if not left:
         return ""
-    return (f"; it has {count} layer(s) named Conv1D that do not compute x @ W + b with a 2-D weight W stored "
-            "in × out (transformers' Conv1D, which is read as a Linear): replace each by an nn.Linear or a "
-            "ConvNd computing the same function, then compress")
+    names = list(left)
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return (f"; its {len(names)} layer(s) named Conv1D ({', '.join(names[:3])}{more}) were not read as a Linear: "
+            f"{left[names[0]]}; replace each by an nn.Linear or a ConvNd computing the same function, then compress")
 
 
 def _cost_fn(t: Target, kind: str):

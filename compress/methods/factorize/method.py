@@ -215,7 +215,7 @@ def factorize_prepare(model: nn.Module, data: Dataset, config: FactorizeConfig) 
     report = CompressionReport("factorize", asdict(config))
     example = data.x[: min(len(data), 8)]
     unfused = factorisable_model(model, example)  # attention projections become plain Linear targets
-    targets, skipped, table = find_targets(unfused.model, example, config.exclude)
+    targets, skipped, table = find_targets(unfused.model, example, config.exclude, unfused.conv1d_left)
     bases = layer_bases(unfused.model, data, targets, config, report)
     return FactorizePrepared(unfused, example, targets, skipped, table, bases, report)
 

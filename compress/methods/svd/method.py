@@ -101,7 +101,7 @@ def svd_prepare(model: nn.Module, data: Dataset, config: SVDConfig) -> SVDPrepar
     example = data.x[: min(len(data), 8)]
     t0 = time.perf_counter()
     unfused = factorisable_model(model, example)  # attention projections become plain Linear targets
-    targets, skipped, table = find_targets(unfused.model, example, config.exclude)
+    targets, skipped, table = find_targets(unfused.model, example, config.exclude, unfused.conv1d_left)
     layers = {t.name: t.layer for t in targets}
     spectra = svd_spectra(layers)
     bases = {name: layer_svd(layer) for name, layer in layers.items()}
@@ -122,7 +122,9 @@ def svd_realise(prep: SVDPrepared, config: SVDConfig) -> tuple[nn.Module, Compre
     budget = config.budget()
     report = CompressionReport("svd", asdict(config), timings_s=dict(prep.timings_s))
     t0 = time.perf_counter()
-    unfused = factorisable_model(prep.model, prep.example)  # cheap: a copy only when the model has attention
+    # the same rewrite as svd_prepare's (the prepared state keeps no model): a copy, and forward passes on the
+    # example, only where the model has attention or Conv1D layers
+    unfused = factorisable_model(prep.model, prep.example)
     model = unfused.model
     targets = [Target(name, model.get_submodule(name), positions) for name, positions in prep.targets]
     tables, keeps = load_latency_table(config.latency_table) if budget.cost_kind == "latency" else (None, None)

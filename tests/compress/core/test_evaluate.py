@@ -11,7 +11,7 @@ from torch import nn
 
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
-from minreal.compress.core.evaluate import compare_outputs, output_paths, output_rows, predict
+from minreal.compress.core.evaluate import compare_outputs, flatten_outputs, output_paths, output_rows, predict
 
 
 class DictNet(nn.Module):
@@ -79,3 +79,15 @@ def test_top1_agreement_stays_for_a_classifier(images: Dataset) -> None:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(), nn.Linear(48, 4)).eval()
     assert compare_outputs(net, net, images)["top1_agreement"] == 1.0
+
+
+def test_flatten_outputs_refuses_or_passes_over_an_object_that_is_not_a_tensor() -> None:
+    class Cache:  # a Hugging Face key/value cache returned beside the tensors
+        pass
+
+    a, b = torch.ones(2), torch.zeros(3)
+    outputs = {"last_hidden_state": a, "past_key_values": Cache(), "more": (b,)}
+    with pytest.raises(TypeError, match="module output of type Cache is not a tensor"):
+        flatten_outputs(outputs)
+    got = flatten_outputs(outputs, skip_other=True)
+    assert len(got) == 2 and got[0] is a and got[1] is b

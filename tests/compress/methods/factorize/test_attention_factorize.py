@@ -213,10 +213,14 @@ def test_hugging_face_gpt2_conv1d_projections_become_linear_targets() -> None:
     config = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=2, n_head=2, n_positions=16)
     torch.manual_seed(0)
     model = transformers.GPT2Model(config).double().eval()
+    with torch.no_grad():  # biases as after training (a fresh GPT-2's are zero)
+        for mod in model.modules():
+            if type(mod).__name__ == "Conv1D":
+                mod.bias.normal_(0.0, 0.1)
     ids = torch.randint(0, 50, (24, 6), generator=torch.Generator().manual_seed(3))
     unfused = factorisable_model(model, ids[:4])
     wanted = {f"h.{i}.{p}" for i in range(2) for p in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
-    assert set(unfused.conv1d) == wanted and unfused.model is not model
+    assert set(unfused.conv1d) == wanted and unfused.model is not model and not unfused.conv1d_left
     assert all(type(model.get_submodule(n)).__name__ == "Conv1D" for n in wanted)  # the original is untouched
     targets, _, _ = find_targets(unfused.model, ids[:4])
     assert wanted <= {t.name for t in targets}
