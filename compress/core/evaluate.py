@@ -50,7 +50,8 @@ def _leaves(outputs: object, prefix: str = "", keyed: bool = False, skip_other: 
                                skip_other)
     elif not skip_other:
         raise TypeError(f"module output of type {type(outputs).__name__} is not a tensor or a tuple/list/dict of "
-                        "tensors")
+                        "tensors; make the model return tensors only (a Hugging Face model returning a key/value "
+                        "cache: build it with config.use_cache=False, as hf:FAMILY does)")
 
 
 def flatten_outputs(outputs: object, skip_other: bool = False) -> list[torch.Tensor]:

@@ -148,22 +148,33 @@ def _check_pt2_archive(path: Path, trust_pickle: bool) -> None:
         raise SpecError(f"{path} holds pickled custom objects ({_first_and_more(objects)}); {_TRUST_HINT}")
 
 
+_UNREGISTERED = r"Deserializing (\S+) in pytree is not registered"
+"""torch's words for an output container type (a Hugging Face ``ModelOutput``) not registered in this process."""
+
+
 class _DropRecords(logging.Filter):
-    """Keeps torch's deserialization log records off stderr; their gist goes to this module's debug log."""
+    """Keeps torch's deserialization log records off stderr; their gist goes to this module's debug log, and the
+    exceptions they carry to ``causes`` (torch logs why a program did not deserialize, then raises a bare error)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.causes: list[str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
         logger.debug("torch.export.load (%s): %s", record.name, record.msg)
+        if record.exc_info and record.exc_info[1] is not None:
+            self.causes.append(str(record.exc_info[1]))
         return False
 
 
 @contextmanager
-def _quiet_torch_export_logs() -> Iterator[None]:
+def _quiet_torch_export_logs() -> Iterator[_DropRecords]:
     drop = _DropRecords()
     loggers = [logging.getLogger(name) for name in _PT2_NOISY_LOGGERS]
     for log in loggers:
         log.addFilter(drop)
     try:
-        yield
+        yield drop
     finally:
         for log in loggers:
             log.removeFilter(drop)
@@ -190,14 +201,21 @@ def _load_exported(path: Path, trust_pickle: bool = False) -> nn.Module:
     """
     _check_pt2_archive(path, trust_pickle)
     refusals: list[str] = []
+    logs = _DropRecords()
     try:
-        with _quiet_torch_export_logs(), _guard(trust_pickle) as refusals, warnings.catch_warnings():
+        with _quiet_torch_export_logs() as logs, _guard(trust_pickle) as refusals, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the verdict below says it all
             module = torch.export.load(path).module()
     except Exception as exc:
         if refusals:
             raise SpecError(f"{path} holds objects that need full unpickling ({refusals[0]}); "
                             f"{_TRUST_HINT}") from exc
+        if unregistered := next(filter(None, (re.search(_UNREGISTERED, c) for c in logs.causes)), None):
+            raise SpecError(
+                f"could not load torch.export program {path}: it returns {unregistered[1]}, an output type that "
+                "only its own package knows how to rebuild (it registers the type with torch when imported, and "
+                "loading a program imports no code); save the model with outputs of tensors in tuples, lists or "
+                "dicts (e.g. wrap a Hugging Face model to return dict(outputs), as hf:FAMILY does)") from exc
         raise SpecError(f"could not load torch.export program {path} ({_cause(exc)}); re-save it with "
                         f"torch.export.save under torch {torch.__version__}") from exc
     if refusals:  # torch caught a refusal and carried on: the file still asked for unpickling

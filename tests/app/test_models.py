@@ -231,3 +231,33 @@ def test_check_input_shape() -> None:
     assert check_input_shape(model, torch.randn(10, 4)).shape == (2, 3)
     with pytest.raises(SpecError, match=r"^tiny: model forward failed on input of shape \(2, 1, 8, 8\): RuntimeError"):
         check_input_shape(model, torch.randn(10, 1, 8, 8), model_spec="tiny")
+
+
+class _Pair:
+    """An output container registered with torch's pytree by its own code, as transformers registers ModelOutput."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        self.a, self.b = a, b
+
+
+class _ReturnsPair(nn.Module):
+    def forward(self, x: torch.Tensor) -> _Pair:
+        return _Pair(x + 1, x * 2)
+
+
+def test_a_program_returning_a_type_its_package_registers_is_refused_naming_the_type(tmp_path: Path) -> None:
+    """Loading a program imports no code, so an output type registered on import (a Hugging Face ModelOutput) is
+    unknown when minreal loads it: the refusal names the type and the way out, not torch's bare "check the
+    warnings above" (which minreal keeps off the console)."""
+    import torch.utils._pytree as pytree
+
+    pytree.register_pytree_node(_Pair, lambda p: ([p.a, p.b], None), lambda v, _: _Pair(*v),
+                                serialized_type_name="minreal_test.Pair")
+    try:
+        program = torch.export.export(_ReturnsPair(), (torch.randn(2, 3),))
+        torch.export.save(program, tmp_path / "pair.pt2")
+    finally:
+        pytree._deregister_pytree_node(_Pair)
+    with pytest.raises(SpecError, match=r"pair\.pt2: it returns minreal_test\.Pair, an output type that only its "
+                                        r"own package knows how to rebuild .* wrap a Hugging Face model"):
+        load_model(str(tmp_path / "pair.pt2"))
