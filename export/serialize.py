@@ -20,7 +20,9 @@ from minreal.export.quiet import captured_output
 from minreal.facts import error_line
 from minreal.runtime_bench.atomic import atomic_path
 
-__all__ = ["export_dims", "save_program", "synthetic_example"]
+__all__ = ["export_dims", "foreign_output_types", "save_program", "synthetic_example"]
+
+log = logging.getLogger(__name__)
 
 
 def synthetic_example(example: torch.Tensor, rows: int = 2, seed: int = 0) -> torch.Tensor:
@@ -83,6 +85,22 @@ def _traced_program(module: nn.Module, example: tuple, shapes: tuple | None,
     return program
 
 
+def foreign_output_types(program: torch.export.ExportedProgram) -> list[str]:
+    """The output container types of ``program`` that torch does not know by itself (a Hugging Face
+    ``ModelOutput``): their package registers them with torch's pytree when imported, so a process that loads the
+    program without importing that package (``minreal export``: a program file never imports code) cannot rebuild
+    its outputs. Qualified names, in the order the outputs hold them, each once."""
+    found: dict[str, None] = {}
+    pending = [program.call_spec.out_spec]
+    while pending:
+        spec = pending.pop(0)
+        kind = spec.type
+        if kind is not None and kind.__module__ not in ("builtins", "collections"):
+            found[f"{kind.__module__}.{kind.__qualname__}"] = None
+        pending.extend(spec.children())
+    return list(found)
+
+
 def save_program(module: nn.Module, example: Inputs, path: Path, dynamic_dims: Mapping[int, str] | None = None,
                  dynamic_axes: Mapping[str, Mapping[int, str]] | None = None) -> Path:
     """``torch.export`` ``module`` with a dynamic batch (and ``dynamic_dims`` of a one-tensor input, or
@@ -98,6 +116,11 @@ def save_program(module: nn.Module, example: Inputs, path: Path, dynamic_dims: M
     shapes = export_dims(axes, names, module, min_size=1)
     fresh = tuple(synthetic_example(t) for t in args_of(example))
     program = _traced_program(module, fresh, shapes, path)
+    if foreign := foreign_output_types(program):
+        log.warning("%s returns %s, an output type its package registers with torch on import: `minreal export` "
+                    "(which imports no code from a program) cannot load it; return tensors in tuples, lists or "
+                    "dicts (e.g. wrap a Hugging Face model to return dict(outputs), as hf:FAMILY does)",
+                    path.name, ", ".join(foreign))
     with atomic_path(path) as tmp, tempfile.TemporaryDirectory(prefix=f".{path.name}.", dir=path.parent) as work, \
             warnings.catch_warnings(), _no_suffix_warning():
         # torch warns about tied tensors ("No complete tensor found in the group") on CPU-only weights.
