@@ -162,6 +162,17 @@ def test_failing_worker_raises_worker_error(tmp_path: Path) -> None:
         _spawn(job, tmp_path / "job", timeout_s=60)
 
 
+def test_a_worker_past_its_limit_says_what_it_was_measuring_and_the_way_out(tmp_path: Path) -> None:
+    job = WorkerJob(names=["a", "b"], paths=[str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx")],
+                    provider="CPUExecutionProvider", batch_size=1, threads=1, warmup=3, min_runs=10, min_seconds=0.0,
+                    seed=0)
+    expected = (r"^worker for CPUExecutionProvider batch 1 exceeded 0\.001 s, the time limit of one measuring process "
+                r"\(2 file\(s\), each 3 warm-up and at least 10 measured runs\); measure fewer runs or fewer files "
+                r"at once, or raise the limit \(BenchConfig\.worker_timeout_s\)$")
+    with pytest.raises(WorkerError, match=expected):  # a fresh Python process never starts within a millisecond
+        _spawn(job, tmp_path / "job", timeout_s=0.001)
+
+
 def test_incompatible_outputs_fail_before_timing(tmp_path: Path, reference_model: Path, make_linear) -> None:
     wide = make_linear(tmp_path / "wide.onnx", np.ones((8, 6)), np.zeros(6))
     messages: list[str] = []
