@@ -118,7 +118,9 @@ def _changed_function(model: nn.Module, rewritten: nn.Module, example: Inputs) -
             got = flatten_outputs(call(rewritten, example), skip_other=True)
     except Exception as exc:  # the parent relies on the Conv1D class itself
         return f"the model fails once its Conv1D layers are nn.Linear ({type(exc).__name__}: {exc})"
-    for i, (a, b) in enumerate(zip(want, got, strict=False)):
+    if len(want) != len(got):
+        return f"once its Conv1D layers are nn.Linear the model returns {len(got)} outputs, not {len(want)}"
+    for i, (a, b) in enumerate(zip(want, got, strict=True)):
         if a.shape != b.shape:
             return f"once its Conv1D layers are nn.Linear the model's output {i} has shape {tuple(b.shape)}, not " \
                    f"{tuple(a.shape)}"
@@ -129,6 +131,4 @@ def _changed_function(model: nn.Module, rewritten: nn.Module, example: Inputs) -
         if not worst <= torch.finfo(a.dtype).eps ** 0.5 * scale:
             return (f"once its Conv1D layers are nn.Linear the model's output {i} moves by {worst:.3g} (largest "
                     f"magnitude {scale:.3g}); a parent may read their weights itself")
-    if len(want) != len(got):
-        return f"once its Conv1D layers are nn.Linear the model returns {len(got)} outputs, not {len(want)}"
     return None
