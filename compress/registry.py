@@ -45,6 +45,7 @@ count_macs_torch = LazyCallable("minreal.compress.core.costs:count_macs_torch")
 uncovered_modules = LazyCallable("minreal.compress.core.costs:uncovered_modules")
 whole_model_macs = LazyCallable("minreal.compress.core.costs:whole_model_macs")
 compare_outputs = LazyCallable("minreal.compress.core.evaluate:compare_outputs")
+untied_note = LazyCallable("minreal.compress.core.surgery:untied_note")
 held_out_metrics = LazyCallable("minreal.compress.core.recover:held_out_metrics")
 recover = LazyCallable("minreal.compress.core.recover:recover")
 
@@ -381,6 +382,9 @@ def _finished(budget: tuple[str, float] | None, model: nn.Module, data: Dataset,
     """What :func:`realise` does after the method: the shared cost fields, the budget check, the output
     comparison and the optional recovery."""
     fill_costs(report, model, new, data.x[: min(len(data), 8)])
+    if note := untied_note(model, new):
+        log.warning("%s", note)
+        report.notes.append(note)
     if budget is not None:
         achieved = {"mac_ratio": report.mac_ratio, "param_ratio": report.param_ratio,
                     "latency_ratio": report.predicted.get("whole_model_latency_ratio")}.get(budget[0])

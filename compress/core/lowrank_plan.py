@@ -36,7 +36,7 @@ from .inputs import Inputs, call
 from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_macs, pair_params
 from .options import Budget
 from .report import CompressionReport, LayerReport
-from .surgery import parent_weight_readers, replace_modules
+from .surgery import parent_weight_readers, replace_modules, tied_weights
 
 __all__ = ["Target", "factorisable_model", "find_targets", "note_attention", "plan_ranks", "apply_factors",
            "fill_report", "load_latency_table", "whole_model_total", "layer_target", "predicted_latency_ratio"]
@@ -116,6 +116,7 @@ def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ..
     """
     table = count_costs(model, example)
     readers = {**parent_weight_readers(model), **(conv1d_left or {})}
+    tied = tied_weights(model)
     targets, skipped = [], []
     for name, mod in model.named_modules():
         if name in readers:
@@ -125,7 +126,7 @@ def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ..
         if computes_as(mod, FACTORIZABLE) is None or name not in table.layers:  # a forward of its own: not W x + b
             continue
         cost = table.layers[name]
-        reason = "excluded by option" if name in exclude else ""
+        reason = "excluded by option" if name in exclude else tied.get(name, "")
         if not reason and matrix_view(mod).max_rank <= 1:
             reason = "depthwise/rank-1 layer: factorising cannot reduce its cost"
         if reason:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from torch import nn
 
-__all__ = ["get_module", "replace_modules", "parent_weight_readers"]
+__all__ = ["get_module", "replace_modules", "parent_weight_readers", "tied_weights", "untied_note"]
 
 
 def get_module(model: nn.Module, name: str) -> nn.Module:
@@ -73,3 +73,54 @@ def parent_weight_readers(model: nn.Module) -> dict[str, str]:
             prefix = f"{name}." if name else ""
             found[f"{prefix}out_proj"] = f"weight read directly by parent {type(mod).__name__} {name!r}"
     return found
+
+
+def tied_weights(model: nn.Module) -> dict[str, str]:
+    """Modules holding a parameter that another module holds too (tied weights: a language model's ``lm_head`` and
+    its token embedding), mapped to the reason, which names the other holder and the way out.
+
+    Replacing such a module (a factorised pair, a narrower layer) would untie the weight: the other holder keeps
+    the full parameter, so the model gains the replacement's parameters instead of losing the original's. One
+    module reached at two places (a shared block) is not tied to itself: a copy replaces it at each place.
+    """
+    holders: dict[int, list[tuple[int, str]]] = {}
+    for name, mod in model.named_modules(remove_duplicate=False):
+        for pname, p in mod.named_parameters(recurse=False):
+            holders.setdefault(id(p), []).append((id(mod), f"{name}.{pname}" if name else pname))
+    found: dict[str, str] = {}
+    for name, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            others = [full for owner, full in holders[id(p)] if owner != id(mod)]
+            if others:
+                found[name] = (f"its {pname} is tied to {others[0]} (one parameter held by two modules): replacing "
+                               "it would untie them and add parameters; to compress it anyway, give it its own copy "
+                               f"first (module.{pname} = nn.Parameter(module.{pname}.detach().clone()))")
+                break
+    return found
+
+
+def untied_note(original: nn.Module, new: nn.Module) -> str:
+    """A report note naming the weights one parameter held at several places in ``original`` that ``new`` holds as
+    separate parameters (a width cut that narrowed a tied head but not its embedding), with their shapes; empty when
+    every tie that is still there by name is kept."""
+    groups: dict[int, list[str]] = {}
+    for name, p in original.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    broken = []
+    for names in (g for g in groups.values() if len(g) > 1):
+        found = {name: _parameter(new, name) for name in names}
+        kept = {name: p for name, p in found.items() if p is not None}
+        if len({id(p) for p in kept.values()}) > 1 or (kept and len(kept) < len(names)):
+            broken.append(" and ".join(f"{name} ({'x'.join(map(str, p.shape))})" if p is not None
+                                       else f"{name} (replaced)" for name, p in found.items()))
+    if not broken:
+        return ""
+    return ("tied weights untied: " + "; ".join(broken) + " were one parameter in the original and are separate "
+            "parameters in the compressed model, each counted in its size")
+
+
+def _parameter(model: nn.Module, name: str) -> nn.Parameter | None:
+    try:
+        return model.get_parameter(name)
+    except AttributeError:
+        return None

@@ -1,18 +1,23 @@
-"""Module surgery: nested replacement names are refused, and a model that is one layer is replaced as a whole."""
+"""Module surgery: nested replacement names are refused, a model that is one layer is replaced as a whole, and a
+layer whose weight is tied to another module's is found and left (factorising it would untie the two)."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from torch import nn
 
+from minreal.compress import compress
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.lowrank import matrix_view
 from minreal.compress.core.lowrank_plan import apply_factors, find_targets
 from minreal.compress.core.report import CompressionReport
-from minreal.compress.core.surgery import replace_modules
+from minreal.compress.core.surgery import replace_modules, tied_weights, untied_note
 from minreal.compress.methods.factorize import FactorizeConfig, layer_bases
 from minreal.compress.methods.factorize.method import _factors
+from minreal.compress.methods.svd import SVDConfig
 
 
 @pytest.mark.parametrize("order", [("0", "0.1"), ("0.1", "0")])
@@ -46,3 +51,65 @@ def test_a_model_that_is_one_linear_factorises_at_full_rank_to_itself() -> None:
     new = apply_factors(model, targets, _factors(targets, bases, full))
     assert isinstance(new, nn.Sequential) and new is not model
     assert torch.allclose(new(data.x), model(data.x), rtol=0, atol=1e-10)  # W = (W U) Uᵀ with U orthogonal
+
+
+class _TiedLM(nn.Module):
+    """A token embedding, a body and an output head whose weight is the embedding's (a tied language model)."""
+
+    def __init__(self, vocab: int = 40, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.body = nn.Sequential(nn.Linear(width, 32), nn.ReLU(), nn.Linear(32, width))
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.embed(ids)))
+
+
+def test_tied_weights_name_both_holders_and_a_shared_module_is_not_tied() -> None:
+    model = _TiedLM()
+    shared = nn.Linear(4, 4)
+    twice = nn.Sequential(shared, nn.ReLU(), shared)  # one module at two places: a copy replaces it at each
+    found = tied_weights(model)
+    assert set(found) == {"embed", "head"}
+    assert "tied to embed.weight" in found["head"] and "tied to head.weight" in found["embed"]
+    assert tied_weights(twice) == {} and tied_weights(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))) == {}
+
+
+@pytest.mark.parametrize("method", ["factorize", "svd"])
+def test_a_tied_head_is_left_tied_and_the_model_only_shrinks(method: str) -> None:
+    """Factorising a head tied to its embedding would untie it: the embedding keeps the full matrix and the pair is
+    added. The head is skipped naming the tie and the way out, the copy stays tied and holds fewer parameters; once
+    the user gives the head its own weight, it is a target."""
+    torch.manual_seed(0)
+    model = _TiedLM().eval()
+    data = Dataset(torch.randint(0, 40, (64, 6), generator=torch.Generator().manual_seed(1)))
+    new, report = compress(model, data, method, {"factorize": FactorizeConfig, "svd": SVDConfig}[method](
+        layer_mac_ratio=0.6))
+    head = next(lr for lr in report.layers if lr.name == "head")
+    assert head.action == "skipped" and "tied to embed.weight" in head.reason
+    assert new.head.weight is new.embed.weight and new.head.weight is not model.head.weight
+    assert sum(p.numel() for p in new.parameters()) < sum(p.numel() for p in model.parameters())
+    assert model.head.weight is model.embed.weight  # the original is untouched
+    model.head.weight = nn.Parameter(model.head.weight.detach().clone())
+    targets, skipped, _ = find_targets(model, data.x[:2])
+    assert "head" in {t.name for t in targets} and not skipped
+
+
+def test_a_width_cut_that_unties_a_head_says_so() -> None:
+    """A width cut narrows the head's input (the body's output) but not the embedding, so the two can no longer be one
+    parameter: the compressed model holds both, the report and the log name them with their shapes, and the model
+    still holds fewer parameters than the original."""
+    torch.manual_seed(0)
+    model = _TiedLM().eval()
+    data = Dataset(torch.randint(0, 40, (64, 6), generator=torch.Generator().manual_seed(1)))
+    new, report = compress(model, data, "wanda")
+    assert new.head.weight.shape[1] < 16 and new.embed.weight.shape == (40, 16)
+    note = next(n for n in report.notes if n.startswith("tied weights untied"))
+    assert f"head.weight (40x{new.head.weight.shape[1]})" in note and "embed.weight (40x16)" in note
+    assert sum(p.numel() for p in new.parameters()) < sum(p.numel() for p in model.parameters())
+    assert untied_note(model, copy.deepcopy(model)) == ""  # a copy keeps its ties
+    pair = nn.Sequential(nn.Linear(16, 4, bias=False), nn.Linear(4, 40, bias=False))  # head.weight is gone
+    replaced = replace_modules(model, {"head": pair})
+    assert "embed.weight (40x16) and head.weight (replaced)" in untied_note(model, replaced)
