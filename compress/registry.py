@@ -381,7 +381,9 @@ def _finished(budget: tuple[str, float] | None, model: nn.Module, data: Dataset,
               recover_after: bool) -> tuple[nn.Module, CompressionReport]:
     """What :func:`realise` does after the method: the shared cost fields, the budget check, the output
     comparison and the optional recovery."""
+    t0 = time.perf_counter()
     fill_costs(report, model, new, data.x[: min(len(data), 8)])
+    report.timings_s["costs"] = time.perf_counter() - t0
     if note := untied_note(model, new):
         log.warning("%s", note)
         report.notes.append(note)

@@ -87,6 +87,21 @@ def test_compress_writes_program_and_report(workdir: Path) -> None:
     program = torch.export.load("small.pt2")
     out = program.module()(torch.rand(3, 64))
     assert out.shape == (3, 10)
+    # wall time by phase: the method's phases, the cost count, then the command's own, in order
+    command = [k for k in report["timings_s"] if k.startswith("command:")]
+    assert command == ["command:load", "command:compress", "command:held_out", "command:save"]
+    assert {"prepare", "realise", "costs"} <= set(report["timings_s"]) and min(report["timings_s"].values()) >= 0
+    inner = sum(report["timings_s"][k] for k in ("prepare", "realise", "costs"))
+    assert inner <= report["timings_s"]["command:compress"] + 0.003  # the laps are rounded to the millisecond
+
+
+def test_compress_prints_its_wall_time_by_phase(workdir: Path, run_cli: Callable) -> None:
+    code, _, err = run_cli(["compress", "net.py:make", "--method", "svd", "--layer-mac-ratio", "0.5", "--data",
+                            "digits-flat", "--out", "small.pt2"])
+    assert code == 0, err
+    line = next(ln for ln in err.splitlines() if "wall time by phase" in ln)
+    assert all(f"{phase} " in line for phase in ("load", "compress", "prepare", "realise", "costs", "held-out",
+                                                   "save"))
 
 
 def test_option_not_of_method_is_usage_error(workdir: Path, run_cli: Callable) -> None:

@@ -101,8 +101,10 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     from minreal.app.mismatch import check_data
     from minreal.compress import compress
     from minreal.export.json_safe import write_json
+    from minreal.export.record import Laps
     from minreal.export.serialize import save_program
 
+    laps = Laps()
     if writer:  # folders the outputs need are made (and removed again on failure) by the writing rank alone
         prepare_outputs([out, report_path], model, weights, data)
     preprocess = image_preprocess(opts)
@@ -112,15 +114,20 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     check = check_data(net, {"evaluation": held, "calibration": calib})  # compress warns; run and tune stop
     if writer:
         warn_data_check(check)
+    laps.lap("load")
     held = held if held is not None and len(held) else None
     con.progress(_calib_line(len(calib), held, holdout))
     con.progress(f"compressing {model} with {method}")
     small, report = compress(net, calib, method, config, recovery, held, measure=held is None)
+    laps.lap("compress")
     _record_held_out(report, net, small, calib, held, holdout)
+    laps.lap("held_out")
     report.measured.data_check = asdict(check)
     if not writer:  # another rank of a torchrun launch: rank 0 writes
         return
     save_program(small, calib.x[:2], Path(out), dynamic_axes=shape_options((), dynamic_axes)[1])
+    laps.lap("save")
+    _record_laps(report, laps.timings, con)
     if report_path:
         write_json(report, Path(report_path))
     con.table(f"params {report.params_before} -> {report.params_after} ({report.param_ratio:.3f}), "
@@ -134,6 +141,18 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
         con.table("held out: " + "; ".join(f"{k} zero-shot {zero[k]:.4g} -> recovered {rec[k]:.4g}"
                                            for k in rec if k in zero))
     con.result(report)
+
+
+def _record_laps(report: CompressionReport, laps: dict[str, float], con: Any) -> None:
+    """The command's own phases in ``report.timings_s`` as ``command:<phase>`` (loading the model and data, the
+    compression, the held-out measurement, saving the program: together the command's wall time after its imports),
+    beside the method's phases, and one progress line with both."""
+    report.timings_s.update({f"command:{phase}": seconds for phase, seconds in laps.items()})
+    method = {k: v for k, v in report.timings_s.items() if k in ("prepare", "realise", "costs", "measure", "recover")}
+    inner = f" ({', '.join(f'{k} {v:.1f} s' for k, v in method.items())})" if method else ""
+    con.progress("wall time by phase: " + ", ".join(
+        f"{phase.replace('_', '-')} {seconds:.1f} s{inner if phase == 'compress' else ''}"
+        for phase, seconds in laps.items()))
 
 
 def _calib_line(calib_samples: int, held: Any, holdout: float) -> str:
