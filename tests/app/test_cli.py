@@ -156,6 +156,14 @@ def test_export_bench_check_roundtrip(workdir: Path, run_cli: Callable) -> None:
     assert Path("b.json").exists() and Path("b.md").exists()
     code, _, _ = run_cli(["check", "b.json", "--min-agreement", "0.5", "-q"])
     assert code == 0
+    # a measuring process past --worker-timeout: one line naming the option, and no report (a fresh Python
+    # process never starts within a millisecond)
+    code, _, err = run_cli(["bench", "m.onnx", "--worker-timeout", "0.001", "--out", "slow.json", *QUICK_BENCH])
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("·")]
+    assert code != 0 and len(lines) == 1 and "--worker-timeout" in lines[0] and "exceeded 0.001 s" in lines[0]
+    assert not Path("slow.json").exists() and not Path("slow.md").exists()
+    code, _, err = run_cli(["bench", "m.onnx", "--worker-timeout", "0", "--out", "slow.json"])
+    assert code == 2 and "--worker-timeout" in err and "must be > 0" in err
     code, out, err = run_cli(["check", "b.json", "--max-latency-ratio", "1e-6"])
     assert code == 1
     assert "FAIL" in out and "latency_ratio" in err and "allowed 1e-06" in err

@@ -54,6 +54,10 @@ def _bench_option(*decls: str, **kwargs: Any) -> Any:
 @min_seconds_option("in one process.", BenchConfig.min_seconds, checked=False)  # BenchConfig checks them
 @repeats_option("each timing the models in turn.", BenchConfig.repeats, checked=False)
 @_bench_option("--threads", type=int, help="Intra-op threads (default: physical cores).")
+@_bench_option("--worker-timeout", "worker_timeout", type=float, default=BenchConfig.worker_timeout_s,
+               show_default=True, metavar="SECONDS",
+               help="Wall-clock limit of one measuring process (a provider and batch size: its files' warm-up and "
+                    "measured runs); a large model on a slow machine may need more.")
 @out_option("the report JSON; a Markdown copy is written next to it.", "bench.json")
 @axis_values_decl("Symbolic axes by their ONNX dimension name; with --data, inputs are cut to each length.")
 @provider_options
@@ -61,7 +65,7 @@ def _bench_option(*decls: str, **kwargs: Any) -> Any:
 @image_options
 @common
 def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | None, warmup: int,
-              min_runs: int, min_seconds: float, repeats: int, threads: int | None, out: str,
+              min_runs: int, min_seconds: float, repeats: int, threads: int | None, worker_timeout: float, out: str,
               axis_values: tuple[str, ...], provider_option: tuple[str, ...], provider_config: str | None,
               io_binding: bool, skip_unavailable_providers: bool, quiet: bool, as_json: bool, **opts: Any) -> None:
     """Benchmark ONNX MODELS side by side (ratios vs the first) with ONNX Runtime."""
@@ -88,7 +92,8 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
         y = None if held.y is None else held.y.numpy()
     cfg = rb.BenchConfig(providers=split_names(providers), batch_sizes=split_ints(batch, "--batch"),
                          warmup=warmup, min_runs=min_runs, min_seconds=min_seconds, repeats=repeats,
-                         intra_op_threads=threads, axis_values=axis_values_option(axis_values),
+                         intra_op_threads=threads, worker_timeout_s=worker_timeout,
+                         axis_values=axis_values_option(axis_values),
                          provider_settings=settings, io_binding=io_binding)
     entries = [rb.ModelEntry(Path(m).stem, Path(m)) for m in models]
     report = rb.run_benchmark(entries, cfg, x, y, progress=con.progress,
