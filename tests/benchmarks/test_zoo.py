@@ -376,3 +376,23 @@ def test_a_stage_runs_with_the_users_python_path_behind_the_tree(tmp_path: Path,
     monkeypatch.setattr(_common, "run_measured", fake)
     zoo.run_stage("baseline", {"work": str(tmp_path / "w")}, 10.0)
     assert seen["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/user/site"]
+
+
+def test_the_bench_stage_gives_its_measuring_process_most_of_the_stages_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's one measuring process may run :data:`zoo.WORKER_SHARE` of the stage's ``--timeout`` (the bench
+    command's 600 s default stopped mvit_v2_s's four files under load), less than the stage's, so that the bench's own
+    words end an overlong run, not the stage's kill."""
+    seen: dict[str, dict] = {}
+    monkeypatch.setattr(zoo, "run_stage", lambda stage, spec, timeout: seen.update({stage: spec}) or {"outcome": "ok"})
+    monkeypatch.setattr(zoo, "_calib_file", lambda work, model: work / "calib.npz")
+    model = zoo.Model("resnet18", "classification", (3, 224, 224))
+    (tmp_path / "resnet18").mkdir()
+    (tmp_path / "resnet18" / "weights.pt").write_bytes(b"")
+    zoo.method_row(model, "factorize", {"outcome": "ok"}, tmp_path, 1000.0)
+    assert seen["bench"]["worker_timeout"] == zoo.WORKER_SHARE * 1000.0 < 1000.0
+    argv: list[str] = []
+    monkeypatch.setattr(zoo, "_cli", lambda a: argv.extend(a) or {"outcome": "refused", "reason": "stub"})
+    np.savez(tmp_path / "calib.npz", x=np.zeros((6, 3, 4, 4), np.float32))
+    zoo.stage_bench({**seen["bench"], "work": str(tmp_path), "calib": str(tmp_path / "calib.npz")})
+    assert argv[argv.index("--worker-timeout") + 1] == str(zoo.WORKER_SHARE * 1000.0)
