@@ -45,6 +45,7 @@ count_macs_torch = LazyCallable("minreal.compress.core.costs:count_macs_torch")
 uncovered_modules = LazyCallable("minreal.compress.core.costs:uncovered_modules")
 whole_model_macs = LazyCallable("minreal.compress.core.costs:whole_model_macs")
 compare_outputs = LazyCallable("minreal.compress.core.evaluate:compare_outputs")
+require_tensor_outputs = LazyCallable("minreal.compress.core.evaluate:require_tensor_outputs")
 untied_note = LazyCallable("minreal.compress.core.surgery:untied_note")
 held_out_metrics = LazyCallable("minreal.compress.core.recover:held_out_metrics")
 recover = LazyCallable("minreal.compress.core.recover:recover")
@@ -316,6 +317,7 @@ def prepare(model: nn.Module, data: Dataset, method: str, config: Any = None,
     spec = get_method(method)
     cfg = _checked_config(spec, config)
     _requested_budget(spec, cfg)  # a budget the method cannot meet is refused before any statistics pass
+    require_tensor_outputs(model, data)  # so is a model whose outputs no comparison can read (one sample's forward)
     key = prepared_key(method, cfg)
     t0 = time.perf_counter()
     if spec.prepare is None:

@@ -60,6 +60,24 @@ def flatten_outputs(outputs: object, skip_other: bool = False) -> list[torch.Ten
     return [t for _, _, t in _leaves(outputs, skip_other=skip_other)]
 
 
+@torch.no_grad()
+def require_tensor_outputs(model: nn.Module, data: Dataset) -> None:
+    """Refuse, before any work, a model whose outputs on ``data``'s first sample are not tensors or containers of
+    them (a Hugging Face model returning a key/value cache): every method ends by comparing outputs, which would
+    refuse it only after the statistics passes. A forward that fails here is left for the method to report."""
+    if not len(data):
+        return
+    try:
+        with eval_mode(model):
+            outputs = call(model, next(iter(data.inputs(1))))
+    except Exception:  # the method's own forward reports it, in its words
+        return
+    try:
+        flatten_outputs(outputs)
+    except TypeError as exc:
+        raise CompressionError(str(exc)) from None
+
+
 def output_rows(outputs: object) -> torch.Tensor:
     """One tensor of a batch's outputs: a tensor as it is; a tuple, list or dict of tensors (a segmentation model's
     ``{"out": ..., "aux": ...}``, a Hugging Face ``ModelOutput``) as each output flattened per sample and

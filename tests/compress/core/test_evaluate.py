@@ -91,3 +91,28 @@ def test_flatten_outputs_refuses_or_passes_over_an_object_that_is_not_a_tensor()
         flatten_outputs(outputs)
     got = flatten_outputs(outputs, skip_other=True)
     assert len(got) == 2 and got[0] is a and got[1] is b
+
+
+@pytest.mark.parametrize("method", ["factorize", "wanda", "fde"])
+def test_a_model_returning_a_cache_is_refused_after_one_samples_forward(method: str) -> None:
+    """A model returning an object no comparison can read (a Hugging Face key/value cache) is refused by every
+    method before its statistics: one forward of one sample, in one line with the way out."""
+    from minreal.compress import compress
+
+    class Cache:
+        pass
+
+    class WithCache(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 4))
+            self.rows = 0
+
+        def forward(self, x: torch.Tensor) -> dict:
+            self.rows += len(x)
+            return {"logits": self.body(x), "past_key_values": Cache()}
+
+    model = WithCache()
+    with pytest.raises(CompressionError, match=r"^module output of type Cache is not a tensor .*use_cache=False"):
+        compress(model, Dataset(torch.randn(64, 6)), method)
+    assert model.rows == 1
