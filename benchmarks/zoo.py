@@ -609,23 +609,36 @@ def run_all(doc: dict[str, Any], chosen: Sequence[Model], args: argparse.Namespa
     save(doc, args.out)
 
 
-def save(doc: dict[str, Any], path: Path) -> None:
+def save(doc: dict[str, Any], path: Path, listed: Sequence[str] | None = None) -> None:
+    """Write ``doc`` atomically, its header counting the models with rows (``models_ran``) and naming the models of
+    the list (``listed``, else :func:`all_models`) that have no row at all, not even a refusal before any stage
+    (``models_not_reached``, with ``partial``)."""
     from _common import write_json
 
+    names = [m.name for m in all_models()] if listed is None else list(listed)
     ran = sorted({r["model"] for r in doc["rows"] if r["method"] is not None})
-    doc["header"]["models_ran"] = len(ran)
-    doc["header"]["models_run"] = ran
-    doc["header"]["partial"] = len({r["model"] for r in doc["rows"]}) < doc["header"]["models_listed"]
+    with_rows = {r["model"] for r in doc["rows"]}
+    head = doc["header"]
+    head.pop("models_run", None)  # the cumulative list of older files: the rows name their models
+    head["models_ran"] = len(ran)
+    head["models_not_reached"] = [n for n in names if n not in with_rows]
+    head["partial"] = bool(head["models_not_reached"])
     write_json(path, doc)
+
+
+BULKY = ("models_run", "models_not_reached")
+"""Header lists left out of ``earlier_runs``: each was the whole file's at its time (the rows name their models)."""
 
 
 def earlier_runs(head: dict[str, Any]) -> list[dict[str, Any]]:
     """The headers of the runs a resumed JSON holds rows of, oldest first and flat: ``head``'s own list (or an older
-    JSON's nested ``resumed_from`` chain, unrolled), then ``head`` itself without it."""
+    JSON's nested ``resumed_from`` chain, unrolled), then ``head`` itself without it; each without the lists of
+    :data:`BULKY` (the counts stay)."""
     if not head:
         return []
     before = head["earlier_runs"] if "earlier_runs" in head else earlier_runs(head.get("resumed_from") or {})
-    return [*before, {k: v for k, v in head.items() if k not in ("resumed_from", "earlier_runs")}]
+    return [{k: v for k, v in run.items() if k not in BULKY}
+            for run in [*before, {k: v for k, v in head.items() if k not in ("resumed_from", "earlier_runs")}]]
 
 
 def merge(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -643,7 +656,7 @@ def merge(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     base_name, base = docs[0]
     out = json.loads(json.dumps(base))
     head = out["header"]
-    head["earlier_runs"] = list(head.get("earlier_runs") or [])
+    head["earlier_runs"] = [{k: v for k, v in run.items() if k not in BULKY} for run in head.get("earlier_runs") or []]
     seen = {json.dumps(h, sort_keys=True) for h in head["earlier_runs"]}
     rows = {(r["model"], r["method"]): r for r in out["rows"]}
     base_rows, base_models = dict(rows), dict(out["models"])
@@ -710,8 +723,9 @@ def table_markdown(doc: dict[str, Any]) -> str:
     rows = [r for r in doc["rows"] if r["method"] is not None]
     head = doc["header"]
     ran = sorted({r["model"] for r in rows})
+    missing = head.get("models_not_reached") or []
     lines = [f"`benchmarks/zoo.json` at commit {head['commit'][:7]}: {len(ran)} of {head['models_listed']} models "
-             f"run{' (partial: ' + ', '.join(ran) + ')' if head.get('partial') else ''}, MAC ratio "
+             f"run{' (partial; not reached: ' + ', '.join(missing) + ')' if missing else ''}, MAC ratio "
              f"{doc['mac_ratio']}; rows from commit(s) {', '.join(sorted({r.get('commit', '?')[:7] for r in rows}))}"
              f"; load: {doc.get('load') or 'not stated'}.", "",
              "| family | method | models | " + " | ".join(STAGES) + " |", "|---" * (3 + len(STAGES)) + "|"]

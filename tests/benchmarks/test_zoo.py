@@ -51,7 +51,8 @@ def test_table_counts_passes_per_family_and_groups_refusals(tmp_path: Path) -> N
     ok = {s: _stage("ok") for s in ("compress", "export", "parity", "int8", "bench")}
     refused = {"compress": _stage("refused", "depth: no removable residual block"),
                **{s: _stage("skipped", "compress did not pass") for s in ("export", "parity", "int8", "bench")}}
-    doc = {"header": {"commit": "0123456789", "models_listed": 3, "partial": True}, "mac_ratio": 0.7,
+    doc = {"header": {"commit": "0123456789", "models_listed": 4, "partial": True, "models_not_reached": ["c"]},
+           "mac_ratio": 0.7,
            "load": "busy", "rows": [
                {"model": "a", "family": "classification", "method": "wanda", "stages": ok},
                {"model": "b", "family": "classification", "method": "wanda", "stages": ok},
@@ -68,7 +69,7 @@ def test_table_counts_passes_per_family_and_groups_refusals(tmp_path: Path) -> N
     assert "| classification | depth | 2 | 0 | 0 | 0 | 0 | 0 |" in lines
     assert "| refused | compress | depth: no removable residual block | 2 | a/depth, b/depth |" in lines
     assert "- hf: 1 model(s) not run: transformers is not installed" in lines
-    assert "2 of 3 models run (partial: a, b)" in lines[0]
+    assert "2 of 4 models run (partial; not reached: c)" in lines[0]
 
 
 def test_only_runs_models_in_the_order_named_and_refuses_an_unknown_name() -> None:
@@ -396,3 +397,22 @@ def test_the_bench_stage_gives_its_measuring_process_most_of_the_stages_time(
     np.savez(tmp_path / "calib.npz", x=np.zeros((6, 3, 4, 4), np.float32))
     zoo.stage_bench({**seen["bench"], "work": str(tmp_path), "calib": str(tmp_path / "calib.npz")})
     assert argv[argv.index("--worker-timeout") + 1] == str(zoo.WORKER_SHARE * 1000.0)
+
+
+def test_the_header_names_the_models_not_reached_and_keeps_no_earlier_runs_lists(tmp_path: Path) -> None:
+    """``save`` counts the models with rows and names the listed ones with none (a model refused before any stage
+    has its row, so it is reached); the earlier runs' headers keep their counts but not their lists, each of which
+    was the whole file's at its time (the rows name their models)."""
+    rows = [{"model": "a", "method": "wanda"}, {"model": "b", "method": None}]
+    old_header = {"commit": "old", "models_ran": 1, "models_run": ["a"], "models_not_reached": ["b", "c"],
+                  "earlier_runs": [{"commit": "older", "models_run": ["a"], "models_ran": 1}]}
+    doc = {"header": {"commit": "new", "earlier_runs": zoo.earlier_runs(old_header), "models_run": ["a"]},
+           "rows": rows}
+    zoo.save(doc, tmp_path / "zoo.json", listed=["a", "b", "c"])
+    head = json.loads((tmp_path / "zoo.json").read_text())["header"]
+    assert head["models_ran"] == 1 and head["models_not_reached"] == ["c"] and head["partial"]
+    assert "models_run" not in head
+    assert head["earlier_runs"] == [{"commit": "older", "models_ran": 1}, {"commit": "old", "models_ran": 1}]
+    zoo.save(doc, tmp_path / "zoo.json", listed=["a", "b"])
+    head = json.loads((tmp_path / "zoo.json").read_text())["header"]
+    assert head["models_not_reached"] == [] and not head["partial"]
