@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .chain import Chain, build_sequential, chain_layer_reports, extract_chain, mlp_params
+from .costs import count_macs_torch
 from .errors import CompressionError
 from .options import IMPORTANCE_WEIGHTING_AUTO, PruneOptions, flag_of
 from .report import CompressionReport
@@ -163,7 +164,7 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
     if weighting == "auto":
         weighting = IMPORTANCE_WEIGHTING_AUTO.get(prep.name, "cost")
     keep = allocate_widths(wg, scores, budget, ratio, cfg.width_multiple, latency, allocation, weighting,
-                           cfg.width_min)
+                           cfg.width_min, _whole_cost(prep, budget))
     report.predicted.importance_weighting = weighting
     setattr(report.predicted, f"allocator_{budget}", allocation["predicted_ratio"])  # a field per BUDGET_FIELDS
     if budget == "latency_ratio":
@@ -182,6 +183,16 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
                         f"{cfg.width_multiple}" + (f", at least {cfg.width_min}" if cfg.width_min else ""))
     report.notes += [f"left whole: {g.name} ({g.size} channels) — {g.frozen}" for g in frozen]
     return new
+
+
+def _whole_cost(prep: PrunePrepared, budget: str) -> float | None:
+    """The whole model's cost per sample that a MAC or parameter budget is of (torch's MAC count on the first
+    example, or every parameter); None for a latency budget, which its table prices whole."""
+    if budget == "mac_ratio":
+        return float(count_macs_torch(prep.model, prep.example).macs)
+    if budget == "param_ratio":
+        return float(sum(p.numel() for p in prep.model.parameters()))
+    return None
 
 
 def _prune_chain(prep: PrunePrepared, cfg: PruneOptions, report: CompressionReport) -> nn.Module:

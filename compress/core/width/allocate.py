@@ -263,6 +263,13 @@ class _CountPrice(_Price):
         return self._below_cache[u]
 
 
+def _fixed_hint(fixed: float, full: float) -> str:
+    """What an unreachable-budget message says of the cost no width cut changes (nothing when there is none)."""
+    if not fixed:
+        return ""
+    return f"{fixed / (full + fixed):.1%} of the model's cost lies outside the layers that cuts narrow; "
+
+
 def _pricer(wg: WidthGraph, units: list[tuple[str, list[int], torch.Tensor, list[int]]], keys: list[str],
             budget: str, latency: Mapping[str, Any] | None) -> _Price:
     """The predicted cost as a function of every unit's width (:class:`_Price`)."""
@@ -338,8 +345,8 @@ def _cost_weights(units: list, price: Callable[[list[int]], float], full: float)
 
 def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: str, ratio: float,
                     multiple: int = 8, latency: Mapping[str, Any] | None = None,
-                    report: dict[str, Any] | None = None, weighting: str = "cost", minimum: int = 0
-                    ) -> dict[str, list[int]]:
+                    report: dict[str, Any] | None = None, weighting: str = "cost", minimum: int = 0,
+                    whole: float | None = None) -> dict[str, list[int]]:
     """Keep sets (indices into each group's atoms, highest scores first kept) meeting ``budget`` ≤ ``ratio``,
     every segment on :func:`segment_ladders` ``(multiple, minimum)``.
 
@@ -356,7 +363,11 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
     drops, whatever the segment's cost: the least important channels go first in every group alike. ``"none"``
     keeps the relative scores as they are, which makes the costliest channels per unit the cheapest to cut — on an
     option-A ResNet the residual stream, whose channels feed every block (``benchmarks/width_allocation.json``).
-    ``report`` (a dict) receives ``predicted_ratio``.
+    ``whole``: the whole model's cost of the budget's kind per sample (torch's MAC count, or every parameter), for
+    a MAC or parameter budget: what it holds beyond the cost terms (a Swin's attention products, which no layer
+    computes) is taken as fixed, so the budget is of the whole model, ``ratio · whole``, not of the terms alone
+    (the terms at 0.7 left a Swin-T at 0.80 of its MACs).
+    ``report`` (a dict) receives ``predicted_ratio`` (of the whole model when ``whole`` is given).
     Raises CompressionError naming the flag and the smallest reachable ratio when the budget cannot be met.
     """
     if weighting not in WEIGHTINGS:  # "auto" is the pruning methods' to resolve (minreal.compress.core.prune)
@@ -382,7 +393,8 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
     step = [0] * len(units)
     widths = lambda: [units[u][3][step[u]] for u in range(len(units))]  # noqa: E731
     full = current = price(widths())
-    target = ratio * full
+    fixed = max(0.0, float(whole) - full) if whole is not None and budget in BUDGET_COST else 0.0
+    target = ratio * (full + fixed) - fixed
     if weighting == "cost":
         scale = _cost_weights(units, price, full)
         mean = sum(scale) / max(sum(w > 0 for w in scale), 1) or 1.0
@@ -408,7 +420,8 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
         if best is None:
             step = [len(units[u][3]) - 1 for u in range(len(units))]
             raise CompressionError(f"`{budget}`: {flag_of(budget)} {ratio:g} cannot be reached by width cuts: the "
-                                   f"smallest predicted ratio is {price(widths()) / full:.4f} (every group at its "
+                                   f"smallest predicted ratio is {(price(widths()) + fixed) / (full + fixed):.4f} "
+                                   f"({_fixed_hint(fixed, full)}every group at its "
                                    f"narrowest allowed width{_floor_hint(multiple, minimum)}; frozen groups stay "
                                    "whole)", fields=(budget, *(("width_min",) if minimum else ())))
         step[best[0]] = best[1]
@@ -430,7 +443,7 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
         step[best] -= 1
         current = best_cost
     if report is not None:
-        report["predicted_ratio"] = current / full
+        report["predicted_ratio"] = (current + fixed) / (full + fixed)
     keep: dict[str, list[int]] = {name: [] for name in scores}
     for u, (name, ranked, _, ladder) in enumerate(units):
         keep[name] += ranked[:ladder[step[u]]]

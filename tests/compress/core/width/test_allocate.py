@@ -220,3 +220,38 @@ def test_incremental_pricing_chooses_what_full_pricing_chooses(resnet, monkeypat
     real = allocate._pricer
     monkeypatch.setattr(allocate, "_pricer", lambda *a: allocate._Price(real(*a).__call__))
     assert [allocate_widths(wg, scores, b, r, multiple=8, weighting=w) for b, r, w in runs] == incremental
+
+
+class _Attending(torch.nn.Module):
+    """Token products no layer computes (x xᵀ x, as a Swin's attention), then an MLP: a third of the MACs lies
+    outside the cost terms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mixed = (x @ x.transpose(1, 2)) @ x / x.shape[1]
+        return self.fc2(torch.relu(self.fc1(mixed))).mean(1)
+
+
+@pytest.mark.parametrize("method", ["wanda", "magnitude"])
+def test_a_mac_budget_is_of_the_whole_model_when_products_lie_outside_the_layers(method: str) -> None:
+    """MACs no cost term prices (the token products: 2·32·32·16 of the 98,304 a sample) are fixed under width cuts,
+    so the allocator budgets ``ratio · whole − fixed`` of the terms: the measured whole-model ratio meets 0.7 and
+    equals the allocator's prediction (budgeting the terms alone reached (0.7·65,536 + 32,768) / 98,304 = 0.80)."""
+    from minreal.compress import compress, get_method
+    from minreal.compress.core.data import Dataset
+
+    config = get_method(method).config_cls
+    torch.manual_seed(0)
+    model = _Attending().eval()
+    data = Dataset(torch.randn(16, 32, 16))
+    _, report = compress(model, data, method, config(mac_ratio=0.7, width_multiple=8))
+    assert report.macs_before == 2 * 32 * 32 * 16 + 32 * (16 * 64 + 64 * 16)
+    assert report.mac_ratio <= 0.7 + 1e-12 and not report.predicted.get("budget_missed")
+    assert report.predicted.allocator_mac_ratio == pytest.approx(report.mac_ratio, abs=1e-12)
+    # the narrowest hidden width, 8 of 64: (8/64 · 65,536 + 32,768) / 98,304 = 0.4167
+    with pytest.raises(CompressionError, match=r"smallest predicted ratio is 0\.4167 \(33\.3% of the model's cost "
+                                                r"lies outside the layers that cuts narrow"):
+        compress(model, data, method, config(mac_ratio=0.2, width_multiple=8))
