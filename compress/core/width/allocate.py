@@ -364,9 +364,10 @@ def allocate_widths(wg: WidthGraph, scores: Mapping[str, torch.Tensor], budget: 
     keeps the relative scores as they are, which makes the costliest channels per unit the cheapest to cut — on an
     option-A ResNet the residual stream, whose channels feed every block (``benchmarks/width_allocation.json``).
     ``whole``: the whole model's cost of the budget's kind per sample (torch's MAC count, or every parameter), for
-    a MAC or parameter budget: what it holds beyond the cost terms (a Swin's attention products, which no layer
-    computes) is taken as fixed, so the budget is of the whole model, ``ratio · whole``, not of the terms alone
-    (the terms at 0.7 left a Swin-T at 0.80 of its MACs).
+    a MAC or parameter budget: what it holds beyond the cost terms (34 % of a Swin-T's MACs: its attention, whose
+    projections torchvision applies as functions of the weights, and the attention products) is taken as fixed, so
+    the budget is of the whole model, ``ratio · whole``, not of the terms alone (the terms at 0.7 left a Swin-T at
+    0.80 of its MACs).
     ``report`` (a dict) receives ``predicted_ratio`` (of the whole model when ``whole`` is given).
     Raises CompressionError naming the flag and the smallest reachable ratio when the budget cannot be met.
     """
