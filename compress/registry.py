@@ -317,9 +317,9 @@ def prepare(model: nn.Module, data: Dataset, method: str, config: Any = None,
     spec = get_method(method)
     cfg = _checked_config(spec, config)
     _requested_budget(spec, cfg)  # a budget the method cannot meet is refused before any statistics pass
-    require_tensor_outputs(model, data)  # so is a model whose outputs no comparison can read (one sample's forward)
     key = prepared_key(method, cfg)
     t0 = time.perf_counter()
+    require_tensor_outputs(model, data)  # so is a model whose outputs no comparison can read (one sample's forward)
     if spec.prepare is None:
         return Prepared(method, model, data, key, None, time.perf_counter() - t0)
     file_key = prepared_cache_key(method, key, model, data) if cache_dir is not None else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import numbers
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,8 +105,9 @@ class BenchConfig:
         _require(self.min_runs >= 1, f"min_runs (--min-runs) must be >= 1, got {self.min_runs}")
         _require(self.min_seconds >= 0, f"min_seconds (--min-seconds) must be >= 0, got {self.min_seconds}")
         _require(self.repeats >= 1, f"repeats (--repeats) must be >= 1, got {self.repeats}")
-        _require(self.worker_timeout_s > 0, f"worker_timeout_s (--worker-timeout) must be > 0, got "
-                                            f"{self.worker_timeout_s}")
+        _require(0 < self.worker_timeout_s <= threading.TIMEOUT_MAX,  # inf and nan fail too
+                 f"worker_timeout_s (--worker-timeout) must be > 0 and at most {threading.TIMEOUT_MAX:g} s, got "
+                 f"{self.worker_timeout_s}")
         _require(self.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
         threads = self.intra_op_threads
         _require(threads is None or threads >= 1, f"intra_op_threads (--threads) must be >= 1, got {threads}")

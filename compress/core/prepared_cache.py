@@ -105,7 +105,8 @@ def source_digest(*packages: str) -> str:
 
 def _model_part(model: nn.Module) -> tuple[str, ...]:
     """Class, architecture and weights (:func:`~minreal.compress.core.cache.model_key`), plus what that leaves out:
-    non-persistent buffers, training flags and devices."""
+    non-persistent buffers, training flags, devices and which parameters are one (tied weights: a state dict is the
+    same whether a head holds its embedding's parameter or a copy, but the methods leave a tied layer whole)."""
     persistent = set(model.state_dict())
     h = hashlib.sha256()
     for name, b in model.named_buffers():
@@ -114,8 +115,13 @@ def _model_part(model: nn.Module) -> tuple[str, ...]:
             h.update(data_key(b).encode())
     flags = "".join("1" if m.training else "0" for m in model.modules())
     devices = sorted({str(t.device) for t in (*model.parameters(), *model.buffers())})
+    holders: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        holders.setdefault(id(p), []).append(name)
+    tied = ";".join(sorted(",".join(names) for names in holders.values() if len(names) > 1))
     cls = type(model)
-    return (f"{cls.__module__}:{cls.__qualname__}", model_key(model), h.hexdigest()[:24], flags, ",".join(devices))
+    return (f"{cls.__module__}:{cls.__qualname__}", model_key(model), h.hexdigest()[:24], flags, ",".join(devices),
+            tied)
 
 
 def prepared_cache_key(method: str, config_key: Sequence[tuple[str, str]], model: nn.Module, data: Dataset) -> str:

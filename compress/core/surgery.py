@@ -81,7 +81,8 @@ def tied_weights(model: nn.Module) -> dict[str, str]:
 
     Replacing such a module (a factorised pair, a narrower layer) would untie the weight: the other holder keeps
     the full parameter, so the model gains the replacement's parameters instead of losing the original's. One
-    module reached at two places (a shared block) is not tied to itself: a copy replaces it at each place.
+    module reached at two places (a shared block) is not tied to itself: :func:`replace_modules` puts the one
+    replacement at each place, which stays shared.
     """
     holders: dict[int, list[tuple[int, str]]] = {}
     for name, mod in model.named_modules(remove_duplicate=False):
@@ -94,25 +95,25 @@ def tied_weights(model: nn.Module) -> dict[str, str]:
             if others:
                 found[name] = (f"its {pname} is tied to {others[0]} (one parameter held by two modules): replacing "
                                "it would untie them and add parameters; to compress it anyway, give it its own copy "
-                               f"first (module.{pname} = nn.Parameter(module.{pname}.detach().clone()))")
+                               f"first (module.{pname} = nn.Parameter(module.{pname}.detach().clone()); a Hugging "
+                               "Face model: tie_word_embeddings=False in its config)")
                 break
     return found
 
 
 def untied_note(original: nn.Module, new: nn.Module) -> str:
     """A report note naming the weights one parameter held at several places in ``original`` that ``new`` holds as
-    separate parameters (a width cut that narrowed a tied head but not its embedding), with their shapes; empty when
-    every tie that is still there by name is kept."""
+    separate parameters under the same names, with their shapes; empty when every tie is kept. A name ``new`` no
+    longer has says nothing either way (torch.fx keeps one name for a module registered under two; a replaced module
+    has other names), so only the names it still has are compared."""
     groups: dict[int, list[str]] = {}
     for name, p in original.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(name)
     broken = []
     for names in (g for g in groups.values() if len(g) > 1):
-        found = {name: _parameter(new, name) for name in names}
-        kept = {name: p for name, p in found.items() if p is not None}
-        if len({id(p) for p in kept.values()}) > 1 or (kept and len(kept) < len(names)):
-            broken.append(" and ".join(f"{name} ({'x'.join(map(str, p.shape))})" if p is not None
-                                       else f"{name} (replaced)" for name, p in found.items()))
+        kept = {name: p for name in names if (p := _parameter(new, name)) is not None}
+        if len({id(p) for p in kept.values()}) > 1:
+            broken.append(" and ".join(f"{name} ({'x'.join(map(str, p.shape))})" for name, p in kept.items()))
     if not broken:
         return ""
     return ("tied weights untied: " + "; ".join(broken) + " were one parameter in the original and are separate "

@@ -162,8 +162,9 @@ def test_export_bench_check_roundtrip(workdir: Path, run_cli: Callable) -> None:
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("·")]
     assert code != 0 and len(lines) == 1 and "--worker-timeout" in lines[0] and "exceeded 0.001 s" in lines[0]
     assert not Path("slow.json").exists() and not Path("slow.md").exists()
-    code, _, err = run_cli(["bench", "m.onnx", "--worker-timeout", "0", "--out", "slow.json"])
-    assert code == 2 and "--worker-timeout" in err and "must be > 0" in err
+    for bad in ("0", "inf", "nan", "1e10"):  # refused before any work, naming the option
+        code, _, err = run_cli(["bench", "m.onnx", "--worker-timeout", bad, "--out", "slow.json"])
+        assert code == 2 and "--worker-timeout" in err and "must be > 0 and at most" in err, (bad, err)
     code, out, err = run_cli(["check", "b.json", "--max-latency-ratio", "1e-6"])
     assert code == 1
     assert "FAIL" in out and "latency_ratio" in err and "allowed 1e-06" in err

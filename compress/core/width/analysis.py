@@ -30,7 +30,28 @@ def analyse(model: nn.Module, example: torch.Tensor) -> WidthGraph:
     wg = WidthGraph(trace(model, example))
     apply_rules(wg)
     _build_groups(wg)
+    _freeze_tied(wg)
     return wg
+
+
+def _freeze_tied(wg: WidthGraph) -> None:
+    """Leave whole every group that indexes a parameter another module holds too (a language model's head tied to
+    its token embedding): narrowing one holder cannot narrow the other, so the cut would untie them and the model
+    would gain the narrowed copy's parameters instead of losing any."""
+    holders: dict[int, list[str]] = {}
+    for name, p in wg.gm.named_parameters(remove_duplicate=False):
+        holders.setdefault(id(p), []).append(name)
+    params = dict(wg.gm.named_parameters(remove_duplicate=False))
+    for g in wg.groups:
+        if g.frozen:
+            continue
+        for u in g.uses:
+            key = f"{u.target}.{u.param}" if u.target else u.param
+            others = [n for n in holders.get(id(params[key]), ()) if n != key] if key in params else []
+            if others:
+                g.frozen = (f"{key} is tied to {others[0]} (one parameter held by two modules): narrowing it would "
+                            "untie the two and add parameters")
+                break
 
 
 def _build_groups(wg: WidthGraph) -> None:

@@ -57,7 +57,7 @@ def _bench_option(*decls: str, **kwargs: Any) -> Any:
 @_bench_option("--worker-timeout", "worker_timeout", type=float, default=BenchConfig.worker_timeout_s,
                show_default=True, metavar="SECONDS",
                help="Wall-clock limit of one measuring process (a provider and batch size: its files' warm-up and "
-                    "measured runs); a large model on a slow machine may need more.")
+                    "measured runs; a large model on a slow machine may need more).")
 @out_option("the report JSON; a Markdown copy is written next to it.", "bench.json")
 @axis_values_decl("Symbolic axes by their ONNX dimension name; with --data, inputs are cut to each length.")
 @provider_options

@@ -116,3 +116,30 @@ def test_a_model_returning_a_cache_is_refused_after_one_samples_forward(method: 
     with pytest.raises(CompressionError, match=r"^module output of type Cache is not a tensor .*use_cache=False"):
         compress(model, Dataset(torch.randn(64, 6)), method)
     assert model.rows == 1
+
+
+def test_the_output_check_passes_tensors_in_containers_named_inputs_and_a_failing_forward() -> None:
+    """What the early check lets through: dict and tuple outputs of tensors, named inputs (one sample of each), and
+    a forward that fails there, which the method reports in its own words; an empty dataset is not run."""
+    from minreal.compress.core.evaluate import require_tensor_outputs
+    from minreal.compress.core.inputs import NamedInputs
+
+    class Named(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows = []
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+            self.rows.append(len(ids))
+            return {"logits": ids.float() * mask, "pair": (mask, [mask])}
+
+    class Broken(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("needs two samples")
+
+    named = Named()
+    x = NamedInputs({"ids": torch.ones(4, 3, dtype=torch.long), "mask": torch.ones(4, 3)})
+    require_tensor_outputs(named, Dataset(x))
+    assert named.rows == [1]
+    require_tensor_outputs(Broken(), Dataset(torch.randn(4, 2)))  # left for the method to report
+    require_tensor_outputs(Broken(), Dataset(torch.randn(0, 2)))  # nothing to run

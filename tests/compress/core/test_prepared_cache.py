@@ -253,3 +253,34 @@ def test_the_code_digest_hashes_real_sources_and_refuses_a_missing_package(tmp_p
     (tmp_path / "solo.py").write_text("B = 2\n")
     assert prepared_cache.source_digest("solo") != first
     assert prepared_cache.source_digest("minreal.compress") != prepared_cache.source_digest("minreal.facts")
+
+
+def test_a_tied_and_an_untied_model_with_one_state_dict_have_two_keys(tmp_path, counted):
+    """A head holding its embedding's parameter and one holding a copy have the same state dict, but factorize
+    leaves the tied head whole: the two must not share a prepared state (found in review: the untied model read the
+    tied one's state and kept the head skipped; the other order factorised a tied head)."""
+    from torch import nn
+
+    class TiedLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.body, self.head = nn.Embedding(40, 16), nn.Linear(16, 16), nn.Linear(16, 40, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.relu(self.body(self.embed(ids))))
+
+    torch.manual_seed(0)
+    tied = TiedLM().eval()
+    untied = copy.deepcopy(tied)
+    untied.head.weight = nn.Parameter(untied.head.weight.detach().clone())
+    assert set(tied.state_dict()) == set(untied.state_dict())
+    data = Dataset(torch.randint(0, 40, (32, 5), generator=torch.Generator().manual_seed(0)))
+    config = factorize_method.FactorizeConfig(layer_mac_ratio=0.6)
+    key = prepared_key("factorize", config)
+    assert prepared_cache_key("factorize", key, tied, data) != prepared_cache_key("factorize", key, untied, data)
+    prepare(tied, data, "factorize", config, cache_dir=tmp_path)
+    again = prepare(untied, data, "factorize", config, cache_dir=tmp_path)
+    assert not again.cached and len(counted) == 2
+    _, report = realise(again, config)
+    assert next(lr for lr in report.layers if lr.name == "head").action != "skipped"
