@@ -207,3 +207,26 @@ def test_report_states_torch_totals_rule_totals_and_what_each_misses() -> None:
     assert report.macs_before == 2120 and report.rule_macs_before == 1600
     assert report.macs_after - report.rule_macs_after == 2120 - 1600  # what the rules miss is not factorised
     assert report.not_covered_by_rules == ["_Attention", "attn"] and report.not_counted_by_torch == []
+
+
+def test_costs_are_counted_on_one_sample_whatever_the_example_batch() -> None:
+    """Per-sample costs need one sample's forward: an example of 8 runs the model on its first sample only, and the
+    table is the one sample's, MHA (sequence first, whose output's first dimension is not the batch) included."""
+    class Seen(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.attn = nn.MultiheadAttention(8, 2)
+            self.rows: list[int] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.rows.append(len(x))
+            seq = self.conv(x).flatten(2).permute(2, 0, 1)  # (positions, batch, channels)
+            return self.attn(seq, seq, seq)[0]
+
+    model = Seen()
+    x = torch.randn(8, 3, 5, 5)
+    many, one = count_costs(model, x), count_costs(model, x[:1])
+    assert model.rows == [1, 1]
+    assert many.layers == one.layers and many.layers["conv"].macs == 25 * 8 * 3 * 9
+    assert many.layers["attn"].macs == 25 * (2 * 8 * 8 + 8 * 8 + 8 * 8)
