@@ -103,7 +103,7 @@ the upper bound."""
 class Model:
     """One zoo entry: ``name`` as ``minreal`` takes it (a torchvision name, ``timm:NAME``, ``hf:FAMILY``), its
     family, its input shape (without the batch), why it is skipped, if it is, and what its calibration data is
-    (a key of :data:`CALIB_MAKERS`: ``images``, ``tokens`` or ``features``)."""
+    (a key of :data:`CALIB_MAKERS`: ``images``, ``pairs`` (two images: optical flow), ``tokens`` or ``features``)."""
 
     name: str
     family: str
@@ -139,7 +139,8 @@ def torchvision_models() -> list[Model]:
         module = getattr(tvm, sub) if sub else tvm
         for name in list_models(module=module):
             by_family.setdefault(name, family)
-    return [Model(n, f, _tv_shape(n, f)) for n, f in sorted(by_family.items(), key=lambda kv: (kv[1], kv[0]))]
+    return [Model(n, f, _tv_shape(n, f), inputs="pairs" if f == "optical_flow" else "images")
+            for n, f in sorted(by_family.items(), key=lambda kv: (kv[1], kv[0]))]
 
 
 def _hf_model(family: str) -> Model:
@@ -254,13 +255,14 @@ def _estimate_batch_norm(model: Any, x: Any) -> float | None:
     import torch
 
     from minreal.compress.core.evaluate import flatten_outputs
+    from minreal.compress.core.inputs import call
 
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
              and m.track_running_stats]
     if not norms:
         return None
     with torch.no_grad():
-        outputs = flatten_outputs(model.eval()(x[:8]))
+        outputs = flatten_outputs(call(model.eval(), x[:8]))
         peak = max((float(t.abs().max()) for t in outputs if t.is_floating_point()), default=0.0)
         if peak <= EXPLODING:
             return None
@@ -270,8 +272,8 @@ def _estimate_batch_norm(model: Any, x: Any) -> float | None:
                 m.reset_running_stats()
                 m.momentum = None  # a cumulative average over the batches
                 m.train()
-            for batch in x.split(8):
-                model(batch)
+            for start in range(0, len(x), 8):
+                call(model, x[start:start + 8])
         finally:
             for m, momentum in zip(norms, momenta):
                 m.momentum = momentum
@@ -294,6 +296,39 @@ def _images(model: Model) -> Any:
     return x.numpy()
 
 
+def _image_pairs(model: Model) -> dict[str, Any]:
+    """Two images a sample, as optical flow models take them (``image1``, ``image2``): the calibration images and
+    each one's successor (the last one's is the first)."""
+    import numpy as np
+
+    x = _images(model)
+    return {"image1": x, "image2": np.roll(x, -1, axis=0)}
+
+
+def load_calib(path: str | Path) -> Any:
+    """A calibration file's inputs: the array ``x``, or one array per forward parameter (:func:`_image_pairs`)."""
+    import numpy as np
+
+    with np.load(path) as f:
+        return f["x"] if "x" in f.files else {k: f[k] for k in f.files}
+
+
+def first_rows(x: Any, n: int) -> Any:
+    """The first ``n`` samples of an array or of each array of a dict."""
+    return {k: v[:n] for k, v in x.items()} if isinstance(x, dict) else x[:n]
+
+
+def torch_inputs(x: Any) -> Any:
+    """``x`` (:func:`load_calib`) as the model takes it: a tensor, or :class:`NamedInputs` for several inputs."""
+    import torch
+
+    from minreal.compress.core.inputs import NamedInputs
+
+    if isinstance(x, dict):
+        return NamedInputs({k: torch.from_numpy(v) for k, v in x.items()})
+    return torch.from_numpy(x)
+
+
 def _token_ids(model: Model) -> Any:
     """:data:`CALIB` rows of seeded token ids, int64, uniform over the vocabulary of ``hf:FAMILY``'s config."""
     import numpy as np
@@ -311,13 +346,16 @@ def _features(model: Model) -> Any:
     return np.random.default_rng(0).standard_normal((CALIB, *model.shape), dtype=np.float32)
 
 
-CALIB_MAKERS: dict[str, Callable[[Model], Any]] = {"images": _images, "tokens": _token_ids, "features": _features}
-"""A model's ``inputs`` → its calibration array ``x`` (``CALIB`` samples of its shape)."""
+CALIB_MAKERS: dict[str, Callable[[Model], Any]] = {"images": _images, "pairs": _image_pairs, "tokens": _token_ids,
+                                                   "features": _features}
+"""A model's ``inputs`` → its calibration array ``x`` (``CALIB`` samples of its shape), or arrays by forward
+parameter."""
 
 
 def _calib_file(work: Path, model: Model) -> Path:
-    """The model's calibration data (:data:`CALIB_MAKERS`) as an ``.npz`` holding ``x``, written once: per input
-    shape for images, per model otherwise (token ids depend on the vocabulary)."""
+    """The model's calibration data (:data:`CALIB_MAKERS`) as an ``.npz`` holding ``x`` (or one array per forward
+    parameter), written once: per input shape for images, per model otherwise (token ids depend on the
+    vocabulary)."""
     import numpy as np
 
     own = "" if model.inputs == "images" else f"{model.name.replace(':', '_')}-"
@@ -327,14 +365,13 @@ def _calib_file(work: Path, model: Model) -> Path:
     x = CALIB_MAKERS[model.inputs](model)
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=work, suffix=".npz", delete=False) as f:
-        np.savez(f, x=x)
+        np.savez(f, **(x if isinstance(x, dict) else {"x": x}))
     os.replace(f.name, path)
     return path
 
 
 def stage_baseline(spec: dict[str, Any]) -> dict[str, Any]:
     """Build the seeded model, save its state dict, count parameters and MACs, export and quantise the original."""
-    import numpy as np
     import torch
 
     from minreal.compress.core.costs import count_macs_torch
@@ -344,9 +381,9 @@ def stage_baseline(spec: dict[str, Any]) -> dict[str, Any]:
     row = Model(spec["name"], spec.get("family", ""), tuple(spec["shape"]), inputs=spec.get("inputs", "images"))
     calib = _calib_file(work.parent, row)
     facts: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
-    if row.inputs == "images":
+    if row.inputs in ("images", "pairs"):
         try:
-            peak = _estimate_batch_norm(model, torch.from_numpy(np.load(calib)["x"]))
+            peak = _estimate_batch_norm(model, torch_inputs(load_calib(calib)))
         except Exception as exc:  # the model as built goes on to the other stages; the row says why
             peak = None
             facts["batch_norm_estimated"] = f"not estimated: {_child_outcome(exc)['reason']}"
@@ -356,7 +393,7 @@ def stage_baseline(spec: dict[str, Any]) -> dict[str, Any]:
     weights = work / "weights.pt"
     torch.save(model.state_dict(), weights)
     try:
-        example = torch.from_numpy(np.load(calib)["x"][:1])
+        example = torch_inputs(first_rows(load_calib(calib), 1))
         facts["macs"] = count_macs_torch(model, example).macs
     except Exception as exc:  # a model the counter cannot trace still gets its other stages
         facts["macs_error"] = _child_outcome(exc)["reason"]
@@ -393,11 +430,10 @@ def stage_export(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def stage_int8(spec: dict[str, Any]) -> dict[str, Any]:
-    import numpy as np
 
     from minreal.export.int8 import quantize_int8
 
-    x = np.load(spec["calib"])["x"]
+    x = load_calib(spec["calib"])
     try:
         quantize_int8(spec["onnx"], Path(spec["onnx"]).with_suffix(".int8.onnx"), calib=x)
     except Exception as exc:  # the stage's outcome is the exception, recorded in one line
@@ -410,7 +446,8 @@ def stage_bench(spec: dict[str, Any]) -> dict[str, Any]:
 
     report = Path(spec["work"]) / f"bench-{spec['method']}.json"
     data = Path(spec["work"]) / "bench-data.npz"
-    np.savez(data, x=np.load(spec["calib"])["x"][:BENCH_ROWS])  # the stage's own folder: no other writer
+    x = first_rows(load_calib(spec["calib"]), BENCH_ROWS)
+    np.savez(data, **(x if isinstance(x, dict) else {"x": x}))  # the stage's own folder: no other writer
     out = _cli(["bench", *spec["files"], "--data", str(data), "--batch", "1", "--repeats", "1", "--warmup", "3",
                 "--min-runs", "10",
                 "--min-seconds", str(BENCH_SECONDS), "--worker-timeout", str(spec["worker_timeout"]), "--out",

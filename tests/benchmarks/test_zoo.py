@@ -416,3 +416,34 @@ def test_the_header_names_the_models_not_reached_and_keeps_no_earlier_runs_lists
     zoo.save(doc, tmp_path / "zoo.json", listed=["a", "b"])
     head = json.loads((tmp_path / "zoo.json").read_text())["header"]
     assert head["models_not_reached"] == [] and not head["partial"]
+
+
+def test_optical_flow_models_take_two_images_and_every_stage_reads_both(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RAFT's forward takes two images; the zoo gave it one and every row was refused with RAFT's "missing argument"
+    (the harness's fault, not the tool's). Optical flow rows now calibrate on image pairs (each image and its
+    successor), saved as image1/image2, loaded as named inputs by the command line, and the torch stages and the
+    bench stage read both."""
+    from minreal.app.data import load_dataset
+    from minreal.compress.core.inputs import NamedInputs
+
+    family = {m.name: m for m in zoo.torchvision_models()}
+    assert family["raft_small"].inputs == family["raft_large"].inputs == "pairs"
+    assert family["resnet18"].inputs == "images"
+    images = np.arange(zoo.CALIB * 3 * 4 * 4, dtype=np.float32).reshape(zoo.CALIB, 3, 4, 4)
+    monkeypatch.setattr(zoo, "_images", lambda model: images)  # no ../shared/data in the tests
+    raft = zoo.Model("raft_small", "optical_flow", (3, 4, 4), inputs="pairs")
+    path = zoo._calib_file(tmp_path, raft)
+    x = zoo.load_calib(path)
+    assert sorted(x) == ["image1", "image2"] and np.array_equal(x["image1"], images)
+    assert np.array_equal(x["image2"][:-1], images[1:]) and np.array_equal(x["image2"][-1], images[0])
+    data = load_dataset(str(path))
+    assert isinstance(data.x, NamedInputs) and len(data.x) == zoo.CALIB
+    two = zoo.torch_inputs(zoo.first_rows(x, 2))
+    assert isinstance(two, NamedInputs) and len(two) == 2
+    argv: list[str] = []
+    monkeypatch.setattr(zoo, "_cli", lambda a: argv.extend(a) or {"outcome": "refused", "reason": "stub"})
+    zoo.stage_bench({"work": str(tmp_path), "calib": str(path), "method": "factorize", "files": ["a.onnx"],
+                     "worker_timeout": 60.0})
+    bench = np.load(argv[argv.index("--data") + 1])
+    assert sorted(bench.files) == ["image1", "image2"] and len(bench["image1"]) == zoo.BENCH_ROWS
