@@ -21,6 +21,7 @@ the captured text goes to the debug log.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import warnings
@@ -271,6 +272,32 @@ def _output_names(module: nn.Module, example: Inputs, output_names: Sequence[str
     return list(output_names)
 
 
+#: Errors of the file system, not of the model: the file cannot be written whichever exporter tries.
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
+
+
+def _write_failure(exc: BaseException) -> OSError | None:
+    """The OSError of the file system (a full disk, a quota, a read-only or forbidden folder) behind ``exc`` or its
+    causes, if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _write_error(path: str | Path, exc: OSError, module: nn.Module) -> ExportError:
+    """One line naming the folder the ONNX file could not be written to, why, and what the weights alone need: a
+    full disk is not an op the exporter does not support (the zoo's vit_l_16 said so when its disk filled)."""
+    folder = Path(path).resolve().parent
+    need = _tensor_bytes(module) / 2**20
+    return ExportError(f"cannot write {Path(path).name} in {folder}: {exc.strerror or exc} (the weights alone take "
+                       f"{need:.0f} MiB; the exporter stages a copy beside the file); free space there or choose "
+                       "another output folder")
+
+
 def _export_error(
     module: nn.Module, example: Inputs, opset: int, errors: list[BaseException], outputs: list[str]
 ) -> ExportError:
@@ -366,6 +393,8 @@ def to_onnx(
                     _check_inputs(model, names[0], exporter)
                 break
             except Exception as exc:
+                if (written := _write_failure(exc)) is not None:  # the other exporter cannot write it either
+                    raise _write_error(path, written, module) from exc
                 reason = _one_line(exc, printed.text)
                 logger.info("%s exporter failed for %s: %s", exporter, type(module).__name__, reason)
                 errors.append(exc)

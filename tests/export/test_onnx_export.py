@@ -125,6 +125,37 @@ def test_fallback_to_torchscript_records_reason(tmp_path: Path, monkeypatch: pyt
             np.testing.assert_allclose(_run(result.path, x)[0], model(x).numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_full_disk_is_said_as_such_and_not_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     wrapped: bool) -> None:
+    """A file system error (here a full disk, raised by the exporter or behind its own error) is one line naming the
+    folder, the cause and the weights' size, not "the module is not supported" (the zoo's vit_l_16 read so when its
+    disk filled); the second exporter is not tried, and nothing is left in the folder."""
+    import errno
+
+    tried = []
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        tried.append(1)
+        if not wrapped:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as exc:
+            raise RuntimeError("serialising the model failed") from exc
+
+    monkeypatch.setattr(onnx_export, "_export_dynamo", full_disk)
+    monkeypatch.setattr(onnx_export, "_export_torchscript", full_disk)
+    model = nn.Linear(256, 256)  # 257 KiB of weights: 0 MiB
+    with pytest.raises(ExportError) as info:
+        to_onnx(model, torch.randn(2, 256), tmp_path / "m.onnx")
+    message = str(info.value)
+    assert message == (f"cannot write m.onnx in {tmp_path.resolve()}: No space left on device (the weights alone take "
+                       "0 MiB; the exporter stages a copy beside the file); free space there or choose another output "
+                       "folder")
+    assert tried == [1] and list(tmp_path.iterdir()) == []
+
+
 def test_data_dependent_branch_falls_back_for_real(tmp_path: Path) -> None:
     model = DataDependent().eval()
     result = to_onnx(model, torch.randn(3, 4), tmp_path / "branch.onnx")
