@@ -33,11 +33,14 @@ not pass).
 
 ``--only`` takes model names or families (``classification``, ``quantization``, ``segmentation``, ``detection``,
 ``video``, ``optical_flow``, ``timm``, ``hf``), run in the order named; ``--list`` prints them; ``--resume`` keeps the
-rows the JSON holds; the JSON is written atomically after every row. ``--table`` prints the README's coverage table from
-the JSON; ``--merge BASE.json A.json B.json ...`` writes ``--out`` from a base JSON and the runs that resumed from it at
-once (shards of the list) or on several machines, their new and rerun rows replacing the base's (:func:`merge`). SIGTERM
-or SIGINT (Ctrl-C) stops the run: the running stage's processes are killed, the rows finished so far are saved and the
-driver exits with 128 + the signal after one line saying so (:func:`run_all`).
+rows the JSON holds; the JSON is written atomically after every row. A model's folder under ``--work`` (its weights,
+programs, ONNX and INT8 files: 64 GB for the whole zoo) is removed once its rows are written, unless ``--keep-files``;
+``--resume`` then builds a model's baseline again only where a method of it is still to run. ``--table`` prints the
+README's coverage table from the JSON; ``--merge BASE.json A.json B.json ...`` writes ``--out`` from a base JSON and
+the runs that resumed from it at once (shards of the list) or on several machines, their new and rerun rows replacing
+the base's (:func:`merge`). SIGTERM or SIGINT (Ctrl-C) stops the run: the running stage's processes are killed, the
+rows finished so far are saved and the driver exits with 128 + the signal after one line saying so
+(:func:`run_all`).
 
 The timing columns are only as good as the machine was quiet: the header records the load average at the start and each
 row its own and the machine's CPU shares over the row (``cpu_share``: busy, idle and steal from ``/proc/stat``, this
@@ -54,6 +57,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -637,6 +641,8 @@ def run_all(doc: dict[str, Any], chosen: Sequence[Model], args: argparse.Namespa
         for model in chosen:
             current = model.name
             run(doc, model, args, say)
+            if not getattr(args, "keep_files", True):
+                shutil.rmtree(args.work / model.name, ignore_errors=True)
     except Stopped as stop:
         save(doc, args.out)
         print(f"zoo: stopped by {signal.Signals(stop.signum).name} during {current}: its running stage was killed, "
@@ -798,6 +804,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--list", action="store_true", help="print the models and their families, and exit")
     ap.add_argument("--table", action="store_true", help="print the README's coverage table from --out, and exit")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one stage may run")
+    ap.add_argument("--keep-files", action="store_true",
+                    help="keep each model's folder under --work (weights, programs, ONNX and INT8 files; the whole "
+                         "zoo wrote 64 GB and filled this machine's disk); by default it is removed once the model's "
+                         "rows are written")
     ap.add_argument("--load", default=None, help="what else ran on the machine (recorded in the header)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                     help="write --out from a base zoo JSON and the runs that resumed from it at once (shards): their "

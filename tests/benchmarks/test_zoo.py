@@ -447,3 +447,24 @@ def test_optical_flow_models_take_two_images_and_every_stage_reads_both(
                      "worker_timeout": 60.0})
     bench = np.load(argv[argv.index("--data") + 1])
     assert sorted(bench.files) == ["image1", "image2"] and len(bench["image1"]) == zoo.BENCH_ROWS
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_models_folder_goes_once_its_rows_are_written_unless_kept(tmp_path: Path, keep: bool) -> None:
+    """The whole zoo wrote 64 GB of weights, programs, ONNX and INT8 files under --work and filled the disk: a model's
+    folder is removed once its rows are written (after its run, before the next model), unless --keep-files."""
+    import argparse
+
+    args = argparse.Namespace(work=tmp_path / "work", out=tmp_path / "zoo.json", keep_files=keep)
+    seen: list[bool] = []
+
+    def run(doc: dict, model: zoo.Model, args: argparse.Namespace, say: Callable) -> None:
+        seen.append((args.work / "a").exists())  # the previous model's folder, when b runs
+        (args.work / model.name).mkdir(parents=True)
+        (args.work / model.name / "original.onnx").write_bytes(b"onnx")
+        doc["rows"].append({"model": model.name, "method": "wanda", "stages": {}})
+
+    doc = {"header": {"commit": "c"}, "rows": [], "models": {}}
+    zoo.run_all(doc, [zoo.Model("a", "x"), zoo.Model("b", "x")], args, print, run)
+    assert seen == [False, keep]
+    assert (args.work / "b").exists() is keep and json.loads(args.out.read_text())["header"]["models_ran"] == 2
