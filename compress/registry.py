@@ -158,7 +158,10 @@ def method_names() -> list[str]:
 
 def fill_costs(report: CompressionReport, model: nn.Module, new: nn.Module, example: torch.Tensor) -> None:
     """Whole-model parameters and MACs before/after into ``report``: MACs counted by torch (FlopCounterMode),
-    the per-layer rules' sums beside them, and what each of the two does not count."""
+    the per-layer rules' sums beside them, and what each of the two does not count; both on the first sample of
+    ``example`` (the costs are per sample: 8 samples made the rules' count 8 forward passes, 4.0 of a ResNet-50's
+    compress seconds against 1.4)."""
+    example = example[:1]
     before, after = count_costs(model, example), count_costs(new, example)
     torch_before, torch_after = count_macs_torch(model, example), count_macs_torch(new, example)
     report.params_before, report.params_after = before.total_params, after.total_params

@@ -130,17 +130,16 @@ def _own_params(module: nn.Module) -> int:
 
 
 def count_costs(model: nn.Module, example_input: Inputs) -> CostTable:
-    """Count params and per-sample MACs of every layer with a MAC rule by running the first sample of
-    ``example_input`` once (as :func:`count_macs_torch` does: the costs are per sample, and a batch of 8 made every
-    count 8 forward passes' work).
+    """Count params and per-sample MACs of every layer with a MAC rule by running ``example_input`` once.
 
     Linear/Conv have rules here; other packages add theirs with :func:`register_mac_rule` (SSM layers). A
     subclass of a ruled layer is counted by its base's rule when it computes as its base (:func:`mac_rule`).
     A layer whose output's first dimension is not the batch is counted whole and divided by the batch size. Modules
-    with their own parameters and no rule (BatchNorm, ...) are listed in ``not_counted``.
+    with their own parameters and no rule (BatchNorm, ...) are listed in ``not_counted``. A layer no sample of
+    ``example_input`` reaches (an expert its gate never picks) is not in the table: finding the layers to compress
+    passes several samples, a whole-model count one (:func:`count_macs_torch` counts one too).
     """
     table = CostTable(total_params=sum(p.numel() for p in model.parameters()))
-    example_input = example_input[:1]
     batch = len(example_input)
     hooks = []
 
