@@ -40,6 +40,7 @@ from minreal.export.onnx_files import data_files, externalize, onnx_size, staged
 from minreal.export.quiet import Captured, captured_output
 from minreal.export.serialize import export_dims
 from minreal.facts import ANSI_ESCAPE, first_line
+from minreal.runtime_bench.atomic import OutputWriteError, write_error
 
 __all__ = ["DEFAULT_OPSET", "EXTERNAL_DATA_BYTES", "MIN_OPSET", "Axes", "ExportResult", "graph_axes", "to_onnx"]
 
@@ -272,30 +273,35 @@ def _output_names(module: nn.Module, example: Inputs, output_names: Sequence[str
     return list(output_names)
 
 
-#: Errors of the file system, not of the model: the file cannot be written whichever exporter tries.
-_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
+#: Errors of the file system, not of the model: the file cannot be written whichever exporter tries. A full disk or
+#: quota counts wherever it struck (the exporter's temporary files share the disk); a permission or read-only error
+#: only on a path in the output folder (elsewhere it may be the exporter's own, which the other exporter avoids).
+_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_ACCESS_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
-def _write_failure(exc: BaseException) -> OSError | None:
-    """The OSError of the file system (a full disk, a quota, a read-only or forbidden folder) behind ``exc`` or its
-    causes, if any."""
+def _write_failure(exc: BaseException | None, folder: Path) -> OSError | None:
+    """The OSError of the file system behind ``exc`` or its causes (a context left out by ``raise ... from None``
+    is not followed), if any: see :data:`_SPACE_ERRNOS` and :data:`_ACCESS_ERRNOS`."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
+        if isinstance(exc, OSError) and exc.errno in _SPACE_ERRNOS:
             return exc
-        exc = exc.__cause__ or exc.__context__
+        if isinstance(exc, OSError) and exc.errno in _ACCESS_ERRNOS and exc.filename is not None \
+                and Path(str(exc.filename)).resolve().is_relative_to(folder):
+            return exc
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return None
 
 
 def _write_error(path: str | Path, exc: OSError, module: nn.Module) -> ExportError:
-    """One line naming the folder the ONNX file could not be written to, why, and what the weights alone need: a
-    full disk is not an op the exporter does not support (the zoo's vit_l_16 said so when its disk filled)."""
-    folder = Path(path).resolve().parent
-    need = _tensor_bytes(module) / 2**20
-    return ExportError(f"cannot write {Path(path).name} in {folder}: {exc.strerror or exc} (the weights alone take "
-                       f"{need:.0f} MiB; the exporter stages a copy beside the file); free space there or choose "
-                       "another output folder")
+    """One line naming the file that could not be written, why and what to do (:func:`write_error`'s words, or the
+    staging's own one line), and what the weights alone need: a full disk is not an op the exporter does not
+    support (the zoo's vit_l_16 said so when its disk filled)."""
+    line = str(exc) if isinstance(exc, OutputWriteError) else str(write_error(Path(path), exc))
+    return ExportError(f"{line} (the weights alone take {_tensor_bytes(module) / 2**20:.0f} MiB, and the exporter "
+                       "stages a copy beside the file)")
 
 
 def _export_error(
@@ -393,7 +399,7 @@ def to_onnx(
                     _check_inputs(model, names[0], exporter)
                 break
             except Exception as exc:
-                if (written := _write_failure(exc)) is not None:  # the other exporter cannot write it either
+                if (written := _write_failure(exc, Path(path).resolve().parent)) is not None:  # nor can the other
                     raise _write_error(path, written, module) from exc
                 reason = _one_line(exc, printed.text)
                 logger.info("%s exporter failed for %s: %s", exporter, type(module).__name__, reason)

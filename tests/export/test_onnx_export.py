@@ -149,11 +149,29 @@ def test_a_full_disk_is_said_as_such_and_not_retried(tmp_path: Path, monkeypatch
     model = nn.Linear(256, 256)  # 257 KiB of weights: 0 MiB
     with pytest.raises(ExportError) as info:
         to_onnx(model, torch.randn(2, 256), tmp_path / "m.onnx")
-    message = str(info.value)
-    assert message == (f"cannot write m.onnx in {tmp_path.resolve()}: No space left on device (the weights alone take "
-                       "0 MiB; the exporter stages a copy beside the file); free space there or choose another output "
-                       "folder")
+    assert str(info.value) == (f"cannot write {tmp_path / 'm.onnx'}: No space left on device; free disk space or "
+                               "choose another output path (the weights alone take 0 MiB, and the exporter stages a "
+                               "copy beside the file)")
     assert tried == [1] and list(tmp_path.iterdir()) == []
+
+
+def test_a_permission_error_elsewhere_is_the_exporters_and_the_other_one_is_tried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A permission error on a path outside the output folder (the exporter's own cache) may be the exporter's: the
+    other exporter is tried; one on the output folder is the folder's, said in one line naming it."""
+    import errno
+
+    def forbidden(where: Path) -> Callable:
+        def export(*args: object, **kwargs: object) -> None:
+            raise PermissionError(errno.EACCES, "Permission denied", str(where))
+        return export
+
+    monkeypatch.setattr(onnx_export, "_export_dynamo", forbidden(Path("/nonexistent-cache/x")))
+    result = to_onnx(nn.Linear(4, 3), torch.randn(2, 4), tmp_path / "ts.onnx")
+    assert result.exporter == "torchscript"
+    monkeypatch.setattr(onnx_export, "_export_dynamo", forbidden(tmp_path / "m.onnx"))
+    with pytest.raises(ExportError, match=r"^cannot write .*m\.onnx: Permission denied; check the folder's"):
+        to_onnx(nn.Linear(4, 3), torch.randn(2, 4), tmp_path / "m.onnx")
 
 
 def test_data_dependent_branch_falls_back_for_real(tmp_path: Path) -> None:
