@@ -95,7 +95,8 @@ def foreign_output_types(program: torch.export.ExportedProgram) -> list[str]:
     while pending:
         spec = pending.pop(0)
         kind = spec.type
-        if kind is not None and kind.__module__ not in ("builtins", "collections"):
+        if kind is not None and kind.__module__ not in ("builtins", "collections") \
+                and not kind.__module__.startswith("torch."):  # torch registers its own (fx's immutable_dict)
             found[f"{kind.__module__}.{kind.__qualname__}"] = None
         pending.extend(spec.children())
     return list(found)

@@ -80,7 +80,8 @@ class HFEncoder(nn.Module):
 
     def _outputs(self, **inputs: torch.Tensor | None) -> dict[str, torch.Tensor]:
         out = self.model(**{k: v for k, v in inputs.items() if v is not None}, return_dict=True)
-        return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        # a torch.fx trace (width methods) sees Proxies where the tensors will be: they are kept too
+        return {k: v for k, v in out.items() if isinstance(v, (torch.Tensor, torch.fx.Proxy))}
 
 
 def _bare_keys_under_model(state_dict: dict[str, Any], prefix: str, *_: Any) -> None:

@@ -28,6 +28,9 @@ __all__ = ["analyse"]
 def analyse(model: nn.Module, example: torch.Tensor) -> WidthGraph:
     """Trace ``model`` on ``example`` and find its channel groups (see the module docstring)."""
     wg = WidthGraph(trace(model, example))
+    for name, reason in wg.gm.meta.get("opaque", {}).items():
+        wg.unsupported.append((name, f"kept whole as one layer, its channels as they are: torch.fx cannot trace "
+                                     f"through it ({reason})"))
     apply_rules(wg)
     _build_groups(wg)
     _freeze_tied(wg)

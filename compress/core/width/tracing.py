@@ -1,7 +1,10 @@
 """Tracing a model for the width analysis: a :mod:`torch.fx` graph of a copy of it with shapes propagated.
 
 ``torch.nn`` layers (and subclasses that keep their ``forward``) stay whole as ``call_module`` nodes; user code
-such as a ResNet's option-A shortcut lambda is traced through. A ``torch.export`` program is refused: its layers
+such as a ResNet's option-A shortcut lambda is traced through. A submodule torch.fx cannot trace through (a
+Hugging Face attention layer's shape arithmetic) is kept whole too, as one opaque layer whose channels stay as they
+are, and tracing starts again (at most :data:`MAX_OPAQUE` classes); a failure in the model's own ``forward`` is
+refused. A ``torch.export`` program is refused: its layers
 are gone.
 """
 
@@ -9,17 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import io
 import re
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from ..errors import CompressionError
-from ..inputs import Inputs, args_of, repeat_to, sample_shapes
+from ..inputs import Inputs, args_of, call, repeat_to, sample_shapes
 
 __all__ = ["trace", "is_exported_program"]
 
@@ -32,12 +38,22 @@ def is_exported_program(model: nn.Module) -> bool:
 
 
 
+MAX_OPAQUE = 8
+"""How many module classes :func:`trace` may keep whole (opaque) before it gives up on a model."""
+
+
 class _Tracer(fx.Tracer):
     """Keeps every ``torch.nn`` layer whole, a subclass defined elsewhere that keeps the layer's ``forward``
-    included (torchvision's video ``Conv3DSimple(nn.Conv3d)``); other user modules are traced through."""
+    included (torchvision's video ``Conv3DSimple(nn.Conv3d)``), and the ``opaque`` classes (modules torch.fx could
+    not trace through); other user modules are traced through."""
+
+    def __init__(self, opaque: frozenset[type] = frozenset()) -> None:
+        super().__init__()
+        self.opaque = opaque
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return super().is_leaf_module(m, module_qualified_name) or _keeps_layer_forward(m)
+        return (super().is_leaf_module(m, module_qualified_name) or _keeps_layer_forward(m)
+                or type(m) in self.opaque)
 
 
 def _keeps_layer_forward(m: nn.Module) -> bool:
@@ -59,21 +75,77 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
                                "file.py:factory or a torchvision name): a torch.export program (.pt2) holds ATen "
                                "operations, whose layers cannot be resized")
     root = copy.deepcopy(model)
-    try:
-        graph = _Tracer().trace(root)
-    except Exception as exc:
-        raise _untraceable(model, exc) from None
+    opaque: dict[type, str] = {}
+    while True:
+        try:
+            graph = _Tracer(frozenset(opaque)).trace(root, concrete_args=_unfed_defaults(root, example))
+            break
+        except Exception as exc:
+            failing = _failing_class(root, exc, opaque)
+            if failing is None or len(opaque) >= MAX_OPAQUE:
+                raise _untraceable(model, exc) from None
+            opaque[failing] = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0][:120]
     gm = fx.GraphModule(root, graph, class_name=type(model).__name__)
+    gm.meta["opaque"] = {cls.__name__: reason for cls, reason in opaque.items()}
     if len(example) == 1:  # a batch of 2 keeps the batch dimension unambiguous
         example = repeat_to(example, 2)
     gm.eval() if not model.training else gm.train()
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:  # ShapeProp prints a traceback of its own on failure; the user gets the one line below
-            ShapeProp(gm).propagate(*args_of(example))
+            traced = ShapeProp(gm).propagate(*args_of(example))
         except Exception as exc:
             raise _unreplayable(model, example, exc) from None
+        _require_same_outputs(model, root, example, traced)
     return gm
 
+
+def _require_same_outputs(model: nn.Module, root: nn.Module, example: Inputs, traced: Any) -> None:
+    """Refuse a graph whose outputs are not the model's in number and shape on ``example``: code that tests a value's
+    type (``isinstance(v, torch.Tensor)`` is false for torch.fx's Proxy) can drop outputs from the trace, which then
+    returns less than the model does (a Hugging Face wrapper's dict came back empty)."""
+    from ..evaluate import eval_mode, flatten_outputs
+
+    with eval_mode(root):
+        own = flatten_outputs(call(root, example), skip_other=True)
+    got = flatten_outputs(traced, skip_other=True)
+    if [tuple(t.shape) for t in own] != [tuple(t.shape) for t in got]:
+        raise CompressionError(
+            f"the torch.fx graph of {type(model).__name__} returns {len(got)} tensor(s) where the model returns "
+            f"{len(own)} (shapes {[tuple(t.shape) for t in got][:4]} against {[tuple(t.shape) for t in own][:4]}): "
+            "its code tests what a value is (isinstance), which a traced value is not; use factorize, which needs "
+            "no trace")
+
+
+
+def _unfed_defaults(root: nn.Module, example: Inputs) -> dict[str, Any] | None:
+    """``forward``'s parameters the example does not feed, at their defaults (a Hugging Face wrapper's
+    ``attention_mask=None``): traced as placeholders they would be tensors, and ``if attention_mask is not None``
+    would take the branch the model never takes."""
+    fed = len(args_of(example))
+    try:
+        params = list(inspect.signature(root.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    rest = {p.name: p.default for p in params[fed:]
+            if p.default is not inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return rest or None
+
+
+def _failing_class(root: nn.Module, exc: BaseException, opaque: Mapping[type, str]) -> type | None:
+    """The class of the innermost submodule whose ``forward`` was running when tracing failed (a Hugging Face
+    attention or embedding layer, whose shape arithmetic torch.fx cannot follow), to be kept whole on the next try;
+    None when the failure lies in the model's own ``forward`` (or in a class already kept whole): nothing smaller
+    than the model could be kept whole. Kept whole, a layer's channels are left as they are; the rest of the model
+    (a transformer's MLP widths) can still be cut."""
+    codes: dict[Any, type] = {}
+    for m in root.modules():
+        cls = type(m)
+        forward = getattr(cls, "forward", None)
+        if m is root or cls in opaque or cls.__module__.startswith("torch.") or forward is None:
+            continue
+        codes.setdefault(getattr(inspect.unwrap(forward), "__code__", None), cls)  # under its decorators
+    frames = [frame.f_code for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    return next((codes[c] for c in reversed(frames) if c in codes), None)
 
 
 def _untraceable(model: nn.Module, exc: Exception) -> CompressionError:

@@ -194,6 +194,100 @@ def test_an_untraceable_model_is_refused_with_the_line_of_its_code_and_a_way_out
     assert "\n" not in said
 
 
+def _logged(forward: Callable) -> Callable:
+    """A decorator on ``forward``, as transformers wraps its layers' (the traceback holds the wrapped function)."""
+    import functools
+
+    @functools.wraps(forward)
+    def wrapper(*args: object, **kwargs: object) -> object:
+        return forward(*args, **kwargs)
+    return wrapper
+
+
+class _DecoratedBranches(_Branches):
+    @_logged
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)
+
+
+class _GatedMLP(nn.Module):
+    """A block torch.fx cannot trace (a branch on a tensor, as a Hugging Face attention's shape arithmetic), then an
+    MLP it can."""
+
+    def __init__(self, gate: nn.Module) -> None:
+        super().__init__()
+        self.gate, self.fc1, self.fc2 = gate, nn.Linear(4, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.relu(self.fc1(self.gate(x))))
+
+
+@pytest.mark.parametrize("gate", [_Branches, _DecoratedBranches])
+def test_a_block_fx_cannot_trace_is_kept_whole_and_the_rest_is_cut(gate: type) -> None:
+    """zoo (issue 44): every Hugging Face model was refused by the width methods because torch.fx cannot trace its
+    attention and embedding layers. A submodule whose forward stops the trace (decorated or not) is kept whole as one
+    layer, its channels as they are, and the MLP after it is a group that may shrink; keeping every channel gives the
+    model back exactly, and the report names the block kept whole. A failure in the model's own forward is still
+    refused (the tests above)."""
+    from minreal.compress import compress
+    from minreal.compress.core.data import Dataset
+    from minreal.compress.methods.wanda import WandaConfig
+
+    torch.manual_seed(0)
+    model = _GatedMLP(gate()).eval()
+    x = torch.randn(2, 4)
+    wg = analyse(model, x)
+    assert list(wg.gm.meta["opaque"]) == [gate.__name__]
+    assert "cannot be used as inputs to control flow" in wg.gm.meta["opaque"][gate.__name__]
+    hidden = wg.group("fc1")
+    assert hidden.size == 32 and not hidden.frozen and [g.name for g in wg.cuttable()] == ["fc1"]
+    with torch.no_grad():
+        assert torch.equal(apply_cuts(wg, {"fc1": Cut(range(32))})(x), model(x))
+    data = Dataset(torch.randn(64, 4))
+    new, report = compress(model, data, "wanda", WandaConfig(mac_ratio=0.7, width_multiple=4))
+    # the gate's 16 MACs whole, the hidden width 32 -> 20 (24 would be 0.76): (16 + 2 * 4 * 20) / 272
+    assert report.mac_ratio == pytest.approx((16 + 2 * 4 * 20) / (16 + 2 * 4 * 32), abs=1e-12)
+    assert any(n.startswith("kept whole as single layers") and gate.__name__ in n for n in report.notes)
+    with torch.no_grad():
+        assert new(data.x).shape == model(data.x).shape
+
+
+class _Masked(nn.Module):
+    """A Hugging Face-style forward: an optional mask the caller may leave out, and outputs filtered by type."""
+
+    def __init__(self, filtered: bool = False) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.filtered = nn.Linear(4, 16), nn.Linear(16, 4), filtered
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+        if mask is not None and mask.ndim == 2:  # a placeholder for mask would make this a branch on a tensor
+            x = x * mask
+        out = {"hidden": self.fc2(F.relu(self.fc1(x))), "note": "not a tensor"}
+        if self.filtered:  # a traced value is a Proxy, not a Tensor: the trace would return an empty dict
+            return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        return {"hidden": out["hidden"]}
+
+
+def test_parameters_the_example_does_not_feed_are_traced_at_their_defaults() -> None:
+    """The hub's Hugging Face wrappers take ``attention_mask=None``: traced as a placeholder it was a tensor, and the
+    model's ``mask.ndim == 2`` a branch on a tensor, so every Hugging Face model was refused."""
+    x, model = torch.randn(2, 4), _Masked()
+    wg = analyse(model, x)
+    assert [g.name for g in wg.cuttable()] == ["fc1"] and not wg.gm.meta["opaque"]
+    with torch.no_grad():  # the graph runs on the input alone and computes what the model does without a mask
+        assert torch.equal(wg.gm(x)["hidden"], model(x)["hidden"])
+        assert torch.equal(apply_cuts(wg, {"fc1": Cut(range(16))})(x)["hidden"], model(x)["hidden"])
+
+
+def test_a_trace_that_returns_less_than_the_model_is_refused() -> None:
+    """Code that keeps only values that are tensors keeps none of torch.fx's Proxies: the graph would return an
+    empty dict (the hub's wrappers did, before they kept Proxies). The trace is compared with the model's own
+    outputs and refused in one line."""
+    with pytest.raises(CompressionError, match=r"^the torch.fx graph of _Masked returns 0 tensor\(s\) where the "
+                                               r"model returns 1 .*use factorize"):
+        analyse(_Masked(filtered=True), torch.randn(2, 4))
+
+
 def _scaled(sizes: list) -> list:
     sizes[0] = 2  # changes its argument, as torchvision's video Swin changes its window sizes
     return sizes
