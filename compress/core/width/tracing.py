@@ -114,6 +114,12 @@ def _require_same_outputs(model: nn.Module, root: nn.Module, example: Inputs, tr
             f"{len(own)} (shapes {[tuple(t.shape) for t in got][:4]} against {[tuple(t.shape) for t in own][:4]}): "
             "its code tests what a value is (isinstance), which a traced value is not; use factorize, which needs "
             "no trace")
+    for i, (a, b) in enumerate(zip(own, got)):  # the same operations in the same order: equal up to rounding
+        if a.is_floating_point() and not torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(a.abs().max()) + 1e-30):
+            raise CompressionError(
+                f"the torch.fx graph of {type(model).__name__} computes other values than the model on the example "
+                f"(output {i}: largest difference {float((a - b).abs().max()):.3g}): its code decides something at "
+                "trace time that it decides otherwise when it runs; use factorize, which needs no trace")
 
 
 

@@ -288,6 +288,24 @@ def test_a_trace_that_returns_less_than_the_model_is_refused() -> None:
         analyse(_Masked(filtered=True), torch.randn(2, 4))
 
 
+class _Counting(nn.Module):
+    """Decides a value in Python when it runs (a call counter): the trace bakes in the value it saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.calls = nn.Linear(4, 4), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.fc(x) * self.calls
+
+
+def test_a_trace_that_computes_other_values_than_the_model_is_refused() -> None:
+    with pytest.raises(CompressionError, match=r"^the torch.fx graph of _Counting computes other values than the "
+                                               r"model on the example \(output 0: largest difference"):
+        analyse(_Counting(), torch.randn(2, 4))
+
+
 def _scaled(sizes: list) -> list:
     sizes[0] = 2  # changes its argument, as torchvision's video Swin changes its window sizes
     return sizes
