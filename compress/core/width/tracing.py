@@ -92,22 +92,23 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     gm.eval() if not model.training else gm.train()
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:  # ShapeProp prints a traceback of its own on failure; the user gets the one line below
-            traced = ShapeProp(gm).propagate(*args_of(example))
+            ShapeProp(gm).propagate(*args_of(example))
         except Exception as exc:
             raise _unreplayable(model, example, exc) from None
-        _require_same_outputs(model, root, example, traced)
+        _require_same_outputs(model, root, gm, example)
     return gm
 
 
-def _require_same_outputs(model: nn.Module, root: nn.Module, example: Inputs, traced: Any) -> None:
-    """Refuse a graph whose outputs are not the model's in number and shape on ``example``: code that tests a value's
-    type (``isinstance(v, torch.Tensor)`` is false for torch.fx's Proxy) can drop outputs from the trace, which then
-    returns less than the model does (a Hugging Face wrapper's dict came back empty)."""
+def _require_same_outputs(model: nn.Module, root: nn.Module, gm: fx.GraphModule, example: Inputs) -> None:
+    """Refuse a graph whose outputs are not the model's on ``example`` (both in eval mode, so that dropout and
+    BatchNorm's batch statistics do not differ): code that tests a value's type (``isinstance(v, torch.Tensor)`` is
+    false for torch.fx's Proxy) can drop outputs from the trace, which then returns less than the model does (a
+    Hugging Face wrapper's dict came back empty), and a value decided in Python at trace time is baked in."""
     from ..evaluate import eval_mode, flatten_outputs
 
-    with eval_mode(root):
+    with eval_mode(root), eval_mode(gm):
         own = flatten_outputs(call(root, example), skip_other=True)
-    got = flatten_outputs(traced, skip_other=True)
+        got = flatten_outputs(call(gm, example), skip_other=True)
     if [tuple(t.shape) for t in own] != [tuple(t.shape) for t in got]:
         raise CompressionError(
             f"the torch.fx graph of {type(model).__name__} returns {len(got)} tensor(s) where the model returns "

@@ -371,3 +371,11 @@ def test_a_layer_subclass_with_a_convolution_of_its_own_is_traced_through() -> N
     x = torch.randn(2, 3, 6, 6)
     with torch.no_grad():
         torch.testing.assert_close(gm(x), model(x), rtol=0, atol=0)
+
+
+def test_a_model_in_training_mode_with_dropout_traces() -> None:
+    """The graph and the model are compared in eval mode: in training mode dropout (and BatchNorm's batch
+    statistics) would make them differ on every call; the model's training flags are left as they were."""
+    model = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 4)).train()
+    wg = analyse(model, torch.randn(8, 4))
+    assert [g.name for g in wg.cuttable()] == ["0"] and model.training and wg.gm.training
