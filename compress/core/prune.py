@@ -182,6 +182,9 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
     report.notes.append(f"{len(groups)} channel groups may shrink, {len(cuts)} cut; widths on multiples of "
                         f"{cfg.width_multiple}" + (f", at least {cfg.width_min}" if cfg.width_min else ""))
     report.notes += [f"left whole: {g.name} ({g.size} channels) — {g.frozen}" for g in frozen]
+    if fixed := wg.gm.meta.get("fixed_args"):
+        report.notes.append("traced with forward's " + ", ".join(f"{k}={v!r}" for k, v in fixed.items()) + " (the "
+                            "data does not give them): the compressed model takes only the inputs the data gives")
     if opaque := wg.gm.meta.get("opaque"):
         report.notes.append("kept whole as single layers, as torch.fx cannot trace through them (their channels stay "
                             "as they are; the rest is cut): " + "; ".join(f"{n} ({r})" for n, r in opaque.items()))

@@ -32,9 +32,24 @@ def analyse(model: nn.Module, example: torch.Tensor) -> WidthGraph:
         wg.unsupported.append((name, f"kept whole as one layer, its channels as they are: torch.fx cannot trace "
                                      f"through it ({reason})"))
     apply_rules(wg)
+    _freeze_inside_opaque(wg)
     _build_groups(wg)
     _freeze_tied(wg)
     return wg
+
+
+def _freeze_inside_opaque(wg: WidthGraph) -> None:
+    """Freeze every use of a layer or parameter that lies inside a module kept whole (:func:`trace`'s opaque
+    modules): the model's own code may call one of its layers or read one of its parameters, and the module's own
+    uses of them, which the graph does not show, would no longer fit a cut (found in review)."""
+    inside = tuple(wg.gm.meta.get("opaque_modules", ()))
+    if not inside:
+        return
+    for u in wg.uses:
+        owner = next((name for name in inside if u.target == name or u.target.startswith(f"{name}.")), None)
+        if owner is not None:
+            wg.freeze(u.slots, u.node, f"{u.target}.{u.param} lies inside {owner}, which is kept whole (torch.fx "
+                                       "cannot trace through it)")
 
 
 def _freeze_tied(wg: WidthGraph) -> None:

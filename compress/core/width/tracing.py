@@ -87,6 +87,9 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
             opaque[failing] = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0][:120]
     gm = fx.GraphModule(root, graph, class_name=type(model).__name__)
     gm.meta["opaque"] = {cls.__name__: reason for cls, reason in opaque.items()}
+    gm.meta["opaque_modules"] = sorted(n.target for n in gm.graph.nodes
+                                       if n.op == "call_module" and type(gm.get_submodule(n.target)) in opaque)
+    gm.meta["fixed_args"] = _unfed_defaults(root, example) or {}
     if len(example) == 1:  # a batch of 2 keeps the batch dimension unambiguous
         example = repeat_to(example, 2)
     gm.eval() if not model.training else gm.train()
@@ -106,9 +109,13 @@ def _require_same_outputs(model: nn.Module, root: nn.Module, gm: fx.GraphModule,
     Hugging Face wrapper's dict came back empty), and a value decided in Python at trace time is baked in."""
     from ..evaluate import eval_mode, flatten_outputs
 
+    def run(m: nn.Module) -> list[torch.Tensor]:  # the same random numbers for both (a model sampling noise)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return flatten_outputs(call(m, example), skip_other=True)
+
     with eval_mode(root), eval_mode(gm):
-        own = flatten_outputs(call(root, example), skip_other=True)
-        got = flatten_outputs(call(gm, example), skip_other=True)
+        own, got = run(root), run(gm)
     if [tuple(t.shape) for t in own] != [tuple(t.shape) for t in got]:
         raise CompressionError(
             f"the torch.fx graph of {type(model).__name__} returns {len(got)} tensor(s) where the model returns "
@@ -116,10 +123,15 @@ def _require_same_outputs(model: nn.Module, root: nn.Module, gm: fx.GraphModule,
             "its code tests what a value is (isinstance), which a traced value is not; use factorize, which needs "
             "no trace")
     for i, (a, b) in enumerate(zip(own, got)):  # the same operations in the same order: equal up to rounding
-        if a.is_floating_point() and not torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(a.abs().max()) + 1e-30):
+        if not a.is_floating_point() or not a.numel():
+            continue
+        finite = a[torch.isfinite(a)]
+        scale = float(finite.abs().max()) if finite.numel() else 0.0
+        if not torch.allclose(a, b, rtol=1e-4, atol=1e-5 * scale + 1e-30, equal_nan=True):
             raise CompressionError(
                 f"the torch.fx graph of {type(model).__name__} computes other values than the model on the example "
-                f"(output {i}: largest difference {float((a - b).abs().max()):.3g}): its code decides something at "
+                f"(output {i}: largest difference {float((a - b).nan_to_num().abs().max()):.3g}): its code decides "
+                "something at "
                 "trace time that it decides otherwise when it runs; use factorize, which needs no trace")
 
 
@@ -133,8 +145,9 @@ def _unfed_defaults(root: nn.Module, example: Inputs) -> dict[str, Any] | None:
         params = list(inspect.signature(root.forward).parameters.values())
     except (TypeError, ValueError):
         return None
-    rest = {p.name: p.default for p in params[fed:]
-            if p.default is not inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    rest = {p.name: p.default for p in params[fed:]  # None and scalars: fx cannot write a container as a default
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and (p.default is None or
+                                                                        type(p.default) in (bool, int, float, str))}
     return rest or None
 
 

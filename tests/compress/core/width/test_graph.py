@@ -379,3 +379,66 @@ def test_a_model_in_training_mode_with_dropout_traces() -> None:
     model = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 4)).train()
     wg = analyse(model, torch.randn(8, 4))
     assert [g.name for g in wg.cuttable()] == ["0"] and model.training and wg.gm.training
+
+
+class _Untraceable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj, self.gamma = nn.Linear(16, 16), nn.Parameter(torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > -1e9:  # a branch on a tensor: kept whole
+            x = x * 2
+        return self.proj(x)
+
+
+class _Reaching(nn.Module):
+    """Calls a layer and reads a parameter of a module that is kept whole, from its own code (found in review: both
+    were cut, and the kept-whole module then failed on the narrower layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.op, self.fc0, self.fc1 = _Untraceable(), nn.Linear(4, 16), nn.Linear(4, 16)
+        self.fc2, self.fc3 = nn.Linear(16, 4), nn.Linear(16, 4)
+        self.fc4, self.fc5 = nn.Linear(4, 16), nn.Linear(16, 4)  # a branch of its own, which may shrink
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.op(self.fc0(x))
+        h = self.op.proj(F.relu(self.fc1(x))) * self.op.gamma
+        return self.fc2(F.relu(h)) + self.fc3(y) + self.fc5(F.relu(self.fc4(x)))
+
+
+def test_layers_and_parameters_inside_a_kept_whole_module_are_never_cut() -> None:
+    from minreal.compress import compress
+    from minreal.compress.core.data import Dataset
+    from minreal.compress.methods.wanda import WandaConfig
+
+    torch.manual_seed(0)
+    model = _Reaching().eval()
+    wg = analyse(model, torch.randn(2, 4))
+    assert wg.gm.meta["opaque_modules"] == ["op"]
+    assert [g.name for g in wg.cuttable()] == ["fc4"]
+    data = Dataset(torch.randn(32, 4))
+    new, _ = compress(model, data, "wanda", WandaConfig(mac_ratio=0.9, width_multiple=4))
+    with torch.no_grad():
+        assert new(data.x).shape == (32, 4) and new.op.proj.weight.shape == (16, 16)
+
+
+class _Odd(nn.Module):
+    """A tuple default, a NaN and an empty output, and noise sampled in eval mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, size: tuple = (4, 4)) -> tuple:
+        h = self.fc2(F.relu(self.fc1(x))) + 0.1 * torch.randn_like(x)
+        return h, torch.log(h), h[:, :0]
+
+
+def test_tuple_defaults_nan_and_empty_outputs_and_sampled_noise_trace() -> None:
+    """Found in review: a tuple default made torch.fx write invalid code, a NaN or an empty output broke the output
+    comparison, and a model sampling noise in eval mode was refused; the graph and the model are compared under one
+    random state."""
+    wg = analyse(_Odd().eval(), torch.randn(2, 4))
+    assert [g.name for g in wg.cuttable()] == ["fc1"] and wg.gm.meta["fixed_args"] == {}
