@@ -269,7 +269,7 @@ def _spawn(job: WorkerJob, stem: Path, timeout_s: float) -> WorkerResult:
         raise WorkerError(f"worker for {where} exceeded {timeout_s} s, the time limit of one measuring process "
                           f"({len(job.paths)} file(s), each {job.warmup} warm-up and at least {job.min_runs} measured "
                           "runs); measure fewer runs or fewer files at once, or raise the limit "
-                          "(minreal bench --worker-timeout, BenchConfig.worker_timeout_s)") from None
+                          "(`BenchConfig.worker_timeout_s`, --worker-timeout)") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no stderr"])[-1]
         raise WorkerError(f"worker for {where} failed with exit code {done.returncode}: {last}")

@@ -168,7 +168,7 @@ def test_a_worker_past_its_limit_says_what_it_was_measuring_and_the_way_out(tmp_
                     seed=0)
     expected = (r"^worker for CPUExecutionProvider batch 1 exceeded 0\.001 s, the time limit of one measuring process "
                 r"\(2 file\(s\), each 3 warm-up and at least 10 measured runs\); measure fewer runs or fewer files "
-                r"at once, or raise the limit \(minreal bench --worker-timeout, BenchConfig\.worker_timeout_s\)$")
+                r"at once, or raise the limit \(`BenchConfig\.worker_timeout_s`, --worker-timeout\)$")
     with pytest.raises(WorkerError, match=expected):  # a fresh Python process never starts within a millisecond
         _spawn(job, tmp_path / "job", timeout_s=0.001)
 
