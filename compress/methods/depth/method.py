@@ -137,9 +137,12 @@ def depth_prepare(model: nn.Module, data: Dataset, config: DepthConfig) -> Depth
     example = data.x[: min(len(data), 2)]
     gm = _traced(model, example)
     blocks, left = find_blocks(gm)
+    opaque = gm.meta.get("opaque", {})  # modules torch.fx could not trace through: their residual sums are unseen
+    left = [*left, *((name, f"kept whole as one layer, torch.fx cannot trace through it ({why}): its own residual "
+                             "sums are not seen") for name, why in opaque.items())]
     if not blocks:
         whole = sorted({type(m).__name__ for m in model.modules()
-                        if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))})
+                        if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))} | set(opaque))
         inside = (f" ({', '.join(whole)} is traced as one layer, its residual sums inside it: write the layer in "
                   "plain modules to cut its sub-blocks)") if whole else ""
         raise CompressionError(f"depth: {type(model).__name__} has no removable residual block (a sum y = x + f(x) "

@@ -296,3 +296,47 @@ def test_in_place_writes_never_make_a_removal_inexact() -> None:
         torch.testing.assert_close(new(x), model(x), rtol=0, atol=0)  # the in-place ReLU gets a copy of h
     _, blocks, _ = _blocks(_InPlace(write_input=True).eval(), x)
     assert blocks == []  # removing that branch would also undo its write into h
+
+
+class _Gated(nn.Module):
+    """Residual blocks inside a forward torch.fx cannot trace (a branch on a tensor): kept whole as one layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > -1e9:
+            x = x + self.a(x)
+        return x + self.b(x)
+
+
+class _Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.fc = _Gated(), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) + self.fc(x)
+
+
+def test_residual_sums_inside_a_block_kept_whole_are_named_unseen() -> None:
+    """A module torch.fx cannot trace through is kept whole: depth cannot see the residual sums inside it, and says
+    so, in the report and in the refusal when nothing else is removable."""
+    torch.manual_seed(0)
+    data = Dataset(torch.randn(16, 8))
+    with pytest.raises(CompressionError, match=r"^depth: _Outer has no removable residual block .*\(_Gated is traced "
+                                               r"as one layer"):
+        compress(_Outer().eval(), data, "depth", DepthConfig(mac_ratio=0.8))
+
+    class WithBlock(nn.Module):  # a residual block of its own beside the module kept whole
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner, self.fc1, self.fc2 = _Gated(), nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.inner(x)
+            return y + self.fc2(torch.relu(self.fc1(y)))
+
+    prep = depth_prepare(WithBlock().eval(), data, DepthConfig())
+    assert any(name == "_Gated" and "its own residual sums are not seen" in why for name, why in prep.left)
