@@ -43,6 +43,7 @@ from .data import Dataset
 from .distributed import all_agree, is_writer
 from .inputs import NamedInputs
 from .report import UNSET
+from .surgery import shared_parameters
 
 __all__ = ["SCHEMA", "prepared_cache_key", "prepared_path", "package_versions", "save_prepared", "load_prepared"]
 
@@ -115,10 +116,7 @@ def _model_part(model: nn.Module) -> tuple[str, ...]:
             h.update(data_key(b).encode())
     flags = "".join("1" if m.training else "0" for m in model.modules())
     devices = sorted({str(t.device) for t in (*model.parameters(), *model.buffers())})
-    holders: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        holders.setdefault(id(p), []).append(name)
-    tied = ";".join(sorted(",".join(names) for names in holders.values() if len(names) > 1))
+    tied = ";".join(sorted(",".join(names) for names in shared_parameters(model)))
     cls = type(model)
     return (f"{cls.__module__}:{cls.__qualname__}", model_key(model), h.hexdigest()[:24], flags, ",".join(devices),
             tied)

@@ -91,7 +91,8 @@ class PrunePrepared:
     calibration inputs, on which :func:`prune_realise` traces the model again (graph path); ``neuron_scores``: on an
     MLP chain, one score per hidden neuron of each hidden layer (None on the graph path); ``group_scores``: on any
     other model, one importance per atom of each channel group that may shrink (None on an MLP chain);
-    ``timings_s``: the preparation's timings.
+    ``whole_macs``: on the graph path, the whole model's MACs per sample as torch counts them (what a ``mac_ratio``
+    budget is of, whatever the budget); ``timings_s``: the preparation's timings.
     """
 
     name: str
@@ -99,6 +100,7 @@ class PrunePrepared:
     example: torch.Tensor
     neuron_scores: list[torch.Tensor] | None = None
     group_scores: dict[str, torch.Tensor] | None = None
+    whole_macs: float | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -140,6 +142,7 @@ def prune_prepare(name: str, scorer: Scorer, model: nn.Module, cfg: PruneOptions
     prep.timings_s["analyse"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     prep.group_scores = graph_scorer(wg, groups, calibration)
+    prep.whole_macs = float(count_macs_torch(model, prep.example).macs)
     prep.timings_s["scores"] = time.perf_counter() - t0
     return prep
 
@@ -192,10 +195,10 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
 
 
 def _whole_cost(prep: PrunePrepared, budget: str) -> float | None:
-    """The whole model's cost per sample that a MAC or parameter budget is of (torch's MAC count on the first
-    example, or every parameter); None for a latency budget, which its table prices whole."""
+    """The whole model's cost per sample that a MAC or parameter budget is of (torch's MAC count, prepared once, or
+    every parameter); None for a latency budget, which its table prices whole."""
     if budget == "mac_ratio":
-        return float(count_macs_torch(prep.model, prep.example).macs)
+        return prep.whole_macs
     if budget == "param_ratio":
         return float(sum(p.numel() for p in prep.model.parameters()))
     return None

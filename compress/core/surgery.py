@@ -7,7 +7,8 @@ from collections.abc import Iterable, Mapping
 
 from torch import nn
 
-__all__ = ["get_module", "replace_modules", "parent_weight_readers", "tied_weights", "untied_note"]
+__all__ = ["get_module", "replace_modules", "parent_weight_readers", "shared_parameters", "tied_weights",
+           "untied_note"]
 
 
 def get_module(model: nn.Module, name: str) -> nn.Module:
@@ -75,6 +76,15 @@ def parent_weight_readers(model: nn.Module) -> dict[str, str]:
     return found
 
 
+def shared_parameters(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter ``model`` holds under more than one name (tied weights, or one module registered
+    at two places), one list per parameter, in registration order."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
 def tied_weights(model: nn.Module) -> dict[str, str]:
     """Modules holding a parameter that another module holds too (tied weights: a language model's ``lm_head`` and
     its token embedding), mapped to the reason, which names the other holder and the way out.
@@ -106,11 +116,8 @@ def untied_note(original: nn.Module, new: nn.Module) -> str:
     separate parameters under the same names, with their shapes; empty when every tie is kept. A name ``new`` no
     longer has says nothing either way (torch.fx keeps one name for a module registered under two; a replaced module
     has other names), so only the names it still has are compared."""
-    groups: dict[int, list[str]] = {}
-    for name, p in original.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(p), []).append(name)
     broken = []
-    for names in (g for g in groups.values() if len(g) > 1):
+    for names in shared_parameters(original):
         kept = {name: p for name in names if (p := _parameter(new, name)) is not None}
         if len({id(p) for p in kept.values()}) > 1:
             broken.append(" and ".join(f"{name} ({'x'.join(map(str, p.shape))})" for name, p in kept.items()))

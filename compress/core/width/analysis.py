@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..surgery import shared_parameters
 from .graph import ChannelGroup, Use, WidthGraph
 from .rules import apply_rules
 from .tracing import trace
@@ -56,16 +57,13 @@ def _freeze_tied(wg: WidthGraph) -> None:
     """Leave whole every group that indexes a parameter another module holds too (a language model's head tied to
     its token embedding): narrowing one holder cannot narrow the other, so the cut would untie them and the model
     would gain the narrowed copy's parameters instead of losing any."""
-    holders: dict[int, list[str]] = {}
-    for name, p in wg.gm.named_parameters(remove_duplicate=False):
-        holders.setdefault(id(p), []).append(name)
-    params = dict(wg.gm.named_parameters(remove_duplicate=False))
+    shared = {name: group for group in shared_parameters(wg.gm) for name in group}
     for g in wg.groups:
         if g.frozen:
             continue
         for u in g.uses:
             key = f"{u.target}.{u.param}" if u.target else u.param
-            others = [n for n in holders.get(id(params[key]), ()) if n != key] if key in params else []
+            others = [n for n in shared.get(key, ()) if n != key]
             if others:
                 g.frozen = (f"{key} is tied to {others[0]} (one parameter held by two modules): narrowing it would "
                             "untie the two and add parameters")

@@ -4,8 +4,7 @@
 such as a ResNet's option-A shortcut lambda is traced through. A submodule torch.fx cannot trace through (a
 Hugging Face attention layer's shape arithmetic) is kept whole too, as one opaque layer whose channels stay as they
 are, and tracing starts again (at most :data:`MAX_OPAQUE` classes); a failure in the model's own ``forward`` is
-refused. A ``torch.export`` program is refused: its layers
-are gone.
+refused. A ``torch.export`` program is refused: its layers are gone.
 """
 
 from __future__ import annotations
@@ -76,9 +75,10 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
                                "operations, whose layers cannot be resized")
     root = copy.deepcopy(model)
     opaque: dict[type, str] = {}
+    fixed = _unfed_defaults(root, example)
     while True:
         try:
-            graph = _Tracer(frozenset(opaque)).trace(root, concrete_args=_unfed_defaults(root, example))
+            graph = _Tracer(frozenset(opaque)).trace(root, concrete_args=fixed)
             break
         except Exception as exc:
             failing = _failing_class(root, exc, opaque)
@@ -89,7 +89,7 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     gm.meta["opaque"] = {cls.__name__: reason for cls, reason in opaque.items()}
     gm.meta["opaque_modules"] = sorted(n.target for n in gm.graph.nodes
                                        if n.op == "call_module" and type(gm.get_submodule(n.target)) in opaque)
-    gm.meta["fixed_args"] = _unfed_defaults(root, example) or {}
+    gm.meta["fixed_args"] = fixed or {}
     if len(example) == 1:  # a batch of 2 keeps the batch dimension unambiguous
         example = repeat_to(example, 2)
     gm.eval() if not model.training else gm.train()
@@ -131,9 +131,7 @@ def _require_same_outputs(model: nn.Module, root: nn.Module, gm: fx.GraphModule,
             raise CompressionError(
                 f"the torch.fx graph of {type(model).__name__} computes other values than the model on the example "
                 f"(output {i}: largest difference {float((a - b).nan_to_num().abs().max()):.3g}): its code decides "
-                "something at "
-                "trace time that it decides otherwise when it runs; use factorize, which needs no trace")
-
+                "something at trace time that it decides otherwise when it runs; use factorize, which needs no trace")
 
 
 def _unfed_defaults(root: nn.Module, example: Inputs) -> dict[str, Any] | None:

@@ -100,7 +100,7 @@ def test_a_model_returning_a_cache_is_refused_after_one_samples_forward(method: 
     from minreal.compress import compress
 
     class Cache:
-        pass
+        """A key/value cache stand-in: an object no comparison can read."""
 
     class WithCache(nn.Module):
         def __init__(self) -> None:
