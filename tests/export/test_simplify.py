@@ -10,11 +10,14 @@ import numpy as np
 import onnx
 import onnxsim
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import minreal.export.simplify as simplify_module
 from minreal.export.errors import SameFileError
-from minreal.export.simplify import simplify
+from minreal.export.onnx_export import to_onnx
+from minreal.export.readiness import tensorrt_readiness
+from minreal.export.simplify import CONTRIB_FUSIONS, simplify
 
 CHECK_INPUTS = [np.ones((1, 4), np.float32), np.arange(12, dtype=np.float32).reshape(3, 4)]
 
@@ -118,3 +121,60 @@ def test_refuses_to_overwrite_input(redundant_graph: Path) -> None:
 def test_needs_check_inputs(redundant_graph: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least one check input"):
         simplify(redundant_graph, tmp_path / "out.onnx", [])
+
+
+class _SelfAttention(torch.nn.Module):
+    """A hand-written, mask-free self-attention block (a Hugging Face encoder's after a width trace fixes
+    ``attention_mask=None``): the pattern onnxsim 0.8 fuses into ``com.microsoft`` ``Attention``."""
+
+    def __init__(self, width: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.head = heads, width // heads
+        self.q, self.k, self.v, self.out = (torch.nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, s, w = x.shape  # the sequence length is static, the batch dynamic: constant reshape targets
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(-1, s, self.heads, self.head)
+
+        q, v = heads(self.q(x)).transpose(1, 2), heads(self.v(x)).transpose(1, 2)
+        scores = (q @ heads(self.k(x)).permute(0, 2, 3, 1)) * self.head**-0.5
+        return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(-1, s, w))
+
+
+def test_attention_stays_in_standard_ops(tmp_path: Path) -> None:
+    """The simplified graph of a self-attention block keeps its standard MatMuls: no com.microsoft kernel, which
+    TensorRT cannot run and the INT8 quantiser leaves in float; outputs equal within the default tolerance."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 16)
+    exported = to_onnx(_SelfAttention().eval(), x, tmp_path / "attention.onnx")
+    checks = [x.numpy(), torch.randn(3, 6, 16).numpy()]
+    result = simplify(exported.path, tmp_path / "attention.sim.onnx", checks)
+    assert result.simplified, result.reason
+    graph = onnx.load(result.path_out).graph
+    assert {n.domain for n in graph.node} <= {"", "ai.onnx"}
+    assert sum(n.op_type in ("MatMul", "Gemm") for n in graph.node) == 6  # 4 projections, the 2 attention products
+    assert tensorrt_readiness(result.path_out)["ready"]
+
+
+def test_ops_of_another_domain_keep_original(redundant_graph: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A simplified graph bringing in an op outside the exported graph's domains is not kept, whatever onnxsim
+    version wrote it; the reason names the op and its count."""
+    def contrib(model: onnx.ModelProto, **kwargs: object) -> tuple[onnx.ModelProto, bool]:
+        assert set(CONTRIB_FUSIONS) <= set(kwargs["skipped_optimizers"])
+        fused = onnx.ModelProto()
+        fused.CopyFrom(model)
+        del fused.graph.node[:]
+        fused.graph.node.extend([helper.make_node("Add", ["a", "b"], ["c"]),
+                                 helper.make_node("FusedMatMul", ["x", "c"], ["y"], domain="com.microsoft")])
+        fused.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        return fused, True
+
+    monkeypatch.setattr(onnxsim, "simplify", contrib)
+    result = simplify(redundant_graph, tmp_path / "out.onnx", CHECK_INPUTS)
+    assert not result.simplified
+    assert result.reason == ("onnxsim wrote ops outside the exported graph's domains (com.microsoft:FusedMatMul x1), "
+                             "which TensorRT and ONNX Runtime's INT8 quantiser do not take")
+    assert (tmp_path / "out.onnx").read_bytes() == redundant_graph.read_bytes()
