@@ -402,10 +402,11 @@ def stage_baseline(spec: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # a model the counter cannot trace still gets its other stages
         facts["macs_error"] = _child_outcome(exc)["reason"]
     out = _cli(["export", spec["name"], "--weights", str(weights), "--data", str(calib), "--out",
-                str(work / "original.onnx"), "--quiet"])
+                str(work / "original.onnx"), "--json", "--quiet"])
+    ready = _readiness(out.pop("result", None))
     if out["outcome"] == "ok":
         out = stage_int8({"onnx": str(work / "original.onnx"), "calib": str(calib)})
-    return {**out, **facts}
+    return {**out, **ready, **facts}
 
 
 def stage_compress(spec: dict[str, Any]) -> dict[str, Any]:
@@ -430,7 +431,16 @@ def stage_export(spec: dict[str, Any]) -> dict[str, Any]:
         out["outputs"] = result["export"].get("output_names")
     if isinstance(result, dict) and result.get("timings_s"):  # the export's own phases (load, export, parity ...)
         out["phases_s"] = result["timings_s"]
+    out.update(_readiness(result))
     return out
+
+
+def _readiness(result: Any) -> dict[str, Any]:
+    """The export report's static TensorRT check: ``tensorrt_ready``, and the issues where it is not."""
+    check = result.get("tensorrt_readiness") if isinstance(result, dict) else None
+    if not isinstance(check, dict) or "ready" not in check:
+        return {}
+    return {"tensorrt_ready": check["ready"], **({} if check["ready"] else {"tensorrt_issues": check.get("issues")})}
 
 
 def stage_int8(spec: dict[str, Any]) -> dict[str, Any]:
@@ -778,6 +788,7 @@ def table_markdown(doc: dict[str, Any]) -> str:
         lines.append(f"| {key[0]} | {key[1]} | {len(cell)} | " + " | ".join(map(str, passed)) + " |")
     skipped = Counter((r["family"], r["stages"]["compress"]["reason"]) for r in doc["rows"] if r["method"] is None)
     lines += ["", *(f"- {family}: {n} model(s) not run: {why}" for (family, why), n in sorted(skipped.items()))]
+    lines += _readiness_lines(doc, rows)
     grouped: dict[tuple[str, str, str], list[str]] = {}
     for r in rows:
         for stage in STAGES:
@@ -791,6 +802,22 @@ def table_markdown(doc: dict[str, Any]) -> str:
         shown = ", ".join(hit[:6]) + (f", … ({len(hit) - 6} more)" if len(hit) > 6 else "")
         lines.append(f"| {outcome} | {stage} | {why.replace('|', '/')} | {len(hit)} | {shown} |")
     return "\n".join(lines)
+
+
+def _readiness_lines(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """How many exports (the originals' and the compressed models') pass the static TensorRT check, of those whose
+    rows record it (rows from before the check was recorded do not), and the ones that do not."""
+    checked = [(f"{r['model']}/{r['method']}", r["stages"]["export"]) for r in rows
+               if "tensorrt_ready" in r["stages"]["export"]]
+    checked += [(f"{name} (original)", base) for name, base in doc.get("models", {}).items()
+                if "tensorrt_ready" in base]
+    if not checked:
+        return []
+    ready = sum(s["tensorrt_ready"] for _, s in checked)
+    lines = [f"- TensorRT-ready exports (static check): {ready} of the {len(checked)} that record it"]
+    lines += [f"  - not ready: {name}: {'; '.join(s.get('tensorrt_issues') or [])}"[:300]
+              for name, s in checked if not s["tensorrt_ready"]]
+    return lines
 
 
 # --------------------------------------------------------------------------------------------------------- main

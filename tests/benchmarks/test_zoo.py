@@ -72,6 +72,28 @@ def test_table_counts_passes_per_family_and_groups_refusals(tmp_path: Path) -> N
     assert "2 of 4 models run (partial; not reached: c)" in lines[0]
 
 
+def test_export_stages_record_the_static_tensorrt_check_and_the_table_counts_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export report's static TensorRT check reaches the row (its issues where not ready; the zoo found the
+    simplifier writing com.microsoft Attention into hf:distilbert cut by wanda), and the table counts the rows that
+    record it, naming the ones that are not ready."""
+    issue = "com.microsoft:Attention on 6 nodes (e.g. Attention_0): outside the standard ONNX domain"
+    report = {"tensorrt_readiness": {"ready": False, "issues": [issue]}, "timings_s": {"export": 1.0}}
+    monkeypatch.setattr(zoo, "_cli", lambda argv: {"outcome": "ok", "result": report})
+    out = zoo.stage_export({"pt2": "m.pt2", "calib": "c.npz", "onnx": "m.onnx"})
+    assert out == {"outcome": "ok", "phases_s": {"export": 1.0}, "tensorrt_ready": False, "tensorrt_issues": [issue]}
+    ok = {s: _stage("ok") for s in ("compress", "parity", "int8", "bench")}
+    doc = {"header": {"commit": "0123456789", "models_listed": 3}, "mac_ratio": 0.7, "load": "quiet",
+           "models": {"a": {"outcome": "ok", "tensorrt_ready": True}, "b": {"outcome": "ok"}},
+           "rows": [{"model": "a", "family": "hf", "method": "wanda", "stages": {**ok, "export": out}},
+                    {"model": "a", "family": "hf", "method": "factorize",
+                     "stages": {**ok, "export": {"outcome": "ok", "tensorrt_ready": True}}},
+                    {"model": "b", "family": "hf", "method": "wanda", "stages": {**ok, "export": _stage("ok")}}]}
+    lines = zoo.table_markdown(doc).splitlines()
+    assert "- TensorRT-ready exports (static check): 2 of the 3 that record it" in lines
+    assert f"  - not ready: a/wanda: {issue}" in lines
+
+
 def test_only_runs_models_in_the_order_named_and_refuses_an_unknown_name() -> None:
     """A run cut short (a deadline, a shared machine) has done the models named first; a family brings its models
     in the listed order, each model once."""
