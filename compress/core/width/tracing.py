@@ -76,6 +76,26 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     root = copy.deepcopy(model)
     opaque: dict[type, str] = {}
     fixed = _unfed_defaults(root, example)
+    replayed = repeat_to(example, 2) if len(example) == 1 else example  # a batch of 2: the batch dimension is plain
+    while True:
+        gm = _graph(model, root, opaque, fixed)
+        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            try:  # ShapeProp prints a traceback of its own on failure; the user gets the one line below
+                ShapeProp(gm).propagate(*args_of(replayed))
+                break
+            except Exception as exc:
+                failing = _replay_class(gm, exc, opaque)
+                if failing is None or len(opaque) >= MAX_OPAQUE:
+                    raise _unreplayable(model, replayed, exc) from None
+                opaque[failing] = f"its traced graph does not replay: {_first_line(exc.__cause__ or exc)}"
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        _require_same_outputs(model, root, gm, replayed)
+    return gm
+
+
+def _graph(model: nn.Module, root: nn.Module, opaque: dict[type, str], fixed: dict[str, Any] | None) -> fx.GraphModule:
+    """Trace ``root``, keeping whole the ``opaque`` classes and each further class whose ``forward`` torch.fx fails
+    in (added to ``opaque``, at most :data:`MAX_OPAQUE` in all); in the mode ``model`` is in."""
     while True:
         try:
             graph = _Tracer(frozenset(opaque)).trace(root, concrete_args=fixed)
@@ -84,22 +104,32 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
             failing = _failing_class(root, exc, opaque)
             if failing is None or len(opaque) >= MAX_OPAQUE:
                 raise _untraceable(model, exc) from None
-            opaque[failing] = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0][:120]
+            opaque[failing] = _first_line(exc)
     gm = fx.GraphModule(root, graph, class_name=type(model).__name__)
     gm.meta["opaque"] = {cls.__name__: reason for cls, reason in opaque.items()}
     gm.meta["opaque_modules"] = sorted(n.target for n in gm.graph.nodes
                                        if n.op == "call_module" and type(gm.get_submodule(n.target)) in opaque)
     gm.meta["fixed_args"] = fixed or {}
-    if len(example) == 1:  # a batch of 2 keeps the batch dimension unambiguous
-        example = repeat_to(example, 2)
     gm.eval() if not model.training else gm.train()
-    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        try:  # ShapeProp prints a traceback of its own on failure; the user gets the one line below
-            ShapeProp(gm).propagate(*args_of(example))
-        except Exception as exc:
-            raise _unreplayable(model, example, exc) from None
-        _require_same_outputs(model, root, gm, example)
     return gm
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0][:120]
+
+
+def _replay_class(gm: fx.GraphModule, exc: BaseException, opaque: Mapping[type, str]) -> type | None:
+    """The innermost module class, outside ``torch`` and not yet kept whole, within whose ``forward`` the graph's
+    failing operation was traced (torchvision's 3-D Swin attention passes a list that its window-size function
+    changes in place, which the graph holds immutable), to be kept whole on the next try; None when the operation
+    lies in the model's own ``forward``."""
+    name = re.search(r"node=%(\w+)", str(exc))
+    node = next((n for n in gm.graph.nodes if name and n.name == name.group(1)), None)
+    stack = list((node.meta.get("nn_module_stack") or {}).values()) if node is not None else []
+    for _, cls in reversed(stack):
+        if isinstance(cls, type) and cls not in opaque and not cls.__module__.startswith("torch."):
+            return cls
+    return None
 
 
 def _require_same_outputs(model: nn.Module, root: nn.Module, gm: fx.GraphModule, example: Inputs) -> None:

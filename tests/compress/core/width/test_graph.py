@@ -335,6 +335,24 @@ def test_a_graph_that_does_not_replay_the_model_is_refused_with_its_operation_an
     assert said.endswith("use factorize, which needs no trace") and "\n" not in said
 
 
+def test_a_block_whose_graph_does_not_replay_is_kept_whole_and_the_rest_is_cut() -> None:
+    """zoo (issue 44): swin3d_t and swin3d_s were refused by wanda because the traced graph of their attention
+    blocks does not replay (torchvision's window-size function changes a list the graph holds immutable). The block
+    within whose forward the failing operation was traced is kept whole, the trace starts again, and the MLP after it
+    is cut; keeping every channel gives the model back exactly. A failure in the model's own forward is still refused
+    (the test above)."""
+    torch.manual_seed(0)
+    model = _GatedMLP(_ChangesItsArgument()).eval()
+    x = torch.randn(2, 4)
+    wg = analyse(model, x)
+    assert wg.gm.meta["opaque"] == {
+        "_ChangesItsArgument": "its traced graph does not replay: 'immutable_list' object does not support mutation"}
+    assert wg.gm.meta["opaque_modules"] == ["gate"]
+    assert [g.name for g in wg.cuttable()] == ["fc1"]
+    with torch.no_grad():
+        assert torch.equal(apply_cuts(wg, {"fc1": Cut(range(32))})(x), model(x))
+
+
 def test_a_layer_subclass_that_keeps_its_forward_is_traced_as_the_layer(analysed) -> None:
     """torchvision's video ResNets build their convolutions as subclasses of ``nn.Conv3d`` defined in torchvision
     (mc3_18's ``Conv3DNoTemporal``): traced through, they were bare ``conv3d`` calls the rules did not understand,
