@@ -94,6 +94,23 @@ def test_export_stages_record_the_static_tensorrt_check_and_the_table_counts_it(
     assert f"  - not ready: a/wanda: {issue}" in lines
 
 
+def test_the_baseline_records_the_originals_static_tensorrt_check(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The original's export stage asks for the export report and keeps its TensorRT check beside the INT8 outcome
+    and the model's facts."""
+    argv: list[str] = []
+    report = {"tensorrt_readiness": {"ready": True, "issues": []}}
+    monkeypatch.setattr(zoo, "_seeded", lambda name: torch.nn.Linear(4, 2))
+    np.savez(tmp_path / "calib.npz", x=np.ones((6, 4), np.float32))
+    monkeypatch.setattr(zoo, "_calib_file", lambda work, model: tmp_path / "calib.npz")
+    monkeypatch.setattr(zoo, "_cli", lambda a: argv.extend(a) or {"outcome": "ok", "result": report})
+    monkeypatch.setattr(zoo, "stage_int8", lambda spec: {"outcome": "ok"})
+    (tmp_path / "m").mkdir()
+    out = zoo.stage_baseline({"work": str(tmp_path / "m"), "name": "m", "shape": [4], "inputs": "features"})
+    assert "--json" in argv
+    assert out == {"outcome": "ok", "tensorrt_ready": True, "params": 10, "macs": 8}
+
+
 def test_only_runs_models_in_the_order_named_and_refuses_an_unknown_name() -> None:
     """A run cut short (a deadline, a shared machine) has done the models named first; a family brings its models
     in the listed order, each model once."""

@@ -144,8 +144,11 @@ class _SelfAttention(torch.nn.Module):
 
 
 def test_attention_stays_in_standard_ops(tmp_path: Path) -> None:
-    """The simplified graph of a self-attention block keeps its standard MatMuls: no com.microsoft kernel, which
-    TensorRT cannot run and the INT8 quantiser leaves in float; outputs equal within the default tolerance."""
+    """The simplified graph of a self-attention block keeps its standard MatMuls, and INT8 quantises every one:
+    onnxsim 0.8 had fused them into com.microsoft Attention, which TensorRT cannot run and the INT8 quantiser left in
+    float (with an onnxsim without that fusion, this holds with or without the fix)."""
+    from minreal.export.int8 import quantize_int8
+
     torch.manual_seed(0)
     x = torch.randn(1, 6, 16)
     exported = to_onnx(_SelfAttention().eval(), x, tmp_path / "attention.onnx")
@@ -154,27 +157,72 @@ def test_attention_stays_in_standard_ops(tmp_path: Path) -> None:
     assert result.simplified, result.reason
     graph = onnx.load(result.path_out).graph
     assert {n.domain for n in graph.node} <= {"", "ai.onnx"}
-    assert sum(n.op_type in ("MatMul", "Gemm") for n in graph.node) == 6  # 4 projections, the 2 attention products
+    weights = {i.name for i in graph.initializer}
+    assert sum(n.op_type == "MatMul" and not weights & set(n.input) for n in graph.node) == 2  # the two products
     assert tensorrt_readiness(result.path_out)["ready"]
+    quantize_int8(result.path_out, tmp_path / "attention.int8.onnx", calib=torch.randn(8, 6, 16).numpy())
+    q = onnx.load(tmp_path / "attention.int8.onnx").graph
+    dequantized = {o for n in q.node if n.op_type == "DequantizeLinear" for o in n.output}
+    products = [n for n in q.node if n.op_type in ("MatMul", "Gemm")]
+    assert len(products) >= 4 and all(set(n.input) - {""} <= dequantized for n in products)
+
+
+def _model(nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    return helper.make_model(graph)
+
+
+def test_foreign_ops_are_new_ops_outside_the_standard_domain_in_any_subgraph() -> None:
+    """A new op of a domain the exported graph already uses counts, as does one inside an If's branch; the
+    ``ai.onnx`` alias and the ops the exported graph already has do not."""
+    gelu = helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")
+    before = _model([gelu, helper.make_node("Relu", ["y"], ["z"], domain="ai.onnx")])
+    branch = helper.make_graph([helper.make_node("Attention", ["x"], ["b"], domain="com.microsoft")], "then", [],
+                               [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1])])
+    after = _model([gelu, helper.make_node("Relu", ["y"], ["z"]),
+                    helper.make_node("Attention", ["x"], ["a"], domain="com.microsoft"),
+                    helper.make_node("If", ["c"], ["d"], then_branch=branch, else_branch=branch)])
+    assert simplify_module._foreign_ops(before, after) == ["com.microsoft:Attention x3"]
+    assert simplify_module._foreign_ops(before, before) == []
+
+
+def _fused(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its nodes replaced by one Add and one com.microsoft FusedMatMul (what a fusion would write)."""
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    del fused.graph.node[:]
+    fused.graph.node.extend([helper.make_node("Add", ["a", "b"], ["c"]),
+                             helper.make_node("FusedMatMul", ["x", "c"], ["y"], domain="com.microsoft")])
+    fused.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return fused
+
+
+def test_ops_of_another_domain_simplify_again_without_fusions(redundant_graph: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fusion of another onnxsim version that writes a com.microsoft op: the graph is simplified again without
+    onnxsim's fusions (folding and shape inference), and that is kept."""
+    real, calls = onnxsim.simplify, []
+
+    def fusing(model: onnx.ModelProto, **kwargs: Any) -> tuple[onnx.ModelProto, bool]:
+        calls.append(kwargs["perform_optimization"])
+        assert set(CONTRIB_FUSIONS) <= set(kwargs["skipped_optimizers"])
+        return (_fused(model), True) if kwargs["perform_optimization"] else real(model, **kwargs)
+
+    monkeypatch.setattr(onnxsim, "simplify", fusing)
+    result = simplify(redundant_graph, tmp_path / "out.onnx", CHECK_INPUTS)
+    assert calls == [True, False] and result.simplified and result.reason is None
+    assert {n.domain for n in onnx.load(result.path_out).graph.node} == {""}
 
 
 def test_ops_of_another_domain_keep_original(redundant_graph: Path, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """A simplified graph bringing in an op outside the exported graph's domains is not kept, whatever onnxsim
-    version wrote it; the reason names the op and its count."""
-    def contrib(model: onnx.ModelProto, **kwargs: object) -> tuple[onnx.ModelProto, bool]:
-        assert set(CONTRIB_FUSIONS) <= set(kwargs["skipped_optimizers"])
-        fused = onnx.ModelProto()
-        fused.CopyFrom(model)
-        del fused.graph.node[:]
-        fused.graph.node.extend([helper.make_node("Add", ["a", "b"], ["c"]),
-                                 helper.make_node("FusedMatMul", ["x", "c"], ["y"], domain="com.microsoft")])
-        fused.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-        return fused, True
-
-    monkeypatch.setattr(onnxsim, "simplify", contrib)
+    """A simplified graph bringing in an op outside the standard domain, even without onnxsim's fusions, is not
+    kept; the reason names the op and its count."""
+    monkeypatch.setattr(onnxsim, "simplify", lambda model, **kwargs: (_fused(model), True))
     result = simplify(redundant_graph, tmp_path / "out.onnx", CHECK_INPUTS)
     assert not result.simplified
-    assert result.reason == ("onnxsim wrote ops outside the exported graph's domains (com.microsoft:FusedMatMul x1), "
-                             "which TensorRT and ONNX Runtime's INT8 quantiser do not take")
+    assert result.reason == ("onnxsim wrote ops outside the standard domain the exported graph does not have "
+                             "(com.microsoft:FusedMatMul x1), which TensorRT and ONNX Runtime's INT8 quantiser may "
+                             "not take")
     assert (tmp_path / "out.onnx").read_bytes() == redundant_graph.read_bytes()
