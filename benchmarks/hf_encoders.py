@@ -8,14 +8,17 @@ in float (and TensorRT cannot run). This benchmark checks the fix where the find
 one short sample: per model, whether each method's INT8 beats the original's INT8 in every process.
 
 Models: ``hf:bert``, ``hf:distilbert`` and ``hf:roberta`` at their base sizes, built from their configs with seeded
-random weights (nothing is downloaded; needs the ``[hf]`` extra), fed 128 synthetic token ids. Random weights give no
+random weights (nothing is downloaded; needs the ``[hf]`` extra, and ``../shared/data``, which the zoo reads), fed 128
+synthetic token ids. Random weights give no
 accuracy to report: the figures are latency, and ONNX Runtime parity as the export checks it. Every stage
 (compress, export with parity, INT8) runs through ``benchmarks/zoo.py`` in its fresh processes (files kept in
-``--work``); then one ``minreal bench`` per model times its six files (the original, factorize and wanda, each in fp32
+``--work``, started afresh unless ``--resume``, which keeps the zoo rows and files already there; the JSON names each
+row's commit); then one ``minreal bench`` per model times its six files (the original, factorize and wanda, each in fp32
 and INT8) at batch 1 in ``--repeats`` fresh worker processes, files interleaved, each process's p50 kept. Ratios are
 per process (median, min, max over processes) to the original in fp32 and in INT8; a method "beats" the original's INT8
 only when it does in every process. For each INT8 file the JSON records the ops outside the standard ONNX domain and
-the MatMuls left in float (fed by no DequantizeLinear). The JSON is written atomically.
+the MatMul and Gemm nodes left in float (an input not fed by a DequantizeLinear). ``--note`` records what else ran
+on the machine. The JSON is written atomically after each model.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/hf_encoders.py --out benchmarks/hf_encoders.json
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -34,6 +38,8 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np
+import zoo
 from _common import write_json
 
 from minreal.runtime_bench.timing import ratio_summary
@@ -50,29 +56,40 @@ def say(line: str) -> None:
     print(f"[hf_encoders {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
 
-def run_zoo(work: Path, models: list[str], timeout: float) -> dict[str, Any]:
-    """The zoo's stages for ``models`` × :data:`METHODS` (fresh processes, files kept); its JSON."""
+def run_zoo(work: Path, models: list[str], timeout: float, resume: bool) -> dict[str, Any]:
+    """The zoo's stages for ``models`` × :data:`METHODS` (fresh processes, files kept); its JSON. Without ``resume``
+    the work folder's zoo rows and model files go first."""
     out = work / "zoo.json"
-    subprocess.run([sys.executable, str(ZOO), "--out", str(out), "--work", str(work), "--only", ",".join(models),
-                    "--methods", ",".join(METHODS), "--keep-files", "--resume", "--timeout", str(timeout),
-                    "--load", "benchmarks/hf_encoders.py"], check=True, cwd=ROOT)
+    if not resume:
+        out.unlink(missing_ok=True)
+        for name in models:
+            shutil.rmtree(work / name, ignore_errors=True)
+    done = subprocess.run([sys.executable, str(ZOO), "--out", str(out), "--work", str(work), "--only",
+                           ",".join(models), "--methods", ",".join(METHODS), "--keep-files", "--resume", "--timeout",
+                           str(timeout), "--load", "run by benchmarks/hf_encoders.py (its JSON says what else ran)"],
+                          cwd=ROOT)
+    if done.returncode:
+        sys.exit(f"hf_encoders.py: benchmarks/zoo.py stopped with exit status {done.returncode} (its message is "
+                 "above); nothing written")
     return json.loads(out.read_text())
 
 
 def int8_graph(path: Path) -> dict[str, Any]:
-    """Ops outside the standard ONNX domain, and MatMuls none of whose inputs comes from a DequantizeLinear."""
+    """Ops outside the standard ONNX domain, and the MatMul and Gemm nodes with an input no DequantizeLinear feeds
+    (left in float)."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
     dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
-    matmuls = [n for n in graph.node if n.op_type == "MatMul"]
+    products = [n for n in graph.node if n.op_type in ("MatMul", "Gemm")]
     foreign = sorted({f"{n.domain}:{n.op_type}" for n in graph.node if n.domain not in ("", "ai.onnx")})
-    return {"ops_outside_standard_domain": foreign, "matmuls": len(matmuls),
-            "matmuls_in_float": sum(not any(i in dequantized for i in n.input) for n in matmuls)}
+    return {"ops_outside_standard_domain": foreign, "matmuls_and_gemms": len(products),
+            "in_float": sum(not set(n.input) - {""} <= dequantized for n in products)}
 
 
-def bench(folder: Path, repeats: int, min_runs: int) -> dict[str, Any]:
-    """One ``minreal bench`` of the model's six files at batch 1 (a fresh process of its own); its report."""
+def bench(folder: Path, calib: Path, repeats: int, min_runs: int) -> dict[str, Any]:
+    """One ``minreal bench`` of the model's six files at batch 1 (a fresh process of its own) on the first
+    :data:`zoo.BENCH_ROWS` calibration rows; its report."""
     files = {"original": folder / "original.onnx", "original.int8": folder / "original.int8.onnx"}
     for method in METHODS:
         files[method] = folder / method / "compressed.onnx"
@@ -83,10 +100,11 @@ def bench(folder: Path, repeats: int, min_runs: int) -> dict[str, Any]:
         link = links / f"{label}.onnx"
         link.unlink(missing_ok=True)
         link.symlink_to(path.resolve())
+    x = zoo.first_rows(zoo.load_calib(calib), zoo.BENCH_ROWS)
+    np.savez(folder / "bench-data.npz", **(x if isinstance(x, dict) else {"x": x}))
     report = folder / "bench.json"
-    subprocess.run([str(Path(sys.executable).with_name("minreal")), "bench",
-                    *(str(links / f"{label}.onnx") for label in LABELS), "--data",
-                    str(folder / METHODS[0] / "bench-data.npz"), "--batch", "1", "--repeats", str(repeats),
+    subprocess.run([sys.executable, "-m", "minreal", "bench", *(str(links / f"{label}.onnx") for label in LABELS),
+                    "--data", str(folder / "bench-data.npz"), "--batch", "1", "--repeats", str(repeats),
                     "--warmup", "5", "--min-runs", str(min_runs), "--out", str(report), "--quiet"],
                    check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     return json.loads(report.read_text())
@@ -94,8 +112,8 @@ def bench(folder: Path, repeats: int, min_runs: int) -> dict[str, Any]:
 
 def _ratio(model: list[float], reference: list[float]) -> dict[str, Any]:
     s = ratio_summary(model, reference)
-    return {"median": round(s.median, 3), "min": round(s.min, 3), "max": round(s.max, 3),
-            "per_process": [round(r, 3) for r in s.per_process]}
+    return {"median": round(s.median, 4), "min": round(s.min, 4), "max": round(s.max, 4),
+            "per_process": [round(r, 4) for r in s.per_process]}
 
 
 def model_rows(report: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -129,7 +147,7 @@ def stage_facts(zoo: dict[str, Any], name: str) -> dict[str, Any]:
             "outcomes": {k: v["outcome"] if "reason" not in v else f"{v['outcome']}: {v['reason']}"
                          for k, v in st.items()},
             "mac_ratio_reached": st["compress"].get("mac_ratio_reached"),
-            "param_ratio_reached": st["compress"].get("param_ratio_reached"),
+            "param_ratio_reached": st["compress"].get("param_ratio_reached"), "commit": row.get("commit"),
             "wall_s": {k: v.get("wall_s") for k, v in st.items() if k != "parity"}}
     return facts
 
@@ -144,8 +162,8 @@ def summary(doc: dict[str, Any]) -> list[str]:
         parts = [f"original {lat['original']['p50_ms']:.1f} ms, INT8 {lat['original.int8']['p50_ms']:.1f} ms"]
         for method in METHODS:
             r, q = lat[method]["x_original"], lat[f"{method}.int8"]["x_original.int8"]
-            parts.append(f"{method} fp32 {r['median']} [{r['min']}, {r['max']}] x original, INT8 {q['median']} "
-                         f"[{q['min']}, {q['max']}] x original INT8 "
+            parts.append(f"{method} fp32 {r['median']:.3f} [{r['min']:.3f}, {r['max']:.3f}] x original, INT8 "
+                         f"{q['median']:.3f} [{q['min']:.3f}, {q['max']:.3f}] x original INT8 "
                          f"({'beats' if lat[f'{method}.int8_beats_original.int8'] else 'does not beat'} it in every "
                          "process)")
         lines.append(f"{name}: " + "; ".join(parts))
@@ -160,6 +178,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="fresh worker processes per model's bench")
     ap.add_argument("--min-runs", type=int, default=30, help="measured runs per file and process")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one zoo stage may run")
+    ap.add_argument("--resume", action="store_true", help="keep the zoo rows and files already in --work")
+    ap.add_argument("--note", default="", help="what else ran on the machine (recorded in the JSON)")
     args = ap.parse_args()
     models = [m for m in args.only.split(",") if m]
     if unknown := sorted(set(models) - set(MODELS)):
@@ -168,31 +188,39 @@ def main() -> None:
         import transformers  # noqa: F401
     except ImportError:
         sys.exit("hf_encoders.py: transformers is not installed; pip install -e '.[hf]'")
+    if not zoo.IMAGES.is_file():
+        sys.exit(f"hf_encoders.py: {zoo.IMAGES} is missing (../shared/data is absent, as in a user's clone; the zoo "
+                 "reads it); nothing measured")
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    zoo = run_zoo(args.work, models, args.timeout)
+    doc: dict[str, Any] = {"usage": USAGE, "issue": 44, "note": args.note or "not stated", "models": {}}
+    zoo_doc = run_zoo(args.work, models, args.timeout, args.resume)
     say(f"zoo stages done in {time.perf_counter() - started:.0f} s")
-    doc: dict[str, Any] = {"usage": USAGE, "issue": 44, "header": zoo["header"],
-                           "protocol": {"batch": 1, "repeats": args.repeats, "min_runs": args.min_runs, "warmup": 5,
-                                        "mac_ratio": zoo["mac_ratio"], "sequence": 128},
-                           "load_at_bench": [round(v, 2) for v in os.getloadavg()], "models": {}}
+    doc.update(header=zoo_doc["header"], protocol={"batch": 1, "repeats": args.repeats, "min_runs": args.min_runs,
+                                                   "warmup": 5, "mac_ratio": zoo_doc["mac_ratio"]})
     for name in models:
-        folder = args.work / name
-        facts = stage_facts(zoo, name)
-        passed = all(f["outcomes"].get("int8") == "ok" for f in facts.values()) and len(facts) == len(METHODS) and \
-            zoo["models"][name].get("outcome") == "ok"
+        folder, base = args.work / name, zoo_doc["models"][name]
+        facts = stage_facts(zoo_doc, name)
+        entry: dict[str, Any] = {"params": base.get("params"), "input": base.get("input"), "stages": facts}
+        passed = base.get("outcome") == "ok" and len(facts) == len(METHODS) and \
+            all(f["outcomes"].get("int8") == "ok" for f in facts.values())
         if not passed:
-            doc["models"][name] = {"stages": facts, "skipped": "a stage did not pass: nothing to time"}
+            doc["models"][name] = {**entry, "skipped": "a stage did not pass: nothing to time"}
             continue
-        t0 = time.perf_counter()
-        report = bench(folder, args.repeats, args.min_runs)
-        doc["models"][name] = {"params": zoo["models"][name].get("params"), "stages": facts,
-                               "latency": model_rows(report, folder), "bench_s": round(time.perf_counter() - t0, 1)}
-        say(summary({"models": {name: doc["models"][name]}})[0])
-    doc["summary"] = summary(doc)
-    doc["wall_s"] = round(time.perf_counter() - started, 1)
-    write_json(args.out, doc)
-    print("\n".join(doc["summary"]))
+        t0, load = time.perf_counter(), [round(v, 2) for v in os.getloadavg()]
+        model = zoo.Model(name, "hf", tuple(base["input"]), inputs="tokens")
+        try:
+            report = bench(folder, zoo._calib_file(args.work, model), args.repeats, args.min_runs)
+        except subprocess.CalledProcessError as exc:
+            doc["models"][name] = {**entry, "skipped": f"minreal bench stopped with exit status {exc.returncode}"}
+        else:
+            doc["models"][name] = {**entry, "load_at_bench": load, "latency": model_rows(report, folder),
+                                   "bench_s": round(time.perf_counter() - t0, 1)}
+            say(summary({"models": {name: doc["models"][name]}})[0])
+        doc["summary"] = summary(doc)
+        doc["wall_s"] = round(time.perf_counter() - started, 1)
+        write_json(args.out, doc)
+    print("\n".join(doc.get("summary", [])))
 
 
 if __name__ == "__main__":
