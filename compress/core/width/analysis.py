@@ -31,7 +31,7 @@ def analyse(model: nn.Module, example: torch.Tensor) -> WidthGraph:
     wg = WidthGraph(trace(model, example))
     for name, reason in wg.gm.meta.get("opaque", {}).items():
         wg.unsupported.append((name, f"kept whole as one layer, its channels as they are: torch.fx cannot trace "
-                                     f"through it ({reason})"))
+                                     f"or replay it ({reason})"))
     apply_rules(wg)
     _freeze_inside_opaque(wg)
     _build_groups(wg)
@@ -50,7 +50,7 @@ def _freeze_inside_opaque(wg: WidthGraph) -> None:
         owner = next((name for name in inside if u.target == name or u.target.startswith(f"{name}.")), None)
         if owner is not None:
             wg.freeze(u.slots, u.node, f"{u.target}.{u.param} lies inside {owner}, which is kept whole (torch.fx "
-                                       "cannot trace through it)")
+                                       "cannot trace or replay it)")
 
 
 def _freeze_tied(wg: WidthGraph) -> None:

@@ -2,9 +2,10 @@
 
 ``torch.nn`` layers (and subclasses that keep their ``forward``) stay whole as ``call_module`` nodes; user code
 such as a ResNet's option-A shortcut lambda is traced through. A submodule torch.fx cannot trace through (a
-Hugging Face attention layer's shape arithmetic) is kept whole too, as one opaque layer whose channels stay as they
-are, and tracing starts again (at most :data:`MAX_OPAQUE` classes); a failure in the model's own ``forward`` is
-refused. A ``torch.export`` program is refused: its layers are gone.
+Hugging Face attention layer's shape arithmetic), or whose traced graph fails where the module itself runs
+(torchvision's 3-D Swin attention), is kept whole too, as one opaque layer whose channels stay as they are, and
+tracing starts again (at most :data:`MAX_OPAQUE` classes, every instance of a class alike); a failure in the model's
+own ``forward`` is refused. A ``torch.export`` program is refused: its layers are gone.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ MAX_OPAQUE = 8
 class _Tracer(fx.Tracer):
     """Keeps every ``torch.nn`` layer whole, a subclass defined elsewhere that keeps the layer's ``forward``
     included (torchvision's video ``Conv3DSimple(nn.Conv3d)``), and the ``opaque`` classes (modules torch.fx could
-    not trace through); other user modules are traced through."""
+    not trace through, or whose graph did not replay them); other user modules are traced through."""
 
     def __init__(self, opaque: frozenset[type] = frozenset()) -> None:
         super().__init__()
@@ -67,7 +68,8 @@ def _keeps_layer_forward(m: nn.Module) -> bool:
 def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     """A :class:`torch.fx.GraphModule` of a deep copy of ``model`` with shapes propagated on ``example``.
 
-    Raises CompressionError with one line when the model cannot be traced (data-dependent control flow).
+    Raises CompressionError with one line when the model cannot be traced (data-dependent control flow) or its graph
+    does not replay it, in its own ``forward`` or in more than :data:`MAX_OPAQUE` module classes.
     """
     if is_exported_program(model):
         raise CompressionError("width methods need the model's Python modules (an nn.Module built by its code, e.g. "
@@ -77,6 +79,7 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     opaque: dict[type, str] = {}
     fixed = _unfed_defaults(root, example)
     replayed = repeat_to(example, 2) if len(example) == 1 else example  # a batch of 2: the batch dimension is plain
+    first: Exception | None = None  # the first replay failure: the one the refusal names
     while True:
         gm = _graph(model, root, opaque, fixed)
         with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -84,9 +87,10 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
                 ShapeProp(gm).propagate(*args_of(replayed))
                 break
             except Exception as exc:
-                failing = _replay_class(gm, exc, opaque)
+                first = first or exc
+                failing = _replay_class(root, gm, exc, opaque)
                 if failing is None or len(opaque) >= MAX_OPAQUE:
-                    raise _unreplayable(model, replayed, exc) from None
+                    raise _unreplayable(model, replayed, first, len(opaque)) from None
                 opaque[failing] = f"its traced graph does not replay: {_first_line(exc.__cause__ or exc)}"
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         _require_same_outputs(model, root, gm, replayed)
@@ -118,16 +122,26 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0][:120]
 
 
-def _replay_class(gm: fx.GraphModule, exc: BaseException, opaque: Mapping[type, str]) -> type | None:
+def _replay_class(root: nn.Module, gm: fx.GraphModule, exc: BaseException, opaque: Mapping[type, str]) -> type | None:
     """The innermost module class, outside ``torch`` and not yet kept whole, within whose ``forward`` the graph's
     failing operation was traced (torchvision's 3-D Swin attention passes a list that its window-size function
     changes in place, which the graph holds immutable), to be kept whole on the next try; None when the operation
-    lies in the model's own ``forward``."""
+    lies in the model's own ``forward``. A failing call of a layer is charged to the module that calls it: the layer
+    is a leaf already."""
     name = re.search(r"node=%(\w+)", str(exc))
     node = next((n for n in gm.graph.nodes if name and n.name == name.group(1)), None)
-    stack = list((node.meta.get("nn_module_stack") or {}).values()) if node is not None else []
-    for _, cls in reversed(stack):
-        if isinstance(cls, type) and cls not in opaque and not cls.__module__.startswith("torch."):
+    if node is None:
+        return None
+    stack = (node.meta.get("nn_module_stack") or {}).values()
+    paths = [entry[0] if isinstance(entry, tuple) else entry for entry in stack]  # (path, class) in torch 2.x
+    if node.op == "call_module" and paths and paths[-1] == node.target:
+        paths = paths[:-1]
+    for path in reversed(paths):
+        try:
+            cls = type(root.get_submodule(str(path)))  # the graph holds only the called layers, in plain containers
+        except AttributeError:
+            continue
+        if cls not in opaque and not cls.__module__.startswith("torch."):
             return cls
     return None
 
@@ -208,16 +222,18 @@ def _untraceable(model: nn.Module, exc: Exception) -> CompressionError:
         "factorize, which needs no trace")
 
 
-def _unreplayable(model: nn.Module, example: Inputs, exc: Exception) -> CompressionError:
+def _unreplayable(model: nn.Module, example: Inputs, exc: Exception, kept: int = 0) -> CompressionError:
     """One line for a traced graph that fails where the model itself runs: the graph's operation (ShapeProp names it
-    in its own wrapper), the underlying error's first sentence, and what to do instead."""
+    in its own wrapper), the underlying error's first sentence, and what to do instead; ``kept``: the module classes
+    kept whole before giving up."""
     cause = exc.__cause__ or exc
     node = re.search(r"node=%(\w+)", str(exc))
     first = (str(cause).strip().splitlines() or [type(cause).__name__])[0].split(". ")[0].rstrip(".")
+    after = f", even with {kept} module classes kept whole" if kept >= MAX_OPAQUE else ""
     return CompressionError(
         f"cannot run the traced {type(model).__name__} on an example input of shape {_shapes(example)}"
         f"{f' at its operation {node.group(1)}' if node else ''}: {type(cause).__name__}: {first[:160]} (torch.fx's "
-        "graph does not replay the model's code there); use factorize, which needs no trace")
+        f"graph does not replay the model's code there{after}); use factorize, which needs no trace")
 
 
 def _model_frame(exc: BaseException) -> str | None:

@@ -137,8 +137,8 @@ def depth_prepare(model: nn.Module, data: Dataset, config: DepthConfig) -> Depth
     example = data.x[: min(len(data), 2)]
     gm = _traced(model, example)
     blocks, left = find_blocks(gm)
-    opaque = gm.meta.get("opaque", {})  # modules torch.fx could not trace through: their residual sums are unseen
-    left = [*left, *((name, f"kept whole as one layer, torch.fx cannot trace through it ({why}): its own residual "
+    opaque = gm.meta.get("opaque", {})  # modules torch.fx could not trace or replay: their residual sums are unseen
+    left = [*left, *((name, f"kept whole as one layer, torch.fx cannot trace or replay it ({why}): its own residual "
                              "sums are not seen") for name, why in opaque.items())]
     if not blocks:
         whole = sorted({type(m).__name__ for m in model.modules()

@@ -353,6 +353,57 @@ def test_a_block_whose_graph_does_not_replay_is_kept_whole_and_the_rest_is_cut()
         assert torch.equal(apply_cuts(wg, {"fc1": Cut(range(32))})(x), model(x))
 
 
+class _OwnLinear(nn.Linear):
+    """A layer subclass that keeps nn.Linear's forward: a leaf of the trace, like torchvision's Conv3DSimple."""
+
+
+class _DecidesWhenTraced(nn.Module):
+    """Slices fewer features while torch.fx traces it than when it runs: the graph's call of its layer fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = _OwnLinear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x[:, : 3 if torch.fx._symbolic_trace.is_fx_tracing() else 4])
+
+
+class _PassesItsList(nn.Module):
+    """Gives a list to a block that changes it: kept whole, the block's call fails in the graph next."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _ChangesItsList()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x, [1, x.shape[1]])
+
+
+class _ChangesItsList(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, sizes: list) -> torch.Tensor:
+        return self.lin(x) * _scaled(sizes)[0]
+
+
+@pytest.mark.parametrize(("gate", "kept"), [(_DecidesWhenTraced, ["_DecidesWhenTraced"]),
+                                            (_PassesItsList, ["_ChangesItsList", "_PassesItsList"])])
+def test_a_failing_call_is_charged_to_the_module_that_makes_it(gate: type, kept: list[str]) -> None:
+    """A failing call of a layer (a leaf already) keeps whole the module that calls it, not the layer's class, which
+    would change nothing and freeze every layer of that class; a block whose call fails once its inner block is kept
+    whole is kept whole in turn."""
+    torch.manual_seed(0)
+    model = _GatedMLP(gate()).eval()
+    x = torch.randn(2, 4)
+    wg = analyse(model, x)
+    assert list(wg.gm.meta["opaque"]) == kept and wg.gm.meta["opaque_modules"] == ["gate"]
+    assert [g.name for g in wg.cuttable()] == ["fc1"]
+    with torch.no_grad():
+        assert torch.equal(apply_cuts(wg, {"fc1": Cut(range(32))})(x), model(x))
+
+
 def test_a_layer_subclass_that_keeps_its_forward_is_traced_as_the_layer(analysed) -> None:
     """torchvision's video ResNets build their convolutions as subclasses of ``nn.Conv3d`` defined in torchvision
     (mc3_18's ``Conv3DNoTemporal``): traced through, they were bare ``conv3d`` calls the rules did not understand,
