@@ -23,8 +23,8 @@ from minreal.runtime_bench import atomic_write_text
 
 _STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
-__all__ = ["Measured", "child_env", "cpu_share", "cpu_times", "pyplot", "run_measured", "save_figure",
-           "stop_without_shared_data", "write_json"]
+__all__ = ["Measured", "child_env", "cpu_share", "cpu_times", "process_ratios", "pyplot", "run_measured",
+           "save_figure", "stop_without_shared_data", "write_json"]
 
 _LAUNCHER = """\
 import os, sys
@@ -44,6 +44,16 @@ def child_env(first: str | Path, **extra: str) -> dict[str, str]:
     importable), and ``extra`` variables are set on top."""
     path = [str(first), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
+
+
+def process_ratios(model: Sequence[float], reference: Sequence[float], digits: int = 3) -> dict[str, Any]:
+    """Per-process latency ratios of ``model`` to ``reference`` (their p50s, process by process): median, min, max
+    and each, rounded to ``digits``."""
+    from minreal.runtime_bench.timing import ratio_summary
+
+    s = ratio_summary(list(model), list(reference))
+    return {"median": round(s.median, digits), "min": round(s.min, digits), "max": round(s.max, digits),
+            "per_process": [round(r, digits) for r in s.per_process]}
 
 
 def write_json(path: str | Path, document: Any, indent: int = 1) -> None:

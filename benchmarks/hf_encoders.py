@@ -40,9 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import zoo
-from _common import write_json
-
-from minreal.runtime_bench.timing import ratio_summary
+from _common import process_ratios, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = ROOT / "benchmarks" / "zoo.py"
@@ -110,12 +108,6 @@ def bench(folder: Path, calib: Path, repeats: int, min_runs: int) -> dict[str, A
     return json.loads(report.read_text())
 
 
-def _ratio(model: list[float], reference: list[float]) -> dict[str, Any]:
-    s = ratio_summary(model, reference)
-    return {"median": round(s.median, 4), "min": round(s.min, 4), "max": round(s.max, 4),
-            "per_process": [round(r, 4) for r in s.per_process]}
-
-
 def model_rows(report: dict[str, Any], folder: Path) -> dict[str, Any]:
     """Per label: p50, per-process p50s and ratios to the original fp32 and INT8; per method, the verdicts."""
     rows = {r["model"]: r for r in report["latency"] if r["batch_size"] == 1}
@@ -124,8 +116,8 @@ def model_rows(report: dict[str, Any], folder: Path) -> dict[str, Any]:
         procs = list(rows[label]["process_p50_ms"])
         out[label] = {"p50_ms": round(rows[label]["stats"]["p50_ms"], 3),
                       "process_p50_ms": [round(p, 3) for p in procs],
-                      "x_original": _ratio(procs, list(rows["original"]["process_p50_ms"])),
-                      "x_original.int8": _ratio(procs, list(rows["original.int8"]["process_p50_ms"]))}
+                      "x_original": process_ratios(procs, rows["original"]["process_p50_ms"], 4),
+                      "x_original.int8": process_ratios(procs, rows["original.int8"]["process_p50_ms"], 4)}
         if label.endswith(".int8"):
             path = folder / "original.int8.onnx" if label == "original.int8" else \
                 folder / label.split(".")[0] / "compressed.int8.onnx"

@@ -44,9 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import torch
-from _common import write_json
-
-from minreal.runtime_bench.timing import ratio_summary
+from _common import process_ratios, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "bert_encoder.py"
@@ -159,12 +157,6 @@ def compression_summary(case: dict[str, Any]) -> dict[str, Any]:
             "recovery": comp.get("recovery"), "notes": comp["notes"]}
 
 
-def _ratio(model: list[float], reference: list[float]) -> dict[str, Any]:
-    s = ratio_summary(model, reference)
-    return {"median": round(s.median, 3), "min": round(s.min, 3), "max": round(s.max, 3),
-            "per_process": [round(r, 3) for r in s.per_process]}
-
-
 def latency_cells(bench: dict[str, Any], labels: tuple[str, ...], int8_ref: str) -> dict[str, dict[str, Any]]:
     """Per (batch, seq) cell of a benchmark report: each model's p50 and per-process ratios to the original fp32 and
     to ``int8_ref`` (the original in INT8), and whether each compressed model beats ``int8_ref`` in every process."""
@@ -178,8 +170,8 @@ def latency_cells(bench: dict[str, Any], labels: tuple[str, ...], int8_ref: str)
             procs = list(rows[label]["process_p50_ms"])
             out[label] = {"p50_ms": round(rows[label]["stats"]["p50_ms"], 4),
                           "process_p50_ms": [round(p, 4) for p in procs],
-                          "x_original": _ratio(procs, list(rows["original"]["process_p50_ms"])),
-                          f"x_{int8_ref}": _ratio(procs, list(rows[int8_ref]["process_p50_ms"]))}
+                          "x_original": process_ratios(procs, list(rows["original"]["process_p50_ms"])),
+                          f"x_{int8_ref}": process_ratios(procs, list(rows[int8_ref]["process_p50_ms"]))}
         for label in labels:
             if label.startswith("factorize"):
                 out[f"{label}_beats_{int8_ref}"] = out[label][f"x_{int8_ref}"]["max"] < 1.0
