@@ -26,7 +26,7 @@ import os
 import re
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 
 from minreal.export.errors import ParityError
+from minreal.export.onnx_files import iter_nodes
 from minreal.export.quiet import Captured, captured_output
 from minreal.export.verify import compare_output
 from minreal.facts import error_line
@@ -401,17 +402,9 @@ def _checkers() -> dict[str, tuple[str, Callable[[onnx.ModelProto, bool], Any]]]
             "coreml_mlprogram": ("CoreML MLProgram", coreml("coreml_supported_mlprogram_ops.md"))}
 
 
-def _iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                yield from _iter_nodes(attr.g)
-
-
 def _op_counts(graph: onnx.GraphProto, ops: set[str]) -> dict[str, int]:
     """Nodes of each ``domain:op`` in ``ops`` (the checker's names), keyed ``op`` in ai.onnx, else ``domain:op``."""
-    counts = Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in _iter_nodes(graph))
+    counts = Counter(f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in iter_nodes(graph))
     return {op.removeprefix("ai.onnx:"): counts[op] for op in sorted(ops)}
 
 

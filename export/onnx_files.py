@@ -32,9 +32,18 @@ from minreal.runtime_bench.atomic import OutputWriteError, write_error
 from minreal.runtime_bench.inputs import external_tensors, load_model_proto
 
 __all__ = ["DATA_SUFFIX", "PROTOBUF_LIMIT", "copy_onnx", "data_file_name", "data_files", "externalize",
-           "has_external_data", "move_onnx", "onnx_size", "staged_onnx"]
+           "has_external_data", "iter_nodes", "move_onnx", "onnx_size", "staged_onnx"]
 
 logger = logging.getLogger(__name__)
+
+
+def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of ``graph`` and of its subgraphs (If branches, Loop and Scan bodies), depth first."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                yield from iter_nodes(sub)
 
 DATA_SUFFIX = ".data"
 """Suffix of a graph's data file: ``model.onnx`` keeps its external tensors in ``model.onnx.data``."""

@@ -14,7 +14,6 @@ every node it concerns, and one line naming the count and the first few nodes, e
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple, TypedDict
 
@@ -22,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from minreal.export.onnx_files import iter_nodes
 from minreal.facts import INTEGER_OPS
 
 __all__ = ["Finding", "ReadinessReport", "tensorrt_readiness", "EXAMPLE_NODES"]
@@ -94,15 +94,6 @@ _TEMPLATES: dict[str, tuple[str, bool]] = {
     "zero_point_nonzero": ("non-zero zero point on {nodes}; TensorRT needs symmetric int8", True),
 }
 _OFFENDING_KINDS = frozenset({"domain", "unknown_op", "integer_op", "zero_point_type", "zero_point_nonzero"})
-
-
-def _iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Yield every node of ``graph`` and of its subgraphs (If/Loop/Scan bodies)."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                yield from _iter_nodes(sub)
 
 
 def _op_name(node: onnx.NodeProto) -> str:
@@ -196,7 +187,7 @@ def tensorrt_readiness(path: str | Path, opset: int | None = None) -> ReadinessR
     """
     model = onnx.load(str(path), load_external_data=False)
     file_opset = next((o.version for o in model.opset_import if o.domain in _STANDARD_DOMAINS), 0)
-    named = [(n, _node_name(n, i)) for i, n in enumerate(_iter_nodes(model.graph))]
+    named = [(n, _node_name(n, i)) for i, n in enumerate(iter_nodes(model.graph))]
     is_int8 = any(n.op_type in _QDQ_OPS | INTEGER_OPS for n, _ in named)
     findings: list[Finding] = []
     if opset is not None and file_opset > opset:

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from minreal.export.atomic import ensure_distinct
-from minreal.export.onnx_files import copy_onnx, data_files, onnx_size
+from minreal.export.onnx_files import copy_onnx, data_files, iter_nodes, onnx_size
 from minreal.export.verify import DEFAULT_ATOL, DEFAULT_RTOL, Feeds, compare_output, feed_rows, run_ort
 from minreal.facts import error_line
 from minreal.runtime_bench.atomic import atomic_path
@@ -98,20 +98,14 @@ def _run_onnxsim(model: onnx.ModelProto, fuse: bool = True) -> onnx.ModelProto:
     return simplified
 
 
-def _ops(graph: onnx.GraphProto) -> Iterator[tuple[str, str]]:
-    """``(domain, op)`` of every node of ``graph`` and of its subgraphs (If/Loop/Scan bodies); ``ai.onnx`` is ``""``."""
-    for node in graph.node:
-        yield ("" if node.domain == "ai.onnx" else node.domain), node.op_type
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                yield from _ops(sub)
-
-
 def _foreign_ops(before: onnx.ModelProto, after: onnx.ModelProto) -> list[str]:
     """``domain:op xCOUNT`` of the ops outside the standard domain that ``after`` has and ``before`` has not
     (a new ``com.microsoft`` op counts even where ``before`` has another one of that domain)."""
-    known = set(_ops(before.graph))
-    found = Counter(op for op in _ops(after.graph) if op[0] and op not in known)
+    def ops(model: onnx.ModelProto) -> Iterator[tuple[str, str]]:  # ``ai.onnx`` is the standard domain ""
+        return ((("" if n.domain == "ai.onnx" else n.domain), n.op_type) for n in iter_nodes(model.graph))
+
+    known = set(ops(before))
+    found = Counter(op for op in ops(after) if op[0] and op not in known)
     return [f"{domain}:{op} x{count}" for (domain, op), count in sorted(found.items())]
 
 
