@@ -22,6 +22,7 @@ from .options import IMPORTANCE_WEIGHTING_AUTO, PruneOptions, flag_of
 from .report import CompressionReport
 from .width import Cut, WidthGraph, analyse, apply_cuts
 from .width.allocate import allocate_widths, check_width_table, load_width_latency_table
+from .width.tracing import trace_notes
 
 __all__ = ["Scorer", "widths_for_params", "mlp_macs", "CHAIN_COSTS", "prune_chain", "GraphScorer", "PrunePrepared",
            "prune_prepare", "prune_realise"]
@@ -188,6 +189,7 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
     if fixed := wg.gm.meta.get("fixed_args"):
         report.notes.append("traced with forward's " + ", ".join(f"{k}={v!r}" for k, v in fixed.items()) + " (the "
                             "data does not give them): the compressed model takes only the inputs the data gives")
+    report.notes += trace_notes(wg.gm)
     if opaque := wg.gm.meta.get("opaque"):
         report.notes.append("kept whole as single layers, as torch.fx cannot trace or replay them (their channels stay "
                             "as they are; the rest is cut): " + "; ".join(f"{n} ({r})" for n, r in opaque.items()))

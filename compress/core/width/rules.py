@@ -46,8 +46,9 @@ _PASS_FUNCTIONS = {"relu", "relu_", "relu6", "gelu", "silu", "hardswish", "hards
                    "adaptive_max_pool3d", "interpolate", "contiguous", "clone", "float",
                    "detach", "stochastic_depth", "hardtanh", "softplus", "abs", "neg", "exp", "sqrt"}
 _ELEMENTWISE = {operator.add, operator.iadd, operator.mul, operator.imul, operator.sub, operator.isub,
-                operator.truediv, operator.itruediv}
-_ELEMENTWISE_NAMES = {"add", "add_", "mul", "mul_", "sub", "sub_", "div", "div_", "where", "maximum", "minimum"}
+                operator.truediv, operator.itruediv, operator.pow}
+_ELEMENTWISE_NAMES = {"add", "add_", "mul", "mul_", "sub", "sub_", "div", "div_", "where", "maximum", "minimum",
+                      "pow"}
 
 
 def apply_rules(wg: WidthGraph) -> None:

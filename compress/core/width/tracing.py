@@ -25,9 +25,11 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from ..errors import CompressionError
+from ..evaluate import eval_mode
 from ..inputs import Inputs, args_of, call, repeat_to, sample_shapes
+from .concrete import ConcreteTracer, example_inputs
 
-__all__ = ["trace", "is_exported_program"]
+__all__ = ["trace", "trace_notes", "is_exported_program"]
 
 
 def is_exported_program(model: nn.Module) -> bool:
@@ -76,13 +78,29 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
                                "file.py:factory or a torchvision name): a torch.export program (.pt2) holds ATen "
                                "operations, whose layers cannot be resized")
     root = copy.deepcopy(model)
+    converted = _as_linear(root)
     opaque: dict[type, str] = {}
     fixed = _unfed_defaults(root, example)
     replayed = repeat_to(example, 2) if len(example) == 1 else example  # a batch of 2: the batch dimension is plain
     first: Exception | None = None  # the first replay failure: the one the refusal names
+    concrete: Inputs | None = None  # the example the graph's values are computed on, once plain tracing failed
+    plain: Exception | None = None  # plain tracing's failure
     while True:
-        gm = _graph(model, root, opaque, fixed)
-        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            gm = _graph(model, root, opaque, fixed, concrete)
+        except _ModelUntraceable as failed:
+            if concrete is not None and first is not None:  # a class kept whole for a replay failure: name that
+                raise _unreplayable(model, replayed, first, len(opaque)) from None
+            if concrete is not None:
+                raise _untraceable(model, plain or failed.exc, failed.exc) from None
+            # the model's own forward decides on a traced value: trace again, carrying the example's values, every
+            # class open again. A batch of 2 (code often special-cases a batch of one), checked on 3 and on 1 below
+            concrete, replayed, first = repeat_to(example, 2), repeat_to(example, 3), None
+            opaque.clear()
+            plain = failed.exc
+            continue
+        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                eval_mode(gm):  # a BatchNorm in training mode would update its statistics
             try:  # ShapeProp prints a traceback of its own on failure; the user gets the one line below
                 ShapeProp(gm).propagate(*args_of(replayed))
                 break
@@ -94,28 +112,85 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
                 opaque[failing] = f"its traced graph does not replay: {_first_line(exc.__cause__ or exc)}"
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         _require_same_outputs(model, root, gm, replayed)
+        if concrete is not None:
+            _require_same_outputs(model, root, gm, example[:1])
+    gm.meta["as_linear"] = converted
     return gm
 
 
-def _graph(model: nn.Module, root: nn.Module, opaque: dict[type, str], fixed: dict[str, Any] | None) -> fx.GraphModule:
+def trace_notes(gm: fx.GraphModule) -> list[str]:
+    """The report's words on how :func:`trace` read the model: layers converted, decisions fixed at the example."""
+    notes = []
+    if n := gm.meta.get("as_linear"):
+        notes.append(f"{n} Hugging Face Conv1D layer(s) (GPT-2's linear layer, its weight stored [in, out]) traced as "
+                     "the nn.Linear that computes the same: the compressed model holds nn.Linear layers there")
+    if decisions := gm.meta.get("decisions"):
+        shown = "; ".join(decisions[:3]) + (f"; {len(decisions) - 3} more" if len(decisions) > 3 else "")
+        notes.append("traced carrying the example's values, as the model's forward decides on sizes in Python: those "
+                     f"decisions are fixed at the example's ({shown}); the graph was checked against the model on "
+                     "batches of three and of one")
+    return notes
+
+
+def _as_linear(root: nn.Module) -> int:
+    """Replace each Hugging Face ``Conv1D`` in ``root`` (GPT-2's linear layer: ``x @ W + b`` by ``addmm``, its weight
+    stored ``[in, out]``) by the ``nn.Linear`` that computes the same (weight transposed), whose widths the rules
+    know; a layer used in several places stays one layer. Returns how many were replaced."""
+    made: dict[int, nn.Linear] = {}
+    for name, m in list(root.named_modules(remove_duplicate=False)):
+        if not (type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers.")
+                and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2 and name):
+            continue
+        if id(m) not in made:
+            w, b = m.weight, getattr(m, "bias", None)
+            linear = nn.Linear(w.shape[0], w.shape[1], bias=b is not None, device=w.device, dtype=w.dtype)
+            linear.weight = nn.Parameter(w.detach().t().contiguous(), requires_grad=w.requires_grad)
+            if b is not None:
+                linear.bias = nn.Parameter(b.detach().clone(), requires_grad=b.requires_grad)
+            made[id(m)] = linear.train(m.training)
+        parent, _, attr = name.rpartition(".")
+        setattr(root.get_submodule(parent), attr, made[id(m)])
+    return len(made)
+
+
+class _ModelUntraceable(Exception):
+    """torch.fx failed in the model's own ``forward`` (or in more than :data:`MAX_OPAQUE` classes): ``exc``."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+def _graph(model: nn.Module, root: nn.Module, opaque: dict[type, str], fixed: dict[str, Any] | None,
+           concrete: Inputs | None = None) -> fx.GraphModule:
     """Trace ``root``, keeping whole the ``opaque`` classes and each further class whose ``forward`` torch.fx fails
-    in (added to ``opaque``, at most :data:`MAX_OPAQUE` in all); in the mode ``model`` is in."""
+    in (added to ``opaque``, at most :data:`MAX_OPAQUE` in all); in the mode ``model`` is in. With ``concrete`` (an
+    example), every traced value carries its value on it and Python's decisions on them take the example's (see
+    :mod:`.concrete`); they are kept in ``meta["decisions"]``. Raises :class:`_ModelUntraceable`."""
     while True:
+        tracer: fx.Tracer = _Tracer(frozenset(opaque))
+        if concrete is not None:
+            tracer = ConcreteTracer(tracer.is_leaf_module, example_inputs(root, args_of(concrete)))
         try:
-            graph = _Tracer(frozenset(opaque)).trace(root, concrete_args=fixed)
+            graph = tracer.trace(root, concrete_args=fixed)
             break
         except Exception as exc:
             failing = _failing_class(root, exc, opaque)
             if failing is None or len(opaque) >= MAX_OPAQUE:
-                raise _untraceable(model, exc) from None
+                raise _ModelUntraceable(exc) from None
             opaque[failing] = _first_line(exc)
     gm = fx.GraphModule(root, graph, class_name=type(model).__name__)
+    gm.meta["decisions"] = _distinct(tracer.decisions) if isinstance(tracer, ConcreteTracer) else []
     gm.meta["opaque"] = {cls.__name__: reason for cls, reason in opaque.items()}
     gm.meta["opaque_modules"] = sorted(n.target for n in gm.graph.nodes
                                        if n.op == "call_module" and type(gm.get_submodule(n.target)) in opaque)
     gm.meta["fixed_args"] = fixed or {}
     gm.eval() if not model.training else gm.train()
     return gm
+
+
+def _distinct(lines: list[str]) -> list[str]:
+    return list(dict.fromkeys(lines))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -210,15 +285,19 @@ def _failing_class(root: nn.Module, exc: BaseException, opaque: Mapping[type, st
     return next((codes[c] for c in reversed(frames) if c in codes), None)
 
 
-def _untraceable(model: nn.Module, exc: Exception) -> CompressionError:
+def _untraceable(model: nn.Module, exc: Exception, again: Exception | None = None) -> CompressionError:
     """One line for a model torch.fx cannot trace: where in the model's code (the innermost frame outside torch and
-    this package), torch's first sentence, and what to do instead."""
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    where = _model_frame(exc)
+    this package), torch's first sentence, and what to do instead; ``again``: the failure of the trace that carried
+    the example's values, where it got past the first."""
+    def said(e: Exception) -> str:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        where = _model_frame(e)
+        return f"{f' at {where}' if where else ''}: {type(e).__name__}: {first.split('. ')[0].rstrip('.')[:160]}"
+
+    then = f"; with the example's values it fails{said(again)}" if again is not None and again is not exc else ""
     return CompressionError(
-        f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced"
-        f"{f' at {where}' if where else ''}: {type(exc).__name__}: {first.split('. ')[0].rstrip('.')[:160]} (Python "
-        "control flow on a tensor); give a factory returning the part that traces (e.g. the backbone) or use "
+        f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced{said(exc)} (Python "
+        f"control flow on a tensor){then}; give a factory returning the part that traces (e.g. the backbone) or use "
         "factorize, which needs no trace")
 
 

@@ -21,7 +21,7 @@ from ...core.heldout import resolve_task
 from ...core.inputs import Inputs
 from ...core.options import flag_of
 from ...core.report import CompressionReport, LayerReport
-from ...core.width.tracing import is_exported_program, trace
+from ...core.width.tracing import is_exported_program, trace, trace_notes
 from .config import DEFAULT_MAC_RATIO, DepthConfig
 from .criteria import energy_scores, greedy_order, observability_scores, outputs, removal_scores
 from .graph import Block, blocks_named, drop_unused_results, find_blocks, remove_blocks
@@ -255,7 +255,9 @@ def depth_realise(prep: DepthPrepared, config: DepthConfig) -> tuple[nn.Module, 
     gm = _traced(prep.model, prep.example)
     new = remove_blocks(gm, blocks_named(prep.blocks, chosen))
     new.train(prep.model.training)
-    return new, _report(prep, config, chosen, kind, target, ratio)
+    report = _report(prep, config, chosen, kind, target, ratio)
+    report.notes += trace_notes(gm)
+    return new, report
 
 
 def _report(prep: DepthPrepared, config: DepthConfig, chosen: list[str], kind: str, target: float, ratio: float

@@ -68,3 +68,43 @@ def test_the_hubs_text_encoders_trace_for_width_methods(family: str) -> None:
     with torch.no_grad():
         want, got = model(ids), wg.gm(ids)
     assert sorted(got) == sorted(want) and all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
+
+
+def _tiny(family: str) -> tuple[nn.Module, torch.Tensor]:
+    """The hub's wrapper around a tiny ViT, Whisper encoder or GPT-2 (eager attention) and calibration inputs."""
+    transformers = pytest.importorskip("transformers")
+    from minreal.app.hub import HFAudioEncoder, HFImageEncoder, HFTextEncoder
+
+    torch.manual_seed(0)
+    if family == "vit":
+        config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=64, image_size=32, patch_size=8)
+        config._attn_implementation = "eager"
+        return HFImageEncoder(transformers.ViTModel(config)).eval(), torch.randn(16, 3, 32, 32)
+    if family == "whisper_encoder":
+        config = transformers.WhisperConfig(d_model=32, encoder_layers=2, encoder_attention_heads=4,
+                                            encoder_ffn_dim=64, decoder_layers=1, decoder_attention_heads=4,
+                                            num_mel_bins=8, max_source_positions=16)
+        config._attn_implementation = "eager"
+        return HFAudioEncoder(transformers.WhisperModel(config).encoder).eval(), torch.randn(16, 8, 32)
+    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=40, n_inner=64,
+                                     bos_token_id=0, eos_token_id=0)
+    config._attn_implementation = "eager"
+    return HFTextEncoder(transformers.GPT2Model(config)).eval(), torch.randint(0, 100, (16, 12))
+
+
+@pytest.mark.parametrize("family", ["vit", "whisper_encoder", "gpt2"])
+def test_models_whose_own_forward_checks_its_inputs_go_through_wanda_and_export(family: str, tmp_path: Path) -> None:
+    """``hf:vit``, ``hf:whisper_encoder`` and ``hf:gpt2`` were refused by every width method: their model's own
+    ``forward`` checks the input's dtype, length or mask rank in Python, which plain torch.fx cannot decide. Traced
+    with the example's values, their MLP widths are cut (GPT-2's ``Conv1D`` as ``nn.Linear``), and the result
+    exports with ONNX Runtime parity."""
+    model, x = _tiny(family)
+    data = Dataset(x)
+    new, report = compress(model, data, "wanda", WandaConfig(mac_ratio=0.9, width_multiple=8))
+    assert report.mac_ratio <= 0.9 + 1e-9 and not report.predicted.get("budget_missed")
+    assert any(kept < full for full, kept in report.predicted.group_widths.values())
+    assert any(n.startswith("traced carrying the example's values") for n in report.notes)
+    path = tmp_path / f"{family}.onnx"
+    to_onnx(new, data.x[:2], path)
+    assert verify_parity(new, path, [data.x[:3], data.x[:5]]).passed

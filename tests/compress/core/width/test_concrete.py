@@ -1,0 +1,195 @@
+"""Tracing a model whose own ``forward`` decides on sizes in Python (as Hugging Face's ViT, Whisper and GPT-2 do):
+the trace carries the example's values, decides as the example does, refuses decisions on data, and is checked
+against the model on another batch size. And GPT-2's ``Conv1D`` layers, traced as the ``nn.Linear`` they are."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import fx, nn
+
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.width import analyse
+from minreal.compress.methods.depth import DepthConfig
+from minreal.compress.methods.wanda import WandaConfig
+from minreal.export.onnx_export import to_onnx
+from minreal.export.verify import verify_parity
+
+HERE = Path(__file__).name
+
+
+def _line(fn: object, text: str) -> int:
+    """The line of ``fn``'s source that holds ``text``."""
+    lines, start = inspect.getsourcelines(fn)  # type: ignore[arg-type]
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+class _Checked(nn.Module):
+    """Checks its input's size and dtype before it computes (ViT's and Whisper's checks), then a residual MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 64), nn.Linear(64, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 16:
+            raise ValueError(f"expected 16 features, got {x.shape[-1]}")
+        if x.dtype != self.fc1.weight.dtype:
+            x = x.to(self.fc1.weight.dtype)
+        x = x + self.fc2(torch.relu(self.fc1(x)))
+        return self.head(x)
+
+
+def test_a_model_that_checks_its_input_sizes_is_traced_with_the_examples_values() -> None:
+    torch.manual_seed(0)
+    model = _Checked().eval()
+    with pytest.raises(fx.proxy.TraceError):  # plain torch.fx stops at the size check
+        fx.symbolic_trace(model)
+    x = torch.randn(4, 16)
+    wg = analyse(model, x)
+    assert [(g.name, g.size) for g in wg.cuttable()] == [("fc1", 64)]
+    assert wg.gm.meta["decisions"] == [f"{HERE}:{_line(_Checked.forward, 'if x.shape[-1] != 16')}: bool = False"]
+    assert wg.gm.meta["opaque"] == {}
+    other = torch.randn(7, 16)  # another batch size than the trace's and the check's
+    with torch.no_grad():
+        torch.testing.assert_close(wg.gm(other), model(other), rtol=0, atol=0)
+
+
+def test_wanda_and_depth_cut_such_a_model_and_it_exports_with_parity(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _Checked().eval()
+    data = Dataset(torch.randn(32, 16))
+    new, report = compress(model, data, "wanda", WandaConfig(mac_ratio=0.7, width_multiple=8))
+    assert report.mac_ratio <= 0.7 + 1e-9
+    assert any(n.startswith("traced carrying the example's values") and f"{HERE}:" in n for n in report.notes)
+    path = tmp_path / "wanda.onnx"
+    to_onnx(new, data.x[:2], path)
+    assert verify_parity(new, path, [data.x[:3], data.x[:5]]).passed
+    cut, report = compress(model, data, "depth", DepthConfig(mac_ratio=0.5))
+    assert report.predicted.removed == ["add"]  # the one residual block: x + fc2(relu(fc1(x)))
+    with torch.no_grad():
+        torch.testing.assert_close(cut(data.x[:5]), model.head(data.x[:5]))
+
+
+class _DataBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 0 and x.mean() > 0:
+            return self.fc(x)
+        return -self.fc(x)
+
+
+def test_a_decision_on_the_values_of_a_tensor_is_refused_in_one_line() -> None:
+    """Carrying the example's values must not turn a branch on the data into the branch the example took."""
+    x = torch.ones(2, 4)  # takes the first branch: a trace that decided would return fc(x) for every input
+    with pytest.raises(CompressionError) as info:
+        analyse(_DataBranch(), x)
+    said = str(info.value)
+    line = _line(_DataBranch.forward, "x.mean() > 0")
+    assert "\n" not in said and said.startswith(f"width surgery needs a model torch.fx can trace; _DataBranch cannot "
+                                                f"be traced at {HERE}:{line} (forward): TraceError: ")
+    assert f"with the example's values it fails at {HERE}:{line} (forward): TraceError: the model's code decides on " \
+           f"the values of a tensor (bool of " in said
+
+
+class _BatchOfOne(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x)
+        return y * 2 if x.shape[0] == 1 else y
+
+
+def test_a_decision_on_the_batch_size_is_refused_by_the_check_on_another_batch() -> None:
+    with pytest.raises(CompressionError, match=r"^the torch.fx graph of _BatchOfOne computes other values than the "
+                                               r"model on the example"):
+        analyse(_BatchOfOne(), torch.randn(1, 4))
+
+
+class _Normed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != 2 or x.size(1) != 4:
+            raise ValueError("expected (batch, 4)")
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+def test_the_values_are_computed_on_a_copy_the_models_statistics_stay() -> None:
+    """The trace computes on a batch of one; a BatchNorm in training mode would refuse it and update its running
+    statistics: the values are computed on a copy in eval mode."""
+    torch.manual_seed(0)
+    model = _Normed().train()
+    model.bn.running_mean.fill_(0.5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    wg = analyse(model, torch.randn(3, 4))
+    for source in (model.state_dict(), wg.gm.state_dict()):
+        for k, v in before.items():
+            assert torch.equal(source[k], v), k
+    assert wg.gm.training and [g.name for g in wg.cuttable()] == ["fc1"]
+
+
+class Conv1D(nn.Module):
+    """GPT-2's linear layer as transformers writes it: ``x @ W + b`` with ``W`` stored ``[in, out]``."""
+
+    def __init__(self, nf: int, nx: int) -> None:
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.2)
+        self.bias = nn.Parameter(torch.randn(nf) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size_out = x.size()[:-1] + (self.nf,)
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(size_out)
+
+
+Conv1D.__module__ = "transformers.pytorch_utils"  # what the trace looks for: the class of transformers
+
+
+class _GPT2MLP(nn.Module):
+    """GPT-2's MLP (``c_fc``, the tanh GELU with its ``pow``, ``c_proj``) in a residual block, a shared head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_fc, self.c_proj = Conv1D(32, 8), Conv1D(8, 32)
+        self.head = Conv1D(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c_fc(x)
+        h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        return self.head(self.head(x + self.c_proj(h)))
+
+
+def test_gpt2s_conv1d_is_traced_as_the_linear_layer_it_is_and_its_mlp_width_cut(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _GPT2MLP().eval()
+    x = torch.randn(2, 5, 8)
+    wg = analyse(model, x)
+    assert wg.gm.meta["as_linear"] == 3 and wg.gm.meta["decisions"] == []
+    assert isinstance(wg.gm.c_fc, nn.Linear) and torch.equal(wg.gm.c_fc.weight, model.c_fc.weight.t())
+    assert wg.gm.get_submodule("head") is wg.gm.head  # used twice, still one layer
+    assert [(g.name, g.size) for g in wg.cuttable()] == [("c_fc", 32)]  # pow passes the channels through
+    with torch.no_grad():
+        torch.testing.assert_close(wg.gm(x), model(x))
+    data = Dataset(torch.randn(16, 5, 8))
+    new, report = compress(model, data, "wanda", WandaConfig(mac_ratio=0.7, width_multiple=8))
+    assert report.predicted.group_widths["c_fc"][1] < 32
+    assert any(n.startswith("3 Hugging Face Conv1D layer(s)") for n in report.notes)
+    assert isinstance(model.c_fc, Conv1D)  # the model given is left as it was
+    path = tmp_path / "mlp.onnx"
+    to_onnx(new, data.x[:2], path)
+    assert verify_parity(new, path, [data.x[:3], data.x[:4]]).passed
