@@ -555,3 +555,41 @@ def test_compress_states_an_overshot_budget_on_the_console(workdir: Path, run_cl
     assert notes == [f"note: budget overshot: --mac-ratio 0.6 was asked, {reached:.3f} was reached: svd's steps are "
                      "coarser than the budget here (more was cut than asked); check the accuracy, or ask for a "
                      "larger --mac-ratio"]
+
+
+CHECKED = '''
+import torch
+from torch import nn
+
+
+class Checked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 64), nn.Linear(64, 10)
+
+    def forward(self, x):
+        if x.shape[-1] != 64:
+            raise ValueError("expected 64 features")
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def make():
+    torch.manual_seed(0)
+    return Checked()
+'''
+
+
+def test_compress_states_decisions_fixed_at_the_datas_shape_on_the_console(workdir: Path,
+                                                                          run_cli: Callable) -> None:
+    """A model whose own forward checks its input's size is traced carrying example values (plain torch.fx stops
+    there); that the compressed graph holds for inputs of the data's shape reaches stderr as one ``note:`` line,
+    naming the file and line that decided."""
+    (workdir / "checked.py").write_text(CHECKED)
+    code, _, err = run_cli(["compress", "checked.py:make", "--method", "wanda", "--data", "digits-flat",
+                            "--mac-ratio", "0.7", "--data-holdout", "0", "--out", "c.pt2", "--report", "r.json"])
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if line.startswith("note: traced carrying example values")]
+    line = 1 + next(i for i, text in enumerate(CHECKED.splitlines()) if "x.shape[-1] != 64" in text)
+    assert len(notes) == 1 and f"checked.py:{line}: bool = False" in notes[0] and "any batch size" in notes[0]
+    report = json.loads(Path("r.json").read_text())
+    assert report["macs_after"] <= 0.7 * report["macs_before"]

@@ -1,23 +1,30 @@
-"""A torch.fx tracer that carries the example's values, for a model whose own ``forward`` branches on them.
+"""A torch.fx tracer that carries example values, for a model whose own ``forward`` branches on sizes.
 
 A Hugging Face model checks what it is given before it computes: ViT compares ``pixel_values.dtype`` with its
-weights', Whisper's encoder ``input_features.shape[-1]`` with the length it was built for, GPT-2 the mask's rank.
-Plain torch.fx cannot decide such a test (a traced value has no truth value) and stops. Here every traced value also
-holds what the example gives it, computed as the graph is recorded, so a test takes the branch the example takes, and
-the decision is recorded (``file:line``, the value) for the report. The graph is the model's computation on inputs
-like the example; :func:`minreal.compress.core.width.tracing.trace` runs it on other batch sizes against the model
-itself, so a decision that depends on the batch, or that the model decides otherwise, is refused there.
+weights', Whisper's encoder ``input_features.shape[-1]`` with the length it was built for, GPT-2's mask code the batch
+size with its positions'. Plain torch.fx cannot decide such a test (a traced value has no truth value) and stops.
+Here every traced value also holds its value on two examples, computed as the graph is recorded: **lane A**, a batch
+of 2, and **lane B**, a batch of 7 of other rows. Where Python needs a traced value as a truth value, a number or a
+length, lane A's is taken and the decision recorded (``file:line``, the value), after three checks:
 
-Static facts of a tensor (``dtype``, ``device``, ``ndim``) are read from the example without a node; sizes stay
-traced (``x.shape[0]`` is an operation of the graph) until Python needs them as numbers. Each value knows whether it
-depends on the values of a tensor or only on sizes: a decision on values (``if x.mean() > 0``) is refused, as it
-would hold for the example only.
+- a value that depends on the **values** of a tensor (``if x.mean() > 0``, ``.item()``) is refused: the branch would
+  hold for the example only; so is a size that depends on them (``len(torch.nonzero(x))``);
+- a value that differs between the lanes depends on the **batch size** (or on the data): refused as a number
+  (``range(x.size(0))`` would fix the graph at one batch size), and as a truth value unless it compares the batch size
+  with 0 or 1 (``batch_size != 1``, the same for every batch of 2 or more; a batch of one is checked on its own by
+  :func:`minreal.compress.core.width.tracing.trace`) or two batch sizes with each other;
+- anything else (a length, a channel count, a dtype: the same in both lanes) is decided as the example's and listed in
+  the report: the graph is the model's computation on inputs shaped like the example, at any batch size.
+
+A size that merely coincides at batches 2 and 7 (``b % 5``) is not seen: the trace also checks the graph's outputs
+against the model's on batches of 3 and 1.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
+import operator
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -27,82 +34,95 @@ import torch
 from torch import fx, nn
 from torch.fx.node import map_aggregate
 
-__all__ = ["ConcreteTracer", "ConcreteProxy", "example_inputs", "reads_data", "value_of"]
+__all__ = ["ConcreteTracer", "ConcreteProxy", "LANE_BATCHES", "lane_inputs", "value_of"]
 
-STATIC = frozenset({"dtype", "device", "ndim", "layout", "is_cuda", "is_sparse", "is_quantized", "is_meta"})
-"""Tensor attributes read from the example's value directly: they do not change with the data."""
+LANE_BATCHES = (2, 7)
+"""The batch sizes of lanes A and B: far apart, neither 1 (which code often special-cases)."""
+
+METADATA = frozenset({"shape", "size", "dim", "numel", "ndimension", "nelement", "ndim", "dtype", "device", "layout",
+                      "is_cuda", "is_sparse", "is_quantized", "is_meta", "is_floating_point", "is_complex",
+                      "requires_grad", "is_contiguous"})
+"""Attributes and methods of a tensor that read what it is (sizes, dtype, device), not its values."""
+
+RAGGED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount"})
+"""Operations whose result's size depends on the values of their input."""
+
+COMPARISONS = {operator.eq: "==", operator.ne: "!=", operator.gt: ">", operator.ge: ">=", operator.lt: "<",
+               operator.le: "<="}
 
 
-SIZES = frozenset({"shape", "size", "dim", "numel", "ndimension", "nelement"})
-"""Attributes and methods of a tensor that read its sizes, not its values."""
-
-
-def value_of(x: Any) -> Any:
-    """The example's value of a traced value (a :class:`ConcreteProxy`, or an attribute of one), else ``x``."""
+def value_of(x: Any, lane: int = 0) -> Any:
+    """A traced value's value in ``lane`` (0: A, 1: B); anything else as it is."""
     if isinstance(x, ConcreteProxy):
-        return x.value
+        return x.values[lane]
     if isinstance(x, fx.proxy.Attribute):
-        return getattr(value_of(x.root), x.attr)
+        return getattr(value_of(x.root, lane), x.attr)
     return x
 
 
-def reads_data(x: Any) -> bool:
-    """Whether a traced value depends on the values of a tensor the model is given or holds (not only on sizes)."""
+def _flag(x: Any, name: str) -> bool:
+    """A traced value's flag (``data``, ``ragged``, ``varies``); an attribute of one reads the root's (a size read
+    from a tensor is not data, unless the tensor is ragged)."""
     if isinstance(x, ConcreteProxy):
-        return x.data
+        return getattr(x, name)
     if isinstance(x, fx.proxy.Attribute):
-        return x.attr not in SIZES and reads_data(x.root)
+        if x.attr in METADATA and name == "data":
+            return _flag(x.root, "ragged")
+        return _flag(x.root, name) if name != "varies" else not _same(value_of(x, 0), value_of(x, 1))
     return False
 
 
 class ConcreteProxy(fx.Proxy):
-    """A traced value, the value the example gives it, and whether it depends on tensor values (``data``) or only
-    on sizes: Python may decide on sizes, never on data."""
+    """A traced value, its values in lanes A and B, and three flags: ``data`` (it depends on the values of a
+    tensor), ``ragged`` (its size does) and ``varies`` (it differs between the lanes: the batch size)."""
 
-    def __init__(self, node: fx.Node, tracer: ConcreteTracer, value: Any, data: bool) -> None:
+    def __init__(self, node: fx.Node, tracer: ConcreteTracer, values: tuple[Any, Any], data: bool, ragged: bool,
+                 varies: bool) -> None:
         super().__init__(node, tracer)
-        self.value = value
-        self.data = data
+        self.values, self.data, self.ragged, self.varies = values, data, ragged, varies
 
     def __getattr__(self, k: str) -> Any:
-        if k in STATIC and isinstance(self.value, torch.Tensor):
-            return getattr(self.value, k)
+        if k == "dtype" and isinstance(self.values[0], torch.Tensor):  # torch.finfo(x.dtype) needs a real one
+            return self.tracer.decide(self, "dtype")  # type: ignore[attr-defined]
         return super().__getattr__(k)
 
     def __len__(self) -> int:
-        return self.tracer.decide(self, len(self.value), "len")  # type: ignore[attr-defined]
+        return self.tracer.decide(self, "len")  # type: ignore[attr-defined]
 
     def __index__(self) -> int:
-        return self.tracer.decide(self, self.value.__index__(), "int")  # type: ignore[attr-defined]
+        return self.tracer.decide(self, "int")  # type: ignore[attr-defined]
 
     def __int__(self) -> int:
-        return self.tracer.decide(self, int(self.value), "int")  # type: ignore[attr-defined]
+        return self.tracer.decide(self, "int")  # type: ignore[attr-defined]
 
     def __float__(self) -> float:
-        return self.tracer.decide(self, float(self.value), "float")  # type: ignore[attr-defined]
+        return self.tracer.decide(self, "float")  # type: ignore[attr-defined]
 
 
 class ConcreteTracer(fx.Tracer):
-    """Records the graph as :class:`torch.fx.Tracer` does (``is_leaf``: which modules stay whole) while computing every value
-    on ``inputs`` (``forward``'s parameter name → the example's value). Where Python needs a traced value as a
-    truth value, a number or a length, the example's is used and the decision kept in :attr:`decisions`."""
+    """Records the graph as :class:`torch.fx.Tracer` does (``is_leaf``: which modules stay whole) while computing every
+    value on ``inputs`` (two lanes, each ``forward``'s parameter name → its value; see :func:`lane_inputs`); Python's
+    decisions on traced values are checked and kept in :attr:`decisions`."""
 
-    def __init__(self, is_leaf: Callable[[nn.Module, str], bool], inputs: Mapping[str, Any]) -> None:
+    def __init__(self, is_leaf: Callable[[nn.Module, str], bool], inputs: tuple[Mapping[str, Any], Mapping[str, Any]]
+                 ) -> None:
         super().__init__()
         self._is_leaf = is_leaf
-        self.inputs = dict(inputs)
+        self.inputs = (dict(inputs[0]), dict(inputs[1]))
         self.decisions: list[str] = []
         self._evaluating = 0
         self._shadow: nn.Module | None = None
+        self._numbers: dict[fx.Node, tuple[Any, Any]] = {}  # the lane values of traced numbers (not tensors)
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
-        """The graph of ``root`` (an ``nn.Module``); its values are computed on a copy in eval mode: the model's
-        buffers (a BatchNorm's running statistics) stay as they are."""
-        self._shadow = copy.deepcopy(root).eval() if isinstance(root, nn.Module) else None
+        """The graph of ``root`` (an ``nn.Module``). Values are computed on a copy in eval mode that shares the
+        parameters: the model's buffers (a BatchNorm's running statistics) stay as they are."""
+        if isinstance(root, nn.Module):
+            self._shadow = copy.deepcopy(root, memo={id(p): p for p in root.parameters()}).eval()
         try:
             return super().trace(root, concrete_args)
         finally:
-            self._shadow = None
+            self._shadow, self._numbers = None, {}
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return self._is_leaf(m, module_qualified_name)
@@ -110,17 +130,20 @@ class ConcreteTracer(fx.Tracer):
     def create_proxy(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                      name: str | None = None, type_expr: Any | None = None,
                      proxy_factory_fn: Callable[[fx.Node], fx.Proxy] | None = None) -> fx.Proxy:
-        value = self._evaluate(kind, target, args, kwargs)
-        data = _reads_data(kind, target, args, kwargs)
-        return super().create_proxy(kind, target, args, kwargs, name, type_expr,
-                                    proxy_factory_fn=lambda node: ConcreteProxy(node, self, value, data))
+        values = (self._evaluate(kind, target, args, kwargs, 0), self._evaluate(kind, target, args, kwargs, 1))
+        data, ragged, varies = _flags(kind, target, args, kwargs, values)
+        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn=lambda node:
+                                     ConcreteProxy(node, self, values, data, ragged, varies))
+        if all(_is_number(v) for v in values):
+            self._numbers[proxy.node] = values
+        return proxy
 
-    def _evaluate(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _evaluate(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], lane: int) -> Any:
         if kind == "placeholder":  # a parameter the example feeds, or one fixed at its default (args holds it)
-            return self.inputs[target] if target in self.inputs else (args[0] if args else None)
+            return self.inputs[lane][target] if target in self.inputs[lane] else (args[0] if args else None)
         if kind == "output":
             return None
-        a, k = map_aggregate((args, kwargs), value_of)
+        a, k = map_aggregate((args, kwargs), lambda v: value_of(v, lane))
         self._evaluating += 1
         try:
             with torch.no_grad():
@@ -150,37 +173,113 @@ class ConcreteTracer(fx.Tracer):
         return super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def to_bool(self, obj: fx.Proxy) -> bool:
-        return self.decide(obj, bool(value_of(obj)), "bool")
+        return self.decide(obj, "bool")
 
     def iter(self, obj: fx.Proxy) -> Iterator[Any]:
-        n = self.decide(obj, len(value_of(obj)), "len")
-        return iter([obj[i] for i in range(n)])
+        return iter([obj[i] for i in range(self.decide(obj, "len"))])
 
     def keys(self, obj: fx.Proxy) -> Any:
         return value_of(obj).keys()
 
-    def decide(self, obj: fx.Proxy, value: Any, how: str) -> Any:
-        """Record that Python took ``value`` (``how``: bool, int, float, len) for ``obj`` where the model's code
-        needed it, and return it. A value that depends on tensor values is refused (``TraceError``): the branch
-        would hold for the example only; a length of a tensor is its size, which may be decided."""
-        if reads_data(obj) and not (how == "len" and isinstance(value_of(obj), torch.Tensor)):
-            raise fx.proxy.TraceError(f"the model's code decides on the values of a tensor ({how} of "
-                                      f"{getattr(obj, 'node', obj)} at {_user_frame()}): data-dependent control flow")
-        self.decisions.append(f"{_user_frame()}: {how} = {value!r}")
-        return value
+    def decide(self, obj: fx.Proxy, how: str) -> Any:
+        """Lane A's ``how`` (``bool``, ``int``, ``float``, ``len``, ``dtype``) of ``obj``, where the model's code needs
+        it as a Python value; recorded. Raises ``TraceError`` (one line) for a decision on tensor values, on a size that
+        depends on them, or on the batch size (see the module's docstring)."""
+        where = _user_frame()
+        cast = {"bool": bool, "int": operator.index, "float": float, "len": len, "dtype": _dtype}[how]
+        a, b = cast(value_of(obj, 0)), cast(value_of(obj, 1))
+        label = how  # a dtype is what the tensor is, not its values: the graph holds the example's
+        if how == "len" and _flag(obj, "ragged"):
+            raise fx.proxy.TraceError(f"the model's code takes a size that depends on the values of a tensor (len at "
+                                      f"{where}): data-dependent control flow")
+        if how in ("bool", "int", "float") and _flag(obj, "data"):
+            raise fx.proxy.TraceError(f"the model's code decides on the values of a tensor ({how} at {where}): "
+                                      "data-dependent control flow")
+        if a != b if how in ("len", "dtype") else _flag(obj, "varies"):
+            label = _batch_comparison(obj, self._numbers) if how == "bool" and a == b else ""
+            if not label:
+                raise fx.proxy.TraceError(
+                    f"the model's code takes the batch size as a Python {'condition' if how == 'bool' else 'number'} "
+                    f"({how} at {where}: {a!r} at a batch of {LANE_BATCHES[0]}, {b!r} at {LANE_BATCHES[1]}): the "
+                    "graph would hold for one batch size")
+        self.decisions.append(f"{where}: {label} = {a!r}")
+        return a
 
 
-def _reads_data(kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether a new node's value depends on tensor values: inputs and the model's own tensors do; reading a size
-    does not; anything else does when one of its operands does."""
+def _is_number(v: Any) -> bool:
+    """A number or a tuple of numbers (a size): what :func:`_batch_comparison` reads."""
+    return isinstance(v, (int, float)) or (isinstance(v, tuple) and all(isinstance(i, int) for i in v))
+
+
+def _dtype(t: torch.Tensor) -> torch.dtype:
+    return t.dtype
+
+
+def _batch_comparison(obj: Any, numbers: Mapping[fx.Node, tuple[Any, Any]]) -> str:
+    """``"batch size OP c"`` where ``obj`` compares the batch size (a number whose lane values are
+    :data:`LANE_BATCHES`) with a number ``c`` ≤ 1 that does not vary (the same outcome at every batch of 2 or more),
+    or two sizes equal in both lanes with each other by ``==``/``!=`` (``x.shape == y.shape``); "" otherwise.
+    ``numbers``: the lane values of the traced numbers and sizes."""
+    node = getattr(obj, "node", None)
+    if node is None or node.target not in COMPARISONS or len(node.args) != 2 or node.kwargs:
+        return ""
+    lanes = [numbers.get(a) if isinstance(a, fx.Node) else (a, a) for a in node.args]
+    if None in lanes:
+        return ""
+    batch = [pair == LANE_BATCHES for pair in lanes]  # type: ignore[comparison-overlap]
+    op = COMPARISONS[node.target]
+    (a0, a1), (c0, c1) = lanes  # type: ignore[misc]
+    if node.target in (operator.eq, operator.ne) and a0 == c0 and a1 == c1:  # equal sizes in both lanes
+        return f"batch size {op} batch size" if all(batch) else f"size {op} size"
+    if any(batch):
+        c0, c1 = lanes[1] if batch[0] else lanes[0]  # type: ignore[misc]
+        if c0 == c1 and isinstance(c0, (int, float)) and not isinstance(c0, bool) and c0 <= 1:
+            return f"batch size {op} {c0}" if batch[0] else f"{c0} {op} batch size"
+    return ""
+
+
+def _flags(kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+           values: tuple[Any, Any]) -> tuple[bool, bool, bool]:
+    """``data``, ``ragged`` and ``varies`` of a new node (see :class:`ConcreteProxy`): inputs and the model's own
+    tensors are data; reading what a tensor is (its sizes, dtype) is not, unless its sizes depend on data; a result
+    is ragged when an operand is or the operation is one of :data:`RAGGED` (or a boolean mask indexes); it varies
+    when its lane values differ (a tensor: in shape) or, for a truth value, when an operand varies."""
+    operands: list[Any] = []
+    map_aggregate((args, kwargs), operands.append)
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    ragged = any(_flag(a, "ragged") for a in operands) or name in RAGGED or _masks(target, args)
     if kind in ("placeholder", "get_attr"):
-        return True
-    if (kind == "call_function" and target is getattr and len(args) > 1 and args[1] in SIZES) or \
-            (kind == "call_method" and target in SIZES) or (kind == "call_function" and target is torch.numel):
+        data = True
+    elif (kind == "call_function" and target is getattr and len(args) > 1 and args[1] in METADATA) or \
+            (kind == "call_method" and target in METADATA) or (kind == "call_function" and target is torch.numel):
+        data = _flag(args[0], "ragged")
+    else:
+        data = any(_flag(a, "data") for a in operands)
+    varies = not _same(*values) or (isinstance(values[0], bool) and any(
+        _flag(a, "varies") for a in operands if not isinstance(value_of(a), torch.Tensor)))
+    return data, ragged, varies
+
+
+def _masks(target: Any, args: tuple[Any, ...]) -> bool:
+    """Whether ``target(*args)`` indexes with a boolean tensor (``x[mask]``: as many rows as the mask has True)."""
+    if target is not operator.getitem or len(args) < 2:
         return False
-    found: list[bool] = []
-    map_aggregate((args, kwargs), lambda a: found.append(reads_data(a)))
-    return any(found)
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return any(isinstance(v := value_of(i), torch.Tensor) and v.dtype == torch.bool for i in index)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two lane values agree: tensors in shape, containers item by item, anything else by ``==``."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:  # an object without a plain equality: taken as the same
+        return True
 
 
 def _attribute(obj: Any, path: str) -> Any:
@@ -208,7 +307,17 @@ def _user_frame() -> str:
     return "?"
 
 
-def example_inputs(root: nn.Module, args: tuple[Any, ...]) -> dict[str, Any]:
-    """``forward``'s parameter name → a copy of the example's value (the graph's computation may write in place)."""
-    bound = inspect.signature(root.forward).bind_partial(*args)
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in bound.arguments.items()}
+def lane_inputs(root: nn.Module, lanes: tuple[tuple[Any, ...], tuple[Any, ...]]) -> tuple[dict[str, Any], ...]:
+    """Per lane, ``forward``'s parameter name (``*name`` for a ``*args`` parameter, as torch.fx names it) → a copy of
+    the lane's value (the graph's computation may write in place)."""
+    sig = inspect.signature(root.forward)
+    out = []
+    for args in lanes:
+        bound = sig.bind_partial(*args).arguments
+        star = {p.name for p in sig.parameters.values() if p.kind is p.VAR_POSITIONAL}
+        out.append({("*" + k if k in star else k): _copied(v) for k, v in bound.items()})
+    return tuple(out)
+
+
+def _copied(v: Any) -> Any:
+    return map_aggregate(v, lambda t: t.clone() if isinstance(t, torch.Tensor) else t)

@@ -26,10 +26,10 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from ..errors import CompressionError
 from ..evaluate import eval_mode
-from ..inputs import Inputs, args_of, call, repeat_to, sample_shapes
-from .concrete import ConcreteTracer, example_inputs
+from ..inputs import Inputs, NamedInputs, args_of, call, repeat_to, sample_shapes
+from .concrete import LANE_BATCHES, ConcreteTracer, lane_inputs
 
-__all__ = ["trace", "trace_notes", "is_exported_program"]
+__all__ = ["DECISIONS_NOTE", "trace", "trace_notes", "is_exported_program"]
 
 
 def is_exported_program(model: nn.Module) -> bool:
@@ -39,6 +39,9 @@ def is_exported_program(model: nn.Module) -> bool:
         n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) for n in model.graph.nodes)
 
 
+
+DECISIONS_NOTE = "traced carrying example values, as the model's forward decides on sizes in Python"
+"""How the report's note on a trace that fixed Python's decisions begins (the CLI prints it on the console)."""
 
 MAX_OPAQUE = 8
 """How many module classes :func:`trace` may keep whole (opaque) before it gives up on a model."""
@@ -79,11 +82,12 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
                                "operations, whose layers cannot be resized")
     root = copy.deepcopy(model)
     converted = _as_linear(root)
+    state = _plain_state(root)  # tracing runs forward, which may keep values on the modules (a cache, a counter)
     opaque: dict[type, str] = {}
     fixed = _unfed_defaults(root, example)
     replayed = repeat_to(example, 2) if len(example) == 1 else example  # a batch of 2: the batch dimension is plain
     first: Exception | None = None  # the first replay failure: the one the refusal names
-    concrete: Inputs | None = None  # the example the graph's values are computed on, once plain tracing failed
+    concrete: tuple[Inputs, Inputs] | None = None  # the lanes the values are computed on, once plain tracing failed
     plain: Exception | None = None  # plain tracing's failure
     while True:
         try:
@@ -93,16 +97,18 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
                 raise _unreplayable(model, replayed, first, len(opaque)) from None
             if concrete is not None:
                 raise _untraceable(model, plain or failed.exc, failed.exc) from None
-            # the model's own forward decides on a traced value: trace again, carrying the example's values, every
-            # class open again. A batch of 2 (code often special-cases a batch of one), checked on 3 and on 1 below
-            concrete, replayed, first = repeat_to(example, 2), repeat_to(example, 3), None
+            # the model's own forward decides on a traced value: trace a fresh copy again carrying example values,
+            # every class open again; the graph is then checked on batches of 3 and 1 below
+            concrete, replayed, first, plain = _lanes(example), repeat_to(example, 3), None, failed.exc
+            root = copy.deepcopy(model)
+            _as_linear(root)
+            state = _plain_state(root)
             opaque.clear()
-            plain = failed.exc
             continue
         with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
                 eval_mode(gm):  # a BatchNorm in training mode would update its statistics
             try:  # ShapeProp prints a traceback of its own on failure; the user gets the one line below
-                ShapeProp(gm).propagate(*args_of(replayed))
+                ShapeProp(gm).propagate(*args_of(_fresh(replayed)))
                 break
             except Exception as exc:
                 first = first or exc
@@ -110,6 +116,7 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
                 if failing is None or len(opaque) >= MAX_OPAQUE:
                     raise _unreplayable(model, replayed, first, len(opaque)) from None
                 opaque[failing] = f"its traced graph does not replay: {_first_line(exc.__cause__ or exc)}"
+    _restore(state)
     with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         _require_same_outputs(model, root, gm, replayed)
         if concrete is not None:
@@ -126,9 +133,10 @@ def trace_notes(gm: fx.GraphModule) -> list[str]:
                      "the nn.Linear that computes the same: the compressed model holds nn.Linear layers there")
     if decisions := gm.meta.get("decisions"):
         shown = "; ".join(decisions[:3]) + (f"; {len(decisions) - 3} more" if len(decisions) > 3 else "")
-        notes.append("traced carrying the example's values, as the model's forward decides on sizes in Python: those "
-                     f"decisions are fixed at the example's ({shown}); the graph was checked against the model on "
-                     "batches of three and of one")
+        notes.append(f"{DECISIONS_NOTE}: {len(decisions)} decision(s) on sizes and dtypes fixed at the calibration "
+                     f"data's ({shown}), on the batch size only where the same for every batch of 2 or more; the "
+                     "graph was checked against the model on batches of 3 and 1: use the compressed model on inputs "
+                     "of that shape and dtype (any batch size)")
     return notes
 
 
@@ -143,7 +151,8 @@ def _as_linear(root: nn.Module) -> int:
             continue
         if id(m) not in made:
             w, b = m.weight, getattr(m, "bias", None)
-            linear = nn.Linear(w.shape[0], w.shape[1], bias=b is not None, device=w.device, dtype=w.dtype)
+            linear = nn.utils.skip_init(nn.Linear, w.shape[0], w.shape[1], bias=b is not None, device=w.device,
+                                        dtype=w.dtype)  # no initialisation: the random state stays as it was
             linear.weight = nn.Parameter(w.detach().t().contiguous(), requires_grad=w.requires_grad)
             if b is not None:
                 linear.bias = nn.Parameter(b.detach().clone(), requires_grad=b.requires_grad)
@@ -162,15 +171,16 @@ class _ModelUntraceable(Exception):
 
 
 def _graph(model: nn.Module, root: nn.Module, opaque: dict[type, str], fixed: dict[str, Any] | None,
-           concrete: Inputs | None = None) -> fx.GraphModule:
+           concrete: tuple[Inputs, Inputs] | None = None) -> fx.GraphModule:
     """Trace ``root``, keeping whole the ``opaque`` classes and each further class whose ``forward`` torch.fx fails
-    in (added to ``opaque``, at most :data:`MAX_OPAQUE` in all); in the mode ``model`` is in. With ``concrete`` (an
-    example), every traced value carries its value on it and Python's decisions on them take the example's (see
-    :mod:`.concrete`); they are kept in ``meta["decisions"]``. Raises :class:`_ModelUntraceable`."""
+    in (added to ``opaque``, at most :data:`MAX_OPAQUE` in all); in the mode ``model`` is in. With ``concrete`` (two
+    lanes of inputs), every traced value carries its values on them and Python's decisions on sizes take lane A's
+    (see :mod:`.concrete`); they are kept in ``meta["decisions"]``. Raises :class:`_ModelUntraceable`."""
     while True:
         tracer: fx.Tracer = _Tracer(frozenset(opaque))
         if concrete is not None:
-            tracer = ConcreteTracer(tracer.is_leaf_module, example_inputs(root, args_of(concrete)))
+            tracer = ConcreteTracer(tracer.is_leaf_module, lane_inputs(root, (args_of(concrete[0]),
+                                                                              args_of(concrete[1]))))
         try:
             graph = tracer.trace(root, concrete_args=fixed)
             break
@@ -187,6 +197,34 @@ def _graph(model: nn.Module, root: nn.Module, opaque: dict[type, str], fixed: di
     gm.meta["fixed_args"] = fixed or {}
     gm.eval() if not model.training else gm.train()
     return gm
+
+
+_REGISTRIES = ("_parameters", "_buffers", "_modules")
+
+
+def _plain_state(root: nn.Module) -> dict[nn.Module, dict[str, Any]]:
+    """Each module's plain attributes (not its parameters, buffers or submodules), to put back after tracing: a
+    forward that keeps a value on its module (``self.pos = ...`` on a first call) leaves a traced one there."""
+    return {m: {k: v for k, v in vars(m).items() if k not in _REGISTRIES} for m in root.modules()}
+
+
+def _restore(state: dict[nn.Module, dict[str, Any]]) -> None:
+    for m, attributes in state.items():
+        for k in [k for k in vars(m) if k not in _REGISTRIES and k not in attributes]:
+            delattr(m, k)
+        vars(m).update(attributes)
+
+
+def _fresh(x: Inputs) -> Inputs:
+    """A copy of ``x`` (a forward that writes into its input leaves the caller's example as it was)."""
+    return NamedInputs({n: t.clone() for n, t in x.items()}) if isinstance(x, NamedInputs) else x.clone()
+
+
+def _lanes(example: Inputs) -> tuple[Inputs, Inputs]:
+    """The concrete trace's lanes: batches of :data:`~.concrete.LANE_BATCHES` rows, lane B's from the example's
+    later rows where it has more than one."""
+    return repeat_to(example, LANE_BATCHES[0]), repeat_to(example[1:] if len(example) > 1 else example,
+                                                          LANE_BATCHES[1])
 
 
 def _distinct(lines: list[str]) -> list[str]:
@@ -231,16 +269,20 @@ def _require_same_outputs(model: nn.Module, root: nn.Module, gm: fx.GraphModule,
     def run(m: nn.Module) -> list[torch.Tensor]:  # the same random numbers for both (a model sampling noise)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            return flatten_outputs(call(m, example), skip_other=True)
+            return flatten_outputs(call(m, _fresh(example)), skip_other=True)  # a forward may write its inputs
 
-    with eval_mode(root), eval_mode(gm):
+    with eval_mode(root), eval_mode(gm):  # the model's second call: one that keeps a value on its first call (a
+        run(root)                         # cache) computes as it will from then on, and a counter shows
         own, got = run(root), run(gm)
+    on = f"on the example (a batch of {len(example)}"
+    decided = gm.meta.get("decisions")
+    fixed = f"; the trace fixed {len(decided)} decision(s) at a batch of {LANE_BATCHES[0]}" if decided else ""
     if [tuple(t.shape) for t in own] != [tuple(t.shape) for t in got]:
         raise CompressionError(
             f"the torch.fx graph of {type(model).__name__} returns {len(got)} tensor(s) where the model returns "
-            f"{len(own)} (shapes {[tuple(t.shape) for t in got][:4]} against {[tuple(t.shape) for t in own][:4]}): "
-            "its code tests what a value is (isinstance), which a traced value is not; use factorize, which needs "
-            "no trace")
+            f"{len(own)} {on}{fixed}; shapes {[tuple(t.shape) for t in got][:4]} against "
+            f"{[tuple(t.shape) for t in own][:4]}): its code tests what a value is (isinstance), which a traced value "
+            "is not; use factorize, which needs no trace")
     for i, (a, b) in enumerate(zip(own, got)):  # the same operations in the same order: equal up to rounding
         if not a.is_floating_point() or not a.numel():
             continue
@@ -248,8 +290,8 @@ def _require_same_outputs(model: nn.Module, root: nn.Module, gm: fx.GraphModule,
         scale = float(finite.abs().max()) if finite.numel() else 0.0
         if not torch.allclose(a, b, rtol=1e-4, atol=1e-5 * scale + 1e-30, equal_nan=True):
             raise CompressionError(
-                f"the torch.fx graph of {type(model).__name__} computes other values than the model on the example "
-                f"(output {i}: largest difference {float((a - b).nan_to_num().abs().max()):.3g}): its code decides "
+                f"the torch.fx graph of {type(model).__name__} computes other values than the model {on}{fixed}; "
+                f"output {i}: largest difference {float((a - b).nan_to_num().abs().max()):.3g}): its code decides "
                 "something at trace time that it decides otherwise when it runs; use factorize, which needs no trace")
 
 

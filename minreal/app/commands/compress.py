@@ -136,6 +136,11 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
         click.echo(f"WARNING: {fields_spelled(missed, (report.predicted.budget['kind'],))}", err=True)
     if overshot := report.predicted.get("budget_overshot"):  # nor overshot in silence
         click.echo(f"note: {fields_spelled(overshot, (report.predicted.budget['kind'],))}", err=True)
+    from minreal.compress.core.width.tracing import DECISIONS_NOTE  # torch is loaded by now
+
+    for note in report.notes:  # a graph fixed at the data's shape is said where the user sees it
+        if note.startswith(DECISIONS_NOTE):
+            click.echo(f"note: {note}", err=True)
     if report.measured.held_out_recovered:
         zero, rec = report.measured.held_out_zero_shot, report.measured.held_out_recovered
         con.table("held out: " + "; ".join(f"{k} zero-shot {zero[k]:.4g} -> recovered {rec[k]:.4g}"

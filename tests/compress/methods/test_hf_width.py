@@ -11,6 +11,7 @@ from torch import nn
 
 from minreal.compress import compress
 from minreal.compress.core.data import Dataset
+from minreal.compress.core.width.tracing import DECISIONS_NOTE
 from minreal.compress.methods.wanda import WandaConfig
 from minreal.export.onnx_export import to_onnx
 from minreal.export.verify import verify_parity
@@ -104,7 +105,7 @@ def test_models_whose_own_forward_checks_its_inputs_go_through_wanda_and_export(
     new, report = compress(model, data, "wanda", WandaConfig(mac_ratio=0.9, width_multiple=8))
     assert report.mac_ratio <= 0.9 + 1e-9 and not report.predicted.get("budget_missed")
     assert any(kept < full for full, kept in report.predicted.group_widths.values())
-    assert any(n.startswith("traced carrying the example's values") for n in report.notes)
+    assert any(n.startswith(DECISIONS_NOTE) for n in report.notes)
     path = tmp_path / f"{family}.onnx"
     to_onnx(new, data.x[:2], path)
     assert verify_parity(new, path, [data.x[:3], data.x[:5]]).passed

@@ -4,6 +4,7 @@ against the model on another batch size. And GPT-2's ``Conv1D`` layers, traced a
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from pathlib import Path
@@ -16,6 +17,7 @@ from minreal.compress import compress
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
 from minreal.compress.core.width import analyse
+from minreal.compress.core.width.tracing import DECISIONS_NOTE
 from minreal.compress.methods.depth import DepthConfig
 from minreal.compress.methods.wanda import WandaConfig
 from minreal.export.onnx_export import to_onnx
@@ -55,7 +57,8 @@ def test_a_model_that_checks_its_input_sizes_is_traced_with_the_examples_values(
     x = torch.randn(4, 16)
     wg = analyse(model, x)
     assert [(g.name, g.size) for g in wg.cuttable()] == [("fc1", 64)]
-    assert wg.gm.meta["decisions"] == [f"{HERE}:{_line(_Checked.forward, 'if x.shape[-1] != 16')}: bool = False"]
+    assert wg.gm.meta["decisions"] == [f"{HERE}:{_line(_Checked.forward, 'if x.shape[-1] != 16')}: bool = False",
+                                       f"{HERE}:{_line(_Checked.forward, 'if x.dtype !=')}: dtype = torch.float32"]
     assert wg.gm.meta["opaque"] == {}
     other = torch.randn(7, 16)  # another batch size than the trace's and the check's
     with torch.no_grad():
@@ -68,7 +71,7 @@ def test_wanda_and_depth_cut_such_a_model_and_it_exports_with_parity(tmp_path: P
     data = Dataset(torch.randn(32, 16))
     new, report = compress(model, data, "wanda", WandaConfig(mac_ratio=0.7, width_multiple=8))
     assert report.mac_ratio <= 0.7 + 1e-9
-    assert any(n.startswith("traced carrying the example's values") and f"{HERE}:" in n for n in report.notes)
+    assert any(n.startswith(DECISIONS_NOTE) and f"{HERE}:" in n for n in report.notes)
     path = tmp_path / "wanda.onnx"
     to_onnx(new, data.x[:2], path)
     assert verify_parity(new, path, [data.x[:3], data.x[:5]]).passed
@@ -99,7 +102,7 @@ def test_a_decision_on_the_values_of_a_tensor_is_refused_in_one_line() -> None:
     assert "\n" not in said and said.startswith(f"width surgery needs a model torch.fx can trace; _DataBranch cannot "
                                                 f"be traced at {HERE}:{line} (forward): TraceError: ")
     assert f"with the example's values it fails at {HERE}:{line} (forward): TraceError: the model's code decides on " \
-           f"the values of a tensor (bool of " in said
+           f"the values of a tensor (bool at {HERE}:{line})" in said
 
 
 class _BatchOfOne(nn.Module):
@@ -112,10 +115,112 @@ class _BatchOfOne(nn.Module):
         return y * 2 if x.shape[0] == 1 else y
 
 
-def test_a_decision_on_the_batch_size_is_refused_by_the_check_on_another_batch() -> None:
+def test_a_batch_of_one_taking_its_own_branch_is_refused_by_the_check_on_a_batch_of_one() -> None:
+    """``batch == 1`` has the same outcome at every batch of 2 or more, so the trace decides it (at 2); a batch of
+    one is then checked on its own, and its branch differs."""
     with pytest.raises(CompressionError, match=r"^the torch.fx graph of _BatchOfOne computes other values than the "
-                                               r"model on the example"):
+                                               r"model on the example \(a batch of 1; the trace fixed 1 decision"):
         analyse(_BatchOfOne(), torch.randn(1, 4))
+
+
+class _Sized(nn.Module):
+    """A linear layer after one of several tests of its input, chosen by ``test``."""
+
+    def __init__(self, test: str) -> None:
+        super().__init__()
+        self.fc, self.test = nn.Linear(4, 4), test
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.test == "batch over 4" and x.shape[0] > 4:
+            x = x * 0.5
+        if self.test == "loop over the batch":
+            x = torch.stack([x[i] * (i + 1) for i in range(x.size(0))])
+        if self.test == "nonzero" and torch.nonzero(x > 0).shape[0] > x.numel() // 2:
+            x = -x
+        if self.test == "mask" and len(x[x[:, 0] > 0]) == 0:
+            x = -x
+        if self.test == "item" and x.abs().max().item() > 10:
+            x = x / 10
+        return self.fc(x)
+
+
+@pytest.mark.parametrize(("test", "said"), [
+    ("batch over 4", "takes the batch size as a Python condition (bool at {where}: False at a batch of 2, True at 7)"),
+    ("loop over the batch", "takes the batch size as a Python number (int at {where}: 2 at a batch of 2, 7 at 7)"),
+    ("nonzero", "decides on the values of a tensor (bool at {where})"),
+    ("mask", "takes a size that depends on the values of a tensor (len at {where})"),
+    ("item", "decides on the values of a tensor (bool at {where})"),
+])
+def test_decisions_on_the_batch_size_or_on_values_are_refused_in_one_line(test: str, said: str) -> None:
+    """Each would hold for the example only: a threshold on the batch size (past the sizes any check runs), a loop
+    unrolled to the batch size, sizes and numbers that depend on the data."""
+    line = _line(_Sized.forward, f'self.test == "{test}"')
+    line += 1 if test == "loop over the batch" else 0
+    with pytest.raises(CompressionError) as info:
+        analyse(_Sized(test), torch.randn(3, 4))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("width surgery needs a model torch.fx can trace; _Sized ")
+    assert f"with the example's values it fails at {HERE}:{line} (forward): TraceError: the model's code " + \
+        said.format(where=f"{HERE}:{line}") in message
+
+
+class _Tidy(nn.Module):
+    """Code that reads what its input is and splits it (not its values): all of it may be decided."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_floating_point() or x.requires_grad:
+            raise TypeError("expected a float tensor without grad")
+        if x.shape[0] > 0 and x.size(0) == x.shape[0]:  # batch > 0; batch == batch
+            x = x + torch.arange(x.shape[-1], device=x.device, dtype=x.dtype)
+        a, b = [c * 2 for c in x.chunk(2, -1)]
+        x.mul_(0)  # writes into its input: the caller's tensor must not change
+        return self.fc(torch.cat([b, a], -1))
+
+
+def test_sizes_metadata_and_splits_are_decided_and_the_device_stays_traced() -> None:
+    torch.manual_seed(0)
+    model, x = _Tidy().eval(), torch.randn(3, 8)
+    kept = x.clone()
+    with pytest.raises(fx.proxy.TraceError):
+        fx.symbolic_trace(model)
+    wg = analyse(model, x)
+    assert torch.equal(x, kept)  # the example as it was
+    assert any(d.endswith("batch size > 0 = True") for d in wg.gm.meta["decisions"])
+    assert any(d.endswith("batch size == batch size = True") for d in wg.gm.meta["decisions"])
+    constants = [a for n in wg.gm.graph.nodes for a in (*n.args, *n.kwargs.values()) if isinstance(a, torch.device)]
+    assert constants == []  # x.device is read by the graph, not fixed at the example's
+    for batch in (1, 5):
+        other = torch.randn(batch, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(wg.gm(other.clone()), model(other.clone()), rtol=0, atol=0)
+
+
+class _Caching(nn.Module):
+    """Keeps a tensor it builds on its first call (positions), as some models do: a failed plain trace leaves a
+    traced value there, which the second trace must not see."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.pos = nn.Linear(4, 4), None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pos is None:
+            self.pos = torch.arange(x.shape[1]).float()
+        if x.shape[1] != 4:
+            raise ValueError("expected 4 features")
+        return self.fc(x + self.pos)
+
+
+def test_the_second_trace_starts_from_a_fresh_copy_of_the_model() -> None:
+    model, x = _Caching().eval(), torch.randn(2, 4)
+    wg = analyse(model, x)
+    assert model.pos is None
+    with torch.no_grad():
+        torch.testing.assert_close(wg.gm(x), _Caching.forward(copy.deepcopy(model), x))
 
 
 class _Normed(nn.Module):
@@ -130,8 +235,8 @@ class _Normed(nn.Module):
 
 
 def test_the_values_are_computed_on_a_copy_the_models_statistics_stay() -> None:
-    """The trace computes on a batch of one; a BatchNorm in training mode would refuse it and update its running
-    statistics: the values are computed on a copy in eval mode."""
+    """The trace computes its values while it records the graph; a BatchNorm in training mode would update its running
+    statistics: the values are computed on a copy in eval mode, and the replay runs in eval mode too."""
     torch.manual_seed(0)
     model = _Normed().train()
     model.bn.running_mean.fill_(0.5)
@@ -167,21 +272,25 @@ class _GPT2MLP(nn.Module):
         super().__init__()
         self.c_fc, self.c_proj = Conv1D(32, 8), Conv1D(8, 32)
         self.head = Conv1D(8, 8)
+        self.again = self.head
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.c_fc(x)
         h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
-        return self.head(self.head(x + self.c_proj(h)))
+        return self.again(self.head(x + self.c_proj(h)))
 
 
 def test_gpt2s_conv1d_is_traced_as_the_linear_layer_it_is_and_its_mlp_width_cut(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = _GPT2MLP().eval()
     x = torch.randn(2, 5, 8)
+    torch.manual_seed(1)
     wg = analyse(model, x)
+    assert torch.equal(torch.rand(3), torch.manual_seed(1) and torch.rand(3))  # no layer initialised: same state
     assert wg.gm.meta["as_linear"] == 3 and wg.gm.meta["decisions"] == []
     assert isinstance(wg.gm.c_fc, nn.Linear) and torch.equal(wg.gm.c_fc.weight, model.c_fc.weight.t())
-    assert wg.gm.get_submodule("head") is wg.gm.head  # used twice, still one layer
+    called = [n.target for n in wg.gm.graph.nodes if n.op == "call_module"]
+    assert called.count("head") == 2 and "again" not in called  # one layer under two names stays one
     assert [(g.name, g.size) for g in wg.cuttable()] == [("c_fc", 32)]  # pow passes the channels through
     with torch.no_grad():
         torch.testing.assert_close(wg.gm(x), model(x))

@@ -302,7 +302,7 @@ class _Counting(nn.Module):
 
 def test_a_trace_that_computes_other_values_than_the_model_is_refused() -> None:
     with pytest.raises(CompressionError, match=r"^the torch.fx graph of _Counting computes other values than the "
-                                               r"model on the example \(output 0: largest difference"):
+                                               r"model on the example \(a batch of 2; output 0: largest difference"):
         analyse(_Counting(), torch.randn(2, 4))
 
 
