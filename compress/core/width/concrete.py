@@ -3,12 +3,14 @@
 A Hugging Face model checks what it is given before it computes: ViT compares ``pixel_values.dtype`` with its
 weights', Whisper's encoder ``input_features.shape[-1]`` with the length it was built for, GPT-2's mask code the batch
 size with its positions'. Plain torch.fx cannot decide such a test (a traced value has no truth value) and stops.
-Here every traced value also holds its value on two examples, computed as the graph is recorded: **lane A**, a batch
-of 2, and **lane B**, a batch of 7 of other rows. Where Python needs a traced value as a truth value, a number or a
-length, lane A's is taken and the decision recorded (``file:line``, the value), after three checks:
+Here every traced value also holds its values on three examples, computed as the graph is recorded: **lane A**, a
+batch of 2, **lane B**, a batch of 7 of other rows, and **lane C**, a batch of 2 of other rows. Where Python needs a
+traced value as a truth value, a number or a length, lane A's is taken and the decision recorded (``file:line``, the
+value), after three checks:
 
 - a value that depends on the **values** of a tensor (``if x.mean() > 0``, ``.item()``) is refused: the branch would
-  hold for the example only; so is a size that depends on them (``len(torch.nonzero(x))``);
+  hold for the example only; so is a size that depends on them (``len(torch.nonzero(x))``, or any shape that
+  differs between lanes A and C);
 - a value that differs between the lanes depends on the **batch size** (or on the data): refused as a number
   (``range(x.size(0))`` would fix the graph at one batch size), and as a truth value unless it compares the batch size
   with 0 or 1 (``batch_size != 1``, the same for every batch of 2 or more; a batch of one is checked on its own by
@@ -36,15 +38,17 @@ from torch.fx.node import map_aggregate
 
 __all__ = ["ConcreteTracer", "ConcreteProxy", "LANE_BATCHES", "lane_inputs", "value_of"]
 
-LANE_BATCHES = (2, 7)
-"""The batch sizes of lanes A and B: far apart, neither 1 (which code often special-cases)."""
+LANE_BATCHES = (2, 7, 2)
+"""The batch sizes of lanes A, B and C: A and B far apart, neither 1 (which code often special-cases); C has A's batch
+size and other rows, so that a shape that differs between A and C is sized by the data."""
 
 METADATA = frozenset({"shape", "size", "dim", "numel", "ndimension", "nelement", "ndim", "dtype", "device", "layout",
                       "is_cuda", "is_sparse", "is_quantized", "is_meta", "is_floating_point", "is_complex",
                       "requires_grad", "is_contiguous"})
 """Attributes and methods of a tensor that read what it is (sizes, dtype, device), not its values."""
 
-RAGGED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount"})
+RAGGED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount", "nms",
+                    "batched_nms"})
 """Operations whose result's size depends on the values of their input."""
 
 COMPARISONS = {operator.eq: "==", operator.ne: "!=", operator.gt: ">", operator.ge: ">=", operator.lt: "<",
@@ -54,7 +58,7 @@ COMPARISONS = {operator.eq: "==", operator.ne: "!=", operator.gt: ">", operator.
 def value_of(x: Any, lane: int = 0) -> Any:
     """A traced value's value in ``lane`` (0: A, 1: B); anything else as it is."""
     if isinstance(x, ConcreteProxy):
-        return x.values[lane]
+        return x._lanes[lane]
     if isinstance(x, fx.proxy.Attribute):
         return getattr(value_of(x.root, lane), x.attr)
     return x
@@ -64,11 +68,14 @@ def _flag(x: Any, name: str) -> bool:
     """A traced value's flag (``data``, ``ragged``, ``varies``); an attribute of one reads the root's (a size read
     from a tensor is not data, unless the tensor is ragged)."""
     if isinstance(x, ConcreteProxy):
-        return getattr(x, name)
+        return getattr(x, f"_{name}")
     if isinstance(x, fx.proxy.Attribute):
         if x.attr in METADATA and name == "data":
             return _flag(x.root, "ragged")
-        return _flag(x.root, name) if name != "varies" else not _same(value_of(x, 0), value_of(x, 1))
+        if name == "varies":
+            return not _same(value_of(x, 0), value_of(x, 1), _flag(x, "data")) or \
+                (x.attr not in METADATA and _flag(x.root, "varies"))
+        return _flag(x.root, name)
     return False
 
 
@@ -76,14 +83,16 @@ class ConcreteProxy(fx.Proxy):
     """A traced value, its values in lanes A and B, and three flags: ``data`` (it depends on the values of a
     tensor), ``ragged`` (its size does) and ``varies`` (it differs between the lanes: the batch size)."""
 
-    def __init__(self, node: fx.Node, tracer: ConcreteTracer, values: tuple[Any, Any], data: bool, ragged: bool,
+    def __init__(self, node: fx.Node, tracer: ConcreteTracer, values: tuple[Any, ...], data: bool, ragged: bool,
                  varies: bool) -> None:
-        super().__init__(node, tracer)
-        self.values, self.data, self.ragged, self.varies = values, data, ragged, varies
+        super().__init__(node, tracer)  # private names: a model reads its own ``.values`` and ``.data``
+        self._lanes, self._data, self._ragged, self._varies = values, data, ragged, varies
 
     def __getattr__(self, k: str) -> Any:
-        if k == "dtype" and isinstance(self.values[0], torch.Tensor):  # torch.finfo(x.dtype) needs a real one
+        if k == "dtype" and isinstance(self._lanes[0], torch.Tensor):  # torch.finfo(x.dtype) needs a real one
             return self.tracer.decide(self, "dtype")  # type: ignore[attr-defined]
+        if k.startswith("__") and k.endswith("__") and not hasattr(self._lanes[0], k):
+            raise AttributeError(k)  # a probe (``__cuda_array_interface__``) answered as the value would
         return super().__getattr__(k)
 
     def __len__(self) -> int:
@@ -104,11 +113,10 @@ class ConcreteTracer(fx.Tracer):
     value on ``inputs`` (two lanes, each ``forward``'s parameter name → its value; see :func:`lane_inputs`); Python's
     decisions on traced values are checked and kept in :attr:`decisions`."""
 
-    def __init__(self, is_leaf: Callable[[nn.Module, str], bool], inputs: tuple[Mapping[str, Any], Mapping[str, Any]]
-                 ) -> None:
+    def __init__(self, is_leaf: Callable[[nn.Module, str], bool], inputs: tuple[Mapping[str, Any], ...]) -> None:
         super().__init__()
         self._is_leaf = is_leaf
-        self.inputs = (dict(inputs[0]), dict(inputs[1]))
+        self.inputs = tuple(dict(lane) for lane in inputs)
         self.decisions: list[str] = []
         self._evaluating = 0
         self._shadow: nn.Module | None = None
@@ -130,12 +138,12 @@ class ConcreteTracer(fx.Tracer):
     def create_proxy(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                      name: str | None = None, type_expr: Any | None = None,
                      proxy_factory_fn: Callable[[fx.Node], fx.Proxy] | None = None) -> fx.Proxy:
-        values = (self._evaluate(kind, target, args, kwargs, 0), self._evaluate(kind, target, args, kwargs, 1))
+        values = tuple(self._evaluate(kind, target, args, kwargs, lane) for lane in range(len(self.inputs)))
         data, ragged, varies = _flags(kind, target, args, kwargs, values)
         proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn=lambda node:
                                      ConcreteProxy(node, self, values, data, ragged, varies))
         if all(_is_number(v) for v in values):
-            self._numbers[proxy.node] = values
+            self._numbers[proxy.node] = values[:2]
         return proxy
 
     def _evaluate(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], lane: int) -> Any:
@@ -190,18 +198,18 @@ class ConcreteTracer(fx.Tracer):
         a, b = cast(value_of(obj, 0)), cast(value_of(obj, 1))
         label = how  # a dtype is what the tensor is, not its values: the graph holds the example's
         if how == "len" and _flag(obj, "ragged"):
-            raise fx.proxy.TraceError(f"the model's code takes a size that depends on the values of a tensor (len at "
-                                      f"{where}): data-dependent control flow")
-        if how in ("bool", "int", "float") and _flag(obj, "data"):
-            raise fx.proxy.TraceError(f"the model's code decides on the values of a tensor ({how} at {where}): "
+            raise fx.proxy.TraceError("the model's code takes a size that depends on the values of a tensor (len): "
                                       "data-dependent control flow")
+        if how in ("bool", "int", "float") and _flag(obj, "data"):
+            raise fx.proxy.TraceError(f"the model's code decides on the values of a tensor ({how}): data-dependent "
+                                      "control flow")
         if a != b if how in ("len", "dtype") else _flag(obj, "varies"):
             label = _batch_comparison(obj, self._numbers) if how == "bool" and a == b else ""
             if not label:
                 raise fx.proxy.TraceError(
                     f"the model's code takes the batch size as a Python {'condition' if how == 'bool' else 'number'} "
-                    f"({how} at {where}: {a!r} at a batch of {LANE_BATCHES[0]}, {b!r} at {LANE_BATCHES[1]}): the "
-                    "graph would hold for one batch size")
+                    f"({how}: {a!r} at a batch of {LANE_BATCHES[0]}, {b!r} at {LANE_BATCHES[1]}): the graph would "
+                    "hold for one batch size")
         self.decisions.append(f"{where}: {label} = {a!r}")
         return a
 
@@ -226,7 +234,7 @@ def _batch_comparison(obj: Any, numbers: Mapping[fx.Node, tuple[Any, Any]]) -> s
     lanes = [numbers.get(a) if isinstance(a, fx.Node) else (a, a) for a in node.args]
     if None in lanes:
         return ""
-    batch = [pair == LANE_BATCHES for pair in lanes]  # type: ignore[comparison-overlap]
+    batch = [pair == LANE_BATCHES[:2] for pair in lanes]  # type: ignore[comparison-overlap]
     op = COMPARISONS[node.target]
     (a0, a1), (c0, c1) = lanes  # type: ignore[misc]
     if node.target in (operator.eq, operator.ne) and a0 == c0 and a1 == c1:  # equal sizes in both lanes
@@ -239,24 +247,32 @@ def _batch_comparison(obj: Any, numbers: Mapping[fx.Node, tuple[Any, Any]]) -> s
 
 
 def _flags(kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-           values: tuple[Any, Any]) -> tuple[bool, bool, bool]:
+           values: tuple[Any, ...]) -> tuple[bool, bool, bool]:
     """``data``, ``ragged`` and ``varies`` of a new node (see :class:`ConcreteProxy`): inputs and the model's own
-    tensors are data; reading what a tensor is (its sizes, dtype) is not, unless its sizes depend on data; a result
-    is ragged when an operand is or the operation is one of :data:`RAGGED` (or a boolean mask indexes); it varies
-    when its lane values differ (a tensor: in shape) or, for a truth value, when an operand varies."""
+    tensors are data; reading what a tensor is (its sizes, dtype) is not, unless its sizes depend on data. A result
+    is ragged when an operand is, when its shape differs between lanes A and C (the same batch size, other rows), or
+    when the operation sizes its result by values (:data:`RAGGED`, ``where`` of a condition alone,
+    ``repeat_interleave`` by a tensor, a boolean mask as an index: seen even where the rows are alike). It varies
+    when its values in lanes A and B differ (a tensor: in shape, or in values where they do not come from data) or an
+    operand varies, except that reading a size (``x.shape``, ``x.shape[1]``) varies only where the sizes read
+    differ."""
     operands: list[Any] = []
     map_aggregate((args, kwargs), operands.append)
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    ragged = any(_flag(a, "ragged") for a in operands) or name in RAGGED or _masks(target, args)
+    reads_size = (kind == "call_function" and target is getattr and len(args) > 1 and args[1] in METADATA) or \
+        (kind == "call_method" and target in METADATA) or (kind == "call_function" and target is torch.numel)
+    ragged = any(_flag(a, "ragged") for a in operands) or name in RAGGED or _masks(target, args) or \
+        not _same(values[0], values[2]) or \
+        (name == "where" and len(args) == 1 and not kwargs) or \
+        (name == "repeat_interleave" and any(isinstance(value_of(a), torch.Tensor) for a in operands[1:]))
     if kind in ("placeholder", "get_attr"):
         data = True
-    elif (kind == "call_function" and target is getattr and len(args) > 1 and args[1] in METADATA) or \
-            (kind == "call_method" and target in METADATA) or (kind == "call_function" and target is torch.numel):
+    elif reads_size:
         data = _flag(args[0], "ragged")
     else:
         data = any(_flag(a, "data") for a in operands)
-    varies = not _same(*values) or (isinstance(values[0], bool) and any(
-        _flag(a, "varies") for a in operands if not isinstance(value_of(a), torch.Tensor)))
+    by_size = reads_size or (target is operator.getitem and isinstance(value_of(args[0]), tuple))
+    varies = not _same(values[0], values[1], data) or (not by_size and any(_flag(a, "varies") for a in operands))
     return data, ragged, varies
 
 
@@ -268,14 +284,17 @@ def _masks(target: Any, args: tuple[Any, ...]) -> bool:
     return any(isinstance(v := value_of(i), torch.Tensor) and v.dtype == torch.bool for i in index)
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Whether two lane values agree: tensors in shape, containers item by item, anything else by ``==``."""
+def _same(a: Any, b: Any, data: bool = True) -> bool:
+    """Whether two lane values agree: tensors in shape (and in values where they do not come from ``data``: a tensor
+    built from sizes), containers item by item, anything else by ``==``."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape):
+            return False
+        return data or torch.equal(a, b)
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y, data) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(_same(a[k], b[k], data) for k in a)
     try:
         return bool(a == b)
     except Exception:  # an object without a plain equality: taken as the same
@@ -307,7 +326,7 @@ def _user_frame() -> str:
     return "?"
 
 
-def lane_inputs(root: nn.Module, lanes: tuple[tuple[Any, ...], tuple[Any, ...]]) -> tuple[dict[str, Any], ...]:
+def lane_inputs(root: nn.Module, lanes: tuple[tuple[Any, ...], ...]) -> tuple[dict[str, Any], ...]:
     """Per lane, ``forward``'s parameter name (``*name`` for a ``*args`` parameter, as torch.fx names it) → a copy of
     the lane's value (the graph's computation may write in place)."""
     sig = inspect.signature(root.forward)

@@ -87,19 +87,19 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     fixed = _unfed_defaults(root, example)
     replayed = repeat_to(example, 2) if len(example) == 1 else example  # a batch of 2: the batch dimension is plain
     first: Exception | None = None  # the first replay failure: the one the refusal names
-    concrete: tuple[Inputs, Inputs] | None = None  # the lanes the values are computed on, once plain tracing failed
-    plain: Exception | None = None  # plain tracing's failure
+    concrete: tuple[Inputs, ...] | None = None  # the lanes the values are computed on, once plain tracing failed
+    plain = ""  # plain tracing's failure, in words (its traceback would hold the first copy)
     while True:
         try:
-            gm = _graph(model, root, opaque, fixed, concrete)
+            gm = _graph(model, root, opaque, fixed, concrete, state)
         except _ModelUntraceable as failed:
             if concrete is not None and first is not None:  # a class kept whole for a replay failure: name that
                 raise _unreplayable(model, replayed, first, len(opaque)) from None
             if concrete is not None:
-                raise _untraceable(model, plain or failed.exc, failed.exc) from None
+                raise _untraceable(model, plain, _said(failed.exc)) from None
             # the model's own forward decides on a traced value: trace a fresh copy again carrying example values,
             # every class open again; the graph is then checked on batches of 3 and 1 below
-            concrete, replayed, first, plain = _lanes(example), repeat_to(example, 3), None, failed.exc
+            concrete, replayed, first, plain = _lanes(example), repeat_to(example, 3), None, _said(failed.exc)
             root = copy.deepcopy(model)
             _as_linear(root)
             state = _plain_state(root)
@@ -136,7 +136,7 @@ def trace_notes(gm: fx.GraphModule) -> list[str]:
         notes.append(f"{DECISIONS_NOTE}: {len(decisions)} decision(s) on sizes and dtypes fixed at the calibration "
                      f"data's ({shown}), on the batch size only where the same for every batch of 2 or more; the "
                      "graph was checked against the model on batches of 3 and 1: use the compressed model on inputs "
-                     "of that shape and dtype (any batch size)")
+                     "of that shape and dtype, its weights in that dtype (any batch size)")
     return notes
 
 
@@ -171,16 +171,17 @@ class _ModelUntraceable(Exception):
 
 
 def _graph(model: nn.Module, root: nn.Module, opaque: dict[type, str], fixed: dict[str, Any] | None,
-           concrete: tuple[Inputs, Inputs] | None = None) -> fx.GraphModule:
+           concrete: tuple[Inputs, ...] | None, state: dict[nn.Module, dict[str, Any]]) -> fx.GraphModule:
     """Trace ``root``, keeping whole the ``opaque`` classes and each further class whose ``forward`` torch.fx fails
-    in (added to ``opaque``, at most :data:`MAX_OPAQUE` in all); in the mode ``model`` is in. With ``concrete`` (two
+    in (added to ``opaque``, at most :data:`MAX_OPAQUE` in all); in the mode ``model`` is in. With ``concrete`` (three
     lanes of inputs), every traced value carries its values on them and Python's decisions on sizes take lane A's
-    (see :mod:`.concrete`); they are kept in ``meta["decisions"]``. Raises :class:`_ModelUntraceable`."""
+    (see :mod:`.concrete`); they are kept in ``meta["decisions"]``. Each try starts from the modules' ``state``.
+    Raises :class:`_ModelUntraceable`."""
     while True:
+        _restore(state)
         tracer: fx.Tracer = _Tracer(frozenset(opaque))
         if concrete is not None:
-            tracer = ConcreteTracer(tracer.is_leaf_module, lane_inputs(root, (args_of(concrete[0]),
-                                                                              args_of(concrete[1]))))
+            tracer = ConcreteTracer(tracer.is_leaf_module, lane_inputs(root, tuple(args_of(c) for c in concrete)))
         try:
             graph = tracer.trace(root, concrete_args=fixed)
             break
@@ -203,16 +204,18 @@ _REGISTRIES = ("_parameters", "_buffers", "_modules")
 
 
 def _plain_state(root: nn.Module) -> dict[nn.Module, dict[str, Any]]:
-    """Each module's plain attributes (not its parameters, buffers or submodules), to put back after tracing: a
-    forward that keeps a value on its module (``self.pos = ...`` on a first call) leaves a traced one there."""
-    return {m: {k: v for k, v in vars(m).items() if k not in _REGISTRIES} for m in root.modules()}
+    """Each module's plain attributes (not its parameters, buffers or submodules; a dict, list or set copied), to put
+    back before each trace and after the last: a forward that keeps a value on its module (``self.pos = ...`` on a
+    first call, a cache dict) leaves a traced one there."""
+    return {m: {k: copy.copy(v) if isinstance(v, (dict, list, set)) else v for k, v in vars(m).items()
+                if k not in _REGISTRIES} for m in root.modules()}
 
 
 def _restore(state: dict[nn.Module, dict[str, Any]]) -> None:
     for m, attributes in state.items():
         for k in [k for k in vars(m) if k not in _REGISTRIES and k not in attributes]:
             delattr(m, k)
-        vars(m).update(attributes)
+        vars(m).update({k: copy.copy(v) if isinstance(v, (dict, list, set)) else v for k, v in attributes.items()})
 
 
 def _fresh(x: Inputs) -> Inputs:
@@ -220,11 +223,11 @@ def _fresh(x: Inputs) -> Inputs:
     return NamedInputs({n: t.clone() for n, t in x.items()}) if isinstance(x, NamedInputs) else x.clone()
 
 
-def _lanes(example: Inputs) -> tuple[Inputs, Inputs]:
-    """The concrete trace's lanes: batches of :data:`~.concrete.LANE_BATCHES` rows, lane B's from the example's
-    later rows where it has more than one."""
-    return repeat_to(example, LANE_BATCHES[0]), repeat_to(example[1:] if len(example) > 1 else example,
-                                                          LANE_BATCHES[1])
+def _lanes(example: Inputs) -> tuple[Inputs, ...]:
+    """The concrete trace's lanes: batches of :data:`~.concrete.LANE_BATCHES` rows, lane A's from the example's
+    first rows, lanes B's and C's from its later rows where it has more than one."""
+    later = example[1:] if len(example) > 1 else example
+    return repeat_to(example, LANE_BATCHES[0]), repeat_to(later, LANE_BATCHES[1]), repeat_to(later, LANE_BATCHES[2])
 
 
 def _distinct(lines: list[str]) -> list[str]:
@@ -327,18 +330,20 @@ def _failing_class(root: nn.Module, exc: BaseException, opaque: Mapping[type, st
     return next((codes[c] for c in reversed(frames) if c in codes), None)
 
 
-def _untraceable(model: nn.Module, exc: Exception, again: Exception | None = None) -> CompressionError:
-    """One line for a model torch.fx cannot trace: where in the model's code (the innermost frame outside torch and
-    this package), torch's first sentence, and what to do instead; ``again``: the failure of the trace that carried
-    the example's values, where it got past the first."""
-    def said(e: Exception) -> str:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        where = _model_frame(e)
-        return f"{f' at {where}' if where else ''}: {type(e).__name__}: {first.split('. ')[0].rstrip('.')[:160]}"
+def _said(exc: Exception) -> str:
+    """`` at file.py:line (function): Error: first sentence`` of a tracing failure: where in the model's code (the
+    innermost frame outside torch and this package) and torch's words."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    where = _model_frame(exc)
+    return f"{f' at {where}' if where else ''}: {type(exc).__name__}: {first.split('. ')[0].rstrip('.')[:240]}"
 
-    then = f"; with the example's values it fails{said(again)}" if again is not None and again is not exc else ""
+
+def _untraceable(model: nn.Module, plain: str, again: str = "") -> CompressionError:
+    """One line for a model torch.fx cannot trace: plain torch.fx's failure (:func:`_said`), and ``again``, that of
+    the trace carrying example values, and what to do instead."""
+    then = f"; with the example's values it fails{again}" if again and again != plain else ""
     return CompressionError(
-        f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced{said(exc)} (Python "
+        f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced{plain} (Python "
         f"control flow on a tensor){then}; give a factory returning the part that traces (e.g. the backbone) or use "
         "factorize, which needs no trace")
 

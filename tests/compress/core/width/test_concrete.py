@@ -102,7 +102,7 @@ def test_a_decision_on_the_values_of_a_tensor_is_refused_in_one_line() -> None:
     assert "\n" not in said and said.startswith(f"width surgery needs a model torch.fx can trace; _DataBranch cannot "
                                                 f"be traced at {HERE}:{line} (forward): TraceError: ")
     assert f"with the example's values it fails at {HERE}:{line} (forward): TraceError: the model's code decides on " \
-           f"the values of a tensor (bool at {HERE}:{line})" in said
+           "the values of a tensor (bool): data-dependent control flow" in said
 
 
 class _BatchOfOne(nn.Module):
@@ -133,6 +133,14 @@ class _Sized(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.test == "batch over 4" and x.shape[0] > 4:
             x = x * 0.5
+        if self.test == "batch over 8" and x.shape[0] > 8:  # the same outcome at both lanes' batches, 2 and 7
+            x = x * 0.5
+        if self.test == "batch in eighths" and (x.shape[0] + 7) // 8 > 1:  # 1 at 2 and at 7: the operand varies
+            x = x * 0.5
+        if self.test == "built from the batch" and torch.ones(x.shape[0]).sum() > 8:  # no data, values vary
+            x = x * 0.5
+        if self.test == "where" and torch.where(x > 100)[0].shape[0] > 0:  # empty in both lanes: sized by values
+            x = x * 0.5
         if self.test == "loop over the batch":
             x = torch.stack([x[i] * (i + 1) for i in range(x.size(0))])
         if self.test == "nonzero" and torch.nonzero(x > 0).shape[0] > x.numel() // 2:
@@ -145,23 +153,56 @@ class _Sized(nn.Module):
 
 
 @pytest.mark.parametrize(("test", "said"), [
-    ("batch over 4", "takes the batch size as a Python condition (bool at {where}: False at a batch of 2, True at 7)"),
-    ("loop over the batch", "takes the batch size as a Python number (int at {where}: 2 at a batch of 2, 7 at 7)"),
-    ("nonzero", "decides on the values of a tensor (bool at {where})"),
-    ("mask", "takes a size that depends on the values of a tensor (len at {where})"),
-    ("item", "decides on the values of a tensor (bool at {where})"),
+    ("batch over 4", "takes the batch size as a Python condition (bool: False at a batch of 2, True at 7)"),
+    ("batch over 8", "takes the batch size as a Python condition (bool: False at a batch of 2, False at 7)"),
+    ("batch in eighths", "takes the batch size as a Python condition (bool: False at a batch of 2, False at 7)"),
+    ("built from the batch", "takes the batch size as a Python condition (bool: False at a batch of 2, False at 7)"),
+    ("where", "decides on the values of a tensor (bool)"),
+    ("loop over the batch", "takes the batch size as a Python number (int: 2 at a batch of 2, 7 at 7)"),
+    ("nonzero", "decides on the values of a tensor (bool)"),
+    ("mask", "takes a size that depends on the values of a tensor (len)"),
+    ("item", "decides on the values of a tensor (bool)"),
 ])
 def test_decisions_on_the_batch_size_or_on_values_are_refused_in_one_line(test: str, said: str) -> None:
-    """Each would hold for the example only: a threshold on the batch size (past the sizes any check runs), a loop
-    unrolled to the batch size, sizes and numbers that depend on the data."""
+    """Each would hold for the example only: a threshold on the batch size (past the sizes any check runs, also where
+    both lanes decide alike), a number or a tensor computed from it, a loop unrolled to it, sizes and numbers that
+    depend on the data."""
     line = _line(_Sized.forward, f'self.test == "{test}"')
     line += 1 if test == "loop over the batch" else 0
     with pytest.raises(CompressionError) as info:
         analyse(_Sized(test), torch.randn(3, 4))
     message = str(info.value)
     assert "\n" not in message and message.startswith("width surgery needs a model torch.fx can trace; _Sized ")
-    assert f"with the example's values it fails at {HERE}:{line} (forward): TraceError: the model's code " + \
-        said.format(where=f"{HERE}:{line}") in message
+    assert f"with the example's values it fails at {HERE}:{line} (forward): TraceError: the model's code {said}" \
+        in message
+
+
+def _positive_rows(x: torch.Tensor) -> torch.Tensor:
+    return x[x[:, 0] > 0]
+
+
+torch.fx.wrap("_positive_rows")  # one call of the graph, an operation the tracer has no name for
+
+
+class _Filtered(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _positive_rows(x).shape[0] > 0:
+            x = x * 2
+        return self.fc(x)
+
+
+def test_a_size_set_by_the_data_is_seen_where_the_same_batch_of_other_rows_differs() -> None:
+    """Lane C (lane A's batch size, other rows) gives the wrapped filter another row count: its size is data."""
+    x = torch.tensor([[1.0, 0, 0, 0], [-1.0, 0, 0, 0], [-1.0, 0, 0, 0]])  # lane A: 1 row kept, lane C: none
+    with pytest.raises(CompressionError) as info:
+        analyse(_Filtered(), x)
+    line = _line(_Filtered.forward, "_positive_rows(x).shape[0] > 0")
+    assert f"it fails at {HERE}:{line} (forward): TraceError: the model's code decides on the values of a tensor " \
+           "(bool): data-dependent control flow" in str(info.value)
 
 
 class _Tidy(nn.Module):
@@ -199,28 +240,55 @@ def test_sizes_metadata_and_splits_are_decided_and_the_device_stays_traced() -> 
             torch.testing.assert_close(wg.gm(other.clone()), model(other.clone()), rtol=0, atol=0)
 
 
-class _Caching(nn.Module):
-    """Keeps a tensor it builds on its first call (positions), as some models do: a failed plain trace leaves a
-    traced value there, which the second trace must not see."""
+class _Positions(nn.Module):
+    """Keeps the positions it builds on its first call, and a cache dict, as some models do."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.fc, self.pos = nn.Linear(4, 4), None
+        self.pos: torch.Tensor | None = None
+        self.seen: dict[int, int] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pos is None:
-            self.pos = torch.arange(x.shape[1]).float()
+            self.pos = torch.arange(x.shape[-1]).float() * 0.1  # a traced value while tracing
+        self.seen[len(self.seen)] = 1
+        return x + self.pos
+
+
+class _DataGate(nn.Module):
+    """Branches on its input's values: plain torch.fx and the concrete trace both keep it whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) if x.sum() > -1e9 else x
+
+
+class _Caching(nn.Module):
+    """A cache on a first call, a submodule kept whole (so traced again), and a size check (so traced a third time
+    with example values): every try must start from the modules as they were, not from what the last one left."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions, self.gate, self.fc = _Positions(), _DataGate(), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] != 4:
             raise ValueError("expected 4 features")
-        return self.fc(x + self.pos)
+        return self.fc(self.gate(self.positions(x)))
 
 
-def test_the_second_trace_starts_from_a_fresh_copy_of_the_model() -> None:
+def test_every_trace_starts_from_the_modules_as_they_were() -> None:
+    torch.manual_seed(0)
     model, x = _Caching().eval(), torch.randn(2, 4)
     wg = analyse(model, x)
-    assert model.pos is None
+    assert model.positions.pos is None and model.positions.seen == {}  # the model given is left alone
+    assert wg.gm.meta["opaque"].keys() == {"_DataGate"} and len(wg.gm.meta["decisions"]) == 1
+    other = torch.randn(5, 4)
     with torch.no_grad():
-        torch.testing.assert_close(wg.gm(x), _Caching.forward(copy.deepcopy(model), x))
+        torch.testing.assert_close(wg.gm(other), copy.deepcopy(model)(other), rtol=0, atol=0)
 
 
 class _Normed(nn.Module):
@@ -285,8 +353,10 @@ def test_gpt2s_conv1d_is_traced_as_the_linear_layer_it_is_and_its_mlp_width_cut(
     model = _GPT2MLP().eval()
     x = torch.randn(2, 5, 8)
     torch.manual_seed(1)
+    expected = torch.rand(3)  # what the random state gives next, unless tracing initialises a layer
+    torch.manual_seed(1)
     wg = analyse(model, x)
-    assert torch.equal(torch.rand(3), torch.manual_seed(1) and torch.rand(3))  # no layer initialised: same state
+    assert torch.equal(torch.rand(3), expected)
     assert wg.gm.meta["as_linear"] == 3 and wg.gm.meta["decisions"] == []
     assert isinstance(wg.gm.c_fc, nn.Linear) and torch.equal(wg.gm.c_fc.weight, model.c_fc.weight.t())
     called = [n.target for n in wg.gm.graph.nodes if n.op == "call_module"]
