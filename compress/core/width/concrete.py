@@ -28,7 +28,8 @@ import copy
 import inspect
 import operator
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+import weakref
+from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, ValuesView
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,11 @@ METADATA = frozenset({"shape", "size", "dim", "numel", "ndimension", "nelement",
 
 RAGGED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount", "nms",
                     "batched_nms"})
+
+SIZED = frozenset({"view", "reshape", "expand", "repeat", "narrow", "new_zeros", "new_ones", "new_empty", "new_full",
+                   "zeros", "ones", "empty", "full", "arange", "split", "tensor_split", "unflatten", "pad",
+                   "interpolate"})
+"""Operations that take sizes as arguments: given a size computed from tensor values, their result is ragged."""
 """Operations whose result's size depends on the values of their input."""
 
 COMPARISONS = {operator.eq: "==", operator.ne: "!=", operator.gt: ">", operator.ge: ">=", operator.lt: "<",
@@ -121,6 +127,8 @@ class ConcreteTracer(fx.Tracer):
         self._evaluating = 0
         self._shadow: nn.Module | None = None
         self._numbers: dict[fx.Node, tuple[Any, Any]] = {}  # the lane values of traced numbers (not tensors)
+        self._proxies: weakref.WeakSet[ConcreteProxy] = weakref.WeakSet()
+        self._by_node: dict[fx.Node, ConcreteProxy] = {}  # while tracing: each node's proxy
 
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
         """The graph of ``root`` (an ``nn.Module``). Values are computed on a copy in eval mode that shares the
@@ -129,8 +137,11 @@ class ConcreteTracer(fx.Tracer):
             self._shadow = copy.deepcopy(root, memo={id(p): p for p in root.parameters()}).eval()
         try:
             return super().trace(root, concrete_args)
-        finally:
-            self._shadow, self._numbers = None, {}
+        finally:  # a proxy kept past the trace (an lru_cache of the model's code) holds no values, no copy
+            for proxy in self._proxies:
+                proxy._lanes = (None,) * len(proxy._lanes)
+            self._shadow, self._numbers, self._proxies, self.inputs = None, {}, weakref.WeakSet(), ()
+            self._by_node, self.root = {}, None  # type: ignore[assignment]
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return self._is_leaf(m, module_qualified_name)
@@ -144,6 +155,8 @@ class ConcreteTracer(fx.Tracer):
                                      ConcreteProxy(node, self, values, data, ragged, varies))
         if all(_is_number(v) for v in values):
             self._numbers[proxy.node] = values[:2]
+        self._proxies.add(proxy)  # type: ignore[arg-type]
+        self._by_node[proxy.node] = proxy  # type: ignore[assignment]
         return proxy
 
     def _evaluate(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], lane: int) -> Any:
@@ -184,6 +197,16 @@ class ConcreteTracer(fx.Tracer):
         return self.decide(obj, "bool")
 
     def iter(self, obj: fx.Proxy) -> Iterator[Any]:
+        value = value_of(obj)
+        if isinstance(value, Mapping):  # a dict's keys are what the code wrote, not traced values
+            return iter(list(value.keys()))
+        node = getattr(obj, "node", None)
+        if isinstance(value, (KeysView, ValuesView, ItemsView)) and node is not None and node.op == "call_method" \
+                and node.args and node.args[0] in self._by_node:  # ``out.items()`` of a traced dict: its own keys
+            owner = self._by_node[node.args[0]]
+            keys = list(value_of(owner).keys())
+            return iter({"keys": keys, "values": [owner[k] for k in keys],
+                         "items": [(k, owner[k]) for k in keys]}[node.target])
         return iter([obj[i] for i in range(self.decide(obj, "len"))])
 
     def keys(self, obj: fx.Proxy) -> Any:
@@ -262,6 +285,7 @@ def _flags(kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     reads_size = (kind == "call_function" and target is getattr and len(args) > 1 and args[1] in METADATA) or \
         (kind == "call_method" and target in METADATA) or (kind == "call_function" and target is torch.numel)
     ragged = any(_flag(a, "ragged") for a in operands) or name in RAGGED or _masks(target, args) or \
+        _sized_by_values(name, target, args, kwargs) or \
         not _same(values[0], values[2]) or \
         (name == "where" and len(args) == 1 and not kwargs) or \
         (name == "repeat_interleave" and any(isinstance(value_of(a), torch.Tensor) for a in operands[1:]))
@@ -274,6 +298,20 @@ def _flags(kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     by_size = reads_size or (target is operator.getitem and isinstance(value_of(args[0]), tuple))
     varies = not _same(values[0], values[1], data) or (not by_size and any(_flag(a, "varies") for a in operands))
     return data, ragged, varies
+
+
+def _sized_by_values(name: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a size computed from tensor values (``n = mask.sum(-1).max()``) sizes the result: as a slice bound
+    (``ids[:, :n]``) or a size argument of :data:`SIZED`."""
+    if target is operator.getitem and len(args) > 1:
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        bounds = [b for i in index if isinstance(i, slice) for b in (i.start, i.stop, i.step)]
+        return any(_flag(b, "data") for b in bounds)
+    if name not in SIZED:
+        return False
+    sizes: list[Any] = []
+    map_aggregate((args[1:] if args and isinstance(value_of(args[0]), torch.Tensor) else args, kwargs), sizes.append)
+    return any(_flag(a, "data") and (not isinstance(v := value_of(a), torch.Tensor) or v.ndim == 0) for a in sizes)
 
 
 def _masks(target: Any, args: tuple[Any, ...]) -> bool:

@@ -80,6 +80,12 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
         raise CompressionError("width methods need the model's Python modules (an nn.Module built by its code, e.g. "
                                "file.py:factory or a torchvision name): a torch.export program (.pt2) holds ATen "
                                "operations, whose layers cannot be resized")
+    with torch.random.fork_rng(devices=[]):  # a model that draws noise is run several times: the state stays
+        return _traced(model, example)
+
+
+def _traced(model: nn.Module, example: Inputs) -> fx.GraphModule:
+    """:func:`trace`'s work: trace (plainly, then with example values), replay, check."""
     root = copy.deepcopy(model)
     converted = _as_linear(root)
     state = _plain_state(root)  # tracing runs forward, which may keep values on the modules (a cache, a counter)
@@ -91,18 +97,19 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
     plain = ""  # plain tracing's failure, in words (its traceback would hold the first copy)
     while True:
         try:
-            gm = _graph(model, root, opaque, fixed, concrete, state)
+            gm: fx.GraphModule | None = _graph(model, root, opaque, fixed, concrete, state)
         except _ModelUntraceable as failed:
             if concrete is not None and first is not None:  # a class kept whole for a replay failure: name that
                 raise _unreplayable(model, replayed, first, len(opaque)) from None
             if concrete is not None:
                 raise _untraceable(model, plain, _said(failed.exc)) from None
-            # the model's own forward decides on a traced value: trace a fresh copy again carrying example values,
-            # every class open again; the graph is then checked on batches of 3 and 1 below
-            concrete, replayed, first, plain = _lanes(example), repeat_to(example, 3), None, _said(failed.exc)
-            root = copy.deepcopy(model)
+            plain, gm = _said(failed.exc), None
+        if gm is None:  # the model's own forward decides on a traced value: trace a fresh copy again carrying
+            root = state = None  # example values, every class open again (the first copy freed before), checked
+            root = copy.deepcopy(model)  # on batches of 3 and 1 below
             _as_linear(root)
             state = _plain_state(root)
+            concrete, replayed, first = _lanes(example), repeat_to(example, 3), None
             opaque.clear()
             continue
         with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
@@ -136,7 +143,8 @@ def trace_notes(gm: fx.GraphModule) -> list[str]:
         notes.append(f"{DECISIONS_NOTE}: {len(decisions)} decision(s) on sizes and dtypes fixed at the calibration "
                      f"data's ({shown}), on the batch size only where the same for every batch of 2 or more; the "
                      "graph was checked against the model on batches of 3 and 1: use the compressed model on inputs "
-                     "of that shape and dtype, its weights in that dtype (any batch size)")
+                     "of that shape and dtype, its weights in that dtype (any batch size); traced in eval mode "
+                     "(dropout written in the traced code stays off in training)")
     return notes
 
 
@@ -183,7 +191,8 @@ def _graph(model: nn.Module, root: nn.Module, opaque: dict[type, str], fixed: di
         if concrete is not None:
             tracer = ConcreteTracer(tracer.is_leaf_module, lane_inputs(root, tuple(args_of(c) for c in concrete)))
         try:
-            graph = tracer.trace(root, concrete_args=fixed)
+            with eval_mode(root) if concrete is not None else contextlib.nullcontext():  # the mode the checks use
+                graph = tracer.trace(root, concrete_args=fixed)
             break
         except Exception as exc:
             failing = _failing_class(root, exc, opaque)

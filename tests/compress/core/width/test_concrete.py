@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import fx, nn
 
 from minreal.compress import compress
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.inputs import NamedInputs
 from minreal.compress.core.width import analyse
 from minreal.compress.core.width.tracing import DECISIONS_NOTE
 from minreal.compress.methods.depth import DepthConfig
@@ -372,3 +374,88 @@ def test_gpt2s_conv1d_is_traced_as_the_linear_layer_it_is_and_its_mlp_width_cut(
     path = tmp_path / "mlp.onnx"
     to_onnx(new, data.x[:2], path)
     assert verify_parity(new, path, [data.x[:3], data.x[:4]]).passed
+
+
+class _Trim(nn.Module):
+    """Trims the batch to its longest real sequence (a size computed from the mask's values), then decides on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.long, self.short = nn.Embedding(50, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids[:, :mask.sum(-1).max()])
+        h = self.long(h) if h.shape[1] > 4 else self.short(h)
+        return h.mean(1)
+
+
+def test_a_size_computed_from_values_as_a_slice_bound_is_refused() -> None:
+    """Masks without padding give every lane the same length: the length is data all the same."""
+    ids = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(CompressionError, match=r"with the example's values it fails at .*: the model's code decides "
+                                               r"on the values of a tensor \(bool\)"):
+        analyse(_Trim(), NamedInputs({"ids": ids, "mask": torch.ones(4, 6, dtype=torch.long)}))
+
+
+class _Inner(nn.Module):
+    """Kept whole (decides on its values), returns a dict; drops out in training as transformers' layers do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.p = nn.Linear(8, 8), 0.5
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        y = self.fc(x)
+        if y.abs().max() > 1e6:
+            y = y.clamp(-1e6, 1e6)
+        return {"hidden": y, "pooled": y.mean(1)}
+
+
+class _Wrapper(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.head, self.p = _Inner(), nn.Linear(8, 8), 0.5
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if x.shape[-1] != 8:
+            raise ValueError("expected 8 features")
+        x = F.dropout(x, p=self.p if self.training else 0.0, training=self.training) + torch.randn(()) * 0
+        return {k: self.head(v) for k, v in self.inner(x).items()}
+
+
+def test_a_wrapper_in_training_mode_iterating_a_dict_is_traced_and_the_random_state_kept() -> None:
+    """transformers' ``from_config`` gives a model in training mode, whose traced code writes its dropout: traced in
+    eval mode, which the checks use; ``.items()`` of a dict a kept-whole layer returns gives its own keys; the lanes
+    draw random numbers, the caller's random state stays as it was."""
+    torch.manual_seed(0)
+    model, x = _Wrapper().train(), torch.randn(2, 5, 8)
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    wg = analyse(model, x)
+    assert torch.equal(torch.rand(2), expected)
+    assert wg.gm.meta["opaque"].keys() == {"_Inner"} and wg.gm.training and model.training
+    with torch.no_grad():
+        got, want = wg.gm.eval()(x), model.eval()(x)
+    assert got.keys() == want.keys() == {"hidden", "pooled"}
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+
+
+def test_the_tracer_lets_go_of_the_model_and_the_lanes_after_tracing() -> None:
+    """A traced value the model's code keeps (an lru_cache) must not keep a copy of the model or three batches."""
+    from minreal.compress.core.width.concrete import ConcreteTracer, lane_inputs
+
+    model, kept = _Checked().eval(), []
+    tracer = ConcreteTracer(lambda m, name: type(m).__module__.startswith("torch.nn"),
+                            lane_inputs(model, ((torch.randn(2, 16),), (torch.randn(7, 16),), (torch.randn(2, 16),))))
+    original = tracer.create_proxy
+
+    def keeping(*args: object, **kwargs: object) -> fx.Proxy:
+        kept.append(proxy := original(*args, **kwargs))  # type: ignore[arg-type]
+        return proxy
+
+    tracer.create_proxy = keeping  # type: ignore[method-assign]
+    tracer.trace(model)
+    assert tracer.root is None and tracer.inputs == () and tracer._shadow is None
+    assert kept and all(v is None for p in kept for v in p._lanes)
