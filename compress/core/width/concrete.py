@@ -116,7 +116,7 @@ class ConcreteProxy(fx.Proxy):
 
 class ConcreteTracer(fx.Tracer):
     """Records the graph as :class:`torch.fx.Tracer` does (``is_leaf``: which modules stay whole) while computing every
-    value on ``inputs`` (two lanes, each ``forward``'s parameter name → its value; see :func:`lane_inputs`); Python's
+    value on ``inputs`` (three lanes, each ``forward``'s parameter name → its value; see :func:`lane_inputs`); Python's
     decisions on traced values are checked and kept in :attr:`decisions`."""
 
     def __init__(self, is_leaf: Callable[[nn.Module, str], bool], inputs: tuple[Mapping[str, Any], ...]) -> None:
@@ -205,8 +205,9 @@ class ConcreteTracer(fx.Tracer):
                 and node.args and node.args[0] in self._by_node:  # ``out.items()`` of a traced dict: its own keys
             owner = self._by_node[node.args[0]]
             keys = list(value_of(owner).keys())
-            return iter({"keys": keys, "values": [owner[k] for k in keys],
-                         "items": [(k, owner[k]) for k in keys]}[node.target])
+            if node.target == "keys":
+                return iter(keys)
+            return iter([owner[k] for k in keys] if node.target == "values" else [(k, owner[k]) for k in keys])
         return iter([obj[i] for i in range(self.decide(obj, "len"))])
 
     def keys(self, obj: fx.Proxy) -> Any:
