@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..errors import CompressionError
 from ..surgery import shared_parameters
 from .graph import ChannelGroup, Use, WidthGraph
 from .rules import apply_rules
@@ -27,8 +28,24 @@ __all__ = ["analyse"]
 
 
 def analyse(model: nn.Module, example: torch.Tensor) -> WidthGraph:
-    """Trace ``model`` on ``example`` and find its channel groups (see the module docstring)."""
-    wg = WidthGraph(trace(model, example))
+    """Trace ``model`` on ``example`` and find its channel groups (see the module docstring). Where the classes kept
+    whole leave no group that may shrink (a T5 or BART encoder's blocks check sizes in Python), the model is traced
+    again carrying example values (:func:`~.tracing.trace` with ``values``), and that graph is taken if it has one."""
+    gm = trace(model, example)
+    wg = _groups(gm)
+    if not wg.cuttable() and gm.meta.get("opaque"):
+        try:
+            again = _groups(trace(model, example, values=True))
+        except CompressionError:
+            return wg
+        if again.cuttable():
+            return again
+    return wg
+
+
+def _groups(gm: torch.fx.GraphModule) -> WidthGraph:
+    """The channel groups of a traced model."""
+    wg = WidthGraph(gm)
     for name, reason in wg.gm.meta.get("opaque", {}).items():
         wg.unsupported.append((name, f"kept whole as one layer, its channels as they are: torch.fx cannot trace "
                                      f"or replay it ({reason})"))

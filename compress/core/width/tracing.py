@@ -70,8 +70,10 @@ def _keeps_layer_forward(m: nn.Module) -> bool:
     return all(o.__module__.startswith("torch.nn.") for o in owners) and owners[0] not in (nn.Module, nn.Sequential)
 
 
-def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
-    """A :class:`torch.fx.GraphModule` of a deep copy of ``model`` with shapes propagated on ``example``.
+def trace(model: nn.Module, example: torch.Tensor, values: bool = False) -> fx.GraphModule:
+    """A :class:`torch.fx.GraphModule` of a deep copy of ``model`` with shapes propagated on ``example``; with
+    ``values``, traced carrying example values from the start (see :mod:`.concrete`), not only where plain torch.fx
+    fails in the model's own ``forward``.
 
     Raises CompressionError with one line when the model cannot be traced (data-dependent control flow) or its graph
     does not replay it, in its own ``forward`` or in more than :data:`MAX_OPAQUE` module classes.
@@ -81,10 +83,10 @@ def trace(model: nn.Module, example: torch.Tensor) -> fx.GraphModule:
                                "file.py:factory or a torchvision name): a torch.export program (.pt2) holds ATen "
                                "operations, whose layers cannot be resized")
     with torch.random.fork_rng(devices=[]):  # a model that draws noise is run several times: the state stays
-        return _traced(model, example)
+        return _traced(model, example, values)
 
 
-def _traced(model: nn.Module, example: Inputs) -> fx.GraphModule:
+def _traced(model: nn.Module, example: Inputs, values: bool) -> fx.GraphModule:
     """:func:`trace`'s work: trace (plainly, then with example values), replay, check."""
     root = copy.deepcopy(model)
     converted = _as_linear(root)
@@ -93,7 +95,8 @@ def _traced(model: nn.Module, example: Inputs) -> fx.GraphModule:
     fixed = _unfed_defaults(root, example)
     replayed = repeat_to(example, 2) if len(example) == 1 else example  # a batch of 2: the batch dimension is plain
     first: Exception | None = None  # the first replay failure: the one the refusal names
-    concrete: tuple[Inputs, ...] | None = None  # the lanes the values are computed on, once plain tracing failed
+    # the lanes the values are computed on, from the start or once plain tracing failed, and where checked
+    concrete, replayed = (_lanes(example), repeat_to(example, 3)) if values else (None, replayed)
     plain = ""  # plain tracing's failure, in words (its traceback would hold the first copy)
     while True:
         try:

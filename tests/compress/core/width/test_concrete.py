@@ -459,3 +459,38 @@ def test_the_tracer_lets_go_of_the_model_and_the_lanes_after_tracing() -> None:
     tracer.trace(model)
     assert tracer.root is None and tracer.inputs == () and tracer._shadow is None
     assert kept and all(v is None for p in kept for v in p._lanes)
+
+
+class _SizedBlock(nn.Module):
+    """A residual MLP that checks its input's width in Python: plain torch.fx keeps it whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 16:
+            raise ValueError("expected 16 features")
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class _Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block, self.head = _SizedBlock(), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(x))
+
+
+def test_blocks_kept_whole_that_leave_nothing_to_cut_are_traced_again_with_example_values() -> None:
+    """T5's and BART's encoder blocks fail plain torch.fx inside themselves, not in the model's forward: kept whole,
+    they hide every width. The analysis then traces with example values, and the block's MLP may shrink."""
+    torch.manual_seed(0)
+    model, x = _Blocks().eval(), torch.randn(4, 16)
+    wg = analyse(model, x)
+    assert [(g.name, g.size) for g in wg.cuttable()] == [("block.fc1", 64)]
+    assert wg.gm.meta["opaque"] == {} and wg.gm.meta["decisions"] == [
+        f"{HERE}:{_line(_SizedBlock.forward, 'x.shape[-1] != 16')}: bool = False"]
+    new, report = compress(model, Dataset(torch.randn(32, 16)), "wanda", WandaConfig(mac_ratio=0.7, width_multiple=8))
+    assert report.mac_ratio <= 0.7 + 1e-9 and report.predicted.group_widths["block.fc1"][1] < 64
