@@ -37,7 +37,7 @@ import torch
 from torch import fx, nn
 from torch.fx.node import map_aggregate
 
-__all__ = ["ConcreteTracer", "ConcreteProxy", "LANE_BATCHES", "lane_inputs", "value_of"]
+__all__ = ["ConcreteTracer", "ConcreteProxy", "LANE_BATCHES", "frame_name", "lane_inputs", "user_frame", "value_of"]
 
 LANE_BATCHES = (2, 7, 2)
 """The batch sizes of lanes A, B and C: A and B far apart, neither 1 (which code often special-cases); C has A's batch
@@ -354,15 +354,24 @@ def _has(obj: Any, path: str) -> bool:
     return True
 
 
-def _user_frame() -> str:
-    """``file.py:line`` of the innermost frame outside torch and this package: the model's code that decided."""
+def user_frame(frames: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
+    """The innermost of ``frames`` outside torch and ``minreal.compress``: the model's own code; None if none."""
     skip = (Path(torch.__file__).resolve().parent, Path(__file__).resolve().parents[2])
-    for frame in reversed(traceback.extract_stack()):
-        path = Path(frame.filename).resolve()
-        if not any(path.is_relative_to(d) for d in skip):
-            name = frame.filename.rpartition("site-packages/")[2] if "site-packages/" in frame.filename else path.name
-            return f"{name}:{frame.lineno}"
-    return "?"
+    return next((f for f in reversed(frames)
+                 if not any(Path(f.filename).resolve().is_relative_to(d) for d in skip)), None)
+
+
+def frame_name(frame: traceback.FrameSummary) -> str:
+    """``file.py:line``, the path from its package folder where installed."""
+    name = frame.filename.rpartition("site-packages/")[2] if "site-packages/" in frame.filename else \
+        Path(frame.filename).name
+    return f"{name}:{frame.lineno}"
+
+
+def _user_frame() -> str:
+    """``file.py:line`` of the model's code that is deciding now."""
+    frame = user_frame(traceback.extract_stack())
+    return frame_name(frame) if frame is not None else "?"
 
 
 def lane_inputs(root: nn.Module, lanes: tuple[tuple[Any, ...], ...]) -> tuple[dict[str, Any], ...]:

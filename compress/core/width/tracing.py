@@ -17,7 +17,6 @@ import io
 import re
 import traceback
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from ..errors import CompressionError
 from ..evaluate import eval_mode
 from ..inputs import Inputs, NamedInputs, args_of, call, repeat_to, sample_shapes
-from .concrete import LANE_BATCHES, ConcreteTracer, lane_inputs
+from .concrete import LANE_BATCHES, ConcreteTracer, frame_name, lane_inputs, user_frame
 
 __all__ = ["DECISIONS_NOTE", "trace", "trace_notes", "is_exported_program"]
 
@@ -375,17 +374,10 @@ def _unreplayable(model: nn.Module, example: Inputs, exc: Exception, kept: int =
 
 
 def _model_frame(exc: BaseException) -> str | None:
-    """``file.py:line (function)`` of the innermost traceback frame outside torch and ``minreal.compress`` (the
-    model's own code), the path from its package folder; None when there is none."""
-    skip = (Path(torch.__file__).resolve().parent, Path(__file__).resolve().parents[2])
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not any(Path(f.filename).resolve().is_relative_to(d) for d in skip)]
-    if not frames:
-        return None
-    frame = frames[-1]
-    path = frame.filename.rpartition("site-packages/")[2] if "site-packages/" in frame.filename else \
-        Path(frame.filename).name
-    return f"{path}:{frame.lineno} ({frame.name})"
+    """``file.py:line (function)`` of the innermost traceback frame in the model's own code; None when there is
+    none."""
+    frame = user_frame(traceback.extract_tb(exc.__traceback__))
+    return f"{frame_name(frame)} ({frame.name})" if frame is not None else None
 
 
 def _shapes(example: Inputs) -> str:
