@@ -36,11 +36,11 @@ not pass).
 rows the JSON holds; the JSON is written atomically after every row. A model's folder under ``--work`` (its weights,
 programs, ONNX and INT8 files: 64 GB for the whole zoo) is removed once its rows are written, unless ``--keep-files``;
 ``--resume`` then builds a model's baseline again only where a method of it is still to run. ``--table`` prints the
-README's coverage table from the JSON; ``--merge BASE.json A.json B.json ...`` writes ``--out`` from a base JSON and
-the runs that resumed from it at once (shards of the list) or on several machines, their new and rerun rows replacing
-the base's (:func:`merge`). SIGTERM or SIGINT (Ctrl-C) stops the run: the running stage's processes are killed, the
-rows finished so far are saved and the driver exits with 128 + the signal after one line saying so
-(:func:`run_all`).
+README's coverage table from the JSON, ``--summary`` the findings under it (:func:`summary_markdown`); ``--merge
+BASE.json A.json B.json ...`` writes ``--out`` from a base JSON and the runs that resumed from it at once (shards of
+the list) or on several machines, their new and rerun rows replacing the base's (:func:`merge`). SIGTERM or SIGINT
+(Ctrl-C) stops the run: the running stage's processes are killed, the rows finished so far are saved and the driver
+exits with 128 + the signal after one line saying so (:func:`run_all`).
 
 The timing columns are only as good as the machine was quiet: the header records the load average at the start and each
 row its own and the machine's CPU shares over the row (``cpu_share``: busy, idle and steal from ``/proc/stat``, this
@@ -59,6 +59,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -820,6 +821,85 @@ def _readiness_lines(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[st
     return lines
 
 
+def summary_markdown(doc: dict[str, Any]) -> str:
+    """The README's findings under the table, computed from the JSON (nothing typed in by hand): per method, how many
+    models go through every stage and how many torchvision models go through with factorize and a width method (issue
+    44's goal: 77); where a row left its budget; the compressed INT8 file's batch-1 latency against the original's INT8
+    (the row to beat), with the rows that are slower; which method's INT8 is fastest per model; the run's own time; and
+    whether any row failed or holds a traceback. A row's bench is one short run in one fresh process: an indication
+    without a spread, and the lines say so."""
+    rows = [r for r in doc["rows"] if r["method"] is not None]
+    head = doc["header"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    through = {m: sorted(r["model"] for r in rows if r["method"] == m
+                         and all(r["stages"][s]["outcome"] == "ok" for s in STAGES)) for m in methods}
+    commits = sorted({r.get("commit", "?")[:7] for r in rows})
+    origin = f"every row from commit {commits[0]}" if len(commits) == 1 else \
+        f"rows from {len(commits)} commits (each row names its own)"
+    lines = [f"- **Rows**: {len({r['model'] for r in rows})} of {head['models_listed']} models, {len(rows)} rows, "
+             f"{origin}."]
+    for m in methods:
+        n = sum(r["method"] == m for r in rows)
+        lines.append(f"- **{m}**: {len(through[m])} of the {n} models it ran go through compress, export, parity, "
+                     "INT8 and bench.")
+    tv = {r["model"] for r in rows if r["family"] not in ("timm", "hf")}
+    if "factorize" in through:
+        for width in (m for m in methods if m in ("wanda", "magnitude", "taylor", "cbal")):
+            both = tv & set(through["factorize"]) & set(through[width])
+            lines.append(f"- **torchvision through with factorize and with {width}: {len(both)}** of the {len(tv)} "
+                         "run (issue 44's goal: 77).")
+    left = [f"{r['model']}/{r['method']} {r['stages']['compress']['mac_ratio_reached']}" for r in rows
+            if any(k in r["stages"]["compress"] for k in ("budget_missed", "budget_overshot"))]
+    if left:
+        lines.append(f"- Left its budget of {doc['mac_ratio']} (more than 0.05 away, said in the report): "
+                     + ", ".join(left) + ".")
+    lines += _int8_lines(rows)
+    lines += _cost_lines(doc, rows)
+    failed = [f"{r['model']}/{r['method']} {s}" for r in rows for s in STAGES if r["stages"][s]["outcome"] == "failed"]
+    tracebacks = "Traceback (most recent call last)" in json.dumps(doc)
+    lines.append(f"- **Failed (an error that is not the product's own refusal): {len(failed)}**"
+                 + (f" ({', '.join(failed)})" if failed else "")
+                 + f"; the JSON holds {'a' if tracebacks else 'no'} traceback.")
+    return "\n".join(lines)
+
+
+def _int8_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per method, the compressed INT8 file's batch-1 latency over the original's INT8 (median, range, count faster),
+    the slower rows, and how often each method has the fastest INT8 of a model."""
+    ratio: dict[str, dict[str, float]] = {}
+    for r in rows:
+        p50 = r["stages"]["bench"].get("p50_ms") or {}
+        if r["stages"]["bench"]["outcome"] == "ok" and p50.get("compressed.int8") and p50.get("original.int8"):
+            ratio.setdefault(r["method"], {})[r["model"]] = p50["compressed.int8"] / p50["original.int8"]
+    if not ratio:
+        return []
+    lines = ["- **INT8 against the original's INT8** (batch 1, one 0.5 s bench per row in one fresh process, the "
+             "original's INT8 measured in the same process: an indication without a spread, not a measurement):"]
+    for m, got in ratio.items():
+        v = sorted(got.values())
+        slower = [f"{k} {x:.2f}×" for k, x in sorted(got.items(), key=lambda kv: -kv[1]) if x >= 1]
+        lines.append(f"  - {m}: faster in {sum(x < 1 for x in v)} of {len(v)}, median {statistics.median(v):.2f}× "
+                     f"({v[0]:.2f}–{v[-1]:.2f})" + (f"; not faster: {', '.join(slower)}" if slower else ""))
+    benched = Counter(model for got in ratio.values() for model in got)
+    best = Counter(min((got[model], m) for m, got in ratio.items() if model in got)[1]
+                   for model, methods in benched.items() if methods > 1)
+    if best:
+        lines.append("  - fastest INT8 among the methods, of the models benched with more than one: "
+                     + ", ".join(f"{m} {n}" for m, n in sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))))
+    return lines
+
+
+def _cost_lines(doc: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """The run's own time: the sum of its stages' wall times (baselines included) and the median per method row."""
+    base = sum(float(b.get("wall_s") or 0) for b in doc.get("models", {}).values())
+    per = {m: [sum(float(s.get("wall_s") or 0) for s in r["stages"].values()) for r in rows if r["method"] == m]
+           for m in dict.fromkeys(r["method"] for r in rows)}
+    total = base + sum(sum(v) for v in per.values())
+    return [f"- **The run's own time**: {total / 3600:.1f} h of stages ({base / 3600:.1f} h of baselines); median "
+            "per row: " + ", ".join(f"{m} {statistics.median(v) / 60:.1f} min" for m, v in per.items() if v)
+            + f" (load: {doc.get('load') or 'not stated'})."]
+
+
 # --------------------------------------------------------------------------------------------------------- main
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -830,6 +910,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--resume", action="store_true", help="keep the rows the JSON holds and run the others")
     ap.add_argument("--list", action="store_true", help="print the models and their families, and exit")
     ap.add_argument("--table", action="store_true", help="print the README's coverage table from --out, and exit")
+    ap.add_argument("--summary", action="store_true",
+                    help="print the README's findings under the table (computed from --out), and exit")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one stage may run")
     ap.add_argument("--keep-files", action="store_true",
                     help="keep each model's folder under --work (weights, programs, ONNX and INT8 files; the whole "
@@ -851,6 +933,9 @@ def main() -> None:
     args = parse()
     if args.table:
         print(table_markdown(json.loads(args.out.read_text())))
+        return
+    if args.summary:
+        print(summary_markdown(json.loads(args.out.read_text())))
         return
     if args.merge:
         docs = []

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -70,6 +71,55 @@ def test_table_counts_passes_per_family_and_groups_refusals(tmp_path: Path) -> N
     assert "| refused | compress | depth: no removable residual block | 2 | a/depth, b/depth |" in lines
     assert "- hf: 1 model(s) not run: transformers is not installed" in lines
     assert "2 of 4 models run (partial; not reached: c)" in lines[0]
+
+
+def _bench(original: float, compressed: float) -> dict[str, Any]:
+    return {"outcome": "ok", "wall_s": 30.0, "p50_ms": {"original": 2 * original, "original.int8": original,
+                                                      "compressed": 2 * compressed, "compressed.int8": compressed}}
+
+
+def test_summary_counts_rows_through_int8_ratios_budgets_cost_and_failures(tmp_path: Path) -> None:
+    """The README's findings come from the JSON: the counts, the INT8 ratios (median and range, the slower rows), the
+    fastest method per model, the budgets left, the stages' time and the failures, each checked by hand here."""
+    ok = {s: {"outcome": "ok", "wall_s": 60.0} for s in ("compress", "export", "int8")} | {"parity": _stage("ok")}
+    refused = {"compress": {**_stage("refused", "depth: no removable residual block"), "wall_s": 6.0},
+               **{s: _stage("skipped", "compress did not pass") for s in ("export", "parity", "int8", "bench")}}
+    failed = {**ok, "int8": {**_stage("failed", "MemoryError: x"), "wall_s": 12.0},
+              "bench": _stage("skipped", "int8 did not pass")}
+
+    def row(model: str, method: str, stages: dict[str, Any], family: str = "classification") -> dict[str, Any]:
+        return {"model": model, "family": family, "method": method, "stages": stages, "commit": "0123456789ab"}
+
+    over = {**ok, "compress": {**ok["compress"], "mac_ratio_reached": 0.6, "budget_overshot": "0.6 for 0.7"}}
+    doc = {"header": {"commit": "0123456789ab", "models_listed": 5}, "mac_ratio": 0.7, "load": "alone",
+           "models": {"a": {"wall_s": 1800.0}, "b": {"wall_s": 1800.0}, "c": {"wall_s": 0.0}},
+           "rows": [row("a", "factorize", {**ok, "bench": _bench(10, 8)}),
+                    row("a", "wanda", {**ok, "bench": _bench(10, 7)}),
+                    row("a", "depth", {**over, "bench": _bench(10, 5)}),
+                    row("b", "factorize", {**ok, "bench": _bench(10, 12)}),
+                    row("b", "wanda", {**ok, "bench": _bench(10, 9)}),
+                    row("b", "depth", refused),
+                    row("timm:c", "factorize", {**ok, "bench": _bench(10, 9)}, family="timm"),
+                    row("timm:c", "wanda", failed, family="timm")]}
+    lines = zoo.summary_markdown(doc).splitlines()
+    assert lines[0] == "- **Rows**: 3 of 5 models, 8 rows, every row from commit 0123456.", lines
+    assert "- **factorize**: 3 of the 3 models it ran go through compress, export, parity, INT8 and bench." in lines
+    assert "- **wanda**: 2 of the 3 models it ran go through compress, export, parity, INT8 and bench." in lines
+    assert "- **depth**: 1 of the 2 models it ran go through compress, export, parity, INT8 and bench." in lines
+    assert "- **torchvision through with factorize and with wanda: 2** of the 2 run (issue 44's goal: 77)." in lines
+    assert "- Left its budget of 0.7 (more than 0.05 away, said in the report): a/depth 0.6." in lines
+    assert "  - factorize: faster in 2 of 3, median 0.90× (0.80–1.20); not faster: b 1.20×" in lines
+    assert "  - wanda: faster in 2 of 2, median 0.80× (0.70–0.90)" in lines
+    assert "  - depth: faster in 1 of 1, median 0.50× (0.50–0.50)" in lines
+    assert "  - fastest INT8 among the methods, of the models benched with more than one: depth 1, wanda 1" in lines
+    # stages: 7 rows that passed compress, export and int8 (3 × 60 s) and benched (30 s) but a failed and a refused:
+    # 6 × 210 + (120 + 12) + 6 = 1398 s, plus 3600 s of baselines
+    assert any(line.startswith("- **The run's own time**: 1.4 h of stages (1.0 h of baselines)") for line in lines)
+    assert lines[-1] == ("- **Failed (an error that is not the product's own refusal): 1** (timm:c/wanda int8); the "
+                         "JSON holds no traceback.")
+    done = tmp_path / "zoo.json"
+    done.write_text(json.dumps(doc))
+    assert _run("--summary", "--out", str(done)).stdout.splitlines() == lines
 
 
 def test_export_stages_record_the_static_tensorrt_check_and_the_table_counts_it(
