@@ -14,7 +14,9 @@ value), after three checks:
 - a value that differs between the lanes depends on the **batch size** (or on the data): refused as a number
   (``range(x.size(0))`` would fix the graph at one batch size), and as a truth value unless it compares the batch size
   with 0 or 1 (``batch_size != 1``, the same for every batch of 2 or more; a batch of one is checked on its own by
-  :func:`minreal.compress.core.width.tracing.trace`) or two batch sizes with each other;
+  :func:`minreal.compress.core.width.tracing.trace`) or two batch sizes with each other, and even so where it comes
+  from a call whose sizes the trace does not see (a layer kept whole, a ``torch.fx.wrap``-ped function): a filter
+  in there that keeps every calibration row returns a count that looks like the batch size in every lane;
 - anything else (a length, a channel count, a dtype: the same in both lanes) is decided as the example's and listed in
   the report: the graph is the model's computation on inputs shaped like the example, at any batch size.
 
@@ -57,6 +59,10 @@ SIZED = frozenset({"view", "reshape", "expand", "repeat", "narrow", "new_zeros",
 """Operations that take sizes as arguments: given a size computed from tensor values, their result is ragged."""
 """Operations whose result's size depends on the values of their input."""
 
+TRACED_PACKAGES = frozenset({"torch", "_operator", "operator", "builtins", "math"})
+"""Where the functions a graph calls come from when torch.fx recorded them as operations whose sizes follow their
+operands' (anything else it calls was wrapped whole by the model's code: ``torch.fx.wrap``)."""
+
 COMPARISONS = {operator.eq: "==", operator.ne: "!=", operator.gt: ">", operator.ge: ">=", operator.lt: "<",
                operator.le: "<="}
 
@@ -70,9 +76,9 @@ def value_of(x: Any, lane: int = 0) -> Any:
     return x
 
 
-def _flag(x: Any, name: str) -> bool:
-    """A traced value's flag (``data``, ``ragged``, ``varies``); an attribute of one reads the root's (a size read
-    from a tensor is not data, unless the tensor is ragged)."""
+def _flag(x: Any, name: str) -> Any:
+    """A traced value's flag (``data``, ``ragged``, ``varies``, ``opaque``); an attribute of one reads the root's (a
+    size read from a tensor is not data, unless the tensor is ragged)."""
     if isinstance(x, ConcreteProxy):
         return getattr(x, f"_{name}")
     if isinstance(x, fx.proxy.Attribute):
@@ -82,17 +88,19 @@ def _flag(x: Any, name: str) -> bool:
             return not _same(value_of(x, 0), value_of(x, 1), _flag(x, "data")) or \
                 (x.attr not in METADATA and _flag(x.root, "varies"))
         return _flag(x.root, name)
-    return False
+    return "" if name == "opaque" else False
 
 
 class ConcreteProxy(fx.Proxy):
-    """A traced value, its values in lanes A and B, and three flags: ``data`` (it depends on the values of a
-    tensor), ``ragged`` (its size does) and ``varies`` (it differs between the lanes: the batch size)."""
+    """A traced value, its values in lanes A and B, and four flags: ``data`` (it depends on the values of a
+    tensor), ``ragged`` (its size does), ``varies`` (it differs between the lanes: the batch size) and ``opaque``
+    (the name of a layer or function kept whole that it comes from, whose sizes are not seen: "" if none)."""
 
     def __init__(self, node: fx.Node, tracer: ConcreteTracer, values: tuple[Any, ...], data: bool, ragged: bool,
-                 varies: bool) -> None:
+                 varies: bool, opaque: str = "") -> None:
         super().__init__(node, tracer)  # private names: a model reads its own ``.values`` and ``.data``
         self._lanes, self._data, self._ragged, self._varies = values, data, ragged, varies
+        self._opaque = opaque
 
     def __getattr__(self, k: str) -> Any:
         if k == "dtype" and isinstance(self._lanes[0], torch.Tensor):  # torch.finfo(x.dtype) needs a real one
@@ -151,13 +159,26 @@ class ConcreteTracer(fx.Tracer):
                      proxy_factory_fn: Callable[[fx.Node], fx.Proxy] | None = None) -> fx.Proxy:
         values = tuple(self._evaluate(kind, target, args, kwargs, lane) for lane in range(len(self.inputs)))
         data, ragged, varies = _flags(kind, target, args, kwargs, values)
+        opaque = self._kept_whole(kind, target) or _opaque_operand(args, kwargs)
         proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn=lambda node:
-                                     ConcreteProxy(node, self, values, data, ragged, varies))
+                                     ConcreteProxy(node, self, values, data, ragged, varies, opaque))
         if all(_is_number(v) for v in values):
             self._numbers[proxy.node] = values[:2]
         self._proxies.add(proxy)  # type: ignore[arg-type]
         self._by_node[proxy.node] = proxy  # type: ignore[assignment]
         return proxy
+
+    def _kept_whole(self, kind: str, target: Any) -> str:
+        """The name of a call whose result's sizes the trace does not see (a layer kept whole whose class is not
+        torch's, a function wrapped with ``torch.fx.wrap``), "" for any other: the rows such a call returns may be a
+        count set by the data (a filter's), which lanes of alike rows cannot tell from the batch size."""
+        if kind == "call_module":
+            cls = type(self._shadow.get_submodule(target)) if self._shadow is not None else None
+            return "" if cls is None or cls.__module__.split(".")[0] == "torch" else f"{target} ({cls.__name__})"
+        if kind == "call_function":
+            package = (getattr(target, "__module__", None) or "torch").split(".")[0]
+            return "" if package in TRACED_PACKAGES else getattr(target, "__name__", repr(target))
+        return ""
 
     def _evaluate(self, kind: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], lane: int) -> Any:
         if kind == "placeholder":  # a parameter the example feeds, or one fixed at its default (args holds it)
@@ -229,6 +250,10 @@ class ConcreteTracer(fx.Tracer):
                                       "control flow")
         if a != b if how in ("len", "dtype") else _flag(obj, "varies"):
             label = _batch_comparison(obj, self._numbers) if how == "bool" and a == b else ""
+            if label and (source := _flag(obj, "opaque")):
+                raise fx.proxy.TraceError(
+                    f"the model's code decides on a size that comes from {source}, kept whole ({label}): a count it "
+                    "sets from the data (the rows a filter keeps) cannot be told from the batch size")
             if not label:
                 raise fx.proxy.TraceError(
                     f"the model's code takes the batch size as a Python {'condition' if how == 'bool' else 'number'} "
@@ -236,6 +261,13 @@ class ConcreteTracer(fx.Tracer):
                     "hold for one batch size")
         self.decisions.append(f"{where}: {label} = {a!r}")
         return a
+
+
+def _opaque_operand(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The first ``opaque`` flag among the operands (see :class:`ConcreteProxy`), "" if none."""
+    operands: list[Any] = []
+    map_aggregate((args, kwargs), operands.append)
+    return next((source for a in operands if (source := _flag(a, "opaque"))), "")
 
 
 def _is_number(v: Any) -> bool:

@@ -207,6 +207,42 @@ def test_a_size_set_by_the_data_is_seen_where_the_same_batch_of_other_rows_diffe
            "(bool): data-dependent control flow" in str(info.value)
 
 
+class _KeepsPositive(nn.Module):
+    """Kept whole (torch.fx fails on its branch on values): the rows whose first feature is positive."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > -1e9:  # a branch on values: torch.fx cannot trace this class
+            x = x[x[:, 0] > 0]
+        return x
+
+
+class _AllKept(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.keep, self.fc = _KeepsPositive(), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.keep(x).shape[0] == x.shape[0]:  # every row kept
+            x = x * 2
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("case", ["wrapped function", "module kept whole"])
+def test_a_count_from_a_call_kept_whole_is_refused_where_every_calibration_row_passes(case: str) -> None:
+    """Every row passes the filter, in every lane: its count equals the batch size in lanes A, B and C, so only where
+    it comes from (a call whose sizes the trace does not see) tells it from the batch size; a row that fails the
+    filter would take the other branch, so the decision is refused, not fixed."""
+    model, source, text = (_Filtered(), "_positive_rows", "_positive_rows(x).shape[0] > 0") \
+        if case == "wrapped function" else (_AllKept(), "keep (_KeepsPositive)", "self.keep(x).shape[0] == x.shape[0]")
+    for x in (torch.tensor([[1.0, 0, 0, 0]]), torch.rand(3, 4) + 0.1):
+        with pytest.raises(CompressionError) as info:
+            analyse(model, x)
+        line = _line(type(model).forward, text)
+        assert f"it fails at {HERE}:{line} (forward): TraceError: the model's code decides on a size that comes " \
+               f"from {source}, kept whole (batch size " in str(info.value)
+        assert "cannot be told from the batch size" in str(info.value)
+
+
 class _Tidy(nn.Module):
     """Code that reads what its input is and splits it (not its values): all of it may be decided."""
 
