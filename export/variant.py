@@ -19,7 +19,7 @@ import numpy as np
 from torch import nn
 
 from minreal.compress import count_costs
-from minreal.compress.core.inputs import Inputs, NamedInputs, repeat_to, slice_axis
+from minreal.compress.core.inputs import Inputs, halve_axes, repeat_to
 from minreal.export.errors import ExportError
 from minreal.export.fp16 import Fp16Config, convert_fp16, fp16_path
 from minreal.export.int8 import quantize_int8
@@ -72,28 +72,10 @@ def parity_inputs(x: Inputs, axes: Axes | None = None) -> list[Inputs]:
     ``axes`` has dynamic axes besides the batch, the largest batch again with every such axis cut to half its
     length: so parity is checked at two values of every dynamic axis."""
     checks = [repeat_to(x, batch) for batch in PARITY_BATCH_SIZES]
-    shorter = _halved(x, axes or {})
+    shorter = halve_axes(x, axes or {})
     if shorter is not None:
         checks.append(repeat_to(shorter, PARITY_BATCH_SIZES[-1]))
     return checks
-
-
-def _halved(x: Inputs, axes: Axes) -> Inputs | None:
-    """``x`` with every non-batch dynamic axis at half its length (one size per dimension name); ``None`` when
-    there is no such axis of length 2 or more."""
-    sizes = _axis_sizes(x, axes)
-    target = {dim: max(1, size // 2) for dim, size in sizes.items() if dim != "batch" and size >= 2}
-    if not target:
-        return None
-    cuts = {name: {axis: target[dim] for axis, dim in per.items() if dim in target} for name, per in axes.items()}
-    return slice_axis(x, cuts)
-
-
-def _axis_sizes(x: Inputs, axes: Axes) -> dict[str, int]:
-    """Dimension name → its size in ``x``."""
-    tensors = dict(x.items()) if isinstance(x, NamedInputs) else {name: x for name in axes}
-    return {dim: int(tensors[name].shape[axis]) for name, per in axes.items() if name in tensors
-            for axis, dim in per.items()}
 
 
 def _readiness(path: Path, cfg: VariantConfig) -> dict[str, Any]:

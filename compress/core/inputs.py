@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 __all__ = ["Inputs", "NamedInputs", "call", "cat", "args_of", "count", "sample_shapes", "to_device", "as_floating",
-           "first_tensor", "is_named", "repeat_to", "input_names", "slice_axis", "PackedInputs", "takes_varargs"]
+           "first_tensor", "is_named", "repeat_to", "input_names", "slice_axis", "halve_axes", "PackedInputs",
+           "takes_varargs"]
 
 
 class NamedInputs:
@@ -186,6 +187,20 @@ def slice_axis(x: Inputs, axes: Mapping[str, Mapping[int, int]]) -> Inputs:
     if isinstance(x, NamedInputs):
         return NamedInputs({n: cut(n, t) for n, t in x.items()})
     return cut("input", x)
+
+
+def halve_axes(x: Inputs, axes: Mapping[str, Mapping[int, str]]) -> Inputs | None:
+    """``x`` with every dynamic axis besides the batch (``{input: {axis: dimension name}}``, one tensor named
+    ``"input"``) at half its length, one size per dimension name; ``None`` when there is no such axis of length 2
+    or more."""
+    tensors = dict(x.items()) if isinstance(x, NamedInputs) else {name: x for name in axes}
+    sizes = {dim: int(tensors[name].shape[axis]) for name, per in axes.items() if name in tensors
+             for axis, dim in per.items()}
+    target = {dim: max(1, size // 2) for dim, size in sizes.items() if dim != "batch" and size >= 2}
+    if not target:
+        return None
+    return slice_axis(x, {name: {axis: target[dim] for axis, dim in per.items() if dim in target}
+                          for name, per in axes.items()})
 
 
 class PackedInputs(nn.Module):

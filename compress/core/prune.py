@@ -190,6 +190,8 @@ def _prune_graph(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
         report.notes.append("traced with forward's " + ", ".join(f"{k}={v!r}" for k, v in fixed.items()) + " (the "
                             "data does not give them): the compressed model takes only the inputs the data gives")
     report.notes += trace_notes(wg.gm)
+    if decisions := wg.gm.meta.get("decisions"):
+        report.predicted.traced_decisions = list(decisions)
     if opaque := wg.gm.meta.get("opaque"):
         report.notes.append("kept whole as single layers, as torch.fx cannot trace or replay them (their channels stay "
                             "as they are; the rest is cut): " + "; ".join(f"{n} ({r})" for n, r in opaque.items()))

@@ -169,6 +169,10 @@ class Predicted(_Record):
     latency_table_precision: str = _unset()
     group_widths: dict[str, list[int]] = _unset()
     """Per channel group: ``[width before, width after]``."""
+    traced_decisions: list[str] = _unset()
+    """Width methods and depth: the decisions on sizes the trace took as the calibration data's (``file:line: what =
+    value``), where the model's own ``forward`` decides on sizes in Python
+    (:mod:`~minreal.compress.core.width.concrete`)."""
     segment_widths: dict[str, list[list[int]]] = _unset()
     hidden_widths: list[int] = _unset()
     hidden_widths_before: list[int] = _unset()

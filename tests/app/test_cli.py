@@ -579,6 +579,67 @@ def make():
 '''
 
 
+SEQUENCE = '''
+import torch
+from torch import nn
+
+
+class Sequence(nn.Module):
+    def __init__(self, by_length):
+        super().__init__()
+        self.by_length = by_length
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        if (x.shape[1] > 8) if self.by_length else (x.shape[-1] != 8):
+            x = x * 0.5
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def by_length():
+    torch.manual_seed(0)
+    return Sequence(True)
+
+
+def by_features():
+    torch.manual_seed(0)
+    return Sequence(False)
+'''
+
+
+@pytest.mark.parametrize("factory", ["by_length", "by_features"])
+def test_a_graph_fixed_at_the_datas_shape_keeps_a_dynamic_axis_only_where_it_decides_the_same_at_half_of_it(
+        factory: str, workdir: Path, run_cli: Callable) -> None:
+    """``--dynamic-axes`` asks the program to run at other lengths; a graph traced with example values decided at
+    the data's length. It is traced again at half the length: a decision on the length itself (12 > 8, 6 > 8)
+    differs and the command stops in one line with nothing written; a decision on the features holds, the note
+    says so and the program runs at another length, as the model does."""
+    import numpy as np
+    import torch
+
+    (workdir / "seq.py").write_text(SEQUENCE)
+    x = np.random.default_rng(0).standard_normal((48, 12, 8)).astype(np.float32)
+    np.savez(workdir / "seq.npz", x=x)
+    code, _, err = run_cli(["compress", f"seq.py:{factory}", "--method", "wanda", "--data", "seq.npz",
+                            "--mac-ratio", "0.8", "--data-holdout", "0", "--dynamic-axes", "input:batch,seq",
+                            "--out", "s.pt2", "--report", "r.json"])
+    line = 1 + next(i for i, text in enumerate(SEQUENCE.splitlines()) if "if (x.shape[1] > 8)" in text)
+    if factory == "by_length":
+        assert code != 0 and not Path("s.pt2").exists() and not Path("r.json").exists()
+        said = [ln for ln in err.splitlines() if ln.strip()]
+        assert len(said) == 3 and said[-1].startswith("minreal: error: dynamic axis seq: the width trace fixed "), err
+        assert f"decides otherwise at half the length (input (6, 8)): seq.py:{line}: bool = True, there " \
+               f"seq.py:{line}: bool = False" in said[-1]
+        return
+    assert code == 0, err
+    assert "traced again at half the length (input (6, 8)), it decides the same: the graph holds there" in err
+    report = json.loads(Path("r.json").read_text())
+    assert report["predicted"]["traced_decisions"] == [f"seq.py:{line}: bool = False"]
+    shorter = torch.from_numpy(x[:3, :5])
+    out = torch.export.load("s.pt2").module()(shorter)
+    assert out.shape == (3, 5, 4) and bool(torch.isfinite(out).all())
+
+
 def test_compress_states_decisions_fixed_at_the_datas_shape_on_the_console(workdir: Path,
                                                                           run_cli: Callable) -> None:
     """A model whose own forward checks its input's size is traced carrying example values (plain torch.fx stops

@@ -212,6 +212,47 @@ def test_a_job_past_the_deadline_is_skipped_and_never_cached(trained_mlp, tmp_pa
     assert not done.skipped and done.mac_ratio is not None
 
 
+class _ByLength(nn.Module):
+    """Decides on its input's length in Python: torch.fx stops, the width trace carries example values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] > 8:
+            x = x * 0.5
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_a_candidate_whose_trace_decides_on_a_dynamic_axis_is_refused_once_per_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tune that keeps a dynamic sequence axis refuses a width candidate whose graph decided on the length (12 > 8
+    at the data's length, not at half of it), in one line and with no files; the check runs once for every budget
+    of the method."""
+    from minreal.app.tune import candidate
+    from minreal.app.tune.candidate import CandidateSpec, Job, LoadedSource, evaluate_candidate, fingerprint
+    from minreal.compress.core.data import Dataset
+    from minreal.compress.core.width import tracing
+
+    torch.manual_seed(0)
+    model = _ByLength().eval()
+    tr, te = Dataset(torch.randn(32, 12, 8)), Dataset(torch.randn(16, 12, 8))
+    calls: list[int] = []
+    check = tracing.require_decisions_hold
+    monkeypatch.setattr(tracing, "require_decisions_hold", lambda *a: calls.append(1) or check(*a))
+    monkeypatch.setattr(candidate, "_AXES_CHECKED", {})
+    job = Job(CandidateSpec("wanda", 0.8), LoadedSource(model, tr, te), fingerprint(model, tr, te), tmp_path / "cache",
+              Constraint(max_accuracy_drop=2.0), Quality(0.9), ("cpu",), "cpu-vnni", False,
+              dynamic_axes=(("input", ((0, "batch"), (1, "seq"))),))
+    for budget in (0.8, 0.7):
+        result = evaluate_candidate(dataclasses.replace(job, spec=CandidateSpec("wanda", budget)))
+        assert result.error.startswith("dynamic axis seq: the width trace fixed 1 decision(s)"), result.error
+        assert "decides otherwise at half the length (input (6, 8))" in result.error
+        assert "\n" not in result.error and not result.files and not result.feasible
+    assert calls == [1]
+
+
 def test_tune_cli_writes_a_directory_that_check_can_gate(workdir: Path, run_cli: Callable) -> None:
     args = ["tune", "--allow-data-mismatch", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
             "-m", "svd", "--grid", "0.8,0.4", "--out", "t", "--cache-dir", "cache", "--screen-seconds", "0.02",

@@ -25,10 +25,10 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from ..errors import CompressionError
 from ..evaluate import eval_mode
-from ..inputs import Inputs, NamedInputs, args_of, call, repeat_to, sample_shapes
+from ..inputs import Inputs, NamedInputs, args_of, call, halve_axes, repeat_to, sample_shapes
 from .concrete import LANE_BATCHES, ConcreteTracer, frame_name, lane_inputs, user_frame
 
-__all__ = ["DECISIONS_NOTE", "trace", "trace_notes", "is_exported_program"]
+__all__ = ["DECISIONS_NOTE", "trace", "trace_notes", "is_exported_program", "require_decisions_hold"]
 
 
 def is_exported_program(model: nn.Module) -> bool:
@@ -148,6 +148,37 @@ def trace_notes(gm: fx.GraphModule) -> list[str]:
                      "of that shape and dtype, its weights in that dtype (any batch size); traced in eval mode "
                      "(dropout written in the traced code stays off in training)")
     return notes
+
+
+def require_decisions_hold(model: nn.Module, example: Inputs, decisions: list[str],
+                           axes: Mapping[str, Mapping[int, str]]) -> str:
+    """Check that a graph traced with example values (:mod:`.concrete`) holds along the dynamic axes besides the
+    batch (``axes``: ``{input: {axis: dimension name}}``, one tensor named ``"input"``) that the compressed model is
+    to keep. ``decisions``: the trace's decisions on ``example`` (``meta["decisions"]``).
+
+    ``model`` is traced again with each such axis at half its length: the same decisions there are the same Python
+    path, so the graph (and a model cut from it) computes the model at both lengths. Returns a note saying so ("" when
+    there is nothing to check); raises CompressionError, one line, naming the first decision that differs, or why the
+    model does not trace at the shorter length."""
+    shorter = halve_axes(example, axes) if decisions else None
+    if shorter is None:
+        return ""
+    dims = sorted({dim for per in axes.values() for dim in per.values() if dim != "batch"})
+    where = (f"dynamic {'axes' if len(dims) > 1 else 'axis'} {', '.join(dims)}: the width trace fixed "
+             f"{len(decisions)} decision(s) on sizes at the calibration data's shape ({_shapes(example)})")
+    try:
+        other = trace(model, shorter, values=True).meta["decisions"]
+    except CompressionError as exc:
+        raise CompressionError(f"{where}, and at half the length ({_shapes(shorter)}) the model does not trace: "
+                               f"{exc}") from None
+    if other != decisions:
+        a, b = next(((a, b) for a, b in zip(decisions, other) if a != b),
+                    (decisions[len(other)] if len(decisions) > len(other) else "nothing",
+                     other[len(decisions)] if len(other) > len(decisions) else "nothing"))
+        raise CompressionError(f"{where}, and decides otherwise at half the length ({_shapes(shorter)}): {a}, there "
+                               f"{b}; the compressed graph would hold at the calibration shape only: keep that axis "
+                               "static (calibrate at the length it will run at)")
+    return f"{where}; traced again at half the length ({_shapes(shorter)}), it decides the same: the graph holds there"
 
 
 def _as_linear(root: nn.Module) -> int:

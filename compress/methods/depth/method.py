@@ -257,6 +257,8 @@ def depth_realise(prep: DepthPrepared, config: DepthConfig) -> tuple[nn.Module, 
     new.train(prep.model.training)
     report = _report(prep, config, chosen, kind, target, ratio)
     report.notes += trace_notes(gm)
+    if decisions := gm.meta.get("decisions"):
+        report.predicted.traced_decisions = list(decisions)
     return new, report
 
 

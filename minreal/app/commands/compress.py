@@ -105,6 +105,7 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     from minreal.export.serialize import save_program
 
     laps = Laps()
+    axes = shape_options((), dynamic_axes)[1]  # a bad --dynamic-axes stops here, not after the compression
     if writer:  # folders the outputs need are made (and removed again on failure) by the writing rank alone
         prepare_outputs([out, report_path], model, weights, data)
     preprocess = image_preprocess(opts)
@@ -120,12 +121,19 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     con.progress(f"compressing {model} with {method}")
     small, report = compress(net, calib, method, config, recovery, held, measure=held is None)
     laps.lap("compress")
+    if decisions := report.predicted.get("traced_decisions"):  # a graph fixed at the data's shape, to run at others
+        from minreal.compress.core.width.tracing import require_decisions_hold
+
+        if note := require_decisions_hold(net, calib.x[:2], decisions, axes):
+            report.notes.append(note)
+            con.progress(note)
+        laps.lap("axes_check")
     _record_held_out(report, net, small, calib, held, holdout)
     laps.lap("held_out")
     report.measured.data_check = asdict(check)
     if not writer:  # another rank of a torchrun launch: rank 0 writes
         return
-    save_program(small, calib.x[:2], Path(out), dynamic_axes=shape_options((), dynamic_axes)[1])
+    save_program(small, calib.x[:2], Path(out), dynamic_axes=axes)
     laps.lap("save")
     _record_laps(report, laps.timings, con)
     if report_path:

@@ -385,6 +385,7 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
                                       provider_defaults(job.providers))
                 small, report, phases = _compressed(job, model, calib, config, recovery, train)
             result.seconds.update(phases)
+        _require_axes_hold(job, model, calib, report, result)
     except (CompressionError, MethodOptionError) as exc:  # a refusal, in the command line's words (its flags)
         result.error = flag_spelled(exc).splitlines()[0]
         return result
@@ -408,6 +409,24 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     return result
 
 
+def _require_axes_hold(job: Job, model: nn.Module, calib: Dataset, report: Any, result: CandidateResult) -> None:
+    """Where the width trace decided on sizes at the data's shape and the tune keeps dynamic axes besides the batch,
+    the decisions must be the same at half their length (the width trace's ``require_decisions_hold``: a refusal
+    otherwise); checked once per worker for these inputs and decisions (every budget of a method shares them), its
+    seconds in ``result.seconds["axes_check"]``."""
+    from minreal.compress.core.width.tracing import require_decisions_hold
+
+    decisions = report.predicted.get("traced_decisions")
+    if not decisions or not job.axes():
+        return
+    t0 = time.perf_counter()
+    key = (job.fingerprint, tuple(decisions), json.dumps(job.axes(), sort_keys=True))
+    outcome, _ = _remember(_AXES_CHECKED, key, lambda: _outcome(
+        lambda: require_decisions_hold(model, calib.x[:2], decisions, job.axes())), _ZERO_SHOT_SIZE)
+    result.seconds["axes_check"] = time.perf_counter() - t0
+    _value(outcome)
+
+
 def _export_files(result: CandidateResult, small: nn.Module, report: Any, calib: Dataset, held_out: Dataset,
                   job: Job, program: bool = True) -> None:
     """``result``'s files (:func:`_export`) and their seconds; an export the exporter refuses makes ``result`` a
@@ -429,6 +448,7 @@ _ZERO_SHOT_SIZE = 64
 about 30)."""
 _PREPARED: dict[tuple[Any, ...], Any] = {}
 _ZERO_SHOT: dict[tuple[Any, ...], tuple[nn.Module, Any]] = {}
+_AXES_CHECKED: dict[tuple[Any, ...], tuple[Any, Exception | None]] = {}
 
 
 def _remember(store: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Any, size: int = _MEMO_SIZE
