@@ -23,6 +23,7 @@ __all__ = [
     "INSTALL_HINTS",
     "INTEGER_KERNEL_OPS",
     "FLOAT_KERNEL_OPS",
+    "FLOAT_ATTENTION_OPS",
     "INTEGER_OPS",
     "INTEGER_MATMUL_OP",
     "INTEGER_KERNEL_OPERANDS",
@@ -107,6 +108,10 @@ FLOAT_KERNEL_OPS: frozenset[str] = frozenset(
     {"Conv", "MatMul", "Gemm", "FusedConv", "FusedMatMul", "FusedGemm", "NhwcConv"}
 )
 """Op types (any domain, NCHWc included) that compute Conv/MatMul/Gemm in floating point."""
+
+FLOAT_ATTENTION_OPS: frozenset[str] = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
+"""Fused attention kernels (ONNX's and com.microsoft's): their matrix products run in floating point whatever the
+INT8 quantiser does around them (it has no integer form of them)."""
 
 INTEGER_OPS: frozenset[str] = INTEGER_KERNEL_OPS | frozenset(
     {

@@ -190,7 +190,7 @@ class QuantResult:
     integer_kernels : int
         Conv/MatMul/Gemm nodes running as integer kernels in that graph.
     float_kernels : int
-        Conv/MatMul/Gemm nodes still in floating point in that graph.
+        Conv/MatMul/Gemm nodes still in floating point in that graph, fused attention kernels included.
     size_fp32_bytes : int
         size of the float file.
     size_int8_bytes : int

@@ -10,7 +10,7 @@ import onnx
 from onnx import numpy_helper
 
 from minreal.export.int8.preprocess import preprocess
-from minreal.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS
+from minreal.facts import FLOAT_ATTENTION_OPS, FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS
 from minreal.runtime_bench import optimized_graph_ops
 from minreal.runtime_bench.model_info import float_roundtrip_nodes, op_counts
 
@@ -56,9 +56,11 @@ def optimized_op_counts(path: str | Path, provider: str = "cpu") -> dict[str, in
 
 
 def kernel_counts(op_counts: dict[str, int]) -> tuple[int, int]:
-    """Return (integer, float) Conv/MatMul/Gemm kernel counts from domain-prefixed op counts."""
+    """Return (integer, float) Conv/MatMul/Gemm kernel counts from domain-prefixed op counts; a fused attention
+    kernel (:data:`~minreal.facts.FLOAT_ATTENTION_OPS`) counts as a float one: its products run in float."""
     integer = sum(n for op, n in op_counts.items() if op.rsplit(":", 1)[-1] in INTEGER_KERNEL_OPS)
-    floating = sum(n for op, n in op_counts.items() if op.rsplit(":", 1)[-1] in FLOAT_KERNEL_OPS)
+    floating = sum(n for op, n in op_counts.items()
+                   if op.rsplit(":", 1)[-1] in FLOAT_KERNEL_OPS | FLOAT_ATTENTION_OPS)
     return integer, floating
 
 

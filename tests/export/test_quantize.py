@@ -133,6 +133,16 @@ def test_dynamic_mode(
     assert np.linalg.norm(int8 - fp32) / np.linalg.norm(fp32) < 0.1
 
 
+def test_a_fused_attention_kernel_counts_as_a_float_kernel() -> None:
+    """A fused attention (com.microsoft's, as the simplifier could write it, or ONNX's) runs its products in float
+    after INT8: an INT8 report must not say ``float_kernels: 0`` while one runs."""
+    from minreal.export.int8.ops import kernel_counts
+
+    counts = {"com.microsoft:QLinearConv": 3, "MatMulInteger": 1, "com.microsoft:Attention": 2, "Attention": 1,
+              "com.microsoft:MultiHeadAttention": 1, "FusedMatMul": 1, "Softmax": 4}
+    assert kernel_counts(counts) == (4, 5)
+
+
 def test_fp32_graph_counts_only_float_kernels(convnet_onnx: ExportResult) -> None:
     counts = optimized_op_counts(convnet_onnx.path)
     assert sum(n for op, n in counts.items() if op.rsplit(":", 1)[-1] in ("Conv", "Gemm", "FusedConv")) == 3
