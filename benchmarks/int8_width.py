@@ -90,9 +90,9 @@ from minreal.compress.core.width.cost import cost_terms
 from minreal.compress.core.width.importance import magnitude_importance
 from minreal.compress.models import CifarResNet
 from minreal.export.int8 import QuantConfig, quantize_int8
+from minreal.export.int8.ops import kernel_counts
 from minreal.export.settings import VariantConfig
 from minreal.export.variant import export_variant
-from minreal.facts import FLOAT_KERNEL_OPS, INTEGER_KERNEL_OPS
 from minreal.runtime_bench import BenchConfig, ModelEntry, run_benchmark
 from minreal.runtime_bench.cpu import cpu_int8_target, cpu_isa, u8s8_saturates
 from minreal.runtime_bench.environment import cpu_model
@@ -275,12 +275,10 @@ def graph_facts(path: Path) -> dict[str, Any]:
     graph = optimized_graph(path, "cpu")
     ops = Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}:{n.op_type}" for n in graph.node)
 
-    def total(names: frozenset[str] | set[str]) -> int:
-        return sum(n for op, n in ops.items() if op.rsplit(":", 1)[-1] in names)
-
+    integer, floating = kernel_counts(dict(ops))  # as the INT8 report counts them
     nchwc = {op: n for op, n in ops.items() if op.startswith("com.microsoft.nchwc:")}
-    return {"ops": dict(sorted(ops.items())), "integer_kernels": total(INTEGER_KERNEL_OPS),
-            "float_kernels": total(FLOAT_KERNEL_OPS), "nchwc_convs": nchwc.get("com.microsoft.nchwc:Conv", 0),
+    return {"ops": dict(sorted(ops.items())), "integer_kernels": integer,
+            "float_kernels": floating, "nchwc_convs": nchwc.get("com.microsoft.nchwc:Conv", 0),
             "nchwc_reorders": sum(n for op, n in nchwc.items() if "Reorder" in op),
             "float_between_dq_q": float_roundtrips(graph)}
 

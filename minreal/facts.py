@@ -109,7 +109,10 @@ FLOAT_KERNEL_OPS: frozenset[str] = frozenset(
 )
 """Op types (any domain, NCHWc included) that compute Conv/MatMul/Gemm in floating point."""
 
-FLOAT_ATTENTION_OPS: frozenset[str] = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
+FLOAT_ATTENTION_OPS: frozenset[str] = frozenset(
+    {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention", "PackedMultiHeadAttention",
+     "DecoderMaskedMultiHeadAttention", "DecoderMaskedSelfAttention", "SparseAttention"}
+)  # fmt: skip
 """Fused attention kernels (ONNX's and com.microsoft's): their matrix products run in floating point whatever the
 INT8 quantiser does around them (it has no integer form of them)."""
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minreal.facts import INTEGER_KERNEL_OPS, PROVIDERS
+from minreal.facts import FLOAT_ATTENTION_OPS, INTEGER_KERNEL_OPS, PROVIDERS
 
 from .inputs import ORT_SUFFIX, load_model_proto
 from .sessions import create_session
@@ -51,8 +51,8 @@ MacRule = Callable[[Sequence[Shape | None], Sequence[Shape | None]], int | None]
 COPY_OPS: frozenset[str] = frozenset({"MemcpyFromHost", "MemcpyToHost"})
 #: Ops that do hold MACs but have no rule here (integer kernels, recurrent, attention, transposed conv): a
 #: placement with any of them reports its MAC share as unknown.
-UNCOUNTED_OPS: frozenset[str] = INTEGER_KERNEL_OPS | frozenset(
-    {"ConvTranspose", "Einsum", "LSTM", "GRU", "RNN", "Attention", "MultiHeadAttention", "GroupQueryAttention"}
+UNCOUNTED_OPS: frozenset[str] = INTEGER_KERNEL_OPS | FLOAT_ATTENTION_OPS | frozenset(
+    {"ConvTranspose", "Einsum", "LSTM", "GRU", "RNN"}
 )
 #: onnxruntime contrib ops without MACs that CPU and CUDA graphs commonly hold (other non-ONNX op names, such as
 #: a TensorRT engine's fused kernel, make the MAC share unknown).
