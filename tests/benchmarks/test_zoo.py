@@ -107,7 +107,7 @@ def test_summary_counts_rows_through_int8_ratios_budgets_cost_and_failures(tmp_p
     assert "- **wanda**: 2 of the 3 models it ran go through compress, export, parity, INT8 and bench." in lines
     assert "- **depth**: 1 of the 2 models it ran go through compress, export, parity, INT8 and bench." in lines
     assert "- **torchvision through with factorize and with wanda: 2** of the 2 run (issue 44's goal: 77)." in lines
-    assert "- Left its budget of 0.7 (more than 0.05 away, said in the report): a/depth 0.6." in lines
+    assert "- Left their budget of 0.7, as their report says: a/depth 0.6 (overshot)." in lines
     assert "  - factorize: faster in 2 of 3, median 0.90× (0.80–1.20); not faster: b 1.20×" in lines
     assert "  - wanda: faster in 2 of 2, median 0.80× (0.70–0.90)" in lines
     assert "  - depth: faster in 1 of 1, median 0.50× (0.50–0.50)" in lines
