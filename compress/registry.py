@@ -9,7 +9,7 @@ import importlib
 import logging
 import pkgutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["MethodRegistry", "ENTRY_POINT_GROUP", "register", "register_method", "get_method", "method_names",
            "compress", "compress_chain", "chain_label", "fill_costs", "apply_recovery", "state_points", "Prepared",
            "prepare", "realise", "prepared_key", "BUDGET_SLACK", "budget_shortfall", "OVERSHOOT",
-           "budget_overshoot"]
+           "budget_overshoot", "require_axes_hold"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
@@ -411,9 +411,27 @@ def _finished(budget: tuple[str, float] | None, model: nn.Module, data: Dataset,
     return apply_recovery(report, model, new, data, recovery, held_out, measure), report
 
 
+def require_axes_hold(model: nn.Module, data: Dataset, report: CompressionReport,
+                      dynamic_axes: Mapping[str, Mapping[int, str]]) -> None:
+    """Where ``report`` holds decisions a width trace fixed at the data's shape (``predicted.traced_decisions``) and
+    ``dynamic_axes`` names an axis besides the batch, check they hold at half its length
+    (:func:`~minreal.compress.core.width.tracing.require_decisions_hold`: a one-line CompressionError otherwise); its
+    note goes to ``report.notes`` and its time to ``report.timings_s["axes_check"]``."""
+    decisions = report.predicted.get("traced_decisions")
+    if not decisions or not dynamic_axes:
+        return
+    from .core.width.tracing import require_decisions_hold
+
+    t0 = time.perf_counter()
+    if note := require_decisions_hold(model, data.x[:2], decisions, dynamic_axes):
+        report.notes.append(note)
+    report.timings_s["axes_check"] = time.perf_counter() - t0
+
+
 def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
              recovery: RecoveryConfig | None = None, held_out: Dataset | None = None, measure: bool = True,
-             recover_after: bool = True) -> tuple[nn.Module, CompressionReport]:
+             recover_after: bool = True, dynamic_axes: Mapping[str, Mapping[int, str]] | None = None
+             ) -> tuple[nn.Module, CompressionReport]:
     """Run a registered method (:func:`prepare`, then :func:`realise`), then fill the shared cost fields and the
     output comparison on ``data`` (unless ``measure`` is off: a caller that measures on its own held-out data
     saves a pass of both models over ``data``).
@@ -424,6 +442,10 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
     ``recovery`` then distils ``model`` into the result on ``data`` (:func:`apply_recovery`, which also measures
     both models on ``held_out`` when given). ``recover_after=False`` only hands ``recovery`` to a method that takes it
     (a chain's last step: the chain recovers once, at its end).
+
+    ``dynamic_axes`` (``{input: {axis: dimension name}}``): the axes besides the batch the compressed model is to
+    keep dynamic; where the method's trace fixed decisions on sizes at the data's shape, they are checked at half
+    those lengths before any recovery (:func:`require_axes_hold`).
     """
     prepared = prepare(model, data, method, config)
     budget, new, report = _realised(prepared, config, recovery, measure)
@@ -431,6 +453,7 @@ def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
     # caller does next (an export), instead of living as long as this call
     del prepared
     release_freed_memory()
+    require_axes_hold(model, data, report, dynamic_axes or {})
     return _finished(budget, model, data, new, report, recovery, held_out, measure, recover_after)
 
 
@@ -440,21 +463,22 @@ def chain_label(methods: Sequence[str]) -> str:
 
 
 def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, Any]],
-                   recovery: RecoveryConfig | None = None, held_out: Dataset | None = None
-                   ) -> tuple[nn.Module, CompressionReport]:
+                   recovery: RecoveryConfig | None = None, held_out: Dataset | None = None,
+                   dynamic_axes: Mapping[str, Mapping[int, str]] | None = None) -> tuple[nn.Module, CompressionReport]:
     """Run registered methods in sequence through :func:`compress`, each on the previous result.
 
     The report is the last step's layers, with the whole-model costs and the output comparison against the
     original ``model``; ``predicted.steps`` keeps each step's method, config, cost ratios and budget (each
     step's budget is relative to the model it received), and ``predicted.budget`` is the last budgeted step's,
     with that step's method under ``"step"``. An enabled ``recovery`` runs once, after the last step, from the
-    original ``model``.
+    original ``model``. ``dynamic_axes``: as :func:`compress`'s, checked at each step.
     """
     current, summaries, reports = model, [], []
     for i, (method, config) in enumerate(steps):
         # the recovery trains the last step's result: a method that takes it (cbalanced) sees it there alone
         last = i == len(steps) - 1 and get_method(method).takes_recovery
-        current, rep = compress(current, data, method, config, recovery if last else None, recover_after=False)
+        current, rep = compress(current, data, method, config, recovery if last else None, recover_after=False,
+                                dynamic_axes=dynamic_axes)
         reports.append(rep)
         summaries.append({"method": method, "config": rep.config, "mac_ratio": rep.mac_ratio,
                           "param_ratio": rep.param_ratio, "budget": rep.predicted.get("budget")})

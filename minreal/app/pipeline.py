@@ -155,7 +155,7 @@ def _run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         then = (f", then recovery ({recovery.epochs} epochs)" if recovery.epochs else
                 f", then recovery ({recovery.steps} steps)") if recovery is not None and recovery.enabled else ""
         progress(f"[{case.name}] compressing with {run.method} ({run.label}){then}")
-        small, report = run_variant(case.model, case.train, run, recovery, case.test)
+        small, report = run_variant(case.model, case.train, run, recovery, case.test, case.axes())
         interrupts.seen |= bool(report.recovery and report.recovery["interrupted"])
         stages[f"compress:{run.label}"] = time.perf_counter() - t
         t = time.perf_counter()

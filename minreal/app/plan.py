@@ -21,6 +21,7 @@ for a repeated option, ``true``/``false`` for a switch). Every error is one line
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +122,12 @@ def load_plan(path: str | Path, defaults: dict[str, Any] | None = None) -> list[
 
 
 def run_variant(model: nn.Module, data: Dataset, run: VariantSpec, recovery: RecoveryConfig | None = None,
-                held_out: Dataset | None = None) -> tuple[nn.Module, CompressionReport]:
+                held_out: Dataset | None = None, dynamic_axes: Mapping[str, Mapping[int, str]] | None = None
+                ) -> tuple[nn.Module, CompressionReport]:
     """Compress ``model`` as one variant: a single method, or its chain of steps; then ``recovery``, or else the
-    variant's own, if enabled (zero-shot and recovered models measured on ``held_out`` when given)."""
+    variant's own, if enabled (zero-shot and recovered models measured on ``held_out`` when given).
+    ``dynamic_axes``: the axes besides the batch the result is to keep (checked where a trace decided on sizes)."""
     recovery = recovery or run.recovery
     if run.steps:
-        return compress_chain(model, data, run.steps, recovery, held_out)
-    return compress(model, data, run.method, run.config, recovery, held_out)
+        return compress_chain(model, data, run.steps, recovery, held_out, dynamic_axes)
+    return compress(model, data, run.method, run.config, recovery, held_out, dynamic_axes=dynamic_axes)

@@ -193,7 +193,8 @@ def axis_lengths(x: Inputs, axes: Mapping[str, Mapping[int, str]]) -> dict[str, 
 
 def check_shape_names(x: Inputs, axes: Mapping[str, Mapping[int, str]], fixed: object | None = None) -> None:
     """Refuse, before any export, ``--dynamic-axes`` or ``--fixed-shapes`` entries naming an input the model does
-    not take or a dimension no input has (``fixed``: an :class:`minreal.export.mobile.ShapeSpec`).
+    not take, an axis beyond its input's dimensions, or a dimension no input has (``fixed``: an
+    :class:`minreal.export.mobile.ShapeSpec`).
 
     Raises
     ------
@@ -206,6 +207,11 @@ def check_shape_names(x: Inputs, axes: Mapping[str, Mapping[int, str]], fixed: o
     unknown = sorted(set(axes) - set(names))
     if unknown:
         raise SpecError(f"--dynamic-axes names input(s) {unknown} the model does not take; its inputs are {names}")
+    tensors = dict(x.items()) if isinstance(x, NamedInputs) else {"input": x}
+    for name, per in axes.items():
+        if beyond := [f"{dim} (axis {axis})" for axis, dim in per.items() if axis >= tensors[name].dim()]:
+            raise SpecError(f"--dynamic-axes names {', '.join(beyond)} of {name}, which has {tensors[name].dim()} "
+                            f"axes (0 to {tensors[name].dim() - 1}, the batch's included)")
     if fixed is None:
         return
     dims = {"batch"} | {dim for per in axes.values() for dim in per.values()}

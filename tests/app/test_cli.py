@@ -611,14 +611,15 @@ def by_features():
 def test_a_graph_fixed_at_the_datas_shape_keeps_a_dynamic_axis_only_where_it_decides_the_same_at_half_of_it(
         factory: str, workdir: Path, run_cli: Callable) -> None:
     """``--dynamic-axes`` asks the program to run at other lengths; a graph traced with example values decided at
-    the data's length. It is traced again at half the length: a decision on the length itself (12 > 8, 6 > 8)
-    differs and the command stops in one line with nothing written; a decision on the features holds, the note
-    says so and the program runs at another length, as the model does."""
+    the data's length. It is traced again at half the length: a decision on the length itself differs, in the sizes
+    it compared even where the outcome is the same (32 > 8, 16 > 8: a threshold between the two lengths), and the
+    command stops in one line with nothing written; a decision on the features holds, the note says so and the
+    program runs at another length, as the model does."""
     import numpy as np
     import torch
 
     (workdir / "seq.py").write_text(SEQUENCE)
-    x = np.random.default_rng(0).standard_normal((48, 12, 8)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((48, 32, 8)).astype(np.float32)
     np.savez(workdir / "seq.npz", x=x)
     code, _, err = run_cli(["compress", f"seq.py:{factory}", "--method", "wanda", "--data", "seq.npz",
                             "--mac-ratio", "0.8", "--data-holdout", "0", "--dynamic-axes", "input:batch,seq",
@@ -627,17 +628,31 @@ def test_a_graph_fixed_at_the_datas_shape_keeps_a_dynamic_axis_only_where_it_dec
     if factory == "by_length":
         assert code != 0 and not Path("s.pt2").exists() and not Path("r.json").exists()
         said = [ln for ln in err.splitlines() if ln.strip()]
-        assert len(said) == 3 and said[-1].startswith("minreal: error: dynamic axis seq: the width trace fixed "), err
-        assert f"decides otherwise at half the length (input (6, 8)): seq.py:{line}: bool = True, there " \
-               f"seq.py:{line}: bool = False" in said[-1]
+        assert len(said) == 3, err
+        assert said[-1].startswith("minreal: error: dynamic axes besides the batch: seq: the width trace fixed "), err
+        assert f"decides otherwise at half the length (input (16, 8)): seq.py:{line}: 32 > 8 = True, there " \
+               f"seq.py:{line}: 16 > 8 = True" in said[-1]
         return
     assert code == 0, err
-    assert "traced again at half the length (input (6, 8)), it decides the same: the graph holds there" in err
+    assert "traced again at half the length (input (16, 8)), it decides the same" in err
     report = json.loads(Path("r.json").read_text())
     assert report["predicted"]["traced_decisions"] == [f"seq.py:{line}: bool = False"]
     shorter = torch.from_numpy(x[:3, :5])
     out = torch.export.load("s.pt2").module()(shorter)
     assert out.shape == (3, 5, 4) and bool(torch.isfinite(out).all())
+
+
+def test_a_dynamic_axis_beyond_the_inputs_dimensions_is_refused_before_the_compression(workdir: Path,
+                                                                                        run_cli: Callable) -> None:
+    import numpy as np
+
+    (workdir / "seq.py").write_text(SEQUENCE)
+    np.savez(workdir / "seq.npz", x=np.zeros((16, 12, 8), np.float32))
+    code, _, err = run_cli(["compress", "seq.py:by_features", "--method", "wanda", "--data", "seq.npz",
+                            "--dynamic-axes", "input:batch,seq,feat,extra", "--out", "s.pt2"])
+    assert code != 0 and not Path("s.pt2").exists()
+    assert "--dynamic-axes names extra (axis 3) of input, which has 3 axes (0 to 2, the batch's included)" in err
+    assert "compressing" not in err
 
 
 def test_compress_states_decisions_fixed_at_the_datas_shape_on_the_console(workdir: Path,

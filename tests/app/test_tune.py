@@ -228,10 +228,11 @@ class _ByLength(nn.Module):
 def test_a_candidate_whose_trace_decides_on_a_dynamic_axis_is_refused_once_per_worker(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tune that keeps a dynamic sequence axis refuses a width candidate whose graph decided on the length (12 > 8
-    at the data's length, not at half of it), in one line and with no files; the check runs once for every budget
-    of the method."""
+    at the data's length, not at half of it), in one line, with no files and before any recovery; the check runs
+    once for every budget of the method."""
     from minreal.app.tune import candidate
     from minreal.app.tune.candidate import CandidateSpec, Job, LoadedSource, evaluate_candidate, fingerprint
+    from minreal.compress import registry
     from minreal.compress.core.data import Dataset
     from minreal.compress.core.width import tracing
 
@@ -241,13 +242,20 @@ def test_a_candidate_whose_trace_decides_on_a_dynamic_axis_is_refused_once_per_w
     calls: list[int] = []
     check = tracing.require_decisions_hold
     monkeypatch.setattr(tracing, "require_decisions_hold", lambda *a: calls.append(1) or check(*a))
-    monkeypatch.setattr(candidate, "_AXES_CHECKED", {})
+    monkeypatch.setattr(candidate, "_AXES_REFUSED", {})
     job = Job(CandidateSpec("wanda", 0.8), LoadedSource(model, tr, te), fingerprint(model, tr, te), tmp_path / "cache",
               Constraint(max_accuracy_drop=2.0), Quality(0.9), ("cpu",), "cpu-vnni", False,
               dynamic_axes=(("input", ((0, "batch"), (1, "seq"))),))
-    for budget in (0.8, 0.7):
-        result = evaluate_candidate(dataclasses.replace(job, spec=CandidateSpec("wanda", budget)))
-        assert result.error.startswith("dynamic axis seq: the width trace fixed 1 decision(s)"), result.error
+    def no_recovery(report: object, model: nn.Module, new: nn.Module, data: Dataset, recovery: object, *a: object,
+                    **k: object) -> nn.Module:
+        assert recovery is None, "a refused candidate was recovered"
+        return new
+
+    monkeypatch.setattr(registry, "apply_recovery", no_recovery)
+    for spec in (CandidateSpec("wanda", 0.8), CandidateSpec("wanda", 0.7, 1)):
+        result = evaluate_candidate(dataclasses.replace(job, spec=spec))
+        assert result.error.startswith("dynamic axes besides the batch: seq: the width trace fixed 1 decision(s)"), \
+            result.error
         assert "decides otherwise at half the length (input (6, 8))" in result.error
         assert "\n" not in result.error and not result.files and not result.feasible
     assert calls == [1]

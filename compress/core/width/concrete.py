@@ -18,7 +18,9 @@ value), after three checks:
   from a call whose sizes the trace does not see (a layer kept whole, a ``torch.fx.wrap``-ped function): a filter
   in there that keeps every calibration row returns a count that looks like the batch size in every lane;
 - anything else (a length, a channel count, a dtype: the same in both lanes) is decided as the example's and listed in
-  the report: the graph is the model's computation on inputs shaped like the example, at any batch size.
+  the report, a comparison with the sizes it compared (``12 > 8 = True``: the record differs at another length even
+  where the outcome does not): the graph is the model's computation on inputs shaped like the example, at any batch
+  size (:func:`minreal.compress.core.width.tracing.require_decisions_hold` checks it at another length).
 
 A size that merely coincides at batches 2 and 7 (``b % 5``) is not seen: the trace also checks the graph's outputs
 against the model's on batches of 3 and 1.
@@ -31,7 +33,7 @@ import inspect
 import operator
 import traceback
 import weakref
-from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Callable, Collection, ItemsView, Iterator, KeysView, Mapping, ValuesView
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +61,10 @@ SIZED = frozenset({"view", "reshape", "expand", "repeat", "narrow", "new_zeros",
 """Operations that take sizes as arguments: given a size computed from tensor values, their result is ragged."""
 """Operations whose result's size depends on the values of their input."""
 
-TRACED_PACKAGES = frozenset({"torch", "_operator", "operator", "builtins", "math"})
-"""Where the functions a graph calls come from when torch.fx recorded them as operations whose sizes follow their
-operands' (anything else it calls was wrapped whole by the model's code: ``torch.fx.wrap``)."""
+TRACED_PACKAGES = frozenset({"torch", "torchvision", "_operator", "operator", "builtins", "math"})
+"""Where the functions a graph calls come from when their sizes are known: torch's operations, Python's operators
+and torchvision's wrapped operators (``stochastic_depth`` keeps its input's size; ``nms`` is :data:`RAGGED`).
+Anything else the graph calls was wrapped whole by the model's code (``torch.fx.wrap``), its sizes unseen."""
 
 COMPARISONS = {operator.eq: "==", operator.ne: "!=", operator.gt: ">", operator.ge: ">=", operator.lt: "<",
                operator.le: "<="}
@@ -76,9 +79,9 @@ def value_of(x: Any, lane: int = 0) -> Any:
     return x
 
 
-def _flag(x: Any, name: str) -> Any:
-    """A traced value's flag (``data``, ``ragged``, ``varies``, ``opaque``); an attribute of one reads the root's (a
-    size read from a tensor is not data, unless the tensor is ragged)."""
+def _flag(x: Any, name: str) -> bool:
+    """A traced value's flag (``data``, ``ragged``, ``varies``); an attribute of one reads the root's (a size read
+    from a tensor is not data, unless the tensor is ragged)."""
     if isinstance(x, ConcreteProxy):
         return getattr(x, f"_{name}")
     if isinstance(x, fx.proxy.Attribute):
@@ -88,7 +91,14 @@ def _flag(x: Any, name: str) -> Any:
             return not _same(value_of(x, 0), value_of(x, 1), _flag(x, "data")) or \
                 (x.attr not in METADATA and _flag(x.root, "varies"))
         return _flag(x.root, name)
-    return "" if name == "opaque" else False
+    return False
+
+
+def _source(x: Any) -> str:
+    """The call kept whole that a traced value comes from (its :class:`ConcreteProxy`'s ``opaque``), "" if none."""
+    if isinstance(x, fx.proxy.Attribute):
+        return _source(x.root)
+    return x._opaque if isinstance(x, ConcreteProxy) else ""
 
 
 class ConcreteProxy(fx.Proxy):
@@ -125,11 +135,15 @@ class ConcreteProxy(fx.Proxy):
 class ConcreteTracer(fx.Tracer):
     """Records the graph as :class:`torch.fx.Tracer` does (``is_leaf``: which modules stay whole) while computing every
     value on ``inputs`` (three lanes, each ``forward``'s parameter name → its value; see :func:`lane_inputs`); Python's
-    decisions on traced values are checked and kept in :attr:`decisions`."""
+    decisions on traced values are checked and kept in :attr:`decisions`. ``untraced``: the module classes kept whole
+    because torch.fx cannot trace them, whose results' sizes the trace does not see (a layer kept whole for keeping
+    its torch ``forward``, a subclass of ``nn.Linear``, has known sizes)."""
 
-    def __init__(self, is_leaf: Callable[[nn.Module, str], bool], inputs: tuple[Mapping[str, Any], ...]) -> None:
+    def __init__(self, is_leaf: Callable[[nn.Module, str], bool], inputs: tuple[Mapping[str, Any], ...],
+                 untraced: Collection[type] = ()) -> None:
         super().__init__()
         self._is_leaf = is_leaf
+        self._untraced = frozenset(untraced)
         self.inputs = tuple(dict(lane) for lane in inputs)
         self.decisions: list[str] = []
         self._evaluating = 0
@@ -169,12 +183,12 @@ class ConcreteTracer(fx.Tracer):
         return proxy
 
     def _kept_whole(self, kind: str, target: Any) -> str:
-        """The name of a call whose result's sizes the trace does not see (a layer kept whole whose class is not
-        torch's, a function wrapped with ``torch.fx.wrap``), "" for any other: the rows such a call returns may be a
-        count set by the data (a filter's), which lanes of alike rows cannot tell from the batch size."""
+        """The name of a call whose result's sizes the trace does not see (a layer of an ``untraced`` class, a
+        function the model's code wrapped with ``torch.fx.wrap``), "" for any other: the rows such a call returns may
+        be a count set by the data (a filter's), which lanes of alike rows cannot tell from the batch size."""
         if kind == "call_module":
             cls = type(self._shadow.get_submodule(target)) if self._shadow is not None else None
-            return "" if cls is None or cls.__module__.split(".")[0] == "torch" else f"{target} ({cls.__name__})"
+            return f"{target} ({cls.__name__})" if cls in self._untraced else ""
         if kind == "call_function":
             package = (getattr(target, "__module__", None) or "torch").split(".")[0]
             return "" if package in TRACED_PACKAGES else getattr(target, "__name__", repr(target))
@@ -242,6 +256,8 @@ class ConcreteTracer(fx.Tracer):
         cast = {"bool": bool, "int": operator.index, "float": float, "len": len, "dtype": _dtype}[how]
         a, b = cast(value_of(obj, 0)), cast(value_of(obj, 1))
         label = how  # a dtype is what the tensor is, not its values: the graph holds the example's
+        if how == "bool":  # a comparison of sizes keeps the sizes compared: a threshold shows at another length
+            label = _compared(obj, self._numbers) or how
         if how == "len" and _flag(obj, "ragged"):
             raise fx.proxy.TraceError("the model's code takes a size that depends on the values of a tensor (len): "
                                       "data-dependent control flow")
@@ -250,7 +266,7 @@ class ConcreteTracer(fx.Tracer):
                                       "control flow")
         if a != b if how in ("len", "dtype") else _flag(obj, "varies"):
             label = _batch_comparison(obj, self._numbers) if how == "bool" and a == b else ""
-            if label and (source := _flag(obj, "opaque")):
+            if label and (source := _source(obj)):
                 raise fx.proxy.TraceError(
                     f"the model's code decides on a size that comes from {source}, kept whole ({label}): a count it "
                     "sets from the data (the rows a filter keeps) cannot be told from the batch size")
@@ -267,7 +283,27 @@ def _opaque_operand(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """The first ``opaque`` flag among the operands (see :class:`ConcreteProxy`), "" if none."""
     operands: list[Any] = []
     map_aggregate((args, kwargs), operands.append)
-    return next((source for a in operands if (source := _flag(a, "opaque"))), "")
+    return next((source for a in operands if (source := _source(a))), "")
+
+
+def _compared(obj: Any, numbers: Mapping[fx.Node, tuple[Any, Any]]) -> str:
+    """``"a OP b"`` (lane A's values) where ``obj`` compares two traced numbers or sizes, so that the record of a
+    decision shows what it compared (``12 > 8``: the same outcome at another length, other sizes); "" where the
+    outcome alone says it: equal sizes compared by ``==``/``!=`` (the same at every length where they stay equal),
+    a number compared with a constant ≤ 1 (the same for every size of 2 or more), or not a comparison."""
+    node = getattr(obj, "node", None)
+    if node is None or node.target not in COMPARISONS or len(node.args) != 2 or node.kwargs:
+        return ""
+    lanes = [numbers.get(a) if isinstance(a, fx.Node) else (a, a) for a in node.args]
+    if None in lanes:
+        return ""
+    (a, _), (b, _) = lanes  # type: ignore[misc]
+    if node.target in (operator.eq, operator.ne) and a == b:
+        return ""
+    if any(isinstance(c, (int, float)) and not isinstance(c, bool) and c <= 1 and not isinstance(n, fx.Node)
+           for c, n in ((a, node.args[0]), (b, node.args[1]))):
+        return ""
+    return f"{a!r} {COMPARISONS[node.target]} {b!r}"
 
 
 def _is_number(v: Any) -> bool:

@@ -28,7 +28,7 @@ from ..evaluate import eval_mode
 from ..inputs import Inputs, NamedInputs, args_of, call, halve_axes, repeat_to, sample_shapes
 from .concrete import LANE_BATCHES, ConcreteTracer, frame_name, lane_inputs, user_frame
 
-__all__ = ["DECISIONS_NOTE", "trace", "trace_notes", "is_exported_program", "require_decisions_hold"]
+__all__ = ["AXES_NOTE", "DECISIONS_NOTE", "trace", "trace_notes", "is_exported_program", "require_decisions_hold"]
 
 
 def is_exported_program(model: nn.Module) -> bool:
@@ -41,6 +41,8 @@ def is_exported_program(model: nn.Module) -> bool:
 
 DECISIONS_NOTE = "traced carrying example values, as the model's forward decides on sizes in Python"
 """How the report's note on a trace that fixed Python's decisions begins (the CLI prints it on the console)."""
+AXES_NOTE = "dynamic axes besides the batch:"
+"""How the note (and the refusal) of :func:`require_decisions_hold` begins."""
 
 MAX_OPAQUE = 8
 """How many module classes :func:`trace` may keep whole (opaque) before it gives up on a model."""
@@ -156,21 +158,28 @@ def require_decisions_hold(model: nn.Module, example: Inputs, decisions: list[st
     batch (``axes``: ``{input: {axis: dimension name}}``, one tensor named ``"input"``) that the compressed model is
     to keep. ``decisions``: the trace's decisions on ``example`` (``meta["decisions"]``).
 
-    ``model`` is traced again with each such axis at half its length: the same decisions there are the same Python
-    path, so the graph (and a model cut from it) computes the model at both lengths. Returns a note saying so ("" when
-    there is nothing to check); raises CompressionError, one line, naming the first decision that differs, or why the
-    model does not trace at the shorter length."""
-    shorter = halve_axes(example, axes) if decisions else None
-    if shorter is None:
-        return ""
+    ``model`` is traced again with each such axis at half its length (2 or more): where every decision, and every
+    pair of sizes a decision compared, is the same there, no decision depends on that length, and the graph (and a
+    model cut from it) computes the model at other lengths too; a size that only coincides at the two lengths
+    (``length % 2``) is not seen. Returns a note saying so ("" when there is nothing to check); raises
+    CompressionError, one line, naming the first decision that differs, or why the model does not take the shorter
+    input."""
     dims = sorted({dim for per in axes.values() for dim in per.values() if dim != "batch"})
-    where = (f"dynamic {'axes' if len(dims) > 1 else 'axis'} {', '.join(dims)}: the width trace fixed "
+    if not decisions or not dims:
+        return ""
+    where = (f"{AXES_NOTE} {', '.join(dims)}: the width trace fixed "
              f"{len(decisions)} decision(s) on sizes at the calibration data's shape ({_shapes(example)})")
+    short = [dim for dim, n in _axis_lengths(example, axes).items() if n < 4]
+    if short:
+        raise CompressionError(f"{where}, and {short[0]} is too short to check them at half its length (2 or "
+                               "more): calibrate at a length of 4 or more, or keep that axis static")
+    shorter = halve_axes(example, axes, least=2)
     try:
         other = trace(model, shorter, values=True).meta["decisions"]
     except CompressionError as exc:
-        raise CompressionError(f"{where}, and at half the length ({_shapes(shorter)}) the model does not trace: "
-                               f"{exc}") from None
+        said = re.search(r"with the example's values it fails (.*); give a factory", str(exc))
+        raise CompressionError(f"{where}, and the model does not take half that length ({_shapes(shorter)}): it "
+                               f"fails {said.group(1) if said else str(exc)}; keep that axis static") from None
     if other != decisions:
         a, b = next(((a, b) for a, b in zip(decisions, other) if a != b),
                     (decisions[len(other)] if len(decisions) > len(other) else "nothing",
@@ -178,7 +187,27 @@ def require_decisions_hold(model: nn.Module, example: Inputs, decisions: list[st
         raise CompressionError(f"{where}, and decides otherwise at half the length ({_shapes(shorter)}): {a}, there "
                                f"{b}; the compressed graph would hold at the calibration shape only: keep that axis "
                                "static (calibrate at the length it will run at)")
-    return f"{where}; traced again at half the length ({_shapes(shorter)}), it decides the same: the graph holds there"
+    return (f"{where}; traced again at half the length ({_shapes(shorter)}), it decides the same on the same sizes: "
+            "none depends on that length, and the graph holds at others (a size that only coincides at the two, "
+            "such as length % 2, is not seen)")
+
+
+def _axis_lengths(example: Inputs, axes: Mapping[str, Mapping[int, str]]) -> dict[str, int]:
+    """Each dynamic dimension's length in ``example`` (besides the batch); CompressionError, one line, for an input
+    ``example`` does not have or an axis beyond its dimensions."""
+    tensors = dict(example.items()) if isinstance(example, NamedInputs) else {"input": example}
+    lengths = {}
+    for name, per in axes.items():
+        if name not in tensors:
+            raise CompressionError(f"dynamic axes name the input {name!r}, which the data does not have (it has "
+                                   f"{', '.join(tensors)})")
+        for axis, dim in per.items():
+            if not -tensors[name].dim() <= axis < tensors[name].dim():
+                raise CompressionError(f"dynamic axis {dim} is axis {axis} of {name}, which has "
+                                       f"{tensors[name].dim()} dimensions (the batch's included)")
+            if dim != "batch":
+                lengths[dim] = int(tensors[name].shape[axis])
+    return lengths
 
 
 def _as_linear(root: nn.Module) -> int:
@@ -222,7 +251,8 @@ def _graph(model: nn.Module, root: nn.Module, opaque: dict[type, str], fixed: di
         _restore(state)
         tracer: fx.Tracer = _Tracer(frozenset(opaque))
         if concrete is not None:
-            tracer = ConcreteTracer(tracer.is_leaf_module, lane_inputs(root, tuple(args_of(c) for c in concrete)))
+            tracer = ConcreteTracer(tracer.is_leaf_module, lane_inputs(root, tuple(args_of(c) for c in concrete)),
+                                    untraced=opaque)
         try:
             with eval_mode(root) if concrete is not None else contextlib.nullcontext():  # the mode the checks use
                 graph = tracer.trace(root, concrete_args=fixed)

@@ -99,6 +99,7 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     from minreal.app.field_flags import fields_spelled
     from minreal.app.method_options import build_config, provider_defaults
     from minreal.app.mismatch import check_data
+    from minreal.app.shapes import check_shape_names
     from minreal.compress import compress
     from minreal.export.json_safe import write_json
     from minreal.export.record import Laps
@@ -112,6 +113,7 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     recovery = recovery_config(opts, quant_target_for(None, providers))
     config = build_config(method, opts, provider_defaults(providers))
     net, calib, held = load_inputs(model, weights, trust_pickle, data, None, holdout, preprocess)
+    check_shape_names(calib.x, axes)  # a typo is a usage error, before the compression
     check = check_data(net, {"evaluation": held, "calibration": calib})  # compress warns; run and tune stop
     if writer:
         warn_data_check(check)
@@ -119,15 +121,9 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     held = held if held is not None and len(held) else None
     con.progress(_calib_line(len(calib), held, holdout))
     con.progress(f"compressing {model} with {method}")
-    small, report = compress(net, calib, method, config, recovery, held, measure=held is None)
+    # a graph fixed at the data's shape that is to run at other lengths is checked there, before any recovery
+    small, report = compress(net, calib, method, config, recovery, held, measure=held is None, dynamic_axes=axes)
     laps.lap("compress")
-    if decisions := report.predicted.get("traced_decisions"):  # a graph fixed at the data's shape, to run at others
-        from minreal.compress.core.width.tracing import require_decisions_hold
-
-        if note := require_decisions_hold(net, calib.x[:2], decisions, axes):
-            report.notes.append(note)
-            con.progress(note)
-        laps.lap("axes_check")
     _record_held_out(report, net, small, calib, held, holdout)
     laps.lap("held_out")
     report.measured.data_check = asdict(check)
@@ -144,10 +140,10 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
         click.echo(f"WARNING: {fields_spelled(missed, (report.predicted.budget['kind'],))}", err=True)
     if overshot := report.predicted.get("budget_overshot"):  # nor overshot in silence
         click.echo(f"note: {fields_spelled(overshot, (report.predicted.budget['kind'],))}", err=True)
-    from minreal.compress.core.width.tracing import DECISIONS_NOTE  # torch is loaded by now
+    from minreal.compress.core.width.tracing import AXES_NOTE, DECISIONS_NOTE  # torch is loaded by now
 
     for note in report.notes:  # a graph fixed at the data's shape is said where the user sees it
-        if note.startswith(DECISIONS_NOTE):
+        if note.startswith((DECISIONS_NOTE, AXES_NOTE)):
             click.echo(f"note: {note}", err=True)
     if report.measured.held_out_recovered:
         zero, rec = report.measured.held_out_zero_shot, report.measured.held_out_recovered

@@ -375,7 +375,7 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
         if spec.variant is not None:
             from minreal.app.plan import run_variant
 
-            small, report = run_variant(model, calib, spec.variant, recovery)
+            small, report = run_variant(model, calib, spec.variant, recovery, dynamic_axes=job.axes())
         else:
             train = subsample(calib, spec.fraction) if spec.short else calib
             if "+" in spec.method:
@@ -385,7 +385,6 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
                                       provider_defaults(job.providers))
                 small, report, phases = _compressed(job, model, calib, config, recovery, train)
             result.seconds.update(phases)
-        _require_axes_hold(job, model, calib, report, result)
     except (CompressionError, MethodOptionError) as exc:  # a refusal, in the command line's words (its flags)
         result.error = flag_spelled(exc).splitlines()[0]
         return result
@@ -409,22 +408,29 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     return result
 
 
-def _require_axes_hold(job: Job, model: nn.Module, calib: Dataset, report: Any, result: CandidateResult) -> None:
+def _require_axes_hold(job: Job, model: nn.Module, calib: Dataset, report: Any, model_id: str = "") -> float:
     """Where the width trace decided on sizes at the data's shape and the tune keeps dynamic axes besides the batch,
-    the decisions must be the same at half their length (the width trace's ``require_decisions_hold``: a refusal
-    otherwise); checked once per worker for these inputs and decisions (every budget of a method shares them), its
-    seconds in ``result.seconds["axes_check"]``."""
-    from minreal.compress.core.width.tracing import require_decisions_hold
+    the decisions must hold at half their length (:func:`minreal.compress.registry.require_axes_hold`: a refusal
+    otherwise); checked once per worker for these inputs (``model_id``: the model's fingerprint, the tune's by
+    default) and decisions (every budget of a method shares them: a refusal is remembered as its line, no traceback,
+    no model copy). Returns the seconds spent."""
+    from minreal.compress import CompressionError
+    from minreal.compress.registry import require_axes_hold
 
     decisions = report.predicted.get("traced_decisions")
     if not decisions or not job.axes():
-        return
+        return 0.0
     t0 = time.perf_counter()
-    key = (job.fingerprint, tuple(decisions), json.dumps(job.axes(), sort_keys=True))
-    outcome, _ = _remember(_AXES_CHECKED, key, lambda: _outcome(
-        lambda: require_decisions_hold(model, calib.x[:2], decisions, job.axes())), _ZERO_SHOT_SIZE)
-    result.seconds["axes_check"] = time.perf_counter() - t0
-    _value(outcome)
+    key = (model_id or job.fingerprint, tuple(decisions), json.dumps(job.axes(), sort_keys=True))
+    if key not in _AXES_REFUSED:
+        try:
+            require_axes_hold(model, calib, report, job.axes())
+            _AXES_REFUSED[key] = ""
+        except CompressionError as exc:
+            _AXES_REFUSED[key] = str(exc)
+    if _AXES_REFUSED[key]:
+        raise CompressionError(_AXES_REFUSED[key])
+    return time.perf_counter() - t0
 
 
 def _export_files(result: CandidateResult, small: nn.Module, report: Any, calib: Dataset, held_out: Dataset,
@@ -448,7 +454,8 @@ _ZERO_SHOT_SIZE = 64
 about 30)."""
 _PREPARED: dict[tuple[Any, ...], Any] = {}
 _ZERO_SHOT: dict[tuple[Any, ...], tuple[nn.Module, Any]] = {}
-_AXES_CHECKED: dict[tuple[Any, ...], tuple[Any, Exception | None]] = {}
+_AXES_REFUSED: dict[tuple[Any, ...], str] = {}
+"""Per tune inputs, decisions and axes: the refusal of :func:`_require_axes_hold` ("" where they hold)."""
 
 
 def _remember(store: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Any, size: int = _MEMO_SIZE
@@ -474,6 +481,7 @@ def _compressed(job: Job, model: nn.Module, calib: Dataset, config: Any, recover
     from minreal.compress.registry import apply_recovery
 
     small, report, phases = _zero_shot(job, model, job.fingerprint, calib, job.spec.method, config)
+    phases["axes_check"] = _require_axes_hold(job, model, calib, report)  # before the recovery: never train in vain
     return apply_recovery(report, model, small, train, recovery, measure=False), report, phases
 
 
@@ -538,11 +546,13 @@ def _chained(job: Job, model: nn.Module, calib: Dataset, recovery: Any, train: D
     if least is not None and least > config.mac_ratio:  # the first method cannot take its share: all it can
         config = build_config(first, {"mac_ratio": min(1.0, least * (1 + 1e-9)), **own[first]}, defaults)
     mid, head, phases = _zero_shot(job, model, job.fingerprint, calib, first, config)
+    phases["axes_check"] = _require_axes_hold(job, model, calib, head)  # each step's trace, before the recovery
     steps = [{"method": first, "mac_ratio": head.mac_ratio}]
     small, report = mid, head
     if head.mac_ratio > r:
         config = build_config(second, {"mac_ratio": min(1.0, r / head.mac_ratio), **own[second]}, defaults)
         small, report, more = _zero_shot(job, mid, model_key(mid), calib, second, config)
+        more["axes_check"] = _require_axes_hold(job, mid, calib, report, model_key(mid))
         phases = {k: phases[k] + more[k] for k in phases}
         steps.append({"method": second, "mac_ratio": report.mac_ratio})
     report = dc.replace(report, method=job.spec.method, predicted=dc.replace(report.predicted, steps=steps),

@@ -243,6 +243,71 @@ def test_a_count_from_a_call_kept_whole_is_refused_where_every_calibration_row_p
         assert "cannot be told from the batch size" in str(info.value)
 
 
+class _OwnLinear(nn.Linear):
+    """A project's own name for nn.Linear: kept whole for its torch ``forward``, its sizes known."""
+
+
+class _KnownSizes(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from torchvision.ops import StochasticDepth  # calls torchvision's torch.fx.wrap-ped stochastic_depth
+
+        self.fc1, self.fc2, self.drop = _OwnLinear(8, 32), nn.Linear(32, 8), StochasticDepth(0.1, "row")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 8:  # plain torch.fx stops here: the trace carries example values
+            raise ValueError("expected 8 features")
+        h = self.drop(self.fc2(torch.relu(self.fc1(x))))
+        if h.shape != x.shape:  # two batch sizes compared, from layers whose sizes are known
+            x = x[..., :1]
+        return x + h
+
+
+def test_sizes_from_layers_kept_whole_for_their_torch_forward_or_torchvisions_wrapped_ops_stay_decidable() -> None:
+    """Only a class torch.fx cannot trace, or a function the model's own code wraps, hides its sizes: a subclass of
+    nn.Linear and torchvision's stochastic depth do not, and comparing their batch size with the input's is
+    decided as before."""
+    gm = analyse(_KnownSizes().eval(), torch.randn(4, 8)).gm
+    assert any(d.endswith("size != size = False") for d in gm.meta["decisions"]), gm.meta["decisions"]
+
+
+class _ByLength(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] > 8:  # a threshold on the sequence length
+            x = x * 0.5
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("length, said", [
+    (32, "decides otherwise at half the length (input (16, 8)): {here}:{line}: 32 > 8 = True, there "
+         "{here}:{line}: 16 > 8 = True"),
+    (12, "decides otherwise at half the length (input (6, 8)): {here}:{line}: 12 > 8 = True, there "
+         "{here}:{line}: 6 > 8 = False"),
+    (3, "seq is too short to check them at half its length (2 or more): calibrate at a length of 4 or more"),
+])
+def test_decisions_on_a_dynamic_length_are_refused_even_where_the_outcome_is_the_same(length: int, said: str) -> None:
+    """A threshold between the calibration length and half of it keeps the outcome (32 > 8, 16 > 8) but not the
+    sizes compared, which the record holds; a length whose half would be 1 is not checked but refused."""
+    from minreal.compress.core.width.tracing import require_decisions_hold
+
+    model, x = _ByLength().eval(), torch.randn(4, length, 8)
+    decisions = analyse(model, x).gm.meta["decisions"]
+    line = _line(_ByLength.forward, "x.shape[1] > 8")
+    assert decisions == [f"{HERE}:{line}: {length} > 8 = {length > 8}"]
+    axes = {"input": {0: "batch", 1: "seq"}}
+    with pytest.raises(CompressionError) as info:
+        require_decisions_hold(model, x[:2], decisions, axes)
+    assert str(info.value).startswith("dynamic axes besides the batch: seq: the width trace fixed 1 decision(s)")
+    assert said.format(here=HERE, line=line) in str(info.value)
+    with pytest.raises(CompressionError, match="dynamic axis seq is axis 3 of input, which has 3 dimensions"):
+        require_decisions_hold(model, x[:2], decisions, {"input": {0: "batch", 3: "seq"}})
+    assert require_decisions_hold(model, x[:2], decisions, {"input": {0: "batch"}}) == ""  # the batch alone
+
+
 class _Tidy(nn.Module):
     """Code that reads what its input is and splits it (not its values): all of it may be decided."""
 
