@@ -412,20 +412,22 @@ def _finished(budget: tuple[str, float] | None, model: nn.Module, data: Dataset,
 
 
 def require_axes_hold(model: nn.Module, data: Dataset, report: CompressionReport,
-                      dynamic_axes: Mapping[str, Mapping[int, str]]) -> None:
+                      dynamic_axes: Mapping[str, Mapping[int, str]]) -> str:
     """Where ``report`` holds decisions a width trace fixed at the data's shape (``predicted.traced_decisions``) and
     ``dynamic_axes`` names an axis besides the batch, check they hold at half its length
     (:func:`~minreal.compress.core.width.tracing.require_decisions_hold`: a one-line CompressionError otherwise); its
-    note goes to ``report.notes`` and its time to ``report.timings_s["axes_check"]``."""
+    note goes to ``report.notes`` (and is returned; "" when there was nothing to check) and its time to
+    ``report.timings_s["axes_check"]``."""
     decisions = report.predicted.get("traced_decisions")
     if not decisions or not dynamic_axes:
-        return
+        return ""
     from .core.width.tracing import require_decisions_hold
 
     t0 = time.perf_counter()
     if note := require_decisions_hold(model, data.x[:2], decisions, dynamic_axes):
         report.notes.append(note)
     report.timings_s["axes_check"] = time.perf_counter() - t0
+    return note
 
 
 def compress(model: nn.Module, data: Dataset, method: str, config: Any = None,
@@ -484,7 +486,9 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
                           "param_ratio": rep.param_ratio, "budget": rep.predicted.get("budget")})
     last = reports[-1]
     budgets = [{**s["budget"], "step": s["method"]} for s in summaries if s["budget"] is not None]
-    predicted = dataclasses.replace(last.predicted, steps=summaries, budget=budgets[-1] if budgets else UNSET)
+    decided = [f"{m}: {d}" for (m, _), r in zip(steps, reports) for d in r.predicted.get("traced_decisions") or []]
+    predicted = dataclasses.replace(last.predicted, steps=summaries, budget=budgets[-1] if budgets else UNSET,
+                                    traced_decisions=decided or UNSET)  # every step's, each checked at its step
     report = dataclasses.replace(last, method=chain_label([m for m, _ in steps]),
                                  config={m: r.config for (m, _), r in zip(steps, reports)},
                                  predicted=predicted,

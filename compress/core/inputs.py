@@ -189,14 +189,14 @@ def slice_axis(x: Inputs, axes: Mapping[str, Mapping[int, int]]) -> Inputs:
     return cut("input", x)
 
 
-def halve_axes(x: Inputs, axes: Mapping[str, Mapping[int, str]], least: int = 1) -> Inputs | None:
+def halve_axes(x: Inputs, axes: Mapping[str, Mapping[int, str]]) -> Inputs | None:
     """``x`` with every dynamic axis besides the batch (``{input: {axis: dimension name}}``, one tensor named
-    ``"input"``) at half its length, one size per dimension name; an axis whose half would be shorter than ``least``
-    stays as it is; ``None`` when no axis is cut."""
+    ``"input"``) at half its length, one size per dimension name; ``None`` when there is no such axis of length 2
+    or more."""
     tensors = dict(x.items()) if isinstance(x, NamedInputs) else {name: x for name in axes}
     sizes = {dim: int(tensors[name].shape[axis]) for name, per in axes.items() if name in tensors
              for axis, dim in per.items()}
-    target = {dim: size // 2 for dim, size in sizes.items() if dim != "batch" and size // 2 >= max(least, 1)}
+    target = {dim: size // 2 for dim, size in sizes.items() if dim != "batch" and size >= 2}
     if not target:
         return None
     return slice_axis(x, {name: {axis: target[dim] for axis, dim in per.items() if dim in target}

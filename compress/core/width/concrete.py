@@ -256,8 +256,9 @@ class ConcreteTracer(fx.Tracer):
         cast = {"bool": bool, "int": operator.index, "float": float, "len": len, "dtype": _dtype}[how]
         a, b = cast(value_of(obj, 0)), cast(value_of(obj, 1))
         label = how  # a dtype is what the tensor is, not its values: the graph holds the example's
-        if how == "bool":  # a comparison of sizes keeps the sizes compared: a threshold shows at another length
-            label = _compared(obj, self._numbers) or how
+        if how in ("bool", "int", "float"):  # the sizes it rests on: a threshold shows at another length
+            rests = _compared(obj, self._numbers)
+            label = f"{how}({rests})" if rests and (how == "bool" or " " in rests) else how
         if how == "len" and _flag(obj, "ragged"):
             raise fx.proxy.TraceError("the model's code takes a size that depends on the values of a tensor (len): "
                                       "data-dependent control flow")
@@ -287,23 +288,20 @@ def _opaque_operand(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 
 def _compared(obj: Any, numbers: Mapping[fx.Node, tuple[Any, Any]]) -> str:
-    """``"a OP b"`` (lane A's values) where ``obj`` compares two traced numbers or sizes, so that the record of a
-    decision shows what it compared (``12 > 8``: the same outcome at another length, other sizes); "" where the
-    outcome alone says it: equal sizes compared by ``==``/``!=`` (the same at every length where they stay equal),
-    a number compared with a constant ≤ 1 (the same for every size of 2 or more), or not a comparison."""
+    """What a decision on ``obj`` rests on, for its record: ``"a OP b"`` (lane A's values) where ``obj`` compares two
+    traced numbers or sizes (``32 > 8``: the same outcome at another length, on other sizes), the number itself
+    where it is one (the truth of ``T - 8``); "" where the outcome alone says it: equal sizes compared (the same
+    outcome wherever they stay equal), or not a traced number."""
     node = getattr(obj, "node", None)
-    if node is None or node.target not in COMPARISONS or len(node.args) != 2 or node.kwargs:
+    if node is None:
         return ""
-    lanes = [numbers.get(a) if isinstance(a, fx.Node) else (a, a) for a in node.args]
-    if None in lanes:
-        return ""
-    (a, _), (b, _) = lanes  # type: ignore[misc]
-    if node.target in (operator.eq, operator.ne) and a == b:
-        return ""
-    if any(isinstance(c, (int, float)) and not isinstance(c, bool) and c <= 1 and not isinstance(n, fx.Node)
-           for c, n in ((a, node.args[0]), (b, node.args[1]))):
-        return ""
-    return f"{a!r} {COMPARISONS[node.target]} {b!r}"
+    if node.target in COMPARISONS and len(node.args) == 2 and not node.kwargs:
+        lanes = [numbers.get(a) if isinstance(a, fx.Node) else (a, a) for a in node.args]
+        if None in lanes:
+            return ""
+        (a, _), (b, _) = lanes  # type: ignore[misc]
+        return "" if a == b else f"{a!r} {COMPARISONS[node.target]} {b!r}"
+    return repr(numbers[node][0]) if node in numbers else ""
 
 
 def _is_number(v: Any) -> bool:

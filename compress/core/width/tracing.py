@@ -14,6 +14,7 @@ import contextlib
 import copy
 import inspect
 import io
+import itertools
 import re
 import traceback
 from collections.abc import Mapping
@@ -25,10 +26,11 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from ..errors import CompressionError
 from ..evaluate import eval_mode
-from ..inputs import Inputs, NamedInputs, args_of, call, halve_axes, repeat_to, sample_shapes
+from ..inputs import Inputs, NamedInputs, args_of, call, repeat_to, sample_shapes
 from .concrete import LANE_BATCHES, ConcreteTracer, frame_name, lane_inputs, user_frame
 
-__all__ = ["AXES_NOTE", "DECISIONS_NOTE", "trace", "trace_notes", "is_exported_program", "require_decisions_hold"]
+__all__ = ["AXES_NOTE", "AXES_WARNING", "DECISIONS_NOTE", "trace", "trace_notes", "is_exported_program",
+           "require_decisions_hold"]
 
 
 def is_exported_program(model: nn.Module) -> bool:
@@ -43,6 +45,8 @@ DECISIONS_NOTE = "traced carrying example values, as the model's forward decides
 """How the report's note on a trace that fixed Python's decisions begins (the CLI prints it on the console)."""
 AXES_NOTE = "dynamic axes besides the batch:"
 """How the note (and the refusal) of :func:`require_decisions_hold` begins."""
+AXES_WARNING = "dynamic axes besides the batch, decisions that rest on them:"
+"""How its note begins where decisions rest on those lengths and kept their outcome (the CLI says it as a warning)."""
 
 MAX_OPAQUE = 8
 """How many module classes :func:`trace` may keep whole (opaque) before it gives up on a model."""
@@ -156,40 +160,68 @@ def require_decisions_hold(model: nn.Module, example: Inputs, decisions: list[st
                            axes: Mapping[str, Mapping[int, str]]) -> str:
     """Check that a graph traced with example values (:mod:`.concrete`) holds along the dynamic axes besides the
     batch (``axes``: ``{input: {axis: dimension name}}``, one tensor named ``"input"``) that the compressed model is
-    to keep. ``decisions``: the trace's decisions on ``example`` (``meta["decisions"]``).
+    to keep. ``decisions``: the trace's decisions on ``example`` (``meta["decisions"]``), each with the sizes it rests
+    on (``file:line: bool(32 > 8) = True``).
 
-    ``model`` is traced again with each such axis at half its length (2 or more): where every decision, and every
-    pair of sizes a decision compared, is the same there, no decision depends on that length, and the graph (and a
-    model cut from it) computes the model at other lengths too; a size that only coincides at the two lengths
-    (``length % 2``) is not seen. Returns a note saying so ("" when there is nothing to check); raises
-    CompressionError, one line, naming the first decision that differs, or why the model does not take the shorter
-    input."""
+    ``model`` is traced again with one dimension at a time at another length (half of it; one more where it is
+    under 4): a decision that goes the other way there, or a path through other lines, raises CompressionError (one
+    line, naming the first); so does a model that does not trace at that length. Decisions that go the same way on
+    other sizes (a guard ``T <= 64``, a threshold ``T > 8`` on both sides of it) hold only while they keep that
+    outcome: the note returned starts with :data:`AXES_WARNING` and names them. Otherwise no decision rests on
+    those lengths and the graph holds at others; a size that only coincides at the two lengths (``T % 2``) is not
+    seen. Returns "" when there is nothing to check."""
     dims = sorted({dim for per in axes.values() for dim in per.values() if dim != "batch"})
     if not decisions or not dims:
         return ""
-    where = (f"{AXES_NOTE} {', '.join(dims)}: the width trace fixed "
-             f"{len(decisions)} decision(s) on sizes at the calibration data's shape ({_shapes(example)})")
-    short = [dim for dim, n in _axis_lengths(example, axes).items() if n < 4]
-    if short:
-        raise CompressionError(f"{where}, and {short[0]} is too short to check them at half its length (2 or "
-                               "more): calibrate at a length of 4 or more, or keep that axis static")
-    shorter = halve_axes(example, axes, least=2)
-    try:
-        other = trace(model, shorter, values=True).meta["decisions"]
-    except CompressionError as exc:
-        said = re.search(r"with the example's values it fails (.*); give a factory", str(exc))
-        raise CompressionError(f"{where}, and the model does not take half that length ({_shapes(shorter)}): it "
-                               f"fails {said.group(1) if said else str(exc)}; keep that axis static") from None
-    if other != decisions:
-        a, b = next(((a, b) for a, b in zip(decisions, other) if a != b),
-                    (decisions[len(other)] if len(decisions) > len(other) else "nothing",
-                     other[len(decisions)] if len(other) > len(decisions) else "nothing"))
-        raise CompressionError(f"{where}, and decides otherwise at half the length ({_shapes(shorter)}): {a}, there "
-                               f"{b}; the compressed graph would hold at the calibration shape only: keep that axis "
-                               "static (calibrate at the length it will run at)")
-    return (f"{where}; traced again at half the length ({_shapes(shorter)}), it decides the same on the same sizes: "
-            "none depends on that length, and the graph holds at others (a size that only coincides at the two, "
-            "such as length % 2, is not seen)")
+    where = (f"{AXES_NOTE} {', '.join(dims)}: the width trace fixed {len(decisions)} decision(s) on sizes at the "
+             f"calibration data's shape ({_shapes(example)})")
+    lengths, moved, tried = _axis_lengths(example, axes), [], []
+    for dim in dims:
+        n = lengths[dim]
+        other = _at_length(example, axes, dim, n // 2 if n >= 4 else n + 1)
+        tried.append(f"{dim} {n // 2 if n >= 4 else n + 1}")
+        try:
+            again = trace(model, other, values=True).meta["decisions"]
+        except CompressionError as exc:
+            said = re.search(r"with the example's values it fails (.*); give a factory", str(exc))
+            raise CompressionError(f"{where}, and at another {dim} ({_shapes(other)}) the model does not trace: it "
+                                   f"fails {said.group(1) if said else str(exc)}; keep that axis static") from None
+        moved += _compare_decisions(decisions, again, where, f"{dim} {n}", tried[-1])
+    if moved:
+        return (f"{AXES_WARNING} {', '.join(dims)}: {len(moved)} of the width trace's {len(decisions)} decision(s) "
+                f"rest on sizes that change with them and went the same way at the lengths tried: the graph holds "
+                f"only where they still do ({'; '.join(moved[:3])}{'; ...' if len(moved) > 3 else ''})")
+    return (f"{where}; traced again at {', '.join(tried)}, every decision rests on the same sizes: none depends on "
+            "those lengths, and the graph holds at others (a size that only coincides at the two, such as T % 2, "
+            "is not seen)")
+
+
+def _compare_decisions(first: list[str], second: list[str], where: str, at: str, there: str) -> list[str]:
+    """The decisions of two traces, at ``at`` and at ``there`` (``"seq 12"``): raises CompressionError where one
+    goes the other way or the path differs; returns the ones that went the same way on other sizes."""
+    moved = []
+    for a, b in itertools.zip_longest(first, second, fillvalue="nothing"):
+        (line_a, _, said_a), (line_b, _, said_b) = a.partition(": "), b.partition(": ")
+        if line_a != line_b or said_a.rpartition(" = ")[2] != said_b.rpartition(" = ")[2]:
+            raise CompressionError(f"{where}, and decides otherwise at {there}: {a} at {at}, {b} at {there}; the "
+                                   "compressed graph would hold at the calibration shape only: keep that axis static "
+                                   "(calibrate at the length it will run at)")
+        if said_a != said_b:
+            moved.append(f"{a} at {at}, {said_b.rpartition(' = ')[0]} at {there}")
+    return moved
+
+
+def _at_length(example: Inputs, axes: Mapping[str, Mapping[int, str]], dim: str, length: int) -> Inputs:
+    """``example`` with every axis named ``dim`` cut to ``length``, or grown to it by repeating its last slice."""
+    def sized(name: str, t: torch.Tensor) -> torch.Tensor:
+        for axis, d in axes.get(name, {}).items():
+            if d == dim:
+                t = t.index_select(axis, torch.arange(length, device=t.device).clamp(max=t.shape[axis] - 1))
+        return t
+
+    if isinstance(example, NamedInputs):
+        return NamedInputs({name: sized(name, t) for name, t in example.items()})
+    return sized("input", example)
 
 
 def _axis_lengths(example: Inputs, axes: Mapping[str, Mapping[int, str]]) -> dict[str, int]:

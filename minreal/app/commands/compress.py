@@ -140,11 +140,11 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
         click.echo(f"WARNING: {fields_spelled(missed, (report.predicted.budget['kind'],))}", err=True)
     if overshot := report.predicted.get("budget_overshot"):  # nor overshot in silence
         click.echo(f"note: {fields_spelled(overshot, (report.predicted.budget['kind'],))}", err=True)
-    from minreal.compress.core.width.tracing import AXES_NOTE, DECISIONS_NOTE  # torch is loaded by now
+    from minreal.compress.core.width.tracing import AXES_NOTE, AXES_WARNING, DECISIONS_NOTE  # torch is loaded
 
     for note in report.notes:  # a graph fixed at the data's shape is said where the user sees it
-        if note.startswith((DECISIONS_NOTE, AXES_NOTE)):
-            click.echo(f"note: {note}", err=True)
+        if note.startswith((DECISIONS_NOTE, AXES_NOTE, AXES_WARNING)):
+            click.echo(f"{'WARNING' if note.startswith(AXES_WARNING) else 'note'}: {note}", err=True)
     if report.measured.held_out_recovered:
         zero, rec = report.measured.held_out_zero_shot, report.measured.held_out_recovered
         con.table("held out: " + "; ".join(f"{k} zero-shot {zero[k]:.4g} -> recovered {rec[k]:.4g}"
@@ -157,7 +157,8 @@ def _record_laps(report: CompressionReport, laps: dict[str, float], con: Any) ->
     compression, the held-out measurement, saving the program: together the command's wall time after its imports),
     beside the method's phases, and one progress line with both."""
     report.timings_s.update({f"command:{phase}": seconds for phase, seconds in laps.items()})
-    method = {k: v for k, v in report.timings_s.items() if k in ("prepare", "realise", "costs", "measure", "recover")}
+    method = {k: v for k, v in report.timings_s.items()
+              if k in ("prepare", "realise", "axes_check", "costs", "measure", "recover")}
     inner = f" ({', '.join(f'{k} {v:.1f} s' for k, v in method.items())})" if method else ""
     con.progress("wall time by phase: " + ", ".join(
         f"{phase.replace('_', '-')} {seconds:.1f} s{inner if phase == 'compress' else ''}"

@@ -422,14 +422,18 @@ def _require_axes_hold(job: Job, model: nn.Module, calib: Dataset, report: Any, 
         return 0.0
     t0 = time.perf_counter()
     key = (model_id or job.fingerprint, tuple(decisions), json.dumps(job.axes(), sort_keys=True))
-    if key not in _AXES_REFUSED:
+
+    def check() -> tuple[str, str]:  # (the note, "") or ("", the refusal's line)
         try:
-            require_axes_hold(model, calib, report, job.axes())
-            _AXES_REFUSED[key] = ""
+            return require_axes_hold(model, calib, report, job.axes()), ""
         except CompressionError as exc:
-            _AXES_REFUSED[key] = str(exc)
-    if _AXES_REFUSED[key]:
-        raise CompressionError(_AXES_REFUSED[key])
+            return "", str(exc)
+
+    (note, refused), made = _remember(_AXES_CHECKED, key, check, _ZERO_SHOT_SIZE)
+    if refused:
+        raise CompressionError(refused)
+    if note and not made:  # every candidate's report says it, not only the first one's
+        report.notes.append(note)
     return time.perf_counter() - t0
 
 
@@ -454,8 +458,8 @@ _ZERO_SHOT_SIZE = 64
 about 30)."""
 _PREPARED: dict[tuple[Any, ...], Any] = {}
 _ZERO_SHOT: dict[tuple[Any, ...], tuple[nn.Module, Any]] = {}
-_AXES_REFUSED: dict[tuple[Any, ...], str] = {}
-"""Per tune inputs, decisions and axes: the refusal of :func:`_require_axes_hold` ("" where they hold)."""
+_AXES_CHECKED: dict[tuple[Any, ...], tuple[str, str]] = {}
+"""Per tune inputs, decisions and axes: the note and the refusal of :func:`_require_axes_hold` (one is "")."""
 
 
 def _remember(store: dict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Any, size: int = _MEMO_SIZE

@@ -274,38 +274,84 @@ def test_sizes_from_layers_kept_whole_for_their_torch_forward_or_torchvisions_wr
 class _ByLength(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.fc = nn.Linear(8, 8)
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] > 8:  # a threshold on the sequence length
             x = x * 0.5
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class _Lengths(nn.Module):
+    """Compares the sequence length with the key length (equal sizes: the same outcome at any length), or, with
+    ``square``, an image's height with its width (two dynamic dimensions)."""
+
+    def __init__(self, square: bool = False) -> None:
+        super().__init__()
+        self.square, self.fc = square, nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.square:
+            if x.shape[1] == x.shape[2]:
+                x = x * 0.5
+        elif x.shape[1] > x.transpose(0, 1).shape[0]:  # a key longer than the query (never, for one input)
+            x = x * 0.5
         return self.fc(x)
 
 
-@pytest.mark.parametrize("length, said", [
-    (32, "decides otherwise at half the length (input (16, 8)): {here}:{line}: 32 > 8 = True, there "
-         "{here}:{line}: 16 > 8 = True"),
-    (12, "decides otherwise at half the length (input (6, 8)): {here}:{line}: 12 > 8 = True, there "
-         "{here}:{line}: 6 > 8 = False"),
-    (3, "seq is too short to check them at half its length (2 or more): calibrate at a length of 4 or more"),
-])
-def test_decisions_on_a_dynamic_length_are_refused_even_where_the_outcome_is_the_same(length: int, said: str) -> None:
-    """A threshold between the calibration length and half of it keeps the outcome (32 > 8, 16 > 8) but not the
-    sizes compared, which the record holds; a length whose half would be 1 is not checked but refused."""
-    from minreal.compress.core.width.tracing import require_decisions_hold
+def test_decisions_on_a_dynamic_length_are_refused_where_they_turn_and_named_where_they_rest_on_it() -> None:
+    """A threshold the shorter length crosses (12 > 8, 6 > 8) refuses; one both lengths pass (32 > 8, 16 > 8), or a
+    calibration length under 4 grown by one (3 > 8, 4 > 8), is named in a warning note, as the graph holds only
+    where it keeps its outcome; equal sizes compared by an ordering rest on no size; two dynamic dimensions are
+    checked one at a time (a square image's height == width turns when one of them is halved); an axis beyond the
+    input's dimensions is refused in one line."""
+    from minreal.compress.core.width.tracing import AXES_WARNING, require_decisions_hold
 
-    model, x = _ByLength().eval(), torch.randn(4, length, 8)
-    decisions = analyse(model, x).gm.meta["decisions"]
+    seq = {"input": {0: "batch", 1: "seq"}}
     line = _line(_ByLength.forward, "x.shape[1] > 8")
-    assert decisions == [f"{HERE}:{line}: {length} > 8 = {length > 8}"]
-    axes = {"input": {0: "batch", 1: "seq"}}
+
+    def decided(model: nn.Module, x: torch.Tensor) -> list[str]:
+        return analyse(model, x).gm.meta["decisions"]
+
+    x = torch.randn(4, 12, 8)
+    assert decided(_ByLength().eval(), x) == [f"{HERE}:{line}: bool(12 > 8) = True"]
     with pytest.raises(CompressionError) as info:
-        require_decisions_hold(model, x[:2], decisions, axes)
+        require_decisions_hold(_ByLength().eval(), x[:2], decided(_ByLength().eval(), x), seq)
     assert str(info.value).startswith("dynamic axes besides the batch: seq: the width trace fixed 1 decision(s)")
-    assert said.format(here=HERE, line=line) in str(info.value)
+    assert f"decides otherwise at seq 6: {HERE}:{line}: bool(12 > 8) = True at seq 12, {HERE}:{line}: bool(6 > 8) " \
+           "= False at seq 6; " in str(info.value)
+    for length, other in ((32, 16), (3, 4)):
+        x = torch.randn(4, length, 8)
+        note = require_decisions_hold(_ByLength().eval(), x[:2], decided(_ByLength().eval(), x), seq)
+        assert note.startswith(f"{AXES_WARNING} seq: 1 of the width trace's 1 decision(s) rest on sizes that change")
+        assert f"({HERE}:{line}: bool({length} > 8) = {length > 8} at seq {length}, bool({other} > 8) at seq " \
+               f"{other})" in note
+    x = torch.randn(4, 12, 8)
+    decisions = decided(_Lengths().eval(), x)
+    assert decisions[0].endswith(": bool = False")  # 12 > 12: equal sizes, the outcome alone
+    assert "every decision rests on the same sizes" in require_decisions_hold(_Lengths().eval(), x[:2], decisions, seq)
+    square, hw = torch.randn(4, 8, 8, 8), {"input": {0: "batch", 1: "h", 2: "w"}}
+    with pytest.raises(CompressionError, match=r"decides otherwise at h 4: .*bool = True at h 8, .*bool\(4 == 8\) "
+                                               "= False at h 4"):
+        require_decisions_hold(_Lengths(True).eval(), square[:2], decided(_Lengths(True).eval(), square), hw)
     with pytest.raises(CompressionError, match="dynamic axis seq is axis 3 of input, which has 3 dimensions"):
-        require_decisions_hold(model, x[:2], decisions, {"input": {0: "batch", 3: "seq"}})
-    assert require_decisions_hold(model, x[:2], decisions, {"input": {0: "batch"}}) == ""  # the batch alone
+        require_decisions_hold(_ByLength().eval(), x[:2], decided(_ByLength().eval(), x), {"input": {3: "seq"}})
+    assert require_decisions_hold(_ByLength().eval(), x[:2], ["a.py:1: bool = True"], {"input": {0: "batch"}}) == ""
+
+
+def test_a_chain_keeps_every_steps_decisions_and_checks_each_step_at_the_dynamic_axis() -> None:
+    """wanda then svd: the chain's report keeps wanda's decisions (named by step), and the axes check of wanda's
+    step refuses the threshold the shorter length crosses."""
+    from minreal.compress import get_method
+    from minreal.compress.registry import compress_chain
+
+    model, data = _ByLength().eval(), Dataset(torch.randn(16, 12, 8))
+    steps = [("wanda", WandaConfig(mac_ratio=0.9)), ("svd", get_method("svd").config_cls())]
+    _, report = compress_chain(model, data, steps)
+    line = _line(_ByLength.forward, "x.shape[1] > 8")
+    assert report.predicted.traced_decisions == [f"wanda: {HERE}:{line}: bool(12 > 8) = True"]
+    with pytest.raises(CompressionError, match="decides otherwise at seq 6"):
+        compress_chain(model, data, steps, dynamic_axes={"input": {0: "batch", 1: "seq"}})
 
 
 class _Tidy(nn.Module):
