@@ -198,7 +198,7 @@ def _run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     _add_ort_sizes(result.bench, records)
     write_json(result.bench, case_dir / "bench.json")  # a `minreal bench` report, paths relative to the case
     slow = fp16_warnings + int8_quality_warnings(result) + slowdown_warnings(result)
-    result.warnings, result.data_check = mismatch + slow, dataclasses.asdict(check)
+    result.warnings, result.data_check = mismatch + axes_warnings(records) + slow, dataclasses.asdict(check)
     result.ort_config = ort_config
     return result
 
@@ -307,6 +307,15 @@ def _int8_loss(m: Mapping[str, Any], src: Mapping[str, Any]) -> str | None:
         return (f"top-1 agreement with the original {100 * m['top1_agreement']:.2f} % vs "
                 f"{100 * src['top1_agreement']:.2f} %") if drop > INT8_MAX_DROP_PP else None
     return None
+
+
+def axes_warnings(records: list[Any]) -> list[str]:
+    """Per variant, the width trace's warning that decisions rest on a dynamic axis's length (the graph holds only
+    where they keep their outcome: :data:`~minreal.compress.core.width.tracing.AXES_WARNING`)."""
+    from minreal.compress.core.width.tracing import AXES_WARNING
+
+    return [f"{r.label}: {note}" for r in records if r.compression is not None
+            for note in r.compression.notes if note.startswith(AXES_WARNING)]
 
 
 def int8_quality_warnings(case: CaseResult) -> list[str]:
