@@ -651,6 +651,21 @@ def test_a_graph_fixed_at_the_datas_shape_keeps_a_dynamic_axis_only_where_it_dec
     assert out.shape == (3, 5, 4) and bool(torch.isfinite(out).all())
 
 
+def test_run_lists_the_axes_warning_of_a_single_method_and_of_a_chains_step() -> None:
+    """``minreal run``'s warnings name each variant whose width trace rests on a dynamic axis's length, a chain's
+    (whose notes name their step first) too; other notes are not warnings."""
+    from types import SimpleNamespace
+
+    from minreal.app.pipeline import axes_warnings
+    from minreal.compress.core.width.tracing import AXES_WARNING
+
+    said = f"{AXES_WARNING} seq: 1 of the width trace's 1 decision(s) rest on sizes that change with them"
+    records = [SimpleNamespace(label="original", compression=None),
+               SimpleNamespace(label="wanda", compression=SimpleNamespace(notes=["widths on multiples of 8", said])),
+               SimpleNamespace(label="wanda+svd", compression=SimpleNamespace(notes=[f"wanda: {said}"]))]
+    assert axes_warnings(records) == [f"wanda: {said}", f"wanda+svd: wanda: {said}"]
+
+
 def test_a_dynamic_axis_beyond_the_inputs_dimensions_is_refused_before_the_compression(workdir: Path,
                                                                                         run_cli: Callable) -> None:
     import numpy as np

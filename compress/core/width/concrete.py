@@ -291,7 +291,8 @@ def _compared(obj: Any, numbers: Mapping[fx.Node, tuple[Any, Any]]) -> str:
     """What a decision on ``obj`` rests on, for its record: ``"a OP b"`` (lane A's values) where ``obj`` compares two
     traced numbers or sizes (``32 > 8``: the same outcome at another length, on other sizes), the number itself
     where it is one (the truth of ``T - 8``); "" where the outcome alone says it: equal sizes compared (the same
-    outcome wherever they stay equal), or not a traced number."""
+    outcome wherever they stay equal), a size read from a tensor whose test comes out the same for every size of 1
+    or more (``bool(T)``, ``T > 0``), or not a traced number."""
     node = getattr(obj, "node", None)
     if node is None:
         return ""
@@ -300,8 +301,35 @@ def _compared(obj: Any, numbers: Mapping[fx.Node, tuple[Any, Any]]) -> str:
         if None in lanes:
             return ""
         (a, _), (b, _) = lanes  # type: ignore[misc]
-        return "" if a == b else f"{a!r} {COMPARISONS[node.target]} {b!r}"
-    return repr(numbers[node][0]) if node in numbers else ""
+        left, right = node.args
+        if a == b or (_reads_size(left) and _same_for_every_size(node.target, b, True)) or \
+                (_reads_size(right) and _same_for_every_size(node.target, a, False)):
+            return ""
+        return f"{a!r} {COMPARISONS[node.target]} {b!r}"
+    return repr(numbers[node][0]) if node in numbers and not _reads_size(node) else ""
+
+
+def _reads_size(node: Any) -> bool:
+    """Whether a graph node reads one size of a tensor as it is (``x.shape[1]``, ``x.size(1)``), not computed."""
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "call_method" and node.target == "size":
+        return len(node.args) == 2
+    if node.op != "call_function" or node.target is not operator.getitem or not isinstance(node.args[0], fx.Node):
+        return False
+    shape = node.args[0]
+    return (shape.op == "call_function" and shape.target is getattr and shape.args[1] == "shape") or \
+        (shape.op == "call_method" and shape.target == "size" and len(shape.args) == 1)
+
+
+def _same_for_every_size(op: Any, constant: Any, size_left: bool) -> bool:
+    """Whether a size compared with ``constant`` by ``op`` gives one outcome for every size of 1 or more."""
+    if isinstance(constant, bool) or not isinstance(constant, (int, float)):
+        return False
+    if op in (operator.eq, operator.ne):
+        return constant < 1 or constant != int(constant)
+    outcome = (lambda n: op(n, constant)) if size_left else (lambda n: op(constant, n))
+    return outcome(1) == outcome(1 << 62)
 
 
 def _is_number(v: Any) -> bool:

@@ -175,7 +175,8 @@ def require_decisions_hold(model: nn.Module, example: Inputs, decisions: list[st
         return ""
     where = (f"{AXES_NOTE} {', '.join(dims)}: the width trace fixed {len(decisions)} decision(s) on sizes at the "
              f"calibration data's shape ({_shapes(example)})")
-    lengths, moved, tried = _axis_lengths(example, axes), [], []
+    lengths, tried = _axis_lengths(example, axes), []
+    moved: dict[str, tuple[list[str], list[str]]] = {}
     for dim in dims:
         n = lengths[dim]
         other = _at_length(example, axes, dim, n // 2 if n >= 4 else n + 1)
@@ -186,19 +187,25 @@ def require_decisions_hold(model: nn.Module, example: Inputs, decisions: list[st
             said = re.search(r"with the example's values it fails (.*); give a factory", str(exc))
             raise CompressionError(f"{where}, and at another {dim} ({_shapes(other)}) the model does not trace: it "
                                    f"fails {said.group(1) if said else str(exc)}; keep that axis static") from None
-        moved += _compare_decisions(decisions, again, where, f"{dim} {n}", tried[-1])
+        for record, there in _compare_decisions(decisions, again, where, f"{dim} {n}", tried[-1]):
+            at, elsewhere = moved.setdefault(record, ([], []))  # one decision may rest on several dimensions
+            at.append(f"{dim} {n}")
+            elsewhere.append(there)
     if moved:
+        named = [f"{record} at {', '.join(at)}, {', '.join(there)}" for record, (at, there) in moved.items()]
         return (f"{AXES_WARNING} {', '.join(dims)}: {len(moved)} of the width trace's {len(decisions)} decision(s) "
                 f"rest on sizes that change with them and went the same way at the lengths tried: the graph holds "
-                f"only where they still do ({'; '.join(moved[:3])}{'; ...' if len(moved) > 3 else ''})")
+                f"only where they still do ({'; '.join(named[:3])}{'; ...' if len(named) > 3 else ''})")
     return (f"{where}; traced again at {', '.join(tried)}, every decision rests on the same sizes: none depends on "
             "those lengths, and the graph holds at others (a size that only coincides at the two, such as T % 2, "
             "is not seen)")
 
 
-def _compare_decisions(first: list[str], second: list[str], where: str, at: str, there: str) -> list[str]:
+def _compare_decisions(first: list[str], second: list[str], where: str, at: str, there: str
+                       ) -> list[tuple[str, str]]:
     """The decisions of two traces, at ``at`` and at ``there`` (``"seq 12"``): raises CompressionError where one
-    goes the other way or the path differs; returns the ones that went the same way on other sizes."""
+    goes the other way or the path differs; returns the ones that went the same way on other sizes, each as its
+    record and what it rested on there."""
     moved = []
     for a, b in itertools.zip_longest(first, second, fillvalue="nothing"):
         (line_a, _, said_a), (line_b, _, said_b) = a.partition(": "), b.partition(": ")
@@ -207,7 +214,7 @@ def _compare_decisions(first: list[str], second: list[str], where: str, at: str,
                                    "compressed graph would hold at the calibration shape only: keep that axis static "
                                    "(calibrate at the length it will run at)")
         if said_a != said_b:
-            moved.append(f"{a} at {at}, {said_b.rpartition(' = ')[0]} at {there}")
+            moved.append((a, f"{said_b.rpartition(' = ')[0]} at {there}"))
     return moved
 
 

@@ -339,6 +339,43 @@ def test_decisions_on_a_dynamic_length_are_refused_where_they_turn_and_named_whe
     assert require_decisions_hold(_ByLength().eval(), x[:2], ["a.py:1: bool = True"], {"input": {0: "batch"}}) == ""
 
 
+class _SizeTests(nn.Module):
+    """Tests on a size read as it is: true for every length (``T``, ``T > 0``), turning at 1 (``T > 1``), or on the
+    area of two dynamic dimensions."""
+
+    def __init__(self, test: str) -> None:
+        super().__init__()
+        self.test, self.fc = test, nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 8:  # plain torch.fx stops here
+            raise ValueError("expected 8 features")
+        passed = {"T": lambda: bool(x.shape[1]), "T > 0": lambda: x.shape[1] > 0, "T > 1": lambda: x.shape[1] > 1,
+                  "h * w > 10": lambda: x.shape[1] * x.shape[2] > 10}[self.test]()
+        return self.fc(x * 2 if passed else x)
+
+
+@pytest.mark.parametrize("test, warned", [("T", ""), ("T > 0", ""), ("T > 1", "bool(12 > 1) = True at seq 12, "
+                                          "bool(6 > 1) at seq 6"),
+                                          ("h * w > 10", "bool(64 > 10) = True at h 8, w 8, bool(32 > 10) at h 4, "
+                                           "bool(32 > 10) at w 4")])
+def test_a_size_test_true_at_every_length_rests_on_nothing_and_a_decision_is_named_once(test: str, warned: str
+                                                                                        ) -> None:
+    """A size read as it is and tested true for every size of 1 or more needs no warning; one that turns at 1
+    (sdpa attention's ``q_len > 1``) does; a decision that rests on two dynamic dimensions is named once."""
+    from minreal.compress.core.width.tracing import AXES_WARNING, require_decisions_hold
+
+    x, axes = (torch.randn(4, 8, 8, 8), {"input": {0: "batch", 1: "h", 2: "w"}}) if "h" in test else \
+        (torch.randn(4, 12, 8), {"input": {0: "batch", 1: "seq"}})
+    model = _SizeTests(test).eval()
+    note = require_decisions_hold(model, x[:2], analyse(model, x).gm.meta["decisions"], axes)
+    if not warned:
+        assert note.startswith("dynamic axes besides the batch: seq") and "every decision rests on the same" in note
+        return
+    assert note.startswith(AXES_WARNING) and ": 1 of the width trace's 2 decision(s) rest on sizes" in note, note
+    assert warned in note, note
+
+
 def test_a_chain_keeps_every_steps_decisions_and_checks_each_step_at_the_dynamic_axis() -> None:
     """wanda then svd: the chain's report keeps wanda's decisions (named by step), and the axes check of wanda's
     step refuses the threshold the shorter length crosses."""
