@@ -259,6 +259,13 @@ def test_a_candidate_whose_trace_decides_on_a_dynamic_axis_is_refused_once_per_w
         assert "decides otherwise at seq 6: " in result.error
         assert "\n" not in result.error and not result.files and not result.feasible
     assert calls == [1]
+    # at a length of 32 the decision rests on the length (32 > 8, 16 > 8) but keeps its outcome: the candidate
+    # stands, its result carries the warning the tune's report states
+    tr, te = Dataset(torch.randn(32, 32, 8)), Dataset(torch.randn(16, 32, 8))
+    job = dataclasses.replace(job, source=LoadedSource(model, tr, te), fingerprint=fingerprint(model, tr, te))
+    result = evaluate_candidate(dataclasses.replace(job, spec=CandidateSpec("wanda", 0.8)))
+    assert result.error is None and len(result.warnings) == 1, (result.error, result.warnings)
+    assert result.warnings[0].startswith("dynamic axes besides the batch, decisions that rest on them: seq: 1 of")
 
 
 def test_tune_cli_writes_a_directory_that_check_can_gate(workdir: Path, run_cli: Callable) -> None:

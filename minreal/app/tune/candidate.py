@@ -100,6 +100,9 @@ class CandidateResult:
     """A zero-shot model's :func:`minreal.compress.core.cache.model_key` (architecture and every parameter and buffer;
     None for a recovered candidate or a plan variant): two budgets of a method with the same digest realised one
     model."""
+    warnings: list[str] = field(default_factory=list)
+    """The compression's warnings the tune states: decisions of a width trace that rest on a dynamic axis's length
+    (:data:`~minreal.compress.core.width.tracing.AXES_WARNING`: the graph holds only where they keep their outcome)."""
 
 
 class Source(Protocol):
@@ -296,6 +299,7 @@ def _well_typed(result: CandidateResult) -> bool:
     return (numbers(result.quality) and numbers(result.seconds) and isinstance(result.files, dict)
             and isinstance(result.error, (str, type(None))) and isinstance(result.recovery, (dict, type(None)))
             and isinstance(result.weights_digest, (str, type(None)))
+            and isinstance(result.warnings, list) and all(isinstance(w, str) for w in result.warnings)
             and all(isinstance(getattr(result, f), (int, float, type(None))) for f in ("mac_ratio", "param_ratio"))
             and all(isinstance(getattr(result, f), int) for f in ("params", "macs")))
 
@@ -388,6 +392,9 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     except (CompressionError, MethodOptionError) as exc:  # a refusal, in the command line's words (its flags)
         result.error = flag_spelled(exc).splitlines()[0]
         return result
+    from minreal.compress.core.width.tracing import AXES_WARNING
+
+    result.warnings = [note for note in report.notes if AXES_WARNING in note]  # a chain's name their step first
     recovered = report.timings_s.get("recover", 0.0)
     if spec.variant is not None:
         result.seconds["compress"] = time.perf_counter() - t0 - recovered

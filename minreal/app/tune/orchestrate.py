@@ -132,6 +132,8 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     notes.append(f"held-out data: {len(held_out)} samples, so one sample is {one:.3g} pp of accuracy; "
                  + ("too few to resolve the constraint reliably" if one > 0.5 * _limit_pp(cfg.constraint) else
                     "the same samples judge every candidate (and rank accuracy control's layers)"))
+    for said in dict.fromkeys(f"{r.spec.method}: {w}" for r in results if r.error is None for w in r.warnings):
+        notes.append(f"WARNING: {said}")  # the compressed graph holds only where its decisions keep their outcome
     report.notes = notes
     report.counts = _counts(results, candidates)
     report.wall_s = time.perf_counter() - t_start
