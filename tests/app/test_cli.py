@@ -666,8 +666,8 @@ def test_run_lists_the_axes_warning_of_a_single_method_and_of_a_chains_step() ->
     assert axes_warnings(records) == [f"wanda: {said}", f"wanda+svd: wanda: {said}"]
 
 
-def test_a_dynamic_axis_beyond_the_inputs_dimensions_is_refused_before_the_compression(workdir: Path,
-                                                                                        run_cli: Callable) -> None:
+def test_a_dynamic_axis_beyond_the_inputs_dimensions_is_refused_before_any_work(workdir: Path,
+                                                                                 run_cli: Callable) -> None:
     import numpy as np
 
     (workdir / "seq.py").write_text(SEQUENCE)
@@ -677,6 +677,11 @@ def test_a_dynamic_axis_beyond_the_inputs_dimensions_is_refused_before_the_compr
     assert code != 0 and not Path("s.pt2").exists()
     assert "--dynamic-axes names extra (axis 3) of input, which has 3 axes (0 to 2, the batch's included)" in err
     assert "compressing" not in err
+    np.savez(workdir / "seqy.npz", x=np.zeros((16, 12, 8), np.float32), y=np.zeros((16, 12, 4), np.float32))
+    code, _, err = run_cli(["tune", "seq.py:by_features", "--method", "wanda", "--data", "seqy.npz", "--no-int8",
+                            "--max-mse-increase", "1", "--dynamic-axes", "input:batch,seq,feat,extra", "--out", "t"])
+    assert code != 0 and not Path("t").exists() and "baseline" not in err
+    assert "--dynamic-axes names extra (axis 3) of input" in err.splitlines()[-1]
 
 
 def test_compress_states_decisions_fixed_at_the_datas_shape_on_the_console(workdir: Path,

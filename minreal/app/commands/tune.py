@@ -174,6 +174,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
     refuse_torchrun("tune")
     from minreal.app.mismatch import check_data, require_match
     from minreal.app.rundir import claim_run_dir, commit_run_dir
+    from minreal.app.shapes import check_shape_names
     from minreal.app.tune import SpecSource, tune
     from minreal.app.tune.output import format_tune, write_tune_dir
 
@@ -199,6 +200,7 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
                   if workers or remote else None)
         cfg = dataclasses.replace(cfg, dynamic_axes=case_dynamic_axes(cfg.dynamic_axes, calib.x,
                                                                       held.x if held else None))
+        check_shape_names(calib.x, cfg.dynamic_axes)  # a typo is a usage error, before the baselines
         executor = _tune_executor(executor_kind, workers, address, bench_resource)
         report = tune(net, calib, held, cfg, claim.staging, cache, source, executor, con.progress)
         executor.close()
