@@ -258,7 +258,7 @@ class ConcreteTracer(fx.Tracer):
         label = how  # a dtype is what the tensor is, not its values: the graph holds the example's
         if how in ("bool", "int", "float"):  # the sizes it rests on: a threshold shows at another length
             rests = _compared(obj, self._numbers)
-            label = f"{how}({rests})" if rests and (how == "bool" or " " in rests) else how
+            label = f"{how}({rests})" if rests and (how == "bool" or _is_comparison(obj.node)) else how
         if how == "len" and _flag(obj, "ragged"):
             raise fx.proxy.TraceError("the model's code takes a size that depends on the values of a tensor (len): "
                                       "data-dependent control flow")
@@ -296,17 +296,31 @@ def _compared(obj: Any, numbers: Mapping[fx.Node, tuple[Any, Any]]) -> str:
     node = getattr(obj, "node", None)
     if node is None:
         return ""
-    if node.target in COMPARISONS and len(node.args) == 2 and not node.kwargs:
-        lanes = [numbers.get(a) if isinstance(a, fx.Node) else (a, a) for a in node.args]
-        if None in lanes:
+    if _is_comparison(node):
+        lanes = _comparison_lanes(node, numbers)
+        if lanes is None:
             return ""
-        (a, _), (b, _) = lanes  # type: ignore[misc]
+        (a, _), (b, _) = lanes
         left, right = node.args
         if a == b or (_reads_size(left) and _same_for_every_size(node.target, b, True)) or \
                 (_reads_size(right) and _same_for_every_size(node.target, a, False)):
             return ""
         return f"{a!r} {COMPARISONS[node.target]} {b!r}"
     return repr(numbers[node][0]) if node in numbers and not _reads_size(node) else ""
+
+
+def _is_comparison(node: Any) -> bool:
+    """Whether a graph node compares two operands (:data:`COMPARISONS`)."""
+    return isinstance(node, fx.Node) and node.target in COMPARISONS and len(node.args) == 2 and not node.kwargs
+
+
+def _comparison_lanes(node: Any, numbers: Mapping[fx.Node, tuple[Any, Any]]) -> list[tuple[Any, Any]] | None:
+    """Lanes A's and B's values of both operands of a comparison node (a constant: itself twice); None where the
+    node is not a comparison or an operand is not a traced number."""
+    if not _is_comparison(node):
+        return None
+    lanes = [numbers.get(a) if isinstance(a, fx.Node) else (a, a) for a in node.args]
+    return None if None in lanes else lanes  # type: ignore[return-value]
 
 
 def _reads_size(node: Any) -> bool:
@@ -347,10 +361,8 @@ def _batch_comparison(obj: Any, numbers: Mapping[fx.Node, tuple[Any, Any]]) -> s
     or two sizes equal in both lanes with each other by ``==``/``!=`` (``x.shape == y.shape``); "" otherwise.
     ``numbers``: the lane values of the traced numbers and sizes."""
     node = getattr(obj, "node", None)
-    if node is None or node.target not in COMPARISONS or len(node.args) != 2 or node.kwargs:
-        return ""
-    lanes = [numbers.get(a) if isinstance(a, fx.Node) else (a, a) for a in node.args]
-    if None in lanes:
+    lanes = _comparison_lanes(node, numbers)
+    if lanes is None:
         return ""
     batch = [pair == LANE_BATCHES[:2] for pair in lanes]  # type: ignore[comparison-overlap]
     op = COMPARISONS[node.target]
