@@ -44,7 +44,7 @@ from onnx import TensorProto
 from minreal.export.atomic import ensure_distinct
 from minreal.export.errors import ParityError, SameFileError
 from minreal.export.onnx_files import data_file_name, data_files, onnx_size, staged_onnx
-from minreal.export.verify import Feeds, OutputParity, compare_output, feed_rows, finite_abs_max
+from minreal.export.verify import Feeds, OutputParity, compare_output, feed_rows, finite_abs_max, output_scale
 from minreal.facts import PROVIDERS, error_line
 
 __all__ = [
@@ -203,16 +203,18 @@ def fp16_path(fp32_path: str | Path) -> Path:
     return path.with_name(path.stem + FP16_SUFFIX)
 
 
-def _scale(reference: np.ndarray) -> float:
+def _scale(reference: np.ndarray, got: np.ndarray | None = None, atol_scale: float = FP16_RTOL) -> float:
     """Largest finite ``|reference|``, at least float16's smallest normal number (an all-zero output still allows
-    rounding); an inf element would make every tolerance infinite, a NaN every tolerance NaN."""
-    magnitude = finite_abs_max(reference)
+    rounding); an inf element would make every tolerance infinite, a NaN every tolerance NaN. Given the FP16 output
+    ``got``, a constant it reproduces exactly (a mask) sets the scale only as far as :func:`output_scale` allows."""
+    magnitude = finite_abs_max(reference) if got is None else output_scale(got, reference, atol_scale)
     return max(magnitude, float(np.finfo(np.float16).tiny))
 
 
-def fp16_atol(reference: np.ndarray, atol_scale: float = FP16_RTOL) -> float:
-    """Absolute tolerance for one output: ``atol_scale * max|reference|`` (the module docstring says why)."""
-    return atol_scale * _scale(reference)
+def fp16_atol(reference: np.ndarray, atol_scale: float = FP16_RTOL, got: np.ndarray | None = None) -> float:
+    """Absolute tolerance for one output: ``atol_scale * max|reference|`` (the module docstring says why; ``got``:
+    see :func:`_scale`)."""
+    return atol_scale * _scale(reference, got, atol_scale)
 
 
 def _provider_label(provider: str) -> str:
@@ -250,8 +252,9 @@ def _check_feed(reference: Any, session: Any, feeds: Feeds, config: Fp16Config) 
     for name, g, w in zip(names, got, want):
         if g.shape != w.shape:
             raise ParityError(f"FP16 output {name!r} at batch size {batch} has shape {g.shape}, fp32 {w.shape}")
-        check = compare_output(name, batch, g.astype(np.float32), w, config.rtol, fp16_atol(w, config.atol_scale))
-        out.append((check, _scale(w)))
+        g = g.astype(np.float32)
+        check = compare_output(name, batch, g, w, config.rtol, fp16_atol(w, config.atol_scale, g))
+        out.append((check, _scale(w, g, config.atol_scale)))
     return out
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 
 from minreal.export.readiness import ReadinessReport, tensorrt_readiness
-from minreal.export.verify import OutputParity, compare_output, finite_abs_max, run_ort
+from minreal.export.verify import OutputParity, compare_output, finite_abs_max, output_scale, run_ort
 from minreal.facts import error_line, first_line
 from minreal.runtime_bench.atomic import atomic_write_bytes
 from minreal.runtime_bench.inputs import Data, input_specs, timing_inputs
@@ -77,10 +77,14 @@ class Tolerance:
     atol: float = 0.0
     atol_scale: float = 0.0
 
-    def atol_for(self, reference: np.ndarray) -> float:
+    def atol_for(self, reference: np.ndarray, got: np.ndarray | None = None) -> float:
         """The absolute tolerance for one output: ``atol`` plus ``atol_scale`` times its largest finite magnitude
-        (an inf element would make the tolerance infinite, a NaN make it NaN)."""
-        scale = finite_abs_max(reference)
+        (an inf element would make the tolerance infinite, a NaN make it NaN); given TensorRT's output ``got``, a
+        constant it reproduces exactly (a mask) sets that magnitude only as far as :func:`output_scale` allows."""
+        if got is None or not self.atol_scale or got.shape != reference.shape:
+            scale = finite_abs_max(reference)
+        else:
+            scale = output_scale(got, reference, self.atol_scale)
         return self.atol + self.atol_scale * scale
 
 
@@ -473,8 +477,8 @@ def _compare(trt: ModuleType, build: EngineBuild, engine: bytes, path: Path, ran
             feeds = parity_feeds(path, {n: getattr(r, which) for n, r in ranges.items()}, opt.data, opt.seed)
             got = runner.run(feeds)
             for name, ref in zip(names, run_ort(session, feeds)):
-                tol = build.tolerances[name]
-                build.parity.append(compare_output(name, len(ref), got[name], ref, tol.rtol, tol.atol_for(ref)))
+                tol, out = build.tolerances[name], got[name]
+                build.parity.append(compare_output(name, len(ref), out, ref, tol.rtol, tol.atol_for(ref, out)))
     except Exception as exc:  # a failed run is a finding of the check, not a crash of the caller
         build.error = f"the engine did not run: {error_line(exc)}"
         return

@@ -359,6 +359,54 @@ def test_a_constant_of_the_dtype_is_not_roundoff_and_does_not_open_the_tolerance
     assert [c.roundoff for c in info.value.result.checks] == kept
 
 
+def test_an_exact_mask_constant_does_not_set_the_output_s_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logits of about 3 beside a mask of -1e9 that the runtime writes exactly: counted in the scale, the mask made the
+    tolerance 1e-4 * 1e9 = 1e5, so a runtime 0.5 off on every kept logit passed. The mask needs no tolerance and
+    would cover every differing element's whole magnitude, so it does not count; a runtime within roundoff passes."""
+    g = np.random.default_rng(0)
+    reference = (3 * g.standard_normal((4, 10))).astype(np.float32)
+    reference[:, 8:] = -1e9
+    off = reference.copy()
+    off[:, :8] += 0.5
+    args = dict(rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL, atol_scale=DEFAULT_ATOL_SCALE)
+    assert not compare_output("y", 4, off, reference, **args).passed
+    kept = float(np.abs(reference[:, :8]).max())
+    assert verify_module.output_scale(off, reference, DEFAULT_ATOL_SCALE) == kept
+    close = reference.copy()
+    close[:, :8] *= np.float32(1 + 2e-5)  # within rtol: passes, and the mask's exact elements are not its scale
+    assert compare_output("y", 4, close, reference, **args).passed
+    # an exact element within the bound (atol_scale x 50 = 5e-4 <= the differing element's 1e-3) still counts, and
+    # so does one beyond it found once; a constant beyond it found in several elements does not, in whichever
+    # chunks they lie
+    monkeypatch.setattr(verify_module, "COMPARE_CHUNK", 2)
+    reference = np.array([1e-3, 7.0, 50.0, -2e6, 3e5, -2e6], dtype=np.float32)
+    candidate = reference + np.array([1.6e-4, 0, 0, 0, 0, 0], dtype=np.float32)
+    assert verify_module.output_scale(candidate, reference, 1e-5) == 3e5
+    assert verify_module.output_scale(candidate[:5], reference[:5], 1e-5) == 2e6  # -2e6 once: counted
+    assert verify_module.output_scale(candidate, reference, 0.0) == 2e6  # no scale part: nothing to bound
+    assert verify_module.output_scale(reference, reference, 1e-5) == 3e5  # nothing differs: only 3e5 is alone
+    # an element that differs always counts, however large
+    assert verify_module.output_scale(candidate + np.array([0, 0, 0, 1, 0, 0], np.float32), reference, 1e-5) == 2e6
+
+
+def test_the_dtype_s_lowest_value_as_a_mask_no_longer_opens_the_default_tolerance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``torch.finfo(dtype).min`` as a mask, exported as the constant it is: with the default ``atol_scale`` the
+    tolerance was 1e-4 * 3.4e38 and a runtime 1.0 off on every kept logit passed parity; now it fails."""
+    model = _MaskedLogits().eval()
+
+    def off_by_one(feeds: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            y = model(torch.from_numpy(feeds)).numpy().copy()
+        y[:, :8] += 1.0
+        return y
+
+    _runtime_giving(monkeypatch, off_by_one)
+    with pytest.raises(ParityError, match="2 of 2 checks failed"):
+        verify_parity(model, "unused.onnx", [torch.randn(1, 64), torch.randn(2, 64)])
+
+
 class _ClassIds(nn.Module):
     """Class ids (argmax of 10 logits), as deployment wrappers return them. On ``[1, 1e-8]`` logits 0 and 9 tie in
     float32 (``1 + 1e-8`` rounds to 1: class 0) and not in float64 (class 9)."""
