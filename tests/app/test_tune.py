@@ -268,6 +268,28 @@ def test_a_candidate_whose_trace_decides_on_a_dynamic_axis_is_refused_once_per_w
     assert result.warnings[0].startswith("dynamic axes besides the batch, decisions that rest on them: seq: 1 of")
 
 
+def test_tune_says_a_dynamic_axis_warning_on_the_console_once_per_method(tmp_path: Path) -> None:
+    """A candidate whose width trace rests a decision on the kept sequence length (32 > 8 and 16 > 8: the same
+    outcome) stands; the tune says so in a progress line of its own, once for the method, and its notes keep it."""
+    from minreal.compress.core.data import Dataset
+
+    torch.manual_seed(0)
+    model = _ByLength().eval()
+    tr = Dataset(torch.randn(64, 32, 8), torch.randn(64, 32, 4))
+    te = Dataset(torch.randn(32, 32, 8), torch.randn(32, 32, 4))
+    cfg = TuneConfig(Constraint(max_mse_increase=1e9), methods=("wanda",), grid=(0.8, 0.6), qat=False,
+                     accuracy_control=False, screen=FAST, bench=FAST_BENCH,
+                     dynamic_axes={"input": {0: "batch", 1: "seq"}})
+    said: list[str] = []
+    report = tune(model, tr, te, cfg, tmp_path / "t", tmp_path / "cache", executor=InlineExecutor(),
+                  progress=said.append)
+    lines = [line for line in said if "WARNING" in line]
+    assert len(lines) == 1, said
+    assert lines[0].startswith("[tune] WARNING: wanda: dynamic axes besides the batch, decisions that rest on them: "
+                               "seq: 1 of"), lines
+    assert [n for n in report.notes if n.startswith("WARNING: ")] == [lines[0].removeprefix("[tune] ")]
+
+
 def test_tune_cli_writes_a_directory_that_check_can_gate(workdir: Path, run_cli: Callable) -> None:
     args = ["tune", "--allow-data-mismatch", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
             "-m", "svd", "--grid", "0.8,0.4", "--out", "t", "--cache-dir", "cache", "--screen-seconds", "0.02",

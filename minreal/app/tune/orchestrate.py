@@ -109,6 +109,10 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
         results += qat_candidates(searches, results, held_out, models_dir / "original.onnx", cfg, job_base, run,
                                    t_start, notes, say, clock)
         phases["search"] = time.perf_counter() - t0
+        # the compressed graph holds only where its traced decisions keep their outcome: said once per method, now
+        warned = list(dict.fromkeys(f"{r.spec.method}: {w}" for r in results if r.error is None for w in r.warnings))
+        for said in warned:
+            say(f"[tune] WARNING: {said}")
         candidates = baselines + _structural(results, models_dir, cfg)
         t0 = time.perf_counter()
         ort_quality(candidates, held_out, cfg.constraint, folder, say)
@@ -132,8 +136,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     notes.append(f"held-out data: {len(held_out)} samples, so one sample is {one:.3g} pp of accuracy; "
                  + ("too few to resolve the constraint reliably" if one > 0.5 * _limit_pp(cfg.constraint) else
                     "the same samples judge every candidate (and rank accuracy control's layers)"))
-    for said in dict.fromkeys(f"{r.spec.method}: {w}" for r in results if r.error is None for w in r.warnings):
-        notes.append(f"WARNING: {said}")  # the compressed graph holds only where its decisions keep their outcome
+    notes += [f"WARNING: {said}" for said in warned]
     report.notes = notes
     report.counts = _counts(results, candidates)
     report.wall_s = time.perf_counter() - t_start
