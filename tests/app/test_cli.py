@@ -611,7 +611,7 @@ def by_features():
 def test_a_graph_fixed_at_the_datas_shape_keeps_a_dynamic_axis_only_where_it_decides_the_same_at_half_of_it(
         factory: str, length: int, workdir: Path, run_cli: Callable) -> None:
     """``--dynamic-axes`` asks the program to run at other lengths; a graph traced with example values decided at
-    the data's length. It is traced again at half the length: a decision on the length itself that goes the other
+    the data's length. It is traced again at half the length and one less: a decision on the length that goes the other
     way there (12 > 8, 6 > 8) stops the command in one line with nothing written; one that goes the same way on
     other sizes (32 > 8, 16 > 8) is a warning; a decision on the features holds, the note says so and the program
     runs at another length, as the model does."""
@@ -630,7 +630,7 @@ def test_a_graph_fixed_at_the_datas_shape_keeps_a_dynamic_axis_only_where_it_dec
         assert "WARNING: dynamic axes besides the batch, decisions that rest on them: seq: 1 of the width trace's 1 " \
                f"decision(s) rest on sizes that change with them and went the same way at the lengths tried: the " \
                f"graph holds only where they still do (seq.py:{line}: bool(32 > 8) = True at seq 32, bool(16 > 8) at " \
-               "seq 16)" in err
+               "seq 16, bool(31 > 8) at seq 31)" in err
         return
     if factory == "by_length":
         assert code != 0 and not Path("s.pt2").exists() and not Path("r.json").exists()
@@ -642,8 +642,8 @@ def test_a_graph_fixed_at_the_datas_shape_keeps_a_dynamic_axis_only_where_it_dec
         return
     assert code == 0, err
     assert "note: dynamic axes besides the batch: seq: the width trace fixed 1 decision(s) on sizes at the " \
-           "calibration data's shape (input (12, 8)); traced again at seq 6, every decision rests on the same " \
-           "sizes" in err
+           "calibration data's shape (input (12, 8)); traced again at seq 6, seq 11, every decision rests on the " \
+           "same sizes" in err
     report = json.loads(Path("r.json").read_text())
     assert report["predicted"]["traced_decisions"] == [f"seq.py:{line}: bool = False"]
     shorter = torch.from_numpy(x[:3, :5])

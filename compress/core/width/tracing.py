@@ -163,42 +163,50 @@ def require_decisions_hold(model: nn.Module, example: Inputs, decisions: list[st
     to keep. ``decisions``: the trace's decisions on ``example`` (``meta["decisions"]``), each with the sizes it rests
     on (``file:line: bool(32 > 8) = True``).
 
-    ``model`` is traced again with one dimension at a time at another length (half of it; one more where it is
-    under 4): a decision that goes the other way there, or a path through other lines, raises CompressionError (one
-    line, naming the first); so does a model that does not trace at that length. Decisions that go the same way on
-    other sizes (a guard ``T <= 64``, a threshold ``T > 8`` on both sides of it) hold only while they keep that
+    ``model`` is traced again with one dimension at a time at other lengths: half of it, for a threshold between
+    them, and one less, whose remainder differs from the length's by every divisor (``T % 2``, ``T % 16`` agree at
+    32 and 16, never at 32 and 31); a length under 4 grows by one instead, which does both. A decision that goes the
+    other way there, or a path through other lines, raises CompressionError (one line, naming the first); so does a
+    model that does not trace at half the length. One that does not trace at one less (a model for multiples of a
+    patch or window) is not refused: the note says that length was not checked. Decisions that go the same way on
+    other sizes (a guard ``T <= 64``, a threshold ``T > 8`` on every side of it) hold only while they keep that
     outcome: the note returned starts with :data:`AXES_WARNING` and names them. Otherwise no decision rests on
-    those lengths and the graph holds at others; a size that only coincides at the two lengths (``T % 2``) is not
-    seen. Returns "" when there is nothing to check."""
+    those lengths and the graph holds at others. Returns "" when there is nothing to check."""
     dims = sorted({dim for per in axes.values() for dim in per.values() if dim != "batch"})
     if not decisions or not dims:
         return ""
     where = (f"{AXES_NOTE} {', '.join(dims)}: the width trace fixed {len(decisions)} decision(s) on sizes at the "
              f"calibration data's shape ({_shapes(example)})")
-    lengths, tried = _axis_lengths(example, axes), []
+    lengths, tried, untraced = _axis_lengths(example, axes), [], []
     moved: dict[str, tuple[list[str], list[str]]] = {}
     for dim in dims:
         n = lengths[dim]
-        other = _at_length(example, axes, dim, n // 2 if n >= 4 else n + 1)
-        tried.append(f"{dim} {n // 2 if n >= 4 else n + 1}")
-        try:
-            again = trace(model, other, values=True).meta["decisions"]
-        except CompressionError as exc:
-            said = re.search(r"with the example's values it fails (.*); give a factory", str(exc))
-            raise CompressionError(f"{where}, and at another {dim} ({_shapes(other)}) the model does not trace: it "
-                                   f"fails {said.group(1) if said else str(exc)}; keep that axis static") from None
-        for record, there in _compare_decisions(decisions, again, where, f"{dim} {n}", tried[-1]):
-            at, elsewhere = moved.setdefault(record, ([], []))  # one decision may rest on several dimensions
-            at.append(f"{dim} {n}")
-            elsewhere.append(there)
+        for length in ((n // 2, n - 1) if n >= 4 else (n + 1,)):
+            other = _at_length(example, axes, dim, length)
+            try:
+                again = trace(model, other, values=True).meta["decisions"]
+            except CompressionError as exc:
+                said = re.search(r"with the example's values it fails (.*); give a factory", str(exc))
+                said = said.group(1) if said else str(exc)
+                if length == n - 1 and n >= 4:
+                    untraced.append(f"{dim} {length} (the model fails {said})")
+                    continue
+                raise CompressionError(f"{where}, and at another {dim} ({_shapes(other)}) the model does not trace: "
+                                       f"it fails {said}; keep that axis static") from None
+            tried.append(f"{dim} {length}")
+            for record, there in _compare_decisions(decisions, again, where, f"{dim} {n}", tried[-1]):
+                at, elsewhere = moved.setdefault(record, ([], []))  # one decision may rest on several dimensions
+                at.extend([] if f"{dim} {n}" in at else [f"{dim} {n}"])
+                elsewhere.append(there)
+    unchecked = (f"; not traced at {', '.join(untraced)}, so a size that agrees at the lengths tried only (such as "
+                 "T % 2) is not seen" if untraced else "")
     if moved:
         named = [f"{record} at {', '.join(at)}, {', '.join(there)}" for record, (at, there) in moved.items()]
         return (f"{AXES_WARNING} {', '.join(dims)}: {len(moved)} of the width trace's {len(decisions)} decision(s) "
                 f"rest on sizes that change with them and went the same way at the lengths tried: the graph holds "
-                f"only where they still do ({'; '.join(named[:3])}{'; ...' if len(named) > 3 else ''})")
+                f"only where they still do ({'; '.join(named[:3])}{'; ...' if len(named) > 3 else ''}){unchecked}")
     return (f"{where}; traced again at {', '.join(tried)}, every decision rests on the same sizes: none depends on "
-            "those lengths, and the graph holds at others (a size that only coincides at the two, such as T % 2, "
-            "is not seen)")
+            f"those lengths, and the graph holds at others{unchecked}")
 
 
 def _compare_decisions(first: list[str], second: list[str], where: str, at: str, there: str

@@ -320,12 +320,12 @@ def test_decisions_on_a_dynamic_length_are_refused_where_they_turn_and_named_whe
     assert str(info.value).startswith("dynamic axes besides the batch: seq: the width trace fixed 1 decision(s)")
     assert f"decides otherwise at seq 6: {HERE}:{line}: bool(12 > 8) = True at seq 12, {HERE}:{line}: bool(6 > 8) " \
            "= False at seq 6; " in str(info.value)
-    for length, other in ((32, 16), (3, 4)):
+    for length, others in ((32, (16, 31)), (3, (4,))):
         x = torch.randn(4, length, 8)
         note = require_decisions_hold(_ByLength().eval(), x[:2], decided(_ByLength().eval(), x), seq)
         assert note.startswith(f"{AXES_WARNING} seq: 1 of the width trace's 1 decision(s) rest on sizes that change")
-        assert f"({HERE}:{line}: bool({length} > 8) = {length > 8} at seq {length}, bool({other} > 8) at seq " \
-               f"{other})" in note
+        there = ", ".join(f"bool({other} > 8) at seq {other}" for other in others)
+        assert f"({HERE}:{line}: bool({length} > 8) = {length > 8} at seq {length}, {there})" in note, note
     x = torch.randn(4, 12, 8)
     decisions = decided(_Lengths().eval(), x)
     assert decisions[0].endswith(": bool = False")  # 12 > 12: equal sizes, the outcome alone
@@ -337,6 +337,54 @@ def test_decisions_on_a_dynamic_length_are_refused_where_they_turn_and_named_whe
     with pytest.raises(CompressionError, match="dynamic axis seq is axis 3 of input, which has 3 dimensions"):
         require_decisions_hold(_ByLength().eval(), x[:2], decided(_ByLength().eval(), x), {"input": {3: "seq"}})
     assert require_decisions_hold(_ByLength().eval(), x[:2], ["a.py:1: bool = True"], {"input": {0: "batch"}}) == ""
+
+
+class _Remainder(nn.Module):
+    """Pads its sequence to a multiple of ``k`` (a window or patch size) only where the length is not one; with
+    ``strict``, refuses any other length outright (a model for multiples of ``k`` only)."""
+
+    def __init__(self, k: int, strict: bool = False) -> None:
+        super().__init__()
+        self.k, self.strict, self.fc = k, strict, nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 8:  # plain torch.fx stops here
+            raise ValueError("expected 8 features")
+        if x.shape[1] % self.k != 0:
+            if self.strict:
+                raise ValueError(f"length {x.shape[1]} is not a multiple of {self.k}")
+            x = torch.cat([x, x[:, : self.k - x.shape[1] % self.k]], dim=1)
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("k", [2, 16])
+def test_a_remainder_that_agrees_at_half_the_length_turns_at_one_less(k: int) -> None:
+    """``T % 2`` and ``T % 16`` are 0 at 32 and at 16 alike, so half the length alone passed a graph traced without
+    the padding as holding at every length; one less (31) has another remainder for every divisor, and refuses."""
+    from minreal.compress.core.width.tracing import require_decisions_hold
+
+    x, seq = torch.randn(4, 32, 8), {"input": {0: "batch", 1: "seq"}}
+    model = _Remainder(k).eval()
+    with pytest.raises(CompressionError, match=rf"decides otherwise at seq 31: .*: bool = False at seq 32, .*: "
+                                               rf"bool\({31 % k} != 0\) = True at seq 31; "):
+        require_decisions_hold(model, x[:2], analyse(model, x).gm.meta["decisions"], seq)
+
+
+def test_a_model_that_does_not_trace_at_one_less_is_not_refused_and_the_note_says_what_was_not_checked() -> None:
+    from minreal.compress.core.width.tracing import require_decisions_hold
+
+    x, seq = torch.randn(4, 32, 8), {"input": {0: "batch", 1: "seq"}}
+    model = _Remainder(16, strict=True).eval()
+    note = require_decisions_hold(model, x[:2], analyse(model, x).gm.meta["decisions"], seq)
+    assert "traced again at seq 16, every decision rests on the same sizes" in note, note
+    assert "; not traced at seq 31 (the model fails at test_concrete.py:" in note and "ValueError: length" in note
+    assert note.endswith("is not a multiple of 16), so a size that agrees at the lengths tried only (such as T % 2) "
+                         "is not seen"), note
+    # half the length is still checked as before: a model that does not trace there is refused
+    with pytest.raises(CompressionError, match=r"at another seq \(.*\) the model does not trace: it fails at "
+                                               r"test_concrete.py:\d+ \(forward\): ValueError: length .*; keep that "
+                                               "axis static"):
+        require_decisions_hold(model, x[:2, :16], analyse(model, x[:, :16]).gm.meta["decisions"], seq)
 
 
 class _SizeTests(nn.Module):
@@ -356,9 +404,9 @@ class _SizeTests(nn.Module):
 
 
 @pytest.mark.parametrize("test, warned", [("T", ""), ("T > 0", ""), ("T > 1", "bool(12 > 1) = True at seq 12, "
-                                          "bool(6 > 1) at seq 6"),
+                                          "bool(6 > 1) at seq 6, bool(11 > 1) at seq 11"),
                                           ("h * w > 10", "bool(64 > 10) = True at h 8, w 8, bool(32 > 10) at h 4, "
-                                           "bool(32 > 10) at w 4")])
+                                           "bool(56 > 10) at h 7, bool(32 > 10) at w 4, bool(56 > 10) at w 7")])
 def test_a_size_test_true_at_every_length_rests_on_nothing_and_a_decision_is_named_once(test: str, warned: str
                                                                                         ) -> None:
     """A size read as it is and tested true for every size of 1 or more needs no warning; one that turns at 1
