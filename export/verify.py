@@ -46,6 +46,7 @@ __all__ = [
     "feed_rows",
     "feeds_of",
     "finite_abs_max",
+    "MASK_VALUES",
     "output_scale",
     "ort_errors",
     "run_ort",
@@ -210,32 +211,56 @@ def finite_abs_max(x: np.ndarray) -> float:
     return best
 
 
+MASK_VALUES = 16
+"""At most this many distinct constants past :func:`output_scale`'s bound are read as masks; more are an output's
+own values, and the scale is its largest finite magnitude as before."""
+
+
 def output_scale(got: np.ndarray, want: np.ndarray, atol_scale: float) -> float:
     """The magnitude ``atol_scale`` multiplies for one output: the largest finite ``|want|``, except a constant the
-    runtime wrote exactly in several elements whose share ``atol_scale * |want|`` exceeds every element that differs.
+    runtime wrote exactly at several positions of a sample whose share ``atol_scale * |want|`` exceeds every element
+    that differs.
 
     Such a value is a mask a graph writes (``torch.finfo(dtype).min`` or ``-1e9`` beside logits of about 10): it needs
     no tolerance itself, and counted it made the tolerance 3.4e34 or 1e5, so a runtime 1.0 off on every kept logit
-    passed. An element that differs always counts, and so does an exact one within that bound or found once (a large
-    output whose largest element happens to agree exactly still holds its near-zero ones to its roundoff; a mask of
-    one element at batch 1 repeats at the check's other batch size, which then fails). ``got`` and ``want`` have the
-    same size; :data:`COMPARE_CHUNK` elements at a time."""
+    passed. An element that differs always counts, and so does an exact one within that bound or found at one
+    position of the sample (axis 0 is the batch: a large output whose largest element agrees exactly still holds its
+    near-zero ones to its roundoff, in repeated rows too). Not a mask here: one masked position only, and a mask
+    added to computed values (``-1e4 + logit``), which rounds like any value; more than :data:`MASK_VALUES` constants
+    past the bound (then the largest finite ``|want|``); 0 where nothing differs. ``got`` and ``want`` have the same
+    shape; :data:`COMPARE_CHUNK` elements at a time."""
+    row = int(np.prod(want.shape[1:]))  # elements per sample (axis 0 the batch): a position is index % row
     got, want = got.reshape(-1), want.reshape(-1)
-    chunks = [(want[i:i + COMPARE_CHUNK], got[i:i + COMPARE_CHUNK]) for i in range(0, want.size, COMPARE_CHUNK)]
-    largest = 0.0
-    for ref, out in chunks:
+    chunks = [(i, want[i:i + COMPARE_CHUNK], got[i:i + COMPARE_CHUNK]) for i in range(0, want.size, COMPARE_CHUNK)]
+    largest, differs = 0.0, False
+    for _, ref, out in chunks:
         moved = np.abs(ref[(out != ref) & np.isfinite(ref)].astype(np.float64))
-        largest = max(largest, float(moved.max())) if moved.size else largest
-    bound = largest / atol_scale if atol_scale else np.inf
-    beyond: dict[float, int] = {}  # exact values past the bound: how often each occurs
-    for ref, out in chunks:
-        exact = ref[(out == ref) & np.isfinite(ref)].astype(np.float64)
-        within = np.abs(exact[np.abs(exact) <= bound])
+        largest, differs = (max(largest, float(moved.max())), True) if moved.size else (largest, differs)
+    if not atol_scale:  # no scale part to bound
+        return finite_abs_max(want)
+    if not differs:  # no tolerance needed
+        return 0.0
+    bound = largest / atol_scale
+    first: dict[float, int] = {}  # a constant past the bound: the first position it was found at, -1 once at two
+    for start, ref, out in chunks:
+        exact = (out == ref) & np.isfinite(ref)
+        values = ref[exact].astype(np.float64)
+        within = np.abs(values[np.abs(values) <= bound])
         largest = max(largest, float(within.max())) if within.size else largest
-        for value, count in zip(*np.unique(exact[np.abs(exact) > bound], return_counts=True)):
-            beyond[float(value)] = beyond.get(float(value), 0) + int(count)
-    once = [abs(value) for value, count in beyond.items() if count == 1]
-    return max([largest, *once])
+        past = np.abs(values) > bound
+        if not past.any():
+            continue
+        values, where = values[past], (start + np.flatnonzero(exact)[past]) % max(row, 1)
+        distinct = np.unique(values)
+        if len(distinct) > MASK_VALUES:  # not a few constants: the output's own values
+            return finite_abs_max(want)
+        for value in distinct:
+            at = where[values == value]
+            seen = first.setdefault(float(value), int(at[0]))
+            first[float(value)] = -1 if seen == -1 or bool((at != seen).any()) else seen
+        if len(first) > MASK_VALUES:  # not a few constants: the output's own values
+            return finite_abs_max(want)
+    return max([largest, *(abs(value) for value, at in first.items() if at != -1)])
 
 
 def compare_output(
@@ -252,7 +277,7 @@ def compare_output(
     got, want = onnx_out.reshape(-1), torch_out.reshape(-1)
     floor = max(atol, np.finfo(np.float32).tiny)  # max_rel_err's floor: the given atol, as before atol_scale
     if atol_scale:
-        atol = atol + atol_scale * output_scale(got, want, atol_scale)
+        atol = atol + atol_scale * output_scale(onnx_out, torch_out, atol_scale)
     atol = atol + ROUNDOFF_FACTOR * roundoff
     abs_max, rel_max, passed = [], [], True
     worst_ratio, worst = -1.0, (0.0, atol)

@@ -109,8 +109,8 @@ def test_tolerance_is_float16_epsilon_scaled_by_the_output() -> None:
     assert fp16_atol(10 * ref) == pytest.approx(10 * fp16_atol(ref))
     assert fp16_atol(np.zeros(3, np.float32)) == pytest.approx(FP16_RTOL * 2**-14)  # float16's smallest normal
     # given the FP16 output, a mask constant it reproduces exactly (-6e4 beside outputs of 3) is not the scale
-    masked = np.array([0.5, -3.0, -6e4, -6e4], np.float32)
-    got = masked + np.array([1e-3, -1e-3, 0.0, 0.0], np.float32)
+    masked = np.array([[0.5, -3.0, -6e4, -6e4]], np.float32)
+    got = masked + np.array([[1e-3, -1e-3, 0.0, 0.0]], np.float32)
     assert fp16_atol(masked) == pytest.approx(FP16_RTOL * 6e4)
     assert fp16_atol(masked, got=got) == pytest.approx(FP16_RTOL * 3.0)
 

@@ -331,6 +331,6 @@ def test_tolerance_scale_reads_the_largest_finite_magnitude() -> None:
     assert tol.atol_for(np.array([0.5, -3.0, np.inf, np.nan], dtype=np.float32)) == 1e-3 + 1e-2 * 3.0
     assert tol.atol_for(np.array([np.nan, -np.inf], dtype=np.float32)) == 1e-3
     # with the engine's output: a constant it reproduces exactly (a -1e9 mask) is not the output's scale
-    ref = np.array([0.5, -3.0, -1e9, -1e9], dtype=np.float32)
-    assert tol.atol_for(ref, ref + np.array([1e-2, 0.0, 0.0, 0.0], dtype=np.float32)) == 1e-3 + 1e-2 * 3.0
-    assert tol.atol_for(ref, ref[:2]) == 1e-3 + 1e-2 * 1e9  # another shape: compare_output reports it, as before
+    ref = np.array([[0.5, -3.0, -1e9, -1e9]], dtype=np.float32)
+    assert tol.atol_for(ref, ref + np.array([[1e-2, 0.0, 0.0, 0.0]], dtype=np.float32)) == 1e-3 + 1e-2 * 3.0
+    assert tol.atol_for(ref, ref[:, :2]) == 1e-3 + 1e-2 * 1e9  # another shape: compare_output reports it, as before

@@ -376,17 +376,31 @@ def test_an_exact_mask_constant_does_not_set_the_output_s_scale(monkeypatch: pyt
     close[:, :8] *= np.float32(1 + 2e-5)  # within rtol: passes, and the mask's exact elements are not its scale
     assert compare_output("y", 4, close, reference, **args).passed
     # an exact element within the bound (atol_scale x 50 = 5e-4 <= the differing element's 1e-3) still counts, and
-    # so does one beyond it found once; a constant beyond it found in several elements does not, in whichever
-    # chunks they lie
+    # so does one past it found at one position of the sample; a constant past it at several positions does not,
+    # in whichever chunks they lie
     monkeypatch.setattr(verify_module, "COMPARE_CHUNK", 2)
-    reference = np.array([1e-3, 7.0, 50.0, -2e6, 3e5, -2e6], dtype=np.float32)
-    candidate = reference + np.array([1.6e-4, 0, 0, 0, 0, 0], dtype=np.float32)
+    reference = np.array([[1e-3, 7.0, 50.0, -2e6, 3e5, -2e6]], dtype=np.float32)
+    candidate = reference + np.array([[1.6e-4, 0, 0, 0, 0, 0]], dtype=np.float32)
     assert verify_module.output_scale(candidate, reference, 1e-5) == 3e5
-    assert verify_module.output_scale(candidate[:5], reference[:5], 1e-5) == 2e6  # -2e6 once: counted
+    assert verify_module.output_scale(candidate[:, :5], reference[:, :5], 1e-5) == 2e6  # -2e6 once: counted
     assert verify_module.output_scale(candidate, reference, 0.0) == 2e6  # no scale part: nothing to bound
-    assert verify_module.output_scale(reference, reference, 1e-5) == 3e5  # nothing differs: only 3e5 is alone
+    assert verify_module.output_scale(reference, reference, 1e-5) == 0.0  # nothing differs: no tolerance needed
     # an element that differs always counts, however large
-    assert verify_module.output_scale(candidate + np.array([0, 0, 0, 1, 0, 0], np.float32), reference, 1e-5) == 2e6
+    moved = candidate + np.array([[0, 0, 0, 1, 0, 0]], np.float32)
+    assert verify_module.output_scale(moved, reference, 1e-5) == 2e6
+    # repeated rows (parity data with fewer samples than its batch): a value at one position of every row is still
+    # found at one position, and counts
+    rows, near = np.repeat(reference[:, :5], 3, axis=0), np.repeat(candidate[:, :5], 3, axis=0)
+    assert verify_module.output_scale(near, rows, 1e-5) == 2e6
+    # more distinct exact constants past the bound than masks have (each at two positions): the output's own values,
+    # counted as before
+    values = np.arange(1, verify_module.MASK_VALUES + 2, dtype=np.float32) * 1e6
+    many = np.concatenate([[1e-3], values, values]).astype(np.float32)[None]
+    near = many + np.float32(1.6e-4) * (many < 1)
+    assert verify_module.output_scale(near, many, 1e-5) == float(values.max())
+    assert verify_module.output_scale(near[:, :-1], many[:, :-1], 1e-5) == float(values.max())
+    few = np.concatenate([[1e-3], values[:3], values[:3]]).astype(np.float32)[None]
+    assert verify_module.output_scale(few + np.float32(1.6e-4) * (few < 1), few, 1e-5) == pytest.approx(1e-3)
 
 
 def test_the_dtype_s_lowest_value_as_a_mask_no_longer_opens_the_default_tolerance(
