@@ -387,6 +387,41 @@ def test_a_model_that_does_not_trace_at_one_less_is_not_refused_and_the_note_say
         require_decisions_hold(model, x[:2, :16], analyse(model, x[:, :16]).gm.meta["decisions"], seq)
 
 
+def test_one_less_is_a_note_only_where_the_model_itself_fails_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace at one less that fails for another reason (its graph does not replay the model) refuses as at half the
+    length; a model that fails there while a decision rests on the length gets the warning and the note together."""
+    from minreal.compress.core.width import tracing
+
+    x, seq = torch.randn(4, 32, 8), {"input": {0: "batch", 1: "seq"}}
+    model = _ByLength().eval()
+    decisions = analyse(model, x).gm.meta["decisions"]
+    trace = tracing.trace
+
+    def replay_fails_at_31(module: nn.Module, example: torch.Tensor, **kw: object) -> fx.GraphModule:
+        if example.shape[1] == 31:
+            raise CompressionError("the traced graph's outputs differ from the model's at 2 of 2 rows")
+        return trace(module, example, **kw)
+
+    monkeypatch.setattr(tracing, "trace", replay_fails_at_31)
+    with pytest.raises(CompressionError, match=r"at another seq \(.*\) the model does not trace: it fails the "
+                                               "traced graph's outputs differ"):
+        tracing.require_decisions_hold(model, x[:2], decisions, seq)
+    monkeypatch.setattr(tracing, "trace", trace)
+
+    class _EvenOnly(_ByLength):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[-1] != 8:  # plain torch.fx stops here
+                raise ValueError("expected 8 features")
+            if x.shape[1] % 2:
+                raise ValueError("an even length only")
+            return super().forward(x)
+
+    even = _EvenOnly().eval()
+    note = tracing.require_decisions_hold(even, x[:2], analyse(even, x).gm.meta["decisions"], seq)
+    assert note.startswith(tracing.AXES_WARNING) and "bool(32 > 8) = True at seq 32, bool(16 > 8) at seq 16)" in note
+    assert "; not traced at seq 31 (the model fails at " in note and "an even length only)" in note, note
+
+
 class _SizeTests(nn.Module):
     """Tests on a size read as it is: true for every length (``T``, ``T > 0``), turning at 1 (``T > 1``), or on the
     area of two dynamic dimensions."""
