@@ -335,6 +335,17 @@ class _MaskedLogits(nn.Module):
         return y.masked_fill(~self.keep, torch.finfo(y.dtype).min)
 
 
+def _kept_logits_one_off(model: _MaskedLogits) -> Callable[[np.ndarray], np.ndarray]:
+    """A runtime that gives the model's outputs with every kept logit 1.0 off (the mask as it is)."""
+    def outputs(feeds: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            y = model(torch.from_numpy(feeds)).numpy().copy()
+        y[:, :8] += 1.0
+        return y
+
+    return outputs
+
+
 def test_a_constant_of_the_dtype_is_not_roundoff_and_does_not_open_the_tolerance(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -344,13 +355,7 @@ def test_a_constant_of_the_dtype_is_not_roundoff_and_does_not_open_the_tolerance
     model = _MaskedLogits().eval()
     x1, x2 = torch.randn(1, 64), torch.randn(2, 64)
 
-    def off_by_one(feeds: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            y = model(torch.from_numpy(feeds)).numpy().copy()
-        y[:, :8] += 1.0
-        return y
-
-    _runtime_giving(monkeypatch, off_by_one)
+    _runtime_giving(monkeypatch, _kept_logits_one_off(model))
     with pytest.raises(ParityError, match="2 of 2 checks failed") as info:
         verify_parity(model, "unused.onnx", [x1, x2], atol_scale=0.0)
     with torch.no_grad():
@@ -410,13 +415,7 @@ def test_the_dtype_s_lowest_value_as_a_mask_no_longer_opens_the_default_toleranc
     tolerance was 1e-4 * 3.4e38 and a runtime 1.0 off on every kept logit passed parity; now it fails."""
     model = _MaskedLogits().eval()
 
-    def off_by_one(feeds: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            y = model(torch.from_numpy(feeds)).numpy().copy()
-        y[:, :8] += 1.0
-        return y
-
-    _runtime_giving(monkeypatch, off_by_one)
+    _runtime_giving(monkeypatch, _kept_logits_one_off(model))
     with pytest.raises(ParityError, match="2 of 2 checks failed"):
         verify_parity(model, "unused.onnx", [torch.randn(1, 64), torch.randn(2, 64)])
 
