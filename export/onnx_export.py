@@ -39,6 +39,7 @@ from minreal.export.errors import ExportError
 from minreal.export.onnx_files import data_files, externalize, onnx_size, staged_onnx
 from minreal.export.quiet import Captured, captured_output
 from minreal.export.serialize import export_dims
+from minreal.export.settings import MIN_OPSET
 from minreal.facts import ANSI_ESCAPE, first_line
 from minreal.runtime_bench.atomic import OutputWriteError, write_error
 
@@ -48,9 +49,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 18
 """Opset asked for by default: the lowest one the dynamo exporter writes."""
-
-MIN_OPSET = 17
-"""Lowest opset accepted (LayerNormalization is standard from 17)."""
 
 EXTERNAL_DATA_BYTES = 1536 * 2**20
 """Parameters and buffers above this many bytes are exported as external data by default: one protobuf holds at

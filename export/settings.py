@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING
 
 from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET, FieldError
 
+MIN_OPSET = 17
+"""Lowest ONNX opset accepted (LayerNormalization is standard from 17)."""
+
 if TYPE_CHECKING:
     from minreal.export.int8 import QuantConfig
     from minreal.export.mobile import ShapeSpec
@@ -172,9 +175,15 @@ class VariantConfig(Int8Policy):
     atol_scale: float = 1e-4
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.atol_scale) and self.atol_scale >= 0):  # nan fails every element, inf none
-            raise FieldError(f"`VariantConfig.atol_scale`={self.atol_scale!r}: --atol-scale must be a finite number "
-                             ">= 0 (0: numpy.allclose's rule alone)", fields=("atol_scale",))
+        for name, zero in (("rtol", "no relative part"), ("atol", "no absolute part"),
+                           ("atol_scale", "numpy.allclose's rule alone")):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):  # nan fails every element, inf passes every one
+                raise FieldError(f"`VariantConfig.{name}`={value!r}: --{name.replace('_', '-')} must be a finite "
+                                 f"number >= 0 (0: {zero})", fields=(name,))
+        if self.opset < MIN_OPSET:
+            raise FieldError(f"`VariantConfig.opset`={self.opset!r}: --opset must be {MIN_OPSET} or more "
+                             "(LayerNormalization is standard from 17)", fields=("opset",))
         if self.quant_mode == "dynamic" and self.quant_target in ("tensorrt", ARM64_TARGET):
             # told before any export: dynamic INT8 has uint8 activations quantised at run time, neither format's
             raise FieldError(f"`VariantConfig.quant_mode`='dynamic': --quant-mode dynamic cannot write the "

@@ -165,7 +165,7 @@ def max_accuracy_drop_option(fn: Callable) -> Callable:
 
 def min_agreement_option(fn: Callable) -> Callable:
     """``--min-agreement``: a quality criterion (``tune``, ``check``)."""
-    return _option("--min-agreement", type=float, metavar="FRACTION", group=CRITERIA, brief=True,
+    return _option("--min-agreement", type=click.FloatRange(0.0, 1.0), metavar="FRACTION", group=CRITERIA, brief=True,
                    help="Lowest allowed top-1 agreement with the reference model (tune: the original; check: the "
                         "first model), 0-1.")(fn)
 

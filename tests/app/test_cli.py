@@ -157,6 +157,8 @@ def test_export_bench_check_roundtrip(workdir: Path, run_cli: Callable) -> None:
     assert Path("b.json").exists() and Path("b.md").exists()
     code, _, _ = run_cli(["check", "b.json", "--min-agreement", "0.5", "-q"])
     assert code == 0
+    code, _, err = run_cli(["check", "b.json", "--min-agreement", "1.5", "-q"])  # a fraction: a usage error
+    assert code == 2 and "--min-agreement" in err and "0<=x<=1" in err, err
     # a measuring process past --worker-timeout: one line naming the option, and no report (a fresh Python
     # process never starts within a millisecond)
     code, _, err = run_cli(["bench", "m.onnx", "--worker-timeout", "0.001", "--out", "slow.json", *QUICK_BENCH])
@@ -336,6 +338,14 @@ def test_output_never_overwrites_an_input(workdir: Path, run_cli: Callable) -> N
                             "net.py"])
     assert code == 2 and "is the input file" in err
     assert Path("net.py").read_text() == before
+
+
+def test_compress_writes_a_program_only_under_the_pt2_suffix(workdir: Path, run_cli: Callable) -> None:
+    """A program saved as c.onnx was written with exit 0, and neither bench nor export could read it back."""
+    code, out, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
+                              "c.onnx", "--report", "r.json"])
+    assert code == 2 and "--out" in err and "'c.onnx': compress writes a torch.export program" in err, err
+    assert sorted(p.name for p in workdir.iterdir()) == ["net.py"]
 
 
 def test_demo_single_case_end_to_end(workdir: Path, run_cli: Callable) -> None:

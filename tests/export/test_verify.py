@@ -222,14 +222,25 @@ def test_parity_defaults_add_the_output_scale_and_say_so(two_heads: nn.Module, t
     assert result.passed and result.atol_scale == 0.0
 
 
+@pytest.mark.parametrize("option", ["atol_scale", "atol", "rtol"])
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
-def test_atol_scale_must_be_finite_and_non_negative(bad: float, workdir: Path, run_cli: Callable) -> None:
-    # nan would fail every element ("allowed nan"), inf pass every one: both refused before any export
-    with pytest.raises(ValueError, match=r"`VariantConfig.atol_scale`=.*must be a finite number >= 0"):
-        VariantConfig(atol_scale=bad)
-    code, out, err = run_cli(["export", "net.py:bn_net", "--out", "m.onnx", "--input-shape", "3,8,8",
-                              "--atol-scale", str(bad)])
-    assert code == 2 and "--atol-scale" in err and "finite number >= 0" in err and not out
+def test_tolerances_must_be_finite_and_non_negative(option: str, bad: float, workdir: Path,
+                                                    run_cli: Callable) -> None:
+    # nan would fail every element ("allowed nan"), inf pass every one, a negative rtol fail an exact runtime: all
+    # refused before any export
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(ValueError, match=rf"`VariantConfig.{option}`=.*{flag} must be a finite number >= 0"):
+        VariantConfig(**{option: bad})
+    code, out, err = run_cli(["export", "net.py:bn_net", "--out", "m.onnx", "--input-shape", "3,8,8", flag, str(bad)])
+    assert code == 2 and flag in err and "finite number >= 0" in err and not out
+    assert len(err.strip().splitlines()) == 1 and sorted(p.name for p in workdir.iterdir()) == ["net.py"]
+
+
+def test_an_opset_below_the_exporter_s_is_a_usage_error_before_any_work(workdir: Path, run_cli: Callable) -> None:
+    with pytest.raises(ValueError, match=r"`VariantConfig.opset`=5: --opset must be 17 or more"):
+        VariantConfig(opset=5)
+    code, out, err = run_cli(["export", "net.py:bn_net", "--out", "m.onnx", "--input-shape", "3,8,8", "--opset", "5"])
+    assert code == 2 and "--opset" in err and "must be 17 or more" in err and not out
     assert len(err.strip().splitlines()) == 1 and sorted(p.name for p in workdir.iterdir()) == ["net.py"]
 
 

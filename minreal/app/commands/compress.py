@@ -109,6 +109,9 @@ def _compress(model: str, method: str, data: str, weights: str | None, trust_pic
     axes = shape_options((), dynamic_axes)[1]  # a bad --dynamic-axes stops here, not after the compression
     if writer:  # folders the outputs need are made (and removed again on failure) by the writing rank alone
         prepare_outputs([out, report_path], model, weights, data)
+    if Path(out).suffix.lower() != ".pt2":  # a program saved under another suffix no command could read back
+        raise click.BadParameter(f"{out!r}: compress writes a torch.export program, so the path ends in .pt2 "
+                                 "(`minreal export` makes the .onnx from it)", param_hint="--out")
     preprocess = image_preprocess(opts)
     recovery = recovery_config(opts, quant_target_for(None, providers))
     config = build_config(method, opts, provider_defaults(providers))

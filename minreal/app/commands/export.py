@@ -35,7 +35,7 @@ from minreal.app.options import (
     quant_target_option,
     shape_options,
 )
-from minreal.export.settings import VariantConfig
+from minreal.export.settings import MIN_OPSET, VariantConfig
 
 __all__ = ["export_cmd"]
 
@@ -92,8 +92,12 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, .
                                "drop one of them")
     ort = ort_config(grouped)
     con = Console(quiet, as_json)
-    if not (math.isfinite(atol_scale) and atol_scale >= 0):  # nan would fail every element, inf pass every one
-        raise click.BadParameter(f"must be a finite number >= 0, got {atol_scale:g}", param_hint="--atol-scale")
+    for hint, value in (("--rtol", rtol), ("--atol", atol), ("--atol-scale", atol_scale)):
+        if not (math.isfinite(value) and value >= 0):  # nan would fail every element, inf pass every one
+            raise click.BadParameter(f"must be a finite number >= 0, got {value:g}", param_hint=hint)
+    if opset < MIN_OPSET:
+        raise click.BadParameter(f"must be {MIN_OPSET} or more (LayerNormalization is standard from 17), got {opset}",
+                                 param_hint="--opset")
     opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol, atol_scale=atol_scale,
                                        quant_target=quant_target_for(quant_target, ()),
                                        quant_mode=quant_mode, allow_random_calibration=allow_random_calibration,
