@@ -395,6 +395,7 @@ def to_onnx(
                         run(module, example_input, staged, opset, axes, names, external=want)
                     model = _check_written(staged, external_data, want)
                     _check_inputs(model, names[0], exporter)
+                    _check_axes(model, axes, exporter)
                 break
             except Exception as exc:
                 if (written := _write_failure(exc, Path(path).resolve().parent)) is not None:  # nor can the other
@@ -416,6 +417,20 @@ def _check_inputs(model: onnx.ModelProto, names: list[str], exporter: str) -> No
     if graph != names:
         raise ExportError(f"the {exporter} exporter wrote graph inputs {graph}, expected {names} (an input the model "
                           "does not use is dropped); every named input must be used by the model")
+
+
+def _check_axes(model: onnx.ModelProto, axes: Axes, exporter: str) -> None:
+    """Every axis asked to be dynamic must be a named dimension of its graph input: an exporter that fixed one (the
+    model's code needs that size, or torch.export specialised a size of 1) wrote a file that runs at that size only."""
+    inputs = {i.name: i for i in model.graph.input}
+    for name, per_input in axes.items():
+        dims = inputs[name].type.tensor_type.shape.dim if name in inputs else []
+        for axis, dim in sorted(per_input.items()):
+            if axis < len(dims) and not dims[axis].dim_param and dims[axis].HasField("dim_value"):
+                raise ExportError(f"the {exporter} exporter fixed dynamic dimension {dim!r} (axis {axis} of input "
+                                  f"{name!r}) at {dims[axis].dim_value}: the model's code needs that size there (or "
+                                  "it is 1, which torch.export specialises); keep that axis static or calibrate "
+                                  "with another size")
 
 
 def _log_printed(exporter: str, text: str) -> None:

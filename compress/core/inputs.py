@@ -175,28 +175,33 @@ def as_floating(x: Inputs, dtype: torch.dtype) -> Inputs:
 
 
 def slice_axis(x: Inputs, axes: Mapping[str, Mapping[int, int]]) -> Inputs:
-    """Each named input cut to ``size`` along the given axes (``{name: {axis: size}}``); for a shorter sequence.
+    """Each named input at ``size`` along the given axes (``{name: {axis: size}}``): cut to it, or grown to it by
+    repeating the axis's last slice; for a shorter or longer sequence.
 
     One tensor is addressed as ``"input"``. Axes not named keep their size.
     """
-    def cut(name: str, t: torch.Tensor) -> torch.Tensor:
+    def sized(name: str, t: torch.Tensor) -> torch.Tensor:
         for axis, size in axes.get(name, {}).items():
-            t = t.narrow(axis, 0, min(size, t.shape[axis]))
+            if size <= t.shape[axis]:
+                t = t.narrow(axis, 0, size)
+            else:
+                t = t.index_select(axis, torch.arange(size, device=t.device).clamp(max=t.shape[axis] - 1))
         return t
 
     if isinstance(x, NamedInputs):
-        return NamedInputs({n: cut(n, t) for n, t in x.items()})
-    return cut("input", x)
+        return NamedInputs({n: sized(n, t) for n, t in x.items()})
+    return sized("input", x)
 
 
 def halve_axes(x: Inputs, axes: Mapping[str, Mapping[int, str]]) -> Inputs | None:
     """``x`` with every dynamic axis besides the batch (``{input: {axis: dimension name}}``, one tensor named
-    ``"input"``) at half its length, one size per dimension name; ``None`` when there is no such axis of length 2
-    or more."""
+    ``"input"``) at another length, one size per dimension name: half of it, or 2 for a length of 1 (its slice
+    repeated; torch.export fixes a size of 1, so that is where a graph most often claims a dimension it cannot
+    take); ``None`` when there is no such axis."""
     tensors = dict(x.items()) if isinstance(x, NamedInputs) else {name: x for name in axes}
     sizes = {dim: int(tensors[name].shape[axis]) for name, per in axes.items() if name in tensors
              for axis, dim in per.items()}
-    target = {dim: size // 2 for dim, size in sizes.items() if dim != "batch" and size >= 2}
+    target = {dim: size // 2 if size >= 2 else 2 for dim, size in sizes.items() if dim != "batch" and size >= 1}
     if not target:
         return None
     return slice_axis(x, {name: {axis: target[dim] for axis, dim in per.items() if dim in target}

@@ -661,6 +661,72 @@ def test_a_graph_fixed_at_the_datas_shape_keeps_a_dynamic_axis_only_where_it_dec
     assert out.shape == (3, 5, 4) and bool(torch.isfinite(out).all())
 
 
+FEATURES = '''
+import torch
+from torch import nn
+
+
+class Features(nn.Module):
+    """A Linear over the last axis (needs its size), or, with ``pooled``, a mean over it first (takes any size)."""
+
+    def __init__(self, features, pooled):
+        super().__init__()
+        self.pooled, self.fc = pooled, nn.Linear(1 if pooled else features, 4)
+
+    def forward(self, x):
+        return self.fc(x.mean(-1, keepdim=True) if self.pooled else x).mean(1)
+
+
+def needs(features=8):
+    torch.manual_seed(0)
+    return Features(features, False)
+
+
+def needs_one():
+    return needs(1)
+
+
+def any_size():
+    torch.manual_seed(0)
+    return Features(1, True)
+'''
+
+
+@pytest.mark.parametrize("factory, features", [("needs", 8), ("needs_one", 1), ("any_size", 1)])
+def test_a_dynamic_axis_the_exporter_fixed_is_never_claimed(factory: str, features: int, workdir: Path,
+                                                           run_cli: Callable, caplog: pytest.LogCaptureFixture) -> None:
+    """The dynamo exporter fixes a dimension the model's code needs (a Linear's features), and the file claimed it
+    dynamic with exit 0. Now that exporter's file is refused naming the axis; the TorchScript one, which names it,
+    is checked at another length (half, or 2 for a length of 1), where a model that cannot take it fails. A model
+    that takes any size, calibrated at 1, keeps the axis and runs at another size."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    (workdir / "feat.py").write_text(FEATURES)
+    np.savez(workdir / "f.npz", x=np.random.default_rng(0).standard_normal((16, 6, features)).astype(np.float32))
+    code, out, err = run_cli(["export", f"feat.py:{factory}", "--data", "f.npz", "--dynamic-axes",
+                              "input:batch,seq,feat", "--out", "f.onnx", "-q"])
+    if factory.startswith("needs"):
+        said = f"the dynamo exporter fixed dynamic dimension 'feat' (axis 2 of input 'input') at {features}"
+        assert said in caplog.text, (err, caplog.text)
+        assert code == 1 and not Path("f.onnx").exists(), err
+        assert err.strip().splitlines()[-1].startswith("minreal: error: the torch module fails on the parity inputs")
+        return
+    assert code == 0, err
+    dims = onnx.load("f.onnx").graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in dims] == ["batch", "seq", "feat"]
+    x = np.random.default_rng(1).standard_normal((2, 3, 5)).astype(np.float32)
+    got = ort.InferenceSession("f.onnx", providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    import runpy
+
+    import torch
+
+    with torch.no_grad():
+        want = runpy.run_path("feat.py")["any_size"]()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_run_lists_the_axes_warning_of_a_single_method_and_of_a_chains_step() -> None:
     """``minreal run``'s warnings name each variant whose width trace rests on a dynamic axis's length, a chain's
     (whose notes name their step first) too; other notes are not warnings."""

@@ -26,7 +26,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from ..errors import CompressionError
 from ..evaluate import eval_mode
-from ..inputs import Inputs, NamedInputs, args_of, call, repeat_to, sample_shapes
+from ..inputs import Inputs, NamedInputs, args_of, call, repeat_to, sample_shapes, slice_axis
 from .concrete import LANE_BATCHES, ConcreteTracer, frame_name, lane_inputs, user_frame
 
 __all__ = ["AXES_NOTE", "AXES_WARNING", "DECISIONS_NOTE", "trace", "trace_notes", "is_exported_program",
@@ -229,15 +229,8 @@ def _compare_decisions(first: list[str], second: list[str], where: str, at: str,
 
 def _at_length(example: Inputs, axes: Mapping[str, Mapping[int, str]], dim: str, length: int) -> Inputs:
     """``example`` with every axis named ``dim`` cut to ``length``, or grown to it by repeating its last slice."""
-    def sized(name: str, t: torch.Tensor) -> torch.Tensor:
-        for axis, d in axes.get(name, {}).items():
-            if d == dim:
-                t = t.index_select(axis, torch.arange(length, device=t.device).clamp(max=t.shape[axis] - 1))
-        return t
-
-    if isinstance(example, NamedInputs):
-        return NamedInputs({name: sized(name, t) for name, t in example.items()})
-    return sized("input", example)
+    return slice_axis(example, {name: {axis: length for axis, d in per.items() if d == dim}
+                                for name, per in axes.items()})
 
 
 def _axis_lengths(example: Inputs, axes: Mapping[str, Mapping[int, str]]) -> dict[str, int]:
