@@ -37,6 +37,7 @@ from .lowrank import FACTORIZABLE, build_pair, layer_macs, matrix_view, pair_mac
 from .options import Budget
 from .report import CompressionReport, LayerReport
 from .surgery import parent_weight_readers, replace_modules, tied_weights
+from .width.tracing import is_exported_program
 
 __all__ = ["Target", "factorisable_model", "find_targets", "note_attention", "plan_ranks", "apply_factors",
            "fill_report", "load_latency_table", "whole_model_total", "layer_target", "predicted_latency_ratio"]
@@ -134,6 +135,10 @@ def find_targets(model: nn.Module, example: torch.Tensor, exclude: tuple[str, ..
                                        cost.macs, cost.macs))
         else:
             targets.append(Target(name, mod, cost.positions))
+    if not targets and is_exported_program(model):  # its layers are ATen calls on weight tensors, not modules
+        raise CompressionError("rank methods need the model's Python modules (an nn.Module built by its code, e.g. "
+                               "file.py:factory or a torchvision name): a torch.export program (.pt2) holds ATen "
+                               "operations, whose layers cannot be split; compress the model it was made from")
     if not targets:
         raise CompressionError(f"model has no Linear/Conv layer that can be factorised{_conv1d_hint(conv1d_left)}")
     return targets, skipped, table

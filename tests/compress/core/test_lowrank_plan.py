@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from torch import nn
 
 from minreal.compress import compress
@@ -68,3 +69,17 @@ def test_unreachable_layer_budget_names_its_flag(tiny_mlp: nn.Module, mlp_data: 
     with pytest.raises(CompressionError, match="--rank-multiple 16") as err:
         compress(tiny_mlp, mlp_data, "svd", SVDConfig(rank_multiple=16, **given))
     assert str(err.value).startswith(f"{flag} cannot be reached")
+
+
+@pytest.mark.parametrize("method", ["svd", "factorize"])
+def test_a_torch_export_program_is_refused_as_such_not_as_a_model_without_layers(method: str) -> None:
+    """A .pt2 program's layers are ATen calls on weight tensors: the rank methods said "model has no Linear/Conv
+    layer that can be factorised" of a model with two Linears; they name the program now, as the width methods do."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    batch = torch.export.Dim("batch")
+    program = torch.export.export(model, (torch.randn(2, 16),), dynamic_shapes=({0: batch},)).module()
+    for switch in ("train", "eval"):  # as the CLI loads a .pt2: the flag cannot change the graph
+        program.__dict__.pop(switch, None)
+    with pytest.raises(CompressionError, match=r"^rank methods need the model's Python modules .*: a torch.export "
+                                               r"program \(.pt2\) holds ATen operations, whose layers cannot be split"):
+        compress(program, Dataset(torch.randn(32, 16)), method)
