@@ -406,6 +406,6 @@ def _size(spec: InputSpec, axis: int, values: Mapping[str, int], model: str) -> 
         return dim
     if dim in values:
         return values[dim]
-    fix = f"set BenchConfig.axis_values={{{dim!r}: (...)}} or " if dim else ""
+    fix = f"give its lengths in `BenchConfig.axis_values` (--axis-values {dim}=N,...) or " if dim else ""
     raise BenchInputError(f"model {model!r} input {spec.name!r} has symbolic dims {spec.shape}: axis {axis} "
-                          f"({dim!r}) has no value; {fix}pass data x to time it")
+                          f"({dim!r}) has no value; {fix}pass data x to time it", fields=("axis_values",))

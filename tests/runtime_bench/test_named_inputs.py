@@ -72,9 +72,15 @@ def test_random_integer_mask_is_ones_and_bool_is_true(tmp_path: Path, make_token
 
 
 def test_symbolic_axis_without_value_names_input_axis_and_option(tokens: Path) -> None:
+    """The library names its field, the command line its flag (it said `set BenchConfig.axis_values=...` there)."""
+    from minreal.app.field_flags import flag_spelled
+
     with pytest.raises(BenchInputError, match=r"model 't' input 'input_ids' has symbolic dims .* axis 1 \('seq'\) "
-                                              r"has no value; set BenchConfig.axis_values=\{'seq': \(...\)\}"):
+                                              r"has no value; give its lengths in `BenchConfig.axis_values` "
+                                              r"\(--axis-values seq=N,...\) or pass data x") as info:
         timing_inputs(input_specs(tokens), 2, None, seed=0, model="t")
+    said = flag_spelled(info.value)
+    assert "give its lengths in --axis-values seq=N,... or pass data x" in said and "BenchConfig" not in said, said
 
 
 def test_data_is_tiled_cut_and_cast(tokens: Path) -> None:
