@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -157,6 +158,16 @@ def test_export_bench_check_roundtrip(workdir: Path, run_cli: Callable) -> None:
     assert Path("b.json").exists() and Path("b.md").exists()
     code, _, _ = run_cli(["check", "b.json", "--min-agreement", "0.5", "-q"])
     assert code == 0
+    # two files of one stem are named by their paths (they were refused as "duplicate model names"); one file
+    # given twice is a usage error before any work
+    Path("e").mkdir()
+    shutil.copy("m.onnx", "e/m.onnx")
+    code, out, err = run_cli(["bench", "m.onnx", "e/m.onnx", "--batch", "1", "--out", "two.json", "--json", "-q",
+                              *QUICK_BENCH])
+    assert code == 0, err
+    assert [m["name"] for m in json.loads(out)["models"]] == ["m", "e/m"]
+    code, _, err = run_cli(["bench", "m.onnx", "./m.onnx", "--out", "twice.json"])
+    assert code == 2 and "./m.onnx is given twice (as m.onnx too)" in err and not Path("twice.json").exists()
     code, _, err = run_cli(["check", "b.json", "--min-agreement", "1.5", "-q"])  # a fraction: a usage error
     assert code == 2 and "--min-agreement" in err and "0<=x<=1" in err, err
     # a measuring process past --worker-timeout: one line naming the option, and no report (a fresh Python

@@ -95,10 +95,22 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
                          intra_op_threads=threads, worker_timeout_s=worker_timeout,
                          axis_values=axis_values_option(axis_values),
                          provider_settings=settings, io_binding=io_binding)
-    entries = [rb.ModelEntry(Path(m).stem, Path(m)) for m in models]
+    entries = [rb.ModelEntry(name, Path(m)) for name, m in zip(_model_names(models), models)]
     report = rb.run_benchmark(entries, cfg, x, y, progress=con.progress,
                               fail_on_unavailable=not skip_unavailable_providers)
     rb.write_json(report, Path(out))
     rb.write_markdown(report, Path(out).with_suffix(".md"))
     con.table(rb.format_table(report))
     con.result(report)
+
+
+def _model_names(models: tuple[str, ...]) -> list[str]:
+    """Each file's name in the report: its stem (``m.int8.onnx`` -> ``m.int8``), or, where two files share a stem,
+    the path as given without its suffix (``small`` and ``e/small``); the same file twice is a usage error."""
+    seen: dict[Path, int] = {}
+    for i, m in enumerate(models):
+        if (first := seen.setdefault(Path(m).resolve(), i)) != i:
+            raise click.BadParameter(f"{m} is given twice (as {models[first]} too); give each model once",
+                                     param_hint="MODELS")
+    stems = [Path(m).stem for m in models]
+    return [str(Path(m).with_suffix("")) if stems.count(stem) > 1 else stem for m, stem in zip(models, stems)]
