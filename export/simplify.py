@@ -201,7 +201,7 @@ def simplify(
         else:
             tmp.write_bytes(candidate)
     if reason:
-        logger.warning("kept the unsimplified graph for %s: %s", path_in.name, reason)
+        logger.warning("kept the unsimplified graph for %s: %s", path_out.name, reason)
     nodes_after = len(onnx.load(str(path_out), load_external_data=False).graph.node)
     return SimplifyResult(
         path_in=str(path_in), path_out=str(path_out), simplified=candidate is not None, reason=reason,
@@ -215,7 +215,7 @@ def _copied_unsimplified(path_in: Path, path_out: Path) -> SimplifyResult:
     size = onnx_size(path_in)
     reason = (f"skipped: the model keeps its weights in external data ({size / 2**20:,.1f} MiB); simplification "
               "runs on one in-memory protobuf, which holds at most 2 GiB")
-    logger.warning("kept the unsimplified graph for %s: %s", path_in.name, reason)
+    logger.warning("kept the unsimplified graph for %s: %s", path_out.name, reason)
     copy_onnx(path_in, path_out)
     nodes = len(onnx.load(str(path_in), load_external_data=False).graph.node)
     return SimplifyResult(

@@ -153,7 +153,9 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
         move_onnx(checked, out)  # only a verified graph (with its external data, if any) reaches the output path
         results = relative_to(to_jsonable([exp, simp, parity]), Path(tmp))
         laps.lap("fixed_shapes")
-    # the exporter's record names its own raw file's data; the written graph's sit beside ``out``
+    # the exporter's and the simplifier's records name their temporary files: the graph lives on as ``out``, its data
+    # beside it
+    results[0]["path"] = results[1]["path_in"] = out.name
     results[0]["data_files"] = [str(f.relative_to(out.parent)) for f in data_files(out)]
     costs = count_costs(module, x[:2])
     laps.lap("costs")

@@ -145,11 +145,18 @@ def test_export_bench_check_roundtrip(workdir: Path, run_cli: Callable) -> None:
     assert code == 0, err
     record = json.loads(out)  # --json: stdout holds exactly one JSON document
     assert record["macs"] == 64 * 48 + 48 * 10 and record["tensorrt_readiness"]["ready"]
+    # the records name the written file, not the temporary ones the export and the simplifier worked on
+    assert record["export"]["path"] == record["simplify"]["path_in"] == record["parity"]["onnx_path"] == "m.onnx"
     # wall time by phase: loading first, the export's own phases, then INT8 (no ORT format, no FP16 asked for)
     assert list(record["timings_s"]) == ["load", "export", "simplify", "parity", "fixed_shapes", "costs", "checks",
                                          "int8"]
     assert Path("m.onnx").exists() and Path("m.int8.onnx").exists()
     assert not list(workdir.glob(".*tmp*"))  # no temp files left behind
+    code, out, err = run_cli(["export", "net.py:make", "--out", "w.onnx", "--data", "digits-flat", "--int8"])
+    assert code == 0, err
+    wrote = [line for line in out.splitlines() if line.startswith("wrote ")]  # every file written is said
+    assert wrote[0].startswith("wrote w.onnx (") and wrote[1].startswith(
+        f"wrote w.int8.onnx ({Path('w.int8.onnx').stat().st_size} bytes, INT8 in the "), wrote
     code, out, err = run_cli(["bench", "m.onnx", "m.int8.onnx", "--data", "digits-flat", "--batch", "1,4",
                               "--out", "b.json", "--json", "-q", *QUICK_BENCH])
     assert code == 0, err

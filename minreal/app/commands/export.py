@@ -112,6 +112,9 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, .
                     data)
     result = export_single(model, Path(out), data, weights, trust_pickle, opts, con.progress, shape, axes)
     con.table(f"wrote {out} ({result.onnx_bytes} bytes, exporter {result.export['exporter']}); parity ok")
+    if int8_out is not None and result.quantization:
+        con.table(f"wrote {int8_out} ({result.quantization['size_int8_bytes']} bytes, INT8 in the "
+                  f"{result.quantization['target']} format)")
     for record in (result.ort, result.quantization.get("ort")):
         if record:
             con.table(ort_summary(record, Path(out).parent))
