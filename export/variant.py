@@ -19,7 +19,9 @@ import numpy as np
 from torch import nn
 
 from minreal.compress import count_costs
+from minreal.compress.core.costs import count_macs_torch
 from minreal.compress.core.inputs import Inputs, halve_axes, repeat_to
+from minreal.compress.core.width.tracing import is_exported_program
 from minreal.export.errors import ExportError
 from minreal.export.fp16 import Fp16Config, convert_fp16, fp16_path
 from minreal.export.int8 import quantize_int8
@@ -158,8 +160,10 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
     results[0]["path"] = results[1]["path_in"] = out.name
     results[0]["data_files"] = [str(f.relative_to(out.parent)) for f in data_files(out)]
     costs = count_costs(module, x[:2])
+    # a torch.export program has no layers for the rules to count: torch counts its ATen operations
+    macs = count_macs_torch(module, x[:2]).macs if is_exported_program(module) and not costs.macs else costs.macs
     laps.lap("costs")
-    record = VariantRecord(label or out.stem, method, costs.total_params, costs.macs, out.name, onnx_size(out),
+    record = VariantRecord(label or out.stem, method, costs.total_params, macs, out.name, onnx_size(out),
                            *results, tensorrt_readiness=_readiness(out, cfg), fixed_shapes=to_jsonable(fixed),
                            mobile=to_jsonable(mobile_usability(out)), gzip_bytes=gzip_bytes(model_files(out)))
     laps.lap("checks")

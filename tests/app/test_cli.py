@@ -358,6 +358,20 @@ def test_output_never_overwrites_an_input(workdir: Path, run_cli: Callable) -> N
     assert Path("net.py").read_text() == before
 
 
+def test_export_of_a_program_counts_its_macs(workdir: Path, run_cli: Callable) -> None:
+    """A torch.export program has no layers for the cost rules (its MACs read 0); torch counts its ATen operations."""
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10)).eval()
+    program = torch.export.export(model, (torch.randn(2, 64),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, workdir / "p.pt2")
+    code, out, err = run_cli(["export", "p.pt2", "--data", "digits-flat", "--out", "p.onnx", "--json", "-q"])
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["macs"] == 64 * 48 + 48 * 10 and record["params"] == 64 * 48 + 48 + 48 * 10 + 10
+
+
 def test_compress_writes_a_program_only_under_the_pt2_suffix(workdir: Path, run_cli: Callable) -> None:
     """A program saved as c.onnx was written with exit 0, and neither bench nor export could read it back."""
     code, out, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
