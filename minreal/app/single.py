@@ -55,7 +55,7 @@ def _example(module: torch.nn.Module, model_spec: str, data_spec: str | None, op
         data = app_data.load_dataset(data_spec, preprocess=opts.preprocess)
         module = packed_model(module, data.x, model_spec)
         x = checked_dataset(module, data, model_spec, data_spec).x
-        progress(f"using all {len(x)} samples of --data for the example input, parity and INT8 calibration")
+        progress(_data_line(len(x), cfg.calib_samples if opts.int8 and cfg.quant_mode == "static" else None))
         return module, x
     if opts.int8 and cfg.quant_mode == "static" and not cfg.allow_random_calibration:
         raise SpecError("--int8 needs calibration data: pass --data SPEC (or --allow-random-calibration)")
@@ -69,6 +69,25 @@ def _example(module: torch.nn.Module, model_spec: str, data_spec: str | None, op
         return module, x
     raise SpecError("export needs an example input: pass --data SPEC or --input-shape C,H,W (named inputs: "
                     "--input-shape NAME:BxL:DTYPE, repeated)")
+
+
+FEW_CALIBRATION_SAMPLES = 32
+"""Below this many calibration samples export says the INT8 ranges rest on too few (one sample's extremes are its
+own, not the data's)."""
+
+
+def _data_line(rows: int, calib: int | None) -> str:
+    """The progress line on what ``--data`` is used for (``calib``: INT8 calibration's sample cap, None without
+    static INT8); a WARNING where calibration has fewer than :data:`FEW_CALIBRATION_SAMPLES` samples."""
+    if calib is None:
+        return f"using all {rows} samples of --data for the example input and parity"
+    used = min(rows, calib)
+    line = (f"using all {rows} samples of --data for the example input and parity, "
+            f"{'all of them' if used == rows else f'the first {used}'} for INT8 calibration")
+    if used < FEW_CALIBRATION_SAMPLES:
+        line += (f"; WARNING: INT8 ranges from {used} sample(s) hold for those only: give --data with "
+                 f"{FEW_CALIBRATION_SAMPLES} or more")
+    return line
 
 
 def _refuse_random_integer_calibration(x: Inputs) -> None:

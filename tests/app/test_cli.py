@@ -358,6 +358,23 @@ def test_output_never_overwrites_an_input(workdir: Path, run_cli: Callable) -> N
     assert Path("net.py").read_text() == before
 
 
+def test_export_says_how_many_samples_calibrate_int8_and_warns_when_they_are_few(workdir: Path,
+                                                                                 run_cli: Callable) -> None:
+    """It said all 1797 samples calibrated INT8 while 256 did, and calibrated on one sample without a word."""
+    import numpy as np
+
+    from minreal.app.single import FEW_CALIBRATION_SAMPLES, _data_line
+
+    assert _data_line(1797, None) == "using all 1797 samples of --data for the example input and parity"
+    assert _data_line(1797, 256).endswith("parity, the first 256 for INT8 calibration")
+    assert _data_line(100, 256).endswith("parity, all of them for INT8 calibration")
+    assert "WARNING" not in _data_line(FEW_CALIBRATION_SAMPLES, 256)
+    np.savez(workdir / "one.npz", x=np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32))
+    code, _, err = run_cli(["export", "net.py:make", "--data", "one.npz", "--int8", "--out", "o.onnx"])
+    assert code == 0, err
+    assert "all of them for INT8 calibration; WARNING: INT8 ranges from 1 sample(s) hold for those only" in err, err
+
+
 def test_export_of_a_program_counts_its_macs(workdir: Path, run_cli: Callable) -> None:
     """A torch.export program has no layers for the cost rules (its MACs read 0); torch counts its ATen operations."""
     import torch
