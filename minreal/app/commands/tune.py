@@ -4,6 +4,7 @@ measured on the target runtime (local worker processes or a Ray cluster)."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from minreal.app.commands._shared import (
     warn_data_check,
 )
 from minreal.app.console import Console
+from minreal.app.errors import FAIL_EXIT
 from minreal.app.options import (
     image_options,
     image_preprocess,
@@ -214,6 +216,9 @@ def tune_cmd(model: str, data: str, eval_data: str | None, weights: str | None, 
         files += f", {report.chosen_ort['path']}, {report.chosen_ort['config_path']}"
     con.table(f"\ntune directory: {out} ({files}; candidate cache {cache})")
     con.result(json.loads((Path(out) / "report.json").read_text()))  # paths relative to the tune directory
+    if not report.chosen:  # nothing to ship, not even the original: a script running `tune && ship` must stop
+        click.echo(f"minreal: {report.verdict} (the report is in {out})", err=True)
+        sys.exit(FAIL_EXIT)
 
 
 def _tune_dry_run(con: Any, model: str, weights: str | None, trust_pickle: bool, data: str, eval_data: str | None,
