@@ -69,6 +69,10 @@ def load_model_proto(path: Path, load_external_data: bool = False) -> onnx.Model
     except Exception as exc:  # onnx raises several unrelated types for corrupt files
         raise ModelFileError(f"cannot read ONNX model {path}: {error_line(exc, with_type=True)}; is it an ONNX "
                              "file (written completely)?") from None
+    if not model.graph.output:  # protobuf reads any bytes, none included, as an empty message
+        size = path.stat().st_size
+        raise ModelFileError(f"ONNX model {path} holds no graph ({'an empty file' if not size else f'{size} bytes'} "
+                             "with no outputs); is it an ONNX file (written completely)?")
     check_external_data(model, path)
     if load_external_data:
         try:

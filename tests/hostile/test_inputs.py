@@ -41,6 +41,14 @@ def test_malformed_onnx_is_refused_by_bench(workdir: Path, run_cli: Callable) ->
     assert sorted(os.listdir(workdir)) == ["bad.onnx", "net.py"]
 
 
+def test_an_empty_onnx_file_is_refused_by_bench_naming_it(workdir: Path, run_cli: Callable) -> None:
+    """Protobuf reads 0 bytes as an empty model: bench said "data x is an empty mapping", naming neither the file
+    nor what was wrong with it."""
+    (workdir / "empty.onnx").write_bytes(b"")
+    refused(run_cli, ["bench", "empty.onnx", "--out", "b.json", "-q"], "empty.onnx", "holds no graph (an empty file")
+    assert sorted(os.listdir(workdir)) == ["empty.onnx", "net.py"]
+
+
 def test_truncated_onnx_is_refused_by_bench(workdir: Path, run_cli: Callable) -> None:
     data = _matmul_graph(numpy_helper.from_array(np.ones((4, 3), np.float32), "w")).SerializeToString()
     (workdir / "cut.onnx").write_bytes(data[: len(data) // 2])
