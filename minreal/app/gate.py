@@ -34,6 +34,9 @@ def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
             raise rb.ReportSchemaError(f"report {path}: case(s) {', '.join(missing)} have no benchmark (bench); "
                                        "regenerate the report with minreal run")
         return {c.name: with_model_folder(c.bench, folder / c.name) for c in cases}
+    if isinstance(data, dict) and "method" in data and "macs_before" in data:  # a compression report
+        raise rb.ReportSchemaError(f"report {path} is a compression report (minreal compress --report), which "
+                                   "measures no latency; check reads the reports of minreal bench, run and tune")
     return {Path(path).stem: with_model_folder(rb.load_report(path), folder)}
 
 

@@ -389,6 +389,17 @@ def test_export_of_a_program_counts_its_macs(workdir: Path, run_cli: Callable) -
     assert record["macs"] == 64 * 48 + 48 * 10 and record["params"] == 64 * 48 + 48 + 48 * 10 + 10
 
 
+def test_check_names_a_compression_report_as_such(workdir: Path, run_cli: Callable) -> None:
+    """It said "report r.json is malformed (KeyError: 'metrics')" of the report compress writes."""
+    code, _, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out", "c.pt2",
+                            "--report", "r.json", "-q"])
+    assert code == 0, err
+    code, _, err = run_cli(["check", "r.json", "--min-agreement", "0.5"])
+    assert code == 2 and err.strip() == ("minreal: error: report r.json is a compression report (minreal compress "
+                                         "--report), which measures no latency; check reads the reports of minreal "
+                                         "bench, run and tune"), err
+
+
 def test_compress_writes_a_program_only_under_the_pt2_suffix(workdir: Path, run_cli: Callable) -> None:
     """A program saved as c.onnx was written with exit 0, and neither bench nor export could read it back."""
     code, out, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",
