@@ -428,9 +428,9 @@ def _check_axes(model: onnx.ModelProto, axes: Axes, exporter: str) -> None:
         for axis, dim in sorted(per_input.items()):
             if axis < len(dims) and not dims[axis].dim_param and dims[axis].HasField("dim_value"):
                 raise ExportError(f"the {exporter} exporter fixed dynamic dimension {dim!r} (axis {axis} of input "
-                                  f"{name!r}) at {dims[axis].dim_value}: the model's code needs that size there (or "
-                                  "it is 1, which torch.export specialises); keep that axis static or calibrate "
-                                  "with another size")
+                                  f"{name!r}) at {dims[axis].dim_value}: the model needs that size there (its code, "
+                                  "a torch.export program's guards, or a size of 1, which torch.export specialises); "
+                                  "keep that axis static or calibrate with another size")
 
 
 def _log_printed(exporter: str, text: str) -> None:

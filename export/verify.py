@@ -326,6 +326,9 @@ def _check_batch(
     except Exception as exc:
         hint = ("; when inputs share a dynamic axis, name it on each of them (--dynamic-axes input_ids:batch,seq "
                 "--dynamic-axes attention_mask:batch,seq)" if isinstance(x, NamedInputs) else "")
+        if "Guard failed" in str(exc):  # a torch.export program checks the sizes it was exported at
+            hint = ("; a torch.export program (.pt2) runs only at the sizes it was saved for: make it again with "
+                    "that axis dynamic (minreal compress --dynamic-axes), or keep the axis static")
         raise ParityError(f"the torch module fails on the parity inputs {_describe(x)}: {error_line(exc)}{hint}") \
             from None
     got = run_ort(session, feeds_of(x))

@@ -502,3 +502,19 @@ def test_the_float64_copy_is_made_once_for_every_batch_size(monkeypatch: pytest.
                            atol_scale=0.0)
     assert result.passed and all(c.roundoff > 0 for c in result.checks)
     assert copies == [model]
+
+
+def test_a_program_that_guards_its_exported_length_says_how_to_make_it_dynamic(monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    """A .pt2 saved at one length, checked at another for a dynamic axis: torch's "Guard failed" alone named no way
+    out."""
+    model = nn.Sequential(nn.Linear(8, 4)).eval()
+    program = torch.export.export(model, (torch.randn(2, 6, 8),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch")},)).module()
+    for switch in ("train", "eval"):  # as the CLI loads a .pt2: the flag cannot change the graph
+        program.__dict__.pop(switch, None)
+    _runtime_giving(monkeypatch, lambda feeds: np.zeros((len(feeds), feeds.shape[1], 4), np.float32))
+    with pytest.raises(ParityError, match=r"the torch module fails on the parity inputs .*Guard failed.*; a "
+                                          r"torch.export program \(.pt2\) runs only at the sizes it was saved for: "
+                                          r"make it again with that axis dynamic \(minreal compress --dynamic-axes\)"):
+        verify_parity(program, "unused.onnx", [torch.randn(1, 6, 8), torch.randn(2, 3, 8)])
