@@ -104,6 +104,9 @@ def parse_fixed_shapes(text: str) -> ShapeSpec:
             dims.append((name, int(value)))
         elif name and _SHAPE_VALUE.fullmatch(value):
             inputs.append((name, tuple(int(v) for v in value.split("x"))))
+        elif name and re.fullmatch(r"[0-9]+(?:x[0-9]+)*", value):  # the form is right, a size is 0 or 0-padded
+            raise ValueError(f"fixed shape {item!r}: every size must be a whole number of 1 or more, without "
+                             "leading zeros")
         else:
             raise ValueError(f"fixed shape {item!r} is neither DIM=N (batch=1) nor INPUT=AxBxC (input_ids=1x128); "
                              "separate several with commas")

@@ -96,6 +96,9 @@ def test_parse_fixed_shapes() -> None:
     for bad in ("batch", "batch=0", "batch=1.5", "input=1x", "=1", "batch=1,batch=2", ""):
         with pytest.raises(ValueError):
             parse_fixed_shapes(bad)
+    for zero in ("batch=0", "input=1x0x8", "seq=08"):  # the right form with a wrong size: the size is named
+        with pytest.raises(ValueError, match=rf"^fixed shape '{zero}': every size must be a whole number of 1 or more"):
+            parse_fixed_shapes(zero)
 
 
 def test_fixed_file_checked_against_the_dynamic_one(convnet_onnx: ExportResult, fixed_cnn: tuple[Path, FixedShapes],
