@@ -128,6 +128,9 @@ def parse_dynamic_axes(values: Sequence[str]) -> dict[str, dict[int, str]]:
             raise ValueError(f"--dynamic-axes {value!r}: axis names {bad} are not identifiers")
         if 0 in named and named[0] != "batch":
             raise ValueError(f"--dynamic-axes {value!r}: axis 0 is the batch; call it batch or _")
+        if elsewhere := [i for i, a in named.items() if a == "batch" and i != 0]:
+            raise ValueError(f"--dynamic-axes {value!r}: batch names axis 0 only; give axis {elsewhere[0]} a name "
+                             "of its own (seq, height, ...)")
         out[name] = named
     return out
 

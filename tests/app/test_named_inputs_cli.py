@@ -106,6 +106,9 @@ def test_shape_option_parsers() -> None:
                       (["ids:seq,batch"], parse_dynamic_axes), (["seq=0"], parse_axis_values)):
         with pytest.raises(ValueError):
             call(bad)
+    # batch on another axis failed only after the export; now before any work
+    with pytest.raises(ValueError, match=r"'input:batch,batch': batch names axis 0 only; give axis 1 a name of its"):
+        parse_dynamic_axes(["input:batch,batch"])
 
 
 def test_export_with_named_shapes_and_dynamic_axes(workdir: Path, capsys: pytest.CaptureFixture) -> None:
