@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["MethodRegistry", "ENTRY_POINT_GROUP", "register", "register_method", "get_method", "method_names",
            "compress", "compress_chain", "chain_label", "fill_costs", "apply_recovery", "state_points", "Prepared",
            "prepare", "realise", "prepared_key", "BUDGET_SLACK", "budget_shortfall", "OVERSHOOT",
-           "budget_overshoot", "require_axes_hold"]
+           "budget_overshoot", "require_axes_hold", "require_budget"]
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "minreal.methods"
@@ -174,6 +174,12 @@ def fill_costs(report: CompressionReport, model: nn.Module, new: nn.Module, exam
     report.not_counted_by_torch = sorted(set(torch_before.uncounted_ops) | set(torch_after.uncounted_ops))
     report.predicted.whole_model_mac_ratio = report.mac_ratio
     report.predicted.whole_model_param_ratio = report.param_ratio
+
+
+def require_budget(method: str, cfg: Any) -> None:
+    """CompressionError (one line, naming the flag) when ``cfg`` asks for a whole-model budget that ``method`` cannot
+    meet: for callers that check options before any work (``minreal run`` builds every config first)."""
+    _requested_budget(get_method(method), cfg)
 
 
 def _requested_budget(spec: MethodSpec, cfg: Any) -> tuple[str, float] | None:

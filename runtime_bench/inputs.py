@@ -410,6 +410,9 @@ def _size(spec: InputSpec, axis: int, values: Mapping[str, int], model: str) -> 
         return dim
     if dim in values:
         return values[dim]
-    fix = f"give its lengths in `BenchConfig.axis_values` (--axis-values {dim}=N,...) or " if dim else ""
+    if not dim:
+        raise BenchInputError(f"model {model!r} input {spec.name!r} has symbolic dims {spec.shape}: axis {axis} "
+                              "has no name and no value; pass data x to time it")
     raise BenchInputError(f"model {model!r} input {spec.name!r} has symbolic dims {spec.shape}: axis {axis} "
-                          f"({dim!r}) has no value; {fix}pass data x to time it", fields=("axis_values",))
+                          f"({dim!r}) has no value; give `BenchConfig.axis_values` lengths for {dim} or pass data "
+                          "x to time it", fields=("axis_values",))

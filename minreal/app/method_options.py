@@ -23,6 +23,7 @@ from typing import Any
 from minreal.app.field_flags import flag_spelled
 from minreal.compress import get_method, method_names
 from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS, field_clash
+from minreal.compress.registry import require_budget
 
 __all__ = ["OptionSpec", "method_option_specs", "config_option_specs", "field_docs", "build_config", "build_configs",
            "MethodOptionError", "provider_defaults", "option_group"]
@@ -232,6 +233,8 @@ def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | 
             raise MethodOptionError(f"option {flag} does not apply to method {method!r} (its options: {own})")
         kwargs[key] = _convert(key, value, *_scalar(hints[key]))
     try:
-        return cls(**kwargs)
+        config = cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise MethodOptionError(f"invalid options for method {method!r}: {flag_spelled(exc)}") from None
+    require_budget(method, config)  # a budget the method cannot meet: before any loading or export
+    return config

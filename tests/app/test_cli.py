@@ -400,6 +400,15 @@ def test_check_names_a_compression_report_as_such(workdir: Path, run_cli: Callab
                                          "bench, run and tune"), err
 
 
+def test_run_refuses_a_budget_a_method_cannot_meet_before_any_work(workdir: Path, run_cli: Callable) -> None:
+    """It exported the original first, then said cbalanced has no --mac-ratio."""
+    code, out, err = run_cli(["run", "net.py:make", "-m", "cbalanced", "--mac-ratio", "0.5", "--data", "digits-flat",
+                              "--out", "r", "--allow-data-mismatch"])
+    assert code == 2 and not out and not Path("r").exists(), err
+    assert err.strip() == ("minreal: error: method 'cbalanced' does not support --mac-ratio (its budgets: none; "
+                           "use its own options (minreal methods))"), err
+
+
 def test_compress_writes_a_program_only_under_the_pt2_suffix(workdir: Path, run_cli: Callable) -> None:
     """A program saved as c.onnx was written with exit 0, and neither bench nor export could read it back."""
     code, out, err = run_cli(["compress", "net.py:make", "--method", "svd", "--data", "digits-flat", "--out",

@@ -105,8 +105,8 @@ def test_without_data_random_inputs_take_the_shape(models: list[ModelEntry]) -> 
         (_data(seq=8), {"seq": (4, 16)}, r"model 'a' input 'input_ids' axis 1 \('seq'\) has length 8 in the data, "
                                          r"shorter than the requested seq=16"),
         ({"input_ids": _data()["input_ids"]}, {}, r"model 'a' input 'attention_mask' has no array in data x"),
-        (None, {}, r"model 'a' input 'input_ids' .* axis 1 \('seq'\) has no value; give its lengths in "
-                    r"`BenchConfig.axis_values`"),
+        (None, {}, r"model 'a' input 'input_ids' .* axis 1 \('seq'\) has no value; give "
+                    r"`BenchConfig.axis_values` lengths for seq"),
         (None, {"sequence": 4}, r"axis_values \(--axis-values\) names \['sequence'\], which no model input has"),
         ({**_data(), "attention_mask": np.ones((4, 8))}, {}, r"different row counts"),
     ],

@@ -76,11 +76,11 @@ def test_symbolic_axis_without_value_names_input_axis_and_option(tokens: Path) -
     from minreal.app.field_flags import flag_spelled
 
     with pytest.raises(BenchInputError, match=r"model 't' input 'input_ids' has symbolic dims .* axis 1 \('seq'\) "
-                                              r"has no value; give its lengths in `BenchConfig.axis_values` "
-                                              r"\(--axis-values seq=N,...\) or pass data x") as info:
+                                              r"has no value; give `BenchConfig.axis_values` lengths for seq or "
+                                              r"pass data x") as info:
         timing_inputs(input_specs(tokens), 2, None, seed=0, model="t")
     said = flag_spelled(info.value)
-    assert "give its lengths in --axis-values seq=N,... or pass data x" in said and "BenchConfig" not in said, said
+    assert "give --axis-values lengths for seq or pass data x" in said and "BenchConfig" not in said, said
 
 
 def test_data_is_tiled_cut_and_cast(tokens: Path) -> None:
