@@ -72,3 +72,16 @@ def test_wanda_prunes_dead_neurons_first_and_keeps_outputs_exact(model: nn.Seque
     assert torch.allclose(chain_forward(pruned, data.x), chain_forward(chain, data.x), atol=1e-12)
     by_mag = prune_chain(chain, magnitude_scores(chain), [28, 30])
     assert any(g[0] < 12 for g in by_mag.groups[0])  # magnitude does not see that they are dead
+
+
+def test_an_mlp_chain_says_the_channel_multiple_was_not_applied(model: nn.Sequential, data: Dataset) -> None:
+    """The report's config said width_multiple 16 while the chain was cut to widths off that multiple, in silence."""
+    _, rep = compress(model, data, "magnitude", MagnitudeConfig(param_ratio=0.3, width_multiple=16, width_min=16))
+    widths = rep.predicted["hidden_widths"]
+    assert any(w % 16 for w in widths), widths  # the budget, met neuron by neuron
+    assert [n for n in rep.notes if n.startswith("an MLP chain is cut neuron by neuron")] == [
+        f"an MLP chain is cut neuron by neuron to meet the budget (hidden widths {widths}): the channel multiple 16 "
+        "and floor 16 (--width-multiple, --width-min) are for traced graphs' convolution kernels and were not "
+        "applied; give the hidden widths themselves with --widths"]
+    _, exact = compress(model, data, "magnitude", MagnitudeConfig(widths=(16, 16), width_multiple=16))
+    assert not [n for n in exact.notes if "neuron by neuron" in n]  # widths given: nothing to say
