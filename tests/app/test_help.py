@@ -78,6 +78,7 @@ def test_help_fits_a_screen_and_help_all_lists_every_option(name: str) -> None:
     assert short.exit_code == 0 and full.exit_code == 0, short.output + full.output
     assert len(short.output.splitlines()) <= SCREEN, short.output
     assert short.output.rstrip().splitlines()[-1] == "Every option with its help: --help-all."
+    assert "``" not in short.output + full.output  # reST markup of a docstring, shown raw
     listed = {word.rstrip(",") for line in full.output.splitlines() for word in line.split()}
     for option in _options(name):
         if not option.hidden:

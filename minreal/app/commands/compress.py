@@ -73,7 +73,7 @@ def compress_cmd(model: str, method: str, data: str, weights: str | None, trust_
                  **opts: Any) -> None:
     """Compress MODEL with one method and save it as a torch.export program.
 
-    Under ``torchrun`` (or with ``--distributed``) every rank runs this command: the statistics passes and the
+    Under torchrun (or with --distributed) every rank runs this command: the statistics passes and the
     recovery share the calibration data by rank, and rank 0 alone writes the program and the report.
     """
 
