@@ -277,7 +277,7 @@ def test_tune_says_a_dynamic_axis_warning_on_the_console_once_per_method(tmp_pat
     model = _ByLength().eval()
     tr = Dataset(torch.randn(64, 32, 8), torch.randn(64, 32, 4))
     te = Dataset(torch.randn(32, 32, 8), torch.randn(32, 32, 4))
-    cfg = TuneConfig(Constraint(max_mse_increase=1e9), methods=("wanda",), grid=(0.8, 0.6), qat=False,
+    cfg = TuneConfig(Constraint(max_mse_increase=1e9), methods=("wanda",), grid=(0.8,), qat=False, int8=False,
                      accuracy_control=False, screen=FAST, bench=FAST_BENCH,
                      dynamic_axes={"input": {0: "batch", 1: "seq"}})
     said: list[str] = []
