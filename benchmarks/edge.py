@@ -229,7 +229,8 @@ def run_tune(case: tb.Case, max_kb: float, work: Path, quick: bool) -> dict[str,
                               cwd=tb.ROOT)
     record: dict[str, Any] = {"cli": " ".join(cmd), "max_size_kb": round(max_kb, 1), "exit_code": done.returncode,
                               "wall_s": round(time.perf_counter() - started, 1), "log": str(folder.parent / "tune.log")}
-    if done.returncode != 0:
+    # exit 1 with a report: no file met the limits, not even the original's (tune_choice records that verdict)
+    if done.returncode != 0 and not (done.returncode == 1 and (folder / "report.json").is_file()):
         lines = (folder.parent / "tune.log").read_text().strip().splitlines()
         return record | {"error": lines[-1] if lines else "no output"}
     return record | tune_choice(json.loads((folder / "report.json").read_text()))

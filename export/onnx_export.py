@@ -430,7 +430,7 @@ def _check_axes(model: onnx.ModelProto, axes: Axes, exporter: str) -> None:
                 raise ExportError(f"the {exporter} exporter fixed dynamic dimension {dim!r} (axis {axis} of input "
                                   f"{name!r}) at {dims[axis].dim_value}: the model needs that size there (its code, "
                                   "a torch.export program's guards, or a size of 1, which torch.export specialises); "
-                                  "keep that axis static or calibrate with another size")
+                                  "keep that axis static, or, for a size of 1, export from data where it is larger")
 
 
 def _log_printed(exporter: str, text: str) -> None:
@@ -453,7 +453,7 @@ def _result(
     written = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     reason = _one_line(errors[0], outputs[0]) if errors else None
     if reason:
-        logger.warning("exported %s with the TorchScript exporter; dynamo failed: %s", path.name, reason)
+        logger.warning("exported with the TorchScript exporter; dynamo failed: %s", reason)
     return ExportResult(
         path=str(path), exporter=exporter, opset=written, requested_opset=opset, input_name=names[0][0],
         output_names=names[1], dynamic_dims=axes[names[0][0]], fallback_reason=reason, num_nodes=len(model.graph.node),

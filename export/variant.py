@@ -71,8 +71,9 @@ def file_stem(label: str) -> str:
 
 def parity_inputs(x: Inputs, axes: Axes | None = None) -> list[Inputs]:
     """Inputs at :data:`PARITY_BATCH_SIZES` (the first rows of ``x``, repeated when ``x`` has fewer), and, when
-    ``axes`` has dynamic axes besides the batch, the largest batch again with every such axis cut to half its
-    length: so parity is checked at two values of every dynamic axis."""
+    ``axes`` has dynamic axes besides the batch, the largest batch again with every such axis at half its
+    length (2 for a length of 1: :func:`~minreal.compress.core.inputs.halve_axes`): so parity is checked at two
+    values of every dynamic axis."""
     checks = [repeat_to(x, batch) for batch in PARITY_BATCH_SIZES]
     shorter = halve_axes(x, axes or {})
     if shorter is not None:
@@ -109,7 +110,7 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
     x : Inputs
         example data, batch first (a tensor, or named inputs for a several-input model): two rows are
         exported, three check the simplification, and parity is verified at :data:`PARITY_BATCH_SIZES` and at
-        half the length of every other dynamic axis (:func:`parity_inputs`).
+        half the length of every other dynamic axis (2 for a length of 1; :func:`parity_inputs`).
     out : Path
         destination ``.onnx``; written only once parity passed.
     cfg : VariantConfig
@@ -259,7 +260,7 @@ def record_axes(record: VariantRecord) -> Axes:
 def fp16_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantConfig,
                  fp16: Fp16Config | None = None) -> VariantRecord:
     """FP16 copy ``NAME.fp16.onnx`` of an exported variant, checked against its fp32 file on ``x`` at
-    :data:`PARITY_BATCH_SIZES` (and half of every other dynamic axis, :func:`parity_inputs`).
+    :data:`PARITY_BATCH_SIZES` (and half of every other dynamic axis, 2 for a length of 1: :func:`parity_inputs`).
 
     Parameters
     ----------

@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from minreal.compress.core.evaluate import eval_mode, flatten_outputs
-from minreal.compress.core.inputs import Inputs, NamedInputs, as_floating, call
+from minreal.compress.core.inputs import Inputs, NamedInputs, as_floating, call, sample_shapes
+from minreal.compress.core.width.tracing import is_exported_program
 from minreal.export.errors import ParityError
 from minreal.facts import PROVIDERS, error_line
 from minreal.runtime_bench.sessions import create_session
@@ -315,20 +316,31 @@ class _Float64Twin:
                 for t in flatten_outputs(call(self._copy, as_floating(x, torch.float64)))]
 
 
+def _resized(first: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]]) -> str:
+    """The axes (``input axis 2: 8 -> 4``) where ``shapes`` differ from the first parity input's, or ""."""
+    return ", ".join(f"{name} axis {axis + 1}: {a} -> {b}" for name, shape in shapes.items()
+                     for axis, (a, b) in enumerate(zip(first.get(name, shape), shape)) if a != b)
+
+
 def _check_batch(
     module: nn.Module, session: ort.InferenceSession, x: Inputs, rtol: float, atol: float, atol_scale: float,
-    twin: _Float64Twin,
+    twin: _Float64Twin, resized: str = "",
 ) -> list[OutputParity]:
     """Compare every output of ``module(x)`` with ONNX Runtime's; raise on a count or shape mismatch, or when the
-    module itself fails on these inputs (e.g. one input cut to another length and its partner not)."""
+    module itself fails on these inputs (e.g. one input cut to another length and its partner not). ``resized``:
+    the dynamic axes these inputs have at another length than the first check's (:func:`_resized`)."""
     try:
         expected = [t.detach().cpu().numpy() for t in flatten_outputs(call(module, x))]
     except Exception as exc:
         hint = ("; when inputs share a dynamic axis, name it on each of them (--dynamic-axes input_ids:batch,seq "
                 "--dynamic-axes attention_mask:batch,seq)" if isinstance(x, NamedInputs) else "")
-        if "Guard failed" in str(exc):  # a torch.export program checks the sizes it was exported at
-            hint = ("; a torch.export program (.pt2) runs only at the sizes it was saved for: make it again with "
-                    "that axis dynamic (minreal compress --dynamic-axes), or keep the axis static")
+        if resized:  # the check of the dynamic axes at another length: the model does not take it
+            hint = (f"; these are the dynamic axes at another length ({resized}), which the model does not take: "
+                    "keep those axes static" + hint)
+        if is_exported_program(module):  # a torch.export program checks the sizes it was exported at
+            at = f" ({resized})" if resized else ""
+            hint = (f"; a torch.export program (.pt2) runs only at the sizes it was saved for{at}: make it again "
+                    "with that axis dynamic (minreal compress --dynamic-axes), or keep the axis static")
         raise ParityError(f"the torch module fails on the parity inputs {_describe(x)}: {error_line(exc)}{hint}") \
             from None
     got = run_ort(session, feeds_of(x))
@@ -474,7 +486,9 @@ def verify_parity(
     session = create_session(Path(onnx_path), provider, arena=False)
     with eval_mode(module), torch.no_grad():
         twin = _Float64Twin(module)
-        checks = [c for x in inputs for c in _check_batch(module, session, x, rtol, atol, atol_scale, twin)]
+        first = sample_shapes(inputs[0])
+        checks = [c for x in inputs for c in _check_batch(module, session, x, rtol, atol, atol_scale, twin,
+                                                          _resized(first, sample_shapes(x)))]
     result = _summarise(str(onnx_path), rtol, atol, batches, checks, atol_scale)
     if not result.passed:
         _raise_worst(result)

@@ -218,11 +218,12 @@ def _prune_chain(prep: PrunePrepared, cfg: PruneOptions, report: CompressionRepo
     report.timings_s["prune"] = time.perf_counter() - t0
     report.layers = chain_layer_reports(chain, pruned, "pruned", [])
     report.predicted.hidden_widths = widths
-    if not cfg.widths and (cfg.width_multiple > 1 or cfg.width_min > 0):
+    off = [w for w in widths if w % cfg.width_multiple or w < min(cfg.width_min, max(chain.widths))]
+    if not cfg.widths and off:  # said where it changed something, not on every default run
         report.notes.append(f"an MLP chain is cut neuron by neuron to meet the budget (hidden widths {widths}): the "
-                            f"channel multiple {cfg.width_multiple} and floor {cfg.width_min} (--width-multiple, "
-                            "--width-min) are for traced graphs' convolution kernels and were not applied; give the "
-                            "hidden widths themselves with --widths")
+                            f"channel multiple {cfg.width_multiple} and floor {cfg.width_min} "
+                            f"({flag_of('width_multiple')}, {flag_of('width_min')}) are for traced graphs' convolution "
+                            f"kernels and were not applied; give the hidden widths themselves with {flag_of('widths')}")
     return build_sequential(pruned)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from minreal.app.field_flags import flag_spelled
 from minreal.compress import get_method, method_names
+from minreal.compress.core.errors import CompressionError
 from minreal.compress.core.options import BUDGET_FIELDS, BUDGET_HELPERS, field_clash
 from minreal.compress.registry import require_budget
 
@@ -236,5 +237,8 @@ def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | 
         config = cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise MethodOptionError(f"invalid options for method {method!r}: {flag_spelled(exc)}") from None
-    require_budget(method, config)  # a budget the method cannot meet: before any loading or export
+    try:
+        require_budget(method, config)  # a budget the method cannot meet: before any loading or export
+    except CompressionError as exc:
+        raise MethodOptionError(flag_spelled(exc)) from None
     return config

@@ -173,6 +173,10 @@ def test_export_bench_check_roundtrip(workdir: Path, run_cli: Callable) -> None:
                               *QUICK_BENCH])
     assert code == 0, err
     assert [m["name"] for m in json.loads(out)["models"]] == ["m", "e/m"]
+    from minreal.app.commands.bench import _model_names
+
+    assert _model_names(("a.onnx", "b.int8.onnx")) == ["a", "b.int8"]  # unique stems: as before
+    assert _model_names(("m.onnx", "m.ort", "e/m.onnx")) == ["m.onnx", "m.ort", "e/m"]  # export --format onnx,ort
     code, _, err = run_cli(["bench", "m.onnx", "./m.onnx", "--out", "twice.json"])
     assert code == 2 and "./m.onnx is given twice (as m.onnx too)" in err and not Path("twice.json").exists()
     code, _, err = run_cli(["check", "b.json", "--min-agreement", "1.5", "-q"])  # a fraction: a usage error

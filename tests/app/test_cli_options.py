@@ -127,6 +127,7 @@ def test_plan_errors_name_the_file_and_variant(tmp_path: Path, text: str, culpri
     ("fde", "scaling = 'no'", "scaling (--scaling) takes true or false, got 'no'"),
     ("magnitude", "width_min = 1.9", "width_min (--width-min) takes a whole number, got 1.9"),
     ("svd", "exclude = 13", "exclude (--exclude) takes a list of strings, got 13"),
+    ("cbalanced", "mac_ratio = 0.5", "method 'cbalanced' does not support --mac-ratio"),  # a budget it cannot meet
     ("magnitude", "widths = [8, '4']", "widths (--widths) takes a list of whole numbers"),
 ])
 def test_plan_values_of_the_wrong_type_name_file_variant_and_key(tmp_path: Path, method: str, line: str,

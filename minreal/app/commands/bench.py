@@ -106,11 +106,13 @@ def bench_cmd(models: tuple[str, ...], providers: str, batch: str, data: str | N
 
 def _model_names(models: tuple[str, ...]) -> list[str]:
     """Each file's name in the report: its stem (``m.int8.onnx`` -> ``m.int8``), or, where two files share a stem,
-    the path as given without its suffix (``small`` and ``e/small``); the same file twice is a usage error."""
+    the path as given without its suffix (``small`` and ``e/small``), or with it where that is shared too (``m.onnx``
+    and ``m.ort``); the same file twice is a usage error."""
     seen: dict[Path, int] = {}
     for i, m in enumerate(models):
         if (first := seen.setdefault(Path(m).resolve(), i)) != i:
             raise click.BadParameter(f"{m} is given twice (as {models[first]} too); give each model once",
                                      param_hint="MODELS")
     stems = [Path(m).stem for m in models]
-    return [str(Path(m).with_suffix("")) if stems.count(stem) > 1 else stem for m, stem in zip(models, stems)]
+    names = [str(Path(m).with_suffix("")) if stems.count(stem) > 1 else stem for m, stem in zip(models, stems)]
+    return [m if names.count(name) > 1 else name for m, name in zip(models, names)]  # m.onnx, m.ort: as given

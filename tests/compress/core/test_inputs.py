@@ -9,7 +9,16 @@ from torch import nn
 
 from minreal.compress import compress, get_method
 from minreal.compress.core.data import Dataset
-from minreal.compress.core.inputs import NamedInputs, as_floating, call, cat, repeat_to, sample_shapes, slice_axis
+from minreal.compress.core.inputs import (
+    NamedInputs,
+    as_floating,
+    call,
+    cat,
+    halve_axes,
+    repeat_to,
+    sample_shapes,
+    slice_axis,
+)
 
 
 class TwoInputs(nn.Module):
@@ -59,6 +68,18 @@ def test_slice_axis_cuts_each_named_axis() -> None:
     x = NamedInputs({"ids": torch.zeros(2, 8, dtype=torch.int64), "mask": torch.zeros(2, 8)})
     cut = slice_axis(x, {"ids": {1: 3}, "mask": {1: 3}})
     assert sample_shapes(cut) == {"ids": (3,), "mask": (3,)}
+
+
+def test_slice_axis_grows_an_axis_by_repeating_its_last_slice_and_halve_axes_takes_1_to_2() -> None:
+    x = torch.arange(2 * 3, dtype=torch.float32).reshape(2, 3, 1)
+    grown = slice_axis(x, {"input": {1: 5, 2: 2}})
+    assert grown.shape == (2, 5, 2)
+    assert torch.equal(grown[:, :3, 0], x[:, :, 0]) and torch.equal(grown[:, 3:, 0], x[:, 2:, 0].expand(2, 2))
+    assert torch.equal(grown[..., 1], grown[..., 0])  # a length of 1 grown: its one slice repeated
+    axes = {"input": {0: "batch", 1: "seq", 2: "feat"}}
+    other = halve_axes(x, axes)
+    assert other.shape == (2, 1, 2)  # seq 3 -> 1 (half), feat 1 -> 2 (a length of 1 has no half)
+    assert halve_axes(x, {"input": {0: "batch"}}) is None  # the batch alone: nothing else to vary
 
 
 def test_dataset_batches_named_inputs_with_labels() -> None:
