@@ -515,6 +515,7 @@ def test_a_program_that_guards_its_exported_length_says_how_to_make_it_dynamic(m
         program.__dict__.pop(switch, None)
     _runtime_giving(monkeypatch, lambda feeds: np.zeros((len(feeds), feeds.shape[1], 4), np.float32))
     with pytest.raises(ParityError, match=r"the torch module fails on the parity inputs .*Guard failed.*; a "
-                                          r"torch.export program \(.pt2\) runs only at the sizes it was saved for: "
-                                          r"make it again with that axis dynamic \(minreal compress --dynamic-axes\)"):
+                                          r"torch.export program \(.pt2\) runs only at the sizes it was saved for "
+                                          r"\(input axis 1: 6 -> 3\): make it again with that axis dynamic "
+                                          r"\(minreal compress --dynamic-axes\)"):
         verify_parity(program, "unused.onnx", [torch.randn(1, 6, 8), torch.randn(2, 3, 8)])
