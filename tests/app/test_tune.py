@@ -303,8 +303,10 @@ def test_tune_cli_writes_a_directory_that_check_can_gate(workdir: Path, run_cli:
     assert report["candidates"][0]["onnx"] == "models/original.onnx"  # paths relative to the tune directory
     gate = CliRunner().invoke(cli, ["check", "t/report.json", "--min-agreement", "0.9"])
     assert gate.exit_code == 0, gate.output
-    strict = CliRunner().invoke(cli, ["check", "t/report.json", "--min-agreement", "1.01"])
-    assert strict.exit_code == 1
+    strict = CliRunner().invoke(cli, ["check", "t/report.json", "--max-size", "0.001"])  # no file is that small
+    assert strict.exit_code == 1, strict.output
+    beyond = CliRunner().invoke(cli, ["check", "t/report.json", "--min-agreement", "1.01"])  # not a fraction
+    assert beyond.exit_code == 2 and "--min-agreement" in beyond.output
     code, _, err = run_cli(["tune", "net.py:make", "--data", "digits-flat", "--out", "u"])
     assert code == 2 and "exactly one constraint" in err and "Traceback" not in err and not Path("u").exists()
     plan = CliRunner().invoke(cli, ["tune", "net.py:make", "--data", "digits-flat", "--min-agreement", "0.9",
