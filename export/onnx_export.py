@@ -43,7 +43,7 @@ from minreal.export.settings import MIN_OPSET
 from minreal.facts import ANSI_ESCAPE, first_line
 from minreal.runtime_bench.atomic import OutputWriteError, write_error
 
-__all__ = ["DEFAULT_OPSET", "EXTERNAL_DATA_BYTES", "MIN_OPSET", "Axes", "ExportResult", "graph_axes", "to_onnx"]
+__all__ = ["DEFAULT_OPSET", "EXTERNAL_DATA_BYTES", "Axes", "ExportResult", "graph_axes", "to_onnx"]
 
 logger = logging.getLogger(__name__)
 
