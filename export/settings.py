@@ -180,10 +180,10 @@ class VariantConfig(Int8Policy):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):  # nan fails every element, inf passes every one
                 raise FieldError(f"`VariantConfig.{name}`={value!r}: --{name.replace('_', '-')} must be a finite "
-                                 f"number >= 0 (0: {zero})", fields=(name,))
+                                 f"number >= 0 (0: {zero}), got {value!r}", fields=(name,))
         if self.opset < MIN_OPSET:
             raise FieldError(f"`VariantConfig.opset`={self.opset!r}: --opset must be {MIN_OPSET} or more "
-                             "(LayerNormalization is standard from 17)", fields=("opset",))
+                             f"(LayerNormalization is standard from 17), got {self.opset}", fields=("opset",))
         if self.quant_mode == "dynamic" and self.quant_target in ("tensorrt", ARM64_TARGET):
             # told before any export: dynamic INT8 has uint8 activations quantised at run time, neither format's
             raise FieldError(f"`VariantConfig.quant_mode`='dynamic': --quant-mode dynamic cannot write the "

@@ -230,15 +230,16 @@ def output_scale(got: np.ndarray, want: np.ndarray, atol_scale: float) -> float:
     added to computed values (``-1e4 + logit``), which rounds like any value; more than :data:`MASK_VALUES` constants
     past the bound (then the largest finite ``|want|``); 0 where nothing differs. ``got`` and ``want`` have the same
     shape; :data:`COMPARE_CHUNK` elements at a time."""
-    row = int(np.prod(want.shape[1:]))  # elements per sample (axis 0 the batch): a position is index % row
+    if not atol_scale:  # no scale part to bound
+        return finite_abs_max(want)
+    row = max(1, int(np.prod(want.shape[1:])))  # elements per sample (axis 0 the batch): a position is index % row
     got, want = got.reshape(-1), want.reshape(-1)
     chunks = [(i, want[i:i + COMPARE_CHUNK], got[i:i + COMPARE_CHUNK]) for i in range(0, want.size, COMPARE_CHUNK)]
     largest, differs = 0.0, False
     for _, ref, out in chunks:
         moved = np.abs(ref[(out != ref) & np.isfinite(ref)].astype(np.float64))
-        largest, differs = (max(largest, float(moved.max())), True) if moved.size else (largest, differs)
-    if not atol_scale:  # no scale part to bound
-        return finite_abs_max(want)
+        if moved.size:
+            largest, differs = max(largest, float(moved.max())), True
     if not differs:  # no tolerance needed
         return 0.0
     bound = largest / atol_scale
@@ -251,7 +252,7 @@ def output_scale(got: np.ndarray, want: np.ndarray, atol_scale: float) -> float:
         past = np.abs(values) > bound
         if not past.any():
             continue
-        values, where = values[past], (start + np.flatnonzero(exact)[past]) % max(row, 1)
+        values, where = values[past], (start + np.flatnonzero(exact)[past]) % row
         distinct = np.unique(values)
         if len(distinct) > MASK_VALUES:  # not a few constants: the output's own values
             return finite_abs_max(want)

@@ -187,7 +187,7 @@ def require_decisions_hold(model: nn.Module, example: Inputs, decisions: list[st
                 again = trace(model, other, values=True).meta["decisions"]
             except CompressionError as exc:
                 fails = re.search(r"with the example's values it fails (.*); give a factory", str(exc))
-                if fails and length == n - 1 and n >= 4:  # the model itself fails there: that length is not checked
+                if fails and length == n - 1:  # the model itself fails there: that length is not checked
                     untraced.append(f"{dim} {length} (the model fails {fails.group(1)})")
                     continue
                 raise CompressionError(f"{where}, and at another {dim} ({_shapes(other)}) the model does not trace: "

@@ -3,7 +3,6 @@ INT8 and FP16 copies."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from minreal.app.cli_options import (
 )
 from minreal.app.commands._shared import prepare_outputs
 from minreal.app.console import Console
+from minreal.app.field_flags import flag_spelled
 from minreal.app.options import (
     fixed_shapes_option,
     fixed_shapes_spec,
@@ -35,7 +35,8 @@ from minreal.app.options import (
     quant_target_option,
     shape_options,
 )
-from minreal.export.settings import MIN_OPSET, VariantConfig
+from minreal.export.settings import VariantConfig
+from minreal.facts import FieldError
 
 __all__ = ["export_cmd"]
 
@@ -92,18 +93,14 @@ def export_cmd(model: str, out: str, data: str | None, input_shape: tuple[str, .
                                "drop one of them")
     ort = ort_config(grouped)
     con = Console(quiet, as_json)
-    for hint, value in (("--rtol", rtol), ("--atol", atol), ("--atol-scale", atol_scale)):
-        if not (math.isfinite(value) and value >= 0):  # nan would fail every element, inf pass every one
-            raise click.BadParameter(f"must be a finite number >= 0, got {value:g}", param_hint=hint)
-    if opset < MIN_OPSET:
-        raise click.BadParameter(f"must be {MIN_OPSET} or more (LayerNormalization is standard from 17), got {opset}",
-                                 param_hint="--opset")
-    opts = ExportOptions(VariantConfig(opset=opset, rtol=rtol, atol=atol, atol_scale=atol_scale,
-                                       quant_target=quant_target_for(quant_target, ()),
-                                       quant_mode=quant_mode, allow_random_calibration=allow_random_calibration,
-                                       fixed_shapes=fixed_shapes_spec(fixed_shapes),
-                                       drop_roundtrips=not int8_keep_roundtrips),
-                         int8=int8, fp16=Fp16Config(keep_io_types=not fp16_io) if fp16 else None,
+    try:  # tolerances, opset and INT8 settings are checked by the config itself: a usage error, before any work
+        variant = VariantConfig(opset=opset, rtol=rtol, atol=atol, atol_scale=atol_scale,
+                                quant_target=quant_target_for(quant_target, ()),
+                                quant_mode=quant_mode, allow_random_calibration=allow_random_calibration,
+                                fixed_shapes=fixed_shapes_spec(fixed_shapes), drop_roundtrips=not int8_keep_roundtrips)
+    except FieldError as exc:
+        raise click.UsageError(flag_spelled(exc)) from None
+    opts = ExportOptions(variant, int8=int8, fp16=Fp16Config(keep_io_types=not fp16_io) if fp16 else None,
                          preprocess=image_preprocess(grouped), ort=ort)
     shape, axes = shape_options(input_shape, dynamic_axes)
     int8_out = Path(out).with_name(Path(out).stem + ".int8.onnx") if int8 else None
