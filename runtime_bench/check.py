@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from minreal.facts import INT8_SUFFIX, int8_source
@@ -20,16 +21,17 @@ from .load import compare_load, cpu_counters, describe_load, machine_load
 from .placement import describe_fallback, placement_from_dict
 from .report import BenchReport, validate_report
 
-__all__ = ["Criterion", "CheckResult", "check_report", "format_check", "describe_criterion", "brief_criterion"]
+__all__ = ["Criterion", "CheckResult", "PreparedCheck", "check_report", "prepare_check", "gate_plan", "format_check",
+           "describe_criterion", "brief_criterion"]
 
 logger = logging.getLogger(__name__)
 
 ReportLike = Mapping[str, Any] | BenchReport
 REGRESSION = "latency_regression_pct"
 LATENCY_RATIO = "latency_ratio"
-HEURISTIC_NOTE = ("latency judged on medians (a regression beyond the threshold fails only when the per-process p50 "
-                  "ranges do not overlap): a heuristic with no stated error rate; pass a decision plan (--paired) to "
-                  "decide on paired fresh processes at a stated confidence")
+HEURISTIC_NOTE = ("latency judged on medians (a latency ratio on its median alone; a regression beyond the threshold "
+                  "fails only when the per-process p50 ranges do not overlap): a heuristic with no stated error rate; "
+                  "pass a decision plan (--paired) to decide on paired fresh processes at a stated error rate")
 HEURISTIC_ONLY = "only the medians heuristic is possible"
 ON_PROVIDER = "on_provider_share"
 SAME_HARDWARE = "same_hardware"
@@ -62,11 +64,15 @@ class Criterion:
 @dataclass(frozen=True)
 class CheckResult:
     """All criteria checked; ``passed`` is True when every criterion passed. ``notes`` are lines that judge nothing
-    but qualify the verdict (how the latency was judged, the machine load of baseline and report)."""
+    but qualify the verdict (how the latency was judged, the machine load of baseline and report, the error rates).
+    ``error_rates`` states the paired latency decisions' error rates over the whole gate (:func:`gate_plan`): alpha,
+    the paired cells it is split over, each cell's share, and the bounds on a false alarm and on a miss; None where no
+    latency was decided on paired processes (medians judge no error rate)."""
 
     criteria: tuple[Criterion, ...]
     passed: bool
     notes: tuple[str, ...] = ()
+    error_rates: dict[str, Any] | None = None
 
     @property
     def undecided(self) -> bool:
@@ -152,43 +158,136 @@ def check_report(
     CheckError
         a threshold was given but the report holds nothing it could apply to.
     """
+    prepared = prepare_check(report, max_latency_ratio, max_accuracy_drop, min_agreement, baseline, max_regression,
+                             allow_new_models, min_on_provider, allow_hardware_mismatch, max_int8_drop, max_size_kb,
+                             max_size_ratio, plan is not None, allow_heuristic)
+    return prepared.run(gate_plan(plan, prepared.paired_cells) if plan is not None else None, progress)
+
+
+@dataclass(frozen=True)
+class _Paired:
+    """A latency cell to be decided on paired fresh processes: ``candidate`` against ``reference`` at the allowed
+    ``ratio``; the criterion reports ``allowed`` (a ratio, or a percentage where ``percent``)."""
+
+    name: str
+    cell: Cell
+    reference: Path
+    candidate: Path
+    ratio: float
+    allowed: float
+    percent: bool = False
+
+    def decide(self, data: Mapping[str, Any], plan: DecisionPlan,
+               progress: Callable[[str], None] | None) -> Criterion:
+        d = decide_cell(self.reference, self.candidate, data, self.cell, self.ratio, plan, progress)
+        measured = 100.0 * (d.median_ratio - 1.0) if self.percent else d.median_ratio
+        return _decided(self.name, self.cell, d, measured, self.allowed)
+
+
+@dataclass
+class PreparedCheck:
+    """A report's criteria before its paired latency cells are measured (:func:`prepare_check`): what the report
+    decides by itself, in order, with the paired cells in their places; :meth:`run` measures and decides those."""
+
+    data: dict[str, Any]
+    items: list[Criterion | _Paired]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def paired_cells(self) -> int:
+        """Latency cells to be decided on paired fresh processes (what :func:`gate_plan` splits alpha over)."""
+        return sum(isinstance(i, _Paired) for i in self.items)
+
+    def run(self, plan: DecisionPlan | None, progress: Callable[[str], None] | None = None) -> CheckResult:
+        """Decide the paired cells with ``plan`` (from :func:`gate_plan`: its ``cells`` counts the whole gate's)."""
+        if self.paired_cells and plan is None:
+            raise ValueError("a check with paired latency cells needs a decision plan")
+        started = cpu_counters()
+        criteria = [i.decide(self.data, plan, progress) if isinstance(i, _Paired) else i for i in self.items]
+        notes, rates = list(self.notes), None
+        if plan is not None and self.paired_cells:
+            rates = {"alpha": plan.alpha, "paired_cells": plan.cells, "per_cell_alpha": plan.alpha / plan.cells,
+                     "false_alarm_at_most": plan.alpha, "miss_at_most": plan.alpha}
+            split = (f"split over the gate's {plan.cells} paired cells (each at {plan.alpha / plan.cells:.3g}) and "
+                     "each cell's looks" if plan.cells > 1 else "split over the looks")
+            notes.append(f"paired latency at alpha {plan.alpha:g}, {split} (Bonferroni): a false alarm (any cell "
+                         f"failing although within its threshold) has probability at most {plan.alpha:g} over the "
+                         "whole gate, and so has passing a real regression")
+            if any(c.evidence and c.evidence["pairs"] for c in criteria):
+                notes.append(f"machine load over the paired processes: {describe_load(asdict(machine_load(started)))}")
+        return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria), notes=tuple(notes),
+                           error_rates=rates)
+
+
+def gate_plan(plan: DecisionPlan, cells: int) -> DecisionPlan:
+    """``plan`` for a gate of ``cells`` paired latency cells: alpha split over them (each cell at ``alpha /
+    cells``), so that ``plan.alpha`` bounds the whole gate's false alarms and misses.
+
+    Raises
+    ------
+    CheckError
+        ``plan.max_pairs`` is too few for the sign test to decide anything at each cell's share of alpha.
+    """
+    gated = replace(plan, cells=max(cells, 1))
+    if gated.least_pairs() > gated.max_pairs:
+        raise CheckError(f"{plan.max_pairs} pairs at most (`DecisionPlan.max_pairs`) cannot decide {cells} paired "
+                         f"latency cells at alpha {plan.alpha:g} (`DecisionPlan.alpha`), each at "
+                         f"{plan.alpha / cells:.3g}: the sign test needs {gated.least_pairs()} pairs at least; allow "
+                         "more pairs, or gate fewer cells", fields=("max_pairs", "alpha"))
+    return gated
+
+
+def prepare_check(
+    report: ReportLike,
+    max_latency_ratio: float | None = None,
+    max_accuracy_drop: float | None = None,
+    min_agreement: float | None = None,
+    baseline: ReportLike | None = None,
+    max_regression: float | None = None,
+    allow_new_models: bool = False,
+    min_on_provider: float | None = None,
+    allow_hardware_mismatch: bool = False,
+    max_int8_drop: float | None = None,
+    max_size_kb: float | None = None,
+    max_size_ratio: float | None = None,
+    paired: bool = False,
+    allow_heuristic: bool = True,
+) -> PreparedCheck:
+    """:func:`check_report` up to the paired measurements (``paired`` stands for its ``plan``): every criterion the
+    reports decide, and the latency cells to be decided on paired processes, so that a gate over several reports
+    (a run's cases) can split alpha over all of their paired cells before measuring any (:func:`gate_plan`)."""
     data = _as_dict(report, "report")
-    criteria: list[Criterion] = []
+    items: list[Criterion | _Paired] = []
     notes: list[str] = []
-    started = cpu_counters()
     if max_latency_ratio is not None:
-        criteria += (_latency_ratio(data, max_latency_ratio) if plan is None
-                     else _paired_ratio(data, max_latency_ratio, plan, progress))
+        items += (_paired_ratio(data, max_latency_ratio) if paired else _latency_ratio(data, max_latency_ratio))
     if max_accuracy_drop is not None:
-        criteria += _accuracy_drop(data, max_accuracy_drop)
+        items += _accuracy_drop(data, max_accuracy_drop)
     if min_agreement is not None:
-        criteria += _agreement(data, min_agreement)
+        items += _agreement(data, min_agreement)
     if min_on_provider is not None:
-        criteria += _on_provider(data, min_on_provider)
+        items += _on_provider(data, min_on_provider)
     if max_int8_drop is not None:
-        criteria += _int8_drop(data, max_int8_drop)
+        items += _int8_drop(data, max_int8_drop)
     if max_size_kb is not None:
-        criteria += _size(data, max_size_kb)
+        items += _size(data, max_size_kb)
     if max_size_ratio is not None:
-        criteria += _size_ratio(data, max_size_ratio)
+        items += _size_ratio(data, max_size_ratio)
     if (baseline is None) != (max_regression is None):
         raise CheckError("`baseline` and `max_regression` must be given together",
                          fields=("baseline", "max_regression"))
     if baseline is not None and max_regression is not None:
         base = _as_dict(baseline, "baseline")
-        regression = (_regression(data, base, max_regression, allow_new_models) if plan is None
-                      else _paired_regression(data, base, max_regression, allow_new_models, plan, progress,
-                                              allow_heuristic))
+        regression = (_paired_regression(data, base, max_regression, allow_new_models, allow_heuristic) if paired
+                      else _regression(data, base, max_regression, allow_new_models))
         # re-measured cells compare two files on this machine: the baseline's hardware matters only to the others
-        if plan is None or any(HEURISTIC_ONLY in c.note for c in regression):
-            criteria += _hardware(data, base, allow_hardware_mismatch)
-        criteria += regression
+        if not paired or any(isinstance(c, Criterion) and HEURISTIC_ONLY in c.note for c in regression):
+            items += _hardware(data, base, allow_hardware_mismatch)
+        items += regression
         notes += filter(None, [compare_load(_load_of(base), _load_of(data))])
-    if plan is None and (max_latency_ratio is not None or max_regression is not None):
+    if not paired and (max_latency_ratio is not None or max_regression is not None):
         notes.append(HEURISTIC_NOTE)
-    elif plan is not None and any(c.evidence and c.evidence["pairs"] for c in criteria):
-        notes.append(f"machine load over the paired processes: {describe_load(asdict(machine_load(started)))}")
-    return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria), notes=tuple(notes))
+    return PreparedCheck(data, items, notes)
 
 
 def format_check(result: CheckResult) -> str:
@@ -290,6 +389,9 @@ def _accuracy_drop(data: dict[str, Any], allowed: float) -> list[Criterion]:
     metrics = data["metrics"]
     if not metrics or metrics[0]["accuracy"] is None:
         raise CheckError("`max_accuracy_drop` given but the report has no accuracy (benchmark with integer labels y)",
+                         fields=("max_accuracy_drop",))
+    if len(metrics) < 2:
+        raise CheckError("`max_accuracy_drop` given but the report has one model (the drop is against the first)",
                          fields=("max_accuracy_drop",))
     ref = metrics[0]["accuracy"]
     drops = [(m["model"], 100.0 * (ref - m["accuracy"])) for m in metrics[1:]]
@@ -407,8 +509,8 @@ def _hardware(data: dict[str, Any], baseline: dict[str, Any], allow: bool) -> li
     differs = [f"{kind} {_quoted(b)} in the baseline, {_quoted(n)} in the report"
                for kind, b, n in zip(("CPU", "GPUs"), then, now) if b != n]
     isa_now, isa_then = _isa_of(data), _isa_of(baseline)
-    if isa_now is not None and isa_then is not None and isa_difference(isa_then, isa_now):
-        differs.append(f"int8 instruction sets differ: {isa_difference(isa_then, isa_now)}")
+    if isa_now is not None and isa_then is not None and (isa := isa_difference(isa_then, isa_now)):
+        differs.append(f"int8 instruction sets differ: {isa}")
     if not differs:
         return []
     what = "; ".join(differs)
@@ -481,9 +583,8 @@ def _decided(name: str, cell: Cell, d: LatencyDecision, measured: float, allowed
                      undecided=d.verdict == UNDECIDED, evidence=decision_evidence(d))
 
 
-def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
-                  progress: Callable[[str], None] | None) -> list[Criterion]:
-    """Every candidate cell against the report's first model, decided on paired fresh processes."""
+def _paired_ratio(data: dict[str, Any], allowed: float) -> list[Criterion | _Paired]:
+    """Every candidate cell against the report's first model, to be decided on paired fresh processes."""
     names = _model_names(data)
     if len(names) < 2:
         raise CheckError("`max_latency_ratio` given but the report has one model (the ratio is to the first)",
@@ -494,7 +595,8 @@ def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
     if not cells:
         raise CheckError("`max_latency_ratio` given but the report has no latency cells to re-measure (no "
                          "provider, batch size or latency recorded)", fields=("max_latency_ratio",))
-    criteria = _missing(LATENCY_RATIO, data, [c for c in cells if c[1] in unavailable], allowed)
+    items: list[Criterion | _Paired] = list(_missing(LATENCY_RATIO, data, [c for c in cells if c[1] in unavailable],
+                                                     allowed))
     for cell in (c for c in cells if c[1] not in unavailable):
         candidate = model_path(data, cell[0])
         missing = [str(p) if p else "a file the report does not record" for p in (reference, candidate)
@@ -503,19 +605,17 @@ def _paired_ratio(data: dict[str, Any], allowed: float, plan: DecisionPlan,
             raise CheckError(f"the paired gate re-measures the report's model files, but {', '.join(missing)} is not "
                              "readable here (nor beside the report); run check where the files are, or without "
                              "the paired decision (`check_report.plan`)", fields=("plan",))
-        d = decide_cell(reference, candidate, data, cell, allowed, plan, progress)
-        criteria.append(_decided(LATENCY_RATIO, cell, d, d.median_ratio, allowed))
-    return criteria
+        items.append(_Paired(LATENCY_RATIO, cell, reference, candidate, allowed, allowed))
+    return items
 
 
 def _paired_regression(data: dict[str, Any], baseline: dict[str, Any], allowed: float, allow_new: bool,
-                       plan: DecisionPlan, progress: Callable[[str], None] | None,
-                       allow_heuristic: bool = True) -> list[Criterion]:
-    """Each cell of the report against the baseline's file of its model, re-measured now in paired fresh processes
-    (allowed ratio ``1 + allowed / 100``); where that file is gone or changed, the medians heuristic with a note
-    (``allow_heuristic``) or an undecided criterion saying what would decide it."""
+                       allow_heuristic: bool = True) -> list[Criterion | _Paired]:
+    """Each cell of the report against the baseline's file of its model, to be re-measured now in paired fresh
+    processes (allowed ratio ``1 + allowed / 100``); where that file is gone or changed, the medians heuristic with a
+    note (``allow_heuristic``) or an undecided criterion saying what would decide it."""
     heuristic = _regression(data, baseline, allowed, allow_new)
-    out = []
+    out: list[Criterion | _Paired] = []
     for c in heuristic:
         cell = (c.model, c.provider or "", c.batch_size or 0, c.shape)
         candidate = model_path(data, c.model)
@@ -531,6 +631,7 @@ def _paired_regression(data: dict[str, Any], baseline: dict[str, Any], allowed: 
                     f"undecided: not re-measured, {why}; the baseline's model file, where the baseline names it, "
                     "would decide it (or --allow-heuristic to judge on medians, no stated error rate)")))
             continue
-        d = decide_cell(model_path(baseline, c.model), candidate, data, cell, 1.0 + allowed / 100.0, plan, progress)
-        out.append(_decided(REGRESSION, cell, d, 100.0 * (d.median_ratio - 1.0), allowed))
+        reference = model_path(baseline, c.model)
+        assert reference is not None  # remeasure_problem found it
+        out.append(_Paired(REGRESSION, cell, reference, candidate, 1.0 + allowed / 100.0, allowed, percent=True))
     return out

@@ -112,4 +112,4 @@ def decide_cell(reference: Path, candidate: Path, data: Mapping[str, Any], cell:
                             max_chars=200)
         return LatencyDecision(UNDECIDED, allowed, 0, math.nan, 0.0, math.inf, plan.alpha, plan.level, 0, (),
                                advice=f"the paired measurement could not be made ({reason}); fix that and check "
-                                      "again")
+                                      "again", cells=plan.cells)

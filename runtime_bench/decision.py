@@ -19,11 +19,14 @@ Turnbull, *Group Sequential Methods with Applications to Clinical Trials*, 2000,
 significance tests). Bonferroni is conservative: the error rates are at most ``alpha``, often well below it (the
 looks are correlated, and the sign test's levels are discrete). A look forced by the time budget comes at a pair
 count the pairs' wall times choose (not their ratios), and takes the place of the next scheduled one, so the bound
-still holds.
+still holds. A gate deciding several cells (candidates, batch sizes, shapes, cases) splits ``alpha`` over them
+too (``cells``; Bonferroni again), so that ``alpha`` bounds the whole gate's false alarms (any cell failing although
+within its threshold), and likewise its misses (any regressed cell passing).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -46,7 +49,7 @@ class DecisionPlan:
     ----------
     alpha
         Bound on the false-alarm rate (fail although the median ratio is within the allowed one), and
-        likewise on the rate of passing a real regression; over all looks together.
+        likewise on the rate of passing a real regression; over all looks, and all ``cells``, together.
     min_pairs
         Pairs (fresh processes) before the first look.
     max_pairs
@@ -59,6 +62,9 @@ class DecisionPlan:
         the next look of the schedule, and no more are added.
     pair_seconds
         Measurement window per model in each process (the bench's ``min_seconds``).
+    cells
+        Cells the gate decides with this plan (each at ``alpha / cells``: Bonferroni over the cells, so that
+        ``alpha`` bounds the gate's error rates, not one cell's); ``minreal.runtime_bench.check_report`` sets it.
     """
 
     alpha: float = 0.01
@@ -67,36 +73,42 @@ class DecisionPlan:
     looks: int = 4
     time_budget_s: float = 60.0
     pair_seconds: float = 0.25
+    cells: int = 1
 
     def __post_init__(self) -> None:
         if not 0.0 < self.alpha < 0.5:
             raise ValueError(f"alpha must lie in (0, 0.5), got {self.alpha}")
         if not 1 <= self.min_pairs <= self.max_pairs:
             raise ValueError(f"need 1 <= min_pairs <= max_pairs, got {self.min_pairs} and {self.max_pairs}")
-        if self.looks < 1 or self.time_budget_s <= 0 or self.pair_seconds < 0:
-            raise ValueError("looks must be >= 1, time_budget_s > 0 and pair_seconds >= 0")
+        if self.looks < 1 or self.time_budget_s <= 0 or self.pair_seconds < 0 or self.cells < 1:
+            raise ValueError("looks and cells must be >= 1, time_budget_s > 0 and pair_seconds >= 0")
 
     @property
     def level(self) -> float:
-        """The one-sided level of each test at each look (Bonferroni: ``alpha`` over the scheduled looks, at most
-        ``looks``: fewer where the cap leaves fewer distinct pair counts)."""
-        return self.alpha / len(self.schedule())
+        """The one-sided level of each test at each look (Bonferroni: ``alpha`` over the gate's ``cells`` and the
+        scheduled looks, at most ``looks``: fewer where the cap leaves fewer distinct pair counts)."""
+        return self.alpha / (self.cells * len(self.schedule()))
 
     def least_pairs(self) -> int:
         """The fewest pairs whose sign test bounds the median at all at :attr:`level` (``2**-n <= level``): no look
         with fewer pairs can decide."""
-        n = 1
-        while 0.5 ** n > self.level:
+        n, level = 1, self.level
+        while 0.5 ** n > level:
             n += 1
         return n
 
     def schedule(self) -> tuple[int, ...]:
         """The pair counts at which the pairs are examined: ``looks`` counts, geometric, ending at ``max_pairs``."""
-        if self.looks == 1:
-            return (self.max_pairs,)
-        grow = (self.max_pairs / self.min_pairs) ** (1.0 / (self.looks - 1))
-        counts = {min(self.max_pairs, round(self.min_pairs * grow ** i)) for i in range(self.looks)}
-        return tuple(sorted(counts | {self.max_pairs}))
+        return _schedule(self.min_pairs, self.max_pairs, self.looks)
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(min_pairs: int, max_pairs: int, looks: int) -> tuple[int, ...]:
+    if looks == 1:
+        return (max_pairs,)
+    grow = (max_pairs / min_pairs) ** (1.0 / (looks - 1))
+    counts = {min(max_pairs, round(min_pairs * grow ** i)) for i in range(looks)}
+    return tuple(sorted(counts | {max_pairs}))
 
 
 @dataclass(frozen=True)
@@ -104,7 +116,9 @@ class LatencyDecision:
     """The verdict on one candidate against one reference, with its evidence.
 
     ``lower`` and ``upper`` are the confidence bounds of the median ratio at the last look (0 and inf where too
-    few pairs bound it), each at one-sided level ``level``; ``advice`` says what would decide an undecided verdict.
+    few pairs bound it), each from a one-sided test at ``level`` (that look's; which look stopped depends on the
+    data, so over all looks each side holds with probability at least ``1 - alpha / cells``); ``advice`` says what
+    would decide an undecided verdict; ``cells`` is the number of cells the gate split ``alpha`` over.
     """
 
     verdict: str
@@ -119,6 +133,7 @@ class LatencyDecision:
     ratios: tuple[float, ...]
     advice: str = ""
     wall_s: float = math.nan
+    cells: int = 1
 
 
 def _binomial_cdf(k: int, n: int) -> float:
@@ -186,22 +201,23 @@ def describe_decision(d: LatencyDecision) -> str:
         head = f"{d.verdict}: no paired process measured, allowed {d.allowed:.4g}"
         return f"{head}; {d.advice}" if d.advice else head
     bounds = f"{d.lower:.4g}-{d.upper:.4g}" if d.lower > 0 and math.isfinite(d.upper) else "too few pairs for any bound"
+    over = f"{d.cells} cells and the planned looks" if d.cells > 1 else "the planned looks"
     head = (f"{d.verdict}: median ratio {d.median_ratio:.4g} over {d.pairs} paired processes, "
-            f"bounds {bounds} at {100 * (1 - d.level):.4g}% each side (alpha {d.alpha:g} split over the planned looks, "
-            f"{d.looks} taken), "
-            f"allowed {d.allowed:.4g}")
+            f"bounds {bounds} (each look's test at {100 * (1 - d.level):.4g}% each side: alpha {d.alpha:g} split "
+            f"over {over}, {d.looks} taken), allowed {d.allowed:.4g}")
     return f"{head}; {d.advice}" if d.advice else head
 
 
 def decision_evidence(d: LatencyDecision) -> dict[str, object]:
     """The evidence of a decision as plain fields (for ``--json``): verdict, pairs, median ratio, its bounds (None
-    where too few pairs bound it), the level of each test, alpha, looks taken, wall time in seconds."""
+    where too few pairs bound it), the level of each test, alpha, the cells alpha is split over, looks taken, wall
+    time in seconds."""
     def finite(v: float) -> float | None:
         return v if math.isfinite(v) and v > 0 else None
 
     return {"verdict": d.verdict, "pairs": d.pairs, "median_ratio": finite(d.median_ratio), "lower": finite(d.lower),
             "upper": finite(d.upper), "allowed_ratio": d.allowed, "level": d.level, "alpha": d.alpha,
-            "looks": d.looks, "wall_s": finite(d.wall_s)}
+            "cells": d.cells, "looks": d.looks, "wall_s": finite(d.wall_s)}
 
 
 def _advice(d: LatencyDecision, plan: DecisionPlan) -> str:
@@ -237,5 +253,5 @@ def sequential_decision(next_ratio: Callable[[int], float], allowed: float, plan
         if verdict != UNDECIDED or out_of_time:
             break
     decision = LatencyDecision(verdict, allowed, len(ratios), float(np.exp(np.median(np.log(ratios)))), lower, upper,
-                               plan.alpha, plan.level, looks, tuple(ratios), wall_s=clock() - start)
+                               plan.alpha, plan.level, looks, tuple(ratios), wall_s=clock() - start, cells=plan.cells)
     return replace(decision, advice=_advice(decision, plan) if verdict == UNDECIDED else "")

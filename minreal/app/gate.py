@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,30 +13,34 @@ from minreal.app.run_report import RunReport
 __all__ = ["check_reports", "bench_reports", "tune_bench"]
 
 
-def bench_reports(path: Path) -> dict[str, dict[str, Any]]:
+def bench_reports(path: Path, label: str = "report") -> dict[str, dict[str, Any]]:
     """Bench reports in ``path`` by name: the report itself, or each case of a run report; relative model paths that
     name files beside the report (in the case's folder, ``<run>/<case>/``, for a run report) are made to point there,
-    so the paired gate finds the files whatever the working directory."""
+    so the paired gate finds the files whatever the working directory. ``label`` names the file in errors
+    (``report``, ``baseline``)."""
     from minreal.runtime_bench.check_paired import with_model_folder
 
     folder = Path(path).parent
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise rb.ReportSchemaError(f"report {path} does not exist") from None
+        raise rb.ReportSchemaError(f"{label} {path} does not exist") from None
     except (OSError, json.JSONDecodeError) as exc:
-        raise rb.ReportSchemaError(f"report {path} is not readable JSON: {exc}") from None
+        raise rb.ReportSchemaError(f"{label} {path} is not readable JSON: {exc}") from None
     if isinstance(data, dict) and data.get("kind") == "tune":
         bench = tune_bench(data, path)
         return {"tune": with_model_folder(bench, folder) if bench else data}
     if isinstance(data, dict) and "cases" in data:  # a run report, read as one; the gate reads no compression report
         cases = RunReport.from_json(data, str(path), compression=False).cases
+        if not cases:
+            raise rb.ReportSchemaError(f"{label} {path} is a run report with no cases: nothing to check; regenerate it "
+                                       "with minreal run")
         if missing := [c.name for c in cases if not c.bench]:  # CaseResult reads a missing or null bench as {}
-            raise rb.ReportSchemaError(f"report {path}: case(s) {', '.join(missing)} have no benchmark (bench); "
+            raise rb.ReportSchemaError(f"{label} {path}: case(s) {', '.join(missing)} have no benchmark (bench); "
                                        "regenerate the report with minreal run")
         return {c.name: with_model_folder(c.bench, folder / c.name) for c in cases}
     if isinstance(data, dict) and "method" in data and "macs_before" in data:  # a compression report
-        raise rb.ReportSchemaError(f"report {path} is a compression report (minreal compress --report), which "
+        raise rb.ReportSchemaError(f"{label} {path} is a compression report (minreal compress --report), which "
                                    "measures no latency; check reads the reports of minreal bench, run and tune")
     return {Path(path).stem: with_model_folder(rb.load_report(path), folder)}
 
@@ -87,29 +92,51 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
                   allow_heuristic: bool = True) -> list[tuple[str, rb.CheckResult]]:
     """Apply the thresholds to every bench report in ``path`` (baseline matched by case name).
 
-    A case (or a model of a case) absent from ``baseline`` fails unless ``allow_new_models``; see
-    :func:`minreal.runtime_bench.check_report` for ``min_on_provider``, ``allow_hardware_mismatch``, ``plan``
-    (latency decided on paired fresh processes re-measured now) and ``allow_heuristic``.
+    A case (or a model of a case) absent from ``baseline`` fails unless ``allow_new_models``; a case of ``baseline``
+    absent from ``path`` fails; see :func:`minreal.runtime_bench.check_report` for ``min_on_provider``,
+    ``allow_hardware_mismatch``, ``plan`` (latency decided on paired fresh processes re-measured now) and
+    ``allow_heuristic``. With ``plan``, alpha is split over the paired cells of all cases together
+    (:func:`minreal.runtime_bench.check.gate_plan`): it bounds the whole gate's false alarms and misses.
     """
+    from minreal.runtime_bench.check import gate_plan, prepare_check
+
     reports = bench_reports(path)
-    base = bench_reports(baseline) if baseline else {}
+    base = bench_reports(baseline, "baseline") if baseline else {}
+    notes: list[str] = []
     if baseline and len(base) == 1 and len(reports) == 1:
-        base = {next(iter(reports)): next(iter(base.values()))}
-    results = []
+        (then, old), now = next(iter(base.items())), next(iter(reports))
+        if then != now and then != Path(baseline).stem:  # a run's case, not a bench report named by its file
+            notes.append(f"the baseline's one case {then!r} is compared with the report's one case {now!r}")
+        base = {now: old}
+    prepared: list[tuple[str, Any]] = []
     for name, rep in reports.items():
         # a tune that chose nothing: its report is passed on as it is
         if isinstance(rep, dict) and rep.get("kind") == "tune":
-            results.append((name, _nothing_chosen(rep)))
+            prepared.append((name, _nothing_chosen(rep)))
             continue
         if baseline and name not in base and not allow_new_models:
             raise rb.CheckError(f"baseline {baseline} has no case named {name!r}; pass --allow-new-models "
                                 "to accept new cases")
-        results.append((name, rb.check_report(rep, max_latency_ratio, max_accuracy_drop, min_agreement,
-                                              base.get(name, _without_latency(rep)) if baseline else None,
-                                              max_regression, allow_new_models, min_on_provider,
-                                              allow_hardware_mismatch, max_int8_drop, max_size_kb,
-                                              max_size_ratio, plan, progress, allow_heuristic)))
+        prepared.append((name, prepare_check(rep, max_latency_ratio, max_accuracy_drop, min_agreement,
+                                             base.get(name, _without_latency(rep)) if baseline else None,
+                                             max_regression, allow_new_models, min_on_provider,
+                                             allow_hardware_mismatch, max_int8_drop, max_size_kb, max_size_ratio,
+                                             plan is not None, allow_heuristic)))
+    cells = sum(p.paired_cells for _, p in prepared if not isinstance(p, rb.CheckResult))
+    gated = gate_plan(plan, cells) if plan is not None else None
+    results = [(name, p if isinstance(p, rb.CheckResult) else p.run(gated, progress)) for name, p in prepared]
+    results += [(name, _dropped_case(name, baseline)) for name in base if name not in reports]
+    if notes:
+        results = [(name, replace(r, notes=(*notes, *r.notes))) for name, r in results]
     return results
+
+
+def _dropped_case(name: str, baseline: Path | None) -> rb.CheckResult:
+    """A failed gate for a case of the baseline that the report no longer has (as a dropped cell fails)."""
+    crit = rb.Criterion("case_missing", name, None, None, float("nan"), float("nan"), False,
+                        note=f"case {name!r} is in the baseline {baseline} but not in the report; update the baseline "
+                             "if it was dropped on purpose")
+    return rb.CheckResult((crit,), False)
 
 
 def _without_latency(report: dict[str, Any]) -> dict[str, Any]:

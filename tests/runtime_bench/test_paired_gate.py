@@ -1,7 +1,8 @@
 """``check --paired`` as a user meets it: model paths resolved against the report's folder, the time budget bounding
 each pair, nothing checked refused, a baseline that cannot be re-measured left undecided, flags checked before any
 work, a measurement that could not be made undecided (never a failure), and the decision's evidence in ``--json``
-(the paired processes scripted, except in one test that starts real ones)."""
+(the paired processes scripted, except in one test that starts real ones), alpha split over the whole gate's paired
+cells, and a gate with nothing to check, or a case dropped from its baseline, never passing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import math
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -41,7 +43,7 @@ def _scripted(ratio: float, pairs: int, seen: list | None = None) -> Callable:
         if seen is not None:
             seen.append((reference, candidate))
         assert reference.is_file() and candidate.is_file()
-        capped = DecisionPlan(plan.alpha, min(plan.min_pairs, pairs), pairs, plan.looks)
+        capped = replace(plan, min_pairs=min(plan.min_pairs, pairs), max_pairs=pairs)
         return sequential_decision(lambda _: ratio, allowed, capped, clock=lambda: 0.0)
     return decide_cell
 
@@ -315,3 +317,93 @@ def test_check_report_without_plan_has_no_evidence(tmp_path: Path, make_linear: 
     result = check_report(_report(tmp_path, make_linear, weights), max_latency_ratio=1.1)
     assert all(c.evidence is None for c in result.criteria)
     assert os.sep not in "".join(c.model for c in result.criteria)
+
+
+# --- 9. alpha bounds the whole gate; nothing to check never passes ----------------------------------------------------
+
+def _two_case_run(tmp_path: Path, make_linear: Callable, weights: tuple, batches: tuple[int, ...] = (1, 2)) -> Path:
+    """A run report of cases ``a`` and ``b``, each a two-model bench at ``batches``: 2 x len(batches) paired cells."""
+    cases = []
+    for name in ("a", "b"):
+        folder = tmp_path / "run" / name
+        folder.mkdir(parents=True)
+        bench = _report(folder, make_linear, weights, relative=True)
+        bench["config"]["batch_sizes"] = list(batches)
+        bench["latency"] = [{**r, "batch_size": b} for r in bench["latency"] for b in batches]
+        bench["ratios"] = [{**r, "batch_size": b} for r in bench["ratios"] for b in batches]
+        cases.append({"name": name, "bench": bench})
+    report = tmp_path / "run" / "report.json"
+    report.write_text(json.dumps({"schema_version": 1, "cases": cases}))
+    return report
+
+
+def test_alpha_is_split_over_every_paired_cell_of_every_case(tmp_path: Path, make_linear: Callable, weights: tuple,
+                                                             run_cli: Callable,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    report, seen = _two_case_run(tmp_path, make_linear, weights), []
+    monkeypatch.setattr(DECIDE, _scripted(1.0, 60, seen))
+    code, out, err = run_cli(["check", str(report), "--max-latency-ratio", "1.1", "--paired", "--json"])
+    result = json.loads(out)
+    assert code == 0, err
+    assert len(seen) == 4  # 2 cases x 2 batch sizes, each decided once
+    looks = len(DecisionPlan().schedule())
+    assert result["error_rates"] == {"alpha": 0.01, "paired_cells": 4, "per_cell_alpha": 0.0025,
+                                     "false_alarm_at_most": 0.01, "miss_at_most": 0.01}
+    for case in result["reports"].values():
+        for c in case["criteria"]:
+            # Bonferroni over cells and looks: the levels of all tests a wrong verdict could come from sum to alpha
+            assert c["evidence"]["cells"] == 4 and c["evidence"]["level"] * 4 * looks == pytest.approx(0.01)
+        assert any("at most 0.01 over the whole gate" in n and "4 paired cells" in n for n in case["notes"])
+
+
+def test_a_cap_too_small_for_the_gates_share_of_alpha_is_refused_before_any_process(
+        tmp_path: Path, make_linear: Callable, weights: tuple, run_cli: Callable,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _two_case_run(tmp_path, make_linear, weights, batches=(1,))
+    monkeypatch.setattr(DECIDE, _refused)
+    # one look of 7 pairs decides one cell at 0.01 (2**-7 <= 0.01); two cells each at 0.005 need 8 (2**-8 <= 0.005)
+    assert DecisionPlan(min_pairs=7, max_pairs=7).least_pairs() == 7
+    assert DecisionPlan(min_pairs=7, max_pairs=7, cells=2).least_pairs() == _least_pairs(0.005, 1) == 8
+    code, _, err = run_cli(["check", str(report), "--max-latency-ratio", "1.1", "--paired", "--max-pairs", "7"])
+    assert code == 2 and "--max-pairs" in err and "2 paired latency cells" in err and "needs 8 pairs" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_gate_with_nothing_to_check_is_refused(tmp_path: Path, make_linear: Callable, weights: tuple,
+                                                 run_cli: Callable) -> None:
+    one = _report(tmp_path, make_linear, weights)
+    one["models"], one["latency"] = one["models"][:1], one["latency"][:1]
+    one["ratios"], one["metrics"] = [], [{"model": "orig", "accuracy": 0.9, "top1_agreement": None}]
+    (tmp_path / "one.json").write_text(json.dumps(one))
+    code, _, err = run_cli(["check", str(tmp_path / "one.json"), "--max-accuracy-drop", "1"])
+    assert code == 2 and "--max-accuracy-drop" in err and "one model" in err
+    (tmp_path / "empty.json").write_text(json.dumps({"schema_version": 1, "cases": []}))
+    code, _, err = run_cli(["check", str(tmp_path / "empty.json"), "--max-accuracy-drop", "1"])
+    assert code == 2 and "no cases" in err and "empty.json" in err
+
+
+def test_a_case_dropped_from_the_baseline_fails(tmp_path: Path, make_linear: Callable, weights: tuple,
+                                                run_cli: Callable) -> None:
+    baseline = _two_case_run(tmp_path / "old", make_linear, weights, batches=(1,))
+    data = json.loads(baseline.read_text())
+    data["cases"] = data["cases"][:1]
+    report = tmp_path / "new.json"
+    report.write_text(json.dumps(data))
+    code, out, err = run_cli(["check", str(report), "--baseline", str(baseline), "--max-regression", "10"])
+    assert code == 1 and "case_missing" in out and "'b' is in the baseline" in out and err.startswith("FAILED")
+    code, _, err = run_cli(["check", str(tmp_path / "gone.json"), "--max-accuracy-drop", "1"])
+    assert code == 2 and "report" in err and "gone.json" in err
+    code, _, err = run_cli(["check", str(report), "--baseline", str(tmp_path / "gone.json"), "--max-regression", "10"])
+    assert code == 2 and "baseline" in err and "gone.json does not exist" in err
+
+
+def test_one_case_against_a_baseline_case_of_another_name_says_so(tmp_path: Path, make_linear: Callable,
+                                                                   weights: tuple, run_cli: Callable) -> None:
+    old, new = (_two_case_run(tmp_path / d, make_linear, weights, batches=(1,)) for d in ("old", "new"))
+    for path, keep in ((old, 0), (new, 1)):
+        data = json.loads(path.read_text())
+        data["cases"] = data["cases"][keep:keep + 1]
+        path.write_text(json.dumps(data))
+    code, out, err = run_cli(["check", str(new), "--baseline", str(old), "--max-regression", "10"])
+    assert code == 0, err
+    assert "NOTE  the baseline's one case 'a' is compared with the report's one case 'b'" in out

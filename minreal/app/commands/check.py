@@ -51,7 +51,8 @@ def _check_option(*decls: str, **kwargs: Any) -> Any:
                     "one shared thread pool, which model first alternating) until a sign test decides, the cap or "
                     "the time budget; undecided exits 3 with what would decide it.")
 @_check_option("--alpha", type=click.FloatRange(0, 0.5, min_open=True, max_open=True), default=0.01,
-               show_default=True, help="With --paired: bound on the false-alarm rate (and on passing a regression).")
+               show_default=True, help="With --paired: bound on the whole gate's false-alarm rate (and on passing a "
+                                       "regression), split over its paired cells.")
 @_check_option("--max-pairs", type=click.IntRange(min=1), default=60, show_default=True,
                help="With --paired: most pairs (one process each) per model and cell.")
 @_check_option("--gate-seconds", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
@@ -107,7 +108,8 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
     undecided = not passed and all(r.passed or r.undecided for _, r in results)
     for table in tables:
         con.table(table)
-    con.result({"passed": passed, "undecided": undecided, "reports": {n: r for n, r in results}})
+    rates = next((r.error_rates for _, r in results if r.error_rates), None)
+    con.result({"passed": passed, "undecided": undecided, "error_rates": rates, "reports": {n: r for n, r in results}})
     if not passed:
         click.echo(("UNDECIDED " if undecided else "FAILED ") + "; ".join(failed), err=True)
         sys.exit(UNDECIDED_EXIT if undecided else FAIL_EXIT)
@@ -154,6 +156,6 @@ def malformed_reports(report: str, baseline: str | None) -> Iterator[None]:
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
         if isinstance(exc, (*usage_errors(), ReportVersionError)):  # a newer report says "upgrade minreal"
             raise
-        files = f"{report}" + (f" or baseline {baseline}" if baseline else "")
-        raise ReportSchemaError(f"report {files} is malformed ({error_line(exc, with_type=True, max_chars=200)}); "
+        files = f"report {report}" + (f" or baseline {baseline} (the field is in one of them)" if baseline else "")
+        raise ReportSchemaError(f"{files} is malformed ({error_line(exc, with_type=True, max_chars=200)}); "
                                 "regenerate it with minreal bench, run or tune") from exc
