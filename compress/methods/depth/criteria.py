@@ -43,25 +43,35 @@ remaining blocks follow in the ``removal`` order."""
 
 
 class Masked(fx.Interpreter):
-    """Runs a traced graph with the branches of ``removed`` skipped (each sum returns its skip) and records the
-    values of the nodes named in ``record``."""
+    """Runs a traced graph with the branches of ``removed`` skipped (each sum returns a copy of its skip, in the
+    sum's memory layout, so that an in-place operation after the sum writes into neither the skip nor the inputs, as
+    in the model :func:`~.graph.remove_blocks` builds) and records the values of the nodes named in ``record``."""
 
-    def __init__(self, gm: fx.GraphModule, removed: Collection[Block] = (), record: Collection[str] = ()) -> None:
+    def __init__(self, gm: fx.GraphModule, removed: Collection[Block] = (), record: Collection[str] = (),
+                 seen: Callable[[str, Any], None] | None = None) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.skipped = {n for b in removed for n in b.branch}
         self.redirect = {b.add: b.skip for b in removed}
         self.nodes = {n.name: n for n in gm.graph.nodes}
         self.record = set(record)
         self.values: dict[str, Any] = {}
+        self.seen = seen  # called with (name, value) of each recorded node instead of keeping the value
 
     def run_node(self, n: fx.Node) -> Any:
         if n.name in self.skipped:
             return None
         if n.name in self.redirect:
-            return self.env[self.nodes[self.redirect[n.name]]]
+            skip = self.env[self.nodes[self.redirect[n.name]]]
+            if not isinstance(skip, torch.Tensor):
+                return skip
+            dense = getattr(n.meta.get("tensor_meta"), "memory_format", None)
+            return skip.clone(memory_format=dense or torch.preserve_format)
         out = super().run_node(n)
         if n.name in self.record:
-            self.values[n.name] = out
+            if self.seen is None:
+                self.values[n.name] = out
+            else:
+                self.seen(n.name, out)
         return out
 
 
@@ -94,18 +104,24 @@ def energy_scores(gm: fx.GraphModule, blocks: Sequence[Block], x: Inputs, batch_
                   ) -> tuple[dict[str, float], dict[str, float]]:
     """``E‖f(x)‖² / E‖s‖²`` of each block (branch output ``f``, skip ``s``), and the largest ``|f|`` seen (0.0:
     the branch was exactly zero on every sample)."""
-    names = {n for b in blocks for n in (b.branch[-1], b.skip)}
     num = dict.fromkeys((b.name for b in blocks), 0.0)
     den = dict.fromkeys((b.name for b in blocks), 0.0)
     peak = dict.fromkeys((b.name for b in blocks), 0.0)
+    outs, skips = {}, {}  # node name -> the blocks it is the branch output, or the skip, of
+    for b in blocks:
+        outs.setdefault(b.branch[-1], []).append(b.name)
+        skips.setdefault(b.skip, []).append(b.name)
+
+    def seen(name: str, value: torch.Tensor) -> None:  # summed as each value is computed: none is kept to the end
+        energy = float(value.double().pow(2).sum())
+        for block in outs.get(name, ()):
+            num[block] += energy
+            peak[block] = max(peak[block], float(value.abs().max()))
+        for block in skips.get(name, ()):
+            den[block] += energy
+
     for xb in _batches(x, batch_size):
-        runner = Masked(gm, record=names)
-        runner.run(*args_of(xb))
-        for b in blocks:
-            f = runner.values[b.branch[-1]]
-            num[b.name] += float(f.double().pow(2).sum())
-            den[b.name] += float(runner.values[b.skip].double().pow(2).sum())
-            peak[b.name] = max(peak[b.name], float(f.abs().max()))
+        Masked(gm, record={*outs, *skips}, seen=seen).run(*args_of(xb))
     return {k: num[k] / max(den[k], 1e-30) for k in num}, peak
 
 
@@ -114,6 +130,7 @@ def observability_scores(gm: fx.GraphModule, blocks: Sequence[Block], x: Inputs,
     """``E‖J f‖² / E‖y_out‖²`` of each block, ``J = ∂ output / ∂ block output`` (Hutchinson, ``probes`` directions
     per batch; the gradient is taken at the branch output ``f``, equal to that at the sum)."""
     gen = torch.Generator().manual_seed(seed)
+    gm.requires_grad_(True)  # the traced copy's: frozen weights would leave a branch output without a gradient
     record = {b.branch[-1] for b in blocks}
     seen = dict.fromkeys((b.name for b in blocks), 0.0)
     total = 0.0
@@ -155,7 +172,8 @@ def greedy_order(gm: fx.GraphModule, blocks: Sequence[Block], x: Inputs, ref: to
     current, left = 0.0, total_macs
     while remaining and left > GREEDY_FLOOR * total_macs:
         pool = remaining[:candidates]
-        tried = {n: divergence(ref, outputs(gm, x, [by_name[m] for m in (*order, n)]), classification) for n in pool}
+        tried = {n: alone[n] if not order else  # nothing removed yet: the divergences of removal_scores
+                 divergence(ref, outputs(gm, x, [by_name[m] for m in (*order, n)]), classification) for n in pool}
         best = min(pool, key=lambda n: (max(tried[n] - current, 0.0) / max(macs[n], 1), -macs[n], n))
         order.append(best)
         losses.append(tried[best])

@@ -36,6 +36,13 @@ _IDENTITY_MODULES = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dro
 _IDENTITY_METHODS = {"contiguous", "clone", "detach"}
 _RELU_FUNCTIONS = {F.relu, torch.relu, torch.relu_}
 _RELU_METHODS = {"relu", "relu_"}
+# operations whose result may share its first input's memory (an in-place write into one reaches the other)
+_ALIAS_METHODS = {"contiguous", "detach", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten",
+                  "transpose", "permute", "squeeze", "unsqueeze", "expand", "expand_as", "t", "narrow", "select",
+                  "as_strided", "unfold", "__getitem__"}
+_ALIAS_FUNCTIONS = {operator.getitem, torch.flatten, torch.reshape, torch.transpose, torch.permute, torch.squeeze,
+                    torch.unsqueeze, torch.narrow, torch.select, torch.t, torch.detach, torch.unflatten}
+_ALIAS_MODULES = (*_IDENTITY_MODULES, nn.Flatten, nn.Unflatten)
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,14 @@ def _shape(node: fx.Node) -> tuple[int, ...] | None:
     return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
 
 
+def _layout(node: fx.Node) -> tuple[object, tuple[int, ...] | None, torch.memory_format | None]:
+    """The dtype, strides and dense memory format (contiguous, channels-last; None for another layout) the trace
+    recorded for ``node``'s value."""
+    meta = node.meta.get("tensor_meta")
+    return (getattr(meta, "dtype", None), tuple(getattr(meta, "stride", ()) or ()) or None,
+            getattr(meta, "memory_format", None))
+
+
 def _sum_operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     """The two tensor operands of a residual sum node of equal shapes, or None."""
     is_add = ((node.op == "call_function" and node.target in _ADDS)
@@ -79,14 +94,45 @@ def _sum_operands(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     a, b = node.args
     if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
         return None
-    shape = _shape(node)
-    return (a, b) if shape is not None and _shape(a) == shape == _shape(b) else None
+    shape, dtype = _shape(node), _layout(node)[0]
+    same = shape is not None and _shape(a) == shape == _shape(b) and _layout(a)[0] == dtype == _layout(b)[0]
+    return (a, b) if same else None
 
 
 def _is_identity(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
     if node.op == "call_module":
         return type(modules[node.target]) in _IDENTITY_MODULES
     return node.op == "call_method" and node.target in _IDENTITY_METHODS
+
+
+def _is_alias(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """Whether ``node``'s result may share the memory of its first argument (a view, ``contiguous``, identity)."""
+    if not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    if node.op == "call_module":
+        return isinstance(modules.get(node.target), _ALIAS_MODULES)
+    if node.op == "call_method":
+        return node.target in _ALIAS_METHODS
+    return node.op == "call_function" and node.target in _ALIAS_FUNCTIONS
+
+
+def _alias_root(node: fx.Node, modules: dict[str, nn.Module]) -> fx.Node:
+    """The value ``node`` is a view or alias of (``node`` itself when it owns its memory)."""
+    while _is_alias(node, modules):
+        node = node.args[0]
+    return node
+
+
+def _alias_group(node: fx.Node, modules: dict[str, nn.Module]) -> set[fx.Node]:
+    """``node`` and every value that may share its memory through views and aliases taken of it."""
+    group, stack = {node}, [node]
+    while stack:
+        source = stack.pop()
+        for user in source.users:
+            if user not in group and _is_alias(user, modules) and user.args[0] is source:
+                group.add(user)
+                stack.append(user)
+    return group
 
 
 def _single_input(node: fx.Node, modules: dict[str, nn.Module]) -> fx.Node | None:
@@ -145,7 +191,9 @@ def _branch(add: fx.Node, out: fx.Node, below: set[fx.Node], modules: dict[str, 
         return None
     if any(n.op in ("placeholder", "output") for n in members):
         return None
-    if any(_in_place(n, modules) and n.all_input_nodes and n.all_input_nodes[0] not in members for n in members):
+    # an in-place write into a branch value that is a view or alias of one from outside writes into that one
+    if any(_in_place(n, modules) and n.all_input_nodes and _alias_root(n.all_input_nodes[0], modules) not in members
+           for n in members):
         return None
     return [n for n in add.graph.nodes if n in members]
 
@@ -211,8 +259,12 @@ def find_blocks(gm: fx.GraphModule) -> tuple[list[Block], list[tuple[str, str]]]
     kept, left = [], []
     for entry in found:
         nested = [a.name for a in adds if a in entry[2]]
+        (_, strides, dense), skip_strides = _layout(entry[0]), _layout(entry[1])[1]
         if nested:
             left.append((entry[0].name, f"its branch holds the residual blocks at {', '.join(nested)}"))
+        elif strides != skip_strides and dense is None:  # removal could not give the sum's memory layout back
+            left.append((entry[0].name, f"its skip's memory layout (strides {skip_strides}) differs from the sum's "
+                                        f"({strides}), which is not a dense format"))
         else:
             kept.append(entry)
     names = _block_names(kept)
@@ -247,9 +299,27 @@ def _drop_repeated_relus(gm: fx.GraphModule) -> None:
                 _erase_dead(gm.graph, [node])
 
 
+def _writes_into_skip(add: fx.Node, skip: fx.Node, gone: set[str], modules: dict[str, nn.Module]) -> bool:
+    """Whether replacing ``add`` by ``skip`` would let an in-place operation on the sum (or on a view of it) write
+    into memory that something else reads: the skip's other readers (through its views and aliases too), the model's
+    input (the caller's tensor) or a buffer. A ReLU in place on a skip that is a ReLU's output writes the values it
+    holds already (``relu(relu(v)) = relu(v)``), so it changes nothing."""
+    idempotent = _is_relu(_through_identity(skip, modules), modules)
+    writers = [u for a in _alias_group(add, modules) for u in a.users
+               if _in_place(u, modules) and u.args and u.args[0] is a and not (idempotent and _is_relu(u, modules))]
+    if not writers:
+        return False
+    root = _alias_root(skip, modules)
+    group = _alias_group(root, modules)
+    readers = [u for a in group for u in a.users if u not in group and u is not add and u.name not in gone]
+    return bool(readers) or root.op in ("placeholder", "get_attr")
+
+
 def remove_blocks(gm: fx.GraphModule, blocks: Iterable[Block]) -> fx.GraphModule:
     """A copy of ``gm`` with each block's sum replaced by its skip and the dead branch, unused layers and repeated
-    ReLUs gone. Exact for identity skips: the result computes the original with those branches set to zero."""
+    ReLUs gone. Exact for identity skips: the result computes the original with those branches set to zero. The skip
+    is copied where an in-place operation after the sum would otherwise write into it (:func:`_writes_into_skip`),
+    and given the sum's memory format where its own strides differ (a later ``view`` needs the sum's layout)."""
     new = copy.deepcopy(gm)
     nodes = graph_nodes(new)
     dead: list[fx.Node] = []
@@ -259,11 +329,13 @@ def remove_blocks(gm: fx.GraphModule, blocks: Iterable[Block]) -> fx.GraphModule
     gone = {n for b in blocks for n in (b.add, *b.branch)}
     for block in blocks:
         add, skip = nodes[block.add], instead.get(block.skip, nodes[block.skip])
-        writers = [u for u in add.users if _in_place(u, modules) and u.args and u.args[0] is add]
-        readers = [u for u in skip.users if u.name not in gone]
-        if writers and readers:  # the in-place op would now write into a value others still read
+        (_, strides, dense), skip_strides = _layout(add), _layout(nodes[block.skip])[1]
+        relayout = dense is not None and strides != skip_strides
+        copy_it = _writes_into_skip(add, skip, gone, modules)
+        if copy_it or relayout:
             with new.graph.inserting_after(skip):
-                skip = new.graph.call_method("clone", (skip,))
+                fmt = {"memory_format": dense} if relayout else {}
+                skip = new.graph.call_method("clone" if copy_it else "contiguous", (skip,), fmt)
         add.replace_all_uses_with(skip)
         instead[block.add] = skip
         dead.append(add)

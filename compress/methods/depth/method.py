@@ -14,11 +14,12 @@ import torch
 from torch import fx, nn
 
 from ...core.cache import model_key
-from ...core.costs import count_macs_torch
+from ...core.costs import count_costs, count_macs_torch, whole_model_macs
 from ...core.data import Dataset
 from ...core.errors import CompressionError
+from ...core.evaluate import flatten_outputs
 from ...core.heldout import resolve_task
-from ...core.inputs import Inputs
+from ...core.inputs import Inputs, args_of
 from ...core.options import flag_of
 from ...core.report import CompressionReport, LayerReport
 from ...core.width.tracing import is_exported_program, trace, trace_notes
@@ -97,14 +98,21 @@ def _excluded(blocks: list[Block], exclude: tuple[str, ...]) -> set[str]:
     return kept
 
 
+def _macs(gm: nn.Module, example: Inputs) -> int:
+    """The whole model's MACs as the compression report counts them (:func:`~minreal.compress.registry.fill_costs`:
+    torch's count, with the per-layer rules where torch ran ops it cannot count, such as an SSM layer's FFT)."""
+    count = count_macs_torch(gm, example)
+    return whole_model_macs(count, count_costs(gm, example[:1])) if count.uncounted_ops else count.macs
+
+
 def _costs(gm: fx.GraphModule, blocks: list[Block], example: Inputs) -> tuple[dict[str, int], dict[str, int], int]:
-    """MACs and parameters each block's removal alone saves, and the whole model's MACs (torch's count)."""
-    total = count_macs_torch(gm, example).macs
+    """MACs and parameters each block's removal alone saves, and the whole model's MACs (:func:`_macs`)."""
+    total = _macs(gm, example)
     params = sum(p.numel() for p in gm.parameters())
     macs, saved = {}, {}
     for b in blocks:
         new = remove_blocks(gm, [b])
-        macs[b.name] = total - count_macs_torch(new, example).macs
+        macs[b.name] = total - _macs(new, example)
         saved[b.name] = params - sum(p.numel() for p in new.parameters())
     return macs, saved, total
 
@@ -181,7 +189,10 @@ def _criterion_order(config: DepthConfig, gm: fx.GraphModule, blocks: list[Block
         scores["observability"] = observability_scores(gm, blocks, x, config.observability_probes, config.seed)
         return _order(names, scores["observability"], macs), []
     ref = outputs(gm, x)
-    classification = resolve_task("auto", y, ref) == "classification"
+    # a KL over softmaxes is for one class-score output; several outputs (concatenated in ref) are compared as values
+    with torch.no_grad():
+        single = len(flatten_outputs(gm(*args_of(x[:1])))) == 1
+    classification = single and resolve_task("auto", y, ref) == "classification"
     scores["removal"] = removal_scores(gm, blocks, x, ref, classification)
     if config.criterion == "removal":
         return _order(names, scores["removal"], macs), []
@@ -209,11 +220,23 @@ def latency_savings(path: str, prep: DepthPrepared) -> tuple[dict[str, float], f
         raise CompressionError(f"`latency_table` {path} was measured on another model (or other weights); build it "
                                "again for this one", fields=("latency_table",))
     blocks = table.get("blocks", {})
+    if not isinstance(blocks, dict):
+        blocks = {}
     missing = [n for n in prep.removable if n not in blocks]
     if missing:
         raise CompressionError(f"`latency_table` {path} has no latency for the residual blocks "
                                f"{', '.join(missing[:4])}; build it again for this model", fields=("latency_table",))
-    return {n: max(float(blocks[n]["saving_ms"]), 0.0) for n in prep.removable}, float(table["model_ms"])
+    savings = {n: _milliseconds(blocks[n].get("saving_ms") if isinstance(blocks[n], dict) else None, path,
+                                f"blocks.{n}.saving_ms") for n in prep.removable}
+    return {n: max(v, 0.0) for n, v in savings.items()}, _milliseconds(table.get("model_ms"), path, "model_ms")
+
+
+def _milliseconds(value: object, path: str, key: str) -> float:
+    """``value`` as a finite number of milliseconds; CompressionError naming the table and the key otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CompressionError(f"`latency_table` {path}: {key} is {value!r}, not a number of milliseconds; build the "
+                               "table again with `minreal latency-table MODEL --kind depth`", fields=("latency_table",))
+    return float(value)
 
 
 def _costs_of(prep: DepthPrepared, kind: str, table: str | None) -> tuple[dict[str, float], float]:
