@@ -7,7 +7,9 @@ import json
 import logging
 import math
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from pathlib import Path
 
 import torch
@@ -41,7 +43,9 @@ class DepthPrepared:
     (node names are stable across traces); ``blocks``: every residual block found; ``left``: residual sums left
     alone, with the reason; ``removable``: the names of the blocks that may go (identity skip, or a shortcut whose
     branch was exactly zero on the scoring samples; none excluded); ``macs``/``params``: what removing each alone
-    saves, of ``total_macs``/``total_params``; ``scores``: per criterion computed, each block's score;
+    saves, of ``total_macs``/``total_params``; ``param_owners``: each parameter's size and the blocks whose branches
+    use it (``""``: used outside every branch), so that the parameters a set of removed blocks frees are counted
+    exactly (a layer shared by two blocks goes only with both); ``scores``: per criterion computed, each block's score;
     ``order``: the removable blocks in the criterion's removal order; ``divergence``: the greedy divergence on the
     scoring samples after each removal (None where not computed); ``timings_s``: the preparation's timings.
     """
@@ -61,6 +65,12 @@ class DepthPrepared:
     divergence: list[float | None] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
+    param_owners: list[tuple[int, frozenset[str]]] = field(default_factory=list)
+
+    def params_freed(self, removed: Collection[str]) -> int:
+        """Parameters that removing the blocks ``removed`` frees: those no remaining node uses."""
+        gone = set(removed)
+        return sum(size for size, owners in self.param_owners if owners and "" not in owners and owners <= gone)
 
 
 def _scoring_samples(data: Dataset, n: int, seed: int) -> tuple[Inputs, torch.Tensor | None]:
@@ -105,16 +115,31 @@ def _macs(gm: nn.Module, example: Inputs) -> int:
     return whole_model_macs(count, count_costs(gm, example[:1])) if count.uncounted_ops else count.macs
 
 
-def _costs(gm: fx.GraphModule, blocks: list[Block], example: Inputs) -> tuple[dict[str, int], dict[str, int], int]:
-    """MACs and parameters each block's removal alone saves, and the whole model's MACs (:func:`_macs`)."""
+def _costs(gm: fx.GraphModule, blocks: list[Block], example: Inputs) -> tuple[dict[str, int], int]:
+    """MACs each block's removal alone saves, and the whole model's MACs (:func:`_macs`)."""
     total = _macs(gm, example)
-    params = sum(p.numel() for p in gm.parameters())
-    macs, saved = {}, {}
-    for b in blocks:
-        new = remove_blocks(gm, [b])
-        macs[b.name] = total - _macs(new, example)
-        saved[b.name] = params - sum(p.numel() for p in new.parameters())
-    return macs, saved, total
+    return {b.name: total - _macs(remove_blocks(gm, [b]), example) for b in blocks}, total
+
+
+def _param_owners(gm: fx.GraphModule, blocks: list[Block]) -> list[tuple[int, frozenset[str]]]:
+    """Each parameter the graph uses: its size, and the blocks whose branches use it (``""`` for a use outside every
+    branch); a parameter shared by two layers, or a layer called twice, has every user among its owners."""
+    where = {n: b.name for b in blocks for n in b.branch}
+    modules = dict(gm.named_modules())
+    owners: dict[int, set[str]] = {}
+    sizes: dict[int, int] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            tensors = list(modules[node.target].parameters())
+        elif node.op == "get_attr":
+            value = attrgetter(node.target)(gm)
+            tensors = [value] if isinstance(value, nn.Parameter) else []
+        else:
+            continue
+        for t in tensors:
+            owners.setdefault(id(t), set()).add(where.get(node.name, ""))
+            sizes[id(t)] = t.numel()
+    return [(sizes[i], frozenset(o)) for i, o in owners.items()]
 
 
 def removable_blocks(blocks: list[Block], peaks: dict[str, float], exclude: tuple[str, ...]
@@ -167,14 +192,17 @@ def depth_prepare(model: nn.Module, data: Dataset, config: DepthConfig) -> Depth
         raise CompressionError(f"depth: no residual block of {type(model).__name__} may be removed ({why[:300]})")
     chosen = blocks_named(blocks, names)
     t0 = time.perf_counter()
-    macs, params, total = _costs(gm, blocks, example)  # every block's, for the report; removable ones are chosen
+    macs, total = _costs(gm, blocks, example)  # every block's, for the report; removable ones are chosen
+    owners = _param_owners(gm, blocks)
     timings["costs"] = time.perf_counter() - t0
     scores: dict[str, dict[str, float]] = {"energy": {n: energy[n] for n in names}}
     t0 = time.perf_counter()
     order, divergence = _criterion_order(config, gm, chosen, x, y, macs, total, scores)
     timings["score"] = time.perf_counter() - t0
-    return DepthPrepared(model, example, config.criterion, blocks, left, names, macs, params, total,
-                         sum(p.numel() for p in gm.parameters()), scores, order, divergence, reasons, timings)
+    prep = DepthPrepared(model, example, config.criterion, blocks, left, names, macs, {}, total,
+                         sum(p.numel() for p in gm.parameters()), scores, order, divergence, reasons, timings, owners)
+    prep.params = {b.name: prep.params_freed([b.name]) for b in blocks}
+    return prep
 
 
 def _criterion_order(config: DepthConfig, gm: fx.GraphModule, blocks: list[Block], x: Inputs,
@@ -260,7 +288,8 @@ def _prefix(prep: DepthPrepared, kind: str, target: float, table: str | None) ->
         if left <= target * total * (1 + 1e-9):
             break
         chosen.append(name)
-        left -= cost[name]
+        # parameters are not additive (a layer shared by blocks goes with the last of them); MACs and latency are
+        left = total - prep.params_freed(chosen) if kind == "param_ratio" else left - cost[name]
     ratio = left / max(total, 1e-30)
     if ratio > target * (1 + 1e-9):
         least = math.ceil(ratio * 1000) / 1000

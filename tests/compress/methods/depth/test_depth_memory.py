@@ -196,3 +196,28 @@ def test_several_outputs_are_compared_as_values_not_as_one_softmax() -> None:
     with torch.no_grad():
         ref, new = torch.cat(model(x), 1).double(), torch.cat([model.a(x), model.b(x)], 1).double()
     assert prep.scores["removal"]["fc"] == pytest.approx(float(((new - ref) ** 2).sum() / (ref ** 2).sum()), rel=1e-6)
+
+
+class _SharedBlock(nn.Module):
+    """One block applied twice (shared weights): its parameters go only when both applications go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blk = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.blk(x)
+        return self.head(x + self.blk(x))
+
+
+def test_a_parameter_budget_counts_a_shared_layer_once_with_the_last_of_its_blocks() -> None:
+    torch.manual_seed(0)
+    model, data = _SharedBlock().eval(), Dataset(torch.randn(16, 8))
+    prep = depth_prepare(model, data, DepthConfig(criterion="energy", score_samples=16))
+    shared = sum(p.numel() for p in model.blk.parameters())
+    assert set(prep.params.values()) == {0} and prep.params_freed(prep.removable) == shared == 144
+    new, report = compress(model, data, "depth", DepthConfig(criterion="energy", param_ratio=0.5, score_samples=16))
+    assert len(report.predicted["removed"]) == 2
+    assert report.predicted["block_budget"]["reached"] == pytest.approx(report.param_ratio, rel=1e-12)
+    assert sum(p.numel() for p in new.parameters()) == prep.total_params - shared
