@@ -14,7 +14,7 @@ from minreal.facts import INT8_SUFFIX, int8_source
 from .check_paired import Cell, decide_cell, model_path, remeasure_problem
 from .config import shape_grid, shape_label
 from .cpu import isa_difference
-from .decision import PASS, UNDECIDED, DecisionPlan, LatencyDecision, decision_evidence, describe_decision
+from .decision import PASS, UNDECIDED, DecisionPlan, LatencyDecision, decision_evidence, describe_decision, least_cap
 from .errors import CheckError
 from .inputs import ORT_SUFFIX
 from .load import compare_load, cpu_counters, describe_load, machine_load
@@ -138,7 +138,8 @@ def check_report(
     plan
         Decide the latency criteria statistically (:mod:`minreal.runtime_bench.decision`): each candidate
         against the report's first model, and each model against the baseline's file of it, re-measured now
-        in paired fresh processes (ABAB...) until decided at ``plan.alpha``, the cap or the time budget. A
+        in paired fresh processes (ABAB...) until decided, the cap or the time budget, ``plan.alpha`` split over
+        the re-measured cells (:func:`gate_plan`: it bounds the whole check's false alarms and misses). A
         baseline whose model file is gone, or changed, is judged by the medians heuristic, with a note saying so
         (and only then does the baseline's hardware matter: re-measured cells compare two files on this machine),
         or left undecided (``allow_heuristic`` False). A pair that could not be measured leaves its cell undecided.
@@ -205,14 +206,18 @@ class PreparedCheck:
         started = cpu_counters()
         criteria = [i.decide(self.data, plan, progress) if isinstance(i, _Paired) else i for i in self.items]
         notes, rates = list(self.notes), None
+        heuristic = sum(HEURISTIC_ONLY in c.note for c in criteria)
         if plan is not None and self.paired_cells:
             rates = {"alpha": plan.alpha, "paired_cells": plan.cells, "per_cell_alpha": plan.alpha / plan.cells,
-                     "false_alarm_at_most": plan.alpha, "miss_at_most": plan.alpha}
-            split = (f"split over the gate's {plan.cells} paired cells (each at {plan.alpha / plan.cells:.3g}) and "
-                     "each cell's looks" if plan.cells > 1 else "split over the looks")
-            notes.append(f"paired latency at alpha {plan.alpha:g}, {split} (Bonferroni): a false alarm (any cell "
-                         f"failing although within its threshold) has probability at most {plan.alpha:g} over the "
-                         "whole gate, and so has passing a real regression")
+                     "false_alarm_at_most": plan.alpha, "miss_at_most": plan.alpha, "heuristic_cells": heuristic}
+            split = (f"split over the gate's {plan.cells} re-measured cells (each at {plan.alpha / plan.cells:.3g}) "
+                     "and each cell's looks" if plan.cells > 1 else "split over the looks")
+            notes.append(f"paired latency at alpha {plan.alpha:g}, {split} (Bonferroni): over those cells a false "
+                         f"alarm (any cell failing although within its threshold) has probability at most "
+                         f"{plan.alpha:g}, and so has passing a real regression")
+        if heuristic:
+            notes.append(f"{heuristic} latency cell(s) not re-measured were judged on medians "
+                         f"({HEURISTIC_ONLY}): no stated error rate for them")
             if any(c.evidence and c.evidence["pairs"] for c in criteria):
                 notes.append(f"machine load over the paired processes: {describe_load(asdict(machine_load(started)))}")
         return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria), notes=tuple(notes),
@@ -228,12 +233,15 @@ def gate_plan(plan: DecisionPlan, cells: int) -> DecisionPlan:
     CheckError
         ``plan.max_pairs`` is too few for the sign test to decide anything at each cell's share of alpha.
     """
-    gated = replace(plan, cells=max(cells, 1))
+    if cells < 1:  # nothing to re-measure: the plan judges nothing
+        return plan
+    gated = replace(plan, cells=cells)
     if gated.least_pairs() > gated.max_pairs:
+        cap = least_cap(plan.alpha, cells, plan.looks, max(plan.min_pairs, 12))
         raise CheckError(f"{plan.max_pairs} pairs at most (`DecisionPlan.max_pairs`) cannot decide {cells} paired "
                          f"latency cells at alpha {plan.alpha:g} (`DecisionPlan.alpha`), each at "
-                         f"{plan.alpha / cells:.3g}: the sign test needs {gated.least_pairs()} pairs at least; allow "
-                         "more pairs, or gate fewer cells", fields=("max_pairs", "alpha"))
+                         f"{plan.alpha / cells:.3g}: allow {cap} pairs at least, or gate fewer cells",
+                         fields=("max_pairs", "alpha"))
     return gated
 
 

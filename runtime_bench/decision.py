@@ -36,7 +36,7 @@ from statistics import NormalDist
 import numpy as np
 
 __all__ = ["PASS", "FAIL", "UNDECIDED", "DecisionPlan", "LatencyDecision", "median_bounds", "decide", "pairs_needed",
-           "describe_decision", "sequential_decision", "decision_evidence"]
+           "describe_decision", "sequential_decision", "decision_evidence", "least_cap"]
 
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
 
@@ -100,6 +100,17 @@ class DecisionPlan:
     def schedule(self) -> tuple[int, ...]:
         """The pair counts at which the pairs are examined: ``looks`` counts, geometric, ending at ``max_pairs``."""
         return _schedule(self.min_pairs, self.max_pairs, self.looks)
+
+
+def least_cap(alpha: float, cells: int = 1, looks: int = 4, first: int = 12) -> int:
+    """The smallest ``max_pairs`` whose plan (first look at ``min(first, cap)``, at most ``looks`` looks, alpha split
+    over ``cells``) can decide at all: its last look has as many pairs as the sign test needs at the plan's level (a
+    larger cap adds looks, so a cap's own :meth:`DecisionPlan.least_pairs` is not the answer)."""
+    cap = 1
+    while DecisionPlan(alpha=alpha, min_pairs=min(first, cap), max_pairs=cap, looks=looks,
+                       cells=cells).least_pairs() > cap:
+        cap += 1
+    return cap
 
 
 @functools.lru_cache(maxsize=64)

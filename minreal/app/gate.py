@@ -92,11 +92,12 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
                   allow_heuristic: bool = True) -> list[tuple[str, rb.CheckResult]]:
     """Apply the thresholds to every bench report in ``path`` (baseline matched by case name).
 
-    A case (or a model of a case) absent from ``baseline`` fails unless ``allow_new_models``; a case of ``baseline``
-    absent from ``path`` fails; see :func:`minreal.runtime_bench.check_report` for ``min_on_provider``,
-    ``allow_hardware_mismatch``, ``plan`` (latency decided on paired fresh processes re-measured now) and
-    ``allow_heuristic``. With ``plan``, alpha is split over the paired cells of all cases together
-    (:func:`minreal.runtime_bench.check.gate_plan`): it bounds the whole gate's false alarms and misses.
+    A case (or a model of a case) absent from ``baseline`` fails unless ``allow_new_models``; a case of a run report
+    ``baseline`` of several cases that ``path`` lacks fails (checked before any measurement); see
+    :func:`minreal.runtime_bench.check_report` for ``min_on_provider``, ``allow_hardware_mismatch``, ``plan``
+    (latency decided on paired fresh processes re-measured now) and ``allow_heuristic``. With ``plan``, alpha is
+    split over the re-measured cells of all cases together (:func:`minreal.runtime_bench.check.gate_plan`): it bounds
+    the whole gate's false alarms and misses over them.
     """
     from minreal.runtime_bench.check import gate_plan, prepare_check
 
@@ -108,6 +109,9 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
         if then != now and then != Path(baseline).stem:  # a run's case, not a bench report named by its file
             notes.append(f"the baseline's one case {then!r} is compared with the report's one case {now!r}")
         base = {now: old}
+    # a baseline of several cases is a run's: each case it has and the report lacks was dropped (a bench or tune
+    # report is one entry, named by its file, not a case)
+    dropped = [(name, _dropped_case(name, baseline)) for name in base if len(base) > 1 and name not in reports]
     prepared: list[tuple[str, Any]] = []
     for name, rep in reports.items():
         # a tune that chose nothing: its report is passed on as it is
@@ -124,8 +128,7 @@ def check_reports(path: Path, baseline: Path | None, max_latency_ratio: float | 
                                              plan is not None, allow_heuristic)))
     cells = sum(p.paired_cells for _, p in prepared if not isinstance(p, rb.CheckResult))
     gated = gate_plan(plan, cells) if plan is not None else None
-    results = [(name, p if isinstance(p, rb.CheckResult) else p.run(gated, progress)) for name, p in prepared]
-    results += [(name, _dropped_case(name, baseline)) for name in base if name not in reports]
+    results = dropped + [(name, p if isinstance(p, rb.CheckResult) else p.run(gated, progress)) for name, p in prepared]
     if notes:
         results = [(name, replace(r, notes=(*notes, *r.notes))) for name, r in results]
     return results

@@ -18,7 +18,7 @@ import pytest
 from minreal.runtime_bench import check_report
 from minreal.runtime_bench.check_paired import cell_config, remeasure_problem, with_model_folder
 from minreal.runtime_bench.decision import DecisionPlan, LatencyDecision, sequential_decision
-from minreal.runtime_bench.errors import WorkerError
+from minreal.runtime_bench.errors import CheckError, WorkerError
 from minreal.runtime_bench.worker import WorkerResult
 
 DECIDE = "minreal.runtime_bench.check.decide_cell"
@@ -348,12 +348,12 @@ def test_alpha_is_split_over_every_paired_cell_of_every_case(tmp_path: Path, mak
     assert len(seen) == 4  # 2 cases x 2 batch sizes, each decided once
     looks = len(DecisionPlan().schedule())
     assert result["error_rates"] == {"alpha": 0.01, "paired_cells": 4, "per_cell_alpha": 0.0025,
-                                     "false_alarm_at_most": 0.01, "miss_at_most": 0.01}
+                                     "false_alarm_at_most": 0.01, "miss_at_most": 0.01, "heuristic_cells": 0}
     for case in result["reports"].values():
         for c in case["criteria"]:
             # Bonferroni over cells and looks: the levels of all tests a wrong verdict could come from sum to alpha
             assert c["evidence"]["cells"] == 4 and c["evidence"]["level"] * 4 * looks == pytest.approx(0.01)
-        assert any("at most 0.01 over the whole gate" in n and "4 paired cells" in n for n in case["notes"])
+        assert any("4 re-measured cells" in n and "probability at most 0.01" in n for n in case["notes"])
 
 
 def test_a_cap_too_small_for_the_gates_share_of_alpha_is_refused_before_any_process(
@@ -365,8 +365,48 @@ def test_a_cap_too_small_for_the_gates_share_of_alpha_is_refused_before_any_proc
     assert DecisionPlan(min_pairs=7, max_pairs=7).least_pairs() == 7
     assert DecisionPlan(min_pairs=7, max_pairs=7, cells=2).least_pairs() == _least_pairs(0.005, 1) == 8
     code, _, err = run_cli(["check", str(report), "--max-latency-ratio", "1.1", "--paired", "--max-pairs", "7"])
-    assert code == 2 and "--max-pairs" in err and "2 paired latency cells" in err and "needs 8 pairs" in err
+    assert code == 2 and "--max-pairs" in err and "2 paired latency cells" in err and "allow 8 pairs at least" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("cells", [1, 2, 12, 100])
+def test_the_cap_a_refusal_names_is_the_smallest_that_decides(cells: int) -> None:
+    from minreal.runtime_bench.check import gate_plan
+    from minreal.runtime_bench.decision import least_cap
+
+    def plan(cap: int) -> DecisionPlan:  # as `check --paired --max-pairs CAP` builds it
+        return DecisionPlan(min_pairs=min(12, cap), max_pairs=cap)
+
+    cap = least_cap(0.01, cells)
+    assert gate_plan(plan(cap), cells).cells == cells  # accepted
+    with pytest.raises(CheckError, match=f"allow {cap} pairs at least"):
+        gate_plan(plan(cap - 1), cells)
+    if cells == 100:  # a larger cap adds looks (a lower level each): a refused cap's own need undercounts
+        assert replace(plan(13), cells=100).least_pairs() == 15 and replace(plan(15), cells=100).least_pairs() == 16
+        assert cap == 16
+
+
+def test_a_plan_with_no_cell_to_remeasure_judges_nothing(tmp_path: Path, make_linear: Callable,
+                                                          weights: tuple) -> None:
+    result = check_report(_report(tmp_path, make_linear, weights), max_size_kb=1e6,
+                          plan=DecisionPlan(min_pairs=3, max_pairs=3))
+    assert result.passed and result.error_rates is None
+
+
+def test_cells_judged_on_medians_are_named_apart_from_the_bound(tmp_path: Path, make_linear: Callable, weights: tuple,
+                                                                run_cli: Callable,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    report, base = _gone_baseline(tmp_path, make_linear, weights)
+    monkeypatch.setattr(DECIDE, _scripted(1.0, 60))
+    code, out, err = run_cli(["check", str(report), "--baseline", str(base), "--max-regression", "10",
+                              "--max-latency-ratio", "1.1", "--paired", "--allow-heuristic", "--json"])
+    result = json.loads(out)
+    assert code == 0, err
+    rates = result["error_rates"]
+    assert rates["paired_cells"] == 1 and rates["heuristic_cells"] == 2  # the ratio re-measured; both models' medians
+    notes = result["reports"]["r"]["notes"]
+    assert any("2 latency cell(s) not re-measured were judged on medians" in n for n in notes)
+    assert any("over those cells a false alarm" in n for n in notes)
 
 
 def test_a_gate_with_nothing_to_check_is_refused(tmp_path: Path, make_linear: Callable, weights: tuple,
@@ -380,6 +420,15 @@ def test_a_gate_with_nothing_to_check_is_refused(tmp_path: Path, make_linear: Ca
     (tmp_path / "empty.json").write_text(json.dumps({"schema_version": 1, "cases": []}))
     code, _, err = run_cli(["check", str(tmp_path / "empty.json"), "--max-accuracy-drop", "1"])
     assert code == 2 and "no cases" in err and "empty.json" in err
+
+
+def test_a_bench_report_baseline_is_no_case_of_a_run(tmp_path: Path, make_linear: Callable, weights: tuple,
+                                                     run_cli: Callable) -> None:
+    report = _two_case_run(tmp_path, make_linear, weights, batches=(1,))
+    (tmp_path / "r.json").write_text(json.dumps(_report(tmp_path, make_linear, weights)))
+    code, out, err = run_cli(["check", str(report), "--baseline", str(tmp_path / "r.json"), "--max-regression", "10",
+                              "--allow-new-models"])
+    assert code == 0 and "case_missing" not in out, err
 
 
 def test_a_case_dropped_from_the_baseline_fails(tmp_path: Path, make_linear: Callable, weights: tuple,

@@ -90,13 +90,14 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
                                "--max-size-ratio); a gate with none would always pass")
     import minreal.runtime_bench as rb
     from minreal.runtime_bench.check import brief_criterion
+    from minreal.runtime_bench.decision import least_cap
 
     _warn_unused(click.get_current_context(), paired, max_latency_ratio is not None or max_regression is not None)
     plan = rb.DecisionPlan(alpha=alpha, min_pairs=min(12, max_pairs), max_pairs=max_pairs, time_budget_s=gate_seconds,
                            pair_seconds=pair_seconds) if paired else None
     if plan is not None and plan.least_pairs() > max_pairs:
         raise click.UsageError(f"--max-pairs {max_pairs} cannot decide at --alpha {alpha:g}: at least "
-                               f"{_least_cap(alpha)} pairs are needed")
+                               f"{least_cap(alpha)} pairs are needed")
     with malformed_reports(report, baseline):  # the verdict's text is made of the reports' fields too
         results = check_reports(Path(report), Path(baseline) if baseline else None, max_latency_ratio,
                                 max_accuracy_drop, min_agreement, max_regression, allow_new_models, min_on_provider,
@@ -109,6 +110,8 @@ def check_cmd(report: str, max_latency_ratio: float | None, max_accuracy_drop: f
     for table in tables:
         con.table(table)
     rates = next((r.error_rates for _, r in results if r.error_rates), None)
+    if rates:  # the split is the gate's; the cells judged on medians are counted per case
+        rates = {**rates, "heuristic_cells": sum((r.error_rates or {}).get("heuristic_cells", 0) for _, r in results)}
     con.result({"passed": passed, "undecided": undecided, "error_rates": rates, "reports": {n: r for n, r in results}})
     if not passed:
         click.echo(("UNDECIDED " if undecided else "FAILED ") + "; ".join(failed), err=True)
@@ -130,16 +133,6 @@ def _warn_unused(ctx: click.Context, paired: bool, latency: bool) -> None:
     elif not paired and (unused := [g for g in given if g != "paired"]):
         names = ", ".join("--" + name.replace("_", "-") for name in unused)
         click.echo(f"warning: {names} ignored without --paired", err=True)
-
-
-def _least_cap(alpha: float) -> int:
-    """The smallest --max-pairs whose plan (first look at min(12, cap)) can decide at ``alpha``."""
-    import minreal.runtime_bench as rb
-
-    cap = 1
-    while rb.DecisionPlan(alpha=alpha, min_pairs=min(12, cap), max_pairs=cap).least_pairs() > cap:
-        cap += 1
-    return cap
 
 
 @contextlib.contextmanager
