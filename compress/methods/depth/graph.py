@@ -43,6 +43,8 @@ _ALIAS_METHODS = {"contiguous", "detach", "view", "view_as", "reshape", "reshape
 _ALIAS_FUNCTIONS = {operator.getitem, torch.flatten, torch.reshape, torch.transpose, torch.permute, torch.squeeze,
                     torch.unsqueeze, torch.narrow, torch.select, torch.t, torch.detach, torch.unflatten}
 _ALIAS_MODULES = (*_IDENTITY_MODULES, nn.Flatten, nn.Unflatten)
+# memory formats a skip can be copied into where its layout differs from the sum's (both ONNX exporters take them)
+_RELAYOUT = (torch.contiguous_format, torch.channels_last)
 
 
 @dataclass(frozen=True)
@@ -262,9 +264,9 @@ def find_blocks(gm: fx.GraphModule) -> tuple[list[Block], list[tuple[str, str]]]
         (_, strides, dense), skip_strides = _layout(entry[0]), _layout(entry[1])[1]
         if nested:
             left.append((entry[0].name, f"its branch holds the residual blocks at {', '.join(nested)}"))
-        elif strides != skip_strides and dense is None:  # removal could not give the sum's memory layout back
+        elif strides != skip_strides and dense not in _RELAYOUT:  # removal could not give the sum's layout back
             left.append((entry[0].name, f"its skip's memory layout (strides {skip_strides}) differs from the sum's "
-                                        f"({strides}), which is not a dense format"))
+                                        f"({strides}), which is neither contiguous nor channels-last"))
         else:
             kept.append(entry)
     names = _block_names(kept)
@@ -330,21 +332,42 @@ def remove_blocks(gm: fx.GraphModule, blocks: Iterable[Block]) -> fx.GraphModule
     for block in blocks:
         add, skip = nodes[block.add], instead.get(block.skip, nodes[block.skip])
         (_, strides, dense), skip_strides = _layout(add), _layout(nodes[block.skip])[1]
-        relayout = dense is not None and strides != skip_strides
+        relayout = dense in _RELAYOUT and strides != skip_strides
         copy_it = _writes_into_skip(add, skip, gone, modules)
         if copy_it or relayout:
             with new.graph.inserting_after(skip):
-                fmt = {"memory_format": dense} if relayout else {}
-                skip = new.graph.call_method("clone" if copy_it else "contiguous", (skip,), fmt)
+                if copy_it:  # in the sum's format where the layouts differ, else the skip's own
+                    skip = new.graph.call_method("clone", (skip,), {"memory_format": dense} if relayout else {})
+                else:
+                    fmt = {} if dense is torch.contiguous_format else {"memory_format": dense}
+                    skip = new.graph.call_method("contiguous", (skip,), fmt)
         add.replace_all_uses_with(skip)
         instead[block.add] = skip
         dead.append(add)
+    attrs = {n.target for n in new.graph.nodes if n.op == "get_attr"}
     _erase_dead(new.graph, dead)
     _drop_repeated_relus(new)
     new.graph.lint()
     new.delete_all_unused_submodules()
+    _delete_unread_attributes(new, attrs - {n.target for n in new.graph.nodes if n.op == "get_attr"})
     new.recompile()
     return new
+
+
+def _delete_unread_attributes(gm: fx.GraphModule, targets: Iterable[str]) -> None:
+    """Delete the parameters and buffers named ``targets`` that only removed nodes read (a layer scale ``gamma *
+    f(x)`` held by the model itself, not by a layer of the branch), unless a layer still called owns them."""
+    called = {n.target for n in gm.graph.nodes if n.op == "call_module"}
+    for target in targets:
+        owner, _, name = target.rpartition(".")
+        if any(owner == c or owner.startswith(c + ".") for c in called):
+            continue
+        try:
+            module = gm.get_submodule(owner)
+        except AttributeError:  # its module went with the branch
+            continue
+        if name in module._parameters or name in module._buffers:
+            delattr(module, name)
 
 
 def _erase_dead(graph: fx.Graph, dead: list[fx.Node]) -> None:

@@ -122,9 +122,20 @@ def _costs(gm: fx.GraphModule, blocks: list[Block], example: Inputs) -> tuple[di
 
 
 def _param_owners(gm: fx.GraphModule, blocks: list[Block]) -> list[tuple[int, frozenset[str]]]:
-    """Each parameter the graph uses: its size, and the blocks whose branches use it (``""`` for a use outside every
-    branch); a parameter shared by two layers, or a layer called twice, has every user among its owners."""
+    """Each parameter the graph uses: its size, and the blocks whose removal its uses die with (``""``: a use that
+    reaches the output otherwise). A use dies with a block when it is in the block's branch, or when all it feeds
+    dies with blocks (a relative-position bias gathered from a table for one attention branch, a layer scale read
+    by a get_attr node, which takes no input from the block); a parameter shared by two layers, or a layer called
+    twice, has every user's blocks among its owners."""
     where = {n: b.name for b in blocks for n in b.branch}
+    dies_with: dict[fx.Node, frozenset[str]] = {}
+    for node in reversed(list(gm.graph.nodes)):
+        if node.name in where:
+            dies_with[node] = frozenset((where[node.name],))
+        elif node.op == "output":
+            dies_with[node] = frozenset(("",))
+        else:
+            dies_with[node] = frozenset().union(*(dies_with[u] for u in node.users))
     modules = dict(gm.named_modules())
     owners: dict[int, set[str]] = {}
     sizes: dict[int, int] = {}
@@ -137,7 +148,7 @@ def _param_owners(gm: fx.GraphModule, blocks: list[Block]) -> list[tuple[int, fr
         else:
             continue
         for t in tensors:
-            owners.setdefault(id(t), set()).add(where.get(node.name, ""))
+            owners.setdefault(id(t), set()).update(dies_with[node])
             sizes[id(t)] = t.numel()
     return [(sizes[i], frozenset(o)) for i, o in owners.items()]
 

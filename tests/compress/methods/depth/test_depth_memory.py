@@ -221,3 +221,31 @@ def test_a_parameter_budget_counts_a_shared_layer_once_with_the_last_of_its_bloc
     assert len(report.predicted["removed"]) == 2
     assert report.predicted["block_budget"]["reached"] == pytest.approx(report.param_ratio, rel=1e-12)
     assert sum(p.numel() for p in new.parameters()) == prep.total_params - shared
+
+
+class _LayerScaled(nn.Module):
+    """Blocks ``x + gamma * fc(x)``: ``gamma`` is read by a get_attr node, which takes no input from the block; the
+    second also adds a bias gathered from a table (nodes outside the branch that die with it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.head = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 2)
+        self.gamma1, self.gamma2 = nn.Parameter(torch.full((8,), 0.5)), nn.Parameter(torch.full((8,), 0.1))
+        self.table = nn.Parameter(torch.randn(3, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.gamma1 * self.fc1(x)
+        return self.head(x + self.gamma2 * (self.fc2(x) + self.table.sum(0)))
+
+
+def test_a_parameter_read_by_get_attr_goes_with_its_block() -> None:
+    torch.manual_seed(0)
+    model, data = _LayerScaled().eval(), Dataset(torch.randn(16, 8))
+    prep = depth_prepare(model, data, DepthConfig(criterion="energy", score_samples=16))
+    assert prep.params == {"fc1": 72 + 8, "fc2": 72 + 8 + 24}  # weight, bias, the layer scale (and the table)
+    for ratio in (0.8, 0.3):
+        new, report = compress(model, data, "depth", DepthConfig(criterion="energy", param_ratio=ratio,
+                                                                 score_samples=16))
+        freed = sum(prep.params[b] for b in report.predicted["removed"])
+        assert report.predicted["block_budget"]["reached"] == pytest.approx(report.param_ratio, rel=1e-12)
+        assert sum(p.numel() for p in new.parameters()) == prep.total_params - freed
