@@ -20,6 +20,8 @@ from minreal.compress.methods.depth import DepthConfig, find_blocks, remove_bloc
 from minreal.compress.methods.depth.criteria import divergence, outputs, removal_scores
 from minreal.compress.methods.depth.method import _traced, depth_prepare, depth_realise
 
+from .test_depth import _Shared
+
 
 class _OnInput(nn.Module):
     """``relu_(x + fc(x))`` on the model's input: removing ``fc`` leaves the in-place ReLU on ``x``."""
@@ -198,22 +200,9 @@ def test_several_outputs_are_compared_as_values_not_as_one_softmax() -> None:
     assert prep.scores["removal"]["fc"] == pytest.approx(float(((new - ref) ** 2).sum() / (ref ** 2).sum()), rel=1e-6)
 
 
-class _SharedBlock(nn.Module):
-    """One block applied twice (shared weights): its parameters go only when both applications go."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blk = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
-        self.head = nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.blk(x)
-        return self.head(x + self.blk(x))
-
-
 def test_a_parameter_budget_counts_a_shared_layer_once_with_the_last_of_its_blocks() -> None:
     torch.manual_seed(0)
-    model, data = _SharedBlock().eval(), Dataset(torch.randn(16, 8))
+    model, data = _Shared().eval(), Dataset(torch.randn(16, 8))  # one block applied twice
     prep = depth_prepare(model, data, DepthConfig(criterion="energy", score_samples=16))
     shared = sum(p.numel() for p in model.blk.parameters())
     assert set(prep.params.values()) == {0} and prep.params_freed(prep.removable) == shared == 144
