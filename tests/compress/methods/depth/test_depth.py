@@ -340,3 +340,15 @@ def test_residual_sums_inside_a_block_kept_whole_are_named_unseen() -> None:
 
     prep = depth_prepare(WithBlock().eval(), data, DepthConfig())
     assert any(name == "_Gated" and "its own residual sums are not seen" in why for name, why in prep.left)
+
+
+def test_a_parameter_budget_counts_a_shared_layer_once_with_the_last_of_its_blocks() -> None:
+    torch.manual_seed(0)
+    model, data = _Shared().eval(), Dataset(torch.randn(16, 8))  # one block applied twice
+    prep = depth_prepare(model, data, DepthConfig(criterion="energy", score_samples=16))
+    shared = sum(p.numel() for p in model.blk.parameters())
+    assert set(prep.params.values()) == {0} and prep.params_freed(prep.removable) == shared == 144
+    new, report = compress(model, data, "depth", DepthConfig(criterion="energy", param_ratio=0.5, score_samples=16))
+    assert len(report.predicted["removed"]) == 2
+    assert report.predicted["block_budget"]["reached"] == pytest.approx(report.param_ratio, rel=1e-12)
+    assert sum(p.numel() for p in new.parameters()) == prep.total_params - shared

@@ -20,8 +20,6 @@ from minreal.compress.methods.depth import DepthConfig, find_blocks, remove_bloc
 from minreal.compress.methods.depth.criteria import divergence, outputs, removal_scores
 from minreal.compress.methods.depth.method import _traced, depth_prepare, depth_realise
 
-from .test_depth import _Shared
-
 
 class _OnInput(nn.Module):
     """``relu_(x + fc(x))`` on the model's input: removing ``fc`` leaves the in-place ReLU on ``x``."""
@@ -198,18 +196,6 @@ def test_several_outputs_are_compared_as_values_not_as_one_softmax() -> None:
     with torch.no_grad():
         ref, new = torch.cat(model(x), 1).double(), torch.cat([model.a(x), model.b(x)], 1).double()
     assert prep.scores["removal"]["fc"] == pytest.approx(float(((new - ref) ** 2).sum() / (ref ** 2).sum()), rel=1e-6)
-
-
-def test_a_parameter_budget_counts_a_shared_layer_once_with_the_last_of_its_blocks() -> None:
-    torch.manual_seed(0)
-    model, data = _Shared().eval(), Dataset(torch.randn(16, 8))  # one block applied twice
-    prep = depth_prepare(model, data, DepthConfig(criterion="energy", score_samples=16))
-    shared = sum(p.numel() for p in model.blk.parameters())
-    assert set(prep.params.values()) == {0} and prep.params_freed(prep.removable) == shared == 144
-    new, report = compress(model, data, "depth", DepthConfig(criterion="energy", param_ratio=0.5, score_samples=16))
-    assert len(report.predicted["removed"]) == 2
-    assert report.predicted["block_budget"]["reached"] == pytest.approx(report.param_ratio, rel=1e-12)
-    assert sum(p.numel() for p in new.parameters()) == prep.total_params - shared
 
 
 class _LayerScaled(nn.Module):
