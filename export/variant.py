@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from minreal.compress import count_costs
@@ -203,7 +204,8 @@ def layer_weights(module: nn.Module, names: Iterable[str]) -> dict[str, np.ndarr
 
 def quantize_variant(record: VariantRecord, folder: Path, calib: Inputs | None, cfg: VariantConfig,
                      weights: Mapping[str, np.ndarray] | None = None, post_training: bool = False) -> VariantRecord:
-    """INT8 copy ``NAME.int8.onnx`` of an exported variant, calibrated on the first ``cfg.calib_samples`` rows.
+    """INT8 copy ``NAME.int8.onnx`` of an exported variant, calibrated on ``cfg.calib_samples`` rows of ``calib``
+    (:func:`calibration_rows`: a seeded random subset where it holds more).
 
     A variant recovered with quantisation-aware training keeps its trained activation ranges (:func:`trained_ranges`)
     for its layers' inputs; its record's ``quantization.range_source`` says ``"trained"`` (else ``"calibrated"``).
@@ -233,13 +235,21 @@ def quantize_variant(record: VariantRecord, folder: Path, calib: Inputs | None, 
     """
     folder, infix = Path(folder), PTQ_SUFFIX if post_training else ""
     out = folder / f"{Path(record.onnx).stem}{infix}.int8.onnx"
-    data = None if calib is None else feeds_of(calib[: cfg.calib_samples])
+    data = None if calib is None else feeds_of(calibration_rows(calib, cfg.calib_samples))
     ranges = {} if post_training else trained_ranges(record)
     q = quantize_int8(folder / record.onnx, out, data, cfg.quant_config(), ranges, weights)
     return VariantRecord(f"{record.label}{infix}.int8", f"{record.method}+int8", record.params, record.macs,
                          out.name, out.stat().st_size, quantization=relative_to(to_jsonable(q), folder),
                          tensorrt_readiness=_readiness(out, cfg), fixed_shapes=record.fixed_shapes,
                          mobile=to_jsonable(mobile_usability(out)), gzip_bytes=gzip_bytes(model_files(out)))
+
+
+def calibration_rows(x: Inputs, cap: int, seed: int = 0) -> Inputs:
+    """At most ``cap`` rows of ``x`` for INT8 calibration: all of them, else a seeded random subset in their order
+    (the first rows of data stored class by class, an image folder, would calibrate on the first classes only)."""
+    if len(x) <= cap:
+        return x
+    return x[torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:cap].sort().values]
 
 
 def fp16_skip_reason(record: VariantRecord) -> str | None:

@@ -83,7 +83,7 @@ def _data_line(rows: int, calib: int | None) -> str:
         return f"using all {rows} samples of --data for the example input and parity"
     used = min(rows, calib)
     line = (f"using all {rows} samples of --data for the example input and parity, "
-            f"{'all of them' if used == rows else f'the first {used}'} for INT8 calibration")
+            f"{'all of them' if used == rows else f'a seeded random {used} of them'} for INT8 calibration")
     if used < FEW_CALIBRATION_SAMPLES:
         line += (f"; WARNING: INT8 ranges from {used} sample(s) hold for those only: give --data with "
                  f"{FEW_CALIBRATION_SAMPLES} or more")

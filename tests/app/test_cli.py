@@ -370,7 +370,7 @@ def test_export_says_how_many_samples_calibrate_int8_and_warns_when_they_are_few
     from minreal.app.single import FEW_CALIBRATION_SAMPLES, _data_line
 
     assert _data_line(1797, None) == "using all 1797 samples of --data for the example input and parity"
-    assert _data_line(1797, 256).endswith("parity, the first 256 for INT8 calibration")
+    assert _data_line(1797, 256).endswith("parity, a seeded random 256 of them for INT8 calibration")
     assert _data_line(100, 256).endswith("parity, all of them for INT8 calibration")
     assert "WARNING" not in _data_line(FEW_CALIBRATION_SAMPLES, 256)
     np.savez(workdir / "one.npz", x=np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32))

@@ -242,6 +242,7 @@ def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cf
     plain INT8 already meets it: the same file). ``plain``, the original's INT8 made with ``vcfg``'s quantisation
     config, is where accuracy control starts instead of quantising it again."""
     from minreal.export.accuracy_control import quantize_with_accuracy_control
+    from minreal.export.variant import calibration_rows
 
     c = cfg.constraint
     metric, max_drop = {"accuracy": ("accuracy", c.max_accuracy_drop),
@@ -250,7 +251,8 @@ def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cf
     path = models_dir / "original.int8-ac.onnx"
     say(f"[tune] original INT8 with accuracy control ({metric}, allowed drop {max_drop:g})")
     res = quantize_with_accuracy_control(
-        models_dir / "original.onnx", path, feeds_of(calib.x[: vcfg.calib_samples]), feeds_of(held_out.x),
+        models_dir / "original.onnx", path, feeds_of(calibration_rows(calib.x, vcfg.calib_samples)),
+        feeds_of(held_out.x),
         None if held_out.y is None or metric == "agreement" else held_out.y.numpy(), max_drop, vcfg.quant_config(),
         metric=metric, int8=None if plain is None else _quant_result(plain, models_dir))
     if not res.excluded and res.met and vcfg.quant_target != cfg.quant_target:
