@@ -5,7 +5,10 @@ PyTorch exports ``adaptive_avg_pool2d(x, 1)`` and ``x.mean((2, 3), keepdim=True)
 CPU graph optimiser fuses ``DequantizeLinear → GlobalAveragePool → QuantizeLinear`` into
 ``QLinearGlobalAveragePool`` (``UnaryOpQDQRules`` in ``qdq_selector_action_transformer.cc``) but has no such rule
 for ``ReduceMean``, which then runs in float between a dequantise and a re-quantise. Both ops compute the same
-values when the mean is over every axis after the first two and the reduced axes are kept.
+values when the mean is over every axis after the first two and the reduced axes are kept. A tensor of rank 3 is
+rewritten only when a convolution or pooling made it (through element-wise activations): there the last axis is a
+length, but in a sequence model's ``(N, S, D)`` it is the features, and a mean over them (an RMSNorm's or decomposed
+LayerNorm's) must stay a ``ReduceMean``, whose input the quantiser leaves in float.
 
 References
 ----------
@@ -19,6 +22,10 @@ import onnx
 from onnx import numpy_helper
 
 __all__ = ["global_average_pools"]
+
+_SPATIAL = {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool"}
+_ELEMENTWISE = {"Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu", "Tanh", "Elu", "Selu", "Gelu",
+                "Softplus", "BatchNormalization", "Identity", "DequantizeLinear", "QuantizeLinear"}
 
 
 def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
@@ -38,12 +45,23 @@ def _axes(node: onnx.NodeProto, values: dict[str, onnx.TensorProto]) -> list[int
     return None
 
 
-def _spatial_mean(node: onnx.NodeProto, values: dict[str, onnx.TensorProto], ranks: dict[str, int]) -> bool:
-    """A ``ReduceMean`` over every axis after the first two of a tensor of rank 3 or more, keeping them."""
+def _from_convolution(name: str, producers: dict[str, onnx.NodeProto]) -> bool:
+    """Whether a convolution or pooling made tensor ``name``, through element-wise activations only."""
+    node = producers.get(name)
+    while node is not None and node.op_type in _ELEMENTWISE and node.input:
+        node = producers.get(node.input[0])
+    return node is not None and node.op_type in _SPATIAL
+
+
+def _spatial_mean(node: onnx.NodeProto, values: dict[str, onnx.TensorProto], ranks: dict[str, int],
+                  producers: dict[str, onnx.NodeProto]) -> bool:
+    """A ``ReduceMean`` over every axis after the first two, keeping them, of a tensor of rank 4 or more, or of rank
+    3 made by a convolution (see the module docstring)."""
     rank = ranks.get(node.input[0], 0) if node.op_type == "ReduceMean" and node.input else 0
     axes = _axes(node, values) if rank >= 3 else None
     keep = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
-    return axes is not None and keep == 1 and sorted(a % rank for a in axes) == list(range(2, rank))
+    spatial = rank >= 4 or (rank == 3 and _from_convolution(node.input[0], producers))
+    return axes is not None and keep == 1 and sorted(a % rank for a in axes) == list(range(2, rank)) and spatial
 
 
 def global_average_pools(model: onnx.ModelProto) -> list[str]:
@@ -53,9 +71,10 @@ def global_average_pools(model: onnx.ModelProto) -> list[str]:
     graph = model.graph
     values = {t.name: t for t in graph.initializer}
     ranks = _ranks(graph)
+    producers = {o: n for n in graph.node for o in n.output}
     done, released = [], set()
     for node in graph.node:
-        if node.domain not in ("", "ai.onnx") or not _spatial_mean(node, values, ranks):
+        if node.domain not in ("", "ai.onnx") or not _spatial_mean(node, values, ranks, producers):
             continue
         released.update(node.input[1:])
         data = node.input[0]
