@@ -291,6 +291,16 @@ def _fall_back(quantiser: _Quantiser, ranked: Sequence[str], drop: Callable[[flo
     return steps
 
 
+def _best_prefix(steps: list[FallbackStep], int8_drop: float, max_drop: float) -> list[FallbackStep]:
+    """``steps`` when their last meets ``max_drop``; else (the target missed) the shortest prefix with the smallest
+    drop, none where every step left a larger drop than the plain INT8's ``int8_drop``: more float kernels are worth
+    it only where they bought accuracy."""
+    if not steps or steps[-1].drop <= max_drop:
+        return steps
+    drops = [int8_drop, *(s.drop for s in steps)]
+    return steps[:drops.index(min(drops))]
+
+
 def quantize_with_accuracy_control(
     fp32_path: str | Path,
     out_path: str | Path,
@@ -370,8 +380,11 @@ def quantize_with_accuracy_control(
         ranking, steps = {}, []
         if drop(int8_value) > max_drop:
             ranking = _rank(quantiser, outside_in(quantizable_nodes(fp32_path))[:max_fallback], drop, spec.unit, say)
-            steps = _fall_back(quantiser, list(ranking), drop, max_drop, spec.unit, say)
-        quant, final = quantiser([s.node for s in steps])
+            # a node that recovers nothing alone is not worth its float kernel
+            helpful = [n for n, v in ranking.items() if drop(v) < drop(int8_value)]
+            steps = _best_prefix(_fall_back(quantiser, helpful, drop, max_drop, spec.unit, say), drop(int8_value),
+                                 max_drop)
+        quant, final = quantiser([s.node for s in steps])  # every set was quantised before: cached
         atomic_write_bytes(out_path, Path(quant.out_path).read_bytes())
     return AccuracyControlResult(
         path=str(out_path), metric=metric, max_drop=max_drop, fp32_metric=fp32_value, int8_metric=int8_value,

@@ -136,18 +136,32 @@ def test_hostile_layer_ranked_first_and_its_fallback_meets_the_target(case: Case
     _check_consistent(result)
 
 
-def test_unreachable_target_excludes_every_ranked_node_and_still_writes(case: Case, tmp_path: Path) -> None:
-    """Ranking capped to the first layer (outside-in order), which is not the culprit: the drop cannot reach 0."""
+def test_an_unreachable_target_still_writes_keeping_only_nodes_that_helped(case: Case, tmp_path: Path) -> None:
+    """Ranking capped to the first layer (outside-in order), which is not the culprit: the drop cannot reach 0; the
+    first layer goes to float only where, alone, it recovered some of the drop."""
     result = quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, None, 0.0,
                                             metric="agreement", max_fallback=1)
     first = quantizable_nodes(case.path)[0]
     assert first != case.hostile
-    assert not result.met and list(result.sensitivities) == [first] and result.excluded_nodes == [first]
-    assert result.quantizations == 2 and result.fp32_metric == 1.0
+    assert not result.met and list(result.sensitivities) == [first] and result.fp32_metric == 1.0
+    alone = metric_drop(result.fp32_metric, result.sensitivities[first], metric="agreement")
+    assert result.excluded_nodes == ([first] if alone < result.int8_drop else [])
+    assert result.drop == min(alone, result.int8_drop)
     fp32, written = _outputs(case.path, case.x), _outputs(result.path, case.x)
     agreement = np.mean(fp32.argmax(1) == written.argmax(1))
     assert result.final_metric == pytest.approx(agreement, abs=1.0 / len(case.x))
     _check_consistent(result)
+
+
+@pytest.mark.parametrize(("drops", "kept"), [((3.0, 2.0, 5.0, 6.0), 1), ((3.0, 4.0, 5.0), 0), ((3.0, 2.0, 0.5), 2),
+                                             ((3.0, 2.0, 2.0), 1)])
+def test_a_missed_target_keeps_the_fewest_float_nodes_with_the_smallest_drop(drops: tuple, kept: int) -> None:
+    """Plain INT8's drop first, then each cumulative step's (allowed 1): the result is the shortest best prefix, or
+    every step where the last one meets the target."""
+    from minreal.export.accuracy_control import FallbackStep, _best_prefix
+
+    steps = [FallbackStep(f"n{i}", 0.0, d) for i, d in enumerate(drops[1:])]
+    assert _best_prefix(steps, drops[0], 1.0) == steps[:kept]
 
 
 def test_mse_ranks_the_hostile_layer_first(case: Case, tmp_path: Path) -> None:
