@@ -67,20 +67,22 @@ class ArrayCalibrationReader:
     """Feed arrays (by graph input name) to ONNX Runtime's calibrator in batches along axis 0 (an
     ``onnxruntime.quantization.CalibrationDataReader`` by its ``get_next``; ONNX Runtime checks no more)."""
 
-    def __init__(self, data: Mapping[str, np.ndarray], batch_size: int, drop_last: bool = False) -> None:
-        """Batches of ``batch_size``; ``drop_last`` skips a short final batch (for a static batch axis)."""
+    def __init__(self, data: Mapping[str, np.ndarray], batch_size: int, full_batches: bool = False) -> None:
+        """Batches of ``batch_size``; with ``full_batches`` (a static batch axis) a short final batch is completed
+        with the first rows again, so that every row is seen (repeating rows moves no min/max range)."""
         self.data = dict(data)
         self.rows = len(next(iter(self.data.values())))
         self.batch_size = batch_size
-        self.drop_last = drop_last
+        self.full_batches = full_batches
         self._start = 0
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         """Return the next batch as ``{input_name: array}``, or ``None`` when exhausted."""
-        end = self.rows - (self.rows % self.batch_size if self.drop_last else 0)
-        if self._start >= end:
+        if self._start >= self.rows:
             return None
-        batch = {n: a[self._start : self._start + self.batch_size] for n, a in self.data.items()}
+        rows = np.arange(self._start, self._start + self.batch_size)
+        rows = rows % self.rows if self.full_batches else rows[rows < self.rows]
+        batch = {n: a[rows] if self.full_batches else a[rows[0] : rows[-1] + 1] for n, a in self.data.items()}
         self._start += self.batch_size
         return batch
 
@@ -189,8 +191,8 @@ def _sample_elements(data: Mapping[str, np.ndarray]) -> int:
 
 def calibration_reader(model: onnx.ModelProto, data: Mapping[str, np.ndarray],
                        config: QuantConfig) -> ArrayCalibrationReader:
-    """Calibration reader; a static batch axis fixes the batch size (and drops a short last batch), a dynamic one
-    takes :func:`calibration_batch`."""
+    """Calibration reader; a static batch axis fixes the batch size (and completes a short last batch with the first
+    rows), a dynamic one takes :func:`calibration_batch`."""
     name, shape, _ = _input_specs(model)[0]
     rows = len(next(iter(data.values())))
     if shape[0] is not None and rows < shape[0]:
@@ -199,7 +201,7 @@ def calibration_reader(model: onnx.ModelProto, data: Mapping[str, np.ndarray],
     if shape[0] is None and batch < config.batch_size:
         logger.info("calibrating in batches of %d (of %d asked): one sample has %d input elements", batch,
                     config.batch_size, _sample_elements(data))
-    return ArrayCalibrationReader(data, batch, drop_last=shape[0] is not None)
+    return ArrayCalibrationReader(data, batch, full_batches=shape[0] is not None)
 
 
 RangeSource = Path | ArrayCalibrationReader

@@ -183,8 +183,10 @@ def test_calibration_reader_batches_and_rewinds() -> None:
     assert all(np.array_equal(b["x"].astype(np.int64), b["ids"]) for b in batches)  # rows stay aligned
     reader.rewind()
     assert reader.get_next()["x"][0, 0] == 0.0
-    fixed = ArrayCalibrationReader({"x": data}, batch_size=4, drop_last=True)
-    assert [len(b["x"]) for b in iter(fixed.get_next, None)] == [4, 4]
+    fixed = ArrayCalibrationReader({"x": data, "ids": ids}, batch_size=4, full_batches=True)  # a static batch axis
+    batches = list(iter(fixed.get_next, None))
+    assert [b["x"][:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]  # every row seen
+    assert all(np.array_equal(b["x"].astype(np.int64), b["ids"]) for b in batches)
 
 
 def test_minmax_calibration_batches_hold_at_most_16_imagenet_images_of_input() -> None:
