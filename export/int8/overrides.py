@@ -9,9 +9,9 @@ equal values (transposed for Gemm/MatMul). Every other tensor is calibrated.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -21,7 +21,15 @@ from minreal.export.errors import QuantizationError
 from minreal.export.int8.config import QuantConfig, weight_qmax
 from minreal.export.int8.ops import WEIGHTED_OPS
 
-__all__ = ["module_inputs", "trained_overrides", "applied_ranges", "check_ranges"]
+__all__ = ["module_inputs", "trained_overrides", "applied_ranges", "check_ranges", "Placed"]
+
+
+class Placed(NamedTuple):
+    """A layer's input tensor that takes its trained range, and the tensors above it that take the same range (through
+    ops whose quantisation parameters ORT shares, and zero pads)."""
+
+    tensor: str
+    above: tuple[str, ...]
 
 
 _SHARED_PARAMS_OPS = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool"})
@@ -100,20 +108,21 @@ def _override(r: Mapping[str, Any]) -> list[dict[str, np.ndarray]]:
 
 def trained_overrides(model: onnx.ModelProto, ranges: Mapping[str, Mapping[str, Any]],
                       weights: Mapping[str, np.ndarray] | None = None
-                      ) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list[str]]]:
-    """(``TensorQuantOverrides`` for ORT, module → its input tensors) placing each trained range on its layer's
-    input tensor, and on the tensors above it whose parameters ORT shares with it (:data:`_SHARED_PARAMS_OPS`:
-    ORT would ignore an override below them). A range set directly on a layer's input wins over one reaching a
-    tensor from further down."""
+                      ) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list[Placed]]]:
+    """(``TensorQuantOverrides`` for ORT, module → its input tensors, :class:`Placed`) placing each trained range on
+    its layer's input tensor, and on the tensors above it whose parameters ORT shares with it
+    (:data:`_SHARED_PARAMS_OPS`: ORT would ignore an override below them). A range set directly on a layer's input
+    wins over one reaching a tensor from further down."""
     direct = module_inputs(model, ranges, weights)
     overrides: dict[str, list[dict[str, np.ndarray]]] = {}
+    above = {t: _upstream(model, t) for tensors in direct.values() for t in tensors}
     for name, tensors in direct.items():
         for t in tensors:
             overrides.setdefault(t, _override(ranges[name]))
     for name, tensors in direct.items():
-        for up in (u for t in tensors for u in _upstream(model, t)):
+        for up in (u for t in tensors for u in above[t]):
             overrides.setdefault(up, _override(ranges[name]))
-    return overrides, direct
+    return overrides, {name: [Placed(t, tuple(above[t])) for t in tensors] for name, tensors in direct.items()}
 
 
 def _written_params(path: Path) -> dict[str, tuple[float, int]]:
@@ -125,14 +134,18 @@ def _written_params(path: Path) -> dict[str, tuple[float, int]]:
             and values[n.input[1]].size == 1}
 
 
-def applied_ranges(path: Path, direct: dict[str, list[str]], ranges: Mapping[str, Mapping[str, Any]]
+def applied_ranges(path: Path, direct: Mapping[str, Sequence[Placed]], ranges: Mapping[str, Mapping[str, Any]]
                    ) -> tuple[int, list[str]]:
-    """(tensors written with their trained scale and zero point, modules whose range is not in the graph)."""
+    """(tensors written with their trained scale and zero point, modules whose range is not in the graph). A tensor
+    the written file no longer quantises (a zero pad moved onto the quantised tensor above it: ``integer_pads``)
+    counts as written where a tensor above it, which took the same range, is."""
     written = _written_params(path)
     trained, untrained = set(), []
     for name, r in ranges.items():
         tensors = direct.get(name, [])
-        hits = [t for t in tensors if written.get(t) == (float(np.float32(r["scale"])), int(r["zero_point"]))]
+        params = (float(np.float32(r["scale"])), int(r["zero_point"]))
+        hits = [p.tensor for p in tensors if written.get(p.tensor) == params
+                or (p.tensor not in written and any(written.get(u) == params for u in p.above))]
         if tensors and len(hits) == len(tensors):
             trained.update(hits)
         else:

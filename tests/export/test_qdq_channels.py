@@ -139,3 +139,23 @@ def test_a_weight_listed_as_a_graph_input_keeps_a_consistent_shape() -> None:
     listed = next(i for i in model.graph.input if i.name == "stem.weight")
     assert [d.dim_value for d in listed.type.tensor_type.shape.dim] == [16, 4, 3, 3]
     onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+@pytest.mark.parametrize("align", [True, False])
+def test_a_trained_range_on_a_widened_stem_counts_as_applied(tmp_path: Path, align: bool,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The stem's channel Pad moves onto the quantised input (integer_pads), so the stem's own input is no longer
+    quantised: the trained range is still in the file, on ``x``, and must not be reported as calibrated instead."""
+    path = tmp_path / "net.onnx"
+    onnx.save(_conv_graph(), str(path))
+    x = np.random.default_rng(1).standard_normal((8, 3, 8, 8)).astype(np.float32)
+    ranges = {"stem": {"scale": 0.05, "zero_point": 128, "dtype": "uint8", "symmetric": False, "weight_qmax": 64}}
+    with caplog.at_level("WARNING"):
+        result = quantize_int8(path, tmp_path / "net.int8.onnx", x,
+                               QuantConfig(target="cpu-avx2", align_channels=align), activation_ranges=ranges)
+    assert (result.trained_ranges, result.untrained_modules) == (1, [])
+    assert "calibrated instead" not in caplog.text
+    written = onnx.load(str(tmp_path / "net.int8.onnx"))
+    values = {t.name: numpy_helper.to_array(t) for t in written.graph.initializer}
+    (q,) = [n for n in written.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x"]
+    assert (float(values[q.input[1]]), int(values[q.input[2]])) == (float(np.float32(0.05)), 128)
