@@ -36,7 +36,11 @@ DROP_ROUNDTRIPS = True
 """Default of :attr:`Int8Policy.drop_roundtrips` (``--int8-keep-roundtrips`` turns it off)."""
 
 CALIB_SAMPLES = 256
-"""Samples INT8 calibration uses (the first ones of the calibration data)."""
+"""Samples INT8 calibration uses (all of the calibration data up to this many, else a seeded random subset)."""
+
+FEW_CALIBRATION_SAMPLES = 32
+"""Below this many calibration samples export and run say the INT8 ranges rest on too few (one sample's extremes
+are its own, not the data's)."""
 
 
 FORMATS: tuple[str, ...] = ("onnx", "ort")

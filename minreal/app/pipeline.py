@@ -42,6 +42,7 @@ from minreal.export.json_safe import to_jsonable, write_json
 from minreal.export.ort_format import merge_operator_configs, ort_variant
 from minreal.export.record import VariantRecord
 from minreal.export.serialize import save_program
+from minreal.export.settings import FEW_CALIBRATION_SAMPLES
 from minreal.export.variant import (
     FP16_LABEL_SUFFIX,
     export_variant,
@@ -172,6 +173,10 @@ def _run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         t = time.perf_counter()
         _fault_point("int8")
         progress(f"[{case.name}] quantising to INT8 ({cfg.variant.quant_target}, {cfg.variant.quant_mode})")
+        if cfg.variant.quant_mode == "static" and (n := min(len(case.train.x), cfg.variant.calib_samples)) < \
+                FEW_CALIBRATION_SAMPLES:
+            log.warning("[%s] INT8 ranges from %d calibration sample(s) hold for those only: give --data with %d or "
+                        "more", case.name, n, FEW_CALIBRATION_SAMPLES)
         records += _int8_records(records, weights, case, case_dir, cfg)
         stages["int8"] = time.perf_counter() - t
     fp16_warnings: list[str] = []

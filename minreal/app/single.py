@@ -21,7 +21,7 @@ from minreal.export.int8 import int8_skip_reason
 from minreal.export.int8.target import resolve_target, target_text
 from minreal.export.ort_format import ort_variant
 from minreal.export.record import Laps, VariantRecord
-from minreal.export.settings import OrtConfig, VariantConfig
+from minreal.export.settings import FEW_CALIBRATION_SAMPLES, OrtConfig, VariantConfig
 from minreal.export.variant import PARITY_BATCH_SIZES, export_variant, fp16_variant, quantize_variant
 from minreal.export.verify import feeds_of, output_agreement
 
@@ -69,11 +69,6 @@ def _example(module: torch.nn.Module, model_spec: str, data_spec: str | None, op
         return module, x
     raise SpecError("export needs an example input: pass --data SPEC or --input-shape C,H,W (named inputs: "
                     "--input-shape NAME:BxL:DTYPE, repeated)")
-
-
-FEW_CALIBRATION_SAMPLES = 32
-"""Below this many calibration samples export says the INT8 ranges rest on too few (one sample's extremes are its
-own, not the data's)."""
 
 
 def _data_line(rows: int, calib: int | None) -> str:

@@ -287,6 +287,23 @@ def test_run_pipeline_and_overwrite_guard(workdir: Path, run_cli: Callable) -> N
     assert code == 0
 
 
+def test_run_warns_when_int8_calibrates_on_few_samples(workdir: Path, run_cli: Callable) -> None:
+    from sklearn.datasets import load_digits
+
+    from minreal.export.settings import FEW_CALIBRATION_SAMPLES
+
+    digits = load_digits()
+    rows = 40  # 30 calibrate after the default 25 % held-out split
+    np.savez("few.npz", x=(digits.data[:rows] / 16).astype(np.float32), y=digits.target[:rows])
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--layer-mac-ratio",
+                            "0.5", "--data", "few.npz", "--out", "runs/few", "--batch", "1", *QUICK_BENCH])
+    assert code == 0, err
+    line = f"INT8 ranges from 30 calibration sample(s) hold for those only: give --data with {FEW_CALIBRATION_SAMPLES}"
+    assert line in err
+    report = json.loads(Path("runs/few/report.json").read_text())
+    assert any(line in w for w in report["cases"][0]["warnings"])
+
+
 def test_unwritable_output_directory(workdir: Path, run_cli: Callable) -> None:
     Path("blocker").write_text("a file, not a directory")
     code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "--method", "svd", "--data", "digits-flat",
