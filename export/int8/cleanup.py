@@ -51,8 +51,8 @@ def run_static_finite(source: Path, dest: Path, ranges: RangeSource, config: Qua
             raise QuantizationError(f"{label}: non-finite quantisation scales on tensors of unnamed nodes, which "
                                     "cannot be left in float; name the nodes or exclude them by hand")
         added += new
-    raise QuantizationError(f"non-finite quantisation scales remain after {_NONFINITE_ROUNDS} rounds of leaving "
-                            f"their nodes in float ({', '.join(added)}); exclude them by hand")
+    raise QuantizationError(f"{label}: non-finite quantisation scales remain after {_NONFINITE_ROUNDS} rounds of "
+                            f"leaving their nodes in float ({', '.join(added)}); exclude them by hand")
 
 
 def drop_roundtrips(source: Path, dest: Path, ranges: RangeSource, config: QuantConfig,

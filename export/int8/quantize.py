@@ -24,7 +24,7 @@ import onnx
 
 import minreal.runtime_bench.cpu as cpu_facts
 from minreal.export.atomic import ensure_distinct
-from minreal.export.errors import QuantizationError
+from minreal.export.errors import CalibrationError, QuantizationError
 from minreal.export.int8 import cleanup
 from minreal.export.int8.calibration import (
     Calib,
@@ -133,8 +133,11 @@ def quantize_int8(
             raise ValueError("calibration= is for mode='static'; dynamic quantisation calibrates nothing")
         require_reusable()
     model = onnx.load(str(fp32_path))
-    data, is_random = calibration_array(calib, model, config) if static and calibration is None else (None, False)
-    reader = calibration_reader(model, data, config) if data is not None else None
+    try:
+        data, is_random = calibration_array(calib, model, config) if static and calibration is None else (None, False)
+        reader = calibration_reader(model, data, config) if data is not None else None
+    except CalibrationError as exc:  # name the file whose inputs the data does not fit
+        raise CalibrationError(f"{fp32_path.name}: {exc}") from None
     if calib is not None and not static:
         logger.info("dynamic quantisation ignores the calibration data")
     with tempfile.TemporaryDirectory() as workdir, atomic_path(out_path) as tmp:

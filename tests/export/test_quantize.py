@@ -150,8 +150,9 @@ def test_fp32_graph_counts_only_float_kernels(convnet_onnx: ExportResult) -> Non
 
 
 def test_calibration_shape_must_fit(convnet_onnx: ExportResult, tmp_path: Path) -> None:
-    with pytest.raises(CalibrationError, match=r"shape \(4, 3, 8, 8\) does not fit input 'input'"):
+    with pytest.raises(CalibrationError, match=r"shape \(4, 3, 8, 8\) does not fit input 'input'") as info:
         quantize_int8(convnet_onnx.path, tmp_path / "q.onnx", np.zeros((4, 3, 8, 8), np.float32))
+    assert str(info.value).startswith(f"{Path(convnet_onnx.path).name}: ")  # the file whose input it does not fit
 
 
 def test_refuses_to_overwrite_input(convnet_onnx: ExportResult, calib_images: np.ndarray) -> None:
