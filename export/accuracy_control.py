@@ -2,7 +2,9 @@
 
 After NNCF's ``quantize_with_accuracy_control``: quantise everything; if the metric drops by more than allowed,
 rank the quantised operations by how much of the drop reverting each one alone recovers, then revert them to
-float one at a time, most harmful first, re-measuring after each, until the drop is within the limit. Here an
+float one at a time, most harmful first, re-measuring after each, until the drop is within the limit. One that alone
+recovers nothing is not reverted; where the limit is not reached, the shortest run of reverted operations with the
+smallest drop is kept (none, when no step beat the plain INT8). Here an
 operation is one Conv/Gemm/MatMul node of the graph ONNX Runtime's quantiser sees
 (:func:`minreal.export.int8.quantizable_nodes`), reverting it is :func:`minreal.export.int8.quantize_int8`'s
 ``exclude``, and its sensitivity is measured exactly: the metric of the INT8 model with only that node in float (one
@@ -382,8 +384,12 @@ def quantize_with_accuracy_control(
             ranking = _rank(quantiser, outside_in(quantizable_nodes(fp32_path))[:max_fallback], drop, spec.unit, say)
             # a node that recovers nothing alone is not worth its float kernel
             helpful = [n for n, v in ranking.items() if drop(v) < drop(int8_value)]
-            steps = _best_prefix(_fall_back(quantiser, helpful, drop, max_drop, spec.unit, say), drop(int8_value),
-                                 max_drop)
+            tried = _fall_back(quantiser, helpful, drop, max_drop, spec.unit, say)
+            steps = _best_prefix(tried, drop(int8_value), max_drop)
+            if len(steps) < len(tried):
+                best = steps[-1].drop if steps else drop(int8_value)
+                say(f"drop not met: {len(steps)} of the {len(tried)} layers tried stay in float, the fewest with the "
+                    f"smallest drop ({best:.4g}{spec.unit})")
         quant, final = quantiser([s.node for s in steps])  # every set was quantised before: cached
         atomic_write_bytes(out_path, Path(quant.out_path).read_bytes())
     return AccuracyControlResult(

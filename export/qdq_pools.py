@@ -6,7 +6,7 @@ CPU graph optimiser fuses ``DequantizeLinear → GlobalAveragePool → QuantizeL
 ``QLinearGlobalAveragePool`` (``UnaryOpQDQRules`` in ``qdq_selector_action_transformer.cc``) but has no such rule
 for ``ReduceMean``, which then runs in float between a dequantise and a re-quantise. Both ops compute the same
 values when the mean is over every axis after the first two and the reduced axes are kept. A tensor of rank 3 is
-rewritten only when a convolution or pooling made it (through element-wise activations): there the last axis is a
+rewritten only when a convolution or pooling made it (through element-wise ops): there the last axis is a
 length, but in a sequence model's ``(N, S, D)`` it is the features, and a mean over them (an RMSNorm's or decomposed
 LayerNorm's) must stay a ``ReduceMean``, whose input the quantiser leaves in float.
 
@@ -24,8 +24,11 @@ from onnx import numpy_helper
 __all__ = ["global_average_pools"]
 
 _SPATIAL = {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool"}
+# element-wise ops a convolution's output passes through to the pooled tensor (activations, SiLU's and GELU's parts,
+# residual sums); a Pow (an RMSNorm's x²), a MatMul, a Reshape or a Transpose ends the search
 _ELEMENTWISE = {"Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu", "Tanh", "Elu", "Selu", "Gelu",
-                "Softplus", "BatchNormalization", "Identity", "DequantizeLinear", "QuantizeLinear"}
+                "Softplus", "Erf", "BatchNormalization", "Identity", "DequantizeLinear", "QuantizeLinear", "Add", "Sub",
+                "Mul", "Div"}
 
 
 def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
@@ -46,11 +49,19 @@ def _axes(node: onnx.NodeProto, values: dict[str, onnx.TensorProto]) -> list[int
 
 
 def _from_convolution(name: str, producers: dict[str, onnx.NodeProto]) -> bool:
-    """Whether a convolution or pooling made tensor ``name``, through element-wise activations only."""
-    node = producers.get(name)
-    while node is not None and node.op_type in _ELEMENTWISE and node.input:
-        node = producers.get(node.input[0])
-    return node is not None and node.op_type in _SPATIAL
+    """Whether a convolution or pooling made tensor ``name``: one reached upwards through element-wise ops only (any
+    of their inputs: a residual sum, SiLU's ``x * sigmoid(x)``)."""
+    stack, seen = [name], set()
+    while stack:
+        node = producers.get(stack.pop())
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op_type in _SPATIAL:
+            return True
+        if node.op_type in _ELEMENTWISE:
+            stack.extend(node.input)
+    return False
 
 
 def _spatial_mean(node: onnx.NodeProto, values: dict[str, onnx.TensorProto], ranks: dict[str, int],

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from minreal.export.int8 import QuantConfig
     from minreal.export.mobile import ShapeSpec
 
-__all__ = ["AUTO_TARGET", "QUANT_TARGETS", "QUANT_MODES", "DROP_ROUNDTRIPS", "CALIB_SAMPLES", "FORMATS", "MIN_OPSET",
+__all__ = ["AUTO_TARGET", "QUANT_TARGETS", "QUANT_MODES", "DROP_ROUNDTRIPS", "CALIB_SAMPLES", "FEW_CALIBRATION_SAMPLES",
+           "FORMATS", "MIN_OPSET",
            "ORT_OPTIMIZATIONS", "ORT_STYLES", "ORT_PLATFORMS", "OrtConfig", "Int8Policy", "VariantConfig",
            "int8_format"]
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from minreal.compress import count_costs
 from minreal.compress.core.costs import count_macs_torch
+from minreal.compress.core.data import seeded_rows
 from minreal.compress.core.inputs import Inputs, halve_axes, repeat_to
 from minreal.compress.core.width.tracing import is_exported_program
 from minreal.export.errors import ExportError
@@ -247,9 +247,7 @@ def quantize_variant(record: VariantRecord, folder: Path, calib: Inputs | None, 
 def calibration_rows(x: Inputs, cap: int, seed: int = 0) -> Inputs:
     """At most ``cap`` rows of ``x`` for INT8 calibration: all of them, else a seeded random subset in their order
     (the first rows of data stored class by class, an image folder, would calibrate on the first classes only)."""
-    if len(x) <= cap:
-        return x
-    return x[torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:cap].sort().values]
+    return x if len(x) <= cap else x[seeded_rows(len(x), cap, seed)]
 
 
 def fp16_skip_reason(record: VariantRecord) -> str | None:

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Dataset"]
+__all__ = ["Dataset", "seeded_rows"]
+
+
+def seeded_rows(n: int, count: int, seed: int = 0) -> torch.Tensor:
+    """``count`` of the row indices ``0..n-1`` drawn without replacement (seeded, so that a smaller draw is part of a
+    larger one), in increasing order; all of them when ``count >= n``."""
+    if count >= n:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:count].sort().values
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,13 @@ class Dataset:
         """Yield input batches only."""
         for xb, _ in self.batches(batch_size):
             yield xb
+
+    def sample(self, count: int, seed: int = 0) -> "Dataset":
+        """``count`` samples drawn by :func:`seeded_rows`, in their original order; ``self`` when it has no more."""
+        if count >= len(self):
+            return self
+        rows = seeded_rows(len(self), count, seed)
+        return Dataset(self.x[rows], None if self.y is None else self.y[rows])
 
     def take(self, n: int) -> "Dataset":
         """The first ``n`` samples."""

@@ -69,7 +69,8 @@ class ArrayCalibrationReader:
 
     def __init__(self, data: Mapping[str, np.ndarray], batch_size: int, full_batches: bool = False) -> None:
         """Batches of ``batch_size``; with ``full_batches`` (a static batch axis) a short final batch is completed
-        with the first rows again, so that every row is seen (repeating rows moves no min/max range)."""
+        with the first rows again, so that every row is seen (repeating rows moves no min/max range; a histogram
+        method, entropy or percentile, counts those few rows twice)."""
         self.data = dict(data)
         self.rows = len(next(iter(self.data.values())))
         self.batch_size = batch_size
@@ -80,11 +81,12 @@ class ArrayCalibrationReader:
         """Return the next batch as ``{input_name: array}``, or ``None`` when exhausted."""
         if self._start >= self.rows:
             return None
-        rows = np.arange(self._start, self._start + self.batch_size)
-        rows = rows % self.rows if self.full_batches else rows[rows < self.rows]
-        batch = {n: a[rows] if self.full_batches else a[rows[0] : rows[-1] + 1] for n, a in self.data.items()}
-        self._start += self.batch_size
-        return batch
+        start, end = self._start, self._start + self.batch_size
+        self._start = end
+        if end <= self.rows or not self.full_batches:  # a slice: no copy
+            return {n: a[start:end] for n, a in self.data.items()}
+        rows = np.arange(start, end) % self.rows  # completed with the first rows again
+        return {n: a[rows] for n, a in self.data.items()}
 
     def rewind(self) -> None:
         """Start again from the first batch."""
@@ -342,8 +344,11 @@ def calibrate(fp32_path: str | Path, calib: Calib | None = None, config: QuantCo
     if skip:
         raise QuantizationError(f"cannot calibrate {fp32_path.name} for INT8: {skip}")
     model = onnx.load(str(fp32_path))
-    data, is_random = calibration_array(calib, model, config)
-    reader = calibration_reader(model, data, config)
+    try:
+        data, is_random = calibration_array(calib, model, config)
+        reader = calibration_reader(model, data, config)
+    except CalibrationError as exc:  # name the file whose inputs the data does not fit
+        raise CalibrationError(f"{fp32_path.name}: {exc}") from None
     with tempfile.TemporaryDirectory() as workdir:
         source, _ = preprocess(fp32_path, Path(workdir) / "preprocessed.onnx", aligns(config))
         try:

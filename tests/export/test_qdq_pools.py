@@ -55,15 +55,19 @@ def test_other_means_stay(kwargs: dict) -> None:
 
 
 def _rank3_mean(producer: str) -> onnx.ModelProto:
-    """x (2, 3, 8) → producer (Conv1d, or Pow as an RMSNorm's x²) → Relu → ReduceMean(axis 2, kept) → y."""
+    """x (2, 3, 8) → producer (Conv1d; Conv1d, SiLU and a residual sum with x; or Pow as an RMSNorm's x²) → Relu →
+    ReduceMean(axis 2, kept) → y."""
     inits = [numpy_helper.from_array(np.array([2], np.int64), "axes")]
-    if producer == "Conv":
+    if producer in ("Conv", "SiLU residual"):
         inits.append(numpy_helper.from_array(np.ones((3, 3, 1), np.float32), "w"))
-        first = helper.make_node("Conv", ["x", "w"], ["h"], name="conv")
+        first = helper.make_node("Conv", ["x", "w"], ["h" if producer == "Conv" else "c"], name="conv")
     else:
         inits.append(numpy_helper.from_array(np.array(2.0, np.float32), "two"))
         first = helper.make_node("Pow", ["x", "two"], ["h"], name="square")
-    nodes = [first, helper.make_node("Relu", ["h"], ["r"], name="relu"),
+    silu = [helper.make_node("Sigmoid", ["c"], ["s"], name="sigmoid"),  # SiLU, then a residual sum with x
+            helper.make_node("Mul", ["c", "s"], ["m"], name="silu"),
+            helper.make_node("Add", ["x", "m"], ["h"], name="residual")] if producer == "SiLU residual" else []
+    nodes = [first, *silu, helper.make_node("Relu", ["h"], ["r"], name="relu"),
              helper.make_node("ReduceMean", ["r", "axes"], ["y"], name="mean", keepdims=1)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 1])], inits)
@@ -71,9 +75,10 @@ def _rank3_mean(producer: str) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model)
 
 
-def test_a_rank_3_mean_is_a_pool_only_after_a_convolution() -> None:
+@pytest.mark.parametrize("producer", ["Conv", "SiLU residual"])
+def test_a_rank_3_mean_is_a_pool_only_after_a_convolution(producer: str) -> None:
     x = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)
-    conv = _rank3_mean("Conv")
+    conv = _rank3_mean(producer)
     before = _run(conv, x)
     assert global_average_pools(conv) == ["mean"]  # a 1-D CNN's length axis
     np.testing.assert_allclose(_run(conv, x), before, rtol=1e-6, atol=1e-7)

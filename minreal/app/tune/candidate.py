@@ -329,13 +329,7 @@ def subsample_size(n: int, fraction: float) -> int:
 def first_of_shuffle(data: Dataset, count: int) -> Dataset:
     """``count`` samples of ``data`` drawn without replacement (seed :data:`SUBSAMPLE_SEED`, so a smaller draw is
     part of a larger one), in their original order; ``data`` itself when it has no more."""
-    import torch
-
-    n = len(data)
-    if count >= n:
-        return data
-    rows = torch.randperm(n, generator=torch.Generator().manual_seed(SUBSAMPLE_SEED))[:count].sort().values
-    return Dataset(data.x[rows], None if data.y is None else data.y[rows])
+    return data.sample(count, SUBSAMPLE_SEED)
 
 
 def evaluate_candidate(job: Job) -> CandidateResult:
