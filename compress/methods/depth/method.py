@@ -65,12 +65,13 @@ class DepthPrepared:
     divergence: list[float | None] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
-    param_owners: list[tuple[int, frozenset[str]]] = field(default_factory=list)
+    param_owners: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
 
     def params_freed(self, removed: Collection[str]) -> int:
         """Parameters that removing the blocks ``removed`` frees: those no remaining node uses."""
         gone = set(removed)
-        return sum(size for size, owners in self.param_owners if owners and "" not in owners and owners <= gone)
+        return sum(size for size, owners in self.param_owners
+                   if owners and "" not in owners and gone.issuperset(owners))
 
 
 def _scoring_samples(data: Dataset, n: int, seed: int) -> tuple[Inputs, torch.Tensor | None]:
@@ -121,7 +122,7 @@ def _costs(gm: fx.GraphModule, blocks: list[Block], example: Inputs) -> tuple[di
     return {b.name: total - _macs(remove_blocks(gm, [b]), example) for b in blocks}, total
 
 
-def _param_owners(gm: fx.GraphModule, blocks: list[Block]) -> list[tuple[int, frozenset[str]]]:
+def _param_owners(gm: fx.GraphModule, blocks: list[Block]) -> list[tuple[int, tuple[str, ...]]]:
     """Each parameter the graph uses: its size, and the blocks whose removal its uses die with (``""``: a use that
     reaches the output otherwise). A use dies with a block when it is in the block's branch, or when all it feeds
     dies with blocks (a relative-position bias gathered from a table for one attention branch, a layer scale read
@@ -150,7 +151,7 @@ def _param_owners(gm: fx.GraphModule, blocks: list[Block]) -> list[tuple[int, fr
         for t in tensors:
             owners.setdefault(id(t), set()).update(dies_with[node])
             sizes[id(t)] = t.numel()
-    return [(sizes[i], frozenset(o)) for i, o in owners.items()]
+    return [(sizes[i], tuple(sorted(o))) for i, o in owners.items()]  # plain data: the prepared state is cached
 
 
 def removable_blocks(blocks: list[Block], peaks: dict[str, float], exclude: tuple[str, ...]
