@@ -23,7 +23,7 @@ from onnx import numpy_helper
 
 __all__ = ["global_average_pools"]
 
-_SPATIAL = {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool"}
+_SPATIAL = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"}  # the float graph, before quantisation
 # element-wise ops a convolution's output passes through to the pooled tensor (activations, SiLU's and GELU's parts,
 # residual sums); a Pow (an RMSNorm's x²), a MatMul, a Reshape or a Transpose ends the search
 _ELEMENTWISE = {"Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "LeakyRelu", "Tanh", "Elu", "Selu", "Gelu",

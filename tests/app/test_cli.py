@@ -384,7 +384,8 @@ def test_export_says_how_many_samples_calibrate_int8_and_warns_when_they_are_few
     """It said all 1797 samples calibrated INT8 while 256 did, and calibrated on one sample without a word."""
     import numpy as np
 
-    from minreal.app.single import FEW_CALIBRATION_SAMPLES, _data_line
+    from minreal.app.single import _data_line
+    from minreal.export.settings import FEW_CALIBRATION_SAMPLES
 
     assert _data_line(1797, None) == "using all 1797 samples of --data for the example input and parity"
     assert _data_line(1797, 256).endswith("parity, a seeded random 256 of them for INT8 calibration")
