@@ -173,10 +173,6 @@ def _run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         t = time.perf_counter()
         _fault_point("int8")
         progress(f"[{case.name}] quantising to INT8 ({cfg.variant.quant_target}, {cfg.variant.quant_mode})")
-        if cfg.variant.quant_mode == "static" and (n := min(len(case.train.x), cfg.variant.calib_samples)) < \
-                FEW_CALIBRATION_SAMPLES:
-            log.warning("[%s] INT8 ranges from %d calibration sample(s) hold for those only: give --data with %d or "
-                        "more", case.name, n, FEW_CALIBRATION_SAMPLES)
         records += _int8_records(records, weights, case, case_dir, cfg)
         stages["int8"] = time.perf_counter() - t
     fp16_warnings: list[str] = []
@@ -252,6 +248,10 @@ def _int8_records(records: list[VariantRecord], weights: dict[str, dict[str, Any
         if skip := int8_skip_reason(case_dir / r.onnx):
             r.quantization = {"skipped": skip}
             continue
+        if not out and cfg.variant.quant_mode == "static" and \
+                (n := min(len(case.train.x), cfg.variant.calib_samples)) < FEW_CALIBRATION_SAMPLES:
+            log.warning("[%s] INT8 ranges from %d calibration sample(s) hold for those only: give --data with %d or "
+                        "more", case.name, n, FEW_CALIBRATION_SAMPLES)
         out.append(quantize_variant(r, case_dir, case.train.x, cfg.variant_config(), weights.get(r.label)))
         if trained_ranges(r):
             out.append(quantize_variant(r, case_dir, case.train.x, cfg.variant_config(), post_training=True))
