@@ -215,11 +215,11 @@ class PreparedCheck:
             notes.append(f"paired latency at alpha {plan.alpha:g}, {split} (Bonferroni): over those cells a false "
                          f"alarm (any cell failing although within its threshold) has probability at most "
                          f"{plan.alpha:g}, and so has passing a real regression")
+            if any(c.evidence and c.evidence["pairs"] for c in criteria):
+                notes.append(f"machine load over the paired processes: {describe_load(asdict(machine_load(started)))}")
         if heuristic:
             notes.append(f"{heuristic} latency cell(s) not re-measured were judged on medians "
                          f"({HEURISTIC_ONLY}): no stated error rate for them")
-            if any(c.evidence and c.evidence["pairs"] for c in criteria):
-                notes.append(f"machine load over the paired processes: {describe_load(asdict(machine_load(started)))}")
         return CheckResult(criteria=tuple(criteria), passed=all(c.passed for c in criteria), notes=tuple(notes),
                            error_rates=rates)
 

@@ -354,6 +354,7 @@ def test_alpha_is_split_over_every_paired_cell_of_every_case(tmp_path: Path, mak
             # Bonferroni over cells and looks: the levels of all tests a wrong verdict could come from sum to alpha
             assert c["evidence"]["cells"] == 4 and c["evidence"]["level"] * 4 * looks == pytest.approx(0.01)
         assert any("4 re-measured cells" in n and "probability at most 0.01" in n for n in case["notes"])
+        assert any(n.startswith("machine load over the paired processes") for n in case["notes"])
 
 
 def test_a_cap_too_small_for_the_gates_share_of_alpha_is_refused_before_any_process(
