@@ -206,6 +206,17 @@ def calibration_reader(model: onnx.ModelProto, data: Mapping[str, np.ndarray],
     return ArrayCalibrationReader(data, batch, full_batches=shape[0] is not None)
 
 
+def file_reader(path: Path, model: onnx.ModelProto, calib: Calib | None, config: QuantConfig
+                ) -> tuple[ArrayCalibrationReader, bool]:
+    """(:func:`calibration_reader` of :func:`calibration_array`, whether the data is random) for the model read from
+    ``path``; a CalibrationError names the file whose inputs the data does not fit."""
+    try:
+        data, is_random = calibration_array(calib, model, config)
+        return calibration_reader(model, data, config), is_random
+    except CalibrationError as exc:
+        raise CalibrationError(f"{path.name}: {exc}") from None
+
+
 RangeSource = Path | ArrayCalibrationReader
 """Where static quantisation takes its activation ranges from: a file of ONNX Runtime's calibration cache
 (:func:`range_source`), or a reader it calibrates on (again in every quantisation)."""
@@ -344,11 +355,7 @@ def calibrate(fp32_path: str | Path, calib: Calib | None = None, config: QuantCo
     if skip:
         raise QuantizationError(f"cannot calibrate {fp32_path.name} for INT8: {skip}")
     model = onnx.load(str(fp32_path))
-    try:
-        data, is_random = calibration_array(calib, model, config)
-        reader = calibration_reader(model, data, config)
-    except CalibrationError as exc:  # name the file whose inputs the data does not fit
-        raise CalibrationError(f"{fp32_path.name}: {exc}") from None
+    reader, is_random = file_reader(fp32_path, model, calib, config)
     with tempfile.TemporaryDirectory() as workdir:
         source, _ = preprocess(fp32_path, Path(workdir) / "preprocessed.onnx", aligns(config))
         try:

@@ -24,14 +24,13 @@ import onnx
 
 import minreal.runtime_bench.cpu as cpu_facts
 from minreal.export.atomic import ensure_distinct
-from minreal.export.errors import CalibrationError, QuantizationError
+from minreal.export.errors import QuantizationError
 from minreal.export.int8 import cleanup
 from minreal.export.int8.calibration import (
     Calib,
     Calibration,
-    calibration_array,
-    calibration_reader,
     check_calibration,
+    file_reader,
     range_source,
     require_reusable,
 )
@@ -133,11 +132,8 @@ def quantize_int8(
             raise ValueError("calibration= is for mode='static'; dynamic quantisation calibrates nothing")
         require_reusable()
     model = onnx.load(str(fp32_path))
-    try:
-        data, is_random = calibration_array(calib, model, config) if static and calibration is None else (None, False)
-        reader = calibration_reader(model, data, config) if data is not None else None
-    except CalibrationError as exc:  # name the file whose inputs the data does not fit
-        raise CalibrationError(f"{fp32_path.name}: {exc}") from None
+    reader, is_random = (file_reader(fp32_path, model, calib, config) if static and calibration is None
+                         else (None, False))
     if calib is not None and not static:
         logger.info("dynamic quantisation ignores the calibration data")
     with tempfile.TemporaryDirectory() as workdir, atomic_path(out_path) as tmp:
@@ -169,7 +165,7 @@ def quantize_int8(
     if untrained:
         logger.warning("%s: the trained activation ranges of %s are not in the graph; calibrated instead",
                        out_path.name, ", ".join(untrained))
-    samples = 0 if data is None else len(next(iter(data.values())))
+    samples = 0 if reader is None else reader.rows
     if calibration is not None:
         samples, is_random = calibration.samples, calibration.random
     return dataclasses.replace(
