@@ -45,7 +45,7 @@ from minreal.export.int8 import (
 from minreal.runtime_bench import BenchInputError
 from minreal.runtime_bench.atomic import atomic_write_bytes
 from minreal.runtime_bench.inputs import Data, data_rows
-from minreal.runtime_bench.metrics import ModelMetrics, evaluate_models, is_classification
+from minreal.runtime_bench.metrics import ModelMetrics, evaluate_models, is_classification, reference_outputs_kept
 
 __all__ = ["METRICS", "MetricSpec", "FallbackStep", "AccuracyControlResult", "metric_drop", "outside_in",
            "quantize_with_accuracy_control"]
@@ -73,7 +73,7 @@ class MetricSpec:
     labels : bool | None
         ``True`` needs integer labels, ``False`` float targets, ``None`` no labels.
     reference : bool
-        measured against the fp32 model's outputs (so the fp32 model runs beside each candidate).
+        measured against the fp32 model's outputs (computed once per call, read back for each candidate).
     """
 
     read: Callable[[ModelMetrics], float | None]
@@ -205,7 +205,8 @@ def _measurer(spec: MetricSpec, fp32_path: Path, eval_x: Data, eval_y: np.ndarra
     labels = eval_y if spec.labels is not None else None
 
     def measure(path: Path) -> float:
-        names, paths = (["fp32", path.name], [fp32_path, path]) if spec.reference else ([path.name], [path])
+        reference = spec.reference and path != fp32_path  # the fp32 model's agreement with itself: one run
+        names, paths = (["fp32", path.name], [fp32_path, path]) if reference else ([path.name], [path])
         try:
             value = spec.read(evaluate_models(names, paths, eval_x, labels, EVAL_BATCH, threads or 0)[-1])
         except BenchInputError as exc:
@@ -372,9 +373,10 @@ def quantize_with_accuracy_control(
         _check_plain(int8, fp32_path, config, calib)
     measure = _measurer(spec, fp32_path, eval_x if isinstance(eval_x, Mapping) else np.asarray(eval_x), eval_y,
                         threads)
-    fp32_value = measure(fp32_path)
-    drop = partial(metric_drop, fp32_value, metric=metric)
-    with tempfile.TemporaryDirectory() as workdir:
+    # agreement: the fp32 model's outputs are computed once and read back for every candidate
+    with reference_outputs_kept(fp32_path), tempfile.TemporaryDirectory() as workdir:
+        fp32_value = measure(fp32_path)
+        drop = partial(metric_drop, fp32_value, metric=metric)
         quantiser = _Quantiser(fp32_path, Path(workdir), calib, config, measure, int8)
         int8_value = quantiser([])[1]
         say(f"fp32 {metric} {fp32_value:.4g}, INT8 {int8_value:.4g}: drop {drop(int8_value):.4g}{spec.unit} "

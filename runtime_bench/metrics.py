@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .errors import BenchInputError
 from .inputs import Data, InputSpec, batch_inputs, check_batch, data_rows, input_specs, take_rows
+from .model_info import model_files
 from .providers import provider_name
 from .sessions import create_session
 
@@ -22,6 +26,7 @@ __all__ = [
     "agreement_count",
     "max_abs_diff",
     "evaluate_models",
+    "reference_outputs_kept",
     "eval_step",
     "EVAL_STEP_BYTES",
     "DIFF_CHUNK",
@@ -125,6 +130,66 @@ class _Running:
         )
 
 
+@dataclass
+class _KeptReferences:
+    """Reference outputs kept on disk for the :func:`evaluate_models` calls of one :func:`reference_outputs_kept`
+    block: the model files whose outputs are kept (resolved paths), and key → folder of ``{batch}.npy`` files."""
+
+    root: Path
+    paths: set[str] = field(default_factory=set)
+    folders: dict[tuple, Path] = field(default_factory=dict)
+
+
+_KEPT: ContextVar[_KeptReferences | None] = ContextVar("minreal_kept_references", default=None)
+
+
+@contextmanager
+def reference_outputs_kept(*models: str | Path) -> Iterator[None]:
+    """Within this block, :func:`evaluate_models` runs each of ``models`` (model files: the references its callers
+    compare against) once per evaluation set: when one of them is a call's first model, its outputs are kept on disk
+    (a temporary folder, removed when the block ends) and read back by later calls whose first model is that file
+    with the same bytes (its files' digest), on the same data (a digest of its bytes), with the same evaluation step
+    and threads. The metrics are the same as running it again: the same session options on the same batches give the
+    same outputs. Only the named files' outputs are kept (a segmentation model's are gigabytes). A block inside
+    another adds its files to the outer one's and shares its outputs."""
+    outer = _KEPT.get()
+    if outer is not None:
+        outer.paths.update(str(Path(m).resolve()) for m in models)
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="minreal-reference-") as root:
+        token = _KEPT.set(_KeptReferences(Path(root), {str(Path(m).resolve()) for m in models}))
+        try:
+            yield
+        finally:
+            _KEPT.reset(token)
+
+
+def _data_digest(x: Data) -> str:
+    """A digest of the evaluation inputs: names, dtypes, shapes and bytes."""
+    h = hashlib.blake2b(digest_size=20)
+    for name, value in sorted(x.items()) if isinstance(x, Mapping) else [("", x)]:
+        a = np.ascontiguousarray(value)
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+def _files_digest(path: Path) -> str:
+    """A digest of a model's bytes: its graph file and external data files (a file rewritten within the
+    timestamps' granularity, at the same size, is not taken for the old one)."""
+    h = hashlib.blake2b(digest_size=20)
+    for f in model_files(Path(path)):
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _reference_key(path: Path, x: Data, step: int, threads: int) -> tuple:
+    return _files_digest(path), _data_digest(x), step, threads
+
+
 def evaluate_models(
     names: Sequence[str],
     paths: Sequence[Path],
@@ -137,7 +202,8 @@ def evaluate_models(
 
     ``x`` is one array (single-input models) or arrays keyed by graph input name, used as given (symbolic
     axes at their full length). The first model is the reference for agreement. Models with a fixed batch
-    dimension use it.
+    dimension use it. Inside :func:`reference_outputs_kept`, the first model's outputs of an earlier call on the
+    same data are read back instead of running it again (where the block names that model).
 
     One session is open at a time, without onnxruntime's memory arena, each model running every batch before the
     next model's session is created: an arena keeps the memory of its largest batch (rounded up to a power of two)
@@ -156,21 +222,42 @@ def evaluate_models(
     for name, spec in zip(names, specs):
         check_batch(spec, step, name)
     starts = range(0, rows, step)
+    kept_refs = _KEPT.get()
+    if kept_refs is not None and str(Path(paths[0]).resolve()) not in kept_refs.paths:
+        kept_refs = None
+    key = None if kept_refs is None else _reference_key(Path(paths[0]), x, step, threads)
+    keep = len(paths) > 1 or kept_refs is not None  # the first model's outputs are read again (alone: by nobody)
     with tempfile.TemporaryDirectory(prefix="minreal-eval-") as folder:
         kept = Path(folder)
         results = []
+        if kept_refs is not None and key in kept_refs.folders:  # the reference ran before on this data: read back
+            kept = kept_refs.folders[key]
+            running = _Running()
+            for k, start in enumerate(starts):
+                out = np.load(kept / f"{k}.npy")
+                running.update(out, out, None if y is None else y[start : start + step])
+            results.append(running.result(names[0], y))
+        elif kept_refs is not None:
+            kept = Path(tempfile.mkdtemp(dir=kept_refs.root))  # a call that failed half-way left its own
         for index, (name, path, spec) in enumerate(zip(names, paths, specs)):
+            if index < len(results):
+                continue
             session = create_session(Path(path), provider_name("cpu"), threads, arena=False)
             running = _Running()
             for k, start in enumerate(starts):
                 out = _run_padded(session, spec, take_rows(x, start, start + step), step, name)
-                ref = _keep(kept, k, out) if index == 0 else np.load(kept / f"{k}.npy")
+                if index > 0:
+                    ref = np.load(kept / f"{k}.npy")
+                else:
+                    ref = _keep(kept, k, out) if keep else out
                 if out.shape != ref.shape:
                     raise BenchInputError(f"model {name!r} output shape {out.shape} differs from {names[0]!r} "
                                           f"{ref.shape}")
                 running.update(out, ref, None if y is None else y[start : start + step])
             del session  # its memory goes before the next model's session is created
             results.append(running.result(name, y))
+            if index == 0 and kept_refs is not None:  # every batch written: later calls may read them
+                kept_refs.folders[key] = kept
     return results
 
 

@@ -615,7 +615,10 @@ def test_short_rungs_recover_on_a_subsample_and_only_what_meets_is_exported(trai
 def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_mlp, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """QAT changes the ranges, not the structure: where the recovered winner's post-training INT8 meets the
-    constraint in ONNX Runtime no QAT candidate is trained (and the report says so); where it misses, one is."""
+    constraint in ONNX Runtime no QAT candidate is trained (and the report says so); where it misses, one is. The
+    original's file runs once on the held-out data in ONNX Runtime, the reference of every file judged there (the
+    INT8 check and the final measurement each ran it again)."""
+    import minreal.runtime_bench.metrics as metrics_module
     from minreal.app.tune import search as tune_search
 
     model, tr, te = trained_mlp
@@ -629,7 +632,12 @@ def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_m
         return real(res, held_out, original, base)
 
     monkeypatch.setattr(tune_search, "_int8_meets", meets)
+    opened: list[str] = []
+    session = metrics_module.create_session
+    monkeypatch.setattr(metrics_module, "create_session",
+                        lambda path, *a, **k: opened.append(Path(path).name) or session(path, *a, **k))
     report = tune(model, tr, te, cfg, tmp_path / "a", tmp_path / "cache", executor=InlineExecutor())
+    assert opened.count("original.onnx") == 1 and len(opened) > 2
     recovered = [s for s in report.searches if s["recover_epochs"] and s["smallest_feasible"] is not None]
     assert recovered, report.searches  # the race found a recovered winner, whose INT8 was checked
     assert len(checked) == 1 and checked[0].startswith(f"svd@{recovered[0]['smallest_feasible']:g}+r1")

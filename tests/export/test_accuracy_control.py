@@ -25,6 +25,7 @@ from onnx import numpy_helper
 
 import minreal.export.accuracy_control as accuracy_control
 import minreal.export.int8.calibration as int8_calibration
+import minreal.runtime_bench.metrics as metrics_module
 from minreal.compress.core.smoke import digits_mlp
 from minreal.compress.core.train import TrainConfig, train
 from minreal.compress.datasets import digits
@@ -136,11 +137,18 @@ def test_hostile_layer_ranked_first_and_its_fallback_meets_the_target(case: Case
     _check_consistent(result)
 
 
-def test_an_unreachable_target_still_writes_keeping_only_nodes_that_helped(case: Case, tmp_path: Path) -> None:
+def test_an_unreachable_target_still_writes_keeping_only_nodes_that_helped(case: Case, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Ranking capped to the first layer (outside-in order), which is not the culprit: the drop cannot reach 0; the
-    first layer goes to float only where, alone, it recovered some of the drop."""
+    first layer goes to float only where, alone, it recovered some of the drop. The fp32 model, the reference of
+    every candidate's agreement, runs once in the whole call (it ran beside each candidate)."""
+    opened: list[str] = []
+    real = metrics_module.create_session
+    monkeypatch.setattr(metrics_module, "create_session",
+                        lambda path, *a, **k: opened.append(Path(path).name) or real(path, *a, **k))
     result = quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, None, 0.0,
                                             metric="agreement", max_fallback=1)
+    assert opened.count(case.path.name) == 1 and len(opened) == 1 + result.quantizations >= 3
     first = quantizable_nodes(case.path)[0]
     assert first != case.hostile
     assert not result.met and list(result.sensitivities) == [first] and result.fp32_metric == 1.0

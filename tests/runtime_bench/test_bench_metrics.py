@@ -17,6 +17,7 @@ from minreal.runtime_bench.metrics import (
     correct_count,
     evaluate_models,
     max_abs_diff,
+    reference_outputs_kept,
     squared_error_sum,
 )
 
@@ -102,6 +103,60 @@ def test_one_session_open_at_a_time_with_the_metrics_of_batches_run_side_by_side
         assert m.top1_agreement == np.mean(out.argmax(1) == ref.argmax(1))
         assert m.max_abs_diff == float(np.abs(out.astype(np.float64) - ref).max())
     assert metrics[2].max_abs_diff == 0.0 and metrics[1].max_abs_diff > 0.0
+
+
+def test_a_kept_reference_runs_once_per_file_and_data_with_the_metrics_of_running_it_again(
+    tmp_path: Path, weights, perturbed_weights, reference_model: Path, perturbed_model: Path, data, make_linear,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """"Never compute twice": inside reference_outputs_kept(file), that file as the first model of later
+    evaluate_models calls on the same data is read back from disk, with metrics equal (to the bit) to those of calls
+    that run it; it runs again for other data, another step, or its file rewritten; a file the block does not name
+    is not kept; the kept outputs go when the block ends."""
+    x, y = data
+    opened: list[str] = []
+    real = metrics_module.create_session
+
+    def counted(path: Path, *args: Any, **kwargs: Any) -> Any:
+        opened.append(Path(path).name)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(metrics_module, "create_session", counted)
+    ref = make_linear(tmp_path / "ref.onnx", *weights)
+    plain = [evaluate_models(["ref", "pert"], [ref, perturbed_model], x, y, batch_size=7, threads=1),
+             evaluate_models(["ref", "same"], [ref, reference_model], x, None, batch_size=7, threads=1)]
+    opened.clear()
+    with reference_outputs_kept(ref):
+        kept = [evaluate_models(["ref", "pert"], [ref, perturbed_model], x, y, batch_size=7, threads=1),
+                evaluate_models(["ref", "same"], [ref, reference_model], x, None, batch_size=7, threads=1)]
+        assert opened == ["ref.onnx", "perturbed.onnx", "reference.onnx"]  # the reference ran once for both calls
+        folders = list(metrics_module._KEPT.get().folders.values())
+        with reference_outputs_kept(perturbed_model):  # an inner block shares the outer one's outputs
+            assert evaluate_models(["ref"], [ref], x, y, batch_size=7, threads=1) == plain[0][:1]
+            evaluate_models(["pert"], [perturbed_model], x, y, batch_size=7, threads=1)
+        evaluate_models(["pert", "ref"], [perturbed_model, ref], x, y, batch_size=7, threads=1)
+        evaluate_models(["same"], [reference_model], x, y, batch_size=7, threads=1)
+        evaluate_models(["same"], [reference_model], x, y, batch_size=7, threads=1)  # not named: runs again
+        assert opened == ["ref.onnx", "perturbed.onnx", "reference.onnx", "perturbed.onnx", "ref.onnx",
+                          "reference.onnx", "reference.onnx"]
+        assert len(metrics_module._KEPT.get().folders) == 2  # ref's and perturbed's outputs, not reference's
+        opened.clear()
+        evaluate_models(["ref"], [ref], x[:50], y[:50], batch_size=7, threads=1)  # other data
+        evaluate_models(["ref"], [ref], x, y, batch_size=10, threads=1)  # another step
+        make_linear(ref, 2 * weights[0], 2 * weights[1])  # rewritten (same size, maybe the same timestamp): run again
+        again = evaluate_models(["ref", "pert"], [ref, perturbed_model], x, y, batch_size=7, threads=1)
+        assert opened == ["ref.onnx", "ref.onnx", "ref.onnx", "perturbed.onnx"]
+        make_linear(ref, *perturbed_weights)  # the bytes of a kept file: its outputs are read back
+        assert evaluate_models(["ref"], [ref], x, y, batch_size=7, threads=1)[0].accuracy == plain[0][1].accuracy
+        assert opened == ["ref.onnx", "ref.onnx", "ref.onnx", "perturbed.onnx"]
+        make_linear(ref, 2 * weights[0], 2 * weights[1])
+    assert kept == plain
+    assert again == evaluate_models(["ref", "pert"], [ref, perturbed_model], x, y, batch_size=7, threads=1)
+    assert folders and not any(f.exists() for f in folders)
+    opened.clear()
+    evaluate_models(["ref", "pert"], [ref, perturbed_model], x, y, batch_size=7, threads=1)
+    evaluate_models(["ref", "pert"], [ref, perturbed_model], x, y, batch_size=7, threads=1)
+    assert opened == ["ref.onnx", "perturbed.onnx"] * 2  # outside a block every call runs every model
 
 
 def test_max_abs_diff_over_chunks_is_the_whole_arrays(monkeypatch: pytest.MonkeyPatch) -> None:

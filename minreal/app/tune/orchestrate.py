@@ -37,6 +37,8 @@ from minreal.export.settings import VariantConfig
 from minreal.export.variant import export_variant, quantize_variant, relative_to
 from minreal.export.verify import feeds_of
 from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET
+from minreal.runtime_bench.config import BenchConfig
+from minreal.runtime_bench.metrics import reference_outputs_kept
 
 from .candidate import CandidateResult, CandidateSpec, Job, LoadedSource, cached_file, export_settings, fingerprint
 from .choice import choose_candidate, fronts, to_confirm
@@ -67,8 +69,16 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
 
     ``source`` tells workers how to load the inputs again (:class:`~.candidate.SpecSource`); default: the objects
     given (:class:`~.candidate.LoadedSource`, only for an in-process executor). Results are cached in
-    ``cache_dir`` by inputs and candidate, so a repeated or interrupted tune resumes.
+    ``cache_dir`` by inputs and candidate, so a repeated or interrupted tune resumes. The original's outputs on the
+    held-out data are computed once in ONNX Runtime, the reference of every file's agreement
+    (:func:`~minreal.runtime_bench.metrics.reference_outputs_kept`).
     """
+    with reference_outputs_kept(folder / "models" / "original.onnx"):
+        return _tune(model, calib, held_out, cfg, folder, cache_dir, source, executor, progress)
+
+
+def _tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, folder: Path, cache_dir: Path,
+          source: Any, executor: Executor | None, progress: Progress | None) -> TuneReport:
     t_start, say = time.perf_counter(), progress or log.info
     run = executor or InlineExecutor()
     # "cpu" is the format of the machine the latency is measured on (a Ray cluster's bench node, not this driver)
@@ -254,7 +264,8 @@ def _accuracy_controlled(models_dir: Path, calib: Dataset, held_out: Dataset, cf
         models_dir / "original.onnx", path, feeds_of(calibration_rows(calib.x, vcfg.calib_samples)),
         feeds_of(held_out.x),
         None if held_out.y is None or metric == "agreement" else held_out.y.numpy(), max_drop, vcfg.quant_config(),
-        metric=metric, int8=None if plain is None else _quant_result(plain, models_dir))
+        metric=metric, int8=None if plain is None else _quant_result(plain, models_dir),
+        threads=BenchConfig().threads())  # as every held-out measurement: the original's outputs are computed once
     if not res.excluded and res.met and vcfg.quant_target != cfg.quant_target:
         notes.append(f"original.int8-ac is the original's INT8 in the saturation-free cpu-avx2 format, every layer "
                      f"quantised: it meets the constraint (drop {res.drop:.3g})")
