@@ -11,7 +11,8 @@ and in int8 (the extra channel quantises to the zero point, whose contribution t
 weights' column sums, which the zero weights leave unchanged; a per-channel weight scale is a maximum over each
 output channel's weights, which zeros do not move). The extra channel comes from a ``Pad`` on the convolution's
 input, which runs before the input is quantised when that input is the graph's (the stem), and on quantised tensors
-otherwise (:func:`minreal.export.qdq_pads.integer_pads`).
+otherwise (:func:`minreal.export.qdq_pads.integer_pads`). A widened convolution that a quantisation leaves in float
+(accuracy control's fallbacks) is narrowed again (:func:`narrow_convs`): in float the zero channel only costs.
 
 Measured (``benchmarks/int8_align.json``, both files timed in 20 fresh processes, both orders, on an AVX-512 VNNI
 Xeon): the CIFAR ResNet-32's INT8 file runs 0.982x as long at batch 1 and 0.960x at batch 32 with its stem widened,
@@ -28,12 +29,13 @@ from __future__ import annotations
 
 import collections
 import copy
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["ALIGN", "align_conv_inputs", "channel_pads"]
+__all__ = ["ALIGN", "align_conv_inputs", "channel_pads", "narrow_convs"]
 
 #: Input channels of an ungrouped convolution are widened to a multiple of this (MLAS's x86 symmetric int8 kernel).
 ALIGN = 4
@@ -140,3 +142,44 @@ def channel_pads(model: onnx.ModelProto) -> dict[str, str]:
     pads = {n.output[0]: n.name for n in model.graph.node if n.op_type == "Pad" and "_channel_pad" in n.name}
     return {n.name: pads[n.input[0]] for n in model.graph.node
             if n.op_type == "Conv" and n.input and n.input[0] in pads and readers[n.input[0]] == 1}
+
+
+def narrow_convs(model: onnx.ModelProto, convs: Sequence[str]) -> list[str]:
+    """Undo :func:`align_conv_inputs` (in place) for the named convolutions: each reads its ``Pad``'s input again,
+    its weight loses the zero channels, and the ``Pad`` goes with its pads initializer. For convolutions left in float
+    (accuracy control's fallbacks): the zero channels buy nothing there and cost a third more of a float stem's MACs.
+    The calibration of the widened graph still holds (the narrowed graph's tensors are among its own). Returns the
+    names of the narrowed convolutions."""
+    graph = model.graph
+    pads = channel_pads(model)
+    wanted = [n for n in graph.node if n.op_type == "Conv" and n.name in set(convs) and n.name in pads]
+    if not wanted:
+        return []
+    inits = {t.name: t for t in graph.initializer}
+    pad_nodes = {n.name: n for n in graph.node if n.op_type == "Pad"}
+    gone_nodes, gone_inits, gone_values = set(), set(), set()
+    for conv in wanted:
+        pad = pad_nodes[pads[conv.name]]
+        extra = int(numpy_helper.to_array(inits[pad.input[1]])[len(inits[conv.input[1]].dims) + 1])
+        w = inits[conv.input[1]]
+        narrow = numpy_helper.to_array(w)[:, : w.dims[1] - extra]
+        w.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(narrow), w.name))
+        for info in (*graph.input, *graph.value_info):
+            dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
+            if info.name == w.name and len(dims) > 1:
+                dims[1].dim_value = narrow.shape[1]
+        conv.input[0] = pad.input[0]
+        gone_nodes.add(pad.name)
+        gone_values.add(pad.output[0])
+        gone_inits.add(pad.input[1])
+    readers = {v for n in graph.node if n.name not in gone_nodes for v in n.input}
+    nodes = [copy.deepcopy(n) for n in graph.node if n.name not in gone_nodes]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    keep = [t for t in graph.initializer if t.name not in gone_inits or t.name in readers]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    values = [v for v in graph.value_info if v.name not in gone_values]
+    del graph.value_info[:]
+    graph.value_info.extend(values)
+    return [c.name for c in wanted]

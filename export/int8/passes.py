@@ -7,6 +7,7 @@ shortcut's zero channels) pads the quantised tensor with the zero point instead 
 from __future__ import annotations
 
 import logging
+import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from minreal.export.int8.calibration import ArrayCalibrationReader, RangeSource
 from minreal.export.int8.config import CALIBRATION_METHODS, QUANT_TYPES, QuantConfig
 from minreal.export.int8.preprocess import ort_quantization
 from minreal.export.int8.target import ORT_CPU_TARGETS
-from minreal.export.qdq_channels import channel_pads
+from minreal.export.qdq_channels import narrow_convs
 from minreal.export.qdq_pads import integer_pads
 from minreal.facts import INT8_TARGET_KEY
 
@@ -38,12 +39,20 @@ class _PerChannelAxisNoise(logging.Filter):
 def run_static(source: Path, dest: Path, ranges: RangeSource, config: QuantConfig,
                overrides: Mapping[str, list[dict[str, np.ndarray]]] | None = None,
                excluded: Sequence[str] = ()) -> None:
-    """Static QDQ quantisation with the activation ranges of ``ranges``, leaving the ``excluded`` nodes in float
-    (with the channel ``Pad`` that :func:`~minreal.export.int8.preprocess.preprocess` put before an excluded
-    convolution: it gains nothing in float and must not quantise that convolution's input)."""
+    """Static QDQ quantisation with the activation ranges of ``ranges``, leaving the ``excluded`` nodes in float; an
+    excluded convolution that :func:`~minreal.export.int8.preprocess.preprocess` widened loses its zero channels and
+    their ``Pad`` again (:func:`~minreal.export.qdq_channels.narrow_convs`: in float they only cost), in a copy of
+    ``source`` in a temporary folder."""
     if excluded:
-        pads = channel_pads(onnx.load(str(source), load_external_data=False))
-        excluded = list(dict.fromkeys([*excluded, *(pads[n] for n in excluded if n in pads)]))
+        model = onnx.load(str(source), load_external_data=False)
+        narrowed = narrow_convs(model, excluded)
+        if narrowed:
+            logger.debug("%s: zero input channels removed again from %s (left in float)", dest.name,
+                         ", ".join(narrowed))
+            with tempfile.TemporaryDirectory(prefix="minreal-narrowed-") as folder:
+                onnx.save(model, str(Path(folder) / source.name))
+                run_static(Path(folder) / source.name, dest, ranges, config, overrides, excluded)
+            return
     act_type, symmetric = config.activation()
     noise = _PerChannelAxisNoise()
     logging.getLogger().addFilter(noise)

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from minreal.export.int8 import QuantConfig, quantize_int8
-from minreal.export.qdq_channels import align_conv_inputs
+from minreal.export.qdq_channels import align_conv_inputs, narrow_convs
 from minreal.runtime_bench.model_info import float_roundtrips, optimized_graph
 
 
@@ -99,16 +99,57 @@ def test_int8_stem_runs_on_four_channels_with_the_same_outputs(tmp_path: Path) -
     np.testing.assert_array_equal(c, a)
 
 
-def test_an_excluded_stem_keeps_its_pad_in_float_too(tmp_path: Path) -> None:
+def test_an_excluded_stem_runs_in_float_on_its_own_three_channels(tmp_path: Path) -> None:
+    """A stem left in float (accuracy control's first suspect) gets its zero channel and its Pad back out: in float
+    they only cost (a third more of its MACs and a copy of the input). The file is then the unwidened quantisation's,
+    outputs to the bit, also from a calibration of the widened graph made once for many exclusions."""
+    from minreal.export.int8 import calibrate
+
     src = tmp_path / "fp32.onnx"
     onnx.save(_conv_graph(), str(src))
-    calib = np.random.default_rng(5).standard_normal((16, 3, 8, 8)).astype(np.float32)
-    result = quantize_int8(src, tmp_path / "q.onnx", calib, QuantConfig(target="cpu"), exclude=["stem"])
+    rng = np.random.default_rng(5)
+    calib = rng.standard_normal((16, 3, 8, 8)).astype(np.float32)
+    x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+    cpu = QuantConfig(target="cpu")
+    result = quantize_int8(src, tmp_path / "q.onnx", calib, cpu, exclude=["stem"])
+    plain = quantize_int8(src, tmp_path / "plain.onnx", calib, QuantConfig(target="cpu", align_channels=False),
+                          exclude=["stem"])
+    once = quantize_int8(src, tmp_path / "once.onnx", None, cpu, exclude=["stem"],
+                         calibration=calibrate(src, calib, cpu))
     model = onnx.load(str(result.out_path))
-    producer = {o: n.op_type for n in model.graph.node for o in n.output}
-    (pad,) = [n for n in model.graph.node if n.op_type == "Pad"]
-    assert producer.get(pad.input[0]) is None  # reads the graph input in float, not a dequantised tensor
-    assert not [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == pad.output[0]]
+    assert not [n for n in model.graph.node if n.op_type == "Pad"]
+    (stem,) = [n for n in model.graph.node if n.name == "stem"]
+    weights = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    assert stem.input[0] == "x" and weights[stem.input[1]] == (16, 3, 3, 3)  # in float, on the graph input
+    assert result.float_kernels == 1 and result.integer_kernels == 2 and result.excluded_nodes == ["stem"]
+    outputs = [ort.InferenceSession(str(r.out_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+               for r in (result, plain, once)]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+    np.testing.assert_array_equal(outputs[2], outputs[1])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp32.onnx", "once.onnx", "plain.onnx", "q.onnx"]
+
+
+def test_narrowing_undoes_widening_exactly_and_only_for_the_named_convolutions() -> None:
+    """align then narrow gives the original graph's weights and outputs back; a shared weight's widened copy is
+    narrowed for its own convolution only."""
+    model = _conv_graph(shared=True)
+    x = np.random.default_rng(6).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    before = _run(model, x)
+    assert align_conv_inputs(model) == ["stem", "twin"]
+    assert narrow_convs(model, ["twin", "mix", "nowhere"]) == ["twin"]
+    onnx.checker.check_model(model)
+    (twin,) = [n for n in model.graph.node if n.name == "twin"]
+    (pad,) = [n for n in model.graph.node if n.op_type == "Pad"]  # the stem's stays
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    original = numpy_helper.to_array(_conv_graph().graph.initializer[0])
+    assert twin.input[0] == "x" and np.array_equal(weights[twin.input[1]], original)
+    assert pad.output[0] == next(n for n in model.graph.node if n.name == "stem").input[0]
+    assert len([t for t in model.graph.initializer if "channel_pads" in t.name]) == 1
+    np.testing.assert_allclose(_run(model, x), before, rtol=1e-5, atol=1e-5)
+    assert narrow_convs(model, ["stem"]) == ["stem"] and narrow_convs(model, ["stem"]) == []
+    assert not [n for n in model.graph.node if n.op_type == "Pad"]
+    assert not [t for t in model.graph.initializer if "channel_pads" in t.name]
+    np.testing.assert_allclose(_run(model, x), before, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(("opset", "stem_out"), [(10, 16), (18, 8), (18, 20)])
