@@ -32,7 +32,7 @@ BOUNDARIES = {
     ("minreal/app/options.py", "recovery_config"),  # --recover-int8's format (compress, run)
     ("minreal/app/single.py", "export_single"),  # minreal export
     ("minreal/app/pipeline.py", "fill_run_dir"),  # minreal run, minreal demo
-    ("minreal/app/tune/orchestrate.py", "_tune"),  # tune: on the node that measures latency (a Ray cluster's, not the driver)
+    ("minreal/app/tune/orchestrate.py", "_tune"),  # tune: on the node that measures latency (a Ray cluster's)
 }
 #: The library's entry points that resolve a :class:`QuantConfig`, once, before anything else reads it.
 ENTRY_POINTS = {("export/int8/quantize.py", "quantize_int8"), ("export/int8/calibration.py", "calibrate"),
