@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -135,51 +136,88 @@ def align_conv_inputs(model: onnx.ModelProto, multiple: int = ALIGN) -> list[str
     return done
 
 
+def _attr(node: onnx.NodeProto, name: str, default: object) -> object:
+    a = next((a for a in node.attribute if a.name == name), None)
+    return default if a is None else helper.get_attribute_value(a)
+
+
 def channel_pads(model: onnx.ModelProto) -> dict[str, str]:
-    """Convolution name → the name of the ``Pad`` :func:`align_conv_inputs` put before it (found by structure: a
-    constant ``Pad`` whose output only that convolution reads and whose name ends ``_channel_pad[_N]``)."""
-    readers = collections.Counter(v for n in model.graph.node for v in n.input)
-    pads = {n.output[0]: n.name for n in model.graph.node if n.op_type == "Pad" and "_channel_pad" in n.name}
-    return {n.name: pads[n.input[0]] for n in model.graph.node
-            if n.op_type == "Conv" and n.input and n.input[0] in pads and readers[n.input[0]] == 1}
+    """Convolution name → the name of the ``Pad`` :func:`align_conv_inputs` put before it, recognised by its name
+    (``<conv>_channel_pad`` or ``…_channel_pad_N``) and its structure: a constant zero ``Pad`` (no value input) of
+    only trailing channels on axis 1, pads an initializer, its output read by that convolution alone and not a graph
+    output, and the convolution's weight zero on those channels. A user's ``Pad`` of that name is not one."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    readers = collections.Counter(v for g in _subgraphs(graph) for n in g.node for v in n.input)
+    readers.update(o.name for o in graph.output)
+    producers = {n.output[0]: n for n in graph.node if n.op_type == "Pad" and n.output}
+    out = {}
+    for conv in graph.node:
+        pad = producers.get(conv.input[0]) if conv.op_type == "Conv" and len(conv.input) > 1 else None
+        if pad is None or not conv.name or readers[pad.output[0]] != 1 or len(pad.input) != 2 \
+                or pad.input[1] not in inits or conv.input[1] not in inits or _attr(pad, "mode", b"constant") \
+                not in (b"constant", "constant") \
+                or not re.fullmatch(re.escape(conv.name) + r"_channel_pad(_\d+)?", pad.name):
+            continue
+        w, pads = inits[conv.input[1]], numpy_helper.to_array(inits[pad.input[1]])
+        rank = len(w.dims)
+        extra = int(pads[rank + 1]) if pads.shape == (2 * rank,) else 0
+        others = np.delete(pads, rank + 1) if pads.shape == (2 * rank,) else pads
+        if not 0 < extra < w.dims[1] or others.any() or w.data_location == onnx.TensorProto.EXTERNAL \
+                or numpy_helper.to_array(w)[:, w.dims[1] - extra :].any():
+            continue
+        out[conv.name] = pad.name
+    return out
 
 
-def narrow_convs(model: onnx.ModelProto, convs: Sequence[str]) -> list[str]:
-    """Undo :func:`align_conv_inputs` (in place) for the named convolutions: each reads its ``Pad``'s input again,
-    its weight loses the zero channels, and the ``Pad`` goes with its pads initializer. For convolutions left in float
-    (accuracy control's fallbacks): the zero channels buy nothing there and cost a third more of a float stem's MACs.
-    The calibration of the widened graph still holds (the narrowed graph's tensors are among its own). Returns the
-    names of the narrowed convolutions."""
+def narrow_convs(model: onnx.ModelProto, convs: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Undo :func:`align_conv_inputs` (in place) for the named convolutions (their ``Pad`` as :func:`channel_pads`
+    recognises it): each reads its ``Pad``'s input again, its weight loses the zero channels (a copy where another
+    node reads it too), and the ``Pad`` goes with its pads initializer. For convolutions left in float (accuracy
+    control's fallbacks): the zero channels buy nothing there and cost a third more of a float stem's MACs. The
+    calibration of the widened graph still holds (the narrowed graph's tensors are among its own). Returns the names
+    of the narrowed convolutions and of the tensors gone with their ``Pad`` (whose trained ranges have no tensor
+    any more)."""
     graph = model.graph
     pads = channel_pads(model)
     wanted = [n for n in graph.node if n.op_type == "Conv" and n.name in set(convs) and n.name in pads]
     if not wanted:
-        return []
+        return [], []
+    every = _subgraphs(graph)
+    taken = {t.name for g in every for t in g.initializer} | {i.name for g in every for i in g.input} \
+        | {v for g in every for n in g.node for v in (*n.input, *n.output, n.name)}
+    readers = collections.Counter(v for g in every for n in g.node for v in n.input)
+    readers.update(o.name for o in graph.output)
     inits = {t.name: t for t in graph.initializer}
     pad_nodes = {n.name: n for n in graph.node if n.op_type == "Pad"}
-    gone_nodes, gone_inits, gone_values = set(), set(), set()
+    gone_nodes, gone_inits, gone_values = set(), set(), []
     for conv in wanted:
         pad = pad_nodes[pads[conv.name]]
-        extra = int(numpy_helper.to_array(inits[pad.input[1]])[len(inits[conv.input[1]].dims) + 1])
         w = inits[conv.input[1]]
-        narrow = numpy_helper.to_array(w)[:, : w.dims[1] - extra]
-        w.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(narrow), w.name))
-        for info in (*graph.input, *graph.value_info):
-            dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
-            if info.name == w.name and len(dims) > 1:
-                dims[1].dim_value = narrow.shape[1]
+        extra = int(numpy_helper.to_array(inits[pad.input[1]])[len(w.dims) + 1])
+        narrow = np.ascontiguousarray(numpy_helper.to_array(w)[:, : w.dims[1] - extra])
+        if readers[w.name] == 1:  # its own weight: narrowed in place, under its name
+            w.CopyFrom(numpy_helper.from_array(narrow, w.name))
+            for info in (*graph.input, *graph.value_info):
+                dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
+                if info.name == w.name and len(dims) > 1:
+                    dims[1].dim_value = narrow.shape[1]
+        else:
+            copy_name = _fresh(f"{w.name}_narrow", taken)
+            graph.initializer.append(numpy_helper.from_array(narrow, copy_name))
+            conv.input[1] = copy_name
         conv.input[0] = pad.input[0]
         gone_nodes.add(pad.name)
-        gone_values.add(pad.output[0])
+        gone_values.append(pad.output[0])
         gone_inits.add(pad.input[1])
-    readers = {v for n in graph.node if n.name not in gone_nodes for v in n.input}
+    left = {v for g in every for n in g.node if n.name not in gone_nodes for v in n.input}
     nodes = [copy.deepcopy(n) for n in graph.node if n.name not in gone_nodes]
     del graph.node[:]
     graph.node.extend(nodes)
-    keep = [t for t in graph.initializer if t.name not in gone_inits or t.name in readers]
+    keep = [t for t in graph.initializer if t.name not in gone_inits or t.name in left]
     del graph.initializer[:]
     graph.initializer.extend(keep)
     values = [v for v in graph.value_info if v.name not in gone_values]
     del graph.value_info[:]
     graph.value_info.extend(values)
-    return [c.name for c in wanted]
+    return [c.name for c in wanted], gone_values

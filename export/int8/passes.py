@@ -42,16 +42,18 @@ def run_static(source: Path, dest: Path, ranges: RangeSource, config: QuantConfi
     """Static QDQ quantisation with the activation ranges of ``ranges``, leaving the ``excluded`` nodes in float; an
     excluded convolution that :func:`~minreal.export.int8.preprocess.preprocess` widened loses its zero channels and
     their ``Pad`` again (:func:`~minreal.export.qdq_channels.narrow_convs`: in float they only cost), in a copy of
-    ``source`` in a temporary folder."""
+    ``source`` in a temporary folder (the trained ranges of the tensors gone with the ``Pad`` dropped: the tensor
+    above it keeps its own, where it has one)."""
     if excluded:
         model = onnx.load(str(source), load_external_data=False)
-        narrowed = narrow_convs(model, excluded)
+        narrowed, gone = narrow_convs(model, excluded)
         if narrowed:
             logger.debug("%s: zero input channels removed again from %s (left in float)", dest.name,
                          ", ".join(narrowed))
+            kept = {k: v for k, v in (overrides or {}).items() if k not in gone}
             with tempfile.TemporaryDirectory(prefix="minreal-narrowed-") as folder:
                 onnx.save(model, str(Path(folder) / source.name))
-                run_static(Path(folder) / source.name, dest, ranges, config, overrides, excluded)
+                run_static(Path(folder) / source.name, dest, ranges, config, kept, excluded)
             return
     act_type, symmetric = config.activation()
     noise = _PerChannelAxisNoise()

@@ -3,6 +3,7 @@ in an x86 INT8 file the widened stem runs as an integer kernel on 4 channels wit
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from minreal.export.int8 import QuantConfig, quantize_int8
-from minreal.export.qdq_channels import align_conv_inputs, narrow_convs
+from minreal.export.qdq_channels import align_conv_inputs, channel_pads, narrow_convs
 from minreal.runtime_bench.model_info import float_roundtrips, optimized_graph
 
 
@@ -136,7 +137,7 @@ def test_narrowing_undoes_widening_exactly_and_only_for_the_named_convolutions()
     x = np.random.default_rng(6).standard_normal((2, 3, 8, 8)).astype(np.float32)
     before = _run(model, x)
     assert align_conv_inputs(model) == ["stem", "twin"]
-    assert narrow_convs(model, ["twin", "mix", "nowhere"]) == ["twin"]
+    assert narrow_convs(model, ["twin", "mix", "nowhere"]) == (["twin"], ["x_aligned_1"])
     onnx.checker.check_model(model)
     (twin,) = [n for n in model.graph.node if n.name == "twin"]
     (pad,) = [n for n in model.graph.node if n.op_type == "Pad"]  # the stem's stays
@@ -146,10 +147,62 @@ def test_narrowing_undoes_widening_exactly_and_only_for_the_named_convolutions()
     assert pad.output[0] == next(n for n in model.graph.node if n.name == "stem").input[0]
     assert len([t for t in model.graph.initializer if "channel_pads" in t.name]) == 1
     np.testing.assert_allclose(_run(model, x), before, rtol=1e-5, atol=1e-5)
-    assert narrow_convs(model, ["stem"]) == ["stem"] and narrow_convs(model, ["stem"]) == []
+    assert narrow_convs(model, ["stem"]) == (["stem"], ["x_aligned"]) and narrow_convs(model, ["stem"]) == ([], [])
     assert not [n for n in model.graph.node if n.op_type == "Pad"]
     assert not [t for t in model.graph.initializer if "channel_pads" in t.name]
     np.testing.assert_allclose(_run(model, x), before, rtol=1e-5, atol=1e-5)
+
+
+def test_an_excluded_widened_stem_with_trained_ranges_quantises(tmp_path: Path) -> None:
+    """Trained ranges (quantisation-aware recovery) place the stem's input range on the Pad's output too; with the
+    stem left in float the Pad is gone, and its tensor's range with it (ONNX Runtime refused an override of a tensor
+    not in the graph). The stem is narrowed; the file is the unwidened one's."""
+    src = tmp_path / "fp32.onnx"
+    onnx.save(_conv_graph(), str(src))
+    rng = np.random.default_rng(7)
+    calib = rng.standard_normal((16, 3, 8, 8)).astype(np.float32)
+    x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+    cpu = QuantConfig(target="cpu").resolved()
+    act, symmetric = cpu.activation()
+    trained = {"scale": 0.05, "zero_point": 0 if symmetric else 128, "dtype": act, "symmetric": symmetric}
+    ranges = {"stem": trained, "mix": trained}  # the stem's on its input: the graph's, and the Pad's output
+    wide = quantize_int8(src, tmp_path / "wide.onnx", calib, cpu, activation_ranges=ranges, exclude=["stem"])
+    plain = quantize_int8(src, tmp_path / "plain.onnx", calib, replace(cpu, align_channels=False),
+                          activation_ranges=ranges, exclude=["stem"])
+    assert wide.range_source == plain.range_source == "trained" and wide.trained_ranges == plain.trained_ranges
+    assert not [n for n in onnx.load(str(wide.out_path)).graph.node if n.op_type == "Pad"]
+    outputs = [ort.InferenceSession(str(r.out_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+               for r in (wide, plain)]
+    np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+@pytest.mark.parametrize("user_pad", ["reflect", "spatial", "nonzero_weight", "other_name"])
+def test_a_pad_align_did_not_write_is_never_removed(user_pad: str) -> None:
+    """Only the Pad align_conv_inputs wrote goes: a user's Pad named like one (reflect, spatial, before a weight
+    that is not zero on the padded channels, or named after another convolution) stays, and so does its weight."""
+    rng = np.random.default_rng(8)
+    cin = 3 if user_pad in ("reflect", "spatial") else 4
+    weight = rng.standard_normal((16, cin, 3, 3)).astype(np.float32)
+    pads = np.zeros(8, np.int64)
+    if user_pad in ("reflect", "spatial"):
+        pads[[2, 3, 6, 7]] = 1
+    else:
+        pads[5] = 1  # one channel after the last, as align writes, but the weight reads it or the name differs
+        if user_pad == "other_name":
+            weight[:, 3] = 0
+    name = "other_channel_pad" if user_pad == "other_name" else "stem_channel_pad"
+    nodes = [helper.make_node("Pad", ["x", "p"], ["xp"], name=name,
+                              mode="reflect" if user_pad == "reflect" else "constant"),
+             helper.make_node("Conv", ["xp", "w"], ["y"], name="stem")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(pads, "p")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    before = _run(model, x)
+    assert channel_pads(model) == {} and narrow_convs(model, ["stem"]) == ([], [])
+    assert [n.op_type for n in model.graph.node] == ["Pad", "Conv"]
+    np.testing.assert_array_equal(_run(model, x), before)
 
 
 @pytest.mark.parametrize(("opset", "stem_out"), [(10, 16), (18, 8), (18, 20)])
