@@ -373,8 +373,10 @@ def quantize_with_accuracy_control(
         _check_plain(int8, fp32_path, config, calib)
     measure = _measurer(spec, fp32_path, eval_x if isinstance(eval_x, Mapping) else np.asarray(eval_x), eval_y,
                         threads)
-    # agreement: the fp32 model's outputs are computed once and read back for every candidate
-    with reference_outputs_kept(fp32_path), tempfile.TemporaryDirectory() as workdir:
+    # agreement: the fp32 model's outputs are computed once and read back for every candidate (the other metrics
+    # run each candidate alone: nothing to keep)
+    kept = [fp32_path] if spec.reference else []
+    with reference_outputs_kept(*kept), tempfile.TemporaryDirectory() as workdir:
         fp32_value = measure(fp32_path)
         drop = partial(metric_drop, fp32_value, metric=metric)
         quantiser = _Quantiser(fp32_path, Path(workdir), calib, config, measure, int8)

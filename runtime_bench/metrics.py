@@ -146,12 +146,14 @@ _KEPT: ContextVar[_KeptReferences | None] = ContextVar("minreal_kept_references"
 @contextmanager
 def reference_outputs_kept(*models: str | Path) -> Iterator[None]:
     """Within this block, :func:`evaluate_models` runs each of ``models`` (model files: the references its callers
-    compare against) once per evaluation set: when one of them is a call's first model, its outputs are kept on disk
-    (a temporary folder, removed when the block ends) and read back by later calls whose first model is that file
-    with the same bytes (its files' digest), on the same data (a digest of its bytes), with the same evaluation step
+    compare against) once per evaluation set: when a call's first model has the bytes of one of them (its files'
+    digest), its outputs are kept on disk (a temporary folder, removed when the block ends) and read back by later
+    calls whose first model has those bytes, on the same data (a digest of its bytes), with the same evaluation step
     and threads. The metrics are the same as running it again: the same session options on the same batches give the
-    same outputs. Only the named files' outputs are kept (a segmentation model's are gigabytes). A block inside
-    another adds its files to the outer one's and shares its outputs."""
+    same outputs. Only the named files' outputs are kept (a segmentation model's are gigabytes); data holding Python
+    objects is never keyed (its bytes are pointers). A block inside another adds its files to the outer one's and
+    shares its outputs. The block is a context variable's: it covers the calls of this thread (and of the tasks
+    that copy its context), not those of other threads or processes."""
     outer = _KEPT.get()
     if outer is not None:
         outer.paths.update(str(Path(m).resolve()) for m in models)
@@ -186,7 +188,11 @@ def _files_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _reference_key(path: Path, x: Data, step: int, threads: int) -> tuple:
+def _reference_key(path: Path, x: Data, step: int, threads: int) -> tuple | None:
+    """The key of a reference's outputs; ``None`` (not kept) for data holding Python objects."""
+    arrays = x.values() if isinstance(x, Mapping) else [x]
+    if any(np.asarray(a).dtype.kind == "O" for a in arrays):
+        return None
     return _files_digest(path), _data_digest(x), step, threads
 
 
@@ -226,6 +232,8 @@ def evaluate_models(
     if kept_refs is not None and str(Path(paths[0]).resolve()) not in kept_refs.paths:
         kept_refs = None
     key = None if kept_refs is None else _reference_key(Path(paths[0]), x, step, threads)
+    if key is None:
+        kept_refs = None
     keep = len(paths) > 1 or kept_refs is not None  # the first model's outputs are read again (alone: by nobody)
     with tempfile.TemporaryDirectory(prefix="minreal-eval-") as folder:
         kept = Path(folder)

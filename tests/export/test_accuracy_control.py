@@ -188,7 +188,7 @@ def test_mse_ranks_the_hostile_layer_first(case: Case, tmp_path: Path) -> None:
 
 def test_one_run_calibrates_once(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every quantisation of a run (full INT8, one per ranked node) reuses one calibration; ONNX Runtime calibrates
-    none itself."""
+    none itself. No outputs are written to disk: the accuracy metric compares each model with the labels."""
     ort_quantize = importlib.import_module("onnxruntime.quantization.quantize")
     calls = {"ours": 0, "onnxruntime": 0}
 
@@ -200,7 +200,10 @@ def test_one_run_calibrates_once(case: Case, tmp_path: Path, monkeypatch: pytest
 
     monkeypatch.setattr(int8_calibration, "_calibrated", counting("ours", int8_calibration._calibrated))
     monkeypatch.setattr(ort_quantize, "create_calibrator", counting("onnxruntime", ort_quantize.create_calibrator))
+    written = []
+    monkeypatch.setattr(metrics_module, "_keep", lambda *a: written.append(a[1]))
     result = quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, case.y, 2.0)
+    assert written == []  # accuracy runs each model alone against the labels: no model's outputs kept on disk
     assert result.quantizations == 1 + len(quantizable_nodes(case.path)) >= 3
     assert calls == {"ours": 1, "onnxruntime": 0}
     assert result.quant.calibration_samples == len(case.calib) and not result.quant.random_calibration

@@ -157,6 +157,22 @@ def test_a_kept_reference_runs_once_per_file_and_data_with_the_metrics_of_runnin
     evaluate_models(["ref", "pert"], [ref, perturbed_model], x, y, batch_size=7, threads=1)
     evaluate_models(["ref", "pert"], [ref, perturbed_model], x, y, batch_size=7, threads=1)
     assert opened == ["ref.onnx", "perturbed.onnx"] * 2  # outside a block every call runs every model
+    written = []
+    keep = metrics_module._keep
+    monkeypatch.setattr(metrics_module, "_keep", lambda *a: written.append(a[1]) or keep(*a))
+    alone = evaluate_models(["ref"], [ref], x, y, batch_size=7, threads=1)
+    assert written == [] and alone[0] == again[0]  # a model alone: its outputs are read by nobody, so not written
+    evaluate_models(["ref", "pert"], [ref, perturbed_model], x, y, batch_size=7, threads=1)
+    assert written == list(range(15))  # one file per batch of 7 of the 100 rows, for the model after it
+
+
+def test_data_holding_python_objects_is_never_keyed(reference_model: Path) -> None:
+    """An object array's bytes are pointers: two equal arrays would get different digests (and a freed array's
+    address could give a stale hit), so such data is not kept."""
+    x = np.empty((2,), dtype=object)
+    assert metrics_module._reference_key(reference_model, x, 7, 1) is None
+    assert metrics_module._reference_key(reference_model, {"ids": x}, 7, 1) is None
+    assert metrics_module._reference_key(reference_model, np.zeros((2, 3), np.float32), 7, 1) is not None
 
 
 def test_max_abs_diff_over_chunks_is_the_whole_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
