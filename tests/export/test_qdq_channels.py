@@ -153,6 +153,25 @@ def test_narrowing_undoes_widening_exactly_and_only_for_the_named_convolutions()
     np.testing.assert_allclose(_run(model, x), before, rtol=1e-5, atol=1e-5)
 
 
+def test_a_widened_weight_another_node_reads_is_narrowed_in_a_copy() -> None:
+    """narrow_convs is public: where something besides the widened convolution reads its weight, that reader keeps
+    the widened weight and the convolution reads a narrowed copy."""
+    model = _conv_graph()
+    align_conv_inputs(model)
+    model.graph.node.append(helper.make_node("Identity", ["stem.weight"], ["w_out"], name="peek"))
+    model.graph.output.append(helper.make_tensor_value_info("w_out", TensorProto.FLOAT, [16, 4, 3, 3]))
+    x = np.random.default_rng(9).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    assert narrow_convs(model, ["stem"]) == (["stem"], ["x_aligned"])
+    onnx.checker.check_model(model)
+    weights = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    (stem,) = [n for n in model.graph.node if n.name == "stem"]
+    assert weights["stem.weight"] == (16, 4, 3, 3) and weights[stem.input[1]] == (16, 3, 3, 3)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    y, w = session.run(None, {"x": x})
+    np.testing.assert_allclose(y, _run(_conv_graph(), x), rtol=1e-5, atol=1e-5)
+    assert w.shape == (16, 4, 3, 3)
+
+
 def test_an_excluded_widened_stem_with_trained_ranges_quantises(tmp_path: Path) -> None:
     """Trained ranges (quantisation-aware recovery) place the stem's input range on the Pad's output too; with the
     stem left in float the Pad is gone, and its tensor's range with it (ONNX Runtime refused an override of a tensor
