@@ -38,6 +38,7 @@ from minreal.export.int8 import (
     QuantConfig,
     QuantResult,
     calibrate,
+    calibration_digest,
     quantizable_nodes,
     quantize_int8,
     reusable_calibration,
@@ -252,21 +253,27 @@ class _Quantiser:
 
 
 def _check_plain(int8: QuantResult, fp32_path: Path, config: QuantConfig, calib: Data | None) -> None:
-    """``int8`` is a calibrated quantisation of ``fp32_path`` in ``config``'s format (its target explicit), on as many
-    samples as ``calib`` has (ranges trained by quantisation-aware recovery are not the plain INT8's)."""
+    """``int8`` is a calibrated quantisation of ``fp32_path`` in ``config``'s format (its target explicit), on the rows
+    of ``calib`` (their digest, where ``int8`` records one; else their count) and not on ranges trained by
+    quantisation-aware recovery."""
     act_type, symmetric = config.activation() if config.mode == "static" else ("uint8", False)
     wanted = (fp32_path.resolve(), config.mode, config.target, act_type, symmetric, config.weight_type,
               config.per_channel)
     given = (Path(int8.fp32_path).resolve(), int8.mode, int8.target, int8.activation_type, int8.activation_symmetric,
              int8.weight_type, int8.per_channel)
+    if given != wanted:
+        raise ValueError(f"int8 is the {int8.mode} {int8.target} INT8 of {int8.fp32_path}, not this config's of "
+                         f"{fp32_path}; pass the plain INT8 quantize_int8 wrote of this model with this config, "
+                         "or none")
     samples = None if calib is None or config.mode != "static" else data_rows(calib)
     if int8.range_source != "calibrated" or (samples is not None and int8.calibration_samples != samples):
         raise ValueError(f"int8 ({int8.out_path}) has {int8.range_source} ranges from {int8.calibration_samples} "
                          f"samples, not ranges calibrated on this calibration data's {samples}; pass the plain INT8 "
                          "quantize_int8 wrote with this data, or none")
-    if given != wanted:
-        raise ValueError(f"int8 is the {int8.mode} {int8.target} INT8 of {int8.fp32_path}, not this config's of "
-                         f"{fp32_path}; pass the plain INT8 quantize_int8 wrote of this model with this config, "
+    if samples is not None and int8.calibration_digest \
+            and int8.calibration_digest != calibration_digest(fp32_path, calib, config):
+        raise ValueError(f"int8 ({int8.out_path}) was calibrated on other rows than this calibration data's {samples} "
+                         "(the same count, another digest); pass the plain INT8 quantize_int8 wrote with this data, "
                          "or none")
 
 

@@ -7,6 +7,7 @@ array holds the same number of rows along axis 0.
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # onnx (1-2 s with ml_dtypes) is imported where a file is rea
 
 __all__ = ["InputSpec", "Data", "has_qdq", "input_specs", "index_bounds", "timing_inputs", "batch_inputs", "named_data",
            "check_values", "data_rows", "take_rows", "symbolic_axes", "check_batch", "load_model_proto",
-           "check_external_data", "external_tensors", "ORT_SUFFIX"]
+           "check_external_data", "external_tensors", "data_digest", "ORT_SUFFIX"]
 
 Dim = int | str | None
 #: Evaluation/timing data: one array (single-input models) or arrays keyed by graph input name.
@@ -416,3 +417,14 @@ def _size(spec: InputSpec, axis: int, values: Mapping[str, int], model: str) -> 
     raise BenchInputError(f"model {model!r} input {spec.name!r} has symbolic dims {spec.shape}: axis {axis} "
                           f"({dim!r}) has no value; give `BenchConfig.axis_values` lengths for {dim} or pass data "
                           "x to time it", fields=("axis_values",))
+
+
+def data_digest(x: Data) -> str:
+    """A digest (BLAKE2b) of data: each array's name, dtype, shape and bytes (C order: the same values in another
+    layout give the same digest). For numeric arrays: an object array's bytes are pointers."""
+    h = hashlib.blake2b(digest_size=20)
+    for name, value in sorted(x.items()) if isinstance(x, Mapping) else [("", x)]:
+        a = np.ascontiguousarray(value)
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.hexdigest()

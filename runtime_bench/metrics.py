@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import BenchInputError
-from .inputs import Data, InputSpec, batch_inputs, check_batch, data_rows, input_specs, take_rows
+from .inputs import Data, InputSpec, batch_inputs, check_batch, data_digest, data_rows, input_specs, take_rows
 from .model_info import model_files
 from .providers import provider_name
 from .sessions import create_session
@@ -167,16 +167,6 @@ def reference_outputs_kept(*models: str | Path) -> Iterator[None]:
             _KEPT.reset(token)
 
 
-def _data_digest(x: Data) -> str:
-    """A digest of the evaluation inputs: names, dtypes, shapes and bytes."""
-    h = hashlib.blake2b(digest_size=20)
-    for name, value in sorted(x.items()) if isinstance(x, Mapping) else [("", x)]:
-        a = np.ascontiguousarray(value)
-        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(memoryview(a).cast("B"))
-    return h.hexdigest()
-
-
 def _files_digest(path: Path) -> str:
     """A digest of a model's bytes: its graph file and external data files (a file rewritten within the
     timestamps' granularity, at the same size, is not taken for the old one)."""
@@ -193,7 +183,7 @@ def _reference_key(path: Path, x: Data, step: int, threads: int) -> tuple | None
     arrays = x.values() if isinstance(x, Mapping) else [x]
     if any(np.asarray(a).dtype.kind == "O" for a in arrays):
         return None
-    return _files_digest(path), _data_digest(x), step, threads
+    return _files_digest(path), data_digest(x), step, threads
 
 
 def evaluate_models(

@@ -20,8 +20,8 @@ _EXPORTS = {
     **dict.fromkeys(("TARGETS", "resolve_target", "saturates_here", "target_text"), ".target"),
     **dict.fromkeys(("QuantConfig", "QuantResult", "target_format"), ".config"),
     **dict.fromkeys(("int8_skip_reason",), ".preprocess"),
-    **dict.fromkeys(("ArrayCalibrationReader", "Calib", "Calibration", "calibrate", "reusable_calibration"),
-                    ".calibration"),
+    **dict.fromkeys(("ArrayCalibrationReader", "Calib", "Calibration", "calibrate", "calibration_digest",
+                     "reusable_calibration"), ".calibration"),
     **dict.fromkeys(("module_inputs", "trained_overrides"), ".overrides"),
     **dict.fromkeys(("dynamic_weight_nodes", "nonfinite_scale_nodes", "optimized_op_counts", "quantizable_nodes"),
                     ".ops"),
@@ -29,8 +29,8 @@ _EXPORTS = {
 }
 
 __all__ = ["ArrayCalibrationReader", "Calib", "Calibration", "QuantConfig", "QuantResult", "TARGETS", "calibrate",
-           "dynamic_weight_nodes", "int8_skip_reason", "module_inputs", "nonfinite_scale_nodes", "optimized_op_counts",
-           "quantizable_nodes", "quantize_int8", "resolve_target", "reusable_calibration", "saturates_here",
-           "target_format", "target_text", "trained_overrides"]
+           "calibration_digest", "dynamic_weight_nodes", "int8_skip_reason", "module_inputs",
+           "nonfinite_scale_nodes", "optimized_op_counts", "quantizable_nodes", "quantize_int8", "resolve_target",
+           "reusable_calibration", "saturates_here", "target_format", "target_text", "trained_overrides"]
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -24,10 +24,11 @@ from minreal.export.errors import CalibrationError, QuantizationError
 from minreal.export.int8.config import CALIBRATION_METHODS, QuantConfig, aligns
 from minreal.export.int8.preprocess import int8_skip_reason, ort_quantization, preprocess
 from minreal.facts import error_line
+from minreal.runtime_bench.inputs import data_digest
 
 __all__ = ["CALIBRATION_BATCH_ELEMENTS", "Calib", "Calibration", "ArrayCalibrationReader", "RangeSource",
            "calibration_array", "calibration_batch", "calibration_calls", "calibration_reader",
-           "calibration_session",
+           "calibration_session", "calibration_digest", "file_reader",
            "reusable_calibration", "require_reusable", "check_calibration", "range_source", "calibrate"]
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class Calibration:
         ``QuantConfig.calibration_method`` used.
     graph_sha256 : str
         SHA-256 of the pre-processed graph calibrated, to refuse the ranges for another model.
+    data_digest : str
+        digest of the calibration data as the calibrator read it (:meth:`ArrayCalibrationReader.digest`).
     """
 
     ranges: Any
@@ -61,6 +64,7 @@ class Calibration:
     random: bool
     method: str
     graph_sha256: str
+    data_digest: str = ""
 
 
 class ArrayCalibrationReader:
@@ -91,6 +95,11 @@ class ArrayCalibrationReader:
     def rewind(self) -> None:
         """Start again from the first batch."""
         self._start = 0
+
+    def digest(self) -> str:
+        """A digest of the rows this reader feeds (:func:`minreal.runtime_bench.inputs.data_digest`): which data the
+        ranges come from, not only how many rows (:attr:`QuantResult.calibration_digest`)."""
+        return data_digest(self.data)
 
     def __iter__(self) -> ArrayCalibrationReader:
         return self
@@ -217,6 +226,14 @@ def file_reader(path: Path, model: onnx.ModelProto, calib: Calib | None, config:
         raise CalibrationError(f"{path.name}: {exc}") from None
 
 
+def calibration_digest(fp32_path: str | Path, calib: Calib | None, config: QuantConfig) -> str:
+    """The digest of the rows static :func:`~minreal.export.int8.quantize_int8` of ``fp32_path`` calibrates on with
+    ``calib`` and ``config`` (:meth:`ArrayCalibrationReader.digest`): compare with a :class:`QuantResult`'s
+    ``calibration_digest``."""
+    path = Path(fp32_path)
+    return file_reader(path, onnx.load(str(path), load_external_data=False), calib, config)[0].digest()
+
+
 RangeSource = Path | ArrayCalibrationReader
 """Where static quantisation takes its activation ranges from: a file of ONNX Runtime's calibration cache
 (:func:`range_source`), or a reader it calibrates on (again in every quantisation)."""
@@ -298,7 +315,7 @@ def _calibrated(source: Path, reader: ArrayCalibrationReader, config: QuantConfi
         for part in calibration_calls(reader, config):
             calibrator.collect_data(part)
         ranges = calibrator.compute_data()
-    return Calibration(ranges, reader.rows, random, config.calibration_method, _sha256(source))
+    return Calibration(ranges, reader.rows, random, config.calibration_method, _sha256(source), reader.digest())
 
 
 def check_calibration(calibration: Calibration, source: Path, config: QuantConfig) -> None:

@@ -178,6 +178,10 @@ class QuantResult:
         biases stored as int32 behind a DequantizeLinear (``False``: float biases).
     calibration_samples : int
         samples used for calibration (0 in dynamic mode).
+    calibration_digest : str
+        digest of those samples as calibrated on (:meth:`ArrayCalibrationReader.digest
+        <minreal.export.int8.calibration.ArrayCalibrationReader.digest>`; ``""`` in dynamic mode): which rows, not
+        only how many.
     random_calibration : bool
         calibrated on random data (``allow_random_calibration``).
     preprocess_note : str | None
@@ -245,6 +249,7 @@ class QuantResult:
     nonfinite_nodes: list[str] = field(default_factory=list)
     float_roundtrips: dict[str, int] = field(default_factory=dict)
     roundtrip_nodes: list[str] = field(default_factory=list)
+    calibration_digest: str = ""
     requested_target: str = ""
     weight_bits: int = 8
     saturates_here: bool = False

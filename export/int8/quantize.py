@@ -165,11 +165,11 @@ def quantize_int8(
     if untrained:
         logger.warning("%s: the trained activation ranges of %s are not in the graph; calibrated instead",
                        out_path.name, ", ".join(untrained))
-    samples = 0 if reader is None else reader.rows
+    samples, digest = (0, "") if reader is None else (reader.rows, reader.digest())
     if calibration is not None:
-        samples, is_random = calibration.samples, calibration.random
+        samples, is_random, digest = calibration.samples, calibration.random, calibration.data_digest
     return dataclasses.replace(
-        _result(fp32_path, out_path, graph, config, samples, is_random, note),
+        _result(fp32_path, out_path, graph, config, samples, is_random, note), calibration_digest=digest,
         excluded_nodes=[*excluded, *nonfinite, *roundtrip], nonfinite_nodes=nonfinite, roundtrip_nodes=roundtrip,
         requested_target=requested,
         range_source="trained" if trained else "calibrated", trained_ranges=trained, untrained_modules=untrained)

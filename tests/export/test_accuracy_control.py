@@ -242,6 +242,33 @@ def test_a_plain_int8_of_another_format_is_refused(case: Case, tmp_path: Path) -
     assert not (tmp_path / "ac.onnx").exists()
 
 
+def test_a_plain_int8_calibrated_on_other_rows_of_the_same_count_is_refused(case: Case, tmp_path: Path) -> None:
+    """The plain INT8 records a digest of its calibration rows: one calibrated on other rows, as many, is not the
+    starting point of this data's accuracy control (the count alone let it through); the same rows given as a
+    mapping by input name, or ranges from calibrate() on them, are."""
+    from minreal.export.int8 import calibrate, calibration_digest
+
+    config = QuantConfig().resolved()
+    other_rows = case.calib[::-1].copy()
+    other = quantize_int8(case.path, tmp_path / "other.onnx", other_rows, config)
+    assert other.calibration_samples == len(case.calib)
+    assert other.calibration_digest == calibration_digest(case.path, other_rows, config)
+    with pytest.raises(ValueError, match="other rows than this calibration data's"):
+        quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, case.y, 100.0,
+                                       config, int8=other)
+    assert not (tmp_path / "ac.onnx").exists()
+    name = onnx.load(str(case.path)).graph.input[0].name
+    same = quantize_int8(case.path, tmp_path / "same.onnx", {name: case.calib}, config)
+    reused = quantize_int8(case.path, tmp_path / "reused.onnx", None, config,
+                           calibration=calibrate(case.path, case.calib, config))
+    assert same.calibration_digest == reused.calibration_digest == calibration_digest(case.path, case.calib, config)
+    assert same.calibration_digest != other.calibration_digest
+    for plain in (same, reused):
+        met = quantize_with_accuracy_control(case.path, tmp_path / "met.onnx", case.calib, case.x, case.y, 100.0,
+                                             config, int8=plain)
+        assert met.quantizations == 0
+
+
 def test_unknown_excluded_node_is_refused(case: Case, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"exclude names nodes \['no_such_node'\]"):
         quantize_int8(case.path, tmp_path / "q.onnx", case.calib, exclude=["no_such_node"])

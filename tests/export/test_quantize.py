@@ -124,7 +124,7 @@ def test_dynamic_mode(
     convnet_onnx: ExportResult, make_images: Callable[[int, int], torch.Tensor], tmp_path: Path
 ) -> None:
     result = quantize_int8(convnet_onnx.path, tmp_path / "dyn.onnx", None, QuantConfig(mode="dynamic"))
-    assert (result.quant_format, result.calibration_samples) == ("QOperator", 0)
+    assert (result.quant_format, result.calibration_samples, result.calibration_digest) == ("QOperator", 0, "")
     assert result.node_counts.get("ConvInteger") == 2 and "DynamicQuantizeLinear" in result.node_counts
     assert result.integer_kernels == 3 and result.float_kernels == 0
     x = make_images(3, 7).numpy()
