@@ -75,6 +75,23 @@ def _fast_after(cout: int) -> bool:
     return cout >= 16 and cout % 8 == 0
 
 
+def _set_weight(graph: onnx.GraphProto, w: onnx.TensorProto, value: np.ndarray, own: bool, suffix: str,
+                taken: set[str]) -> str:
+    """Give a convolution the weight ``value`` in place of ``w``: in ``w`` itself when the convolution is its only
+    reader (``own``; the input channels of an initializer listed as a graph input, or inferred, follow), else in a
+    new initializer named ``w``'s name plus ``suffix``. Returns the name the convolution reads."""
+    if not own:
+        name = _fresh(f"{w.name}{suffix}", taken)
+        graph.initializer.append(numpy_helper.from_array(value, name))
+        return name
+    w.CopyFrom(numpy_helper.from_array(value, w.name))
+    for info in (*graph.input, *graph.value_info):
+        dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
+        if info.name == w.name and len(dims) > 1:
+            dims[1].dim_value = value.shape[1]
+    return w.name
+
+
 def align_conv_inputs(model: onnx.ModelProto, multiple: int = ALIGN) -> list[str]:
     """Widen, in ``model``'s main graph (in place), every ungrouped ``Conv`` whose weight is an initializer with a
     channel count off ``multiple`` to the next multiple, where the widened convolution is one MLAS's symmetric
@@ -103,16 +120,9 @@ def align_conv_inputs(model: onnx.ModelProto, multiple: int = ALIGN) -> list[str
         array = numpy_helper.to_array(w)
         extra = -array.shape[1] % multiple
         wide = np.concatenate([array, np.zeros((array.shape[0], extra, *array.shape[2:]), array.dtype)], axis=1)
-        if uses[w.name] == 1:  # its own weight: widened in place, under its name (trained ranges find it by name)
-            w.CopyFrom(numpy_helper.from_array(wide, w.name))
-            w_name = w.name
-            for info in (*graph.input, *graph.value_info):  # an initializer listed as an input, or inferred
-                dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
-                if info.name == w.name and len(dims) > 1:
-                    dims[1].dim_value = wide.shape[1]
-        else:
-            w_name = _fresh(f"{w.name}_aligned", taken)
-            graph.initializer.append(numpy_helper.from_array(wide, w_name))
+        # its own weight: widened in place, under its name (trained ranges find it by name); else a copy
+        w_name = _set_weight(graph, w, wide, uses[w.name] == 1, "_aligned", taken)
+        if w_name != w.name:
             replaced.add(w.name)
         pads = np.zeros(2 * array.ndim, np.int64)
         pads[array.ndim + 1] = extra  # after the last channel, on axis 1 of an (N, C, ...) input
@@ -196,16 +206,7 @@ def narrow_convs(model: onnx.ModelProto, convs: Sequence[str]) -> tuple[list[str
         w = inits[conv.input[1]]
         extra = int(numpy_helper.to_array(inits[pad.input[1]])[len(w.dims) + 1])
         narrow = np.ascontiguousarray(numpy_helper.to_array(w)[:, : w.dims[1] - extra])
-        if readers[w.name] == 1:  # its own weight: narrowed in place, under its name
-            w.CopyFrom(numpy_helper.from_array(narrow, w.name))
-            for info in (*graph.input, *graph.value_info):
-                dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
-                if info.name == w.name and len(dims) > 1:
-                    dims[1].dim_value = narrow.shape[1]
-        else:
-            copy_name = _fresh(f"{w.name}_narrow", taken)
-            graph.initializer.append(numpy_helper.from_array(narrow, copy_name))
-            conv.input[1] = copy_name
+        conv.input[1] = _set_weight(graph, w, narrow, readers[w.name] == 1, "_narrow", taken)
         conv.input[0] = pad.input[0]
         gone_nodes.add(pad.name)
         gone_values.append(pad.output[0])
