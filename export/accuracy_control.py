@@ -254,8 +254,8 @@ class _Quantiser:
 
 def _check_plain(int8: QuantResult, fp32_path: Path, config: QuantConfig, calib: Data | None) -> None:
     """``int8`` is a calibrated quantisation of ``fp32_path`` in ``config``'s format (its target explicit), on the rows
-    of ``calib`` (their digest, where ``int8`` records one; else their count) and not on ranges trained by
-    quantisation-aware recovery."""
+    of ``calib`` in their order (their digest, where ``int8`` records one; else their count), or on the seeded random
+    rows of ``config`` where ``calib`` is None, and not on ranges trained by quantisation-aware recovery."""
     act_type, symmetric = config.activation() if config.mode == "static" else ("uint8", False)
     wanted = (fp32_path.resolve(), config.mode, config.target, act_type, symmetric, config.weight_type,
               config.per_channel)
@@ -270,11 +270,14 @@ def _check_plain(int8: QuantResult, fp32_path: Path, config: QuantConfig, calib:
         raise ValueError(f"int8 ({int8.out_path}) has {int8.range_source} ranges from {int8.calibration_samples} "
                          f"samples, not ranges calibrated on this calibration data's {samples}; pass the plain INT8 "
                          "quantize_int8 wrote with this data, or none")
-    if samples is not None and int8.calibration_digest \
+    # the rows themselves (random ones too: calib=None where the config allows them), where int8 records them
+    checkable = config.mode == "static" and (calib is not None or config.allow_random_calibration)
+    if checkable and int8.calibration_digest \
             and int8.calibration_digest != calibration_digest(fp32_path, calib, config):
-        raise ValueError(f"int8 ({int8.out_path}) was calibrated on other rows than this calibration data's {samples} "
-                         "(the same count, another digest); pass the plain INT8 quantize_int8 wrote with this data, "
-                         "or none")
+        given = "random rows" if int8.random_calibration else f"{int8.calibration_samples} other rows"
+        wanted = "this config's random rows" if calib is None else f"this calibration data's {samples} rows"
+        raise ValueError(f"int8 ({int8.out_path}) was calibrated on {given}, not on {wanted} (or on them in another "
+                         "order); pass the plain INT8 quantize_int8 wrote with this data, or none")
 
 
 def _rank(quantiser: _Quantiser, nodes: Sequence[str], drop: Callable[[float], float], unit: str,

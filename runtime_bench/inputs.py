@@ -419,12 +419,15 @@ def _size(spec: InputSpec, axis: int, values: Mapping[str, int], model: str) -> 
                           "x to time it", fields=("axis_values",))
 
 
-def data_digest(x: Data) -> str:
-    """A digest (BLAKE2b) of data: each array's name, dtype, shape and bytes (C order: the same values in another
-    layout give the same digest). For numeric arrays: an object array's bytes are pointers."""
+def data_digest(x: Data) -> str | None:
+    """A digest (BLAKE2b) of data: each array's name, dtype, shape and bytes in C order (the same values in another
+    layout give the same digest; rows in another order another one). ``None`` for data holding Python objects (their
+    bytes are pointers: equal data would not give equal digests)."""
     h = hashlib.blake2b(digest_size=20)
     for name, value in sorted(x.items()) if isinstance(x, Mapping) else [("", x)]:
         a = np.ascontiguousarray(value)
+        if a.dtype.hasobject:
+            return None
         h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(memoryview(a).cast("B"))
+        h.update(a.reshape(-1).view(np.uint8))  # any fixed-size dtype (bfloat16 and float8 too: no buffer format)
     return h.hexdigest()

@@ -179,11 +179,9 @@ def _files_digest(path: Path) -> str:
 
 
 def _reference_key(path: Path, x: Data, step: int, threads: int) -> tuple | None:
-    """The key of a reference's outputs; ``None`` (not kept) for data holding Python objects."""
-    arrays = x.values() if isinstance(x, Mapping) else [x]
-    if any(np.asarray(a).dtype.kind == "O" for a in arrays):
-        return None
-    return _files_digest(path), data_digest(x), step, threads
+    """The key of a reference's outputs; ``None`` (not kept) for data holding Python objects (no digest)."""
+    digest = data_digest(x)
+    return None if digest is None else (_files_digest(path), digest, step, threads)
 
 
 def evaluate_models(

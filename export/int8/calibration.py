@@ -97,9 +97,10 @@ class ArrayCalibrationReader:
         self._start = 0
 
     def digest(self) -> str:
-        """A digest of the rows this reader feeds (:func:`minreal.runtime_bench.inputs.data_digest`): which data the
-        ranges come from, not only how many rows (:attr:`QuantResult.calibration_digest`)."""
-        return data_digest(self.data)
+        """A digest of the rows this reader feeds, in its order (:func:`minreal.runtime_bench.inputs.data_digest`):
+        which data the ranges come from, not only how many rows (:attr:`QuantResult.calibration_digest`); ``""`` for
+        rows holding Python objects (strings), which have none."""
+        return data_digest(self.data) or ""
 
     def __iter__(self) -> ArrayCalibrationReader:
         return self
@@ -228,8 +229,11 @@ def file_reader(path: Path, model: onnx.ModelProto, calib: Calib | None, config:
 
 def calibration_digest(fp32_path: str | Path, calib: Calib | None, config: QuantConfig) -> str:
     """The digest of the rows static :func:`~minreal.export.int8.quantize_int8` of ``fp32_path`` calibrates on with
-    ``calib`` and ``config`` (:meth:`ArrayCalibrationReader.digest`): compare with a :class:`QuantResult`'s
-    ``calibration_digest``."""
+    ``calib`` and ``config`` (:meth:`ArrayCalibrationReader.digest`; with ``calib=None``, the seeded random rows
+    ``config`` allows): compare with a :class:`QuantResult`'s ``calibration_digest``. ``""`` in dynamic mode, which
+    calibrates nothing."""
+    if config.mode != "static":
+        return ""
     path = Path(fp32_path)
     return file_reader(path, onnx.load(str(path), load_external_data=False), calib, config)[0].digest()
 

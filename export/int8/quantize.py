@@ -134,6 +134,7 @@ def quantize_int8(
     model = onnx.load(str(fp32_path))
     reader, is_random = (file_reader(fp32_path, model, calib, config) if static and calibration is None
                          else (None, False))
+    samples, digest = (0, "") if reader is None else (reader.rows, reader.digest())  # before anything is written
     if calib is not None and not static:
         logger.info("dynamic quantisation ignores the calibration data")
     with tempfile.TemporaryDirectory() as workdir, atomic_path(out_path) as tmp:
@@ -165,7 +166,6 @@ def quantize_int8(
     if untrained:
         logger.warning("%s: the trained activation ranges of %s are not in the graph; calibrated instead",
                        out_path.name, ", ".join(untrained))
-    samples, digest = (0, "") if reader is None else (reader.rows, reader.digest())
     if calibration is not None:
         samples, is_random, digest = calibration.samples, calibration.random, calibration.data_digest
     return dataclasses.replace(

@@ -244,29 +244,57 @@ def test_a_plain_int8_of_another_format_is_refused(case: Case, tmp_path: Path) -
 
 def test_a_plain_int8_calibrated_on_other_rows_of_the_same_count_is_refused(case: Case, tmp_path: Path) -> None:
     """The plain INT8 records a digest of its calibration rows: one calibrated on other rows, as many, is not the
-    starting point of this data's accuracy control (the count alone let it through); the same rows given as a
-    mapping by input name, or ranges from calibrate() on them, are."""
+    starting point of this data's accuracy control (the count alone let it through), nor one calibrated on random
+    rows of another seed for a random-calibration run; the same rows given as a mapping by input name, in float64,
+    as a torch tensor or non-contiguous, or ranges from calibrate() on them, are."""
     from minreal.export.int8 import calibrate, calibration_digest
 
     config = QuantConfig().resolved()
-    other_rows = case.calib[::-1].copy()
+    other_rows = case.x[: len(case.calib)]  # held-out rows: other images, as many
+    assert not np.array_equal(np.sort(other_rows, axis=0), np.sort(case.calib, axis=0))
     other = quantize_int8(case.path, tmp_path / "other.onnx", other_rows, config)
     assert other.calibration_samples == len(case.calib)
     assert other.calibration_digest == calibration_digest(case.path, other_rows, config)
-    with pytest.raises(ValueError, match="other rows than this calibration data's"):
+    with pytest.raises(ValueError, match=f"calibrated on {len(case.calib)} other rows, not on this calibration data's"):
         quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, case.y, 100.0,
                                        config, int8=other)
     assert not (tmp_path / "ac.onnx").exists()
     name = onnx.load(str(case.path)).graph.input[0].name
+    wide = np.asfortranarray(np.concatenate([case.calib, case.calib], axis=1))[:, : case.calib.shape[1]]
+    assert not wide.flags.c_contiguous
+    digest = calibration_digest(case.path, case.calib, config)
+    assert {calibration_digest(case.path, rows, config) for rows in (
+        {name: case.calib}, case.calib.astype(np.float64), torch.from_numpy(case.calib), wide)} == {digest}
     same = quantize_int8(case.path, tmp_path / "same.onnx", {name: case.calib}, config)
     reused = quantize_int8(case.path, tmp_path / "reused.onnx", None, config,
                            calibration=calibrate(case.path, case.calib, config))
-    assert same.calibration_digest == reused.calibration_digest == calibration_digest(case.path, case.calib, config)
-    assert same.calibration_digest != other.calibration_digest
+    assert same.calibration_digest == reused.calibration_digest == digest != other.calibration_digest
     for plain in (same, reused):
         met = quantize_with_accuracy_control(case.path, tmp_path / "met.onnx", case.calib, case.x, case.y, 100.0,
                                              config, int8=plain)
         assert met.quantizations == 0
+    random = replace(config, allow_random_calibration=True)
+    seed7 = quantize_int8(case.path, tmp_path / "seed7.onnx", None, replace(random, seed=7))
+    with pytest.raises(ValueError, match="calibrated on random rows, not on this config's random rows"):
+        quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", None, case.x, case.y, 100.0, random,
+                                       int8=seed7)
+    seed0 = quantize_int8(case.path, tmp_path / "seed0.onnx", None, random)
+    assert quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", None, case.x, case.y, 100.0, random,
+                                          int8=seed0).quantizations == 0
+
+
+def test_the_digest_covers_every_fixed_size_dtype_and_none_for_python_objects() -> None:
+    """bfloat16 has no buffer format (memoryview refused it); strings held as objects have pointers for bytes."""
+    from minreal.runtime_bench.inputs import data_digest
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b16 = a.astype(ml_dtypes.bfloat16)
+    assert data_digest(b16) == data_digest(b16.copy()) != data_digest(a)
+    assert data_digest(np.array(["ab", "c"])) == data_digest(np.array(["ab", "c"]))
+    assert data_digest(np.array(["ab", "c"], dtype=object)) is None
+    assert data_digest({"ids": np.zeros(3, np.int64), "text": np.array(["x"], dtype=object)}) is None
+    assert data_digest(a[::-1]) != data_digest(a)  # rows in another order: another digest
 
 
 def test_unknown_excluded_node_is_refused(case: Case, tmp_path: Path) -> None:
