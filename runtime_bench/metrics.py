@@ -149,11 +149,11 @@ def reference_outputs_kept(*models: str | Path) -> Iterator[None]:
     compare against) once per evaluation set: when a call's first model is one of them (by path), its outputs are
     kept on disk (a temporary folder, removed when the block ends) under its bytes (its files' digest) and read back
     by later calls whose first model is one of them with those bytes, on the same data (a digest of its bytes), with
-    the same evaluation step and threads. The metrics are the same as running it again: the same session options on the same batches give the
-    same outputs. Only the named files' outputs are kept (a segmentation model's are gigabytes); data holding Python
-    objects is never keyed (its bytes are pointers). A block inside another adds its files to the outer one's and
-    shares its outputs. The block is a context variable's: it covers the calls of this thread (and of the tasks
-    that copy its context), not those of other threads or processes."""
+    the same evaluation step and threads. The metrics are the same as running it again: the same session options on
+    the same batches give the same outputs. Only the named files' outputs are kept (a segmentation model's are
+    gigabytes); data holding Python objects is never keyed (its bytes are pointers). A block inside another adds its
+    files to the outer one's and shares its outputs. The block is a context variable's: it covers the calls of this
+    thread (and of the tasks that copy its context), not those of other threads or processes."""
     outer = _KEPT.get()
     if outer is not None:
         outer.paths.update(str(Path(m).resolve()) for m in models)
