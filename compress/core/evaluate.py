@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from .data import Dataset
 from .errors import CompressionError
-from .inputs import call
+from .inputs import NamedInputs, call
 
-__all__ = ["eval_mode", "hooks_removed", "flatten_outputs", "output_paths", "output_rows", "predict", "compare_outputs"]
+__all__ = ["eval_mode", "hooks_removed", "flatten_outputs", "output_paths", "output_rows", "predict", "compare_outputs",
+           "predictions_kept", "KEPT_PREDICTION_BYTES"]
+
+KEPT_PREDICTION_BYTES = 512 << 20
+"""Most bytes of outputs one :func:`predictions_kept` block holds in memory; outputs beyond are computed again (a
+segmentation model's over a held-out set are gigabytes)."""
 
 
 @contextlib.contextmanager
@@ -106,11 +114,75 @@ def output_paths(outputs: object) -> list[tuple[str, bool]]:
     return [(path, keyed) for path, keyed, _ in _leaves(outputs)]
 
 
+@dataclass
+class _KeptPredictions:
+    """The models of one :func:`predictions_kept` block and their outputs by key (weights, data, batch size)."""
+
+    models: list[nn.Module]
+    outputs: dict[tuple[str, str, int], torch.Tensor] = field(default_factory=dict)
+    bytes: int = 0
+
+
+_KEPT: ContextVar[_KeptPredictions | None] = ContextVar("minreal_kept_predictions", default=None)
+
+
+@contextlib.contextmanager
+def predictions_kept(*models: nn.Module) -> Iterator[None]:
+    """Within this block, :func:`predict` of one of ``models`` (by identity: the original a run judges every variant
+    against) computes its outputs once per data: later calls with the same weights and buffers (their digest), the
+    same data (its digest) and batch size get a copy of them (at most :data:`KEPT_PREDICTION_BYTES` are held). A
+    block inside another adds its models to the outer one's. The block is a context variable's: it covers this
+    thread's calls."""
+    outer = _KEPT.get()
+    if outer is not None:
+        outer.models.extend(models)
+        yield
+        return
+    token = _KEPT.set(_KeptPredictions(list(models)))
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
+
+def _tensor_digest(h: "hashlib._Hash", name: str, t: torch.Tensor) -> None:
+    if t.is_quantized or t.is_sparse or t.is_meta:  # bytes without their scales, or none
+        raise TypeError(f"{name}: no plain bytes to digest")
+    t = t.detach().cpu().contiguous()
+    h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _prediction_key(model: nn.Module, data: Dataset, batch_size: int) -> tuple[str, str, int] | None:
+    """The weights and buffers' digest, the inputs' digest, and the batch size; ``None`` (not kept) where a tensor
+    has no plain bytes to digest (quantised, sparse or meta tensors)."""
+    weights, inputs = hashlib.blake2b(digest_size=20), hashlib.blake2b(digest_size=20)
+    try:
+        for name, t in model.state_dict(keep_vars=False).items():
+            if isinstance(t, torch.Tensor):
+                _tensor_digest(weights, name, t)
+        for name, t in data.x.items() if isinstance(data.x, NamedInputs) else [("", data.x)]:
+            _tensor_digest(inputs, name, t)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None
+    return weights.hexdigest(), inputs.hexdigest(), batch_size
+
+
 @torch.no_grad()
 def predict(model: nn.Module, data: Dataset, batch_size: int = 256) -> torch.Tensor:
-    """Concatenated model outputs over ``data`` in eval mode (several outputs as :func:`output_rows` joins them)."""
+    """Concatenated model outputs over ``data`` in eval mode (several outputs as :func:`output_rows` joins them).
+    Inside :func:`predictions_kept` naming ``model``, computed once per weights, data and batch size."""
+    kept = _KEPT.get()
+    key = _prediction_key(model, data, batch_size) if kept is not None and any(m is model for m in kept.models) \
+        else None
+    if key is not None and key in kept.outputs:
+        return kept.outputs[key].clone()
     with eval_mode(model):
-        return torch.cat([output_rows(call(model, xb)) for xb in data.inputs(batch_size)])
+        out = torch.cat([output_rows(call(model, xb)) for xb in data.inputs(batch_size)])
+    if key is not None and kept.bytes + out.nbytes <= KEPT_PREDICTION_BYTES:
+        kept.outputs[key] = out.clone()  # the caller may change its copy in place
+        kept.bytes += out.nbytes
+    return out
 
 
 @torch.no_grad()

@@ -238,9 +238,14 @@ def held_out_metrics(teacher: nn.Module, student: nn.Module, data: Dataset, batc
     """Agreement and KL (T=1) with the teacher for classifiers, MSE to it otherwise; accuracy or MSE with labels
     (``task`` as :attr:`RecoveryConfig.task`). Under a process group ``data`` is this rank's part and the metrics
     are those of all ranks' parts together (sums and counts all-reduced). ``teacher_outputs``: the teacher's
-    ``predict`` on ``data`` computed once by a caller that judges many students on the same data."""
-    ref = predict(teacher, data, batch_size) if teacher_outputs is None else teacher_outputs
-    return output_metrics(ref, predict(student, data, batch_size), data.y, task)
+    ``predict`` on ``data`` computed once by a caller that judges many students on the same data; a model judged
+    against itself runs once."""
+    out = predict(student, data, batch_size)
+    if teacher_outputs is not None:
+        ref = teacher_outputs
+    else:
+        ref = out if student is teacher else predict(teacher, data, batch_size)
+    return output_metrics(ref, out, data.y, task)
 
 
 def recovery_split(data: Dataset, cfg: RecoveryConfig) -> tuple[Dataset, Dataset, bool]:

@@ -32,7 +32,7 @@ from minreal.app.report import cell_label
 from minreal.app.run_report import RUN_SCHEMA_VERSION, CaseResult, RunReport
 from minreal.app.rundir import RunDirClaim, claim_run_dir, commit_run_dir
 from minreal.app.settings import PipelineConfig
-from minreal.compress.core.evaluate import compare_outputs
+from minreal.compress.core.evaluate import compare_outputs, predictions_kept
 from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.run_case import RunCase, VariantSpec
 from minreal.export.errors import ParityError
@@ -129,7 +129,8 @@ def run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Progr
     WARNING or raises as a Python warning on the way (ONNX Runtime's quantisation pre-processing, an exporter's
     fallback) is one of its warnings too, after those of the run's own checks (:func:`collected_warnings`); when the
     case fails, those a brief console held back are shown before the error goes on."""
-    with collected_warnings() as raised:
+    # the original's outputs on the case's data are computed once for every variant judged against them
+    with collected_warnings() as raised, predictions_kept(case.model):
         result = _run_case(case, case_dir, cfg, progress, interrupts or Interrupts())
     result.warnings += [w for w in raised if w not in result.warnings]
     if result.warnings:  # each warning is printed once, with the results (finish_run), and kept in report.json

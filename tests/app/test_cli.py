@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -285,6 +286,43 @@ def test_run_pipeline_and_overwrite_guard(workdir: Path, run_cli: Callable) -> N
     assert code == 2 and "--overwrite" in err
     code, _, _ = run_cli(["check", "runs/a/report.json", "--min-agreement", "0.0", "-q"])
     assert code == 0
+
+
+def test_run_computes_the_original_s_outputs_once_per_data(workdir: Path, run_cli: Callable,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """"Never compute twice": a run judges every variant (before and after recovery, on the calibration and the
+    held-out data) against the original's outputs, which it computes once per batch of data (a variant's own passes
+    and the one-row output probe aside). Without the kept predictions the same batches ran again for every variant."""
+    import hashlib
+
+    import torch
+
+    from minreal.app import pipeline
+    from minreal.compress.core import evaluate
+
+    seen: list[tuple[int, str]] = []
+    real_call = evaluate.call
+
+    def recorded(model: torch.nn.Module, xb: torch.Tensor) -> object:
+        if len(xb) > 1:
+            seen.append((id(model), hashlib.sha1(xb.numpy().tobytes()).hexdigest()))
+        return real_call(model, xb)
+
+    monkeypatch.setattr(evaluate, "call", recorded)
+    args = ["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "--mac-ratio", "0.6",
+            "--recover-epochs", "1", "--data", "digits-flat", "--no-int8", "--batch", "1", "-q", *QUICK_BENCH]
+
+    def original_repeats(out: str) -> int:
+        code, _, err = run_cli([*args, "--out", out])
+        assert code == 0, err
+        original = seen[0][0]  # the data check predicts it first
+        batches = [b for m, b in seen if m == original]
+        seen.clear()
+        return len(batches) - len(set(batches))
+
+    assert original_repeats("runs/kept") == 0
+    monkeypatch.setattr(pipeline, "predictions_kept", lambda *models: contextlib.nullcontext())
+    assert original_repeats("runs/again") > 0  # what the kept predictions save
 
 
 def test_run_warns_when_int8_calibrates_on_few_samples(workdir: Path, run_cli: Callable) -> None:

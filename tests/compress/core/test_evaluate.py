@@ -143,3 +143,81 @@ def test_the_output_check_passes_tensors_in_containers_named_inputs_and_a_failin
     assert named.rows == [1]
     require_tensor_outputs(Broken(), Dataset(torch.randn(4, 2)))  # left for the method to report
     require_tensor_outputs(Broken(), Dataset(torch.randn(0, 2)))  # nothing to run
+
+
+class _Counted(nn.Module):
+    """A small MLP that counts its forward calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 12), nn.BatchNorm1d(12), nn.ReLU(), nn.Linear(12, 4))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.net(x)
+
+
+def test_kept_predictions_run_a_named_model_once_per_weights_and_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """"Never compute twice": inside predictions_kept(model), predict of that model on the same data and batch size
+    runs once and returns equal copies (changing one leaves the kept outputs as they were); new weights or buffers,
+    other data, another batch size or a model not named run again; the budget caps what is held; outside a block
+    every call runs."""
+    from minreal.compress.core import evaluate
+
+    torch.manual_seed(0)
+    model, other = _Counted(), _Counted()
+    data = Dataset(torch.randn(40, 6))
+    fresh = predict(model, data, 16)
+    model.calls = 0
+    with evaluate.predictions_kept(model):
+        first, again = predict(model, data, 16), predict(model, data, 16)
+        assert model.calls == 3  # one pass of 40 rows in batches of 16
+        assert torch.equal(first, fresh) and torch.equal(again, fresh) and again is not first
+        again.zero_()
+        assert torch.equal(predict(model, data, 16), fresh) and model.calls == 3
+        predict(model, Dataset(data.x[:20]), 16)  # other data
+        predict(model, data, 40)  # another batch size
+        assert model.calls == 3 + 2 + 1
+        with torch.no_grad():
+            model.net[1].running_mean += 1.0  # a buffer changed: other outputs
+        assert not torch.equal(predict(model, data, 16), fresh) and model.calls == 9
+        predict(other, data, 16)
+        predict(other, data, 16)
+        assert other.calls == 6  # not named: runs each time
+        with evaluate.predictions_kept(other):  # an inner block adds its model
+            predict(other, data, 16)
+        predict(other, data, 16)
+        assert other.calls == 9
+        monkeypatch.setattr(evaluate, "KEPT_PREDICTION_BYTES", 0)
+        big = Dataset(torch.randn(8, 6))
+        predict(model, big, 16)
+        predict(model, big, 16)
+        assert model.calls == 11  # over the budget: computed again, not held
+    model.calls = 0
+    predict(model, data, 16)
+    predict(model, data, 16)
+    assert model.calls == 6
+
+
+def test_a_model_judged_against_itself_runs_once() -> None:
+    from minreal.compress.core.recover import held_out_metrics
+
+    torch.manual_seed(1)
+    model, data = _Counted(), Dataset(torch.randn(30, 6), torch.randint(0, 4, (30,)))
+    metrics = held_out_metrics(model, model, data, batch_size=64)
+    assert model.calls == 1 and metrics["agreement"] == 1.0 and metrics["kl"] == 0.0
+
+
+def test_a_quantised_weight_is_not_digested_and_the_model_not_kept() -> None:
+    """A quantised tensor has no plain bytes to digest: predict runs as outside a block."""
+    from minreal.compress.core import evaluate
+
+    model = _Counted()
+    model.register_buffer("q", torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8))
+    data = Dataset(torch.randn(5, 6))
+    assert evaluate._prediction_key(model, data, 16) is None
+    with evaluate.predictions_kept(model):
+        predict(model, data, 16)
+        predict(model, data, 16)
+    assert model.calls == 2
