@@ -16,7 +16,7 @@ from .errors import CompressionError
 from .inputs import NamedInputs, call
 
 __all__ = ["eval_mode", "hooks_removed", "flatten_outputs", "output_paths", "output_rows", "predict", "compare_outputs",
-           "predictions_kept", "KEPT_PREDICTION_BYTES"]
+           "predictions_kept", "kept_like", "KeptPredictions", "KEPT_PREDICTION_BYTES"]
 
 KEPT_PREDICTION_BYTES = 512 << 20
 """Most bytes of outputs one :func:`predictions_kept` block holds in memory; outputs beyond are computed again (a
@@ -115,34 +115,47 @@ def output_paths(outputs: object) -> list[tuple[str, bool]]:
 
 
 @dataclass
-class _KeptPredictions:
-    """The models of one :func:`predictions_kept` block and their outputs by key (weights, data, batch size)."""
+class KeptPredictions:
+    """The models whose :func:`predict` outputs a :func:`predictions_kept` block keeps, and those outputs by key
+    (weights, data, batch size). A caller that runs many jobs on one model (a tune's worker) passes one as ``store``
+    so that the outputs outlive each job's block; the models named are those of the block running now."""
 
-    models: list[nn.Module]
+    models: list[nn.Module] = field(default_factory=list)
     outputs: dict[tuple[str, str, int], torch.Tensor] = field(default_factory=dict)
     bytes: int = 0
 
 
-_KEPT: ContextVar[_KeptPredictions | None] = ContextVar("minreal_kept_predictions", default=None)
+_KEPT: ContextVar[KeptPredictions | None] = ContextVar("minreal_kept_predictions", default=None)
 
 
 @contextlib.contextmanager
-def predictions_kept(*models: nn.Module) -> Iterator[None]:
+def predictions_kept(*models: nn.Module, store: KeptPredictions | None = None) -> Iterator[None]:
     """Within this block, :func:`predict` of one of ``models`` (by identity: the original a run judges every variant
     against) computes its outputs once per data: later calls with the same weights and buffers (their digest), the
-    same data (its digest) and batch size get a copy of them (at most :data:`KEPT_PREDICTION_BYTES` are held). A
-    block inside another adds its models to the outer one's. The block is a context variable's: it covers this
-    thread's calls."""
+    same data (its digest) and batch size get a copy of them (at most :data:`KEPT_PREDICTION_BYTES` are held), also
+    in later blocks given the same ``store``. A block inside another adds its models to the outer one's. The block
+    is a context variable's: it covers this thread's calls."""
     outer = _KEPT.get()
     if outer is not None:
         outer.models.extend(models)
         yield
         return
-    token = _KEPT.set(_KeptPredictions(list(models)))
+    kept = store if store is not None else KeptPredictions()
+    kept.models = list(models)
+    token = _KEPT.set(kept)
     try:
         yield
     finally:
         _KEPT.reset(token)
+        kept.models = []  # no model outlives its block through the store
+
+
+def kept_like(model: nn.Module, original: nn.Module) -> None:
+    """Name ``model``, a frozen copy of ``original`` (a recovery's teacher), in the running :func:`predictions_kept`
+    block where ``original`` is named: its outputs are the original's, found by the same digests."""
+    kept = _KEPT.get()
+    if kept is not None and any(m is original for m in kept.models):
+        kept.models.append(model)
 
 
 def _tensor_digest(h: "hashlib._Hash", name: str, t: torch.Tensor) -> None:

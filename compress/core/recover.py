@@ -49,7 +49,7 @@ from .batchnorm import recalibrate_batchnorm
 from .data import Dataset
 from .distributed import all_reduce_sum, is_writer, rank_seed, shard, shard_bounds
 from .errors import CompressionError
-from .evaluate import eval_mode, predict
+from .evaluate import eval_mode, kept_like, predict
 from .heldout import held_out_of, output_metrics, resolve_task
 from .inputs import Inputs, call, count
 from .progress import log_progress
@@ -319,6 +319,7 @@ def _recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: 
     teacher = copy.deepcopy(original).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
+    kept_like(teacher, original)  # where the caller keeps the original's outputs, the teacher's are the same
     require_same_everywhere(data, teacher)
     train, val, same = recovery_split(data, config)
     config = _resolved(config, teacher, data, min(len(train), len(val)))

@@ -617,9 +617,13 @@ def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_m
     """QAT changes the ranges, not the structure: where the recovered winner's post-training INT8 meets the
     constraint in ONNX Runtime no QAT candidate is trained (and the report says so); where it misses, one is. The
     original's file runs once on the held-out data in ONNX Runtime, the reference of every file judged there (the
-    INT8 check and the final measurement each ran it again)."""
+    INT8 check and the final measurement each ran it again), and the recoveries' teacher runs once per batch of
+    their splits (each recovered candidate ran it again)."""
+    import hashlib
+
     import minreal.runtime_bench.metrics as metrics_module
     from minreal.app.tune import search as tune_search
+    from minreal.compress.core import evaluate
 
     model, tr, te = trained_mlp
     cfg = TuneConfig(Constraint(max_accuracy_drop=4.0), methods=("svd",), grid=(0.9, 0.6, 0.5, 0.4),
@@ -636,8 +640,17 @@ def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_m
     session = metrics_module.create_session
     monkeypatch.setattr(metrics_module, "create_session",
                         lambda path, *a, **k: opened.append(Path(path).name) or session(path, *a, **k))
+    batches: list[str] = []  # the original's torch passes (the recoveries' teacher: a copy of it), by batch
+    weights = evaluate._prediction_key(model, te, 1)[0]
+    real_call = evaluate.call
+    monkeypatch.setattr(evaluate, "call", lambda m, xb: (len(xb) > 1 and evaluate._prediction_key(m, te, 1)[0] ==
+                                                         weights and batches.append(
+        hashlib.sha1(xb.numpy().tobytes()).hexdigest())) or real_call(m, xb))
     report = tune(model, tr, te, cfg, tmp_path / "a", tmp_path / "cache", executor=InlineExecutor())
     assert opened.count("original.onnx") == 1 and len(opened) > 2
+    held = {hashlib.sha1(te.x[i : i + 256].numpy().tobytes()).hexdigest() for i in range(0, len(te), 256)}
+    taught = [b for b in batches if b not in held]  # the driver's reference and the worker's are two processes' work
+    assert taught and len(taught) == len(set(taught))  # every recovered candidate distils from one teacher pass
     recovered = [s for s in report.searches if s["recover_epochs"] and s["smallest_feasible"] is not None]
     assert recovered, report.searches  # the race found a recovered winner, whose INT8 was checked
     assert len(checked) == 1 and checked[0].startswith(f"svd@{recovered[0]['smallest_feasible']:g}+r1")

@@ -348,16 +348,53 @@ def evaluate_candidate(job: Job) -> CandidateResult:
     return result
 
 
+def _compress_candidate(job: Job, model: nn.Module, calib: Dataset) -> tuple[nn.Module, Any, dict[str, float]]:
+    """The candidate's module, its report and the seconds of its phases (none for a plan variant): compressed,
+    then recovered where the spec says."""
+    from minreal.app.method_options import build_config, provider_defaults
+    from minreal.compress.core.recover_options import RecoveryConfig
+
+    spec = job.spec
+    recovery = (RecoveryConfig(epochs=spec.recover_epochs, int8=job.quant_target if spec.qat else None,
+                               catch_interrupt=False)  # a tune's Ctrl-C aborts; never cache a cut-short run
+                if spec.recover_epochs else None)
+    if spec.variant is not None:
+        from minreal.app.plan import run_variant
+
+        small, report = run_variant(model, calib, spec.variant, recovery, dynamic_axes=job.axes())
+        return small, report, {}
+    train = subsample(calib, spec.fraction) if spec.short else calib
+    if "+" in spec.method:
+        return _chained(job, model, calib, recovery, train)
+    config = build_config(spec.method, {"mac_ratio": spec.mac_ratio, **dict(job.extra)},
+                          provider_defaults(job.providers))
+    return _compressed(job, model, calib, config, recovery, train)
+
+
+_KEPT_PREDICTIONS: dict[str, Any] = {}
+
+
+def _kept_predictions(job: Job) -> Any:
+    """The store of the original's :func:`~minreal.compress.core.evaluate.predict` outputs in this worker for these
+    tune inputs (every recovered candidate distils from the same teacher outputs on the same splits)."""
+    from minreal.compress.core.evaluate import KeptPredictions
+
+    if job.fingerprint not in _KEPT_PREDICTIONS:
+        _KEPT_PREDICTIONS.clear()
+        _KEPT_PREDICTIONS[job.fingerprint] = KeptPredictions()
+    return _KEPT_PREDICTIONS[job.fingerprint]
+
+
 class InputsChangedError(RuntimeError):
     """A worker loaded a model or data that differ from what the tune measured its baselines on."""
 
 
 def _evaluate(job: Job, key: str) -> CandidateResult:
     from minreal.app.field_flags import flag_spelled
-    from minreal.app.method_options import MethodOptionError, build_config, provider_defaults
+    from minreal.app.method_options import MethodOptionError
     from minreal.compress import CompressionError
+    from minreal.compress.core.evaluate import predictions_kept
     from minreal.compress.core.recover import held_out_metrics
-    from minreal.compress.core.recover_options import RecoveryConfig
 
     model, calib, held_out = job.source.load()
     if not isinstance(job.source, LoadedSource) and fingerprint(model, calib, held_out) != job.fingerprint:
@@ -367,22 +404,9 @@ def _evaluate(job: Job, key: str) -> CandidateResult:
     spec, result = job.spec, CandidateResult(job.spec, key)
     t0 = time.perf_counter()
     try:
-        recovery = (RecoveryConfig(epochs=spec.recover_epochs, int8=job.quant_target if spec.qat else None,
-                                   catch_interrupt=False)  # a tune's Ctrl-C aborts; never cache a cut-short run
-                    if spec.recover_epochs else None)
-        if spec.variant is not None:
-            from minreal.app.plan import run_variant
-
-            small, report = run_variant(model, calib, spec.variant, recovery, dynamic_axes=job.axes())
-        else:
-            train = subsample(calib, spec.fraction) if spec.short else calib
-            if "+" in spec.method:
-                small, report, phases = _chained(job, model, calib, recovery, train)
-            else:
-                config = build_config(spec.method, {"mac_ratio": spec.mac_ratio, **dict(job.extra)},
-                                      provider_defaults(job.providers))
-                small, report, phases = _compressed(job, model, calib, config, recovery, train)
-            result.seconds.update(phases)
+        with predictions_kept(model, store=_kept_predictions(job)):  # the teacher's passes, once per worker
+            small, report, phases = _compress_candidate(job, model, calib)
+        result.seconds.update(phases)
     except (CompressionError, MethodOptionError) as exc:  # a refusal, in the command line's words (its flags)
         result.error = flag_spelled(exc).splitlines()[0]
         return result
