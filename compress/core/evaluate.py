@@ -121,7 +121,7 @@ class KeptPredictions:
     so that the outputs outlive each job's block; the models named are those of the block running now."""
 
     models: list[nn.Module] = field(default_factory=list)
-    outputs: dict[tuple[str, str, int], torch.Tensor] = field(default_factory=dict)
+    outputs: dict[tuple[str, str, int, int], torch.Tensor] = field(default_factory=dict)
     bytes: int = 0
 
 
@@ -132,9 +132,9 @@ _KEPT: ContextVar[KeptPredictions | None] = ContextVar("minreal_kept_predictions
 def predictions_kept(*models: nn.Module, store: KeptPredictions | None = None) -> Iterator[None]:
     """Within this block, :func:`predict` of one of ``models`` (by identity: the original a run judges every variant
     against) computes its outputs once per data: later calls with the same weights and buffers (their digest), the
-    same data (its digest) and batch size get a copy of them (at most :data:`KEPT_PREDICTION_BYTES` are held), also
-    in later blocks given the same ``store``. A block inside another adds its models to the outer one's. The block
-    is a context variable's: it covers this thread's calls."""
+    same data (its digest), batch size and torch thread count get a copy of them (at most
+    :data:`KEPT_PREDICTION_BYTES` are held), also in later blocks given the same ``store``. A block inside another
+    adds its models to the outer one's. The block is a context variable's: it covers this thread's calls."""
     outer = _KEPT.get()
     if outer is not None:
         outer.models.extend(models)
@@ -166,9 +166,10 @@ def _tensor_digest(h: "hashlib._Hash", name: str, t: torch.Tensor) -> None:
     h.update(t.reshape(-1).view(torch.uint8).numpy())
 
 
-def _prediction_key(model: nn.Module, data: Dataset, batch_size: int) -> tuple[str, str, int] | None:
-    """The weights and buffers' digest, the inputs' digest, and the batch size; ``None`` (not kept) where a tensor
-    has no plain bytes to digest (quantised, sparse or meta tensors)."""
+def _prediction_key(model: nn.Module, data: Dataset, batch_size: int) -> tuple[str, str, int, int] | None:
+    """The weights and buffers' digest, the inputs' digest, the batch size and torch's thread count (a float sum may
+    be split otherwise); ``None`` (not kept) where a tensor has no plain bytes to digest (quantised, sparse or meta
+    tensors)."""
     weights, inputs = hashlib.blake2b(digest_size=20), hashlib.blake2b(digest_size=20)
     try:
         for name, t in model.state_dict(keep_vars=False).items():
@@ -178,7 +179,7 @@ def _prediction_key(model: nn.Module, data: Dataset, batch_size: int) -> tuple[s
             _tensor_digest(inputs, name, t)
     except (RuntimeError, TypeError, NotImplementedError):
         return None
-    return weights.hexdigest(), inputs.hexdigest(), batch_size
+    return weights.hexdigest(), inputs.hexdigest(), batch_size, torch.get_num_threads()
 
 
 @torch.no_grad()
