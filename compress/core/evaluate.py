@@ -19,8 +19,8 @@ __all__ = ["eval_mode", "hooks_removed", "flatten_outputs", "output_paths", "out
            "predictions_kept", "kept_like", "KeptPredictions", "KEPT_PREDICTION_BYTES"]
 
 KEPT_PREDICTION_BYTES = 512 << 20
-"""Most bytes of outputs one :func:`predictions_kept` block holds in memory; outputs beyond are computed again (a
-segmentation model's over a held-out set are gigabytes)."""
+"""Most bytes of outputs one :func:`predictions_kept` block (or its ``store``, over all its blocks) holds in memory;
+outputs beyond are computed again (a segmentation model's over a held-out set are gigabytes)."""
 
 
 @contextlib.contextmanager
@@ -117,75 +117,95 @@ def output_paths(outputs: object) -> list[tuple[str, bool]]:
 @dataclass
 class KeptPredictions:
     """The models whose :func:`predict` outputs a :func:`predictions_kept` block keeps, and those outputs by key
-    (weights, data, batch size). A caller that runs many jobs on one model (a tune's worker) passes one as ``store``
-    so that the outputs outlive each job's block; the models named are those of the block running now."""
+    (weights, data, batch size, threads, device, autocast). A caller that runs many jobs on one model (a tune's
+    worker) passes one as ``store`` so that the outputs outlive each job's block; the models named are those of the
+    blocks running now."""
 
     models: list[nn.Module] = field(default_factory=list)
-    outputs: dict[tuple[str, str, int, int], torch.Tensor] = field(default_factory=dict)
+    outputs: dict[tuple[object, ...], torch.Tensor] = field(default_factory=dict)
     bytes: int = 0
 
 
 _KEPT: ContextVar[KeptPredictions | None] = ContextVar("minreal_kept_predictions", default=None)
 
 
-@contextlib.contextmanager
-def predictions_kept(*models: nn.Module, store: KeptPredictions | None = None) -> Iterator[None]:
-    """Within this block, :func:`predict` of one of ``models`` (by identity: the original a run judges every variant
-    against) computes its outputs once per data: later calls with the same weights and buffers (their digest), the
-    same data (its digest), batch size and torch thread count get a copy of them (at most
-    :data:`KEPT_PREDICTION_BYTES` are held), also in later blocks given the same ``store``. A block inside another
-    adds its models to the outer one's. The block is a context variable's: it covers this thread's calls."""
-    outer = _KEPT.get()
-    if outer is not None:
-        outer.models.extend(models)
-        yield
-        return
-    kept = store if store is not None else KeptPredictions()
-    kept.models = list(models)
-    token = _KEPT.set(kept)
+def _named_for_block(kept: KeptPredictions, models: tuple[nn.Module, ...]) -> Iterator[None]:
+    """Name ``models`` in ``kept`` for the block, and only for it."""
+    kept.models.extend(models)
     try:
         yield
     finally:
+        for m in models:
+            index = next((i for i in range(len(kept.models) - 1, -1, -1) if kept.models[i] is m), None)
+            if index is not None:
+                del kept.models[index]
+
+
+@contextlib.contextmanager
+def predictions_kept(*models: nn.Module, store: KeptPredictions | None = None) -> Iterator[None]:
+    """Within this block, :func:`predict` of one of ``models`` (by identity: the original a run judges every variant
+    against) computes its outputs once per data: later calls with the same weights and buffers (their digest, the
+    non-persistent buffers included), the same data (its digest), batch size, torch thread count, device and autocast
+    state get a copy of them (at most :data:`KEPT_PREDICTION_BYTES` are held), also in later blocks given the same
+    ``store``. A named model must not change otherwise while it is named (a swapped submodule, a forward hook, an
+    attribute its forward reads): its kept outputs would be returned. A block inside another names its models in the
+    outer one's until it ends (its own ``store`` is not used). The block is a context variable's: it covers this
+    thread's calls."""
+    outer = _KEPT.get()
+    if outer is not None:
+        yield from _named_for_block(outer, models)
+        return
+    kept = store if store is not None else KeptPredictions()
+    token = _KEPT.set(kept)
+    try:
+        yield from _named_for_block(kept, models)
+    finally:
         _KEPT.reset(token)
-        kept.models = []  # no model outlives its block through the store
 
 
-def kept_like(model: nn.Module, original: nn.Module) -> None:
-    """Name ``model``, a frozen copy of ``original`` (a recovery's teacher), in the running :func:`predictions_kept`
-    block where ``original`` is named: its outputs are the original's, found by the same digests."""
+@contextlib.contextmanager
+def kept_like(model: nn.Module, original: nn.Module) -> Iterator[None]:
+    """Name ``model``, a frozen copy of ``original`` (a recovery's teacher), for this block in the running
+    :func:`predictions_kept` block where ``original`` is named: its outputs are the original's, found by the same
+    digests."""
     kept = _KEPT.get()
-    if kept is not None and any(m is original for m in kept.models):
-        kept.models.append(model)
+    if kept is None or not any(m is original for m in kept.models):
+        yield
+        return
+    yield from _named_for_block(kept, (model,))
 
 
 def _tensor_digest(h: "hashlib._Hash", name: str, t: torch.Tensor) -> None:
-    if t.is_quantized or t.is_sparse or t.is_meta:  # bytes without their scales, or none
+    if t.is_quantized or t.is_sparse or t.is_meta or torch.nn.parameter.is_lazy(t):  # no plain bytes, or no scales
         raise TypeError(f"{name}: no plain bytes to digest")
     t = t.detach().cpu().contiguous()
     h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
     h.update(t.reshape(-1).view(torch.uint8).numpy())
 
 
-def _prediction_key(model: nn.Module, data: Dataset, batch_size: int) -> tuple[str, str, int, int] | None:
-    """The weights and buffers' digest, the inputs' digest, the batch size and torch's thread count (a float sum may
-    be split otherwise); ``None`` (not kept) where a tensor has no plain bytes to digest (quantised, sparse or meta
-    tensors)."""
+def _prediction_key(model: nn.Module, data: Dataset, batch_size: int) -> tuple[object, ...] | None:
+    """The digest of the weights and buffers (state dict and non-persistent buffers, with their devices), the inputs'
+    digest, the batch size, torch's thread count (a float sum may be split otherwise) and whether autocast is on;
+    ``None`` (not kept) where a tensor has no plain bytes to digest (quantised, sparse, meta or lazy tensors)."""
     weights, inputs = hashlib.blake2b(digest_size=20), hashlib.blake2b(digest_size=20)
+    tensors = {**dict(model.named_buffers()), **model.state_dict(keep_vars=False)}
     try:
-        for name, t in model.state_dict(keep_vars=False).items():
+        for name, t in tensors.items():
             if isinstance(t, torch.Tensor):
+                weights.update(f"{t.device}".encode())
                 _tensor_digest(weights, name, t)
         for name, t in data.x.items() if isinstance(data.x, NamedInputs) else [("", data.x)]:
             _tensor_digest(inputs, name, t)
-    except (RuntimeError, TypeError, NotImplementedError):
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
         return None
-    return weights.hexdigest(), inputs.hexdigest(), batch_size, torch.get_num_threads()
+    autocast = (torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
+    return weights.hexdigest(), inputs.hexdigest(), batch_size, torch.get_num_threads(), autocast
 
 
 @torch.no_grad()
 def predict(model: nn.Module, data: Dataset, batch_size: int = 256) -> torch.Tensor:
     """Concatenated model outputs over ``data`` in eval mode (several outputs as :func:`output_rows` joins them).
-    Inside :func:`predictions_kept` naming ``model``, computed once per weights, data and batch size."""
+    Inside :func:`predictions_kept` naming ``model``, computed once per weights, data, batch size and threads."""
     kept = _KEPT.get()
     key = _prediction_key(model, data, batch_size) if kept is not None and any(m is model for m in kept.models) \
         else None

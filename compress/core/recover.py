@@ -307,19 +307,20 @@ def recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: R
     and it trains data-parallel (see the module's notes); every rank ends with the same weights and result.
     """
     t0 = time.perf_counter()
-    with reported():
-        result = _recover(original, compressed, data, config, state_points)
+    teacher = copy.deepcopy(original).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    # where the caller keeps the original's outputs, the teacher's are the same (named only while it trains)
+    with reported(), kept_like(teacher, original):
+        result = _recover(teacher, compressed, data, config, state_points)
     result.wall_s = time.perf_counter() - t0
     return result
 
 
-def _recover(original: nn.Module, compressed: nn.Module, data: Dataset, config: RecoveryConfig,
+def _recover(teacher: nn.Module, compressed: nn.Module, data: Dataset, config: RecoveryConfig,
              state_points: Sequence[str]) -> RecoveryResult:
+    """:func:`recover` with the original's frozen copy ``teacher``."""
     shapes = _shapes(compressed)
-    teacher = copy.deepcopy(original).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    kept_like(teacher, original)  # where the caller keeps the original's outputs, the teacher's are the same
     require_same_everywhere(data, teacher)
     train, val, same = recovery_split(data, config)
     config = _resolved(config, teacher, data, min(len(train), len(val)))

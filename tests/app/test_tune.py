@@ -641,15 +641,20 @@ def test_quantisation_aware_recovery_runs_only_where_plain_int8_misses(trained_m
     monkeypatch.setattr(metrics_module, "create_session",
                         lambda path, *a, **k: opened.append(Path(path).name) or session(path, *a, **k))
     batches: list[str] = []  # the original's torch passes (the recoveries' teacher: a copy of it), by batch
-    weights = evaluate._prediction_key(model, te, 1)[0]
+    weights = evaluate._prediction_key(model, te, 1)
     real_call = evaluate.call
-    monkeypatch.setattr(evaluate, "call", lambda m, xb: (len(xb) > 1 and evaluate._prediction_key(m, te, 1)[0] ==
-                                                         weights and batches.append(
-        hashlib.sha1(xb.numpy().tobytes()).hexdigest())) or real_call(m, xb))
+
+    def recorded(m: torch.nn.Module, xb: torch.Tensor) -> object:
+        key = evaluate._prediction_key(m, te, 1) if len(xb) > 1 else None
+        if key is not None and key[0] == weights[0]:
+            batches.append(hashlib.sha1(xb.numpy().tobytes()).hexdigest())
+        return real_call(m, xb)
+
+    monkeypatch.setattr(evaluate, "call", recorded)
     report = tune(model, tr, te, cfg, tmp_path / "a", tmp_path / "cache", executor=InlineExecutor())
     assert opened.count("original.onnx") == 1 and len(opened) > 2
     held = {hashlib.sha1(te.x[i : i + 256].numpy().tobytes()).hexdigest() for i in range(0, len(te), 256)}
-    taught = [b for b in batches if b not in held]  # the driver's reference and the worker's are two processes' work
+    taught = [b for b in batches if b not in held]  # held-out: the tune's reference and the candidates' teacher memo
     assert taught and len(taught) == len(set(taught))  # every recovered candidate distils from one teacher pass
     recovered = [s for s in report.searches if s["recover_epochs"] and s["smallest_feasible"] is not None]
     assert recovered, report.searches  # the race found a recovered winner, whose INT8 was checked

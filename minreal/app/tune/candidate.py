@@ -374,6 +374,14 @@ def _compress_candidate(job: Job, model: nn.Module, calib: Dataset) -> tuple[nn.
 _KEPT_PREDICTIONS: dict[str, Any] = {}
 
 
+def release_outputs() -> None:
+    """Drop the original's outputs this process keeps for a tune's candidates (the kept predictions and the held-out
+    teacher outputs): at the end of a tune, so that a tune run in a long-lived process (``--workers 0``, the Python
+    API) leaves no outputs behind it."""
+    _KEPT_PREDICTIONS.clear()
+    _TEACHER.clear()
+
+
 def _kept_predictions(job: Job) -> Any:
     """The store of the original's :func:`~minreal.compress.core.evaluate.predict` outputs in this worker for these
     tune inputs (every recovered candidate distils from the same teacher outputs on the same splits)."""

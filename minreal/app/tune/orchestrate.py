@@ -40,7 +40,16 @@ from minreal.facts import ARM64_TARGET, CPU_AVX2_TARGET, CPU_VNNI_TARGET
 from minreal.runtime_bench.config import BenchConfig
 from minreal.runtime_bench.metrics import reference_outputs_kept
 
-from .candidate import CandidateResult, CandidateSpec, Job, LoadedSource, cached_file, export_settings, fingerprint
+from .candidate import (
+    CandidateResult,
+    CandidateSpec,
+    Job,
+    LoadedSource,
+    cached_file,
+    export_settings,
+    fingerprint,
+    release_outputs,
+)
 from .choice import choose_candidate, fronts, to_confirm
 from .config import Constraint, Quality, TuneConfig, TuneError
 from .executor import Executor, InlineExecutor
@@ -73,8 +82,11 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
     held-out data are computed once in ONNX Runtime, the reference of every file's agreement
     (:func:`~minreal.runtime_bench.metrics.reference_outputs_kept`).
     """
-    with reference_outputs_kept(folder / "models" / "original.onnx"):
-        return _tune(model, calib, held_out, cfg, folder, cache_dir, source, executor, progress)
+    try:
+        with reference_outputs_kept(folder / "models" / "original.onnx"):
+            return _tune(model, calib, held_out, cfg, folder, cache_dir, source, executor, progress)
+    finally:
+        release_outputs()  # this process's (an in-process executor's); worker processes end with the tune
 
 
 def _tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, folder: Path, cache_dir: Path,

@@ -174,6 +174,7 @@ def test_kept_predictions_run_a_named_model_once_per_weights_and_data(monkeypatc
         first, again = predict(model, data, 16), predict(model, data, 16)
         assert model.calls == 3  # one pass of 40 rows in batches of 16
         assert torch.equal(first, fresh) and torch.equal(again, fresh) and again is not first
+        first.zero_()
         again.zero_()
         assert torch.equal(predict(model, data, 16), fresh) and model.calls == 3
         predict(model, Dataset(data.x[:20]), 16)  # other data
@@ -185,15 +186,24 @@ def test_kept_predictions_run_a_named_model_once_per_weights_and_data(monkeypatc
         predict(other, data, 16)
         predict(other, data, 16)
         assert other.calls == 6  # not named: runs each time
-        with evaluate.predictions_kept(other):  # an inner block adds its model
+        with evaluate.predictions_kept(other):  # an inner block names its model until it ends
             predict(other, data, 16)
+            predict(other, data, 16)
+        assert other.calls == 9 and not any(m is other for m in evaluate._KEPT.get().models)
         predict(other, data, 16)
-        assert other.calls == 9
+        assert other.calls == 12
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(threads + 1)  # another thread count may split a float sum otherwise
+            predict(model, data, 16)
+        finally:
+            torch.set_num_threads(threads)
+        assert model.calls == 12
         monkeypatch.setattr(evaluate, "KEPT_PREDICTION_BYTES", 0)
         big = Dataset(torch.randn(8, 6))
         predict(model, big, 16)
         predict(model, big, 16)
-        assert model.calls == 11  # over the budget: computed again, not held
+        assert model.calls == 14  # over the budget: computed again, not held
     model.calls = 0
     predict(model, data, 16)
     predict(model, data, 16)
@@ -221,3 +231,37 @@ def test_a_quantised_weight_is_not_digested_and_the_model_not_kept() -> None:
         predict(model, data, 16)
         predict(model, data, 16)
     assert model.calls == 2
+
+
+def test_a_frozen_copy_is_kept_like_its_original_only_while_it_is_used() -> None:
+    """A recovery's teacher (a deep copy of the original) shares the original's kept outputs while it trains, and is
+    no longer named after (the copy is not held for the rest of the run)."""
+    import copy
+
+    from minreal.compress.core import evaluate
+
+    torch.manual_seed(2)
+    model, data = _Counted(), Dataset(torch.randn(20, 6))
+    teacher = copy.deepcopy(model)
+    with evaluate.predictions_kept(model):
+        predict(model, data, 16)
+        with evaluate.kept_like(teacher, model):
+            predict(teacher, data, 16)
+            assert teacher.calls == 0 and any(m is teacher for m in evaluate._KEPT.get().models)
+        assert not any(m is teacher for m in evaluate._KEPT.get().models)
+        stranger = copy.deepcopy(model)
+        stranger.calls = 0
+        with evaluate.kept_like(stranger, teacher):  # teacher is not named now: nothing is
+            predict(stranger, data, 16)
+        assert stranger.calls == 2
+
+
+def test_a_lazy_module_is_initialised_by_its_forward_inside_a_block_too() -> None:
+    """An uninitialised lazy parameter has no bytes to digest: the model runs (and initialises) as outside."""
+    from minreal.compress.core import evaluate
+
+    model = nn.Sequential(nn.LazyLinear(3))
+    data = Dataset(torch.randn(4, 5))
+    with evaluate.predictions_kept(model):
+        assert predict(model, data, 16).shape == (4, 3)
+        assert predict(model, data, 16).shape == (4, 3)
