@@ -117,7 +117,7 @@ def output_paths(outputs: object) -> list[tuple[str, bool]]:
 @dataclass
 class KeptPredictions:
     """The models whose :func:`predict` outputs a :func:`predictions_kept` block keeps, and those outputs by key
-    (weights, data, batch size, threads, device, autocast). A caller that runs many jobs on one model (a tune's
+    (:func:`_prediction_key`). A caller that runs many jobs on one model (a tune's
     worker) passes one as ``store`` so that the outputs outlive each job's block; the models named are those of the
     blocks running now."""
 
@@ -144,10 +144,10 @@ def _named_for_block(kept: KeptPredictions, models: tuple[nn.Module, ...]) -> It
 @contextlib.contextmanager
 def predictions_kept(*models: nn.Module, store: KeptPredictions | None = None) -> Iterator[None]:
     """Within this block, :func:`predict` of one of ``models`` (by identity: the original a run judges every variant
-    against) computes its outputs once per data: later calls with the same weights and buffers (their digest, the
-    non-persistent buffers included), the same data (its digest), batch size, torch thread count, device and autocast
-    state get a copy of them (at most :data:`KEPT_PREDICTION_BYTES` are held), also in later blocks given the same
-    ``store``. A named model must not change otherwise while it is named (a swapped submodule, a forward hook, an
+    against) computes its outputs once per data: later calls with the same architecture, weights and buffers (their
+    digest, the non-persistent buffers and devices included), the same data (its digest), batch size and torch thread
+    count get a copy of them, never under autocast; at most :data:`KEPT_PREDICTION_BYTES` are held, also for later
+    blocks given the same ``store``. A named model must not change otherwise while it is named (a forward hook, an
     attribute its forward reads): its kept outputs would be returned. A block inside another names its models in the
     outer one's until it ends (its own ``store`` is not used). The block is a context variable's: it covers this
     thread's calls."""
@@ -184,12 +184,16 @@ def _tensor_digest(h: "hashlib._Hash", name: str, t: torch.Tensor) -> None:
 
 
 def _prediction_key(model: nn.Module, data: Dataset, batch_size: int) -> tuple[object, ...] | None:
-    """The digest of the weights and buffers (state dict and non-persistent buffers, with their devices), the inputs'
-    digest, the batch size, torch's thread count (a float sum may be split otherwise) and whether autocast is on;
-    ``None`` (not kept) where a tensor has no plain bytes to digest (quantised, sparse, meta or lazy tensors)."""
+    """The digest of the architecture as printed and the weights and buffers (state dict and non-persistent buffers,
+    with their devices), the inputs' digest, the batch size and torch's thread count (a float sum may be split
+    otherwise); ``None`` (not kept) under autocast, or where a tensor has no plain bytes to digest (quantised,
+    sparse, meta or lazy tensors) or the state dict cannot be read."""
+    if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
+        return None  # its dtype would be part of the outputs too
     weights, inputs = hashlib.blake2b(digest_size=20), hashlib.blake2b(digest_size=20)
-    tensors = {**dict(model.named_buffers()), **model.state_dict(keep_vars=False)}
+    weights.update(repr(model).encode())  # the architecture as printed: a swapped submodule is another model
     try:
+        tensors = {**dict(model.named_buffers()), **model.state_dict(keep_vars=False)}
         for name, t in tensors.items():
             if isinstance(t, torch.Tensor):
                 weights.update(f"{t.device}".encode())
@@ -198,14 +202,13 @@ def _prediction_key(model: nn.Module, data: Dataset, batch_size: int) -> tuple[o
             _tensor_digest(inputs, name, t)
     except (RuntimeError, TypeError, ValueError, NotImplementedError):
         return None
-    autocast = (torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"))
-    return weights.hexdigest(), inputs.hexdigest(), batch_size, torch.get_num_threads(), autocast
+    return weights.hexdigest(), inputs.hexdigest(), batch_size, torch.get_num_threads()
 
 
 @torch.no_grad()
 def predict(model: nn.Module, data: Dataset, batch_size: int = 256) -> torch.Tensor:
     """Concatenated model outputs over ``data`` in eval mode (several outputs as :func:`output_rows` joins them).
-    Inside :func:`predictions_kept` naming ``model``, computed once per weights, data, batch size and threads."""
+    Inside :func:`predictions_kept` naming ``model``, computed once per :func:`_prediction_key`."""
     kept = _KEPT.get()
     key = _prediction_key(model, data, batch_size) if kept is not None and any(m is model for m in kept.models) \
         else None

@@ -376,8 +376,8 @@ _KEPT_PREDICTIONS: dict[str, Any] = {}
 
 def release_outputs() -> None:
     """Drop the original's outputs this process keeps for a tune's candidates (the kept predictions and the held-out
-    teacher outputs): at the end of a tune, so that a tune run in a long-lived process (``--workers 0``, the Python
-    API) leaves no outputs behind it."""
+    teacher outputs), at the end of a tune run in this process (``--workers 0``, the Python API). The prepared states
+    and zero-shot models stay, on purpose: a later tune of the same inputs starts from them."""
     _KEPT_PREDICTIONS.clear()
     _TEACHER.clear()
 
@@ -387,10 +387,11 @@ def _kept_predictions(job: Job) -> Any:
     tune inputs (every recovered candidate distils from the same teacher outputs on the same splits)."""
     from minreal.compress.core.evaluate import KeptPredictions
 
-    if job.fingerprint not in _KEPT_PREDICTIONS:
+    store = _KEPT_PREDICTIONS.get(job.fingerprint)
+    if store is None:
         _KEPT_PREDICTIONS.clear()
-        _KEPT_PREDICTIONS[job.fingerprint] = KeptPredictions()
-    return _KEPT_PREDICTIONS[job.fingerprint]
+        store = _KEPT_PREDICTIONS[job.fingerprint] = KeptPredictions()
+    return store
 
 
 class InputsChangedError(RuntimeError):
@@ -614,10 +615,11 @@ def _teacher_outputs(job: Job, model: nn.Module, held_out: Dataset) -> Any:
     judged against them)."""
     from minreal.compress.core.evaluate import predict
 
-    if job.fingerprint not in _TEACHER:
+    outputs = _TEACHER.get(job.fingerprint)
+    if outputs is None:
         _TEACHER.clear()
-        _TEACHER[job.fingerprint] = predict(model, held_out, 256)
-    return _TEACHER[job.fingerprint]
+        outputs = _TEACHER[job.fingerprint] = predict(model, held_out, 256)
+    return outputs
 
 
 def _outcome(make: Any) -> tuple[Any, Exception | None]:

@@ -86,7 +86,7 @@ def tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, f
         with reference_outputs_kept(folder / "models" / "original.onnx"):
             return _tune(model, calib, held_out, cfg, folder, cache_dir, source, executor, progress)
     finally:
-        release_outputs()  # this process's (an in-process executor's); worker processes end with the tune
+        release_outputs()  # this process's, kept for an in-process executor (workers keep theirs per tune inputs)
 
 
 def _tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, folder: Path, cache_dir: Path,

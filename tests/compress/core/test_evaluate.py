@@ -265,3 +265,23 @@ def test_a_lazy_module_is_initialised_by_its_forward_inside_a_block_too() -> Non
     with evaluate.predictions_kept(model):
         assert predict(model, data, 16).shape == (4, 3)
         assert predict(model, data, 16).shape == (4, 3)
+
+
+def test_the_key_sees_the_architecture_non_persistent_buffers_and_autocast() -> None:
+    """What changes the outputs changes the key: a swapped parameterless submodule, a non-persistent buffer; under
+    autocast nothing is kept (its dtype would be part of the outputs)."""
+    from minreal.compress.core import evaluate
+
+    torch.manual_seed(3)
+    model, data = _Counted(), Dataset(torch.randn(6, 6))
+    key = evaluate._prediction_key(model, data, 16)
+    assert evaluate._prediction_key(model, data, 16) == key
+    model.net[2] = nn.Tanh()
+    swapped = evaluate._prediction_key(model, data, 16)
+    assert swapped != key
+    model.register_buffer("offset", torch.zeros(1), persistent=False)
+    with_buffer = evaluate._prediction_key(model, data, 16)
+    model.offset += 1
+    assert with_buffer != swapped and evaluate._prediction_key(model, data, 16) != with_buffer
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert evaluate._prediction_key(model, data, 16) is None
