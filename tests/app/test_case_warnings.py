@@ -144,6 +144,6 @@ def test_the_progress_line_counts_the_collected_warnings_too(monkeypatch: pytest
 
     monkeypatch.setattr(pipeline, "_run_case", case_run)
     said: list[str] = []
-    result = pipeline.run_case(SimpleNamespace(name="mlp"), Path("unused"), None, said.append)
+    result = pipeline.run_case(SimpleNamespace(name="mlp", model=None), Path("unused"), None, said.append)
     assert result.warnings == ["a slowdown", "quant_pre_process failed"]
     assert said == ["[mlp] 2 warning(s), listed with the results"]
