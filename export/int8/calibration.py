@@ -8,11 +8,13 @@ giving the same file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import logging
 import tempfile
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,8 @@ from minreal.runtime_bench.inputs import data_digest
 __all__ = ["CALIBRATION_BATCH_ELEMENTS", "Calib", "Calibration", "ArrayCalibrationReader", "RangeSource",
            "calibration_array", "calibration_batch", "calibration_calls", "calibration_reader",
            "calibration_session", "calibration_digest", "file_reader",
-           "reusable_calibration", "require_reusable", "check_calibration", "range_source", "calibrate"]
+           "reusable_calibration", "require_reusable", "check_calibration", "range_source", "calibrate",
+           "calibrations_kept"]
 
 logger = logging.getLogger(__name__)
 
@@ -302,9 +305,44 @@ def calibration_calls(reader: ArrayCalibrationReader, config: QuantConfig) -> It
         yield ArrayCalibrationReader(batch, len(next(iter(batch.values()))))
 
 
+_KEPT: ContextVar[dict[tuple[object, ...], Calibration] | None] = ContextVar("minreal_kept_calibrations",
+                                                                            default=None)
+
+
+@contextlib.contextmanager
+def calibrations_kept() -> Iterator[None]:
+    """Within this block, a graph (its bytes) calibrated on the same rows (their digest) with the same method and
+    batch size is measured once: the ranges of the first calibration are returned to the later ones (a tune's INT8
+    of the original, then accuracy control's calibration of the same graph on the same rows). A block inside another
+    shares the outer one's. The block is a context variable's: it covers this thread's calls."""
+    if _KEPT.get() is not None:
+        yield
+        return
+    token = _KEPT.set({})
+    try:
+        yield
+    finally:
+        _KEPT.reset(token)
+
+
 def _calibrated(source: Path, reader: ArrayCalibrationReader, config: QuantConfig, random: bool) -> Calibration:
     """ONNX Runtime's calibration of ``source`` on ``reader``, set up as ``quantize_static`` sets up its own: the
-    calibrator of ``config.calibration_method`` over the op types its quantisers handle, no extra options."""
+    calibrator of ``config.calibration_method`` over the op types its quantisers handle, no extra options. Inside
+    :func:`calibrations_kept`, measured once per graph, rows, method and batch size."""
+    kept = _KEPT.get()
+    digest = "" if kept is None else reader.digest()  # rows holding Python objects have none: not kept
+    key = (_sha256(source), digest, reader.batch_size, reader.full_batches, random, config.calibration_method,
+           config.batch_size)
+    if digest and key in kept:
+        return kept[key]
+    calibration = _measured(source, reader, config, random)
+    if digest:
+        kept[key] = calibration
+    return calibration
+
+
+def _measured(source: Path, reader: ArrayCalibrationReader, config: QuantConfig, random: bool) -> Calibration:
+    """:func:`_calibrated`'s measurement."""
     q = ort_quantization()
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 

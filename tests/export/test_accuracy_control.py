@@ -10,6 +10,7 @@ model.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 from collections.abc import Callable
@@ -207,6 +208,29 @@ def test_one_run_calibrates_once(case: Case, tmp_path: Path, monkeypatch: pytest
     assert result.quantizations == 1 + len(quantizable_nodes(case.path)) >= 3
     assert calls == {"ours": 1, "onnxruntime": 0}
     assert result.quant.calibration_samples == len(case.calib) and not result.quant.random_calibration
+
+
+def test_the_plain_int8_s_calibration_is_not_measured_again_inside_a_kept_block(case: Case, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tune makes the original's INT8, then accuracy control calibrates the same graph on the same rows: inside
+    calibrations_kept ONNX Runtime calibrates once for both (outside, twice), with the same written files."""
+    from minreal.export.int8.calibration import calibrations_kept
+
+    calibrators = []  # ONNX Runtime's calibration passes
+    real = int8_calibration._measured
+    monkeypatch.setattr(int8_calibration, "_measured", lambda *a, **k: calibrators.append(1) or real(*a, **k))
+    results = {}
+    for kept in (True, False):
+        calibrators.clear()
+        folder = tmp_path / str(kept)
+        folder.mkdir()
+        with calibrations_kept() if kept else contextlib.nullcontext():
+            plain = quantize_int8(case.path, folder / "plain.onnx", case.calib)
+            results[kept] = quantize_with_accuracy_control(case.path, folder / "ac.onnx", case.calib, case.x, case.y,
+                                                           2.0, int8=plain)
+        assert results[kept].excluded_nodes == [case.hostile]  # ranked: accuracy control calibrated
+        assert len(calibrators) == (1 if kept else 2)
+    assert (tmp_path / "True" / "ac.onnx").read_bytes() == (tmp_path / "False" / "ac.onnx").read_bytes()
 
 
 def test_a_given_plain_int8_is_measured_not_quantised_again(case: Case, tmp_path: Path,

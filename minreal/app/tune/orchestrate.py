@@ -31,6 +31,7 @@ from minreal.compress import get_method
 from minreal.compress.core.data import Dataset
 from minreal.compress.core.recover import held_out_metrics
 from minreal.export.int8 import QuantResult, resolve_target
+from minreal.export.int8.calibration import calibrations_kept
 from minreal.export.json_safe import to_jsonable
 from minreal.export.record import VariantRecord
 from minreal.export.settings import VariantConfig
@@ -224,7 +225,14 @@ def _check_plan_labels(cfg: TuneConfig) -> None:
 
 def _baselines(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, models_dir: Path,
                reference: Quality, notes: list[str], say: Progress) -> list[Candidate]:
-    """The original in fp32 and INT8 and, when INT8 misses the constraint, INT8 with accuracy control."""
+    """The original in fp32 and INT8 and, when INT8 misses the constraint, INT8 with accuracy control (which finds the
+    original's graph calibrated on its rows already: :func:`~minreal.export.int8.calibration.calibrations_kept`)."""
+    with calibrations_kept():
+        return _baseline_files(model, calib, held_out, cfg, models_dir, notes, say)
+
+
+def _baseline_files(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, models_dir: Path,
+                    notes: list[str], say: Progress) -> list[Candidate]:
     vcfg = cfg.variant
     rec = export_variant(model, held_out.x, models_dir / "original.onnx", vcfg, "original",
                          dynamic_axes=cfg.dynamic_axes or None)
