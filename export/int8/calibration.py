@@ -313,8 +313,10 @@ _KEPT: ContextVar[dict[tuple[object, ...], Calibration] | None] = ContextVar("mi
 def calibrations_kept() -> Iterator[None]:
     """Within this block, a graph (its bytes) calibrated on the same rows (their digest) with the same method and
     batch size is measured once: the ranges of the first calibration are returned to the later ones (a tune's INT8
-    of the original, then accuracy control's calibration of the same graph on the same rows). A block inside another
-    shares the outer one's. The block is a context variable's: it covers this thread's calls."""
+    of the original, then accuracy control's calibration of the same graph on the same rows). The callers share one
+    ranges object: they hand it to ONNX Runtime through a file (``calibration_cache_path``), never directly (its
+    quantiser adjusts the ranges it is given in place). A block inside another shares the outer one's. The block is a
+    context variable's: it covers this thread's calls."""
     if _KEPT.get() is not None:
         yield
         return
@@ -328,17 +330,15 @@ def calibrations_kept() -> Iterator[None]:
 def _calibrated(source: Path, reader: ArrayCalibrationReader, config: QuantConfig, random: bool) -> Calibration:
     """ONNX Runtime's calibration of ``source`` on ``reader``, set up as ``quantize_static`` sets up its own: the
     calibrator of ``config.calibration_method`` over the op types its quantisers handle, no extra options. Inside
-    :func:`calibrations_kept`, measured once per graph, rows, method and batch size."""
+    :func:`calibrations_kept`, measured once per graph, rows (and their batches) and method."""
     kept = _KEPT.get()
     digest = "" if kept is None else reader.digest()  # rows holding Python objects have none: not kept
-    key = (_sha256(source), digest, reader.batch_size, reader.full_batches, random, config.calibration_method,
-           config.batch_size)
-    if digest and key in kept:
-        return kept[key]
-    calibration = _measured(source, reader, config, random)
-    if digest:
-        kept[key] = calibration
-    return calibration
+    if not digest:
+        return _measured(source, reader, config, random)
+    key = (_sha256(source), digest, reader.batch_size, reader.full_batches, random, config.calibration_method)
+    if key not in kept:
+        kept[key] = _measured(source, reader, config, random)
+    return kept[key]
 
 
 def _measured(source: Path, reader: ArrayCalibrationReader, config: QuantConfig, random: bool) -> Calibration:

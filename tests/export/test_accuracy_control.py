@@ -214,6 +214,7 @@ def test_the_plain_int8_s_calibration_is_not_measured_again_inside_a_kept_block(
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A tune makes the original's INT8, then accuracy control calibrates the same graph on the same rows: inside
     calibrations_kept ONNX Runtime calibrates once for both (outside, twice), with the same written files."""
+    from minreal.export.int8 import calibrate
     from minreal.export.int8.calibration import calibrations_kept
 
     calibrators = []  # ONNX Runtime's calibration passes
@@ -231,6 +232,12 @@ def test_the_plain_int8_s_calibration_is_not_measured_again_inside_a_kept_block(
         assert results[kept].excluded_nodes == [case.hostile]  # ranked: accuracy control calibrated
         assert len(calibrators) == (1 if kept else 2)
     assert (tmp_path / "True" / "ac.onnx").read_bytes() == (tmp_path / "False" / "ac.onnx").read_bytes()
+    calibrators.clear()
+    with calibrations_kept():  # what changes the ranges is measured again: the rows, their order, the method
+        for rows, config in ((case.calib, QuantConfig()), (case.calib, QuantConfig()), (case.calib[::-1].copy(),
+                             QuantConfig()), (case.calib, QuantConfig(calibration_method="entropy"))):
+            calibrate(case.path, rows, config)
+    assert len(calibrators) == 3
 
 
 def test_a_given_plain_int8_is_measured_not_quantised_again(case: Case, tmp_path: Path,
