@@ -43,6 +43,7 @@ from minreal.export.int8 import (
     quantize_int8,
     reusable_calibration,
 )
+from minreal.export.int8.calibration import calibrations_kept
 from minreal.runtime_bench import BenchInputError
 from minreal.runtime_bench.atomic import atomic_write_bytes
 from minreal.runtime_bench.inputs import Data, data_rows
@@ -386,7 +387,8 @@ def quantize_with_accuracy_control(
     # agreement: the fp32 model's outputs are computed once and read back for every candidate (the other metrics
     # run each candidate alone: nothing to keep)
     kept = [fp32_path] if spec.reference else []
-    with reference_outputs_kept(*kept), tempfile.TemporaryDirectory() as workdir:
+    # and the model is pre-processed and calibrated once for all its quantisations
+    with reference_outputs_kept(*kept), calibrations_kept(), tempfile.TemporaryDirectory() as workdir:
         fp32_value = measure(fp32_path)
         drop = partial(metric_drop, fp32_value, metric=metric)
         quantiser = _Quantiser(fp32_path, Path(workdir), calib, config, measure, int8)

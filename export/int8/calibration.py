@@ -24,7 +24,7 @@ import onnx
 
 from minreal.export.errors import CalibrationError, QuantizationError
 from minreal.export.int8.config import CALIBRATION_METHODS, QuantConfig, aligns
-from minreal.export.int8.preprocess import int8_skip_reason, ort_quantization, preprocess
+from minreal.export.int8.preprocess import int8_skip_reason, ort_quantization, preprocess, preprocessed_kept
 from minreal.facts import error_line
 from minreal.runtime_bench.inputs import data_digest
 
@@ -311,18 +311,20 @@ _KEPT: ContextVar[dict[tuple[object, ...], Calibration] | None] = ContextVar("mi
 
 @contextlib.contextmanager
 def calibrations_kept() -> Iterator[None]:
-    """Within this block, a graph (its bytes) calibrated on the same rows (their digest) with the same method and
-    batch size is measured once: the ranges of the first calibration are returned to the later ones (a tune's INT8
-    of the original, then accuracy control's calibration of the same graph on the same rows). The callers share one
-    ranges object: they hand it to ONNX Runtime through a file (``calibration_cache_path``), never directly (its
-    quantiser adjusts the ranges it is given in place). A block inside another shares the outer one's. The block is a
-    context variable's: it covers this thread's calls."""
+    """Within this block, a graph (its bytes) calibrated on the same rows (their digest, in the same batches) with the
+    same method is measured once: the ranges of the first calibration are returned to the later ones (a tune's INT8
+    of the original, then accuracy control's calibration of the same graph on the same rows), and ONNX Runtime's
+    pre-processing of a float file runs once (:func:`~minreal.export.int8.preprocess.preprocessed_kept`). The callers
+    share one ranges object: they hand it to ONNX Runtime through a file (``calibration_cache_path``), never directly
+    (its quantiser adjusts the ranges it is given in place). A block inside another shares the outer one's. The block
+    is a context variable's: it covers this thread's calls."""
     if _KEPT.get() is not None:
         yield
         return
     token = _KEPT.set({})
     try:
-        yield
+        with preprocessed_kept():  # the graph each calibration and quantisation starts from, pre-processed once
+            yield
     finally:
         _KEPT.reset(token)
 

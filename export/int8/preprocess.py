@@ -11,9 +11,14 @@ convolutions whose input channels are not a multiple of 4 are widened with zero 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -25,7 +30,7 @@ from minreal.export.qdq_pools import global_average_pools
 from minreal.facts import error_line
 from minreal.runtime_bench.runtime import onnxruntime_module
 
-__all__ = ["ort_quantization", "preprocess", "int8_skip_reason"]
+__all__ = ["ort_quantization", "preprocess", "preprocessed_kept", "int8_skip_reason"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +56,69 @@ def _working_directory(folder: Path) -> Iterator[None]:
         os.chdir(before)
 
 
+@dataclass
+class _KeptPreprocessed:
+    """The pre-processed files of one :func:`preprocessed_kept` block: key → (a kept copy, or None where the float
+    model is used as is; the note; the warnings logged)."""
+
+    folder: Path
+    files: dict[tuple[str, bool], tuple[Path | None, str | None, list[str]]] = field(default_factory=dict)
+
+
+_KEPT: ContextVar[_KeptPreprocessed | None] = ContextVar("minreal_kept_preprocessed", default=None)
+
+
+@contextlib.contextmanager
+def preprocessed_kept() -> Iterator[None]:
+    """Within this block, :func:`preprocess` of one float file (its bytes; one without external data) with one
+    ``align`` runs ONNX Runtime's pre-processing once: later calls get a copy of its output, its note and its
+    warnings again (accuracy control quantises the same model once per ranked layer). A block inside another shares
+    the outer one's. The block is a context variable's: it covers this thread's calls."""
+    if _KEPT.get() is not None:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="minreal-preprocessed-") as folder:
+        token = _KEPT.set(_KeptPreprocessed(Path(folder)))
+        try:
+            yield
+        finally:
+            _KEPT.reset(token)
+
+
 def preprocess(fp32_path: Path, out: Path, align: bool = False) -> tuple[Path, str | None]:
     """Run ``quant_pre_process`` (then :func:`_rewrite` on its output); retry without symbolic shape inference, else
-    use the float model as is."""
+    use the float model as is. Inside :func:`preprocessed_kept`, once per file and ``align``."""
+    kept = _KEPT.get()
+    key = None if kept is None or data_files(fp32_path) else (_file_sha256(fp32_path), align)
+    if key is not None and key in kept.files:
+        copy, note, warned = kept.files[key]
+        for line in warned:
+            logger.warning("%s", line)
+        if copy is None:
+            return fp32_path, note
+        shutil.copyfile(copy, out)
+        return out, note
+    warned: list[str] = []
+    result = _preprocessed(fp32_path, out, align, warned)
+    if key is not None:
+        copy = None
+        if result[0] == out:
+            copy = kept.folder / f"{len(kept.files)}.onnx"
+            shutil.copyfile(out, copy)
+        kept.files[key] = copy, result[1], warned
+    return result
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _preprocessed(fp32_path: Path, out: Path, align: bool, warned: list[str]) -> tuple[Path, str | None]:
+    """:func:`preprocess`'s work; the warnings it logs are appended to ``warned``."""
     ort_quantization()
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -65,7 +130,8 @@ def preprocess(fp32_path: Path, out: Path, align: bool = False) -> tuple[Path, s
         except Exception as exc:
             note = f"quant_pre_process{' without symbolic shapes' if options else ''} failed: {error_line(exc)}"
             then = "quantising the file as exported" if options else "retrying without symbolic shape inference"
-            logger.warning("%s (%s; %s)", note, fp32_path.name, then)
+            warned.append(f"{note} ({fp32_path.name}; {then})")
+            logger.warning("%s", warned[-1])
             continue
         _rewrite(out, align)
         return out, note

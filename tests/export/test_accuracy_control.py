@@ -189,7 +189,8 @@ def test_mse_ranks_the_hostile_layer_first(case: Case, tmp_path: Path) -> None:
 
 def test_one_run_calibrates_once(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every quantisation of a run (full INT8, one per ranked node) reuses one calibration; ONNX Runtime calibrates
-    none itself. No outputs are written to disk: the accuracy metric compares each model with the labels."""
+    none itself, and ONNX Runtime pre-processes the model once for all of them. No outputs are written to disk: the
+    accuracy metric compares each model with the labels."""
     ort_quantize = importlib.import_module("onnxruntime.quantization.quantize")
     calls = {"ours": 0, "onnxruntime": 0}
 
@@ -203,8 +204,14 @@ def test_one_run_calibrates_once(case: Case, tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(ort_quantize, "create_calibrator", counting("onnxruntime", ort_quantize.create_calibrator))
     written = []
     monkeypatch.setattr(metrics_module, "_keep", lambda *a: written.append(a[1]))
+    shape_inference = importlib.import_module("onnxruntime.quantization.shape_inference")
+    pre_processed = []
+    real_pre = shape_inference.quant_pre_process
+    monkeypatch.setattr(shape_inference, "quant_pre_process",
+                        lambda *a, **k: pre_processed.append(1) or real_pre(*a, **k))
     result = quantize_with_accuracy_control(case.path, tmp_path / "ac.onnx", case.calib, case.x, case.y, 2.0)
     assert written == []  # accuracy runs each model alone against the labels: no model's outputs kept on disk
+    assert len(pre_processed) == 2  # once for the quantisations (channels aligned), once to list the nodes (not)
     assert result.quantizations == 1 + len(quantizable_nodes(case.path)) >= 3
     assert calls == {"ours": 1, "onnxruntime": 0}
     assert result.quant.calibration_samples == len(case.calib) and not result.quant.random_calibration

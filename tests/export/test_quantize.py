@@ -663,6 +663,43 @@ def test_failed_shape_inference_leaves_nothing_in_the_working_directory(convnet_
     assert list(user.iterdir()) == [] and Path.cwd() == user
 
 
+def test_a_kept_block_pre_processes_one_file_once_with_its_note_and_warnings(
+        convnet_onnx: ExportResult, calib_images: np.ndarray, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Inside preprocessed_kept, ONNX Runtime's pre-processing of one float file runs once per align setting: later
+    quantisations get the same graph (files to the bit), the same note and the same warning; another align setting
+    or file runs again; outside the block every call runs."""
+    import onnxruntime.quantization.shape_inference as shape_inference
+
+    from minreal.export.int8.preprocess import preprocessed_kept
+
+    calls: list[bool] = []
+    real = shape_inference.quant_pre_process
+
+    def failing_first(source: str, dest: str, **options: object) -> None:
+        calls.append(bool(options.get("skip_symbolic_shape")))
+        if not options.get("skip_symbolic_shape"):
+            raise RuntimeError("Incomplete symbolic shape inference")
+        real(source, dest, **options)
+
+    monkeypatch.setattr(shape_inference, "quant_pre_process", failing_first)
+    outside = quantize_int8(convnet_onnx.path, tmp_path / "outside.onnx", calib_images)
+    assert calls == [False, True]
+    calls.clear()
+    with preprocessed_kept():
+        caplog.clear()
+        results = [quantize_int8(convnet_onnx.path, tmp_path / f"q{i}.onnx", calib_images) for i in range(3)]
+        assert calls == [False, True]  # once for three quantisations
+        warned = [r.getMessage() for r in caplog.records if "symbolic shape inference" in r.getMessage()]
+        assert len(warned) == 3 and len(set(warned)) == 1
+        quantize_int8(convnet_onnx.path, tmp_path / "plain.onnx", calib_images, QuantConfig(align_channels=False))
+        assert calls == [False, True, False, True]  # another align setting
+    assert {r.preprocess_note for r in results} == {outside.preprocess_note}
+    assert {(tmp_path / f"q{i}.onnx").read_bytes() for i in range(3)} == {(tmp_path / "outside.onnx").read_bytes()}
+    quantize_int8(convnet_onnx.path, tmp_path / "after.onnx", calib_images)
+    assert len(calls) == 6
+
+
 class _MeanHead(torch.nn.Module):
     """Two convolutions, then a mean over the spatial axes that drops them (a ``ReduceMean`` without kept axes, which
     ONNX Runtime's CPU graph runs in float between a dequantise and a re-quantise) and a linear classifier."""
