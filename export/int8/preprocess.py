@@ -62,7 +62,7 @@ class _KeptPreprocessed:
     model is used as is; the note; the warnings logged)."""
 
     folder: Path
-    files: dict[tuple[str, bool], tuple[Path | None, str | None, list[str]]] = field(default_factory=dict)
+    files: dict[tuple[str, str, bool], tuple[Path | None, str | None, list[str]]] = field(default_factory=dict)
 
 
 _KEPT: ContextVar[_KeptPreprocessed | None] = ContextVar("minreal_kept_preprocessed", default=None)
@@ -70,9 +70,10 @@ _KEPT: ContextVar[_KeptPreprocessed | None] = ContextVar("minreal_kept_preproces
 
 @contextlib.contextmanager
 def preprocessed_kept() -> Iterator[None]:
-    """Within this block, :func:`preprocess` of one float file (its bytes; one without external data) with one
-    ``align`` runs ONNX Runtime's pre-processing once: later calls get a copy of its output, its note and its
-    warnings again (accuracy control quantises the same model once per ranked layer). A block inside another shares
+    """Within this block, :func:`preprocess` of one float file (its path and bytes; one without external data) with
+    one ``align`` runs ONNX Runtime's pre-processing once: later calls get a copy of its output, its note and
+    minreal's warnings again (ONNX Runtime's own log lines are not repeated; accuracy control quantises the same
+    model once per ranked layer). A block inside another shares
     the outer one's. The block is a context variable's: it covers this thread's calls."""
     if _KEPT.get() is not None:
         yield
@@ -89,7 +90,8 @@ def preprocess(fp32_path: Path, out: Path, align: bool = False) -> tuple[Path, s
     """Run ``quant_pre_process`` (then :func:`_rewrite` on its output); retry without symbolic shape inference, else
     use the float model as is. Inside :func:`preprocessed_kept`, once per file and ``align``."""
     kept = _KEPT.get()
-    key = None if kept is None or data_files(fp32_path) else (_file_sha256(fp32_path), align)
+    key = None if kept is None or data_files(fp32_path) else (str(fp32_path.resolve()), _file_sha256(fp32_path),
+                                                                align)
     if key is not None and key in kept.files:
         copy, note, warned = kept.files[key]
         for line in warned:
@@ -103,7 +105,7 @@ def preprocess(fp32_path: Path, out: Path, align: bool = False) -> tuple[Path, s
     if key is not None:
         copy = None
         if result[0] == out:
-            copy = kept.folder / f"{len(kept.files)}.onnx"
+            copy = kept.folder / f"{key[1]}-{int(align)}.onnx"
             shutil.copyfile(out, copy)
         kept.files[key] = copy, result[1], warned
     return result

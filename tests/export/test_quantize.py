@@ -694,10 +694,14 @@ def test_a_kept_block_pre_processes_one_file_once_with_its_note_and_warnings(
         assert len(warned) == 3 and len(set(warned)) == 1
         quantize_int8(convnet_onnx.path, tmp_path / "plain.onnx", calib_images, QuantConfig(align_channels=False))
         assert calls == [False, True, False, True]  # another align setting
+        twin = tmp_path / "twin.onnx"
+        shutil.copyfile(convnet_onnx.path, twin)
+        quantize_int8(twin, tmp_path / "twin.int8.onnx", calib_images)
+        assert len(calls) == 6  # another file (its note and warnings name it)
     assert {r.preprocess_note for r in results} == {outside.preprocess_note}
     assert {(tmp_path / f"q{i}.onnx").read_bytes() for i in range(3)} == {(tmp_path / "outside.onnx").read_bytes()}
     quantize_int8(convnet_onnx.path, tmp_path / "after.onnx", calib_images)
-    assert len(calls) == 6
+    assert len(calls) == 8
 
 
 class _MeanHead(torch.nn.Module):
