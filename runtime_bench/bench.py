@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import logging
@@ -27,17 +26,15 @@ from .inputs import (
     Data,
     check_batch,
     data_rows,
-    external_tensors,
     has_qdq,
     input_specs,
-    load_model_proto,
     symbolic_axes,
     take_rows,
     timing_inputs,
 )
 from .load import cpu_counters
 from .metrics import ModelMetrics, evaluate_models
-from .model_info import model_info
+from .model_info import files_sha256, model_info
 from .placement import placement_from_dict
 from .provider_options import ort_options, trt_profiles
 from .providers import provider_name, require_available, unavailable_reason
@@ -246,14 +243,7 @@ def _check_profiles(profiles: Mapping[str, tuple[str, str, str]], dims: Mapping[
 
 def file_digest(path: Path) -> str:
     """First 16 hex digits of the SHA-256 of a model file and its external data files, if any."""
-    h = hashlib.sha256()
-    locations = {e.value for t in external_tensors(load_model_proto(Path(path))) for e in t.external_data
-                 if e.key == "location"}
-    for part in (Path(path), *(Path(path).parent / loc for loc in sorted(locations))):
-        with open(part, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()[:16]
+    return files_sha256(Path(path))[:16]
 
 
 def _spawn(job: WorkerJob, stem: Path, timeout_s: float) -> WorkerResult:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -14,7 +13,7 @@ import numpy as np
 
 from .errors import BenchInputError
 from .inputs import Data, InputSpec, batch_inputs, check_batch, data_digest, data_rows, input_specs, take_rows
-from .model_info import model_files
+from .model_info import files_sha256
 from .providers import provider_name
 from .sessions import create_session
 
@@ -167,21 +166,10 @@ def reference_outputs_kept(*models: str | Path) -> Iterator[None]:
             _KEPT.reset(token)
 
 
-def _files_digest(path: Path) -> str:
-    """A digest of a model's bytes: its graph file and external data files (a file rewritten within the
-    timestamps' granularity, at the same size, is not taken for the old one)."""
-    h = hashlib.blake2b(digest_size=20)
-    for f in model_files(Path(path)):
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 def _reference_key(path: Path, x: Data, step: int, threads: int) -> tuple | None:
     """The key of a reference's outputs; ``None`` (not kept) for data holding Python objects (no digest)."""
     digest = data_digest(x)
-    return None if digest is None else (_files_digest(path), digest, step, threads)
+    return None if digest is None else (files_sha256(path), digest, step, threads)
 
 
 def evaluate_models(

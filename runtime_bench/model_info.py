@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import tempfile
 import zlib
 from collections import Counter
@@ -19,8 +20,9 @@ from .inputs import ORT_SUFFIX, external_tensors, load_model_proto
 from .providers import provider_mismatch, provider_name
 from .sessions import create_session
 
-__all__ = ["ModelInfo", "model_info", "model_files", "gzip_bytes", "GZIP_LEVEL", "count_nodes", "op_counts",
-           "optimized_graph_ops", "optimized_graph", "float_roundtrips", "float_roundtrip_nodes", "INTEGER_OP_TYPES"]
+__all__ = ["ModelInfo", "model_info", "model_files", "files_sha256", "gzip_bytes", "GZIP_LEVEL", "count_nodes",
+           "op_counts", "optimized_graph_ops", "optimized_graph", "float_roundtrips", "float_roundtrip_nodes",
+           "INTEGER_OP_TYPES"]
 
 GZIP_LEVEL = 6
 """zlib level of :func:`gzip_bytes` (gzip's and zlib's default): the compression an app store or an OTA update
@@ -75,6 +77,17 @@ def model_files(path: Path, model: onnx.ModelProto | None = None) -> list[Path]:
     model = load_model_proto(path) if model is None else model
     locations = {next((e.value for e in t.external_data if e.key == "location"), "") for t in external_tensors(model)}
     return [path, *sorted(path.parent / loc for loc in locations if loc and (path.parent / loc).is_file())]
+
+
+def files_sha256(path: Path) -> str:
+    """SHA-256 (hex) of a model's bytes: its graph file and every external data file it names (:func:`model_files`),
+    read 1 MiB at a time."""
+    h = hashlib.sha256()
+    for part in model_files(Path(path)):
+        with open(part, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    return h.hexdigest()
 
 
 def gzip_bytes(paths: Iterable[str | Path], chunk: int = 1 << 20) -> int:

@@ -9,7 +9,6 @@ giving the same file.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import logging
 import tempfile
@@ -24,7 +23,13 @@ import onnx
 
 from minreal.export.errors import CalibrationError, QuantizationError
 from minreal.export.int8.config import CALIBRATION_METHODS, QuantConfig, aligns
-from minreal.export.int8.preprocess import int8_skip_reason, ort_quantization, preprocess, preprocessed_kept
+from minreal.export.int8.preprocess import (
+    file_sha256,
+    int8_skip_reason,
+    ort_quantization,
+    preprocess,
+    preprocessed_kept,
+)
 from minreal.facts import error_line
 from minreal.runtime_bench.inputs import data_digest
 
@@ -260,10 +265,6 @@ def require_reusable() -> None:
                                 "without calibration= (each quantisation then calibrates)")
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def calibration_session(augmented: str | Path, providers: list[str]) -> Any:
     """The session ONNX Runtime's calibrator runs its augmented model in (``CalibraterBase.create_inference_session``:
     no graph optimisation), with the nodes in ONNX Runtime's priority-based order instead of its default one.
@@ -337,7 +338,7 @@ def _calibrated(source: Path, reader: ArrayCalibrationReader, config: QuantConfi
     digest = "" if kept is None else reader.digest()  # rows holding Python objects have none: not kept
     if not digest:
         return _measured(source, reader, config, random)
-    key = (_sha256(source), digest, reader.batch_size, reader.full_batches, random, config.calibration_method)
+    key = (file_sha256(source), digest, reader.batch_size, reader.full_batches, random, config.calibration_method)
     if key not in kept:
         kept[key] = _measured(source, reader, config, random)
     return kept[key]
@@ -359,7 +360,7 @@ def _measured(source: Path, reader: ArrayCalibrationReader, config: QuantConfig,
         for part in calibration_calls(reader, config):
             calibrator.collect_data(part)
         ranges = calibrator.compute_data()
-    return Calibration(ranges, reader.rows, random, config.calibration_method, _sha256(source), reader.digest())
+    return Calibration(ranges, reader.rows, random, config.calibration_method, file_sha256(source), reader.digest())
 
 
 def check_calibration(calibration: Calibration, source: Path, config: QuantConfig) -> None:
@@ -367,7 +368,7 @@ def check_calibration(calibration: Calibration, source: Path, config: QuantConfi
     if calibration.method != config.calibration_method:
         raise ValueError(f"the ranges were calibrated with {calibration.method!r} but the config asks for "
                          f"{config.calibration_method!r}; calibrate with the same QuantConfig")
-    if calibration.graph_sha256 != _sha256(source):
+    if calibration.graph_sha256 != file_sha256(source):
         raise ValueError("the ranges were calibrated on another graph; calibrate this model "
                          "(minreal.export.int8.calibrate)")
 

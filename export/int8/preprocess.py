@@ -30,7 +30,7 @@ from minreal.export.qdq_pools import global_average_pools
 from minreal.facts import error_line
 from minreal.runtime_bench.runtime import onnxruntime_module
 
-__all__ = ["ort_quantization", "preprocess", "preprocessed_kept", "int8_skip_reason"]
+__all__ = ["ort_quantization", "preprocess", "preprocessed_kept", "int8_skip_reason", "file_sha256"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def preprocess(fp32_path: Path, out: Path, align: bool = False) -> tuple[Path, s
     """Run ``quant_pre_process`` (then :func:`_rewrite` on its output); retry without symbolic shape inference, else
     use the float model as is. Inside :func:`preprocessed_kept`, once per file and ``align``."""
     kept = _KEPT.get()
-    key = None if kept is None or data_files(fp32_path) else (str(fp32_path.resolve()), _file_sha256(fp32_path),
+    key = None if kept is None or data_files(fp32_path) else (str(fp32_path.resolve()), file_sha256(fp32_path),
                                                                 align)
     if key is not None and key in kept.files:
         copy, note, warned = kept.files[key]
@@ -111,7 +111,8 @@ def preprocess(fp32_path: Path, out: Path, align: bool = False) -> tuple[Path, s
     return result
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """SHA-256 (hex) of one file's bytes, read 1 MiB at a time."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 20):
