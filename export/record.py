@@ -28,6 +28,9 @@ class VariantRecord:
     method: str
     params: int
     macs: int
+    """Whole-model MACs of one sample, counted as the compression report counts them (torch's FlopCounterMode; a
+    layer torch under-counts, such as an FFT, by its rule): attention's matmuls included, alike for a model from
+    Python and its torch.export program."""
     onnx: str
     onnx_bytes: int
     export: dict[str, Any] = field(default_factory=dict)

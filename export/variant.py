@@ -19,10 +19,9 @@ import numpy as np
 from torch import nn
 
 from minreal.compress import count_costs
-from minreal.compress.core.costs import count_macs_torch
+from minreal.compress.core.costs import count_macs_torch, whole_model_macs
 from minreal.compress.core.data import seeded_rows
 from minreal.compress.core.inputs import Inputs, halve_axes, repeat_to
-from minreal.compress.core.width.tracing import is_exported_program
 from minreal.export.errors import ExportError
 from minreal.export.fp16 import Fp16Config, convert_fp16, fp16_path
 from minreal.export.int8 import quantize_int8
@@ -162,8 +161,9 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
     results[0]["path"] = results[1]["path_in"] = out.name
     results[0]["data_files"] = [str(f.relative_to(out.parent)) for f in data_files(out)]
     costs = count_costs(module, x[:2])
-    # a torch.export program has no layers for the rules to count: torch counts its ATen operations
-    macs = count_macs_torch(module, x[:2]).macs if is_exported_program(module) and not costs.macs else costs.macs
+    # the compression report's count (torch's, a ruled layer torch under-counts by its rule): the rules alone miss
+    # attention's matmuls, and a torch.export program of the same model, which has no layers for them, counted them
+    macs = whole_model_macs(count_macs_torch(module, x[:2]), costs)
     laps.lap("costs")
     record = VariantRecord(label or out.stem, method, costs.total_params, macs, out.name, onnx_size(out),
                            *results, tensorrt_readiness=_readiness(out, cfg), fixed_shapes=to_jsonable(fixed),

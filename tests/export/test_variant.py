@@ -69,3 +69,34 @@ def test_laps_add_up_and_taken_phases_are_not_counted_twice(monkeypatch: pytest.
     laps.take({"export": 5.0, "int8": 0.5})  # the callee's 6 s (14.0 → 20.0); clock restarts at 20.0
     laps.lap("load")  # 20.25: 0.25 s more
     assert laps.timings == {"load": 1.75, "int8": 3.0, "export": 5.0}
+
+
+class SelfAttention(nn.Module):
+    """One head of self-attention written with matmuls: four Linears (the layer rules count them) and two matmuls
+    of the sequence with itself (only torch's count sees them)."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2) / 4, dim=-1)
+        return self.o(scores @ self.v(x))
+
+
+def test_the_record_counts_attention_s_matmuls_alike_from_python_and_from_its_program(tmp_path: Path) -> None:
+    """The record's MACs were the layer rules' sum (the Linears) for a model from Python, torch's count (the matmuls
+    too) for its .pt2 program, and the compression report's count beside the run table's ratio of the rules' sums:
+    now each is the whole model's, as the compression report counts it."""
+    from minreal.app.models import load_model
+
+    length, width = 10, 16
+    torch.manual_seed(0)
+    model, x = SelfAttention(width).eval(), torch.randn(4, length, width)
+    program = torch.export.export(model, (x[:2],), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, tmp_path / "attention.pt2")
+    from_python = export_variant(model, x, tmp_path / "py.onnx", VariantConfig())
+    from_program = export_variant(load_model(str(tmp_path / "attention.pt2")), x, tmp_path / "pt2.onnx",
+                                  VariantConfig())
+    linears, matmuls = 4 * length * width * width, 2 * length * length * width
+    assert from_python.macs == from_program.macs == linears + matmuls
