@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from minreal.facts import error_line
 
 from .core.errors import CompressionError, UnknownMethodError
+from .core.inputs import shapes_of_sample
 from .core.lazy import LazyCallable
 from .core.measuring import method_measurements
 from .core.memory import release_freed_memory
@@ -168,6 +169,7 @@ def fill_costs(report: CompressionReport, model: nn.Module, new: nn.Module, exam
     report.macs_before = whole_model_macs(torch_before, before)
     report.macs_after = whole_model_macs(torch_after, after)
     report.rule_macs_before, report.rule_macs_after = before.macs, after.macs
+    report.macs_at = shapes_of_sample(example)
     report.not_counted = after.not_counted
     report.not_covered_by_rules = sorted(set(uncovered_modules(model, torch_before))
                                          | set(uncovered_modules(new, torch_after)))

@@ -29,8 +29,9 @@ class VariantRecord:
     params: int
     macs: int
     """Whole-model MACs of one sample, counted as the compression report counts them (torch's FlopCounterMode; a
-    layer torch under-counts, such as an FFT, by its rule): attention's matmuls included, alike for a model from
-    Python and its torch.export program."""
+    layer torch under-counts, and an SSM layer, by its rule): attention's score and value products included, as in a
+    torch.export program of the same model (a program has no layers, so torch counts the operations it traced: an
+    SSM layer there counts as the convolution it was exported as, not by its rule)."""
     onnx: str
     onnx_bytes: int
     export: dict[str, Any] = field(default_factory=dict)
@@ -50,6 +51,10 @@ class VariantRecord:
     ``fixed_shapes`` (with the move to the output path), ``costs``, ``checks`` (TensorRT readiness, NNAPI/CoreML,
     gzip size), and, added by ``minreal export``, ``load``, ``ort``, ``int8`` and ``fp16`` when they ran; empty in
     reports written before."""
+    macs_at: dict[str, list[int]] = field(default_factory=dict)
+    """The per-sample input shapes (batch axis dropped) at which ``macs`` was counted: one sample of the data given
+    to the export (a run's held-out data); with a dynamic length, other lengths run other counts. Empty in reports
+    written before."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON object (values still to pass through

@@ -21,7 +21,7 @@ from torch import nn
 from minreal.compress import count_costs
 from minreal.compress.core.costs import count_macs_torch, whole_model_macs
 from minreal.compress.core.data import seeded_rows
-from minreal.compress.core.inputs import Inputs, halve_axes, repeat_to
+from minreal.compress.core.inputs import Inputs, halve_axes, repeat_to, shapes_of_sample
 from minreal.export.errors import ExportError
 from minreal.export.fp16 import Fp16Config, convert_fp16, fp16_path
 from minreal.export.int8 import quantize_int8
@@ -160,14 +160,15 @@ def export_variant(module: nn.Module, x: Inputs, out: Path, cfg: VariantConfig, 
     # beside it
     results[0]["path"] = results[1]["path_in"] = out.name
     results[0]["data_files"] = [str(f.relative_to(out.parent)) for f in data_files(out)]
-    costs = count_costs(module, x[:2])
-    # the compression report's count (torch's, a ruled layer torch under-counts by its rule): the rules alone miss
-    # attention's matmuls, and a torch.export program of the same model, which has no layers for them, counted them
-    macs = whole_model_macs(count_macs_torch(module, x[:2]), costs)
+    costs = count_costs(module, x[:1])  # per sample: two could be taken for a sequence-first layer's batch
+    # the compression report's count (torch's, SSM layers by their rule): the rules alone miss attention's score and
+    # value products, which a torch.export program of the same model, having no layers, counted
+    macs = whole_model_macs(count_macs_torch(module, x[:1]), costs)
     laps.lap("costs")
     record = VariantRecord(label or out.stem, method, costs.total_params, macs, out.name, onnx_size(out),
                            *results, tensorrt_readiness=_readiness(out, cfg), fixed_shapes=to_jsonable(fixed),
-                           mobile=to_jsonable(mobile_usability(out)), gzip_bytes=gzip_bytes(model_files(out)))
+                           mobile=to_jsonable(mobile_usability(out)), gzip_bytes=gzip_bytes(model_files(out)),
+                           macs_at=shapes_of_sample(x))
     laps.lap("checks")
     record.timings_s = laps.timings
     return record
@@ -241,7 +242,8 @@ def quantize_variant(record: VariantRecord, folder: Path, calib: Inputs | None, 
     return VariantRecord(f"{record.label}{infix}.int8", f"{record.method}+int8", record.params, record.macs,
                          out.name, out.stat().st_size, quantization=relative_to(to_jsonable(q), folder),
                          tensorrt_readiness=_readiness(out, cfg), fixed_shapes=record.fixed_shapes,
-                         mobile=to_jsonable(mobile_usability(out)), gzip_bytes=gzip_bytes(model_files(out)))
+                         mobile=to_jsonable(mobile_usability(out)), gzip_bytes=gzip_bytes(model_files(out)),
+                         macs_at=record.macs_at)
 
 
 def calibration_rows(x: Inputs, cap: int, seed: int = 0) -> Inputs:
@@ -301,4 +303,4 @@ def fp16_variant(record: VariantRecord, folder: Path, x: Inputs, cfg: VariantCon
     return VariantRecord(f"{record.label}{FP16_LABEL_SUFFIX}", f"{record.method}+fp16", record.params, record.macs,
                          out.name, result.size_fp16_bytes, fp16=relative_to(to_jsonable(result), folder),
                          tensorrt_readiness=_readiness(out, cfg), mobile=to_jsonable(mobile_usability(out)),
-                         gzip_bytes=gzip_bytes(model_files(out)))
+                         gzip_bytes=gzip_bytes(model_files(out)), macs_at=record.macs_at)

@@ -3,10 +3,12 @@ for the whole model by torch's own :class:`torch.utils.flop_counter.FlopCounterM
 
 The two agree exactly on models made only of layers with a rule (Linear, Conv1d/2d/3d incl. grouped, and
 factorised pairs of them): torch counts 2·MACs FLOPs per matmul/convolution and ignores bias adds, as the rules
-do. They differ where the rules see no layer (a module calling ``torch.matmul``, attention) and inside SSM
-layers, whose rule counts the recurrence x⁺ = Ax + Bu, y = Cx + Du while torch counts the matmuls the PyTorch
-implementation runs (the projections B·u and C·x, the chunked kernel convolution); torch has no formula for FFTs
-or CPU fused attention, which :class:`TorchCount` lists in ``uncounted_ops``.
+do. They differ where the rules see no layer (a module calling ``torch.matmul``, attention's score and value
+products) and inside SSM layers, whose rule counts the recurrence x⁺ = Ax + Bu, y = Cx + Du while torch counts
+the matmuls the PyTorch implementation runs (the projections B·u and C·x, the chunked kernel convolution; an
+FFT it has no formula for, which :class:`TorchCount` lists in ``uncounted_ops``). The whole-model count
+(:func:`whole_model_macs`) is torch's, with SSM layers counted by their rule; CPU fused attention is counted by
+torch's formula for fused attention on GPUs.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
 from .evaluate import eval_mode, hooks_removed
 from .inputs import Inputs, call
@@ -38,6 +40,8 @@ class LayerCost:
     params: int
     macs: int
     positions: int = 1
+    defines_cost: bool = False
+    """The rule is the layer's cost in the whole-model count too (:func:`register_mac_rule`'s ``defines_cost``)."""
 
 
 @dataclass
@@ -92,11 +96,23 @@ _MAC_RULES: dict[type, MacRule] = {
 }
 
 
-def register_mac_rule(module_type: type, rule: MacRule) -> None:
-    """Count MACs of ``module_type`` layers with ``rule`` (per sample); a second rule for a type is an error."""
+#: Layer types whose rule is their cost in the whole-model count (:func:`whole_model_macs`), not torch's count.
+_DEFINING: set[type] = set()
+
+
+def register_mac_rule(module_type: type, rule: MacRule, defines_cost: bool = False) -> None:
+    """Count MACs of ``module_type`` layers with ``rule`` (per sample); a second rule for a type is an error.
+
+    ``defines_cost``: the whole-model count takes the rule for such a layer instead of torch's count of it, for a
+    layer whose computation in torch depends on the path its forward takes, not on its structure (an SSM layer
+    runs an FFT in eager mode, which torch cannot count, and a chunked convolution, whose cost is the chunk
+    size's, when exported or in another form): its before and after would otherwise be counted two ways.
+    """
     if module_type in _MAC_RULES:
         raise ValueError(f"a MAC rule for {module_type.__name__} is already registered")
     _MAC_RULES[module_type] = rule
+    if defines_cost:
+        _DEFINING.add(module_type)
 
 
 #: The methods in which a layer's computation lives: a subclass inheriting them computes what its base does.
@@ -152,7 +168,8 @@ def count_costs(model: nn.Module, example_input: Inputs) -> CostTable:
             positions = 1 if out.dim() <= 2 else (math.prod(out.shape[1:-1])
                                                   if isinstance(mod, (nn.Linear, nn.MultiheadAttention))
                                                   else math.prod(out.shape[2:]))
-            table.layers[name] = LayerCost(name, type(mod).__name__, _own_params(mod), total, positions)
+            table.layers[name] = LayerCost(name, type(mod).__name__, _own_params(mod), total, positions,
+                                           computes_as(mod, _DEFINING) is not None)
         return hook
 
     for name, mod in model.named_modules():
@@ -165,6 +182,16 @@ def count_costs(model: nn.Module, example_input: Inputs) -> CostTable:
         call(model, example_input)
     return table
 
+
+#: Formulas torch's FlopCounterMode lacks for ops its own formulas fit: CPU fused attention is the op torch counts
+#: on GPUs (``aten._scaled_dot_product_flash_attention``: the L·S·E score and value products), run by a CPU kernel;
+#: ``F.scaled_dot_product_attention`` and ``nn.MultiheadAttention(need_weights=False)`` take it on CPUs.
+def _fused_attention_flops(query_shape: Any, key_shape: Any, value_shape: Any, *_: Any, **__: Any) -> int:
+    """FLOPs of fused attention from its query, key and value shapes (batch, heads, length, features)."""
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+_FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _fused_attention_flops}
 
 #: Substrings of aten op names that do heavy arithmetic but may have no FlopCounterMode formula (FFTs, CPU fused
 #: attention); such ops seen during a count are listed in :attr:`TorchCount.uncounted_ops`.
@@ -205,7 +232,8 @@ class _UncountedOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         name = str(func.overloadpacket)
-        if func.overloadpacket not in flop_registry and any(h in name for h in _HEAVY_OPS):
+        if func.overloadpacket not in flop_registry and func.overloadpacket not in _FORMULAS \
+                and any(h in name for h in _HEAVY_OPS):
             self.seen.add(name)
         return func(*args, **(kwargs or {}))
 
@@ -236,7 +264,7 @@ def count_macs_torch(model: nn.Module, example_input: Inputs) -> TorchCount:
     Runs in eval mode with autograd enabled, so modules with an inference fast path (``nn.MultiheadAttention``)
     take the composite path that export traces and torch can count; nothing is trained or kept.
     """
-    counter, uncounted = FlopCounterMode(display=False), _UncountedOps()
+    counter, uncounted = FlopCounterMode(display=False, custom_mapping=_FORMULAS), _UncountedOps()
     with eval_mode(model), torch.enable_grad(), counter, uncounted:
         call(model, example_input[:1])
     totals = _module_totals(counter.get_flop_counts(), type(model).__name__)
@@ -247,17 +275,29 @@ def count_macs_torch(model: nn.Module, example_input: Inputs) -> TorchCount:
 
 
 def whole_model_macs(count: TorchCount, rules: CostTable) -> int:
-    """torch's count, with each ruled layer that torch under-counted (it ran ops torch has no formula for,
-    e.g. an SSM layer's FFT convolution) counted by its rule instead.
+    """torch's count, with the layers whose rule defines their cost (SSM layers, :func:`register_mac_rule`)
+    counted by their rule, and each other ruled layer that torch under-counted (it ran ops torch has no formula
+    for) by its rule too.
 
-    Without this, an FFT-based layer would count as nearly free and its compressed, FFT-free form as dearer.
-    Rules of nested layers are consistent (a parent's rule covers its children's), so adding each layer's
-    shortfall ``rule - torch`` once is exact for the parent and adds nothing for fully counted children.
+    Without this, an SSM layer would count as nearly free where its forward runs an FFT (eager mode) and as its
+    chunked convolution where it does not (its compressed form, or when exported), so a truncation to half the
+    states could count as three times the MACs. Rules of nested layers are consistent (a parent's rule covers its
+    children's), so adding each layer's shortfall ``rule - torch`` once is exact for the parent and adds nothing
+    for fully counted children; a layer inside one whose rule defines its cost is already in that rule.
     """
+    defining = [name for name, layer in rules.layers.items() if layer.defines_cost]
+    top = [name for name in defining if not _inside(name, defining)]
+    total = count.macs + sum(rules.layers[name].macs - count.module_macs.get(name, 0) for name in top)
     if not count.uncounted_ops:
-        return count.macs
-    shortfall = (layer.macs - count.module_macs.get(name, 0) for name, layer in rules.layers.items())
-    return count.macs + sum(max(0, gap) for gap in shortfall)
+        return total
+    shortfall = (layer.macs - count.module_macs.get(name, 0) for name, layer in rules.layers.items()
+                 if name not in top and not _inside(name, top))
+    return total + sum(max(0, gap) for gap in shortfall)
+
+
+def _inside(name: str, outer: list[str]) -> bool:
+    """Whether module ``name`` is a submodule of one of ``outer`` (``""`` is the root)."""
+    return any(o != name and (o == "" or name.startswith(o + ".")) for o in outer)
 
 
 def uncovered_modules(model: nn.Module, count: TorchCount) -> list[str]:

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Inputs", "NamedInputs", "call", "cat", "args_of", "count", "sample_shapes", "to_device", "as_floating",
-           "first_tensor", "is_named", "repeat_to", "input_names", "slice_axis", "halve_axes", "PackedInputs",
-           "takes_varargs"]
+__all__ = ["Inputs", "NamedInputs", "call", "cat", "args_of", "count", "sample_shapes", "shapes_of_sample",
+           "to_device", "as_floating", "first_tensor", "is_named", "repeat_to", "input_names", "slice_axis",
+           "halve_axes", "PackedInputs", "takes_varargs"]
 
 
 class NamedInputs:
@@ -142,6 +142,11 @@ def sample_shapes(x: Inputs) -> dict[str, tuple[int, ...]]:
     if isinstance(x, NamedInputs):
         return {n: tuple(t.shape[1:]) for n, t in x.items()}
     return {"input": tuple(x.shape[1:])}
+
+
+def shapes_of_sample(x: Inputs) -> dict[str, list[int]]:
+    """:func:`sample_shapes` as JSON lists: what a count of one sample's MACs names as its input."""
+    return {name: list(shape) for name, shape in sample_shapes(x).items()}
 
 
 def cat(parts: Sequence[Inputs]) -> Inputs:

@@ -300,10 +300,14 @@ class CompressionReport:
     params_before: int = 0
     params_after: int = 0
     macs_before: int = 0
-    """Whole-model MACs of one sample as torch's FlopCounterMode counts them; a ruled layer in which torch met ops
-    it has no formula for (``not_counted_by_torch``, e.g. an FFT) counts by its rule instead
+    """Whole-model MACs of one sample as torch's FlopCounterMode counts them; SSM layers, and a ruled layer in which
+    torch met ops it has no formula for (``not_counted_by_torch``), count by their rule instead
     (:func:`~minreal.compress.core.costs.whole_model_macs`)."""
     macs_after: int = 0
+    macs_at: dict[str, list[int]] = field(default_factory=dict)
+    """The per-sample input shapes (batch axis dropped) at which ``macs_*`` were counted: the first sample of the
+    data the method was given (with a dynamic length, other lengths run other counts); empty in reports written
+    before."""
     rule_macs_before: int = 0
     """Sum of the per-layer MAC rules (:func:`~minreal.compress.core.costs.count_costs`), the cost allocators budget."""
     rule_macs_after: int = 0
@@ -317,7 +321,7 @@ class CompressionReport:
     not_covered_by_rules: list[str] = field(default_factory=list)
     """Modules (before or after) whose own torch-counted MACs no per-layer rule covers (attention, matmuls)."""
     not_counted_by_torch: list[str] = field(default_factory=list)
-    """Heavy ops torch ran without a MAC formula (FFTs, CPU fused attention): missing from ``macs_*``."""
+    """Heavy ops torch ran without a MAC formula (FFTs): missing from ``macs_*`` but where a rule counts the layer."""
     spectra: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     """Per layer (or state point): named spectra, descending (e.g. cbalanced's Gramian tests A, B, C)."""
     bounds: dict[str, float | None] = field(default_factory=dict)

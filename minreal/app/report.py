@@ -6,7 +6,7 @@ row and table helpers, and each section is a pair of functions (rows for the con
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from minreal.app.int8_text import dropped_suffix, format_suffix, node_names, roundtrip_suffix
@@ -16,7 +16,7 @@ from minreal.compress.core.report import CompressionReport
 if TYPE_CHECKING:
     from minreal.export.record import VariantRecord
 
-__all__ = ["summary_rows", "format_summary", "format_compact", "render_markdown", "spectra_layers",
+__all__ = ["summary_rows", "macs_notes", "format_summary", "format_compact", "render_markdown", "spectra_layers",
            "SUMMARY_HEADERS", "RECOVERY_HEADERS", "recovery_rows", "format_recovery", "INT8_HEADERS", "int8_rows",
            "format_int8", "MOBILE_HEADERS", "mobile_rows", "FP16_HEADERS", "fp16_rows", "tensorrt_lines",
            "verdict_lines", "grouped_warnings", "warning_kind", "VERDICT_MAX_DROP_PP", "ORT_HEADERS", "ort_rows",
@@ -113,6 +113,35 @@ def format_summary(report: ReportLike) -> str:
     return _text_table(SUMMARY_HEADERS, summary_rows(report))
 
 
+def _shape_text(shapes: Mapping[str, Sequence[int]]) -> str:
+    """``input 16×8`` (per-sample shapes, batch axis dropped; names only for several inputs)."""
+    if len(shapes) == 1 and "input" in shapes:
+        return "×".join(map(str, shapes["input"])) or "scalar"
+    return ", ".join(f"{name} {'×'.join(map(str, shape)) or 'scalar'}" for name, shape in shapes.items())
+
+
+def macs_notes(report: ReportLike) -> list[str]:
+    """Where a case's MACs depend on the input's length: one line per such case saying at which per-sample shape
+    the table's MACs were counted (one held-out sample) and, when they differ, the compression reports' (the first
+    calibration sample); none for a case timed at one shape per batch size whose counts share a shape."""
+    lines = []
+    for case in run_report(report).cases:
+        counted = next((dict(v.macs_at) for v in case.variants if v.macs_at), None)
+        if counted is None:
+            continue
+        shaped = any(row.get("shape") for row in case.bench.get("latency", ()))
+        comp = next((dict(c.macs_at) for v in case.variants if (c := variant_compression(v)) and c.macs_at), None)
+        other = comp is not None and comp != counted
+        if not (shaped or other):
+            continue
+        line = (f"{case.name}: MACs are per sample at the held-out data's shape ({_shape_text(counted)})"
+                + ("; rows at other shapes run other counts" if shaped else ""))
+        if other:
+            line += f"; the compression reports' ratios were counted at the calibration data's ({_shape_text(comp)})"
+        lines.append(line)
+    return lines
+
+
 def format_compact(report: ReportLike, keep: Callable[[str, str], bool] | None = None) -> str:
     """One line per (case, model): params, MAC ratio, file size, p50 latency and its ratio per batch size on
     the first provider, accuracy or MSE, agreement; only the (case, model) pairs ``keep`` accepts when given. Cases
@@ -138,7 +167,8 @@ def format_compact(report: ReportLike, keep: Callable[[str, str], bool] | None =
     texts = [_text_table(("case", "model", "params", "MAC ratio", "KB",
                           *(h for b in batches for h in (f"p50 ms b{b}", f"ratio b{b}")), "accuracy", "MSE",
                           "agreement"), rows) for batches, rows in tables.items()]
-    return f"provider {first_provider}\n" + "\n\n".join(texts or [_text_table(("case", "model"), [])])
+    notes = "".join(f"\n{line}" for line in macs_notes(report))
+    return f"provider {first_provider}\n" + "\n\n".join(texts or [_text_table(("case", "model"), [])]) + notes
 
 
 def _within_budget(m: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[bool, str]:
@@ -270,6 +300,8 @@ def render_markdown(report: ReportLike) -> str:
         out += ["## Verdict", "", *verdicts, ""]
     out += ["| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "---|" * len(SUMMARY_HEADERS)]
     out += ["| " + " | ".join(r) + " |" for r in summary_rows(report)]
+    if counted_at := macs_notes(report):
+        out += ["", *(f"- {line}." for line in counted_at)]
     rec_rows = recovery_rows(report)
     if rec_rows:
         out += ["", "## Recovery: zero-shot vs recovered (held-out data, torch)", "",

@@ -131,3 +131,23 @@ def test_an_int8_line_names_its_format_and_an_arm64_files_saturation_here_is_not
     assert "static for arm64 (S8S8: symmetric int8 activations, 8-bit per-channel int8 weights)" in text
     cause = int8_cause({**arm64, "saturates_here": True})
     assert "ARM's kernels do not have" in cause and "cpu-avx2" not in cause
+
+
+def test_the_shape_the_macs_were_counted_at_is_said_where_the_length_varies() -> None:
+    """Review (issue 44): with a dynamic length the table's MACs (one held-out sample, length 16) sat beside rows
+    timed at length 8 and the compression report's ratio counted on calibration data of length 8, saying nothing."""
+    from minreal.app.report import format_compact, macs_notes, render_markdown
+
+    case = _bench_case({"original": (4.0, 80.0), "fac": (3.0, 60.0)}, {"original": 0.9, "fac": 0.9})
+    assert macs_notes({"cases": [case]}) == []  # no length axis, counted at one shape: nothing to say
+    for v in case["variants"]:
+        v["macs_at"] = {"feats": [16, 8], "mask": [16]}
+    case["variants"][1]["compression"] = {"layers": [], "macs_at": {"feats": [8, 8], "mask": [8]}}
+    for row in case["bench"]["latency"]:
+        row["shape"] = "seq=8"
+    [line] = macs_notes({"cases": [case]})
+    assert line == ("net: MACs are per sample at the held-out data's shape (feats 16×8, mask 16); rows at other "
+                    "shapes run other counts; the compression reports' ratios were counted at the calibration "
+                    "data's (feats 8×8, mask 8)")
+    assert f"- {line}." in render_markdown({"cases": [case]})
+    assert format_compact({"cases": [case]}).endswith(f"\n{line}")

@@ -100,3 +100,46 @@ def test_the_record_counts_attention_s_matmuls_alike_from_python_and_from_its_pr
                                   VariantConfig())
     linears, matmuls = 4 * length * width * width, 2 * length * length * width
     assert from_python.macs == from_program.macs == linears + matmuls
+
+
+class SequenceFirst(nn.Module):
+    """``nn.MultiheadAttention`` with the sequence first, as its default takes it: the output's first axis is the
+    sequence, not the batch."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(width, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seq = x.transpose(0, 1)
+        return self.attn(seq, seq, seq, need_weights=False)[0].transpose(0, 1)
+
+
+def test_the_record_counts_one_sample_of_a_sequence_first_layer_and_says_at_which_shape(tmp_path: Path) -> None:
+    """Review: the record's rules ran on two samples, and a sequence-first layer at length 2 (its output's first
+    axis equal to that batch) was counted for both samples: twice its MACs. Closed form of one sample: the four
+    projections 4·L·E² and the fused attention's two L·L·E products."""
+    length, width = 2, 16
+    torch.manual_seed(0)
+    record = export_variant(SequenceFirst(width).eval(), torch.randn(4, length, width), tmp_path / "s.onnx",
+                            VariantConfig())
+    assert record.macs == 4 * length * width * width + 2 * length * length * width
+    assert record.macs_at == {"input": [length, width]}
+
+
+def test_the_record_of_an_ssm_model_states_the_compression_report_s_count(tmp_path: Path) -> None:
+    """Review: with the record's MACs the compression report's, a run's table put the rotation layer (its FFT
+    counted by its rule) beside the truncated modal layer's chunked convolution (counted by torch): 3.2 times the
+    MACs for half the states. Both records and the report now count SSM layers by their rule."""
+    from minreal.compress import compress
+    from minreal.compress.core.data import Dataset
+    from minreal.compress.methods.ssm import RotationSSM
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), RotationSSM(16, 8), nn.Linear(16, 4)).eval()
+    data = Dataset(torch.randn(32, 16, 8))
+    small, report = compress(model, data, "ssm")
+    records = [export_variant(m, data.x, tmp_path / f"{name}.onnx", VariantConfig())
+               for name, m in (("original", model), ("ssm", small))]
+    assert [r.macs for r in records] == [report.macs_before, report.macs_after]
+    assert report.macs_after < report.macs_before

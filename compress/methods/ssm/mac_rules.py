@@ -26,4 +26,4 @@ def ssm_macs(layer: nn.Module, out: torch.Tensor) -> int:
 
 
 for _kind in (*_MODAL, DenseSSM, SchurSSM):
-    register_mac_rule(_kind, ssm_macs)
+    register_mac_rule(_kind, ssm_macs, defines_cost=True)  # an FFT in eager mode, a convolution exported

@@ -239,3 +239,59 @@ def test_layers_are_found_on_every_example_sample_and_the_whole_model_counted_on
     model.rows.clear()
     fill_costs(CompressionReport("svd", {}), model, model, x)
     assert model.rows and set(model.rows) == {1}
+
+
+class _FusedAttention(nn.Module):
+    """Self-attention through ``F.scaled_dot_product_attention`` (CPU fused kernel), heads as an axis."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x)
+
+
+class _NoWeights(nn.Module):
+    """``nn.MultiheadAttention`` asked for no attention weights: the fused path on CPUs."""
+
+    def __init__(self, e: int) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(e, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+def test_cpu_fused_attention_counts_its_score_and_value_products() -> None:
+    """Review: torch has no formula for CPU fused attention, so attention through ``scaled_dot_product_attention``
+    (and ``nn.MultiheadAttention(need_weights=False)``, bert_encoder's) counted as its projections only. Closed
+    forms: 2 products of L·L·E per head's share, 4·L·E² projections."""
+    from minreal.compress.core.costs import count_macs_torch, whole_model_macs
+
+    heads, length, e = 2, 8, 16
+    fused = count_macs_torch(_FusedAttention(), torch.randn(2, heads, length, e))
+    assert fused.macs == heads * 2 * length * length * e and fused.uncounted_ops == []
+    model, x = _NoWeights(e), torch.randn(2, length, e)
+    count = count_macs_torch(model, x)
+    assert count.macs == 4 * length * e * e + 2 * length * length * e and count.uncounted_ops == []
+    assert whole_model_macs(count, count_costs(model, x[:1])) == count.macs
+
+
+def test_ssm_layers_count_by_their_rule_whatever_path_torch_takes() -> None:
+    """Review: the rotation layer runs an FFT in eager mode (torch cannot count it: its rule was used) and its
+    truncated modal form a chunked convolution (torch counted that, about four times the rule), so the ssm
+    method's report stated 2.9× the MACs for half the states. Both now count by the rule: the report's ratio is
+    the rules' ratio, below one."""
+    from minreal.compress import compress
+    from minreal.compress.core.costs import count_macs_torch, whole_model_macs
+    from minreal.compress.core.data import Dataset
+    from minreal.compress.methods.ssm import RotationSSM
+    from minreal.compress.methods.ssm.layers import ModalSSM
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), RotationSSM(16, 8), nn.Linear(16, 4)).eval()
+    new, report = compress(model, Dataset(torch.randn(64, 16, 8)), "ssm")
+    assert isinstance(new[1], ModalSSM)
+    x = torch.randn(1, 16, 8)
+    assert count_macs_torch(new, x).macs > count_costs(new, x).macs  # torch counts the chunked convolution
+    assert (report.macs_before, report.macs_after) == (report.rule_macs_before, report.rule_macs_after)
+    assert report.macs_after < report.macs_before
+    assert whole_model_macs(count_macs_torch(new, x), count_costs(new, x)) == count_costs(new, x).macs
+    assert report.macs_at == {"input": [16, 8]}
