@@ -14,21 +14,22 @@ torch's formula for fused attention on GPUs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from .evaluate import eval_mode, hooks_removed
 from .inputs import Inputs, call
 
 __all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule",
-           "attention_macs", "TorchCount", "count_macs_torch", "uncovered_modules", "whole_model_macs", "mac_rule",
-           "computes_as"]
+           "attention_macs", "TorchCount", "count_macs_torch", "model_macs", "uncovered_modules", "whole_model_macs",
+           "mac_rule", "computes_as"]
 
 
 @dataclass
@@ -183,18 +184,24 @@ def count_costs(model: nn.Module, example_input: Inputs) -> CostTable:
     return table
 
 
-#: Formulas torch's FlopCounterMode lacks for ops its own formulas fit: CPU fused attention is the op torch counts
-#: on GPUs (``aten._scaled_dot_product_flash_attention``: the L·S·E score and value products), run by a CPU kernel;
-#: ``F.scaled_dot_product_attention`` and ``nn.MultiheadAttention(need_weights=False)`` take it on CPUs.
 def _fused_attention_flops(query_shape: Any, key_shape: Any, value_shape: Any, *_: Any, **__: Any) -> int:
-    """FLOPs of fused attention from its query, key and value shapes (batch, heads, length, features)."""
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
+    """FLOPs of fused attention (2 per multiply-add) from its query (..., L, E), key (..., S, E) and value
+    (..., S, Ev) shapes: the score product L·S·E and the value product L·S·Ev for each of the query's leading
+    (batch, head) indices, as torch counts attention on GPUs; key and value heads shared by several query heads
+    (grouped-query attention) count once per query head, as the kernel computes them. A causal mask is not
+    subtracted (torch's own formula does not either)."""
+    *lead, length, features = query_shape
+    return 2 * math.prod(lead) * length * key_shape[-2] * (features + value_shape[-1])
 
 
+#: Formulas torch's FlopCounterMode lacks: CPU fused attention (``F.scaled_dot_product_attention`` and
+#: ``nn.MultiheadAttention(need_weights=False)`` on CPUs), the op torch counts on GPUs as
+#: ``aten._scaled_dot_product_flash_attention``.
 _FORMULAS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _fused_attention_flops}
 
-#: Substrings of aten op names that do heavy arithmetic but may have no FlopCounterMode formula (FFTs, CPU fused
-#: attention); such ops seen during a count are listed in :attr:`TorchCount.uncounted_ops`.
+#: Substrings of aten op names that do heavy arithmetic but may have no FlopCounterMode formula (FFTs, the fused
+#: attention of ``nn.MultiheadAttention``'s inference fast path); such ops seen during a count are listed in
+#: :attr:`TorchCount.uncounted_ops`, and the modules they ran in in :attr:`TorchCount.uncounted_in`.
 _HEAVY_OPS = ("fft", "attention", "transformer")
 
 
@@ -214,6 +221,9 @@ class TorchCount:
         Heavy ops torch ran but has no formula for (e.g. ``aten._fft_r2c``); their cost is missing from ``macs``.
     module_macs : dict of str to int
         MACs per module name including its submodules (``""`` is the root).
+    uncounted_in : list of str or None
+        The innermost module (``""`` is the root) in which each of ``uncounted_ops`` ran; None where this torch's
+        counter does not say.
     """
 
     macs: int
@@ -221,20 +231,27 @@ class TorchCount:
     own_macs: dict[str, int] = field(default_factory=dict)
     uncounted_ops: list[str] = field(default_factory=list)
     module_macs: dict[str, int] = field(default_factory=dict)
+    uncounted_in: list[str] | None = field(default_factory=list)
 
 
 class _UncountedOps(TorchDispatchMode):
-    """Records the heavy ops that have no flop formula (run inside a FlopCounterMode)."""
+    """Records the heavy ops that have no flop formula and the innermost module each ran in (run inside
+    ``counter``, whose module tracker names the modules running, ``Root.child.sub``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, counter: FlopCounterMode, root: str) -> None:
         super().__init__()
         self.seen: set[str] = set()
+        self.tracker, self.root = getattr(counter, "mod_tracker", None), root
+        self.places: set[str] | None = set() if hasattr(self.tracker, "parents") else None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         name = str(func.overloadpacket)
         if func.overloadpacket not in flop_registry and func.overloadpacket not in _FORMULAS \
                 and any(h in name for h in _HEAVY_OPS):
             self.seen.add(name)
+            if self.places is not None:
+                running = [p for p in self.tracker.parents if p == self.root or p.startswith(self.root + ".")]
+                self.places.add(max(running, key=len, default=self.root)[len(self.root) + 1:])
         return func(*args, **(kwargs or {}))
 
 
@@ -261,38 +278,65 @@ def _own_totals(totals: dict[str, int]) -> dict[str, int]:
 def count_macs_torch(model: nn.Module, example_input: Inputs) -> TorchCount:
     """Count whole-model MACs with torch's FlopCounterMode on the first sample of ``example_input``.
 
-    Runs in eval mode with autograd enabled, so modules with an inference fast path (``nn.MultiheadAttention``)
+    Runs in eval mode with autograd enabled and the floating-point parameters requiring gradients (frozen ones for
+    the count only), so modules with an inference fast path (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``)
     take the composite path that export traces and torch can count; nothing is trained or kept.
     """
-    counter, uncounted = FlopCounterMode(display=False, custom_mapping=_FORMULAS), _UncountedOps()
-    with eval_mode(model), torch.enable_grad(), counter, uncounted:
+    root = type(model).__name__
+    counter = FlopCounterMode(display=False, custom_mapping=_FORMULAS)
+    uncounted = _UncountedOps(counter, root)
+    with eval_mode(model), _grads_required(model), torch.enable_grad(), counter, uncounted:
         call(model, example_input[:1])
-    totals = _module_totals(counter.get_flop_counts(), type(model).__name__)
+    totals = _module_totals(counter.get_flop_counts(), root)
     own = _own_totals(totals)
     by_op = {str(op): n // 2 for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    places = None if uncounted.places is None else sorted(uncounted.places)
     return TorchCount(counter.get_total_flops() // 2, by_op, {k: v for k, v in own.items() if v > 0},
-                      sorted(uncounted.seen), totals)
+                      sorted(uncounted.seen), totals, places)
+
+
+@contextmanager
+def _grads_required(model: nn.Module) -> Iterator[None]:
+    """Floating-point parameters of ``model`` require gradients inside the block; frozen ones are frozen again
+    after it (the inference fast paths of attention layers run when none does, and torch cannot count them)."""
+    frozen = [p for p in model.parameters() if not p.requires_grad and p.is_floating_point()]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+
+
+def model_macs(model: nn.Module, example_input: Inputs) -> int:
+    """The whole model's MACs of one sample, as compression reports state them and budgets count them:
+    :func:`whole_model_macs` of torch's count and the rules' on the first sample of ``example_input``."""
+    return whole_model_macs(count_macs_torch(model, example_input), count_costs(model, example_input[:1]))
 
 
 def whole_model_macs(count: TorchCount, rules: CostTable) -> int:
     """torch's count, with the layers whose rule defines their cost (SSM layers, :func:`register_mac_rule`)
-    counted by their rule, and each other ruled layer that torch under-counted (it ran ops torch has no formula
-    for) by its rule too.
+    counted by their rule, and each other ruled layer in which torch ran an op it has no formula for counted by its
+    rule where that is more.
 
     Without this, an SSM layer would count as nearly free where its forward runs an FFT (eager mode) and as its
     chunked convolution where it does not (its compressed form, or when exported), so a truncation to half the
-    states could count as three times the MACs. Rules of nested layers are consistent (a parent's rule covers its
-    children's), so adding each layer's shortfall ``rule - torch`` once is exact for the parent and adds nothing
-    for fully counted children; a layer inside one whose rule defines its cost is already in that rule.
+    states could count as three times the MACs. A layer inside one whose rule defines its cost is in that rule, and
+    an op torch cannot count inside such a layer is too. Only the innermost ruled layer around each uncounted op is
+    topped up (an outer layer's rule covers that layer's, and its own work torch counted); where this torch does
+    not say in which module an op ran, every ruled layer is.
     """
     defining = [name for name, layer in rules.layers.items() if layer.defines_cost]
     top = [name for name in defining if not _inside(name, defining)]
     total = count.macs + sum(rules.layers[name].macs - count.module_macs.get(name, 0) for name in top)
-    if not count.uncounted_ops:
-        return total
-    shortfall = (layer.macs - count.module_macs.get(name, 0) for name, layer in rules.layers.items()
-                 if name not in top and not _inside(name, top))
-    return total + sum(max(0, gap) for gap in shortfall)
+    ruled = [name for name in rules.layers if name not in top and not _inside(name, top)]
+    if count.uncounted_in is None:  # not known where: every ruled layer may be short
+        under = ruled if count.uncounted_ops else []
+    else:
+        places = [p for p in count.uncounted_in if p not in top and not _inside(p, top)]
+        under = {max((n for n in ruled if n == p or _inside(p, [n])), key=len, default=None) for p in places} - {None}
+    return total + sum(max(0, rules.layers[name].macs - count.module_macs.get(name, 0)) for name in under)
 
 
 def _inside(name: str, outer: list[str]) -> bool:

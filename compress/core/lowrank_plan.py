@@ -29,7 +29,7 @@ from .allocate import (
 )
 from .attention import PlainAttention, Unfused, unfuse_attention
 from .conv1d import rewrite_conv1d
-from .costs import CostTable, computes_as, count_costs, count_macs_torch
+from .costs import CostTable, computes_as, count_costs, model_macs
 from .errors import CompressionError
 from .evaluate import eval_mode
 from .inputs import Inputs, call
@@ -274,15 +274,16 @@ def layer_target(options: list[RankOptions], whole_total: float, ratio: float, f
 
 def whole_model_total(budget: Budget, model: nn.Module, example: torch.Tensor, table: CostTable,
                       latency_table: str | Path | None) -> float | None:
-    """The whole model's cost of ``budget``'s kind (None for a factorisable-layer budget): MACs counted by
-    torch (as the report counts them), parameters, or the measured whole-model latency of ``latency_table``."""
+    """The whole model's cost of ``budget``'s kind (None for a factorisable-layer budget): MACs as the report
+    counts them (:func:`~minreal.compress.core.costs.model_macs`), parameters, or the measured whole-model latency
+    of ``latency_table``."""
     if budget.scope != "model":
         return None
     if budget.cost_kind == "latency":
         return load_model_latency(latency_table)
     if budget.cost_kind == "params":
         return float(table.total_params)
-    return float(count_macs_torch(model, example).macs)
+    return float(model_macs(model, example))
 
 
 def _interpolated(ranks: list[float], ms: list[float]) -> CostFn:

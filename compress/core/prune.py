@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .chain import Chain, build_sequential, chain_layer_reports, extract_chain, mlp_params
-from .costs import count_macs_torch
+from .costs import model_macs
 from .errors import CompressionError
 from .options import IMPORTANCE_WEIGHTING_AUTO, PruneOptions, flag_of
 from .report import CompressionReport
@@ -92,8 +92,9 @@ class PrunePrepared:
     calibration inputs, on which :func:`prune_realise` traces the model again (graph path); ``neuron_scores``: on an
     MLP chain, one score per hidden neuron of each hidden layer (None on the graph path); ``group_scores``: on any
     other model, one importance per atom of each channel group that may shrink (None on an MLP chain);
-    ``whole_macs``: on the graph path, the whole model's MACs per sample as torch counts them (what a ``mac_ratio``
-    budget is of, whatever the budget); ``timings_s``: the preparation's timings.
+    ``whole_macs``: on the graph path, the whole model's MACs per sample as the report counts them
+    (:func:`~minreal.compress.core.costs.model_macs`: what a ``mac_ratio`` budget is of, whatever the budget);
+    ``timings_s``: the preparation's timings.
     """
 
     name: str
@@ -143,7 +144,7 @@ def prune_prepare(name: str, scorer: Scorer, model: nn.Module, cfg: PruneOptions
     prep.timings_s["analyse"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     prep.group_scores = graph_scorer(wg, groups, calibration)
-    prep.whole_macs = float(count_macs_torch(model, prep.example).macs)
+    prep.whole_macs = float(model_macs(model, prep.example))
     prep.timings_s["scores"] = time.perf_counter() - t0
     return prep
 

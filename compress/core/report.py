@@ -19,9 +19,10 @@ from typing import Any, ClassVar
 __all__ = ["LayerReport", "CompressionReport", "Predicted", "Measured", "UNSET", "REPORT_SCHEMA_VERSION",
            "ReportVersionError"]
 
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
 """Version of :meth:`CompressionReport.to_json`'s layout. A report written before the ``schema_version`` key existed
-has the same layout and loads as version 1."""
+has the same layout and loads as version 1; version 2 adds ``macs_at`` (a minreal reading version 1 refuses it in one
+line, naming the version, instead of an unknown key)."""
 
 
 class ReportVersionError(ValueError):

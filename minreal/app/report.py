@@ -135,7 +135,7 @@ def macs_notes(report: ReportLike) -> list[str]:
         if not (shaped or other):
             continue
         line = (f"{case.name}: MACs are per sample at the held-out data's shape ({_shape_text(counted)})"
-                + ("; rows at other shapes run other counts" if shaped else ""))
+                + ("; rows at other shapes have other MACs" if shaped else ""))
         if other:
             line += f"; the compression reports' ratios were counted at the calibration data's ({_shape_text(comp)})"
         lines.append(line)

@@ -147,7 +147,7 @@ def test_the_shape_the_macs_were_counted_at_is_said_where_the_length_varies() ->
         row["shape"] = "seq=8"
     [line] = macs_notes({"cases": [case]})
     assert line == ("net: MACs are per sample at the held-out data's shape (feats 16×8, mask 16); rows at other "
-                    "shapes run other counts; the compression reports' ratios were counted at the calibration "
+                    "shapes have other MACs; the compression reports' ratios were counted at the calibration "
                     "data's (feats 8×8, mask 8)")
     assert f"- {line}." in render_markdown({"cases": [case]})
     assert format_compact({"cases": [case]}).endswith(f"\n{line}")

@@ -45,7 +45,7 @@ def test_a_report_and_its_json_read_back_render_the_same(tiny_mlp: torch.nn.Modu
     report = _run_report(tiny_mlp, mlp_data)
     write_json(report, tmp_path / "report.json")
     data = json.loads((tmp_path / "report.json").read_text())
-    assert data["schema_version"] == 1 and data["cases"][0]["variants"][1]["compression"]["schema_version"] == 1
+    assert data["schema_version"] == 1 and data["cases"][0]["variants"][1]["compression"]["schema_version"] == 2
     loaded = RunReport.load(tmp_path / "report.json")
     assert render_markdown(loaded) == render_markdown(report) == render_markdown(data)
     assert "top1_agreement=0.95" in render_markdown(loaded)  # the held-out measurement, through the typed field

@@ -16,7 +16,7 @@ import torch
 from torch import fx, nn
 
 from ...core.cache import model_key
-from ...core.costs import count_costs, count_macs_torch, whole_model_macs
+from ...core.costs import model_macs
 from ...core.data import Dataset
 from ...core.errors import CompressionError
 from ...core.evaluate import flatten_outputs
@@ -110,10 +110,9 @@ def _excluded(blocks: list[Block], exclude: tuple[str, ...]) -> set[str]:
 
 
 def _macs(gm: nn.Module, example: Inputs) -> int:
-    """The whole model's MACs as the compression report counts them (:func:`~minreal.compress.registry.fill_costs`:
-    torch's count, with the per-layer rules where torch ran ops it cannot count, such as an SSM layer's FFT)."""
-    count = count_macs_torch(gm, example)
-    return whole_model_macs(count, count_costs(gm, example[:1])) if count.uncounted_ops else count.macs
+    """The whole model's MACs as the compression report counts them (:func:`~minreal.compress.core.costs.model_macs`:
+    torch's count, SSM layers by their rule)."""
+    return model_macs(gm, example)
 
 
 def _costs(gm: fx.GraphModule, blocks: list[Block], example: Inputs) -> tuple[dict[str, int], int]:

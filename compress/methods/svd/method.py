@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ...core.allocate import KEEP
-from ...core.costs import CostTable, count_macs_torch
+from ...core.costs import CostTable, model_macs
 from ...core.data import Dataset
 from ...core.inputs import Inputs
 from ...core.lowrank import grouped_weight
@@ -75,8 +75,8 @@ class SVDPrepared:
     costs are counted and attention is unfused again in :func:`svd_realise`; ``targets``: (name, output positions
     per sample) of every factorisable layer; ``skipped``: the reports of the layers left alone; ``table``: the
     per-layer costs of the (attention-unfused) model; ``spectra``: squared singular values per target, summed over
-    groups; ``bases``: each target's thin SVD; ``whole_macs``: the whole model's MACs counted by torch (what a
-    ``mac_ratio`` budget is of); ``timings_s``: the preparation's timings.
+    groups; ``bases``: each target's thin SVD; ``whole_macs``: the whole model's MACs as the report counts them (what
+    a ``mac_ratio`` budget is of); ``timings_s``: the preparation's timings.
     """
 
     model: nn.Module
@@ -105,7 +105,7 @@ def svd_prepare(model: nn.Module, data: Dataset, config: SVDConfig) -> SVDPrepar
     layers = {t.name: t.layer for t in targets}
     spectra = svd_spectra(layers)
     bases = {name: layer_svd(layer) for name, layer in layers.items()}
-    whole_macs = float(count_macs_torch(unfused.model, example).macs)
+    whole_macs = float(model_macs(unfused.model, example))
     return SVDPrepared(model, example, [(t.name, t.positions) for t in targets], skipped, table, spectra, bases,
                        whole_macs, {"decompose": time.perf_counter() - t0})
 

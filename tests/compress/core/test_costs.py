@@ -295,3 +295,90 @@ def test_ssm_layers_count_by_their_rule_whatever_path_torch_takes() -> None:
     assert report.macs_after < report.macs_before
     assert whole_model_macs(count_macs_torch(new, x), count_costs(new, x)) == count_costs(new, x).macs
     assert report.macs_at == {"input": [16, 8]}
+
+
+class _SSMThenCrossAttention(nn.Module):
+    """A rotation SSM layer (its FFT uncounted by torch), then cross-attention to 4 learnt keys: the attention rule
+    takes keys as long as the queries, so it is more than torch's exact count here."""
+
+    def __init__(self, h: int = 8, n: int = 6, keys: int = 4) -> None:
+        from minreal.compress.methods.ssm import RotationSSM
+
+        super().__init__()
+        self.ssm, self.attn = RotationSSM(h, n), nn.MultiheadAttention(h, 2, batch_first=True)
+        self.memory = nn.Parameter(torch.randn(1, keys, h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(self.ssm(x), self.memory, self.memory, need_weights=False)[0]
+
+
+def test_an_op_torch_cannot_count_tops_up_only_the_layer_it_ran_in() -> None:
+    """Review: the SSM layer's FFT, already in its rule, made every other ruled layer count by its rule where that
+    was more: the cross-attention's rule (keys as long as the queries) instead of torch's exact count."""
+    from minreal.compress.core.costs import count_macs_torch, whole_model_macs
+
+    length, h, n, keys = 16, 8, 6, 4
+    model = _SSMThenCrossAttention(h, n, keys).eval()
+    x = torch.randn(2, length, h)
+    count = count_macs_torch(model, x)
+    assert {"aten._fft_r2c", "aten._fft_c2r"} <= set(count.uncounted_ops) and count.uncounted_in == ["ssm"]
+    ssm_rule = length * (n * h + 2 * n + n * h + h)
+    attention = 2 * length * h * h + 2 * keys * h * h + 2 * length * keys * h  # q and out; k and v; two products
+    assert whole_model_macs(count, count_costs(model, x[:1])) == ssm_rule + attention
+
+
+def test_frozen_attention_is_counted_as_the_composite_path_torch_can_count() -> None:
+    """Review: with its parameters frozen, attention took the inference fast path (``_native_multi_head_attention``,
+    no formula) though autograd was on: the score and value products went uncounted. The count requires gradients
+    of the parameters for its forward only."""
+    from minreal.compress.core.costs import count_macs_torch
+
+    length, e = 8, 16
+    for model in (_NoWeights(e), nn.TransformerEncoderLayer(e, 2, 32, batch_first=True)):
+        model.eval().requires_grad_(False)
+        count = count_macs_torch(model, torch.randn(2, length, e))
+        mlp = 0 if isinstance(model, _NoWeights) else 2 * length * e * 32
+        assert count.macs == 4 * length * e * e + 2 * length * length * e + mlp and count.uncounted_ops == []
+        assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_fused_attention_with_shared_key_heads_counts_as_written_with_matmuls() -> None:
+    """Grouped-query attention (4 query heads on 2 key/value heads), a causal mask, keys longer than queries and a
+    value width of its own: the fused kernel's formula equals torch's exact count of the same attention written
+    with matmuls (a causal mask counts the whole L·S, as torch's own formula does)."""
+    from minreal.compress.core.costs import count_macs_torch
+
+    class Fused(nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            k, v = q[:, :2, :, :].repeat(1, 1, 2, 1), q[:, :2, :, :].repeat(1, 1, 2, 1)  # 2 heads, S = 2·L
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=True)
+
+    class Written(nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            k, v = q[:, :2, :, :].repeat(1, 1, 2, 1), q[:, :2, :, :].repeat(1, 1, 2, 1)
+            k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+            return torch.softmax(q @ k.transpose(-1, -2) / 4, dim=-1) @ v
+
+    q = torch.randn(2, 4, 8, 16)
+    fused, written = count_macs_torch(Fused(), q), count_macs_torch(Written(), q)
+    assert fused.macs == written.macs == 2 * 4 * 8 * 16 * 16 and fused.uncounted_ops == []
+
+
+def test_a_mac_budget_on_a_model_with_an_ssm_layer_is_of_the_report_s_count() -> None:
+    """Review: the budgets took torch's count (the truncated modal layer's chunked convolution) while the report
+    counted the layer by its rule: factorize asked for 0.7 after ssm reached 0.42 by the report, said as its steps
+    being coarse. Now both are :func:`model_macs`."""
+    from minreal.compress import compress
+    from minreal.compress.core.costs import model_macs
+    from minreal.compress.core.data import Dataset
+    from minreal.compress.methods.factorize import FactorizeConfig
+    from minreal.compress.methods.ssm import RotationSSM
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), RotationSSM(16, 8), nn.Linear(16, 32),
+                          nn.GELU(), nn.Linear(32, 4)).eval()
+    data = Dataset(torch.randn(64, 16, 8))
+    small, _ = compress(model, data, "ssm")
+    new, report = compress(small, data, "factorize", FactorizeConfig(mac_ratio=0.7))
+    assert report.macs_before == model_macs(small, data.x)
+    assert 0.65 <= report.mac_ratio <= 0.7 + 1e-9

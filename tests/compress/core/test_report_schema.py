@@ -41,9 +41,11 @@ def _through_json(report: CompressionReport) -> dict:
 def test_a_real_report_round_trips(tiny_mlp: torch.nn.Module, mlp_data: Dataset) -> None:
     _, report = compress(tiny_mlp, mlp_data, "svd", SVDConfig(mac_ratio=0.5))
     data = _through_json(report)
-    assert data["schema_version"] == REPORT_SCHEMA_VERSION == 1
+    assert data["schema_version"] == REPORT_SCHEMA_VERSION == 2 and data["macs_at"] == {"input": [12]}
     loaded = CompressionReport.from_json(data)
     assert _through_json(loaded) == data
+    version_1 = {k: v for k, v in data.items() if k != "macs_at"} | {"schema_version": 1}  # written before macs_at
+    assert CompressionReport.from_json(version_1).macs_at == {} and CompressionReport.from_json(version_1).macs_after
     assert loaded.predicted.budget == {"kind": "mac_ratio", "requested": 0.5, "achieved": report.mac_ratio}
     assert loaded.predicted.whole_model_mac_ratio == report.mac_ratio
     assert loaded.measured.relative_output_error == report.measured.relative_output_error
