@@ -31,8 +31,14 @@ install: $(STAMP)
 demo: install
 	$(BIN)/minreal demo --overwrite
 
+# Two pytest workers (pytest-xdist), a test file each at a time, so module fixtures are built once: most tests wait on
+# Python, exports and fresh processes, not on both cores. `make test WORKERS=0` runs them in this process; test-all
+# stays in one (its 2 GiB model and torchrun runs want the machine to themselves).
+WORKERS ?= 2
+XDIST := $(if $(filter 0,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadfile)
+
 test: install lint
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow" $(XDIST) tests
 
 test-all: install lint
 	$(BIN)/python -m pytest -q tests
