@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from minreal.facts import error_line
 
 from .core.errors import CompressionError, UnknownMethodError
-from .core.inputs import shapes_of_sample
 from .core.lazy import LazyCallable
 from .core.measuring import method_measurements
 from .core.memory import release_freed_memory
@@ -45,6 +44,7 @@ count_costs = LazyCallable("minreal.compress.core.costs:count_costs")
 count_macs_torch = LazyCallable("minreal.compress.core.costs:count_macs_torch")
 uncovered_modules = LazyCallable("minreal.compress.core.costs:uncovered_modules")
 whole_model_macs = LazyCallable("minreal.compress.core.costs:whole_model_macs")
+shapes_of_sample = LazyCallable("minreal.compress.core.inputs:shapes_of_sample")
 compare_outputs = LazyCallable("minreal.compress.core.evaluate:compare_outputs")
 require_tensor_outputs = LazyCallable("minreal.compress.core.evaluate:require_tensor_outputs")
 untied_note = LazyCallable("minreal.compress.core.surgery:untied_note")

@@ -7,8 +7,8 @@ do. They differ where the rules see no layer (a module calling ``torch.matmul``,
 products) and inside SSM layers, whose rule counts the recurrence x⁺ = Ax + Bu, y = Cx + Du while torch counts
 the matmuls the PyTorch implementation runs (the projections B·u and C·x, the chunked kernel convolution; an
 FFT it has no formula for, which :class:`TorchCount` lists in ``uncounted_ops``). The whole-model count
-(:func:`whole_model_macs`) is torch's, with SSM layers counted by their rule; CPU fused attention is counted by
-torch's formula for fused attention on GPUs.
+(:func:`whole_model_macs`, :func:`model_macs`) is torch's, with SSM layers counted by their rule; CPU fused attention,
+for which torch has no formula, by ours (the score and value products, as torch counts attention on GPUs).
 """
 
 from __future__ import annotations
@@ -222,8 +222,9 @@ class TorchCount:
     module_macs : dict of str to int
         MACs per module name including its submodules (``""`` is the root).
     uncounted_in : list of str or None
-        The innermost module (``""`` is the root) in which each of ``uncounted_ops`` ran; None where this torch's
-        counter does not say.
+        The modules (``""`` is the root; sorted, each once) in which ops of ``uncounted_ops`` ran, the innermost
+        running module for each op; None where not known (this torch's counter does not say, a count made by hand):
+        then every ruled layer may be short.
     """
 
     macs: int
@@ -231,7 +232,7 @@ class TorchCount:
     own_macs: dict[str, int] = field(default_factory=dict)
     uncounted_ops: list[str] = field(default_factory=list)
     module_macs: dict[str, int] = field(default_factory=dict)
-    uncounted_in: list[str] | None = field(default_factory=list)
+    uncounted_in: list[str] | None = None
 
 
 class _UncountedOps(TorchDispatchMode):
@@ -280,32 +281,70 @@ def count_macs_torch(model: nn.Module, example_input: Inputs) -> TorchCount:
 
     Runs in eval mode with autograd enabled and the floating-point parameters requiring gradients (frozen ones for
     the count only), so modules with an inference fast path (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``)
-    take the composite path that export traces and torch can count; nothing is trained or kept.
+    take the composite path that export traces and torch can count; nothing is trained. A forward that cannot run
+    so (it changes a frozen parameter in place, or mixes in tensors made under inference mode) is counted with the
+    flags as they are. Module names are the model's own (its first name for a module it holds twice).
     """
+    thawed: list[nn.Parameter] = []
+    try:
+        with _grads_required(model) as thawed:
+            return _count(model, example_input)
+    except Exception:
+        if not thawed:
+            raise
+    # the forward cannot run with its frozen parameters requiring gradients (it changes one in place, it mixes in
+    # tensors made under inference mode): counted as it runs, fast paths and all
+    return _count(model, example_input)
+
+
+def _count(model: nn.Module, example_input: Inputs) -> TorchCount:
+    """:func:`count_macs_torch`'s count, the parameters' flags as they are."""
     root = type(model).__name__
     counter = FlopCounterMode(display=False, custom_mapping=_FORMULAS)
     uncounted = _UncountedOps(counter, root)
-    with eval_mode(model), _grads_required(model), torch.enable_grad(), counter, uncounted:
+    with eval_mode(model), torch.enable_grad(), counter, uncounted:
         call(model, example_input[:1])
-    totals = _module_totals(counter.get_flop_counts(), root)
+    names = _canonical_names(model, counter, root)
+    totals = {names.get(k, k): v for k, v in _module_totals(counter.get_flop_counts(), root).items()}
     own = _own_totals(totals)
     by_op = {str(op): n // 2 for op, n in counter.get_flop_counts().get("Global", {}).items()}
-    places = None if uncounted.places is None else sorted(uncounted.places)
+    places = None if uncounted.places is None else sorted({names.get(p, p) for p in uncounted.places})
     return TorchCount(counter.get_total_flops() // 2, by_op, {k: v for k, v in own.items() if v > 0},
                       sorted(uncounted.seen), totals, places)
 
 
+def _canonical_names(model: nn.Module, counter: FlopCounterMode, root: str) -> dict[str, str]:
+    """The counter's module names (``Root.`` dropped) → the module's first name in ``model.named_modules()``, the
+    name the rules use: torch's module tracker names a module shared by two parents after the last one. Empty (the
+    names taken as they are) where this torch's tracker keeps no map of modules to names."""
+    known = getattr(getattr(counter, "mod_tracker", None), "_known_modules", None)
+    if known is None:
+        return {}
+    names: dict[str, str] = {}
+    for name, module in model.named_modules():
+        tracked = known.get(module)
+        if isinstance(tracked, str) and (tracked == root or tracked.startswith(root + ".")):
+            names.setdefault(tracked[len(root) + 1:], name)
+    return names
+
+
 @contextmanager
-def _grads_required(model: nn.Module) -> Iterator[None]:
-    """Floating-point parameters of ``model`` require gradients inside the block; frozen ones are frozen again
-    after it (the inference fast paths of attention layers run when none does, and torch cannot count them)."""
-    frozen = [p for p in model.parameters() if not p.requires_grad and p.is_floating_point()]
-    for p in frozen:
-        p.requires_grad_(True)
+def _grads_required(model: nn.Module) -> Iterator[list[nn.Parameter]]:
+    """Frozen floating-point parameters of ``model`` require gradients inside the block (the inference fast paths of
+    attention layers run when none does, and torch cannot count them) and are frozen again after it, also when
+    setting a flag fails; yields those it thawed. Tensors made under inference mode are left as they are."""
+    thawed: list[nn.Parameter] = []
     try:
-        yield
+        for p in model.parameters():
+            if not p.requires_grad and p.is_floating_point() and not p.is_inference():
+                try:
+                    p.requires_grad_(True)
+                except RuntimeError:  # a tensor that cannot require gradients (a view, say): left frozen
+                    continue
+                thawed.append(p)
+        yield thawed
     finally:
-        for p in frozen:
+        for p in thawed:
             p.requires_grad_(False)
 
 

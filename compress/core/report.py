@@ -301,9 +301,9 @@ class CompressionReport:
     params_before: int = 0
     params_after: int = 0
     macs_before: int = 0
-    """Whole-model MACs of one sample as torch's FlopCounterMode counts them; SSM layers, and a ruled layer in which
-    torch met ops it has no formula for (``not_counted_by_torch``), count by their rule instead
-    (:func:`~minreal.compress.core.costs.whole_model_macs`)."""
+    """Whole-model MACs of one sample as torch's FlopCounterMode counts them, SSM layers by their rule, and the
+    innermost ruled layer around an op torch has no formula for (``not_counted_by_torch``) by its rule where that is
+    more (:func:`~minreal.compress.core.costs.model_macs`: what MAC budgets count too)."""
     macs_after: int = 0
     macs_at: dict[str, list[int]] = field(default_factory=dict)
     """The per-sample input shapes (batch axis dropped) at which ``macs_*`` were counted: the first sample of the
@@ -322,7 +322,7 @@ class CompressionReport:
     not_covered_by_rules: list[str] = field(default_factory=list)
     """Modules (before or after) whose own torch-counted MACs no per-layer rule covers (attention, matmuls)."""
     not_counted_by_torch: list[str] = field(default_factory=list)
-    """Heavy ops torch ran without a MAC formula (FFTs): missing from ``macs_*`` but where a rule counts the layer."""
+    """Heavy ops torch ran without a MAC formula (FFTs): missing from ``macs_*`` except inside a layer a rule counts."""
     spectra: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     """Per layer (or state point): named spectra, descending (e.g. cbalanced's Gramian tests A, B, C)."""
     bounds: dict[str, float | None] = field(default_factory=dict)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx, nn
 
-from ...core.costs import count_costs, count_macs_torch, whole_model_macs
+from ...core.costs import model_macs
 from ...core.data import Dataset
 from ...core.distributed import shard
 from ...core.errors import CompressionError
@@ -63,10 +63,11 @@ def _lump(wg: WidthGraph, lumper: Lumper, eps: float) -> _Lumped:
 
 
 def _cost(model: nn.Module, example: torch.Tensor, kind: str) -> float:
-    """Whole-model parameters, or MACs per sample as :func:`minreal.compress.registry.fill_costs` counts them."""
+    """Whole-model parameters, or MACs per sample as the report counts them
+    (:func:`~minreal.compress.core.costs.model_macs`)."""
     if kind == "param_ratio":
         return float(sum(p.numel() for p in model.parameters()))
-    return float(whole_model_macs(count_macs_torch(model, example), count_costs(model, example)))
+    return float(model_macs(model, example))
 
 
 def _meet_budget(model: nn.Module, wg: WidthGraph, lumper: Lumper, cfg: "FDEConfig", data: Dataset,

@@ -382,3 +382,64 @@ def test_a_mac_budget_on_a_model_with_an_ssm_layer_is_of_the_report_s_count() ->
     new, report = compress(small, data, "factorize", FactorizeConfig(mac_ratio=0.7))
     assert report.macs_before == model_macs(small, data.x)
     assert 0.65 <= report.mac_ratio <= 0.7 + 1e-9
+
+
+class _Holder(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_a_layer_held_by_two_parents_counts_under_the_name_its_rule_has() -> None:
+    """Review: torch's module tracker names a module shared by two parents after the last (``q.inner``), the rules
+    after the first (``p.inner``): the SSM layer's count by torch was never replaced by its rule, and it counted
+    twice. Closed form: the SSM rule for each of its two calls, and the head."""
+    from minreal.compress.core.costs import model_macs
+    from minreal.compress.methods.ssm import RotationSSM
+
+    length, h, n = 16, 8, 4
+    shared = RotationSSM(h, n)
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.p, self.q, self.head = _Holder(shared), _Holder(shared), nn.Linear(h, h)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.q(self.p(x)))
+
+    ssm_rule = length * (n * h + 2 * n + n * h + h)
+    assert model_macs(Twice().eval(), torch.randn(2, length, h)) == 2 * ssm_rule + length * h * h
+
+
+class _ScalesInPlace(nn.Module):
+    """A forward that changes its (frozen) parameter in place, which autograd refuses once it requires gradients."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale, self.lin = nn.Parameter(torch.ones(4)), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.scale.mul_(1.0)
+        return self.lin(x) * self.scale
+
+
+def test_a_forward_that_cannot_run_with_gradients_is_counted_as_it_runs_and_flags_stay_as_they_were() -> None:
+    """Review: requiring gradients of frozen parameters for the count broke models built under inference mode (their
+    parameters cannot require gradients) and forwards changing a frozen parameter in place, and could leave
+    parameters thawed. Now such tensors stay as they are, such a forward is counted with the flags as they are, and
+    every flag ends as it began."""
+    from minreal.compress.core.costs import count_macs_torch
+
+    with torch.inference_mode():
+        inferred = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    inferred.requires_grad_(False)  # loaded for inference, as a user's model may be
+    mixed = nn.Sequential(nn.Linear(4, 4).requires_grad_(False), inferred)
+    in_place = _ScalesInPlace().requires_grad_(False)
+    for model, macs in ((inferred, 4 * 8 + 8 * 2), (mixed, 16 + 4 * 8 + 8 * 2), (in_place, 16)):
+        flags = [p.requires_grad for p in model.parameters()]
+        assert count_macs_torch(model, torch.randn(2, 4)).macs == macs
+        assert [p.requires_grad for p in model.parameters()] == flags
