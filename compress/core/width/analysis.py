@@ -33,12 +33,14 @@ def analyse(model: nn.Module, example: torch.Tensor) -> WidthGraph:
     again carrying example values (:func:`~.tracing.trace` with ``values``), and that graph is taken if it has one."""
     gm = trace(model, example)
     wg = _groups(gm)
+    wg.example = example  # apply_cuts runs each cut model on it once
     if not wg.cuttable() and gm.meta.get("opaque"):
         try:
             again = _groups(trace(model, example, values=True))
         except CompressionError:
             return wg
         if again.cuttable():
+            again.example = example
             return again
     return wg
 
@@ -51,6 +53,7 @@ def _groups(gm: torch.fx.GraphModule) -> WidthGraph:
                                      f"or replay it ({reason})"))
     apply_rules(wg)
     _freeze_inside_opaque(wg)
+    _freeze_size_uses(wg)
     _build_groups(wg)
     _freeze_tied(wg)
     return wg
@@ -68,6 +71,21 @@ def _freeze_inside_opaque(wg: WidthGraph) -> None:
         if owner is not None:
             wg.freeze(u.slots, u.node, f"{u.target}.{u.param} lies inside {owner}, which is kept whole (torch.fx "
                                        "cannot trace or replay it)")
+
+
+def _freeze_size_uses(wg: WidthGraph) -> None:
+    """Leave whole the channels whose count the model's code reads as a Python size and the tensors of the operation
+    that takes it (``b, t, d = x.shape`` then ``qkv(x).view(b, t, 3, h, d // h)``: a cut of x's channels would
+    change the view's sizes, not qkv's width), unless the size is the channel count itself, at the very position
+    where the reshaped tensor's channels land, and those are the same channels (``pooled.view(b, c)`` with ``c``
+    read from the tensor pooled): then a cut changes both alike. Checked once every rule has tied its slots (the
+    residual addition that makes two streams one comes after the view)."""
+    for node, read, touched, same in wg.size_uses:
+        if same is not None and [wg.find(s) for s in same] == [wg.find(s) for s in read.slots]:
+            continue
+        wg.freeze(read.slots + touched, node, f"takes a size read from the {len(read.slots)} channels of "
+                                               f"{read.source} (x.shape, x.size()) that a cut would not keep "
+                                               "consistent with its tensor's")
 
 
 def _freeze_tied(wg: WidthGraph) -> None:

@@ -17,7 +17,7 @@ from torch import fx, nn
 
 from ..errors import CompressionError
 
-__all__ = ["Use", "Rewrite", "ChannelGroup", "WidthGraph", "param_owner"]
+__all__ = ["Use", "Rewrite", "SizeRead", "ChannelGroup", "WidthGraph", "param_owner"]
 
 
 @dataclass
@@ -52,6 +52,22 @@ class Rewrite:
     slots: list[int]
     before: int = 0
     after: int = 0
+
+
+@dataclass
+class SizeRead:
+    """A Python value the traced code computed from the channel count of a tensor (``b, t, d = x.shape``,
+    ``x.size(1)``, ``d // heads``): ``slots`` are that tensor's channels, ``source`` the node whose size was read;
+    ``exact``: the value is the channel count itself, not computed from it; ``position``: for a whole shape
+    (``x.shape``, ``x.size()``, a slice of them), where in it the channel count lies, of ``length`` entries (-1 for
+    a number). A cut changes the value: the operation that takes it must change with it (see
+    :func:`~minreal.compress.core.width.analysis._freeze_size_uses`)."""
+
+    slots: list[int]
+    source: str
+    exact: bool = True
+    position: int = -1
+    length: int = 0
 
 
 @dataclass
@@ -120,7 +136,11 @@ class WidthGraph:
         self.norm_groups: dict[str, int] = {}  # GroupNorm → channels per group
         self.unsupported: list[tuple[str, str]] = []
         self.values: dict[str, _Chan] = {}
+        self.sizes: dict[str, SizeRead] = {}  # node → the channel count its Python value was computed from
+        # (node, size it takes, channels of its tensors, channels the size must stay equal to: None where none may)
+        self.size_uses: list[tuple[str, SizeRead, list[int], list[int] | None]] = []
         self.groups: list[ChannelGroup] = []
+        self.example: Any = None  # the input the model was traced on (analyse sets it): a cut model must run on it
 
     # ---- union-find over slots -------------------------------------------------------------------------
     def fresh(self, n: int) -> list[int]:

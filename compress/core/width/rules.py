@@ -28,7 +28,7 @@ import torch
 from torch import fx, nn
 
 from ..errors import CompressionError
-from .graph import Rewrite, Use, WidthGraph, _Chan, _shape
+from .graph import Rewrite, SizeRead, Use, WidthGraph, _Chan, _shape
 
 __all__ = ["apply_rules"]
 
@@ -122,6 +122,15 @@ def _visit(wg: WidthGraph, node: fx.Node, modules: dict[str, nn.Module]) -> None
         _visit_module(wg, node, modules[node.target])
         return
     name = _fn_name(node)
+    if _visit_size_read(wg, node, name):
+        return
+    reads = _sizes_in(wg, node)
+    if reads and name not in ("view", "reshape"):
+        if shape is None and not any(_shape(a) is not None for a in _tensor_args(node)):  # arithmetic on sizes
+            wg.sizes[node.name] = SizeRead([s for r in reads for s in r.slots], reads[0].source, exact=False)
+            return
+        touched = [s for a in _tensor_args(node) if (c := _chan_of(wg, a)) is not None for s in c.slots]
+        wg.size_uses += [(node.name, r, touched, None) for r in reads]  # zeros(b, d), x * d ** -0.5, split(x, d)
     if node.target is operator.getitem:
         _visit_getitem(wg, node)
     elif node.target in _ELEMENTWISE or name in _ELEMENTWISE_NAMES:
@@ -152,6 +161,44 @@ def _visit(wg: WidthGraph, node: fx.Node, modules: dict[str, nn.Module]) -> None
         _unknown(wg, node, f"operation {name!r} that does not return one tensor is not understood")
     else:
         _unknown(wg, node, f"operation {name!r} is not understood")
+
+
+def _visit_size_read(wg: WidthGraph, node: fx.Node, name: str) -> bool:
+    """Whether ``node`` reads sizes of a tensor: ``x.shape``, ``x.size()`` (a shape), ``x.size(i)``, ``x.numel()``,
+    an item or slice of a shape read. Where the value holds the tensor's channel count it goes to ``wg.sizes``."""
+    if (name == "getattr" and node.args[1:] == ("shape",)) or name in ("size", "numel", "nelement"):
+        x = node.args[0]
+        chan, ndim = _chan_of(wg, x), len(_shape(x) or ())
+        if chan is None or not ndim:
+            return True
+        dim = _arg(node, 1, "dim") if name == "size" else None
+        if name in ("numel", "nelement"):
+            wg.sizes[node.name] = SizeRead(chan.slots, x.name, exact=False)
+        elif dim is None:
+            wg.sizes[node.name] = SizeRead(chan.slots, x.name, True, chan.dim % ndim, ndim)
+        elif int(dim) % ndim == chan.dim % ndim:
+            wg.sizes[node.name] = SizeRead(chan.slots, x.name)
+        return True
+    src = node.args[0] if node.target is operator.getitem else None
+    read = wg.sizes.get(src.name) if isinstance(src, fx.Node) else None
+    if read is None or read.position < 0:
+        return False
+    idx = node.args[1]
+    if isinstance(idx, int):
+        if idx % read.length == read.position:
+            wg.sizes[node.name] = SizeRead(read.slots, read.source)
+    elif isinstance(idx, slice) and all(v is None or isinstance(v, int) for v in (idx.start, idx.stop, idx.step)):
+        kept = list(range(read.length))[idx]
+        if read.position in kept:
+            wg.sizes[node.name] = SizeRead(read.slots, read.source, read.exact, kept.index(read.position), len(kept))
+    else:
+        wg.sizes[node.name] = SizeRead(read.slots, read.source, exact=False)
+    return True
+
+
+def _sizes_in(wg: WidthGraph, node: fx.Node) -> list[SizeRead]:
+    """The channel counts among ``node``'s arguments (:func:`_visit_size_read`)."""
+    return [wg.sizes[a.name] for a in _tensor_args(node) if a.name in wg.sizes]
 
 
 def _unknown(wg: WidthGraph, node: fx.Node, reason: str) -> None:
@@ -425,13 +472,33 @@ def _visit_pad(wg: WidthGraph, node: fx.Node) -> None:
 
 
 def _visit_reshape(wg: WidthGraph, node: fx.Node) -> None:
+    out = _reshape(wg, node)
+    if not _sizes_in(wg, node):
+        return
+    chan = _chan_of(wg, node.args[0])
+    flat = len(node.args) > 1 and not isinstance(node.args[1], (tuple, list))
+    sizes = list(node.args[1:]) if flat else list(_arg(node, 1, "shape", ()))
+    if len(sizes) == 1 and isinstance(sizes[0], fx.Node) and sizes[0].name in wg.sizes:  # y.view(x.shape)
+        read = wg.sizes[sizes[0].name]
+        at = [(read.position, SizeRead(read.slots, read.source, read.exact))] if read.position >= 0 else [(-1, read)]
+    else:
+        at = [(p, wg.sizes[a.name]) for p, a in enumerate(sizes) if isinstance(a, fx.Node) and a.name in wg.sizes]
+        at += [(-1, r) for r in _sizes_in(wg, node) if all(r is not q for _, q in at)]  # nested in other values
+    for p, read in at:  # the channel count itself, where the same channels land: a cut resizes both alike
+        same = out.slots if out is not None and chan is not None and read.exact and p == out.dim and \
+            out.slots is chan.slots else None
+        wg.size_uses.append((node.name, read, chan.slots if chan is not None else [], same))
+
+
+def _reshape(wg: WidthGraph, node: fx.Node) -> _Chan | None:
+    """The channels of a flatten/view/reshape (None where not tracked)."""
     x = node.args[0]
     chan = _chan_of(wg, x)
     if chan is None:
-        return
+        return None
     src, dst = _shape(x), _shape(node)
     if src is None or dst is None:
-        return
+        return None
     d = chan.dim
     before = math.prod(src[:d])
     # the output dimension e where the channel lands: same number of elements before it
@@ -441,7 +508,7 @@ def _visit_reshape(wg: WidthGraph, node: fx.Node) -> None:
         e += 1
     if acc != before or e >= len(dst):
         _unknown(wg, node, "reshape that splits or moves the channel dimension")
-        return
+        return None
     if dst[e] == src[d]:
         slots = chan.slots
     elif dst[e] % src[d] == 0 and dst[e] == math.prod(src[d:d + _merged(src, d, dst[e])]):
@@ -449,13 +516,14 @@ def _visit_reshape(wg: WidthGraph, node: fx.Node) -> None:
         slots = [s for s in chan.slots for _ in range(rep)]
     else:
         _unknown(wg, node, "reshape that splits the channel dimension")
-        return
+        return None
     if node.op != "call_module" and _fn_name(node) in ("view", "reshape"):
         flat = not isinstance(node.args[1], (tuple, list))  # x.view(n, c) rather than x.view((n, c))
         sizes = list(node.args[1:]) if flat else list(node.args[1])
         if e < len(sizes) and isinstance(sizes[e], int) and sizes[e] == dst[e]:
             wg.rewrites.append(Rewrite(node.name, "shape", e, slots, before=int(flat)))
     _set(wg, node, _Chan(e, slots))
+    return wg.values.get(node.name)
 
 
 def _merged(src: tuple[int, ...], d: int, size: int) -> int:

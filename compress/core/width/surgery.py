@@ -19,7 +19,9 @@ shapes) and attention layers whose heads or embedding channels shrink replaced b
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +31,8 @@ from torch import fx, nn
 
 from ..attention import AttentionBase
 from ..errors import CompressionError
+from ..evaluate import eval_mode
+from ..inputs import args_of
 from .graph import ChannelGroup, Use, WidthGraph, param_owner
 
 __all__ = ["Cut", "SlimAttention", "apply_cuts"]
@@ -258,4 +262,40 @@ def apply_cuts(wg: WidthGraph, cuts: Mapping[str, Cut]) -> fx.GraphModule:
         _refresh(gm, wg, touched, removed)
         _rewrite(gm, wg, removed)
     gm.recompile()
+    if removed:
+        _require_runs(gm, wg)
     return gm
+
+
+class _Replay(fx.Interpreter):
+    """Runs a graph node by node and remembers the node it is at (the one that failed)."""
+
+    at: fx.Node | None = None
+
+    def run_node(self, n: fx.Node) -> object:
+        self.at = n
+        return super().run_node(n)
+
+
+def _require_runs(gm: fx.GraphModule, wg: WidthGraph) -> None:
+    """Refuse, in one line naming the operation, a cut model that does not run on the traced example: the house
+    rule is that width surgery never writes a model that does not run; a structure the rules cannot keep consistent
+    must have been left whole (a gap in the rules if this fires). Run through an interpreter, stderr captured:
+    torch.fx's GraphModule prints a traceback of its own to stderr when its generated code raises."""
+    if wg.example is None:
+        return
+    replay = _Replay(gm)
+    try:
+        with torch.no_grad(), eval_mode(gm), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            replay.run(*args_of(wg.example))
+    except Exception as exc:
+        node = replay.at
+        stack = list((node.meta.get("nn_module_stack") or {}).values()) if node is not None else []
+        inside = stack[-1][0] if stack and isinstance(stack[-1], tuple) else ""
+        where = f" at its operation {node.name}{f' (in {inside})' if inside else ''}" if node is not None else ""
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise CompressionError(f"width surgery cut {wg.gm.__class__.__name__} into a model that does not run"
+                               f"{where}: {type(exc).__name__}: {first}; the channels that operation touches should "
+                               "have been left whole (a gap in the width rules: please report it); use factorize, "
+                               "which needs no trace") from None

@@ -1,0 +1,107 @@
+"""Sizes the model's code reads from a tensor (``b, t, d = x.shape``) and uses on another (issue 44, found by a
+review: wanda cut the residual width of hand-written attention while qkv kept its 3·d outputs, so the cut model's
+``view(b, t, 3, heads, d // heads)`` no longer fit, and torch.fx's traceback reached the console): the channels are
+left whole unless the size reshapes the very channels it was read from, and a cut model that does not run is
+refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minreal.compress import compress
+from minreal.compress.core.data import Dataset
+from minreal.compress.core.errors import CompressionError
+from minreal.compress.core.width import Cut, analyse, apply_cuts
+from minreal.compress.methods.wanda import WandaConfig
+
+
+class _SizeFromOtherTensor(nn.Module):
+    """Attention written by hand, as in many repositories (timm's older Attention): the head size ``d // 4`` and
+    the output width ``d`` are read from the stream (``b, t, d = h.shape``) and reshape qkv's output, another
+    layer's channels: a cut of the stream would not resize qkv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.n = nn.Linear(6, 16), nn.LayerNorm(16)
+        self.qkv, self.o = nn.Linear(16, 48), nn.Linear(16, 16)
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+        self.conv2 = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(x)
+        b, t, d = h.shape
+        q, k, v = self.qkv(self.n(h)).view(b, t, 3, 4, d // 4).permute(2, 0, 3, 1, 4)
+        h = h + self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d))
+        return self.conv2(h + self.fc2(F.gelu(self.fc1(h))))
+
+
+class _SizeFromSameChannels(nn.Module):
+    """A gate over tokens: ``d`` read from the stream views the pooled branch, whose channels the residual addition
+    after the view makes the stream's: a cut resizes both alike, so the stream stays cuttable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Linear(6, 16), nn.Linear(16, 3)
+        self.a, self.g = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(x)
+        b, t, d = h.shape
+        y = self.a(h)
+        return self.conv2(h + y * torch.sigmoid(self.g(y.mean(1).reshape(b, d))).view(b, 1, d))
+
+
+def test_a_size_read_from_one_tensor_that_reshapes_another_freezes_both() -> None:
+    model, x = _SizeFromOtherTensor().eval(), torch.randn(5, 2, 6)
+    wg = analyse(model, x)
+    g = wg.group("conv1")
+    assert g.frozen.startswith("view: ") and "size read from the 16 channels of conv1" in g.frozen, g.frozen
+    assert ("view", g.frozen.split(": ", 1)[1]) in wg.unsupported
+    assert g not in wg.cuttable() and wg.group("qkv").frozen
+    assert [c.name for c in wg.cuttable()] == ["fc1"]
+    with pytest.raises(CompressionError) as refused:
+        apply_cuts(wg, {"conv1": Cut(range(g.size - 1))})
+    assert "'conv1' cannot be cut: view: " in str(refused.value) and "\n" not in str(refused.value)
+    with torch.no_grad():
+        assert torch.equal(apply_cuts(wg, {"conv1": Cut(range(g.size))})(x), model(x))
+
+
+def test_a_size_read_from_the_same_channels_stays_cuttable() -> None:
+    model, x = _SizeFromSameChannels().eval(), torch.randn(5, 2, 6)
+    wg = analyse(model, x)
+    g = wg.group("conv1")
+    assert not g.frozen and g in wg.cuttable()
+    with torch.no_grad():
+        assert apply_cuts(wg, {"conv1": Cut(range(8))})(x).shape == (5, 2, 3)
+
+
+def test_wanda_on_hand_written_attention_leaves_the_stream_whole_and_runs() -> None:
+    torch.manual_seed(0)
+    model = _SizeFromOtherTensor().eval()
+    g = torch.Generator().manual_seed(1)
+    data = Dataset(torch.randn(64, 8, 6, generator=g), torch.randn(64, 8, 3, generator=g))
+    new, report = compress(model, data, "wanda", WandaConfig(mac_ratio=0.7))
+    with torch.no_grad():
+        assert new(data.x[:3]).shape == model(data.x[:3]).shape == (3, 8, 3)
+    assert report.predicted.group_widths["fc1"][1] < 32 and "conv1" not in report.predicted.group_widths
+    assert any(n.startswith("left whole: conv1 (16 channels) — view: ") for n in report.notes)
+
+
+def test_a_cut_model_that_does_not_run_is_refused_in_one_line_and_prints_nothing(
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """The safety net alone (the size rule switched off, the gap as it was): the cut model is run once on the
+    traced example, and its failure is one line naming the operation, with nothing on stderr."""
+    import minreal.compress.core.width.analysis as analysis
+
+    monkeypatch.setattr(analysis, "_freeze_size_uses", lambda wg: None)
+    model, x = _SizeFromOtherTensor().eval(), torch.randn(5, 2, 6)
+    wg = analyse(model, x)
+    capfd.readouterr()
+    with pytest.raises(CompressionError) as refused:
+        apply_cuts(wg, {"conv1": Cut(range(8))})
+    said = str(refused.value)
+    assert "does not run at its operation view" in said and "\n" not in said
+    assert capfd.readouterr().err == ""
