@@ -30,7 +30,8 @@ __all__ = ["analyse"]
 def analyse(model: nn.Module, example: torch.Tensor) -> WidthGraph:
     """Trace ``model`` on ``example`` and find its channel groups (see the module docstring). Where the classes kept
     whole leave no group that may shrink (a T5 or BART encoder's blocks check sizes in Python), the model is traced
-    again carrying example values (:func:`~.tracing.trace` with ``values``), and that graph is taken if it has one."""
+    again carrying example values (:func:`~.tracing.trace` with ``values``), and that graph is taken if it has one.
+    ``example`` is kept as ``wg.example``: :func:`~.surgery.apply_cuts` runs each cut model on it once."""
     gm = trace(model, example)
     wg = _groups(gm)
     wg.example = example  # apply_cuts runs each cut model on it once

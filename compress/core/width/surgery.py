@@ -229,7 +229,10 @@ def _set_arg(node: fx.Node, i: int, key: str, value: object) -> None:
 
 
 def apply_cuts(wg: WidthGraph, cuts: Mapping[str, Cut]) -> fx.GraphModule:
-    """A resized copy of ``wg``'s traced model: each named group keeps its ``Cut.keep`` atoms (see module doc)."""
+    """A resized copy of ``wg``'s traced model: each named group keeps its ``Cut.keep`` atoms (see module doc).
+
+    Where channels were removed, the copy is run once on the example ``wg`` was traced on (:func:`_require_runs`):
+    CompressionError, one line naming the operation, where it does not run."""
     gm = copy.deepcopy(wg.gm)
     removed: set[int] = set()
     plans: dict[str, tuple[ChannelGroup, list[int], torch.Tensor | None, torch.Tensor | None]] = {}
@@ -285,9 +288,9 @@ def _require_runs(gm: fx.GraphModule, wg: WidthGraph) -> None:
     if wg.example is None:
         return
     replay = _Replay(gm)
-    try:
-        with torch.no_grad(), eval_mode(gm), contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):
+    try:  # the random state as it was (a forward drawing noise): a seeded run does not depend on the cuts tried
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), eval_mode(gm), \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             replay.run(*args_of(wg.example))
     except Exception as exc:
         node = replay.at
