@@ -126,6 +126,12 @@ class MethodSpec:
         return self.prepare is not None
 
     @property
+    def searchable(self) -> bool:
+        """Whether ``tune`` can search it: it meets a whole-model MAC budget and has two phases (its budget-free work
+        done once, then realised for every budget the search probes; a one-phase method would redo all of it)."""
+        return "mac_ratio" in self.budgets and self.two_phase
+
+    @property
     def fn(self) -> MethodFn:
         """The run function (the name the first registry used)."""
         return self.run

@@ -62,12 +62,12 @@ def method_options(fn: Callable) -> Callable:
     return fn
 
 
-def method_choice(budget: str | None = None) -> click.Choice:
-    """``--method``'s choices: the registered methods (those that take ``budget``, a whole-model budget field such
-    as ``mac_ratio``, when given: what ``tune`` can search)."""
+def method_choice(searchable: bool = False) -> click.Choice:
+    """``--method``'s choices: the registered methods (with ``searchable``, those ``tune`` can search:
+    :attr:`~minreal.compress.core.spec.MethodSpec.searchable`)."""
     from minreal.compress import get_method, method_names
 
-    return click.Choice([n for n in method_names() if budget is None or budget in get_method(n).budgets])
+    return click.Choice([n for n in method_names() if not searchable or get_method(n).searchable])
 
 
 def split_ints(value: str, name: str) -> tuple[int, ...]:

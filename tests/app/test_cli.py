@@ -462,11 +462,11 @@ def test_check_names_a_compression_report_as_such(workdir: Path, run_cli: Callab
 
 
 def test_run_refuses_a_budget_a_method_cannot_meet_before_any_work(workdir: Path, run_cli: Callable) -> None:
-    """It exported the original first, then said cbalanced has no --mac-ratio."""
-    code, out, err = run_cli(["run", "net.py:make", "-m", "cbalanced", "--mac-ratio", "0.5", "--data", "digits-flat",
+    """It exported the original first, then said the method has no --mac-ratio (cbalanced then; ssm now)."""
+    code, out, err = run_cli(["run", "net.py:make", "-m", "ssm", "--mac-ratio", "0.5", "--data", "digits-flat",
                               "--out", "r", "--allow-data-mismatch"])
     assert code == 2 and not out and not Path("r").exists(), err
-    assert err.strip() == ("minreal: error: method 'cbalanced' does not support --mac-ratio (its budgets: none; "
+    assert err.strip() == ("minreal: error: method 'ssm' does not support --mac-ratio (its budgets: none; "
                            "use its own options (minreal methods))"), err
 
 

@@ -127,7 +127,7 @@ def test_plan_errors_name_the_file_and_variant(tmp_path: Path, text: str, culpri
     ("fde", "scaling = 'no'", "scaling (--scaling) takes true or false, got 'no'"),
     ("magnitude", "width_min = 1.9", "width_min (--width-min) takes a whole number, got 1.9"),
     ("svd", "exclude = 13", "exclude (--exclude) takes a list of strings, got 13"),
-    ("cbalanced", "mac_ratio = 0.5", "method 'cbalanced' does not support --mac-ratio"),  # a budget it cannot meet
+    ("ssm", "mac_ratio = 0.5", "method 'ssm' does not support --mac-ratio"),  # a budget it cannot meet
     ("magnitude", "widths = [8, '4']", "widths (--widths) takes a list of whole numbers"),
 ])
 def test_plan_values_of_the_wrong_type_name_file_variant_and_key(tmp_path: Path, method: str, line: str,
@@ -240,7 +240,7 @@ def test_compress_takes_one_method_and_run_each_method_once(workdir: Path, run_c
     assert code == 2 and "-m svd given twice" in err and not Path("runs/tune-twice").exists()
     code, _, err = run_cli(["tune", "net.py:make", "-m", "cbalanced", "--data", "digits-flat",
                             "--max-accuracy-drop", "1"])
-    assert code == 2 and "'cbalanced' is not one of" in err  # tune searches MAC budgets; cbalanced has none
+    assert code == 2 and "'cbalanced' is not one of" in err  # tune searches two-phase methods; cbalanced has one
     code, _, err = run_cli(["tune", "net.py:make", "--methods", "svd", "--data", "digits-flat"])
     assert code == 2 and "No such option '--methods'" in err  # one spelling in every command: -m/--method
     # click's own usage errors are one line too, naming the command and where its help is

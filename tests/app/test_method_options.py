@@ -48,7 +48,7 @@ def test_help_groups_options_by_method_shared_first() -> None:
     assert titles[0] == "Options:"
     for name in ("factorize", "fde", "cbalanced", "ssm"):
         assert f"Options for {name}:" in titles
-    assert _section_of(lines, "--mac-ratio") == "Options for depth, factorize, fde, magnitude, svd, wanda:"
+    assert _section_of(lines, "--mac-ratio") == "Options for cbalanced, depth, factorize, fde, magnitude, svd, wanda:"
     assert _section_of(lines, "--latency-ratio") == "Options for depth, factorize, magnitude, svd, wanda:"
     assert _section_of(lines, "--latency-table") == "Options for depth, factorize, magnitude, svd, wanda:"
     assert _section_of(lines, "--energy-eps") == "Options for cbalanced:"

@@ -15,7 +15,8 @@ _METHOD = "minreal.compress.methods.cbalanced.method"
 SPEC = MethodSpec("cbalanced", "C-balanced realisation: Gramian ranks become the widths of a new network",
                   CBalancedConfig, f"{_METHOD}:cbalanced_compress", demo_case=f"{_METHOD}:demo_case",
                   report_fields=("spectra",), smoke_case="minreal.compress.methods.cbalanced.smoke:smoke_case",
-                  provider_defaults=width_multiple_defaults, takes_recovery=True)
+                  provider_defaults=width_multiple_defaults, budgets=("mac_ratio", "param_ratio"),
+                  takes_recovery=True)
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     **dict.fromkeys(("StateAnalysis", "analyse_states", "budget_ranks"), ".analysis"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...core.errors import field_error
+from ...core.errors import CompressionError, field_error
 from ...core.options import CostBudget, SeedOption, StateBudgetOption, WidthMultipleOption
 
 __all__ = ["CBalancedConfig", "INITS", "SELECTIONS"]
@@ -18,9 +18,12 @@ SELECTIONS = ("leverage", "magnitude")
 
 @dataclass
 class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOption):
-    """Options of the C-balanced method (no cost budget: the energy tolerance or the state budget sets the widths).
+    """Options of the C-balanced method: the energy tolerance, the total state budget or a whole-model MAC or
+    parameter budget (``mac_ratio``/``param_ratio``: the largest total state budget whose realised network meets it)
+    sets the widths.
 
-    ``energy_eps``: energy left out by each test's rank (ignored when ``state_budget`` gives the total state order).
+    ``energy_eps``: energy left out by each test's rank (ignored when ``state_budget`` or a whole-model budget sets the
+    total state order).
     ``init``: ``"scratch"`` or ``"warm"`` (kept neurons copied, then least-squares refit when ``refit``).
     The method trains nothing itself: the run's recovery (the shared ``--recover-*`` knobs: budget, optimiser,
     distillation from the original mixed with the labels by ``--recover-alpha``) trains the realised network, so a
@@ -33,7 +36,8 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
 
     energy_eps: float = field(
         default=1e-4,
-        metadata={"help": "Energy left out by each test's rank, in [0, 1); default 1e-4; ignored with --state-budget."})
+        metadata={"help": "Energy left out by each test's rank, in [0, 1); default 1e-4; ignored with --state-budget, "
+                          "--mac-ratio or --param-ratio."})
     state_points: tuple[str, ...] = field(
         default=(),
         metadata={"help": "A state point: for Sequential MLPs a hidden activation's module name; for other models a "
@@ -85,6 +89,10 @@ class CBalancedConfig(CostBudget, SeedOption, StateBudgetOption, WidthMultipleOp
             raise field_error(self, "selection", f"must be one of {SELECTIONS}, got {self.selection!r}")
         if not 0.0 <= self.energy_eps < 1.0:
             raise field_error(self, "energy_eps", f"(--energy-eps) must lie in [0, 1), got {self.energy_eps}")
+        if self.budget_given and self.state_budget is not None:
+            budget = self.budget_given[0]
+            raise CompressionError(f"give `state_budget` or `{budget}`, not both (the budget sets the total state "
+                                   "count)", fields=("state_budget", budget))
         for name in ("gramian_samples", "go_samples", "probes"):
             if getattr(self, name) < 1:
                 raise field_error(self, name, f"must be >= 1, got {getattr(self, name)}")

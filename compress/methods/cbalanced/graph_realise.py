@@ -19,7 +19,7 @@ from ...core.width.importance import magnitude_importance
 from .analysis import StateAnalysis
 from .realise import top_indices
 
-__all__ = ["round_width", "balanced_leverage", "ls_merge", "group_cuts",
+__all__ = ["round_width", "balanced_leverage", "ls_merge", "group_cuts", "group_keep",
            "realise_groups", "reinitialise", "as_sequential", "group_params", "count_params"]
 
 
@@ -89,12 +89,21 @@ def group_cuts(wg: WidthGraph, analyses: Mapping[str, StateAnalysis], widths: Ma
     cuts = {}
     for name, width in widths.items():
         group, a = wg.group(name), analyses[name]
-        scores = balanced_leverage(a.gc_root, a.vb, min(a.rank_c, width)) if selection == "leverage" \
-            else magnitude_importance(wg, group)
-        keep = top_indices(scores, width).tolist()
+        keep = group_keep(wg, a, width, selection)
         merge, offset = ls_merge(a.gc, a.mean, keep, ridge) if refit and width < group.size else (None, None)
         cuts[name] = Cut(keep, merge, offset)
     return cuts
+
+
+def group_keep(wg: WidthGraph, analysis: StateAnalysis, width: int, selection: str, rank: int | None = None
+               ) -> list[int]:
+    """The ``width`` atoms a warm start keeps of the analysed group: highest :func:`balanced_leverage` at the C rank
+    (``rank``, else the analysis's; capped at ``width``), or highest magnitude importance. Which atoms matter to the
+    cost where a group spans streams of different widths (an option-A ResNet's 16/32/64 segments)."""
+    a = analysis
+    scores = balanced_leverage(a.gc_root, a.vb, min(a.rank_c if rank is None else rank, width)) \
+        if selection == "leverage" else magnitude_importance(wg, wg.group(a.name))
+    return top_indices(scores, width).tolist()
 
 
 def reinitialise(module: nn.Module, seed: int) -> None:

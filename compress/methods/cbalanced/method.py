@@ -45,25 +45,27 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...core.costs import model_macs
 from ...core.data import Dataset
 from ...core.errors import CompressionError
+from ...core.options import flag_of
 from ...core.recover import held_out_metrics, recover, recovery_split
 from ...core.recover_options import RecoveryConfig
 from ...core.report import CompressionReport, LayerReport
 from ...core.run_case import RunCase, VariantSpec
 from ...core.train import TrainConfig, train
 from ...core.width import Cut, analyse, apply_cuts
-from .analysis import StateAnalysis, analyse_states
+from ...core.width.allocate import allowed_widths
+from .analysis import StateAnalysis, analyse_states, budget_ranks
 from .config import INITS, CBalancedConfig
 from .empirical_gramians import collect_gramians, default_state_points
 from .graph_gramians import group_gramians, select_groups
-from .graph_realise import count_params, group_params, realise_groups, round_width
+from .graph_realise import count_params, group_keep, group_params, realise_groups, round_width
 from .realise import (
     insert_projections,
     is_mlp,
     refit_linear_chain,
     resize_sequential,
-    sequential_params,
     stage_producers,
     top_indices,
 )
@@ -104,17 +106,23 @@ def realise(model: nn.Module, analyses: dict[str, StateAnalysis], widths: dict[s
 @dataclass
 class _Plan:
     """What one realisation path provides: the tests per state point, how to build a network of given widths
-    (``build(widths, init)``) and count its parameters, the widest uniform width the control may use, and per
+    (``build(widths, init)``), its architecture alone (``shaped(widths, ranks)``: the network's layers at those
+    widths, the atoms the start keeps at those C ranks, default the analyses', weights not fitted: for its costs) and
+    its parameter count, the widest uniform width the control may use, and per
     state point the kind, parameter count and label of its producing layers in a given network."""
 
     kind: str
     analyses: dict[str, StateAnalysis]
     go_method: str
     build: Callable[[dict[str, int], str], nn.Module]
-    params: Callable[[dict[str, int]], int]
+    shaped: Callable[[dict[str, int], dict[str, int] | None], nn.Module]
     max_uniform: int
     layer: Callable[[nn.Module, str], tuple[str, int, Any]]
     notes: list[str] = field(default_factory=list)
+
+    def params(self, widths: dict[str, int]) -> int:
+        """Parameters of the network with ``widths``."""
+        return count_params(self.shaped(widths, None))
 
 
 def _mlp_plan(model: nn.Module, calib: Dataset, cfg: CBalancedConfig) -> _Plan:
@@ -126,12 +134,15 @@ def _mlp_plan(model: nn.Module, calib: Dataset, cfg: CBalancedConfig) -> _Plan:
     def build(widths: dict[str, int], init: str) -> nn.Module:
         return realise(model, analyses, widths, init, calib, cfg.selection, cfg.refit, cfg.ridge, cfg.seed)
 
+    def shaped(widths: dict[str, int], ranks: dict[str, int] | None = None) -> nn.Module:
+        with torch.random.fork_rng():  # fresh layers draw their initial weights: a seeded run stays as it was
+            return resize_sequential(model, {producers[p]: w for p, w in widths.items()})
+
     def layer(net: nn.Module, p: str) -> tuple[str, int, Any]:
         i = producers[p]
         return type(net[i]).__name__, count_params(net[i]), i
 
-    return _Plan("sequential MLP", analyses, next(iter(grams.values())).go_method, build,
-                 lambda w: sequential_params(model, {producers[p]: v for p, v in w.items()}),
+    return _Plan("sequential MLP", analyses, next(iter(grams.values())).go_method, build, shaped,
                  4 * max(a.dim for a in analyses.values()) + 1, layer)
 
 
@@ -148,8 +159,16 @@ def _graph_plan(model: nn.Module, calib: Dataset, cfg: CBalancedConfig) -> _Plan
     def build(widths: dict[str, int], init: str) -> nn.Module:
         return realise_groups(model, wg, analyses, widths, init, cfg.selection, cfg.refit, cfg.ridge, cfg.seed)
 
-    def params(widths: dict[str, int]) -> int:
-        return count_params(apply_cuts(wg, {g: Cut(list(range(min(w, analyses[g].dim)))) for g, w in widths.items()}))
+    warm, refits = cfg.init == "warm", cfg.init == "warm" and cfg.refit  # a refit's offsets add consumers' biases
+
+    def shaped(widths: dict[str, int], ranks: dict[str, int] | None = None) -> nn.Module:
+        def cut(g: str, w: int) -> Cut:
+            a = analyses[g]
+            keep = group_keep(wg, a, min(w, a.dim), cfg.selection, (ranks or {}).get(g)) if warm else \
+                list(range(min(w, a.dim)))
+            return Cut(keep, None, torch.zeros(a.dim) if refits and w < a.dim else None)
+
+        return apply_cuts(wg, {g: cut(g, w) for g, w in widths.items()})
 
     def layer(net: nn.Module, name: str) -> tuple[str, int, Any]:
         group = wg.group(name)
@@ -158,7 +177,7 @@ def _graph_plan(model: nn.Module, calib: Dataset, cfg: CBalancedConfig) -> _Plan
         return kind, group_params(net, group), producer
 
     notes = [f"left whole by the width analysis: {n}: {r}" for n, r in wg.unsupported]
-    return _Plan("channel groups", analyses, next(iter(grams.values())).go_method, build, params,
+    return _Plan("channel groups", analyses, next(iter(grams.values())).go_method, build, shaped,
                  max(a.dim for a in analyses.values()), layer, notes)
 
 
@@ -282,7 +301,12 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig,
     plan = _plan(model, calib, cfg)
     report.timings_s["gramians"] = time.perf_counter() - t0
     multiple, minimum = (cfg.width_multiple, cfg.width_min) if plan.kind == "channel groups" else (1, 0)
-    widths = {p: round_width(a.rank_c, a.dim, multiple, minimum) for p, a in plan.analyses.items()}
+    if cfg.budget_given:
+        t0 = time.perf_counter()
+        widths = _meet_budget(model, plan, calib, cfg, multiple, minimum, report)
+        report.timings_s["budget"] = time.perf_counter() - t0
+    else:
+        widths = {p: round_width(a.rank_c, a.dim, multiple, minimum) for p, a in plan.analyses.items()}
     t0 = time.perf_counter()
     new, variants = _variants(model, plan, widths, data, val, cfg, recovery)
     report.timings_s["realise" if not cfg.controls else "realise_and_controls"] = time.perf_counter() - t0
@@ -297,6 +321,94 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig,
                             "the run's recovery (see the report's recovery)")
     report.notes.extend(plan.notes)
     return new, report
+
+
+def _meet_budget(model: nn.Module, plan: _Plan, calib: Dataset, cfg: CBalancedConfig, multiple: int, minimum: int,
+                 report: CompressionReport) -> dict[str, int]:
+    """The widths of the largest total state budget whose realised network meets ``cfg``'s whole-model MAC or
+    parameter budget, found by bisection (ranks shared at equal energy, :func:`~.analysis.budget_ranks`, each
+    rounded up as the widths are); every state point's C rank becomes its budget rank. A budget that even one state
+    per point misses is refused, naming the smallest ratio it reaches."""
+    kind = cfg.budget_given[0]
+    target, flag = getattr(cfg, kind), flag_of(kind)
+    example = calib.x[:min(len(calib), 8)]
+
+    def cost(net: nn.Module) -> float:
+        return float(count_params(net)) if kind == "param_ratio" else float(model_macs(net, example))
+
+    full = cost(model)
+    spectra = {p: a.spectra["C"] for p, a in plan.analyses.items()}
+    ratios: dict[tuple, float] = {}  # per widths: budgets that round to the same widths cost the same
+
+    def at_widths(widths: dict[str, int], ranks: dict[str, int]) -> float:
+        key = (tuple(sorted(widths.items())), tuple(sorted(ranks.items())))
+        if key not in ratios:
+            ratios[key] = cost(plan.shaped(widths, ranks)) / full
+        return ratios[key]
+
+    def at(total: int) -> tuple[dict[str, int], dict[str, int], float]:
+        ranks = budget_ranks(spectra, total)
+        widths = {p: round_width(r, plan.analyses[p].dim, multiple, minimum) for p, r in ranks.items()}
+        return ranks, widths, at_widths(widths, ranks)
+
+    lo, hi = len(spectra), sum(a.dim for a in plan.analyses.values())
+    best = at(lo)
+    if best[2] > target:
+        raise CompressionError(f"`{kind}` {target:g} cannot be met: cbalanced keeping one state per state point "
+                               f"({len(spectra)}, widths rounded as they are) reaches {best[2]:.3g} at best; give "
+                               f"`{kind}` >= {best[2]:.3g}", fields=(kind,))
+    total = lo
+    while lo < hi:  # the largest total state count whose network meets the budget
+        mid = (lo + hi + 1) // 2
+        trial = at(mid)
+        if trial[2] <= target:
+            lo, best, total = mid, trial, mid
+        else:
+            hi = mid - 1
+    ranks, widths, ratio = best
+    for p, r in ranks.items():
+        plan.analyses[p].rank_c = r
+    equal = ratio
+    widths, ratio = _fill_budget(plan, widths, ratio, target, lambda w: at_widths(w, ranks), multiple, minimum)
+    report.predicted.budget_cost_ratio = ratio
+    report.notes.append(f"{flag} {target:g}: the total state budget bisected to {total} (ranks at equal energy, "
+                        f"widths rounded up: cost ratio {equal:.3g})"
+                        + (f", the budget left filled by C energy per cost: {ratio:.3g}" if ratio != equal else "")
+                        + f"; {len(ratios)} width sets costed")
+    return widths
+
+
+_NO_ENERGY = 1e-12
+"""An energy fraction at most this is a zero eigenvalue's rounding: a step that adds no more adds no state."""
+
+
+def _fill_budget(plan: _Plan, widths: dict[str, int], ratio: float, target: float,
+                 cost: Callable[[dict[str, int]], float], multiple: int, minimum: int) -> tuple[dict[str, int], float]:
+    """``widths`` grown one allowed width at a time while the budget holds, the step that adds the most C energy
+    (the group's fraction of its own) per cost ratio first: equal energy rounded to the kernels' multiples can leave
+    much of a budget unspent. Steps that add no energy are not taken. Each step taken is costed exactly; the other
+    candidates' costs are those measured when they were offered (a width elsewhere changes them a little; costs only
+    grow as widths do, so a step refused once is never taken later)."""
+    def offer(p: str, width: int, base: float) -> tuple[int, float, float] | None:
+        a = plan.analyses[p]
+        up = [w for w in allowed_widths(a.dim, multiple, minimum) if w > width]
+        if not up:
+            return None
+        step = min(up)
+        gain = a.energy_kept("C", step) - a.energy_kept("C", width)
+        return (step, gain, cost({**widths, p: step}) - base) if gain > _NO_ENERGY else None
+
+    offers = {p: o for p in widths if (o := offer(p, widths[p], ratio)) is not None}
+    while offers:
+        p = max(offers, key=lambda q: (offers[q][1] / max(offers[q][2], 1e-12), q))
+        step, _, _ = offers.pop(p)
+        trial = {**widths, p: step}
+        r = cost(trial)
+        if r <= target:
+            widths, ratio = trial, r
+            if (o := offer(p, step, r)) is not None:
+                offers[p] = o
+    return widths, ratio
 
 
 def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[str, int],

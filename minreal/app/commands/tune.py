@@ -94,8 +94,9 @@ def _tune_option(*decls: str, group: str = SEARCH, **kwargs: Any) -> Any:
                    "judgement use all the data.")
 @_tune_option("--dry-run", is_flag=True, group=OUTPUT,
               help="Print the search plan and its estimated time (from a short probe of the model) and stop.")
-@method_option(method_choice("mac_ratio"), "to search, repeat for several: one with a MAC budget "
-               "(default: all of them, or none when --plan is given; others, e.g. a chain, go in a plan file).")
+@method_option(method_choice(searchable=True), "to search, repeat for several: one with a MAC budget and a "
+               "budget-free prepare phase (default: all of them, or none when --plan is given; others, e.g. a chain or "
+               "cbalanced, go in a plan file).")
 @plan_option("its variants are candidates as they are.")
 @_tune_option("--grid", metavar="R,R...", help="Comma-separated MAC ratios to search (default "
               f"{DEFAULT_GRID[0]:g},{DEFAULT_GRID[1]:g},...,{DEFAULT_GRID[-1]:g}).")

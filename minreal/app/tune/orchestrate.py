@@ -100,9 +100,12 @@ def _tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, 
         raise TuneError("tune needs held-out data: pass --eval-data (or data with room for a held-out split)")
     methods = cfg.methods or (() if cfg.plan else default_methods())
     for m in methods:
-        if "mac_ratio" not in get_method(m).budgets:
-            raise TuneError(f"method {m!r} has no whole-model MAC budget, so tune cannot search it; choose from "
-                            f"{', '.join(default_methods())}")
+        spec = get_method(m)
+        if not spec.searchable:
+            why = ("has no whole-model MAC budget" if "mac_ratio" not in spec.budgets else
+                   "does all its work again for every budget (no budget-free prepare phase)")
+            raise TuneError(f"method {m!r} {why}, so tune cannot search it (a plan file can give it fixed budgets); "
+                            f"choose from {', '.join(default_methods())}")
     _check_plan_labels(cfg)
     methods = with_chains(methods)
     reference = Quality.from_metrics(held_out_metrics(model, model, held_out))

@@ -129,8 +129,9 @@ class BudgetSearch:
 
 
 def default_methods() -> tuple[str, ...]:
-    """Every registered method that takes a whole-model MAC budget."""
-    return tuple(n for n in method_names() if "mac_ratio" in get_method(n).budgets)
+    """Every registered method tune can search: a whole-model MAC budget and two phases
+    (:attr:`~minreal.compress.core.spec.MethodSpec.searchable`)."""
+    return tuple(n for n in method_names() if get_method(n).searchable)
 
 
 CHAINS = ("depth+magnitude",)

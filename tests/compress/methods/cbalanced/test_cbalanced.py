@@ -365,3 +365,78 @@ def test_realised_resnet_exports_with_parity(tiny_resnet, resnet_data, tmp_path)
     to_onnx(new, resnet_data.x[:2], path)
     result = verify_parity(new, path, [resnet_data.x[:1], resnet_data.x[:6]], rtol=1e-4, atol=1e-5)
     assert result.passed
+
+
+def _next_allocation(rep, full: int) -> int | None:
+    """The smallest total state budget whose equal-energy ranks differ from the report's (None: none up to full
+    width): the next network the budget search could have chosen."""
+    spectra = {p: np.asarray(s["C"]) for p, s in rep.spectra.items()}
+    ranks = dict(zip(spectra, rep.predicted["ranks_c"], strict=True))
+    return next((t for t in range(sum(ranks.values()), full + 1) if budget_ranks(spectra, t) != ranks), None)
+
+
+@pytest.mark.parametrize("kind, ratio", [("mac_ratio", 0.5), ("param_ratio", 0.4)])
+def test_a_whole_model_budget_takes_the_largest_state_budget_that_meets_it(kind, ratio, tiny_cnn,
+                                                                           image_data) -> None:
+    """The realised network meets the budget as the report counts it, and the next larger equal-energy allocation
+    (what ``--state-budget`` realises) does not: nothing bigger that meets it was left out."""
+    opts = dict(controls=False, width_multiple=1)
+    _, rep = compress(tiny_cnn, image_data, "cbalanced", CBalancedConfig(**{kind: ratio}, **opts))
+    reached = rep.predicted.budget["achieved"]
+    measured = rep.mac_ratio if kind == "mac_ratio" else rep.param_ratio
+    assert rep.predicted.budget["kind"] == kind and reached == measured <= ratio
+    # width multiple 1: the budget ranks themselves, grown where budget was left
+    assert all(w >= r for w, r in zip(rep.predicted["widths"], rep.predicted["ranks_c"], strict=True))
+    assert rep.predicted.budget_cost_ratio == pytest.approx(reached)
+    bigger = _next_allocation(rep, rep.predicted["state_order_full"])
+    assert bigger is not None  # 8/16/16 channels over 144 positions: no spectrum saturates here
+    _, up = compress(tiny_cnn, image_data, "cbalanced", CBalancedConfig(state_budget=bigger, **opts))
+    assert (up.mac_ratio if kind == "mac_ratio" else up.param_ratio) > ratio
+
+
+def test_a_mac_budget_on_an_mlp_counts_its_linear_layers(tiny_mlp, mlp_data) -> None:
+    """MLP path: the reached ratio is Σ in·out of the realised Linear layers over the original's, exactly."""
+    new, rep = compress(tiny_mlp, mlp_data, "cbalanced", CBalancedConfig(mac_ratio=0.6, controls=False))
+    widths = [m.out_features for m in new if isinstance(m, nn.Linear)][:-1]
+    macs = lambda w: sum(a * b for a, b in zip([12, *w], [*w, 5]))  # noqa: E731
+    reached = rep.predicted.budget["achieved"]
+    assert reached == pytest.approx(macs(widths) / macs([32, 24])) and reached <= 0.6
+    spectra = [np.asarray(s["C"]) for s in rep.spectra.values()]
+    bigger = _next_allocation(rep, 56)
+    if bigger is not None:  # else every state with energy is kept and the budget search stopped at full width
+        ranks = budget_ranks(dict(zip(rep.spectra, spectra, strict=True)), bigger)
+        assert macs(list(ranks.values())) / macs([32, 24]) > 0.6
+    # the budget left is filled: one more neuron anywhere that adds C energy would miss the budget
+    for i, (w, lam) in enumerate(zip(widths, spectra, strict=True)):
+        if w < len(lam) and lam[w] > 1e-9 * lam.sum():  # a state with energy (not a zero eigenvalue's rounding)
+            assert macs([*widths[:i], w + 1, *widths[i + 1:]]) / macs([32, 24]) > 0.6, (i, widths)
+
+
+def test_a_budget_below_one_state_per_point_is_refused_before_realising(tiny_cnn, image_data) -> None:
+    with pytest.raises(CompressionError) as err:
+        compress(tiny_cnn, image_data, "cbalanced", CBalancedConfig(mac_ratio=0.001, controls=False))
+    msg = str(err.value)
+    assert msg.startswith("`mac_ratio` 0.001 cannot be met: cbalanced keeping one state per state point (3, ")
+    assert "give `mac_ratio` >= " in msg and "\n" not in msg and err.value.fields == ("mac_ratio",)
+    with pytest.raises(CompressionError, match="give `state_budget` or `param_ratio`, not both"):
+        CBalancedConfig(param_ratio=0.5, state_budget=10)
+
+
+def test_the_budget_search_leaves_the_random_state_as_it_was(tiny_mlp, mlp_data) -> None:
+    """Costing a width set builds fresh layers (MLP path); a seeded run must not depend on how many it costed: the
+    random state after a budget run is the one after the state-budget run that realises the same widths."""
+    torch.manual_seed(123)
+    _, rep = compress(tiny_mlp, mlp_data, "cbalanced", CBalancedConfig(mac_ratio=0.5, controls=False))
+    after_budget = torch.rand(3)
+    torch.manual_seed(123)
+    _, same = compress(tiny_mlp, mlp_data, "cbalanced",
+                       CBalancedConfig(state_budget=sum(rep.predicted["ranks_c"]), controls=False))
+    assert same.predicted["widths"] == rep.predicted["widths"]
+    torch.testing.assert_close(torch.rand(3), after_budget)
+
+
+def test_tune_searches_only_methods_with_a_mac_budget_and_two_phases() -> None:
+    from minreal.app.tune.search import default_methods
+
+    assert get_method("cbalanced").budgets == ("mac_ratio", "param_ratio") and not get_method("cbalanced").searchable
+    assert set(default_methods()) == {"svd", "factorize", "fde", "magnitude", "wanda", "depth"}
