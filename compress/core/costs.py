@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from .evaluate import eval_mode, hooks_removed
-from .inputs import Inputs, call
+from .inputs import Inputs, args_of, call
 
 __all__ = ["LayerCost", "CostTable", "count_costs", "linear_macs", "conv_macs", "register_mac_rule", "MacRule",
            "attention_macs", "TorchCount", "count_macs_torch", "model_macs", "uncovered_modules", "whole_model_macs",
-           "mac_rule", "computes_as"]
+           "mac_rule", "computes_as", "node_flops"]
 
 
 @dataclass
@@ -346,6 +346,26 @@ def _grads_required(model: nn.Module) -> Iterator[list[nn.Parameter]]:
     finally:
         for p in thawed:
             p.requires_grad_(False)
+
+
+def node_flops(gm: fx.GraphModule, example_input: Inputs) -> dict[str, int]:
+    """torch's FLOPs of each node of a traced graph on the first sample of ``example_input``, by node name: one forward
+    through an fx interpreter, counted as :func:`count_macs_torch` counts (eval mode, autograd on, frozen parameters
+    thawed for the count, the same formulas). Their sum halved is torch's whole-model MAC count of ``gm``; ops torch
+    cannot count and the layers whose rule defines their cost (:func:`whole_model_macs`) are not in them."""
+    counter = FlopCounterMode(display=False, custom_mapping=_FORMULAS)
+    flops: dict[str, int] = {}
+
+    class _Counted(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            before = counter.get_total_flops()
+            out = super().run_node(n)
+            flops[n.name] = counter.get_total_flops() - before
+            return out
+
+    with _grads_required(gm), eval_mode(gm), torch.enable_grad(), counter:
+        _Counted(gm).run(*args_of(example_input[:1]))
+    return flops
 
 
 def model_macs(model: nn.Module, example_input: Inputs) -> int:

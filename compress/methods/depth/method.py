@@ -16,7 +16,7 @@ import torch
 from torch import fx, nn
 
 from ...core.cache import model_key
-from ...core.costs import model_macs
+from ...core.costs import model_macs, node_flops
 from ...core.data import Dataset
 from ...core.errors import CompressionError
 from ...core.evaluate import flatten_outputs
@@ -116,17 +116,26 @@ def _macs(gm: nn.Module, example: Inputs) -> int:
 
 
 def _costs(gm: fx.GraphModule, blocks: list[Block], example: Inputs) -> tuple[dict[str, int], int]:
-    """MACs each block's removal alone saves, and the whole model's MACs (:func:`_macs`)."""
+    """MACs each block's removal alone saves, and the whole model's MACs (:func:`_macs`).
+
+    From one counted forward where torch's count is the whole count: a removal leaves every other value's shape as
+    it was (the sum becomes its skip), so it saves exactly the MACs of the nodes that die with the block alone
+    (:func:`_dies_with`, what :func:`~.graph.remove_blocks` erases). Where rules or ops torch cannot count make up
+    part of the whole (SSM layers, an FFT), each removal is counted whole instead: one copy and count per block."""
     total = _macs(gm, example)
-    return {b.name: total - _macs(remove_blocks(gm, [b]), example) for b in blocks}, total
+    flops = node_flops(gm, example)
+    if sum(flops.values()) // 2 != total:
+        return {b.name: total - _macs(remove_blocks(gm, [b]), example) for b in blocks}, total
+    saved = dict.fromkeys((b.name for b in blocks), 0)
+    for node, owners in _dies_with(gm, blocks).items():
+        if len(owners) == 1 and (owner := next(iter(owners))) in saved:
+            saved[owner] += flops.get(node.name, 0)
+    return {name: f // 2 for name, f in saved.items()}, total
 
 
-def _param_owners(gm: fx.GraphModule, blocks: list[Block]) -> list[tuple[int, tuple[str, ...]]]:
-    """Each parameter the graph uses: its size, and the blocks whose removal its uses die with (``""``: a use that
-    reaches the output otherwise). A use dies with a block when it is in the block's branch, or when all it feeds
-    dies with blocks (a relative-position bias gathered from a table for one attention branch, a layer scale read
-    by a get_attr node, which takes no input from the block); a parameter shared by two layers, or a layer called
-    twice, has every user's blocks among its owners."""
+def _dies_with(gm: fx.GraphModule, blocks: list[Block]) -> dict[fx.Node, frozenset[str]]:
+    """Every node's blocks whose removal its uses die with (``""``: a use that reaches the output otherwise): a node
+    in a block's branch dies with it, and a node all of whose users die with blocks dies with those."""
     where = {n: b.name for b in blocks for n in b.branch}
     dies_with: dict[fx.Node, frozenset[str]] = {}
     for node in reversed(list(gm.graph.nodes)):
@@ -136,6 +145,16 @@ def _param_owners(gm: fx.GraphModule, blocks: list[Block]) -> list[tuple[int, tu
             dies_with[node] = frozenset(("",))
         else:
             dies_with[node] = frozenset().union(*(dies_with[u] for u in node.users))
+    return dies_with
+
+
+def _param_owners(gm: fx.GraphModule, blocks: list[Block]) -> list[tuple[int, tuple[str, ...]]]:
+    """Each parameter the graph uses: its size, and the blocks whose removal its uses die with (``""``: a use that
+    reaches the output otherwise). A use dies with a block when it is in the block's branch, or when all it feeds
+    dies with blocks (a relative-position bias gathered from a table for one attention branch, a layer scale read
+    by a get_attr node, which takes no input from the block); a parameter shared by two layers, or a layer called
+    twice, has every user's blocks among its owners."""
+    dies_with = _dies_with(gm, blocks)
     modules = dict(gm.named_modules())
     owners: dict[int, set[str]] = {}
     sizes: dict[int, int] = {}

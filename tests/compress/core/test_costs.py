@@ -274,6 +274,23 @@ def test_cpu_fused_attention_counts_its_score_and_value_products() -> None:
     assert whole_model_macs(count, count_costs(model, x[:1])) == count.macs
 
 
+def test_node_flops_of_a_traced_graph_add_up_to_torchs_count() -> None:
+    """Per node, frozen fused attention included (counted as the whole model is: thawed, by the formula of ours):
+    the closed form of the projections and products, then a head; the attention node holds them alone."""
+    from minreal.compress.core.costs import count_macs_torch, node_flops
+    from minreal.compress.core.width.tracing import trace
+
+    length, e = 8, 16
+    model = nn.Sequential(_NoWeights(e), nn.Linear(e, 3)).eval().requires_grad_(False)
+    x = torch.randn(2, length, e)
+    gm = trace(model, x)
+    flops = node_flops(gm, x)
+    attention = 4 * length * e * e + 2 * length * length * e
+    assert sum(flops.values()) // 2 == count_macs_torch(gm, x).macs == attention + length * e * 3
+    assert [f // 2 for f in flops.values() if f] == [attention, length * e * 3]
+    assert all(not p.requires_grad for p in model.parameters())  # frozen again after the count
+
+
 def test_ssm_layers_count_by_their_rule_whatever_path_torch_takes() -> None:
     """Review: the rotation layer runs an FFT in eager mode (torch cannot count it: its rule was used) and its
     truncated modal form a chunked convolution (torch counted that, about four times the rule), so the ssm

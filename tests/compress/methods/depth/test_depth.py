@@ -352,3 +352,59 @@ def test_a_parameter_budget_counts_a_shared_layer_once_with_the_last_of_its_bloc
     assert len(report.predicted["removed"]) == 2
     assert report.predicted["block_budget"]["reached"] == pytest.approx(report.param_ratio, rel=1e-12)
     assert sum(p.numel() for p in new.parameters()) == prep.total_params - shared
+
+
+def _removal_costs(gm, blocks, x) -> tuple[dict[str, int], int]:
+    """Each block's saving counted the long way: the whole model's MACs less those of a copy without the block."""
+    from minreal.compress.core.costs import model_macs
+
+    total = model_macs(gm, x)
+    return {b.name: total - model_macs(remove_blocks(gm, [b]), x) for b in blocks}, total
+
+
+@pytest.mark.parametrize("case", ["cifar_resnet", "mobilenet_v2", "swin_t", "shared_mask", "ssm"])
+def test_block_costs_from_one_counted_forward_equal_removing_each_block(case: str) -> None:
+    """What each block's removal saves, from one forward counted per node, equals the count of the model without it
+    (torchvision's inverted residuals, Swin's attention with its relative-position bias, a mask that two blocks
+    share, which the removal of one leaves); an SSM model, whose layers count by their rule, is counted the long way
+    and agrees as well."""
+    import torchvision
+
+    from minreal.compress.core.costs import model_macs, node_flops
+    from minreal.compress.methods.depth.method import _costs
+    from minreal.compress.methods.ssm.classifier import SSMClassifier
+
+    torch.manual_seed(0)
+    if case == "cifar_resnet":
+        model, x = _resnet(), _images().x[:2]
+    elif case == "mobilenet_v2":
+        model, x = torchvision.models.mobilenet_v2(width_mult=0.5).eval(), torch.rand(2, 3, 32, 32)
+    elif case == "swin_t":
+        model, x = torchvision.models.swin_t().eval(), torch.rand(2, 3, 32, 32)
+    elif case == "shared_mask":
+        model, x = _SharedMask().eval(), torch.rand(2, 6, 16)
+    else:
+        model, x = SSMClassifier(3, 16, 8, 3, 4).eval(), torch.rand(2, 20, 3)
+    gm, blocks, _ = _blocks(model, x)
+    assert len(blocks) >= 2
+    fast = _costs(gm, blocks, x)
+    assert fast == _removal_costs(gm, blocks, x)
+    assert all(v > 0 for v in fast[0].values())
+    one_forward = sum(node_flops(gm, x).values()) // 2 == model_macs(gm, x)
+    assert one_forward == (case != "ssm")  # the SSM layers' FFT: torch's count is not the whole one there
+
+
+class _SharedMask(nn.Module):
+    """Two gated residual blocks whose gate is one layer of the model's input that both branches read (it stays
+    while one of them does), and a second gate only the first block reads (it goes with that block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.q1, self.q2 = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.shared, self.own = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.shared(x)  # not descended from either block's input
+        h = self.stem(x)
+        h = h + self.q1(h) * gate * self.own(x)
+        return h + self.q2(h) * gate
