@@ -408,3 +408,30 @@ class _SharedMask(nn.Module):
         h = self.stem(x)
         h = h + self.q1(h) * gate * self.own(x)
         return h + self.q2(h) * gate
+
+
+def test_scoring_batches_shrink_with_the_activations_and_the_scores_stay() -> None:
+    """Fixed batches of 128 (64 with autograd) would hold GBs of activations at high resolutions; the batch now
+    keeps one batch's largest activation under FORWARD_BYTES (all of them under BACKWARD_BYTES), and the scores
+    do not depend on it."""
+    from minreal.compress.methods.depth.criteria import (
+        BACKWARD_BYTES,
+        FORWARD_BYTES,
+        batch_size,
+        energy_scores,
+        observability_scores,
+    )
+
+    torch.manual_seed(0)
+    big = CifarResNet(blocks_per_stage=1, in_channels=1).eval()
+    gm, _, _ = _blocks(big, torch.rand(2, 1, 256, 256))
+    largest = 16 * 256 * 256 * 4  # the stem's 16 channels at full resolution, float32, per sample
+    assert batch_size(gm, 128) == FORWARD_BYTES // largest == 64
+    assert batch_size(gm, 64, backward=True) < BACKWARD_BYTES // largest
+    small, x = _resnet(), _images(40).x
+    gm, blocks, _ = _blocks(small, x)
+    assert batch_size(gm, 128) == 128 and batch_size(gm, 64, backward=True) == 64
+    for a, b in zip(energy_scores(gm, blocks, x), energy_scores(gm, blocks, x, batch=7), strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
+    # Hutchinson probes are drawn per batch, so that estimate depends on the batches: small activations keep 64
+    assert observability_scores(gm, blocks, x, 2, 0) == observability_scores(gm, blocks, x, 2, 0, batch=64)
