@@ -8,6 +8,7 @@ from torch import fx
 from ..distributed import all_reduce_sum, shard
 from .graph import ChannelGroup, Use, WidthGraph, param_owner
 from .probe import channels_last, visit
+from .tracing import activation_batch
 
 __all__ = ["magnitude_importance", "wanda_importance"]
 
@@ -40,11 +41,12 @@ def magnitude_importance(wg: WidthGraph, group: ChannelGroup) -> torch.Tensor:
 
 
 def wanda_importance(wg: WidthGraph, groups: list[ChannelGroup], x: torch.Tensor,
-                     batch_size: int = 256) -> dict[str, torch.Tensor]:
+                     batch_size: int | None = None) -> dict[str, torch.Tensor]:
     """Wanda (Sun et al. 2023, eq. 1: ``S_ij = |W_ij|·‖X_j‖₂``) summed over each channel's outgoing weights in
     every dense consumer of the group: ``S_c = Σ_consumers ‖X_c‖₂ · Σ_i |W[i, c]|`` with ``X_c`` the channel's
     values (all samples and positions) where that consumer reads them. Groups without dense consumers fall
-    back to :func:`magnitude_importance`."""
+    back to :func:`magnitude_importance`. ``batch_size``: samples a pass, default 256 or fewer where the
+    activations are large (:func:`~minreal.compress.core.width.tracing.activation_batch`)."""
     sources = sorted({u.source for g in groups for u in g.uses if u.role == "consumer"})
     squares: dict[str, torch.Tensor] = {}
 
@@ -53,8 +55,9 @@ def wanda_importance(wg: WidthGraph, groups: list[ChannelGroup], x: torch.Tensor
         squares[node] = squares[node] + sq if node in squares else sq
 
     x = shard(x)  # under torch.distributed: this rank's samples; the sums of squares are all-reduced below
-    for start in range(0, len(x), batch_size):
-        visit(wg.gm, x[start:start + batch_size], sources, add)
+    step = batch_size or activation_batch(wg.gm, 256)
+    for start in range(0, len(x), step):
+        visit(wg.gm, x[start:start + step], sources, add)
     for node in sources:  # same order on every rank: the collectives pair up
         if node in squares:
             all_reduce_sum(squares[node])

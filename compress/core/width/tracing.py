@@ -15,6 +15,7 @@ import copy
 import inspect
 import io
 import itertools
+import math
 import re
 import traceback
 from collections.abc import Mapping
@@ -30,7 +31,29 @@ from ..inputs import Inputs, NamedInputs, args_of, call, repeat_to, sample_shape
 from .concrete import LANE_BATCHES, ConcreteTracer, frame_name, lane_inputs, user_frame
 
 __all__ = ["AXES_NOTE", "AXES_WARNING", "DECISIONS_NOTE", "trace", "trace_notes", "is_exported_program",
-           "require_decisions_hold"]
+           "require_decisions_hold", "activation_batch", "FORWARD_BYTES", "BACKWARD_BYTES"]
+
+
+FORWARD_BYTES = 256 * 2**20
+"""What one batch's largest activation may take in a forward pass over a traced graph (several such are alive at
+once): EfficientNet-B7 at 600×600 holds about 70 MB a sample in one tensor, so 128 samples would hold 9 GB each."""
+BACKWARD_BYTES = 1024 * 2**20
+"""What one batch's activations together may take in a pass that differentiates (autograd keeps them all)."""
+
+
+def activation_batch(gm: fx.GraphModule, cap: int, backward: bool = False) -> int:
+    """Samples per batch of a pass over a traced graph (scores, statistics): ``cap``, fewer where one batch's largest
+    activation (all of them, for a pass that differentiates) would exceed :data:`FORWARD_BYTES`
+    (:data:`BACKWARD_BYTES`); at least 1. Per-sample sizes come from the trace's shapes (the example's sample count is
+    the first input's first axis); a graph without them keeps ``cap``."""
+    nodes = list(gm.graph.nodes)
+    first = next((n.meta.get("tensor_meta") for n in nodes if n.op == "placeholder"), None)
+    samples = first.shape[0] if hasattr(first, "shape") and len(first.shape) and first.shape[0] > 0 else 0
+    sizes = [math.prod(m.shape) * m.dtype.itemsize / samples for n in nodes
+             if samples and hasattr(m := n.meta.get("tensor_meta"), "shape") and hasattr(m, "dtype")]
+    need = (sum(sizes) if backward else max(sizes, default=0.0))
+    budget = BACKWARD_BYTES if backward else FORWARD_BYTES
+    return cap if need <= 0 else max(1, min(cap, int(budget // need)))
 
 
 def is_exported_program(model: nn.Module) -> bool:

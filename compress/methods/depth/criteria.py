@@ -23,7 +23,6 @@ References
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -33,6 +32,7 @@ from torch import fx
 
 from ...core.evaluate import flatten_outputs
 from ...core.inputs import Inputs, args_of
+from ...core.width.tracing import activation_batch
 from .graph import Block
 
 __all__ = ["Masked", "outputs", "divergence", "energy_scores", "observability_scores", "removal_scores",
@@ -82,27 +82,6 @@ def _flat(out: Any) -> torch.Tensor:
     return torch.cat([t.reshape(len(t), -1) for t in parts], 1) if len(parts) > 1 else parts[0]
 
 
-FORWARD_BYTES = 256 * 2**20
-"""What one batch's largest activation may take in a scoring forward pass (several such are alive at once):
-EfficientNet-B7 at 600×600 holds about 70 MB a sample in one tensor, so 128 samples would hold 9 GB each."""
-BACKWARD_BYTES = 1024 * 2**20
-"""What one batch's activations together may take in a pass that differentiates (autograd keeps them all)."""
-
-
-def batch_size(gm: fx.GraphModule, cap: int, backward: bool = False) -> int:
-    """Samples per batch of a scoring pass over ``gm``: ``cap``, fewer where one batch's largest activation (all of
-    them, for a pass that differentiates) would exceed :data:`FORWARD_BYTES` (:data:`BACKWARD_BYTES`); at least 1.
-    Per-sample sizes come from the trace's shapes (the example's sample count is the first input's first axis)."""
-    nodes = list(gm.graph.nodes)
-    first = next((n.meta.get("tensor_meta") for n in nodes if n.op == "placeholder"), None)
-    samples = first.shape[0] if hasattr(first, "shape") and len(first.shape) and first.shape[0] > 0 else 0
-    sizes = [math.prod(m.shape) * m.dtype.itemsize / samples for n in nodes
-             if samples and hasattr(m := n.meta.get("tensor_meta"), "shape") and hasattr(m, "dtype")]
-    need = (sum(sizes) if backward else max(sizes, default=0.0))
-    budget = BACKWARD_BYTES if backward else FORWARD_BYTES
-    return cap if need <= 0 else max(1, min(cap, int(budget // need)))
-
-
 def _batches(x: Inputs, size: int) -> list[Inputs]:
     return [x[i:i + size] for i in range(0, len(x), size)]
 
@@ -111,8 +90,8 @@ def _batches(x: Inputs, size: int) -> list[Inputs]:
 def outputs(gm: fx.GraphModule, x: Inputs, removed: Collection[Block] = (), batch: int | None = None
             ) -> torch.Tensor:
     """The graph's outputs on ``x`` with the branches of ``removed`` skipped (``batch`` samples at a time, default
-    :func:`batch_size`'s)."""
-    size = batch or batch_size(gm, 128)
+    :func:`~minreal.compress.core.width.tracing.activation_batch`'s)."""
+    size = batch or activation_batch(gm, 128)
     return torch.cat([_flat(Masked(gm, removed).run(*args_of(xb))) for xb in _batches(x, size)])
 
 
@@ -145,7 +124,7 @@ def energy_scores(gm: fx.GraphModule, blocks: Sequence[Block], x: Inputs, batch:
         for block in skips.get(name, ()):
             den[block] += energy
 
-    for xb in _batches(x, batch or batch_size(gm, 128)):
+    for xb in _batches(x, batch or activation_batch(gm, 128)):
         Masked(gm, record={*outs, *skips}, seen=seen).run(*args_of(xb))
     return {k: num[k] / max(den[k], 1e-30) for k in num}, peak
 
@@ -159,7 +138,7 @@ def observability_scores(gm: fx.GraphModule, blocks: Sequence[Block], x: Inputs,
     record = {b.branch[-1] for b in blocks}
     seen = dict.fromkeys((b.name for b in blocks), 0.0)
     total = 0.0
-    for xb in _batches(x, batch or batch_size(gm, 64, backward=True)):
+    for xb in _batches(x, batch or activation_batch(gm, 64, backward=True)):
         runner = Masked(gm, record=record)
         with torch.enable_grad():
             out = _flat(runner.run(*args_of(xb)))

@@ -49,3 +49,24 @@ def test_visit_sees_each_node_once_in_run_order_with_the_value_capture_copies(an
     assert [name for name, _ in seen] == order and len(order) == len(points) > 1
     found = capture(a.wg.gm, a.x, points)
     assert all(torch.equal(value, found[name]) for name, value in seen)
+
+
+def test_wanda_importance_batches_by_the_activations_and_its_scores_do_not_depend_on_them() -> None:
+    """A fixed 256 samples a pass (each activation also copied to float64 there) held GBs at high resolutions; the
+    pass now takes fewer samples where one batch's largest activation would pass FORWARD_BYTES, and the scores are
+    sums over samples, the same in any batches."""
+    from torch import nn
+
+    from minreal.compress.core.width import analyse
+    from minreal.compress.core.width.importance import wanda_importance
+    from minreal.compress.core.width.tracing import FORWARD_BYTES, activation_batch
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 8, 3, padding=1)).eval()
+    big = analyse(model, torch.rand(2, 3, 256, 256))
+    assert activation_batch(big.gm, 256) == FORWARD_BYTES // (32 * 256 * 256 * 4) == 32
+    wg, x = analyse(model, torch.rand(2, 3, 8, 8)), torch.rand(40, 3, 8, 8)
+    assert activation_batch(wg.gm, 256) == 256
+    groups = wg.cuttable()
+    whole, parts = wanda_importance(wg, groups, x), wanda_importance(wg, groups, x, batch_size=7)
+    assert whole.keys() == parts.keys() and all(torch.allclose(whole[k], parts[k], rtol=1e-9) for k in whole)

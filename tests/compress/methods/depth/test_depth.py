@@ -414,13 +414,9 @@ def test_scoring_batches_shrink_with_the_activations_and_the_scores_stay() -> No
     """Fixed batches of 128 (64 with autograd) would hold GBs of activations at high resolutions; the batch now
     keeps one batch's largest activation under FORWARD_BYTES (all of them under BACKWARD_BYTES), and the scores
     do not depend on it."""
-    from minreal.compress.methods.depth.criteria import (
-        BACKWARD_BYTES,
-        FORWARD_BYTES,
-        batch_size,
-        energy_scores,
-        observability_scores,
-    )
+    from minreal.compress.core.width.tracing import BACKWARD_BYTES, FORWARD_BYTES
+    from minreal.compress.core.width.tracing import activation_batch as batch_size
+    from minreal.compress.methods.depth.criteria import energy_scores, observability_scores
 
     torch.manual_seed(0)
     big = CifarResNet(blocks_per_stage=1, in_channels=1).eval()
