@@ -174,9 +174,11 @@ def balanced_basis(gc_root: torch.Tensor, vb: torch.Tensor, rank: int) -> torch.
     return u[:, :rank]
 
 
-def ridge_lstsq(a: torch.Tensor, target: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
+def ridge_lstsq(a: torch.Tensor, target: torch.Tensor, ridge: float, intercept: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Affine ridge least squares (Hoerl & Kennard 1970, eq. 2.2): ``min ‖[A, 1] θ − T‖² + λ‖θ‖²`` with
     ``θ = [Wᵀ; b]`` and ``λ = ridge·tr([A, 1]ᵀ[A, 1])/cols``; minimum norm when rank-deficient (dead neurons).
+    Without ``intercept`` the map is linear (``[A]`` alone, for a layer without a bias): ``b`` is zero.
 
     Parameters
     ----------
@@ -192,10 +194,10 @@ def ridge_lstsq(a: torch.Tensor, target: torch.Tensor, ridge: float) -> tuple[to
     w, b : torch.Tensor
         Weight (o, d) and bias (o,) of the fitted affine map ``x ↦ W x + b``.
     """
-    a1 = torch.cat([a, torch.ones(len(a), 1, dtype=a.dtype)], 1)
+    a1 = torch.cat([a, torch.ones(len(a), 1, dtype=a.dtype)], 1) if intercept else a
     lam = ridge * float(a1.pow(2).sum()) / a1.shape[1]
     if lam > 0:
         a1 = torch.cat([a1, lam ** 0.5 * torch.eye(a1.shape[1], dtype=a.dtype)])
         target = torch.cat([target, target.new_zeros(a1.shape[1], target.shape[1])])
     theta = torch.linalg.lstsq(a1, target, driver="gelsd").solution
-    return theta[:-1].T, theta[-1]
+    return (theta[:-1].T, theta[-1]) if intercept else (theta.T, theta.new_zeros(theta.shape[1]))

@@ -233,12 +233,12 @@ def build_config(method: str, given: dict[str, Any], defaults: dict[str, Any] | 
             own = ", ".join("--" + f.replace("_", "-") for f in fields) or "none"
             raise MethodOptionError(f"option {flag} does not apply to method {method!r} (its options: {own})")
         kwargs[key] = _convert(key, value, *_scalar(hints[key]))
-    try:
-        config = cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        raise MethodOptionError(f"invalid options for method {method!r}: {flag_spelled(exc)}") from None
-    try:
-        require_budget(method, config)  # a budget the method cannot meet: before any loading or export
+    try:  # a budget the method cannot meet: before any loading or export, and before the config's own checks (a
+        # --latency-ratio for a method without one is that, not a missing --latency-table)
+        require_budget(method, types.SimpleNamespace(**kwargs))
     except CompressionError as exc:
         raise MethodOptionError(flag_spelled(exc)) from None
-    return config
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise MethodOptionError(f"invalid options for method {method!r}: {flag_spelled(exc)}") from None

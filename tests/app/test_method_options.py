@@ -262,3 +262,16 @@ def test_a_layer_budget_error_names_the_flag(workdir: Path, run_cli: Callable) -
                             "digits-flat", "--out", "cut.pt2", "-q"])
     assert code == 2 and "invalid options for method 'svd': --layer-mac-ratio must lie in (0, 1], got 1.5" in err, err
     assert "layer_mac_ratio" not in err and "`" not in err and not Path("cut.pt2").exists()
+
+
+def test_a_budget_the_method_lacks_is_named_before_the_configs_own_checks() -> None:
+    """Review: `-m cbalanced --latency-ratio 0.5` asked for a latency table first (the config's check), and only
+    with one said that cbalanced has no latency budget."""
+    from minreal.app.method_options import MethodOptionError, build_config
+
+    for method, budgets in (("cbalanced", "--mac-ratio, --param-ratio"), ("ssm", "none; use its own options")):
+        with pytest.raises(MethodOptionError) as err:
+            build_config(method, {"latency_ratio": 0.5})
+        assert str(err.value).startswith(f"method {method!r} does not support --latency-ratio (its budgets: {budgets}")
+    with pytest.raises(MethodOptionError, match="needs --latency-table"):
+        build_config("svd", {"latency_ratio": 0.5})  # a method that has it: the config's own check

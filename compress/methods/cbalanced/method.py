@@ -36,6 +36,7 @@ References
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -252,12 +253,14 @@ def _projected(model: nn.Module, analyses: dict[str, StateAnalysis], val: Datase
 
 def _rounding(rank: int, width: int, size: int, multiple: int, minimum: int) -> str:
     """How the width left the C rank: unchanged, rounded up to the multiple (what :func:`round_width` gives without
-    a minimum), or raised further by the width minimum."""
+    a minimum), raised further by the width minimum, or widened further by a whole-model budget's fill."""
     if width == rank:
         return ""
     if width == round_width(rank, size, multiple, 0):
         return " rounded up to the width multiple"
-    return f" raised to the width minimum ({minimum})"
+    if width == round_width(rank, size, multiple, minimum):
+        return f" raised to the width minimum ({minimum})"
+    return " widened by the budget left (see the notes)"
 
 
 def _layer_reports(model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[str, int], multiple: int,
@@ -325,57 +328,64 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig,
 
 def _meet_budget(model: nn.Module, plan: _Plan, calib: Dataset, cfg: CBalancedConfig, multiple: int, minimum: int,
                  report: CompressionReport) -> dict[str, int]:
-    """The widths of the largest total state budget whose realised network meets ``cfg``'s whole-model MAC or
-    parameter budget, found by bisection (ranks shared at equal energy, :func:`~.analysis.budget_ranks`, each
-    rounded up as the widths are); every state point's C rank becomes its budget rank. A budget that even one state
-    per point misses is refused, naming the smallest ratio it reaches."""
+    """Widths for ``cfg``'s whole-model MAC or parameter budget: the C ranks of a total state budget shared at equal
+    energy (:func:`~.analysis.budget_ranks`), each rounded up as the widths are, bisected to a total whose network
+    meets the budget while the next larger one does not (every state point's C rank becomes its budget rank); then
+    the budget left filled (:func:`_fill_budget`). Each candidate is costed as the report counts it. A budget that one
+    state per point misses is refused, naming the ratio that keeps."""
     kind = cfg.budget_given[0]
     target, flag = getattr(cfg, kind), flag_of(kind)
-    example = calib.x[:min(len(calib), 8)]
-
-    def cost(net: nn.Module) -> float:
-        return float(count_params(net)) if kind == "param_ratio" else float(model_macs(net, example))
-
-    full = cost(model)
+    cost = _Costed(model, plan, calib.x[:min(len(calib), 8)], kind)
     spectra = {p: a.spectra["C"] for p, a in plan.analyses.items()}
-    ratios: dict[tuple, float] = {}  # per widths: budgets that round to the same widths cost the same
-
-    def at_widths(widths: dict[str, int], ranks: dict[str, int]) -> float:
-        key = (tuple(sorted(widths.items())), tuple(sorted(ranks.items())))
-        if key not in ratios:
-            ratios[key] = cost(plan.shaped(widths, ranks)) / full
-        return ratios[key]
 
     def at(total: int) -> tuple[dict[str, int], dict[str, int], float]:
         ranks = budget_ranks(spectra, total)
         widths = {p: round_width(r, plan.analyses[p].dim, multiple, minimum) for p, r in ranks.items()}
-        return ranks, widths, at_widths(widths, ranks)
+        return ranks, widths, cost(widths, ranks)
 
     lo, hi = len(spectra), sum(a.dim for a in plan.analyses.values())
     best = at(lo)
     if best[2] > target:
+        least = math.ceil(best[2] * 1000) / 1000
         raise CompressionError(f"`{kind}` {target:g} cannot be met: cbalanced keeping one state per state point "
-                               f"({len(spectra)}, widths rounded as they are) reaches {best[2]:.3g} at best; give "
-                               f"`{kind}` >= {best[2]:.3g}", fields=(kind,))
-    total = lo
-    while lo < hi:  # the largest total state count whose network meets the budget
+                               f"({len(spectra)}, widths rounded as they are) reaches {best[2]:.4f}; give `{kind}` >= "
+                               f"{least:g}", fields=(kind,))
+    while lo < hi:  # a total whose network meets the budget while the next larger one's does not
         mid = (lo + hi + 1) // 2
         trial = at(mid)
-        if trial[2] <= target:
-            lo, best, total = mid, trial, mid
-        else:
-            hi = mid - 1
-    ranks, widths, ratio = best
+        lo, hi, best = (mid, hi, trial) if trial[2] <= target else (lo, mid - 1, best)
+    ranks, widths, equal = best
     for p, r in ranks.items():
         plan.analyses[p].rank_c = r
-    equal = ratio
-    widths, ratio = _fill_budget(plan, widths, ratio, target, lambda w: at_widths(w, ranks), multiple, minimum)
+    widths, ratio, by = _fill_budget(plan, widths, equal, target, lambda w: cost(w, ranks), multiple, minimum)
     report.predicted.budget_cost_ratio = ratio
-    report.notes.append(f"{flag} {target:g}: the total state budget bisected to {total} (ranks at equal energy, "
-                        f"widths rounded up: cost ratio {equal:.3g})"
-                        + (f", the budget left filled by C energy per cost: {ratio:.3g}" if ratio != equal else "")
-                        + f"; {len(ratios)} width sets costed")
+    filled = (f"; the budget left filled a width step at a time ({' then '.join(by)} energy per cost): {ratio:.3g}"
+              if by else "")
+    report.notes.append(f"{flag} {target:g}: C ranks at equal energy holding {sum(ranks.values())} states, widths "
+                        f"rounded up: cost ratio {equal:.3g}{filled}; {cost.calls} width sets costed")
     return widths
+
+
+class _Costed:
+    """The cost ratio of the network with given widths and C ranks (:attr:`_Plan.shaped`): whole-model MACs of one
+    sample, or parameters, over the original's; each width set costed once (``calls`` counts them)."""
+
+    def __init__(self, model: nn.Module, plan: _Plan, example: Any, kind: str) -> None:
+        self.plan, self.example, self.kind = plan, example, kind
+        self.full, self.ratios = self._cost(model), {}
+
+    @property
+    def calls(self) -> int:
+        return len(self.ratios)
+
+    def _cost(self, net: nn.Module) -> float:
+        return float(count_params(net)) if self.kind == "param_ratio" else float(model_macs(net, self.example))
+
+    def __call__(self, widths: dict[str, int], ranks: dict[str, int]) -> float:
+        key = (tuple(sorted(widths.items())), tuple(sorted(ranks.items())))
+        if key not in self.ratios:
+            self.ratios[key] = self._cost(self.plan.shaped(widths, ranks)) / self.full
+        return self.ratios[key]
 
 
 _NO_ENERGY = 1e-12
@@ -383,32 +393,39 @@ _NO_ENERGY = 1e-12
 
 
 def _fill_budget(plan: _Plan, widths: dict[str, int], ratio: float, target: float,
-                 cost: Callable[[dict[str, int]], float], multiple: int, minimum: int) -> tuple[dict[str, int], float]:
-    """``widths`` grown one allowed width at a time while the budget holds, the step that adds the most C energy
-    (the group's fraction of its own) per cost ratio first: equal energy rounded to the kernels' multiples can leave
-    much of a budget unspent. Steps that add no energy are not taken. Each step taken is costed exactly; the other
-    candidates' costs are those measured when they were offered (a width elsewhere changes them a little; costs only
-    grow as widths do, so a step refused once is never taken later)."""
-    def offer(p: str, width: int, base: float) -> tuple[int, float, float] | None:
+                 cost: Callable[[dict[str, int]], float], multiple: int, minimum: int
+                 ) -> tuple[dict[str, int], float, list[str]]:
+    """``widths`` grown one allowed width at a time while the budget holds, and by which energies (``["C"]``,
+    ``["C", "A"]``, or none). Equal energy rounded to the kernels' multiples can leave much of a budget unspent, and
+    a layer feeding a k-class linear head observes at most k directions (its C energy ends near rank k): the step
+    that adds the most C energy (the group's fraction of its own) per cost ratio goes first; where no step adds C
+    energy, the one adding the most reachability (A: the states' variance) per cost. Each step taken is costed
+    exactly; the other candidates' costs are those measured when they were offered (a width elsewhere changes them a
+    little; costs only grow as widths do, so a step refused once is never taken later)."""
+    def offer(p: str, width: int, base: float) -> tuple[int, tuple[int, float], float] | None:
         a = plan.analyses[p]
         up = [w for w in allowed_widths(a.dim, multiple, minimum) if w > width]
         if not up:
             return None
         step = min(up)
-        gain = a.energy_kept("C", step) - a.energy_kept("C", width)
-        return (step, gain, cost({**widths, p: step}) - base) if gain > _NO_ENERGY else None
+        c, r = (a.energy_kept(t, step) - a.energy_kept(t, width) for t in ("C", "A"))
+        tier = (1, c) if c > _NO_ENERGY else (0, r) if r > _NO_ENERGY else None
+        return None if tier is None else (step, tier, cost({**widths, p: step}) - base)
 
     offers = {p: o for p in widths if (o := offer(p, widths[p], ratio)) is not None}
+    by: list[str] = []
     while offers:
-        p = max(offers, key=lambda q: (offers[q][1] / max(offers[q][2], 1e-12), q))
-        step, _, _ = offers.pop(p)
+        p = max(offers, key=lambda q: (offers[q][1][0], offers[q][1][1] / max(offers[q][2], 1e-12), q))
+        step, (tier, _), _ = offers.pop(p)
         trial = {**widths, p: step}
         r = cost(trial)
         if r <= target:
             widths, ratio = trial, r
+            if (energy := "C" if tier else "A") not in by:
+                by.append(energy)
             if (o := offer(p, step, r)) is not None:
                 offers[p] = o
-    return widths, ratio
+    return widths, ratio, by
 
 
 def _fill(report: CompressionReport, model: nn.Module, new: nn.Module, plan: _Plan, widths: dict[str, int],

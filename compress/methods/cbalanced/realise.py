@@ -128,7 +128,8 @@ def refit_linear_chain(original: nn.Sequential, realised: nn.Sequential, x: torc
     """Least-squares refit, in place, of each Linear after the first so the realised pre-activations match
     the original's at the kept neurons (all outputs for the last layer); ridge λ = ridge·tr(AᵀA)/cols.
 
-    Layer by layer: A = [h̃_{l−1}, 1] from the realised prefix, target = original pre-activation[:, S_l].
+    Layer by layer: A = [h̃_{l−1}, 1] from the realised prefix (without the 1 for a Linear without a bias), target =
+    original pre-activation[:, S_l].
     """
     linears = [i for i, m in enumerate(original) if isinstance(m, nn.Linear)]
     if len(linears) != len(producers) + 1 or any(not isinstance(original[i], nn.Linear) for i in producers):
@@ -140,9 +141,11 @@ def refit_linear_chain(original: nn.Sequential, realised: nn.Sequential, x: torc
         if i != linears[0]:
             target = original[i](h_orig_in)
             target = target[:, keep[i]] if i in keep else target
-            w, b = ridge_lstsq(h_new_in.double(), target.double(), ridge)
+            bias = realised[i].bias  # a layer without one is fitted as a linear map: no bias is added
+            w, b = ridge_lstsq(h_new_in.double(), target.double(), ridge, intercept=bias is not None)
             realised[i].weight.copy_(w.to(realised[i].weight.dtype))
-            realised[i].bias.copy_(b.to(realised[i].bias.dtype))
+            if bias is not None:
+                bias.copy_(b.to(bias.dtype))
         h_orig, h_new = original[i](h_orig_in), realised[i](h_new_in)
         start = i + 1
 
