@@ -355,12 +355,15 @@ def _meet_budget(model: nn.Module, plan: _Plan, calib: Dataset, cfg: CBalancedCo
         trial = at(mid)
         lo, hi, best = (mid, hi, trial) if trial[2] <= target else (lo, mid - 1, best)
     ranks, widths, equal = best
+    complete = all(plan.analyses[p].energy_kept("C", w) >= 1.0 - _NO_ENERGY for p, w in widths.items())
     for p, r in ranks.items():
         plan.analyses[p].rank_c = r
     widths, ratio, by = _fill_budget(plan, widths, equal, target, lambda w: cost(w, ranks), multiple, minimum)
     report.predicted.budget_cost_ratio = ratio
     filled = (f"; the budget left filled a width step at a time ({' then '.join(by)} energy per cost): {ratio:.3g}"
               if by else "")
+    if complete and by:  # the C ranks held every state with C energy: a budget down to their cost keeps all of it
+        filled = f" (every state with C energy: a {flag} down to {equal:.3g} keeps all of it){filled}"
     report.notes.append(f"{flag} {target:g}: C ranks at equal energy holding {sum(ranks.values())} states, widths "
                         f"rounded up: cost ratio {equal:.3g}{filled}; {cost.calls} width sets costed")
     return widths

@@ -420,7 +420,8 @@ def test_a_classifier_whose_last_layer_observes_few_directions_still_spends_its_
     for ratio in (0.7, 0.95):
         _, rep = compress(tiny_mlp, mlp_data, "cbalanced", CBalancedConfig(mac_ratio=ratio, controls=False))
         assert ratio - 0.05 < rep.predicted.budget["achieved"] <= ratio and "budget_overshot" not in rep.predicted
-        assert "A energy per cost)" in " ".join(rep.notes)
+        notes = " ".join(rep.notes)
+        assert "A energy per cost)" in notes and "(every state with C energy: a --mac-ratio down to 0.4" in notes
         last = rep.layers[-1]
         assert last.rank > last.details["rank_c"]
         assert last.reason == "width = C rank widened by the budget left (see the notes)"
