@@ -165,9 +165,14 @@ def _visit(wg: WidthGraph, node: fx.Node, modules: dict[str, nn.Module]) -> None
 
 def _visit_size_read(wg: WidthGraph, node: fx.Node, name: str) -> bool:
     """Whether ``node`` reads sizes of a tensor: ``x.shape``, ``x.size()`` (a shape), ``x.size(i)``, ``x.numel()``,
-    an item or slice of a shape read. Where the value holds the tensor's channel count it goes to ``wg.sizes``."""
+    an item or slice of a shape read, the ``numel()`` of one. Where the value holds the tensor's channel count it goes
+    to ``wg.sizes``."""
     if (name == "getattr" and node.args[1:] == ("shape",)) or name in ("size", "numel", "nelement"):
         x = node.args[0]
+        read = wg.sizes.get(x.name) if isinstance(x, fx.Node) and name in ("numel", "nelement") else None
+        if read is not None:  # x.shape.numel(), x.shape[1:].numel(): a product that holds the channel count
+            wg.sizes[node.name] = SizeRead(read.slots, read.source, exact=False)
+            return True
         chan, ndim = _chan_of(wg, x), len(_shape(x) or ())
         if chan is None or not ndim:
             return True
@@ -487,6 +492,9 @@ def _visit_reshape(wg: WidthGraph, node: fx.Node) -> None:
     for p, read in at:  # the channel count itself, where the same channels land: a cut resizes both alike
         same = out.slots if out is not None and chan is not None and read.exact and p == out.dim and \
             out.slots is chan.slots else None
+        if same is None and out is not None and chan is not None and not read.exact and p == out.dim and \
+                isinstance(node.args[0], fx.Node) and read.source == node.args[0].name:
+            same = chan.slots  # a product of the tensor's own sizes where its channels are flattened: h.view(b, n)
         wg.size_uses.append((node.name, read, chan.slots if chan is not None else [], same))
 
 

@@ -126,3 +126,40 @@ def test_running_a_cut_model_leaves_the_random_state_as_it_was() -> None:
     state = torch.get_rng_state()
     apply_cuts(wg, {"a": Cut(range(8))})
     assert torch.equal(torch.get_rng_state(), state)
+
+
+class _Flattened(nn.Module):
+    """A head that flattens the feature map by sizes it reads from it: ``h.shape[1:].numel()`` (``product``) or
+    ``h.size(1) * h.size(2) * h.size(3)`` (``arithmetic``); or divides by that count (``scale``)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how, self.c = how, nn.Conv2d(3, 16, 3, padding=1)
+        self.fc = nn.Linear(16 if how == "scale" else 16 * 4 * 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.c(x))
+        if self.how == "product":
+            return self.fc(h.view(h.shape[0], h.shape[1:].numel()))
+        if self.how == "arithmetic":
+            return self.fc(h.view(h.size(0), h.size(1) * h.size(2) * h.size(3)))
+        return self.fc(h.mean((2, 3)) / h.shape[1:].numel() ** 0.5)
+
+
+@pytest.mark.parametrize("how", ["product", "arithmetic", "scale"])
+def test_a_product_of_sizes_flattens_its_own_tensor_but_is_no_scale(how: str) -> None:
+    """Review gap: ``x.shape.numel()`` was not followed, so a scale by it changed silently under a cut (the cut model
+    ran). Now a product of the tensor's own sizes where its channels are flattened stays cuttable (a cut changes
+    both alike), and as a scale it leaves the channels whole."""
+    torch.manual_seed(0)
+    model, x = _Flattened(how).eval(), torch.randn(4, 3, 4, 4)
+    wg = analyse(model, x)
+    g = wg.group("c")
+    if how == "scale":
+        assert g.frozen.startswith("truediv: takes a size read from the 16 channels") and g not in wg.cuttable()
+        return
+    assert not g.frozen and g in wg.cuttable()
+    cut = apply_cuts(wg, {"c": Cut(range(8))})
+    with torch.no_grad():
+        assert cut(x).shape == (4, 5) and cut.fc.in_features == 8 * 4 * 4
+        torch.testing.assert_close(apply_cuts(wg, {"c": Cut(range(16))})(x), model(x))
