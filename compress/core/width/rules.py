@@ -130,7 +130,11 @@ def _visit(wg: WidthGraph, node: fx.Node, modules: dict[str, nn.Module]) -> None
             wg.sizes[node.name] = SizeRead([s for r in reads for s in r.slots], reads[0].source, exact=False)
             return
         touched = [s for a in _tensor_args(node) if (c := _chan_of(wg, a)) is not None for s in c.slots]
-        wg.size_uses += [(node.name, r, touched, None) for r in reads]  # zeros(b, d), x * d ** -0.5, split(x, d)
+        # F.layer_norm(h, (d,)): the cut rewrites the normalised shape to the group's new width, so a channel count
+        # of the normalised channels themselves stays consistent; zeros(b, d), x * d ** -0.5, split(x, d) do not
+        normed = _chan_of(wg, _arg(node, 0, "input")) if name == "layer_norm" else None
+        wg.size_uses += [(node.name, r, touched, normed.slots if normed is not None and r.exact else None)
+                         for r in reads]
     if node.target is operator.getitem:
         _visit_getitem(wg, node)
     elif node.target in _ELEMENTWISE or name in _ELEMENTWISE_NAMES:

@@ -163,3 +163,28 @@ def test_a_product_of_sizes_flattens_its_own_tensor_but_is_no_scale(how: str) ->
     with torch.no_grad():
         assert cut(x).shape == (4, 5) and cut.fc.in_features == 8 * 4 * 4
         torch.testing.assert_close(apply_cuts(wg, {"c": Cut(range(16))})(x), model(x))
+
+
+class _FunctionalNorm(nn.Module):
+    """``F.layer_norm(h, (h.shape[-1],))``: the normalised shape read from the channels normalised."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 16), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(F.layer_norm(h, (h.shape[-1],)))
+
+
+def test_a_functional_layer_norm_over_its_own_channel_count_stays_cuttable() -> None:
+    """The last review's gap: any size read used outside a view froze its channels, F.layer_norm's normalised shape
+    too, though the cut rewrites that shape to the new width (so the count stays consistent)."""
+    torch.manual_seed(0)
+    model, x = _FunctionalNorm().eval(), torch.randn(4, 5, 6)
+    wg = analyse(model, x)
+    g = wg.group("a")
+    assert not g.frozen and g in wg.cuttable()
+    with torch.no_grad():
+        assert apply_cuts(wg, {"a": Cut(range(8))})(x).shape == (4, 5, 3)
+        torch.testing.assert_close(apply_cuts(wg, {"a": Cut(range(16))})(x), model(x))
