@@ -351,8 +351,21 @@ def _grads_required(model: nn.Module) -> Iterator[list[nn.Parameter]]:
 def node_flops(gm: fx.GraphModule, example_input: Inputs) -> dict[str, int]:
     """torch's FLOPs of each node of a traced graph on the first sample of ``example_input``, by node name: one forward
     through an fx interpreter, counted as :func:`count_macs_torch` counts (eval mode, autograd on, frozen parameters
-    thawed for the count, the same formulas). Their sum halved is torch's whole-model MAC count of ``gm``; ops torch
-    cannot count and the layers whose rule defines their cost (:func:`whole_model_macs`) are not in them."""
+    thawed for the count, or as they are where the forward cannot run so, the same formulas). Their sum halved is
+    torch's whole-model MAC count of ``gm``; ops torch cannot count and the layers whose rule defines their cost
+    (:func:`whole_model_macs`) are not in them."""
+    thawed: list[nn.Parameter] = []
+    try:
+        with _grads_required(gm) as thawed:
+            return _node_flops(gm, example_input)
+    except Exception:
+        if not thawed:
+            raise
+    return _node_flops(gm, example_input)  # as count_macs_torch: a forward that cannot run with them thawed
+
+
+def _node_flops(gm: fx.GraphModule, example_input: Inputs) -> dict[str, int]:
+    """:func:`node_flops`'s count, the parameters' flags as they are."""
     counter = FlopCounterMode(display=False, custom_mapping=_FORMULAS)
     flops: dict[str, int] = {}
 
@@ -363,7 +376,7 @@ def node_flops(gm: fx.GraphModule, example_input: Inputs) -> dict[str, int]:
             flops[n.name] = counter.get_total_flops() - before
             return out
 
-    with _grads_required(gm), eval_mode(gm), torch.enable_grad(), counter:
+    with eval_mode(gm), torch.enable_grad(), counter:
         _Counted(gm).run(*args_of(example_input[:1]))
     return flops
 

@@ -6,6 +6,7 @@ import torch
 from torch import fx
 
 from ..distributed import all_reduce_sum, shard
+from ..inputs import Inputs
 from .graph import ChannelGroup, Use, WidthGraph, param_owner
 from .probe import channels_last, visit
 from .tracing import activation_batch
@@ -40,7 +41,7 @@ def magnitude_importance(wg: WidthGraph, group: ChannelGroup) -> torch.Tensor:
     return total
 
 
-def wanda_importance(wg: WidthGraph, groups: list[ChannelGroup], x: torch.Tensor,
+def wanda_importance(wg: WidthGraph, groups: list[ChannelGroup], x: Inputs,
                      batch_size: int | None = None) -> dict[str, torch.Tensor]:
     """Wanda (Sun et al. 2023, eq. 1: ``S_ij = |W_ij|·‖X_j‖₂``) summed over each channel's outgoing weights in
     every dense consumer of the group: ``S_c = Σ_consumers ‖X_c‖₂ · Σ_i |W[i, c]|`` with ``X_c`` the channel's
@@ -55,7 +56,7 @@ def wanda_importance(wg: WidthGraph, groups: list[ChannelGroup], x: torch.Tensor
         squares[node] = squares[node] + sq if node in squares else sq
 
     x = shard(x)  # under torch.distributed: this rank's samples; the sums of squares are all-reduced below
-    step = batch_size or activation_batch(wg.gm, 256)
+    step = batch_size or activation_batch(wg.gm, 256, copy_to=torch.float64)
     for start in range(0, len(x), step):
         visit(wg.gm, x[start:start + step], sources, add)
     for node in sources:  # same order on every rank: the collectives pair up

@@ -35,23 +35,36 @@ __all__ = ["AXES_NOTE", "AXES_WARNING", "DECISIONS_NOTE", "trace", "trace_notes"
 
 
 FORWARD_BYTES = 256 * 2**20
-"""What one batch's largest activation may take in a forward pass over a traced graph (several such are alive at
-once): EfficientNet-B7 at 600×600 holds about 70 MB a sample in one tensor, so 128 samples would hold 9 GB each."""
+"""What one batch's largest activation (a node's output) may take in a forward pass over a traced graph; several
+such are alive at once, and values inside a layer or a fused op (attention's scores) are not seen. EfficientNet-B7
+at 600×600 holds about 70 MB a sample in one tensor, so 128 samples would hold 9 GB each."""
 BACKWARD_BYTES = 1024 * 2**20
-"""What one batch's activations together may take in a pass that differentiates (autograd keeps them all)."""
+"""What one batch's activations together may take in a pass that differentiates (autograd keeps them; views are
+counted as copies, so this errs small)."""
 
 
-def activation_batch(gm: fx.GraphModule, cap: int, backward: bool = False) -> int:
+def activation_batch(gm: fx.GraphModule, cap: int, backward: bool = False, copy_to: torch.dtype | None = None
+                     ) -> int:
     """Samples per batch of a pass over a traced graph (scores, statistics): ``cap``, fewer where one batch's largest
     activation (all of them, for a pass that differentiates) would exceed :data:`FORWARD_BYTES`
-    (:data:`BACKWARD_BYTES`); at least 1. Per-sample sizes come from the trace's shapes (the example's sample count is
-    the first input's first axis); a graph without them keeps ``cap``."""
+    (:data:`BACKWARD_BYTES`); at least 1, also where one sample is over it. ``copy_to``: the pass also copies each
+    value into that dtype (wanda's float64 sums). Per-sample sizes come from the trace's shapes, for the values that
+    descend from the inputs (parameters, buffers and what only they make are no activations), the example's sample
+    count being the first input's first axis; a graph without them keeps ``cap``."""
     nodes = list(gm.graph.nodes)
-    first = next((n.meta.get("tensor_meta") for n in nodes if n.op == "placeholder"), None)
+    inputs = [n for n in nodes if n.op == "placeholder"]
+    first = inputs[0].meta.get("tensor_meta") if inputs else None
     samples = first.shape[0] if hasattr(first, "shape") and len(first.shape) and first.shape[0] > 0 else 0
-    sizes = [math.prod(m.shape) * m.dtype.itemsize / samples for n in nodes
-             if samples and hasattr(m := n.meta.get("tensor_meta"), "shape") and hasattr(m, "dtype")]
-    need = (sum(sizes) if backward else max(sizes, default=0.0))
+    batched, extra = set(inputs), copy_to.itemsize if copy_to is not None else 0
+    sizes = []
+    for n in nodes:
+        if n not in batched and not any(a in batched for a in n.all_input_nodes):
+            continue
+        batched.add(n)
+        m = n.meta.get("tensor_meta")
+        if samples and hasattr(m, "shape") and hasattr(m, "dtype"):
+            sizes.append(math.prod(m.shape) * (m.dtype.itemsize + extra) / samples)
+    need = sum(sizes) if backward else max(sizes, default=0.0)
     budget = BACKWARD_BYTES if backward else FORWARD_BYTES
     return cap if need <= 0 else max(1, min(cap, int(budget // need)))
 

@@ -134,14 +134,16 @@ def _costs(gm: fx.GraphModule, blocks: list[Block], example: Inputs) -> tuple[di
 
 
 def _dies_with(gm: fx.GraphModule, blocks: list[Block]) -> dict[fx.Node, frozenset[str]]:
-    """Every node's blocks whose removal its uses die with (``""``: a use that reaches the output otherwise): a node
-    in a block's branch dies with it, and a node all of whose users die with blocks dies with those."""
+    """Every node's blocks whose removal its uses die with (``""``: a use that stays otherwise): a node in a block's
+    branch dies with it, and a node all of whose users die with blocks dies with those. A node outside every branch
+    that nothing uses (an in-place ``g.sigmoid_()`` written as a statement) stays, as :func:`~.graph.remove_blocks`
+    leaves it, and so does what it reads."""
     where = {n: b.name for b in blocks for n in b.branch}
     dies_with: dict[fx.Node, frozenset[str]] = {}
     for node in reversed(list(gm.graph.nodes)):
         if node.name in where:
             dies_with[node] = frozenset((where[node.name],))
-        elif node.op == "output":
+        elif node.op == "output" or not node.users:
             dies_with[node] = frozenset(("",))
         else:
             dies_with[node] = frozenset().union(*(dies_with[u] for u in node.users))

@@ -291,6 +291,32 @@ def test_node_flops_of_a_traced_graph_add_up_to_torchs_count() -> None:
     assert all(not p.requires_grad for p in model.parameters())  # frozen again after the count
 
 
+class _ClampsItsScale(nn.Module):
+    """A forward that changes a parameter in place (clamps a learnt scale): it cannot run with that parameter
+    requiring gradients."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.scale = nn.Linear(8, 4), nn.Parameter(torch.full((4,), 2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.scale.clamp_(0, 1)
+        return self.lin(x) * self.scale
+
+
+def test_node_flops_count_a_frozen_forward_that_changes_a_parameter_as_it_runs() -> None:
+    """Review: count_macs_torch retried such a forward with the flags as they are, node_flops raised (and depth's
+    prepare with it)."""
+    from minreal.compress.core.costs import count_macs_torch, node_flops
+    from minreal.compress.core.width.tracing import trace
+
+    model, x = _ClampsItsScale().eval().requires_grad_(False), torch.randn(2, 8)
+    gm = trace(model, x)
+    assert sum(node_flops(gm, x).values()) // 2 == count_macs_torch(gm, x).macs == 8 * 4
+    assert not any(p.requires_grad for p in gm.parameters())
+
+
 def test_ssm_layers_count_by_their_rule_whatever_path_torch_takes() -> None:
     """Review: the rotation layer runs an FFT in eager mode (torch cannot count it: its rule was used) and its
     truncated modal form a chunked convolution (torch counted that, about four times the rule), so the ssm

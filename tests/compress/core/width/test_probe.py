@@ -65,6 +65,7 @@ def test_wanda_importance_batches_by_the_activations_and_its_scores_do_not_depen
     model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 8, 3, padding=1)).eval()
     big = analyse(model, torch.rand(2, 3, 256, 256))
     assert activation_batch(big.gm, 256) == FORWARD_BYTES // (32 * 256 * 256 * 4) == 32
+    assert activation_batch(big.gm, 256, copy_to=torch.float64) == FORWARD_BYTES // (32 * 256 * 256 * 12) == 10
     wg, x = analyse(model, torch.rand(2, 3, 8, 8)), torch.rand(40, 3, 8, 8)
     assert activation_batch(wg.gm, 256) == 256
     groups = wg.cuttable()

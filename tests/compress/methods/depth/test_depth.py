@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minreal.compress import compress
@@ -362,7 +363,7 @@ def _removal_costs(gm, blocks, x) -> tuple[dict[str, int], int]:
     return {b.name: total - model_macs(remove_blocks(gm, [b]), x) for b in blocks}, total
 
 
-@pytest.mark.parametrize("case", ["cifar_resnet", "mobilenet_v2", "swin_t", "shared_mask", "ssm"])
+@pytest.mark.parametrize("case", ["cifar_resnet", "mobilenet_v2", "swin_t", "shared_mask", "unused_in_place", "ssm"])
 def test_block_costs_from_one_counted_forward_equal_removing_each_block(case: str) -> None:
     """What each block's removal saves, from one forward counted per node, equals the count of the model without it
     (torchvision's inverted residuals, Swin's attention with its relative-position bias, a mask that two blocks
@@ -383,6 +384,8 @@ def test_block_costs_from_one_counted_forward_equal_removing_each_block(case: st
         model, x = torchvision.models.swin_t().eval(), torch.rand(2, 3, 32, 32)
     elif case == "shared_mask":
         model, x = _SharedMask().eval(), torch.rand(2, 6, 16)
+    elif case == "unused_in_place":
+        model, x = _UnusedInPlace().eval(), torch.rand(2, 6, 16)
     else:
         model, x = SSMClassifier(3, 16, 8, 3, 4).eval(), torch.rand(2, 20, 3)
     gm, blocks, _ = _blocks(model, x)
@@ -392,6 +395,22 @@ def test_block_costs_from_one_counted_forward_equal_removing_each_block(case: st
     assert all(v > 0 for v in fast[0].values())
     one_forward = sum(node_flops(gm, x).values()) // 2 == model_macs(gm, x)
     assert one_forward == (case != "ssm")  # the SSM layers' FFT: torch's count is not the whole one there
+
+
+class _UnusedInPlace(nn.Module):
+    """Review: a gate made in place by a statement (``g.sigmoid_()``, a node nothing uses) that one branch reads:
+    the removal keeps the gate's layer (the statement still reads it), so that block saves only its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.gate, self.a, self.b = (nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.gate(x)
+        g.sigmoid_()
+        h = self.stem(x)
+        h = h + self.a(h) * g
+        return h + self.b(h)
 
 
 class _SharedMask(nn.Module):
@@ -414,20 +433,37 @@ def test_scoring_batches_shrink_with_the_activations_and_the_scores_stay() -> No
     """Fixed batches of 128 (64 with autograd) would hold GBs of activations at high resolutions; the batch now
     keeps one batch's largest activation under FORWARD_BYTES (all of them under BACKWARD_BYTES), and the scores
     do not depend on it."""
-    from minreal.compress.core.width.tracing import BACKWARD_BYTES, FORWARD_BYTES
-    from minreal.compress.core.width.tracing import activation_batch as batch_size
+    from minreal.compress.core.width.tracing import BACKWARD_BYTES, FORWARD_BYTES, activation_batch
     from minreal.compress.methods.depth.criteria import energy_scores, observability_scores
 
     torch.manual_seed(0)
     big = CifarResNet(blocks_per_stage=1, in_channels=1).eval()
     gm, _, _ = _blocks(big, torch.rand(2, 1, 256, 256))
     largest = 16 * 256 * 256 * 4  # the stem's 16 channels at full resolution, float32, per sample
-    assert batch_size(gm, 128) == FORWARD_BYTES // largest == 64
-    assert batch_size(gm, 64, backward=True) < BACKWARD_BYTES // largest
+    assert activation_batch(gm, 128) == FORWARD_BYTES // largest == 64
+    assert activation_batch(gm, 64, backward=True) < BACKWARD_BYTES // largest
     small, x = _resnet(), _images(40).x
     gm, blocks, _ = _blocks(small, x)
-    assert batch_size(gm, 128) == 128 and batch_size(gm, 64, backward=True) == 64
+    assert activation_batch(gm, 128) == 128 and activation_batch(gm, 64, backward=True) == 64
+    table = _TableLookup().eval()  # review: a 50000 x 64 parameter table is no activation of each sample
+    gm_table, _, _ = _blocks(table, torch.randint(0, 50000, (2, 16)))
+    assert activation_batch(gm_table, 128) == 128 and activation_batch(gm_table, 64, backward=True) == 64
     for a, b in zip(energy_scores(gm, blocks, x), energy_scores(gm, blocks, x, batch=7), strict=True):
         assert a == pytest.approx(b, rel=1e-5)
     # Hutchinson probes are drawn per batch, so that estimate depends on the batches: small activations keep 64
     assert observability_scores(gm, blocks, x, 2, 0) == observability_scores(gm, blocks, x, 2, 0, batch=64)
+
+
+class _TableLookup(nn.Module):
+    """Token ids looked up in a large table held by the model (``F.embedding`` of a parameter: a get_attr node),
+    then two residual blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(50000, 64))
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = F.embedding(ids, self.table)
+        h = h + self.a(h)
+        return h + self.b(h)
