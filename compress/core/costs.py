@@ -285,16 +285,21 @@ def count_macs_torch(model: nn.Module, example_input: Inputs) -> TorchCount:
     so (it changes a frozen parameter in place, or mixes in tensors made under inference mode) is counted with the
     flags as they are. Module names are the model's own (its first name for a module it holds twice).
     """
+    return _thawed_if_it_runs(model, lambda: _count(model, example_input))
+
+
+def _thawed_if_it_runs(model: nn.Module, count: Callable[[], Any]) -> Any:
+    """``count()`` with ``model``'s frozen parameters thawed (:func:`_grads_required`), or, where the forward cannot
+    run so (it changes one in place, it mixes in tensors made under inference mode), with the flags as they are:
+    counted as it runs, fast paths and all."""
     thawed: list[nn.Parameter] = []
     try:
         with _grads_required(model) as thawed:
-            return _count(model, example_input)
+            return count()
     except Exception:
         if not thawed:
             raise
-    # the forward cannot run with its frozen parameters requiring gradients (it changes one in place, it mixes in
-    # tensors made under inference mode): counted as it runs, fast paths and all
-    return _count(model, example_input)
+    return count()
 
 
 def _count(model: nn.Module, example_input: Inputs) -> TorchCount:
@@ -354,14 +359,7 @@ def node_flops(gm: fx.GraphModule, example_input: Inputs) -> dict[str, int]:
     thawed for the count, or as they are where the forward cannot run so, the same formulas). Their sum halved is
     torch's whole-model MAC count of ``gm``; ops torch cannot count and the layers whose rule defines their cost
     (:func:`whole_model_macs`) are not in them."""
-    thawed: list[nn.Parameter] = []
-    try:
-        with _grads_required(gm) as thawed:
-            return _node_flops(gm, example_input)
-    except Exception:
-        if not thawed:
-            raise
-    return _node_flops(gm, example_input)  # as count_macs_torch: a forward that cannot run with them thawed
+    return _thawed_if_it_runs(gm, lambda: _node_flops(gm, example_input))
 
 
 def _node_flops(gm: fx.GraphModule, example_input: Inputs) -> dict[str, int]:
