@@ -129,7 +129,16 @@ class MethodSpec:
     def searchable(self) -> bool:
         """Whether ``tune`` can search it: it meets a whole-model MAC budget and has two phases (its budget-free work
         done once, then realised for every budget the search probes; a one-phase method would redo all of it)."""
-        return "mac_ratio" in self.budgets and self.two_phase
+        return not self.unsearchable
+
+    @property
+    def unsearchable(self) -> str:
+        """Why ``tune`` cannot search it (empty when it can: :attr:`searchable`)."""
+        if "mac_ratio" not in self.budgets:
+            return "it has no whole-model MAC budget"
+        if not self.two_phase:
+            return "it would do all its work again for every budget probed (no budget-free prepare phase)"
+        return ""
 
     @property
     def fn(self) -> MethodFn:

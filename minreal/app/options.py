@@ -64,10 +64,24 @@ def method_options(fn: Callable) -> Callable:
 
 def method_choice(searchable: bool = False) -> click.Choice:
     """``--method``'s choices: the registered methods (with ``searchable``, those ``tune`` can search:
-    :attr:`~minreal.compress.core.spec.MethodSpec.searchable`)."""
+    :attr:`~minreal.compress.core.spec.MethodSpec.searchable`; another registered one is refused saying why)."""
     from minreal.compress import get_method, method_names
 
-    return click.Choice([n for n in method_names() if not searchable or get_method(n).searchable])
+    if not searchable:
+        return click.Choice(method_names())
+    return _SearchableChoice([n for n in method_names() if get_method(n).searchable])
+
+
+class _SearchableChoice(click.Choice):
+    """The methods ``tune`` can search; a registered method it cannot is refused with the reason, not only the list."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from minreal.compress import get_method, method_names
+
+        if value in method_names() and (why := get_method(value).unsearchable):
+            self.fail(f"tune cannot search {value!r}: {why}; a plan file's variant (--plan) runs it as given, or "
+                      f"choose from {', '.join(map(repr, self.choices))}", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def split_ints(value: str, name: str) -> tuple[int, ...]:

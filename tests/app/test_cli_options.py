@@ -240,7 +240,11 @@ def test_compress_takes_one_method_and_run_each_method_once(workdir: Path, run_c
     assert code == 2 and "-m svd given twice" in err and not Path("runs/tune-twice").exists()
     code, _, err = run_cli(["tune", "net.py:make", "-m", "cbalanced", "--data", "digits-flat",
                             "--max-accuracy-drop", "1"])
-    assert code == 2 and "'cbalanced' is not one of" in err  # tune searches two-phase methods; cbalanced has one
+    assert code == 2 and ("tune cannot search 'cbalanced': it would do all its work again for every budget probed "
+                          "(no budget-free prepare phase); a plan file's variant (--plan) runs it as given, or choose "
+                          "from 'depth', ") in err  # review: it said only "'cbalanced' is not one of ..."
+    code, _, err = run_cli(["tune", "net.py:make", "-m", "nope", "--data", "digits-flat", "--max-accuracy-drop", "1"])
+    assert code == 2 and "'nope' is not one of 'depth', " in err
     code, _, err = run_cli(["tune", "net.py:make", "--methods", "svd", "--data", "digits-flat"])
     assert code == 2 and "No such option '--methods'" in err  # one spelling in every command: -m/--method
     # click's own usage errors are one line too, naming the command and where its help is

@@ -527,13 +527,14 @@ def test_tune_refuses_unmeasurable_constraints_and_path_like_plan_labels(trained
 def test_tune_refuses_a_method_it_cannot_search_naming_why(trained_mlp, tmp_path: Path) -> None:
     """cbalanced meets a MAC budget but has one phase (its Gramians for every budget probed); ssm has no MAC budget."""
     model, tr, te = trained_mlp
-    for method, why in (("cbalanced", "does all its work again for every budget (no budget-free prepare phase)"),
-                        ("ssm", "has no whole-model MAC budget")):
+    for method, why in (("cbalanced", "it would do all its work again for every budget probed (no budget-free "
+                                      "prepare phase)"),
+                        ("ssm", "it has no whole-model MAC budget")):
         cfg = TuneConfig(Constraint(min_agreement=0.9), methods=(method,))
         with pytest.raises(TuneError) as err:
             tune(model, tr, te, cfg, tmp_path / method, tmp_path / "c")
         head, choices = str(err.value).split("; choose from ")
-        assert head == f"method {method!r} {why}, so tune cannot search it (a plan file can give it fixed budgets)"
+        assert head == f"tune cannot search method {method!r}: {why} (a plan file's variant runs it as given)"
         assert set(choices.split(", ")) == {"svd", "factorize", "fde", "magnitude", "wanda", "depth"}
         assert not (tmp_path / method / "models").exists()
 

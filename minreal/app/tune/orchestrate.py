@@ -100,11 +100,8 @@ def _tune(model: nn.Module, calib: Dataset, held_out: Dataset, cfg: TuneConfig, 
         raise TuneError("tune needs held-out data: pass --eval-data (or data with room for a held-out split)")
     methods = cfg.methods or (() if cfg.plan else default_methods())
     for m in methods:
-        spec = get_method(m)
-        if not spec.searchable:
-            why = ("has no whole-model MAC budget" if "mac_ratio" not in spec.budgets else
-                   "does all its work again for every budget (no budget-free prepare phase)")
-            raise TuneError(f"method {m!r} {why}, so tune cannot search it (a plan file can give it fixed budgets); "
+        if why := get_method(m).unsearchable:
+            raise TuneError(f"tune cannot search method {m!r}: {why} (a plan file's variant runs it as given); "
                             f"choose from {', '.join(default_methods())}")
     _check_plan_labels(cfg)
     methods = with_chains(methods)
