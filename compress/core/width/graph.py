@@ -60,7 +60,8 @@ class SizeRead:
     ``x.size(1)``, ``d // heads``): ``slots`` are that tensor's channels, ``source`` the node whose size was read;
     ``exact``: the value is the channel count itself, not computed from it; ``position``: for a whole shape
     (``x.shape``, ``x.size()``, a slice of them), where in it the channel count lies, of ``length`` entries (-1 for
-    a number). A cut changes the value: the operation that takes it must change with it (see
+    a number); ``product``: the value is the product of a shape read's entries, the channel count among them
+    (``x.shape[1:].numel()``). A cut changes the value: the operation that takes it must change with it (see
     :func:`~minreal.compress.core.width.analysis._freeze_size_uses`)."""
 
     slots: list[int]
@@ -68,6 +69,7 @@ class SizeRead:
     exact: bool = True
     position: int = -1
     length: int = 0
+    product: bool = False
 
 
 @dataclass

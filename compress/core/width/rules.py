@@ -132,7 +132,7 @@ def _visit(wg: WidthGraph, node: fx.Node, modules: dict[str, nn.Module]) -> None
         touched = [s for a in _tensor_args(node) if (c := _chan_of(wg, a)) is not None for s in c.slots]
         # F.layer_norm(h, (d,)): the cut rewrites the normalised shape to the group's new width, so a channel count
         # of the normalised channels themselves stays consistent; zeros(b, d), x * d ** -0.5, split(x, d) do not
-        normed = _chan_of(wg, _arg(node, 0, "input")) if name == "layer_norm" else None
+        normed = _normalised_channels(wg, node) if name == "layer_norm" else None
         wg.size_uses += [(node.name, r, touched, normed.slots if normed is not None and r.exact else None)
                          for r in reads]
     if node.target is operator.getitem:
@@ -175,7 +175,7 @@ def _visit_size_read(wg: WidthGraph, node: fx.Node, name: str) -> bool:
         x = node.args[0]
         read = wg.sizes.get(x.name) if isinstance(x, fx.Node) and name in ("numel", "nelement") else None
         if read is not None:  # x.shape.numel(), x.shape[1:].numel(): a product that holds the channel count
-            wg.sizes[node.name] = SizeRead(read.slots, read.source, exact=False)
+            wg.sizes[node.name] = SizeRead(read.slots, read.source, exact=False, product=read.position >= 0)
             return True
         chan, ndim = _chan_of(wg, x), len(_shape(x) or ())
         if chan is None or not ndim:
@@ -496,9 +496,9 @@ def _visit_reshape(wg: WidthGraph, node: fx.Node) -> None:
     for p, read in at:  # the channel count itself, where the same channels land: a cut resizes both alike
         same = out.slots if out is not None and chan is not None and read.exact and p == out.dim and \
             out.slots is chan.slots else None
-        if same is None and out is not None and chan is not None and not read.exact and p == out.dim and \
+        if same is None and out is not None and chan is not None and read.product and p == out.dim and \
                 isinstance(node.args[0], fx.Node) and read.source == node.args[0].name:
-            same = chan.slots  # a product of the tensor's own sizes where its channels are flattened: h.view(b, n)
+            same = chan.slots  # the product of the tensor's own sizes where its channels are flattened: h.view(b, n)
         wg.size_uses.append((node.name, read, chan.slots if chan is not None else [], same))
 
 
@@ -599,12 +599,26 @@ def _visit_softmax(wg: WidthGraph, node: fx.Node, dim: int | None = None) -> Non
     _set(wg, node, chan)
 
 
+def _normalised_channels(wg: WidthGraph, node: fx.Node) -> _Chan | None:
+    """The channels ``F.layer_norm`` normalises over, one dimension given as a tuple and it the channels' (the cut
+    rewrites that shape to the new width); None otherwise."""
+    x, shape = _arg(node, 0, "input"), _arg(node, 1, "normalized_shape")
+    chan, ndim = _chan_of(wg, x), len(_shape(x) or ())
+    if chan is None or not ndim or not isinstance(shape, (tuple, list)) or len(shape) != 1:
+        return None
+    return chan if chan.dim % ndim == ndim - 1 else None
+
+
 def _visit_functional_layer_norm(wg: WidthGraph, node: fx.Node) -> None:
     x = _arg(node, 0, "input")
     chan = _chan_of(wg, x)
     if chan is None:
         return
-    shape = list(_arg(node, 1, "normalized_shape"))
+    given = _arg(node, 1, "normalized_shape")
+    if not isinstance(given, (tuple, list)):  # h.shape[-1:]: a shape computed in the trace
+        _unknown(wg, node, "layer_norm whose normalised shape is computed from sizes")
+        return
+    shape = list(given)
     ndim = len(_shape(x) or ())
     if chan.dim < ndim - len(shape):
         _set(wg, node, chan)

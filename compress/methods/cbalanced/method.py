@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -337,13 +338,15 @@ def _meet_budget(model: nn.Module, plan: _Plan, calib: Dataset, cfg: CBalancedCo
     target, flag = getattr(cfg, kind), flag_of(kind)
     cost = _Costed(model, plan, calib.x[:min(len(calib), 8)], kind)
     spectra = {p: a.spectra["C"] for p, a in plan.analyses.items()}
+    held = {p: _c_states(lam) for p, lam in spectra.items()}  # past these, equal energy would jump to full width
 
     def at(total: int) -> tuple[dict[str, int], dict[str, int], float]:
-        ranks = budget_ranks(spectra, total)
+        ranks = {p: min(r, held[p]) for p, r in budget_ranks(spectra, total).items()}
         widths = {p: round_width(r, plan.analyses[p].dim, multiple, minimum) for p, r in ranks.items()}
         return ranks, widths, cost(widths, ranks)
 
-    lo, hi = len(spectra), sum(a.dim for a in plan.analyses.values())
+    lo = len(spectra)
+    hi = max(lo, sum(held.values()))  # every state with C energy: the rest of a budget goes by the fill
     best = at(lo)
     if best[2] > target:
         least = math.ceil(best[2] * 1000) / 1000
@@ -393,6 +396,17 @@ class _Costed:
 
 _NO_ENERGY = 1e-12
 """An energy fraction at most this is a zero eigenvalue's rounding: a step that adds no more adds no state."""
+
+
+def _c_states(lam: Any) -> int:
+    """How many of a state point's C states carry energy: the smallest rank keeping all but :data:`_NO_ENERGY` of it
+    (at least 1). Beyond it the equal-energy allocation has nothing to rank (review: it jumped the point to full
+    width, spending the budget on states without energy)."""
+    energy = np.clip(np.asarray(lam, dtype=np.float64), 0.0, None)
+    total = float(energy.sum())
+    if total <= 0.0:
+        return 1
+    return min(len(energy), max(1, int(np.searchsorted(np.cumsum(energy) / total, 1.0 - _NO_ENERGY)) + 1))
 
 
 def _fill_budget(plan: _Plan, widths: dict[str, int], ratio: float, target: float,

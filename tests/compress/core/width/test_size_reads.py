@@ -143,20 +143,25 @@ class _Flattened(nn.Module):
             return self.fc(h.view(h.shape[0], h.shape[1:].numel()))
         if self.how == "arithmetic":
             return self.fc(h.view(h.size(0), h.size(1) * h.size(2) * h.size(3)))
+        if self.how == "square":  # review: runs after a cut of 16 to 8 channels, computing something else
+            return self.fc(h.view(h.size(0), h.size(1) ** 2 // 2, -1).transpose(1, 2).flatten(1))
         return self.fc(h.mean((2, 3)) / h.shape[1:].numel() ** 0.5)
 
 
-@pytest.mark.parametrize("how", ["product", "arithmetic", "scale"])
+@pytest.mark.parametrize("how", ["product", "arithmetic", "square", "scale"])
 def test_a_product_of_sizes_flattens_its_own_tensor_but_is_no_scale(how: str) -> None:
     """Review gap: ``x.shape.numel()`` was not followed, so a scale by it changed silently under a cut (the cut model
-    ran). Now a product of the tensor's own sizes where its channels are flattened stays cuttable (a cut changes
-    both alike), and as a scale it leaves the channels whole."""
+    ran). Now the product of a shape read's entries (``h.shape[1:].numel()``) where the tensor's own channels are
+    flattened stays cuttable (a cut changes both alike); other arithmetic on sizes (a second review: ``size(1) ** 2
+    // 2`` was cut and ran, computing something else) and a scale leave the channels whole."""
     torch.manual_seed(0)
     model, x = _Flattened(how).eval(), torch.randn(4, 3, 4, 4)
     wg = analyse(model, x)
     g = wg.group("c")
-    if how == "scale":
-        assert g.frozen.startswith("truediv: takes a size read from the 16 channels") and g not in wg.cuttable()
+    if how != "product":
+        op = "truediv" if how == "scale" else "view"
+        assert g.frozen.startswith(f"{op}: ") and g not in wg.cuttable(), g.frozen
+        assert how == "square" or "takes a size read from the 16 channels" in g.frozen
         return
     assert not g.frozen and g in wg.cuttable()
     cut = apply_cuts(wg, {"c": Cut(range(8))})
@@ -166,15 +171,36 @@ def test_a_product_of_sizes_flattens_its_own_tensor_but_is_no_scale(how: str) ->
 
 
 class _FunctionalNorm(nn.Module):
-    """``F.layer_norm(h, (h.shape[-1],))``: the normalised shape read from the channels normalised."""
+    """``F.layer_norm(h, (h.shape[-1],))``: the normalised shape read from the channels normalised (``own``); read
+    from the channels where another dimension of the same length is normalised (``other_dim``, h of (b, 16, 16)); or
+    a shape slice (``slice``, ``h.shape[-1:]``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, how: str = "own") -> None:
         super().__init__()
+        self.how = how
         self.a, self.b = nn.Linear(6, 16), nn.Linear(16, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.a(x)
-        return self.b(F.layer_norm(h, (h.shape[-1],)))
+        if self.how == "other_dim":
+            h = h.transpose(1, 2)  # (b, 16 channels, 16 positions): normalised over the positions
+            return self.b(F.layer_norm(h, (h.shape[1],)).mean(2))
+        return self.b(F.layer_norm(h, h.shape[-1:] if self.how == "slice" else (h.shape[-1],)))
+
+
+@pytest.mark.parametrize("how, frozen", [
+    ("other_dim", "layer_norm: takes a size read from the 16 channels"),
+    ("slice", "layer_norm: layer_norm whose normalised shape is computed from sizes"),
+])
+def test_a_functional_layer_norm_over_another_dimension_or_a_computed_shape_is_left_whole(how: str,
+                                                                                        frozen: str) -> None:
+    """Second review: the channel count normalising another dimension of the same length was let through and every
+    cut then failed the run-once check; a shape slice failed the analysis (a Node is not iterable)."""
+    torch.manual_seed(0)
+    model, x = _FunctionalNorm(how).eval(), torch.randn(4, 16, 6)
+    wg = analyse(model, x)
+    g = wg.group("a")
+    assert g.frozen.startswith(frozen) and g not in wg.cuttable(), g.frozen
 
 
 def test_a_functional_layer_norm_over_its_own_channel_count_stays_cuttable() -> None:
