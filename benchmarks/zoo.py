@@ -38,7 +38,10 @@ programs, ONNX and INT8 files: 64 GB for the whole zoo) is removed once its rows
 ``--resume`` then builds a model's baseline again only where a method of it is still to run. ``--table`` prints the
 README's coverage table from the JSON, ``--summary`` the findings under it (:func:`summary_markdown`); ``--merge
 BASE.json A.json B.json ...`` writes ``--out`` from a base JSON and the runs that resumed from it at once (shards of
-the list) or on several machines, their new and rerun rows replacing the base's (:func:`merge`). SIGTERM or SIGINT
+the list) or on several machines, their new and rerun rows replacing the base's (:func:`merge`). Each row and
+baseline names the CPU it ran on (``machine``; a run resumed on another machine holds rows of both: their times and
+INT8 ratios are their own machine's); ``--stamp`` names it in the rows of a JSON an older zoo.py wrote, from the header
+of the run that wrote them, before another machine resumes it (:func:`stamp_machines`). SIGTERM or SIGINT
 (Ctrl-C) stops the run: the running stage's processes are killed, the rows finished so far are saved and the driver
 exits with 128 + the signal after one line saying so (:func:`run_all`).
 
@@ -607,7 +610,7 @@ def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: 
         base = run_stage("baseline", {"work": str(args.work / model.name), "name": model.name, "family": model.family,
                                       "shape": list(model.shape), "inputs": model.inputs}, args.timeout)
         doc["models"][model.name] = {"family": model.family, "input": list(model.shape), **base,
-                                     "peak_rss": PEAK_OWN}
+                                     "peak_rss": PEAK_OWN, "machine": machine_of(doc)}
         say(f"{model.name}: baseline {base['outcome']} in {base['wall_s']} s {base.get('reason', '')}")
         save(doc, args.out)
     for method in todo:
@@ -615,7 +618,7 @@ def run_model(doc: dict[str, Any], model: Model, args: argparse.Namespace, say: 
         stages = method_row(model, method, doc["models"][model.name], args.work, args.timeout)
         doc["rows"].append({"model": model.name, "family": model.family, "method": method, "stages": stages,
                             "loadavg": _load(), "cpu_share": cpu_share(before, cpu_times()), "peak_rss": PEAK_OWN,
-                            "commit": doc["header"]["commit"][:12]})
+                            "commit": doc["header"]["commit"][:12], "machine": machine_of(doc)})
         say(f"{model.name} {method}: " + ", ".join(f"{k} {v['outcome']}" for k, v in stages.items())
             + "".join(f"\n    {k}: {v['reason']}" for k, v in stages.items()
                       if v["outcome"] in ("refused", "failed")))
@@ -707,6 +710,8 @@ def merge(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         if doc["mac_ratio"] != docs[0][1]["mac_ratio"]:
             raise SystemExit(f"zoo: --merge: {name} is at MAC ratio {doc['mac_ratio']}, {docs[0][0]} at "
                              f"{docs[0][1]['mac_ratio']}")
+    for _, doc in docs:  # each file's unnamed rows ran on its own header's machine
+        stamp_machines(doc)
     base_name, base = docs[0]
     out = json.loads(json.dumps(base))
     head = out["header"]
@@ -735,6 +740,22 @@ def merge(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         out["methods"] = list(dict.fromkeys([*out.get("methods", []), *doc.get("methods", [])]))
     out["rows"] = list(rows.values())
     return out
+
+
+def machine_of(doc: dict[str, Any]) -> str:
+    """The CPU named in ``doc``'s header (``"?"`` where it names none): the machine of the run that wrote it."""
+    return str(((doc.get("header") or {}).get("machine") or {}).get("cpu") or "?")
+
+
+def stamp_machines(doc: dict[str, Any]) -> int:
+    """Name the machine in every row and baseline of ``doc`` that names none: the CPU of ``doc``'s header, the run that
+    wrote them (a zoo.py older than the ``machine`` field stamped nothing; its rows are the last run's only while no
+    other machine has resumed the file, so stamp before resuming elsewhere). Returns how many were stamped."""
+    cpu, stamped = machine_of(doc), 0
+    for entry in [*doc.get("rows", []), *doc.get("models", {}).values()]:
+        if "machine" not in entry:
+            entry["machine"], stamped = cpu, stamped + 1
+    return stamped
 
 
 def header(models_listed: int) -> dict[str, Any]:
@@ -832,9 +853,13 @@ def summary_markdown(doc: dict[str, Any]) -> str:
     commits = sorted({r.get("commit", "?")[:7] for r in rows})
     origin = f"every row from commit {commits[0]}" if len(commits) == 1 else \
         f"rows from {len(commits)} commits (each row names its own)"
+    machines = Counter(r.get("machine") or machine_of(doc) for r in rows)
+    where = "" if set(machines) <= {"?"} else f" on {next(iter(machines))}" if len(machines) == 1 else \
+        f" on {len(machines)} machines (" + ", ".join(f"{m}: {n} rows" for m, n in machines.most_common()) + \
+        "; a row's times and INT8 ratios are its own machine's)"
     lines = [f"- **Rows**: {len({r['model'] for r in rows})} of {doc['header']['models_listed']} models, "
-             f"{len(rows)} rows, {origin}.", *_through_lines(rows), *_budget_lines(doc, rows), *_int8_lines(rows),
-             *_cost_lines(doc, rows)]
+             f"{len(rows)} rows, {origin}{where}.", *_through_lines(rows), *_budget_lines(doc, rows),
+             *_int8_lines(rows), *_cost_lines(doc, rows)]
     failed = [f"{r['model']}/{r['method']} {s}" for r in rows for s in STAGES if r["stages"][s]["outcome"] == "failed"]
     tracebacks = "Traceback (most recent call last)" in json.dumps(doc)
     lines.append(f"- **Failed (an error that is not the product's own refusal): {len(failed)}**"
@@ -918,6 +943,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--table", action="store_true", help="print the README's coverage table from --out, and exit")
     ap.add_argument("--summary", action="store_true",
                     help="print the README's findings under the table (computed from --out), and exit")
+    ap.add_argument("--stamp", action="store_true",
+                    help="name the machine (its header's CPU) in --out's rows and baselines that name none, and exit: "
+                         "a JSON an older zoo.py wrote, before another machine resumes it")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one stage may run")
     ap.add_argument("--keep-files", action="store_true",
                     help="keep each model's folder under --work (weights, programs, ONNX and INT8 files; the whole "
@@ -942,6 +970,19 @@ def main() -> None:
         return
     if args.summary:
         print(summary_markdown(json.loads(args.out.read_text())))
+        return
+    if args.stamp:
+        from _common import write_json
+
+        try:
+            doc = json.loads(args.out.read_text())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"zoo: --stamp: cannot read {args.out}: {type(exc).__name__}: {exc}") from None
+        stamped = stamp_machines(doc)
+        if stamped:
+            write_json(args.out, doc)
+        print(f"zoo: {stamped} row(s) and baseline(s) of {args.out} named their machine, {machine_of(doc)}",
+              file=sys.stderr)
         return
     if args.merge:
         docs = []
@@ -970,6 +1011,7 @@ def main() -> None:
                            "methods": list(args.methods), "models": {}, "rows": []}
     if args.resume and args.out.is_file():
         old = json.loads(args.out.read_text())
+        stamp_machines(old)
         doc["models"], doc["rows"] = old.get("models", {}), old.get("rows", [])
         doc["header"]["earlier_runs"] = earlier_runs(old.get("header", {}))
         for kept in [*doc["models"].values(), *(r for r in doc["rows"] if r["method"] is not None)]:

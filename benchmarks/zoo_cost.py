@@ -2,17 +2,19 @@
 a power law fitted to the wall time and the peak memory against the parameter count; with ``--goals``, the issue's
 two goals measured on their own.
 
-**The fit.** For each stage of ``benchmarks/zoo.json`` that has its own time (``compress``, each of the method's
-phases that a compress row keeps in ``phases_s`` as ``compress:<phase>``, ``export``, ``int8``, ``bench``, and the
-``baseline`` build, export and INT8 of the original), for each method and each of ``wall_s`` and ``peak_rss_mib``
-(the phases have no memory of their own), the least-squares line log y = log a + b · log(params) over the rows whose
-stage passed (``ok``): the exponent ``b`` with its standard error and 95 % interval (Student's t with n − 2 degrees
-of freedom), the residual spread (the standard deviation of the log residuals, n − 2 in the denominator; a factor
-e^spread either way covers about two thirds of the rows) and n. A fit whose interval lies wholly above
+**The fit.** For each stage of ``benchmarks/zoo.json`` that has its own time (``compress``, each of the method's phases
+that a compress row keeps in ``phases_s`` as ``compress:<phase>``, ``export``, ``int8``, ``bench``, and the ``baseline``
+build, export and INT8 of the original), for each method and each of ``wall_s`` and ``peak_rss_mib`` (the phases have no
+memory of their own), the least-squares line log y = log a + b · log(params) over the rows whose stage passed (``ok``):
+the exponent ``b`` with its standard error and 95 % interval (Student's t with n − 2 degrees of freedom), the residual
+spread (the standard deviation of the log residuals, n − 2 in the denominator; a factor e^spread either way covers about
+two thirds of the rows) and n. Rows from more than one machine (a run resumed on another CPU; each row names its
+``machine``) share the exponent, each machine with its own prefactor (``prefactors``; n − G − 1 degrees of freedom for G
+machines): a faster machine's rows would otherwise tilt the line. A fit whose interval lies wholly above
 :data:`SUPERLINEAR` is flagged ``superlinear``: that stage's cost grows faster than the model. Fewer than
-:data:`MIN_ROWS` rows, or rows whose parameter counts span less than a factor :data:`MIN_SPAN`, give no fit. The
-JSON says which zoo.json it read (path, SHA-256, its commit, the commits of its rows, its load statement). A zoo run
-on a shared machine gives outcomes, not costs: its times carry the load.
+:data:`MIN_ROWS` rows, or rows whose parameter counts span less than a factor :data:`MIN_SPAN`, give no fit. The JSON
+says which zoo.json it read (path, SHA-256, its commit, the commits of its rows, its load statement). A zoo run on a
+shared machine gives outcomes, not costs: its times carry the load.
 
 **The goals** (``--goals``): ``minreal compress <model> -m factorize --mac-ratio 0.7 --json`` on torchvision's
 ResNet-50 (seeded random weights, the zoo's calibration set: :data:`zoo.CALIB` CIFAR-10 test images resized to
@@ -45,8 +47,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +79,8 @@ __all__ = ["PowerFit", "cost_points", "fit_all", "fit_power"]
 @dataclass(frozen=True)
 class PowerFit:
     """y ≈ ``prefactor`` · params^``exponent`` over ``n`` rows, with the exponent's standard error and 95 % interval,
-    the residual spread of log y (natural log) and whether the interval lies above :data:`SUPERLINEAR`."""
+    the residual spread of log y (natural log) and whether the interval lies above :data:`SUPERLINEAR`; a fit over
+    groups (machines) has each one's prefactor in ``prefactors``."""
 
     exponent: float
     exponent_se: float
@@ -85,80 +89,101 @@ class PowerFit:
     residual_sd: float
     n: int
     superlinear: bool
+    prefactors: dict[str, float] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------------- the fit
-def fit_power(x: Sequence[float], y: Sequence[float]) -> PowerFit:
+def fit_power(x: Sequence[float], y: Sequence[float], groups: Sequence[str] | None = None) -> PowerFit:
     """Least-squares fit of log y = log a + b log x (ordinary least squares on the logs; the exponent's standard
     error s / √Σ(log x − mean)², s² = Σ residual² / (n − 2), and its 95 % interval with Student's t).
+
+    With ``groups`` (each row's machine), one exponent and one prefactor per group: log y = log a_g + b log x, the
+    sums taken about each group's own means and n − G − 1 degrees of freedom for G groups. Rows of a slower machine
+    then shift their own line instead of tilting the common one (a run resumed on another CPU holds both); one group
+    is the plain fit. ``prefactor`` is the largest group's (the first named of equal ones), ``prefactors`` each's.
 
     Raises
     ------
     ValueError
-        Fewer than :data:`MIN_ROWS` points, a value that is not positive, or all x equal.
+        Fewer than :data:`MIN_ROWS` points (or than the groups plus two), a value that is not positive, or no group
+        with two different x.
     """
     import numpy as np
     from scipy import stats
 
     lx, ly = np.log(np.asarray(x, dtype=np.float64)), np.log(np.asarray(y, dtype=np.float64))
     n = len(lx)
-    if n < MIN_ROWS or n != len(ly):
-        raise ValueError(f"a power fit needs at least {MIN_ROWS} (x, y) pairs, got {n} and {len(ly)}")
+    labels = list(groups) if groups is not None else [""] * n
+    if n < MIN_ROWS or n != len(ly) or n != len(labels):
+        raise ValueError(f"a power fit needs at least {MIN_ROWS} (x, y) pairs, got {n}, {len(ly)} and "
+                         f"{len(labels)} group labels")
     if not (np.isfinite(lx).all() and np.isfinite(ly).all()):
         raise ValueError("a power fit needs positive, finite x and y")
-    dx = lx - lx.mean()
+    names = list(dict.fromkeys(labels))
+    if n < len(names) + 2:
+        raise ValueError(f"a power fit over {len(names)} groups needs at least {len(names) + 2} pairs, got {n}")
+    member = {g: np.array([lab == g for lab in labels]) for g in names}
+    dx, dy = np.empty(n), np.empty(n)
+    for m in member.values():
+        dx[m], dy[m] = lx[m] - lx[m].mean(), ly[m] - ly[m].mean()
     sxx = float(dx @ dx)
     if sxx == 0.0:
         raise ValueError("a power fit needs at least two different x")
-    b = float(dx @ (ly - ly.mean())) / sxx
-    log_a = float(ly.mean() - b * lx.mean())
-    resid = ly - (log_a + b * lx)
-    s = math.sqrt(float(resid @ resid) / (n - 2))
+    b = float(dx @ dy) / sxx
+    log_a = {g: float(ly[m].mean() - b * lx[m].mean()) for g, m in member.items()}
+    resid = dy - b * dx
+    dof = n - len(names) - 1
+    s = math.sqrt(float(resid @ resid) / dof)
     se = s / math.sqrt(sxx)
-    half = float(stats.t.ppf(0.975, n - 2)) * se
-    return PowerFit(b, se, (b - half, b + half), math.exp(log_a), s, n, b - half > SUPERLINEAR)
+    half = float(stats.t.ppf(0.975, dof)) * se
+    largest = max(names, key=lambda g: (int(member[g].sum()), -names.index(g)))
+    return PowerFit(b, se, (b - half, b + half), math.exp(log_a[largest]), s, n, b - half > SUPERLINEAR,
+                    {g: math.exp(v) for g, v in log_a.items()} if groups is not None else {})
 
 
-def cost_points(doc: dict[str, Any]) -> dict[tuple[str, str, str], list[tuple[float, float]]]:
-    """(stage, method, metric) → [(params, value)] over the zoo rows whose stage passed (``ok``) and whose model's
-    parameter count is known; the method's phases as ``compress:<phase>`` (wall time only) and the original's build,
-    export and INT8 as stage ``baseline``, method ``original``."""
+def cost_points(doc: dict[str, Any]) -> dict[tuple[str, str, str], list[tuple[float, float, str]]]:
+    """(stage, method, metric) → [(params, value, machine)] over the zoo rows whose stage passed (``ok``) and whose
+    model's parameter count is known; the method's phases as ``compress:<phase>`` (wall time only) and the original's
+    build, export and INT8 as stage ``baseline``, method ``original``. ``machine`` is the row's (or baseline's) CPU,
+    or the header's where it names none (a JSON written before rows named theirs)."""
     params = {name: m.get("params") for name, m in doc.get("models", {}).items()}
-    out: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+    default = str(((doc.get("header") or {}).get("machine") or {}).get("cpu") or "?")
+    out: dict[tuple[str, str, str], list[tuple[float, float, str]]] = {}
 
-    def add(stage: str, method: str, p: float | None, facts: dict[str, Any]) -> None:
+    def add(stage: str, method: str, p: float | None, facts: dict[str, Any], machine: str) -> None:
         for metric in METRICS:
             value = facts.get(metric)
             if p and isinstance(value, (int, float)) and value > 0:
-                out.setdefault((stage, method, metric), []).append((float(p), float(value)))
+                out.setdefault((stage, method, metric), []).append((float(p), float(value), machine))
 
     for name, model in doc.get("models", {}).items():
         if model.get("outcome") == "ok":
-            add("baseline", "original", params.get(name), model)
+            add("baseline", "original", params.get(name), model, model.get("machine") or default)
     for row in doc.get("rows", []):
         if row.get("method") is None:
             continue
-        p = params.get(row["model"])
+        p, machine = params.get(row["model"]), row.get("machine") or default
         for stage in STAGES:
             facts = row["stages"].get(stage, {})
             if facts.get("outcome") == "ok":
-                add(stage, row["method"], p, facts)
+                add(stage, row["method"], p, facts, machine)
         compress = row["stages"].get("compress", {})
         if compress.get("outcome") == "ok":
             for phase, seconds in (compress.get("phases_s") or {}).items():
-                add(f"compress:{phase}", row["method"], p, {"wall_s": seconds})
+                add(f"compress:{phase}", row["method"], p, {"wall_s": seconds}, machine)
     return out
 
 
-def fit_all(points: dict[tuple[str, str, str], list[tuple[float, float]]]) -> list[dict[str, Any]]:
+def fit_all(points: dict[tuple[str, str, str], list[tuple[float, float, str]]]) -> list[dict[str, Any]]:
     """One record per (stage, method, metric) with at least :data:`MIN_ROWS` rows whose parameters span a factor of
-    :data:`MIN_SPAN`: the fit and the range of parameters it covers."""
+    :data:`MIN_SPAN`: the fit (one exponent, a prefactor per machine where the rows come from more than one: see
+    :func:`fit_power`) and the range of parameters it covers."""
     fits = []
     for (stage, method, metric), pts in sorted(points.items()):
-        xs, ys = [p for p, _ in pts], [v for _, v in pts]
-        if len(pts) < MIN_ROWS or max(xs) < MIN_SPAN * min(xs):
+        xs, ys, machines = [p for p, _, _ in pts], [v for _, v, _ in pts], [m for _, _, m in pts]
+        if len(pts) < MIN_ROWS or max(xs) < MIN_SPAN * min(xs) or len(pts) < len(set(machines)) + 2:
             continue
-        fit = fit_power(xs, ys)
+        fit = fit_power(xs, ys, machines if len(set(machines)) > 1 else None)
         fits.append({"stage": stage, "method": method, "metric": metric, **_rounded(asdict(fit)),
                      "params_range": [int(min(xs)), int(max(xs))]})
     return fits
@@ -168,6 +193,8 @@ def _rounded(d: dict[str, Any]) -> dict[str, Any]:
     def r(v: Any) -> Any:
         if isinstance(v, float):
             return float(f"{v:.4g}")
+        if isinstance(v, dict):
+            return {k: r(u) for k, u in v.items()}
         return [r(u) for u in v] if isinstance(v, (list, tuple)) else v
 
     return {k: r(v) for k, v in d.items()}
@@ -181,11 +208,13 @@ def zoo_source(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
             "commit": head.get("commit"), "started": head.get("started"), "load": doc.get("load"),
             "load_at_start": head.get("load_at_start"), "machine": head.get("machine"),
             "row_commits": sorted({r.get("commit", "?") for r in doc.get("rows", []) if r.get("method")}),
+            "row_machines": dict(Counter(r.get("machine") or (head.get("machine") or {}).get("cpu") or "?"
+                                         for r in doc.get("rows", []) if r.get("method"))),
             "rows": sum(1 for r in doc.get("rows", []) if r.get("method")), "models": len(doc.get("models", {}))}
 
 
 # -------------------------------------------------------------------------------------------------------- the plot
-def plot(points: dict[tuple[str, str, str], list[tuple[float, float]]], fits: Iterable[dict[str, Any]],
+def plot(points: dict[tuple[str, str, str], list[tuple[float, float, str]]], fits: Iterable[dict[str, Any]],
          path: Path) -> None:
     """Log-log panels, time then memory: each stage and method's rows and fitted line (phases left out)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -203,7 +232,7 @@ def plot(points: dict[tuple[str, str, str], list[tuple[float, float]]], fits: It
                 continue
             fit = keyed.get((stage, method, metric))
             name = f"{stage}/{method}" + (f": b={fit['exponent']:.2f}±{fit['exponent_se']:.2f}" if fit else "")
-            xs, ys = zip(*pts)
+            xs, ys, _ = zip(*pts)
             ax.scatter(xs, ys, s=12, color=colours[(stage, method)], label=name)
             if fit:
                 lo, hi = fit["params_range"]

@@ -557,3 +557,43 @@ def test_a_models_folder_goes_once_its_rows_are_written_unless_kept(tmp_path: Pa
     zoo.run_all(doc, [zoo.Model("a", "x"), zoo.Model("b", "x")], args, print, run)
     assert seen == [False, keep]
     assert (args.work / "b").exists() is keep and json.loads(args.out.read_text())["header"]["models_ran"] == 2
+
+
+def test_rows_name_their_machine_and_stamp_names_it_in_an_older_files_rows(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run resumed on another CPU (issue 44's one run moved from an Intel to an AMD machine between sessions): the
+    new rows and baselines name the machine they ran on; ``--stamp`` names the header's machine in the rows of a file
+    an older zoo.py wrote (only where they name none, and leaves a file with nothing to stamp untouched), and the
+    summary counts the rows per machine."""
+    monkeypatch.setattr(zoo, "run_stage", lambda stage, spec, timeout: {"outcome": "ok", "wall_s": 0.0})
+    monkeypatch.setattr(zoo, "method_row", lambda *a: {s: {"outcome": "ok"} for s in zoo.STAGES})
+    monkeypatch.setattr(zoo, "save", lambda doc, path: None)
+    import argparse
+
+    doc = {"header": {"commit": "0123456789ab", "machine": {"cpu": "AMD EPYC"}}, "models": {}, "rows": []}
+    args = argparse.Namespace(methods=("wanda",), resume=True, work=tmp_path, timeout=60, out=tmp_path / "zoo.json")
+    zoo.run_model(doc, zoo.Model("m", "x", (3, 8, 8)), args, lambda line: None)
+    assert doc["rows"][0]["machine"] == "AMD EPYC" and doc["models"]["m"]["machine"] == "AMD EPYC"
+
+    ok = {s: _stage("ok") for s in zoo.STAGES}
+    old = {"header": {"commit": "0123456789ab", "models_listed": 3, "machine": {"cpu": "Intel Xeon"}},
+           "mac_ratio": 0.7, "models": {"a": {"wall_s": 1.0}, "b": {"wall_s": 1.0, "machine": "AMD EPYC"}},
+           "rows": [{"model": "a", "family": "x", "method": "wanda", "stages": ok, "commit": "0123456789ab"},
+                    {"model": "c", "family": "x", "method": "wanda", "stages": ok, "commit": "0123456789ab"},
+                    {"model": "b", "family": "x", "method": "wanda", "stages": ok, "commit": "0123456789ab",
+                     "machine": "AMD EPYC"}]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    done = _run("--stamp", "--out", str(path))
+    assert done.returncode == 0 and "3 row(s) and baseline(s)" in done.stderr, done.stderr
+    got = json.loads(path.read_text())
+    assert [r["machine"] for r in got["rows"]] == ["Intel Xeon", "Intel Xeon", "AMD EPYC"]
+    assert {k: v["machine"] for k, v in got["models"].items()} == {"a": "Intel Xeon", "b": "AMD EPYC"}
+    before = path.stat().st_mtime_ns
+    assert "0 row(s)" in _run("--stamp", "--out", str(path)).stderr and path.stat().st_mtime_ns == before
+    assert zoo.summary_markdown(got).splitlines()[0] == (
+        "- **Rows**: 3 of 3 models, 3 rows, every row from commit 0123456 on 2 machines (Intel Xeon: 2 rows, AMD "
+        "EPYC: 1 rows; a row's times and INT8 ratios are its own machine's).")
+    missing = _run("--stamp", "--out", str(tmp_path / "none.json"))
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert f"zoo: --stamp: cannot read {tmp_path / 'none.json'}" in missing.stderr

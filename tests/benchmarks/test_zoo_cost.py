@@ -80,11 +80,12 @@ def test_points_come_from_passed_stages_with_known_parameters(tmp_path: Path) ->
                     _row("d", "factorize", "ok", 12.0, {"statistics": 4.0, "decompose": 8.0}),
                     {"model": "hf:x", "method": None, "stages": {}}]}
     points = zoo_cost.cost_points(doc)
-    assert points[("compress", "factorize", "wall_s")] == [(100.0, 3.0), (400.0, 6.0), (1600.0, 12.0)]
-    assert points[("compress:decompose", "factorize", "wall_s")] == [(100.0, 0.5), (400.0, 2.0), (1600.0, 8.0)]
+    assert points[("compress", "factorize", "wall_s")] == [(100.0, 3.0, "?"), (400.0, 6.0, "?"), (1600.0, 12.0, "?")]
+    assert points[("compress:decompose", "factorize", "wall_s")] == [(100.0, 0.5, "?"), (400.0, 2.0, "?"),
+                                                                      (1600.0, 8.0, "?")]
     assert ("compress:decompose", "factorize", "peak_rss_mib") not in points
-    assert [p for p, _ in points[("export", "factorize", "wall_s")]] == [100.0, 400.0, 1600.0]
-    assert points[("baseline", "original", "wall_s")] == [(100.0, 2.0), (400.0, 4.0), (1600.0, 8.0)]
+    assert [p for p, _, _ in points[("export", "factorize", "wall_s")]] == [100.0, 400.0, 1600.0]
+    assert points[("baseline", "original", "wall_s")] == [(100.0, 2.0, "?"), (400.0, 4.0, "?"), (1600.0, 8.0, "?")]
     fits = {(f["stage"], f["metric"]): f for f in zoo_cost.fit_all(points)}
     assert fits[("compress", "wall_s")]["exponent"] == pytest.approx(0.5)  # 3, 6, 12 over 100, 400, 1600
     assert fits[("compress:decompose", "wall_s")]["exponent"] == pytest.approx(1.0)
@@ -95,6 +96,47 @@ def test_points_come_from_passed_stages_with_known_parameters(tmp_path: Path) ->
     assert (source["commit"], source["load"], source["rows"], source["models"]) == ("abc", "quiet", 4, 4)
 
 
+def test_rows_of_two_machines_share_the_exponent_each_machine_its_prefactor() -> None:
+    """A run resumed on another CPU: exact power laws of one exponent on two machines, the second 2.5 times slower,
+    its rows on the larger models. One line through both tilts (the plain fit's exponent is wrong); the grouped fit
+    gives the exponent and both prefactors exactly, and over one group it is the plain fit."""
+    small, large = PARAMS[:4], PARAMS[3:]
+    x = [*small, *large]
+    y = [3e-6 * p**0.9 for p in small] + [7.5e-6 * p**0.9 for p in large]
+    machines = ["intel"] * len(small) + ["amd"] * len(large)
+    assert zoo_cost.fit_power(x, y).exponent > 0.95  # the slower machine's rows tilt one common line
+    fit = zoo_cost.fit_power(x, y, machines)
+    assert fit.exponent == pytest.approx(0.9, abs=1e-10) and fit.residual_sd == pytest.approx(0.0, abs=1e-9)
+    assert fit.prefactors == pytest.approx({"intel": 3e-6, "amd": 7.5e-6}, rel=1e-8)
+    assert fit.prefactor == pytest.approx(3e-6, rel=1e-8)  # the first of the two groups of four
+    rng = np.random.default_rng(2)
+    noisy = [v * math.exp(e) for v, e in zip(y, rng.normal(0, 0.3, len(y)))]
+    one = zoo_cost.fit_power(x, noisy, ["m"] * len(x))
+    plain = zoo_cost.fit_power(x, noisy)
+    assert (one.exponent, one.exponent_se, one.residual_sd) == pytest.approx(
+        (plain.exponent, plain.exponent_se, plain.residual_sd), rel=1e-12)
+    # the grouped fit is least squares with an intercept per machine: numpy's solve of that design
+    design = np.column_stack([np.log(x), [m == "intel" for m in machines], [m == "amd" for m in machines]])
+    coef, *_ = np.linalg.lstsq(design.astype(float), np.log(noisy), rcond=None)
+    two = zoo_cost.fit_power(x, noisy, machines)
+    assert two.exponent == pytest.approx(coef[0], rel=1e-10)
+    assert [math.log(two.prefactors[m]) for m in ("intel", "amd")] == pytest.approx(list(coef[1:]), rel=1e-10)
+    resid = np.log(noisy) - design.astype(float) @ coef
+    assert two.residual_sd == pytest.approx(math.sqrt(resid @ resid / (len(x) - 3)), rel=1e-10)
+    with pytest.raises(ValueError, match="over 3 groups needs at least 5"):
+        zoo_cost.fit_power(x[:4], y[:4], ["a", "b", "c", "c"])
+
+
+def test_points_name_each_rows_machine_or_the_headers() -> None:
+    doc = {"header": {"machine": {"cpu": "Intel"}},
+           "models": {"a": {"outcome": "ok", "params": 100, "wall_s": 2.0},
+                      "b": {"outcome": "ok", "params": 400, "wall_s": 4.0, "machine": "AMD"}},
+           "rows": [_row("a", "factorize", "ok", 3.0), {**_row("b", "factorize", "ok", 6.0), "machine": "AMD"}]}
+    points = zoo_cost.cost_points(doc)
+    assert points[("compress", "factorize", "wall_s")] == [(100.0, 3.0, "Intel"), (400.0, 6.0, "AMD")]
+    assert points[("baseline", "original", "wall_s")] == [(100.0, 2.0, "Intel"), (400.0, 4.0, "AMD")]
+
+
 def test_goal_summary_takes_the_median_of_the_runs_that_finished() -> None:
     runs = [{"prepare_s": 50.0}, {"prepare_s": 70.0}, {"error": "exit status 1"}, {"prepare_s": 55.0}]
     assert zoo_cost.summarise(runs, 60.0) == {"goal_s": 60.0, "prepare_median_s": 55.0,
@@ -103,8 +145,8 @@ def test_goal_summary_takes_the_median_of_the_runs_that_finished() -> None:
 
 
 def test_rows_of_too_narrow_a_size_range_give_no_fit() -> None:
-    narrow = [(1.4e7, 30.0), (1.7e7, 45.0), (2.0e7, 80.0)]  # a factor 1.4: three DenseNets, not a size trend
-    wide = [(1.4e7, 30.0), (2.8e7, 60.0), (5.6e7, 120.0)]  # a factor 4: exactly linear
+    narrow = [(1.4e7, 30.0, "m"), (1.7e7, 45.0, "m"), (2.0e7, 80.0, "m")]  # a factor 1.4: three DenseNets
+    wide = [(1.4e7, 30.0, "m"), (2.8e7, 60.0, "m"), (5.6e7, 120.0, "m")]  # a factor 4: exactly linear
     fits = zoo_cost.fit_all({("compress", "factorize", "wall_s"): narrow, ("export", "factorize", "wall_s"): wide})
     assert [(f["stage"], f["exponent"]) for f in fits] == [("export", pytest.approx(1.0))]
 
