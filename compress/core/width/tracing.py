@@ -490,6 +490,12 @@ def _said(exc: Exception) -> str:
 def _untraceable(model: nn.Module, plain: str, again: str = "") -> CompressionError:
     """One line for a model torch.fx cannot trace: plain torch.fx's failure (:func:`_said`), and ``again``, that of
     the trace carrying example values, and what to do instead."""
+    if "co_varnames is too small" in plain:  # torch.fx's own limit: a decorated forward taking **kwargs as the root
+        return CompressionError(
+            f"width surgery needs a model torch.fx can trace; {type(model).__name__}'s forward is wrapped by a "
+            "decorator and takes **kwargs, which torch.fx cannot trace as the model's own forward (as Hugging Face's "
+            "GPT2LMHeadModel); give a factory returning a module whose forward calls it (e.g. forward(self, "
+            "input_ids): return self.model(input_ids).logits) or use factorize, which needs no trace")
     then = f"; with the example's values it fails{again}" if again and again != plain else ""
     return CompressionError(
         f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced{plain} (Python "

@@ -47,7 +47,9 @@ class DepthPrepared:
     use it (``""``: used outside every branch), so that the parameters a set of removed blocks frees are counted
     exactly (a layer shared by two blocks goes only with both); ``scores``: per criterion computed, each block's score;
     ``order``: the removable blocks in the criterion's removal order; ``divergence``: the greedy divergence on the
-    scoring samples after each removal (None where not computed); ``timings_s``: the preparation's timings.
+    scoring samples after each removal (None where not computed); ``timings_s``: the preparation's timings;
+    ``traced_values``: whether the model was traced carrying example values (its plain trace kept whole the modules
+    holding every residual block), as ``realise`` traces it again.
     """
 
     model: nn.Module
@@ -66,6 +68,7 @@ class DepthPrepared:
     reasons: dict[str, str] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
     param_owners: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+    traced_values: bool = False
 
     def params_freed(self, removed: Collection[str]) -> int:
         """Parameters that removing the blocks ``removed`` frees: those no remaining node uses."""
@@ -82,16 +85,36 @@ def _scoring_samples(data: Dataset, n: int, seed: int) -> tuple[Inputs, torch.Te
     return data.x[idx], None if data.y is None else data.y[idx]
 
 
-def _traced(model: nn.Module, example: Inputs) -> fx.GraphModule:
+def _traced(model: nn.Module, example: Inputs, values: bool = False) -> fx.GraphModule:
+    """The model traced for depth (:func:`~minreal.compress.core.width.tracing.trace`, carrying example values with
+    ``values``), its unused results dropped."""
     if is_exported_program(model):
         raise CompressionError("depth needs the model's Python modules (an nn.Module built by its code, e.g. "
                                "file.py:factory or a torchvision name): a torch.export program (.pt2) holds ATen "
                                "operations, whose residual blocks cannot be found")
     try:
-        gm = trace(model, example)
+        gm = trace(model, example, values=values)
     except CompressionError as exc:
         raise CompressionError(str(exc).replace("width surgery needs", "depth needs")) from None
     return drop_unused_results(gm.eval())
+
+
+def _blocks_traced(model: nn.Module, example: Inputs) -> tuple[fx.GraphModule, list[Block], list[tuple[str, str]],
+                                                             bool]:
+    """The traced model, its residual blocks and the sums left, and whether it was traced carrying example values:
+    where the modules plain torch.fx keeps whole (a Hugging Face GPT2Model inside GPT2LMHeadModel: a check on a size
+    in Python) hold every residual block, the model is traced again with example values (as width methods do,
+    :func:`~minreal.compress.core.width.analysis.analyse`), and that trace is taken if it finds a block."""
+    gm = _traced(model, example)
+    blocks, left = find_blocks(gm)
+    if blocks or not gm.meta.get("opaque"):
+        return gm, blocks, left, False
+    try:
+        again = _traced(model, example, values=True)
+    except CompressionError:
+        return gm, blocks, left, False
+    found, rest = find_blocks(again)
+    return (again, found, rest, True) if found else (gm, blocks, left, False)
 
 
 def _excluded(blocks: list[Block], exclude: tuple[str, ...]) -> set[str]:
@@ -200,8 +223,7 @@ def depth_prepare(model: nn.Module, data: Dataset, config: DepthConfig) -> Depth
     """The budget-free phase: trace, find the residual blocks, cost each one's removal, score and order them."""
     t0 = time.perf_counter()
     example = data.x[: min(len(data), 2)]
-    gm = _traced(model, example)
-    blocks, left = find_blocks(gm)
+    gm, blocks, left, values = _blocks_traced(model, example)
     opaque = gm.meta.get("opaque", {})  # modules torch.fx could not trace or replay: their residual sums are unseen
     left = [*left, *((name, f"kept whole as one layer, torch.fx cannot trace or replay it ({why}): its own residual "
                              "sums are not seen") for name, why in opaque.items())]
@@ -232,7 +254,8 @@ def depth_prepare(model: nn.Module, data: Dataset, config: DepthConfig) -> Depth
     order, divergence = _criterion_order(config, gm, chosen, x, y, macs, total, scores)
     timings["score"] = time.perf_counter() - t0
     prep = DepthPrepared(model, example, config.criterion, blocks, left, names, macs, {}, total,
-                         sum(p.numel() for p in gm.parameters()), scores, order, divergence, reasons, timings, owners)
+                         sum(p.numel() for p in gm.parameters()), scores, order, divergence, reasons, timings, owners,
+                         values)
     prep.params = {b.name: prep.params_freed([b.name]) for b in blocks}
     return prep
 
@@ -336,7 +359,7 @@ def depth_realise(prep: DepthPrepared, config: DepthConfig) -> tuple[nn.Module, 
     """Remove blocks in the prepared order until the budget holds (see :class:`DepthConfig`)."""
     kind, target = _budget(config)
     chosen, ratio = _prefix(prep, kind, target, config.latency_table)
-    gm = _traced(prep.model, prep.example)
+    gm = _traced(prep.model, prep.example, prep.traced_values)
     new = remove_blocks(gm, blocks_named(prep.blocks, chosen))
     new.train(prep.model.training)
     report = _report(prep, config, chosen, kind, target, ratio)

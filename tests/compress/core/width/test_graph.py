@@ -194,6 +194,48 @@ def test_an_untraceable_model_is_refused_with_the_line_of_its_code_and_a_way_out
     assert "\n" not in said
 
 
+class _DecoratedKwargs(nn.Module):
+    """A forward wrapped by a decorator and taking **kwargs, as transformers 5 writes GPT2LMHeadModel's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 16), nn.Linear(16, 4)
+
+    def _forward(self, x: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def test_a_decorated_forward_with_kwargs_is_refused_naming_the_decorator_and_the_wrapper_to_write() -> None:
+    """Review: a GPT2LMHeadModel given directly was refused as "co_varnames is too small (Python control flow on a
+    tensor)": torch.fx cannot trace a decorated root forward that takes **kwargs (no control flow at all). The
+    refusal names that and the wrapper to write; the same model behind a one-line wrapper traces and is cut."""
+    import functools
+
+    def wrapped(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def call(*args: object, **kwargs: object) -> object:
+            return fn(*args, **kwargs)
+        return call
+
+    class Model(_DecoratedKwargs):
+        forward = wrapped(_DecoratedKwargs._forward)
+
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Model()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.model(x)
+
+    with pytest.raises(CompressionError) as info:
+        analyse(Model(), torch.randn(2, 4))
+    said = str(info.value)
+    assert "Model's forward is wrapped by a decorator and takes **kwargs" in said and "control flow" not in said
+    assert "\n" not in said
+    assert [g.name for g in analyse(Wrapper(), torch.randn(2, 4)).cuttable()] == ["model.fc1"]
+
+
 def _logged(forward: Callable) -> Callable:
     """A decorator on ``forward``, as transformers wraps its layers' (the traceback holds the wrapped function)."""
     import functools

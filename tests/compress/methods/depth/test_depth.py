@@ -343,6 +343,55 @@ def test_residual_sums_inside_a_block_kept_whole_are_named_unseen() -> None:
     assert any(name == "_Gated" and "its own residual sums are not seen" in why for name, why in prep.left)
 
 
+class _SizeChecked(nn.Module):
+    """Two residual blocks behind a check of a size in Python (as Hugging Face's GPT2Model builds its masks): plain
+    torch.fx fails inside this forward, so the module is kept whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3, self.fc4 = (nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 8:
+            raise ValueError("expects 8 features")
+        x = x + self.fc2(torch.relu(self.fc1(x)))
+        return x + self.fc4(torch.relu(self.fc3(x)))
+
+
+class _Checked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = _SizeChecked(), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def test_blocks_inside_a_module_plain_fx_keeps_whole_are_found_by_a_trace_carrying_values() -> None:
+    """Review (a GPT2LMHeadModel behind a one-line wrapper): plain torch.fx keeps GPT2Model whole (a size check in
+    its mask code), so depth found no block where width methods, tracing again with example values, cut inside it.
+    Depth now traces again too: the blocks inside are found, one removed is exactly its branch gone (the model with
+    that branch's last layer zeroed), the report says the trace fixed a decision, and realise traces the same way."""
+    from minreal.compress.core.width.tracing import DECISIONS_NOTE
+
+    torch.manual_seed(0)
+    model, data = _Checked().eval(), Dataset(torch.randn(32, 8))
+    assert trace(model, data.x[:2]).meta["opaque"].keys() == {"_SizeChecked"}
+    config = DepthConfig(criterion="energy", mac_ratio=0.75, score_samples=32)
+    prep = depth_prepare(model, data, config)
+    assert prep.traced_values and len(prep.blocks) == 2 and len(prep.removable) == 2
+    new, report = depth_realise(prep, config)
+    (removed,) = report.predicted["removed"]
+    last = {b.name: b for b in prep.blocks}[removed].modules[-1]
+    expected = copy.deepcopy(model)
+    with torch.no_grad():
+        expected.get_submodule(last).weight.zero_()
+        expected.get_submodule(last).bias.zero_()
+        torch.testing.assert_close(new(data.x), expected(data.x), rtol=0, atol=0)
+    assert any(n.startswith(DECISIONS_NOTE) for n in report.notes)
+    assert report.predicted["traced_decisions"]
+
+
 def test_a_parameter_budget_counts_a_shared_layer_once_with_the_last_of_its_blocks() -> None:
     torch.manual_seed(0)
     model, data = _Shared().eval(), Dataset(torch.randn(16, 8))  # one block applied twice
