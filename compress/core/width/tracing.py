@@ -130,6 +130,7 @@ def trace(model: nn.Module, example: torch.Tensor, values: bool = False) -> fx.G
 def _traced(model: nn.Module, example: Inputs, values: bool) -> fx.GraphModule:
     """:func:`trace`'s work: trace (plainly, then with example values), replay, check."""
     root = copy.deepcopy(model)
+    _open_root_forward(root)
     converted = _as_linear(root)
     state = _plain_state(root)  # tracing runs forward, which may keep values on the modules (a cache, a counter)
     opaque: dict[type, str] = {}
@@ -151,6 +152,7 @@ def _traced(model: nn.Module, example: Inputs, values: bool) -> fx.GraphModule:
         if gm is None:  # the model's own forward decides on a traced value: trace a fresh copy again carrying
             root = state = None  # example values, every class open again (the first copy freed before), checked
             root = copy.deepcopy(model)  # on batches of 3 and 1 below
+            _open_root_forward(root)
             _as_linear(root)
             state = _plain_state(root)
             concrete, replayed, first = _lanes(example), repeat_to(example, 3), None
@@ -447,6 +449,42 @@ def _require_same_outputs(model: nn.Module, root: nn.Module, gm: fx.GraphModule,
                 "something at trace time that it decides otherwise when it runs; use factorize, which needs no trace")
 
 
+def _open_root_forward(root: nn.Module) -> bool:
+    """Where ``root``'s ``forward`` is wrapped by a decorator and takes ``*args`` or ``**kwargs`` (transformers 5's
+    ``@can_return_tuple`` on ``GPT2LMHeadModel.forward``), torch.fx cannot trace it as the root: it reads the
+    unwrapped signature but patches the wrapper's code ("co_varnames is too small"). ``root``, a private copy, then
+    becomes an instance of a subclass whose ``forward`` has the unwrapped function's named parameters, with their
+    defaults, and calls the decorated ``forward`` with them: the same computation (the decorator still runs), in a
+    signature torch.fx can trace. Returns whether it did."""
+    cls = type(root)
+    forward = vars(cls).get("forward") or getattr(cls, "forward", None)
+    inner = inspect.unwrap(forward) if callable(forward) else None
+    if inner is None or inner is forward:
+        return False
+    try:
+        params = list(inspect.signature(inner).parameters.values())[1:]  # after self
+    except (TypeError, ValueError):
+        return False
+    if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return False
+    named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    defaults = {p.name: p.default for p in named if p.default is not p.empty}
+    head: list[str] = []
+    for i, p in enumerate(named):
+        if p.kind == p.KEYWORD_ONLY and (i == 0 or named[i - 1].kind != p.KEYWORD_ONLY):
+            head.append("*")
+        head.append(p.name + (f"=_defaults[{p.name!r}]" if p.name in defaults else ""))
+        if p.kind == p.POSITIONAL_ONLY and (i + 1 == len(named) or named[i + 1].kind != p.POSITIONAL_ONLY):
+            head.append("/")
+    passed = [p.name if p.kind == p.POSITIONAL_ONLY else f"{p.name}={p.name}" for p in named]
+    space: dict[str, Any] = {"_defaults": defaults, "_forward": forward}
+    exec(f"def forward(self, {', '.join(head)}):\n    return _forward(self, {', '.join(passed)})\n", space)
+    opened = space["forward"]
+    opened.__qualname__, opened.__doc__ = f"{cls.__qualname__}.forward", getattr(inner, "__doc__", None)
+    root.__class__ = type(cls.__name__, (cls,), {"forward": opened, "__module__": cls.__module__})
+    return True
+
+
 def _unfed_defaults(root: nn.Module, example: Inputs) -> dict[str, Any] | None:
     """``forward``'s parameters the example does not feed, at their defaults (a Hugging Face wrapper's
     ``attention_mask=None``): traced as placeholders they would be tensors, and ``if attention_mask is not None``
@@ -490,12 +528,6 @@ def _said(exc: Exception) -> str:
 def _untraceable(model: nn.Module, plain: str, again: str = "") -> CompressionError:
     """One line for a model torch.fx cannot trace: plain torch.fx's failure (:func:`_said`), and ``again``, that of
     the trace carrying example values, and what to do instead."""
-    if "co_varnames is too small" in plain:  # torch.fx's own limit: a decorated forward taking **kwargs as the root
-        return CompressionError(
-            f"width surgery needs a model torch.fx can trace; {type(model).__name__}'s forward is wrapped by a "
-            "decorator and takes **kwargs, which torch.fx cannot trace as the model's own forward (as Hugging Face's "
-            "GPT2LMHeadModel); give a factory returning a module whose forward calls it (e.g. forward(self, "
-            "input_ids): return self.model(input_ids).logits) or use factorize, which needs no trace")
     then = f"; with the example's values it fails{again}" if again and again != plain else ""
     return CompressionError(
         f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced{plain} (Python "

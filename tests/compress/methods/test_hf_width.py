@@ -109,3 +109,30 @@ def test_models_whose_own_forward_checks_its_inputs_go_through_wanda_and_export(
     path = tmp_path / f"{family}.onnx"
     to_onnx(new, data.x[:2], path)
     assert verify_parity(new, path, [data.x[:3], data.x[:5]]).passed
+
+
+@pytest.mark.parametrize("method", ["depth", "wanda"])
+def test_a_causal_lm_given_as_it_is_goes_through_depth_and_wanda_and_export(method: str, tmp_path: Path) -> None:
+    """Review: a GPT2LMHeadModel given directly (no wrapper, SDPA attention as transformers builds it) was refused by
+    every width method and by depth: its forward is decorated (``@can_return_tuple``) and takes ``**kwargs``, which
+    torch.fx cannot trace as the root; behind a wrapper depth still found no block (GPT2Model kept whole). Now depth
+    removes a block and wanda cuts the MLP widths, each to the budget, and the result exports with parity."""
+    transformers = pytest.importorskip("transformers")
+    from minreal.compress.methods.depth import DepthConfig
+
+    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=3, n_head=4, n_positions=40, n_inner=64,
+                                     bos_token_id=0, eos_token_id=0, use_cache=False)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    data = Dataset(torch.randint(0, 100, (16, 12), generator=torch.Generator().manual_seed(0)))
+    config_of = {"depth": DepthConfig(mac_ratio=0.8, criterion="energy"),
+                 "wanda": WandaConfig(mac_ratio=0.9, width_multiple=8)}
+    new, report = compress(model, data, method, config_of[method])
+    assert report.mac_ratio <= config_of[method].mac_ratio + 1e-9 and not report.predicted.get("budget_missed")
+    if method == "depth":
+        assert len(report.predicted["removed"]) >= 1
+    else:
+        assert any(kept < full for full, kept in report.predicted.group_widths.values())
+    path = tmp_path / f"{method}.onnx"
+    to_onnx(new, data.x[:2], path)
+    assert verify_parity(new, path, [data.x[:3], data.x[:5]]).passed
