@@ -474,14 +474,16 @@ def chain_label(methods: Sequence[str]) -> str:
 
 def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, Any]],
                    recovery: RecoveryConfig | None = None, held_out: Dataset | None = None,
-                   dynamic_axes: Mapping[str, Mapping[int, str]] | None = None) -> tuple[nn.Module, CompressionReport]:
+                   dynamic_axes: Mapping[str, Mapping[int, str]] | None = None, recover_after: bool = True
+                   ) -> tuple[nn.Module, CompressionReport]:
     """Run registered methods in sequence through :func:`compress`, each on the previous result.
 
     The report is the last step's layers, with the whole-model costs and the output comparison against the
     original ``model``; ``predicted.steps`` keeps each step's method, config, cost ratios and budget (each
     step's budget is relative to the model it received), and ``predicted.budget`` is the last budgeted step's,
     with that step's method under ``"step"``. An enabled ``recovery`` runs once, after the last step, from the
-    original ``model``. ``dynamic_axes``: as :func:`compress`'s, checked at each step.
+    original ``model``. ``dynamic_axes``: as :func:`compress`'s, checked at each step. ``recover_after=False``: as
+    :func:`compress`'s (the caller recovers with :func:`apply_recovery`).
     """
     current, summaries, reports = model, [], []
     for i, (method, config) in enumerate(steps):
@@ -510,4 +512,6 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
     report.measured = Measured(**compare_outputs(model, current, data))
     report.timings_s = {f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.timings_s.items()}
     report.timings_s["measure"] = time.perf_counter() - t0
+    if not recover_after:
+        return current, report
     return apply_recovery(report, model, current, data, recovery, held_out), report

@@ -35,6 +35,7 @@ from minreal.app.settings import PipelineConfig
 from minreal.compress.core.evaluate import compare_outputs, predictions_kept
 from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.run_case import RunCase, VariantSpec
+from minreal.compress.registry import apply_recovery
 from minreal.export.errors import ParityError
 from minreal.export.int8 import int8_skip_reason
 from minreal.export.int8.target import resolve_target
@@ -150,16 +151,26 @@ def _run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
     records = [_export(case.model, "original", "none", case, case_dir, cfg)]
     stages["export_original"] = time.perf_counter() - t
     weights: dict[str, dict[str, Any]] = {}  # layers with trained activation ranges, per variant label
+    compressed = []  # every variant compressed first: a budget one cannot meet stops the run before any recovery
     for run in case.runs:
         t = time.perf_counter()
         _fault_point("compress")
         recovery = variant_recovery(run, cfg.recovery, interrupts)
-        then = (f", then recovery ({recovery.epochs} epochs)" if recovery.epochs else
-                f", then recovery ({recovery.steps} steps)") if recovery is not None and recovery.enabled else ""
+        then = ", recovery after every variant is compressed" if len(case.runs) > 1 and recovery is not None \
+            and recovery.enabled else ""
         progress(f"[{case.name}] compressing with {run.method} ({run.label}){then}")
-        small, report = run_variant(case.model, case.train, run, recovery, case.test, case.axes())
+        small, report = run_variant(case.model, case.train, run, recovery, case.test, case.axes(),
+                                    recover_after=False)
+        compressed.append((run, small, report, time.perf_counter() - t))
+    for run, small, report, seconds in compressed:
+        t = time.perf_counter()
+        recovery = variant_recovery(run, cfg.recovery, interrupts)
+        if recovery is not None and recovery.enabled:
+            progress(f"[{case.name}] recovering {run.label} ("
+                     + (f"{recovery.epochs} epochs)" if recovery.epochs else f"{recovery.steps} steps)"))
+        small = apply_recovery(report, case.model, small, case.train, recovery, case.test)
         interrupts.seen |= bool(report.recovery and report.recovery["interrupted"])
-        stages[f"compress:{run.label}"] = time.perf_counter() - t
+        stages[f"compress:{run.label}"] = seconds + time.perf_counter() - t
         t = time.perf_counter()
         rec = _export(small, run.label, run.method, case, case_dir, cfg)
         # Methods measure on the data they were given (calibration); the run also measures on held-out data.

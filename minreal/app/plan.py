@@ -122,12 +122,15 @@ def load_plan(path: str | Path, defaults: dict[str, Any] | None = None) -> list[
 
 
 def run_variant(model: nn.Module, data: Dataset, run: VariantSpec, recovery: RecoveryConfig | None = None,
-                held_out: Dataset | None = None, dynamic_axes: Mapping[str, Mapping[int, str]] | None = None
-                ) -> tuple[nn.Module, CompressionReport]:
+                held_out: Dataset | None = None, dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+                recover_after: bool = True) -> tuple[nn.Module, CompressionReport]:
     """Compress ``model`` as one variant: a single method, or its chain of steps; then ``recovery``, or else the
     variant's own, if enabled (zero-shot and recovered models measured on ``held_out`` when given).
-    ``dynamic_axes``: the axes besides the batch the result is to keep (checked where a trace decided on sizes)."""
+    ``dynamic_axes``: the axes besides the batch the result is to keep (checked where a trace decided on sizes).
+    ``recover_after=False`` stops before the recovery (a method that trains with it, cbalanced, still gets it): the
+    caller recovers with :func:`~minreal.compress.registry.apply_recovery`."""
     recovery = recovery or run.recovery
     if run.steps:
-        return compress_chain(model, data, run.steps, recovery, held_out, dynamic_axes)
-    return compress(model, data, run.method, run.config, recovery, held_out, dynamic_axes=dynamic_axes)
+        return compress_chain(model, data, run.steps, recovery, held_out, dynamic_axes, recover_after)
+    return compress(model, data, run.method, run.config, recovery, held_out, dynamic_axes=dynamic_axes,
+                    recover_after=recover_after)

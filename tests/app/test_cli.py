@@ -588,6 +588,46 @@ def test_run_with_recovery_reports_zero_shot_and_recovered(workdir: Path, run_cl
     assert "## Recovery: zero-shot vs recovered" in md
 
 
+def test_run_compresses_every_variant_before_it_recovers_any(workdir: Path, run_cli: Callable,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's later variant whose budget cannot be met (magnitude at 0.01 of the MACs: one neuron per hidden layer
+    is more) stopped the run after the earlier variants' compression and recovery, whose epochs were lost. Every
+    variant is now compressed first, then each is recovered: the refusal comes before any recovery, and a run whose
+    budgets hold recovers each variant once, after all are compressed."""
+    from minreal.app import pipeline
+
+    recovered: list[str] = []
+    real = pipeline.apply_recovery
+
+    def counted(report: object, *args: object, **kwargs: object) -> object:
+        recovered.append(report.method)  # type: ignore[attr-defined]
+        return real(report, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "apply_recovery", counted)
+    Path("plan.toml").write_text('[[variant]]\nmethod = "svd"\nmac_ratio = 0.6\n\n'
+                                 '[[variant]]\nmethod = "magnitude"\nmac_ratio = 0.01\n')
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data", "digits-flat",
+            "--batch", "1", "--no-int8", "--recover-epochs", "1", *QUICK_BENCH]
+    code, out, err = run_cli([*args, "--out", "runs/refused"])
+    assert code != 0 and "0.01 cannot be reached" in err and "Traceback" not in err, err
+    assert recovered == [] and not Path("runs/refused").exists()
+    assert "[make] compressing with svd (svd), recovery after every variant is compressed" in err
+    assert "recovering" not in err
+
+    Path("plan.toml").write_text('[[variant]]\nmethod = "svd"\nmac_ratio = 0.6\n\n'
+                                 '[[variant]]\nmethod = "magnitude"\nmac_ratio = 0.6\n')
+    code, out, err = run_cli([*args, "--out", "runs/ok"])
+    assert code == 0, err
+    assert recovered == ["svd", "magnitude"]
+    lines = [ln for ln in err.splitlines() if "compressing with" in ln or "recovering" in ln]
+    assert [ln.split("] ", 1)[1].split(" (")[0] for ln in lines] == [
+        "compressing with svd", "compressing with magnitude", "recovering svd", "recovering magnitude"], lines
+    report = json.loads(Path("runs/ok/report.json").read_text())
+    for variant in report["cases"][0]["variants"][1:]:
+        assert variant["compression"]["recovery"]["epochs"] == 1
+        assert "held_out_recovered" in variant["compression"]["measured"]
+
+
 def test_first_ctrl_c_in_recovery_ends_it_and_the_run_goes_on(workdir: Path, run_cli: Callable,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C arrives as KeyboardInterrupt in the training loop (here at the 4th step): the best weights so far are
