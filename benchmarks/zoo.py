@@ -132,6 +132,8 @@ def _tv_shape(name: str, family: str) -> tuple[int, ...]:
         size = int(crop[0])
     except (ValueError, AttributeError, TypeError):
         size = 224
+    if name.startswith("vit_"):  # built without weights a ViT takes its builder's 224 x 224; vit_h_14's only weights
+        size = 224  # (SWAG, end to end) rebuild it at 518, whose transforms fed 518 x 518 to the 224 model (62df6df)
     size = min(size, 520) if family == "segmentation" else size
     if family == "video":
         return (3, 16, size, size)

@@ -597,3 +597,13 @@ def test_rows_name_their_machine_and_stamp_names_it_in_an_older_files_rows(tmp_p
     missing = _run("--stamp", "--out", str(tmp_path / "none.json"))
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
     assert f"zoo: --stamp: cannot read {tmp_path / 'none.json'}" in missing.stderr
+
+
+def test_a_vit_built_without_weights_gets_the_image_size_it_takes() -> None:
+    """The one run (62df6df) fed vit_h_14 518 x 518, the size its only weights' transforms give, and every method was
+    refused ("Wrong image height! Expected 224 but got 518"): built without weights, a torchvision ViT takes 224; the
+    other models keep their weights' size (EfficientNet-B7 600, segmentation capped at 520)."""
+    assert zoo._tv_shape("vit_h_14", "classification") == (3, 224, 224)  # torchvision's _vision_transformer: 224
+    assert zoo._tv_shape("vit_b_16", "classification") == (3, 224, 224)
+    assert zoo._tv_shape("efficientnet_b7", "classification") == (3, 600, 600)
+    assert zoo._tv_shape("fcn_resnet50", "segmentation") == (3, 520, 520)
