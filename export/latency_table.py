@@ -386,8 +386,8 @@ def build_depth_latency_table(model: nn.Module, example_input: torch.Tensor, pro
     ValueError
         an unknown precision, or INT8 on a provider other than ``cpu``.
     """
-    from minreal.compress.core.width.tracing import trace
-    from minreal.compress.methods.depth.graph import drop_unused_results, find_blocks, remove_blocks
+    from minreal.compress.methods.depth.graph import remove_blocks
+    from minreal.compress.methods.depth.method import traced_blocks
 
     if precision not in WIDTH_PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {WIDTH_PRECISIONS}")
@@ -399,8 +399,9 @@ def build_depth_latency_table(model: nn.Module, example_input: torch.Tensor, pro
     hit = _reusable(Path(out_path) if out_path is not None else None, header)
     if hit is not None:
         return hit
-    gm = drop_unused_results(trace(model.eval(), example_input[:2]).eval())
-    blocks = find_blocks(gm)[0]  # shortcut blocks too: depth removes one whose branch is zero on the data
+    # traced as depth traces it (carrying example values where plain torch.fx hides every block), so the blocks and
+    # their names are depth's; shortcut blocks too: depth removes one whose branch is zero on the data
+    gm, blocks, _, _ = traced_blocks(model.eval(), example_input[:2])
     if not blocks:
         raise CompressionError(f"{type(model).__name__} has no residual block: nothing for a depth latency table to "
                                "time")

@@ -41,3 +41,37 @@ def test_depth_table_times_each_identity_block_and_is_reused(tmp_path: Path, mon
     assert report.predicted["whole_model_latency_ratio"] == pytest.approx(0.9)  # one block of 1 ms in 10
     assert report.predicted["budget"] == {"kind": "latency_ratio", "requested": 0.9,
                                           "achieved": report.predicted["whole_model_latency_ratio"]}
+
+
+class _SizeChecked(torch.nn.Module):
+    """Two residual blocks behind a check of a size in Python: plain torch.fx keeps this module whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3, self.fc4 = (torch.nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 8:
+            raise ValueError("expects 8 features")
+        x = x + self.fc2(torch.relu(self.fc1(x)))
+        return x + self.fc4(torch.relu(self.fc3(x)))
+
+
+def test_a_depth_table_finds_the_blocks_depth_finds_by_a_trace_carrying_values(tmp_path: Path) -> None:
+    """Review: depth traces a model again carrying example values where plain torch.fx keeps whole the modules that
+    hold every block; the depth table traced it plainly and found no block ("nothing for a depth latency table to
+    time") where depth would remove some. It now finds the same blocks, and depth meets a latency budget from it."""
+    from minreal.compress.methods.depth.method import depth_prepare
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_SizeChecked(), torch.nn.Linear(8, 4)).eval()
+    data = Dataset(torch.randn(32, 8))
+    table = lt.build_depth_latency_table(model, data.x[:4], "cpu", out_path=tmp_path / "t.json")
+    prep = depth_prepare(model, data, DepthConfig(criterion="energy"))
+    assert prep.traced_values and sorted(table["blocks"]) == sorted(b.name for b in prep.blocks)
+    assert len(table["blocks"]) == 2
+    table = {**table, "model_ms": 10.0, "blocks": {n: {"ms": 9.0, "saving_ms": 1.0} for n in table["blocks"]}}
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    cfg = DepthConfig(criterion="energy", latency_ratio=0.9, latency_table=str(tmp_path / "t.json"))
+    _, report = compress(model, data, "depth", cfg)
+    assert report.predicted["whole_model_latency_ratio"] == pytest.approx(0.9)

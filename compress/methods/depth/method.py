@@ -29,7 +29,7 @@ from .config import DEFAULT_MAC_RATIO, DepthConfig
 from .criteria import energy_scores, greedy_order, observability_scores, outputs, removal_scores
 from .graph import Block, blocks_named, drop_unused_results, find_blocks, remove_blocks
 
-__all__ = ["DepthPrepared", "depth_prepare", "depth_realise", "depth_compress", "removable_blocks",
+__all__ = ["DepthPrepared", "depth_prepare", "depth_realise", "depth_compress", "removable_blocks", "traced_blocks",
            "latency_savings"]
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def _traced(model: nn.Module, example: Inputs, values: bool = False) -> fx.Graph
     return drop_unused_results(gm.eval())
 
 
-def _blocks_traced(model: nn.Module, example: Inputs) -> tuple[fx.GraphModule, list[Block], list[tuple[str, str]],
+def traced_blocks(model: nn.Module, example: Inputs) -> tuple[fx.GraphModule, list[Block], list[tuple[str, str]],
                                                              bool]:
     """The traced model, its residual blocks and the sums left, and whether it was traced carrying example values:
     where the modules plain torch.fx keeps whole (a Hugging Face GPT2Model inside GPT2LMHeadModel: a check on a size
@@ -223,7 +223,7 @@ def depth_prepare(model: nn.Module, data: Dataset, config: DepthConfig) -> Depth
     """The budget-free phase: trace, find the residual blocks, cost each one's removal, score and order them."""
     t0 = time.perf_counter()
     example = data.x[: min(len(data), 2)]
-    gm, blocks, left, values = _blocks_traced(model, example)
+    gm, blocks, left, values = traced_blocks(model, example)
     opaque = gm.meta.get("opaque", {})  # modules torch.fx could not trace or replay: their residual sums are unseen
     left = [*left, *((name, f"kept whole as one layer, torch.fx cannot trace or replay it ({why}): its own residual "
                              "sums are not seen") for name, why in opaque.items())]
