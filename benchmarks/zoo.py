@@ -704,7 +704,9 @@ def merge(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """One zoo JSON from a base and the runs that resumed from it at once (shards of the list, or other machines):
     ``docs`` are (name, document) pairs, the base first. A shard's row (or baseline) that differs from the base's
     for the same (model, method) replaces it (it was run again), a new one is added; two shards that ran the same
-    pair differently are refused in one line naming both. Every run's header is kept under ``earlier_runs``."""
+    pair differently are refused in one line naming both. Every run's header is kept under ``earlier_runs``. A row
+    that names no machine ran on its own file's header's: a shard's copy of a base row, which an older zoo.py kept
+    unnamed, is the base's row (:func:`_same_row`), not a rerun on the shard's machine. ``docs`` are left as given."""
     for name, doc in docs:
         missing = [k for k in ("header", "models", "rows", "mac_ratio") if not isinstance(doc, dict) or k not in doc]
         if missing:
@@ -712,8 +714,8 @@ def merge(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         if doc["mac_ratio"] != docs[0][1]["mac_ratio"]:
             raise SystemExit(f"zoo: --merge: {name} is at MAC ratio {doc['mac_ratio']}, {docs[0][0]} at "
                              f"{docs[0][1]['mac_ratio']}")
-    for _, doc in docs:  # each file's unnamed rows ran on its own header's machine
-        stamp_machines(doc)
+    docs = [(name, json.loads(json.dumps(doc))) for name, doc in docs]  # the caller's documents stay as they are
+    stamp_machines(docs[0][1])
     base_name, base = docs[0]
     out = json.loads(json.dumps(base))
     head = out["header"]
@@ -725,15 +727,16 @@ def merge(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     for name, doc in docs[1:]:
         for r in doc["rows"]:
             key = (r["model"], r["method"])
-            if key in base_rows and r == base_rows[key]:
+            if key in base_rows and _same_row(r, base_rows[key]):
                 continue
+            r.setdefault("machine", machine_of(doc))
             if key in changed and rows[key] != r:
                 raise SystemExit(f"zoo: --merge: {key[0]}/{key[1]} was run in both {changed[key]} and {name}, with "
                                  "different rows; merge one of them")
             rows[key], changed[key] = r, name
         for model, entry in doc["models"].items():
-            if base_models.get(model) != entry:
-                out["models"][model] = entry
+            if model not in base_models or not _same_row(entry, base_models[model]):
+                out["models"][model] = {**entry, "machine": entry.get("machine") or machine_of(doc)}
         for run in earlier_runs(doc["header"]):
             if json.dumps(run, sort_keys=True) not in seen:
                 seen.add(json.dumps(run, sort_keys=True))
@@ -758,6 +761,12 @@ def stamp_machines(doc: dict[str, Any]) -> int:
         if "machine" not in entry:
             entry["machine"], stamped = cpu, stamped + 1
     return stamped
+
+
+def _same_row(row: dict[str, Any], base: dict[str, Any]) -> bool:
+    """Whether a shard's ``row`` (or baseline) is the base's: equal, a machine the row does not name aside (an older
+    zoo.py copied the base's rows unnamed)."""
+    return row == base or ("machine" not in row and row == {k: v for k, v in base.items() if k != "machine"})
 
 
 def header(models_listed: int) -> dict[str, Any]:
@@ -855,10 +864,15 @@ def summary_markdown(doc: dict[str, Any]) -> str:
     commits = sorted({r.get("commit", "?")[:7] for r in rows})
     origin = f"every row from commit {commits[0]}" if len(commits) == 1 else \
         f"rows from {len(commits)} commits (each row names its own)"
-    machines = Counter(r.get("machine") or machine_of(doc) for r in rows)
-    where = "" if set(machines) <= {"?"} else f" on {next(iter(machines))}" if len(machines) == 1 else \
-        f" on {len(machines)} machines (" + ", ".join(f"{m}: {n} rows" for m, n in machines.most_common()) + \
-        "; a row's times and INT8 ratios are its own machine's)"
+    unnamed = "machine not recorded"
+    machines = Counter(unnamed if m == "?" else m for m in (r.get("machine") or machine_of(doc) for r in rows))
+    if set(machines) <= {unnamed}:
+        where = ""
+    elif len(machines) == 1:
+        where = f" on {next(iter(machines))}"
+    else:
+        where = (f" on {len(machines)} machines (" + ", ".join(f"{m}: {n} rows" for m, n in machines.most_common())
+                 + "; a row's times and INT8 ratios are its own machine's)")
     lines = [f"- **Rows**: {len({r['model'] for r in rows})} of {doc['header']['models_listed']} models, "
              f"{len(rows)} rows, {origin}{where}.", *_through_lines(rows), *_budget_lines(doc, rows),
              *_int8_lines(rows), *_cost_lines(doc, rows)]
@@ -980,6 +994,11 @@ def main() -> None:
             doc = json.loads(args.out.read_text())
         except (OSError, ValueError) as exc:
             raise SystemExit(f"zoo: --stamp: cannot read {args.out}: {type(exc).__name__}: {exc}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not isinstance(doc.get("header"),
+                                                                                                 dict):
+            raise SystemExit(f"zoo: --stamp: {args.out} is not a zoo JSON (no header and rows)")
+        if machine_of(doc) == "?":
+            raise SystemExit(f"zoo: --stamp: {args.out}'s header names no machine; nothing stamped")
         stamped = stamp_machines(doc)
         if stamped:
             write_json(args.out, doc)

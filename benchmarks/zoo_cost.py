@@ -124,8 +124,9 @@ def fit_power(x: Sequence[float], y: Sequence[float], groups: Sequence[str] | No
         raise ValueError(f"a power fit over {len(names)} groups needs at least {len(names) + 2} pairs, got {n}")
     member = {g: np.array([lab == g for lab in labels]) for g in names}
     dx, dy = np.empty(n), np.empty(n)
-    for m in member.values():
-        dx[m], dy[m] = lx[m] - lx[m].mean(), ly[m] - ly[m].mean()
+    for m in member.values():  # a group of one size says nothing of the slope: exactly nothing, not rounding
+        dx[m] = 0.0 if np.ptp(lx[m]) == 0 else lx[m] - lx[m].mean()
+        dy[m] = ly[m] - ly[m].mean()
     sxx = float(dx @ dx)
     if sxx == 0.0:
         raise ValueError("a power fit needs at least two different x")
@@ -175,17 +176,28 @@ def cost_points(doc: dict[str, Any]) -> dict[tuple[str, str, str], list[tuple[fl
 
 
 def fit_all(points: dict[tuple[str, str, str], list[tuple[float, float, str]]]) -> list[dict[str, Any]]:
-    """One record per (stage, method, metric) with at least :data:`MIN_ROWS` rows whose parameters span a factor of
-    :data:`MIN_SPAN`: the fit (one exponent, a prefactor per machine where the rows come from more than one: see
-    :func:`fit_power`) and the range of parameters it covers."""
+    """One record per (stage, method, metric) with at least :data:`MIN_ROWS` rows of machines whose own rows span a
+    factor of :data:`MIN_SPAN` in parameters: the fit (one exponent, a prefactor per machine where the rows come from
+    more than one: see :func:`fit_power`), the range of parameters it covers and the rows of the machines left out
+    (``machines_left_out``). With a prefactor per machine the exponent rests on each machine's own spread: a machine
+    whose rows span less (a run that moved machines near the end of its list) would only confound size with speed."""
     fits = []
     for (stage, method, metric), pts in sorted(points.items()):
-        xs, ys, machines = [p for p, _, _ in pts], [v for _, v, _ in pts], [m for _, _, m in pts]
-        if len(pts) < MIN_ROWS or max(xs) < MIN_SPAN * min(xs) or len(pts) < len(set(machines)) + 2:
+        by: dict[str, list[tuple[float, float]]] = {}
+        for p, v, m in pts:
+            by.setdefault(m, []).append((p, v))
+        wide = {m: g for m, g in by.items() if max(p for p, _ in g) >= MIN_SPAN * min(p for p, _ in g)}
+        rows = [(p, v, m) for m, g in wide.items() for p, v in g]
+        if len(rows) < MIN_ROWS or len(rows) < len(wide) + 2:
             continue
-        fit = fit_power(xs, ys, machines if len(set(machines)) > 1 else None)
+        xs, ys, machines = [p for p, _, _ in rows], [v for _, v, _ in rows], [m for _, _, m in rows]
+        try:
+            fit = fit_power(xs, ys, machines if len(wide) > 1 else None)
+        except ValueError:  # no spread left to fit
+            continue
+        left = {m: len(g) for m, g in by.items() if m not in wide}
         fits.append({"stage": stage, "method": method, "metric": metric, **_rounded(asdict(fit)),
-                     "params_range": [int(min(xs)), int(max(xs))]})
+                     "params_range": [int(min(xs)), int(max(xs))], **({"machines_left_out": left} if left else {})})
     return fits
 
 

@@ -607,3 +607,35 @@ def test_a_vit_built_without_weights_gets_the_image_size_it_takes() -> None:
     assert zoo._tv_shape("vit_b_16", "classification") == (3, 224, 224)
     assert zoo._tv_shape("efficientnet_b7", "classification") == (3, 600, 600)
     assert zoo._tv_shape("fcn_resnet50", "segmentation") == (3, 520, 520)
+
+
+def test_merge_keeps_a_shards_unnamed_copy_of_a_base_row_as_the_bases_and_names_its_new_rows(tmp_path: Path) -> None:
+    """Review: merge named every file's unnamed rows with its own header's machine before comparing, so a shard's
+    copy of a base row (an older zoo.py copies the base's rows unnamed) looked rerun on the shard's machine: it
+    replaced the base's row, and two shards on different machines were refused as a conflict. The copy is now the
+    base's row; the shard's new rows name its machine; the documents given are left as they were."""
+    row = {"model": "resnet18", "family": "x", "method": "wanda", "stages": {}, "commit": "abc"}
+    base = {"header": {"machine": {"cpu": "Intel Xeon"}}, "models": {"resnet18": {"wall_s": 1.0}},
+            "rows": [dict(row)], "mac_ratio": 0.7}
+    shard = {"header": {"machine": {"cpu": "AMD EPYC"}, "started": "s"}, "models": {"resnet18": {"wall_s": 1.0},
+                                                                                    "vgg11": {"wall_s": 2.0}},
+             "rows": [dict(row), {**row, "model": "vgg11"}], "mac_ratio": 0.7}
+    other = {"header": {"machine": {"cpu": "AMD EPYC 2"}, "started": "t"}, "models": {"resnet18": {"wall_s": 1.0}},
+             "rows": [dict(row), {**row, "model": "vgg13"}], "mac_ratio": 0.7}
+    given = json.dumps([base, shard, other])
+    out = zoo.merge([("base", base), ("shard", shard), ("other", other)])
+    assert json.dumps([base, shard, other]) == given
+    assert sorted((r["model"], r["machine"]) for r in out["rows"]) == [
+        ("resnet18", "Intel Xeon"), ("vgg11", "AMD EPYC"), ("vgg13", "AMD EPYC 2")]
+    assert {m: e["machine"] for m, e in out["models"].items()} == {"resnet18": "Intel Xeon", "vgg11": "AMD EPYC"}
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("[1]", "{path} is not a zoo JSON (no header and rows)"),
+    ('{"header": {}, "rows": []}', "{path}'s header names no machine; nothing stamped")])
+def test_stamp_refuses_a_file_it_cannot_name_machines_in_in_one_line(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "z.json"
+    path.write_text(text)
+    done = _run("--stamp", "--out", str(path))
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert f"zoo: --stamp: {says.format(path=path)}" in done.stderr and path.read_text() == text

@@ -161,3 +161,21 @@ def test_memory_goal_is_imports_three_weights_and_one_batch_against_the_median_p
     assert got["within"] is True
     assert zoo_cost.memory_goal(probe, runs[:1] * 3)["within"] is False  # 1300 > 1200
     assert zoo_cost.memory_goal({"error": "exit status 1"}, runs)["within"] is None
+
+
+def test_machines_whose_own_rows_span_too_little_are_left_out_of_the_fit() -> None:
+    """Review: with a prefactor per machine the exponent rests on each machine's own spread, but the span was checked
+    on the pooled rows: two machines of three close sizes each, a factor 1000 apart, gave an exponent of -2.3 ± 5.5.
+    Such a fit is not made; a narrow machine beside a wide one is left out and named; a machine of one size only (the
+    zoo has triples of equal counts) adds exactly nothing to the slope; rows of no spread give no fit, not an error."""
+    confounded = [(1e6, 1.0, "A"), (1.05e6, 1.3, "A"), (1.1e6, 1.1, "A"),
+                  (1e9, 100.0, "B"), (1.02e9, 300.0, "B"), (1.1e9, 90.0, "B")]
+    assert zoo_cost.fit_all({("compress", "wanda", "wall_s"): confounded}) == []
+    wide = [(p, 2e-6 * p, "B") for p in (1e6, 1e7, 1e8)]
+    fits = zoo_cost.fit_all({("compress", "wanda", "wall_s"): confounded[:3] + wide})
+    assert len(fits) == 1 and fits[0]["exponent"] == pytest.approx(1.0) and fits[0]["n"] == 3
+    assert fits[0]["machines_left_out"] == {"A": 3}
+    flat = zoo_cost.fit_power([3e6] * 3 + [1e7, 1e8], [1.0, 2.0, 3.0, 5e-6 * 1e7, 5e-6 * 1e8], ["A"] * 3 + ["B"] * 2)
+    assert flat.exponent == pytest.approx(1.0, abs=1e-12)
+    none = {("compress", "wanda", "wall_s"): [(1e6, 1.0, "A"), (1e6, 1.2, "A"), (1e9, 100.0, "B"), (1e9, 90.0, "B")]}
+    assert zoo_cost.fit_all(none) == []

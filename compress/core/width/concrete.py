@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import operator
 import traceback
 import weakref
@@ -132,6 +133,15 @@ class ConcreteProxy(fx.Proxy):
         return self.tracer.decide(self, "float")  # type: ignore[attr-defined]
 
 
+def built_inline(tracer: fx.Tracer, m: nn.Module) -> bool:
+    """Whether ``m`` is a layer without parameters or buffers that the model builds inside its ``forward`` (Hugging
+    Face's DistilBERT classifier: ``nn.ReLU()(pooled)``), not one of the traced root's submodules: torch.fx refuses
+    it ("module is not installed as a submodule"); its ``forward`` is traced through instead, as the function it
+    calls. One with parameters stays refused (a layer made anew at every call)."""
+    paths = getattr(tracer, "submodule_paths", None)
+    return paths is not None and m not in paths and next(itertools.chain(m.parameters(), m.buffers()), None) is None
+
+
 class ConcreteTracer(fx.Tracer):
     """Records the graph as :class:`torch.fx.Tracer` does (``is_leaf``: which modules stay whole) while computing every
     value on ``inputs`` (three lanes, each ``forward``'s parameter name → its value; see :func:`lane_inputs`); Python's
@@ -219,7 +229,7 @@ class ConcreteTracer(fx.Tracer):
     # while a value is computed, modules and attributes are the real ones, not recorded
     def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
-        if self._evaluating:
+        if self._evaluating or built_inline(self, m):
             return forward(*args, **kwargs)
         return super().call_module(m, forward, args, kwargs)
 

@@ -18,7 +18,7 @@ import itertools
 import math
 import re
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from ..errors import CompressionError
 from ..evaluate import eval_mode
 from ..inputs import Inputs, NamedInputs, args_of, call, repeat_to, sample_shapes, slice_axis
-from .concrete import LANE_BATCHES, ConcreteTracer, frame_name, lane_inputs, user_frame
+from .concrete import LANE_BATCHES, ConcreteTracer, built_inline, frame_name, lane_inputs, user_frame
 
 __all__ = ["AXES_NOTE", "AXES_WARNING", "DECISIONS_NOTE", "trace", "trace_notes", "is_exported_program",
            "require_decisions_hold", "activation_batch", "FORWARD_BYTES", "BACKWARD_BYTES"]
@@ -100,6 +100,12 @@ class _Tracer(fx.Tracer):
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return (super().is_leaf_module(m, module_qualified_name) or _keeps_layer_forward(m)
                 or type(m) in self.opaque)
+
+    def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        if built_inline(self, m):
+            return forward(*args, **kwargs)
+        return super().call_module(m, forward, args, kwargs)
 
 
 def _keeps_layer_forward(m: nn.Module) -> bool:
@@ -449,6 +455,10 @@ def _require_same_outputs(model: nn.Module, root: nn.Module, gm: fx.GraphModule,
                 "something at trace time that it decides otherwise when it runs; use factorize, which needs no trace")
 
 
+_CALLED, _DEFAULTS = "__minreal_decorated_forward", "__minreal_defaults"
+"""The names :func:`_open_root_forward`'s generated ``forward`` calls the decorated one and reads defaults by."""
+
+
 def _open_root_forward(root: nn.Module) -> bool:
     """Where ``root``'s ``forward`` is wrapped by a decorator and takes ``*args`` or ``**kwargs`` (transformers 5's
     ``@can_return_tuple`` on ``GPT2LMHeadModel.forward``), torch.fx cannot trace it as the root: it reads the
@@ -468,17 +478,19 @@ def _open_root_forward(root: nn.Module) -> bool:
     if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
         return False
     named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if any(p.name in ("self", _CALLED, _DEFAULTS) for p in named):  # the generated code's own names
+        return False
     defaults = {p.name: p.default for p in named if p.default is not p.empty}
     head: list[str] = []
     for i, p in enumerate(named):
         if p.kind == p.KEYWORD_ONLY and (i == 0 or named[i - 1].kind != p.KEYWORD_ONLY):
             head.append("*")
-        head.append(p.name + (f"=_defaults[{p.name!r}]" if p.name in defaults else ""))
+        head.append(p.name + (f"={_DEFAULTS}[{p.name!r}]" if p.name in defaults else ""))
         if p.kind == p.POSITIONAL_ONLY and (i + 1 == len(named) or named[i + 1].kind != p.POSITIONAL_ONLY):
             head.append("/")
     passed = [p.name if p.kind == p.POSITIONAL_ONLY else f"{p.name}={p.name}" for p in named]
-    space: dict[str, Any] = {"_defaults": defaults, "_forward": forward}
-    exec(f"def forward(self, {', '.join(head)}):\n    return _forward(self, {', '.join(passed)})\n", space)
+    space: dict[str, Any] = {_DEFAULTS: defaults, _CALLED: forward}
+    exec(f"def forward(self, {', '.join(head)}):\n    return {_CALLED}(self, {', '.join(passed)})\n", space)
     opened = space["forward"]
     opened.__qualname__, opened.__doc__ = f"{cls.__qualname__}.forward", getattr(inner, "__doc__", None)
     root.__class__ = type(cls.__name__, (cls,), {"forward": opened, "__module__": cls.__module__})
@@ -529,10 +541,10 @@ def _untraceable(model: nn.Module, plain: str, again: str = "") -> CompressionEr
     """One line for a model torch.fx cannot trace: plain torch.fx's failure (:func:`_said`), and ``again``, that of
     the trace carrying example values, and what to do instead."""
     then = f"; with the example's values it fails{again}" if again and again != plain else ""
+    why = " (Python control flow on a tensor)" if "TraceError" in plain else ""
     return CompressionError(
-        f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced{plain} (Python "
-        f"control flow on a tensor){then}; give a factory returning the part that traces (e.g. the backbone) or use "
-        "factorize, which needs no trace")
+        f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced{plain}{why}{then}; "
+        "give a factory returning the part that traces (e.g. the backbone) or use factorize, which needs no trace")
 
 
 def _unreplayable(model: nn.Module, example: Inputs, exc: Exception, kept: int = 0) -> CompressionError:

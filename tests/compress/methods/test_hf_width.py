@@ -136,3 +136,21 @@ def test_a_causal_lm_given_as_it_is_goes_through_depth_and_wanda_and_export(meth
     path = tmp_path / f"{method}.onnx"
     to_onnx(new, data.x[:2], path)
     assert verify_parity(new, path, [data.x[:3], data.x[:5]]).passed
+
+
+def test_a_sequence_classifier_building_a_layer_inline_goes_through_wanda_and_export(tmp_path: Path) -> None:
+    """Review: DistilBertForSequenceClassification given directly was refused ("module is not installed as a
+    submodule"): its forward builds ``nn.ReLU()`` inline. Traced through, its MLP widths are cut to the budget and
+    the result exports with parity."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DistilBertConfig(vocab_size=100, dim=32, hidden_dim=64, n_layers=2, n_heads=4,
+                                           max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.DistilBertForSequenceClassification(config).eval()
+    data = Dataset(torch.randint(0, 100, (16, 12), generator=torch.Generator().manual_seed(0)))
+    new, report = compress(model, data, "wanda", WandaConfig(mac_ratio=0.9, width_multiple=8))
+    assert report.mac_ratio <= 0.9 + 1e-9 and not report.predicted.get("budget_missed")
+    assert any(kept < full for full, kept in report.predicted.group_widths.values())
+    path = tmp_path / "distilbert.onnx"
+    to_onnx(new, data.x[:2], path)
+    assert verify_parity(new, path, [data.x[:3], data.x[:5]]).passed

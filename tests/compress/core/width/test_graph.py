@@ -550,3 +550,71 @@ def test_tuple_defaults_nan_and_empty_outputs_and_sampled_noise_trace() -> None:
     random state."""
     wg = analyse(_Odd().eval(), torch.randn(2, 4))
     assert [g.name for g in wg.cuttable()] == ["fc1"] and wg.gm.meta["fixed_args"] == {}
+
+
+class _InlineReLU(nn.Module):
+    """Builds a layer without parameters inside its forward, as DistilBertForSequenceClassification does
+    (``nn.ReLU()(pooled_output)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(nn.ReLU()(self.fc1(x)))
+
+
+class _InlineLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.Linear(16, 4)(self.fc1(x))
+
+
+def test_a_layer_without_parameters_built_inside_forward_is_traced_through() -> None:
+    """Review: DistilBertForSequenceClassification was refused by every width method and depth as "module is not
+    installed as a submodule (Python control flow on a tensor)": its forward builds ``nn.ReLU()`` inline. Such a
+    layer is now traced as the function it calls (the hidden width may shrink, every channel kept gives the model
+    back); one with parameters (made anew at every call) is still refused, in words that no longer say control
+    flow."""
+    torch.manual_seed(0)
+    model, x = _InlineReLU().eval(), torch.randn(2, 4)
+    wg = analyse(model, x)
+    assert [g.name for g in wg.cuttable()] == ["fc1"] and not wg.gm.meta["opaque"]
+    with torch.no_grad():
+        assert torch.equal(apply_cuts(wg, {"fc1": Cut(range(16))})(x), model(x))
+    with pytest.raises(CompressionError) as info:
+        analyse(_InlineLinear().eval(), x)
+    said = str(info.value)
+    assert "NameError: module is not installed as a submodule" in said and "control flow" not in said
+
+
+def test_a_parameter_named_like_the_generated_code_s_own_names_is_traced() -> None:
+    """Review: a decorated forward with a parameter named ``_forward`` shadowed the name the generated forward called
+    the decorated one by ("'NoneType' object is not callable")."""
+    import functools
+
+    def passed(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def call(*args: object, **kwargs: object) -> object:
+            return fn(*args, **kwargs)
+        return call
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(4, 16), nn.Linear(16, 4)
+
+        @passed
+        def forward(self, x: torch.Tensor, _forward: object = None, _defaults: object = None,
+                    **kwargs: object) -> torch.Tensor:
+            return self.fc2(F.relu(self.fc1(x)))
+
+    torch.manual_seed(0)
+    model, x = Model().eval(), torch.randn(2, 4)
+    wg = analyse(model, x)
+    assert [g.name for g in wg.cuttable()] == ["fc1"]
+    with torch.no_grad():
+        assert torch.equal(wg.gm(x), model(x))
