@@ -421,8 +421,9 @@ def _finished(budget: tuple[str, float] | None, model: nn.Module, data: Dataset,
 
 def require_axes_hold(model: nn.Module, data: Dataset, report: CompressionReport,
                       dynamic_axes: Mapping[str, Mapping[int, str]]) -> str:
-    """Where ``report`` holds decisions a width trace fixed at the data's shape (``predicted.traced_decisions``) and
-    ``dynamic_axes`` names an axis besides the batch, check they hold at half its length
+    """Where ``report`` holds decisions a width or depth trace fixed at the data's shape
+    (``predicted.traced_decisions``) and ``dynamic_axes`` names an axis besides the batch, check they hold at half its
+    length
     (:func:`~minreal.compress.core.width.tracing.require_decisions_hold`: a one-line CompressionError otherwise); its
     note goes to ``report.notes`` (and is returned; "" when there was nothing to check) and its time to
     ``report.timings_s["axes_check"]``."""

@@ -327,7 +327,7 @@ def _int8_loss(m: Mapping[str, Any], src: Mapping[str, Any]) -> str | None:
 
 
 def axes_warnings(records: list[Any]) -> list[str]:
-    """Per variant, the width trace's warning that decisions rest on a dynamic axis's length (the graph holds only
+    """Per variant, the trace's warning that decisions rest on a dynamic axis's length (the graph holds only
     where they keep their outcome: :data:`~minreal.compress.core.width.tracing.AXES_WARNING`)."""
     from minreal.compress.core.width.tracing import AXES_WARNING
 

@@ -807,7 +807,7 @@ def test_a_graph_fixed_at_the_datas_shape_keeps_a_dynamic_axis_only_where_it_dec
     line = 1 + next(i for i, text in enumerate(SEQUENCE.splitlines()) if "if (x.shape[1] > 8)" in text)
     if factory == "by_length" and length == 32:
         assert code == 0 and Path("s.pt2").exists(), err
-        assert "WARNING: dynamic axes besides the batch, decisions that rest on them: seq: 1 of the width trace's 1 " \
+        assert "WARNING: dynamic axes besides the batch, decisions that rest on them: seq: 1 of the trace's 1 " \
                f"decision(s) rest on sizes that change with them and went the same way at the lengths tried: the " \
                f"graph holds only where they still do (seq.py:{line}: bool(32 > 8) = True at seq 32, bool(16 > 8) at " \
                "seq 16, bool(31 > 8) at seq 31)" in err
@@ -816,12 +816,12 @@ def test_a_graph_fixed_at_the_datas_shape_keeps_a_dynamic_axis_only_where_it_dec
         assert code != 0 and not Path("s.pt2").exists() and not Path("r.json").exists()
         said = [ln for ln in err.splitlines() if ln.strip()]
         assert len(said) == 3, err
-        assert said[-1].startswith("minreal: error: dynamic axes besides the batch: seq: the width trace fixed "), err
+        assert said[-1].startswith("minreal: error: dynamic axes besides the batch: seq: the trace fixed "), err
         assert f"decides otherwise at seq 6: seq.py:{line}: bool(12 > 8) = True at seq 12, seq.py:{line}: " \
                "bool(6 > 8) = False at seq 6" in said[-1]
         return
     assert code == 0, err
-    assert "note: dynamic axes besides the batch: seq: the width trace fixed 1 decision(s) on sizes at the " \
+    assert "note: dynamic axes besides the batch: seq: the trace fixed 1 decision(s) on sizes at the " \
            "calibration data's shape (input (12, 8)); traced again at seq 6, seq 11, every decision rests on the " \
            "same sizes" in err
     report = json.loads(Path("r.json").read_text())
@@ -905,7 +905,7 @@ def test_run_lists_the_axes_warning_of_a_single_method_and_of_a_chains_step() ->
     from minreal.app.pipeline import axes_warnings
     from minreal.compress.core.width.tracing import AXES_WARNING
 
-    said = f"{AXES_WARNING} seq: 1 of the width trace's 1 decision(s) rest on sizes that change with them"
+    said = f"{AXES_WARNING} seq: 1 of the trace's 1 decision(s) rest on sizes that change with them"
     records = [SimpleNamespace(label="original", compression=None),
                SimpleNamespace(label="wanda", compression=SimpleNamespace(notes=["widths on multiples of 8", said])),
                SimpleNamespace(label="wanda+svd", compression=SimpleNamespace(notes=[f"wanda: {said}"]))]

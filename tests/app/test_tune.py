@@ -254,7 +254,7 @@ def test_a_candidate_whose_trace_decides_on_a_dynamic_axis_is_refused_once_per_w
     monkeypatch.setattr(registry, "apply_recovery", no_recovery)
     for spec in (CandidateSpec("wanda", 0.8), CandidateSpec("wanda", 0.7, 1)):
         result = evaluate_candidate(dataclasses.replace(job, spec=spec))
-        assert result.error.startswith("dynamic axes besides the batch: seq: the width trace fixed 1 decision(s)"), \
+        assert result.error.startswith("dynamic axes besides the batch: seq: the trace fixed 1 decision(s)"), \
             result.error
         assert "decides otherwise at seq 6: " in result.error
         assert "\n" not in result.error and not result.files and not result.feasible

@@ -219,7 +219,7 @@ def require_decisions_hold(model: nn.Module, example: Inputs, decisions: list[st
     dims = sorted({dim for per in axes.values() for dim in per.values() if dim != "batch"})
     if not decisions or not dims:
         return ""
-    where = (f"{AXES_NOTE} {', '.join(dims)}: the width trace fixed {len(decisions)} decision(s) on sizes at the "
+    where = (f"{AXES_NOTE} {', '.join(dims)}: the trace fixed {len(decisions)} decision(s) on sizes at the "
              f"calibration data's shape ({_shapes(example)})")
     lengths, tried, untraced = _axis_lengths(example, axes), [], []
     moved: dict[str, tuple[list[str], list[str]]] = {}
@@ -247,7 +247,7 @@ def require_decisions_hold(model: nn.Module, example: Inputs, decisions: list[st
                  "T % 2) is not seen" if untraced else "")
     if moved:
         named = [f"{record} at {', '.join(at)}, {', '.join(there)}" for record, (at, there) in moved.items()]
-        return (f"{AXES_WARNING} {', '.join(dims)}: {len(moved)} of the width trace's {len(decisions)} decision(s) "
+        return (f"{AXES_WARNING} {', '.join(dims)}: {len(moved)} of the trace's {len(decisions)} decision(s) "
                 f"rest on sizes that change with them and went the same way at the lengths tried: the graph holds "
                 f"only where they still do ({'; '.join(named[:3])}{'; ...' if len(named) > 3 else ''}){unchecked}")
     return (f"{where}; traced again at {', '.join(tried)}, every decision rests on the same sizes: none depends on "
@@ -506,6 +506,10 @@ def _unfed_defaults(root: nn.Module, example: Inputs) -> dict[str, Any] | None:
         params = list(inspect.signature(root.forward).parameters.values())
     except (TypeError, ValueError):
         return None
+    tensor = next((p.name for p in params if isinstance(p.default, torch.Tensor)), None)
+    if tensor is not None:  # torch.fx writes it into the graph's code as a name it never defines
+        raise CompressionError(f"{type(root).__name__}.forward's parameter {tensor!r} defaults to a tensor, which "
+                               "torch.fx cannot trace; make it a buffer of the model (register_buffer) or an input")
     rest = {p.name: p.default for p in params[fed:]  # None and scalars: fx cannot write a container as a default
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and (p.default is None or
                                                                         type(p.default) in (bool, int, float, str))}

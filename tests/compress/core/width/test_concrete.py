@@ -317,13 +317,13 @@ def test_decisions_on_a_dynamic_length_are_refused_where_they_turn_and_named_whe
     assert decided(_ByLength().eval(), x) == [f"{HERE}:{line}: bool(12 > 8) = True"]
     with pytest.raises(CompressionError) as info:
         require_decisions_hold(_ByLength().eval(), x[:2], decided(_ByLength().eval(), x), seq)
-    assert str(info.value).startswith("dynamic axes besides the batch: seq: the width trace fixed 1 decision(s)")
+    assert str(info.value).startswith("dynamic axes besides the batch: seq: the trace fixed 1 decision(s)")
     assert f"decides otherwise at seq 6: {HERE}:{line}: bool(12 > 8) = True at seq 12, {HERE}:{line}: bool(6 > 8) " \
            "= False at seq 6; " in str(info.value)
     for length, others in ((32, (16, 31)), (3, (4,))):
         x = torch.randn(4, length, 8)
         note = require_decisions_hold(_ByLength().eval(), x[:2], decided(_ByLength().eval(), x), seq)
-        assert note.startswith(f"{AXES_WARNING} seq: 1 of the width trace's 1 decision(s) rest on sizes that change")
+        assert note.startswith(f"{AXES_WARNING} seq: 1 of the trace's 1 decision(s) rest on sizes that change")
         there = ", ".join(f"bool({other} > 8) at seq {other}" for other in others)
         assert f"({HERE}:{line}: bool({length} > 8) = {length > 8} at seq {length}, {there})" in note, note
     x = torch.randn(4, 12, 8)
@@ -455,7 +455,7 @@ def test_a_size_test_true_at_every_length_rests_on_nothing_and_a_decision_is_nam
     if not warned:
         assert note.startswith("dynamic axes besides the batch: seq") and "every decision rests on the same" in note
         return
-    assert note.startswith(AXES_WARNING) and ": 1 of the width trace's 2 decision(s) rest on sizes" in note, note
+    assert note.startswith(AXES_WARNING) and ": 1 of the trace's 2 decision(s) rest on sizes" in note, note
     assert warned in note, note
 
 

@@ -618,3 +618,20 @@ def test_a_parameter_named_like_the_generated_code_s_own_names_is_traced() -> No
     assert [g.name for g in wg.cuttable()] == ["fc1"]
     with torch.no_grad():
         assert torch.equal(wg.gm(x), model(x))
+
+
+def test_a_forward_parameter_defaulting_to_a_tensor_is_refused_naming_it() -> None:
+    """Review: ``forward(self, x, bias=torch.ones(4))`` failed as "name '_tensor_constant0' is not defined" (torch.fx
+    writes the tensor into the graph's code as a name it never defines): refused in one line naming the parameter."""
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, bias: torch.Tensor = torch.ones(4)) -> torch.Tensor:  # noqa: B008
+            return self.fc(x) + bias
+
+    with pytest.raises(CompressionError) as info:
+        analyse(Model().eval(), torch.randn(2, 4))
+    assert str(info.value) == ("Model.forward's parameter 'bias' defaults to a tensor, which torch.fx cannot trace; "
+                               "make it a buffer of the model (register_buffer) or an input")
