@@ -729,14 +729,16 @@ def merge(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             key = (r["model"], r["method"])
             if key in base_rows and _same_row(r, base_rows[key]):
                 continue
-            r.setdefault("machine", machine_of(doc))
+            if machine_of(doc) != "?":
+                r.setdefault("machine", machine_of(doc))
             if key in changed and rows[key] != r:
                 raise SystemExit(f"zoo: --merge: {key[0]}/{key[1]} was run in both {changed[key]} and {name}, with "
                                  "different rows; merge one of them")
             rows[key], changed[key] = r, name
         for model, entry in doc["models"].items():
             if model not in base_models or not _same_row(entry, base_models[model]):
-                out["models"][model] = {**entry, "machine": entry.get("machine") or machine_of(doc)}
+                named = entry.get("machine") or machine_of(doc)
+                out["models"][model] = {**entry, **({"machine": named} if named != "?" else {})}
         for run in earlier_runs(doc["header"]):
             if json.dumps(run, sort_keys=True) not in seen:
                 seen.add(json.dumps(run, sort_keys=True))
@@ -757,10 +759,21 @@ def stamp_machines(doc: dict[str, Any]) -> int:
     wrote them (a zoo.py older than the ``machine`` field stamped nothing; its rows are the last run's only while no
     other machine has resumed the file, so stamp before resuming elsewhere). Returns how many were stamped."""
     cpu, stamped = machine_of(doc), 0
+    if cpu == "?":  # a header naming no machine: the rows stay unnamed, not named "?" for good
+        return 0
     for entry in [*doc.get("rows", []), *doc.get("models", {}).values()]:
         if "machine" not in entry:
             entry["machine"], stamped = cpu, stamped + 1
     return stamped
+
+
+def _zoo_shaped(doc: Any) -> bool:
+    """Whether ``doc`` has what :func:`stamp_machines` reads: a header (its ``machine`` a dict, if any), a list of
+    row dicts and a dict of baseline dicts."""
+    return (isinstance(doc, dict) and isinstance(doc.get("header"), dict)
+            and isinstance(doc["header"].get("machine", {}), dict) and isinstance(doc.get("rows"), list)
+            and all(isinstance(r, dict) for r in doc["rows"]) and isinstance(doc.get("models", {}), dict)
+            and all(isinstance(m, dict) for m in doc.get("models", {}).values()))
 
 
 def _same_row(row: dict[str, Any], base: dict[str, Any]) -> bool:
@@ -994,9 +1007,9 @@ def main() -> None:
             doc = json.loads(args.out.read_text())
         except (OSError, ValueError) as exc:
             raise SystemExit(f"zoo: --stamp: cannot read {args.out}: {type(exc).__name__}: {exc}") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list) or not isinstance(doc.get("header"),
-                                                                                                 dict):
-            raise SystemExit(f"zoo: --stamp: {args.out} is not a zoo JSON (no header and rows)")
+        if not _zoo_shaped(doc):
+            raise SystemExit(f"zoo: --stamp: {args.out} is not a zoo JSON (a header naming a machine, rows and "
+                             "baselines)")
         if machine_of(doc) == "?":
             raise SystemExit(f"zoo: --stamp: {args.out}'s header names no machine; nothing stamped")
         stamped = stamp_machines(doc)

@@ -387,7 +387,7 @@ def build_depth_latency_table(model: nn.Module, example_input: torch.Tensor, pro
         an unknown precision, or INT8 on a provider other than ``cpu``.
     """
     from minreal.compress.methods.depth.graph import remove_blocks
-    from minreal.compress.methods.depth.method import traced_blocks
+    from minreal.compress.methods.depth.method import no_block_error, traced_blocks
 
     if precision not in WIDTH_PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {WIDTH_PRECISIONS}")
@@ -402,9 +402,8 @@ def build_depth_latency_table(model: nn.Module, example_input: torch.Tensor, pro
     # traced as depth traces it (carrying example values where plain torch.fx hides every block), so the blocks and
     # their names are depth's; shortcut blocks too: depth removes one whose branch is zero on the data
     gm, blocks, _, _ = traced_blocks(model.eval(), example_input[:2])
-    if not blocks:
-        raise CompressionError(f"{type(model).__name__} has no residual block: nothing for a depth latency table to "
-                               "time")
+    if not blocks:  # depth's own words (which layers traced whole may hold blocks)
+        raise no_block_error(model, gm, "a depth latency table")
     say = progress or logger.info
     with tempfile.TemporaryDirectory(prefix="minreal-depth-latency-") as tmp:
         calib = example_input.detach().cpu().numpy() if precision == "int8" else None

@@ -161,8 +161,12 @@ def _run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         progress(f"[{case.name}] compressing with {run.method} ({run.label}){then}")
         small, report = run_variant(case.model, case.train, run, recovery, case.test, case.axes(),
                                     recover_after=False)
+        interrupts.seen |= any(isinstance(v, dict) and v.get("interrupted")  # cbalanced's controls train here
+                               for v in (report.measured.get("variants") or {}).values())
         compressed.append((run, small, report, time.perf_counter() - t))
-    for run, small, report, seconds in compressed:
+    compressed.reverse()  # popped in the variants' order: each compressed model is freed once it is exported
+    while compressed:
+        run, small, report, seconds = compressed.pop()
         t = time.perf_counter()
         recovery = variant_recovery(run, cfg.recovery, interrupts)
         if recovery is not None and recovery.enabled:
@@ -179,6 +183,7 @@ def _run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         records.append(rec)
         weights[run.label] = layer_weights(small, trained_ranges(rec))
         save_program(small, case.test.x[:2], case_dir / f"{file_stem(run.label)}.pt2", dynamic_axes=case.axes())
+        del small  # the files hold it now; the compressed models are not kept through INT8 and the benchmark
         stages[f"export:{run.label}"] = time.perf_counter() - t
     fp32_records = list(records)
     if cfg.int8:

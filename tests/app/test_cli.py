@@ -685,6 +685,80 @@ def test_second_ctrl_c_in_the_next_variants_recovery_aborts(workdir: Path, run_c
     assert code == 1 and "aborted" in err and "Traceback" not in err and not Path("runs/k").exists()
 
 
+def test_a_ctrl_c_in_cbalanced_controls_counts_as_the_first_and_is_said(workdir: Path, run_cli: Callable,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of cc62dc9: cbalanced trains its controls while every variant is compressed, before any recovery; a
+    Ctrl-C there ended a control's training unsaid, and was not counted, so the next Ctrl-C (in the recoveries)
+    was swallowed too. It counts as the first now: the report says which control it cut short, and the next Ctrl-C
+    aborts the run."""
+    import minreal.compress.core.recover as recover_mod
+
+    step, calls = recover_mod._step, []
+
+    def interrupting_once(*args: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        step(*args)
+
+    monkeypatch.setattr(recover_mod, "_step", interrupting_once)
+    Path("plan.toml").write_text('[[variant]]\nmethod = "cbalanced"\ncontrols = true\n')
+    args = ["run", "--allow-data-mismatch", "net.py:make", "--plan", "plan.toml", "--data", "digits-flat",
+            "--batch", "1", "--no-int8", "--recover-steps", "4", *QUICK_BENCH]
+    code, out, err = run_cli([*args, "--out", "runs/c"])
+    assert code == 0, err
+    comp = json.loads(Path("runs/c/report.json").read_text())["cases"][0]["variants"][1]["compression"]
+    cut = [name for name, v in comp["measured"]["variants"].items() if isinstance(v, dict) and v.get("interrupted")]
+    assert len(cut) == 1 and any(n.startswith(f"Ctrl-C ended the training of the control(s) {cut[0]}")
+                                 for n in comp["notes"])
+
+    def interrupt(*a: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        if len(calls) > 2:  # every later training step: the second Ctrl-C
+            raise KeyboardInterrupt
+        step(*a)
+
+    calls.clear()
+    monkeypatch.setattr(recover_mod, "_step", interrupt)
+    code, _, err = run_cli([*args, "--out", "runs/d"])
+    assert code == 1 and "aborted" in err and "Traceback" not in err and not Path("runs/d").exists()
+
+
+def test_run_frees_each_compressed_model_once_it_is_exported(workdir: Path, run_cli: Callable,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review of cc62dc9: every compressed model stayed alive through INT8 and the benchmark (the list of compressed
+    variants was never released); before, only the last one did. None is alive when the benchmark starts."""
+    import gc
+    import weakref
+
+    from minreal.app import pipeline
+
+    made: list[weakref.ref] = []
+    real_variant, real_bench = pipeline.run_variant, pipeline.rb.run_benchmark
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        small, report = real_variant(*args, **kwargs)
+        made.append(weakref.ref(small))
+        return small, report
+
+    alive: list[bool] = []
+
+    def bench(*args: object, **kwargs: object) -> object:
+        gc.collect()
+        alive.extend(ref() is not None for ref in made)
+        return real_bench(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "run_variant", recorded)
+    monkeypatch.setattr(pipeline.rb, "run_benchmark", bench)
+    code, _, err = run_cli(["run", "--allow-data-mismatch", "net.py:make", "-m", "svd", "-m", "magnitude",
+                            "--mac-ratio", "0.6", "--data", "digits-flat", "--out", "runs/m", "--batch", "1",
+                            "--no-int8", *QUICK_BENCH])
+    assert code == 0, err
+    assert alive == [False, False]
+
+
 def test_compress_refuses_int8_ranges_it_could_not_use(workdir: Path, run_cli: Callable) -> None:
     code, _, err = run_cli(["compress", "net.py:make", "-m", "svd", "--mac-ratio", "0.5", "--data", "digits-flat",
                             "--recover-epochs", "1", "--recover-int8"])

@@ -75,3 +75,28 @@ def test_a_depth_table_finds_the_blocks_depth_finds_by_a_trace_carrying_values(t
     cfg = DepthConfig(criterion="energy", latency_ratio=0.9, latency_table=str(tmp_path / "t.json"))
     _, report = compress(model, data, "depth", cfg)
     assert report.predicted["whole_model_latency_ratio"] == pytest.approx(0.9)
+
+
+class _ValueGated(torch.nn.Module):
+    """Residual blocks behind a branch on a tensor's values: kept whole even when traced carrying values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > -1e9:
+            x = x + self.fc2(torch.relu(self.fc1(x)))
+        return x
+
+
+def test_a_depth_table_refusal_names_the_layers_traced_whole_as_depth_does() -> None:
+    """Review: the table said only "has no residual block" where depth names the layer traced whole that holds the
+    blocks; it now says what depth says."""
+    from minreal.compress.core.errors import CompressionError
+
+    model = torch.nn.Sequential(_ValueGated(), torch.nn.Linear(8, 4)).eval()
+    with pytest.raises(CompressionError) as info:
+        lt.build_depth_latency_table(model, torch.randn(4, 8), "cpu")
+    assert str(info.value).startswith("a depth latency table: Sequential has no removable residual block")
+    assert "(_ValueGated is traced as one layer, its residual sums inside it" in str(info.value)

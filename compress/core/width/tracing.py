@@ -509,7 +509,8 @@ def _unfed_defaults(root: nn.Module, example: Inputs) -> dict[str, Any] | None:
     tensor = next((p.name for p in params if isinstance(p.default, torch.Tensor)), None)
     if tensor is not None:  # torch.fx writes it into the graph's code as a name it never defines
         raise CompressionError(f"{type(root).__name__}.forward's parameter {tensor!r} defaults to a tensor, which "
-                               "torch.fx cannot trace; make it a buffer of the model (register_buffer) or an input")
+                               "torch.fx cannot trace; default it to None, or make the tensor a buffer of the model "
+                               "(register_buffer)")
     rest = {p.name: p.default for p in params[fed:]  # None and scalars: fx cannot write a container as a default
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and (p.default is None or
                                                                         type(p.default) in (bool, int, float, str))}
@@ -545,7 +546,11 @@ def _untraceable(model: nn.Module, plain: str, again: str = "") -> CompressionEr
     """One line for a model torch.fx cannot trace: plain torch.fx's failure (:func:`_said`), and ``again``, that of
     the trace carrying example values, and what to do instead."""
     then = f"; with the example's values it fails{again}" if again and again != plain else ""
-    why = " (Python control flow on a tensor)" if "TraceError" in plain else ""
+    why = " (Python control flow on a tensor)" if "TraceError" in plain else \
+        (" (a layer the model's forward uses that is not one of its registered submodules: one built inside forward "
+         "with parameters or in training mode, or kept in a list or dict; register it in __init__, as an attribute or "
+         "in an nn.ModuleList, so that it is traced and model.eval() reaches it)") \
+        if "not installed as a submodule" in plain else ""
     return CompressionError(
         f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced{plain}{why}{then}; "
         "give a factory returning the part that traces (e.g. the backbone) or use factorize, which needs no trace")

@@ -196,10 +196,16 @@ def _quality(original: nn.Module, model: nn.Module, data: Dataset) -> dict[str, 
 
 def _trained(model: nn.Module, teacher: nn.Module, data: Dataset, recovery: RecoveryConfig) -> dict:
     """Train ``model`` in place with the run's recovery (distillation from ``teacher`` mixed with the labels by
-    ``--recover-alpha``), as the run trains the chosen start afterwards."""
+    ``--recover-alpha``), as the run trains the chosen start afterwards; ``interrupted``: a Ctrl-C ended it (the
+    best weights so far kept)."""
     result = recover(teacher, model, data, recovery)
     return {"best_epoch": result.best_epoch, "epochs_run": result.epochs, "steps": result.steps,
-            "train_s": result.wall_s}
+            "train_s": result.wall_s, "interrupted": bool(result.interrupted)}
+
+
+def _after(recovery: RecoveryConfig, info: dict) -> RecoveryConfig:
+    """The recovery for the next training: after a Ctrl-C ended one, the next Ctrl-C stops the command."""
+    return replace(recovery, catch_interrupt=False) if info["interrupted"] else recovery
 
 
 def _variants(model: nn.Module, plan: _Plan, widths: dict[str, int], data: Dataset, val: Dataset,
@@ -217,6 +223,7 @@ def _variants(model: nn.Module, plan: _Plan, widths: dict[str, int], data: Datas
                 net = plan.build(widths, init)
                 info = _trained(net, model, data, recovery)
                 results[init] = {**_quality(model, net, val), **info}
+                recovery = _after(recovery, info)
         results.update(_uniform_control(model, plan, widths, data, val, cfg, recovery))
     return chosen, results
 
@@ -323,6 +330,10 @@ def cbalanced_compress(model: nn.Module, data: Dataset, config: CBalancedConfig,
         where = "the given data" if val is data else f"the recovery's held-out split ({len(val)} samples)"
         report.notes.append(f"variants measured on {where}; the {cfg.init} start itself is trained afterwards by "
                             "the run's recovery (see the report's recovery)")
+        cut = [name for name, v in variants.items() if v.get("interrupted")]
+        if cut:
+            report.notes.append(f"Ctrl-C ended the training of the control(s) {', '.join(cut)}: measured with the best "
+                                "weights so far, not after the whole recovery budget")
     report.notes.extend(plan.notes)
     return new, report
 

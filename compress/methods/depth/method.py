@@ -117,6 +117,19 @@ def traced_blocks(model: nn.Module, example: Inputs) -> tuple[fx.GraphModule, li
     return (again, found, rest, True) if found else (gm, blocks, left, False)
 
 
+def no_block_error(model: nn.Module, gm: fx.GraphModule, what: str = "depth") -> CompressionError:
+    """The one line for a model in whose trace ``gm`` no residual block was found, naming the layers traced whole
+    that may hold some (``what``: who says it)."""
+    whole = sorted({type(m).__name__ for m in model.modules()
+                    if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))}
+                   | set(gm.meta.get("opaque", {})))
+    inside = (f" ({', '.join(whole)} is traced as one layer, its residual sums inside it: write the layer in "
+              "plain modules to cut its sub-blocks)") if whole else ""
+    return CompressionError(f"{what}: {type(model).__name__} has no removable residual block (a sum y = x + f(x) "
+                            f"whose branch f starts from x and holds a layer with parameters){inside}; use a "
+                            "width or rank method instead")
+
+
 def _excluded(blocks: list[Block], exclude: tuple[str, ...]) -> set[str]:
     """Names of the blocks ``exclude`` keeps (a block name, or a layer inside the branch); CompressionError for a
     name that matches no block."""
@@ -228,13 +241,7 @@ def depth_prepare(model: nn.Module, data: Dataset, config: DepthConfig) -> Depth
     left = [*left, *((name, f"kept whole as one layer, torch.fx cannot trace or replay it ({why}): its own residual "
                              "sums are not seen") for name, why in opaque.items())]
     if not blocks:
-        whole = sorted({type(m).__name__ for m in model.modules()
-                        if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))} | set(opaque))
-        inside = (f" ({', '.join(whole)} is traced as one layer, its residual sums inside it: write the layer in "
-                  "plain modules to cut its sub-blocks)") if whole else ""
-        raise CompressionError(f"depth: {type(model).__name__} has no removable residual block (a sum y = x + f(x) "
-                               f"whose branch f starts from x and holds a layer with parameters){inside}; use a "
-                               "width or rank method instead")
+        raise no_block_error(model, gm)
     timings = {"trace": time.perf_counter() - t0}
     x, y = _scoring_samples(data, config.score_samples, config.seed)
     t0 = time.perf_counter()

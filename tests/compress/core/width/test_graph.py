@@ -589,6 +589,27 @@ def test_a_layer_without_parameters_built_inside_forward_is_traced_through() -> 
         analyse(_InlineLinear().eval(), x)
     said = str(info.value)
     assert "NameError: module is not installed as a submodule" in said and "control flow" not in said
+    assert "register it in __init__, as an attribute or in an nn.ModuleList" in said
+
+
+class _InlineDropout(nn.Module):
+    def __init__(self, kept: bool) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(4, 16), nn.Linear(16, 4)
+        self.drops = [nn.Dropout(0.5)] if kept else None  # a list: model.eval() does not reach it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        drop = self.drops[0] if self.drops else nn.Dropout(0.5)
+        return self.fc2(drop(self.fc1(x)))
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_dropout_in_training_mode_outside_the_registered_layers_is_refused(kept: bool) -> None:
+    """Review: traced through, a fresh nn.Dropout (in training mode, which model.eval() does not reach) made the
+    compressed model's output random, and compress succeeded; it is refused, saying how to register it."""
+    with pytest.raises(CompressionError) as info:
+        analyse(_InlineDropout(kept).eval(), torch.randn(2, 4))
+    assert "not one of its registered submodules" in str(info.value)
 
 
 def test_a_parameter_named_like_the_generated_code_s_own_names_is_traced() -> None:
@@ -634,4 +655,4 @@ def test_a_forward_parameter_defaulting_to_a_tensor_is_refused_naming_it() -> No
     with pytest.raises(CompressionError) as info:
         analyse(Model().eval(), torch.randn(2, 4))
     assert str(info.value) == ("Model.forward's parameter 'bias' defaults to a tensor, which torch.fx cannot trace; "
-                               "make it a buffer of the model (register_buffer) or an input")
+                               "default it to None, or make the tensor a buffer of the model (register_buffer)")
