@@ -36,6 +36,7 @@ References
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import time
@@ -121,6 +122,9 @@ class _Plan:
     max_uniform: int
     layer: Callable[[nn.Module, str], tuple[str, int, Any]]
     notes: list[str] = field(default_factory=list)
+    chain: Callable[[dict[str, int], str], float] | None = None
+    """The MACs (``"mac_ratio"``) or parameters (``"param_ratio"``) of the network with given widths in closed form,
+    where the architecture is a chain of Linears (None: costed by building ``shaped``)."""
 
     def params(self, widths: dict[str, int]) -> int:
         """Parameters of the network with ``widths``."""
@@ -145,7 +149,28 @@ def _mlp_plan(model: nn.Module, calib: Dataset, cfg: CBalancedConfig) -> _Plan:
         return type(net[i]).__name__, count_params(net[i]), i
 
     return _Plan("sequential MLP", analyses, next(iter(grams.values())).go_method, build, shaped,
-                 4 * max(a.dim for a in analyses.values()) + 1, layer)
+                 4 * max(a.dim for a in analyses.values()) + 1, layer, chain=_linear_chain(model, producers))
+
+
+def _linear_chain(model: nn.Module, producers: dict[str, int]) -> Callable[[dict[str, int], str], float] | None:
+    """The closed-form cost of ``model`` (a Sequential) with its producers at given widths: each Linear's in x out
+    MACs (and its weights and bias as parameters), the way :func:`resize_sequential` resizes them; None where a
+    layer other than a Linear holds parameters or buffers (a norm's grow with the width)."""
+    if any(not isinstance(m, nn.Linear) and next(itertools.chain(m.parameters(), m.buffers()), None) is not None
+           for m in model):
+        return None
+
+    def cost(widths: dict[str, int], kind: str) -> float:
+        at = {producers[p]: w for p, w in widths.items()}
+        total, width = 0, None
+        for i, m in enumerate(model):
+            if isinstance(m, nn.Linear):
+                cin, cout = (m.in_features if width is None else width), at.get(i, m.out_features)
+                total += cin * cout + (cout if kind == "param_ratio" and m.bias is not None else 0)
+                width = cout
+        return float(total)
+
+    return cost
 
 
 def _graph_plan(model: nn.Module, calib: Dataset, cfg: CBalancedConfig) -> _Plan:
@@ -390,6 +415,9 @@ class _Costed:
     def __init__(self, model: nn.Module, plan: _Plan, example: Any, kind: str) -> None:
         self.plan, self.example, self.kind = plan, example, kind
         self.full, self.ratios = self._cost(model), {}
+        # a chain of Linears in closed form (a 4096-wide MLP's fill costs thousands of width sets), where it gives the
+        # whole model's count exactly; otherwise each width set is built and counted
+        self.chain = plan.chain if plan.chain is not None and plan.chain({}, kind) == self.full else None
 
     @property
     def calls(self) -> int:
@@ -401,7 +429,8 @@ class _Costed:
     def __call__(self, widths: dict[str, int], ranks: dict[str, int]) -> float:
         key = (tuple(sorted(widths.items())), tuple(sorted(ranks.items())))
         if key not in self.ratios:
-            self.ratios[key] = self._cost(self.plan.shaped(widths, ranks)) / self.full
+            self.ratios[key] = (self.chain(widths, self.kind) if self.chain is not None else
+                                self._cost(self.plan.shaped(widths, ranks))) / self.full
         return self.ratios[key]
 
 
