@@ -729,16 +729,14 @@ def merge(docs: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             key = (r["model"], r["method"])
             if key in base_rows and _same_row(r, base_rows[key]):
                 continue
-            if machine_of(doc) != "?":
-                r.setdefault("machine", machine_of(doc))
+            r.setdefault("machine", machine_of(doc))  # "?" where the shard names none: unknown for good, not the base's
             if key in changed and rows[key] != r:
                 raise SystemExit(f"zoo: --merge: {key[0]}/{key[1]} was run in both {changed[key]} and {name}, with "
                                  "different rows; merge one of them")
             rows[key], changed[key] = r, name
         for model, entry in doc["models"].items():
             if model not in base_models or not _same_row(entry, base_models[model]):
-                named = entry.get("machine") or machine_of(doc)
-                out["models"][model] = {**entry, **({"machine": named} if named != "?" else {})}
+                out["models"][model] = {**entry, "machine": entry.get("machine") or machine_of(doc)}
         for run in earlier_runs(doc["header"]):
             if json.dumps(run, sort_keys=True) not in seen:
                 seen.add(json.dumps(run, sort_keys=True))
@@ -771,7 +769,7 @@ def _zoo_shaped(doc: Any) -> bool:
     """Whether ``doc`` has what :func:`stamp_machines` reads: a header (its ``machine`` a dict, if any), a list of
     row dicts and a dict of baseline dicts."""
     return (isinstance(doc, dict) and isinstance(doc.get("header"), dict)
-            and isinstance(doc["header"].get("machine", {}), dict) and isinstance(doc.get("rows"), list)
+            and isinstance(doc["header"].get("machine") or {}, dict) and isinstance(doc.get("rows"), list)
             and all(isinstance(r, dict) for r in doc["rows"]) and isinstance(doc.get("models", {}), dict)
             and all(isinstance(m, dict) for m in doc.get("models", {}).values()))
 

@@ -241,6 +241,20 @@ def state_points(report: CompressionReport) -> list[str]:
     return [layer.name for layer in report.layers if layer.action not in UNCHANGED_ACTIONS]
 
 
+def controls_interrupted(report: CompressionReport) -> bool:
+    """Whether a Ctrl-C ended a training the method ran itself (cbalanced's controls: ``measured.variants``)."""
+    variants = report.measured.get("variants") or {}
+    return any(isinstance(v, dict) and v.get("interrupted") for v in variants.values())
+
+
+def after_interrupts(recovery: RecoveryConfig | None, report: CompressionReport) -> RecoveryConfig | None:
+    """``recovery``, made to let the next Ctrl-C stop the command where one already ended a training of the method's
+    own (:func:`controls_interrupted`): that Ctrl-C was the first."""
+    if recovery is None or not controls_interrupted(report):
+        return recovery
+    return dataclasses.replace(recovery, catch_interrupt=False)
+
+
 def apply_recovery(report: CompressionReport, model: nn.Module, new: nn.Module, data: Dataset,
                    recovery: RecoveryConfig | None, held_out: Dataset | None = None, measure: bool = True
                    ) -> nn.Module:
@@ -416,7 +430,7 @@ def _finished(budget: tuple[str, float] | None, model: nn.Module, data: Dataset,
         report.timings_s["measure"] = time.perf_counter() - t0
     if not recover_after:
         return new, report
-    return apply_recovery(report, model, new, data, recovery, held_out, measure), report
+    return apply_recovery(report, model, new, data, after_interrupts(recovery, report), held_out, measure), report
 
 
 def require_axes_hold(model: nn.Module, data: Dataset, report: CompressionReport,
@@ -510,9 +524,10 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
                                  measured=Measured())
     fill_costs(report, model, current, data.x[: min(len(data), 8)])
     t0 = time.perf_counter()
-    report.measured = Measured(**compare_outputs(model, current, data))
+    kept = {k: last.measured.get(k) for k in ("variants", "projected") if last.measured.get(k) is not None}
+    report.measured = Measured(**compare_outputs(model, current, data), **kept)  # the last step's controls kept
     report.timings_s = {f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.timings_s.items()}
     report.timings_s["measure"] = time.perf_counter() - t0
     if not recover_after:
         return current, report
-    return apply_recovery(report, model, current, data, recovery, held_out), report
+    return apply_recovery(report, model, current, data, after_interrupts(recovery, report), held_out), report

@@ -200,7 +200,8 @@ def trained_ranges(record: VariantRecord) -> dict[str, dict[str, Any]]:
 def layer_weights(module: nn.Module, names: Iterable[str]) -> dict[str, np.ndarray]:
     """Weights of the named submodules as arrays: lets INT8 find a layer whose initializer the exporter renamed."""
     modules = dict(module.named_modules())
-    return {n: modules[n].weight.detach().cpu().numpy() for n in names if n in modules}
+    return {n: modules[n].weight.detach().cpu().numpy().copy()  # a copy: the module may be freed after export
+            for n in names if n in modules}
 
 
 def quantize_variant(record: VariantRecord, folder: Path, calib: Inputs | None, cfg: VariantConfig,

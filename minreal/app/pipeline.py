@@ -35,7 +35,7 @@ from minreal.app.settings import PipelineConfig
 from minreal.compress.core.evaluate import compare_outputs, predictions_kept
 from minreal.compress.core.recover_options import RecoveryConfig
 from minreal.compress.core.run_case import RunCase, VariantSpec
-from minreal.compress.registry import apply_recovery
+from minreal.compress.registry import apply_recovery, controls_interrupted
 from minreal.export.errors import ParityError
 from minreal.export.int8 import int8_skip_reason
 from minreal.export.int8.target import resolve_target
@@ -161,8 +161,7 @@ def _run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         progress(f"[{case.name}] compressing with {run.method} ({run.label}){then}")
         small, report = run_variant(case.model, case.train, run, recovery, case.test, case.axes(),
                                     recover_after=False)
-        interrupts.seen |= any(isinstance(v, dict) and v.get("interrupted")  # cbalanced's controls train here
-                               for v in (report.measured.get("variants") or {}).values())
+        interrupts.seen |= controls_interrupted(report)  # cbalanced's controls train here
         compressed.append((run, small, report, time.perf_counter() - t))
     compressed.reverse()  # popped in the variants' order: each compressed model is freed once it is exported
     while compressed:

@@ -629,7 +629,9 @@ def test_merge_keeps_a_shards_unnamed_copy_of_a_base_row_as_the_bases_and_names_
         ("resnet18", "Intel Xeon"), ("vgg11", "AMD EPYC"), ("vgg13", "AMD EPYC 2")]
     assert {m: e["machine"] for m, e in out["models"].items()} == {"resnet18": "Intel Xeon", "vgg11": "AMD EPYC"}
     unnamed = zoo.merge([("base", {**base, "header": {}}), ("shard", {**shard, "header": {"started": "s"}})])
-    assert all("machine" not in r for r in unnamed["rows"])  # a header naming none leaves them unnamed, not "?"
+    # the base naming none leaves its rows unnamed; a shard naming none marks its own "?" (unknown for good: the
+    # merged file's header is the base's, and a later --stamp would name them the base's machine)
+    assert sorted((r["model"], r.get("machine")) for r in unnamed["rows"]) == [("resnet18", None), ("vgg11", "?")]
 
 
 @pytest.mark.parametrize(("text", "says"), [
@@ -640,6 +642,7 @@ def test_merge_keeps_a_shards_unnamed_copy_of_a_base_row_as_the_bases_and_names_
      "{path} is not a zoo JSON (a header naming a machine, rows and baselines)"),
     ('{"header": {"machine": {"cpu": "X"}}, "rows": ["r"], "models": {}}',
      "{path} is not a zoo JSON (a header naming a machine, rows and baselines)"),
+    ('{"header": {"machine": null}, "rows": [], "models": {}}', "{path}'s header names no machine; nothing stamped"),
     ('{"header": {}, "rows": []}', "{path}'s header names no machine; nothing stamped")])
 def test_stamp_refuses_a_file_it_cannot_name_machines_in_in_one_line(tmp_path: Path, text: str, says: str) -> None:
     path = tmp_path / "z.json"

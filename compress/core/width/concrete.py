@@ -137,12 +137,21 @@ def built_inline(tracer: fx.Tracer, m: nn.Module) -> bool:
     """Whether ``m`` is a layer without parameters or buffers that the model builds inside its ``forward`` (Hugging
     Face's DistilBERT classifier: ``nn.ReLU()(pooled)``), not one of the traced root's submodules: torch.fx refuses
     it ("module is not installed as a submodule"); its ``forward`` is traced through instead, as the function it
-    calls. One with parameters stays refused (a layer made anew at every call), and so does a dropout in training
-    mode (a new ``nn.Dropout`` is, and ``model.eval()`` does not reach it: the model's output is random)."""
+    calls. One with parameters stays refused (a layer made anew at every call), and so does one in training mode
+    whose ``forward`` reads ``training`` (a new layer is in training mode and ``model.eval()`` does not reach it:
+    dropout, ``nn.RReLU`` or a parameterless batch norm would make the output random or batch-dependent)."""
     paths = getattr(tracer, "submodule_paths", None)
     if paths is None or m in paths or next(itertools.chain(m.parameters(), m.buffers()), None) is not None:
         return False
-    return not (isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0)
+    return not m.training or not _reads_training(type(m))
+
+
+def _reads_training(cls: type) -> bool:
+    """Whether ``cls.forward``'s source mentions ``training`` (unreadable source: assumed so)."""
+    try:
+        return "training" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return True
 
 
 class ConcreteTracer(fx.Tracer):

@@ -117,17 +117,17 @@ def traced_blocks(model: nn.Module, example: Inputs) -> tuple[fx.GraphModule, li
     return (again, found, rest, True) if found else (gm, blocks, left, False)
 
 
-def no_block_error(model: nn.Module, gm: fx.GraphModule, what: str = "depth") -> CompressionError:
+def no_block_error(model: nn.Module, gm: fx.GraphModule, what: str = "depth",
+                   instead: str = "use a width or rank method instead") -> CompressionError:
     """The one line for a model in whose trace ``gm`` no residual block was found, naming the layers traced whole
-    that may hold some (``what``: who says it)."""
+    that may hold some (``what``: who says it; ``instead``: what to do)."""
     whole = sorted({type(m).__name__ for m in model.modules()
                     if isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))}
                    | set(gm.meta.get("opaque", {})))
     inside = (f" ({', '.join(whole)} is traced as one layer, its residual sums inside it: write the layer in "
               "plain modules to cut its sub-blocks)") if whole else ""
     return CompressionError(f"{what}: {type(model).__name__} has no removable residual block (a sum y = x + f(x) "
-                            f"whose branch f starts from x and holds a layer with parameters){inside}; use a "
-                            "width or rank method instead")
+                            f"whose branch f starts from x and holds a layer with parameters){inside}; {instead}")
 
 
 def _excluded(blocks: list[Block], exclude: tuple[str, ...]) -> set[str]:

@@ -518,3 +518,33 @@ def test_an_mlp_without_biases_is_refit_as_linear_maps(mlp_data) -> None:
         torch.testing.assert_close(full(mlp_data.x), model(mlp_data.x), rtol=1e-4, atol=1e-5)
     new, rep = compress(model, mlp_data, "cbalanced", CBalancedConfig(mac_ratio=0.6, controls=False))
     assert rep.predicted.budget["achieved"] <= 0.6 and all(m.bias is None for m in new if isinstance(m, nn.Linear))
+
+
+def test_a_ctrl_c_in_the_controls_is_the_first_in_compress_and_a_chain_keeps_them(tiny_mlp, mlp_data,
+                                                                                 monkeypatch) -> None:
+    """Review: cbalanced ends its controls' training at a Ctrl-C, but the final recovery of the same command still
+    caught the next Ctrl-C (only ``run`` counted it), and a chain ending in cbalanced dropped the controls'
+    measurements (and with them the Ctrl-C). Both keep them now: the final recovery lets the next Ctrl-C stop."""
+    import dataclasses
+
+    from minreal.compress import registry
+    from minreal.compress.methods.cbalanced import method as cb
+    from minreal.compress.methods.magnitude import MagnitudeConfig
+
+    real_recover, real_apply = cb.recover, registry.apply_recovery
+    monkeypatch.setattr(cb, "recover", lambda *a, **k: dataclasses.replace(real_recover(*a, **k), interrupted=True))
+    caught: list[bool] = []
+
+    def applied(report, model, new, data, recovery, *a, **k):
+        caught.append(recovery.catch_interrupt)
+        return real_apply(report, model, new, data, recovery, *a, **k)
+
+    monkeypatch.setattr(registry, "apply_recovery", applied)
+    recovery = RecoveryConfig(steps=2)
+    _, report = registry.compress(tiny_mlp, mlp_data, "cbalanced", CBalancedConfig(controls=True), recovery)
+    assert registry.controls_interrupted(report) and caught == [False]
+    caught.clear()
+    _, chained = registry.compress_chain(tiny_mlp, mlp_data, [("magnitude", MagnitudeConfig(mac_ratio=0.9)),
+                                                              ("cbalanced", CBalancedConfig(controls=True))], recovery)
+    assert chained.measured.get("variants") and registry.controls_interrupted(chained) and caught == [False]
+    assert registry.after_interrupts(recovery, chained).catch_interrupt is False and recovery.catch_interrupt
