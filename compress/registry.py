@@ -526,6 +526,9 @@ def compress_chain(model: nn.Module, data: Dataset, steps: Sequence[tuple[str, A
     t0 = time.perf_counter()
     kept = {k: last.measured.get(k) for k in ("variants", "projected") if last.measured.get(k) is not None}
     report.measured = Measured(**compare_outputs(model, current, data), **kept)  # the last step's controls kept
+    if kept:
+        report.notes.append(f"{steps[-1][0]}: its {' and '.join(kept)} compare with the model that step received "
+                            "(the previous step's result), not with the original")
     report.timings_s = {f"{m}:{k}": v for (m, _), r in zip(steps, reports) for k, v in r.timings_s.items()}
     report.timings_s["measure"] = time.perf_counter() - t0
     if not recover_after:

@@ -403,7 +403,8 @@ def build_depth_latency_table(model: nn.Module, example_input: torch.Tensor, pro
     # their names are depth's; shortcut blocks too: depth removes one whose branch is zero on the data
     gm, blocks, _, _ = traced_blocks(model.eval(), example_input[:2])
     if not blocks:  # depth's own words (which layers traced whole may hold blocks)
-        raise no_block_error(model, gm, "a depth latency table", "time widths instead (--kind width)")
+        raise no_block_error(model, gm, "a depth latency table",
+                             "time widths instead (build_width_latency_table)")
     say = progress or logger.info
     with tempfile.TemporaryDirectory(prefix="minreal-depth-latency-") as tmp:
         calib = example_input.detach().cpu().numpy() if precision == "int8" else None

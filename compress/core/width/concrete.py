@@ -29,9 +29,13 @@ against the model's on batches of 3 and 1.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
+import io
 import itertools
 import operator
+import textwrap
+import tokenize
 import traceback
 import weakref
 from collections.abc import Callable, Collection, ItemsView, Iterator, KeysView, Mapping, ValuesView
@@ -138,20 +142,33 @@ def built_inline(tracer: fx.Tracer, m: nn.Module) -> bool:
     Face's DistilBERT classifier: ``nn.ReLU()(pooled)``), not one of the traced root's submodules: torch.fx refuses
     it ("module is not installed as a submodule"); its ``forward`` is traced through instead, as the function it
     calls. One with parameters stays refused (a layer made anew at every call), and so does one in training mode
-    whose ``forward`` reads ``training`` (a new layer is in training mode and ``model.eval()`` does not reach it:
-    dropout, ``nn.RReLU`` or a parameterless batch norm would make the output random or batch-dependent)."""
+    whose class reads ``training`` anywhere in its code or its bases' (a new layer is in training mode and
+    ``model.eval()`` does not reach it: dropout, ``nn.RReLU``, a subclass calling ``super().forward``, a helper
+    method branching on it), except a dropout of probability 0 (the identity)."""
     paths = getattr(tracer, "submodule_paths", None)
     if paths is None or m in paths or next(itertools.chain(m.parameters(), m.buffers()), None) is not None:
         return False
+    if isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0:
+        return True
     return not m.training or not _reads_training(type(m))
 
 
+@functools.lru_cache(maxsize=256)
 def _reads_training(cls: type) -> bool:
-    """Whether ``cls.forward``'s source mentions ``training`` (unreadable source: assumed so)."""
-    try:
-        return "training" in inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return True
+    """Whether the code of ``cls`` or of a base below ``nn.Module`` names ``training`` (as code: a docstring or a
+    comment saying "pretraining" does not count); a class whose source cannot be read is assumed to."""
+    for base in cls.__mro__:
+        if base in (nn.Module, object):
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(base))
+            tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+            names = {t.string for t in tokens if t.type == tokenize.NAME}
+        except (OSError, TypeError, tokenize.TokenError, SyntaxError, IndentationError):
+            return True
+        if "training" in names:
+            return True
+    return False
 
 
 class ConcreteTracer(fx.Tracer):

@@ -548,8 +548,9 @@ def _untraceable(model: nn.Module, plain: str, again: str = "") -> CompressionEr
     then = f"; with the example's values it fails{again}" if again and again != plain else ""
     why = " (Python control flow on a tensor)" if "TraceError" in plain else \
         (" (a layer the model's forward uses that is not one of its registered submodules, built inside forward or "
-         "kept in a list or dict, with parameters or acting otherwise in training (dropout); register it in "
-         "__init__, as an attribute or in an nn.ModuleList, so that it is traced and model.eval() reaches it)") \
+         "kept in a list or dict, with parameters or acting otherwise in training (dropout, a batch norm without "
+         "running statistics); register it in __init__, as an attribute or in an nn.ModuleList, so that it is traced "
+         "and model.eval() reaches it)") \
         if "not installed as a submodule" in plain else ""
     return CompressionError(
         f"width surgery needs a model torch.fx can trace; {type(model).__name__} cannot be traced{plain}{why}{then}; "

@@ -675,9 +675,34 @@ class _InlineLayer(nn.Module):
         return self.fc2(self.make()(self.fc1(x)))
 
 
+class _ScaledDropout(nn.Dropout):
+    """Reads ``training`` only in its base's forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+class _HelperNoise(nn.Module):
+    """Reads ``training`` only in a helper method."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._noise(x)
+
+    def _noise(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.randn_like(x) if self.training else x
+
+
+class _Doubled(nn.Module):
+    """Doubles its input; kept from pretraining (a docstring naming training is not code reading it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2  # no training here either
+
+
 @pytest.mark.parametrize("make", [lambda: nn.RReLU(), lambda: nn.AlphaDropout(0.2), _Noisy,
-                                  lambda: nn.BatchNorm1d(16, affine=False, track_running_stats=False)],
-                         ids=["rrelu", "alpha_dropout", "user", "batch_norm"])
+                                  lambda: nn.BatchNorm1d(16, affine=False, track_running_stats=False),
+                                  lambda: _ScaledDropout(0.5), _HelperNoise],
+                         ids=["rrelu", "alpha_dropout", "user", "batch_norm", "subclass", "helper"])
 def test_an_inline_layer_that_acts_otherwise_in_training_is_refused(make: Callable[[], nn.Module]) -> None:
     """Review: only dropout was refused among layers built inside forward in training mode; nn.RReLU or a layer of
     the user's branching on ``self.training`` went through, the compressed model random (and a parameterless batch
@@ -688,7 +713,7 @@ def test_an_inline_layer_that_acts_otherwise_in_training_is_refused(make: Callab
     assert "not one of its registered submodules" in said and "\n" not in said
 
 
-@pytest.mark.parametrize("make", [nn.ReLU, nn.GELU, nn.Tanh, nn.Identity])
+@pytest.mark.parametrize("make", [nn.ReLU, nn.GELU, nn.Tanh, nn.Identity, lambda: nn.Dropout(0.0), _Doubled])
 def test_an_inline_layer_that_acts_the_same_in_training_is_traced_through(make: Callable[[], nn.Module]) -> None:
     torch.manual_seed(0)
     model, x = _InlineLayer(make).eval(), torch.randn(2, 4)

@@ -547,4 +547,6 @@ def test_a_ctrl_c_in_the_controls_is_the_first_in_compress_and_a_chain_keeps_the
     _, chained = registry.compress_chain(tiny_mlp, mlp_data, [("magnitude", MagnitudeConfig(mac_ratio=0.9)),
                                                               ("cbalanced", CBalancedConfig(controls=True))], recovery)
     assert chained.measured.get("variants") and registry.controls_interrupted(chained) and caught == [False]
+    assert "cbalanced: its variants and projected compare with the model that step received (the previous step's " \
+           "result), not with the original" in chained.notes
     assert registry.after_interrupts(recovery, chained).catch_interrupt is False and recovery.catch_interrupt
