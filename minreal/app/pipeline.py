@@ -169,8 +169,8 @@ def _run_case(case: RunCase, case_dir: Path, cfg: PipelineConfig, progress: Prog
         t = time.perf_counter()
         recovery = variant_recovery(run, cfg.recovery, interrupts)
         if recovery is not None and recovery.enabled:
-            progress(f"[{case.name}] recovering {run.label} ("
-                     + (f"{recovery.epochs} epochs)" if recovery.epochs else f"{recovery.steps} steps)"))
+            count, unit = (recovery.epochs, "epoch") if recovery.epochs else (recovery.steps, "step")
+            progress(f"[{case.name}] recovering {run.label} ({count} {unit}{'s' if count != 1 else ''})")
         small = apply_recovery(report, case.model, small, case.train, recovery, case.test)
         interrupts.seen |= bool(report.recovery and report.recovery["interrupted"])
         stages[f"compress:{run.label}"] = seconds + time.perf_counter() - t

@@ -622,6 +622,7 @@ def test_run_compresses_every_variant_before_it_recovers_any(workdir: Path, run_
     lines = [ln for ln in err.splitlines() if "compressing with" in ln or "recovering" in ln]
     assert [ln.split("] ", 1)[1].split(" (")[0] for ln in lines] == [
         "compressing with svd", "compressing with magnitude", "recovering svd", "recovering magnitude"], lines
+    assert "[make] recovering svd (1 epoch)" in err
     report = json.loads(Path("runs/ok/report.json").read_text())
     for variant in report["cases"][0]["variants"][1:]:
         assert variant["compression"]["recovery"]["epochs"] == 1
