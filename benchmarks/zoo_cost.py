@@ -142,13 +142,18 @@ def fit_power(x: Sequence[float], y: Sequence[float], groups: Sequence[str] | No
                     {g: math.exp(v) for g, v in log_a.items()} if groups is not None else {})
 
 
+def _header_cpu(doc: dict[str, Any]) -> str:
+    """The CPU the zoo JSON's header names (``"?"`` where none): the machine of rows that name none."""
+    return str(((doc.get("header") or {}).get("machine") or {}).get("cpu") or "?")
+
+
 def cost_points(doc: dict[str, Any]) -> dict[tuple[str, str, str], list[tuple[float, float, str]]]:
     """(stage, method, metric) → [(params, value, machine)] over the zoo rows whose stage passed (``ok``) and whose
     model's parameter count is known; the method's phases as ``compress:<phase>`` (wall time only) and the original's
     build, export and INT8 as stage ``baseline``, method ``original``. ``machine`` is the row's (or baseline's) CPU,
     or the header's where it names none (a JSON written before rows named theirs)."""
     params = {name: m.get("params") for name, m in doc.get("models", {}).items()}
-    default = str(((doc.get("header") or {}).get("machine") or {}).get("cpu") or "?")
+    default = _header_cpu(doc)
     out: dict[tuple[str, str, str], list[tuple[float, float, str]]] = {}
 
     def add(stage: str, method: str, p: float | None, facts: dict[str, Any], machine: str) -> None:
@@ -220,8 +225,8 @@ def zoo_source(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
             "commit": head.get("commit"), "started": head.get("started"), "load": doc.get("load"),
             "load_at_start": head.get("load_at_start"), "machine": head.get("machine"),
             "row_commits": sorted({r.get("commit", "?") for r in doc.get("rows", []) if r.get("method")}),
-            "row_machines": dict(Counter(r.get("machine") or (head.get("machine") or {}).get("cpu") or "?"
-                                         for r in doc.get("rows", []) if r.get("method"))),
+            "row_machines": dict(Counter(r.get("machine") or _header_cpu(doc) for r in doc.get("rows", [])
+                                         if r.get("method"))),
             "rows": sum(1 for r in doc.get("rows", []) if r.get("method")), "models": len(doc.get("models", {}))}
 
 

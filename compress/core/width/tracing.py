@@ -467,7 +467,7 @@ def _open_root_forward(root: nn.Module) -> bool:
     defaults, and calls the decorated ``forward`` with them: the same computation (the decorator still runs), in a
     signature torch.fx can trace. Returns whether it did."""
     cls = type(root)
-    forward = vars(cls).get("forward") or getattr(cls, "forward", None)
+    forward = getattr(cls, "forward", None)
     inner = inspect.unwrap(forward) if callable(forward) else None
     if inner is None or inner is forward:
         return False
